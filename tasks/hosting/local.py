@@ -1,0 +1,777 @@
+"""Local hosting: endpoints are router processes and components are model-server processes.
+
+Everything binds 127.0.0.1. Each endpoint's state (router pid/port, components with their
+spec and copies' pids/ports/logs) lives in `state_dir/endpoints/<name>.json`, written
+atomically, so a later command or a resumed pipeline finds and controls what is running.
+Mutations of one endpoint are serialised by a file lock, so two commands never race.
+
+Crash safety: copies being started are recorded as `pending` before anyone waits on them and
+replaced copies as `retiring` before the router switches; the next command on the endpoint
+stops whatever is left in either list, and re-syncs the router with the recorded components.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound, NotReady
+from tasks.hashing import canonical_json, sha256_json
+from tasks.hosting.router import name_problem, write_state_file
+
+ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+MAX_COPIES = 64
+ADMIN_TIMEOUT_S = 5.0
+PING_TIMEOUT_S = 1.0
+POLL_S = 0.05
+LOG_TAIL_BYTES = 4096
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+HAVE_PROC = Path("/proc/self/stat").exists()  # Linux: pid start times guard against pid reuse
+
+
+def _check_env_name(name: str) -> str:
+    if not name or name[0].isdigit() or set(name) - ENV_NAME_CHARS:
+        raise ValueError(
+            f"{name!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        )
+    return name
+
+
+class ComponentSpec(BaseModel):
+    """What one inference component runs: a server command, its environment and copy count."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    copies: int = Field(ge=1, le=MAX_COPIES)
+    port_env: str
+    model_ref: dict[str, Any]
+
+    @field_validator("command")
+    @classmethod
+    def _command_words(cls, value: list[str]) -> list[str]:
+        if not value[0]:
+            raise ValueError("command[0] must name the program to run")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            _check_env_name(key)
+        return value
+
+    @field_validator("port_env")
+    @classmethod
+    def _port_env_name(cls, value: str) -> str:
+        return _check_env_name(value)
+
+    @model_validator(mode="after")
+    def _port_env_free(self) -> ComponentSpec:
+        if self.port_env in self.env:
+            raise ValueError(
+                f"env sets {self.port_env}, which is port_env: the port is chosen per copy; "
+                "remove it from env"
+            )
+        try:
+            canonical_json(self.model_ref)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"model_ref must be plain JSON (no NaN, no objects): {exc}") from exc
+        return self
+
+    def sha256(self) -> str:
+        """Content hash of the spec; equal hashes mean an identical component."""
+        return sha256_json(self.model_dump(mode="json"))
+
+
+class ProcessRef(BaseModel):
+    """A process this backend started: pid plus its kernel start time (guards pid reuse)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pid: int
+    start_ticks: int | None
+    log: str
+
+
+class CopyRef(ProcessRef):
+    """One model-server copy."""
+
+    port: int
+    url: str
+
+
+class RouterRef(ProcessRef):
+    """The endpoint's router process."""
+
+    port: int
+
+
+class ComponentState(BaseModel):
+    """A component as persisted: its spec, the spec's hash and its serving copies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: ComponentSpec
+    spec_sha256: str
+    copies: list[CopyRef]
+
+
+class EndpointState(BaseModel):
+    """The persisted state of one endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    router: RouterRef | None = None
+    components: dict[str, ComponentState] = Field(default_factory=dict)
+    pending: list[CopyRef] = Field(default_factory=list)
+    retiring: list[CopyRef] = Field(default_factory=list)
+
+
+class EndpointInfo(BaseModel):
+    """Where an endpoint answers and whether this call created or restarted its router."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    url: str
+    port: int
+    pid: int
+    status: Literal["running", "created", "restarted"]
+
+
+class ComponentInfo(BaseModel):
+    """A component's serving copies after put_component; changed=False means it was a no-op."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    name: str
+    spec_sha256: str
+    copies: list[CopyRef]
+    changed: bool
+
+
+# -- processes --------------------------------------------------------------------------------
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) from /proc, or None when no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of our own exited child so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = _proc_stat(pid) if HAVE_PROC else None
+    return stat[1] if stat else None
+
+
+def _alive(ref: ProcessRef) -> bool:
+    """True when the process still runs and is the one we started (not a reused pid)."""
+    if not HAVE_PROC:
+        _reap(ref.pid)
+        try:
+            os.kill(ref.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    stat = _proc_stat(ref.pid)
+    if stat is None or (ref.start_ticks is not None and stat[1] != ref.start_ticks):
+        return False
+    if stat[0] == "Z":
+        _reap(ref.pid)
+        return False
+    return True
+
+
+def _signal(ref: ProcessRef, sig: int) -> None:
+    """Signal the process group we created with start_new_session (or just the pid)."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(ref.pid) == ref.pid:
+            os.killpg(ref.pid, sig)
+        else:
+            os.kill(ref.pid, sig)
+
+
+def _stop(refs: list[ProcessRef], grace_s: float) -> None:
+    """SIGTERM, wait up to grace_s, then SIGKILL; raise Conflict if any process survives."""
+    live = [ref for ref in refs if _alive(ref)]
+    for ref in live:
+        _signal(ref, signal.SIGTERM)
+    for sig, wait_s in ((signal.SIGKILL, grace_s), (None, 5.0)):
+        deadline = time.monotonic() + wait_s
+        while live and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            live = [ref for ref in live if _alive(ref)]
+        if not live:
+            return
+        if sig is not None:
+            for ref in live:
+                _signal(ref, sig)
+    pids = ", ".join(str(ref.pid) for ref in live)
+    raise Conflict(
+        f"processes {pids} did not exit after SIGTERM and SIGKILL",
+        fix=f"inspect them (ps -o pid,stat,cmd -p {pids}) and end them by hand",
+    )
+
+
+def _log_tail(path: str | Path) -> str:
+    """The last few KiB of a log, for error messages."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - LOG_TAIL_BYTES))
+            text = handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no log written)"
+    return text.strip() or "(log is empty)"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _http(
+    port: int, method: str, path: str, payload: Any = None, timeout: float = ADMIN_TIMEOUT_S
+) -> tuple[int, Any]:
+    """One JSON request to 127.0.0.1:port; raises OSError/HTTPException when unreachable."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        body = canonical_json(payload) if payload is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        try:
+            return response.status, json.loads(data) if data else None
+        except ValueError:
+            return response.status, data.decode("utf-8", errors="replace")
+    finally:
+        conn.close()
+
+
+def _ping(port: int) -> int | None:
+    """Status of GET /ping on a copy, or None when it does not answer in time."""
+    try:
+        return _http(port, "GET", "/ping", timeout=PING_TIMEOUT_S)[0]
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+def _check_name(kind: str, name: str) -> None:
+    problem = name_problem(name)
+    if problem:
+        raise BadInput(
+            f"invalid {kind} name: {problem}", fix="use letters, digits and hyphens, ≤ 63 chars"
+        )
+
+
+# -- the backend -----------------------------------------------------------------------------
+class LocalHosting:
+    """Endpoints and inference components as processes on 127.0.0.1, persisted under state_dir."""
+
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        router_start_timeout_s: float = 20.0,
+        stop_grace_s: float = 10.0,
+        lock_timeout_s: float = 600.0,
+    ):
+        self.state_dir = Path(state_dir)
+        self.router_start_timeout_s = router_start_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.lock_timeout_s = lock_timeout_s
+        for sub in ("endpoints", "logs", "locks", "run"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- public API ----------------------------------------------------------------------------
+    def ensure_endpoint(self, name: str) -> EndpointInfo:
+        """Start the endpoint's router, or find it running, or restart it if it died."""
+        _check_name("endpoint", name)
+        with self._lock(name):
+            state, status = self._ensure(name)
+        return self._info(state, status)
+
+    def put_component(
+        self, endpoint: str, component: str, spec: ComponentSpec, *, ready_timeout_s: float = 120
+    ) -> ComponentInfo:
+        """Run `spec.copies` copies of a component and switch the router to them all at once."""
+        _check_name("endpoint", endpoint)
+        _check_name("component", component)
+        if not isinstance(spec, ComponentSpec):
+            raise BadInput(
+                f"spec must be a ComponentSpec, got {type(spec).__name__}",
+                fix="build it with ComponentSpec(command=..., copies=..., ...)",
+            )
+        if not ready_timeout_s > 0:
+            raise BadInput(
+                f"ready_timeout_s must be > 0, got {ready_timeout_s}", fix="pass seconds > 0"
+            )
+        with self._lock(endpoint):
+            state, _ = self._ensure(endpoint)
+            digest = spec.sha256()
+            current = state.components.get(component)
+            if current is not None and self._serving(current, digest, spec.copies):
+                return ComponentInfo(
+                    endpoint=endpoint,
+                    name=component,
+                    spec_sha256=digest,
+                    copies=current.copies,
+                    changed=False,
+                )
+            new = self._start_copies(state, endpoint, component, spec, ready_timeout_s)
+            state.components[component] = ComponentState(spec=spec, spec_sha256=digest, copies=new)
+            state.retiring = list(current.copies) if current else []
+            state.pending = []
+            self._save(state)
+            try:
+                self._register(state, component)
+            except Exception:
+                self._stop_copies(new)
+                if current is None:
+                    del state.components[component]
+                else:
+                    state.components[component] = current
+                state.retiring = []
+                self._save(state)
+                raise
+            self._stop_copies(state.retiring)
+            state.retiring = []
+            self._save(state)
+        return ComponentInfo(
+            endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
+        )
+
+    def delete_component(self, endpoint: str, component: str) -> bool:
+        """Stop a component's copies and remove it from the router; False if it did not exist."""
+        _check_name("endpoint", endpoint)
+        _check_name("component", component)
+        with self._lock(endpoint):
+            state = self._load(endpoint)
+            if state is None or component not in state.components:
+                return False
+            if state.router is not None and self._router_healthy(state):
+                status, body = self._admin(state, "DELETE", f"components/{component}")
+                if status not in (200, 404):
+                    raise Conflict(
+                        f"router refused to delete {component}: {status} {body}",
+                        fix=f"check the router log {state.router.log}",
+                    )
+            self._stop_copies(state.components.pop(component).copies)
+            self._save(state)
+        return True
+
+    def delete_endpoint(self, name: str) -> bool:
+        """Stop the router and all copies, wait for their exit, drop the state; False if absent."""
+        _check_name("endpoint", name)
+        with self._lock(name):
+            state = self._load(name)
+            if state is None:
+                return False
+            copies = state.pending + state.retiring
+            for comp in state.components.values():
+                copies.extend(comp.copies)
+            if state.router is not None:
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    if self._router_healthy(state):
+                        _http(state.router.port, "POST", "/_shiplift/shutdown")
+                _stop([state.router], self.stop_grace_s)
+            self._stop_copies(copies)
+            self._state_path(name).unlink()
+            self._ready_path(name).unlink(missing_ok=True)
+        return True
+
+    def describe_endpoint(self, name: str) -> dict[str, Any]:
+        """Live view: is the router up, and per component its spec and each copy's /ping status."""
+        state = self._require(name)
+        router_alive = state.router is not None and self._router_healthy(state)
+        registered: dict[str, Any] = {}
+        if router_alive:
+            registered = self._admin(state, "GET", "state")[1]["components"]
+        components = {}
+        for cname, comp in sorted(state.components.items()):
+            urls = sorted(c.url for c in comp.copies)
+            live_urls = sorted(c["url"] for c in registered.get(cname, {}).get("copies", []))
+            components[cname] = {
+                "spec": comp.spec.model_dump(mode="json"),
+                "spec_sha256": comp.spec_sha256,
+                "registered": bool(urls) and urls == live_urls,
+                "copies": [
+                    {**c.model_dump(mode="json"), "alive": _alive(c), "ping": _ping(c.port)}
+                    for c in comp.copies
+                ],
+            }
+        router = state.router.model_dump(mode="json") if state.router else None
+        return {
+            "name": name,
+            "url": self._url(state),
+            "router": {**(router or {}), "alive": router_alive},
+            "components": components,
+        }
+
+    def list_endpoints(self) -> list[dict[str, Any]]:
+        """Every endpoint in the state folder: name, URL, router alive?, component names."""
+        result = []
+        for path in sorted((self.state_dir / "endpoints").glob("*.json")):
+            state = self._load(path.stem)
+            if state is None:
+                continue
+            result.append(
+                {
+                    "name": state.name,
+                    "url": self._url(state),
+                    "router_alive": state.router is not None and self._router_healthy(state),
+                    "components": sorted(state.components),
+                }
+            )
+        return result
+
+    def endpoint_url(self, name: str) -> str:
+        """`http://127.0.0.1:PORT/endpoints/NAME`, the SageMaker-runtime-shaped invoke base."""
+        return self._url(self._require(name))
+
+    def metrics(self, name: str) -> dict[str, Any]:
+        """The router's per-component counters (invocations, 4xx, 5xx, model errors, latency)."""
+        state = self._require(name)
+        if state.router is None or not self._router_healthy(state):
+            raise NotReady(
+                f"the router of endpoint {name} is not running",
+                fix=f"restart it with ensure_endpoint({name!r}) / shiplift endpoints start",
+            )
+        return self._admin(state, "GET", "metrics")[1]
+
+    # -- state -------------------------------------------------------------------------------
+    def _state_path(self, name: str) -> Path:
+        return self.state_dir / "endpoints" / f"{name}.json"
+
+    def _ready_path(self, name: str) -> Path:
+        return self.state_dir / "run" / f"{name}.router.json"
+
+    def _load(self, name: str) -> EndpointState | None:
+        path = self._state_path(name)
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            state = EndpointState.model_validate_json(raw)
+        except ValidationError as exc:
+            raise IntegrityError(
+                f"endpoint state {path} is not valid: {exc}",
+                fix="stop the processes it lists by hand, then delete the file",
+            ) from exc
+        if state.name != name:
+            raise IntegrityError(
+                f"endpoint state {path} names endpoint {state.name!r}, not {name!r}",
+                fix="restore the right file or delete it",
+            )
+        return state
+
+    def _save(self, state: EndpointState) -> None:
+        write_state_file(self._state_path(state.name), state.model_dump(mode="json"))
+
+    def _require(self, name: str) -> EndpointState:
+        _check_name("endpoint", name)
+        state = self._load(name)
+        if state is None:
+            raise NotFound(
+                f"endpoint {name} does not exist under {self.state_dir}",
+                fix=f"create it with ensure_endpoint({name!r}) or list endpoints",
+            )
+        return state
+
+    def _url(self, state: EndpointState) -> str:
+        port = state.router.port if state.router else 0
+        return f"http://127.0.0.1:{port}/endpoints/{state.name}"
+
+    def _info(self, state: EndpointState, status: str) -> EndpointInfo:
+        assert state.router is not None
+        return EndpointInfo(
+            name=state.name,
+            url=self._url(state),
+            port=state.router.port,
+            pid=state.router.pid,
+            status=status,
+        )
+
+    @contextlib.contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        """Exclusive per-endpoint file lock, waited for with a deadline."""
+        fd = os.open(self.state_dir / "locks" / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            deadline = time.monotonic() + self.lock_timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise Conflict(
+                            f"endpoint {name} is being changed by another command "
+                            f"(waited {self.lock_timeout_s:g}s for its lock)",
+                            fix="wait for the other command to finish, then retry",
+                        ) from None
+                    time.sleep(POLL_S)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    # -- router ------------------------------------------------------------------------------
+    def _ensure(self, name: str) -> tuple[EndpointState, str]:
+        """Under the lock: clean leftovers, make the router run, sync it with the state."""
+        state = self._load(name) or EndpointState(name=name)
+        if state.pending or state.retiring:
+            self._stop_copies(state.pending + state.retiring)
+            state.pending, state.retiring = [], []
+            self._save(state)
+        if state.router is not None and self._router_healthy(state):
+            status = "running"
+        else:
+            status = "created" if state.router is None else "restarted"
+            if state.router is not None:
+                _stop([state.router], self.stop_grace_s)  # hung, or gone already
+            for comp in state.components.values():
+                comp.copies = [c for c in comp.copies if _alive(c)]
+            state.router = self._start_router(name)
+            self._save(state)
+        self._sync_router(state)
+        return state, status
+
+    def _router_healthy(self, state: EndpointState) -> bool:
+        assert state.router is not None
+        if not _alive(state.router):
+            return False
+        try:
+            code, body = _http(state.router.port, "GET", "/_shiplift/state", timeout=2.0)
+        except (OSError, http.client.HTTPException):
+            return False
+        return (
+            code == 200
+            and isinstance(body, dict)
+            and body.get("name") == state.name
+            and body.get("pid") == state.router.pid
+        )
+
+    def _start_router(self, name: str) -> RouterRef:
+        ready = self._ready_path(name)
+        ready.unlink(missing_ok=True)
+        log = self.state_dir / "logs" / name / "router.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "tasks.hosting.router",
+            "--name",
+            name,
+            "--port",
+            "0",
+            "--state-file",
+            str(ready),
+        ]
+        with open(log, "ab") as handle:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        ref = RouterRef(pid=proc.pid, start_ticks=_start_ticks(proc.pid), log=str(log), port=0)
+        deadline = time.monotonic() + self.router_start_timeout_s
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise CapacityError(
+                    f"router of endpoint {name} exited with code {code} while starting; "
+                    f"log {log}:\n{_log_tail(log)}",
+                    fix="read the log and fix the cause",
+                )
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                info = json.loads(ready.read_text(encoding="utf-8"))
+                if info.get("pid") == proc.pid:
+                    return ref.model_copy(update={"port": int(info["port"])})
+            if time.monotonic() > deadline:
+                _stop([ref], self.stop_grace_s)
+                raise NotReady(
+                    f"router of endpoint {name} did not report ready within "
+                    f"{self.router_start_timeout_s:g}s; log {log}:\n{_log_tail(log)}",
+                    fix="check the log; the machine may be overloaded",
+                )
+            time.sleep(POLL_S)
+
+    def _admin(
+        self, state: EndpointState, method: str, path: str, payload: Any = None
+    ) -> tuple[int, Any]:
+        assert state.router is not None
+        try:
+            return _http(state.router.port, method, "/_shiplift/" + path, payload)
+        except (OSError, http.client.HTTPException) as exc:
+            raise NotReady(
+                f"router of endpoint {state.name} did not answer {method} {path}: {exc!r}",
+                fix=f"run ensure_endpoint({state.name!r}); see {state.router.log}",
+            ) from exc
+
+    def _register(self, state: EndpointState, component: str) -> None:
+        comp = state.components[component]
+        payload = {
+            "spec": {"spec_sha256": comp.spec_sha256, **comp.spec.model_dump(mode="json")},
+            "copies": [c.url for c in comp.copies],
+        }
+        status, body = self._admin(state, "PUT", f"components/{component}", payload)
+        if status != 200:
+            raise Conflict(
+                f"router refused component {component}: {status} {body}",
+                fix=f"check the router log {state.router.log if state.router else ''}",
+            )
+
+    def _sync_router(self, state: EndpointState) -> None:
+        """Make the router serve exactly the persisted components' live copies."""
+        registered = self._admin(state, "GET", "state")[1]["components"]
+        for cname in sorted(set(registered) - set(state.components)):
+            self._admin(state, "DELETE", f"components/{cname}")
+        for cname, comp in sorted(state.components.items()):
+            urls = sorted(c.url for c in comp.copies)
+            live = sorted(c["url"] for c in registered.get(cname, {}).get("copies", []))
+            if urls and urls != live:
+                self._register(state, cname)
+            elif not urls and cname in registered:
+                self._admin(state, "DELETE", f"components/{cname}")
+
+    # -- copies ------------------------------------------------------------------------------
+    def _serving(self, current: ComponentState, digest: str, copies: int) -> bool:
+        """True when the component runs this exact spec with every copy alive and answering."""
+        return (
+            current.spec_sha256 == digest
+            and len(current.copies) == copies
+            and all(_alive(c) and _ping(c.port) == 200 for c in current.copies)
+        )
+
+    def _stop_copies(self, copies: list[CopyRef]) -> None:
+        _stop(list(copies), self.stop_grace_s)
+
+    def _start_copies(
+        self,
+        state: EndpointState,
+        endpoint: str,
+        component: str,
+        spec: ComponentSpec,
+        ready_timeout_s: float,
+    ) -> list[CopyRef]:
+        """Spawn the copies (recorded as pending first) and wait for every /ping to say 200."""
+        generation = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        log_dir = self.state_dir / "logs" / endpoint
+        log_dir.mkdir(parents=True, exist_ok=True)
+        procs: list[subprocess.Popen] = []
+        try:
+            for index in range(spec.copies):
+                port = _free_port()
+                log = log_dir / f"{component}-{generation}-{index}.log"
+                env = {**os.environ, **spec.env, spec.port_env: str(port)}
+                with open(log, "ab") as handle:
+                    try:
+                        proc = subprocess.Popen(
+                            spec.command,
+                            stdin=subprocess.DEVNULL,
+                            stdout=handle,
+                            stderr=subprocess.STDOUT,
+                            env=env,
+                            start_new_session=True,
+                        )
+                    except (FileNotFoundError, PermissionError) as exc:
+                        raise BadInput(
+                            f"component {component}: cannot run {spec.command[0]!r}: {exc}",
+                            fix="give an executable path or a program on PATH in command[0]",
+                        ) from exc
+                    except OSError as exc:
+                        raise CapacityError(
+                            f"component {component}: could not start a copy: {exc}",
+                            fix="free memory/process slots and retry",
+                        ) from exc
+                procs.append(proc)
+                state.pending.append(
+                    CopyRef(
+                        pid=proc.pid,
+                        start_ticks=_start_ticks(proc.pid),
+                        log=str(log),
+                        port=port,
+                        url=f"http://127.0.0.1:{port}",
+                    )
+                )
+                self._save(state)
+            self._wait_ready(component, procs, state.pending, ready_timeout_s)
+        except BaseException:
+            self._stop_copies(state.pending)
+            state.pending = []
+            self._save(state)
+            raise
+        return list(state.pending)
+
+    def _wait_ready(
+        self,
+        component: str,
+        procs: list[subprocess.Popen],
+        copies: list[CopyRef],
+        ready_timeout_s: float,
+    ) -> None:
+        deadline = time.monotonic() + ready_timeout_s
+        waiting = set(range(len(copies)))
+        while waiting:
+            for index in sorted(waiting):
+                copy = copies[index]
+                code = procs[index].poll()
+                if code is not None:
+                    raise CapacityError(
+                        f"copy {index} of component {component} (pid {copy.pid}) exited with "
+                        f"code {code} before GET /ping answered 200; "
+                        f"log {copy.log}:\n{_log_tail(copy.log)}",
+                        fix="fix the server command, environment or model so it starts (see log)",
+                    )
+                if _ping(copy.port) == 200:
+                    waiting.discard(index)
+            if waiting and time.monotonic() > deadline:
+                index = min(waiting)
+                copy = copies[index]
+                raise NotReady(
+                    f"copy {index} of component {component} (pid {copy.pid}) did not answer "
+                    f"GET /ping with 200 within {ready_timeout_s:g}s; "
+                    f"log {copy.log}:\n{_log_tail(copy.log)}",
+                    fix="raise ready_timeout_s if the model loads slowly, else fix the log's cause",
+                )
+            if waiting:
+                time.sleep(POLL_S * 2)

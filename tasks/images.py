@@ -1,0 +1,82 @@
+"""Serving images: the local "process image" and the digest pinning rules (DESIGN §3, §6.1).
+
+Locally an image is the server's source tree; its digest is the sha256 of the sorted
+(path, file sha256) list plus the pinned base image, so any change to the server changes the
+digest and therefore every name derived from it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tasks.errors import ConfigError
+from tasks.hashing import sha256_file, sha256_json
+
+IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
+DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+FROM_LINE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)
+ARG_DEFAULT = re.compile(r"^\s*ARG\s+(\w+)=(\S+)", re.I | re.M)
+IGNORED_PARTS = {"__pycache__", ".pytest_cache"}
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """A pinned serving image: `uri` is always `repo@sha256:<digest>`."""
+
+    name: str
+    uri: str
+    digest: str
+    base_image: str
+    files: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def require_digest_pin(reference: str, *, where: str) -> str:
+    """Refuse a mutable image reference (tag or bare name); return it unchanged when pinned."""
+    if not DIGEST_REF.match(reference):
+        raise ConfigError(
+            f"{where}: image {reference!r} is not pinned by digest",
+            fix="use repo@sha256:<64 hex> (resolve a tag to its digest first)",
+        )
+    return reference
+
+
+def dockerfile_base_images(dockerfile: Path) -> list[str]:
+    """The FROM references of a Dockerfile with ARG defaults substituted."""
+    text = dockerfile.read_text(encoding="utf-8")
+    defaults = dict(ARG_DEFAULT.findall(text))
+    refs = []
+    for raw in FROM_LINE.findall(text):
+        refs.append(re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1), m.group(0)), raw))
+    return refs
+
+
+def image_source_files(image_dir: Path) -> list[Path]:
+    return sorted(
+        p for p in image_dir.rglob("*") if p.is_file() and not IGNORED_PARTS.intersection(p.relative_to(image_dir).parts)
+    )
+
+
+def build_local_image(name: str, base_image: str) -> ImageRef:
+    """Pin the process image `images/<name>/`; every FROM in its Dockerfile must be a digest."""
+    image_dir = IMAGES_DIR / name
+    dockerfile = image_dir / "Dockerfile"
+    if not dockerfile.is_file():
+        raise ConfigError(f"image {name!r} has no Dockerfile at {dockerfile}", fix="use an image folder under images/")
+    require_digest_pin(base_image, where="image.base_image")
+    for ref in dockerfile_base_images(dockerfile):
+        require_digest_pin(ref, where=str(dockerfile))
+    files = image_source_files(image_dir)
+    listing = [[str(p.relative_to(image_dir)), sha256_file(p)] for p in files]
+    digest = sha256_json({"base_image": base_image, "files": listing})
+    return ImageRef(name=name, uri=f"local/{name}@sha256:{digest}", digest=f"sha256:{digest}", base_image=base_image, files=len(files))
+
+
+def server_command(name: str) -> list[str]:
+    """How the local backend runs an image: this interpreter on the image's own server.py."""
+    return [sys.executable, str(IMAGES_DIR / name / "server.py")]

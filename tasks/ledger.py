@@ -1,0 +1,690 @@
+"""The release ledger (DESIGN §10) and the one-promotion-per-model lease (§4).
+
+Every stage appends records; nothing updates or deletes them. Each record carries the
+sha256 of the previous record (`prev_hash`) and its own `record_hash` =
+sha256(canonical JSON of every other field, `seq` and `prev_hash` included), so an edited,
+deleted, inserted or reordered record breaks the chain and `verify()` names it.
+
+Deleting the *newest* records leaves a shorter chain that is still internally
+consistent; that is only detectable against a head hash kept somewhere else. Anchor
+`head().record_hash` outside the database (a ticket, an S3 object with object lock, a
+log line) and check it later with `verify(expected_head=...)`.
+
+Appends are serialised across threads and processes: SQLite takes the write lock up
+front (`BEGIN IMMEDIATE`), PostgreSQL takes a transaction-level advisory lock; `seq` is
+the primary key and `prev_hash` is unique, so even a writer that bypassed the lock could
+not fork the chain. Timestamps are UTC, `YYYY-MM-DDTHH:MM:SS.ffffffZ` (sortable as text).
+
+Payload conventions read by `diff()`: top-level keys `config_hash`, `artifact_sha256`,
+`image_digest`, `metrics`, `decision`. `served_at()` reads records with stage `promote`
+and event `succeeded` (record a rollback as a succeeded promotion of the earlier release).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import io
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy import exc as sa_exc
+
+from tasks.errors import BadInput, ConfigError, LeaseHeld, NotFound, NotReady
+from tasks.hashing import canonical_json, sha256_json
+
+GENESIS_HASH = "0" * 64
+WRITE_LOCK_TIMEOUT_S = 30
+CONNECT_TIMEOUT_S = 10
+MAX_LEASE_TTL_S = 7 * 24 * 3600
+DIFF_FIELDS = ("config_hash", "artifact_sha256", "image_digest", "metrics", "decision")
+PROMOTE_STAGE = "promote"
+SUCCEEDED_EVENT = "succeeded"
+RECORD_FIELDS = (
+    "seq",
+    "record_hash",
+    "prev_hash",
+    "release_id",
+    "model",
+    "stage",
+    "event",
+    "actor",
+    "recorded_at",
+    "payload",
+)
+_TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SECRET_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "secrets",
+        "credential",
+        "credentials",
+        "apikey",
+        "accesskey",
+        "secretkey",
+        "privatekey",
+    }
+)
+_SECRET_PAIRS = frozenset(
+    {
+        ("access", "key"),
+        ("api", "key"),
+        ("private", "key"),
+        ("secret", "key"),
+        ("session", "key"),
+        ("signing", "key"),
+    }
+)
+
+
+def looks_secret(key: str) -> bool:
+    """True when a mapping key names a secret (password, token, access key...), so it is refused."""
+    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", key)
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", spaced)
+    words = [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
+    if not words:
+        return False
+    if any(w in _SECRET_WORDS for w in words) or words[-1].endswith("token"):
+        return True
+    return any(pair in _SECRET_PAIRS for pair in zip(words, words[1:]))
+
+
+def _check_json(value: Any, path: str) -> None:
+    if value is None or isinstance(value, (bool, int, str)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise BadInput(
+                f"payload{path} is {value}, which JSON cannot represent",
+                fix="record non-finite numbers as null or a string",
+            )
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_json(item, f"{path}[{index}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise BadInput(
+                    f"payload{path} has a non-string key {key!r}",
+                    fix="use string keys only",
+                )
+            if looks_secret(key):
+                raise BadInput(
+                    f"payload key {path}.{key} looks like a secret; secrets never go into the ledger",
+                    fix="drop it, or record a non-secret reference under a neutral key name",
+                )
+            _check_json(item, f"{path}.{key}")
+        return
+    raise BadInput(
+        f"payload{path} is a {type(value).__name__}, which is not JSON",
+        fix="convert it first (str(path), dt.isoformat(), float(x), list(array))",
+    )
+
+
+def _require_text(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise BadInput(
+            f"{name} must be a non-empty string without surrounding whitespace, got {value!r}",
+            fix=f"pass a {name} such as 'gemma3-270m'",
+        )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _fmt(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime(_TS_FORMAT)
+
+
+def _parse_ts(text: str) -> datetime:
+    return datetime.strptime(text, _TS_FORMAT).replace(tzinfo=timezone.utc)
+
+
+def _as_utc_text(when: datetime | str) -> str:
+    if isinstance(when, str):
+        try:
+            when = datetime.fromisoformat(when)
+        except ValueError as error:
+            raise BadInput(
+                f"time {when!r} is not ISO 8601: {error}",
+                fix="pass e.g. '2026-11-29T12:00:00Z'",
+            ) from error
+    if not isinstance(when, datetime):
+        raise BadInput(f"time must be a datetime or ISO string, got {type(when).__name__}")
+    if when.tzinfo is None:
+        raise BadInput(
+            f"time {when.isoformat()} has no timezone, so the moment is ambiguous",
+            fix="pass a timezone-aware datetime or a string ending in Z or +00:00",
+        )
+    return _fmt(when)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One ledger record, as stored."""
+
+    seq: int
+    record_hash: str
+    prev_hash: str
+    release_id: str
+    model: str
+    stage: str
+    event: str
+    actor: str
+    recorded_at: str
+    payload: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-able dict (payload as a nested dict)."""
+        return {name: getattr(self, name) for name in RECORD_FIELDS}
+
+
+def _content_hash(fields: dict[str, Any]) -> str:
+    return sha256_json({k: v for k, v in fields.items() if k != "record_hash"})
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of a chain verification; `problems` name the seq and what is wrong."""
+
+    ok: bool
+    n_records: int
+    head_hash: str | None
+    problems: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-able dict."""
+        return {
+            "ok": self.ok,
+            "n_records": self.n_records,
+            "head_hash": self.head_hash,
+            "problems": list(self.problems),
+        }
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The promotion lease on one model; leaving a `with` block releases it."""
+
+    model: str
+    holder: str
+    release_id: str
+    acquired_at: str
+    expires_at: str
+    ledger: Ledger | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, str]:
+        """The lease as a JSON-able dict."""
+        return {
+            "model": self.model,
+            "holder": self.holder,
+            "release_id": self.release_id,
+            "acquired_at": self.acquired_at,
+            "expires_at": self.expires_at,
+        }
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.ledger is not None:
+            self.ledger.release_lease(self.model, self.holder)
+
+
+def _tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
+    metadata = sa.MetaData(schema=schema)
+    records = sa.Table(
+        "ledger_records",
+        metadata,
+        sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("record_hash", sa.String(64), nullable=False, unique=True),
+        sa.Column("prev_hash", sa.String(64), nullable=False, unique=True),
+        sa.Column("release_id", sa.Text, nullable=False),
+        sa.Column("model", sa.Text, nullable=False),
+        sa.Column("stage", sa.Text, nullable=False),
+        sa.Column("event", sa.Text, nullable=False),
+        sa.Column("actor", sa.Text, nullable=False),
+        sa.Column("recorded_at", sa.String(32), nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+        sa.Index("ix_ledger_records_release", "release_id"),
+        sa.Index("ix_ledger_records_model", "model", "stage", "event", "recorded_at"),
+    )
+    leases = sa.Table(
+        "leases",
+        metadata,
+        sa.Column("model", sa.Text, primary_key=True),
+        sa.Column("holder", sa.Text, nullable=False),
+        sa.Column("release_id", sa.Text, nullable=False),
+        sa.Column("acquired_at", sa.String(32), nullable=False),
+        sa.Column("expires_at", sa.String(32), nullable=False),
+    )
+    return records, leases
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" hook emit BEGIN itself (pysqlite's implicit BEGIN is deferred).
+    dbapi_connection.isolation_level = None
+    dbapi_connection.execute("PRAGMA journal_mode=WAL")
+
+
+def _sqlite_on_begin(conn: sa.Connection) -> None:
+    mode = "IMMEDIATE" if conn.get_execution_options().get("shiplift_write") else "DEFERRED"
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _make_engine(url: str, schema: str | None) -> tuple[sa.Engine, str]:
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa_exc.ArgumentError as error:
+        raise ConfigError(
+            f"ledger URL {url!r} is not a database URL: {error}",
+            fix="use sqlite:////abs/path/ledger.db or postgresql+psycopg2://user@host:5432/db",
+        ) from error
+    shown = parsed.render_as_string(hide_password=True)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise ConfigError(
+                f"ledger URL {shown} is an in-memory database; a ledger must persist",
+                fix="use Ledger.for_sqlite(path) or sqlite:////abs/path/ledger.db",
+            )
+        if schema is not None:
+            raise ConfigError(
+                f"schema {schema!r} was given for the SQLite ledger {shown}",
+                fix="schemas apply to PostgreSQL only; drop the schema argument",
+            )
+        engine = sa.create_engine(parsed, connect_args={"timeout": WRITE_LOCK_TIMEOUT_S})
+        sa_event.listen(engine, "connect", _sqlite_on_connect)
+        sa_event.listen(engine, "begin", _sqlite_on_begin)
+        return engine, shown
+    if backend == "postgresql" and parsed.get_driver_name() == "psycopg2":
+        engine = sa.create_engine(
+            parsed, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=True
+        )
+        return engine, shown
+    raise ConfigError(
+        f"ledger URL {shown} uses {parsed.drivername}, which the ledger does not support",
+        fix="use sqlite:///... or postgresql+psycopg2://...",
+    )
+
+
+class Ledger:
+    """Append-only, hash-chained release records plus per-model promotion leases."""
+
+    def __init__(self, url: str, *, schema: str | None = None):
+        """Open (and create if needed) a ledger at a SQLAlchemy URL; `schema` is PostgreSQL-only."""
+        self._engine, self._shown_url = _make_engine(url, schema)
+        self._postgres = self._engine.dialect.name == "postgresql"
+        self._schema = schema
+        self._records, self._leases = _tables(schema)
+        with self._write("schema") as conn:
+            self._records.metadata.create_all(conn)
+
+    @classmethod
+    def for_sqlite(cls, path: str | Path) -> Ledger:
+        """Open a SQLite ledger file, creating its folder and tables when missing."""
+        resolved = Path(path).expanduser().resolve()
+        resolved.parent.mkdir(parents=True, exist_ok=True)
+        return cls(f"sqlite:///{resolved}")
+
+    def close(self) -> None:
+        """Release pooled database connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- transactions -------------------------------------------------------------------
+
+    def _lock_key(self, purpose: str) -> int:
+        digest = hashlib.sha256(f"shiplift-ledger:{self._schema}:{purpose}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    @contextmanager
+    def _write(self, purpose: str) -> Iterator[sa.Connection]:
+        """A transaction that holds the writer lock for `purpose` until commit."""
+        try:
+            with self._engine.connect() as conn:
+                conn.execution_options(shiplift_write=True)
+                with conn.begin():
+                    if self._postgres:
+                        conn.exec_driver_sql(
+                            f"SET LOCAL lock_timeout = '{WRITE_LOCK_TIMEOUT_S}s'"
+                        )
+                        conn.execute(
+                            sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                            {"key": self._lock_key(purpose)},
+                        )
+                    yield conn
+        except sa_exc.OperationalError as error:
+            raise NotReady(
+                f"ledger database {self._shown_url} is unreachable or busy: {error.orig}",
+                fix=f"check the database is up; a writer lock is awaited {WRITE_LOCK_TIMEOUT_S} s",
+            ) from error
+
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        try:
+            with self._engine.connect() as conn:
+                yield conn
+        except sa_exc.OperationalError as error:
+            raise NotReady(
+                f"ledger database {self._shown_url} is unreachable or busy: {error.orig}",
+                fix="check the database is up and retry",
+            ) from error
+
+    # -- records ------------------------------------------------------------------------
+
+    def append(
+        self,
+        *,
+        release_id: str,
+        model: str,
+        stage: str,
+        event: str,
+        payload: dict[str, Any],
+        actor: str,
+    ) -> Record:
+        """Append one record to the chain; the only way records enter the ledger."""
+        for name, value in (
+            ("release_id", release_id),
+            ("model", model),
+            ("stage", stage),
+            ("event", event),
+            ("actor", actor),
+        ):
+            _require_text(name, value)
+        if not isinstance(payload, dict):
+            raise BadInput(
+                f"payload must be a dict, got {type(payload).__name__}",
+                fix="pass the evidence as a dict of JSON values",
+            )
+        _check_json(payload, "")
+        try:
+            payload_text = canonical_json(payload).decode("utf-8")
+        except ValueError as error:  # e.g. a lone surrogate in a string
+            raise BadInput(f"payload cannot be encoded as UTF-8 JSON: {error}") from error
+        records = self._records
+        with self._write("append") as conn:
+            head = conn.execute(
+                sa.select(records.c.seq, records.c.record_hash)
+                .order_by(records.c.seq.desc())
+                .limit(1)
+            ).first()
+            seq, prev_hash = (head.seq + 1, head.record_hash) if head else (1, GENESIS_HASH)
+            fields = {
+                "seq": seq,
+                "prev_hash": prev_hash,
+                "release_id": release_id,
+                "model": model,
+                "stage": stage,
+                "event": event,
+                "actor": actor,
+                "recorded_at": _fmt(_utcnow()),
+                "payload": json.loads(payload_text),
+            }
+            record = Record(record_hash=_content_hash(fields), **fields)
+            conn.execute(
+                records.insert().values(
+                    {**fields, "record_hash": record.record_hash, "payload": payload_text}
+                )
+            )
+        return record
+
+    @staticmethod
+    def _to_record(row: sa.Row) -> Record:
+        values = row._asdict()
+        values["payload"] = json.loads(values["payload"])
+        return Record(**values)
+
+    def _select(self, *where: Any, newest_first: bool = False, limit: int | None = None) -> list[Record]:
+        records = self._records
+        order = records.c.seq.desc() if newest_first else records.c.seq
+        query = sa.select(records).where(*where).order_by(order)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return [self._to_record(row) for row in conn.execute(query)]
+
+    def head(self) -> Record | None:
+        """The newest record (anchor its record_hash elsewhere to detect tail deletion)."""
+        found = self._select(newest_first=True, limit=1)
+        return found[0] if found else None
+
+    def verify(self, expected_head: str | None = None) -> VerifyResult:
+        """Recompute every hash and link; with `expected_head`, also require that anchor in the chain."""
+        if expected_head is not None and not _HEX64.match(expected_head):
+            raise BadInput(
+                f"expected_head {expected_head!r} is not a lowercase hex sha256",
+                fix="pass the record_hash you anchored from head()",
+            )
+        problems: list[str] = []
+        count, last_seq, last_hash = 0, 0, GENESIS_HASH
+        anchor_seen = expected_head is None
+        with self._read() as conn:
+            rows = conn.execution_options(yield_per=1000).execute(
+                sa.select(self._records).order_by(self._records.c.seq)
+            )
+            for row in rows:
+                count += 1
+                if row.seq != last_seq + 1:
+                    problems.append(
+                        f"seq {row.seq}: follows seq {last_seq}; records "
+                        f"{last_seq + 1}..{row.seq - 1} are missing (deleted or renumbered)"
+                    )
+                if row.prev_hash != last_hash:
+                    problems.append(
+                        f"seq {row.seq}: prev_hash {row.prev_hash[:16]}... does not link to the "
+                        f"record before it ({last_hash[:16]}...): a record was deleted, inserted "
+                        "or reordered"
+                    )
+                fields = row._asdict()
+                try:
+                    fields["payload"] = json.loads(fields["payload"])
+                except ValueError:
+                    problems.append(f"seq {row.seq}: payload is not valid JSON (edited)")
+                if _content_hash(fields) != row.record_hash:
+                    problems.append(
+                        f"seq {row.seq}: record_hash does not match the record's content: "
+                        "the record was edited"
+                    )
+                anchor_seen = anchor_seen or row.record_hash == expected_head
+                last_seq, last_hash = row.seq, row.record_hash
+        if not anchor_seen:
+            problems.append(
+                f"anchored head {expected_head} is not in the ledger: the newest records were "
+                "deleted or the chain was rewritten"
+            )
+        return VerifyResult(
+            ok=not problems,
+            n_records=count,
+            head_hash=last_hash if count else None,
+            problems=problems,
+        )
+
+    def history(self, model: str | None = None) -> list[Record]:
+        """All records, oldest first, optionally of one model."""
+        if model is None:
+            return self._select()
+        _require_text("model", model)
+        return self._select(self._records.c.model == model)
+
+    def release(self, release_id: str) -> list[Record]:
+        """Every record of one release, oldest first."""
+        _require_text("release_id", release_id)
+        found = self._select(self._records.c.release_id == release_id)
+        if not found:
+            raise NotFound(
+                f"release {release_id!r} has no ledger records",
+                fix="list releases with `shiplift ledger history`",
+            )
+        return found
+
+    def diff(self, release_a: str, release_b: str) -> dict[str, Any]:
+        """Compare two releases on DIFF_FIELDS (latest value each release recorded)."""
+        summaries = {}
+        for release_id in (release_a, release_b):
+            summary: dict[str, Any] = {name: None for name in DIFF_FIELDS}
+            for record in self.release(release_id):
+                for name in DIFF_FIELDS:
+                    if name in record.payload:
+                        summary[name] = record.payload[name]
+            summaries[release_id] = summary
+        a, b = summaries[release_a], summaries[release_b]
+        fields = {name: {"a": a[name], "b": b[name], "same": a[name] == b[name]} for name in DIFF_FIELDS}
+        return {
+            "release_a": release_a,
+            "release_b": release_b,
+            "fields": fields,
+            "changed": [name for name in DIFF_FIELDS if not fields[name]["same"]],
+        }
+
+    def served_at(self, model: str, when: datetime | str) -> Record | None:
+        """The latest succeeded promotion of `model` at or before `when` (None if none yet)."""
+        _require_text("model", model)
+        moment = _as_utc_text(when)
+        records = self._records
+        found = self._select(
+            records.c.model == model,
+            records.c.stage == PROMOTE_STAGE,
+            records.c.event == SUCCEEDED_EVENT,
+            records.c.recorded_at <= moment,
+            newest_first=True,
+            limit=1,
+        )
+        return found[0] if found else None
+
+    def export(
+        self, fmt: Literal["json", "csv", "html"], path: str | Path, *, model: str | None = None
+    ) -> Path:
+        """Write the records (optionally of one model) and the verify result to a file, atomically."""
+        renderers = {"json": _render_json, "csv": _render_csv, "html": _render_html}
+        if fmt not in renderers:
+            raise BadInput(f"export format {fmt!r} is unknown", fix="use json, csv or html")
+        records = self.history(model)
+        text = renderers[fmt](records, self.verify())
+        return _write_atomic(Path(path), text)
+
+    # -- leases -------------------------------------------------------------------------
+
+    def acquire_lease(self, model: str, holder: str, release_id: str, ttl_s: float) -> Lease:
+        """Take the promotion lease on `model`; LeaseHeld if another unexpired holder has it."""
+        for name, value in (("model", model), ("holder", holder), ("release_id", release_id)):
+            _require_text(name, value)
+        if (
+            isinstance(ttl_s, bool)
+            or not isinstance(ttl_s, (int, float))
+            or not math.isfinite(ttl_s)
+            or not 0 < ttl_s <= MAX_LEASE_TTL_S
+        ):
+            raise BadInput(
+                f"lease ttl_s must be a number in (0, {MAX_LEASE_TTL_S}], got {ttl_s!r}",
+                fix="pass the longest time the promotion may take, in seconds",
+            )
+        leases = self._leases
+        with self._write("lease") as conn:
+            now = _utcnow()
+            row = conn.execute(sa.select(leases).where(leases.c.model == model)).first()
+            live = row is not None and _parse_ts(row.expires_at) > now
+            if live and (row.holder, row.release_id) != (holder, release_id):
+                raise LeaseHeld(
+                    f"model {model!r} is being promoted by {row.holder!r} (release "
+                    f"{row.release_id!r}); the lease expires at {row.expires_at}",
+                    fix="wait for that run to finish or its lease to expire, then retry",
+                )
+            values = {
+                "holder": holder,
+                "release_id": release_id,
+                "acquired_at": row.acquired_at if live else _fmt(now),
+                "expires_at": _fmt(now + timedelta(seconds=ttl_s)),
+            }
+            if row is None:
+                conn.execute(leases.insert().values(model=model, **values))
+            else:
+                conn.execute(leases.update().where(leases.c.model == model).values(**values))
+        return Lease(model=model, ledger=self, **values)
+
+    def release_lease(self, model: str, holder: str) -> bool:
+        """Drop `holder`'s lease on `model`; False if it no longer held it (expired and taken over)."""
+        _require_text("model", model)
+        _require_text("holder", holder)
+        leases = self._leases
+        with self._write("lease") as conn:
+            result = conn.execute(
+                leases.delete().where(leases.c.model == model, leases.c.holder == holder)
+            )
+        return result.rowcount == 1
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    path = path.expanduser().resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _render_json(records: list[Record], verified: VerifyResult) -> str:
+    document = {"verify": verified.to_dict(), "records": [r.to_dict() for r in records]}
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _row_cells(record: Record) -> list[str]:
+    cells = record.to_dict()
+    cells["payload"] = canonical_json(record.payload).decode("utf-8")
+    return [str(cells[name]) for name in RECORD_FIELDS]
+
+
+def _render_csv(records: list[Record], _verified: VerifyResult) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(RECORD_FIELDS)
+    writer.writerows(_row_cells(record) for record in records)
+    return buffer.getvalue()
+
+
+def _render_html(records: list[Record], verified: VerifyResult) -> str:
+    status = "chain verified" if verified.ok else "CHAIN BROKEN: " + "; ".join(verified.problems)
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in RECORD_FIELDS)
+    rows = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(record)) + "</tr>"
+        for record in records
+    )
+    return (
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>shiplift release ledger"
+        "</title></head><body>\n<h1>shiplift release ledger</h1>\n"
+        f"<p>{html.escape(status)} ({verified.n_records} records, head "
+        f"{html.escape(str(verified.head_hash))})</p>\n"
+        f"<table border=\"1\"><thead><tr>{head}</tr></thead><tbody>\n{rows}\n</tbody></table>\n"
+        "</body></html>\n"
+    )

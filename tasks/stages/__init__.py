@@ -1,0 +1,1 @@
+"""One module per release stage; each exposes `run(ctx) -> dict` (small, JSON-able)."""

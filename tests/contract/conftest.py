@@ -1,0 +1,236 @@
+"""Fixtures for the serving-image contract tests: real server processes and a urllib client.
+
+Each server is `python images/semif/server.py`, configured only by SEMIF_* environment
+variables exactly as the local backend and the container run it. Servers listen on port 0
+(the kernel picks a free port) and the test reads the bound port from the server's log.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SEMIF_SERVER = REPO / "images" / "semif" / "server.py"
+START_DEADLINE_S = 60.0
+REQUEST_TIMEOUT_S = 30.0
+LISTENING = re.compile(r"listening on http://([0-9.]+):(\d+)")
+
+
+def semif_env(**overrides: str) -> dict[str, str]:
+    """The parent environment without any SEMIF_* variable, plus `overrides`."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SEMIF_")}
+    env.update(overrides)
+    return env
+
+
+@dataclass
+class Reply:
+    """One HTTP answer: status, parsed JSON body (None if not JSON) and headers."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class SemifClient:
+    """A tiny boto3-free client for the SageMaker container contract, built on urllib."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.base = f"http://{host}:{port}"
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str | None = "application/json"
+    ) -> Reply:
+        """Send one request; HTTP error statuses are returned, not raised."""
+        headers = {"Content-Type": content_type} if content_type else {}
+        req = urllib.request.Request(self.base + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+                return Reply(resp.status, _json_or_none(resp.read()), dict(resp.headers))
+        except urllib.error.HTTPError as err:
+            return Reply(err.code, _json_or_none(err.read()), dict(err.headers))
+
+    def ping(self) -> Reply:
+        return self.request("GET", "/ping", content_type=None)
+
+    def invoke(self, payload: Any) -> Reply:
+        """POST /invocations with `payload` as JSON."""
+        return self.request("POST", "/invocations", json.dumps(payload).encode("utf-8"))
+
+    def open_raw(self, head: list[str], body: bytes = b"") -> socket.socket:
+        """Open a connection and send hand-written request header lines (and maybe part of a body)."""
+        sock = socket.create_connection((self.host, self.port), timeout=REQUEST_TIMEOUT_S)
+        sock.sendall("".join(f"{line}\r\n" for line in head).encode("latin-1") + b"\r\n" + body)
+        return sock
+
+    def raw(self, head: list[str], body: bytes = b"") -> Reply:
+        """Send hand-written header lines (and maybe a partial body); read the answer."""
+        sock = self.open_raw(head, body)
+        try:
+            resp = http.client.HTTPResponse(sock, method=head[0].split()[0])
+            resp.begin()
+            return Reply(resp.status, _json_or_none(resp.read()), dict(resp.headers))
+        finally:
+            sock.close()
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+@dataclass
+class SemifProcess:
+    """A running server process with its log, client and the /ping statuses seen while starting."""
+
+    proc: subprocess.Popen
+    log_path: Path
+    client: SemifClient
+    ping_history: list[tuple[int, Any]]
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not end within 10 s."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start_semif(log_path: Path, env: dict[str, str]) -> SemifProcess:
+    """Start the server on port 0, wait (with a deadline) until /ping says ok, recording every ping."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(SEMIF_SERVER)],
+            env={**env, "SEMIF_HOST": "127.0.0.1", "SEMIF_PORT": "0"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    deadline = time.monotonic() + START_DEADLINE_S
+    client = None
+    history: list[tuple[int, Any]] = []
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"semif exited with {proc.returncode}:\n{log_path.read_text()}")
+            if client is None:
+                match = LISTENING.search(log_path.read_text(encoding="utf-8", errors="replace"))
+                if match:
+                    client = SemifClient(match.group(1), int(match.group(2)))
+            if client is not None:
+                reply = client.ping()
+                history.append((reply.status, reply.body))
+                if reply.status == 200:
+                    return SemifProcess(proc, log_path, client, history)
+            time.sleep(0.005)
+        raise RuntimeError(f"semif not ready within {START_DEADLINE_S}s:\n{log_path.read_text()}")
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise
+
+
+def run_semif_to_exit(env: dict[str, str], args: tuple[str, ...] = (), timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run the server expecting it to refuse to start; returns the finished process."""
+    return subprocess.run(
+        [sys.executable, str(SEMIF_SERVER), *args],
+        env={"SEMIF_HOST": "127.0.0.1", "SEMIF_PORT": "0", **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture(scope="session")
+def clean_env() -> Callable[..., dict[str, str]]:
+    """semif_env as a fixture: the environment without SEMIF_* plus the given variables."""
+    return semif_env
+
+
+@pytest.fixture(scope="session")
+def run_refusal() -> Callable[..., subprocess.CompletedProcess]:
+    """run_semif_to_exit as a fixture: run a server that is expected to refuse to start."""
+    return run_semif_to_exit
+
+
+@pytest.fixture(scope="session")
+def calibrated_temperature() -> float:
+    """The temperature written into the calibrated server's calibration.json."""
+    return CALIBRATED_T
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's tiny random llama GGUF (seed 0, 2048-token context, no chat template)."""
+    from tasks.tinymodel import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("semif-model") / "tiny.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_env(tiny_gguf: Path) -> dict[str, str]:
+    """Environment for the tiny model: one thread, its full 2048-token context."""
+    return semif_env(SEMIF_GGUF_PATH=str(tiny_gguf), SEMIF_THREADS="1", SEMIF_MAX_TOKENS="2048")
+
+
+@pytest.fixture(scope="module")
+def semif(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) -> Iterator[SemifProcess]:
+    """The server with default limits."""
+    server = start_semif(tmp_path_factory.mktemp("semif") / "server.log", tiny_env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def semif_limits(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) -> Iterator[SemifProcess]:
+    """The server with small limits: 600-token prompts, 3 shared decisions, 8 KiB bodies, 1 in flight."""
+    env = {
+        **tiny_env,
+        "SEMIF_MAX_REQUEST_TOKENS": "600",
+        "SEMIF_MAX_SHARED_DECISIONS": "3",
+        "SEMIF_MAX_BODY_BYTES": "8192",
+        "SEMIF_MAX_IN_FLIGHT": "1",
+    }
+    server = start_semif(tmp_path_factory.mktemp("semif-limits") / "server.log", env)
+    yield server
+    server.stop()
+
+
+CALIBRATED_T = 2.5
+
+
+@pytest.fixture(scope="module")
+def semif_calibrated(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[SemifProcess]:
+    """The server reading a model directory that ships calibration.json with T = 2.5."""
+    model_dir = tmp_path_factory.mktemp("semif-calibrated-model")
+    shutil.copyfile(tiny_gguf, model_dir / "model.gguf")
+    (model_dir / "calibration.json").write_text(json.dumps({"temperature": CALIBRATED_T, "method": "nll"}))
+    env = semif_env(SEMIF_MODEL_DIR=str(model_dir), SEMIF_THREADS="1", SEMIF_MAX_TOKENS="2048")
+    server = start_semif(tmp_path_factory.mktemp("semif-calibrated") / "server.log", env)
+    yield server
+    server.stop()

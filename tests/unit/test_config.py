@@ -1,0 +1,117 @@
+"""Release configs: the shipped ones validate; every bad one fails with file, field path and fix."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.config import load_release_config, resolve_data_path, DatasetRef
+from tasks.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
+
+
+def write_variant(tmp_path: Path, mutate) -> Path:
+    tree = yaml.safe_load(GEMMA.read_text())
+    mutate(tree)
+    path = tmp_path / "variant.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs" / "releases").glob("*.yaml")))
+def test_shipped_configs_validate(name):
+    config = load_release_config(ROOT / "configs" / "releases" / name, environ={})
+    assert len(config.config_hash()) == 64
+
+
+def test_production_example_pins_qwen_and_the_gpu_pool():
+    config = load_release_config(ROOT / "configs" / "releases" / "qwen35-4b-semif.yaml", environ={})
+    assert config.artifact.source.file == "Qwen_Qwen3.5-4B-Q4_K_M.gguf"
+    assert config.artifact.source.sha256 == "13c16f426047e2de38cd075bdade4a7bcbc8c774384876f677740cda65f8a983"
+    assert [p.instance_type for p in sorted(config.placement.pools, key=lambda p: p.priority)] == [
+        "ml.g6e.xlarge", "ml.g6.2xlarge", "ml.g5.2xlarge", "ml.g4dn.2xlarge"]
+
+
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [
+        (lambda t: t.update(colour="blue"), "colour", "Extra inputs are not permitted"),
+        (lambda t: t["image"].update(threads="many"), "image.threads", "valid integer"),
+        (lambda t: t["image"].update(base_image="public.ecr.aws/x/llama-cpp:latest"), "image.base_image", "pattern"),
+        (lambda t: t["artifact"]["source"].update(sha256="abc"), "artifact.source.pypi.sha256", "pattern"),
+        (lambda t: t["artifact"]["source"].update(kind="ftp"), "artifact.source", "tag 'ftp'"),
+        (lambda t: t["image"].update(max_request_tokens=9999), "image", "exceeds max_tokens"),
+        (lambda t: t["artifact"].update(quantization="Q3_XYZ"), "artifact.quantization", "Input should be"),
+        (lambda t: t["rollout"].update(strategy="yolo"), "rollout", "tag 'yolo'"),
+        (lambda t: t.update(placement={"kind": "instance_pool", "pools": [
+            {"instance_type": "ml.g5.xlarge", "priority": 1}, {"instance_type": "ml.g5.xlarge", "priority": 2}]}),
+         "placement.instance_pool.pools", "unique"),
+        (lambda t: t.update(placement={"kind": "instance_pool", "pools": [
+            {"instance_type": f"ml.g5.{n}xlarge", "priority": 1} for n in range(2, 8)]}),
+         "placement.instance_pool.pools", "at most 5"),
+        (lambda t: t.update(name="Bad_Name"), "name", "pattern"),
+    ],
+)
+def test_bad_config_names_file_field_and_problem(tmp_path, mutate, field, words):
+    path = write_variant(tmp_path, mutate)
+    with pytest.raises(ConfigError) as caught:
+        load_release_config(path, environ={})
+    message = str(caught.value)
+    assert str(path) in message
+    assert field in message
+    assert words in message
+    assert "fix:" in message
+
+
+def test_secret_looking_keys_are_refused(tmp_path):
+    path = write_variant(tmp_path, lambda t: t["backend"].update(aws_secret_access_key="AKIA..."))
+    with pytest.raises(ConfigError, match="backend.aws_secret_access_key"):
+        load_release_config(path, environ={})
+
+
+def test_layering_file_then_environment_then_flags():
+    env = {"SHIPLIFT_CONFIG__image__threads": "3", "SHIPLIFT_CONFIG__validation__concurrency": "5"}
+    config = load_release_config(GEMMA, environ=env, overrides=["validation.concurrency=7"])
+    assert config.image.threads == 3
+    assert config.validation.concurrency == 7
+    assert load_release_config(GEMMA, environ={}).image.threads == 2
+
+
+def test_overrides_change_the_config_hash_and_are_validated():
+    base = load_release_config(GEMMA, environ={})
+    calibrated = load_release_config(GEMMA, environ={}, overrides=["calibration.fit_temperature=true"])
+    assert calibrated.calibration.fit_temperature and base.config_hash() != calibrated.config_hash()
+    with pytest.raises(ConfigError, match="no '='"):
+        load_release_config(GEMMA, environ={}, overrides=["image.threads"])
+    with pytest.raises(ConfigError, match="image.thread"):
+        load_release_config(GEMMA, environ={}, overrides=["image.thread=2"])
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_release_config(tmp_path / "nope.yaml", environ={})
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_release_config(bad, environ={})
+
+
+def test_builtin_and_relative_dataset_paths(tmp_path):
+    assert resolve_data_path(DatasetRef(path="builtin:decisions"), tmp_path).name == "decisions.jsonl"
+    (tmp_path / "mine.jsonl").write_text("{}\n")
+    assert resolve_data_path(DatasetRef(path="mine.jsonl"), tmp_path) == tmp_path / "mine.jsonl"
+    with pytest.raises(ConfigError, match="not found"):
+        resolve_data_path(DatasetRef(path="absent.jsonl"), tmp_path)
+
+
+def test_extends_merges_the_parent_underneath(tmp_path):
+    broken = load_release_config(ROOT / "configs" / "releases" / "demo-broken-model.yaml", environ={})
+    gemma = load_release_config(GEMMA, environ={})
+    assert broken.name == gemma.name and broken.validation == gemma.validation
+    assert broken.artifact.source.kind == "generated"
+    loop = tmp_path / "a.yaml"
+    loop.write_text("extends: a.yaml\nname: x\n")
+    with pytest.raises(ConfigError, match="loops back"):
+        load_release_config(loop, environ={})

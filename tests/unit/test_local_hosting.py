@@ -1,0 +1,269 @@
+"""LocalHosting: real router and fake model-server processes on loopback, state on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from tasks.errors import BadInput, CapacityError, NotFound, NotReady
+from tasks.hosting.local import ComponentSpec, LocalHosting
+
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"
+
+
+def _spec(copies: int = 1, version: str = "v1", **env: str) -> ComponentSpec:
+    return ComponentSpec(
+        command=[sys.executable, str(FAKE)],
+        env={"FAKE_PORT_ENV": "SEMIF_PORT", **env},
+        copies=copies,
+        port_env="SEMIF_PORT",
+        model_ref={"artifact_sha256": "a" * 64, "version": version},
+    )
+
+
+def _invoke(url: str, component: str | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if component:
+        headers["X-Amzn-SageMaker-Inference-Component"] = component
+    req = urllib.request.Request(
+        url + "/invocations", data=b'{"q": 1}', headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _dead(pid: int, within_s: float = 5.0) -> bool:
+    """True once pid no longer runs (reaping it if it is our zombie child)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _pids(hosting: LocalHosting, name: str) -> list[int]:
+    view = hosting.describe_endpoint(name)
+    return [view["router"]["pid"]] + [
+        c["pid"] for comp in view["components"].values() for c in comp["copies"]
+    ]
+
+
+@pytest.fixture()
+def hosting(tmp_path):
+    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
+    yield hosting
+    for endpoint in LocalHosting(tmp_path / "state").list_endpoints():
+        pids = _pids(hosting, endpoint["name"])
+        hosting.delete_endpoint(endpoint["name"])
+        assert all(_dead(pid) for pid in pids), "teardown left processes running"
+
+
+def test_spec_is_strict_and_frozen():
+    spec = _spec()
+    with pytest.raises(ValidationError):
+        ComponentSpec(**{**spec.model_dump(), "surprise": 1})
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        ComponentSpec(**{**spec.model_dump(), "copies": 0})
+    with pytest.raises(ValidationError, match="port_env"):
+        ComponentSpec(**{**spec.model_dump(), "env": {"SEMIF_PORT": "8080"}})
+    with pytest.raises(ValidationError, match="environment variable name"):
+        ComponentSpec(**{**spec.model_dump(), "env": {"BAD-NAME": "x"}})
+    with pytest.raises(ValidationError, match="plain JSON"):
+        ComponentSpec(**{**spec.model_dump(), "model_ref": {"t": float("nan")}})
+    with pytest.raises(ValidationError):
+        spec.copies = 2
+    assert spec.sha256() == _spec().sha256() != _spec(version="v2").sha256()
+
+
+@pytest.mark.parametrize("name", ["under_score", "-lead", "x" * 64, ""])
+def test_bad_names_are_refused_before_anything_starts(hosting, name):
+    with pytest.raises(BadInput, match="name"):
+        hosting.ensure_endpoint(name)
+    assert hosting.list_endpoints() == []
+
+
+def test_put_invoke_idempotent_then_replace_all_at_once(hosting):
+    created = hosting.ensure_endpoint("ep-a")
+    assert created.status == "created"
+    assert hosting.ensure_endpoint("ep-a") == created.model_copy(update={"status": "running"})
+    first = hosting.put_component("ep-a", "semif", _spec(copies=2), ready_timeout_s=20)
+    assert first.changed and len({c.pid for c in first.copies}) == 2
+
+    url = hosting.endpoint_url("ep-a")
+    assert url == f"http://127.0.0.1:{created.port}/endpoints/ep-a"
+    served = {_invoke(url)[1]["pid"] for _ in range(6)}
+    assert served == {c.pid for c in first.copies}
+
+    again = hosting.put_component("ep-a", "semif", _spec(copies=2), ready_timeout_s=20)
+    assert not again.changed and again.copies == first.copies
+
+    second = hosting.put_component(
+        "ep-a", "semif", _spec(copies=1, version="v2"), ready_timeout_s=20
+    )
+    assert second.changed and {c.pid for c in second.copies}.isdisjoint(
+        {c.pid for c in first.copies}
+    )
+    assert all(_dead(c.pid) for c in first.copies)
+    assert {_invoke(url)[1]["pid"] for _ in range(3)} == {second.copies[0].pid}
+    view = hosting.describe_endpoint("ep-a")["components"]["semif"]
+    assert view["registered"] and view["spec"]["model_ref"]["version"] == "v2"
+    assert [c["ping"] for c in view["copies"]] == [200]
+
+
+def test_state_survives_a_new_instance_like_a_new_cli_command(hosting, tmp_path):
+    started = hosting.ensure_endpoint("ep-b")
+    put = hosting.put_component("ep-b", "semif", _spec(), ready_timeout_s=20)
+    later = LocalHosting(tmp_path / "state")
+    found = later.ensure_endpoint("ep-b")
+    assert (found.status, found.pid, found.port) == ("running", started.pid, started.port)
+    assert not later.put_component("ep-b", "semif", _spec(), ready_timeout_s=20).changed
+    assert [e["name"] for e in later.list_endpoints()] == ["ep-b"]
+    view = later.describe_endpoint("ep-b")
+    assert (
+        view["router"]["alive"]
+        and view["components"]["semif"]["copies"][0]["pid"] == put.copies[0].pid
+    )
+    state = json.loads((tmp_path / "state" / "endpoints" / "ep-b.json").read_text())
+    assert state["router"]["port"] == started.port and state["pending"] == state["retiring"] == []
+
+
+def test_killed_router_is_restarted_and_components_registered_again(hosting, tmp_path):
+    before = hosting.ensure_endpoint("ep-c")
+    put = hosting.put_component("ep-c", "semif", _spec(), ready_timeout_s=20)
+    os.kill(before.pid, signal.SIGKILL)
+    assert _dead(before.pid)
+    with pytest.raises(NotReady, match="not running"):
+        hosting.metrics("ep-c")
+    after = LocalHosting(tmp_path / "state").ensure_endpoint("ep-c")
+    assert after.status == "restarted" and after.pid != before.pid
+    status, body = _invoke(after.url, "semif")
+    assert status == 200 and body["pid"] == put.copies[0].pid
+
+
+def test_delete_endpoint_stops_every_process_and_forgets_it(hosting, tmp_path):
+    hosting.ensure_endpoint("ep-d")
+    hosting.put_component("ep-d", "one", _spec(copies=2), ready_timeout_s=20)
+    hosting.put_component("ep-d", "two", _spec(), ready_timeout_s=20)
+    pids = _pids(hosting, "ep-d")
+    assert len(pids) == 4
+    assert hosting.delete_endpoint("ep-d") is True
+    assert all(_dead(pid, within_s=0.5) for pid in pids)
+    assert not (tmp_path / "state" / "endpoints" / "ep-d.json").exists()
+    assert hosting.list_endpoints() == []
+    with pytest.raises(NotFound):
+        hosting.describe_endpoint("ep-d")
+    assert hosting.delete_endpoint("ep-d") is False
+
+
+def test_delete_component_stops_its_copies_only(hosting):
+    hosting.ensure_endpoint("ep-e")
+    keep = hosting.put_component("ep-e", "keep", _spec(), ready_timeout_s=20)
+    drop = hosting.put_component("ep-e", "drop", _spec(), ready_timeout_s=20)
+    assert hosting.delete_component("ep-e", "drop") is True
+    assert _dead(drop.copies[0].pid, within_s=0.5)
+    assert list(hosting.describe_endpoint("ep-e")["components"]) == ["keep"]
+    assert (
+        _invoke(hosting.endpoint_url("ep-e"))[1]["pid"] == keep.copies[0].pid
+    )  # one left: no header
+    assert hosting.delete_component("ep-e", "drop") is False
+
+
+def test_copy_that_exits_reports_its_log_tail_and_old_copies_keep_serving(hosting):
+    hosting.ensure_endpoint("ep-f")
+    old = hosting.put_component("ep-f", "semif", _spec(), ready_timeout_s=20)
+    broken = _spec(copies=2, version="v2", FAKE_EXIT_AT_START="boom: model file missing")
+    with pytest.raises(CapacityError, match="boom: model file missing") as caught:
+        hosting.put_component("ep-f", "semif", broken, ready_timeout_s=20)
+    assert "exited with code 3" in str(caught.value)
+    view = hosting.describe_endpoint("ep-f")["components"]["semif"]
+    assert view["spec"]["model_ref"]["version"] == "v1"
+    assert [c["pid"] for c in view["copies"]] == [old.copies[0].pid]
+    assert _invoke(hosting.endpoint_url("ep-f"))[1]["pid"] == old.copies[0].pid
+
+
+def test_copy_that_never_gets_ready_is_stopped_with_its_log_tail(hosting, tmp_path):
+    hosting.ensure_endpoint("ep-g")
+    slow = _spec(copies=2, FAKE_STARTUP_DELAY_S="60")
+    with pytest.raises(NotReady, match="within 0.5s") as caught:
+        hosting.put_component("ep-g", "semif", slow, ready_timeout_s=0.5)
+    started = re.findall(r"fake model server pid (\d+) starting", str(caught.value))
+    assert started, "the error should carry the copy's log tail"
+    logs = (tmp_path / "state" / "logs" / "ep-g").glob("semif-*.log")
+    pids = [int(m) for log in logs for m in re.findall(r"pid (\d+) starting", log.read_text())]
+    assert len(pids) == 2 and all(_dead(pid, within_s=0.5) for pid in pids)
+    state = json.loads((tmp_path / "state" / "endpoints" / "ep-g.json").read_text())
+    assert state["components"] == {} and state["pending"] == []
+
+
+def test_command_that_does_not_exist_is_bad_input(hosting):
+    spec = _spec().model_copy(update={"command": ["/nonexistent/server"]})
+    with pytest.raises(BadInput, match="cannot run"):
+        hosting.put_component("ep-h", "semif", spec, ready_timeout_s=5)
+    assert hosting.describe_endpoint("ep-h")["components"] == {}
+
+
+def test_metrics_count_model_5xx(hosting):
+    hosting.ensure_endpoint("ep-i")
+    hosting.put_component("ep-i", "semif", _spec(FAKE_STATUS="500"), ready_timeout_s=20)
+    for _ in range(2):
+        status, body = _invoke(hosting.endpoint_url("ep-i"))
+        assert status == 424 and body["OriginalStatusCode"] == 500
+    counters = hosting.metrics("ep-i")["components"]["semif"]
+    assert (
+        counters["invocations"],
+        counters["invocation_5xx_errors"],
+        counters["model_errors"],
+    ) == (2, 2, 2)
+
+
+def test_stop_escalates_to_sigkill_for_a_copy_that_ignores_sigterm(tmp_path):
+    hosting = LocalHosting(tmp_path / "state", stop_grace_s=0.3)
+    hosting.ensure_endpoint("ep-j")
+    put = hosting.put_component(
+        "ep-j", "stubborn", _spec(FAKE_IGNORE_SIGTERM="1"), ready_timeout_s=20
+    )
+    assert hosting.delete_endpoint("ep-j")
+    assert _dead(put.copies[0].pid, within_s=0.5)
+
+
+def test_leftover_pending_copy_from_a_crash_is_stopped_by_the_next_command(hosting, tmp_path):
+    hosting.ensure_endpoint("ep-k")
+    orphan = subprocess.Popen(
+        [sys.executable, str(FAKE)],
+        env={**os.environ, "FAKE_PORT": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    path = tmp_path / "state" / "endpoints" / "ep-k.json"
+    state = json.loads(path.read_text())
+    state["pending"] = [
+        {"pid": orphan.pid, "start_ticks": None, "log": "x", "port": 1, "url": "http://127.0.0.1:1"}
+    ]
+    path.write_text(json.dumps(state))
+    assert LocalHosting(tmp_path / "state").ensure_endpoint("ep-k").status == "running"
+    assert orphan.wait(timeout=5) is not None
+    assert json.loads(path.read_text())["pending"] == []

@@ -1,0 +1,97 @@
+"""Evaluate any SemIf endpoint on decision datasets, gate it, and write the evidence to a folder.
+
+Writes `predictions.jsonl` (and `champion-predictions.jsonl` when a champion is compared),
+`gate-report.json` and `report.html`: everything needed to recompute every number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Target:
+    """An endpoint to score: a model-server root or a runtime-shaped router URL, plus its component."""
+
+    url: str
+    component: str | None = None
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    concurrency: int = 2
+    timeout_s: float = 120.0
+    deadline_s: float = 3600.0
+    n_bootstrap: int = 1000
+    seed: int = 0
+
+
+def score_target(target: Target, datasets: list, settings: RunSettings, progress: Callable | None) -> list:
+    """Run every dataset's tasks through one target; predictions in task order."""
+    from validation.runner import run_decisions
+
+    rows: list = []
+    for dataset in datasets:
+        predictions = run_decisions(
+            target.url, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.timeout_s,
+            deadline_s=settings.deadline_s, inference_component=target.component, dataset_name=dataset.name,
+            progress=progress,
+        )
+        rows.extend(predictions)
+    return rows
+
+
+def evaluate_decisions(
+    candidate: Target,
+    datasets: list,
+    out_dir: Path,
+    *,
+    thresholds,
+    champion_rule,
+    champion: Target | None = None,
+    settings: RunSettings = RunSettings(),
+    progress: Callable[[str], None] | None = None,
+    title: str = "shiplift decision gate",
+) -> dict:
+    """Score the candidate (and the champion on the same tasks), gate, and write the reports."""
+    from validation.gates import evaluate_gates
+    from validation.report import write_reports
+    from validation.runner import write_predictions
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = progress or (lambda message: None)
+    candidate_predictions = score_target(candidate, datasets, settings, progress_counter(say, candidate.label or "candidate"))
+    write_predictions(out_dir / "predictions.jsonl", candidate_predictions)
+    candidate_rows = [p.to_dict() for p in candidate_predictions]
+    champion_rows = None
+    if champion is not None:
+        champion_predictions = score_target(champion, datasets, settings, progress_counter(say, champion.label or "champion"))
+        write_predictions(out_dir / "champion-predictions.jsonl", champion_predictions)
+        champion_rows = [p.to_dict() for p in champion_predictions]
+    report = evaluate_gates(
+        candidate_rows, thresholds=thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
+        n_bootstrap=settings.n_bootstrap, seed=settings.seed,
+    ).to_dict()
+    extra = {
+        "datasets": [d.evidence() for d in datasets],
+        "candidate": {"url": candidate.url, "component": candidate.component, "label": candidate.label},
+        "champion": None if champion is None else {"url": champion.url, "component": champion.component, "label": champion.label},
+    }
+    paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
+    return {**report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"]}
+
+
+def progress_counter(say: Callable[[str], None], label: str) -> Callable[[int, int], None]:
+    """A runner progress callback that reports about five times per run."""
+    step = {"next": 0}
+
+    def report(done: int, total: int) -> None:
+        if done >= step["next"] or done == total:
+            say(f"{label}: {done}/{total} tasks")
+            step["next"] = done + max(1, total // 5)
+
+    return report
