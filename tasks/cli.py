@@ -78,6 +78,9 @@ def cmd_endpoints_stop(args) -> int:
     if args.all == bool(args.names):
         raise BadInput("give endpoint names or --all, not both and not neither", fix="shiplift endpoints stop NAME... | --all")
     names = [e["name"] for e in hosting.list_endpoints()] if args.all else args.names
+    unknown = sorted(set(names) - {e["name"] for e in hosting.list_endpoints()})
+    if unknown:
+        raise BadInput(f"no local endpoint named {', '.join(unknown)} under {hosting.state_dir}", fix="see `shiplift endpoints list`")
     for name in names:
         hosting.delete_endpoint(name)
         print(f"stopped {name}")

@@ -149,8 +149,6 @@ def open_release(
     config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress
 ) -> StageContext:
     """Load the config, derive the release id and open (or create) its persisted state."""
-    from tasks.backends import make_backends
-
     config = load_release_config(config_path, overrides=overrides)
     if config.rollout.strategy != "all_at_once":
         raise ConfigError(
@@ -169,10 +167,16 @@ def open_release(
         "created_at": time.time(),
     }
     state = ReleaseState.load_or_create(state_dir / "releases" / release_id / "state.json", seed)
+    return _context(config, state, actor, progress)
+
+
+def _context(config: ReleaseConfig, state: ReleaseState, actor: str | None, progress: Progress) -> StageContext:
+    from tasks.backends import make_backends
+
     return StageContext(
         config=config,
         config_dir=Path(state.data["config_dir"]),
-        release_id=release_id,
+        release_id=state.data["release_id"],
         state=state,
         backends=make_backends(config),
         actor=actor or default_actor(),
@@ -182,19 +186,8 @@ def open_release(
 
 def reopen_release(state_dir: str | Path, release_id: str, *, actor: str | None = None, progress: Progress = print_progress) -> StageContext:
     """Rebuild a release's context from its persisted state (what `shiplift stage` runs on)."""
-    from tasks.backends import make_backends
-
     state = ReleaseState.load(Path(state_dir).expanduser().resolve(), release_id)
-    config = ReleaseConfig.model_validate(state.data["config"])
-    return StageContext(
-        config=config,
-        config_dir=Path(state.data["config_dir"]),
-        release_id=release_id,
-        state=state,
-        backends=make_backends(config),
-        actor=actor or default_actor(),
-        progress=progress,
-    )
+    return _context(ReleaseConfig.model_validate(state.data["config"]), state, actor, progress)
 
 
 def ledger_base(ctx: StageContext) -> dict:
@@ -212,18 +205,12 @@ def run_stage(ctx: StageContext, name: str) -> dict:
     began = time.monotonic()
     try:
         result = stage_functions()[name](ctx)
-    except ShipliftError as exc:
-        ctx.state.mark(name, "failed", error=str(exc), error_type=type(exc).__name__)
-        ledger.append(
-            release_id=ctx.release_id, model=ctx.config.name, stage=name, event="failed",
-            payload={**ledger_base(ctx), "error": str(exc), "error_type": type(exc).__name__}, actor=ctx.actor,
-        )
-        raise
     except Exception as exc:
-        ctx.state.mark(name, "failed", error=repr(exc), error_type=type(exc).__name__)
+        error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
+        ctx.state.mark(name, "failed", error=error, error_type=type(exc).__name__)
         ledger.append(
             release_id=ctx.release_id, model=ctx.config.name, stage=name, event="failed",
-            payload={**ledger_base(ctx), "error": repr(exc), "error_type": type(exc).__name__}, actor=ctx.actor,
+            payload={**ledger_base(ctx), "error": error, "error_type": type(exc).__name__}, actor=ctx.actor,
         )
         raise
     seconds = round(time.monotonic() - began, 3)

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -49,7 +50,9 @@ PREFIX_TEMPLATE = (
     "Read the state, then answer the question by choosing exactly one of the options.\n\n"
     "State:\n{state}"
 )
-SUFFIX_TEMPLATE = "\n\nQuestion:\n{question}\n\nOptions:\n{options}\nAnswer with the letter of the best option."
+SUFFIX_TEMPLATE = (
+    "\n\nQuestion:\n{question}\n\nOptions:\n{options}\nAnswer with the letter of the best option."
+)
 PLAIN_CUE = "\nAnswer:"  # without a chat template the next token is " A".." P"
 
 
@@ -251,7 +254,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
     except ValueError as exc:
         raise bad("body", f"must be valid JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise bad("body", f"must be a JSON object, got {type(value).__name__}")
+        raise bad("body", f"must be a JSON object, got {_json_type(value)}")
     return value
 
 
@@ -281,6 +284,7 @@ def _check_finite(value: Any, field: str) -> None:
         _text(value, field, allow_empty=True)
     elif isinstance(value, dict):
         for key, item in value.items():
+            _text(key, f"{field} key {key!r}", allow_empty=True)
             _check_finite(item, f"{field}.{key}")
     elif isinstance(value, list):
         for index, item in enumerate(value):
@@ -655,10 +659,12 @@ class SemifServer(ThreadingHTTPServer):
         try:
             start = time.perf_counter()
             self.engine = Engine(self.settings)
+            calibration = self.settings.calibration_path
+            source = f"from {calibration}" if calibration.exists() else "(no calibration.json)"
             print(
                 f"semif: model {self.engine.model_info['file']} loaded in {time.perf_counter() - start:.2f}s "
                 f"(sha256 {self.engine.model_info['sha256']}, prompt format {self.engine.prompt_format}, "
-                f"temperature {self.settings.temperature})",
+                f"temperature {self.settings.temperature} {source})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -682,6 +688,12 @@ class Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S
     server: SemifServer
 
+    def setup(self) -> None:
+        """Headers and body are separate writes: without TCP_NODELAY, Nagle plus a keep-alive
+        client's delayed ACK add ~40 ms to every answer."""
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write(f"semif: {self.address_string()} {format % args}\n")
 
@@ -693,8 +705,12 @@ class Handler(BaseHTTPRequestHandler):
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client left before reading the answer
+            return
         if close:
             self._linger()
 
@@ -784,6 +800,8 @@ class Handler(BaseHTTPRequestHandler):
         charset = params.strip().lower()
         if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
             raise HttpError(415, f"Content-Type charset must be utf-8, got {params.strip()!r}")
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise bad("Transfer-Encoding", "is not supported; send the body with a Content-Length")
         length_header = self.headers.get("Content-Length")
         if length_header is None or not length_header.strip().isdigit():
             raise bad("Content-Length", f"is required and must be a byte count, got {length_header!r}")
@@ -797,6 +815,8 @@ class Handler(BaseHTTPRequestHandler):
             body = self.rfile.read(length)
         except TimeoutError:
             raise bad("body", f"not received within {SOCKET_TIMEOUT_S:.0f}s") from None
+        except OSError as exc:
+            raise bad("body", f"connection failed while reading it ({exc})") from None
         if len(body) != length:
             raise bad("body", f"ended after {len(body)} of {length} bytes (Content-Length)")
         return body
@@ -833,7 +853,10 @@ class Handler(BaseHTTPRequestHandler):
 def main(argv: list[str]) -> int:
     """Validate the environment, listen, load the model in the background, serve until stopped."""
     if argv not in ([], ["serve"]):  # SageMaker starts the container as `<entrypoint> serve`
-        print(f"semif: refusing to start: unexpected arguments {argv}; configure with SEMIF_* variables", file=sys.stderr)
+        print(
+            f"semif: refusing to start: unexpected arguments {argv}; configure with SEMIF_* variables",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     try:
         settings = load_settings(os.environ)
@@ -851,7 +874,9 @@ def main(argv: list[str]) -> int:
         )
         return EXIT_CONFIG
     host, port = server.server_address[:2]
-    print(f"semif: listening on http://{host}:{port} (model {settings.gguf_path}, loading)", file=sys.stderr, flush=True)
+    print(f"semif: listening on http://{host}:{port} (model {settings.gguf_path}, loading)", file=sys.stderr)
+    # SIGTERM (docker stop, SageMaker, the local backend) ends serve_forever cleanly with exit code 0
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     threading.Thread(target=server.load, name="semif-load", daemon=True).start()
     try:
         server.serve_forever(poll_interval=0.2)

