@@ -133,6 +133,7 @@ def bench_shared_state(url: str) -> dict:
 def load_server_module():
     spec = importlib.util.spec_from_file_location("semif_server", SERVER)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
 

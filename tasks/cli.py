@@ -57,6 +57,9 @@ def cmd_serve_semif(args) -> int:
     if not gguf.is_file():
         raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
     env = dict(os.environ, SEMIF_GGUF_PATH=str(gguf.resolve()), SEMIF_PORT=str(args.port), SEMIF_HOST=args.host, SEMIF_THREADS=str(args.threads))
+    for flag, variable in (("max_tokens", "SEMIF_MAX_TOKENS"), ("max_request_tokens", "SEMIF_MAX_REQUEST_TOKENS"), ("max_in_flight", "SEMIF_MAX_IN_FLIGHT")):
+        if getattr(args, flag) is not None:
+            env[variable] = str(getattr(args, flag))
     command = server_command("semif")
     os.execve(command[0], command, env)
     return 0  # not reached: execve replaces this process
@@ -188,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+    p.add_argument("--max-tokens", type=int, help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
+    p.add_argument("--max-request-tokens", type=int, help="longest prompt accepted (SEMIF_MAX_REQUEST_TOKENS)")
+    p.add_argument("--max-in-flight", type=int, help="requests admitted at once (SEMIF_MAX_IN_FLIGHT)")
     p.set_defaults(func=cmd_serve_semif)
 
     endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True)

@@ -28,6 +28,7 @@ SECRET_KEY_PATTERN = re.compile(
     r"|token|auth_token|session_token|credential|credentials)$",
     re.I,
 )
+MAX_RESOURCE_NAME = 63
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
@@ -237,6 +238,16 @@ class ReleaseConfig(Strict):
     validation: ValidationConfig
     rollout: Rollout = AllAtOnce(strategy="all_at_once")
     keep_candidate: bool = False
+
+    @model_validator(mode="after")
+    def _names_fit(self) -> "ReleaseConfig":
+        longest = f"{self.resource_prefix}-{self.name}-cand-{'0' * 10}"
+        if len(longest) > MAX_RESOURCE_NAME:
+            raise ValueError(
+                f"resource_prefix + name are too long: derived names such as {longest!r} would be {len(longest)} "
+                f"characters, SageMaker allows {MAX_RESOURCE_NAME}; shorten resource_prefix or name"
+            )
+        return self
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the effective config (part of every derived name)."""

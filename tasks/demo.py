@@ -80,14 +80,14 @@ def fmt(value, spec: str = ".3f") -> str:
 
 
 def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str:
-    header = ("step", "release", "model", "T", "accuracy", "ECE", "p95 ms", "gate", "status", "serving after")
+    header = ("step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "status", "serving after", "checks not passed")
     lines = [header]
     for (label, s), serving in zip(rows, serving_after):
         m = s.get("metrics") or {}
         lines.append((
             label, s["release_id"], s.get("gguf_file_type") or "-", fmt(s.get("temperature"), ".2f"),
             fmt(m.get("accuracy")), fmt(m.get("ece")), fmt(m.get("p95_ms"), ".0f"),
-            s.get("decision") or "-", s["status"], serving,
+            s.get("decision") or "-", s["status"], serving, "; ".join(s.get("not_passed") or []) or "-",
         ))
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
     out = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)) for row in lines]

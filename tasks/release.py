@@ -289,6 +289,7 @@ def release_summary(state: ReleaseState) -> dict:
         "temperature": get("build", "temperature"),
         "image_uri": get("image", "image_uri"),
         "decision": get("validate", "decision"),
+        "not_passed": get("validate", "not_passed"),
         "metrics": get("validate", "metrics"),
         "report": get("validate", "report_html"),
         "served_by": get("promote", "endpoint"),

@@ -70,6 +70,7 @@ def _fit_temperature(ctx, gguf_path: Path, gguf_sha256: str) -> dict:
         "nll_before": fit.nll_before,
         "nll_after": fit.nll_after,
         "n": fit.n,
+        "at_bound": fit.at_bound,
         "errors": len(failed),
         "dataset_sha256": dataset.sha256,
         "gguf_sha256": gguf_sha256,
@@ -77,5 +78,10 @@ def _fit_temperature(ctx, gguf_path: Path, gguf_sha256: str) -> dict:
     path = ctx.stage_dir("build") / "calibration.json"
     path.write_text(json.dumps(calibration, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.say(f"build: temperature {fit.temperature:.3f} (NLL {fit.nll_before:.3f} → {fit.nll_after:.3f} on {fit.n} tasks)")
+    if fit.at_bound:
+        ctx.say(
+            f"build: warning: the fit stopped at the search bound {fit.temperature:g}; the option logits carry "
+            "little information on this split, so the fitted model is close to uniform"
+        )
     return {"temperature": fit.temperature, "calibration": calibration, "calibration_file": str(path)}
 

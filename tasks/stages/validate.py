@@ -51,9 +51,13 @@ def run(ctx) -> dict:
         "decision": report["decision"],
         "metrics": summary_metrics,
         "checks": report["checks"],
+        "not_passed": [
+            f"{c['name']} {c['observed'] if c['observed'] is None else round(c['observed'], 4)} {c['comparator']} {c['threshold']}"
+            for c in report["checks"] if c["status"] not in ("pass", "skipped")
+        ],
         "thresholds": report["thresholds"],
         "datasets": [{k: d[k] for k in ("name", "path", "sha256", "n")} for d in report["datasets"]],
         "champion_release": champion_ref.get("release_id") if champion_ref else None,
-        "report_json": report["paths"]["gate_report"],
+        "report_json": report["paths"]["gate_report_json"],
         "report_html": report["paths"]["report_html"],
     }

@@ -30,26 +30,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def wait_ready(process: subprocess.Popen, port: int, timeout_s: float = 120) -> str:
+    """Poll /ping until the adapter answers 200; fail with its log if it exits or times out."""
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
+                if response.status == 200:
+                    return url
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"shiplift serve semif did not become ready: {process.stderr.read().decode()[-2000:]}")
+
+
 @pytest.fixture
 def served_tiny_model(tmp_path):
     """`shiplift serve semif` on a tiny GGUF, as a user would start it."""
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", seed=5)
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "serve", "semif", "--gguf", str(gguf), "--port", str(port), "--threads", "1"],
+    process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "serve", "semif", "--gguf", str(gguf), "--port", str(port), "--threads", "1",
+                                "--max-tokens", "2048", "--max-request-tokens", "1536"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail(f"shiplift serve semif did not become ready: {process.stderr.read().decode()[-2000:]}")
-    yield url
+    yield wait_ready(process, port, 60)
     process.terminate()
     process.wait(timeout=30)
 

@@ -52,6 +52,7 @@ def test_production_example_pins_qwen_and_the_gpu_pool():
             {"instance_type": f"ml.g5.{n}xlarge", "priority": 1} for n in range(2, 8)]}),
          "placement.instance_pool.pools", "at most 5"),
         (lambda t: t.update(name="Bad_Name"), "name", "pattern"),
+        (lambda t: t.update(name="a" * 40, resource_prefix="b" * 16), "(top level)", "shorten resource_prefix or name"),
     ],
 )
 def test_bad_config_names_file_field_and_problem(tmp_path, mutate, field, words):
