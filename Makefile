@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-slow bench clean stop
+.PHONY: setup demo test test-slow lint bench clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,11 @@ setup: $(STAMP)
 demo: setup          ## set up, then run the local release story
 	$(BIN)/python -m tasks.demo
 
-test: setup          ## set up, then run the default test suite
+test: setup lint     ## set up, then run the default test suite
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup          ## pyflakes-class checks (unused imports and names, undefined names)
+	$(BIN)/ruff check --select F --target-version py311 tasks validation images bench tests
 
 test-slow: setup     ## the slow suites (real Gemma model)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

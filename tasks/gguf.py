@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.atomic import write_json_atomic
 from tasks.errors import BadInput, Conflict, ConfigError, IntegrityError, NotFound
 from tasks.hashing import sha256_file
 
@@ -675,12 +676,5 @@ def build_gguf(
         quantized_from=source_sha if quantize else None,
         letter_token_ids=letter_ids,
     )
-    record = _record_path(out)
-    tmp = _temp_path(record)
-    try:
-        tmp.write_text(json.dumps(build.to_dict(), indent=2, sort_keys=True))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, record)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_json_atomic(_record_path(out), build.to_dict())
     return build

@@ -28,9 +28,7 @@ import html
 import io
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 from sqlalchemy import exc as sa_exc
 
+from tasks.atomic import write_text_atomic
 from tasks.errors import BadInput, ConfigError, LeaseHeld, NotFound, NotReady
 from tasks.hashing import canonical_json, sha256_json
 
@@ -585,7 +584,7 @@ class Ledger:
             raise BadInput(f"export format {fmt!r} is unknown", fix="use json, csv or html")
         records = self.history(model)
         text = renderers[fmt](records, self.verify())
-        return _write_atomic(Path(path), text)
+        return write_text_atomic(Path(path).expanduser().resolve(), text)
 
     # -- leases -------------------------------------------------------------------------
 
@@ -636,22 +635,6 @@ class Ledger:
                 leases.delete().where(leases.c.model == model, leases.c.holder == holder)
             )
         return result.rowcount == 1
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    path = path.expanduser().resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _render_json(records: list[Record], verified: VerifyResult) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tasks.atomic import write_json_atomic
 from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import BadInput, ConfigError, NotFound, ShipliftError
 
@@ -48,13 +49,6 @@ def default_actor() -> str:
 
 def release_id_for(config: ReleaseConfig) -> str:
     return f"{config.name}-{config.config_hash()[:12]}"
-
-
-def write_json_atomic(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 @dataclass

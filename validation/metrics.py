@@ -255,7 +255,6 @@ def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, n_bi
     if confidence.size == 0:
         raise BadInput("ECE of zero rows is undefined", fix="score at least one valid prediction")
     bins = bin_index(confidence, n_bins)
-    counts = np.bincount(bins, minlength=n_bins)
     conf_sum = np.bincount(bins, weights=confidence, minlength=n_bins)
     correct_sum = np.bincount(bins, weights=correct, minlength=n_bins)
     return float(np.abs(correct_sum - conf_sum).sum() / confidence.size)

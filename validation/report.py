@@ -10,14 +10,13 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tasks.atomic import write_bytes_atomic
 from tasks.errors import BadInput
 from tasks.hashing import sha256_bytes
 from validation.metrics import score_predictions
@@ -265,20 +264,6 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
     )
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write bytes to path via a fsynced temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_reports(
     out_dir: str | Path,
     *,
@@ -303,8 +288,8 @@ def write_reports(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / GATE_REPORT_NAME, out / HTML_REPORT_NAME
-    _atomic_write(json_path, json_bytes)
-    _atomic_write(html_path, html_bytes)
+    write_bytes_atomic(json_path, json_bytes)
+    write_bytes_atomic(html_path, html_bytes)
     return {
         "gate_report_json": str(json_path),
         "report_html": str(html_path),

@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound, NotReady
 from tasks.hashing import canonical_json, sha256_json
-from tasks.hosting.router import name_problem, write_state_file
+from tasks.atomic import write_json_atomic
+from tasks.hosting.router import name_problem
 
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 MAX_COPIES = 64
@@ -496,7 +497,7 @@ class LocalHosting:
         return state
 
     def _save(self, state: EndpointState) -> None:
-        write_state_file(self._state_path(state.name), state.model_dump(mode="json"))
+        write_json_atomic(self._state_path(state.name), state.model_dump(mode="json"))
 
     def _require(self, name: str) -> EndpointState:
         _check_name("endpoint", name)

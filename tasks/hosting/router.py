@@ -33,6 +33,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tasks.atomic import write_json_atomic
 from typing import Any
 
 COMPONENT_HEADER = "X-Amzn-SageMaker-Inference-Component"
@@ -636,17 +638,6 @@ def _component_payload_problem(payload: Any) -> str | None:
     return None
 
 
-def write_state_file(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON atomically (temp file in the same folder, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Serve one endpoint until POST /_shiplift/shutdown or SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m tasks.hosting.router")
@@ -676,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(
         signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()
     )
-    write_state_file(
+    write_json_atomic(
         args.state_file,
         {"name": args.name, "pid": os.getpid(), "port": router.port, "started_at": time.time()},
     )
