@@ -34,10 +34,9 @@ def cmd_release(args) -> int:
 
 
 def cmd_stage(args) -> int:
-    from tasks.release import reopen_release, run_stage
+    from tasks.release import run_orchestrated_stage
 
-    ctx = reopen_release(args.state_dir, args.release)
-    print_json(run_stage(ctx, args.name))
+    print_json(run_orchestrated_stage(args.state_dir, args.release, args.name))
     return 0
 
 
@@ -174,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
     p.set_defaults(func=cmd_release)
 
-    p = with_state_dir(sub.add_parser("stage", help="run one stage of an existing release from its persisted state"))
+    p = with_state_dir(sub.add_parser(
+        "stage", help="run one stage of an existing release from its persisted state (a stage that already succeeded returns its result)"))
     p.add_argument("name")
     p.add_argument("--release", required=True)
     p.set_defaults(func=cmd_stage)

@@ -29,6 +29,8 @@ import io
 import json
 import math
 import re
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -282,7 +284,18 @@ def _tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # Let SQLAlchemy's "begin" hook emit BEGIN itself (pysqlite's implicit BEGIN is deferred).
     dbapi_connection.isolation_level = None
-    dbapi_connection.execute("PRAGMA journal_mode=WAL")
+    # Switching to WAL needs an exclusive lock and SQLite does not wait for it with the busy
+    # handler, so several processes opening a new ledger at once retry until the deadline.
+    deadline = time.monotonic() + WRITE_LOCK_TIMEOUT_S
+    while True:
+        try:
+            if dbapi_connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                dbapi_connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _sqlite_on_begin(conn: sa.Connection) -> None:

@@ -218,6 +218,21 @@ def run_stage(ctx: StageContext, name: str) -> dict:
     return result
 
 
+FINISHED = ("promoted", "rejected")
+
+
+def ensure_stage(ctx: StageContext, name: str) -> dict:
+    """Run a stage unless it already succeeded; teardown always runs (it is idempotent).
+
+    This is what makes a retried Airflow task or Step Functions state continue instead of
+    duplicating work: a stage that finished before the crash returns its recorded result.
+    """
+    entry = ctx.state.stage(name)
+    if entry.get("status") == "succeeded" and name != "teardown_candidate":
+        return entry["result"]
+    return run_stage(ctx, name)
+
+
 def run_release(
     config_path: str | Path,
     *,
@@ -228,41 +243,62 @@ def run_release(
 ) -> dict:
     """Run (or resume) every stage of a release under the model's promotion lease."""
     ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress)
+    if ctx.state.data.get("status") in FINISHED:
+        ctx.say(f"already {ctx.state.data['status']}; nothing to do")
+        return release_summary(ctx.state)
     if keep_candidate is not None:
         ctx.state.data["keep_candidate"] = keep_candidate
         ctx.state.save()
     ledger = ctx.backends.ledger
-    holder = f"{ctx.actor}/pid-{os.getpid()}"
-    with ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, LEASE_TTL_S):
+    with ledger.acquire_lease(ctx.config.name, f"{ctx.actor}/pid-{os.getpid()}", ctx.release_id, LEASE_TTL_S):
         try:
             for name in STAGES[:-1]:
-                if ctx.state.stage(name).get("status") == "succeeded":
-                    continue
-                run_stage(ctx, name)
+                ensure_stage(ctx, name)
         except BaseException:
-            ctx.state.data["status"] = "failed"
-            ctx.state.save()
-            _teardown_after_failure(ctx)
+            finish(ctx, failed=True)
+            _teardown_quietly(ctx)
             raise
-        if ctx.state.stage("teardown_candidate").get("status") != "succeeded":
-            run_stage(ctx, "teardown_candidate")
-        ctx.state.data["status"] = _final_status(ctx.state)
-        ctx.state.save()
+        ensure_stage(ctx, "teardown_candidate")
+        return finish(ctx, failed=False)
+
+
+def _teardown_quietly(ctx: StageContext) -> None:
+    """Remove the candidate after a failure without hiding the failure itself."""
+    try:
+        ensure_stage(ctx, "teardown_candidate")
+    except Exception as exc:
+        ctx.say(f"teardown_candidate after failure also failed: {exc}")
+
+
+def finish(ctx: StageContext, *, failed: bool) -> dict:
+    """Record the release's final status (failed, promoted or rejected) and return its summary."""
+    ctx.state.data["status"] = "failed" if failed else _final_status(ctx.state)
+    ctx.state.save()
     return release_summary(ctx.state)
 
 
-def _teardown_after_failure(ctx: StageContext) -> None:
-    """Always remove the candidate; a resumed run then deploys it again."""
-    if ctx.state.stage("deploy_candidate").get("status") not in ("succeeded", "started", "failed"):
-        return
-    try:
-        run_stage(ctx, "teardown_candidate")
-    except Exception as exc:  # the original failure is what the caller must see
-        ctx.say(f"teardown_candidate after failure also failed: {exc}")
-        return
-    ctx.state.mark("deploy_candidate", "torn_down")
-    ctx.state.data["stages"].pop("teardown_candidate", None)
-    ctx.state.save()
+def begin_orchestrated(config_path: str | Path, *, holder: str, overrides: tuple[str, ...] = (), actor: str | None = None,
+                       progress: Progress = print_progress) -> dict:
+    """First step of an Airflow or Step Functions run: open the release and take the model's lease."""
+    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress)
+    ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, LEASE_TTL_S)
+    return {"release_id": ctx.release_id, "state_dir": str(ctx.backends.state_dir), "model": ctx.config.name,
+            "status": ctx.state.data.get("status")}
+
+
+def run_orchestrated_stage(state_dir: str | Path, release_id: str, name: str, *, actor: str | None = None,
+                           progress: Progress = print_progress) -> dict:
+    """One stage of an orchestrated run, from persisted state (what `shiplift stage` runs)."""
+    return ensure_stage(reopen_release(state_dir, release_id, actor=actor, progress=progress), name)
+
+
+def end_orchestrated(state_dir: str | Path, release_id: str, *, holder: str, failed: bool, actor: str | None = None,
+                     progress: Progress = print_progress) -> dict:
+    """Last step of an orchestrated run: final status, then give the model's lease back."""
+    ctx = reopen_release(state_dir, release_id, actor=actor, progress=progress)
+    summary = finish(ctx, failed=failed)
+    ctx.backends.ledger.release_lease(ctx.config.name, holder)
+    return summary
 
 
 def _final_status(state: ReleaseState) -> str:

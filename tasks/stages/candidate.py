@@ -51,10 +51,15 @@ def deploy(ctx) -> dict:
 
 
 def teardown(ctx) -> dict:
+    """Remove the candidate whatever happened; a release that has not finished redeploys it on resume."""
+    if ctx.state.stage("deploy_candidate").get("status") in (None, "torn_down"):
+        return {"event": "skipped", "reason": "no candidate is deployed"}
     name = candidate_name(ctx)
     keep = ctx.state.data.get("keep_candidate", ctx.config.keep_candidate)
     if keep:
         ctx.say(f"teardown_candidate: keeping {name} as asked")
         return {"endpoint": name, "event": "kept"}
     removed = delete_endpoint_if_present(ctx.backends.hosting, name)
+    if ctx.state.stage("promote").get("status") != "succeeded":
+        ctx.state.mark("deploy_candidate", "torn_down")
     return {"endpoint": name, "removed": removed}

@@ -107,3 +107,29 @@ def test_second_run_for_the_same_model_fails_fast_naming_the_holder(release_conf
         with pytest.raises(LeaseHeld, match="someone-else@ci"):
             run_release(config, progress=QUIET)
     assert LocalHosting(state_dir).list_endpoints() == []
+
+
+def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release_config, tmp_path):
+    """What Airflow and Step Functions do: begin, one call per stage (retried once), end."""
+    import subprocess
+    import sys
+
+    from tasks.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage
+
+    state_dir = tmp_path / "state"
+    begun = begin_orchestrated(release_config(), holder="airflow:refresh/run-1", progress=QUIET)
+    with pytest.raises(LeaseHeld, match="airflow:refresh/run-1"):
+        begin_orchestrated(release_config(), holder="airflow:refresh/run-2", progress=QUIET)
+    for stage in STAGES:
+        first = run_orchestrated_stage(begun["state_dir"], begun["release_id"], stage, progress=QUIET)
+        if stage != "teardown_candidate":
+            assert run_orchestrated_stage(begun["state_dir"], begun["release_id"], stage, progress=QUIET) == first
+    cli = subprocess.run([sys.executable, "-m", "tasks.cli", "stage", "build", "--release", begun["release_id"],
+                          "--state-dir", begun["state_dir"]], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and json.loads(cli.stdout)["gguf_sha256"]
+    summary = end_orchestrated(begun["state_dir"], begun["release_id"], holder="airflow:refresh/run-1", failed=False, progress=QUIET)
+    assert summary["status"] == "promoted"
+    ledger = Ledger.for_sqlite(state_dir / "ledger.db")
+    succeeded = [r.stage for r in ledger.release(begun["release_id"]) if r.event == "succeeded"]
+    assert succeeded.count("build") == 1 and succeeded.count("deploy_candidate") == 1
+    begin_orchestrated(release_config(), holder="airflow:refresh/run-2", progress=QUIET)  # the lease was given back
