@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, ShipliftError
+from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, NotFound, ShipliftError
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
 
@@ -153,6 +153,19 @@ def cmd_ledger_verify(args) -> int:
     return 0 if result.ok else EXIT_REJECTED
 
 
+def cmd_ledger_diff(args) -> int:
+    print_json(ledger_for(args).diff(args.release_a, args.release_b))
+    return 0
+
+
+def cmd_ledger_served_at(args) -> int:
+    record = ledger_for(args).served_at(args.model, args.when)
+    if record is None:
+        raise NotFound(f"nothing of model {args.model!r} was promoted at or before {args.when}", fix="see `shiplift ledger history`")
+    print_json(record.to_dict())
+    return 0
+
+
 def cmd_ledger_export(args) -> int:
     ledger_for(args).export(args.format, Path(args.out))
     print(f"wrote {args.out}")
@@ -238,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = ledger_parser("verify", "check the hash chain; detects edited or deleted records")
     p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
     p.set_defaults(func=cmd_ledger_verify)
+    p = ledger_parser("diff", "compare two releases (config hash, artifact, image, metrics, decision)")
+    p.add_argument("release_a")
+    p.add_argument("release_b")
+    p.set_defaults(func=cmd_ledger_diff)
+    p = ledger_parser("served-at", "which release of a model was serving at a time (ISO 8601 with timezone)")
+    p.add_argument("model")
+    p.add_argument("when")
+    p.set_defaults(func=cmd_ledger_served_at)
     p = ledger_parser("export", "export the ledger")
     p.add_argument("--format", choices=["json", "csv", "html"], default="json")
     p.add_argument("--out", required=True)

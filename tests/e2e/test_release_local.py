@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,14 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     assert ledger.verify().ok
     skipped = [r for r in ledger.release(strict["release_id"]) if r.stage == "promote" and r.event == "skipped"]
     assert len(skipped) == 1
+
+    served_now = ledger.served_at("tiny-decision", datetime.now(timezone.utc))
+    assert served_now.release_id == second["release_id"]
+    diff = ledger.diff(first["release_id"], second["release_id"])
+    assert "artifact_sha256" in diff["changed"] and "image_digest" not in diff["changed"]
+    export = tmp_path / "ledger.html"
+    ledger.export("html", export)
+    assert first["release_id"] in export.read_text()
 
 
 def test_crash_in_validate_tears_down_and_resumes(release_config, tmp_path, monkeypatch):

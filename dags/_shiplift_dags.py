@@ -1,0 +1,290 @@
+"""Shared wiring for shiplift's DAGs (not a DAG file: `.airflowignore` lists it).
+
+Parse time does no work: the refresh factory reads one YAML key (the schedule) and builds the
+task graph; configs are validated, the database and the model servers are touched only when a
+task runs. Every task is a thin call into `tasks/` (DESIGN §1, §11); XCom carries only the small
+JSON those calls return.
+
+Retries: resolve, build, package, image, deploy_candidate and teardown_candidate are
+idempotent (content-addressed names, `ensure_stage` returns a finished stage's recorded
+result), so they retry with exponential backoff. validate retries once: it only reads the
+candidate and rewrites its own report, but a second full evaluation is expensive, so one retry
+covers a lost worker without hiding a sick candidate. promote does not retry: a failed switch of
+production (the live spec check raised) needs a person to look before traffic moves again;
+rerunning the DAG resumes at promote once it is understood. Domain errors that say retrying
+cannot help (bad config, integrity, conflict, held lease, failed gate) fail at once.
+
+aws backend (not built yet): inside Airflow its boto3 session should come from the
+`aws_default` connection, via
+`airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook(aws_conn_id="aws_default").get_session()`
+called in the task body and passed to the `tasks` call, so `tasks` never imports Airflow.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pendulum
+import yaml
+from airflow.sdk import (
+    DAG,
+    ExceptionRetryPolicy,
+    Param,
+    RetryAction,
+    RetryRule,
+    dag,
+    get_current_context,
+    task,
+)
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from tasks.errors import CapacityError, NotReady, ShipliftError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RELEASES_DIR = REPO_ROOT / "configs" / "releases"
+OWNER = "ml-platform"
+START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
+FINISHED = ("promoted", "rejected")
+RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
+OVERRIDE_PATTERN = r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*=.*$"
+
+RETRY_POLICY = ExceptionRetryPolicy(
+    rules=[
+        RetryRule(exception=[NotReady, CapacityError], action=RetryAction.RETRY, reason="shiplift says retryable"),
+        RetryRule(exception=ShipliftError, action=RetryAction.FAIL, reason="shiplift says retrying cannot help"),
+    ],
+)
+# stage → (retries, execution timeout); retried stages back off exponentially from RETRY_DELAY.
+STAGE_POLICY: dict[str, tuple[int, timedelta]] = {
+    "resolve": (3, timedelta(minutes=30)),
+    "build": (2, timedelta(hours=1)),
+    "package": (3, timedelta(minutes=30)),
+    "image": (3, timedelta(hours=1)),
+    "deploy_candidate": (3, timedelta(minutes=45)),
+    "validate": (1, timedelta(hours=2)),
+    "promote": (0, timedelta(minutes=30)),
+    "teardown_candidate": (3, timedelta(minutes=15)),
+}
+RETRY_DELAY = timedelta(seconds=30)
+MAX_RETRY_DELAY = timedelta(minutes=10)
+SHORT_TIMEOUT = timedelta(minutes=5)
+
+
+def config_schedule(config_path: Path) -> str | None:
+    """The raw `schedule` of a release config (following `extends`), or None; never raises.
+
+    A config that cannot be read gets no schedule: the DAG still imports and its begin task
+    fails with the config's real error.
+    """
+    seen: set[Path] = set()
+    path = config_path
+    try:
+        while path not in seen:
+            seen.add(path)
+            tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if not isinstance(tree, dict):
+                return None
+            if "schedule" in tree or not isinstance(tree.get("extends"), str):
+                schedule = tree.get("schedule")
+                return schedule if isinstance(schedule, str) and schedule.strip() else None
+            path = (path.parent / tree["extends"]).resolve()
+    except (OSError, yaml.YAMLError):
+        return None
+    return None
+
+
+def dag_id_for(config_path: Path) -> str:
+    """`refresh_<config file stem>` with hyphens as underscores: the DAG file's own name."""
+    return "refresh_" + config_path.stem.replace("-", "_")
+
+
+def _holder() -> str:
+    context = get_current_context()
+    return f"airflow:{context['dag'].dag_id}/{context['run_id']}"
+
+
+def _failed_tasks() -> list[str]:
+    """Task ids of this run that failed (or could not run because an upstream failed)."""
+    context = get_current_context()
+    states = context["ti"].get_task_states(dag_id=context["dag"].dag_id, run_ids=[context["run_id"]])
+    return sorted(tid for tid, state in states.get(context["run_id"], {}).items()
+                  if state in ("failed", "upstream_failed"))
+
+
+def _stage_task(name: str):
+    retries, timeout = STAGE_POLICY[name]
+
+    @task(task_id=name, retries=retries, retry_delay=RETRY_DELAY, retry_exponential_backoff=2.0,
+          max_retry_delay=MAX_RETRY_DELAY, execution_timeout=timeout, retry_policy=RETRY_POLICY,
+          doc_md=f"Stage `{name}` of the release (`tasks.release.run_orchestrated_stage`).")
+    def run_stage(begun: dict) -> dict:
+        if begun["status"] in FINISHED:
+            raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
+        from tasks.release import run_orchestrated_stage
+
+        return run_orchestrated_stage(begun["state_dir"], begun["release_id"], name)
+
+    return run_stage
+
+
+def refresh_dag(config_file: str) -> DAG:
+    """Build the refresh DAG of one release config: begin, one task per stage, teardown, end."""
+    config_path = Path(config_file)
+    config_path = (config_path if config_path.is_absolute() else RELEASES_DIR / config_path).resolve()
+    dag_id = dag_id_for(config_path)
+
+    @dag(
+        dag_id=dag_id,
+        schedule=config_schedule(config_path),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        tags=["shiplift", "refresh", config_path.stem],
+        default_args={"owner": OWNER, "retries": 0, "execution_timeout": SHORT_TIMEOUT},
+        params={
+            "overrides": Param(
+                [], type="array", items={"type": "string", "pattern": OVERRIDE_PATTERN},
+                description="config overrides, like `shiplift release --set a.b=value` (e.g. backend.state_dir=/srv/shiplift)",
+            ),
+        },
+        doc_md=f"Release `{config_path}` stage by stage (DESIGN §4, §11). The gate rejecting the release is "
+               "not a failure: the run succeeds and the release's status is `rejected`.",
+    )
+    def refresh():
+        @task(task_id="begin", execution_timeout=SHORT_TIMEOUT)
+        def begin() -> dict:
+            """Validate the config (a bad one fails here with its ConfigError) and take the model's lease."""
+            from tasks.release import begin_orchestrated
+
+            overrides = tuple(get_current_context()["params"]["overrides"])
+            return begin_orchestrated(str(config_path), holder=_holder(), overrides=overrides)
+
+        @task(task_id="teardown_candidate", retries=STAGE_POLICY["teardown_candidate"][0],
+                  retry_delay=RETRY_DELAY, retry_exponential_backoff=2.0, max_retry_delay=MAX_RETRY_DELAY,
+                  execution_timeout=STAGE_POLICY["teardown_candidate"][1], retry_policy=RETRY_POLICY)
+        def teardown_candidate(begun: dict) -> dict:
+            """Remove the candidate endpoint whatever happened (idempotent)."""
+            if begun["status"] in FINISHED:
+                raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
+            from tasks.release import run_orchestrated_stage
+
+            return run_orchestrated_stage(begun["state_dir"], begun["release_id"], "teardown_candidate")
+
+        @task(task_id="end", execution_timeout=SHORT_TIMEOUT)
+        def end(begun: dict) -> dict:
+            """Record the final status, give the lease back, and fail the run if any task failed."""
+            from tasks.release import end_orchestrated
+
+            failed = _failed_tasks()
+            summary = end_orchestrated(begun["state_dir"], begun["release_id"], holder=_holder(), failed=bool(failed))
+            if failed:
+                raise AirflowFailException(f"release {begun['release_id']} failed at {', '.join(failed)}; "
+                                           "its candidate was torn down and the lease given back")
+            return {key: summary[key] for key in ("release_id", "model", "status", "artifact_sha256", "image_uri",
+                                                  "decision", "not_passed", "metrics", "served_by")}
+
+        begun = begin()
+        stages = [_stage_task(name)(begun) for name in STAGE_POLICY if name != "teardown_candidate"]
+        for before, after in zip(stages, stages[1:]):
+            before >> after
+        torn_down, ended = teardown_candidate(begun), end(begun)
+        stages[-1] >> torn_down >> ended
+        # Setup/teardown: both run whatever happened to the stages (ALL_DONE_SETUP_SUCCESS), and are
+        # skipped when begin failed (no release, no lease). The run's state comes from promote and end.
+        torn_down.as_teardown(setups=begun)
+        ended.as_teardown(setups=begun, on_failure_fail_dagrun=True)
+
+    return refresh()
+
+
+def _state_dir(params: dict[str, Any]) -> str:
+    from tasks.promotion import default_state_dir
+
+    return params.get("state_dir") or default_state_dir()
+
+
+def promote_release_dag() -> DAG:
+    """The triggered promotion / rollback DAG; params are checked by Airflow before any task runs."""
+
+    @dag(
+        dag_id="promote_release",
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        tags=["shiplift", "promotion"],
+        default_args={"owner": OWNER, "retries": 0, "execution_timeout": timedelta(minutes=30)},
+        params={
+            "release_id": Param(type="string", pattern=RELEASE_ID_PATTERN, description="the release to promote, "
+                                "or (with rollback_target) the release being rolled back"),
+            "strategy": Param("all_at_once", type="string", enum=["all_at_once", "canary", "blue_green"]),
+            "rollback_target": Param(None, type=["null", "string"], pattern=RELEASE_ID_PATTERN,
+                                     description="roll the model back from release_id to this earlier release"),
+            "reason": Param(type="string", minLength=1, pattern=r"\S", description="why (recorded in the ledger)"),
+            "state_dir": Param(None, type=["null", "string"], minLength=1,
+                               description="local backend state dir; default $SHIPLIFT_HOME or .shiplift"),
+        },
+        doc_md="Promote a gated release (`tasks.promotion.promote`) or roll its model back to an earlier "
+               "promoted release (`tasks.promotion.rollback`), with the reason in the ledger.",
+    )
+    def promote_release():
+        @task.branch(task_id="choose")
+        def choose() -> str:
+            """Promotion when no rollback target is given, else rollback."""
+            return "rollback" if get_current_context()["params"]["rollback_target"] else "promote"
+
+        @task(task_id="promote", retry_policy=RETRY_POLICY)
+        def promote_task() -> dict:
+            from tasks.promotion import promote
+
+            context = get_current_context()
+            params = context["params"]
+            return promote(_state_dir(params), params["release_id"], strategy=params["strategy"],
+                           reason=params["reason"], actor=f"airflow:promote_release/{context['run_id']}")
+
+        @task(task_id="rollback", retry_policy=RETRY_POLICY)
+        def rollback_task() -> dict:
+            from tasks.promotion import rollback
+            from tasks.release import ReleaseState
+
+            context = get_current_context()
+            params = context["params"]
+            state_dir = Path(_state_dir(params)).expanduser().resolve()
+            model = ReleaseState.load(state_dir, params["release_id"]).data["model"]
+            return rollback(state_dir, model, params["rollback_target"], reason=params["reason"],
+                            actor=f"airflow:promote_release/{context['run_id']}", expect_current=params["release_id"])
+
+        choose() >> [promote_task(), rollback_task()]
+
+    return promote_release()
+
+
+def audit_ledger_dag() -> DAG:
+    """The scheduled audit DAG: the ledger chain, then live endpoints against the ledger."""
+
+    @dag(
+        dag_id="audit_ledger",
+        schedule="@hourly",
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        tags=["shiplift", "audit"],
+        default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(minutes=2),
+                      "execution_timeout": timedelta(minutes=10)},
+        params={"state_dir": Param(None, type=["null", "string"], minLength=1),
+                "ledger_url": Param(None, type=["null", "string"], minLength=1)},
+        doc_md="Fails loudly (IntegrityError, Conflict) on a broken ledger chain or on drift.",
+    )
+    def audit_ledger():
+        @task(task_id="audit", retry_policy=RETRY_POLICY)
+        def audit_task() -> dict:
+            from tasks.audit import audit
+
+            params = get_current_context()["params"]
+            return audit(_state_dir(params), ledger_url=params["ledger_url"])
+
+        audit_task()
+
+    return audit_ledger()

@@ -1,0 +1,160 @@
+"""Triggered promotion and rollback (DESIGN §9): put a gated release, or an earlier one, on production.
+
+Both run under the model's promotion lease, reuse the promote stage (`tasks.stages.promote.run`)
+to switch the production component and check the live spec, and append ledger records with
+the reason and the actor. A rollback is recorded as a succeeded promotion of the earlier release
+(payload `rollback_reason`, `rollback_from`, `rollback_to`), so `Ledger.served_at` reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound, ShipliftError
+from tasks.release import LEASE_TTL_S, StageContext, finish, ledger_base, reopen_release
+
+STRATEGIES = ("all_at_once", "canary", "blue_green")
+IMPLEMENTED_STRATEGIES = ("all_at_once",)
+RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
+PROMOTE = "promote"
+
+
+def _quiet(_message: str) -> None:
+    """Progress sink for library calls; orchestrators log the returned summaries instead."""
+
+
+def _require_text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise BadInput(f"{name} must be a non-empty string, got {value!r}", fix=f"give a {name}")
+    return value.strip()
+
+
+def _require_release_id(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not re.match(RELEASE_ID_PATTERN, value):
+        raise BadInput(
+            f"{name} {value!r} is not a release id (<model name>-<12 hex digits of the config hash>)",
+            fix="copy it from `shiplift ledger history` or the refresh DAG's begin task",
+        )
+    return value
+
+
+def _recorded(ctx: StageContext, work: Callable[[], dict], extra: dict) -> dict:
+    """Run `work` (which switches production) between a started and an end record of stage promote."""
+    ledger, model = ctx.backends.ledger, ctx.config.name
+    base = {**ledger_base(ctx), **extra}
+    ledger.append(release_id=ctx.release_id, model=model, stage=PROMOTE, event="started", payload=base, actor=ctx.actor)
+    began = time.monotonic()
+    try:
+        result = work()
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
+        ledger.append(
+            release_id=ctx.release_id, model=model, stage=PROMOTE, event="failed",
+            payload={**base, "error": error, "error_type": type(exc).__name__}, actor=ctx.actor,
+        )
+        raise
+    result = {**result, "seconds": round(time.monotonic() - began, 3)}
+    ledger.append(release_id=ctx.release_id, model=model, stage=PROMOTE, event=result["event"],
+                  payload={**base, **result}, actor=ctx.actor)
+    return result
+
+
+def _switch_production(ctx: StageContext) -> dict:
+    """Put this release on the production component and verify the live spec (the promote stage's code)."""
+    from tasks.stages.promote import run as promote_run
+
+    result = promote_run(ctx)
+    if result.get("event") != "succeeded":
+        raise GateFailed(
+            f"release {ctx.release_id} was not put on production: {result.get('reason')}",
+            fix="only a release whose gate decision is pass can serve",
+        )
+    return result
+
+
+def promote(state_dir: str | Path, release_id: str, *, strategy: str, reason: str, actor: str) -> dict:
+    """Promote a release whose gate passed onto the production component, under the model's lease."""
+    _require_release_id("release_id", release_id)
+    reason, actor = _require_text("reason", reason), _require_text("actor", actor)
+    if strategy not in STRATEGIES:
+        raise BadInput(f"strategy {strategy!r} is unknown", fix=f"use one of {', '.join(STRATEGIES)}")
+    if strategy not in IMPLEMENTED_STRATEGIES:
+        raise ConfigError(
+            f"strategy {strategy!r} is not implemented in this version (only all_at_once is)",
+            fix="promote with strategy all_at_once",
+        )
+    ctx = reopen_release(state_dir, release_id, actor=actor, progress=_quiet)
+    validate = ctx.state.stage("validate")
+    if validate.get("status") != "succeeded":
+        raise GateFailed(
+            f"release {release_id} has no gate decision: its validate stage is {validate.get('status', 'pending')}",
+            fix="run the release (refresh DAG or `shiplift release`) through validate first",
+        )
+    decision = validate["result"]["decision"]
+    if decision != "pass":
+        failed = "; ".join(validate["result"].get("not_passed") or [])
+        raise GateFailed(
+            f"release {release_id} cannot be promoted: its gate decision is {decision!r}" + (f" ({failed})" if failed else ""),
+            fix="promote a release whose gate decision is pass",
+        )
+    ledger = ctx.backends.ledger
+    with ledger.acquire_lease(ctx.config.name, actor, release_id, LEASE_TTL_S):
+        result = _recorded(ctx, lambda: _switch_production(ctx), {"reason": reason, "strategy": strategy, "trigger": "promote"})
+        ctx.state.mark(PROMOTE, "succeeded", result=result, seconds=result["seconds"])
+        status = finish(ctx, failed=False)["status"]
+    return {"release_id": release_id, "model": ctx.config.name, "action": "promote", "status": status,
+            "strategy": strategy, "endpoint": result["endpoint"], "component": result["component"], "served": result["served"]}
+
+
+def _promoted_releases(ledger, model: str) -> list[str]:
+    return [r.release_id for r in ledger.history(model) if r.stage == PROMOTE and r.event == "succeeded"]
+
+
+def rollback(
+    state_dir: str | Path, model: str, target_release_id: str, *, reason: str, actor: str, expect_current: str | None = None
+) -> dict:
+    """Put an earlier, once-promoted release of `model` back on production and record why.
+
+    `expect_current` (optional) guards against rolling back something other than what the
+    caller saw serving: the rollback is refused when the ledger says another release serves.
+    """
+    _require_text("model", model)
+    _require_release_id("target_release_id", target_release_id)
+    if expect_current is not None:
+        _require_release_id("expect_current", expect_current)
+    reason, actor = _require_text("reason", reason), _require_text("actor", actor)
+    ctx = reopen_release(state_dir, target_release_id, actor=actor, progress=_quiet)
+    if ctx.config.name != model:
+        raise BadInput(
+            f"release {target_release_id} belongs to model {ctx.config.name!r}, not {model!r}",
+            fix=f"roll {model} back to one of its own releases",
+        )
+    ledger = ctx.backends.ledger
+    if target_release_id not in _promoted_releases(ledger, model):
+        raise NotFound(
+            f"release {target_release_id} of {model} was never promoted (the ledger has no succeeded promotion of it)",
+            fix=f"roll back to a release listed by `shiplift ledger history --model {model}` with a promote succeeded record",
+        )
+    with ledger.acquire_lease(model, actor, target_release_id, LEASE_TTL_S):
+        served = ledger.served_at(model, datetime.now(timezone.utc))
+        current = served.release_id if served else None
+        if expect_current is not None and current != expect_current:
+            raise Conflict(
+                f"the ledger says {current!r} serves {model}, not {expect_current!r}",
+                fix="check `shiplift ledger history` and trigger the rollback with the release that serves now",
+            )
+        extra = {"rollback_reason": reason, "rollback_from": current, "rollback_to": target_release_id, "trigger": "rollback"}
+        result = _recorded(ctx, lambda: _switch_production(ctx), extra)
+    return {"release_id": target_release_id, "model": model, "action": "rollback", "rollback_from": current,
+            "rollback_to": target_release_id, "endpoint": result["endpoint"], "component": result["component"],
+            "served": result["served"]}
+
+
+def default_state_dir() -> str:
+    """The local backend's state folder when none is given: $SHIPLIFT_HOME, else .shiplift."""
+    return os.environ.get("SHIPLIFT_HOME", ".shiplift")

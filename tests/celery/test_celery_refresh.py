@@ -1,0 +1,84 @@
+"""The refresh DAG on Airflow's CeleryExecutor (PostgreSQL metadata DB, Redis broker), driven through the REST API.
+
+The release is `configs/releases/demo-broken-model.yaml` (a tiny random GGUF the project
+generates, seed 7, quantized to Q8_0 for real) with DAG-param overrides that let it pass its
+gates, so it is promoted and served: the DAG factory reads configs only from configs/releases/,
+and `overrides` is its documented way to change one run. State goes to a temp SHIPLIFT_HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from tasks.hosting.local import LocalHosting
+from tasks.ledger import Ledger
+from tasks.release import STAGES
+
+pytestmark = pytest.mark.celery
+
+DAG_ID = "refresh_demo_broken_model"
+MODEL = "gemma-decision"  # demo-broken-model extends gemma-decision: the same model slot
+PRODUCTION = f"shiplift-{MODEL}-prod"
+OVERRIDES = [
+    "validation.thresholds.min_allowed_token_mass=0.0",  # the gate that rejects a random model
+    "validation.thresholds.min_accuracy=0.0",
+    "validation.thresholds.max_ece=1.0",
+    "validation.n_bootstrap=200",
+]
+PARSE_DEADLINE_S = 120.0
+RUN_DEADLINE_S = 420.0
+EXPECTED_TASKS = {"begin", *STAGES, "end"}
+
+
+def ask(url: str) -> dict:
+    body = json.dumps({"decision": {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
+                                    "options": [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]}})
+    request = urllib.request.Request(f"{url}/invocations", data=body.encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": MODEL})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())["result"]
+
+
+def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow):
+    api, supervisor = celery_airflow.api, celery_airflow.supervisor
+    began = time.monotonic()
+    from airflow_local import wait_for
+
+    wait_for(f"{DAG_ID} parsed", lambda: DAG_ID in api.dag_ids(), deadline_s=PARSE_DEADLINE_S, alive=supervisor.check_alive)
+    assert api.import_errors() == [], "every DAG in dags/ imports on the dag-processor"
+    celery_airflow.timings["dag_parsed_s"] = round(time.monotonic() - began, 1)
+
+    api.unpause(DAG_ID)
+    run_began = time.monotonic()
+    run_id = api.trigger(DAG_ID, {"overrides": OVERRIDES})
+    run = api.wait_run(DAG_ID, run_id, deadline_s=RUN_DEADLINE_S, alive=supervisor.check_alive)
+    celery_airflow.timings["run_s"] = round(time.monotonic() - run_began, 1)
+    instances = api.task_instances(DAG_ID, run_id)
+    states = {ti["task_id"]: ti["state"] for ti in instances}
+    assert run["state"] == "success", f"run {run_id} ended {run['state']}: {states}; logs under {celery_airflow.home}/logs"
+    assert states == {task_id: "success" for task_id in EXPECTED_TASKS}
+    assert {ti["queue"] for ti in instances} == {celery_airflow.queue}, "every task went through this run's Celery queue"
+    assert all(ti["hostname"] for ti in instances), "a Celery worker picked up every task"
+
+    summary = api.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/end/xcomEntries/return_value")["value"]
+    assert summary["status"] == "promoted" and summary["decision"] == "pass"
+    release_id = summary["release_id"]
+
+    ledger = Ledger.for_sqlite(celery_airflow.state_dir / "ledger.db")
+    records = ledger.release(release_id)
+    assert [(r.stage, r.event) for r in records if r.event != "started"] == [(s, "succeeded") for s in STAGES]
+    assert ledger.verify().ok
+    with ledger.acquire_lease(MODEL, "tests/celery", release_id, 60):
+        pass  # the run gave the model's promotion lease back (LeaseHeld otherwise)
+
+    hosting = LocalHosting(celery_airflow.state_dir)
+    assert [e["name"] for e in hosting.list_endpoints()] == [PRODUCTION], "the candidate was torn down"
+    served = hosting.describe_endpoint(PRODUCTION)["components"][MODEL]["spec"]["model_ref"]
+    assert served["release_id"] == release_id and served["artifact_sha256"] == summary["artifact_sha256"]
+    answer = ask(hosting.endpoint_url(PRODUCTION))
+    assert answer["option_ids"] == ["no", "yes"] and abs(sum(answer["probabilities"]) - 1) < 1e-6
+    print(f"\ncelery refresh: run {run_id} in {celery_airflow.timings['run_s']}s; release {release_id} promoted")

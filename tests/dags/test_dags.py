@@ -1,0 +1,220 @@
+"""The DAGs under dags/: import, parse-time hygiene, structure, params, and one end-to-end refresh run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from conftest import DAGS, ROOT, load_tiny_release
+
+RELEASE_CONFIGS = sorted((ROOT / "configs" / "releases").glob("*.yaml"))
+REFRESH_IDS = {"refresh_" + path.stem.replace("-", "_") for path in RELEASE_CONFIGS}
+STAGES = ["resolve", "build", "package", "image", "deploy_candidate", "validate", "promote"]
+PARSE_BUDGET_S = 5.0
+PARSE_PROBE = r"""
+import json, socket, sys, time, runpy
+from pathlib import Path
+
+def refuse(*args, **kwargs):
+    raise RuntimeError("network access while parsing a DAG file")
+
+socket.socket.connect = refuse
+socket.create_connection = refuse
+import sqlalchemy.engine
+
+def no_database(*args, **kwargs):
+    raise RuntimeError("database access while parsing a DAG file")
+
+sqlalchemy.engine.Engine.connect = no_database
+import airflow.sdk  # Airflow's own import cost is not the DAG file's
+folder = Path(sys.argv[1])
+sys.path.insert(0, str(folder))
+files = {}
+for path in sorted(folder.glob("*.py")):
+    if path.name.startswith("_"):
+        continue
+    began = time.monotonic()
+    namespace = runpy.run_path(str(path), run_name=path.stem)
+    files[path.stem] = {"seconds": time.monotonic() - began, "dag_id": namespace["dag"].dag_id}
+loaded = [name for name in ("tasks.config", "tasks.release", "tasks.ledger", "pydantic") if name in sys.modules]
+print(json.dumps({"files": files, "loaded": loaded}))
+"""
+
+
+def test_every_dag_file_imports_and_dag_id_is_its_file_name(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dags) == REFRESH_IDS | {"promote_release", "audit_ledger"}
+    for dag_id, dag in dagbag.dags.items():
+        assert Path(dag.fileloc).stem == dag_id
+    assert "_shiplift_dags.py" in (DAGS / ".airflowignore").read_text().split()
+
+
+def test_dag_files_parse_fast_without_database_network_or_config_validation(tmp_path):
+    shiplift_home = tmp_path / "shiplift-home"
+    shiplift_home.mkdir()
+    env = {**__import__("os").environ, "SHIPLIFT_HOME": str(shiplift_home),
+           "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'no-such-dir' / 'airflow.db'}"}
+    began = time.monotonic()
+    probe = subprocess.run([sys.executable, "-c", PARSE_PROBE, str(DAGS)], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    report = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert set(report["files"]) == REFRESH_IDS | {"promote_release", "audit_ledger"}
+    for name, entry in report["files"].items():
+        assert entry["dag_id"] == name
+        assert entry["seconds"] < PARSE_BUDGET_S, f"{name} took {entry['seconds']:.2f}s to parse"
+    assert report["loaded"] == [], f"parse time imported {report['loaded']} (config validation or ledger)"
+    assert list(shiplift_home.iterdir()) == [], "parsing wrote shiplift state"
+    assert time.monotonic() - began < 60
+
+
+def test_tags_owner_retries_timeouts_and_one_run_per_model(dagbag):
+    for dag in dagbag.dags.values():
+        assert "shiplift" in dag.tags and len(dag.tags) >= 2
+        assert dag.max_active_runs == 1 and dag.catchup is False
+        for task in dag.tasks:
+            assert task.owner == "ml-platform"
+            assert task.execution_timeout is not None and task.execution_timeout > timedelta(0)
+            assert task.retries is not None
+    refresh = dagbag.get_dag("refresh_gemma_decision")
+    retries = {task.task_id: task.retries for task in refresh.tasks}
+    for stage in ("resolve", "build", "package", "image", "deploy_candidate", "teardown_candidate"):
+        assert retries[stage] >= 2, stage
+        assert refresh.get_task(stage).retry_exponential_backoff > 0
+        assert refresh.get_task(stage).retry_policy is not None
+    assert retries["validate"] == 1 and retries["promote"] == 0 and retries["begin"] == 0
+    assert dagbag.get_dag("audit_ledger").get_task("audit").retries == 1
+
+
+def test_refresh_task_order_setup_and_teardown(dagbag):
+    dag = dagbag.get_dag("refresh_gemma_decision")
+    order = ["begin", *STAGES, "teardown_candidate", "end"]
+    assert sorted(dag.task_ids) == sorted(order)
+    assert dag.get_task("begin").upstream_task_ids == set()
+    for before, after in zip(order, order[1:]):
+        expected = {before} if before == "begin" else {"begin", before}
+        assert dag.get_task(after).upstream_task_ids == expected, after
+    assert dag.get_task("begin").is_setup
+    for name in ("teardown_candidate", "end"):
+        task = dag.get_task(name)
+        assert task.is_teardown and task.trigger_rule == "all_done_setup_success"
+    assert dag.get_task("end").on_failure_fail_dagrun and not dag.get_task("teardown_candidate").on_failure_fail_dagrun
+
+
+def test_schedules_come_from_the_configs(dagbag, tmp_path):
+    from _shiplift_dags import config_schedule, refresh_dag
+
+    assert dagbag.get_dag("refresh_qwen35_4b_semif").timetable.expression == "0 3 * * 1"
+    assert dagbag.get_dag("refresh_gemma_decision").timetable.summary == "None"
+    assert dagbag.get_dag("refresh_demo_broken_model").timetable.summary == "None"  # inherited via extends
+    child = tmp_path / "child.yaml"
+    (tmp_path / "parent.yaml").write_text("schedule: '@daily'\nname: x\n")
+    child.write_text("extends: parent.yaml\nname: y\n")
+    assert config_schedule(child) == "@daily"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    assert config_schedule(broken) is None and config_schedule(tmp_path / "missing.yaml") is None
+    dag = refresh_dag(str(broken))
+    assert dag.dag_id == "refresh_broken" and dag.timetable.summary == "None"
+
+
+def _validate(dag, conf: dict) -> dict:
+    """What Airflow does when a run is triggered: merge the conf into the params and validate them."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    return DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag)).params.deep_merge(conf).validate()
+
+
+GOOD = {"release_id": "gemma-decision-0123456789ab", "reason": "weekly refresh passed its gates"}
+
+
+@pytest.mark.parametrize(
+    "conf, named",
+    [
+        ({"reason": "r"}, "release_id"),
+        ({**GOOD, "release_id": "Gemma Decision"}, "release_id"),
+        ({**GOOD, "release_id": 12}, "release_id"),
+        ({**GOOD, "strategy": "big_bang"}, "strategy"),
+        ({**GOOD, "strategy": 3}, "strategy"),
+        ({**GOOD, "rollback_target": "not-a-release"}, "rollback_target"),
+        ({**GOOD, "reason": ""}, "reason"),
+        ({**GOOD, "reason": "   "}, "reason"),
+        ({**GOOD, "state_dir": ""}, "state_dir"),
+    ],
+)
+def test_promotion_params_are_refused_with_the_reason(dagbag, conf, named):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=f"param {named}"):
+        _validate(dagbag.get_dag("promote_release"), conf)
+
+
+def test_promotion_params_accept_a_rollback(dagbag):
+    resolved = _validate(dagbag.get_dag("promote_release"),
+                         {**GOOD, "rollback_target": "gemma-decision-ba9876543210", "strategy": "all_at_once"})
+    assert resolved["rollback_target"] == "gemma-decision-ba9876543210" and resolved["state_dir"] is None
+
+
+def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_dags, dags_for_configs):
+    """dag.test() on the local backend: the tiny release is promoted; a bad config fails at begin only."""
+    from tasks.hosting.local import LocalHosting
+    from tasks.ledger import Ledger
+    from tasks.release import STAGES as ALL_STAGES
+
+    state_dir = tmp_path / "state"
+    config = load_tiny_release().write_tiny_config(tmp_path / "configs", state_dir)
+    bad = config.with_name("bad-model.yaml")
+    bad.write_text(config.read_text().replace("threads: 2", "threads: 0"))
+    folder = dags_for_configs(config, bad)
+    (folder / "promote_release.py").write_text((DAGS / "promote_release.py").read_text())
+    try:
+        result, output = run_dags(folder, [
+            {"dag_id": "refresh_bad_model"},
+            {"dag_id": "promote_release", "conf": {**GOOD, "strategy": "yolo"}},
+            {"dag_id": "refresh_tiny_decision"},
+        ])
+        assert result["import_errors"] == {}
+        failed, refused, run = result["runs"]
+
+        assert failed["state"] == "failed" and failed["tasks"]["begin"] == "failed"
+        assert all(state == "upstream_failed" for task, state in failed["tasks"].items() if task != "begin")
+        assert "image.threads: Input should be greater than or equal to 1" in output
+        assert "ConfigError" in output
+
+        assert "strategy" in refused["param_error"] and refused["n_dag_runs"] == 0
+
+        assert run["state"] == "success", output[-5000:]
+        assert set(run["tasks"].values()) == {"success"}
+        release_id = run["xcom"]["begin"]["release_id"]
+        assert run["xcom"]["end"]["status"] == "promoted" and run["xcom"]["end"]["release_id"] == release_id
+        for task, value in run["xcom"].items():
+            assert len(json.dumps(value)) < 16_000, f"{task} pushed a large XCom"
+
+        ledger = Ledger.for_sqlite(state_dir / "ledger.db")
+        events = [(r.stage, r.event) for r in ledger.release(release_id) if r.event != "started"]
+        assert events == [(stage, "succeeded") for stage in ALL_STAGES]
+        assert all(r.actor for r in ledger.release(release_id))
+        assert ledger.verify().ok
+        served = ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z")
+        assert served is not None and served.release_id == release_id
+        with ledger.acquire_lease("tiny-decision", "pytest", "tiny-decision-000000000000", 60):
+            pass  # end gave the lease back
+
+        hosting = LocalHosting(state_dir)
+        assert [e["name"] for e in hosting.list_endpoints()] == ["shiplift-tiny-decision-prod"], "candidate torn down"
+        live = hosting.describe_endpoint("shiplift-tiny-decision-prod")["components"]["tiny-decision"]
+        assert live["spec"]["model_ref"] == run["xcom"]["promote"]["served"]
+        assert live["spec"]["model_ref"]["release_id"] == release_id and all(c["ping"] == 200 for c in live["copies"])
+        print(f"dag.test() of the tiny refresh: {run['seconds']:.1f}s")
+    finally:
+        if (state_dir / "endpoints").is_dir():
+            hosting = LocalHosting(state_dir)
+            for endpoint in hosting.list_endpoints():
+                hosting.delete_endpoint(endpoint["name"])

@@ -1,0 +1,51 @@
+"""A fast release config for the DAG, promotion and audit tests: a tiny generated GGUF and 32 test tasks.
+
+Validation dominates a tiny release, so the gate reads 32 tasks of the project's decision set
+(above the champion rule's 30-task minimum) instead of all 111; thresholds are ones a random
+model passes, so the first release is promoted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from tasks.hashing import sha256_file
+from tasks.tinymodel import write_tiny_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "configs" / "releases" / "gemma-decision.yaml"
+DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
+N_TASKS = 32
+SEED = 3
+
+
+def write_tiny_config(folder: Path, state_dir: Path, *, name: str = "tiny-decision", **changes) -> Path:
+    """Write `<folder>/<name>.yaml`; `changes` set dotted keys written with `__` (validation__seed=1)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gguf = folder / f"tiny-seed{SEED}.gguf"
+    if not gguf.is_file():
+        write_tiny_gguf(gguf, seed=SEED)
+    dataset = folder / "decisions-small.jsonl"
+    if not dataset.is_file():
+        rows = [line for line in DECISIONS.read_text().splitlines() if json.loads(line)["split"] == "test"]
+        dataset.write_text("\n".join(rows[:N_TASKS]) + "\n")
+    tree = yaml.safe_load(BASE.read_text())
+    tree["name"] = name
+    tree["artifact"] = {"kind": "gguf", "source": {"kind": "generated", "seed": SEED, "sha256": sha256_file(gguf)},
+                        "quantization": "Q8_0"}
+    tree["backend"] = {"kind": "local", "state_dir": str(state_dir)}
+    tree["validation"]["datasets"] = [{"path": str(dataset), "splits": ["test"]}]
+    tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "max_ece": 1.0, "min_validity": 1.0}
+    tree["validation"]["n_bootstrap"] = 200
+    for dotted, value in changes.items():
+        node = tree
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
