@@ -232,8 +232,12 @@ def promote_release_dag() -> DAG:
     def promote_release():
         @task.branch(task_id="choose")
         def choose() -> str:
-            """Promotion when no rollback target is given, else rollback."""
-            return "rollback" if get_current_context()["params"]["rollback_target"] else "promote"
+            """Refuse conf keys that are not params (a typo would be ignored), then promote or roll back."""
+            context = get_current_context()
+            unknown = sorted(set(context["dag_run"].conf or {}) - set(context["params"]))
+            if unknown:
+                raise AirflowFailException(f"unknown params {unknown}; this DAG takes {sorted(context['params'])}")
+            return "rollback" if context["params"]["rollback_target"] else "promote"
 
         @task(task_id="promote", retry_policy=RETRY_POLICY)
         def promote_task() -> dict:

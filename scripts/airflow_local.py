@@ -279,6 +279,13 @@ class AirflowApi:
         answer = self.request("GET", f"/api/v2/dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances?limit=100")
         return answer["task_instances"]
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """The log of one task try as the UI shows it (read from AIRFLOW_HOME/logs: no log server is needed)."""
+        path = (f"/api/v2/dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}"
+                f"/taskInstances/{urllib.parse.quote(task_id)}/logs/{try_number}?full_content=true")
+        lines = self.request("GET", path)["content"]
+        return "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
+
     def wait_run(self, dag_id: str, run_id: str, *, deadline_s: float, alive: Callable[[], None] | None = None) -> dict:
         """Wait until a run reaches success or failed; fail after `deadline_s` with the task states so far."""
         deadline = time.monotonic() + deadline_s
@@ -388,6 +395,7 @@ def serve(port: int | None) -> int:
     except KeyboardInterrupt:
         print("stopping Airflow ...", flush=True)
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon components; stop() is bounded
         airflow.stop()
     print(f"stopped in {airflow.timings.get('stop_s')}s", flush=True)
     return 0

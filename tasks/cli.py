@@ -36,7 +36,64 @@ def cmd_release(args) -> int:
 def cmd_stage(args) -> int:
     from tasks.release import run_orchestrated_stage
 
-    print_json(run_orchestrated_stage(args.state_dir, args.release, args.name))
+    result = run_orchestrated_stage(args.state_dir, args.release, args.name)
+    if args.result_uri:
+        from tasks.sfn import publish_stage_result
+
+        publish_stage_result(args.result_uri, release_id=args.release, stage=args.name, result=result)
+    print_json(result)
+    return 0
+
+
+def cmd_orchestrate_begin(args) -> int:
+    from tasks.release import begin_orchestrated
+
+    print_json(begin_orchestrated(args.config, holder=args.holder, overrides=tuple(args.set)))
+    return 0
+
+
+def cmd_orchestrate_end(args) -> int:
+    """Exit 0 whenever the final status was recorded, including rejected and --failed runs."""
+    from tasks.release import end_orchestrated
+
+    print_json(end_orchestrated(args.state_dir, args.release, holder=args.holder, failed=args.failed))
+    return 0
+
+
+def sfn_inputs(args):
+    """The config as the pipeline image sees it (path relative to the repository root) and the runner settings."""
+    from tasks.config import load_release_config
+    from tasks.sfn import load_runner_settings
+
+    config_file = Path(args.config).resolve()
+    root = Path(__file__).resolve().parent.parent
+    if not config_file.is_relative_to(root):
+        raise BadInput(f"{args.config} is outside the repository {root}", fix="Step Functions tasks read configs from the pipeline image: keep it under configs/")
+    config = load_release_config(config_file, overrides=tuple(args.set))
+    return config, str(config_file.relative_to(root)), load_runner_settings(args.runner)
+
+
+def cmd_sfn_render(args) -> int:
+    from tasks.sfn import definition_json, render_state_machine
+
+    config, config_path, runner = sfn_inputs(args)
+    text = definition_json(render_state_machine(config, runner=runner, config_path=config_path))
+    if args.out:
+        from tasks.atomic import write_text_atomic
+
+        write_text_atomic(args.out, text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def cmd_sfn_deploy(args) -> int:
+    from tasks.sfn import deploy_state_machine, render_state_machine
+
+    config, config_path, runner = sfn_inputs(args)
+    definition = render_state_machine(config, runner=runner, config_path=config_path)
+    print_json(deploy_state_machine(config, definition, role_arn=args.role_arn))
     return 0
 
 
@@ -190,7 +247,34 @@ def build_parser() -> argparse.ArgumentParser:
         "stage", help="run one stage of an existing release from its persisted state (a stage that already succeeded returns its result)"))
     p.add_argument("name")
     p.add_argument("--release", required=True)
+    p.add_argument("--result-uri", help="also write the result to s3://BUCKET/KEY (how Step Functions reads the gate decision)")
     p.set_defaults(func=cmd_stage)
+
+    orchestrate = sub.add_parser("orchestrate", help="first and last step of an orchestrated (Airflow / Step Functions) run"
+                                 ).add_subparsers(dest="orchestrate_command", required=True)
+    p = orchestrate.add_parser("begin", help="open the release and take the model's promotion lease")
+    p.add_argument("config")
+    p.add_argument("--holder", required=True, help="who holds the lease, e.g. the execution ARN")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.set_defaults(func=cmd_orchestrate_begin)
+    p = with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back"))
+    p.add_argument("--release", required=True)
+    p.add_argument("--holder", required=True)
+    p.add_argument("--failed", action="store_true", help="an earlier step failed")
+    p.set_defaults(func=cmd_orchestrate_end)
+
+    sfn = sub.add_parser("sfn", help="the release as an AWS Step Functions state machine").add_subparsers(dest="sfn_command", required=True)
+    for name, func, help_text in (("render", cmd_sfn_render, "write the state machine definition (ASL JSON)"),
+                                  ("deploy", cmd_sfn_deploy, "create or update the state machine (idempotent)")):
+        p = sfn.add_parser(name, help=help_text)
+        p.add_argument("config")
+        p.add_argument("--runner", required=True, help="runner settings YAML (see configs/stepfunctions/runner-example.yaml)")
+        p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+        if name == "render":
+            p.add_argument("--out", help="write to this file instead of stdout")
+        else:
+            p.add_argument("--role-arn", required=True, help="the IAM role the state machine runs as")
+        p.set_defaults(func=func)
 
     config = sub.add_parser("config", help="configuration tools").add_subparsers(dest="config_command", required=True)
     p = config.add_parser("validate", help="validate a release config and print the effective values")

@@ -36,9 +36,10 @@ ECS_INFRA_ERRORS = ("AmazonECS.Unknown", "ECS.AmazonECSException", "ECS.ServerEx
 # States.TaskFailed retries per step (the container ran and exited non-zero). Every stage is
 # idempotent (a succeeded stage returns its recorded result), so the number only weighs cost:
 # validate re-runs a whole evaluation and promote changes production, so one retry each; begin
-# fails on deterministic causes (bad config, lease held) and is never retried on TaskFailed.
+# mostly fails on deterministic causes (bad config, lease held), so one retry covers a container
+# that did not start; teardown must happen, so it gets the most.
 TASK_FAILED_RETRIES = {
-    "begin": 0, "resolve": 2, "build": 2, "package": 2, "image": 2, "deploy_candidate": 2,
+    "begin": 1, "resolve": 2, "build": 2, "package": 2, "image": 2, "deploy_candidate": 2,
     "validate": 1, "promote": 1, "teardown_candidate": 3, "end": 2,
 }
 STATE_NAMES = {stage: "".join(part.title() for part in stage.split("_")) for stage in STAGES}
@@ -97,8 +98,8 @@ class RunnerSettings(BaseModel):
     def _launch_type_fits(self) -> "RunnerSettings":
         if self.launch_type == "FARGATE" and not self.subnets:
             raise ValueError("FARGATE tasks use awsvpc networking: give at least one subnet in subnets")
-        if self.launch_type == "EC2" and self.platform_version is not None:
-            raise ValueError("platform_version applies to FARGATE only; remove it for launch_type EC2")
+        if self.launch_type == "EC2" and (self.platform_version is not None or self.assign_public_ip):
+            raise ValueError("platform_version and assign_public_ip apply to FARGATE only; remove them for launch_type EC2")
         return self
 
 
@@ -142,15 +143,20 @@ def effective_config(config: ReleaseConfig, runner: RunnerSettings) -> ReleaseCo
     return config.model_copy(update={"backend": config.backend.model_copy(update={"state_dir": runner.state_dir})})
 
 
-def result_uri(config: ReleaseConfig, runner: RunnerSettings, release_id: str, stage: str) -> tuple[str, str]:
-    """(bucket, key) where a stage task publishes its result for the state machine to read."""
+def results_bucket(config: ReleaseConfig, runner: RunnerSettings) -> str:
+    """The bucket stage results go to: the runner's result_bucket, else the aws backend's bucket."""
     bucket = runner.result_bucket or getattr(config.backend, "bucket", None)
     if not bucket:
         raise ConfigError(
             f"no bucket for stage results: backend.kind is {config.backend.kind!r} and runner result_bucket is unset",
             fix="set result_bucket in the runner settings",
         )
-    return bucket, f"{runner.result_prefix}/{release_id}/{stage}.json"
+    return bucket
+
+
+def result_uri(config: ReleaseConfig, runner: RunnerSettings, release_id: str, stage: str) -> tuple[str, str]:
+    """(bucket, key) where a stage task publishes its result for the state machine to read."""
+    return results_bucket(config, runner), f"{runner.result_prefix}/{release_id}/{stage}.json"
 
 
 def begin_command(config_path: str, holder: str, state_dir: str) -> list[str]:
@@ -171,8 +177,11 @@ def end_command(release_id: str, state_dir: str, holder: str, *, failed: bool) -
 
 
 def _intrinsic_literal(text: str) -> str:
-    """A string literal inside an ASL intrinsic function: quote, escaping ' { } and backslash."""
-    return "'" + re.sub(r"([\\'{}])", r"\\\1", text) + "'"
+    """A string literal inside an ASL intrinsic function; the characters ASL reserves there are refused."""
+    if re.search(r"[\\'{}]", text):
+        raise BadInput(f"{text!r} contains one of ' {{ }} \\, which ASL intrinsic functions reserve",
+                       fix="use paths and names without these characters")
+    return f"'{text}'"
 
 
 def _command_array(argv: list[str], holder_marker: str) -> str:
@@ -180,8 +189,8 @@ def _command_array(argv: list[str], holder_marker: str) -> str:
     return "States.Array(" + ", ".join("$.run.holder" if a == holder_marker else _intrinsic_literal(a) for a in argv) + ")"
 
 
-def _retry(step: str, *, infra_errors: tuple[str, ...] = ECS_INFRA_ERRORS) -> list[dict]:
-    retry = [{"ErrorEquals": list(infra_errors), "IntervalSeconds": 15, "BackoffRate": 2.0, "MaxAttempts": 5,
+def _retry(step: str) -> list[dict]:
+    retry = [{"ErrorEquals": list(ECS_INFRA_ERRORS), "IntervalSeconds": 15, "BackoffRate": 2.0, "MaxAttempts": 5,
               "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}]
     if TASK_FAILED_RETRIES[step]:
         retry.append({"ErrorEquals": ["States.TaskFailed"], "IntervalSeconds": 30, "BackoffRate": 2.0,
@@ -207,7 +216,7 @@ class _Renderer:
     def __init__(self, config: ReleaseConfig, runner: RunnerSettings, release_id: str, config_path: str):
         self.config, self.runner, self.release_id, self.config_path = config, runner, release_id, config_path
 
-    def ecs_task(self, step: str, argv: list[str], *, timeout_s: int, next_state: str | None, catch: list[dict]) -> dict:
+    def ecs_task(self, step: str, argv: list[str], *, timeout_s: int, next_state: str, catch: list[dict]) -> dict:
         runner = self.runner
         override: dict[str, Any] = {"Name": runner.container_name}
         if self.HOLDER in argv:
@@ -232,7 +241,7 @@ class _Renderer:
             if runner.security_groups:
                 vpc["SecurityGroups"] = list(runner.security_groups)
             parameters["NetworkConfiguration"] = {"AwsvpcConfiguration": vpc}
-        state: dict[str, Any] = {
+        return {
             "Type": "Task",
             "Comment": " ".join(a if a != self.HOLDER else "<holder>" for a in argv),
             "Resource": ECS_RUN_TASK_SYNC,
@@ -241,13 +250,17 @@ class _Renderer:
             "TimeoutSeconds": timeout_s,
             "Retry": _retry(step),
             "Catch": catch,
+            "Next": next_state,
         }
-        return {**state, "Next": next_state} if next_state else {**state, "End": True}
 
     def stage_timeout(self, stage: str) -> int:
+        """TimeoutSeconds of a stage task: never shorter than the stage's own configured deadline."""
+        own = 0
         if stage == "validate":
-            return max(self.runner.stage_timeout_s, int(self.config.validation.deadline_s) + self.runner.startup_allowance_s)
-        return self.runner.stage_timeout_s
+            own = int(self.config.validation.deadline_s) + self.runner.startup_allowance_s
+        elif stage == "deploy_candidate" and self.config.placement.kind == "instance_pool":
+            own = self.config.placement.provision_timeout_s + self.runner.startup_allowance_s
+        return max(self.runner.stage_timeout_s, own)
 
     def bake_seconds(self) -> int:
         rollout = self.config.rollout
@@ -389,6 +402,41 @@ def _find_state_machine(client, name: str) -> str | None:
             if machine["name"] == name:
                 return machine["stateMachineArn"]
     return None
+
+
+def _partition(region: str) -> str:
+    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
+def state_machine_role_policy(config: ReleaseConfig, runner: RunnerSettings, *, account_id: str, region: str) -> dict:
+    """Least-privilege IAM policy for the state machine's role: run and track the pipeline tasks,
+    the `.sync` EventBridge rule, pass only prefix-named task roles, read the stage results."""
+    if not re.fullmatch(r"\d{12}", account_id):
+        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id", fix="pass the account that runs the state machine")
+    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
+        raise BadInput(f"region {region!r} is not an AWS region name", fix="pass e.g. us-east-1")
+    arn = f"arn:{_partition(region)}"
+    cluster_name = runner.cluster.rsplit("/", 1)[-1]
+    cluster_arn = runner.cluster if runner.cluster.startswith("arn:") else f"{arn}:ecs:{region}:{account_id}:cluster/{cluster_name}"
+    task_definition_arn = (runner.task_definition if runner.task_definition.startswith("arn:")
+                           else f"{arn}:ecs:{region}:{account_id}:task-definition/{runner.task_definition}")
+    bucket = results_bucket(config, runner)
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "RunPipelineTasks", "Effect": "Allow", "Action": "ecs:RunTask", "Resource": task_definition_arn,
+             "Condition": {"ArnEquals": {"ecs:cluster": cluster_arn}}},
+            {"Sid": "TrackPipelineTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
+             "Resource": f"{arn}:ecs:{region}:{account_id}:task/{cluster_name}/*"},
+            {"Sid": "EcsSyncRule", "Effect": "Allow", "Action": ["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+             "Resource": f"{arn}:events:{region}:{account_id}:rule/StepFunctionsGetEventsForECSTaskRule"},
+            {"Sid": "PassPipelineRoles", "Effect": "Allow", "Action": "iam:PassRole",
+             "Resource": f"{arn}:iam::{account_id}:role/{config.resource_prefix}-*",
+             "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
+            {"Sid": "ReadStageResults", "Effect": "Allow", "Action": "s3:GetObject",
+             "Resource": f"{arn}:s3:::{bucket}/{runner.result_prefix}/{config.name}-*/*"},
+        ],
+    }
 
 
 def deploy_state_machine(config: ReleaseConfig, definition: dict, *, role_arn: str, client=None) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -23,12 +24,13 @@ pytestmark = pytest.mark.celery
 DAG_ID = "refresh_demo_broken_model"
 MODEL = "gemma-decision"  # demo-broken-model extends gemma-decision: the same model slot
 PRODUCTION = f"shiplift-{MODEL}-prod"
-OVERRIDES = [
+GATES_A_RANDOM_MODEL_PASSES = [
     "validation.thresholds.min_allowed_token_mass=0.0",  # the gate that rejects a random model
     "validation.thresholds.min_accuracy=0.0",
     "validation.thresholds.max_ece=1.0",
     "validation.n_bootstrap=200",
 ]
+N_TASKS = 16
 PARSE_DEADLINE_S = 120.0
 RUN_DEADLINE_S = 420.0
 EXPECTED_TASKS = {"begin", *STAGES, "end"}
@@ -43,8 +45,20 @@ def ask(url: str) -> dict:
         return json.loads(response.read())["result"]
 
 
-def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow):
+def small_decision_set(folder: Path) -> Path:
+    """The first N_TASKS test-split tasks of the project's decision set: a short validate stage."""
+    from tasks.config import BUILTIN_DATA_DIR
+
+    rows = [line for line in (BUILTIN_DATA_DIR / "decisions.jsonl").read_text().splitlines()
+            if json.loads(line)["split"] == "test"][:N_TASKS]
+    path = folder / "decisions-small.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow, tmp_path):
     api, supervisor = celery_airflow.api, celery_airflow.supervisor
+    overrides = [*GATES_A_RANDOM_MODEL_PASSES, f"validation.datasets=[{{path: '{small_decision_set(tmp_path)}'}}]"]
     began = time.monotonic()
     from airflow_local import wait_for
 
@@ -54,7 +68,7 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow):
 
     api.unpause(DAG_ID)
     run_began = time.monotonic()
-    run_id = api.trigger(DAG_ID, {"overrides": OVERRIDES})
+    run_id = api.trigger(DAG_ID, {"overrides": overrides})
     run = api.wait_run(DAG_ID, run_id, deadline_s=RUN_DEADLINE_S, alive=supervisor.check_alive)
     celery_airflow.timings["run_s"] = round(time.monotonic() - run_began, 1)
     instances = api.task_instances(DAG_ID, run_id)
@@ -64,8 +78,11 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow):
     assert {ti["queue"] for ti in instances} == {celery_airflow.queue}, "every task went through this run's Celery queue"
     assert all(ti["hostname"] for ti in instances), "a Celery worker picked up every task"
 
+    assert "validate: succeeded" in api.task_log(DAG_ID, run_id, "validate"), "the worker's task log is readable in the UI"
+
     summary = api.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/end/xcomEntries/return_value")["value"]
     assert summary["status"] == "promoted" and summary["decision"] == "pass"
+    assert summary["metrics"]["n"] == N_TASKS, "the run's overrides (DAG params) reached the Celery worker"
     release_id = summary["release_id"]
 
     ledger = Ledger.for_sqlite(celery_airflow.state_dir / "ledger.db")

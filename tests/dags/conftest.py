@@ -25,8 +25,9 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="shiplift-airflow-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
-def load_tiny_release():
-    """tests/dags/tiny_release.py by path (an installed distribution shadows the name `tests`)."""
+@pytest.fixture(scope="session")
+def tiny_release():
+    """tests/dags/tiny_release.py, loaded by path (an installed distribution shadows the name `tests`)."""
     spec = importlib.util.spec_from_file_location("shiplift_tiny_release", Path(__file__).with_name("tiny_release.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -39,6 +40,12 @@ def dagbag():
     from airflow.dag_processing.dagbag import BundleDagBag
 
     return BundleDagBag(dag_folder=DAGS, bundle_path=DAGS)
+
+
+@pytest.fixture(scope="session")
+def shiplift_dags(dagbag):
+    """dags/_shiplift_dags.py, imported as the DAG files import it (the bundle folder is on sys.path)."""
+    return importlib.import_module("_shiplift_dags")
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DAGS, ROOT, load_tiny_release
-
+ROOT = Path(__file__).resolve().parents[2]
+DAGS = ROOT / "dags"
 RELEASE_CONFIGS = sorted((ROOT / "configs" / "releases").glob("*.yaml"))
 REFRESH_IDS = {"refresh_" + path.stem.replace("-", "_") for path in RELEASE_CONFIGS}
 STAGES = ["resolve", "build", "package", "image", "deploy_candidate", "validate", "promote"]
@@ -42,7 +43,7 @@ for path in sorted(folder.glob("*.py")):
     began = time.monotonic()
     namespace = runpy.run_path(str(path), run_name=path.stem)
     files[path.stem] = {"seconds": time.monotonic() - began, "dag_id": namespace["dag"].dag_id}
-loaded = [name for name in ("tasks.config", "tasks.release", "tasks.ledger", "pydantic") if name in sys.modules]
+loaded = [name for name in ("tasks.config", "tasks.release", "tasks.ledger", "tasks.backends", "validation") if name in sys.modules]
 print(json.dumps({"files": files, "loaded": loaded}))
 """
 
@@ -58,7 +59,7 @@ def test_every_dag_file_imports_and_dag_id_is_its_file_name(dagbag):
 def test_dag_files_parse_fast_without_database_network_or_config_validation(tmp_path):
     shiplift_home = tmp_path / "shiplift-home"
     shiplift_home.mkdir()
-    env = {**__import__("os").environ, "SHIPLIFT_HOME": str(shiplift_home),
+    env = {**os.environ, "SHIPLIFT_HOME": str(shiplift_home),
            "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'no-such-dir' / 'airflow.db'}"}
     began = time.monotonic()
@@ -83,18 +84,18 @@ def test_tags_owner_retries_timeouts_and_one_run_per_model(dagbag):
             assert task.owner == "ml-platform"
             assert task.execution_timeout is not None and task.execution_timeout > timedelta(0)
             assert task.retries is not None
-    refresh = dagbag.get_dag("refresh_gemma_decision")
+    refresh = dagbag.dags["refresh_gemma_decision"]
     retries = {task.task_id: task.retries for task in refresh.tasks}
     for stage in ("resolve", "build", "package", "image", "deploy_candidate", "teardown_candidate"):
         assert retries[stage] >= 2, stage
         assert refresh.get_task(stage).retry_exponential_backoff > 0
         assert refresh.get_task(stage).retry_policy is not None
     assert retries["validate"] == 1 and retries["promote"] == 0 and retries["begin"] == 0
-    assert dagbag.get_dag("audit_ledger").get_task("audit").retries == 1
+    assert dagbag.dags["audit_ledger"].get_task("audit").retries == 1
 
 
 def test_refresh_task_order_setup_and_teardown(dagbag):
-    dag = dagbag.get_dag("refresh_gemma_decision")
+    dag = dagbag.dags["refresh_gemma_decision"]
     order = ["begin", *STAGES, "teardown_candidate", "end"]
     assert sorted(dag.task_ids) == sorted(order)
     assert dag.get_task("begin").upstream_task_ids == set()
@@ -108,12 +109,11 @@ def test_refresh_task_order_setup_and_teardown(dagbag):
     assert dag.get_task("end").on_failure_fail_dagrun and not dag.get_task("teardown_candidate").on_failure_fail_dagrun
 
 
-def test_schedules_come_from_the_configs(dagbag, tmp_path):
-    from _shiplift_dags import config_schedule, refresh_dag
-
-    assert dagbag.get_dag("refresh_qwen35_4b_semif").timetable.expression == "0 3 * * 1"
-    assert dagbag.get_dag("refresh_gemma_decision").timetable.summary == "None"
-    assert dagbag.get_dag("refresh_demo_broken_model").timetable.summary == "None"  # inherited via extends
+def test_schedules_come_from_the_configs(dagbag, shiplift_dags, tmp_path):
+    config_schedule, refresh_dag = shiplift_dags.config_schedule, shiplift_dags.refresh_dag
+    assert dagbag.dags["refresh_qwen35_4b_semif"].schedule == "0 3 * * 1"
+    assert dagbag.dags["refresh_gemma_decision"].schedule is None
+    assert dagbag.dags["refresh_demo_broken_model"].schedule is None  # inherited via extends
     child = tmp_path / "child.yaml"
     (tmp_path / "parent.yaml").write_text("schedule: '@daily'\nname: x\n")
     child.write_text("extends: parent.yaml\nname: y\n")
@@ -122,7 +122,7 @@ def test_schedules_come_from_the_configs(dagbag, tmp_path):
     broken.write_text("name: [unclosed\n")
     assert config_schedule(broken) is None and config_schedule(tmp_path / "missing.yaml") is None
     dag = refresh_dag(str(broken))
-    assert dag.dag_id == "refresh_broken" and dag.timetable.summary == "None"
+    assert dag.dag_id == "refresh_broken" and dag.schedule is None
 
 
 def _validate(dag, conf: dict) -> dict:
@@ -153,23 +153,23 @@ def test_promotion_params_are_refused_with_the_reason(dagbag, conf, named):
     from airflow.sdk.exceptions import ParamValidationError
 
     with pytest.raises(ParamValidationError, match=f"param {named}"):
-        _validate(dagbag.get_dag("promote_release"), conf)
+        _validate(dagbag.dags["promote_release"], conf)
 
 
 def test_promotion_params_accept_a_rollback(dagbag):
-    resolved = _validate(dagbag.get_dag("promote_release"),
+    resolved = _validate(dagbag.dags["promote_release"],
                          {**GOOD, "rollback_target": "gemma-decision-ba9876543210", "strategy": "all_at_once"})
     assert resolved["rollback_target"] == "gemma-decision-ba9876543210" and resolved["state_dir"] is None
 
 
-def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_dags, dags_for_configs):
+def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_dags, dags_for_configs, tiny_release):
     """dag.test() on the local backend: the tiny release is promoted; a bad config fails at begin only."""
     from tasks.hosting.local import LocalHosting
     from tasks.ledger import Ledger
     from tasks.release import STAGES as ALL_STAGES
 
     state_dir = tmp_path / "state"
-    config = load_tiny_release().write_tiny_config(tmp_path / "configs", state_dir)
+    config = tiny_release.write_tiny_config(tmp_path / "configs", state_dir)
     bad = config.with_name("bad-model.yaml")
     bad.write_text(config.read_text().replace("threads: 2", "threads: 0"))
     folder = dags_for_configs(config, bad)

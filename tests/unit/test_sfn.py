@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import time
 from pathlib import Path
@@ -21,7 +22,6 @@ from tasks.sfn import (
     FAILED_STATE,
     TEARDOWN_STATES,
     RunnerSettings,
-    _intrinsic_literal,
     definition_json,
     deploy_state_machine,
     effective_config,
@@ -149,7 +149,8 @@ def test_moto_parser_rejects_a_broken_definition():
 def test_every_stage_is_a_task_running_shiplift_stage(name):
     definition = render(name)
     rid = release_id_for(effective_config(config(name), runner()))
-    commands = [command(s) for s in tasks_of(definition).values() if "Command" in s["Parameters"]["Overrides"]["ContainerOverrides"][0]]
+    ecs = [s for s in tasks_of(definition).values() if s["Resource"] == ECS_RUN_TASK_SYNC]
+    commands = [command(s) for s in ecs if "Command" in s["Parameters"]["Overrides"]["ContainerOverrides"][0]]
     for stage in STAGES:
         matching = [c for c in commands if c[:3] == ["shiplift", "stage", stage]]
         assert matching, f"no Task runs `shiplift stage {stage}`"
@@ -178,6 +179,8 @@ def test_release_id_and_config_path_are_checked():
     for bad in ("/home/me/configs/releases/gemma-decision.yaml", "../gemma-decision.yaml", "configs/releases/gemma"):
         with pytest.raises(BadInput, match="relative .yaml path"):
             render_state_machine(cfg, runner=runner(), config_path=bad)
+    with pytest.raises(BadInput, match="reserve"):
+        render_state_machine(cfg, runner=runner(), config_path="configs/releases/it's.yaml")
     with pytest.raises(ConfigError, match="no bucket for stage results"):
         render("gemma-decision.yaml", result_bucket=None)
 
@@ -246,9 +249,13 @@ def test_retry_catch_and_references_follow_the_asl_rules(name):
     for state in tasks_of(definition).values():
         if state["Resource"] == ECS_RUN_TASK_SYNC:
             assert "AmazonECS.Unknown" in state["Retry"][0]["ErrorEquals"]
-    assert [r["ErrorEquals"] for r in states["Begin"]["Retry"]] == [states["Begin"]["Retry"][0]["ErrorEquals"]]
-    validate_timeout = states["Validate"]["TimeoutSeconds"]
-    assert validate_timeout >= config(name).validation.deadline_s
+    task_failed = {n: r["MaxAttempts"] for n, s in tasks_of(definition).items() for r in s["Retry"] if r["ErrorEquals"] == ["States.TaskFailed"]}
+    assert task_failed["Validate"] == task_failed["Promote"] == 1  # a retry re-runs an evaluation / touches production
+    assert task_failed["TeardownAfterFailure"] == max(task_failed.values())  # the candidate must go
+    cfg = config(name)
+    assert states["Validate"]["TimeoutSeconds"] >= cfg.validation.deadline_s
+    if cfg.placement.kind == "instance_pool":
+        assert states["DeployCandidate"]["TimeoutSeconds"] > cfg.placement.provision_timeout_s
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -293,12 +300,14 @@ def _stub_ecs(definition: dict, failing: tuple[str, ...] = ()) -> dict:
 
 
 def _with_envelope(definition: dict, envelope: dict) -> dict:
-    """moto's aws-sdk S3 integration returns a stream, not the string Step Functions returns: feed the same JSON text."""
+    """moto's aws-sdk S3 integration returns a stream where Step Functions returns the Body as a string:
+    feed the same JSON text through the same `States.StringToJson($.Body)` expression."""
     read = definition["States"]["ReadGateDecision"]
     definition["States"]["ReadGateDecision"] = {
-        "Type": "Pass", "Parameters": {"envelope.$": f"States.StringToJson({_intrinsic_literal(json.dumps(envelope))})"},
-        "ResultPath": read["ResultPath"], "Next": read["Next"],
-    }
+        "Type": "Pass", "Result": {"Body": json.dumps(envelope)}, "ResultPath": "$.s3object", "Next": "ParseGateDecision"}
+    definition["States"]["ParseGateDecision"] = {
+        "Type": "Pass", "Parameters": {"envelope.$": read["ResultSelector"]["envelope.$"].replace("$.Body", "$.s3object.Body")},
+        "ResultPath": read["ResultPath"], "Next": read["Next"]}
     return definition
 
 
@@ -321,7 +330,7 @@ def test_executions_route_on_the_decision_and_tear_down_on_failure():
             arn = sfn.create_state_machine(name=f"routes-{case}", definition=definition_json(stubbed), roleArn=ROLE)["stateMachineArn"]
             execution = sfn.start_execution(stateMachineArn=arn, input="{}")["executionArn"]
             assert wait_for(sfn, execution)["status"] == expected, case
-            routes[case] = entered(sfn, execution)
+            routes[case] = [s for s in entered(sfn, execution) if s != "ParseGateDecision"]
     stages = ["Prepare", "Begin", "Resolve", "Build", "Package", "Image", "DeployCandidate", "Validate", "ReadGateDecision", "GateDecision"]
     assert routes["pass"] == stages + ["Promote", "Bake", "TeardownCandidate", "EndSucceeded", "Released"]
     assert routes["fail"] == stages + ["TeardownCandidate", "EndSucceeded", "Released"]
@@ -500,14 +509,33 @@ def test_runner_settings_refuse_bad_input(tmp_path):
     path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: [subnet-0123456789abcdef0]\n")
     assert load_runner_settings(str(path)).state_dir == "/mnt/shiplift"
     path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: []\nspeed: 3\n")
-    with pytest.raises(ConfigError, match="speed") as info:
+    with pytest.raises(ConfigError, match="speed: Extra inputs"):
         load_runner_settings(str(path))
-    assert "subnet" in str(info.value)
     with pytest.raises(ConfigError, match="does not exist"):
         load_runner_settings(str(tmp_path / "absent.yaml"))
 
 
 def test_state_machine_names_fit_80_characters():
-    longest = config("gemma-decision.yaml", "resource_prefix=" + "p" * 16, "name=" + "m" * 40)
+    longest = config("gemma-decision.yaml", "resource_prefix=" + "p" * 16, "name=" + "m" * 30)  # the longest the config allows
     assert len(state_machine_name(longest)) <= 80
     assert state_machine_name(config("gemma-decision.yaml")) == "shiplift-gemma-decision-release"
+
+
+def test_role_policy_is_scoped_and_accepted_by_iam():
+    from tasks.sfn import state_machine_role_policy
+
+    cfg = config("qwen35-4b-semif.yaml")
+    policy = state_machine_role_policy(cfg, runner(result_bucket=None), account_id="123456789012", region=REGION)
+    resources = [s["Resource"] for s in policy["Statement"]]
+    assert "*" not in resources and all(r.startswith("arn:aws:") for r in resources)
+    by_sid = {s["Sid"]: s for s in policy["Statement"]}
+    assert by_sid["RunPipelineTasks"]["Resource"] == "arn:aws:ecs:us-east-1:123456789012:task-definition/shiplift-pipeline:3"
+    assert by_sid["PassPipelineRoles"]["Resource"] == "arn:aws:iam::123456789012:role/shiplift-*"
+    read = tasks_of(render_state_machine(cfg, runner=runner(result_bucket=None), config_path="configs/releases/qwen35-4b-semif.yaml"))["ReadGateDecision"]
+    key_arn = f"arn:aws:s3:::{read['Parameters']['Bucket']}/{read['Parameters']['Key']}"
+    assert fnmatch.fnmatchcase(key_arn, by_sid["ReadStageResults"]["Resource"]), "the role cannot read the result it needs"
+    with mock_aws():
+        iam = boto3.client("iam", region_name=REGION)
+        assert iam.create_policy(PolicyName="shiplift-sfn", PolicyDocument=json.dumps(policy))["Policy"]["Arn"]
+    with pytest.raises(BadInput, match="12-digit"):
+        state_machine_role_policy(cfg, runner(), account_id="1234", region=REGION)

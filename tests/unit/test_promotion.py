@@ -1,0 +1,112 @@
+"""Triggered promotion and rollback on the local backend (tiny generated model, real adapter processes)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld, NotFound
+from tasks.hosting.local import LocalHosting
+from tasks.ledger import Ledger
+from tasks.promotion import promote, rollback
+from tasks.release import ReleaseState, begin_orchestrated, run_release
+
+MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
+QUIET = lambda message: None  # noqa: E731
+LATER = "2100-01-01T00:00:00Z"
+
+
+def _tiny_release():
+    """tests/dags/tiny_release.py, loaded by path (an installed distribution shadows the name `tests`)."""
+    spec = importlib.util.spec_from_file_location(
+        "shiplift_tiny_release", Path(__file__).resolve().parents[1] / "dags" / "tiny_release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    """Release A promoted, then B (an F16 build) promoted over it, D rejected, C opened only."""
+    root = tmp_path_factory.mktemp("promotion")
+    state_dir = root / "state"
+    config = _tiny_release().write_tiny_config(root / "configs", state_dir)
+    a = run_release(config, progress=QUIET)
+    b = run_release(config, overrides=("artifact.quantization=F16",), progress=QUIET)
+    d = run_release(config, overrides=("validation.thresholds.min_accuracy=0.99",), progress=QUIET)
+    c = begin_orchestrated(config, holder="pytest-open", overrides=("validation.seed=1",), progress=QUIET)
+    Ledger.for_sqlite(state_dir / "ledger.db").release_lease(MODEL, "pytest-open")
+    assert (a["status"], b["status"], d["status"]) == ("promoted", "promoted", "rejected")
+    yield {"state_dir": state_dir, "a": a["release_id"], "b": b["release_id"], "c": c["release_id"], "d": d["release_id"]}
+    hosting = LocalHosting(state_dir)
+    for endpoint in hosting.list_endpoints():
+        hosting.delete_endpoint(endpoint["name"])
+
+
+def live_release(state_dir: Path) -> str:
+    return LocalHosting(state_dir).describe_endpoint(PROD)["components"][MODEL]["spec"]["model_ref"]["release_id"]
+
+
+def test_rollback_then_promote_again_records_and_verifies_each_switch(releases):
+    state_dir, a, b = releases["state_dir"], releases["a"], releases["b"]
+    ledger = Ledger.for_sqlite(state_dir / "ledger.db")
+    assert live_release(state_dir) == b
+
+    back = rollback(state_dir, MODEL, a, reason="B answers slower in production", actor="pytest", expect_current=b)
+    assert (back["rollback_from"], back["rollback_to"], back["served"]["release_id"]) == (b, a, a)
+    assert live_release(state_dir) == a
+    served = ledger.served_at(MODEL, LATER)
+    assert served.release_id == a and served.actor == "pytest"
+    assert served.payload["rollback_reason"] == "B answers slower in production"
+    assert (served.payload["rollback_from"], served.payload["rollback_to"]) == (b, a)
+    assert served.payload["served"]["release_id"] == a and served.payload["endpoint"] == PROD
+
+    again = promote(state_dir, b, strategy="all_at_once", reason="fixed the latency", actor="pytest")
+    assert again["status"] == "promoted" and again["served"]["release_id"] == b
+    assert live_release(state_dir) == b
+    assert again["served"]["artifact_sha256"] != back["served"]["artifact_sha256"], "A and B are different artifacts"
+    served = ledger.served_at(MODEL, LATER)
+    assert served.release_id == b and served.payload["reason"] == "fixed the latency"
+    assert ReleaseState.load(state_dir, b).data["status"] == "promoted"
+    assert [r.event for r in ledger.release(b) if r.stage == "promote"][-2:] == ["started", "succeeded"]
+    assert ledger.verify().ok
+    with ledger.acquire_lease(MODEL, "pytest-check", a, 60):
+        pass  # both gave the lease back
+
+
+def test_refusals_name_the_problem_and_change_nothing(releases):
+    state_dir, a, b, c, d = (releases[k] for k in ("state_dir", "a", "b", "c", "d"))
+    ledger = Ledger.for_sqlite(state_dir / "ledger.db")
+    before, n_records = live_release(state_dir), len(ledger.history())
+
+    with pytest.raises(GateFailed, match=r"gate decision is 'fail'.*accuracy"):
+        promote(state_dir, d, strategy="all_at_once", reason="r", actor="pytest")
+    with pytest.raises(GateFailed, match="no gate decision: its validate stage is pending"):
+        promote(state_dir, c, strategy="all_at_once", reason="r", actor="pytest")
+    for strategy in ("canary", "blue_green"):
+        with pytest.raises(ConfigError, match=f"{strategy}' is not implemented"):
+            promote(state_dir, b, strategy=strategy, reason="r", actor="pytest")
+    with pytest.raises(BadInput, match="strategy 'yolo' is unknown"):
+        promote(state_dir, b, strategy="yolo", reason="r", actor="pytest")
+    with pytest.raises(BadInput, match="not a release id"):
+        promote(state_dir, "Bad Id", strategy="all_at_once", reason="r", actor="pytest")
+    with pytest.raises(BadInput, match="reason must be a non-empty string"):
+        rollback(state_dir, MODEL, a, reason="  ", actor="pytest")
+    with pytest.raises(NotFound, match=f"{d} of {MODEL} was never promoted"):
+        rollback(state_dir, MODEL, d, reason="r", actor="pytest")
+    with pytest.raises(BadInput, match=f"belongs to model '{MODEL}', not 'other-model'"):
+        rollback(state_dir, "other-model", a, reason="r", actor="pytest")
+    with pytest.raises(NotFound, match="has no state"):
+        promote(state_dir, "tiny-decision-000000000000", strategy="all_at_once", reason="r", actor="pytest")
+    assert live_release(state_dir) == before and len(ledger.history()) == n_records
+
+    with pytest.raises(Conflict, match=f"says '{before}' serves {MODEL}, not '{d}'"):
+        rollback(state_dir, MODEL, a, reason="r", actor="pytest", expect_current=d)
+    with ledger.acquire_lease(MODEL, "airflow:refresh_tiny_decision/run-9", b, 600):
+        with pytest.raises(LeaseHeld, match="airflow:refresh_tiny_decision/run-9"):
+            promote(state_dir, b, strategy="all_at_once", reason="r", actor="pytest")
+        with pytest.raises(LeaseHeld, match="airflow:refresh_tiny_decision/run-9"):
+            rollback(state_dir, MODEL, a, reason="r", actor="pytest")
+    assert live_release(state_dir) == before and len(ledger.history()) == n_records
