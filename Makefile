@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-slow lint bench clean stop
+.PHONY: setup demo test test-slow test-celery lint bench airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,19 +22,25 @@ demo: setup          ## set up, then run the local release story
 	$(BIN)/python -m tasks.demo
 
 test: setup lint     ## set up, then run the default test suite
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not celery" $(PYTEST_ARGS)
 
 lint: setup          ## pyflakes-class checks (unused imports and names, undefined names)
-	$(BIN)/ruff check --select F --target-version py311 tasks validation images bench tests
+	$(BIN)/ruff check --select F --target-version py311 tasks validation dags images bench scripts tests
 
 test-slow: setup     ## the slow suites (real Gemma model)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-celery: setup   ## the refresh DAG on Airflow's CeleryExecutor + PostgreSQL + Redis on loopback
+	PYTHON=$(BIN)/python scripts/airflow_celery_test.sh $(PYTEST_ARGS)
+
+airflow: setup       ## local Airflow (SQLite) with this checkout's DAGs on 127.0.0.1; prints the admin login; Ctrl-C stops
+	PYTHON=$(BIN)/python scripts/airflow_standalone.sh
 
 bench: setup         ## side-by-side speed ratios
 	$(BIN)/python -m bench.run
 
 stop:                ## stop every local endpoint this checkout started (default and demo state)
-	@for dir in .shiplift .shiplift/demo; do \
+	@for dir in .shiplift .shiplift/demo .shiplift/airflow; do \
 	  if [ -d $$dir/endpoints ]; then $(BIN)/shiplift endpoints stop --all --state-dir $$dir; fi; \
 	done
 

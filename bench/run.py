@@ -9,7 +9,10 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
 2. adapter overhead: one decision over HTTP vs llama.cpp evaluating the same tokens in-process
    (target ≤ 15 %);
 3. runner overhead: the eval runner's wall time over 120 tasks vs the sum of the server's
-   forward time (target ≤ 10 %).
+   forward time (target ≤ 10 %);
+4. orchestration overhead: the demo release (configs/releases/gemma-decision.yaml) as one
+   refresh DAG run (`dag.test()` on SQLite) vs the same release through the CLI, each a fresh
+   process with fresh state (target ≤ 1.5×).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -190,17 +194,66 @@ def bench_runner_overhead(url: str) -> dict:
             "detail": f"{source}: wall {wall:.1f}s, forward {forward:.1f}s"}
 
 
+def timed_process(argv: list[str], env: dict, timeout_s: float = 1800) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])}… failed ({done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
+    return seconds, done
+
+
+def stop_endpoints(state_dir: Path) -> None:
+    from tasks.hosting.local import LocalHosting
+
+    if (state_dir / "endpoints").is_dir():
+        hosting = LocalHosting(state_dir)
+        for endpoint in hosting.list_endpoints():
+            hosting.delete_endpoint(endpoint["name"])
+
+
+def bench_dag_vs_cli() -> dict:
+    """The same release twice from nothing: `shiplift release` vs the refresh DAG under `dag.test()`."""
+    config = ROOT / "configs" / "releases" / "gemma-decision.yaml"
+    work = Path(tempfile.mkdtemp(prefix="shiplift-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    airflow_env = dict(env, AIRFLOW_HOME=str(work / "airflow"), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+                       AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+                       AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{work / 'airflow' / 'airflow.db'}")
+    timed_process([sys.executable, "-m", "airflow", "db", "migrate"], airflow_env, 600)
+    try:
+        cli_s, _ = timed_process([sys.executable, "-m", "tasks.cli", "release", str(config), "--set", f"backend.state_dir={work / 'cli'}"], env)
+        log(f"  CLI release {cli_s:.1f}s")
+        spec = work / "spec.json"
+        spec.write_text(json.dumps({"dags_folder": str(ROOT / "dags"), "runs": [
+            {"dag_id": "refresh_gemma_decision", "conf": {"overrides": [f"backend.state_dir={work / 'dag'}"]}}]}))
+        dag_s, done = timed_process([sys.executable, str(ROOT / "scripts" / "run_dag.py"), str(spec)], airflow_env)
+        run = json.loads(done.stdout.splitlines()[-1].removeprefix("RESULT "))["runs"][0]
+        if run.get("state") != "success":
+            raise RuntimeError(f"the refresh DAG run did not succeed: {run}")
+        log(f"  DAG run {dag_s:.1f}s (dag.test() itself {run['seconds']:.1f}s)")
+    finally:
+        stop_endpoints(work / "cli")
+        stop_endpoints(work / "dag")
+    ratio = dag_s / cli_s
+    return {"name": "refresh DAG run vs the same release via the CLI", "value": ratio, "unit": "x slower",
+            "target": "<= 1.5", "ok": ratio <= 1.5,
+            "detail": f"DAG {dag_s:.1f}s (Airflow start-up and parse included) vs CLI {cli_s:.1f}s; state in {work}"}
+
+
 def main() -> int:
     gguf = gemma_path()
     log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads")
     results = []
     with adapter(gguf) as url:
-        log("1/3 shared state vs single requests")
+        log("1/4 shared state vs single requests")
         results.append(bench_shared_state(url))
-        log("2/3 adapter overhead")
+        log("2/4 adapter overhead")
         results.append(bench_adapter_overhead(url, gguf))
-        log("3/3 runner overhead")
+        log("3/4 runner overhead")
         results.append(bench_runner_overhead(url))
+    log("4/4 orchestration overhead (two full demo releases)")
+    results.append(bench_dag_vs_cli())
     width = max(len(r["name"]) for r in results)
     print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
     for r in results:

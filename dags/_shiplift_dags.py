@@ -47,6 +47,7 @@ RELEASES_DIR = REPO_ROOT / "configs" / "releases"
 OWNER = "ml-platform"
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 FINISHED = ("promoted", "rejected")
+# = tasks.promotion.RELEASE_ID_PATTERN (a test keeps them equal); not imported, so parsing stays light.
 RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
 OVERRIDE_PATTERN = r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*=.*$"
 
@@ -105,6 +106,16 @@ def _holder() -> str:
     return f"airflow:{context['dag'].dag_id}/{context['run_id']}"
 
 
+def _params() -> dict[str, Any]:
+    """This run's validated params; conf keys that are not params are refused (a typo would be ignored)."""
+    context = get_current_context()
+    declared = set(context["dag"].params)
+    unknown = sorted(set(context["dag_run"].conf or {}) - declared)
+    if unknown:
+        raise AirflowFailException(f"unknown params {unknown}; this DAG takes {sorted(declared)}")
+    return {name: context["params"][name] for name in declared}
+
+
 def _failed_tasks() -> list[str]:
     """Task ids of this run that failed (or could not run because an upstream failed)."""
     context = get_current_context()
@@ -158,7 +169,7 @@ def refresh_dag(config_file: str) -> DAG:
             """Validate the config (a bad one fails here with its ConfigError) and take the model's lease."""
             from tasks.release import begin_orchestrated
 
-            overrides = tuple(get_current_context()["params"]["overrides"])
+            overrides = tuple(_params()["overrides"])
             return begin_orchestrated(str(config_path), holder=_holder(), overrides=overrides)
 
         @task(task_id="teardown_candidate", retries=STAGE_POLICY["teardown_candidate"][0],
@@ -232,12 +243,8 @@ def promote_release_dag() -> DAG:
     def promote_release():
         @task.branch(task_id="choose")
         def choose() -> str:
-            """Refuse conf keys that are not params (a typo would be ignored), then promote or roll back."""
-            context = get_current_context()
-            unknown = sorted(set(context["dag_run"].conf or {}) - set(context["params"]))
-            if unknown:
-                raise AirflowFailException(f"unknown params {unknown}; this DAG takes {sorted(context['params'])}")
-            return "rollback" if context["params"]["rollback_target"] else "promote"
+            """Promotion when no rollback target is given, else rollback."""
+            return "rollback" if _params()["rollback_target"] else "promote"
 
         @task(task_id="promote", retry_policy=RETRY_POLICY)
         def promote_task() -> dict:
@@ -286,7 +293,7 @@ def audit_ledger_dag() -> DAG:
         def audit_task() -> dict:
             from tasks.audit import audit
 
-            params = get_current_context()["params"]
+            params = _params()
             return audit(_state_dir(params), ledger_url=params["ledger_url"])
 
         audit_task()

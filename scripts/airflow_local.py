@@ -5,8 +5,8 @@
 that every server binds 127.0.0.1 (`airflow standalone` cannot pass `--skip-serve-logs`, and
 its log servers listen on all interfaces). `check` starts the same set, waits for the health
 endpoint, lists the DAGs through the REST API (and with `--trigger DAG_ID` runs one DAG) and
-stops everything. The Celery test
-(tests/celery) builds on `Supervisor`, `celery_env` and `AirflowApi` from here.
+stops everything. The Celery test (tests/celery) builds on `Supervisor`, `celery_env` and
+`AirflowApi` from here.
 """
 
 from __future__ import annotations
@@ -176,12 +176,6 @@ class Supervisor:
         codes = {name: proc.returncode for name, proc in self.procs.items()}
         self.procs.clear()
         return codes
-
-    def __enter__(self) -> "Supervisor":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -382,10 +376,11 @@ def serve(port: int | None) -> int:
     airflow = local_airflow(port)
     print(f"starting Airflow in {airflow.home} on {airflow.base_url} ...", flush=True)
 
-    def interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)  # also when started with SIGINT ignored (a background job)
     try:
         api = airflow.start()
         print(_banner(airflow, api.dag_ids()), flush=True)

@@ -24,10 +24,6 @@ RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
 PROMOTE = "promote"
 
 
-def _quiet(_message: str) -> None:
-    """Progress sink for library calls; orchestrators log the returned summaries instead."""
-
-
 def _require_text(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadInput(f"{name} must be a non-empty string, got {value!r}", fix=f"give a {name}")
@@ -88,7 +84,7 @@ def promote(state_dir: str | Path, release_id: str, *, strategy: str, reason: st
             f"strategy {strategy!r} is not implemented in this version (only all_at_once is)",
             fix="promote with strategy all_at_once",
         )
-    ctx = reopen_release(state_dir, release_id, actor=actor, progress=_quiet)
+    ctx = reopen_release(state_dir, release_id, actor=actor)
     validate = ctx.state.stage("validate")
     if validate.get("status") != "succeeded":
         raise GateFailed(
@@ -128,7 +124,7 @@ def rollback(
     if expect_current is not None:
         _require_release_id("expect_current", expect_current)
     reason, actor = _require_text("reason", reason), _require_text("actor", actor)
-    ctx = reopen_release(state_dir, target_release_id, actor=actor, progress=_quiet)
+    ctx = reopen_release(state_dir, target_release_id, actor=actor)
     if ctx.config.name != model:
         raise BadInput(
             f"release {target_release_id} belongs to model {ctx.config.name!r}, not {model!r}",

@@ -8,9 +8,12 @@ between tests or into other suites.
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,8 +23,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
-RUNNER = Path(__file__).resolve().with_name("run_dag.py")
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="shiplift-airflow-home-"))
+RUNNER = ROOT / "scripts" / "run_dag.py"
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="shiplift-airflow-home-")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 

@@ -54,6 +54,7 @@ def test_every_dag_file_imports_and_dag_id_is_its_file_name(dagbag):
     for dag_id, dag in dagbag.dags.items():
         assert Path(dag.fileloc).stem == dag_id
     assert "_shiplift_dags.py" in (DAGS / ".airflowignore").read_text().split()
+    assert "_shiplift_dags.py" not in {Path(stat.file).name for stat in dagbag.dagbag_stats}, "ignored, not parsed"
 
 
 def test_dag_files_parse_fast_without_database_network_or_config_validation(tmp_path):
@@ -156,6 +157,12 @@ def test_promotion_params_are_refused_with_the_reason(dagbag, conf, named):
         _validate(dagbag.dags["promote_release"], conf)
 
 
+def test_the_dag_params_use_the_release_id_pattern_of_tasks(shiplift_dags):
+    from tasks.promotion import RELEASE_ID_PATTERN
+
+    assert shiplift_dags.RELEASE_ID_PATTERN == RELEASE_ID_PATTERN
+
+
 def test_promotion_params_accept_a_rollback(dagbag):
     resolved = _validate(dagbag.dags["promote_release"],
                          {**GOOD, "rollback_target": "gemma-decision-ba9876543210", "strategy": "all_at_once"})
@@ -163,25 +170,46 @@ def test_promotion_params_accept_a_rollback(dagbag):
 
 
 def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_dags, dags_for_configs, tiny_release):
-    """dag.test() on the local backend: the tiny release is promoted; a bad config fails at begin only."""
+    """dag.test() on the local backend: a bad config fails at begin only; the tiny release is promoted
+    (its state dir set through the DAG's `overrides` param); the promotion and audit DAGs run on it; a
+    release whose validate stage raises fails the run, is torn down and gives the lease back; a release the
+    gate rejects is a successful run with status rejected; an unknown conf key fails at begin."""
+    from tasks.config import load_release_config
     from tasks.hosting.local import LocalHosting
     from tasks.ledger import Ledger
     from tasks.release import STAGES as ALL_STAGES
+    from tasks.release import ReleaseState, release_id_for
 
-    state_dir = tmp_path / "state"
-    config = tiny_release.write_tiny_config(tmp_path / "configs", state_dir)
+    state_dir, unused = tmp_path / "state", tmp_path / "state-in-the-config-file"
+    config = tiny_release.write_tiny_config(tmp_path / "configs", unused)
     bad = config.with_name("bad-model.yaml")
     bad.write_text(config.read_text().replace("threads: 2", "threads: 0"))
-    folder = dags_for_configs(config, bad)
-    (folder / "promote_release.py").write_text((DAGS / "promote_release.py").read_text())
+    no_data = config.with_name("no-data.yaml")
+    no_data.write_text(config.read_text().replace("decisions-small.jsonl", "missing.jsonl"))
+    assert "missing.jsonl" in no_data.read_text()
+    strict = config.with_name("strict-model.yaml")  # the same model, a gate it cannot pass
+    strict.write_text(config.read_text().replace("min_accuracy: 0.0", "min_accuracy: 0.99"))
+    assert "min_accuracy: 0.99" in strict.read_text()
+    folder = dags_for_configs(config, bad, no_data, strict)
+    for name in ("promote_release.py", "audit_ledger.py"):
+        (folder / name).write_text((DAGS / name).read_text())
+    overrides = [f"backend.state_dir={state_dir}"]
+    release_id = release_id_for(load_release_config(config, overrides=overrides))
+    promotion = {"release_id": release_id, "reason": "re-assert the champion", "state_dir": str(state_dir)}
     try:
         result, output = run_dags(folder, [
             {"dag_id": "refresh_bad_model"},
-            {"dag_id": "promote_release", "conf": {**GOOD, "strategy": "yolo"}},
-            {"dag_id": "refresh_tiny_decision"},
+            {"dag_id": "promote_release", "conf": {**promotion, "strategy": "yolo"}},
+            {"dag_id": "refresh_tiny_decision", "conf": {"overrides": overrides}},
+            {"dag_id": "promote_release", "conf": promotion},
+            {"dag_id": "audit_ledger", "conf": {"state_dir": str(state_dir)}},
+            {"dag_id": "refresh_no_data", "conf": {"overrides": overrides}},
+            {"dag_id": "refresh_strict_model", "conf": {"overrides": overrides}},
+            {"dag_id": "refresh_tiny_decision", "conf": {"overrides": overrides, "overides": ["typo"]}},
+            {"dag_id": "refresh_tiny_decision", "conf": {"overrides": overrides}},
         ])
         assert result["import_errors"] == {}
-        failed, refused, run = result["runs"]
+        failed, refused, run, promoted, audited, broken, rejected, typo, again = result["runs"]
 
         assert failed["state"] == "failed" and failed["tasks"]["begin"] == "failed"
         assert all(state == "upstream_failed" for task, state in failed["tasks"].items() if task != "begin")
@@ -192,23 +220,49 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
 
         assert run["state"] == "success", output[-5000:]
         assert set(run["tasks"].values()) == {"success"}
-        release_id = run["xcom"]["begin"]["release_id"]
+        assert run["xcom"]["begin"]["release_id"] == release_id and not unused.exists()
         assert run["xcom"]["end"]["status"] == "promoted" and run["xcom"]["end"]["release_id"] == release_id
         for task, value in run["xcom"].items():
             assert len(json.dumps(value)) < 16_000, f"{task} pushed a large XCom"
 
         ledger = Ledger.for_sqlite(state_dir / "ledger.db")
-        events = [(r.stage, r.event) for r in ledger.release(release_id) if r.event != "started"]
-        assert events == [(stage, "succeeded") for stage in ALL_STAGES]
-        assert all(r.actor for r in ledger.release(release_id))
-        assert ledger.verify().ok
-        served = ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z")
-        assert served is not None and served.release_id == release_id
+        records = ledger.release(release_id)
+        events = [(r.stage, r.event) for r in records if r.event != "started"]
+        assert events[:len(ALL_STAGES)] == [(stage, "succeeded") for stage in ALL_STAGES]
+        assert all(r.actor for r in records) and ledger.verify().ok
         with ledger.acquire_lease("tiny-decision", "pytest", "tiny-decision-000000000000", 60):
-            pass  # end gave the lease back
+            pass  # end, and the promotion DAG, gave the lease back
+
+        assert promoted["state"] == "success" and promoted["tasks"] == {
+            "choose": "success", "promote": "success", "rollback": "skipped"}
+        assert promoted["xcom"]["promote"]["status"] == "promoted"
+        served = ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z")
+        assert served.release_id == release_id and served.payload["reason"] == "re-assert the champion"
+        assert served.actor.startswith("airflow:promote_release/")
+        assert audited["state"] == "success" and audited["xcom"]["audit"]["models"]["tiny-decision"]["release_id"] == release_id
+
+        assert broken["state"] == "failed" and broken["tasks"]["validate"] == "failed"
+        assert (broken["tasks"]["promote"], broken["tasks"]["teardown_candidate"], broken["tasks"]["end"]) == (
+            "upstream_failed", "success", "failed")
+        assert "dataset" in output and "missing.jsonl" in output
+        broken_id = broken["xcom"]["begin"]["release_id"]
+        assert ReleaseState.load(state_dir, broken_id).data["status"] == "failed"
+        assert ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z").release_id == release_id
+        with ledger.acquire_lease("tiny-decision", "pytest", "tiny-decision-000000000000", 60):
+            pass  # the failed run gave the lease back too
+
+        assert rejected["state"] == "success" and set(rejected["tasks"].values()) == {"success"}
+        assert rejected["xcom"]["end"]["status"] == "rejected" and rejected["xcom"]["promote"]["event"] == "skipped"
+        assert rejected["xcom"]["end"]["not_passed"] and rejected["xcom"]["end"]["decision"] == "fail"
+        assert typo["state"] == "failed" and typo["tasks"]["begin"] == "failed" and "unknown params ['overides']" in output
+
+        assert again["state"] == "success" and again["xcom"]["end"]["status"] == "promoted"
+        assert {task: state for task, state in again["tasks"].items() if state != "skipped"} == {
+            "begin": "success", "end": "success"}, "a finished release is not run again"
+        assert len(records) == 2 * len(ALL_STAGES) + 2, "the refresh recorded each stage once, the promotion DAG twice"
 
         hosting = LocalHosting(state_dir)
-        assert [e["name"] for e in hosting.list_endpoints()] == ["shiplift-tiny-decision-prod"], "candidate torn down"
+        assert [e["name"] for e in hosting.list_endpoints()] == ["shiplift-tiny-decision-prod"], "candidates torn down"
         live = hosting.describe_endpoint("shiplift-tiny-decision-prod")["components"]["tiny-decision"]
         assert live["spec"]["model_ref"] == run["xcom"]["promote"]["served"]
         assert live["spec"]["model_ref"]["release_id"] == release_id and all(c["ping"] == 200 for c in live["copies"])

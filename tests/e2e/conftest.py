@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tasks.hosting.local import LocalHosting
 
 from tasks.hashing import sha256_file
 from tasks.tinymodel import write_tiny_gguf
@@ -41,3 +48,61 @@ def release_config(tmp_path, tiny_sha256):
         return path
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def stop_endpoints_afterwards(tmp_path):
+    """Releases leave their production endpoint serving: stop whatever a test started."""
+    yield
+    for state_dir in (tmp_path / "state", tmp_path):
+        if (state_dir / "endpoints").is_dir():
+            hosting = LocalHosting(state_dir)
+            for endpoint in hosting.list_endpoints():
+                hosting.delete_endpoint(endpoint["name"])
+
+
+def shiplift_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    """Run `shiplift ARGS...` as a user would, in a subprocess; returns the CompletedProcess."""
+    return shiplift_cli
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def serve_semif():
+    """Start `shiplift serve semif` on a GGUF (as a user would) and return its URL once /ping is 200."""
+    processes = []
+
+    def start(gguf: Path, *, threads: int = 1, ready_timeout_s: float = 120) -> str:
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.cli", "serve", "semif", "--gguf", str(gguf), "--port", str(port),
+             "--threads", str(threads), "--max-tokens", "2048", "--max-request-tokens", "1536"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        processes.append(process)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
+                    if response.status == 200:
+                        return url
+            except OSError:
+                time.sleep(0.2)
+        process.kill()
+        pytest.fail(f"shiplift serve semif did not become ready: {process.stderr.read().decode()[-2000:]}")
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=30)

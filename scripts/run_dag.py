@@ -1,6 +1,6 @@
 """Run DAGs with `dag.test()` in a fresh process (its own Airflow settings) and print the outcome as JSON.
 
-Usage: python run_dag.py SPEC.json, where SPEC = {"dags_folder": ..., "runs": [{"dag_id": ..., "conf": {...}}]}.
+Usage: python scripts/run_dag.py SPEC.json, where SPEC = {"dags_folder": ..., "runs": [{"dag_id": ..., "conf": {...}}]}.
 The last stdout line is `RESULT {json}`: import errors, and per run its state, task states, return
 XComs (as stored JSON) and seconds, or the ParamValidationError that refused it and how many
 runs of that DAG exist afterwards.
