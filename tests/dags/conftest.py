@@ -31,15 +31,6 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
 @pytest.fixture(scope="session")
-def tiny_release():
-    """tests/dags/tiny_release.py, loaded by path (an installed distribution shadows the name `tests`)."""
-    spec = importlib.util.spec_from_file_location("shiplift_tiny_release", Path(__file__).with_name("tiny_release.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="session")
 def dagbag():
     """This project's dags/ folder parsed the way Airflow's DAG processor parses a bundle."""
     from airflow.dag_processing.dagbag import BundleDagBag

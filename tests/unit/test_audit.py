@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import sqlite3
@@ -20,21 +19,12 @@ from tasks.release import run_release
 MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
 
 
-def _tiny_release():
-    """tests/dags/tiny_release.py, loaded by path (an installed distribution shadows the name `tests`)."""
-    spec = importlib.util.spec_from_file_location(
-        "shiplift_tiny_release", Path(__file__).resolve().parents[1] / "dags" / "tiny_release.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def promoted(tmp_path_factory):
+def promoted(tmp_path_factory, tiny_release):
     """One promoted tiny release; its production endpoint serves for the module's tests."""
     root = tmp_path_factory.mktemp("audit")
     state_dir = root / "state"
-    summary = run_release(_tiny_release().write_tiny_config(root / "configs", state_dir), progress=lambda m: None)
+    summary = run_release(tiny_release.write_tiny_config(root / "configs", state_dir), progress=lambda m: None)
     assert summary["status"] == "promoted"
     yield state_dir, summary["release_id"]
     hosting = LocalHosting(state_dir)

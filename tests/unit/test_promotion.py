@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,12 @@ QUIET = lambda message: None  # noqa: E731
 LATER = "2100-01-01T00:00:00Z"
 
 
-def _tiny_release():
-    """tests/dags/tiny_release.py, loaded by path (an installed distribution shadows the name `tests`)."""
-    spec = importlib.util.spec_from_file_location(
-        "shiplift_tiny_release", Path(__file__).resolve().parents[1] / "dags" / "tiny_release.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def releases(tmp_path_factory):
+def releases(tmp_path_factory, tiny_release):
     """Release A promoted, then B (an F16 build) promoted over it, D rejected, C opened only."""
     root = tmp_path_factory.mktemp("promotion")
     state_dir = root / "state"
-    config = _tiny_release().write_tiny_config(root / "configs", state_dir)
+    config = tiny_release.write_tiny_config(root / "configs", state_dir)
     a = run_release(config, progress=QUIET)
     b = run_release(config, overrides=("artifact.quantization=F16",), progress=QUIET)
     d = run_release(config, overrides=("validation.thresholds.min_accuracy=0.99",), progress=QUIET)

@@ -15,7 +15,7 @@ import yaml
 from tasks.hashing import sha256_file
 from tasks.tinymodel import write_tiny_gguf
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
 N_TASKS = 32
