@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
@@ -142,3 +143,58 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
     succeeded = [r.stage for r in ledger.release(begun["release_id"]) if r.event == "succeeded"]
     assert succeeded.count("build") == 1 and succeeded.count("deploy_candidate") == 1
     begin_orchestrated(release_config(), holder="airflow:refresh/run-2", progress=QUIET)  # the lease was given back
+
+
+def processes_using(state_dir: str) -> list[int]:
+    """Live (non-zombie) processes whose command line or environment names the state folder."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "stat").read_text().split(") ")[-1].startswith("Z"):
+                continue
+            text = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if state_dir.encode() in text and int(proc.name) != os.getpid():
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tmp_path):
+    """SIGKILL `shiplift stage deploy_candidate` while it starts the candidate, then retry it, as Airflow would."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tasks.release import begin_orchestrated, run_orchestrated_stage
+
+    begun = begin_orchestrated(release_config(), holder="test", progress=QUIET)
+    state_dir, release_id = begun["state_dir"], begun["release_id"]
+    for stage in ("resolve", "build", "package", "image"):
+        run_orchestrated_stage(state_dir, release_id, stage, progress=QUIET)
+    command = [sys.executable, "-m", "tasks.cli", "stage", "deploy_candidate", "--release", release_id, "--state-dir", state_dir]
+    victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoints = Path(state_dir) / "endpoints"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(endpoints.glob("*-cand-*.json")):
+        time.sleep(0.05)
+    assert victim.poll() is None, "the stage finished before it could be killed"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+
+    retried = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert retried.returncode == 0, retried.stderr
+    hosting = LocalHosting(state_dir)
+    candidates = [e for e in hosting.list_endpoints() if "-cand-" in e["name"]]
+    assert len(candidates) == 1
+    described = hosting.describe_endpoint(candidates[0]["name"])
+    copies = described["components"]["model"]["copies"]
+    assert len(copies) == 1 and all(c["alive"] and c["ping"] == 200 for c in copies)
+    assert len(processes_using(state_dir)) == 2, "only the router and one copy run: nothing orphaned by the kill"
+    ledger = Ledger.for_sqlite(Path(state_dir) / "ledger.db")
+    events = [r.event for r in ledger.release(release_id) if r.stage == "deploy_candidate"]
+    assert events == ["started", "started", "succeeded"]
+    assert ledger.verify().ok
