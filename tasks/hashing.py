@@ -32,3 +32,18 @@ def canonical_json(value: Any) -> bytes:
 
 def sha256_json(value: Any) -> str:
     return sha256_bytes(canonical_json(value))
+
+
+def tree_listing(root: str | Path, *, ignore: frozenset[str] = frozenset({"__pycache__", ".pytest_cache"})) -> list[list[str]]:
+    """Sorted [relative path, sha256] of every file under a folder (ignored folder names skipped)."""
+    root = Path(root)
+    return [
+        [path.relative_to(root).as_posix(), sha256_file(path)]
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and not ignore.intersection(path.relative_to(root).parts)
+    ]
+
+
+def sha256_tree(root: str | Path) -> str:
+    """Content digest of a folder: the sha256 of its canonical file listing (names and contents)."""
+    return sha256_json(tree_listing(root))

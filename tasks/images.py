@@ -13,13 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tasks.errors import ConfigError
-from tasks.hashing import sha256_file, sha256_json
+from tasks.hashing import sha256_json, tree_listing
 
 IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
 DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 FROM_LINE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)
 ARG_DEFAULT = re.compile(r"^\s*ARG\s+(\w+)=(\S+)", re.I | re.M)
-IGNORED_PARTS = {"__pycache__", ".pytest_cache"}
 
 
 @dataclass(frozen=True)
@@ -56,12 +55,6 @@ def dockerfile_base_images(dockerfile: Path) -> list[str]:
     return refs
 
 
-def image_source_files(image_dir: Path) -> list[Path]:
-    return sorted(
-        p for p in image_dir.rglob("*") if p.is_file() and not IGNORED_PARTS.intersection(p.relative_to(image_dir).parts)
-    )
-
-
 def build_local_image(name: str, base_image: str) -> ImageRef:
     """Pin the process image `images/<name>/`; every FROM in its Dockerfile must be a digest."""
     image_dir = IMAGES_DIR / name
@@ -71,10 +64,9 @@ def build_local_image(name: str, base_image: str) -> ImageRef:
     require_digest_pin(base_image, where="image.base_image")
     for ref in dockerfile_base_images(dockerfile):
         require_digest_pin(ref, where=str(dockerfile))
-    files = image_source_files(image_dir)
-    listing = [[str(p.relative_to(image_dir)), sha256_file(p)] for p in files]
+    listing = tree_listing(image_dir)
     digest = sha256_json({"base_image": base_image, "files": listing})
-    return ImageRef(name=name, uri=f"local/{name}@sha256:{digest}", digest=f"sha256:{digest}", base_image=base_image, files=len(files))
+    return ImageRef(name=name, uri=f"local/{name}@sha256:{digest}", digest=f"sha256:{digest}", base_image=base_image, files=len(listing))
 
 
 def server_command(name: str) -> list[str]:

@@ -69,7 +69,7 @@ def _check_regular_file(path: Path, what: str) -> None:
         raise NotFound(f"{what} {path} is not a file", fix=f"pass the path of an existing {what}")
 
 
-def _build_manifest(files: dict[str, Path], gguf_name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+def _build_manifest(files: dict[str, Path], model_file: str, manifest: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise BadInput(f"manifest must be a dict, got {type(manifest).__name__}")
     clashes = [key for key in RESERVED_MANIFEST_KEYS if key in manifest]
@@ -89,7 +89,7 @@ def _build_manifest(files: dict[str, Path], gguf_name: str, manifest: dict[str, 
         name: {"sha256": sha256_file(path), "size": path.stat().st_size}
         for name, path in sorted(files.items())
     }
-    return {**manifest, "model_file": gguf_name, "files": listed}
+    return {**manifest, "model_file": model_file, "files": listed}
 
 
 def package_gguf(
@@ -119,7 +119,31 @@ def package_gguf(
             )
         _check_regular_file(Path(path), f"extra file {name!r}")
         files[name] = Path(path)
-    full_manifest = _build_manifest(files, gguf.name, manifest)
+    return _write_archive(files, _build_manifest(files, gguf.name, manifest), out_dir)
+
+
+def package_model_dir(
+    model_dir: str | Path, out_dir: str | Path, *, manifest: dict[str, Any], model_file: str
+) -> PackagedModel:
+    """Build `out_dir/model.tar.gz` from every file at the top of an exported model folder (ONNX encoders)."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise NotFound(f"model folder {folder} does not exist", fix="export the model first")
+    entries = sorted(folder.iterdir())
+    nested = [p.name for p in entries if not p.is_file() or p.is_symlink()]
+    if nested:
+        raise BadInput(
+            f"model folder {folder} holds {nested}, which are not plain files",
+            fix="an exported model folder is flat: model.onnx, tokenizer files, config.json",
+        )
+    files = {check_name(p.name): p for p in entries if p.name != MANIFEST_NAME}
+    if model_file not in files:
+        raise BadInput(f"model folder {folder} has no {model_file}", fix="export the model into it first")
+    return _write_archive(files, _build_manifest(files, model_file, manifest), out_dir)
+
+
+def _write_archive(files: dict[str, Path], full_manifest: dict[str, Any], out_dir: str | Path) -> PackagedModel:
+    """The deterministic tar.gz (sorted members, mtime 0, root-owned, 0644) written atomically."""
     manifest_bytes = json.dumps(full_manifest, indent=2, sort_keys=True, ensure_ascii=False).encode()
 
     out = Path(out_dir).expanduser().resolve()

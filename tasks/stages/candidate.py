@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.stages.common import delete_endpoint_if_present, resource_name, semif_spec
+from tasks.stages.common import delete_endpoint_if_present, resource_name, component_spec
 
 COMPONENT = "model"
 
@@ -37,7 +37,7 @@ def candidate_name(ctx) -> str:
 def deploy(ctx) -> dict:
     hosting = ctx.backends.hosting
     name = candidate_name(ctx)
-    spec = semif_spec(ctx, extracted_model_dir(ctx), copies=1, model_ref=model_ref(ctx))
+    spec = component_spec(ctx, extracted_model_dir(ctx), copies=1, model_ref=model_ref(ctx))
     ctx.say(f"deploy_candidate: endpoint {name}")
     hosting.ensure_endpoint(name)
     hosting.put_component(name, COMPONENT, spec)

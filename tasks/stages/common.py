@@ -22,23 +22,15 @@ def production_endpoint(ctx) -> str:
     return resource_name(ctx, "prod")
 
 
-def semif_spec(ctx, model_dir: Path, *, copies: int, model_ref: dict):
-    """The component spec that runs images/semif/server.py on an extracted model directory."""
+def component_spec(ctx, model_dir: Path, *, copies: int, model_ref: dict):
+    """The component spec that runs the configured image's server on an extracted model folder."""
     from tasks.hosting.local import ComponentSpec
 
     image = ctx.config.image
-    env = {
-        "SEMIF_MODEL_DIR": str(model_dir),
-        "SEMIF_THREADS": str(image.threads),
-        "SEMIF_N_GPU_LAYERS": str(image.n_gpu_layers),
-        "SEMIF_MAX_TOKENS": str(image.max_tokens),
-        "SEMIF_MAX_REQUEST_TOKENS": str(image.max_request_tokens),
-        "SEMIF_MAX_SHARED_DECISIONS": str(image.max_shared_decisions),
-        "SEMIF_MAX_IN_FLIGHT": str(image.max_in_flight),
-        "SEMIF_MAX_BODY_BYTES": str(image.max_body_bytes),
-        "SEMIF_HOST": "127.0.0.1",
-    }
-    return ComponentSpec(command=server_command("semif"), env=env, copies=copies, model_ref=model_ref, port_env="SEMIF_PORT")
+    return ComponentSpec(
+        command=server_command(image.kind), env=image.server_env(model_dir), copies=copies,
+        model_ref=model_ref, port_env=image.port_env,
+    )
 
 
 @contextmanager

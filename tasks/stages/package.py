@@ -1,7 +1,9 @@
-"""package: build the deterministic model.tar.gz and put it in the content-addressed store."""
+"""package: build the deterministic model.tar.gz (GGUF or ONNX folder) and put it in the content-addressed store."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -18,19 +20,44 @@ def tool_versions() -> dict:
 
 
 def run(ctx) -> dict:
-    from tasks.packaging import package_gguf
-
     resolved, built = ctx.result("resolve"), ctx.result("build")
     manifest = {
         "release_id": ctx.release_id,
         "model": ctx.config.name,
+        "kind": ctx.config.artifact.kind,
         "source": {"sha256": resolved["source_sha256"], **resolved["source"]},
-        "gguf": {"sha256": built["gguf_sha256"], "file_type": built["info"].get("file_type"), "quantized_from": built["quantized_from"]},
+        "build": {k: built.get(k) for k in ("model_sha256", "gguf_sha256", "quantized_from", "info", "export") if built.get(k) is not None},
         "temperature": built["temperature"],
         "tools": tool_versions(),
     }
-    extra = {"calibration.json": Path(built["calibration_file"])} if built["calibration_file"] else None
-    packaged = package_gguf(Path(built["gguf_path"]), ctx.stage_dir("package"), manifest=manifest, extra_files=extra)
+    calibration = Path(built["calibration_file"]) if built["calibration_file"] else None
+    out_dir = ctx.stage_dir("package")
+    if ctx.config.artifact.kind == "onnx":
+        packaged = _package_onnx(Path(built["model_dir"]), out_dir, manifest, calibration)
+    else:
+        from tasks.packaging import package_gguf
+
+        extra = {"calibration.json": calibration} if calibration else None
+        packaged = package_gguf(Path(built["gguf_path"]), out_dir, manifest=manifest, extra_files=extra)
     stored = ctx.backends.store.put_file(packaged.path, name="model.tar.gz")
     ctx.say(f"package: {stored.uri} ({stored.size / 1e6:.1f} MB)")
     return {"artifact_uri": stored.uri, "artifact_sha256": stored.sha256, "size_bytes": stored.size}
+
+
+def _package_onnx(model_dir: Path, out_dir: Path, manifest: dict, calibration: Path | None):
+    """The exported folder plus calibration.json, staged with hard links (never edits the build output)."""
+    from tasks.packaging import package_model_dir
+
+    staging = out_dir / "staging"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and path.name != "model-manifest.json":
+            os.link(path, staging / path.name)
+    if calibration:
+        shutil.copyfile(calibration, staging / "calibration.json")
+    try:
+        return package_model_dir(staging, out_dir, manifest=manifest, model_file="model.onnx")
+    finally:
+        shutil.rmtree(staging)

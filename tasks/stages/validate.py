@@ -21,29 +21,46 @@ def live_champion(ctx):
     return Target(url=url, component=ctx.config.name, label=f"champion {ref.get('release_id')}"), ref
 
 
-def run(ctx) -> dict:
-    from validation.datasets import load_decision_dataset
-    from validation.evaluate import RunSettings, Target, evaluate_decisions
+def _evaluate(ctx, candidate, champion) -> dict:
+    """Decision gates for GGUF models, NLI gates for encoders; same evidence files either way."""
+    from validation.evaluate import RunSettings
 
     cfg = ctx.config.validation
+    settings = RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
+    common = dict(thresholds=cfg.thresholds, champion_rule=cfg.champion, champion=champion, settings=settings,
+                  progress=ctx.say, title=f"{ctx.release_id} gate")
+    if cfg.kind == "nli":
+        from tasks.config import resolve_data_path
+        from validation.nli_eval import evaluate_nli, load_nli_dataset
+
+        datasets = [load_nli_dataset(resolve_data_path(ref, ctx.config_dir), name=f"dataset{i}", splits=ref.splits)
+                    for i, ref in enumerate(cfg.datasets)]
+        return evaluate_nli(candidate, datasets, ctx.stage_dir("validate"), batch_size=cfg.batch_size, **common)
+    from validation.datasets import load_decision_dataset
+    from validation.evaluate import evaluate_decisions
+
     datasets = [load_decision_dataset(ref, ctx.config_dir, name=f"dataset{i}") for i, ref in enumerate(cfg.datasets)]
+    return evaluate_decisions(candidate, datasets, ctx.stage_dir("validate"), **common)
+
+
+def run(ctx) -> dict:
+    from validation.evaluate import Target
+
     deployed = ctx.result("deploy_candidate")
     candidate = Target(url=deployed["url"], component=COMPONENT, label="candidate")
     champion, champion_ref = live_champion(ctx)
     if champion_ref and champion_ref.get("release_id") == ctx.release_id:
         champion, champion_ref = None, None
-    ctx.say(f"validate: {sum(len(d.tasks) for d in datasets)} tasks, champion: {champion.label if champion else 'none'}")
-    report = evaluate_decisions(
-        candidate, datasets, ctx.stage_dir("validate"),
-        thresholds=cfg.thresholds, champion_rule=cfg.champion, champion=champion,
-        settings=RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed),
-        progress=ctx.say, title=f"{ctx.release_id} gate",
-    )
+    ctx.say(f"validate: champion {champion.label if champion else 'none'}")
+    report = _evaluate(ctx, candidate, champion)
     metrics = report["metrics"]
     summary_metrics = {
         key: metrics[key]["value"] if isinstance(metrics.get(key), dict) else metrics.get(key)
-        for key in ("accuracy", "ece", "brier", "nll", "validity", "allowed_token_mass")
+        for key in ("accuracy", "macro_f1", "ece", "brier", "nll", "validity", "allowed_token_mass")
+        if key in metrics
     }
+    if "nli" in metrics:
+        summary_metrics["macro_f1"] = metrics["nli"]["macro_f1"]["value"]
     summary_metrics["p95_ms"] = metrics["latency_ms"]["p95"]["value"]
     summary_metrics["n"] = metrics.get("n")
     ctx.say(f"validate: decision {report['decision']} (accuracy {summary_metrics['accuracy']:.3f}, ECE {summary_metrics['ece']:.3f})")

@@ -54,17 +54,14 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def serve_semif():
-    """Start `shiplift serve semif` on a GGUF (as a user would) and return its URL once /ping is 200."""
+def serve():
+    """Start `shiplift serve IMAGE ARGS...` (as a user would) and return its URL once /ping is 200."""
     processes = []
 
-    def start(gguf: Path, *, threads: int = 1, ready_timeout_s: float = 120) -> str:
+    def start(image: str, *args: str, ready_timeout_s: float = 120) -> str:
         port = free_port()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", "serve", "semif", "--gguf", str(gguf), "--port", str(port),
-             "--threads", str(threads), "--max-tokens", "2048", "--max-request-tokens", "1536"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "serve", image, *args, "--port", str(port)],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         processes.append(process)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + ready_timeout_s
@@ -76,9 +73,20 @@ def serve_semif():
             except OSError:
                 time.sleep(0.2)
         process.kill()
-        pytest.fail(f"shiplift serve semif did not become ready: {process.stderr.read().decode()[-2000:]}")
+        pytest.fail(f"shiplift serve {image} did not become ready: {process.stderr.read().decode()[-2000:]}")
 
     yield start
     for process in processes:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture
+def serve_semif(serve):
+    """`shiplift serve semif` on a GGUF with limits that fit the tiny models' 2,048-token context."""
+
+    def start(gguf: Path, *, threads: int = 1, ready_timeout_s: float = 120) -> str:
+        return serve("semif", "--gguf", str(gguf), "--threads", str(threads), "--max-tokens", "2048",
+                     "--max-request-tokens", "1536", ready_timeout_s=ready_timeout_s)
+
+    return start

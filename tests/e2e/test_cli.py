@@ -98,3 +98,21 @@ def test_endpoints_list_and_stop(tmp_path, cli):
     stopped = cli("endpoints", "stop", "--all", "--state-dir", str(tmp_path))
     assert stopped.returncode == 0 and "stopped cli-test" in stopped.stdout
     assert LocalHosting(tmp_path).list_endpoints() == []
+
+
+def test_serve_encoder_and_eval_nli(tmp_path, serve, cli):
+    from tasks.tinyencoder import write_tiny_onnx_model_dir
+
+    model_dir = write_tiny_onnx_model_dir(tmp_path / "model", seed=0)
+    url = serve("encoder", "--model-dir", str(model_dir), "--threads", "1", "--variant", "int8", ready_timeout_s=60)
+    out = tmp_path / "nli"
+    result = cli("eval", "nli", "--endpoint", url, "--data", str(ROOT / "validation/data/nli.jsonl"), "--split", "test",
+                 "--out", str(out), "--min-macro-f1", "0.99", "--bootstrap", "200")
+    assert result.returncode == 3, result.stderr  # a random tiny encoder cannot reach macro-F1 0.99
+    summary = json.loads(result.stdout)
+    assert summary["n"] == 90 and summary["n_truncated"] == 0
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 90 and all(r["option_ids"] == ["entailment", "neutral", "contradiction"] for r in rows)
+    assert json.loads((out / "gate-report.json").read_text())["decision"] == "fail"
+    missing = cli("serve", "encoder", "--model-dir", str(tmp_path / "absent"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

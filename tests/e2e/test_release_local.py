@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import LeaseHeld
+from tasks.errors import IntegrityError, LeaseHeld
 from tasks.hosting.local import LocalHosting
 from tasks.ledger import Ledger
 from tasks.release import STAGES, run_release
@@ -198,3 +198,45 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
     events = [r.event for r in ledger.release(release_id) if r.stage == "deploy_candidate"]
     assert events == ["started", "started", "succeeded"]
     assert ledger.verify().ok
+
+
+def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
+    """An ONNX encoder goes through the same stages: export + int8 + parity, encoder server, NLI gate."""
+    import yaml
+
+    from tasks.hashing import sha256_tree
+    from tasks.tinyencoder import write_tiny_checkpoint
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "checkpoint", seed=0)
+    tree = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/releases/minilm-nli.yaml").read_text())
+    tree["name"] = "tiny-nli"
+    tree["artifact"]["source"] = {"kind": "path", "path": str(checkpoint), "sha256": sha256_tree(checkpoint)}
+    tree["backend"] = {"kind": "local", "state_dir": str(tmp_path / "state")}
+    tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "min_macro_f1": 0.0, "min_class_recall": 0.0, "max_ece": 1.0}
+    tree["validation"]["n_bootstrap"] = 200
+    config = tmp_path / "tiny-nli.yaml"
+    config.write_text(yaml.safe_dump(tree))
+
+    summary = run_release(config, progress=QUIET)
+    assert summary["status"] == "promoted", summary
+    state = json.loads((tmp_path / "state" / "releases" / summary["release_id"] / "state.json").read_text())
+    parity = state["stages"]["build"]["result"]["parity"]
+    assert parity["passed"] and set(parity["variants"]) == {"fp32", "int8"}
+    report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
+    assert {"macro_f1", "recall_entailment", "recall_neutral", "recall_contradiction"} <= {c["name"] for c in report["checks"]}
+    hosting = LocalHosting(tmp_path / "state")
+    body = json.dumps({"pairs": [{"premise": "The order shipped on May 3.", "hypothesis": "The order shipped."}]}).encode()
+    request = urllib.request.Request(f"{hosting.endpoint_url('shiplift-tiny-nli-prod')}/invocations", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        result = json.loads(response.read())
+    assert result["model"]["variant"] == "int8"
+    assert result["results"][0]["label"] in ("entailment", "neutral", "contradiction")
+    assert abs(sum(result["results"][0]["probabilities"].values()) - 1) < 1e-6
+
+    drifted = dict(tree, name="tiny-nli-bad")
+    drifted["artifact"] = dict(tree["artifact"], source={"kind": "path", "path": str(checkpoint), "sha256": "0" * 64})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(drifted))
+    with pytest.raises(IntegrityError, match="content digest"):
+        run_release(bad, progress=QUIET)

@@ -40,17 +40,17 @@ def test_production_example_pins_qwen_and_the_gpu_pool():
         (lambda t: t.update(colour="blue"), "colour", "Extra inputs are not permitted"),
         (lambda t: t["image"].update(threads="many"), "image.threads", "valid integer"),
         (lambda t: t["image"].update(base_image="public.ecr.aws/x/llama-cpp:latest"), "image.base_image", "pattern"),
-        (lambda t: t["artifact"]["source"].update(sha256="abc"), "artifact.source.pypi.sha256", "pattern"),
+        (lambda t: t["artifact"]["source"].update(sha256="abc"), "artifact.source.sha256", "pattern"),
         (lambda t: t["artifact"]["source"].update(kind="ftp"), "artifact.source", "tag 'ftp'"),
         (lambda t: t["image"].update(max_request_tokens=9999), "image", "exceeds max_tokens"),
         (lambda t: t["artifact"].update(quantization="Q3_XYZ"), "artifact.quantization", "Input should be"),
         (lambda t: t["rollout"].update(strategy="yolo"), "rollout", "tag 'yolo'"),
         (lambda t: t.update(placement={"kind": "instance_pool", "pools": [
             {"instance_type": "ml.g5.xlarge", "priority": 1}, {"instance_type": "ml.g5.xlarge", "priority": 2}]}),
-         "placement.instance_pool.pools", "unique"),
+         "placement.pools", "unique"),
         (lambda t: t.update(placement={"kind": "instance_pool", "pools": [
             {"instance_type": f"ml.g5.{n}xlarge", "priority": 1} for n in range(2, 8)]}),
-         "placement.instance_pool.pools", "at most 5"),
+         "placement.pools", "at most 5"),
         (lambda t: t.update(name="Bad_Name"), "name", "pattern"),
         (lambda t: t.update(name="a" * 40, resource_prefix="b" * 16), "(top level)", "shorten resource_prefix or name"),
     ],
@@ -116,3 +116,19 @@ def test_extends_merges_the_parent_underneath(tmp_path):
     loop.write_text("extends: a.yaml\nname: x\n")
     with pytest.raises(ConfigError, match="loops back"):
         load_release_config(loop, environ={})
+
+
+def test_encoder_demo_pins_the_shipped_nli_data():
+    from validation.nli import load_nli
+
+    config = load_release_config(ROOT / "configs" / "releases" / "minilm-nli.yaml", environ={})
+    assert config.artifact.source.data_sha256 == load_nli(ROOT / "validation" / "data" / "nli.jsonl").sha256
+
+
+def test_model_family_must_be_consistent(tmp_path):
+    path = write_variant(tmp_path, lambda t: t.update(validation={**t["validation"], "kind": "nli"}))
+    with pytest.raises(ConfigError, match="validation"):
+        load_release_config(path, environ={})
+    mixed = write_variant(tmp_path, lambda t: t.update(image={"kind": "encoder", "base_image": t["image"]["base_image"]}))
+    with pytest.raises(ConfigError, match="artifact.kind gguf needs image.kind semif"):
+        load_release_config(mixed, environ={})

@@ -234,3 +234,33 @@ def test_archive_without_manifest_extracts_with_subfolders(tmp_path: Path) -> No
     files = safe_extract(archive, tmp_path / "out")
     assert files == [tmp_path / "out" / "model.onnx", tmp_path / "out" / "tokenizer" / "vocab.json"]
     assert (tmp_path / "out" / "tokenizer" / "vocab.json").read_bytes() == b"{}"
+
+
+def test_model_folder_packages_deterministically_and_round_trips(tmp_path: Path) -> None:
+    from tasks.packaging import package_model_dir
+
+    folder = tmp_path / "encoder"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"onnx-bytes")
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "config.json").write_text('{"id2label": {}}')
+    first = package_model_dir(folder, tmp_path / "a", manifest={"kind": "onnx"}, model_file="model.onnx")
+    second = package_model_dir(folder, tmp_path / "b", manifest={"kind": "onnx"}, model_file="model.onnx")
+    assert first.sha256 == second.sha256
+    assert sorted(first.manifest["files"]) == ["config.json", "model.onnx", "tokenizer.json"]
+    extracted = safe_extract(first.path, tmp_path / "out")
+    assert sorted(p.name for p in extracted) == ["config.json", "model-manifest.json", "model.onnx", "tokenizer.json"]
+
+
+def test_model_folder_must_be_flat_and_hold_the_model(tmp_path: Path) -> None:
+    from tasks.packaging import package_model_dir
+
+    folder = tmp_path / "encoder"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(b"x")
+    with pytest.raises(BadInput, match="not plain files"):
+        package_model_dir(folder, tmp_path / "o", manifest={}, model_file="model.onnx")
+    (folder / "sub").rmdir()
+    with pytest.raises(BadInput, match="no model.int8.onnx"):
+        package_model_dir(folder, tmp_path / "o", manifest={}, model_file="model.int8.onnx")
+    assert not (tmp_path / "o" / "model.tar.gz").exists()

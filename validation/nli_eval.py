@@ -1,0 +1,224 @@
+"""Evaluate any encoder endpoint on NLI datasets, gate it, and write the evidence to a folder.
+
+Mirrors validation.evaluate.evaluate_decisions: the decision metrics and gates (accuracy, ECE,
+Brier, NLL, validity, latency, champion comparison) run unchanged on decision-shaped
+predictions; the NLI metrics (macro-F1 and per-class recall, with bootstrap intervals) and
+their absolute thresholds are added to the same gate report. Writes `predictions.jsonl`
+(and `champion-predictions.jsonl`), `gate-report.json` and `report.html`. Truncated pairs are
+counted and listed in the result and the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.errors import BadInput
+from validation.evaluate import RunSettings, Target, progress_counter
+from validation.nli import LABELS, NliPair
+
+DEFAULT_SETTINGS = RunSettings()
+LATENCY_NOTE = (
+    "per-pair latency_ms / server_forward_ms / server_total_ms = the batch's value divided by its number of pairs"
+)
+
+
+class NliThresholds(BaseModel):
+    """Absolute thresholds for an NLI encoder; max_p95_latency_ms None switches that check off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_accuracy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    min_macro_f1: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    min_class_recall: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    max_ece: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    min_validity: float = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    max_p95_latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+
+
+@dataclass(frozen=True)
+class NliDataset:
+    """Pairs ready for the runner plus the evidence the gate records about them."""
+
+    name: str
+    path: Path
+    sha256: str
+    splits: tuple[str, ...] | None
+    pairs: list[NliPair]
+    dropped_unlabelled: int
+    check: dict
+
+    def evidence(self) -> dict:
+        """Name, path, pin, splits, size, unlabelled rows dropped and the expectation results."""
+        return {
+            "name": self.name, "path": str(self.path), "sha256": self.sha256, "splits": self.splits,
+            "n": len(self.pairs), "dropped_unlabelled": self.dropped_unlabelled, "check": self.check,
+        }
+
+
+def load_nli_dataset(path: str | Path, *, name: str, splits: Sequence[str] | None = None) -> NliDataset:
+    """Read an NLI file, keep the given splits (all when None), and check it before use."""
+    from validation.nli import load_nli
+    from validation.nli_expectations import check_nli_pairs
+
+    loaded = load_nli(path)
+    pairs = loaded.pairs
+    if splits:
+        present = {p.split for p in pairs}
+        missing = set(splits) - present
+        if missing:
+            raise BadInput(
+                f"NLI file {loaded.path} has no pairs in split(s) {sorted(missing)}; "
+                f"it has {sorted(map(str, present))}",
+                fix="pass splits that the file has",
+            )
+        pairs = [p for p in pairs if p.split in splits]
+    check = check_nli_pairs(pairs, name=name)
+    return NliDataset(
+        name=name, path=Path(loaded.path), sha256=loaded.sha256, splits=tuple(splits) if splits else None,
+        pairs=pairs, dropped_unlabelled=loaded.dropped_unlabelled, check=check.to_dict(),
+    )
+
+
+def nli_metrics(
+    predictions: Sequence[Mapping[str, Any]], *, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> dict:
+    """Macro-F1 and per-class recall (invalid rows count as misses) with percentile-bootstrap intervals."""
+    from validation.metrics import (
+        bootstrap_ci,
+        macro_f1,
+        per_class_recall,
+        score_predictions,
+    )
+
+    scored = score_predictions(predictions)
+    truth = [str(row["expected"]) for row in predictions]
+    guess = scored.predicted
+    n = len(truth)
+    boot = {"n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    f1_ci = bootstrap_ci(
+        lambda idx: macro_f1([truth[i] for i in idx], [guess[i] for i in idx], LABELS), n, **boot
+    )
+    recall = per_class_recall(truth, guess, LABELS)
+    per_class = {}
+    for label in LABELS:
+        hits = np.asarray([g == label for t, g in zip(truth, guess, strict=True) if t == label], dtype=float)
+        ci = bootstrap_ci(lambda idx, hits=hits: float(hits[idx].mean()), hits.size, **boot)
+        per_class[label] = {"value": recall[label], "ci": ci, "n": int(hits.size)}
+    return {
+        "labels": list(LABELS),
+        "macro_f1": {"value": macro_f1(truth, guess, LABELS), "ci": f1_ci, "n": n},
+        "per_class_recall": per_class,
+        "predicted_counts": {label: sum(1 for g in guess if g == label) for label in LABELS},
+        "invalid_predictions": sum(1 for g in guess if g is None),
+        "bootstrap": {**boot, "method": "percentile", "unit": "rows (per-class recall: rows of that class)"},
+    }
+
+
+def score_nli_target(target: Target, datasets: Sequence[NliDataset], settings: RunSettings, *,
+                     batch_size: int, progress: Callable[[int, int], None] | None) -> tuple[list, dict]:
+    """Run every dataset's pairs through one target; predictions in pair order and the truncation report."""
+    from validation.nli_runner import run_pairs
+
+    rows: list = []
+    truncation: dict[str, dict] = {}
+    for dataset in datasets:
+        run = run_pairs(
+            target.url, dataset.pairs, batch_size=batch_size, concurrency=settings.concurrency,
+            timeout_s=settings.timeout_s, deadline_s=settings.deadline_s, inference_component=target.component,
+            dataset_name=dataset.name, progress=progress,
+        )
+        rows.extend(run.predictions)
+        truncation[dataset.name] = run.truncation_summary()
+    return rows, truncation
+
+
+def evaluate_nli(
+    candidate: Target,
+    datasets: Sequence[NliDataset],
+    out_dir: Path,
+    *,
+    thresholds: NliThresholds,
+    champion_rule,
+    champion: Target | None = None,
+    settings: RunSettings = DEFAULT_SETTINGS,
+    batch_size: int = 8,
+    progress: Callable[[str], None] | None = None,
+    title: str = "shiplift NLI gate",
+) -> dict:
+    """Score the candidate (and the champion on the same pairs), gate on decision + NLI metrics, write reports."""
+    from validation.gates import DecisionThresholds, _absolute, evaluate_gates
+    from validation.report import write_reports
+    from validation.runner import write_predictions
+
+    if not datasets:
+        raise BadInput("no NLI datasets to evaluate", fix="pass at least one dataset (e.g. the test split)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = progress or (lambda message: None)
+    boot = {"n_bootstrap": settings.n_bootstrap, "seed": settings.seed}
+    for dataset in datasets:
+        say(f"{dataset.name}: {len(dataset.pairs)} pairs, {dataset.dropped_unlabelled} unlabelled row(s) dropped")
+    candidate_preds, candidate_truncation = _score(candidate, "candidate", datasets, settings, batch_size, say)
+    write_predictions(out_dir / "predictions.jsonl", candidate_preds)
+    candidate_rows = [p.to_dict() for p in candidate_preds]
+    champion_rows = champion_truncation = None
+    if champion is not None:
+        champion_preds, champion_truncation = _score(champion, "champion", datasets, settings, batch_size, say)
+        write_predictions(out_dir / "champion-predictions.jsonl", champion_preds)
+        champion_rows = [p.to_dict() for p in champion_preds]
+    decision_thresholds = DecisionThresholds(
+        min_accuracy=thresholds.min_accuracy, max_ece=thresholds.max_ece, min_validity=thresholds.min_validity,
+        max_p95_latency_ms=thresholds.max_p95_latency_ms,
+    )
+    gate = evaluate_gates(
+        candidate_rows, thresholds=decision_thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
+        **boot,
+    )
+    nli = nli_metrics(candidate_rows, **boot, confidence=gate.bootstrap["confidence"])
+    nli_checks = [_absolute("macro_f1", nli["macro_f1"], thresholds.min_macro_f1, ">=")]
+    nli_checks += [
+        _absolute(f"recall_{label}", nli["per_class_recall"][label], thresholds.min_class_recall, ">=")
+        for label in LABELS
+    ]
+    checks = [*gate.checks, *nli_checks]
+    statuses = {check.status for check in checks}
+    decision = "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+    champion_info = dict(gate.champion)
+    if champion_rows is not None:
+        champion_info["nli"] = nli_metrics(champion_rows, **boot, confidence=gate.bootstrap["confidence"])
+    report = gate.model_copy(
+        update={"checks": checks, "decision": decision, "metrics": {**gate.metrics, "nli": nli},
+                "champion": champion_info}
+    ).to_dict()
+    report["thresholds"] = thresholds.model_dump(mode="json")
+    truncation = {"candidate": candidate_truncation, "champion": champion_truncation}
+    extra = {
+        "datasets": [d.evidence() for d in datasets],
+        "candidate": {"url": candidate.url, "component": candidate.component, "label": candidate.label},
+        "champion": None if champion is None else {
+            "url": champion.url, "component": champion.component, "label": champion.label,
+        },
+        "batch_size": batch_size,
+        "latency_note": LATENCY_NOTE,
+        "truncation": truncation,
+    }
+    paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
+    n_truncated = sum(t["n_truncated"] for t in candidate_truncation.values())
+    say(f"{candidate.label or 'candidate'}: {n_truncated} of {len(candidate_rows)} pairs truncated by the server")
+    return {
+        **report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"],
+        "truncation": truncation, "n_truncated": n_truncated,
+    }
+
+
+def _score(target: Target, role: str, datasets: Sequence[NliDataset], settings: RunSettings, batch_size: int,
+           say: Callable[[str], None]) -> tuple[list, dict]:
+    return score_nli_target(
+        target, datasets, settings, batch_size=batch_size, progress=progress_counter(say, target.label or role)
+    )

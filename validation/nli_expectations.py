@@ -1,0 +1,106 @@
+"""Great Expectations suite run on every NLI dataset before it is used.
+
+Checks: at least one row, unique non-null ids, labels among entailment / neutral / contradiction,
+non-empty premise and hypothesis. Also reports the label balance (overall and per split). Runs
+on the same quiet, in-memory GX context as the decision suite (validation.expectations).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tasks.errors import BadInput
+from validation.expectations import DatasetCheck, _outcome
+from validation.nli import LABELS, NliPair
+
+SUITE_NAME = "shiplift-nli-dataset"
+_COLUMNS = ("id", "label", "split", "premise", "hypothesis")
+_nli: dict[str, Any] = {}
+
+
+def _suite_and_batch_definition() -> tuple[Any, Any]:
+    """The NLI suite and batch definition on the shared GX context, created on first use (hold the lock)."""
+    if not _nli:
+        import great_expectations as gx
+
+        from validation import expectations as decision_suite
+
+        decision_suite._suite_and_batch_definition()  # builds the shared quiet context once per process
+        context = decision_suite._gx["context"]
+        asset = context.data_sources.add_pandas(name="shiplift-nli").add_dataframe_asset(name="nli_dataset")
+        batch_definition = asset.add_batch_definition_whole_dataframe("whole")
+        expect = gx.expectations
+        suite = gx.ExpectationSuite(name=SUITE_NAME)
+        for expectation in (
+            expect.ExpectTableRowCountToBeBetween(min_value=1),
+            expect.ExpectColumnValuesToNotBeNull(column="id"),
+            expect.ExpectColumnValuesToBeUnique(column="id"),
+            expect.ExpectColumnValuesToBeInSet(column="label", value_set=list(LABELS)),
+            expect.ExpectColumnValueLengthsToBeBetween(column="premise", min_value=1),
+            expect.ExpectColumnValueLengthsToBeBetween(column="hypothesis", min_value=1),
+        ):
+            suite.add_expectation(expectation)
+        _nli.update(suite=suite, batch_definition=batch_definition)
+    return _nli["suite"], _nli["batch_definition"]
+
+
+def _row(pair: NliPair | Mapping[str, Any]) -> dict[str, Any]:
+    record = pair.model_dump() if isinstance(pair, NliPair) else dict(pair)
+    text = {key: record.get(key).strip() if isinstance(record.get(key), str) else "" for key in ("premise", "hypothesis")}
+    ident = record.get("id")
+    return {
+        "id": ident if isinstance(ident, str) and ident else None,
+        "label": None if record.get("label") is None else str(record.get("label")),
+        "split": None if record.get("split") is None else str(record.get("split")),
+        **text,
+    }
+
+
+def label_balance(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Label counts overall and per split, and the majority label's share (1/3 is perfectly balanced)."""
+    by_label = Counter(str(r["label"]) for r in rows)
+    by_split: dict[str, Counter] = {}
+    for r in rows:
+        by_split.setdefault(str(r["split"]), Counter())[str(r["label"])] += 1
+    return {
+        "by_label": dict(sorted(by_label.items())),
+        "by_split_label": {split: dict(sorted(c.items())) for split, c in sorted(by_split.items())},
+        "majority_share": round(max(by_label.values()) / len(rows), 4) if rows else None,
+    }
+
+
+def check_nli_pairs(pairs: Sequence[NliPair | Mapping[str, Any]], *, name: str) -> DatasetCheck:
+    """Run the NLI suite; return the check, or raise BadInput naming every failed expectation.
+
+    `pairs` are NliPairs or raw records in our field names. The raised error carries the
+    DatasetCheck as `error.check` for evidence.
+    """
+    import pandas as pd
+
+    from validation import expectations as decision_suite
+
+    rows = [_row(pair) for pair in pairs]
+    frame = pd.DataFrame(rows, columns=list(_COLUMNS))
+    with decision_suite._lock:
+        suite, batch_definition = _suite_and_batch_definition()
+        batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
+        result = batch.validate(suite, result_format="SUMMARY")
+    outcomes = [_outcome(r) for r in result.results]
+    check = DatasetCheck(
+        name=name, passed=bool(result.success) and all(o.success for o in outcomes),
+        row_count=len(rows), expectations=outcomes, balance=label_balance(rows),
+    )
+    if not check.passed:
+        failed = [
+            f"{o.expectation}({o.column or 'table'}): {o.unexpected_count} unexpected, e.g. {o.sample_unexpected}"
+            for o in outcomes if not o.success
+        ]
+        error = BadInput(
+            f"NLI dataset {name!r} failed {len(failed)} expectation(s): " + "; ".join(failed),
+            fix=f"fix the listed rows (unique non-empty ids, label in {list(LABELS)}, non-empty premise and hypothesis)",
+        )
+        error.check = check  # type: ignore[attr-defined]
+        raise error
+    return check

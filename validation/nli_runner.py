@@ -1,0 +1,267 @@
+"""NLI runner: send premise/hypothesis batches to an encoder endpoint and collect per-pair predictions.
+
+POSTs `{"pairs": [{"premise", "hypothesis"}, ...]}` to `{endpoint_url}/invocations` (DESIGN §6.3)
+with the decision runner's connection handling and retry policy (validation.runner): 503
+`{"retryable": true}` is retried with capped exponential backoff and full jitter; other 4xx fail
+the batch at once; other 5xx and network failures get one more try. A failed batch gives every
+pair in it that error. Each pair becomes a decision-shaped `Prediction` (options entailment,
+neutral, contradiction) so the decision metrics, gates and report apply unchanged:
+`probabilities` are the server's (tempered) probabilities in that order, `option_logits` its raw
+logits, `temperature` the one the server reports in `model.temperature` (None when absent).
+
+Latency: `latency_ms`, `server_forward_ms` and `server_total_ms` are the batch's value divided
+by the number of pairs in the batch (per-pair share, not a single-pair latency); `started_at`
+is the batch's start. Truncation is never hidden: every pair's `truncated` flag, input token
+count and the server's truncation report come back in `NliRun.details`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from tasks.errors import BadInput
+from validation.nli import LABELS, NliPair
+from validation.runner import (
+    IC_HEADER,
+    Prediction,
+    _check_args,
+    _Connection,
+    _error_text,
+    _Malformed,
+    _number,
+    _numbers,
+    _Options,
+    _parse_endpoint,
+)
+
+MAX_BATCH_SIZE = 256
+
+
+@dataclass(frozen=True)
+class PairDetail:
+    """What the server said about one pair's input: token count and truncation (None when the batch failed)."""
+
+    id: str
+    input_tokens: int | None
+    truncated: bool | None
+    truncation: dict | None
+
+
+@dataclass(frozen=True)
+class NliRun:
+    """Predictions in pair order, each pair's input details, and the truncation count."""
+
+    predictions: list[Prediction]
+    details: list[PairDetail]
+
+    @property
+    def n_truncated(self) -> int:
+        """How many pairs the server reported as truncated."""
+        return sum(1 for d in self.details if d.truncated)
+
+    def truncation_summary(self) -> dict:
+        """A JSON-able count and list of the truncated pairs (for gate evidence)."""
+        truncated = [asdict(d) for d in self.details if d.truncated]
+        return {
+            "n_pairs": len(self.details),
+            "n_reported": sum(1 for d in self.details if d.truncated is not None),
+            "n_truncated": len(truncated),
+            "truncated": truncated,
+        }
+
+
+def _parse_results(batch: Sequence[NliPair], data: bytes) -> tuple[list[dict], list[PairDetail]]:
+    """Per-pair Prediction fields and details from a 200 body; _Malformed when it breaks the contract."""
+    try:
+        payload = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _Malformed(f"response body is not JSON: {exc}") from None
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(results, list) or len(results) != len(batch):
+        got = len(results) if isinstance(results, list) else "no"
+        raise _Malformed(f"response has {got} 'results' for a batch of {len(batch)} pairs")
+    timing = payload.get("timing") or {}
+    if not isinstance(timing, dict):
+        raise _Malformed("response field 'timing' is not an object")
+    model = payload.get("model") or {}
+    if not isinstance(model, dict):
+        raise _Malformed("response field 'model' is not an object")
+    temperature = _number(model.get("temperature"), "model.temperature")
+    forward = _number(timing.get("forward_ms"), "timing.forward_ms")
+    total = _number(timing.get("total_ms"), "timing.total_ms")
+    share = len(batch)
+    fields, details = [], []
+    for pair, result in zip(batch, results, strict=True):
+        if not isinstance(result, dict):
+            raise _Malformed(f"result for pair {pair.id!r} is not an object")
+        probs = result.get("probabilities")
+        if not isinstance(probs, dict) or sorted(probs) != sorted(LABELS):
+            raise _Malformed(f"result for pair {pair.id!r}: probabilities must map exactly {list(LABELS)}")
+        logits = _numbers(result.get("logits"), "logits")
+        if logits is not None and len(logits) != len(LABELS):
+            raise _Malformed(f"result for pair {pair.id!r}: {len(logits)} logits, expected {len(LABELS)}")
+        truncated, tokens, truncation = result.get("truncated"), result.get("input_tokens"), result.get("truncation")
+        if not isinstance(truncated, bool):
+            raise _Malformed(f"result for pair {pair.id!r}: 'truncated' is {truncated!r}, expected true/false")
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise _Malformed(f"result for pair {pair.id!r}: 'input_tokens' is {tokens!r}, expected an integer")
+        if truncation is not None and not isinstance(truncation, dict):
+            raise _Malformed(f"result for pair {pair.id!r}: 'truncation' is not an object or null")
+        fields.append({
+            "probabilities": [_number(probs[label], f"probabilities.{label}") for label in LABELS],
+            "option_logits": logits,
+            "allowed_token_mass": None,
+            "temperature": temperature,
+            "server_forward_ms": None if forward is None else forward / share,
+            "server_total_ms": None if total is None else total / share,
+        })
+        details.append(PairDetail(pair.id, tokens, truncated, truncation))
+    return fields, details
+
+
+def _run_batch(
+    batch: Sequence[NliPair], connection: _Connection, opts: _Options
+) -> tuple[list[Prediction], list[PairDetail]]:
+    """One batch through the decision runner's retry policy; failures land on every pair of the batch."""
+    started_at = time.time()
+    body = json.dumps(
+        {"pairs": [{"premise": p.premise, "hypothesis": p.hypothesis} for p in batch]}, ensure_ascii=False
+    ).encode("utf-8")
+    attempts = retries_503 = extra_tries = 0
+    latency_ms = 0.0
+
+    def finish(error: str | None, fields: list[dict] | None = None, details: list[PairDetail] | None = None):
+        empty = dict.fromkeys(("probabilities", "option_logits", "allowed_token_mass", "temperature",
+                               "server_forward_ms", "server_total_ms"))
+        predictions = [
+            Prediction(
+                id=pair.id, dataset=opts.dataset, expected=pair.label, option_ids=list(LABELS),
+                latency_ms=latency_ms / len(batch), attempts=attempts, retries_503=retries_503, error=error,
+                started_at=started_at, **(fields[i] if fields else empty),
+            )
+            for i, pair in enumerate(batch)
+        ]
+        return predictions, details or [PairDetail(pair.id, None, None, None) for pair in batch]
+
+    while True:
+        timeout_s = opts.timeout_s
+        if opts.deadline is not None:
+            remaining = opts.deadline - time.monotonic()
+            if remaining <= 0:
+                return finish(f"run deadline exceeded after {attempts} attempt(s)")
+            timeout_s = min(timeout_s, remaining)
+        attempts += 1
+        begin = time.perf_counter()
+        try:
+            status, data = connection.post(body, timeout_s)
+        except (OSError, http.client.HTTPException) as exc:
+            latency_ms = (time.perf_counter() - begin) * 1000.0
+            if opts.deadline is not None and time.monotonic() >= opts.deadline:
+                return finish(f"run deadline exceeded during attempt {attempts}: {type(exc).__name__}: {exc}")
+            if extra_tries == 0 and attempts < opts.max_attempts:
+                extra_tries += 1
+                continue
+            return finish(f"request failed after {attempts} attempt(s): {type(exc).__name__}: {exc}")
+        latency_ms = (time.perf_counter() - begin) * 1000.0
+        if status == 200:
+            try:
+                return finish(None, *_parse_results(batch, data))
+            except _Malformed as exc:
+                return finish(f"malformed response: {exc}")
+        message, retryable = _error_text(data)
+        if status == 503 and retryable:
+            if attempts >= opts.max_attempts:
+                return finish(f"HTTP 503 (retryable) on all {attempts} attempts: {message}")
+            delay = opts.rng.uniform(0.0, min(opts.backoff_cap_s, opts.backoff_base_s * 2**retries_503))
+            if opts.deadline is not None and time.monotonic() + delay >= opts.deadline:
+                return finish(f"run deadline exceeded while backing off after HTTP 503 (retryable): {message}")
+            retries_503 += 1
+            opts.sleep(delay)
+            continue
+        if status >= 500 and extra_tries == 0 and attempts < opts.max_attempts:
+            extra_tries += 1
+            continue
+        return finish(f"HTTP {status}: {message}")
+
+
+def run_pairs(
+    endpoint_url: str,
+    pairs: Sequence[NliPair],
+    *,
+    batch_size: int = 8,
+    concurrency: int = 1,
+    timeout_s: float = 60,
+    max_attempts: int = 6,
+    backoff_base_s: float = 0.2,
+    backoff_cap_s: float = 5,
+    inference_component: str | None = None,
+    deadline_s: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    dataset_name: str = "",
+    rng: random.Random | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> NliRun:
+    """Score every pair on a live encoder endpoint in batches; predictions and details in pair order.
+
+    Failures are carried in `Prediction.error`, never raised; `progress(done, total)` counts pairs.
+    """
+    _check_args(concurrency, timeout_s, max_attempts, backoff_base_s, backoff_cap_s, deadline_s)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise BadInput(f"batch_size={batch_size!r} is not an integer in 1..{MAX_BATCH_SIZE}",
+                       fix="use e.g. 8, and no more than the server's batch limit")
+    target = _parse_endpoint(endpoint_url)
+    if inference_component is not None and not inference_component.strip():
+        raise BadInput("inference_component is empty", fix="pass the component name, or None")
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if inference_component is not None:
+        headers[IC_HEADER] = inference_component
+    opts = _Options(
+        target=target, headers=headers, timeout_s=float(timeout_s), max_attempts=max_attempts,
+        backoff_base_s=float(backoff_base_s), backoff_cap_s=float(backoff_cap_s),
+        deadline=None if deadline_s is None else time.monotonic() + deadline_s,
+        dataset=dataset_name, rng=rng or random.Random(), sleep=sleep,
+    )
+    batches = [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
+    results: list[tuple[list[Prediction], list[PairDetail]] | None] = [None] * len(batches)
+    lock = threading.Lock()
+    cursor = iter(range(len(batches)))
+    stop = threading.Event()
+    done = 0
+
+    def worker() -> None:
+        nonlocal done
+        connection = _Connection(target, headers)
+        try:
+            while not stop.is_set():
+                with lock:
+                    index = next(cursor, None)
+                if index is None:
+                    return
+                outcome = _run_batch(batches[index], connection, opts)
+                with lock:
+                    results[index] = outcome
+                    done += len(batches[index])
+                    if progress is not None:
+                        progress(done, len(pairs))
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            connection.close()
+
+    workers = min(concurrency, len(batches))
+    if workers:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shiplift-nli") as pool:
+            for future in [pool.submit(worker) for _ in range(workers)]:
+                future.result()
+    return NliRun(
+        predictions=[p for outcome in results if outcome for p in outcome[0]],
+        details=[d for outcome in results if outcome for d in outcome[1]],
+    )
