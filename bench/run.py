@@ -12,7 +12,10 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
    forward time (target ≤ 10 %);
 4. orchestration overhead: the demo release (configs/releases/gemma-decision.yaml) as one
    refresh DAG run (`dag.test()` on SQLite) vs the same release through the CLI, each a fresh
-   process with fresh state (target ≤ 1.5×).
+   process with fresh state (target ≤ 1.5×);
+5. encoder engines (bench/encoder.py): PyTorch eager fp32 vs ONNX Runtime fp32 vs int8 at
+   sequence length 512 (targets: ORT fp32 ≥ 1.3×, ORT int8 ≥ 2× PyTorch at batch 8 with at
+   most 1 point accuracy loss).
 """
 
 from __future__ import annotations
@@ -246,14 +249,18 @@ def main() -> int:
     log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads")
     results = []
     with adapter(gguf) as url:
-        log("1/4 shared state vs single requests")
+        log("1/5 shared state vs single requests")
         results.append(bench_shared_state(url))
-        log("2/4 adapter overhead")
+        log("2/5 adapter overhead")
         results.append(bench_adapter_overhead(url, gguf))
-        log("3/4 runner overhead")
+        log("3/5 runner overhead")
         results.append(bench_runner_overhead(url))
-    log("4/4 orchestration overhead (two full demo releases)")
+    log("4/5 orchestration overhead (two full demo releases)")
     results.append(bench_dag_vs_cli())
+    log("5/5 encoder engines: PyTorch fp32 vs ONNX Runtime fp32 vs int8")
+    from bench.encoder import run as bench_encoder
+
+    results.extend(bench_encoder())
     width = max(len(r["name"]) for r in results)
     print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
     for r in results:

@@ -130,8 +130,10 @@ class TrainedNliSource(Strict):
     base_version: str = Field(min_length=1)
     data: DatasetRef = DatasetRef(path="builtin:nli")
     data_sha256: Sha256
-    epochs: int = Field(3, ge=1, le=50)
+    epochs: int = Field(10, ge=1, le=50)
     seed: int = Field(0, ge=0)
+    learning_rate: float = Field(1e-4, gt=0, lt=1)
+    batch_size: int = Field(8, ge=1, le=512)
 
 
 CheckpointSource = Annotated[

@@ -4,6 +4,8 @@
 2. Release it again with a temperature fitted on the calibration split: gated against the
    champion on the same tasks, then promoted if it is not worse.
 3. Release a broken model (a tiny random GGUF): the gate rejects it and the champion keeps serving.
+4. Release the encoder: a MiniLM-L6 NLI head trained here, exported to ONNX (+ int8), parity-checked
+   against PyTorch, served by ONNX Runtime and gated on the project's NLI test split.
 Then verify the ledger, ask the production endpoint one real question, and print a summary.
 """
 
@@ -18,10 +20,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 BROKEN = ROOT / "configs" / "releases" / "demo-broken-model.yaml"
+ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
 STEPS = (
     ("1. first release", CONFIG, ()),
     ("2. fitted temperature", CONFIG, ("calibration.fit_temperature=true",)),
     ("3. broken model", BROKEN, ()),
+    ("4. NLI encoder", ENCODER, ()),
 )
 
 
@@ -112,20 +116,20 @@ def main() -> int:
 
     state_dir = fresh_state_dir()
     banner(f"shiplift local release demo (state in {state_dir})")
-    rows, serving_after, production = [], [], None
+    rows, serving_after, production = [], [], {}
     for label, config, overrides in STEPS:
         banner(f"{label}: shiplift release {config.relative_to(ROOT)}" + "".join(f" --set {o}" for o in overrides))
         summary = run_release(config, overrides=overrides)
         rows.append((label, summary))
-        production = production or summary["served_by"]
-        serving_after.append(serving_release(state_dir, summary["model"], production))
+        production[summary["model"]] = production.get(summary["model"]) or summary["served_by"]
+        serving_after.append(serving_release(state_dir, summary["model"], production[summary["model"]]))
         print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
 
     banner("ledger verify")
     verdict = Ledger(ledger_url_for(state_dir, None)).verify().to_dict()
     print(json.dumps({k: verdict[k] for k in ("ok", "n_records", "head_hash")}), flush=True)
 
-    champion = next(s for _, s in reversed(rows) if s["status"] == "promoted")
+    champion = next(s for _, s in reversed(rows) if s["status"] == "promoted" and s["model"] == "gemma-decision")
     banner(f"asking the production endpoint {champion['served_by']} one question (boto3 sagemaker-runtime)")
     print(json.dumps(ask_production(state_dir, champion)), flush=True)
 
@@ -136,7 +140,7 @@ def main() -> int:
         f"--state-dir {state_dir} · stop: make stop SHIPLIFT_HOME={state_dir}",
         flush=True,
     )
-    expected = ["promoted", "promoted", "rejected"]
+    expected = ["promoted", "promoted", "rejected", "promoted"]
     return 0 if [s["status"] for _, s in rows] == expected and verdict["ok"] else 1
 
 

@@ -28,6 +28,10 @@ from tasks.onnx_export import ID2LABEL, LABEL2ID, LABELS, check_checkpoint
 
 TRAINING_RECORD = "training.json"
 SPLITS = ("train", "calibration", "test")
+# Measured on the project's NLI set (225 train pairs): MiniLM-L6 stays at chance for ~4 epochs at
+# lr 1e-4 / batch 8, then learns; 10 epochs reach ~0.7 calibration accuracy in ~2-3 min on 2 threads.
+DEFAULT_EPOCHS = 10
+WARMUP_FRACTION = 0.1  # linear warm-up over the first 10 % of steps, then linear decay to 0
 
 
 @dataclass(frozen=True)
@@ -141,10 +145,10 @@ def train_nli(
     pairs: Sequence[Any],
     out_dir: str | Path,
     *,
-    epochs: int = 5,
+    epochs: int = DEFAULT_EPOCHS,
     seed: int = 0,
     learning_rate: float = 1e-4,
-    batch_size: int = 16,
+    batch_size: int = 8,
     threads: int = 2,
     trainable_layers: int | None = None,
     max_len: int = 512,
@@ -196,8 +200,11 @@ def train_nli(
                 out_dir=str(out), base_model=str(base), seed=seed, epochs=history, best_epoch=best_epoch,
                 calibration_accuracy=history[best_epoch - 1].calibration_accuracy, test_accuracy=test_accuracy,
                 counts={split: len(items) for split, items in groups.items()}, trainable_layers=trainable_layers,
-                data_sha256=data_sha256, hyperparameters={"learning_rate": learning_rate, "batch_size": batch_size, "epochs": epochs,
-                                 "threads": threads, "max_len": max_len, "schedule": "linear decay, AdamW"},
+                data_sha256=data_sha256,
+                hyperparameters={
+                    "learning_rate": learning_rate, "batch_size": batch_size, "epochs": epochs, "threads": threads,
+                    "max_len": max_len, "schedule": "AdamW, linear warm-up 10 %, linear decay",
+                },
                 seconds=round(time.monotonic() - started, 1),
             )
             _save(model, tokenizer, base, out, result)
@@ -218,7 +225,10 @@ def _fit(model, tokenizer, rows, labels, *, epochs, seed, learning_rate, batch_s
     train_rows, train_labels = rows["train"], labels["train"]
     steps = epochs * -(-len(train_rows) // batch_size)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / steps))
+    warmup = max(1, round(WARMUP_FRACTION * steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup, max(0.0, (steps - step) / max(1, steps - warmup)))
+    )
     order = torch.Generator().manual_seed(seed)
     history: list[EpochStats] = []
     best: tuple[int, dict[str, Any]] | None = None
@@ -279,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="NLI JSONL with train/calibration/test splits")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory to create")
     parser.add_argument("--base-model", type=Path, default=None, help="encoder checkpoint (default: MiniLM-L6)")
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trainable-layers", type=int, default=None, help="fine-tune only the top N layers")
     args = parser.parse_args(argv)

