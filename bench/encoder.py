@@ -22,7 +22,7 @@ THREADS = 2
 MAX_LEN = 512
 WARMUP = 20
 BATCH1_REQUESTS = 60
-BATCH8_ROUNDS = 8
+BATCH8_ROUNDS = 11
 LABELS = ("entailment", "neutral", "contradiction")
 
 
