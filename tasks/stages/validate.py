@@ -69,7 +69,7 @@ def run(ctx) -> dict:
         "metrics": summary_metrics,
         "checks": report["checks"],
         "not_passed": [
-            f"{c['name']} {c['observed'] if c['observed'] is None else round(c['observed'], 4)} {c['comparator']} {c['threshold']}"
+            f"{c['name']} {c['observed'] if c['observed'] is None else round(c['observed'], 4)} (needs {c['comparator']} {c['threshold']})"
             for c in report["checks"] if c["status"] not in ("pass", "skipped")
         ],
         "thresholds": report["thresholds"],
