@@ -17,7 +17,6 @@ count and the server's truncation report come back in `NliRun.details`.
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
 import threading
@@ -29,16 +28,17 @@ from dataclasses import asdict, dataclass
 from tasks.errors import BadInput
 from validation.nli import LABELS, NliPair
 from validation.runner import (
+    EMPTY_RESULT,
     IC_HEADER,
     Prediction,
     _check_args,
     _Connection,
-    _error_text,
     _Malformed,
     _number,
     _numbers,
     _Options,
     _parse_endpoint,
+    post_with_retries,
 )
 
 MAX_BATCH_SIZE = 256
@@ -134,61 +134,23 @@ def _run_batch(
     body = json.dumps(
         {"pairs": [{"premise": p.premise, "hypothesis": p.hypothesis} for p in batch]}, ensure_ascii=False
     ).encode("utf-8")
-    attempts = retries_503 = extra_tries = 0
-    latency_ms = 0.0
-
-    def finish(error: str | None, fields: list[dict] | None = None, details: list[PairDetail] | None = None):
-        empty = dict.fromkeys(("probabilities", "option_logits", "allowed_token_mass", "temperature",
-                               "server_forward_ms", "server_total_ms"))
-        predictions = [
-            Prediction(
-                id=pair.id, dataset=opts.dataset, expected=pair.label, option_ids=list(LABELS),
-                latency_ms=latency_ms / len(batch), attempts=attempts, retries_503=retries_503, error=error,
-                started_at=started_at, **(fields[i] if fields else empty),
-            )
-            for i, pair in enumerate(batch)
-        ]
-        return predictions, details or [PairDetail(pair.id, None, None, None) for pair in batch]
-
-    while True:
-        timeout_s = opts.timeout_s
-        if opts.deadline is not None:
-            remaining = opts.deadline - time.monotonic()
-            if remaining <= 0:
-                return finish(f"run deadline exceeded after {attempts} attempt(s)")
-            timeout_s = min(timeout_s, remaining)
-        attempts += 1
-        begin = time.perf_counter()
+    exchange = post_with_retries(connection, body, opts)
+    fields = details = None
+    error = exchange.error
+    if error is None:
         try:
-            status, data = connection.post(body, timeout_s)
-        except (OSError, http.client.HTTPException) as exc:
-            latency_ms = (time.perf_counter() - begin) * 1000.0
-            if opts.deadline is not None and time.monotonic() >= opts.deadline:
-                return finish(f"run deadline exceeded during attempt {attempts}: {type(exc).__name__}: {exc}")
-            if extra_tries == 0 and attempts < opts.max_attempts:
-                extra_tries += 1
-                continue
-            return finish(f"request failed after {attempts} attempt(s): {type(exc).__name__}: {exc}")
-        latency_ms = (time.perf_counter() - begin) * 1000.0
-        if status == 200:
-            try:
-                return finish(None, *_parse_results(batch, data))
-            except _Malformed as exc:
-                return finish(f"malformed response: {exc}")
-        message, retryable = _error_text(data)
-        if status == 503 and retryable:
-            if attempts >= opts.max_attempts:
-                return finish(f"HTTP 503 (retryable) on all {attempts} attempts: {message}")
-            delay = opts.rng.uniform(0.0, min(opts.backoff_cap_s, opts.backoff_base_s * 2**retries_503))
-            if opts.deadline is not None and time.monotonic() + delay >= opts.deadline:
-                return finish(f"run deadline exceeded while backing off after HTTP 503 (retryable): {message}")
-            retries_503 += 1
-            opts.sleep(delay)
-            continue
-        if status >= 500 and extra_tries == 0 and attempts < opts.max_attempts:
-            extra_tries += 1
-            continue
-        return finish(f"HTTP {status}: {message}")
+            fields, details = _parse_results(batch, exchange.data)
+        except _Malformed as exc:
+            error = f"malformed response: {exc}"
+    predictions = [
+        Prediction(
+            id=pair.id, dataset=opts.dataset, expected=pair.label, option_ids=list(LABELS),
+            latency_ms=exchange.latency_ms / len(batch), attempts=exchange.attempts, retries_503=exchange.retries_503,
+            error=error, started_at=started_at, **(fields[i] if fields else EMPTY_RESULT),
+        )
+        for i, pair in enumerate(batch)
+    ]
+    return predictions, details or [PairDetail(pair.id, None, None, None) for pair in batch]
 
 
 def run_pairs(

@@ -198,29 +198,37 @@ def _error_text(data: bytes) -> tuple[str, bool]:
     return text, False
 
 
-def _run_one(task: JevTask, connection: _Connection, opts: _Options) -> Prediction:
-    started_at = time.time()
-    body = json.dumps({"decision": task.to_decision()}, ensure_ascii=False).encode("utf-8")
+EMPTY_RESULT = dict.fromkeys(
+    ("probabilities", "option_logits", "allowed_token_mass", "temperature", "server_forward_ms", "server_total_ms")
+)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request under the retry policy: the 200 body, or the error that ended it, and what it took."""
+
+    data: bytes | None
+    error: str | None
+    attempts: int
+    retries_503: int
+    latency_ms: float
+
+
+def post_with_retries(connection: _Connection, body: bytes, opts: _Options) -> Exchange:
+    """POST until a 200, a final error or the deadline: 503-retryable backs off (capped, full jitter);
+    a network error or other 5xx gets one more try; latency is that of the final attempt."""
     attempts = retries_503 = extra_tries = 0
     latency_ms = 0.0
 
-    def finish(error: str | None, fields: dict[str, Any] | None = None) -> Prediction:
-        values = fields or dict.fromkeys(
-            ("probabilities", "option_logits", "allowed_token_mass", "temperature",
-             "server_forward_ms", "server_total_ms")
-        )
-        return Prediction(
-            id=task.id, dataset=opts.dataset, expected=task.expected_label, option_ids=list(task.labels),
-            latency_ms=latency_ms, attempts=attempts, retries_503=retries_503, error=error,
-            started_at=started_at, **values,
-        )
+    def done(error: str | None, data: bytes | None = None) -> Exchange:
+        return Exchange(data=data, error=error, attempts=attempts, retries_503=retries_503, latency_ms=latency_ms)
 
     while True:
         timeout_s = opts.timeout_s
         if opts.deadline is not None:
             remaining = opts.deadline - time.monotonic()
             if remaining <= 0:
-                return finish(f"run deadline exceeded after {attempts} attempt(s)")
+                return done(f"run deadline exceeded after {attempts} attempt(s)")
             timeout_s = min(timeout_s, remaining)
         attempts += 1
         begin = time.perf_counter()
@@ -229,31 +237,45 @@ def _run_one(task: JevTask, connection: _Connection, opts: _Options) -> Predicti
         except (OSError, http.client.HTTPException) as exc:
             latency_ms = (time.perf_counter() - begin) * 1000.0
             if opts.deadline is not None and time.monotonic() >= opts.deadline:
-                return finish(f"run deadline exceeded during attempt {attempts}: {type(exc).__name__}: {exc}")
+                return done(f"run deadline exceeded during attempt {attempts}: {type(exc).__name__}: {exc}")
             if extra_tries == 0 and attempts < opts.max_attempts:
                 extra_tries += 1
                 continue
-            return finish(f"request failed after {attempts} attempt(s): {type(exc).__name__}: {exc}")
+            return done(f"request failed after {attempts} attempt(s): {type(exc).__name__}: {exc}")
         latency_ms = (time.perf_counter() - begin) * 1000.0
         if status == 200:
-            try:
-                return finish(None, _parse_result(task, data))
-            except _Malformed as exc:
-                return finish(f"malformed response: {exc}")
+            return done(None, data)
         message, retryable = _error_text(data)
         if status == 503 and retryable:
             if attempts >= opts.max_attempts:
-                return finish(f"HTTP 503 (retryable) on all {attempts} attempts: {message}")
+                return done(f"HTTP 503 (retryable) on all {attempts} attempts: {message}")
             delay = opts.rng.uniform(0.0, min(opts.backoff_cap_s, opts.backoff_base_s * 2**retries_503))
             if opts.deadline is not None and time.monotonic() + delay >= opts.deadline:
-                return finish(f"run deadline exceeded while backing off after HTTP 503 (retryable): {message}")
+                return done(f"run deadline exceeded while backing off after HTTP 503 (retryable): {message}")
             retries_503 += 1
             opts.sleep(delay)
             continue
         if status >= 500 and extra_tries == 0 and attempts < opts.max_attempts:
             extra_tries += 1
             continue
-        return finish(f"HTTP {status}: {message}")
+        return done(f"HTTP {status}: {message}")
+
+
+def _run_one(task: JevTask, connection: _Connection, opts: _Options) -> Prediction:
+    started_at = time.time()
+    body = json.dumps({"decision": task.to_decision()}, ensure_ascii=False).encode("utf-8")
+    exchange = post_with_retries(connection, body, opts)
+    fields, error = None, exchange.error
+    if error is None:
+        try:
+            fields = _parse_result(task, exchange.data)
+        except _Malformed as exc:
+            error = f"malformed response: {exc}"
+    return Prediction(
+        id=task.id, dataset=opts.dataset, expected=task.expected_label, option_ids=list(task.labels),
+        latency_ms=exchange.latency_ms, attempts=exchange.attempts, retries_503=exchange.retries_503, error=error,
+        started_at=started_at, **(fields or EMPTY_RESULT),
+    )
 
 
 def _check_args(concurrency: int, timeout_s: float, max_attempts: int, backoff_base_s: float,
