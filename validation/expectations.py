@@ -170,36 +170,52 @@ def _outcome(result: Any) -> ExpectationOutcome:
     )
 
 
-def check_decision_dataset(tasks: Sequence[JevTask | Mapping[str, Any]], *, name: str) -> DatasetCheck:
-    """Run the decision-dataset suite; return the check, or raise BadInput naming failed expectations.
+def shared_context() -> Any:
+    """The quiet in-memory GX context every suite here runs on (built once per process)."""
+    _suite_and_batch_definition()
+    return _gx["context"]
 
-    `tasks` are JevTasks or raw JevBench records. The raised error carries the full
-    DatasetCheck as `error.check` for evidence.
+
+def validate_rows(rows: list[dict[str, Any]], columns: list[str], suite_and_batch: Any, *, name: str, what: str,
+                  balance: dict[str, Any], fix: str) -> DatasetCheck:
+    """Validate rows with a suite; return the check, or raise BadInput naming every failed expectation.
+
+    `suite_and_batch` is called under the lock and returns (suite, batch definition). The raised
+    error carries the full DatasetCheck as `error.check` for evidence.
     """
     import pandas as pd
 
-    rows = [_row(task) for task in tasks]
-    columns = list(_row({}).keys())
     frame = pd.DataFrame(rows, columns=columns)
     with _lock:
-        suite, batch_definition = _suite_and_batch_definition()
+        suite, batch_definition = suite_and_batch()
         batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
         result = batch.validate(suite, result_format="SUMMARY")
     outcomes = [_outcome(r) for r in result.results]
     check = DatasetCheck(
         name=name, passed=bool(result.success) and all(o.success for o in outcomes),
-        row_count=len(rows), expectations=outcomes, balance=_balance(rows),
+        row_count=len(rows), expectations=outcomes, balance=balance,
     )
     if not check.passed:
         failed = [
             f"{o.expectation}({o.column or 'table'}): {o.unexpected_count} unexpected, e.g. {o.sample_unexpected}"
             for o in outcomes if not o.success
         ]
-        error = BadInput(
-            f"decision dataset {name!r} failed {len(failed)} expectation(s): " + "; ".join(failed),
-            fix="fix the listed rows (unique ids, expected label among 2-16 unique labels, "
-            "non-empty state and question, type noul|choice|score)",
-        )
+        error = BadInput(f"{what} {name!r} failed {len(failed)} expectation(s): " + "; ".join(failed), fix=fix)
         error.check = check  # type: ignore[attr-defined]
         raise error
     return check
+
+
+def check_decision_dataset(tasks: Sequence[JevTask | Mapping[str, Any]], *, name: str) -> DatasetCheck:
+    """Run the decision-dataset suite; return the check, or raise BadInput naming failed expectations.
+
+    `tasks` are JevTasks or raw JevBench records. The raised error carries the full
+    DatasetCheck as `error.check` for evidence.
+    """
+    rows = [_row(task) for task in tasks]
+    return validate_rows(
+        rows, list(_row({}).keys()), _suite_and_batch_definition, name=name, what="decision dataset",
+        balance=_balance(rows),
+        fix="fix the listed rows (unique ids, expected label among 2-16 unique labels, "
+        "non-empty state and question, type noul|choice|score)",
+    )

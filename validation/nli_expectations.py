@@ -11,8 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.errors import BadInput
-from validation.expectations import DatasetCheck, _outcome
+from validation.expectations import DatasetCheck, shared_context, validate_rows
 from validation.nli import LABELS, NliPair
 
 SUITE_NAME = "shiplift-nli-dataset"
@@ -21,14 +20,11 @@ _nli: dict[str, Any] = {}
 
 
 def _suite_and_batch_definition() -> tuple[Any, Any]:
-    """The NLI suite and batch definition on the shared GX context, created on first use (hold the lock)."""
+    """The NLI suite and batch definition on the shared GX context, created on first use (called under the lock)."""
     if not _nli:
         import great_expectations as gx
 
-        from validation import expectations as decision_suite
-
-        decision_suite._suite_and_batch_definition()  # builds the shared quiet context once per process
-        context = decision_suite._gx["context"]
+        context = shared_context()
         asset = context.data_sources.add_pandas(name="shiplift-nli").add_dataframe_asset(name="nli_dataset")
         batch_definition = asset.add_batch_definition_whole_dataframe("whole")
         expect = gx.expectations
@@ -77,30 +73,8 @@ def check_nli_pairs(pairs: Sequence[NliPair | Mapping[str, Any]], *, name: str) 
     `pairs` are NliPairs or raw records in our field names. The raised error carries the
     DatasetCheck as `error.check` for evidence.
     """
-    import pandas as pd
-
-    from validation import expectations as decision_suite
-
     rows = [_row(pair) for pair in pairs]
-    frame = pd.DataFrame(rows, columns=list(_COLUMNS))
-    with decision_suite._lock:
-        suite, batch_definition = _suite_and_batch_definition()
-        batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
-        result = batch.validate(suite, result_format="SUMMARY")
-    outcomes = [_outcome(r) for r in result.results]
-    check = DatasetCheck(
-        name=name, passed=bool(result.success) and all(o.success for o in outcomes),
-        row_count=len(rows), expectations=outcomes, balance=label_balance(rows),
+    return validate_rows(
+        rows, list(_COLUMNS), _suite_and_batch_definition, name=name, what="NLI dataset", balance=label_balance(rows),
+        fix=f"fix the listed rows (unique non-empty ids, label in {list(LABELS)}, non-empty premise and hypothesis)",
     )
-    if not check.passed:
-        failed = [
-            f"{o.expectation}({o.column or 'table'}): {o.unexpected_count} unexpected, e.g. {o.sample_unexpected}"
-            for o in outcomes if not o.success
-        ]
-        error = BadInput(
-            f"NLI dataset {name!r} failed {len(failed)} expectation(s): " + "; ".join(failed),
-            fix=f"fix the listed rows (unique non-empty ids, label in {list(LABELS)}, non-empty premise and hypothesis)",
-        )
-        error.check = check  # type: ignore[attr-defined]
-        raise error
-    return check
