@@ -19,26 +19,23 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from tasks.errors import BadInput
 from validation.nli import LABELS, NliPair
 from validation.runner import (
     EMPTY_RESULT,
-    IC_HEADER,
     Prediction,
-    _check_args,
     _Connection,
     _Malformed,
     _number,
     _numbers,
     _Options,
-    _parse_endpoint,
     post_with_retries,
+    run_bounded,
+    run_options,
 )
 
 MAX_BATCH_SIZE = 256
@@ -174,55 +171,17 @@ def run_pairs(
 
     Failures are carried in `Prediction.error`, never raised; `progress(done, total)` counts pairs.
     """
-    _check_args(concurrency, timeout_s, max_attempts, backoff_base_s, backoff_cap_s, deadline_s)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise BadInput(f"batch_size={batch_size!r} is not an integer in 1..{MAX_BATCH_SIZE}",
                        fix="use e.g. 8, and no more than the server's batch limit")
-    target = _parse_endpoint(endpoint_url)
-    if inference_component is not None and not inference_component.strip():
-        raise BadInput("inference_component is empty", fix="pass the component name, or None")
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if inference_component is not None:
-        headers[IC_HEADER] = inference_component
-    opts = _Options(
-        target=target, headers=headers, timeout_s=float(timeout_s), max_attempts=max_attempts,
-        backoff_base_s=float(backoff_base_s), backoff_cap_s=float(backoff_cap_s),
-        deadline=None if deadline_s is None else time.monotonic() + deadline_s,
-        dataset=dataset_name, rng=rng or random.Random(), sleep=sleep,
+    opts = run_options(
+        endpoint_url, concurrency=concurrency, timeout_s=timeout_s, max_attempts=max_attempts,
+        backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
+        deadline_s=deadline_s, dataset_name=dataset_name, rng=rng, sleep=sleep,
     )
     batches = [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
-    results: list[tuple[list[Prediction], list[PairDetail]] | None] = [None] * len(batches)
-    lock = threading.Lock()
-    cursor = iter(range(len(batches)))
-    stop = threading.Event()
-    done = 0
-
-    def worker() -> None:
-        nonlocal done
-        connection = _Connection(target, headers)
-        try:
-            while not stop.is_set():
-                with lock:
-                    index = next(cursor, None)
-                if index is None:
-                    return
-                outcome = _run_batch(batches[index], connection, opts)
-                with lock:
-                    results[index] = outcome
-                    done += len(batches[index])
-                    if progress is not None:
-                        progress(done, len(pairs))
-        except BaseException:
-            stop.set()
-            raise
-        finally:
-            connection.close()
-
-    workers = min(concurrency, len(batches))
-    if workers:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shiplift-nli") as pool:
-            for future in [pool.submit(worker) for _ in range(workers)]:
-                future.result()
+    results = run_bounded(batches, _run_batch, opts, concurrency=concurrency, progress=progress,
+                          thread_name="shiplift-nli", weight=len)
     return NliRun(
         predictions=[p for outcome in results if outcome for p in outcome[0]],
         details=[d for outcome in results if outcome for d in outcome[1]],

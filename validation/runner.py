@@ -319,6 +319,18 @@ def run_decisions(
     `deadline_s` (seconds from the call) carry a deadline error. `rng`/`sleep` let tests
     pin the backoff jitter and observe the waits.
     """
+    opts = run_options(
+        endpoint_url, concurrency=concurrency, timeout_s=timeout_s, max_attempts=max_attempts,
+        backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
+        deadline_s=deadline_s, dataset_name=dataset_name, rng=rng, sleep=sleep,
+    )
+    return run_bounded(tasks, _run_one, opts, concurrency=concurrency, progress=progress, thread_name="shiplift-eval")
+
+
+def run_options(endpoint_url: str, *, concurrency: int, timeout_s: float, max_attempts: int, backoff_base_s: float,
+                backoff_cap_s: float, inference_component: str | None, deadline_s: float | None, dataset_name: str,
+                rng: random.Random | None, sleep: Callable[[float], None]) -> _Options:
+    """Validate a runner's settings and resolve them into the options every request uses."""
     _check_args(concurrency, timeout_s, max_attempts, backoff_base_s, backoff_cap_s, deadline_s)
     target = _parse_endpoint(endpoint_url)
     if inference_component is not None and not inference_component.strip():
@@ -326,32 +338,40 @@ def run_decisions(
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if inference_component is not None:
         headers[IC_HEADER] = inference_component
-    opts = _Options(
+    return _Options(
         target=target, headers=headers, timeout_s=float(timeout_s), max_attempts=max_attempts,
         backoff_base_s=float(backoff_base_s), backoff_cap_s=float(backoff_cap_s),
         deadline=None if deadline_s is None else time.monotonic() + deadline_s,
         dataset=dataset_name, rng=rng or random.Random(), sleep=sleep,
     )
-    total = len(tasks)
-    results: list[Prediction | None] = [None] * total
+
+
+def run_bounded(items: Sequence[Any], work: Callable[[Any, _Connection, _Options], Any], opts: _Options, *,
+                concurrency: int, progress: Callable[[int, int], None] | None, thread_name: str,
+                weight: Callable[[Any], int] = lambda item: 1) -> list[Any]:
+    """Run `work(item, connection, opts)` over items with at most `concurrency` workers, each on its own
+    keep-alive connection, taking items in order (no queue); results in item order. `progress`
+    receives the summed `weight` of finished items and of all items."""
+    total = sum(weight(item) for item in items)
+    results: list[Any] = [None] * len(items)
     lock = threading.Lock()
-    cursor = iter(range(total))
+    cursor = iter(range(len(items)))
     stop = threading.Event()
     done = 0
 
     def worker() -> None:
         nonlocal done
-        connection = _Connection(target, headers)
+        connection = _Connection(opts.target, opts.headers)
         try:
             while not stop.is_set():
                 with lock:
                     index = next(cursor, None)
                 if index is None:
                     return
-                prediction = _run_one(tasks[index], connection, opts)
+                outcome = work(items[index], connection, opts)
                 with lock:
-                    results[index] = prediction
-                    done += 1
+                    results[index] = outcome
+                    done += weight(items[index])
                     if progress is not None:
                         progress(done, total)
         except BaseException:
@@ -360,13 +380,12 @@ def run_decisions(
         finally:
             connection.close()
 
-    workers = min(concurrency, total)
+    workers = min(concurrency, len(items))
     if workers:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shiplift-eval") as pool:
-            futures = [pool.submit(worker) for _ in range(workers)]
-            for future in futures:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name) as pool:
+            for future in [pool.submit(worker) for _ in range(workers)]:
                 future.result()
-    return [p for p in results if p is not None]
+    return [r for r in results if r is not None]
 
 
 def write_predictions(path: str | Path, predictions: Sequence[Prediction]) -> None:
