@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
@@ -209,6 +209,7 @@ class EncoderImage(Strict):
     base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
     threads: int = Field(2, ge=1, le=256)
     variant: Literal["fp32", "int8"] = "fp32"
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cuda needs the GPU image (ORT_PACKAGE=onnxruntime-gpu)")
     max_len: int = Field(512, ge=16, le=8192)
     max_batch: int = Field(32, ge=1, le=4096)
     truncation: Literal["refuse", "premise_first"] = "refuse"
@@ -222,6 +223,7 @@ class EncoderImage(Strict):
         return {
             "ENCODER_MODEL_DIR": str(model_dir),
             "ENCODER_VARIANT": self.variant,
+            "ENCODER_DEVICE": self.device,
             "ENCODER_THREADS": str(self.threads),
             "ENCODER_MAX_LEN": str(self.max_len),
             "ENCODER_MAX_BATCH": str(self.max_batch),
@@ -279,12 +281,48 @@ class InstancePoolPlacement(Strict):
         return pools
 
 
+class MigGpu(NamedTuple):
+    """One GPU of an instance family that SageMaker partitions with MIG (DESIGN §7)."""
+
+    name: str
+    memory_gb: int
+    max_partitions: int  # also the GPU's compute slices: a layout's `Ng` sum must fit them
+
+
+MIG_GPUS = {
+    "p4d": MigGpu("A100 40 GB", 40, 7),
+    "p5": MigGpu("H100 80 GB", 80, 7),
+    "g7": MigGpu("RTX PRO 4500 32 GB", 32, 2),
+    "g7e": MigGpu("RTX PRO 6000 96 GB", 96, 4),
+}
+
+
 class MigPartitionPlacement(Strict):
+    """`partitions` copies of one MIG profile on one GPU: the endpoint's AcceleratorPartitionLayouts."""
+
     kind: Literal["mig_partition"]
     instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
     partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")
     partitions: int = Field(1, ge=1, le=7)
     inference_ami_version: str | None = None
+
+    @model_validator(mode="after")
+    def _layout_fits_one_gpu(self) -> "MigPartitionPlacement":
+        family = self.instance_type.split(".")[1]
+        gpu = MIG_GPUS.get(family)
+        if gpu is None:
+            raise ValueError(
+                f"instance_type {self.instance_type}: SageMaker MIG partitions are known for "
+                f"{', '.join(f'ml.{f}.*' for f in MIG_GPUS)}; pick one of those families"
+            )
+        slices, memory = (int(n) for n in re.match(r"^mig-([0-9]+)g\.([0-9]+)gb", self.partition_type).groups())
+        if self.partitions * slices > gpu.max_partitions or self.partitions * memory > gpu.memory_gb:
+            raise ValueError(
+                f"{self.partitions} x {self.partition_type} needs {self.partitions * slices} compute slices and "
+                f"{self.partitions * memory} GB, but one {gpu.name} GPU of {self.instance_type} has "
+                f"{gpu.max_partitions} slices and {gpu.memory_gb} GB; use fewer or smaller partitions"
+            )
+        return self
 
 
 class InstanceTypePlacement(Strict):
@@ -387,6 +425,21 @@ class ReleaseConfig(Strict):
             raise ValueError(
                 f"artifact.kind {self.artifact.kind} needs image.kind {image} and validation.kind {validation}, "
                 f"got image.kind {self.image.kind} and validation.kind {self.validation.kind}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _placement_fits_image(self) -> "ReleaseConfig":
+        if not isinstance(self.placement, MigPartitionPlacement):
+            return self
+        on_gpu = self.image.device == "cuda" if isinstance(self.image, EncoderImage) else self.image.n_gpu_layers != 0
+        if not on_gpu:
+            fix = "set image.device: cuda" if isinstance(self.image, EncoderImage) else "set image.n_gpu_layers (-1: all)"
+            raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {fix}")
+        if self.rollout.copies > self.placement.partitions:
+            raise ValueError(
+                f"rollout.copies ({self.rollout.copies}) exceeds placement.partitions ({self.placement.partitions}): "
+                "each copy takes one partition; raise partitions or lower copies"
             )
         return self
 

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 LABELS = ("entailment", "neutral", "contradiction")
 PAIR_KEYS = ("premise", "hypothesis")
 VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+DEVICE_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 TRUNCATION_POLICIES = ("refuse", "premise_first")
 GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 EXIT_CONFIG, EXIT_MODEL = 2, 3
@@ -71,6 +72,7 @@ class Settings:
     model_dir: Path
     model_path: Path
     variant: str
+    device: str
     max_len: int
     max_batch: int
     truncation: str
@@ -205,6 +207,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = _env_int(env, "ENCODER_THREADS", cpus, 1, 1024)
     variant = _env_choice(env, "ENCODER_VARIANT", "fp32", tuple(VARIANT_FILES))
+    device = _env_choice(env, "ENCODER_DEVICE", "cpu", tuple(DEVICE_PROVIDERS))
     truncation = _env_choice(env, "ENCODER_TRUNCATION", "refuse", TRUNCATION_POLICIES)
     pad_to_max = _env_bool(env, "ENCODER_PAD_TO_MAX")
     max_batch = _env_int(env, "ENCODER_MAX_BATCH", 32, 1, 4096)
@@ -244,6 +247,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         model_dir=model_dir,
         model_path=model_path,
         variant=variant,
+        device=device,
         max_len=max_len,
         max_batch=max_batch,
         truncation=truncation,
@@ -400,16 +404,40 @@ class Engine:
         options.intra_op_num_threads = settings.threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = onnxruntime.InferenceSession(
-            str(settings.model_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        self.session = self._session(options)
         self.input_names = self._check_graph()
         self.model_info = {
             "file": settings.model_path.name,
             "sha256": _sha256_file(settings.model_path),
             "variant": settings.variant,
+            "device": settings.device,
             "temperature": settings.temperature,
         }
+
+    def _session(self, options: Any) -> Any:
+        """An ONNX Runtime session on ENCODER_DEVICE; never a silent fallback from CUDA to the CPU."""
+        import onnxruntime
+
+        provider = DEVICE_PROVIDERS[self.settings.device]
+        available = onnxruntime.get_available_providers()
+        if provider not in available:
+            raise StartupError(
+                f"ENCODER_DEVICE={self.settings.device} needs {provider}, but this onnxruntime "
+                f"({onnxruntime.__version__}) offers {available}; build the image with "
+                "ORT_PACKAGE=onnxruntime-gpu on a CUDA base, or set ENCODER_DEVICE=cpu",
+                EXIT_CONFIG,
+            )
+        session = onnxruntime.InferenceSession(
+            str(self.settings.model_path), sess_options=options, providers=[provider]
+        )
+        if session.get_providers()[0] != provider:
+            raise StartupError(
+                f"ONNX Runtime did not place the model on {provider} (it runs on "
+                f"{session.get_providers()}); check the CUDA/cuDNN libraries and the GPU "
+                "(nvidia-smi) in the container",
+                EXIT_MODEL,
+            )
+        return session
 
     def _pad_token_id(self) -> int:
         """config.json's pad_token_id, else the id of the pad_token named in special_tokens_map.json."""
@@ -600,7 +628,7 @@ class EncoderServer(ThreadingHTTPServer):
             self.engine = Engine(self.settings)
             info = self.engine.model_info
             print(
-                f"encoder: model {info['file']} ({info['variant']}, sha256 {info['sha256']}) loaded in "
+                f"encoder: model {info['file']} ({info['variant']} on {info['device']}, sha256 {info['sha256']}) loaded in "
                 f"{time.perf_counter() - start:.2f}s; max_len {self.settings.max_len}, "
                 f"truncation {self.settings.truncation}, temperature {self.settings.temperature}",
                 file=sys.stderr,

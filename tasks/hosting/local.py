@@ -8,6 +8,8 @@ Mutations of one endpoint are serialised by a file lock, so two commands never r
 Crash safety: copies being started are recorded as `pending` before anyone waits on them and
 replaced copies as `retiring` before the router switches; the next command on the endpoint
 stops whatever is left in either list, and re-syncs the router with the recorded components.
+Every process started for an endpoint carries `SHIPLIFT_ENDPOINT_OWNER` in its environment, so
+one killed between spawning and recording it is found by that tag and stopped too (Linux).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ POLL_S = 0.05
 LOG_TAIL_BYTES = 4096
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HAVE_PROC = Path("/proc/self/stat").exists()  # Linux: pid start times guard against pid reuse
+OWNER_ENV = "SHIPLIFT_ENDPOINT_OWNER"
 
 
 def _check_env_name(name: str) -> str:
@@ -208,6 +211,38 @@ def _alive(ref: ProcessRef) -> bool:
         _reap(ref.pid)
         return False
     return True
+
+
+def _tagged_processes(owner: str) -> list[ProcessRef]:
+    """Live session leaders whose environment carries OWNER_ENV=owner (none without /proc).
+
+    Only leaders: every process this backend starts leads its own session, and a leader's
+    children (in its process group) are stopped with it.
+    """
+    if not HAVE_PROC:
+        return []
+    tag = f"{OWNER_ENV}={owner}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        if tag in environ.split(b"\0") and _process_group(pid) == pid:
+            ticks = _start_ticks(pid)
+            if ticks is not None:
+                found.append(ProcessRef(pid=pid, start_ticks=ticks, log=""))
+    return found
+
+
+def _process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _signal(ref: ProcessRef, sig: int) -> None:
@@ -395,6 +430,7 @@ class LocalHosting:
         _check_name("endpoint", name)
         with self._lock(name):
             state = self._load(name)
+            self._stop_untracked(state or EndpointState(name=name))
             if state is None:
                 return False
             copies = state.pending + state.retiring
@@ -552,6 +588,7 @@ class LocalHosting:
     def _ensure(self, name: str) -> tuple[EndpointState, str]:
         """Under the lock: clean leftovers, make the router run, sync it with the state."""
         state = self._load(name) or EndpointState(name=name)
+        self._stop_untracked(state)
         if state.pending or state.retiring:
             self._stop_copies(state.pending + state.retiring)
             state.pending, state.retiring = [], []
@@ -568,6 +605,23 @@ class LocalHosting:
             self._save(state)
         self._sync_router(state)
         return state, status
+
+    def _owner(self, name: str) -> str:
+        return f"{self.state_dir.resolve()}::{name}"
+
+    def _stop_untracked(self, state: EndpointState) -> None:
+        """Stop this endpoint's processes that no record names: spawned, then killed before saved."""
+        recorded = [*state.pending, *state.retiring]
+        recorded += [c for comp in state.components.values() for c in comp.copies]
+        if state.router is not None:
+            recorded.append(state.router)
+        known = {(ref.pid, ref.start_ticks) for ref in recorded}
+        orphans = [
+            ref
+            for ref in _tagged_processes(self._owner(state.name))
+            if (ref.pid, ref.start_ticks) not in known and (ref.pid, None) not in known
+        ]
+        _stop(orphans, self.stop_grace_s)
 
     def _router_healthy(self, state: EndpointState) -> bool:
         assert state.router is not None
@@ -589,7 +643,7 @@ class LocalHosting:
         ready.unlink(missing_ok=True)
         log = self.state_dir / "logs" / name / "router.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = {**os.environ, OWNER_ENV: self._owner(name)}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p
         )
@@ -704,6 +758,7 @@ class LocalHosting:
                 port = _free_port()
                 log = log_dir / f"{component}-{generation}-{index}.log"
                 env = {**os.environ, **spec.env, spec.port_env: str(port)}
+                env[OWNER_ENV] = self._owner(endpoint)
                 with open(log, "ab") as handle:
                     try:
                         proc = subprocess.Popen(

@@ -341,6 +341,7 @@ def test_batch_results_follow_the_contract(encoder, model_dir):
         "file": "model.onnx",
         "sha256": sha256_file(model_dir / "model.onnx"),
         "variant": "fp32",
+        "device": "cpu",
         "temperature": 1.0,
     }
 
@@ -542,6 +543,7 @@ def test_sagemaker_serve_argument_and_sigterm_stop_cleanly(model_dir, tmp_path):
 
 BAD_ENV = {
     "variant": ({"ENCODER_VARIANT": "fp16"}, "ENCODER_VARIANT"),
+    "device": ({"ENCODER_DEVICE": "tpu"}, "ENCODER_DEVICE"),
     "max len over positions": ({"ENCODER_MAX_LEN": "100000"}, "ENCODER_MAX_LEN=100000 exceeds the model's"),
     "max len not a number": ({"ENCODER_MAX_LEN": "long"}, "ENCODER_MAX_LEN"),
     "max batch zero": ({"ENCODER_MAX_BATCH": "0"}, "ENCODER_MAX_BATCH"),
@@ -564,6 +566,16 @@ def test_bad_environment_stops_startup_with_exit_2(model_dir, overrides, needle)
 def _model_copy(model_dir: Path, target: Path) -> Path:
     shutil.copytree(model_dir, target)
     return target
+
+
+def test_cuda_device_without_the_gpu_runtime_refuses_to_start_instead_of_using_the_cpu(model_dir):
+    import onnxruntime
+
+    assert "CUDAExecutionProvider" not in onnxruntime.get_available_providers(), "the project pins the CPU onnxruntime"
+    done = run_to_exit(encoder_env(model_dir, ENCODER_DEVICE="cuda"))
+    assert done.returncode == 2, done.stderr
+    assert "ENCODER_DEVICE=cuda needs CUDAExecutionProvider" in done.stderr
+    assert "onnxruntime-gpu" in done.stderr, done.stderr
 
 
 def test_int8_without_its_file_refuses_to_start(model_dir, tmp_path):
@@ -679,7 +691,17 @@ def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(tmp_
     assert detail == {"ImageURI": f"{ECR_REPO}@{FAKE_DIGEST}"}
     docker_log = (tmp_path / "docker.log").read_text()
     assert f"--build-arg BASE_IMAGE={PYTHON_BASE}" in docker_log
+    assert "--build-arg ORT_PACKAGE=onnxruntime " in docker_log
     assert f"docker push {ECR_REPO}:c97b315c4728" in docker_log
+
+
+def test_buildspec_builds_the_gpu_variant_from_a_cuda_base(tmp_path):
+    cuda_base = "nvidia/cuda@sha256:" + "cd" * 32
+    done = _run_buildspec(tmp_path, BASE_IMAGE=cuda_base, ORT_PACKAGE="onnxruntime-gpu")
+    assert done.returncode == 0, done.stderr
+    docker_log = (tmp_path / "docker.log").read_text()
+    assert f"--build-arg BASE_IMAGE={cuda_base}" in docker_log
+    assert "--build-arg ORT_PACKAGE=onnxruntime-gpu " in docker_log
 
 
 @pytest.mark.parametrize(
@@ -688,8 +710,9 @@ def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(tmp_
         ({"BASE_IMAGE": "python:3.11-slim"}, "not pinned by digest"),
         ({"IMAGE_TAG": "latest"}, "IMAGE_TAG=latest"),
         ({"CODEBUILD_BUILD_SUCCEEDING": "0"}, "nothing pushed"),
+        ({"ORT_PACKAGE": "onnxruntime-directml"}, "ORT_PACKAGE=onnxruntime-directml"),
     ],
-    ids=["tag base", "latest tag", "failed build"],
+    ids=["tag base", "latest tag", "failed build", "unknown runtime package"],
 )
 def test_buildspec_refuses_unpinned_or_mutable_builds(tmp_path, env, needle):
     done = _run_buildspec(tmp_path, **env)

@@ -125,6 +125,50 @@ def test_encoder_demo_pins_the_shipped_nli_data():
     assert config.artifact.source.data_sha256 == load_nli(ROOT / "validation" / "data" / "nli.jsonl").sha256
 
 
+MDEBERTA = ROOT / "configs" / "releases" / "mdeberta-nli.yaml"
+
+
+def write_mdeberta_variant(tmp_path: Path, mutate) -> Path:
+    tree = yaml.safe_load(MDEBERTA.read_text())
+    mutate(tree)
+    path = tmp_path / "mdeberta-variant.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_production_encoder_pins_mdeberta_at_a_commit_on_mig_partitions():
+    config = load_release_config(MDEBERTA, environ={})
+    source = config.artifact.source
+    assert (source.kind, source.repo) == ("huggingface", "MoritzLaurer/mDeBERTa-v3-base-mnli-xnli")
+    assert len(source.revision) == 40 and not config.artifact.int8
+    assert (config.placement.kind, config.placement.instance_type) == ("mig_partition", "ml.p5.48xlarge")
+    assert config.rollout.copies <= config.placement.partitions
+    assert config.image.server_env(Path("/opt/ml/model"))["ENCODER_DEVICE"] == "cuda"
+
+
+@pytest.mark.parametrize(
+    "placement, words",
+    [
+        ({"instance_type": "ml.g5.2xlarge"}, "MIG partitions are known for"),
+        ({"partition_type": "mig-3g.40gb", "partitions": 3}, "9 compute slices and 120 GB"),
+        ({"instance_type": "ml.g7e.48xlarge", "partition_type": "mig-2g.48gb", "partitions": 3}, "4 slices and 96 GB"),
+        ({"partitions": 1}, "rollout.copies (2) exceeds placement.partitions (1)"),
+    ],
+    ids=["no MIG family", "over the GPU", "over a G7e GPU", "more copies than partitions"],
+)
+def test_mig_layout_must_fit_one_gpu_and_the_copies(tmp_path, placement, words):
+    path = write_mdeberta_variant(tmp_path, lambda t: t["placement"].update(placement))
+    with pytest.raises(ConfigError, match="placement") as caught:
+        load_release_config(path, environ={})
+    assert words in str(caught.value)
+
+
+def test_mig_partition_with_a_cpu_image_is_refused(tmp_path):
+    path = write_mdeberta_variant(tmp_path, lambda t: t["image"].update(device="cpu"))
+    with pytest.raises(ConfigError, match="set image.device: cuda"):
+        load_release_config(path, environ={})
+
+
 def test_model_family_must_be_consistent(tmp_path):
     path = write_variant(tmp_path, lambda t: t.update(validation={**t["validation"], "kind": "nli"}))
     with pytest.raises(ConfigError, match="validation"):

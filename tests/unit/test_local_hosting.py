@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.errors import BadInput, CapacityError, NotFound, NotReady
-from tasks.hosting.local import ComponentSpec, LocalHosting
+from tasks.hosting.local import OWNER_ENV, ComponentSpec, LocalHosting
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"
 
@@ -267,3 +267,51 @@ def test_leftover_pending_copy_from_a_crash_is_stopped_by_the_next_command(hosti
     assert LocalHosting(tmp_path / "state").ensure_endpoint("ep-k").status == "running"
     assert orphan.wait(timeout=5) is not None
     assert json.loads(path.read_text())["pending"] == []
+
+
+def _spawn_tagged(owner: str | None) -> subprocess.Popen:
+    """A fake copy started as the backend would, but never recorded (its spawner was killed)."""
+    env = {**os.environ, "FAKE_PORT": "0"}
+    if owner is not None:
+        env[OWNER_ENV] = owner
+    return subprocess.Popen(
+        [sys.executable, str(FAKE)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def test_unrecorded_process_tagged_for_the_endpoint_is_stopped_and_others_are_not(hosting, tmp_path):
+    hosting.ensure_endpoint("ep-m")
+    owner = f"{(tmp_path / 'state').resolve()}::ep-m"
+    orphan = _spawn_tagged(owner)
+    other_endpoint = _spawn_tagged(f"{(tmp_path / 'state').resolve()}::ep-other")
+    untagged = _spawn_tagged(None)
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{orphan.pid}/environ").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)  # environ reads empty until exec has finished
+        put = hosting.put_component("ep-m", "semif", _spec(), ready_timeout_s=20)
+        assert orphan.wait(timeout=5) is not None
+        assert other_endpoint.poll() is None and untagged.poll() is None
+        assert not _dead(put.copies[0].pid, within_s=0.2), "recorded copies keep running"
+    finally:
+        for proc in (orphan, other_endpoint, untagged):
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def test_delete_of_an_endpoint_never_recorded_still_stops_its_tagged_router(tmp_path):
+    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
+    orphan = _spawn_tagged(f"{(tmp_path / 'state').resolve()}::ep-n")
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{orphan.pid}/environ").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hosting.delete_endpoint("ep-n") is False
+        assert orphan.wait(timeout=5) is not None
+    finally:
+        orphan.kill()
+        orphan.wait(timeout=5)

@@ -293,3 +293,35 @@ def test_parity_fails_when_the_shipped_tokenizer_differs(checkpoint: Path, model
 def test_parity_refuses_bad_probes(checkpoint: Path, model_dir: Path, probes: list, match: str) -> None:
     with pytest.raises(BadInput, match=match):
         parity_check(checkpoint, model_dir, probes)
+
+
+def _tiny_deberta_v2(checkpoint: Path, out: Path) -> Path:
+    """mDeBERTa's architecture (DebertaV2, relative attention, no token types) at toy size, random weights."""
+    import torch
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    config = DebertaV2Config(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512, type_vocab_size=0, relative_attention=True,
+        position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
+        position_biased_input=False, max_relative_positions=-1, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.2, id2label=dict(ID2LABEL), label2id={v: k for k, v in ID2LABEL.items()},
+    )
+    torch.manual_seed(0)
+    DebertaV2ForSequenceClassification(config).eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_mdeberta_architecture_exports_with_fp32_parity(checkpoint: Path, tmp_path: Path) -> None:
+    deberta = _tiny_deberta_v2(checkpoint, tmp_path / "deberta")
+    info = check_checkpoint(deberta)
+    assert (info.model_type, info.architecture) == ("deberta-v2", "DebertaV2ForSequenceClassification")
+    result = export_onnx(deberta, tmp_path / "model", int8=False)
+    model_dir = Path(result.model_dir)
+    assert not (model_dir / "model.int8.onnx").exists()
+    assert [i.name for i in _session(model_dir / "model.onnx").get_inputs()] == ["input_ids", "attention_mask"]
+    report = require_parity(parity_check(deberta, model_dir, PROBES * 2, batch_size=4))
+    assert report.passed and set(report.variants) == {"fp32"}
+    assert report.variants["fp32"].max_abs_logit_delta < 1e-4
