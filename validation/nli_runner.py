@@ -1,7 +1,7 @@
 """NLI runner: send premise/hypothesis batches to an encoder endpoint and collect per-pair predictions.
 
 POSTs `{"pairs": [{"premise", "hypothesis"}, ...]}` to `{endpoint_url}/invocations` (DESIGN §6.3)
-with the decision runner's connection handling and retry policy (validation.runner): 503
+with the connection handling and retry policy the decision runner uses (validation.transport): 503
 `{"retryable": true}` is retried with capped exponential backoff and full jitter; other 4xx fail
 the batch at once; other 5xx and network failures get one more try. A failed batch gives every
 pair in it that error. Each pair becomes a decision-shaped `Prediction` (options entailment,
@@ -17,6 +17,7 @@ count and the server's truncation report come back in `NliRun.details`.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -25,14 +26,14 @@ from dataclasses import asdict, dataclass
 
 from tasks.errors import BadInput
 from validation.nli import LABELS, NliPair
-from validation.runner import (
-    EMPTY_RESULT,
-    Prediction,
-    _Connection,
-    _Malformed,
-    _number,
-    _numbers,
-    _Options,
+from validation.runner import EMPTY_RESULT, Prediction
+from validation.transport import (
+    Connection,
+    Malformed,
+    Options,
+    json_body,
+    optional_number,
+    optional_numbers,
     post_with_retries,
     run_bounded,
     run_options,
@@ -75,44 +76,41 @@ class NliRun:
 
 
 def _parse_results(batch: Sequence[NliPair], data: bytes) -> tuple[list[dict], list[PairDetail]]:
-    """Per-pair Prediction fields and details from a 200 body; _Malformed when it breaks the contract."""
-    try:
-        payload = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _Malformed(f"response body is not JSON: {exc}") from None
+    """Per-pair Prediction fields and details from a 200 body; `Malformed` when it breaks the contract."""
+    payload = json_body(data)
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, list) or len(results) != len(batch):
         got = len(results) if isinstance(results, list) else "no"
-        raise _Malformed(f"response has {got} 'results' for a batch of {len(batch)} pairs")
+        raise Malformed(f"response has {got} 'results' for a batch of {len(batch)} pairs")
     timing = payload.get("timing") or {}
     if not isinstance(timing, dict):
-        raise _Malformed("response field 'timing' is not an object")
+        raise Malformed("response field 'timing' is not an object")
     model = payload.get("model") or {}
     if not isinstance(model, dict):
-        raise _Malformed("response field 'model' is not an object")
-    temperature = _number(model.get("temperature"), "model.temperature")
-    forward = _number(timing.get("forward_ms"), "timing.forward_ms")
-    total = _number(timing.get("total_ms"), "timing.total_ms")
+        raise Malformed("response field 'model' is not an object")
+    temperature = optional_number(model.get("temperature"), "model.temperature")
+    forward = optional_number(timing.get("forward_ms"), "timing.forward_ms")
+    total = optional_number(timing.get("total_ms"), "timing.total_ms")
     share = len(batch)
     fields, details = [], []
     for pair, result in zip(batch, results, strict=True):
         if not isinstance(result, dict):
-            raise _Malformed(f"result for pair {pair.id!r} is not an object")
+            raise Malformed(f"result for pair {pair.id!r} is not an object")
         probs = result.get("probabilities")
         if not isinstance(probs, dict) or sorted(probs) != sorted(LABELS):
-            raise _Malformed(f"result for pair {pair.id!r}: probabilities must map exactly {list(LABELS)}")
-        logits = _numbers(result.get("logits"), "logits")
+            raise Malformed(f"result for pair {pair.id!r}: probabilities must map exactly {list(LABELS)}")
+        logits = optional_numbers(result.get("logits"), "logits")
         if logits is not None and len(logits) != len(LABELS):
-            raise _Malformed(f"result for pair {pair.id!r}: {len(logits)} logits, expected {len(LABELS)}")
+            raise Malformed(f"result for pair {pair.id!r}: {len(logits)} logits, expected {len(LABELS)}")
         truncated, tokens, truncation = result.get("truncated"), result.get("input_tokens"), result.get("truncation")
         if not isinstance(truncated, bool):
-            raise _Malformed(f"result for pair {pair.id!r}: 'truncated' is {truncated!r}, expected true/false")
+            raise Malformed(f"result for pair {pair.id!r}: 'truncated' is {truncated!r}, expected true/false")
         if isinstance(tokens, bool) or not isinstance(tokens, int):
-            raise _Malformed(f"result for pair {pair.id!r}: 'input_tokens' is {tokens!r}, expected an integer")
+            raise Malformed(f"result for pair {pair.id!r}: 'input_tokens' is {tokens!r}, expected an integer")
         if truncation is not None and not isinstance(truncation, dict):
-            raise _Malformed(f"result for pair {pair.id!r}: 'truncation' is not an object or null")
+            raise Malformed(f"result for pair {pair.id!r}: 'truncation' is not an object or null")
         fields.append({
-            "probabilities": [_number(probs[label], f"probabilities.{label}") for label in LABELS],
+            "probabilities": [optional_number(probs[label], f"probabilities.{label}") for label in LABELS],
             "option_logits": logits,
             "allowed_token_mass": None,
             "temperature": temperature,
@@ -124,24 +122,19 @@ def _parse_results(batch: Sequence[NliPair], data: bytes) -> tuple[list[dict], l
 
 
 def _run_batch(
-    batch: Sequence[NliPair], connection: _Connection, opts: _Options
+    batch: Sequence[NliPair], connection: Connection, opts: Options, *, dataset: str
 ) -> tuple[list[Prediction], list[PairDetail]]:
-    """One batch through the decision runner's retry policy; failures land on every pair of the batch."""
+    """One batch through the transport's retry policy; failures land on every pair of the batch."""
     started_at = time.time()
     body = json.dumps(
         {"pairs": [{"premise": p.premise, "hypothesis": p.hypothesis} for p in batch]}, ensure_ascii=False
     ).encode("utf-8")
     exchange = post_with_retries(connection, body, opts)
-    fields = details = None
-    error = exchange.error
-    if error is None:
-        try:
-            fields, details = _parse_results(batch, exchange.data)
-        except _Malformed as exc:
-            error = f"malformed response: {exc}"
+    parsed, error = exchange.parse(functools.partial(_parse_results, batch))
+    fields, details = parsed or (None, None)
     predictions = [
         Prediction(
-            id=pair.id, dataset=opts.dataset, expected=pair.label, option_ids=list(LABELS),
+            id=pair.id, dataset=dataset, expected=pair.label, option_ids=list(LABELS),
             latency_ms=exchange.latency_ms / len(batch), attempts=exchange.attempts, retries_503=exchange.retries_503,
             error=error, started_at=started_at, **(fields[i] if fields else EMPTY_RESULT),
         )
@@ -177,10 +170,11 @@ def run_pairs(
     opts = run_options(
         endpoint_url, concurrency=concurrency, timeout_s=timeout_s, max_attempts=max_attempts,
         backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
-        deadline_s=deadline_s, dataset_name=dataset_name, rng=rng, sleep=sleep,
+        deadline_s=deadline_s, rng=rng, sleep=sleep,
     )
     batches = [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
-    results = run_bounded(batches, _run_batch, opts, concurrency=concurrency, progress=progress,
+    work = functools.partial(_run_batch, dataset=dataset_name)
+    results = run_bounded(batches, work, opts, concurrency=concurrency, progress=progress,
                           thread_name="shiplift-nli", weight=len)
     return NliRun(
         predictions=[p for outcome in results if outcome for p in outcome[0]],

@@ -15,7 +15,8 @@ import pytest
 from tasks.errors import BadInput
 from validation.nli import LABELS, NliPair
 from validation.nli_runner import run_pairs
-from validation.runner import IC_HEADER, read_predictions, write_predictions
+from validation.runner import read_predictions, write_predictions
+from validation.transport import IC_HEADER
 
 
 def make_pairs(n: int) -> list[NliPair]:

@@ -15,7 +15,8 @@ import pytest
 
 from tasks.errors import BadInput
 from validation.jevbench import JevTask
-from validation.runner import IC_HEADER, Prediction, read_predictions, run_decisions, write_predictions
+from validation.runner import Prediction, read_predictions, run_decisions, write_predictions
+from validation.transport import IC_HEADER
 
 
 def make_task(i: int) -> JevTask:

@@ -1,0 +1,311 @@
+"""HTTP transport shared by the eval runners: options, keep-alive connections, retries, a bounded pool.
+
+A runner resolves its settings with `run_options`, then `run_bounded` hands each item to its
+`work(item, connection, opts)` on a fixed number of workers, each with one keep-alive
+`Connection` to `{endpoint_url}/invocations`. `post_with_retries` applies the retry policy:
+`503 {"retryable": true}` is infrastructure back-pressure, not a wrong answer, so it is retried
+with capped exponential backoff and full jitter, and counted; other 4xx end the request at once;
+other 5xx and network failures get one more try. A runner turns a 200 body into its results
+with `Exchange.parse`, its parser raising `Malformed` (with `json_body`, `optional_number` and
+`optional_numbers` to read fields) when the body breaks the wire contract.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from tasks.errors import BadInput
+
+IC_HEADER = "X-Amzn-SageMaker-Inference-Component"
+ERROR_BODY_CHARS = 500
+_RECONNECTABLE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+Item = TypeVar("Item")
+Outcome = TypeVar("Outcome")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where requests go: scheme, host, port and the `/invocations` path."""
+
+    https: bool
+    host: str
+    port: int | None
+    path: str
+
+
+@dataclass(frozen=True)
+class Options:
+    """A run's resolved settings, shared read-only by every request (build it with `run_options`)."""
+
+    target: Target
+    headers: dict[str, str]
+    timeout_s: float
+    max_attempts: int
+    backoff_base_s: float
+    backoff_cap_s: float
+    deadline: float | None  # time.monotonic() value
+    rng: random.Random
+    sleep: Callable[[float], None]
+
+
+class Malformed(Exception):
+    """The server answered 200 with a body that breaks the wire contract for the request."""
+
+
+def _parse_endpoint(endpoint_url: str) -> Target:
+    parts = urlsplit(endpoint_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise BadInput(
+            f"endpoint URL {endpoint_url!r} is not an http(s) URL without query or fragment",
+            fix="pass e.g. http://127.0.0.1:8080 or http://127.0.0.1:9000/endpoints/NAME",
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise BadInput(f"endpoint URL {endpoint_url!r} has an invalid port", fix="use host:port with 1-65535") from None
+    return Target(parts.scheme == "https", parts.hostname, port, parts.path.rstrip("/") + "/invocations")
+
+
+class Connection:
+    """One keep-alive HTTP connection owned by one worker thread."""
+
+    def __init__(self, target: Target, headers: dict[str, str]):
+        self._target = target
+        self._headers = headers
+        self._conn: http.client.HTTPConnection | None = None
+        self._served = False
+
+    def close(self) -> None:
+        """Drop the socket; the next `post` opens a fresh one."""
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self._served = False
+
+    def post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """POST body; a keep-alive connection the server already closed is reopened once."""
+        while True:
+            if self._conn is None:
+                cls = http.client.HTTPSConnection if self._target.https else http.client.HTTPConnection
+                self._conn = cls(self._target.host, self._target.port, timeout=timeout_s)
+            else:
+                self._conn.timeout = timeout_s
+                if self._conn.sock is not None:
+                    self._conn.sock.settimeout(timeout_s)
+            reused = self._served
+            try:
+                self._conn.request("POST", self._target.path, body=body, headers=self._headers)
+                response = self._conn.getresponse()
+                data = response.read()
+            except _RECONNECTABLE:
+                self.close()
+                if reused:
+                    continue
+                raise
+            except BaseException:
+                self.close()
+                raise
+            self._served = True
+            if response.status != 200:  # the server may not have read the body: start clean
+                self.close()
+            return response.status, data
+
+
+def json_body(data: bytes) -> Any:
+    """A 200 body decoded as JSON; `Malformed` when it is not JSON."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Malformed(f"response body is not JSON: {exc}") from None
+
+
+def optional_number(value: Any, field: str) -> float | None:
+    """A result field that must be a number or null, as float or None; `Malformed` naming the field otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Malformed(f"result field '{field}' is {value!r}, expected a number or null")
+    return float(value)
+
+
+def optional_numbers(value: Any, field: str) -> list[float] | None:
+    """A result field that must be a list of numbers or null; `Malformed` naming the field or item otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise Malformed(f"result field '{field}' is {type(value).__name__}, expected a list of numbers or null")
+    return [optional_number(item, f"{field}[{i}]") for i, item in enumerate(value)]  # type: ignore[misc]
+
+
+def _error_text(data: bytes) -> tuple[str, bool]:
+    """The server's error message and whether it declared itself retryable."""
+    try:
+        payload = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        return payload["error"], payload.get("retryable") is True
+    text = data.decode("utf-8", "replace")
+    if len(text) > ERROR_BODY_CHARS:
+        text = f"{text[:ERROR_BODY_CHARS]}… ({len(data)} bytes in all)"
+    return text, False
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request under the retry policy: the 200 body, or the error that ended it, and what it took."""
+
+    data: bytes | None
+    error: str | None
+    attempts: int
+    retries_503: int
+    latency_ms: float
+
+    def parse(self, parser: Callable[[bytes], Outcome]) -> tuple[Outcome | None, str | None]:
+        """`(parser(body), None)` for a 200, else `(None, error)`; a body the parser finds
+        `Malformed` is the error `malformed response: ...`."""
+        if self.data is None:
+            return None, self.error
+        try:
+            return parser(self.data), None
+        except Malformed as exc:
+            return None, f"malformed response: {exc}"
+
+
+def post_with_retries(connection: Connection, body: bytes, opts: Options) -> Exchange:
+    """POST until a 200, a final error or the deadline: 503-retryable backs off (capped, full jitter);
+    a network error or other 5xx gets one more try; latency is that of the final attempt."""
+    attempts = retries_503 = extra_tries = 0
+    latency_ms = 0.0
+
+    def done(error: str | None, data: bytes | None = None) -> Exchange:
+        return Exchange(data=data, error=error, attempts=attempts, retries_503=retries_503, latency_ms=latency_ms)
+
+    while True:
+        timeout_s = opts.timeout_s
+        if opts.deadline is not None:
+            remaining = opts.deadline - time.monotonic()
+            if remaining <= 0:
+                return done(f"run deadline exceeded after {attempts} attempt(s)")
+            timeout_s = min(timeout_s, remaining)
+        attempts += 1
+        begin = time.perf_counter()
+        try:
+            status, data = connection.post(body, timeout_s)
+        except (OSError, http.client.HTTPException) as exc:
+            latency_ms = (time.perf_counter() - begin) * 1000.0
+            if opts.deadline is not None and time.monotonic() >= opts.deadline:
+                return done(f"run deadline exceeded during attempt {attempts}: {type(exc).__name__}: {exc}")
+            if extra_tries == 0 and attempts < opts.max_attempts:
+                extra_tries += 1
+                continue
+            return done(f"request failed after {attempts} attempt(s): {type(exc).__name__}: {exc}")
+        latency_ms = (time.perf_counter() - begin) * 1000.0
+        if status == 200:
+            return done(None, data)
+        message, retryable = _error_text(data)
+        if status == 503 and retryable:
+            if attempts >= opts.max_attempts:
+                return done(f"HTTP 503 (retryable) on all {attempts} attempts: {message}")
+            delay = opts.rng.uniform(0.0, min(opts.backoff_cap_s, opts.backoff_base_s * 2**retries_503))
+            if opts.deadline is not None and time.monotonic() + delay >= opts.deadline:
+                return done(f"run deadline exceeded while backing off after HTTP 503 (retryable): {message}")
+            retries_503 += 1
+            opts.sleep(delay)
+            continue
+        if status >= 500 and extra_tries == 0 and attempts < opts.max_attempts:
+            extra_tries += 1
+            continue
+        return done(f"HTTP {status}: {message}")
+
+
+def _check_args(concurrency: int, timeout_s: float, max_attempts: int, backoff_base_s: float,
+                backoff_cap_s: float, deadline_s: float | None) -> None:
+    problems = []
+    if concurrency < 1:
+        problems.append(f"concurrency={concurrency} (need >= 1)")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        problems.append(f"timeout_s={timeout_s} (need a finite number > 0)")
+    if max_attempts < 1:
+        problems.append(f"max_attempts={max_attempts} (need >= 1)")
+    if not (math.isfinite(backoff_base_s) and backoff_base_s >= 0):
+        problems.append(f"backoff_base_s={backoff_base_s} (need >= 0)")
+    if not (math.isfinite(backoff_cap_s) and backoff_cap_s >= backoff_base_s):
+        problems.append(f"backoff_cap_s={backoff_cap_s} (need >= backoff_base_s)")
+    if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
+        problems.append(f"deadline_s={deadline_s} (need a finite number > 0, or None)")
+    if problems:
+        raise BadInput("invalid runner settings: " + "; ".join(problems), fix="correct the listed settings")
+
+
+def run_options(endpoint_url: str, *, concurrency: int, timeout_s: float, max_attempts: int, backoff_base_s: float,
+                backoff_cap_s: float, inference_component: str | None, deadline_s: float | None,
+                rng: random.Random | None, sleep: Callable[[float], None]) -> Options:
+    """Validate a runner's settings and resolve them into the options every request uses;
+    `deadline_s` counts from this call."""
+    _check_args(concurrency, timeout_s, max_attempts, backoff_base_s, backoff_cap_s, deadline_s)
+    target = _parse_endpoint(endpoint_url)
+    if inference_component is not None and not inference_component.strip():
+        raise BadInput("inference_component is empty", fix="pass the component name, or None")
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if inference_component is not None:
+        headers[IC_HEADER] = inference_component
+    return Options(
+        target=target, headers=headers, timeout_s=float(timeout_s), max_attempts=max_attempts,
+        backoff_base_s=float(backoff_base_s), backoff_cap_s=float(backoff_cap_s),
+        deadline=None if deadline_s is None else time.monotonic() + deadline_s,
+        rng=rng or random.Random(), sleep=sleep,
+    )
+
+
+def run_bounded(items: Sequence[Item], work: Callable[[Item, Connection, Options], Outcome], opts: Options, *,
+                concurrency: int, progress: Callable[[int, int], None] | None, thread_name: str,
+                weight: Callable[[Item], int] = lambda item: 1) -> list[Outcome]:
+    """Run `work(item, connection, opts)` over items with at most `concurrency` workers, each on its own
+    keep-alive connection, taking items in order (no queue); results in item order. `progress`
+    receives the summed `weight` of finished items and of all items."""
+    total = sum(weight(item) for item in items)
+    results: list[Any] = [None] * len(items)
+    lock = threading.Lock()
+    cursor = iter(range(len(items)))
+    stop = threading.Event()
+    done = 0
+
+    def worker() -> None:
+        nonlocal done
+        connection = Connection(opts.target, opts.headers)
+        try:
+            while not stop.is_set():
+                with lock:
+                    index = next(cursor, None)
+                if index is None:
+                    return
+                outcome = work(items[index], connection, opts)
+                with lock:
+                    results[index] = outcome
+                    done += weight(items[index])
+                    if progress is not None:
+                        progress(done, total)
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            connection.close()
+
+    workers = min(concurrency, len(items))
+    if workers:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name) as pool:
+            for future in [pool.submit(worker) for _ in range(workers)]:
+                future.result()
+    return [r for r in results if r is not None]
