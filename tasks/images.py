@@ -1,8 +1,9 @@
 """Serving images: the local "process image" and the digest pinning rules (DESIGN §3, §6.1).
 
-Locally an image is the server's source tree; its digest is the sha256 of the sorted
-(path, file sha256) list plus the pinned base image, so any change to the server changes the
-digest and therefore every name derived from it.
+Locally an image is the server's source tree: its folder `images/<name>` plus the shared
+`images/common` every image copies in (the Docker build context is `images/`). Its digest is
+the sha256 of the sorted (path, file sha256) list plus the pinned base image, so any change to
+the server or to the shared module changes the digest and therefore every name derived from it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tasks.errors import ConfigError
 from tasks.hashing import sha256_json, tree_listing
 
 IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
+SHARED_DIRS = ("common",)  # folders under images/ that every image copies in
 DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 FROM_LINE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)
 ARG_DEFAULT = re.compile(r"^\s*ARG\s+(\w+)=(\S+)", re.I | re.M)
@@ -64,9 +66,24 @@ def build_local_image(name: str, base_image: str) -> ImageRef:
     require_digest_pin(base_image, where="image.base_image")
     for ref in dockerfile_base_images(dockerfile):
         require_digest_pin(ref, where=str(dockerfile))
-    listing = tree_listing(image_dir)
+    for folder in SHARED_DIRS:
+        if not (IMAGES_DIR / folder).is_dir():
+            raise ConfigError(
+                f"image {name!r} copies in images/{folder}, which is missing at {IMAGES_DIR / folder}",
+                fix=f"restore images/{folder} from the repository",
+            )
+    listing = image_listing(name)
     digest = sha256_json({"base_image": base_image, "files": listing})
     return ImageRef(name=name, uri=f"local/{name}@sha256:{digest}", digest=f"sha256:{digest}", base_image=base_image, files=len(listing))
+
+
+def image_listing(name: str) -> list[list[str]]:
+    """Sorted [path under images/, sha256] of the image's own folder and the shared folders it copies in."""
+    return sorted(
+        [f"{folder}/{path}", digest]
+        for folder in (name, *SHARED_DIRS)
+        for path, digest in tree_listing(IMAGES_DIR / folder)
+    )
 
 
 def server_command(name: str) -> list[str]:

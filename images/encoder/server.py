@@ -2,10 +2,10 @@
 """Encoder NLI server: scores (premise, hypothesis) pairs with an ONNX sequence classifier (DESIGN §6.3).
 
 This file is the container's entrypoint and, unchanged, the local backend's model server.
-It speaks the SageMaker container contract (``GET /ping``, ``POST /invocations``), is
-configured only by ``ENCODER_*`` environment variables, and depends on the standard library,
-numpy, onnxruntime and tokenizers only (it must not import ``tasks``, ``validation``,
-transformers or torch).
+It speaks the SageMaker container contract (``GET /ping``, ``POST /invocations``) through the
+shared ``images/common/sagemaker_http.py``, is configured only by ``ENCODER_*`` environment
+variables, and depends on the standard library, numpy, onnxruntime and tokenizers only (it must
+not import ``tasks``, ``validation``, transformers or torch).
 
 Model directory (the shared encoder contract): ``model.onnx`` (fp32) and optionally
 ``model.int8.onnx``, ``tokenizer.json`` (+ tokenizer_config.json, special_tokens_map.json),
@@ -23,21 +23,42 @@ calibration.json), 3 the model or tokenizer could not be loaded or do not fit th
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import os
-import signal
-import socket
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlsplit
+
+# The image copies sagemaker_http.py beside this file; a checkout keeps it in images/common.
+_HERE = Path(__file__).resolve().parent
+if not (_HERE / "sagemaker_http.py").is_file():
+    sys.path.insert(0, str(_HERE.parent / "common"))
+
+from sagemaker_http import (
+    EXIT_CONFIG,
+    EXIT_MODEL,
+    HttpError,
+    HttpSettings,
+    ModelService,
+    StartupError,
+    available_cpus,
+    bad,
+    env_bool,
+    env_choice,
+    env_int,
+    json_string,
+    json_type,
+    model_turn,
+    parse_json_object,
+    read_http_settings,
+    read_temperature,
+    reject_constant,
+    serve,
+    sha256_file,
+    to_ms,
+)
 
 LABELS = ("entailment", "neutral", "contradiction")
 PAIR_KEYS = ("premise", "hypothesis")
@@ -45,24 +66,13 @@ VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
 DEVICE_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 TRUNCATION_POLICIES = ("refuse", "premise_first")
 GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-EXIT_CONFIG, EXIT_MODEL = 2, 3
 MIN_MAX_LEN = 8  # room for the special tokens and at least a token of each text
-SOCKET_TIMEOUT_S = 30.0  # a client that stalls while sending its body loses its slot
-LINGER_S, LINGER_BYTES = 1.0, 16 << 20  # drain an unread body briefly so the client sees our answer
 # position-embedding tables of these families keep pad_token_id + 1 rows for padding offsets
 OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "camembert")
 
 
 # --------------------------------------------------------------------------------------
 # Configuration
-
-
-class StartupError(Exception):
-    """The server must not start; the message says what is wrong and how to fix it."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_CONFIG):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -80,67 +90,13 @@ class Settings:
     pad_token_id: int | None  # from config.json; None: the tokenizer's pad token
     temperature: float
     threads: int
-    max_body_bytes: int
-    max_in_flight: int
-    queue_timeout_s: float
-    host: str
-    port: int
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    """Read an integer variable strictly (digits only) and check its range."""
-    raw = env.get(name)
-    if raw is None:
-        return default
-    text = raw.strip()
-    if not text or not (text.isdigit() or (text[0] == "-" and text[1:].isdigit())):
-        raise StartupError(f"{name}={raw!r} is not an integer; set it to an integer in [{low}, {high}]")
-    value = int(text)
-    if not low <= value <= high:
-        raise StartupError(f"{name}={value} is out of range; set it to an integer in [{low}, {high}]")
-    return value
-
-
-def _env_float(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    """Read a finite float variable and check its range."""
-    raw = env.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise StartupError(f"{name}={raw!r} is not a number; set it to a number in [{low}, {high}]") from None
-    if not (math.isfinite(value) and low <= value <= high):
-        raise StartupError(f"{name}={raw!r} is out of range; set it to a number in [{low}, {high}]")
-    return value
-
-
-def _env_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
-    """Read a variable that must be one of `choices` (exact spelling)."""
-    value = env.get(name, default)
-    if value not in choices:
-        raise StartupError(f"{name}={value!r} is not one of {', '.join(choices)}; set it to one of them")
-    return value
-
-
-def _env_bool(env: Mapping[str, str], name: str) -> bool:
-    """Read a true/false variable (false when unset)."""
-    raw = env.get(name, "false")
-    if raw.strip().lower() in ("true", "1"):
-        return True
-    if raw.strip().lower() in ("false", "0"):
-        return False
-    raise StartupError(f"{name}={raw!r} is not a boolean; set it to true or false")
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON")
+    http: HttpSettings
 
 
 def _read_json_object(path: Path, fix: str) -> dict[str, Any]:
     """A JSON object from a model-directory file, or a StartupError naming the file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=reject_constant)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise StartupError(f"{path}: cannot read JSON ({exc}); {fix}") from None
     if not isinstance(data, dict):
@@ -180,44 +136,15 @@ def _config_pad_token_id(config: dict[str, Any]) -> int | None:
     return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else None
 
 
-def _read_temperature(path: Path) -> float:
-    """Temperature from calibration.json (T = 1 when the file is absent)."""
-    if not path.exists():
-        return 1.0
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise StartupError(f"{path}: cannot read calibration JSON ({exc}); fix or remove the file") from None
-    temperature = data.get("temperature") if isinstance(data, dict) else None
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature <= 0
-    ):
-        raise StartupError(
-            f"{path}: 'temperature' must be a finite number > 0, got {temperature!r}; "
-            'write {"temperature": T} with the fitted T, or remove the file'
-        )
-    return float(temperature)
-
-
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Validate the whole ENCODER_* environment and the model directory; raise StartupError on the first problem."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = _env_int(env, "ENCODER_THREADS", cpus, 1, 1024)
-    variant = _env_choice(env, "ENCODER_VARIANT", "fp32", tuple(VARIANT_FILES))
-    device = _env_choice(env, "ENCODER_DEVICE", "cpu", tuple(DEVICE_PROVIDERS))
-    truncation = _env_choice(env, "ENCODER_TRUNCATION", "refuse", TRUNCATION_POLICIES)
-    pad_to_max = _env_bool(env, "ENCODER_PAD_TO_MAX")
-    max_batch = _env_int(env, "ENCODER_MAX_BATCH", 32, 1, 4096)
-    max_body = _env_int(env, "ENCODER_MAX_BODY_BYTES", 1 << 20, 1, 1 << 30)
-    max_in_flight = _env_int(env, "ENCODER_MAX_IN_FLIGHT", 4, 1, 4096)
-    queue_timeout_s = _env_float(env, "ENCODER_QUEUE_TIMEOUT_S", 60.0, 0.001, 3600.0)
-    port = _env_int(env, "ENCODER_PORT", 8080, 0, 65535)
-    host = env.get("ENCODER_HOST", "127.0.0.1")
-    if not host.strip() or host != host.strip():
-        raise StartupError(f"ENCODER_HOST={host!r} is not a host; set it to an address such as 127.0.0.1")
+    threads = env_int(env, "ENCODER_THREADS", available_cpus(), 1, 1024)
+    variant = env_choice(env, "ENCODER_VARIANT", "fp32", tuple(VARIANT_FILES))
+    device = env_choice(env, "ENCODER_DEVICE", "cpu", tuple(DEVICE_PROVIDERS))
+    truncation = env_choice(env, "ENCODER_TRUNCATION", "refuse", TRUNCATION_POLICIES)
+    pad_to_max = env_bool(env, "ENCODER_PAD_TO_MAX")
+    max_batch = env_int(env, "ENCODER_MAX_BATCH", 32, 1, 4096)
+    http = read_http_settings(env, "ENCODER")
     model_dir = Path(env.get("ENCODER_MODEL_DIR", "/opt/ml/model"))
     if not model_dir.is_dir():
         raise StartupError(
@@ -237,7 +164,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     config = _read_json_object(config_path, "ship the config.json saved with the checkpoint")
     _check_id2label(config, config_path)
     limit = _position_limit(config, config_path)
-    max_len = _env_int(env, "ENCODER_MAX_LEN", 512, MIN_MAX_LEN, 1 << 20)
+    max_len = env_int(env, "ENCODER_MAX_LEN", 512, MIN_MAX_LEN, 1 << 20)
     if max_len > limit:
         raise StartupError(
             f"ENCODER_MAX_LEN={max_len} exceeds the model's {limit} positions ({config_path.name}); "
@@ -253,13 +180,9 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         truncation=truncation,
         pad_to_max=pad_to_max,
         pad_token_id=_config_pad_token_id(config),
-        temperature=_read_temperature(model_dir / "calibration.json"),
+        temperature=read_temperature(model_dir / "calibration.json"),
         threads=threads,
-        max_body_bytes=max_body,
-        max_in_flight=max_in_flight,
-        queue_timeout_s=queue_timeout_s,
-        host=host,
-        port=port,
+        http=http,
     )
 
 
@@ -267,63 +190,12 @@ def load_settings(env: Mapping[str, str]) -> Settings:
 # Request validation
 
 
-class HttpError(Exception):
-    """An error answered as JSON with this status."""
-
-    def __init__(self, status: int, message: str, *, retryable: bool = False):
-        super().__init__(message)
-        self.status = status
-        self.retryable = retryable
-
-
-def bad(field: str, rule: str) -> HttpError:
-    """A 400 naming the field and the rule it broke."""
-    return HttpError(400, f"{field}: {rule}")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json object hook: a repeated key is an error, never a silent last-wins."""
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r} in a JSON object")
-        result[key] = value
-    return result
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
-    return names.get(type(value), "number")
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    """Decode the request body into a JSON object."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise bad("body", f"must be UTF-8 encoded JSON ({exc})") from None
-    try:
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
-    except RecursionError:
-        raise bad("body", "JSON is nested too deeply") from None
-    except ValueError as exc:
-        raise bad("body", f"must be valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise bad("body", f"must be a JSON object, got {_json_type(value)}")
-    return value
-
-
 def _text(value: Any, field: str) -> str:
     """A non-empty, non-blank string that is valid Unicode."""
-    if not isinstance(value, str):
-        raise bad(field, f"must be a string, got {_json_type(value)}")
-    if not value.strip():
+    text = json_string(value, field)
+    if not text.strip():
         raise bad(field, "must be a non-empty string (not only whitespace)")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(field, "contains an unpaired surrogate; send valid Unicode") from None
-    return value
+    return text
 
 
 def parse_pairs(request: dict[str, Any], max_batch: int) -> list[tuple[str, str]]:
@@ -335,7 +207,7 @@ def parse_pairs(request: dict[str, Any], max_batch: int) -> list[tuple[str, str]
         raise bad("pairs", 'is required: send {"pairs": [{"premise": ..., "hypothesis": ...}, ...]}')
     pairs = request["pairs"]
     if not isinstance(pairs, list):
-        raise bad("pairs", f"must be an array, got {_json_type(pairs)}")
+        raise bad("pairs", f"must be an array, got {json_type(pairs)}")
     if not pairs:
         raise bad("pairs", f"is empty; send 1 to {max_batch} pairs")
     if len(pairs) > max_batch:
@@ -347,7 +219,7 @@ def parse_pairs(request: dict[str, Any], max_batch: int) -> list[tuple[str, str]
     for index, pair in enumerate(pairs):
         field = f"pairs[{index}]"
         if not isinstance(pair, dict):
-            raise bad(field, f"must be an object with 'premise' and 'hypothesis', got {_json_type(pair)}")
+            raise bad(field, f"must be an object with 'premise' and 'hypothesis', got {json_type(pair)}")
         missing = [key for key in PAIR_KEYS if key not in pair]
         if missing:
             raise bad(field, f"missing {missing}; each pair needs 'premise' and 'hypothesis'")
@@ -408,7 +280,7 @@ class Engine:
         self.input_names = self._check_graph()
         self.model_info = {
             "file": settings.model_path.name,
-            "sha256": _sha256_file(settings.model_path),
+            "sha256": sha256_file(settings.model_path),
             "variant": settings.variant,
             "device": settings.device,
             "temperature": settings.temperature,
@@ -585,281 +457,55 @@ class Engine:
         return out
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)
-
-
 # --------------------------------------------------------------------------------------
-# HTTP
+# Serving
 
 
-def _error_payload(error: HttpError) -> dict[str, Any]:
-    payload: dict[str, Any] = {"error": str(error)}
-    if error.retryable:
-        payload["retryable"] = True
-    return payload
-
-
-class EncoderServer(ThreadingHTTPServer):
-    """HTTP server holding the settings, the admission semaphore and (once loaded) the engine."""
-
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.admission = threading.BoundedSemaphore(settings.max_in_flight)
-        self.engine: Engine | None = None
-        self.exit_code = 0
-        super().__init__((settings.host, settings.port), Handler)
-
-    def load(self) -> None:
-        """Load the tokenizer and the model in the background; on failure stop the server with a clear message."""
-        try:
-            start = time.perf_counter()
-            self.engine = Engine(self.settings)
-            info = self.engine.model_info
-            print(
-                f"encoder: model {info['file']} ({info['variant']} on {info['device']}, sha256 {info['sha256']}) loaded in "
-                f"{time.perf_counter() - start:.2f}s; max_len {self.settings.max_len}, "
-                f"truncation {self.settings.truncation}, temperature {self.settings.temperature}",
-                file=sys.stderr,
-                flush=True,
-            )
-        except StartupError as exc:
-            self._fail(str(exc), exc.exit_code)
-        except Exception as exc:  # any load failure must stop the process, not leave it unready forever
-            traceback.print_exc(file=sys.stderr)
-            self._fail(f"model load failed: {exc}", EXIT_MODEL)
-
-    def _fail(self, message: str, exit_code: int) -> None:
-        print(f"encoder: refusing to start: {message}", file=sys.stderr, flush=True)
-        self.exit_code = exit_code
-        self.shutdown()
-
-
-class Handler(BaseHTTPRequestHandler):
-    """The SageMaker container contract: GET /ping, POST /invocations; errors are JSON."""
-
-    protocol_version = "HTTP/1.1"
-    server_version = "shiplift-encoder/1"
-    timeout = SOCKET_TIMEOUT_S
-    server: EncoderServer
-
-    def setup(self) -> None:
-        """Headers and body are separate writes: without TCP_NODELAY, Nagle plus a keep-alive
-        client's delayed ACK add ~40 ms to every answer."""
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        sys.stderr.write(f"encoder: {self.address_string()} {format % args}\n")
-
-    def _send(self, status: int, payload: dict[str, Any], *, close: bool = False) -> None:
-        body = json.dumps(payload, allow_nan=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        try:
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client left before reading the answer
-            return
-        if close:
-            self._linger()
-
-    def _linger(self) -> None:
-        """Half-close, then discard what the client still sends (bounded), so it reads our answer, not a reset."""
-        try:
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(LINGER_S)
-            deadline, drained = time.monotonic() + LINGER_S, 0
-            while time.monotonic() < deadline and drained < LINGER_BYTES:
-                chunk = self.connection.recv(1 << 16)
-                if not chunk:
-                    break
-                drained += len(chunk)
-        except OSError:
-            pass  # the client went away: nothing left to protect
-
-    def _error(self, error: HttpError, *, close: bool = False) -> None:
-        self._send(error.status, _error_payload(error), close=close)
-
-    def _route(self) -> str:
-        return urlsplit(self.path).path
-
-    def do_GET(self) -> None:
-        """GET /ping: 200 once the model is loaded, 503 while it loads."""
-        route = self._route()
-        if route == "/ping":
-            if self.server.engine is None:
-                self._send(503, {"status": "loading"})
-            else:
-                self._send(200, {"status": "ok"})
-        elif route == "/invocations":
-            self._error(HttpError(405, "/invocations accepts POST only"))
-        else:
-            self._error(HttpError(404, f"no route {route!r}; use GET /ping or POST /invocations"))
-
-    def do_POST(self) -> None:
-        """POST /invocations, behind admission control; the body is unread on early errors."""
-        route = self._route()
-        if route != "/invocations":
-            status = 405 if route == "/ping" else 404
-            self._error(HttpError(status, f"no POST route {route!r}; use POST /invocations"), close=True)
-            return
-        received = time.perf_counter()
-        if not self.server.admission.acquire(blocking=False):
-            self._error(
-                HttpError(
-                    503,
-                    f"overloaded: {self.server.settings.max_in_flight} requests in flight "
-                    "(ENCODER_MAX_IN_FLIGHT); retry with backoff",
-                    retryable=True,
-                ),
-                close=True,
-            )
-            return
-        try:  # the slot is released before the answer is written, so a sequential client never races it
-            status, payload, close = self._invocation(received)
-        finally:
-            self.server.admission.release()
-        self._send(status, payload, close=close)
-
-    def _method_not_allowed(self) -> None:
-        self._error(HttpError(405, f"method {self.command} is not supported"), close=True)
-
-    do_PUT = do_DELETE = do_PATCH = _method_not_allowed
-
-    def _invocation(self, received: float) -> tuple[int, dict[str, Any], bool]:
-        """(status, JSON payload, close connection) for one admitted POST /invocations."""
-        try:
-            body = self._read_body()
-        except HttpError as error:
-            return error.status, _error_payload(error), True
-        try:
-            return 200, self._answer(body, received), False
-        except HttpError as error:
-            return error.status, _error_payload(error), False
-        except Exception as exc:  # the contract answers every failure with JSON
-            traceback.print_exc(file=sys.stderr)
-            return 500, {"error": f"internal error: {exc}"}, False
-
-    def _read_body(self) -> bytes:
-        """Check Content-Type and Content-Length before reading exactly that many bytes."""
-        media_type, _, params = (self.headers.get("Content-Type") or "").partition(";")
-        if media_type.strip().lower() != "application/json":
-            raise HttpError(415, f"Content-Type must be application/json, got {self.headers.get('Content-Type')!r}")
-        charset = params.strip().lower()
-        if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
-            raise HttpError(415, f"Content-Type charset must be utf-8, got {params.strip()!r}")
-        if self.headers.get("Transfer-Encoding") is not None:
-            raise bad("Transfer-Encoding", "is not supported; send the body with a Content-Length")
-        length_header = self.headers.get("Content-Length")
-        if length_header is None or not length_header.strip().isdigit():
-            raise bad("Content-Length", f"is required and must be a byte count, got {length_header!r}")
-        length = int(length_header)
-        limit = self.server.settings.max_body_bytes
-        if length == 0:
-            raise bad("body", 'is empty; send {"pairs": [{"premise": ..., "hypothesis": ...}, ...]}')
-        if length > limit:
-            raise HttpError(413, f"body: {length} bytes is over the limit of {limit} bytes (ENCODER_MAX_BODY_BYTES)")
-        try:
-            body = self.rfile.read(length)
-        except TimeoutError:
-            raise bad("body", f"not received within {SOCKET_TIMEOUT_S:.0f}s") from None
-        except OSError as exc:
-            raise bad("body", f"connection failed while reading it ({exc})") from None
-        if len(body) != length:
-            raise bad("body", f"ended after {len(body)} of {length} bytes (Content-Length)")
-        return body
-
-    def _answer(self, body: bytes, received: float) -> dict[str, Any]:
-        engine = self.server.engine
-        if engine is None:
-            raise HttpError(503, "model is loading; retry when GET /ping returns 200", retryable=True)
-        settings = self.server.settings
-        pairs = parse_pairs(parse_body(body), settings.max_batch)
-        tokenize_start = time.perf_counter()
-        encoded = engine.encode(pairs)
-        feeds = engine.feeds(encoded)
-        tokenize_s = time.perf_counter() - tokenize_start
-        waited = time.perf_counter()
-        if not engine.lock.acquire(timeout=settings.queue_timeout_s):
-            raise HttpError(
-                503, f"the model stayed busy for {settings.queue_timeout_s}s (ENCODER_QUEUE_TIMEOUT_S)", retryable=True
-            )
-        try:
-            forward_start = time.perf_counter()
-            logits = engine.run(feeds)
-            forward_s = time.perf_counter() - forward_start
-        finally:
-            engine.lock.release()
-        results = engine.results(encoded, logits)
-        timing = {
-            "tokenize_ms": _ms(tokenize_s),
-            "queue_ms": _ms(forward_start - waited),
-            "forward_ms": _ms(forward_s),
-            "total_ms": _ms(time.perf_counter() - received),
-            "batch_size": len(encoded),
-            "padded_len": int(feeds["input_ids"].shape[1]),
-        }
-        return {"results": results, "timing": timing, "model": engine.model_info}
-
-
-def main(argv: list[str]) -> int:
-    """Validate the environment, listen, load the model in the background, serve until stopped."""
-    if argv not in ([], ["serve"]):  # SageMaker starts the container as `<entrypoint> serve`
-        print(
-            f"encoder: refusing to start: unexpected arguments {argv}; configure with ENCODER_* variables",
-            file=sys.stderr,
-        )
-        return EXIT_CONFIG
-    try:
-        settings = load_settings(os.environ)
-    except StartupError as exc:
-        print(f"encoder: refusing to start: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    try:
-        server = EncoderServer(settings)
-    except OSError as exc:
-        print(
-            f"encoder: refusing to start: cannot listen on {settings.host}:{settings.port} ({exc}); "
-            "set ENCODER_HOST/ENCODER_PORT to a free address",
-            file=sys.stderr,
-            flush=True,
-        )
-        return EXIT_CONFIG
-    host, port = server.server_address[:2]
-    print(
-        f"encoder: listening on http://{host}:{port} (model {settings.model_path}, loading)",
-        file=sys.stderr,
-        flush=True,
+def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
+    """The start-up log line: which model file, variant, device and digest, and the serving limits."""
+    info = engine.model_info
+    return (
+        f"model {info['file']} ({info['variant']} on {info['device']}, sha256 {info['sha256']}) loaded in "
+        f"{seconds:.2f}s; max_len {settings.max_len}, "
+        f"truncation {settings.truncation}, temperature {settings.temperature}"
     )
-    # SIGTERM (docker stop, SageMaker, the local backend) ends serve_forever cleanly with exit code 0
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    threading.Thread(target=server.load, name="encoder-load", daemon=True).start()
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return server.exit_code
+
+
+def answer(settings: Settings, engine: Engine, body: bytes, received: float) -> dict[str, Any]:
+    """Score one POST /invocations body {"pairs": [...]} as a single batch."""
+    pairs = parse_pairs(parse_json_object(body), settings.max_batch)
+    tokenize_start = time.perf_counter()
+    encoded = engine.encode(pairs)
+    feeds = engine.feeds(encoded)
+    tokenize_s = time.perf_counter() - tokenize_start
+    waited = time.perf_counter()
+    with model_turn(engine.lock, settings.http):
+        forward_start = time.perf_counter()
+        logits = engine.run(feeds)
+        forward_s = time.perf_counter() - forward_start
+    results = engine.results(encoded, logits)
+    timing = {
+        "tokenize_ms": to_ms(tokenize_s),
+        "queue_ms": to_ms(forward_start - waited),
+        "forward_ms": to_ms(forward_s),
+        "total_ms": to_ms(time.perf_counter() - received),
+        "batch_size": len(encoded),
+        "padded_len": int(feeds["input_ids"].shape[1]),
+    }
+    return {"results": results, "timing": timing, "model": engine.model_info}
+
+
+SERVICE = ModelService(
+    name="encoder",
+    prefix="ENCODER",
+    server_version="shiplift-encoder/1",
+    empty_body='is empty; send {"pairs": [{"premise": ..., "hypothesis": ...}, ...]}',
+    load_settings=load_settings,
+    load_engine=Engine,
+    loaded=_loaded,
+    answer=answer,
+)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve(SERVICE, sys.argv[1:]))

@@ -2,9 +2,10 @@
 """SemIf decision adapter: scores multiple-choice decisions with a GGUF model (DESIGN §6.1).
 
 This file is the container's entrypoint and, unchanged, the local backend's model server.
-It speaks the SageMaker container contract (``GET /ping``, ``POST /invocations``), is
-configured only by ``SEMIF_*`` environment variables, and depends on the standard library,
-numpy and llama-cpp-python only (it must not import ``tasks`` or ``validation``).
+It speaks the SageMaker container contract (``GET /ping``, ``POST /invocations``) through the
+shared ``images/common/sagemaker_http.py``, is configured only by ``SEMIF_*`` environment
+variables, and depends on the standard library, numpy and llama-cpp-python only (it must not
+import ``tasks`` or ``validation``).
 
 Readout: the options are shown to the model as letters A..P (ids are never shown), the model
 runs one forward pass over the prompt with logits for the last position only, and the
@@ -21,27 +22,43 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import signal
-import socket
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlsplit
+
+# The image copies sagemaker_http.py beside this file; a checkout keeps it in images/common.
+_HERE = Path(__file__).resolve().parent
+if not (_HERE / "sagemaker_http.py").is_file():
+    sys.path.insert(0, str(_HERE.parent / "common"))
+
+from sagemaker_http import (
+    EXIT_CONFIG,
+    EXIT_MODEL,
+    HttpSettings,
+    ModelService,
+    StartupError,
+    available_cpus,
+    bad,
+    env_int,
+    json_string,
+    json_type,
+    model_turn,
+    parse_json_object,
+    read_http_settings,
+    read_temperature,
+    serve,
+    sha256_file,
+    to_ms,
+)
 
 PROMPT_VERSION = "semif-prompt-v1"
 LETTERS = "ABCDEFGHIJKLMNOP"
 MIN_OPTIONS, MAX_OPTIONS = 2, len(LETTERS)
 DECISION_KEYS = ("id", "state", "question", "options")
 OPTION_KEYS = ("id", "description")
-EXIT_CONFIG, EXIT_MODEL = 2, 3
-SOCKET_TIMEOUT_S = 30.0  # a client that stalls while sending its body loses its slot
-LINGER_S, LINGER_BYTES = 1.0, 16 << 20  # drain an unread body briefly so the client sees our answer
 CHAT_MARKER = "\ue000SEMIF-CONTENT\ue000"  # private-use text, split point of the chat template
 
 # Prompt template semif-prompt-v1. The prefix ends with the state (shared by decisions on
@@ -60,19 +77,11 @@ PLAIN_CUE = "\nAnswer:"  # without a chat template the next token is " A".." P"
 # Configuration
 
 
-class StartupError(Exception):
-    """The server must not start; the message says what is wrong and how to fix it."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_CONFIG):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 @dataclass(frozen=True)
 class Settings:
     """Validated SEMIF_* environment."""
 
-    gguf_path: Path
+    model_path: Path  # the .gguf file
     calibration_path: Path
     temperature: float
     threads: int
@@ -80,39 +89,7 @@ class Settings:
     max_tokens: int
     max_request_tokens: int
     max_shared_decisions: int
-    max_body_bytes: int
-    max_in_flight: int
-    queue_timeout_s: float
-    host: str
-    port: int
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    """Read an integer variable strictly (digits only) and check its range."""
-    raw = env.get(name)
-    if raw is None:
-        return default
-    text = raw.strip()
-    if not text or not (text.isdigit() or (text[0] == "-" and text[1:].isdigit())):
-        raise StartupError(f"{name}={raw!r} is not an integer; set it to an integer in [{low}, {high}]")
-    value = int(text)
-    if not low <= value <= high:
-        raise StartupError(f"{name}={value} is out of range; set it to an integer in [{low}, {high}]")
-    return value
-
-
-def _env_float(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    """Read a finite float variable and check its range."""
-    raw = env.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise StartupError(f"{name}={raw!r} is not a number; set it to a number in [{low}, {high}]") from None
-    if not (math.isfinite(value) and low <= value <= high):
-        raise StartupError(f"{name}={raw!r} is out of range; set it to a number in [{low}, {high}]")
-    return value
+    http: HttpSettings
 
 
 def _find_gguf(env: Mapping[str, str]) -> Path:
@@ -138,84 +115,33 @@ def _find_gguf(env: Mapping[str, str]) -> Path:
     return found[0]
 
 
-def _read_temperature(path: Path) -> float:
-    """Temperature from calibration.json (T = 1 when the file is absent)."""
-    if not path.exists():
-        return 1.0
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise StartupError(f"{path}: cannot read calibration JSON ({exc}); fix or remove the file") from None
-    temperature = data.get("temperature") if isinstance(data, dict) else None
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature <= 0
-    ):
-        raise StartupError(
-            f"{path}: 'temperature' must be a finite number > 0, got {temperature!r}; "
-            "write {\"temperature\": T} with the fitted T, or remove the file"
-        )
-    return float(temperature)
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Validate the whole SEMIF_* environment; raise StartupError on the first bad value."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = _env_int(env, "SEMIF_THREADS", cpus, 1, 1024)
-    n_gpu_layers = _env_int(env, "SEMIF_N_GPU_LAYERS", 0, -1, 100_000)
-    max_tokens = _env_int(env, "SEMIF_MAX_TOKENS", 4096, 64, 1_048_576)
-    max_request_tokens = _env_int(env, "SEMIF_MAX_REQUEST_TOKENS", max_tokens, 1, max_tokens)
-    max_shared = _env_int(env, "SEMIF_MAX_SHARED_DECISIONS", 16, 1, 4096)
-    max_body = _env_int(env, "SEMIF_MAX_BODY_BYTES", 1 << 20, 1, 1 << 30)
-    max_in_flight = _env_int(env, "SEMIF_MAX_IN_FLIGHT", 4, 1, 4096)
-    queue_timeout_s = _env_float(env, "SEMIF_QUEUE_TIMEOUT_S", 60.0, 0.001, 3600.0)
-    port = _env_int(env, "SEMIF_PORT", 8080, 0, 65535)
-    host = env.get("SEMIF_HOST", "127.0.0.1")
-    if not host.strip() or host != host.strip():
-        raise StartupError(f"SEMIF_HOST={host!r} is not a host; set it to an address such as 127.0.0.1")
-    gguf_path = _find_gguf(env)
-    calibration_path = gguf_path.parent / "calibration.json"
+    threads = env_int(env, "SEMIF_THREADS", available_cpus(), 1, 1024)
+    n_gpu_layers = env_int(env, "SEMIF_N_GPU_LAYERS", 0, -1, 100_000)
+    max_tokens = env_int(env, "SEMIF_MAX_TOKENS", 4096, 64, 1_048_576)
+    max_request_tokens = env_int(env, "SEMIF_MAX_REQUEST_TOKENS", max_tokens, 1, max_tokens)
+    max_shared = env_int(env, "SEMIF_MAX_SHARED_DECISIONS", 16, 1, 4096)
+    http = read_http_settings(env, "SEMIF")
+    model_path = _find_gguf(env)
+    calibration_path = model_path.parent / "calibration.json"
     if env.get("SEMIF_GGUF_PATH") is None:
         calibration_path = Path(env.get("SEMIF_MODEL_DIR", "/opt/ml/model")) / "calibration.json"
     return Settings(
-        gguf_path=gguf_path,
+        model_path=model_path,
         calibration_path=calibration_path,
-        temperature=_read_temperature(calibration_path),
+        temperature=read_temperature(calibration_path),
         threads=threads,
         n_gpu_layers=n_gpu_layers,
         max_tokens=max_tokens,
         max_request_tokens=max_request_tokens,
         max_shared_decisions=max_shared,
-        max_body_bytes=max_body,
-        max_in_flight=max_in_flight,
-        queue_timeout_s=queue_timeout_s,
-        host=host,
-        port=port,
+        http=http,
     )
 
 
 # --------------------------------------------------------------------------------------
 # Request validation
-
-
-class HttpError(Exception):
-    """An error answered as JSON with this status."""
-
-    def __init__(self, status: int, message: str, *, retryable: bool = False):
-        super().__init__(message)
-        self.status = status
-        self.retryable = retryable
-
-
-def bad(field: str, rule: str) -> HttpError:
-    """A 400 naming the field and the rule it broke."""
-    return HttpError(400, f"{field}: {rule}")
 
 
 @dataclass(frozen=True)
@@ -231,49 +157,12 @@ class Decision:
     descriptions: tuple[str, ...]
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json object hook: a repeated key is an error, never a silent last-wins."""
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r} in a JSON object")
-        result[key] = value
-    return result
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    """Decode the request body into a JSON object (NaN parses here and is refused by field)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise bad("body", f"must be UTF-8 encoded JSON ({exc})") from None
-    try:
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=float)
-    except RecursionError:
-        raise bad("body", "JSON is nested too deeply") from None
-    except ValueError as exc:
-        raise bad("body", f"must be valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise bad("body", f"must be a JSON object, got {_json_type(value)}")
-    return value
-
-
 def _text(value: Any, field: str, *, allow_empty: bool = False) -> str:
     """A string that is valid Unicode (and non-empty unless allowed)."""
-    if not isinstance(value, str):
-        raise bad(field, f"must be a string, got {_json_type(value)}")
-    if not allow_empty and not value.strip():
+    text = json_string(value, field)
+    if not allow_empty and not text.strip():
         raise bad(field, "must be a non-empty string")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(field, "contains an unpaired surrogate; send valid Unicode") from None
-    return value
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
-    return names.get(type(value), "number")
+    return text
 
 
 def _check_finite(value: Any, field: str) -> None:
@@ -298,7 +187,7 @@ def _canonical(value: Any) -> str:
 def _decision(raw: Any, field: str) -> Decision:
     """Validate one decision object against the row rules of §6.1."""
     if not isinstance(raw, dict):
-        raise bad(field, f"must be an object, got {_json_type(raw)}")
+        raise bad(field, f"must be an object, got {json_type(raw)}")
     for key in raw:
         if key not in DECISION_KEYS:
             raise bad(f"{field}.{key}", f"unknown key; a decision has exactly the keys {list(DECISION_KEYS)}")
@@ -315,11 +204,11 @@ def _decision(raw: Any, field: str) -> Decision:
         _check_finite(state, f"{field}.state")
         state_text = _canonical(state)
     else:
-        raise bad(f"{field}.state", f"must be a non-empty string, object or array, got {_json_type(state)}")
+        raise bad(f"{field}.state", f"must be a non-empty string, object or array, got {json_type(state)}")
     question = _text(raw["question"], f"{field}.question")
     options = raw["options"]
     if not isinstance(options, list):
-        raise bad(f"{field}.options", f"must be an array, got {_json_type(options)}")
+        raise bad(f"{field}.options", f"must be an array, got {json_type(options)}")
     if not MIN_OPTIONS <= len(options) <= MAX_OPTIONS:
         raise bad(f"{field}.options", f"must have {MIN_OPTIONS} to {MAX_OPTIONS} items, got {len(options)}")
     option_ids: list[str] = []
@@ -327,7 +216,7 @@ def _decision(raw: Any, field: str) -> Decision:
     for index, option in enumerate(options):
         where = f"{field}.options[{index}]"
         if not isinstance(option, dict):
-            raise bad(where, f"must be an object, got {_json_type(option)}")
+            raise bad(where, f"must be an object, got {json_type(option)}")
         for key in option:
             if key not in OPTION_KEYS:
                 raise bad(f"{where}.{key}", f"unknown key; an option has exactly the keys {list(OPTION_KEYS)}")
@@ -361,7 +250,7 @@ def parse_decisions(payload: dict[str, Any], max_shared: int) -> tuple[list[Deci
         return [_decision(payload["decision"], "decision")], False
     items = payload["decisions"]
     if not isinstance(items, list):
-        raise bad("decisions", f"must be an array, got {_json_type(items)}")
+        raise bad("decisions", f"must be an array, got {json_type(items)}")
     if not 1 <= len(items) <= max_shared:
         raise bad(
             "decisions",
@@ -403,10 +292,6 @@ class Prompt:
         return hashlib.sha256(json.dumps(self.tokens, separators=(",", ":")).encode()).hexdigest()
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)
-
-
 class Engine:
     """One llama.cpp context with the letter readout; every evaluation holds `lock`."""
 
@@ -419,13 +304,13 @@ class Engine:
         self.settings = settings
         self.lock = threading.Lock()
         self.model_info = {
-            "file": settings.gguf_path.name,
-            "bytes": settings.gguf_path.stat().st_size,
-            "sha256": _sha256_file(settings.gguf_path),
+            "file": settings.model_path.name,
+            "bytes": settings.model_path.stat().st_size,
+            "sha256": sha256_file(settings.model_path),
         }
         try:
             self.llm = llama_cpp.Llama(
-                model_path=str(settings.gguf_path),
+                model_path=str(settings.model_path),
                 n_ctx=settings.max_tokens,
                 n_threads=settings.threads,
                 n_threads_batch=settings.threads,
@@ -435,7 +320,7 @@ class Engine:
                 verbose=False,
             )
         except (ValueError, RuntimeError) as exc:
-            raise StartupError(f"cannot load {settings.gguf_path}: {exc}", EXIT_MODEL) from None
+            raise StartupError(f"cannot load {settings.model_path}: {exc}", EXIT_MODEL) from None
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.n_vocab = self.llm.n_vocab()
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.llm.model)
@@ -600,18 +485,18 @@ class Engine:
             )
             step_s = time.perf_counter() - step_start
             result["timings"] = {
-                "queue_ms": _ms(queue_s),
+                "queue_ms": to_ms(queue_s),
                 "prefill_ms": 0.0,
-                "suffix_ms": _ms(step_s),
-                "forward_ms": _ms(suffix_s),
-                "total_ms": _ms(step_s),
+                "suffix_ms": to_ms(step_s),
+                "forward_ms": to_ms(suffix_s),
+                "total_ms": to_ms(step_s),
             }
             results.append(result)
         timing = {
-            "queue_ms": _ms(queue_s),
-            "prefill_ms": _ms(prefill_s),
-            "forward_ms": _ms(forward_s),
-            "total_ms": _ms(time.perf_counter() - start),
+            "queue_ms": to_ms(queue_s),
+            "prefill_ms": to_ms(prefill_s),
+            "forward_ms": to_ms(forward_s),
+            "total_ms": to_ms(time.perf_counter() - start),
             "shared_prefix_tokens": len(prefix),
         }
         return results, timing
@@ -622,270 +507,54 @@ def _logsumexp(np: Any, values: Any) -> float:
     return peak + math.log(float(np.sum(np.exp(values - peak))))
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # --------------------------------------------------------------------------------------
-# HTTP
+# Serving
 
 
-def _error_payload(error: HttpError) -> dict[str, Any]:
-    payload: dict[str, Any] = {"error": str(error)}
-    if error.retryable:
-        payload["retryable"] = True
-    return payload
+def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
+    """The start-up log line: which model, its digest, prompt format and temperature source."""
+    calibration = settings.calibration_path
+    source = f"from {calibration}" if calibration.exists() else "(no calibration.json)"
+    return (
+        f"model {engine.model_info['file']} loaded in {seconds:.2f}s "
+        f"(sha256 {engine.model_info['sha256']}, prompt format {engine.prompt_format}, "
+        f"temperature {settings.temperature} {source})"
+    )
 
 
-class SemifServer(ThreadingHTTPServer):
-    """HTTP server holding the settings, the admission semaphore and (once loaded) the engine."""
-
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.admission = threading.BoundedSemaphore(settings.max_in_flight)
-        self.engine: Engine | None = None
-        self.exit_code = 0
-        super().__init__((settings.host, settings.port), Handler)
-
-    def load(self) -> None:
-        """Load the model in the background; on failure stop the server with a clear message."""
-        try:
-            start = time.perf_counter()
-            self.engine = Engine(self.settings)
-            calibration = self.settings.calibration_path
-            source = f"from {calibration}" if calibration.exists() else "(no calibration.json)"
-            print(
-                f"semif: model {self.engine.model_info['file']} loaded in {time.perf_counter() - start:.2f}s "
-                f"(sha256 {self.engine.model_info['sha256']}, prompt format {self.engine.prompt_format}, "
-                f"temperature {self.settings.temperature} {source})",
-                file=sys.stderr,
-                flush=True,
-            )
-        except StartupError as exc:
-            self._fail(str(exc), exc.exit_code)
-        except Exception as exc:  # any load failure must stop the process, not leave it unready forever
-            traceback.print_exc(file=sys.stderr)
-            self._fail(f"model load failed: {exc}", EXIT_MODEL)
-
-    def _fail(self, message: str, exit_code: int) -> None:
-        print(f"semif: refusing to start: {message}", file=sys.stderr, flush=True)
-        self.exit_code = exit_code
-        self.shutdown()
+def answer(settings: Settings, engine: Engine, body: bytes, received: float) -> dict[str, Any]:
+    """Score one POST /invocations body: {"result": ...} for a decision, {"results", "timing"} for shared ones."""
+    # NaN parses here and is refused by field, naming where it stands
+    payload = parse_json_object(body, parse_constant=float)
+    decisions, shared = parse_decisions(payload, settings.max_shared_decisions)
+    prompts = engine.prompts(decisions)
+    waited = time.perf_counter()
+    with model_turn(engine.lock, settings.http):
+        results, timing = engine.score(decisions, prompts, time.perf_counter() - waited)
+    total_ms = to_ms(time.perf_counter() - received)
+    if shared:
+        timing["total_ms"] = total_ms
+        return {"results": results, "timing": timing}
+    result = results[0]
+    result["timings"].update(
+        prefill_ms=timing["prefill_ms"],
+        forward_ms=timing["forward_ms"],
+        total_ms=total_ms,
+    )
+    return {"result": result}
 
 
-class Handler(BaseHTTPRequestHandler):
-    """The SageMaker container contract: GET /ping, POST /invocations; errors are JSON."""
-
-    protocol_version = "HTTP/1.1"
-    server_version = "semif/1"
-    timeout = SOCKET_TIMEOUT_S
-    server: SemifServer
-
-    def setup(self) -> None:
-        """Headers and body are separate writes: without TCP_NODELAY, Nagle plus a keep-alive
-        client's delayed ACK add ~40 ms to every answer."""
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        sys.stderr.write(f"semif: {self.address_string()} {format % args}\n")
-
-    def _send(self, status: int, payload: dict[str, Any], *, close: bool = False) -> None:
-        body = json.dumps(payload, allow_nan=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        try:
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client left before reading the answer
-            return
-        if close:
-            self._linger()
-
-    def _linger(self) -> None:
-        """Half-close, then discard what the client still sends (bounded), so it reads our answer, not a reset."""
-        try:
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(LINGER_S)
-            deadline, drained = time.monotonic() + LINGER_S, 0
-            while time.monotonic() < deadline and drained < LINGER_BYTES:
-                chunk = self.connection.recv(1 << 16)
-                if not chunk:
-                    break
-                drained += len(chunk)
-        except OSError:
-            pass  # the client went away: nothing left to protect
-
-    def _error(self, error: HttpError, *, close: bool = False) -> None:
-        self._send(error.status, _error_payload(error), close=close)
-
-    def _route(self) -> str:
-        return urlsplit(self.path).path
-
-    def do_GET(self) -> None:
-        """GET /ping: 200 once the model is loaded, 503 while it loads."""
-        route = self._route()
-        if route == "/ping":
-            if self.server.engine is None:
-                self._send(503, {"status": "loading"})
-            else:
-                self._send(200, {"status": "ok"})
-        elif route == "/invocations":
-            self._error(HttpError(405, "/invocations accepts POST only"))
-        else:
-            self._error(HttpError(404, f"no route {route!r}; use GET /ping or POST /invocations"))
-
-    def do_POST(self) -> None:
-        """POST /invocations, behind admission control; the body is unread on early errors."""
-        route = self._route()
-        if route != "/invocations":
-            status = 405 if route == "/ping" else 404
-            self._error(HttpError(status, f"no POST route {route!r}; use POST /invocations"), close=True)
-            return
-        received = time.perf_counter()
-        if not self.server.admission.acquire(blocking=False):
-            self._error(
-                HttpError(
-                    503,
-                    f"overloaded: {self.server.settings.max_in_flight} requests in flight "
-                    "(SEMIF_MAX_IN_FLIGHT); retry with backoff",
-                    retryable=True,
-                ),
-                close=True,
-            )
-            return
-        try:  # the slot is released before the answer is written, so a sequential client never races it
-            status, payload, close = self._invocation(received)
-        finally:
-            self.server.admission.release()
-        self._send(status, payload, close=close)
-
-    def _method_not_allowed(self) -> None:
-        self._error(HttpError(405, f"method {self.command} is not supported"), close=True)
-
-    do_PUT = do_DELETE = do_PATCH = _method_not_allowed
-
-    def _invocation(self, received: float) -> tuple[int, dict[str, Any], bool]:
-        """(status, JSON payload, close connection) for one admitted POST /invocations."""
-        try:
-            body = self._read_body()
-        except HttpError as error:
-            return error.status, _error_payload(error), True
-        try:
-            return 200, self._answer(body, received), False
-        except HttpError as error:
-            return error.status, _error_payload(error), False
-        except Exception as exc:  # the contract answers every failure with JSON
-            traceback.print_exc(file=sys.stderr)
-            return 500, {"error": f"internal error: {exc}"}, False
-
-    def _read_body(self) -> bytes:
-        """Check Content-Type and Content-Length before reading exactly that many bytes."""
-        media_type, _, params = (self.headers.get("Content-Type") or "").partition(";")
-        if media_type.strip().lower() != "application/json":
-            raise HttpError(415, f"Content-Type must be application/json, got {self.headers.get('Content-Type')!r}")
-        charset = params.strip().lower()
-        if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
-            raise HttpError(415, f"Content-Type charset must be utf-8, got {params.strip()!r}")
-        if self.headers.get("Transfer-Encoding") is not None:
-            raise bad("Transfer-Encoding", "is not supported; send the body with a Content-Length")
-        length_header = self.headers.get("Content-Length")
-        if length_header is None or not length_header.strip().isdigit():
-            raise bad("Content-Length", f"is required and must be a byte count, got {length_header!r}")
-        length = int(length_header)
-        limit = self.server.settings.max_body_bytes
-        if length == 0:
-            raise bad("body", "is empty; send a JSON object with 'decision' or 'decisions'")
-        if length > limit:
-            raise HttpError(413, f"body: {length} bytes is over the limit of {limit} bytes (SEMIF_MAX_BODY_BYTES)")
-        try:
-            body = self.rfile.read(length)
-        except TimeoutError:
-            raise bad("body", f"not received within {SOCKET_TIMEOUT_S:.0f}s") from None
-        except OSError as exc:
-            raise bad("body", f"connection failed while reading it ({exc})") from None
-        if len(body) != length:
-            raise bad("body", f"ended after {len(body)} of {length} bytes (Content-Length)")
-        return body
-
-    def _answer(self, body: bytes, received: float) -> dict[str, Any]:
-        engine = self.server.engine
-        if engine is None:
-            raise HttpError(503, "model is loading; retry when GET /ping returns 200", retryable=True)
-        settings = self.server.settings
-        decisions, shared = parse_decisions(parse_body(body), settings.max_shared_decisions)
-        prompts = engine.prompts(decisions)
-        waited = time.perf_counter()
-        if not engine.lock.acquire(timeout=settings.queue_timeout_s):
-            raise HttpError(
-                503, f"the model stayed busy for {settings.queue_timeout_s}s (SEMIF_QUEUE_TIMEOUT_S)", retryable=True
-            )
-        try:
-            results, timing = engine.score(decisions, prompts, time.perf_counter() - waited)
-        finally:
-            engine.lock.release()
-        total_ms = _ms(time.perf_counter() - received)
-        if shared:
-            timing["total_ms"] = total_ms
-            return {"results": results, "timing": timing}
-        result = results[0]
-        result["timings"].update(
-            prefill_ms=timing["prefill_ms"],
-            forward_ms=timing["forward_ms"],
-            total_ms=total_ms,
-        )
-        return {"result": result}
-
-
-def main(argv: list[str]) -> int:
-    """Validate the environment, listen, load the model in the background, serve until stopped."""
-    if argv not in ([], ["serve"]):  # SageMaker starts the container as `<entrypoint> serve`
-        print(
-            f"semif: refusing to start: unexpected arguments {argv}; configure with SEMIF_* variables",
-            file=sys.stderr,
-        )
-        return EXIT_CONFIG
-    try:
-        settings = load_settings(os.environ)
-    except StartupError as exc:
-        print(f"semif: refusing to start: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    try:
-        server = SemifServer(settings)
-    except OSError as exc:
-        print(
-            f"semif: refusing to start: cannot listen on {settings.host}:{settings.port} ({exc}); "
-            "set SEMIF_HOST/SEMIF_PORT to a free address",
-            file=sys.stderr,
-            flush=True,
-        )
-        return EXIT_CONFIG
-    host, port = server.server_address[:2]
-    print(f"semif: listening on http://{host}:{port} (model {settings.gguf_path}, loading)", file=sys.stderr)
-    # SIGTERM (docker stop, SageMaker, the local backend) ends serve_forever cleanly with exit code 0
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    threading.Thread(target=server.load, name="semif-load", daemon=True).start()
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return server.exit_code
+SERVICE = ModelService(
+    name="semif",
+    prefix="SEMIF",
+    server_version="semif/1",
+    empty_body="is empty; send a JSON object with 'decision' or 'decisions'",
+    load_settings=load_settings,
+    load_engine=Engine,
+    loaded=_loaded,
+    answer=answer,
+)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve(SERVICE, sys.argv[1:]))

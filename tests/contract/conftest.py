@@ -7,6 +7,7 @@ variables exactly as the local backend and the container run it. Servers listen 
 
 from __future__ import annotations
 
+import ast
 import http.client
 import json
 import os
@@ -26,6 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SEMIF_SERVER = REPO / "images" / "semif" / "server.py"
+COMMON_HTTP = REPO / "images" / "common" / "sagemaker_http.py"
 START_DEADLINE_S = 60.0
 REQUEST_TIMEOUT_S = 30.0
 LISTENING = re.compile(r"listening on http://([0-9.]+):(\d+)")
@@ -122,15 +124,16 @@ class SemifProcess:
 
 
 def start_semif(
-    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None
+    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None, server: Path = SEMIF_SERVER
 ) -> SemifProcess:
-    """Start the server on port 0, wait (with a deadline) until /ping says ok, recording every ping.
+    """Start the server (the checkout's, or `server`) on port 0, wait (with a deadline) until /ping
+    says ok, recording every ping.
 
     With `probe`, POST it to /invocations once, right after the port is bound (while the model loads).
     """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(SEMIF_SERVER), *args],
+            [sys.executable, str(server), *args],
             env={**env, "SEMIF_HOST": "127.0.0.1", "SEMIF_PORT": "0"},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -173,6 +176,101 @@ def run_semif_to_exit(
         timeout=timeout,
         cwd=REPO,
     )
+
+
+def non_stdlib_imports(path: Path) -> set[str]:
+    """Top-level names a Python file imports that are not in the standard library."""
+    nodes = list(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+    roots = {alias.name.split(".")[0] for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
+    return roots - set(sys.stdlib_module_names)
+
+
+@pytest.fixture(scope="session")
+def imports_outside_stdlib() -> Callable[[Path], set[str]]:
+    """non_stdlib_imports as a fixture: the non-stdlib top-level imports of a file (images must stay lean)."""
+    return non_stdlib_imports
+
+
+@pytest.fixture(scope="session")
+def container_layout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Lay out an image's app folder as its Dockerfile does (server.py beside sagemaker_http.py, no ../common)."""
+
+    def layout(name: str) -> Path:
+        app = tmp_path_factory.mktemp(f"{name}-image") / "app"
+        app.mkdir()
+        shutil.copyfile(REPO / "images" / name / "server.py", app / "server.py")
+        shutil.copyfile(COMMON_HTTP, app / "sagemaker_http.py")
+        return app / "server.py"
+
+    return layout
+
+
+SOURCE_LAYOUTS = {
+    "repository root": {"images/{name}": "{name}", "images/common": "common"},
+    "images folder": {"{name}": "{name}", "common": "common"},
+    # refused: the shared module is missing
+    "repository root without common": {"images/{name}": "{name}"},
+    "image folder only": {".": "{name}"},  # the source layout before the shared module
+}
+
+
+def copy_build_source(source: Path, name: str, layout: str) -> None:
+    """Fill a CodeBuild source folder with image `name` laid out as SOURCE_LAYOUTS[layout] says."""
+    for target, folder in SOURCE_LAYOUTS[layout].items():
+        shutil.copytree(
+            REPO / "images" / folder.format(name=name),
+            source / target.format(name=name),
+            ignore=shutil.ignore_patterns("__pycache__"),
+            dirs_exist_ok=True,
+        )
+
+
+def run_buildspec_stubbed(
+    tmp_path: Path, name: str, repo: str, digest: str, layout: str = "repository root", **env: str
+) -> subprocess.CompletedProcess:
+    """Run every phase of images/<name>/buildspec.yml from tmp_path/src (laid out as `layout`) with stub
+    `aws` and `docker` that push to `repo` and report `digest`; docker calls go to tmp_path/docker.log.
+
+    The buildspec's own env variables are the defaults, as CodeBuild sets them; `env` overrides them.
+    """
+    import yaml
+
+    source = tmp_path / "src"
+    copy_build_source(source, name, layout)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "aws").write_text(
+        '#!/bin/bash\ncase "$*" in *get-login-password*) echo token;; '
+        f"*describe-images*) echo {digest};; *) exit 3;; esac\n"
+    )
+    (stubs / "docker").write_text(
+        '#!/bin/bash\necho "docker $*" >> "$DOCKER_LOG"\n'
+        f'case "$1" in login) cat >/dev/null;; inspect) echo {repo}@{digest};; esac\n'
+    )
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    spec = yaml.safe_load((REPO / "images" / name / "buildspec.yml").read_text())
+    assert spec["version"] == 0.2 and spec["artifacts"]["files"] == ["image-detail.json"]
+    phases = ("pre_build", "build", "post_build")
+    script = "\n".join(command for phase in phases for command in spec["phases"][phase]["commands"])
+    base_env = {
+        **spec["env"].get("variables", {}),
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "ECR_REPOSITORY_URI": repo,
+        "IMAGE_TAG": "c97b315c4728",
+        "CODEBUILD_BUILD_SUCCEEDING": "1",
+        "DOCKER_LOG": str(tmp_path / "docker.log"),
+    }
+    return subprocess.run(
+        ["bash", "-c", script], env={**base_env, **env}, cwd=source, capture_output=True, text=True, timeout=30
+    )
+
+
+@pytest.fixture(scope="session")
+def run_buildspec() -> Callable[..., subprocess.CompletedProcess]:
+    """run_buildspec_stubbed as a fixture: a stubbed CodeBuild run of an image's buildspec."""
+    return run_buildspec_stubbed
 
 
 @pytest.fixture(scope="session")

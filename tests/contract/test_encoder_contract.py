@@ -146,14 +146,17 @@ def encoder_env(model_dir: Path, **overrides: str) -> dict[str, str]:
     return env
 
 
-def start_encoder(log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None) -> EncoderProcess:
-    """Start the server on port 0 and wait (with a deadline) until /ping says ok, recording every ping.
+def start_encoder(
+    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None, server: Path = ENCODER_SERVER
+) -> EncoderProcess:
+    """Start the server (the checkout's, or `server`) on port 0 and wait (with a deadline) until
+    /ping says ok, recording every ping.
 
     With `probe`, POST it once right after the port is bound (while the model loads).
     """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(ENCODER_SERVER), *args],
+            [sys.executable, str(server), *args],
             env={**env, "ENCODER_HOST": "127.0.0.1", "ENCODER_PORT": "0"},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -620,19 +623,30 @@ def test_unloadable_model_exits_3_and_unexpected_arguments_exit_2(model_dir, tmp
 # image and build definition (no Docker engine here: static checks and a stubbed build)
 
 IMAGE_DIR = REPO / "images" / "encoder"
+COMMON_HTTP = REPO / "images" / "common" / "sagemaker_http.py"
 PYTHON_BASE = "python@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7"
 ECR_REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/encoder"
 FAKE_DIGEST = "sha256:" + "ab" * 32
 
 
-def test_server_imports_only_the_stdlib_numpy_onnxruntime_and_tokenizers():
-    import ast
+def test_server_imports_only_the_stdlib_numpy_onnxruntime_tokenizers_and_the_stdlib_shared_module(
+    imports_outside_stdlib,
+):
+    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "onnxruntime", "tokenizers", "sagemaker_http"}
+    assert imports_outside_stdlib(COMMON_HTTP) == set()
 
-    tree = ast.parse((IMAGE_DIR / "server.py").read_text())
-    nodes = list(ast.walk(tree))
-    roots = {alias.name.split(".")[0] for node in nodes if isinstance(node, ast.Import) for alias in node.names}
-    roots |= {node.module.split(".")[0] for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
-    assert roots - set(sys.stdlib_module_names) == {"numpy", "onnxruntime", "tokenizers"}
+
+def test_the_image_layout_serves_with_the_shared_module_beside_the_server(container_layout, model_dir, tmp_path):
+    server_path = container_layout("encoder")
+    assert not (server_path.parent.parent / "common").exists()
+    server = start_encoder(tmp_path / "server.log", encoder_env(model_dir), args=("serve",), server=server_path)
+    try:
+        reply = server.client.invoke({"pairs": PAIRS[:1]})
+        assert reply.status == 200, reply.body
+        assert [r["label"] in LABELS for r in reply.body["results"]] == [True]
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, server.log()
 
 
 def test_dockerfile_pins_the_base_by_digest_and_runs_the_server_as_non_root():
@@ -648,56 +662,42 @@ def test_dockerfile_pins_the_base_by_digest_and_runs_the_server_as_non_root():
     assert users and users[-1] not in ("root", "0")
     assert "EXPOSE 8080\n" in text and "ENCODER_HOST=0.0.0.0" in text
     assert 'ENTRYPOINT ["/opt/encoder/venv/bin/python", "/opt/encoder/server.py"]' in text
+    assert "COPY encoder/server.py common/sagemaker_http.py /opt/encoder/\n" in text
+    assert "py_compile /opt/encoder/server.py /opt/encoder/sagemaker_http.py" in text
 
 
-def _run_buildspec(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """Run every buildspec phase with stub `aws` and `docker` commands, from a copy of the image folder."""
-    import yaml
-
-    source = tmp_path / "src"
-    shutil.copytree(IMAGE_DIR, source, ignore=shutil.ignore_patterns("__pycache__"))
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    (stubs / "aws").write_text(
-        '#!/bin/bash\ncase "$*" in *get-login-password*) echo token;; '
-        f"*describe-images*) echo {FAKE_DIGEST};; *) exit 3;; esac\n"
-    )
-    (stubs / "docker").write_text(
-        '#!/bin/bash\necho "docker $*" >> "$DOCKER_LOG"\n'
-        f'case "$1" in login) cat >/dev/null;; inspect) echo {ECR_REPO}@{FAKE_DIGEST};; esac\n'
-    )
-    for stub in stubs.iterdir():
-        stub.chmod(0o755)
-    spec = yaml.safe_load((IMAGE_DIR / "buildspec.yml").read_text())
-    assert spec["version"] == 0.2 and spec["artifacts"]["files"] == ["image-detail.json"]
-    phases = ("pre_build", "build", "post_build")
-    script = "\n".join(command for phase in phases for command in spec["phases"][phase]["commands"])
-    base_env = {
-        "PATH": f"{stubs}:{os.environ['PATH']}",
-        "ECR_REPOSITORY_URI": ECR_REPO,
-        "IMAGE_TAG": "c97b315c4728",
-        "CODEBUILD_BUILD_SUCCEEDING": "1",
-        "DOCKER_LOG": str(tmp_path / "docker.log"),
-    }
-    return subprocess.run(
-        ["bash", "-c", script], env={**base_env, **env}, cwd=source, capture_output=True, text=True, timeout=30
-    )
-
-
-def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(tmp_path):
-    done = _run_buildspec(tmp_path)
+@pytest.mark.parametrize(
+    "layout, dockerfile, context",
+    [("repository root", "images/encoder/Dockerfile", "images"), ("images folder", "./encoder/Dockerfile", ".")],
+)
+def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(
+    tmp_path, run_buildspec, layout, dockerfile, context
+):
+    done = run_buildspec(tmp_path, "encoder", ECR_REPO, FAKE_DIGEST, layout)
     assert done.returncode == 0, done.stderr
     detail = json.loads((tmp_path / "src" / "image-detail.json").read_text())
     assert detail == {"ImageURI": f"{ECR_REPO}@{FAKE_DIGEST}"}
     docker_log = (tmp_path / "docker.log").read_text()
     assert f"--build-arg BASE_IMAGE={PYTHON_BASE}" in docker_log
     assert "--build-arg ORT_PACKAGE=onnxruntime " in docker_log
+    assert f" -f {dockerfile} {context}\n" in docker_log  # the context holds common/ as well
     assert f"docker push {ECR_REPO}:c97b315c4728" in docker_log
 
 
-def test_buildspec_builds_the_gpu_variant_from_a_cuda_base(tmp_path):
+@pytest.mark.parametrize(
+    "layout, missing",
+    [("repository root without common", "common/sagemaker_http.py"), ("image folder only", "encoder/Dockerfile")],
+)
+def test_buildspec_refuses_a_source_without_the_shared_module(tmp_path, run_buildspec, layout, missing):
+    done = run_buildspec(tmp_path, "encoder", ECR_REPO, FAKE_DIGEST, layout)
+    assert done.returncode != 0
+    assert f"no {missing} under images/" in done.stderr and "repository root" in done.stderr, done.stderr
+    assert not (tmp_path / "docker.log").exists()
+
+
+def test_buildspec_builds_the_gpu_variant_from_a_cuda_base(tmp_path, run_buildspec):
     cuda_base = "nvidia/cuda@sha256:" + "cd" * 32
-    done = _run_buildspec(tmp_path, BASE_IMAGE=cuda_base, ORT_PACKAGE="onnxruntime-gpu")
+    done = run_buildspec(tmp_path, "encoder", ECR_REPO, FAKE_DIGEST, BASE_IMAGE=cuda_base, ORT_PACKAGE="onnxruntime-gpu")
     assert done.returncode == 0, done.stderr
     docker_log = (tmp_path / "docker.log").read_text()
     assert f"--build-arg BASE_IMAGE={cuda_base}" in docker_log
@@ -714,8 +714,8 @@ def test_buildspec_builds_the_gpu_variant_from_a_cuda_base(tmp_path):
     ],
     ids=["tag base", "latest tag", "failed build", "unknown runtime package"],
 )
-def test_buildspec_refuses_unpinned_or_mutable_builds(tmp_path, env, needle):
-    done = _run_buildspec(tmp_path, **env)
+def test_buildspec_refuses_unpinned_or_mutable_builds(tmp_path, run_buildspec, env, needle):
+    done = run_buildspec(tmp_path, "encoder", ECR_REPO, FAKE_DIGEST, **env)
     assert done.returncode != 0
     assert needle in done.stderr, done.stderr
     assert not (tmp_path / "src" / "image-detail.json").exists()

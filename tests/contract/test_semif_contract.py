@@ -5,9 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -482,21 +479,32 @@ def test_letters_that_are_not_single_tokens_refuse_to_start(run_refusal, clean_e
 # image and build definition (no Docker engine here: static checks and a stubbed build)
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "images" / "semif"
+COMMON_HTTP = IMAGE_DIR.parent / "common" / "sagemaker_http.py"
 DLC = "public.ecr.aws/deep-learning-containers/llama-cpp"
 CPU_BASE = f"{DLC}@sha256:1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43"
 CUDA_BASE = f"{DLC}@sha256:9f2eb2d9cbdc3172c2046117c4a43401bc95dbabdc3e2aeaa35daa11565c8b36"
 FAKE_DIGEST = "sha256:" + "ab" * 32
+ECR_REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif"
 
 
-def test_server_imports_only_the_stdlib_numpy_and_llama_cpp():
-    import ast
-    import sys
+def test_server_imports_only_the_stdlib_numpy_llama_cpp_and_the_stdlib_shared_module(imports_outside_stdlib):
+    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "llama_cpp", "sagemaker_http"}
+    assert imports_outside_stdlib(COMMON_HTTP) == set()
 
-    tree = ast.parse((IMAGE_DIR / "server.py").read_text())
-    nodes = list(ast.walk(tree))
-    roots = {alias.name.split(".")[0] for node in nodes if isinstance(node, ast.Import) for alias in node.names}
-    roots |= {node.module.split(".")[0] for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
-    assert roots - set(sys.stdlib_module_names) == {"numpy", "llama_cpp"}
+
+def test_the_image_layout_serves_with_the_shared_module_beside_the_server(
+    start_server, container_layout, tiny_env, tmp_path
+):
+    server_path = container_layout("semif")
+    assert not (server_path.parent.parent / "common").exists()
+    server = start_server(tmp_path / "server.log", tiny_env, args=("serve",), server=server_path)
+    try:
+        reply = server.client.invoke({"decision": decision()})
+        assert reply.status == 200, reply.body
+        assert reply.body["result"]["option_ids"] == ["opt0", "opt1", "opt2"]
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, server.log()
 
 
 def test_dockerfile_pins_the_dlc_by_digest_and_runs_the_adapter_as_non_root():
@@ -511,53 +519,29 @@ def test_dockerfile_pins_the_dlc_by_digest_and_runs_the_adapter_as_non_root():
     assert users[-1] not in ("root", "0")
     assert "EXPOSE 8080\n" in text and "SEMIF_HOST=0.0.0.0" in text
     assert 'ENTRYPOINT ["/opt/semif/venv/bin/python", "/opt/semif/server.py"]' in text
+    assert "COPY semif/server.py common/sagemaker_http.py /opt/semif/\n" in text
+    assert "py_compile /opt/semif/server.py /opt/semif/sagemaker_http.py" in text
 
 
-def _run_buildspec(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """Run every buildspec phase with stub `aws` and `docker` commands, from a copy of the image folder."""
-    import yaml
-
-    source = tmp_path / "src"
-    shutil.copytree(IMAGE_DIR, source)
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    repo = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif"
-    (stubs / "aws").write_text(
-        "#!/bin/bash\ncase \"$*\" in *get-login-password*) echo token;; "
-        f"*describe-images*) echo {FAKE_DIGEST};; *) exit 3;; esac\n"
-    )
-    (stubs / "docker").write_text(
-        "#!/bin/bash\necho \"docker $*\" >> \"$DOCKER_LOG\"\n"
-        f"case \"$1\" in login) cat >/dev/null;; inspect) echo {repo}@{FAKE_DIGEST};; esac\n"
-    )
-    for stub in stubs.iterdir():
-        stub.chmod(0o755)
-    spec = yaml.safe_load((IMAGE_DIR / "buildspec.yml").read_text())
-    assert spec["version"] == 0.2 and spec["artifacts"]["files"] == ["image-detail.json"]
-    phases = ("pre_build", "build", "post_build")
-    script = "\n".join(command for phase in phases for command in spec["phases"][phase]["commands"])
-    base_env = {
-        "PATH": f"{stubs}:{os.environ['PATH']}",
-        "ECR_REPOSITORY_URI": repo,
-        "IMAGE_TAG": "c97b315c4728",
-        "VARIANT": "cpu",
-        "CODEBUILD_BUILD_SUCCEEDING": "1",
-        "DOCKER_LOG": str(tmp_path / "docker.log"),
-    }
-    return subprocess.run(
-        ["bash", "-c", script], env={**base_env, **env}, cwd=source, capture_output=True, text=True, timeout=30
-    )
-
-
-@pytest.mark.parametrize("variant, base", [("cpu", CPU_BASE), ("cuda", CUDA_BASE)])
-def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(tmp_path, variant, base):
-    done = _run_buildspec(tmp_path, VARIANT=variant)
+@pytest.mark.parametrize(
+    "variant, base, layout, dockerfile, context",
+    [
+        ("cpu", CPU_BASE, "repository root", "images/semif/Dockerfile", "images"),
+        ("cuda", CUDA_BASE, "repository root", "images/semif/Dockerfile", "images"),
+        ("cpu", CPU_BASE, "images folder", "./semif/Dockerfile", "."),
+    ],
+)
+def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(
+    tmp_path, run_buildspec, variant, base, layout, dockerfile, context
+):
+    done = run_buildspec(tmp_path, "semif", ECR_REPO, FAKE_DIGEST, layout, VARIANT=variant)
     assert done.returncode == 0, done.stderr
     detail = json.loads((tmp_path / "src" / "image-detail.json").read_text())
-    assert detail == {"ImageURI": f"123456789012.dkr.ecr.us-east-1.amazonaws.com/semif@{FAKE_DIGEST}"}
+    assert detail == {"ImageURI": f"{ECR_REPO}@{FAKE_DIGEST}"}
     docker_log = (tmp_path / "docker.log").read_text()
     assert f"--build-arg BASE_IMAGE={base}" in docker_log
-    assert "docker push 123456789012.dkr.ecr.us-east-1.amazonaws.com/semif:c97b315c4728" in docker_log
+    assert f" -f {dockerfile} {context}\n" in docker_log  # the context holds common/ as well
+    assert f"docker push {ECR_REPO}:c97b315c4728" in docker_log
 
 
 @pytest.mark.parametrize(
@@ -568,8 +552,19 @@ def test_buildspec_builds_from_the_pinned_base_and_writes_the_pushed_digest(tmp_
         ({"VARIANT": "tpu"}, "not cpu or cuda"),
     ],
 )
-def test_buildspec_refuses_mutable_references(tmp_path, env, message):
-    done = _run_buildspec(tmp_path, **env)
+def test_buildspec_refuses_mutable_references(tmp_path, run_buildspec, env, message):
+    done = run_buildspec(tmp_path, "semif", ECR_REPO, FAKE_DIGEST, **env)
     assert done.returncode != 0
     assert message in done.stderr
     assert not (tmp_path / "src" / "image-detail.json").exists()
+
+
+@pytest.mark.parametrize(
+    "layout, missing",
+    [("repository root without common", "common/sagemaker_http.py"), ("image folder only", "semif/Dockerfile")],
+)
+def test_buildspec_refuses_a_source_without_the_shared_module(tmp_path, run_buildspec, layout, missing):
+    done = run_buildspec(tmp_path, "semif", ECR_REPO, FAKE_DIGEST, layout)
+    assert done.returncode != 0
+    assert f"no {missing} under images/" in done.stderr and "repository root" in done.stderr, done.stderr
+    assert not (tmp_path / "docker.log").exists()
