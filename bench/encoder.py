@@ -122,13 +122,18 @@ def measure(engines: Engines, pairs) -> dict:
     return results
 
 
-def accuracy(engines: Engines, engine: str, pairs) -> float:
-    correct = 0
-    for i in range(0, len(pairs), 8):
-        chunk = pairs[i:i + 8]
-        predicted = engines.logits(engine, engines.encode(chunk, pad_to_max=False)).argmax(axis=1)
-        correct += sum(LABELS[k] == p.label for k, p in zip(predicted, chunk))
-    return correct / len(pairs)
+def predictions(engines: Engines, engine: str, pairs) -> np.ndarray:
+    """Predicted label indices over the pairs, scored in batches of 8 padded to their longest pair."""
+    chunks = [engines.logits(engine, engines.encode(pairs[i:i + 8], pad_to_max=False)) for i in range(0, len(pairs), 8)]
+    return np.concatenate(chunks).argmax(axis=1)
+
+
+def accuracy_versus_torch(engine_correct: np.ndarray, torch_correct: np.ndarray) -> dict:
+    """Accuracy difference from PyTorch with its paired-bootstrap 95 % interval (same pairs resampled)."""
+    from validation.metrics import paired_bootstrap
+
+    return paired_bootstrap(lambda idx: float(engine_correct[idx].mean()), lambda idx: float(torch_correct[idx].mean()),
+                            len(engine_correct), n_bootstrap=2000, seed=0)
 
 
 def run() -> list[dict]:
@@ -150,22 +155,35 @@ def run() -> list[dict]:
             "p95": float(np.percentile(padded, 95)), "p99": float(np.percentile(padded, 99)),
             "real_p50": float(np.percentile(real, 50)),
             "samples_per_s": 8 * len(t["batch8_s"]) / float(np.sum(t["batch8_s"])),
-            "accuracy": accuracy(engines, engine, test),
+            "predicted": predictions(engines, engine, test),
         })
+    gold = np.array([LABELS.index(p.label) for p in test])
     base = table[0]
-    print(f"\n{'engine':<13} {'p50 ms':>8} {'p90':>8} {'p95':>8} {'p99':>8} {'real p50':>9} {'samples/s @8':>13} {'x torch':>8} {'accuracy':>9}")
+    for row in table:
+        row["accuracy"] = float((row["predicted"] == gold).mean())
+        row["agreement"] = float((row["predicted"] == base["predicted"]).mean())
+        row["versus_torch"] = accuracy_versus_torch(row["predicted"] == gold, base["predicted"] == gold)
+    print(f"\n{'engine':<13} {'p50 ms':>8} {'p90':>8} {'p95':>8} {'p99':>8} {'real p50':>9} {'samples/s @8':>13} "
+          f"{'x torch':>8} {'accuracy':>9} {'Δ vs torch [95% CI]':>22} {'agree':>6}")
     for row in table:
         row["speedup"] = row["samples_per_s"] / base["samples_per_s"]
         print(f"{row['engine']:<13} {row['p50']:>8.1f} {row['p90']:>8.1f} {row['p95']:>8.1f} {row['p99']:>8.1f} "
-              f"{row['real_p50']:>9.1f} {row['samples_per_s']:>13.1f} {row['speedup']:>8.2f} {row['accuracy']:>9.3f}")
+              f"{row['real_p50']:>9.1f} {row['samples_per_s']:>13.1f} {row['speedup']:>8.2f} {row['accuracy']:>9.3f} "
+              f"{_difference(row['versus_torch']):>22} {row['agreement']:>6.3f}")
     fp32, int8 = table[1], table[2]
     return [
         {"name": "ORT fp32 throughput vs PyTorch fp32 (batch 8, seq 512)", "value": fp32["speedup"], "unit": "x",
          "target": ">= 1.3", "ok": fp32["speedup"] >= 1.3, "detail": f"accuracy {fp32['accuracy']:.3f} vs {base['accuracy']:.3f}"},
         {"name": "ORT int8 throughput vs PyTorch fp32 (batch 8, seq 512)", "value": int8["speedup"], "unit": "x",
          "target": ">= 2, -1 pt", "ok": int8["speedup"] >= 2 and base["accuracy"] - int8["accuracy"] <= 0.01,
-         "detail": f"accuracy {int8['accuracy']:.3f} vs {base['accuracy']:.3f}"},
+         "detail": f"accuracy {int8['accuracy']:.3f} vs {base['accuracy']:.3f} "
+                   f"(Δ {_difference(int8['versus_torch'])}, {len(test)} pairs: one pair is {100 / len(test):.1f} pt)"},
     ]
+
+
+def _difference(paired: dict) -> str:
+    low, high = paired["ci"]
+    return f"{paired['difference'] * 100:+.1f} pt [{low * 100:+.1f}, {high * 100:+.1f}]"
 
 
 if __name__ == "__main__":
