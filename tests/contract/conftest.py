@@ -1,13 +1,15 @@
 """Fixtures for the serving-image contract tests: real server processes and a urllib client.
 
-Each server is `python images/semif/server.py`, configured only by SEMIF_* environment
-variables exactly as the local backend and the container run it. Servers listen on port 0
-(the kernel picks a free port) and the test reads the bound port from the server's log.
+Each server is `python images/<name>/server.py` (semif or encoder), configured only by its
+SEMIF_* / ENCODER_* environment variables exactly as the local backend and the container run
+it. Servers listen on port 0 (the kernel picks a free port) and the test reads the bound port
+from the server's log.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import http.client
 import json
 import os
@@ -27,6 +29,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SEMIF_SERVER = REPO / "images" / "semif" / "server.py"
+ENCODER_SERVER = REPO / "images" / "encoder" / "server.py"
 COMMON_HTTP = REPO / "images" / "common" / "sagemaker_http.py"
 START_DEADLINE_S = 60.0
 REQUEST_TIMEOUT_S = 30.0
@@ -49,7 +52,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class SemifClient:
+class ContractClient:
     """A tiny boto3-free client for the SageMaker container contract, built on urllib."""
 
     def __init__(self, host: str, port: int):
@@ -100,12 +103,12 @@ def _json_or_none(data: bytes) -> Any:
 
 
 @dataclass
-class SemifProcess:
+class ServerProcess:
     """A running server process with its log, client and the /ping statuses seen while starting."""
 
     proc: subprocess.Popen
     log_path: Path
-    client: SemifClient
+    client: ContractClient
     ping_history: list[tuple[int, Any]]
     early_reply: Reply | None = None  # the answer to `probe`, sent as soon as the port was bound
 
@@ -123,59 +126,74 @@ class SemifProcess:
                 self.proc.wait(timeout=10)
 
 
-def start_semif(
-    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None, server: Path = SEMIF_SERVER
-) -> SemifProcess:
-    """Start the server (the checkout's, or `server`) on port 0, wait (with a deadline) until /ping
+def start_server_process(
+    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None, *, server: Path, prefix: str
+) -> ServerProcess:
+    """Start `server` on port 0 (`<prefix>_HOST`/`<prefix>_PORT`), wait (with a deadline) until /ping
     says ok, recording every ping.
 
     With `probe`, POST it to /invocations once, right after the port is bound (while the model loads).
     """
+    name = server.parent.name
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, str(server), *args],
-            env={**env, "SEMIF_HOST": "127.0.0.1", "SEMIF_PORT": "0"},
+            env={**env, f"{prefix}_HOST": "127.0.0.1", f"{prefix}_PORT": "0"},
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
     deadline = time.monotonic() + START_DEADLINE_S
-    client = None
+    client, early = None, None
     history: list[tuple[int, Any]] = []
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"semif exited with {proc.returncode}:\n{log_path.read_text()}")
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_path.read_text()}")
             if client is None:
                 match = LISTENING.search(log_path.read_text(encoding="utf-8", errors="replace"))
                 if match:
-                    client = SemifClient(match.group(1), int(match.group(2)))
+                    client = ContractClient(match.group(1), int(match.group(2)))
                     early = client.invoke(probe) if probe is not None else None
             if client is not None:
                 reply = client.ping()
                 history.append((reply.status, reply.body))
                 if reply.status == 200:
-                    return SemifProcess(proc, log_path, client, history, early)
+                    return ServerProcess(proc, log_path, client, history, early)
             time.sleep(0.005)
-        raise RuntimeError(f"semif not ready within {START_DEADLINE_S}s:\n{log_path.read_text()}")
+        raise RuntimeError(f"{name} not ready within {START_DEADLINE_S}s:\n{log_path.read_text()}")
     except BaseException:
         proc.kill()
         proc.wait(timeout=10)
         raise
 
 
-def run_semif_to_exit(
-    env: dict[str, str], args: tuple[str, ...] = (), timeout: float = 60.0
+def run_server_to_exit(
+    env: dict[str, str], args: tuple[str, ...] = (), *, server: Path, prefix: str, timeout: float = 60.0
 ) -> subprocess.CompletedProcess:
-    """Run the server expecting it to refuse to start; returns the finished process."""
+    """Run `server` expecting it to refuse to start (on port 0 unless `env` says otherwise); returns the finished process."""
     return subprocess.run(
-        [sys.executable, str(SEMIF_SERVER), *args],
-        env={"SEMIF_HOST": "127.0.0.1", "SEMIF_PORT": "0", **env},
+        [sys.executable, str(server), *args],
+        env={f"{prefix}_HOST": "127.0.0.1", f"{prefix}_PORT": "0", **env},
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=REPO,
     )
+
+
+def start_semif(
+    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None, server: Path = SEMIF_SERVER
+) -> ServerProcess:
+    """start_server_process for the SemIf adapter (the checkout's, or `server`)."""
+    return start_server_process(log_path, env, args, probe, server=server, prefix="SEMIF")
+
+
+def start_encoder(
+    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None, server: Path = ENCODER_SERVER
+) -> ServerProcess:
+    """start_server_process for the encoder NLI server (the checkout's, or `server`)."""
+    return start_server_process(log_path, env, args, probe, server=server, prefix="ENCODER")
 
 
 def non_stdlib_imports(path: Path) -> set[str]:
@@ -280,15 +298,27 @@ def clean_env() -> Callable[..., dict[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def start_server() -> Callable[..., SemifProcess]:
+def start_server() -> Callable[..., ServerProcess]:
     """start_semif as a fixture: start a server and wait until it is ready (the caller stops it)."""
     return start_semif
 
 
 @pytest.fixture(scope="session")
 def run_refusal() -> Callable[..., subprocess.CompletedProcess]:
-    """run_semif_to_exit as a fixture: run a server that is expected to refuse to start."""
-    return run_semif_to_exit
+    """Run the SemIf adapter expecting it to refuse to start."""
+    return functools.partial(run_server_to_exit, server=SEMIF_SERVER, prefix="SEMIF")
+
+
+@pytest.fixture(scope="session")
+def start_encoder_server() -> Callable[..., ServerProcess]:
+    """start_encoder as a fixture: start an encoder server and wait until it is ready (the caller stops it)."""
+    return start_encoder
+
+
+@pytest.fixture(scope="session")
+def run_encoder_refusal() -> Callable[..., subprocess.CompletedProcess]:
+    """Run the encoder server expecting it to refuse to start."""
+    return functools.partial(run_server_to_exit, server=ENCODER_SERVER, prefix="ENCODER")
 
 
 @pytest.fixture(scope="session")
@@ -312,7 +342,7 @@ def tiny_env(tiny_gguf: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def semif(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) -> Iterator[SemifProcess]:
+def semif(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) -> Iterator[ServerProcess]:
     """The server with default limits; one decision was sent to it while its model loaded."""
     probe = {
         "decision": {
@@ -328,7 +358,7 @@ def semif(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) ->
 
 
 @pytest.fixture(scope="module")
-def semif_limits(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) -> Iterator[SemifProcess]:
+def semif_limits(tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str]) -> Iterator[ServerProcess]:
     """The server with small limits: 600-token prompts, 3 shared decisions, 8 KiB bodies, 1 in flight."""
     env = {
         **tiny_env,
@@ -352,7 +382,7 @@ CHAT_TEMPLATE = (
 @pytest.fixture(scope="module")
 def semif_chat(
     tmp_path_factory: pytest.TempPathFactory, tiny_env: dict[str, str], tiny_gguf: Path
-) -> Iterator[SemifProcess]:
+) -> Iterator[ServerProcess]:
     """The server on a copy of the tiny model that carries a chat template (tokenizer.chat_template)."""
     import gguf
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
@@ -370,7 +400,7 @@ def semif_chat(
 
 
 @pytest.fixture(scope="module")
-def semif_calibrated(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[SemifProcess]:
+def semif_calibrated(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[ServerProcess]:
     """The server on a model directory (two *.gguf, the first sorted is the model) with calibration.json T = 2.5."""
     model_dir = tmp_path_factory.mktemp("semif-calibrated-model")
     shutil.copyfile(tiny_gguf, model_dir / "model.gguf")

@@ -7,31 +7,19 @@ port is read from the server's log line).
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import os
-import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from tasks.hashing import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
-ENCODER_SERVER = REPO / "images" / "encoder" / "server.py"
-START_DEADLINE_S = 60.0
-REQUEST_TIMEOUT_S = 30.0
-LISTENING = re.compile(r"listening on http://([0-9.]+):(\d+)")
 LABELS = ["entailment", "neutral", "contradiction"]
 MAX_LEN = 32  # small, so over-long pairs are cheap to build
 MAX_BATCH = 4
@@ -46,90 +34,7 @@ PAIRS = [
 
 
 # ---------------------------------------------------------------------------------------
-# helpers: a urllib client and server processes
-
-
-@dataclass
-class Reply:
-    """One HTTP answer: status, parsed JSON body (None if not JSON) and headers."""
-
-    status: int
-    body: Any
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-def _json_or_none(data: bytes) -> Any:
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
-
-
-class Client:
-    """A tiny client for the SageMaker container contract, built on urllib."""
-
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
-        self.base = f"http://{host}:{port}"
-
-    def request(
-        self, method: str, path: str, body: bytes | None = None, content_type: str | None = "application/json"
-    ) -> Reply:
-        """Send one request; HTTP error statuses are returned, not raised."""
-        headers = {"Content-Type": content_type} if content_type else {}
-        req = urllib.request.Request(self.base + path, data=body, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
-                return Reply(resp.status, _json_or_none(resp.read()), dict(resp.headers))
-        except urllib.error.HTTPError as err:
-            return Reply(err.code, _json_or_none(err.read()), dict(err.headers))
-
-    def ping(self) -> Reply:
-        return self.request("GET", "/ping", content_type=None)
-
-    def invoke(self, payload: Any) -> Reply:
-        """POST /invocations with `payload` as JSON."""
-        return self.request("POST", "/invocations", json.dumps(payload).encode("utf-8"))
-
-    def open_raw(self, head: list[str], body: bytes = b"") -> socket.socket:
-        """Open a connection and send hand-written header lines (and maybe part of a body)."""
-        sock = socket.create_connection((self.host, self.port), timeout=REQUEST_TIMEOUT_S)
-        sock.sendall("".join(f"{line}\r\n" for line in head).encode("latin-1") + b"\r\n" + body)
-        return sock
-
-    def raw(self, head: list[str], body: bytes = b"") -> Reply:
-        """Send hand-written header lines and a body; read the answer."""
-        sock = self.open_raw(head, body)
-        try:
-            resp = http.client.HTTPResponse(sock, method=head[0].split()[0])
-            resp.begin()
-            return Reply(resp.status, _json_or_none(resp.read()), dict(resp.headers))
-        finally:
-            sock.close()
-
-
-@dataclass
-class EncoderProcess:
-    """A running server with its log, client, the /ping statuses seen while starting and an early reply."""
-
-    proc: subprocess.Popen
-    log_path: Path
-    client: Client
-    ping_history: list[tuple[int, Any]]
-    early_reply: Reply | None
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not end within 10 s."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+# helpers (the client and server processes are tests/contract/conftest.py's)
 
 
 def encoder_env(model_dir: Path, **overrides: str) -> dict[str, str]:
@@ -146,59 +51,6 @@ def encoder_env(model_dir: Path, **overrides: str) -> dict[str, str]:
     return env
 
 
-def start_encoder(
-    log_path: Path, env: dict[str, str], args: tuple[str, ...] = (), probe: Any = None, server: Path = ENCODER_SERVER
-) -> EncoderProcess:
-    """Start the server (the checkout's, or `server`) on port 0 and wait (with a deadline) until
-    /ping says ok, recording every ping.
-
-    With `probe`, POST it once right after the port is bound (while the model loads).
-    """
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(server), *args],
-            env={**env, "ENCODER_HOST": "127.0.0.1", "ENCODER_PORT": "0"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-    deadline = time.monotonic() + START_DEADLINE_S
-    client, early = None, None
-    history: list[tuple[int, Any]] = []
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"encoder exited with {proc.returncode}:\n{log_path.read_text()}")
-            if client is None:
-                match = LISTENING.search(log_path.read_text(encoding="utf-8", errors="replace"))
-                if match:
-                    client = Client(match.group(1), int(match.group(2)))
-                    early = client.invoke(probe) if probe is not None else None
-            if client is not None:
-                reply = client.ping()
-                history.append((reply.status, reply.body))
-                if reply.status == 200:
-                    return EncoderProcess(proc, log_path, client, history, early)
-            time.sleep(0.005)
-        raise RuntimeError(f"encoder not ready within {START_DEADLINE_S}s:\n{log_path.read_text()}")
-    except BaseException:
-        proc.kill()
-        proc.wait(timeout=10)
-        raise
-
-
-def run_to_exit(env: dict[str, str], args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """Run a server that is expected to refuse to start; returns the finished process."""
-    return subprocess.run(
-        [sys.executable, str(ENCODER_SERVER), *args],
-        env={**env, "ENCODER_HOST": "127.0.0.1", "ENCODER_PORT": "0"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-
-
 def softmax(values: list[float], temperature: float = 1.0) -> list[float]:
     scaled = [v / temperature for v in values]
     peak = max(scaled)
@@ -211,7 +63,7 @@ def assert_close(a: list[float], b: list[float], tol: float) -> None:
     assert max(abs(x - y) for x, y in zip(a, b)) <= tol, (a, b)
 
 
-def assert_error(reply: Reply, status: int, *needles: str) -> None:
+def assert_error(reply, status: int, *needles: str) -> None:
     """The reply has `status`, a JSON {"error": ...} body, and mentions every needle."""
     assert reply.status == status, (reply.status, reply.body)
     assert isinstance(reply.body, dict) and isinstance(reply.body.get("error"), str), reply.body
@@ -248,42 +100,48 @@ def tokenizer(model_dir: Path):
     return tok
 
 
-def _serve(tmp_path_factory, name: str, env: dict[str, str], probe: Any = None) -> Iterator[EncoderProcess]:
-    server = start_encoder(tmp_path_factory.mktemp(name) / "server.log", env, probe=probe)
-    yield server
-    server.stop()
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory, start_encoder_server) -> Callable[..., Iterator[Any]]:
+    """Start a module's encoder server under tmp/<name> and stop it when the fixture using it ends."""
+
+    def serve_encoder(name: str, env: dict[str, str], probe: Any = None) -> Iterator[Any]:
+        server = start_encoder_server(tmp_path_factory.mktemp(name) / "server.log", env, probe=probe)
+        yield server
+        server.stop()
+
+    return serve_encoder
 
 
 @pytest.fixture(scope="module")
-def encoder(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+def encoder(serve, model_dir) -> Iterator[Any]:
     """fp32, refuse policy; one request was sent to it while its model loaded."""
-    yield from _serve(tmp_path_factory, "encoder", encoder_env(model_dir), probe={"pairs": PAIRS[:1]})
+    yield from serve("encoder", encoder_env(model_dir), probe={"pairs": PAIRS[:1]})
 
 
 @pytest.fixture(scope="module")
-def encoder_limits(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+def encoder_limits(serve, model_dir) -> Iterator[Any]:
     """premise_first truncation and one request in flight."""
     env = encoder_env(model_dir, ENCODER_TRUNCATION="premise_first", ENCODER_MAX_IN_FLIGHT="1")
-    yield from _serve(tmp_path_factory, "encoder-limits", env)
+    yield from serve("encoder-limits", env)
 
 
 @pytest.fixture(scope="module")
-def encoder_int8(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
-    yield from _serve(tmp_path_factory, "encoder-int8", encoder_env(model_dir, ENCODER_VARIANT="int8"))
+def encoder_int8(serve, model_dir) -> Iterator[Any]:
+    yield from serve("encoder-int8", encoder_env(model_dir, ENCODER_VARIANT="int8"))
 
 
 @pytest.fixture(scope="module")
-def encoder_padded(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+def encoder_padded(serve, model_dir) -> Iterator[Any]:
     env = encoder_env(model_dir, ENCODER_MAX_LEN=str(PAD_LEN), ENCODER_PAD_TO_MAX="true")
-    yield from _serve(tmp_path_factory, "encoder-padded", env)
+    yield from serve("encoder-padded", env)
 
 
 @pytest.fixture(scope="module")
-def encoder_calibrated(tmp_path_factory, model_dir) -> Iterator[EncoderProcess]:
+def encoder_calibrated(serve, tmp_path_factory, model_dir) -> Iterator[Any]:
     calibrated = tmp_path_factory.mktemp("encoder-calibrated-model") / "model"
     shutil.copytree(model_dir, calibrated)
     (calibrated / "calibration.json").write_text(json.dumps({"temperature": TEMPERATURE, "method": "nll"}))
-    yield from _serve(tmp_path_factory, "encoder-calibrated", encoder_env(calibrated))
+    yield from serve("encoder-calibrated", encoder_env(calibrated))
 
 
 def single_token_words(tokenizer, count: int) -> list[str]:
@@ -534,8 +392,8 @@ def test_overload_is_503_retryable_and_the_slot_is_released(encoder_limits):
     assert "Traceback" not in encoder_limits.log()
 
 
-def test_sagemaker_serve_argument_and_sigterm_stop_cleanly(model_dir, tmp_path):
-    server = start_encoder(tmp_path / "server.log", encoder_env(model_dir), args=("serve",))
+def test_sagemaker_serve_argument_and_sigterm_stop_cleanly(start_encoder_server, model_dir, tmp_path):
+    server = start_encoder_server(tmp_path / "server.log", encoder_env(model_dir), args=("serve",))
     try:
         assert server.client.invoke({"pairs": PAIRS[:1]}).status == 200
     finally:
@@ -560,8 +418,8 @@ BAD_ENV = {
 
 
 @pytest.mark.parametrize("overrides, needle", BAD_ENV.values(), ids=list(BAD_ENV))
-def test_bad_environment_stops_startup_with_exit_2(model_dir, overrides, needle):
-    done = run_to_exit(encoder_env(model_dir, **overrides))
+def test_bad_environment_stops_startup_with_exit_2(run_encoder_refusal, model_dir, overrides, needle):
+    done = run_encoder_refusal(encoder_env(model_dir, **overrides))
     assert done.returncode == 2, done.stderr
     assert "refusing to start" in done.stderr and needle in done.stderr, done.stderr
 
@@ -571,20 +429,20 @@ def _model_copy(model_dir: Path, target: Path) -> Path:
     return target
 
 
-def test_cuda_device_without_the_gpu_runtime_refuses_to_start_instead_of_using_the_cpu(model_dir):
+def test_cuda_device_without_the_gpu_runtime_refuses_to_start_instead_of_using_the_cpu(run_encoder_refusal, model_dir):
     import onnxruntime
 
     assert "CUDAExecutionProvider" not in onnxruntime.get_available_providers(), "the project pins the CPU onnxruntime"
-    done = run_to_exit(encoder_env(model_dir, ENCODER_DEVICE="cuda"))
+    done = run_encoder_refusal(encoder_env(model_dir, ENCODER_DEVICE="cuda"))
     assert done.returncode == 2, done.stderr
     assert "ENCODER_DEVICE=cuda needs CUDAExecutionProvider" in done.stderr
     assert "onnxruntime-gpu" in done.stderr, done.stderr
 
 
-def test_int8_without_its_file_refuses_to_start(model_dir, tmp_path):
+def test_int8_without_its_file_refuses_to_start(run_encoder_refusal, model_dir, tmp_path):
     copy = _model_copy(model_dir, tmp_path / "model")
     (copy / "model.int8.onnx").unlink()
-    done = run_to_exit(encoder_env(copy, ENCODER_VARIANT="int8"))
+    done = run_encoder_refusal(encoder_env(copy, ENCODER_VARIANT="int8"))
     assert done.returncode == 2, done.stderr
     assert "model.int8.onnx" in done.stderr and "ENCODER_VARIANT=fp32" in done.stderr
 
@@ -597,25 +455,25 @@ BAD_MODEL_FILES = {
 
 
 @pytest.mark.parametrize("name, text, needle", BAD_MODEL_FILES.values(), ids=list(BAD_MODEL_FILES))
-def test_bad_model_directory_files_refuse_to_start(model_dir, tmp_path, name, text, needle):
+def test_bad_model_directory_files_refuse_to_start(run_encoder_refusal, model_dir, tmp_path, name, text, needle):
     copy = _model_copy(model_dir, tmp_path / "model")
     if text is None:  # swap two labels in config.json
         config = json.loads((copy / name).read_text())
         config["id2label"] = {"0": "neutral", "1": "entailment", "2": "contradiction"}
         text = json.dumps(config)
     (copy / name).write_text(text)
-    done = run_to_exit(encoder_env(copy))
+    done = run_encoder_refusal(encoder_env(copy))
     assert done.returncode == 2, done.stderr
     assert name in done.stderr and needle in done.stderr, done.stderr
 
 
-def test_unloadable_model_exits_3_and_unexpected_arguments_exit_2(model_dir, tmp_path):
+def test_unloadable_model_exits_3_and_unexpected_arguments_exit_2(run_encoder_refusal, model_dir, tmp_path):
     copy = _model_copy(model_dir, tmp_path / "model")
     (copy / "model.onnx").write_bytes(b"not an onnx model")
-    done = run_to_exit(encoder_env(copy))
+    done = run_encoder_refusal(encoder_env(copy))
     assert done.returncode == 3, done.stderr
     assert "refusing to start: model load failed" in done.stderr
-    done = run_to_exit(encoder_env(model_dir), args=("train",))
+    done = run_encoder_refusal(encoder_env(model_dir), args=("train",))
     assert done.returncode == 2 and "unexpected arguments" in done.stderr
 
 
@@ -636,10 +494,12 @@ def test_server_imports_only_the_stdlib_numpy_onnxruntime_tokenizers_and_the_std
     assert imports_outside_stdlib(COMMON_HTTP) == set()
 
 
-def test_the_image_layout_serves_with_the_shared_module_beside_the_server(container_layout, model_dir, tmp_path):
+def test_the_image_layout_serves_with_the_shared_module_beside_the_server(
+    start_encoder_server, container_layout, model_dir, tmp_path
+):
     server_path = container_layout("encoder")
     assert not (server_path.parent.parent / "common").exists()
-    server = start_encoder(tmp_path / "server.log", encoder_env(model_dir), args=("serve",), server=server_path)
+    server = start_encoder_server(tmp_path / "server.log", encoder_env(model_dir), args=("serve",), server=server_path)
     try:
         reply = server.client.invoke({"pairs": PAIRS[:1]})
         assert reply.status == 200, reply.body
