@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 
 
-def write_variant(tmp_path: Path, mutate) -> Path:
-    tree = yaml.safe_load(GEMMA.read_text())
+def write_variant(tmp_path: Path, mutate, source: Path = GEMMA) -> Path:
+    """A copy of a shipped config (gemma-decision by default) changed by `mutate`, written into tmp_path."""
+    tree = yaml.safe_load(source.read_text())
     mutate(tree)
     path = tmp_path / "variant.yaml"
     path.write_text(yaml.safe_dump(tree))
@@ -128,14 +129,6 @@ def test_encoder_demo_pins_the_shipped_nli_data():
 MDEBERTA = ROOT / "configs" / "releases" / "mdeberta-nli.yaml"
 
 
-def write_mdeberta_variant(tmp_path: Path, mutate) -> Path:
-    tree = yaml.safe_load(MDEBERTA.read_text())
-    mutate(tree)
-    path = tmp_path / "mdeberta-variant.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    return path
-
-
 def test_production_encoder_pins_mdeberta_at_a_commit_on_mig_partitions():
     config = load_release_config(MDEBERTA, environ={})
     source = config.artifact.source
@@ -157,14 +150,14 @@ def test_production_encoder_pins_mdeberta_at_a_commit_on_mig_partitions():
     ids=["no MIG family", "over the GPU", "over a G7e GPU", "more copies than partitions"],
 )
 def test_mig_layout_must_fit_one_gpu_and_the_copies(tmp_path, placement, words):
-    path = write_mdeberta_variant(tmp_path, lambda t: t["placement"].update(placement))
+    path = write_variant(tmp_path, lambda t: t["placement"].update(placement), MDEBERTA)
     with pytest.raises(ConfigError, match="placement") as caught:
         load_release_config(path, environ={})
     assert words in str(caught.value)
 
 
 def test_mig_partition_with_a_cpu_image_is_refused(tmp_path):
-    path = write_mdeberta_variant(tmp_path, lambda t: t["image"].update(device="cpu"))
+    path = write_variant(tmp_path, lambda t: t["image"].update(device="cpu"), MDEBERTA)
     with pytest.raises(ConfigError, match="set image.device: cuda"):
         load_release_config(path, environ={})
 
