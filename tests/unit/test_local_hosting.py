@@ -71,6 +71,33 @@ def _pids(hosting: LocalHosting, name: str) -> list[int]:
     ]
 
 
+def _spawn_fake(owner: str | None) -> subprocess.Popen:
+    """A fake copy in its own session, as the backend starts one, but never recorded; tagged for `owner` if given.
+
+    Returns once the kernel shows its environment (empty until exec has finished), so a sweep can see the tag.
+    """
+    env = {**os.environ, "FAKE_PORT": "0"}
+    if owner is not None:
+        env[OWNER_ENV] = owner
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{proc.pid}/environ").read_bytes():
+        assert time.monotonic() < deadline, "the fake server did not exec within 10 s"
+        time.sleep(0.05)
+    return proc
+
+
+def _owner_tag(tmp_path: Path, endpoint: str) -> str:
+    """The SHIPLIFT_ENDPOINT_OWNER value LocalHosting(tmp_path / "state") gives an endpoint's processes."""
+    return f"{(tmp_path / 'state').resolve()}::{endpoint}"
+
+
 @pytest.fixture()
 def hosting(tmp_path):
     hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
@@ -251,13 +278,7 @@ def test_stop_escalates_to_sigkill_for_a_copy_that_ignores_sigterm(tmp_path):
 
 def test_leftover_pending_copy_from_a_crash_is_stopped_by_the_next_command(hosting, tmp_path):
     hosting.ensure_endpoint("ep-k")
-    orphan = subprocess.Popen(
-        [sys.executable, str(FAKE)],
-        env={**os.environ, "FAKE_PORT": "0"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    orphan = _spawn_fake(owner=None)
     path = tmp_path / "state" / "endpoints" / "ep-k.json"
     state = json.loads(path.read_text())
     state["pending"] = [
@@ -269,30 +290,12 @@ def test_leftover_pending_copy_from_a_crash_is_stopped_by_the_next_command(hosti
     assert json.loads(path.read_text())["pending"] == []
 
 
-def _spawn_tagged(owner: str | None) -> subprocess.Popen:
-    """A fake copy started as the backend would, but never recorded (its spawner was killed)."""
-    env = {**os.environ, "FAKE_PORT": "0"}
-    if owner is not None:
-        env[OWNER_ENV] = owner
-    return subprocess.Popen(
-        [sys.executable, str(FAKE)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
 def test_unrecorded_process_tagged_for_the_endpoint_is_stopped_and_others_are_not(hosting, tmp_path):
     hosting.ensure_endpoint("ep-m")
-    owner = f"{(tmp_path / 'state').resolve()}::ep-m"
-    orphan = _spawn_tagged(owner)
-    other_endpoint = _spawn_tagged(f"{(tmp_path / 'state').resolve()}::ep-other")
-    untagged = _spawn_tagged(None)
+    orphan = _spawn_fake(_owner_tag(tmp_path, "ep-m"))
+    other_endpoint = _spawn_fake(_owner_tag(tmp_path, "ep-other"))
+    untagged = _spawn_fake(None)
     try:
-        deadline = time.monotonic() + 10
-        while not Path(f"/proc/{orphan.pid}/environ").read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.05)  # environ reads empty until exec has finished
         put = hosting.put_component("ep-m", "semif", _spec(), ready_timeout_s=20)
         assert orphan.wait(timeout=5) is not None
         assert other_endpoint.poll() is None and untagged.poll() is None
@@ -305,11 +308,8 @@ def test_unrecorded_process_tagged_for_the_endpoint_is_stopped_and_others_are_no
 
 def test_delete_of_an_endpoint_never_recorded_still_stops_its_tagged_router(tmp_path):
     hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
-    orphan = _spawn_tagged(f"{(tmp_path / 'state').resolve()}::ep-n")
+    orphan = _spawn_fake(_owner_tag(tmp_path, "ep-n"))
     try:
-        deadline = time.monotonic() + 10
-        while not Path(f"/proc/{orphan.pid}/environ").read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.05)
         assert hosting.delete_endpoint("ep-n") is False
         assert orphan.wait(timeout=5) is not None
     finally:
