@@ -8,7 +8,6 @@ model sees is always the order of `labels`; the criteria dict only supplies desc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from tasks.errors import BadInput, NotFound
 from tasks.hashing import sha256_file
+from validation.jsonl import jsonl_values
 
 QuestionType = Literal["noul", "choice", "score"]
 MIN_OPTIONS = 2
@@ -194,20 +194,7 @@ def load_jevbench(path: str | Path) -> list[JevTask]:
     path = Path(path)
     if not path.is_file():
         raise NotFound(f"decision dataset {path} does not exist", fix="pass the path of a JevBench .jsonl file")
-    tasks = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BadInput(
-                    f"{where}: invalid JSON ({exc.msg} at column {exc.colno})",
-                    fix="write one JSON object per line",
-                ) from None
-            tasks.append(parse_task(record, where=where))
+    tasks = [parse_task(record, where=f"{path}:{lineno}") for lineno, record in jsonl_values(path)]
     if not tasks:
         raise BadInput(f"{path}: the file holds no tasks", fix="give a JSONL file with at least one task")
     return tasks

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.errors import BadInput, NotFound
 from tasks.hashing import sha256_file
+from validation.jsonl import jsonl_values
 
 LABELS = ("entailment", "neutral", "contradiction")
 UNLABELLED = "-"
@@ -107,18 +108,10 @@ def _pair(record: Mapping[str, Any], where: str, default_id: str) -> NliPair | N
 
 
 def _jsonl_records(path: Path):
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BadInput(f"{where}: invalid JSON ({exc.msg})", fix="write one JSON object per line") from None
-            if not isinstance(record, dict):
-                raise BadInput(f"{where}: expected a JSON object, got {type(record).__name__}", fix=_FIX)
-            yield lineno, record
+    for lineno, record in jsonl_values(path):
+        if not isinstance(record, dict):
+            raise BadInput(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}", fix=_FIX)
+        yield lineno, record
 
 
 def _tsv_records(path: Path):

@@ -1,0 +1,25 @@
+"""Read JSONL datasets line by line with errors that name the file, line and column."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from tasks.errors import BadInput
+
+
+def jsonl_values(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line; invalid JSON is BadInput at path:line."""
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BadInput(
+                    f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})",
+                    fix="write one JSON object per line",
+                ) from None
+            yield lineno, value
