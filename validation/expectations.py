@@ -64,6 +64,17 @@ def _quiet() -> None:
             logger.setLevel(logging.WARNING)
 
 
+def add_suite(context: Any, source: str, asset: str, suite_name: str, expectations: list[Any]) -> tuple[Any, Any]:
+    """A suite of `expectations` and a whole-dataframe batch definition on a new pandas asset of `context`."""
+    import great_expectations as gx
+
+    data_asset = context.data_sources.add_pandas(name=source).add_dataframe_asset(name=asset)
+    suite = gx.ExpectationSuite(name=suite_name)
+    for expectation in expectations:
+        suite.add_expectation(expectation)
+    return suite, data_asset.add_batch_definition_whole_dataframe("whole")
+
+
 def _suite_and_batch_definition() -> tuple[Any, Any]:
     """The GX suite and pandas batch definition, created on first use and then reused."""
     if not _gx:
@@ -82,11 +93,8 @@ def _suite_and_batch_definition() -> tuple[Any, Any]:
             analytics_enabled=False,
         )
         context = gx.get_context(mode="ephemeral", project_config=config)
-        asset = context.data_sources.add_pandas(name="shiplift").add_dataframe_asset(name="decision_dataset")
-        batch_definition = asset.add_batch_definition_whole_dataframe("whole")
         expect = gx.expectations
-        suite = gx.ExpectationSuite(name=SUITE_NAME)
-        for expectation in (
+        suite, batch_definition = add_suite(context, "shiplift", "decision_dataset", SUITE_NAME, [
             expect.ExpectTableRowCountToBeBetween(min_value=1),
             expect.ExpectColumnValuesToNotBeNull(column="id"),
             expect.ExpectColumnValuesToBeUnique(column="id"),
@@ -96,8 +104,7 @@ def _suite_and_batch_definition() -> tuple[Any, Any]:
             expect.ExpectColumnValuesToBeInSet(column="expected_in_labels", value_set=[True]),
             expect.ExpectColumnValueLengthsToBeBetween(column="state_text", min_value=1),
             expect.ExpectColumnValueLengthsToBeBetween(column="question_text", min_value=1),
-        ):
-            suite.add_expectation(expectation)
+        ])
         _gx.update(context=context, suite=suite, batch_definition=batch_definition)
     return _gx["suite"], _gx["batch_definition"]
 

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from validation.expectations import DatasetCheck, shared_context, validate_rows
+from validation.expectations import DatasetCheck, add_suite, shared_context, validate_rows
 from validation.nli import LABELS, NliPair
 
 SUITE_NAME = "shiplift-nli-dataset"
@@ -24,20 +24,15 @@ def _suite_and_batch_definition() -> tuple[Any, Any]:
     if not _nli:
         import great_expectations as gx
 
-        context = shared_context()
-        asset = context.data_sources.add_pandas(name="shiplift-nli").add_dataframe_asset(name="nli_dataset")
-        batch_definition = asset.add_batch_definition_whole_dataframe("whole")
         expect = gx.expectations
-        suite = gx.ExpectationSuite(name=SUITE_NAME)
-        for expectation in (
+        suite, batch_definition = add_suite(shared_context(), "shiplift-nli", "nli_dataset", SUITE_NAME, [
             expect.ExpectTableRowCountToBeBetween(min_value=1),
             expect.ExpectColumnValuesToNotBeNull(column="id"),
             expect.ExpectColumnValuesToBeUnique(column="id"),
             expect.ExpectColumnValuesToBeInSet(column="label", value_set=list(LABELS)),
             expect.ExpectColumnValueLengthsToBeBetween(column="premise", min_value=1),
             expect.ExpectColumnValueLengthsToBeBetween(column="hypothesis", min_value=1),
-        ):
-            suite.add_expectation(expectation)
+        ])
         _nli.update(suite=suite, batch_definition=batch_definition)
     return _nli["suite"], _nli["batch_definition"]
 
