@@ -5,19 +5,17 @@ task graph; configs are validated, the database and the model servers are touche
 task runs. Every task is a thin call into `tasks/` (DESIGN §1, §11); XCom carries only the small
 JSON those calls return.
 
-Retries: resolve, build, package, image, deploy_candidate and teardown_candidate are
-idempotent (content-addressed names, `ensure_stage` returns a finished stage's recorded
-result), so they retry with exponential backoff. validate retries once: it only reads the
-candidate and rewrites its own report, but a second full evaluation is expensive, so one retry
-covers a lost worker without hiding a sick candidate. promote does not retry: a failed switch of
-production (the live spec check raised) needs a person to look before traffic moves again;
-rerunning the DAG resumes at promote once it is understood. Domain errors that say retrying
-cannot help (bad config, integrity, conflict, held lease, failed gate) fail at once.
+Retries and timeouts come from the one stage table (`tasks.stages.table`), which the CLI and
+the Step Functions renderer read too. Every retried task returns a finished stage's recorded
+result (`ensure_stage`), so a retry never duplicates work; only errors shiplift calls retryable
+(NotReady, CapacityError, Throttled) are retried, the others (bad config, integrity, conflict,
+held lease, failed gate) fail at once.
 
-aws backend (not built yet): inside Airflow its boto3 session should come from the
-`aws_default` connection, via
-`airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook(aws_conn_id="aws_default").get_session()`
-called in the task body and passed to the `tasks` call, so `tasks` never imports Airflow.
+Tasks find their release in the ledger (`begin` returns its id, the configured ledger URL and the
+state dir), so any worker that reaches the ledger runs any stage. For an aws release each task
+body takes its boto3 session from the `aws_default` connection
+(`AwsBaseHook(aws_conn_id="aws_default").get_session()`, plus the connection's `endpoint_url`)
+and passes it into `tasks`, which never import Airflow.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tasks.errors import CapacityError, NotReady, ShipliftError
+from tasks.stages.table import BEGIN, END, STAGE_NAMES, STEPS, TEARDOWN
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RELEASES_DIR = REPO_ROOT / "configs" / "releases"
@@ -57,17 +56,7 @@ RETRY_POLICY = ExceptionRetryPolicy(
         RetryRule(exception=ShipliftError, action=RetryAction.FAIL, reason="shiplift says retrying cannot help"),
     ],
 )
-# stage → (retries, execution timeout); retried stages back off exponentially from RETRY_DELAY.
-STAGE_POLICY: dict[str, tuple[int, timedelta]] = {
-    "resolve": (3, timedelta(minutes=30)),
-    "build": (2, timedelta(hours=1)),
-    "package": (3, timedelta(minutes=30)),
-    "image": (3, timedelta(hours=1)),
-    "deploy_candidate": (3, timedelta(minutes=45)),
-    "validate": (1, timedelta(hours=2)),
-    "promote": (0, timedelta(minutes=30)),
-    "teardown_candidate": (3, timedelta(minutes=15)),
-}
+AWS_CONN_ID = "aws_default"
 RETRY_DELAY = timedelta(seconds=30)
 MAX_RETRY_DELAY = timedelta(minutes=10)
 SHORT_TIMEOUT = timedelta(minutes=5)
@@ -124,18 +113,37 @@ def _failed_tasks() -> list[str]:
                   if state in ("failed", "upstream_failed"))
 
 
+def _aws_access():
+    """The boto3 session (and endpoint override) of the `aws_default` connection; the aws backend calls
+    this on its first AWS request, so local releases never read the connection."""
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    from tasks.aws.session import AwsAccess
+
+    hook = AwsBaseHook(aws_conn_id=AWS_CONN_ID, client_type="sts")
+    return AwsAccess(session=hook.get_session(), endpoint_url=hook.conn_config.endpoint_url)
+
+
+def _retry_args(name: str) -> dict[str, Any]:
+    step = STEPS[name]
+    return {"retries": step.retries, "retry_delay": RETRY_DELAY, "retry_exponential_backoff": 2.0,
+            "max_retry_delay": MAX_RETRY_DELAY, "execution_timeout": timedelta(seconds=step.timeout_s),
+            "retry_policy": RETRY_POLICY}
+
+
+def _run_stage(begun: dict, name: str) -> dict:
+    if begun["status"] in FINISHED:
+        raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
+    from tasks.release import run_orchestrated_stage
+
+    return run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"], state_dir=begun["state_dir"],
+                                  session=_aws_access)
+
+
 def _stage_task(name: str):
-    retries, timeout = STAGE_POLICY[name]
-
-    @task(task_id=name, retries=retries, retry_delay=RETRY_DELAY, retry_exponential_backoff=2.0,
-          max_retry_delay=MAX_RETRY_DELAY, execution_timeout=timeout, retry_policy=RETRY_POLICY,
-          doc_md=f"Stage `{name}` of the release (`tasks.release.run_orchestrated_stage`).")
+    @task(task_id=name, **_retry_args(name), doc_md=f"Stage `{name}`: {STEPS[name].doc} (`{STEPS[name].function}`).")
     def run_stage(begun: dict) -> dict:
-        if begun["status"] in FINISHED:
-            raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
-        from tasks.release import run_orchestrated_stage
-
-        return run_orchestrated_stage(begun["state_dir"], begun["release_id"], name)
+        return _run_stage(begun, name)
 
     return run_stage
 
@@ -164,32 +172,27 @@ def refresh_dag(config_file: str) -> DAG:
                "not a failure: the run succeeds and the release's status is `rejected`.",
     )
     def refresh():
-        @task(task_id="begin", execution_timeout=SHORT_TIMEOUT)
+        @task(task_id="begin", **_retry_args(BEGIN.name))
         def begin() -> dict:
-            """Validate the config (a bad one fails here with its ConfigError) and take the model's lease."""
+            """Validate the config (a bad one fails here with its ConfigError), open the release, take the model's lease."""
             from tasks.release import begin_orchestrated
 
             overrides = tuple(_params()["overrides"])
-            return begin_orchestrated(str(config_path), holder=_holder(), overrides=overrides)
+            return begin_orchestrated(str(config_path), holder=_holder(), overrides=overrides, session=_aws_access)
 
-        @task(task_id="teardown_candidate", retries=STAGE_POLICY["teardown_candidate"][0],
-                  retry_delay=RETRY_DELAY, retry_exponential_backoff=2.0, max_retry_delay=MAX_RETRY_DELAY,
-                  execution_timeout=STAGE_POLICY["teardown_candidate"][1], retry_policy=RETRY_POLICY)
+        @task(task_id=TEARDOWN, **_retry_args(TEARDOWN))
         def teardown_candidate(begun: dict) -> dict:
             """Remove the candidate endpoint whatever happened (idempotent)."""
-            if begun["status"] in FINISHED:
-                raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
-            from tasks.release import run_orchestrated_stage
+            return _run_stage(begun, TEARDOWN)
 
-            return run_orchestrated_stage(begun["state_dir"], begun["release_id"], "teardown_candidate")
-
-        @task(task_id="end", execution_timeout=SHORT_TIMEOUT)
+        @task(task_id="end", **_retry_args(END.name))
         def end(begun: dict) -> dict:
             """Record the final status, give the lease back, and fail the run if any task failed."""
             from tasks.release import end_orchestrated
 
             failed = _failed_tasks()
-            summary = end_orchestrated(begun["state_dir"], begun["release_id"], holder=_holder(), failed=bool(failed))
+            summary = end_orchestrated(begun["release_id"], holder=_holder(), failed=bool(failed), ledger_url=begun["ledger_url"],
+                                       state_dir=begun["state_dir"], session=_aws_access)
             if failed:
                 raise AirflowFailException(f"release {begun['release_id']} failed at {', '.join(failed)}; "
                                            "its candidate was torn down and the lease given back")
@@ -197,7 +200,7 @@ def refresh_dag(config_file: str) -> DAG:
                                                   "decision", "not_passed", "metrics", "served_by")}
 
         begun = begin()
-        stages = [_stage_task(name)(begun) for name in STAGE_POLICY if name != "teardown_candidate"]
+        stages = [_stage_task(name)(begun) for name in STAGE_NAMES if name != TEARDOWN]
         for before, after in zip(stages, stages[1:]):
             before >> after
         torn_down, ended = teardown_candidate(begun), end(begun)
@@ -210,10 +213,9 @@ def refresh_dag(config_file: str) -> DAG:
     return refresh()
 
 
-def _state_dir(params: dict[str, Any]) -> str:
-    from tasks.promotion import default_state_dir
-
-    return params.get("state_dir") or default_state_dir()
+def _state_dir(params: dict[str, Any]) -> str | None:
+    """The state dir param; None lets tasks use $SHIPLIFT_LEDGER_URL or $SHIPLIFT_HOME."""
+    return params.get("state_dir")
 
 
 def promote_release_dag() -> DAG:
@@ -236,6 +238,8 @@ def promote_release_dag() -> DAG:
             "reason": Param(type="string", minLength=1, pattern=r"\S", description="why (recorded in the ledger)"),
             "state_dir": Param(None, type=["null", "string"], minLength=1,
                                description="local backend state dir; default $SHIPLIFT_HOME or .shiplift"),
+            "ledger_url": Param(None, type=["null", "string"], minLength=1,
+                                description="the ledger (SQLAlchemy URL, no password); default $SHIPLIFT_LEDGER_URL or SQLite under state_dir"),
         },
         doc_md="Promote a gated release (`tasks.promotion.promote`) or roll its model back to an earlier "
                "promoted release (`tasks.promotion.rollback`), with the reason in the ledger.",
@@ -252,20 +256,23 @@ def promote_release_dag() -> DAG:
 
             context = get_current_context()
             params = context["params"]
-            return promote(_state_dir(params), params["release_id"], strategy=params["strategy"],
-                           reason=params["reason"], actor=f"airflow:promote_release/{context['run_id']}")
+            return promote(_state_dir(params), params["release_id"], strategy=params["strategy"], reason=params["reason"],
+                           actor=f"airflow:promote_release/{context['run_id']}", ledger_url=params["ledger_url"],
+                           session=_aws_access)
 
         @task(task_id="rollback", retry_policy=RETRY_POLICY)
         def rollback_task() -> dict:
+            from tasks.backends import open_ledger
             from tasks.promotion import rollback
             from tasks.release import ReleaseState
 
             context = get_current_context()
             params = context["params"]
-            state_dir = Path(_state_dir(params)).expanduser().resolve()
-            model = ReleaseState.load(state_dir, params["release_id"]).data["model"]
-            return rollback(state_dir, model, params["rollback_target"], reason=params["reason"],
-                            actor=f"airflow:promote_release/{context['run_id']}", expect_current=params["release_id"])
+            ledger = open_ledger(ledger_url=params["ledger_url"], state_dir=_state_dir(params))
+            model = ReleaseState.load(ledger, params["release_id"]).opened["config"]["name"]
+            return rollback(_state_dir(params), model, params["rollback_target"], reason=params["reason"],
+                            actor=f"airflow:promote_release/{context['run_id']}", expect_current=params["release_id"],
+                            ledger_url=params["ledger_url"], session=_aws_access)
 
         choose() >> [promote_task(), rollback_task()]
 

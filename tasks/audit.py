@@ -2,8 +2,8 @@
 
 For every model with a succeeded promotion, the newest one (what `Ledger.served_at` reports now)
 names the endpoint, the component and the model_ref (release id, artifact sha256, image digest)
-that must be live. The local endpoint's persisted spec and its router are read back; any
-difference is drift and raises Conflict naming each field that differs.
+that must be live. The release's own hosting backend (local processes or SageMaker) is asked what
+serves through the typed `describe`; any difference is drift and raises Conflict naming each field.
 """
 
 from __future__ import annotations
@@ -17,30 +17,29 @@ PROMOTE, SUCCEEDED = "promote", "succeeded"
 REF_FIELDS = ("release_id", "artifact_sha256", "image_digest")
 
 
-def _open_ledger(state_dir: Path, ledger_url: str | None):
-    from tasks.backends import ledger_url_for
-    from tasks.ledger import Ledger
+def _hosting_of(ledger, model: str):
+    """The hosting backend a model's releases run on: from the newest release of it opened in the ledger."""
+    from tasks.backends import make_backends
+    from tasks.config import ReleaseConfig
 
-    if ledger_url is None and not (state_dir / "ledger.db").is_file():
-        raise NotFound(f"no ledger at {state_dir / 'ledger.db'}", fix="pass the state dir of a release, or ledger_url")
-    return Ledger(ledger_url_for(state_dir, ledger_url))
+    opened = [r for r in ledger.history(model) if (r.stage, r.event) == ("release", "opened")]
+    if not opened:
+        return None
+    return make_backends(ReleaseConfig.model_validate(opened[-1].payload["config"]), ledger=ledger).hosting
 
 
-def _live_ref(hosting, endpoint: str, component: str) -> tuple[dict | None, str | None]:
-    """(model_ref the endpoint serves, None) or (None, why it serves nothing)."""
-    from tasks.stages.common import describe_if_present
-
-    described = describe_if_present(hosting, endpoint)
-    if described is None:
-        return None, f"endpoint {endpoint} does not exist"
-    live = described["components"].get(component)
+def _live(hosting, endpoint: str, component: str):
+    """(what serves, None) or (None, why nothing can be said to serve), from the typed describe."""
+    if hosting is None:
+        return None, "the ledger holds no opened release of this model, so it does not say which backend serves it"
+    live = hosting.describe(endpoint, component)
     if live is None:
-        return None, f"endpoint {endpoint} has no component {component}"
-    if not described["router"]["alive"]:
-        return None, f"the router of endpoint {endpoint} is not running"
-    if not live["registered"] or not all(copy["alive"] for copy in live["copies"]):
-        return None, f"{endpoint}/{component} has copies that are not running or not registered with the router"
-    return live["spec"]["model_ref"], None
+        return None, f"endpoint {endpoint} has no component {component} (or does not exist)"
+    if live.status != "InService":
+        return None, f"{endpoint}/{component} is {live.status}"
+    if live.model_ref is None:
+        return None, f"{endpoint}/{component} does not report which release it serves"
+    return live, None
 
 
 def _compare(model: str, record, hosting) -> tuple[dict, list[str]]:
@@ -51,26 +50,33 @@ def _compare(model: str, record, hosting) -> tuple[dict, list[str]]:
            "endpoint": endpoint, "component": component, "expected": expected, "live": None}
     if not (endpoint and component and isinstance(expected, dict)):
         return row, [f"{model}: ledger record seq {record.seq} does not name the endpoint, component and model it served"]
-    live, why_not = _live_ref(hosting, endpoint, component)
-    row["live"] = live
+    live, why_not = _live(hosting, endpoint, component)
     if why_not:
         return row, [f"{model}: the ledger says {record.release_id} serves on {endpoint}/{component}, but {why_not}"]
+    reported = live.model_ref.model_dump()
+    row["live"] = reported
     problems = [
-        f"{model}: {endpoint}/{component} serves {name} {live.get(name)!r}, the ledger (seq {record.seq}) says {expected.get(name)!r}"
+        f"{model}: {endpoint}/{component} serves {name} {reported.get(name)!r}, the ledger (seq {record.seq}) says {expected.get(name)!r}"
         for name in REF_FIELDS
-        if live.get(name) != expected.get(name)
+        if reported.get(name) != expected.get(name)
+    ]
+    problems += [
+        f"{model}: {endpoint}/{component} runs {name} {getattr(live, name)!r} although it reports {reported[name]!r}"
+        for name in ("image_digest", "artifact_sha256") if getattr(live, name) != reported[name]
     ]
     return row, problems
 
 
-def audit(state_dir: str | Path, *, ledger_url: str | None = None) -> dict:
+def audit(state_dir: str | Path | None, *, ledger_url: str | None = None) -> dict:
     """Verify the ledger chain and that every endpoint serves what the ledger last promoted on it."""
-    from tasks.hosting.local import LocalHosting
+    from tasks.backends import open_ledger
 
-    if not isinstance(state_dir, (str, Path)) or not str(state_dir).strip():
+    if state_dir is not None and (not isinstance(state_dir, (str, Path)) or not str(state_dir).strip()):
         raise BadInput(f"state_dir must be a folder path, got {state_dir!r}", fix="pass the local backend's state dir")
-    state_dir = Path(state_dir).expanduser().resolve()
-    ledger = _open_ledger(state_dir, ledger_url)
+    try:
+        ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir)
+    except BadInput as exc:
+        raise NotFound(exc.problem, fix=exc.fix) from exc
     try:
         verified = ledger.verify()
         if not verified.ok:
@@ -80,10 +86,9 @@ def audit(state_dir: str | Path, *, ledger_url: str | None = None) -> dict:
             )
         now = datetime.now(timezone.utc)
         models = sorted({r.model for r in ledger.history() if r.stage == PROMOTE and r.event == SUCCEEDED})
-        hosting = LocalHosting(state_dir)
         rows, drift = {}, []
         for model in models:
-            rows[model], problems = _compare(model, ledger.served_at(model, now), hosting)
+            rows[model], problems = _compare(model, ledger.served_at(model, now), _hosting_of(ledger, model))
             drift.extend(problems)
     finally:
         ledger.close()

@@ -1,48 +1,89 @@
-"""Backend selection: one small object per interface, chosen by `backend.kind` (DESIGN §3)."""
+"""Backend selection (DESIGN §3): the one place that picks the implementations behind the seams.
+
+`make_backends(config)` returns a `Backends` of protocol-typed parts (`tasks.interfaces`) and
+imports only the chosen implementation: the local one (a content-addressed folder, process
+images, processes on loopback, router counters) or the aws one (S3, CodeBuild + ECR, SageMaker,
+CloudWatch). Stages see the protocols, never an implementation module. Calibration always scores
+on this worker (`scratch`: the image's server as a loopback process), on both backends.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tasks.config import ReleaseConfig
-from tasks.errors import ConfigError
+from tasks.interfaces import ArtifactStore, Hosting, ImageBuilder, LedgerStore, Metrics
+
+LEDGER_URL_ENV = "SHIPLIFT_LEDGER_URL"
 
 
 @dataclass(frozen=True)
 class Backends:
-    """The artifact store, hosting and ledger a release runs against."""
+    """The artifact store, image builder, hosting, metrics and ledger a release runs against."""
 
     kind: str
     state_dir: Path
-    store: Any
-    hosting: Any
-    ledger: Any
+    store: ArtifactStore
+    images: ImageBuilder
+    hosting: Hosting
+    metrics: Metrics
+    ledger: LedgerStore
+    ledger_url: str | None  # as configured (never with a password); None: SQLite under state_dir or $SHIPLIFT_LEDGER_URL
+    scratch: Any  # tasks.hosting.loopback.ScratchServer: serve a model folder on this worker
+    preflight: Callable[[], dict]  # before a release opens: credentials, account, region (aws); nothing locally
+
+
+def default_state_dir() -> Path:
+    """$SHIPLIFT_HOME, else .shiplift: the local backend's state and every worker's scratch/cache."""
+    return Path(os.environ.get("SHIPLIFT_HOME", ".shiplift")).expanduser().resolve()
 
 
 def ledger_url_for(state_dir: Path, url: str | None) -> str:
-    return url or f"sqlite:///{state_dir / 'ledger.db'}"
+    return url or os.environ.get(LEDGER_URL_ENV) or f"sqlite:///{Path(state_dir).resolve() / 'ledger.db'}"
 
 
-def make_backends(config: ReleaseConfig) -> Backends:
-    """Build the backends for a config; the aws backend is refused until it exists."""
-    from tasks.hosting.local import LocalHosting
+def open_ledger(*, ledger_url: str | None = None, state_dir: str | Path | None = None):
+    """The ledger at `ledger_url` ($SHIPLIFT_LEDGER_URL), else the SQLite file under the state dir."""
+    from tasks.errors import BadInput
     from tasks.ledger import Ledger
-    from tasks.store import LocalArtifactStore
+
+    folder = Path(state_dir).expanduser().resolve() if state_dir else default_state_dir()
+    url = ledger_url_for(folder, ledger_url)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise BadInput(f"no ledger at {url}", fix="run a release first, or pass --ledger-url / --state-dir")
+    return Ledger(url)
+
+
+def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = None) -> Backends:
+    """Build the backends a config names; `ledger` reuses an open one, `session` is a boto3 session (aws)."""
+    from tasks.ledger import Ledger
 
     backend = config.backend
-    if backend.kind != "local":
-        raise ConfigError(
-            f"backend.kind {backend.kind!r} cannot run releases in this version (only the local backend is built)",
-            fix="use backend.kind: local, or run `shiplift config validate` to check an aws config",
-        )
     state_dir = Path(backend.state_dir).expanduser().resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
-    return Backends(
-        kind="local",
-        state_dir=state_dir,
-        store=LocalArtifactStore(state_dir / "artifacts"),
-        hosting=LocalHosting(state_dir),
-        ledger=Ledger(ledger_url_for(state_dir, backend.ledger_url)),
-    )
+    url = ledger_url_for(state_dir, backend.ledger_url)
+    ledger = ledger or Ledger(url)
+    scratch = _scratch(state_dir)
+    if backend.kind == "local":
+        from tasks.hosting.loopback import LocalMetrics, LoopbackHosting
+        from tasks.images import LocalImageBuilder
+        from tasks.store import LocalArtifactStore
+
+        store = LocalArtifactStore(state_dir / "artifacts")
+        hosting = LoopbackHosting(state_dir, store)
+        return Backends(kind="local", state_dir=state_dir, store=store, images=LocalImageBuilder(), hosting=hosting,
+                        metrics=LocalMetrics(hosting), ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch,
+                        preflight=dict)
+    from tasks.aws.backend import aws_backends
+
+    parts = aws_backends(config, state_dir=state_dir, session=session)
+    return Backends(kind="aws", state_dir=state_dir, ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch, **parts)
+
+
+def _scratch(state_dir: Path):
+    from tasks.hosting.loopback import ScratchServer
+
+    return ScratchServer(state_dir / "scratch")

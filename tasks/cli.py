@@ -25,6 +25,12 @@ def default_state_dir() -> str:
     return os.environ.get("SHIPLIFT_HOME", ".shiplift")
 
 
+def with_ledger(p):
+    """The ledger a step reads its release from: --ledger-url, $SHIPLIFT_LEDGER_URL, or SQLite under --state-dir."""
+    p.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger (default: $SHIPLIFT_LEDGER_URL, else sqlite under --state-dir)")
+    return p
+
+
 def cmd_release(args) -> int:
     from tasks.release import run_release
 
@@ -36,7 +42,7 @@ def cmd_release(args) -> int:
 def cmd_stage(args) -> int:
     from tasks.release import run_orchestrated_stage
 
-    result = run_orchestrated_stage(args.state_dir, args.release, args.name)
+    result = run_orchestrated_stage(args.release, args.name, ledger_url=args.ledger_url, state_dir=args.state_dir)
     if args.result_uri:
         from tasks.sfn import publish_stage_result
 
@@ -56,7 +62,8 @@ def cmd_orchestrate_end(args) -> int:
     """Exit 0 whenever the final status was recorded, including rejected and --failed runs."""
     from tasks.release import end_orchestrated
 
-    print_json(end_orchestrated(args.state_dir, args.release, holder=args.holder, failed=args.failed))
+    print_json(end_orchestrated(args.release, holder=args.holder, failed=args.failed, ledger_url=args.ledger_url,
+                                state_dir=args.state_dir))
     return 0
 
 
@@ -179,9 +186,9 @@ def cmd_eval_jevbench(args) -> int:
         min_accuracy=args.min_accuracy, max_ece=args.max_ece, min_validity=args.min_validity,
         max_p95_latency_ms=args.max_p95_ms, min_allowed_token_mass=None,
     )
-    champion = Target(url=args.champion, component=args.champion_component, label="champion") if args.champion else None
+    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
     report = evaluate_decisions(
-        Target(url=args.endpoint.rstrip("/"), component=args.component, label="candidate"), datasets, Path(args.out),
+        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
         thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
         settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
         progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"JevBench evaluation of {args.endpoint}",
@@ -209,9 +216,9 @@ def cmd_eval_nli(args) -> int:
         min_accuracy=args.min_accuracy, min_macro_f1=args.min_macro_f1, min_class_recall=args.min_class_recall,
         max_ece=args.max_ece, min_validity=args.min_validity, max_p95_latency_ms=args.max_p95_ms,
     )
-    champion = Target(url=args.champion, component=args.champion_component, label="champion") if args.champion else None
+    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
     report = evaluate_nli(
-        Target(url=args.endpoint.rstrip("/"), component=args.component, label="candidate"), datasets, Path(args.out),
+        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
         thresholds=thresholds, champion_rule=ChampionRule(), champion=champion, batch_size=args.batch_size,
         settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
         progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"NLI evaluation of {args.endpoint}",
@@ -231,14 +238,9 @@ def cmd_eval_nli(args) -> int:
 
 
 def ledger_for(args):
-    from tasks.backends import ledger_url_for
-    from tasks.ledger import Ledger
+    from tasks.backends import open_ledger
 
-    state_dir = Path(args.state_dir).expanduser().resolve()
-    url = args.url or ledger_url_for(state_dir, None)
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise BadInput(f"no ledger at {url}", fix="run a release first, or pass --url / --state-dir")
-    return Ledger(url)
+    return open_ledger(ledger_url=args.url, state_dir=args.state_dir)
 
 
 def cmd_ledger_history(args) -> int:
@@ -293,8 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
     p.set_defaults(func=cmd_release)
 
-    p = with_state_dir(sub.add_parser(
-        "stage", help="run one stage of an existing release from its persisted state (a stage that already succeeded returns its result)"))
+    p = with_ledger(with_state_dir(sub.add_parser(
+        "stage", help="run one stage of an existing release from the ledger (a stage that already succeeded returns its result)")))
     p.add_argument("name")
     p.add_argument("--release", required=True)
     p.add_argument("--result-uri", help="also write the result to s3://BUCKET/KEY (how Step Functions reads the gate decision)")
@@ -307,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holder", required=True, help="who holds the lease, e.g. the execution ARN")
     p.add_argument("--set", action="append", default=[], metavar="a.b=value")
     p.set_defaults(func=cmd_orchestrate_begin)
-    p = with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back"))
+    p = with_ledger(with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back")))
     p.add_argument("--release", required=True)
     p.add_argument("--holder", required=True)
     p.add_argument("--failed", action="store_true", help="an earlier step failed")

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_json
+from tasks.placement import driver_problem, is_gpu_instance, layout_problem
 from validation.gates import ChampionRule, DecisionThresholds
 from validation.nli_eval import NliThresholds
 
@@ -30,6 +31,7 @@ SECRET_KEY_PATTERN = re.compile(
     re.I,
 )
 MAX_RESOURCE_NAME = 63
+LOCATION_FIELDS = ("state_dir", "ledger_url", "profile")  # left out of the config hash
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
@@ -176,20 +178,23 @@ class SemifImage(Strict):
     max_in_flight: int = Field(4, ge=1, le=1024)
     max_body_bytes: int = Field(1 << 20, ge=1024)
 
-    port_env: ClassVar[str] = "SEMIF_PORT"
+    min_gpu_driver: ClassVar[int] = 580  # the llama.cpp CUDA-13 DLC does not start on older drivers
 
-    def server_env(self, model_dir: Path) -> dict[str, str]:
-        """The adapter's SEMIF_* environment for a model folder (its port is set per copy)."""
+    @property
+    def on_gpu(self) -> bool:
+        return self.n_gpu_layers != 0
+
+    def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
+        """The adapter's SEMIF_* limits, as the container gets them (model dir, host and port are the image's defaults);
+        `cpu_only` for scoring on a worker without a GPU (calibration)."""
         return {
-            "SEMIF_MODEL_DIR": str(model_dir),
             "SEMIF_THREADS": str(self.threads),
-            "SEMIF_N_GPU_LAYERS": str(self.n_gpu_layers),
+            "SEMIF_N_GPU_LAYERS": "0" if cpu_only else str(self.n_gpu_layers),
             "SEMIF_MAX_TOKENS": str(self.max_tokens),
             "SEMIF_MAX_REQUEST_TOKENS": str(self.max_request_tokens),
             "SEMIF_MAX_SHARED_DECISIONS": str(self.max_shared_decisions),
             "SEMIF_MAX_IN_FLIGHT": str(self.max_in_flight),
             "SEMIF_MAX_BODY_BYTES": str(self.max_body_bytes),
-            "SEMIF_HOST": "127.0.0.1",
         }
 
     @model_validator(mode="after")
@@ -216,43 +221,71 @@ class EncoderImage(Strict):
     max_in_flight: int = Field(4, ge=1, le=1024)
     max_body_bytes: int = Field(1 << 20, ge=1024)
 
-    port_env: ClassVar[str] = "ENCODER_PORT"
+    min_gpu_driver: ClassVar[int] = 570  # the CUDA 12.8 runtime base without forward-compat libraries
 
-    def server_env(self, model_dir: Path) -> dict[str, str]:
-        """The server's ENCODER_* environment for a model folder (its port is set per copy)."""
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
+        """The server's ENCODER_* settings, as the container gets them (model dir, host and port are the image's defaults);
+        `cpu_only` for scoring on a worker without a GPU (calibration)."""
         return {
-            "ENCODER_MODEL_DIR": str(model_dir),
             "ENCODER_VARIANT": self.variant,
-            "ENCODER_DEVICE": self.device,
+            "ENCODER_DEVICE": "cpu" if cpu_only else self.device,
             "ENCODER_THREADS": str(self.threads),
             "ENCODER_MAX_LEN": str(self.max_len),
             "ENCODER_MAX_BATCH": str(self.max_batch),
             "ENCODER_TRUNCATION": self.truncation,
             "ENCODER_MAX_IN_FLIGHT": str(self.max_in_flight),
             "ENCODER_MAX_BODY_BYTES": str(self.max_body_bytes),
-            "ENCODER_HOST": "127.0.0.1",
         }
 
 
 Image = Annotated[Union[SemifImage, EncoderImage], Field(discriminator="kind")]
 
 
+def _ledger_url_without_password(url: str) -> str:
+    """A ledger URL travels in configs, XCom and the ledger itself: it must not carry a password."""
+    if url and re.match(r"^[a-z0-9+]+://[^/@:]*:[^/@]*@", url):
+        raise ValueError("ledger_url carries a password; put it in PGPASSWORD or ~/.pgpass (or use IAM auth), "
+                         "never in a config")
+    return url
+
+
+LedgerUrl = Annotated[str, AfterValidator(_ledger_url_without_password)]
+
+
 class LocalBackend(Strict):
     kind: Literal["local"]
     state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"))
-    ledger_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite under state_dir")
+    ledger_url: LedgerUrl | None = Field(None, description="SQLAlchemy URL; default sqlite under state_dir")
 
 
 class AwsBackend(Strict):
+    """S3 + CodeBuild/ECR + SageMaker + CloudWatch in one account and region; credentials never live here."""
+
     kind: Literal["aws"]
     region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
-    bucket: str = Field(min_length=3)
-    execution_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+")
-    ecr_repository: str = Field(min_length=1)
-    codebuild_project: str = Field(min_length=1)
-    kms_key_id: str | None = None
-    ledger_url: str = Field(min_length=1)
-    state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"))
+    profile: str | None = Field(None, min_length=1, description="a named profile of the AWS credential chain")
+    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", description="artifacts, image sources, evidence")
+    key_prefix: str = Field("shiplift", pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$")
+    kms_key_id: str | None = Field(None, pattern=r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[A-Za-z0-9/_-]+|alias/[A-Za-z0-9/_-]+|[0-9a-f-]{36})$",
+                                   description="SSE-KMS key for every object shiplift writes; None = the bucket default")
+    execution_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+", description="what SageMaker runs models as")
+    ecr_repository: str = Field(pattern=r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$", max_length=256)
+    codebuild_project: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{1,254}$")
+    codebuild_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+", description="what CodeBuild builds images as")
+    build_timeout_s: int = Field(3600, ge=300, le=8 * 3600, description="deadline of one image build")
+    poll_s: float = Field(15.0, gt=0, le=300, description="seconds between status polls while waiting on AWS")
+    ledger_url: LedgerUrl = Field(min_length=1, description="SQLAlchemy URL every worker reaches (PostgreSQL in production)")
+    state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"),
+                           description="this worker's scratch and caches (nothing another worker needs)")
+
+    @property
+    def account_id(self) -> str:
+        """The account of the execution role (the one the release deploys into)."""
+        return self.execution_role_arn.split(":")[4]
 
 
 Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
@@ -281,22 +314,6 @@ class InstancePoolPlacement(Strict):
         return pools
 
 
-class MigGpu(NamedTuple):
-    """One GPU of an instance family that SageMaker partitions with MIG (DESIGN §7)."""
-
-    name: str
-    memory_gb: int
-    max_partitions: int  # also the GPU's compute slices: a layout's `Ng` sum must fit them
-
-
-MIG_GPUS = {
-    "p4d": MigGpu("A100 40 GB", 40, 7),
-    "p5": MigGpu("H100 80 GB", 80, 7),
-    "g7": MigGpu("RTX PRO 4500 32 GB", 32, 2),
-    "g7e": MigGpu("RTX PRO 6000 96 GB", 96, 4),
-}
-
-
 class MigPartitionPlacement(Strict):
     """`partitions` copies of one MIG profile on one GPU: the endpoint's AcceleratorPartitionLayouts."""
 
@@ -308,20 +325,9 @@ class MigPartitionPlacement(Strict):
 
     @model_validator(mode="after")
     def _layout_fits_one_gpu(self) -> "MigPartitionPlacement":
-        family = self.instance_type.split(".")[1]
-        gpu = MIG_GPUS.get(family)
-        if gpu is None:
-            raise ValueError(
-                f"instance_type {self.instance_type}: SageMaker MIG partitions are known for "
-                f"{', '.join(f'ml.{f}.*' for f in MIG_GPUS)}; pick one of those families"
-            )
-        slices, memory = (int(n) for n in re.match(r"^mig-([0-9]+)g\.([0-9]+)gb", self.partition_type).groups())
-        if self.partitions * slices > gpu.max_partitions or self.partitions * memory > gpu.memory_gb:
-            raise ValueError(
-                f"{self.partitions} x {self.partition_type} needs {self.partitions * slices} compute slices and "
-                f"{self.partitions * memory} GB, but one {gpu.name} GPU of {self.instance_type} has "
-                f"{gpu.max_partitions} slices and {gpu.memory_gb} GB; use fewer or smaller partitions"
-            )
+        problem = layout_problem(self.instance_type, self.partition_type, self.partitions)
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -329,6 +335,7 @@ class InstanceTypePlacement(Strict):
     kind: Literal["instance_type"]
     instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
     instance_count: int = Field(1, ge=1)
+    inference_ami_version: str | None = None
 
 
 Placement = Annotated[
@@ -430,17 +437,32 @@ class ReleaseConfig(Strict):
 
     @model_validator(mode="after")
     def _placement_fits_image(self) -> "ReleaseConfig":
-        if not isinstance(self.placement, MigPartitionPlacement):
-            return self
-        on_gpu = self.image.device == "cuda" if isinstance(self.image, EncoderImage) else self.image.n_gpu_layers != 0
-        if not on_gpu:
-            fix = "set image.device: cuda" if isinstance(self.image, EncoderImage) else "set image.n_gpu_layers (-1: all)"
-            raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {fix}")
-        if self.rollout.copies > self.placement.partitions:
-            raise ValueError(
-                f"rollout.copies ({self.rollout.copies}) exceeds placement.partitions ({self.placement.partitions}): "
-                "each copy takes one partition; raise partitions or lower copies"
-            )
+        placement, image = self.placement, self.image
+        types = [p.instance_type for p in placement.pools] if isinstance(placement, InstancePoolPlacement) else [placement.instance_type]
+        unknown = [t for t in types if t not in sagemaker_instance_types()]
+        if unknown:
+            raise ValueError(f"instance types {unknown} are not SageMaker hosting instance types (botocore "
+                             "ProductionVariantInstanceType); pick types from the SageMaker pricing page")
+        if isinstance(placement, MigPartitionPlacement):
+            if not image.on_gpu:
+                fix = "set image.device: cuda" if isinstance(image, EncoderImage) else "set image.n_gpu_layers (-1: all)"
+                raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {fix}")
+            if self.rollout.copies > placement.partitions:
+                raise ValueError(
+                    f"rollout.copies ({self.rollout.copies}) exceeds placement.partitions ({placement.partitions}): "
+                    "each copy takes one partition; raise partitions or lower copies"
+                )
+        if image.on_gpu:
+            cpu_only = [t for t in types if not is_gpu_instance(t)]
+            if cpu_only:
+                raise ValueError(f"the image runs on the GPU but {cpu_only} have no GPU; pick GPU instance types "
+                                 "or run the image on the CPU")
+            ami = getattr(placement, "inference_ami_version", None)
+            for instance_type in types:
+                problem = driver_problem(instance_type, ami, needs_driver=image.min_gpu_driver, what=f"the {image.kind} GPU image",
+                                         partition_type=getattr(placement, "partition_type", None))
+                if problem:
+                    raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -454,8 +476,19 @@ class ReleaseConfig(Strict):
         return self
 
     def config_hash(self) -> str:
-        """sha256 of the canonical JSON of the effective config (part of every derived name)."""
-        return sha256_json(self.model_dump(mode="json"))
+        """sha256 of the canonical JSON of the effective config, without where state, the ledger and
+        credentials come from: the release id must not depend on the worker that computes it."""
+        tree = self.model_dump(mode="json")
+        for key in LOCATION_FIELDS:
+            tree["backend"].pop(key, None)
+        return sha256_json(tree)
+
+
+def sagemaker_instance_types() -> tuple[str, ...]:
+    """The hosting instance types of the installed botocore model (ProductionVariantInstanceType)."""
+    from tasks.aws.service_model import service_model
+
+    return tuple(service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum)
 
 
 def resolve_data_path(ref: DatasetRef, base_dir: Path) -> Path:

@@ -72,7 +72,7 @@ def ask_production(state_dir: Path, summary: dict) -> dict:
         ],
     }
     response = client.invoke_endpoint(
-        EndpointName=name, InferenceComponentName=summary["model"], ContentType="application/json",
+        EndpointName=name, InferenceComponentName=summary["component"], ContentType="application/json",
         Body=json.dumps({"decision": decision}),
     )
     result = json.loads(response["Body"].read())["result"]

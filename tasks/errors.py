@@ -57,3 +57,11 @@ class CapacityError(ShipliftError):
 
 class GateFailed(ShipliftError):
     """A validation gate decided fail or inconclusive; the candidate is not promoted."""
+
+
+class Throttled(NotReady):
+    """AWS kept throttling after the bounded retries; running the step again later can succeed."""
+
+
+class DeployFailed(ShipliftError):
+    """A model or endpoint did not start (the backend's FailureReason is in the message); fix the cause, then rerun."""

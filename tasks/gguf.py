@@ -60,6 +60,9 @@ QUANT_TYPES: dict[str, int] = {
     }
 }
 
+SHAPE_KEYS = {"block_count": "block_count", "head_count": "attention.head_count", "head_count_kv": "attention.head_count_kv",
+              "embedding_length": "embedding_length", "key_length": "attention.key_length",
+              "value_length": "attention.value_length"}
 _LLAMA_LOG_LOCK = threading.Lock()  # llama.cpp's log callback is process-global
 _LOG_LINES_KEPT = 40
 
@@ -80,6 +83,12 @@ class GgufInfo:
     tensor_count: int
     is_float: bool
     size_bytes: int
+    block_count: int | None = None  # the shape fields size the KV cache (tasks.placement.gguf_memory)
+    head_count: int | None = None
+    head_count_kv: int | None = None
+    embedding_length: int | None = None
+    key_length: int | None = None
+    value_length: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field."""
@@ -272,7 +281,15 @@ def inspect_gguf(path: str | Path) -> GgufInfo:
         tensor_count=len(tensors),
         is_float=all(ggml_type in float_types for _, ggml_type, _, _ in tensors),
         size_bytes=size,
+        **{field: _int_or_none(meta.get(f"{architecture}.{key}")) for field, key in SHAPE_KEYS.items()},
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    """A shape value as an int (some GGUFs store per-layer arrays: the largest entry counts)."""
+    if isinstance(value, (list, tuple)):
+        value = max(value, default=None)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,31 +10,18 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tasks.errors import ConfigError
+from tasks.errors import BadInput, ConfigError
 from tasks.hashing import sha256_json, tree_listing
+from tasks.interfaces import ImageRef, Progress
 
 IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
 SHARED_DIRS = ("common",)  # folders under images/ that every image copies in
+IMAGE_ENV_PREFIX = {"semif": "SEMIF", "encoder": "ENCODER"}  # <PREFIX>_MODEL_DIR, _HOST, _PORT of each server
 DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 FROM_LINE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)
 ARG_DEFAULT = re.compile(r"^\s*ARG\s+(\w+)=(\S+)", re.I | re.M)
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    """A pinned serving image: `uri` is always `repo@sha256:<digest>`."""
-
-    name: str
-    uri: str
-    digest: str
-    base_image: str
-    files: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def require_digest_pin(reference: str, *, where: str) -> str:
@@ -59,6 +46,24 @@ def dockerfile_base_images(dockerfile: Path) -> list[str]:
 
 def build_local_image(name: str, base_image: str) -> ImageRef:
     """Pin the process image `images/<name>/`; every FROM in its Dockerfile must be a digest."""
+    check_image_folder(name, base_image)
+    listing = image_listing(name)
+    digest = sha256_json({"base_image": base_image, "files": listing})
+    return ImageRef(name=name, uri=f"local/{name}@sha256:{digest}", digest=f"sha256:{digest}", base_image=base_image,
+                    files=len(listing), source_sha256=digest)
+
+
+class LocalImageBuilder:
+    """The local backend's image builder: the server source tree is the image (DESIGN §3)."""
+
+    def build(self, image, *, progress: Progress) -> ImageRef:
+        ref = build_local_image(image.kind, image.base_image)
+        progress(f"image: {ref.uri} ({ref.files} files)")
+        return ref
+
+
+def check_image_folder(name: str, base_image: str) -> None:
+    """The image folder, its Dockerfile's FROM lines and the shared folders are all in place and pinned."""
     image_dir = IMAGES_DIR / name
     dockerfile = image_dir / "Dockerfile"
     if not dockerfile.is_file():
@@ -72,9 +77,6 @@ def build_local_image(name: str, base_image: str) -> ImageRef:
                 f"image {name!r} copies in images/{folder}, which is missing at {IMAGES_DIR / folder}",
                 fix=f"restore images/{folder} from the repository",
             )
-    listing = image_listing(name)
-    digest = sha256_json({"base_image": base_image, "files": listing})
-    return ImageRef(name=name, uri=f"local/{name}@sha256:{digest}", digest=f"sha256:{digest}", base_image=base_image, files=len(listing))
 
 
 def image_listing(name: str) -> list[list[str]]:
@@ -84,6 +86,14 @@ def image_listing(name: str) -> list[list[str]]:
         for folder in (name, *SHARED_DIRS)
         for path, digest in tree_listing(IMAGES_DIR / folder)
     )
+
+
+def local_image_kind(image_uri: str) -> str:
+    """The image folder a local process image runs (`local/<kind>@sha256:…`); BadInput for any other image."""
+    match = re.match(r"^local/([a-z0-9_-]+)@sha256:[0-9a-f]{64}$", image_uri)
+    if not match or not (IMAGES_DIR / match[1] / "server.py").is_file():
+        raise BadInput(f"{image_uri!r} is not a local process image", fix="the local backend runs images built by LocalImageBuilder")
+    return match[1]
 
 
 def server_command(name: str) -> list[str]:

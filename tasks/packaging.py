@@ -123,9 +123,9 @@ def package_gguf(
 
 
 def package_model_dir(
-    model_dir: str | Path, out_dir: str | Path, *, manifest: dict[str, Any], model_file: str
+    model_dir: str | Path, out_dir: str | Path, *, manifest: dict[str, Any], model_file: str, archive_name: str = ARCHIVE_NAME
 ) -> PackagedModel:
-    """Build `out_dir/model.tar.gz` from every file at the top of an exported model folder (ONNX encoders)."""
+    """Build `out_dir/<archive_name>` from every file at the top of a flat model folder (ONNX encoders, checkpoints)."""
     folder = Path(model_dir)
     if not folder.is_dir():
         raise NotFound(f"model folder {folder} does not exist", fix="export the model first")
@@ -139,16 +139,17 @@ def package_model_dir(
     files = {check_name(p.name): p for p in entries if p.name != MANIFEST_NAME}
     if model_file not in files:
         raise BadInput(f"model folder {folder} has no {model_file}", fix="export the model into it first")
-    return _write_archive(files, _build_manifest(files, model_file, manifest), out_dir)
+    return _write_archive(files, _build_manifest(files, model_file, manifest), out_dir, archive_name)
 
 
-def _write_archive(files: dict[str, Path], full_manifest: dict[str, Any], out_dir: str | Path) -> PackagedModel:
+def _write_archive(files: dict[str, Path], full_manifest: dict[str, Any], out_dir: str | Path,
+                   archive_name: str = ARCHIVE_NAME) -> PackagedModel:
     """The deterministic tar.gz (sorted members, mtime 0, root-owned, 0644) written atomically."""
     manifest_bytes = json.dumps(full_manifest, indent=2, sort_keys=True, ensure_ascii=False).encode()
 
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=out, prefix=f".{ARCHIVE_NAME}.", suffix=".tmp")
+    fd, tmp_name = tempfile.mkstemp(dir=out, prefix=f".{archive_name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -170,7 +171,7 @@ def _write_archive(files: dict[str, Path], full_manifest: dict[str, Any], out_di
             raw.flush()
             os.fsync(raw.fileno())
         os.chmod(tmp, 0o644)
-        final = out / ARCHIVE_NAME
+        final = out / archive_name
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)

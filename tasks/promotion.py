@@ -8,15 +8,13 @@ the reason and the actor. A rollback is recorded as a succeeded promotion of the
 
 from __future__ import annotations
 
-import os
 import re
-import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound, ShipliftError
-from tasks.release import LEASE_TTL_S, StageContext, finish, ledger_base, reopen_release
+from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
+from tasks.release import LEASE_TTL_S, StageContext, finish, reopen_release, run_stage
 
 STRATEGIES = ("all_at_once", "canary", "blue_green")
 IMPLEMENTED_STRATEGIES = ("all_at_once",)
@@ -39,27 +37,6 @@ def _require_release_id(name: str, value: Any) -> str:
     return value
 
 
-def _recorded(ctx: StageContext, work: Callable[[], dict], extra: dict) -> dict:
-    """Run `work` (which switches production) between a started and an end record of stage promote."""
-    ledger, model = ctx.backends.ledger, ctx.config.name
-    base = {**ledger_base(ctx), **extra}
-    ledger.append(release_id=ctx.release_id, model=model, stage=PROMOTE, event="started", payload=base, actor=ctx.actor)
-    began = time.monotonic()
-    try:
-        result = work()
-    except Exception as exc:
-        error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
-        ledger.append(
-            release_id=ctx.release_id, model=model, stage=PROMOTE, event="failed",
-            payload={**base, "error": error, "error_type": type(exc).__name__}, actor=ctx.actor,
-        )
-        raise
-    result = {**result, "seconds": round(time.monotonic() - began, 3)}
-    ledger.append(release_id=ctx.release_id, model=model, stage=PROMOTE, event=result["event"],
-                  payload={**base, **result}, actor=ctx.actor)
-    return result
-
-
 def _switch_production(ctx: StageContext) -> dict:
     """Put this release on the production component and verify the live spec (the promote stage's code)."""
     from tasks.stages.promote import run as promote_run
@@ -73,8 +50,11 @@ def _switch_production(ctx: StageContext) -> dict:
     return result
 
 
-def promote(state_dir: str | Path, release_id: str, *, strategy: str, reason: str, actor: str) -> dict:
-    """Promote a release whose gate passed onto the production component, under the model's lease."""
+def promote(state_dir: str | Path | None, release_id: str, *, strategy: str, reason: str, actor: str,
+            ledger_url: str | None = None, session: Any = None) -> dict:
+    """Promote a release whose gate passed onto the production component, under the model's lease.
+
+    The ledger is found at `ledger_url` ($SHIPLIFT_LEDGER_URL), else as SQLite under `state_dir`."""
     _require_release_id("release_id", release_id)
     reason, actor = _require_text("reason", reason), _require_text("actor", actor)
     if strategy not in STRATEGIES:
@@ -84,11 +64,11 @@ def promote(state_dir: str | Path, release_id: str, *, strategy: str, reason: st
             f"strategy {strategy!r} is not implemented in this version (only all_at_once is)",
             fix="promote with strategy all_at_once",
         )
-    ctx = reopen_release(state_dir, release_id, actor=actor)
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, session=session)
     validate = ctx.state.stage("validate")
-    if validate.get("status") != "succeeded":
+    if validate["status"] != "succeeded":
         raise GateFailed(
-            f"release {release_id} has no gate decision: its validate stage is {validate.get('status', 'pending')}",
+            f"release {release_id} has no gate decision: its validate stage is {validate['status']}",
             fix="run the release (refresh DAG or `shiplift release`) through validate first",
         )
     decision = validate["result"]["decision"]
@@ -100,8 +80,7 @@ def promote(state_dir: str | Path, release_id: str, *, strategy: str, reason: st
         )
     ledger = ctx.backends.ledger
     with ledger.acquire_lease(ctx.config.name, actor, release_id, LEASE_TTL_S):
-        result = _recorded(ctx, lambda: _switch_production(ctx), {"reason": reason, "strategy": strategy, "trigger": "promote"})
-        ctx.state.mark(PROMOTE, "succeeded", result=result, seconds=result["seconds"])
+        result = run_stage(ctx, PROMOTE, function=_switch_production, extra={"reason": reason, "strategy": strategy, "trigger": "promote"})
         status = finish(ctx, failed=False)["status"]
     return {"release_id": release_id, "model": ctx.config.name, "action": "promote", "status": status,
             "strategy": strategy, "endpoint": result["endpoint"], "component": result["component"], "served": result["served"]}
@@ -112,7 +91,8 @@ def _promoted_releases(ledger, model: str) -> list[str]:
 
 
 def rollback(
-    state_dir: str | Path, model: str, target_release_id: str, *, reason: str, actor: str, expect_current: str | None = None
+    state_dir: str | Path | None, model: str, target_release_id: str, *, reason: str, actor: str,
+    expect_current: str | None = None, ledger_url: str | None = None, session: Any = None,
 ) -> dict:
     """Put an earlier, once-promoted release of `model` back on production and record why.
 
@@ -124,7 +104,7 @@ def rollback(
     if expect_current is not None:
         _require_release_id("expect_current", expect_current)
     reason, actor = _require_text("reason", reason), _require_text("actor", actor)
-    ctx = reopen_release(state_dir, target_release_id, actor=actor)
+    ctx = reopen_release(target_release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, session=session)
     if ctx.config.name != model:
         raise BadInput(
             f"release {target_release_id} belongs to model {ctx.config.name!r}, not {model!r}",
@@ -145,12 +125,10 @@ def rollback(
                 fix="check `shiplift ledger history` and trigger the rollback with the release that serves now",
             )
         extra = {"rollback_reason": reason, "rollback_from": current, "rollback_to": target_release_id, "trigger": "rollback"}
-        result = _recorded(ctx, lambda: _switch_production(ctx), extra)
+        result = run_stage(ctx, PROMOTE, function=_switch_production, extra=extra)
     return {"release_id": target_release_id, "model": model, "action": "rollback", "rollback_from": current,
             "rollback_to": target_release_id, "endpoint": result["endpoint"], "component": result["component"],
             "served": result["served"]}
 
 
-def default_state_dir() -> str:
-    """The local backend's state folder when none is given: $SHIPLIFT_HOME, else .shiplift."""
-    return os.environ.get("SHIPLIFT_HOME", ".shiplift")
+

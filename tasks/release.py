@@ -1,17 +1,20 @@
-"""The release as a resumable state machine (DESIGN §4).
+"""The release as a resumable state machine whose state is the ledger (DESIGN §4).
 
 `resolve → build → package → image → deploy_candidate → validate → promote →
-teardown_candidate`. Each stage's result is persisted under
-`<state_dir>/releases/<release_id>/state.json` and every start/end is appended to the ledger,
-so a rerun after a crash continues at the first stage that has not succeeded. The release id
-derives from the effective config, so the same config never creates a second release.
+teardown_candidate` (the stage table, `tasks.stages.table`). Opening a release appends a
+`release/opened` record carrying the effective config; every stage appends `started` and then
+`succeeded` (with its result), `skipped`, `kept` or `failed`; the end appends `release/<status>`.
+So any worker that reaches the ledger (PostgreSQL in production: Celery workers on several hosts,
+ECS tasks started by Step Functions) can run or resume any stage with no shared filesystem: files a
+later stage needs go through the artifact store. The release id derives from the config alone
+(`<name>-<config hash>`, where the hash leaves out where state and the ledger live), so the same
+config never creates a second release and a rerun continues at the first stage not done.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import getpass
-import json
 import os
 import socket
 import sys
@@ -20,21 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks.atomic import write_json_atomic
 from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import BadInput, ConfigError, NotFound, ShipliftError
+from tasks.errors import ConfigError, NotFound, ShipliftError
+from tasks.stages.table import STAGE_NAMES, TEARDOWN, stage
 
-STAGES = (
-    "resolve",
-    "build",
-    "package",
-    "image",
-    "deploy_candidate",
-    "validate",
-    "promote",
-    "teardown_candidate",
-)
+STAGES = STAGE_NAMES
 LEASE_TTL_S = 4 * 3600
+RELEASE_STAGE = "release"
+OPENED, OPTIONS = "opened", "options"
+FINISHED = ("promoted", "rejected")
+FINAL_EVENTS = (*FINISHED, "failed")
+DONE_EVENTS = ("succeeded", "skipped", "kept")
+RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
 Progress = Callable[[str], None]
 
 
@@ -51,45 +51,76 @@ def release_id_for(config: ReleaseConfig) -> str:
     return f"{config.name}-{config.config_hash()[:12]}"
 
 
-@dataclass
 class ReleaseState:
-    """What a release has done so far; the only thing a resumed run needs."""
+    """What a release has done so far, read from its ledger records (the only state a resumed run needs)."""
 
-    path: Path
-    data: dict
+    def __init__(self, ledger, release_id: str):
+        self.ledger = ledger
+        self.release_id = release_id
+        self.records: list = []
+        self.refresh()
 
     @classmethod
-    def load_or_create(cls, path: Path, seed: dict) -> "ReleaseState":
-        if path.is_file():
-            return cls(path, json.loads(path.read_text(encoding="utf-8")))
-        state = cls(path, {**seed, "status": "created", "stages": {}})
-        state.save()
+    def load(cls, ledger, release_id: str) -> "ReleaseState":
+        """The release's state; NotFound when the ledger has never seen it opened."""
+        state = cls(ledger, release_id)
+        if state.opened is None:
+            raise NotFound(f"release {release_id!r} was never opened in the ledger",
+                           fix="run `shiplift release CONFIG` first, or point --ledger-url / --state-dir at its ledger")
         return state
 
-    @classmethod
-    def load(cls, state_dir: Path, release_id: str) -> "ReleaseState":
-        path = state_dir / "releases" / release_id / "state.json"
-        if not path.is_file():
-            raise NotFound(f"release {release_id!r} has no state under {state_dir}", fix="run `shiplift release CONFIG` first")
-        return cls(path, json.loads(path.read_text(encoding="utf-8")))
+    def refresh(self) -> None:
+        try:
+            self.records = self.ledger.release(self.release_id)
+        except NotFound:
+            self.records = []
 
-    def save(self) -> None:
-        write_json_atomic(self.path, self.data)
+    def _latest(self, stage_name: str, events: tuple[str, ...] | None = None):
+        for record in reversed(self.records):
+            if record.stage == stage_name and (events is None or record.event in events):
+                return record
+        return None
+
+    @property
+    def opened(self) -> dict | None:
+        record = next((r for r in self.records if (r.stage, r.event) == (RELEASE_STAGE, OPENED)), None)
+        return record.payload if record else None
+
+    @property
+    def status(self) -> str:
+        final = self._latest(RELEASE_STAGE, FINAL_EVENTS)
+        if final is not None:
+            return final.event
+        return "running" if any(r.stage != RELEASE_STAGE for r in self.records) else "created"
+
+    @property
+    def keep_candidate(self) -> bool | None:
+        options = self._latest(RELEASE_STAGE, (OPTIONS,))
+        return options.payload.get("keep_candidate") if options else None
 
     def stage(self, name: str) -> dict:
-        return self.data["stages"].get(name, {})
+        """`{"status": pending|started|failed|succeeded|torn_down, "result": …, "event": …}` of one stage."""
+        record = self._latest(name)
+        if record is None:
+            return {"status": "pending"}
+        if record.event == "started":
+            return {"status": "started"}
+        if record.event == "failed":
+            return {"status": "failed", "error": record.payload.get("error"), "error_type": record.payload.get("error_type")}
+        entry = {"status": "succeeded", "event": record.event, "seq": record.seq,
+                 "result": {k: v for k, v in record.payload.items() if k not in RECORD_ONLY_KEYS}}
+        if name == "deploy_candidate" and self._latest("promote", DONE_EVENTS) is None:
+            teardown = self._latest(TEARDOWN, DONE_EVENTS)  # a release that has not finished redeploys on resume
+            if teardown is not None and teardown.seq > record.seq and teardown.payload.get("removed"):
+                entry["status"] = "torn_down"
+        return entry
 
     def result(self, name: str) -> dict:
         entry = self.stage(name)
-        if entry.get("status") != "succeeded":
-            raise NotFound(f"stage {name!r} of {self.data['release_id']} has not succeeded", fix=f"run stage {name} first")
+        if entry["status"] != "succeeded":
+            raise NotFound(f"stage {name!r} of {self.release_id} has not succeeded (it is {entry['status']})",
+                           fix=f"run stage {name} first")
         return entry["result"]
-
-    def mark(self, name: str, status: str, **fields: Any) -> None:
-        entry = dict(self.stage(name))
-        entry.update(status=status, updated_at=time.time(), **fields)
-        self.data["stages"][name] = entry
-        self.save()
 
 
 @dataclass
@@ -106,13 +137,14 @@ class StageContext:
     work_dir: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        self.work_dir = self.state.path.parent
+        self.work_dir = self.backends.state_dir / "releases" / self.release_id
 
-    def result(self, stage: str) -> dict:
-        return self.state.result(stage)
+    def result(self, name: str) -> dict:
+        return self.state.result(name)
 
-    def stage_dir(self, stage: str) -> Path:
-        path = self.work_dir / stage
+    def stage_dir(self, name: str) -> Path:
+        """Scratch space of one stage on this worker (what later stages need goes to the artifact store)."""
+        path = self.work_dir / name
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -120,105 +152,82 @@ class StageContext:
         self.progress(f"{self.release_id} {message}")
 
 
-def stage_functions() -> dict[str, Callable[[StageContext], dict]]:
-    from tasks.stages import build, candidate, image, package, promote, resolve, validate
-
-    return {
-        "resolve": resolve.run,
-        "build": build.run,
-        "package": package.run,
-        "image": image.run,
-        "deploy_candidate": candidate.deploy,
-        "validate": validate.run,
-        "promote": promote.run,
-        "teardown_candidate": candidate.teardown,
-    }
-
-
-def state_dir_for(config: ReleaseConfig) -> Path:
-    return Path(config.backend.state_dir).expanduser().resolve()
-
-
-def open_release(
-    config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress
-) -> StageContext:
-    """Load the config, derive the release id and open (or create) its persisted state."""
-    config = load_release_config(config_path, overrides=overrides)
+def _refuse_unbuilt_strategy(config: ReleaseConfig) -> None:
     if config.rollout.strategy != "all_at_once":
         raise ConfigError(
             f"rollout.strategy {config.rollout.strategy!r} is not available in this version",
             fix="use rollout.strategy: all_at_once",
         )
-    release_id = release_id_for(config)
-    state_dir = state_dir_for(config)
-    seed = {
-        "release_id": release_id,
-        "model": config.name,
-        "config_path": str(Path(config_path).resolve()),
-        "config_dir": str(Path(config_path).resolve().parent),
-        "config_hash": config.config_hash(),
-        "config": config.model_dump(mode="json"),
-        "created_at": time.time(),
-    }
-    state = ReleaseState.load_or_create(state_dir / "releases" / release_id / "state.json", seed)
-    return _context(config, state, actor, progress)
 
 
-def _context(config: ReleaseConfig, state: ReleaseState, actor: str | None, progress: Progress) -> StageContext:
+def open_release(
+    config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
+    session: Any = None,
+) -> StageContext:
+    """Load the config, derive the release id and open the release in the ledger (once)."""
     from tasks.backends import make_backends
 
-    return StageContext(
-        config=config,
-        config_dir=Path(state.data["config_dir"]),
-        release_id=state.data["release_id"],
-        state=state,
-        backends=make_backends(config),
-        actor=actor or default_actor(),
-        progress=progress,
-    )
+    config = load_release_config(config_path, overrides=overrides)
+    _refuse_unbuilt_strategy(config)
+    release_id = release_id_for(config)
+    backends = make_backends(config, session=session)
+    state = ReleaseState(backends.ledger, release_id)
+    actor = actor or default_actor()
+    backends.preflight()
+    if state.opened is None:
+        backends.ledger.append(
+            release_id=release_id, model=config.name, stage=RELEASE_STAGE, event=OPENED, actor=actor,
+            payload={"config_hash": config.config_hash(), "config": config.model_dump(mode="json"),
+                     "config_path": str(Path(config_path).resolve()), "config_dir": str(Path(config_path).resolve().parent)},
+        )
+        state.refresh()
+    return StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
+                        backends=backends, actor=actor, progress=progress)
 
 
-def reopen_release(state_dir: str | Path, release_id: str, *, actor: str | None = None, progress: Progress = print_progress) -> StageContext:
-    """Rebuild a release's context from its persisted state (what `shiplift stage` runs on)."""
-    state = ReleaseState.load(Path(state_dir).expanduser().resolve(), release_id)
-    return _context(ReleaseConfig.model_validate(state.data["config"]), state, actor, progress)
+def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,
+                   actor: str | None = None, progress: Progress = print_progress, session: Any = None) -> StageContext:
+    """Rebuild a release's context from the ledger alone (what `shiplift stage` and the DAG tasks run on)."""
+    from tasks.backends import make_backends, open_ledger
+
+    ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir)
+    state = ReleaseState.load(ledger, release_id)
+    config = ReleaseConfig.model_validate(state.opened["config"])
+    backends = make_backends(config, ledger=ledger, session=session)
+    return StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
+                        backends=backends, actor=actor or default_actor(), progress=progress)
 
 
 def ledger_base(ctx: StageContext) -> dict:
     return {"config_hash": ctx.config.config_hash(), "release_id": ctx.release_id}
 
 
-def run_stage(ctx: StageContext, name: str) -> dict:
-    """Run one stage, recording start and end in the ledger and the release state."""
-    if name not in STAGES:
-        raise BadInput(f"unknown stage {name!r}", fix=f"use one of {', '.join(STAGES)}")
-    ledger = ctx.backends.ledger
+def _append(ctx: StageContext, stage_name: str, event: str, payload: dict) -> None:
+    ctx.backends.ledger.append(release_id=ctx.release_id, model=ctx.config.name, stage=stage_name, event=event,
+                               payload={**ledger_base(ctx), **payload}, actor=ctx.actor)
+    ctx.state.refresh()
+
+
+def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext], dict] | None = None,
+              extra: dict | None = None) -> dict:
+    """Run one stage (or `function` in its place, as promotion and rollback do), recording its start
+    and its end (result or error) in the ledger; `extra` goes into every record (reason, trigger)."""
+    function = function or stage(name).load()
+    extra = extra or {}
     ctx.say(f"{name}: started")
-    ctx.state.mark(name, "started", started_at=time.time())
-    ledger.append(release_id=ctx.release_id, model=ctx.config.name, stage=name, event="started", payload=ledger_base(ctx), actor=ctx.actor)
+    _append(ctx, name, "started", extra)
     began = time.monotonic()
     try:
-        result = stage_functions()[name](ctx)
+        result = function(ctx)
     except Exception as exc:
         error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
-        ctx.state.mark(name, "failed", error=error, error_type=type(exc).__name__)
-        ledger.append(
-            release_id=ctx.release_id, model=ctx.config.name, stage=name, event="failed",
-            payload={**ledger_base(ctx), "error": error, "error_type": type(exc).__name__}, actor=ctx.actor,
-        )
+        _append(ctx, name, "failed", {**extra, "error": error, "error_type": type(exc).__name__})
         raise
     seconds = round(time.monotonic() - began, 3)
     event = result.get("event", "succeeded")
-    ctx.state.mark(name, "succeeded", result=result, seconds=seconds)
-    ledger.append(
-        release_id=ctx.release_id, model=ctx.config.name, stage=name, event=event,
-        payload={**ledger_base(ctx), **result, "seconds": seconds}, actor=ctx.actor,
-    )
+    _append(ctx, name, event, {**extra, **result, "seconds": seconds})
     ctx.say(f"{name}: {event} in {seconds:.1f}s")
     return result
-
-
-FINISHED = ("promoted", "rejected")
 
 
 def ensure_stage(ctx: StageContext, name: str) -> dict:
@@ -228,7 +237,7 @@ def ensure_stage(ctx: StageContext, name: str) -> dict:
     duplicating work: a stage that finished before the crash returns its recorded result.
     """
     entry = ctx.state.stage(name)
-    if entry.get("status") == "succeeded" and name != "teardown_candidate":
+    if entry["status"] == "succeeded" and name != TEARDOWN:
         return entry["result"]
     return run_stage(ctx, name)
 
@@ -240,17 +249,16 @@ def run_release(
     keep_candidate: bool | None = None,
     actor: str | None = None,
     progress: Progress = print_progress,
+    session: Any = None,
 ) -> dict:
     """Run (or resume) every stage of a release under the model's promotion lease."""
-    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress)
-    if ctx.state.data.get("status") in FINISHED:
-        ctx.say(f"already {ctx.state.data['status']}; nothing to do")
+    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session)
+    if ctx.state.status in FINISHED:
+        ctx.say(f"already {ctx.state.status}; nothing to do")
         return release_summary(ctx.state)
-    if keep_candidate is not None:
-        ctx.state.data["keep_candidate"] = keep_candidate
-        ctx.state.save()
-    ledger = ctx.backends.ledger
-    with ledger.acquire_lease(ctx.config.name, f"{ctx.actor}/pid-{os.getpid()}", ctx.release_id, LEASE_TTL_S):
+    if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
+        _append(ctx, RELEASE_STAGE, OPTIONS, {"keep_candidate": keep_candidate})
+    with ctx.backends.ledger.acquire_lease(ctx.config.name, f"{ctx.actor}/pid-{os.getpid()}", ctx.release_id, LEASE_TTL_S):
         try:
             for name in STAGES[:-1]:
                 ensure_stage(ctx, name)
@@ -258,70 +266,77 @@ def run_release(
             finish(ctx, failed=True)
             _teardown_quietly(ctx)
             raise
-        ensure_stage(ctx, "teardown_candidate")
+        ensure_stage(ctx, TEARDOWN)
         return finish(ctx, failed=False)
 
 
 def _teardown_quietly(ctx: StageContext) -> None:
     """Remove the candidate after a failure without hiding the failure itself."""
     try:
-        ensure_stage(ctx, "teardown_candidate")
+        ensure_stage(ctx, TEARDOWN)
     except Exception as exc:
         ctx.say(f"teardown_candidate after failure also failed: {exc}")
 
 
 def finish(ctx: StageContext, *, failed: bool) -> dict:
     """Record the release's final status (failed, promoted or rejected) and return its summary."""
-    ctx.state.data["status"] = "failed" if failed else _final_status(ctx.state)
-    ctx.state.save()
+    status = "failed" if failed else _final_status(ctx.state)
+    if ctx.state.status != status:
+        _append(ctx, RELEASE_STAGE, status, {})
     return release_summary(ctx.state)
 
 
 def begin_orchestrated(config_path: str | Path, *, holder: str, overrides: tuple[str, ...] = (), actor: str | None = None,
-                       progress: Progress = print_progress) -> dict:
+                       progress: Progress = print_progress, session: Any = None) -> dict:
     """First step of an Airflow or Step Functions run: open the release and take the model's lease."""
-    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress)
+    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session)
     ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, LEASE_TTL_S)
-    return {"release_id": ctx.release_id, "state_dir": str(ctx.backends.state_dir), "model": ctx.config.name,
-            "status": ctx.state.data.get("status")}
+    return {"release_id": ctx.release_id, "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir),
+            "model": ctx.config.name, "status": ctx.state.status}
 
 
-def run_orchestrated_stage(state_dir: str | Path, release_id: str, name: str, *, actor: str | None = None,
-                           progress: Progress = print_progress) -> dict:
-    """One stage of an orchestrated run, from persisted state (what `shiplift stage` runs)."""
-    return ensure_stage(reopen_release(state_dir, release_id, actor=actor, progress=progress), name)
+def run_orchestrated_stage(release_id: str, name: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,
+                           actor: str | None = None, progress: Progress = print_progress, session: Any = None) -> dict:
+    """One stage of an orchestrated run, from the ledger (what `shiplift stage` runs)."""
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress, session=session)
+    return ensure_stage(ctx, name)
 
 
-def end_orchestrated(state_dir: str | Path, release_id: str, *, holder: str, failed: bool, actor: str | None = None,
-                     progress: Progress = print_progress) -> dict:
+def end_orchestrated(release_id: str, *, holder: str, failed: bool, ledger_url: str | None = None,
+                     state_dir: str | Path | None = None, actor: str | None = None, progress: Progress = print_progress,
+                     session: Any = None) -> dict:
     """Last step of an orchestrated run: final status, then give the model's lease back."""
-    ctx = reopen_release(state_dir, release_id, actor=actor, progress=progress)
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress, session=session)
     summary = finish(ctx, failed=failed)
     ctx.backends.ledger.release_lease(ctx.config.name, holder)
     return summary
 
 
 def _final_status(state: ReleaseState) -> str:
-    promote = state.stage("promote").get("result", {})
-    return "promoted" if promote.get("event") == "succeeded" else "rejected"
+    promote = state.stage("promote")
+    return "promoted" if promote["status"] == "succeeded" and promote.get("event") == "succeeded" else "rejected"
 
 
 def release_summary(state: ReleaseState) -> dict:
     """A small JSON-able view of a release: ids, artifact, gate decision, serving status."""
-    stages = state.data["stages"]
-    get = lambda stage, key, default=None: stages.get(stage, {}).get("result", {}).get(key, default)  # noqa: E731
+    def get(stage_name: str, key: str, default: Any = None) -> Any:
+        return state.stage(stage_name).get("result", {}).get(key, default)
+
+    opened = state.opened or {}
     return {
-        "release_id": state.data["release_id"],
-        "model": state.data["model"],
-        "status": state.data.get("status"),
+        "release_id": state.release_id,
+        "model": (opened.get("config") or {}).get("name"),
+        "status": state.status,
         "artifact_sha256": get("package", "artifact_sha256"),
         "gguf_file_type": (get("build", "info") or {}).get("file_type"),
         "temperature": get("build", "temperature"),
         "image_uri": get("image", "image_uri"),
+        "placement": get("deploy_candidate", "placement"),
         "decision": get("validate", "decision"),
         "not_passed": get("validate", "not_passed"),
         "metrics": get("validate", "metrics"),
         "report": get("validate", "report_html"),
         "served_by": get("promote", "endpoint"),
-        "stages": {name: stages.get(name, {}).get("status", "pending") for name in STAGES},
+        "component": get("promote", "component"),
+        "stages": {name: state.stage(name)["status"] for name in STAGES},
     }

@@ -1,10 +1,11 @@
 """The release as an AWS Step Functions state machine (DESIGN §11; issue 3, item 4).
 
 Every Task state runs ONE stage of the same code in the pipeline image on ECS (RunTask `.sync`,
-Fargate by default): `shiplift stage NAME --release ID --state-dir DIR`, which returns the
-recorded result of a stage that already succeeded, so a Retry never duplicates work. The
-release's state directory is shared storage mounted into every task (an EFS volume in the task
-definition). An ECS task cannot return output to Step Functions, so the validate task also
+Fargate by default): `shiplift stage NAME --release ID --ledger-url URL`, which returns the
+recorded result of a stage that already succeeded, so a Retry never duplicates work. Tasks share
+nothing but the ledger (the release's state) and the artifact store (files a later stage needs),
+so no shared file system is mounted. Retries and timeouts come from the stage table
+(`tasks.stages.table`), as Airflow's do. An ECS task cannot return output to Step Functions, so the validate task also
 publishes its result to S3 (`--result-uri`) and an `aws-sdk:s3:getObject` state reads it back
 for the Choice on the gate decision. docs/step-functions.md explains the choices.
 """
@@ -21,6 +22,7 @@ from tasks.config import ReleaseConfig
 from tasks.errors import BadInput, ConfigError, Conflict, NotFound
 from tasks.hashing import canonical_json
 from tasks.release import STAGES, release_id_for
+from tasks.stages.table import STEPS, timeout_for
 
 MAX_STATE_MACHINE_NAME = 80
 MANAGED_TAGS = ("shiplift:model", "shiplift:managed")
@@ -33,15 +35,6 @@ CLIENT_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_a
 # safe to retry. `AmazonECS.Unknown` is what a `.sync` RunTask raises when the response carries
 # `Failures` (e.g. "Capacity is unavailable at this time"); `ECS.*` are RunTask API exceptions.
 ECS_INFRA_ERRORS = ("AmazonECS.Unknown", "ECS.AmazonECSException", "ECS.ServerException", "ECS.LimitExceededException")
-# States.TaskFailed retries per step (the container ran and exited non-zero). Every stage is
-# idempotent (a succeeded stage returns its recorded result), so the number only weighs cost:
-# validate re-runs a whole evaluation and promote changes production, so one retry each; begin
-# mostly fails on deterministic causes (bad config, lease held), so one retry covers a container
-# that did not start; teardown must happen, so it gets the most.
-TASK_FAILED_RETRIES = {
-    "begin": 1, "resolve": 2, "build": 2, "package": 2, "image": 2, "deploy_candidate": 2,
-    "validate": 1, "promote": 1, "teardown_candidate": 3, "end": 2,
-}
 STATE_NAMES = {stage: "".join(part.title() for part in stage.split("_")) for stage in STAGES}
 TEARDOWN_STATES = ("TeardownCandidate", "TeardownAfterFailure")
 FAILED_STATE, BEGIN_FAILED_STATE, END_NOT_RECORDED_STATE = "ReleaseFailed", "BeginFailed", "EndNotRecorded"
@@ -64,11 +57,11 @@ class RunnerSettings(BaseModel):
     subnets: list[str] = Field(default_factory=list, max_length=16)
     security_groups: list[str] = Field(default_factory=list, max_length=5)
     assign_public_ip: bool = False
-    state_dir: str = Field("/mnt/shiplift", description="shared release state inside the container (an EFS mount)")
+    state_dir: str = Field("/tmp/shiplift", description="each task's own scratch space and caches (nothing is shared)")
     result_bucket: str | None = Field(None, description="bucket for stage results; None = the aws backend's bucket")
     result_prefix: str = Field("shiplift/stepfunctions", pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$")
-    stage_timeout_s: int = Field(7200, ge=60, le=86400, description="TimeoutSeconds of each stage task")
-    startup_allowance_s: int = Field(900, ge=0, le=3600, description="added to validation.deadline_s for the validate task")
+    startup_allowance_s: int = Field(900, ge=0, le=3600, description="how long an ECS task may take to start (image pull); "
+                                     "added to every task's timeout from the stage table")
     post_promote_wait_s: int = Field(60, ge=0, le=3600, description="bake after an all_at_once/blue_green promotion")
 
     @field_validator("subnets")
@@ -134,15 +127,6 @@ def state_machine_name(config: ReleaseConfig) -> str:
     return name
 
 
-def effective_config(config: ReleaseConfig, runner: RunnerSettings) -> ReleaseConfig:
-    """The config as the containers load it: state under the runner's shared state_dir.
-
-    `backend.state_dir` is part of the config hash, so the release id must be derived from the
-    value the tasks use, and the begin task is given the same value with `--set`.
-    """
-    return config.model_copy(update={"backend": config.backend.model_copy(update={"state_dir": runner.state_dir})})
-
-
 def results_bucket(config: ReleaseConfig, runner: RunnerSettings) -> str:
     """The bucket stage results go to: the runner's result_bucket, else the aws backend's bucket."""
     bucket = runner.result_bucket or getattr(config.backend, "bucket", None)
@@ -159,20 +143,20 @@ def result_uri(config: ReleaseConfig, runner: RunnerSettings, release_id: str, s
     return results_bucket(config, runner), f"{runner.result_prefix}/{release_id}/{stage}.json"
 
 
-def begin_command(config_path: str, holder: str, state_dir: str) -> list[str]:
+def begin_command(config_path: str, holder: str) -> list[str]:
     """argv of the first step: open the release and take the model's lease (release.begin_orchestrated)."""
-    return ["shiplift", "orchestrate", "begin", config_path, "--holder", holder, "--set", f"backend.state_dir={state_dir}"]
+    return ["shiplift", "orchestrate", "begin", config_path, "--holder", holder]
 
 
-def stage_command(stage: str, release_id: str, state_dir: str, publish_uri: str | None = None) -> list[str]:
+def stage_command(stage: str, release_id: str, ledger_url: str, publish_uri: str | None = None) -> list[str]:
     """argv of one stage task (release.run_orchestrated_stage), optionally publishing its result."""
-    argv = ["shiplift", "stage", stage, "--release", release_id, "--state-dir", state_dir]
+    argv = ["shiplift", "stage", stage, "--release", release_id, "--ledger-url", ledger_url]
     return argv + ["--result-uri", publish_uri] if publish_uri else argv
 
 
-def end_command(release_id: str, state_dir: str, holder: str, *, failed: bool) -> list[str]:
+def end_command(release_id: str, ledger_url: str, holder: str, *, failed: bool) -> list[str]:
     """argv of the last step: record the final status and give the lease back (release.end_orchestrated)."""
-    argv = ["shiplift", "orchestrate", "end", "--release", release_id, "--state-dir", state_dir, "--holder", holder]
+    argv = ["shiplift", "orchestrate", "end", "--release", release_id, "--ledger-url", ledger_url, "--holder", holder]
     return argv + ["--failed"] if failed else argv
 
 
@@ -192,9 +176,9 @@ def _command_array(argv: list[str], holder_marker: str) -> str:
 def _retry(step: str) -> list[dict]:
     retry = [{"ErrorEquals": list(ECS_INFRA_ERRORS), "IntervalSeconds": 15, "BackoffRate": 2.0, "MaxAttempts": 5,
               "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}]
-    if TASK_FAILED_RETRIES[step]:
+    if STEPS[step].retries:
         retry.append({"ErrorEquals": ["States.TaskFailed"], "IntervalSeconds": 30, "BackoffRate": 2.0,
-                      "MaxAttempts": TASK_FAILED_RETRIES[step], "MaxDelaySeconds": 600, "JitterStrategy": "FULL"})
+                      "MaxAttempts": STEPS[step].retries, "MaxDelaySeconds": 600, "JitterStrategy": "FULL"})
     return retry
 
 
@@ -225,6 +209,7 @@ class _Renderer:
             override["Command"] = argv
         override["Environment"] = [
             {"Name": "SHIPLIFT_HOME", "Value": runner.state_dir},
+            *([{"Name": "SHIPLIFT_LEDGER_URL", "Value": self.config.backend.ledger_url}] if self.config.backend.ledger_url else []),
             {"Name": "SHIPLIFT_ACTOR", "Value.$": "$.run.holder"},
         ]
         parameters: dict[str, Any] = {
@@ -253,21 +238,17 @@ class _Renderer:
             "Next": next_state,
         }
 
-    def stage_timeout(self, stage: str) -> int:
-        """TimeoutSeconds of a stage task: never shorter than the stage's own configured deadline."""
-        own = 0
-        if stage == "validate":
-            own = int(self.config.validation.deadline_s) + self.runner.startup_allowance_s
-        elif stage == "deploy_candidate" and self.config.placement.kind == "instance_pool":
-            own = self.config.placement.provision_timeout_s + self.runner.startup_allowance_s
-        return max(self.runner.stage_timeout_s, own)
+    def stage_timeout(self, step: str) -> int:
+        """TimeoutSeconds of a task: the stage table's (never shorter than the config's own deadlines) plus the
+        time an ECS task takes to start."""
+        return timeout_for(step, self.config, startup_allowance_s=self.runner.startup_allowance_s) + self.runner.startup_allowance_s
 
     def bake_seconds(self) -> int:
         rollout = self.config.rollout
         return rollout.bake_s if rollout.strategy == "canary" else self.runner.post_promote_wait_s
 
     def render(self) -> dict:
-        runner, rid, sd = self.runner, self.release_id, self.runner.state_dir
+        runner, rid, sd, url = self.runner, self.release_id, self.runner.state_dir, self.config.backend.ledger_url
         bucket, key = result_uri(self.config, runner, rid, "validate")
         states: dict[str, dict] = {
             "Prepare": {
@@ -280,13 +261,13 @@ class _Renderer:
                 }},
                 "Next": "Begin",
             },
-            "Begin": self.ecs_task("begin", begin_command(self.config_path, self.HOLDER, sd), timeout_s=runner.stage_timeout_s,
+            "Begin": self.ecs_task("begin", begin_command(self.config_path, self.HOLDER), timeout_s=self.stage_timeout("begin"),
                                    next_state=STATE_NAMES[STAGES[0]], catch=_catch(BEGIN_FAILED_STATE)),
         }
         for stage, following in zip(STAGES[:6], (*(STATE_NAMES[s] for s in STAGES[1:6]), "ReadGateDecision")):
             publish = f"s3://{bucket}/{key}" if stage == "validate" else None
             states[STATE_NAMES[stage]] = self.ecs_task(
-                stage, stage_command(stage, rid, sd, publish), timeout_s=self.stage_timeout(stage),
+                stage, stage_command(stage, rid, url, publish), timeout_s=self.stage_timeout(stage),
                 next_state=following, catch=_catch("TeardownAfterFailure"))
         states["ReadGateDecision"] = {
             "Type": "Task",
@@ -323,7 +304,7 @@ class _Renderer:
         bake = self.bake_seconds()
         after_promote = "Bake" if bake else STATE_NAMES["teardown_candidate"]
         states[STATE_NAMES["promote"]] = self.ecs_task(
-            "promote", stage_command("promote", rid, sd), timeout_s=self.stage_timeout("promote"),
+            "promote", stage_command("promote", rid, url), timeout_s=self.stage_timeout("promote"),
             next_state=after_promote, catch=_catch("TeardownAfterFailure"))
         if bake:
             states["Bake"] = {
@@ -333,17 +314,17 @@ class _Renderer:
                 "Next": STATE_NAMES["teardown_candidate"],
             }
         states[STATE_NAMES["teardown_candidate"]] = self.ecs_task(
-            "teardown_candidate", stage_command("teardown_candidate", rid, sd), timeout_s=runner.stage_timeout_s,
+            "teardown_candidate", stage_command("teardown_candidate", rid, url), timeout_s=self.stage_timeout("teardown_candidate"),
             next_state="EndSucceeded", catch=_catch("EndFailed"))
         states["EndSucceeded"] = self.ecs_task(
-            "end", end_command(rid, sd, self.HOLDER, failed=False), timeout_s=runner.stage_timeout_s,
+            "end", end_command(rid, url, self.HOLDER, failed=False), timeout_s=self.stage_timeout("end"),
             next_state="Released", catch=_catch(END_NOT_RECORDED_STATE))
         states["Released"] = {"Type": "Succeed"}
         states["TeardownAfterFailure"] = self.ecs_task(
-            "teardown_candidate", stage_command("teardown_candidate", rid, sd), timeout_s=runner.stage_timeout_s,
+            "teardown_candidate", stage_command("teardown_candidate", rid, url), timeout_s=self.stage_timeout("teardown_candidate"),
             next_state="EndFailed", catch=_catch("EndFailed", "$.teardown_error"))
         states["EndFailed"] = self.ecs_task(
-            "end", end_command(rid, sd, self.HOLDER, failed=True), timeout_s=runner.stage_timeout_s,
+            "end", end_command(rid, url, self.HOLDER, failed=True), timeout_s=self.stage_timeout("end"),
             next_state=FAILED_STATE, catch=_catch(FAILED_STATE, "$.end_error"))
         states[FAILED_STATE] = _fail("Shiplift.ReleaseFailed", "the candidate was torn down and the failure recorded")
         states[BEGIN_FAILED_STATE] = _fail("Shiplift.BeginFailed", "nothing of this run exists: no lease, no candidate")
@@ -369,10 +350,13 @@ def render_state_machine(config: ReleaseConfig, *, release_id: str | None = None
             f"config_path {config_path!r} must be a relative .yaml path inside the pipeline image",
             fix="pass the path relative to the repository root, e.g. configs/releases/NAME.yaml",
         )
-    expected = release_id_for(effective_config(config, runner))
+    if not config.backend.ledger_url:
+        raise ConfigError("Step Functions tasks share nothing but the ledger, and this config keeps it in a SQLite file "
+                          "under each task's own state dir", fix="set backend.ledger_url to a PostgreSQL URL every task reaches")
+    expected = release_id_for(config)
     if release_id is not None and release_id != expected:
         raise Conflict(
-            f"release id {release_id!r} is not the release the tasks will open ({expected!r}, with state under {runner.state_dir})",
+            f"release id {release_id!r} is not the release the tasks will open ({expected!r})",
             fix="omit release_id, or render from the config that release was created from",
         )
     state_machine_name(config)

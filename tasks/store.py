@@ -1,4 +1,4 @@
-"""Content-addressed artifact store (DESIGN §3): the interface and its local implementation.
+"""The local content-addressed artifact store (DESIGN §3; the interface is `tasks.interfaces.ArtifactStore`).
 
 Artifacts live at `<root>/sha256/<digest>/<name>` and are addressed by
 `file:///abs/root/sha256/<digest>/<name>` URIs. Writes go to a temp file in the digest
@@ -14,51 +14,16 @@ import hashlib
 import os
 import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 from tasks.hashing import CHUNK_BYTES, sha256_file
+from tasks.interfaces import Progress, StoredArtifact
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _TMP_PREFIX = ".tmp-"
-
-
-@dataclass(frozen=True)
-class StoredArtifact:
-    """Where an artifact lives and what it is."""
-
-    uri: str
-    sha256: str
-    size: int
-
-    def to_dict(self) -> dict[str, str | int]:
-        """The artifact as a JSON-able dict."""
-        return {"uri": self.uri, "sha256": self.sha256, "size": self.size}
-
-
-@runtime_checkable
-class ArtifactStore(Protocol):
-    """What every artifact store (local directory, S3) offers the pipeline."""
-
-    def put_file(self, path: str | Path, *, name: str) -> StoredArtifact:
-        """Store a file under its sha256; idempotent, never overwrites."""
-        ...
-
-    def get(self, uri_or_sha: str) -> Path:
-        """A local path to the artifact, its sha256 verified."""
-        ...
-
-    def exists(self, sha256: str) -> bool:
-        """Whether content with this sha256 is stored."""
-        ...
-
-    def fetch_to(self, uri: str, dest: str | Path) -> Path:
-        """Copy the artifact to `dest` (a file path or an existing folder), verified."""
-        ...
 
 
 def check_name(name: str) -> str:
@@ -141,7 +106,7 @@ class LocalArtifactStore:
             )
         return path
 
-    def put_file(self, path: str | Path, *, name: str) -> StoredArtifact:
+    def put_file(self, path: str | Path, *, name: str, progress: Progress | None = None) -> StoredArtifact:
         """Store a file under its sha256; putting the same content again returns the stored one."""
         check_name(name)
         source = Path(path)

@@ -8,16 +8,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
 class Target:
-    """An endpoint to score: a model-server root or a runtime-shaped router URL, plus its component."""
+    """A model to score: how to reach it (an invoker from the hosting backend) and what to call it."""
 
-    url: str
-    component: str | None = None
+    invoker: Any  # tasks.interfaces.Invoker
     label: str = ""
+
+    @classmethod
+    def http(cls, url: str, component: str | None = None, label: str = "") -> "Target":
+        """A model-server root or a runtime-shaped router URL, plus its inference component."""
+        from validation.transport import HttpInvoker
+
+        return cls(HttpInvoker(url, component), label)
+
+    def describe(self) -> dict[str, Any]:
+        """Where the answers came from, for the gate report."""
+        return {**self.invoker.describe(), "label": self.label}
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,8 @@ def score_target(target: Target, datasets: list, settings: RunSettings, progress
     rows: list = []
     for dataset in datasets:
         predictions = run_decisions(
-            target.url, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.timeout_s,
-            deadline_s=settings.deadline_s, inference_component=target.component, dataset_name=dataset.name,
+            target.invoker, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.timeout_s,
+            deadline_s=settings.deadline_s, dataset_name=dataset.name,
             progress=progress,
         )
         rows.extend(predictions)
@@ -78,8 +88,8 @@ def evaluate_decisions(
     ).to_dict()
     extra = {
         "datasets": [d.evidence() for d in datasets],
-        "candidate": {"url": candidate.url, "component": candidate.component, "label": candidate.label},
-        "champion": None if champion is None else {"url": champion.url, "component": champion.component, "label": champion.label},
+        "candidate": candidate.describe(),
+        "champion": None if champion is None else champion.describe(),
     }
     paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
     return {**report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"]}

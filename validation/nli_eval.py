@@ -129,9 +129,8 @@ def score_nli_target(target: Target, datasets: Sequence[NliDataset], settings: R
     truncation: dict[str, dict] = {}
     for dataset in datasets:
         run = run_pairs(
-            target.url, dataset.pairs, batch_size=batch_size, concurrency=settings.concurrency,
-            timeout_s=settings.timeout_s, deadline_s=settings.deadline_s, inference_component=target.component,
-            dataset_name=dataset.name, progress=progress,
+            target.invoker, dataset.pairs, batch_size=batch_size, concurrency=settings.concurrency,
+            timeout_s=settings.timeout_s, deadline_s=settings.deadline_s, dataset_name=dataset.name, progress=progress,
         )
         rows.extend(run.predictions)
         truncation[dataset.name] = run.truncation_summary()
@@ -200,10 +199,8 @@ def evaluate_nli(
     truncation = {"candidate": candidate_truncation, "champion": champion_truncation}
     extra = {
         "datasets": [d.evidence() for d in datasets],
-        "candidate": {"url": candidate.url, "component": candidate.component, "label": candidate.label},
-        "champion": None if champion is None else {
-            "url": champion.url, "component": champion.component, "label": champion.label,
-        },
+        "candidate": candidate.describe(),
+        "champion": None if champion is None else champion.describe(),
         "batch_size": batch_size,
         "latency_note": LATENCY_NOTE,
         "truncation": truncation,

@@ -1,8 +1,10 @@
-"""HTTP transport shared by the eval runners: options, keep-alive connections, retries, a bounded pool.
+"""Transport shared by the eval runners: options, one channel per worker, retries, a bounded pool.
 
 A runner resolves its settings with `run_options`, then `run_bounded` hands each item to its
-`work(item, connection, opts)` on a fixed number of workers, each with one keep-alive
-`Connection` to `{endpoint_url}/invocations`. `post_with_retries` applies the retry policy:
+`work(item, channel, opts)` on a fixed number of workers, each with one channel opened by the
+run's invoker: `HttpInvoker` (a keep-alive `Connection` to `{endpoint_url}/invocations`, used
+for loopback servers and routers) or whatever the hosting backend hands out (SageMaker's
+`InvokeEndpoint` on aws). A channel answers `(status, body)` exactly like HTTP. `post_with_retries` applies the retry policy:
 `503 {"retryable": true}` is infrastructure back-pressure, not a wrong answer, so it is retried
 with capped exponential backoff and full jitter, and counted; other 4xx end the request at once;
 other 5xx and network failures get one more try. A runner turns a 200 body into its results
@@ -48,8 +50,7 @@ class Target:
 class Options:
     """A run's resolved settings, shared read-only by every request (build it with `run_options`)."""
 
-    target: Target
-    headers: dict[str, str]
+    invoker: Any  # tasks.interfaces.Invoker
     timeout_s: float
     max_attempts: int
     backoff_base_s: float
@@ -249,20 +250,40 @@ def _check_args(concurrency: int, timeout_s: float, max_attempts: int, backoff_b
         raise BadInput("invalid runner settings: " + "; ".join(problems), fix="correct the listed settings")
 
 
-def run_options(endpoint_url: str, *, concurrency: int, timeout_s: float, max_attempts: int, backoff_base_s: float,
+class HttpInvoker:
+    """Invoke a model over HTTP: a server root or a runtime-shaped router URL, plus its component header."""
+
+    def __init__(self, endpoint_url: str, component: str | None = None):
+        if component is not None and not component.strip():
+            raise BadInput("inference_component is empty", fix="pass the component name, or None")
+        self._target = _parse_endpoint(endpoint_url)
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if component is not None:
+            self._headers[IC_HEADER] = component
+        self.url, self.component = endpoint_url, component
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "component": self.component}
+
+    def open(self) -> Connection:
+        return Connection(self._target, self._headers)
+
+
+def run_options(endpoint: Any, *, concurrency: int, timeout_s: float, max_attempts: int, backoff_base_s: float,
                 backoff_cap_s: float, inference_component: str | None, deadline_s: float | None,
                 rng: random.Random | None, sleep: Callable[[float], None]) -> Options:
-    """Validate a runner's settings and resolve them into the options every request uses;
-    `deadline_s` counts from this call."""
+    """Validate a runner's settings and resolve them into the options every request uses; `endpoint`
+    is a URL (with `inference_component`) or an invoker from the hosting backend; `deadline_s`
+    counts from this call."""
     _check_args(concurrency, timeout_s, max_attempts, backoff_base_s, backoff_cap_s, deadline_s)
-    target = _parse_endpoint(endpoint_url)
-    if inference_component is not None and not inference_component.strip():
-        raise BadInput("inference_component is empty", fix="pass the component name, or None")
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if inference_component is not None:
-        headers[IC_HEADER] = inference_component
+    if isinstance(endpoint, str):
+        invoker = HttpInvoker(endpoint, inference_component)
+    elif inference_component is not None:
+        raise BadInput("inference_component is given with an invoker", fix="the invoker already names its component")
+    else:
+        invoker = endpoint
     return Options(
-        target=target, headers=headers, timeout_s=float(timeout_s), max_attempts=max_attempts,
+        invoker=invoker, timeout_s=float(timeout_s), max_attempts=max_attempts,
         backoff_base_s=float(backoff_base_s), backoff_cap_s=float(backoff_cap_s),
         deadline=None if deadline_s is None else time.monotonic() + deadline_s,
         rng=rng or random.Random(), sleep=sleep,
@@ -284,7 +305,7 @@ def run_bounded(items: Sequence[Item], work: Callable[[Item, Connection, Options
 
     def worker() -> None:
         nonlocal done
-        connection = Connection(opts.target, opts.headers)
+        connection = opts.invoker.open()
         try:
             while not stop.is_set():
                 with lock:

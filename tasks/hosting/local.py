@@ -54,8 +54,12 @@ def _check_env_name(name: str) -> str:
     return name
 
 
-class ComponentSpec(BaseModel):
-    """What one inference component runs: a server command, its environment and copy count."""
+class ProcessSpec(BaseModel):
+    """What one local inference component runs: a server command, its environment and copy count.
+
+    `neutral` keeps the backend-neutral `tasks.interfaces.ComponentSpec` it was made from (as
+    JSON), so a later `describe` can say which image, artifact and container environment serve.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -64,6 +68,7 @@ class ComponentSpec(BaseModel):
     copies: int = Field(ge=1, le=MAX_COPIES)
     port_env: str
     model_ref: dict[str, Any]
+    neutral: dict[str, Any] | None = None
 
     @field_validator("command")
     @classmethod
@@ -85,7 +90,7 @@ class ComponentSpec(BaseModel):
         return _check_env_name(value)
 
     @model_validator(mode="after")
-    def _port_env_free(self) -> ComponentSpec:
+    def _port_env_free(self) -> ProcessSpec:
         if self.port_env in self.env:
             raise ValueError(
                 f"env sets {self.port_env}, which is port_env: the port is chosen per copy; "
@@ -130,7 +135,7 @@ class ComponentState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    spec: ComponentSpec
+    spec: ProcessSpec
     spec_sha256: str
     copies: list[CopyRef]
 
@@ -357,15 +362,15 @@ class LocalHosting:
         return self._info(state, status)
 
     def put_component(
-        self, endpoint: str, component: str, spec: ComponentSpec, *, ready_timeout_s: float = 120
+        self, endpoint: str, component: str, spec: ProcessSpec, *, ready_timeout_s: float = 120
     ) -> ComponentInfo:
         """Run `spec.copies` copies of a component and switch the router to them all at once."""
         _check_name("endpoint", endpoint)
         _check_name("component", component)
-        if not isinstance(spec, ComponentSpec):
+        if not isinstance(spec, ProcessSpec):
             raise BadInput(
-                f"spec must be a ComponentSpec, got {type(spec).__name__}",
-                fix="build it with ComponentSpec(command=..., copies=..., ...)",
+                f"spec must be a ProcessSpec, got {type(spec).__name__}",
+                fix="build it with ProcessSpec(command=..., copies=..., ...)",
             )
         if not ready_timeout_s > 0:
             raise BadInput(
@@ -745,7 +750,7 @@ class LocalHosting:
         state: EndpointState,
         endpoint: str,
         component: str,
-        spec: ComponentSpec,
+        spec: ProcessSpec,
         ready_timeout_s: float,
     ) -> list[CopyRef]:
         """Spawn the copies (recorded as pending first) and wait for every /ping to say 200."""

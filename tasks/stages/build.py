@@ -1,38 +1,60 @@
-"""build: make the servable model and prove it, then optionally fit a temperature.
+"""build: make the servable model and prove it, size it, then optionally fit a temperature.
 
 GGUF: quantize or adopt, inspect, check the letter slots. ONNX: export, optimize, int8, and a
-parity check against the PyTorch reference that stops the release when it fails. The
-temperature is fitted by NLL on the calibration split, scored by the same server the endpoint
-will run, and written to `calibration.json` so it travels inside the artifact.
+parity check against the PyTorch reference that stops the release when it fails. The memory one
+copy needs (weights + KV cache or activations + runtime) is measured and checked against the
+placement before anything is uploaded. The temperature is fitted by NLL on the calibration split,
+scored by the same server the endpoint will run (on this worker), and recorded so the package
+stage writes `calibration.json` into the artifact. The built model is kept in the artifact store.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from tasks.errors import ConfigError
 from tasks.hashing import sha256_tree
-from tasks.stages.common import component_spec, resource_name, temporary_endpoint
+from tasks.stages.common import keep_file, keep_folder, local_ref, resource_name
 from validation.evaluate import progress_counter
 
 
 def run(ctx) -> dict:
-    result = _build_onnx(ctx) if ctx.config.artifact.kind == "onnx" else _build_gguf(ctx)
-    result.update(temperature=1.0, calibration_file=None)
+    built = _build_onnx(ctx) if ctx.config.artifact.kind == "onnx" else _build_gguf(ctx)
+    model_dir = Path(built.pop("model_dir"))
+    memory = _memory(ctx, built, model_dir)
+    result = {**built, "memory": {**memory._asdict(), "total_mb": memory.total_mb}, "temperature": 1.0, "calibration": None}
     if ctx.config.calibration.fit_temperature:
-        result.update(_fit_temperature(ctx, Path(result["model_dir"]), result["model_sha256"]))
+        result.update(_fit_temperature(ctx, model_dir, result["model_sha256"]))
     return result
+
+
+def _memory(ctx, built: dict, model_dir: Path):
+    """What one copy needs; ConfigError (before any upload) when it cannot fit the placement."""
+    from tasks.placement import fit_problem, gguf_memory, onnx_memory
+
+    image = ctx.config.image
+    if ctx.config.artifact.kind == "onnx":
+        shape = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        estimate = onnx_memory(built["output"]["size"], max_batch=image.max_batch, max_len=image.max_len,
+                               hidden=shape["hidden_size"], layers=shape["num_hidden_layers"], on_gpu=image.on_gpu)
+    else:
+        estimate = gguf_memory(built["output"]["size"], built["info"], context_tokens=image.max_tokens, on_gpu=image.on_gpu)
+    problem = fit_problem(estimate, ctx.config.placement)
+    if problem:
+        raise ConfigError(f"build: {problem}", fix="change placement or image limits in the release config")
+    ctx.say(f"build: one copy needs {estimate.describe()}")
+    return estimate
 
 
 def _build_gguf(ctx) -> dict:
     from tasks.gguf import build_gguf
 
     artifact = ctx.config.artifact
-    source = ctx.result("resolve")
-    ctx.say(f"build: {'quantizing to ' + artifact.quantization if artifact.quantization else 'adopting'} {Path(source['source_path']).name}")
+    source = local_ref(ctx, ctx.result("resolve")["source_ref"])
+    ctx.say(f"build: {'quantizing to ' + artifact.quantization if artifact.quantization else 'adopting'} {source.name}")
     built = build_gguf(
-        Path(source["source_path"]), ctx.backends.state_dir / "builds",
+        source, ctx.backends.state_dir / "builds",
         quantization=artifact.quantization, allow_requantize=artifact.allow_requantize, threads=ctx.config.image.threads,
     ).to_dict()
     model_dir = ctx.stage_dir("build") / "model"
@@ -41,7 +63,7 @@ def _build_gguf(ctx) -> dict:
     if not link.exists():
         link.symlink_to(built["path"])
     return {
-        "gguf_path": str(built["path"]),
+        "output": keep_file(ctx, Path(built["path"]), Path(built["path"]).name),
         "gguf_sha256": built["sha256"],
         "model_dir": str(model_dir),
         "model_sha256": built["sha256"],
@@ -57,7 +79,7 @@ def _build_onnx(ctx) -> dict:
 
     artifact = ctx.config.artifact
     source = ctx.result("resolve")
-    checkpoint = Path(source["source_path"])
+    checkpoint = local_ref(ctx, source["source_ref"])
     out = ctx.backends.state_dir / "builds" / f"{source['source_sha256'][:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{'-int8' if artifact.int8 else ''}"
     ctx.say(f"build: exporting {checkpoint.name} to ONNX (opset {artifact.opset}{', + dynamic int8' if artifact.int8 else ''})")
     exported = export_onnx(checkpoint, out, opset=artifact.opset, max_len=artifact.max_len, int8=artifact.int8,
@@ -73,6 +95,7 @@ def _build_onnx(ctx) -> dict:
     (ctx.stage_dir("build") / "parity.json").write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     require_parity(report)
     return {
+        "output": keep_folder(ctx, out, main_file="model.onnx"),
         "model_dir": str(out),
         "model_sha256": sha256_tree(out),
         "export": {k: v for k, v in exported.to_dict().items() if k != "model_dir"},
@@ -88,7 +111,7 @@ def _data_path(ctx, ref) -> Path:
     return resolve_data_path(ref, ctx.config_dir)
 
 
-def _calibration_predictions(ctx, url: str) -> tuple[list, str]:
+def _calibration_predictions(ctx, invoker) -> tuple[list, str]:
     """Score the calibration split through the model's own server; returns predictions and the data digest."""
     settings = ctx.config.validation
     report = progress_counter(ctx.say, "calibration")
@@ -98,14 +121,14 @@ def _calibration_predictions(ctx, url: str) -> tuple[list, str]:
 
         ref = ctx.config.calibration.dataset
         dataset = load_nli_dataset(_data_path(ctx, ref), name="calibration", splits=ref.splits)
-        run = run_pairs(url, dataset.pairs, batch_size=settings.batch_size, timeout_s=settings.request_timeout_s,
+        run = run_pairs(invoker, dataset.pairs, batch_size=settings.batch_size, timeout_s=settings.request_timeout_s,
                         deadline_s=settings.deadline_s, dataset_name="calibration", progress=report)
         return run.predictions, dataset.sha256
     from validation.datasets import load_decision_dataset
     from validation.runner import run_decisions
 
     dataset = load_decision_dataset(ctx.config.calibration.dataset, ctx.config_dir, name="calibration")
-    predictions = run_decisions(url, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.request_timeout_s,
+    predictions = run_decisions(invoker, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.request_timeout_s,
                                 deadline_s=settings.deadline_s, dataset_name="calibration", progress=report)
     return predictions, dataset.sha256
 
@@ -113,9 +136,8 @@ def _calibration_predictions(ctx, url: str) -> tuple[list, str]:
 def _fit_temperature(ctx, model_dir: Path, model_sha256: str) -> dict:
     from validation.calibration import fit_temperature
 
-    spec = component_spec(ctx, model_dir, copies=1, model_ref={"model_sha256": model_sha256, "purpose": "calibration"})
-    with temporary_endpoint(ctx, resource_name(ctx, "cal", model_sha256), "model", spec) as url:
-        predictions, data_sha256 = _calibration_predictions(ctx, url)
+    with ctx.backends.scratch.serve(ctx.config.image, model_dir, resource_name(ctx, "cal", model_sha256)) as invoker:
+        predictions, data_sha256 = _calibration_predictions(ctx, invoker)
     usable = [p for p in predictions if not p.error and p.option_logits]
     fit = fit_temperature([p.option_logits for p in usable], [p.option_ids.index(p.expected) for p in usable])
     calibration = {
@@ -128,14 +150,10 @@ def _fit_temperature(ctx, model_dir: Path, model_sha256: str) -> dict:
         "dataset_sha256": data_sha256,
         "model_sha256": model_sha256,
     }
-    path = ctx.stage_dir("build") / "calibration.json"
-    tmp = path.with_name(f".calibration.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(calibration, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
     ctx.say(f"build: temperature {fit.temperature:.3f} (NLL {fit.nll_before:.3f} → {fit.nll_after:.3f} on {fit.n} examples)")
     if fit.at_bound:
         ctx.say(
             f"build: warning: the fit stopped at the search bound {fit.temperature:g}; the logits carry "
             "little information on this split, so the fitted model is close to uniform"
         )
-    return {"temperature": fit.temperature, "calibration": calibration, "calibration_file": str(path)}
+    return {"temperature": fit.temperature, "calibration": calibration}

@@ -2,64 +2,31 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tasks.stages.common import delete_endpoint_if_present, resource_name, component_spec
-
-COMPONENT = "model"
-
-
-def model_ref(ctx) -> dict:
-    """What an endpoint serving this release must report: the ledger compares it with the live spec."""
-    return {
-        "release_id": ctx.release_id,
-        "artifact_sha256": ctx.result("package")["artifact_sha256"],
-        "image_digest": ctx.result("image")["image_digest"],
-    }
-
-
-def extracted_model_dir(ctx) -> Path:
-    """Extract the stored artifact once into `models/<sha256>/` (safe extraction, verified)."""
-    from tasks.packaging import safe_extract
-
-    sha = ctx.result("package")["artifact_sha256"]
-    target = ctx.backends.state_dir / "models" / sha
-    if not target.is_dir():
-        archive = ctx.backends.store.get(ctx.result("package")["artifact_uri"])
-        safe_extract(archive, target)
-    return target
-
-
-def candidate_name(ctx) -> str:
-    return resource_name(ctx, "cand", ctx.result("package")["artifact_sha256"], ctx.result("image")["image_digest"])
+from tasks.stages.common import candidate_endpoint, component_spec, model_ref
 
 
 def deploy(ctx) -> dict:
-    hosting = ctx.backends.hosting
-    name = candidate_name(ctx)
-    spec = component_spec(ctx, extracted_model_dir(ctx), copies=1, model_ref=model_ref(ctx))
-    ctx.say(f"deploy_candidate: endpoint {name}")
-    hosting.ensure_endpoint(name)
-    hosting.put_component(name, COMPONENT, spec)
+    name = candidate_endpoint(ctx)
+    spec = component_spec(ctx, copies=1)
+    ctx.say(f"deploy_candidate: endpoint {name} on {ctx.config.placement.kind}")
+    live = ctx.backends.hosting.deploy(name, name, spec, ctx.config.placement, role="candidate", progress=ctx.say)
     return {
         "endpoint": name,
-        "component": COMPONENT,
-        "url": hosting.endpoint_url(name),
-        "placement": {"kind": "local-process", "requested": ctx.config.placement.kind, "copies": 1},
-        "model_ref": model_ref(ctx),
+        "component": name,
+        "placement": live.placement.model_dump(mode="json"),
+        "model_ref": model_ref(ctx).model_dump(),
     }
 
 
 def teardown(ctx) -> dict:
-    """Remove the candidate whatever happened; a release that has not finished redeploys it on resume."""
-    if ctx.state.stage("deploy_candidate").get("status") in (None, "torn_down"):
+    """Remove the candidate whatever happened (also after a crash mid-deploy); a release that has not
+    finished redeploys it on resume."""
+    if ctx.state.stage("deploy_candidate")["status"] in ("pending", "torn_down"):
         return {"event": "skipped", "reason": "no candidate is deployed"}
-    name = candidate_name(ctx)
-    keep = ctx.state.data.get("keep_candidate", ctx.config.keep_candidate)
-    if keep:
+    name = candidate_endpoint(ctx)
+    keep = ctx.state.keep_candidate
+    if ctx.config.keep_candidate if keep is None else keep:
         ctx.say(f"teardown_candidate: keeping {name} as asked")
         return {"endpoint": name, "event": "kept"}
-    removed = delete_endpoint_if_present(ctx.backends.hosting, name)
-    if ctx.state.stage("promote").get("status") != "succeeded":
-        ctx.state.mark("deploy_candidate", "torn_down")
+    removed = ctx.backends.hosting.delete_endpoint(name, progress=ctx.say)
     return {"endpoint": name, "removed": removed}

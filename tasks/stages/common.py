@@ -1,19 +1,22 @@
-"""Names and server specs shared by the stages that start model servers."""
+"""Names, component specs and stored files shared by the stages.
+
+Names derive from content only (`<prefix>-<model>-<role>[-<hash>]`); the config guarantees
+they fit SageMaker's 63 characters. A file a later stage needs is kept in the artifact store
+(`keep_file`, `keep_folder`) and read back on whichever worker runs that stage (`local_file`,
+`local_folder`), so no stage relies on another worker's disk.
+"""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from tasks.errors import NotFound
 from tasks.hashing import sha256_json
-from tasks.images import server_command
+from tasks.interfaces import ComponentSpec, Compute, ModelRef
+
+FOLDER_ARCHIVE = "folder.tar.gz"
 
 
 def resource_name(ctx, role: str, *content: str) -> str:
-    """`<prefix>-<model>-<role>[-<hash of content>]`, derived from content only; the config
-    guarantees it fits SageMaker's 63 characters."""
     base = f"{ctx.config.resource_prefix}-{ctx.config.name}-{role}"
     return f"{base}-{sha256_json(list(content))[:10]}" if content else base
 
@@ -22,36 +25,70 @@ def production_endpoint(ctx) -> str:
     return resource_name(ctx, "prod")
 
 
-def component_spec(ctx, model_dir: Path, *, copies: int, model_ref: dict):
-    """The component spec that runs the configured image's server on an extracted model folder."""
-    from tasks.hosting.local import ComponentSpec
-
-    image = ctx.config.image
-    return ComponentSpec(
-        command=server_command(image.kind), env=image.server_env(model_dir), copies=copies,
-        model_ref=model_ref, port_env=image.port_env,
-    )
+def production_component(ctx) -> str:
+    """The production inference component: stable across releases, so promotion updates it in place."""
+    return f"{ctx.config.resource_prefix}-{ctx.config.name}"
 
 
-@contextmanager
-def temporary_endpoint(ctx, name: str, component: str, spec) -> Iterator[str]:
-    """Serve a spec on a throw-away local endpoint for the block; always removed afterwards."""
-    hosting = ctx.backends.hosting
-    hosting.ensure_endpoint(name)
-    try:
-        hosting.put_component(name, component, spec)
-        yield hosting.endpoint_url(name)
-    finally:
-        delete_endpoint_if_present(hosting, name)
+def candidate_endpoint(ctx) -> str:
+    """The candidate endpoint (and its one component): named by the artifact and image it serves."""
+    return resource_name(ctx, "cand", ctx.result("package")["artifact_sha256"], ctx.result("image")["image_digest"])
 
 
-def delete_endpoint_if_present(hosting, name: str) -> bool:
-    """Remove an endpoint; False when there was none (teardown is idempotent)."""
-    return hosting.delete_endpoint(name)
+def model_ref(ctx) -> ModelRef:
+    """What an endpoint serving this release must report: the ledger compares it with the live spec."""
+    return ModelRef(release_id=ctx.release_id, artifact_sha256=ctx.result("package")["artifact_sha256"],
+                    image_digest=ctx.result("image")["image_digest"])
 
 
-def describe_if_present(hosting, name: str) -> dict | None:
-    try:
-        return hosting.describe_endpoint(name)
-    except NotFound:
-        return None
+def compute(ctx) -> Compute:
+    """What one copy needs: a MIG partition, a whole GPU, or the image's CPU threads, and the memory the build measured."""
+    placement, image = ctx.config.placement, ctx.config.image
+    memory_mb = ctx.result("build")["memory"]["total_mb"]
+    if placement.kind == "mig_partition":
+        return Compute(memory_mb=memory_mb, accelerator_partition=placement.partition_type)
+    if image.on_gpu:
+        return Compute(memory_mb=memory_mb, accelerators=1)
+    return Compute(memory_mb=memory_mb, cpu_cores=float(image.threads))
+
+
+def component_spec(ctx, *, copies: int) -> ComponentSpec:
+    """The release's backend-neutral component: pinned image, stored artifact, container environment."""
+    package, image = ctx.result("package"), ctx.result("image")
+    return ComponentSpec(image_uri=image["image_uri"], artifact_uri=package["artifact_uri"],
+                         artifact_sha256=package["artifact_sha256"], environment=ctx.config.image.container_env(),
+                         copies=copies, compute=compute(ctx), model_ref=model_ref(ctx))
+
+
+def keep_file(ctx, path: Path, name: str) -> dict:
+    """Put a file in the artifact store for later stages; returns its reference."""
+    stored = ctx.backends.store.put_file(path, name=name, progress=ctx.say)
+    return {"uri": stored.uri, "sha256": stored.sha256, "size": stored.size, "kind": "file"}
+
+
+def keep_folder(ctx, folder: Path, *, main_file: str) -> dict:
+    """Put a flat folder in the artifact store as one deterministic, manifest-checked archive."""
+    from tasks.packaging import package_model_dir
+
+    archive = package_model_dir(folder, ctx.stage_dir("keep") / folder.name, manifest={"kept_from": folder.name},
+                                model_file=main_file, archive_name=FOLDER_ARCHIVE)
+    return {**keep_file(ctx, archive.path, FOLDER_ARCHIVE), "kind": "folder"}
+
+
+def local_file(ctx, ref: dict) -> Path:
+    """A kept file on this worker, sha256-verified (downloaded once when the store is remote)."""
+    return ctx.backends.store.get(ref["uri"])
+
+
+def local_folder(ctx, ref: dict) -> Path:
+    """A kept folder on this worker, extracted once per archive sha256 (safe extraction, manifest verified)."""
+    from tasks.packaging import safe_extract
+
+    target = ctx.backends.state_dir / "unpacked" / ref["sha256"]
+    if not target.is_dir():
+        safe_extract(local_file(ctx, ref), target)
+    return target
+
+
+def local_ref(ctx, ref: dict) -> Path:
+    return local_folder(ctx, ref) if ref["kind"] == "folder" else local_file(ctx, ref)

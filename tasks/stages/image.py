@@ -1,11 +1,9 @@
-"""image: pin the serving image by digest (local: the server's own source tree)."""
+"""image: build (or find, by content) the serving image and pin it by digest (local: the server's source tree)."""
 
 from __future__ import annotations
 
-from tasks.images import build_local_image
-
 
 def run(ctx) -> dict:
-    ref = build_local_image(ctx.config.image.kind, ctx.config.image.base_image)
-    ctx.say(f"image: {ref.uri}")
-    return {"image_uri": ref.uri, "image_digest": ref.digest, "base_image": ref.base_image, "files": ref.files}
+    ref = ctx.backends.images.build(ctx.config.image, progress=ctx.say)
+    return {"image_uri": ref.uri, "image_digest": ref.digest, "base_image": ref.base_image, "files": ref.files,
+            "source_sha256": ref.source_sha256}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from tasks.stages.common import local_ref
 
 
 def tool_versions() -> dict:
@@ -30,16 +33,20 @@ def run(ctx) -> dict:
         "temperature": built["temperature"],
         "tools": tool_versions(),
     }
-    calibration = Path(built["calibration_file"]) if built["calibration_file"] else None
     out_dir = ctx.stage_dir("package")
+    calibration = None
+    if built["calibration"]:
+        calibration = out_dir / "calibration.json"
+        calibration.write_text(json.dumps(built["calibration"], indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    model = local_ref(ctx, built["output"])
     if ctx.config.artifact.kind == "onnx":
-        packaged = _package_onnx(Path(built["model_dir"]), out_dir, manifest, calibration)
+        packaged = _package_onnx(model, out_dir, manifest, calibration)
     else:
         from tasks.packaging import package_gguf
 
         extra = {"calibration.json": calibration} if calibration else None
-        packaged = package_gguf(Path(built["gguf_path"]), out_dir, manifest=manifest, extra_files=extra)
-    stored = ctx.backends.store.put_file(packaged.path, name="model.tar.gz")
+        packaged = package_gguf(model, out_dir, manifest=manifest, extra_files=extra)
+    stored = ctx.backends.store.put_file(packaged.path, name="model.tar.gz", progress=ctx.say)
     ctx.say(f"package: {stored.uri} ({stored.size / 1e6:.1f} MB)")
     return {"artifact_uri": stored.uri, "artifact_sha256": stored.sha256, "size_bytes": stored.size}
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from tasks.errors import Conflict
-from tasks.stages.candidate import extracted_model_dir, model_ref
-from tasks.stages.common import production_endpoint, component_spec
+from tasks.stages.common import component_spec, production_component, production_endpoint
 
 
 def run(ctx) -> dict:
@@ -12,24 +11,24 @@ def run(ctx) -> dict:
     if decision != "pass":
         ctx.say(f"promote: skipped, gate decision is {decision}; the champion keeps serving")
         return {"event": "skipped", "reason": f"gate decision {decision}", "decision": decision}
-    hosting = ctx.backends.hosting
-    endpoint, component = production_endpoint(ctx), ctx.config.name
-    spec = component_spec(ctx, extracted_model_dir(ctx), copies=ctx.config.rollout.copies, model_ref=model_ref(ctx))
+    endpoint, component = production_endpoint(ctx), production_component(ctx)
+    spec = component_spec(ctx, copies=ctx.config.rollout.copies)
     ctx.say(f"promote: {ctx.config.rollout.strategy} to {endpoint}/{component}")
-    hosting.ensure_endpoint(endpoint)
-    hosting.put_component(endpoint, component, spec)
-    live = hosting.describe_endpoint(endpoint)["components"][component]
-    if live["spec"]["model_ref"] != model_ref(ctx):
+    live = ctx.backends.hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)
+    differences = live.differences(spec)
+    if differences or live.status != "InService":
         raise Conflict(
-            f"{endpoint}/{component} reports {live['spec']['model_ref']} after promotion, expected {model_ref(ctx)}",
-            fix="inspect `shiplift endpoints list`; another process changed the endpoint",
+            f"{endpoint}/{component} is {live.status} after promotion and does not serve the candidate: "
+            + ("; ".join(differences) or "its status is not InService"),
+            fix="inspect the endpoint (shiplift endpoints list, or the SageMaker console); the champion may still serve",
         )
     return {
         "event": "succeeded",
         "endpoint": endpoint,
         "component": component,
-        "url": hosting.endpoint_url(endpoint),
         "strategy": ctx.config.rollout.strategy,
-        "served": live["spec"]["model_ref"],
-        "copies": len(live.get("copies", [])),
+        "served": live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(),
+        "copies": live.copies,
+        "placement": live.placement.model_dump(mode="json"),
+        "image_digest": live.image_digest,
     }

@@ -1,4 +1,4 @@
-"""resolve: fetch the pinned model source into the shared source cache and prove what it is."""
+"""resolve: fetch the pinned model source, prove what it is, and keep it in the artifact store for build."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tasks.errors import ConfigError, IntegrityError
 from tasks.hashing import sha256_file, sha256_json, sha256_tree
+from tasks.stages.common import keep_file, keep_folder
 
 
 def run(ctx) -> dict:
@@ -25,7 +26,8 @@ def run(ctx) -> dict:
 
         resolved = resolve_source(source, cache)
         path, sha, description = resolved.path, source.sha256, resolved.description
-    return {"source_path": str(path), "source_sha256": sha, "source": description}
+    kept = keep_folder(ctx, path, main_file="config.json") if path.is_dir() else keep_file(ctx, path, path.name)
+    return {"source_sha256": sha, "source": description, "source_ref": kept}
 
 
 def _generate(source, cache):

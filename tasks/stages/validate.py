@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from tasks.stages.candidate import COMPONENT
-from tasks.stages.common import describe_if_present, production_endpoint
+from pathlib import Path
+
+from tasks.stages.common import keep_file, production_component, production_endpoint
 
 
 def live_champion(ctx):
-    """The production component's live URL and release, or None when nothing serves yet."""
+    """The production component and the release it serves, or (None, None) when nothing serves yet."""
     from validation.evaluate import Target
 
-    described = describe_if_present(ctx.backends.hosting, production_endpoint(ctx))
-    if not described:
+    hosting = ctx.backends.hosting
+    endpoint, component = production_endpoint(ctx), production_component(ctx)
+    live = hosting.describe(endpoint, component)
+    if live is None or live.model_ref is None or live.status != "InService":
         return None, None
-    component = described.get("components", {}).get(ctx.config.name)
-    if not component:
-        return None, None
-    ref = component["spec"]["model_ref"]
-    url = ctx.backends.hosting.endpoint_url(production_endpoint(ctx))
-    return Target(url=url, component=ctx.config.name, label=f"champion {ref.get('release_id')}"), ref
+    invoker = hosting.invoker(endpoint, component, timeout_s=ctx.config.validation.request_timeout_s)
+    ref = live.model_ref.model_dump()
+    return Target(invoker, f"champion {ref['release_id']}"), ref
 
 
 def _evaluate(ctx, candidate, champion) -> dict:
@@ -47,7 +47,9 @@ def run(ctx) -> dict:
     from validation.evaluate import Target
 
     deployed = ctx.result("deploy_candidate")
-    candidate = Target(url=deployed["url"], component=COMPONENT, label="candidate")
+    invoker = ctx.backends.hosting.invoker(deployed["endpoint"], deployed["component"],
+                                           timeout_s=ctx.config.validation.request_timeout_s)
+    candidate = Target(invoker, "candidate")
     champion, champion_ref = live_champion(ctx)
     if champion_ref and champion_ref.get("release_id") == ctx.release_id:
         champion, champion_ref = None, None
@@ -77,4 +79,7 @@ def run(ctx) -> dict:
         "champion_release": champion_ref.get("release_id") if champion_ref else None,
         "report_json": report["paths"]["gate_report_json"],
         "report_html": report["paths"]["report_html"],
+        "evidence": {Path(path).name: keep_file(ctx, Path(path), Path(path).name)
+                     for path in sorted(Path(report["paths"]["gate_report_json"]).parent.glob("*"))
+                     if path.is_file() and path.suffix in (".json", ".jsonl", ".html")},
     }

@@ -40,7 +40,7 @@ def ask(url: str) -> dict:
     body = json.dumps({"decision": {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
                                     "options": [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]}})
     request = urllib.request.Request(f"{url}/invocations", data=body.encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": MODEL})
+                                     headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": f"shiplift-{MODEL}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())["result"]
 
@@ -94,7 +94,7 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow, tmp_pa
 
     hosting = LocalHosting(celery_airflow.state_dir)
     assert [e["name"] for e in hosting.list_endpoints()] == [PRODUCTION], "the candidate was torn down"
-    served = hosting.describe_endpoint(PRODUCTION)["components"][MODEL]["spec"]["model_ref"]
+    served = hosting.describe_endpoint(PRODUCTION)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]
     assert served["release_id"] == release_id and served["artifact_sha256"] == summary["artifact_sha256"]
     answer = ask(hosting.endpoint_url(PRODUCTION))
     assert answer["option_ids"] == ["no", "yes"] and abs(sum(answer["probabilities"]) - 1) < 1e-6

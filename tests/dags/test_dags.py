@@ -91,7 +91,11 @@ def test_tags_owner_retries_timeouts_and_one_run_per_model(dagbag):
         assert retries[stage] >= 2, stage
         assert refresh.get_task(stage).retry_exponential_backoff > 0
         assert refresh.get_task(stage).retry_policy is not None
-    assert retries["validate"] == 1 and retries["promote"] == 0 and retries["begin"] == 0
+    from tasks.stages.table import STEPS
+
+    assert retries == {name: STEPS[name].retries for name in retries}, "retries come from the one stage table"
+    for task in refresh.tasks:
+        assert task.execution_timeout == timedelta(seconds=STEPS[task.task_id].timeout_s), task.task_id
     assert dagbag.dags["audit_ledger"].get_task("audit").retries == 1
 
 
@@ -228,7 +232,8 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         ledger = Ledger.for_sqlite(state_dir / "ledger.db")
         records = ledger.release(release_id)
         events = [(r.stage, r.event) for r in records if r.event != "started"]
-        assert events[:len(ALL_STAGES)] == [(stage, "succeeded") for stage in ALL_STAGES]
+        assert events[:len(ALL_STAGES) + 2] == [("release", "opened"), *((stage, "succeeded") for stage in ALL_STAGES),
+                                                 ("release", "promoted")]
         assert all(r.actor for r in records) and ledger.verify().ok
         with ledger.acquire_lease("tiny-decision", "pytest", "tiny-decision-000000000000", 60):
             pass  # end, and the promotion DAG, gave the lease back
@@ -246,7 +251,7 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
             "upstream_failed", "success", "failed")
         assert "dataset" in output and "missing.jsonl" in output
         broken_id = broken["xcom"]["begin"]["release_id"]
-        assert ReleaseState.load(state_dir, broken_id).data["status"] == "failed"
+        assert ReleaseState.load(Ledger.for_sqlite(state_dir / "ledger.db"), broken_id).status == "failed"
         assert ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z").release_id == release_id
         with ledger.acquire_lease("tiny-decision", "pytest", "tiny-decision-000000000000", 60):
             pass  # the failed run gave the lease back too
@@ -259,11 +264,12 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         assert again["state"] == "success" and again["xcom"]["end"]["status"] == "promoted"
         assert {task: state for task, state in again["tasks"].items() if state != "skipped"} == {
             "begin": "success", "end": "success"}, "a finished release is not run again"
-        assert len(records) == 2 * len(ALL_STAGES) + 2, "the refresh recorded each stage once, the promotion DAG twice"
+        assert len(records) == 2 * len(ALL_STAGES) + 4, \
+            "opened, each stage once and promoted by the refresh; the promotion DAG's start and end"
 
         hosting = LocalHosting(state_dir)
         assert [e["name"] for e in hosting.list_endpoints()] == ["shiplift-tiny-decision-prod"], "candidates torn down"
-        live = hosting.describe_endpoint("shiplift-tiny-decision-prod")["components"]["tiny-decision"]
+        live = hosting.describe_endpoint("shiplift-tiny-decision-prod")["components"]["shiplift-tiny-decision"]
         assert live["spec"]["model_ref"] == run["xcom"]["promote"]["served"]
         assert live["spec"]["model_ref"]["release_id"] == release_id and all(c["ping"] == 200 for c in live["copies"])
         print(f"dag.test() of the tiny refresh: {run['seconds']:.1f}s")

@@ -84,11 +84,11 @@ def test_ledger_commands_without_a_ledger_say_how_to_get_one(tmp_path, cli):
 
 
 def test_endpoints_list_and_stop(tmp_path, cli):
-    from tasks.hosting.local import ComponentSpec, LocalHosting
+    from tasks.hosting.local import ProcessSpec, LocalHosting
 
     hosting = LocalHosting(tmp_path)
     hosting.ensure_endpoint("cli-test")
-    spec = ComponentSpec(command=[sys.executable, str(ROOT / "tests/fakes/fake_model_server.py")], copies=1,
+    spec = ProcessSpec(command=[sys.executable, str(ROOT / "tests/fakes/fake_model_server.py")], copies=1,
                          port_env="FAKE_PORT", model_ref={"release_id": "x"})
     hosting.put_component("cli-test", "model", spec)
     listed = cli("endpoints", "list", "--state-dir", str(tmp_path))

@@ -19,7 +19,7 @@ QUIET = lambda message: None  # noqa: E731
 
 
 def production(state_dir: Path, model: str) -> dict:
-    return LocalHosting(state_dir).describe_endpoint(f"shiplift-{model}-prod")["components"][model]
+    return LocalHosting(state_dir).describe_endpoint(f"shiplift-{model}-prod")["components"][f"shiplift-{model}"]
 
 
 def ask(url: str, component: str) -> dict:
@@ -41,12 +41,14 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     assert served["spec"]["model_ref"]["artifact_sha256"] == first["artifact_sha256"]
     hosting = LocalHosting(state_dir)
     assert [e["name"] for e in hosting.list_endpoints()] == ["shiplift-tiny-decision-prod"], "candidate torn down"
-    answer = ask(hosting.endpoint_url("shiplift-tiny-decision-prod"), "tiny-decision")
+    answer = ask(hosting.endpoint_url("shiplift-tiny-decision-prod"), "shiplift-tiny-decision")
     assert answer["option_ids"] == ["no", "yes"] and abs(sum(answer["probabilities"]) - 1) < 1e-6
 
     ledger = Ledger.for_sqlite(state_dir / "ledger.db")
     records = ledger.release(first["release_id"])
-    assert [(r.stage, r.event) for r in records if r.event != "started"] == [(s, "succeeded") for s in STAGES]
+    assert [(r.stage, r.event) for r in records if r.event != "started"] == [
+        ("release", "opened"), *((s, "succeeded") for s in STAGES), ("release", "promoted")]
+    assert records[0].payload["config"]["name"] == "tiny-decision", "the opened record carries the effective config"
     n_records = len(ledger.history())
 
     again = run_release(release_config(), progress=QUIET)
@@ -62,7 +64,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     assert (Path(second["report"]).parent / "champion-predictions.jsonl").is_file()
     assert second["status"] == "promoted"
     assert production(state_dir, "tiny-decision")["spec"]["model_ref"]["release_id"] == second["release_id"]
-    answer = ask(hosting.endpoint_url("shiplift-tiny-decision-prod"), "tiny-decision")
+    answer = ask(hosting.endpoint_url("shiplift-tiny-decision-prod"), "shiplift-tiny-decision")
     assert answer["temperature"] == pytest.approx(second["temperature"])
 
     strict = run_release(release_config(validation__thresholds={"min_accuracy": 0.99, "max_ece": 1.0}), progress=QUIET)
@@ -131,13 +133,13 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
     with pytest.raises(LeaseHeld, match="airflow:refresh/run-1"):
         begin_orchestrated(release_config(), holder="airflow:refresh/run-2", progress=QUIET)
     for stage in STAGES:
-        first = run_orchestrated_stage(begun["state_dir"], begun["release_id"], stage, progress=QUIET)
+        first = run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"], progress=QUIET)
         if stage != "teardown_candidate":
-            assert run_orchestrated_stage(begun["state_dir"], begun["release_id"], stage, progress=QUIET) == first
+            assert run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"], progress=QUIET) == first
     cli = subprocess.run([sys.executable, "-m", "tasks.cli", "stage", "build", "--release", begun["release_id"],
                           "--state-dir", begun["state_dir"]], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and json.loads(cli.stdout)["gguf_sha256"]
-    summary = end_orchestrated(begun["state_dir"], begun["release_id"], holder="airflow:refresh/run-1", failed=False, progress=QUIET)
+    summary = end_orchestrated(begun["release_id"], holder="airflow:refresh/run-1", failed=False, state_dir=begun["state_dir"], progress=QUIET)
     assert summary["status"] == "promoted"
     ledger = Ledger.for_sqlite(state_dir / "ledger.db")
     succeeded = [r.stage for r in ledger.release(begun["release_id"]) if r.event == "succeeded"]
@@ -174,7 +176,7 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
     begun = begin_orchestrated(release_config(), holder="test", progress=QUIET)
     state_dir, release_id = begun["state_dir"], begun["release_id"]
     for stage in ("resolve", "build", "package", "image"):
-        run_orchestrated_stage(state_dir, release_id, stage, progress=QUIET)
+        run_orchestrated_stage(release_id, stage, state_dir=state_dir, progress=QUIET)
     command = [sys.executable, "-m", "tasks.cli", "stage", "deploy_candidate", "--release", release_id, "--state-dir", state_dir]
     victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoints = Path(state_dir) / "endpoints"
@@ -191,7 +193,7 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
     candidates = [e for e in hosting.list_endpoints() if "-cand-" in e["name"]]
     assert len(candidates) == 1
     described = hosting.describe_endpoint(candidates[0]["name"])
-    copies = described["components"]["model"]["copies"]
+    copies = described["components"][candidates[0]["name"]]["copies"]
     assert len(copies) == 1 and all(c["alive"] and c["ping"] == 200 for c in copies)
     assert len(processes_using(state_dir)) == 2, "only the router and one copy run: nothing orphaned by the kill"
     ledger = Ledger.for_sqlite(Path(state_dir) / "ledger.db")
@@ -219,8 +221,10 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
 
     summary = run_release(config, progress=QUIET)
     assert summary["status"] == "promoted", summary
-    state = json.loads((tmp_path / "state" / "releases" / summary["release_id"] / "state.json").read_text())
-    parity = state["stages"]["build"]["result"]["parity"]
+    from tasks.release import ReleaseState
+
+    state = ReleaseState.load(Ledger.for_sqlite(tmp_path / "state" / "ledger.db"), summary["release_id"])
+    parity = state.result("build")["parity"]
     assert parity["passed"] and set(parity["variants"]) == {"fp32", "int8"}
     report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
     assert {"macro_f1", "recall_entailment", "recall_neutral", "recall_contradiction"} <= {c["name"] for c in report["checks"]}

@@ -44,9 +44,9 @@ def test_audit_reports_what_serves_when_it_matches_the_ledger(promoted):
     report = audit(state_dir)
     assert report["ok"] and report["n_records"] == len(Ledger.for_sqlite(state_dir / "ledger.db").history())
     row = report["models"][MODEL]
-    assert row["release_id"] == release_id and row["endpoint"] == PROD and row["component"] == MODEL
+    assert row["release_id"] == release_id and row["endpoint"] == PROD and row["component"] == f"shiplift-{MODEL}"
     assert row["live"] == row["expected"] and row["live"]["release_id"] == release_id
-    live = LocalHosting(state_dir).describe_endpoint(PROD)["components"][MODEL]["spec"]["model_ref"]
+    live = LocalHosting(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]
     assert row["live"] == live
 
 
@@ -75,7 +75,8 @@ def test_drift_names_each_field_and_endpoint_that_differs(promoted, tmp_path):
     assert f"serves release_id '{release_id}', the ledger" in message and "'tiny-decision-aaaaaaaaaaaa'" in message
     assert f"serves artifact_sha256 '{last.payload['served']['artifact_sha256']}'" in message and "f" * 64 in message
     assert "image_digest" not in message, "only the fields that differ are named"
-    assert "gone-model-bbbbbbbbbbbb serves on shiplift-gone-model-prod/gone-model, but endpoint shiplift-gone-model-prod does not exist" in message
+    assert ("gone-model-bbbbbbbbbbbb serves on shiplift-gone-model-prod/gone-model, but the ledger holds no opened release "
+            "of this model") in message
     assert audit(state_dir)["ok"], "the real ledger and endpoint still agree"
 
 
@@ -88,7 +89,7 @@ def test_a_stopped_router_is_drift(promoted, tmp_path):
         while hosting.describe_endpoint(PROD)["router"]["alive"]:
             assert time.monotonic() < deadline, "the router did not stop"
             time.sleep(0.1)
-        with pytest.raises(Conflict, match=f"{release_id} serves on {PROD}/{MODEL}, but the router of endpoint {PROD} is not running"):
+        with pytest.raises(Conflict, match=f"{release_id} serves on {PROD}/shiplift-{MODEL}, but {PROD}/shiplift-{MODEL} is OutOfService"):
             audit(state_dir)
     finally:
         hosting.ensure_endpoint(PROD)  # restarts the router for later tests

@@ -136,7 +136,8 @@ def test_production_encoder_pins_mdeberta_at_a_commit_on_mig_partitions():
     assert len(source.revision) == 40 and not config.artifact.int8
     assert (config.placement.kind, config.placement.instance_type) == ("mig_partition", "ml.p5.48xlarge")
     assert config.rollout.copies <= config.placement.partitions
-    assert config.image.server_env(Path("/opt/ml/model"))["ENCODER_DEVICE"] == "cuda"
+    assert config.image.container_env()["ENCODER_DEVICE"] == "cuda"
+    assert config.image.container_env(cpu_only=True)["ENCODER_DEVICE"] == "cpu", "calibration scores on the worker's CPU"
 
 
 @pytest.mark.parametrize(

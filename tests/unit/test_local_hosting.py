@@ -17,13 +17,13 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.errors import BadInput, CapacityError, NotFound, NotReady
-from tasks.hosting.local import OWNER_ENV, ComponentSpec, LocalHosting
+from tasks.hosting.local import OWNER_ENV, ProcessSpec, LocalHosting
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"
 
 
-def _spec(copies: int = 1, version: str = "v1", **env: str) -> ComponentSpec:
-    return ComponentSpec(
+def _spec(copies: int = 1, version: str = "v1", **env: str) -> ProcessSpec:
+    return ProcessSpec(
         command=[sys.executable, str(FAKE)],
         env={"FAKE_PORT_ENV": "SEMIF_PORT", **env},
         copies=copies,
@@ -111,15 +111,15 @@ def hosting(tmp_path):
 def test_spec_is_strict_and_frozen():
     spec = _spec()
     with pytest.raises(ValidationError):
-        ComponentSpec(**{**spec.model_dump(), "surprise": 1})
+        ProcessSpec(**{**spec.model_dump(), "surprise": 1})
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
-        ComponentSpec(**{**spec.model_dump(), "copies": 0})
+        ProcessSpec(**{**spec.model_dump(), "copies": 0})
     with pytest.raises(ValidationError, match="port_env"):
-        ComponentSpec(**{**spec.model_dump(), "env": {"SEMIF_PORT": "8080"}})
+        ProcessSpec(**{**spec.model_dump(), "env": {"SEMIF_PORT": "8080"}})
     with pytest.raises(ValidationError, match="environment variable name"):
-        ComponentSpec(**{**spec.model_dump(), "env": {"BAD-NAME": "x"}})
+        ProcessSpec(**{**spec.model_dump(), "env": {"BAD-NAME": "x"}})
     with pytest.raises(ValidationError, match="plain JSON"):
-        ComponentSpec(**{**spec.model_dump(), "model_ref": {"t": float("nan")}})
+        ProcessSpec(**{**spec.model_dump(), "model_ref": {"t": float("nan")}})
     with pytest.raises(ValidationError):
         spec.copies = 2
     assert spec.sha256() == _spec().sha256() != _spec(version="v2").sha256()

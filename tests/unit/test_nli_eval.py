@@ -62,7 +62,7 @@ def test_pass_with_metrics_matching_sklearn_and_reports_written(fakes, test_spli
     fake.truncate = {key(test_split.pairs[5])}
     fake.fail_503 = {key(test_split.pairs[16]): 1}
     messages = []
-    result = evaluate_nli(Target(fake.url, label="minilm"), [test_split], tmp_path, thresholds=LOOSE,
+    result = evaluate_nli(Target.http(fake.url, label="minilm"), [test_split], tmp_path, thresholds=LOOSE,
                           champion_rule=None, settings=SETTINGS, progress=messages.append, title="NLI test")
     assert result["decision"] == "pass"
     rows = [p.to_dict() for p in read_predictions(tmp_path / "predictions.jsonl")]
@@ -100,7 +100,7 @@ def test_class_recall_threshold_fails_a_model_that_never_says_neutral(fakes, tes
     fake = fakes[0]
     for pair in test_split.pairs:  # neutral pairs are answered entailment: accuracy 2/3 still clears 0.5
         fake.answers[key(pair)] = "entailment" if pair.label == "neutral" else pair.label
-    result = evaluate_nli(Target(fake.url), [test_split], tmp_path, thresholds=LOOSE, champion_rule=None,
+    result = evaluate_nli(Target.http(fake.url), [test_split], tmp_path, thresholds=LOOSE, champion_rule=None,
                           settings=SETTINGS)
     checks = {c["name"]: c for c in result["checks"]}
     assert checks["accuracy"]["status"] == "pass"
@@ -113,7 +113,7 @@ def test_a_400_batch_makes_rows_invalid_and_fails_validity(fakes, test_split, tm
     fake = fakes[0]
     answer_with_confusion(fake, test_split.pairs, wrong_every=10)
     fake.reject = {key(test_split.pairs[0])}
-    result = evaluate_nli(Target(fake.url), [test_split], tmp_path, thresholds=LOOSE, champion_rule=None,
+    result = evaluate_nli(Target.http(fake.url), [test_split], tmp_path, thresholds=LOOSE, champion_rule=None,
                           settings=SETTINGS)
     rows = [p.to_dict() for p in read_predictions(tmp_path / "predictions.jsonl")]
     assert [r["error"] is not None for r in rows[:10]] == [True] * 8 + [False] * 2  # batch_size 8
@@ -130,8 +130,8 @@ def test_champion_is_scored_on_the_same_pairs(fakes, test_split, tmp_path):
     answer_with_confusion(candidate, test_split.pairs, wrong_every=5)
     answer_with_confusion(champion, test_split.pairs, wrong_every=3)
     rule = ChampionRule(margin=0.05, min_samples=30, n_bootstrap=200)
-    result = evaluate_nli(Target(candidate.url, label="new"), [test_split], tmp_path, thresholds=LOOSE,
-                          champion_rule=rule, champion=Target(champion.url, label="old"), settings=SETTINGS)
+    result = evaluate_nli(Target.http(candidate.url, label="new"), [test_split], tmp_path, thresholds=LOOSE,
+                          champion_rule=rule, champion=Target.http(champion.url, label="old"), settings=SETTINGS)
     assert (tmp_path / "champion-predictions.jsonl").is_file()
     check = {c["name"]: c for c in result["checks"]}["champion_accuracy"]
     assert check["n"] == 90 and check["observed"] == pytest.approx((1 - 18 / 90) - (1 - 30 / 90))
@@ -177,4 +177,4 @@ def test_dataset_loading_filters_splits_and_refuses_missing_ones(tmp_path):
     with pytest.raises(BadInput, match=r"no pairs in split\(s\) \['dev'\]"):
         load_nli_dataset(DEFAULT_OUT, name="x", splits=["dev"])
     with pytest.raises(BadInput, match="no NLI datasets"):
-        evaluate_nli(Target("http://127.0.0.1:9"), [], tmp_path, thresholds=LOOSE, champion_rule=None)
+        evaluate_nli(Target.http("http://127.0.0.1:9"), [], tmp_path, thresholds=LOOSE, champion_rule=None)

@@ -36,7 +36,7 @@ def releases(tmp_path_factory, tiny_release):
 
 
 def live_release(state_dir: Path) -> str:
-    return LocalHosting(state_dir).describe_endpoint(PROD)["components"][MODEL]["spec"]["model_ref"]["release_id"]
+    return LocalHosting(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]["release_id"]
 
 
 def test_rollback_then_promote_again_records_and_verifies_each_switch(releases):
@@ -59,7 +59,7 @@ def test_rollback_then_promote_again_records_and_verifies_each_switch(releases):
     assert again["served"]["artifact_sha256"] != back["served"]["artifact_sha256"], "A and B are different artifacts"
     served = ledger.served_at(MODEL, LATER)
     assert served.release_id == b and served.payload["reason"] == "fixed the latency"
-    assert ReleaseState.load(state_dir, b).data["status"] == "promoted"
+    assert ReleaseState.load(ledger, b).status == "promoted"
     assert [r.event for r in ledger.release(b) if r.stage == "promote"][-2:] == ["started", "succeeded"]
     assert ledger.verify().ok
     with ledger.acquire_lease(MODEL, "pytest-check", a, 60):
@@ -88,7 +88,7 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
         rollback(state_dir, MODEL, d, reason="r", actor="pytest")
     with pytest.raises(BadInput, match=f"belongs to model '{MODEL}', not 'other-model'"):
         rollback(state_dir, "other-model", a, reason="r", actor="pytest")
-    with pytest.raises(NotFound, match="has no state"):
+    with pytest.raises(NotFound, match="was never opened in the ledger"):
         promote(state_dir, "tiny-decision-000000000000", strategy="all_at_once", reason="r", actor="pytest")
     assert live_release(state_dir) == before and len(ledger.history()) == n_records
 

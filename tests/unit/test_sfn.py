@@ -24,7 +24,6 @@ from tasks.sfn import (
     RunnerSettings,
     definition_json,
     deploy_state_machine,
-    effective_config,
     load_runner_settings,
     publish_stage_result,
     render_state_machine,
@@ -54,8 +53,13 @@ def runner(**changes) -> RunnerSettings:
     return RunnerSettings(**{**base, **changes})
 
 
+PG = "postgresql+psycopg2://shiplift@ledger.internal.example:5432/shiplift"
+
+
 def config(name: str, *overrides: str):
-    return load_release_config(ROOT / "configs" / "releases" / name, overrides=overrides, environ={})
+    """A shipped config; the local demo config gets a PostgreSQL ledger, which Step Functions tasks need to share state."""
+    ledger = () if "ledger_url" in (ROOT / "configs" / "releases" / name).read_text() else (f"backend.ledger_url={PG}",)
+    return load_release_config(ROOT / "configs" / "releases" / name, overrides=(*ledger, *overrides), environ={})
 
 
 def render(name: str = "gemma-decision.yaml", overrides: tuple[str, ...] = (), **runner_changes) -> dict:
@@ -148,14 +152,15 @@ def test_moto_parser_rejects_a_broken_definition():
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_stage_is_a_task_running_shiplift_stage(name):
     definition = render(name)
-    rid = release_id_for(effective_config(config(name), runner()))
+    cfg = config(name)
+    rid = release_id_for(cfg)
     ecs = [s for s in tasks_of(definition).values() if s["Resource"] == ECS_RUN_TASK_SYNC]
     commands = [command(s) for s in ecs if "Command" in s["Parameters"]["Overrides"]["ContainerOverrides"][0]]
     for stage in STAGES:
         matching = [c for c in commands if c[:3] == ["shiplift", "stage", stage]]
         assert matching, f"no Task runs `shiplift stage {stage}`"
         for argv in matching:
-            assert argv[3:7] == ["--release", rid, "--state-dir", "/mnt/shiplift"]
+            assert argv[3:7] == ["--release", rid, "--ledger-url", cfg.backend.ledger_url]
     for state in tasks_of(definition).values():
         if state["Resource"] == ECS_RUN_TASK_SYNC:
             params = state["Parameters"]
@@ -163,13 +168,19 @@ def test_every_stage_is_a_task_running_shiplift_stage(name):
             assert state["ResultPath"] is None
 
 
-def test_release_id_is_the_one_the_container_opens():
-    """The begin task loads the file with `--set backend.state_dir=…`: the same release id as rendered."""
+def test_release_id_is_the_one_the_container_opens_wherever_its_state_lives():
+    """The begin task loads the same file on another machine, with another scratch dir: the same release id."""
     definition = render("qwen35-4b-semif.yaml")
     begin = definition["States"]["Begin"]["Parameters"]["Overrides"]["ContainerOverrides"][0]["Command.$"]
-    assert "'--set', 'backend.state_dir=/mnt/shiplift'" in begin
-    in_container = load_release_config(ROOT / "configs/releases/qwen35-4b-semif.yaml", overrides=("backend.state_dir=/mnt/shiplift",), environ={})
+    assert "--set" not in begin, "nothing about where state lives is passed to the config"
+    in_container = load_release_config(ROOT / "configs/releases/qwen35-4b-semif.yaml", overrides=("backend.state_dir=/tmp/elsewhere",), environ={})
     assert command(definition["States"]["Resolve"])[4] == release_id_for(in_container)
+
+
+def test_a_config_without_a_shared_ledger_is_refused():
+    local = load_release_config(ROOT / "configs/releases/gemma-decision.yaml", environ={})
+    with pytest.raises(ConfigError, match="share nothing but the ledger"):
+        render_state_machine(local, runner=runner(), config_path="configs/releases/gemma-decision.yaml")
 
 
 def test_release_id_and_config_path_are_checked():
@@ -313,7 +324,7 @@ def _with_envelope(definition: dict, envelope: dict) -> dict:
 
 def test_executions_route_on_the_decision_and_tear_down_on_failure():
     definition = render()
-    rid = release_id_for(effective_config(config("gemma-decision.yaml"), runner()))
+    rid = release_id_for(config("gemma-decision.yaml"))
     envelope = lambda decision, release=rid: {"release_id": release, "stage": "validate", "result": {"decision": decision}}  # noqa: E731
     cases = {
         "pass": (_with_envelope(_stub_ecs(definition), envelope("pass")), "SUCCEEDED"),
@@ -469,8 +480,8 @@ def test_stage_commands_parse_with_the_cli():
     from tasks.sfn import stage_command
 
     for stage in STAGES:
-        args = build_parser().parse_args(stage_command(stage, "rel-1", "/mnt/shiplift")[1:])
-        assert (args.name, args.release, args.state_dir) == (stage, "rel-1", "/mnt/shiplift")
+        args = build_parser().parse_args(stage_command(stage, "rel-1", PG)[1:])
+        assert (args.name, args.release, args.ledger_url) == (stage, "rel-1", PG)
 
 
 def test_verify_task_definition_checks_the_pinned_image():
@@ -507,7 +518,7 @@ def test_runner_settings_refuse_bad_input(tmp_path):
     assert runner(launch_type="EC2", subnets=[], security_groups=[]).launch_type == "EC2"
     path = tmp_path / "runner.yaml"
     path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: [subnet-0123456789abcdef0]\n")
-    assert load_runner_settings(str(path)).state_dir == "/mnt/shiplift"
+    assert load_runner_settings(str(path)).state_dir == "/tmp/shiplift"
     path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: []\nspeed: 3\n")
     with pytest.raises(ConfigError, match="speed: Extra inputs"):
         load_runner_settings(str(path))

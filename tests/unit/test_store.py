@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.store import ArtifactStore, LocalArtifactStore, StoredArtifact
+from tasks.interfaces import ArtifactStore, StoredArtifact
+from tasks.store import LocalArtifactStore
 
 
 @pytest.fixture

@@ -124,8 +124,10 @@ def test_run_options_resolves_target_headers_and_deadline():
     opts = run_options("https://example.test:8443/endpoints/ep/", concurrency=1, timeout_s=3, max_attempts=2,
                        backoff_base_s=0, backoff_cap_s=0, inference_component="ic-a", deadline_s=None,
                        rng=None, sleep=time.sleep)
-    assert (opts.target.https, opts.target.host, opts.target.port) == (True, "example.test", 8443)
-    assert opts.target.path == "/endpoints/ep/invocations" and opts.headers[IC_HEADER] == "ic-a"
+    channel = opts.invoker.open()
+    assert (channel._target.https, channel._target.host, channel._target.port) == (True, "example.test", 8443)
+    assert channel._target.path == "/endpoints/ep/invocations" and channel._headers[IC_HEADER] == "ic-a"
+    assert opts.invoker.describe() == {"url": "https://example.test:8443/endpoints/ep/", "component": "ic-a"}
     assert opts.deadline is None and opts.timeout_s == 3.0
 
 

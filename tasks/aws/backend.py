@@ -1,0 +1,43 @@
+"""The aws backend's parts, built from an `AwsBackend` config (imported lazily by `tasks.backends`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tasks.aws.hosting import SageMakerHosting
+from tasks.aws.images import CodeBuildImageBuilder
+from tasks.aws.metrics import CloudWatchMetrics
+from tasks.aws.session import Aws
+from tasks.aws.store import S3ArtifactStore
+from tasks.errors import ConfigError, NotFound
+
+
+def aws_backends(config, *, state_dir: Path, session: Any = None) -> dict:
+    """Store, image builder, hosting, metrics and the preflight check of one aws config; no AWS call is made here."""
+    backend = config.backend
+    aws = Aws(region=backend.region, profile=backend.profile, access=session)
+    store = S3ArtifactStore(aws, bucket=backend.bucket, prefix=backend.key_prefix, kms_key_id=backend.kms_key_id,
+                            cache_dir=state_dir / "s3-cache")
+    hosting = SageMakerHosting(aws, backend, poll_s=backend.poll_s)
+    return {"store": store, "images": CodeBuildImageBuilder(aws, backend, store, poll_s=backend.poll_s), "hosting": hosting,
+            "metrics": CloudWatchMetrics(aws, hosting), "preflight": lambda: preflight(aws, backend)}
+
+
+def preflight(aws: Aws, backend) -> dict:
+    """Before anything is created: usable credentials for the config's account, the bucket in the config's region."""
+    identity = aws.call("sts", "GetCallerIdentity")
+    if identity["Account"] != backend.account_id:
+        raise ConfigError(f"the AWS credentials are for account {identity['Account']}, but the config deploys into "
+                          f"{backend.account_id} (its execution_role_arn)",
+                          fix="use credentials of that account (AWS_PROFILE / backend.profile), or fix the config; nothing was created")
+    try:
+        bucket = aws.call("s3", "HeadBucket", Bucket=backend.bucket)
+    except NotFound as exc:
+        raise ConfigError(f"bucket {backend.bucket} does not exist (or is not visible to {identity['Arn']})",
+                          fix="create it (see the README, On AWS) or fix backend.bucket; nothing was created") from exc
+    region = bucket.get("BucketRegion") or bucket.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+    if region and region != backend.region:
+        raise ConfigError(f"bucket {backend.bucket} is in {region}, the config deploys into {backend.region}",
+                          fix=f"set backend.region: {region}, or use a bucket in {backend.region}; nothing was created")
+    return {"account": identity["Account"], "caller": identity["Arn"], "bucket_region": region or backend.region}

@@ -1,0 +1,394 @@
+"""SageMaker hosting (DESIGN §7): candidates on instance pools or MIG partitions, production as an
+inference-component endpoint, invocation through `sagemaker-runtime`, teardown and cleanup.
+
+- A **candidate** on an instance pool (or one instance type) is a single-model endpoint: `CreateModel`
+  (network isolation on) → `CreateEndpointConfig` with `InstancePools`, the provision timeout,
+  `InferenceAmiVersion`, least-outstanding-requests routing and the startup/download timeouts →
+  `CreateEndpoint`. The pool entry that provisioned (`CurrentInstanceCount > 0`) is recorded.
+- A candidate on a **MIG partition**, and **production** always, is an inference-component endpoint:
+  a variant without a model (the config carries `ExecutionRoleArn`; for MIG exactly one
+  `AcceleratorPartitionLayouts` entry, read back after creation), then `Create/UpdateInferenceComponent`.
+- Every name derives from content and every create is preceded by a describe, so a rerun after a
+  crash finds what exists and never duplicates it; an existing resource with other content is a
+  Conflict. Waits use `waiters.json` (every non-success terminal status fails) with deadlines, and
+  capture `FailureReason` at once. Success is judged by the caller on the typed `describe`: an
+  update that ends InService on the old spec shows as differences, never as success.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tasks.aws.service_model import request_applied
+from tasks.aws.store import artifact_sha256
+from tasks.aws.waiters import wait_for
+from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound
+from tasks.hashing import sha256_json
+from tasks.interfaces import (
+    ComponentSpec,
+    LiveComponent,
+    ManagedResource,
+    ModelRef,
+    PlacementObtained,
+    Progress,
+)
+
+VARIANT = "AllTraffic"  # the capacity variant of inference-component endpoints
+MANAGED, ENDPOINT_TAG, RELEASE_TAG, ROLE_TAG = "shiplift:managed", "shiplift:endpoint", "shiplift:release", "shiplift:role"
+STARTUP_TIMEOUT_S = 900  # container start and model download of multi-GB models (DESIGN §7)
+DELETE_DEADLINE_S = 1800
+ROUTING = {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
+
+
+def content_name(base: str, content: dict) -> str:
+    """`<base, cut to 52>-<10 hex of the content>`: at most 63 characters, unique per content."""
+    return f"{base[:52].rstrip('-')}-{sha256_json(content)[:10]}"
+
+
+def tags(**values: str) -> list[dict]:
+    return [{"Key": MANAGED, "Value": "true"}, *({"Key": f"shiplift:{k}", "Value": v} for k, v in sorted(values.items()))]
+
+
+def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
+    """What the endpoint got, read from its description and its config: the pool entry with instances,
+    the instance type, or the MIG layout."""
+    variant = (endpoint.get("ProductionVariants") or [{}])[0]
+    requested = (config.get("ProductionVariants") or [{}])[0]
+    ami = requested.get("InferenceAmiVersion")
+    if requested.get("InstancePools"):
+        order = [p["InstanceType"] for p in sorted(requested["InstancePools"], key=lambda p: p["Priority"])]
+        counts = {p["InstanceType"]: p.get("CurrentInstanceCount", 0) for p in variant.get("InstancePools") or []}
+        got = next((t for t in order if counts.get(t, 0) > 0), None)
+        return PlacementObtained(kind="instance_pool", requested=",".join(order), instance_type=got,
+                                 instance_count=counts.get(got, 0) if got else 0,
+                                 tried=tuple(order[:order.index(got)] if got else order), ami_version=ami)
+    layout = (requested.get("AcceleratorPartitionLayouts") or [{}])[0].get("AcceleratorPartitionTypes", [])
+    if layout:
+        return PlacementObtained(kind="mig_partition", requested=f"{len(layout)} x {layout[0]}", instance_type=requested.get("InstanceType"),
+                                 instance_count=variant.get("CurrentInstanceCount", 0), partition_type=layout[0],
+                                 partitions=len(layout), ami_version=ami)
+    return PlacementObtained(kind="instance_type", requested=requested.get("InstanceType", "unknown"),
+                             instance_type=requested.get("InstanceType"), instance_count=variant.get("CurrentInstanceCount", 0),
+                             ami_version=ami)
+
+
+class SageMakerHosting:
+    """The aws backend's hosting: SageMaker models, endpoint configs, endpoints and inference components."""
+
+    kind = "aws"
+
+    def __init__(self, aws, backend, *, poll_s: float):
+        self.aws, self.backend, self.poll_s = aws, backend, poll_s
+
+    def _sm(self, operation: str, **params) -> dict:
+        return self.aws.call("sagemaker", operation, **params)
+
+    # -- requests (pure; the dry run prints the same ones) ----------------------------------------
+    def model_request(self, component: str, spec: ComponentSpec, endpoint: str) -> dict:
+        container = {"Image": spec.image_uri, "ModelDataUrl": spec.artifact_uri, "Environment": dict(spec.environment)}
+        name = content_name(component, {"container": container, "release": spec.model_ref.release_id})
+        return {"ModelName": name, "PrimaryContainer": container, "ExecutionRoleArn": self.backend.execution_role_arn,
+                "EnableNetworkIsolation": True,
+                "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id, **{"artifact-sha256": spec.artifact_sha256})}
+
+    def variant(self, placement, *, model_name: str | None, variant_name: str, on_gpu: bool) -> dict:
+        """One production variant: with a model (single-model endpoint) or without (inference components)."""
+        variant: dict = {"VariantName": variant_name, "RoutingConfig": dict(ROUTING)}
+        if model_name:
+            variant.update(ModelName=model_name, ContainerStartupHealthCheckTimeoutInSeconds=STARTUP_TIMEOUT_S,
+                           ModelDataDownloadTimeoutInSeconds=STARTUP_TIMEOUT_S)
+        if placement.kind == "instance_pool":
+            variant.update(InitialInstanceCount=placement.instance_count,
+                           InstancePools=[{"InstanceType": p.instance_type, "Priority": p.priority}
+                                          for p in sorted(placement.pools, key=lambda p: p.priority)],
+                           VariantInstanceProvisionTimeoutInSeconds=placement.provision_timeout_s)
+        elif placement.kind == "mig_partition":
+            variant.update(InstanceType=placement.instance_type, InitialInstanceCount=1,
+                           AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}])
+        else:
+            variant.update(InstanceType=placement.instance_type, InitialInstanceCount=placement.instance_count)
+        if on_gpu and placement.inference_ami_version:
+            variant["InferenceAmiVersion"] = placement.inference_ami_version
+        return variant
+
+    def endpoint_config_request(self, endpoint: str, placement, *, model_name: str | None, variant_name: str,
+                                on_gpu: bool, release_id: str) -> dict:
+        request: dict = {"ProductionVariants": [self.variant(placement, model_name=model_name, variant_name=variant_name, on_gpu=on_gpu)]}
+        if model_name is None:
+            request["ExecutionRoleArn"] = self.backend.execution_role_arn
+        return {"EndpointConfigName": content_name(endpoint, request), **request,
+                "Tags": tags(endpoint=endpoint, release=release_id)}
+
+    def component_request(self, component: str, endpoint: str, spec: ComponentSpec, model_name: str) -> dict:
+        requirements: dict = {"MinMemoryRequiredInMb": spec.compute.memory_mb}
+        if spec.compute.accelerator_partition:
+            requirements.update(AcceleratorPartitionType=spec.compute.accelerator_partition, NumberOfAcceleratorDevicesRequired=1)
+        elif spec.compute.accelerators:
+            requirements["NumberOfAcceleratorDevicesRequired"] = spec.compute.accelerators
+        if spec.compute.cpu_cores:
+            requirements["NumberOfCpuCoresRequired"] = spec.compute.cpu_cores
+        return {"InferenceComponentName": component, "EndpointName": endpoint, "VariantName": VARIANT,
+                "Specification": {"ModelName": model_name, "ComputeResourceRequirements": requirements,
+                                  "StartupParameters": {"ModelDataDownloadTimeoutInSeconds": STARTUP_TIMEOUT_S,
+                                                        "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_S}},
+                "RuntimeConfig": {"CopyCount": spec.copies},
+                "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id)}
+
+    @staticmethod
+    def single_model(placement, role: str) -> bool:
+        """Candidates on instance pools or one instance type are single-model endpoints; MIG and production use components."""
+        return role == "candidate" and placement.kind != "mig_partition"
+
+    # -- deploy ------------------------------------------------------------------------------
+    def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+               progress: Progress) -> LiveComponent:
+        on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
+        model = self.model_request(component, spec, endpoint)
+        self._ensure("Model", model["ModelName"], model, ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolation"))
+        single = self.single_model(placement, role)
+        config = self.endpoint_config_request(endpoint, placement, model_name=model["ModelName"] if single else None,
+                                              variant_name=component if single else VARIANT, on_gpu=on_gpu,
+                                              release_id=spec.model_ref.release_id)
+        self._ensure("EndpointConfig", config["EndpointConfigName"], config, ("ProductionVariants", "ExecutionRoleArn"))
+        if placement.kind == "mig_partition":
+            self._check_layout(config)
+        self._ensure_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id, progress=progress)
+        if not single:
+            self._ensure_component(self.component_request(component, endpoint, spec, model["ModelName"]), progress)
+        live = self.describe(endpoint, component)
+        if live is None:
+            raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="rerun the stage")
+        return live
+
+    def _ensure(self, kind: str, name: str, request: dict, compared: tuple[str, ...]) -> None:
+        """Create a model or endpoint config unless it exists; an existing one must hold the same content."""
+        key = f"{kind}Name"
+        try:
+            live = self._sm(f"Describe{kind}", **{key: name})
+        except NotFound:
+            self._sm(f"Create{kind}", **request)
+            return
+        differs = [field for field in compared if field in request and not request_applied(live.get(field), request[field])]
+        if differs:
+            raise Conflict(f"SageMaker {kind} {name} exists with other {', '.join(differs)} than this release asks for",
+                           fix=f"its name derives from content, so someone changed it by hand: delete {name} and rerun")
+
+    def _check_layout(self, config: dict) -> None:
+        """A MIG layout SageMaker dropped would place copies on whole GPUs: read the config back and refuse that."""
+        sent = config["ProductionVariants"][0]["AcceleratorPartitionLayouts"]
+        live = self._sm("DescribeEndpointConfig", EndpointConfigName=config["EndpointConfigName"])
+        got = (live.get("ProductionVariants") or [{}])[0].get("AcceleratorPartitionLayouts")
+        if got != sent:
+            raise IntegrityError(
+                f"endpoint config {config['EndpointConfigName']} reads back AcceleratorPartitionLayouts {got!r}, "
+                f"not the {sent!r} sent: the partition layout was dropped",
+                fix="upgrade botocore (>= 1.44 knows the MIG fields) and check the region supports MIG partitions; "
+                    f"delete {config['EndpointConfigName']} before rerunning")
+
+    def _ensure_endpoint(self, endpoint: str, config: dict, placement, *, role: str, release_id: str, progress: Progress) -> None:
+        name = config["EndpointConfigName"]
+        try:
+            live = self._sm("DescribeEndpoint", EndpointName=endpoint)
+        except NotFound:
+            progress(f"{role} {endpoint}: CreateEndpoint ({placement.kind})")
+            self._sm("CreateEndpoint", EndpointName=endpoint, EndpointConfigName=name, Tags=tags(endpoint=endpoint, release=release_id, role=role))
+            live = None
+        if live is not None and live.get("EndpointConfigName") != name and live.get("EndpointStatus") == "InService":
+            if role == "production":
+                progress(f"production {endpoint} keeps its placement ({live.get('EndpointConfigName')}); "
+                         "a new placement (a MIG layout cannot change in place) needs a new endpoint")
+            else:
+                self._sm("UpdateEndpoint", EndpointName=endpoint, EndpointConfigName=name)
+        deadline = getattr(placement, "provision_timeout_s", 0) + 2 * STARTUP_TIMEOUT_S
+        state, answer = wait_for(self.aws, "EndpointInService", {"EndpointName": endpoint}, deadline_s=deadline,
+                                 poll_s=self.poll_s, progress=progress, what=f"endpoint {endpoint}")
+        if state == "failure":
+            reason = (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
+            if placement.kind == "instance_pool" and "capacity" in reason.lower():
+                tried = [p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)]
+                raise CapacityError(f"endpoint {endpoint}: no capacity in any instance pool; tried {', '.join(tried)}: {reason}",
+                                    fix="add instance types to placement.pools, raise provision_timeout_s, or retry later")
+            raise DeployFailed(f"endpoint {endpoint} is {(answer or {}).get('EndpointStatus')}: {reason}",
+                               fix="read the FailureReason and the endpoint's CloudWatch logs; teardown removes it, then rerun")
+
+    def _ensure_component(self, request: dict, progress: Progress) -> None:
+        component = request["InferenceComponentName"]
+        try:
+            live = self._sm("DescribeInferenceComponent", InferenceComponentName=component)
+        except NotFound:
+            progress(f"inference component {component}: CreateInferenceComponent ({request['RuntimeConfig']['CopyCount']} copies)")
+            self._sm("CreateInferenceComponent", **request)
+            live = None
+        if live is not None:
+            if live["EndpointName"] != request["EndpointName"]:
+                raise Conflict(f"inference component {component} already runs on endpoint {live['EndpointName']}",
+                               fix="component names are global to the account and region: delete it or change resource_prefix")
+            same = (live.get("Specification", {}).get("ModelName") == request["Specification"]["ModelName"]
+                    and live.get("RuntimeConfig", {}).get("DesiredCopyCount") == request["RuntimeConfig"]["CopyCount"])
+            if not same and live.get("InferenceComponentStatus") not in ("Creating", "Updating"):
+                progress(f"inference component {component}: UpdateInferenceComponent to {request['Specification']['ModelName']}")
+                update = {k: request[k] for k in ("InferenceComponentName", "Specification", "RuntimeConfig")}
+                self._sm("UpdateInferenceComponent", **update)
+        state, answer = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
+                                 deadline_s=2 * STARTUP_TIMEOUT_S, poll_s=self.poll_s, progress=progress,
+                                 what=f"inference component {component}")
+        if state == "failure":
+            reason = (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
+            error = CapacityError if "capacity" in reason.lower() else DeployFailed
+            raise error(f"inference component {component} failed: {reason}",
+                        fix="check the copies fit the endpoint's partitions or instances, and the container logs")
+
+    # -- describe ----------------------------------------------------------------------------
+    def describe(self, endpoint: str, component: str) -> LiveComponent | None:
+        try:
+            live_endpoint = self._sm("DescribeEndpoint", EndpointName=endpoint)
+        except NotFound:
+            return None
+        component_live = self._component_on(endpoint, component)
+        config = self._config_of(live_endpoint)
+        if component_live is not None:
+            spec = component_live.get("Specification", {})
+            model_name, status = spec.get("ModelName"), component_live.get("InferenceComponentStatus", "Unknown")
+            copies = component_live.get("RuntimeConfig", {}).get("CurrentCopyCount", 0)
+            resolved = spec.get("Container", {}).get("DeployedImage", {}).get("ResolvedImage")
+            failure = component_live.get("FailureReason")
+        else:
+            variant = next((v for v in live_endpoint.get("ProductionVariants") or [] if v["VariantName"] == component), None)
+            requested = next((v for v in (config or {}).get("ProductionVariants", []) if v["VariantName"] == component), None)
+            if variant is None and requested is None:
+                return None
+            model_name, status = (requested or {}).get("ModelName"), live_endpoint["EndpointStatus"]
+            copies = (variant or {}).get("CurrentInstanceCount", 0)
+            resolved = ((variant or {}).get("DeployedImages") or [{}])[0].get("ResolvedImage")
+            failure = live_endpoint.get("FailureReason")
+        model = self._model(model_name)
+        container = (model or {}).get("PrimaryContainer", {})
+        image = resolved or container.get("Image")
+        digest = image.rpartition("@")[2] if image and "@sha256:" in image else None
+        artifact_uri = container.get("ModelDataUrl")
+        release = (model or {}).get("tags", {}).get(RELEASE_TAG)
+        sha = artifact_sha256(artifact_uri or "")
+        ref = ModelRef(release_id=release, artifact_sha256=sha, image_digest=digest) if release and sha and digest else None
+        placement = obtained_placement(live_endpoint, config or {})
+        return LiveComponent(endpoint=endpoint, component=component, status=status, image_digest=digest, artifact_uri=artifact_uri,
+                             artifact_sha256=sha, environment=container.get("Environment", {}), copies=copies,
+                             placement=placement, model_ref=ref, failure_reason=failure)
+
+    def _component_on(self, endpoint: str, component: str) -> dict | None:
+        try:
+            live = self._sm("DescribeInferenceComponent", InferenceComponentName=component)
+        except NotFound:
+            return None
+        return live if live.get("EndpointName") == endpoint else None
+
+    def _config_of(self, live_endpoint: dict) -> dict | None:
+        try:
+            return self._sm("DescribeEndpointConfig", EndpointConfigName=live_endpoint["EndpointConfigName"])
+        except (NotFound, KeyError):
+            return None
+
+    def _model(self, name: str | None) -> dict | None:
+        if not name:
+            return None
+        try:
+            model = self._sm("DescribeModel", ModelName=name)
+        except NotFound:
+            return None
+        found = self._sm("ListTags", ResourceArn=model["ModelArn"]).get("Tags", [])
+        return {**model, "tags": {t["Key"]: t["Value"] for t in found}}
+
+    # -- invoke ------------------------------------------------------------------------------
+    def invoker(self, endpoint: str, component: str, *, timeout_s: float):
+        from tasks.aws.invoke import RuntimeInvoker
+
+        named = component if self._component_on(endpoint, component) is not None else None
+        return RuntimeInvoker(self.aws, endpoint, named, timeout_s=timeout_s)
+
+    # -- delete ------------------------------------------------------------------------------
+    def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
+        """Components (waited), the endpoint (waited), then its configs and models, found by name and tag."""
+        existed = False
+        for component in self._components_of(endpoint):
+            existed = True
+            self._delete_component(component, progress)
+        try:
+            self._sm("DescribeEndpoint", EndpointName=endpoint)
+            existed = True
+            self._sm("DeleteEndpoint", EndpointName=endpoint)
+            progress(f"deleting endpoint {endpoint}")
+            wait_for(self.aws, "EndpointDeleted", {"EndpointName": endpoint}, deadline_s=DELETE_DEADLINE_S, poll_s=self.poll_s,
+                     progress=progress, what=f"endpoint {endpoint}")
+        except NotFound:
+            pass
+        for kind in ("EndpointConfig", "Model"):
+            for name in self._named_for(kind, endpoint):
+                existed = True
+                self._delete_named(kind, name, progress)
+        return existed
+
+    def _components_of(self, endpoint: str) -> list[str]:
+        found = self._list("ListInferenceComponents", "InferenceComponents", EndpointNameEquals=endpoint)
+        return [c["InferenceComponentName"] for c in found]
+
+    def _delete_component(self, component: str, progress: Progress) -> None:
+        try:
+            self._sm("DeleteInferenceComponent", InferenceComponentName=component)
+        except NotFound:
+            return
+        progress(f"deleting inference component {component}")
+        wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_DEADLINE_S,
+                 poll_s=self.poll_s, progress=progress, what=f"inference component {component}")
+
+    def _delete_named(self, kind: str, name: str, progress: Progress) -> None:
+        try:
+            self._sm(f"Delete{kind}", **{f"{kind}Name": name})
+            progress(f"deleted {kind} {name}")
+        except NotFound:
+            pass
+
+    def _named_for(self, kind: str, endpoint: str) -> list[str]:
+        """Configs and models shiplift made for `endpoint`: named `<endpoint[:52]>-<hash>` and tagged with it."""
+        items = self._list(f"List{kind}s", f"{kind}s", NameContains=endpoint[:52].rstrip("-"))
+        names = []
+        for item in items:
+            name, arn = item[f"{kind}Name"], item[f"{kind}Arn"]
+            if re.fullmatch(re.escape(endpoint[:52].rstrip("-")) + r"-[0-9a-f]{10}", name) and \
+                    self._tags(arn).get(ENDPOINT_TAG) == endpoint:
+                names.append(name)
+        return names
+
+    def _list(self, operation: str, key: str, **params) -> list[dict]:
+        items, token = [], None
+        while True:
+            page = self._sm(operation, **params, **({"NextToken": token} if token else {}))
+            items.extend(page.get(key, []))
+            token = page.get("NextToken")
+            if not token:
+                return items
+
+    def _tags(self, arn: str) -> dict[str, str]:
+        return {t["Key"]: t["Value"] for t in self._sm("ListTags", ResourceArn=arn).get("Tags", [])}
+
+    # -- cleanup -----------------------------------------------------------------------------
+    def managed_resources(self, prefix: str) -> list[ManagedResource]:
+        """Components, endpoints, configs and models whose names start with `prefix` and carry shiplift's tag."""
+        kinds = (("inference-component", "ListInferenceComponents", "InferenceComponents", "InferenceComponent"),
+                 ("endpoint", "ListEndpoints", "Endpoints", "Endpoint"),
+                 ("endpoint-config", "ListEndpointConfigs", "EndpointConfigs", "EndpointConfig"),
+                 ("model", "ListModels", "Models", "Model"))
+        found = []
+        for kind, operation, key, field in kinds:
+            for item in self._list(operation, key, NameContains=prefix):
+                name = item[f"{field}Name"]
+                resource_tags = self._tags(item[f"{field}Arn"]) if name.startswith(prefix) else {}
+                if resource_tags.get(MANAGED) == "true":
+                    found.append(ManagedResource(kind=kind, name=name, tags=resource_tags))
+        return found
+
+    def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
+        if resource.kind == "inference-component":
+            self._delete_component(resource.name, progress)
+        elif resource.kind == "endpoint":
+            self.delete_endpoint(resource.name, progress=progress)
+        else:
+            self._delete_named({"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind], resource.name, progress)

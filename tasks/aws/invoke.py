@@ -1,0 +1,64 @@
+"""Invoking a SageMaker endpoint for the gates: `sagemaker-runtime` `InvokeEndpoint`, SigV4-signed by botocore.
+
+A channel answers `(status, body)` exactly like the loopback HTTP transport, so the eval runners
+and their retry policy are the same on both backends: a model's own error (`ModelError`) comes
+back with the container's status and body, throttling and a model not ready yet as
+`503 {"retryable": true}`, and a network failure as an OSError the transport retries once.
+botocore's own retries are off for invocations: the transport's policy counts and reports them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tasks.aws.service_model import validate_request
+from tasks.aws.session import error_code
+
+RETRYABLE = {"ThrottlingException", "ServiceUnavailable", "ModelNotReadyException", "InternalDependencyException",
+             "InternalFailure", "ModelStreamError"}
+
+
+class RuntimeChannel:
+    """One worker's `InvokeEndpoint` line to a component (or a single-model endpoint)."""
+
+    def __init__(self, client, endpoint: str, component: str | None):
+        self.client, self.endpoint, self.component = client, endpoint, component
+
+    def post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        from botocore import exceptions as bce
+
+        params = {"EndpointName": self.endpoint, "Body": body, "ContentType": "application/json", "Accept": "application/json"}
+        if self.component:
+            params["InferenceComponentName"] = self.component
+        validate_request("sagemaker-runtime", "InvokeEndpoint", params)
+        try:
+            answer = self.client.invoke_endpoint(**params)
+        except bce.ClientError as exc:
+            code, message, status = error_code(exc)
+            if code == "ModelError":
+                original = exc.response.get("OriginalMessage") or message
+                return int(exc.response.get("OriginalStatusCode") or 500), original.encode("utf-8")
+            retryable = code in RETRYABLE or (status or 0) >= 500
+            return (503 if retryable else status or 400), json.dumps(
+                {"error": f"InvokeEndpoint {code}: {message}", "retryable": retryable}).encode()
+        except (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError, bce.ConnectionClosedError) as exc:
+            raise ConnectionError(f"InvokeEndpoint {self.endpoint}: {exc}") from exc
+        with answer["Body"] as stream:
+            return 200, stream.read()
+
+    def close(self) -> None:
+        """Nothing to release: the client's connection pool is shared by the run's workers."""
+
+
+class RuntimeInvoker:
+    """Hands each eval worker a channel to one endpoint/component, with a read timeout per request."""
+
+    def __init__(self, aws, endpoint: str, component: str | None, *, timeout_s: float):
+        self.aws, self.endpoint, self.component, self.timeout_s = aws, endpoint, component, timeout_s
+
+    def describe(self) -> dict:
+        return {"endpoint": self.endpoint, "component": self.component, "region": self.aws.region, "via": "sagemaker-runtime"}
+
+    def open(self) -> RuntimeChannel:
+        return RuntimeChannel(self.aws.client("sagemaker-runtime", read_timeout_s=self.timeout_s, max_attempts=1),
+                              self.endpoint, self.component)

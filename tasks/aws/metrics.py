@@ -1,0 +1,34 @@
+"""Invocation metrics of live SageMaker components from CloudWatch (namespace AWS/SageMaker)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tasks.interfaces import ComponentMetrics
+
+METRICS = {"invocations": ("Invocations", "Sum"), "errors_4xx": ("Invocation4XXErrors", "Sum"),
+           "errors_5xx": ("Invocation5XXErrors", "Sum"), "model_errors": ("InvocationModelErrors", "Sum"),
+           "latency_p99_ms": ("ModelLatency", "p99")}
+
+
+class CloudWatchMetrics:
+    """`GetMetricData` over a window; inference components by `InferenceComponentName`, else endpoint + variant."""
+
+    def __init__(self, aws, hosting):
+        self.aws, self.hosting = aws, hosting
+
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
+        if self.hosting._component_on(endpoint, component) is not None:
+            dimensions = [{"Name": "InferenceComponentName", "Value": component}]
+        else:
+            dimensions = [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": component}]
+        end = dt.datetime.now(dt.timezone.utc)
+        queries = [{"Id": key, "ReturnData": True, "MetricStat": {
+            "Metric": {"Namespace": "AWS/SageMaker", "MetricName": name, "Dimensions": dimensions},
+            "Period": max(60, int(window_s)), "Stat": stat}} for key, (name, stat) in METRICS.items()]
+        answer = self.aws.call("cloudwatch", "GetMetricData", MetricDataQueries=queries,
+                               StartTime=end - dt.timedelta(seconds=window_s), EndTime=end)
+        values = {r["Id"]: r.get("Values", []) for r in answer.get("MetricDataResults", [])}
+        total = {key: int(sum(values.get(key, []))) for key in ("invocations", "errors_4xx", "errors_5xx", "model_errors")}
+        latency = values.get("latency_p99_ms") or []
+        return ComponentMetrics(**total, latency_p99_ms=max(latency) / 1000.0 if latency else None)  # ModelLatency is in µs

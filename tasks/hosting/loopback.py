@@ -1,0 +1,144 @@
+"""The local backend's hosting: a neutral component spec turned into model-server processes on loopback.
+
+`LoopbackHosting` implements `tasks.interfaces.Hosting` over `tasks.hosting.local.LocalHosting`
+(router and copy processes): it extracts the artifact from the local store once per sha256, runs
+the image's own `server.py` with the spec's container environment plus the model folder, host and
+port, and reads back what serves as a `LiveComponent`. `ScratchServer` serves a model folder that
+is not an artifact yet (calibration, before the image is pinned) on this worker, on both backends.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from tasks.errors import NotFound
+from tasks.hosting.local import LocalHosting, ProcessSpec
+from tasks.images import IMAGE_ENV_PREFIX, local_image_kind, server_command
+from tasks.interfaces import (
+    ComponentMetrics,
+    ComponentSpec,
+    LiveComponent,
+    ManagedResource,
+    ModelRef,
+    PlacementObtained,
+    Progress,
+)
+from validation.transport import HttpInvoker
+
+
+def process_spec(kind: str, model_dir: Path, environment: dict[str, str], *, copies: int, model_ref: dict,
+                 neutral: dict | None = None) -> ProcessSpec:
+    """Run image `kind`'s server on a model folder: the container environment plus folder and loopback host."""
+    prefix = IMAGE_ENV_PREFIX[kind]
+    env = {**environment, f"{prefix}_MODEL_DIR": str(model_dir), f"{prefix}_HOST": "127.0.0.1"}
+    return ProcessSpec(command=server_command(kind), env=env, copies=copies, port_env=f"{prefix}_PORT",
+                       model_ref=model_ref, neutral=neutral)
+
+
+class LoopbackHosting:
+    """Endpoints are router processes on 127.0.0.1 and components are copies of the image's server."""
+
+    kind = "local"
+
+    def __init__(self, state_dir: Path, store):
+        self.processes = LocalHosting(state_dir)
+        self.store = store
+        self.models_dir = Path(state_dir) / "models"
+
+    def model_dir(self, artifact_uri: str, artifact_sha256: str) -> Path:
+        """The artifact extracted once into `models/<sha256>/` (safe extraction, manifest verified)."""
+        from tasks.packaging import safe_extract
+
+        target = self.models_dir / artifact_sha256
+        if not target.is_dir():
+            safe_extract(self.store.get(artifact_uri), target)
+        return target
+
+    def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+               progress: Progress) -> LiveComponent:
+        kind = local_image_kind(spec.image_uri)
+        process = process_spec(kind, self.model_dir(spec.artifact_uri, spec.artifact_sha256), spec.environment,
+                               copies=spec.copies, model_ref=spec.model_ref.model_dump(), neutral=spec.model_dump(mode="json"))
+        progress(f"{role} {endpoint}/{component}: {spec.copies} local {kind} process(es)")
+        self.processes.ensure_endpoint(endpoint)
+        self.processes.put_component(endpoint, component, process)
+        live = self.describe(endpoint, component)
+        assert live is not None  # put_component just registered it
+        return live
+
+    def describe(self, endpoint: str, component: str) -> LiveComponent | None:
+        try:
+            described = self.processes.describe_endpoint(endpoint)
+        except NotFound:
+            return None
+        entry = described["components"].get(component)
+        if entry is None:
+            return None
+        neutral = entry["spec"].get("neutral") or {}
+        serving = [c for c in entry["copies"] if c["alive"] and c["ping"] == 200]
+        if not described["router"]["alive"]:
+            status = "OutOfService"  # nothing answers on the endpoint's port
+        elif entry["registered"] and len(serving) == len(entry["copies"]):
+            status = "InService"
+        else:
+            status = "Degraded"
+        ref = entry["spec"]["model_ref"]
+        return LiveComponent(
+            endpoint=endpoint, component=component, status=status,
+            image_digest=neutral.get("image_uri", "").rpartition("@")[2] or None,
+            artifact_uri=neutral.get("artifact_uri"), artifact_sha256=neutral.get("artifact_sha256"),
+            environment=neutral.get("environment", {}), copies=len(serving),
+            placement=PlacementObtained(kind="local-process", requested="local", instance_count=len(serving)),
+            model_ref=ModelRef.model_validate(ref) if set(ref) == set(ModelRef.model_fields) else None,
+        )
+
+    def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
+        removed = self.processes.delete_endpoint(endpoint)
+        if removed:
+            progress(f"deleted local endpoint {endpoint}")
+        return removed
+
+    def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> HttpInvoker:
+        return HttpInvoker(self.processes.endpoint_url(endpoint), component)
+
+    def managed_resources(self, prefix: str) -> list[ManagedResource]:
+        return [ManagedResource(kind="endpoint", name=e["name"]) for e in self.processes.list_endpoints()
+                if e["name"].startswith(prefix)]
+
+    def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
+        self.delete_endpoint(resource.name, progress=progress)
+
+
+class LocalMetrics:
+    """Invocation metrics from the router's counters (since the router started; the window is ignored)."""
+
+    def __init__(self, hosting: LoopbackHosting):
+        self.hosting = hosting
+
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
+        counters = self.hosting.processes.metrics(endpoint)["components"].get(component)
+        if counters is None:
+            raise NotFound(f"endpoint {endpoint} has served no requests for component {component}",
+                           fix="invoke the component first, or check its name")
+        return ComponentMetrics(invocations=counters["invocations"], errors_4xx=counters["invocation_4xx_errors"],
+                                errors_5xx=counters["invocation_5xx_errors"], model_errors=counters["model_errors"],
+                                latency_p99_ms=counters["latency_ms"]["p99"])
+
+
+class ScratchServer:
+    """Serve a model folder with an image's server on this worker's CPU for the length of a block (calibration)."""
+
+    def __init__(self, state_dir: Path):
+        self.processes = LocalHosting(state_dir)
+
+    @contextmanager
+    def serve(self, image, model_dir: Path, name: str) -> Iterator[HttpInvoker]:
+        spec = process_spec(image.kind, model_dir, image.container_env(cpu_only=True), copies=1, model_ref={"purpose": name})
+        self.processes.ensure_endpoint(name)
+        try:
+            self.processes.put_component(name, "model", spec)
+            yield HttpInvoker(self.processes.endpoint_url(name), "model")
+        finally:
+            self.processes.delete_endpoint(name)

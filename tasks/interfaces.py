@@ -1,0 +1,267 @@
+"""The backend seams (DESIGN §3): what every stage may ask of a store, an image builder, hosting,
+metrics and the ledger, and the frozen value types that cross them.
+
+Stages import only this module; `tasks.backends.make_backends` picks an implementation (local
+processes on loopback, or S3 + CodeBuild/ECR + SageMaker) and imports it lazily. Both raise the
+domain errors of `tasks.errors`, so a stage never handles a library exception.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tasks.hashing import sha256_json
+
+SHA256_HEX = r"^[0-9a-f]{64}$"
+IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+Progress = Callable[[str], None]
+Role = Literal["candidate", "production", "scratch"]
+
+
+class Frozen(BaseModel):
+    """Base of the value types: immutable, unknown fields refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StoredArtifact(Frozen):
+    """Where an artifact lives (`file://…` or `s3://…`) and what it is."""
+
+    uri: str
+    sha256: str = Field(pattern=SHA256_HEX)
+    size: int = Field(ge=0)
+
+    def to_dict(self) -> dict[str, str | int]:
+        return self.model_dump()
+
+
+class ImageRef(Frozen):
+    """A serving image pinned by digest: `uri` is always `repo@sha256:<digest>`."""
+
+    name: str
+    uri: str
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    base_image: str
+    files: int
+    source_sha256: str | None = Field(None, description="digest of the build context the image was built from")
+
+    @field_validator("uri")
+    @classmethod
+    def _pinned(cls, uri: str) -> str:
+        if not IMAGE_BY_DIGEST.match(uri):
+            raise ValueError(f"image uri {uri!r} is not repo@sha256:<64 lowercase hex>")
+        return uri
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+class ModelRef(Frozen):
+    """The identity a serving component must report: the ledger compares it with what is live."""
+
+    release_id: str
+    artifact_sha256: str = Field(pattern=SHA256_HEX)
+    image_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+
+class Compute(Frozen):
+    """What one copy needs: CPU cores, memory, and either whole accelerators or one MIG partition."""
+
+    cpu_cores: float | None = Field(None, gt=0)
+    memory_mb: int = Field(ge=128)
+    accelerators: int = Field(0, ge=0)
+    accelerator_partition: str | None = Field(None, pattern=r"^mig-[0-9]+g\.[0-9]+gb")
+
+
+class ComponentSpec(Frozen):
+    """A backend-neutral inference component: image by digest, artifact by URI and sha256,
+    container environment, copy count and compute. Local runs it as processes on loopback; aws as
+    `CreateModel` + `Create/UpdateInferenceComponent`."""
+
+    image_uri: str
+    artifact_uri: str
+    artifact_sha256: str = Field(pattern=SHA256_HEX)
+    environment: dict[str, str]
+    copies: int = Field(ge=1, le=64)
+    compute: Compute
+    model_ref: ModelRef
+
+    @field_validator("image_uri")
+    @classmethod
+    def _pinned(cls, uri: str) -> str:
+        if not IMAGE_BY_DIGEST.match(uri):
+            raise ValueError(f"image {uri!r} is not pinned by digest (repo@sha256:<64 lowercase hex>)")
+        return uri
+
+    def sha256(self) -> str:
+        """Content hash of the spec: equal hashes mean an identical component."""
+        return sha256_json(self.model_dump(mode="json"))
+
+    def served_identity(self) -> dict[str, Any]:
+        """What must be live for this spec to count as served (copies are checked apart)."""
+        return {"image_digest": self.image_uri.rsplit("@", 1)[1], "artifact_uri": self.artifact_uri,
+                "artifact_sha256": self.artifact_sha256, "environment": dict(self.environment)}
+
+
+class PlacementObtained(Frozen):
+    """What the backend actually got, recorded in the ledger (the pool entry that provisioned, the partitions)."""
+
+    kind: Literal["local-process", "instance_pool", "mig_partition", "instance_type"]
+    requested: str
+    instance_type: str | None = None
+    instance_count: int = 0
+    partition_type: str | None = None
+    partitions: int = 0
+    tried: tuple[str, ...] = ()
+    ami_version: str | None = None
+
+
+class LiveComponent(Frozen):
+    """A typed `describe`: what serves on an endpoint's component right now."""
+
+    endpoint: str
+    component: str
+    status: str
+    image_digest: str | None
+    artifact_uri: str | None
+    artifact_sha256: str | None
+    environment: dict[str, str]
+    copies: int
+    placement: PlacementObtained
+    model_ref: ModelRef | None = None
+    failure_reason: str | None = None
+
+    def differences(self, spec: ComponentSpec) -> list[str]:
+        """Each field where the live component is not `spec` ("InService on the old spec" shows here)."""
+        live = {"image_digest": self.image_digest, "artifact_uri": self.artifact_uri,
+                "artifact_sha256": self.artifact_sha256, "environment": dict(self.environment)}
+        problems = [f"{key} is {live[key]!r}, expected {want!r}" for key, want in spec.served_identity().items()
+                    if live[key] != want]
+        if self.copies != spec.copies:
+            problems.append(f"copies is {self.copies}, expected {spec.copies}")
+        if self.model_ref is not None and self.model_ref != spec.model_ref:
+            problems.append(f"model_ref is {self.model_ref.model_dump()}, expected {spec.model_ref.model_dump()}")
+        return problems
+
+
+class ComponentMetrics(Frozen):
+    """Invocation counters of one component over a window (router counters locally, CloudWatch on aws)."""
+
+    invocations: int
+    errors_4xx: int
+    errors_5xx: int
+    model_errors: int
+    latency_p99_ms: float | None
+
+
+class ManagedResource(Frozen):
+    """One resource shiplift created (for `shiplift cleanup`): its kind, name and tags."""
+
+    kind: str
+    name: str
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class Channel(Protocol):
+    """One worker's line to a model: POST a body, get (HTTP status, body); close when done."""
+
+    def post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Invoker(Protocol):
+    """How the eval runners reach a model; hosting hands one out per (endpoint, component)."""
+
+    label: str
+
+    def open(self) -> Channel:
+        """A channel for one worker thread (keep-alive HTTP locally, `InvokeEndpoint` on aws)."""
+        ...
+
+
+@runtime_checkable
+class ArtifactStore(Protocol):
+    """Content-addressed, never-overwriting storage for artifacts and evidence."""
+
+    def put_file(self, path: str | Path, *, name: str, progress: Progress | None = None) -> StoredArtifact:
+        """Store a file under its sha256; the same content again returns the stored one."""
+        ...
+
+    def get(self, uri: str) -> Path:
+        """A local, sha256-verified path to a stored artifact (downloaded into a cache when remote)."""
+        ...
+
+    def exists(self, sha256: str) -> bool: ...
+
+
+@runtime_checkable
+class ImageBuilder(Protocol):
+    """Builds (or finds, by content) the serving image of an image config and pins it by digest."""
+
+    def build(self, image: Any, *, progress: Progress) -> ImageRef: ...
+
+
+@runtime_checkable
+class Hosting(Protocol):
+    """Endpoints and their inference components, placed as the config asks."""
+
+    kind: str
+
+    def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement: Any, *, role: Role,
+               progress: Progress) -> LiveComponent:
+        """Create or update until `component` on `endpoint` serves exactly `spec`, then describe it.
+        Raises CapacityError (with every type tried), NotReady on a deadline, Conflict when the live
+        spec is not `spec` afterwards."""
+        ...
+
+    def describe(self, endpoint: str, component: str) -> LiveComponent | None:
+        """What serves on the component now, or None when the endpoint or component is absent."""
+        ...
+
+    def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
+        """Remove the endpoint and everything on it, in dependency order, waiting; False if absent."""
+        ...
+
+    def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> Invoker: ...
+
+    def managed_resources(self, prefix: str) -> list[ManagedResource]:
+        """Every resource named with `prefix` and tagged by shiplift (endpoints, components, …)."""
+        ...
+
+    def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None: ...
+
+
+@runtime_checkable
+class Metrics(Protocol):
+    """Invocation metrics of live components: the seam rollouts and alarms read."""
+
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics: ...
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """The append-only release ledger (tasks.ledger.Ledger on any SQLAlchemy URL)."""
+
+    def append(self, *, release_id: str, model: str, stage: str, event: str, payload: dict[str, Any], actor: str) -> Any: ...
+
+    def release(self, release_id: str) -> list[Any]: ...
+
+    def history(self, model: str | None = None) -> list[Any]: ...
+
+    def served_at(self, model: str, when: Any) -> Any: ...
+
+    def acquire_lease(self, model: str, holder: str, release_id: str, ttl_s: float) -> AbstractContextManager: ...
+
+    def release_lease(self, model: str, holder: str) -> bool: ...
+
+
+ScratchEndpoint = Callable[[str, str, ComponentSpec], AbstractContextManager[Invoker]]
+ScratchIterator = Iterator[Invoker]

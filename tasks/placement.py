@@ -1,0 +1,155 @@
+"""What a placement needs to work on SageMaker, checked before any call (DESIGN §7).
+
+Three checks SageMaker would otherwise fail late, or never name:
+- **GPU fitness**: a GPU image needs an NVIDIA driver its CUDA runtime accepts. Each instance
+  family has a default driver; `InferenceAmiVersion` pins a newer one. The llama.cpp CUDA-13 DLC
+  needs ≥ 580 (only `al2023-ami-sagemaker-inference-gpu-4-1`), `mig-1g.10gb` on P4d needs ≥ R525.
+- **MIG layout**: a layout's compute slices and memory must fit one GPU of the family.
+- **Sizing**: weights + KV cache + runtime must fit the memory of one partition (or one GPU), and
+  the error says by how much they do not.
+The driver versions come from the botocore documentation of `InferenceAmiVersion` and the
+SageMaker "GPU drivers" page; a test keeps the table inside botocore's enum.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+GIB = 1024**3
+MIB = 1024**2
+RUNTIME_OVERHEAD_MB = 1536  # CUDA context, llama.cpp / ONNX Runtime compute buffers (DESIGN §7: 1–2 GB)
+CPU_RUNTIME_OVERHEAD_MB = 512
+
+
+class MigGpu(NamedTuple):
+    """One GPU of an instance family that SageMaker partitions with MIG."""
+
+    name: str
+    memory_gb: int
+    compute_slices: int  # also the most partitions: a layout's `Ng` sum must fit them
+
+
+MIG_GPUS = {
+    "p4d": MigGpu("A100 40 GB", 40, 7),
+    "p5": MigGpu("H100 80 GB", 80, 7),
+    "g7": MigGpu("RTX PRO 4500 32 GB", 32, 2),
+    "g7e": MigGpu("RTX PRO 6000 96 GB", 96, 4),
+}
+INFERENCE_AMI_DRIVERS = {
+    "al2-ami-sagemaker-inference-gpu-2": 535,
+    "al2-ami-sagemaker-inference-gpu-2-1": 535,
+    "al2-ami-sagemaker-inference-gpu-3-1": 550,
+    "al2023-ami-sagemaker-inference-gpu-4-1": 580,
+}
+DEFAULT_DRIVERS = {  # real-time inference without an AMI override
+    **dict.fromkeys(("p2", "p3", "p4d", "p4de", "g4dn", "g5"), 470),
+    **dict.fromkeys(("p5", "g6"), 535),
+    **dict.fromkeys(("p5e", "p5en"), 550),
+}
+GPU_FAMILY = re.compile(r"^(g\d+[a-z]*|p\d+[a-z]*)$")
+MIG_1G_10GB_MIN_DRIVER = 525
+GPU_MEMORY_GB = {"g4dn": 16, "g5": 24, "g6": 24, "g6e": 48, "g7": 32, "g7e": 96, "p4d": 40, "p4de": 80, "p5": 80}
+
+
+def family(instance_type: str) -> str:
+    """`ml.g6e.xlarge` → `g6e`."""
+    return instance_type.split(".")[1]
+
+
+def is_gpu_instance(instance_type: str) -> bool:
+    return bool(GPU_FAMILY.match(family(instance_type)))
+
+
+def partition_size(partition_type: str) -> tuple[int, int]:
+    """(compute slices, GB) of a MIG profile such as `mig-3g.40gb`."""
+    match = re.match(r"^mig-([0-9]+)g\.([0-9]+)gb", partition_type)
+    if not match:
+        raise ValueError(f"{partition_type!r} is not a MIG profile such as mig-1g.10gb")
+    return int(match[1]), int(match[2])
+
+
+def layout_problem(instance_type: str, partition_type: str, partitions: int) -> str | None:
+    """Why `partitions` × `partition_type` cannot be laid out on one GPU of `instance_type`, or None."""
+    gpu = MIG_GPUS.get(family(instance_type))
+    if gpu is None:
+        return (f"instance_type {instance_type}: SageMaker MIG partitions are known for "
+                f"{', '.join(f'ml.{f}.*' for f in MIG_GPUS)}; pick one of those families")
+    slices, memory = partition_size(partition_type)
+    if partitions * slices > gpu.compute_slices or partitions * memory > gpu.memory_gb:
+        return (f"{partitions} x {partition_type} needs {partitions * slices} compute slices and "
+                f"{partitions * memory} GB, but one {gpu.name} GPU of {instance_type} has "
+                f"{gpu.compute_slices} slices and {gpu.memory_gb} GB; use fewer or smaller partitions")
+    return None
+
+
+def driver_problem(instance_type: str, ami_version: str | None, *, needs_driver: int, what: str,
+                   partition_type: str | None = None) -> str | None:
+    """Why a GPU variant on `instance_type` with `ami_version` cannot run `what`, or None."""
+    if ami_version is not None and ami_version not in INFERENCE_AMI_DRIVERS:
+        return (f"inference_ami_version {ami_version!r} is not a GPU inference AMI; use one of "
+                f"{', '.join(sorted(INFERENCE_AMI_DRIVERS))}")
+    driver = INFERENCE_AMI_DRIVERS[ami_version] if ami_version else DEFAULT_DRIVERS.get(family(instance_type))
+    shown = f"AMI {ami_version} (driver {driver})" if ami_version else (
+        f"the default AMI of {instance_type} (driver {driver})" if driver else f"the default AMI of {instance_type} (driver unknown)")
+    newest = max(INFERENCE_AMI_DRIVERS, key=INFERENCE_AMI_DRIVERS.get)
+    if partition_type and partition_type.startswith("mig-1g.10gb") and family(instance_type) == "p4d":
+        needs_driver = max(needs_driver, MIG_1G_10GB_MIN_DRIVER)
+        what = f"{what} on mig-1g.10gb partitions of P4d"
+    if driver is None or driver < needs_driver:
+        return (f"{what} needs NVIDIA driver >= {needs_driver}, but {shown} has "
+                f"{'an older one' if driver else 'no known driver'}; set placement.inference_ami_version: {newest}")
+    return None
+
+
+class MemoryEstimate(NamedTuple):
+    """What one copy of a model needs in accelerator (or host) memory, in MiB."""
+
+    weights_mb: int
+    kv_cache_mb: int
+    runtime_mb: int
+
+    @property
+    def total_mb(self) -> int:
+        return self.weights_mb + self.kv_cache_mb + self.runtime_mb
+
+    def describe(self) -> str:
+        return (f"{self.total_mb / 1024:.1f} GB (weights {self.weights_mb / 1024:.1f} GB + KV cache "
+                f"{self.kv_cache_mb / 1024:.1f} GB + runtime {self.runtime_mb / 1024:.1f} GB)")
+
+
+def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: bool) -> MemoryEstimate:
+    """Weights ≈ the GGUF file; an f16 KV cache of `context_tokens` for every layer and KV head."""
+    layers = info.get("block_count") or 0
+    kv_heads = info.get("head_count_kv") or info.get("head_count") or 0
+    head_dim = info.get("key_length") or (
+        (info.get("embedding_length") or 0) // max(1, info.get("head_count") or 1))
+    value_dim = info.get("value_length") or head_dim
+    kv_bytes = context_tokens * layers * kv_heads * (head_dim + value_dim) * 2
+    return MemoryEstimate(-(-size_bytes // MIB), -(-kv_bytes // MIB), RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB)
+
+
+def onnx_memory(weights_bytes: int, *, max_batch: int, max_len: int, hidden: int, layers: int, on_gpu: bool) -> MemoryEstimate:
+    """Weights as exported; activations of the largest batch held at once (≈ 16 hidden-size fp32 tensors per layer)."""
+    activations = max_batch * max_len * hidden * 4 * 16 * max(1, min(layers, 2))
+    return MemoryEstimate(-(-weights_bytes // MIB), -(-activations // MIB), RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB)
+
+
+def fit_problem(estimate: MemoryEstimate, placement) -> str | None:
+    """Why the model does not fit one partition (MIG) or one GPU of the smallest pool type, or None."""
+    if placement.kind == "mig_partition":
+        capacity_gb, where = partition_size(placement.partition_type)[1], f"a {placement.partition_type} partition"
+        bigger = "use a larger partition type"
+    else:
+        types = [p.instance_type for p in placement.pools] if placement.kind == "instance_pool" else [placement.instance_type]
+        known = [(GPU_MEMORY_GB[family(t)], t) for t in types if is_gpu_instance(t) and family(t) in GPU_MEMORY_GB]
+        if not known:
+            return None
+        capacity_gb, smallest = min(known)
+        where, bigger = f"one GPU of {smallest} ({capacity_gb} GB)", "drop the smaller instance types from the pool"
+    capacity_mb = capacity_gb * 1024
+    if estimate.total_mb <= capacity_mb:
+        return None
+    short = (estimate.total_mb - capacity_mb) / 1024
+    return (f"the model needs {estimate.describe()} but {where} holds {capacity_gb} GB: {short:.1f} GB short; "
+            f"{bigger}, or lower the context (image.max_tokens) or batch (image.max_batch)")

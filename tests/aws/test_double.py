@@ -1,0 +1,598 @@
+"""The AWS double itself: it must refuse what SageMaker refuses, move through SageMaker's statuses, and serve real
+model answers, or the aws backend's tests prove nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+from botocore.validate import ParamValidator
+
+from tasks.aws.service_model import service_model
+from tasks.packaging import package_gguf, package_model_dir
+from tasks.tinymodel import write_tiny_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCOUNT = "123456789012"
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/shiplift-sagemaker"
+BUCKET = "shiplift-test-artifacts"
+MISSING_IMAGE = f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/shiplift-semif@sha256:{'0' * 64}"
+SEMIF_ENV = {"SEMIF_MAX_TOKENS": "2048", "SEMIF_MAX_REQUEST_TOKENS": "1536"}
+DECISION = {"decision": {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
+                         "options": [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]}}
+WAIT_S = 30.0
+MIG_VARIANT = {"VariantName": "AllTraffic", "InstanceType": "ml.p5.48xlarge", "InitialInstanceCount": 1,
+               "AcceleratorPartitionLayouts": [{"AcceleratorPartitionTypes": ["mig-1g.10gb", "mig-1g.10gb"]}]}
+MIG_REQUIREMENTS = {"MinMemoryRequiredInMb": 1024, "NumberOfAcceleratorDevicesRequired": 1,
+                    "AcceleratorPartitionType": "mig-1g.10gb"}
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def semif_archive(tmp_path_factory) -> Path:
+    """A tiny GGUF (seed 3) packaged as model.tar.gz, built once for the module."""
+    folder = tmp_path_factory.mktemp("semif-model")
+    gguf = write_tiny_gguf(folder / "tiny.gguf", seed=3)
+    return package_gguf(gguf, folder / "package", manifest={"source": "tinymodel seed 3"}).path
+
+
+@pytest.fixture(scope="module")
+def encoder_archive(tmp_path_factory) -> Path:
+    """The tiny random NLI encoder (seed 0, fp32 ONNX) packaged as model.tar.gz, built once for the module."""
+    from tasks.tinyencoder import write_tiny_onnx_model_dir
+
+    folder = tmp_path_factory.mktemp("encoder-model")
+    model_dir = write_tiny_onnx_model_dir(folder / "model", seed=0, int8=False)
+    return package_model_dir(model_dir, folder / "package", manifest={"source": "tinyencoder seed 0"},
+                             model_file="model.onnx").path
+
+
+def images_zip(skip: str = "") -> bytes:
+    """The repository's images/ folder zipped as a repository-root source (`skip` leaves one file out)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in sorted((ROOT / "images").rglob("*")):
+            name = path.relative_to(ROOT).as_posix()
+            if path.is_file() and "__pycache__" not in path.parts and name != skip:
+                archive.write(path, name)
+    return buffer.getvalue()
+
+
+def ensure_bucket(aws) -> None:
+    """The test bucket, created on first use after a reset."""
+    s3 = aws.client("s3")
+    if BUCKET not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket=BUCKET)
+
+
+def start_build(aws, source: bytes, kind: str = "semif", tag: str = "t1") -> str:
+    """Upload a source zip and start a CodeBuild build of `kind` the way the product does; the build id."""
+    ensure_bucket(aws)
+    s3, ecr, codebuild = aws.client("s3"), aws.client("ecr"), aws.client("codebuild")
+    s3.put_object(Bucket=BUCKET, Key=f"sources/{kind}-{tag}.zip", Body=source)
+    repositories = {r["repositoryName"]: r["repositoryUri"] for r in ecr.describe_repositories()["repositories"]}
+    uri = repositories.get(f"shiplift-{kind}") or ecr.create_repository(repositoryName=f"shiplift-{kind}")["repository"]["repositoryUri"]
+    if f"shiplift-{kind}" not in codebuild.list_projects()["projects"]:
+        codebuild.create_project(
+            name=f"shiplift-{kind}", source={"type": "S3", "location": f"{BUCKET}/sources/none.zip"},
+            artifacts={"type": "S3", "location": BUCKET},
+            environment={"type": "LINUX_CONTAINER", "image": "aws/codebuild/standard:7.0",
+                         "computeType": "BUILD_GENERAL1_SMALL", "privilegedMode": True},
+            serviceRole=f"arn:aws:iam::{ACCOUNT}:role/shiplift-codebuild",
+        )
+    variables = {"IMAGE_NAME": kind, "IMAGE_TAG": tag, "VARIANT": "cpu", "ECR_REPOSITORY_URI": uri}
+    return codebuild.start_build(
+        projectName=f"shiplift-{kind}", sourceLocationOverride=f"{BUCKET}/sources/{kind}-{tag}.zip",
+        environmentVariablesOverride=[{"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()],
+        artifactsOverride={"type": "S3", "location": BUCKET, "path": "builds", "name": f"{kind}-{tag}", "packaging": "NONE"},
+    )["build"]["id"]
+
+
+def build_statuses(aws, build_id: str) -> list[dict]:
+    """BatchGetBuilds until the build completes (deadline): every build record seen."""
+    seen, deadline = [], time.monotonic() + WAIT_S
+    while True:
+        seen.append(aws.client("codebuild").batch_get_builds(ids=[build_id])["builds"][0])
+        if seen[-1]["buildStatus"] != "IN_PROGRESS":
+            return seen
+        assert time.monotonic() < deadline, f"build {build_id} still in progress after {WAIT_S} s"
+        time.sleep(0.05)
+
+
+def publish_image(aws, archive: Path, tag: str = "t1", kind: str = "semif") -> tuple[str, str]:
+    """Build the `kind` image through CodeBuild and upload the model archive: (image URI, ModelDataUrl)."""
+    build_id = start_build(aws, images_zip(), kind=kind, tag=tag)
+    assert build_statuses(aws, build_id)[-1]["buildStatus"] == "SUCCEEDED"
+    detail = aws.client("s3").get_object(Bucket=BUCKET, Key=f"builds/{kind}-{tag}/image-detail.json")["Body"].read()
+    aws.client("s3").upload_file(str(archive), BUCKET, f"models/{tag}/model.tar.gz")
+    return json.loads(detail)["ImageURI"], f"s3://{BUCKET}/models/{tag}/model.tar.gz"
+
+
+def create_model(aws, name: str, image: str = MISSING_IMAGE, data_url: str | None = None, **environment: str) -> None:
+    """CreateModel as the product sends it (SemIf limits for the tiny model, network isolation on)."""
+    container = {"Image": image, "Environment": {**SEMIF_ENV, **environment}}
+    if data_url:
+        container["ModelDataUrl"] = data_url
+    aws.client("sagemaker").create_model(ModelName=name, PrimaryContainer=container, ExecutionRoleArn=ROLE,
+                                         EnableNetworkIsolation=True)
+
+
+def create_endpoint(aws, name: str, variant: dict, **config) -> None:
+    """An endpoint config of one variant and an endpoint on it, both called `name`."""
+    sagemaker = aws.client("sagemaker")
+    sagemaker.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[variant], **config)
+    sagemaker.create_endpoint(EndpointName=name, EndpointConfigName=name)
+
+
+def wait_until_settled(describe, status_key: str, **name) -> tuple[dict, list[str]]:
+    """Describe until the status is no longer transitional (deadline); the last answer and every status seen."""
+    seen, deadline = [], time.monotonic() + WAIT_S
+    while True:
+        answer = describe(**name)
+        seen.append(answer[status_key])
+        if answer[status_key] not in ("Creating", "Updating", "Deleting"):
+            return answer, seen
+        assert time.monotonic() < deadline, f"{name} still {seen[-1]} after {WAIT_S} s"
+        time.sleep(0.05)
+
+
+def wait_until_gone(describe, **name) -> list[str]:
+    """Describe until 'Could not find …' (deadline); the statuses seen before (at least one: Deleting)."""
+    seen, deadline = [], time.monotonic() + WAIT_S
+    while True:
+        try:
+            answer = describe(**name)
+        except ClientError as error:
+            assert error.response["Error"]["Message"].startswith("Could not find"), error
+            return seen
+        seen.append(next(v for k, v in answer.items() if k.endswith("Status")))
+        assert time.monotonic() < deadline, f"{name} not deleted after {WAIT_S} s"
+        time.sleep(0.05)
+
+
+def assert_output_shape(operation: str, answer: dict) -> None:
+    """The parsed answer satisfies the operation's output shape (required members, types)."""
+    shape = service_model("sagemaker").operation_model(operation).output_shape
+    body = {k: v for k, v in answer.items() if k != "ResponseMetadata"}
+    report = ParamValidator().validate(body, shape)
+    assert not report.has_errors(), report.generate_report()
+
+
+def client_error(call, *args, **kwargs) -> dict:
+    """The error response of a call that must fail with a ClientError."""
+    with pytest.raises(ClientError) as caught:
+        call(*args, **kwargs)
+    return caught.value.response
+
+
+# ---- validation ------------------------------------------------------------------------
+
+
+def _variant(**changes) -> dict:
+    """A single-model production variant on model "m"; a change to None removes the field."""
+    variant = {"VariantName": "AllTraffic", "ModelName": "m", "InstanceType": "ml.m5.large", "InitialInstanceCount": 1}
+    return {k: v for k, v in {**variant, **changes}.items() if v is not None}
+
+
+POOLS = [{"InstanceType": "ml.g6e.xlarge", "Priority": 1}, {"InstanceType": "ml.g5.2xlarge", "Priority": 2}]
+
+
+@pytest.mark.parametrize("config, expected", [
+    pytest.param({"EndpointConfigName": "c" * 64, "ProductionVariants": [_variant()]},
+                 "EndpointConfigName: 64 characters, at most 63", id="64-character-name"),
+    pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(InstanceType="ml.g9.mega")]},
+                 "'ml.g9.mega' is not one of the allowed values", id="unknown-instance-type"),
+    pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(
+        InstanceType=None, InstancePools=[{"InstanceType": "ml.g5.2xlarge", "Priority": p % 5 + 1} for p in range(6)])]},
+        "InstancePools: 6 items, at most 5", id="six-pools"),
+    pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(InstancePools=POOLS)]},
+                 "exactly one of InstanceType or InstancePools", id="pools-and-instance-type"),
+    pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(
+        InstanceType=None, InstancePools=[{**POOLS[0], "Priority": 1}, {**POOLS[1], "Priority": 1}])]},
+        "unique priorities 1..2", id="duplicate-pool-priorities"),
+    pytest.param({"EndpointConfigName": "c", "ExecutionRoleArn": ROLE, "ProductionVariants": [_variant(
+        ModelName=None, InstanceType="ml.p4d.24xlarge",
+        AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": ["mig-3g.20gb", "mig-3g.20gb", "mig-1g.5gb", "mig-1g.5gb"]}])]},
+        "needs 8 compute slices and 50 GB, but one GPU of ml.p4d.24xlarge has 7 compute slices and 40 GB", id="mig-too-big"),
+    pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(
+        InstanceType="ml.p5.48xlarge", AcceleratorPartitionLayouts=MIG_VARIANT["AcceleratorPartitionLayouts"])]},
+        "supported only on endpoints for inference components", id="mig-on-single-model-variant"),
+    pytest.param({"EndpointConfigName": "c", "ExecutionRoleArn": ROLE, "ProductionVariants": [_variant(
+        ModelName=None, InstanceType="ml.g5.2xlarge", AcceleratorPartitionLayouts=MIG_VARIANT["AcceleratorPartitionLayouts"])]},
+        "ml.g5.2xlarge does not support accelerator partitions", id="mig-on-non-mig-family"),
+    pytest.param({"EndpointConfigName": "c", "ProductionVariants": [MIG_VARIANT]},
+                 "require ExecutionRoleArn", id="ic-endpoint-without-execution-role"),
+    pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(ModelName="absent")]},
+                 f'Could not find model "arn:aws:sagemaker:us-east-1:{ACCOUNT}:model/absent".', id="unknown-model"),
+])
+def test_refuses_endpoint_configs_sagemaker_would_refuse(aws, config, expected):
+    create_model(aws, "m")
+    sagemaker = aws.client("sagemaker")
+    error = client_error(sagemaker.create_endpoint_config, **config)["Error"]
+    assert error["Code"] == "ValidationException"
+    assert expected in error["Message"]
+    assert sagemaker.list_endpoint_configs()["EndpointConfigs"] == []
+
+
+def test_accepts_a_layout_that_fits_and_keeps_every_field(aws):
+    sagemaker = aws.client("sagemaker")
+    variant = {**MIG_VARIANT, "AcceleratorPartitionLayouts": [{"AcceleratorPartitionTypes": ["mig-3g.40gb", "mig-3g.40gb"]}]}
+    sagemaker.create_endpoint_config(EndpointConfigName="fits", ProductionVariants=[variant], ExecutionRoleArn=ROLE,
+                                     EnableNetworkIsolation=True)
+    described = sagemaker.describe_endpoint_config(EndpointConfigName="fits")
+    assert described["ProductionVariants"] == [variant]
+    assert (described["ExecutionRoleArn"], described["EnableNetworkIsolation"]) == (ROLE, True)
+    assert_output_shape("DescribeEndpointConfig", described)
+
+    aws.scenario(drop_partition_layouts=True)
+    assert "AcceleratorPartitionLayouts" not in sagemaker.describe_endpoint_config(EndpointConfigName="fits")["ProductionVariants"][0]
+
+
+def test_names_taken_and_unknown_get_sagemakers_messages(aws):
+    sagemaker = aws.client("sagemaker")
+    create_model(aws, "Taken")
+    error = client_error(create_model, aws, "taken")["Error"]
+    assert error == {"Code": "ValidationException",
+                     "Message": f'Cannot create already existing model "arn:aws:sagemaker:us-east-1:{ACCOUNT}:model/taken".'}
+    assert client_error(sagemaker.describe_endpoint, EndpointName="nope")["Error"]["Message"] == 'Could not find endpoint "nope".'
+    assert client_error(sagemaker.delete_endpoint_config, EndpointConfigName="nope")["Error"]["Message"] == \
+        'Could not find endpoint configuration "nope".'
+    assert client_error(sagemaker.describe_inference_component, InferenceComponentName="nope")["Error"]["Message"] == \
+        'Could not find inference component "nope".'
+    assert client_error(sagemaker.describe_model, ModelName="nope")["Error"]["Message"] == \
+        f'Could not find model "arn:aws:sagemaker:us-east-1:{ACCOUNT}:model/nope".'
+    missing_data = client_error(create_model, aws, "nodata", data_url=f"s3://{BUCKET}/none.tar.gz")["Error"]
+    assert missing_data["Message"] == f"Could not find model data at s3://{BUCKET}/none.tar.gz."
+
+
+def test_throttles_the_next_calls_then_lets_them_through(aws):
+    aws.scenario(throttle={"CreateModel": 2})
+    no_retries = aws.client("sagemaker", max_attempts=1)
+    for _ in range(2):
+        error = client_error(no_retries.create_model, ModelName="m", PrimaryContainer={"Image": MISSING_IMAGE})
+        assert error["Error"] == {"Code": "ThrottlingException", "Message": "Rate exceeded"}
+        assert error["ResponseMetadata"]["HTTPStatusCode"] == 400
+    no_retries.create_model(ModelName="m", PrimaryContainer={"Image": MISSING_IMAGE})
+
+    aws.scenario(throttle={"DescribeModel": 2})
+    aws.client("sagemaker", max_attempts=3).describe_model(ModelName="m")  # boto3's retries absorb the throttling
+    assert [c.operation for c in aws.calls].count("DescribeModel") == 3
+
+
+def test_lists_filter_and_page_and_tags_follow_the_arn(aws):
+    sagemaker = aws.client("sagemaker")
+    for index in range(5):
+        sagemaker.create_model(ModelName=f"shiplift-{index}", PrimaryContainer={"Image": MISSING_IMAGE},
+                               Tags=[{"Key": "owner", "Value": "shiplift"}])
+    sagemaker.create_model(ModelName="other", PrimaryContainer={"Image": MISSING_IMAGE})
+    first = sagemaker.list_models(NameContains="shiplift", MaxResults=3, SortBy="Name", SortOrder="Ascending")
+    second = sagemaker.list_models(NameContains="shiplift", MaxResults=3, SortBy="Name", SortOrder="Ascending",
+                                   NextToken=first["NextToken"])
+    assert [m["ModelName"] for m in first["Models"] + second["Models"]] == [f"shiplift-{i}" for i in range(5)]
+    assert "NextToken" not in second
+
+    model_arn = first["Models"][0]["ModelArn"]
+    sagemaker.add_tags(ResourceArn=model_arn, Tags=[{"Key": "release", "Value": "r1"}])
+    sagemaker.delete_tags(ResourceArn=model_arn, TagKeys=["owner"])
+    assert sagemaker.list_tags(ResourceArn=model_arn)["Tags"] == [{"Key": "release", "Value": "r1"}]
+
+
+# ---- status sequences (inference-component endpoints: no model server needed) -----------
+
+
+def test_endpoint_stays_creating_for_the_polls_then_in_service(aws):
+    aws.scenario(polls_before_ready=3)
+    sagemaker = aws.client("sagemaker")
+    create_endpoint(aws, "ic", MIG_VARIANT, ExecutionRoleArn=ROLE)
+    early = client_error(aws.client("sagemaker-runtime").invoke_endpoint, EndpointName="ic", Body=b"{}")
+    assert (early["Error"]["Code"], early["ResponseMetadata"]["HTTPStatusCode"]) == ("ValidationError", 400)
+    assert "is not in service (status Creating)" in early["Error"]["Message"]
+    described, seen = wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ic")
+    assert seen[:3] == ["Creating"] * 3 and seen[-1] == "InService"
+    assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 1
+    assert_output_shape("DescribeEndpoint", described)
+    assert [e["EndpointStatus"] for e in sagemaker.list_endpoints()["Endpoints"]] == ["InService"]
+
+
+def test_instance_pools_fall_back_and_record_the_pool_that_provisioned(aws):
+    aws.scenario(unavailable_instance_types={"ml.g6e.xlarge"})
+    variant = {"VariantName": "AllTraffic", "InstancePools": POOLS, "InitialInstanceCount": 1}
+    create_endpoint(aws, "pools", variant, ExecutionRoleArn=ROLE)
+    described, _ = wait_until_settled(aws.client("sagemaker").describe_endpoint, "EndpointStatus", EndpointName="pools")
+    assert described["EndpointStatus"] == "InService"
+    assert described["ProductionVariants"][0]["InstancePools"] == [
+        {"InstanceType": "ml.g6e.xlarge", "CurrentInstanceCount": 0},
+        {"InstanceType": "ml.g5.2xlarge", "CurrentInstanceCount": 1},
+    ]
+
+
+def test_endpoint_fails_when_every_pool_lacks_capacity(aws):
+    aws.scenario(unavailable_instance_types={"ml.g6e.xlarge", "ml.g5.2xlarge"})
+    create_endpoint(aws, "pools", {"VariantName": "AllTraffic", "InstancePools": POOLS}, ExecutionRoleArn=ROLE)
+    described, _ = wait_until_settled(aws.client("sagemaker").describe_endpoint, "EndpointStatus", EndpointName="pools")
+    assert described["EndpointStatus"] == "Failed"
+    assert "InsufficientInstanceCapacity" in described["FailureReason"]
+    assert "ml.g6e.xlarge, ml.g5.2xlarge" in described["FailureReason"]
+    assert "ProductionVariants" not in described
+
+
+def test_fail_next_endpoint_fails_one_endpoint_only(aws):
+    aws.scenario(fail_next_endpoint_with="Kernel panic on the host.")
+    sagemaker = aws.client("sagemaker")
+    create_endpoint(aws, "first", MIG_VARIANT, ExecutionRoleArn=ROLE)
+    sagemaker.create_endpoint(EndpointName="second", EndpointConfigName="first")
+    first, _ = wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="first")
+    second, _ = wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="second")
+    assert (first["EndpointStatus"], first["FailureReason"]) == ("Failed", "Kernel panic on the host.")
+    assert second["EndpointStatus"] == "InService"
+
+
+def test_update_endpoint_moves_to_the_new_config_unless_rolled_back(aws):
+    sagemaker = aws.client("sagemaker")
+    create_endpoint(aws, "ep", MIG_VARIANT, ExecutionRoleArn=ROLE)
+    wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ep")
+    sagemaker.create_endpoint_config(EndpointConfigName="ep-2", ExecutionRoleArn=ROLE,
+                                     ProductionVariants=[{**MIG_VARIANT, "InitialInstanceCount": 2}])
+    sagemaker.update_endpoint(EndpointName="ep", EndpointConfigName="ep-2")
+    updated, seen = wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ep")
+    assert seen[0] == "Updating" and updated["EndpointStatus"] == "InService"
+    assert (updated["EndpointConfigName"], updated["ProductionVariants"][0]["CurrentInstanceCount"]) == ("ep-2", 2)
+
+    aws.scenario(roll_back_updates=True)
+    sagemaker.update_endpoint(EndpointName="ep", EndpointConfigName="ep")
+    rolled_back, _ = wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ep")
+    assert (rolled_back["EndpointStatus"], rolled_back["EndpointConfigName"]) == ("InService", "ep-2")
+    assert "FailureReason" not in rolled_back
+
+    relaid = {**MIG_VARIANT, "AcceleratorPartitionLayouts": [{"AcceleratorPartitionTypes": ["mig-7g.80gb"]}]}
+    sagemaker.create_endpoint_config(EndpointConfigName="ep-3", ExecutionRoleArn=ROLE, ProductionVariants=[relaid])
+    error = client_error(sagemaker.update_endpoint, EndpointName="ep", EndpointConfigName="ep-3")["Error"]
+    assert "cannot change on a running endpoint" in error["Message"]
+
+
+# ---- CodeBuild ---------------------------------------------------------------------------
+
+
+def test_codebuild_build_reports_progress_pushes_the_image_and_writes_image_detail(aws):
+    build_id = start_build(aws, images_zip())
+    seen = build_statuses(aws, build_id)
+    assert [b["buildStatus"] for b in seen] == ["IN_PROGRESS", "SUCCEEDED"]
+    detail = json.loads(aws.client("s3").get_object(Bucket=BUCKET, Key="builds/semif-t1/image-detail.json")["Body"].read())
+    repository_uri, digest = detail["ImageURI"].split("@")
+    assert repository_uri == f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/shiplift-semif"
+    pushed = aws.client("ecr").describe_images(repositoryName="shiplift-semif")["imageDetails"]
+    assert [(image["imageDigest"], image["imageTags"]) for image in pushed] == [(digest, ["t1"])]
+    variables = {v["name"]: v["value"] for v in seen[-1]["environment"]["environmentVariables"]}
+    assert variables["IMAGE_NAME"] == "semif"
+
+    rebuilt = start_build(aws, images_zip(), tag="t2")
+    build_statuses(aws, rebuilt)
+    again = json.loads(aws.client("s3").get_object(Bucket=BUCKET, Key="builds/semif-t2/image-detail.json")["Body"].read())
+    assert again["ImageURI"].endswith(digest), "the same source must give the same digest"
+
+
+@pytest.mark.parametrize("knobs, skip, phase, expected", [
+    pytest.param({"fail_builds": True}, "", "BUILD", "docker build", id="fail-builds"),
+    pytest.param({}, "images/common/sagemaker_http.py", "PRE_BUILD", "no common/sagemaker_http.py", id="source-missing-a-file"),
+])
+def test_failed_builds_push_nothing(aws, knobs, skip, phase, expected):
+    aws.scenario(**knobs)
+    final = build_statuses(aws, start_build(aws, images_zip(skip=skip)))[-1]
+    assert final["buildStatus"] == "FAILED"
+    failed = [p for p in final["phases"] if p.get("phaseStatus") == "FAILED"]
+    assert [p["phaseType"] for p in failed] == [phase]
+    assert expected in failed[0]["contexts"][0]["message"]
+    assert aws.client("ecr").describe_images(repositoryName="shiplift-semif")["imageDetails"] == []
+
+
+# ---- the container runtime ---------------------------------------------------------------
+
+
+def test_endpoint_fails_when_its_image_is_not_in_ecr(aws):
+    create_model(aws, "m")
+    create_endpoint(aws, "ep", _variant())
+    described, _ = wait_until_settled(aws.client("sagemaker").describe_endpoint, "EndpointStatus", EndpointName="ep")
+    assert described["EndpointStatus"] == "Failed"
+    assert f"Requested image {MISSING_IMAGE} not found" in described["FailureReason"]
+
+
+def test_endpoint_fails_with_the_log_tail_when_the_server_exits(aws, semif_archive, tmp_path):
+    image, _ = publish_image(aws, semif_archive)
+    (tmp_path / "README").write_text("no model here\n")
+    with tarfile.open(tmp_path / "empty.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "README", "README")
+    aws.client("s3").upload_file(str(tmp_path / "empty.tar.gz"), BUCKET, "models/empty.tar.gz")
+    create_model(aws, "empty", image, f"s3://{BUCKET}/models/empty.tar.gz")
+    create_endpoint(aws, "ep", _variant(ModelName="empty"))
+    described, _ = wait_until_settled(aws.client("sagemaker").describe_endpoint, "EndpointStatus", EndpointName="ep")
+    assert described["EndpointStatus"] == "Failed"
+    reason = described["FailureReason"]
+    assert "did not pass the ping health check: the server process exited with code 2" in reason
+    assert "no *.gguf file under SEMIF_MODEL_DIR" in reason  # the server's own words, from its log
+    assert len(reason) <= 1024
+
+
+def test_endpoint_fails_when_ping_misses_the_startup_deadline(aws, semif_archive):
+    image, data_url = publish_image(aws, semif_archive)
+    aws.scenario(container_start_timeout_s=0.01)
+    create_model(aws, "tiny", image, data_url)
+    create_endpoint(aws, "ep", _variant(ModelName="tiny"))
+    described, _ = wait_until_settled(aws.client("sagemaker").describe_endpoint, "EndpointStatus", EndpointName="ep")
+    assert described["EndpointStatus"] == "Failed"
+    assert "GET /ping did not answer 200 before the startup health check deadline" in described["FailureReason"]
+    assert aws.container_pids() == []
+
+
+def test_single_model_endpoint_serves_real_semif_decisions(aws, semif_archive):
+    image, data_url = publish_image(aws, semif_archive)
+    create_model(aws, "tiny", image, data_url)
+    create_endpoint(aws, "tiny", _variant(ModelName="tiny"))
+    sagemaker, runtime = aws.client("sagemaker"), aws.client("sagemaker-runtime")
+    described, _ = wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="tiny")
+    assert described["EndpointStatus"] == "InService", described.get("FailureReason")
+    assert described["ProductionVariants"][0]["DeployedImages"][0]["ResolvedImage"] == image
+    assert_output_shape("DescribeEndpoint", described)
+
+    answer = runtime.invoke_endpoint(EndpointName="tiny", Body=json.dumps(DECISION), ContentType="application/json")
+    result = json.loads(answer["Body"].read())["result"]
+    assert (answer["InvokedProductionVariant"], result["id"], result["option_ids"]) == ("AllTraffic", "q", ["no", "yes"])
+    assert sum(result["probabilities"]) == pytest.approx(1.0)
+    with ThreadPoolExecutor(max_workers=3) as threads:
+        answers = list(threads.map(lambda _: json.loads(runtime.invoke_endpoint(
+            EndpointName="tiny", Body=json.dumps(DECISION), ContentType="application/json")["Body"].read()), range(3)))
+    assert {json.dumps(a["result"]["probabilities"]) for a in answers} == {json.dumps(result["probabilities"])}
+
+    model_error = client_error(runtime.invoke_endpoint, EndpointName="tiny", Body=b'{"decision": 1, "extra": 2}',
+                               ContentType="application/json")
+    assert model_error["Error"]["Code"] == "ModelError" and model_error["ResponseMetadata"]["HTTPStatusCode"] == 424
+    assert model_error["OriginalStatusCode"] == 400 and "error" in json.loads(model_error["OriginalMessage"])
+    assert model_error["LogStreamArn"].endswith("/aws/sagemaker/Endpoints/tiny")
+    refused = client_error(runtime.invoke_endpoint, EndpointName="tiny", Body=b"{}", InferenceComponentName="x")["Error"]
+    assert refused["Code"] == "ValidationError" and "not allowed" in refused["Message"]
+
+    pids = aws.container_pids()
+    assert len(pids) == 1
+    sagemaker.delete_endpoint(EndpointName="tiny")
+    assert set(wait_until_gone(sagemaker.describe_endpoint, EndpointName="tiny")) == {"Deleting"}
+    assert aws.container_pids() == []
+    gone = client_error(runtime.invoke_endpoint, EndpointName="tiny", Body=json.dumps(DECISION))["Error"]
+    assert gone == {"Code": "ValidationError", "Message": f"Endpoint tiny of account {ACCOUNT} not found."}
+
+
+def test_encoder_images_run_the_encoder_server(aws, encoder_archive):
+    image, data_url = publish_image(aws, encoder_archive, kind="encoder")
+    aws.client("sagemaker").create_model(ModelName="nli", ExecutionRoleArn=ROLE, PrimaryContainer={
+        "Image": image, "ModelDataUrl": data_url, "Environment": {"ENCODER_THREADS": "1"}})
+    create_endpoint(aws, "nli", _variant(ModelName="nli"))
+    described, _ = wait_until_settled(aws.client("sagemaker").describe_endpoint, "EndpointStatus", EndpointName="nli")
+    assert described["EndpointStatus"] == "InService", described.get("FailureReason")
+    pair = {"premise": "a man plays the guitar", "hypothesis": "a man plays music"}
+    answer = aws.client("sagemaker-runtime").invoke_endpoint(EndpointName="nli", Body=json.dumps({"pairs": [pair]}),
+                                                             ContentType="application/json")
+    [result] = json.loads(answer["Body"].read())["results"]
+    assert set(result["probabilities"]) == {"entailment", "neutral", "contradiction"}
+    assert result["label"] in result["probabilities"]
+
+
+def test_inference_components_on_mig_partitions(aws, aws_double_module, semif_archive):
+    image, data_url = publish_image(aws, semif_archive)
+    create_model(aws, "tiny-a", image, data_url)
+    create_model(aws, "tiny-b", image, data_url, SEMIF_MAX_SHARED_DECISIONS="4")
+    sagemaker, runtime = aws.client("sagemaker"), aws.client("sagemaker-runtime")
+    create_endpoint(aws, "ic", MIG_VARIANT, ExecutionRoleArn=ROLE)
+    wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ic")
+
+    def create_component(name: str, copies: int, **requirements) -> None:
+        sagemaker.create_inference_component(
+            InferenceComponentName=name, EndpointName="ic", VariantName="AllTraffic",
+            Specification={"ModelName": "tiny-a", "ComputeResourceRequirements": {**MIG_REQUIREMENTS, **requirements}},
+            RuntimeConfig={"CopyCount": copies})
+
+    refused = client_error(create_component, "wrong", 1, AcceleratorPartitionType="mig-3g.40gb")["Error"]
+    assert "is not one of the partition types declared" in refused["Message"]
+    refused = client_error(create_component, "wrong", 1, NumberOfAcceleratorDevicesRequired=2)["Error"]
+    assert "NumberOfAcceleratorDevicesRequired must be 1" in refused["Message"]
+    create_component("decider", 1)
+    described, seen = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                         InferenceComponentName="decider")
+    assert seen[0] == "Creating" and described["InferenceComponentStatus"] == "InService", described.get("FailureReason")
+    assert described["RuntimeConfig"] == {"DesiredCopyCount": 1, "CurrentCopyCount": 1}
+    assert described["Specification"]["Container"]["DeployedImage"]["ResolvedImage"] == image
+    assert described["Specification"]["Container"]["ArtifactUrl"] == data_url
+    assert_output_shape("DescribeInferenceComponent", described)
+
+    answer = runtime.invoke_endpoint(EndpointName="ic", InferenceComponentName="decider", Body=json.dumps(DECISION),
+                                     ContentType="application/json")
+    assert json.loads(answer["Body"].read())["result"]["option_ids"] == ["no", "yes"]
+    missing_name = client_error(runtime.invoke_endpoint, EndpointName="ic", Body=json.dumps(DECISION))["Error"]
+    assert missing_name == {"Code": "ValidationError", "Message": aws_double_module.IC_NAME_REQUIRED}
+
+    create_component("greedy", 2)  # one partition is left, two copies cannot fit
+    greedy, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                   InferenceComponentName="greedy")
+    assert greedy["InferenceComponentStatus"] == "Failed" and "1 free mig-1g.10gb partitions" in greedy["FailureReason"]
+
+    aws.scenario(roll_back_updates=True)
+    candidate = {"ModelName": "tiny-b", "ComputeResourceRequirements": MIG_REQUIREMENTS}
+    sagemaker.update_inference_component(InferenceComponentName="decider", Specification=candidate,
+                                         DeploymentConfig={"RollingUpdatePolicy": {
+                                             "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 0}})
+    rolled_back, seen = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                           InferenceComponentName="decider")
+    assert seen[0] == "Updating"
+    assert (rolled_back["InferenceComponentStatus"], rolled_back["Specification"]["ModelName"]) == ("InService", "tiny-a")
+    assert "FailureReason" not in rolled_back and "LastDeploymentConfig" in rolled_back
+
+    aws.scenario(roll_back_updates=False)
+    sagemaker.update_inference_component(InferenceComponentName="decider", Specification=candidate)
+    updated, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                    InferenceComponentName="decider")
+    assert updated["Specification"]["ModelName"] == "tiny-b"
+    assert updated["Specification"]["Container"]["Environment"]["SEMIF_MAX_SHARED_DECISIONS"] == "4"
+
+    sagemaker.update_inference_component_runtime_config(InferenceComponentName="decider", DesiredRuntimeConfig={"CopyCount": 2})
+    scaled, seen = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                      InferenceComponentName="decider")
+    assert seen[0] == "Updating" and scaled["RuntimeConfig"] == {"DesiredCopyCount": 2, "CurrentCopyCount": 2}
+    assert len(aws.container_pids()) == 2
+
+    listed = sagemaker.list_inference_components(EndpointNameEquals="ic", SortBy="Name", SortOrder="Ascending")
+    assert [c["InferenceComponentName"] for c in listed["InferenceComponents"]] == ["decider", "greedy"]
+    blocked = client_error(sagemaker.delete_endpoint, EndpointName="ic")["Error"]
+    assert "Delete the inference components first" in blocked["Message"]
+    for name in ("decider", "greedy"):
+        sagemaker.delete_inference_component(InferenceComponentName=name)
+        assert set(wait_until_gone(sagemaker.describe_inference_component, InferenceComponentName=name)) == {"Deleting"}
+    assert aws.container_pids() == []
+    sagemaker.delete_endpoint(EndpointName="ic")
+
+
+# ---- other processes and the call log ----------------------------------------------------
+
+
+SUBPROCESS = """
+import json, os, urllib.request
+import boto3
+sagemaker = boto3.client("sagemaker")
+print(json.dumps([e["EndpointName"] for e in sagemaker.list_endpoints()["Endpoints"]]))
+request = urllib.request.Request(os.environ["AWS_ENDPOINT_URL"] + "/_double/scenario", method="POST",
+                                 data=json.dumps({"throttle": {"DeleteEndpoint": 1}}).encode())
+urllib.request.urlopen(request, timeout=10).read()
+with urllib.request.urlopen(os.environ["AWS_ENDPOINT_URL"] + "/_double/calls", timeout=10) as answer:
+    print(json.dumps([c["operation"] for c in json.load(answer)["calls"]]))
+"""
+
+
+def test_a_subprocess_reaches_the_double_through_the_environment(aws):
+    create_endpoint(aws, "shared", MIG_VARIANT, ExecutionRoleArn=ROLE)
+    done = subprocess.run([sys.executable, "-c", SUBPROCESS], capture_output=True, text=True, timeout=60, check=True)
+    endpoints, operations = (json.loads(line) for line in done.stdout.splitlines())
+    assert endpoints == ["shared"]
+    assert operations == ["CreateEndpointConfig", "CreateEndpoint", "ListEndpoints"]
+    assert ("sagemaker", "ListEndpoints", {}) in aws.calls
+    throttled = client_error(aws.client("sagemaker", max_attempts=1).delete_endpoint, EndpointName="shared")
+    assert throttled["Error"]["Code"] == "ThrottlingException"
+
+
+def test_the_call_log_records_every_request_in_order(aws):
+    sagemaker = aws.client("sagemaker")
+    create_model(aws, "m")
+    sagemaker.describe_model(ModelName="m")
+    client_error(sagemaker.create_endpoint_config, EndpointConfigName="c" * 64, ProductionVariants=[_variant()])
+    assert [(c.service, c.operation) for c in aws.calls] == [
+        ("sagemaker", "CreateModel"), ("sagemaker", "DescribeModel"), ("sagemaker", "CreateEndpointConfig")]
+    assert [c.operation for c in aws.calls if c.mutating] == ["CreateModel", "CreateEndpointConfig"]
+    assert aws.calls[0].params["EnableNetworkIsolation"] is True
+    with pytest.raises(ValueError, match="unknown scenario knobs"):
+        aws.scenario(polls_before_readyy=2)

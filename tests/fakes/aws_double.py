@@ -1,0 +1,1721 @@
+"""A stateful AWS test double on one loopback HTTP server, reachable by the test, its threads and subprocesses.
+
+moto answers S3, ECR, CodeBuild, CloudWatch, STS, IAM, Step Functions and Application Auto Scaling.
+This module answers all of SageMaker itself (control plane and runtime): moto's SageMaker refuses what
+shiplift sends (instance pools, MIG fields, new instance types), drops fields, has no inference
+components and makes endpoints InService at once. Every SageMaker request is checked against the full
+botocore model (`tasks.aws.service_model.request_problems`) and the rules the model cannot express;
+endpoints and components move through realistic statuses and run the project's real model servers
+(images/<kind>/server.py) as subprocesses, to which InvokeEndpoint forwards. CodeBuild builds are
+simulated from the buildspec (source zip checked, image pushed to moto's ECR, image-detail.json written),
+which is how an image digest comes to name the server it runs.
+
+Point boto3 at it with `AwsDouble.env()` (AWS_ENDPOINT_URL and test credentials); steer it with
+`scenario(...)`, or from another process with POST /_double/scenario, GET /_double/calls, POST /_double/reset.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import hashlib
+import http.client
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.validate import ParamValidator
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import make_server
+
+from tasks.aws.service_model import request_problems, service_model
+from tasks.packaging import safe_extract
+
+ACCOUNT_ID = DEFAULT_ACCOUNT_ID  # moto's account, 123456789012
+REGION = "us-east-1"
+ARN_PREFIX = f"arn:aws:sagemaker:{REGION}:{ACCOUNT_ID}"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
+IMAGES_DIR = Path(__file__).resolve().parents[2] / "images"
+IMAGE_KINDS = {"semif": "SEMIF", "encoder": "ENCODER"}  # image folder -> prefix of its environment variables
+GPU_LIMITS = {"p4d": (7, 40), "p5": (7, 80), "g7": (2, 32), "g7e": (4, 96)}  # family -> one GPU's (compute slices, GB)
+MIG_PROFILE = re.compile(r"mig-(\d+)g\.(\d+)gb(?:[+-][a-z0-9.]+)*")
+RUNTIME_PATH = re.compile(r"/endpoints/([^/]+)/([a-z-]+)")
+ECR_IMAGE = re.compile(
+    r"(?P<registry>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com/(?P<repository>[^@:]+)"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64})|:(?P<tag>[\w.-]+))?"
+)
+SIGNING_SERVICE = re.compile(r"Credential=[^/,]+/\d{8}/[^/]+/([^/]+)/aws4_request")
+IC_NAME_REQUIRED = (
+    "Inference Component Name header is required for endpoints to which you plan to deploy inference components. "
+    "Please include Inference Component Name header or consider using SageMaker models."
+)
+IC_NAME_REFUSED = (
+    "Inference Component Name header is not allowed for endpoints to which you dont plan to deploy inference "
+    "components. Please remove the Inference Component Name header and try again."
+)
+NO_COPIES = (
+    "Inference Component has no capacity to process this request. ApplicationAutoScaling may be in-progress "
+    "(if configured) or try to increase the capacity by invoking UpdateInferenceComponentRuntimeConfig API."
+)
+BUILD_PHASES = ("SUBMITTED", "QUEUED", "PROVISIONING", "DOWNLOAD_SOURCE", "INSTALL", "PRE_BUILD", "BUILD",
+                "POST_BUILD", "UPLOAD_ARTIFACTS", "FINALIZING", "COMPLETED")
+MUTATING_PREFIXES = ("Create", "Update", "Delete", "Add", "Put", "Start", "Stop")
+INVOKE_TIMEOUT_S = 60.0  # SageMaker's own limit on one invocation
+CLIENT_TIMEOUT_S = 60.0
+PING_TIMEOUT_S = 2.0
+PING_INTERVAL_S = 0.1
+STOP_GRACE_S = 5.0
+JOB_DRAIN_TIMEOUT_S = 30.0
+JOB_WORKERS = 4
+MAX_REQUEST_BYTES = 32 << 20  # above the runtime's 25 MB payload limit, so the model check reports it
+FAILURE_REASON_MAX = 1024  # the FailureReason shape's maximum
+LOG_TAIL_CHARS = 600
+DEFAULT_PAGE = 10
+
+
+class ApiError(Exception):
+    """An AWS error answer: error code, message, HTTP status and any modelled extra fields (ModelError's)."""
+
+    def __init__(self, code: str, message: str, status: int = 400, **extra: Any):
+        super().__init__(message)
+        self.code, self.message, self.status, self.extra = code, message, status, extra
+
+
+def validation(message: str) -> ApiError:
+    return ApiError("ValidationException", message)
+
+
+def runtime_validation(message: str) -> ApiError:
+    return ApiError("ValidationError", message)
+
+
+class StartFailure(Exception):
+    """Provisioning or a container start failed; str() is the FailureReason SageMaker would show."""
+
+    def __init__(self, reason: str, log_tail: str = ""):
+        text = f"{reason} Log tail: {log_tail}" if log_tail else reason
+        if len(text) > FAILURE_REASON_MAX:  # keep the reason's head and the log's end
+            text = text[: FAILURE_REASON_MAX // 2 - 2] + " … " + text[-(FAILURE_REASON_MAX // 2 - 2):]
+        super().__init__(text)
+
+
+class Call(NamedTuple):
+    """One SageMaker or SageMaker-runtime request, as the double received it."""
+
+    service: str
+    operation: str
+    params: dict[str, Any]
+
+    @property
+    def mutating(self) -> bool:
+        return self.operation.startswith(MUTATING_PREFIXES)
+
+
+@dataclass
+class Scenario:
+    """Knobs that steer the double; `reset()` puts them back to these defaults."""
+
+    polls_before_ready: int = 1  # Describe* calls that still answer Creating/Updating before the outcome shows
+    unavailable_instance_types: frozenset[str] = frozenset()  # these fail with insufficient capacity
+    fail_next_endpoint_with: str | None = None  # the next CreateEndpoint ends Failed with this reason
+    roll_back_updates: bool = False  # UpdateInferenceComponent/UpdateEndpoint end InService on the OLD spec
+    throttle: dict[str, int] = field(default_factory=dict)  # operation -> how many next calls get ThrottlingException
+    drop_partition_layouts: bool = False  # DescribeEndpointConfig leaves AcceleratorPartitionLayouts out
+    fail_builds: bool = False  # CodeBuild builds end FAILED and push nothing
+    container_start_timeout_s: float = 60.0  # deadline for a model server's GET /ping to answer 200
+
+    def updated(self, knobs: dict[str, Any]) -> Scenario:
+        """A copy with `knobs` applied; ValueError names an unknown knob or a bad value."""
+        unknown = sorted(set(knobs) - {f.name for f in fields(self)})
+        if unknown:
+            raise ValueError(f"unknown scenario knobs {unknown}; known: {[f.name for f in fields(self)]}")
+        new = replace(self, **knobs)
+        new.unavailable_instance_types = frozenset(new.unavailable_instance_types)
+        new.throttle = {str(op): int(count) for op, count in dict(new.throttle).items()}
+        if not isinstance(new.polls_before_ready, int) or new.polls_before_ready < 0:
+            raise ValueError(f"polls_before_ready must be an integer >= 0, got {new.polls_before_ready!r}")
+        if not 0 < float(new.container_start_timeout_s) <= 3600:
+            raise ValueError(f"container_start_timeout_s must be in (0, 3600], got {new.container_start_timeout_s!r}")
+        if new.fail_next_endpoint_with is not None and not isinstance(new.fail_next_endpoint_with, str):
+            raise ValueError("fail_next_endpoint_with must be a string or None")
+        return new
+
+    def to_json(self) -> dict[str, Any]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["unavailable_instance_types"] = sorted(self.unavailable_instance_types)
+        return values
+
+
+def arn(kind: str, name: str) -> str:
+    """The SageMaker ARN of a model, endpoint-config, endpoint or inference-component."""
+    return f"{ARN_PREFIX}:{kind}/{name.lower()}"
+
+
+def compact(value: Any) -> Any:
+    """The value with every None member dropped, recursively."""
+    if isinstance(value, dict):
+        return {key: compact(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [compact(item) for item in value]
+    return value
+
+
+def shaped(shape, value: Any) -> Any:
+    """Only what an output shape knows of `value` (a request's fields given back on Describe)."""
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {key: shaped(shape.members[key], item) for key, item in value.items() if key in shape.members}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [shaped(shape.member, item) for item in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {key: shaped(shape.value, item) for key, item in value.items()}
+    return value
+
+
+def parse_s3_url(url: str) -> tuple[str, str] | None:
+    match = re.fullmatch(r"s3://([^/]+)/(.+)", url)
+    return (match.group(1), match.group(2)) if match else None
+
+
+# --------------------------------------------------------------------------------------
+# Containers: the project's model servers as subprocesses
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a container runs: the image as given, the model archive and the container environment."""
+
+    image: str
+    model_data_url: str | None
+    environment: dict[str, str]
+
+
+class Container:
+    """One copy of a model server: `images/<kind>/server.py` in its own process group, logging to a file."""
+
+    def __init__(self, kind: str, environment: dict[str, str], model_dir: Path, log_path: Path):
+        prefix = IMAGE_KINDS[kind]
+        self.port = free_port()
+        self.log_path = log_path
+        self.in_flight = 0
+        base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH") if key in os.environ}
+        env = {
+            **base,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            **environment,
+            f"{prefix}_MODEL_DIR": str(model_dir),
+            f"{prefix}_PORT": str(self.port),
+            f"{prefix}_HOST": "127.0.0.1",
+        }
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(IMAGES_DIR / kind / "server.py")],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                cwd=model_dir, start_new_session=True,
+            )
+
+    def wait_ready(self, deadline: float, cancel: threading.Event) -> str | None:
+        """None once GET /ping answers 200; otherwise what went wrong (exit, deadline, cancel)."""
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                return f"the server process exited with code {code}"
+            if cancel.is_set():
+                return "provisioning was cancelled"
+            if ping(self.port) == 200:
+                return None
+            if time.monotonic() >= deadline:
+                return "GET /ping did not answer 200 before the startup health check deadline"
+            time.sleep(PING_INTERVAL_S)
+
+    def log_tail(self) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return "(no log written)"
+        return text.strip()[-LOG_TAIL_CHARS:] or "(log is empty)"
+
+    def send(self, sig: int) -> None:
+        """Signal the container's whole process group."""
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_containers(containers: list[Container]) -> None:
+    """SIGTERM every container's process group, then SIGKILL what is left after the grace period."""
+    for container in containers:
+        container.send(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for container in containers:
+        try:
+            container.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            container.send(signal.SIGKILL)
+            container.process.wait(timeout=STOP_GRACE_S)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ping(port: int) -> int | None:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=PING_TIMEOUT_S)
+    try:
+        connection.request("GET", "/ping")
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
+# --------------------------------------------------------------------------------------
+# SageMaker resources
+
+
+@dataclass
+class Outcome:
+    """What a background job produced: a FailureReason, or placed variants / started copies."""
+
+    failure_reason: str | None = None
+    variants: dict[str, Placement] = field(default_factory=dict)
+    copies: list[Container] = field(default_factory=list)
+    image: dict[str, Any] | None = None  # the DeployedImage of started copies
+
+    def containers(self) -> list[Container]:
+        return self.copies + [c for placement in self.variants.values() for c in placement.containers]
+
+
+@dataclass
+class Job:
+    """A transition in progress: its outcome shows on Describe after `polls_left` polls and once it is done."""
+
+    future: Future
+    finish: Callable[[Outcome], None]
+    polls_left: int
+    cancel: threading.Event
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """How to provision one production variant: (instance type, model source) candidates in priority order."""
+
+    name: str
+    candidates: tuple[tuple[str | None, Source | None], ...]
+    pool_types: tuple[str, ...]  # empty unless the variant has InstancePools
+    instance_count: int
+
+
+@dataclass
+class Placement:
+    """A provisioned production variant."""
+
+    instance_type: str | None
+    pool_types: tuple[str, ...]
+    instance_count: int
+    containers: list[Container]
+    image: dict[str, Any] | None
+
+
+@dataclass
+class Model:
+    """A CreateModel request as sent, with its ARN and creation time."""
+
+    params: dict[str, Any]
+    arn: str
+    created: float
+
+    def source(self) -> Source:
+        """The primary container (or the first of Containers) as what a copy runs."""
+        container = self.params.get("PrimaryContainer") or (self.params.get("Containers") or [{}])[0]
+        return Source(container.get("Image", ""), container.get("ModelDataUrl"), dict(container.get("Environment", {})))
+
+
+@dataclass
+class EndpointConfig:
+    """A CreateEndpointConfig request as sent, with its ARN and creation time."""
+
+    params: dict[str, Any]
+    arn: str
+    created: float
+
+    @property
+    def for_components(self) -> bool:
+        """True for an inference-component endpoint config (its variants name no model)."""
+        return not any(v.get("ModelName") for v in self.params["ProductionVariants"])
+
+    def variant(self, name: str) -> dict[str, Any] | None:
+        return next((v for v in self.params["ProductionVariants"] if v["VariantName"] == name), None)
+
+
+@dataclass
+class Endpoint:
+    """An endpoint: its live config, status, provisioned variants and the transition in progress."""
+
+    name: str
+    arn: str
+    config: EndpointConfig
+    created: float
+    modified: float
+    status: str
+    failure_reason: str | None = None
+    variants: dict[str, Placement] = field(default_factory=dict)
+    job: Job | None = None
+    deployment_config: dict[str, Any] | None = None
+
+    def containers(self) -> list[Container]:
+        return [c for placement in self.variants.values() for c in placement.containers]
+
+
+@dataclass
+class Component:
+    """An inference component: its live spec, copies, status and the transition in progress."""
+
+    name: str
+    arn: str
+    endpoint: Endpoint
+    variant_name: str
+    spec: dict[str, Any]
+    source: Source
+    desired_copies: int
+    created: float
+    modified: float
+    status: str
+    copies: list[Container] = field(default_factory=list)
+    image: dict[str, Any] | None = None
+    failure_reason: str | None = None
+    job: Job | None = None
+    deployment_config: dict[str, Any] | None = None
+    holds_partitions: bool = True  # False once its creation was refused for capacity
+
+    @property
+    def partition_type(self) -> str | None:
+        return self.spec.get("ComputeResourceRequirements", {}).get("AcceleratorPartitionType")
+
+
+def partition_types(config: EndpointConfig, variant_name: str) -> list[str]:
+    """The MIG partition types a variant's layout declares, one entry per partition."""
+    variant = config.variant(variant_name) or {}
+    layouts = variant.get("AcceleratorPartitionLayouts") or [{}]
+    return list(layouts[0].get("AcceleratorPartitionTypes", []))
+
+
+class SageMaker:
+    """The SageMaker control plane and runtime: stores, validation, transitions, invocation."""
+
+    def __init__(self, shared: Shared, runtime: ContainerRuntime):
+        self.shared, self.runtime = shared, runtime
+        self.executor = ThreadPoolExecutor(max_workers=JOB_WORKERS, thread_name_prefix="aws-double-job")
+        self.models: dict[str, Model] = {}
+        self.configs: dict[str, EndpointConfig] = {}
+        self.endpoints: dict[str, Endpoint] = {}
+        self.components: dict[str, Component] = {}
+        self.tags: dict[str, dict[str, str]] = {}
+        self.operations: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            name: getattr(self, re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower())
+            for name in (
+                "CreateModel", "DescribeModel", "DeleteModel", "ListModels",
+                "CreateEndpointConfig", "DescribeEndpointConfig", "DeleteEndpointConfig", "ListEndpointConfigs",
+                "CreateEndpoint", "DescribeEndpoint", "UpdateEndpoint", "DeleteEndpoint", "ListEndpoints",
+                "CreateInferenceComponent", "DescribeInferenceComponent", "UpdateInferenceComponent",
+                "UpdateInferenceComponentRuntimeConfig", "DeleteInferenceComponent", "ListInferenceComponents",
+                "AddTags", "ListTags", "DeleteTags",
+            )
+        }
+
+    # ---- dispatch -------------------------------------------------------------------
+
+    def handle(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One control-plane request: throttling, the service model, the double's rules, then the operation."""
+        self.shared.log("sagemaker", operation, params)
+        self.shared.take_throttle(operation)
+        problems = request_problems("sagemaker", operation, params)
+        if problems:
+            raise validation(f"{len(problems)} validation error(s) detected: " + "; ".join(problems))
+        if operation not in self.operations:
+            raise ApiError("UnknownOperationException", f"the AWS double does not implement SageMaker.{operation}")
+        with self.shared.lock:
+            result = self.operations[operation](params)
+        output_shape = service_model("sagemaker").operation_model(operation).output_shape
+        if output_shape is not None:
+            report = ParamValidator().validate(result, output_shape)
+            if report.has_errors():  # a bug in the double: fail loudly rather than answer off-shape
+                raise ApiError("InternalFailure", f"the double's {operation} answer breaks its output shape: "
+                               + report.generate_report(), status=500)
+        return result
+
+    # ---- lookups --------------------------------------------------------------------
+
+    def _model(self, name: str) -> Model:
+        model = self.models.get(name.lower())
+        if model is None:
+            raise validation(f'Could not find model "{arn("model", name)}".')
+        return model
+
+    def _config(self, name: str) -> EndpointConfig:
+        config = self.configs.get(name.lower())
+        if config is None:
+            raise validation(f'Could not find endpoint configuration "{name}".')
+        return config
+
+    def _endpoint(self, name: str) -> Endpoint:
+        endpoint = self.endpoints.get(name.lower())
+        if endpoint is None:
+            raise validation(f'Could not find endpoint "{name}".')
+        return endpoint
+
+    def _component(self, name: str) -> Component:
+        component = self.components.get(name.lower())
+        if component is None:
+            raise validation(f'Could not find inference component "{name}".')
+        return component
+
+    @staticmethod
+    def _refuse_existing(store: dict[str, Any], kind: str, what: str, name: str) -> None:
+        if name.lower() in store:
+            raise validation(f'Cannot create already existing {what} "{arn(kind, name)}".')
+
+    # ---- jobs -----------------------------------------------------------------------
+
+    def _start_job(self, resource: Endpoint | Component, work: Callable[[threading.Event], Outcome],
+                   finish: Callable[[Outcome], None], polls: int | None = None) -> None:
+        cancel = threading.Event()
+        future = self.executor.submit(self._guarded, work, cancel)
+        resource.job = Job(future, finish, self.shared.scenario.polls_before_ready if polls is None else polls, cancel)
+
+    @staticmethod
+    def _guarded(work: Callable[[threading.Event], Outcome], cancel: threading.Event) -> Outcome:
+        try:
+            return work(cancel)
+        except StartFailure as failure:
+            return Outcome(failure_reason=str(failure))
+        except Exception as exc:  # a resource must end Failed, never hang in Creating
+            return Outcome(failure_reason=str(StartFailure(f"InternalFailure: {exc!r}")))
+
+    def _settle(self, resource: Endpoint | Component, count_poll: bool) -> None:
+        """Apply a finished job's outcome once its polls are used up (a Describe uses one)."""
+        job = resource.job
+        if job is None:
+            return
+        if job.polls_left > 0:
+            if count_poll:
+                job.polls_left -= 1
+            return
+        if job.future.done():
+            resource.job = None
+            job.finish(job.future.result())
+
+    @staticmethod
+    def discard(job: Job | None) -> None:
+        """Cancel a job and stop whatever it started (never called with the lock held)."""
+        if job is None:
+            return
+        job.cancel.set()
+        if job.future.cancel():
+            return
+        try:
+            stop_containers(job.future.result(timeout=JOB_DRAIN_TIMEOUT_S).containers())
+        except FutureTimeout:
+            pass
+
+    def _retire(self, job: Job | None, containers: list[Container]) -> Callable[[threading.Event], Outcome]:
+        def work(cancel: threading.Event) -> Outcome:
+            self.discard(job)
+            stop_containers(containers)
+            return Outcome()
+
+        return work
+
+    def drain(self) -> None:
+        """Stop every job and container and forget all resources (reset and shutdown)."""
+        with self.shared.lock:
+            endpoints, components = list(self.endpoints.values()), list(self.components.values())
+            for store in (self.models, self.configs, self.endpoints, self.components, self.tags):
+                store.clear()
+        for resource in [*components, *endpoints]:
+            self.discard(resource.job)
+            stop_containers(resource.copies if isinstance(resource, Component) else resource.containers())
+
+    # ---- paging and tags ------------------------------------------------------------
+
+    @staticmethod
+    def _page(items: list[tuple[str, float, float, str | None, dict]], params: dict[str, Any], key: str,
+              default_page: int = DEFAULT_PAGE) -> dict[str, Any]:
+        """Filter (NameContains, StatusEquals, times), sort and page (name, created, modified, status, summary) rows."""
+        needle = params.get("NameContains", "").lower()
+        rows = [row for row in items if needle in row[0].lower()]
+        if "StatusEquals" in params:
+            rows = [row for row in rows if row[3] == params["StatusEquals"]]
+        for bound, index, keep in (("CreationTimeBefore", 1, float.__lt__), ("CreationTimeAfter", 1, float.__gt__),
+                                   ("LastModifiedTimeBefore", 2, float.__lt__), ("LastModifiedTimeAfter", 2, float.__gt__)):
+            if bound in params:
+                rows = [row for row in rows if keep(float(row[index]), float(params[bound]))]
+        sort_by = params.get("SortBy", "CreationTime")
+        rows.sort(key=lambda row: row[0].lower() if sort_by == "Name" else (row[3] or "") if sort_by == "Status" else row[1],
+                  reverse=params.get("SortOrder", "Descending") == "Descending")
+        try:
+            offset = int(json.loads(base64.b64decode(params["NextToken"]))["offset"]) if "NextToken" in params else 0
+        except (ValueError, KeyError, TypeError):
+            raise validation(f"Invalid pagination token: {params['NextToken']}") from None
+        size = params.get("MaxResults", default_page)
+        result: dict[str, Any] = {key: [row[4] for row in rows[offset:offset + size]]}
+        if offset + size < len(rows):
+            result["NextToken"] = base64.b64encode(json.dumps({"offset": offset + size}).encode()).decode()
+        return result
+
+    def _tag(self, resource_arn: str, tags: list[dict[str, str]] | None) -> None:
+        self.tags.setdefault(resource_arn, {}).update({tag["Key"]: tag["Value"] for tag in tags or []})
+
+    def _require_arn(self, resource_arn: str) -> None:
+        known = {r.arn for store in (self.models, self.configs, self.endpoints, self.components) for r in store.values()}
+        if resource_arn not in known:
+            raise validation(f'Could not find resource "{resource_arn}".')
+
+    def add_tags(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._require_arn(params["ResourceArn"])
+        self._tag(params["ResourceArn"], params["Tags"])
+        return {"Tags": params["Tags"]}
+
+    def list_tags(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._require_arn(params["ResourceArn"])
+        rows = [(key, 0.0, 0.0, None, {"Key": key, "Value": value})
+                for key, value in self.tags.get(params["ResourceArn"], {}).items()]
+        return self._page(rows, {**params, "SortBy": "Name", "SortOrder": "Ascending"}, "Tags", default_page=50)
+
+    def delete_tags(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._require_arn(params["ResourceArn"])
+        for key in params["TagKeys"]:
+            self.tags.get(params["ResourceArn"], {}).pop(key, None)
+        return {}
+
+    # ---- models ---------------------------------------------------------------------
+
+    def create_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = params["ModelName"]
+        self._refuse_existing(self.models, "model", "model", name)
+        if not params.get("PrimaryContainer") and not params.get("Containers"):
+            raise validation("Either PrimaryContainer or Containers must be specified for a model.")
+        model = Model(params, arn("model", name), time.time())
+        url = model.source().model_data_url
+        if url and url.startswith("s3://") and not self.runtime.s3_object_exists(url):
+            raise validation(f"Could not find model data at {url}.")
+        self.models[name.lower()] = model
+        self._tag(model.arn, params.get("Tags"))
+        return {"ModelArn": model.arn}
+
+    def describe_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        model = self._model(params["ModelName"])
+        shape = service_model("sagemaker").operation_model("DescribeModel").output_shape
+        return shaped(shape, {**model.params, "ModelArn": model.arn, "CreationTime": model.created})
+
+    def delete_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        model = self._model(params["ModelName"])
+        del self.models[params["ModelName"].lower()]
+        self.tags.pop(model.arn, None)
+        return {}
+
+    def list_models(self, params: dict[str, Any]) -> dict[str, Any]:
+        rows = [(m.params["ModelName"], m.created, m.created, None,
+                 {"ModelName": m.params["ModelName"], "ModelArn": m.arn, "CreationTime": m.created}) for m in self.models.values()]
+        return self._page(rows, params, "Models")
+
+    # ---- endpoint configs -----------------------------------------------------------
+
+    def _check_endpoint_config(self, params: dict[str, Any]) -> None:
+        """The ProductionVariant rules the service model cannot express (DESIGN §7)."""
+        config_name = params["EndpointConfigName"]
+        variants = params["ProductionVariants"]
+        names = [v["VariantName"] for v in variants]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise validation(f"Production variant names must be unique; {duplicated} appear more than once.")
+        with_model = [v["VariantName"] for v in variants if v.get("ModelName")]
+        if with_model and len(with_model) != len(variants):
+            raise validation("Either every production variant names a ModelName, or none does "
+                             "(an endpoint for inference components); mixing them is not supported.")
+        for variant in variants:
+            name = variant["VariantName"]
+            has_type, has_pools, serverless = "InstanceType" in variant, "InstancePools" in variant, "ServerlessConfig" in variant
+            if serverless and (has_type or has_pools):
+                raise validation(f'Production variant "{name}": ServerlessConfig cannot be combined with InstanceType or InstancePools.')
+            if serverless and not variant.get("ModelName"):
+                raise validation(f'Production variant "{name}": a serverless variant needs a ModelName; '
+                                 "inference components need instance-based variants.")
+            if not serverless and has_type == has_pools:
+                raise validation(f'Production variant "{name}" must specify exactly one of InstanceType or InstancePools.')
+            if has_pools:
+                priorities = [pool["Priority"] for pool in variant["InstancePools"]]
+                if sorted(priorities) != list(range(1, len(priorities) + 1)):
+                    raise validation(f'InstancePools of production variant "{name}" must have unique priorities '
+                                     f"1..{len(priorities)}; got {priorities}.")
+                for pool in variant["InstancePools"]:
+                    if pool.get("ModelNameOverride"):
+                        self._model(pool["ModelNameOverride"])
+            if variant.get("ModelName"):
+                self._model(variant["ModelName"])
+            if "AcceleratorPartitionLayouts" in variant:
+                self._check_partition_layout(variant)
+        if not with_model and not params.get("ExecutionRoleArn"):
+            raise validation(f'Endpoint configuration "{config_name}" has production variants without a ModelName '
+                             "(an endpoint for inference components); such endpoint configurations require ExecutionRoleArn.")
+
+    @staticmethod
+    def _check_partition_layout(variant: dict[str, Any]) -> None:
+        name, layouts = variant["VariantName"], variant["AcceleratorPartitionLayouts"]
+        if variant.get("ModelName"):
+            raise validation(f'AcceleratorPartitionLayouts is supported only on endpoints for inference components; '
+                             f'production variant "{name}" names a model. Remove ModelName or the layout.')
+        if "InstancePools" in variant or "ServerlessConfig" in variant:
+            raise validation(f'Production variant "{name}": AcceleratorPartitionLayouts cannot be combined with '
+                             "InstancePools or ServerlessConfig.")
+        if len(layouts) != 1:
+            raise validation(f'Production variant "{name}": AcceleratorPartitionLayouts must contain exactly one layout, got {len(layouts)}.')
+        types = layouts[0].get("AcceleratorPartitionTypes") or []
+        if not types:
+            raise validation(f'Production variant "{name}": the layout lists no AcceleratorPartitionTypes.')
+        instance_type = variant["InstanceType"]
+        family = instance_type.split(".")[1]
+        if family not in GPU_LIMITS:
+            raise validation(f"Instance type {instance_type} does not support accelerator partitions; "
+                             f"use an instance of the families {sorted(GPU_LIMITS)}.")
+        slices = memory = 0
+        for partition in types:
+            match = MIG_PROFILE.fullmatch(partition)
+            if match is None:
+                raise validation(f'Accelerator partition type "{partition}" is not a MIG profile such as mig-1g.10gb.')
+            slices, memory = slices + int(match.group(1)), memory + int(match.group(2))
+        max_slices, max_memory = GPU_LIMITS[family]
+        if slices > max_slices or memory > max_memory:
+            raise validation(f'The accelerator partition layout of production variant "{name}" ({", ".join(types)}) needs '
+                             f"{slices} compute slices and {memory} GB, but one GPU of {instance_type} has "
+                             f"{max_slices} compute slices and {max_memory} GB.")
+
+    def create_endpoint_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = params["EndpointConfigName"]
+        self._refuse_existing(self.configs, "endpoint-config", "endpoint configuration", name)
+        self._check_endpoint_config(params)
+        config = EndpointConfig(params, arn("endpoint-config", name), time.time())
+        self.configs[name.lower()] = config
+        self._tag(config.arn, params.get("Tags"))
+        return {"EndpointConfigArn": config.arn}
+
+    def describe_endpoint_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        config = self._config(params["EndpointConfigName"])
+        shape = service_model("sagemaker").operation_model("DescribeEndpointConfig").output_shape
+        described = shaped(shape, {**config.params, "EndpointConfigArn": config.arn, "CreationTime": config.created})
+        if self.shared.scenario.drop_partition_layouts:
+            for variant in described["ProductionVariants"]:
+                variant.pop("AcceleratorPartitionLayouts", None)
+        return described
+
+    def delete_endpoint_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        config = self._config(params["EndpointConfigName"])
+        del self.configs[params["EndpointConfigName"].lower()]
+        self.tags.pop(config.arn, None)
+        return {}
+
+    def list_endpoint_configs(self, params: dict[str, Any]) -> dict[str, Any]:
+        rows = [(c.params["EndpointConfigName"], c.created, c.created, None,
+                 {"EndpointConfigName": c.params["EndpointConfigName"], "EndpointConfigArn": c.arn, "CreationTime": c.created})
+                for c in self.configs.values()]
+        return self._page(rows, params, "EndpointConfigs")
+
+    # ---- endpoints ------------------------------------------------------------------
+
+    def _plan(self, config: EndpointConfig) -> list[VariantPlan]:
+        """Each variant's candidates in priority order, with the models resolved now (as CreateEndpoint does)."""
+        plans = []
+        for variant in config.params["ProductionVariants"]:
+            pools = sorted(variant.get("InstancePools", []), key=lambda pool: pool["Priority"])
+            choices = [(p["InstanceType"], p.get("ModelNameOverride") or variant.get("ModelName")) for p in pools]
+            choices = choices or [(variant.get("InstanceType"), variant.get("ModelName"))]
+            candidates = tuple((kind, self._model(model).source() if model else None) for kind, model in choices)
+            plans.append(VariantPlan(variant["VariantName"], candidates, tuple(p["InstanceType"] for p in pools),
+                                     variant.get("InitialInstanceCount", 1)))
+        return plans
+
+    def _provision(self, plans: list[VariantPlan], fail_with: str | None, unavailable: frozenset[str],
+                   timeout_s: float) -> Callable[[threading.Event], Outcome]:
+        def work(cancel: threading.Event) -> Outcome:
+            if fail_with is not None:
+                return Outcome(failure_reason=fail_with)
+            placed: dict[str, Placement] = {}
+            try:
+                for plan in plans:
+                    placed[plan.name] = self._place(plan, unavailable, timeout_s, cancel)
+            except StartFailure as failure:
+                stop_containers([c for placement in placed.values() for c in placement.containers])
+                return Outcome(failure_reason=str(failure))
+            return Outcome(variants=placed)
+
+        return work
+
+    def _place(self, plan: VariantPlan, unavailable: frozenset[str], timeout_s: float, cancel: threading.Event) -> Placement:
+        """Try the candidates in priority order; the first with capacity gets the variant's container."""
+        tried = []
+        for instance_type, source in plan.candidates:
+            if instance_type in unavailable:
+                tried.append(instance_type)
+                continue
+            containers, image = [], None
+            if source is not None:
+                label = f"The primary container for production variant {plan.name}"
+                containers, image = self.runtime.start(source, 1, label, timeout_s, cancel)
+            return Placement(instance_type, plan.pool_types, plan.instance_count, containers, image)
+        raise StartFailure(f"InsufficientInstanceCapacity: Unable to provision requested ML compute capacity for "
+                           f"production variant {plan.name}; tried {', '.join(tried)} (insufficient capacity).")
+
+    def create_endpoint(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = params["EndpointName"]
+        self._refuse_existing(self.endpoints, "endpoint", "endpoint", name)
+        config = self._config(params["EndpointConfigName"])
+        plans = self._plan(config)
+        scenario = self.shared.scenario
+        fail_with, scenario.fail_next_endpoint_with = scenario.fail_next_endpoint_with, None
+        now = time.time()
+        endpoint = Endpoint(name, arn("endpoint", name), config, now, now, "Creating",
+                            deployment_config=params.get("DeploymentConfig"))
+        self.endpoints[name.lower()] = endpoint
+        self._tag(endpoint.arn, params.get("Tags"))
+
+        def finish(outcome: Outcome) -> None:
+            endpoint.status = "Failed" if outcome.failure_reason else "InService"
+            endpoint.failure_reason, endpoint.variants, endpoint.modified = outcome.failure_reason, outcome.variants, time.time()
+
+        work = self._provision(plans, fail_with, scenario.unavailable_instance_types, scenario.container_start_timeout_s)
+        self._start_job(endpoint, work, finish)
+        return {"EndpointArn": endpoint.arn}
+
+    def update_endpoint(self, params: dict[str, Any]) -> dict[str, Any]:
+        endpoint = self._endpoint(params["EndpointName"])
+        self._settle(endpoint, count_poll=False)
+        if endpoint.status != "InService":
+            raise validation(f'Cannot update in-progress endpoint "{endpoint.arn}".')
+        config = self._config(params["EndpointConfigName"])
+        if config.for_components != endpoint.config.for_components:
+            raise validation("UpdateEndpoint cannot switch an endpoint between SageMaker models and inference components; "
+                             "create a new endpoint.")
+        for variant in config.params["ProductionVariants"]:
+            old = endpoint.config.variant(variant["VariantName"]) or {}
+            if old.get("AcceleratorPartitionLayouts") != variant.get("AcceleratorPartitionLayouts"):
+                raise validation(f'The accelerator partition layout of production variant "{variant["VariantName"]}" '
+                                 "cannot change on a running endpoint; create a new endpoint.")
+        plans = self._plan(config)
+        scenario = self.shared.scenario
+        roll_back = scenario.roll_back_updates
+        endpoint.status, endpoint.modified = "Updating", time.time()
+        endpoint.deployment_config = params.get("DeploymentConfig", endpoint.deployment_config)
+
+        def finish(outcome: Outcome) -> None:
+            endpoint.status, endpoint.modified = "InService", time.time()
+            endpoint.failure_reason = outcome.failure_reason
+            if not roll_back and outcome.failure_reason is None:
+                stop_containers(endpoint.containers())
+                endpoint.config, endpoint.variants = config, outcome.variants
+
+        work = (lambda cancel: Outcome()) if roll_back else self._provision(
+            plans, None, scenario.unavailable_instance_types, scenario.container_start_timeout_s)
+        self._start_job(endpoint, work, finish)
+        return {"EndpointArn": endpoint.arn}
+
+    def describe_endpoint(self, params: dict[str, Any]) -> dict[str, Any]:
+        endpoint = self._endpoint(params["EndpointName"])
+        self._settle(endpoint, count_poll=True)
+        endpoint = self._endpoint(params["EndpointName"])  # a finished deletion removed it
+        described: dict[str, Any] = {
+            "EndpointName": endpoint.name, "EndpointArn": endpoint.arn,
+            "EndpointConfigName": endpoint.config.params["EndpointConfigName"], "EndpointStatus": endpoint.status,
+            "FailureReason": endpoint.failure_reason, "CreationTime": endpoint.created, "LastModifiedTime": endpoint.modified,
+            "LastDeploymentConfig": endpoint.deployment_config,
+        }
+        if endpoint.variants:
+            described["ProductionVariants"] = [self._variant_summary(endpoint.config, name, placement)
+                                               for name, placement in endpoint.variants.items()]
+        return compact(described)
+
+    @staticmethod
+    def _variant_summary(config: EndpointConfig, name: str, placement: Placement) -> dict[str, Any]:
+        variant = config.variant(name) or {}
+        weight = float(variant.get("InitialVariantWeight", 1.0))
+        summary: dict[str, Any] = {"VariantName": name, "CurrentWeight": weight, "DesiredWeight": weight,
+                                   "DeployedImages": [placement.image] if placement.image else None,
+                                   "ManagedInstanceScaling": variant.get("ManagedInstanceScaling"),
+                                   "RoutingConfig": variant.get("RoutingConfig"),
+                                   "AcceleratorPartitionLayouts": variant.get("AcceleratorPartitionLayouts")}
+        if "ServerlessConfig" in variant:
+            summary["CurrentServerlessConfig"] = summary["DesiredServerlessConfig"] = variant["ServerlessConfig"]
+        else:
+            summary["CurrentInstanceCount"] = summary["DesiredInstanceCount"] = placement.instance_count
+        if placement.pool_types:
+            summary["InstancePools"] = [
+                {"InstanceType": kind, "CurrentInstanceCount": placement.instance_count if kind == placement.instance_type else 0}
+                for kind in placement.pool_types
+            ]
+        return compact(summary)
+
+    def delete_endpoint(self, params: dict[str, Any]) -> dict[str, Any]:
+        endpoint = self._endpoint(params["EndpointName"])
+        remaining = sorted(c.name for c in self.components.values() if c.endpoint is endpoint)
+        if remaining:
+            raise validation(f'Cannot delete endpoint "{endpoint.arn}": inference components {remaining} are deployed on it. '
+                             "Delete the inference components first.")
+        if endpoint.status == "Deleting":
+            raise validation(f'Cannot delete endpoint "{endpoint.arn}": it is already being deleted.')
+        old_job, containers = endpoint.job, endpoint.containers()
+        endpoint.status, endpoint.modified, endpoint.variants = "Deleting", time.time(), {}
+
+        def finish(outcome: Outcome) -> None:
+            self.endpoints.pop(endpoint.name.lower(), None)
+            self.tags.pop(endpoint.arn, None)
+
+        self._start_job(endpoint, self._retire(old_job, containers), finish, polls=1)
+        return {}
+
+    def list_endpoints(self, params: dict[str, Any]) -> dict[str, Any]:
+        for endpoint in list(self.endpoints.values()):
+            self._settle(endpoint, count_poll=False)
+        rows = [(e.name, e.created, e.modified, e.status,
+                 {"EndpointName": e.name, "EndpointArn": e.arn, "CreationTime": e.created,
+                  "LastModifiedTime": e.modified, "EndpointStatus": e.status})
+                for e in self.endpoints.values()]
+        return self._page(rows, params, "Endpoints")
+
+    # ---- inference components -------------------------------------------------------
+
+    def _component_source(self, spec: dict[str, Any]) -> Source:
+        """The model's container, with the specification's own Container fields on top."""
+        container = spec.get("Container", {})
+        if spec.get("ModelName"):
+            base = self._model(spec["ModelName"]).source()
+        elif container.get("Image"):
+            base = Source(container["Image"], None, {})
+        else:
+            raise validation("Specification must name a ModelName or a Container with an Image.")
+        return Source(container.get("Image", base.image), container.get("ArtifactUrl", base.model_data_url),
+                      {**base.environment, **container.get("Environment", {})})
+
+    def _check_component_spec(self, endpoint: Endpoint, variant_name: str, spec: dict[str, Any]) -> None:
+        requirements = spec.get("ComputeResourceRequirements")
+        if requirements is None:
+            raise validation("Specification.ComputeResourceRequirements is required.")
+        partition = requirements.get("AcceleratorPartitionType")
+        if partition is None:
+            return
+        declared = partition_types(endpoint.config, variant_name)
+        if partition not in declared:
+            raise validation(f'AcceleratorPartitionType "{partition}" is not one of the partition types declared on '
+                             f'production variant "{variant_name}" of endpoint "{endpoint.name}": {sorted(set(declared)) or "none"}.')
+        if requirements.get("NumberOfAcceleratorDevicesRequired") != 1:
+            raise validation("NumberOfAcceleratorDevicesRequired must be 1 when AcceleratorPartitionType is set "
+                             f"(one partition per copy); got {requirements.get('NumberOfAcceleratorDevicesRequired')}.")
+
+    def _capacity_problem(self, endpoint: Endpoint, variant_name: str, partition: str | None, copies: int,
+                          name: str) -> str | None:
+        """Why `copies` copies of a component needing `partition` do not fit the endpoint's free partitions, if so."""
+        if partition is None:
+            return None
+        placement = endpoint.variants.get(variant_name)
+        instances = placement.instance_count if placement else 0
+        total = partition_types(endpoint.config, variant_name).count(partition) * instances
+        held = sum(c.desired_copies for c in self.components.values()
+                   if c.endpoint is endpoint and c.name != name and c.partition_type == partition
+                   and c.holds_partitions and c.status != "Failed")
+        if copies <= total - held:
+            return None
+        return (f"InsufficientCapacity: Unable to place {copies} copies of inference component {name}: endpoint "
+                f"{endpoint.name} has {total - held} free {partition} partitions ({total} in all, {held} held by other "
+                "inference components).")
+
+    def _copies_job(self, source: Source, count: int, name: str, problem: str | None, timeout_s: float):
+        def work(cancel: threading.Event) -> Outcome:
+            if problem:
+                return Outcome(failure_reason=problem)
+            copies, image = self.runtime.start(source, count, f"Inference component {name}", timeout_s, cancel)
+            return Outcome(copies=copies, image=image)
+
+        return work
+
+    def create_inference_component(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = params["InferenceComponentName"]
+        self._refuse_existing(self.components, "inference-component", "inference component", name)
+        endpoint = self._endpoint(params["EndpointName"])
+        self._settle(endpoint, count_poll=False)
+        if not endpoint.config.for_components:
+            raise validation(f'Endpoint "{endpoint.name}" hosts SageMaker models; inference components need an endpoint '
+                             "whose production variants name no ModelName.")
+        if endpoint.status not in ("InService", "Updating"):
+            raise validation(f'Cannot create inference component on endpoint "{endpoint.arn}" in status {endpoint.status}.')
+        variants = [v["VariantName"] for v in endpoint.config.params["ProductionVariants"]]
+        variant_name = params.get("VariantName") or (variants[0] if len(variants) == 1 else "")
+        if variant_name not in variants:
+            raise validation(f'Could not find production variant "{variant_name}" on endpoint "{endpoint.name}" '
+                             f"(variants: {variants}).")
+        if "Specification" not in params or "RuntimeConfig" not in params:
+            raise validation("CreateInferenceComponent requires Specification and RuntimeConfig.")
+        spec = params["Specification"]
+        self._check_component_spec(endpoint, variant_name, spec)
+        source = self._component_source(spec)
+        copies = params["RuntimeConfig"]["CopyCount"]
+        partition = spec["ComputeResourceRequirements"].get("AcceleratorPartitionType")
+        problem = self._capacity_problem(endpoint, variant_name, partition, copies, name)
+        now = time.time()
+        component = Component(name, arn("inference-component", name), endpoint, variant_name, spec, source, copies,
+                              now, now, "Creating", holds_partitions=problem is None)
+        self.components[name.lower()] = component
+        self._tag(component.arn, params.get("Tags"))
+
+        def finish(outcome: Outcome) -> None:
+            component.status = "Failed" if outcome.failure_reason else "InService"
+            component.failure_reason, component.modified = outcome.failure_reason, time.time()
+            component.copies, component.image = outcome.copies, outcome.image
+
+        timeout_s = self.shared.scenario.container_start_timeout_s
+        self._start_job(component, self._copies_job(source, copies, name, problem, timeout_s), finish)
+        return {"InferenceComponentArn": component.arn}
+
+    def update_inference_component(self, params: dict[str, Any]) -> dict[str, Any]:
+        component = self._component(params["InferenceComponentName"])
+        self._settle(component, count_poll=False)
+        if component.status not in ("InService", "Failed"):
+            raise validation(f'Cannot update in-progress inference component "{component.arn}".')
+        spec = params.get("Specification", component.spec)
+        self._check_component_spec(component.endpoint, component.variant_name, spec)
+        source = self._component_source(spec)
+        copies = params.get("RuntimeConfig", {}).get("CopyCount", component.desired_copies)
+        partition = spec["ComputeResourceRequirements"].get("AcceleratorPartitionType")
+        problem = self._capacity_problem(component.endpoint, component.variant_name, partition, copies, component.name)
+        roll_back = self.shared.scenario.roll_back_updates
+        component.status, component.modified = "Updating", time.time()
+        component.deployment_config = params.get("DeploymentConfig", component.deployment_config)
+
+        def finish(outcome: Outcome) -> None:
+            component.modified = time.time()
+            if roll_back:  # what SageMaker shows after an auto-rollback: InService, old spec, no FailureReason
+                stop_containers(outcome.copies)
+                component.status, component.failure_reason = "InService", None
+            elif outcome.failure_reason:
+                component.status = "InService" if component.copies else "Failed"
+                component.failure_reason = outcome.failure_reason
+            else:
+                stop_containers(component.copies)
+                component.status, component.failure_reason = "InService", None
+                component.spec, component.source, component.desired_copies = spec, source, copies
+                component.copies, component.image = outcome.copies, outcome.image
+
+        work = (lambda cancel: Outcome()) if roll_back else self._copies_job(
+            source, copies, component.name, problem, self.shared.scenario.container_start_timeout_s)
+        self._start_job(component, work, finish)
+        return {"InferenceComponentArn": component.arn}
+
+    def update_inference_component_runtime_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        component = self._component(params["InferenceComponentName"])
+        self._settle(component, count_poll=False)
+        if component.status != "InService":
+            raise validation(f'Cannot update in-progress inference component "{component.arn}".')
+        wanted = params["DesiredRuntimeConfig"]["CopyCount"]
+        extra = max(0, wanted - len(component.copies))
+        problem = self._capacity_problem(component.endpoint, component.variant_name, component.partition_type,
+                                         wanted, component.name)
+        component.status, component.modified = "Updating", time.time()
+
+        def finish(outcome: Outcome) -> None:
+            component.status, component.modified = "InService", time.time()
+            component.failure_reason = outcome.failure_reason
+            if outcome.failure_reason is None:
+                surplus = component.copies[wanted:]
+                stop_containers(surplus)
+                component.copies = component.copies[:wanted] + outcome.copies
+                component.desired_copies = wanted
+
+        timeout_s = self.shared.scenario.container_start_timeout_s
+        work = self._copies_job(component.source, extra, component.name, problem, timeout_s) if extra else (lambda cancel: Outcome())
+        self._start_job(component, work, finish)
+        return {"InferenceComponentArn": component.arn}
+
+    def describe_inference_component(self, params: dict[str, Any]) -> dict[str, Any]:
+        component = self._component(params["InferenceComponentName"])
+        self._settle(component, count_poll=True)
+        component = self._component(params["InferenceComponentName"])
+        spec, source = component.spec, component.source
+        return compact({
+            "InferenceComponentName": component.name, "InferenceComponentArn": component.arn,
+            "EndpointName": component.endpoint.name, "EndpointArn": component.endpoint.arn,
+            "VariantName": component.variant_name, "FailureReason": component.failure_reason,
+            "Specification": {
+                "ModelName": spec.get("ModelName"),
+                "Container": {"DeployedImage": component.image, "ArtifactUrl": source.model_data_url,
+                              "Environment": source.environment or None},
+                "ComputeResourceRequirements": spec.get("ComputeResourceRequirements"),
+                "StartupParameters": spec.get("StartupParameters"),
+            },
+            "RuntimeConfig": {"DesiredCopyCount": component.desired_copies, "CurrentCopyCount": len(component.copies)},
+            "CreationTime": component.created, "LastModifiedTime": component.modified,
+            "InferenceComponentStatus": component.status, "LastDeploymentConfig": component.deployment_config,
+        })
+
+    def delete_inference_component(self, params: dict[str, Any]) -> dict[str, Any]:
+        component = self._component(params["InferenceComponentName"])
+        if component.status == "Deleting":
+            raise validation(f'Cannot delete inference component "{component.arn}": it is already being deleted.')
+        old_job, copies = component.job, component.copies
+        component.status, component.modified, component.copies = "Deleting", time.time(), []
+
+        def finish(outcome: Outcome) -> None:
+            self.components.pop(component.name.lower(), None)
+            self.tags.pop(component.arn, None)
+
+        self._start_job(component, self._retire(old_job, copies), finish, polls=1)
+        return {}
+
+    def list_inference_components(self, params: dict[str, Any]) -> dict[str, Any]:
+        for component in list(self.components.values()):
+            self._settle(component, count_poll=False)
+        chosen = [c for c in self.components.values()
+                  if params.get("EndpointNameEquals", c.endpoint.name) == c.endpoint.name
+                  and params.get("VariantNameEquals", c.variant_name) == c.variant_name]
+        rows = [(c.name, c.created, c.modified, c.status,
+                 {"CreationTime": c.created, "InferenceComponentArn": c.arn, "InferenceComponentName": c.name,
+                  "EndpointArn": c.endpoint.arn, "EndpointName": c.endpoint.name, "VariantName": c.variant_name,
+                  "InferenceComponentStatus": c.status, "LastModifiedTime": c.modified})
+                for c in chosen]
+        return self._page(rows, params, "InferenceComponents")
+
+    # ---- runtime --------------------------------------------------------------------
+
+    def invoke(self, endpoint_name: str, action: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """InvokeEndpoint: validate, pick the least-busy copy, forward, map a non-200 to ModelError."""
+        params = runtime_params(endpoint_name, headers, body)
+        operation = {"invocations": "InvokeEndpoint", "async-invocations": "InvokeEndpointAsync",
+                     "invocations-response-stream": "InvokeEndpointWithResponseStream"}.get(action, action)
+        self.shared.log("sagemaker-runtime", operation, params)
+        if operation != "InvokeEndpoint":
+            raise ApiError("UnknownOperationException", f"the AWS double implements InvokeEndpoint only, not {operation}")
+        self.shared.take_throttle(operation)
+        problems = request_problems("sagemaker-runtime", operation, params)
+        if problems:
+            raise runtime_validation(f"{len(problems)} validation error(s) detected: " + "; ".join(problems))
+        with self.shared.lock:
+            copy, variant = self._pick_copy(params)
+            copy.in_flight += 1
+        origin = "model" if params.get("InferenceComponentName") else "primary"
+        try:
+            status, content_type, answer = forward(copy.port, params)
+        except (OSError, http.client.HTTPException) as exc:
+            raise ApiError("ModelError", f"Received server error from {origin}: the model server did not answer ({exc}).",
+                           status=424, LogStreamArn=log_stream_arn(endpoint_name)) from None
+        finally:
+            with self.shared.lock:
+                copy.in_flight -= 1
+        if status != 200:
+            text = answer.decode("utf-8", errors="replace")
+            side = "client" if 400 <= status < 500 else "server"
+            raise ApiError(
+                "ModelError",
+                f'Received {side} error ({status}) from {origin} with message "{text}". See '
+                f"https://{REGION}.console.aws.amazon.com/cloudwatch/home?region={REGION}#logEventViewer:group="
+                f"/aws/sagemaker/Endpoints/{endpoint_name} in account {ACCOUNT_ID} for more information.",
+                status=424, OriginalStatusCode=status, OriginalMessage=text, LogStreamArn=log_stream_arn(endpoint_name),
+            )
+        return 200, {"Content-Type": content_type, "x-Amzn-Invoked-Production-Variant": variant}, answer
+
+    def _pick_copy(self, params: dict[str, Any]) -> tuple[Container, str]:
+        endpoint = self.endpoints.get(params["EndpointName"].lower())
+        if endpoint is None:
+            raise runtime_validation(f"Endpoint {params['EndpointName']} of account {ACCOUNT_ID} not found.")
+        if endpoint.status not in ("InService", "Updating"):
+            raise runtime_validation(f"Endpoint {endpoint.name} of account {ACCOUNT_ID} is not in service "
+                                     f"(status {endpoint.status}).")
+        component_name = params.get("InferenceComponentName")
+        if endpoint.config.for_components:
+            if not component_name:
+                raise runtime_validation(IC_NAME_REQUIRED)
+            component = self.components.get(component_name.lower())
+            if component is None or component.endpoint is not endpoint:
+                raise runtime_validation(f"Inference component {component_name} was not found on endpoint {endpoint.name}.")
+            copies, variant = component.copies, component.variant_name
+            if component.status not in ("InService", "Updating") or not copies:
+                raise runtime_validation(NO_COPIES)
+        else:
+            if component_name:
+                raise runtime_validation(IC_NAME_REFUSED)
+            variant = params.get("TargetVariant") or next(iter(endpoint.variants), "")
+            if variant not in endpoint.variants:
+                raise runtime_validation(f"Variant {variant} not found for endpoint {endpoint.name}.")
+            copies = endpoint.variants[variant].containers
+        return min(copies, key=lambda copy: copy.in_flight), variant
+
+
+def runtime_params(endpoint_name: str, headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    """The InvokeEndpoint parameters a request carries, read back through the model's serialization."""
+    shape = service_model("sagemaker-runtime").operation_model("InvokeEndpoint").input_shape
+    lowered = {key.lower(): value for key, value in headers.items()}
+    params: dict[str, Any] = {"EndpointName": endpoint_name, "Body": body}
+    for member, member_shape in shape.members.items():
+        location = member_shape.serialization.get("location")
+        if location == "header" and member_shape.serialization["name"].lower() in lowered:
+            params[member] = lowered[member_shape.serialization["name"].lower()]
+    return params
+
+
+def forward(port: int, params: dict[str, Any]) -> tuple[int, str, bytes]:
+    """POST the body to a model server's /invocations; (status, content type, body)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=INVOKE_TIMEOUT_S)
+    try:
+        headers = {"Content-Type": params.get("ContentType", "application/octet-stream")}
+        if "Accept" in params:
+            headers["Accept"] = params["Accept"]
+        connection.request("POST", "/invocations", body=params["Body"], headers=headers)
+        response = connection.getresponse()
+        return response.status, response.getheader("Content-Type", "application/json"), response.read()
+    finally:
+        connection.close()
+
+
+def log_stream_arn(endpoint_name: str) -> str:
+    return f"arn:aws:logs:{REGION}:{ACCOUNT_ID}:log-group:/aws/sagemaker/Endpoints/{endpoint_name}"
+
+
+# --------------------------------------------------------------------------------------
+# Images, model data and container start-up
+
+
+class ContainerRuntime:
+    """Resolves images in moto's ECR, fetches model archives from moto's S3, starts server copies."""
+
+    def __init__(self, shared: Shared, client: Callable[[str], Any]):
+        self.shared, self.client = shared, client
+        self.image_kinds: dict[str, str] = {}  # image digest -> kind, registered by the CodeBuild simulation
+        self.started: list[Container] = []  # every copy started since the last clear, running or not
+        self.workdir = Path(tempfile.mkdtemp(prefix="aws-double-"))
+
+    def running(self) -> list[Container]:
+        with self.shared.lock:
+            return [c for c in self.started if c.process.poll() is None]
+
+    def close(self) -> None:
+        """Stop any copy still running (none should be, after a drain) and remove the work folder."""
+        stop_containers(self.running())
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def clear(self) -> None:
+        """Close, forget images and started copies, and start an empty work folder."""
+        self.close()
+        with self.shared.lock:
+            self.image_kinds.clear()
+            self.started.clear()
+        self.workdir.mkdir(parents=True)
+
+    def s3_object_exists(self, url: str) -> bool:
+        bucket, key = parse_s3_url(url) or ("", "")
+        try:
+            self.client("s3").head_object(Bucket=bucket, Key=key)
+        except ClientError:
+            return False
+        return True
+
+    def resolve(self, image: str) -> tuple[dict[str, Any], str]:
+        """The DeployedImage of an ECR image reference and the server kind its digest was built as."""
+        match = ECR_IMAGE.fullmatch(image)
+        if match is None or match["registry"] != ACCOUNT_ID or match["region"] != REGION:
+            raise StartFailure(f"Requested image {image} not found: the double runs images from its own Amazon ECR "
+                               f"({ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com) only.")
+        image_id = {"imageDigest": match["digest"]} if match["digest"] else {"imageTag": match["tag"] or "latest"}
+        try:
+            details = self.client("ecr").describe_images(repositoryName=match["repository"], imageIds=[image_id])
+        except ClientError as exc:
+            raise StartFailure(f"Requested image {image} not found: {exc.response['Error']['Message']}") from None
+        digest = details["imageDetails"][0]["imageDigest"]
+        with self.shared.lock:
+            kind = self.image_kinds.get(digest)
+        if kind is None:
+            raise StartFailure(f"The container for image {image} cannot start: its digest {digest} was not built by "
+                               "the double's CodeBuild, so there is no server to run for it.")
+        resolved = f"{match['registry']}.dkr.ecr.{match['region']}.amazonaws.com/{match['repository']}@{digest}"
+        return {"SpecifiedImage": image, "ResolvedImage": resolved, "ResolutionTime": time.time()}, kind
+
+    def fetch_model(self, url: str | None) -> Path:
+        """The model archive at `url` extracted into a fresh folder (an empty folder when there is none)."""
+        target = self.workdir / "models" / uuid.uuid4().hex
+        if url is None:
+            target.mkdir(parents=True)
+            return target
+        bucket_key = parse_s3_url(url)
+        archive = self.workdir / "downloads" / f"{uuid.uuid4().hex}.tar.gz"
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if bucket_key is None:
+                raise ValueError("not an s3:// URL")
+            body = self.client("s3").get_object(Bucket=bucket_key[0], Key=bucket_key[1])["Body"]
+            with open(archive, "wb") as out:
+                shutil.copyfileobj(body, out, 1 << 20)
+        except (ClientError, BotoCoreError, ValueError, OSError) as exc:
+            raise StartFailure(f'Failed to download model data for container "container_1" from URL: "{url}". Please '
+                               "ensure that there is an object located at the URL and that the role passed to "
+                               f"CreateModel has permissions to download the model ({exc}).") from None
+        try:
+            safe_extract(archive, target)
+        except Exception as exc:  # tasks.errors' IntegrityError, Conflict, NotFound (that module is not imported here)
+            raise StartFailure(f'Failed to extract model data for container "container_1" from URL "{url}": {exc}') from None
+        finally:
+            archive.unlink(missing_ok=True)
+        return target
+
+    def start(self, source: Source, count: int, label: str, timeout_s: float,
+              cancel: threading.Event) -> tuple[list[Container], dict[str, Any]]:
+        """Start `count` copies and wait for every GET /ping to answer 200; StartFailure (with the log tail) if not."""
+        image, kind = self.resolve(source.image)
+        model_dir = self.fetch_model(source.model_data_url)
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        copies: list[Container] = []
+        try:
+            for _ in range(count):
+                copies.append(Container(kind, source.environment, model_dir, self.workdir / "logs" / f"{uuid.uuid4().hex}.log"))
+                with self.shared.lock:
+                    self.started.append(copies[-1])
+            deadline = time.monotonic() + timeout_s
+            for index, copy in enumerate(copies, start=1):
+                problem = copy.wait_ready(deadline, cancel)
+                if problem:
+                    which = f"{label} (copy {index} of {count})" if count > 1 else label
+                    raise StartFailure(f"{which} did not pass the ping health check: {problem}.", copy.log_tail())
+        except BaseException:
+            stop_containers(copies)
+            raise
+        return copies, image
+
+
+# --------------------------------------------------------------------------------------
+# CodeBuild: moto keeps the builds, this runs what the buildspec describes
+
+
+@dataclass
+class Build:
+    """A simulated build: its outcome, how often BatchGetBuilds saw it, and what to report."""
+
+    failure: tuple[str, str, str] | None  # (phase, status code, message) of the failed phase
+    environment: list[dict[str, str]]
+    source: dict[str, str]
+    artifact_location: str | None
+    started_at: float = field(default_factory=time.time)
+    polls: int = 0
+
+
+class CodeBuildSimulator:
+    """StartBuild runs the buildspec's checks, pushes a manifest to moto's ECR and writes image-detail.json."""
+
+    def __init__(self, shared: Shared, runtime: ContainerRuntime, client: Callable[[str], Any]):
+        self.shared, self.runtime, self.client = shared, runtime, client
+        self.builds: dict[str, Build] = {}
+
+    def clear(self) -> None:
+        with self.shared.lock:
+            self.builds.clear()
+
+    def started(self, request: dict[str, Any], build: dict[str, Any]) -> None:
+        """Simulate the build moto just recorded."""
+        project = self.client("codebuild").batch_get_projects(names=[request["projectName"]])["projects"][0]
+        variables = {v["name"]: v["value"] for v in project.get("environment", {}).get("environmentVariables", [])}
+        variables.update({v["name"]: v["value"] for v in request.get("environmentVariablesOverride", [])})
+        source = {"type": request.get("sourceTypeOverride", project["source"]["type"]),
+                  "location": request.get("sourceLocationOverride", project["source"].get("location", ""))}
+        artifacts = request.get("artifactsOverride", project.get("artifacts", {}))
+        failure, location = None, None
+        try:
+            location = self._run(source, variables, artifacts, build["id"])
+        except BuildFailed as failed:
+            failure = failed.args
+        record = Build(failure, [{"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()], source, location)
+        with self.shared.lock:
+            self.builds[build["id"]] = record
+
+    def _run(self, source: dict[str, str], variables: dict[str, str], artifacts: dict[str, Any], build_id: str) -> str | None:
+        if self.shared.scenario.fail_builds:
+            raise BuildFailed("BUILD", "COMMAND_EXECUTION_ERROR",
+                              "Error while executing command: docker build. Reason: exit status 1 (scenario fail_builds)")
+        bucket_key = source["location"].split("/", 1)
+        if source["type"] != "S3" or len(bucket_key) != 2:
+            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"the double builds S3 sources only, got {source}")
+        try:
+            data = self.client("s3").get_object(Bucket=bucket_key[0], Key=bucket_key[1])["Body"].read()
+            names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+        except ClientError as exc:
+            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"error downloading source s3://{source['location']}: "
+                              f"{exc.response['Error']['Code']}") from None
+        except zipfile.BadZipFile as exc:
+            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"source s3://{source['location']} is not a zip: {exc}") from None
+        kind = variables.get("IMAGE_NAME", "")
+        if kind not in IMAGE_KINDS:
+            raise command_failed(f"IMAGE_NAME={kind!r} is not one of {sorted(IMAGE_KINDS)}")
+        images_dir = "images/" if any(n.startswith("images/") for n in names) else ""
+        for needed in (f"{kind}/Dockerfile", f"{kind}/server.py", "common/sagemaker_http.py"):
+            if images_dir + needed not in names:
+                raise command_failed(f"{kind} build: no {needed} under images/ or the source root; the build context is "
+                                     "images/, so the source must be the repository root or its images/ folder")
+        repository_uri, tag, variant = (variables.get("ECR_REPOSITORY_URI", ""), variables.get("IMAGE_TAG", ""),
+                                        variables.get("VARIANT", "cpu"))
+        if not repository_uri or not tag:
+            raise command_failed(f"{kind} build: set ECR_REPOSITORY_URI and IMAGE_TAG")
+        if tag == "latest":
+            raise command_failed(f"{kind} build: IMAGE_TAG=latest is mutable; use a content-derived tag")
+        if kind == "semif" and variant not in ("cpu", "cuda"):
+            raise command_failed(f"semif build: VARIANT={variant} is not cpu or cuda")
+        if "BASE_IMAGE" in variables and not re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", variables["BASE_IMAGE"]):
+            raise command_failed(f"{kind} build: base image '{variables['BASE_IMAGE']}' is not pinned by digest")
+        digest = self._push(repository_uri, tag, hashlib.sha256(data).hexdigest(), len(data), f"{kind}:{variant}")
+        with self.shared.lock:
+            self.runtime.image_kinds[digest] = kind
+        return self._write_artifact(artifacts, build_id, {"ImageURI": f"{repository_uri}@{digest}"})
+
+
+    def _push(self, repository_uri: str, tag: str, source_sha256: str, size: int, flavour: str) -> str:
+        """PutImage a deterministic manifest (layers from the source zip and the image flavour); its digest."""
+        repository = repository_uri.split("/", 1)[-1]
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(flavour),
+                       "digest": "sha256:" + hashlib.sha256(flavour.encode()).hexdigest()},
+            "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": size,
+                        "digest": f"sha256:{source_sha256}"},
+                       {"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(flavour),
+                        "digest": "sha256:" + hashlib.sha256(flavour.encode()).hexdigest()}],
+        }, sort_keys=True)
+        ecr = self.client("ecr")
+        try:
+            return ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=tag)["image"]["imageId"]["imageDigest"]
+        except ecr.exceptions.ImageAlreadyExistsException:
+            return ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])["imageDetails"][0]["imageDigest"]
+        except ClientError as exc:
+            raise BuildFailed("POST_BUILD", "COMMAND_EXECUTION_ERROR", f"Error while executing command: docker push "
+                              f"{repository_uri}:{tag}. Reason: {exc.response['Error']['Message']}") from None
+
+    def _write_artifact(self, artifacts: dict[str, Any], build_id: str, detail: dict[str, str]) -> str | None:
+        if artifacts.get("type") != "S3":
+            return None
+        if artifacts.get("packaging", "NONE") != "NONE":
+            raise BuildFailed("UPLOAD_ARTIFACTS", "CLIENT_ERROR", "the double writes NONE-packaged artifacts only")
+        namespace = build_id.split(":", 1)[1] if artifacts.get("namespaceType") == "BUILD_ID" else ""
+        prefix = "/".join(part.strip("/") for part in (artifacts.get("path", ""), namespace, artifacts.get("name", "")) if part)
+        key = f"{prefix}/image-detail.json" if prefix else "image-detail.json"
+        try:
+            self.client("s3").put_object(Bucket=artifacts["location"], Key=key, Body=json.dumps(detail).encode() + b"\n")
+        except ClientError as exc:
+            raise BuildFailed("UPLOAD_ARTIFACTS", "CLIENT_ERROR", f"error uploading artifacts: {exc.response['Error']['Code']}") from None
+        return f"arn:aws:s3:::{artifacts['location']}/{prefix}"
+
+    def reported(self, build: dict[str, Any]) -> dict[str, Any]:
+        """A build as BatchGetBuilds shows it: IN_PROGRESS on the first poll, then its outcome."""
+        with self.shared.lock:
+            record = self.builds.get(build.get("id"))
+            if record is None:
+                return build
+            record.polls += 1
+            first_poll = record.polls == 1
+        now = time.time()
+        done_phase = lambda phase: {"phaseType": phase, "phaseStatus": "SUCCEEDED", "startTime": now,  # noqa: E731
+                                    "endTime": now, "durationInSeconds": 0}
+        build = {**build, "environment": {**build.get("environment", {}), "environmentVariables": record.environment},
+                 "source": record.source, "startTime": record.started_at}
+        build.pop("endTime", None)
+        if first_poll:
+            return {**build, "buildStatus": "IN_PROGRESS", "currentPhase": "BUILD", "buildComplete": False,
+                    "phases": [done_phase(p) for p in BUILD_PHASES[:6]] + [{"phaseType": "BUILD", "startTime": now}]}
+        if record.failure is None:
+            phases = [done_phase(p) for p in BUILD_PHASES[:-1]] + [{"phaseType": "COMPLETED", "startTime": now}]
+            build["artifacts"] = {"location": record.artifact_location} if record.artifact_location else {}
+            return {**build, "buildStatus": "SUCCEEDED", "currentPhase": "COMPLETED", "buildComplete": True,
+                    "endTime": now, "phases": phases}
+        failed_phase, status_code, message = record.failure
+        phases = [done_phase(p) for p in BUILD_PHASES[:BUILD_PHASES.index(failed_phase)]]
+        phases.append({"phaseType": failed_phase, "phaseStatus": "FAILED", "startTime": now, "endTime": now,
+                       "durationInSeconds": 0, "contexts": [{"statusCode": status_code, "message": message}]})
+        phases += [done_phase("FINALIZING"), {"phaseType": "COMPLETED", "startTime": now}]
+        return {**build, "buildStatus": "FAILED", "currentPhase": "COMPLETED", "buildComplete": True,
+                "endTime": now, "phases": phases, "artifacts": {}}
+
+
+class BuildFailed(Exception):
+    """A simulated build failed: args are (phase, status code, message)."""
+
+
+def command_failed(message: str) -> BuildFailed:
+    """A buildspec command exited non-zero in PRE_BUILD, as CodeBuild reports it."""
+    return BuildFailed("PRE_BUILD", "COMMAND_EXECUTION_ERROR",
+                       f"Error while executing command: set -euo pipefail. Reason: exit status 1: {message}")
+
+
+# --------------------------------------------------------------------------------------
+# The server
+
+
+class Shared:
+    """What the parts of the double share: one lock, the scenario and the call log."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.scenario = Scenario()
+        self.calls: list[Call] = []
+
+    def log(self, service: str, operation: str, params: dict[str, Any]) -> None:
+        with self.lock:
+            self.calls.append(Call(service, operation, params))
+
+    def take_throttle(self, operation: str) -> None:
+        with self.lock:
+            left = self.scenario.throttle.get(operation, 0)
+            if left > 0:
+                self.scenario.throttle[operation] = left - 1
+                raise ApiError("ThrottlingException", "Rate exceeded")
+
+
+class QuietRequestHandler(MotoRequestHandler):
+    """moto's request handler without a log line per request."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        pass
+
+
+class AwsDouble:
+    """The double: one threaded HTTP server on 127.0.0.1 (moto behind a SageMaker/CodeBuild middleware)."""
+
+    def __init__(self):
+        self._shared = Shared()
+        self._moto = DomainDispatcherApplication(create_backend_app)
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self._clients: dict[tuple[str, int], Any] = {}
+        self._runtime: ContainerRuntime | None = None
+        self._sagemaker: SageMaker | None = None
+        self._codebuild: CodeBuildSimulator | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> AwsDouble:
+        self._server = make_server("127.0.0.1", 0, self._app, threaded=True, request_handler=QuietRequestHandler)
+        self._server.daemon_threads = True
+        self._runtime = ContainerRuntime(self._shared, self.client)
+        self._sagemaker = SageMaker(self._shared, self._runtime)
+        self._codebuild = CodeBuildSimulator(self._shared, self._runtime, self.client)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="aws-double", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end every model server process, remove the work folder."""
+        if self._server is None:
+            return
+        atexit.unregister(self.stop)
+        self._sagemaker.drain()
+        self._sagemaker.executor.shutdown(wait=True, cancel_futures=True)
+        self._server.shutdown()
+        self._thread.join(timeout=JOB_DRAIN_TIMEOUT_S)
+        self._server.server_close()
+        self._runtime.close()
+        self._server = None
+
+    def __enter__(self) -> AwsDouble:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    # ---- public API -----------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment that points boto3 (in any process) at the double."""
+        return {"AWS_ENDPOINT_URL": self.url, **CREDENTIALS}
+
+    def client(self, service: str, max_attempts: int = 3):
+        """A boto3 client of `service` against the double (cached; botocore clients are thread-safe)."""
+        key = (service, max_attempts)
+        with self._shared.lock:
+            if key not in self._clients:
+                self._clients[key] = boto3.session.Session().client(
+                    service, endpoint_url=self.url, region_name=REGION,
+                    aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                    aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                    config=Config(connect_timeout=5, read_timeout=CLIENT_TIMEOUT_S,
+                                  retries={"mode": "standard", "total_max_attempts": max_attempts}),
+                )
+            return self._clients[key]
+
+    def reset(self) -> None:
+        """moto's reset plus the double's own: resources, processes, images, builds, scenario and call log."""
+        self._sagemaker.drain()
+        request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST", data=b"")
+        with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as response:
+            response.read()
+        self._runtime.clear()
+        self._codebuild.clear()
+        with self._shared.lock:
+            self._shared.scenario = Scenario()
+            self._shared.calls.clear()
+
+    def scenario(self, **knobs: Any) -> Scenario:
+        """Set scenario knobs (see `Scenario`); returns the scenario now in force."""
+        with self._shared.lock:
+            self._shared.scenario = self._shared.scenario.updated(knobs)
+            return self._shared.scenario
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every SageMaker and SageMaker-runtime request so far, in order (`call.mutating` picks out writes)."""
+        with self._shared.lock:
+            return list(self._shared.calls)
+
+    def container_pids(self) -> list[int]:
+        """The pids of the model server processes now running (endpoints and inference components)."""
+        return [c.process.pid for c in self._runtime.running()]
+
+    # ---- the WSGI middleware --------------------------------------------------------
+
+    def _app(self, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+        path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        signing = SIGNING_SERVICE.search(environ.get("HTTP_AUTHORIZATION", ""))
+        runtime = RUNTIME_PATH.fullmatch(path) if method == "POST" and (signing is None or signing[1] == "sagemaker") else None
+        try:
+            if path.startswith("/_double/"):
+                return self._admin(environ, start_response, path, method)
+            if runtime:
+                headers = {key[5:].replace("_", "-"): value for key, value in environ.items() if key.startswith("HTTP_")}
+                if "CONTENT_TYPE" in environ:
+                    headers["Content-Type"] = environ["CONTENT_TYPE"]
+                status, out_headers, body = self._sagemaker.invoke(runtime.group(1), runtime.group(2), headers,
+                                                             read_body(environ, too_large="ValidationError"))
+                return respond(start_response, status, body, out_headers)
+            if target.startswith("SageMaker."):
+                params = parse_json_body(read_body(environ))
+                operation = target.split(".", 1)[1]
+                if operation not in service_model("sagemaker").operation_names:
+                    raise ApiError("UnknownOperationException", f"SageMaker has no operation {operation}")
+                result = self._sagemaker.handle(operation, params)
+                return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
+            if target in ("CodeBuild_20161006.StartBuild", "CodeBuild_20161006.BatchGetBuilds"):
+                return self._codebuild_call(environ, start_response, target)
+        except ApiError as error:
+            return respond_error(start_response, error, rest_json=bool(runtime))
+        return self._moto(environ, start_response)
+
+    def _codebuild_call(self, environ: dict[str, Any], start_response: Callable, target: str) -> list[bytes]:
+        body = read_body(environ)
+        environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+        status, headers, answer = call_wsgi(self._moto, environ)
+        if not status.startswith("200"):
+            return respond(start_response, int(status.split()[0]), answer, dict(headers))
+        request, result = json.loads(body or b"{}"), json.loads(answer)
+        if target.endswith("StartBuild"):
+            self._codebuild.started(request, result["build"])
+        else:
+            result["builds"] = [self._codebuild.reported(build) for build in result.get("builds", [])]
+        content_type = dict(headers).get("Content-Type", "application/x-amz-json-1.1")
+        return respond(start_response, 200, json.dumps(result, default=str).encode(), {"Content-Type": content_type})
+
+    def _admin(self, environ: dict[str, Any], start_response: Callable, path: str, method: str) -> list[bytes]:
+        """POST /_double/scenario {knobs}, GET /_double/calls, POST /_double/reset, for tests in other processes."""
+        try:
+            if path == "/_double/scenario" and method == "POST":
+                payload = self.scenario(**parse_json_body(read_body(environ))).to_json()
+            elif path == "/_double/calls" and method == "GET":
+                payload = {"calls": [call._asdict() for call in self.calls]}
+            elif path == "/_double/reset" and method == "POST":
+                self.reset()
+                payload = {"reset": True}
+            else:
+                return respond(start_response, 404, json.dumps({"error": f"no admin route {method} {path}"}).encode())
+        except (ValueError, TypeError, ApiError) as exc:
+            return respond(start_response, 400, json.dumps({"error": str(exc)}).encode())
+        body = json.dumps(payload, default=lambda blob: blob.decode("utf-8", "replace"))  # InvokeEndpoint bodies
+        return respond(start_response, 200, body.encode())
+
+
+def read_body(environ: dict[str, Any], too_large: str = "ValidationException") -> bytes:
+    """The request body (Content-Length bytes, bounded); `too_large` is the error code for an oversized one."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise ApiError("SerializationException", "Content-Length is not a number") from None
+    if length > MAX_REQUEST_BYTES:
+        raise ApiError(too_large, f"request body of {length} bytes is over the double's {MAX_REQUEST_BYTES}-byte limit")
+    return environ["wsgi.input"].read(length) if length else b""
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    try:
+        params = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise ApiError("SerializationException", f"request body is not JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise ApiError("SerializationException", "request body is not a JSON object")
+    return params
+
+
+def respond(start_response: Callable, status: int, body: bytes, headers: dict[str, str] | None = None) -> list[bytes]:
+    reason = http.client.responses.get(status, "Unknown")
+    base = {"Content-Type": "application/json", "x-amzn-RequestId": str(uuid.uuid4())}
+    pairs = {**base, **(headers or {})}
+    pairs.pop("Content-Length", None)
+    start_response(f"{status} {reason}", [*pairs.items(), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def respond_error(start_response: Callable, error: ApiError, rest_json: bool) -> list[bytes]:
+    """The error shape botocore parses: json `__type` for the control plane, `x-amzn-ErrorType` for the runtime."""
+    if rest_json:
+        body = {"message": error.message, **error.extra}
+        headers = {"Content-Type": "application/json", "x-amzn-ErrorType": error.code}
+    else:
+        body = {"__type": error.code, "message": error.message, **error.extra}
+        headers = {"Content-Type": "application/x-amz-json-1.1"}
+    return respond(start_response, error.status, json.dumps(body).encode(), headers)
+
+
+def call_wsgi(app: Callable, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+    """Run a WSGI app to completion; (status line, headers, body)."""
+    captured: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+        captured["status"], captured["headers"] = status, headers
+        return chunks.append
+
+    result = app(environ, start_response)
+    try:
+        chunks.extend(result)
+    finally:
+        if hasattr(result, "close"):
+            result.close()
+    return captured["status"], captured["headers"], b"".join(chunks)
