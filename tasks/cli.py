@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, NotFound, ShipliftError
+from tasks.stages.table import STAGE_NAMES
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
 
@@ -31,12 +32,95 @@ def with_ledger(p):
     return p
 
 
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """A plain text table for people (`--json` prints the rows for machines instead)."""
+    cells = [[str(row.get(column, "")) for column in columns] for row in rows]
+    widths = [max([len(column), *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)]
+    for line in [columns, ["-" * w for w in widths], *cells]:
+        print("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip())
+
+
+def aws_config(args):
+    """The aws release config a command needs; BadInput naming the backend otherwise."""
+    from tasks.config import load_release_config
+
+    config = load_release_config(args.config, overrides=tuple(args.set))
+    if config.backend.kind != "aws":
+        raise BadInput(f"{args.config} uses the {config.backend.kind} backend; `shiplift {args.command}` is about AWS resources",
+                       fix="pass an aws release config (backend.kind: aws), e.g. configs/releases/qwen35-4b-semif.yaml")
+    return config
+
+
 def cmd_release(args) -> int:
+    if args.dry_run:
+        return release_dry_run(args)
     from tasks.release import run_release
 
     summary = run_release(args.config, overrides=tuple(args.set), keep_candidate=args.keep_candidate or None)
     print_json(summary)
     return 0 if summary["status"] == "promoted" else EXIT_REJECTED
+
+
+def release_dry_run(args) -> int:
+    """Every request an aws release would send, one JSON object a line; nothing is sent, no credentials needed."""
+    from collections import Counter
+
+    from tasks.aws.dryrun import plan_release
+
+    config = aws_config(args)
+    requests = plan_release(config, config_dir=Path(args.config).resolve().parent)
+    for request in requests:
+        print(json.dumps(request.to_json(), ensure_ascii=False))
+    services = Counter(r.service for r in requests)
+    with_placeholders = sum(1 for r in requests if r.placeholders)
+    print(f"dry run: {len(requests)} requests ({', '.join(f'{n} {s}' for s, n in sorted(services.items()))}), each valid for "
+          f"the installed botocore service model; {with_placeholders} carry placeholders (listed per request); nothing was sent",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_iam(args) -> int:
+    from tasks.aws.iam import policies
+
+    documents = policies(aws_config(args))
+    if args.out:
+        from tasks.atomic import write_text_atomic
+
+        for name, document in documents.items():
+            write_text_atomic(Path(args.out) / name, json.dumps(document, indent=2) + "\n")
+            print(f"wrote {Path(args.out) / name}")
+    elif args.json:
+        print_json(documents)
+    else:
+        rows = [{"document": name, "sid": s.get("Sid", ""), "actions": len(s["Action"]) if isinstance(s["Action"], list) else 1,
+                 "resources": ", ".join(s.get("Resource", [])) if isinstance(s.get("Resource"), list) else s.get("Resource", "")}
+                for name, document in documents.items() for s in document["Statement"] if "Resource" in s]
+        print_table(rows, ["document", "sid", "actions", "resources"])
+    return 0
+
+
+def cmd_cleanup(args) -> int:
+    """List, or delete, what shiplift created under a prefix (named with it and carrying shiplift's tag)."""
+    from tasks.backends import make_backends
+
+    config = aws_config(args)
+    prefix = args.prefix or config.resource_prefix
+    if not prefix.strip():
+        raise BadInput("--prefix is empty", fix="pass the resource prefix to clean up, e.g. --prefix shiplift")
+    hosting = make_backends(config).hosting
+    found = hosting.managed_resources(prefix)
+    if args.list:
+        if args.json:
+            print_json([r.model_dump() for r in found])
+        else:
+            print_table([{"kind": r.kind, "name": r.name, "release": r.tags.get("shiplift:release", "")} for r in found],
+                        ["kind", "name", "release"])
+            print(f"{len(found)} resources named {prefix}* and tagged shiplift:managed=true", file=sys.stderr)
+        return 0
+    for resource in found:
+        hosting.delete_resource(resource, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    print(f"deleted {len(found)} resources named {prefix}* and tagged shiplift:managed=true", file=sys.stderr)
+    return 0
 
 
 def cmd_stage(args) -> int:
@@ -293,11 +377,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a config field (repeatable)")
     p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
+    p.add_argument("--dry-run", action="store_true",
+                   help="aws configs: print every request the release would send (JSON lines), validated, and send nothing")
     p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("iam", help="least-privilege IAM policies for an aws config (pipeline, SageMaker execution, CodeBuild roles)")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.add_argument("--out", help="write the policy documents into this folder")
+    p.add_argument("--json", action="store_true", help="print the documents as one JSON object")
+    p.set_defaults(func=cmd_iam)
+
+    p = sub.add_parser("cleanup", help="list or delete the AWS resources shiplift created under a prefix (and only those)")
+    p.add_argument("config", help="an aws release config (region, account, credentials chain)")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.add_argument("--prefix", help="resource name prefix (default: the config's resource_prefix)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--list", action="store_true", help="list what would be deleted")
+    which.add_argument("--delete-all", action="store_true", help="delete it all, in dependency order, waiting for each")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cleanup)
 
     p = with_ledger(with_state_dir(sub.add_parser(
         "stage", help="run one stage of an existing release from the ledger (a stage that already succeeded returns its result)")))
-    p.add_argument("name")
+    p.add_argument("name", choices=STAGE_NAMES)
     p.add_argument("--release", required=True)
     p.add_argument("--result-uri", help="also write the result to s3://BUCKET/KEY (how Step Functions reads the gate decision)")
     p.set_defaults(func=cmd_stage)

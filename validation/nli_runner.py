@@ -121,14 +121,22 @@ def _parse_results(batch: Sequence[NliPair], data: bytes) -> tuple[list[dict], l
     return fields, details
 
 
+def pairs_body(batch: Sequence[NliPair]) -> bytes:
+    """The request body that scores one batch: `{"pairs": […]}` (what the gate sends, and what a dry run prints)."""
+    return json.dumps({"pairs": [{"premise": p.premise, "hypothesis": p.hypothesis} for p in batch]},
+                      ensure_ascii=False).encode("utf-8")
+
+
+def batches_of(pairs: Sequence[NliPair], batch_size: int) -> list[Sequence[NliPair]]:
+    return [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
+
+
 def _run_batch(
     batch: Sequence[NliPair], connection: Connection, opts: Options, *, dataset: str
 ) -> tuple[list[Prediction], list[PairDetail]]:
     """One batch through the transport's retry policy; failures land on every pair of the batch."""
     started_at = time.time()
-    body = json.dumps(
-        {"pairs": [{"premise": p.premise, "hypothesis": p.hypothesis} for p in batch]}, ensure_ascii=False
-    ).encode("utf-8")
+    body = pairs_body(batch)
     exchange = post_with_retries(connection, body, opts)
     parsed, error = exchange.parse(functools.partial(_parse_results, batch))
     fields, details = parsed or (None, None)
@@ -172,7 +180,7 @@ def run_pairs(
         backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
         deadline_s=deadline_s, rng=rng, sleep=sleep,
     )
-    batches = [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
+    batches = batches_of(pairs, batch_size)
     work = functools.partial(_run_batch, dataset=dataset_name)
     results = run_bounded(batches, work, opts, concurrency=concurrency, progress=progress,
                           thread_name="shiplift-nli", weight=len)

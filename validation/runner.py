@@ -89,10 +89,15 @@ EMPTY_RESULT = dict.fromkeys(
 )
 
 
+def decision_body(task: JevTask) -> bytes:
+    """The request body that scores one task: `{"decision": …}` (what the gate sends, and what a dry run prints)."""
+    return json.dumps({"decision": task.to_decision()}, ensure_ascii=False).encode("utf-8")
+
+
 def _run_one(task: JevTask, connection: Connection, opts: Options, *, dataset: str) -> Prediction:
     """One task through the transport's retry policy; a failed request or malformed answer is its error."""
     started_at = time.time()
-    body = json.dumps({"decision": task.to_decision()}, ensure_ascii=False).encode("utf-8")
+    body = decision_body(task)
     exchange = post_with_retries(connection, body, opts)
     fields, error = exchange.parse(functools.partial(_parse_result, task))
     return Prediction(

@@ -369,14 +369,15 @@ class SageMakerHosting:
     def _tags(self, arn: str) -> dict[str, str]:
         return {t["Key"]: t["Value"] for t in self._sm("ListTags", ResourceArn=arn).get("Tags", [])}
 
-    # -- cleanup -----------------------------------------------------------------------------
+    # -- cleanup ---------------------------------------------------------------------------
     def managed_resources(self, prefix: str) -> list[ManagedResource]:
-        """Components, endpoints, configs and models whose names start with `prefix` and carry shiplift's tag."""
+        """Everything named with `prefix` and carrying shiplift's tag, in the order it must be deleted: scaling
+        policies, scalable targets, alarms, inference components, endpoints, endpoint configs, models."""
+        found = self._scaling(prefix) + self._alarms(prefix)
         kinds = (("inference-component", "ListInferenceComponents", "InferenceComponents", "InferenceComponent"),
                  ("endpoint", "ListEndpoints", "Endpoints", "Endpoint"),
                  ("endpoint-config", "ListEndpointConfigs", "EndpointConfigs", "EndpointConfig"),
                  ("model", "ListModels", "Models", "Model"))
-        found = []
         for kind, operation, key, field in kinds:
             for item in self._list(operation, key, NameContains=prefix):
                 name = item[f"{field}Name"]
@@ -385,10 +386,46 @@ class SageMakerHosting:
                     found.append(ManagedResource(kind=kind, name=name, tags=resource_tags))
         return found
 
+    def _scaling(self, prefix: str) -> list[ManagedResource]:
+        """Scaling policies, then scalable targets, of components and variants named with the prefix and tagged by shiplift."""
+        targets = self.aws.call("application-autoscaling", "DescribeScalableTargets", ServiceNamespace="sagemaker")["ScalableTargets"]
+        policies, found = [], []
+        for target in targets:
+            resource_id = target["ResourceId"]  # endpoint/<name>/variant/<v> or inference-component/<name>
+            named = resource_id.split("/")[1] if "/" in resource_id else ""
+            if not named.startswith(prefix) or self.aws.call("application-autoscaling", "ListTagsForResource",
+                                                             ResourceARN=target["ScalableTargetARN"]).get("Tags", {}).get(MANAGED) != "true":
+                continue
+            for policy in self.aws.call("application-autoscaling", "DescribeScalingPolicies", ServiceNamespace="sagemaker",
+                                        ResourceId=resource_id)["ScalingPolicies"]:
+                policies.append(ManagedResource(kind="scaling-policy", name=policy["PolicyName"],
+                                                tags={"resource_id": resource_id, "dimension": policy["ScalableDimension"]}))
+            found.append(ManagedResource(kind="scalable-target", name=resource_id, tags={"dimension": target["ScalableDimension"]}))
+        return policies + found
+
+    def _alarms(self, prefix: str) -> list[ManagedResource]:
+        alarms = self.aws.call("cloudwatch", "DescribeAlarms", AlarmNamePrefix=prefix).get("MetricAlarms", [])
+        found = []
+        for alarm in alarms:
+            alarm_tags = {t["Key"]: t["Value"] for t in
+                          self.aws.call("cloudwatch", "ListTagsForResource", ResourceARN=alarm["AlarmArn"]).get("Tags", [])}
+            if alarm_tags.get(MANAGED) == "true":
+                found.append(ManagedResource(kind="alarm", name=alarm["AlarmName"], tags=alarm_tags))
+        return found
+
     def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
-        if resource.kind == "inference-component":
+        if resource.kind == "scaling-policy":
+            self.aws.call("application-autoscaling", "DeleteScalingPolicy", PolicyName=resource.name, ServiceNamespace="sagemaker",
+                          ResourceId=resource.tags["resource_id"], ScalableDimension=resource.tags["dimension"])
+        elif resource.kind == "scalable-target":
+            self.aws.call("application-autoscaling", "DeregisterScalableTarget", ServiceNamespace="sagemaker",
+                          ResourceId=resource.name, ScalableDimension=resource.tags["dimension"])
+        elif resource.kind == "alarm":
+            self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=[resource.name])
+        elif resource.kind == "inference-component":
             self._delete_component(resource.name, progress)
         elif resource.kind == "endpoint":
             self.delete_endpoint(resource.name, progress=progress)
         else:
             self._delete_named({"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind], resource.name, progress)
+        progress(f"deleted {resource.kind} {resource.name}")

@@ -136,7 +136,7 @@ def _calibration_predictions(ctx, invoker) -> tuple[list, str]:
 def _fit_temperature(ctx, model_dir: Path, model_sha256: str) -> dict:
     from validation.calibration import fit_temperature
 
-    with ctx.backends.scratch.serve(ctx.config.image, model_dir, resource_name(ctx, "cal", model_sha256)) as invoker:
+    with ctx.backends.scratch.serve(ctx.config.image, model_dir, resource_name(ctx.config, "cal", model_sha256)) as invoker:
         predictions, data_sha256 = _calibration_predictions(ctx, invoker)
     usable = [p for p in predictions if not p.error and p.option_logits]
     fit = fit_temperature([p.option_logits for p in usable], [p.option_ids.index(p.expected) for p in usable])

@@ -16,23 +16,27 @@ from tasks.interfaces import ComponentSpec, Compute, ModelRef
 FOLDER_ARCHIVE = "folder.tar.gz"
 
 
-def resource_name(ctx, role: str, *content: str) -> str:
-    base = f"{ctx.config.resource_prefix}-{ctx.config.name}-{role}"
+def resource_name(config, role: str, *content: str) -> str:
+    base = f"{config.resource_prefix}-{config.name}-{role}"
     return f"{base}-{sha256_json(list(content))[:10]}" if content else base
 
 
-def production_endpoint(ctx) -> str:
-    return resource_name(ctx, "prod")
+def production_endpoint(config) -> str:
+    return resource_name(config, "prod")
 
 
-def production_component(ctx) -> str:
+def production_component(config) -> str:
     """The production inference component: stable across releases, so promotion updates it in place."""
-    return f"{ctx.config.resource_prefix}-{ctx.config.name}"
+    return f"{config.resource_prefix}-{config.name}"
+
+
+def candidate_name(config, artifact_sha256: str, image_digest: str) -> str:
+    """The candidate endpoint (and its one component): named by the artifact and image it serves."""
+    return resource_name(config, "cand", artifact_sha256, image_digest)
 
 
 def candidate_endpoint(ctx) -> str:
-    """The candidate endpoint (and its one component): named by the artifact and image it serves."""
-    return resource_name(ctx, "cand", ctx.result("package")["artifact_sha256"], ctx.result("image")["image_digest"])
+    return candidate_name(ctx.config, ctx.result("package")["artifact_sha256"], ctx.result("image")["image_digest"])
 
 
 def model_ref(ctx) -> ModelRef:
@@ -41,10 +45,9 @@ def model_ref(ctx) -> ModelRef:
                     image_digest=ctx.result("image")["image_digest"])
 
 
-def compute(ctx) -> Compute:
+def compute(config, memory_mb: int) -> Compute:
     """What one copy needs: a MIG partition, a whole GPU, or the image's CPU threads, and the memory the build measured."""
-    placement, image = ctx.config.placement, ctx.config.image
-    memory_mb = ctx.result("build")["memory"]["total_mb"]
+    placement, image = config.placement, config.image
     if placement.kind == "mig_partition":
         return Compute(memory_mb=memory_mb, accelerator_partition=placement.partition_type)
     if image.on_gpu:
@@ -57,7 +60,8 @@ def component_spec(ctx, *, copies: int) -> ComponentSpec:
     package, image = ctx.result("package"), ctx.result("image")
     return ComponentSpec(image_uri=image["image_uri"], artifact_uri=package["artifact_uri"],
                          artifact_sha256=package["artifact_sha256"], environment=ctx.config.image.container_env(),
-                         copies=copies, compute=compute(ctx), model_ref=model_ref(ctx))
+                         copies=copies, compute=compute(ctx.config, ctx.result("build")["memory"]["total_mb"]),
+                         model_ref=model_ref(ctx))
 
 
 def keep_file(ctx, path: Path, name: str) -> dict:

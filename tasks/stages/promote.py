@@ -11,7 +11,7 @@ def run(ctx) -> dict:
     if decision != "pass":
         ctx.say(f"promote: skipped, gate decision is {decision}; the champion keeps serving")
         return {"event": "skipped", "reason": f"gate decision {decision}", "decision": decision}
-    endpoint, component = production_endpoint(ctx), production_component(ctx)
+    endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     spec = component_spec(ctx, copies=ctx.config.rollout.copies)
     ctx.say(f"promote: {ctx.config.rollout.strategy} to {endpoint}/{component}")
     live = ctx.backends.hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)

@@ -12,7 +12,7 @@ def live_champion(ctx):
     from validation.evaluate import Target
 
     hosting = ctx.backends.hosting
-    endpoint, component = production_endpoint(ctx), production_component(ctx)
+    endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     live = hosting.describe(endpoint, component)
     if live is None or live.model_ref is None or live.status != "InService":
         return None, None

@@ -45,3 +45,30 @@ def aws(aws_double, monkeypatch):
     for name, value in aws_double.env().items():
         monkeypatch.setenv(name, value)
     yield aws_double
+
+
+@pytest.fixture(scope="session")
+def aws_release():
+    """tests/aws/aws_release.py, loaded by path (the tiny aws config and the account it needs)."""
+    spec = importlib.util.spec_from_file_location("shiplift_aws_release", Path(__file__).with_name("aws_release.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def aws_calls(monkeypatch):
+    """Every request the product's `Aws.call` sends in this process, as (service, operation, params), in order."""
+    from tasks.aws.session import Aws
+
+    seen: list[tuple[str, str, dict]] = []
+    send = Aws.call
+
+    def spy(self, service, operation, **params):
+        from tasks.aws.service_model import operation_name
+
+        seen.append((service, operation_name(service, operation), params))
+        return send(self, service, operation, **params)
+
+    monkeypatch.setattr(Aws, "call", spy)
+    return seen

@@ -58,6 +58,8 @@ ARN_PREFIX = f"arn:aws:sagemaker:{REGION}:{ACCOUNT_ID}"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
 IMAGES_DIR = Path(__file__).resolve().parents[2] / "images"
 IMAGE_KINDS = {"semif": "SEMIF", "encoder": "ENCODER"}  # image folder -> prefix of its environment variables
+# The double's "instances" have no GPU: GPU images run on the CPU (the encoder server would refuse cuda without one).
+CPU_ONLY = {"semif": {"SEMIF_N_GPU_LAYERS": "0"}, "encoder": {"ENCODER_DEVICE": "cpu"}}
 GPU_LIMITS = {"p4d": (7, 40), "p5": (7, 80), "g7": (2, 32), "g7e": (4, 96)}  # family -> one GPU's (compute slices, GB)
 MIG_PROFILE = re.compile(r"mig-(\d+)g\.(\d+)gb(?:[+-][a-z0-9.]+)*")
 RUNTIME_PATH = re.compile(r"/endpoints/([^/]+)/([a-z-]+)")
@@ -224,6 +226,7 @@ class Container:
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
             **environment,
+            **CPU_ONLY.get(kind, {}),
             f"{prefix}_MODEL_DIR": str(model_dir),
             f"{prefix}_PORT": str(self.port),
             f"{prefix}_HOST": "127.0.0.1",

@@ -1,0 +1,264 @@
+"""`shiplift release CONFIG --dry-run` for an aws config: every request the release would send, sending nothing.
+
+The requests are built by the same builders the aws backend sends (`S3ArtifactStore`,
+`CodeBuildImageBuilder`, `SageMakerHosting`, the eval runners' request bodies), in the order a
+first release on a fresh account sends them, and each one is validated against the installed
+botocore service model, maximum lengths, enums and patterns included
+(`tasks.aws.service_model`). No credentials are needed. Values only a real build can know (the
+sha256 of an archive, the ECR digest, the memory the build measures, and every name derived from
+them) are deterministic placeholders that still fit their field's pattern; each request lists the
+parameters that carry one. Waits appear once per wait (the describe that would be polled).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.aws.service_model import validate_request
+from tasks.interfaces import ComponentSpec, ModelRef
+from tasks.stages.common import candidate_name, compute, production_component, production_endpoint
+
+PLACEHOLDER_PART = "one UploadPart per 64 MiB part of the file"
+
+
+@dataclass
+class Request:
+    """One request the release would send; `placeholders` names the parameters holding a placeholder, and why."""
+
+    stage: str
+    service: str
+    operation: str
+    params: dict[str, Any]
+    placeholders: dict[str, str] = field(default_factory=dict)
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        line: dict[str, Any] = {"stage": self.stage, "service": self.service, "operation": self.operation,
+                                "params": _printable(self.params)}
+        if self.placeholders:
+            line["placeholders"] = self.placeholders
+        if self.note:
+            line["note"] = self.note
+        return line
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        text = bytes(value).decode("utf-8", errors="replace")
+        return text if text.startswith("{") else f"<{len(value)} bytes>"
+    if isinstance(value, dict):
+        return {k: _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
+
+def placeholder_hex(what: str, release_id: str) -> str:
+    """A deterministic sha256-shaped stand-in for a value only a real build can know."""
+    return hashlib.sha256(f"shiplift-dry-run:{what}:{release_id}".encode()).hexdigest()
+
+
+class Plan:
+    """Collects validated requests and marks every parameter that carries a placeholder value."""
+
+    def __init__(self):
+        self.requests: list[Request] = []
+        self.stage = "preflight"
+        self.placeholders: dict[str, str] = {}  # placeholder text -> what it stands for
+
+    def stand_in(self, value: str, what: str) -> str:
+        self.placeholders[value] = what
+        return value
+
+    def add(self, service: str, operation: str, *, note: str | None = None, also: dict[str, str] | None = None,
+            **params: Any) -> None:
+        """Validate and record one request; `also` marks placeholders that are not strings (a measured number)."""
+        validate_request(service, operation, params)
+        marked: dict[str, str] = dict(also or {})
+        _mark(params, "", self.placeholders, marked)
+        self.requests.append(Request(self.stage, service, operation, params, marked, note))
+
+
+def _mark(value: Any, path: str, placeholders: dict[str, str], marked: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _mark(item, f"{path}.{key}" if path else key, placeholders, marked)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _mark(item, f"{path}[{index}]", placeholders, marked)
+    elif isinstance(value, (str, bytes)):
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        found = [what for stand_in, what in placeholders.items() if stand_in in text]
+        if found:
+            marked[path] = "; ".join(dict.fromkeys(found))
+
+
+def plan_release(config, *, config_dir: Path) -> list[Request]:
+    """The requests of a first release of `config` (an aws config) on an account where nothing of it exists yet."""
+    from tasks.aws.backend import aws_backends
+    from tasks.aws.images import image_tag, source_zip
+    from tasks.images import build_local_image
+    from tasks.release import release_id_for
+
+    backend = config.backend
+    parts = aws_backends(config, state_dir=Path(backend.state_dir), session=None)
+    store, images, hosting = parts["store"], parts["images"], parts["hosting"]
+    release_id = release_id_for(config)
+    plan = Plan()
+    plan.add("sts", "GetCallerIdentity")
+    plan.add("s3", "HeadBucket", Bucket=backend.bucket)
+
+    def upload(what: str, name: str) -> str:
+        sha = plan.stand_in(placeholder_hex(what, release_id), f"sha256 of {what}, known after the build")
+        key = store.key(sha, name)
+        plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=key, ChecksumMode="ENABLED")
+        encryption = store._encryption()
+        plan.add("s3", "CreateMultipartUpload", Bucket=backend.bucket, Key=key, ChecksumAlgorithm="SHA256",
+                 Metadata={"sha256": sha}, **encryption, note="files up to 64 MiB go up in one conditional PutObject instead")
+        part = plan.stand_in(base64.b64encode(bytes.fromhex(placeholder_hex(f"{what} part 1", release_id))).decode(),
+                             f"SHA-256 of each part of {what}")
+        plan.add("s3", "UploadPart", Bucket=backend.bucket, Key=key, UploadId="<UploadId>", PartNumber=1, Body=b"",
+                 ChecksumAlgorithm="SHA256", ChecksumSHA256=part, note=PLACEHOLDER_PART)
+        plan.add("s3", "CompleteMultipartUpload", Bucket=backend.bucket, Key=key, UploadId="<UploadId>", IfNoneMatch="*",
+                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"<ETag>"', "ChecksumSHA256": part}]})
+        plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=key, ChecksumMode="ENABLED", note="verify size and sha256")
+        return f"s3://{backend.bucket}/{key}"
+
+    plan.stage = "resolve"
+    upload("the model source", source_file_name(config.artifact))
+    plan.stage = "build"
+    upload("the built model", source_file_name(config.artifact) if config.artifact.kind == "gguf" else "folder.tar.gz")
+    plan.stage = "package"
+    artifact_uri = upload("model.tar.gz", "model.tar.gz")
+    artifact_sha = artifact_uri.split("/sha256/")[1].split("/")[0]
+
+    plan.stage = "image"
+    image = config.image
+    local = build_local_image(image.kind, image.base_image)
+    variant = "cuda" if image.on_gpu else "cpu"
+    tag = image_tag(image.kind, variant, local.digest)
+    data = source_zip(image.kind)
+    source_key = images.source_key(data)
+    plan.add("ecr", "DescribeRepositories", repositoryNames=[backend.ecr_repository])
+    plan.add("ecr", "DescribeImages", repositoryName=backend.ecr_repository, imageIds=[{"imageTag": tag}],
+             note="an image already built from this content is reused and nothing below runs")
+    plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=source_key, ChecksumMode="ENABLED")
+    plan.add("s3", "PutObject", Bucket=backend.bucket, Key=source_key, Body=data, IfNoneMatch="*", ChecksumAlgorithm="SHA256",
+             ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode(),
+             Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **store._encryption())
+    plan.add("codebuild", "BatchGetProjects", names=[backend.codebuild_project])
+    plan.add("codebuild", "CreateProject", **images.project_request())
+    plan.add("codebuild", "StartBuild", **images.build_request(image.kind, tag, variant, image.base_image, source_key))
+    plan.add("codebuild", "BatchGetBuilds", ids=[f"{backend.codebuild_project}:<build id>"], note="polled until the build ends")
+    plan.add("s3", "GetObject", Bucket=backend.bucket, Key=images.detail_key(tag))
+    digest = "sha256:" + plan.stand_in(placeholder_hex("image digest", release_id), "ECR digest of the built image")
+    plan.add("ecr", "DescribeImages", repositoryName=backend.ecr_repository, imageIds=[{"imageDigest": digest}])
+
+    memory = 1024
+    ref = ModelRef(release_id=release_id, artifact_sha256=artifact_sha, image_digest=digest)
+    spec_for = lambda copies: ComponentSpec(  # noqa: E731
+        image_uri=f"{images.repository_uri()}@{digest}", artifact_uri=artifact_uri, artifact_sha256=artifact_sha,
+        environment=image.container_env(), copies=copies, compute=compute(config, memory), model_ref=ref)
+    candidate = candidate_name(config, artifact_sha, digest)
+    plan.stand_in(candidate, "a name derived from the artifact sha256 and the image digest")
+    plan.stage = "deploy_candidate"
+    names = _deploy(plan, hosting, candidate, candidate, spec_for(1), config.placement, role="candidate")
+
+    plan.stage = "validate"
+    _invocations(plan, config, config_dir, candidate, None if hosting.single_model(config.placement, "candidate") else candidate)
+    for name in ("gate-report.json", "predictions.jsonl", "report.html"):
+        sha = plan.stand_in(placeholder_hex(name, release_id), f"sha256 of {name}")
+        plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=store.key(sha, name), ChecksumMode="ENABLED")
+        plan.add("s3", "PutObject", Bucket=backend.bucket, Key=store.key(sha, name), Body=b"", IfNoneMatch="*",
+                 ChecksumAlgorithm="SHA256", ChecksumSHA256=base64.b64encode(bytes.fromhex(sha)).decode(),
+                 Metadata={"sha256": sha}, **store._encryption())
+
+    plan.stage = "promote"
+    _deploy(plan, hosting, production_endpoint(config), production_component(config), spec_for(config.rollout.copies),
+            config.placement, role="production")
+
+    plan.stage = "teardown_candidate"
+    _teardown(plan, candidate, *names, arn=f"arn:aws:sagemaker:{backend.region}:{backend.account_id}")
+    return plan.requests
+
+
+def source_file_name(artifact) -> str:
+    """The file name the source is kept under: the GGUF's own name, or the checkpoint folder's archive."""
+    source = artifact.source
+    if artifact.kind == "onnx":
+        return "folder.tar.gz"
+    return {"huggingface": getattr(source, "file", ""), "path": Path(getattr(source, "path", "")).name,
+            "generated": f"generated-{source.sha256[:16]}.gguf"}.get(source.kind) or f"{getattr(source, 'package', 'model')}.gguf"
+
+
+def _deploy(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str) -> tuple[str, str]:
+    """The requests of `SageMakerHosting.deploy` on an account where none of them exist; (config, model) names."""
+    on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
+    model = hosting.model_request(component, spec, endpoint)
+    single = hosting.single_model(placement, role)
+    config = hosting.endpoint_config_request(endpoint, placement, model_name=model["ModelName"] if single else None,
+                                             variant_name=component if single else "AllTraffic", on_gpu=on_gpu,
+                                             release_id=spec.model_ref.release_id)
+    plan.add("sagemaker", "DescribeModel", ModelName=model["ModelName"])
+    plan.add("sagemaker", "CreateModel", **model)
+    plan.add("sagemaker", "DescribeEndpointConfig", EndpointConfigName=config["EndpointConfigName"])
+    plan.add("sagemaker", "CreateEndpointConfig", **config)
+    if placement.kind == "mig_partition":
+        plan.add("sagemaker", "DescribeEndpointConfig", EndpointConfigName=config["EndpointConfigName"],
+                 note="read back: the AcceleratorPartitionLayouts must still be there")
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint)
+    plan.add("sagemaker", "CreateEndpoint", EndpointName=endpoint, EndpointConfigName=config["EndpointConfigName"],
+             Tags=[t for t in config["Tags"] if t["Key"] != "shiplift:role"] + [{"Key": "shiplift:role", "Value": role}])
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint, note="polled until InService (any other terminal status fails)")
+    if not single:
+        request = hosting.component_request(component, endpoint, spec, model["ModelName"])
+        plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component)
+        plan.add("sagemaker", "CreateInferenceComponent", **request,
+                 note="UpdateInferenceComponent instead when the component exists (a later release)",
+                 also={"Specification.ComputeResourceRequirements.MinMemoryRequiredInMb":
+                       "memory one copy needs, measured by the build (weights + KV cache + runtime)"})
+        plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component, note="polled until InService")
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint, note="describe what serves")
+    plan.add("sagemaker", "DescribeModel", ModelName=model["ModelName"])
+    return config["EndpointConfigName"], model["ModelName"]
+
+
+def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component: str | None) -> None:
+    """One InvokeEndpoint per gated task (decisions) or batch (NLI), with the body the gate sends."""
+    from tasks.config import resolve_data_path
+    from validation.datasets import load_decision_dataset
+    from validation.nli_eval import load_nli_dataset
+    from validation.nli_runner import batches_of, pairs_body
+    from validation.runner import decision_body
+
+    validation = config.validation
+    bodies: list[bytes] = []
+    for index, ref in enumerate(validation.datasets):
+        if validation.kind == "nli":
+            dataset = load_nli_dataset(resolve_data_path(ref, config_dir), name=f"dataset{index}", splits=ref.splits)
+            bodies += [pairs_body(batch) for batch in batches_of(dataset.pairs, validation.batch_size)]
+        else:
+            bodies += [decision_body(task) for task in load_decision_dataset(ref, config_dir, name=f"dataset{index}").tasks]
+    named = {"InferenceComponentName": component} if component else {}
+    for body in bodies:
+        plan.add("sagemaker-runtime", "InvokeEndpoint", EndpointName=endpoint, Body=body, ContentType="application/json",
+                 Accept="application/json", **named)
+
+
+def _teardown(plan: Plan, endpoint: str, config_name: str, model_name: str, *, arn: str) -> None:
+    """The requests of `SageMakerHosting.delete_endpoint` for the candidate."""
+    base = re.sub(r"-+$", "", endpoint[:52])
+    plan.add("sagemaker", "ListInferenceComponents", EndpointNameEquals=endpoint)
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint)
+    plan.add("sagemaker", "DeleteEndpoint", EndpointName=endpoint)
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint, note="polled until it is gone")
+    for kind, name in (("EndpointConfig", config_name), ("Model", model_name)):
+        plan.add("sagemaker", f"List{kind}s", NameContains=base)
+        plan.add("sagemaker", "ListTags", ResourceArn=f"{arn}:{kind.lower().replace('endpointconfig', 'endpoint-config')}/{name.lower()}",
+                 note="only resources tagged shiplift:endpoint with this endpoint are deleted")
+        plan.add("sagemaker", f"Delete{kind}", **{f"{kind}Name": name})
