@@ -137,7 +137,7 @@ def _run_stage(begun: dict, name: str) -> dict:
     from tasks.release import run_orchestrated_stage
 
     return run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"], state_dir=begun["state_dir"],
-                                  session=_aws_access)
+                                  actor=_holder(), session=_aws_access)
 
 
 def _stage_task(name: str):
@@ -178,7 +178,7 @@ def refresh_dag(config_file: str) -> DAG:
             from tasks.release import begin_orchestrated
 
             overrides = tuple(_params()["overrides"])
-            return begin_orchestrated(str(config_path), holder=_holder(), overrides=overrides, session=_aws_access)
+            return begin_orchestrated(str(config_path), holder=_holder(), overrides=overrides, actor=_holder(), session=_aws_access)
 
         @task(task_id=TEARDOWN, **_retry_args(TEARDOWN))
         def teardown_candidate(begun: dict) -> dict:
@@ -192,7 +192,7 @@ def refresh_dag(config_file: str) -> DAG:
 
             failed = _failed_tasks()
             summary = end_orchestrated(begun["release_id"], holder=_holder(), failed=bool(failed), ledger_url=begun["ledger_url"],
-                                       state_dir=begun["state_dir"], session=_aws_access)
+                                       state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
             if failed:
                 raise AirflowFailException(f"release {begun['release_id']} failed at {', '.join(failed)}; "
                                            "its candidate was torn down and the lease given back")

@@ -40,13 +40,13 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip())
 
 
-def aws_config(args):
+def aws_config(args, what: str):
     """The aws release config a command needs; BadInput naming the backend otherwise."""
     from tasks.config import load_release_config
 
     config = load_release_config(args.config, overrides=tuple(args.set))
     if config.backend.kind != "aws":
-        raise BadInput(f"{args.config} uses the {config.backend.kind} backend; `shiplift {args.command}` is about AWS resources",
+        raise BadInput(f"{args.config} uses the {config.backend.kind} backend; {what} is about AWS, which that backend never calls",
                        fix="pass an aws release config (backend.kind: aws), e.g. configs/releases/qwen35-4b-semif.yaml")
     return config
 
@@ -67,7 +67,7 @@ def release_dry_run(args) -> int:
 
     from tasks.aws.dryrun import plan_release
 
-    config = aws_config(args)
+    config = aws_config(args, "--dry-run")
     requests = plan_release(config, config_dir=Path(args.config).resolve().parent)
     for request in requests:
         print(json.dumps(request.to_json(), ensure_ascii=False))
@@ -82,7 +82,7 @@ def release_dry_run(args) -> int:
 def cmd_iam(args) -> int:
     from tasks.aws.iam import policies
 
-    documents = policies(aws_config(args))
+    documents = policies(aws_config(args, "`shiplift iam`"))
     if args.out:
         from tasks.atomic import write_text_atomic
 
@@ -103,7 +103,7 @@ def cmd_cleanup(args) -> int:
     """List, or delete, what shiplift created under a prefix (named with it and carrying shiplift's tag)."""
     from tasks.backends import make_backends
 
-    config = aws_config(args)
+    config = aws_config(args, "`shiplift cleanup`")
     prefix = args.prefix or config.resource_prefix
     if not prefix.strip():
         raise BadInput("--prefix is empty", fix="pass the resource prefix to clean up, e.g. --prefix shiplift")

@@ -387,14 +387,22 @@ class SageMakerHosting:
         return found
 
     def _scaling(self, prefix: str) -> list[ManagedResource]:
-        """Scaling policies, then scalable targets, of components and variants named with the prefix and tagged by shiplift."""
+        """Scaling policies, then scalable targets, on endpoints and components named with the prefix and tagged by
+        shiplift (a target belongs to the resource it scales, so the resource's tag decides)."""
         targets = self.aws.call("application-autoscaling", "DescribeScalableTargets", ServiceNamespace="sagemaker")["ScalableTargets"]
         policies, found = [], []
         for target in targets:
             resource_id = target["ResourceId"]  # endpoint/<name>/variant/<v> or inference-component/<name>
-            named = resource_id.split("/")[1] if "/" in resource_id else ""
-            if not named.startswith(prefix) or self.aws.call("application-autoscaling", "ListTagsForResource",
-                                                             ResourceARN=target["ScalableTargetARN"]).get("Tags", {}).get(MANAGED) != "true":
+            kind, _, rest = resource_id.partition("/")
+            name = rest.split("/")[0]
+            if not name.startswith(prefix) or kind not in ("endpoint", "inference-component"):
+                continue
+            try:
+                arn = self._sm("DescribeEndpoint", EndpointName=name)["EndpointArn"] if kind == "endpoint" else \
+                    self._sm("DescribeInferenceComponent", InferenceComponentName=name)["InferenceComponentArn"]
+            except NotFound:
+                continue  # a target on a resource that is gone; not provably shiplift's
+            if self._tags(arn).get(MANAGED) != "true":
                 continue
             for policy in self.aws.call("application-autoscaling", "DescribeScalingPolicies", ServiceNamespace="sagemaker",
                                         ResourceId=resource_id)["ScalingPolicies"]:

@@ -41,9 +41,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("cloudwatch", "DeleteAlarms"): ("cloudwatch:DeleteAlarms", "alarm"),
     ("application-autoscaling", "DescribeScalableTargets"): ("application-autoscaling:DescribeScalableTargets", "*"),
     ("application-autoscaling", "DescribeScalingPolicies"): ("application-autoscaling:DescribeScalingPolicies", "*"),
-    ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", "tagged-target"),
-    ("application-autoscaling", "DeregisterScalableTarget"): ("application-autoscaling:DeregisterScalableTarget", "tagged-target"),
-    ("application-autoscaling", "ListTagsForResource"): ("application-autoscaling:ListTagsForResource", "tagged-target"),
+    ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", "scalable-target"),
+    ("application-autoscaling", "DeregisterScalableTarget"): ("application-autoscaling:DeregisterScalableTarget", "scalable-target"),
 }
 # Actions AWS authorizes only on "*" (no resource-level permissions), per the Service Authorization Reference.
 UNSCOPABLE = frozenset({
@@ -80,7 +79,7 @@ class Scope:
             "project": [f"{self.base('codebuild')}:project/{self.backend.codebuild_project}"],
             "tagged": [self.sagemaker(kind, f"{self.prefix}-*") for kind in SAGEMAKER_KINDS],
             "alarm": [f"{self.base('cloudwatch')}:alarm:{self.prefix}-*"],
-            "tagged-target": [f"{self.base('application-autoscaling')}:scalable-target/*"],
+            "scalable-target": [f"{self.base('application-autoscaling')}:scalable-target/*"],
             "*": ["*"],
         }.get(kind) or [self.sagemaker(kind, f"{self.prefix}-*")]
 
@@ -123,11 +122,10 @@ def pipeline_policy(config) -> dict:
             by_kind.setdefault(kind, []).append(action)
     statements = []
     for kind, actions in sorted(by_kind.items()):
-        condition = None
-        if kind == "tagged-target":
-            condition = {"StringEquals": {f"aws:ResourceTag/{MANAGED_TAG}": "true"}}
+        # scalable-target ARNs are random ids, so that statement covers the account's targets; the product only
+        # touches targets of endpoints and components that carry shiplift's tag (SageMakerHosting._scaling)
         sid = "".join(part.title() for part in kind.replace("*", "unscopable").split("-"))
-        statements.append(_statement(sid, actions, scope.arns(kind), condition))
+        statements.append(_statement(sid, actions, scope.arns(kind)))
     passed = [(config.backend.execution_role_arn, "sagemaker.amazonaws.com"), (config.backend.codebuild_role_arn, "codebuild.amazonaws.com")]
     for arn, service in passed:
         statements.append(_statement(f"PassRoleTo{service.split('.')[0].title()}", ["iam:PassRole"], [arn],
