@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks.config import ReleaseConfig
-from tasks.interfaces import ArtifactStore, Hosting, ImageBuilder, LedgerStore, Metrics
+from tasks.interfaces import ArtifactStore, Hosting, ImageBuilder, LedgerStore, Metrics, ScratchServer
 
 LEDGER_URL_ENV = "SHIPLIFT_LEDGER_URL"
 
@@ -32,7 +32,7 @@ class Backends:
     metrics: Metrics
     ledger: LedgerStore
     ledger_url: str | None  # as configured (never with a password); None: SQLite under state_dir or $SHIPLIFT_LEDGER_URL
-    scratch: Any  # tasks.hosting.loopback.ScratchServer: serve a model folder on this worker
+    scratch: ScratchServer  # serve a model folder on this worker (calibration, before the image is pinned)
     preflight: Callable[[], dict]  # before a release opens: credentials, account, region (aws); nothing locally
 
 

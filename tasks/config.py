@@ -31,6 +31,7 @@ SECRET_KEY_PATTERN = re.compile(
     re.I,
 )
 MAX_RESOURCE_NAME = 63
+URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
 LOCATION_FIELDS = ("state_dir", "ledger_url", "profile")  # left out of the config hash
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
@@ -247,7 +248,7 @@ Image = Annotated[Union[SemifImage, EncoderImage], Field(discriminator="kind")]
 
 def _ledger_url_without_password(url: str) -> str:
     """A ledger URL travels in configs, XCom and the ledger itself: it must not carry a password."""
-    if url and re.match(r"^[a-z0-9+]+://[^/@:]*:[^/@]*@", url):
+    if url and URL_PASSWORD.search(url):
         raise ValueError("ledger_url carries a password; put it in PGPASSWORD or ~/.pgpass (or use IAM auth), "
                          "never in a config")
     return url
@@ -291,8 +292,18 @@ class AwsBackend(Strict):
 Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
 
 
+def _hosting_instance_type(instance_type: str) -> str:
+    if instance_type not in sagemaker_instance_types():
+        raise ValueError(f"{instance_type} is not a SageMaker hosting instance type (botocore ProductionVariantInstanceType); "
+                         "pick one from the SageMaker pricing page, e.g. ml.g6.2xlarge")
+    return instance_type
+
+
+InstanceType = Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$"), AfterValidator(_hosting_instance_type)]
+
+
 class PoolEntry(Strict):
-    instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_type: InstanceType
     priority: int = Field(ge=1, le=5)
 
 
@@ -318,7 +329,7 @@ class MigPartitionPlacement(Strict):
     """`partitions` copies of one MIG profile on one GPU: the endpoint's AcceleratorPartitionLayouts."""
 
     kind: Literal["mig_partition"]
-    instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_type: InstanceType
     partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")
     partitions: int = Field(1, ge=1, le=7)
     inference_ami_version: str | None = None
@@ -333,7 +344,7 @@ class MigPartitionPlacement(Strict):
 
 class InstanceTypePlacement(Strict):
     kind: Literal["instance_type"]
-    instance_type: str = Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_type: InstanceType
     instance_count: int = Field(1, ge=1)
     inference_ami_version: str | None = None
 
@@ -439,10 +450,6 @@ class ReleaseConfig(Strict):
     def _placement_fits_image(self) -> "ReleaseConfig":
         placement, image = self.placement, self.image
         types = [p.instance_type for p in placement.pools] if isinstance(placement, InstancePoolPlacement) else [placement.instance_type]
-        unknown = [t for t in types if t not in sagemaker_instance_types()]
-        if unknown:
-            raise ValueError(f"instance types {unknown} are not SageMaker hosting instance types (botocore "
-                             "ProductionVariantInstanceType); pick types from the SageMaker pricing page")
         if isinstance(placement, MigPartitionPlacement):
             if not image.on_gpu:
                 fix = "set image.device: cuda" if isinstance(image, EncoderImage) else "set image.n_gpu_layers (-1: all)"
@@ -561,6 +568,7 @@ def _format_validation_error(origin: str, exc: ValidationError, tree: Any) -> st
         where = _field_path(tree, err["loc"])
         got = err.get("input")
         shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
+        shown = URL_PASSWORD.sub(r"\1***@", shown)  # a refused ledger_url must not echo its password
         lines.append(f"  {where}: {err['msg']} (got {shown})")
     return f"{origin}: invalid release config\n" + "\n".join(lines)
 

@@ -99,14 +99,13 @@ def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str
     return "\n".join(out)
 
 
-def serving_release(state_dir: Path, model: str, endpoint: str | None) -> str:
-    """The release the production component reports right now (read live, not from the ledger)."""
-    from tasks.hosting.local import LocalHosting
-    from tasks.stages.common import describe_if_present
+def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
+    """The release the production component reports right now (read live through the typed describe, not the ledger)."""
+    from tasks.hosting.loopback import LoopbackHosting
+    from tasks.store import LocalArtifactStore
 
-    described = describe_if_present(LocalHosting(state_dir), endpoint) if endpoint else None
-    component = (described or {}).get("components", {}).get(model)
-    return component["spec"]["model_ref"]["release_id"] if component else "(nothing)"
+    live = LoopbackHosting(state_dir, LocalArtifactStore(state_dir / "artifacts")).describe(*production) if production else None
+    return live.model_ref.release_id if live and live.model_ref else "(nothing)"
 
 
 def main() -> int:
@@ -121,8 +120,9 @@ def main() -> int:
         banner(f"{label}: shiplift release {config.relative_to(ROOT)}" + "".join(f" --set {o}" for o in overrides))
         summary = run_release(config, overrides=overrides)
         rows.append((label, summary))
-        production[summary["model"]] = production.get(summary["model"]) or summary["served_by"]
-        serving_after.append(serving_release(state_dir, summary["model"], production[summary["model"]]))
+        if summary["served_by"] and summary["model"] not in production:
+            production[summary["model"]] = (summary["served_by"], summary["component"])
+        serving_after.append(serving_release(state_dir, production.get(summary["model"])))
         print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
 
     banner("ledger verify")

@@ -9,12 +9,12 @@ domain errors of `tasks.errors`, so a stage never handles a library exception.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tasks.hashing import sha256_json
 
@@ -22,6 +22,15 @@ SHA256_HEX = r"^[0-9a-f]{64}$"
 IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 Progress = Callable[[str], None]
 Role = Literal["candidate", "production", "scratch"]
+
+
+def _pinned(uri: str) -> str:
+    if not IMAGE_BY_DIGEST.match(uri):
+        raise ValueError(f"image {uri!r} is not pinned by digest (repo@sha256:<64 lowercase hex>)")
+    return uri
+
+
+PinnedImage = Annotated[str, AfterValidator(_pinned)]
 
 
 class Frozen(BaseModel):
@@ -45,18 +54,11 @@ class ImageRef(Frozen):
     """A serving image pinned by digest: `uri` is always `repo@sha256:<digest>`."""
 
     name: str
-    uri: str
+    uri: PinnedImage
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     base_image: str
     files: int
     source_sha256: str | None = Field(None, description="digest of the build context the image was built from")
-
-    @field_validator("uri")
-    @classmethod
-    def _pinned(cls, uri: str) -> str:
-        if not IMAGE_BY_DIGEST.match(uri):
-            raise ValueError(f"image uri {uri!r} is not repo@sha256:<64 lowercase hex>")
-        return uri
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
@@ -84,20 +86,13 @@ class ComponentSpec(Frozen):
     container environment, copy count and compute. Local runs it as processes on loopback; aws as
     `CreateModel` + `Create/UpdateInferenceComponent`."""
 
-    image_uri: str
+    image_uri: PinnedImage
     artifact_uri: str
     artifact_sha256: str = Field(pattern=SHA256_HEX)
     environment: dict[str, str]
     copies: int = Field(ge=1, le=64)
     compute: Compute
     model_ref: ModelRef
-
-    @field_validator("image_uri")
-    @classmethod
-    def _pinned(cls, uri: str) -> str:
-        if not IMAGE_BY_DIGEST.match(uri):
-            raise ValueError(f"image {uri!r} is not pinned by digest (repo@sha256:<64 lowercase hex>)")
-        return uri
 
     def sha256(self) -> str:
         """Content hash of the spec: equal hashes mean an identical component."""
@@ -263,5 +258,9 @@ class LedgerStore(Protocol):
     def release_lease(self, model: str, holder: str) -> bool: ...
 
 
-ScratchEndpoint = Callable[[str, str, ComponentSpec], AbstractContextManager[Invoker]]
-ScratchIterator = Iterator[Invoker]
+
+@runtime_checkable
+class ScratchServer(Protocol):
+    """Serves a model folder that is not an artifact yet (calibration) with an image's server on this worker."""
+
+    def serve(self, image: Any, model_dir: Path, name: str) -> AbstractContextManager[Invoker]: ...

@@ -263,8 +263,8 @@ def run_release(
             for name in STAGES[:-1]:
                 ensure_stage(ctx, name)
         except BaseException:
-            finish(ctx, failed=True)
             _teardown_quietly(ctx)
+            finish(ctx, failed=True)
             raise
         ensure_stage(ctx, TEARDOWN)
         return finish(ctx, failed=False)

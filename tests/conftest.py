@@ -3,15 +3,75 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
+TESTS = Path(__file__).resolve().parent
+
+
+def load_by_path(name: str, path: Path):
+    """A test helper module loaded by path, once: an installed distribution (smdebug_rulesconfig) shadows the name `tests`."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file executes
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
 
 @pytest.fixture(scope="session")
 def tiny_release():
-    """tests/tiny_release.py, loaded by path: an installed distribution (smdebug_rulesconfig) shadows the name `tests`."""
-    spec = importlib.util.spec_from_file_location("shiplift_tiny_release", Path(__file__).with_name("tiny_release.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tests/tiny_release.py: the fast tiny-model release config of the local backend."""
+    return load_by_path("shiplift_tiny_release", TESTS / "tiny_release.py")
+
+
+@pytest.fixture(scope="session")
+def aws_release():
+    """tests/aws/aws_release.py: the tiny release config of the aws backend and the account it needs."""
+    return load_by_path("shiplift_aws_release", TESTS / "aws" / "aws_release.py")
+
+
+@pytest.fixture(scope="session")
+def aws_double_module():
+    """tests/fakes/aws_double.py (its constants and `AwsDouble`)."""
+    return load_by_path("shiplift_aws_double", TESTS / "fakes" / "aws_double.py")
+
+
+@pytest.fixture(scope="session")
+def aws_double(aws_double_module):
+    """One started AWS double for the whole session; stopped (with every model server it started) at the end."""
+    with aws_double_module.AwsDouble() as double:
+        yield double
+
+
+@pytest.fixture
+def aws(aws_double, monkeypatch):
+    """The session's double, reset, with this process's environment pointing boto3 at it (subprocesses inherit it)."""
+    import os
+
+    aws_double.reset()
+    for name in list(os.environ):
+        if name.startswith("AWS_"):  # a profile or a service-specific endpoint would win over AWS_ENDPOINT_URL
+            monkeypatch.delenv(name)
+    for name, value in aws_double.env().items():
+        monkeypatch.setenv(name, value)
+    yield aws_double
+
+
+@pytest.fixture
+def aws_calls(monkeypatch):
+    """Every request the product's `Aws.call` sends in this process, as (service, operation, params), in order."""
+    from tasks.aws.service_model import operation_name
+    from tasks.aws.session import Aws
+
+    seen: list[tuple[str, str, dict]] = []
+    send = Aws.call
+
+    def spy(self, service, operation, **params):
+        seen.append((service, operation_name(service, operation), params))
+        return send(self, service, operation, **params)
+
+    monkeypatch.setattr(Aws, "call", spy)
+    return seen

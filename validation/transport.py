@@ -123,6 +123,46 @@ class Connection:
             return response.status, data
 
 
+RUNTIME_RETRYABLE = {"ThrottlingException", "ServiceUnavailable", "ModelNotReadyException", "InternalDependencyException",
+                     "InternalFailure", "ModelStreamError"}
+
+
+def runtime_error_answer(status: int, code: str, fields: dict[str, Any]) -> tuple[int, bytes]:
+    """A SageMaker-runtime error turned back into the container's answer, the same on both backends: a model's
+    own error (`ModelError` with `OriginalStatusCode`) is its status and body; throttling, a model not ready
+    and service trouble are `503 {"retryable": true}`; anything else keeps its status with the message."""
+    message = str(fields.get("Message") or fields.get("message") or "")
+    if code == "ModelError" and "OriginalStatusCode" in fields:
+        original = fields.get("OriginalMessage")
+        return int(fields["OriginalStatusCode"]), (message if original is None else str(original)).encode("utf-8")
+    if code == "ModelError":  # the model failed without answering (broken connection, timeout)
+        return 500, json.dumps({"error": message, "retryable": False}).encode()
+    retryable = code in RUNTIME_RETRYABLE or status >= 500
+    return (503 if retryable else status or 400), json.dumps({"error": f"{code}: {message}", "retryable": retryable}).encode()
+
+
+class RuntimeHttpChannel:
+    """A keep-alive `Connection` to a SageMaker-runtime-shaped endpoint (the local router), its error answers unwrapped."""
+
+    ERROR_CODES = {424: "ModelError", 503: "ServiceUnavailable", 429: "ThrottlingException"}
+
+    def __init__(self, connection: "Connection"):
+        self.connection = connection
+
+    def post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        status, data = self.connection.post(body, timeout_s)
+        if status == 200:
+            return status, data
+        try:
+            fields = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            fields = {"Message": data.decode("utf-8", "replace")}
+        return runtime_error_answer(status, self.ERROR_CODES.get(status, "ValidationError"), fields if isinstance(fields, dict) else {})
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 def json_body(data: bytes) -> Any:
     """A 200 body decoded as JSON; `Malformed` when it is not JSON."""
     try:
@@ -251,22 +291,24 @@ def _check_args(concurrency: int, timeout_s: float, max_attempts: int, backoff_b
 
 
 class HttpInvoker:
-    """Invoke a model over HTTP: a server root or a runtime-shaped router URL, plus its component header."""
+    """Invoke a model over HTTP: a server root, or (`runtime=True`) a SageMaker-runtime-shaped endpoint URL whose
+    error answers are unwrapped to the container's, plus the component header."""
 
-    def __init__(self, endpoint_url: str, component: str | None = None):
+    def __init__(self, endpoint_url: str, component: str | None = None, *, runtime: bool = False):
         if component is not None and not component.strip():
             raise BadInput("inference_component is empty", fix="pass the component name, or None")
         self._target = _parse_endpoint(endpoint_url)
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if component is not None:
             self._headers[IC_HEADER] = component
-        self.url, self.component = endpoint_url, component
+        self.url, self.component, self.runtime = endpoint_url, component, runtime
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.url, "component": self.component}
 
-    def open(self) -> Connection:
-        return Connection(self._target, self._headers)
+    def open(self) -> Connection | RuntimeHttpChannel:
+        connection = Connection(self._target, self._headers)
+        return RuntimeHttpChannel(connection) if self.runtime else connection
 
 
 def run_options(endpoint: Any, *, concurrency: int, timeout_s: float, max_attempts: int, backoff_base_s: float,

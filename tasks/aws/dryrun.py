@@ -66,7 +66,8 @@ def placeholder_hex(what: str, release_id: str) -> str:
 class Plan:
     """Collects validated requests and marks every parameter that carries a placeholder value."""
 
-    def __init__(self):
+    def __init__(self, arn: str = "arn:aws:sagemaker:us-east-1:000000000000"):
+        self.arn = arn  # arn:aws:sagemaker:<region>:<account>, for the ListTags requests
         self.requests: list[Request] = []
         self.stage = "preflight"
         self.placeholders: dict[str, str] = {}  # placeholder text -> what it stands for
@@ -109,7 +110,7 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     parts = aws_backends(config, state_dir=Path(backend.state_dir), session=None)
     store, images, hosting = parts["store"], parts["images"], parts["hosting"]
     release_id = release_id_for(config)
-    plan = Plan()
+    plan = Plan(arn=f"arn:aws:sagemaker:{backend.region}:{backend.account_id}")
     plan.add("sts", "GetCallerIdentity")
     plan.add("s3", "HeadBucket", Bucket=backend.bucket)
 
@@ -117,7 +118,7 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
         sha = plan.stand_in(placeholder_hex(what, release_id), f"sha256 of {what}, known after the build")
         key = store.key(sha, name)
         plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=key, ChecksumMode="ENABLED")
-        encryption = store._encryption()
+        encryption = store.encryption_params()
         plan.add("s3", "CreateMultipartUpload", Bucket=backend.bucket, Key=key, ChecksumAlgorithm="SHA256",
                  Metadata={"sha256": sha}, **encryption, note="files up to 64 MiB go up in one conditional PutObject instead")
         part = plan.stand_in(base64.b64encode(bytes.fromhex(placeholder_hex(f"{what} part 1", release_id))).decode(),
@@ -150,7 +151,7 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=source_key, ChecksumMode="ENABLED")
     plan.add("s3", "PutObject", Bucket=backend.bucket, Key=source_key, Body=data, IfNoneMatch="*", ChecksumAlgorithm="SHA256",
              ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode(),
-             Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **store._encryption())
+             Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **store.encryption_params())
     plan.add("codebuild", "BatchGetProjects", names=[backend.codebuild_project])
     plan.add("codebuild", "CreateProject", **images.project_request())
     plan.add("codebuild", "StartBuild", **images.build_request(image.kind, tag, variant, image.base_image, source_key))
@@ -170,20 +171,27 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     names = _deploy(plan, hosting, candidate, candidate, spec_for(1), config.placement, role="candidate")
 
     plan.stage = "validate"
-    _invocations(plan, config, config_dir, candidate, None if hosting.single_model(config.placement, "candidate") else candidate)
+    single = hosting.single_model(config.placement, "candidate")
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=candidate, note="the endpoint to invoke exists")
+    if single:
+        plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=candidate,
+                 note="a single-model endpoint: no InferenceComponentName on InvokeEndpoint")
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=production_endpoint(config),
+             note="is a champion serving? on a fresh account: no (then no champion comparison)")
+    _invocations(plan, config, config_dir, candidate, None if single else candidate)
     for name in ("gate-report.json", "predictions.jsonl", "report.html"):
         sha = plan.stand_in(placeholder_hex(name, release_id), f"sha256 of {name}")
         plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=store.key(sha, name), ChecksumMode="ENABLED")
         plan.add("s3", "PutObject", Bucket=backend.bucket, Key=store.key(sha, name), Body=b"", IfNoneMatch="*",
                  ChecksumAlgorithm="SHA256", ChecksumSHA256=base64.b64encode(bytes.fromhex(sha)).decode(),
-                 Metadata={"sha256": sha}, **store._encryption())
+                 Metadata={"sha256": sha}, **store.encryption_params())
 
     plan.stage = "promote"
     _deploy(plan, hosting, production_endpoint(config), production_component(config), spec_for(config.rollout.copies),
             config.placement, role="production")
 
     plan.stage = "teardown_candidate"
-    _teardown(plan, candidate, *names, arn=f"arn:aws:sagemaker:{backend.region}:{backend.account_id}")
+    _teardown(plan, candidate, *names)
     return plan.requests
 
 
@@ -223,9 +231,17 @@ def _deploy(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentS
                  also={"Specification.ComputeResourceRequirements.MinMemoryRequiredInMb":
                        "memory one copy needs, measured by the build (weights + KV cache + runtime)"})
         plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component, note="polled until InService")
-    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint, note="describe what serves")
-    plan.add("sagemaker", "DescribeModel", ModelName=model["ModelName"])
+    _describe(plan, endpoint, component, config["EndpointConfigName"], model["ModelName"])
     return config["EndpointConfigName"], model["ModelName"]
+
+
+def _describe(plan: Plan, endpoint: str, component: str, config_name: str, model_name: str) -> None:
+    """The reads of `SageMakerHosting.describe`: what serves, checked against the spec by the caller."""
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint, note="describe what serves")
+    plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component)
+    plan.add("sagemaker", "DescribeEndpointConfig", EndpointConfigName=config_name)
+    plan.add("sagemaker", "DescribeModel", ModelName=model_name)
+    plan.add("sagemaker", "ListTags", ResourceArn=f"{plan.arn}:model/{model_name.lower()}", note="which release the model is")
 
 
 def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component: str | None) -> None:
@@ -250,7 +266,7 @@ def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component:
                  Accept="application/json", **named)
 
 
-def _teardown(plan: Plan, endpoint: str, config_name: str, model_name: str, *, arn: str) -> None:
+def _teardown(plan: Plan, endpoint: str, config_name: str, model_name: str) -> None:
     """The requests of `SageMakerHosting.delete_endpoint` for the candidate."""
     base = re.sub(r"-+$", "", endpoint[:52])
     plan.add("sagemaker", "ListInferenceComponents", EndpointNameEquals=endpoint)
@@ -259,6 +275,6 @@ def _teardown(plan: Plan, endpoint: str, config_name: str, model_name: str, *, a
     plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint, note="polled until it is gone")
     for kind, name in (("EndpointConfig", config_name), ("Model", model_name)):
         plan.add("sagemaker", f"List{kind}s", NameContains=base)
-        plan.add("sagemaker", "ListTags", ResourceArn=f"{arn}:{kind.lower().replace('endpointconfig', 'endpoint-config')}/{name.lower()}",
+        plan.add("sagemaker", "ListTags", ResourceArn=f"{plan.arn}:{kind.lower().replace('endpointconfig', 'endpoint-config')}/{name.lower()}",
                  note="only resources tagged shiplift:endpoint with this endpoint are deleted")
         plan.add("sagemaker", f"Delete{kind}", **{f"{kind}Name": name})

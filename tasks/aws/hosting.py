@@ -244,7 +244,7 @@ class SageMakerHosting:
             live_endpoint = self._sm("DescribeEndpoint", EndpointName=endpoint)
         except NotFound:
             return None
-        component_live = self._component_on(endpoint, component)
+        component_live = self.inference_component(endpoint, component)
         config = self._config_of(live_endpoint)
         if component_live is not None:
             spec = component_live.get("Specification", {})
@@ -274,7 +274,8 @@ class SageMakerHosting:
                              artifact_sha256=sha, environment=container.get("Environment", {}), copies=copies,
                              placement=placement, model_ref=ref, failure_reason=failure)
 
-    def _component_on(self, endpoint: str, component: str) -> dict | None:
+    def inference_component(self, endpoint: str, component: str) -> dict | None:
+        """The component's description when it runs on `endpoint`; None for a single-model endpoint's variant."""
         try:
             live = self._sm("DescribeInferenceComponent", InferenceComponentName=component)
         except NotFound:
@@ -299,10 +300,18 @@ class SageMakerHosting:
 
     # -- invoke ------------------------------------------------------------------------------
     def invoker(self, endpoint: str, component: str, *, timeout_s: float):
+        """NotFound when the endpoint does not exist; the component is named unless it is the variant of a
+        single-model endpoint (then SageMaker refuses the header), so an unknown component is SageMaker's 400."""
         from tasks.aws.invoke import RuntimeInvoker
 
-        named = component if self._component_on(endpoint, component) is not None else None
-        return RuntimeInvoker(self.aws, endpoint, named, timeout_s=timeout_s)
+        try:
+            live = self._sm("DescribeEndpoint", EndpointName=endpoint)
+        except NotFound as exc:
+            raise NotFound(f"endpoint {endpoint} does not exist in {self.backend.region}",
+                           fix="deploy it first (the deploy_candidate or promote stage), or check the name") from exc
+        variants = {v["VariantName"] for v in live.get("ProductionVariants") or []}
+        single_model = component in variants and self.inference_component(endpoint, component) is None
+        return RuntimeInvoker(self.aws, endpoint, None if single_model else component, timeout_s=timeout_s)
 
     # -- delete ------------------------------------------------------------------------------
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:

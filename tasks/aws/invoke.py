@@ -9,13 +9,9 @@ botocore's own retries are off for invocations: the transport's policy counts an
 
 from __future__ import annotations
 
-import json
-
 from tasks.aws.service_model import validate_request
 from tasks.aws.session import error_code
-
-RETRYABLE = {"ThrottlingException", "ServiceUnavailable", "ModelNotReadyException", "InternalDependencyException",
-             "InternalFailure", "ModelStreamError"}
+from validation.transport import runtime_error_answer
 
 
 class RuntimeChannel:
@@ -35,12 +31,7 @@ class RuntimeChannel:
             answer = self.client.invoke_endpoint(**params)
         except bce.ClientError as exc:
             code, message, status = error_code(exc)
-            if code == "ModelError":
-                original = exc.response.get("OriginalMessage") or message
-                return int(exc.response.get("OriginalStatusCode") or 500), original.encode("utf-8")
-            retryable = code in RETRYABLE or (status or 0) >= 500
-            return (503 if retryable else status or 400), json.dumps(
-                {"error": f"InvokeEndpoint {code}: {message}", "retryable": retryable}).encode()
+            return runtime_error_answer(status or 400, code, {**exc.response, "Message": message})
         except (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError, bce.ConnectionClosedError) as exc:
             raise ConnectionError(f"InvokeEndpoint {self.endpoint}: {exc}") from exc
         with answer["Body"] as stream:

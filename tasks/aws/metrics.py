@@ -18,7 +18,7 @@ class CloudWatchMetrics:
         self.aws, self.hosting = aws, hosting
 
     def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
-        if self.hosting._component_on(endpoint, component) is not None:
+        if self.hosting.inference_component(endpoint, component) is not None:
             dimensions = [{"Name": "InferenceComponentName", "Value": component}]
         else:
             dimensions = [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": component}]

@@ -82,7 +82,7 @@ def request_problems(service: str, operation: str, params: dict[str, Any]) -> li
     if shape is None:
         return [] if not params else [f"{operation} takes no parameters, got {sorted(params)}"]
     report = ParamValidator().validate(params, shape)
-    problems = [line.strip() for line in report.generate_report().splitlines()[1:] if line.strip()] if report.has_errors() else []
+    problems = [line.strip() for line in report.generate_report().splitlines() if line.strip()] if report.has_errors() else []
     _walk(shape, params, "", problems)
     return list(dict.fromkeys(problems))
 

@@ -59,14 +59,19 @@ class Aws:
     retry_mode: str = "standard"
     listeners: list[Callable[[str, str, dict], None]] = field(default_factory=list)
     _clients: dict = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _resolved: AwsAccess | None = field(default=None, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def _session(self):
+        """The session and endpoint override; a factory (an Airflow connection) is called once, on first use."""
         import boto3
         from botocore.exceptions import ProfileNotFound
 
-        access = self.access() if callable(self.access) else self.access  # a factory: an Airflow connection, read lazily
-        access = access if isinstance(access, AwsAccess) else AwsAccess(session=access)
+        with self._lock:
+            if self._resolved is None:
+                access = self.access() if callable(self.access) else self.access
+                self._resolved = access if isinstance(access, AwsAccess) else AwsAccess(session=access)
+        access = self._resolved
         if access.session is not None:
             return access.session, access.endpoint_url
         try:
@@ -84,7 +89,7 @@ class Aws:
             if key not in self._clients:
                 session, endpoint_url = self._session()
                 config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=key[1], region_name=self.region,
-                                retries={"max_attempts": key[2], "mode": self.retry_mode},
+                                retries={"total_max_attempts": key[2], "mode": self.retry_mode},
                                 user_agent_extra="shiplift")
                 kwargs = {"endpoint_url": endpoint_url} if endpoint_url else {}
                 self._clients[key] = session.client(service, config=config, **kwargs)

@@ -57,7 +57,7 @@ class S3ArtifactStore:
     def key(self, sha256: str, name: str) -> str:
         return f"{self.prefix}/artifacts/sha256/{check_sha256(sha256)}/{check_name(name)}"
 
-    def _encryption(self) -> dict:
+    def encryption_params(self) -> dict:
         return {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": self.kms_key_id} if self.kms_key_id else {}
 
     def _head(self, key: str) -> dict | None:
@@ -117,11 +117,11 @@ class S3ArtifactStore:
         data = source.read_bytes()
         self.aws.call("s3", "PutObject", Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*",
                       ChecksumAlgorithm="SHA256", ChecksumSHA256=b64_sha256(data), Metadata={"sha256": sha256},
-                      **self._encryption())
+                      **self.encryption_params())
 
     def _multipart(self, source: Path, key: str, sha256: str, size: int, say: Progress) -> None:
         upload = self.aws.call("s3", "CreateMultipartUpload", Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256",
-                               Metadata={"sha256": sha256}, **self._encryption())["UploadId"]
+                               Metadata={"sha256": sha256}, **self.encryption_params())["UploadId"]
         total = -(-size // self.part_bytes)
         parts = []
         try:
@@ -146,7 +146,7 @@ class S3ArtifactStore:
         if head is None:
             try:
                 self.aws.call("s3", "PutObject", Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", ChecksumAlgorithm="SHA256",
-                              ChecksumSHA256=b64_sha256(data), Metadata={"sha256": sha256}, **self._encryption())
+                              ChecksumSHA256=b64_sha256(data), Metadata={"sha256": sha256}, **self.encryption_params())
             except Conflict:
                 pass
             head = self._head(key)

@@ -101,7 +101,8 @@ class LoopbackHosting:
         return removed
 
     def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> HttpInvoker:
-        return HttpInvoker(self.processes.endpoint_url(endpoint), component)
+        """The router's runtime URL (NotFound when the endpoint does not exist), its errors unwrapped as on aws."""
+        return HttpInvoker(self.processes.endpoint_url(endpoint), component, runtime=True)
 
     def managed_resources(self, prefix: str) -> list[ManagedResource]:
         return [ManagedResource(kind="endpoint", name=e["name"]) for e in self.processes.list_endpoints()

@@ -48,7 +48,7 @@ def test_qwen_on_an_instance_pool():
         assert request_problems(line["service"], line["operation"], params) == [], line
     assert operations(lines, "deploy_candidate") == [
         "DescribeModel", "CreateModel", "DescribeEndpointConfig", "CreateEndpointConfig", "DescribeEndpoint", "CreateEndpoint",
-        "DescribeEndpoint", "DescribeEndpoint", "DescribeModel"]
+        "DescribeEndpoint", "DescribeEndpoint", "DescribeInferenceComponent", "DescribeEndpointConfig", "DescribeModel", "ListTags"]
     config = next(line["params"] for line in lines if line["operation"] == "CreateEndpointConfig" and line["stage"] == "deploy_candidate")
     variant = config["ProductionVariants"][0]
     assert [p["InstanceType"] for p in variant["InstancePools"]] == ["ml.g6e.xlarge", "ml.g6.2xlarge", "ml.g5.2xlarge", "ml.g4dn.2xlarge"]

@@ -7,39 +7,15 @@ release that gets as far as promotion took its boto3 session from the connection
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    import sys
-
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def double():
-    """A double of its own for this module (the aws suite's lives in tests/aws/conftest.py)."""
-    module = _load("shiplift_aws_double_dags", ROOT / "tests" / "fakes" / "aws_double.py")
-    with module.AwsDouble() as started:
-        yield started
-
-
-def test_refresh_dag_of_an_aws_config_takes_its_session_from_aws_default(double, tmp_path, airflow_env, run_dags,
-                                                                          dags_for_configs, tiny_release):
+def test_refresh_dag_of_an_aws_config_takes_its_session_from_aws_default(aws_double, aws_release, tmp_path, airflow_env,
+                                                                          run_dags, dags_for_configs, tiny_release):
     from tasks.ledger import Ledger
 
-    aws_release = _load("shiplift_aws_release_dags", ROOT / "tests" / "aws" / "aws_release.py")
+    double = aws_double
     double.reset()
     aws_release.prepare_account(double)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", name="tiny-aws-dag")
