@@ -129,12 +129,14 @@ def main() -> int:
     verdict = Ledger(ledger_url_for(state_dir, None)).verify().to_dict()
     print(json.dumps({k: verdict[k] for k in ("ok", "n_records", "head_hash")}), flush=True)
 
-    champion = next(s for _, s in reversed(rows) if s["status"] == "promoted" and s["model"] == "gemma-decision")
-    banner(f"asking the production endpoint {champion['served_by']} one question (boto3 sagemaker-runtime)")
-    print(json.dumps(ask_production(state_dir, champion)), flush=True)
-
     banner("summary")
     print(summary_table(rows, serving_after), flush=True)
+    champion = next((s for _, s in reversed(rows) if s["status"] == "promoted" and s["model"] == "gemma-decision"), None)
+    if champion is None:
+        print("\nNo Gemma release was promoted, so there is no champion to ask; the table says which checks failed.", flush=True)
+        return 1
+    banner(f"asking the production endpoint {champion['served_by']} one question (boto3 sagemaker-runtime)")
+    print(json.dumps(ask_production(state_dir, champion)), flush=True)
     print(
         f"\nThe champion keeps serving at {champion['served_by']}. Inspect: .venv/bin/shiplift ledger history "
         f"--state-dir {state_dir} · stop: make stop SHIPLIFT_HOME={state_dir}",

@@ -106,16 +106,17 @@ class MemoryEstimate(NamedTuple):
     """What one copy of a model needs in accelerator (or host) memory, in MiB."""
 
     weights_mb: int
-    kv_cache_mb: int
+    context_mb: int  # the KV cache of a decoder, the activations of an encoder's largest batch
     runtime_mb: int
+    context_label: str = "KV cache"
 
     @property
     def total_mb(self) -> int:
-        return self.weights_mb + self.kv_cache_mb + self.runtime_mb
+        return self.weights_mb + self.context_mb + self.runtime_mb
 
     def describe(self) -> str:
-        return (f"{self.total_mb / 1024:.1f} GB (weights {self.weights_mb / 1024:.1f} GB + KV cache "
-                f"{self.kv_cache_mb / 1024:.1f} GB + runtime {self.runtime_mb / 1024:.1f} GB)")
+        return (f"{self.total_mb / 1024:.1f} GB (weights {self.weights_mb / 1024:.1f} GB + {self.context_label} "
+                f"{self.context_mb / 1024:.1f} GB + runtime {self.runtime_mb / 1024:.1f} GB)")
 
 
 def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: bool) -> MemoryEstimate:
@@ -132,7 +133,8 @@ def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: boo
 def onnx_memory(weights_bytes: int, *, max_batch: int, max_len: int, hidden: int, layers: int, on_gpu: bool) -> MemoryEstimate:
     """Weights as exported; activations of the largest batch held at once (≈ 16 hidden-size fp32 tensors per layer)."""
     activations = max_batch * max_len * hidden * 4 * 16 * max(1, min(layers, 2))
-    return MemoryEstimate(-(-weights_bytes // MIB), -(-activations // MIB), RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB)
+    return MemoryEstimate(-(-weights_bytes // MIB), -(-activations // MIB), RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB,
+                          "activations")
 
 
 def fit_problem(estimate: MemoryEstimate, placement) -> str | None:

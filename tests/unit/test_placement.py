@@ -130,7 +130,7 @@ def test_gpu_families():
 def test_gguf_memory_of_a_qwen3_4b_shape_against_a_hand_computed_kv_cache():
     estimate = gguf_memory(QWEN3_4B_BYTES, QWEN3_4B, context_tokens=131072, on_gpu=True)
     # f16 K and V: 131072 tokens x 36 layers x 8 KV heads x (128 + 128) x 2 bytes = 19,327,352,832 bytes = 18 GiB
-    assert estimate.kv_cache_mb == 131072 * 36 * 8 * 256 * 2 // 1024**2 == 18432
+    assert estimate.context_mb == 131072 * 36 * 8 * 256 * 2 // 1024**2 == 18432
     assert estimate.weights_mb == 2385, "2.5e9 bytes, rounded up to whole MiB"
     assert estimate.runtime_mb == RUNTIME_OVERHEAD_MB == 1536
     assert estimate.total_mb == 2385 + 18432 + 1536
@@ -140,7 +140,7 @@ def test_gguf_memory_of_a_qwen3_4b_shape_against_a_hand_computed_kv_cache():
 def test_gguf_memory_takes_the_head_size_from_the_embedding_when_key_length_is_missing():
     shape = {k: v for k, v in QWEN3_4B.items() if k not in ("key_length", "value_length")}
     estimate = gguf_memory(QWEN3_4B_BYTES, shape, context_tokens=8192, on_gpu=False)
-    assert estimate.kv_cache_mb == 8192 * 36 * 8 * (80 + 80) * 2 // 1024**2  # 2560 / 32 heads = 80
+    assert estimate.context_mb == 8192 * 36 * 8 * (80 + 80) * 2 // 1024**2  # 2560 / 32 heads = 80
     assert estimate.runtime_mb == CPU_RUNTIME_OVERHEAD_MB
 
 
@@ -149,7 +149,7 @@ def pool(*types: str) -> InstancePoolPlacement:
 
 
 def test_fit_problem_on_a_pool_is_judged_by_its_smallest_gpu():
-    estimate = MemoryEstimate(weights_mb=20 * 1024, kv_cache_mb=4 * 1024, runtime_mb=1536)  # 25.5 GB
+    estimate = MemoryEstimate(weights_mb=20 * 1024, context_mb=4 * 1024, runtime_mb=1536)  # 25.5 GB
     problem = fit_problem(estimate, pool("ml.g6e.xlarge", "ml.g5.2xlarge", "ml.p4d.24xlarge"))
     assert problem.startswith("the model needs 25.5 GB (weights 20.0 GB + KV cache 4.0 GB + runtime 1.5 GB) but one GPU of "
                               "ml.g5.2xlarge (24 GB) holds 24 GB: 1.5 GB short; drop the smaller instance types from the pool")
