@@ -250,7 +250,7 @@ def promote_release_dag() -> DAG:
             """Promotion when no rollback target is given, else rollback."""
             return "rollback" if _params()["rollback_target"] else "promote"
 
-        @task(task_id="promote", retry_policy=RETRY_POLICY)
+        @task(task_id="promote", **_retry_args("promote"))
         def promote_task() -> dict:
             from tasks.promotion import promote
 
@@ -260,7 +260,7 @@ def promote_release_dag() -> DAG:
                            actor=f"airflow:promote_release/{context['run_id']}", ledger_url=params["ledger_url"],
                            session=_aws_access)
 
-        @task(task_id="rollback", retry_policy=RETRY_POLICY)
+        @task(task_id="rollback", **_retry_args("promote"))
         def rollback_task() -> dict:
             from tasks.backends import open_ledger
             from tasks.promotion import rollback
@@ -301,7 +301,7 @@ def audit_ledger_dag() -> DAG:
             from tasks.audit import audit
 
             params = _params()
-            return audit(_state_dir(params), ledger_url=params["ledger_url"])
+            return audit(_state_dir(params), ledger_url=params["ledger_url"], session=_aws_access)
 
         audit_task()
 

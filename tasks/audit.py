@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 
@@ -17,7 +18,7 @@ PROMOTE, SUCCEEDED = "promote", "succeeded"
 REF_FIELDS = ("release_id", "artifact_sha256", "image_digest")
 
 
-def _hosting_of(ledger, model: str):
+def _hosting_of(ledger, model: str, session: Any):
     """The hosting backend a model's releases run on: from the newest release of it opened in the ledger."""
     from tasks.backends import make_backends
     from tasks.config import ReleaseConfig
@@ -25,7 +26,7 @@ def _hosting_of(ledger, model: str):
     opened = [r for r in ledger.history(model) if (r.stage, r.event) == ("release", "opened")]
     if not opened:
         return None
-    return make_backends(ReleaseConfig.model_validate(opened[-1].payload["config"]), ledger=ledger).hosting
+    return make_backends(ReleaseConfig.model_validate(opened[-1].payload["config"]), ledger=ledger, session=session).hosting
 
 
 def _live(hosting, endpoint: str, component: str):
@@ -67,8 +68,9 @@ def _compare(model: str, record, hosting) -> tuple[dict, list[str]]:
     return row, problems
 
 
-def audit(state_dir: str | Path | None, *, ledger_url: str | None = None) -> dict:
-    """Verify the ledger chain and that every endpoint serves what the ledger last promoted on it."""
+def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, session: Any = None) -> dict:
+    """Verify the ledger chain and that every endpoint serves what the ledger last promoted on it (`session`: the
+    boto3 session of aws releases, e.g. an Airflow connection's)."""
     from tasks.backends import open_ledger
 
     if state_dir is not None and (not isinstance(state_dir, (str, Path)) or not str(state_dir).strip()):
@@ -88,7 +90,7 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None) -> dic
         models = sorted({r.model for r in ledger.history() if r.stage == PROMOTE and r.event == SUCCEEDED})
         rows, drift = {}, []
         for model in models:
-            rows[model], problems = _compare(model, ledger.served_at(model, now), _hosting_of(ledger, model))
+            rows[model], problems = _compare(model, ledger.served_at(model, now), _hosting_of(ledger, model, session))
             drift.extend(problems)
     finally:
         ledger.close()

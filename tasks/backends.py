@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from tasks.config import ReleaseConfig
 from tasks.interfaces import ArtifactStore, Hosting, ImageBuilder, LedgerStore, Metrics, ScratchServer
+
+if TYPE_CHECKING:
+    from tasks.config import ReleaseConfig
 
 LEDGER_URL_ENV = "SHIPLIFT_LEDGER_URL"
 
@@ -81,6 +83,13 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
 
     parts = aws_backends(config, state_dir=state_dir, session=session)
     return Backends(kind="aws", state_dir=state_dir, ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch, **parts)
+
+
+def local_endpoints(state_dir: str | Path):
+    """The local backend's endpoint processes under a state dir (what `shiplift endpoints` and `make stop` manage)."""
+    from tasks.hosting.local import LocalHosting
+
+    return LocalHosting(Path(state_dir).expanduser().resolve())
 
 
 def _scratch(state_dir: Path):

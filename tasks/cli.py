@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, NotFound, ShipliftError
+from tasks.backends import default_state_dir
 from tasks.stages.table import STAGE_NAMES
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
@@ -20,10 +21,6 @@ EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
 
 def print_json(value) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
-
-
-def default_state_dir() -> str:
-    return os.environ.get("SHIPLIFT_HOME", ".shiplift")
 
 
 def with_ledger(p):
@@ -231,19 +228,17 @@ def cmd_serve_encoder(args) -> int:
     return exec_server("encoder", env)
 
 
-def local_hosting(state_dir: str):
-    from tasks.hosting.local import LocalHosting
-
-    return LocalHosting(Path(state_dir).expanduser().resolve())
-
-
 def cmd_endpoints_list(args) -> int:
-    print_json(local_hosting(args.state_dir).list_endpoints())
+    from tasks.backends import local_endpoints
+
+    print_json(local_endpoints(args.state_dir).list_endpoints())
     return 0
 
 
 def cmd_endpoints_stop(args) -> int:
-    hosting = local_hosting(args.state_dir)
+    from tasks.backends import local_endpoints
+
+    hosting = local_endpoints(args.state_dir)
     if args.all == bool(args.names):
         raise BadInput("give endpoint names or --all, not both and not neither", fix="shiplift endpoints stop NAME... | --all")
     names = [e["name"] for e in hosting.list_endpoints()] if args.all else args.names
@@ -370,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_state_dir(p):
-        p.add_argument("--state-dir", default=default_state_dir(), help="local backend state (default: $SHIPLIFT_HOME or .shiplift)")
+        p.add_argument("--state-dir", default=str(default_state_dir()), help="local backend state (default: $SHIPLIFT_HOME or .shiplift)")
         return p
 
     p = sub.add_parser("release", help="run or resume a release from a config")

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_json
-from tasks.placement import driver_problem, is_gpu_instance, layout_problem
+from tasks.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
 from validation.gates import ChampionRule, DecisionThresholds
 from validation.nli_eval import NliThresholds
 
@@ -322,6 +322,9 @@ class InstancePoolPlacement(Strict):
         types = [p.instance_type for p in pools]
         if len(set(types)) != len(types):
             raise ValueError(f"instance types must be unique, got {types}")
+        priorities = sorted(p.priority for p in pools)
+        if priorities != list(range(1, len(pools) + 1)):
+            raise ValueError(f"priorities must be exactly 1..{len(pools)} (1 = tried first), got {priorities}")
         return pools
 
 
@@ -459,6 +462,14 @@ class ReleaseConfig(Strict):
                     f"rollout.copies ({self.rollout.copies}) exceeds placement.partitions ({placement.partitions}): "
                     "each copy takes one partition; raise partitions or lower copies"
                 )
+        if image.on_gpu and not isinstance(placement, MigPartitionPlacement):
+            count = getattr(placement, "instance_count", 1)
+            short = [(t, gpus) for t in types if (gpus := gpus_per_instance(t)) is not None and gpus * count < self.rollout.copies]
+            if short:
+                instance_type, gpus = short[0]
+                raise ValueError(
+                    f"rollout.copies ({self.rollout.copies}) each take one GPU, but {count} x {instance_type} has "
+                    f"{gpus * count}; set placement.instance_count to {-(-self.rollout.copies // gpus)} or lower copies")
         if image.on_gpu:
             cpu_only = [t for t in types if not is_gpu_instance(t)]
             if cpu_only:

@@ -14,19 +14,18 @@ from pathlib import Path
 
 from tasks.errors import BadInput, ConfigError
 from tasks.hashing import sha256_json, tree_listing
-from tasks.interfaces import ImageRef, Progress
+from tasks.interfaces import IMAGE_BY_DIGEST, ImageRef, Progress
 
 IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
 SHARED_DIRS = ("common",)  # folders under images/ that every image copies in
 IMAGE_ENV_PREFIX = {"semif": "SEMIF", "encoder": "ENCODER"}  # <PREFIX>_MODEL_DIR, _HOST, _PORT of each server
-DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 FROM_LINE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)
 ARG_DEFAULT = re.compile(r"^\s*ARG\s+(\w+)=(\S+)", re.I | re.M)
 
 
 def require_digest_pin(reference: str, *, where: str) -> str:
     """Refuse a mutable image reference (tag or bare name); return it unchanged when pinned."""
-    if not DIGEST_REF.match(reference):
+    if not IMAGE_BY_DIGEST.match(reference):
         raise ConfigError(
             f"{where}: image {reference!r} is not pinned by digest",
             fix="use repo@sha256:<64 hex> (resolve a tag to its digest first)",

@@ -21,7 +21,7 @@ from tasks.hashing import sha256_json
 SHA256_HEX = r"^[0-9a-f]{64}$"
 IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 Progress = Callable[[str], None]
-Role = Literal["candidate", "production", "scratch"]
+Role = Literal["candidate", "production"]
 
 
 def _pinned(uri: str) -> str:
@@ -175,7 +175,9 @@ class Channel(Protocol):
 class Invoker(Protocol):
     """How the eval runners reach a model; hosting hands one out per (endpoint, component)."""
 
-    label: str
+    def describe(self) -> dict[str, Any]:
+        """Where the answers come from (URL or endpoint, component), for the gate report."""
+        ...
 
     def open(self) -> Channel:
         """A channel for one worker thread (keep-alive HTTP locally, `InvokeEndpoint` on aws)."""
@@ -194,14 +196,18 @@ class ArtifactStore(Protocol):
         """A local, sha256-verified path to a stored artifact (downloaded into a cache when remote)."""
         ...
 
-    def exists(self, sha256: str) -> bool: ...
+    def exists(self, sha256: str) -> bool:
+        """Whether content with this sha256 is stored."""
+        ...
 
 
 @runtime_checkable
 class ImageBuilder(Protocol):
     """Builds (or finds, by content) the serving image of an image config and pins it by digest."""
 
-    def build(self, image: Any, *, progress: Progress) -> ImageRef: ...
+    def build(self, image: Any, *, progress: Progress) -> ImageRef:
+        """Build or find the image of an image config; the ImageRef is pinned by digest."""
+        ...
 
 
 @runtime_checkable
@@ -212,9 +218,9 @@ class Hosting(Protocol):
 
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement: Any, *, role: Role,
                progress: Progress) -> LiveComponent:
-        """Create or update until `component` on `endpoint` serves exactly `spec`, then describe it.
-        Raises CapacityError (with every type tried), NotReady on a deadline, Conflict when the live
-        spec is not `spec` afterwards."""
+        """Create or update until `component` on `endpoint` should serve `spec`, then describe what is live (the
+        stage checks it is `spec`: an update can end InService on the old spec). Raises CapacityError (with every
+        type tried), DeployFailed (with the backend's reason), NotReady on a deadline, Conflict on a name clash."""
         ...
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
@@ -225,20 +231,26 @@ class Hosting(Protocol):
         """Remove the endpoint and everything on it, in dependency order, waiting; False if absent."""
         ...
 
-    def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> Invoker: ...
+    def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> Invoker:
+        """How the eval runners reach the component; NotFound when the endpoint does not exist."""
+        ...
 
     def managed_resources(self, prefix: str) -> list[ManagedResource]:
         """Every resource named with `prefix` and tagged by shiplift (endpoints, components, …)."""
         ...
 
-    def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None: ...
+    def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
+        """Delete one resource `managed_resources` listed, waiting where the backend must."""
+        ...
 
 
 @runtime_checkable
 class Metrics(Protocol):
     """Invocation metrics of live components: the seam rollouts and alarms read."""
 
-    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics: ...
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
+        """Invocation counters and p99 latency of one component over the last `window_s` seconds."""
+        ...
 
 
 @runtime_checkable
@@ -263,4 +275,6 @@ class LedgerStore(Protocol):
 class ScratchServer(Protocol):
     """Serves a model folder that is not an artifact yet (calibration) with an image's server on this worker."""
 
-    def serve(self, image: Any, model_dir: Path, name: str) -> AbstractContextManager[Invoker]: ...
+    def serve(self, image: Any, model_dir: Path, name: str) -> AbstractContextManager[Invoker]:
+        """Serve the folder with the image's server for the block; yields its invoker."""
+        ...

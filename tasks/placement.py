@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-GIB = 1024**3
 MIB = 1024**2
 RUNTIME_OVERHEAD_MB = 1536  # CUDA context, llama.cpp / ONNX Runtime compute buffers (DESIGN §7: 1–2 GB)
 CPU_RUNTIME_OVERHEAD_MB = 512
@@ -50,6 +49,16 @@ DEFAULT_DRIVERS = {  # real-time inference without an AMI override
 GPU_FAMILY = re.compile(r"^(g\d+[a-z]*|p\d+[a-z]*)$")
 MIG_1G_10GB_MIN_DRIVER = 525
 GPU_MEMORY_GB = {"g4dn": 16, "g5": 24, "g6": 24, "g6e": 48, "g7": 32, "g7e": 96, "p4d": 40, "p4de": 80, "p5": 80}
+
+
+def gpus_per_instance(instance_type: str) -> int | None:
+    """How many whole GPUs one instance has (None when the type is not in this table)."""
+    family_name, size = instance_type.split(".")[1:3]
+    if family_name in ("p4d", "p4de") or size == "48xlarge" and family_name in ("g5", "g6", "g6e", "p5"):
+        return 8
+    if family_name in ("g4dn", "g5", "g6", "g6e"):
+        return 4 if size in ("12xlarge", "24xlarge") else 8 if size == "metal" else 1
+    return 1 if instance_type == "ml.p5.4xlarge" else None
 
 
 def family(instance_type: str) -> str:

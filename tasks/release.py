@@ -188,11 +188,14 @@ def open_release(
 def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,
                    actor: str | None = None, progress: Progress = print_progress, session: Any = None) -> StageContext:
     """Rebuild a release's context from the ledger alone (what `shiplift stage` and the DAG tasks run on)."""
-    from tasks.backends import make_backends, open_ledger
+    from tasks.backends import default_state_dir, make_backends, open_ledger
 
     ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir)
     state = ReleaseState.load(ledger, release_id)
     config = ReleaseConfig.model_validate(state.opened["config"])
+    if config.backend.kind == "aws":  # scratch and caches are this worker's own, not the opener's
+        here = str(Path(state_dir).expanduser().resolve()) if state_dir else str(default_state_dir())
+        config = config.model_copy(update={"backend": config.backend.model_copy(update={"state_dir": here})})
     backends = make_backends(config, ledger=ledger, session=session)
     return StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
                         backends=backends, actor=actor or default_actor(), progress=progress)

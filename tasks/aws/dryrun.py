@@ -38,6 +38,7 @@ class Request:
     note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The printed line: stage, service, operation, params (bodies as text or a size), placeholders, note."""
         line: dict[str, Any] = {"stage": self.stage, "service": self.service, "operation": self.operation,
                                 "params": _printable(self.params)}
         if self.placeholders:
@@ -73,6 +74,7 @@ class Plan:
         self.placeholders: dict[str, str] = {}  # placeholder text -> what it stands for
 
     def stand_in(self, value: str, what: str) -> str:
+        """Register a placeholder value so every parameter holding it is marked."""
         self.placeholders[value] = what
         return value
 
@@ -115,6 +117,7 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     plan.add("s3", "HeadBucket", Bucket=backend.bucket)
 
     def upload(what: str, name: str) -> str:
+        """The requests of `S3ArtifactStore.put_file` for a large file (multipart); returns its s3:// URI."""
         sha = plan.stand_in(placeholder_hex(what, release_id), f"sha256 of {what}, known after the build")
         key = store.key(sha, name)
         plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=key, ChecksumMode="ENABLED")
@@ -148,10 +151,10 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     plan.add("ecr", "DescribeRepositories", repositoryNames=[backend.ecr_repository])
     plan.add("ecr", "DescribeImages", repositoryName=backend.ecr_repository, imageIds=[{"imageTag": tag}],
              note="an image already built from this content is reused and nothing below runs")
+    plan.add("codebuild", "ListBuildsForProject", projectName=backend.codebuild_project, sortOrder="DESCENDING",
+             note="a build of this tag still running (an earlier attempt) is waited for instead of started again")
     plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=source_key, ChecksumMode="ENABLED")
-    plan.add("s3", "PutObject", Bucket=backend.bucket, Key=source_key, Body=data, IfNoneMatch="*", ChecksumAlgorithm="SHA256",
-             ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode(),
-             Metadata={"sha256": hashlib.sha256(data).hexdigest()}, **store.encryption_params())
+    plan.add("s3", "PutObject", **store.put_params(source_key, data, hashlib.sha256(data).hexdigest()))
     plan.add("codebuild", "BatchGetProjects", names=[backend.codebuild_project])
     plan.add("codebuild", "CreateProject", **images.project_request())
     plan.add("codebuild", "StartBuild", **images.build_request(image.kind, tag, variant, image.base_image, source_key))
@@ -182,9 +185,8 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     for name in ("gate-report.json", "predictions.jsonl", "report.html"):
         sha = plan.stand_in(placeholder_hex(name, release_id), f"sha256 of {name}")
         plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=store.key(sha, name), ChecksumMode="ENABLED")
-        plan.add("s3", "PutObject", Bucket=backend.bucket, Key=store.key(sha, name), Body=b"", IfNoneMatch="*",
-                 ChecksumAlgorithm="SHA256", ChecksumSHA256=base64.b64encode(bytes.fromhex(sha)).decode(),
-                 Metadata={"sha256": sha}, **store.encryption_params())
+        plan.add("s3", "PutObject", **{**store.put_params(store.key(sha, name), b"", sha),
+                                       "ChecksumSHA256": base64.b64encode(bytes.fromhex(sha)).decode()})
 
     plan.stage = "promote"
     _deploy(plan, hosting, production_endpoint(config), production_component(config), spec_for(config.rollout.copies),

@@ -24,6 +24,7 @@ from tasks.aws.store import artifact_sha256
 from tasks.aws.waiters import wait_for
 from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound
 from tasks.hashing import sha256_json
+from tasks.stages.table import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
 from tasks.interfaces import (
     ComponentSpec,
     LiveComponent,
@@ -34,19 +35,32 @@ from tasks.interfaces import (
 )
 
 VARIANT = "AllTraffic"  # the capacity variant of inference-component endpoints
-MANAGED, ENDPOINT_TAG, RELEASE_TAG, ROLE_TAG = "shiplift:managed", "shiplift:endpoint", "shiplift:release", "shiplift:role"
+MANAGED, ENDPOINT_TAG, RELEASE_TAG = "shiplift:managed", "shiplift:endpoint", "shiplift:release"
 STARTUP_TIMEOUT_S = 900  # container start and model download of multi-GB models (DESIGN §7)
-DELETE_DEADLINE_S = 1800
+ENDPOINT_WAIT_S = DEPLOY_WAIT_S // 2  # on top of the pool's provision timeout; with the component's: the stage table's
+COMPONENT_WAIT_S = DEPLOY_WAIT_S // 2
+DELETE_WAIT_S = TEARDOWN_WAIT_S // 2  # a component, then the endpoint
 ROUTING = {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
 
 
+def name_base(name: str) -> str:
+    """The first 52 characters of a name (no trailing hyphen): what its configs and models are named after."""
+    return name[:52].rstrip("-")
+
+
 def content_name(base: str, content: dict) -> str:
-    """`<base, cut to 52>-<10 hex of the content>`: at most 63 characters, unique per content."""
-    return f"{base[:52].rstrip('-')}-{sha256_json(content)[:10]}"
+    """`<base, cut to 52>-<10 hex of base and content>`: at most 63 characters, unique per base and content."""
+    return f"{name_base(base)}-{sha256_json({'base': base, 'content': content})[:10]}"
 
 
 def tags(**values: str) -> list[dict]:
+    """shiplift's tags: `shiplift:managed=true` (what cleanup looks for) and `shiplift:<key>` for each value."""
     return [{"Key": MANAGED, "Value": "true"}, *({"Key": f"shiplift:{k}", "Value": v} for k, v in sorted(values.items()))]
+
+
+def failure_reason(answer: dict | None) -> str:
+    """SageMaker's FailureReason of a describe answer, or a note that it gave none."""
+    return (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
 
 
 def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
@@ -85,6 +99,7 @@ class SageMakerHosting:
 
     # -- requests (pure; the dry run prints the same ones) ----------------------------------------
     def model_request(self, component: str, spec: ComponentSpec, endpoint: str) -> dict:
+        """CreateModel for a spec: named by component, container and release; network isolation on."""
         container = {"Image": spec.image_uri, "ModelDataUrl": spec.artifact_uri, "Environment": dict(spec.environment)}
         name = content_name(component, {"container": container, "release": spec.model_ref.release_id})
         return {"ModelName": name, "PrimaryContainer": container, "ExecutionRoleArn": self.backend.execution_role_arn,
@@ -92,13 +107,15 @@ class SageMakerHosting:
                 "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id, **{"artifact-sha256": spec.artifact_sha256})}
 
     def variant(self, placement, *, model_name: str | None, variant_name: str, on_gpu: bool) -> dict:
-        """One production variant: with a model (single-model endpoint) or without (inference components)."""
+        """One production variant: with a model (a single-model candidate on one instance) or without (inference
+        components; production gets `placement.instance_count` instances)."""
+        count = 1 if model_name else getattr(placement, "instance_count", 1)
         variant: dict = {"VariantName": variant_name, "RoutingConfig": dict(ROUTING)}
         if model_name:
             variant.update(ModelName=model_name, ContainerStartupHealthCheckTimeoutInSeconds=STARTUP_TIMEOUT_S,
                            ModelDataDownloadTimeoutInSeconds=STARTUP_TIMEOUT_S)
         if placement.kind == "instance_pool":
-            variant.update(InitialInstanceCount=placement.instance_count,
+            variant.update(InitialInstanceCount=count,
                            InstancePools=[{"InstanceType": p.instance_type, "Priority": p.priority}
                                           for p in sorted(placement.pools, key=lambda p: p.priority)],
                            VariantInstanceProvisionTimeoutInSeconds=placement.provision_timeout_s)
@@ -106,13 +123,14 @@ class SageMakerHosting:
             variant.update(InstanceType=placement.instance_type, InitialInstanceCount=1,
                            AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}])
         else:
-            variant.update(InstanceType=placement.instance_type, InitialInstanceCount=placement.instance_count)
+            variant.update(InstanceType=placement.instance_type, InitialInstanceCount=count)
         if on_gpu and placement.inference_ami_version:
             variant["InferenceAmiVersion"] = placement.inference_ami_version
         return variant
 
     def endpoint_config_request(self, endpoint: str, placement, *, model_name: str | None, variant_name: str,
                                 on_gpu: bool, release_id: str) -> dict:
+        """CreateEndpointConfig: one variant; inference-component endpoints carry the execution role."""
         request: dict = {"ProductionVariants": [self.variant(placement, model_name=model_name, variant_name=variant_name, on_gpu=on_gpu)]}
         if model_name is None:
             request["ExecutionRoleArn"] = self.backend.execution_role_arn
@@ -120,6 +138,7 @@ class SageMakerHosting:
                 "Tags": tags(endpoint=endpoint, release=release_id)}
 
     def component_request(self, component: str, endpoint: str, spec: ComponentSpec, model_name: str) -> dict:
+        """CreateInferenceComponent: the model, its compute (MIG partition, GPUs or cores, memory) and copies."""
         requirements: dict = {"MinMemoryRequiredInMb": spec.compute.memory_mb}
         if spec.compute.accelerator_partition:
             requirements.update(AcceleratorPartitionType=spec.compute.accelerator_partition, NumberOfAcceleratorDevicesRequired=1)
@@ -142,6 +161,7 @@ class SageMakerHosting:
     # -- deploy ------------------------------------------------------------------------------
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:
+        """Model, endpoint config (MIG layout read back), endpoint and, except for single-model candidates, the component."""
         on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
         model = self.model_request(component, spec, endpoint)
         self._ensure("Model", model["ModelName"], model, ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolation"))
@@ -186,24 +206,28 @@ class SageMakerHosting:
                     f"delete {config['EndpointConfigName']} before rerunning")
 
     def _ensure_endpoint(self, endpoint: str, config: dict, placement, *, role: str, release_id: str, progress: Progress) -> None:
+        """Create the endpoint (or find it by name), replace it when an earlier attempt left it Failed, and wait."""
         name = config["EndpointConfigName"]
-        try:
-            live = self._sm("DescribeEndpoint", EndpointName=endpoint)
-        except NotFound:
+        live = self._describe_endpoint(endpoint)
+        if live is not None and live.get("EndpointStatus") == "Failed":
+            progress(f"{role} {endpoint} is Failed from an earlier attempt ({failure_reason(live)}); replacing it")
+            self._delete_endpoint_only(endpoint, progress)
+            live = None
+        if live is None:
             progress(f"{role} {endpoint}: CreateEndpoint ({placement.kind})")
             self._sm("CreateEndpoint", EndpointName=endpoint, EndpointConfigName=name, Tags=tags(endpoint=endpoint, release=release_id, role=role))
-            live = None
-        if live is not None and live.get("EndpointConfigName") != name and live.get("EndpointStatus") == "InService":
+        elif live.get("EndpointConfigName") != name:
             if role == "production":
-                progress(f"production {endpoint} keeps its placement ({live.get('EndpointConfigName')}); "
-                         "a new placement (a MIG layout cannot change in place) needs a new endpoint")
-            else:
+                raise Conflict(f"production {endpoint} runs endpoint config {live.get('EndpointConfigName')}, not {name}: "
+                               "its placement changed, and a MIG layout cannot change on a running endpoint",
+                               fix="keep the production placement, or move production to a new endpoint (a new resource_prefix)")
+            if live.get("EndpointStatus") == "InService":
                 self._sm("UpdateEndpoint", EndpointName=endpoint, EndpointConfigName=name)
-        deadline = getattr(placement, "provision_timeout_s", 0) + 2 * STARTUP_TIMEOUT_S
+        deadline = getattr(placement, "provision_timeout_s", 0) + ENDPOINT_WAIT_S
         state, answer = wait_for(self.aws, "EndpointInService", {"EndpointName": endpoint}, deadline_s=deadline,
                                  poll_s=self.poll_s, progress=progress, what=f"endpoint {endpoint}")
         if state == "failure":
-            reason = (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
+            reason = failure_reason(answer)
             if placement.kind == "instance_pool" and "capacity" in reason.lower():
                 tried = [p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)]
                 raise CapacityError(f"endpoint {endpoint}: no capacity in any instance pool; tried {', '.join(tried)}: {reason}",
@@ -212,14 +236,20 @@ class SageMakerHosting:
                                fix="read the FailureReason and the endpoint's CloudWatch logs; teardown removes it, then rerun")
 
     def _ensure_component(self, request: dict, progress: Progress) -> None:
+        """Create or update the component to this request, replacing one an earlier attempt left Failed, and wait."""
         component = request["InferenceComponentName"]
         try:
             live = self._sm("DescribeInferenceComponent", InferenceComponentName=component)
         except NotFound:
+            live = None
+        if live is not None and live.get("InferenceComponentStatus") == "Failed" and live["EndpointName"] == request["EndpointName"]:
+            progress(f"inference component {component} is Failed from an earlier attempt ({failure_reason(live)}); replacing it")
+            self._delete_component(component, progress)
+            live = None
+        if live is None:
             progress(f"inference component {component}: CreateInferenceComponent ({request['RuntimeConfig']['CopyCount']} copies)")
             self._sm("CreateInferenceComponent", **request)
-            live = None
-        if live is not None:
+        else:
             if live["EndpointName"] != request["EndpointName"]:
                 raise Conflict(f"inference component {component} already runs on endpoint {live['EndpointName']}",
                                fix="component names are global to the account and region: delete it or change resource_prefix")
@@ -230,16 +260,17 @@ class SageMakerHosting:
                 update = {k: request[k] for k in ("InferenceComponentName", "Specification", "RuntimeConfig")}
                 self._sm("UpdateInferenceComponent", **update)
         state, answer = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
-                                 deadline_s=2 * STARTUP_TIMEOUT_S, poll_s=self.poll_s, progress=progress,
+                                 deadline_s=COMPONENT_WAIT_S, poll_s=self.poll_s, progress=progress,
                                  what=f"inference component {component}")
         if state == "failure":
-            reason = (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
+            reason = failure_reason(answer)
             error = CapacityError if "capacity" in reason.lower() else DeployFailed
             raise error(f"inference component {component} failed: {reason}",
                         fix="check the copies fit the endpoint's partitions or instances, and the container logs")
 
     # -- describe ----------------------------------------------------------------------------
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
+        """What serves, read from the endpoint, its component or variant, the config and the model (with its tags)."""
         try:
             live_endpoint = self._sm("DescribeEndpoint", EndpointName=endpoint)
         except NotFound:
@@ -314,21 +345,31 @@ class SageMakerHosting:
         return RuntimeInvoker(self.aws, endpoint, None if single_model else component, timeout_s=timeout_s)
 
     # -- delete ------------------------------------------------------------------------------
+    def _describe_endpoint(self, endpoint: str) -> dict | None:
+        try:
+            return self._sm("DescribeEndpoint", EndpointName=endpoint)
+        except NotFound:
+            return None
+
+    def _delete_endpoint_only(self, endpoint: str, progress: Progress) -> bool:
+        """DeleteEndpoint and wait until it is gone; False when there was none."""
+        try:
+            self._sm("DeleteEndpoint", EndpointName=endpoint)
+        except NotFound:
+            return False
+        progress(f"deleting endpoint {endpoint}")
+        wait_for(self.aws, "EndpointDeleted", {"EndpointName": endpoint}, deadline_s=DELETE_WAIT_S, poll_s=self.poll_s,
+                 progress=progress, what=f"endpoint {endpoint}")
+        return True
+
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
         """Components (waited), the endpoint (waited), then its configs and models, found by name and tag."""
         existed = False
         for component in self._components_of(endpoint):
             existed = True
             self._delete_component(component, progress)
-        try:
-            self._sm("DescribeEndpoint", EndpointName=endpoint)
-            existed = True
-            self._sm("DeleteEndpoint", EndpointName=endpoint)
-            progress(f"deleting endpoint {endpoint}")
-            wait_for(self.aws, "EndpointDeleted", {"EndpointName": endpoint}, deadline_s=DELETE_DEADLINE_S, poll_s=self.poll_s,
-                     progress=progress, what=f"endpoint {endpoint}")
-        except NotFound:
-            pass
+        if self._describe_endpoint(endpoint) is not None:
+            existed = self._delete_endpoint_only(endpoint, progress) or existed
         for kind in ("EndpointConfig", "Model"):
             for name in self._named_for(kind, endpoint):
                 existed = True
@@ -345,7 +386,7 @@ class SageMakerHosting:
         except NotFound:
             return
         progress(f"deleting inference component {component}")
-        wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_DEADLINE_S,
+        wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_WAIT_S,
                  poll_s=self.poll_s, progress=progress, what=f"inference component {component}")
 
     def _delete_named(self, kind: str, name: str, progress: Progress) -> None:
@@ -357,19 +398,24 @@ class SageMakerHosting:
 
     def _named_for(self, kind: str, endpoint: str) -> list[str]:
         """Configs and models shiplift made for `endpoint`: named `<endpoint[:52]>-<hash>` and tagged with it."""
-        items = self._list(f"List{kind}s", f"{kind}s", NameContains=endpoint[:52].rstrip("-"))
+        items = self._list(f"List{kind}s", f"{kind}s", NameContains=name_base(endpoint))
         names = []
         for item in items:
             name, arn = item[f"{kind}Name"], item[f"{kind}Arn"]
-            if re.fullmatch(re.escape(endpoint[:52].rstrip("-")) + r"-[0-9a-f]{10}", name) and \
+            if re.fullmatch(re.escape(name_base(endpoint)) + r"-[0-9a-f]{10}", name) and \
                     self._tags(arn).get(ENDPOINT_TAG) == endpoint:
                 names.append(name)
         return names
 
     def _list(self, operation: str, key: str, **params) -> list[dict]:
+        """Every item of a paged SageMaker list call."""
+        return self._pages("sagemaker", operation, key, **params)
+
+    def _pages(self, service: str, operation: str, key: str, **params) -> list[dict]:
+        """Every item of a call paged with NextToken (SageMaker, Application Auto Scaling, CloudWatch)."""
         items, token = [], None
         while True:
-            page = self._sm(operation, **params, **({"NextToken": token} if token else {}))
+            page = self.aws.call(service, operation, **params, **({"NextToken": token} if token else {}))
             items.extend(page.get(key, []))
             token = page.get("NextToken")
             if not token:
@@ -398,7 +444,7 @@ class SageMakerHosting:
     def _scaling(self, prefix: str) -> list[ManagedResource]:
         """Scaling policies, then scalable targets, on endpoints and components named with the prefix and tagged by
         shiplift (a target belongs to the resource it scales, so the resource's tag decides)."""
-        targets = self.aws.call("application-autoscaling", "DescribeScalableTargets", ServiceNamespace="sagemaker")["ScalableTargets"]
+        targets = self._pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets", ServiceNamespace="sagemaker")
         policies, found = [], []
         for target in targets:
             resource_id = target["ResourceId"]  # endpoint/<name>/variant/<v> or inference-component/<name>
@@ -413,15 +459,16 @@ class SageMakerHosting:
                 continue  # a target on a resource that is gone; not provably shiplift's
             if self._tags(arn).get(MANAGED) != "true":
                 continue
-            for policy in self.aws.call("application-autoscaling", "DescribeScalingPolicies", ServiceNamespace="sagemaker",
-                                        ResourceId=resource_id)["ScalingPolicies"]:
+            for policy in self._pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies",
+                                      ServiceNamespace="sagemaker", ResourceId=resource_id):
                 policies.append(ManagedResource(kind="scaling-policy", name=policy["PolicyName"],
                                                 tags={"resource_id": resource_id, "dimension": policy["ScalableDimension"]}))
             found.append(ManagedResource(kind="scalable-target", name=resource_id, tags={"dimension": target["ScalableDimension"]}))
         return policies + found
 
     def _alarms(self, prefix: str) -> list[ManagedResource]:
-        alarms = self.aws.call("cloudwatch", "DescribeAlarms", AlarmNamePrefix=prefix).get("MetricAlarms", [])
+        """CloudWatch alarms named with the prefix and tagged by shiplift (the canary's bake alarms)."""
+        alarms = self._pages("cloudwatch", "DescribeAlarms", "MetricAlarms", AlarmNamePrefix=prefix)
         found = []
         for alarm in alarms:
             alarm_tags = {t["Key"]: t["Value"] for t in
@@ -431,6 +478,7 @@ class SageMakerHosting:
         return found
 
     def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
+        """Delete one resource `managed_resources` listed (endpoints with everything on them, waited)."""
         if resource.kind == "scaling-policy":
             self.aws.call("application-autoscaling", "DeleteScalingPolicy", PolicyName=resource.name, ServiceNamespace="sagemaker",
                           ResourceId=resource.tags["resource_id"], ScalableDimension=resource.tags["dimension"])

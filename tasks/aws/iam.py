@@ -23,7 +23,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("ecr", "DescribeRepositories"): ("ecr:DescribeRepositories", "repository"),
     ("ecr", "DescribeImages"): ("ecr:DescribeImages", "repository"),
     **{("codebuild", op): (f"codebuild:{op}", "project")
-       for op in ("BatchGetProjects", "CreateProject", "UpdateProject", "StartBuild", "BatchGetBuilds")},
+       for op in ("BatchGetProjects", "CreateProject", "UpdateProject", "StartBuild", "BatchGetBuilds", "ListBuildsForProject")},
     **{("sagemaker", op): (f"sagemaker:{op}", kind) for op, kind in (
         ("CreateModel", "model"), ("DescribeModel", "model"), ("DeleteModel", "model"),
         ("CreateEndpointConfig", "endpoint-config"), ("DescribeEndpointConfig", "endpoint-config"),
@@ -51,7 +51,6 @@ UNSCOPABLE = frozenset({
     "application-autoscaling:DescribeScalingPolicies", "ecr:GetAuthorizationToken",
 })
 SAGEMAKER_KINDS = ("model", "endpoint-config", "endpoint", "inference-component")
-MANAGED_TAG = "shiplift:managed"
 
 
 class Scope:
@@ -65,9 +64,11 @@ class Scope:
         self.prefix = config.resource_prefix
 
     def base(self, service: str) -> str:
+        """`arn:<partition>:<service>:<region>:<account>`."""
         return f"arn:{self.partition}:{service}:{self.region}:{self.account}"
 
     def sagemaker(self, kind: str, name: str = "*") -> str:
+        """A SageMaker resource ARN (SageMaker lower-cases names in ARNs)."""
         return f"{self.base('sagemaker')}:{kind}/{name.lower()}"
 
     def arns(self, kind: str) -> list[str]:
@@ -167,10 +168,13 @@ def codebuild_role_policy(config) -> dict:
         _statement("EcrLogin", ["ecr:GetAuthorizationToken"], ["*"]),
         _statement("BuildLogs", ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
                    [f"{scope.base('logs')}:log-group:/aws/codebuild/{config.backend.codebuild_project}*"]),
+        *([_statement("ArtifactKey", ["kms:Decrypt", "kms:GenerateDataKey"], [_kms_arn(scope, config.backend.kms_key_id)])]
+          if config.backend.kms_key_id else []),
     ]}
 
 
 def trust_policy(service: str) -> dict:
+    """Who may assume the role: one AWS service."""
     return {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
 
 

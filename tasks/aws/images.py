@@ -57,12 +57,15 @@ class CodeBuildImageBuilder:
 
     # -- requests (also printed by the dry run) -------------------------------------------------
     def repository_uri(self) -> str:
+        """`<account>.dkr.ecr.<region>.amazonaws.com/<repository>`."""
         return f"{self.backend.account_id}.dkr.ecr.{self.backend.region}.amazonaws.com/{self.backend.ecr_repository}"
 
     def source_key(self, data: bytes) -> str:
+        """Where the build context zip goes: content-addressed under the key prefix."""
         return f"{self.backend.key_prefix}/image-sources/sha256/{sha256_bytes(data)}/images.zip"
 
     def project_request(self) -> dict:
+        """CreateProject/UpdateProject: S3 source, image-detail.json artifacts, privileged docker builds."""
         backend = self.backend
         request = {
             "name": backend.codebuild_project,
@@ -74,7 +77,7 @@ class CodeBuildImageBuilder:
                             "privilegedMode": True, "environmentVariables": [
                                 {"name": "ECR_REPOSITORY_URI", "value": self.repository_uri(), "type": "PLAINTEXT"}]},
             "serviceRole": backend.codebuild_role_arn,
-            "timeoutInMinutes": max(5, backend.build_timeout_s // 60),
+            "timeoutInMinutes": -(-backend.build_timeout_s // 60),
             "tags": [{"key": "shiplift:managed", "value": "true"}],
         }
         if backend.kms_key_id:
@@ -82,6 +85,7 @@ class CodeBuildImageBuilder:
         return request
 
     def build_request(self, kind: str, tag: str, variant: str, base_image: str, source_key: str) -> dict:
+        """StartBuild of one image: its source zip, buildspec, tag, variant and base image; idempotent per tag."""
         backend = self.backend
         return {
             "projectName": backend.codebuild_project,
@@ -96,26 +100,34 @@ class CodeBuildImageBuilder:
                                     ("ECR_REPOSITORY_URI", self.repository_uri()), ("BASE_IMAGE", base_image))
             ],
             "idempotencyToken": tag,
-            "timeoutInMinutesOverride": max(5, backend.build_timeout_s // 60),
+            "timeoutInMinutesOverride": -(-backend.build_timeout_s // 60),
         }
 
     def detail_key(self, tag: str) -> str:
+        """Where the buildspec writes image-detail.json for a tag."""
         return f"{self.backend.key_prefix}/image-builds/{tag}/image-detail/image-detail.json"
 
     # -- the build ---------------------------------------------------------------------------
     def build(self, image, *, progress: Progress) -> ImageRef:
+        """The image pinned by digest: found in ECR by its content tag, or built once with CodeBuild and confirmed."""
         local = build_local_image(image.kind, image.base_image)  # checks every pin; its digest names the content
         variant = "cuda" if image.on_gpu else "cpu"
         tag = image_tag(image.kind, variant, local.digest)
         self._check_repository()
         digest = self._digest_of_tag(tag)
         if digest is None:
-            progress(f"image: no {self.backend.ecr_repository}:{tag} yet; building it with CodeBuild")
-            data = source_zip(image.kind)
-            key = self.source_key(data)
-            self.store.put_bytes(data, key)
-            self._ensure_project()
-            self._run_build(self.build_request(image.kind, tag, variant, image.base_image, key), progress)
+            running = self._running_build(tag)
+            if running:  # an earlier attempt started it (a crash, a deadline): wait for it, never build twice
+                progress(f"image: build {running} of {tag} is already running; waiting for it")
+            else:
+                progress(f"image: no {self.backend.ecr_repository}:{tag} yet; building it with CodeBuild")
+                data = source_zip(image.kind)
+                key = self.source_key(data)
+                self.store.put_bytes(data, key)
+                self._ensure_project()
+                running = self.aws.call("codebuild", "StartBuild",
+                                        **self.build_request(image.kind, tag, variant, image.base_image, key))["build"]["id"]
+            self._wait_build(running, tag, progress)
             digest = self._read_detail(tag)
         else:
             progress(f"image: {self.backend.ecr_repository}:{tag} exists; no build needed")
@@ -136,8 +148,8 @@ class CodeBuildImageBuilder:
                               fix="create it with image tag immutability on (see the README, On AWS)") from exc
         if repository.get("imageTagMutability") != "IMMUTABLE":
             raise ConfigError(
-                f"ECR repository {self.backend.ecr_repository} has mutable tags ({repository.get('imageTagMutability')}): "
-                "a tag could later name other content",
+                f"ECR repository {self.backend.ecr_repository} does not make every tag immutable "
+                f"({repository.get('imageTagMutability')}): a tag could later name other content",
                 fix=f"aws ecr put-image-tag-mutability --repository-name {self.backend.ecr_repository} --image-tag-mutability IMMUTABLE",
             )
 
@@ -159,12 +171,25 @@ class CodeBuildImageBuilder:
         if not request_applied(found[0], wanted):
             self.aws.call("codebuild", "UpdateProject", **wanted)
 
-    def _run_build(self, request: dict, progress: Progress) -> None:
-        build = self.aws.call("codebuild", "StartBuild", **request)["build"]
+    def _running_build(self, tag: str) -> str | None:
+        """The id of a build of this tag still in progress (the newest 100 builds of the project are looked at)."""
+        try:
+            ids = self.aws.call("codebuild", "ListBuildsForProject", projectName=self.backend.codebuild_project,
+                                sortOrder="DESCENDING").get("ids", [])[:100]
+        except NotFound:
+            return None  # no project yet, so no build
+        for build in self.aws.call("codebuild", "BatchGetBuilds", ids=ids)["builds"] if ids else []:
+            variables = {v["name"]: v.get("value") for v in build.get("environment", {}).get("environmentVariables", [])}
+            if build.get("buildStatus") == "IN_PROGRESS" and variables.get("IMAGE_TAG") == tag:
+                return build["id"]
+        return None
+
+    def _wait_build(self, build_id: str, tag: str, progress: Progress) -> None:
+        """Poll the build until it ends (deadline `build_timeout_s`); a failed build is fine if the tag got pushed anyway."""
         deadline = time.monotonic() + self.backend.build_timeout_s
         phase = None
         while True:
-            build = self.aws.call("codebuild", "BatchGetBuilds", ids=[build["id"]])["builds"][0]
+            build = self.aws.call("codebuild", "BatchGetBuilds", ids=[build_id])["builds"][0]
             if build.get("currentPhase") != phase:
                 phase = build.get("currentPhase")
                 progress(f"image: build {build['id']} {phase}")
@@ -174,7 +199,7 @@ class CodeBuildImageBuilder:
                 raise NotReady(f"image build {build['id']} still {build['buildStatus']} after {self.backend.build_timeout_s}s",
                                fix="raise backend.build_timeout_s, or look at the build's logs in CodeBuild")
             time.sleep(self.poll_s)
-        if build["buildStatus"] != "SUCCEEDED":
+        if build["buildStatus"] != "SUCCEEDED" and self._digest_of_tag(tag) is None:
             why = "; ".join(f"{p.get('phaseType')}: {c.get('message')}" for p in build.get("phases", [])
                             for c in p.get("contexts", []) if c.get("message"))
             raise IntegrityError(f"image build {build['id']} ended {build['buildStatus']}: {why or 'no phase message'}",

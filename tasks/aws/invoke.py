@@ -9,6 +9,8 @@ botocore's own retries are off for invocations: the transport's policy counts an
 
 from __future__ import annotations
 
+import math
+
 from tasks.aws.service_model import validate_request
 from tasks.aws.session import error_code
 from validation.transport import runtime_error_answer
@@ -17,18 +19,22 @@ from validation.transport import runtime_error_answer
 class RuntimeChannel:
     """One worker's `InvokeEndpoint` line to a component (or a single-model endpoint)."""
 
-    def __init__(self, client, endpoint: str, component: str | None):
-        self.client, self.endpoint, self.component = client, endpoint, component
+    def __init__(self, aws, endpoint: str, component: str | None, *, timeout_s: float):
+        self.aws, self.endpoint, self.component, self.timeout_s = aws, endpoint, component, timeout_s
 
     def post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """Invoke once; the read timeout is the request's (the run's deadline may leave less than the configured one)."""
         from botocore import exceptions as bce
+
+        read_timeout = max(1, math.ceil(min(timeout_s, self.timeout_s)))  # whole seconds: a bounded set of clients
+        client = self.aws.client("sagemaker-runtime", read_timeout_s=read_timeout, max_attempts=1)
 
         params = {"EndpointName": self.endpoint, "Body": body, "ContentType": "application/json", "Accept": "application/json"}
         if self.component:
             params["InferenceComponentName"] = self.component
         validate_request("sagemaker-runtime", "InvokeEndpoint", params)
         try:
-            answer = self.client.invoke_endpoint(**params)
+            answer = client.invoke_endpoint(**params)
         except bce.ClientError as exc:
             code, message, status = error_code(exc)
             return runtime_error_answer(status or 400, code, {**exc.response, "Message": message})
@@ -48,8 +54,9 @@ class RuntimeInvoker:
         self.aws, self.endpoint, self.component, self.timeout_s = aws, endpoint, component, timeout_s
 
     def describe(self) -> dict:
+        """Where the answers come from, for the gate report."""
         return {"endpoint": self.endpoint, "component": self.component, "region": self.aws.region, "via": "sagemaker-runtime"}
 
     def open(self) -> RuntimeChannel:
-        return RuntimeChannel(self.aws.client("sagemaker-runtime", read_timeout_s=self.timeout_s, max_attempts=1),
-                              self.endpoint, self.component)
+        """A channel for one eval worker."""
+        return RuntimeChannel(self.aws, self.endpoint, self.component, timeout_s=self.timeout_s)

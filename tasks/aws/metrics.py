@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
+from tasks.errors import BadInput
 from tasks.interfaces import ComponentMetrics
 
 METRICS = {"invocations": ("Invocations", "Sum"), "errors_4xx": ("Invocation4XXErrors", "Sum"),
@@ -18,6 +20,10 @@ class CloudWatchMetrics:
         self.aws, self.hosting = aws, hosting
 
     def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
+        """Invocations, 4xx/5xx and model errors, and the p99 ModelLatency in ms, over the last window."""
+        if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and 60 <= window_s <= 86400):
+            raise BadInput(f"window_s={window_s!r} is not 60..86400 seconds", fix="CloudWatch aggregates SageMaker metrics per minute")
+        period = 60 * math.ceil(window_s / 60)  # GetMetricData takes multiples of 60 s
         if self.hosting.inference_component(endpoint, component) is not None:
             dimensions = [{"Name": "InferenceComponentName", "Value": component}]
         else:
@@ -25,9 +31,9 @@ class CloudWatchMetrics:
         end = dt.datetime.now(dt.timezone.utc)
         queries = [{"Id": key, "ReturnData": True, "MetricStat": {
             "Metric": {"Namespace": "AWS/SageMaker", "MetricName": name, "Dimensions": dimensions},
-            "Period": max(60, int(window_s)), "Stat": stat}} for key, (name, stat) in METRICS.items()]
+            "Period": period, "Stat": stat}} for key, (name, stat) in METRICS.items()]
         answer = self.aws.call("cloudwatch", "GetMetricData", MetricDataQueries=queries,
-                               StartTime=end - dt.timedelta(seconds=window_s), EndTime=end)
+                               StartTime=end - dt.timedelta(seconds=period), EndTime=end)
         values = {r["Id"]: r.get("Values", []) for r in answer.get("MetricDataResults", [])}
         total = {key: int(sum(values.get(key, []))) for key in ("invocations", "errors_4xx", "errors_5xx", "model_errors")}
         latency = values.get("latency_p99_ms") or []

@@ -29,9 +29,9 @@ NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "ResourceNotFound",
              "RepositoryNotFoundException", "ImageNotFoundException", "ResourceNotFoundFault", "NoSuchEntity"}
 CONFLICT = {"ConflictException", "ResourceInUse", "ResourceInUseException", "ResourceAlreadyExistsException",
             "PreconditionFailed", "412", "ResourceAlreadyExists", "AlreadyExistsException", "ImageAlreadyExistsException",
-            "ImageTagAlreadyExistsException"}
-CAPACITY = {"ResourceLimitExceeded", "InsufficientCapacity", "InsufficientInstanceCapacity", "CapacityError",
-            "LimitExceededException", "AccountLimitExceededException"}
+            "ImageTagAlreadyExistsException", "ConditionalRequestConflict", "409"}
+CAPACITY = {"InsufficientCapacity", "InsufficientInstanceCapacity", "CapacityError", "LimitExceededException"}
+QUOTA = {"ResourceLimitExceeded", "AccountLimitExceededException", "ServiceQuotaExceededException"}
 CREDENTIALS = {"UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException",
                "InvalidSignatureException", "SignatureDoesNotMatch", "AuthFailure", "InvalidAccessKeyId", "MissingAuthenticationToken"}
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException", "AccessDeniedFault", "UnauthorizedOperation", "403"}
@@ -104,11 +104,11 @@ class Aws:
         for listener in self.listeners:
             listener(service, name, params)
         method = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+        from botocore.exceptions import BotoCoreError, ClientError
+
         try:
             return getattr(self.client(service), method)(**params)
-        except Exception as exc:  # botocore's errors, mapped; ours pass through
-            if isinstance(exc, ShipliftError):
-                raise
+        except (BotoCoreError, ClientError) as exc:
             raise domain_error(exc, service, name, self.region) from exc
 
 
@@ -141,7 +141,10 @@ def domain_error(exc: Exception, service: str, operation: str, region: str) -> S
     text = f"{where}: {code}: {message}"
     codes = {code, str(status)}
     if codes & THROTTLING:
-        return Throttled(f"{text} (still throttled after {MAX_ATTEMPTS} attempts)", fix="retry later, or raise the API quota")
+        return Throttled(f"{text} (still throttled after botocore's bounded retries)", fix="retry later, or raise the API quota")
+    if codes & QUOTA:
+        return ConfigError(text, fix="a service quota is exhausted: ask for more in Service Quotas (the message names the "
+                                     "resource), or delete what is left over (`shiplift cleanup CONFIG --list`)")
     if codes & CREDENTIALS:
         return ConfigError(f"{text}", fix="the credentials are invalid or expired: refresh them; nothing was created")
     if codes & ACCESS_DENIED:

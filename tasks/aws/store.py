@@ -29,10 +29,12 @@ KEY_SHA = re.compile(r"/sha256/([0-9a-f]{64})/[^/]+$")
 
 
 def b64_sha256(data: bytes) -> str:
+    """The base64 SHA-256 S3 expects in ChecksumSHA256."""
     return base64.b64encode(hashlib.sha256(data).digest()).decode()
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, key) of an s3:// URI; BadInput otherwise."""
     match = S3_URI.match(uri or "")
     if not match:
         raise BadInput(f"{uri!r} is not an s3://bucket/key URI", fix="pass a StoredArtifact.uri of the S3 store")
@@ -55,9 +57,11 @@ class S3ArtifactStore:
         self.part_bytes, self.single_put_max_bytes = part_bytes, single_put_max_bytes
 
     def key(self, sha256: str, name: str) -> str:
+        """`<prefix>/artifacts/sha256/<digest>/<name>`: the content-addressed key of an artifact."""
         return f"{self.prefix}/artifacts/sha256/{check_sha256(sha256)}/{check_name(name)}"
 
     def encryption_params(self) -> dict:
+        """SSE-KMS parameters when the config names a key (else the bucket's default encryption)."""
         return {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": self.kms_key_id} if self.kms_key_id else {}
 
     def _head(self, key: str) -> dict | None:
@@ -90,16 +94,20 @@ class S3ArtifactStore:
             self._same(head, key, sha256, size)
         else:
             say(f"upload {name} ({size / 1e6:.1f} MB) to s3://{self.bucket}/{key}")
-            single = size <= self.single_put_max_bytes
             try:
-                self._put(source, key, sha256) if single else self._multipart(source, key, sha256, size, say)
+                if size <= self.single_put_max_bytes:
+                    checksum = self._put(source, key, sha256)
+                else:
+                    checksum = self._multipart(source, key, sha256, size, say)
             except Conflict:  # If-None-Match lost a race: someone stored the key meanwhile
                 self._same(self._head(key) or {}, key, sha256, size)
-            self._verify_upload(key, sha256, size, single, source)
+            else:
+                self._verify_upload(key, sha256, size, checksum, source)
         return StoredArtifact(uri=f"s3://{self.bucket}/{key}", sha256=sha256, size=size)
 
-    def _verify_upload(self, key: str, sha256: str, size: int, single: bool, source: Path) -> None:
-        """Read the object back: its size, its sha256 metadata and (single uploads) S3's own SHA-256 must be this file's."""
+    def _verify_upload(self, key: str, sha256: str, size: int, checksum: str, source: Path) -> None:
+        """Read the object back: its size, its sha256 metadata and S3's own SHA-256 (of the object, or for a multipart
+        upload of its parts' checksums, `<b64>-<parts>`) must be what was sent."""
         head = self._head(key) or {}
         stored_sha = (head.get("Metadata") or {}).get("sha256")
         problems = []
@@ -107,28 +115,35 @@ class S3ArtifactStore:
             problems.append(f"size {head.get('ContentLength')} (uploaded {size})")
         if stored_sha != sha256:
             problems.append(f"sha256 metadata {stored_sha} (uploaded {sha256})")
-        if single and head.get("ChecksumSHA256") != base64.b64encode(bytes.fromhex(sha256)).decode():
-            problems.append(f"S3 checksum {head.get('ChecksumSHA256')} (uploaded {base64.b64encode(bytes.fromhex(sha256)).decode()})")
+        if (head.get("ChecksumSHA256") or "").split("-")[0] != checksum:
+            problems.append(f"S3 checksum {head.get('ChecksumSHA256')} (uploaded {checksum})")
         if problems:
             raise IntegrityError(f"s3://{self.bucket}/{key} does not match {source} after the upload: " + ", ".join(problems),
                                  fix="the object was changed or truncated in transit; delete it and rerun the stage")
 
-    def _put(self, source: Path, key: str, sha256: str) -> None:
-        data = source.read_bytes()
-        self.aws.call("s3", "PutObject", Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*",
-                      ChecksumAlgorithm="SHA256", ChecksumSHA256=b64_sha256(data), Metadata={"sha256": sha256},
-                      **self.encryption_params())
+    def put_params(self, key: str, data: bytes, sha256: str) -> dict:
+        """A conditional PutObject with S3's SHA-256 checksum and the sha256 metadata (also what the dry run prints)."""
+        return {"Bucket": self.bucket, "Key": key, "Body": data, "IfNoneMatch": "*", "ChecksumAlgorithm": "SHA256",
+                "ChecksumSHA256": b64_sha256(data), "Metadata": {"sha256": sha256}, **self.encryption_params()}
 
-    def _multipart(self, source: Path, key: str, sha256: str, size: int, say: Progress) -> None:
+    def _put(self, source: Path, key: str, sha256: str) -> str:
+        """One conditional PutObject; returns the checksum S3 must report."""
+        data = source.read_bytes()
+        self.aws.call("s3", "PutObject", **self.put_params(key, data, sha256))
+        return b64_sha256(data)
+
+    def _multipart(self, source: Path, key: str, sha256: str, size: int, say: Progress) -> str:
+        """A multipart upload with a SHA-256 per part, completed conditionally; returns the composite checksum."""
         upload = self.aws.call("s3", "CreateMultipartUpload", Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256",
                                Metadata={"sha256": sha256}, **self.encryption_params())["UploadId"]
         total = -(-size // self.part_bytes)
-        parts = []
+        parts, digests = [], []
         try:
             with open(source, "rb") as handle:
                 for number in range(1, total + 1):
                     data = handle.read(self.part_bytes)
-                    checksum = b64_sha256(data)
+                    digests.append(hashlib.sha256(data).digest())
+                    checksum = base64.b64encode(digests[-1]).decode()
                     answer = self.aws.call("s3", "UploadPart", Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
                                            Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum)
                     parts.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": checksum})
@@ -136,8 +151,12 @@ class S3ArtifactStore:
             self.aws.call("s3", "CompleteMultipartUpload", Bucket=self.bucket, Key=key, UploadId=upload,
                           MultipartUpload={"Parts": parts}, IfNoneMatch="*")
         except BaseException:
-            self.aws.call("s3", "AbortMultipartUpload", Bucket=self.bucket, Key=key, UploadId=upload)
+            try:
+                self.aws.call("s3", "AbortMultipartUpload", Bucket=self.bucket, Key=key, UploadId=upload)
+            except Exception as abort:  # noqa: BLE001 - the upload's own error is the one to raise
+                say(f"upload {source.name}: could not abort upload {upload} ({abort}); a lifecycle rule removes it")
             raise
+        return base64.b64encode(hashlib.sha256(b"".join(digests)).digest()).decode()
 
     def put_bytes(self, data: bytes, key: str) -> str:
         """Write a small object at an exact key (image sources, stage results) unless it exists with this content."""
@@ -145,8 +164,7 @@ class S3ArtifactStore:
         head = self._head(key)
         if head is None:
             try:
-                self.aws.call("s3", "PutObject", Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", ChecksumAlgorithm="SHA256",
-                              ChecksumSHA256=b64_sha256(data), Metadata={"sha256": sha256}, **self.encryption_params())
+                self.aws.call("s3", "PutObject", **self.put_params(key, data, sha256))
             except Conflict:
                 pass
             head = self._head(key)
@@ -156,10 +174,10 @@ class S3ArtifactStore:
     def read_bytes(self, key: str, *, max_bytes: int = 1 << 20) -> bytes:
         """A small object's body (image-detail.json); refuses anything larger than `max_bytes`."""
         answer = self.aws.call("s3", "GetObject", Bucket=self.bucket, Key=key)
-        if answer.get("ContentLength", 0) > max_bytes:
-            raise BadInput(f"s3://{self.bucket}/{key} is {answer['ContentLength']} bytes, more than {max_bytes}",
-                           fix="it is not the small JSON document expected there")
         with answer["Body"] as body:
+            if answer.get("ContentLength", 0) > max_bytes:
+                raise BadInput(f"s3://{self.bucket}/{key} is {answer['ContentLength']} bytes, more than {max_bytes}",
+                               fix="it is not the small JSON document expected there")
             return body.read(max_bytes + 1)
 
     def get(self, uri: str) -> Path:
@@ -190,6 +208,7 @@ class S3ArtifactStore:
         return target
 
     def exists(self, sha256: str) -> bool:
+        """Whether any artifact with this sha256 is stored (under any name)."""
         answer = self.aws.call("s3", "ListObjectsV2", Bucket=self.bucket, Prefix=f"{self.prefix}/artifacts/sha256/{check_sha256(sha256)}/",
                                MaxKeys=1)
         return answer.get("KeyCount", 0) > 0

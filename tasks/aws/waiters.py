@@ -22,6 +22,7 @@ from tasks.interfaces import Progress
 
 @functools.lru_cache(maxsize=1)
 def waiter_models() -> dict:
+    """The waiter models of waiters.json, read once."""
     return json.loads(Path(__file__).with_name("waiters.json").read_text(encoding="utf-8"))["waiters"]
 
 

@@ -58,6 +58,7 @@ class LoopbackHosting:
 
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:
+        """Extract the artifact once, run the image's server as `spec.copies` processes behind the router, describe."""
         kind = local_image_kind(spec.image_uri)
         process = process_spec(kind, self.model_dir(spec.artifact_uri, spec.artifact_sha256), spec.environment,
                                copies=spec.copies, model_ref=spec.model_ref.model_dump(), neutral=spec.model_dump(mode="json"))
@@ -65,10 +66,12 @@ class LoopbackHosting:
         self.processes.ensure_endpoint(endpoint)
         self.processes.put_component(endpoint, component, process)
         live = self.describe(endpoint, component)
-        assert live is not None  # put_component just registered it
+        if live is None:
+            raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="another command removed it; rerun the stage")
         return live
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
+        """What serves, from the persisted spec and a live check of the router and every copy."""
         try:
             described = self.processes.describe_endpoint(endpoint)
         except NotFound:
@@ -95,6 +98,7 @@ class LoopbackHosting:
         )
 
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
+        """Stop the router and every copy (waited); False when there was no such endpoint."""
         removed = self.processes.delete_endpoint(endpoint)
         if removed:
             progress(f"deleted local endpoint {endpoint}")
@@ -105,10 +109,12 @@ class LoopbackHosting:
         return HttpInvoker(self.processes.endpoint_url(endpoint), component, runtime=True)
 
     def managed_resources(self, prefix: str) -> list[ManagedResource]:
+        """The local endpoints named with the prefix (every local endpoint is shiplift's)."""
         return [ManagedResource(kind="endpoint", name=e["name"]) for e in self.processes.list_endpoints()
                 if e["name"].startswith(prefix)]
 
     def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
+        """Delete one local endpoint."""
         self.delete_endpoint(resource.name, progress=progress)
 
 
@@ -119,6 +125,7 @@ class LocalMetrics:
         self.hosting = hosting
 
     def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
+        """The router's counters of one component."""
         counters = self.hosting.processes.metrics(endpoint)["components"].get(component)
         if counters is None:
             raise NotFound(f"endpoint {endpoint} has served no requests for component {component}",
@@ -136,6 +143,7 @@ class ScratchServer:
 
     @contextmanager
     def serve(self, image, model_dir: Path, name: str) -> Iterator[HttpInvoker]:
+        """Run the image's server on the folder for the block; the endpoint is removed afterwards."""
         spec = process_spec(image.kind, model_dir, image.container_env(cpu_only=True), copies=1, model_ref={"purpose": name})
         self.processes.ensure_endpoint(name)
         try:

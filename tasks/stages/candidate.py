@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.stages.common import candidate_endpoint, component_spec, model_ref
+from tasks.stages.common import candidate_endpoint, component_spec, model_ref, require_served
 
 
 def deploy(ctx) -> dict:
@@ -10,6 +10,7 @@ def deploy(ctx) -> dict:
     spec = component_spec(ctx, copies=1)
     ctx.say(f"deploy_candidate: endpoint {name} on {ctx.config.placement.kind}")
     live = ctx.backends.hosting.deploy(name, name, spec, ctx.config.placement, role="candidate", progress=ctx.say)
+    require_served(live, spec, where=f"candidate {name}")
     return {
         "endpoint": name,
         "component": name,

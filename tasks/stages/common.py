@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.errors import Conflict
 from tasks.hashing import sha256_json
 from tasks.interfaces import ComponentSpec, Compute, ModelRef
 
@@ -31,8 +32,9 @@ def production_component(config) -> str:
 
 
 def candidate_name(config, artifact_sha256: str, image_digest: str) -> str:
-    """The candidate endpoint (and its one component): named by the artifact and image it serves."""
-    return resource_name(config, "cand", artifact_sha256, image_digest)
+    """The candidate endpoint (and its one component): named by the config, artifact and image it serves, so two
+    releases of one artifact (another placement, other limits) never share a candidate."""
+    return resource_name(config, "cand", config.config_hash(), artifact_sha256, image_digest)
 
 
 def candidate_endpoint(ctx) -> str:
@@ -53,6 +55,17 @@ def compute(config, memory_mb: int) -> Compute:
     if image.on_gpu:
         return Compute(memory_mb=memory_mb, accelerators=1)
     return Compute(memory_mb=memory_mb, cpu_cores=float(image.threads))
+
+
+def require_served(live, spec: ComponentSpec, *, where: str) -> None:
+    """Conflict unless the component is InService on exactly `spec` (an update that ended on the old spec fails here)."""
+    differences = live.differences(spec)
+    if differences or live.status != "InService":
+        raise Conflict(
+            f"{where} is {live.status} and does not serve the candidate: " + ("; ".join(differences) or "its status is not InService")
+            + (f" (FailureReason: {live.failure_reason})" if live.failure_reason else ""),
+            fix="inspect the endpoint (the backend's console or `shiplift cleanup CONFIG --list`); what served before still serves",
+        )
 
 
 def component_spec(ctx, *, copies: int) -> ComponentSpec:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.errors import Conflict
-from tasks.stages.common import component_spec, production_component, production_endpoint
+from tasks.stages.common import component_spec, production_component, production_endpoint, require_served
 
 
 def run(ctx) -> dict:
@@ -15,13 +14,7 @@ def run(ctx) -> dict:
     spec = component_spec(ctx, copies=ctx.config.rollout.copies)
     ctx.say(f"promote: {ctx.config.rollout.strategy} to {endpoint}/{component}")
     live = ctx.backends.hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)
-    differences = live.differences(spec)
-    if differences or live.status != "InService":
-        raise Conflict(
-            f"{endpoint}/{component} is {live.status} after promotion and does not serve the candidate: "
-            + ("; ".join(differences) or "its status is not InService"),
-            fix="inspect the endpoint (shiplift endpoints list, or the SageMaker console); the champion may still serve",
-        )
+    require_served(live, spec, where=f"production {endpoint}/{component} after promotion")
     return {
         "event": "succeeded",
         "endpoint": endpoint,

@@ -34,15 +34,20 @@ class Step:
 
 
 MINUTE, HOUR = 60, 3600
+# The longest a backend waits in one deploy (endpoint start + component start, on top of an instance pool's
+# provision timeout) and in one teardown (component and endpoint deletion); tasks/aws/hosting.py keeps to these.
+DEPLOY_WAIT_S = HOUR
+TEARDOWN_WAIT_S = HOUR
 STAGES: tuple[Step, ...] = (
     Step("resolve", "tasks.stages.resolve:run", 2, 30 * MINUTE, True, "fetch the pinned source and prove it by sha256"),
     Step("build", "tasks.stages.build:run", 2, HOUR, True, "quantize or export the model, check it, fit a temperature"),
     Step("package", "tasks.stages.package:run", 2, 30 * MINUTE, True, "write model.tar.gz and store it by content"),
     Step("image", "tasks.stages.image:run", 2, HOUR, True, "build or find the serving image and pin it by digest"),
-    Step("deploy_candidate", "tasks.stages.candidate:deploy", 2, HOUR, True, "serve the artifact on a candidate endpoint"),
+    Step("deploy_candidate", "tasks.stages.candidate:deploy", 2, 2 * HOUR, True, "serve the artifact on a candidate endpoint"),
     Step("validate", "tasks.stages.validate:run", 1, 2 * HOUR, True, "gate the live candidate against the champion"),
-    Step("promote", "tasks.stages.promote:run", 1, HOUR, True, "put a passed candidate on production, verify what serves"),
-    Step("teardown_candidate", "tasks.stages.candidate:teardown", 3, 30 * MINUTE, True, "remove the candidate, whatever happened"),
+    Step("promote", "tasks.stages.promote:run", 1, 2 * HOUR, True, "put a passed candidate on production, verify what serves"),
+    Step("teardown_candidate", "tasks.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, True,
+         "remove the candidate, whatever happened"),
 )
 BEGIN = Step("begin", "tasks.release:begin_orchestrated", 1, 5 * MINUTE, True,
              "validate the config, open the release in the ledger, take the model's lease")
@@ -66,6 +71,6 @@ def timeout_for(name: str, config: Any, *, startup_allowance_s: int = 15 * MINUT
     own = 0
     if name == "validate":
         own = int(config.validation.deadline_s) + startup_allowance_s
-    elif name == "deploy_candidate" and getattr(config.placement, "provision_timeout_s", None):
-        own = config.placement.provision_timeout_s + startup_allowance_s
+    elif name in ("deploy_candidate", "promote"):
+        own = getattr(config.placement, "provision_timeout_s", 0) + DEPLOY_WAIT_S + startup_allowance_s
     return max(STEPS[name].timeout_s, own)

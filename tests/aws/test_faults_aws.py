@@ -191,7 +191,7 @@ def test_lasting_throttling_is_throttled_after_a_bounded_number_of_attempts(aws,
     assert "sagemaker CreateEndpoint: ThrottlingException" in str(error) and "retry later" in error.fix
     attempts = [c for c in aws.calls if c.operation == "CreateEndpoint"]
     assert len([o for _, o, _ in aws_calls if o == "CreateEndpoint"]) == 1, "shiplift adds no retry loop of its own"
-    assert f"after {MAX_ATTEMPTS} attempts" in str(error)
+    assert "bounded retries" in str(error)
     assert len(attempts) == MAX_ATTEMPTS, f"{len(attempts)} CreateEndpoint requests reached the service, the message says {MAX_ATTEMPTS}"
     assert len(delays) == len(attempts) - 1 and all(d >= 0 for d in delays)
     failed = [r for r in ledger_of(tmp_path).history("tiny-aws") if r.stage == "deploy_candidate" and r.event == "failed"]
@@ -206,7 +206,7 @@ def test_a_repository_with_mutable_tags_is_refused_before_any_build(aws, aws_cal
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
 
     error = failing_release(config, ConfigError)
-    assert f"ECR repository {aws_release.REPOSITORY} has mutable tags (MUTABLE)" in str(error)
+    assert f"ECR repository {aws_release.REPOSITORY} does not make every tag immutable (MUTABLE)" in str(error)
     assert "--image-tag-mutability IMMUTABLE" in error.fix
     assert not [o for _, o, _ in aws_calls if o in ("StartBuild", "CreateProject")], "no CodeBuild build started"
     assert not [k for k in objects(aws, aws_release.BUCKET) if "/image-sources/" in k], "no build context uploaded"

@@ -22,6 +22,7 @@ import hashlib
 import http.client
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -45,12 +46,31 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.validate import ParamValidator
+from moto.cloudwatch import models as cloudwatch_models
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
 from tasks.aws.service_model import request_problems, service_model
 from tasks.packaging import safe_extract
+
+def _percentile_statistic(plain: Callable) -> Callable:
+    """moto's CloudWatch computes Sum/Average/Minimum/Maximum/SampleCount only; SageMaker's latency alarms and
+    shiplift's metrics read percentiles (`p99`), so the double adds nearest-rank percentiles of the datapoints."""
+
+    def statistic(self, stat: str):
+        match = re.fullmatch(r"p(\d{1,2}(?:\.\d+)?)", stat)
+        values = sorted(self.metric_single_values_list)
+        if match is None or not values:
+            return plain(self, stat)
+        rank = max(1, math.ceil(float(match[1]) / 100 * len(values)))
+        return values[rank - 1]
+
+    return statistic
+
+
+cloudwatch_models.Statistics.get_statistics_for_type = _percentile_statistic(cloudwatch_models.Statistics.get_statistics_for_type)
+
 
 ACCOUNT_ID = DEFAULT_ACCOUNT_ID  # moto's account, 123456789012
 REGION = "us-east-1"
@@ -145,6 +165,7 @@ class Scenario:
     throttle: dict[str, int] = field(default_factory=dict)  # operation -> how many next calls get ThrottlingException
     drop_partition_layouts: bool = False  # DescribeEndpointConfig leaves AcceleratorPartitionLayouts out
     fail_builds: bool = False  # CodeBuild builds end FAILED and push nothing
+    build_polls_in_progress: int = 1  # BatchGetBuilds answers IN_PROGRESS this often; the image is pushed when it ends
     container_start_timeout_s: float = 60.0  # deadline for a model server's GET /ping to answer 200
 
     def updated(self, knobs: dict[str, Any]) -> Scenario:
@@ -1326,12 +1347,14 @@ class Build:
     environment: list[dict[str, str]]
     source: dict[str, str]
     artifact_location: str | None
+    push: Callable[[], str | None] | None = None  # the push and image-detail.json, run when the build ends
     started_at: float = field(default_factory=time.time)
     polls: int = 0
 
 
 class CodeBuildSimulator:
-    """StartBuild runs the buildspec's checks, pushes a manifest to moto's ECR and writes image-detail.json."""
+    """StartBuild runs the buildspec's checks; when the build ends (after `build_polls_in_progress` polls) it pushes a
+    manifest to moto's ECR and writes image-detail.json, so an image is not there while its build runs."""
 
     def __init__(self, shared: Shared, runtime: ContainerRuntime, client: Callable[[str], Any]):
         self.shared, self.runtime, self.client = shared, runtime, client
@@ -1349,16 +1372,18 @@ class CodeBuildSimulator:
         source = {"type": request.get("sourceTypeOverride", project["source"]["type"]),
                   "location": request.get("sourceLocationOverride", project["source"].get("location", ""))}
         artifacts = request.get("artifactsOverride", project.get("artifacts", {}))
-        failure, location = None, None
+        failure, push = None, None
         try:
-            location = self._run(source, variables, artifacts, build["id"])
+            push = self._run(source, variables, artifacts, build["id"])
         except BuildFailed as failed:
             failure = failed.args
-        record = Build(failure, [{"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()], source, location)
+        record = Build(failure, [{"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()], source, None, push)
         with self.shared.lock:
             self.builds[build["id"]] = record
 
-    def _run(self, source: dict[str, str], variables: dict[str, str], artifacts: dict[str, Any], build_id: str) -> str | None:
+    def _run(self, source: dict[str, str], variables: dict[str, str], artifacts: dict[str, Any],
+             build_id: str) -> Callable[[], str | None]:
+        """The buildspec's checks at once; returns the push (image + image-detail.json) that happens when the build ends."""
         if self.shared.scenario.fail_builds:
             raise BuildFailed("BUILD", "COMMAND_EXECUTION_ERROR",
                               "Error while executing command: docker build. Reason: exit status 1 (scenario fail_builds)")
@@ -1391,10 +1416,14 @@ class CodeBuildSimulator:
             raise command_failed(f"semif build: VARIANT={variant} is not cpu or cuda")
         if "BASE_IMAGE" in variables and not re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", variables["BASE_IMAGE"]):
             raise command_failed(f"{kind} build: base image '{variables['BASE_IMAGE']}' is not pinned by digest")
-        digest = self._push(repository_uri, tag, hashlib.sha256(data).hexdigest(), len(data), f"{kind}:{variant}")
-        with self.shared.lock:
-            self.runtime.image_kinds[digest] = kind
-        return self._write_artifact(artifacts, build_id, {"ImageURI": f"{repository_uri}@{digest}"})
+
+        def push() -> str | None:
+            digest = self._push(repository_uri, tag, hashlib.sha256(data).hexdigest(), len(data), f"{kind}:{variant}")
+            with self.shared.lock:
+                self.runtime.image_kinds[digest] = kind
+            return self._write_artifact(artifacts, build_id, {"ImageURI": f"{repository_uri}@{digest}"})
+
+        return push
 
 
     def _push(self, repository_uri: str, tag: str, source_sha256: str, size: int, flavour: str) -> str:
@@ -1439,14 +1468,20 @@ class CodeBuildSimulator:
             if record is None:
                 return build
             record.polls += 1
-            first_poll = record.polls == 1
+            in_progress = record.polls <= self.shared.scenario.build_polls_in_progress
+            push, record.push = (None, record.push) if in_progress else (record.push, None)
+        if push is not None:
+            try:
+                record.artifact_location = push()
+            except BuildFailed as failed:
+                record.failure = failed.args
         now = time.time()
         done_phase = lambda phase: {"phaseType": phase, "phaseStatus": "SUCCEEDED", "startTime": now,  # noqa: E731
                                     "endTime": now, "durationInSeconds": 0}
         build = {**build, "environment": {**build.get("environment", {}), "environmentVariables": record.environment},
                  "source": record.source, "startTime": record.started_at}
         build.pop("endTime", None)
-        if first_poll:
+        if in_progress:
             return {**build, "buildStatus": "IN_PROGRESS", "currentPhase": "BUILD", "buildComplete": False,
                     "phases": [done_phase(p) for p in BUILD_PHASES[:6]] + [{"phaseType": "BUILD", "startTime": now}]}
         if record.failure is None:

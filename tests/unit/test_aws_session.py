@@ -64,7 +64,7 @@ def test_throttling_is_throttled_and_retryable(code, status):
     error = mapped(client_error(code, "Rate exceeded", status), "CreateEndpoint")
     assert type(error) is Throttled and isinstance(error, NotReady)
     assert error.retryable is True
-    assert "sagemaker CreateEndpoint" in str(error) and code in str(error) and f"{MAX_ATTEMPTS} attempts" in str(error)
+    assert "sagemaker CreateEndpoint" in str(error) and code in str(error) and "bounded retries" in str(error)
     assert "retry later" in error.fix
 
 
@@ -96,6 +96,16 @@ def test_taken_names_and_failed_preconditions_are_conflicts(code, message):
 
 @pytest.mark.parametrize("code, message", [
     ("ResourceLimitExceeded", "The account-level service limit 'ml.g6e.xlarge for endpoint usage' is 0 Instances"),
+    ("AccountLimitExceededException", "Cannot have more than 1 builds in queue for the account"),
+])
+def test_an_exhausted_quota_is_a_config_error_naming_service_quotas(code, message):
+    """Retrying cannot raise a quota: it is a config error (not the retryable CapacityError) that says where to ask."""
+    error = mapped(client_error(code, message, 400), "CreateEndpoint")
+    assert type(error) is ConfigError and error.retryable is False
+    assert message in str(error) and "Service Quotas" in error.fix
+
+
+@pytest.mark.parametrize("code, message", [
     ("InsufficientInstanceCapacity", "We currently do not have sufficient ml.g6e.xlarge capacity"),
     ("ValidationException", "Insufficient capacity for ml.p5.48xlarge in us-east-1"),
 ])
@@ -210,8 +220,8 @@ def test_clients_carry_the_timeouts_and_bounded_standard_retries():
     client = aws.client("sagemaker")
     config = client.meta.config
     assert (config.connect_timeout, config.read_timeout) == (CONNECT_TIMEOUT_S, READ_TIMEOUT_S) == (10, 60)
-    # botocore's `max_attempts` counts retries (it stores max_attempts + 1 as total_max_attempts); MAX_ATTEMPTS is
-    # what the Throttled message promises ("still throttled after 5 attempts"), so it must be the total
+    # botocore's `max_attempts` counts retries (it stores max_attempts + 1 as total_max_attempts): MAX_ATTEMPTS is
+    # meant as the total, so it is passed as total_max_attempts
     assert config.retries == {"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"}
     assert client.meta.region_name == REGION, "the config's region wins over the session's (eu-west-1)"
     assert "shiplift" in config.user_agent_extra

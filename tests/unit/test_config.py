@@ -170,3 +170,23 @@ def test_model_family_must_be_consistent(tmp_path):
     mixed = write_variant(tmp_path, lambda t: t.update(image={"kind": "encoder", "base_image": t["image"]["base_image"]}))
     with pytest.raises(ConfigError, match="artifact.kind gguf needs image.kind semif"):
         load_release_config(mixed, environ={})
+
+
+QWEN = ROOT / "configs" / "releases" / "qwen35-4b-semif.yaml"
+
+
+def test_copies_must_fit_the_gpus_of_the_instances():
+    """Two copies of one GPU each do not fit one single-GPU instance: refused at load, naming the instance count needed."""
+    assert load_release_config(QWEN, environ={}).placement.instance_count == 2
+    with pytest.raises(ConfigError, match=r"rollout.copies \(2\) each take one GPU, but 1 x ml.g6e.xlarge has 1; "
+                                          r"set placement.instance_count to 2"):
+        load_release_config(QWEN, overrides=("placement.instance_count=1",), environ={})
+    four_gpus = "placement.pools=[{instance_type: ml.g5.12xlarge, priority: 1}]"
+    assert load_release_config(QWEN, overrides=(four_gpus, "placement.instance_count=1"), environ={}).rollout.copies == 2
+
+
+def test_pool_priorities_are_exactly_one_to_n():
+    for pools in ("[{instance_type: ml.g6e.xlarge, priority: 1}, {instance_type: ml.g6.2xlarge, priority: 1}]",
+                  "[{instance_type: ml.g6e.xlarge, priority: 2}]"):
+        with pytest.raises(ConfigError, match=r"priorities must be exactly 1\.\.\d"):
+            load_release_config(QWEN, overrides=(f"placement.pools={pools}",), environ={})
