@@ -217,9 +217,15 @@ def test_a_repository_with_mutable_tags_is_refused_before_any_build(aws, aws_cal
 
 # -- the artifact store ------------------------------------------------------------------------------------
 
-def make_store(tmp_path, bucket: str) -> S3ArtifactStore:
-    """As tasks.aws.backend builds it, reaching the double through the environment the `aws` fixture set."""
-    return S3ArtifactStore(Aws(region="us-east-1"), bucket=bucket, prefix="shiplift", kms_key_id=None, cache_dir=tmp_path / "s3-cache")
+def store_and_source(aws, tmp_path, bucket: str, data: bytes):
+    """A bucket, a file to store, and the store as tasks.aws.backend builds it (reaching the double through the
+    environment the `aws` fixture set): (store, source, sha256, key)."""
+    aws.client("s3").create_bucket(Bucket=bucket)
+    source = tmp_path / "model.tar.gz"
+    source.write_bytes(data)
+    sha256 = hashlib.sha256(data).hexdigest()
+    store = S3ArtifactStore(Aws(region="us-east-1"), bucket=bucket, prefix="shiplift", kms_key_id=None, cache_dir=tmp_path / "s3-cache")
+    return store, source, sha256, store.key(sha256, "model.tar.gz")
 
 
 @pytest.mark.parametrize("tamper, named", [
@@ -228,13 +234,8 @@ def make_store(tmp_path, bucket: str) -> S3ArtifactStore:
 ])
 def test_an_object_changed_between_upload_and_verification_is_an_integrity_error(aws, aws_release, tmp_path, monkeypatch,
                                                                                  tamper, named):
-    aws.client("s3").create_bucket(Bucket=aws_release.BUCKET)
     data = b"shiplift artifact " * 1000
-    source = tmp_path / "model.tar.gz"
-    source.write_bytes(data)
-    sha256 = hashlib.sha256(data).hexdigest()
-    store = make_store(tmp_path, aws_release.BUCKET)
-    key = store.key(sha256, "model.tar.gz")
+    store, source, sha256, key = store_and_source(aws, tmp_path, aws_release.BUCKET, data)
     sent: list[str] = []
     call = Aws.call
 
@@ -260,13 +261,8 @@ def test_an_object_changed_between_upload_and_verification_is_an_integrity_error
 
 
 def test_other_content_under_the_content_addressed_key_is_a_conflict_and_is_left_alone(aws, aws_release, tmp_path, aws_calls):
-    aws.client("s3").create_bucket(Bucket=aws_release.BUCKET)
     data = b"the real artifact" * 100
-    source = tmp_path / "model.tar.gz"
-    source.write_bytes(data)
-    sha256 = hashlib.sha256(data).hexdigest()
-    store = make_store(tmp_path, aws_release.BUCKET)
-    key = store.key(sha256, "model.tar.gz")
+    store, source, sha256, key = store_and_source(aws, tmp_path, aws_release.BUCKET, data)
     squatter = b"someone else's bytes"
     aws.client("s3").put_object(Bucket=aws_release.BUCKET, Key=key, Body=squatter)
 
