@@ -28,7 +28,8 @@ class CloudWatchMetrics:
             dimensions = [{"Name": "InferenceComponentName", "Value": component}]
         else:
             dimensions = [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": component}]
-        end = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.timezone.utc)  # to the end of this minute: datapoints are per minute, and this one counts
+        end = now.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
         queries = [{"Id": key, "ReturnData": True, "MetricStat": {
             "Metric": {"Namespace": "AWS/SageMaker", "MetricName": name, "Dimensions": dimensions},
             "Period": period, "Stat": stat}} for key, (name, stat) in METRICS.items()]
