@@ -87,7 +87,9 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow, tmp_pa
 
     ledger = Ledger.for_sqlite(celery_airflow.state_dir / "ledger.db")
     records = ledger.release(release_id)
-    assert [(r.stage, r.event) for r in records if r.event != "started"] == [(s, "succeeded") for s in STAGES]
+    assert [(r.stage, r.event) for r in records if r.event != "started"] == [
+        ("release", "opened"), *((s, "succeeded") for s in STAGES), ("release", "promoted")], "the ledger is the release's state"
+    assert all(r.actor.startswith(f"airflow:{DAG_ID}/") for r in records), "each record names the Airflow run"
     assert ledger.verify().ok
     with ledger.acquire_lease(MODEL, "tests/celery", release_id, 60):
         pass  # the run gave the model's promotion lease back (LeaseHeld otherwise)
