@@ -12,12 +12,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_json
 from tasks.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
+from tasks.yamlfile import parse_yaml, read_yaml_file
 from validation.gates import ChampionRule, DecisionThresholds
 from validation.nli_eval import NliThresholds
 
@@ -26,9 +26,8 @@ BUILTIN_DATA_DIR = Path(__file__).resolve().parent.parent / "validation" / "data
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 SECRET_KEY_PATTERN = re.compile(
-    r"^(.*_)?(password|passwd|secret|secret_key|secret_access_key|access_key|access_key_id|private_key|api_key"
-    r"|token|auth_token|session_token|credential|credentials)$",
-    re.I,
+    r"^(.*_)?(password|passwd|pwd|secret|secret_key|secret_access_key|access_key|access_key_id|private_key|api_key"
+    r"|token|auth_token|session_token|credential|credentials)$"
 )
 MAX_RESOURCE_NAME = 63
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
@@ -39,9 +38,10 @@ Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case he
 
 
 class Strict(BaseModel):
-    """Base for every config model: frozen, unknown keys refused."""
+    """Base for every config model: frozen, unknown keys refused, no coercion (`true` is not 1, "4" is not 4),
+    no infinities or NaN."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class DatasetRef(Strict):
@@ -172,12 +172,12 @@ class SemifImage(Strict):
     kind: Literal["semif"]
     base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
     threads: int = Field(2, ge=1, le=256)
-    n_gpu_layers: int = Field(0, ge=-1)
-    max_tokens: int = Field(4096, ge=256)
+    n_gpu_layers: int = Field(0, ge=-1, le=100_000)
+    max_tokens: int = Field(4096, ge=256, le=1 << 20)
     max_request_tokens: int = Field(3072, ge=16)
     max_shared_decisions: int = Field(16, ge=1, le=256)
     max_in_flight: int = Field(4, ge=1, le=1024)
-    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
 
     min_gpu_driver: ClassVar[int] = 580  # the llama.cpp CUDA-13 DLC does not start on older drivers
 
@@ -220,7 +220,7 @@ class EncoderImage(Strict):
     max_batch: int = Field(32, ge=1, le=4096)
     truncation: Literal["refuse", "premise_first"] = "refuse"
     max_in_flight: int = Field(4, ge=1, le=1024)
-    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
 
     min_gpu_driver: ClassVar[int] = 570  # the CUDA 12.8 runtime base without forward-compat libraries
 
@@ -521,13 +521,6 @@ def resolve_data_path(ref: DatasetRef, base_dir: Path) -> Path:
     return path
 
 
-def _parse_scalar(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot parse override value {text!r}: {exc}", fix="quote it as YAML") from exc
-
-
 def _set_path(tree: dict, dotted: str, value: Any, origin: str) -> None:
     keys = dotted.split(".")
     if not all(keys):
@@ -543,18 +536,39 @@ def _set_path(tree: dict, dotted: str, value: Any, origin: str) -> None:
     node[keys[-1]] = value
 
 
+def looks_secret(key: object) -> bool:
+    """Whether a key names a credential, in any naming style: `api_key`, `apiKey`, `API-Key`, `DbPassword`."""
+    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key)))
+    return bool(SECRET_KEY_PATTERN.match(re.sub(r"[^0-9A-Za-z]+", "_", words).strip("_").lower()))
+
+
 def _find_secret_keys(tree: Any, path: str = "") -> list[str]:
     found = []
     if isinstance(tree, dict):
         for key, value in tree.items():
             here = f"{path}.{key}" if path else str(key)
-            if SECRET_KEY_PATTERN.search(str(key)):
+            if looks_secret(key):
                 found.append(here)
             found.extend(_find_secret_keys(value, here))
     elif isinstance(tree, list):
         for index, value in enumerate(tree):
             found.extend(_find_secret_keys(value, f"{path}[{index}]"))
     return found
+
+
+def _refuse_secrets(found: list[str], origin: object) -> None:
+    """Secret-looking keys are named, never their values."""
+    if found:
+        raise ConfigError(
+            f"{origin}: keys that look like secrets are not allowed in configs: {', '.join(found)}",
+            fix="remove them; credentials come from the AWS credential chain or Airflow connections",
+        )
+
+
+def _apply_override(tree: dict, dotted: str, text: str, origin: str) -> None:
+    """Set one `a.b.c` override, its value parsed as YAML; a secret-looking key is refused before its value is read."""
+    _refuse_secrets([dotted] if any(looks_secret(key) for key in dotted.split(".")) else [], origin)
+    _set_path(tree, dotted, parse_yaml(text, origin, field=dotted), origin)
 
 
 def _field_path(tree: Any, loc: tuple) -> str:
@@ -606,10 +620,7 @@ def _read_tree(path: Path, chain: tuple[Path, ...]) -> dict:
         raise ConfigError(f"release config {path} does not exist", fix="pass a file under configs/releases/")
     if path.resolve() in chain:
         raise ConfigError(f"{path}: `extends` loops back through {[str(p) for p in chain]}", fix="remove the cycle")
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}", fix="fix the YAML syntax") from exc
+    tree = read_yaml_file(path, "release config")
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}", fix="see configs/releases/gemma-decision.yaml")
     parent = tree.pop("extends", None)
@@ -630,18 +641,13 @@ def load_release_config(
     for name in sorted(environ):
         if name.startswith(ENV_PREFIX):
             dotted = name.removeprefix(ENV_PREFIX).replace("__", ".")
-            _set_path(tree, dotted, _parse_scalar(environ[name]), f"environment {name}")
+            _apply_override(tree, dotted, environ[name], f"environment {name}")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set {item!r} has no '='", fix="write --set a.b=value")
-        _set_path(tree, key.strip(), _parse_scalar(value), f"--set {item}")
-    secrets = _find_secret_keys(tree)
-    if secrets:
-        raise ConfigError(
-            f"{path}: keys that look like secrets are not allowed in configs: {', '.join(secrets)}",
-            fix="remove them; credentials come from the AWS credential chain or Airflow connections",
-        )
+            raise ConfigError(f"--set {key.strip()!r} has no '='", fix="write --set a.b=value")
+        _apply_override(tree, key.strip(), value, f"--set {key.strip()}")
+    _refuse_secrets(_find_secret_keys(tree), path)
     try:
         return ReleaseConfig.model_validate(tree)
     except ValidationError as exc:

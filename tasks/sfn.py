@@ -43,7 +43,7 @@ FAILED_STATE, BEGIN_FAILED_STATE, END_NOT_RECORDED_STATE = "ReleaseFailed", "Beg
 class RunnerSettings(BaseModel):
     """Where and how the Task states run the pipeline image (ECS RunTask `.sync`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     cluster: str = Field(min_length=1, description="ECS cluster name or ARN")
     task_definition: str = Field(
@@ -100,17 +100,16 @@ def load_runner_settings(path: str) -> RunnerSettings:
     """Read RunnerSettings from a YAML file; ConfigError names the file and the bad fields."""
     from pathlib import Path
 
-    import yaml
     from pydantic import ValidationError
+
+    from tasks.yamlfile import read_yaml_file
 
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"runner settings file {file} does not exist", fix="write one as shown in docs/step-functions.md")
+    tree = read_yaml_file(file, "runner settings file")
     try:
-        tree = yaml.safe_load(file.read_text(encoding="utf-8"))
         return RunnerSettings.model_validate(tree)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: not valid YAML: {exc}", fix="fix the YAML syntax") from exc
     except ValidationError as exc:
         lines = [f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(f"{file}: invalid runner settings\n" + "\n".join(lines), fix="correct the fields listed above") from exc

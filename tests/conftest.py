@@ -28,6 +28,13 @@ def tiny_release():
 
 
 @pytest.fixture(scope="session")
+def server_modules():
+    """The image servers imported in this process, by image name (`semif`, `encoder`), for their start-up checks."""
+    images = TESTS.parent / "images"
+    return {name: load_by_path(f"shiplift_{name}_server", images / name / "server.py") for name in ("semif", "encoder")}
+
+
+@pytest.fixture(scope="session")
 def aws_release():
     """tests/aws/aws_release.py: the tiny release config of the aws backend and the account it needs."""
     return load_by_path("shiplift_aws_release", TESTS / "aws" / "aws_release.py")

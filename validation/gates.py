@@ -27,7 +27,7 @@ Status = Literal["pass", "fail", "inconclusive", "skipped"]
 class DecisionThresholds(BaseModel):
     """Absolute thresholds for a decision model; None switches a check off (and says so)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     min_accuracy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     max_ece: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
@@ -39,7 +39,7 @@ class DecisionThresholds(BaseModel):
 class ChampionRule(BaseModel):
     """Candidate must not be worse than the champion by more than `margin`, on paired intervals."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     metric: Literal["accuracy"] = "accuracy"
     margin: float = Field(default=0.02, ge=0.0, le=1.0, allow_inf_nan=False)

@@ -31,7 +31,7 @@ LATENCY_NOTE = (
 class NliThresholds(BaseModel):
     """Absolute thresholds for an NLI encoder; max_p95_latency_ms None switches that check off."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     min_accuracy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     min_macro_f1: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
