@@ -76,7 +76,7 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, sessio
     if state_dir is not None and (not isinstance(state_dir, (str, Path)) or not str(state_dir).strip()):
         raise BadInput(f"state_dir must be a folder path, got {state_dir!r}", fix="pass the local backend's state dir")
     try:
-        ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir)
+        ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir, read_only=True)
     except BadInput as exc:
         raise NotFound(exc.problem, fix=exc.fix) from exc
     try:

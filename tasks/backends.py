@@ -47,8 +47,9 @@ def ledger_url_for(state_dir: Path, url: str | None) -> str:
     return url or os.environ.get(LEDGER_URL_ENV) or f"sqlite:///{Path(state_dir).resolve() / 'ledger.db'}"
 
 
-def open_ledger(*, ledger_url: str | None = None, state_dir: str | Path | None = None):
-    """The ledger at `ledger_url` ($SHIPLIFT_LEDGER_URL), else the SQLite file under the state dir."""
+def open_ledger(*, ledger_url: str | None = None, state_dir: str | Path | None = None, read_only: bool = False):
+    """The ledger at `ledger_url` ($SHIPLIFT_LEDGER_URL), else the SQLite file under the state dir;
+    `read_only` for queries and verification, which must never change what they read."""
     from tasks.errors import BadInput
     from tasks.ledger import Ledger
 
@@ -56,7 +57,7 @@ def open_ledger(*, ledger_url: str | None = None, state_dir: str | Path | None =
     url = ledger_url_for(folder, ledger_url)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise BadInput(f"no ledger at {url}", fix="run a release first, or pass --ledger-url / --state-dir")
-    return Ledger(url)
+    return Ledger(url, read_only=read_only)
 
 
 def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = None) -> Backends:

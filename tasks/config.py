@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_json
 from tasks.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
+from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
 from validation.gates import ChampionRule, DecisionThresholds
 from validation.nli_eval import NliThresholds
@@ -25,10 +26,6 @@ ENV_PREFIX = "SHIPLIFT_CONFIG__"
 BUILTIN_DATA_DIR = Path(__file__).resolve().parent.parent / "validation" / "data"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
-SECRET_KEY_PATTERN = re.compile(
-    r"^(.*_)?(password|passwd|pwd|secret|secret_key|secret_access_key|access_key|access_key_id|private_key|api_key"
-    r"|token|auth_token|session_token|credential|credentials)$"
-)
 MAX_RESOURCE_NAME = 63
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
 LOCATION_FIELDS = ("state_dir", "ledger_url", "profile")  # left out of the config hash
@@ -534,12 +531,6 @@ def _set_path(tree: dict, dotted: str, value: Any, origin: str) -> None:
             raise ConfigError(f"{origin}: {dotted!r} descends into {key!r}, which is not a mapping", fix="override the parent key instead")
         node = child
     node[keys[-1]] = value
-
-
-def looks_secret(key: object) -> bool:
-    """Whether a key names a credential, in any naming style: `api_key`, `apiKey`, `API-Key`, `DbPassword`."""
-    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key)))
-    return bool(SECRET_KEY_PATTERN.match(re.sub(r"[^0-9A-Za-z]+", "_", words).strip("_").lower()))
 
 
 def _find_secret_keys(tree: Any, path: str = "") -> list[str]:

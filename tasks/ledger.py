@@ -43,7 +43,8 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import exc as sa_exc
 
 from tasks.atomic import write_text_atomic
-from tasks.errors import BadInput, ConfigError, LeaseHeld, NotFound, NotReady
+from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady
+from tasks.secret_keys import looks_secret
 from tasks.hashing import canonical_json, sha256_json
 
 GENESIS_HASH = "0" * 64
@@ -67,45 +68,6 @@ RECORD_FIELDS = (
 )
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_SECRET_WORDS = frozenset(
-    {
-        "password",
-        "passwd",
-        "passphrase",
-        "secret",
-        "secrets",
-        "credential",
-        "credentials",
-        "apikey",
-        "accesskey",
-        "secretkey",
-        "privatekey",
-    }
-)
-_SECRET_PAIRS = frozenset(
-    {
-        ("access", "key"),
-        ("api", "key"),
-        ("private", "key"),
-        ("secret", "key"),
-        ("session", "key"),
-        ("signing", "key"),
-    }
-)
-
-
-def looks_secret(key: str) -> bool:
-    """True when a mapping key names a secret (password, token, access key...), so it is refused."""
-    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", key)
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", spaced)
-    words = [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
-    if not words:
-        return False
-    if any(w in _SECRET_WORDS for w in words) or words[-1].endswith("token"):
-        return True
-    return any(pair in _SECRET_PAIRS for pair in zip(words, words[1:]))
-
-
 def _check_json(value: Any, path: str) -> None:
     if value is None or isinstance(value, (bool, int, str)):
         return
@@ -281,6 +243,10 @@ def _tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
     return records, leases
 
 
+def _sqlite_on_connect_read_only(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # Let SQLAlchemy's "begin" hook emit BEGIN itself (pysqlite's implicit BEGIN is deferred).
     dbapi_connection.isolation_level = None
@@ -303,7 +269,32 @@ def _sqlite_on_begin(conn: sa.Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _make_engine(url: str, schema: str | None) -> tuple[sa.Engine, str]:
+SQLITE_DAMAGED = {11: "SQLITE_CORRUPT", 24: "SQLITE_FORMAT", 26: "SQLITE_NOTADB"}
+# reported as plain SQLITE_ERROR, or by the sqlite3 module itself (no SQLite code) for text it cannot decode
+SQLITE_DAMAGE_WORDS = re.compile(r"malformed|unsupported file format|not a database|Could not decode to UTF-8")
+POSTGRES_DAMAGED = {"XX001": "data_corrupted", "XX002": "index_corrupted"}
+
+
+def _refused_as_read_only(error: sa_exc.DBAPIError) -> bool:
+    """The database refused a write because this ledger was opened read-only (SQLITE_READONLY, 25006)."""
+    orig = error.orig
+    if isinstance(orig, sqlite3.Error):
+        return getattr(orig, "sqlite_errorcode", 0) & 0xFF == 8
+    return getattr(orig, "pgcode", None) == "25006"
+
+
+def _damage(error: sa_exc.DBAPIError) -> str | None:
+    """The database's own name for a damaged file or page, else None (the error is about reaching it)."""
+    orig = error.orig
+    if isinstance(orig, sqlite3.Error):
+        code = getattr(orig, "sqlite_errorcode", 0) & 0xFF
+        if code in (0, 1) and SQLITE_DAMAGE_WORDS.search(str(orig)):
+            return "SQLITE_ERROR"
+        return SQLITE_DAMAGED.get(code)
+    return POSTGRES_DAMAGED.get(getattr(orig, "pgcode", None) or "")
+
+
+def _make_engine(url: str, schema: str | None, read_only: bool = False) -> tuple[sa.Engine, str]:
     try:
         parsed = sa.engine.make_url(url)
     except sa_exc.ArgumentError as error:
@@ -324,14 +315,18 @@ def _make_engine(url: str, schema: str | None) -> tuple[sa.Engine, str]:
                 f"schema {schema!r} was given for the SQLite ledger {shown}",
                 fix="schemas apply to PostgreSQL only; drop the schema argument",
             )
+        if read_only:  # SQLite's own read-only open: no schema, no journal-mode switch, no page written
+            path = Path(parsed.database).expanduser().resolve()
+            parsed = parsed.set(database=f"file:{path.as_posix()}?mode=ro", query={"uri": "true"})
         engine = sa.create_engine(parsed, connect_args={"timeout": WRITE_LOCK_TIMEOUT_S})
-        sa_event.listen(engine, "connect", _sqlite_on_connect)
+        sa_event.listen(engine, "connect", _sqlite_on_connect_read_only if read_only else _sqlite_on_connect)
         sa_event.listen(engine, "begin", _sqlite_on_begin)
         return engine, shown
     if backend == "postgresql" and parsed.get_driver_name() == "psycopg2":
-        engine = sa.create_engine(
-            parsed, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=True
-        )
+        connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
+        if read_only:
+            connect_args["options"] = "-c default_transaction_read_only=on"
+        engine = sa.create_engine(parsed, connect_args=connect_args, pool_pre_ping=True)
         return engine, shown
     raise ConfigError(
         f"ledger URL {shown} uses {parsed.drivername}, which the ledger does not support",
@@ -342,14 +337,16 @@ def _make_engine(url: str, schema: str | None) -> tuple[sa.Engine, str]:
 class Ledger:
     """Append-only, hash-chained release records plus per-model promotion leases."""
 
-    def __init__(self, url: str, *, schema: str | None = None):
-        """Open (and create if needed) a ledger at a SQLAlchemy URL; `schema` is PostgreSQL-only."""
-        self._engine, self._shown_url = _make_engine(url, schema)
+    def __init__(self, url: str, *, schema: str | None = None, read_only: bool = False):
+        """Open (and create if needed) a ledger at a SQLAlchemy URL; `schema` is PostgreSQL-only.
+        `read_only` opens what is there without creating or changing anything (verification, queries)."""
+        self._engine, self._shown_url = _make_engine(url, schema, read_only)
         self._postgres = self._engine.dialect.name == "postgresql"
         self._schema = schema
         self._records, self._leases = _tables(schema)
-        with self._write("schema") as conn:
-            self._records.metadata.create_all(conn)
+        if not read_only:
+            with self._write("schema") as conn:
+                self._records.metadata.create_all(conn)
 
     @classmethod
     def for_sqlite(cls, path: str | Path) -> Ledger:
@@ -390,22 +387,38 @@ class Ledger:
                             {"key": self._lock_key(purpose)},
                         )
                     yield conn
-        except sa_exc.OperationalError as error:
-            raise NotReady(
-                f"ledger database {self._shown_url} is unreachable or busy: {error.orig}",
-                fix=f"check the database is up; a writer lock is awaited {WRITE_LOCK_TIMEOUT_S} s",
-            ) from error
+        except sa_exc.DBAPIError as error:
+            raise self._database_error(error, f"check the database is up; a writer lock is awaited {WRITE_LOCK_TIMEOUT_S} s") from error
 
     @contextmanager
     def _read(self) -> Iterator[sa.Connection]:
         try:
             with self._engine.connect() as conn:
                 yield conn
-        except sa_exc.OperationalError as error:
-            raise NotReady(
-                f"ledger database {self._shown_url} is unreachable or busy: {error.orig}",
-                fix="check the database is up and retry",
+        except sa_exc.DBAPIError as error:
+            raise self._database_error(error, "check the database is up and retry") from error
+        except UnicodeDecodeError as error:  # SQLite hands back a damaged page's text as it finds it
+            raise IntegrityError(
+                f"ledger database {self._shown_url} is damaged (text that is not UTF-8: {error.reason})",
+                fix="restore the ledger from a backup; do not write to this copy",
             ) from error
+
+    def _database_error(self, error: sa_exc.DBAPIError, fix: str) -> Exception:
+        """A damaged database is an IntegrityError; one that cannot be reached is NotReady; anything else is a bug."""
+        if _refused_as_read_only(error):
+            return BadInput(
+                f"ledger database {self._shown_url} was opened read-only and refused a write",
+                fix="open the ledger without read_only to append or take leases",
+            )
+        damage = _damage(error)
+        if damage:
+            return IntegrityError(
+                f"ledger database {self._shown_url} is damaged ({damage}: {error.orig})",
+                fix="restore the ledger from a backup; do not write to this copy",
+            )
+        if isinstance(error, sa_exc.OperationalError):
+            return NotReady(f"ledger database {self._shown_url} is unreachable or busy: {error.orig}", fix=fix)
+        return error
 
     # -- records ------------------------------------------------------------------------
 
@@ -485,8 +498,9 @@ class Ledger:
         found = self._select(newest_first=True, limit=1)
         return found[0] if found else None
 
-    def verify(self, expected_head: str | None = None) -> VerifyResult:
-        """Recompute every hash and link; with `expected_head`, also require that anchor in the chain."""
+    def verify(self, expected_head: str | None = None, *, allow_empty: bool = False) -> VerifyResult:
+        """Recompute every hash and link; with `expected_head`, also require that anchor in the chain.
+        A ledger with no records table, or no records, fails unless `allow_empty` (it was emptied or replaced)."""
         if expected_head is not None and not _HEX64.match(expected_head):
             raise BadInput(
                 f"expected_head {expected_head!r} is not a lowercase hex sha256",
@@ -496,6 +510,12 @@ class Ledger:
         count, last_seq, last_hash = 0, 0, GENESIS_HASH
         anchor_seen = expected_head is None
         with self._read() as conn:
+            if not sa.inspect(conn).has_table(self._records.name, schema=self._schema):
+                problems = [] if allow_empty else [
+                    f"{self._shown_url} has no {self._records.name} table: the database is empty or is not a "
+                    "shiplift ledger (was it emptied or replaced?)"
+                ]
+                return VerifyResult(ok=not problems, n_records=0, head_hash=None, problems=problems)
             rows = conn.execution_options(yield_per=1000).execute(
                 sa.select(self._records).order_by(self._records.c.seq)
             )
@@ -524,6 +544,8 @@ class Ledger:
                     )
                 anchor_seen = anchor_seen or row.record_hash == expected_head
                 last_seq, last_hash = row.seq, row.record_hash
+        if count == 0 and not allow_empty:
+            problems.append("the ledger holds no records: every record was deleted, or this is not the ledger expected")
         if not anchor_seen:
             problems.append(
                 f"anchored head {expected_head} is not in the ledger: the newest records were "
@@ -596,7 +618,7 @@ class Ledger:
         if fmt not in renderers:
             raise BadInput(f"export format {fmt!r} is unknown", fix="use json, csv or html")
         records = self.history(model)
-        text = renderers[fmt](records, self.verify())
+        text = renderers[fmt](records, self.verify(allow_empty=True))
         return write_text_atomic(Path(path).expanduser().resolve(), text)
 
     # -- leases -------------------------------------------------------------------------

@@ -1,15 +1,18 @@
 """`model.tar.gz` (DESIGN §5.3): deterministic packaging and safe extraction.
 
-The archive is byte-for-byte reproducible: entries sorted by name, mtime 0, uid/gid 0,
-no user or group names, mode 0644, gzip header mtime 0 and no file name in it. The GGUF
-sits at the archive root (the llama.cpp container takes the first `*.gguf` under
-/opt/ml/model) next to `model-manifest.json`, which lists the sha256 and size of every
-other file plus the caller's manifest (source pin, quantization, tool versions).
+The archive is byte-for-byte reproducible: `model-manifest.json` first, then the files sorted
+by name, mtime 0, uid/gid 0, no user or group names, mode 0644, gzip header mtime 0 and no file
+name in it. The GGUF sits at the archive root (the llama.cpp container takes the first `*.gguf`
+under /opt/ml/model). The manifest lists the sha256 and size of every other file plus the
+caller's manifest (source pin, quantization, tool versions).
 
-Extraction trusts nothing in the archive: absolute names, `..`, links, devices, fifos,
-duplicate names and anything resolving outside the destination are refused, the files
-are extracted into a temp folder that is renamed into place only once every file matched
-the manifest, so a failure leaves nothing half-extracted.
+Extraction trusts nothing in the archive. The manifest must come first, and it bounds
+everything after it (ExtractLimits): member count, total size (also against free disk), each
+member's size before and its sha256 while it is written, and the compression ratio. Absolute
+names, `..`, links, devices, fifos, unlisted or duplicate names and anything resolving outside
+the destination are refused; setuid/setgid/sticky bits are dropped with a warning. Files go into
+a temp folder that is renamed into place only once every listed file arrived, so a failure
+leaves nothing half-extracted.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import zlib
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound
 from tasks.hashing import CHUNK_BYTES, canonical_json, sha256_file
 from tasks.store import check_name
 
@@ -36,6 +41,7 @@ MANIFEST_NAME = "model-manifest.json"
 RESERVED_MANIFEST_KEYS = ("files", "model_file")
 GZIP_LEVEL = 1  # quantized weights barely compress; a higher level only costs CPU time
 GGUF_MAGIC = b"GGUF"
+LOG = logging.getLogger("shiplift.packaging")
 
 
 @dataclass(frozen=True)
@@ -155,10 +161,8 @@ def _write_archive(files: dict[str, Path], full_manifest: dict[str, Any], out_di
         with os.fdopen(fd, "wb") as raw:
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as gz:
                 with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    for name in sorted([*files, MANIFEST_NAME]):
-                        if name == MANIFEST_NAME:
-                            _add_member(tar, name, len(manifest_bytes), io.BytesIO(manifest_bytes))
-                            continue
+                    _add_member(tar, MANIFEST_NAME, len(manifest_bytes), io.BytesIO(manifest_bytes))
+                    for name in sorted(files):
                         expected = full_manifest["files"][name]
                         with open(files[name], "rb") as handle:
                             reader = _HashingReader(handle)
@@ -195,8 +199,8 @@ def _refuse(archive: Path, member: str, why: str) -> IntegrityError:
     )
 
 
-def _check_member(archive: Path, member: tarfile.TarInfo, root: Path, seen: set[str]) -> Path:
-    """Refuse anything but plain files and folders named inside `root`; returns the target path."""
+def _check_member(archive: Path, member: tarfile.TarInfo, root: Path) -> tuple[Path, str]:
+    """Refuse anything but plain files and folders named inside `root`; the target path and its relative name."""
     name = member.name
     if not name or name.startswith("/") or PurePosixPath(name).is_absolute():
         raise _refuse(archive, name, "has an absolute path")
@@ -215,44 +219,67 @@ def _check_member(archive: Path, member: tarfile.TarInfo, root: Path, seen: set[
     resolved = Path(os.path.realpath(target))
     if resolved != root and root not in resolved.parents:
         raise _refuse(archive, name, "resolves outside the destination")
-    key = str(resolved.relative_to(root)) if resolved != root else "."
-    if member.isreg():
-        if key in seen:
-            raise _refuse(archive, name, "appears twice (a later copy would replace the first)")
-        seen.add(key)
-    return resolved
+    return resolved, resolved.relative_to(root).as_posix() if resolved != root else "."
 
 
-def _verify_manifest(archive: Path, root: Path, extracted: list[Path]) -> None:
-    manifest_path = root / MANIFEST_NAME
-    if not manifest_path.is_file():
-        return
+@dataclass(frozen=True)
+class ExtractLimits:
+    """What one extraction may write; the manifest's sizes are checked against these before a byte is written."""
+
+    max_total_bytes: int = 64 << 30
+    max_members: int = 10_000
+    max_manifest_bytes: int = 4 << 20
+    max_compression_ratio: float = 200.0  # uncompressed : compressed; models barely compress, bombs do
+    ratio_grace_bytes: int = 16 << 20  # small, highly compressible files (tokenizers, configs) are fine
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate keys {sorted({k for k in keys if keys.count(k) > 1})}")
+    return dict(pairs)
+
+
+def _read_manifest(archive: Path, data: bytes, limits: ExtractLimits) -> dict[str, tuple[str, int]]:
+    """The manifest's file table {relative name: (sha256, size)}, every entry checked; IntegrityError otherwise."""
+
+    def malformed(why: str) -> IntegrityError:
+        return IntegrityError(f"{MANIFEST_NAME} in {archive} is malformed: {why}", fix="rebuild the archive with shiplift's packager")
+
     try:
-        listed = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
-        entries = {name: (entry["sha256"], entry["size"]) for name, entry in listed.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        listed = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_pairs)["files"]
+    except RecursionError:
+        raise malformed("nested too deeply to read") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise malformed(repr(error)) from None
+    if not isinstance(listed, dict):
+        raise malformed(f"'files' is a {type(listed).__name__}, not a mapping")
+    entries: dict[str, tuple[str, int]] = {}
+    for name, entry in listed.items():
+        parts = PurePosixPath(name).parts
+        if not name or PurePosixPath(name).is_absolute() or ".." in parts or "." in parts or name == MANIFEST_NAME:
+            raise malformed(f"file name {name!r} is not a plain relative name")
+        sha256, size = (entry.get("sha256"), entry.get("size")) if isinstance(entry, dict) else (None, None)
+        if not (isinstance(sha256, str) and len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256)):
+            raise malformed(f"{name!r} has no lower-case hex sha256")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise malformed(f"{name!r} has no non-negative integer size")
+        entries[name] = (sha256, size)
+    if len(entries) + 1 > limits.max_members:
         raise IntegrityError(
-            f"{MANIFEST_NAME} in {archive} is malformed: {error!r}",
-            fix="rebuild the archive with shiplift's packager",
-        ) from error
-    present = {str(p.relative_to(root)): p for p in extracted if p != manifest_path}
-    missing = sorted(set(entries) - set(present))
-    unlisted = sorted(set(present) - set(entries))
-    if missing or unlisted:
-        raise IntegrityError(
-            f"{archive} does not match its {MANIFEST_NAME}: missing {missing}, unlisted {unlisted}",
-            fix="rebuild the archive; it was altered after packaging",
+            f"{archive} lists {len(entries)} files, over the limit of {limits.max_members} members",
+            fix="a model archive holds a handful of files; rebuild it",
         )
-    for name, (sha256, size) in sorted(entries.items()):
-        path = present[name]
-        if path.stat().st_size != size or sha256_file(path) != sha256:
-            raise IntegrityError(
-                f"member {name!r} of {archive} does not match the sha256/size in {MANIFEST_NAME}",
-                fix="rebuild the archive; it was altered or corrupted after packaging",
-            )
+    total = sum(size for _, size in entries.values())
+    if total > limits.max_total_bytes:
+        raise IntegrityError(
+            f"{archive} would extract to {total} bytes, over the limit of {limits.max_total_bytes}",
+            fix="raise ExtractLimits.max_total_bytes if the model really is that large",
+        )
+    return entries
 
 
-def safe_extract(archive: str | Path, dest: str | Path) -> list[Path]:
+def safe_extract(archive: str | Path, dest: str | Path, limits: ExtractLimits = ExtractLimits()) -> list[Path]:
     """Extract a model archive into `dest` (absent or empty), refusing unsafe members; returns the files."""
     source = Path(archive)
     _check_regular_file(source, "archive")
@@ -265,8 +292,7 @@ def safe_extract(archive: str | Path, dest: str | Path) -> list[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.partial-")).resolve()
     try:
-        extracted = _extract_into(source, staging)
-        _verify_manifest(source, staging, extracted)
+        extracted = _Extraction(source, staging, limits).run()
         if target.exists():
             target.rmdir()
         staging.rename(target)
@@ -276,33 +302,121 @@ def safe_extract(archive: str | Path, dest: str | Path) -> list[Path]:
     return sorted(target / p.relative_to(staging) for p in extracted)
 
 
-def _extract_into(archive: Path, root: Path) -> list[Path]:
-    extracted: list[Path] = []
-    seen: set[str] = set()
-    try:
-        tar = tarfile.open(archive, mode="r:*")
-    except (tarfile.TarError, OSError) as error:
-        raise IntegrityError(
-            f"{archive} is not a readable tar archive: {error}", fix="rebuild the archive"
-        ) from error
-    with tar:
-        try:
-            for member in tar:
-                path = _check_member(archive, member, root, seen)
+class _Extraction:
+    """One pass over the archive: the manifest first, then each member checked against it before and while it is written."""
+
+    def __init__(self, archive: Path, root: Path, limits: ExtractLimits):
+        self.archive, self.root, self.limits = archive, root, limits
+        self.entries: dict[str, tuple[str, int]] | None = None
+        self.written: dict[str, Path] = {}
+        self.members = 0
+        self.uncompressed = 0
+
+    def run(self) -> list[Path]:
+        with open(self.archive, "rb") as raw:
+            try:
+                tar = tarfile.open(fileobj=raw, mode="r:*")
+            except (tarfile.TarError, OSError) as error:
+                raise IntegrityError(f"{self.archive} is not a readable tar archive: {error}", fix="rebuild the archive") from None
+            with tar:
                 try:
-                    if member.isdir():
-                        path.mkdir(mode=0o755, parents=True, exist_ok=True)
-                        continue
-                    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                    source = tar.extractfile(member)
-                    with source, open(path, "xb") as out:
-                        shutil.copyfileobj(source, out, CHUNK_BYTES)
-                except (FileExistsError, NotADirectoryError, IsADirectoryError) as error:
-                    raise _refuse(archive, member.name, "clashes with another member") from error
-                os.chmod(path, 0o644)
-                extracted.append(path)
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
+                    for member in tar:
+                        self._take(tar, member, raw)
+                except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
+                    raise IntegrityError(f"{self.archive} is truncated or corrupt: {error}", fix="fetch or rebuild the archive") from None
+        if self.entries is None:
+            raise IntegrityError(f"{self.archive} is empty: it has no {MANIFEST_NAME}", fix="rebuild the archive with shiplift's packager")
+        missing = sorted(set(self.entries) - set(self.written))
+        if missing:
             raise IntegrityError(
-                f"{archive} is truncated or corrupt: {error}", fix="fetch or rebuild the archive"
-            ) from error
-    return extracted
+                f"{self.archive} does not match its {MANIFEST_NAME}: missing {missing}",
+                fix="rebuild the archive; it was altered after packaging",
+            )
+        return [self.root / MANIFEST_NAME, *self.written.values()]
+
+    def _take(self, tar: tarfile.TarFile, member: tarfile.TarInfo, raw: IO[bytes]) -> None:
+        self.members += 1
+        if self.members > self.limits.max_members:
+            raise _refuse(self.archive, member.name, f"is past the limit of {self.limits.max_members} members")
+        path, name = _check_member(self.archive, member, self.root)
+        self._drop_special_bits(member)
+        if member.isdir() and name == ".":
+            return
+        if self.entries is None:
+            self._take_manifest(tar, member, path, name)
+            return
+        if member.isdir():
+            try:
+                path.mkdir(mode=0o755, parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise _refuse(self.archive, member.name, "clashes with another member") from None
+            return
+        if name == MANIFEST_NAME or name in self.written:
+            raise _refuse(self.archive, member.name, "appears twice (a later copy would replace the first)")
+        if name not in self.entries:
+            raise IntegrityError(
+                f"{self.archive} does not match its {MANIFEST_NAME}: unlisted {[name]}",
+                fix="rebuild the archive; it was altered after packaging",
+            )
+        sha256, size = self.entries[name]
+        if member.size != size:
+            raise _refuse(self.archive, member.name, f"is {member.size} bytes, but {MANIFEST_NAME} says {size}")
+        self._write(tar, member, path, raw, sha256)
+        self.written[name] = path
+
+    def _take_manifest(self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, name: str) -> None:
+        if name != MANIFEST_NAME or not member.isreg():
+            raise IntegrityError(
+                f"{self.archive} does not start with {MANIFEST_NAME} (first member: {member.name!r}); "
+                "every member is checked against the manifest before it is written",
+                fix="rebuild the archive with shiplift's packager",
+            )
+        if member.size > self.limits.max_manifest_bytes:
+            raise _refuse(self.archive, member.name, f"is {member.size} bytes, over the limit of {self.limits.max_manifest_bytes}")
+        data = tar.extractfile(member).read()
+        self.entries = _read_manifest(self.archive, data, self.limits)
+        needed = sum(size for _, size in self.entries.values())
+        free = shutil.disk_usage(self.root).free
+        if needed > free:
+            raise CapacityError(
+                f"{self.archive} extracts to {needed} bytes; {self.root.parent} has {free} free",
+                fix="free disk space or extract elsewhere",
+            )
+        path.write_bytes(data)
+        os.chmod(path, 0o644)
+
+    def _write(self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, raw: IO[bytes], sha256: str) -> None:
+        digest = hashlib.sha256()
+        try:
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            with tar.extractfile(member) as source, open(path, "xb") as out:
+                while chunk := source.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    self.uncompressed += len(chunk)
+                    self._check_ratio(member, raw)
+        except (FileExistsError, NotADirectoryError, IsADirectoryError):
+            raise _refuse(self.archive, member.name, "clashes with another member") from None
+        os.chmod(path, 0o644)
+        if digest.hexdigest() != sha256:
+            raise IntegrityError(
+                f"member {member.name!r} of {self.archive} does not match the sha256/size in {MANIFEST_NAME}",
+                fix="rebuild the archive; it was altered or corrupted after packaging",
+            )
+
+    def _check_ratio(self, member: tarfile.TarInfo, raw: IO[bytes]) -> None:
+        if self.uncompressed <= self.limits.ratio_grace_bytes:
+            return
+        ratio = self.uncompressed / max(raw.tell(), 1)
+        if ratio > self.limits.max_compression_ratio:
+            raise _refuse(
+                self.archive, member.name,
+                f"decompresses {ratio:.0f}:1, over the limit of {self.limits.max_compression_ratio:.0f}:1 (a compression bomb?)",
+            )
+
+    def _drop_special_bits(self, member: tarfile.TarInfo) -> None:
+        special = member.mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX)
+        if special:
+            names = [label for bit, label in ((stat.S_ISUID, "setuid"), (stat.S_ISGID, "setgid"), (stat.S_ISVTX, "sticky")) if special & bit]
+            LOG.warning("%s: member %r asked for %s; extracted without (files 0644, folders 0755)",
+                        self.archive, member.name, "+".join(names))

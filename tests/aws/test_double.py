@@ -7,7 +7,6 @@ import io
 import json
 import subprocess
 import sys
-import tarfile
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -408,11 +407,14 @@ def test_endpoint_fails_when_its_image_is_not_in_ecr(aws):
 
 
 def test_endpoint_fails_with_the_log_tail_when_the_server_exits(aws, semif_archive, tmp_path):
+    from tasks.packaging import package_model_dir
+
     image, _ = publish_image(aws, semif_archive)
-    (tmp_path / "README").write_text("no model here\n")
-    with tarfile.open(tmp_path / "empty.tar.gz", "w:gz") as archive:
-        archive.add(tmp_path / "README", "README")
-    aws.client("s3").upload_file(str(tmp_path / "empty.tar.gz"), BUCKET, "models/empty.tar.gz")
+    (tmp_path / "no-model").mkdir()
+    (tmp_path / "no-model" / "README").write_text("no model here\n")
+    packaged = package_model_dir(tmp_path / "no-model", tmp_path, manifest={}, model_file="README",
+                                 archive_name="empty.tar.gz")  # a well-formed archive with no GGUF in it
+    aws.client("s3").upload_file(str(packaged.path), BUCKET, "models/empty.tar.gz")
     create_model(aws, "empty", image, f"s3://{BUCKET}/models/empty.tar.gz")
     create_endpoint(aws, "ep", _variant(ModelName="empty"))
     described, _ = wait_until_settled(aws.client("sagemaker").describe_endpoint, "EndpointStatus", EndpointName="ep")

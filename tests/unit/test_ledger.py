@@ -11,8 +11,10 @@ import csv
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -23,10 +25,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tasks.errors import BadInput, ConfigError, LeaseHeld, NotFound, NotReady
+from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady
 from tasks.hashing import sha256_json
-from tasks.ledger import GENESIS_HASH, Ledger, looks_secret
+from tasks.ledger import GENESIS_HASH, Ledger
+from tasks.secret_keys import looks_secret
 
 PG_URL = os.environ.get(
     "SHIPLIFT_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -424,3 +428,130 @@ def test_record_to_dict_is_json(ledger: Ledger) -> None:
     record = _append(ledger, nested={"list": [1, 2.5, None, True]})
     assert json.loads(json.dumps(record.to_dict())) == record.to_dict()
     assert ledger.head().payload["nested"]["list"] == [1, 2.5, None, True]
+
+
+# -- verification never writes, and names an empty, replaced or damaged ledger -----------------
+
+
+def _read_only(backend: Backend) -> Ledger:
+    return Ledger(backend.url, schema=backend.schema, read_only=True)
+
+
+def _has_records_table(backend: Backend) -> bool:
+    with backend.engine.connect() as conn:
+        return sa.inspect(conn).has_table("ledger_records", schema=backend.schema)
+
+
+def test_verifying_an_emptied_ledger_fails_and_creates_nothing(backend: Backend, tmp_path: Path) -> None:
+    if backend.name == "sqlite":
+        (tmp_path / "ledger.db").write_bytes(b"")
+    with _read_only(backend) as ledger:
+        result = ledger.verify()
+    assert not result.ok and result.n_records == 0
+    assert "has no ledger_records table" in result.problems[0] and "emptied or replaced" in result.problems[0]
+    assert not _has_records_table(backend)
+    if backend.name == "sqlite":
+        assert (tmp_path / "ledger.db").stat().st_size == 0
+
+
+def test_a_ledger_whose_records_were_all_deleted_fails(backend: Backend, ledger: Ledger) -> None:
+    for n in range(2):
+        _append(ledger, n=n)
+    backend.raw("DELETE FROM {records}")
+    result = ledger.verify()
+    assert not result.ok and "holds no records" in result.problems[0]
+    assert ledger.verify(allow_empty=True).ok, "an export of a new ledger may be empty"
+
+
+def test_verify_does_not_change_a_single_byte(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger.for_sqlite(path) as ledger:
+        for n in range(20):
+            _append(ledger, n=n)
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE ledger_records SET actor = 'mallory' WHERE seq = 7")
+    before = path.read_bytes()
+    with Ledger(f"sqlite:///{path}", read_only=True) as ledger:
+        result = ledger.verify()
+    assert not result.ok and any(p.startswith("seq 7:") for p in result.problems)
+    assert path.read_bytes() == before
+
+
+def test_the_database_refuses_writes_through_a_read_only_ledger(backend: Backend, ledger: Ledger) -> None:
+    _append(ledger, n=1)
+    with _read_only(backend) as reader, pytest.raises(BadInput, match="opened read-only and refused a write"):
+        _append(reader, n=2)
+    assert ledger.verify().n_records == 1
+
+
+def _cli_verify(url: str, capsys) -> tuple[int, str, str]:
+    from tasks.cli import main
+
+    code = main(["ledger", "verify", "--url", url])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _real_ledger_bytes(tmp_path: Path) -> bytes:
+    path = tmp_path / "source.db"
+    with Ledger.for_sqlite(path) as ledger:
+        for n in range(300):
+            _append(ledger, release_id=f"rel-{n}", n=n, padding="x" * 200)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda data: os.urandom(8192), "damaged (SQLITE_NOTADB"),
+    (lambda data: data[: len(data) // 2], "damaged (SQLITE_CORRUPT"),
+    (lambda data: data[:8192] + os.urandom(4096) + data[12288:], "damaged (SQLITE_CORRUPT"),
+], ids=["random-bytes", "truncated", "overwritten-pages"])
+def test_a_damaged_database_file_is_named_damaged(tmp_path: Path, capsys, damage, words: str) -> None:
+    path = tmp_path / "ledger.db"
+    path.write_bytes(damage(_real_ledger_bytes(tmp_path)))
+    before = path.read_bytes()
+    code, out, err = _cli_verify(f"sqlite:///{path}", capsys)
+    assert code == 3 and words in err and "restore the ledger from a backup" in err
+    assert out == "" and path.read_bytes() == before
+
+
+def test_verify_of_a_missing_ledger_is_bad_input_and_creates_nothing(tmp_path: Path, capsys) -> None:
+    code, _, err = _cli_verify(f"sqlite:///{tmp_path / 'absent.db'}", capsys)
+    assert code == 2 and "no ledger at" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_damage_to_the_file_is_a_failed_verify_or_an_integrity_error(tmp_path: Path, data) -> None:
+    """Overwrite bytes anywhere in a real ledger file: verification fails and says why, or the chain is intact."""
+    pristine = _pristine_ledger(tmp_path)
+    damaged = bytearray(pristine)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(damaged) - 1))
+        chunk = data.draw(st.binary(min_size=1, max_size=64))
+        damaged[at:at + len(chunk)] = chunk
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    path = folder / "ledger.db"
+    path.write_bytes(bytes(damaged))
+    try:
+        with Ledger(f"sqlite:///{path}", read_only=True) as ledger:
+            result = ledger.verify()
+    except IntegrityError as exc:
+        assert "damaged" in str(exc)
+        return
+    assert result.ok == (result.n_records == 40 and not result.problems)
+    assert path.read_bytes() == bytes(damaged)
+
+
+_PRISTINE: dict[str, bytes] = {}
+
+
+def _pristine_ledger(tmp_path: Path) -> bytes:
+    """A 40-record SQLite ledger file (checkpointed, so the whole chain is in the main file); built once."""
+    if "bytes" not in _PRISTINE:
+        path = Path(tempfile.mkdtemp(dir=tmp_path)) / "ledger.db"
+        with Ledger.for_sqlite(path) as ledger:
+            for n in range(40):
+                _append(ledger, release_id=f"rel-{n % 7}", n=n)
+        _PRISTINE["bytes"] = path.read_bytes()
+    return _PRISTINE["bytes"]

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import json
 import os
 import tarfile
+import tempfile
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tasks.packaging as packaging
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 from tasks.hashing import sha256_file
-from tasks.packaging import MANIFEST_NAME, package_gguf, safe_extract
+from tasks.packaging import MANIFEST_NAME, ExtractLimits, package_gguf, safe_extract
 from tasks.store import LocalArtifactStore
 
+shutil_usage = namedtuple("usage", "total used free")
 MANIFEST = {"source": {"kind": "local", "sha256": "a" * 64}, "quantization": "Q4_K_M", "tools": {"gguf": "0.19.0"}}
 
 
@@ -44,7 +50,7 @@ def test_archive_layout_and_manifest(gguf: Path, calibration: Path, tmp_path: Pa
     assert packaged.path == (tmp_path / "out" / "model.tar.gz").resolve()
     assert packaged.sha256 == sha256_file(packaged.path)
     members = _members(packaged.path)
-    assert [m.name for m in members] == ["calibration.json", MANIFEST_NAME, "tiny-q4.gguf"]
+    assert [m.name for m in members] == [MANIFEST_NAME, "calibration.json", "tiny-q4.gguf"], "the manifest first"
     for member in members:
         assert (member.mtime, member.uid, member.gid, member.uname, member.gname) == (0, 0, 0, "", "")
         assert member.mode == 0o644 and member.isreg()
@@ -134,6 +140,7 @@ def test_failed_packaging_leaves_previous_archive_and_no_temp(
 
 
 def _craft(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    """A tar.gz of exactly these members, in this order."""
     with tarfile.open(path, "w:gz") as tar:
         for info, data in members:
             if data is not None:
@@ -144,6 +151,12 @@ def _craft(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> P
 
 def _file(name: str, data: bytes = b"ok") -> tuple[tarfile.TarInfo, bytes]:
     return tarfile.TarInfo(name), data
+
+
+def _manifest(files: dict[str, bytes], **extra) -> tuple[tarfile.TarInfo, bytes]:
+    """A model-manifest.json member listing `files` by sha256 and size."""
+    listed = {name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in files.items()}
+    return _file(MANIFEST_NAME, json.dumps({"files": listed, **extra}).encode())
 
 
 def _special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
@@ -161,15 +174,18 @@ MALICIOUS = {
     "char-device": ([_special("null", tarfile.CHRTYPE)], "null", "device"),
     "block-device": ([_special("sda", tarfile.BLKTYPE)], "sda", "device"),
     "fifo": ([_special("pipe", tarfile.FIFOTYPE)], "pipe", "fifo"),
-    "duplicate": ([_file("good.txt", b"second")], "good.txt", "twice"),
+    "duplicate": ([_file("good.txt", b"ok")], "good.txt", "twice"),
+    "second-manifest": ([_manifest({"good.txt": b"ok"})], MANIFEST_NAME, "twice"),
     "file-under-file": ([_file("good.txt/inner")], "good.txt/inner", "clashes"),
+    "folder-over-file": ([_special("good.txt", tarfile.DIRTYPE)], "good.txt", "clashes"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(MALICIOUS))
 def test_malicious_archive_is_refused_and_leaves_nothing(case: str, tmp_path: Path) -> None:
     extra, member, why = MALICIOUS[case]
-    archive = _craft(tmp_path / "evil.tar.gz", [_file("good.txt"), *extra])
+    listed = {"good.txt": b"ok", "good.txt/inner": b"ok"} if case == "file-under-file" else {"good.txt": b"ok"}
+    archive = _craft(tmp_path / "evil.tar.gz", [_manifest(listed), _file("good.txt"), *extra])
     work = tmp_path / "work"
     work.mkdir()
     dest = work / "model"
@@ -186,13 +202,15 @@ def _tampered(tmp_path: Path, gguf: Path, mutate) -> Path:
     with tarfile.open(packaged.path, "r:gz") as tar:
         contents = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
     mutate(contents)
-    return _craft(tmp_path / "tampered.tar.gz", [_file(name, data) for name, data in sorted(contents.items())])
+    members = [_file(name, data) for name, data in contents.items()]
+    return _craft(tmp_path / "tampered.tar.gz", sorted(members, key=lambda m: m[0].name != MANIFEST_NAME))
 
 
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [
-        (lambda c: c.update({"tiny-q4.gguf": b"GGUF" + b"\0" * 10}), "does not match the sha256"),
+        (lambda c: c.update({"tiny-q4.gguf": b"GGUF" + b"\0" * 10}), "is 14 bytes, but model-manifest.json says"),
+        (lambda c: c.update({"tiny-q4.gguf": b"GGUF" + b"\0" * (len(c["tiny-q4.gguf"]) - 4)}), "does not match the sha256"),
         (lambda c: c.update({"extra.bin": b"smuggled"}), "unlisted \\['extra.bin'\\]"),
         (lambda c: c.pop("tiny-q4.gguf"), "missing \\['tiny-q4.gguf'\\]"),
         (lambda c: c.update({MANIFEST_NAME: b"{not json"}), "malformed"),
@@ -227,12 +245,16 @@ def test_extract_into_existing_destination(gguf: Path, tmp_path: Path) -> None:
         safe_extract(packaged.path, empty)
 
 
-def test_archive_without_manifest_extracts_with_subfolders(tmp_path: Path) -> None:
+def test_listed_files_in_subfolders_extract(tmp_path: Path) -> None:
     folder = tarfile.TarInfo("tokenizer")
     folder.type = tarfile.DIRTYPE
-    archive = _craft(tmp_path / "plain.tar", [(folder, None), _file("tokenizer/vocab.json", b"{}"), _file("./model.onnx", b"x")])
+    listed = {"tokenizer/vocab.json": b"{}", "model.onnx": b"x"}
+    root = tarfile.TarInfo(".")
+    root.type = tarfile.DIRTYPE
+    archive = _craft(tmp_path / "plain.tar", [(root, None), _manifest(listed), (folder, None),
+                                             _file("tokenizer/vocab.json", b"{}"), _file("./model.onnx", b"x")])
     files = safe_extract(archive, tmp_path / "out")
-    assert files == [tmp_path / "out" / "model.onnx", tmp_path / "out" / "tokenizer" / "vocab.json"]
+    assert files == [tmp_path / "out" / name for name in (MANIFEST_NAME, "model.onnx", "tokenizer/vocab.json")]
     assert (tmp_path / "out" / "tokenizer" / "vocab.json").read_bytes() == b"{}"
 
 
@@ -264,3 +286,128 @@ def test_model_folder_must_be_flat_and_hold_the_model(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="no model.int8.onnx"):
         package_model_dir(folder, tmp_path / "o", manifest={}, model_file="model.int8.onnx")
     assert not (tmp_path / "o" / "model.tar.gz").exists()
+# -- hostile archives: structure, bounds, modes -------------------------------------------------
+
+
+def _refused(archive: Path, tmp_path: Path, match: str, **limits) -> None:
+    """safe_extract refuses `archive` with `match` in the message and leaves nothing behind."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    with pytest.raises(IntegrityError, match=match):
+        safe_extract(archive, work / "model", ExtractLimits(**limits))
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("members, match", [
+    ([], "has no model-manifest.json"),
+    ([_file("model.onnx", b"x")], "does not start with model-manifest.json \\(first member: 'model.onnx'\\)"),
+    ([_file("model.onnx", b"x"), _manifest({"model.onnx": b"x"})], "does not start with model-manifest.json"),
+    ([_special("sub", tarfile.DIRTYPE), _manifest({})], "does not start with model-manifest.json \\(first member: 'sub'\\)"),
+], ids=["empty", "no-manifest", "manifest-later", "folder-first"])
+def test_an_archive_must_open_with_its_manifest(tmp_path: Path, members, match: str) -> None:
+    _refused(_craft(tmp_path / "a.tar.gz", members), tmp_path, match)
+
+
+def test_sizes_and_counts_are_checked_against_the_limits_before_writing(tmp_path: Path) -> None:
+    files = {f"shard-{i}.bin": bytes([i]) * 100 for i in range(5)}
+    archive = _craft(tmp_path / "a.tar.gz", [_manifest(files), *(_file(n, d) for n, d in files.items())])
+    _refused(archive, tmp_path, "would extract to 500 bytes, over the limit of 499", max_total_bytes=499)
+    _refused(archive, tmp_path, "lists 5 files, over the limit of 5 members", max_members=5)
+    _refused(archive, tmp_path, "'model-manifest.json' is .* bytes, over the limit of 100", max_manifest_bytes=100)
+    assert len(safe_extract(archive, tmp_path / "ok", ExtractLimits(max_total_bytes=500, max_members=6))) == 6
+
+
+def test_unlisted_folders_count_against_the_member_limit(tmp_path: Path) -> None:
+    folders = [_special(f"d{i}", tarfile.DIRTYPE) for i in range(50)]
+    archive = _craft(tmp_path / "a.tar.gz", [_manifest({}), *folders])
+    _refused(archive, tmp_path, "'d9' is past the limit of 10 members", max_members=10)
+
+
+def test_a_compression_bomb_is_stopped_by_the_ratio_limit(tmp_path: Path) -> None:
+    zeros = b"\0" * (48 << 20)
+    archive = _craft(tmp_path / "bomb.tar.gz", [_manifest({"weights.bin": zeros}), _file("weights.bin", zeros)])
+    assert archive.stat().st_size < len(zeros) / 200
+    _refused(archive, tmp_path, r"'weights.bin' decompresses \d+:1, over the limit of 200:1")
+
+
+def test_incompressible_weights_pass_the_ratio_limit(tmp_path: Path) -> None:
+    weights = os.urandom(20 << 20)
+    archive = _craft(tmp_path / "ok.tar.gz", [_manifest({"weights.bin": weights}), _file("weights.bin", weights)])
+    assert (safe_extract(archive, tmp_path / "out")[1]).stat().st_size == len(weights)
+
+
+def test_setuid_setgid_and_sticky_bits_are_dropped_and_said(tmp_path: Path, caplog) -> None:
+    listed = {"run.sh": b"#!/bin/sh\n", "tool": b"x"}
+    run, tool = _file("run.sh", listed["run.sh"]), _file("tool", listed["tool"])
+    run[0].mode, tool[0].mode = 0o4755, 0o3775
+    archive = _craft(tmp_path / "a.tar.gz", [_manifest(listed), run, tool])
+    with caplog.at_level("WARNING", logger="shiplift.packaging"):
+        files = safe_extract(archive, tmp_path / "out")
+    assert {p.name: p.stat().st_mode & 0o7777 for p in files} == {MANIFEST_NAME: 0o644, "run.sh": 0o644, "tool": 0o644}
+    said = [r.getMessage() for r in caplog.records]
+    assert any("'run.sh' asked for setuid" in m for m in said) and any("'tool' asked for setgid+sticky" in m for m in said)
+
+
+def _raw_manifest(text: str) -> tuple[tarfile.TarInfo, bytes]:
+    return _file(MANIFEST_NAME, text.encode())
+
+
+@pytest.mark.parametrize("manifest, match", [
+    ('{"files": {}, "deep": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"files": {}, "files": {}}', "duplicate keys \\['files'\\]"),
+    ('{"files": []}', "'files' is a list"),
+    ('{"files": {"a": {"sha256": "' + "a" * 64 + '", "size": true}}}', "'a' has no non-negative integer size"),
+    ('{"files": {"a": {"sha256": "' + "a" * 64 + '", "size": -1}}}', "'a' has no non-negative integer size"),
+    ('{"files": {"a": {"sha256": "' + "A" * 64 + '", "size": 1}}}', "'a' has no lower-case hex sha256"),
+    ('{"files": {"../a": {"sha256": "' + "a" * 64 + '", "size": 1}}}', "'../a' is not a plain relative name"),
+    ('{"files": {"/etc/a": {"sha256": "' + "a" * 64 + '", "size": 1}}}', "'/etc/a' is not a plain relative name"),
+    ('{"files": {"model-manifest.json": {"sha256": "' + "a" * 64 + '", "size": 1}}}', "is not a plain relative name"),
+    ('{"files": {"a": 1}}', "'a' has no lower-case hex sha256"),
+    ('\xff', "malformed"),
+], ids=["deep", "duplicate-keys", "files-list", "bool-size", "negative-size", "upper-sha", "dotdot", "absolute",
+        "lists-itself", "entry-not-mapping", "not-utf8"])
+def test_a_malformed_manifest_is_an_integrity_error(tmp_path: Path, manifest: str, match: str) -> None:
+    member = _file(MANIFEST_NAME, manifest.encode("utf-8", "surrogateescape") if manifest != "\xff" else b"\xff")
+    _refused(_craft(tmp_path / "a.tar.gz", [member]), tmp_path, match)
+
+
+def test_an_archive_larger_than_the_free_disk_is_refused(tmp_path: Path, monkeypatch) -> None:
+    from tasks.errors import CapacityError
+
+    data = b"x" * 1000
+    archive = _craft(tmp_path / "a.tar.gz", [_manifest({"w.bin": data}), _file("w.bin", data)])
+    monkeypatch.setattr(packaging.shutil, "disk_usage", lambda path: shutil_usage(total=10_000, used=9_500, free=500))
+    with pytest.raises(CapacityError, match="extracts to 1000 bytes; .* has 500 free"):
+        safe_extract(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_damage_to_an_archive_is_an_integrity_error_or_the_exact_files(tmp_path: Path, data) -> None:
+    """Flip, drop or insert bytes of the uncompressed tar stream: extraction yields the listed files exactly, or refuses."""
+    listed = {"model.gguf": b"GGUF" + bytes(range(256)) * 8, "calibration.json": b'{"temperature": 1.5}'}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, payload in [_manifest(listed), *(_file(n, d) for n, d in listed.items())]:
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    stream = bytearray(buffer.getvalue())
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(stream) - 1))
+        action = data.draw(st.sampled_from(["flip", "drop", "insert"]))
+        if action == "flip":
+            stream[at] = data.draw(st.integers(0, 255))
+        elif action == "drop":
+            del stream[at:at + data.draw(st.integers(1, 600))]
+        else:
+            stream[at:at] = data.draw(st.binary(min_size=1, max_size=600))
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    archive = folder / "damaged.tar.gz"
+    archive.write_bytes(gzip.compress(bytes(stream), mtime=0))
+    try:
+        files = safe_extract(archive, folder / "model")
+    except IntegrityError:
+        assert sorted(p.name for p in folder.iterdir()) == ["damaged.tar.gz"]
+        return
+    assert {p.relative_to(folder / "model").as_posix(): p.read_bytes() for p in files if p.name != MANIFEST_NAME} == listed
