@@ -30,10 +30,10 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, mode: int = 0o644) -> P
     return path
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    return write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: str | Path, text: str, *, mode: int = 0o644) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
 
 
-def write_json_atomic(path: str | Path, value: Any) -> Path:
-    """Pretty, key-sorted JSON (NaN refused) written atomically."""
-    return write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
+def write_json_atomic(path: str | Path, value: Any, *, mode: int = 0o644) -> Path:
+    """Pretty, key-sorted JSON (NaN refused) written atomically; `mode` 0o600 for a file holding a secret."""
+    return write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n", mode=mode)

@@ -17,6 +17,7 @@ from tasks.backends import default_state_dir
 from tasks.stages.table import STAGE_NAMES
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
+EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
 
 
 def print_json(value) -> None:
@@ -231,23 +232,53 @@ def cmd_serve_encoder(args) -> int:
 def cmd_endpoints_list(args) -> int:
     from tasks.backends import local_endpoints
 
-    print_json(local_endpoints(args.state_dir).list_endpoints())
+    endpoints = local_endpoints(args.state_dir).list_endpoints()
+    if args.json:
+        print_json(endpoints)
+        return 0
+    rows = [
+        {
+            "endpoint": e["name"],
+            "status": e["status"],
+            "components (copies in rotation / spec)": ", ".join(
+                f"{name} {c['in_rotation']}/{c['copies']}" for name, c in e["components"].items()
+            ) or "-",
+            "url": e["url"],
+        }
+        for e in endpoints
+    ]
+    print_table(rows, ["endpoint", "status", "components (copies in rotation / spec)", "url"])
     return 0
+
+
+def named_endpoints(hosting, args, verb: str) -> list[str]:
+    """The endpoints a command names, or every one with --all; BadInput for an unknown name."""
+    if args.all == bool(args.names):
+        raise BadInput("give endpoint names or --all, not both and not neither", fix=f"shiplift endpoints {verb} NAME... | --all")
+    known = [e["name"] for e in hosting.list_endpoints()]
+    unknown = sorted(set(args.names) - set(known))
+    if unknown:
+        raise BadInput(f"no local endpoint named {', '.join(unknown)} under {hosting.state_dir}", fix="see `shiplift endpoints list`")
+    return known if args.all else args.names
 
 
 def cmd_endpoints_stop(args) -> int:
     from tasks.backends import local_endpoints
 
     hosting = local_endpoints(args.state_dir)
-    if args.all == bool(args.names):
-        raise BadInput("give endpoint names or --all, not both and not neither", fix="shiplift endpoints stop NAME... | --all")
-    names = [e["name"] for e in hosting.list_endpoints()] if args.all else args.names
-    unknown = sorted(set(names) - {e["name"] for e in hosting.list_endpoints()})
-    if unknown:
-        raise BadInput(f"no local endpoint named {', '.join(unknown)} under {hosting.state_dir}", fix="see `shiplift endpoints list`")
-    for name in names:
+    for name in named_endpoints(hosting, args, "stop"):
         hosting.delete_endpoint(name)
         print(f"stopped {name}")
+    return 0
+
+
+def cmd_endpoints_heal(args) -> int:
+    from tasks.backends import local_endpoints
+
+    hosting = local_endpoints(args.state_dir)
+    for name in named_endpoints(hosting, args, "heal"):
+        info = hosting.ensure_endpoint(name)
+        print(f"{name}: router {info.status}, every component back at its copy count")
     return 0
 
 
@@ -319,7 +350,7 @@ def cmd_eval_nli(args) -> int:
 def ledger_for(args):
     from tasks.backends import open_ledger
 
-    return open_ledger(ledger_url=args.url, state_dir=args.state_dir)
+    return open_ledger(ledger_url=args.url, state_dir=args.state_dir, read_only=True)
 
 
 def cmd_ledger_history(args) -> int:
@@ -457,12 +488,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve_encoder)
 
     endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True)
-    p = with_state_dir(endpoints.add_parser("list", help="list local endpoints and their components"))
+    p = with_state_dir(endpoints.add_parser("list", help="list local endpoints, their health and components"))
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_endpoints_list)
     p = with_state_dir(endpoints.add_parser("stop", help="stop local endpoints"))
     p.add_argument("names", nargs="*")
     p.add_argument("--all", action="store_true")
     p.set_defaults(func=cmd_endpoints_stop)
+    p = with_state_dir(endpoints.add_parser("heal", help="restart local endpoints' dead routers and copies"))
+    p.add_argument("names", nargs="*")
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=cmd_endpoints_heal)
 
     evaluate = sub.add_parser("eval", help="evaluate an endpoint").add_subparsers(dest="eval_command", required=True)
     p = evaluate.add_parser("jevbench", help="score JevBench-format tasks on any SemIf endpoint")
@@ -551,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shiplift: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to tell it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

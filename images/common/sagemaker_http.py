@@ -4,14 +4,22 @@ A server plugs its model into `ModelService` and calls `serve`: GET /ping (503 l
 200), POST /invocations behind admission control, strict body and JSON checks, JSON errors,
 the `serve` argument, the `listening on` log line and a clean SIGTERM stop all live here, with
 the <PREFIX>_* environment helpers. Standard library only: it is copied into every image.
+
+`StrictHandler` and `StrictServer` are the HTTP/1.1 framing every shiplift server shares (the
+local router too): a request is read whole (line, headers, body) under one deadline before any
+admission slot is taken, parsed strictly, and every fault is answered as JSON, never by the
+standard library's HTML pages or a silent close.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
+import io
 import json
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -26,8 +34,20 @@ from typing import Any, Callable, Generic, Iterator, Mapping, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 EXIT_CONFIG, EXIT_MODEL = 2, 3
-SOCKET_TIMEOUT_S = 30.0  # a client that stalls while sending its body loses its slot
 LINGER_S, LINGER_BYTES = 1.0, 16 << 20  # drain an unread body briefly so the client sees our answer
+MAX_REQUEST_LINE_BYTES = 8 << 10  # 414 beyond
+MAX_HEADER_LINE_BYTES = 8 << 10  # 431 beyond, as for the whole block and the count
+MAX_HEADER_BLOCK_BYTES = 32 << 10
+MAX_HEADER_COUNT = 100
+IDLE_TIMEOUT_S = 30.0  # an open connection may wait this long for its next request
+WRITE_TIMEOUT_S = 30.0  # a client that does not read our answer is dropped after this
+DEFAULT_READ_DEADLINE_S = 30.0  # from a request's first byte to its last
+DEFAULT_MAX_CONNECTIONS = 256
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+REQUEST_LINE = re.compile(rf"({_TOKEN}) ([!-~]+) HTTP/([0-9])\.([0-9])")
+HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*(.*?)[ \t]*")
+FORBIDDEN_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")
 
 
 # --------------------------------------------------------------------------------------
@@ -103,10 +123,13 @@ class HttpSettings:
     queue_timeout_s: float
     host: str
     port: int
+    read_deadline_s: float = DEFAULT_READ_DEADLINE_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 def read_http_settings(env: Mapping[str, str], prefix: str) -> HttpSettings:
-    """<prefix>_MAX_BODY_BYTES, _MAX_IN_FLIGHT, _QUEUE_TIMEOUT_S, _PORT and _HOST, checked in that order."""
+    """<prefix>_MAX_BODY_BYTES, _MAX_IN_FLIGHT, _QUEUE_TIMEOUT_S, _PORT, _HOST, _READ_DEADLINE_S and
+    _MAX_CONNECTIONS, checked in that order."""
     max_body = env_int(env, f"{prefix}_MAX_BODY_BYTES", 1 << 20, 1, 1 << 30)
     max_in_flight = env_int(env, f"{prefix}_MAX_IN_FLIGHT", 4, 1, 4096)
     queue_timeout_s = env_float(env, f"{prefix}_QUEUE_TIMEOUT_S", 60.0, 0.001, 3600.0)
@@ -114,7 +137,9 @@ def read_http_settings(env: Mapping[str, str], prefix: str) -> HttpSettings:
     host = env.get(f"{prefix}_HOST", "127.0.0.1")
     if not host.strip() or host != host.strip():
         raise StartupError(f"{prefix}_HOST={host!r} is not a host; set it to an address such as 127.0.0.1")
-    return HttpSettings(prefix, max_body, max_in_flight, queue_timeout_s, host, port)
+    read_deadline_s = env_float(env, f"{prefix}_READ_DEADLINE_S", DEFAULT_READ_DEADLINE_S, 0.1, 3600.0)
+    max_connections = env_int(env, f"{prefix}_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS, 1, 65536)
+    return HttpSettings(prefix, max_body, max_in_flight, queue_timeout_s, host, port, read_deadline_s, max_connections)
 
 
 def reject_constant(name: str) -> float:
@@ -163,12 +188,13 @@ def to_ms(seconds: float) -> float:
 
 
 class HttpError(Exception):
-    """An error answered as JSON with this status."""
+    """An error answered as JSON with this status (and these extra headers, such as Allow)."""
 
-    def __init__(self, status: int, message: str, *, retryable: bool = False):
+    def __init__(self, status: int, message: str, *, retryable: bool = False, headers: Mapping[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.headers = dict(headers or {})
 
 
 def bad(field: str, rule: str) -> HttpError:
@@ -242,6 +268,296 @@ def model_turn(lock: threading.Lock, http: HttpSettings) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------
+# HTTP/1.1 framing: one deadline per request, strict parsing, JSON for every fault
+
+
+class DeadlineReader(io.RawIOBase):
+    """Socket reads bounded by one deadline for the whole request, or by the idle timeout between requests."""
+
+    def __init__(self, sock: socket.socket, idle_timeout_s: float):
+        self.sock = sock
+        self.idle_timeout_s = idle_timeout_s
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is None:
+            timeout = self.idle_timeout_s
+        else:
+            timeout = self.deadline - time.monotonic()
+            if timeout <= 0:
+                raise TimeoutError("the request deadline passed")
+        self.sock.settimeout(timeout)
+        return self.sock.recv_into(buffer)
+
+
+def _line_text(line: bytes, what: str, encoding: str) -> str:
+    """A request or header line without its line break; a line cut short or undecodable is a 400."""
+    if not line.endswith(b"\n"):
+        raise HttpError(400, f"the {what} ended without a line break (the connection closed mid-request)")
+    try:
+        return line.removesuffix(b"\n").removesuffix(b"\r").decode(encoding)
+    except UnicodeDecodeError:
+        raise HttpError(400, f"the {what} is not {encoding.upper()}; send ASCII") from None
+
+
+def _length_shown(raw: str) -> str:
+    return repr(raw) if len(raw) <= 40 else f"a value of {len(raw)} characters"
+
+
+class StrictServer(ThreadingHTTPServer):
+    """A threading HTTP server with a bound on open connections; each handler reads under its deadlines."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[StrictHandler],
+        *,
+        read_deadline_s: float = DEFAULT_READ_DEADLINE_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ):
+        self.read_deadline_s = read_deadline_s
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self.connection_slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve the connection on its own thread, or answer 503 at once when too many are open."""
+        if not self.connection_slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connection_slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connection_slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        body, headers = self.RequestHandlerClass.error_answer(
+            HttpError(503, f"{self.max_connections} connections are open; retry with backoff", retryable=True), None
+        )
+        head = "".join(f"{key}: {value}\r\n" for key, value in headers.items())
+        try:
+            request.settimeout(1.0)
+            request.sendall(
+                f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"{head}Connection: close\r\n\r\n".encode("latin-1")
+                + body
+            )
+        except OSError:
+            pass  # the client is gone or not reading: nothing to protect
+        self.shutdown_request(request)
+
+
+class StrictHandler(BaseHTTPRequestHandler):
+    """Reads each request whole (line, headers, Content-Length body) under the server's deadline, then
+    dispatches to `do_<METHOD>` for the methods in `allowed_methods`. Subclasses give `max_body_bytes`
+    and the error shape (`error_answer`)."""
+
+    protocol_version = "HTTP/1.1"
+    allowed_methods: tuple[str, ...] = ("GET", "POST")
+    server: StrictServer
+    body: bytes = b""
+    declared_length: int | None = None  # Content-Length as sent; None when the request had none
+
+    def setup(self) -> None:
+        """Headers and body are separate writes: without TCP_NODELAY, Nagle plus a keep-alive
+        client's delayed ACK add ~40 ms to every answer."""
+        super().setup()
+        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = DeadlineReader(self.connection, self.server.idle_timeout_s)
+        self.rfile = io.BufferedReader(self.reader, 64 << 10)
+
+    # -- what subclasses decide ---------------------------------------------------------------
+    def max_body_bytes(self) -> int:
+        """The largest body this server reads."""
+        raise NotImplementedError
+
+    def body_too_large(self, length: int) -> HttpError:
+        return HttpError(413, f"body: {length} bytes is over the limit of {self.max_body_bytes()} bytes")
+
+    @classmethod
+    def error_answer(cls, error: HttpError, path: str | None) -> tuple[bytes, dict[str, str]]:
+        """(JSON body, extra headers) of an error answer; `path` is None when no request line was read."""
+        return json.dumps(error_payload(error)).encode("utf-8"), {}
+
+    # -- answers -----------------------------------------------------------------------------
+    def send_bytes(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str | None = "application/json",
+        headers: Mapping[str, str] | None = None,
+        *,
+        close: bool = False,
+    ) -> None:
+        """One whole answer; on `close` the connection ends after it (an unread body is drained briefly)."""
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        try:
+            self.end_headers()
+            if self.command != "HEAD":  # a HEAD answer has headers only, or the client reads the body as the next answer
+                self.wfile.write(body)
+        except OSError:  # the client left, or stopped reading, before it had the answer
+            self.close_connection = True
+            return
+        if close:
+            self._linger()
+
+    def send_error_answer(self, error: HttpError, *, close: bool = False) -> None:
+        """Answer `error` in this server's JSON shape."""
+        path = urlsplit(self.path).path if self.command else None
+        body, headers = self.error_answer(error, path)
+        self.send_bytes(error.status, body, headers={**headers, **error.headers}, close=close)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own faults are answered as JSON too, never as an HTML page."""
+        self.send_error_answer(HttpError(code, message or self.responses.get(code, ("error",))[0]), close=True)
+
+    def _linger(self) -> None:
+        """Half-close, then discard what the client still sends (bounded), so it reads our answer, not a reset."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_S)
+            deadline, drained = time.monotonic() + LINGER_S, 0
+            while time.monotonic() < deadline and drained < LINGER_BYTES:
+                chunk = self.connection.recv(1 << 16)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:
+            pass  # the client went away: nothing left to protect
+
+    # -- reading -----------------------------------------------------------------------------
+    def handle_one_request(self) -> None:
+        """Wait (idle timeout) for a request, read it whole (deadline), then dispatch it."""
+        self.command, self.path, self.request_version, self.requestline = None, "", "HTTP/1.1", ""
+        self.body, self.declared_length = b"", None
+        self.reader.deadline = None
+        try:
+            if not self.rfile.peek(1):
+                self.close_connection = True  # the client closed an idle connection
+                return
+        except OSError:
+            self.close_connection = True  # idle too long, or reset
+            return
+        deadline_s = self.server.read_deadline_s
+        self.reader.deadline = time.monotonic() + deadline_s
+        try:
+            self._read_request()
+        except HttpError as error:
+            self.send_error_answer(error, close=True)
+            return
+        except TimeoutError:
+            self.send_error_answer(
+                HttpError(408, f"the request was not received in full within {deadline_s:g}s; send it without pauses"),
+                close=True,
+            )
+            return
+        except OSError:
+            self.close_connection = True  # reset mid-request: nobody to answer
+            return
+        finally:
+            self.reader.deadline = None
+            self.connection.settimeout(WRITE_TIMEOUT_S)
+        handler = getattr(self, f"do_{self.command}", None) if self.command in self.allowed_methods else None
+        if handler is None:
+            allowed = ", ".join(self.allowed_methods)
+            self.send_error_answer(
+                HttpError(405, f"method {self.command} is not supported; use {allowed}", headers={"Allow": allowed})
+            )
+            return
+        handler()
+        self.wfile.flush()
+
+    def _read_request(self) -> None:
+        line = self.rfile.readline(MAX_REQUEST_LINE_BYTES + 1)
+        if len(line) > MAX_REQUEST_LINE_BYTES:
+            raise HttpError(414, f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes; shorten the path")
+        self.raw_requestline = line
+        self.requestline = _line_text(line, "request line", "ascii")
+        match = REQUEST_LINE.fullmatch(self.requestline)
+        if match is None or not match.group(2).startswith("/"):
+            raise HttpError(400, "malformed request line; send `METHOD /path HTTP/1.1`")
+        method, target, major, minor = match.groups()
+        if (major, minor) not in (("1", "0"), ("1", "1")):
+            raise HttpError(505, f"HTTP/{major}.{minor} is not supported; use HTTP/1.1")
+        self.command, self.path, self.request_version = method, target, f"HTTP/{major}.{minor}"
+        self.headers = self._read_headers()
+        tokens = {t.strip().lower() for v in self.headers.get_all("Connection", []) for t in v.split(",")}
+        self.close_connection = "close" in tokens or (minor == "0" and "keep-alive" not in tokens)
+        self.body = self._read_body()
+
+    def _read_headers(self) -> http.client.HTTPMessage:
+        headers, total = http.client.HTTPMessage(), 0
+        while True:
+            line = self.rfile.readline(MAX_HEADER_LINE_BYTES + 1)
+            total += len(line)
+            if len(line) > MAX_HEADER_LINE_BYTES or total > MAX_HEADER_BLOCK_BYTES:
+                raise HttpError(
+                    431,
+                    f"request headers are too large (at most {MAX_HEADER_LINE_BYTES} bytes a line, "
+                    f"{MAX_HEADER_BLOCK_BYTES} in all); send fewer or shorter headers",
+                )
+            if line in (b"\r\n", b"\n"):
+                return headers
+            text = _line_text(line, "header block", "latin-1")
+            if len(headers) >= MAX_HEADER_COUNT:
+                raise HttpError(431, f"more than {MAX_HEADER_COUNT} request headers; send fewer")
+            match = HEADER_LINE.fullmatch(text)
+            if match is None or FORBIDDEN_IN_VALUE.search(match.group(2)):
+                raise HttpError(400, f"request header {len(headers) + 1} is malformed; send `Name: value` lines")
+            headers[match.group(1)] = match.group(2)
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise HttpError(411, "Transfer-Encoding is not supported; send the body with a Content-Length")
+        lengths = self.headers.get_all("Content-Length") or []
+        if not lengths:
+            return b""
+        if len(lengths) > 1:
+            raise HttpError(400, f"Content-Length appears {len(lengths)} times; send it once")
+        if not CONTENT_LENGTH.fullmatch(lengths[0]):
+            raise HttpError(400, f"Content-Length must be a byte count in ASCII digits, got {_length_shown(lengths[0])}")
+        length = int(lengths[0])
+        if length > self.max_body_bytes():
+            raise self.body_too_large(length)
+        expect = self.headers.get("Expect")
+        if expect is not None:
+            if expect.lower() != "100-continue" or self.request_version == "HTTP/1.0":
+                raise HttpError(417, "Expect: only 100-continue (HTTP/1.1) is supported")
+            self.send_response_only(100)
+            self.end_headers()
+        body = self.rfile.read(length) if length else b""
+        if len(body) != length:
+            raise HttpError(400, f"body ended after {len(body)} of {length} bytes (Content-Length)")
+        self.declared_length = length
+        return body
+
+
+# --------------------------------------------------------------------------------------
 # Server
 
 
@@ -273,11 +589,8 @@ class ModelService(Generic[SettingsT, EngineT]):
     answer: Callable[[SettingsT, EngineT, bytes, float], dict[str, Any]]  # body, perf_counter at receipt
 
 
-class ModelServer(ThreadingHTTPServer):
+class ModelServer(StrictServer):
     """HTTP server holding the service, its settings, the admission semaphore and (once loaded) the engine."""
-
-    daemon_threads = True
-    request_queue_size = 128
 
     def __init__(self, service: ModelService[Any, Any], settings: ServerSettings):
         self.service = service
@@ -285,7 +598,13 @@ class ModelServer(ThreadingHTTPServer):
         self.admission = threading.BoundedSemaphore(settings.http.max_in_flight)
         self.engine: Any = None
         self.exit_code = 0
-        super().__init__((settings.http.host, settings.http.port), ModelHandler)
+        limits = settings.http
+        super().__init__(
+            (limits.host, limits.port),
+            ModelHandler,
+            read_deadline_s=limits.read_deadline_s,
+            max_connections=limits.max_connections,
+        )
 
     def load(self) -> None:
         """Load the model in the background; on failure stop the server with a clear message."""
@@ -307,18 +626,10 @@ class ModelServer(ThreadingHTTPServer):
         self.shutdown()
 
 
-class ModelHandler(BaseHTTPRequestHandler):
+class ModelHandler(StrictHandler):
     """The SageMaker container contract: GET /ping, POST /invocations; errors are JSON."""
 
-    protocol_version = "HTTP/1.1"
-    timeout = SOCKET_TIMEOUT_S
     server: ModelServer
-
-    def setup(self) -> None:
-        """Headers and body are separate writes: without TCP_NODELAY, Nagle plus a keep-alive
-        client's delayed ACK add ~40 ms to every answer."""
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def version_string(self) -> str:
         """The Server header: the service's own name and version, then Python's."""
@@ -327,40 +638,18 @@ class ModelHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write(f"{self.server.service.name}: {self.address_string()} {format % args}\n")
 
+    def max_body_bytes(self) -> int:
+        return self.server.settings.http.max_body_bytes
+
+    def body_too_large(self, length: int) -> HttpError:
+        limits = self.server.settings.http
+        return HttpError(
+            413,
+            f"body: {length} bytes is over the limit of {limits.max_body_bytes} bytes ({limits.prefix}_MAX_BODY_BYTES)",
+        )
+
     def _send(self, status: int, payload: dict[str, Any], *, close: bool = False) -> None:
-        body = json.dumps(payload, allow_nan=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        try:
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client left before reading the answer
-            return
-        if close:
-            self._linger()
-
-    def _linger(self) -> None:
-        """Half-close, then discard what the client still sends (bounded), so it reads our answer, not a reset."""
-        try:
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(LINGER_S)
-            deadline, drained = time.monotonic() + LINGER_S, 0
-            while time.monotonic() < deadline and drained < LINGER_BYTES:
-                chunk = self.connection.recv(1 << 16)
-                if not chunk:
-                    break
-                drained += len(chunk)
-        except OSError:
-            pass  # the client went away: nothing left to protect
-
-    def _error(self, error: HttpError, *, close: bool = False) -> None:
-        self._send(error.status, error_payload(error), close=close)
+        self.send_bytes(status, json.dumps(payload, allow_nan=False).encode("utf-8"), close=close)
 
     def _route(self) -> str:
         return urlsplit(self.path).path
@@ -374,89 +663,65 @@ class ModelHandler(BaseHTTPRequestHandler):
             else:
                 self._send(200, {"status": "ok"})
         elif route == "/invocations":
-            self._error(HttpError(405, "/invocations accepts POST only"))
+            self.send_error_answer(HttpError(405, "/invocations accepts POST only", headers={"Allow": "POST"}))
         else:
-            self._error(HttpError(404, f"no route {route!r}; use GET /ping or POST /invocations"))
+            self.send_error_answer(HttpError(404, f"no route {route!r}; use GET /ping or POST /invocations"))
 
     def do_POST(self) -> None:
-        """POST /invocations, behind admission control; the body is unread on early errors."""
+        """POST /invocations, behind admission control, which is taken only once the body is read."""
         route = self._route()
         if route != "/invocations":
             status = 405 if route == "/ping" else 404
-            self._error(HttpError(status, f"no POST route {route!r}; use POST /invocations"), close=True)
+            self.send_error_answer(HttpError(status, f"no POST route {route!r}; use POST /invocations"))
             return
         received = time.perf_counter()
+        try:
+            self._check_body()
+        except HttpError as error:
+            self.send_error_answer(error)
+            return
         if not self.server.admission.acquire(blocking=False):
-            http = self.server.settings.http
-            self._error(
+            limits = self.server.settings.http
+            self.send_error_answer(
                 HttpError(
                     503,
-                    f"overloaded: {http.max_in_flight} requests in flight ({http.prefix}_MAX_IN_FLIGHT); "
+                    f"overloaded: {limits.max_in_flight} requests in flight ({limits.prefix}_MAX_IN_FLIGHT); "
                     "retry with backoff",
                     retryable=True,
-                ),
-                close=True,
+                )
             )
             return
         try:  # the slot is released before the answer is written, so a sequential client never races it
-            status, payload, close = self._invocation(received)
+            status, payload = self._invocation(received)
         finally:
             self.server.admission.release()
-        self._send(status, payload, close=close)
+        self._send(status, payload)
 
-    def _method_not_allowed(self) -> None:
-        self._error(HttpError(405, f"method {self.command} is not supported"), close=True)
-
-    do_PUT = do_DELETE = do_PATCH = _method_not_allowed
-
-    def _invocation(self, received: float) -> tuple[int, dict[str, Any], bool]:
-        """(status, JSON payload, close connection) for one admitted POST /invocations."""
-        try:
-            body = self._read_body()
-        except HttpError as error:
-            return error.status, error_payload(error), True
+    def _invocation(self, received: float) -> tuple[int, dict[str, Any]]:
+        """(status, JSON payload) for one admitted POST /invocations."""
         try:
             engine = self.server.engine
             if engine is None:
                 raise HttpError(503, "model is loading; retry when GET /ping returns 200", retryable=True)
-            return 200, self.server.service.answer(self.server.settings, engine, body, received), False
+            return 200, self.server.service.answer(self.server.settings, engine, self.body, received)
         except HttpError as error:
-            return error.status, error_payload(error), False
+            return error.status, error_payload(error)
         except Exception as exc:  # the contract answers every failure with JSON
             traceback.print_exc(file=sys.stderr)
-            return 500, {"error": f"internal error: {exc}"}, False
+            return 500, {"error": f"internal error: {exc}"}
 
-    def _read_body(self) -> bytes:
-        """Check Content-Type and Content-Length before reading exactly that many bytes."""
+    def _check_body(self) -> None:
+        """The body was read under the framing rules; here: its media type, and that there is one."""
         media_type, _, params = (self.headers.get("Content-Type") or "").partition(";")
         if media_type.strip().lower() != "application/json":
             raise HttpError(415, f"Content-Type must be application/json, got {self.headers.get('Content-Type')!r}")
         charset = params.strip().lower()
         if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
             raise HttpError(415, f"Content-Type charset must be utf-8, got {params.strip()!r}")
-        if self.headers.get("Transfer-Encoding") is not None:
-            raise bad("Transfer-Encoding", "is not supported; send the body with a Content-Length")
-        length_header = self.headers.get("Content-Length")
-        if length_header is None or not length_header.strip().isdigit():
-            raise bad("Content-Length", f"is required and must be a byte count, got {length_header!r}")
-        length = int(length_header)
-        http = self.server.settings.http
-        if length == 0:
+        if self.declared_length is None:
+            raise bad("Content-Length", "is required and must be a byte count, got None")
+        if self.declared_length == 0:
             raise bad("body", self.server.service.empty_body)
-        if length > http.max_body_bytes:
-            raise HttpError(
-                413,
-                f"body: {length} bytes is over the limit of {http.max_body_bytes} bytes ({http.prefix}_MAX_BODY_BYTES)",
-            )
-        try:
-            body = self.rfile.read(length)
-        except TimeoutError:
-            raise bad("body", f"not received within {SOCKET_TIMEOUT_S:.0f}s") from None
-        except OSError as exc:
-            raise bad("body", f"connection failed while reading it ({exc})") from None
-        if len(body) != length:
-            raise bad("body", f"ended after {len(body)} of {length} bytes (Content-Length)")
-        return body
 
 
 def serve(service: ModelService[Any, Any], argv: list[str]) -> int:

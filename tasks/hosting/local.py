@@ -5,6 +5,11 @@ spec and copies' pids/ports/logs) lives in `state_dir/endpoints/<name>.json`, wr
 atomically, so a later command or a resumed pipeline finds and controls what is running.
 Mutations of one endpoint are serialised by a file lock, so two commands never race.
 
+Dead copies: the router takes a copy that stops answering out of rotation and says so in
+its `/ping`; `ensure_endpoint` (which every deploy, invoker and `shiplift endpoints heal` goes
+through) replaces copies whose process died or that the router holds out of rotation, so each
+component is back at its spec's copy count.
+
 Crash safety: copies being started are recorded as `pending` before anyone waits on them and
 replaced copies as `retiring` before the router switches; the next command on the endpoint
 stops whatever is left in either list, and re-syncs the router with the recorded components.
@@ -125,9 +130,10 @@ class CopyRef(ProcessRef):
 
 
 class RouterRef(ProcessRef):
-    """The endpoint's router process."""
+    """The endpoint's router process: its invocation port and its control port (token in the ready file)."""
 
     port: int
+    admin_port: int = 0
 
 
 class ComponentState(BaseModel):
@@ -300,13 +306,21 @@ def _free_port() -> int:
 
 
 def _http(
-    port: int, method: str, path: str, payload: Any = None, timeout: float = ADMIN_TIMEOUT_S
+    port: int,
+    method: str,
+    path: str,
+    payload: Any = None,
+    timeout: float = ADMIN_TIMEOUT_S,
+    token: str | None = None,
 ) -> tuple[int, Any]:
-    """One JSON request to 127.0.0.1:port; raises OSError/HTTPException when unreachable."""
+    """One JSON request to 127.0.0.1:port (with a bearer token for a control port); raises
+    OSError/HTTPException when unreachable."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         body = canonical_json(payload) if payload is not None else None
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
@@ -316,6 +330,18 @@ def _http(
             return response.status, data.decode("utf-8", errors="replace")
     finally:
         conn.close()
+
+
+def _endpoint_status(router_alive: bool, components: dict[str, dict[str, int]]) -> str:
+    """stopped (no router), unhealthy (a component with no copy in rotation), degraded (fewer than
+    its spec asks for) or ok."""
+    if not router_alive:
+        return "stopped"
+    if any(c["in_rotation"] == 0 for c in components.values()):
+        return "unhealthy"
+    if any(c["in_rotation"] < c["copies"] for c in components.values()):
+        return "degraded"
+    return "ok"
 
 
 def _ping(port: int) -> int | None:
@@ -354,11 +380,13 @@ class LocalHosting:
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
 
     # -- public API ----------------------------------------------------------------------------
-    def ensure_endpoint(self, name: str) -> EndpointInfo:
-        """Start the endpoint's router, or find it running, or restart it if it died."""
+    def ensure_endpoint(self, name: str, *, ready_timeout_s: float = 120) -> EndpointInfo:
+        """Start the endpoint's router, or find it running, or restart it if it died; then replace
+        every copy that died or that the router took out of rotation."""
         _check_name("endpoint", name)
         with self._lock(name):
             state, status = self._ensure(name)
+            self._replace_dead_copies(state, ready_timeout_s)
         return self._info(state, status)
 
     def put_component(
@@ -442,9 +470,9 @@ class LocalHosting:
             for comp in state.components.values():
                 copies.extend(comp.copies)
             if state.router is not None:
-                with contextlib.suppress(OSError, http.client.HTTPException):
+                with contextlib.suppress(OSError, http.client.HTTPException, NotReady):
                     if self._router_healthy(state):
-                        _http(state.router.port, "POST", "/_shiplift/shutdown")
+                        self._admin(state, "POST", "shutdown")
                 _stop([state.router], self.stop_grace_s)
             self._stop_copies(copies)
             self._state_path(name).unlink()
@@ -452,7 +480,8 @@ class LocalHosting:
         return True
 
     def describe_endpoint(self, name: str) -> dict[str, Any]:
-        """Live view: is the router up, and per component its spec and each copy's /ping status."""
+        """Live view: is the router up, and per component its spec and each copy's /ping status and
+        place in the router's rotation."""
         state = self._require(name)
         router_alive = state.router is not None and self._router_healthy(state)
         registered: dict[str, Any] = {}
@@ -461,13 +490,18 @@ class LocalHosting:
         components = {}
         for cname, comp in sorted(state.components.items()):
             urls = sorted(c.url for c in comp.copies)
-            live_urls = sorted(c["url"] for c in registered.get(cname, {}).get("copies", []))
+            live = {c["url"]: c for c in registered.get(cname, {}).get("copies", [])}
             components[cname] = {
                 "spec": comp.spec.model_dump(mode="json"),
                 "spec_sha256": comp.spec_sha256,
-                "registered": bool(urls) and urls == live_urls,
+                "registered": bool(urls) and urls == sorted(live),
                 "copies": [
-                    {**c.model_dump(mode="json"), "alive": _alive(c), "ping": _ping(c.port)}
+                    {
+                        **c.model_dump(mode="json"),
+                        "alive": _alive(c),
+                        "ping": _ping(c.port),
+                        "in_rotation": live.get(c.url, {}).get("healthy", False),
+                    }
                     for c in comp.copies
                 ],
             }
@@ -480,18 +514,30 @@ class LocalHosting:
         }
 
     def list_endpoints(self) -> list[dict[str, Any]]:
-        """Every endpoint in the state folder: name, URL, router alive?, component names."""
+        """Every endpoint in the state folder: name, URL, router alive?, status (ok, degraded,
+        unhealthy or stopped) and per component its copies in rotation out of its spec's count."""
         result = []
         for path in sorted((self.state_dir / "endpoints").glob("*.json")):
             state = self._load(path.stem)
             if state is None:
                 continue
+            alive = state.router is not None and self._router_healthy(state)
+            health: dict[str, Any] = {}
+            if alive:
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    answer = _http(state.router.port, "GET", "/ping", timeout=PING_TIMEOUT_S)[1]
+                    health = answer.get("components", {}) if isinstance(answer, dict) else {}
+            components = {
+                cname: {"in_rotation": health.get(cname, {}).get("healthy", 0), "copies": comp.spec.copies}
+                for cname, comp in sorted(state.components.items())
+            }
             result.append(
                 {
                     "name": state.name,
                     "url": self._url(state),
-                    "router_alive": state.router is not None and self._router_healthy(state),
-                    "components": sorted(state.components),
+                    "router_alive": alive,
+                    "status": _endpoint_status(alive, components),
+                    "components": components,
                 }
             )
         return result
@@ -630,11 +676,11 @@ class LocalHosting:
 
     def _router_healthy(self, state: EndpointState) -> bool:
         assert state.router is not None
-        if not _alive(state.router):
+        if not _alive(state.router) or not state.router.admin_port:
             return False
         try:
-            code, body = _http(state.router.port, "GET", "/_shiplift/state", timeout=2.0)
-        except (OSError, http.client.HTTPException):
+            code, body = self._admin(state, "GET", "state", timeout=2.0)
+        except NotReady:
             return False
         return (
             code == 200
@@ -685,7 +731,7 @@ class LocalHosting:
             with contextlib.suppress(FileNotFoundError, ValueError):
                 info = json.loads(ready.read_text(encoding="utf-8"))
                 if info.get("pid") == proc.pid:
-                    return ref.model_copy(update={"port": int(info["port"])})
+                    return ref.model_copy(update={"port": int(info["port"]), "admin_port": int(info["admin_port"])})
             if time.monotonic() > deadline:
                 _stop([ref], self.stop_grace_s)
                 raise NotReady(
@@ -696,12 +742,15 @@ class LocalHosting:
             time.sleep(POLL_S)
 
     def _admin(
-        self, state: EndpointState, method: str, path: str, payload: Any = None
+        self, state: EndpointState, method: str, path: str, payload: Any = None, timeout: float = ADMIN_TIMEOUT_S
     ) -> tuple[int, Any]:
+        """One request to the router's control port, with the token from its 0600 ready file."""
         assert state.router is not None
         try:
-            return _http(state.router.port, method, "/_shiplift/" + path, payload)
-        except (OSError, http.client.HTTPException) as exc:
+            info = json.loads(self._ready_path(state.name).read_text(encoding="utf-8"))
+            token = str(info["admin_token"])
+            return _http(state.router.admin_port, method, "/_shiplift/" + path, payload, timeout, token)
+        except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
             raise NotReady(
                 f"router of endpoint {state.name} did not answer {method} {path}: {exc!r}",
                 fix=f"run ensure_endpoint({state.name!r}); see {state.router.log}",
@@ -709,10 +758,7 @@ class LocalHosting:
 
     def _register(self, state: EndpointState, component: str) -> None:
         comp = state.components[component]
-        payload = {
-            "spec": {"spec_sha256": comp.spec_sha256, **comp.spec.model_dump(mode="json")},
-            "copies": [c.url for c in comp.copies],
-        }
+        payload = {"spec_sha256": comp.spec_sha256, "copies": [c.url for c in comp.copies]}
         status, body = self._admin(state, "PUT", f"components/{component}", payload)
         if status != 200:
             raise Conflict(
@@ -728,10 +774,35 @@ class LocalHosting:
         for cname, comp in sorted(state.components.items()):
             urls = sorted(c.url for c in comp.copies)
             live = sorted(c["url"] for c in registered.get(cname, {}).get("copies", []))
-            if urls and urls != live:
+            spec_changed = registered.get(cname, {}).get("spec_sha256") != comp.spec_sha256
+            if urls and (urls != live or spec_changed):
                 self._register(state, cname)
             elif not urls and cname in registered:
                 self._admin(state, "DELETE", f"components/{cname}")
+
+    def _replace_dead_copies(self, state: EndpointState, ready_timeout_s: float) -> None:
+        """Under the lock: bring every component back to its spec's copy count with fresh copies, in
+        place of those whose process died or that the router holds out of rotation."""
+        registered = self._admin(state, "GET", "state")[1]["components"]
+        for cname, comp in sorted(state.components.items()):
+            in_rotation = {c["url"] for c in registered.get(cname, {}).get("copies", []) if c["healthy"]}
+            keep = [c for c in comp.copies if _alive(c) and c.url in in_rotation]
+            missing = comp.spec.copies - len(keep)
+            if missing <= 0:
+                continue
+            sys.stderr.write(
+                f"endpoint {state.name}: component {cname} has {len(keep)} of {comp.spec.copies} copies "
+                f"in rotation; starting {missing}\n"
+            )
+            fresh = self._start_copies(state, state.name, cname, comp.spec, ready_timeout_s, count=missing)
+            state.retiring = [c for c in comp.copies if c not in keep]
+            comp.copies = keep + fresh
+            state.pending = []
+            self._save(state)
+            self._register(state, cname)
+            self._stop_copies(state.retiring)
+            state.retiring = []
+            self._save(state)
 
     # -- copies ------------------------------------------------------------------------------
     def _serving(self, current: ComponentState, digest: str, copies: int) -> bool:
@@ -752,14 +823,17 @@ class LocalHosting:
         component: str,
         spec: ProcessSpec,
         ready_timeout_s: float,
+        *,
+        count: int | None = None,
     ) -> list[CopyRef]:
-        """Spawn the copies (recorded as pending first) and wait for every /ping to say 200."""
+        """Spawn `count` copies (the spec's count by default; recorded as pending first) and wait for
+        every /ping to say 200."""
         generation = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         log_dir = self.state_dir / "logs" / endpoint
         log_dir.mkdir(parents=True, exist_ok=True)
         procs: list[subprocess.Popen] = []
         try:
-            for index in range(spec.copies):
+            for index in range(spec.copies if count is None else count):
                 port = _free_port()
                 log = log_dir / f"{component}-{generation}-{index}.log"
                 env = {**os.environ, **spec.env, spec.port_env: str(port)}

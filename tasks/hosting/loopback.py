@@ -105,8 +105,10 @@ class LoopbackHosting:
         return removed
 
     def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> HttpInvoker:
-        """The router's runtime URL (NotFound when the endpoint does not exist), its errors unwrapped as on aws."""
-        return HttpInvoker(self.processes.endpoint_url(endpoint), component, runtime=True)
+        """The router's runtime URL (NotFound when the endpoint does not exist), its errors unwrapped as on aws;
+        dead copies are replaced first, so an evaluation never runs against a degraded endpoint."""
+        self.processes.endpoint_url(endpoint)
+        return HttpInvoker(self.processes.ensure_endpoint(endpoint).url, component, runtime=True)
 
     def managed_resources(self, prefix: str) -> list[ManagedResource]:
         """The local endpoints named with the prefix (every local endpoint is shiplift's)."""

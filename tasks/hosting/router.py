@@ -1,29 +1,38 @@
 """The local endpoint process: the SageMaker runtime API in front of model-server copies.
 
-Run as `python -m tasks.hosting.router --name NAME --port 0 --state-file FILE`. It serves
+Run as `python -m tasks.hosting.router --name NAME --port 0 --state-file FILE`. On its
+invocation port it serves
 
 - `POST /endpoints/{EndpointName}/invocations` in the shape botocore's `sagemaker-runtime`
   client expects (restjson; errors carry `x-amzn-ErrorType` and a JSON `Message`), honouring
   `X-Amzn-SageMaker-Inference-Component`;
-- the container contract directly: `GET /ping`, `POST /invocations` (model answers verbatim);
-- a loopback admin API under `/_shiplift/`: `PUT|DELETE components/{name}`, `GET state`,
-  `GET metrics`, `POST shutdown`.
+- the container contract directly: `GET /ping`, `POST /invocations` (model answers verbatim).
 
-Each request goes to the copy of the component with the fewest outstanding requests. The
-router keeps its components in memory only; `tasks.hosting.local` persists them and registers
-them again after a restart. Stdlib only, so it starts in a fraction of a second.
+Control lives on a second loopback port that answers only requests carrying the bearer token
+the router writes, with its ports, into the state file (mode 0600, so only the state
+directory's user can read it): `PUT|DELETE /_shiplift/components/{name}`, `GET
+/_shiplift/state`, `GET /_shiplift/metrics`, `POST /_shiplift/shutdown`. Components are
+registered by spec hash and copy URLs only; no command or environment reaches the router.
+
+Each request goes to the healthy copy with the fewest outstanding requests. A copy whose
+`/ping` fails twice in a row, or that refuses or breaks a forwarded request, leaves rotation
+until its `/ping` answers 200 again; `/ping` of the router says so. The router keeps its
+components in memory only; `tasks.hosting.local` persists them, registers them again after a
+restart and replaces dead copies. Stdlib only (plus `images/common/sagemaker_http.py`, the
+HTTP framing every shiplift server shares), so it starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import http.client
 import itertools
 import json
 import os
 import re
+import secrets
 import signal
-import socket
 import sys
 import threading
 import time
@@ -31,11 +40,15 @@ import urllib.parse
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from tasks.atomic import write_json_atomic
-from typing import Any
+
+_COMMON = str(Path(__file__).resolve().parents[2] / "images" / "common")
+if _COMMON not in sys.path:
+    sys.path.append(_COMMON)
+from sagemaker_http import HttpError, StrictHandler, StrictServer, parse_json_object  # noqa: E402
 
 COMPONENT_HEADER = "X-Amzn-SageMaker-Inference-Component"
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
@@ -47,6 +60,9 @@ LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 300
 LATENCY_WINDOW = 4096
 ADMIN_MAX_BODY_BYTES = 1 << 20
 PING_TIMEOUT_S = 2.0
+HEALTH_INTERVAL_S = 1.0
+FAILED_CHECKS_TO_DOWN = 2  # consecutive failed /ping checks that take a copy out of rotation
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def name_problem(name: object) -> str | None:
@@ -75,22 +91,41 @@ class Rejected(Exception):
 
 @dataclass
 class Copy:
-    """One running model-server copy and its live load."""
+    """One running model-server copy, its live load and its health."""
 
     url: str
     host: str
     port: int
     outstanding: int = 0
     served: int = 0
+    healthy: bool = True
+    failed_checks: int = 0
+    problem: str = ""  # why it is out of rotation
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "outstanding": self.outstanding,
+            "served": self.served,
+            "healthy": self.healthy,
+            "problem": self.problem,
+        }
 
 
 @dataclass
 class Component:
-    """An inference component: its spec (opaque here) and its copies."""
+    """An inference component: the hash of its spec and its copies."""
 
     name: str
-    spec: dict[str, Any]
+    spec_sha256: str
     copies: list[Copy]
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "healthy": sum(c.healthy for c in self.copies),
+            "copies": len(self.copies),
+            "down": {c.url: c.problem for c in self.copies if not c.healthy},
+        }
 
 
 @dataclass
@@ -174,7 +209,7 @@ def parse_copy_url(url: object) -> tuple[str, int]:
 
 
 class Router:
-    """In-memory components, least-outstanding routing, upstream calls and metrics."""
+    """In-memory components, health-aware least-outstanding routing, upstream calls and metrics."""
 
     def __init__(
         self,
@@ -184,6 +219,7 @@ class Router:
         connect_timeout_s: float,
         max_body_bytes: int,
         max_in_flight: int,
+        health_interval_s: float = HEALTH_INTERVAL_S,
     ):
         self.name = name
         self.port = 0
@@ -191,15 +227,17 @@ class Router:
         self.connect_timeout_s = connect_timeout_s
         self.max_body_bytes = max_body_bytes
         self.max_in_flight = max_in_flight
+        self.health_interval_s = health_interval_s
         self.in_flight = threading.BoundedSemaphore(max_in_flight)
         self.lock = threading.Lock()
         self.components: dict[str, Component] = {}
         self.metrics: dict[str, ComponentMetrics] = {}
         self.rejected: dict[str, int] = {}
         self.rotation = itertools.count()
+        self.stopping = threading.Event()
 
     # -- components -------------------------------------------------------------------------
-    def put_component(self, name: str, spec: dict[str, Any], urls: list[str]) -> bool:
+    def put_component(self, name: str, spec_sha256: str, urls: list[str]) -> bool:
         """Register or replace a component's copies at once; True when it replaced one."""
         copies = []
         for url in urls:
@@ -207,7 +245,7 @@ class Router:
             copies.append(Copy(url=url.rstrip("/"), host=host, port=port))
         with self.lock:
             replaced = name in self.components
-            self.components[name] = Component(name=name, spec=spec, copies=copies)
+            self.components[name] = Component(name=name, spec_sha256=spec_sha256, copies=copies)
             self.metrics.setdefault(name, ComponentMetrics())
         return replaced
 
@@ -252,11 +290,50 @@ class Router:
         with self.lock:
             self.rejected[code] = self.rejected.get(code, 0) + 1
 
+    # -- health -----------------------------------------------------------------------------
+    def _mark(self, copy: Copy, answered_ok: bool, problem: str, *, at_once: bool) -> None:
+        """Record a check or forward outcome; a copy leaves rotation at once or after repeated failed checks."""
+        with self.lock:
+            if answered_ok:
+                copy.healthy, copy.failed_checks, copy.problem = True, 0, ""
+                return
+            copy.failed_checks += 1
+            if at_once or copy.failed_checks >= FAILED_CHECKS_TO_DOWN:
+                if copy.healthy:
+                    sys.stderr.write(f"router {self.name}: copy {copy.url} out of rotation: {problem}\n")
+                copy.healthy, copy.problem = False, problem
+
+    def check_health(self) -> None:
+        """Ping every registered copy once and update its place in rotation."""
+        with self.lock:
+            copies = [c for comp in self.components.values() for c in comp.copies]
+        for copy in copies:
+            result = self._call(copy, "GET", "/ping", None, {})
+            ok = result.failure is None and result.status == 200
+            problem = result.detail if result.failure else f"GET /ping answered {result.status}"
+            self._mark(copy, ok, problem, at_once=result.failure == "unreachable")
+
+    def watch_health(self) -> None:
+        """Check health every `health_interval_s` until the router stops (runs on its own thread)."""
+        while not self.stopping.wait(self.health_interval_s):
+            self.check_health()
+
+    def ping_view(self) -> tuple[int, dict[str, Any]]:
+        """The router's /ping: 200 while every component has a healthy copy; says which copies are down."""
+        with self.lock:
+            health = {name: comp.health() for name, comp in sorted(self.components.items())}
+        if not health:
+            return 503, {"status": "unhealthy", "error": "no component is registered"}
+        if any(h["healthy"] == 0 for h in health.values()):
+            return 503, {"status": "unhealthy", "components": health}
+        degraded = any(h["healthy"] < h["copies"] for h in health.values())
+        return 200, {"status": "degraded" if degraded else "ok", "components": health}
+
     # -- routing ----------------------------------------------------------------------------
     def _acquire(self, component: Component, tried: set[str]) -> Copy | None:
-        """Take the untried copy with the fewest outstanding requests (ties rotate)."""
+        """Take the healthy untried copy with the fewest outstanding requests (ties rotate)."""
         with self.lock:
-            candidates = [c for c in component.copies if c.url not in tried]
+            candidates = [c for c in component.copies if c.healthy and c.url not in tried]
             if not candidates:
                 return None
             offset = next(self.rotation)
@@ -266,39 +343,43 @@ class Router:
             chosen.outstanding += 1
             return chosen
 
-    def _release(self, copy: Copy, served: bool) -> None:
+    def _release(self, copy: Copy, answered: bool) -> None:
         with self.lock:
             copy.outstanding -= 1
-            copy.served += served
+            copy.served += answered
 
-    def forward(
-        self, component: Component, method: str, path: str, body: bytes | None, headers: dict
-    ) -> Upstream:
-        """Send one request to the least-loaded copy; a refused connection tries the next."""
+    def forward(self, component: Component, body: bytes, headers: dict) -> Upstream:
+        """POST one invocation to the least-loaded healthy copy; a refused connection tries the next.
+        A copy that refuses or breaks the request leaves rotation until its /ping recovers."""
         tried: set[str] = set()
         started = time.monotonic()
-        result = Upstream(copy_url=None, failure="unreachable", detail="no copy is registered")
+        with self.lock:
+            down = [c.url for c in component.copies if not c.healthy]
+        result = Upstream(
+            copy_url=None,
+            failure="unreachable",
+            detail=f"no healthy copy of component {component.name} (out of rotation: {', '.join(down) or 'none'})",
+        )
         while True:
             copy = self._acquire(component, tried)
             if copy is None:
                 break
             tried.add(copy.url)
             try:
-                result = self._call(copy, method, path, body, headers)
+                result = self._call(copy, "POST", "/invocations", body, headers)
             finally:
-                self._release(copy, served=method == "POST")
+                self._release(copy, answered=result.failure is None and result.copy_url == copy.url)
+            if result.failure in ("unreachable", "broken"):
+                self._mark(copy, False, result.detail, at_once=True)
             if result.failure != "unreachable":
                 break
-        if method == "POST":
-            with self.lock:
-                self.metrics.setdefault(component.name, ComponentMetrics()).record(
-                    result.status, (time.monotonic() - started) * 1000.0
-                )
+        with self.lock:
+            self.metrics.setdefault(component.name, ComponentMetrics()).record(
+                result.status, (time.monotonic() - started) * 1000.0
+            )
         return result
 
-    def _call(
-        self, copy: Copy, method: str, path: str, body: bytes | None, headers: dict
-    ) -> Upstream:
+    def _call(self, copy: Copy, method: str, path: str, body: bytes | None, headers: dict) -> Upstream:
         timeout = PING_TIMEOUT_S if method == "GET" else self.invoke_timeout_s
         conn = http.client.HTTPConnection(copy.host, copy.port, timeout=self.connect_timeout_s)
         try:
@@ -337,20 +418,14 @@ class Router:
 
     # -- views ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """JSON view of the router and its components' copies."""
+        """JSON view of the router and its components' copies (spec hashes only, no environment)."""
         with self.lock:
             return {
                 "name": self.name,
                 "pid": os.getpid(),
                 "port": self.port,
                 "components": {
-                    name: {
-                        "spec": comp.spec,
-                        "copies": [
-                            {"url": c.url, "outstanding": c.outstanding, "served": c.served}
-                            for c in comp.copies
-                        ],
-                    }
+                    name: {"spec_sha256": comp.spec_sha256, "copies": [c.view() for c in comp.copies]}
                     for name, comp in sorted(self.components.items())
                 },
             }
@@ -365,101 +440,74 @@ class Router:
             }
 
 
-class RouterServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer that carries the Router and a generous listen backlog."""
+class RouterServer(StrictServer):
+    """A strict HTTP server that carries the Router (the invocation port and the admin port alike)."""
 
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], router: Router):
+    def __init__(self, address: tuple[str, int], handler: type[StrictHandler], router: Router, **limits: Any):
         self.router = router
-        super().__init__(address, Handler)
+        super().__init__(address, handler, **limits)
 
 
-class Handler(BaseHTTPRequestHandler):
-    """HTTP/1.1 front door: SageMaker runtime, container contract and admin routes."""
+def _sagemaker_error(rejected: Rejected) -> tuple[bytes, dict[str, str]]:
+    return json.dumps({"Message": rejected.message}).encode(), {"x-amzn-ErrorType": rejected.code}
 
-    protocol_version = "HTTP/1.1"
+
+def _as_rejected(error: HttpError) -> Rejected:
+    code = "ServiceUnavailable" if error.status == 503 else "ValidationError"
+    return Rejected(error.status, code, str(error))
+
+
+class RouterHandler(StrictHandler):
+    """Shared plumbing of the router's two ports."""
+
     server_version = "shiplift-router/1"
-    timeout = 120  # seconds a client may idle or trickle before its connection is closed
     server: RouterServer
-
-    # -- plumbing ---------------------------------------------------------------------------
-    def setup(self) -> None:
-        """Headers and body go out in separate writes: without TCP_NODELAY, Nagle plus the client's
-        delayed ACK stall every keep-alive response by ~40 ms."""
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         sys.stderr.write(f"{self.log_date_time_string()} {format % args}\n")
 
-    def _send(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str | None = "application/json",
-        headers: dict[str, str] | None = None,
-        close: bool = False,
-    ) -> None:
-        self.send_response(status)
-        if content_type:
-            self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
-
     def _json(self, status: int, payload: Any, close: bool = False) -> None:
-        self._send(status, json.dumps(payload).encode(), close=close)
+        self.send_bytes(status, json.dumps(payload).encode(), close=close)
+
+    def _path(self) -> str:
+        return urllib.parse.urlsplit(self.path).path
+
+
+class Handler(RouterHandler):
+    """The invocation port: SageMaker runtime and the container contract, nothing else."""
+
+    def max_body_bytes(self) -> int:
+        return self.server.router.max_body_bytes
+
+    def body_too_large(self, length: int) -> HttpError:
+        return HttpError(413, f"Request body is {length} bytes; this endpoint accepts at most {self.max_body_bytes()}.")
+
+    @classmethod
+    def error_answer(cls, error: HttpError, path: str | None) -> tuple[bytes, dict[str, str]]:
+        """SageMaker's runtime shape on its routes (and before a route is known), the container's elsewhere."""
+        if path is None or path.startswith("/endpoints/"):
+            return _sagemaker_error(_as_rejected(error))
+        return super().error_answer(error, path)
+
+    def send_error_answer(self, error: HttpError, *, close: bool = False) -> None:
+        self.server.router.count_rejection(_as_rejected(error).code)
+        super().send_error_answer(error, close=close)
 
     def _reject(self, rejected: Rejected, sagemaker: bool, close: bool = False) -> None:
         """Answer a router-level refusal in SageMaker's error shape or the container's."""
         self.server.router.count_rejection(rejected.code)
         if sagemaker:
-            self._send(
-                rejected.status,
-                json.dumps({"Message": rejected.message}).encode(),
-                headers={"x-amzn-ErrorType": rejected.code},
-                close=close,
-            )
+            body, headers = _sagemaker_error(rejected)
+            self.send_bytes(rejected.status, body, headers=headers, close=close)
         else:
             self._json(rejected.status, {"error": rejected.message}, close=close)
 
-    def _read_body(self, limit: int) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            raise Rejected(411, "ValidationError", "Send the body with a Content-Length header.")
-        raw = self.headers.get("Content-Length", "0")
-        try:
-            length = int(raw)
-        except ValueError:
-            raise Rejected(400, "ValidationError", f"Content-Length {raw!r} is not a number.")
-        if length < 0 or length > limit:
-            raise Rejected(
-                413,
-                "ValidationError",
-                f"Request body is {length} bytes; this endpoint accepts at most {limit}.",
-            )
-        return self.rfile.read(length)
-
-    def _path(self) -> str:
-        return urllib.parse.urlsplit(self.path).path
-
-    # -- verbs ------------------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
         path = self._path()
         if path == "/ping":
-            self._ping()
-        elif path == ADMIN_PREFIX + "state":
-            self._json(200, self.server.router.state())
-        elif path == ADMIN_PREFIX + "metrics":
-            self._json(200, self.server.router.metrics_view())
+            self._json(*self.server.router.ping_view())
         else:
-            self._json(404, {"error": f"no route GET {path}"})
+            self._json(404, {"error": f"no route GET {path}; use GET /ping or POST /invocations"})
 
     def do_POST(self) -> None:  # noqa: N802
         path = self._path()
@@ -468,114 +516,45 @@ class Handler(BaseHTTPRequestHandler):
             self._invoke(urllib.parse.unquote(match.group(1)), sagemaker=True)
         elif path == "/invocations":
             self._invoke(None, sagemaker=False)
-        elif path == ADMIN_PREFIX + "shutdown":
-            self._json(200, {"stopping": self.server.router.name}, close=True)
-            threading.Thread(target=self.server.shutdown, daemon=True).start()
         else:
-            self._json(404, {"error": f"no route POST {path}"}, close=True)
-
-    def do_PUT(self) -> None:  # noqa: N802
-        path = self._path()
-        name = self._admin_component_name(path)
-        if name is None:
-            return
-        try:
-            payload = json.loads(self._read_body(ADMIN_MAX_BODY_BYTES) or b"null")
-        except Rejected as exc:
-            self._json(exc.status, {"error": exc.message}, close=True)
-            return
-        except ValueError as exc:
-            self._json(400, {"error": f"body is not JSON: {exc}"})
-            return
-        problem = _component_payload_problem(payload)
-        if problem:
-            self._json(400, {"error": problem})
-            return
-        try:
-            replaced = self.server.router.put_component(name, payload["spec"], payload["copies"])
-        except ValueError as exc:
-            self._json(400, {"error": str(exc)})
-            return
-        self._json(200, {"component": name, "copies": len(payload["copies"]), "replaced": replaced})
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        path = self._path()
-        name = self._admin_component_name(path)
-        if name is None:
-            return
-        if self.server.router.delete_component(name):
-            self._json(200, {"deleted": name})
-        else:
-            self._json(404, {"error": f"component {name} is not registered"})
-
-    # -- handlers ---------------------------------------------------------------------------
-    def _admin_component_name(self, path: str) -> str | None:
-        prefix = ADMIN_PREFIX + "components/"
-        if not path.startswith(prefix):
-            self._json(404, {"error": f"no route {self.command} {path}"}, close=True)
-            return None
-        name = urllib.parse.unquote(path[len(prefix) :])
-        problem = name_problem(name)
-        if problem:
-            self._json(400, {"error": problem}, close=True)
-            return None
-        return name
-
-    def _ping(self) -> None:
-        router = self.server.router
-        with router.lock:
-            components = list(router.components.values())
-        if not components:
-            self._json(503, {"status": "unhealthy", "error": "no component is registered"})
-            return
-        health = {}
-        for component in components:
-            result = router.forward(component, "GET", "/ping", None, {})
-            health[component.name] = result.status == 200
-        ok = all(health.values())
-        self._json(
-            200 if ok else 503, {"status": "ok" if ok else "unhealthy", "components": health}
-        )
+            self._json(404, {"error": f"no route POST {path}; use POST /invocations"})
 
     def _invoke(self, endpoint_name: str | None, sagemaker: bool) -> None:
         router = self.server.router
-        if not router.in_flight.acquire(blocking=False):
+        try:
+            if endpoint_name is not None and endpoint_name != router.name:
+                raise Rejected(400, "ValidationError", f"Endpoint {endpoint_name} not found.")
+            component = router.resolve(self.headers.get(COMPONENT_HEADER))
+        except Rejected as exc:
+            self._reject(exc, sagemaker)
+            return
+        if not router.in_flight.acquire(blocking=False):  # taken only now that the body is read
             self._reject(
                 Rejected(
                     503,
                     "ServiceUnavailable",
-                    f"Endpoint {router.name} has {router.max_in_flight} requests in flight; "
-                    "retry with backoff.",
+                    f"Endpoint {router.name} has {router.max_in_flight} requests in flight; retry with backoff.",
                 ),
                 sagemaker,
-                close=True,
             )
             return
         try:
-            try:
-                if endpoint_name is not None and endpoint_name != router.name:
-                    raise Rejected(400, "ValidationError", f"Endpoint {endpoint_name} not found.")
-                body = self._read_body(router.max_body_bytes)
-                component = router.resolve(self.headers.get(COMPONENT_HEADER))
-            except Rejected as exc:
-                self._reject(exc, sagemaker, close=True)
-                return
             headers = {"Content-Type": self.headers.get("Content-Type", "application/json")}
             for key in ("Accept", CUSTOM_ATTRIBUTES_HEADER):
                 if self.headers.get(key):
                     headers[key] = self.headers[key]
-            result = router.forward(component, "POST", "/invocations", body, headers)
-            if sagemaker:
-                self._answer_sagemaker(component, result)
-            else:
-                self._answer_container(result)
+            result = router.forward(component, self.body, headers)
         finally:
             router.in_flight.release()
+        if sagemaker:
+            self._answer_sagemaker(component, result)
+        else:
+            self._answer_container(result)
 
     def _answer_container(self, result: Upstream) -> None:
         """Container contract: the model's answer verbatim; transport failures as JSON."""
         if result.failure is None:
-            self._send(result.status, result.body, result.content_type)
+            self.send_bytes(result.status, result.body, result.content_type)
             return
         status = {"timeout": 504, "unreachable": 503, "broken": 502}[result.failure]
         self._json(status, {"error": result.detail, "retryable": result.failure == "unreachable"})
@@ -588,7 +567,7 @@ class Handler(BaseHTTPRequestHandler):
             headers["x-Amzn-Invoked-Production-Variant"] = "AllTraffic"
             if result.custom_attributes:
                 headers[CUSTOM_ATTRIBUTES_HEADER] = result.custom_attributes
-            self._send(200, result.body, result.content_type or "application/octet-stream", headers)
+            self.send_bytes(200, result.body, result.content_type or "application/octet-stream", headers)
             return
         original = result.body.decode("utf-8", errors="replace")
         where = f"component {component.name} copy {result.copy_url}"
@@ -617,19 +596,110 @@ class Handler(BaseHTTPRequestHandler):
                 "OriginalMessage": original,
             }
         headers["x-amzn-ErrorType"] = code
-        self._send(status, json.dumps(payload).encode(), "application/json", headers)
+        self.send_bytes(status, json.dumps(payload).encode(), "application/json", headers)
 
 
-def _component_payload_problem(payload: Any) -> str | None:
-    """Why an admin PUT body is not `{"spec": {...}, "copies": [url, ...]}`, or None."""
-    if not isinstance(payload, dict):
-        return 'body must be a JSON object {"spec": {...}, "copies": ["http://127.0.0.1:PORT"]}'
-    extra = sorted(set(payload) - {"spec", "copies"})
-    missing = sorted({"spec", "copies"} - set(payload))
+class AdminHandler(RouterHandler):
+    """The control port: every request must carry `Authorization: Bearer <token from the state file>`."""
+
+    allowed_methods = ("GET", "PUT", "DELETE", "POST")
+    token: str = ""  # set once by main before the admin server starts
+
+    def max_body_bytes(self) -> int:
+        return ADMIN_MAX_BODY_BYTES
+
+    def _authorised(self) -> bool:
+        scheme, _, presented = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme == "Bearer" and hmac.compare_digest(presented.encode(), self.token.encode()):
+            return True
+        self.send_error_answer(
+            HttpError(
+                401,
+                "the control API needs Authorization: Bearer <admin_token from the router's state file>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        )
+        return False
+
+    def _route(self, method: str) -> str | None:
+        """The admin path below /_shiplift/, once the caller is authorised; None when answered."""
+        path = self._path()
+        if not self._authorised():
+            return None
+        if not path.startswith(ADMIN_PREFIX):
+            self._json(404, {"error": f"no route {method} {path}"})
+            return None
+        return path[len(ADMIN_PREFIX) :]
+
+    def do_GET(self) -> None:  # noqa: N802
+        route = self._route("GET")
+        if route == "state":
+            self._json(200, self.server.router.state())
+        elif route == "metrics":
+            self._json(200, self.server.router.metrics_view())
+        elif route is not None:
+            self._json(404, {"error": f"no route GET {ADMIN_PREFIX}{route}"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        route = self._route("POST")
+        if route == "shutdown":
+            self._json(200, {"stopping": self.server.router.name}, close=True)
+            self.server.router.stopping.set()
+        elif route is not None:
+            self._json(404, {"error": f"no route POST {ADMIN_PREFIX}{route}"})
+
+    def do_PUT(self) -> None:  # noqa: N802
+        name = self._component_name("PUT")
+        if name is None:
+            return
+        try:
+            payload = parse_json_object(self.body)
+        except HttpError as exc:
+            self._json(exc.status, {"error": str(exc)})
+            return
+        problem = _component_payload_problem(payload)
+        if problem:
+            self._json(400, {"error": problem})
+            return
+        try:
+            replaced = self.server.router.put_component(name, payload["spec_sha256"], payload["copies"])
+        except ValueError as exc:
+            self._json(400, {"error": str(exc)})
+            return
+        self._json(200, {"component": name, "copies": len(payload["copies"]), "replaced": replaced})
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        name = self._component_name("DELETE")
+        if name is None:
+            return
+        if self.server.router.delete_component(name):
+            self._json(200, {"deleted": name})
+        else:
+            self._json(404, {"error": f"component {name} is not registered"})
+
+    def _component_name(self, method: str) -> str | None:
+        route = self._route(method)
+        if route is None:
+            return None
+        if not route.startswith("components/"):
+            self._json(404, {"error": f"no route {method} {ADMIN_PREFIX}{route}"})
+            return None
+        name = urllib.parse.unquote(route.removeprefix("components/"))
+        problem = name_problem(name)
+        if problem:
+            self._json(400, {"error": problem})
+            return None
+        return name
+
+
+def _component_payload_problem(payload: dict[str, Any]) -> str | None:
+    """Why an admin PUT body is not `{"spec_sha256": HEX, "copies": [url, ...]}`, or None."""
+    extra = sorted(set(payload) - {"spec_sha256", "copies"})
+    missing = sorted({"spec_sha256", "copies"} - set(payload))
     if extra or missing:
-        return f"body keys must be exactly spec and copies (extra: {extra}, missing: {missing})"
-    if not isinstance(payload["spec"], dict):
-        return "spec must be a JSON object"
+        return f"body keys must be exactly spec_sha256 and copies (extra: {extra}, missing: {missing})"
+    if not isinstance(payload["spec_sha256"], str) or not SHA256_HEX.fullmatch(payload["spec_sha256"]):
+        return "spec_sha256 must be 64 lowercase hex characters"
     copies = payload["copies"]
     if not isinstance(copies, list) or not copies:
         return "copies must be a non-empty list of copy URLs"
@@ -639,7 +709,7 @@ def _component_payload_problem(payload: Any) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve one endpoint until POST /_shiplift/shutdown or SIGTERM."""
+    """Serve one endpoint until POST /_shiplift/shutdown (control port) or SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m tasks.hosting.router")
     parser.add_argument("--name", required=True)
     parser.add_argument("--port", type=int, required=True, help="0 picks a free port")
@@ -648,11 +718,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout-s", type=float, default=2.0)
     parser.add_argument("--max-body-bytes", type=int, default=6 * 1024 * 1024)
     parser.add_argument("--max-in-flight", type=int, default=128)
+    parser.add_argument("--read-deadline-s", type=float, default=30.0, help="seconds a client has to send a request")
+    parser.add_argument("--max-connections", type=int, default=512)
+    parser.add_argument("--health-interval-s", type=float, default=HEALTH_INTERVAL_S)
     args = parser.parse_args(argv)
     problem = name_problem(args.name)
     if problem:
         parser.error(problem)
-    for flag in ("invoke_timeout_s", "connect_timeout_s", "max_body_bytes", "max_in_flight"):
+    for flag in (
+        "invoke_timeout_s",
+        "connect_timeout_s",
+        "max_body_bytes",
+        "max_in_flight",
+        "read_deadline_s",
+        "max_connections",
+        "health_interval_s",
+    ):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')} must be > 0")
     router = Router(
@@ -661,22 +742,51 @@ def main(argv: list[str] | None = None) -> int:
         connect_timeout_s=args.connect_timeout_s,
         max_body_bytes=args.max_body_bytes,
         max_in_flight=args.max_in_flight,
+        health_interval_s=args.health_interval_s,
     )
-    server = RouterServer(("127.0.0.1", args.port), router)
+    limits = {"read_deadline_s": args.read_deadline_s, "max_connections": args.max_connections}
+    server = RouterServer(("127.0.0.1", args.port), Handler, router, **limits)
+    AdminHandler.token = secrets.token_urlsafe(32)
+    admin = RouterServer(("127.0.0.1", 0), AdminHandler, router, **limits)
     router.port = server.server_address[1]
-    signal.signal(
-        signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()
-    )
+
+    def stop(*_: Any) -> None:
+        router.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    workers = [
+        threading.Thread(target=target, name=name, daemon=True)
+        for name, target in (
+            ("invocations", lambda: server.serve_forever(poll_interval=0.2)),
+            ("control", lambda: admin.serve_forever(poll_interval=0.2)),
+            ("health", router.watch_health),
+        )
+    ]
+    for worker in workers:
+        worker.start()
     write_json_atomic(
         args.state_file,
-        {"name": args.name, "pid": os.getpid(), "port": router.port, "started_at": time.time()},
+        {
+            "name": args.name,
+            "pid": os.getpid(),
+            "port": router.port,
+            "admin_port": admin.server_address[1],
+            "admin_token": AdminHandler.token,
+            "started_at": time.time(),
+        },
+        mode=0o600,
     )
     sys.stderr.write(f"router {args.name} listening on 127.0.0.1:{router.port}\n")
     sys.stderr.flush()
     try:
-        server.serve_forever(poll_interval=0.2)
+        while not router.stopping.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
     finally:
-        server.server_close()
+        for each in (server, admin):
+            each.shutdown()
+            each.server_close()
     sys.stderr.write(f"router {args.name} stopped\n")
     return 0
 

@@ -95,6 +95,24 @@ class ContractClient:
             sock.close()
 
 
+def invoke_until_overloaded(client: ContractClient, payload: Any, *, workers: int = 8, deadline_s: float = 60.0) -> tuple[Reply, dict[int, int]]:
+    """Send `workers` invocations at once, round after round, until one is refused with 503: that reply and
+    the statuses seen (each scoring takes milliseconds, so a server admitting one at a time refuses soon)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen: dict[int, int] = {}
+    deadline = time.monotonic() + deadline_s
+    with ThreadPoolExecutor(workers) as pool:
+        while time.monotonic() < deadline:
+            replies = list(pool.map(lambda _: client.invoke(payload), range(workers)))
+            for reply in replies:
+                seen[reply.status] = seen.get(reply.status, 0) + 1
+            refused = [reply for reply in replies if reply.status == 503]
+            if refused:
+                return refused[0], seen
+    raise AssertionError(f"{workers} concurrent invocations never overloaded the server: {seen}")
+
+
 def _json_or_none(data: bytes) -> Any:
     try:
         return json.loads(data)

@@ -95,7 +95,10 @@ class Fleet:
             time.sleep(0.05)
         info = json.loads(state_file.read_text())
         assert info["pid"] == self.router.pid and info["name"] == ENDPOINT
+        assert state_file.stat().st_mode & 0o777 == 0o600, "the state file holds the control token"
         self.base = f"http://127.0.0.1:{info['port']}"
+        self.control = f"http://127.0.0.1:{info['admin_port']}"
+        self.token = info["admin_token"]
         self.ok = [self._fake() for _ in range(2)]
         self.slow = [self._fake(FAKE_DELAY_S=str(SLOW_DELAY_S)) for _ in range(2)]
         self.bad_request = self._fake(FAKE_STATUS="400")
@@ -118,11 +121,12 @@ class Fleet:
         self.procs.append(proc)
         return f"http://127.0.0.1:{port}"
 
-    def admin(self, method: str, path: str, payload=None):
-        return _request(f"{self.base}/_shiplift/{path}", method, payload)
+    def admin(self, method: str, path: str, payload=None, token: str | None = None):
+        headers = {"Authorization": f"Bearer {self.token if token is None else token}"}
+        return _request(f"{self.control}/_shiplift/{path}", method, payload, headers=headers)
 
     def put(self, name: str, copies: list[str]) -> None:
-        status, body = self.admin("PUT", f"components/{name}", {"spec": {"v": 1}, "copies": copies})
+        status, body = self.admin("PUT", f"components/{name}", {"spec_sha256": "a" * 64, "copies": copies})
         assert status == 200, body
 
     def reset(self) -> None:
@@ -365,17 +369,21 @@ def test_metrics_count_errors_and_latency_per_component(router):
 def test_container_contract_passes_the_model_answer_verbatim(router):
     assert _request(f"{router.base}/ping")[0] == 503  # nothing registered yet
     router.put("bad", [router.bad_request])
-    assert _request(f"{router.base}/ping") == (200, {"status": "ok", "components": {"bad": True}})
+    health = {"bad": {"healthy": 1, "copies": 1, "down": {}}}
+    assert _request(f"{router.base}/ping") == (200, {"status": "ok", "components": health})
     status, body = _request(f"{router.base}/invocations", "POST", {"decision": {}})
     assert (status, body) == (400, {"error": "fake error 400", "retryable": False})
 
 
 def test_admin_refuses_malformed_components(router):
+    sha = "a" * 64
     cases = [
-        ("components/ok-name", {"spec": {}, "copies": ["http://10.0.0.1:8080"]}, "loopback"),
-        ("components/ok-name", {"spec": {}, "copies": [router.ok[0]], "extra": 1}, "extra"),
-        ("components/ok-name", {"spec": {}, "copies": []}, "non-empty"),
-        ("components/bad_name", {"spec": {}, "copies": [router.ok[0]]}, "letters, digits"),
+        ("components/ok-name", {"spec_sha256": sha, "copies": ["http://10.0.0.1:8080"]}, "loopback"),
+        ("components/ok-name", {"spec_sha256": sha, "copies": [router.ok[0]], "extra": 1}, "extra"),
+        ("components/ok-name", {"spec_sha256": sha, "copies": []}, "non-empty"),
+        ("components/ok-name", {"spec_sha256": "ABC", "copies": [router.ok[0]]}, "64 lowercase hex"),
+        ("components/ok-name", {"spec": {"env": {"K": "v"}}, "copies": [router.ok[0]]}, "exactly spec_sha256"),
+        ("components/bad_name", {"spec_sha256": sha, "copies": [router.ok[0]]}, "letters, digits"),
     ]
     for path, payload, needle in cases:
         status, body = router.admin("PUT", path, payload)

@@ -91,7 +91,7 @@ def test_endpoints_list_and_stop(tmp_path, cli):
     spec = ProcessSpec(command=[sys.executable, str(ROOT / "tests/fakes/fake_model_server.py")], copies=1,
                          port_env="FAKE_PORT", model_ref={"release_id": "x"})
     hosting.put_component("cli-test", "model", spec)
-    listed = cli("endpoints", "list", "--state-dir", str(tmp_path))
+    listed = cli("endpoints", "list", "--json", "--state-dir", str(tmp_path))
     assert listed.returncode == 0 and [e["name"] for e in json.loads(listed.stdout)] == ["cli-test"]
     neither = cli("endpoints", "stop", "--state-dir", str(tmp_path))
     assert neither.returncode == 2

@@ -315,3 +315,135 @@ def test_delete_of_an_endpoint_never_recorded_still_stops_its_tagged_router(tmp_
     finally:
         orphan.kill()
         orphan.wait(timeout=5)
+
+
+def _router_ping(hosting: LocalHosting, name: str) -> tuple[int, dict]:
+    port = hosting._load(name).router.port  # asked directly: ensure_endpoint would heal what it looks at
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _wait_for(check, within_s: float, what: str):
+    deadline = time.monotonic() + within_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} did not happen within {within_s}s"
+        time.sleep(0.1)
+
+
+def test_killed_copy_leaves_rotation_is_reported_and_is_replaced(hosting):
+    hosting.ensure_endpoint("ep-dead")
+    put = hosting.put_component("ep-dead", "semif", _spec(copies=2), ready_timeout_s=20)
+    victim, survivor = put.copies
+    os.kill(victim.pid, signal.SIGKILL)
+    assert _dead(victim.pid)
+    url = hosting.endpoint_url("ep-dead")
+    answers = [_invoke(url) for _ in range(6)]  # the refused forward is retried on the survivor at once
+    assert [status for status, _ in answers] == [200] * 6
+    assert {body["pid"] for _, body in answers} == {survivor.pid}
+
+    status, ping = _wait_for(
+        lambda: (reply := _router_ping(hosting, "ep-dead"))[1]["status"] == "degraded" and reply,
+        10, "the router reporting the endpoint degraded",
+    )
+    assert status == 200 and ping["components"]["semif"]["healthy"] == 1
+    assert list(ping["components"]["semif"]["down"]) == [victim.url]
+    listed = hosting.list_endpoints()[0]
+    assert (listed["status"], listed["components"]) == ("degraded", {"semif": {"in_rotation": 1, "copies": 2}})
+    served_before = {c["url"]: c["served"] for c in hosting._admin(hosting._load("ep-dead"), "GET", "state")[1]
+                     ["components"]["semif"]["copies"]}
+    assert served_before[victim.url] == 0, "a dead copy's counter must not rise"
+
+    hosting.ensure_endpoint("ep-dead")  # what every deploy and invoker does first: heal
+    healed = hosting.describe_endpoint("ep-dead")["components"]["semif"]["copies"]
+    assert len(healed) == 2 and survivor.pid in {c["pid"] for c in healed}
+    assert victim.pid not in {c["pid"] for c in healed}
+    assert all(c["in_rotation"] and c["ping"] == 200 for c in healed)
+    assert hosting.list_endpoints()[0]["status"] == "ok"
+    assert {_invoke(url)[1]["pid"] for _ in range(8)} == {c["pid"] for c in healed}
+
+
+def test_one_copy_endpoint_with_a_dead_copy_is_unhealthy_until_healed(hosting):
+    hosting.ensure_endpoint("ep-one")
+    only = hosting.put_component("ep-one", "semif", _spec(copies=1), ready_timeout_s=20).copies[0]
+    os.kill(only.pid, signal.SIGKILL)
+    assert _dead(only.pid)
+    url = hosting.endpoint_url("ep-one")
+    status, body = _invoke(url)
+    assert status == 503 and "Retry" in body["Message"]
+    ping_status, ping = _router_ping(hosting, "ep-one")
+    assert (ping_status, ping["status"], ping["components"]["semif"]["healthy"]) == (503, "unhealthy", 0)
+    assert hosting.list_endpoints()[0]["status"] == "unhealthy"
+    hosting.ensure_endpoint("ep-one")
+    status, body = _invoke(url)
+    assert status == 200 and body["pid"] != only.pid
+
+
+def test_hung_copy_leaves_rotation_after_failed_health_checks(hosting):
+    hosting.ensure_endpoint("ep-hung")
+    put = hosting.put_component("ep-hung", "semif", _spec(copies=2), ready_timeout_s=20)
+    stopped = put.copies[0]
+    os.kill(stopped.pid, signal.SIGSTOP)  # alive but answering nothing: only the health check can tell
+    try:
+        _wait_for(lambda: _router_ping(hosting, "ep-hung")[1]["status"] == "degraded", 15, "the hung copy leaving rotation")
+        url = hosting.endpoint_url("ep-hung")
+        assert {_invoke(url)[1]["pid"] for _ in range(4)} == {put.copies[1].pid}
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+
+
+def test_router_control_needs_the_token_and_returns_no_environment(hosting, tmp_path):
+    hosting.ensure_endpoint("ep-ctl")
+    hosting.put_component("ep-ctl", "semif", _spec(SECRETISH="value-that-must-not-leak"), ready_timeout_s=20)
+    state = hosting._load("ep-ctl")
+    ready = tmp_path / "state" / "run" / "ep-ctl.router.json"
+    assert ready.stat().st_mode & 0o777 == 0o600
+    public = f"http://127.0.0.1:{state.router.port}/_shiplift/state"
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(public, timeout=5)
+    assert caught.value.code == 404, "the invocation port serves no control route"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
+        request = urllib.request.Request(f"http://127.0.0.1:{state.router.admin_port}/_shiplift/state", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=5)
+        assert caught.value.code == 401 and "Bearer" in json.loads(caught.value.read())["error"]
+    shutdown = urllib.request.Request(f"http://127.0.0.1:{state.router.admin_port}/_shiplift/shutdown", method="POST",
+                                      data=b"", headers={"Authorization": "Bearer wrong"})
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(shutdown, timeout=5)
+    assert hosting.list_endpoints()[0]["router_alive"], "an unauthorised shutdown stopped the router"
+    seen = json.dumps(hosting._admin(state, "GET", "state")[1])
+    assert "value-that-must-not-leak" not in seen and "SECRETISH" not in seen and "command" not in seen
+
+
+def test_cli_lists_endpoint_health_as_a_table_and_a_closed_pipe_is_no_traceback(hosting, tmp_path, capsys):
+    from tasks.cli import main
+
+    hosting.ensure_endpoint("ep-cli")
+    put = hosting.put_component("ep-cli", "semif", _spec(copies=2), ready_timeout_s=20)
+    os.kill(put.copies[0].pid, signal.SIGKILL)
+    assert _dead(put.copies[0].pid)
+    state_dir = str(tmp_path / "state")
+    _wait_for(lambda: hosting.list_endpoints()[0]["status"] == "degraded", 10, "the endpoint showing degraded")
+    assert main(["endpoints", "list", "--state-dir", state_dir]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["endpoint", "status", "components", "(copies", "in", "rotation", "/", "spec)", "url"]
+    assert table[2].split()[:4] == ["ep-cli", "degraded", "semif", "1/2"]
+    assert main(["endpoints", "heal", "ep-cli", "--state-dir", state_dir]) == 0
+    capsys.readouterr()
+    assert main(["endpoints", "list", "--json", "--state-dir", state_dir]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["components"] == {"semif": {"in_rotation": 2, "copies": 2}}
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes a byte
+    try:
+        done = subprocess.run([sys.executable, "-m", "tasks.cli", "endpoints", "list", "--json", "--state-dir", state_dir],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
