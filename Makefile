@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-slow test-celery lint bench airflow clean stop
+.PHONY: setup demo test test-slow test-load test-celery lint bench airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,13 +22,16 @@ demo: setup          ## set up, then run the local release story
 	$(BIN)/python -m tasks.demo
 
 test: setup lint     ## set up, then run the default test suite
-	$(BIN)/python -m pytest -m "not slow and not celery" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not celery and not load" $(PYTEST_ARGS)
 
 lint: setup          ## pyflakes-class checks (unused imports and names, undefined names)
 	$(BIN)/ruff check --select F --target-version py311 tasks validation dags images bench scripts tests
 
 test-slow: setup     ## the slow suites (real Gemma model)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-load: setup     ## the long load tests: a rolling update under 16 clients and 2,000 requests from a second process
+	$(BIN)/python -m pytest -m load -s $(PYTEST_ARGS)
 
 test-celery: setup   ## the refresh DAG on Airflow's CeleryExecutor + PostgreSQL + Redis on loopback
 	PYTHON=$(BIN)/python scripts/airflow_celery_test.sh $(PYTEST_ARGS)

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_json
+from tasks.interfaces import RolloutPlan
 from tasks.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
@@ -400,24 +401,102 @@ MODEL_FAMILIES = {"gguf": ("semif", "decisions"), "onnx": ("encoder", "nli")}
 
 
 class AllAtOnce(Strict):
+    """Replace every copy at once (the previous release keeps serving until the new copies are ready)."""
+
     strategy: Literal["all_at_once"]
     copies: int = Field(1, ge=1, le=16)
 
+    def plan(self) -> RolloutPlan:
+        return RolloutPlan(strategy="all_at_once")
 
-class Canary(Strict):
-    strategy: Literal["canary"]
+
+class CapacitySize(Strict):
+    """A number of copies, counted as SageMaker's InferenceComponentCapacitySize counts them."""
+
+    type: Literal["COPY_COUNT", "CAPACITY_PERCENT"] = "COPY_COUNT"
+    value: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _percent(self) -> "CapacitySize":
+        if self.type == "CAPACITY_PERCENT" and self.value > 100:
+            raise ValueError(f"a CAPACITY_PERCENT value is at most 100, got {self.value}")
+        return self
+
+    def copies_of(self, total: int) -> int:
+        """The copies this size means out of `total` (a percentage rounds down, to at least one copy)."""
+        return min(total, self.value) if self.type == "COPY_COUNT" else max(1, total * self.value // 100)
+
+
+class BakeAlarms(Strict):
+    """What rolls a rollout back while a batch bakes, judged on the new model's own answers."""
+
+    max_error_rate: float = Field(0.01, ge=0, le=1, description="(5xx + model errors) / invocations of the new copies")
+    max_latency_p99_ms: float | None = Field(None, gt=0, description="p99 latency of the new copies' answers")
+    min_invocations: int = Field(1, ge=1, description="rates are judged once the new copies have answered this many")
+    check_interval_s: float = Field(5.0, gt=0, le=300, description="how often the alarms are read during a bake")
+
+
+class RollingUpdate(Strict):
+    """Batches of copies with a bake after each, parameters as SageMaker's RollingUpdatePolicy takes them."""
+
     copies: int = Field(2, ge=2, le=16)
-    batch_copies: int = Field(1, ge=1)
-    bake_s: int = Field(300, ge=0)
+    alarms: BakeAlarms = BakeAlarms()
+    batch: CapacitySize = CapacitySize()
+    wait_interval_s: int = Field(300, ge=0, le=3600, description="bake after each batch (WaitIntervalInSeconds)")
+    rollback_batch: CapacitySize | None = Field(None, description="copies rolled back at a time; unset: all at once")
+    maximum_execution_timeout_s: int = Field(3600, ge=600, le=28800, description="MaximumExecutionTimeoutInSeconds")
+
+    @model_validator(mode="after")
+    def _batch_leaves_old_copies(self) -> "RollingUpdate":
+        if self.batch.copies_of(self.copies) >= self.copies:
+            raise ValueError(
+                f"a batch of {self.batch.copies_of(self.copies)} of {self.copies} copies replaces them all at once; "
+                "make the batch smaller than rollout.copies, or use strategy all_at_once"
+            )
+        return self
+
+    def plan(self) -> RolloutPlan:
+        return RolloutPlan(
+            strategy=self.strategy,
+            batch_copies=self.batch.copies_of(self.copies),
+            wait_interval_s=self.wait_interval_s,
+            rollback_batch_copies=self.rollback_batch.copies_of(self.copies) if self.rollback_batch else None,
+            max_execution_s=self.maximum_execution_timeout_s,
+        )
+
+
+class Canary(RollingUpdate):
+    """One batch of new copies, a bake, then the rest."""
+
+    strategy: Literal["canary"]
+
+
+class Linear(RollingUpdate):
+    """Equal batches of new copies, a bake after each."""
+
+    strategy: Literal["linear"]
+
+
+BLUE_GREEN_REFUSED = (
+    "rollout.strategy blue_green is not offered: on inference-component endpoints every caller names the "
+    "component it invokes (InferenceComponentName), so a second, green component gets no traffic until every "
+    "caller changes, and going back means changing them all again. A rolling update replaces the copies behind "
+    "the one name instead; use canary (one batch, a bake, then the rest) or linear (equal batches, a bake after each)"
+)
 
 
 class BlueGreen(Strict):
+    """Refused with the reason, so an old config says what to use instead."""
+
     strategy: Literal["blue_green"]
-    copies: int = Field(1, ge=1, le=16)
-    rollback_window_s: int = Field(3600, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, data: Any) -> Any:
+        raise ValueError(BLUE_GREEN_REFUSED)
 
 
-Rollout = Annotated[Union[AllAtOnce, Canary, BlueGreen], Field(discriminator="strategy")]
+Rollout = Annotated[Union[AllAtOnce, Canary, Linear, BlueGreen], Field(discriminator="strategy")]
 
 
 class ReleaseConfig(Strict):

@@ -155,6 +155,53 @@ class ComponentMetrics(Frozen):
     latency_p99_ms: float | None
 
 
+class RolloutPlan(Frozen):
+    """How a component moves to a new spec, as SageMaker's RollingUpdatePolicy counts it: batches of copies
+    with a bake (`wait_interval_s`) after each, a rollback batch size (None: every copy at once) and a
+    deadline for the whole update. `canary` is one batch then the rest; `linear` equal batches."""
+
+    strategy: Literal["all_at_once", "canary", "linear"]
+    batch_copies: int = Field(1, ge=1)
+    wait_interval_s: float = Field(0.0, ge=0)
+    rollback_batch_copies: int | None = Field(None, ge=1)
+    max_execution_s: float = Field(3600.0, gt=0)
+
+    def targets(self, copies: int) -> list[int]:
+        """New-spec copies after each step, ending at `copies`: all_at_once [N], canary [b, N], linear [b, 2b, …, N]."""
+        batch = min(self.batch_copies, copies)
+        if self.strategy == "all_at_once" or batch == copies:
+            return [copies]
+        if self.strategy == "canary":
+            return [batch, copies]
+        return [min(copies, batch * step) for step in range(1, -(-copies // batch) + 1)]
+
+
+class RolloutStep(Frozen):
+    """One traffic step of a rollout or its rollback: batch n of N and the copies of each spec serving after it."""
+
+    phase: Literal["rollout", "rollback"]
+    batch: int
+    batches: int
+    old_copies: int
+    new_copies: int
+    old_spec_sha256: str
+    new_spec_sha256: str
+    alarm: str | None = None  # the alarm that fired during this step's bake, if one did
+
+
+class RolloutResult(Frozen):
+    """How a rollout ended: succeeded (the new spec serves), rolled_back (an alarm fired; the old spec serves,
+    `reason` says which), unchanged (the new spec was already serving) or created (nothing served before, so
+    the component was deployed whole); every step it took."""
+
+    status: Literal["succeeded", "rolled_back", "unchanged", "created"]
+    reason: str | None = None
+    steps: tuple[RolloutStep, ...] = ()
+
+
+Bake = Callable[[RolloutStep], "str | None"]  # watch the step's wait interval; the alarm that fired, or None
+
+
 class ManagedResource(Frozen):
     """One resource shiplift created (for `shiplift cleanup`): its kind, name and tags."""
 
@@ -223,6 +270,12 @@ class Hosting(Protocol):
         type tried), DeployFailed (with the backend's reason), NotReady on a deadline, Conflict on a name clash."""
         ...
 
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Any, plan: RolloutPlan,
+                 bake: Bake, *, progress: Progress) -> RolloutResult:
+        """Move the component to `spec` as `plan` says, calling `bake` after each batch; an alarm it returns rolls
+        back and the previous spec serves again. A component that does not exist yet is deployed whole."""
+        ...
+
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """What serves on the component now, or None when the endpoint or component is absent."""
         ...
@@ -248,8 +301,11 @@ class Hosting(Protocol):
 class Metrics(Protocol):
     """Invocation metrics of live components: the seam rollouts and alarms read."""
 
-    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
-        """Invocation counters and p99 latency of one component over the last `window_s` seconds."""
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float,
+                          spec_sha256: str | None = None) -> ComponentMetrics:
+        """Invocation counters and p99 latency of one component over the last `window_s` seconds; with
+        `spec_sha256` (a ComponentSpec's hash), of the copies serving that spec only (BadInput where the backend
+        cannot split them)."""
         ...
 
 

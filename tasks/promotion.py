@@ -13,11 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tasks.config import BLUE_GREEN_REFUSED
 from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
 from tasks.release import LEASE_TTL_S, StageContext, finish, reopen_release, run_stage
 
-STRATEGIES = ("all_at_once", "canary", "blue_green")
-IMPLEMENTED_STRATEGIES = ("all_at_once",)
+STRATEGIES = ("all_at_once", "canary", "linear")
+IMPLEMENTED_STRATEGIES = ("all_at_once",)  # a release's own promote stage rolls out canary and linear
 RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
 PROMOTE = "promote"
 
@@ -57,11 +58,14 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str, rea
     The ledger is found at `ledger_url` ($SHIPLIFT_LEDGER_URL), else as SQLite under `state_dir`."""
     _require_release_id("release_id", release_id)
     reason, actor = _require_text("reason", reason), _require_text("actor", actor)
+    if strategy == "blue_green":
+        raise ConfigError(BLUE_GREEN_REFUSED, fix="promote with strategy all_at_once, canary or linear")
     if strategy not in STRATEGIES:
         raise BadInput(f"strategy {strategy!r} is unknown", fix=f"use one of {', '.join(STRATEGIES)}")
     if strategy not in IMPLEMENTED_STRATEGIES:
         raise ConfigError(
-            f"strategy {strategy!r} is not implemented in this version (only all_at_once is)",
+            f"strategy {strategy!r} is not implemented for a triggered promotion in this version (only all_at_once is; "
+            "a release whose config sets rollout.strategy rolls out that way in its own promote stage)",
             fix="promote with strategy all_at_once",
         )
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, session=session)

@@ -31,9 +31,9 @@ STAGES = STAGE_NAMES
 LEASE_TTL_S = 4 * 3600
 RELEASE_STAGE = "release"
 OPENED, OPTIONS = "opened", "options"
-FINISHED = ("promoted", "rejected")
+FINISHED = ("promoted", "rejected", "rolled_back")
 FINAL_EVENTS = (*FINISHED, "failed")
-DONE_EVENTS = ("succeeded", "skipped", "kept")
+DONE_EVENTS = ("succeeded", "skipped", "kept", "rolled_back")
 RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
 Progress = Callable[[str], None]
 
@@ -153,10 +153,11 @@ class StageContext:
 
 
 def _refuse_unbuilt_strategy(config: ReleaseConfig) -> None:
-    if config.rollout.strategy != "all_at_once":
+    if config.rollout.strategy != "all_at_once" and config.backend.kind == "aws":
         raise ConfigError(
-            f"rollout.strategy {config.rollout.strategy!r} is not available in this version",
-            fix="use rollout.strategy: all_at_once",
+            f"rollout.strategy {config.rollout.strategy!r} is not available on the aws backend in this version "
+            "(UpdateInferenceComponent with a RollingUpdatePolicy is not sent yet); the local backend rolls it out",
+            fix="use rollout.strategy: all_at_once with the aws backend",
         )
 
 
@@ -316,8 +317,11 @@ def end_orchestrated(release_id: str, *, holder: str, failed: bool, ledger_url: 
 
 
 def _final_status(state: ReleaseState) -> str:
+    """promoted, rolled_back (a bake alarm took the candidate back out of production) or rejected."""
     promote = state.stage("promote")
-    return "promoted" if promote["status"] == "succeeded" and promote.get("event") == "succeeded" else "rejected"
+    if promote["status"] == "succeeded" and promote.get("event") in ("succeeded", "rolled_back"):
+        return "promoted" if promote["event"] == "succeeded" else "rolled_back"
+    return "rejected"
 
 
 def release_summary(state: ReleaseState) -> dict:

@@ -243,8 +243,8 @@ class _Renderer:
         return timeout_for(step, self.config, startup_allowance_s=self.runner.startup_allowance_s) + self.runner.startup_allowance_s
 
     def bake_seconds(self) -> int:
-        rollout = self.config.rollout
-        return rollout.bake_s if rollout.strategy == "canary" else self.runner.post_promote_wait_s
+        """The soak after Promote: canary and linear bake inside the promote stage, batch by batch."""
+        return self.runner.post_promote_wait_s
 
     def render(self) -> dict:
         runner, rid, sd, url = self.runner, self.release_id, self.runner.state_dir, self.config.backend.ledger_url

@@ -22,7 +22,7 @@ import re
 from tasks.aws.service_model import request_applied
 from tasks.aws.store import artifact_sha256
 from tasks.aws.waiters import wait_for
-from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound
+from tasks.errors import CapacityError, ConfigError, Conflict, DeployFailed, IntegrityError, NotFound
 from tasks.hashing import sha256_json
 from tasks.stages.table import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
 from tasks.interfaces import (
@@ -159,6 +159,16 @@ class SageMakerHosting:
         return role == "candidate" and placement.kind != "mig_partition"
 
     # -- deploy ------------------------------------------------------------------------------
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan, bake, *,
+                 progress: Progress):
+        """Rolling updates through UpdateInferenceComponent's RollingUpdatePolicy are not built for this backend yet;
+        the config refuses canary and linear with the aws backend before a release starts."""
+        raise ConfigError(
+            f"a {plan.strategy} rollout of {endpoint}/{component} needs UpdateInferenceComponent with a RollingUpdatePolicy, "
+            "which the aws backend does not send yet",
+            fix="use rollout.strategy: all_at_once with the aws backend",
+        )
+
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:
         """Model, endpoint config (MIG layout read back), endpoint and, except for single-model candidates, the component."""

@@ -19,8 +19,14 @@ class CloudWatchMetrics:
     def __init__(self, aws, hosting):
         self.aws, self.hosting = aws, hosting
 
-    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float,
+                          spec_sha256: str | None = None) -> ComponentMetrics:
         """Invocations, 4xx/5xx and model errors, and the p99 ModelLatency in ms, over the last window."""
+        if spec_sha256 is not None:
+            raise BadInput(
+                "CloudWatch keeps an inference component's metrics by component, not by the model each copy serves",
+                fix="read the whole component's metrics; during a rollout SageMaker's own alarms watch the component",
+            )
         if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and 60 <= window_s <= 86400):
             raise BadInput(f"window_s={window_s!r} is not 60..86400 seconds", fix="CloudWatch aggregates SageMaker metrics per minute")
         period = 60 * math.ceil(window_s / 60)  # GetMetricData takes multiples of 60 s

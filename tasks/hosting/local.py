@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -39,6 +40,7 @@ from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotF
 from tasks.hashing import canonical_json, sha256_json
 from tasks.atomic import write_json_atomic
 from tasks.hosting.router import name_problem
+from tasks.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
 
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 MAX_COPIES = 64
@@ -123,10 +125,11 @@ class ProcessRef(BaseModel):
 
 
 class CopyRef(ProcessRef):
-    """One model-server copy."""
+    """One model-server copy and the hash of the spec it runs (None: its component's spec)."""
 
     port: int
     url: str
+    spec_sha256: str | None = None
 
 
 class RouterRef(ProcessRef):
@@ -137,13 +140,19 @@ class RouterRef(ProcessRef):
 
 
 class ComponentState(BaseModel):
-    """A component as persisted: its spec, the spec's hash and its serving copies."""
+    """A component as persisted: its spec, the spec's hash and its serving copies; while a rolling
+    update is in flight, `previous` is the spec being replaced and some copies still run it."""
 
     model_config = ConfigDict(extra="forbid")
 
     spec: ProcessSpec
     spec_sha256: str
     copies: list[CopyRef]
+    previous: ProcessSpec | None = None
+
+    def running(self, digest: str) -> list[CopyRef]:
+        """The copies that run the spec with this hash."""
+        return [c for c in self.copies if (c.spec_sha256 or self.spec_sha256) == digest]
 
 
 class EndpointState(BaseModel):
@@ -344,6 +353,11 @@ def _endpoint_status(router_alive: bool, components: dict[str, dict[str, int]]) 
     return "ok"
 
 
+def _router_copies(comp: ComponentState) -> list[dict[str, str]]:
+    """A component's copies as the router registers them: URL and the spec each runs."""
+    return [{"url": c.url, "spec_sha256": c.spec_sha256 or comp.spec_sha256} for c in comp.copies]
+
+
 def _ping(port: int) -> int | None:
     """Status of GET /ping on a copy, or None when it does not answer in time."""
     try:
@@ -376,6 +390,7 @@ class LocalHosting:
         self.router_start_timeout_s = router_start_timeout_s
         self.stop_grace_s = stop_grace_s
         self.lock_timeout_s = lock_timeout_s
+        self._held: dict[str, int] = {}  # endpoint -> thread holding its lock (a rollout's bake may invoke it)
         for sub in ("endpoints", "logs", "locks", "run"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
 
@@ -438,6 +453,75 @@ class LocalHosting:
         return ComponentInfo(
             endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
         )
+
+    def roll_out(
+        self,
+        endpoint: str,
+        component: str,
+        spec: ProcessSpec,
+        plan: RolloutPlan,
+        bake: Bake,
+        *,
+        ready_timeout_s: float = 120,
+        drain_timeout_s: float = 90,
+        progress: Progress = lambda _line: None,
+    ) -> RolloutResult:
+        """Move a running component to `spec` batch by batch: start a batch of new copies, wait for their
+        /ping, shift them into rotation, drain and stop as many old ones, then `bake` the step (it watches
+        the wait interval and returns the alarm that fired, or None). An alarm rolls back batch by batch
+        and the old spec serves again. Every step is persisted first, so a rerun after a crash resumes
+        the same rollout (or rolls back one to another spec) and never leaves two half-states."""
+        _check_name("endpoint", endpoint)
+        _check_name("component", component)
+        if not isinstance(spec, ProcessSpec) or not isinstance(plan, RolloutPlan):
+            raise BadInput("roll_out takes a ProcessSpec and a RolloutPlan", fix="build them with their models")
+        deadline = time.monotonic() + plan.max_execution_s
+        timeouts = (ready_timeout_s, drain_timeout_s)
+        digest = spec.sha256()
+        with self._lock(endpoint):
+            state, _ = self._ensure(endpoint)
+            comp = state.components.get(component)
+            if comp is None:
+                raise NotFound(
+                    f"component {component} is not on endpoint {endpoint}; a rolling update replaces running copies",
+                    fix="deploy it first (put_component), then roll out the next spec",
+                )
+            if comp.previous is not None and comp.spec_sha256 != digest:
+                progress(f"{endpoint}/{component}: rolling back an interrupted rollout to spec {comp.spec_sha256[:12]} first")
+                self._roll_back(state, component, plan, timeouts, [], progress)
+            if comp.previous is None:
+                if self._serving(comp, digest, spec.copies):
+                    return RolloutResult(status="unchanged")
+                for copy in comp.copies:
+                    copy.spec_sha256 = copy.spec_sha256 or comp.spec_sha256
+                comp.previous, comp.spec, comp.spec_sha256 = comp.spec, spec, digest
+                self._save(state)
+            old_sha, old_count = comp.previous.sha256(), comp.previous.copies
+            targets = plan.targets(spec.copies)
+            steps: list[RolloutStep] = []
+            for number, target in enumerate(targets, 1):
+                new, old = comp.running(digest), [c for c in comp.copies if c.spec_sha256 != digest]
+                keep_old = old_count - (old_count * target) // spec.copies
+                if len(new) >= target and len(old) <= keep_old:
+                    continue  # done before an interruption
+                if time.monotonic() > deadline:
+                    reason = f"the rollout passed its maximum execution time of {plan.max_execution_s:g}s"
+                    self._roll_back(state, component, plan, timeouts, steps, progress)
+                    return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
+                self._shift(state, component, spec, max(0, target - len(new)), old[: max(0, len(old) - keep_old)], timeouts)
+                step = RolloutStep(phase="rollout", batch=number, batches=len(targets), old_copies=len(comp.running(old_sha)),
+                                   new_copies=len(comp.running(digest)), old_spec_sha256=old_sha, new_spec_sha256=digest)
+                progress(f"{endpoint}/{component}: batch {number}/{len(targets)}: {step.new_copies} new, "
+                         f"{step.old_copies} old copies serving; baking {plan.wait_interval_s:g}s")
+                alarm = bake(step)
+                steps.append(step.model_copy(update={"alarm": alarm}))
+                if alarm:
+                    progress(f"{endpoint}/{component}: alarm {alarm}; rolling back")
+                    self._roll_back(state, component, plan, timeouts, steps, progress)
+                    return RolloutResult(status="rolled_back", reason=alarm, steps=tuple(steps))
+            comp.previous = None
+            self._save(state)
+        return RolloutResult(status="succeeded", steps=tuple(steps))
 
     def delete_component(self, endpoint: str, component: str) -> bool:
         """Stop a component's copies and remove it from the router; False if it did not exist."""
@@ -542,6 +626,18 @@ class LocalHosting:
             )
         return result
 
+    def spec_hashes_serving(self, endpoint: str, component: str, neutral_sha256: str) -> list[str]:
+        """Hashes of the component's process specs (current, and previous mid-rollout) made from the neutral
+        spec (`tasks.interfaces.ComponentSpec`) with this hash."""
+        from tasks.interfaces import ComponentSpec
+
+        comp = self._require(endpoint).components.get(component)
+        if comp is None:
+            return []
+        specs = [comp.spec] + ([comp.previous] if comp.previous is not None else [])
+        return [spec.sha256() for spec in specs
+                if spec.neutral is not None and ComponentSpec.model_validate(spec.neutral).sha256() == neutral_sha256]
+
     def endpoint_url(self, name: str) -> str:
         """`http://127.0.0.1:PORT/endpoints/NAME`, the SageMaker-runtime-shaped invoke base."""
         return self._url(self._require(name))
@@ -612,7 +708,10 @@ class LocalHosting:
 
     @contextlib.contextmanager
     def _lock(self, name: str) -> Iterator[None]:
-        """Exclusive per-endpoint file lock, waited for with a deadline."""
+        """Exclusive per-endpoint file lock, waited for with a deadline; re-entered by the thread holding it."""
+        if self._held.get(name) == threading.get_ident():
+            yield
+            return
         fd = os.open(self.state_dir / "locks" / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             deadline = time.monotonic() + self.lock_timeout_s
@@ -628,9 +727,11 @@ class LocalHosting:
                             fix="wait for the other command to finish, then retry",
                         ) from None
                     time.sleep(POLL_S)
+            self._held[name] = threading.get_ident()
             try:
                 yield
             finally:
+                del self._held[name]
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
@@ -758,7 +859,7 @@ class LocalHosting:
 
     def _register(self, state: EndpointState, component: str) -> None:
         comp = state.components[component]
-        payload = {"spec_sha256": comp.spec_sha256, "copies": [c.url for c in comp.copies]}
+        payload = {"copies": _router_copies(comp)}
         status, body = self._admin(state, "PUT", f"components/{component}", payload)
         if status != 200:
             raise Conflict(
@@ -772,12 +873,11 @@ class LocalHosting:
         for cname in sorted(set(registered) - set(state.components)):
             self._admin(state, "DELETE", f"components/{cname}")
         for cname, comp in sorted(state.components.items()):
-            urls = sorted(c.url for c in comp.copies)
-            live = sorted(c["url"] for c in registered.get(cname, {}).get("copies", []))
-            spec_changed = registered.get(cname, {}).get("spec_sha256") != comp.spec_sha256
-            if urls and (urls != live or spec_changed):
+            wanted = sorted((c["url"], c["spec_sha256"]) for c in _router_copies(comp))
+            live = sorted((c["url"], c["spec_sha256"]) for c in registered.get(cname, {}).get("copies", []))
+            if wanted and wanted != live:
                 self._register(state, cname)
-            elif not urls and cname in registered:
+            elif not wanted and cname in registered:
                 self._admin(state, "DELETE", f"components/{cname}")
 
     def _replace_dead_copies(self, state: EndpointState, ready_timeout_s: float) -> None:
@@ -785,6 +885,8 @@ class LocalHosting:
         place of those whose process died or that the router holds out of rotation."""
         registered = self._admin(state, "GET", "state")[1]["components"]
         for cname, comp in sorted(state.components.items()):
+            if comp.previous is not None:
+                continue  # a rolling update owns this component's copies until it ends
             in_rotation = {c["url"] for c in registered.get(cname, {}).get("copies", []) if c["healthy"]}
             keep = [c for c in comp.copies if _alive(c) and c.url in in_rotation]
             missing = comp.spec.copies - len(keep)
@@ -804,12 +906,72 @@ class LocalHosting:
             state.retiring = []
             self._save(state)
 
+    # -- rolling updates -----------------------------------------------------------------------
+    def _shift(
+        self, state: EndpointState, component: str, spec: ProcessSpec, count: int, retire: list[CopyRef],
+        timeouts: tuple[float, float],
+    ) -> None:
+        """One traffic step: start `count` copies of `spec` (ready), put them in rotation without `retire`,
+        let those drain, stop them; persisted before each change so a crash is cleaned up by the next command."""
+        ready_timeout_s, drain_timeout_s = timeouts
+        comp = state.components[component]
+        fresh = self._start_copies(state, state.name, component, spec, ready_timeout_s, count=count) if count else []
+        comp.copies = [c for c in comp.copies if c not in retire] + fresh
+        state.pending, state.retiring = [], list(retire)
+        self._save(state)
+        self._register(state, component)
+        self._drain(state, component, retire, drain_timeout_s)
+        self._stop_copies(retire)
+        state.retiring = []
+        self._save(state)
+
+    def _drain(self, state: EndpointState, component: str, retired: list[CopyRef], timeout_s: float) -> None:
+        """Wait until the router has no request in flight on the copies just taken out of rotation."""
+        urls = {c.url for c in retired}
+        deadline = time.monotonic() + timeout_s
+        while urls:
+            listed = self._admin(state, "GET", "state")[1]["components"].get(component, {})
+            busy = {c["url"] for c in listed.get("draining", [])} & urls
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                sys.stderr.write(f"endpoint {state.name}: {sorted(busy)} still busy after {timeout_s:g}s of draining; stopping them\n")
+                return
+            time.sleep(POLL_S)
+
+    def _roll_back(
+        self, state: EndpointState, component: str, plan: RolloutPlan, timeouts: tuple[float, float],
+        steps: list[RolloutStep], progress: Progress,
+    ) -> None:
+        """Return the component to its previous spec, `plan.rollback_batch_copies` copies at a time (all at once
+        without it), recording each step; the new spec's copies leave rotation and drain first."""
+        comp = state.components[component]
+        previous = comp.previous
+        assert previous is not None
+        old_sha, new_sha = previous.sha256(), comp.spec_sha256
+        batch = plan.rollback_batch_copies or max(previous.copies, len(comp.copies))
+        batches = max(1, -(-len([c for c in comp.copies if c.spec_sha256 != old_sha]) // batch))
+        number = 0
+        while True:
+            new, old = [c for c in comp.copies if c.spec_sha256 != old_sha], comp.running(old_sha)
+            if not new and len(old) >= previous.copies:
+                break
+            number += 1
+            self._shift(state, component, previous, min(batch, max(0, previous.copies - len(old))), new[:batch], timeouts)
+            steps.append(RolloutStep(phase="rollback", batch=number, batches=max(batches, number),
+                                     old_copies=len(comp.running(old_sha)), new_copies=len(comp.running(new_sha)),
+                                     old_spec_sha256=old_sha, new_spec_sha256=new_sha))
+            progress(f"{state.name}/{component}: rollback batch {number}: {steps[-1].old_copies} old copies serving")
+        comp.spec, comp.spec_sha256, comp.previous = previous, old_sha, None
+        self._save(state)
+
     # -- copies ------------------------------------------------------------------------------
     def _serving(self, current: ComponentState, digest: str, copies: int) -> bool:
         """True when the component runs this exact spec with every copy alive and answering."""
         return (
             current.spec_sha256 == digest
-            and len(current.copies) == copies
+            and current.previous is None
+            and len(current.running(digest)) == len(current.copies) == copies
             and all(_alive(c) and _ping(c.port) == 200 for c in current.copies)
         )
 
@@ -866,6 +1028,7 @@ class LocalHosting:
                         log=str(log),
                         port=port,
                         url=f"http://127.0.0.1:{port}",
+                        spec_sha256=spec.sha256(),
                     )
                 )
                 self._save(state)

@@ -17,6 +17,7 @@ from tasks.errors import NotFound
 from tasks.hosting.local import LocalHosting, ProcessSpec
 from tasks.images import IMAGE_ENV_PREFIX, local_image_kind, server_command
 from tasks.interfaces import (
+    Bake,
     ComponentMetrics,
     ComponentSpec,
     LiveComponent,
@@ -24,6 +25,8 @@ from tasks.interfaces import (
     ModelRef,
     PlacementObtained,
     Progress,
+    RolloutPlan,
+    RolloutResult,
 )
 from validation.transport import HttpInvoker
 
@@ -56,19 +59,35 @@ class LoopbackHosting:
             safe_extract(self.store.get(artifact_uri), target)
         return target
 
+    def _process(self, spec: ComponentSpec) -> ProcessSpec:
+        """The processes a neutral spec runs: the image's server on the artifact extracted once."""
+        return process_spec(local_image_kind(spec.image_uri), self.model_dir(spec.artifact_uri, spec.artifact_sha256),
+                            spec.environment, copies=spec.copies, model_ref=spec.model_ref.model_dump(),
+                            neutral=spec.model_dump(mode="json"))
+
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:
         """Extract the artifact once, run the image's server as `spec.copies` processes behind the router, describe."""
-        kind = local_image_kind(spec.image_uri)
-        process = process_spec(kind, self.model_dir(spec.artifact_uri, spec.artifact_sha256), spec.environment,
-                               copies=spec.copies, model_ref=spec.model_ref.model_dump(), neutral=spec.model_dump(mode="json"))
-        progress(f"{role} {endpoint}/{component}: {spec.copies} local {kind} process(es)")
+        process = self._process(spec)
+        progress(f"{role} {endpoint}/{component}: {spec.copies} local {local_image_kind(spec.image_uri)} process(es)")
         self.processes.ensure_endpoint(endpoint)
         self.processes.put_component(endpoint, component, process)
         live = self.describe(endpoint, component)
         if live is None:
             raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="another command removed it; rerun the stage")
         return live
+
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
+                 progress: Progress) -> RolloutResult:
+        """A real rolling update of the component's processes (LocalHosting.roll_out); deployed whole when new."""
+        process = self._process(spec)
+        self.processes.ensure_endpoint(endpoint)
+        if self.describe(endpoint, component) is None:
+            progress(f"production {endpoint}/{component}: nothing serves yet, so all {spec.copies} copies start at once")
+            self.processes.put_component(endpoint, component, process)
+            return RolloutResult(status="created")
+        progress(f"production {endpoint}/{component}: {plan.strategy} rollout of {spec.copies} copies")
+        return self.processes.roll_out(endpoint, component, process, plan, bake, progress=progress)
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """What serves, from the persisted spec and a live check of the router and every copy."""
@@ -126,12 +145,26 @@ class LocalMetrics:
     def __init__(self, hosting: LoopbackHosting):
         self.hosting = hosting
 
-    def component_metrics(self, endpoint: str, component: str, *, window_s: float) -> ComponentMetrics:
-        """The router's counters of one component."""
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float,
+                          spec_sha256: str | None = None) -> ComponentMetrics:
+        """The router's counters of one component; with `spec_sha256`, of the copies serving that neutral spec only
+        (the router counts by the spec of the copy that answered)."""
         counters = self.hosting.processes.metrics(endpoint)["components"].get(component)
         if counters is None:
             raise NotFound(f"endpoint {endpoint} has served no requests for component {component}",
                            fix="invoke the component first, or check its name")
+        if spec_sha256 is not None:
+            shas = self.hosting.processes.spec_hashes_serving(endpoint, component, spec_sha256)
+            parts = [counters["by_spec"][sha] for sha in shas if sha in counters["by_spec"]]
+            if not parts:
+                raise NotFound(f"no copy of spec {spec_sha256[:12]} on {endpoint}/{component} has answered yet",
+                               fix="send it requests first")
+            p99s = [part["latency_ms"]["p99"] for part in parts if part["latency_ms"]["p99"] is not None]
+            return ComponentMetrics(invocations=sum(p["invocations"] for p in parts),
+                                    errors_4xx=sum(p["invocation_4xx_errors"] for p in parts),
+                                    errors_5xx=sum(p["invocation_5xx_errors"] for p in parts),
+                                    model_errors=sum(p["model_errors"] for p in parts),
+                                    latency_p99_ms=max(p99s) if p99s else None)
         return ComponentMetrics(invocations=counters["invocations"], errors_4xx=counters["invocation_4xx_errors"],
                                 errors_5xx=counters["invocation_5xx_errors"], model_errors=counters["model_errors"],
                                 latency_p99_ms=counters["latency_ms"]["p99"])

@@ -11,8 +11,11 @@ invocation port it serves
 Control lives on a second loopback port that answers only requests carrying the bearer token
 the router writes, with its ports, into the state file (mode 0600, so only the state
 directory's user can read it): `PUT|DELETE /_shiplift/components/{name}`, `GET
-/_shiplift/state`, `GET /_shiplift/metrics`, `POST /_shiplift/shutdown`. Components are
-registered by spec hash and copy URLs only; no command or environment reaches the router.
+/_shiplift/state`, `GET /_shiplift/metrics`, `POST /_shiplift/shutdown`. A component is registered as its copies'
+URLs and the hash of the spec each runs (two specs during a rolling update); no command or
+environment reaches the router. A copy left out of a registration drains: it gets no new
+request and stays listed until those in flight finish. Metrics are kept per component and per
+spec of the copy that answered, so a canary's errors and latency are its own.
 
 Each request goes to the healthy copy with the fewest outstanding requests. A copy whose
 `/ping` fails twice in a row, or that refuses or breaks a forwarded request, leaves rotation
@@ -96,6 +99,7 @@ class Copy:
     url: str
     host: str
     port: int
+    spec_sha256: str  # what it runs: during a rolling update a component's copies run two specs
     outstanding: int = 0
     served: int = 0
     healthy: bool = True
@@ -105,6 +109,7 @@ class Copy:
     def view(self) -> dict[str, Any]:
         return {
             "url": self.url,
+            "spec_sha256": self.spec_sha256,
             "outstanding": self.outstanding,
             "served": self.served,
             "healthy": self.healthy,
@@ -114,11 +119,11 @@ class Copy:
 
 @dataclass
 class Component:
-    """An inference component: the hash of its spec and its copies."""
+    """An inference component: the copies in rotation, and removed copies still finishing requests."""
 
     name: str
-    spec_sha256: str
-    copies: list[Copy]
+    copies: list[Copy] = field(default_factory=list)
+    draining: list[Copy] = field(default_factory=list)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -232,27 +237,40 @@ class Router:
         self.lock = threading.Lock()
         self.components: dict[str, Component] = {}
         self.metrics: dict[str, ComponentMetrics] = {}
+        self.spec_metrics: dict[str, dict[str, ComponentMetrics]] = {}  # component -> spec sha256 that answered
         self.rejected: dict[str, int] = {}
         self.rotation = itertools.count()
         self.stopping = threading.Event()
 
     # -- components -------------------------------------------------------------------------
-    def put_component(self, name: str, spec_sha256: str, urls: list[str]) -> bool:
-        """Register or replace a component's copies at once; True when it replaced one."""
-        copies = []
-        for url in urls:
-            host, port = parse_copy_url(url)
-            copies.append(Copy(url=url.rstrip("/"), host=host, port=port))
+    def put_component(self, name: str, copies: list[dict[str, str]]) -> bool:
+        """Set a component's copies in rotation ({"url", "spec_sha256"} each); True when it existed.
+
+        A copy kept (same URL and spec) keeps its load, health and counters; a copy left out stops
+        getting requests at once and drains: it stays listed until its requests in flight finish."""
+        wanted = []
+        for entry in copies:
+            host, port = parse_copy_url(entry["url"])
+            wanted.append((entry["url"].rstrip("/"), host, port, entry["spec_sha256"]))
         with self.lock:
-            replaced = name in self.components
-            self.components[name] = Component(name=name, spec_sha256=spec_sha256, copies=copies)
-            self.metrics.setdefault(name, ComponentMetrics())
-        return replaced
+            component = self.components.get(name)
+            existed = component is not None
+            if component is None:
+                component = self.components[name] = Component(name=name)
+                self.metrics.setdefault(name, ComponentMetrics())
+            known = {(c.url, c.spec_sha256): c for c in component.copies + component.draining}
+            component.copies = [
+                known.pop((url, sha), None) or Copy(url=url, host=host, port=port, spec_sha256=sha)
+                for url, host, port, sha in wanted
+            ]
+            component.draining = [c for c in known.values() if c.outstanding > 0]
+        return existed
 
     def delete_component(self, name: str) -> bool:
         """Forget a component and its metrics; False when it was not registered."""
         with self.lock:
             self.metrics.pop(name, None)
+            self.spec_metrics.pop(name, None)
             return self.components.pop(name, None) is not None
 
     def resolve(self, header_value: str | None) -> Component:
@@ -343,10 +361,12 @@ class Router:
             chosen.outstanding += 1
             return chosen
 
-    def _release(self, copy: Copy, answered: bool) -> None:
+    def _release(self, component: Component, copy: Copy, answered: bool) -> None:
         with self.lock:
             copy.outstanding -= 1
             copy.served += answered
+            if copy.outstanding == 0 and copy in component.draining:
+                component.draining.remove(copy)
 
     def forward(self, component: Component, body: bytes, headers: dict) -> Upstream:
         """POST one invocation to the least-loaded healthy copy; a refused connection tries the next.
@@ -360,23 +380,27 @@ class Router:
             failure="unreachable",
             detail=f"no healthy copy of component {component.name} (out of rotation: {', '.join(down) or 'none'})",
         )
+        last: Copy | None = None
         while True:
             copy = self._acquire(component, tried)
             if copy is None:
                 break
+            last = copy
             tried.add(copy.url)
             try:
                 result = self._call(copy, "POST", "/invocations", body, headers)
             finally:
-                self._release(copy, answered=result.failure is None and result.copy_url == copy.url)
+                self._release(component, copy, answered=result.failure is None and result.copy_url == copy.url)
             if result.failure in ("unreachable", "broken"):
                 self._mark(copy, False, result.detail, at_once=True)
             if result.failure != "unreachable":
                 break
+        latency_ms = (time.monotonic() - started) * 1000.0
         with self.lock:
-            self.metrics.setdefault(component.name, ComponentMetrics()).record(
-                result.status, (time.monotonic() - started) * 1000.0
-            )
+            self.metrics.setdefault(component.name, ComponentMetrics()).record(result.status, latency_ms)
+            if last is not None:
+                by_spec = self.spec_metrics.setdefault(component.name, {})
+                by_spec.setdefault(last.spec_sha256, ComponentMetrics()).record(result.status, latency_ms)
         return result
 
     def _call(self, copy: Copy, method: str, path: str, body: bytes | None, headers: dict) -> Upstream:
@@ -425,17 +449,23 @@ class Router:
                 "pid": os.getpid(),
                 "port": self.port,
                 "components": {
-                    name: {"spec_sha256": comp.spec_sha256, "copies": [c.view() for c in comp.copies]}
+                    name: {"copies": [c.view() for c in comp.copies], "draining": [c.view() for c in comp.draining]}
                     for name, comp in sorted(self.components.items())
                 },
             }
 
     def metrics_view(self) -> dict[str, Any]:
-        """JSON view of every component's counters and latency."""
+        """JSON view of every component's counters and latency, in all and by the spec of the copy that answered."""
         with self.lock:
             return {
                 "endpoint": self.name,
-                "components": {name: m.snapshot() for name, m in sorted(self.metrics.items())},
+                "components": {
+                    name: {
+                        **m.snapshot(),
+                        "by_spec": {sha: each.snapshot() for sha, each in sorted(self.spec_metrics.get(name, {}).items())},
+                    }
+                    for name, m in sorted(self.metrics.items())
+                },
                 "rejected": dict(sorted(self.rejected.items())),
             }
 
@@ -662,7 +692,7 @@ class AdminHandler(RouterHandler):
             self._json(400, {"error": problem})
             return
         try:
-            replaced = self.server.router.put_component(name, payload["spec_sha256"], payload["copies"])
+            replaced = self.server.router.put_component(name, payload["copies"])
         except ValueError as exc:
             self._json(400, {"error": str(exc)})
             return
@@ -693,17 +723,20 @@ class AdminHandler(RouterHandler):
 
 
 def _component_payload_problem(payload: dict[str, Any]) -> str | None:
-    """Why an admin PUT body is not `{"spec_sha256": HEX, "copies": [url, ...]}`, or None."""
-    extra = sorted(set(payload) - {"spec_sha256", "copies"})
-    missing = sorted({"spec_sha256", "copies"} - set(payload))
-    if extra or missing:
-        return f"body keys must be exactly spec_sha256 and copies (extra: {extra}, missing: {missing})"
-    if not isinstance(payload["spec_sha256"], str) or not SHA256_HEX.fullmatch(payload["spec_sha256"]):
-        return "spec_sha256 must be 64 lowercase hex characters"
+    """Why an admin PUT body is not `{"copies": [{"url": URL, "spec_sha256": HEX}, ...]}`, or None."""
+    if set(payload) != {"copies"}:
+        return f"body keys must be exactly copies (got {sorted(payload)})"
     copies = payload["copies"]
     if not isinstance(copies, list) or not copies:
-        return "copies must be a non-empty list of copy URLs"
-    if len(set(map(str, copies))) != len(copies):
+        return 'copies must be a non-empty list of {"url": "http://127.0.0.1:PORT", "spec_sha256": HEX}'
+    for index, entry in enumerate(copies):
+        if not isinstance(entry, dict) or set(entry) != {"url", "spec_sha256"}:
+            return f'copies[{index}] must be exactly {{"url": ..., "spec_sha256": ...}}'
+        if not isinstance(entry["url"], str):
+            return f"copies[{index}].url must be a string"
+        if not isinstance(entry["spec_sha256"], str) or not SHA256_HEX.fullmatch(entry["spec_sha256"]):
+            return f"copies[{index}].spec_sha256 must be 64 lowercase hex characters"
+    if len({entry["url"].rstrip("/") for entry in copies}) != len(copies):
         return "copies must not repeat a URL"
     return None
 

@@ -1,7 +1,15 @@
-"""promote: put the gated candidate on the production component, then verify what actually serves."""
+"""promote: put the gated candidate on the production component, then verify what actually serves.
+
+`all_at_once` replaces every copy at once; `canary` and `linear` roll the component batch by batch
+with a bake after each, judged by the config's bake alarms on the candidate's own answers. A rollout
+an alarm stopped ends `rolled_back` with the alarm as its reason, once the previous model is seen
+serving again.
+"""
 
 from __future__ import annotations
 
+from tasks.errors import Conflict
+from tasks.rollout import bake_watch
 from tasks.stages.common import component_spec, production_component, production_endpoint, require_served
 
 
@@ -11,15 +19,36 @@ def run(ctx) -> dict:
         ctx.say(f"promote: skipped, gate decision is {decision}; the champion keeps serving")
         return {"event": "skipped", "reason": f"gate decision {decision}", "decision": decision}
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
-    spec = component_spec(ctx, copies=ctx.config.rollout.copies)
-    ctx.say(f"promote: {ctx.config.rollout.strategy} to {endpoint}/{component}")
-    live = ctx.backends.hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)
+    rollout, hosting = ctx.config.rollout, ctx.backends.hosting
+    spec = component_spec(ctx, copies=rollout.copies)
+    ctx.say(f"promote: {rollout.strategy} to {endpoint}/{component}")
+    steps: list[dict] = []
+    if rollout.strategy == "all_at_once":
+        live = hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)
+    else:
+        plan = rollout.plan()
+        bake = bake_watch(ctx.backends.metrics, endpoint, component, spec.sha256(), rollout.alarms,
+                          plan.wait_interval_s)
+        outcome = hosting.roll_out(endpoint, component, spec, ctx.config.placement, plan, bake, progress=ctx.say)
+        steps = [step.model_dump() for step in outcome.steps]
+        live = hosting.describe(endpoint, component)
+        if outcome.status == "rolled_back":
+            if live is None or live.model_ref == spec.model_ref:
+                raise Conflict(f"the rollout of {endpoint}/{component} was rolled back ({outcome.reason}) but the "
+                               "previous model is not seen serving", fix="inspect the endpoint and roll back by hand")
+            ctx.say(f"promote: rolled back: {outcome.reason}; the champion serves again")
+            return {"event": "rolled_back", "reason": outcome.reason, "endpoint": endpoint, "component": component,
+                    "strategy": rollout.strategy, "steps": steps,
+                    "served": live.model_ref.model_dump() if live.model_ref else None}
+        if live is None:
+            raise Conflict(f"{endpoint}/{component} is gone right after its rollout", fix="rerun the promote stage")
     require_served(live, spec, where=f"production {endpoint}/{component} after promotion")
     return {
         "event": "succeeded",
         "endpoint": endpoint,
         "component": component,
-        "strategy": ctx.config.rollout.strategy,
+        "strategy": rollout.strategy,
+        "steps": steps,
         "served": live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(),
         "copies": live.copies,
         "placement": live.placement.model_dump(mode="json"),

@@ -73,4 +73,6 @@ def timeout_for(name: str, config: Any, *, startup_allowance_s: int = 15 * MINUT
         own = int(config.validation.deadline_s) + startup_allowance_s
     elif name in ("deploy_candidate", "promote"):
         own = getattr(config.placement, "provision_timeout_s", 0) + DEPLOY_WAIT_S + startup_allowance_s
+    if name == "promote":  # a rolling update may take up to its own maximum execution time
+        own = max(own, getattr(config.rollout, "maximum_execution_timeout_s", 0) + DEPLOY_WAIT_S + startup_allowance_s)
     return max(STEPS[name].timeout_s, own)

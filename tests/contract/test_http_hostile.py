@@ -95,7 +95,7 @@ def targets(tmp_path_factory, tiny_env) -> Iterator[dict[str, Target]]:
     _wait_ping(copy_port)
     conn = http.client.HTTPConnection("127.0.0.1", info["admin_port"], timeout=10)
     conn.request("PUT", "/_shiplift/components/echo",
-                 body=json.dumps({"spec_sha256": "0" * 64, "copies": [f"http://127.0.0.1:{copy_port}"]}),
+                 body=json.dumps({"copies": [{"url": f"http://127.0.0.1:{copy_port}", "spec_sha256": "0" * 64}]}),
                  headers={"Authorization": f"Bearer {info['admin_token']}", "Content-Type": "application/json"})
     assert conn.getresponse().status == 200
     conn.close()

@@ -126,7 +126,7 @@ class Fleet:
         return _request(f"{self.control}/_shiplift/{path}", method, payload, headers=headers)
 
     def put(self, name: str, copies: list[str]) -> None:
-        status, body = self.admin("PUT", f"components/{name}", {"spec_sha256": "a" * 64, "copies": copies})
+        status, body = self.admin("PUT", f"components/{name}", {"copies": [{"url": url, "spec_sha256": "a" * 64} for url in copies]})
         assert status == 200, body
 
     def reset(self) -> None:
@@ -376,14 +376,18 @@ def test_container_contract_passes_the_model_answer_verbatim(router):
 
 
 def test_admin_refuses_malformed_components(router):
-    sha = "a" * 64
+    def copy(url: str, sha: str = "a" * 64) -> dict:
+        return {"url": url, "spec_sha256": sha}
+
     cases = [
-        ("components/ok-name", {"spec_sha256": sha, "copies": ["http://10.0.0.1:8080"]}, "loopback"),
-        ("components/ok-name", {"spec_sha256": sha, "copies": [router.ok[0]], "extra": 1}, "extra"),
-        ("components/ok-name", {"spec_sha256": sha, "copies": []}, "non-empty"),
-        ("components/ok-name", {"spec_sha256": "ABC", "copies": [router.ok[0]]}, "64 lowercase hex"),
-        ("components/ok-name", {"spec": {"env": {"K": "v"}}, "copies": [router.ok[0]]}, "exactly spec_sha256"),
-        ("components/bad_name", {"spec_sha256": sha, "copies": [router.ok[0]]}, "letters, digits"),
+        ("components/ok-name", {"copies": [copy("http://10.0.0.1:8080")]}, "loopback"),
+        ("components/ok-name", {"copies": [copy(router.ok[0])], "extra": 1}, "exactly copies"),
+        ("components/ok-name", {"copies": []}, "non-empty"),
+        ("components/ok-name", {"copies": [copy(router.ok[0], "ABC")]}, "64 lowercase hex"),
+        ("components/ok-name", {"copies": [router.ok[0]]}, "copies[0] must be exactly"),
+        ("components/ok-name", {"copies": [copy(router.ok[0]), copy(router.ok[0] + "/")]}, "repeat"),
+        ("components/ok-name", {"spec": {"env": {"K": "v"}}, "copies": [copy(router.ok[0])]}, "exactly copies"),
+        ("components/bad_name", {"copies": [copy(router.ok[0])]}, "letters, digits"),
     ]
     for path, payload, needle in cases:
         status, body = router.admin("PUT", path, payload)

@@ -75,9 +75,11 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
         promote(state_dir, d, strategy="all_at_once", reason="r", actor="pytest")
     with pytest.raises(GateFailed, match="no gate decision: its validate stage is pending"):
         promote(state_dir, c, strategy="all_at_once", reason="r", actor="pytest")
-    for strategy in ("canary", "blue_green"):
-        with pytest.raises(ConfigError, match=f"{strategy}' is not implemented"):
+    for strategy in ("canary", "linear"):
+        with pytest.raises(ConfigError, match=f"{strategy}' is not implemented for a triggered promotion"):
             promote(state_dir, b, strategy=strategy, reason="r", actor="pytest")
+    with pytest.raises(ConfigError, match="blue_green is not offered.*InferenceComponentName.*use canary"):
+        promote(state_dir, b, strategy="blue_green", reason="r", actor="pytest")
     with pytest.raises(BadInput, match="strategy 'yolo' is unknown"):
         promote(state_dir, b, strategy="yolo", reason="r", actor="pytest")
     with pytest.raises(BadInput, match="not a release id"):

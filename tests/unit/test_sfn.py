@@ -287,9 +287,11 @@ def test_the_choice_reads_the_validate_result(name):
 
 
 def test_bake_wait_follows_the_rollout():
-    canary = render("gemma-decision.yaml", ("rollout.strategy=canary", "rollout.copies=2", "rollout.bake_s=420"))
+    canary = render("gemma-decision.yaml", ("rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=420",
+                                            "rollout.maximum_execution_timeout_s=9000"), post_promote_wait_s=30)
     assert canary["States"]["Promote"]["Next"] == "Bake"
-    assert canary["States"]["Bake"] == {**canary["States"]["Bake"], "Type": "Wait", "Seconds": 420, "Next": "TeardownCandidate"}
+    assert canary["States"]["Bake"] == {**canary["States"]["Bake"], "Type": "Wait", "Seconds": 30, "Next": "TeardownCandidate"}
+    assert canary["States"]["Promote"]["TimeoutSeconds"] > 9000, "promote's timeout covers the rollout's own deadline"
     all_at_once = render("gemma-decision.yaml", post_promote_wait_s=90)
     assert all_at_once["States"]["Bake"]["Seconds"] == 90
     no_wait = render("gemma-decision.yaml", post_promote_wait_s=0)

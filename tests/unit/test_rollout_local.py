@@ -1,0 +1,175 @@
+"""Rolling updates on the local backend: real router and fake model-server processes, batch by batch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.errors import NotFound
+from tasks.hosting.local import LocalHosting
+from tasks.interfaces import RolloutPlan, RolloutStep
+from tests.unit.test_local_hosting import _dead, _invoke, _pids, _spec
+
+LOAD_CLIENT = Path(__file__).resolve().parents[1] / "fakes" / "load_client.py"
+
+
+@pytest.fixture()
+def hosting(tmp_path):
+    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
+    yield hosting
+    for endpoint in LocalHosting(tmp_path / "state").list_endpoints():
+        pids = _pids(hosting, endpoint["name"])
+        hosting.delete_endpoint(endpoint["name"])
+        assert all(_dead(pid) for pid in pids), "teardown left processes running"
+
+
+class Watch:
+    """A bake that records each step, what answered during it, and fires an alarm on request."""
+
+    def __init__(self, hosting: LocalHosting, endpoint: str, alarm_at: int | None = None, crash_at: int | None = None):
+        self.hosting, self.endpoint = hosting, endpoint
+        self.alarm_at, self.crash_at = alarm_at, crash_at
+        self.steps: list[RolloutStep] = []
+        self.answered: list[set[int]] = []
+
+    def __call__(self, step: RolloutStep) -> str | None:
+        self.steps.append(step)
+        url = self.hosting.endpoint_url(self.endpoint)
+        self.answered.append({_invoke(url)[1]["pid"] for _ in range(8)})
+        if self.crash_at == step.batch:
+            raise KeyboardInterrupt("the pipeline was killed during the bake")
+        return "test alarm: error rate over 5%" if self.alarm_at == step.batch else None
+
+
+def _serving(hosting: LocalHosting, endpoint: str, component: str) -> dict[str, list[int]]:
+    """pids per model version of the copies the component runs now."""
+    comp = hosting._load(endpoint).components[component]
+    versions: dict[str, list[int]] = {}
+    specs = {comp.spec_sha256: comp.spec}
+    if comp.previous is not None:
+        specs[comp.previous.sha256()] = comp.previous
+    for copy in comp.copies:
+        version = specs[copy.spec_sha256 or comp.spec_sha256].model_ref["version"]
+        versions.setdefault(version, []).append(copy.pid)
+    return versions
+
+
+def _deploy(hosting: LocalHosting, endpoint: str, copies: int = 2) -> list[int]:
+    hosting.ensure_endpoint(endpoint)
+    return [c.pid for c in hosting.put_component(endpoint, "semif", _spec(copies=copies), ready_timeout_s=20).copies]
+
+
+def test_canary_moves_one_copy_bakes_then_the_rest(hosting):
+    old = _deploy(hosting, "ep-canary")
+    watch = Watch(hosting, "ep-canary")
+    result = hosting.roll_out("ep-canary", "semif", _spec(copies=2, version="v2"),
+                              RolloutPlan(strategy="canary", batch_copies=1), watch, ready_timeout_s=20)
+    assert result.status == "succeeded" and result.reason is None
+    assert [(s.batch, s.batches, s.old_copies, s.new_copies) for s in result.steps] == [(1, 2, 1, 1), (2, 2, 0, 2)]
+    serving = _serving(hosting, "ep-canary", "semif")
+    assert list(serving) == ["v2"] and len(serving["v2"]) == 2
+    assert len(watch.answered[0] & set(old)) == 1 and len(watch.answered[0] - set(old)) == 1, "the canary bakes beside an old copy"
+    assert watch.answered[1] == set(serving["v2"])
+    assert all(_dead(pid) for pid in old)
+    again = hosting.roll_out("ep-canary", "semif", _spec(copies=2, version="v2"),
+                             RolloutPlan(strategy="canary"), watch)
+    assert again.status == "unchanged"
+
+
+def test_linear_rolls_equal_batches(hosting):
+    _deploy(hosting, "ep-linear", copies=3)
+    result = hosting.roll_out("ep-linear", "semif", _spec(copies=3, version="v2"),
+                              RolloutPlan(strategy="linear", batch_copies=1), Watch(hosting, "ep-linear"), ready_timeout_s=20)
+    assert [(s.old_copies, s.new_copies) for s in result.steps] == [(2, 1), (1, 2), (0, 3)]
+    assert list(_serving(hosting, "ep-linear", "semif")) == ["v2"]
+
+
+def test_an_alarm_rolls_back_batch_by_batch_and_the_old_spec_serves(hosting):
+    old = _deploy(hosting, "ep-alarm", copies=3)
+    result = hosting.roll_out("ep-alarm", "semif", _spec(copies=3, version="v2"),
+                              RolloutPlan(strategy="linear", batch_copies=1, rollback_batch_copies=1),
+                              Watch(hosting, "ep-alarm", alarm_at=2), ready_timeout_s=20)
+    assert result.status == "rolled_back" and result.reason == "test alarm: error rate over 5%"
+    phases = [(s.phase, s.old_copies, s.new_copies, s.alarm is not None) for s in result.steps]
+    assert phases == [("rollout", 2, 1, False), ("rollout", 1, 2, True), ("rollback", 2, 1, False), ("rollback", 3, 0, False)]
+    serving = _serving(hosting, "ep-alarm", "semif")
+    assert list(serving) == ["v1"] and len(serving["v1"]) == 3
+    assert set(serving["v1"]) & set(old) == {old[2]}, "the copy never replaced keeps serving"
+    state = hosting._load("ep-alarm").components["semif"]
+    assert state.previous is None and state.spec.model_ref["version"] == "v1"
+    assert {_invoke(hosting.endpoint_url("ep-alarm"))[1]["pid"] for _ in range(9)} == set(serving["v1"])
+
+
+def test_a_rollout_killed_mid_bake_resumes_where_it_stopped(hosting, tmp_path):
+    old = _deploy(hosting, "ep-resume")
+    with pytest.raises(KeyboardInterrupt):
+        hosting.roll_out("ep-resume", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"),
+                         Watch(hosting, "ep-resume", crash_at=1), ready_timeout_s=20)
+    half = _serving(hosting, "ep-resume", "semif")
+    assert sorted(half) == ["v1", "v2"] and len(half["v1"]) == len(half["v2"]) == 1
+    assert hosting._load("ep-resume").components["semif"].previous is not None
+    rerun = LocalHosting(tmp_path / "state")  # a new command, as after a crash
+    watch = Watch(rerun, "ep-resume")
+    result = rerun.roll_out("ep-resume", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"), watch,
+                            ready_timeout_s=20)
+    assert result.status == "succeeded" and [s.batch for s in result.steps] == [2], "batch 1 is not redone"
+    serving = _serving(rerun, "ep-resume", "semif")
+    assert half["v2"][0] in serving["v2"] and len(serving["v2"]) == 2 and list(serving) == ["v2"]
+    assert all(_dead(pid) for pid in old)
+
+
+def test_a_rollout_to_another_spec_first_rolls_back_an_interrupted_one(hosting, tmp_path):
+    _deploy(hosting, "ep-other")
+    with pytest.raises(KeyboardInterrupt):
+        hosting.roll_out("ep-other", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"),
+                         Watch(hosting, "ep-other", crash_at=1), ready_timeout_s=20)
+    result = LocalHosting(tmp_path / "state").roll_out(
+        "ep-other", "semif", _spec(copies=2, version="v3"), RolloutPlan(strategy="canary"), Watch(hosting, "ep-other"),
+        ready_timeout_s=20)
+    assert result.status == "succeeded" and list(_serving(hosting, "ep-other", "semif")) == ["v3"]
+
+
+def test_rolling_a_component_that_does_not_exist_is_not_found(hosting):
+    hosting.ensure_endpoint("ep-none")
+    with pytest.raises(NotFound, match="deploy it first"):
+        hosting.roll_out("ep-none", "semif", _spec(), RolloutPlan(strategy="canary"), Watch(hosting, "ep-none"))
+
+
+def test_plan_targets():
+    assert RolloutPlan(strategy="canary", batch_copies=1).targets(4) == [1, 4]
+    assert RolloutPlan(strategy="linear", batch_copies=2).targets(5) == [2, 4, 5]
+    assert RolloutPlan(strategy="all_at_once").targets(3) == [3]
+    assert RolloutPlan(strategy="canary", batch_copies=9).targets(2) == [2]
+
+
+def _roll_under_load(hosting: LocalHosting, endpoint: str, clients: int, requests: int) -> dict:
+    """A linear rollout of 3 copies (each answer takes 20 ms) while a second process sends the load; its counts."""
+    hosting.ensure_endpoint(endpoint)
+    old = {c.pid for c in hosting.put_component(endpoint, "semif", _spec(copies=3, FAKE_DELAY_S="0.02"), ready_timeout_s=20).copies}
+    load = subprocess.Popen([sys.executable, str(LOAD_CLIENT), hosting.endpoint_url(endpoint), "--clients", str(clients),
+                             "--requests", str(requests), "--deadline-s", "300"], stdout=subprocess.PIPE, text=True)
+    result = hosting.roll_out(endpoint, "semif", _spec(copies=3, version="v2", FAKE_DELAY_S="0.02"),
+                              RolloutPlan(strategy="linear", batch_copies=1), lambda step: None, ready_timeout_s=20)
+    out, _ = load.communicate(timeout=360)
+    counts = json.loads(out)
+    print(f"\nrolling update under load ({clients} clients): {counts}")
+    assert result.status == "succeeded"
+    assert counts["sent"] == requests and counts["other"] == 0, counts
+    assert set(counts["by_status"]) <= {"200", "503"}, counts
+    answered = {int(pid) for pid in counts["by_pid"]}
+    assert answered & old and answered & set(_serving(hosting, endpoint, "semif")["v2"]), "the load did not span the rollout"
+    return counts
+
+
+def test_a_rolling_update_under_load_from_another_process_loses_no_request(hosting):
+    """Short variant (make test): 8 clients, 1,200 requests; `make test-load` runs 16 clients and 2,000."""
+    _roll_under_load(hosting, "ep-load", clients=8, requests=1200)
+
+
+@pytest.mark.load
+def test_a_rolling_update_under_heavy_load_loses_no_request(hosting):
+    _roll_under_load(hosting, "ep-heavy", clients=16, requests=2000)
