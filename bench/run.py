@@ -15,7 +15,9 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
    process with fresh state (target ≤ 1.5×);
 5. encoder engines (bench/encoder.py): PyTorch eager fp32 vs ONNX Runtime fp32 vs int8 at
    sequence length 512 (targets: ORT fp32 ≥ 1.3×, ORT int8 ≥ 2× PyTorch at batch 8 with at
-   most 1 point accuracy loss).
+   most 1 point accuracy loss);
+6. the router (bench/router.py): overhead per decision vs calling the copy directly (target ≤ 5 %
+   at p50), and throughput during a rolling update vs steady state (target ≥ 0.8).
 """
 
 from __future__ import annotations
@@ -249,18 +251,22 @@ def main() -> int:
     log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads")
     results = []
     with adapter(gguf) as url:
-        log("1/5 shared state vs single requests")
+        log("1/6 shared state vs single requests")
         results.append(bench_shared_state(url))
-        log("2/5 adapter overhead")
+        log("2/6 adapter overhead")
         results.append(bench_adapter_overhead(url, gguf))
-        log("3/5 runner overhead")
+        log("3/6 runner overhead")
         results.append(bench_runner_overhead(url))
-    log("4/5 orchestration overhead (two full demo releases)")
+    log("4/6 orchestration overhead (two full demo releases)")
     results.append(bench_dag_vs_cli())
-    log("5/5 encoder engines: PyTorch fp32 vs ONNX Runtime fp32 vs int8")
+    log("5/6 encoder engines: PyTorch fp32 vs ONNX Runtime fp32 vs int8")
     from bench.encoder import run as bench_encoder
 
     results.extend(bench_encoder())
+    log("6/6 router overhead and throughput during a rolling update")
+    from bench.router import run as bench_router
+
+    results.extend(bench_router(gguf))
     width = max(len(r["name"]) for r in results)
     print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
     for r in results:

@@ -436,11 +436,21 @@ class BakeAlarms(Strict):
     check_interval_s: float = Field(5.0, gt=0, le=300, description="how often the alarms are read during a bake")
 
 
+class OnlineGate(Strict):
+    """A labelled canary set replayed through the live component in every bake, judged on the candidate's own
+    answers against the champion's under the release's thresholds and champion rule."""
+
+    split: str = Field("test", min_length=1, description="the split of the release's validation datasets replayed")
+    max_tasks: int = Field(64, ge=1, le=10_000, description="at most this many tasks of that split, in file order")
+    rounds: int = Field(4, ge=1, le=32, description="resends of tasks a champion copy answered, per bake")
+
+
 class RollingUpdate(Strict):
     """Batches of copies with a bake after each, parameters as SageMaker's RollingUpdatePolicy takes them."""
 
     copies: int = Field(2, ge=2, le=16)
     alarms: BakeAlarms = BakeAlarms()
+    online_gate: OnlineGate | None = None
     batch: CapacitySize = CapacitySize()
     wait_interval_s: int = Field(300, ge=0, le=3600, description="bake after each batch (WaitIntervalInSeconds)")
     rollback_batch: CapacitySize | None = Field(None, description="copies rolled back at a time; unset: all at once")
@@ -523,6 +533,22 @@ class ReleaseConfig(Strict):
                 f"artifact.kind {self.artifact.kind} needs image.kind {image} and validation.kind {validation}, "
                 f"got image.kind {self.image.kind} and validation.kind {self.validation.kind}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _online_gate_can_decide(self) -> "ReleaseConfig":
+        gate = getattr(self.rollout, "online_gate", None)
+        if gate is None:
+            return self
+        if self.validation.kind != "decisions":
+            raise ValueError("rollout.online_gate replays decision tasks; encoder (nli) releases have none yet, so leave it out")
+        listed = [ref.splits for ref in self.validation.datasets]
+        if all(splits for splits in listed) and not any(gate.split in splits for splits in listed):
+            raise ValueError(f"rollout.online_gate.split {gate.split!r} is not a split any validation dataset keeps "
+                             f"({sorted({s for splits in listed for s in splits})}); name one of them")
+        if gate.max_tasks < self.validation.champion.min_samples:
+            raise ValueError(f"rollout.online_gate.max_tasks ({gate.max_tasks}) is below validation.champion.min_samples "
+                             f"({self.validation.champion.min_samples}), so the gate could never decide; raise it")
         return self
 
     @model_validator(mode="after")

@@ -8,10 +8,10 @@ copies that serve the candidate's spec, even while old copies still answer besid
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from tasks.errors import NotFound
-from tasks.interfaces import Bake, ComponentMetrics, Metrics, RolloutStep
+from tasks.interfaces import ComponentMetrics, Metrics, RolloutStep
 
 
 def alarm_for(metrics: ComponentMetrics, rules) -> str | None:
@@ -29,26 +29,41 @@ def alarm_for(metrics: ComponentMetrics, rules) -> str | None:
     return None
 
 
-def bake_watch(metrics: Metrics, endpoint: str, component: str, spec_sha256: str, rules, wait_s: float, *,
-               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> Bake:
-    """A bake: for `wait_s` after each batch, read the new copies' metrics every `rules.check_interval_s`, and
-    return the first alarm (which rolls back) or None when the wait ends quietly."""
+class BakeWatch:
+    """A bake: after each batch, replay the online gate's canary set (when there is one), then for `wait_s` read
+    the new copies' metrics every `rules.check_interval_s`; the first alarm (which rolls back) ends it. What the
+    online gate saw is kept per step for the ledger."""
 
-    def read() -> str | None:
+    def __init__(self, metrics: Metrics, endpoint: str, component: str, spec_sha256: str, rules, wait_s: float, *,
+                 online_gate: Any = None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic):
+        self.metrics, self.endpoint, self.component, self.spec_sha256 = metrics, endpoint, component, spec_sha256
+        self.rules, self.wait_s, self.online_gate = rules, wait_s, online_gate
+        self.sleep, self.clock = sleep, clock
+        self.evidence: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def _read(self) -> str | None:
         try:
-            seen = metrics.component_metrics(endpoint, component, window_s=max(60.0, wait_s),
-                                             spec_sha256=spec_sha256)
+            seen = self.metrics.component_metrics(self.endpoint, self.component, window_s=max(60.0, self.wait_s),
+                                                  spec_sha256=self.spec_sha256)
         except NotFound:
             return None  # the new copies have answered nothing yet
-        return alarm_for(seen, rules)
+        return alarm_for(seen, self.rules)
 
-    def bake(step: RolloutStep) -> str | None:
-        deadline = clock() + wait_s
+    def __call__(self, step: RolloutStep) -> str | None:
+        deadline = self.clock() + self.wait_s
+        gate_alarm = None
+        if self.online_gate is not None:
+            self.online_gate.replay()
+            gate_alarm = self.online_gate.alarm()
+            self.evidence[(step.phase, step.batch)] = {"online_gate": self.online_gate.evidence()}
         while True:
-            alarm = read()
-            left = deadline - clock()
+            alarm = gate_alarm or self._read()
+            left = deadline - self.clock()
             if alarm or left <= 0:
                 return alarm
-            sleep(min(rules.check_interval_s, left))
+            self.sleep(min(self.rules.check_interval_s, left))
 
-    return bake
+    def steps_with_evidence(self, steps) -> list[dict[str, Any]]:
+        """The rollout's steps as JSON, each with what the online gate saw during its bake."""
+        return [{**step.model_dump(), **self.evidence.get((step.phase, step.batch), {})} for step in steps]

@@ -55,6 +55,7 @@ class Prediction(BaseModel):
     retries_503: int
     error: str | None
     started_at: float
+    model_sha256: str | None = None  # the model file the answering server reports (which copy's model answered)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able dict written as one line of the predictions file."""
@@ -74,7 +75,10 @@ def _parse_result(task: JevTask, data: bytes) -> dict[str, Any]:
     timings = result.get("timings") or {}
     if not isinstance(timings, dict):
         raise Malformed("result field 'timings' is not an object")
+    model = result.get("model")
+    model_sha256 = model.get("sha256") if isinstance(model, dict) else None
     return {
+        "model_sha256": model_sha256 if isinstance(model_sha256, str) else None,
         "probabilities": optional_numbers(result.get("probabilities"), "probabilities"),
         "option_logits": optional_numbers(result.get("option_logits"), "option_logits"),
         "allowed_token_mass": optional_number(result.get("allowed_token_mass"), "allowed_token_mass"),
@@ -85,7 +89,8 @@ def _parse_result(task: JevTask, data: bytes) -> dict[str, Any]:
 
 
 EMPTY_RESULT = dict.fromkeys(
-    ("probabilities", "option_logits", "allowed_token_mass", "temperature", "server_forward_ms", "server_total_ms")
+    ("model_sha256", "probabilities", "option_logits", "allowed_token_mass", "temperature", "server_forward_ms",
+     "server_total_ms")
 )
 
 

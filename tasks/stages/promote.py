@@ -1,16 +1,38 @@
 """promote: put the gated candidate on the production component, then verify what actually serves.
 
 `all_at_once` replaces every copy at once; `canary` and `linear` roll the component batch by batch
-with a bake after each, judged by the config's bake alarms on the candidate's own answers. A rollout
-an alarm stopped ends `rolled_back` with the alarm as its reason, once the previous model is seen
-serving again.
+with a bake after each, judged by the config's bake alarms on the candidate's own answers and, when
+the config has one, by the online gate (the canary set replayed through the live component). A
+rollout an alarm stopped ends `rolled_back` with the alarm as its reason, once the previous model is
+seen serving again.
 """
 
 from __future__ import annotations
 
-from tasks.errors import Conflict
-from tasks.rollout import bake_watch
+from tasks.errors import ConfigError, Conflict
+from tasks.rollout import BakeWatch
 from tasks.stages.common import component_spec, production_component, production_endpoint, require_served
+
+
+def online_gate(ctx, endpoint: str, component: str):
+    """The config's online gate over the live production component, or None when the rollout has none."""
+    gate = ctx.config.rollout.online_gate
+    if gate is None:
+        return None
+    from validation.datasets import load_decision_dataset
+    from validation.online_gate import OnlineGate
+
+    cfg = ctx.config.validation
+    tasks = [task for i, ref in enumerate(cfg.datasets)
+             for task in load_decision_dataset(ref, ctx.config_dir, name=f"dataset{i}").tasks if task.split == gate.split]
+    if len(tasks) < cfg.champion.min_samples:
+        raise ConfigError(f"rollout.online_gate.split {gate.split!r} holds {len(tasks)} tasks, fewer than "
+                          f"validation.champion.min_samples ({cfg.champion.min_samples})",
+                          fix="name a larger split, or lower min_samples")
+    invoker = ctx.backends.hosting.invoker(endpoint, component, timeout_s=cfg.request_timeout_s)
+    return OnlineGate(invoker, tasks[: gate.max_tasks], candidate_model_sha256=ctx.result("build")["model_sha256"],
+                      thresholds=cfg.thresholds, champion_rule=cfg.champion, rounds=gate.rounds,
+                      concurrency=cfg.concurrency, timeout_s=cfg.request_timeout_s)
 
 
 def run(ctx) -> dict:
@@ -27,10 +49,10 @@ def run(ctx) -> dict:
         live = hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)
     else:
         plan = rollout.plan()
-        bake = bake_watch(ctx.backends.metrics, endpoint, component, spec.sha256(), rollout.alarms,
-                          plan.wait_interval_s)
+        bake = BakeWatch(ctx.backends.metrics, endpoint, component, spec.sha256(), rollout.alarms, plan.wait_interval_s,
+                         online_gate=online_gate(ctx, endpoint, component) if hosting.describe(endpoint, component) else None)
         outcome = hosting.roll_out(endpoint, component, spec, ctx.config.placement, plan, bake, progress=ctx.say)
-        steps = [step.model_dump() for step in outcome.steps]
+        steps = bake.steps_with_evidence(outcome.steps)
         live = hosting.describe(endpoint, component)
         if outcome.status == "rolled_back":
             if live is None or live.model_ref == spec.model_ref:

@@ -68,11 +68,14 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     ledger = Ledger.for_sqlite(state_dir / "ledger.db")
     assert _promote_record(ledger, first["release_id"]).payload["steps"] == [], "the first release is deployed whole"
 
-    second = run_release(release_config(rollout=CANARY, calibration__fit_temperature=True), progress=QUIET)
+    gated = {**CANARY, "online_gate": {"split": "test", "max_tasks": 32}}
+    second = run_release(release_config(rollout=gated, calibration__fit_temperature=True), progress=QUIET)
     assert second["status"] == "promoted"
     steps = _promote_record(ledger, second["release_id"]).payload["steps"]
     assert [(s["phase"], s["batch"], s["old_copies"], s["new_copies"], s["alarm"]) for s in steps] == [
         ("rollout", 1, 1, 1, None), ("rollout", 2, 0, 2, None)]
+    gate = steps[0]["online_gate"]  # the canary set replayed through production while the first batch baked
+    assert gate["candidate_answers"] == 32 and gate["decision"] == "pass" and gate["unattributed"] == 0
     served = production(state_dir, MODEL)
     assert served["spec"]["model_ref"]["release_id"] == second["release_id"] and len(served["copies"]) == 2
 

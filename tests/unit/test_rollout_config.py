@@ -9,7 +9,7 @@ import pytest
 from tasks.config import BakeAlarms, load_release_config
 from tasks.errors import ConfigError, NotFound
 from tasks.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
-from tasks.rollout import alarm_for, bake_watch
+from tasks.rollout import BakeWatch, alarm_for
 
 GEMMA = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
 STEP = RolloutStep(phase="rollout", batch=1, batches=2, old_copies=1, new_copies=1, old_spec_sha256="a" * 64,
@@ -42,6 +42,8 @@ def test_canary_and_linear_make_the_plans_their_parameters_say():
     (("rollout.strategy=canary", "rollout.maximum_execution_timeout_s=599"), "maximum_execution_timeout_s"),
     (("rollout.strategy=canary", "rollout.alarms.max_error_rate=1.5"), "max_error_rate"),
     (("rollout.strategy=canary", "rollout.bake_s=300"), "bake_s"),
+    (("rollout.strategy=canary", "rollout.online_gate.split=nope"), "split 'nope' is not a split any validation dataset keeps"),
+    (("rollout.strategy=canary", "rollout.online_gate.max_tasks=5"), r"max_tasks \(5\) is below validation.champion.min_samples"),
 ])
 def test_bad_rollouts_are_refused_with_the_field_and_the_reason(sets, words):
     with pytest.raises(ConfigError, match=words):
@@ -90,9 +92,15 @@ def test_a_bake_watches_the_whole_wait_and_fires_at_the_first_alarm():
     rules = BakeAlarms(max_error_rate=0.05, min_invocations=10, check_interval_s=2)
     clock = Clock()
     quiet = FakeMetrics([None, _metrics(10, 0)])
-    assert bake_watch(quiet, "ep", "c", "s" * 64, rules, 5, sleep=clock.sleep, clock=lambda: clock.now)(STEP) is None
+    assert BakeWatch(quiet, "ep", "c", "s" * 64, rules, 5, sleep=clock.sleep, clock=lambda: clock.now)(STEP) is None
     assert clock.slept == [2, 2, 1] and quiet.calls[0] == ("ep", "c", "s" * 64)
     clock = Clock()
     noisy = FakeMetrics([_metrics(10, 0), _metrics(20, 5)])
-    fired = bake_watch(noisy, "ep", "c", "s" * 64, rules, 60, sleep=clock.sleep, clock=lambda: clock.now)(STEP)
+    fired = BakeWatch(noisy, "ep", "c", "s" * 64, rules, 60, sleep=clock.sleep, clock=lambda: clock.now)(STEP)
     assert fired.startswith("error rate 0.250") and clock.slept == [2], "the alarm fires at the reading that shows it"
+
+
+def test_an_online_gate_on_an_encoder_release_is_refused():
+    nli = GEMMA.with_name("minilm-nli.yaml")
+    with pytest.raises(ConfigError, match="online_gate replays decision tasks"):
+        load_release_config(nli, overrides=("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test"))

@@ -12,19 +12,10 @@ import pytest
 from tasks.errors import NotFound
 from tasks.hosting.local import LocalHosting
 from tasks.interfaces import RolloutPlan, RolloutStep
-from tests.unit.test_local_hosting import _dead, _invoke, _pids, _spec
+from tests.unit.conftest import _dead
+from tests.unit.test_local_hosting import _invoke, _spec
 
 LOAD_CLIENT = Path(__file__).resolve().parents[1] / "fakes" / "load_client.py"
-
-
-@pytest.fixture()
-def hosting(tmp_path):
-    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
-    yield hosting
-    for endpoint in LocalHosting(tmp_path / "state").list_endpoints():
-        pids = _pids(hosting, endpoint["name"])
-        hosting.delete_endpoint(endpoint["name"])
-        assert all(_dead(pid) for pid in pids), "teardown left processes running"
 
 
 class Watch:
