@@ -500,6 +500,7 @@ class LocalHosting:
             targets = plan.targets(spec.copies)
             steps: list[RolloutStep] = []
             for number, target in enumerate(targets, 1):
+                self._forget_dead(state, component)  # a copy that died mid-rollout is started again below
                 new, old = comp.running(digest), [c for c in comp.copies if c.spec_sha256 != digest]
                 keep_old = old_count - (old_count * target) // spec.copies
                 if len(new) >= target and len(old) <= keep_old:
@@ -519,6 +520,11 @@ class LocalHosting:
                     progress(f"{endpoint}/{component}: alarm {alarm}; rolling back")
                     self._roll_back(state, component, plan, timeouts, steps, progress)
                     return RolloutResult(status="rolled_back", reason=alarm, steps=tuple(steps))
+            self._forget_dead(state, component)
+            missing = spec.copies - len(comp.running(digest))
+            if missing > 0:  # a copy died during the last bake: end at the spec's copy count all the same
+                progress(f"{endpoint}/{component}: {missing} new copies died during the bake; starting them again")
+                self._shift(state, component, spec, missing, [], timeouts)
             comp.previous = None
             self._save(state)
         return RolloutResult(status="succeeded", steps=tuple(steps))
@@ -925,6 +931,19 @@ class LocalHosting:
         state.retiring = []
         self._save(state)
 
+    def _forget_dead(self, state: EndpointState, component: str) -> None:
+        """Drop copies whose process died from the component (and the router), so the rollout's counts are real."""
+        comp = state.components[component]
+        alive = [c for c in comp.copies if _alive(c)]
+        if len(alive) == len(comp.copies):
+            return
+        sys.stderr.write(f"endpoint {state.name}: {len(comp.copies) - len(alive)} copies of {component} died; "
+                         "the rollout replaces them\n")
+        comp.copies = alive
+        self._save(state)
+        if alive:
+            self._register(state, component)
+
     def _drain(self, state: EndpointState, component: str, retired: list[CopyRef], timeout_s: float) -> None:
         """Wait until the router has no request in flight on the copies just taken out of rotation."""
         urls = {c.url for c in retired}
@@ -953,6 +972,7 @@ class LocalHosting:
         batches = max(1, -(-len([c for c in comp.copies if c.spec_sha256 != old_sha]) // batch))
         number = 0
         while True:
+            self._forget_dead(state, component)
             new, old = [c for c in comp.copies if c.spec_sha256 != old_sha], comp.running(old_sha)
             if not new and len(old) >= previous.copies:
                 break

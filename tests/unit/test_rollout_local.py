@@ -164,3 +164,27 @@ def test_a_rolling_update_under_load_from_another_process_loses_no_request(hosti
 @pytest.mark.load
 def test_a_rolling_update_under_heavy_load_loses_no_request(hosting):
     _roll_under_load(hosting, "ep-heavy", clients=16, requests=2000)
+
+
+def test_a_copy_killed_during_a_canary_is_replaced_and_the_rollout_ends_whole(hosting):
+    import os
+    import signal
+
+    _deploy(hosting, "ep-kill")
+    killed: list[int] = []
+
+    def bake(step: RolloutStep) -> str | None:
+        if step.batch == 1:  # the canary copy dies while it bakes; requests meanwhile go to the old copy
+            canary = hosting._load("ep-kill").components["semif"].running(step.new_spec_sha256)[0]
+            os.kill(canary.pid, signal.SIGKILL)
+            assert _dead(canary.pid)
+            killed.append(canary.pid)
+            assert {_invoke(hosting.endpoint_url("ep-kill"))[0] for _ in range(4)} == {200}
+        return None
+
+    result = hosting.roll_out("ep-kill", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"), bake,
+                              ready_timeout_s=20)
+    assert result.status == "succeeded"
+    serving = _serving(hosting, "ep-kill", "semif")
+    assert list(serving) == ["v2"] and len(serving["v2"]) == 2 and killed[0] not in serving["v2"]
+    assert all(c["alive"] and c["ping"] == 200 for c in hosting.describe_endpoint("ep-kill")["components"]["semif"]["copies"])
