@@ -154,6 +154,10 @@ class ComponentState(BaseModel):
         """The copies that run the spec with this hash."""
         return [c for c in self.copies if (c.spec_sha256 or self.spec_sha256) == digest]
 
+    def not_running(self, digest: str) -> list[CopyRef]:
+        """The copies that run any other spec."""
+        return [c for c in self.copies if (c.spec_sha256 or self.spec_sha256) != digest]
+
 
 class EndpointState(BaseModel):
     """The persisted state of one endpoint."""
@@ -501,7 +505,7 @@ class LocalHosting:
             steps: list[RolloutStep] = []
             for number, target in enumerate(targets, 1):
                 self._forget_dead(state, component)  # a copy that died mid-rollout is started again below
-                new, old = comp.running(digest), [c for c in comp.copies if c.spec_sha256 != digest]
+                new, old = comp.running(digest), comp.not_running(digest)
                 keep_old = old_count - (old_count * target) // spec.copies
                 if len(new) >= target and len(old) <= keep_old:
                     continue  # done before an interruption
@@ -902,15 +906,8 @@ class LocalHosting:
                 f"endpoint {state.name}: component {cname} has {len(keep)} of {comp.spec.copies} copies "
                 f"in rotation; starting {missing}\n"
             )
-            fresh = self._start_copies(state, state.name, cname, comp.spec, ready_timeout_s, count=missing)
-            state.retiring = [c for c in comp.copies if c not in keep]
-            comp.copies = keep + fresh
-            state.pending = []
-            self._save(state)
-            self._register(state, cname)
-            self._stop_copies(state.retiring)
-            state.retiring = []
-            self._save(state)
+            # the copies left out are dead or out of rotation: nothing to drain from them
+            self._shift(state, cname, comp.spec, missing, [c for c in comp.copies if c not in keep], (ready_timeout_s, 0.0))
 
     # -- rolling updates -----------------------------------------------------------------------
     def _shift(
@@ -918,7 +915,8 @@ class LocalHosting:
         timeouts: tuple[float, float],
     ) -> None:
         """One traffic step: start `count` copies of `spec` (ready), put them in rotation without `retire`,
-        let those drain, stop them; persisted before each change so a crash is cleaned up by the next command."""
+        let those drain (skipped with a drain timeout of 0), stop them; persisted before each change so a
+        crash is cleaned up by the next command."""
         ready_timeout_s, drain_timeout_s = timeouts
         comp = state.components[component]
         fresh = self._start_copies(state, state.name, component, spec, ready_timeout_s, count=count) if count else []
@@ -926,7 +924,8 @@ class LocalHosting:
         state.pending, state.retiring = [], list(retire)
         self._save(state)
         self._register(state, component)
-        self._drain(state, component, retire, drain_timeout_s)
+        if drain_timeout_s > 0:
+            self._drain(state, component, retire, drain_timeout_s)
         self._stop_copies(retire)
         state.retiring = []
         self._save(state)
@@ -969,11 +968,11 @@ class LocalHosting:
         assert previous is not None
         old_sha, new_sha = previous.sha256(), comp.spec_sha256
         batch = plan.rollback_batch_copies or max(previous.copies, len(comp.copies))
-        batches = max(1, -(-len([c for c in comp.copies if c.spec_sha256 != old_sha]) // batch))
+        batches = max(1, -(-len(comp.not_running(old_sha)) // batch))
         number = 0
         while True:
             self._forget_dead(state, component)
-            new, old = [c for c in comp.copies if c.spec_sha256 != old_sha], comp.running(old_sha)
+            new, old = comp.not_running(old_sha), comp.running(old_sha)
             if not new and len(old) >= previous.copies:
                 break
             number += 1
