@@ -77,6 +77,24 @@ def release_dry_run(args) -> int:
     return 0
 
 
+def cmd_rollback(args) -> int:
+    """Put an earlier promoted release back on production with its own rollout strategy, then show what serves."""
+    from tasks.promotion import rollback
+    from tasks.release import default_actor
+
+    result = rollback(args.state_dir, args.model, args.to, reason=args.reason, actor=args.actor or default_actor(),
+                      expect_current=args.expect_current, ledger_url=args.ledger_url)
+    if args.json:
+        print_json(result)
+        return 0
+    served = result["served"] or {}
+    print_table([{"model": result["model"], "from": result["rollback_from"] or "(none)", "to": result["rollback_to"],
+                  "strategy": result["strategy"], "traffic steps": result["steps"],
+                  "serving now": served.get("release_id", "?"), "image": (served.get("image_digest") or "?")[:19]}],
+                ["model", "from", "to", "strategy", "traffic steps", "serving now", "image"])
+    return 0
+
+
 def cmd_iam(args) -> int:
     from tasks.aws.iam import policies
 
@@ -406,6 +424,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="aws configs: print every request the release would send (JSON lines), validated, and send nothing")
     p.set_defaults(func=cmd_release)
+
+    p = with_ledger(with_state_dir(sub.add_parser(
+        "rollback", help="put an earlier promoted release of a model back on production (its own rollout strategy), "
+                         "verify what serves and record why")))
+    p.add_argument("model")
+    p.add_argument("--to", required=True, metavar="RELEASE", help="the release to serve again (a promoted one)")
+    p.add_argument("--reason", required=True, help="why, for the ledger")
+    p.add_argument("--expect-current", metavar="RELEASE", help="refuse unless the ledger says this release serves now")
+    p.add_argument("--actor", help="who rolls back (default: $SHIPLIFT_ACTOR, else user@host)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("iam", help="least-privilege IAM policies for an aws config (pipeline, SageMaker execution, CodeBuild roles)")
     p.add_argument("config")

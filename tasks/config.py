@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_json
-from tasks.interfaces import RolloutPlan
+from tasks.interfaces import BakeAlarms, RolloutPlan
 from tasks.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
@@ -427,15 +427,6 @@ class CapacitySize(Strict):
         return min(total, self.value) if self.type == "COPY_COUNT" else max(1, total * self.value // 100)
 
 
-class BakeAlarms(Strict):
-    """What rolls a rollout back while a batch bakes, judged on the new model's own answers."""
-
-    max_error_rate: float = Field(0.01, ge=0, le=1, description="(5xx + model errors) / invocations of the new copies")
-    max_latency_p99_ms: float | None = Field(None, gt=0, description="p99 latency of the new copies' answers")
-    min_invocations: int = Field(1, ge=1, description="rates are judged once the new copies have answered this many")
-    check_interval_s: float = Field(5.0, gt=0, le=300, description="how often the alarms are read during a bake")
-
-
 class OnlineGate(Strict):
     """A labelled canary set replayed through the live component in every bake, judged on the candidate's own
     answers against the champion's under the release's thresholds and champion rule."""
@@ -472,6 +463,8 @@ class RollingUpdate(Strict):
             wait_interval_s=self.wait_interval_s,
             rollback_batch_copies=self.rollback_batch.copies_of(self.copies) if self.rollback_batch else None,
             max_execution_s=self.maximum_execution_timeout_s,
+            alarms=self.alarms,
+            online_gate=self.online_gate is not None,
         )
 
 
@@ -533,6 +526,19 @@ class ReleaseConfig(Strict):
                 f"artifact.kind {self.artifact.kind} needs image.kind {image} and validation.kind {validation}, "
                 f"got image.kind {self.image.kind} and validation.kind {self.validation.kind}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _canary_fits_sagemaker(self) -> "ReleaseConfig":
+        rollout = self.rollout
+        if self.backend.kind == "aws" and rollout.strategy == "canary":
+            batch = rollout.batch.copies_of(rollout.copies)
+            if rollout.copies - batch > batch:
+                raise ValueError(
+                    f"a canary of {batch} then {rollout.copies - batch} copies cannot be sent to SageMaker: its rolling "
+                    "update moves equal batches (RollingUpdatePolicy.MaximumBatchSize), so the rest would go "
+                    f"{batch} at a time; use strategy linear, or a batch of at least {-(-rollout.copies // 2)} copies"
+                )
         return self
 
     @model_validator(mode="after")

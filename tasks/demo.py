@@ -6,7 +6,13 @@
 3. Release a broken model (a tiny random GGUF): the gate rejects it and the champion keeps serving.
 4. Release the encoder: a MiniLM-L6 NLI head trained here, exported to ONNX (+ int8), parity-checked
    against PyTorch, served by ONNX Runtime and gated on the project's NLI test split.
-Then verify the ledger, ask the production endpoint one real question, and print a summary.
+5. Canary Gemma onto two copies: one new copy beside the champion's, a bake with the online gate (the
+   canary set replayed through production) and the bake alarms, then the rest.
+6. Canary a Gemma build that refuses the multi-decision requests production clients send (the offline
+   gate sends single decisions, so it passes): under live traffic its error-rate alarm fires during the
+   first bake and the rollout is rolled back, the champion still serving.
+Then verify the ledger, show each canary's traffic steps from the ledger, ask the production endpoint one
+real question, and print a summary.
 """
 
 from __future__ import annotations
@@ -15,18 +21,68 @@ import json
 import os
 import shutil
 import sys
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 BROKEN = ROOT / "configs" / "releases" / "demo-broken-model.yaml"
 ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
-STEPS = (
-    ("1. first release", CONFIG, ()),
-    ("2. fitted temperature", CONFIG, ("calibration.fit_temperature=true",)),
-    ("3. broken model", BROKEN, ()),
-    ("4. NLI encoder", ENCODER, ()),
+FITTED = ("calibration.fit_temperature=true",)
+CANARY = (*FITTED, "rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=5",
+          "rollout.maximum_execution_timeout_s=600", "rollout.alarms.max_error_rate=0.05",
+          "rollout.alarms.min_invocations=3", "rollout.alarms.check_interval_s=0.5")
+ONLINE_GATE = ("rollout.online_gate.split=test", "rollout.online_gate.max_tasks=32", "rollout.online_gate.rounds=2")
+STEPS = (  # label, config, overrides, live traffic of multi-decision requests during the release
+    ("1. first release", CONFIG, (), False),
+    ("2. fitted temperature", CONFIG, FITTED, False),
+    ("3. broken model", BROKEN, (), False),
+    ("4. NLI encoder", ENCODER, (), False),
+    ("5. canary", CONFIG, (*CANARY, *ONLINE_GATE), False),
+    ("6. canary, fails live", CONFIG, (*CANARY, "image.max_shared_decisions=1"), True),
 )
+EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back"]
+
+
+def shared_decisions(count: int = 2) -> bytes:
+    """`count` decisions on one state in one `decisions` request, as a production client batches them."""
+    options = [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]
+    return json.dumps({"decisions": [{"id": f"q{i}", "state": "The sky is blue.", "question": "Is the sky blue?",
+                                      "options": options} for i in range(count)]}).encode()
+
+
+class LiveTraffic:
+    """Production traffic from a background thread (multi-decision requests to one component), counting the
+    statuses it gets, until the block ends."""
+
+    def __init__(self, url: str, component: str, body: bytes | None = None, timeout_s: float = 30):
+        self.url, self.component, self.body, self.timeout_s = url, component, body or shared_decisions(), timeout_s
+        self.stop, self.statuses = threading.Event(), Counter()
+        self.thread = threading.Thread(target=self._run, name="live-traffic", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            request = urllib.request.Request(f"{self.url}/invocations", data=self.body, method="POST", headers={
+                "Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": self.component})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    response.read()
+                    self.statuses[response.status] += 1
+            except urllib.error.HTTPError as error:
+                self.statuses[error.code] += 1
+            except OSError:
+                self.statuses["transport"] += 1
+
+    def __enter__(self) -> "LiveTraffic":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=self.timeout_s * 2)
 
 
 def banner(text: str) -> None:
@@ -83,15 +139,25 @@ def fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def rollout_cell(summary: dict) -> str:
+    """How the release reached production: its strategy and traffic steps, or why it was rolled back."""
+    rollout = summary.get("rollout") or {}
+    if not rollout.get("strategy"):
+        return "-"
+    steps = f", {rollout['steps']} steps" if rollout["steps"] else ""
+    return f"{rollout['strategy']}{steps}" + (" (rolled back)" if summary["status"] == "rolled_back" else "")
+
+
 def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str:
-    header = ("step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "status", "serving after", "checks not passed")
+    header = ("step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "rollout", "status", "serving after",
+              "checks not passed")
     lines = [header]
     for (label, s), serving in zip(rows, serving_after):
         m = s.get("metrics") or {}
         lines.append((
             label, s["release_id"], s.get("gguf_file_type") or "-", fmt(s.get("temperature"), ".2f"),
             fmt(m.get("accuracy")), fmt(m.get("ece")), fmt(m.get("p95_ms"), ".0f"),
-            s.get("decision") or "-", s["status"], serving, "; ".join(s.get("not_passed") or []) or "-",
+            s.get("decision") or "-", rollout_cell(s), s["status"], serving, "; ".join(s.get("not_passed") or []) or "-",
         ))
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
     out = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)) for row in lines]
@@ -108,6 +174,24 @@ def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
     return live.model_ref.release_id if live and live.model_ref else "(nothing)"
 
 
+def traffic_steps_table(ledger, release_id: str) -> str:
+    """A release's traffic steps as the ledger recorded them: batch, copies of each spec, alarm states, gate."""
+    rows = [("phase", "batch", "old copies", "new copies", "alarms", "online gate", "alarm")]
+    for record in ledger.release(release_id):
+        if record.stage != "traffic":
+            continue
+        step = record.payload
+        gate = step.get("online_gate") or {}
+        states = ", ".join(f"{name} {state}" for name, state in sorted((step.get("alarm_states") or {}).items())) or "-"
+        rows.append((step["phase"], f"{step['batch']}/{step['batches']}", str(step["old_copies"]), str(step["new_copies"]),
+                     states, f"{gate['decision']} on {gate['candidate_answers']} answers" if gate else "-",
+                     (step.get("alarm") or "-")[:90]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def main() -> int:
     from tasks.backends import ledger_url_for
     from tasks.ledger import Ledger
@@ -116,9 +200,18 @@ def main() -> int:
     state_dir = fresh_state_dir()
     banner(f"shiplift local release demo (state in {state_dir})")
     rows, serving_after, production = [], [], {}
-    for label, config, overrides in STEPS:
+    for label, config, overrides, traffic in STEPS:
         banner(f"{label}: shiplift release {config.relative_to(ROOT)}" + "".join(f" --set {o}" for o in overrides))
-        summary = run_release(config, overrides=overrides)
+        if traffic:
+            from tasks.hosting.local import LocalHosting
+
+            endpoint, component = production["gemma-decision"]
+            with LiveTraffic(LocalHosting(state_dir).endpoint_url(endpoint), component) as live:
+                summary = run_release(config, overrides=overrides)
+            print(f"{label}: live traffic got {dict(live.statuses)} (200: answered; 424: the model refused; 503: retryable)",
+                  file=sys.stderr, flush=True)
+        else:
+            summary = run_release(config, overrides=overrides)
         rows.append((label, summary))
         if summary["served_by"] and summary["model"] not in production:
             production[summary["model"]] = (summary["served_by"], summary["component"])
@@ -126,8 +219,13 @@ def main() -> int:
         print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
 
     banner("ledger verify")
-    verdict = Ledger(ledger_url_for(state_dir, None)).verify().to_dict()
+    ledger = Ledger(ledger_url_for(state_dir, None))
+    verdict = ledger.verify().to_dict()
     print(json.dumps({k: verdict[k] for k in ("ok", "n_records", "head_hash")}), flush=True)
+    for label, summary in rows:
+        if (summary.get("rollout") or {}).get("steps"):
+            banner(f"{label}: traffic steps in the ledger ({summary['release_id']}, {summary['status']})")
+            print(traffic_steps_table(ledger, summary["release_id"]), flush=True)
 
     banner("summary")
     print(summary_table(rows, serving_after), flush=True)
@@ -142,8 +240,7 @@ def main() -> int:
         f"--state-dir {state_dir} · stop: make stop SHIPLIFT_HOME={state_dir}",
         flush=True,
     )
-    expected = ["promoted", "promoted", "rejected", "promoted"]
-    return 0 if [s["status"] for _, s in rows] == expected and verdict["ok"] else 1
+    return 0 if [s["status"] for _, s in rows] == EXPECTED and verdict["ok"] else 1
 
 
 if __name__ == "__main__":

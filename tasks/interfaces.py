@@ -155,16 +155,31 @@ class ComponentMetrics(Frozen):
     latency_p99_ms: float | None
 
 
+class BakeAlarms(BaseModel):
+    """What rolls a rollout back while a batch bakes, judged on the new model's answers: evaluated in process
+    on the local backend, sent as CloudWatch alarms that SageMaker watches on the aws backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    max_error_rate: float = Field(0.01, ge=0, le=1, description="(5xx + model errors) / invocations of the new copies")
+    max_latency_p99_ms: float | None = Field(None, gt=0, description="p99 latency of the new copies' answers")
+    min_invocations: int = Field(1, ge=1, description="rates are judged once the new copies have answered this many")
+    check_interval_s: float = Field(5.0, gt=0, le=300, description="how often the alarms are read during a bake")
+
+
 class RolloutPlan(Frozen):
     """How a component moves to a new spec, as SageMaker's RollingUpdatePolicy counts it: batches of copies
-    with a bake (`wait_interval_s`) after each, a rollback batch size (None: every copy at once) and a
-    deadline for the whole update. `canary` is one batch then the rest; `linear` equal batches."""
+    with a bake (`wait_interval_s`) after each, a rollback batch size (None: every copy at once), a
+    deadline for the whole update, the alarms that roll it back and whether an online gate judges it.
+    `canary` is one batch then the rest; `linear` equal batches."""
 
     strategy: Literal["all_at_once", "canary", "linear"]
     batch_copies: int = Field(1, ge=1)
     wait_interval_s: float = Field(0.0, ge=0)
     rollback_batch_copies: int | None = Field(None, ge=1)
     max_execution_s: float = Field(3600.0, gt=0)
+    alarms: BakeAlarms = BakeAlarms()
+    online_gate: bool = False
 
     def targets(self, copies: int) -> list[int]:
         """New-spec copies after each step, ending at `copies`: all_at_once [N], canary [b, N], linear [b, 2b, …, N]."""
@@ -177,16 +192,26 @@ class RolloutPlan(Frozen):
 
 
 class RolloutStep(Frozen):
-    """One traffic step of a rollout or its rollback: batch n of N and the copies of each spec serving after it."""
+    """One traffic step of a rollout or its rollback. Where shiplift drives the batches (local) it is batch n
+    of N with the copies of each spec serving after it; where SageMaker drives them (aws) it is the n-th
+    `check` during the update, with the component's copy count and the states of its alarms, because
+    SageMaker reports neither the batch nor which copies run which spec."""
 
     phase: Literal["rollout", "rollback"]
-    batch: int
+    batch: int | None = None
+    check: int | None = None
     batches: int
-    old_copies: int
-    new_copies: int
-    old_spec_sha256: str
+    old_copies: int | None = None
+    new_copies: int | None = None
+    copies: int | None = None  # every copy serving, where the backend cannot tell old from new (SageMaker)
+    old_spec_sha256: str | None = None  # None where the backend keeps no previous spec (SageMaker)
     new_spec_sha256: str
+    alarm_states: dict[str, str] = Field(default_factory=dict)  # alarm name -> OK, ALARM or INSUFFICIENT_DATA
     alarm: str | None = None  # the alarm that fired during this step's bake, if one did
+
+    def key(self) -> tuple[str, int | None, int | None]:
+        """What tells this step from the rollout's others (for evidence gathered during its bake)."""
+        return self.phase, self.batch, self.check
 
 
 class RolloutResult(Frozen):
@@ -199,7 +224,7 @@ class RolloutResult(Frozen):
     steps: tuple[RolloutStep, ...] = ()
 
 
-Bake = Callable[[RolloutStep], "str | None"]  # watch the step's wait interval; the alarm that fired, or None
+Bake = Callable[[RolloutStep], "str | None"]  # watch a step (local: its wait interval; aws: one check); the alarm that fired, or None
 
 
 class ManagedResource(Frozen):
@@ -299,7 +324,11 @@ class Hosting(Protocol):
 
 @runtime_checkable
 class Metrics(Protocol):
-    """Invocation metrics of live components: the seam rollouts and alarms read."""
+    """Invocation metrics of live components: the seam rollouts and alarms read. `per_spec` says whether the
+    backend can split a component's metrics by the spec each copy serves (the router can; CloudWatch cannot,
+    so on aws SageMaker's own alarms judge the component during a rollout)."""
+
+    per_spec: bool
 
     def component_metrics(self, endpoint: str, component: str, *, window_s: float,
                           spec_sha256: str | None = None) -> ComponentMetrics:

@@ -18,7 +18,6 @@ from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
 from tasks.release import LEASE_TTL_S, StageContext, finish, reopen_release, run_stage
 
 STRATEGIES = ("all_at_once", "canary", "linear")
-IMPLEMENTED_STRATEGIES = ("all_at_once",)  # a release's own promote stage rolls out canary and linear
 RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
 PROMOTE = "promote"
 
@@ -62,13 +61,14 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str, rea
         raise ConfigError(BLUE_GREEN_REFUSED, fix="promote with strategy all_at_once, canary or linear")
     if strategy not in STRATEGIES:
         raise BadInput(f"strategy {strategy!r} is unknown", fix=f"use one of {', '.join(STRATEGIES)}")
-    if strategy not in IMPLEMENTED_STRATEGIES:
-        raise ConfigError(
-            f"strategy {strategy!r} is not implemented for a triggered promotion in this version (only all_at_once is; "
-            "a release whose config sets rollout.strategy rolls out that way in its own promote stage)",
-            fix="promote with strategy all_at_once",
-        )
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, session=session)
+    if strategy != ctx.config.rollout.strategy:
+        raise ConfigError(
+            f"release {release_id} rolls out as its config says (rollout.strategy {ctx.config.rollout.strategy}), not "
+            f"{strategy}: the release id is the config's hash, so its rollout (batches, bake, alarms) is part of what was "
+            "gated and recorded",
+            fix=f"promote with strategy {ctx.config.rollout.strategy}, or release a config whose rollout.strategy is {strategy}",
+        )
     validate = ctx.state.stage("validate")
     if validate["status"] != "succeeded":
         raise GateFailed(
@@ -132,7 +132,7 @@ def rollback(
         result = run_stage(ctx, PROMOTE, function=_switch_production, extra=extra)
     return {"release_id": target_release_id, "model": model, "action": "rollback", "rollback_from": current,
             "rollback_to": target_release_id, "endpoint": result["endpoint"], "component": result["component"],
-            "served": result["served"]}
+            "strategy": result["strategy"], "steps": len(result["steps"]), "served": result["served"]}
 
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import ConfigError, NotFound, ShipliftError
+from tasks.errors import NotFound, ShipliftError
 from tasks.stages.table import STAGE_NAMES, TEARDOWN, stage
 
 STAGES = STAGE_NAMES
@@ -151,14 +151,12 @@ class StageContext:
     def say(self, message: str) -> None:
         self.progress(f"{self.release_id} {message}")
 
-
-def _refuse_unbuilt_strategy(config: ReleaseConfig) -> None:
-    if config.rollout.strategy != "all_at_once" and config.backend.kind == "aws":
-        raise ConfigError(
-            f"rollout.strategy {config.rollout.strategy!r} is not available on the aws backend in this version "
-            "(UpdateInferenceComponent with a RollingUpdatePolicy is not sent yet); the local backend rolls it out",
-            fix="use rollout.strategy: all_at_once with the aws backend",
-        )
+    def record(self, stage_name: str, event: str, payload: dict) -> None:
+        """Append one ledger record of this release (with its config hash and id) and re-read its state."""
+        self.backends.ledger.append(release_id=self.release_id, model=self.config.name, stage=stage_name, event=event,
+                                    payload={"config_hash": self.config.config_hash(), "release_id": self.release_id,
+                                             **payload}, actor=self.actor)
+        self.state.refresh()
 
 
 def open_release(
@@ -169,7 +167,6 @@ def open_release(
     from tasks.backends import make_backends
 
     config = load_release_config(config_path, overrides=overrides)
-    _refuse_unbuilt_strategy(config)
     release_id = release_id_for(config)
     backends = make_backends(config, session=session)
     state = ReleaseState(backends.ledger, release_id)
@@ -202,15 +199,6 @@ def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir:
                         backends=backends, actor=actor or default_actor(), progress=progress)
 
 
-def ledger_base(ctx: StageContext) -> dict:
-    return {"config_hash": ctx.config.config_hash(), "release_id": ctx.release_id}
-
-
-def _append(ctx: StageContext, stage_name: str, event: str, payload: dict) -> None:
-    ctx.backends.ledger.append(release_id=ctx.release_id, model=ctx.config.name, stage=stage_name, event=event,
-                               payload={**ledger_base(ctx), **payload}, actor=ctx.actor)
-    ctx.state.refresh()
-
 
 def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext], dict] | None = None,
               extra: dict | None = None) -> dict:
@@ -219,17 +207,17 @@ def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext]
     function = function or stage(name).load()
     extra = extra or {}
     ctx.say(f"{name}: started")
-    _append(ctx, name, "started", extra)
+    ctx.record(name, "started", extra)
     began = time.monotonic()
     try:
         result = function(ctx)
     except Exception as exc:
         error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
-        _append(ctx, name, "failed", {**extra, "error": error, "error_type": type(exc).__name__})
+        ctx.record(name, "failed", {**extra, "error": error, "error_type": type(exc).__name__})
         raise
     seconds = round(time.monotonic() - began, 3)
     event = result.get("event", "succeeded")
-    _append(ctx, name, event, {**extra, **result, "seconds": seconds})
+    ctx.record(name, event, {**extra, **result, "seconds": seconds})
     ctx.say(f"{name}: {event} in {seconds:.1f}s")
     return result
 
@@ -261,7 +249,7 @@ def run_release(
         ctx.say(f"already {ctx.state.status}; nothing to do")
         return release_summary(ctx.state)
     if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
-        _append(ctx, RELEASE_STAGE, OPTIONS, {"keep_candidate": keep_candidate})
+        ctx.record(RELEASE_STAGE, OPTIONS, {"keep_candidate": keep_candidate})
     with ctx.backends.ledger.acquire_lease(ctx.config.name, f"{ctx.actor}/pid-{os.getpid()}", ctx.release_id, LEASE_TTL_S):
         try:
             for name in STAGES[:-1]:
@@ -286,7 +274,7 @@ def finish(ctx: StageContext, *, failed: bool) -> dict:
     """Record the release's final status (failed, promoted or rejected) and return its summary."""
     status = "failed" if failed else _final_status(ctx.state)
     if ctx.state.status != status:
-        _append(ctx, RELEASE_STAGE, status, {})
+        ctx.record(RELEASE_STAGE, status, {})
     return release_summary(ctx.state)
 
 
@@ -343,6 +331,8 @@ def release_summary(state: ReleaseState) -> dict:
         "not_passed": get("validate", "not_passed"),
         "metrics": get("validate", "metrics"),
         "report": get("validate", "report_html"),
+        "rollout": {"strategy": get("promote", "strategy"), "steps": len(get("promote", "steps") or []),
+                    "reason": get("promote", "reason")},
         "served_by": get("promote", "endpoint"),
         "component": get("promote", "component"),
         "stages": {name: state.stage(name)["status"] for name in STAGES},

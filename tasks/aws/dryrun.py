@@ -189,8 +189,12 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
                                        "ChecksumSHA256": base64.b64encode(bytes.fromhex(sha)).decode()})
 
     plan.stage = "promote"
-    _deploy(plan, hosting, production_endpoint(config), production_component(config), spec_for(config.rollout.copies),
-            config.placement, role="production")
+    production = spec_for(config.rollout.copies)
+    _deploy(plan, hosting, production_endpoint(config), production_component(config), production, config.placement,
+            role="production")
+    if config.rollout.strategy != "all_at_once":
+        _rolling_update(plan, hosting, production_endpoint(config), production_component(config), production,
+                        config.rollout.plan())
 
     plan.stage = "teardown_candidate"
     _teardown(plan, candidate, *names)
@@ -235,6 +239,31 @@ def _deploy(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentS
         plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component, note="polled until InService")
     _describe(plan, endpoint, component, config["EndpointConfigName"], model["ModelName"])
     return config["EndpointConfigName"], model["ModelName"]
+
+
+def _rolling_update(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentSpec, rollout) -> None:
+    """The requests of `SageMakerHosting.roll_out` when a champion already serves the component (a later release)."""
+    later = "a later release, with a champion on the component: "
+    model = hosting.model_request(component, spec, endpoint)
+    plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component,
+             note=later + "the first release (above) is deployed whole; every later one is a rolling update")
+    plan.add("sagemaker", "DescribeModel", ModelName=model["ModelName"])
+    plan.add("sagemaker", "CreateModel", **model)
+    alarms = hosting.alarm_requests(endpoint, component, spec, rollout)
+    for alarm in alarms:
+        plan.add("cloudwatch", "PutMetricAlarm", **alarm, note=later + "an alarm SageMaker's rolling update watches")
+    names = [alarm["AlarmName"] for alarm in alarms]
+    plan.add("sagemaker", "UpdateInferenceComponent",
+             **hosting.rolling_update_request(component, spec, model["ModelName"], rollout, names),
+             note=later + "SageMaker moves the copies batch by batch and rolls back when an alarm fires")
+    plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component,
+             note="polled until the update ends; InService on the candidate's model is success, on the old one a rollback")
+    plan.add("cloudwatch", "DescribeAlarms", AlarmNames=names, note=f"every {rollout.alarms.check_interval_s:g}s during the update")
+    if rollout.online_gate:
+        plan.add("cloudwatch", "PutMetricData", **hosting.gate_datum(component, failed=False),
+                 note="after each replay of the online gate's canary set (InvokeEndpoint as in validate): 1 when the "
+                      "candidate fails it on its own answers")
+    plan.add("cloudwatch", "DeleteAlarms", AlarmNames=names, note="when the update has ended, either way")
 
 
 def _describe(plan: Plan, endpoint: str, component: str, config_name: str, model_name: str) -> None:

@@ -18,20 +18,26 @@ inference-component endpoint, invocation through `sagemaker-runtime`, teardown a
 from __future__ import annotations
 
 import re
+import time
 
+from tasks.aws.iam import GATE_NAMESPACE
 from tasks.aws.service_model import request_applied
 from tasks.aws.store import artifact_sha256
 from tasks.aws.waiters import wait_for
-from tasks.errors import CapacityError, ConfigError, Conflict, DeployFailed, IntegrityError, NotFound
+from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound
 from tasks.hashing import sha256_json
 from tasks.stages.table import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
 from tasks.interfaces import (
+    Bake,
     ComponentSpec,
     LiveComponent,
     ManagedResource,
     ModelRef,
     PlacementObtained,
     Progress,
+    RolloutPlan,
+    RolloutResult,
+    RolloutStep,
 )
 
 VARIANT = "AllTraffic"  # the capacity variant of inference-component endpoints
@@ -41,6 +47,9 @@ ENDPOINT_WAIT_S = DEPLOY_WAIT_S // 2  # on top of the pool's provision timeout; 
 COMPONENT_WAIT_S = DEPLOY_WAIT_S // 2
 DELETE_WAIT_S = TEARDOWN_WAIT_S // 2  # a component, then the endpoint
 ROUTING = {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
+SAGEMAKER_PERIOD_S = 60  # SageMaker publishes invocation metrics per minute
+GATE_METRIC = "OnlineGateFailed"
+GATE_PERIOD_S = 10  # the gate's verdict is a high-resolution metric, so its alarm can judge every 10 s
 
 
 def name_base(name: str) -> str:
@@ -159,15 +168,163 @@ class SageMakerHosting:
         return role == "candidate" and placement.kind != "mig_partition"
 
     # -- deploy ------------------------------------------------------------------------------
-    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan, bake, *,
-                 progress: Progress):
-        """Rolling updates through UpdateInferenceComponent's RollingUpdatePolicy are not built for this backend yet;
-        the config refuses canary and linear with the aws backend before a release starts."""
-        raise ConfigError(
-            f"a {plan.strategy} rollout of {endpoint}/{component} needs UpdateInferenceComponent with a RollingUpdatePolicy, "
-            "which the aws backend does not send yet",
-            fix="use rollout.strategy: all_at_once with the aws backend",
-        )
+    def alarm_requests(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan) -> list[dict]:
+        """PutMetricAlarm for each rule of the plan's BakeAlarms on the component's own metrics, and for the online
+        gate's verdict when there is one: what SageMaker's rolling update watches to roll back. Named after the
+        component, release and rules, so a rerun finds the same alarms."""
+        rules = plan.alarms
+        base = content_name(component, {"release": spec.model_ref.release_id, "alarms": rules.model_dump(),
+                                        "online_gate": plan.online_gate})
+        dimensions = [{"Name": "InferenceComponentName", "Value": component}]
+        common = {"EvaluationPeriods": 1, "DatapointsToAlarm": 1, "ComparisonOperator": "GreaterThanThreshold",
+                  "TreatMissingData": "notBreaching", "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id)}
+
+        def summed(metric_id: str, metric: str) -> dict:
+            return {"Id": metric_id, "ReturnData": False, "MetricStat": {
+                "Metric": {"Namespace": "AWS/SageMaker", "MetricName": metric, "Dimensions": dimensions},
+                "Period": SAGEMAKER_PERIOD_S, "Stat": "Sum"}}
+
+        requests = [{
+            "AlarmName": f"{base}-error-rate", **common, "Threshold": rules.max_error_rate,
+            "AlarmDescription": f"rollout.alarms.max_error_rate of {component}: (5xx or model errors) / invocations, "
+                                f"judged from {rules.min_invocations} invocations a minute",
+            "Metrics": [summed("errors5xx", "Invocation5XXErrors"), summed("modelerrors", "InvocationModelErrors"),
+                        summed("invocations", "Invocations"),
+                        {"Id": "errorrate", "Label": "error rate", "ReturnData": True,
+                         "Expression": f"IF(invocations >= {rules.min_invocations}, MAX([errors5xx, modelerrors]) / invocations, 0)"}],
+        }]
+        if rules.max_latency_p99_ms is not None:
+            requests.append({
+                "AlarmName": f"{base}-latency-p99", **common, "Threshold": rules.max_latency_p99_ms * 1000.0,
+                "AlarmDescription": f"rollout.alarms.max_latency_p99_ms of {component} ({rules.max_latency_p99_ms:g} ms; "
+                                    "ModelLatency is in microseconds)",
+                "Namespace": "AWS/SageMaker", "MetricName": "ModelLatency", "Dimensions": dimensions,
+                "ExtendedStatistic": "p99", "Period": SAGEMAKER_PERIOD_S,
+            })
+        if plan.online_gate:
+            requests.append({
+                "AlarmName": f"{base}-online-gate", **common, "Threshold": 0.0,
+                "AlarmDescription": f"rollout.online_gate of {component}: 1 when the candidate fails the gate on its own "
+                                    "answers to the canary set (published by shiplift during the bake)",
+                "Namespace": GATE_NAMESPACE, "MetricName": GATE_METRIC, "Dimensions": dimensions,
+                "Statistic": "Maximum", "Period": GATE_PERIOD_S,
+            })
+        return requests
+
+    @staticmethod
+    def rolling_update_request(component: str, spec: ComponentSpec, model_name: str, plan: RolloutPlan,
+                               alarms: list[str]) -> dict:
+        """UpdateInferenceComponent to the candidate's model in batches of copies, rolled back by the alarms."""
+        policy: dict = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": plan.batch_copies},
+                        "WaitIntervalInSeconds": int(plan.wait_interval_s),
+                        "MaximumExecutionTimeoutInSeconds": int(plan.max_execution_s)}
+        if plan.rollback_batch_copies is not None:
+            policy["RollbackMaximumBatchSize"] = {"Type": "COPY_COUNT", "Value": plan.rollback_batch_copies}
+        return {"InferenceComponentName": component, "Specification": {"ModelName": model_name},
+                "RuntimeConfig": {"CopyCount": spec.copies},
+                "DeploymentConfig": {"RollingUpdatePolicy": policy,
+                                     "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": name} for name in alarms]}}}
+
+    def gate_datum(self, component: str, *, failed: bool) -> dict:
+        """PutMetricData of the online gate's verdict (1: the candidate fails), at one-second resolution."""
+        return {"Namespace": GATE_NAMESPACE, "MetricData": [{
+            "MetricName": GATE_METRIC, "Dimensions": [{"Name": "InferenceComponentName", "Value": component}],
+            "Value": 1.0 if failed else 0.0, "Unit": "Count", "StorageResolution": 1}]}
+
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
+                 progress: Progress) -> RolloutResult:
+        """SageMaker's rolling update: create the release's alarms, send UpdateInferenceComponent with the
+        RollingUpdatePolicy and the alarms, and follow it, calling `bake` every `check_interval_s` (the online gate
+        replays there and its verdict is published for its alarm). SageMaker ends a rolled-back update InService
+        on the old spec with no rollback status, so success is the candidate's model serving on every copy and
+        anything else is the rollback it is, with the alarm seen firing. A component still Updating after a crash
+        is followed, not updated again. The alarms are removed at the end."""
+        live = self.inference_component(endpoint, component)
+        if live is None:
+            self.deploy(endpoint, component, spec, placement, role="production", progress=progress)
+            return RolloutResult(status="created")
+        model = self.model_request(component, spec, endpoint)
+        self._ensure("Model", model["ModelName"], model, ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolation"))
+        if live.get("InferenceComponentStatus") == "InService" and self._runs(live, model["ModelName"], spec.copies):
+            return RolloutResult(status="unchanged")
+        alarms = self.alarm_requests(endpoint, component, spec, plan)
+        names = [alarm["AlarmName"] for alarm in alarms]
+        for alarm in alarms:
+            self.aws.call("cloudwatch", "PutMetricAlarm", **alarm)
+        try:
+            if live.get("InferenceComponentStatus") == "Updating":
+                progress(f"inference component {component}: an update is in progress (an earlier attempt); following it")
+            else:
+                progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
+                         f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
+                self._sm("UpdateInferenceComponent", **self.rolling_update_request(component, spec, model["ModelName"], plan, names))
+            steps, final, fired = self._follow(component, spec, plan, bake, names, progress)
+        finally:
+            self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=names)
+        if final.get("InferenceComponentStatus") == "Failed":
+            raise DeployFailed(f"inference component {component} failed during its rolling update: {failure_reason(final)}",
+                               fix="read the FailureReason and the container logs; the previous model no longer serves")
+        if self._runs(final, model["ModelName"], spec.copies):
+            return RolloutResult(status="succeeded", steps=tuple(steps))
+        reason = self._rollback_reason(final, steps, fired, plan)
+        progress(f"inference component {component}: rolled back: {reason}")
+        return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
+
+    @staticmethod
+    def _runs(live: dict, model_name: str, copies: int) -> bool:
+        """Whether a component's description shows `model_name` on `copies` copies."""
+        runtime = live.get("RuntimeConfig", {})
+        return (live.get("Specification", {}).get("ModelName") == model_name
+                and runtime.get("DesiredCopyCount") == copies == runtime.get("CurrentCopyCount"))
+
+    def _follow(self, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, alarms: list[str],
+                progress: Progress) -> tuple[list[RolloutStep], dict, dict[str, str]]:
+        """Poll the update until it ends; every check interval read the alarms' states and run the bake. Returns the
+        steps, the last description and every alarm seen in ALARM with its StateReason."""
+        steps: list[RolloutStep] = []
+        fired: dict[str, str] = {}
+        next_check = [0.0]
+
+        def alarm_states() -> dict[str, str]:
+            found = self.aws.call("cloudwatch", "DescribeAlarms", AlarmNames=alarms).get("MetricAlarms", [])
+            fired.update({a["AlarmName"]: a.get("StateReason", "") for a in found if a.get("StateValue") == "ALARM"})
+            return {a["AlarmName"]: a.get("StateValue", "INSUFFICIENT_DATA") for a in found}
+
+        def check(answer: dict) -> None:
+            if time.monotonic() < next_check[0]:
+                return
+            next_check[0] = time.monotonic() + plan.alarms.check_interval_s
+            step = RolloutStep(phase="rollout", check=len(steps) + 1, batches=len(plan.targets(spec.copies)),
+                               copies=answer.get("RuntimeConfig", {}).get("CurrentCopyCount"),
+                               new_spec_sha256=spec.sha256(), alarm_states=alarm_states())
+            alarm = bake(step)
+            if plan.online_gate:
+                self.aws.call("cloudwatch", "PutMetricData", **self.gate_datum(component, failed=alarm is not None))
+            steps.append(step.model_copy(update={"alarm": alarm}))
+            in_alarm = [name for name, state in step.alarm_states.items() if state == "ALARM"]
+            progress(f"inference component {component}: check {len(steps)}: {step.copies} copies; "
+                     + (f"in ALARM: {', '.join(in_alarm)}" if in_alarm else "no alarm")
+                     + (f"; {alarm}" if alarm else ""))
+
+        _, final = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
+                            deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, poll_s=self.poll_s,
+                            progress=progress, what=f"inference component {component}", on_poll=check)
+        alarm_states()
+        return steps, final or {}, fired
+
+    @staticmethod
+    def _rollback_reason(final: dict, steps: list[RolloutStep], fired: dict[str, str], plan: RolloutPlan) -> str:
+        """Why SageMaker ended the update on the old spec: the alarms seen in ALARM, the online gate's verdict, the
+        update's FailureReason, or (none of them seen) its maximum execution time."""
+        if fired:
+            return "; ".join(f"alarm {name} fired" + (f": {reason}" if reason else "") for name, reason in fired.items())
+        gate = next((step.alarm for step in steps if step.alarm), None)
+        if gate:
+            return gate
+        if final.get("FailureReason"):
+            return f"the update failed: {final['FailureReason']}"
+        return ("SageMaker ended the update on the previous model with no alarm seen in ALARM: it passed "
+                f"MaximumExecutionTimeoutInSeconds ({plan.max_execution_s:g}s) or an alarm fired between two checks")
 
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:

@@ -39,6 +39,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", "alarm"),
     ("cloudwatch", "ListTagsForResource"): ("cloudwatch:ListTagsForResource", "alarm"),
     ("cloudwatch", "DeleteAlarms"): ("cloudwatch:DeleteAlarms", "alarm"),
+    ("cloudwatch", "PutMetricAlarm"): ("cloudwatch:PutMetricAlarm", "alarm"),
+    ("cloudwatch", "PutMetricData"): ("cloudwatch:PutMetricData", "gate-metric"),
     ("application-autoscaling", "DescribeScalableTargets"): ("application-autoscaling:DescribeScalableTargets", "*"),
     ("application-autoscaling", "DescribeScalingPolicies"): ("application-autoscaling:DescribeScalingPolicies", "*"),
     ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", "scalable-target"),
@@ -48,8 +50,10 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
 UNSCOPABLE = frozenset({
     "sagemaker:ListModels", "sagemaker:ListEndpointConfigs", "sagemaker:ListEndpoints", "sagemaker:ListInferenceComponents",
     "cloudwatch:GetMetricData", "application-autoscaling:DescribeScalableTargets",
-    "application-autoscaling:DescribeScalingPolicies", "ecr:GetAuthorizationToken",
+    "application-autoscaling:DescribeScalingPolicies", "ecr:GetAuthorizationToken", "cloudwatch:PutMetricData",
 })
+ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",)}  # PutMetricAlarm with Tags tags the alarm
+GATE_NAMESPACE = "shiplift/Rollout"  # where the online gate's verdict is published (tasks.aws.hosting)
 SAGEMAKER_KINDS = ("model", "endpoint-config", "endpoint", "inference-component")
 
 
@@ -82,6 +86,7 @@ class Scope:
             "alarm": [f"{self.base('cloudwatch')}:alarm:{self.prefix}-*"],
             "scalable-target": [f"{self.base('application-autoscaling')}:scalable-target/*"],
             "*": ["*"],
+            "gate-metric": ["*"],  # PutMetricData has no resources; the statement's condition names the namespace
         }.get(kind) or [self.sagemaker(kind, f"{self.prefix}-*")]
 
     def request_arn(self, service: str, operation: str, params: dict[str, Any]) -> str:
@@ -103,7 +108,8 @@ class Scope:
                      "inference-component": "InferenceComponentName"}[kind]
             return self.sagemaker(kind, params[field])
         if kind == "alarm":
-            return f"{self.base('cloudwatch')}:alarm:{(params.get('AlarmNames') or [params.get('AlarmNamePrefix', '')])[0]}"
+            name = params.get("AlarmName") or (params.get("AlarmNames") or [params.get("AlarmNamePrefix", "")])[0]
+            return f"{self.base('cloudwatch')}:alarm:{name}"
         return "*"
 
 
@@ -120,13 +126,14 @@ def pipeline_policy(config) -> dict:
     by_kind: dict[str, list[str]] = {}
     for action, kind in OPERATIONS.values():
         if kind != "none":
-            by_kind.setdefault(kind, []).append(action)
+            by_kind.setdefault(kind, []).extend((action, *ALSO_NEEDED.get(action, ())))
     statements = []
     for kind, actions in sorted(by_kind.items()):
         # scalable-target ARNs are random ids, so that statement covers the account's targets; the product only
         # touches targets of endpoints and components that carry shiplift's tag (SageMakerHosting._scaling)
         sid = "".join(part.title() for part in kind.replace("*", "unscopable").split("-"))
-        statements.append(_statement(sid, actions, scope.arns(kind)))
+        condition = {"StringEquals": {"cloudwatch:namespace": GATE_NAMESPACE}} if kind == "gate-metric" else None
+        statements.append(_statement(sid, actions, scope.arns(kind), condition))
     passed = [(config.backend.execution_role_arn, "sagemaker.amazonaws.com"), (config.backend.codebuild_role_arn, "codebuild.amazonaws.com")]
     for arn, service in passed:
         statements.append(_statement(f"PassRoleTo{service.split('.')[0].title()}", ["iam:PassRole"], [arn],

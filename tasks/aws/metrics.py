@@ -16,6 +16,8 @@ METRICS = {"invocations": ("Invocations", "Sum"), "errors_4xx": ("Invocation4XXE
 class CloudWatchMetrics:
     """`GetMetricData` over a window; inference components by `InferenceComponentName`, else endpoint + variant."""
 
+    per_spec = False  # CloudWatch keeps a component's metrics by component, not by the model each copy serves
+
     def __init__(self, aws, hosting):
         self.aws, self.hosting = aws, hosting
 

@@ -13,6 +13,7 @@ import functools
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 import jmespath
 
@@ -33,8 +34,9 @@ def _matches(acceptor: dict, response: dict | None, error: ShipliftError | None)
 
 
 def wait_for(aws, name: str, params: dict, *, deadline_s: float, poll_s: float, progress: Progress,
-             what: str) -> tuple[str, dict | None]:
-    """Poll until an acceptor of waiter `name` says success or failure; NotReady after `deadline_s`."""
+             what: str, on_poll: Callable[[dict], None] | None = None) -> tuple[str, dict | None]:
+    """Poll until an acceptor of waiter `name` says success or failure; NotReady after `deadline_s`. `on_poll`
+    sees each answer that is not terminal yet (a rolling update's bake runs there)."""
     model = waiter_models()[name]
     status_path = next((a["argument"] for a in model["acceptors"] if a["matcher"] == "path"), None)
     deadline = time.monotonic() + deadline_s
@@ -54,6 +56,8 @@ def wait_for(aws, name: str, params: dict, *, deadline_s: float, poll_s: float, 
             last_status = status
         if state in ("success", "failure"):
             return state, response
+        if on_poll is not None and response is not None:
+            on_poll(response)
         if time.monotonic() + poll_s > deadline:
             raise NotReady(f"{what} is still {last_status} after {deadline_s:g}s",
                            fix="rerun the stage to keep waiting (it finds the resource by name), or raise the deadline")

@@ -142,6 +142,8 @@ class LoopbackHosting:
 class LocalMetrics:
     """Invocation metrics from the router's counters (since the router started; the window is ignored)."""
 
+    per_spec = True  # the router counts by the spec of the copy that answered
+
     def __init__(self, hosting: LoopbackHosting):
         self.hosting = hosting
 

@@ -4,7 +4,9 @@
 with a bake after each, judged by the config's bake alarms on the candidate's own answers and, when
 the config has one, by the online gate (the canary set replayed through the live component). A
 rollout an alarm stopped ends `rolled_back` with the alarm as its reason, once the previous model is
-seen serving again.
+seen serving again. Every traffic step gets its own ledger record (stage `traffic`): batch n of N (or
+SageMaker's n-th check), copies of each spec, alarm states, the online gate's evidence and what the
+backend described as serving after it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from tasks.errors import ConfigError, Conflict
 from tasks.rollout import BakeWatch
 from tasks.stages.common import component_spec, production_component, production_endpoint, require_served
+
+TRAFFIC = "traffic"  # the ledger stage of a rollout's traffic steps, one record each (event "step")
 
 
 def online_gate(ctx, endpoint: str, component: str):
@@ -49,10 +53,13 @@ def run(ctx) -> dict:
         live = hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)
     else:
         plan = rollout.plan()
-        bake = BakeWatch(ctx.backends.metrics, endpoint, component, spec.sha256(), rollout.alarms, plan.wait_interval_s,
-                         online_gate=online_gate(ctx, endpoint, component) if hosting.describe(endpoint, component) else None)
+        bake = BakeWatch(ctx.backends.metrics, endpoint, component, spec.sha256(), plan.alarms, plan.wait_interval_s,
+                         online_gate=online_gate(ctx, endpoint, component) if hosting.describe(endpoint, component) else None,
+                         describe=lambda: hosting.describe(endpoint, component))
         outcome = hosting.roll_out(endpoint, component, spec, ctx.config.placement, plan, bake, progress=ctx.say)
         steps = bake.steps_with_evidence(outcome.steps)
+        for step in steps:
+            ctx.record(TRAFFIC, "step", {"endpoint": endpoint, "component": component, "strategy": rollout.strategy, **step})
         live = hosting.describe(endpoint, component)
         if outcome.status == "rolled_back":
             if live is None or live.model_ref == spec.model_ref:

@@ -25,12 +25,13 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def dry_run(config: str) -> tuple[list[dict], str]:
+def dry_run(config: str, *overrides: str) -> tuple[list[dict], str]:
     """The CLI in a subprocess with no credentials and every AWS endpoint pointing at a closed port."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true",
                AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed_port()}")
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "release", config, "--dry-run"], cwd=ROOT, env=env,
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "release", config, "--dry-run", *sets], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
@@ -105,3 +106,39 @@ def test_a_request_the_service_model_refuses_stops_the_plan():
     with pytest.raises(BadInput, match=r"EndpointName: 64 characters, at most 63"):
         plan.add("sagemaker", "CreateEndpoint", EndpointName="e" * 64, EndpointConfigName="c")
     assert plan.requests == []
+
+
+def test_a_canary_prints_the_rolling_update_and_the_alarms_it_is_rolled_back_by():
+    lines, _ = dry_run("configs/releases/qwen35-4b-semif.yaml", "rollout.strategy=canary", "rollout.copies=2",
+                       "rollout.wait_interval_s=120", "rollout.online_gate.split=test", "rollout.alarms.max_latency_p99_ms=1500")
+    promote = [line for line in lines if line["stage"] == "promote"]
+    ops = [line["operation"] for line in promote]
+    first_update = ops.index("UpdateInferenceComponent")
+    assert ops[first_update - 3: first_update] == ["PutMetricAlarm"] * 3 and ops[-1] == "DeleteAlarms"
+    alarms = {line["params"]["AlarmName"].rsplit("-", 2)[-2:][-1]: line["params"] for line in promote if line["operation"] == "PutMetricAlarm"}
+    assert sorted(alarms) == ["gate", "p99", "rate"]
+    rate = alarms["rate"]
+    expression = next(m for m in rate["Metrics"] if "Expression" in m)
+    assert expression["Expression"] == "IF(invocations >= 1, MAX([errors5xx, modelerrors]) / invocations, 0)"
+    assert {m["MetricStat"]["Metric"]["MetricName"] for m in rate["Metrics"] if "MetricStat" in m} == {
+        "Invocation5XXErrors", "InvocationModelErrors", "Invocations"}
+    assert all(m["MetricStat"]["Metric"]["Dimensions"] == [{"Name": "InferenceComponentName", "Value": "shiplift-qwen35-4b-semif"}]
+               for m in rate["Metrics"] if "MetricStat" in m)
+    assert (alarms["p99"]["MetricName"], alarms["p99"]["ExtendedStatistic"], alarms["p99"]["Threshold"]) == ("ModelLatency", "p99", 1_500_000)
+    assert (alarms["gate"]["Namespace"], alarms["gate"]["MetricName"]) == ("shiplift/Rollout", "OnlineGateFailed")
+    update = promote[first_update]["params"]
+    assert update["DeploymentConfig"]["RollingUpdatePolicy"] == {
+        "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 120,
+        "MaximumExecutionTimeoutInSeconds": 3600}
+    assert [a["AlarmName"] for a in update["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]] == [
+        line["params"]["AlarmName"] for line in promote if line["operation"] == "PutMetricAlarm"]
+    assert "PutMetricData" in ops, "the online gate's verdict is published for its alarm"
+
+
+def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "release", "configs/releases/qwen35-4b-semif.yaml", "--dry-run",
+                           "--set", "rollout.strategy=canary", "--set", "rollout.copies=4"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "moves equal batches" in done.stderr and "use strategy linear" in done.stderr
+    assert "Traceback" not in done.stderr

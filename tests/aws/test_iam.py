@@ -39,15 +39,21 @@ def denied_requests(config, requests) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("name", PRODUCTION)
-def test_every_dry_run_request_is_allowed_and_star_only_holds_unscopable_actions(name):
-    config = load_release_config(ROOT / "configs" / "releases" / name, environ={})
+CANARY = ("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test",
+          "rollout.alarms.max_latency_p99_ms=2000")
+
+
+@pytest.mark.parametrize("name, overrides", [*((name, ()) for name in PRODUCTION), ("qwen35-4b-semif.yaml", CANARY)])
+def test_every_dry_run_request_is_allowed_and_star_only_holds_unscopable_actions(name, overrides):
+    config = load_release_config(ROOT / "configs" / "releases" / name, overrides=overrides, environ={})
     planned = plan_release(config, config_dir=ROOT / "configs" / "releases")
     assert {(r.service, r.operation) for r in planned} <= set(OPERATIONS), "the policy table knows every operation"
     assert denied_requests(config, [(r.service, r.operation, r.params) for r in planned]) == []
     for statement in pipeline_policy(config)["Statement"]:
         if "*" in statement["Resource"]:
             assert set(statement["Action"]) <= UNSCOPABLE, statement
+            if "cloudwatch:PutMetricData" in statement["Action"]:
+                assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": "shiplift/Rollout"}}
     for statement in execution_role_policy(config)["Statement"]:
         if "*" in statement["Resource"]:
             assert set(statement["Action"]) <= UNSCOPABLE | {"cloudwatch:PutMetricData"}, statement

@@ -1,16 +1,13 @@
 """Canary releases on the local backend, through the promote stage: a rollout that succeeds, and one that a
-bake alarm rolls back under live traffic while the champion keeps serving."""
+bake alarm rolls back under live traffic while the champion keeps serving, then a rollback on demand to the
+first release through the same canary machinery."""
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.error
-import urllib.request
-from collections import Counter
-
+from tasks.demo import LiveTraffic
 from tasks.hosting.local import LocalHosting
 from tasks.ledger import Ledger
+from tasks.promotion import rollback
 from tasks.release import run_release
 from tests.e2e.test_release_local import QUIET, production
 
@@ -18,42 +15,6 @@ MODEL = "tiny-decision"
 ENDPOINT, COMPONENT = f"shiplift-{MODEL}-prod", f"shiplift-{MODEL}"
 CANARY = {"strategy": "canary", "copies": 2, "wait_interval_s": 4, "maximum_execution_timeout_s": 600,
           "alarms": {"max_error_rate": 0.05, "min_invocations": 3, "check_interval_s": 0.25}}
-
-
-def _shared_decisions() -> bytes:
-    """Two decisions on one state, sent as one `decisions` request (a candidate limited to one refuses it)."""
-    options = [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]
-    return json.dumps({"decisions": [{"id": f"q{i}", "state": "The sky is blue.", "question": "Is the sky blue?",
-                                      "options": options} for i in range(2)]}).encode()
-
-
-class Traffic:
-    """Live traffic on production from a background thread, counting statuses, until stopped."""
-
-    def __init__(self, url: str):
-        self.url, self.stop, self.statuses = url, threading.Event(), Counter()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        body = _shared_decisions()
-        while not self.stop.is_set():
-            request = urllib.request.Request(f"{self.url}/invocations", data=body, method="POST", headers={
-                "Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": COMPONENT})
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    self.statuses[response.status] += 1
-            except urllib.error.HTTPError as error:
-                self.statuses[error.code] += 1
-            except OSError:
-                self.statuses["transport"] += 1
-
-    def __enter__(self) -> "Traffic":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
 
 
 def _promote_record(ledger: Ledger, release_id: str):
@@ -76,11 +37,16 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
         ("rollout", 1, 1, 1, None), ("rollout", 2, 0, 2, None)]
     gate = steps[0]["online_gate"]  # the canary set replayed through production while the first batch baked
     assert gate["candidate_answers"] == 32 and gate["decision"] == "pass" and gate["unattributed"] == 0
+    assert steps[0]["alarm_states"] == {"online_gate": "OK", "error_rate": "OK", "latency_p99": "OK"}
+    traffic_steps = [r.payload for r in ledger.release(second["release_id"]) if r.stage == "traffic"]
+    assert [(t["batch"], t["strategy"]) for t in traffic_steps] == [
+        (1, "canary"), (2, "canary")], "one ledger record per traffic step"
+    assert traffic_steps[0]["live"]["copies"] == 2 and traffic_steps[0]["live"]["release_id"] == second["release_id"]
     served = production(state_dir, MODEL)
     assert served["spec"]["model_ref"]["release_id"] == second["release_id"] and len(served["copies"]) == 2
 
     url = LocalHosting(state_dir).endpoint_url(ENDPOINT)
-    with Traffic(url) as traffic:  # the third release's copies refuse the shared decisions production receives
+    with LiveTraffic(url, COMPONENT) as traffic:  # the third release's copies refuse the shared decisions production receives
         third = run_release(release_config(rollout=CANARY, calibration__fit_temperature=True,
                                            image__max_shared_decisions=1), progress=QUIET)
     assert third["status"] == "rolled_back", third
@@ -88,9 +54,20 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     assert record.event == "rolled_back" and "error rate" in record.payload["reason"]
     phases = [(s["phase"], s["alarm"] is not None) for s in record.payload["steps"]]
     assert phases[0] == ("rollout", True) and phases[-1][0] == "rollback"
+    assert record.payload["steps"][0]["alarm_states"]["error_rate"] == "ALARM"
+    assert [r.payload["phase"] for r in ledger.release(third["release_id"]) if r.stage == "traffic"] == [
+        p for p, _ in phases], "the rollback's steps are recorded too"
     served = production(state_dir, MODEL)
     assert served["spec"]["model_ref"]["release_id"] == second["release_id"], "the champion serves again"
     assert len(served["copies"]) == 2 and all(c["in_rotation"] for c in served["copies"])
     assert traffic.statuses[200] > 0 and traffic.statuses[424] > 0, traffic.statuses  # 424: the model's own 400
     assert set(traffic.statuses) <= {200, 424, 503}, traffic.statuses  # a model answer or a retryable 503, never lost
+
+    back = rollback(state_dir, MODEL, first["release_id"], reason="the first release answered faster", actor="pytest",
+                    expect_current=second["release_id"])  # on demand, with the same canary machinery
+    assert (back["strategy"], back["steps"], back["served"]["release_id"]) == ("canary", 2, first["release_id"])
+    served = production(state_dir, MODEL)
+    assert served["spec"]["model_ref"]["release_id"] == first["release_id"] and len(served["copies"]) == 2
+    steps = [r.payload for r in ledger.release(first["release_id"]) if r.stage == "traffic"]
+    assert [(t["phase"], t["batch"], t["new_copies"]) for t in steps] == [("rollout", 1, 1), ("rollout", 2, 2)]
     assert ledger.verify().ok

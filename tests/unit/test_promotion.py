@@ -76,7 +76,7 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
     with pytest.raises(GateFailed, match="no gate decision: its validate stage is pending"):
         promote(state_dir, c, strategy="all_at_once", reason="r", actor="pytest")
     for strategy in ("canary", "linear"):
-        with pytest.raises(ConfigError, match=f"{strategy}' is not implemented for a triggered promotion"):
+        with pytest.raises(ConfigError, match=f"rolls out as its config says \\(rollout.strategy all_at_once\\), not {strategy}"):
             promote(state_dir, b, strategy=strategy, reason="r", actor="pytest")
     with pytest.raises(ConfigError, match="blue_green is not offered.*InferenceComponentName.*use canary"):
         promote(state_dir, b, strategy="blue_green", reason="r", actor="pytest")
@@ -102,3 +102,24 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
         with pytest.raises(LeaseHeld, match="airflow:refresh_tiny_decision/run-9"):
             rollback(state_dir, MODEL, a, reason="r", actor="pytest")
     assert live_release(state_dir) == before and len(ledger.history()) == n_records
+
+
+def test_cli_rollback_prints_what_serves_and_refuses_bad_input_without_a_traceback(releases, capsys):
+    from tasks.cli import EXIT_BAD_INPUT, main
+
+    state_dir, a, b = releases["state_dir"], releases["a"], releases["b"]
+    assert live_release(state_dir) == b
+    code = main(["rollback", MODEL, "--to", a, "--reason", "B regressed on the canary set", "--expect-current", b,
+                 "--state-dir", str(state_dir), "--actor", "pytest-cli"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[0].split() == ["model", "from", "to", "strategy", "traffic", "steps", "serving", "now", "image"]
+    assert out[2].split()[:6] == [MODEL, b, a, "all_at_once", "0", a]
+    assert live_release(state_dir) == a
+    served = Ledger.for_sqlite(state_dir / "ledger.db").served_at(MODEL, LATER)
+    assert (served.release_id, served.actor, served.payload["rollback_reason"]) == (a, "pytest-cli", "B regressed on the canary set")
+
+    assert main(["rollback", MODEL, "--to", "Not A Release", "--reason", "r", "--state-dir", str(state_dir)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "not a release id" in err and "Traceback" not in err
+    promote(state_dir, b, strategy="all_at_once", reason="back to B", actor="pytest")
+    assert live_release(state_dir) == b

@@ -68,6 +68,8 @@ def test_alarm_rules_against_reference_values():
 class FakeMetrics:
     """Metrics of the new copies, a reading per call; NotFound until the copies have answered."""
 
+    per_spec = True
+
     def __init__(self, readings):
         self.readings, self.calls = list(readings), []
 
