@@ -254,7 +254,7 @@ def _rolling_update(plan: Plan, hosting, endpoint: str, component: str, spec: Co
         plan.add("cloudwatch", "PutMetricAlarm", **alarm, note=later + "an alarm SageMaker's rolling update watches")
     names = [alarm["AlarmName"] for alarm in alarms]
     plan.add("sagemaker", "UpdateInferenceComponent",
-             **hosting.rolling_update_request(component, spec, model["ModelName"], rollout, names),
+             **hosting.rolling_update_request(component, endpoint, spec, model["ModelName"], rollout, names),
              note=later + "SageMaker moves the copies batch by batch and rolls back when an alarm fires")
     plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component,
              note="polled until the update ends; InService on the candidate's model is success, on the old one a rollback")

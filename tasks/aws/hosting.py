@@ -211,16 +211,17 @@ class SageMakerHosting:
             })
         return requests
 
-    @staticmethod
-    def rolling_update_request(component: str, spec: ComponentSpec, model_name: str, plan: RolloutPlan,
-                               alarms: list[str]) -> dict:
-        """UpdateInferenceComponent to the candidate's model in batches of copies, rolled back by the alarms."""
+    def rolling_update_request(self, component: str, endpoint: str, spec: ComponentSpec, model_name: str,
+                               plan: RolloutPlan, alarms: list[str]) -> dict:
+        """UpdateInferenceComponent to the candidate's model (its whole specification, compute included) in batches
+        of copies, rolled back by the alarms."""
         policy: dict = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": plan.batch_copies},
                         "WaitIntervalInSeconds": int(plan.wait_interval_s),
                         "MaximumExecutionTimeoutInSeconds": int(plan.max_execution_s)}
         if plan.rollback_batch_copies is not None:
             policy["RollbackMaximumBatchSize"] = {"Type": "COPY_COUNT", "Value": plan.rollback_batch_copies}
-        return {"InferenceComponentName": component, "Specification": {"ModelName": model_name},
+        return {"InferenceComponentName": component,
+                "Specification": self.component_request(component, endpoint, spec, model_name)["Specification"],
                 "RuntimeConfig": {"CopyCount": spec.copies},
                 "DeploymentConfig": {"RollingUpdatePolicy": policy,
                                      "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": name} for name in alarms]}}}
@@ -238,7 +239,8 @@ class SageMakerHosting:
         replays there and its verdict is published for its alarm). SageMaker ends a rolled-back update InService
         on the old spec with no rollback status, so success is the candidate's model serving on every copy and
         anything else is the rollback it is, with the alarm seen firing. A component still Updating after a crash
-        is followed, not updated again. The alarms are removed at the end."""
+        is followed, not updated again. The alarms are removed once the update has ended (a crashed watcher leaves them
+        to SageMaker, and its rerun, which names the same alarms, removes them)."""
         live = self.inference_component(endpoint, component)
         if live is None:
             self.deploy(endpoint, component, spec, placement, role="production", progress=progress)
@@ -251,16 +253,15 @@ class SageMakerHosting:
         names = [alarm["AlarmName"] for alarm in alarms]
         for alarm in alarms:
             self.aws.call("cloudwatch", "PutMetricAlarm", **alarm)
-        try:
-            if live.get("InferenceComponentStatus") == "Updating":
-                progress(f"inference component {component}: an update is in progress (an earlier attempt); following it")
-            else:
-                progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
-                         f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
-                self._sm("UpdateInferenceComponent", **self.rolling_update_request(component, spec, model["ModelName"], plan, names))
-            steps, final, fired = self._follow(component, spec, plan, bake, names, progress)
-        finally:
-            self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=names)
+        if live.get("InferenceComponentStatus") == "Updating":
+            progress(f"inference component {component}: an update is in progress (an earlier attempt); following it")
+        else:
+            progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
+                     f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
+            self._sm("UpdateInferenceComponent",
+                     **self.rolling_update_request(component, endpoint, spec, model["ModelName"], plan, names))
+        steps, final, fired = self._follow(component, spec, plan, bake, names, progress)
+        self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=names)  # kept while an update may still need them
         if final.get("InferenceComponentStatus") == "Failed":
             raise DeployFailed(f"inference component {component} failed during its rolling update: {failure_reason(final)}",
                                fix="read the FailureReason and the container logs; the previous model no longer serves")
@@ -268,7 +269,8 @@ class SageMakerHosting:
             return RolloutResult(status="succeeded", steps=tuple(steps))
         reason = self._rollback_reason(final, steps, fired, plan)
         progress(f"inference component {component}: rolled back: {reason}")
-        return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
+        ended = steps[-1].model_copy(update={"phase": "rollback", "alarm": reason})
+        return RolloutResult(status="rolled_back", reason=reason, steps=(*steps[:-1], ended))
 
     @staticmethod
     def _runs(live: dict, model_name: str, copies: int) -> bool:
@@ -280,7 +282,8 @@ class SageMakerHosting:
     def _follow(self, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, alarms: list[str],
                 progress: Progress) -> tuple[list[RolloutStep], dict, dict[str, str]]:
         """Poll the update until it ends; every check interval read the alarms' states and run the bake. Returns the
-        steps, the last description and every alarm seen in ALARM with its StateReason."""
+        steps (the last one: the component and its alarms once the update ended), the last description and every
+        alarm seen in ALARM with its StateReason."""
         steps: list[RolloutStep] = []
         fired: dict[str, str] = {}
         next_check = [0.0]
@@ -309,8 +312,11 @@ class SageMakerHosting:
         _, final = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
                             deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, poll_s=self.poll_s,
                             progress=progress, what=f"inference component {component}", on_poll=check)
-        alarm_states()
-        return steps, final or {}, fired
+        final = final or {}
+        steps.append(RolloutStep(phase="rollout", check=len(steps) + 1, batches=len(plan.targets(spec.copies)),
+                                 copies=final.get("RuntimeConfig", {}).get("CurrentCopyCount"), new_spec_sha256=spec.sha256(),
+                                 alarm_states=alarm_states()))
+        return steps, final, fired
 
     @staticmethod
     def _rollback_reason(final: dict, steps: list[RolloutStep], fired: dict[str, str], plan: RolloutPlan) -> str:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -460,6 +461,9 @@ def test_single_model_endpoint_serves_real_semif_decisions(aws, semif_archive):
     assert model_error["Error"]["Code"] == "ModelError" and model_error["ResponseMetadata"]["HTTPStatusCode"] == 424
     assert model_error["OriginalStatusCode"] == 400 and "error" in json.loads(model_error["OriginalMessage"])
     assert model_error["LogStreamArn"].endswith("/aws/sagemaker/Endpoints/tiny")
+    variant_dimensions = [{"Name": "EndpointName", "Value": "tiny"}, {"Name": "VariantName", "Value": "AllTraffic"}]
+    assert [metric_sum(aws, name, variant_dimensions) for name in ("Invocations", "Invocation4XXErrors", "InvocationModelErrors")] \
+        == [5, 1, 1]
     refused = client_error(runtime.invoke_endpoint, EndpointName="tiny", Body=b"{}", InferenceComponentName="x")["Error"]
     assert refused["Code"] == "ValidationError" and "not allowed" in refused["Message"]
 
@@ -558,6 +562,305 @@ def test_inference_components_on_mig_partitions(aws, aws_double_module, semif_ar
         assert set(wait_until_gone(sagemaker.describe_inference_component, InferenceComponentName=name)) == {"Deleting"}
     assert aws.container_pids() == []
     sagemaker.delete_endpoint(EndpointName="ic")
+
+
+# ---- CloudWatch: invocation metrics, alarm evaluation, rolling updates --------------------
+
+
+CPU_VARIANT = {"VariantName": "AllTraffic", "InstanceType": "ml.m5.xlarge", "InitialInstanceCount": 1}
+CPU_REQUIREMENTS = {"MinMemoryRequiredInMb": 1024, "NumberOfCpuCoresRequired": 1}
+COMPONENT_DIMENSIONS = [{"Name": "InferenceComponentName", "Value": "decider"}]
+
+
+@pytest.fixture(scope="module")
+def other_semif_archive(tmp_path_factory) -> Path:
+    """A second tiny GGUF (seed 4): a model whose answers name another sha256 than `semif_archive`'s."""
+    folder = tmp_path_factory.mktemp("semif-model-b")
+    gguf = write_tiny_gguf(folder / "tiny.gguf", seed=4)
+    return package_gguf(gguf, folder / "package", manifest={"source": "tinymodel seed 4"}).path
+
+
+def serving_component(aws, old_archive: Path, new_archive: Path, copies: int) -> None:
+    """Models "old" and "new" (one image, two archives) and component "decider" of `copies` copies of "old" on a CPU
+    inference-component endpoint, InService."""
+    image, old_url = publish_image(aws, old_archive, tag="old")
+    aws.client("s3").upload_file(str(new_archive), BUCKET, "models/new/model.tar.gz")
+    create_model(aws, "old", image, old_url)
+    create_model(aws, "new", image, f"s3://{BUCKET}/models/new/model.tar.gz")
+    create_endpoint(aws, "ic", CPU_VARIANT, ExecutionRoleArn=ROLE)
+    sagemaker = aws.client("sagemaker")
+    wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ic")
+    sagemaker.create_inference_component(
+        InferenceComponentName="decider", EndpointName="ic", VariantName="AllTraffic",
+        Specification={"ModelName": "old", "ComputeResourceRequirements": CPU_REQUIREMENTS}, RuntimeConfig={"CopyCount": copies})
+    described, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                      InferenceComponentName="decider")
+    assert described["InferenceComponentStatus"] == "InService", described.get("FailureReason")
+
+
+def decide(aws, body: str = json.dumps(DECISION)) -> str:
+    """Invoke "decider" once: the sha256 of the model that answered."""
+    answer = aws.client("sagemaker-runtime").invoke_endpoint(EndpointName="ic", InferenceComponentName="decider", Body=body,
+                                                             ContentType="application/json")
+    return json.loads(answer["Body"].read())["result"]["model"]["sha256"]
+
+
+def rolling_update(aws, policy: dict, alarms: tuple[str, ...] = (), model: str = "new") -> dict:
+    """UpdateInferenceComponent of "decider" to `model` with this RollingUpdatePolicy and alarms; the DeploymentConfig."""
+    config = {"RollingUpdatePolicy": policy}
+    if alarms:
+        config["AutoRollbackConfiguration"] = {"Alarms": [{"AlarmName": name} for name in alarms]}
+    aws.client("sagemaker").update_inference_component(
+        InferenceComponentName="decider", DeploymentConfig=config,
+        Specification={"ModelName": model, "ComputeResourceRequirements": CPU_REQUIREMENTS})
+    return config
+
+
+def events(aws) -> list[str]:
+    return [event.message for event in aws.rollout_events("decider")]
+
+
+def metric_sum(aws, metric: str, dimensions: list[dict], namespace: str = "AWS/SageMaker") -> float:
+    """GetMetricStatistics Sum of a metric over the last ten minutes."""
+    now = time.time()
+    points = aws.client("cloudwatch").get_metric_statistics(
+        Namespace=namespace, MetricName=metric, Dimensions=dimensions, StartTime=now - 600, EndTime=now + 60,
+        Period=3600, Statistics=["Sum"])["Datapoints"]
+    return sum(point["Sum"] for point in points)
+
+
+def error_rate_alarm(aws, name: str, minimum: int = 5) -> None:
+    """The error-rate alarm the product creates for a component: metric math over its SageMaker metrics."""
+    def summed(metric_id: str, metric: str) -> dict:
+        return {"Id": metric_id, "ReturnData": False, "MetricStat": {"Metric": {
+            "Namespace": "AWS/SageMaker", "MetricName": metric, "Dimensions": COMPONENT_DIMENSIONS}, "Period": 60, "Stat": "Sum"}}
+
+    aws.client("cloudwatch").put_metric_alarm(
+        AlarmName=name, EvaluationPeriods=1, DatapointsToAlarm=1, Threshold=0.01, ComparisonOperator="GreaterThanThreshold",
+        TreatMissingData="notBreaching", Tags=[{"Key": "owner", "Value": "shiplift"}],
+        Metrics=[summed("errors5xx", "Invocation5XXErrors"), summed("modelerrors", "InvocationModelErrors"),
+                 summed("invocations", "Invocations"),
+                 {"Id": "errorrate", "ReturnData": True,
+                  "Expression": f"IF(invocations >= {minimum}, MAX([errors5xx, modelerrors]) / invocations, 0)"}])
+
+
+def gauge_alarm(aws, name: str, treat_missing: str = "notBreaching", **changes) -> None:
+    """A one-metric alarm on shiplift/Rollout OnlineGateFailed (Maximum over 10 s, > 0) as the product's online gate;
+    a change to None removes the field."""
+    alarm = {"AlarmName": name, "Namespace": "shiplift/Rollout", "MetricName": "OnlineGateFailed",
+             "Dimensions": COMPONENT_DIMENSIONS, "Statistic": "Maximum", "Period": 10, "EvaluationPeriods": 1,
+             "Threshold": 0.0, "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": treat_missing, **changes}
+    aws.client("cloudwatch").put_metric_alarm(**{key: value for key, value in alarm.items() if value is not None})
+
+
+def put_gauge(aws, value: float, age_s: float = 0.0) -> None:
+    """PutMetricData of OnlineGateFailed as the product publishes it, `age_s` seconds ago."""
+    from datetime import datetime, timedelta, timezone
+
+    aws.client("cloudwatch").put_metric_data(Namespace="shiplift/Rollout", MetricData=[{
+        "MetricName": "OnlineGateFailed", "Dimensions": COMPONENT_DIMENSIONS, "Value": value, "StorageResolution": 1,
+        "Timestamp": datetime.now(timezone.utc) - timedelta(seconds=age_s)}])
+
+
+@pytest.mark.parametrize("expression, values, expected", [
+    pytest.param("IF(invocations >= 5, MAX([errors5xx, modelerrors]) / invocations, 0)",
+                 {"invocations": 8, "errors5xx": 1, "modelerrors": 2}, 0.25, id="error-rate"),
+    pytest.param("IF(invocations >= 5, MAX([errors5xx, modelerrors]) / invocations, 0)",
+                 {"invocations": 4, "errors5xx": 4, "modelerrors": 4}, 0.0, id="error-rate-too-few"),
+    pytest.param("IF(invocations >= 5, MAX([errors5xx, modelerrors]) / invocations, 0)", {}, None, id="error-rate-no-data"),
+    pytest.param("a + b * 2 - -c / 4", {"a": 1, "b": 2, "c": 8}, 7.0, id="precedence"),
+    pytest.param("(a + b) * 2", {"a": 1, "b": 2}, 6.0, id="parentheses"),
+    pytest.param("a / (b - 2)", {"a": 1, "b": 2}, None, id="division-by-zero"),
+    pytest.param("MIN([a, b, 7.5])", {"b": 9}, 7.5, id="min-skips-missing"),
+    pytest.param("a + b", {"a": 1}, None, id="missing-propagates"),
+    pytest.param("a < b", {"a": 1, "b": 2}, 1.0, id="comparison-true"),
+    pytest.param("a >= b + 1", {"a": 1, "b": 2}, 0.0, id="comparison-false"),
+    pytest.param("IF(a <= 0.5, 10, 20)", {"a": 0.75}, 20.0, id="if-false"),
+])
+def test_metric_math_evaluates_the_expressions_of_the_products_alarms(aws_double_module, expression, values, expected):
+    ids = {"a", "b", "c", "invocations", "errors5xx", "modelerrors"}
+    assert aws_double_module.MetricMath(expression, ids).evaluate(values) == expected
+
+
+@pytest.mark.parametrize("expression, expected", [
+    pytest.param("RATE(a)", "the function RATE is not supported", id="unsupported-function"),
+    pytest.param("a == b", "unexpected character '='", id="equality"),
+    pytest.param("a +", "it ends too early", id="truncated"),
+    pytest.param("a + d", "'d' is not the id of an earlier metric", id="unknown-id"),
+    pytest.param("IF(a, 1)", "expected ','", id="if-with-two-arguments"),
+    pytest.param("MAX(a, b)", "expected '['", id="max-without-array"),
+    pytest.param("a b", "unexpected 'b' after a complete expression", id="two-operands"),
+])
+def test_metric_math_refuses_what_it_does_not_evaluate(aws_double_module, expression, expected):
+    with pytest.raises(aws_double_module.ApiError) as refused:
+        aws_double_module.MetricMath(expression, {"a", "b"})
+    assert refused.value.code == "ValidationException" and expected in refused.value.message
+
+
+def test_alarms_are_judged_on_moto_datapoints(aws, aws_double_module):
+    evaluate = aws_double_module.evaluate_alarms
+    gauge_alarm(aws, "gate")
+    gauge_alarm(aws, "gate-breaching", treat_missing="breaching")
+    gauge_alarm(aws, "gate-missing", treat_missing="missing")
+    assert {name: state for name, (state, _) in evaluate(["gate", "gate-breaching", "gate-missing"]).items()} == \
+        {"gate": "OK", "gate-breaching": "ALARM", "gate-missing": "INSUFFICIENT_DATA"}
+    put_gauge(aws, 0.0)
+    assert evaluate(["gate"])["gate"][0] == "OK"
+    put_gauge(aws, 1.0, age_s=15)  # older than the 10 s period
+    assert evaluate(["gate"])["gate"][0] == "OK"
+    put_gauge(aws, 1.0)
+    state, reason = evaluate(["gate"])["gate"]
+    assert state == "ALARM" and reason.startswith("Threshold Crossed: 1 out of the last 1 datapoints [1 (")
+    described = aws.client("cloudwatch").describe_alarms(AlarmNames=["gate"])["MetricAlarms"][0]
+    assert (described["StateValue"], described["StateReason"]) == ("ALARM", reason)
+    assert json.loads(described["StateReasonData"])["recentDatapoints"] == [1.0]
+
+    gauge_alarm(aws, "two-of-two", Period=60, EvaluationPeriods=2, DatapointsToAlarm=2)
+    assert evaluate(["two-of-two"])["two-of-two"][0] == "OK"  # 1 of the last 2 periods breaches
+    put_gauge(aws, 2.0, age_s=90)
+    assert evaluate(["two-of-two"])["two-of-two"][0] == "ALARM"
+
+    aws.client("cloudwatch").put_metric_data(Namespace="shiplift/Rollout", MetricData=[{  # p99 (nearest rank): 99, mean 50.5
+        "MetricName": "Latency", "Dimensions": COMPONENT_DIMENSIONS, "Values": [float(v) for v in range(1, 101)]}])
+    gauge_alarm(aws, "p99", MetricName="Latency", Statistic=None, ExtendedStatistic="p99", Threshold=99.0,
+                ComparisonOperator="GreaterThanOrEqualToThreshold")
+    gauge_alarm(aws, "mean", MetricName="Latency", Statistic="Average", Threshold=50.0, ComparisonOperator="LessThanThreshold")
+    gauge_alarm(aws, "count", MetricName="Latency", Statistic="SampleCount", Threshold=100,
+                ComparisonOperator="LessThanOrEqualToThreshold")
+    verdicts = evaluate(["p99", "mean", "count"])
+    assert {name: state for name, (state, _) in verdicts.items()} == {"p99": "ALARM", "mean": "OK", "count": "ALARM"}
+
+    error_rate_alarm(aws, "errors")
+    data = [{"MetricName": name, "Dimensions": COMPONENT_DIMENSIONS, "Value": value}
+            for name, value in (("Invocations", 10.0), ("Invocation5XXErrors", 1.0), ("InvocationModelErrors", 0.0))]
+    aws.client("cloudwatch").put_metric_data(Namespace="AWS/SageMaker", MetricData=data)
+    state, reason = evaluate(["errors"])["errors"]
+    assert state == "ALARM" and "[0.1 (" in reason and "greater than the threshold (0.01)" in reason
+
+    aws.client("cloudwatch").put_metric_alarm(
+        AlarmName="odd", EvaluationPeriods=1, Threshold=1, ComparisonOperator="GreaterThanThreshold",
+        Metrics=[{"Id": "m", "ReturnData": False, "MetricStat": {"Metric": {"Namespace": "N", "MetricName": "M"},
+                                                                 "Period": 60, "Stat": "Sum"}},
+                 {"Id": "e", "Expression": "ANOMALY_DETECTION_BAND(m)", "ReturnData": True}])
+    with pytest.raises(aws_double_module.ApiError, match="the function ANOMALY_DETECTION_BAND is not supported"):
+        evaluate(["odd"])
+
+    create_endpoint(aws, "ic", CPU_VARIANT, ExecutionRoleArn=ROLE)  # a failed component: updates are checked all the same
+    create_model(aws, "m")
+    sagemaker = aws.client("sagemaker")
+    wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ic")
+    sagemaker.create_inference_component(InferenceComponentName="decider", EndpointName="ic", VariantName="AllTraffic",
+                                         Specification={"ModelName": "m", "ComputeResourceRequirements": CPU_REQUIREMENTS},
+                                         RuntimeConfig={"CopyCount": 1})
+    wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus", InferenceComponentName="decider")
+    policy = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 0}
+    for alarms, expected in ((("gate", "absent"), "The CloudWatch alarms ['absent'] of AutoRollbackConfiguration do not exist"),
+                             (("odd",), "the function ANOMALY_DETECTION_BAND is not supported")):
+        error = client_error(rolling_update, aws, policy, alarms, model="m")["Error"]
+        assert error["Code"] == "ValidationException" and expected in error["Message"]
+    assert sagemaker.describe_inference_component(InferenceComponentName="decider")["InferenceComponentStatus"] == "Failed"
+
+
+def test_rolling_update_serves_both_specs_batch_by_batch(aws, semif_archive, other_semif_archive):
+    serving_component(aws, semif_archive, other_semif_archive, copies=2)
+    old_sha = decide(aws)
+    model_error = client_error(decide, aws, body='{"decision": 1}')
+    assert model_error["OriginalStatusCode"] == 400
+    sent = rolling_update(aws, {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 1})
+    sagemaker = aws.client("sagemaker")
+    refused = client_error(rolling_update, aws, {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 2},
+                                                 "WaitIntervalInSeconds": 0})["Error"]
+    assert "Cannot update in-progress inference component" in refused["Message"]
+
+    answered, copies, invocations, deadline = set(), set(), 2, time.monotonic() + WAIT_S
+    while (described := sagemaker.describe_inference_component(InferenceComponentName="decider"))["InferenceComponentStatus"] == "Updating":
+        assert described["Specification"]["ModelName"] == "old" and described["LastDeploymentConfig"] == sent
+        copies.add(described["RuntimeConfig"]["CurrentCopyCount"])
+        answered.add(decide(aws))
+        invocations += 1
+        assert time.monotonic() < deadline, "the rolling update did not end"
+    new_sha = decide(aws)
+    assert new_sha != old_sha and answered == {old_sha, new_sha}, "old and new copies serve side by side"
+    assert copies <= {2, 3}  # (3 for the moment between a batch's new copy serving and an old one leaving)
+    assert (described["InferenceComponentStatus"], described["Specification"]["ModelName"]) == ("InService", "new")
+    assert described["RuntimeConfig"] == {"DesiredCopyCount": 2, "CurrentCopyCount": 2}
+    assert described["LastDeploymentConfig"] == sent and "FailureReason" not in described
+    assert_output_shape("DescribeInferenceComponent", described)
+    assert len(aws.container_pids()) == 2
+    assert [message.split(":")[0] for message in events(aws)] == [
+        "started", "batch 1/2", "batch 1/2", "batch 2/2", "batch 2/2", "completed"]
+    assert events(aws)[0] == "started: 2 old copies -> 2 new copies in 2 batches of 1, wait 1 s, timeout 28800 s, alarms []"
+    with urllib.request.urlopen(f"{aws.url}/_double/rollouts", timeout=10) as answer:
+        assert [event["message"] for event in json.load(answer)["events"]] == events(aws)
+
+    assert metric_sum(aws, "Invocations", COMPONENT_DIMENSIONS) == invocations + 1
+    assert metric_sum(aws, "Invocation4XXErrors", COMPONENT_DIMENSIONS) == 1
+    assert metric_sum(aws, "InvocationModelErrors", COMPONENT_DIMENSIONS) == 1
+    assert metric_sum(aws, "Invocation5XXErrors", COMPONENT_DIMENSIONS) == 0
+    latency = aws.client("cloudwatch").get_metric_statistics(
+        Namespace="AWS/SageMaker", MetricName="ModelLatency", Dimensions=COMPONENT_DIMENSIONS, StartTime=time.time() - 600,
+        EndTime=time.time() + 60, Period=3600, Statistics=["SampleCount", "Maximum"])["Datapoints"]
+    assert sum(p["SampleCount"] for p in latency) == invocations + 1 and latency[0]["Unit"] == "Microseconds"
+    assert 0 < max(p["Maximum"] for p in latency) < 60e6
+
+
+def test_rolling_update_rolls_back_when_an_alarm_fires(aws, semif_archive, other_semif_archive):
+    serving_component(aws, semif_archive, other_semif_archive, copies=2)
+    old_sha = decide(aws)
+    error_rate_alarm(aws, "decider-errors")
+    started = time.monotonic()
+    rolling_update(aws, {"MaximumBatchSize": {"Type": "CAPACITY_PERCENT", "Value": 50}, "WaitIntervalInSeconds": 60,
+                         "RollbackMaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}}, alarms=("decider-errors",))
+    for _ in range(6):  # model errors (400) from whichever copies serve: 6 of 6 invocations
+        client_error(decide, aws, body='{"decision": 1}')
+    described, _ = wait_until_settled(aws.client("sagemaker").describe_inference_component, "InferenceComponentStatus",
+                                      InferenceComponentName="decider")
+    assert time.monotonic() - started < 30, "rolled back by the alarm, long before the 60 s bake ended"
+    assert (described["InferenceComponentStatus"], described["Specification"]["ModelName"]) == ("InService", "old")
+    assert "FailureReason" not in described and described["RuntimeConfig"]["CurrentCopyCount"] == 2
+    assert {decide(aws) for _ in range(4)} == {old_sha}
+    assert len(aws.container_pids()) == 2
+    alarm = aws.client("cloudwatch").describe_alarms(AlarmNames=["decider-errors"])["MetricAlarms"][0]
+    assert alarm["StateValue"] == "ALARM" and "greater than the threshold (0.01)" in alarm["StateReason"]
+    log = events(aws)
+    assert "rolling back: alarm decider-errors in ALARM" in log
+    assert log[-2:] == ["rollback batch 1/1: starting 1 old copies", "rolled back: 2 old copies serving"]
+    assert any(message.startswith("alarm decider-errors: ALARM: Threshold Crossed") for message in log)
+
+
+def test_rolling_update_rolls_back_at_its_time_limit_or_when_new_copies_fail(aws, semif_archive, other_semif_archive):
+    serving_component(aws, semif_archive, other_semif_archive, copies=1)
+    gauge_alarm(aws, "gate")
+    aws.scenario(rolling_timeout_scale=0.005)  # 600 s in 3 s
+    policy = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 60,
+              "MaximumExecutionTimeoutInSeconds": 600}
+    rolling_update(aws, policy, alarms=("gate",))
+    sagemaker = aws.client("sagemaker")
+    described, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                      InferenceComponentName="decider")
+    assert (described["InferenceComponentStatus"], described["Specification"]["ModelName"]) == ("InService", "old")
+    assert "FailureReason" not in described
+    assert "rolling back: MaximumExecutionTimeoutInSeconds (600 s) passed" in events(aws)
+    assert "alarm gate: OK: Threshold Crossed: no datapoints were received for 1 period and 1 missing datapoint was " \
+           "treated as [NonBreaching]." in events(aws)
+
+    create_model(aws, "broken")  # its image is not in ECR: the first batch fails to start
+    rolling_update(aws, policy, model="broken")
+    described, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                                      InferenceComponentName="decider")
+    assert (described["InferenceComponentStatus"], described["Specification"]["ModelName"]) == ("InService", "old")
+    assert f"Requested image {MISSING_IMAGE} not found" in described["FailureReason"]
+    assert described["RuntimeConfig"]["CurrentCopyCount"] == 1
+
+    aws.scenario(rolling_timeout_scale=1.0)
+    rolling_update(aws, policy)  # a 60 s bake: the reset below must cancel it, not wait for it
+    deadline = time.monotonic() + WAIT_S
+    while not events(aws)[-1].startswith("batch 1/1: 1 new and 1 old copies serving"):
+        assert time.monotonic() < deadline, events(aws)
+        time.sleep(0.05)
+    started = time.monotonic()
+    aws.reset()
+    assert time.monotonic() - started < 10 and aws.container_pids() == []
 
 
 # ---- other processes and the call log ----------------------------------------------------

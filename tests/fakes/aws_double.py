@@ -10,8 +10,13 @@ endpoints and components move through realistic statuses and run the project's r
 simulated from the buildspec (source zip checked, image pushed to moto's ECR, image-detail.json written),
 which is how an image digest comes to name the server it runs.
 
+InvokeEndpoint publishes SageMaker's invocation metrics into moto's CloudWatch, and UpdateInferenceComponent with a
+DeploymentConfig runs a rolling update that evaluates its AutoRollbackConfiguration alarms on those datapoints (moto
+stores alarms but evaluates none) and rolls back as SageMaker does.
+
 Point boto3 at it with `AwsDouble.env()` (AWS_ENDPOINT_URL and test credentials); steer it with
-`scenario(...)`, or from another process with POST /_double/scenario, GET /_double/calls, POST /_double/reset.
+`scenario(...)`, or from another process with POST /_double/scenario, GET /_double/calls, GET /_double/rollouts,
+POST /_double/reset.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import base64
 import hashlib
 import http.client
 import io
+import itertools
 import json
 import math
+import operator
 import os
 import re
 import shutil
@@ -39,6 +46,7 @@ import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -54,12 +62,15 @@ from werkzeug.serving import make_server
 from tasks.aws.service_model import request_problems, service_model
 from tasks.packaging import safe_extract
 
+PERCENTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
+
+
 def _percentile_statistic(plain: Callable) -> Callable:
     """moto's CloudWatch computes Sum/Average/Minimum/Maximum/SampleCount only; SageMaker's latency alarms and
     shiplift's metrics read percentiles (`p99`), so the double adds nearest-rank percentiles of the datapoints."""
 
     def statistic(self, stat: str):
-        match = re.fullmatch(r"p(\d{1,2}(?:\.\d+)?)", stat)
+        match = PERCENTILE.fullmatch(stat)
         values = sorted(self.metric_single_values_list)
         if match is None or not values:
             return plain(self, stat)
@@ -114,6 +125,19 @@ MAX_REQUEST_BYTES = 32 << 20  # above the runtime's 25 MB payload limit, so the 
 FAILURE_REASON_MAX = 1024  # the FailureReason shape's maximum
 LOG_TAIL_CHARS = 600
 DEFAULT_PAGE = 10
+SAGEMAKER_NAMESPACE = "AWS/SageMaker"
+DEFAULT_ROLLING_TIMEOUT_S = 28800  # RollingUpdatePolicy.MaximumExecutionTimeoutInSeconds when it is left out
+ALARM_CHECK_S = 0.25  # how often a rolling update's bake evaluates its alarms
+STATISTICS = ("Sum", "Average", "Minimum", "Maximum", "SampleCount")
+COMPARISONS = {"GreaterThanThreshold": (operator.gt, "greater than"),
+               "GreaterThanOrEqualToThreshold": (operator.ge, "greater than or equal to"),
+               "LessThanThreshold": (operator.lt, "less than"),
+               "LessThanOrEqualToThreshold": (operator.le, "less than or equal to")}
+MATH_TOKEN = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+|[A-Za-z_][A-Za-z0-9_]*|>=|<=|[-+*/<>()\[\],])")
+MATH_NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
+MATH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MATH_OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+                   ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
 class ApiError(Exception):
@@ -161,12 +185,16 @@ class Scenario:
     polls_before_ready: int = 1  # Describe* calls that still answer Creating/Updating before the outcome shows
     unavailable_instance_types: frozenset[str] = frozenset()  # these fail with insufficient capacity
     fail_next_endpoint_with: str | None = None  # the next CreateEndpoint ends Failed with this reason
-    roll_back_updates: bool = False  # UpdateInferenceComponent/UpdateEndpoint end InService on the OLD spec
+    # UpdateInferenceComponent/UpdateEndpoint end InService on the OLD spec (a rolling update after its first batch)
+    roll_back_updates: bool = False
     throttle: dict[str, int] = field(default_factory=dict)  # operation -> how many next calls get ThrottlingException
     drop_partition_layouts: bool = False  # DescribeEndpointConfig leaves AcceleratorPartitionLayouts out
     fail_builds: bool = False  # CodeBuild builds end FAILED and push nothing
     build_polls_in_progress: int = 1  # BatchGetBuilds answers IN_PROGRESS this often; the image is pushed when it ends
     container_start_timeout_s: float = 60.0  # deadline for a model server's GET /ping to answer 200
+    # a rolling update's MaximumExecutionTimeoutInSeconds (API minimum 600) counts this many real seconds per second,
+    # so a test can see the timeout rollback (e.g. 0.005: 600 s pass in 3 s)
+    rolling_timeout_scale: float = 1.0
 
     def updated(self, knobs: dict[str, Any]) -> Scenario:
         """A copy with `knobs` applied; ValueError names an unknown knob or a bad value."""
@@ -180,6 +208,8 @@ class Scenario:
             raise ValueError(f"polls_before_ready must be an integer >= 0, got {new.polls_before_ready!r}")
         if not 0 < float(new.container_start_timeout_s) <= 3600:
             raise ValueError(f"container_start_timeout_s must be in (0, 3600], got {new.container_start_timeout_s!r}")
+        if not 0 < float(new.rolling_timeout_scale) <= 1:
+            raise ValueError(f"rolling_timeout_scale must be in (0, 1], got {new.rolling_timeout_scale!r}")
         if new.fail_next_endpoint_with is not None and not isinstance(new.fail_next_endpoint_with, str):
             raise ValueError("fail_next_endpoint_with must be a string or None")
         return new
@@ -321,6 +351,315 @@ def ping(port: int) -> int | None:
 
 
 # --------------------------------------------------------------------------------------
+# CloudWatch: the metrics SageMaker publishes and the alarm evaluation moto does not do
+
+
+def cloudwatch() -> cloudwatch_models.CloudWatchBackend:
+    """moto's in-process CloudWatch backend of the double's account (looked up each time: a moto reset replaces it)."""
+    return cloudwatch_models.cloudwatch_backends[ACCOUNT_ID][REGION]
+
+
+def put_invocation_metrics(dimensions: list[dict[str, str]], status: int | None, latency_us: float | None) -> None:
+    """The AWS/SageMaker datapoints of one invocation (`status` None: the model did not answer); never fails it."""
+    client_error, server_error = status is not None and 400 <= status < 500, status is not None and status >= 500
+    counts = {"Invocations": 1, "Invocation4XXErrors": client_error, "Invocation5XXErrors": server_error,
+              "InvocationModelErrors": status is None or not 200 <= status < 300}
+    data = [{"MetricName": name, "Value": float(value), "Unit": "None", "Dimensions": dimensions} for name, value in counts.items()]
+    if latency_us is not None:
+        data.append({"MetricName": "ModelLatency", "Value": latency_us, "Unit": "Microseconds", "Dimensions": dimensions})
+    try:
+        cloudwatch().put_metric_data(SAGEMAKER_NAMESPACE, data)
+    except Exception:  # noqa: BLE001 - a reset replacing the backend mid-call: a lost datapoint, never a failed invocation
+        pass
+
+
+def epoch(timestamp: datetime) -> float:
+    """A moto datapoint's timestamp (naive UTC, or aware) in seconds since the epoch."""
+    return (timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=timezone.utc)).timestamp()
+
+
+class MetricMath:
+    """A metric-math expression of the subset shiplift's alarms use, parsed by recursive descent (no eval) and
+    evaluated on one period's values: ids, numbers, + - * /, parentheses, >= > <= <, IF(c, a, b), MAX([..]),
+    MIN([..]). Missing data (None) propagates (MAX/MIN skip it); a division by zero is missing data; anything
+    outside the subset is refused with a ValidationException, never evaluated as something else."""
+
+    def __init__(self, text: str, ids: set[str]):
+        self.text, self.ids = text, ids
+        self.tokens = self._tokenize(text)
+        self.position = 0
+        self.tree = self._comparison()
+        if self._peek() is not None:
+            self._refuse(f"unexpected {self._peek()!r} after a complete expression")
+
+    def evaluate(self, values: dict[str, float | None]) -> float | None:
+        """The expression's value given each id's value for the period (None: missing data)."""
+        return self._value(self.tree, values)
+
+    # ---- parsing --------------------------------------------------------------------
+
+    def _refuse(self, why: str) -> None:
+        raise validation(f'The metric math expression "{self.text}" is not supported by the AWS double: {why}. It '
+                         "evaluates ids, numbers, + - * /, parentheses, >= > <= <, IF(c, a, b), MAX([...]) and MIN([...]).")
+
+    def _tokenize(self, text: str) -> list[str]:
+        tokens, position, end = [], 0, len(text.rstrip())
+        while position < end:
+            match = MATH_TOKEN.match(text, position)
+            if match is None:
+                self._refuse(f"unexpected character {text[position:].lstrip()[0]!r}")
+            tokens.append(match[1])
+            position = match.end()
+        return tokens
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.position] if self.position < len(self.tokens) else None
+
+    def _take(self, expected: str | None = None) -> str:
+        token = self._peek()
+        if token is None:
+            self._refuse("it ends too early" + (f" (expected {expected!r})" if expected else ""))
+        if expected is not None and token != expected:
+            self._refuse(f"expected {expected!r}, got {token!r}")
+        self.position += 1
+        return token
+
+    def _comparison(self) -> tuple:
+        left = self._sum()
+        if self._peek() in (">=", ">", "<=", "<"):
+            operation = self._take()
+            return (operation, left, self._sum())
+        return left
+
+    def _sum(self) -> tuple:
+        node = self._product()
+        while self._peek() in ("+", "-"):
+            operation = self._take()
+            node = (operation, node, self._product())
+        return node
+
+    def _product(self) -> tuple:
+        node = self._unary()
+        while self._peek() in ("*", "/"):
+            operation = self._take()
+            node = (operation, node, self._unary())
+        return node
+
+    def _unary(self) -> tuple:
+        if self._peek() == "-":
+            self._take()
+            return ("neg", self._unary())
+        return self._primary()
+
+    def _primary(self) -> tuple:
+        token = self._take()
+        if token == "(":
+            node = self._comparison()
+            self._take(")")
+            return node
+        if MATH_NUMBER.fullmatch(token):
+            return ("number", float(token))
+        if not MATH_NAME.fullmatch(token):
+            self._refuse(f"unexpected {token!r}")
+        if self._peek() == "(":
+            return self._call(token)
+        if token not in self.ids:
+            self._refuse(f"{token!r} is not the id of an earlier metric or expression of the alarm ({sorted(self.ids)})")
+        return ("id", token)
+
+    def _call(self, function: str) -> tuple:
+        if function not in ("IF", "MAX", "MIN"):
+            self._refuse(f"the function {function} is not supported")
+        self._take("(")
+        if function == "IF":
+            condition = self._comparison()
+            self._take(",")
+            when_true = self._comparison()
+            self._take(",")
+            node = ("IF", condition, when_true, self._comparison())
+        else:
+            self._take("[")
+            items = [self._comparison()]
+            while self._peek() == ",":
+                self._take()
+                items.append(self._comparison())
+            self._take("]")
+            node = (function, items)
+        self._take(")")
+        return node
+
+    # ---- evaluation -----------------------------------------------------------------
+
+    def _value(self, node: tuple, values: dict[str, float | None]) -> float | None:
+        kind = node[0]
+        if kind == "number":
+            return node[1]
+        if kind == "id":
+            return values.get(node[1])
+        if kind == "neg":
+            operand = self._value(node[1], values)
+            return None if operand is None else -operand
+        if kind == "IF":
+            condition = self._value(node[1], values)
+            return None if condition is None else self._value(node[2] if condition != 0 else node[3], values)
+        if kind in ("MAX", "MIN"):
+            present = [v for v in (self._value(item, values) for item in node[1]) if v is not None]
+            return (max if kind == "MAX" else min)(present) if present else None
+        left, right = self._value(node[1], values), self._value(node[2], values)
+        if left is None or right is None or (kind == "/" and right == 0):
+            return None
+        return float(MATH_OPERATIONS[kind](left, right))
+
+
+class MetricQuery(NamedTuple):
+    """One metric of an alarm: the datapoints of exactly these dimensions, and a statistic over one period."""
+
+    namespace: str
+    name: str
+    dimensions: frozenset[tuple[str, str]]
+    period: int
+    stat: str
+
+    @classmethod
+    def of(cls, namespace: str | None, name: str | None, dimensions: list, period: Any, stat: str | None) -> MetricQuery:
+        """A query from moto's alarm fields (Dimension objects); ValidationException for what cannot be evaluated."""
+        if not namespace or not name:
+            raise validation("The alarm names no Namespace and MetricName (nor Metrics) the AWS double can evaluate.")
+        if stat not in STATISTICS and not (stat and PERCENTILE.fullmatch(stat)):
+            raise validation(f"The statistic {stat!r} of alarm metric {namespace}/{name} is not supported by the AWS "
+                             f"double (one of {', '.join(STATISTICS)} or a percentile such as p99).")
+        if not isinstance(period, int) or period <= 0:
+            raise validation(f"The period {period!r} of alarm metric {namespace}/{name} is not a positive number of seconds.")
+        return cls(namespace, name, frozenset((d.name, d.value) for d in dimensions), period, stat)
+
+    def value(self, data: list[cloudwatch_models.MetricDatumBase], end: float) -> float | None:
+        """The statistic of the datapoints in [end - period, end), None when there are none."""
+        start = end - self.period
+        chosen = [d for d in data if d.name == self.name and d.namespace == self.namespace and start <= epoch(d.timestamp) < end
+                  and frozenset((x.name, x.value) for x in d.dimensions) == self.dimensions]
+        if not chosen:
+            return None
+        statistics = cloudwatch_models.Statistics([self.stat], None)  # moto's statistics, with the percentiles added above
+        statistics.metric_data = chosen
+        value = statistics.get_statistics_for_type(self.stat)
+        return None if value is None else float(value)
+
+
+class AlarmRule:
+    """A metric alarm of moto's backend compiled for evaluation: its metrics, the expressions on them (each sees the
+    metrics and the expressions listed before it) and the one that meets the threshold. Each of the last EvaluationPeriods periods is a
+    window of Period seconds ending now, then Period before that, and so on: a sliding window, where CloudWatch
+    aligns periods to the clock (a datapoint can count a little later or earlier here than there)."""
+
+    def __init__(self, alarm: cloudwatch_models.Alarm):
+        self.alarm = alarm
+        if alarm.rule is not None:
+            raise validation(f"Alarm {alarm.name} is a composite alarm; the AWS double evaluates metric alarms only.")
+        if alarm.comparison_operator not in COMPARISONS:
+            raise validation(f"The ComparisonOperator {alarm.comparison_operator} of alarm {alarm.name} is not supported by "
+                             f"the AWS double (one of {', '.join(COMPARISONS)}).")
+        self.queries: dict[str, MetricQuery] = {}
+        self.expressions: list[tuple[str, MetricMath]] = []
+        if alarm.metric_data_queries:
+            for query in alarm.metric_data_queries:
+                if not query.expression and query.metric_stat is None:
+                    raise validation(f"Metric {query.id} of alarm {alarm.name} has neither a MetricStat nor an Expression.")
+                if not query.expression:
+                    stat = query.metric_stat
+                    self.queries[query.id] = MetricQuery.of(stat.metric.namespace, stat.metric.metric_name, stat.metric.dimensions,
+                                                            stat.period, stat.stat)
+            for query in alarm.metric_data_queries:
+                if query.expression:
+                    ids = set(self.queries) | {name for name, _ in self.expressions}
+                    self.expressions.append((query.id, MetricMath(query.expression, ids)))
+            returned = [query.id for query in alarm.metric_data_queries if query.return_data is not False]
+            if len(returned) != 1:
+                raise validation(f"Alarm {alarm.name} must set ReturnData true on exactly one of its Metrics, not {returned}.")
+            self.returned = returned[0]
+        else:
+            self.queries["m1"] = MetricQuery.of(alarm.namespace, alarm.metric_name, alarm.dimensions, alarm.period,
+                                                alarm.statistic or alarm.extended_statistic)
+            self.returned = "m1"
+        if not self.queries:
+            raise validation(f"Alarm {alarm.name} has no MetricStat to read datapoints from.")
+        self.period = max(query.period for query in self.queries.values())
+
+    def values(self, data: list[cloudwatch_models.MetricDatumBase], now: float) -> list[tuple[float, float | None]]:
+        """(period end, value) of each of the last EvaluationPeriods periods, newest first."""
+        evaluated = []
+        for index in range(self.alarm.evaluation_periods):
+            end = now - index * self.period
+            values = {name: query.value(data, end) for name, query in self.queries.items()}
+            for name, expression in self.expressions:
+                values[name] = expression.evaluate(values)
+            evaluated.append((end, values[self.returned]))
+        return evaluated
+
+    def verdict(self, data: list[cloudwatch_models.MetricDatumBase], now: float) -> tuple[str, str, str]:
+        """(StateValue, StateReason, StateReasonData) as CloudWatch would set them now."""
+        alarm = self.alarm
+        compare, phrase = COMPARISONS[alarm.comparison_operator]
+        evaluated = self.values(data, now)
+        present = [(end, value) for end, value in evaluated if value is not None]
+        treat = alarm.treat_missing_data or "missing"
+        missing = len(evaluated) - len(present)
+        breaching = sum(compare(value, alarm.threshold) for _, value in present) + (missing if treat == "breaching" else 0)
+        needed, periods = alarm.datapoints_to_alarm or alarm.evaluation_periods, len(evaluated)
+        reason_data = json.dumps({"version": "1.0", "queryDate": iso_time(now), "startDate": iso_time(now - periods * self.period),
+                                  "period": self.period, "recentDatapoints": [value for _, value in present],
+                                  "threshold": alarm.threshold})
+        if not present:
+            if treat in ("missing", "ignore"):
+                if treat == "ignore":
+                    return alarm.state_value, alarm.state_reason, alarm.state_reason_data
+                return "INSUFFICIENT_DATA", f"Insufficient Data: {plural(periods, 'datapoint')} {'was' if periods == 1 else 'were'} unknown.", reason_data
+            state, treated = ("ALARM", "Breaching") if treat == "breaching" else ("OK", "NonBreaching")
+            return state, (f"Threshold Crossed: no datapoints were received for {plural(periods, 'period')} and "
+                           f"{plural(missing, 'missing datapoint')} {'was' if missing == 1 else 'were'} treated as [{treated}]."), reason_data
+        listing = ", ".join(f"{value:g} ({time.strftime('%d/%m/%y %H:%M:%S', time.gmtime(end))})" for end, value in present)
+        state = "ALARM" if breaching >= needed else "OK"
+        count = breaching if state == "ALARM" else periods - breaching
+        return state, (f"Threshold Crossed: {count} out of the last {periods} datapoints [{listing}] "
+                       f"{'was' if count == 1 else 'were'} {'' if state == 'ALARM' else 'not '}{phrase} the threshold "
+                       f"({alarm.threshold:g}) (minimum {plural(needed, 'datapoint')} for "
+                       f"{'OK -> ALARM' if state == 'ALARM' else 'ALARM -> OK'} transition)."), reason_data
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def iso_time(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000+0000", time.gmtime(seconds))
+
+
+def find_alarms(names: list[str]) -> list[AlarmRule]:
+    """The named alarms of moto's backend, compiled; ValidationException names any that are missing or unsupported."""
+    alarms = cloudwatch().alarms
+    missing = [name for name in names if name not in alarms]
+    if missing:
+        raise validation(f"The CloudWatch alarms {missing} of AutoRollbackConfiguration do not exist.")
+    return [AlarmRule(alarms[name]) for name in names]
+
+
+def evaluate_alarms(names: list[str]) -> dict[str, tuple[str, str]]:
+    """Evaluate the named alarms on moto's datapoints now and set each changed state in moto (DescribeAlarms shows
+    it): name -> (state, reason); an alarm deleted meanwhile is NOT_FOUND."""
+    backend = cloudwatch()
+    data, now, verdicts = list(backend.metric_data), time.time(), {}
+    for name in names:
+        alarm = backend.alarms.get(name)
+        if alarm is None:
+            verdicts[name] = ("NOT_FOUND", "the alarm no longer exists")
+            continue
+        state, reason, reason_data = AlarmRule(alarm).verdict(data, now)
+        if state != alarm.state_value or alarm.state_reason.startswith("Unchecked"):  # moto's reason until evaluated
+            alarm.update_state(reason, reason_data, state)  # what SetAlarmState does, on the alarm already in hand
+        verdicts[name] = (state, reason)
+    return verdicts
+
+
+# --------------------------------------------------------------------------------------
 # SageMaker resources
 
 
@@ -332,6 +671,7 @@ class Outcome:
     variants: dict[str, Placement] = field(default_factory=dict)
     copies: list[Container] = field(default_factory=list)
     image: dict[str, Any] | None = None  # the DeployedImage of started copies
+    rolled_back: bool = False  # a rolling update ended on the old spec (its copies are the component's already)
 
     def containers(self) -> list[Container]:
         return self.copies + [c for placement in self.variants.values() for c in placement.containers]
@@ -462,6 +802,7 @@ class SageMaker:
         self.endpoints: dict[str, Endpoint] = {}
         self.components: dict[str, Component] = {}
         self.tags: dict[str, dict[str, str]] = {}
+        self.turns = itertools.count()  # spreads invocations over equally busy copies
         self.operations: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             name: getattr(self, re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower())
             for name in (
@@ -557,6 +898,12 @@ class SageMaker:
             job.finish(job.future.result())
 
     @staticmethod
+    def cancel(job: Job | None) -> None:
+        """Tell a job to stop, with the lock held: a rolling update then no longer touches its component's copies."""
+        if job is not None:
+            job.cancel.set()
+
+    @staticmethod
     def discard(job: Job | None) -> None:
         """Cancel a job and stop whatever it started (never called with the lock held)."""
         if job is None:
@@ -583,6 +930,8 @@ class SageMaker:
             endpoints, components = list(self.endpoints.values()), list(self.components.values())
             for store in (self.models, self.configs, self.endpoints, self.components, self.tags):
                 store.clear()
+            for resource in [*components, *endpoints]:
+                self.cancel(resource.job)
         for resource in [*components, *endpoints]:
             self.discard(resource.job)
             stop_containers(resource.copies if isinstance(resource, Component) else resource.containers())
@@ -1034,8 +1383,12 @@ class SageMaker:
         source = self._component_source(spec)
         copies = params.get("RuntimeConfig", {}).get("CopyCount", component.desired_copies)
         partition = spec["ComputeResourceRequirements"].get("AcceleratorPartitionType")
-        problem = self._capacity_problem(component.endpoint, component.variant_name, partition, copies, component.name)
-        roll_back = self.shared.scenario.roll_back_updates
+        scenario = self.shared.scenario
+        rolling = RollingUpdate(self, component, source, copies, params["DeploymentConfig"], scenario) \
+            if "DeploymentConfig" in params else None
+        problem = self._capacity_problem(component.endpoint, component.variant_name, partition,
+                                         rolling.peak_copies if rolling else copies, component.name)
+        roll_back = scenario.roll_back_updates and rolling is None  # a rolling update rolls back after its first batch
         component.status, component.modified = "Updating", time.time()
         component.deployment_config = params.get("DeploymentConfig", component.deployment_config)
 
@@ -1044,17 +1397,23 @@ class SageMaker:
             if roll_back:  # what SageMaker shows after an auto-rollback: InService, old spec, no FailureReason
                 stop_containers(outcome.copies)
                 component.status, component.failure_reason = "InService", None
-            elif outcome.failure_reason:
+            elif outcome.failure_reason or outcome.rolled_back:
                 component.status = "InService" if component.copies else "Failed"
                 component.failure_reason = outcome.failure_reason
             else:
-                stop_containers(component.copies)
+                if rolling is None:
+                    stop_containers(component.copies)
+                    component.copies = outcome.copies
                 component.status, component.failure_reason = "InService", None
                 component.spec, component.source, component.desired_copies = spec, source, copies
-                component.copies, component.image = outcome.copies, outcome.image
+                component.image = outcome.image
 
-        work = (lambda cancel: Outcome()) if roll_back else self._copies_job(
-            source, copies, component.name, problem, self.shared.scenario.container_start_timeout_s)
+        if roll_back:
+            work = lambda cancel: Outcome()  # noqa: E731
+        elif rolling is not None and problem is None:
+            work = rolling
+        else:
+            work = self._copies_job(source, copies, component.name, problem, scenario.container_start_timeout_s)
         self._start_job(component, work, finish)
         return {"InferenceComponentArn": component.arn}
 
@@ -1109,6 +1468,7 @@ class SageMaker:
         if component.status == "Deleting":
             raise validation(f'Cannot delete inference component "{component.arn}": it is already being deleted.')
         old_job, copies = component.job, component.copies
+        self.cancel(old_job)
         component.status, component.modified, component.copies = "Deleting", time.time(), []
 
         def finish(outcome: Outcome) -> None:
@@ -1146,17 +1506,20 @@ class SageMaker:
         if problems:
             raise runtime_validation(f"{len(problems)} validation error(s) detected: " + "; ".join(problems))
         with self.shared.lock:
-            copy, variant = self._pick_copy(params)
+            copy, variant, dimensions = self._pick_copy(params)
             copy.in_flight += 1
         origin = "model" if params.get("InferenceComponentName") else "primary"
+        started = time.perf_counter()
         try:
             status, content_type, answer = forward(copy.port, params)
         except (OSError, http.client.HTTPException) as exc:
+            put_invocation_metrics(dimensions, None, None)
             raise ApiError("ModelError", f"Received server error from {origin}: the model server did not answer ({exc}).",
                            status=424, LogStreamArn=log_stream_arn(endpoint_name)) from None
         finally:
             with self.shared.lock:
                 copy.in_flight -= 1
+        put_invocation_metrics(dimensions, status, (time.perf_counter() - started) * 1e6)
         if status != 200:
             text = answer.decode("utf-8", errors="replace")
             side = "client" if 400 <= status < 500 else "server"
@@ -1169,7 +1532,9 @@ class SageMaker:
             )
         return 200, {"Content-Type": content_type, "x-Amzn-Invoked-Production-Variant": variant}, answer
 
-    def _pick_copy(self, params: dict[str, Any]) -> tuple[Container, str]:
+    def _pick_copy(self, params: dict[str, Any]) -> tuple[Container, str, list[dict[str, str]]]:
+        """The copy to serve an invocation (the least busy, in turn among equals), its variant and the dimensions of
+        its metrics."""
         endpoint = self.endpoints.get(params["EndpointName"].lower())
         if endpoint is None:
             raise runtime_validation(f"Endpoint {params['EndpointName']} of account {ACCOUNT_ID} not found.")
@@ -1186,6 +1551,7 @@ class SageMaker:
             copies, variant = component.copies, component.variant_name
             if component.status not in ("InService", "Updating") or not copies:
                 raise runtime_validation(NO_COPIES)
+            dimensions = [{"Name": "InferenceComponentName", "Value": component.name}]
         else:
             if component_name:
                 raise runtime_validation(IC_NAME_REFUSED)
@@ -1193,7 +1559,165 @@ class SageMaker:
             if variant not in endpoint.variants:
                 raise runtime_validation(f"Variant {variant} not found for endpoint {endpoint.name}.")
             copies = endpoint.variants[variant].containers
-        return min(copies, key=lambda copy: copy.in_flight), variant
+            dimensions = [{"Name": "EndpointName", "Value": endpoint.name}, {"Name": "VariantName", "Value": variant}]
+        least = min(copy.in_flight for copy in copies)
+        idle = [copy for copy in copies if copy.in_flight == least]
+        return idle[next(self.turns) % len(idle)], variant, dimensions
+
+
+class Cancelled(Exception):
+    """The job was cancelled (reset, drain, deletion): whoever cancelled it owns the component's copies now."""
+
+
+def capacity_size(size: dict[str, Any], total: int) -> int:
+    """A CapacitySize as a copy count: COPY_COUNT's value, or CAPACITY_PERCENT of `total` rounded down, at least 1."""
+    return size["Value"] if size["Type"] == "COPY_COUNT" else max(1, size["Value"] * total // 100)
+
+
+class RollingUpdate:
+    """UpdateInferenceComponent with a RollingUpdatePolicy, run as the component's job. Each batch starts new-spec
+    copies beside the old ones (invocations reach both), then stops as many old copies (after their requests in
+    flight) and bakes WaitIntervalInSeconds, evaluating the AutoRollbackConfiguration alarms every ALARM_CHECK_S. An
+    alarm in ALARM, MaximumExecutionTimeoutInSeconds or the `roll_back_updates` knob roll back to the old spec
+    (InService, no FailureReason: SageMaker has no rollback status); new copies that fail to start roll back too,
+    with a FailureReason. Every step is written to the double's rollout log (`AwsDouble.rollout_events`)."""
+
+    def __init__(self, sagemaker: SageMaker, component: Component, source: Source, copies: int,
+                 config: dict[str, Any], scenario: Scenario):
+        policy = config["RollingUpdatePolicy"]
+        self.shared, self.runtime, self.component = sagemaker.shared, sagemaker.runtime, component
+        self.old_source, self.new_source, self.copies = component.source, source, copies
+        self.old_count = len(component.copies)
+        self.batch = capacity_size(policy["MaximumBatchSize"], copies)
+        rollback = policy.get("RollbackMaximumBatchSize")
+        self.rollback_batch = capacity_size(rollback, self.old_count) if rollback else max(1, self.old_count)
+        self.wait_s = policy["WaitIntervalInSeconds"]
+        self.timeout_s = policy.get("MaximumExecutionTimeoutInSeconds", DEFAULT_ROLLING_TIMEOUT_S)
+        self.limit_s = self.timeout_s * scenario.rolling_timeout_scale
+        self.start_timeout_s, self.scenario_roll_back = scenario.container_start_timeout_s, scenario.roll_back_updates
+        self.alarms = [alarm["AlarmName"] for alarm in config.get("AutoRollbackConfiguration", {}).get("Alarms", [])]
+        find_alarms(self.alarms)  # refuse the update now if an alarm is missing or cannot be evaluated
+        self.states: dict[str, str] = {}
+        self.label = f"Inference component {component.name}"
+
+    @property
+    def peak_copies(self) -> int:
+        """The most copies running at once (a batch's new copies start before as many old ones stop)."""
+        batches = math.ceil(self.copies / self.batch)
+        return max([min(k * self.batch, self.copies) + max(0, self.old_count - (k - 1) * self.batch)
+                    for k in range(1, batches + 1)] + [self.old_count])
+
+    def note(self, message: str) -> None:
+        self.shared.note(self.component.name, message)
+
+    def __call__(self, cancel: threading.Event) -> Outcome:
+        deadline = time.monotonic() + self.limit_s
+        batches = math.ceil(self.copies / self.batch)
+        self.note(f"started: {self.old_count} old copies -> {self.copies} new copies in {batches} batches of "
+                  f"{self.batch}, wait {self.wait_s} s, timeout {self.timeout_s} s, alarms {self.alarms}")
+        new: list[Container] = []
+        image = None
+        with self.shared.lock:
+            old = list(self.component.copies)
+        try:
+            for number in range(1, batches + 1):
+                count = min(self.batch, self.copies - len(new))
+                self.note(f"batch {number}/{batches}: starting {count} new copies")
+                try:
+                    started, image = self.runtime.start(self.new_source, count, self.label, self.start_timeout_s, cancel)
+                except StartFailure as failure:
+                    if cancel.is_set():
+                        raise Cancelled from None
+                    self.note(f"rolling back: new copies failed to start: {failure}")
+                    return self._roll_back(new, old, cancel, str(failure))
+                self._serve(started, cancel)
+                new, stopping, old = new + started, old[:count], old[count:]
+                self.note(f"batch {number}/{batches}: {len(new)} new and {len(old) + len(stopping)} old copies serving; "
+                          f"stopping {len(stopping)} old copies, then baking {self.wait_s} s")
+                self._retire(stopping, cancel)
+                try:
+                    reason = self._bake(deadline, cancel)
+                except ApiError as error:  # an alarm changed into one the double cannot evaluate: loudly
+                    self.note(f"rolling back: {error.message}")
+                    return self._roll_back(new, old, cancel, error.message)
+                if reason:
+                    self.note(f"rolling back: {reason}")
+                    return self._roll_back(new, old, cancel)
+            self._retire(old, cancel)  # the update lowered the copy count
+            self.note(f"completed: {len(new)} new copies serving")
+            return Outcome(image=image)
+        except Cancelled:
+            self.note("cancelled")
+            return Outcome(failure_reason="the update was cancelled")
+
+    def _serve(self, copies: list[Container], cancel: threading.Event) -> None:
+        """Put started copies in rotation, unless the job was cancelled meanwhile (then they are stopped here)."""
+        with self.shared.lock:
+            if not cancel.is_set():
+                self.component.copies = self.component.copies + copies
+                return
+        stop_containers(copies)
+        raise Cancelled
+
+    def _retire(self, copies: list[Container], cancel: threading.Event) -> None:
+        """Take copies out of rotation, let their requests in flight finish (bounded), then stop them."""
+        if not copies:
+            return
+        with self.shared.lock:
+            if cancel.is_set():
+                raise Cancelled
+            self.component.copies = [copy for copy in self.component.copies if copy not in copies]
+        deadline = time.monotonic() + INVOKE_TIMEOUT_S
+        while any(copy.in_flight for copy in copies) and time.monotonic() < deadline and not cancel.wait(PING_INTERVAL_S):
+            pass
+        stop_containers(copies)
+
+    def _bake(self, deadline: float, cancel: threading.Event) -> str | None:
+        """Check at once, then every ALARM_CHECK_S for WaitIntervalInSeconds: why to roll back, or None."""
+        end = time.monotonic() + self.wait_s
+        while True:
+            reason = self._breach(deadline)
+            if reason or time.monotonic() >= end:
+                return reason
+            if cancel.wait(min(ALARM_CHECK_S, max(0.0, end - time.monotonic()))):
+                raise Cancelled
+
+    def _breach(self, deadline: float) -> str | None:
+        """Evaluate the alarms (noting each change of state) and the time limit: why to roll back, or None."""
+        if self.scenario_roll_back:
+            return "scenario roll_back_updates"
+        for name, (state, reason) in evaluate_alarms(self.alarms).items():
+            if self.states.get(name) != state:
+                self.states[name] = state
+                self.note(f"alarm {name}: {state}: {reason}")
+        firing = [name for name in self.alarms if self.states[name] == "ALARM"]
+        if firing:
+            return f"alarm {firing[0]} in ALARM"
+        if time.monotonic() >= deadline:
+            return f"MaximumExecutionTimeoutInSeconds ({self.timeout_s} s) passed"
+        return None
+
+    def _roll_back(self, new: list[Container], old: list[Container], cancel: threading.Event,
+                   failure_reason: str | None = None) -> Outcome:
+        """Start old-spec copies back up to the old count (RollbackMaximumBatchSize at a time, or all at once), stopping
+        as many new copies after each batch, then the rest of them."""
+        batches = math.ceil((self.old_count - len(old)) / self.rollback_batch)
+        try:
+            for number in range(1, batches + 1):
+                count = min(self.rollback_batch, self.old_count - len(old))
+                self.note(f"rollback batch {number}/{batches}: starting {count} old copies")
+                started, _ = self.runtime.start(self.old_source, count, self.label, self.start_timeout_s, cancel)
+                self._serve(started, cancel)
+                old, stopping, new = old + started, new[:count], new[count:]
+                self._retire(stopping, cancel)
+        except StartFailure as failure:
+            if cancel.is_set():
+                raise Cancelled from None
+            failure_reason = "; ".join(filter(None, [failure_reason, f"the rollback failed: {failure}"]))
+        self._retire(new, cancel)
+        self.note(f"rolled back: {len(old)} old copies serving" + (f"; FailureReason: {failure_reason}" if failure_reason else ""))
+        bounded = str(StartFailure(failure_reason)) if failure_reason else None  # within FailureReason's maximum
+        return Outcome(failure_reason=bounded, rolled_back=True)
 
 
 def runtime_params(endpoint_name: str, headers: dict[str, str], body: bytes) -> dict[str, Any]:
@@ -1512,17 +2036,30 @@ def command_failed(message: str) -> BuildFailed:
 # The server
 
 
+class RolloutEvent(NamedTuple):
+    """One step of a rolling update, as the double took it (see `RollingUpdate` for the messages)."""
+
+    component: str
+    at: float  # time.time()
+    message: str
+
+
 class Shared:
-    """What the parts of the double share: one lock, the scenario and the call log."""
+    """What the parts of the double share: one lock, the scenario, the call log and the rollout log."""
 
     def __init__(self):
         self.lock = threading.RLock()
         self.scenario = Scenario()
         self.calls: list[Call] = []
+        self.rollouts: list[RolloutEvent] = []
 
     def log(self, service: str, operation: str, params: dict[str, Any]) -> None:
         with self.lock:
             self.calls.append(Call(service, operation, params))
+
+    def note(self, component: str, message: str) -> None:
+        with self.lock:
+            self.rollouts.append(RolloutEvent(component, time.time(), message))
 
     def take_throttle(self, operation: str) -> None:
         with self.lock:
@@ -1611,7 +2148,7 @@ class AwsDouble:
             return self._clients[key]
 
     def reset(self) -> None:
-        """moto's reset plus the double's own: resources, processes, images, builds, scenario and call log."""
+        """moto's reset plus the double's own: resources, processes, images, builds, scenario, call and rollout logs."""
         self._sagemaker.drain()
         request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST", data=b"")
         with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as response:
@@ -1621,6 +2158,7 @@ class AwsDouble:
         with self._shared.lock:
             self._shared.scenario = Scenario()
             self._shared.calls.clear()
+            self._shared.rollouts.clear()
 
     def scenario(self, **knobs: Any) -> Scenario:
         """Set scenario knobs (see `Scenario`); returns the scenario now in force."""
@@ -1633,6 +2171,11 @@ class AwsDouble:
         """Every SageMaker and SageMaker-runtime request so far, in order (`call.mutating` picks out writes)."""
         with self._shared.lock:
             return list(self._shared.calls)
+
+    def rollout_events(self, component: str | None = None) -> list[RolloutEvent]:
+        """The steps of every rolling update so far (of `component` only, if given), in order."""
+        with self._shared.lock:
+            return [event for event in self._shared.rollouts if component in (None, event.component)]
 
     def container_pids(self) -> list[int]:
         """The pids of the model server processes now running (endpoints and inference components)."""
@@ -1683,12 +2226,15 @@ class AwsDouble:
         return respond(start_response, 200, json.dumps(result, default=str).encode(), {"Content-Type": content_type})
 
     def _admin(self, environ: dict[str, Any], start_response: Callable, path: str, method: str) -> list[bytes]:
-        """POST /_double/scenario {knobs}, GET /_double/calls, POST /_double/reset, for tests in other processes."""
+        """POST /_double/scenario {knobs}, GET /_double/calls, GET /_double/rollouts, POST /_double/reset, for tests in
+        other processes."""
         try:
             if path == "/_double/scenario" and method == "POST":
                 payload = self.scenario(**parse_json_body(read_body(environ))).to_json()
             elif path == "/_double/calls" and method == "GET":
                 payload = {"calls": [call._asdict() for call in self.calls]}
+            elif path == "/_double/rollouts" and method == "GET":
+                payload = {"events": [event._asdict() for event in self.rollout_events()]}
             elif path == "/_double/reset" and method == "POST":
                 self.reset()
                 payload = {"reset": True}

@@ -188,3 +188,48 @@ def test_a_copy_killed_during_a_canary_is_replaced_and_the_rollout_ends_whole(ho
     serving = _serving(hosting, "ep-kill", "semif")
     assert list(serving) == ["v2"] and len(serving["v2"]) == 2 and killed[0] not in serving["v2"]
     assert all(c["alive"] and c["ping"] == 200 for c in hosting.describe_endpoint("ep-kill")["components"]["semif"]["copies"])
+
+
+def _neutral(copies: int, version: str, **env: str):
+    """A fake-copy spec that carries a neutral ComponentSpec, as the promote stage's specs do (metrics by spec need it)."""
+    from tasks.interfaces import Compute, ComponentSpec, ModelRef
+
+    digest = "sha256:" + (version.encode().hex() * 64)[:64]
+    neutral = ComponentSpec(image_uri=f"fake/semif@{digest}", artifact_uri=f"file:///fake/{version}", artifact_sha256="a" * 64,
+                            environment=env, copies=copies, compute=Compute(memory_mb=128),
+                            model_ref=ModelRef(release_id=version, artifact_sha256="a" * 64, image_digest=digest))
+    return _spec(copies=copies, version=version, **env).model_copy(update={"neutral": neutral.model_dump(mode="json")}), neutral
+
+
+@pytest.mark.parametrize("fault, env, alarm", [
+    ("answers 500", {"FAKE_STATUS": "500"}, "error rate"),
+    ("answers slowly", {"FAKE_DELAY_S": "0.4"}, "latency p99"),
+], ids=["500s", "slow"])
+def test_a_faulty_canary_is_rolled_back_by_its_bake_alarm_under_live_traffic(hosting, fault, env, alarm):
+    """The real bake (BakeWatch over the router's metrics of the new copies) with live traffic from a thread."""
+    from types import SimpleNamespace
+
+    from tasks.demo import LiveTraffic
+    from tasks.hosting.loopback import LocalMetrics
+    from tasks.interfaces import BakeAlarms
+    from tasks.rollout import BakeWatch
+
+    endpoint = f"ep-fault-{'slow' if 'FAKE_DELAY_S' in env else '500'}"
+    hosting.ensure_endpoint(endpoint)
+    first, _ = _neutral(2, "v1")
+    hosting.put_component(endpoint, "semif", first, ready_timeout_s=20)
+    candidate, neutral = _neutral(2, "v2", **env)
+    rules = BakeAlarms(max_error_rate=0.05, max_latency_p99_ms=200, min_invocations=3, check_interval_s=0.25)
+    bake = BakeWatch(LocalMetrics(SimpleNamespace(processes=hosting)), endpoint, "semif", neutral.sha256(), rules, 20)
+    with LiveTraffic(hosting.endpoint_url(endpoint), "semif", body=b'{"q": 1}', timeout_s=10) as traffic:
+        result = hosting.roll_out(endpoint, "semif", candidate, RolloutPlan(strategy="canary", alarms=rules), bake,
+                                  ready_timeout_s=20)
+    assert result.status == "rolled_back" and result.reason.startswith(alarm), (fault, result)
+    assert [s.phase for s in result.steps] == ["rollout", "rollback"] and result.steps[0].new_copies == 1
+    states = bake.evidence[result.steps[0].key()]["alarm_states"]
+    assert states == {"error_rate": "ALARM" if alarm == "error rate" else "OK",
+                      "latency_p99": "ALARM" if alarm == "latency p99" else "OK"}
+    serving = _serving(hosting, endpoint, "semif")
+    assert list(serving) == ["v1"] and len(serving["v1"]) == 2, "the champion's spec serves on every copy again"
+    assert traffic.statuses[200] > 0 and set(traffic.statuses) <= {200, 424, 503}, traffic.statuses  # 424: the model's 500
+    assert (traffic.statuses[424] > 0) == (alarm == "error rate"), traffic.statuses
