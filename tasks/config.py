@@ -434,6 +434,8 @@ class OnlineGate(Strict):
     split: str = Field("test", min_length=1, description="the split of the release's validation datasets replayed")
     max_tasks: int = Field(64, ge=1, le=10_000, description="at most this many tasks of that split, in file order")
     rounds: int = Field(4, ge=1, le=32, description="resends of tasks a champion copy answered, per bake")
+    concurrency: int = Field(1, ge=1, le=64, description="requests in flight at once: the canary set is a probe, not "
+                             "load, so its latencies are the copies' own")
 
 
 class RollingUpdate(Strict):

@@ -9,8 +9,9 @@
 5. Canary Gemma onto two copies: one new copy beside the champion's, a bake with the online gate (the
    canary set replayed through production) and the bake alarms, then the rest.
 6. Canary a Gemma build that refuses the multi-decision requests production clients send (the offline
-   gate sends single decisions, so it passes): under live traffic its error-rate alarm fires during the
-   first bake and the rollout is rolled back, the champion still serving.
+   gate sends single decisions, so it passes): with production traffic while it rolls out, its
+   error-rate alarm fires during the first bake and the rollout is rolled back, the champion still
+   serving.
 Then verify the ledger, show each canary's traffic steps from the ledger, ask the production endpoint one
 real question, and print a summary.
 """
@@ -139,6 +140,32 @@ def fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def release_under_traffic(config: Path, overrides: tuple[str, ...], state_dir: Path, production: tuple[str, str],
+                          label: str) -> dict:
+    """A release stage by stage, as the refresh DAG runs it, with production traffic while promote rolls out (only
+    then: on two cores, traffic during calibration and the gate would be measured as the candidate's latency)."""
+    from tasks.hosting.local import LocalHosting
+    from tasks.release import STAGES, TEARDOWN, begin_orchestrated, end_orchestrated, run_orchestrated_stage
+
+    begun = begin_orchestrated(config, holder="demo", overrides=overrides)
+    run = lambda name: run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"])  # noqa: E731
+    failed = True
+    try:
+        for name in STAGES[:-1]:
+            if name != "promote":
+                run(name)
+                continue
+            with LiveTraffic(LocalHosting(state_dir).endpoint_url(production[0]), production[1]) as live:
+                run(name)
+            print(f"{label}: production traffic during promote got {dict(live.statuses)} (200: answered; "
+                  "424: the model refused; 503: retryable)", file=sys.stderr, flush=True)
+        failed = False
+    finally:
+        run(TEARDOWN)
+        summary = end_orchestrated(begun["release_id"], holder="demo", failed=failed, ledger_url=begun["ledger_url"])
+    return summary
+
+
 def rollout_cell(summary: dict) -> str:
     """How the release reached production: its strategy and traffic steps, or why it was rolled back."""
     rollout = summary.get("rollout") or {}
@@ -203,13 +230,7 @@ def main() -> int:
     for label, config, overrides, traffic in STEPS:
         banner(f"{label}: shiplift release {config.relative_to(ROOT)}" + "".join(f" --set {o}" for o in overrides))
         if traffic:
-            from tasks.hosting.local import LocalHosting
-
-            endpoint, component = production["gemma-decision"]
-            with LiveTraffic(LocalHosting(state_dir).endpoint_url(endpoint), component) as live:
-                summary = run_release(config, overrides=overrides)
-            print(f"{label}: live traffic got {dict(live.statuses)} (200: answered; 424: the model refused; 503: retryable)",
-                  file=sys.stderr, flush=True)
+            summary = release_under_traffic(config, overrides, state_dir, production["gemma-decision"], label)
         else:
             summary = run_release(config, overrides=overrides)
         rows.append((label, summary))

@@ -297,8 +297,10 @@ class Hosting(Protocol):
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Any, plan: RolloutPlan,
                  bake: Bake, *, progress: Progress) -> RolloutResult:
-        """Move the component to `spec` as `plan` says, calling `bake` after each batch; an alarm it returns rolls
-        back and the previous spec serves again. A component that does not exist yet is deployed whole."""
+        """Move the component to `spec` as `plan` says and roll back to the previous spec when an alarm fires. Local
+        drives the batches and calls `bake` after each (an alarm it returns rolls back); aws sends SageMaker's rolling
+        update with the plan's alarms and calls `bake` at every check while it runs. A component that does not exist
+        yet is deployed whole."""
         ...
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
