@@ -232,7 +232,8 @@ def promote_release_dag() -> DAG:
         params={
             "release_id": Param(type="string", pattern=RELEASE_ID_PATTERN, description="the release to promote, "
                                 "or (with rollback_target) the release being rolled back"),
-            "strategy": Param("all_at_once", type="string", enum=["all_at_once", "canary", "linear"]),
+            "strategy": Param(None, type=["null", "string"], enum=[None, "all_at_once", "canary", "linear"],
+                              description="unset: the release's own rollout.strategy (the only one it accepts)"),
             "rollback_target": Param(None, type=["null", "string"], pattern=RELEASE_ID_PATTERN,
                                      description="roll the model back from release_id to this earlier release"),
             "reason": Param(type="string", minLength=1, pattern=r"\S", description="why (recorded in the ledger)"),

@@ -50,18 +50,20 @@ def _switch_production(ctx: StageContext) -> dict:
     return result
 
 
-def promote(state_dir: str | Path | None, release_id: str, *, strategy: str, reason: str, actor: str,
+def promote(state_dir: str | Path | None, release_id: str, *, strategy: str | None, reason: str, actor: str,
             ledger_url: str | None = None, session: Any = None) -> dict:
-    """Promote a release whose gate passed onto the production component, under the model's lease.
+    """Promote a release whose gate passed onto the production component, under the model's lease, with its own
+    rollout (`strategy`, when given, must name it).
 
     The ledger is found at `ledger_url` ($SHIPLIFT_LEDGER_URL), else as SQLite under `state_dir`."""
     _require_release_id("release_id", release_id)
     reason, actor = _require_text("reason", reason), _require_text("actor", actor)
     if strategy == "blue_green":
         raise ConfigError(BLUE_GREEN_REFUSED, fix="promote with strategy all_at_once, canary or linear")
-    if strategy not in STRATEGIES:
+    if strategy is not None and strategy not in STRATEGIES:
         raise BadInput(f"strategy {strategy!r} is unknown", fix=f"use one of {', '.join(STRATEGIES)}")
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, session=session)
+    strategy = strategy or ctx.config.rollout.strategy
     if strategy != ctx.config.rollout.strategy:
         raise ConfigError(
             f"release {release_id} rolls out as its config says (rollout.strategy {ctx.config.rollout.strategy}), not "

@@ -121,5 +121,5 @@ def test_cli_rollback_prints_what_serves_and_refuses_bad_input_without_a_traceba
     assert main(["rollback", MODEL, "--to", "Not A Release", "--reason", "r", "--state-dir", str(state_dir)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert "not a release id" in err and "Traceback" not in err
-    promote(state_dir, b, strategy="all_at_once", reason="back to B", actor="pytest")
+    promote(state_dir, b, strategy=None, reason="back to B", actor="pytest")  # None: the release's own strategy
     assert live_release(state_dir) == b
