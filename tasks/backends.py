@@ -36,6 +36,7 @@ class Backends:
     ledger_url: str | None  # as configured (never with a password); None: SQLite under state_dir or $SHIPLIFT_LEDGER_URL
     scratch: ScratchServer  # serve a model folder on this worker (calibration, before the image is pinned)
     preflight: Callable[[], dict]  # before a release opens: credentials, account, region (aws); nothing locally
+    checkpoint: Callable[[], Any] | None = None  # sign the ledger's head outside the database (local); None on aws yet
 
 
 def default_state_dir() -> Path:
@@ -79,11 +80,19 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
         hosting = LoopbackHosting(state_dir, store)
         return Backends(kind="local", state_dir=state_dir, store=store, images=LocalImageBuilder(), hosting=hosting,
                         metrics=LocalMetrics(hosting), ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch,
-                        preflight=dict)
+                        preflight=dict, checkpoint=lambda: local_checkpoint(ledger, state_dir))
     from tasks.aws.backend import aws_backends
 
     parts = aws_backends(config, state_dir=state_dir, session=session)
     return Backends(kind="aws", state_dir=state_dir, ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch, **parts)
+
+
+def local_checkpoint(ledger, state_dir: Path, key_path: str | Path | None = None):
+    """Sign the ledger's head with the local key (outside the state dir) into the state dir's checkpoints file."""
+    from tasks.checkpoints import CheckpointLog, SigningKey, checkpoint, default_key_path, log_path
+
+    key = SigningKey(key_path or default_key_path(), state_dir=state_dir)
+    return checkpoint(ledger, CheckpointLog(log_path(state_dir)), key)
 
 
 def local_endpoints(state_dir: str | Path):

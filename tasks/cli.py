@@ -385,9 +385,28 @@ def cmd_ledger_show(args) -> int:
 
 
 def cmd_ledger_verify(args) -> int:
-    result = ledger_for(args).verify(expected_head=args.expect_head)
-    print_json(result.to_dict())
-    return 0 if result.ok else EXIT_REJECTED
+    """The chain, an anchored head if given, and every signed checkpoint the state dir keeps."""
+    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
+
+    ledger = ledger_for(args)
+    log = CheckpointLog(log_path(args.state_dir))
+    if args.expect_head or not log.path.exists():
+        result = ledger.verify(expected_head=args.expect_head).to_dict()
+        result["checkpoints"] = 0 if not log.path.exists() else "not checked (--expect-head given)"
+    else:
+        key = SigningKey(args.key or default_key_path(), state_dir=args.state_dir, create=False)
+        result = verify_with_checkpoints(ledger, log, key.public)
+    print_json(result)
+    return 0 if result["ok"] else EXIT_REJECTED
+
+
+def cmd_ledger_checkpoint(args) -> int:
+    """Sign the ledger's head (after verifying it) into the state dir's checkpoints file."""
+    from tasks.backends import local_checkpoint
+
+    signed = local_checkpoint(ledger_for(args), Path(args.state_dir), args.key)
+    print_json(signed.to_dict())
+    return 0
 
 
 def cmd_ledger_diff(args) -> int:
@@ -579,9 +598,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = ledger_parser("show", "every record of one release")
     p.add_argument("release")
     p.set_defaults(func=cmd_ledger_show)
-    p = ledger_parser("verify", "check the hash chain; detects edited or deleted records")
+    p = ledger_parser("verify", "check the hash chain and that it extends every signed checkpoint")
     p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
+    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem)")
     p.set_defaults(func=cmd_ledger_verify)
+    p = ledger_parser("checkpoint", "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")
+    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem; "
+                                 "created 0600 on first use)")
+    p.set_defaults(func=cmd_ledger_checkpoint)
     p = ledger_parser("diff", "compare two releases (config hash, artifact, image, metrics, decision)")
     p.add_argument("release_a")
     p.add_argument("release_b")

@@ -12,8 +12,9 @@
    gate sends single decisions, so it passes): with production traffic while it rolls out, its
    error-rate alarm fires during the first bake and the rollout is rolled back, the champion still
    serving.
-Then verify the ledger, show each canary's traffic steps from the ledger, ask the production endpoint one
-real question, and print a summary.
+Each release ends with a signed checkpoint of the ledger's head (an Ed25519 key outside the state dir).
+Then verify the ledger against its checkpoints, show each canary's traffic steps from the ledger, ask the
+production endpoint one real question, and print a summary.
 """
 
 from __future__ import annotations
@@ -239,10 +240,16 @@ def main() -> int:
         serving_after.append(serving_release(state_dir, production.get(summary["model"])))
         print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
 
-    banner("ledger verify")
+    banner("ledger verify: the hash chain, and that it extends every signed checkpoint")
+    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
+
     ledger = Ledger(ledger_url_for(state_dir, None))
-    verdict = ledger.verify().to_dict()
-    print(json.dumps({k: verdict[k] for k in ("ok", "n_records", "head_hash")}), flush=True)
+    key = SigningKey(default_key_path(), state_dir=state_dir, create=False)
+    verdict = verify_with_checkpoints(ledger, CheckpointLog(log_path(state_dir)), key.public)
+    latest = verdict["checked_against"] or {}
+    print(json.dumps({"ok": verdict["ok"], "n_records": verdict["n_records"], "head_hash": verdict["head_hash"],
+                      "checkpoints": verdict["checkpoints"], "latest_checkpoint_seq": latest.get("seq"),
+                      "key_id": verdict["key_id"], "key": str(key.path), "problems": verdict["problems"]}), flush=True)
     for label, summary in rows:
         if (summary.get("rollout") or {}).get("steps"):
             banner(f"{label}: traffic steps in the ledger ({summary['release_id']}, {summary['status']})")

@@ -271,10 +271,14 @@ def _teardown_quietly(ctx: StageContext) -> None:
 
 
 def finish(ctx: StageContext, *, failed: bool) -> dict:
-    """Record the release's final status (failed, promoted or rejected) and return its summary."""
+    """Record the release's final status (failed, promoted or rejected), sign the ledger's head where the backend
+    keeps checkpoints, and return the release's summary."""
     status = "failed" if failed else _final_status(ctx.state)
     if ctx.state.status != status:
         ctx.record(RELEASE_STAGE, status, {})
+    if ctx.backends.checkpoint is not None:
+        signed = ctx.backends.checkpoint()
+        ctx.say(f"ledger checkpoint: seq {signed.seq} signed by key {signed.key_id}")
     return release_summary(ctx.state)
 
 

@@ -21,6 +21,22 @@ def load_by_path(name: str, path: Path):
     return sys.modules[name]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def checkpoint_key(tmp_path_factory):
+    """One checkpoint signing key for the session, outside every state dir (and out of the user's home);
+    subprocesses (Airflow tasks, the CLI) inherit it through the environment."""
+    import os
+
+    path = tmp_path_factory.mktemp("keys") / "ledger-ed25519.pem"
+    previous = os.environ.get("SHIPLIFT_CHECKPOINT_KEY")
+    os.environ["SHIPLIFT_CHECKPOINT_KEY"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("SHIPLIFT_CHECKPOINT_KEY", None)
+    else:
+        os.environ["SHIPLIFT_CHECKPOINT_KEY"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_release():
     """tests/tiny_release.py: the fast tiny-model release config of the local backend."""

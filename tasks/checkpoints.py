@@ -1,0 +1,250 @@
+"""Signed checkpoints of the ledger's head: what makes a rewritten chain detectable (DESIGN §10).
+
+The hash chain alone detects a naive edit, but whoever can write the database can edit a record and
+recompute every later hash, or delete the newest records. A checkpoint signs the head (sequence
+number, head hash, time) with an Ed25519 key the database does not hold (a key file outside the
+state dir, created 0600 on first use) and is appended to a file outside the database. `verify`
+then checks the chain *and* that it extends every valid checkpoint: a rewritten chain (the record at
+a checkpoint's seq has another hash), a truncated tail (fewer records than a checkpoint covers), a
+replaced database (both), a forged checkpoint (its signature fails) and one signed by another key
+are each named. The chain stays linear: its head hash already commits to every record before it, so
+one signature covers the whole history.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import json
+import os
+import stat
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from tasks.errors import BadInput, ConfigError, IntegrityError, NotFound
+from tasks.hashing import canonical_json
+
+KEY_ENV = "SHIPLIFT_CHECKPOINT_KEY"
+DEFAULT_KEY = Path("~/.config/shiplift/ledger-ed25519.pem")
+LOG_NAME = "ledger-checkpoints.jsonl"
+VERSION = 1
+
+
+def default_key_path() -> Path:
+    """$SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem."""
+    return Path(os.environ.get(KEY_ENV) or DEFAULT_KEY).expanduser().resolve()
+
+
+def log_path(state_dir: str | Path) -> Path:
+    """Where a state dir keeps its checkpoints (outside the database, beside it)."""
+    return Path(state_dir).expanduser().resolve() / LOG_NAME
+
+
+def _key_id(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+class SigningKey:
+    """The Ed25519 key that signs checkpoints: read from a 0600 file, or created there on first use."""
+
+    def __init__(self, path: str | Path, *, state_dir: str | Path | None = None, create: bool = True):
+        self.path = Path(path).expanduser().resolve()
+        if state_dir is not None and self.path.is_relative_to(Path(state_dir).expanduser().resolve()):
+            raise ConfigError(f"the checkpoint key {self.path} is inside the state dir {state_dir}: whoever can rewrite "
+                              "the ledger there could re-sign it too",
+                              fix=f"keep the key elsewhere (${KEY_ENV}, default {DEFAULT_KEY})")
+        if not self.path.exists():
+            if not create:
+                raise NotFound(f"no checkpoint key at {self.path}",
+                               fix=f"point ${KEY_ENV} at the key that signed this ledger's checkpoints")
+            self._create()
+        mode = stat.S_IMODE(self.path.stat().st_mode)
+        if mode & 0o077:
+            raise ConfigError(f"the checkpoint key {self.path} is readable by others (mode {mode:o})",
+                              fix=f"chmod 600 {self.path}")
+        try:
+            self.private = serialization.load_pem_private_key(self.path.read_bytes(), password=None)
+        except ValueError as error:
+            raise IntegrityError(f"{self.path} is not a PEM private key: {error}", fix="restore the key file") from error
+        if not isinstance(self.private, Ed25519PrivateKey):
+            raise IntegrityError(f"{self.path} holds a {type(self.private).__name__}, not an Ed25519 key",
+                                 fix="restore the key that signed this ledger's checkpoints")
+        self.public = self.private.public_key()
+        self.key_id = _key_id(self.public)
+
+    def _create(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption())
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never overwrites a key
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def sign(self, body: dict[str, Any]) -> str:
+        return base64.b64encode(self.private.sign(canonical_json(body))).decode()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A signed head: the chain up to `seq` ends in `head_hash`, as of `signed_at`, by key `key_id`."""
+
+    seq: int
+    head_hash: str
+    signed_at: str
+    key_id: str
+    signature: str
+    version: int = VERSION
+
+    def body(self) -> dict[str, Any]:
+        """What the signature covers: everything but the signature."""
+        return {"version": self.version, "seq": self.seq, "head_hash": self.head_hash, "signed_at": self.signed_at,
+                "key_id": self.key_id}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.body(), "signature": self.signature}
+
+    def signed_by(self, public: Ed25519PublicKey) -> bool:
+        try:
+            public.verify(base64.b64decode(self.signature, validate=True), canonical_json(self.body()))
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+
+def _parse(value: Any) -> Checkpoint:
+    """A checkpoint from its JSON line; TypeError or ValueError naming what is not one."""
+    if not isinstance(value, dict) or set(value) != {"version", "seq", "head_hash", "signed_at", "key_id", "signature"}:
+        raise ValueError("it does not hold exactly version, seq, head_hash, signed_at, key_id and signature")
+    if value["version"] != VERSION or not isinstance(value["seq"], int) or isinstance(value["seq"], bool) or value["seq"] < 1:
+        raise ValueError(f"version {value['version']!r} or seq {value['seq']!r} is not one this version writes")
+    if not all(isinstance(value[k], str) for k in ("head_hash", "signed_at", "key_id", "signature")):
+        raise TypeError("head_hash, signed_at, key_id and signature must be strings")
+    return Checkpoint(**value)
+
+
+def _stamp(moment: datetime) -> str:
+    """A UTC time with microseconds, always the same width, so stamps compare as text."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class CheckpointLog:
+    """The append-only file of a ledger's checkpoints, one JSON object a line."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def entries(self) -> list[tuple[int, Checkpoint | None, str]]:
+        """(line number, checkpoint or None when the line is not one, the line's problem) for every line."""
+        if not self.path.exists():
+            return []
+        found: list[tuple[int, Checkpoint | None, str]] = []
+        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                found.append((number, _parse(json.loads(line)), ""))
+            except (ValueError, TypeError) as error:
+                found.append((number, None, f"checkpoint line {number} is not a checkpoint ({error})"))
+        return found
+
+    def latest(self) -> Checkpoint | None:
+        return next((c for _, c, _ in reversed(self.entries()) if c is not None), None)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the log's lock: two writers never sign heads out of order."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def append(self, checkpoint: Checkpoint) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(checkpoint.to_dict(), sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def checkpoint(ledger, log: CheckpointLog, key: SigningKey, *, now: datetime | None = None) -> Checkpoint:
+    """Verify the chain and that it extends every checkpoint, then sign its head and append that, under the log's
+    lock. Refuses a broken chain (it would be re-signed) and a clock behind the latest checkpoint."""
+    with log.locked():
+        return _sign_head(ledger, log, key, now)
+
+
+def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None) -> Checkpoint:
+    head = ledger.head()
+    if head is None:
+        raise BadInput("the ledger holds no records to checkpoint", fix="run a release first")
+    verdict = verify_with_checkpoints(ledger, log, key.public)
+    if not verdict["ok"]:
+        raise IntegrityError("the ledger does not verify, so its head is not signed: " + "; ".join(verdict["problems"]),
+                             fix="investigate the tampering; a checkpoint never re-signs a broken chain")
+    stamp = _stamp(now or datetime.now(timezone.utc))
+    latest = log.latest()
+    if latest is not None and stamp < latest.signed_at:
+        raise IntegrityError(f"the clock reads {stamp}, before the latest checkpoint ({latest.signed_at})",
+                             fix="fix the system clock; checkpoints must not go back in time")
+    if latest is not None and latest.seq == head.seq and latest.head_hash == head.record_hash:
+        return latest  # nothing new since
+    body = {"version": VERSION, "seq": head.seq, "head_hash": head.record_hash, "signed_at": stamp, "key_id": key.key_id}
+    signed = Checkpoint(signature=key.sign(body), **body)
+    log.append(signed)
+    return signed
+
+
+def verify_with_checkpoints(ledger, log: CheckpointLog, public: Ed25519PublicKey | None) -> dict[str, Any]:
+    """The chain's verification plus: every checkpoint is signed by `public` and the chain extends it. The result
+    names each problem and the latest checkpoint the ledger was checked against."""
+    chain = ledger.verify()
+    problems = list(chain.problems)
+    entries = log.entries()
+    valid: list[Checkpoint] = []
+    key_id = _key_id(public) if public is not None else None
+    for number, found, problem in entries:
+        if found is None:
+            problems.append(problem)
+        elif public is None:
+            problems.append(f"checkpoint line {number} cannot be checked: no public key")
+        elif found.key_id != key_id:
+            problems.append(f"checkpoint line {number} (seq {found.seq}) names key {found.key_id}, not this ledger's "
+                            f"key {key_id}: signed by another key")
+        elif not found.signed_by(public):
+            problems.append(f"checkpoint line {number} (seq {found.seq}) has a signature that does not verify with key "
+                            f"{key_id}: it was forged or edited")
+        else:
+            if valid and (found.seq < valid[-1].seq or found.signed_at < valid[-1].signed_at):
+                problems.append(f"checkpoint line {number} (seq {found.seq}, {found.signed_at}) goes back from the one "
+                                f"before it (seq {valid[-1].seq}, {valid[-1].signed_at})")
+            valid.append(found)
+    hashes = _hashes_at(ledger, {c.seq for c in valid})
+    for found in valid:
+        at = hashes.get(found.seq)
+        if at is None:
+            problems.append(f"the checkpoint of {found.signed_at} covers seq {found.seq}, but the ledger ends at seq "
+                            f"{chain.n_records}: its newest records were deleted (or the database was replaced)")
+        elif at != found.head_hash:
+            problems.append(f"record {found.seq} hashes to {at[:16]}…, but the checkpoint of {found.signed_at} signed "
+                            f"{found.head_hash[:16]}…: the chain was rewritten (or the database was replaced)")
+    latest = valid[-1] if valid else None
+    return {"ok": not problems, "n_records": chain.n_records, "head_hash": chain.head_hash, "problems": problems,
+            "checkpoints": len(entries), "checked_against": latest.to_dict() if latest else None, "key_id": key_id}
+
+
+def _hashes_at(ledger, seqs: set[int]) -> dict[int, str]:
+    """The record hash at each of `seqs` that the ledger holds."""
+    return {record.seq: record.record_hash for record in ledger.history() if record.seq in seqs}

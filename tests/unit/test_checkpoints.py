@@ -1,0 +1,150 @@
+"""Signed checkpoints against an adversary who can write the database, on SQLite and on the real PostgreSQL
+server: a chain edited and rehashed, a truncated tail, a replaced database, a forged checkpoint and one signed
+by another key are each detected and named; bad keys, a clock that goes backwards and a broken chain are
+refused and nothing is signed."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tasks.checkpoints import CheckpointLog, SigningKey, checkpoint, verify_with_checkpoints
+from tasks.errors import ConfigError, IntegrityError, NotFound
+from tasks.ledger import GENESIS_HASH, Ledger, _content_hash
+from tests.unit.conftest import Backend
+from tests.unit.test_ledger import _append
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> SigningKey:
+    return SigningKey(tmp_path / "keys" / "signing.pem")
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> CheckpointLog:
+    return CheckpointLog(tmp_path / "state" / "ledger-checkpoints.jsonl")
+
+
+def _signed(ledger: Ledger, log: CheckpointLog, key: SigningKey, n: int = 4):
+    for i in range(n):
+        _append(ledger, n=i)
+    return checkpoint(ledger, log, key)
+
+
+def _rewrite(backend: Backend, ledger: Ledger, seq: int, payload: dict) -> None:
+    """What an attacker with write access does: edit record `seq`, then recompute every hash from there on."""
+    records = ledger._records
+    with backend.engine.begin() as conn:
+        rows = [row._asdict() for row in conn.execute(sa.select(records).order_by(records.c.seq))]
+        prev = GENESIS_HASH
+        for row in rows:
+            row["payload"] = payload if row["seq"] == seq else json.loads(row["payload"])
+            row["prev_hash"] = prev
+            row["record_hash"] = _content_hash(row)
+            prev = row["record_hash"]
+            conn.execute(records.update().where(records.c.seq == row["seq"]).values(
+                prev_hash=row["prev_hash"], record_hash=row["record_hash"], payload=json.dumps(row["payload"])))
+
+
+def _problems(ledger, log, key) -> list[str]:
+    verdict = verify_with_checkpoints(ledger, log, key.public)
+    assert verdict["ok"] is not bool(verdict["problems"])
+    return verdict["problems"]
+
+
+def test_a_checkpoint_signs_the_head_and_a_later_chain_extends_it(ledger, log, key):
+    first = _signed(ledger, log, key)
+    assert (first.seq, first.head_hash, first.key_id) == (4, ledger.head().record_hash, key.key_id)
+    assert checkpoint(ledger, log, key) == first, "nothing new: no second checkpoint"
+    _append(ledger, n=9)
+    second = checkpoint(ledger, log, key)
+    verdict = verify_with_checkpoints(ledger, log, key.public)
+    assert verdict["ok"] and verdict["checked_against"] == second.to_dict() and verdict["checkpoints"] == 2
+    assert oct(key.path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_chain_edited_and_rehashed_verifies_alone_but_not_against_its_checkpoint(backend, ledger, log, key):
+    _signed(ledger, log, key)
+    _rewrite(backend, ledger, 2, {"n": 99, "accuracy": 1.0})
+    assert ledger.verify().ok, "the rewritten chain is self-consistent"
+    problems = _problems(ledger, log, key)
+    assert len(problems) == 1 and problems[0].startswith("record 4 hashes to") and "the chain was rewritten" in problems[0]
+
+
+def test_a_truncated_tail_is_named(backend, ledger, log, key):
+    _signed(ledger, log, key)
+    backend.raw("DELETE FROM {records} WHERE seq >= 3")
+    problems = _problems(ledger, log, key)
+    assert problems == [problems[0]] and "covers seq 4, but the ledger ends at seq 2" in problems[0]
+
+
+def test_a_replaced_database_is_detected(tmp_path, ledger, log, key):
+    _signed(ledger, log, key)
+    other = Ledger.for_sqlite(tmp_path / "other.db")
+    for i in range(6):
+        other.append(release_id="rel-1", model="gemma", stage="build", event="started", payload={"n": i}, actor="mallory")
+    problems = _problems(other, log, key)
+    assert any("the chain was rewritten (or the database was replaced)" in p for p in problems), problems
+
+
+def test_a_forged_checkpoint_and_one_signed_by_another_key_are_named(tmp_path, ledger, log, key):
+    signed = _signed(ledger, log, key)
+    forged = {**signed.to_dict(), "seq": 2}  # claims a shorter history with the real signature
+    other_key = SigningKey(tmp_path / "other-keys" / "signing.pem")
+    foreign = {**signed.to_dict(), "key_id": other_key.key_id, "signature": other_key.sign(signed.body())}
+    with log.path.open("a") as handle:
+        handle.write(json.dumps(forged) + "\n" + json.dumps(foreign) + "\n" + "not json\n")
+    problems = _problems(ledger, log, key)
+    assert any("line 2 (seq 2) has a signature that does not verify" in p and "forged" in p for p in problems), problems
+    assert any(f"line 3 (seq 4) names key {other_key.key_id}" in p and "signed by another key" in p for p in problems)
+    assert any(p.startswith("checkpoint line 4 is not a checkpoint") for p in problems)
+    assert verify_with_checkpoints(ledger, log, key.public)["checked_against"] == signed.to_dict(), "the valid one counts"
+
+
+def test_refusals_sign_nothing(tmp_path, backend, ledger, log, key):
+    signed = _signed(ledger, log, key)
+    lines = log.path.read_text()
+    _append(ledger, n=7)
+    with pytest.raises(IntegrityError, match="clock reads .* before the latest checkpoint"):
+        checkpoint(ledger, log, key, now=datetime.now(timezone.utc) - timedelta(days=1))
+    backend.raw("UPDATE {records} SET actor = 'mallory' WHERE seq = 1")
+    with pytest.raises(IntegrityError, match="does not verify, so its head is not signed.*seq 1.*edited"):
+        checkpoint(ledger, log, key)
+    assert log.path.read_text() == lines and log.latest() == signed, "nothing was re-signed"
+
+    loose = tmp_path / "loose.pem"
+    loose.write_bytes(key.path.read_bytes())
+    os.chmod(loose, 0o644)
+    with pytest.raises(ConfigError, match="readable by others .*chmod 600"):
+        SigningKey(loose)
+    with pytest.raises(ConfigError, match="inside the state dir"):
+        SigningKey(tmp_path / "state" / "key.pem", state_dir=tmp_path / "state")
+    with pytest.raises(NotFound, match="no checkpoint key at"):
+        SigningKey(tmp_path / "missing.pem", create=False)
+    assert not (tmp_path / "missing.pem").exists() and not (tmp_path / "state" / "key.pem").exists()
+
+
+def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, capsys):
+    from tasks.cli import EXIT_REJECTED, main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    ledger = Ledger.for_sqlite(state / "ledger.db")
+    for i in range(3):
+        _append(ledger, n=i)
+    keyfile = str(tmp_path / "k" / "key.pem")
+    assert main(["ledger", "checkpoint", "--state-dir", str(state), "--key", keyfile]) == 0
+    signed = json.loads(capsys.readouterr().out)
+    assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["ok"] and verdict["checked_against"]["head_hash"] == signed["head_hash"]
+    engine = sa.create_engine(f"sqlite:///{state / 'ledger.db'}")
+    _rewrite(Backend("sqlite", "", None, engine), ledger, 1, {"n": "forged"})
+    assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == EXIT_REJECTED
+    assert "the chain was rewritten" in json.loads(capsys.readouterr().out)["problems"][0]
+    engine.dispose()
