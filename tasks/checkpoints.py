@@ -7,8 +7,9 @@ state dir, created 0600 on first use) and is appended to a file outside the data
 then checks the chain *and* that it extends every valid checkpoint: a rewritten chain (the record at
 a checkpoint's seq has another hash), a truncated tail (fewer records than a checkpoint covers), a
 replaced database (both), a forged checkpoint (its signature fails) and one signed by another key
-are each named. The chain stays linear: its head hash already commits to every record before it, so
-one signature covers the whole history.
+are each named. The checkpoint also signs the Merkle root (RFC 6962) over the record hashes up to
+its seq, so one release's records can be proven included with O(log n) hashes and the signed
+checkpoint alone (`prove` / `check_proof`), without the rest of the ledger.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from tasks import merkle
 from tasks.errors import BadInput, ConfigError, IntegrityError, NotFound
 from tasks.hashing import canonical_json
 
@@ -97,10 +99,12 @@ class SigningKey:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A signed head: the chain up to `seq` ends in `head_hash`, as of `signed_at`, by key `key_id`."""
+    """A signed head: the chain up to `seq` ends in `head_hash`, its records' Merkle tree has root `merkle_root`,
+    as of `signed_at`, by key `key_id`."""
 
     seq: int
     head_hash: str
+    merkle_root: str
     signed_at: str
     key_id: str
     signature: str
@@ -108,8 +112,8 @@ class Checkpoint:
 
     def body(self) -> dict[str, Any]:
         """What the signature covers: everything but the signature."""
-        return {"version": self.version, "seq": self.seq, "head_hash": self.head_hash, "signed_at": self.signed_at,
-                "key_id": self.key_id}
+        return {"version": self.version, "seq": self.seq, "head_hash": self.head_hash, "merkle_root": self.merkle_root,
+                "signed_at": self.signed_at, "key_id": self.key_id}
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.body(), "signature": self.signature}
@@ -124,12 +128,13 @@ class Checkpoint:
 
 def _parse(value: Any) -> Checkpoint:
     """A checkpoint from its JSON line; TypeError or ValueError naming what is not one."""
-    if not isinstance(value, dict) or set(value) != {"version", "seq", "head_hash", "signed_at", "key_id", "signature"}:
-        raise ValueError("it does not hold exactly version, seq, head_hash, signed_at, key_id and signature")
+    fields = {"version", "seq", "head_hash", "merkle_root", "signed_at", "key_id", "signature"}
+    if not isinstance(value, dict) or set(value) != fields:
+        raise ValueError(f"it does not hold exactly {', '.join(sorted(fields))}")
     if value["version"] != VERSION or not isinstance(value["seq"], int) or isinstance(value["seq"], bool) or value["seq"] < 1:
         raise ValueError(f"version {value['version']!r} or seq {value['seq']!r} is not one this version writes")
-    if not all(isinstance(value[k], str) for k in ("head_hash", "signed_at", "key_id", "signature")):
-        raise TypeError("head_hash, signed_at, key_id and signature must be strings")
+    if not all(isinstance(value[k], str) for k in fields - {"version", "seq"}):
+        raise TypeError("head_hash, merkle_root, signed_at, key_id and signature must be strings")
     return Checkpoint(**value)
 
 
@@ -201,7 +206,9 @@ def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None
                              fix="fix the system clock; checkpoints must not go back in time")
     if latest is not None and latest.seq == head.seq and latest.head_hash == head.record_hash:
         return latest  # nothing new since
-    body = {"version": VERSION, "seq": head.seq, "head_hash": head.record_hash, "signed_at": stamp, "key_id": key.key_id}
+    leaves = _leaves(ledger)
+    body = {"version": VERSION, "seq": head.seq, "head_hash": head.record_hash,
+            "merkle_root": merkle.root(leaves[: head.seq]).hex(), "signed_at": stamp, "key_id": key.key_id}
     signed = Checkpoint(signature=key.sign(body), **body)
     log.append(signed)
     return signed
@@ -231,7 +238,8 @@ def verify_with_checkpoints(ledger, log: CheckpointLog, public: Ed25519PublicKey
                 problems.append(f"checkpoint line {number} (seq {found.seq}, {found.signed_at}) goes back from the one "
                                 f"before it (seq {valid[-1].seq}, {valid[-1].signed_at})")
             valid.append(found)
-    hashes = _hashes_at(ledger, {c.seq for c in valid})
+    records = ledger.history()
+    hashes = {record.seq: record.record_hash for record in records}
     for found in valid:
         at = hashes.get(found.seq)
         if at is None:
@@ -241,10 +249,58 @@ def verify_with_checkpoints(ledger, log: CheckpointLog, public: Ed25519PublicKey
             problems.append(f"record {found.seq} hashes to {at[:16]}…, but the checkpoint of {found.signed_at} signed "
                             f"{found.head_hash[:16]}…: the chain was rewritten (or the database was replaced)")
     latest = valid[-1] if valid else None
+    if latest is not None and latest.seq in hashes:
+        computed = merkle.root([merkle.leaf(bytes.fromhex(r.record_hash)) for r in records[: latest.seq]]).hex()
+        if computed != latest.merkle_root:
+            problems.append(f"the Merkle root of records 1..{latest.seq} is {computed[:16]}…, but the checkpoint of "
+                            f"{latest.signed_at} signed {latest.merkle_root[:16]}…: the records were rewritten")
     return {"ok": not problems, "n_records": chain.n_records, "head_hash": chain.head_hash, "problems": problems,
             "checkpoints": len(entries), "checked_against": latest.to_dict() if latest else None, "key_id": key_id}
 
 
-def _hashes_at(ledger, seqs: set[int]) -> dict[int, str]:
-    """The record hash at each of `seqs` that the ledger holds."""
-    return {record.seq: record.record_hash for record in ledger.history() if record.seq in seqs}
+def _leaves(ledger) -> list[bytes]:
+    """The Merkle leaves of the ledger's records, in seq order."""
+    return [merkle.leaf(bytes.fromhex(record.record_hash)) for record in ledger.history()]
+
+
+def prove(ledger, log: CheckpointLog, release_id: str, public: Ed25519PublicKey) -> dict[str, Any]:
+    """An inclusion proof of one release's records in the latest checkpoint that verifies: each record with its
+    index and audit path (O(log n) hashes). Records after that checkpoint are listed as not yet covered."""
+    verdict = verify_with_checkpoints(ledger, log, public)
+    if not verdict["ok"]:
+        raise IntegrityError("the ledger does not verify against its checkpoints, so nothing is proven from it: "
+                             + "; ".join(verdict["problems"]), fix="run `shiplift ledger verify` and investigate")
+    latest = verdict["checked_against"]
+    if latest is None:
+        raise NotFound("the ledger has no checkpoint to prove against", fix="run `shiplift ledger checkpoint` first")
+    mine = ledger.release(release_id)  # NotFound for an unknown release
+    leaves = _leaves(ledger)[: latest["seq"]]
+    covered = [r for r in mine if r.seq <= latest["seq"]]
+    return {"release_id": release_id, "checkpoint": latest,
+            "records": [{"seq": r.seq, "record_hash": r.record_hash, "stage": r.stage, "event": r.event,
+                         "path": [h.hex() for h in merkle.audit_path(leaves, r.seq - 1)]} for r in covered],
+            "not_yet_checkpointed": [r.seq for r in mine if r.seq > latest["seq"]]}
+
+
+def check_proof(proof: dict[str, Any], public: Ed25519PublicKey) -> list[str]:
+    """What is wrong with an inclusion proof, checked with the public key alone (no ledger): the checkpoint's
+    signature and key, then each record's path to the signed Merkle root. Empty when it proves every record."""
+    try:
+        signed = _parse(proof["checkpoint"])
+    except (KeyError, TypeError, ValueError) as error:
+        return [f"the proof's checkpoint is not one ({error})"]
+    if signed.key_id != _key_id(public):
+        return [f"the proof's checkpoint names key {signed.key_id}, not {_key_id(public)}: signed by another key"]
+    if not signed.signed_by(public):
+        return ["the proof's checkpoint signature does not verify: it was forged or edited"]
+    problems = []
+    root = bytes.fromhex(signed.merkle_root)
+    for entry in proof.get("records", []):
+        try:
+            path = [bytes.fromhex(h) for h in entry["path"]]
+            ok = merkle.included(merkle.leaf(bytes.fromhex(entry["record_hash"])), entry["seq"] - 1, signed.seq, path, root)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            problems.append(f"record {entry.get('seq')} is not proven included in the checkpoint of {signed.signed_at}")
+    return problems

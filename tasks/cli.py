@@ -400,6 +400,37 @@ def cmd_ledger_verify(args) -> int:
     return 0 if result["ok"] else EXIT_REJECTED
 
 
+def cmd_ledger_prove(args) -> int:
+    """An inclusion proof of one release's records in the latest signed checkpoint (O(log n) hashes a record)."""
+    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, prove
+
+    key = SigningKey(args.key or default_key_path(), state_dir=args.state_dir, create=False)
+    proof = prove(ledger_for(args), CheckpointLog(log_path(args.state_dir)), args.release, key.public)
+    if args.out:
+        Path(args.out).write_text(json.dumps(proof, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}: {len(proof['records'])} records proven in checkpoint seq {proof['checkpoint']['seq']}",
+              file=sys.stderr)
+    else:
+        print_json(proof)
+    return 0
+
+
+def cmd_ledger_check_proof(args) -> int:
+    """Check an inclusion proof with the public key alone: no ledger needed."""
+    from tasks.checkpoints import SigningKey, check_proof, default_key_path
+
+    try:
+        proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise NotFound(f"no proof file {args.proof}", fix="write one with `shiplift ledger prove RELEASE --out FILE`") from error
+    except ValueError as error:
+        raise BadInput(f"{args.proof} is not JSON: {error}", fix="pass the file `ledger prove --out` wrote") from error
+    problems = check_proof(proof, SigningKey(args.key or default_key_path(), create=False).public)
+    print_json({"ok": not problems, "release_id": proof.get("release_id"), "records": len(proof.get("records", [])),
+                "problems": problems})
+    return 0 if not problems else EXIT_REJECTED
+
+
 def cmd_ledger_checkpoint(args) -> int:
     """Sign the ledger's head (after verifying it) into the state dir's checkpoints file."""
     from tasks.backends import local_checkpoint
@@ -606,6 +637,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem; "
                                  "created 0600 on first use)")
     p.set_defaults(func=cmd_ledger_checkpoint)
+    p = ledger_parser("prove", "an inclusion proof of one release's records in the latest signed checkpoint")
+    p.add_argument("release")
+    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem)")
+    p.add_argument("--out", help="write the proof to this file (default: print it)")
+    p.set_defaults(func=cmd_ledger_prove)
+    p = ledger_parser("check-proof", "check an inclusion proof with the key alone (no ledger)")
+    p.add_argument("proof")
+    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem)")
+    p.set_defaults(func=cmd_ledger_check_proof)
     p = ledger_parser("diff", "compare two releases (config hash, artifact, image, metrics, decision)")
     p.add_argument("release_a")
     p.add_argument("release_b")

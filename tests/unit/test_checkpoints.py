@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.checkpoints import CheckpointLog, SigningKey, checkpoint, verify_with_checkpoints
+from tasks import merkle
+from tasks.checkpoints import CheckpointLog, SigningKey, check_proof, checkpoint, prove, verify_with_checkpoints
 from tasks.errors import ConfigError, IntegrityError, NotFound
 from tasks.ledger import GENESIS_HASH, Ledger, _content_hash
 from tests.unit.conftest import Backend
@@ -73,7 +74,8 @@ def test_a_chain_edited_and_rehashed_verifies_alone_but_not_against_its_checkpoi
     _rewrite(backend, ledger, 2, {"n": 99, "accuracy": 1.0})
     assert ledger.verify().ok, "the rewritten chain is self-consistent"
     problems = _problems(ledger, log, key)
-    assert len(problems) == 1 and problems[0].startswith("record 4 hashes to") and "the chain was rewritten" in problems[0]
+    assert len(problems) == 2 and problems[0].startswith("record 4 hashes to") and "the chain was rewritten" in problems[0]
+    assert problems[1].startswith("the Merkle root of records 1..4 is") and "the records were rewritten" in problems[1]
 
 
 def test_a_truncated_tail_is_named(backend, ledger, log, key):
@@ -143,8 +145,63 @@ def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, caps
     assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == 0
     verdict = json.loads(capsys.readouterr().out)
     assert verdict["ok"] and verdict["checked_against"]["head_hash"] == signed["head_hash"]
+    proof = tmp_path / "proof.json"
+    assert main(["ledger", "prove", "rel-1", "--state-dir", str(state), "--key", keyfile, "--out", str(proof)]) == 0
+    assert main(["ledger", "check-proof", str(proof), "--key", keyfile]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "release_id": "rel-1", "records": 3, "problems": []}
+    assert main(["ledger", "check-proof", str(tmp_path / "none.json"), "--key", keyfile]) == 1
+    assert "no proof file" in capsys.readouterr().err
     engine = sa.create_engine(f"sqlite:///{state / 'ledger.db'}")
     _rewrite(Backend("sqlite", "", None, engine), ledger, 1, {"n": "forged"})
     assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == EXIT_REJECTED
     assert "the chain was rewritten" in json.loads(capsys.readouterr().out)["problems"][0]
     engine.dispose()
+
+
+# RFC 6962's test inputs and the Merkle tree hashes of their first n entries (certificate-transparency's
+# merkle tree test vectors), an independent reference for the tree.
+CT_INPUTS = [b"", b"\x00", b"\x10", b"\x20\x21", b"\x30\x31", b"\x40\x41\x42\x43",
+             b"\x50\x51\x52\x53\x54\x55\x56\x57", bytes(range(0x60, 0x70))]
+CT_ROOTS = ["6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
+            "fac54203e7cc696cf0dfcb42c92a1d9dbaf70ad9e621f4bd8d98662f00e3c125",
+            "aeb6bcfe274b70a14fb067a5e5578264db0fa9b51af5e0ba159158f329e06e77",
+            "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+            "4e3bbb1f7b478dcfe71fb631631519a3bca12c9aefca1612bfce4c13a86264d4",
+            "76e67dadbcdf1e10e1b74ddc608abd2f98dfb16fbce75277b5232a127f2087ef",
+            "ddb89be403809e325750d3d263cd78929c2942b7942a34b77e122c9594a74c8c",
+            "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328"]
+
+
+def test_merkle_roots_match_rfc_6962_test_vectors_and_every_path_proves_its_leaf():
+    leaves = [merkle.leaf(data) for data in CT_INPUTS]
+    assert [merkle.root(leaves[:n]).hex() for n in range(1, 9)] == CT_ROOTS
+    many = [merkle.leaf(bytes([i])) for i in range(70)]
+    for size in range(1, 71):
+        root = merkle.root(many[:size])
+        for index in range(size):
+            path = merkle.audit_path(many[:size], index)
+            assert len(path) <= (size - 1).bit_length(), "O(log n) hashes"
+            assert merkle.included(many[index], index, size, path, root)
+            assert not merkle.included(merkle.leaf(b"another record"), index, size, path, root)
+            if path:
+                assert not merkle.included(many[index], index, size, path[:-1], root), "a shortened path proves nothing"
+
+
+def test_a_release_is_proven_included_with_the_checkpoint_alone(tmp_path, ledger, log, key):
+    for i in range(5):
+        _append(ledger, release_id="rel-a" if i % 2 else "rel-b", n=i)
+    checkpoint(ledger, log, key)
+    _append(ledger, release_id="rel-a", n=99)  # after the checkpoint
+    proof = prove(ledger, log, "rel-a", key.public)
+    assert [r["seq"] for r in proof["records"]] == [2, 4] and proof["not_yet_checkpointed"] == [6]
+    assert check_proof(json.loads(json.dumps(proof)), key.public) == []
+    moved = json.loads(json.dumps(proof))
+    moved["records"][0]["record_hash"] = proof["records"][1]["record_hash"]  # claim another record's place
+    assert check_proof(moved, key.public) == [f"record 2 is not proven included in the checkpoint of {proof['checkpoint']['signed_at']}"]
+    forged = json.loads(json.dumps(proof))
+    forged["checkpoint"]["merkle_root"] = "0" * 64
+    assert check_proof(forged, key.public) == ["the proof's checkpoint signature does not verify: it was forged or edited"]
+    other = SigningKey(tmp_path / "other" / "key.pem")
+    assert "signed by another key" in check_proof(proof, other.public)[0]
+    with pytest.raises(NotFound, match="release 'rel-zzz' has no ledger records"):
+        prove(ledger, log, "rel-zzz", key.public)
