@@ -192,10 +192,10 @@ def checkpoint(ledger, log: CheckpointLog, key: SigningKey, *, now: datetime | N
 
 
 def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None) -> Checkpoint:
-    head = ledger.head()
-    if head is None:
+    verdict, records = _verified(ledger, log, key.public)
+    if not records:
         raise BadInput("the ledger holds no records to checkpoint", fix="run a release first")
-    verdict = verify_with_checkpoints(ledger, log, key.public)
+    head = records[-1]
     if not verdict["ok"]:
         raise IntegrityError("the ledger does not verify, so its head is not signed: " + "; ".join(verdict["problems"]),
                              fix="investigate the tampering; a checkpoint never re-signs a broken chain")
@@ -206,9 +206,8 @@ def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None
                              fix="fix the system clock; checkpoints must not go back in time")
     if latest is not None and latest.seq == head.seq and latest.head_hash == head.record_hash:
         return latest  # nothing new since
-    leaves = _leaves(ledger)
     body = {"version": VERSION, "seq": head.seq, "head_hash": head.record_hash,
-            "merkle_root": merkle.root(leaves[: head.seq]).hex(), "signed_at": stamp, "key_id": key.key_id}
+            "merkle_root": merkle.root(_leaves(records)).hex(), "signed_at": stamp, "key_id": key.key_id}
     signed = Checkpoint(signature=key.sign(body), **body)
     log.append(signed)
     return signed
@@ -217,6 +216,12 @@ def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None
 def verify_with_checkpoints(ledger, log: CheckpointLog, public: Ed25519PublicKey | None) -> dict[str, Any]:
     """The chain's verification plus: every checkpoint is signed by `public` and the chain extends it. The result
     names each problem and the latest checkpoint the ledger was checked against."""
+    return _verified(ledger, log, public)[0]
+
+
+def _verified(ledger, log: CheckpointLog, public: Ed25519PublicKey | None) -> tuple[dict[str, Any], list]:
+    """`verify_with_checkpoints`'s result, and the records it read, which signing and proving reuse instead of
+    reading the ledger again."""
     chain = ledger.verify()
     problems = list(chain.problems)
     entries = log.entries()
@@ -250,23 +255,24 @@ def verify_with_checkpoints(ledger, log: CheckpointLog, public: Ed25519PublicKey
                             f"{found.head_hash[:16]}…: the chain was rewritten (or the database was replaced)")
     latest = valid[-1] if valid else None
     if latest is not None and latest.seq in hashes:
-        computed = merkle.root([merkle.leaf(bytes.fromhex(r.record_hash)) for r in records[: latest.seq]]).hex()
+        computed = merkle.root(_leaves(records[: latest.seq])).hex()
         if computed != latest.merkle_root:
             problems.append(f"the Merkle root of records 1..{latest.seq} is {computed[:16]}…, but the checkpoint of "
                             f"{latest.signed_at} signed {latest.merkle_root[:16]}…: the records were rewritten")
-    return {"ok": not problems, "n_records": chain.n_records, "head_hash": chain.head_hash, "problems": problems,
-            "checkpoints": len(entries), "checked_against": latest.to_dict() if latest else None, "key_id": key_id}
+    verdict = {"ok": not problems, "n_records": chain.n_records, "head_hash": chain.head_hash, "problems": problems,
+               "checkpoints": len(entries), "checked_against": latest.to_dict() if latest else None, "key_id": key_id}
+    return verdict, records
 
 
-def _leaves(ledger) -> list[bytes]:
-    """The Merkle leaves of the ledger's records, in seq order."""
-    return [merkle.leaf(bytes.fromhex(record.record_hash)) for record in ledger.history()]
+def _leaves(records) -> list[bytes]:
+    """The Merkle leaves of ledger records, in the order given (seq order)."""
+    return [merkle.leaf(bytes.fromhex(record.record_hash)) for record in records]
 
 
 def prove(ledger, log: CheckpointLog, release_id: str, public: Ed25519PublicKey) -> dict[str, Any]:
     """An inclusion proof of one release's records in the latest checkpoint that verifies: each record with its
     index and audit path (O(log n) hashes). Records after that checkpoint are listed as not yet covered."""
-    verdict = verify_with_checkpoints(ledger, log, public)
+    verdict, records = _verified(ledger, log, public)
     if not verdict["ok"]:
         raise IntegrityError("the ledger does not verify against its checkpoints, so nothing is proven from it: "
                              + "; ".join(verdict["problems"]), fix="run `shiplift ledger verify` and investigate")
@@ -274,7 +280,7 @@ def prove(ledger, log: CheckpointLog, release_id: str, public: Ed25519PublicKey)
     if latest is None:
         raise NotFound("the ledger has no checkpoint to prove against", fix="run `shiplift ledger checkpoint` first")
     mine = ledger.release(release_id)  # NotFound for an unknown release
-    leaves = _leaves(ledger)[: latest["seq"]]
+    leaves = _leaves(records[: latest["seq"]])
     covered = [r for r in mine if r.seq <= latest["seq"]]
     return {"release_id": release_id, "checkpoint": latest,
             "records": [{"seq": r.seq, "record_hash": r.record_hash, "stage": r.stage, "event": r.event,

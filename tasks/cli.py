@@ -30,12 +30,17 @@ def with_ledger(p):
     return p
 
 
-def print_table(rows: list[dict], columns: list[str]) -> None:
-    """A plain text table for people (`--json` prints the rows for machines instead)."""
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    """A plain text table for people: a header, a rule, a line a row, columns padded to their widest cell."""
     cells = [[str(row.get(column, "")) for column in columns] for row in rows]
     widths = [max([len(column), *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)]
-    for line in [columns, ["-" * w for w in widths], *cells]:
-        print("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip())
+    return "\n".join("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip()
+                     for line in [columns, ["-" * w for w in widths], *cells])
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """A table for people on stdout (`--json` prints the rows for machines instead)."""
+    print(format_table(rows, columns))
 
 
 def aws_config(args, what: str):

@@ -27,7 +27,11 @@ import threading
 import urllib.error
 import urllib.request
 from collections import Counter
+from functools import partial
 from pathlib import Path
+from typing import Callable
+
+from tasks.cli import format_table
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -56,35 +60,48 @@ def shared_decisions(count: int = 2) -> bytes:
                                       "options": options} for i in range(count)]}).encode()
 
 
-class LiveTraffic:
-    """Production traffic from a background thread (multi-decision requests to one component), counting the
-    statuses it gets, until the block ends."""
+class BackgroundTraffic:
+    """Requests from a background thread, one after another, counting the outcome `send` names for each (a status,
+    an error code), until the block ends."""
 
-    def __init__(self, url: str, component: str, body: bytes | None = None, timeout_s: float = 30):
-        self.url, self.component, self.body, self.timeout_s = url, component, body or shared_decisions(), timeout_s
+    def __init__(self, send: Callable[[], object], join_timeout_s: float = 60):
+        self.send, self.join_timeout_s = send, join_timeout_s
         self.stop, self.statuses = threading.Event(), Counter()
         self.thread = threading.Thread(target=self._run, name="live-traffic", daemon=True)
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            request = urllib.request.Request(f"{self.url}/invocations", data=self.body, method="POST", headers={
-                "Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": self.component})
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    response.read()
-                    self.statuses[response.status] += 1
-            except urllib.error.HTTPError as error:
-                self.statuses[error.code] += 1
-            except OSError:
-                self.statuses["transport"] += 1
+            self.statuses[self.send()] += 1
 
-    def __enter__(self) -> "LiveTraffic":
+    def __enter__(self) -> "BackgroundTraffic":
         self.thread.start()
         return self
 
     def __exit__(self, *_exc) -> None:
         self.stop.set()
-        self.thread.join(timeout=self.timeout_s * 2)
+        self.thread.join(timeout=self.join_timeout_s)
+
+
+class LiveTraffic(BackgroundTraffic):
+    """Production traffic over HTTP: multi-decision requests (or `body`) to one component of a local endpoint."""
+
+    def __init__(self, url: str, component: str, body: bytes | None = None, timeout_s: float = 30):
+        super().__init__(partial(_invoke_component, url, component, body or shared_decisions(), timeout_s),
+                         join_timeout_s=timeout_s * 2)
+
+
+def _invoke_component(url: str, component: str, body: bytes, timeout_s: float) -> int | str:
+    """POST one invocation; its HTTP status, or "transport" when no answer came."""
+    request = urllib.request.Request(f"{url}/invocations", data=body, method="POST", headers={
+        "Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": component})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return "transport"
 
 
 def banner(text: str) -> None:
@@ -177,20 +194,17 @@ def rollout_cell(summary: dict) -> str:
 
 
 def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str:
-    header = ("step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "rollout", "status", "serving after",
-              "checks not passed")
-    lines = [header]
+    columns = ["step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "rollout", "status", "serving after",
+               "checks not passed"]
+    lines = []
     for (label, s), serving in zip(rows, serving_after):
         m = s.get("metrics") or {}
-        lines.append((
+        lines.append(dict(zip(columns, (
             label, s["release_id"], s.get("gguf_file_type") or "-", fmt(s.get("temperature"), ".2f"),
             fmt(m.get("accuracy")), fmt(m.get("ece")), fmt(m.get("p95_ms"), ".0f"),
             s.get("decision") or "-", rollout_cell(s), s["status"], serving, "; ".join(s.get("not_passed") or []) or "-",
-        ))
-    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
-    out = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)) for row in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+        ))))
+    return format_table(lines, columns)
 
 
 def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
@@ -204,20 +218,18 @@ def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
 
 def traffic_steps_table(ledger, release_id: str) -> str:
     """A release's traffic steps as the ledger recorded them: batch, copies of each spec, alarm states, gate."""
-    rows = [("phase", "batch", "old copies", "new copies", "alarms", "online gate", "alarm")]
+    columns = ["phase", "batch", "old copies", "new copies", "alarms", "online gate", "alarm"]
+    rows = []
     for record in ledger.release(release_id):
         if record.stage != "traffic":
             continue
         step = record.payload
         gate = step.get("online_gate") or {}
         states = ", ".join(f"{name} {state}" for name, state in sorted((step.get("alarm_states") or {}).items())) or "-"
-        rows.append((step["phase"], f"{step['batch']}/{step['batches']}", str(step["old_copies"]), str(step["new_copies"]),
-                     states, f"{gate['decision']} on {gate['candidate_answers']} answers" if gate else "-",
-                     (step.get("alarm") or "-")[:90]))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+        rows.append(dict(zip(columns, (
+            step["phase"], f"{step['batch']}/{step['batches']}", step["old_copies"], step["new_copies"], states,
+            f"{gate['decision']} on {gate['candidate_answers']} answers" if gate else "-", (step.get("alarm") or "-")[:90]))))
+    return format_table(rows, columns)
 
 
 def main() -> int:

@@ -15,9 +15,9 @@ from tasks.errors import NotFound
 from tasks.interfaces import ComponentMetrics, LiveComponent, Metrics, RolloutStep
 
 
-def alarm_for(metrics: ComponentMetrics, rules) -> str | None:
-    """The alarm these metrics of the new copies fire under `rules` (a BakeAlarms), or None."""
-    return next((message for message in judge(metrics, rules).values() if message), None)
+def first_alarm(verdicts: dict[str, str | None]) -> str | None:
+    """The first alarm message among per-rule verdicts (the one that rolls back), or None."""
+    return next((message for message in verdicts.values() if message), None)
 
 
 def judge(metrics: ComponentMetrics, rules) -> dict[str, str | None]:
@@ -83,7 +83,7 @@ class BakeWatch:
             if any(verdicts.values()) or self.clock() >= deadline:
                 break
             self.sleep(min(self.rules.check_interval_s, deadline - self.clock()))
-        return next((message for message in verdicts.values() if message), None)
+        return first_alarm(verdicts)
 
     def steps_with_evidence(self, steps) -> list[dict[str, Any]]:
         """The rollout's steps as JSON, each with what the online gate saw during its bake (and, where the bake

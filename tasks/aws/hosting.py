@@ -67,6 +67,11 @@ def tags(**values: str) -> list[dict]:
     return [{"Key": MANAGED, "Value": "true"}, *({"Key": f"shiplift:{k}", "Value": v} for k, v in sorted(values.items()))]
 
 
+def component_dimensions(component: str) -> list[dict]:
+    """The CloudWatch dimensions of an inference component's metrics (SageMaker's and the online gate's)."""
+    return [{"Name": "InferenceComponentName", "Value": component}]
+
+
 def failure_reason(answer: dict | None) -> str:
     """SageMaker's FailureReason of a describe answer, or a note that it gave none."""
     return (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
@@ -175,7 +180,7 @@ class SageMakerHosting:
         rules = plan.alarms
         base = content_name(component, {"release": spec.model_ref.release_id, "alarms": rules.model_dump(),
                                         "online_gate": plan.online_gate})
-        dimensions = [{"Name": "InferenceComponentName", "Value": component}]
+        dimensions = component_dimensions(component)
         common = {"EvaluationPeriods": 1, "DatapointsToAlarm": 1, "ComparisonOperator": "GreaterThanThreshold",
                   "TreatMissingData": "notBreaching", "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id)}
 
@@ -229,7 +234,7 @@ class SageMakerHosting:
     def gate_datum(self, component: str, *, failed: bool) -> dict:
         """PutMetricData of the online gate's verdict (1: the candidate fails), at one-second resolution."""
         return {"Namespace": GATE_NAMESPACE, "MetricData": [{
-            "MetricName": GATE_METRIC, "Dimensions": [{"Name": "InferenceComponentName", "Value": component}],
+            "MetricName": GATE_METRIC, "Dimensions": component_dimensions(component),
             "Value": 1.0 if failed else 0.0, "Unit": "Count", "StorageResolution": 1}]}
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
@@ -286,20 +291,23 @@ class SageMakerHosting:
         alarm seen in ALARM with its StateReason."""
         steps: list[RolloutStep] = []
         fired: dict[str, str] = {}
-        next_check = [0.0]
+        spec_sha256, batches = spec.sha256(), len(plan.targets(spec.copies))
+        next_check = 0.0
 
-        def alarm_states() -> dict[str, str]:
+        def observed(answer: dict) -> RolloutStep:
+            """The component's copy count in this description and every alarm's state now."""
             found = self.aws.call("cloudwatch", "DescribeAlarms", AlarmNames=alarms).get("MetricAlarms", [])
             fired.update({a["AlarmName"]: a.get("StateReason", "") for a in found if a.get("StateValue") == "ALARM"})
-            return {a["AlarmName"]: a.get("StateValue", "INSUFFICIENT_DATA") for a in found}
+            return RolloutStep(phase="rollout", check=len(steps) + 1, batches=batches, new_spec_sha256=spec_sha256,
+                               copies=answer.get("RuntimeConfig", {}).get("CurrentCopyCount"),
+                               alarm_states={a["AlarmName"]: a.get("StateValue", "INSUFFICIENT_DATA") for a in found})
 
         def check(answer: dict) -> None:
-            if time.monotonic() < next_check[0]:
+            nonlocal next_check
+            if time.monotonic() < next_check:
                 return
-            next_check[0] = time.monotonic() + plan.alarms.check_interval_s
-            step = RolloutStep(phase="rollout", check=len(steps) + 1, batches=len(plan.targets(spec.copies)),
-                               copies=answer.get("RuntimeConfig", {}).get("CurrentCopyCount"),
-                               new_spec_sha256=spec.sha256(), alarm_states=alarm_states())
+            next_check = time.monotonic() + plan.alarms.check_interval_s
+            step = observed(answer)
             alarm = bake(step)
             if plan.online_gate:
                 self.aws.call("cloudwatch", "PutMetricData", **self.gate_datum(component, failed=alarm is not None))
@@ -313,9 +321,7 @@ class SageMakerHosting:
                             deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, poll_s=self.poll_s,
                             progress=progress, what=f"inference component {component}", on_poll=check)
         final = final or {}
-        steps.append(RolloutStep(phase="rollout", check=len(steps) + 1, batches=len(plan.targets(spec.copies)),
-                                 copies=final.get("RuntimeConfig", {}).get("CurrentCopyCount"), new_spec_sha256=spec.sha256(),
-                                 alarm_states=alarm_states()))
+        steps.append(observed(final))
         return steps, final, fired
 
     @staticmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from tasks.aws.hosting import component_dimensions
 from tasks.errors import BadInput
 from tasks.interfaces import ComponentMetrics
 
@@ -33,7 +34,7 @@ class CloudWatchMetrics:
             raise BadInput(f"window_s={window_s!r} is not 60..86400 seconds", fix="CloudWatch aggregates SageMaker metrics per minute")
         period = 60 * math.ceil(window_s / 60)  # GetMetricData takes multiples of 60 s
         if self.hosting.inference_component(endpoint, component) is not None:
-            dimensions = [{"Name": "InferenceComponentName", "Value": component}]
+            dimensions = component_dimensions(component)
         else:
             dimensions = [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": component}]
         now = dt.datetime.now(dt.timezone.utc)  # to the end of this minute: datapoints are per minute, and this one counts

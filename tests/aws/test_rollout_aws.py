@@ -5,12 +5,10 @@ CloudWatch alarms, success judged on what serves afterwards, and the rollbacks S
 from __future__ import annotations
 
 import json
-import threading
-from collections import Counter
 
 from botocore.exceptions import ClientError
 
-from tasks.demo import shared_decisions
+from tasks.demo import BackgroundTraffic, shared_decisions
 from tasks.ledger import Ledger
 from tasks.release import run_release
 
@@ -19,32 +17,20 @@ CANARY = {"strategy": "canary", "copies": 2, "wait_interval_s": 2, "maximum_exec
           "alarms": {"max_error_rate": 0.05, "min_invocations": 3, "check_interval_s": 0.5}}
 
 
-class RuntimeTraffic:
-    """Live traffic through `sagemaker-runtime` from a background thread: multi-decision requests to one
-    component, counting answers and error codes, until the block ends."""
+def runtime_traffic(double, endpoint: str, component: str) -> BackgroundTraffic:
+    """Live traffic through `sagemaker-runtime`: multi-decision requests to one component, counting answers and
+    error codes."""
+    client, body = double.client("sagemaker-runtime", max_attempts=1), shared_decisions()
 
-    def __init__(self, double, endpoint: str, component: str):
-        self.client, self.endpoint, self.component = double.client("sagemaker-runtime", max_attempts=1), endpoint, component
-        self.stop, self.outcomes = threading.Event(), Counter()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    def invoke() -> str:
+        try:
+            client.invoke_endpoint(EndpointName=endpoint, InferenceComponentName=component, ContentType="application/json",
+                                   Body=body)["Body"].read()
+            return "answered"
+        except ClientError as error:
+            return error.response["Error"]["Code"]
 
-    def _run(self) -> None:
-        body = shared_decisions()
-        while not self.stop.is_set():
-            try:
-                self.client.invoke_endpoint(EndpointName=self.endpoint, InferenceComponentName=self.component,
-                                            ContentType="application/json", Body=body)["Body"].read()
-                self.outcomes["answered"] += 1
-            except ClientError as error:
-                self.outcomes[error.response["Error"]["Code"]] += 1
-
-    def __enter__(self) -> "RuntimeTraffic":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
+    return BackgroundTraffic(invoke)
 
 
 def _placement(aws_release) -> dict:
@@ -92,7 +78,7 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     published = aws.client("cloudwatch").list_metrics(Namespace="shiplift/Rollout")["Metrics"]
     assert [m["MetricName"] for m in published] == ["OnlineGateFailed"]
 
-    with RuntimeTraffic(aws, second["served_by"], second["component"]) as traffic:  # the third refuses them
+    with runtime_traffic(aws, second["served_by"], second["component"]) as traffic:  # the third refuses them
         third = run_release(config, overrides=("artifact.quantization=F16", "image.max_shared_decisions=1"), progress=QUIET)
     assert third["status"] == "rolled_back", third
     reason = third["rollout"]["reason"]
@@ -101,7 +87,7 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     assert second["artifact_sha256"] in _serving_model(aws, second["component"]), "the champion serves again, on every copy"
     events = [e.message for e in aws.rollout_events(third["component"])]
     assert any(m.startswith("rolling back: alarm") for m in events), events
-    assert traffic.outcomes["answered"] > 0 and traffic.outcomes["ModelError"] > 0, traffic.outcomes
+    assert traffic.statuses["answered"] > 0 and traffic.statuses["ModelError"] > 0, traffic.statuses
     record = next(r for r in ledger.release(third["release_id"]) if r.stage == "promote" and r.event == "rolled_back")
     ended = record.payload["steps"][-1]  # the component and its alarms once SageMaker had rolled back
     assert record.payload["reason"] == reason and (ended["phase"], ended["alarm"], ended["copies"]) == ("rollback", reason, 2)

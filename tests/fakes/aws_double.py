@@ -431,19 +431,19 @@ class MetricMath:
             return (operation, left, self._sum())
         return left
 
-    def _sum(self) -> tuple:
-        node = self._product()
-        while self._peek() in ("+", "-"):
+    def _left_associative(self, operators: tuple[str, ...], operand: Callable[[], tuple]) -> tuple:
+        """`operand (operator operand)*`, grouped from the left."""
+        node = operand()
+        while self._peek() in operators:
             operation = self._take()
-            node = (operation, node, self._product())
+            node = (operation, node, operand())
         return node
 
+    def _sum(self) -> tuple:
+        return self._left_associative(("+", "-"), self._product)
+
     def _product(self) -> tuple:
-        node = self._unary()
-        while self._peek() in ("*", "/"):
-            operation = self._take()
-            node = (operation, node, self._unary())
-        return node
+        return self._left_associative(("*", "/"), self._unary)
 
     def _unary(self) -> tuple:
         if self._peek() == "-":

@@ -9,7 +9,7 @@ import pytest
 from tasks.config import BakeAlarms, load_release_config
 from tasks.errors import ConfigError, NotFound
 from tasks.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
-from tasks.rollout import BakeWatch, alarm_for
+from tasks.rollout import BakeWatch, first_alarm, judge
 
 GEMMA = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
 STEP = RolloutStep(phase="rollout", batch=1, batches=2, old_copies=1, new_copies=1, old_spec_sha256="a" * 64,
@@ -57,12 +57,12 @@ def _metrics(invocations: int, errors: int, p99: float | None = None) -> Compone
 
 def test_alarm_rules_against_reference_values():
     rules = BakeAlarms(max_error_rate=0.05, max_latency_p99_ms=250, min_invocations=20)
-    assert alarm_for(_metrics(19, 19), rules) is None, "below the minimum there is no evidence yet"
-    assert alarm_for(_metrics(100, 5, 100.0), rules) is None  # 5 % is at the limit, not over it
-    fired = alarm_for(_metrics(100, 6), rules)
+    assert first_alarm(judge(_metrics(19, 19), rules)) is None, "below the minimum there is no evidence yet"
+    assert first_alarm(judge(_metrics(100, 5, 100.0), rules)) is None  # 5 % is at the limit, not over it
+    fired = first_alarm(judge(_metrics(100, 6), rules))
     assert fired.startswith("error rate 0.060 (6 of 100") and "max_error_rate 0.05" in fired
-    assert alarm_for(_metrics(40, 0, 251.0), rules) == "latency p99 251.0 ms is over rollout.alarms.max_latency_p99_ms 250"
-    assert alarm_for(_metrics(40, 0, None), rules) is None
+    assert first_alarm(judge(_metrics(40, 0, 251.0), rules)) == "latency p99 251.0 ms is over rollout.alarms.max_latency_p99_ms 250"
+    assert first_alarm(judge(_metrics(40, 0, None), rules)) is None
 
 
 class FakeMetrics:
