@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-slow test-load test-celery lint bench airflow clean stop
+.PHONY: setup browser demo test test-slow test-load test-celery lint bench bench-ledger airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,10 +18,19 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The audit report's browser test renders it in Debian's headless Chromium.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(CHROMIUM):
+	@echo "installing Debian's chromium for the audit report's browser test"
+	$(SUDO) apt-get install -y --no-install-recommends chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium; }
+
+browser: $(CHROMIUM)
+
 demo: setup          ## set up, then run the local release story
 	$(BIN)/python -m tasks.demo
 
-test: setup lint     ## set up, then run the default test suite
+test: setup lint browser  ## set up, then run the default test suite
 	$(BIN)/python -m pytest -m "not slow and not celery and not load" $(PYTEST_ARGS)
 
 lint: setup          ## pyflakes-class checks (unused imports and names, undefined names)
@@ -41,6 +50,9 @@ airflow: setup       ## local Airflow (SQLite) with this checkout's DAGs on 127.
 
 bench: setup         ## side-by-side speed ratios
 	$(BIN)/python -m bench.run
+
+bench-ledger: setup  ## the ledger section of `make bench` alone (no model): appends, verify, proofs at 10k and 100k records
+	$(BIN)/python -m bench.ledger
 
 stop:                ## stop every local endpoint this checkout started (default and demo state)
 	@for dir in .shiplift .shiplift/demo .shiplift/airflow; do \

@@ -1,4 +1,5 @@
-"""Audit (DESIGN §10, §11): verify the ledger chain, then compare what each endpoint serves with the ledger.
+"""Audit (DESIGN §10, §11): verify the ledger chain against its signed checkpoints, then compare what each
+endpoint serves with the ledger.
 
 For every model with a succeeded promotion, the newest one (what `Ledger.served_at` reports now)
 names the endpoint, the component and the model_ref (release id, artifact sha256, image digest)
@@ -16,6 +17,15 @@ from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 
 PROMOTE, SUCCEEDED = "promote", "succeeded"
 REF_FIELDS = ("release_id", "artifact_sha256", "image_digest")
+
+
+def _checkpoints_config(path: str | Path | None):
+    """The release config naming where an aws ledger's checkpoints are (None: the state dir's)."""
+    if path is None:
+        return None
+    from tasks.config import load_release_config
+
+    return load_release_config(path)
 
 
 def _hosting_of(ledger, model: str, session: Any):
@@ -68,9 +78,31 @@ def _compare(model: str, record, hosting) -> tuple[dict, list[str]]:
     return row, problems
 
 
-def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, session: Any = None) -> dict:
-    """Verify the ledger chain and that every endpoint serves what the ledger last promoted on it (`session`: the
-    boto3 session of aws releases, e.g. an Airflow connection's)."""
+def verify_ledger(ledger, state_dir: str | Path | None, *, config: Any = None, key_path: str | Path | None = None,
+                  expect_head: str | None = None, session: Any = None) -> dict:
+    """The chain, an anchored head if given, and every signed checkpoint (what `ledger verify` reports;
+    `checked_against` names the latest checkpoint the ledger extends). The checkpoints are those of `config`'s
+    backend (aws: its Secrets Manager key and Object Lock bucket), else the state dir's file and the local key:
+    never ones the ledger itself names, which whoever rewrote it could have chosen."""
+    from tasks.backends import checkpoint_parts, default_state_dir
+    from tasks.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
+
+    local = config is None or config.backend.kind == "local"
+    folder = Path(state_dir or (config.backend.state_dir if config is not None else default_state_dir()))
+    if expect_head or (local and not CheckpointLog(log_path(folder.expanduser().resolve())).path.exists()):
+        result = ledger.verify(expected_head=expect_head).to_dict()
+        result["checkpoints"] = "not checked (--expect-head given)" if expect_head else 0
+        result["checked_against"] = None
+        return result
+    signer, store = checkpoint_parts(config, state_dir=folder, key_path=key_path, session=session)
+    return verify_with_checkpoints(ledger, store, signer.public)
+
+
+def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config: str | Path | None = None,
+          session: Any = None) -> dict:
+    """Verify the ledger against its checkpoints and that every endpoint serves what the ledger last promoted on it
+    (`config`: a release config whose backend names the checkpoints, for aws; `session`: the boto3 session of aws
+    releases, e.g. an Airflow connection's)."""
     from tasks.backends import open_ledger
 
     if state_dir is not None and (not isinstance(state_dir, (str, Path)) or not str(state_dir).strip()):
@@ -80,10 +112,10 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, sessio
     except BadInput as exc:
         raise NotFound(exc.problem, fix=exc.fix) from exc
     try:
-        verified = ledger.verify()
-        if not verified.ok:
+        verified = verify_ledger(ledger, state_dir, config=_checkpoints_config(config), session=session)
+        if not verified["ok"]:
             raise IntegrityError(
-                f"ledger chain is broken ({verified.n_records} records): " + "; ".join(verified.problems),
+                f"ledger chain is broken ({verified['n_records']} records): " + "; ".join(verified["problems"]),
                 fix="restore the ledger from a backup and investigate who changed it",
             )
         now = datetime.now(timezone.utc)
@@ -97,5 +129,5 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, sessio
     if drift:
         raise Conflict("drift between the ledger and the live endpoints: " + "; ".join(drift),
                        fix="roll back or promote so that production matches the ledger, or find who changed the endpoint")
-    return {"ok": True, "checked_at": now.isoformat(), "n_records": verified.n_records,
-            "head_hash": verified.head_hash, "models": rows}
+    return {"ok": True, "checked_at": now.isoformat(), "n_records": verified["n_records"],
+            "head_hash": verified["head_hash"], "checked_against": verified["checked_against"], "models": rows}

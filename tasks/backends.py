@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from tasks.interfaces import ArtifactStore, Hosting, ImageBuilder, LedgerStore, Metrics, ScratchServer
+from tasks.interfaces import ArtifactStore, Hosting, ImageBuilder, LedgerStore, Metrics, ReleaseRegistry, ScratchServer
 
 if TYPE_CHECKING:
+    from tasks.checkpoints import CheckpointStore, Signer
     from tasks.config import ReleaseConfig
 
 LEDGER_URL_ENV = "SHIPLIFT_LEDGER_URL"
@@ -36,7 +37,8 @@ class Backends:
     ledger_url: str | None  # as configured (never with a password); None: SQLite under state_dir or $SHIPLIFT_LEDGER_URL
     scratch: ScratchServer  # serve a model folder on this worker (calibration, before the image is pinned)
     preflight: Callable[[], dict]  # before a release opens: credentials, account, region (aws); nothing locally
-    checkpoint: Callable[[], Any] | None = None  # sign the ledger's head outside the database (local); None on aws yet
+    checkpoint: Callable[[], Any] | None = None  # sign the ledger's head outside the database; None: aws without backend.checkpoints
+    registry: ReleaseRegistry | None = None  # a view of the ledger where users look (aws: SageMaker Model Registry); None locally
 
 
 def default_state_dir() -> Path:
@@ -83,16 +85,41 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
                         preflight=dict, checkpoint=lambda: local_checkpoint(ledger, state_dir))
     from tasks.aws.backend import aws_backends
 
-    parts = aws_backends(config, state_dir=state_dir, session=session)
+    parts = aws_backends(config, state_dir=state_dir, session=session, ledger=ledger)
     return Backends(kind="aws", state_dir=state_dir, ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch, **parts)
 
 
 def local_checkpoint(ledger, state_dir: Path, key_path: str | Path | None = None):
     """Sign the ledger's head with the local key (outside the state dir) into the state dir's checkpoints file."""
-    from tasks.checkpoints import CheckpointLog, SigningKey, checkpoint, default_key_path, log_path
+    from tasks.checkpoints import checkpoint
 
-    key = SigningKey(key_path or default_key_path(), state_dir=state_dir)
-    return checkpoint(ledger, CheckpointLog(log_path(state_dir)), key)
+    key, log = checkpoint_parts(state_dir=state_dir, key_path=key_path, create_key=True)
+    return checkpoint(ledger, log, key)
+
+
+def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Path | None = None,
+                     key_path: str | Path | None = None, create_key: bool = False, session: Any = None) -> tuple[Signer, CheckpointStore]:
+    """The (signer, store) of a ledger's checkpoints: an aws config's Secrets Manager key and Object Lock bucket
+    (checked; nothing is written), else the local key file (`key_path`, else $SHIPLIFT_CHECKPOINT_KEY; created only
+    with `create_key`) and the checkpoints file of `state_dir` (else the config's, else $SHIPLIFT_HOME)."""
+    from tasks.errors import ConfigError
+
+    backend = config.backend if config is not None else None
+    if backend is not None and backend.kind == "aws":
+        if backend.checkpoints is None or key_path is not None:
+            raise ConfigError("an aws config's checkpoints are signed with the key its backend.checkpoints names"
+                              + (", not a local key file" if key_path is not None else "; this config names none"),
+                              fix="set backend.checkpoints (key_ref, bucket; see the README's Ledger section), "
+                                  "and drop --key")
+        from tasks.aws.checkpoints import aws_checkpoint_parts
+        from tasks.aws.session import Aws
+
+        aws = Aws(region=backend.region, profile=backend.profile, access=session)
+        return aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id)
+    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path
+
+    folder = Path(state_dir or (backend.state_dir if backend is not None else default_state_dir())).expanduser().resolve()
+    return SigningKey(key_path or default_key_path(), state_dir=folder, create=create_key), CheckpointLog(log_path(folder))
 
 
 def local_endpoints(state_dir: str | Path):

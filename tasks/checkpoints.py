@@ -10,6 +10,10 @@ replaced database (both), a forged checkpoint (its signature fails) and one sign
 are each named. The checkpoint also signs the Merkle root (RFC 6962) over the record hashes up to
 its seq, so one release's records can be proven included with O(log n) hashes and the signed
 checkpoint alone (`prove` / `check_proof`), without the rest of the ledger.
+
+The key and the store are protocols (`Signer`, `CheckpointStore`): the local ones live here, the aws
+ones (a key in Secrets Manager, an S3 bucket with Object Lock) in `tasks.aws.checkpoints`; signing,
+serialising and verifying are the same code for both.
 """
 
 from __future__ import annotations
@@ -20,24 +24,25 @@ import hashlib
 import json
 import os
 import stat
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from tasks import merkle
-from tasks.errors import BadInput, ConfigError, IntegrityError, NotFound
+from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
 from tasks.hashing import canonical_json
 
 KEY_ENV = "SHIPLIFT_CHECKPOINT_KEY"
 DEFAULT_KEY = Path("~/.config/shiplift/ledger-ed25519.pem")
 LOG_NAME = "ledger-checkpoints.jsonl"
 VERSION = 1
+APPEND_ATTEMPTS = 5  # a store without a lock (S3) refuses an append another writer got in before: read, verify, sign again
 
 
 def default_key_path() -> Path:
@@ -55,7 +60,41 @@ def _key_id(public: Ed25519PublicKey) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-class SigningKey:
+def load_private_key(pem: bytes, source: str) -> Ed25519PrivateKey:
+    """The Ed25519 private key in PEM (PKCS#8) text read from `source`; IntegrityError naming what else it is."""
+    try:
+        private = serialization.load_pem_private_key(pem, password=None)
+    except ValueError as error:
+        raise IntegrityError(f"{source} is not a PEM private key: {error}", fix=f"restore {source}") from error
+    if not isinstance(private, Ed25519PrivateKey):
+        raise IntegrityError(f"{source} holds a {type(private).__name__}, not an Ed25519 key",
+                             fix="restore the key that signed this ledger's checkpoints")
+    return private
+
+
+class Signer(Protocol):
+    """What signs checkpoints: an Ed25519 key, its public half and the id checkpoints name it by."""
+
+    key_id: str
+    public: Ed25519PublicKey
+
+    def sign(self, body: dict[str, Any]) -> str: ...
+
+
+class PrivateKeySigner:
+    """A `Signer` over an Ed25519 private key held in memory (the local key file's, or one fetched from AWS)."""
+
+    def __init__(self, private: Ed25519PrivateKey):
+        self.private = private
+        self.public = private.public_key()
+        self.key_id = _key_id(self.public)
+
+    def sign(self, body: dict[str, Any]) -> str:
+        """The base64 Ed25519 signature of a checkpoint body's canonical JSON."""
+        return base64.b64encode(self.private.sign(canonical_json(body))).decode()
+
+
+class SigningKey(PrivateKeySigner):
     """The Ed25519 key that signs checkpoints: read from a 0600 file, or created there on first use."""
 
     def __init__(self, path: str | Path, *, state_dir: str | Path | None = None, create: bool = True):
@@ -73,15 +112,7 @@ class SigningKey:
         if mode & 0o077:
             raise ConfigError(f"the checkpoint key {self.path} is readable by others (mode {mode:o})",
                               fix=f"chmod 600 {self.path}")
-        try:
-            self.private = serialization.load_pem_private_key(self.path.read_bytes(), password=None)
-        except ValueError as error:
-            raise IntegrityError(f"{self.path} is not a PEM private key: {error}", fix="restore the key file") from error
-        if not isinstance(self.private, Ed25519PrivateKey):
-            raise IntegrityError(f"{self.path} holds a {type(self.private).__name__}, not an Ed25519 key",
-                                 fix="restore the key that signed this ledger's checkpoints")
-        self.public = self.private.public_key()
-        self.key_id = _key_id(self.public)
+        super().__init__(load_private_key(self.path.read_bytes(), str(self.path)))
 
     def _create(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -92,9 +123,6 @@ class SigningKey:
             handle.write(pem)
             handle.flush()
             os.fsync(handle.fileno())
-
-    def sign(self, body: dict[str, Any]) -> str:
-        return base64.b64encode(self.private.sign(canonical_json(body))).decode()
 
 
 @dataclass(frozen=True)
@@ -127,7 +155,7 @@ class Checkpoint:
 
 
 def _parse(value: Any) -> Checkpoint:
-    """A checkpoint from its JSON line; TypeError or ValueError naming what is not one."""
+    """A checkpoint from its JSON object; TypeError or ValueError naming what is not one."""
     fields = {"version", "seq", "head_hash", "merkle_root", "signed_at", "key_id", "signature"}
     if not isinstance(value, dict) or set(value) != fields:
         raise ValueError(f"it does not hold exactly {', '.join(sorted(fields))}")
@@ -143,23 +171,45 @@ def _stamp(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+Entry = tuple[str, Checkpoint | None, str]  # where it is stored, the checkpoint (None: it is not one), what is wrong
+
+
+def serialise(checkpoint: Checkpoint) -> str:
+    """A checkpoint as stored: its JSON object, keys sorted."""
+    return json.dumps(checkpoint.to_dict(), sort_keys=True)
+
+
+def read_entry(where: str, text: str) -> Entry:
+    """A store's entry from the stored text at `where`: the checkpoint, or None and what is wrong with it."""
+    try:
+        return where, _parse(json.loads(text)), ""
+    except (ValueError, TypeError) as error:
+        return where, None, f"checkpoint {where} is not a checkpoint ({error})"
+
+
+class CheckpointStore(Protocol):
+    """Where signed checkpoints are kept, outside the database: its entries in append order, and appends."""
+
+    def entries(self) -> list[Entry]: ...
+
+    def locked(self) -> AbstractContextManager[None]: ...
+
+    def append(self, checkpoint: Checkpoint) -> None:
+        """Store one more checkpoint after the entries last read; Conflict if another writer appended meanwhile."""
+
+
 class CheckpointLog:
     """The append-only file of a ledger's checkpoints, one JSON object a line."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
-    def entries(self) -> list[tuple[int, Checkpoint | None, str]]:
-        """(line number, checkpoint or None when the line is not one, the line's problem) for every line."""
+    def entries(self) -> list[Entry]:
+        """("line N", checkpoint or None when the line is not one, the line's problem) for every line."""
         if not self.path.exists():
             return []
-        found: list[tuple[int, Checkpoint | None, str]] = []
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-            try:
-                found.append((number, _parse(json.loads(line)), ""))
-            except (ValueError, TypeError) as error:
-                found.append((number, None, f"checkpoint line {number} is not a checkpoint ({error})"))
-        return found
+        return [read_entry(f"line {number}", line)
+                for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1)]
 
     def latest(self) -> Checkpoint | None:
         return next((c for _, c, _ in reversed(self.entries()) if c is not None), None)
@@ -179,19 +229,25 @@ class CheckpointLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(checkpoint.to_dict(), sort_keys=True) + "\n")
+            handle.write(serialise(checkpoint) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
 
-def checkpoint(ledger, log: CheckpointLog, key: SigningKey, *, now: datetime | None = None) -> Checkpoint:
+def checkpoint(ledger, log: CheckpointStore, key: Signer, *, now: datetime | None = None) -> Checkpoint:
     """Verify the chain and that it extends every checkpoint, then sign its head and append that, under the log's
-    lock. Refuses a broken chain (it would be re-signed) and a clock behind the latest checkpoint."""
+    lock; a store without one (S3) refuses an append another writer got in before, and then this reads, verifies
+    and signs again. Refuses a broken chain (it would be re-signed) and a clock behind the latest checkpoint."""
     with log.locked():
-        return _sign_head(ledger, log, key, now)
+        for attempt in range(1, APPEND_ATTEMPTS + 1):
+            try:
+                return _sign_head(ledger, log, key, now)
+            except Conflict:
+                if attempt == APPEND_ATTEMPTS:
+                    raise
 
 
-def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None) -> Checkpoint:
+def _sign_head(ledger, log: CheckpointStore, key: Signer, now: datetime | None) -> Checkpoint:
     verdict, records = _verified(ledger, log, key.public)
     if not records:
         raise BadInput("the ledger holds no records to checkpoint", fix="run a release first")
@@ -200,7 +256,7 @@ def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None
         raise IntegrityError("the ledger does not verify, so its head is not signed: " + "; ".join(verdict["problems"]),
                              fix="investigate the tampering; a checkpoint never re-signs a broken chain")
     stamp = _stamp(now or datetime.now(timezone.utc))
-    latest = log.latest()
+    latest = _parse(verdict["checked_against"]) if verdict["checked_against"] else None  # the one just verified
     if latest is not None and stamp < latest.signed_at:
         raise IntegrityError(f"the clock reads {stamp}, before the latest checkpoint ({latest.signed_at})",
                              fix="fix the system clock; checkpoints must not go back in time")
@@ -213,13 +269,13 @@ def _sign_head(ledger, log: CheckpointLog, key: SigningKey, now: datetime | None
     return signed
 
 
-def verify_with_checkpoints(ledger, log: CheckpointLog, public: Ed25519PublicKey | None) -> dict[str, Any]:
+def verify_with_checkpoints(ledger, log: CheckpointStore, public: Ed25519PublicKey | None) -> dict[str, Any]:
     """The chain's verification plus: every checkpoint is signed by `public` and the chain extends it. The result
     names each problem and the latest checkpoint the ledger was checked against."""
     return _verified(ledger, log, public)[0]
 
 
-def _verified(ledger, log: CheckpointLog, public: Ed25519PublicKey | None) -> tuple[dict[str, Any], list]:
+def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None) -> tuple[dict[str, Any], list]:
     """`verify_with_checkpoints`'s result, and the records it read, which signing and proving reuse instead of
     reading the ledger again."""
     chain = ledger.verify()
@@ -227,20 +283,20 @@ def _verified(ledger, log: CheckpointLog, public: Ed25519PublicKey | None) -> tu
     entries = log.entries()
     valid: list[Checkpoint] = []
     key_id = _key_id(public) if public is not None else None
-    for number, found, problem in entries:
+    for where, found, problem in entries:
         if found is None:
             problems.append(problem)
         elif public is None:
-            problems.append(f"checkpoint line {number} cannot be checked: no public key")
+            problems.append(f"checkpoint {where} cannot be checked: no public key")
         elif found.key_id != key_id:
-            problems.append(f"checkpoint line {number} (seq {found.seq}) names key {found.key_id}, not this ledger's "
+            problems.append(f"checkpoint {where} (seq {found.seq}) names key {found.key_id}, not this ledger's "
                             f"key {key_id}: signed by another key")
         elif not found.signed_by(public):
-            problems.append(f"checkpoint line {number} (seq {found.seq}) has a signature that does not verify with key "
+            problems.append(f"checkpoint {where} (seq {found.seq}) has a signature that does not verify with key "
                             f"{key_id}: it was forged or edited")
         else:
             if valid and (found.seq < valid[-1].seq or found.signed_at < valid[-1].signed_at):
-                problems.append(f"checkpoint line {number} (seq {found.seq}, {found.signed_at}) goes back from the one "
+                problems.append(f"checkpoint {where} (seq {found.seq}, {found.signed_at}) goes back from the one "
                                 f"before it (seq {valid[-1].seq}, {valid[-1].signed_at})")
             valid.append(found)
     records = ledger.history()
@@ -269,7 +325,7 @@ def _leaves(records) -> list[bytes]:
     return [merkle.leaf(bytes.fromhex(record.record_hash)) for record in records]
 
 
-def prove(ledger, log: CheckpointLog, release_id: str, public: Ed25519PublicKey) -> dict[str, Any]:
+def prove(ledger, log: CheckpointStore, release_id: str, public: Ed25519PublicKey) -> dict[str, Any]:
     """An inclusion proof of one release's records in the latest checkpoint that verifies: each record with its
     index and audit path (O(log n) hashes). Records after that checkpoint are listed as not yet covered."""
     verdict, records = _verified(ledger, log, public)
@@ -280,11 +336,11 @@ def prove(ledger, log: CheckpointLog, release_id: str, public: Ed25519PublicKey)
     if latest is None:
         raise NotFound("the ledger has no checkpoint to prove against", fix="run `shiplift ledger checkpoint` first")
     mine = ledger.release(release_id)  # NotFound for an unknown release
-    leaves = _leaves(records[: latest["seq"]])
+    tree = merkle.Tree(_leaves(records[: latest["seq"]]))
     covered = [r for r in mine if r.seq <= latest["seq"]]
     return {"release_id": release_id, "checkpoint": latest,
             "records": [{"seq": r.seq, "record_hash": r.record_hash, "stage": r.stage, "event": r.event,
-                         "path": [h.hex() for h in merkle.audit_path(leaves, r.seq - 1)]} for r in covered],
+                         "path": [h.hex() for h in tree.audit_path(r.seq - 1)]} for r in covered],
             "not_yet_checkpointed": [r.seq for r in mine if r.seq > latest["seq"]]}
 
 

@@ -31,8 +31,9 @@ def with_ledger(p):
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
-    """A plain text table for people: a header, a rule, a line a row, columns padded to their widest cell."""
-    cells = [[str(row.get(column, "")) for column in columns] for row in rows]
+    """A plain text table for people: a header, a rule, a line a row, columns padded to their widest cell; a value
+    that is not there (None) shows as '-'."""
+    cells = [["-" if row.get(column) is None else str(row.get(column)) for column in columns] for row in rows]
     widths = [max([len(column), *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)]
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip()
                      for line in [columns, ["-" * w for w in widths], *cells])
@@ -370,47 +371,91 @@ def cmd_eval_nli(args) -> int:
     return 0 if report["decision"] == "pass" else EXIT_REJECTED
 
 
-def ledger_for(args):
+def ledger_for(args, *, read_only: bool = True):
+    """The ledger a `ledger` command reads: --url, else the --config's ledger_url, else SQLite under --state-dir."""
     from tasks.backends import open_ledger
 
-    return open_ledger(ledger_url=args.url, state_dir=args.state_dir, read_only=True)
+    config = checkpoints_config(args)
+    url = args.url or (config.backend.ledger_url if config is not None else None)
+    return open_ledger(ledger_url=url, state_dir=args.state_dir, read_only=read_only)
+
+
+def checkpoints_config(args):
+    """The release config of --config (whose backend names the checkpoints: aws), or None for the state dir's."""
+    from tasks.config import load_release_config
+
+    return load_release_config(args.config) if getattr(args, "config", None) else None
+
+
+def checkpoint_parts_for(args, *, create_key: bool = False):
+    """The (signer, store) of a command's checkpoints: --config's backend, else --key and the state dir's file."""
+    from tasks.backends import checkpoint_parts
+
+    return checkpoint_parts(checkpoints_config(args), state_dir=args.state_dir, key_path=args.key, create_key=create_key)
 
 
 def cmd_ledger_history(args) -> int:
-    records = ledger_for(args).history(model=args.model)
-    for r in records:
-        d = r.to_dict()
-        print(f"{d['seq']:>5}  {d['recorded_at']}  {d['release_id']:<32} {d['stage']:<19} {d['event']:<10} {d['record_hash'][:12]}")
+    """One row per release of a model (or of every model), or with --records every record."""
+    ledger = ledger_for(args)
+    if args.records:
+        rows = [r.to_dict() for r in ledger.history(args.model)]
+        columns = ["seq", "recorded_at", "release_id", "stage", "event", "actor", "record_hash"]
+    else:
+        from tasks.ledger_views import releases
+
+        rows = releases(ledger, args.model)
+        columns = ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy", "records"]
+    if args.model and not rows:
+        raise NotFound(f"the ledger has no records of model {args.model!r}", fix="run `shiplift ledger history` for every model")
+    print_json(rows) if args.json else print_table(rows, columns)
     return 0
 
 
+def print_gate(gate: dict) -> None:
+    """A gate's decision, its champion and every check with its interval and rule."""
+    from tasks.ledger_views import CHECK_COLUMNS, check_cells
+
+    datasets = ", ".join(f"{d['name']} (n {d['n']}, sha256 {d['sha256']})" for d in gate.get("datasets") or [])
+    print(f"\ngate {gate['decision']} (champion: {gate.get('champion_release') or 'none'}); datasets: {datasets}")
+    print_table([check_cells(c) for c in gate.get("checks") or []], CHECK_COLUMNS)
+
+
+def print_release(detail: dict) -> None:
+    fields = ["release_id", "model", "status", "opened_at", "opened_by", "config_hash", "source_sha256", "model_sha256",
+              "artifact_sha256", "artifact_uri", "image_uri", "image_digest", "decision", "records"]
+    print_table([{"field": name, "value": detail[name]} for name in fields]
+                + [{"field": f"placement.{k}", "value": v} for k, v in (detail["placement"] or {}).items()], ["field", "value"])
+    print()
+    print_table([{"stage": name, "status": status} for name, status in detail["stages"].items()], ["stage", "status"])
+    if detail["gate"]:
+        print_gate(detail["gate"])
+    if detail["promotions"]:
+        print()
+        print_table(detail["promotions"], ["at", "event", "trigger", "strategy", "endpoint", "component", "steps", "reason", "actor"])
+
+
 def cmd_ledger_show(args) -> int:
-    print_json([r.to_dict() for r in ledger_for(args).release(args.release)])
+    """One release: what it was built from, its gate evidence, its stages and its promotions."""
+    from tasks.ledger_views import show
+
+    detail = show(ledger_for(args), args.release)
+    print_json(detail) if args.json else print_release(detail)
     return 0
 
 
 def cmd_ledger_verify(args) -> int:
     """The chain, an anchored head if given, and every signed checkpoint the state dir keeps."""
-    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
-
-    ledger = ledger_for(args)
-    log = CheckpointLog(log_path(args.state_dir))
-    if args.expect_head or not log.path.exists():
-        result = ledger.verify(expected_head=args.expect_head).to_dict()
-        result["checkpoints"] = 0 if not log.path.exists() else "not checked (--expect-head given)"
-    else:
-        key = SigningKey(args.key or default_key_path(), state_dir=args.state_dir, create=False)
-        result = verify_with_checkpoints(ledger, log, key.public)
+    result = verification_for(args, ledger_for(args))
     print_json(result)
     return 0 if result["ok"] else EXIT_REJECTED
 
 
 def cmd_ledger_prove(args) -> int:
     """An inclusion proof of one release's records in the latest signed checkpoint (O(log n) hashes a record)."""
-    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, prove
+    from tasks.checkpoints import prove
 
-    key = SigningKey(args.key or default_key_path(), state_dir=args.state_dir, create=False)
-    proof = prove(ledger_for(args), CheckpointLog(log_path(args.state_dir)), args.release, key.public)
+    signer, store = checkpoint_parts_for(args)
+    proof = prove(ledger_for(args), store, args.release, signer.public)
     if args.out:
         Path(args.out).write_text(json.dumps(proof, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         print(f"wrote {args.out}: {len(proof['records'])} records proven in checkpoint seq {proof['checkpoint']['seq']}",
@@ -437,24 +482,87 @@ def cmd_ledger_check_proof(args) -> int:
 
 
 def cmd_ledger_checkpoint(args) -> int:
-    """Sign the ledger's head (after verifying it) into the state dir's checkpoints file."""
-    from tasks.backends import local_checkpoint
+    """Sign the ledger's head (after verifying it) into the checkpoint store (local file, or S3 for an aws --config)."""
+    from tasks.checkpoints import checkpoint
 
-    signed = local_checkpoint(ledger_for(args), Path(args.state_dir), args.key)
-    print_json(signed.to_dict())
+    signer, store = checkpoint_parts_for(args, create_key=True)
+    print_json(checkpoint(ledger_for(args), store, signer).to_dict())
     return 0
+
+
+def print_diff(result: dict, *, changed_only: bool) -> None:
+    rows = [{"field": row["field"], "A": row["a"], "B": row["b"], "": "" if row["same"] else "differs"}
+            for row in result["rows"] if not (changed_only and row["same"])]
+    print(f"A = {result['release_a']}\nB = {result['release_b']}")
+    print_table(rows, ["field", "A", "B", ""])
+    print(f"{len(result['changed'])} fields differ; {result['config_fields_same']} config fields are the same (not shown)")
 
 
 def cmd_ledger_diff(args) -> int:
-    print_json(ledger_for(args).diff(args.release_a, args.release_b))
+    """Two releases side by side: config, artifact, image digest, placement, gate metrics and thresholds."""
+    from tasks.ledger_views import diff
+
+    result = diff(ledger_for(args), args.release_a, args.release_b)
+    print_json(result) if args.json else print_diff(result, changed_only=args.changed)
     return 0
 
 
-def cmd_ledger_served_at(args) -> int:
-    record = ledger_for(args).served_at(args.model, args.when)
-    if record is None:
-        raise NotFound(f"nothing of model {args.model!r} was promoted at or before {args.when}", fix="see `shiplift ledger history`")
-    print_json(record.to_dict())
+def print_as_of(served: dict) -> None:
+    promotion = served["promotion"]
+    how = (f"rollback from {promotion['rollback_from']}: {promotion['reason']}" if promotion["trigger"] == "rollback"
+           else f"{promotion['trigger']} ({promotion['strategy']})")
+    print(f"{served['model']} at {served['as_of']}: {served['release_id']}, serving since {served['since']} "
+          f"by {how}, actor {promotion['actor']} (ledger seq {served['record']['seq']})")
+    print_table([{"built from": k, "value": v} for k, v in served["built_from"].items()], ["built from", "value"])
+    if served["evidence"]:
+        print_gate(served["evidence"])
+
+
+def cmd_ledger_as_of(args) -> int:
+    """What served a model at a moment, since when, built from what and on which gate evidence."""
+    from tasks.ledger_views import as_of
+
+    served = as_of(ledger_for(args), args.model, args.when)
+    print_json(served) if args.json else print_as_of(served)
+    return 0
+
+
+def cmd_ledger_timeline(args) -> int:
+    """A model's releases, gate decisions, traffic steps, promotions and rollbacks with their reasons, in order."""
+    from tasks.ledger_views import timeline
+
+    rows = timeline(ledger_for(args), args.model)
+    print_json(rows) if args.json else print_table(rows, ["seq", "at", "release_id", "event", "detail", "actor"])
+    return 0
+
+
+def verification_for(args, ledger) -> dict:
+    """`ledger verify`'s result for the command's state dir, key and anchored head."""
+    from tasks.audit import verify_ledger
+
+    return verify_ledger(ledger, args.state_dir, config=checkpoints_config(args), key_path=args.key,
+                         expect_head=getattr(args, "expect_head", None))
+
+
+def cmd_ledger_report(args) -> int:
+    """The audit report: one self-contained HTML page, verified against the signed checkpoints."""
+    from tasks.audit_report import write_report
+
+    ledger = ledger_for(args)
+    verification = verification_for(args, ledger)
+    path = write_report(ledger, args.out, verification, model=args.model)
+    print(f"wrote {path}: ledger {'verified' if verification['ok'] else 'VERIFICATION FAILED'}, "
+          f"{verification['n_records']} records")
+    return 0 if verification["ok"] else EXIT_REJECTED
+
+
+def cmd_ledger_upgrade(args) -> int:
+    """Migrate an existing ledger's schema to this shiplift's revision (what opening it for writing does)."""
+    from tasks.backends import ledger_url_for, open_ledger
+    from tasks.ledger import upgrade
+
+    open_ledger(ledger_url=args.url, state_dir=args.state_dir, read_only=True).close()  # refuses a ledger that is not there
+    print_json(upgrade(ledger_url_for(Path(args.state_dir), args.url)))
     return 0
 
 
@@ -623,44 +731,68 @@ def build_parser() -> argparse.ArgumentParser:
 
     ledger = sub.add_parser("ledger", help="the release ledger").add_subparsers(dest="ledger_command", required=True)
 
-    def ledger_parser(name: str, help_text: str):
-        p = with_state_dir(ledger.add_parser(name, help=help_text))
+    def ledger_parser(name: str, help_text: str, aliases: tuple[str, ...] = ()):
+        p = with_state_dir(ledger.add_parser(name, help=help_text, aliases=list(aliases)))
         p.add_argument("--url", help="SQLAlchemy URL of the ledger (default: sqlite under --state-dir)")
         return p
 
-    p = ledger_parser("history", "list ledger records")
-    p.add_argument("--model")
+    def with_checkpoints(p, created: bool = False):
+        p.add_argument("--key", help="the local checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else "
+                                     "~/.config/shiplift/ledger-ed25519.pem" + ("; created 0600 on first use)" if created else ")"))
+        p.add_argument("--config", help="an aws release config: its ledger_url, and the Secrets Manager key and Object Lock "
+                                        "bucket its backend.checkpoints names")
+        return p
+
+    p = ledger_parser("history", "one row per release (of MODEL, or of every model); --records for every record")
+    p.add_argument("model", nargs="?")
+    p.add_argument("--records", action="store_true", help="every ledger record instead of one row per release")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ledger_history)
-    p = ledger_parser("show", "every record of one release")
+    p = ledger_parser("show", "one release: built from what, gate evidence, stages, promotions")
     p.add_argument("release")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ledger_show)
+    p = ledger_parser("timeline", "a model's releases, gate decisions, traffic steps, promotions and rollbacks in order")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_timeline)
     p = ledger_parser("verify", "check the hash chain and that it extends every signed checkpoint")
     p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
-    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem)")
+    with_checkpoints(p)
     p.set_defaults(func=cmd_ledger_verify)
     p = ledger_parser("checkpoint", "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")
-    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem; "
-                                 "created 0600 on first use)")
+    with_checkpoints(p, created=True)
     p.set_defaults(func=cmd_ledger_checkpoint)
     p = ledger_parser("prove", "an inclusion proof of one release's records in the latest signed checkpoint")
     p.add_argument("release")
-    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem)")
+    with_checkpoints(p)
     p.add_argument("--out", help="write the proof to this file (default: print it)")
     p.set_defaults(func=cmd_ledger_prove)
     p = ledger_parser("check-proof", "check an inclusion proof with the key alone (no ledger)")
     p.add_argument("proof")
     p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem)")
     p.set_defaults(func=cmd_ledger_check_proof)
-    p = ledger_parser("diff", "compare two releases (config hash, artifact, image, metrics, decision)")
+    p = ledger_parser("diff", "two releases side by side: config, artifact, image digest, placement, gate metrics, thresholds")
     p.add_argument("release_a")
     p.add_argument("release_b")
+    p.add_argument("--changed", action="store_true", help="only the fields that differ")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ledger_diff)
-    p = ledger_parser("served-at", "which release of a model was serving at a time (ISO 8601 with timezone)")
+    p = ledger_parser("as-of", "what served a model at a time (ISO 8601 with timezone), since when, on what evidence",
+                      aliases=("served-at",))
     p.add_argument("model")
     p.add_argument("when")
-    p.set_defaults(func=cmd_ledger_served_at)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_as_of)
+    p = ledger_parser("report", "write the audit report (self-contained HTML) after verifying against the checkpoints")
+    p.add_argument("model", nargs="?")
+    p.add_argument("--out", required=True, help="folder to write index.html into")
+    with_checkpoints(p)
+    p.set_defaults(func=cmd_ledger_report)
+    p = ledger_parser("upgrade", "migrate the ledger's schema to this shiplift's revision (Alembic; refuses a newer one)")
+    p.set_defaults(func=cmd_ledger_upgrade)
     p = ledger_parser("export", "export the ledger")
-    p.add_argument("--format", choices=["json", "csv", "html"], default="json")
+    p.add_argument("--format", choices=["json", "csv"], default="json", help="for people: `ledger report` (HTML)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_ledger_export)
     return parser

@@ -29,7 +29,7 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 MAX_RESOURCE_NAME = 63
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
-LOCATION_FIELDS = ("state_dir", "ledger_url", "profile")  # left out of the config hash
+LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "model_registry")  # left out of the config hash
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
@@ -261,6 +261,19 @@ class LocalBackend(Strict):
     ledger_url: LedgerUrl | None = Field(None, description="SQLAlchemy URL; default sqlite under state_dir")
 
 
+class AwsCheckpoints(Strict):
+    """Where the aws backend signs the ledger's head and keeps the signed checkpoints (`tasks.aws.checkpoints`)."""
+
+    key_ref: str = Field(pattern=r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[A-Za-z0-9/_+=.@-]+$",
+                         max_length=2048, description="name or ARN of the Secrets Manager secret holding the Ed25519 "
+                         "signing key as PEM text (the config names it, never holds it)")
+    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", description="a bucket with Object Lock enabled")
+    prefix: str = Field("shiplift/ledger-checkpoints", pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$", max_length=512)
+    retention_days: int = Field(3650, ge=1, le=36500, description="how long S3 refuses to delete a checkpoint")
+    lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = Field(
+        "COMPLIANCE", description="COMPLIANCE: nobody can delete early; GOVERNANCE (trial accounts) can be bypassed")
+
+
 class AwsBackend(Strict):
     """S3 + CodeBuild/ECR + SageMaker + CloudWatch in one account and region; credentials never live here."""
 
@@ -280,6 +293,9 @@ class AwsBackend(Strict):
     ledger_url: LedgerUrl = Field(min_length=1, description="SQLAlchemy URL every worker reaches (PostgreSQL in production)")
     state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"),
                            description="this worker's scratch and caches (nothing another worker needs)")
+    checkpoints: AwsCheckpoints | None = Field(None, description="sign the ledger's head after each release; None: not checkpointed")
+    model_registry: bool = Field(True, description="register each release as a version in a SageMaker Model Registry group per "
+                                 "model, its approval status following the gate and promotion (a view of the ledger)")
 
     @property
     def account_id(self) -> str:

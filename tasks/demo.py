@@ -13,8 +13,8 @@
    error-rate alarm fires during the first bake and the rollout is rolled back, the champion still
    serving.
 Each release ends with a signed checkpoint of the ledger's head (an Ed25519 key outside the state dir).
-Then verify the ledger against its checkpoints, show each canary's traffic steps from the ledger, ask the
-production endpoint one real question, and print a summary.
+Then verify the ledger against its checkpoints, write the audit report, show each canary's traffic steps
+from the ledger, ask the production endpoint one real question, and print a summary.
 """
 
 from __future__ import annotations
@@ -253,15 +253,17 @@ def main() -> int:
         print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
 
     banner("ledger verify: the hash chain, and that it extends every signed checkpoint")
-    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
+    from tasks.audit import verify_ledger
+    from tasks.audit_report import write_report
 
     ledger = Ledger(ledger_url_for(state_dir, None))
-    key = SigningKey(default_key_path(), state_dir=state_dir, create=False)
-    verdict = verify_with_checkpoints(ledger, CheckpointLog(log_path(state_dir)), key.public)
+    verdict = verify_ledger(ledger, state_dir)
     latest = verdict["checked_against"] or {}
     print(json.dumps({"ok": verdict["ok"], "n_records": verdict["n_records"], "head_hash": verdict["head_hash"],
                       "checkpoints": verdict["checkpoints"], "latest_checkpoint_seq": latest.get("seq"),
-                      "key_id": verdict["key_id"], "key": str(key.path), "problems": verdict["problems"]}), flush=True)
+                      "key_id": verdict.get("key_id"), "problems": verdict["problems"]}), flush=True)
+    report = write_report(ledger, state_dir / "audit-report", verdict)
+    print(f"audit report: {report}", flush=True)
     for label, summary in rows:
         if (summary.get("rollout") or {}).get("steps"):
             banner(f"{label}: traffic steps in the ledger ({summary['release_id']}, {summary['status']})")
@@ -277,7 +279,8 @@ def main() -> int:
     print(json.dumps(ask_production(state_dir, champion)), flush=True)
     print(
         f"\nThe champion keeps serving at {champion['served_by']}. Inspect: .venv/bin/shiplift ledger history "
-        f"--state-dir {state_dir} · stop: make stop SHIPLIFT_HOME={state_dir}",
+        f"--state-dir {state_dir} (or timeline gemma-decision, as-of gemma-decision TIME, diff A B) · audit report: "
+        f"{report} · stop: make stop SHIPLIFT_HOME={state_dir}",
         flush=True,
     )
     return 0 if [s["status"] for _, s in rows] == EXPECTED and verdict["ok"] else 1

@@ -357,6 +357,18 @@ class LedgerStore(Protocol):
     def release_lease(self, model: str, holder: str) -> bool: ...
 
 
+@runtime_checkable
+class ReleaseRegistry(Protocol):
+    """A view of releases outside the ledger (the SageMaker Model Registry on aws): it follows the ledger, never leads
+    it, so it is written after the ledger and a failed write is repaired by the next sync."""
+
+    follows: frozenset[tuple[str, str]]  # the (stage, event) records after which the release's view is synced
+
+    def sync(self, ctx: Any) -> dict[str, Any] | None:
+        """Make the view of ctx's release match its ledger records (reads only when it already does); None while the
+        release has no record the view follows."""
+        ...
+
 
 @runtime_checkable
 class ScratchServer(Protocol):

@@ -13,18 +13,27 @@ log line) and check it later with `verify(expected_head=...)`.
 Appends are serialised across threads and processes: SQLite takes the write lock up
 front (`BEGIN IMMEDIATE`), PostgreSQL takes a transaction-level advisory lock; `seq` is
 the primary key and `prev_hash` is unique, so even a writer that bypassed the lock could
-not fork the chain. Timestamps are UTC, `YYYY-MM-DDTHH:MM:SS.ffffffZ` (sortable as text).
+not fork the chain. A writer killed inside its transaction leaves nothing: the database rolls
+it back and releases the lock. Timestamps are UTC, `YYYY-MM-DDTHH:MM:SS.ffffffZ` (sortable as
+text).
 
-Payload conventions read by `diff()`: top-level keys `config_hash`, `artifact_sha256`,
-`image_digest`, `metrics`, `decision`. `served_at()` reads records with stage `promote`
-and event `succeeded` (record a rollback as a succeeded promotion of the earlier release).
+`recorded_at` never goes backwards along the chain, because `served_at()` orders by it: a
+writer whose clock reads up to MAX_CLOCK_SKEW_S earlier than the newest record (hosts drift)
+records the newest record's time instead; a clock further behind is refused, naming both times.
+
+The schema is versioned (tasks/ledger_schema.py, Alembic): opening a ledger writable migrates
+it to this code's head under the writers' lock; read-only never migrates. A database migrated
+by a newer shiplift is refused. On SQLite, `verify()` also runs the page check (`quick_check`),
+so damage to pages the chain walk never reads (indexes, leases, the version table) is found too.
+
+`served_at()` reads records with stage `promote` and event `succeeded` (record a rollback as a
+succeeded promotion of the earlier release); the audit views over records are `tasks.ledger_views`.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
-import html
 import io
 import json
 import math
@@ -43,15 +52,18 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import exc as sa_exc
 
 from tasks.atomic import write_text_atomic
-from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady
-from tasks.secret_keys import looks_secret
+from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady, ShipliftError
 from tasks.hashing import canonical_json, sha256_json
+from tasks.ledger_migrations import baseline_tables
+from tasks.ledger_schema import migrate, read_problem, revision_of
+from tasks.secret_keys import looks_secret
 
 GENESIS_HASH = "0" * 64
 WRITE_LOCK_TIMEOUT_S = 30
 CONNECT_TIMEOUT_S = 10
 MAX_LEASE_TTL_S = 7 * 24 * 3600
-DIFF_FIELDS = ("config_hash", "artifact_sha256", "image_digest", "metrics", "decision")
+MAX_CLOCK_SKEW_S = 5.0
+RESTORE_FIX = "restore the ledger from a backup; do not write to this copy"
 PROMOTE_STAGE = "promote"
 SUCCEEDED_EVENT = "succeeded"
 RECORD_FIELDS = (
@@ -120,6 +132,27 @@ def _fmt(moment: datetime) -> str:
 
 def _parse_ts(text: str) -> datetime:
     return datetime.strptime(text, _TS_FORMAT).replace(tzinfo=timezone.utc)
+
+
+def _recorded_at(head: sa.Row | None) -> str:
+    """Now, or the head's time when this clock reads at most MAX_CLOCK_SKEW_S earlier; further back is refused."""
+    now = _fmt(_utcnow())
+    if head is None or now >= head.recorded_at:
+        return now
+    try:
+        behind_s = (_parse_ts(head.recorded_at) - _parse_ts(now)).total_seconds()
+    except ValueError as error:
+        raise IntegrityError(
+            f"the newest record (seq {head.seq}) has recorded_at {head.recorded_at!r}, which is not a timestamp",
+            fix="run `shiplift ledger verify`; the record was edited",
+        ) from error
+    if behind_s > MAX_CLOCK_SKEW_S:
+        raise ConfigError(
+            f"this host's clock reads {now}, {behind_s:.3f} s before the newest record "
+            f"(seq {head.seq}, recorded at {head.recorded_at}); records must not go back in time",
+            fix="correct the system clock (NTP), then retry",
+        )
+    return head.recorded_at
 
 
 def _as_utc_text(when: datetime | str) -> str:
@@ -214,33 +247,8 @@ class Lease:
 
 
 def _tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
-    metadata = sa.MetaData(schema=schema)
-    records = sa.Table(
-        "ledger_records",
-        metadata,
-        sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("record_hash", sa.String(64), nullable=False, unique=True),
-        sa.Column("prev_hash", sa.String(64), nullable=False, unique=True),
-        sa.Column("release_id", sa.Text, nullable=False),
-        sa.Column("model", sa.Text, nullable=False),
-        sa.Column("stage", sa.Text, nullable=False),
-        sa.Column("event", sa.Text, nullable=False),
-        sa.Column("actor", sa.Text, nullable=False),
-        sa.Column("recorded_at", sa.String(32), nullable=False),
-        sa.Column("payload", sa.Text, nullable=False),
-        sa.Index("ix_ledger_records_release", "release_id"),
-        sa.Index("ix_ledger_records_model", "model", "stage", "event", "recorded_at"),
-    )
-    leases = sa.Table(
-        "leases",
-        metadata,
-        sa.Column("model", sa.Text, primary_key=True),
-        sa.Column("holder", sa.Text, nullable=False),
-        sa.Column("release_id", sa.Text, nullable=False),
-        sa.Column("acquired_at", sa.String(32), nullable=False),
-        sa.Column("expires_at", sa.String(32), nullable=False),
-    )
-    return records, leases
+    """The records and leases tables this code reads and writes: still revision 0001's."""
+    return baseline_tables(schema)
 
 
 def _sqlite_on_connect_read_only(dbapi_connection: Any, _record: Any) -> None:
@@ -273,6 +281,14 @@ SQLITE_DAMAGED = {11: "SQLITE_CORRUPT", 24: "SQLITE_FORMAT", 26: "SQLITE_NOTADB"
 # reported as plain SQLITE_ERROR, or by the sqlite3 module itself (no SQLite code) for text it cannot decode
 SQLITE_DAMAGE_WORDS = re.compile(r"malformed|unsupported file format|not a database|Could not decode to UTF-8")
 POSTGRES_DAMAGED = {"XX001": "data_corrupted", "XX002": "index_corrupted"}
+
+
+def _missing_table_or_column(error: sa_exc.DBAPIError) -> bool:
+    """The query named a table or column the database lacks (its schema is not this code's)."""
+    orig = error.orig
+    if isinstance(orig, sqlite3.OperationalError):
+        return str(orig).startswith(("no such table", "no such column"))
+    return getattr(orig, "pgcode", None) in ("42P01", "42703")
 
 
 def _refused_as_read_only(error: sa_exc.DBAPIError) -> bool:
@@ -338,15 +354,20 @@ class Ledger:
     """Append-only, hash-chained release records plus per-model promotion leases."""
 
     def __init__(self, url: str, *, schema: str | None = None, read_only: bool = False):
-        """Open (and create if needed) a ledger at a SQLAlchemy URL; `schema` is PostgreSQL-only.
+        """Open a ledger at a SQLAlchemy URL, creating or migrating its schema to head; `schema` is PostgreSQL-only.
         `read_only` opens what is there without creating or changing anything (verification, queries)."""
         self._engine, self._shown_url = _make_engine(url, schema, read_only)
         self._postgres = self._engine.dialect.name == "postgresql"
         self._schema = schema
         self._records, self._leases = _tables(schema)
+        self._migration: dict[str, str | None] | None = None
         if not read_only:
-            with self._write("schema") as conn:
-                self._records.metadata.create_all(conn)
+            try:
+                with self._write("schema") as conn:
+                    self._migration = migrate(conn, schema, self._shown_url)
+            except BaseException:
+                self._engine.dispose()
+                raise
 
     @classmethod
     def for_sqlite(cls, path: str | Path) -> Ledger:
@@ -396,12 +417,26 @@ class Ledger:
             with self._engine.connect() as conn:
                 yield conn
         except sa_exc.DBAPIError as error:
-            raise self._database_error(error, "check the database is up and retry") from error
+            raise self._schema_problem(error) or self._database_error(error, "check the database is up and retry") from error
         except UnicodeDecodeError as error:  # SQLite hands back a damaged page's text as it finds it
             raise IntegrityError(
                 f"ledger database {self._shown_url} is damaged (text that is not UTF-8: {error.reason})",
-                fix="restore the ledger from a backup; do not write to this copy",
+                fix=RESTORE_FIX,
             ) from error
+
+    def _schema_problem(self, error: sa_exc.DBAPIError) -> ShipliftError | None:
+        """For a query that met a missing table or column, the schema revision the database is at and the fix."""
+        if not _missing_table_or_column(error):
+            return None
+        try:
+            with self._engine.connect() as conn:
+                problem = read_problem(conn, self._schema, self._shown_url)
+        except sa_exc.DBAPIError:
+            return None
+        return problem or IntegrityError(
+            f"ledger database {self._shown_url} is at this shiplift's schema revision but lacks part of it ({error.orig})",
+            fix="run `shiplift ledger verify`; restore the ledger from a backup if a table was dropped",
+        )
 
     def _database_error(self, error: sa_exc.DBAPIError, fix: str) -> Exception:
         """A damaged database is an IntegrityError; one that cannot be reached is NotReady; anything else is a bug."""
@@ -414,7 +449,7 @@ class Ledger:
         if damage:
             return IntegrityError(
                 f"ledger database {self._shown_url} is damaged ({damage}: {error.orig})",
-                fix="restore the ledger from a backup; do not write to this copy",
+                fix=RESTORE_FIX,
             )
         if isinstance(error, sa_exc.OperationalError):
             return NotReady(f"ledger database {self._shown_url} is unreachable or busy: {error.orig}", fix=fix)
@@ -454,7 +489,7 @@ class Ledger:
         records = self._records
         with self._write("append") as conn:
             head = conn.execute(
-                sa.select(records.c.seq, records.c.record_hash)
+                sa.select(records.c.seq, records.c.record_hash, records.c.recorded_at)
                 .order_by(records.c.seq.desc())
                 .limit(1)
             ).first()
@@ -467,7 +502,7 @@ class Ledger:
                 "stage": stage,
                 "event": event,
                 "actor": actor,
-                "recorded_at": _fmt(_utcnow()),
+                "recorded_at": _recorded_at(head),
                 "payload": json.loads(payload_text),
             }
             record = Record(record_hash=_content_hash(fields), **fields)
@@ -510,6 +545,7 @@ class Ledger:
         count, last_seq, last_hash = 0, 0, GENESIS_HASH
         anchor_seen = expected_head is None
         with self._read() as conn:
+            self._require_undamaged(conn)
             if not sa.inspect(conn).has_table(self._records.name, schema=self._schema):
                 problems = [] if allow_empty else [
                     f"{self._shown_url} has no {self._records.name} table: the database is empty or is not a "
@@ -558,6 +594,17 @@ class Ledger:
             problems=problems,
         )
 
+    def _require_undamaged(self, conn: sa.Connection) -> None:
+        """SQLite's page check, so damage to pages the chain walk never reads (indexes, leases, version) is found too."""
+        if self._postgres:
+            return
+        found = conn.exec_driver_sql("PRAGMA quick_check").scalars().all()
+        if found != ["ok"]:
+            raise IntegrityError(
+                f"ledger database {self._shown_url} is damaged (SQLITE_CORRUPT: {'; '.join(found)})",
+                fix=RESTORE_FIX,
+            )
+
     def history(self, model: str | None = None) -> list[Record]:
         """All records, oldest first, optionally of one model."""
         if model is None:
@@ -576,25 +623,6 @@ class Ledger:
             )
         return found
 
-    def diff(self, release_a: str, release_b: str) -> dict[str, Any]:
-        """Compare two releases on DIFF_FIELDS (latest value each release recorded)."""
-        summaries = {}
-        for release_id in (release_a, release_b):
-            summary: dict[str, Any] = {name: None for name in DIFF_FIELDS}
-            for record in self.release(release_id):
-                for name in DIFF_FIELDS:
-                    if name in record.payload:
-                        summary[name] = record.payload[name]
-            summaries[release_id] = summary
-        a, b = summaries[release_a], summaries[release_b]
-        fields = {name: {"a": a[name], "b": b[name], "same": a[name] == b[name]} for name in DIFF_FIELDS}
-        return {
-            "release_a": release_a,
-            "release_b": release_b,
-            "fields": fields,
-            "changed": [name for name in DIFF_FIELDS if not fields[name]["same"]],
-        }
-
     def served_at(self, model: str, when: datetime | str) -> Record | None:
         """The latest succeeded promotion of `model` at or before `when` (None if none yet)."""
         _require_text("model", model)
@@ -611,12 +639,13 @@ class Ledger:
         return found[0] if found else None
 
     def export(
-        self, fmt: Literal["json", "csv", "html"], path: str | Path, *, model: str | None = None
+        self, fmt: Literal["json", "csv"], path: str | Path, *, model: str | None = None
     ) -> Path:
         """Write the records (optionally of one model) and the verify result to a file, atomically."""
-        renderers = {"json": _render_json, "csv": _render_csv, "html": _render_html}
+        renderers = {"json": _render_json, "csv": _render_csv}
         if fmt not in renderers:
-            raise BadInput(f"export format {fmt!r} is unknown", fix="use json, csv or html")
+            raise BadInput(f"export format {fmt!r} is unknown",
+                           fix="use json or csv; for people, `shiplift ledger report` writes the HTML audit report")
         records = self.history(model)
         text = renderers[fmt](records, self.verify(allow_empty=True))
         return write_text_atomic(Path(path).expanduser().resolve(), text)
@@ -691,18 +720,15 @@ def _render_csv(records: list[Record], _verified: VerifyResult) -> str:
     return buffer.getvalue()
 
 
-def _render_html(records: list[Record], verified: VerifyResult) -> str:
-    status = "chain verified" if verified.ok else "CHAIN BROKEN: " + "; ".join(verified.problems)
-    head = "".join(f"<th>{html.escape(name)}</th>" for name in RECORD_FIELDS)
-    rows = "\n".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(record)) + "</tr>"
-        for record in records
-    )
-    return (
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>shiplift release ledger"
-        "</title></head><body>\n<h1>shiplift release ledger</h1>\n"
-        f"<p>{html.escape(status)} ({verified.n_records} records, head "
-        f"{html.escape(str(verified.head_hash))})</p>\n"
-        f"<table border=\"1\"><thead><tr>{head}</tr></thead><tbody>\n{rows}\n</tbody></table>\n"
-        "</body></html>\n"
-    )
+def current_revision(url: str, schema: str | None = None) -> str | None:
+    """The schema revision of the ledger at `url` (None: new, or made before migrations); changes nothing."""
+    with Ledger(url, schema=schema, read_only=True) as ledger, ledger._read() as conn:
+        return revision_of(conn, schema)
+
+
+def upgrade(url: str, schema: str | None = None) -> dict[str, str | None]:
+    """Migrate the ledger at `url` to this shiplift's head, as opening it writable does.
+    Returns `url`, `from` (None: new or unversioned), `to` and `action` (current, created, stamped, upgraded)."""
+    with Ledger(url, schema=schema) as ledger:
+        assert ledger._migration is not None
+        return {"url": ledger._shown_url, **ledger._migration}

@@ -24,35 +24,48 @@ def _split(n: int) -> int:
     return 1 << ((n - 1).bit_length() - 1)
 
 
+class Tree:
+    """A Merkle tree over fixed leaves that keeps every subtree hash it computes, so its root and the audit paths
+    of any number of its leaves cost O(n) hashes in all (a release's records are proven together)."""
+
+    def __init__(self, leaves: list[bytes]):
+        self.leaves = leaves
+        self._hashes: dict[tuple[int, int], bytes] = {}
+
+    def subtree(self, start: int, end: int) -> bytes:
+        """The hash of leaves[start:end] (RFC 6962 MTH)."""
+        if end - start == 1:
+            return self.leaves[start]
+        found = self._hashes.get((start, end))
+        if found is None:
+            k = _split(end - start)
+            found = self._hashes[(start, end)] = _node(self.subtree(start, start + k), self.subtree(start + k, end))
+        return found
+
+    def root(self) -> bytes:
+        """The Merkle tree hash of the leaves (an empty tree is the hash of nothing)."""
+        return self.subtree(0, len(self.leaves)) if self.leaves else hashlib.sha256(b"").digest()
+
+    def audit_path(self, index: int) -> list[bytes]:
+        """The hashes that prove leaf `index` is in the tree (RFC 6962 §2.1.1 PATH)."""
+        if not 0 <= index < len(self.leaves):
+            raise ValueError(f"leaf {index} is not in a tree of {len(self.leaves)}")
+        path: list[bytes] = []
+        start, end = 0, len(self.leaves)
+        while end - start > 1:
+            k = _split(end - start)
+            if index < start + k:
+                path.append(self.subtree(start + k, end))
+                end = start + k
+            else:
+                path.append(self.subtree(start, start + k))
+                start = start + k
+        return path[::-1]
+
+
 def root(leaves: list[bytes]) -> bytes:
-    """The Merkle tree hash of the leaves (an empty tree is the hash of nothing)."""
-    if not leaves:
-        return hashlib.sha256(b"").digest()
-    return _subtree(leaves, 0, len(leaves))
-
-
-def _subtree(leaves: list[bytes], start: int, end: int) -> bytes:
-    if end - start == 1:
-        return leaves[start]
-    k = _split(end - start)
-    return _node(_subtree(leaves, start, start + k), _subtree(leaves, start + k, end))
-
-
-def audit_path(leaves: list[bytes], index: int) -> list[bytes]:
-    """The hashes that prove leaf `index` is in the tree of `leaves` (RFC 6962 §2.1.1 PATH)."""
-    if not 0 <= index < len(leaves):
-        raise ValueError(f"leaf {index} is not in a tree of {len(leaves)}")
-    path: list[bytes] = []
-    start, end = 0, len(leaves)
-    while end - start > 1:
-        k = _split(end - start)
-        if index < start + k:
-            path.append(_subtree(leaves, start + k, end))
-            end = start + k
-        else:
-            path.append(_subtree(leaves, start, start + k))
-            start = start + k
-    return path[::-1]
+    """The Merkle tree hash of the leaves."""
+    return Tree(leaves).root()
 
 
 def included(entry: bytes, index: int, size: int, path: list[bytes], expected_root: bytes) -> bool:

@@ -120,7 +120,7 @@ def rollback(
     if target_release_id not in _promoted_releases(ledger, model):
         raise NotFound(
             f"release {target_release_id} of {model} was never promoted (the ledger has no succeeded promotion of it)",
-            fix=f"roll back to a release listed by `shiplift ledger history --model {model}` with a promote succeeded record",
+            fix=f"roll back to a release listed by `shiplift ledger history {model}` with a promote succeeded record",
         )
     with ledger.acquire_lease(model, actor, target_release_id, LEASE_TTL_S):
         served = ledger.served_at(model, datetime.now(timezone.utc))

@@ -69,6 +69,13 @@ class ReleaseState:
                            fix="run `shiplift release CONFIG` first, or point --ledger-url / --state-dir at its ledger")
         return state
 
+    @classmethod
+    def from_records(cls, release_id: str, records: list) -> "ReleaseState":
+        """A state over records already read, for views of many releases at once (it cannot refresh)."""
+        state = cls.__new__(cls)
+        state.ledger, state.release_id, state.records = None, release_id, list(records)
+        return state
+
     def refresh(self) -> None:
         try:
             self.records = self.ledger.release(self.release_id)
@@ -152,11 +159,30 @@ class StageContext:
         self.progress(f"{self.release_id} {message}")
 
     def record(self, stage_name: str, event: str, payload: dict) -> None:
-        """Append one ledger record of this release (with its config hash and id) and re-read its state."""
+        """Append one ledger record of this release (with its config hash and id) and re-read its state; then, where
+        the backend keeps a registry view that follows this record, sync it."""
         self.backends.ledger.append(release_id=self.release_id, model=self.config.name, stage=stage_name, event=event,
                                     payload={"config_hash": self.config.config_hash(), "release_id": self.release_id,
                                              **payload}, actor=self.actor)
         self.state.refresh()
+        registry = self.backends.registry
+        if registry is not None and (stage_name, event) in registry.follows:
+            self.sync_registry()
+
+    def sync_registry(self) -> None:
+        """Bring the backend's registry view of this release in line with its ledger records (aws: the SageMaker
+        Model Registry; nothing locally). The ledger is written first and stays the truth, so a failure here is
+        reported, never raised; the next sync repairs the view: the release's next followed record, or reopening it
+        (a rerun of `shiplift release CONFIG` or of the refresh DAG, also once the release has finished)."""
+        if self.backends.registry is None:
+            return
+        try:
+            view = self.backends.registry.sync(self)
+        except ShipliftError as exc:
+            self.say(f"WARNING model registry not updated, the ledger is unaffected (rerun the release to repair the view): {exc}")
+            return
+        if view is not None:
+            self.say(f"model registry: {view['model_package_arn']} {view['status']}" + (" (updated)" if view["changed"] else ""))
 
 
 def open_release(
@@ -179,8 +205,10 @@ def open_release(
                      "config_path": str(Path(config_path).resolve()), "config_dir": str(Path(config_path).resolve().parent)},
         )
         state.refresh()
-    return StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
-                        backends=backends, actor=actor, progress=progress)
+    ctx = StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
+                       backends=backends, actor=actor, progress=progress)
+    ctx.sync_registry()  # a rerun repairs a view an earlier failure left behind (no call before the gate has decided)
+    return ctx
 
 
 def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,

@@ -49,3 +49,27 @@ def write_tiny_config(folder: Path, state_dir: Path, *, name: str = "tiny-decisi
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
+
+
+def three_releases(root: Path) -> dict:
+    """In a fresh state dir under `root`: release A promoted, B (an F16 build) promoted over it, D rejected by
+    its gate (min_accuracy 0.99). Returns the state dir, the config and the three release ids."""
+    from tasks.release import run_release
+
+    state_dir = root / "state"
+    config = write_tiny_config(root / "configs", state_dir)
+    quiet = lambda message: None  # noqa: E731
+    a = run_release(config, progress=quiet)
+    b = run_release(config, overrides=("artifact.quantization=F16",), progress=quiet)
+    d = run_release(config, overrides=("validation.thresholds.min_accuracy=0.99",), progress=quiet)
+    assert (a["status"], b["status"], d["status"]) == ("promoted", "promoted", "rejected")
+    return {"state_dir": state_dir, "config": config, "a": a["release_id"], "b": b["release_id"], "d": d["release_id"]}
+
+
+def stop_endpoints(state_dir: Path) -> None:
+    """Delete every local endpoint a test's releases left serving."""
+    from tasks.hosting.local import LocalHosting
+
+    hosting = LocalHosting(state_dir)
+    for endpoint in hosting.list_endpoints():
+        hosting.delete_endpoint(endpoint["name"])

@@ -5,27 +5,47 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tasks.aws.checkpoints import aws_checkpoint_parts
 from tasks.aws.hosting import SageMakerHosting
 from tasks.aws.images import CodeBuildImageBuilder
 from tasks.aws.metrics import CloudWatchMetrics
+from tasks.aws.registry import SageMakerModelRegistry
 from tasks.aws.session import Aws
 from tasks.aws.store import S3ArtifactStore
 from tasks.errors import ConfigError, NotFound
 
 
-def aws_backends(config, *, state_dir: Path, session: Any = None) -> dict:
-    """Store, image builder, hosting, metrics and the preflight check of one aws config; no AWS call is made here."""
+def aws_backends(config, *, state_dir: Path, session: Any = None, ledger: Any = None) -> dict:
+    """Store, image builder, hosting, metrics, the preflight check and (where the config names them and a `ledger` is
+    given) ledger checkpoints of one aws config; no AWS call is made here."""
     backend = config.backend
     aws = Aws(region=backend.region, profile=backend.profile, access=session)
     store = S3ArtifactStore(aws, bucket=backend.bucket, prefix=backend.key_prefix, kms_key_id=backend.kms_key_id,
                             cache_dir=state_dir / "s3-cache")
     hosting = SageMakerHosting(aws, backend, poll_s=backend.poll_s)
     return {"store": store, "images": CodeBuildImageBuilder(aws, backend, store, poll_s=backend.poll_s), "hosting": hosting,
-            "metrics": CloudWatchMetrics(aws, hosting), "preflight": lambda: preflight(aws, backend)}
+            "metrics": CloudWatchMetrics(aws, hosting), "preflight": lambda: preflight(aws, backend),
+            "checkpoint": checkpointer(aws, backend, ledger),
+            "registry": SageMakerModelRegistry(aws, backend) if backend.model_registry else None}
+
+
+def checkpointer(aws: Aws, backend, ledger):
+    """What signs `ledger`'s head into the config's Object Lock bucket; None where the config names no checkpoints."""
+    if backend.checkpoints is None or ledger is None:
+        return None
+
+    def sign():
+        from tasks.checkpoints import checkpoint
+
+        signer, store = aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id)
+        return checkpoint(ledger, store, signer)
+
+    return sign
 
 
 def preflight(aws: Aws, backend) -> dict:
-    """Before anything is created: usable credentials for the config's account, the bucket in the config's region."""
+    """Before anything is created: usable credentials for the config's account, the bucket in the config's region, and
+    (where the config names them) a checkpoint bucket with Object Lock and a checkpoint key secret."""
     identity = aws.call("sts", "GetCallerIdentity")
     if identity["Account"] != backend.account_id:
         raise ConfigError(f"the AWS credentials are for account {identity['Account']}, but the config deploys into "
@@ -40,4 +60,7 @@ def preflight(aws: Aws, backend) -> dict:
     if region and region != backend.region:
         raise ConfigError(f"bucket {backend.bucket} is in {region}, the config deploys into {backend.region}",
                           fix=f"set backend.region: {region}, or use a bucket in {backend.region}; nothing was created")
-    return {"account": identity["Account"], "caller": identity["Arn"], "bucket_region": region or backend.region}
+    found = {"account": identity["Account"], "caller": identity["Arn"], "bucket_region": region or backend.region}
+    if backend.checkpoints is not None:
+        found["checkpoint_key_id"] = aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id)[0].key_id
+    return found

@@ -188,6 +188,15 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
         plan.add("s3", "PutObject", **{**store.put_params(store.key(sha, name), b"", sha),
                                        "ChecksumSHA256": base64.b64encode(bytes.fromhex(sha)).decode()})
 
+    registry = parts.get("registry")
+    if registry is not None:  # the view of the gate's decision, assumed pass (as the promote requests below are)
+        report_sha = placeholder_hex("gate-report.json", release_id)
+        records = [_record(plan, release_id, config, "package", {"artifact_sha256": artifact_sha}),
+                   _record(plan, release_id, config, "image", {"image_digest": digest}),
+                   _record(plan, release_id, config, "validate", {"decision": "pass", "metrics": {}})]
+        _register(plan, registry, config, records, artifact_uri=artifact_uri, image_uri=f"{images.repository_uri()}@{digest}",
+                  gate_report={"uri": f"s3://{backend.bucket}/{store.key(report_sha, 'gate-report.json')}", "sha256": report_sha})
+
     plan.stage = "promote"
     production = spec_for(config.rollout.copies)
     _deploy(plan, hosting, production_endpoint(config), production_component(config), production, config.placement,
@@ -196,9 +205,42 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
         _rolling_update(plan, hosting, production_endpoint(config), production_component(config), production,
                         config.rollout.plan())
 
+    if registry is not None:
+        records.append(_record(plan, release_id, config, "promote", {"endpoint": production_endpoint(config), "strategy":
+                                                                      config.rollout.strategy, "component": production_component(config)}))
+        _register(plan, registry, config, records)
+
     plan.stage = "teardown_candidate"
     _teardown(plan, candidate, *names)
     return plan.requests
+
+
+def _record(plan: Plan, release_id: str, config, stage: str, payload: dict):
+    """The succeeded ledger record a stage would append, its hash a placeholder (what the registry view reads)."""
+    from tasks.ledger import Record
+
+    digest = plan.stand_in(placeholder_hex(f"ledger record {stage}", release_id), f"sha256 of the {stage} ledger record")
+    return Record(seq=0, record_hash=digest, prev_hash="0" * 64, release_id=release_id, model=config.name, stage=stage,
+                  event="succeeded", actor="dry-run", recorded_at="", payload={"config_hash": config.config_hash(), **payload})
+
+
+def _register(plan: Plan, registry, config, records: list, **first) -> None:
+    """The requests of `SageMakerModelRegistry.sync` after the last of `records`: with `first` (after the gate) the
+    model's group and the release's version are registered, else (after the promotion) the version is updated."""
+    from tasks.aws.registry import group_name, release_view
+
+    plan.stage = "model_registry"
+    view, group = release_view(records[0].release_id, records), group_name(config)
+    plan.add("sagemaker", "DescribeModelPackageGroup", ModelPackageGroupName=group)
+    if first:
+        plan.add("sagemaker", "CreateModelPackageGroup", **registry.group_request(config), note="on a fresh account")
+    plan.add("sagemaker", "ListModelPackages", **registry.list_request(group), note="is the release registered? (by its description)")
+    if first:
+        plan.add("sagemaker", "CreateModelPackage", **registry.package_request(config, view, **first))
+    else:
+        plan.add("sagemaker", "DescribeModelPackage", ModelPackageName=f"{plan.arn}:model-package/{group}/1")
+    plan.add("sagemaker", "UpdateModelPackage", **registry.update_request(f"{plan.arn}:model-package/{group}/1", view, {}),
+             note="a complete update: status, description and every metadata key")
 
 
 def source_file_name(artifact) -> str:

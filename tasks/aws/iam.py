@@ -32,7 +32,10 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
         ("CreateInferenceComponent", "inference-component"), ("DescribeInferenceComponent", "inference-component"),
         ("UpdateInferenceComponent", "inference-component"), ("DeleteInferenceComponent", "inference-component"),
         ("AddTags", "tagged"), ("ListTags", "tagged"),
-        ("ListModels", "*"), ("ListEndpointConfigs", "*"), ("ListEndpoints", "*"), ("ListInferenceComponents", "*"))},
+        ("ListModels", "*"), ("ListEndpointConfigs", "*"), ("ListEndpoints", "*"), ("ListInferenceComponents", "*"),
+        ("CreateModelPackageGroup", "model-package-group"), ("DescribeModelPackageGroup", "model-package-group"),
+        ("CreateModelPackage", "model-package"), ("DescribeModelPackage", "model-package"),
+        ("UpdateModelPackage", "model-package"), ("ListModelPackages", "*"))},
     ("sagemaker-runtime", "InvokeEndpoint"): ("sagemaker:InvokeEndpoint", "endpoint"),
     ("sts", "GetCallerIdentity"): ("sts:GetCallerIdentity", "none"),
     ("cloudwatch", "GetMetricData"): ("cloudwatch:GetMetricData", "*"),
@@ -49,10 +52,13 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
 # Actions AWS authorizes only on "*" (no resource-level permissions), per the Service Authorization Reference.
 UNSCOPABLE = frozenset({
     "sagemaker:ListModels", "sagemaker:ListEndpointConfigs", "sagemaker:ListEndpoints", "sagemaker:ListInferenceComponents",
+    "sagemaker:ListModelPackages",
     "cloudwatch:GetMetricData", "application-autoscaling:DescribeScalableTargets",
     "application-autoscaling:DescribeScalingPolicies", "ecr:GetAuthorizationToken", "cloudwatch:PutMetricData",
 })
-ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",)}  # PutMetricAlarm with Tags tags the alarm
+# a create with Tags also tags what it creates
+ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",), "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
+               "sagemaker:CreateModelPackage": ("sagemaker:AddTags",)}
 GATE_NAMESPACE = "shiplift/Rollout"  # where the online gate's verdict is published (tasks.aws.hosting)
 SAGEMAKER_KINDS = ("model", "endpoint-config", "endpoint", "inference-component")
 
@@ -103,6 +109,11 @@ class Scope:
             return f"{self.base('codebuild')}:project/{project.split(':')[0]}"
         if kind == "tagged":
             return params["ResourceArn"].lower() if "ResourceArn" in params else self.sagemaker("model", "?")
+        if kind == "model-package-group":
+            return self.sagemaker(kind, params["ModelPackageGroupName"])
+        if kind == "model-package":  # a version's ARN is model-package/<group>/<version>
+            named = params.get("ModelPackageArn") or params.get("ModelPackageName") or f"{params['ModelPackageGroupName']}/?"
+            return named.lower() if named.startswith("arn:") else self.sagemaker(kind, named)
         if kind in SAGEMAKER_KINDS:
             field = {"model": "ModelName", "endpoint-config": "EndpointConfigName", "endpoint": "EndpointName",
                      "inference-component": "InferenceComponentName"}[kind]

@@ -59,6 +59,8 @@ def test_release_on_an_instance_pool_falls_back_gates_and_promotes(aws, aws_rele
     assert state.result("package")["artifact_uri"].startswith("s3://shiplift-test-artifacts/shiplift/artifacts/sha256/")
     assert set(state.result("validate")["evidence"]) == {"gate-report.json", "predictions.jsonl", "report.html"}
     assert ledger.verify().ok
+    [package] = sm.list_model_packages(ModelPackageGroupName="shiplift-tiny-aws")["ModelPackageSummaryList"]
+    assert package["ModelApprovalStatus"] == "Approved", "the Model Registry's version of the release follows its promotion"
 
     mutating = len([c for c in aws.calls if c.mutating])
     assert run_release(config, progress=QUIET) == summary, "a rerun of a finished release changes nothing"

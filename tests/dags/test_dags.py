@@ -245,6 +245,10 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         assert served.release_id == release_id and served.payload["reason"] == "re-assert the champion"
         assert served.actor.startswith("airflow:promote_release/")
         assert audited["state"] == "success" and audited["xcom"]["audit"]["models"]["tiny-decision"]["release_id"] == release_id
+        checkpoint = audited["xcom"]["audit"]["checked_against"]
+        signed = next(r for r in ledger.history() if r.seq == checkpoint["seq"])
+        assert checkpoint["seq"] >= served.seq and checkpoint["head_hash"] == signed.record_hash, \
+            "audited against a signed checkpoint that covers the promotion"
 
         assert broken["state"] == "failed" and broken["tasks"]["validate"] == "failed"
         assert (broken["tasks"]["promote"], broken["tasks"]["teardown_candidate"], broken["tasks"]["end"]) == (
@@ -273,6 +277,12 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         assert live["spec"]["model_ref"] == run["xcom"]["promote"]["served"]
         assert live["spec"]["model_ref"]["release_id"] == release_id and all(c["ping"] == 200 for c in live["copies"])
         print(f"dag.test() of the tiny refresh: {run['seconds']:.1f}s")
+
+        hosting.delete_endpoint("shiplift-tiny-decision-prod")  # production gone behind the ledger's back: drift
+        drifted, output = run_dags(folder, [{"dag_id": "audit_ledger", "conf": {"state_dir": str(state_dir)}}])
+        assert drifted["runs"][0]["state"] == "failed" and drifted["runs"][0]["tasks"]["audit"] == "failed"
+        assert "drift between the ledger and the live endpoints" in output
+        assert f"the ledger says {release_id} serves on shiplift-tiny-decision-prod/shiplift-tiny-decision" in output
     finally:
         if (state_dir / "endpoints").is_dir():
             hosting = LocalHosting(state_dir)

@@ -65,8 +65,8 @@ def test_ledger_verify_detects_an_edited_and_a_deleted_record(tmp_path, cli):
     url = f"sqlite:///{db}"
     ok = cli("ledger", "verify", "--url", url)
     assert ok.returncode == 0 and json.loads(ok.stdout)["ok"] is True
-    history = cli("ledger", "history", "--url", url)
-    assert history.returncode == 0 and len(history.stdout.splitlines()) == 3
+    history = cli("ledger", "history", "--records", "--url", url)
+    assert history.returncode == 0 and [line.split()[0] for line in history.stdout.splitlines()[2:]] == ["1", "2", "3"]
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE ledger_records SET payload = ? WHERE seq = 2", ('{"n":2}',))
     edited = cli("ledger", "verify", "--url", url)

@@ -1,9 +1,10 @@
 """A stateful AWS test double on one loopback HTTP server, reachable by the test, its threads and subprocesses.
 
 moto answers S3, ECR, CodeBuild, CloudWatch, STS, IAM, Step Functions and Application Auto Scaling.
-This module answers all of SageMaker itself (control plane and runtime): moto's SageMaker refuses what
+This module answers SageMaker hosting itself (control plane and runtime): moto's SageMaker refuses what
 shiplift sends (instance pools, MIG fields, new instance types), drops fields, has no inference
-components and makes endpoints InService at once. Every SageMaker request is checked against the full
+components and makes endpoints InService at once. The Model Registry (`MODEL_REGISTRY`) is moto's, behind the
+double's call log, throttling and model check. Every SageMaker request is checked against the full
 botocore model (`tasks.aws.service_model.request_problems`) and the rules the model cannot express;
 endpoints and components move through realistic statuses and run the project's real model servers
 (images/<kind>/server.py) as subprocesses, to which InvokeEndpoint forwards. CodeBuild builds are
@@ -114,6 +115,9 @@ NO_COPIES = (
 BUILD_PHASES = ("SUBMITTED", "QUEUED", "PROVISIONING", "DOWNLOAD_SOURCE", "INSTALL", "PRE_BUILD", "BUILD",
                 "POST_BUILD", "UPLOAD_ARTIFACTS", "FINALIZING", "COMPLETED")
 MUTATING_PREFIXES = ("Create", "Update", "Delete", "Add", "Put", "Start", "Stop")
+# The Model Registry, which moto implements (its UpdateModelPackage drops what is not passed: send complete updates)
+MODEL_REGISTRY = frozenset({"CreateModelPackageGroup", "DescribeModelPackageGroup", "ListModelPackageGroups", "CreateModelPackage",
+                            "DescribeModelPackage", "ListModelPackages", "UpdateModelPackage"})
 INVOKE_TIMEOUT_S = 60.0  # SageMaker's own limit on one invocation
 CLIENT_TIMEOUT_S = 60.0
 PING_TIMEOUT_S = 2.0
@@ -817,13 +821,17 @@ class SageMaker:
 
     # ---- dispatch -------------------------------------------------------------------
 
-    def handle(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One control-plane request: throttling, the service model, the double's rules, then the operation."""
+    def admit(self, operation: str, params: dict[str, Any]) -> None:
+        """What every SageMaker request meets first: the call log, throttling and the full service model check."""
         self.shared.log("sagemaker", operation, params)
         self.shared.take_throttle(operation)
         problems = request_problems("sagemaker", operation, params)
         if problems:
             raise validation(f"{len(problems)} validation error(s) detected: " + "; ".join(problems))
+
+    def handle(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One control-plane request: admission, the double's rules, then the operation."""
+        self.admit(operation, params)
         if operation not in self.operations:
             raise ApiError("UnknownOperationException", f"the AWS double does not implement SageMaker.{operation}")
         with self.shared.lock:
@@ -2199,10 +2207,15 @@ class AwsDouble:
                                                              read_body(environ, too_large="ValidationError"))
                 return respond(start_response, status, body, out_headers)
             if target.startswith("SageMaker."):
-                params = parse_json_body(read_body(environ))
+                body = read_body(environ)
+                params = parse_json_body(body)
                 operation = target.split(".", 1)[1]
                 if operation not in service_model("sagemaker").operation_names:
                     raise ApiError("UnknownOperationException", f"SageMaker has no operation {operation}")
+                if operation in MODEL_REGISTRY:  # moto answers these, after the double's log, throttling and model check
+                    self._sagemaker.admit(operation, params)
+                    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+                    return self._moto(environ, start_response)
                 result = self._sagemaker.handle(operation, params)
                 return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
             if target in ("CodeBuild_20161006.StartBuild", "CodeBuild_20161006.BatchGetBuilds"):

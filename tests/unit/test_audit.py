@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from tasks.audit import audit
 from tasks.errors import Conflict, IntegrityError, NotFound
 from tasks.hosting.local import LocalHosting
 from tasks.ledger import Ledger
 from tasks.release import run_release
+from tests.unit.conftest import Backend
+from tests.unit.test_checkpoints import _rewrite
 
 MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
 
@@ -56,6 +59,15 @@ def test_an_edited_record_breaks_the_chain(promoted, tmp_path):
     with sqlite3.connect(tmp_path / "ledger.db") as db:
         db.execute("UPDATE ledger_records SET actor = 'mallory' WHERE seq = 3")
     with pytest.raises(IntegrityError, match=r"ledger chain is broken.*seq 3: record_hash does not match"):
+        audit(state_dir, ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+
+
+def test_a_ledger_rewritten_with_recomputed_hashes_fails_against_its_checkpoint(promoted, tmp_path):
+    state_dir, _ = promoted
+    copy = copy_ledger(state_dir, tmp_path / "ledger.db")
+    _rewrite(Backend("sqlite", "", None, sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")), copy, 3, {"forged": True})
+    assert copy.verify().ok, "the chain alone cannot tell"
+    with pytest.raises(IntegrityError, match=r"record \d+ hashes to .*the chain was rewritten"):
         audit(state_dir, ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}")
 
 

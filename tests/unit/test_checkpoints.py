@@ -179,7 +179,7 @@ def test_merkle_roots_match_rfc_6962_test_vectors_and_every_path_proves_its_leaf
     for size in range(1, 71):
         root = merkle.root(many[:size])
         for index in range(size):
-            path = merkle.audit_path(many[:size], index)
+            path = merkle.Tree(many[:size]).audit_path(index)
             assert len(path) <= (size - 1).bit_length(), "O(log n) hashes"
             assert merkle.included(many[index], index, size, path, root)
             assert not merkle.included(merkle.leaf(b"another record"), index, size, path, root)

@@ -10,7 +10,7 @@ from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld,
 from tasks.hosting.local import LocalHosting
 from tasks.ledger import Ledger
 from tasks.promotion import promote, rollback
-from tasks.release import ReleaseState, begin_orchestrated, run_release
+from tasks.release import ReleaseState, begin_orchestrated
 
 MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
 QUIET = lambda message: None  # noqa: E731
@@ -20,19 +20,11 @@ LATER = "2100-01-01T00:00:00Z"
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory, tiny_release):
     """Release A promoted, then B (an F16 build) promoted over it, D rejected, C opened only."""
-    root = tmp_path_factory.mktemp("promotion")
-    state_dir = root / "state"
-    config = tiny_release.write_tiny_config(root / "configs", state_dir)
-    a = run_release(config, progress=QUIET)
-    b = run_release(config, overrides=("artifact.quantization=F16",), progress=QUIET)
-    d = run_release(config, overrides=("validation.thresholds.min_accuracy=0.99",), progress=QUIET)
-    c = begin_orchestrated(config, holder="pytest-open", overrides=("validation.seed=1",), progress=QUIET)
-    Ledger.for_sqlite(state_dir / "ledger.db").release_lease(MODEL, "pytest-open")
-    assert (a["status"], b["status"], d["status"]) == ("promoted", "promoted", "rejected")
-    yield {"state_dir": state_dir, "a": a["release_id"], "b": b["release_id"], "c": c["release_id"], "d": d["release_id"]}
-    hosting = LocalHosting(state_dir)
-    for endpoint in hosting.list_endpoints():
-        hosting.delete_endpoint(endpoint["name"])
+    made = tiny_release.three_releases(tmp_path_factory.mktemp("promotion"))
+    c = begin_orchestrated(made["config"], holder="pytest-open", overrides=("validation.seed=1",), progress=QUIET)
+    Ledger.for_sqlite(made["state_dir"] / "ledger.db").release_lease(MODEL, "pytest-open")
+    yield made | {"c": c["release_id"]}
+    tiny_release.stop_endpoints(made["state_dir"])
 
 
 def live_release(state_dir: Path) -> str:
