@@ -293,8 +293,10 @@ def audit_ledger_dag() -> DAG:
         default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(minutes=2),
                       "execution_timeout": timedelta(minutes=10)},
         params={"state_dir": Param(None, type=["null", "string"], minLength=1),
-                "ledger_url": Param(None, type=["null", "string"], minLength=1)},
-        doc_md="Fails loudly (IntegrityError, Conflict) on a broken ledger chain or on drift.",
+                "ledger_url": Param(None, type=["null", "string"], minLength=1),
+                "config": Param(None, type=["null", "string"], minLength=1,
+                                description="an aws release config whose backend.checkpoints the ledger is verified against")},
+        doc_md="Fails loudly (IntegrityError, Conflict) on a ledger that does not verify against its checkpoints, or on drift.",
     )
     def audit_ledger():
         @task(task_id="audit", retry_policy=RETRY_POLICY)
@@ -302,7 +304,7 @@ def audit_ledger_dag() -> DAG:
             from tasks.audit import audit
 
             params = _params()
-            return audit(_state_dir(params), ledger_url=params["ledger_url"], session=_aws_access)
+            return audit(_state_dir(params), ledger_url=params["ledger_url"], config=params["config"], session=_aws_access)
 
         audit_task()
 

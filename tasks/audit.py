@@ -82,8 +82,8 @@ def verify_ledger(ledger, state_dir: str | Path | None, *, config: Any = None, k
                   expect_head: str | None = None, session: Any = None) -> dict:
     """The chain, an anchored head if given, and every signed checkpoint (what `ledger verify` reports;
     `checked_against` names the latest checkpoint the ledger extends). The checkpoints are those of `config`'s
-    backend (aws: its Secrets Manager key and Object Lock bucket), else the state dir's file and the local key:
-    never ones the ledger itself names, which whoever rewrote it could have chosen."""
+    backend (aws: its configured public key, else its Secrets Manager key, and Object Lock bucket), else the state
+    dir's file and the local key: never ones the ledger itself names, which whoever rewrote it could have chosen."""
     from tasks.backends import checkpoint_parts, default_state_dir
     from tasks.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
 
@@ -94,7 +94,7 @@ def verify_ledger(ledger, state_dir: str | Path | None, *, config: Any = None, k
         result["checkpoints"] = "not checked (--expect-head given)" if expect_head else 0
         result["checked_against"] = None
         return result
-    signer, store = checkpoint_parts(config, state_dir=folder, key_path=key_path, session=session)
+    signer, store = checkpoint_parts(config, state_dir=folder, key_path=key_path, session=session, verify_only=True)
     return verify_with_checkpoints(ledger, store, signer.public)
 
 

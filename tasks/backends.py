@@ -98,10 +98,12 @@ def local_checkpoint(ledger, state_dir: Path, key_path: str | Path | None = None
 
 
 def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Path | None = None,
-                     key_path: str | Path | None = None, create_key: bool = False, session: Any = None) -> tuple[Signer, CheckpointStore]:
-    """The (signer, store) of a ledger's checkpoints: an aws config's Secrets Manager key and Object Lock bucket
-    (checked; nothing is written), else the local key file (`key_path`, else $SHIPLIFT_CHECKPOINT_KEY; created only
-    with `create_key`) and the checkpoints file of `state_dir` (else the config's, else $SHIPLIFT_HOME)."""
+                     key_path: str | Path | None = None, create_key: bool = False, session: Any = None,
+                     verify_only: bool = False) -> tuple[Signer, CheckpointStore]:
+    """The (signer, store) of a ledger's checkpoints: an aws config's Secrets Manager key (with `verify_only`, its
+    configured public key where it names one, and no secret read) and Object Lock bucket (checked; nothing is
+    written), else the local key file (`key_path`, else $SHIPLIFT_CHECKPOINT_KEY; created only with `create_key`) and
+    the checkpoints file of `state_dir` (else the config's, else $SHIPLIFT_HOME)."""
     from tasks.errors import ConfigError
 
     backend = config.backend if config is not None else None
@@ -115,7 +117,7 @@ def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Pa
         from tasks.aws.session import Aws
 
         aws = Aws(region=backend.region, profile=backend.profile, access=session)
-        return aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id)
+        return aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id, verify_only=verify_only)
     from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path
 
     folder = Path(state_dir or (backend.state_dir if backend is not None else default_state_dir())).expanduser().resolve()

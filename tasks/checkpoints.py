@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -72,6 +72,19 @@ def load_private_key(pem: bytes, source: str) -> Ed25519PrivateKey:
     return private
 
 
+def load_public_key(pem: str) -> Ed25519PublicKey:
+    """The Ed25519 public key in PEM (SubjectPublicKeyInfo) text; ValueError saying what else it is (never echoing it)."""
+    if "PRIVATE KEY" in pem:
+        raise ValueError("this is a private key: the config holds only the public half (openssl pkey -pubout)")
+    try:
+        public = serialization.load_pem_public_key(pem.encode())
+    except (ValueError, UnsupportedAlgorithm) as error:
+        raise ValueError(f"not a PEM public key ({error})") from error
+    if not isinstance(public, Ed25519PublicKey):
+        raise ValueError(f"a {type(public).__name__}, not an Ed25519 public key")
+    return public
+
+
 class Signer(Protocol):
     """What signs checkpoints: an Ed25519 key, its public half and the id checkpoints name it by."""
 
@@ -92,6 +105,18 @@ class PrivateKeySigner:
     def sign(self, body: dict[str, Any]) -> str:
         """The base64 Ed25519 signature of a checkpoint body's canonical JSON."""
         return base64.b64encode(self.private.sign(canonical_json(body))).decode()
+
+
+class PublicKeyOnly:
+    """A verify-only `Signer`: a public key and its id, for whoever verifies but must never hold the private key."""
+
+    def __init__(self, public: Ed25519PublicKey):
+        self.public = public
+        self.key_id = _key_id(public)
+
+    def sign(self, body: dict[str, Any]) -> str:
+        raise ConfigError(f"key {self.key_id} is a public key only: it verifies checkpoints but cannot sign them",
+                          fix="sign where the private key is (`shiplift ledger checkpoint`, a release's end)")
 
 
 class SigningKey(PrivateKeySigner):

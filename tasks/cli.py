@@ -387,11 +387,13 @@ def checkpoints_config(args):
     return load_release_config(args.config) if getattr(args, "config", None) else None
 
 
-def checkpoint_parts_for(args, *, create_key: bool = False):
-    """The (signer, store) of a command's checkpoints: --config's backend, else --key and the state dir's file."""
+def checkpoint_parts_for(args, *, create_key: bool = False, verify_only: bool = False):
+    """The (signer, store) of a command's checkpoints: --config's backend, else --key and the state dir's file;
+    `verify_only`: an aws config's public key where it names one (its secret is never read)."""
     from tasks.backends import checkpoint_parts
 
-    return checkpoint_parts(checkpoints_config(args), state_dir=args.state_dir, key_path=args.key, create_key=create_key)
+    return checkpoint_parts(checkpoints_config(args), state_dir=args.state_dir, key_path=args.key, create_key=create_key,
+                            verify_only=verify_only)
 
 
 def cmd_ledger_history(args) -> int:
@@ -454,7 +456,7 @@ def cmd_ledger_prove(args) -> int:
     """An inclusion proof of one release's records in the latest signed checkpoint (O(log n) hashes a record)."""
     from tasks.checkpoints import prove
 
-    signer, store = checkpoint_parts_for(args)
+    signer, store = checkpoint_parts_for(args, verify_only=True)
     proof = prove(ledger_for(args), store, args.release, signer.public)
     if args.out:
         Path(args.out).write_text(json.dumps(proof, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -466,8 +468,8 @@ def cmd_ledger_prove(args) -> int:
 
 
 def cmd_ledger_check_proof(args) -> int:
-    """Check an inclusion proof with the public key alone: no ledger needed."""
-    from tasks.checkpoints import SigningKey, check_proof, default_key_path
+    """Check an inclusion proof with the public key alone (--key's, or an aws --config's): no ledger needed."""
+    from tasks.checkpoints import check_proof
 
     try:
         proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
@@ -475,7 +477,7 @@ def cmd_ledger_check_proof(args) -> int:
         raise NotFound(f"no proof file {args.proof}", fix="write one with `shiplift ledger prove RELEASE --out FILE`") from error
     except ValueError as error:
         raise BadInput(f"{args.proof} is not JSON: {error}", fix="pass the file `ledger prove --out` wrote") from error
-    problems = check_proof(proof, SigningKey(args.key or default_key_path(), create=False).public)
+    problems = check_proof(proof, checkpoint_parts_for(args, verify_only=True)[0].public)
     print_json({"ok": not problems, "release_id": proof.get("release_id"), "records": len(proof.get("records", [])),
                 "problems": problems})
     return 0 if not problems else EXIT_REJECTED
@@ -770,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ledger_prove)
     p = ledger_parser("check-proof", "check an inclusion proof with the key alone (no ledger)")
     p.add_argument("proof")
-    p.add_argument("--key", help="the checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else ~/.config/shiplift/ledger-ed25519.pem)")
+    with_checkpoints(p)
     p.set_defaults(func=cmd_ledger_check_proof)
     p = ledger_parser("diff", "two releases side by side: config, artifact, image digest, placement, gate metrics, thresholds")
     p.add_argument("release_a")

@@ -29,6 +29,7 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 MAX_RESOURCE_NAME = 63
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
+PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)")
 LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "model_registry")  # left out of the config hash
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
@@ -272,6 +273,18 @@ class AwsCheckpoints(Strict):
     retention_days: int = Field(3650, ge=1, le=36500, description="how long S3 refuses to delete a checkpoint")
     lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = Field(
         "COMPLIANCE", description="COMPLIANCE: nobody can delete early; GOVERNANCE (trial accounts) can be bypassed")
+    public_key: str | None = Field(None, max_length=4096, description="the signing key's public half as PEM "
+                                   "(SubjectPublicKeyInfo): verification uses it and never reads the secret; signing "
+                                   "refuses a secret whose key differs. None: verification reads the secret")
+
+    @field_validator("public_key")
+    @classmethod
+    def _ed25519_public_key(cls, pem: str | None) -> str | None:
+        from tasks.checkpoints import load_public_key
+
+        if pem is not None:
+            load_public_key(pem)
+        return pem
 
 
 class AwsBackend(Strict):
@@ -714,6 +727,7 @@ def _format_validation_error(origin: str, exc: ValidationError, tree: Any) -> st
         got = err.get("input")
         shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
         shown = URL_PASSWORD.sub(r"\1***@", shown)  # a refused ledger_url must not echo its password
+        shown = PRIVATE_PEM.sub("<a private key, not shown>", shown)  # one pasted where a public key belongs
         lines.append(f"  {where}: {err['msg']} (got {shown})")
     return f"{origin}: invalid release config\n" + "\n".join(lines)
 

@@ -6,7 +6,9 @@ knows Ed25519 (`ECC_NIST_EDWARDS25519`, `ED25519_SHA_512`), but moto cannot crea
 KMS signer could not be tested here: Secrets Manager it is, and the `Signer` protocol leaves room for KMS. A
 missing secret is refused with the command that creates it; shiplift never creates it, because the release role
 should only read it (its resource policy names the readers) and a mistyped name would silently start a new key
-whose checkpoints no longer match the old ones.
+whose checkpoints no longer match the old ones. With the key's public half in the config (`public_key`),
+verification (verify, prove, report, audit) uses it and never reads the secret, so an auditor needs no access to
+it; signing refuses a secret whose key is not that one.
 
 Each checkpoint is one object, `<prefix>/<position>.json` (position 1, 2, … in append order), written with
 `If-None-Match: *` and a COMPLIANCE (or, for a trial account, GOVERNANCE) retention: nobody, the account's root
@@ -26,7 +28,8 @@ from typing import Any
 
 from tasks.aws.session import Aws
 from tasks.aws.store import b64_sha256
-from tasks.checkpoints import Checkpoint, Entry, PrivateKeySigner, load_private_key, read_entry, serialise
+from tasks.checkpoints import (Checkpoint, Entry, PrivateKeySigner, PublicKeyOnly, Signer, load_private_key,
+                               load_public_key, read_entry, serialise)
 from tasks.errors import ConfigError, Conflict, IntegrityError, NotFound
 
 MAX_CHECKPOINT_BYTES = 64 * 1024
@@ -159,10 +162,21 @@ class S3CheckpointStore:
         self._seen = position
 
 
-def aws_checkpoint_parts(aws: Aws, settings, *, kms_key_id: str | None = None) -> tuple[SecretSigner, S3CheckpointStore]:
+def aws_checkpoint_parts(aws: Aws, settings, *, kms_key_id: str | None = None,
+                         verify_only: bool = False) -> tuple[Signer, S3CheckpointStore]:
     """The signer and store an `AwsCheckpoints` config names, checked: the bucket has Object Lock, the secret exists
-    and holds an Ed25519 key. Writes nothing."""
+    and holds an Ed25519 key, the configured `public_key`'s. `verify_only` with a `public_key`: that key alone, and
+    the secret is never read. Writes nothing."""
     store = S3CheckpointStore(aws, bucket=settings.bucket, prefix=settings.prefix, retention_days=settings.retention_days,
                               lock_mode=settings.lock_mode, kms_key_id=kms_key_id)
     store.check_object_lock()
-    return SecretSigner(aws, settings.key_ref), store
+    configured = PublicKeyOnly(load_public_key(settings.public_key)) if settings.public_key else None
+    if verify_only and configured is not None:
+        return configured, store
+    signer = SecretSigner(aws, settings.key_ref)
+    if configured is not None and signer.key_id != configured.key_id:
+        raise ConfigError(f"secret {settings.key_ref} holds key {signer.key_id}, but backend.checkpoints.public_key is "
+                          f"key {configured.key_id}: its checkpoints would verify for no auditor",
+                          fix="restore the secret's key, or (if the key was rotated on purpose) set public_key to its "
+                              "public half (openssl pkey -pubout); nothing was written")
+    return signer, store

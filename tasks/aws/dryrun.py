@@ -2,7 +2,8 @@
 
 The requests are built by the same builders the aws backend sends (`S3ArtifactStore`,
 `CodeBuildImageBuilder`, `SageMakerHosting`, the eval runners' request bodies), in the order a
-first release on a fresh account sends them, and each one is validated against the installed
+first release on a fresh account sends them (with `backend.checkpoints`, also the checkpoint checks of
+preflight and the signed checkpoint at the release's end), and each one is validated against the installed
 botocore service model, maximum lengths, enums and patterns included
 (`tasks.aws.service_model`). No credentials are needed. Values only a real build can know (the
 sha256 of an archive, the ECR digest, the memory the build measures, and every name derived from
@@ -16,6 +17,7 @@ import base64
 import hashlib
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,8 @@ def _printable(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         text = bytes(value).decode("utf-8", errors="replace")
         return text if text.startswith("{") else f"<{len(value)} bytes>"
+    if isinstance(value, datetime):
+        return value.isoformat()
     if isinstance(value, dict):
         return {k: _printable(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -115,6 +119,8 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     plan = Plan(arn=f"arn:aws:sagemaker:{backend.region}:{backend.account_id}")
     plan.add("sts", "GetCallerIdentity")
     plan.add("s3", "HeadBucket", Bucket=backend.bucket)
+    if backend.checkpoints is not None:
+        _check_checkpoints(plan, backend.checkpoints)
 
     def upload(what: str, name: str) -> str:
         """The requests of `S3ArtifactStore.put_file` for a large file (multipart); returns its s3:// URI."""
@@ -212,7 +218,48 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
 
     plan.stage = "teardown_candidate"
     _teardown(plan, candidate, *names)
+
+    if backend.checkpoints is not None:
+        plan.stage = "release"
+        _checkpoint(plan, backend, release_id)
     return plan.requests
+
+
+def _check_checkpoints(plan: Plan, settings) -> None:
+    """The checks of `aws_checkpoint_parts` (in preflight, and again before signing): Object Lock on, the key's secret."""
+    plan.add("s3", "HeadBucket", Bucket=settings.bucket, note="the checkpoint bucket")
+    plan.add("s3", "GetObjectLockConfiguration", Bucket=settings.bucket, note="Object Lock must be enabled")
+    plan.add("secretsmanager", "GetSecretValue", SecretId=settings.key_ref,
+             note="the Ed25519 signing key as PEM text; shiplift never creates the secret")
+
+
+def _checkpoint(plan: Plan, backend, release_id: str) -> None:
+    """The requests of `tasks.checkpoints.checkpoint` into `S3CheckpointStore` at the release's end: read and verify
+    every stored version, then put the signed head at the next position, retained."""
+    from tasks.aws.checkpoints import S3CheckpointStore
+    from tasks.checkpoints import Checkpoint
+
+    settings = backend.checkpoints
+    store = S3CheckpointStore(None, bucket=settings.bucket, prefix=settings.prefix, retention_days=settings.retention_days,
+                              lock_mode=settings.lock_mode, kms_key_id=backend.kms_key_id)
+    _check_checkpoints(plan, settings)
+    plan.add("s3", "ListObjectVersions", Bucket=store.bucket, Prefix=f"{store.prefix}/",
+             note="every page; on a fresh account none, so this release's checkpoint takes position 1")
+    plan.add("s3", "GetObject", Bucket=store.bucket, Key=store.key(1),
+             VersionId=plan.stand_in("<VersionId>", "a version ListObjectVersions listed"),
+             note="a later release: one per stored version, each verified against the ledger")
+    ends = lambda value, what: plan.stand_in(value, f"{what}, known when the release ends")  # noqa: E731
+    signed = Checkpoint(
+        seq=1, head_hash=ends(placeholder_hex("ledger head", release_id), "the ledger head's hash"),
+        merkle_root=ends(placeholder_hex("merkle root", release_id), "the Merkle root of the ledger's records"),
+        signed_at=ends("1970-01-01T00:00:00.000000Z", "the signing time"),
+        key_id=ends(placeholder_hex("checkpoint key", release_id)[:16], "the id of the secret's key"),
+        signature=ends(base64.b64encode(hashlib.sha512(f"shiplift-dry-run:signature:{release_id}".encode()).digest()).decode(),
+                       "the Ed25519 signature"))
+    plan.add("s3", "PutObject", **store.put_params(1, signed),
+             note="If-None-Match: a writer that took the position first makes this one read, verify and sign again",
+             also={"Metadata.seq": "the ledger head's seq", "ChecksumSHA256": "SHA-256 of the signed checkpoint",
+                   "ObjectLockRetainUntilDate": f"the signing time plus retention_days ({settings.retention_days})"})
 
 
 def _record(plan: Plan, release_id: str, config, stage: str, payload: dict):

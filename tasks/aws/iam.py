@@ -2,15 +2,18 @@
 the CodeBuild role of one aws config, scoped to its bucket prefix, repository, project and resource prefix.
 
 `OPERATIONS` lists every AWS operation the aws backend can send, with the IAM action it needs and the
-resource it touches; the policies are generated from it, `iam_request` maps any request (a dry-run
-line, a call the double saw) onto (action, resource ARN), and the tests check both directions: each
-request is allowed, and nothing is granted on `*` unless the action has no resource-level
-permissions (the List* calls, GetMetricData, GetAuthorizationToken).
+resource it touches, and `CHECKPOINT_OPERATIONS` what ledger checkpoints send to their bucket and secret
+(configs with `backend.checkpoints`); the policies are generated from them, `iam_request` maps any
+request (a dry-run line, a call the double saw) onto the (action, resource ARN) pairs IAM evaluates, and
+the tests check both directions: each request is allowed, and nothing is granted on `*` unless the
+action has no resource-level permissions (the List* calls, GetMetricData, GetAuthorizationToken).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from tasks.aws.checkpoints import ARN_SUFFIX
 
 # operation -> (IAM action, resource kind); kinds are resolved by `Scope.arn`
 OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
@@ -49,6 +52,18 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", "scalable-target"),
     ("application-autoscaling", "DeregisterScalableTarget"): ("application-autoscaling:DeregisterScalableTarget", "scalable-target"),
 }
+# What signing and verifying ledger checkpoints (tasks.aws.checkpoints) sends to the checkpoint bucket, under its
+# prefix, and to the key's secret: operation -> (IAM actions, resource kind). Each GetObject there names a VersionId
+# (s3:GetObjectVersion, not s3:GetObject) and each PutObject sets a retention (s3:PutObjectRetention as well).
+# Nothing deletes, and nothing may bypass a GOVERNANCE retention.
+CHECKPOINT_OPERATIONS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("s3", "HeadBucket"): (("s3:ListBucket",), "checkpoint-bucket"),
+    ("s3", "GetObjectLockConfiguration"): (("s3:GetBucketObjectLockConfiguration",), "checkpoint-bucket"),
+    ("s3", "ListObjectVersions"): (("s3:ListBucketVersions",), "checkpoint-bucket"),
+    ("s3", "GetObject"): (("s3:GetObjectVersion",), "checkpoint-object"),
+    ("s3", "PutObject"): (("s3:PutObject", "s3:PutObjectRetention"), "checkpoint-object"),
+    ("secretsmanager", "GetSecretValue"): (("secretsmanager:GetSecretValue",), "checkpoint-key"),
+}
 # Actions AWS authorizes only on "*" (no resource-level permissions), per the Service Authorization Reference.
 UNSCOPABLE = frozenset({
     "sagemaker:ListModels", "sagemaker:ListEndpointConfigs", "sagemaker:ListEndpoints", "sagemaker:ListInferenceComponents",
@@ -59,19 +74,23 @@ UNSCOPABLE = frozenset({
 # a create with Tags also tags what it creates
 ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",), "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
                "sagemaker:CreateModelPackage": ("sagemaker:AddTags",)}
+# operation -> (IAM actions, resource kind), the shape of CHECKPOINT_OPERATIONS
+NEEDED = {operation: ((action, *ALSO_NEEDED.get(action, ())), kind) for operation, (action, kind) in OPERATIONS.items()}
 GATE_NAMESPACE = "shiplift/Rollout"  # where the online gate's verdict is published (tasks.aws.hosting)
 SAGEMAKER_KINDS = ("model", "endpoint-config", "endpoint", "inference-component")
+SECRET_SUFFIX = "??????"  # Secrets Manager appends "-" and six random characters to a secret's name in its ARN
 
 
 class Scope:
-    """The ARNs one aws config may touch: its bucket prefix, repository, project, resource-prefix names and roles."""
+    """The ARNs one aws config may touch: its bucket prefix, repository, project, resource-prefix names, roles and
+    (with `backend.checkpoints`) the checkpoint bucket's prefix and the signing key's secret."""
 
     def __init__(self, config):
         backend = config.backend
         self.region, self.account = backend.region, backend.account_id
         self.partition = "aws-cn" if self.region.startswith("cn-") else "aws-us-gov" if self.region.startswith("us-gov-") else "aws"
         self.bucket, self.key_prefix, self.backend = backend.bucket, backend.key_prefix, backend
-        self.prefix = config.resource_prefix
+        self.prefix, self.checkpoints = config.resource_prefix, backend.checkpoints
 
     def base(self, service: str) -> str:
         """`arn:<partition>:<service>:<region>:<account>`."""
@@ -81,8 +100,16 @@ class Scope:
         """A SageMaker resource ARN (SageMaker lower-cases names in ARNs)."""
         return f"{self.base('sagemaker')}:{kind}/{name.lower()}"
 
+    def secret(self, secret_id: str, suffix: str = SECRET_SUFFIX) -> str:
+        """A secret's full ARN: an ARN as given (one without the random suffix gets `suffix`), a name in this account
+        and region with `suffix`."""
+        if secret_id.startswith("arn:"):
+            return secret_id if ARN_SUFFIX.search(secret_id) else f"{secret_id}-{suffix}"
+        return f"{self.base('secretsmanager')}:secret:{secret_id}-{suffix}"
+
     def arns(self, kind: str) -> list[str]:
         """The resource ARNs (wildcards within shiplift's names) a policy statement grants on."""
+        checkpoints = self.checkpoints
         return {
             "bucket": [f"arn:{self.partition}:s3:::{self.bucket}"],
             "object": [f"arn:{self.partition}:s3:::{self.bucket}/{self.key_prefix}/*"],
@@ -93,15 +120,29 @@ class Scope:
             "scalable-target": [f"{self.base('application-autoscaling')}:scalable-target/*"],
             "*": ["*"],
             "gate-metric": ["*"],  # PutMetricData has no resources; the statement's condition names the namespace
+            **({"checkpoint-bucket": [f"arn:{self.partition}:s3:::{checkpoints.bucket}"],
+                "checkpoint-object": [f"arn:{self.partition}:s3:::{checkpoints.bucket}/{checkpoints.prefix}/*"],
+                "checkpoint-key": [self.secret(checkpoints.key_ref)]} if checkpoints else {}),
         }.get(kind) or [self.sagemaker(kind, f"{self.prefix}-*")]
 
-    def request_arn(self, service: str, operation: str, params: dict[str, Any]) -> str:
-        """The ARN one concrete request touches (what IAM evaluates)."""
-        kind = OPERATIONS[(service, operation)][1]
-        if kind == "bucket":
+    def needs(self, service: str, operation: str, params: dict[str, Any]) -> tuple[tuple[str, ...], str]:
+        """The IAM actions and resource kind of a request: `CHECKPOINT_OPERATIONS`'s for one to the checkpoint bucket
+        (a Key under its prefix) or the key's secret, else `NEEDED`'s."""
+        checkpoints = self.checkpoints
+        if ((service, operation) in CHECKPOINT_OPERATIONS and checkpoints is not None
+                and params.get("Bucket", checkpoints.bucket) == checkpoints.bucket
+                and params.get("Key", f"{checkpoints.prefix}/").startswith(f"{checkpoints.prefix}/")):
+            return CHECKPOINT_OPERATIONS[(service, operation)]
+        return NEEDED[(service, operation)]
+
+    def request_arn(self, kind: str, params: dict[str, Any]) -> str:
+        """The ARN one concrete request of `kind` touches (what IAM evaluates)."""
+        if kind in ("bucket", "checkpoint-bucket"):
             return f"arn:{self.partition}:s3:::{params['Bucket']}"
-        if kind == "object":
+        if kind in ("object", "checkpoint-object"):
             return f"arn:{self.partition}:s3:::{params['Bucket']}/{params['Key']}"
+        if kind == "checkpoint-key":
+            return self.secret(params["SecretId"], suffix="AbC123")  # the six characters Secrets Manager chose
         if kind == "repository":
             return f"{self.base('ecr')}:repository/{params.get('repositoryName') or params['repositoryNames'][0]}"
         if kind == "project":
@@ -135,9 +176,9 @@ def pipeline_policy(config) -> dict:
     """What the worker running the stages (CLI, Airflow, ECS task) needs, and nothing else."""
     scope = Scope(config)
     by_kind: dict[str, list[str]] = {}
-    for action, kind in OPERATIONS.values():
+    for actions, kind in [*NEEDED.values(), *(CHECKPOINT_OPERATIONS.values() if scope.checkpoints else ())]:
         if kind != "none":
-            by_kind.setdefault(kind, []).extend((action, *ALSO_NEEDED.get(action, ())))
+            by_kind.setdefault(kind, []).extend(actions)
     statements = []
     for kind, actions in sorted(by_kind.items()):
         # scalable-target ARNs are random ids, so that statement covers the account's targets; the product only
@@ -149,7 +190,7 @@ def pipeline_policy(config) -> dict:
     for arn, service in passed:
         statements.append(_statement(f"PassRoleTo{service.split('.')[0].title()}", ["iam:PassRole"], [arn],
                                      {"StringEquals": {"iam:PassedToService": service}}))
-    if config.backend.kms_key_id:
+    if config.backend.kms_key_id:  # SSE-KMS for artifacts and, with the same key, checkpoints
         statements.append(_statement("ArtifactKey", ["kms:GenerateDataKey", "kms:Decrypt"], [_kms_arn(scope, config.backend.kms_key_id)]))
     return {"Version": "2012-10-17", "Statement": statements}
 
@@ -213,7 +254,7 @@ def policies(config) -> dict[str, dict]:
     }
 
 
-def iam_request(scope: Scope, service: str, operation: str, params: dict[str, Any]) -> tuple[str, str] | None:
-    """(IAM action, resource ARN) of a request; None for calls that need no permission (GetCallerIdentity)."""
-    action, kind = OPERATIONS[(service, operation)]
-    return None if kind == "none" else (action, scope.request_arn(service, operation, params))
+def iam_request(scope: Scope, service: str, operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every (IAM action, resource ARN) a request needs; none for calls that need no permission (GetCallerIdentity)."""
+    actions, kind = scope.needs(service, operation, params)
+    return [] if kind == "none" else [(action, scope.request_arn(kind, params)) for action in actions]

@@ -2,7 +2,8 @@
 Object Lock. An aws release config checkpoints its ledger; a chain edited and rehashed, a truncated tail, a replaced
 database, a forged checkpoint and one signed by another key are each named; S3 refuses to delete a locked checkpoint,
 and a delete marker or an overwrite hides none; two writers racing for a position end in order; a missing secret, a
-bucket without Object Lock and a key that is not Ed25519 are refused and nothing is written."""
+bucket without Object Lock and a key that is not Ed25519 are refused and nothing is written. With the public key in
+the config, verification never reads the secret, and signing refuses a secret holding another key."""
 
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ SETTINGS = AwsCheckpoints(key_ref=SECRET, bucket=BUCKET, retention_days=30)
 def _pem(private) -> str:
     return private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                  serialization.NoEncryption()).decode()
+
+
+def _public_pem(private) -> str:
+    return private.public_key().public_bytes(serialization.Encoding.PEM,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
 def _prepare(double, *, lock: bool = True, secret: str | None = None) -> None:
@@ -260,3 +266,83 @@ def test_the_body_s3_stores_is_the_local_line(aws, ledger, parts):
     signed = _signed(ledger, parts)
     body = aws.client("s3").get_object(Bucket=BUCKET, Key=f"{PREFIX}/000000000001.json")["Body"].read().decode()
     assert body == serialise(signed), "one serialisation for both stores"
+
+
+def _config_with_public_key(aws_release, tiny_release, tmp_path, public_key: str) -> str:
+    return str(aws_release.write_aws_config(tiny_release, tmp_path / "cfg", tmp_path / "state",
+                                            backend__checkpoints={"key_ref": SECRET, "bucket": BUCKET,
+                                                                  "public_key": public_key}))
+
+
+def _secret_reads(aws_calls) -> int:
+    return [operation for _, operation, _ in aws_calls].count("GetSecretValue")
+
+
+def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_the_secret(
+        aws, aws_release, tiny_release, tmp_path, capsys, aws_calls):
+    from tasks.audit import audit
+    from tasks.cli import main
+
+    private = Ed25519PrivateKey.generate()
+    _prepare(aws, secret=_pem(private))
+    path = _config_with_public_key(aws_release, tiny_release, tmp_path, _public_pem(private))
+    with Ledger.for_sqlite(tmp_path / "state" / "ledger.db") as ledger:
+        for i in range(3):
+            _append(ledger, n=i)
+    assert main(["ledger", "checkpoint", "--config", path]) == 0 and _secret_reads(aws_calls) == 1, "signing reads it"
+    signed = json.loads(capsys.readouterr().out)
+    assert main(["ledger", "verify", "--config", path]) == 0
+    assert json.loads(capsys.readouterr().out)["checked_against"] == signed
+    proof = tmp_path / "proof.json"
+    assert main(["ledger", "prove", "rel-1", "--config", path, "--out", str(proof)]) == 0
+    assert main(["ledger", "check-proof", str(proof), "--config", path]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]
+    assert main(["ledger", "report", "--config", path, "--out", str(tmp_path / "report")]) == 0
+    assert audit(str(tmp_path / "state"), config=path)["checked_against"] == signed
+    assert _secret_reads(aws_calls) == 1, "no verification path read the private key"
+
+
+def test_a_secret_whose_key_is_not_the_configured_public_key_is_refused_at_signing_writing_nothing(
+        aws, aws_release, tiny_release, tmp_path, capsys):
+    from tasks.cli import main
+
+    swapped, configured = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    _prepare(aws, secret=_pem(swapped))
+    path = _config_with_public_key(aws_release, tiny_release, tmp_path, _public_pem(configured))
+    with Ledger.for_sqlite(tmp_path / "state" / "ledger.db") as ledger:
+        _append(ledger)
+        ids = PrivateKeySigner(swapped).key_id, PrivateKeySigner(configured).key_id
+        assert main(["ledger", "checkpoint", "--config", path]) == 2
+        assert (f"secret {SECRET} holds key {ids[0]}, but backend.checkpoints.public_key is key {ids[1]}"
+                in capsys.readouterr().err)
+        with pytest.raises(ConfigError, match="would verify for no auditor"):
+            make_backends(load_release_config(path), ledger=ledger).checkpoint()  # what a release's end calls
+    assert _objects(aws) == []
+
+
+def test_a_public_key_that_is_not_an_ed25519_public_key_is_refused_at_config_load(aws_release, tiny_release, tmp_path):
+    rsa_public = rsa.generate_private_key(65537, 2048).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    private = _pem(Ed25519PrivateKey.generate())
+    for given, why in (("not a key", "not a PEM public key"), (rsa_public, "RSAPublicKey, not an Ed25519 public key"),
+                       (private, "this is a private key")):
+        with pytest.raises(ConfigError, match=f"backend.checkpoints.public_key: .*{why}") as refused:
+            load_release_config(_config_with_public_key(aws_release, tiny_release, tmp_path, given))
+        assert private.splitlines()[1] not in str(refused.value), "a pasted private key is never echoed"
+
+
+def test_verifying_with_a_public_key_that_is_not_the_signers_names_the_checkpoints_as_signed_by_another_key(
+        aws, ledger, parts):
+    signed = _signed(ledger, parts)
+    other = Ed25519PrivateKey.generate()
+    settings = SETTINGS.model_copy(update={"public_key": _public_pem(other)})
+    auditor, store = aws_checkpoint_parts(Aws(region="us-east-1"), settings, verify_only=True)
+    assert auditor.key_id == PrivateKeySigner(other).key_id
+    verdict = verify_with_checkpoints(ledger, store, auditor.public)
+    assert not verdict["ok"] and verdict["problems"] == [
+        f"checkpoint s3://{BUCKET}/{PREFIX}/000000000001.json?versionId={_objects(aws)[0]['VersionId']} (seq 4) names "
+        f"key {signed.key_id}, not this ledger's key {auditor.key_id}: signed by another key"]
+    proof = prove(ledger, parts[1], "rel-1", parts[0].public)
+    assert "signed by another key" in check_proof(proof, auditor.public)[0]
+    with pytest.raises(ConfigError, match="a public key only: it verifies checkpoints but cannot sign"):
+        auditor.sign(signed.body())

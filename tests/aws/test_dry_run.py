@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timedelta, timezone
 import socket
 import subprocess
 import sys
@@ -41,12 +42,17 @@ def operations(lines: list[dict], stage: str) -> list[str]:
     return [line["operation"] for line in lines if line["stage"] == stage]
 
 
-def test_qwen_on_an_instance_pool():
-    lines, stderr = dry_run("configs/releases/qwen35-4b-semif.yaml")
-    assert "nothing was sent" in stderr
+def assert_valid(lines: list[dict]) -> None:
+    """Every printed request, read back as printed (bodies as text, times as ISO 8601), fits the service model."""
     for line in lines:
         params = {k: (v.encode() if k == "Body" else v) for k, v in line["params"].items()}
         assert request_problems(line["service"], line["operation"], params) == [], line
+
+
+def test_qwen_on_an_instance_pool():
+    lines, stderr = dry_run("configs/releases/qwen35-4b-semif.yaml")
+    assert "nothing was sent" in stderr
+    assert_valid(lines)
     assert operations(lines, "deploy_candidate") == [
         "DescribeModel", "CreateModel", "DescribeEndpointConfig", "CreateEndpointConfig", "DescribeEndpoint", "CreateEndpoint",
         "DescribeEndpoint", "DescribeEndpoint", "DescribeInferenceComponent", "DescribeEndpointConfig", "DescribeModel", "ListTags"]
@@ -93,6 +99,31 @@ def test_mdeberta_on_mig_partitions():
             "MinMemoryRequiredInMb" in key for key in line["placeholders"])
     invocations = [line for line in lines if line["operation"] == "InvokeEndpoint"]
     assert len(invocations) == 6 and all(line["params"]["InferenceComponentName"] for line in invocations), "90 pairs in batches of 16"
+
+
+def test_checkpoints_are_checked_in_preflight_and_signed_into_the_object_lock_bucket_at_the_end():
+    lines, _ = dry_run("configs/releases/mdeberta-nli.yaml", "backend.kms_key_id=alias/shiplift", "backend.checkpoints="
+                       "{key_ref: shiplift/ledger-checkpoint-key, bucket: my-ledger-checkpoints, retention_days: 30}")
+    assert_valid(lines)
+    checks = ["HeadBucket", "GetObjectLockConfiguration", "GetSecretValue"]
+    assert operations(lines, "preflight") == ["GetCallerIdentity", "HeadBucket", *checks]
+    assert operations(lines, "release") == [*checks, "ListObjectVersions", "GetObject", "PutObject"]
+    assert lines.index(next(line for line in lines if line["stage"] == "release")) > max(
+        index for index, line in enumerate(lines) if line["stage"] == "teardown_candidate"), "signed after teardown"
+    ends = [line for line in lines if line["stage"] == "release"]
+    assert {line["params"].get("Bucket") for line in ends if line["service"] == "s3"} == {"my-ledger-checkpoints"}
+    assert ends[2]["params"] == {"SecretId": "shiplift/ledger-checkpoint-key"}
+    assert ends[3]["params"]["Prefix"] == "shiplift/ledger-checkpoints/"
+    assert ends[4]["params"]["VersionId"] and "a later release" in ends[4]["note"]
+    put = ends[5]["params"]
+    assert put["Key"] == "shiplift/ledger-checkpoints/000000000001.json" and put["IfNoneMatch"] == "*"
+    assert (put["ObjectLockMode"], put["ChecksumAlgorithm"], put["ServerSideEncryption"], put["SSEKMSKeyId"]) == (
+        "COMPLIANCE", "SHA256", "aws:kms", "alias/shiplift")
+    until = datetime.fromisoformat(put["ObjectLockRetainUntilDate"])
+    assert abs(until - datetime.now(timezone.utc) - timedelta(days=30)) < timedelta(minutes=5)
+    assert set(json.loads(put["Body"])) == {"version", "seq", "head_hash", "merkle_root", "signed_at", "key_id", "signature"}
+    assert {"Body", "ChecksumSHA256", "Metadata.seq", "Metadata.head-hash", "ObjectLockRetainUntilDate"} <= set(
+        ends[5]["placeholders"]), "what only the release's end knows is named"
 
 
 def test_a_local_config_has_no_requests_to_print():
