@@ -31,7 +31,7 @@ EVENT_STYLE = {  # timeline event -> (marker, colour) in the chart and its legen
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1b1b;max-width:1200px}
 h1{margin:0 0 8px}h2{margin-top:36px;border-bottom:2px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse;margin:8px 0 16px;max-width:100%}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+table{border-collapse:collapse;margin:8px 0 16px;max-width:100%}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f3f3f3}td.hash{font-family:ui-monospace,monospace;font-size:12px;word-break:break-all}
 .verdict{padding:10px 14px;border-radius:6px;margin:12px 0}.verdict.ok{background:#e6f4e6;border:1px solid #2ca02c}
 .verdict.broken{background:#fde8e8;border:1px solid #d62728}.status-pass,.status-promoted{color:#1d7a1d;font-weight:600}

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tasks.ledger import Ledger
@@ -82,6 +83,28 @@ def test_a_second_release_updates_the_production_component_and_is_gated_against_
     live = aws.client("sagemaker").describe_inference_component(InferenceComponentName=second["component"])
     model = aws.client("sagemaker").describe_model(ModelName=live["Specification"]["ModelName"])
     assert second["artifact_sha256"] in model["PrimaryContainer"]["ModelDataUrl"]
+
+    from tasks.audit import audit
+    from tasks.errors import Conflict
+
+    state_dir = str(tmp_path / "state")
+    assert audit(state_dir)["models"]["tiny-aws"]["live"]["release_id"] == second["release_id"], "read through SageMaker"
+    first_model = next(c.params["ModelName"] for c in aws.calls if c.operation == "CreateModel"
+                       and first["artifact_sha256"] in c.params["PrimaryContainer"]["ModelDataUrl"] and "-cand-" not in c.params["ModelName"])
+    aws.client("sagemaker").update_inference_component(  # someone puts the first model back behind the ledger's back
+        InferenceComponentName=second["component"], Specification={"ModelName": first_model,
+                                                         "ComputeResourceRequirements": live["Specification"]["ComputeResourceRequirements"]},
+        RuntimeConfig={"CopyCount": live["RuntimeConfig"]["DesiredCopyCount"]})
+    deadline = time.monotonic() + 30
+    while aws.client("sagemaker").describe_inference_component(
+            InferenceComponentName=second["component"])["InferenceComponentStatus"] != "InService":
+        assert time.monotonic() < deadline, "the manual update did not end"
+        time.sleep(0.05)
+    with pytest.raises(Conflict) as drift:
+        audit(state_dir)
+    message = str(drift.value)
+    assert f"serves release_id '{first['release_id']}', the ledger" in message and f"'{second['release_id']}'" in message
+    assert f"serves artifact_sha256 '{first['artifact_sha256']}'" in message
 
 
 def test_an_update_that_ends_in_service_on_the_old_spec_is_a_failed_promotion(aws, aws_release, tiny_release, tmp_path):
