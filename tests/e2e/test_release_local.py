@@ -83,10 +83,12 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
 
     served_now = ledger.served_at("tiny-decision", datetime.now(timezone.utc))
     assert served_now.release_id == second["release_id"]
-    diff = ledger.diff(first["release_id"], second["release_id"])
-    assert "artifact_sha256" in diff["changed"] and "image_digest" not in diff["changed"]
-    export = tmp_path / "ledger.html"
-    ledger.export("html", export)
+    from tasks.ledger_views import diff
+
+    changed = diff(ledger, first["release_id"], second["release_id"])["changed"]
+    assert "artifact_sha256" in changed and "config.calibration.fit_temperature" in changed and "image_digest" not in changed
+    export = tmp_path / "ledger.json"
+    ledger.export("json", export)
     assert first["release_id"] in export.read_text()
 
 
