@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.atomic import write_text_atomic
+from tasks.audit import verdict_lines
 from tasks.ledger_views import CHECK_COLUMNS, check_cells, releases, show, timeline
 
 REPORT_FILE = "index.html"
@@ -199,15 +200,9 @@ def _model_section(ledger, model: str) -> str:
 
 
 def _verdict(verification: dict) -> str:
-    checked = verification.get("checked_against")
-    against = (f"; extends the checkpoint of seq {checked['seq']} signed {checked['signed_at']} by key {checked['key_id']} "
-               f"(Merkle root {checked['merkle_root']})" if checked else "; no signed checkpoint to check it against")
-    if verification["ok"]:
-        return (f'<div class="verdict ok" id="verification">Ledger verified: {verification["n_records"]} records, head '
-                f'{_e(verification["head_hash"])}{_e(against)}.</div>')
-    problems = "".join(f"<li>{_e(p)}</li>" for p in verification["problems"])
-    return (f'<div class="verdict broken" id="verification">Ledger verification FAILED ({verification["n_records"]} '
-            f'records{_e(against)}):<ul>{problems}</ul></div>')
+    headline, *problems = verdict_lines(verification)
+    listed = f"<ul>{''.join(f'<li>{_e(p)}</li>' for p in problems)}</ul>" if problems else ""
+    return f'<div class="verdict {"ok" if verification["ok"] else "broken"}" id="verification">{_e(headline)}{listed}</div>'
 
 
 def render(ledger, verification: dict, *, model: str | None = None) -> str:

@@ -422,11 +422,17 @@ def print_gate(gate: dict) -> None:
     print_table([check_cells(c) for c in gate.get("checks") or []], CHECK_COLUMNS)
 
 
+def field_rows(values: dict, column: str) -> list[dict]:
+    """A (field, value) table of a dict, a nested dict's fields one row each (`placement.instance_type`)."""
+    return [row for name, value in values.items() for row in (
+        field_rows({f"{name}.{k}": v for k, v in value.items()}, column) if isinstance(value, dict)
+        else [{column: name, "value": value}])]
+
+
 def print_release(detail: dict) -> None:
     fields = ["release_id", "model", "status", "opened_at", "opened_by", "config_hash", "source_sha256", "model_sha256",
-              "artifact_sha256", "artifact_uri", "image_uri", "image_digest", "decision", "records"]
-    print_table([{"field": name, "value": detail[name]} for name in fields]
-                + [{"field": f"placement.{k}", "value": v} for k, v in (detail["placement"] or {}).items()], ["field", "value"])
+              "artifact_sha256", "artifact_uri", "image_uri", "image_digest", "decision", "records", "placement"]
+    print_table(field_rows({name: detail[name] for name in fields}, "field"), ["field", "value"])
     print()
     print_table([{"stage": name, "status": status} for name, status in detail["stages"].items()], ["stage", "status"])
     if detail["gate"]:
@@ -447,8 +453,14 @@ def cmd_ledger_show(args) -> int:
 
 def cmd_ledger_verify(args) -> int:
     """The chain, an anchored head if given, and every signed checkpoint the state dir keeps."""
+    from tasks.audit import verdict_lines
+
     result = verification_for(args, ledger_for(args))
-    print_json(result)
+    if args.json:
+        print_json(result)
+    else:
+        headline, *problems = verdict_lines(result)
+        print("\n".join([headline, *(f"  - {problem}" for problem in problems)]))
     return 0 if result["ok"] else EXIT_REJECTED
 
 
@@ -511,11 +523,12 @@ def cmd_ledger_diff(args) -> int:
 
 def print_as_of(served: dict) -> None:
     promotion = served["promotion"]
-    how = (f"rollback from {promotion['rollback_from']}: {promotion['reason']}" if promotion["trigger"] == "rollback"
-           else f"{promotion['trigger']} ({promotion['strategy']})")
-    print(f"{served['model']} at {served['as_of']}: {served['release_id']}, serving since {served['since']} "
-          f"by {how}, actor {promotion['actor']} (ledger seq {served['record']['seq']})")
-    print_table([{"built from": k, "value": v} for k, v in served["built_from"].items()], ["built from", "value"])
+    how = {"rollback": f"a rollback from {promotion['rollback_from']}: {promotion['reason']}",
+           "promote": f"a promotion ({promotion['strategy']}): {promotion['reason']}"}.get(
+        promotion["trigger"], f"its own release ({promotion['strategy']})")
+    print(f"{served['model']} at {served['as_of']}: {served['release_id']}, serving since {served['since']}, put there by "
+          f"{how}; actor {promotion['actor']} (ledger seq {served['record']['seq']})")
+    print_table(field_rows(served["built_from"], "built from"), ["built from", "value"])
     if served["evidence"]:
         print_gate(served["evidence"])
 
@@ -760,6 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ledger_timeline)
     p = ledger_parser("verify", "check the hash chain and that it extends every signed checkpoint")
     p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
+    p.add_argument("--json", action="store_true")
     with_checkpoints(p)
     p.set_defaults(func=cmd_ledger_verify)
     p = ledger_parser("checkpoint", "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")

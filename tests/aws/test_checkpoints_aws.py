@@ -135,7 +135,7 @@ def test_the_cli_verifies_checkpoints_and_reports_from_an_aws_config(aws, aws_re
         assert main(["ledger", "checkpoint", "--config", path]) == 0, "the ledger_url and checkpoints of the config"
         signed = json.loads(capsys.readouterr().out)
         assert signed["seq"] == 3 and len(_objects(aws)) == 1
-        assert main(["ledger", "verify", "--config", path]) == 0
+        assert main(["ledger", "verify", "--config", path, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["checked_against"] == signed
         assert main(["ledger", "report", "--config", path, "--out", str(tmp_path / "report")]) == 0
         assert "extends the checkpoint of seq 3" in (tmp_path / "report" / "index.html").read_text()
@@ -291,7 +291,7 @@ def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_
             _append(ledger, n=i)
     assert main(["ledger", "checkpoint", "--config", path]) == 0 and _secret_reads(aws_calls) == 1, "signing reads it"
     signed = json.loads(capsys.readouterr().out)
-    assert main(["ledger", "verify", "--config", path]) == 0
+    assert main(["ledger", "verify", "--config", path, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checked_against"] == signed
     proof = tmp_path / "proof.json"
     assert main(["ledger", "prove", "rel-1", "--config", path, "--out", str(proof)]) == 0

@@ -63,18 +63,18 @@ def test_ledger_verify_detects_an_edited_and_a_deleted_record(tmp_path, cli):
         ledger.append(release_id="r1", model="m", stage=stage, event="succeeded", payload={"n": 1}, actor="test")
     ledger.close()
     url = f"sqlite:///{db}"
-    ok = cli("ledger", "verify", "--url", url)
+    ok = cli("ledger", "verify", "--url", url, "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["ok"] is True
     history = cli("ledger", "history", "--records", "--url", url)
     assert history.returncode == 0 and [line.split()[0] for line in history.stdout.splitlines()[2:]] == ["1", "2", "3"]
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE ledger_records SET payload = ? WHERE seq = 2", ('{"n":2}',))
-    edited = cli("ledger", "verify", "--url", url)
+    edited = cli("ledger", "verify", "--url", url, "--json")
     assert edited.returncode == 3 and "2" in json.dumps(json.loads(edited.stdout)["problems"])
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE ledger_records SET payload = ? WHERE seq = 2", ('{"n":1}',))
         raw.execute("DELETE FROM ledger_records WHERE seq = 2")
-    deleted = cli("ledger", "verify", "--url", url)
+    deleted = cli("ledger", "verify", "--url", url, "--json")
     assert deleted.returncode == 3 and json.loads(deleted.stdout)["ok"] is False
 
 

@@ -142,7 +142,7 @@ def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, caps
     keyfile = str(tmp_path / "k" / "key.pem")
     assert main(["ledger", "checkpoint", "--state-dir", str(state), "--key", keyfile]) == 0
     signed = json.loads(capsys.readouterr().out)
-    assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == 0
+    assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile, "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)
     assert verdict["ok"] and verdict["checked_against"]["head_hash"] == signed["head_hash"]
     proof = tmp_path / "proof.json"
@@ -154,7 +154,9 @@ def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, caps
     engine = sa.create_engine(f"sqlite:///{state / 'ledger.db'}")
     _rewrite(Backend("sqlite", "", None, engine), ledger, 1, {"n": "forged"})
     assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == EXIT_REJECTED
-    assert "the chain was rewritten" in json.loads(capsys.readouterr().out)["problems"][0]
+    headline, problem = capsys.readouterr().out.splitlines()[:2]
+    assert headline.startswith("Ledger verification FAILED (3 records; extends the checkpoint of seq 3")
+    assert problem.startswith("  - record 3 hashes to") and "the chain was rewritten" in problem
     engine.dispose()
 
 
