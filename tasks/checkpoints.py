@@ -273,22 +273,21 @@ def checkpoint(ledger, log: CheckpointStore, key: Signer, *, now: datetime | Non
 
 
 def _sign_head(ledger, log: CheckpointStore, key: Signer, now: datetime | None) -> Checkpoint:
-    verdict, records = _verified(ledger, log, key.public)
-    if not records:
+    verdict, chain, latest = _verified(ledger, log, key.public)
+    if not chain:
         raise BadInput("the ledger holds no records to checkpoint", fix="run a release first")
-    head = records[-1]
+    head_seq, head_hash = chain[-1]
     if not verdict["ok"]:
         raise IntegrityError("the ledger does not verify, so its head is not signed: " + "; ".join(verdict["problems"]),
                              fix="investigate the tampering; a checkpoint never re-signs a broken chain")
     stamp = _stamp(now or datetime.now(timezone.utc))
-    latest = _parse(verdict["checked_against"]) if verdict["checked_against"] else None  # the one just verified
     if latest is not None and stamp < latest.signed_at:
         raise IntegrityError(f"the clock reads {stamp}, before the latest checkpoint ({latest.signed_at})",
                              fix="fix the system clock; checkpoints must not go back in time")
-    if latest is not None and latest.seq == head.seq and latest.head_hash == head.record_hash:
+    if latest is not None and (latest.seq, latest.head_hash) == (head_seq, head_hash):
         return latest  # nothing new since
-    body = {"version": VERSION, "seq": head.seq, "head_hash": head.record_hash,
-            "merkle_root": merkle.root(_leaves(records)).hex(), "signed_at": stamp, "key_id": key.key_id}
+    body = {"version": VERSION, "seq": head_seq, "head_hash": head_hash,
+            "merkle_root": merkle.root(_leaves(chain)).hex(), "signed_at": stamp, "key_id": key.key_id}
     signed = Checkpoint(signature=key.sign(body), **body)
     log.append(signed)
     return signed
@@ -300,9 +299,10 @@ def verify_with_checkpoints(ledger, log: CheckpointStore, public: Ed25519PublicK
     return _verified(ledger, log, public)[0]
 
 
-def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None) -> tuple[dict[str, Any], list]:
-    """`verify_with_checkpoints`'s result, and the records it read, which signing and proving reuse instead of
-    reading the ledger again."""
+def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None
+              ) -> tuple[dict[str, Any], list[tuple[int, str]], Checkpoint | None]:
+    """`verify_with_checkpoints`'s result, the (seq, record_hash) chain the verification read and the latest valid
+    checkpoint: signing and proving use exactly the records verified, from one read of the ledger."""
     chain = ledger.verify()
     problems = list(chain.problems)
     entries = log.entries()
@@ -324,8 +324,7 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None) -> 
                 problems.append(f"checkpoint {where} (seq {found.seq}, {found.signed_at}) goes back from the one "
                                 f"before it (seq {valid[-1].seq}, {valid[-1].signed_at})")
             valid.append(found)
-    records = ledger.history()
-    hashes = {record.seq: record.record_hash for record in records}
+    hashes = dict(chain.chain)
     for found in valid:
         at = hashes.get(found.seq)
         if at is None:
@@ -336,37 +335,36 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None) -> 
                             f"{found.head_hash[:16]}…: the chain was rewritten (or the database was replaced)")
     latest = valid[-1] if valid else None
     if latest is not None and latest.seq in hashes:
-        computed = merkle.root(_leaves(records[: latest.seq])).hex()
+        computed = merkle.root(_leaves(chain.chain[: latest.seq])).hex()
         if computed != latest.merkle_root:
             problems.append(f"the Merkle root of records 1..{latest.seq} is {computed[:16]}…, but the checkpoint of "
                             f"{latest.signed_at} signed {latest.merkle_root[:16]}…: the records were rewritten")
     verdict = {"ok": not problems, "n_records": chain.n_records, "head_hash": chain.head_hash, "problems": problems,
                "checkpoints": len(entries), "checked_against": latest.to_dict() if latest else None, "key_id": key_id}
-    return verdict, records
+    return verdict, chain.chain, latest
 
 
-def _leaves(records) -> list[bytes]:
-    """The Merkle leaves of ledger records, in the order given (seq order)."""
-    return [merkle.leaf(bytes.fromhex(record.record_hash)) for record in records]
+def _leaves(chain: list[tuple[int, str]]) -> list[bytes]:
+    """The Merkle leaves of (seq, record_hash) pairs, in the order given (seq order)."""
+    return [merkle.leaf(bytes.fromhex(record_hash)) for _, record_hash in chain]
 
 
 def prove(ledger, log: CheckpointStore, release_id: str, public: Ed25519PublicKey) -> dict[str, Any]:
     """An inclusion proof of one release's records in the latest checkpoint that verifies: each record with its
     index and audit path (O(log n) hashes). Records after that checkpoint are listed as not yet covered."""
-    verdict, records = _verified(ledger, log, public)
+    verdict, chain, latest = _verified(ledger, log, public)
     if not verdict["ok"]:
         raise IntegrityError("the ledger does not verify against its checkpoints, so nothing is proven from it: "
                              + "; ".join(verdict["problems"]), fix="run `shiplift ledger verify` and investigate")
-    latest = verdict["checked_against"]
     if latest is None:
         raise NotFound("the ledger has no checkpoint to prove against", fix="run `shiplift ledger checkpoint` first")
     mine = ledger.release(release_id)  # NotFound for an unknown release
-    tree = merkle.Tree(_leaves(records[: latest["seq"]]))
-    covered = [r for r in mine if r.seq <= latest["seq"]]
-    return {"release_id": release_id, "checkpoint": latest,
+    tree = merkle.Tree(_leaves(chain[: latest.seq]))
+    covered = [r for r in mine if r.seq <= latest.seq]
+    return {"release_id": release_id, "checkpoint": latest.to_dict(),
             "records": [{"seq": r.seq, "record_hash": r.record_hash, "stage": r.stage, "event": r.event,
                          "path": [h.hex() for h in tree.audit_path(r.seq - 1)]} for r in covered],
-            "not_yet_checkpointed": [r.seq for r in mine if r.seq > latest["seq"]]}
+            "not_yet_checkpointed": [r.seq for r in mine if r.seq > latest.seq]}
 
 
 def check_proof(proof: dict[str, Any], public: Ed25519PublicKey) -> list[str]:

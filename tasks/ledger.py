@@ -200,12 +200,14 @@ def _content_hash(fields: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Outcome of a chain verification; `problems` name the seq and what is wrong."""
+    """Outcome of a chain verification; `problems` name the seq and what is wrong. `chain` is the (seq,
+    record_hash) of every record it checked, in seq order: what checkpoints sign and prove, from the same read."""
 
     ok: bool
     n_records: int
     head_hash: str | None
     problems: list[str]
+    chain: list[tuple[int, str]] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The result as a JSON-able dict."""
@@ -542,7 +544,8 @@ class Ledger:
                 fix="pass the record_hash you anchored from head()",
             )
         problems: list[str] = []
-        count, last_seq, last_hash = 0, 0, GENESIS_HASH
+        chain: list[tuple[int, str]] = []
+        last_seq, last_hash = 0, GENESIS_HASH
         anchor_seen = expected_head is None
         with self._read() as conn:
             self._require_undamaged(conn)
@@ -556,7 +559,7 @@ class Ledger:
                 sa.select(self._records).order_by(self._records.c.seq)
             )
             for row in rows:
-                count += 1
+                chain.append((row.seq, row.record_hash))
                 if row.seq != last_seq + 1:
                     problems.append(
                         f"seq {row.seq}: follows seq {last_seq}; records "
@@ -580,7 +583,7 @@ class Ledger:
                     )
                 anchor_seen = anchor_seen or row.record_hash == expected_head
                 last_seq, last_hash = row.seq, row.record_hash
-        if count == 0 and not allow_empty:
+        if not chain and not allow_empty:
             problems.append("the ledger holds no records: every record was deleted, or this is not the ledger expected")
         if not anchor_seen:
             problems.append(
@@ -589,9 +592,10 @@ class Ledger:
             )
         return VerifyResult(
             ok=not problems,
-            n_records=count,
-            head_hash=last_hash if count else None,
+            n_records=len(chain),
+            head_hash=last_hash if chain else None,
             problems=problems,
+            chain=chain,
         )
 
     def _require_undamaged(self, conn: sa.Connection) -> None:
