@@ -55,7 +55,6 @@ from tasks.atomic import write_text_atomic
 from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady, ShipliftError
 from tasks.hashing import canonical_json, sha256_json
 from tasks.ledger_migrations import baseline_tables
-from tasks.ledger_schema import migrate, read_problem, revision_of
 from tasks.secret_keys import looks_secret
 
 GENESIS_HASH = "0" * 64
@@ -364,6 +363,8 @@ class Ledger:
         self._records, self._leases = _tables(schema)
         self._migration: dict[str, str | None] | None = None
         if not read_only:
+            from tasks.ledger_schema import migrate  # Alembic: only a writable open needs it (~0.2 s to import)
+
             try:
                 with self._write("schema") as conn:
                     self._migration = migrate(conn, schema, self._shown_url)
@@ -430,6 +431,8 @@ class Ledger:
         """For a query that met a missing table or column, the schema revision the database is at and the fix."""
         if not _missing_table_or_column(error):
             return None
+        from tasks.ledger_schema import read_problem
+
         try:
             with self._engine.connect() as conn:
                 problem = read_problem(conn, self._schema, self._shown_url)
@@ -726,6 +729,8 @@ def _render_csv(records: list[Record], _verified: VerifyResult) -> str:
 
 def current_revision(url: str, schema: str | None = None) -> str | None:
     """The schema revision of the ledger at `url` (None: new, or made before migrations); changes nothing."""
+    from tasks.ledger_schema import revision_of
+
     with Ledger(url, schema=schema, read_only=True) as ledger, ledger._read() as conn:
         return revision_of(conn, schema)
 
