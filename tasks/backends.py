@@ -82,19 +82,23 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
         hosting = LoopbackHosting(state_dir, store)
         return Backends(kind="local", state_dir=state_dir, store=store, images=LocalImageBuilder(), hosting=hosting,
                         metrics=LocalMetrics(hosting), ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch,
-                        preflight=dict, checkpoint=lambda: local_checkpoint(ledger, state_dir))
+                        preflight=dict, checkpoint=lambda: sign_checkpoint(ledger, config))
     from tasks.aws.backend import aws_backends
 
-    parts = aws_backends(config, state_dir=state_dir, session=session, ledger=ledger)
-    return Backends(kind="aws", state_dir=state_dir, ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch, **parts)
+    parts = aws_backends(config, state_dir=state_dir, session=session)
+    sign = (lambda: sign_checkpoint(ledger, config, session=session)) if backend.checkpoints is not None else None
+    return Backends(kind="aws", state_dir=state_dir, ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch,
+                    checkpoint=sign, **parts)
 
 
-def local_checkpoint(ledger, state_dir: Path, key_path: str | Path | None = None):
-    """Sign the ledger's head with the local key (outside the state dir) into the state dir's checkpoints file."""
+def sign_checkpoint(ledger, config: ReleaseConfig | None = None, *, state_dir: str | Path | None = None,
+                    key_path: str | Path | None = None, session: Any = None):
+    """Verify the ledger, then sign its head with the checkpoint key of `config`'s backend (the local key file, created
+    on first use; aws: its Secrets Manager key) into that backend's store (see `checkpoint_parts`)."""
     from tasks.checkpoints import checkpoint
 
-    key, log = checkpoint_parts(state_dir=state_dir, key_path=key_path, create_key=True)
-    return checkpoint(ledger, log, key)
+    signer, store = checkpoint_parts(config, state_dir=state_dir, key_path=key_path, create_key=True, session=session)
+    return checkpoint(ledger, store, signer)
 
 
 def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Path | None = None,

@@ -371,13 +371,13 @@ def cmd_eval_nli(args) -> int:
     return 0 if report["decision"] == "pass" else EXIT_REJECTED
 
 
-def ledger_for(args, *, read_only: bool = True):
+def ledger_for(args):
     """The ledger a `ledger` command reads: --url, else the --config's ledger_url, else SQLite under --state-dir."""
     from tasks.backends import open_ledger
 
     config = checkpoints_config(args)
     url = args.url or (config.backend.ledger_url if config is not None else None)
-    return open_ledger(ledger_url=url, state_dir=args.state_dir, read_only=read_only)
+    return open_ledger(ledger_url=url, state_dir=args.state_dir, read_only=True)
 
 
 def checkpoints_config(args):
@@ -387,13 +387,12 @@ def checkpoints_config(args):
     return load_release_config(args.config) if getattr(args, "config", None) else None
 
 
-def checkpoint_parts_for(args, *, create_key: bool = False, verify_only: bool = False):
-    """The (signer, store) of a command's checkpoints: --config's backend, else --key and the state dir's file;
-    `verify_only`: an aws config's public key where it names one (its secret is never read)."""
+def verifying_parts(args):
+    """The (verifier, store) of a command's checkpoints: --config's backend (its public key where it names one: the
+    secret is never read), else --key and the state dir's file."""
     from tasks.backends import checkpoint_parts
 
-    return checkpoint_parts(checkpoints_config(args), state_dir=args.state_dir, key_path=args.key, create_key=create_key,
-                            verify_only=verify_only)
+    return checkpoint_parts(checkpoints_config(args), state_dir=args.state_dir, key_path=args.key, verify_only=True)
 
 
 def cmd_ledger_history(args) -> int:
@@ -468,7 +467,7 @@ def cmd_ledger_prove(args) -> int:
     """An inclusion proof of one release's records in the latest signed checkpoint (O(log n) hashes a record)."""
     from tasks.checkpoints import prove
 
-    signer, store = checkpoint_parts_for(args, verify_only=True)
+    signer, store = verifying_parts(args)
     proof = prove(ledger_for(args), store, args.release, signer.public)
     if args.out:
         Path(args.out).write_text(json.dumps(proof, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -489,7 +488,7 @@ def cmd_ledger_check_proof(args) -> int:
         raise NotFound(f"no proof file {args.proof}", fix="write one with `shiplift ledger prove RELEASE --out FILE`") from error
     except ValueError as error:
         raise BadInput(f"{args.proof} is not JSON: {error}", fix="pass the file `ledger prove --out` wrote") from error
-    problems = check_proof(proof, checkpoint_parts_for(args, verify_only=True)[0].public)
+    problems = check_proof(proof, verifying_parts(args)[0].public)
     print_json({"ok": not problems, "release_id": proof.get("release_id"), "records": len(proof.get("records", [])),
                 "problems": problems})
     return 0 if not problems else EXIT_REJECTED
@@ -497,10 +496,10 @@ def cmd_ledger_check_proof(args) -> int:
 
 def cmd_ledger_checkpoint(args) -> int:
     """Sign the ledger's head (after verifying it) into the checkpoint store (local file, or S3 for an aws --config)."""
-    from tasks.checkpoints import checkpoint
+    from tasks.backends import sign_checkpoint
 
-    signer, store = checkpoint_parts_for(args, create_key=True)
-    print_json(checkpoint(ledger_for(args), store, signer).to_dict())
+    signed = sign_checkpoint(ledger_for(args), checkpoints_config(args), state_dir=args.state_dir, key_path=args.key)
+    print_json(signed.to_dict())
     return 0
 
 

@@ -15,9 +15,9 @@ from tasks.aws.store import S3ArtifactStore
 from tasks.errors import ConfigError, NotFound
 
 
-def aws_backends(config, *, state_dir: Path, session: Any = None, ledger: Any = None) -> dict:
-    """Store, image builder, hosting, metrics, the preflight check and (where the config names them and a `ledger` is
-    given) ledger checkpoints of one aws config; no AWS call is made here."""
+def aws_backends(config, *, state_dir: Path, session: Any = None) -> dict:
+    """Store, image builder, hosting, metrics, the preflight check and the Model Registry view of one aws config; no
+    AWS call is made here."""
     backend = config.backend
     aws = Aws(region=backend.region, profile=backend.profile, access=session)
     store = S3ArtifactStore(aws, bucket=backend.bucket, prefix=backend.key_prefix, kms_key_id=backend.kms_key_id,
@@ -25,22 +25,7 @@ def aws_backends(config, *, state_dir: Path, session: Any = None, ledger: Any = 
     hosting = SageMakerHosting(aws, backend, poll_s=backend.poll_s)
     return {"store": store, "images": CodeBuildImageBuilder(aws, backend, store, poll_s=backend.poll_s), "hosting": hosting,
             "metrics": CloudWatchMetrics(aws, hosting), "preflight": lambda: preflight(aws, backend),
-            "checkpoint": checkpointer(aws, backend, ledger),
             "registry": SageMakerModelRegistry(aws, backend) if backend.model_registry else None}
-
-
-def checkpointer(aws: Aws, backend, ledger):
-    """What signs `ledger`'s head into the config's Object Lock bucket; None where the config names no checkpoints."""
-    if backend.checkpoints is None or ledger is None:
-        return None
-
-    def sign():
-        from tasks.checkpoints import checkpoint
-
-        signer, store = aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id)
-        return checkpoint(ledger, store, signer)
-
-    return sign
 
 
 def preflight(aws: Aws, backend) -> dict:
