@@ -10,13 +10,14 @@ is fetched at view time, so the page can be archived with the evidence and opene
 from __future__ import annotations
 
 import html
+from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tasks.atomic import write_text_atomic
 from tasks.audit import verdict_lines
-from tasks.ledger_views import CHECK_COLUMNS, check_cells, releases, show, timeline
+from tasks.ledger_views import CHECK_COLUMNS, check_cells, details, events, field_rows, release_row, require_records
 
 REPORT_FILE = "index.html"
 LANE_H, LEFT, RIGHT, TOP, AXIS_H = 26, 250, 30, 16, 44
@@ -155,10 +156,9 @@ def _champion_svg(release_id: str, checks: list[dict]) -> str:
 def _release_section(detail: dict) -> str:
     """One release: what it was built from, its gate evidence, its champion comparison and its promotions."""
     gate = detail["gate"] or {}
-    built = [{"field": name, "value": detail[name]} for name in (
+    built = field_rows({name: detail[name] for name in (
         "opened_at", "opened_by", "status", "config_hash", "source_sha256", "model_sha256", "artifact_sha256",
-        "artifact_uri", "image_uri", "image_digest")]
-    built += [{"field": f"placement.{k}", "value": v} for k, v in (detail["placement"] or {}).items()]
+        "artifact_uri", "image_uri", "image_digest", "placement")}, "field")
     parts = [f'<details class="release" id="release-{_e(detail["release_id"])}" data-release="{_e(detail["release_id"])}">'
              f'<summary>{_e(detail["release_id"])} — <span class="status-{_e(detail["status"])}">{_e(detail["status"])}</span>'
              f' (gate {_e(gate.get("decision", "not run"))})</summary>',
@@ -178,12 +178,14 @@ def _release_section(detail: dict) -> str:
     return "".join(parts)
 
 
-def _model_section(ledger, model: str) -> str:
-    release_rows = releases(ledger, model)
-    events = timeline(ledger, model)
-    rollbacks = [e for e in events if e["event"] in ("rollback", "rolled_back")]
+def _model_section(model: str, records: list) -> str:
+    """One model's part of the page, from its records alone (read once for the whole page)."""
+    release_details = details(records)
+    release_rows = [release_row(detail) for detail in release_details]
+    model_events = events(records)
+    rollbacks = [e for e in model_events if e["event"] in ("rollback", "rolled_back")]
     parts = [f'<section class="model" data-model="{_e(model)}"><h2>{_e(model)}</h2>',
-             "<h3>Timeline</h3>", _timeline_svg(model, release_rows, events),
+             "<h3>Timeline</h3>", _timeline_svg(model, release_rows, model_events),
              "<h3>Releases</h3>",
              _table(release_rows, ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy",
                                    "artifact_sha256", "image_digest"], css_class="releases",
@@ -192,9 +194,9 @@ def _model_section(ledger, model: str) -> str:
              _table(rollbacks, ["at", "event", "release_id", "detail", "actor"], css_class="rollbacks") if rollbacks
              else '<p class="rollbacks">none</p>',
              "<h3>Traffic steps and events</h3>",
-             _table(events, ["seq", "at", "release_id", "event", "detail", "actor"], css_class="events"),
+             _table(model_events, ["seq", "at", "release_id", "event", "detail", "actor"], css_class="events"),
              "<h3>Gate evidence per release</h3>"]
-    parts += [_release_section(show(ledger, row["release_id"])) for row in release_rows]
+    parts += [_release_section(detail) for detail in release_details]
     parts.append("</section>")
     return "".join(parts)
 
@@ -206,10 +208,17 @@ def _verdict(verification: dict) -> str:
 
 
 def render(ledger, verification: dict, *, model: str | None = None) -> str:
-    """The whole page: the verification result, then one section per model (or just `model`)."""
-    models = [model] if model else sorted({r.model for r in ledger.history()})
+    """The whole page: the verification result, then one section per model (or just `model`: NotFound when the
+    ledger never saw it)."""
+    records = ledger.history(model)
+    if model is not None:
+        require_records(records, model)
+    by_model: dict[str, list] = defaultdict(list)
+    for record in records:
+        by_model[record.model].append(record)
+    models = sorted(by_model)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = "".join(_model_section(ledger, name) for name in models) or "<p>The ledger holds no records.</p>"
+    body = "".join(_model_section(name, by_model[name]) for name in models) or "<p>The ledger holds no records.</p>"
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>shiplift audit report</title><style>{CSS}</style></head><body>"
             f"<h1>shiplift audit report</h1><p>Generated {generated} for "
@@ -217,9 +226,8 @@ def render(ledger, verification: dict, *, model: str | None = None) -> str:
 
 
 def write_report(ledger, out_dir: str | Path, verification: dict, *, model: str | None = None) -> Path:
-    """Write the report to OUT_DIR/index.html atomically; the path written."""
-    if model is not None:
-        timeline(ledger, model)  # NotFound for a model the ledger never saw, before anything is written
+    """Write the report to OUT_DIR/index.html atomically (nothing is written when it cannot be rendered)."""
+    page = render(ledger, verification, model=model)
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(out / REPORT_FILE, render(ledger, verification, model=model))
+    return write_text_atomic(out / REPORT_FILE, page)

@@ -421,14 +421,9 @@ def print_gate(gate: dict) -> None:
     print_table([check_cells(c) for c in gate.get("checks") or []], CHECK_COLUMNS)
 
 
-def field_rows(values: dict, column: str) -> list[dict]:
-    """A (field, value) table of a dict, a nested dict's fields one row each (`placement.instance_type`)."""
-    return [row for name, value in values.items() for row in (
-        field_rows({f"{name}.{k}": v for k, v in value.items()}, column) if isinstance(value, dict)
-        else [{column: name, "value": value}])]
-
-
 def print_release(detail: dict) -> None:
+    from tasks.ledger_views import field_rows
+
     fields = ["release_id", "model", "status", "opened_at", "opened_by", "config_hash", "source_sha256", "model_sha256",
               "artifact_sha256", "artifact_uri", "image_uri", "image_digest", "decision", "records", "placement"]
     print_table(field_rows({name: detail[name] for name in fields}, "field"), ["field", "value"])
@@ -521,6 +516,8 @@ def cmd_ledger_diff(args) -> int:
 
 
 def print_as_of(served: dict) -> None:
+    from tasks.ledger_views import field_rows
+
     promotion = served["promotion"]
     how = {"rollback": f"a rollback from {promotion['rollback_from']}: {promotion['reason']}",
            "promote": f"a promotion ({promotion['strategy']}): {promotion['reason']}"}.get(

@@ -72,17 +72,23 @@ def _promotion_row(record) -> dict:
             "rollback_from": payload.get("rollback_from"), "steps": len(payload.get("steps") or [])}
 
 
+def details(records: list) -> list[dict]:
+    """Every release of these records in full (`release_detail`), in the order each first appears."""
+    return [release_detail(state) for state in _states(records)]
+
+
+def release_row(detail: dict) -> dict:
+    """A release's row in a history: opened when and by whom, its status, gate decision and last promotion."""
+    last = detail["promotions"][-1] if detail["promotions"] else None
+    return ({key: detail[key] for key in ("release_id", "model", "opened_at", "opened_by", "status", "decision",
+                                          "artifact_sha256", "image_digest", "records", "first_at", "last_at")}
+            | {"promoted_at": last["at"] if last and last["event"] == SUCCEEDED else None,
+               "strategy": detail["rollout"]["strategy"]})
+
+
 def releases(ledger, model: str | None = None) -> list[dict]:
-    """One row per release (oldest first): opened when and by whom, its status, gate decision and last promotion."""
-    rows = []
-    for state in _states(ledger.history(model)):
-        detail = release_detail(state)
-        last = detail["promotions"][-1] if detail["promotions"] else None
-        rows.append({key: detail[key] for key in ("release_id", "model", "opened_at", "opened_by", "status", "decision",
-                                                   "artifact_sha256", "image_digest", "records", "first_at", "last_at")}
-                    | {"promoted_at": last["at"] if last and last["event"] == SUCCEEDED else None,
-                       "strategy": detail["rollout"]["strategy"]})
-    return rows
+    """One row per release (oldest first), of one model or of all."""
+    return [release_row(detail) for detail in details(ledger.history(model))]
 
 
 def show(ledger, release_id: str) -> dict:
@@ -90,14 +96,19 @@ def show(ledger, release_id: str) -> dict:
     return release_detail(ReleaseState.from_records(release_id, ledger.release(release_id)))
 
 
-def _flatten(value: Any, prefix: str) -> dict[str, Any]:
-    """Leaves of nested dicts as dotted keys (lists stay whole: they are compared as values)."""
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaves of nested dicts as dotted keys, under `prefix` (lists stay whole: they are compared as values)."""
     if not isinstance(value, dict):
         return {prefix: value}
     flat: dict[str, Any] = {}
     for key, inner in value.items():
-        flat.update(_flatten(inner, f"{prefix}.{key}"))
+        flat.update(_flatten(inner, f"{prefix}.{key}" if prefix else key))
     return flat
+
+
+def field_rows(values: dict, column: str) -> list[dict]:
+    """A (field, value) table of a dict, a nested dict's fields one row each (`placement.instance_type`)."""
+    return [{column: name, "value": value} for name, value in _flatten(values).items()]
 
 
 CHECK_COLUMNS = ["check", "status", "observed", "interval", "rule", "n"]
@@ -207,12 +218,15 @@ def _timeline_event(record) -> tuple[str, str] | None:
     return None
 
 
-def timeline(ledger, model: str) -> list[dict]:
-    """A model's history as events, oldest first: releases opened and finished, gate decisions, traffic steps,
-    promotions, automatic and manual rollbacks with their reasons, failed stages."""
-    records = ledger.history(model)
+def require_records(records: list, model: str) -> list:
+    """The records of `model`; NotFound when the ledger holds none (a model it never saw)."""
     if not records:
         raise NotFound(f"the ledger has no records of model {model!r}", fix="list models with `shiplift ledger history`")
+    return records
+
+
+def events(records: list) -> list[dict]:
+    """The records worth a line in a timeline, oldest first (see `timeline`)."""
     rows = []
     for record in records:
         found = _timeline_event(record)
@@ -220,3 +234,9 @@ def timeline(ledger, model: str) -> list[dict]:
             rows.append({"seq": record.seq, "at": record.recorded_at, "release_id": record.release_id,
                          "event": found[0], "detail": found[1], "actor": record.actor})
     return rows
+
+
+def timeline(ledger, model: str) -> list[dict]:
+    """A model's history as events, oldest first: releases opened and finished, gate decisions, traffic steps,
+    promotions, automatic and manual rollbacks with their reasons, failed stages."""
+    return events(require_records(ledger.history(model), model))
