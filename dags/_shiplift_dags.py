@@ -5,11 +5,13 @@ task graph; configs are validated, the database and the model servers are touche
 task runs. Every task is a thin call into `tasks/` (DESIGN §1, §11); XCom carries only the small
 JSON those calls return.
 
-Retries and timeouts come from the one stage table (`tasks.stages.table`), which the CLI and
+Retries and timeouts come from the one stage table (`tasks.pipeline.table`), which the CLI and
 the Step Functions renderer read too. Every retried task returns a finished stage's recorded
-result (`ensure_stage`), so a retry never duplicates work; only errors shiplift calls retryable
-(NotReady, CapacityError, Throttled) are retried, the others (bad config, integrity, conflict,
-held lease, failed gate) fail at once.
+result (`ensure_stage`), so a retry never duplicates work; only errors whose `retryable` is true
+(`tasks.errors.is_retryable`) are retried, every other failure (bad config, integrity, conflict,
+held or lost lease, failed gate, a bug) fails at once. Each task's `execution_timeout` is the
+stage's `timeout_for` the config, read when the DAG file is parsed; `begin` refuses a run whose
+overrides need longer.
 
 Tasks find their release in the ledger (`begin` returns its id, the configured ledger URL and the
 state dir), so any worker that reaches the ledger runs any stage. For an aws release each task
@@ -26,39 +28,39 @@ from typing import Any
 
 import pendulum
 import yaml
-from airflow.sdk import (
-    DAG,
-    ExceptionRetryPolicy,
-    Param,
-    RetryAction,
-    RetryRule,
-    dag,
-    get_current_context,
-    task,
-)
+from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tasks.errors import CapacityError, NotReady, ShipliftError
-from tasks.stages.table import BEGIN, END, STAGE_NAMES, STEPS, TEARDOWN
+from tasks.errors import is_retryable
+from tasks.ledger.events import FINISHED
+from tasks.pipeline.table import BACKOFF, BEGIN, END, MAX_STEP_TIMEOUT_S, STAGE_NAMES, STEPS, TEARDOWN
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RELEASES_DIR = REPO_ROOT / "configs" / "releases"
 OWNER = "ml-platform"
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
-FINISHED = ("promoted", "rejected")
-# = tasks.promotion.RELEASE_ID_PATTERN (a test keeps them equal); not imported, so parsing stays light.
+# = tasks.pipeline.promotion.RELEASE_ID_PATTERN (a test keeps them equal); not imported, so parsing stays light.
 RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
 OVERRIDE_PATTERN = r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*=.*$"
 
-RETRY_POLICY = ExceptionRetryPolicy(
-    rules=[
-        RetryRule(exception=[NotReady, CapacityError], action=RetryAction.RETRY, reason="shiplift says retryable"),
-        RetryRule(exception=ShipliftError, action=RetryAction.FAIL, reason="shiplift says retrying cannot help"),
-    ],
-)
+
+
+class RetryableErrors(RetryPolicy):
+    """Retry exactly the errors whose `retryable` is true, as the CLI and Step Functions do; fail any other at once."""
+
+    def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> RetryDecision:
+        name = type(exception).__name__
+        if is_retryable(exception):
+            return RetryDecision.retry(reason=f"{name} is retryable")
+        return RetryDecision.fail(reason=f"{name} is not retryable: running the step again cannot help")
+
+    def serialize(self) -> dict[str, Any]:
+        return {"__type": type(self).__name__}
+
+
+RETRY_POLICY = RetryableErrors()
 AWS_CONN_ID = "aws_default"
-RETRY_DELAY = timedelta(seconds=30)
-MAX_RETRY_DELAY = timedelta(minutes=10)
 SHORT_TIMEOUT = timedelta(minutes=5)
 
 
@@ -118,30 +120,50 @@ def _aws_access():
     this on its first AWS request, so local releases never read the connection."""
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-    from tasks.aws.session import AwsAccess
+    from tasks.backends.aws.session import AwsAccess
 
     hook = AwsBaseHook(aws_conn_id=AWS_CONN_ID, client_type="sts")
     return AwsAccess(session=hook.get_session(), endpoint_url=hook.conn_config.endpoint_url)
 
 
-def _retry_args(name: str) -> dict[str, Any]:
-    step = STEPS[name]
-    return {"retries": step.retries, "retry_delay": RETRY_DELAY, "retry_exponential_backoff": 2.0,
-            "max_retry_delay": MAX_RETRY_DELAY, "execution_timeout": timedelta(seconds=step.timeout_s),
-            "retry_policy": RETRY_POLICY}
+def config_timeouts(config_path: Path) -> dict[str, int]:
+    """Each step's `timeout_for` the release config; the table's own timeouts when the config cannot be loaded (then
+    begin fails with the config's real error)."""
+    from tasks.errors import ShipliftError
+
+    try:
+        from tasks.config import load_release_config
+        from tasks.pipeline.table import timeouts_for
+
+        return timeouts_for(load_release_config(config_path))
+    except ShipliftError:
+        return {name: step.timeout_s for name, step in STEPS.items()}
+
+
+def _retry_args(name: str, timeout_s: int) -> dict[str, Any]:
+    """A task's retries, backoff, retry policy and timeout, from the stage table."""
+    return {"retries": STEPS[name].retries, "retry_delay": timedelta(seconds=BACKOFF.first_s),
+            "retry_exponential_backoff": BACKOFF.factor, "max_retry_delay": timedelta(seconds=BACKOFF.max_s),
+            "execution_timeout": timedelta(seconds=timeout_s), "retry_policy": RETRY_POLICY}
+
+
+def _allowed_timeouts() -> dict[str, int]:
+    """The execution timeout of every task of this run's DAG, by task id (= step name)."""
+    return {t.task_id: int(t.execution_timeout.total_seconds()) for t in get_current_context()["dag"].tasks
+            if t.execution_timeout is not None}
 
 
 def _run_stage(begun: dict, name: str) -> dict:
     if begun["status"] in FINISHED:
         raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
-    from tasks.release import run_orchestrated_stage
+    from tasks.pipeline.release import run_orchestrated_stage
 
-    return run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"], state_dir=begun["state_dir"],
-                                  actor=_holder(), session=_aws_access)
+    return run_orchestrated_stage(begun["release_id"], name, holder=_holder(), ledger_url=begun["ledger_url"],
+                                  state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
 
 
-def _stage_task(name: str):
-    @task(task_id=name, **_retry_args(name), doc_md=f"Stage `{name}`: {STEPS[name].doc} (`{STEPS[name].function}`).")
+def _stage_task(name: str, timeout_s: int):
+    @task(task_id=name, **_retry_args(name, timeout_s), doc_md=f"Stage `{name}`: {STEPS[name].doc} (`{STEPS[name].function}`).")
     def run_stage(begun: dict) -> dict:
         return _run_stage(begun, name)
 
@@ -153,6 +175,7 @@ def refresh_dag(config_file: str) -> DAG:
     config_path = Path(config_file)
     config_path = (config_path if config_path.is_absolute() else RELEASES_DIR / config_path).resolve()
     dag_id = dag_id_for(config_path)
+    timeouts = config_timeouts(config_path)
 
     @dag(
         dag_id=dag_id,
@@ -172,23 +195,25 @@ def refresh_dag(config_file: str) -> DAG:
                "not a failure: the run succeeds and the release's status is `rejected`.",
     )
     def refresh():
-        @task(task_id="begin", **_retry_args(BEGIN.name))
+        @task(task_id="begin", **_retry_args(BEGIN.name, timeouts[BEGIN.name]))
         def begin() -> dict:
-            """Validate the config (a bad one fails here with its ConfigError), open the release, take the model's lease."""
-            from tasks.release import begin_orchestrated
+            """Validate the config (a bad one, or one whose deadlines outgrow these tasks' timeouts, fails here with its
+            ConfigError), open the release, take the model's lease."""
+            from tasks.pipeline.release import begin_orchestrated
 
             overrides = tuple(_params()["overrides"])
-            return begin_orchestrated(str(config_path), holder=_holder(), overrides=overrides, actor=_holder(), session=_aws_access)
+            return begin_orchestrated(str(config_path), holder=_holder(), allowed_timeouts=_allowed_timeouts(),
+                                      overrides=overrides, actor=_holder(), session=_aws_access)
 
-        @task(task_id=TEARDOWN, **_retry_args(TEARDOWN))
+        @task(task_id=TEARDOWN, **_retry_args(TEARDOWN, timeouts[TEARDOWN]))
         def teardown_candidate(begun: dict) -> dict:
             """Remove the candidate endpoint whatever happened (idempotent)."""
             return _run_stage(begun, TEARDOWN)
 
-        @task(task_id="end", **_retry_args(END.name))
+        @task(task_id="end", **_retry_args(END.name, timeouts[END.name]))
         def end(begun: dict) -> dict:
             """Record the final status, give the lease back, and fail the run if any task failed."""
-            from tasks.release import end_orchestrated
+            from tasks.pipeline.release import end_orchestrated
 
             failed = _failed_tasks()
             summary = end_orchestrated(begun["release_id"], holder=_holder(), failed=bool(failed), ledger_url=begun["ledger_url"],
@@ -200,7 +225,7 @@ def refresh_dag(config_file: str) -> DAG:
                                                   "decision", "not_passed", "metrics", "served_by")}
 
         begun = begin()
-        stages = [_stage_task(name)(begun) for name in STAGE_NAMES if name != TEARDOWN]
+        stages = [_stage_task(name, timeouts[name])(begun) for name in STAGE_NAMES if name != TEARDOWN]
         for before, after in zip(stages, stages[1:]):
             before >> after
         torn_down, ended = teardown_candidate(begun), end(begun)
@@ -242,8 +267,8 @@ def promote_release_dag() -> DAG:
             "ledger_url": Param(None, type=["null", "string"], minLength=1,
                                 description="the ledger (SQLAlchemy URL, no password); default $SHIPLIFT_LEDGER_URL or SQLite under state_dir"),
         },
-        doc_md="Promote a gated release (`tasks.promotion.promote`) or roll its model back to an earlier "
-               "promoted release (`tasks.promotion.rollback`), with the reason in the ledger.",
+        doc_md="Promote a gated release (`tasks.pipeline.promotion.promote`) or roll its model back to an earlier "
+               "promoted release (`tasks.pipeline.promotion.rollback`), with the reason in the ledger.",
     )
     def promote_release():
         @task.branch(task_id="choose")
@@ -251,9 +276,9 @@ def promote_release_dag() -> DAG:
             """Promotion when no rollback target is given, else rollback."""
             return "rollback" if _params()["rollback_target"] else "promote"
 
-        @task(task_id="promote", **_retry_args("promote"))
+        @task(task_id="promote", **_retry_args("promote", MAX_STEP_TIMEOUT_S))
         def promote_task() -> dict:
-            from tasks.promotion import promote
+            from tasks.pipeline.promotion import promote
 
             context = get_current_context()
             params = context["params"]
@@ -261,11 +286,11 @@ def promote_release_dag() -> DAG:
                            actor=f"airflow:promote_release/{context['run_id']}", ledger_url=params["ledger_url"],
                            session=_aws_access)
 
-        @task(task_id="rollback", **_retry_args("promote"))
+        @task(task_id="rollback", **_retry_args("promote", MAX_STEP_TIMEOUT_S))
         def rollback_task() -> dict:
-            from tasks.backends import open_ledger
-            from tasks.promotion import rollback
-            from tasks.release import ReleaseState
+            from tasks.backends.registry import open_ledger
+            from tasks.pipeline.promotion import rollback
+            from tasks.pipeline.release import ReleaseState
 
             context = get_current_context()
             params = context["params"]
@@ -301,7 +326,7 @@ def audit_ledger_dag() -> DAG:
     def audit_ledger():
         @task(task_id="audit", retry_policy=RETRY_POLICY)
         def audit_task() -> dict:
-            from tasks.audit import audit
+            from tasks.ledger.audit import audit
 
             params = _params()
             return audit(_state_dir(params), ledger_url=params["ledger_url"], config=params["config"], session=_aws_access)

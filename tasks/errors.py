@@ -65,3 +65,21 @@ class Throttled(NotReady):
 
 class DeployFailed(ShipliftError):
     """A model or endpoint did not start (the backend's FailureReason is in the message); fix the cause, then rerun."""
+
+
+class LeaseLost(Conflict):
+    """This run no longer holds the model's promotion lease (it expired and another run took it, or it was given
+    back): it must not change production."""
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether running the same step again can succeed: only a ShipliftError that says so (a bug is not retried)."""
+    return isinstance(exc, ShipliftError) and exc.retryable
+
+
+def error_classes() -> tuple[type[ShipliftError], ...]:
+    """Every domain error class, the base first (what orchestrators name in their retry rules)."""
+    found: list[type[ShipliftError]] = [ShipliftError]
+    for cls in found:
+        found.extend(sub for sub in cls.__subclasses__() if sub not in found)
+    return tuple(found)

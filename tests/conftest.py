@@ -86,8 +86,8 @@ def aws(aws_double, monkeypatch):
 @pytest.fixture
 def aws_calls(monkeypatch):
     """Every request the product's `Aws.call` sends in this process, as (service, operation, params), in order."""
-    from tasks.aws.service_model import operation_name
-    from tasks.aws.session import Aws
+    from tasks.backends.aws.service_model import operation_name
+    from tasks.backends.aws.session import Aws
 
     seen: list[tuple[str, str, dict]] = []
     send = Aws.call

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from tasks.hashing import sha256_file
-from tasks.tinymodel import write_tiny_gguf
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -54,7 +54,7 @@ def write_tiny_config(folder: Path, state_dir: Path, *, name: str = "tiny-decisi
 def three_releases(root: Path) -> dict:
     """In a fresh state dir under `root`: release A promoted, B (an F16 build) promoted over it, D rejected by
     its gate (min_accuracy 0.99). Returns the state dir, the config and the three release ids."""
-    from tasks.release import run_release
+    from tasks.pipeline.release import run_release
 
     state_dir = root / "state"
     config = write_tiny_config(root / "configs", state_dir)
@@ -68,8 +68,8 @@ def three_releases(root: Path) -> dict:
 
 def stop_endpoints(state_dir: Path) -> None:
     """Delete every local endpoint a test's releases left serving."""
-    from tasks.hosting.local import LocalHosting
+    from tasks.backends.local.supervisor import ProcessSupervisor
 
-    hosting = LocalHosting(state_dir)
+    hosting = ProcessSupervisor(state_dir)
     for endpoint in hosting.list_endpoints():
         hosting.delete_endpoint(endpoint["name"])

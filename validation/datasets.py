@@ -1,7 +1,8 @@
-"""Load a configured decision dataset: resolve its path, filter splits, run its expectations."""
+"""Load a decision dataset: read the file, filter splits, run its expectations."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,25 +24,23 @@ class DecisionDataset:
         return {"name": self.name, "path": str(self.path), "sha256": self.sha256, "splits": self.splits, "n": len(self.tasks), "check": self.check}
 
 
-def load_decision_dataset(ref, base_dir: Path, *, name: str) -> DecisionDataset:
-    """Read a JevBench-format file, keep the configured splits, and check it before use."""
-    from tasks.config import resolve_data_path
+def load_decision_dataset(path: Path, *, name: str, splits: Sequence[str] | None = None) -> DecisionDataset:
+    """Read a JevBench-format file, keep the given splits (None: all), and check it before use."""
     from validation.expectations import check_decision_dataset
     from validation.jevbench import dataset_sha256, load_jevbench
 
-    path = resolve_data_path(ref, base_dir)
     tasks = load_jevbench(path)
-    if ref.splits:
+    if splits:
         present = {t.split for t in tasks}
-        missing = set(ref.splits) - present
+        missing = set(splits) - present
         if missing:
             raise BadInput(
                 f"dataset {path} has no tasks in split(s) {sorted(missing)}; it has {sorted(present)}",
                 fix="fix the splits list in the config",
             )
-        tasks = [t for t in tasks if t.split in ref.splits]
+        tasks = [t for t in tasks if t.split in splits]
     check = check_decision_dataset(tasks, name=name)
     return DecisionDataset(
-        name=name, path=path, sha256=dataset_sha256(path), splits=tuple(ref.splits) if ref.splits else None,
+        name=name, path=path, sha256=dataset_sha256(path), splits=tuple(splits) if splits else None,
         tasks=tasks, check=check.to_dict(),
     )

@@ -15,7 +15,7 @@ from typing import Any, Callable
 class Target:
     """A model to score: how to reach it (an invoker from the hosting backend) and what to call it."""
 
-    invoker: Any  # tasks.interfaces.Invoker
+    invoker: Any  # tasks.backends.interfaces.Invoker
     label: str = ""
 
     @classmethod

@@ -11,9 +11,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from tasks.errors import BadInput, GateFailed
+from validation.thresholds import ChampionRule, DecisionThresholds
 from validation.metrics import (
     decision_metrics,
     paired_accuracy_difference,
@@ -22,32 +23,6 @@ from validation.metrics import (
 )
 
 Status = Literal["pass", "fail", "inconclusive", "skipped"]
-
-
-class DecisionThresholds(BaseModel):
-    """Absolute thresholds for a decision model; None switches a check off (and says so)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    min_accuracy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    max_ece: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_validity: float = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    max_p95_latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
-    min_allowed_token_mass: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
-
-
-class ChampionRule(BaseModel):
-    """Candidate must not be worse than the champion by more than `margin`, on paired intervals."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    metric: Literal["accuracy"] = "accuracy"
-    margin: float = Field(default=0.02, ge=0.0, le=1.0, allow_inf_nan=False)
-    min_samples: int = Field(default=30, ge=1)
-    n_bootstrap: int = Field(default=1000, ge=100, le=100_000)
-    seed: int = Field(default=0, ge=0)
-    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, allow_inf_nan=False)
-    also_ece_margin: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 
 
 class Check(BaseModel):

@@ -16,29 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.errors import BadInput
 from validation.evaluate import RunSettings, Target, progress_counter
 from validation.nli import LABELS, NliPair
+from validation.thresholds import NliThresholds
 
 DEFAULT_SETTINGS = RunSettings()
 LATENCY_NOTE = (
     "per-pair latency_ms / server_forward_ms / server_total_ms = the batch's value divided by its number of pairs"
 )
-
-
-class NliThresholds(BaseModel):
-    """Absolute thresholds for an NLI encoder; max_p95_latency_ms None switches that check off."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    min_accuracy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_macro_f1: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_class_recall: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    max_ece: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_validity: float = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    max_p95_latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

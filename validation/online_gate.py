@@ -19,7 +19,7 @@ from validation.runner import Prediction, run_decisions
 class OnlineGate:
     """Replays `tasks` through a live component and judges the candidate's answers as they come in."""
 
-    invoker: Any  # tasks.interfaces.Invoker of the live (production) component
+    invoker: Any  # tasks.backends.interfaces.Invoker of the live (production) component
     tasks: Sequence[Any]  # validation.jevbench.JevTask, the canary split
     candidate_model_sha256: str
     thresholds: Any  # validation.gates.DecisionThresholds

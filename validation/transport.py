@@ -50,7 +50,7 @@ class Target:
 class Options:
     """A run's resolved settings, shared read-only by every request (build it with `run_options`)."""
 
-    invoker: Any  # tasks.interfaces.Invoker
+    invoker: Any  # tasks.backends.interfaces.Invoker
     timeout_s: float
     max_attempts: int
     backoff_base_s: float

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tasks.cli import main
-from tasks.release import run_release
+from tasks.cli.main import main
+from tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 

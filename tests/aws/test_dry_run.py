@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.aws.dryrun import Plan
-from tasks.aws.service_model import request_problems
+from tasks.backends.aws.dryrun import Plan
+from tasks.backends.aws.service_model import request_problems
 from tasks.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def dry_run(config: str, *overrides: str) -> tuple[list[dict], str]:
     env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true",
                AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed_port()}")
     sets = [arg for override in overrides for arg in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "release", config, "--dry-run", *sets], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", config, "--dry-run", *sets], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
@@ -127,7 +127,7 @@ def test_checkpoints_are_checked_in_preflight_and_signed_into_the_object_lock_bu
 
 
 def test_a_local_config_has_no_requests_to_print():
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "release", "configs/releases/gemma-decision.yaml", "--dry-run"],
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/gemma-decision.yaml", "--dry-run"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "uses the local backend" in done.stderr and not done.stdout
 
@@ -168,7 +168,7 @@ def test_a_canary_prints_the_rolling_update_and_the_alarms_it_is_rolled_back_by(
 
 def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "release", "configs/releases/qwen35-4b-semif.yaml", "--dry-run",
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/qwen35-4b-semif.yaml", "--dry-run",
                            "--set", "rollout.strategy=canary", "--set", "rollout.copies=4"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "moves equal batches" in done.stderr and "use strategy linear" in done.stderr

@@ -11,8 +11,8 @@ import boto3
 import pytest
 from botocore.retries import standard
 
-from tasks.aws.session import MAX_ATTEMPTS, Aws
-from tasks.aws.store import S3ArtifactStore
+from tasks.backends.aws.session import MAX_ATTEMPTS, Aws
+from tasks.backends.aws.store import S3ArtifactStore
 from tasks.config import MigPartitionPlacement, load_release_config
 from tasks.errors import (
     CapacityError,
@@ -22,15 +22,33 @@ from tasks.errors import (
     IntegrityError,
     Throttled,
 )
-from tasks.ledger import Ledger
-from tasks.placement import fit_problem, gguf_memory
-from tasks.release import run_release
+from tasks.ledger.store import Ledger
+from tasks.backends.placement import fit_problem, gguf_memory
+from tasks.pipeline import table
+from tasks.pipeline.release import run_release
 
 QUIET = lambda message: None
 OTHER_ACCOUNT = "210987654321"
 POOL_TYPES = ["ml.g6e.xlarge", "ml.g6.2xlarge", "ml.g5.2xlarge"]
 QWEN3_4B = {"block_count": 36, "head_count": 32, "head_count_kv": 8, "key_length": 128, "value_length": 128,
             "embedding_length": 2560}
+
+
+DEPLOY_ATTEMPTS = 1 + table.STEPS["deploy_candidate"].retries  # the release retries a retryable failure per the table
+
+
+@pytest.fixture
+def stage_retries(monkeypatch) -> list[int]:
+    """The release's retries of a retryable stage failure, recorded (attempt numbers) instead of waited for."""
+    asked: list[int] = []
+
+    class Recorded:
+        def delay(self, attempt: int) -> float:
+            asked.append(attempt)
+            return 0.0
+
+    monkeypatch.setattr(table, "BACKOFF", Recorded())
+    return asked
 
 
 def ledger_of(tmp_path) -> Ledger:
@@ -121,7 +139,8 @@ def test_credentials_of_another_account_are_a_config_error(aws, aws_calls, aws_r
 
 # -- SageMaker refuses or fails the candidate ------------------------------------------------------------
 
-def test_no_capacity_in_any_pool_is_a_capacity_error_and_the_candidate_is_torn_down(aws, aws_release, tiny_release, tmp_path):
+def test_no_capacity_in_any_pool_is_a_capacity_error_and_the_candidate_is_torn_down(aws, aws_release, tiny_release, tmp_path,
+                                                                                      stage_retries):
     aws_release.prepare_account(aws)
     aws.scenario(unavailable_instance_types=POOL_TYPES)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
@@ -131,19 +150,23 @@ def test_no_capacity_in_any_pool_is_a_capacity_error_and_the_candidate_is_torn_d
     assert "no capacity in any instance pool; tried ml.g6e.xlarge, ml.g6.2xlarge, ml.g5.2xlarge" in str(error)
     assert "InsufficientInstanceCapacity" in str(error), "SageMaker's FailureReason is in the message"
     assert "add instance types to placement.pools" in error.fix
-    assert len([c for c in aws.calls if c.operation == "CreateEndpoint"]) == 1
+    # CapacityError is retryable: the stage ran once and then its table's retries, each attempt one CreateEndpoint.
+    assert stage_retries == list(range(1, DEPLOY_ATTEMPTS))
+    assert len([c for c in aws.calls if c.operation == "CreateEndpoint"]) == DEPLOY_ATTEMPTS
     assert sagemaker_left(aws) == {"endpoints": [], "configs": [], "models": []}, "the candidate went, with its config and model"
 
     ledger = ledger_of(tmp_path)
     failed = [r for r in ledger.history("tiny-aws") if r.stage == "deploy_candidate" and r.event == "failed"]
-    assert len(failed) == 1 and failed[0].payload["error"] == str(error) and failed[0].payload["error_type"] == "CapacityError"
+    assert len(failed) == DEPLOY_ATTEMPTS and failed[-1].payload["error"] == str(error)
+    assert {r.payload["error_type"] for r in failed} == {"CapacityError"}
     assert events(ledger)[-3:] == [("teardown_candidate", "started"), ("teardown_candidate", "succeeded"), ("release", "failed")]
     teardown = [r for r in ledger.history("tiny-aws") if r.stage == "teardown_candidate"][-1]
     assert teardown.payload["removed"] is True
     assert ("validate", "started") not in events(ledger)
 
 
-def test_an_endpoint_that_fails_to_start_is_deploy_failed_with_its_failure_reason(aws, aws_release, tiny_release, tmp_path):
+def test_an_endpoint_that_fails_to_start_is_deploy_failed_with_its_failure_reason(aws, aws_release, tiny_release, tmp_path,
+                                                                                   stage_retries):
     reason = ("The primary container for production variant shiplift-tiny-aws-cand did not pass the ping health check. "
               "Please check CloudWatch logs for this endpoint.")
     aws_release.prepare_account(aws)
@@ -151,7 +174,7 @@ def test_an_endpoint_that_fails_to_start_is_deploy_failed_with_its_failure_reaso
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
 
     error = failing_release(config, DeployFailed)
-    assert error.retryable is False
+    assert error.retryable is False and stage_retries == [], "DeployFailed is not retryable: no second attempt"
     assert f"is Failed: {reason}" in str(error) and "CloudWatch logs" in error.fix
     failed = [r for r in ledger_of(tmp_path).history("tiny-aws") if r.stage == "deploy_candidate" and r.event == "failed"]
     assert len(failed) == 1 and reason in failed[0].payload["error"] and failed[0].payload["error_type"] == "DeployFailed"
@@ -173,7 +196,7 @@ def test_a_little_throttling_is_absorbed_by_botocores_retries(aws, aws_calls, aw
 
 
 def test_lasting_throttling_is_throttled_after_a_bounded_number_of_attempts(aws, aws_calls, aws_release, tiny_release, tmp_path,
-                                                                             monkeypatch):
+                                                                             monkeypatch, stage_retries):
     aws_release.prepare_account(aws)
     aws.scenario(throttle={"CreateEndpoint": 50})
     delays = []
@@ -190,12 +213,16 @@ def test_lasting_throttling_is_throttled_after_a_bounded_number_of_attempts(aws,
     assert error.retryable is True and isinstance(error, Throttled)
     assert "sagemaker CreateEndpoint: ThrottlingException" in str(error) and "retry later" in error.fix
     attempts = [c for c in aws.calls if c.operation == "CreateEndpoint"]
-    assert len([o for _, o, _ in aws_calls if o == "CreateEndpoint"]) == 1, "shiplift adds no retry loop of its own"
+    # Throttled is retryable: the stage's table retries, and inside each attempt the backend calls CreateEndpoint once
+    # (the backend adds no loop of its own) and botocore makes its bounded attempts.
+    assert stage_retries == list(range(1, DEPLOY_ATTEMPTS))
+    assert len([o for _, o, _ in aws_calls if o == "CreateEndpoint"]) == DEPLOY_ATTEMPTS
     assert "bounded retries" in str(error)
-    assert len(attempts) == MAX_ATTEMPTS, f"{len(attempts)} CreateEndpoint requests reached the service, the message says {MAX_ATTEMPTS}"
-    assert len(delays) == len(attempts) - 1 and all(d >= 0 for d in delays)
+    assert len(attempts) == MAX_ATTEMPTS * DEPLOY_ATTEMPTS, \
+        f"{len(attempts)} CreateEndpoint requests reached the service, the message says {MAX_ATTEMPTS} per call"
+    assert len(delays) == len(attempts) - DEPLOY_ATTEMPTS and all(d >= 0 for d in delays)
     failed = [r for r in ledger_of(tmp_path).history("tiny-aws") if r.stage == "deploy_candidate" and r.event == "failed"]
-    assert failed and failed[0].payload["error_type"] == "Throttled"
+    assert len(failed) == DEPLOY_ATTEMPTS and {r.payload["error_type"] for r in failed} == {"Throttled"}
     assert sagemaker_left(aws)["endpoints"] == [] and sagemaker_left(aws)["configs"] == []
 
 
@@ -218,7 +245,7 @@ def test_a_repository_with_mutable_tags_is_refused_before_any_build(aws, aws_cal
 # -- the artifact store ------------------------------------------------------------------------------------
 
 def store_and_source(aws, tmp_path, bucket: str, data: bytes):
-    """A bucket, a file to store, and the store as tasks.aws.backend builds it (reaching the double through the
+    """A bucket, a file to store, and the store as tasks.backends.aws.backend builds it (reaching the double through the
     environment the `aws` fixture set): (store, source, sha256, key)."""
     aws.client("s3").create_bucket(Bucket=bucket)
     source = tmp_path / "model.tar.gz"

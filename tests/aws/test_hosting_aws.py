@@ -9,8 +9,8 @@ import pytest
 
 from tasks.config import load_release_config
 from tasks.errors import BadInput, Conflict, DeployFailed
-from tasks.release import begin_orchestrated, run_orchestrated_stage, run_release
-from tasks.stages.common import candidate_name
+from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
+from tasks.pipeline.stages.common import candidate_name
 
 QUIET = lambda message: None  # noqa: E731
 
@@ -40,9 +40,9 @@ def test_a_retry_replaces_the_endpoint_an_earlier_attempt_left_failed(aws, aws_c
 
 def test_a_build_of_the_same_content_already_running_is_waited_for_not_started_again(aws, aws_calls, aws_release, tiny_release,
                                                                                    tmp_path):
-    from tasks.aws.images import image_tag, source_zip
-    from tasks.backends import make_backends
-    from tasks.images import build_local_image
+    from tasks.backends.aws.image_builder import image_tag, source_zip
+    from tasks.backends.registry import make_backends
+    from tasks.backends.local.process_image import build_local_image
 
     aws_release.prepare_account(aws)
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state"))
@@ -75,7 +75,7 @@ def test_production_on_a_changed_placement_is_refused_not_ignored(aws, aws_relea
 
 
 def test_component_metrics_come_from_cloudwatch_over_a_whole_minute_window(aws, aws_release, tiny_release, tmp_path):
-    from tasks.backends import make_backends
+    from tasks.backends.registry import make_backends
 
     aws_release.prepare_account(aws)
     path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")

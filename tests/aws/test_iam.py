@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.aws.dryrun import plan_release
+from tasks.backends.aws.dryrun import plan_release
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tasks.aws.iam import (CHECKPOINT_OPERATIONS, OPERATIONS, UNSCOPABLE, Scope, execution_role_policy, iam_request,
+from tasks.backends.aws.iam import (CHECKPOINT_OPERATIONS, OPERATIONS, UNSCOPABLE, Scope, execution_role_policy, iam_request,
                            pipeline_policy)
-from tasks.cli import main
+from tasks.cli.main import main
 from tasks.config import load_release_config
-from tasks.release import run_release
+from tasks.pipeline.release import run_release
 from tests.aws.test_checkpoints_aws import BUCKET as CHECKPOINT_BUCKET, SECRET, _pem, _prepare
 
 ROOT = Path(__file__).resolve().parents[2]

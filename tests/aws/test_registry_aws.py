@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.aws.registry import APPROVED, PENDING, REJECTED, SageMakerModelRegistry, View, release_view
-from tasks.aws.session import Aws
+from tasks.backends.aws.registry import APPROVED, PENDING, REJECTED, SageMakerModelRegistry, View, release_view
+from tasks.backends.aws.session import Aws
 from tasks.errors import BadInput
-from tasks.ledger import Ledger, Record
-from tasks.promotion import rollback
-from tasks.release import run_release
+from tasks.ledger.store import Ledger, Record
+from tasks.pipeline.promotion import rollback
+from tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 GROUP = "shiplift-tiny-aws"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from tasks.aws.session import Aws
-from tasks.aws.store import S3ArtifactStore
+from tasks.backends.aws.session import Aws
+from tasks.backends.aws.store import S3ArtifactStore
 from tasks.hashing import sha256_file
 
 MIB = 1024 * 1024

@@ -95,11 +95,11 @@ def _forget_queue(queue: str) -> None:
 
 
 def _stop_endpoints(state_dir: Path) -> None:
-    from tasks.hosting.local import LocalHosting
+    from tasks.backends.local.supervisor import ProcessSupervisor
 
     if not (state_dir / "endpoints").is_dir():
         return
-    hosting = LocalHosting(state_dir)
+    hosting = ProcessSupervisor(state_dir)
     for endpoint in hosting.list_endpoints():
         hosting.delete_endpoint(endpoint["name"])
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hosting.local import LocalHosting
-from tasks.ledger import Ledger
-from tasks.release import STAGES
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.ledger.store import Ledger
+from tasks.pipeline.release import STAGES
 
 pytestmark = pytest.mark.celery
 
@@ -94,7 +94,7 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow, tmp_pa
     with ledger.acquire_lease(MODEL, "tests/celery", release_id, 60):
         pass  # the run gave the model's promotion lease back (LeaseHeld otherwise)
 
-    hosting = LocalHosting(celery_airflow.state_dir)
+    hosting = ProcessSupervisor(celery_airflow.state_dir)
     assert [e["name"] for e in hosting.list_endpoints()] == [PRODUCTION], "the candidate was torn down"
     served = hosting.describe_endpoint(PRODUCTION)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]
     assert served["release_id"] == release_id and served["artifact_sha256"] == summary["artifact_sha256"]

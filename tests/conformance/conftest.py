@@ -1,7 +1,7 @@
 """The backend conformance suite's fixture: `backend`, one tiny release on the local and on the aws backend.
 
 Each test in this folder runs once per backend with the same assertions, so the two implementations of
-the seams (`tasks.interfaces`) cannot drift apart. The aws side runs against the session's AWS double
+the seams (`tasks.backends.interfaces`) cannot drift apart. The aws side runs against the session's AWS double
 (the `aws` fixture of tests/conftest.py), its account prepared by tests/aws/aws_release.py.
 
 What a backend cannot show the same way (how a no-op deploy is observed, how many image builds ran)
@@ -27,7 +27,7 @@ class Conformance:
 
     kind: str
     config: Any  # tasks.config.ReleaseConfig
-    backends: Any  # tasks.backends.Backends
+    backends: Any  # tasks.backends.registry.Backends
     folder: Path
     placement_kind: str  # what `LiveComponent.placement.kind` must say for the config's placement
     double: Any = None  # the AWS double (aws only)
@@ -41,7 +41,7 @@ class Conformance:
         return self.config.resource_prefix
 
     def gguf(self, seed: int) -> Path:
-        from tasks.tinymodel import write_tiny_gguf
+        from tasks.artifacts.tiny_gguf import write_tiny_gguf
 
         path = self.folder / "models" / f"seed{seed}" / f"tiny-seed{seed}.gguf"
         if not path.is_file():
@@ -52,7 +52,7 @@ class Conformance:
     def artifact(self, seed: int):
         """The tiny GGUF of `seed`, packaged and put in this backend's store (once per seed)."""
         if seed not in self._models:
-            from tasks.packaging import package_gguf
+            from tasks.artifacts.packaging import package_gguf
 
             packaged = package_gguf(self.gguf(seed), self.folder / "packages" / f"seed{seed}",
                                     manifest={"model": self.config.name, "kind": "gguf", "seed": seed})
@@ -66,9 +66,9 @@ class Conformance:
         return self._image
 
     def spec(self, seed: int, *, copies: int = 1, release_id: str | None = None):
-        """A ComponentSpec the way `tasks.stages.common.component_spec` builds one."""
-        from tasks.interfaces import ComponentSpec, ModelRef
-        from tasks.stages.common import compute
+        """A ComponentSpec the way `tasks.pipeline.stages.common.component_spec` builds one."""
+        from tasks.backends.interfaces import ComponentSpec, ModelRef
+        from tasks.pipeline.stages.common import compute
 
         stored, image = self.artifact(seed), self.image()
         return ComponentSpec(image_uri=image.uri, artifact_uri=stored.uri, artifact_sha256=stored.sha256,
@@ -79,12 +79,12 @@ class Conformance:
 
     # -- names and deploys -------------------------------------------------------------------
     def candidate_name(self, spec) -> str:
-        from tasks.stages.common import candidate_name
+        from tasks.pipeline.stages.common import candidate_name
 
         return candidate_name(self.config, spec.artifact_sha256, spec.image_uri.rsplit("@", 1)[1])
 
     def production(self) -> tuple[str, str]:
-        from tasks.stages.common import production_component, production_endpoint
+        from tasks.pipeline.stages.common import production_component, production_endpoint
 
         return production_endpoint(self.config), production_component(self.config)
 
@@ -120,7 +120,7 @@ class Conformance:
 @pytest.fixture(params=["local", "aws"])
 def backend(request, tiny_release, tmp_path):
     """A tiny release's backends (`make_backends`) on the local backend, or on the aws one against the AWS double."""
-    from tasks.backends import make_backends
+    from tasks.backends.registry import make_backends
     from tasks.config import load_release_config
 
     kind = request.param

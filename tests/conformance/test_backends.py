@@ -14,7 +14,7 @@ import pytest
 
 from tasks.errors import NotFound
 from tasks.hashing import sha256_file
-from tasks.interfaces import ImageRef, LiveComponent, StoredArtifact
+from tasks.backends.interfaces import ImageRef, LiveComponent, StoredArtifact
 
 QUIET = lambda message: None
 DECISION = {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
@@ -193,7 +193,7 @@ def test_managed_resources_lists_what_was_deployed_and_nothing_after_cleanup(bac
 
 # 7 ------------------------------------------------------------------------------------------
 def test_a_models_own_error_comes_back_with_the_containers_status_and_body(backend):
-    """The channel contract (tasks/aws/invoke.py, validation/transport.py): a model's own error answers with the
+    """The channel contract (tasks/backends/aws/invoke.py, validation/transport.py): a model's own error answers with the
     container's status and body, so the retry policy and the recorded error text are the same on both backends."""
     endpoint, component = backend.production()
     backend.deploy(endpoint, component, backend.spec(1), role="production")

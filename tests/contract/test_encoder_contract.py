@@ -1,7 +1,7 @@
 """Contract tests of the encoder NLI server (DESIGN §6.3) against real server processes.
 
 Each server is `python images/encoder/server.py` on the project's tiny random ONNX encoder
-(`tasks.tinyencoder`, seed 0), configured only by ENCODER_* variables, on port 0 (the bound
+(`tasks.artifacts.tiny_encoder`, seed 0), configured only by ENCODER_* variables, on port 0 (the bound
 port is read from the server's log line).
 """
 
@@ -82,7 +82,7 @@ def probs(result: dict) -> list[float]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random encoder directory (seed 0) with an int8 model next to the fp32 one."""
-    from tasks.tinyencoder import write_tiny_onnx_model_dir
+    from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 
     path = tmp_path_factory.mktemp("encoder-model") / "model"
     write_tiny_onnx_model_dir(path, seed=0)
@@ -502,7 +502,7 @@ def test_the_image_layout_serves_with_the_shared_module_beside_the_server(
 
 
 def test_dockerfile_pins_the_base_by_digest_and_runs_the_server_as_non_root():
-    from tasks.images import dockerfile_base_images
+    from tasks.backends.local.process_image import dockerfile_base_images
 
     dockerfile = IMAGE_DIR / "Dockerfile"
     text = dockerfile.read_text()

@@ -73,7 +73,7 @@ class Fleet:
             [
                 sys.executable,
                 "-m",
-                "tasks.hosting.router",
+                "tasks.backends.local.router",
                 "--name",
                 ENDPOINT,
                 "--port",

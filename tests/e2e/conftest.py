@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hosting.local import LocalHosting
+from tasks.backends.local.supervisor import ProcessSupervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,13 +32,13 @@ def stop_endpoints_afterwards(tmp_path):
     yield
     for state_dir in (tmp_path / "state", tmp_path):
         if (state_dir / "endpoints").is_dir():
-            hosting = LocalHosting(state_dir)
+            hosting = ProcessSupervisor(state_dir)
             for endpoint in hosting.list_endpoints():
                 hosting.delete_endpoint(endpoint["name"])
 
 
 def shiplift_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def serve():
 
     def start(image: str, *args: str, ready_timeout_s: float = 120) -> str:
         port = free_port()
-        process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "serve", image, *args, "--port", str(port)],
+        process = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "serve", image, *args, "--port", str(port)],
                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         processes.append(process)
         url = f"http://127.0.0.1:{port}"

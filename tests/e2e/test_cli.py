@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ledger import Ledger
-from tasks.tinymodel import write_tiny_gguf
+from tasks.ledger.store import Ledger
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
@@ -84,9 +84,9 @@ def test_ledger_commands_without_a_ledger_say_how_to_get_one(tmp_path, cli):
 
 
 def test_endpoints_list_and_stop(tmp_path, cli):
-    from tasks.hosting.local import ProcessSpec, LocalHosting
+    from tasks.backends.local.supervisor import ProcessSpec, ProcessSupervisor
 
-    hosting = LocalHosting(tmp_path)
+    hosting = ProcessSupervisor(tmp_path)
     hosting.ensure_endpoint("cli-test")
     spec = ProcessSpec(command=[sys.executable, str(ROOT / "tests/fakes/fake_model_server.py")], copies=1,
                          port_env="FAKE_PORT", model_ref={"release_id": "x"})
@@ -97,11 +97,11 @@ def test_endpoints_list_and_stop(tmp_path, cli):
     assert neither.returncode == 2
     stopped = cli("endpoints", "stop", "--all", "--state-dir", str(tmp_path))
     assert stopped.returncode == 0 and "stopped cli-test" in stopped.stdout
-    assert LocalHosting(tmp_path).list_endpoints() == []
+    assert ProcessSupervisor(tmp_path).list_endpoints() == []
 
 
 def test_serve_encoder_and_eval_nli(tmp_path, serve, cli):
-    from tasks.tinyencoder import write_tiny_onnx_model_dir
+    from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 
     model_dir = write_tiny_onnx_model_dir(tmp_path / "model", seed=0)
     url = serve("encoder", "--model-dir", str(model_dir), "--threads", "1", "--variant", "int8", ready_timeout_s=60)

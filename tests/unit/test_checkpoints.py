@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks import merkle
-from tasks.checkpoints import CheckpointLog, SigningKey, check_proof, checkpoint, prove, verify_with_checkpoints
+from tasks.ledger import merkle
+from tasks.ledger.checkpoints import CheckpointLog, SigningKey, check_proof, checkpoint, prove, verify_with_checkpoints
 from tasks.errors import ConfigError, IntegrityError, NotFound
-from tasks.ledger import GENESIS_HASH, Ledger, _content_hash
+from tasks.ledger.store import GENESIS_HASH, Ledger, _content_hash
 from tests.unit.conftest import Backend
 from tests.unit.test_ledger import _append
 
@@ -132,7 +132,7 @@ def test_refusals_sign_nothing(tmp_path, backend, ledger, log, key):
 
 
 def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, capsys):
-    from tasks.cli import EXIT_REJECTED, main
+    from tasks.cli.main import EXIT_REJECTED, main
 
     state = tmp_path / "state"
     state.mkdir()

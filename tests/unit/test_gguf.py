@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.errors import BadInput, Conflict, ConfigError, IntegrityError, NotFound
-from tasks.gguf import (
+from tasks.artifacts.gguf import (
     QUANT_TYPES,
     build_gguf,
     check_letter_slots,
@@ -19,7 +19,7 @@ from tasks.gguf import (
     resolve_source,
 )
 from tasks.hashing import sha256_file
-from tasks.tinymodel import LETTERS, write_tiny_gguf
+from tasks.artifacts.tiny_gguf import LETTERS, write_tiny_gguf
 
 
 def _files(folder: Path) -> list[str]:
@@ -84,7 +84,7 @@ def test_type_tables_match_gguf_and_llama_cpp() -> None:
     import llama_cpp
     import numpy as np
 
-    from tasks.gguf import FILE_TYPES, _HeaderParser
+    from tasks.artifacts.gguf import FILE_TYPES, _HeaderParser
 
     assert _HeaderParser._STRING == gguf.GGUFValueType.STRING
     assert _HeaderParser._ARRAY == gguf.GGUFValueType.ARRAY
@@ -255,7 +255,7 @@ def fake_gguf_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Simple
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(
         "from pathlib import Path\n"
-        "from tasks.tinymodel import write_tiny_gguf\n"
+        "from tasks.artifacts.tiny_gguf import write_tiny_gguf\n"
         "MODEL_NAME = 'fake-tiny.gguf'\n"
         "CALLS = []\n"
         "def assemble(output_path=None, overwrite=False):\n"

@@ -1,4 +1,4 @@
-"""Local process images (tasks/images.py): the digest covers the image folder and the shared images/common."""
+"""Local process images (tasks/backends/local/process_image.py): the digest covers the image folder and the shared images/common."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import images
+from tasks.backends.local import process_image as images
 from tasks.errors import ConfigError
 
 BASE = "python@sha256:" + "ab" * 32

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady
 from tasks.hashing import sha256_json
-from tasks.ledger import GENESIS_HASH, Ledger
+from tasks.ledger.store import GENESIS_HASH, Ledger
 from tasks.secret_keys import looks_secret
 from tests.unit.conftest import Backend
 
@@ -168,7 +168,7 @@ def test_concurrent_thread_appends_keep_one_chain(backend: Backend, ledger: Ledg
 
 _PROCESS_WORKER = """
 import sys
-from tasks.ledger import Ledger
+from tasks.ledger.store import Ledger
 url, schema, name, count = sys.argv[1], sys.argv[2] or None, sys.argv[3], int(sys.argv[4])
 ledger = Ledger(url, schema=schema)
 for n in range(count):
@@ -448,7 +448,7 @@ def test_the_database_refuses_writes_through_a_read_only_ledger(backend: Backend
 
 
 def _cli_verify(url: str, capsys) -> tuple[int, str, str]:
-    from tasks.cli import main
+    from tasks.cli.main import main
 
     code = main(["ledger", "verify", "--url", url])
     captured = capsys.readouterr()

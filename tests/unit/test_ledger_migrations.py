@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import sqlalchemy as sa
 
-import tasks.ledger
-from tasks import ledger_schema
+import tasks.ledger.store
+from tasks.ledger import schema as ledger_schema
 from tasks.errors import ConfigError
-from tasks.ledger import Ledger, current_revision, upgrade
-from tasks.ledger_schema import VERSION_TABLE, head_revision, schema_differences
+from tasks.ledger.store import Ledger, current_revision, upgrade
+from tasks.ledger.schema import VERSION_TABLE, head_revision, schema_differences
 
 if TYPE_CHECKING:
     from tests.unit.conftest import Backend
@@ -98,7 +98,7 @@ def test_a_new_ledger_is_created_at_head_with_exactly_the_tables_the_code_uses(b
     assert {**created, "url": None} == {"url": None, "from": None, "to": "0001", "action": "created"}
     assert current_revision(backend.url, backend.schema) == "0001"
     with backend.engine.connect() as conn:
-        assert schema_differences(conn, tasks.ledger._tables(backend.schema), backend.schema) == []
+        assert schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema) == []
         recorded = conn.exec_driver_sql(f"SELECT version_num FROM {_qualified(backend, VERSION_TABLE)}").all()
     assert recorded == [("0001",)], "the version must live in the ledger's own schema"
     assert upgrade(backend.url, backend.schema)["action"] == "current"
@@ -167,7 +167,7 @@ def test_an_upgrade_through_a_new_revision_keeps_every_record_verifying(
         assert ledger.verify().ok and _append(ledger) == 4
         assert ledger.verify().n_records == 4
     with backend.engine.connect() as conn:
-        differences = schema_differences(conn, tasks.ledger._tables(backend.schema), backend.schema)
+        differences = schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema)
     assert [d[0] for d in differences] == ["remove_column"] and differences[0][3].name == "note"
 
     monkeypatch.undo()  # this code again knows only 0001; the database is at 0002
@@ -209,7 +209,7 @@ def test_a_read_only_ledger_names_the_revision_it_cannot_read(
 def test_cli_upgrade_stamps_an_old_ledger_and_refuses_one_that_is_not_there(tmp_path: Path, capsys) -> None:
     import json
 
-    from tasks.cli import main
+    from tasks.cli.main import main
 
     with Ledger.for_sqlite(tmp_path / "ledger.db") as ledger:
         _append(ledger)

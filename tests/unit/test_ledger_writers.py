@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import tasks.ledger
+import tasks.ledger.store
 from tasks.errors import ConfigError
-from tasks.ledger import MAX_CLOCK_SKEW_S, Ledger
+from tasks.ledger.store import MAX_CLOCK_SKEW_S, Ledger
 
 if TYPE_CHECKING:
     from tests.unit.conftest import Backend
@@ -33,7 +33,7 @@ WRITERS, RECORDS_EACH = 4, 10
 _WRITER = """
 import sys, time
 import sqlalchemy as sa
-from tasks.ledger import Ledger
+from tasks.ledger.store import Ledger
 
 url, schema, name, mode, count = sys.argv[1], sys.argv[2] or None, sys.argv[3], sys.argv[4], int(sys.argv[5])
 
@@ -129,7 +129,7 @@ def test_a_writer_killed_inside_its_transaction_leaves_nothing_and_blocks_no_one
 
 
 def _clock(monkeypatch: pytest.MonkeyPatch, moment: datetime) -> None:
-    monkeypatch.setattr(tasks.ledger, "_utcnow", lambda: moment)
+    monkeypatch.setattr(tasks.ledger.store, "_utcnow", lambda: moment)
 
 
 def test_a_clock_slightly_behind_records_the_newest_time_so_order_holds(

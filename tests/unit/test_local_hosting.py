@@ -1,4 +1,4 @@
-"""LocalHosting: real router and fake model-server processes on loopback, state on disk."""
+"""ProcessSupervisor: real router and fake model-server processes on loopback, state on disk."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.errors import BadInput, CapacityError, NotFound, NotReady
-from tasks.hosting.local import OWNER_ENV, ProcessSpec, LocalHosting
+from tasks.backends.local.supervisor import OWNER_ENV, ProcessSpec, ProcessSupervisor
 from tests.unit.conftest import _dead, _pids
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"
@@ -70,7 +70,7 @@ def _spawn_fake(owner: str | None) -> subprocess.Popen:
 
 
 def _owner_tag(tmp_path: Path, endpoint: str) -> str:
-    """The SHIPLIFT_ENDPOINT_OWNER value LocalHosting(tmp_path / "state") gives an endpoint's processes."""
+    """The SHIPLIFT_ENDPOINT_OWNER value ProcessSupervisor(tmp_path / "state") gives an endpoint's processes."""
     return f"{(tmp_path / 'state').resolve()}::{endpoint}"
 
 
@@ -129,7 +129,7 @@ def test_put_invoke_idempotent_then_replace_all_at_once(hosting):
 def test_state_survives_a_new_instance_like_a_new_cli_command(hosting, tmp_path):
     started = hosting.ensure_endpoint("ep-b")
     put = hosting.put_component("ep-b", "semif", _spec(), ready_timeout_s=20)
-    later = LocalHosting(tmp_path / "state")
+    later = ProcessSupervisor(tmp_path / "state")
     found = later.ensure_endpoint("ep-b")
     assert (found.status, found.pid, found.port) == ("running", started.pid, started.port)
     assert not later.put_component("ep-b", "semif", _spec(), ready_timeout_s=20).changed
@@ -150,7 +150,7 @@ def test_killed_router_is_restarted_and_components_registered_again(hosting, tmp
     assert _dead(before.pid)
     with pytest.raises(NotReady, match="not running"):
         hosting.metrics("ep-c")
-    after = LocalHosting(tmp_path / "state").ensure_endpoint("ep-c")
+    after = ProcessSupervisor(tmp_path / "state").ensure_endpoint("ep-c")
     assert after.status == "restarted" and after.pid != before.pid
     status, body = _invoke(after.url, "semif")
     assert status == 200 and body["pid"] == put.copies[0].pid
@@ -233,7 +233,7 @@ def test_metrics_count_model_5xx(hosting):
 
 
 def test_stop_escalates_to_sigkill_for_a_copy_that_ignores_sigterm(tmp_path):
-    hosting = LocalHosting(tmp_path / "state", stop_grace_s=0.3)
+    hosting = ProcessSupervisor(tmp_path / "state", stop_grace_s=0.3)
     hosting.ensure_endpoint("ep-j")
     put = hosting.put_component(
         "ep-j", "stubborn", _spec(FAKE_IGNORE_SIGTERM="1"), ready_timeout_s=20
@@ -251,7 +251,7 @@ def test_leftover_pending_copy_from_a_crash_is_stopped_by_the_next_command(hosti
         {"pid": orphan.pid, "start_ticks": None, "log": "x", "port": 1, "url": "http://127.0.0.1:1"}
     ]
     path.write_text(json.dumps(state))
-    assert LocalHosting(tmp_path / "state").ensure_endpoint("ep-k").status == "running"
+    assert ProcessSupervisor(tmp_path / "state").ensure_endpoint("ep-k").status == "running"
     assert orphan.wait(timeout=5) is not None
     assert json.loads(path.read_text())["pending"] == []
 
@@ -273,7 +273,7 @@ def test_unrecorded_process_tagged_for_the_endpoint_is_stopped_and_others_are_no
 
 
 def test_delete_of_an_endpoint_never_recorded_still_stops_its_tagged_router(tmp_path):
-    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
+    hosting = ProcessSupervisor(tmp_path / "state", stop_grace_s=3)
     orphan = _spawn_fake(_owner_tag(tmp_path, "ep-n"))
     try:
         assert hosting.delete_endpoint("ep-n") is False
@@ -283,7 +283,7 @@ def test_delete_of_an_endpoint_never_recorded_still_stops_its_tagged_router(tmp_
         orphan.wait(timeout=5)
 
 
-def _router_ping(hosting: LocalHosting, name: str) -> tuple[int, dict]:
+def _router_ping(hosting: ProcessSupervisor, name: str) -> tuple[int, dict]:
     port = hosting._load(name).router.port  # asked directly: ensure_endpoint would heal what it looks at
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as resp:
@@ -388,7 +388,7 @@ def test_router_control_needs_the_token_and_returns_no_environment(hosting, tmp_
 
 
 def test_cli_lists_endpoint_health_as_a_table_and_a_closed_pipe_is_no_traceback(hosting, tmp_path, capsys):
-    from tasks.cli import main
+    from tasks.cli.main import main
 
     hosting.ensure_endpoint("ep-cli")
     put = hosting.put_component("ep-cli", "semif", _spec(copies=2), ready_timeout_s=20)
@@ -408,7 +408,7 @@ def test_cli_lists_endpoint_health_as_a_table_and_a_closed_pipe_is_no_traceback(
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command writes a byte
     try:
-        done = subprocess.run([sys.executable, "-m", "tasks.cli", "endpoints", "list", "--json", "--state-dir", state_dir],
+        done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "endpoints", "list", "--json", "--state-dir", state_dir],
                               stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     finally:
         os.close(write_end)

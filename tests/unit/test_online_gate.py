@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tasks.hashing import sha256_file
-from tasks.hosting.local import LocalHosting
-from tasks.hosting.loopback import process_spec
-from tasks.interfaces import RolloutPlan, RolloutStep
-from tasks.tinymodel import write_tiny_gguf
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.backends.local.hosting import process_spec
+from tasks.backends.interfaces import RolloutPlan, RolloutStep
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
 from validation.gates import ChampionRule, DecisionThresholds
 from validation.jevbench import load_jevbench
 from validation.online_gate import OnlineGate
@@ -46,7 +46,7 @@ def _tasks():
     (DecisionThresholds(min_accuracy=0.99, max_ece=1.0, min_validity=1.0), "fail"),
 ])
 def test_answers_are_attributed_by_model_and_the_candidate_is_judged_on_its_own(tmp_path, models, thresholds, decision):
-    hosting = LocalHosting(tmp_path / "state", stop_grace_s=3)
+    hosting = ProcessSupervisor(tmp_path / "state", stop_grace_s=3)
     candidate_sha = sha256_file(models["candidate"] / "model.gguf")
     champion_sha = sha256_file(models["champion"] / "model.gguf")
     seen: dict = {}

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.errors import BadInput, Conflict, IntegrityError
 from tasks.hashing import sha256_file
-from tasks.onnx_export import (
+from tasks.artifacts.onnx_export import (
     EXPORT_RECORD,
     ID2LABEL,
     check_checkpoint,
@@ -19,7 +19,7 @@ from tasks.onnx_export import (
     parity_check,
     require_parity,
 )
-from tasks.tinyencoder import write_tiny_checkpoint, write_tiny_onnx_model_dir
+from tasks.artifacts.tiny_encoder import write_tiny_checkpoint, write_tiny_onnx_model_dir
 
 PROBES = [
     ("A man is playing a guitar in the park.", "A man plays music."),
@@ -130,7 +130,7 @@ def test_export_is_deterministic_and_reused_but_never_overwritten(
 
 
 def test_failed_export_leaves_nothing_behind(checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
-    import tasks.onnx_export as onnx_export
+    import tasks.artifacts.onnx_export as onnx_export
 
     def broken(*_args):
         raise RuntimeError("disk full")

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import tasks.packaging as packaging
+import tasks.artifacts.packaging as packaging
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 from tasks.hashing import sha256_file
-from tasks.packaging import MANIFEST_NAME, ExtractLimits, package_gguf, safe_extract
-from tasks.store import LocalArtifactStore
+from tasks.artifacts.packaging import MANIFEST_NAME, ExtractLimits, package_gguf, safe_extract
+from tasks.backends.local.store import LocalArtifactStore
 
 shutil_usage = namedtuple("usage", "total used free")
 MANIFEST = {"source": {"kind": "local", "sha256": "a" * 64}, "quantization": "Q4_K_M", "tools": {"gguf": "0.19.0"}}
@@ -259,7 +259,7 @@ def test_listed_files_in_subfolders_extract(tmp_path: Path) -> None:
 
 
 def test_model_folder_packages_deterministically_and_round_trips(tmp_path: Path) -> None:
-    from tasks.packaging import package_model_dir
+    from tasks.artifacts.packaging import package_model_dir
 
     folder = tmp_path / "encoder"
     folder.mkdir()
@@ -275,7 +275,7 @@ def test_model_folder_packages_deterministically_and_round_trips(tmp_path: Path)
 
 
 def test_model_folder_must_be_flat_and_hold_the_model(tmp_path: Path) -> None:
-    from tasks.packaging import package_model_dir
+    from tasks.artifacts.packaging import package_model_dir
 
     folder = tmp_path / "encoder"
     (folder / "sub").mkdir(parents=True)

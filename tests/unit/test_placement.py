@@ -1,4 +1,4 @@
-"""tasks.placement: MIG layouts, GPU driver fitness and memory sizing, alone and through the release config."""
+"""tasks.backends.placement: MIG layouts, GPU driver fitness and memory sizing, alone and through the release config."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.aws.service_model import service_model
+from tasks.backends.aws.service_model import service_model
 from tasks.config import (
     InstancePoolPlacement,
     InstanceTypePlacement,
@@ -14,7 +14,7 @@ from tasks.config import (
     load_release_config,
 )
 from tasks.errors import ConfigError
-from tasks.placement import (
+from tasks.backends.placement import (
     CPU_RUNTIME_OVERHEAD_MB,
     DEFAULT_DRIVERS,
     INFERENCE_AMI_DRIVERS,

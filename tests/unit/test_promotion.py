@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld, NotFound
-from tasks.hosting.local import LocalHosting
-from tasks.ledger import Ledger
-from tasks.promotion import promote, rollback
-from tasks.release import ReleaseState, begin_orchestrated
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.ledger.store import Ledger
+from tasks.pipeline.promotion import promote, rollback
+from tasks.pipeline.release import ReleaseState, begin_orchestrated
 
 MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
 QUIET = lambda message: None  # noqa: E731
@@ -28,7 +28,7 @@ def releases(tmp_path_factory, tiny_release):
 
 
 def live_release(state_dir: Path) -> str:
-    return LocalHosting(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]["release_id"]
+    return ProcessSupervisor(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]["release_id"]
 
 
 def test_rollback_then_promote_again_records_and_verifies_each_switch(releases):
@@ -97,7 +97,7 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
 
 
 def test_cli_rollback_prints_what_serves_and_refuses_bad_input_without_a_traceback(releases, capsys):
-    from tasks.cli import EXIT_BAD_INPUT, main
+    from tasks.cli.main import EXIT_BAD_INPUT, main
 
     state_dir, a, b = releases["state_dir"], releases["a"], releases["b"]
     assert live_release(state_dir) == b

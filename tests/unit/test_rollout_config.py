@@ -8,8 +8,8 @@ import pytest
 
 from tasks.config import BakeAlarms, load_release_config
 from tasks.errors import ConfigError, NotFound
-from tasks.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
-from tasks.rollout import BakeWatch, first_alarm, judge
+from tasks.backends.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
+from tasks.pipeline.bake import BakeWatch, first_alarm, judge
 
 GEMMA = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
 STEP = RolloutStep(phase="rollout", batch=1, batches=2, old_copies=1, new_copies=1, old_spec_sha256="a" * 64,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import NotFound
-from tasks.hosting.local import LocalHosting
-from tasks.interfaces import RolloutPlan, RolloutStep
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.backends.interfaces import RolloutPlan, RolloutStep
 from tests.unit.conftest import _dead
 from tests.unit.test_local_hosting import _invoke, _spec
 
@@ -21,7 +21,7 @@ LOAD_CLIENT = Path(__file__).resolve().parents[1] / "fakes" / "load_client.py"
 class Watch:
     """A bake that records each step, what answered during it, and fires an alarm on request."""
 
-    def __init__(self, hosting: LocalHosting, endpoint: str, alarm_at: int | None = None, crash_at: int | None = None):
+    def __init__(self, hosting: ProcessSupervisor, endpoint: str, alarm_at: int | None = None, crash_at: int | None = None):
         self.hosting, self.endpoint = hosting, endpoint
         self.alarm_at, self.crash_at = alarm_at, crash_at
         self.steps: list[RolloutStep] = []
@@ -36,7 +36,7 @@ class Watch:
         return "test alarm: error rate over 5%" if self.alarm_at == step.batch else None
 
 
-def _serving(hosting: LocalHosting, endpoint: str, component: str) -> dict[str, list[int]]:
+def _serving(hosting: ProcessSupervisor, endpoint: str, component: str) -> dict[str, list[int]]:
     """pids per model version of the copies the component runs now."""
     comp = hosting._load(endpoint).components[component]
     versions: dict[str, list[int]] = {}
@@ -49,7 +49,7 @@ def _serving(hosting: LocalHosting, endpoint: str, component: str) -> dict[str, 
     return versions
 
 
-def _deploy(hosting: LocalHosting, endpoint: str, copies: int = 2) -> list[int]:
+def _deploy(hosting: ProcessSupervisor, endpoint: str, copies: int = 2) -> list[int]:
     hosting.ensure_endpoint(endpoint)
     return [c.pid for c in hosting.put_component(endpoint, "semif", _spec(copies=copies), ready_timeout_s=20).copies]
 
@@ -103,7 +103,7 @@ def test_a_rollout_killed_mid_bake_resumes_where_it_stopped(hosting, tmp_path):
     half = _serving(hosting, "ep-resume", "semif")
     assert sorted(half) == ["v1", "v2"] and len(half["v1"]) == len(half["v2"]) == 1
     assert hosting._load("ep-resume").components["semif"].previous is not None
-    rerun = LocalHosting(tmp_path / "state")  # a new command, as after a crash
+    rerun = ProcessSupervisor(tmp_path / "state")  # a new command, as after a crash
     watch = Watch(rerun, "ep-resume")
     result = rerun.roll_out("ep-resume", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"), watch,
                             ready_timeout_s=20)
@@ -118,7 +118,7 @@ def test_a_rollout_to_another_spec_first_rolls_back_an_interrupted_one(hosting, 
     with pytest.raises(KeyboardInterrupt):
         hosting.roll_out("ep-other", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"),
                          Watch(hosting, "ep-other", crash_at=1), ready_timeout_s=20)
-    result = LocalHosting(tmp_path / "state").roll_out(
+    result = ProcessSupervisor(tmp_path / "state").roll_out(
         "ep-other", "semif", _spec(copies=2, version="v3"), RolloutPlan(strategy="canary"), Watch(hosting, "ep-other"),
         ready_timeout_s=20)
     assert result.status == "succeeded" and list(_serving(hosting, "ep-other", "semif")) == ["v3"]
@@ -137,7 +137,7 @@ def test_plan_targets():
     assert RolloutPlan(strategy="canary", batch_copies=9).targets(2) == [2]
 
 
-def _roll_under_load(hosting: LocalHosting, endpoint: str, clients: int, requests: int) -> dict:
+def _roll_under_load(hosting: ProcessSupervisor, endpoint: str, clients: int, requests: int) -> dict:
     """A linear rollout of 3 copies (each answer takes 20 ms) while a second process sends the load; its counts."""
     hosting.ensure_endpoint(endpoint)
     old = {c.pid for c in hosting.put_component(endpoint, "semif", _spec(copies=3, FAKE_DELAY_S="0.02"), ready_timeout_s=20).copies}
@@ -192,7 +192,7 @@ def test_a_copy_killed_during_a_canary_is_replaced_and_the_rollout_ends_whole(ho
 
 def _neutral(copies: int, version: str, **env: str):
     """A fake-copy spec that carries a neutral ComponentSpec, as the promote stage's specs do (metrics by spec need it)."""
-    from tasks.interfaces import Compute, ComponentSpec, ModelRef
+    from tasks.backends.interfaces import Compute, ComponentSpec, ModelRef
 
     digest = "sha256:" + (version.encode().hex() * 64)[:64]
     neutral = ComponentSpec(image_uri=f"fake/semif@{digest}", artifact_uri=f"file:///fake/{version}", artifact_sha256="a" * 64,
@@ -209,10 +209,10 @@ def test_a_faulty_canary_is_rolled_back_by_its_bake_alarm_under_live_traffic(hos
     """The real bake (BakeWatch over the router's metrics of the new copies) with live traffic from a thread."""
     from types import SimpleNamespace
 
-    from tasks.demo import LiveTraffic
-    from tasks.hosting.loopback import LocalMetrics
-    from tasks.interfaces import BakeAlarms
-    from tasks.rollout import BakeWatch
+    from tasks.cli.demo import LiveTraffic
+    from tasks.backends.local.hosting import LocalMetrics
+    from tasks.backends.interfaces import BakeAlarms
+    from tasks.pipeline.bake import BakeWatch
 
     endpoint = f"ep-fault-{'slow' if 'FAKE_DELAY_S' in env else '500'}"
     hosting.ensure_endpoint(endpoint)

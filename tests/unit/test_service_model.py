@@ -1,4 +1,4 @@
-"""tasks.aws.service_model: every request is checked against the whole botocore model (lengths, counts, maximums,
+"""tasks.backends.aws.service_model: every request is checked against the whole botocore model (lengths, counts, maximums,
 enums, Java patterns), not only what botocore's ParamValidator checks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 import pytest
 from botocore.validate import ParamValidator
 
-from tasks.aws.service_model import (
+from tasks.backends.aws.service_model import (
     operation_name,
     request_problems,
     service_model,

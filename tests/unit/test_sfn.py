@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
+import re
 import time
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from moto import mock_aws
 
 from tasks.config import load_release_config
 from tasks.errors import BadInput, ConfigError, Conflict, NotFound
-from tasks.release import STAGES, release_id_for
-from tasks.sfn import (
-    ECS_RUN_TASK_SYNC,
+from tasks.pipeline.release import STAGES, release_id_for
+from tasks.orchestrators.task_token import retryable_error_names
+from tasks.orchestrators.step_functions import (
+    ECS_RUN_TASK,
     FAILED_STATE,
     TEARDOWN_STATES,
     RunnerSettings,
@@ -71,7 +73,14 @@ def tasks_of(definition: dict) -> dict[str, dict]:
 
 
 def command(state: dict) -> list[str]:
-    return state["Parameters"]["Overrides"]["ContainerOverrides"][0]["Command"]
+    """A task's argv; the execution's lease holder (`$.run.holder` in a `States.Array`) reads as `<holder>`."""
+    override = state["Parameters"]["Overrides"]["ContainerOverrides"][0]
+    if "Command" in override:
+        return override["Command"]
+    array = override["Command.$"]
+    assert array.startswith("States.Array(") and array.endswith(")"), array
+    return [literal if literal or not holder else "<holder>"
+            for literal, holder in re.findall(r"'([^']*)'|(\$\.run\.holder)", array[len("States.Array("):-1])]
 
 
 def successors(state: dict) -> list[str]:
@@ -154,15 +163,15 @@ def test_every_stage_is_a_task_running_shiplift_stage(name):
     definition = render(name)
     cfg = config(name)
     rid = release_id_for(cfg)
-    ecs = [s for s in tasks_of(definition).values() if s["Resource"] == ECS_RUN_TASK_SYNC]
-    commands = [command(s) for s in ecs if "Command" in s["Parameters"]["Overrides"]["ContainerOverrides"][0]]
+    ecs = [s for s in tasks_of(definition).values() if s["Resource"] == ECS_RUN_TASK]
+    commands = [command(s) for s in ecs]
     for stage in STAGES:
         matching = [c for c in commands if c[:3] == ["shiplift", "stage", stage]]
         assert matching, f"no Task runs `shiplift stage {stage}`"
         for argv in matching:
-            assert argv[3:7] == ["--release", rid, "--ledger-url", cfg.backend.ledger_url]
+            assert argv[3:9] == ["--release", rid, "--ledger-url", cfg.backend.ledger_url, "--holder", "<holder>"]
     for state in tasks_of(definition).values():
-        if state["Resource"] == ECS_RUN_TASK_SYNC:
+        if state["Resource"] == ECS_RUN_TASK:
             params = state["Parameters"]
             assert (params["Cluster"], params["TaskDefinition"], params["LaunchType"]) == ("shiplift", "shiplift-pipeline:3", "FARGATE")
             assert state["ResultPath"] is None
@@ -258,11 +267,19 @@ def test_retry_catch_and_references_follow_the_asl_rules(name):
             assert rule["MaxDelaySeconds"] >= rule["IntervalSeconds"] and rule["JitterStrategy"] in ("FULL", "NONE")
     # Infrastructure errors (no capacity, RunTask failures) come first and are retried on every ECS task.
     for state in tasks_of(definition).values():
-        if state["Resource"] == ECS_RUN_TASK_SYNC:
+        if state["Resource"] == ECS_RUN_TASK:
             assert "AmazonECS.Unknown" in state["Retry"][0]["ErrorEquals"]
-    task_failed = {n: r["MaxAttempts"] for n, s in tasks_of(definition).items() for r in s["Retry"] if r["ErrorEquals"] == ["States.TaskFailed"]}
+    # A task reports its error's class: only the retryable ones (and a container that stopped heartbeating) are retried.
+    retried = [*retryable_error_names(), "States.HeartbeatTimeout"]
+    assert {"Shiplift.NotReady", "Shiplift.CapacityError", "Shiplift.Throttled"} <= set(retried)
+    task_failed = {n: r["MaxAttempts"] for n, s in tasks_of(definition).items() for r in s["Retry"] if r["ErrorEquals"] == retried}
     assert task_failed["Validate"] == task_failed["Promote"] == 1  # a retry re-runs an evaluation / touches production
     assert task_failed["TeardownAfterFailure"] == max(task_failed.values())  # the candidate must go
+    never_retried = {"Shiplift.ConfigError", "Shiplift.GateFailed", "Shiplift.IntegrityError", "Shiplift.LeaseHeld",
+                     "Shiplift.LeaseLost", "Shiplift.UnexpectedError", "States.TaskFailed", "States.ALL"}
+    for state_name, state in tasks_of(definition).items():
+        if state["Resource"] == ECS_RUN_TASK:  # (reading the gate's result from S3 may retry any S3 failure)
+            assert not never_retried & {e for r in state["Retry"] for e in r["ErrorEquals"]}, state_name
     cfg = config(name)
     assert states["Validate"]["TimeoutSeconds"] >= cfg.validation.deadline_s
     if cfg.placement.kind == "instance_pool":
@@ -302,7 +319,7 @@ def _stub_ecs(definition: dict, failing: tuple[str, ...] = ()) -> dict:
     """Replace the ECS tasks (moto cannot run them) by Pass states, or by a task that fails."""
     definition = copy.deepcopy(definition)
     for name, state in list(definition["States"].items()):
-        if state.get("Resource") != ECS_RUN_TASK_SYNC:
+        if state.get("Resource") != ECS_RUN_TASK:
             continue
         if name in failing:
             state.update(Resource="arn:aws:states:::aws-sdk:s3:getObject", Parameters={"Bucket": "shiplift-results", "Key": "absent"})
@@ -378,7 +395,7 @@ def test_task_parameters_validate_against_the_botocore_models(name):
     run_task = session.get_service_model("ecs").operation_model("RunTask").input_shape
     get_object = session.get_service_model("s3").operation_model("GetObject").input_shape
     for state in tasks_of(render(name)).values():
-        if state["Resource"] == ECS_RUN_TASK_SYNC:
+        if state["Resource"] == ECS_RUN_TASK:
             validate_parameters(_camel(state["Parameters"]), run_task)
         else:
             validate_parameters(state["Parameters"], get_object)
@@ -478,12 +495,12 @@ def test_publish_stage_result_writes_the_envelope_the_choice_reads():
 
 
 def test_stage_commands_parse_with_the_cli():
-    from tasks.cli import build_parser
-    from tasks.sfn import stage_command
+    from tasks.cli.main import build_parser
+    from tasks.orchestrators.step_functions import stage_command
 
     for stage in STAGES:
-        args = build_parser().parse_args(stage_command(stage, "rel-1", PG)[1:])
-        assert (args.name, args.release, args.ledger_url) == (stage, "rel-1", PG)
+        args = build_parser().parse_args(stage_command(stage, "rel-1", PG, "stepfunctions:exec-1")[1:])
+        assert (args.name, args.release, args.ledger_url, args.holder) == (stage, "rel-1", PG, "stepfunctions:exec-1")
 
 
 def test_verify_task_definition_checks_the_pinned_image():
@@ -535,7 +552,7 @@ def test_state_machine_names_fit_80_characters():
 
 
 def test_role_policy_is_scoped_and_accepted_by_iam():
-    from tasks.sfn import state_machine_role_policy
+    from tasks.orchestrators.step_functions import state_machine_role_policy
 
     cfg = config("qwen35-4b-semif.yaml")
     policy = state_machine_role_policy(cfg, runner(result_bucket=None), account_id="123456789012", region=REGION)

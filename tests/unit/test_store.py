@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.interfaces import ArtifactStore, StoredArtifact
-from tasks.store import LocalArtifactStore
+from tasks.backends.interfaces import ArtifactStore, StoredArtifact
+from tasks.backends.local.store import LocalArtifactStore
 
 
 @pytest.fixture

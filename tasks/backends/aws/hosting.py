@@ -1,0 +1,675 @@
+"""SageMaker hosting (DESIGN §7): candidates on instance pools or MIG partitions, production as an
+inference-component endpoint, invocation through `sagemaker-runtime`, teardown and cleanup.
+
+- A **candidate** on an instance pool (or one instance type) is a single-model endpoint: `CreateModel`
+  (network isolation on) → `CreateEndpointConfig` with `InstancePools`, the provision timeout,
+  `InferenceAmiVersion`, least-outstanding-requests routing and the startup/download timeouts →
+  `CreateEndpoint`. The pool entry that provisioned (`CurrentInstanceCount > 0`) is recorded.
+- A candidate on a **MIG partition**, and **production** always, is an inference-component endpoint:
+  a variant without a model (the config carries `ExecutionRoleArn`; for MIG exactly one
+  `AcceleratorPartitionLayouts` entry, read back after creation), then `Create/UpdateInferenceComponent`.
+- Every name derives from content and every create is preceded by a describe, so a rerun after a
+  crash finds what exists and never duplicates it; an existing resource with other content is a
+  Conflict. Waits use `waiters.json` (every non-success terminal status fails) with deadlines, and
+  capture `FailureReason` at once. Success is judged by the caller on the typed `describe`: an
+  update that ends InService on the old spec shows as differences, never as success.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from tasks.backends.aws.iam import GATE_NAMESPACE
+from tasks.backends.aws.service_model import request_applied
+from tasks.backends.aws.store import artifact_sha256
+from tasks.backends.aws.waiters import wait_for
+from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound
+from tasks.hashing import sha256_json
+from tasks.pipeline.table import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
+from tasks.backends.interfaces import (
+    Bake,
+    ComponentSpec,
+    LiveComponent,
+    ManagedResource,
+    ModelRef,
+    PlacementObtained,
+    Progress,
+    RolloutPlan,
+    RolloutResult,
+    RolloutStep,
+)
+
+VARIANT = "AllTraffic"  # the capacity variant of inference-component endpoints
+MANAGED, ENDPOINT_TAG, RELEASE_TAG = "shiplift:managed", "shiplift:endpoint", "shiplift:release"
+STARTUP_TIMEOUT_S = 900  # container start and model download of multi-GB models (DESIGN §7)
+ENDPOINT_WAIT_S = DEPLOY_WAIT_S // 2  # on top of the pool's provision timeout; with the component's: the stage table's
+COMPONENT_WAIT_S = DEPLOY_WAIT_S // 2
+DELETE_WAIT_S = TEARDOWN_WAIT_S // 2  # a component, then the endpoint
+ROUTING = {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
+SAGEMAKER_PERIOD_S = 60  # SageMaker publishes invocation metrics per minute
+GATE_METRIC = "OnlineGateFailed"
+GATE_PERIOD_S = 10  # the gate's verdict is a high-resolution metric, so its alarm can judge every 10 s
+
+
+def name_base(name: str) -> str:
+    """The first 52 characters of a name (no trailing hyphen): what its configs and models are named after."""
+    return name[:52].rstrip("-")
+
+
+def content_name(base: str, content: dict) -> str:
+    """`<base, cut to 52>-<10 hex of base and content>`: at most 63 characters, unique per base and content."""
+    return f"{name_base(base)}-{sha256_json({'base': base, 'content': content})[:10]}"
+
+
+def tags(**values: str) -> list[dict]:
+    """shiplift's tags: `shiplift:managed=true` (what cleanup looks for) and `shiplift:<key>` for each value."""
+    return [{"Key": MANAGED, "Value": "true"}, *({"Key": f"shiplift:{k}", "Value": v} for k, v in sorted(values.items()))]
+
+
+def component_dimensions(component: str) -> list[dict]:
+    """The CloudWatch dimensions of an inference component's metrics (SageMaker's and the online gate's)."""
+    return [{"Name": "InferenceComponentName", "Value": component}]
+
+
+def failure_reason(answer: dict | None) -> str:
+    """SageMaker's FailureReason of a describe answer, or a note that it gave none."""
+    return (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
+
+
+def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
+    """What the endpoint got, read from its description and its config: the pool entry with instances,
+    the instance type, or the MIG layout."""
+    variant = (endpoint.get("ProductionVariants") or [{}])[0]
+    requested = (config.get("ProductionVariants") or [{}])[0]
+    ami = requested.get("InferenceAmiVersion")
+    if requested.get("InstancePools"):
+        order = [p["InstanceType"] for p in sorted(requested["InstancePools"], key=lambda p: p["Priority"])]
+        counts = {p["InstanceType"]: p.get("CurrentInstanceCount", 0) for p in variant.get("InstancePools") or []}
+        got = next((t for t in order if counts.get(t, 0) > 0), None)
+        return PlacementObtained(kind="instance_pool", requested=",".join(order), instance_type=got,
+                                 instance_count=counts.get(got, 0) if got else 0,
+                                 tried=tuple(order[:order.index(got)] if got else order), ami_version=ami)
+    layout = (requested.get("AcceleratorPartitionLayouts") or [{}])[0].get("AcceleratorPartitionTypes", [])
+    if layout:
+        return PlacementObtained(kind="mig_partition", requested=f"{len(layout)} x {layout[0]}", instance_type=requested.get("InstanceType"),
+                                 instance_count=variant.get("CurrentInstanceCount", 0), partition_type=layout[0],
+                                 partitions=len(layout), ami_version=ami)
+    return PlacementObtained(kind="instance_type", requested=requested.get("InstanceType", "unknown"),
+                             instance_type=requested.get("InstanceType"), instance_count=variant.get("CurrentInstanceCount", 0),
+                             ami_version=ami)
+
+
+class SageMakerHosting:
+    """The aws backend's hosting: SageMaker models, endpoint configs, endpoints and inference components."""
+
+    kind = "aws"
+
+    def __init__(self, aws, backend, *, poll_s: float):
+        self.aws, self.backend, self.poll_s = aws, backend, poll_s
+
+    def _sm(self, operation: str, **params) -> dict:
+        return self.aws.call("sagemaker", operation, **params)
+
+    # -- requests (pure; the dry run prints the same ones) ----------------------------------------
+    def model_request(self, component: str, spec: ComponentSpec, endpoint: str) -> dict:
+        """CreateModel for a spec: named by component, container and release; network isolation on."""
+        container = {"Image": spec.image_uri, "ModelDataUrl": spec.artifact_uri, "Environment": dict(spec.environment)}
+        name = content_name(component, {"container": container, "release": spec.model_ref.release_id})
+        return {"ModelName": name, "PrimaryContainer": container, "ExecutionRoleArn": self.backend.execution_role_arn,
+                "EnableNetworkIsolation": True,
+                "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id, **{"artifact-sha256": spec.artifact_sha256})}
+
+    def variant(self, placement, *, model_name: str | None, variant_name: str, on_gpu: bool) -> dict:
+        """One production variant: with a model (a single-model candidate on one instance) or without (inference
+        components; production gets `placement.instance_count` instances)."""
+        count = 1 if model_name else getattr(placement, "instance_count", 1)
+        variant: dict = {"VariantName": variant_name, "RoutingConfig": dict(ROUTING)}
+        if model_name:
+            variant.update(ModelName=model_name, ContainerStartupHealthCheckTimeoutInSeconds=STARTUP_TIMEOUT_S,
+                           ModelDataDownloadTimeoutInSeconds=STARTUP_TIMEOUT_S)
+        if placement.kind == "instance_pool":
+            variant.update(InitialInstanceCount=count,
+                           InstancePools=[{"InstanceType": p.instance_type, "Priority": p.priority}
+                                          for p in sorted(placement.pools, key=lambda p: p.priority)],
+                           VariantInstanceProvisionTimeoutInSeconds=placement.provision_timeout_s)
+        elif placement.kind == "mig_partition":
+            variant.update(InstanceType=placement.instance_type, InitialInstanceCount=1,
+                           AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}])
+        else:
+            variant.update(InstanceType=placement.instance_type, InitialInstanceCount=count)
+        if on_gpu and placement.inference_ami_version:
+            variant["InferenceAmiVersion"] = placement.inference_ami_version
+        return variant
+
+    def endpoint_config_request(self, endpoint: str, placement, *, model_name: str | None, variant_name: str,
+                                on_gpu: bool, release_id: str) -> dict:
+        """CreateEndpointConfig: one variant; inference-component endpoints carry the execution role."""
+        request: dict = {"ProductionVariants": [self.variant(placement, model_name=model_name, variant_name=variant_name, on_gpu=on_gpu)]}
+        if model_name is None:
+            request["ExecutionRoleArn"] = self.backend.execution_role_arn
+        return {"EndpointConfigName": content_name(endpoint, request), **request,
+                "Tags": tags(endpoint=endpoint, release=release_id)}
+
+    def component_request(self, component: str, endpoint: str, spec: ComponentSpec, model_name: str) -> dict:
+        """CreateInferenceComponent: the model, its compute (MIG partition, GPUs or cores, memory) and copies."""
+        requirements: dict = {"MinMemoryRequiredInMb": spec.compute.memory_mb}
+        if spec.compute.accelerator_partition:
+            requirements.update(AcceleratorPartitionType=spec.compute.accelerator_partition, NumberOfAcceleratorDevicesRequired=1)
+        elif spec.compute.accelerators:
+            requirements["NumberOfAcceleratorDevicesRequired"] = spec.compute.accelerators
+        if spec.compute.cpu_cores:
+            requirements["NumberOfCpuCoresRequired"] = spec.compute.cpu_cores
+        return {"InferenceComponentName": component, "EndpointName": endpoint, "VariantName": VARIANT,
+                "Specification": {"ModelName": model_name, "ComputeResourceRequirements": requirements,
+                                  "StartupParameters": {"ModelDataDownloadTimeoutInSeconds": STARTUP_TIMEOUT_S,
+                                                        "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_S}},
+                "RuntimeConfig": {"CopyCount": spec.copies},
+                "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id)}
+
+    @staticmethod
+    def single_model(placement, role: str) -> bool:
+        """Candidates on instance pools or one instance type are single-model endpoints; MIG and production use components."""
+        return role == "candidate" and placement.kind != "mig_partition"
+
+    # -- deploy ------------------------------------------------------------------------------
+    def alarm_requests(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan) -> list[dict]:
+        """PutMetricAlarm for each rule of the plan's BakeAlarms on the component's own metrics, and for the online
+        gate's verdict when there is one: what SageMaker's rolling update watches to roll back. Named after the
+        component, release and rules, so a rerun finds the same alarms."""
+        rules = plan.alarms
+        base = content_name(component, {"release": spec.model_ref.release_id, "alarms": rules.model_dump(),
+                                        "online_gate": plan.online_gate})
+        dimensions = component_dimensions(component)
+        common = {"EvaluationPeriods": 1, "DatapointsToAlarm": 1, "ComparisonOperator": "GreaterThanThreshold",
+                  "TreatMissingData": "notBreaching", "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id)}
+
+        def summed(metric_id: str, metric: str) -> dict:
+            return {"Id": metric_id, "ReturnData": False, "MetricStat": {
+                "Metric": {"Namespace": "AWS/SageMaker", "MetricName": metric, "Dimensions": dimensions},
+                "Period": SAGEMAKER_PERIOD_S, "Stat": "Sum"}}
+
+        requests = [{
+            "AlarmName": f"{base}-error-rate", **common, "Threshold": rules.max_error_rate,
+            "AlarmDescription": f"rollout.alarms.max_error_rate of {component}: (5xx or model errors) / invocations, "
+                                f"judged from {rules.min_invocations} invocations a minute",
+            "Metrics": [summed("errors5xx", "Invocation5XXErrors"), summed("modelerrors", "InvocationModelErrors"),
+                        summed("invocations", "Invocations"),
+                        {"Id": "errorrate", "Label": "error rate", "ReturnData": True,
+                         "Expression": f"IF(invocations >= {rules.min_invocations}, MAX([errors5xx, modelerrors]) / invocations, 0)"}],
+        }]
+        if rules.max_latency_p99_ms is not None:
+            requests.append({
+                "AlarmName": f"{base}-latency-p99", **common, "Threshold": rules.max_latency_p99_ms * 1000.0,
+                "AlarmDescription": f"rollout.alarms.max_latency_p99_ms of {component} ({rules.max_latency_p99_ms:g} ms; "
+                                    "ModelLatency is in microseconds)",
+                "Namespace": "AWS/SageMaker", "MetricName": "ModelLatency", "Dimensions": dimensions,
+                "ExtendedStatistic": "p99", "Period": SAGEMAKER_PERIOD_S,
+            })
+        if plan.online_gate:
+            requests.append({
+                "AlarmName": f"{base}-online-gate", **common, "Threshold": 0.0,
+                "AlarmDescription": f"rollout.online_gate of {component}: 1 when the candidate fails the gate on its own "
+                                    "answers to the canary set (published by shiplift during the bake)",
+                "Namespace": GATE_NAMESPACE, "MetricName": GATE_METRIC, "Dimensions": dimensions,
+                "Statistic": "Maximum", "Period": GATE_PERIOD_S,
+            })
+        return requests
+
+    def rolling_update_request(self, component: str, endpoint: str, spec: ComponentSpec, model_name: str,
+                               plan: RolloutPlan, alarms: list[str]) -> dict:
+        """UpdateInferenceComponent to the candidate's model (its whole specification, compute included) in batches
+        of copies, rolled back by the alarms."""
+        policy: dict = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": plan.batch_copies},
+                        "WaitIntervalInSeconds": int(plan.wait_interval_s),
+                        "MaximumExecutionTimeoutInSeconds": int(plan.max_execution_s)}
+        if plan.rollback_batch_copies is not None:
+            policy["RollbackMaximumBatchSize"] = {"Type": "COPY_COUNT", "Value": plan.rollback_batch_copies}
+        return {"InferenceComponentName": component,
+                "Specification": self.component_request(component, endpoint, spec, model_name)["Specification"],
+                "RuntimeConfig": {"CopyCount": spec.copies},
+                "DeploymentConfig": {"RollingUpdatePolicy": policy,
+                                     "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": name} for name in alarms]}}}
+
+    def gate_datum(self, component: str, *, failed: bool) -> dict:
+        """PutMetricData of the online gate's verdict (1: the candidate fails), at one-second resolution."""
+        return {"Namespace": GATE_NAMESPACE, "MetricData": [{
+            "MetricName": GATE_METRIC, "Dimensions": component_dimensions(component),
+            "Value": 1.0 if failed else 0.0, "Unit": "Count", "StorageResolution": 1}]}
+
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
+                 progress: Progress) -> RolloutResult:
+        """SageMaker's rolling update: create the release's alarms, send UpdateInferenceComponent with the
+        RollingUpdatePolicy and the alarms, and follow it, calling `bake` every `check_interval_s` (the online gate
+        replays there and its verdict is published for its alarm). SageMaker ends a rolled-back update InService
+        on the old spec with no rollback status, so success is the candidate's model serving on every copy and
+        anything else is the rollback it is, with the alarm seen firing. A component still Updating after a crash
+        is followed, not updated again. The alarms are removed once the update has ended (a crashed watcher leaves them
+        to SageMaker, and its rerun, which names the same alarms, removes them)."""
+        live = self.inference_component(endpoint, component)
+        if live is None:
+            self.deploy(endpoint, component, spec, placement, role="production", progress=progress)
+            return RolloutResult(status="created")
+        model = self.model_request(component, spec, endpoint)
+        self._ensure("Model", model["ModelName"], model, ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolation"))
+        if live.get("InferenceComponentStatus") == "InService" and self._runs(live, model["ModelName"], spec.copies):
+            return RolloutResult(status="unchanged")
+        alarms = self.alarm_requests(endpoint, component, spec, plan)
+        names = [alarm["AlarmName"] for alarm in alarms]
+        for alarm in alarms:
+            self.aws.call("cloudwatch", "PutMetricAlarm", **alarm)
+        if live.get("InferenceComponentStatus") == "Updating":
+            progress(f"inference component {component}: an update is in progress (an earlier attempt); following it")
+        else:
+            progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
+                     f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
+            self._sm("UpdateInferenceComponent",
+                     **self.rolling_update_request(component, endpoint, spec, model["ModelName"], plan, names))
+        steps, final, fired = self._follow(component, spec, plan, bake, names, progress)
+        self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=names)  # kept while an update may still need them
+        if final.get("InferenceComponentStatus") == "Failed":
+            raise DeployFailed(f"inference component {component} failed during its rolling update: {failure_reason(final)}",
+                               fix="read the FailureReason and the container logs; the previous model no longer serves")
+        if self._runs(final, model["ModelName"], spec.copies):
+            return RolloutResult(status="succeeded", steps=tuple(steps))
+        reason = self._rollback_reason(final, steps, fired, plan)
+        progress(f"inference component {component}: rolled back: {reason}")
+        ended = steps[-1].model_copy(update={"phase": "rollback", "alarm": reason})
+        return RolloutResult(status="rolled_back", reason=reason, steps=(*steps[:-1], ended))
+
+    @staticmethod
+    def _runs(live: dict, model_name: str, copies: int) -> bool:
+        """Whether a component's description shows `model_name` on `copies` copies."""
+        runtime = live.get("RuntimeConfig", {})
+        return (live.get("Specification", {}).get("ModelName") == model_name
+                and runtime.get("DesiredCopyCount") == copies == runtime.get("CurrentCopyCount"))
+
+    def _follow(self, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, alarms: list[str],
+                progress: Progress) -> tuple[list[RolloutStep], dict, dict[str, str]]:
+        """Poll the update until it ends; every check interval read the alarms' states and run the bake. Returns the
+        steps (the last one: the component and its alarms once the update ended), the last description and every
+        alarm seen in ALARM with its StateReason."""
+        steps: list[RolloutStep] = []
+        fired: dict[str, str] = {}
+        spec_sha256, batches = spec.sha256(), len(plan.targets(spec.copies))
+        next_check = 0.0
+
+        def observed(answer: dict) -> RolloutStep:
+            """The component's copy count in this description and every alarm's state now."""
+            found = self.aws.call("cloudwatch", "DescribeAlarms", AlarmNames=alarms).get("MetricAlarms", [])
+            fired.update({a["AlarmName"]: a.get("StateReason", "") for a in found if a.get("StateValue") == "ALARM"})
+            return RolloutStep(phase="rollout", check=len(steps) + 1, batches=batches, new_spec_sha256=spec_sha256,
+                               copies=answer.get("RuntimeConfig", {}).get("CurrentCopyCount"),
+                               alarm_states={a["AlarmName"]: a.get("StateValue", "INSUFFICIENT_DATA") for a in found})
+
+        def check(answer: dict) -> None:
+            nonlocal next_check
+            if time.monotonic() < next_check:
+                return
+            next_check = time.monotonic() + plan.alarms.check_interval_s
+            step = observed(answer)
+            alarm = bake(step)
+            if plan.online_gate:
+                self.aws.call("cloudwatch", "PutMetricData", **self.gate_datum(component, failed=alarm is not None))
+            steps.append(step.model_copy(update={"alarm": alarm}))
+            in_alarm = [name for name, state in step.alarm_states.items() if state == "ALARM"]
+            progress(f"inference component {component}: check {len(steps)}: {step.copies} copies; "
+                     + (f"in ALARM: {', '.join(in_alarm)}" if in_alarm else "no alarm")
+                     + (f"; {alarm}" if alarm else ""))
+
+        _, final = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
+                            deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, poll_s=self.poll_s,
+                            progress=progress, what=f"inference component {component}", on_poll=check)
+        final = final or {}
+        steps.append(observed(final))
+        return steps, final, fired
+
+    @staticmethod
+    def _rollback_reason(final: dict, steps: list[RolloutStep], fired: dict[str, str], plan: RolloutPlan) -> str:
+        """Why SageMaker ended the update on the old spec: the alarms seen in ALARM, the online gate's verdict, the
+        update's FailureReason, or (none of them seen) its maximum execution time."""
+        if fired:
+            return "; ".join(f"alarm {name} fired" + (f": {reason}" if reason else "") for name, reason in fired.items())
+        gate = next((step.alarm for step in steps if step.alarm), None)
+        if gate:
+            return gate
+        if final.get("FailureReason"):
+            return f"the update failed: {final['FailureReason']}"
+        return ("SageMaker ended the update on the previous model with no alarm seen in ALARM: it passed "
+                f"MaximumExecutionTimeoutInSeconds ({plan.max_execution_s:g}s) or an alarm fired between two checks")
+
+    def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+               progress: Progress) -> LiveComponent:
+        """Model, endpoint config (MIG layout read back), endpoint and, except for single-model candidates, the component."""
+        on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
+        model = self.model_request(component, spec, endpoint)
+        self._ensure("Model", model["ModelName"], model, ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolation"))
+        single = self.single_model(placement, role)
+        config = self.endpoint_config_request(endpoint, placement, model_name=model["ModelName"] if single else None,
+                                              variant_name=component if single else VARIANT, on_gpu=on_gpu,
+                                              release_id=spec.model_ref.release_id)
+        self._ensure("EndpointConfig", config["EndpointConfigName"], config, ("ProductionVariants", "ExecutionRoleArn"))
+        if placement.kind == "mig_partition":
+            self._check_layout(config)
+        self._ensure_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id, progress=progress)
+        if not single:
+            self._ensure_component(self.component_request(component, endpoint, spec, model["ModelName"]), progress)
+        live = self.describe(endpoint, component)
+        if live is None:
+            raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="rerun the stage")
+        return live
+
+    def _ensure(self, kind: str, name: str, request: dict, compared: tuple[str, ...]) -> None:
+        """Create a model or endpoint config unless it exists; an existing one must hold the same content."""
+        key = f"{kind}Name"
+        try:
+            live = self._sm(f"Describe{kind}", **{key: name})
+        except NotFound:
+            self._sm(f"Create{kind}", **request)
+            return
+        differs = [field for field in compared if field in request and not request_applied(live.get(field), request[field])]
+        if differs:
+            raise Conflict(f"SageMaker {kind} {name} exists with other {', '.join(differs)} than this release asks for",
+                           fix=f"its name derives from content, so someone changed it by hand: delete {name} and rerun")
+
+    def _check_layout(self, config: dict) -> None:
+        """A MIG layout SageMaker dropped would place copies on whole GPUs: read the config back and refuse that."""
+        sent = config["ProductionVariants"][0]["AcceleratorPartitionLayouts"]
+        live = self._sm("DescribeEndpointConfig", EndpointConfigName=config["EndpointConfigName"])
+        got = (live.get("ProductionVariants") or [{}])[0].get("AcceleratorPartitionLayouts")
+        if got != sent:
+            raise IntegrityError(
+                f"endpoint config {config['EndpointConfigName']} reads back AcceleratorPartitionLayouts {got!r}, "
+                f"not the {sent!r} sent: the partition layout was dropped",
+                fix="upgrade botocore (>= 1.44 knows the MIG fields) and check the region supports MIG partitions; "
+                    f"delete {config['EndpointConfigName']} before rerunning")
+
+    def _ensure_endpoint(self, endpoint: str, config: dict, placement, *, role: str, release_id: str, progress: Progress) -> None:
+        """Create the endpoint (or find it by name), replace it when an earlier attempt left it Failed, and wait."""
+        name = config["EndpointConfigName"]
+        live = self._describe_endpoint(endpoint)
+        if live is not None and live.get("EndpointStatus") == "Failed":
+            progress(f"{role} {endpoint} is Failed from an earlier attempt ({failure_reason(live)}); replacing it")
+            self._delete_endpoint_only(endpoint, progress)
+            live = None
+        if live is None:
+            progress(f"{role} {endpoint}: CreateEndpoint ({placement.kind})")
+            self._sm("CreateEndpoint", EndpointName=endpoint, EndpointConfigName=name, Tags=tags(endpoint=endpoint, release=release_id, role=role))
+        elif live.get("EndpointConfigName") != name:
+            if role == "production":
+                raise Conflict(f"production {endpoint} runs endpoint config {live.get('EndpointConfigName')}, not {name}: "
+                               "its placement changed, and a MIG layout cannot change on a running endpoint",
+                               fix="keep the production placement, or move production to a new endpoint (a new resource_prefix)")
+            if live.get("EndpointStatus") == "InService":
+                self._sm("UpdateEndpoint", EndpointName=endpoint, EndpointConfigName=name)
+        deadline = getattr(placement, "provision_timeout_s", 0) + ENDPOINT_WAIT_S
+        state, answer = wait_for(self.aws, "EndpointInService", {"EndpointName": endpoint}, deadline_s=deadline,
+                                 poll_s=self.poll_s, progress=progress, what=f"endpoint {endpoint}")
+        if state == "failure":
+            reason = failure_reason(answer)
+            if placement.kind == "instance_pool" and "capacity" in reason.lower():
+                tried = [p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)]
+                raise CapacityError(f"endpoint {endpoint}: no capacity in any instance pool; tried {', '.join(tried)}: {reason}",
+                                    fix="add instance types to placement.pools, raise provision_timeout_s, or retry later")
+            raise DeployFailed(f"endpoint {endpoint} is {(answer or {}).get('EndpointStatus')}: {reason}",
+                               fix="read the FailureReason and the endpoint's CloudWatch logs; teardown removes it, then rerun")
+
+    def _ensure_component(self, request: dict, progress: Progress) -> None:
+        """Create or update the component to this request, replacing one an earlier attempt left Failed, and wait."""
+        component = request["InferenceComponentName"]
+        try:
+            live = self._sm("DescribeInferenceComponent", InferenceComponentName=component)
+        except NotFound:
+            live = None
+        if live is not None and live.get("InferenceComponentStatus") == "Failed" and live["EndpointName"] == request["EndpointName"]:
+            progress(f"inference component {component} is Failed from an earlier attempt ({failure_reason(live)}); replacing it")
+            self._delete_component(component, progress)
+            live = None
+        if live is None:
+            progress(f"inference component {component}: CreateInferenceComponent ({request['RuntimeConfig']['CopyCount']} copies)")
+            self._sm("CreateInferenceComponent", **request)
+        else:
+            if live["EndpointName"] != request["EndpointName"]:
+                raise Conflict(f"inference component {component} already runs on endpoint {live['EndpointName']}",
+                               fix="component names are global to the account and region: delete it or change resource_prefix")
+            same = (live.get("Specification", {}).get("ModelName") == request["Specification"]["ModelName"]
+                    and live.get("RuntimeConfig", {}).get("DesiredCopyCount") == request["RuntimeConfig"]["CopyCount"])
+            if not same and live.get("InferenceComponentStatus") not in ("Creating", "Updating"):
+                progress(f"inference component {component}: UpdateInferenceComponent to {request['Specification']['ModelName']}")
+                update = {k: request[k] for k in ("InferenceComponentName", "Specification", "RuntimeConfig")}
+                self._sm("UpdateInferenceComponent", **update)
+        state, answer = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
+                                 deadline_s=COMPONENT_WAIT_S, poll_s=self.poll_s, progress=progress,
+                                 what=f"inference component {component}")
+        if state == "failure":
+            reason = failure_reason(answer)
+            error = CapacityError if "capacity" in reason.lower() else DeployFailed
+            raise error(f"inference component {component} failed: {reason}",
+                        fix="check the copies fit the endpoint's partitions or instances, and the container logs")
+
+    # -- describe ----------------------------------------------------------------------------
+    def describe(self, endpoint: str, component: str) -> LiveComponent | None:
+        """What serves, read from the endpoint, its component or variant, the config and the model (with its tags)."""
+        try:
+            live_endpoint = self._sm("DescribeEndpoint", EndpointName=endpoint)
+        except NotFound:
+            return None
+        component_live = self.inference_component(endpoint, component)
+        config = self._config_of(live_endpoint)
+        if component_live is not None:
+            spec = component_live.get("Specification", {})
+            model_name, status = spec.get("ModelName"), component_live.get("InferenceComponentStatus", "Unknown")
+            copies = component_live.get("RuntimeConfig", {}).get("CurrentCopyCount", 0)
+            resolved = spec.get("Container", {}).get("DeployedImage", {}).get("ResolvedImage")
+            failure = component_live.get("FailureReason")
+        else:
+            variant = next((v for v in live_endpoint.get("ProductionVariants") or [] if v["VariantName"] == component), None)
+            requested = next((v for v in (config or {}).get("ProductionVariants", []) if v["VariantName"] == component), None)
+            if variant is None and requested is None:
+                return None
+            model_name, status = (requested or {}).get("ModelName"), live_endpoint["EndpointStatus"]
+            copies = (variant or {}).get("CurrentInstanceCount", 0)
+            resolved = ((variant or {}).get("DeployedImages") or [{}])[0].get("ResolvedImage")
+            failure = live_endpoint.get("FailureReason")
+        model = self._model(model_name)
+        container = (model or {}).get("PrimaryContainer", {})
+        image = resolved or container.get("Image")
+        digest = image.rpartition("@")[2] if image and "@sha256:" in image else None
+        artifact_uri = container.get("ModelDataUrl")
+        release = (model or {}).get("tags", {}).get(RELEASE_TAG)
+        sha = artifact_sha256(artifact_uri or "")
+        ref = ModelRef(release_id=release, artifact_sha256=sha, image_digest=digest) if release and sha and digest else None
+        placement = obtained_placement(live_endpoint, config or {})
+        return LiveComponent(endpoint=endpoint, component=component, status=status, image_digest=digest, artifact_uri=artifact_uri,
+                             artifact_sha256=sha, environment=container.get("Environment", {}), copies=copies,
+                             placement=placement, model_ref=ref, failure_reason=failure)
+
+    def inference_component(self, endpoint: str, component: str) -> dict | None:
+        """The component's description when it runs on `endpoint`; None for a single-model endpoint's variant."""
+        try:
+            live = self._sm("DescribeInferenceComponent", InferenceComponentName=component)
+        except NotFound:
+            return None
+        return live if live.get("EndpointName") == endpoint else None
+
+    def _config_of(self, live_endpoint: dict) -> dict | None:
+        try:
+            return self._sm("DescribeEndpointConfig", EndpointConfigName=live_endpoint["EndpointConfigName"])
+        except (NotFound, KeyError):
+            return None
+
+    def _model(self, name: str | None) -> dict | None:
+        if not name:
+            return None
+        try:
+            model = self._sm("DescribeModel", ModelName=name)
+        except NotFound:
+            return None
+        found = self._sm("ListTags", ResourceArn=model["ModelArn"]).get("Tags", [])
+        return {**model, "tags": {t["Key"]: t["Value"] for t in found}}
+
+    # -- invoke ------------------------------------------------------------------------------
+    def invoker(self, endpoint: str, component: str, *, timeout_s: float):
+        """NotFound when the endpoint does not exist; the component is named unless it is the variant of a
+        single-model endpoint (then SageMaker refuses the header), so an unknown component is SageMaker's 400."""
+        from tasks.backends.aws.invoke import RuntimeInvoker
+
+        try:
+            live = self._sm("DescribeEndpoint", EndpointName=endpoint)
+        except NotFound as exc:
+            raise NotFound(f"endpoint {endpoint} does not exist in {self.backend.region}",
+                           fix="deploy it first (the deploy_candidate or promote stage), or check the name") from exc
+        variants = {v["VariantName"] for v in live.get("ProductionVariants") or []}
+        single_model = component in variants and self.inference_component(endpoint, component) is None
+        return RuntimeInvoker(self.aws, endpoint, None if single_model else component, timeout_s=timeout_s)
+
+    # -- delete ------------------------------------------------------------------------------
+    def _describe_endpoint(self, endpoint: str) -> dict | None:
+        try:
+            return self._sm("DescribeEndpoint", EndpointName=endpoint)
+        except NotFound:
+            return None
+
+    def _delete_endpoint_only(self, endpoint: str, progress: Progress) -> bool:
+        """DeleteEndpoint and wait until it is gone; False when there was none."""
+        try:
+            self._sm("DeleteEndpoint", EndpointName=endpoint)
+        except NotFound:
+            return False
+        progress(f"deleting endpoint {endpoint}")
+        wait_for(self.aws, "EndpointDeleted", {"EndpointName": endpoint}, deadline_s=DELETE_WAIT_S, poll_s=self.poll_s,
+                 progress=progress, what=f"endpoint {endpoint}")
+        return True
+
+    def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
+        """Components (waited), the endpoint (waited), then its configs and models, found by name and tag."""
+        existed = False
+        for component in self._components_of(endpoint):
+            existed = True
+            self._delete_component(component, progress)
+        if self._describe_endpoint(endpoint) is not None:
+            existed = self._delete_endpoint_only(endpoint, progress) or existed
+        for kind in ("EndpointConfig", "Model"):
+            for name in self._named_for(kind, endpoint):
+                existed = True
+                self._delete_named(kind, name, progress)
+        return existed
+
+    def _components_of(self, endpoint: str) -> list[str]:
+        found = self._list("ListInferenceComponents", "InferenceComponents", EndpointNameEquals=endpoint)
+        return [c["InferenceComponentName"] for c in found]
+
+    def _delete_component(self, component: str, progress: Progress) -> None:
+        try:
+            self._sm("DeleteInferenceComponent", InferenceComponentName=component)
+        except NotFound:
+            return
+        progress(f"deleting inference component {component}")
+        wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_WAIT_S,
+                 poll_s=self.poll_s, progress=progress, what=f"inference component {component}")
+
+    def _delete_named(self, kind: str, name: str, progress: Progress) -> None:
+        try:
+            self._sm(f"Delete{kind}", **{f"{kind}Name": name})
+            progress(f"deleted {kind} {name}")
+        except NotFound:
+            pass
+
+    def _named_for(self, kind: str, endpoint: str) -> list[str]:
+        """Configs and models shiplift made for `endpoint`: named `<endpoint[:52]>-<hash>` and tagged with it."""
+        items = self._list(f"List{kind}s", f"{kind}s", NameContains=name_base(endpoint))
+        names = []
+        for item in items:
+            name, arn = item[f"{kind}Name"], item[f"{kind}Arn"]
+            if re.fullmatch(re.escape(name_base(endpoint)) + r"-[0-9a-f]{10}", name) and \
+                    self._tags(arn).get(ENDPOINT_TAG) == endpoint:
+                names.append(name)
+        return names
+
+    def _list(self, operation: str, key: str, **params) -> list[dict]:
+        """Every item of a paged SageMaker list call."""
+        return self._pages("sagemaker", operation, key, **params)
+
+    def _pages(self, service: str, operation: str, key: str, **params) -> list[dict]:
+        """Every item of a call paged with NextToken (SageMaker, Application Auto Scaling, CloudWatch)."""
+        items, token = [], None
+        while True:
+            page = self.aws.call(service, operation, **params, **({"NextToken": token} if token else {}))
+            items.extend(page.get(key, []))
+            token = page.get("NextToken")
+            if not token:
+                return items
+
+    def _tags(self, arn: str) -> dict[str, str]:
+        return {t["Key"]: t["Value"] for t in self._sm("ListTags", ResourceArn=arn).get("Tags", [])}
+
+    # -- cleanup ---------------------------------------------------------------------------
+    def managed_resources(self, prefix: str) -> list[ManagedResource]:
+        """Everything named with `prefix` and carrying shiplift's tag, in the order it must be deleted: scaling
+        policies, scalable targets, alarms, inference components, endpoints, endpoint configs, models."""
+        found = self._scaling(prefix) + self._alarms(prefix)
+        kinds = (("inference-component", "ListInferenceComponents", "InferenceComponents", "InferenceComponent"),
+                 ("endpoint", "ListEndpoints", "Endpoints", "Endpoint"),
+                 ("endpoint-config", "ListEndpointConfigs", "EndpointConfigs", "EndpointConfig"),
+                 ("model", "ListModels", "Models", "Model"))
+        for kind, operation, key, field in kinds:
+            for item in self._list(operation, key, NameContains=prefix):
+                name = item[f"{field}Name"]
+                resource_tags = self._tags(item[f"{field}Arn"]) if name.startswith(prefix) else {}
+                if resource_tags.get(MANAGED) == "true":
+                    found.append(ManagedResource(kind=kind, name=name, tags=resource_tags))
+        return found
+
+    def _scaling(self, prefix: str) -> list[ManagedResource]:
+        """Scaling policies, then scalable targets, on endpoints and components named with the prefix and tagged by
+        shiplift (a target belongs to the resource it scales, so the resource's tag decides)."""
+        targets = self._pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets", ServiceNamespace="sagemaker")
+        policies, found = [], []
+        for target in targets:
+            resource_id = target["ResourceId"]  # endpoint/<name>/variant/<v> or inference-component/<name>
+            kind, _, rest = resource_id.partition("/")
+            name = rest.split("/")[0]
+            if not name.startswith(prefix) or kind not in ("endpoint", "inference-component"):
+                continue
+            try:
+                arn = self._sm("DescribeEndpoint", EndpointName=name)["EndpointArn"] if kind == "endpoint" else \
+                    self._sm("DescribeInferenceComponent", InferenceComponentName=name)["InferenceComponentArn"]
+            except NotFound:
+                continue  # a target on a resource that is gone; not provably shiplift's
+            if self._tags(arn).get(MANAGED) != "true":
+                continue
+            for policy in self._pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies",
+                                      ServiceNamespace="sagemaker", ResourceId=resource_id):
+                policies.append(ManagedResource(kind="scaling-policy", name=policy["PolicyName"],
+                                                tags={"resource_id": resource_id, "dimension": policy["ScalableDimension"]}))
+            found.append(ManagedResource(kind="scalable-target", name=resource_id, tags={"dimension": target["ScalableDimension"]}))
+        return policies + found
+
+    def _alarms(self, prefix: str) -> list[ManagedResource]:
+        """CloudWatch alarms named with the prefix and tagged by shiplift (the canary's bake alarms)."""
+        alarms = self._pages("cloudwatch", "DescribeAlarms", "MetricAlarms", AlarmNamePrefix=prefix)
+        found = []
+        for alarm in alarms:
+            alarm_tags = {t["Key"]: t["Value"] for t in
+                          self.aws.call("cloudwatch", "ListTagsForResource", ResourceARN=alarm["AlarmArn"]).get("Tags", [])}
+            if alarm_tags.get(MANAGED) == "true":
+                found.append(ManagedResource(kind="alarm", name=alarm["AlarmName"], tags=alarm_tags))
+        return found
+
+    def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
+        """Delete one resource `managed_resources` listed (endpoints with everything on them, waited)."""
+        if resource.kind == "scaling-policy":
+            self.aws.call("application-autoscaling", "DeleteScalingPolicy", PolicyName=resource.name, ServiceNamespace="sagemaker",
+                          ResourceId=resource.tags["resource_id"], ScalableDimension=resource.tags["dimension"])
+        elif resource.kind == "scalable-target":
+            self.aws.call("application-autoscaling", "DeregisterScalableTarget", ServiceNamespace="sagemaker",
+                          ResourceId=resource.name, ScalableDimension=resource.tags["dimension"])
+        elif resource.kind == "alarm":
+            self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=[resource.name])
+        elif resource.kind == "inference-component":
+            self._delete_component(resource.name, progress)
+        elif resource.kind == "endpoint":
+            self.delete_endpoint(resource.name, progress=progress)
+        else:
+            self._delete_named({"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind], resource.name, progress)
+        progress(f"deleted {resource.kind} {resource.name}")

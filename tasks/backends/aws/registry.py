@@ -1,0 +1,245 @@
+"""The SageMaker Model Registry as a view of the ledger (issue 10): every aws release is one model package
+version in a model package group per model, its approval status following the gate decision and promotion.
+
+The ledger stays the source of truth; the registry only mirrors it where SageMaker users look. A view is
+derived from the model's ledger records alone (`release_view`), so syncing is idempotent and repairs any
+earlier miss: names derive from content (the group is `<resource_prefix>-<model>`; a release's version is
+found by its description, `shiplift release <release id> …`), a rerun finds what exists and never
+registers a second version, and every update is a complete `UpdateModelPackage` (status, description and
+all metadata; moto drops what is not passed, SageMaker merges metadata, so keys the view no longer holds
+are removed by name).
+
+Status mapping, from SageMaker's meaning of the statuses (Approved is what deployment automation such as a
+SageMaker Projects pipeline deploys; PendingManualApproval awaits a decision; Rejected must not deploy):
+
+- gate pass → `PendingManualApproval`: cleared by the gate but not yet promoted (promotion may be a later,
+  manual `shiplift promote`); approving it here would let automation deploy what shiplift has not rolled out;
+- gate fail or inconclusive → `Rejected` (inconclusive never promotes);
+- promoted (also back to it by a rollback) → `Approved`: rolled out and verified serving;
+- the rollout rolled back by an alarm → `Rejected`, the alarm in the approval description;
+- superseded by a later promotion → stays `Approved` (it was, and remains, a valid rollback target), with
+  `shiplift:superseded-by` naming the release that replaced it.
+
+`shiplift:ledger-record-sha256` is the `record_hash` of the ledger record the status reflects, so an auditor
+can check the view against the chain (`shiplift ledger verify`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.backends.aws.hosting import tags
+from tasks.backends.aws.service_model import request_problems
+from tasks.ledger.events import PROMOTE, ROLLED_BACK, SUCCEEDED, VALIDATE
+from tasks.errors import BadInput, Conflict, NotFound
+
+FOLLOWS = frozenset({(VALIDATE, SUCCEEDED), (PROMOTE, SUCCEEDED), (PROMOTE, ROLLED_BACK)})
+PENDING, APPROVED, REJECTED = "PendingManualApproval", "Approved", "Rejected"
+DESCRIPTION_PREFIX = "shiplift release "
+CONTENT_TYPES = ["application/json"]
+PAGE_SIZE = 100  # ListModelPackages' maximum
+
+
+def group_name(config) -> str:
+    """The model's group: `<resource_prefix>-<name>` (the config keeps its derived names within SageMaker's 63)."""
+    return f"{config.resource_prefix}-{config.name}"
+
+
+@dataclass(frozen=True)
+class View:
+    """What the registry should say of one release: its approval status, the approval description, all metadata."""
+
+    release_id: str
+    status: str
+    description: str
+    metadata: dict[str, str]
+
+
+def _latest(records: list, wanted) -> Any:
+    return next((r for r in reversed(records) if (r.stage, r.event) in wanted), None)
+
+
+def _result(records: list, stage: str) -> dict:
+    record = _latest(records, {(stage, SUCCEEDED)})
+    return record.payload if record else {}
+
+
+def _approval(record) -> tuple[str, str]:
+    """(status, approval description) of the record a view follows."""
+    payload = record.payload
+    if record.stage == VALIDATE:
+        if payload["decision"] == "pass":
+            return PENDING, "gate pass: awaiting promotion"
+        return REJECTED, f"gate {payload['decision']}: " + ("; ".join(payload.get("not_passed") or []) or "no check passed")
+    if record.event == ROLLED_BACK:
+        return REJECTED, f"rollout rolled back: {payload.get('reason')}; the champion serves again"
+    if payload.get("trigger") == "rollback":
+        return APPROVED, f"promoted again by a rollback from {payload.get('rollback_from')}: {payload.get('rollback_reason')}"
+    reason = f": {payload['reason']}" if payload.get("reason") else ""
+    return APPROVED, f"promoted to {payload.get('endpoint')}/{payload.get('component')} ({payload.get('strategy')}){reason}"
+
+
+def release_view(release_id: str, history: list) -> View | None:
+    """The view of a release from its model's ledger records (oldest first): its latest record the view follows
+    decides the status; a later promotion of another release marks a promoted one superseded. None before the gate
+    has decided."""
+    records = [r for r in history if r.release_id == release_id]
+    record = _latest(records, FOLLOWS)
+    if record is None:
+        return None
+    status, text = _approval(record)
+    package, image, gate = _result(records, "package"), _result(records, "image"), _result(records, VALIDATE)
+    metadata = {
+        "shiplift:release-id": release_id,
+        "shiplift:config-hash": record.payload["config_hash"],
+        "shiplift:artifact-sha256": package["artifact_sha256"],
+        "shiplift:image-digest": image["image_digest"],
+        "shiplift:ledger-record-sha256": record.record_hash,
+        "shiplift:ledger-seq": str(record.seq),
+        "shiplift:ledger-event": f"{record.stage}/{record.event}",
+        "shiplift:gate-decision": gate["decision"],
+        **{f"shiplift:gate-{name}": str(value) for name, value in sorted((gate.get("metrics") or {}).items()) if value is not None},
+    }
+    if gate.get("champion_release"):
+        metadata["shiplift:gate-champion"] = gate["champion_release"]
+    if (record.stage, record.event) == (PROMOTE, SUCCEEDED):
+        later = next((r for r in history if r.seq > record.seq and (r.stage, r.event) == (PROMOTE, SUCCEEDED)
+                      and r.release_id != release_id), None)
+        if later is not None:
+            metadata["shiplift:superseded-by"] = later.release_id
+            metadata["shiplift:superseded-by-record-sha256"] = later.record_hash
+    return View(release_id, status, f"{text} (ledger seq {record.seq}, record sha256 {record.record_hash})", metadata)
+
+
+def previous_server(release_id: str, history: list) -> str | None:
+    """The release that served before this release's latest promotion (the one it supersedes), if any."""
+    record = _latest([r for r in history if r.release_id == release_id], FOLLOWS)
+    if record is None or (record.stage, record.event) != (PROMOTE, SUCCEEDED):
+        return None
+    before = [r for r in history if r.seq < record.seq and (r.stage, r.event) == (PROMOTE, SUCCEEDED)]
+    return before[-1].release_id if before and before[-1].release_id != release_id else None
+
+
+class SageMakerModelRegistry:
+    """The aws backend's registry view: one model package group per model, one version per release."""
+
+    follows = FOLLOWS
+
+    def __init__(self, aws, backend):
+        self.aws, self.backend = aws, backend
+
+    def _sm(self, operation: str, **params) -> dict:
+        return self.aws.call("sagemaker", operation, **params)
+
+    # -- requests (pure; the dry run prints the same ones) ----------------------------------------
+    def group_request(self, config) -> dict:
+        """CreateModelPackageGroup of the model, tagged as shiplift's."""
+        return {"ModelPackageGroupName": group_name(config),
+                "ModelPackageGroupDescription": f"shiplift releases of model {config.name} (a view of the release ledger)",
+                "Tags": tags(model=config.name)}
+
+    @staticmethod
+    def list_request(group: str) -> dict:
+        return {"ModelPackageGroupName": group, "SortBy": "CreationTime", "SortOrder": "Descending", "MaxResults": PAGE_SIZE}
+
+    def package_request(self, config, view: View, *, artifact_uri: str, image_uri: str, gate_report: dict | None) -> dict:
+        """CreateModelPackage of one release: pinned image and artifact, PendingManualApproval at first, the view's
+        metadata, the gate report as ModelQuality statistics; ClientToken from the release, so a retried create is
+        the same version."""
+        placement = config.placement
+        types = sorted(p.instance_type for p in placement.pools) if placement.kind == "instance_pool" else [placement.instance_type]
+        container = {"Image": image_uri, "ImageDigest": view.metadata["shiplift:image-digest"], "ModelDataUrl": artifact_uri,
+                     "Environment": config.image.container_env()}
+        request = {
+            "ModelPackageGroupName": group_name(config),
+            "ModelPackageDescription": f"{DESCRIPTION_PREFIX}{view.release_id} of model {config.name}: artifact sha256 "
+                                       f"{view.metadata['shiplift:artifact-sha256']}, image {image_uri}",
+            "InferenceSpecification": {"Containers": [container], "SupportedContentTypes": CONTENT_TYPES,
+                                       "SupportedResponseMIMETypes": CONTENT_TYPES,
+                                       "SupportedRealtimeInferenceInstanceTypes": types},
+            "ModelApprovalStatus": PENDING,
+            "CustomerMetadataProperties": dict(view.metadata),
+            "ClientToken": view.metadata["shiplift:config-hash"][:36],
+            "Tags": tags(release=view.release_id),
+        }
+        if gate_report and gate_report.get("uri", "").startswith("s3://"):
+            request["ModelMetrics"] = {"ModelQuality": {"Statistics": {
+                "ContentType": "application/json", "S3Uri": gate_report["uri"], "ContentDigest": f"sha256:{gate_report['sha256']}"}}}
+        return request
+
+    @staticmethod
+    def update_request(arn: str, view: View, live_metadata: dict[str, str]) -> dict:
+        """A complete UpdateModelPackage: status, description and every metadata key; keys the view dropped are removed."""
+        request = {"ModelPackageArn": arn, "ModelApprovalStatus": view.status, "ApprovalDescription": view.description,
+                   "CustomerMetadataProperties": dict(view.metadata)}
+        stale = sorted(set(live_metadata) - set(view.metadata))
+        if stale:
+            request["CustomerMetadataPropertiesToRemove"] = stale
+        return request
+
+    def _checked(self, operation: str, request: dict, release_id: str) -> dict:
+        """The request, or BadInput naming every field SageMaker would refuse (lengths, counts, patterns): never truncated."""
+        problems = request_problems("sagemaker", operation, request)
+        if problems:
+            raise BadInput(f"the model registry view of {release_id} cannot be written, {operation} breaks SageMaker's limits: "
+                           + "; ".join(problems),
+                           fix="nothing was truncated and the ledger is unaffected: shorten the text it comes from (a promotion "
+                               "or rollback reason; the ledger keeps it whole), then rerun the release to repair the view")
+        return request
+
+    # -- sync --------------------------------------------------------------------------------
+    def ensure_group(self, config) -> str:
+        """The model's group, created (tagged) when absent; one created meanwhile by another worker is used."""
+        request = self.group_request(config)
+        try:
+            self._sm("DescribeModelPackageGroup", ModelPackageGroupName=request["ModelPackageGroupName"])
+        except NotFound:
+            try:
+                self._sm("CreateModelPackageGroup", **request)
+            except Conflict:
+                pass
+        return request["ModelPackageGroupName"]
+
+    def find(self, group: str, release_id: str) -> dict | None:
+        """The group's version of a release (found by its description, newest first, then described), or None."""
+        marker, params = f"{DESCRIPTION_PREFIX}{release_id} ", self.list_request(group)
+        while True:
+            page = self._sm("ListModelPackages", **params)
+            for summary in page.get("ModelPackageSummaryList", []):
+                if summary.get("ModelPackageDescription", "").startswith(marker):
+                    return self._sm("DescribeModelPackage", ModelPackageName=summary["ModelPackageArn"])
+            if not page.get("NextToken"):
+                return None
+            params["NextToken"] = page["NextToken"]
+
+    def apply(self, arn: str, live: dict, view: View) -> bool:
+        """One complete UpdateModelPackage when the live version is not the view; False when it already is."""
+        metadata = live.get("CustomerMetadataProperties") or {}
+        if (live.get("ModelApprovalStatus"), live.get("ApprovalDescription"), metadata) == (view.status, view.description, view.metadata):
+            return False
+        self._sm("UpdateModelPackage", **self._checked("UpdateModelPackage", self.update_request(arn, view, metadata), view.release_id))
+        return True
+
+    def sync(self, ctx) -> dict | None:
+        """Make the release's version match its ledger records (registering it first), and mark the release it
+        superseded; reads only when the registry already says what the ledger does. None before the gate decided."""
+        history = ctx.backends.ledger.history(ctx.config.name)
+        view = release_view(ctx.release_id, history)
+        if view is None:
+            return None
+        group = self.ensure_group(ctx.config)
+        live = self.find(group, ctx.release_id)
+        if live is None:
+            package, image = ctx.result("package"), ctx.result("image")
+            request = self.package_request(ctx.config, view, artifact_uri=package["artifact_uri"], image_uri=image["image_uri"],
+                                           gate_report=ctx.result(VALIDATE).get("evidence", {}).get("gate-report.json"))
+            arn = self._sm("CreateModelPackage", **self._checked("CreateModelPackage", request, ctx.release_id))["ModelPackageArn"]
+            live = {"ModelPackageArn": arn, "ModelApprovalStatus": PENDING, "CustomerMetadataProperties": view.metadata}
+        changed = self.apply(live["ModelPackageArn"], live, view)
+        superseded = previous_server(ctx.release_id, history)
+        old = self.find(group, superseded) if superseded else None
+        if old is not None:
+            self.apply(old["ModelPackageArn"], old, release_view(superseded, history))
+        return {"group": group, "model_package_arn": live["ModelPackageArn"], "status": view.status, "changed": changed,
+                "superseded": superseded if old is not None else None}

@@ -1,0 +1,214 @@
+"""The S3 artifact store (DESIGN §3): content-addressed keys, SHA-256 checksums, never an overwrite.
+
+An artifact lives at `s3://<bucket>/<prefix>/artifacts/sha256/<digest>/<name>` with its hex
+sha256 in the object's metadata. Small files go up in one `PutObject`, large ones as a multipart
+upload with a SHA-256 checksum per part; both are conditional (`If-None-Match: *`), so a
+concurrent writer can never replace an object, and an existing key is compared (size and
+sha256), never rewritten: other content under the key is a Conflict. After an upload the object
+is read back (HEAD) and its size and sha256 checked. Downloads land in a local cache, verified.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from tasks.hashing import CHUNK_BYTES, sha256_file
+from tasks.backends.interfaces import Progress, StoredArtifact
+from tasks.backends.local.store import check_name, check_sha256
+
+SINGLE_PUT_MAX_BYTES = 64 * 1024 * 1024
+PART_BYTES = 64 * 1024 * 1024
+S3_URI = re.compile(r"^s3://([^/]+)/(.+)$")
+KEY_SHA = re.compile(r"/sha256/([0-9a-f]{64})/[^/]+$")
+
+
+def b64_sha256(data: bytes) -> str:
+    """The base64 SHA-256 S3 expects in ChecksumSHA256."""
+    return base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, key) of an s3:// URI; BadInput otherwise."""
+    match = S3_URI.match(uri or "")
+    if not match:
+        raise BadInput(f"{uri!r} is not an s3://bucket/key URI", fix="pass a StoredArtifact.uri of the S3 store")
+    return match[1], match[2]
+
+
+def artifact_sha256(uri: str) -> str | None:
+    """The sha256 a content-addressed artifact URI names (`…/sha256/<hex>/<name>`), or None."""
+    match = KEY_SHA.search(uri or "")
+    return match[1] if match else None
+
+
+class S3ArtifactStore:
+    """Artifacts in one bucket under one key prefix, optionally encrypted with a KMS key."""
+
+    def __init__(self, aws, *, bucket: str, prefix: str, kms_key_id: str | None, cache_dir: Path,
+                 part_bytes: int = PART_BYTES, single_put_max_bytes: int = SINGLE_PUT_MAX_BYTES):
+        self.aws, self.bucket, self.prefix, self.kms_key_id = aws, bucket, prefix.strip("/"), kms_key_id
+        self.cache_dir = Path(cache_dir)
+        self.part_bytes, self.single_put_max_bytes = part_bytes, single_put_max_bytes
+
+    def key(self, sha256: str, name: str) -> str:
+        """`<prefix>/artifacts/sha256/<digest>/<name>`: the content-addressed key of an artifact."""
+        return f"{self.prefix}/artifacts/sha256/{check_sha256(sha256)}/{check_name(name)}"
+
+    def encryption_params(self) -> dict:
+        """SSE-KMS parameters when the config names a key (else the bucket's default encryption)."""
+        return {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": self.kms_key_id} if self.kms_key_id else {}
+
+    def _head(self, key: str) -> dict | None:
+        try:
+            return self.aws.call("s3", "HeadObject", Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+        except NotFound:
+            return None
+
+    def _same(self, head: dict, key: str, sha256: str, size: int) -> bool:
+        """Whether the object at `key` is this content; Conflict when it is something else."""
+        stored_sha = (head.get("Metadata") or {}).get("sha256")
+        if head.get("ContentLength") == size and stored_sha == sha256:
+            return True
+        raise Conflict(
+            f"s3://{self.bucket}/{key} exists with other content ({head.get('ContentLength')} bytes, sha256 "
+            f"{stored_sha}; this file is {size} bytes, {sha256}); a content-addressed key is never overwritten",
+            fix="find out who wrote that object; delete it only if it is known to be corrupt",
+        )
+
+    def put_file(self, path: str | Path, *, name: str, progress: Progress | None = None) -> StoredArtifact:
+        """Upload a file under its sha256 (idempotent); verify size and checksum after the upload."""
+        source = Path(path)
+        if not source.is_file():
+            raise NotFound(f"{source} is not a file", fix="pass the path of the file to store")
+        sha256, size = sha256_file(source), source.stat().st_size
+        key = self.key(sha256, name)
+        say = progress or (lambda message: None)
+        head = self._head(key)
+        if head is not None:
+            self._same(head, key, sha256, size)
+        else:
+            say(f"upload {name} ({size / 1e6:.1f} MB) to s3://{self.bucket}/{key}")
+            try:
+                if size <= self.single_put_max_bytes:
+                    checksum = self._put(source, key, sha256)
+                else:
+                    checksum = self._multipart(source, key, sha256, size, say)
+            except Conflict:  # If-None-Match lost a race: someone stored the key meanwhile
+                self._same(self._head(key) or {}, key, sha256, size)
+            else:
+                self._verify_upload(key, sha256, size, checksum, source)
+        return StoredArtifact(uri=f"s3://{self.bucket}/{key}", sha256=sha256, size=size)
+
+    def _verify_upload(self, key: str, sha256: str, size: int, checksum: str, source: Path) -> None:
+        """Read the object back: its size, its sha256 metadata and S3's own SHA-256 (of the object, or for a multipart
+        upload of its parts' checksums, `<b64>-<parts>`) must be what was sent."""
+        head = self._head(key) or {}
+        stored_sha = (head.get("Metadata") or {}).get("sha256")
+        problems = []
+        if head.get("ContentLength") != size:
+            problems.append(f"size {head.get('ContentLength')} (uploaded {size})")
+        if stored_sha != sha256:
+            problems.append(f"sha256 metadata {stored_sha} (uploaded {sha256})")
+        if (head.get("ChecksumSHA256") or "").split("-")[0] != checksum:
+            problems.append(f"S3 checksum {head.get('ChecksumSHA256')} (uploaded {checksum})")
+        if problems:
+            raise IntegrityError(f"s3://{self.bucket}/{key} does not match {source} after the upload: " + ", ".join(problems),
+                                 fix="the object was changed or truncated in transit; delete it and rerun the stage")
+
+    def put_params(self, key: str, data: bytes, sha256: str) -> dict:
+        """A conditional PutObject with S3's SHA-256 checksum and the sha256 metadata (also what the dry run prints)."""
+        return {"Bucket": self.bucket, "Key": key, "Body": data, "IfNoneMatch": "*", "ChecksumAlgorithm": "SHA256",
+                "ChecksumSHA256": b64_sha256(data), "Metadata": {"sha256": sha256}, **self.encryption_params()}
+
+    def _put(self, source: Path, key: str, sha256: str) -> str:
+        """One conditional PutObject; returns the checksum S3 must report."""
+        data = source.read_bytes()
+        self.aws.call("s3", "PutObject", **self.put_params(key, data, sha256))
+        return b64_sha256(data)
+
+    def _multipart(self, source: Path, key: str, sha256: str, size: int, say: Progress) -> str:
+        """A multipart upload with a SHA-256 per part, completed conditionally; returns the composite checksum."""
+        upload = self.aws.call("s3", "CreateMultipartUpload", Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256",
+                               Metadata={"sha256": sha256}, **self.encryption_params())["UploadId"]
+        total = -(-size // self.part_bytes)
+        parts, digests = [], []
+        try:
+            with open(source, "rb") as handle:
+                for number in range(1, total + 1):
+                    data = handle.read(self.part_bytes)
+                    digests.append(hashlib.sha256(data).digest())
+                    checksum = base64.b64encode(digests[-1]).decode()
+                    answer = self.aws.call("s3", "UploadPart", Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
+                                           Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum)
+                    parts.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": checksum})
+                    say(f"upload {source.name}: part {number}/{total} ({100 * number // total}%)")
+            self.aws.call("s3", "CompleteMultipartUpload", Bucket=self.bucket, Key=key, UploadId=upload,
+                          MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+        except BaseException:
+            try:
+                self.aws.call("s3", "AbortMultipartUpload", Bucket=self.bucket, Key=key, UploadId=upload)
+            except Exception as abort:  # noqa: BLE001 - the upload's own error is the one to raise
+                say(f"upload {source.name}: could not abort upload {upload} ({abort}); a lifecycle rule removes it")
+            raise
+        return base64.b64encode(hashlib.sha256(b"".join(digests)).digest()).decode()
+
+    def put_bytes(self, data: bytes, key: str) -> str:
+        """Write a small object at an exact key (image sources, stage results) unless it exists with this content."""
+        sha256 = hashlib.sha256(data).hexdigest()
+        head = self._head(key)
+        if head is None:
+            try:
+                self.aws.call("s3", "PutObject", **self.put_params(key, data, sha256))
+            except Conflict:
+                pass
+            head = self._head(key)
+        self._same(head or {}, key, sha256, len(data))
+        return f"s3://{self.bucket}/{key}"
+
+    def read_bytes(self, key: str, *, max_bytes: int = 1 << 20) -> bytes:
+        """A small object's body (image-detail.json); refuses anything larger than `max_bytes`."""
+        answer = self.aws.call("s3", "GetObject", Bucket=self.bucket, Key=key)
+        with answer["Body"] as body:
+            if answer.get("ContentLength", 0) > max_bytes:
+                raise BadInput(f"s3://{self.bucket}/{key} is {answer['ContentLength']} bytes, more than {max_bytes}",
+                               fix="it is not the small JSON document expected there")
+            return body.read(max_bytes + 1)
+
+    def get(self, uri: str) -> Path:
+        """A local copy of an artifact, downloaded once into the cache and sha256-verified."""
+        bucket, key = parse_s3_uri(uri)
+        sha256 = artifact_sha256(key)
+        if bucket != self.bucket or sha256 is None:
+            raise BadInput(f"{uri} is not an artifact of this store (s3://{self.bucket}/{self.prefix}/artifacts/…)",
+                           fix="open the store that produced the URI")
+        target = self.cache_dir / sha256 / key.rsplit("/", 1)[1]
+        if target.is_file() and sha256_file(target) == sha256:
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        answer = self.aws.call("s3", "GetObject", Bucket=bucket, Key=key)
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".download-")
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out, answer["Body"] as body:
+                for chunk in iter(lambda: body.read(CHUNK_BYTES), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != sha256:
+                raise IntegrityError(f"{uri} downloaded with sha256 {digest.hexdigest()}, its key names {sha256}",
+                                     fix="the object is corrupt: restore it from its source and rerun the stage that wrote it")
+            os.replace(tmp_name, target)
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)
+        return target
+
+    def exists(self, sha256: str) -> bool:
+        """Whether any artifact with this sha256 is stored (under any name)."""
+        answer = self.aws.call("s3", "ListObjectsV2", Bucket=self.bucket, Prefix=f"{self.prefix}/artifacts/sha256/{check_sha256(sha256)}/",
+                               MaxKeys=1)
+        return answer.get("KeyCount", 0) > 0

@@ -1,0 +1,7 @@
+"""The local backend: a content-addressed store on disk, process images, endpoints as routers and model-server
+processes on 127.0.0.1.
+
+`store` is the artifact store, `process_image` the image builder, `hosting.LoopbackHosting` the `Hosting` seam,
+built on `supervisor.ProcessSupervisor`, which starts, persists, finds and stops the processes; `router` is the
+endpoint process itself (stdlib only, so it starts fast).
+"""

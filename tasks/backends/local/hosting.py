@@ -1,0 +1,190 @@
+"""The local backend's hosting: a neutral component spec turned into model-server processes on loopback.
+
+`LoopbackHosting` implements `tasks.backends.interfaces.Hosting` over `tasks.backends.local.supervisor.ProcessSupervisor`
+(router and copy processes): it extracts the artifact from the local store once per sha256, runs
+the image's own `server.py` with the spec's container environment plus the model folder, host and
+port, and reads back what serves as a `LiveComponent`. `ScratchServer` serves a model folder that
+is not an artifact yet (calibration, before the image is pinned) on this worker, on both backends.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from tasks.errors import NotFound
+from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec
+from tasks.backends.local.process_image import IMAGE_ENV_PREFIX, local_image_kind, server_command
+from tasks.backends.interfaces import (
+    Bake,
+    ComponentMetrics,
+    ComponentSpec,
+    LiveComponent,
+    ManagedResource,
+    ModelRef,
+    PlacementObtained,
+    Progress,
+    RolloutPlan,
+    RolloutResult,
+)
+from validation.transport import HttpInvoker
+
+
+def process_spec(kind: str, model_dir: Path, environment: dict[str, str], *, copies: int, model_ref: dict,
+                 neutral: dict | None = None) -> ProcessSpec:
+    """Run image `kind`'s server on a model folder: the container environment plus folder and loopback host."""
+    prefix = IMAGE_ENV_PREFIX[kind]
+    env = {**environment, f"{prefix}_MODEL_DIR": str(model_dir), f"{prefix}_HOST": "127.0.0.1"}
+    return ProcessSpec(command=server_command(kind), env=env, copies=copies, port_env=f"{prefix}_PORT",
+                       model_ref=model_ref, neutral=neutral)
+
+
+class LoopbackHosting:
+    """Endpoints are router processes on 127.0.0.1 and components are copies of the image's server."""
+
+    kind = "local"
+
+    def __init__(self, state_dir: Path, store):
+        self.processes = ProcessSupervisor(state_dir)
+        self.store = store
+        self.models_dir = Path(state_dir) / "models"
+
+    def model_dir(self, artifact_uri: str, artifact_sha256: str) -> Path:
+        """The artifact extracted once into `models/<sha256>/` (safe extraction, manifest verified)."""
+        from tasks.artifacts.packaging import safe_extract
+
+        target = self.models_dir / artifact_sha256
+        if not target.is_dir():
+            safe_extract(self.store.get(artifact_uri), target)
+        return target
+
+    def _process(self, spec: ComponentSpec) -> ProcessSpec:
+        """The processes a neutral spec runs: the image's server on the artifact extracted once."""
+        return process_spec(local_image_kind(spec.image_uri), self.model_dir(spec.artifact_uri, spec.artifact_sha256),
+                            spec.environment, copies=spec.copies, model_ref=spec.model_ref.model_dump(),
+                            neutral=spec.model_dump(mode="json"))
+
+    def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+               progress: Progress) -> LiveComponent:
+        """Extract the artifact once, run the image's server as `spec.copies` processes behind the router, describe."""
+        process = self._process(spec)
+        progress(f"{role} {endpoint}/{component}: {spec.copies} local {local_image_kind(spec.image_uri)} process(es)")
+        self.processes.ensure_endpoint(endpoint)
+        self.processes.put_component(endpoint, component, process)
+        live = self.describe(endpoint, component)
+        if live is None:
+            raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="another command removed it; rerun the stage")
+        return live
+
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
+                 progress: Progress) -> RolloutResult:
+        """A real rolling update of the component's processes (ProcessSupervisor.roll_out); deployed whole when new."""
+        process = self._process(spec)
+        self.processes.ensure_endpoint(endpoint)
+        if self.describe(endpoint, component) is None:
+            progress(f"production {endpoint}/{component}: nothing serves yet, so all {spec.copies} copies start at once")
+            self.processes.put_component(endpoint, component, process)
+            return RolloutResult(status="created")
+        progress(f"production {endpoint}/{component}: {plan.strategy} rollout of {spec.copies} copies")
+        return self.processes.roll_out(endpoint, component, process, plan, bake, progress=progress)
+
+    def describe(self, endpoint: str, component: str) -> LiveComponent | None:
+        """What serves, from the persisted spec and a live check of the router and every copy."""
+        try:
+            described = self.processes.describe_endpoint(endpoint)
+        except NotFound:
+            return None
+        entry = described["components"].get(component)
+        if entry is None:
+            return None
+        neutral = entry["spec"].get("neutral") or {}
+        serving = [c for c in entry["copies"] if c["alive"] and c["ping"] == 200]
+        if not described["router"]["alive"]:
+            status = "OutOfService"  # nothing answers on the endpoint's port
+        elif entry["registered"] and len(serving) == len(entry["copies"]):
+            status = "InService"
+        else:
+            status = "Degraded"
+        ref = entry["spec"]["model_ref"]
+        return LiveComponent(
+            endpoint=endpoint, component=component, status=status,
+            image_digest=neutral.get("image_uri", "").rpartition("@")[2] or None,
+            artifact_uri=neutral.get("artifact_uri"), artifact_sha256=neutral.get("artifact_sha256"),
+            environment=neutral.get("environment", {}), copies=len(serving),
+            placement=PlacementObtained(kind="local-process", requested="local", instance_count=len(serving)),
+            model_ref=ModelRef.model_validate(ref) if set(ref) == set(ModelRef.model_fields) else None,
+        )
+
+    def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
+        """Stop the router and every copy (waited); False when there was no such endpoint."""
+        removed = self.processes.delete_endpoint(endpoint)
+        if removed:
+            progress(f"deleted local endpoint {endpoint}")
+        return removed
+
+    def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> HttpInvoker:
+        """The router's runtime URL (NotFound when the endpoint does not exist), its errors unwrapped as on aws;
+        dead copies are replaced first, so an evaluation never runs against a degraded endpoint."""
+        self.processes.endpoint_url(endpoint)
+        return HttpInvoker(self.processes.ensure_endpoint(endpoint).url, component, runtime=True)
+
+    def managed_resources(self, prefix: str) -> list[ManagedResource]:
+        """The local endpoints named with the prefix (every local endpoint is shiplift's)."""
+        return [ManagedResource(kind="endpoint", name=e["name"]) for e in self.processes.list_endpoints()
+                if e["name"].startswith(prefix)]
+
+    def delete_resource(self, resource: ManagedResource, *, progress: Progress) -> None:
+        """Delete one local endpoint."""
+        self.delete_endpoint(resource.name, progress=progress)
+
+
+class LocalMetrics:
+    """Invocation metrics from the router's counters (since the router started; the window is ignored)."""
+
+    per_spec = True  # the router counts by the spec of the copy that answered
+
+    def __init__(self, hosting: LoopbackHosting):
+        self.hosting = hosting
+
+    def component_metrics(self, endpoint: str, component: str, *, window_s: float,
+                          spec_sha256: str | None = None) -> ComponentMetrics:
+        """The router's counters of one component; with `spec_sha256`, of the copies serving that neutral spec only
+        (the router counts by the spec of the copy that answered)."""
+        counters = self.hosting.processes.metrics(endpoint)["components"].get(component)
+        if counters is None:
+            raise NotFound(f"endpoint {endpoint} has served no requests for component {component}",
+                           fix="invoke the component first, or check its name")
+        if spec_sha256 is not None:
+            shas = self.hosting.processes.spec_hashes_serving(endpoint, component, spec_sha256)
+            parts = [counters["by_spec"][sha] for sha in shas if sha in counters["by_spec"]]
+            if not parts:
+                raise NotFound(f"no copy of spec {spec_sha256[:12]} on {endpoint}/{component} has answered yet",
+                               fix="send it requests first")
+            p99s = [part["latency_ms"]["p99"] for part in parts if part["latency_ms"]["p99"] is not None]
+            return ComponentMetrics(invocations=sum(p["invocations"] for p in parts),
+                                    errors_4xx=sum(p["invocation_4xx_errors"] for p in parts),
+                                    errors_5xx=sum(p["invocation_5xx_errors"] for p in parts),
+                                    model_errors=sum(p["model_errors"] for p in parts),
+                                    latency_p99_ms=max(p99s) if p99s else None)
+        return ComponentMetrics(invocations=counters["invocations"], errors_4xx=counters["invocation_4xx_errors"],
+                                errors_5xx=counters["invocation_5xx_errors"], model_errors=counters["model_errors"],
+                                latency_p99_ms=counters["latency_ms"]["p99"])
+
+
+class ScratchServer:
+    """Serve a model folder with an image's server on this worker's CPU for the length of a block (calibration)."""
+
+    def __init__(self, state_dir: Path):
+        self.processes = ProcessSupervisor(state_dir)
+
+    @contextmanager
+    def serve(self, image, model_dir: Path, name: str) -> Iterator[HttpInvoker]:
+        """Run the image's server on the folder for the block; the endpoint is removed afterwards."""
+        spec = process_spec(image.kind, model_dir, image.container_env(cpu_only=True), copies=1, model_ref={"purpose": name})
+        self.processes.ensure_endpoint(name)
+        try:
+            self.processes.put_component(name, "model", spec)
+            yield HttpInvoker(self.processes.endpoint_url(name), "model")
+        finally:
+            self.processes.delete_endpoint(name)

@@ -1,0 +1,1094 @@
+"""Local hosting: endpoints are router processes and components are model-server processes.
+
+Everything binds 127.0.0.1. Each endpoint's state (router pid/port, components with their
+spec and copies' pids/ports/logs) lives in `state_dir/endpoints/<name>.json`, written
+atomically, so a later command or a resumed pipeline finds and controls what is running.
+Mutations of one endpoint are serialised by a file lock, so two commands never race.
+
+Dead copies: the router takes a copy that stops answering out of rotation and says so in
+its `/ping`; `ensure_endpoint` (which every deploy, invoker and `shiplift endpoints heal` goes
+through) replaces copies whose process died or that the router holds out of rotation, so each
+component is back at its spec's copy count.
+
+Crash safety: copies being started are recorded as `pending` before anyone waits on them and
+replaced copies as `retiring` before the router switches; the next command on the endpoint
+stops whatever is left in either list, and re-syncs the router with the recorded components.
+Every process started for an endpoint carries `SHIPLIFT_ENDPOINT_OWNER` in its environment, so
+one killed between spawning and recording it is found by that tag and stopped too (Linux).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound, NotReady
+from tasks.hashing import canonical_json, sha256_json
+from tasks.atomic import write_json_atomic
+from tasks.project import PROJECT_ROOT
+from tasks.backends.local.router import name_problem
+from tasks.backends.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
+
+ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+MAX_COPIES = 64
+ADMIN_TIMEOUT_S = 5.0
+PING_TIMEOUT_S = 1.0
+POLL_S = 0.05
+LOG_TAIL_BYTES = 4096
+HAVE_PROC = Path("/proc/self/stat").exists()  # Linux: pid start times guard against pid reuse
+OWNER_ENV = "SHIPLIFT_ENDPOINT_OWNER"
+
+
+def _check_env_name(name: str) -> str:
+    if not name or name[0].isdigit() or set(name) - ENV_NAME_CHARS:
+        raise ValueError(
+            f"{name!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        )
+    return name
+
+
+class ProcessSpec(BaseModel):
+    """What one local inference component runs: a server command, its environment and copy count.
+
+    `neutral` keeps the backend-neutral `tasks.backends.interfaces.ComponentSpec` it was made from (as
+    JSON), so a later `describe` can say which image, artifact and container environment serve.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    copies: int = Field(ge=1, le=MAX_COPIES)
+    port_env: str
+    model_ref: dict[str, Any]
+    neutral: dict[str, Any] | None = None
+
+    @field_validator("command")
+    @classmethod
+    def _command_words(cls, value: list[str]) -> list[str]:
+        if not value[0]:
+            raise ValueError("command[0] must name the program to run")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            _check_env_name(key)
+        return value
+
+    @field_validator("port_env")
+    @classmethod
+    def _port_env_name(cls, value: str) -> str:
+        return _check_env_name(value)
+
+    @model_validator(mode="after")
+    def _port_env_free(self) -> ProcessSpec:
+        if self.port_env in self.env:
+            raise ValueError(
+                f"env sets {self.port_env}, which is port_env: the port is chosen per copy; "
+                "remove it from env"
+            )
+        try:
+            canonical_json(self.model_ref)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"model_ref must be plain JSON (no NaN, no objects): {exc}") from exc
+        return self
+
+    def sha256(self) -> str:
+        """Content hash of the spec; equal hashes mean an identical component."""
+        return sha256_json(self.model_dump(mode="json"))
+
+
+class ProcessRef(BaseModel):
+    """A process this backend started: pid plus its kernel start time (guards pid reuse)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pid: int
+    start_ticks: int | None
+    log: str
+
+
+class CopyRef(ProcessRef):
+    """One model-server copy and the hash of the spec it runs (None: its component's spec)."""
+
+    port: int
+    url: str
+    spec_sha256: str | None = None
+
+
+class RouterRef(ProcessRef):
+    """The endpoint's router process: its invocation port and its control port (token in the ready file)."""
+
+    port: int
+    admin_port: int = 0
+
+
+class ComponentState(BaseModel):
+    """A component as persisted: its spec, the spec's hash and its serving copies; while a rolling
+    update is in flight, `previous` is the spec being replaced and some copies still run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: ProcessSpec
+    spec_sha256: str
+    copies: list[CopyRef]
+    previous: ProcessSpec | None = None
+
+    def running(self, digest: str) -> list[CopyRef]:
+        """The copies that run the spec with this hash."""
+        return [c for c in self.copies if (c.spec_sha256 or self.spec_sha256) == digest]
+
+    def not_running(self, digest: str) -> list[CopyRef]:
+        """The copies that run any other spec."""
+        return [c for c in self.copies if (c.spec_sha256 or self.spec_sha256) != digest]
+
+
+class EndpointState(BaseModel):
+    """The persisted state of one endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    router: RouterRef | None = None
+    components: dict[str, ComponentState] = Field(default_factory=dict)
+    pending: list[CopyRef] = Field(default_factory=list)
+    retiring: list[CopyRef] = Field(default_factory=list)
+
+
+class EndpointInfo(BaseModel):
+    """Where an endpoint answers and whether this call created or restarted its router."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    url: str
+    port: int
+    pid: int
+    status: Literal["running", "created", "restarted"]
+
+
+class ComponentInfo(BaseModel):
+    """A component's serving copies after put_component; changed=False means it was a no-op."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    name: str
+    spec_sha256: str
+    copies: list[CopyRef]
+    changed: bool
+
+
+# -- processes --------------------------------------------------------------------------------
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) from /proc, or None when no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of our own exited child so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = _proc_stat(pid) if HAVE_PROC else None
+    return stat[1] if stat else None
+
+
+def _alive(ref: ProcessRef) -> bool:
+    """True when the process still runs and is the one we started (not a reused pid)."""
+    if not HAVE_PROC:
+        _reap(ref.pid)
+        try:
+            os.kill(ref.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    stat = _proc_stat(ref.pid)
+    if stat is None or (ref.start_ticks is not None and stat[1] != ref.start_ticks):
+        return False
+    if stat[0] == "Z":
+        _reap(ref.pid)
+        return False
+    return True
+
+
+def _tagged_processes(owner: str) -> list[ProcessRef]:
+    """Live session leaders whose environment carries OWNER_ENV=owner (none without /proc).
+
+    Only leaders: every process this backend starts leads its own session, and a leader's
+    children (in its process group) are stopped with it.
+    """
+    if not HAVE_PROC:
+        return []
+    tag = f"{OWNER_ENV}={owner}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        if tag in environ.split(b"\0") and _process_group(pid) == pid:
+            ticks = _start_ticks(pid)
+            if ticks is not None:
+                found.append(ProcessRef(pid=pid, start_ticks=ticks, log=""))
+    return found
+
+
+def _process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _signal(ref: ProcessRef, sig: int) -> None:
+    """Signal the process group we created with start_new_session (or just the pid)."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(ref.pid) == ref.pid:
+            os.killpg(ref.pid, sig)
+        else:
+            os.kill(ref.pid, sig)
+
+
+def _stop(refs: list[ProcessRef], grace_s: float) -> None:
+    """SIGTERM, wait up to grace_s, then SIGKILL; raise Conflict if any process survives."""
+    live = [ref for ref in refs if _alive(ref)]
+    for ref in live:
+        _signal(ref, signal.SIGTERM)
+    for sig, wait_s in ((signal.SIGKILL, grace_s), (None, 5.0)):
+        deadline = time.monotonic() + wait_s
+        while live and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            live = [ref for ref in live if _alive(ref)]
+        if not live:
+            return
+        if sig is not None:
+            for ref in live:
+                _signal(ref, sig)
+    pids = ", ".join(str(ref.pid) for ref in live)
+    raise Conflict(
+        f"processes {pids} did not exit after SIGTERM and SIGKILL",
+        fix=f"inspect them (ps -o pid,stat,cmd -p {pids}) and end them by hand",
+    )
+
+
+def _log_tail(path: str | Path) -> str:
+    """The last few KiB of a log, for error messages."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - LOG_TAIL_BYTES))
+            text = handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no log written)"
+    return text.strip() or "(log is empty)"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _http(
+    port: int,
+    method: str,
+    path: str,
+    payload: Any = None,
+    timeout: float = ADMIN_TIMEOUT_S,
+    token: str | None = None,
+) -> tuple[int, Any]:
+    """One JSON request to 127.0.0.1:port (with a bearer token for a control port); raises
+    OSError/HTTPException when unreachable."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        body = canonical_json(payload) if payload is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        try:
+            return response.status, json.loads(data) if data else None
+        except ValueError:
+            return response.status, data.decode("utf-8", errors="replace")
+    finally:
+        conn.close()
+
+
+def _endpoint_status(router_alive: bool, components: dict[str, dict[str, int]]) -> str:
+    """stopped (no router), unhealthy (a component with no copy in rotation), degraded (fewer than
+    its spec asks for) or ok."""
+    if not router_alive:
+        return "stopped"
+    if any(c["in_rotation"] == 0 for c in components.values()):
+        return "unhealthy"
+    if any(c["in_rotation"] < c["copies"] for c in components.values()):
+        return "degraded"
+    return "ok"
+
+
+def _router_copies(comp: ComponentState) -> list[dict[str, str]]:
+    """A component's copies as the router registers them: URL and the spec each runs."""
+    return [{"url": c.url, "spec_sha256": c.spec_sha256 or comp.spec_sha256} for c in comp.copies]
+
+
+def _ping(port: int) -> int | None:
+    """Status of GET /ping on a copy, or None when it does not answer in time."""
+    try:
+        return _http(port, "GET", "/ping", timeout=PING_TIMEOUT_S)[0]
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+def _check_name(kind: str, name: str) -> None:
+    problem = name_problem(name)
+    if problem:
+        raise BadInput(
+            f"invalid {kind} name: {problem}", fix="use letters, digits and hyphens, ≤ 63 chars"
+        )
+
+
+# -- the backend -----------------------------------------------------------------------------
+class ProcessSupervisor:
+    """Endpoints and inference components as processes on 127.0.0.1, persisted under state_dir."""
+
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        router_start_timeout_s: float = 20.0,
+        stop_grace_s: float = 10.0,
+        lock_timeout_s: float = 600.0,
+    ):
+        self.state_dir = Path(state_dir)
+        self.router_start_timeout_s = router_start_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.lock_timeout_s = lock_timeout_s
+        self._held: dict[str, int] = {}  # endpoint -> thread holding its lock (a rollout's bake may invoke it)
+        for sub in ("endpoints", "logs", "locks", "run"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- public API ----------------------------------------------------------------------------
+    def ensure_endpoint(self, name: str, *, ready_timeout_s: float = 120) -> EndpointInfo:
+        """Start the endpoint's router, or find it running, or restart it if it died; then replace
+        every copy that died or that the router took out of rotation."""
+        _check_name("endpoint", name)
+        with self._lock(name):
+            state, status = self._ensure(name)
+            self._replace_dead_copies(state, ready_timeout_s)
+        return self._info(state, status)
+
+    def put_component(
+        self, endpoint: str, component: str, spec: ProcessSpec, *, ready_timeout_s: float = 120
+    ) -> ComponentInfo:
+        """Run `spec.copies` copies of a component and switch the router to them all at once."""
+        _check_name("endpoint", endpoint)
+        _check_name("component", component)
+        if not isinstance(spec, ProcessSpec):
+            raise BadInput(
+                f"spec must be a ProcessSpec, got {type(spec).__name__}",
+                fix="build it with ProcessSpec(command=..., copies=..., ...)",
+            )
+        if not ready_timeout_s > 0:
+            raise BadInput(
+                f"ready_timeout_s must be > 0, got {ready_timeout_s}", fix="pass seconds > 0"
+            )
+        with self._lock(endpoint):
+            state, _ = self._ensure(endpoint)
+            digest = spec.sha256()
+            current = state.components.get(component)
+            if current is not None and self._serving(current, digest, spec.copies):
+                return ComponentInfo(
+                    endpoint=endpoint,
+                    name=component,
+                    spec_sha256=digest,
+                    copies=current.copies,
+                    changed=False,
+                )
+            new = self._start_copies(state, endpoint, component, spec, ready_timeout_s)
+            state.components[component] = ComponentState(spec=spec, spec_sha256=digest, copies=new)
+            state.retiring = list(current.copies) if current else []
+            state.pending = []
+            self._save(state)
+            try:
+                self._register(state, component)
+            except Exception:
+                self._stop_copies(new)
+                if current is None:
+                    del state.components[component]
+                else:
+                    state.components[component] = current
+                state.retiring = []
+                self._save(state)
+                raise
+            self._stop_copies(state.retiring)
+            state.retiring = []
+            self._save(state)
+        return ComponentInfo(
+            endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
+        )
+
+    def roll_out(
+        self,
+        endpoint: str,
+        component: str,
+        spec: ProcessSpec,
+        plan: RolloutPlan,
+        bake: Bake,
+        *,
+        ready_timeout_s: float = 120,
+        drain_timeout_s: float = 90,
+        progress: Progress = lambda _line: None,
+    ) -> RolloutResult:
+        """Move a running component to `spec` batch by batch: start a batch of new copies, wait for their
+        /ping, shift them into rotation, drain and stop as many old ones, then `bake` the step (it watches
+        the wait interval and returns the alarm that fired, or None). An alarm rolls back batch by batch
+        and the old spec serves again. Every step is persisted first, so a rerun after a crash resumes
+        the same rollout (or rolls back one to another spec) and never leaves two half-states."""
+        _check_name("endpoint", endpoint)
+        _check_name("component", component)
+        if not isinstance(spec, ProcessSpec) or not isinstance(plan, RolloutPlan):
+            raise BadInput("roll_out takes a ProcessSpec and a RolloutPlan", fix="build them with their models")
+        deadline = time.monotonic() + plan.max_execution_s
+        timeouts = (ready_timeout_s, drain_timeout_s)
+        digest = spec.sha256()
+        with self._lock(endpoint):
+            state, _ = self._ensure(endpoint)
+            comp = state.components.get(component)
+            if comp is None:
+                raise NotFound(
+                    f"component {component} is not on endpoint {endpoint}; a rolling update replaces running copies",
+                    fix="deploy it first (put_component), then roll out the next spec",
+                )
+            if comp.previous is not None and comp.spec_sha256 != digest:
+                progress(f"{endpoint}/{component}: rolling back an interrupted rollout to spec {comp.spec_sha256[:12]} first")
+                self._roll_back(state, component, plan, timeouts, [], progress)
+            if comp.previous is None:
+                if self._serving(comp, digest, spec.copies):
+                    return RolloutResult(status="unchanged")
+                for copy in comp.copies:
+                    copy.spec_sha256 = copy.spec_sha256 or comp.spec_sha256
+                comp.previous, comp.spec, comp.spec_sha256 = comp.spec, spec, digest
+                self._save(state)
+            old_sha, old_count = comp.previous.sha256(), comp.previous.copies
+            targets = plan.targets(spec.copies)
+            steps: list[RolloutStep] = []
+            for number, target in enumerate(targets, 1):
+                self._forget_dead(state, component)  # a copy that died mid-rollout is started again below
+                new, old = comp.running(digest), comp.not_running(digest)
+                keep_old = old_count - (old_count * target) // spec.copies
+                if len(new) >= target and len(old) <= keep_old:
+                    continue  # done before an interruption
+                if time.monotonic() > deadline:
+                    reason = f"the rollout passed its maximum execution time of {plan.max_execution_s:g}s"
+                    self._roll_back(state, component, plan, timeouts, steps, progress)
+                    return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
+                self._shift(state, component, spec, max(0, target - len(new)), old[: max(0, len(old) - keep_old)], timeouts)
+                step = RolloutStep(phase="rollout", batch=number, batches=len(targets), old_copies=len(comp.running(old_sha)),
+                                   new_copies=len(comp.running(digest)), old_spec_sha256=old_sha, new_spec_sha256=digest)
+                progress(f"{endpoint}/{component}: batch {number}/{len(targets)}: {step.new_copies} new, "
+                         f"{step.old_copies} old copies serving; baking {plan.wait_interval_s:g}s")
+                alarm = bake(step)
+                steps.append(step.model_copy(update={"alarm": alarm}))
+                if alarm:
+                    progress(f"{endpoint}/{component}: alarm {alarm}; rolling back")
+                    self._roll_back(state, component, plan, timeouts, steps, progress)
+                    return RolloutResult(status="rolled_back", reason=alarm, steps=tuple(steps))
+            self._forget_dead(state, component)
+            missing = spec.copies - len(comp.running(digest))
+            if missing > 0:  # a copy died during the last bake: end at the spec's copy count all the same
+                progress(f"{endpoint}/{component}: {missing} new copies died during the bake; starting them again")
+                self._shift(state, component, spec, missing, [], timeouts)
+            comp.previous = None
+            self._save(state)
+        return RolloutResult(status="succeeded", steps=tuple(steps))
+
+    def delete_component(self, endpoint: str, component: str) -> bool:
+        """Stop a component's copies and remove it from the router; False if it did not exist."""
+        _check_name("endpoint", endpoint)
+        _check_name("component", component)
+        with self._lock(endpoint):
+            state = self._load(endpoint)
+            if state is None or component not in state.components:
+                return False
+            if state.router is not None and self._router_healthy(state):
+                status, body = self._admin(state, "DELETE", f"components/{component}")
+                if status not in (200, 404):
+                    raise Conflict(
+                        f"router refused to delete {component}: {status} {body}",
+                        fix=f"check the router log {state.router.log}",
+                    )
+            self._stop_copies(state.components.pop(component).copies)
+            self._save(state)
+        return True
+
+    def delete_endpoint(self, name: str) -> bool:
+        """Stop the router and all copies, wait for their exit, drop the state; False if absent."""
+        _check_name("endpoint", name)
+        with self._lock(name):
+            state = self._load(name)
+            self._stop_untracked(state or EndpointState(name=name))
+            if state is None:
+                return False
+            copies = state.pending + state.retiring
+            for comp in state.components.values():
+                copies.extend(comp.copies)
+            if state.router is not None:
+                with contextlib.suppress(OSError, http.client.HTTPException, NotReady):
+                    if self._router_healthy(state):
+                        self._admin(state, "POST", "shutdown")
+                _stop([state.router], self.stop_grace_s)
+            self._stop_copies(copies)
+            self._state_path(name).unlink()
+            self._ready_path(name).unlink(missing_ok=True)
+        return True
+
+    def describe_endpoint(self, name: str) -> dict[str, Any]:
+        """Live view: is the router up, and per component its spec and each copy's /ping status and
+        place in the router's rotation."""
+        state = self._require(name)
+        router_alive = state.router is not None and self._router_healthy(state)
+        registered: dict[str, Any] = {}
+        if router_alive:
+            registered = self._admin(state, "GET", "state")[1]["components"]
+        components = {}
+        for cname, comp in sorted(state.components.items()):
+            urls = sorted(c.url for c in comp.copies)
+            live = {c["url"]: c for c in registered.get(cname, {}).get("copies", [])}
+            components[cname] = {
+                "spec": comp.spec.model_dump(mode="json"),
+                "spec_sha256": comp.spec_sha256,
+                "registered": bool(urls) and urls == sorted(live),
+                "copies": [
+                    {
+                        **c.model_dump(mode="json"),
+                        "alive": _alive(c),
+                        "ping": _ping(c.port),
+                        "in_rotation": live.get(c.url, {}).get("healthy", False),
+                    }
+                    for c in comp.copies
+                ],
+            }
+        router = state.router.model_dump(mode="json") if state.router else None
+        return {
+            "name": name,
+            "url": self._url(state),
+            "router": {**(router or {}), "alive": router_alive},
+            "components": components,
+        }
+
+    def list_endpoints(self) -> list[dict[str, Any]]:
+        """Every endpoint in the state folder: name, URL, router alive?, status (ok, degraded,
+        unhealthy or stopped) and per component its copies in rotation out of its spec's count."""
+        result = []
+        for path in sorted((self.state_dir / "endpoints").glob("*.json")):
+            state = self._load(path.stem)
+            if state is None:
+                continue
+            alive = state.router is not None and self._router_healthy(state)
+            health: dict[str, Any] = {}
+            if alive:
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    answer = _http(state.router.port, "GET", "/ping", timeout=PING_TIMEOUT_S)[1]
+                    health = answer.get("components", {}) if isinstance(answer, dict) else {}
+            components = {
+                cname: {"in_rotation": health.get(cname, {}).get("healthy", 0), "copies": comp.spec.copies}
+                for cname, comp in sorted(state.components.items())
+            }
+            result.append(
+                {
+                    "name": state.name,
+                    "url": self._url(state),
+                    "router_alive": alive,
+                    "status": _endpoint_status(alive, components),
+                    "components": components,
+                }
+            )
+        return result
+
+    def spec_hashes_serving(self, endpoint: str, component: str, neutral_sha256: str) -> list[str]:
+        """Hashes of the component's process specs (current, and previous mid-rollout) made from the neutral
+        spec (`tasks.backends.interfaces.ComponentSpec`) with this hash."""
+        from tasks.backends.interfaces import ComponentSpec
+
+        comp = self._require(endpoint).components.get(component)
+        if comp is None:
+            return []
+        specs = [comp.spec] + ([comp.previous] if comp.previous is not None else [])
+        return [spec.sha256() for spec in specs
+                if spec.neutral is not None and ComponentSpec.model_validate(spec.neutral).sha256() == neutral_sha256]
+
+    def endpoint_url(self, name: str) -> str:
+        """`http://127.0.0.1:PORT/endpoints/NAME`, the SageMaker-runtime-shaped invoke base."""
+        return self._url(self._require(name))
+
+    def metrics(self, name: str) -> dict[str, Any]:
+        """The router's per-component counters (invocations, 4xx, 5xx, model errors, latency)."""
+        state = self._require(name)
+        if state.router is None or not self._router_healthy(state):
+            raise NotReady(
+                f"the router of endpoint {name} is not running",
+                fix=f"restart it with ensure_endpoint({name!r}) / shiplift endpoints start",
+            )
+        return self._admin(state, "GET", "metrics")[1]
+
+    # -- state -------------------------------------------------------------------------------
+    def _state_path(self, name: str) -> Path:
+        return self.state_dir / "endpoints" / f"{name}.json"
+
+    def _ready_path(self, name: str) -> Path:
+        return self.state_dir / "run" / f"{name}.router.json"
+
+    def _load(self, name: str) -> EndpointState | None:
+        path = self._state_path(name)
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            state = EndpointState.model_validate_json(raw)
+        except ValidationError as exc:
+            raise IntegrityError(
+                f"endpoint state {path} is not valid: {exc}",
+                fix="stop the processes it lists by hand, then delete the file",
+            ) from exc
+        if state.name != name:
+            raise IntegrityError(
+                f"endpoint state {path} names endpoint {state.name!r}, not {name!r}",
+                fix="restore the right file or delete it",
+            )
+        return state
+
+    def _save(self, state: EndpointState) -> None:
+        write_json_atomic(self._state_path(state.name), state.model_dump(mode="json"))
+
+    def _require(self, name: str) -> EndpointState:
+        _check_name("endpoint", name)
+        state = self._load(name)
+        if state is None:
+            raise NotFound(
+                f"endpoint {name} does not exist under {self.state_dir}",
+                fix=f"create it with ensure_endpoint({name!r}) or list endpoints",
+            )
+        return state
+
+    def _url(self, state: EndpointState) -> str:
+        port = state.router.port if state.router else 0
+        return f"http://127.0.0.1:{port}/endpoints/{state.name}"
+
+    def _info(self, state: EndpointState, status: str) -> EndpointInfo:
+        assert state.router is not None
+        return EndpointInfo(
+            name=state.name,
+            url=self._url(state),
+            port=state.router.port,
+            pid=state.router.pid,
+            status=status,
+        )
+
+    @contextlib.contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        """Exclusive per-endpoint file lock, waited for with a deadline; re-entered by the thread holding it."""
+        if self._held.get(name) == threading.get_ident():
+            yield
+            return
+        fd = os.open(self.state_dir / "locks" / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            deadline = time.monotonic() + self.lock_timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise Conflict(
+                            f"endpoint {name} is being changed by another command "
+                            f"(waited {self.lock_timeout_s:g}s for its lock)",
+                            fix="wait for the other command to finish, then retry",
+                        ) from None
+                    time.sleep(POLL_S)
+            self._held[name] = threading.get_ident()
+            try:
+                yield
+            finally:
+                del self._held[name]
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    # -- router ------------------------------------------------------------------------------
+    def _ensure(self, name: str) -> tuple[EndpointState, str]:
+        """Under the lock: clean leftovers, make the router run, sync it with the state."""
+        state = self._load(name) or EndpointState(name=name)
+        self._stop_untracked(state)
+        if state.pending or state.retiring:
+            self._stop_copies(state.pending + state.retiring)
+            state.pending, state.retiring = [], []
+            self._save(state)
+        if state.router is not None and self._router_healthy(state):
+            status = "running"
+        else:
+            status = "created" if state.router is None else "restarted"
+            if state.router is not None:
+                _stop([state.router], self.stop_grace_s)  # hung, or gone already
+            for comp in state.components.values():
+                comp.copies = [c for c in comp.copies if _alive(c)]
+            state.router = self._start_router(name)
+            self._save(state)
+        self._sync_router(state)
+        return state, status
+
+    def _owner(self, name: str) -> str:
+        return f"{self.state_dir.resolve()}::{name}"
+
+    def _stop_untracked(self, state: EndpointState) -> None:
+        """Stop this endpoint's processes that no record names: spawned, then killed before saved."""
+        recorded = [*state.pending, *state.retiring]
+        recorded += [c for comp in state.components.values() for c in comp.copies]
+        if state.router is not None:
+            recorded.append(state.router)
+        known = {(ref.pid, ref.start_ticks) for ref in recorded}
+        orphans = [
+            ref
+            for ref in _tagged_processes(self._owner(state.name))
+            if (ref.pid, ref.start_ticks) not in known and (ref.pid, None) not in known
+        ]
+        _stop(orphans, self.stop_grace_s)
+
+    def _router_healthy(self, state: EndpointState) -> bool:
+        assert state.router is not None
+        if not _alive(state.router) or not state.router.admin_port:
+            return False
+        try:
+            code, body = self._admin(state, "GET", "state", timeout=2.0)
+        except NotReady:
+            return False
+        return (
+            code == 200
+            and isinstance(body, dict)
+            and body.get("name") == state.name
+            and body.get("pid") == state.router.pid
+        )
+
+    def _start_router(self, name: str) -> RouterRef:
+        ready = self._ready_path(name)
+        ready.unlink(missing_ok=True)
+        log = self.state_dir / "logs" / name / "router.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, OWNER_ENV: self._owner(name)}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "tasks.backends.local.router",
+            "--name",
+            name,
+            "--port",
+            "0",
+            "--state-file",
+            str(ready),
+        ]
+        with open(log, "ab") as handle:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        ref = RouterRef(pid=proc.pid, start_ticks=_start_ticks(proc.pid), log=str(log), port=0)
+        deadline = time.monotonic() + self.router_start_timeout_s
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise CapacityError(
+                    f"router of endpoint {name} exited with code {code} while starting; "
+                    f"log {log}:\n{_log_tail(log)}",
+                    fix="read the log and fix the cause",
+                )
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                info = json.loads(ready.read_text(encoding="utf-8"))
+                if info.get("pid") == proc.pid:
+                    return ref.model_copy(update={"port": int(info["port"]), "admin_port": int(info["admin_port"])})
+            if time.monotonic() > deadline:
+                _stop([ref], self.stop_grace_s)
+                raise NotReady(
+                    f"router of endpoint {name} did not report ready within "
+                    f"{self.router_start_timeout_s:g}s; log {log}:\n{_log_tail(log)}",
+                    fix="check the log; the machine may be overloaded",
+                )
+            time.sleep(POLL_S)
+
+    def _admin(
+        self, state: EndpointState, method: str, path: str, payload: Any = None, timeout: float = ADMIN_TIMEOUT_S
+    ) -> tuple[int, Any]:
+        """One request to the router's control port, with the token from its 0600 ready file."""
+        assert state.router is not None
+        try:
+            info = json.loads(self._ready_path(state.name).read_text(encoding="utf-8"))
+            token = str(info["admin_token"])
+            return _http(state.router.admin_port, method, "/_shiplift/" + path, payload, timeout, token)
+        except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
+            raise NotReady(
+                f"router of endpoint {state.name} did not answer {method} {path}: {exc!r}",
+                fix=f"run ensure_endpoint({state.name!r}); see {state.router.log}",
+            ) from exc
+
+    def _register(self, state: EndpointState, component: str) -> None:
+        comp = state.components[component]
+        payload = {"copies": _router_copies(comp)}
+        status, body = self._admin(state, "PUT", f"components/{component}", payload)
+        if status != 200:
+            raise Conflict(
+                f"router refused component {component}: {status} {body}",
+                fix=f"check the router log {state.router.log if state.router else ''}",
+            )
+
+    def _sync_router(self, state: EndpointState) -> None:
+        """Make the router serve exactly the persisted components' live copies."""
+        registered = self._admin(state, "GET", "state")[1]["components"]
+        for cname in sorted(set(registered) - set(state.components)):
+            self._admin(state, "DELETE", f"components/{cname}")
+        for cname, comp in sorted(state.components.items()):
+            wanted = sorted((c["url"], c["spec_sha256"]) for c in _router_copies(comp))
+            live = sorted((c["url"], c["spec_sha256"]) for c in registered.get(cname, {}).get("copies", []))
+            if wanted and wanted != live:
+                self._register(state, cname)
+            elif not wanted and cname in registered:
+                self._admin(state, "DELETE", f"components/{cname}")
+
+    def _replace_dead_copies(self, state: EndpointState, ready_timeout_s: float) -> None:
+        """Under the lock: bring every component back to its spec's copy count with fresh copies, in
+        place of those whose process died or that the router holds out of rotation."""
+        registered = self._admin(state, "GET", "state")[1]["components"]
+        for cname, comp in sorted(state.components.items()):
+            if comp.previous is not None:
+                continue  # a rolling update owns this component's copies until it ends
+            in_rotation = {c["url"] for c in registered.get(cname, {}).get("copies", []) if c["healthy"]}
+            keep = [c for c in comp.copies if _alive(c) and c.url in in_rotation]
+            missing = comp.spec.copies - len(keep)
+            if missing <= 0:
+                continue
+            sys.stderr.write(
+                f"endpoint {state.name}: component {cname} has {len(keep)} of {comp.spec.copies} copies "
+                f"in rotation; starting {missing}\n"
+            )
+            # the copies left out are dead or out of rotation: nothing to drain from them
+            self._shift(state, cname, comp.spec, missing, [c for c in comp.copies if c not in keep], (ready_timeout_s, 0.0))
+
+    # -- rolling updates -----------------------------------------------------------------------
+    def _shift(
+        self, state: EndpointState, component: str, spec: ProcessSpec, count: int, retire: list[CopyRef],
+        timeouts: tuple[float, float],
+    ) -> None:
+        """One traffic step: start `count` copies of `spec` (ready), put them in rotation without `retire`,
+        let those drain (skipped with a drain timeout of 0), stop them; persisted before each change so a
+        crash is cleaned up by the next command."""
+        ready_timeout_s, drain_timeout_s = timeouts
+        comp = state.components[component]
+        fresh = self._start_copies(state, state.name, component, spec, ready_timeout_s, count=count) if count else []
+        comp.copies = [c for c in comp.copies if c not in retire] + fresh
+        state.pending, state.retiring = [], list(retire)
+        self._save(state)
+        self._register(state, component)
+        if drain_timeout_s > 0:
+            self._drain(state, component, retire, drain_timeout_s)
+        self._stop_copies(retire)
+        state.retiring = []
+        self._save(state)
+
+    def _forget_dead(self, state: EndpointState, component: str) -> None:
+        """Drop copies whose process died from the component (and the router), so the rollout's counts are real."""
+        comp = state.components[component]
+        alive = [c for c in comp.copies if _alive(c)]
+        if len(alive) == len(comp.copies):
+            return
+        sys.stderr.write(f"endpoint {state.name}: {len(comp.copies) - len(alive)} copies of {component} died; "
+                         "the rollout replaces them\n")
+        comp.copies = alive
+        self._save(state)
+        if alive:
+            self._register(state, component)
+
+    def _drain(self, state: EndpointState, component: str, retired: list[CopyRef], timeout_s: float) -> None:
+        """Wait until the router has no request in flight on the copies just taken out of rotation."""
+        urls = {c.url for c in retired}
+        deadline = time.monotonic() + timeout_s
+        while urls:
+            listed = self._admin(state, "GET", "state")[1]["components"].get(component, {})
+            busy = {c["url"] for c in listed.get("draining", [])} & urls
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                sys.stderr.write(f"endpoint {state.name}: {sorted(busy)} still busy after {timeout_s:g}s of draining; stopping them\n")
+                return
+            time.sleep(POLL_S)
+
+    def _roll_back(
+        self, state: EndpointState, component: str, plan: RolloutPlan, timeouts: tuple[float, float],
+        steps: list[RolloutStep], progress: Progress,
+    ) -> None:
+        """Return the component to its previous spec, `plan.rollback_batch_copies` copies at a time (all at once
+        without it), recording each step; the new spec's copies leave rotation and drain first."""
+        comp = state.components[component]
+        previous = comp.previous
+        assert previous is not None
+        old_sha, new_sha = previous.sha256(), comp.spec_sha256
+        batch = plan.rollback_batch_copies or max(previous.copies, len(comp.copies))
+        batches = max(1, -(-len(comp.not_running(old_sha)) // batch))
+        number = 0
+        while True:
+            self._forget_dead(state, component)
+            new, old = comp.not_running(old_sha), comp.running(old_sha)
+            if not new and len(old) >= previous.copies:
+                break
+            number += 1
+            self._shift(state, component, previous, min(batch, max(0, previous.copies - len(old))), new[:batch], timeouts)
+            steps.append(RolloutStep(phase="rollback", batch=number, batches=max(batches, number),
+                                     old_copies=len(comp.running(old_sha)), new_copies=len(comp.running(new_sha)),
+                                     old_spec_sha256=old_sha, new_spec_sha256=new_sha))
+            progress(f"{state.name}/{component}: rollback batch {number}: {steps[-1].old_copies} old copies serving")
+        comp.spec, comp.spec_sha256, comp.previous = previous, old_sha, None
+        self._save(state)
+
+    # -- copies ------------------------------------------------------------------------------
+    def _serving(self, current: ComponentState, digest: str, copies: int) -> bool:
+        """True when the component runs this exact spec with every copy alive and answering."""
+        return (
+            current.spec_sha256 == digest
+            and current.previous is None
+            and len(current.running(digest)) == len(current.copies) == copies
+            and all(_alive(c) and _ping(c.port) == 200 for c in current.copies)
+        )
+
+    def _stop_copies(self, copies: list[CopyRef]) -> None:
+        _stop(list(copies), self.stop_grace_s)
+
+    def _start_copies(
+        self,
+        state: EndpointState,
+        endpoint: str,
+        component: str,
+        spec: ProcessSpec,
+        ready_timeout_s: float,
+        *,
+        count: int | None = None,
+    ) -> list[CopyRef]:
+        """Spawn `count` copies (the spec's count by default; recorded as pending first) and wait for
+        every /ping to say 200."""
+        generation = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        log_dir = self.state_dir / "logs" / endpoint
+        log_dir.mkdir(parents=True, exist_ok=True)
+        procs: list[subprocess.Popen] = []
+        try:
+            for index in range(spec.copies if count is None else count):
+                port = _free_port()
+                log = log_dir / f"{component}-{generation}-{index}.log"
+                env = {**os.environ, **spec.env, spec.port_env: str(port)}
+                env[OWNER_ENV] = self._owner(endpoint)
+                with open(log, "ab") as handle:
+                    try:
+                        proc = subprocess.Popen(
+                            spec.command,
+                            stdin=subprocess.DEVNULL,
+                            stdout=handle,
+                            stderr=subprocess.STDOUT,
+                            env=env,
+                            start_new_session=True,
+                        )
+                    except (FileNotFoundError, PermissionError) as exc:
+                        raise BadInput(
+                            f"component {component}: cannot run {spec.command[0]!r}: {exc}",
+                            fix="give an executable path or a program on PATH in command[0]",
+                        ) from exc
+                    except OSError as exc:
+                        raise CapacityError(
+                            f"component {component}: could not start a copy: {exc}",
+                            fix="free memory/process slots and retry",
+                        ) from exc
+                procs.append(proc)
+                state.pending.append(
+                    CopyRef(
+                        pid=proc.pid,
+                        start_ticks=_start_ticks(proc.pid),
+                        log=str(log),
+                        port=port,
+                        url=f"http://127.0.0.1:{port}",
+                        spec_sha256=spec.sha256(),
+                    )
+                )
+                self._save(state)
+            self._wait_ready(component, procs, state.pending, ready_timeout_s)
+        except BaseException:
+            self._stop_copies(state.pending)
+            state.pending = []
+            self._save(state)
+            raise
+        return list(state.pending)
+
+    def _wait_ready(
+        self,
+        component: str,
+        procs: list[subprocess.Popen],
+        copies: list[CopyRef],
+        ready_timeout_s: float,
+    ) -> None:
+        deadline = time.monotonic() + ready_timeout_s
+        waiting = set(range(len(copies)))
+        while waiting:
+            for index in sorted(waiting):
+                copy = copies[index]
+                code = procs[index].poll()
+                if code is not None:
+                    raise CapacityError(
+                        f"copy {index} of component {component} (pid {copy.pid}) exited with "
+                        f"code {code} before GET /ping answered 200; "
+                        f"log {copy.log}:\n{_log_tail(copy.log)}",
+                        fix="fix the server command, environment or model so it starts (see log)",
+                    )
+                if _ping(copy.port) == 200:
+                    waiting.discard(index)
+            if waiting and time.monotonic() > deadline:
+                index = min(waiting)
+                copy = copies[index]
+                raise NotReady(
+                    f"copy {index} of component {component} (pid {copy.pid}) did not answer "
+                    f"GET /ping with 200 within {ready_timeout_s:g}s; "
+                    f"log {copy.log}:\n{_log_tail(copy.log)}",
+                    fix="raise ready_timeout_s if the model loads slowly, else fix the log's cause",
+                )
+            if waiting:
+                time.sleep(POLL_S * 2)

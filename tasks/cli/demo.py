@@ -1,0 +1,291 @@
+"""The local release story behind `make demo`.
+
+1. Release Gemma-3-270M Q4_K_M: nothing serves yet, so after its gates it becomes champion.
+2. Release it again with a temperature fitted on the calibration split: gated against the
+   champion on the same tasks, then promoted if it is not worse.
+3. Release a broken model (a tiny random GGUF): the gate rejects it and the champion keeps serving.
+4. Release the encoder: a MiniLM-L6 NLI head trained here, exported to ONNX (+ int8), parity-checked
+   against PyTorch, served by ONNX Runtime and gated on the project's NLI test split.
+5. Canary Gemma onto two copies: one new copy beside the champion's, a bake with the online gate (the
+   canary set replayed through production) and the bake alarms, then the rest.
+6. Canary a Gemma build that refuses the multi-decision requests production clients send (the offline
+   gate sends single decisions, so it passes): with production traffic while it rolls out, its
+   error-rate alarm fires during the first bake and the rollout is rolled back, the champion still
+   serving.
+Each release ends with a signed checkpoint of the ledger's head (an Ed25519 key outside the state dir).
+Then verify the ledger against its checkpoints, write the audit report, show each canary's traffic steps
+from the ledger, ask the production endpoint one real question, and print a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+from tasks.cli.main import format_table
+from tasks.ledger.events import TRAFFIC
+from tasks.project import PROJECT_ROOT as ROOT
+
+CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
+BROKEN = ROOT / "configs" / "releases" / "demo-broken-model.yaml"
+ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
+FITTED = ("calibration.fit_temperature=true",)
+CANARY = (*FITTED, "rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=5",
+          "rollout.maximum_execution_timeout_s=600", "rollout.alarms.max_error_rate=0.05",
+          "rollout.alarms.min_invocations=3", "rollout.alarms.check_interval_s=0.5")
+ONLINE_GATE = ("rollout.online_gate.split=test", "rollout.online_gate.max_tasks=32", "rollout.online_gate.rounds=2")
+STEPS = (  # label, config, overrides, live traffic of multi-decision requests during the release
+    ("1. first release", CONFIG, (), False),
+    ("2. fitted temperature", CONFIG, FITTED, False),
+    ("3. broken model", BROKEN, (), False),
+    ("4. NLI encoder", ENCODER, (), False),
+    ("5. canary", CONFIG, (*CANARY, *ONLINE_GATE), False),
+    ("6. canary, fails live", CONFIG, (*CANARY, "image.max_shared_decisions=1"), True),
+)
+EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back"]
+
+
+def shared_decisions(count: int = 2) -> bytes:
+    """`count` decisions on one state in one `decisions` request, as a production client batches them."""
+    options = [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]
+    return json.dumps({"decisions": [{"id": f"q{i}", "state": "The sky is blue.", "question": "Is the sky blue?",
+                                      "options": options} for i in range(count)]}).encode()
+
+
+class BackgroundTraffic:
+    """Requests from a background thread, one after another, counting the outcome `send` names for each (a status,
+    an error code), until the block ends."""
+
+    def __init__(self, send: Callable[[], object], join_timeout_s: float = 60):
+        self.send, self.join_timeout_s = send, join_timeout_s
+        self.stop, self.statuses = threading.Event(), Counter()
+        self.thread = threading.Thread(target=self._run, name="live-traffic", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.statuses[self.send()] += 1
+
+    def __enter__(self) -> "BackgroundTraffic":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=self.join_timeout_s)
+
+
+class LiveTraffic(BackgroundTraffic):
+    """Production traffic over HTTP: multi-decision requests (or `body`) to one component of a local endpoint."""
+
+    def __init__(self, url: str, component: str, body: bytes | None = None, timeout_s: float = 30):
+        super().__init__(partial(_invoke_component, url, component, body or shared_decisions(), timeout_s),
+                         join_timeout_s=timeout_s * 2)
+
+
+def _invoke_component(url: str, component: str, body: bytes, timeout_s: float) -> int | str:
+    """POST one invocation; its HTTP status, or "transport" when no answer came."""
+    request = urllib.request.Request(f"{url}/invocations", data=body, method="POST", headers={
+        "Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": component})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return "transport"
+
+
+def banner(text: str) -> None:
+    print(f"\n=== {text} ===", file=sys.stderr, flush=True)
+
+
+def fresh_state_dir() -> Path:
+    """The demo always starts from nothing: stop what an earlier demo left running and wipe its state."""
+    from tasks.backends.local.supervisor import ProcessSupervisor
+
+    state_dir = Path(os.environ.get("SHIPLIFT_HOME", ROOT / ".shiplift" / "demo")).resolve()
+    if state_dir.exists():
+        hosting = ProcessSupervisor(state_dir)
+        for endpoint in hosting.list_endpoints():
+            hosting.delete_endpoint(endpoint["name"])
+        shutil.rmtree(state_dir)
+    state_dir.mkdir(parents=True)
+    os.environ["SHIPLIFT_HOME"] = str(state_dir)
+    return state_dir
+
+
+def ask_production(state_dir: Path, summary: dict) -> dict:
+    """One real decision through the production endpoint with an unmodified boto3 runtime client."""
+    import boto3
+    from botocore.config import Config
+
+    from tasks.backends.local.supervisor import ProcessSupervisor
+
+    url = ProcessSupervisor(state_dir).endpoint_url(summary["served_by"])
+    base, _, name = url.rpartition("/endpoints/")
+    client = boto3.client(
+        "sagemaker-runtime", endpoint_url=base, region_name="us-east-1", aws_access_key_id="local",
+        aws_secret_access_key="local", config=Config(read_timeout=60, connect_timeout=5, retries={"max_attempts": 1}),
+    )
+    decision = {
+        "id": "demo-question",
+        "state": "Customer: my parcel arrived with the screen cracked.",
+        "question": "What does the customer report?",
+        "options": [
+            {"id": "damage", "description": "a damaged item"},
+            {"id": "late", "description": "a late delivery"},
+            {"id": "billing", "description": "a billing problem"},
+        ],
+    }
+    response = client.invoke_endpoint(
+        EndpointName=name, InferenceComponentName=summary["component"], ContentType="application/json",
+        Body=json.dumps({"decision": decision}),
+    )
+    result = json.loads(response["Body"].read())["result"]
+    return {k: result[k] for k in ("option_ids", "probabilities", "temperature")} | {"model": result["model"]["file"]}
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def release_under_traffic(config: Path, overrides: tuple[str, ...], state_dir: Path, production: tuple[str, str],
+                          label: str) -> dict:
+    """A release stage by stage, as the refresh DAG runs it, with production traffic while promote rolls out (only
+    then: on two cores, traffic during calibration and the gate would be measured as the candidate's latency)."""
+    from tasks.backends.local.supervisor import ProcessSupervisor
+    from tasks.pipeline.release import STAGES, TEARDOWN, begin_orchestrated, end_orchestrated, run_orchestrated_stage
+
+    begun = begin_orchestrated(config, holder="demo", overrides=overrides)
+    run = lambda name: run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"])  # noqa: E731
+    failed = True
+    try:
+        for name in STAGES[:-1]:
+            if name != "promote":
+                run(name)
+                continue
+            with LiveTraffic(ProcessSupervisor(state_dir).endpoint_url(production[0]), production[1]) as live:
+                run(name)
+            print(f"{label}: production traffic during promote got {dict(live.statuses)} (200: answered; "
+                  "424: the model refused; 503: retryable)", file=sys.stderr, flush=True)
+        failed = False
+    finally:
+        run(TEARDOWN)
+        summary = end_orchestrated(begun["release_id"], holder="demo", failed=failed, ledger_url=begun["ledger_url"])
+    return summary
+
+
+def rollout_cell(summary: dict) -> str:
+    """How the release reached production: its strategy and traffic steps, or why it was rolled back."""
+    rollout = summary.get("rollout") or {}
+    if not rollout.get("strategy"):
+        return "-"
+    steps = f", {rollout['steps']} steps" if rollout["steps"] else ""
+    return f"{rollout['strategy']}{steps}" + (" (rolled back)" if summary["status"] == "rolled_back" else "")
+
+
+def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str:
+    columns = ["step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "rollout", "status", "serving after",
+               "checks not passed"]
+    lines = []
+    for (label, s), serving in zip(rows, serving_after):
+        m = s.get("metrics") or {}
+        lines.append(dict(zip(columns, (
+            label, s["release_id"], s.get("gguf_file_type") or "-", fmt(s.get("temperature"), ".2f"),
+            fmt(m.get("accuracy")), fmt(m.get("ece")), fmt(m.get("p95_ms"), ".0f"),
+            s.get("decision") or "-", rollout_cell(s), s["status"], serving, "; ".join(s.get("not_passed") or []) or "-",
+        ))))
+    return format_table(lines, columns)
+
+
+def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
+    """The release the production component reports right now (read live through the typed describe, not the ledger)."""
+    from tasks.backends.local.hosting import LoopbackHosting
+    from tasks.backends.local.store import LocalArtifactStore
+
+    live = LoopbackHosting(state_dir, LocalArtifactStore(state_dir / "artifacts")).describe(*production) if production else None
+    return live.model_ref.release_id if live and live.model_ref else "(nothing)"
+
+
+def traffic_steps_table(ledger, release_id: str) -> str:
+    """A release's traffic steps as the ledger recorded them: batch, copies of each spec, alarm states, gate."""
+    columns = ["phase", "batch", "old copies", "new copies", "alarms", "online gate", "alarm"]
+    rows = []
+    for record in ledger.release(release_id):
+        if record.stage != TRAFFIC:
+            continue
+        step = record.payload
+        gate = step.get("online_gate") or {}
+        states = ", ".join(f"{name} {state}" for name, state in sorted((step.get("alarm_states") or {}).items())) or "-"
+        rows.append(dict(zip(columns, (
+            step["phase"], f"{step['batch']}/{step['batches']}", step["old_copies"], step["new_copies"], states,
+            f"{gate['decision']} on {gate['candidate_answers']} answers" if gate else "-", (step.get("alarm") or "-")[:90]))))
+    return format_table(rows, columns)
+
+
+def main() -> int:
+    from tasks.backends.registry import ledger_url_for
+    from tasks.ledger.store import Ledger
+    from tasks.pipeline.release import run_release
+
+    state_dir = fresh_state_dir()
+    banner(f"shiplift local release demo (state in {state_dir})")
+    rows, serving_after, production = [], [], {}
+    for label, config, overrides, traffic in STEPS:
+        banner(f"{label}: shiplift release {config.relative_to(ROOT)}" + "".join(f" --set {o}" for o in overrides))
+        if traffic:
+            summary = release_under_traffic(config, overrides, state_dir, production["gemma-decision"], label)
+        else:
+            summary = run_release(config, overrides=overrides)
+        rows.append((label, summary))
+        if summary["served_by"] and summary["model"] not in production:
+            production[summary["model"]] = (summary["served_by"], summary["component"])
+        serving_after.append(serving_release(state_dir, production.get(summary["model"])))
+        print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
+
+    banner("ledger verify: the hash chain, and that it extends every signed checkpoint")
+    from tasks.ledger.audit import verify_ledger
+    from tasks.ledger.report import write_report
+
+    ledger = Ledger(ledger_url_for(state_dir, None))
+    verdict = verify_ledger(ledger, state_dir)
+    latest = verdict["checked_against"] or {}
+    print(json.dumps({"ok": verdict["ok"], "n_records": verdict["n_records"], "head_hash": verdict["head_hash"],
+                      "checkpoints": verdict["checkpoints"], "latest_checkpoint_seq": latest.get("seq"),
+                      "key_id": verdict.get("key_id"), "problems": verdict["problems"]}), flush=True)
+    report = write_report(ledger, state_dir / "audit-report", verdict)
+    print(f"audit report: {report}", flush=True)
+    for label, summary in rows:
+        if (summary.get("rollout") or {}).get("steps"):
+            banner(f"{label}: traffic steps in the ledger ({summary['release_id']}, {summary['status']})")
+            print(traffic_steps_table(ledger, summary["release_id"]), flush=True)
+
+    banner("summary")
+    print(summary_table(rows, serving_after), flush=True)
+    champion = next((s for _, s in reversed(rows) if s["status"] == "promoted" and s["model"] == "gemma-decision"), None)
+    if champion is None:
+        print("\nNo Gemma release was promoted, so there is no champion to ask; the table says which checks failed.", flush=True)
+        return 1
+    banner(f"asking the production endpoint {champion['served_by']} one question (boto3 sagemaker-runtime)")
+    print(json.dumps(ask_production(state_dir, champion)), flush=True)
+    print(
+        f"\nThe champion keeps serving at {champion['served_by']}. Inspect: .venv/bin/shiplift ledger history "
+        f"--state-dir {state_dir} (or timeline gemma-decision, as-of gemma-decision TIME, diff A B) · audit report: "
+        f"{report} · stop: make stop SHIPLIFT_HOME={state_dir}",
+        flush=True,
+    )
+    return 0 if [s["status"] for _, s in rows] == EXPECTED and verdict["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

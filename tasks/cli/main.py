@@ -1,0 +1,892 @@
+"""The `shiplift` command line: releases, stages, serving, endpoints, evaluation and the ledger.
+
+Exit codes: 0 success, 1 unexpected error, 2 bad config or input, 3 gate rejected the release
+(or `ledger verify` found tampering), 4 another run holds the promotion lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, NotFound, ShipliftError
+from tasks.ledger.events import PROMOTED
+from tasks.backends.registry import default_state_dir
+from tasks.pipeline.table import STAGE_NAMES
+
+EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
+EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
+
+
+def print_json(value) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def with_ledger(p):
+    """The ledger a step reads its release from: --ledger-url, $SHIPLIFT_LEDGER_URL, or SQLite under --state-dir."""
+    p.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger (default: $SHIPLIFT_LEDGER_URL, else sqlite under --state-dir)")
+    return p
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    """A plain text table for people: a header, a rule, a line a row, columns padded to their widest cell; a value
+    that is not there (None) shows as '-'."""
+    cells = [["-" if row.get(column) is None else str(row.get(column)) for column in columns] for row in rows]
+    widths = [max([len(column), *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)]
+    return "\n".join("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip()
+                     for line in [columns, ["-" * w for w in widths], *cells])
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """A table for people on stdout (`--json` prints the rows for machines instead)."""
+    print(format_table(rows, columns))
+
+
+def aws_config(args, what: str):
+    """The aws release config a command needs; BadInput naming the backend otherwise."""
+    from tasks.config import load_release_config
+
+    config = load_release_config(args.config, overrides=tuple(args.set))
+    if config.backend.kind != "aws":
+        raise BadInput(f"{args.config} uses the {config.backend.kind} backend; {what} is about AWS, which that backend never calls",
+                       fix="pass an aws release config (backend.kind: aws), e.g. configs/releases/qwen35-4b-semif.yaml")
+    return config
+
+
+def cmd_release(args) -> int:
+    if args.dry_run:
+        return release_dry_run(args)
+    from tasks.pipeline.release import run_release
+
+    summary = run_release(args.config, overrides=tuple(args.set), keep_candidate=args.keep_candidate or None)
+    print_json(summary)
+    return 0 if summary["status"] == PROMOTED else EXIT_REJECTED
+
+
+def release_dry_run(args) -> int:
+    """Every request an aws release would send, one JSON object a line; nothing is sent, no credentials needed."""
+    from collections import Counter
+
+    from tasks.backends.aws.dryrun import plan_release
+
+    config = aws_config(args, "--dry-run")
+    requests = plan_release(config, config_dir=Path(args.config).resolve().parent)
+    for request in requests:
+        print(json.dumps(request.to_json(), ensure_ascii=False))
+    services = Counter(r.service for r in requests)
+    with_placeholders = sum(1 for r in requests if r.placeholders)
+    print(f"dry run: {len(requests)} requests ({', '.join(f'{n} {s}' for s, n in sorted(services.items()))}), each valid for "
+          f"the installed botocore service model; {with_placeholders} carry placeholders (listed per request); nothing was sent",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    """Put an earlier promoted release back on production with its own rollout strategy, then show what serves."""
+    from tasks.pipeline.promotion import rollback
+    from tasks.pipeline.release import default_actor
+
+    result = rollback(args.state_dir, args.model, args.to, reason=args.reason, actor=args.actor or default_actor(),
+                      expect_current=args.expect_current, ledger_url=args.ledger_url)
+    if args.json:
+        print_json(result)
+        return 0
+    served = result["served"] or {}
+    print_table([{"model": result["model"], "from": result["rollback_from"] or "(none)", "to": result["rollback_to"],
+                  "strategy": result["strategy"], "traffic steps": result["steps"],
+                  "serving now": served.get("release_id", "?"), "image": (served.get("image_digest") or "?")[:19]}],
+                ["model", "from", "to", "strategy", "traffic steps", "serving now", "image"])
+    return 0
+
+
+def cmd_iam(args) -> int:
+    from tasks.backends.aws.iam import policies
+
+    documents = policies(aws_config(args, "`shiplift iam`"))
+    if args.out:
+        from tasks.atomic import write_text_atomic
+
+        for name, document in documents.items():
+            write_text_atomic(Path(args.out) / name, json.dumps(document, indent=2) + "\n")
+            print(f"wrote {Path(args.out) / name}")
+    elif args.json:
+        print_json(documents)
+    else:
+        rows = [{"document": name, "sid": s.get("Sid", ""), "actions": len(s["Action"]) if isinstance(s["Action"], list) else 1,
+                 "resources": ", ".join(s.get("Resource", [])) if isinstance(s.get("Resource"), list) else s.get("Resource", "")}
+                for name, document in documents.items() for s in document["Statement"] if "Resource" in s]
+        print_table(rows, ["document", "sid", "actions", "resources"])
+    return 0
+
+
+def cmd_cleanup(args) -> int:
+    """List, or delete, what shiplift created under a prefix (named with it and carrying shiplift's tag)."""
+    from tasks.backends.registry import make_backends
+
+    config = aws_config(args, "`shiplift cleanup`")
+    prefix = args.prefix or config.resource_prefix
+    if not prefix.strip():
+        raise BadInput("--prefix is empty", fix="pass the resource prefix to clean up, e.g. --prefix shiplift")
+    hosting = make_backends(config).hosting
+    found = hosting.managed_resources(prefix)
+    if args.list:
+        if args.json:
+            print_json([r.model_dump() for r in found])
+        else:
+            print_table([{"kind": r.kind, "name": r.name, "release": r.tags.get("shiplift:release", "")} for r in found],
+                        ["kind", "name", "release"])
+            print(f"{len(found)} resources named {prefix}* and tagged shiplift:managed=true", file=sys.stderr)
+        return 0
+    for resource in found:
+        hosting.delete_resource(resource, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    print(f"deleted {len(found)} resources named {prefix}* and tagged shiplift:managed=true", file=sys.stderr)
+    return 0
+
+
+def cmd_stage(args) -> int:
+    """One stage (inside a Step Functions task, its outcome is also reported with the task token)."""
+    from tasks.orchestrators.task_token import reporting_to_step_functions
+    from tasks.pipeline.release import run_orchestrated_stage
+
+    def run() -> dict:
+        result = run_orchestrated_stage(args.release, args.name, holder=args.holder, ledger_url=args.ledger_url,
+                                        state_dir=args.state_dir)
+        if args.result_uri:
+            from tasks.orchestrators.step_functions import publish_stage_result
+
+            publish_stage_result(args.result_uri, release_id=args.release, stage=args.name, result=result)
+        return result
+
+    print_json(reporting_to_step_functions(run))
+    return 0
+
+
+def parse_allowed_timeouts(text: str | None) -> dict[str, int] | None:
+    """`begin=300,resolve=1800,…` as {step: seconds}; BadInput names a malformed entry or an unknown step."""
+    from tasks.pipeline.table import STEPS
+
+    if text is None:
+        return None
+    allowed: dict[str, int] = {}
+    for entry in text.split(","):
+        name, _, seconds = entry.partition("=")
+        if name not in STEPS or not seconds.isdigit():
+            raise BadInput(f"--allowed-timeouts entry {entry!r} is not STEP=SECONDS with a step of {', '.join(STEPS)}",
+                           fix="pass what `shiplift sfn render` writes into the Begin state")
+        allowed[name] = int(seconds)
+    return allowed
+
+
+def cmd_orchestrate_begin(args) -> int:
+    from tasks.orchestrators.task_token import reporting_to_step_functions
+    from tasks.pipeline.release import begin_orchestrated
+
+    allowed = parse_allowed_timeouts(args.allowed_timeouts)
+    print_json(reporting_to_step_functions(
+        lambda: begin_orchestrated(args.config, holder=args.holder, allowed_timeouts=allowed, overrides=tuple(args.set))))
+    return 0
+
+
+def cmd_orchestrate_end(args) -> int:
+    """Exit 0 whenever the final status was recorded, including rejected and --failed runs."""
+    from tasks.orchestrators.task_token import reporting_to_step_functions
+    from tasks.pipeline.release import end_orchestrated
+
+    print_json(reporting_to_step_functions(
+        lambda: end_orchestrated(args.release, holder=args.holder, failed=args.failed, ledger_url=args.ledger_url,
+                                 state_dir=args.state_dir)))
+    return 0
+
+
+def sfn_inputs(args):
+    """The config as the pipeline image sees it (path relative to the repository root) and the runner settings."""
+    from tasks.config import load_release_config
+    from tasks.orchestrators.step_functions import load_runner_settings
+
+    config_file = Path(args.config).resolve()
+    from tasks.project import PROJECT_ROOT as root
+
+    if not config_file.is_relative_to(root):
+        raise BadInput(f"{args.config} is outside the repository {root}", fix="Step Functions tasks read configs from the pipeline image: keep it under configs/")
+    config = load_release_config(config_file, overrides=tuple(args.set))
+    return config, str(config_file.relative_to(root)), load_runner_settings(args.runner)
+
+
+def cmd_sfn_render(args) -> int:
+    from tasks.orchestrators.step_functions import definition_json, render_state_machine
+
+    config, config_path, runner = sfn_inputs(args)
+    text = definition_json(render_state_machine(config, runner=runner, config_path=config_path))
+    if args.out:
+        from tasks.atomic import write_text_atomic
+
+        write_text_atomic(args.out, text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def cmd_sfn_deploy(args) -> int:
+    from tasks.orchestrators.step_functions import deploy_state_machine, render_state_machine
+
+    config, config_path, runner = sfn_inputs(args)
+    definition = render_state_machine(config, runner=runner, config_path=config_path)
+    print_json(deploy_state_machine(config, definition, role_arn=args.role_arn))
+    return 0
+
+
+def cmd_policy(args) -> int:
+    """The retries and timeouts the CLI, Airflow and Step Functions apply to each step of this config."""
+    from tasks.config import load_release_config
+    from tasks.pipeline.table import LEASE, MAX_STEP_TIMEOUT_S, policy_rows
+
+    rows = policy_rows(load_release_config(args.config, overrides=tuple(args.set)))
+    if args.json:
+        print_json({"steps": rows, "max_step_timeout_s": MAX_STEP_TIMEOUT_S,
+                    "lease": {"ttl_s": LEASE.ttl_s, "renew_every_s": LEASE.renew_every_s}})
+        return 0
+    print_table(rows, ["step", "retries", "retried", "backoff", "table_timeout_s", "timeout_s"])
+    print(f"\nA step may take at most {MAX_STEP_TIMEOUT_S} s; the model's lease lasts {LEASE.ttl_s:.0f} s unless renewed, "
+          f"and a running step renews it every {LEASE.renew_every_s:.0f} s. Every other error fails the step at once.")
+    return 0
+
+
+def cmd_config_validate(args) -> int:
+    from tasks.config import load_release_config
+    from tasks.pipeline.release import release_id_for
+
+    config = load_release_config(args.config, overrides=tuple(args.set))
+    print_json({"ok": True, "release_id": release_id_for(config), "config_hash": config.config_hash(), "config": config.model_dump(mode="json")})
+    return 0
+
+
+def exec_server(image: str, env: dict[str, str]) -> int:
+    """Replace this process with an image's server (what its container runs), configured by `env`."""
+    from tasks.backends.local.process_image import server_command
+
+    command = server_command(image)
+    os.execve(command[0], command, {**os.environ, **env})
+    return 0  # not reached: execve replaces this process
+
+
+def optional_env(args, mapping: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    return {variable: str(getattr(args, flag)) for flag, variable in mapping if getattr(args, flag) is not None}
+
+
+def cmd_serve_semif(args) -> int:
+    gguf = Path(args.gguf)
+    if not gguf.is_file():
+        raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
+    env = {"SEMIF_GGUF_PATH": str(gguf.resolve()), "SEMIF_PORT": str(args.port), "SEMIF_HOST": args.host, "SEMIF_THREADS": str(args.threads)}
+    env.update(optional_env(args, (("max_tokens", "SEMIF_MAX_TOKENS"), ("max_request_tokens", "SEMIF_MAX_REQUEST_TOKENS"),
+                                   ("max_in_flight", "SEMIF_MAX_IN_FLIGHT"))))
+    return exec_server("semif", env)
+
+
+def cmd_serve_encoder(args) -> int:
+    model_dir = Path(args.model_dir)
+    if not model_dir.is_dir():
+        raise BadInput(f"model folder {model_dir} does not exist", fix="pass --model-dir DIR holding model.onnx and tokenizer.json")
+    env = {"ENCODER_MODEL_DIR": str(model_dir.resolve()), "ENCODER_PORT": str(args.port), "ENCODER_HOST": args.host,
+           "ENCODER_THREADS": str(args.threads), "ENCODER_VARIANT": args.variant, "ENCODER_TRUNCATION": args.truncation}
+    env.update(optional_env(args, (("max_len", "ENCODER_MAX_LEN"), ("max_batch", "ENCODER_MAX_BATCH"),
+                                   ("max_in_flight", "ENCODER_MAX_IN_FLIGHT"))))
+    return exec_server("encoder", env)
+
+
+def cmd_endpoints_list(args) -> int:
+    from tasks.backends.registry import local_endpoints
+
+    endpoints = local_endpoints(args.state_dir).list_endpoints()
+    if args.json:
+        print_json(endpoints)
+        return 0
+    rows = [
+        {
+            "endpoint": e["name"],
+            "status": e["status"],
+            "components (copies in rotation / spec)": ", ".join(
+                f"{name} {c['in_rotation']}/{c['copies']}" for name, c in e["components"].items()
+            ) or "-",
+            "url": e["url"],
+        }
+        for e in endpoints
+    ]
+    print_table(rows, ["endpoint", "status", "components (copies in rotation / spec)", "url"])
+    return 0
+
+
+def named_endpoints(hosting, args, verb: str) -> list[str]:
+    """The endpoints a command names, or every one with --all; BadInput for an unknown name."""
+    if args.all == bool(args.names):
+        raise BadInput("give endpoint names or --all, not both and not neither", fix=f"shiplift endpoints {verb} NAME... | --all")
+    known = [e["name"] for e in hosting.list_endpoints()]
+    unknown = sorted(set(args.names) - set(known))
+    if unknown:
+        raise BadInput(f"no local endpoint named {', '.join(unknown)} under {hosting.state_dir}", fix="see `shiplift endpoints list`")
+    return known if args.all else args.names
+
+
+def cmd_endpoints_stop(args) -> int:
+    from tasks.backends.registry import local_endpoints
+
+    hosting = local_endpoints(args.state_dir)
+    for name in named_endpoints(hosting, args, "stop"):
+        hosting.delete_endpoint(name)
+        print(f"stopped {name}")
+    return 0
+
+
+def cmd_endpoints_heal(args) -> int:
+    from tasks.backends.registry import local_endpoints
+
+    hosting = local_endpoints(args.state_dir)
+    for name in named_endpoints(hosting, args, "heal"):
+        info = hosting.ensure_endpoint(name)
+        print(f"{name}: router {info.status}, every component back at its copy count")
+    return 0
+
+
+def cmd_eval_jevbench(args) -> int:
+    from validation.datasets import load_decision_dataset
+    from validation.evaluate import RunSettings, Target, evaluate_decisions
+    from validation.thresholds import ChampionRule, DecisionThresholds
+
+    datasets = [
+        load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None)
+        for p in args.data
+    ]
+    thresholds = DecisionThresholds(
+        min_accuracy=args.min_accuracy, max_ece=args.max_ece, min_validity=args.min_validity,
+        max_p95_latency_ms=args.max_p95_ms, min_allowed_token_mass=None,
+    )
+    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
+    report = evaluate_decisions(
+        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
+        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
+        settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
+        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"JevBench evaluation of {args.endpoint}",
+    )
+    metrics = report["metrics"]
+    print_json({
+        "decision": report["decision"],
+        "n": metrics["n"],
+        "accuracy": metrics["accuracy"],
+        "ece": metrics["ece"],
+        "validity": metrics["validity"],
+        "latency_ms": metrics["latency_ms"],
+        "paths": report["paths"],
+    })
+    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+
+
+def cmd_eval_nli(args) -> int:
+    from validation.evaluate import RunSettings, Target
+    from validation.nli_eval import evaluate_nli, load_nli_dataset
+    from validation.thresholds import ChampionRule, NliThresholds
+
+    datasets = [load_nli_dataset(Path(p), name=Path(p).stem, splits=args.split or None) for p in args.data]
+    thresholds = NliThresholds(
+        min_accuracy=args.min_accuracy, min_macro_f1=args.min_macro_f1, min_class_recall=args.min_class_recall,
+        max_ece=args.max_ece, min_validity=args.min_validity, max_p95_latency_ms=args.max_p95_ms,
+    )
+    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
+    report = evaluate_nli(
+        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
+        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion, batch_size=args.batch_size,
+        settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
+        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"NLI evaluation of {args.endpoint}",
+    )
+    metrics = report["metrics"]
+    print_json({
+        "decision": report["decision"],
+        "n": metrics["n"],
+        "accuracy": metrics["accuracy"],
+        "macro_f1": metrics["nli"]["macro_f1"],
+        "per_class_recall": metrics["nli"]["per_class_recall"],
+        "ece": metrics["ece"],
+        "n_truncated": report["n_truncated"],
+        "paths": report["paths"],
+    })
+    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+
+
+def ledger_for(args):
+    """The ledger a `ledger` command reads: --url, else the --config's ledger_url, else SQLite under --state-dir."""
+    from tasks.backends.registry import open_ledger
+
+    config = checkpoints_config(args)
+    url = args.url or (config.backend.ledger_url if config is not None else None)
+    return open_ledger(ledger_url=url, state_dir=args.state_dir, read_only=True)
+
+
+def checkpoints_config(args):
+    """The release config of --config (whose backend names the checkpoints: aws), or None for the state dir's."""
+    from tasks.config import load_release_config
+
+    return load_release_config(args.config) if getattr(args, "config", None) else None
+
+
+def verifying_parts(args):
+    """The (verifier, store) of a command's checkpoints: --config's backend (its public key where it names one: the
+    secret is never read), else --key and the state dir's file."""
+    from tasks.backends.registry import checkpoint_parts
+
+    return checkpoint_parts(checkpoints_config(args), state_dir=args.state_dir, key_path=args.key, verify_only=True)
+
+
+def cmd_ledger_history(args) -> int:
+    """One row per release of a model (or of every model), or with --records every record."""
+    ledger = ledger_for(args)
+    if args.records:
+        rows = [r.to_dict() for r in ledger.history(args.model)]
+        columns = ["seq", "recorded_at", "release_id", "stage", "event", "actor", "record_hash"]
+    else:
+        from tasks.ledger.views import releases
+
+        rows = releases(ledger, args.model)
+        columns = ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy", "records"]
+    if args.model and not rows:
+        raise NotFound(f"the ledger has no records of model {args.model!r}", fix="run `shiplift ledger history` for every model")
+    print_json(rows) if args.json else print_table(rows, columns)
+    return 0
+
+
+def print_gate(gate: dict) -> None:
+    """A gate's decision, its champion and every check with its interval and rule."""
+    from tasks.ledger.views import CHECK_COLUMNS, check_cells
+
+    datasets = ", ".join(f"{d['name']} (n {d['n']}, sha256 {d['sha256']})" for d in gate.get("datasets") or [])
+    print(f"\ngate {gate['decision']} (champion: {gate.get('champion_release') or 'none'}); datasets: {datasets}")
+    print_table([check_cells(c) for c in gate.get("checks") or []], CHECK_COLUMNS)
+
+
+def print_release(detail: dict) -> None:
+    from tasks.ledger.views import field_rows
+
+    fields = ["release_id", "model", "status", "opened_at", "opened_by", "config_hash", "source_sha256", "model_sha256",
+              "artifact_sha256", "artifact_uri", "image_uri", "image_digest", "decision", "records", "placement"]
+    print_table(field_rows({name: detail[name] for name in fields}, "field"), ["field", "value"])
+    print()
+    print_table([{"stage": name, "status": status} for name, status in detail["stages"].items()], ["stage", "status"])
+    if detail["gate"]:
+        print_gate(detail["gate"])
+    if detail["promotions"]:
+        print()
+        print_table(detail["promotions"], ["at", "event", "trigger", "strategy", "endpoint", "component", "steps", "reason", "actor"])
+
+
+def cmd_ledger_show(args) -> int:
+    """One release: what it was built from, its gate evidence, its stages and its promotions."""
+    from tasks.ledger.views import show
+
+    detail = show(ledger_for(args), args.release)
+    print_json(detail) if args.json else print_release(detail)
+    return 0
+
+
+def cmd_ledger_verify(args) -> int:
+    """The chain, an anchored head if given, and every signed checkpoint the state dir keeps."""
+    from tasks.ledger.audit import verdict_lines
+
+    result = verification_for(args, ledger_for(args))
+    if args.json:
+        print_json(result)
+    else:
+        headline, *problems = verdict_lines(result)
+        print("\n".join([headline, *(f"  - {problem}" for problem in problems)]))
+    return 0 if result["ok"] else EXIT_REJECTED
+
+
+def cmd_ledger_prove(args) -> int:
+    """An inclusion proof of one release's records in the latest signed checkpoint (O(log n) hashes a record)."""
+    from tasks.ledger.checkpoints import prove
+
+    signer, store = verifying_parts(args)
+    proof = prove(ledger_for(args), store, args.release, signer.public)
+    if args.out:
+        Path(args.out).write_text(json.dumps(proof, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}: {len(proof['records'])} records proven in checkpoint seq {proof['checkpoint']['seq']}",
+              file=sys.stderr)
+    else:
+        print_json(proof)
+    return 0
+
+
+def cmd_ledger_check_proof(args) -> int:
+    """Check an inclusion proof with the public key alone (--key's, or an aws --config's): no ledger needed."""
+    from tasks.ledger.checkpoints import check_proof
+
+    try:
+        proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise NotFound(f"no proof file {args.proof}", fix="write one with `shiplift ledger prove RELEASE --out FILE`") from error
+    except ValueError as error:
+        raise BadInput(f"{args.proof} is not JSON: {error}", fix="pass the file `ledger prove --out` wrote") from error
+    problems = check_proof(proof, verifying_parts(args)[0].public)
+    print_json({"ok": not problems, "release_id": proof.get("release_id"), "records": len(proof.get("records", [])),
+                "problems": problems})
+    return 0 if not problems else EXIT_REJECTED
+
+
+def cmd_ledger_checkpoint(args) -> int:
+    """Sign the ledger's head (after verifying it) into the checkpoint store (local file, or S3 for an aws --config)."""
+    from tasks.backends.registry import sign_checkpoint
+
+    signed = sign_checkpoint(ledger_for(args), checkpoints_config(args), state_dir=args.state_dir, key_path=args.key)
+    print_json(signed.to_dict())
+    return 0
+
+
+def print_diff(result: dict, *, changed_only: bool) -> None:
+    rows = [{"field": row["field"], "A": row["a"], "B": row["b"], "": "" if row["same"] else "differs"}
+            for row in result["rows"] if not (changed_only and row["same"])]
+    print(f"A = {result['release_a']}\nB = {result['release_b']}")
+    print_table(rows, ["field", "A", "B", ""])
+    print(f"{len(result['changed'])} fields differ; {result['config_fields_same']} config fields are the same (not shown)")
+
+
+def cmd_ledger_diff(args) -> int:
+    """Two releases side by side: config, artifact, image digest, placement, gate metrics and thresholds."""
+    from tasks.ledger.views import diff
+
+    result = diff(ledger_for(args), args.release_a, args.release_b)
+    print_json(result) if args.json else print_diff(result, changed_only=args.changed)
+    return 0
+
+
+def print_as_of(served: dict) -> None:
+    from tasks.ledger.views import field_rows
+
+    promotion = served["promotion"]
+    how = {"rollback": f"a rollback from {promotion['rollback_from']}: {promotion['reason']}",
+           "promote": f"a promotion ({promotion['strategy']}): {promotion['reason']}"}.get(
+        promotion["trigger"], f"its own release ({promotion['strategy']})")
+    print(f"{served['model']} at {served['as_of']}: {served['release_id']}, serving since {served['since']}, put there by "
+          f"{how}; actor {promotion['actor']} (ledger seq {served['record']['seq']})")
+    print_table(field_rows(served["built_from"], "built from"), ["built from", "value"])
+    if served["evidence"]:
+        print_gate(served["evidence"])
+
+
+def cmd_ledger_as_of(args) -> int:
+    """What served a model at a moment, since when, built from what and on which gate evidence."""
+    from tasks.ledger.views import as_of
+
+    served = as_of(ledger_for(args), args.model, args.when)
+    print_json(served) if args.json else print_as_of(served)
+    return 0
+
+
+def cmd_ledger_timeline(args) -> int:
+    """A model's releases, gate decisions, traffic steps, promotions and rollbacks with their reasons, in order."""
+    from tasks.ledger.views import timeline
+
+    rows = timeline(ledger_for(args), args.model)
+    print_json(rows) if args.json else print_table(rows, ["seq", "at", "release_id", "event", "detail", "actor"])
+    return 0
+
+
+def verification_for(args, ledger) -> dict:
+    """`ledger verify`'s result for the command's state dir, key and anchored head."""
+    from tasks.ledger.audit import verify_ledger
+
+    return verify_ledger(ledger, args.state_dir, config=checkpoints_config(args), key_path=args.key,
+                         expect_head=getattr(args, "expect_head", None))
+
+
+def cmd_ledger_report(args) -> int:
+    """The audit report: one self-contained HTML page, verified against the signed checkpoints."""
+    from tasks.ledger.report import write_report
+
+    ledger = ledger_for(args)
+    verification = verification_for(args, ledger)
+    path = write_report(ledger, args.out, verification, model=args.model)
+    print(f"wrote {path}: ledger {'verified' if verification['ok'] else 'VERIFICATION FAILED'}, "
+          f"{verification['n_records']} records")
+    return 0 if verification["ok"] else EXIT_REJECTED
+
+
+def cmd_ledger_upgrade(args) -> int:
+    """Migrate an existing ledger's schema to this shiplift's revision (what opening it for writing does)."""
+    from tasks.backends.registry import ledger_url_for, open_ledger
+    from tasks.ledger.store import upgrade
+
+    open_ledger(ledger_url=args.url, state_dir=args.state_dir, read_only=True).close()  # refuses a ledger that is not there
+    print_json(upgrade(ledger_url_for(Path(args.state_dir), args.url)))
+    return 0
+
+
+def cmd_ledger_export(args) -> int:
+    ledger_for(args).export(args.format, Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shiplift", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_state_dir(p):
+        p.add_argument("--state-dir", default=str(default_state_dir()), help="local backend state (default: $SHIPLIFT_HOME or .shiplift)")
+        return p
+
+    p = sub.add_parser("release", help="run or resume a release from a config")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a config field (repeatable)")
+    p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
+    p.add_argument("--dry-run", action="store_true",
+                   help="aws configs: print every request the release would send (JSON lines), validated, and send nothing")
+    p.set_defaults(func=cmd_release)
+
+    p = with_ledger(with_state_dir(sub.add_parser(
+        "rollback", help="put an earlier promoted release of a model back on production (its own rollout strategy), "
+                         "verify what serves and record why")))
+    p.add_argument("model")
+    p.add_argument("--to", required=True, metavar="RELEASE", help="the release to serve again (a promoted one)")
+    p.add_argument("--reason", required=True, help="why, for the ledger")
+    p.add_argument("--expect-current", metavar="RELEASE", help="refuse unless the ledger says this release serves now")
+    p.add_argument("--actor", help="who rolls back (default: $SHIPLIFT_ACTOR, else user@host)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("iam", help="least-privilege IAM policies for an aws config (pipeline, SageMaker execution, CodeBuild roles)")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.add_argument("--out", help="write the policy documents into this folder")
+    p.add_argument("--json", action="store_true", help="print the documents as one JSON object")
+    p.set_defaults(func=cmd_iam)
+
+    p = sub.add_parser("cleanup", help="list or delete the AWS resources shiplift created under a prefix (and only those)")
+    p.add_argument("config", help="an aws release config (region, account, credentials chain)")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.add_argument("--prefix", help="resource name prefix (default: the config's resource_prefix)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--list", action="store_true", help="list what would be deleted")
+    which.add_argument("--delete-all", action="store_true", help="delete it all, in dependency order, waiting for each")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cleanup)
+
+    p = with_ledger(with_state_dir(sub.add_parser(
+        "stage", help="run one stage of an existing release from the ledger (a stage that already succeeded returns its result)")))
+    p.add_argument("name", choices=STAGE_NAMES)
+    p.add_argument("--release", required=True)
+    p.add_argument("--result-uri", help="also write the result to s3://BUCKET/KEY (how Step Functions reads the gate decision)")
+    p.add_argument("--holder", help="the orchestrated run holding the model's lease: renewed while the stage runs, "
+                                    "required by promote")
+    p.set_defaults(func=cmd_stage)
+
+    orchestrate = sub.add_parser("orchestrate", help="first and last step of an orchestrated (Airflow / Step Functions) run"
+                                 ).add_subparsers(dest="orchestrate_command", required=True)
+    p = orchestrate.add_parser("begin", help="open the release and take the model's promotion lease")
+    p.add_argument("config")
+    p.add_argument("--holder", required=True, help="who holds the lease, e.g. the execution ARN")
+    p.add_argument("--allowed-timeouts", metavar="STEP=SECONDS,...",
+                   help="the orchestrator's timeout per step: a config whose deadlines need longer is refused")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.set_defaults(func=cmd_orchestrate_begin)
+    p = with_ledger(with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back")))
+    p.add_argument("--release", required=True)
+    p.add_argument("--holder", required=True)
+    p.add_argument("--failed", action="store_true", help="an earlier step failed")
+    p.set_defaults(func=cmd_orchestrate_end)
+
+    sfn = sub.add_parser("sfn", help="the release as an AWS Step Functions state machine").add_subparsers(dest="sfn_command", required=True)
+    for name, func, help_text in (("render", cmd_sfn_render, "write the state machine definition (ASL JSON)"),
+                                  ("deploy", cmd_sfn_deploy, "create or update the state machine (idempotent)")):
+        p = sfn.add_parser(name, help=help_text)
+        p.add_argument("config")
+        p.add_argument("--runner", required=True, help="runner settings YAML (see configs/stepfunctions/runner-example.yaml)")
+        p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+        if name == "render":
+            p.add_argument("--out", help="write to this file instead of stdout")
+        else:
+            p.add_argument("--role-arn", required=True, help="the IAM role the state machine runs as")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("policy", help="the retries and timeouts every orchestrator applies to each step of a config")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_policy)
+
+    config = sub.add_parser("config", help="configuration tools").add_subparsers(dest="config_command", required=True)
+    p = config.add_parser("validate", help="validate a release config and print the effective values")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p.set_defaults(func=cmd_config_validate)
+
+    serve = sub.add_parser("serve", help="run a serving image's server locally").add_subparsers(dest="serve_command", required=True)
+    p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
+    p.add_argument("--gguf", required=True)
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+    p.add_argument("--max-tokens", type=int, help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
+    p.add_argument("--max-request-tokens", type=int, help="longest prompt accepted (SEMIF_MAX_REQUEST_TOKENS)")
+    p.add_argument("--max-in-flight", type=int, help="requests admitted at once (SEMIF_MAX_IN_FLIGHT)")
+    p.set_defaults(func=cmd_serve_semif)
+
+    p = serve.add_parser("encoder", help="the encoder NLI server on an exported model folder")
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+    p.add_argument("--variant", choices=["fp32", "int8"], default="fp32")
+    p.add_argument("--truncation", choices=["refuse", "premise_first"], default="refuse",
+                   help="over-long pairs: refuse them, or cut the premise and report it")
+    p.add_argument("--max-len", type=int, help="ENCODER_MAX_LEN (default 512)")
+    p.add_argument("--max-batch", type=int, help="ENCODER_MAX_BATCH (default 32)")
+    p.add_argument("--max-in-flight", type=int, help="ENCODER_MAX_IN_FLIGHT (default 4)")
+    p.set_defaults(func=cmd_serve_encoder)
+
+    endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True)
+    p = with_state_dir(endpoints.add_parser("list", help="list local endpoints, their health and components"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_endpoints_list)
+    p = with_state_dir(endpoints.add_parser("stop", help="stop local endpoints"))
+    p.add_argument("names", nargs="*")
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=cmd_endpoints_stop)
+    p = with_state_dir(endpoints.add_parser("heal", help="restart local endpoints' dead routers and copies"))
+    p.add_argument("names", nargs="*")
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=cmd_endpoints_heal)
+
+    evaluate = sub.add_parser("eval", help="evaluate an endpoint").add_subparsers(dest="eval_command", required=True)
+    p = evaluate.add_parser("jevbench", help="score JevBench-format tasks on any SemIf endpoint")
+    p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
+    p.add_argument("--component", help="inference component name (X-Amzn-SageMaker-Inference-Component)")
+    p.add_argument("--data", nargs="+", required=True, help="JSONL files in JevBench format")
+    p.add_argument("--split", action="append", help="keep only tasks of this split (repeatable)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--champion", help="a second endpoint to compare against on the same tasks")
+    p.add_argument("--champion-component")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
+    p.add_argument("--min-accuracy", type=float, default=0.0)
+    p.add_argument("--max-ece", type=float, default=1.0)
+    p.add_argument("--min-validity", type=float, default=1.0)
+    p.add_argument("--max-p95-ms", type=float, default=None)
+    p.set_defaults(func=cmd_eval_jevbench)
+
+    p = evaluate.add_parser("nli", help="score NLI pairs (JSONL/TSV, SNLI/MNLI field names too) on any encoder endpoint")
+    p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
+    p.add_argument("--component", help="inference component name")
+    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--split", action="append", help="keep only pairs of this split (repeatable)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--champion", help="a second endpoint to compare against on the same pairs")
+    p.add_argument("--champion-component")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--min-accuracy", type=float, default=0.0)
+    p.add_argument("--min-macro-f1", type=float, default=0.0)
+    p.add_argument("--min-class-recall", type=float, default=0.0)
+    p.add_argument("--max-ece", type=float, default=1.0)
+    p.add_argument("--min-validity", type=float, default=1.0)
+    p.add_argument("--max-p95-ms", type=float, default=None)
+    p.set_defaults(func=cmd_eval_nli)
+
+    ledger = sub.add_parser("ledger", help="the release ledger").add_subparsers(dest="ledger_command", required=True)
+
+    def ledger_parser(name: str, help_text: str, aliases: tuple[str, ...] = ()):
+        p = with_state_dir(ledger.add_parser(name, help=help_text, aliases=list(aliases)))
+        p.add_argument("--url", help="SQLAlchemy URL of the ledger (default: sqlite under --state-dir)")
+        return p
+
+    def with_checkpoints(p, created: bool = False):
+        p.add_argument("--key", help="the local checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else "
+                                     "~/.config/shiplift/ledger-ed25519.pem" + ("; created 0600 on first use)" if created else ")"))
+        p.add_argument("--config", help="an aws release config: its ledger_url, and the Secrets Manager key and Object Lock "
+                                        "bucket its backend.checkpoints names")
+        return p
+
+    p = ledger_parser("history", "one row per release (of MODEL, or of every model); --records for every record")
+    p.add_argument("model", nargs="?")
+    p.add_argument("--records", action="store_true", help="every ledger record instead of one row per release")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_history)
+    p = ledger_parser("show", "one release: built from what, gate evidence, stages, promotions")
+    p.add_argument("release")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_show)
+    p = ledger_parser("timeline", "a model's releases, gate decisions, traffic steps, promotions and rollbacks in order")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_timeline)
+    p = ledger_parser("verify", "check the hash chain and that it extends every signed checkpoint")
+    p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
+    p.add_argument("--json", action="store_true")
+    with_checkpoints(p)
+    p.set_defaults(func=cmd_ledger_verify)
+    p = ledger_parser("checkpoint", "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")
+    with_checkpoints(p, created=True)
+    p.set_defaults(func=cmd_ledger_checkpoint)
+    p = ledger_parser("prove", "an inclusion proof of one release's records in the latest signed checkpoint")
+    p.add_argument("release")
+    with_checkpoints(p)
+    p.add_argument("--out", help="write the proof to this file (default: print it)")
+    p.set_defaults(func=cmd_ledger_prove)
+    p = ledger_parser("check-proof", "check an inclusion proof with the key alone (no ledger)")
+    p.add_argument("proof")
+    with_checkpoints(p)
+    p.set_defaults(func=cmd_ledger_check_proof)
+    p = ledger_parser("diff", "two releases side by side: config, artifact, image digest, placement, gate metrics, thresholds")
+    p.add_argument("release_a")
+    p.add_argument("release_b")
+    p.add_argument("--changed", action="store_true", help="only the fields that differ")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_diff)
+    p = ledger_parser("as-of", "what served a model at a time (ISO 8601 with timezone), since when, on what evidence",
+                      aliases=("served-at",))
+    p.add_argument("model")
+    p.add_argument("when")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_as_of)
+    p = ledger_parser("report", "write the audit report (self-contained HTML) after verifying against the checkpoints")
+    p.add_argument("model", nargs="?")
+    p.add_argument("--out", required=True, help="folder to write index.html into")
+    with_checkpoints(p)
+    p.set_defaults(func=cmd_ledger_report)
+    p = ledger_parser("upgrade", "migrate the ledger's schema to this shiplift's revision (Alembic; refuses a newer one)")
+    p.set_defaults(func=cmd_ledger_upgrade)
+    p = ledger_parser("export", "export the ledger")
+    p.add_argument("--format", choices=["json", "csv"], default="json", help="for people: `ledger report` (HTML)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_ledger_export)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LeaseHeld as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_LEASE
+    except (ConfigError, BadInput) as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (GateFailed, IntegrityError) as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    except ShipliftError as exc:
+        print(f"shiplift: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("shiplift: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to tell it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

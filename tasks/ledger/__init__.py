@@ -1,0 +1,1 @@
+"""The release ledger: the append-only store, its schema and migrations, event names, checkpoints, views and audit."""

@@ -1,0 +1,25 @@
+"""The ledger's vocabulary, spelled once: the stages records are filed under, their events, a release's final statuses.
+
+Every module that writes or reads records (the release, promotion, the stages, views, audit, the registry view, the
+DAGs) names events through these constants, so a new status is added in one place and no reader misses it. Imports
+nothing: DAG files read it at parse time.
+"""
+
+from __future__ import annotations
+
+# Stages a record is filed under besides the stage table's own (resolve … teardown_candidate).
+RELEASE = "release"  # the release's own records: opened, options, and its final status
+TRAFFIC = "traffic"  # one record per traffic step of a rollout (event STEP)
+VALIDATE, PROMOTE = "validate", "promote"
+
+# Events of a stage run.
+STARTED, SUCCEEDED, FAILED = "started", "succeeded", "failed"
+SKIPPED, KEPT, ROLLED_BACK = "skipped", "kept", "rolled_back"
+DONE = (SUCCEEDED, SKIPPED, KEPT, ROLLED_BACK)  # a stage that ended with one of these is not run again
+STEP = "step"  # a traffic step
+
+# Events of the release stage.
+OPENED, OPTIONS = "opened", "options"
+PROMOTED, REJECTED = "promoted", "rejected"
+FINISHED = (PROMOTED, REJECTED, ROLLED_BACK)  # final statuses a rerun has nothing left to do for
+FINAL = (*FINISHED, FAILED)  # every final status of a release

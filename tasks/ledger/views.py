@@ -1,0 +1,240 @@
+"""Audit views of the ledger (DESIGN §10): one row per release, one release in full, two side by side, what
+served a model at a moment and on what evidence, and a model's timeline of releases, traffic and rollbacks.
+
+Pure reads of the records a `Ledger` returns: they never write and never ask an endpoint (drift is
+`tasks.ledger.audit`'s job). The CLI prints them as tables, `--json` as they are; the audit report renders them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from tasks.errors import NotFound
+from tasks.ledger.events import FAILED, FINAL, OPENED, PROMOTE, RELEASE, ROLLED_BACK, SUCCEEDED, TRAFFIC, VALIDATE
+from tasks.pipeline.release import ReleaseState, release_summary
+
+
+def _states(records: list) -> list[ReleaseState]:
+    """The records grouped into releases, in the order each release first appears."""
+    grouped: dict[str, list] = defaultdict(list)
+    for record in records:
+        grouped[record.release_id].append(record)
+    return [ReleaseState.from_records(release_id, group) for release_id, group in grouped.items()]
+
+
+def _first(state: ReleaseState, stage: str, event: str):
+    return next((r for r in state.records if (r.stage, r.event) == (stage, event)), None)
+
+
+def _promotions(state: ReleaseState) -> list:
+    """Every promote record of a release that changed production: promotions, rollbacks to it, automatic rollbacks."""
+    return [r for r in state.records if r.stage == PROMOTE and r.event in (SUCCEEDED, ROLLED_BACK)]
+
+
+def release_detail(state: ReleaseState) -> dict:
+    """One release in full: who opened it when, what it was built from, its gate evidence and every promotion."""
+    summary = release_summary(state)
+    opened = _first(state, RELEASE, OPENED)
+
+    def result(stage: str) -> dict:
+        return state.stage(stage).get("result") or {}
+
+    gate = result("validate")
+    return {
+        **summary,
+        "opened_at": opened.recorded_at if opened else None,
+        "opened_by": opened.actor if opened else None,
+        "config_hash": opened.payload.get("config_hash") if opened else None,
+        "config": opened.payload.get("config") if opened else None,
+        "source_sha256": result("resolve").get("source_sha256"),
+        "model_sha256": result("build").get("model_sha256"),
+        "artifact_uri": result("package").get("artifact_uri"),
+        "image_digest": result("image").get("image_digest"),
+        "gate": {key: gate.get(key) for key in ("decision", "metrics", "thresholds", "checks", "datasets",
+                                                "champion_release", "not_passed")} if gate else None,
+        "promotions": [_promotion_row(r) for r in _promotions(state)],
+        "records": len(state.records),
+        "first_at": state.records[0].recorded_at if state.records else None,
+        "last_at": state.records[-1].recorded_at if state.records else None,
+    }
+
+
+def _promotion_row(record) -> dict:
+    payload = record.payload
+    return {"seq": record.seq, "at": record.recorded_at, "actor": record.actor, "event": record.event,
+            "trigger": payload.get("trigger", "release"), "strategy": payload.get("strategy"),
+            "endpoint": payload.get("endpoint"), "component": payload.get("component"),
+            "reason": payload.get("rollback_reason") or payload.get("reason"),
+            "rollback_from": payload.get("rollback_from"), "steps": len(payload.get("steps") or [])}
+
+
+def details(records: list) -> list[dict]:
+    """Every release of these records in full (`release_detail`), in the order each first appears."""
+    return [release_detail(state) for state in _states(records)]
+
+
+def release_row(detail: dict) -> dict:
+    """A release's row in a history: opened when and by whom, its status, gate decision and last promotion."""
+    last = detail["promotions"][-1] if detail["promotions"] else None
+    return ({key: detail[key] for key in ("release_id", "model", "opened_at", "opened_by", "status", "decision",
+                                          "artifact_sha256", "image_digest", "records", "first_at", "last_at")}
+            | {"promoted_at": last["at"] if last and last["event"] == SUCCEEDED else None,
+               "strategy": detail["rollout"]["strategy"]})
+
+
+def releases(ledger, model: str | None = None) -> list[dict]:
+    """One row per release (oldest first), of one model or of all."""
+    return [release_row(detail) for detail in details(ledger.history(model))]
+
+
+def show(ledger, release_id: str) -> dict:
+    """One release in full, with its stages' statuses."""
+    return release_detail(ReleaseState.from_records(release_id, ledger.release(release_id)))
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaves of nested dicts as dotted keys, under `prefix` (lists stay whole: they are compared as values)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, inner in value.items():
+        flat.update(_flatten(inner, f"{prefix}.{key}" if prefix else key))
+    return flat
+
+
+def field_rows(values: dict, column: str) -> list[dict]:
+    """A (field, value) table of a dict, a nested dict's fields one row each (`placement.instance_type`)."""
+    return [{column: name, "value": value} for name, value in _flatten(values).items()]
+
+
+CHECK_COLUMNS = ["check", "status", "observed", "interval", "rule", "n"]
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def check_cells(check: dict) -> dict:
+    """A gate check as table cells: status, observed value, its interval, the rule it was held to, sample size."""
+    ci = check.get("ci")
+    rule = f"{check.get('comparator', '')} {_number(check['threshold'])}" if check.get("threshold") is not None else ""
+    return {"check": check["name"], "status": check["status"], "observed": _number(check.get("observed")),
+            "interval": f"[{_number(ci[0])}, {_number(ci[1])}]" if ci else "", "rule": rule, "n": check.get("n")}
+
+
+def _check_text(check: dict) -> str:
+    """A gate check as one diff cell."""
+    cells = check_cells(check)
+    return f"{cells['status']}: {cells['observed']} {cells['interval']} {cells['rule']}".rstrip()
+
+
+def _diff_fields(detail: dict) -> dict[str, Any]:
+    """What `diff` compares, as flat field -> value."""
+    gate = detail["gate"] or {}
+    fields: dict[str, Any] = {
+        name: detail[name] for name in ("status", "config_hash", "source_sha256", "model_sha256", "artifact_sha256",
+                                        "artifact_uri", "image_uri", "image_digest")
+    }
+    fields |= _flatten(detail["placement"] or {}, "placement")
+    fields["gate.decision"] = gate.get("decision")
+    fields["gate.champion_release"] = gate.get("champion_release")
+    fields |= _flatten(gate.get("metrics") or {}, "metric")
+    fields |= _flatten(gate.get("thresholds") or {}, "threshold")
+    fields |= {f"check.{c['name']}": _check_text(c) for c in gate.get("checks") or []}
+    fields |= {f"dataset.{d['name']}.sha256": d.get("sha256") for d in gate.get("datasets") or []}
+    fields["rollout.strategy"] = detail["rollout"]["strategy"]
+    return fields
+
+
+def diff(ledger, release_a: str, release_b: str) -> dict:
+    """Two releases side by side: config (the fields that differ), artifact, image digest, placement obtained,
+    gate metrics, thresholds and checks; `changed` names every field that differs."""
+    a, b = show(ledger, release_a), show(ledger, release_b)
+    fields_a, fields_b = _diff_fields(a), _diff_fields(b)
+    config_a, config_b = _flatten(a["config"] or {}, "config"), _flatten(b["config"] or {}, "config")
+    config_changed = {key for key in config_a.keys() | config_b.keys() if config_a.get(key) != config_b.get(key)}
+    fields_a |= {key: config_a.get(key) for key in config_changed}
+    fields_b |= {key: config_b.get(key) for key in config_changed}
+    names = list(dict.fromkeys([*fields_a, *fields_b]))
+    rows = [{"field": name, "a": fields_a.get(name), "b": fields_b.get(name),
+             "same": fields_a.get(name) == fields_b.get(name)} for name in names]
+    return {"release_a": release_a, "release_b": release_b, "rows": rows,
+            "changed": [row["field"] for row in rows if not row["same"]],
+            "config_fields_same": len(config_a.keys() | config_b.keys()) - len(config_changed)}
+
+
+def as_of(ledger, model: str, when: datetime | str) -> dict:
+    """What served `model` at `when`: the release, since when and by whose promotion (or rollback), what it was
+    built from and the gate evidence it was promoted on."""
+    record = ledger.served_at(model, when)
+    if record is None:
+        raise NotFound(f"nothing of model {model!r} was promoted at or before {when}",
+                       fix=f"see `shiplift ledger history {model}` for when its releases were promoted")
+    detail = show(ledger, record.release_id)
+    return {
+        "model": model, "as_of": str(when), "release_id": record.release_id,
+        "since": record.recorded_at, "promotion": _promotion_row(record),
+        "record": {"seq": record.seq, "record_hash": record.record_hash},
+        "built_from": {key: detail[key] for key in ("config_hash", "source_sha256", "model_sha256", "artifact_sha256",
+                                                    "image_digest", "placement")},
+        "evidence": detail["gate"],
+        "opened_by": detail["opened_by"],
+    }
+
+
+def _step_text(payload: dict) -> str:
+    if payload.get("batch") is not None:
+        where = f"batch {payload['batch']}/{payload.get('batches')}: {payload.get('old_copies')} old, {payload.get('new_copies')} new"
+    else:
+        where = f"check {payload.get('check')}: {payload.get('copies')} copies"
+    alarm = f"; alarm {payload['alarm']}" if payload.get("alarm") else ""
+    return f"{payload.get('phase', 'rollout')} {where}{alarm}"
+
+
+def _timeline_event(record) -> tuple[str, str] | None:
+    """(kind, detail) of a record worth a line in a model's timeline, else None."""
+    payload, stage, event = record.payload, record.stage, record.event
+    if (stage, event) == (RELEASE, OPENED):
+        return "opened", f"config {payload.get('config_hash', '')[:12]}"
+    if stage == RELEASE and event in FINAL:
+        return "finished", event
+    if stage == VALIDATE and event == SUCCEEDED:
+        missed = payload.get("not_passed") or []
+        return "gate", f"{payload.get('decision')}" + (f": {'; '.join(missed)}" if missed else "")
+    if stage == TRAFFIC:
+        return "traffic", _step_text(payload)
+    if stage == PROMOTE and event == SUCCEEDED and payload.get("trigger") == "rollback":
+        return "rollback", f"from {payload.get('rollback_from')} to {record.release_id}: {payload.get('rollback_reason')}"
+    if stage == PROMOTE and event == SUCCEEDED:
+        return "promoted", f"{payload.get('strategy')} to {payload.get('endpoint')}/{payload.get('component')}"
+    if stage == PROMOTE and event == ROLLED_BACK:
+        return "rolled_back", f"{payload.get('strategy')} rolled back: {payload.get('reason')}"
+    if event == FAILED:
+        return "failed", f"{stage}: {payload.get('error')}"
+    return None
+
+
+def require_records(records: list, model: str) -> list:
+    """The records of `model`; NotFound when the ledger holds none (a model it never saw)."""
+    if not records:
+        raise NotFound(f"the ledger has no records of model {model!r}", fix="list models with `shiplift ledger history`")
+    return records
+
+
+def events(records: list) -> list[dict]:
+    """The records worth a line in a timeline, oldest first (see `timeline`)."""
+    rows = []
+    for record in records:
+        found = _timeline_event(record)
+        if found:
+            rows.append({"seq": record.seq, "at": record.recorded_at, "release_id": record.release_id,
+                         "event": found[0], "detail": found[1], "actor": record.actor})
+    return rows
+
+
+def timeline(ledger, model: str) -> list[dict]:
+    """A model's history as events, oldest first: releases opened and finished, gate decisions, traffic steps,
+    promotions, automatic and manual rollbacks with their reasons, failed stages."""
+    return events(require_records(ledger.history(model), model))

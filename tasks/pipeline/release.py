@@ -1,0 +1,448 @@
+"""The release as a resumable state machine whose state is the ledger (DESIGN §4).
+
+`resolve → build → package → image → deploy_candidate → validate → promote →
+teardown_candidate` (the stage table, `tasks.pipeline.table`). Opening a release appends a
+`release/opened` record carrying the effective config; every stage appends `started` and then
+`succeeded` (with its result), `skipped`, `kept` or `failed`; the end appends `release/<status>`.
+So any worker that reaches the ledger (PostgreSQL in production: Celery workers on several hosts,
+ECS tasks started by Step Functions) can run or resume any stage with no shared filesystem: files a
+later stage needs go through the artifact store. The release id derives from the config alone
+(`<name>-<config hash>`, where the hash leaves out where state and the ledger live), so the same
+config never creates a second release and a rerun continues at the first stage not done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import getpass
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from tasks.config import ReleaseConfig, load_release_config
+from tasks.errors import LeaseLost, NotFound, ShipliftError, is_retryable
+from tasks.ledger import events
+from tasks.pipeline import table
+from tasks.pipeline.table import STAGE_NAMES, TEARDOWN, check_timeouts, stage
+
+STAGES = STAGE_NAMES
+RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
+Progress = Callable[[str], None]
+
+
+def print_progress(message: str) -> None:
+    stamp = dt.datetime.now().strftime("%H:%M:%S")
+    print(f"[{stamp}] {message}", file=sys.stderr, flush=True)
+
+
+def default_actor() -> str:
+    return os.environ.get("SHIPLIFT_ACTOR") or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def release_id_for(config: ReleaseConfig) -> str:
+    return f"{config.name}-{config.config_hash()[:12]}"
+
+
+class ReleaseState:
+    """What a release has done so far, read from its ledger records (the only state a resumed run needs)."""
+
+    def __init__(self, ledger, release_id: str):
+        self.ledger = ledger
+        self.release_id = release_id
+        self.records: list = []
+        self.refresh()
+
+    @classmethod
+    def load(cls, ledger, release_id: str) -> "ReleaseState":
+        """The release's state; NotFound when the ledger has never seen it opened."""
+        state = cls(ledger, release_id)
+        if state.opened is None:
+            raise NotFound(f"release {release_id!r} was never opened in the ledger",
+                           fix="run `shiplift release CONFIG` first, or point --ledger-url / --state-dir at its ledger")
+        return state
+
+    @classmethod
+    def from_records(cls, release_id: str, records: list) -> "ReleaseState":
+        """A state over records already read, for views of many releases at once (it cannot refresh)."""
+        state = cls.__new__(cls)
+        state.ledger, state.release_id, state.records = None, release_id, list(records)
+        return state
+
+    def refresh(self) -> None:
+        try:
+            self.records = self.ledger.release(self.release_id)
+        except NotFound:
+            self.records = []
+
+    def _latest(self, stage_name: str, events: tuple[str, ...] | None = None):
+        for record in reversed(self.records):
+            if record.stage == stage_name and (events is None or record.event in events):
+                return record
+        return None
+
+    @property
+    def opened(self) -> dict | None:
+        record = next((r for r in self.records if (r.stage, r.event) == (events.RELEASE, events.OPENED)), None)
+        return record.payload if record else None
+
+    @property
+    def status(self) -> str:
+        final = self._latest(events.RELEASE, events.FINAL)
+        if final is not None:
+            return final.event
+        return "running" if any(r.stage != events.RELEASE for r in self.records) else "created"
+
+    @property
+    def keep_candidate(self) -> bool | None:
+        options = self._latest(events.RELEASE, (events.OPTIONS,))
+        return options.payload.get("keep_candidate") if options else None
+
+    def stage(self, name: str) -> dict:
+        """`{"status": pending|started|failed|succeeded|torn_down, "result": …, "event": …}` of one stage."""
+        record = self._latest(name)
+        if record is None:
+            return {"status": "pending"}
+        if record.event == events.STARTED:
+            return {"status": "started"}
+        if record.event == events.FAILED:
+            return {"status": "failed", "error": record.payload.get("error"), "error_type": record.payload.get("error_type")}
+        entry = {"status": "succeeded", "event": record.event, "seq": record.seq,
+                 "result": {k: v for k, v in record.payload.items() if k not in RECORD_ONLY_KEYS}}
+        if name == "deploy_candidate" and self._latest(events.PROMOTE, events.DONE) is None:
+            teardown = self._latest(TEARDOWN, events.DONE)  # a release that has not finished redeploys on resume
+            if teardown is not None and teardown.seq > record.seq and teardown.payload.get("removed"):
+                entry["status"] = "torn_down"
+        return entry
+
+    def result(self, name: str) -> dict:
+        entry = self.stage(name)
+        if entry["status"] != "succeeded":
+            raise NotFound(f"stage {name!r} of {self.release_id} has not succeeded (it is {entry['status']})",
+                           fix=f"run stage {name} first")
+        return entry["result"]
+
+
+@dataclass
+class StageContext:
+    """Everything a stage function needs: typed config, backends, and earlier stage results."""
+
+    config: ReleaseConfig
+    config_dir: Path
+    release_id: str
+    state: ReleaseState
+    backends: Any
+    actor: str
+    progress: Progress = print_progress
+    lease_holder: str | None = None  # the run holding the model's promotion lease, renewed while a stage runs
+    work_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.work_dir = self.backends.state_dir / "releases" / self.release_id
+
+    def result(self, name: str) -> dict:
+        return self.state.result(name)
+
+    def stage_dir(self, name: str) -> Path:
+        """Scratch space of one stage on this worker (what later stages need goes to the artifact store)."""
+        path = self.work_dir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def say(self, message: str) -> None:
+        self.progress(f"{self.release_id} {message}")
+
+    def require_lease(self) -> None:
+        """Renew this run's lease on the model now; LeaseLost when another run has it (called before production
+        changes). A context without a lease holder (a stage run by hand, a test) has nothing to check."""
+        if self.lease_holder is not None:
+            self.backends.ledger.renew_lease(self.config.name, self.lease_holder, self.release_id, table.LEASE.ttl_s)
+
+    def record(self, stage_name: str, event: str, payload: dict) -> None:
+        """Append one ledger record of this release (with its config hash and id) and re-read its state; then, where
+        the backend keeps a registry view that follows this record, sync it."""
+        self.backends.ledger.append(release_id=self.release_id, model=self.config.name, stage=stage_name, event=event,
+                                    payload={"config_hash": self.config.config_hash(), "release_id": self.release_id,
+                                             **payload}, actor=self.actor)
+        self.state.refresh()
+        registry = self.backends.registry
+        if registry is not None and (stage_name, event) in registry.follows:
+            self.sync_registry()
+
+    def sync_registry(self) -> None:
+        """Bring the backend's registry view of this release in line with its ledger records (aws: the SageMaker
+        Model Registry; nothing locally). The ledger is written first and stays the truth, so a failure here is
+        reported, never raised; the next sync repairs the view: the release's next followed record, or reopening it
+        (a rerun of `shiplift release CONFIG` or of the refresh DAG, also once the release has finished)."""
+        if self.backends.registry is None:
+            return
+        try:
+            view = self.backends.registry.sync(self)
+        except ShipliftError as exc:
+            self.say(f"WARNING model registry not updated, the ledger is unaffected (rerun the release to repair the view): {exc}")
+            return
+        if view is not None:
+            self.say(f"model registry: {view['model_package_arn']} {view['status']}" + (" (updated)" if view["changed"] else ""))
+
+
+def open_release(
+    config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
+    session: Any = None,
+) -> StageContext:
+    """Load the config, derive the release id and open the release in the ledger (once)."""
+    from tasks.backends.registry import make_backends
+
+    config = load_release_config(config_path, overrides=overrides)
+    release_id = release_id_for(config)
+    backends = make_backends(config, session=session)
+    state = ReleaseState(backends.ledger, release_id)
+    actor = actor or default_actor()
+    backends.preflight()
+    if state.opened is None:
+        backends.ledger.append(
+            release_id=release_id, model=config.name, stage=events.RELEASE, event=events.OPENED, actor=actor,
+            payload={"config_hash": config.config_hash(), "config": config.model_dump(mode="json"),
+                     "config_path": str(Path(config_path).resolve()), "config_dir": str(Path(config_path).resolve().parent)},
+        )
+        state.refresh()
+    ctx = StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
+                       backends=backends, actor=actor, progress=progress)
+    ctx.sync_registry()  # a rerun repairs a view an earlier failure left behind (no call before the gate has decided)
+    return ctx
+
+
+def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,
+                   actor: str | None = None, progress: Progress = print_progress, session: Any = None) -> StageContext:
+    """Rebuild a release's context from the ledger alone (what `shiplift stage` and the DAG tasks run on)."""
+    from tasks.backends.registry import default_state_dir, make_backends, open_ledger
+
+    ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir)
+    state = ReleaseState.load(ledger, release_id)
+    config = ReleaseConfig.model_validate(state.opened["config"])
+    if config.backend.kind == "aws":  # scratch and caches are this worker's own, not the opener's
+        here = str(Path(state_dir).expanduser().resolve()) if state_dir else str(default_state_dir())
+        config = config.model_copy(update={"backend": config.backend.model_copy(update={"state_dir": here})})
+    backends = make_backends(config, ledger=ledger, session=session)
+    return StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
+                        backends=backends, actor=actor or default_actor(), progress=progress)
+
+
+
+@contextlib.contextmanager
+def holding_lease(ctx: StageContext, holder: str) -> Iterator[None]:
+    """Take the model's promotion lease for `holder` (LeaseHeld names another run that has it); the stages run inside
+    renew it and promote requires it. Leaving gives it back."""
+    with ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s):
+        ctx.lease_holder = holder
+        try:
+            yield
+        finally:
+            ctx.lease_holder = None
+
+
+class LeaseKeeper:
+    """Renews the run's lease every `LEASE.renew_every_s` while one stage runs, so a stage longer than the lease's TTL
+    never lets a second run take the model. Entering renews at once: a run that lost its lease stops before the stage
+    (except teardown, which removes only this release's own candidate and must run whatever happened)."""
+
+    def __init__(self, ctx: StageContext, *, required: bool):
+        self.ctx, self.required = ctx, required
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew_until_stopped, name=f"lease-{ctx.release_id}", daemon=True)
+
+    def __enter__(self) -> "LeaseKeeper":
+        try:
+            self.ctx.require_lease()
+        except LeaseLost as exc:
+            if self.required:
+                raise
+            self.ctx.say(f"WARNING {exc}; tearing down this release's own candidate anyway")
+            return self
+        self._thread.start()
+        return self
+
+    def _renew_until_stopped(self) -> None:
+        while not self._stop.wait(table.LEASE.renew_every_s):
+            try:
+                self.ctx.require_lease()
+            except LeaseLost as exc:  # promote renews again before production changes, and stops there
+                self.ctx.say(f"WARNING {exc}")
+                return
+            except Exception as exc:  # a ledger hiccup: the next renewal tries again, well inside the TTL
+                self.ctx.say(f"WARNING lease not renewed this time ({exc}); trying again in {table.LEASE.renew_every_s:.0f}s")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext], dict] | None = None,
+              extra: dict | None = None) -> dict:
+    """Run one stage (or `function` in its place, as promotion and rollback do), recording its start
+    and its end (result or error) in the ledger; `extra` goes into every record (reason, trigger)."""
+    function = function or stage(name).load()
+    extra = extra or {}
+    ctx.say(f"{name}: started")
+    ctx.record(name, events.STARTED, extra)
+    began = time.monotonic()
+    try:
+        with LeaseKeeper(ctx, required=name != TEARDOWN):
+            result = function(ctx)
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
+        ctx.record(name, events.FAILED, {**extra, "error": error, "error_type": type(exc).__name__})
+        raise
+    seconds = round(time.monotonic() - began, 3)
+    event = result.get("event", events.SUCCEEDED)
+    ctx.record(name, event, {**extra, **result, "seconds": seconds})
+    ctx.say(f"{name}: {event} in {seconds:.1f}s")
+    return result
+
+
+def ensure_stage(ctx: StageContext, name: str) -> dict:
+    """Run a stage unless it already succeeded; teardown always runs (it is idempotent).
+
+    This is what makes a retried Airflow task or Step Functions state continue instead of
+    duplicating work: a stage that finished before the crash returns its recorded result.
+    """
+    entry = ctx.state.stage(name)
+    if entry["status"] == "succeeded" and name != TEARDOWN:
+        return entry["result"]
+    return run_stage(ctx, name)
+
+
+def ensure_stage_retrying(ctx: StageContext, name: str) -> dict:
+    """`ensure_stage` under the table's policy, as the orchestrators apply it: a failure whose error says `retryable`
+    is retried up to the step's retries with the table's backoff; any other failure is raised at once."""
+    retries = stage(name).retries
+    for attempt in range(1, retries + 2):
+        try:
+            return ensure_stage(ctx, name)
+        except Exception as exc:
+            if not is_retryable(exc) or attempt > retries:
+                raise
+            delay = table.BACKOFF.delay(attempt)
+            ctx.say(f"{name}: {type(exc).__name__} is retryable; attempt {attempt + 1} of {retries + 1} in {delay:.0f}s")
+            time.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def run_release(
+    config_path: str | Path,
+    *,
+    overrides: tuple[str, ...] = (),
+    keep_candidate: bool | None = None,
+    actor: str | None = None,
+    progress: Progress = print_progress,
+    session: Any = None,
+) -> dict:
+    """Run (or resume) every stage of a release under the model's promotion lease."""
+    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session)
+    if ctx.state.status in events.FINISHED:
+        ctx.say(f"already {ctx.state.status}; nothing to do")
+        return release_summary(ctx.state)
+    if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
+        ctx.record(events.RELEASE, events.OPTIONS, {"keep_candidate": keep_candidate})
+    with holding_lease(ctx, f"{ctx.actor}/pid-{os.getpid()}"):
+        try:
+            for name in STAGES[:-1]:
+                ensure_stage_retrying(ctx, name)
+        except BaseException:
+            _teardown_quietly(ctx)
+            finish(ctx, failed=True)
+            raise
+        ensure_stage_retrying(ctx, TEARDOWN)
+        return finish(ctx, failed=False)
+
+
+def _teardown_quietly(ctx: StageContext) -> None:
+    """Remove the candidate after a failure without hiding the failure itself."""
+    try:
+        ensure_stage_retrying(ctx, TEARDOWN)
+    except Exception as exc:
+        ctx.say(f"teardown_candidate after failure also failed: {exc}")
+
+
+def finish(ctx: StageContext, *, failed: bool) -> dict:
+    """Record the release's final status (failed, promoted or rejected), sign the ledger's head where the backend
+    keeps checkpoints, and return the release's summary."""
+    status = events.FAILED if failed else _final_status(ctx.state)
+    if ctx.state.status != status:
+        ctx.record(events.RELEASE, status, {})
+    if ctx.backends.checkpoint is not None:
+        signed = ctx.backends.checkpoint()
+        ctx.say(f"ledger checkpoint: seq {signed.seq} signed by key {signed.key_id}")
+    return release_summary(ctx.state)
+
+
+def begin_orchestrated(config_path: str | Path, *, holder: str, allowed_timeouts: dict[str, int] | None = None,
+                       overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
+                       session: Any = None) -> dict:
+    """First step of an Airflow or Step Functions run: check that the config's deadlines fit the timeouts the
+    orchestrator was set up with (`allowed_timeouts`, per step), open the release and take the model's lease."""
+    check_timeouts(load_release_config(config_path, overrides=overrides), allowed_timeouts)
+    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session)
+    ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s)
+    return {"release_id": ctx.release_id, "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir),
+            "model": ctx.config.name, "status": ctx.state.status}
+
+
+def run_orchestrated_stage(release_id: str, name: str, *, holder: str | None = None, ledger_url: str | None = None,
+                           state_dir: str | Path | None = None, actor: str | None = None, progress: Progress = print_progress,
+                           session: Any = None) -> dict:
+    """One stage of an orchestrated run, from the ledger (what `shiplift stage` runs); `holder` is the run whose lease
+    the stage renews and promote requires. The orchestrator retries it, so one attempt runs here."""
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress, session=session)
+    ctx.lease_holder = holder
+    return ensure_stage(ctx, name)
+
+
+def end_orchestrated(release_id: str, *, holder: str, failed: bool, ledger_url: str | None = None,
+                     state_dir: str | Path | None = None, actor: str | None = None, progress: Progress = print_progress,
+                     session: Any = None) -> dict:
+    """Last step of an orchestrated run: final status, then give the model's lease back."""
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress, session=session)
+    summary = finish(ctx, failed=failed)
+    ctx.backends.ledger.release_lease(ctx.config.name, holder)
+    return summary
+
+
+def _final_status(state: ReleaseState) -> str:
+    """promoted, rolled_back (a bake alarm took the candidate back out of production) or rejected."""
+    promote = state.stage(events.PROMOTE)
+    if promote["status"] == "succeeded" and promote.get("event") in (events.SUCCEEDED, events.ROLLED_BACK):
+        return events.PROMOTED if promote["event"] == events.SUCCEEDED else events.ROLLED_BACK
+    return events.REJECTED
+
+
+def release_summary(state: ReleaseState) -> dict:
+    """A small JSON-able view of a release: ids, artifact, gate decision, serving status."""
+    def get(stage_name: str, key: str, default: Any = None) -> Any:
+        return state.stage(stage_name).get("result", {}).get(key, default)
+
+    opened = state.opened or {}
+    return {
+        "release_id": state.release_id,
+        "model": (opened.get("config") or {}).get("name"),
+        "status": state.status,
+        "artifact_sha256": get("package", "artifact_sha256"),
+        "gguf_file_type": (get("build", "info") or {}).get("file_type"),
+        "temperature": get("build", "temperature"),
+        "image_uri": get("image", "image_uri"),
+        "placement": get("deploy_candidate", "placement"),
+        "decision": get("validate", "decision"),
+        "not_passed": get("validate", "not_passed"),
+        "metrics": get("validate", "metrics"),
+        "report": get("validate", "report_html"),
+        "rollout": {"strategy": get("promote", "strategy"), "steps": len(get("promote", "steps") or []),
+                    "reason": get("promote", "reason")},
+        "served_by": get("promote", "endpoint"),
+        "component": get("promote", "component"),
+        "stages": {name: state.stage(name)["status"] for name in STAGES},
+    }
