@@ -40,7 +40,7 @@ def demo_checkpoint() -> Path:
 
     from tasks.config import load_release_config
     from tasks.hashing import sha256_json
-    from tasks.pipeline.stages.resolve import training_recipe
+    from tasks.families.onnx_nli import training_recipe
 
     source = load_release_config(ROOT / "configs" / "releases" / "minilm-nli.yaml").artifact.source
     data = load_nli(ROOT / "validation" / "data" / "nli.jsonl")

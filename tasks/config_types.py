@@ -1,13 +1,15 @@
-"""The building blocks every config class shares: the strict base model and a ledger URL that carries no password."""
+"""The building blocks every config class shares: the strict base model, a pinned sha256, a dataset reference, and a
+ledger URL that carries no password (the release config, the backends' and the model families' configs use them)."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
 class Strict(BaseModel):
@@ -15,6 +17,16 @@ class Strict(BaseModel):
     no infinities or NaN."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
+
+
+class DatasetRef(Strict):
+    """A dataset file (`builtin:NAME` is one of the project's own sets under validation/data) and the splits to use."""
+
+    path: str
+    splits: list[str] | None = None
 
 
 def _ledger_url_without_password(url: str) -> str:

@@ -201,7 +201,7 @@ def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str
     for (label, s), serving in zip(rows, serving_after):
         m = s.get("metrics") or {}
         lines.append(dict(zip(columns, (
-            label, s["release_id"], s.get("gguf_file_type") or "-", fmt(s.get("temperature"), ".2f"),
+            label, s["release_id"], s.get("file_type") or "-", fmt(s.get("temperature"), ".2f"),
             fmt(m.get("accuracy")), fmt(m.get("ece")), fmt(m.get("p95_ms"), ".0f"),
             s.get("decision") or "-", rollout_cell(s), s["status"], serving, "; ".join(s.get("not_passed") or []) or "-",
         ))))

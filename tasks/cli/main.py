@@ -277,27 +277,6 @@ def optional_env(args, mapping: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return {variable: str(getattr(args, flag)) for flag, variable in mapping if getattr(args, flag) is not None}
 
 
-def cmd_serve_semif(args) -> int:
-    gguf = Path(args.gguf)
-    if not gguf.is_file():
-        raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
-    env = {"SEMIF_GGUF_PATH": str(gguf.resolve()), "SEMIF_PORT": str(args.port), "SEMIF_HOST": args.host, "SEMIF_THREADS": str(args.threads)}
-    env.update(optional_env(args, (("max_tokens", "SEMIF_MAX_TOKENS"), ("max_request_tokens", "SEMIF_MAX_REQUEST_TOKENS"),
-                                   ("max_in_flight", "SEMIF_MAX_IN_FLIGHT"))))
-    return exec_server("semif", env)
-
-
-def cmd_serve_encoder(args) -> int:
-    model_dir = Path(args.model_dir)
-    if not model_dir.is_dir():
-        raise BadInput(f"model folder {model_dir} does not exist", fix="pass --model-dir DIR holding model.onnx and tokenizer.json")
-    env = {"ENCODER_MODEL_DIR": str(model_dir.resolve()), "ENCODER_PORT": str(args.port), "ENCODER_HOST": args.host,
-           "ENCODER_THREADS": str(args.threads), "ENCODER_VARIANT": args.variant, "ENCODER_TRUNCATION": args.truncation}
-    env.update(optional_env(args, (("max_len", "ENCODER_MAX_LEN"), ("max_batch", "ENCODER_MAX_BATCH"),
-                                   ("max_in_flight", "ENCODER_MAX_IN_FLIGHT"))))
-    return exec_server("encoder", env)
-
-
 def cmd_endpoints_list(args) -> int:
     from tasks.backends.registry import local_endpoints
 
@@ -349,70 +328,6 @@ def cmd_endpoints_heal(args) -> int:
         info = hosting.ensure_endpoint(name)
         print(f"{name}: router {info.status}, every component back at its copy count")
     return 0
-
-
-def cmd_eval_jevbench(args) -> int:
-    from validation.datasets import load_decision_dataset
-    from validation.evaluate import RunSettings, Target, evaluate_decisions
-    from validation.thresholds import ChampionRule, DecisionThresholds
-
-    datasets = [
-        load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None)
-        for p in args.data
-    ]
-    thresholds = DecisionThresholds(
-        min_accuracy=args.min_accuracy, max_ece=args.max_ece, min_validity=args.min_validity,
-        max_p95_latency_ms=args.max_p95_ms, min_allowed_token_mass=None,
-    )
-    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
-    report = evaluate_decisions(
-        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
-        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
-        settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
-        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"JevBench evaluation of {args.endpoint}",
-    )
-    metrics = report["metrics"]
-    print_json({
-        "decision": report["decision"],
-        "n": metrics["n"],
-        "accuracy": metrics["accuracy"],
-        "ece": metrics["ece"],
-        "validity": metrics["validity"],
-        "latency_ms": metrics["latency_ms"],
-        "paths": report["paths"],
-    })
-    return 0 if report["decision"] == "pass" else EXIT_REJECTED
-
-
-def cmd_eval_nli(args) -> int:
-    from validation.evaluate import RunSettings, Target
-    from validation.nli_eval import evaluate_nli, load_nli_dataset
-    from validation.thresholds import ChampionRule, NliThresholds
-
-    datasets = [load_nli_dataset(Path(p), name=Path(p).stem, splits=args.split or None) for p in args.data]
-    thresholds = NliThresholds(
-        min_accuracy=args.min_accuracy, min_macro_f1=args.min_macro_f1, min_class_recall=args.min_class_recall,
-        max_ece=args.max_ece, min_validity=args.min_validity, max_p95_latency_ms=args.max_p95_ms,
-    )
-    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
-    report = evaluate_nli(
-        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
-        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion, batch_size=args.batch_size,
-        settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
-        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"NLI evaluation of {args.endpoint}",
-    )
-    metrics = report["metrics"]
-    print_json({
-        "decision": report["decision"],
-        "n": metrics["n"],
-        "accuracy": metrics["accuracy"],
-        "macro_f1": metrics["nli"]["macro_f1"],
-        "per_class_recall": metrics["nli"]["per_class_recall"],
-        "ece": metrics["ece"],
-        "n_truncated": report["n_truncated"],
-        "paths": report["paths"],
-    })
-    return 0 if report["decision"] == "pass" else EXIT_REJECTED
 
 
 def ledger_for(args):
@@ -628,6 +543,8 @@ def cmd_ledger_export(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tasks.families.registry import families
+
     parser = argparse.ArgumentParser(prog="shiplift", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -721,28 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_config_validate)
 
     serve = sub.add_parser("serve", help="run a serving image's server locally").add_subparsers(dest="serve_command", required=True)
-    p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
-    p.add_argument("--gguf", required=True)
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
-    p.add_argument("--max-tokens", type=int, help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
-    p.add_argument("--max-request-tokens", type=int, help="longest prompt accepted (SEMIF_MAX_REQUEST_TOKENS)")
-    p.add_argument("--max-in-flight", type=int, help="requests admitted at once (SEMIF_MAX_IN_FLIGHT)")
-    p.set_defaults(func=cmd_serve_semif)
-
-    p = serve.add_parser("encoder", help="the encoder NLI server on an exported model folder")
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
-    p.add_argument("--variant", choices=["fp32", "int8"], default="fp32")
-    p.add_argument("--truncation", choices=["refuse", "premise_first"], default="refuse",
-                   help="over-long pairs: refuse them, or cut the premise and report it")
-    p.add_argument("--max-len", type=int, help="ENCODER_MAX_LEN (default 512)")
-    p.add_argument("--max-batch", type=int, help="ENCODER_MAX_BATCH (default 32)")
-    p.add_argument("--max-in-flight", type=int, help="ENCODER_MAX_IN_FLIGHT (default 4)")
-    p.set_defaults(func=cmd_serve_encoder)
+    evaluate = sub.add_parser("eval", help="evaluate an endpoint").add_subparsers(dest="eval_command", required=True)
+    for family in families():  # each model family adds its server and its evaluation
+        family.add_commands(serve, evaluate)
 
     endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True)
     p = with_state_dir(endpoints.add_parser("list", help="list local endpoints, their health and components"))
@@ -756,43 +654,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*")
     p.add_argument("--all", action="store_true")
     p.set_defaults(func=cmd_endpoints_heal)
-
-    evaluate = sub.add_parser("eval", help="evaluate an endpoint").add_subparsers(dest="eval_command", required=True)
-    p = evaluate.add_parser("jevbench", help="score JevBench-format tasks on any SemIf endpoint")
-    p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
-    p.add_argument("--component", help="inference component name (X-Amzn-SageMaker-Inference-Component)")
-    p.add_argument("--data", nargs="+", required=True, help="JSONL files in JevBench format")
-    p.add_argument("--split", action="append", help="keep only tasks of this split (repeatable)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--champion", help="a second endpoint to compare against on the same tasks")
-    p.add_argument("--champion-component")
-    p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
-    p.add_argument("--min-accuracy", type=float, default=0.0)
-    p.add_argument("--max-ece", type=float, default=1.0)
-    p.add_argument("--min-validity", type=float, default=1.0)
-    p.add_argument("--max-p95-ms", type=float, default=None)
-    p.set_defaults(func=cmd_eval_jevbench)
-
-    p = evaluate.add_parser("nli", help="score NLI pairs (JSONL/TSV, SNLI/MNLI field names too) on any encoder endpoint")
-    p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
-    p.add_argument("--component", help="inference component name")
-    p.add_argument("--data", nargs="+", required=True)
-    p.add_argument("--split", action="append", help="keep only pairs of this split (repeatable)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--champion", help="a second endpoint to compare against on the same pairs")
-    p.add_argument("--champion-component")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    p.add_argument("--bootstrap", type=int, default=1000)
-    p.add_argument("--min-accuracy", type=float, default=0.0)
-    p.add_argument("--min-macro-f1", type=float, default=0.0)
-    p.add_argument("--min-class-recall", type=float, default=0.0)
-    p.add_argument("--max-ece", type=float, default=1.0)
-    p.add_argument("--min-validity", type=float, default=1.0)
-    p.add_argument("--max-p95-ms", type=float, default=None)
-    p.set_defaults(func=cmd_eval_nli)
 
     ledger = sub.add_parser("ledger", help="the release ledger").add_subparsers(dest="ledger_command", required=True)
 

@@ -432,7 +432,7 @@ def release_summary(state: ReleaseState) -> dict:
         "model": (opened.get("config") or {}).get("name"),
         "status": state.status,
         "artifact_sha256": get("package", "artifact_sha256"),
-        "gguf_file_type": (get("build", "info") or {}).get("file_type"),
+        "file_type": (get("build", "info") or {}).get("file_type"),
         "temperature": get("build", "temperature"),
         "image_uri": get("image", "image_uri"),
         "placement": get("deploy_candidate", "placement"),

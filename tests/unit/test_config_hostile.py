@@ -12,7 +12,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tasks.config import EncoderImage, SemifImage, load_release_config
+from tasks.config import load_release_config
+from tasks.families.gguf_decisions import SemifImage
+from tasks.families.onnx_nli import EncoderImage
 from tasks.secret_keys import looks_secret
 from tasks.errors import ConfigError
 from tasks.yamlfile import MAX_DEPTH, MAX_EXPANDED_NODES, MAX_FILE_BYTES

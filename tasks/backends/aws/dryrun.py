@@ -23,6 +23,7 @@ from typing import Any
 
 from tasks.backends.aws.service_model import validate_request
 from tasks.backends.interfaces import ComponentSpec, ModelRef
+from tasks.families.registry import family_of
 from tasks.pipeline.stages.common import candidate_name, compute, production_component, production_endpoint
 
 PLACEHOLDER_PART = "one UploadPart per 64 MiB part of the file"
@@ -139,10 +140,11 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
         plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=key, ChecksumMode="ENABLED", note="verify size and sha256")
         return f"s3://{backend.bucket}/{key}"
 
+    family = family_of(config.artifact.kind)
     plan.stage = "resolve"
-    upload("the model source", source_file_name(config.artifact))
+    upload("the model source", family.source_file_name(config.artifact))
     plan.stage = "build"
-    upload("the built model", source_file_name(config.artifact) if config.artifact.kind == "gguf" else "folder.tar.gz")
+    upload("the built model", family.built_file_name(config.artifact))
     plan.stage = "package"
     artifact_uri = upload("model.tar.gz", "model.tar.gz")
     artifact_sha = artifact_uri.split("/sha256/")[1].split("/")[0]
@@ -290,15 +292,6 @@ def _register(plan: Plan, registry, config, records: list, **first) -> None:
              note="a complete update: status, description and every metadata key")
 
 
-def source_file_name(artifact) -> str:
-    """The file name the source is kept under: the GGUF's own name, or the checkpoint folder's archive."""
-    source = artifact.source
-    if artifact.kind == "onnx":
-        return "folder.tar.gz"
-    return {"huggingface": getattr(source, "file", ""), "path": Path(getattr(source, "path", "")).name,
-            "generated": f"generated-{source.sha256[:16]}.gguf"}.get(source.kind) or f"{getattr(source, 'package', 'model')}.gguf"
-
-
 def _deploy(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str) -> tuple[str, str]:
     """The requests of `SageMakerHosting.deploy` on an account where none of them exist; (config, model) names."""
     on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
@@ -365,22 +358,12 @@ def _describe(plan: Plan, endpoint: str, component: str, config_name: str, model
 
 
 def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component: str | None) -> None:
-    """One InvokeEndpoint per gated task (decisions) or batch (NLI), with the body the gate sends."""
+    """One InvokeEndpoint per request the model family's gate sends (a task, a batch of pairs), with its body."""
     from tasks.config import resolve_data_path
-    from validation.datasets import load_decision_dataset
-    from validation.nli_eval import load_nli_dataset
-    from validation.nli_runner import batches_of, pairs_body
-    from validation.runner import decision_body
 
     validation = config.validation
-    bodies: list[bytes] = []
-    for index, ref in enumerate(validation.datasets):
-        if validation.kind == "nli":
-            dataset = load_nli_dataset(resolve_data_path(ref, config_dir), name=f"dataset{index}", splits=ref.splits)
-            bodies += [pairs_body(batch) for batch in batches_of(dataset.pairs, validation.batch_size)]
-        else:
-            bodies += [decision_body(task) for task in load_decision_dataset(resolve_data_path(ref, config_dir), name=f"dataset{index}",
-                                                                          splits=ref.splits).tasks]
+    paths = [(resolve_data_path(ref, config_dir), ref.splits) for ref in validation.datasets]
+    bodies = family_of(config.artifact.kind).invocation_bodies(validation, paths)
     named = {"InferenceComponentName": component} if component else {}
     for body in bodies:
         plan.add("sagemaker-runtime", "InvokeEndpoint", EndpointName=endpoint, Body=body, ContentType="application/json",

@@ -15,7 +15,7 @@ from typing import Iterator
 
 from tasks.errors import NotFound
 from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec
-from tasks.backends.local.process_image import IMAGE_ENV_PREFIX, local_image_kind, server_command
+from tasks.backends.local.process_image import local_image_kind, server_command
 from tasks.backends.interfaces import (
     Bake,
     ComponentMetrics,
@@ -34,7 +34,9 @@ from validation.transport import HttpInvoker
 def process_spec(kind: str, model_dir: Path, environment: dict[str, str], *, copies: int, model_ref: dict,
                  neutral: dict | None = None) -> ProcessSpec:
     """Run image `kind`'s server on a model folder: the container environment plus folder and loopback host."""
-    prefix = IMAGE_ENV_PREFIX[kind]
+    from tasks.families.registry import env_prefix
+
+    prefix = env_prefix(kind)  # the model family that serves this image names its server's variables
     env = {**environment, f"{prefix}_MODEL_DIR": str(model_dir), f"{prefix}_HOST": "127.0.0.1"}
     return ProcessSpec(command=server_command(kind), env=env, copies=copies, port_env=f"{prefix}_PORT",
                        model_ref=model_ref, neutral=neutral)

