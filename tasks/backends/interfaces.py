@@ -8,6 +8,8 @@ domain errors of `tasks.errors`, so a stage never handles a library exception.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -359,6 +361,19 @@ class LedgerStore(Protocol):
     def release_lease(self, model: str, holder: str) -> bool: ...
 
 
+@dataclass(frozen=True)
+class ReleaseFacts:
+    """What a backend's view of a release reads (the registry): the release, its config, its model's ledger history,
+    and its artifact, image and gate report once those stages succeeded. Never the stage context."""
+
+    release_id: str
+    config: Any  # tasks.config.ReleaseConfig (not imported: the config imports these seams)
+    history: tuple[Any, ...]  # the model's ledger records, oldest first
+    artifact_uri: str | None = None
+    image_uri: str | None = None
+    gate_report: dict[str, Any] | None = None  # the kept gate-report.json
+
+
 @runtime_checkable
 class ReleaseRegistry(Protocol):
     """A view of releases outside the ledger (the SageMaker Model Registry on aws): it follows the ledger, never leads
@@ -366,8 +381,8 @@ class ReleaseRegistry(Protocol):
 
     follows: frozenset[tuple[str, str]]  # the (stage, event) records after which the release's view is synced
 
-    def sync(self, ctx: Any) -> dict[str, Any] | None:
-        """Make the view of ctx's release match its ledger records (reads only when it already does); None while the
+    def sync(self, release: "ReleaseFacts") -> dict[str, Any] | None:
+        """Make the view of the release match its ledger records (reads only when it already does); None while the
         release has no record the view follows."""
         ...
 

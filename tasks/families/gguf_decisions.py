@@ -154,7 +154,7 @@ class GgufDecisions(ModelFamily):
         from tasks.pipeline.stages.common import keep_file, local_ref
 
         artifact = ctx.config.artifact
-        source = local_ref(ctx, ctx.result("resolve")["source_ref"])
+        source = local_ref(ctx, ctx.result("resolve").source_ref)
         ctx.say(f"build: {'quantizing to ' + artifact.quantization if artifact.quantization else 'adopting'} {source.name}")
         built = build_gguf(
             source, ctx.backends.state_dir / "builds",

@@ -175,8 +175,8 @@ class OnnxNli(ModelFamily):
 
         artifact = ctx.config.artifact
         source = ctx.result("resolve")
-        checkpoint = local_ref(ctx, source["source_ref"])
-        out = ctx.backends.state_dir / "builds" / f"{source['source_sha256'][:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{'-int8' if artifact.int8 else ''}"
+        checkpoint = local_ref(ctx, source.source_ref)
+        out = ctx.backends.state_dir / "builds" / f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{'-int8' if artifact.int8 else ''}"
         ctx.say(f"build: exporting {checkpoint.name} to ONNX (opset {artifact.opset}{', + dynamic int8' if artifact.int8 else ''})")
         exported = export_onnx(checkpoint, out, opset=artifact.opset, max_len=artifact.max_len, int8=artifact.int8,
                                threads=ctx.config.image.threads)

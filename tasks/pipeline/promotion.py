@@ -42,9 +42,9 @@ def _switch_production(ctx: StageContext) -> dict:
     from tasks.pipeline.stages.promote import run as promote_run
 
     result = promote_run(ctx)
-    if result.get("event") != SUCCEEDED:
+    if result.event != SUCCEEDED:
         raise GateFailed(
-            f"release {ctx.release_id} was not put on production: {result.get('reason')}",
+            f"release {ctx.release_id} was not put on production: {result.reason}",
             fix="only a release whose gate decision is pass can serve",
         )
     return result
@@ -88,7 +88,7 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str | No
         result = run_stage(ctx, PROMOTE, function=_switch_production, extra={"reason": reason, "strategy": strategy, "trigger": "promote"})
         status = finish(ctx, failed=False)["status"]
     return {"release_id": release_id, "model": ctx.config.name, "action": "promote", "status": status,
-            "strategy": strategy, "endpoint": result["endpoint"], "component": result["component"], "served": result["served"]}
+            "strategy": strategy, "endpoint": result.endpoint, "component": result.component, "served": result.served}
 
 
 def _promoted_releases(ledger, model: str) -> list[str]:
@@ -132,8 +132,8 @@ def rollback(
         extra = {"rollback_reason": reason, "rollback_from": current, "rollback_to": target_release_id, "trigger": "rollback"}
         result = run_stage(ctx, PROMOTE, function=_switch_production, extra=extra)
     return {"release_id": target_release_id, "model": model, "action": "rollback", "rollback_from": current,
-            "rollback_to": target_release_id, "endpoint": result["endpoint"], "component": result["component"],
-            "strategy": result["strategy"], "steps": len(result["steps"]), "served": result["served"]}
+            "rollback_to": target_release_id, "endpoint": result.endpoint, "component": result.component,
+            "strategy": result.strategy, "steps": len(result.steps), "served": result.served}
 
 
 

@@ -29,6 +29,8 @@ from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import LeaseLost, NotFound, ShipliftError, is_retryable
 from tasks.ledger import events
 from tasks.pipeline import table
+from tasks.backends.interfaces import ReleaseFacts
+from tasks.pipeline.results import RESULTS, StageResult, stage_result
 from tasks.pipeline.table import STAGE_NAMES, TEARDOWN, check_timeouts, stage
 
 STAGES = STAGE_NAMES
@@ -145,8 +147,9 @@ class StageContext:
     def __post_init__(self) -> None:
         self.work_dir = self.backends.state_dir / "releases" / self.release_id
 
-    def result(self, name: str) -> dict:
-        return self.state.result(name)
+    def result(self, name: str) -> StageResult:
+        """An earlier stage's result, typed (`tasks.pipeline.results`); NotFound while it has not succeeded."""
+        return stage_result(name, self.state.stage(name), self.release_id)
 
     def stage_dir(self, name: str) -> Path:
         """Scratch space of one stage on this worker (what later stages need goes to the artifact store)."""
@@ -174,6 +177,17 @@ class StageContext:
         if registry is not None and (stage_name, event) in registry.follows:
             self.sync_registry()
 
+    def facts(self) -> ReleaseFacts:
+        """The typed view of this release a backend's registry reads."""
+        done = {name: self.state.stage(name) for name in ("package", "image", "validate")}
+        result = {name: stage_result(name, entry, self.release_id) for name, entry in done.items() if entry["status"] == "succeeded"}
+        report = result["validate"].evidence.get("gate-report.json") if "validate" in result else None
+        return ReleaseFacts(release_id=self.release_id, config=self.config,
+                            history=tuple(self.backends.ledger.history(self.config.name)),
+                            artifact_uri=result["package"].artifact_uri if "package" in result else None,
+                            image_uri=result["image"].image_uri if "image" in result else None,
+                            gate_report=report.model_dump() if report else None)
+
     def sync_registry(self) -> None:
         """Bring the backend's registry view of this release in line with its ledger records (aws: the SageMaker
         Model Registry; nothing locally). The ledger is written first and stays the truth, so a failure here is
@@ -182,7 +196,7 @@ class StageContext:
         if self.backends.registry is None:
             return
         try:
-            view = self.backends.registry.sync(self)
+            view = self.backends.registry.sync(self.facts())
         except ShipliftError as exc:
             self.say(f"WARNING model registry not updated, the ledger is unaffected (rerun the release to repair the view): {exc}")
             return
@@ -282,8 +296,8 @@ class LeaseKeeper:
             self._thread.join()
 
 
-def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext], dict] | None = None,
-              extra: dict | None = None) -> dict:
+def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext], StageResult | dict] | None = None,
+              extra: dict | None = None) -> StageResult:
     """Run one stage (or `function` in its place, as promotion and rollback do), recording its start
     and its end (result or error) in the ledger; `extra` goes into every record (reason, trigger)."""
     function = function or stage(name).load()
@@ -299,13 +313,13 @@ def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext]
         ctx.record(name, events.FAILED, {**extra, "error": error, "error_type": type(exc).__name__})
         raise
     seconds = round(time.monotonic() - began, 3)
-    event = result.get("event", events.SUCCEEDED)
-    ctx.record(name, event, {**extra, **result, "seconds": seconds})
-    ctx.say(f"{name}: {event} in {seconds:.1f}s")
+    result = result if isinstance(result, StageResult) else RESULTS[name].model_validate(result)
+    ctx.record(name, result.event, {**extra, **result.record(), "seconds": seconds})
+    ctx.say(f"{name}: {result.event} in {seconds:.1f}s")
     return result
 
 
-def ensure_stage(ctx: StageContext, name: str) -> dict:
+def ensure_stage(ctx: StageContext, name: str) -> StageResult:
     """Run a stage unless it already succeeded; teardown always runs (it is idempotent).
 
     This is what makes a retried Airflow task or Step Functions state continue instead of
@@ -313,11 +327,11 @@ def ensure_stage(ctx: StageContext, name: str) -> dict:
     """
     entry = ctx.state.stage(name)
     if entry["status"] == "succeeded" and name != TEARDOWN:
-        return entry["result"]
+        return stage_result(name, entry, ctx.release_id)
     return run_stage(ctx, name)
 
 
-def ensure_stage_retrying(ctx: StageContext, name: str) -> dict:
+def ensure_stage_retrying(ctx: StageContext, name: str) -> StageResult:
     """`ensure_stage` under the table's policy, as the orchestrators apply it: a failure whose error says `retryable`
     is retried up to the step's retries with the table's backoff; any other failure is raised at once."""
     retries = stage(name).retries
@@ -397,10 +411,11 @@ def run_orchestrated_stage(release_id: str, name: str, *, holder: str | None = N
                            state_dir: str | Path | None = None, actor: str | None = None, progress: Progress = print_progress,
                            session: Any = None) -> dict:
     """One stage of an orchestrated run, from the ledger (what `shiplift stage` runs); `holder` is the run whose lease
-    the stage renews and promote requires. The orchestrator retries it, so one attempt runs here."""
+    the stage renews and promote requires. The orchestrator retries it, so one attempt runs here. Returns the result as
+    the JSON the ledger keeps (what XCom and `shiplift stage` carry)."""
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress, session=session)
     ctx.lease_holder = holder
-    return ensure_stage(ctx, name)
+    return ensure_stage(ctx, name).record()
 
 
 def end_orchestrated(release_id: str, *, holder: str, failed: bool, ledger_url: str | None = None,

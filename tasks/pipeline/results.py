@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.ledger.events import KEPT, ROLLED_BACK, SKIPPED, SUCCEEDED
+from tasks.errors import NotFound
+from tasks.ledger.events import SUCCEEDED
 
 
 class StageResult(BaseModel):
@@ -24,8 +25,9 @@ class StageResult(BaseModel):
     event: str = SUCCEEDED
 
     def record(self) -> dict[str, Any]:
-        """The payload the ledger keeps (the event is the record's own, not part of it)."""
-        return self.model_dump(mode="json", exclude={"event"}, exclude_none=False)
+        """The payload the ledger keeps: the fields that were set (an optional field a stage did not set is left out,
+        as the stages always left it out), so a result read back records exactly what was read."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class KeptRef(BaseModel):
@@ -67,7 +69,7 @@ class BuildResult(StageResult):
     info: dict[str, Any]
     memory: Memory
     temperature: float
-    calibration: dict[str, Any] | None
+    calibration: dict[str, Any] | None = None
 
 
 class PackageResult(StageResult):
@@ -98,7 +100,7 @@ class ValidateResult(StageResult):
     not_passed: list[str]
     thresholds: dict[str, Any]
     datasets: list[dict[str, Any]]
-    champion_release: str | None
+    champion_release: str | None = None
     report_json: str
     report_html: str
     evidence: dict[str, KeptRef]
@@ -118,6 +120,10 @@ class PromoteResult(StageResult):
     copies: int | None = None
     placement: dict[str, Any] | None = None
     image_digest: str | None = None
+    trigger: Literal["promote", "rollback"] | None = None  # a triggered promotion or rollback, and why
+    rollback_reason: str | None = None
+    rollback_from: str | None = None
+    rollback_to: str | None = None
 
 
 class TeardownResult(StageResult):
@@ -134,4 +140,11 @@ RESULTS: dict[str, type[StageResult]] = {
     "deploy_candidate": DeployResult, "validate": ValidateResult, "promote": PromoteResult,
     "teardown_candidate": TeardownResult,
 }
-DONE_EVENTS = (SUCCEEDED, SKIPPED, KEPT, ROLLED_BACK)
+
+
+def stage_result(name: str, entry: dict, release_id: str) -> StageResult:
+    """A stage's typed result from its entry in `ReleaseState.stage`; NotFound while the stage has not succeeded."""
+    if entry["status"] != "succeeded":
+        raise NotFound(f"stage {name!r} of {release_id} has not succeeded (it is {entry['status']})",
+                       fix=f"run stage {name} first")
+    return RESULTS[name].model_validate(entry["result"])  # a payload without an event is a succeeded one

@@ -67,7 +67,7 @@ class ToyFamily(ModelFamily):
         from tasks.pipeline.stages.common import keep_file, local_ref
 
         self.steps.append("build")
-        source = local_ref(ctx, ctx.result("resolve")["source_ref"])
+        source = local_ref(ctx, ctx.result("resolve").source_ref)
         built = build_gguf(source, ctx.backends.state_dir / "builds", quantization=None, allow_requantize=False,
                            threads=1).to_dict()
         model_dir = ctx.stage_dir("build") / "model"
@@ -151,7 +151,7 @@ def test_a_toy_family_defined_here_is_released_end_to_end(tmp_path, toy):
     finally:
         ledger.close()
 
-    archive = Path(package["artifact_uri"].removeprefix("file://"))
+    archive = Path(package.artifact_uri.removeprefix("file://"))
     with tarfile.open(archive) as tar:
         manifest = json.load(tar.extractfile("model-manifest.json"))
     assert manifest["kind"] == "toy" and manifest["toy"] is True and set(manifest["tools"]) == {"python", "shiplift", "gguf"}

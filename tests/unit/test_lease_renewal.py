@@ -63,11 +63,11 @@ def _second_run_takes_the_lease_mid_stage(ctx, monkeypatch, *, renew_every_s: fl
             outcome["second"] = "took the lease"
         except LeaseHeld as exc:
             outcome["second"] = exc
-        return {"done": True}
+        return {}
 
     with holding_lease(ctx, "first-run"):
         taken = time.time()
-        run_stage(ctx, "build", function=long_stage)
+        run_stage(ctx, "promote", function=long_stage)
     return outcome["second"]
 
 
@@ -133,9 +133,14 @@ def test_the_promote_stage_checks_the_lease_before_it_touches_production(ctx, mo
     """`tasks.pipeline.stages.promote.run` itself asks for the lease before any hosting call."""
     from tasks.pipeline.stages import promote
 
-    results = {"validate": {"decision": "pass"}, "build": {"memory": {"total_mb": 512}, "model_sha256": "a" * 64},
-               "package": {"artifact_uri": "file:///a/model.tar.gz", "artifact_sha256": "b" * 64},
-               "image": {"image_uri": "semif@sha256:" + "c" * 64, "image_digest": "sha256:" + "c" * 64}}
+    from tasks.pipeline.results import BuildResult, ImageResult, Memory, PackageResult, ValidateResult
+
+    memory = Memory(weights_mb=256, context_mb=128, runtime_mb=128, context_label="KV cache", total_mb=512)
+    results = {"validate": ValidateResult.model_construct(decision="pass"),  # only what promote reads first
+               "build": BuildResult.model_construct(memory=memory, model_sha256="a" * 64),
+               "package": PackageResult(artifact_uri="file:///a/model.tar.gz", artifact_sha256="b" * 64, size_bytes=1),
+               "image": ImageResult(image_uri="semif@sha256:" + "c" * 64, image_digest="sha256:" + "c" * 64,
+                                    base_image="base@sha256:" + "d" * 64, files=1)}
     touched = []
 
     class Hosting:

@@ -32,6 +32,7 @@ from typing import Any
 from tasks.backends.aws.hosting import tags
 from tasks.backends.aws.service_model import request_problems
 from tasks.ledger.events import PROMOTE, ROLLED_BACK, SUCCEEDED, VALIDATE
+from tasks.backends.interfaces import ReleaseFacts
 from tasks.errors import BadInput, Conflict, NotFound
 
 FOLLOWS = frozenset({(VALIDATE, SUCCEEDED), (PROMOTE, SUCCEEDED), (PROMOTE, ROLLED_BACK)})
@@ -221,23 +222,22 @@ class SageMakerModelRegistry:
         self._sm("UpdateModelPackage", **self._checked("UpdateModelPackage", self.update_request(arn, view, metadata), view.release_id))
         return True
 
-    def sync(self, ctx) -> dict | None:
+    def sync(self, release: ReleaseFacts) -> dict | None:
         """Make the release's version match its ledger records (registering it first), and mark the release it
         superseded; reads only when the registry already says what the ledger does. None before the gate decided."""
-        history = ctx.backends.ledger.history(ctx.config.name)
-        view = release_view(ctx.release_id, history)
+        history = list(release.history)
+        view = release_view(release.release_id, history)
         if view is None:
             return None
-        group = self.ensure_group(ctx.config)
-        live = self.find(group, ctx.release_id)
+        group = self.ensure_group(release.config)
+        live = self.find(group, release.release_id)
         if live is None:
-            package, image = ctx.result("package"), ctx.result("image")
-            request = self.package_request(ctx.config, view, artifact_uri=package["artifact_uri"], image_uri=image["image_uri"],
-                                           gate_report=ctx.result(VALIDATE).get("evidence", {}).get("gate-report.json"))
-            arn = self._sm("CreateModelPackage", **self._checked("CreateModelPackage", request, ctx.release_id))["ModelPackageArn"]
+            request = self.package_request(release.config, view, artifact_uri=release.artifact_uri, image_uri=release.image_uri,
+                                           gate_report=release.gate_report)
+            arn = self._sm("CreateModelPackage", **self._checked("CreateModelPackage", request, release.release_id))["ModelPackageArn"]
             live = {"ModelPackageArn": arn, "ModelApprovalStatus": PENDING, "CustomerMetadataProperties": view.metadata}
         changed = self.apply(live["ModelPackageArn"], live, view)
-        superseded = previous_server(ctx.release_id, history)
+        superseded = previous_server(release.release_id, history)
         old = self.find(group, superseded) if superseded else None
         if old is not None:
             self.apply(old["ModelPackageArn"], old, release_view(superseded, history))

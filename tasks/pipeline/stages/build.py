@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tasks.errors import ConfigError
 from tasks.families.registry import family_of
+from tasks.pipeline.results import BuildResult
 from tasks.pipeline.stages.common import resource_name
 
 
@@ -25,7 +26,7 @@ def run(ctx) -> dict:
     result = {**built, "memory": {**memory._asdict(), "total_mb": memory.total_mb}, "temperature": 1.0, "calibration": None}
     if ctx.config.calibration.fit_temperature:
         result.update(_fit_temperature(ctx, model_dir, result["model_sha256"]))
-    return result
+    return BuildResult.model_validate(result)
 
 
 def _memory(ctx, built: dict, model_dir: Path):

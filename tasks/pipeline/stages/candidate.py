@@ -3,32 +3,29 @@
 from __future__ import annotations
 
 from tasks.ledger.events import KEPT, SKIPPED
+from tasks.pipeline.results import DeployResult, TeardownResult
 from tasks.pipeline.stages.common import candidate_endpoint, component_spec, model_ref, require_served
 
 
-def deploy(ctx) -> dict:
+def deploy(ctx) -> DeployResult:
     name = candidate_endpoint(ctx)
     spec = component_spec(ctx, copies=1)
     ctx.say(f"deploy_candidate: endpoint {name} on {ctx.config.placement.kind}")
     live = ctx.backends.hosting.deploy(name, name, spec, ctx.config.placement, role="candidate", progress=ctx.say)
     require_served(live, spec, where=f"candidate {name}")
-    return {
-        "endpoint": name,
-        "component": name,
-        "placement": live.placement.model_dump(mode="json"),
-        "model_ref": model_ref(ctx).model_dump(),
-    }
+    return DeployResult(endpoint=name, component=name, placement=live.placement.model_dump(mode="json"),
+                        model_ref=model_ref(ctx).model_dump())
 
 
-def teardown(ctx) -> dict:
+def teardown(ctx) -> TeardownResult:
     """Remove the candidate whatever happened (also after a crash mid-deploy); a release that has not
     finished redeploys it on resume."""
     if ctx.state.stage("deploy_candidate")["status"] in ("pending", "torn_down"):
-        return {"event": SKIPPED, "reason": "no candidate is deployed"}
+        return TeardownResult(event=SKIPPED, reason="no candidate is deployed")
     name = candidate_endpoint(ctx)
     keep = ctx.state.keep_candidate
     if ctx.config.keep_candidate if keep is None else keep:
         ctx.say(f"teardown_candidate: keeping {name} as asked")
-        return {"endpoint": name, "event": KEPT}
+        return TeardownResult(event=KEPT, endpoint=name)
     removed = ctx.backends.hosting.delete_endpoint(name, progress=ctx.say)
-    return {"endpoint": name, "removed": removed}
+    return TeardownResult(endpoint=name, removed=removed)

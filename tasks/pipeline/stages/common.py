@@ -13,6 +13,7 @@ from pathlib import Path
 from tasks.errors import Conflict
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
+from tasks.pipeline.results import KeptRef
 
 FOLDER_ARCHIVE = "folder.tar.gz"
 
@@ -38,13 +39,13 @@ def candidate_name(config, artifact_sha256: str, image_digest: str) -> str:
 
 
 def candidate_endpoint(ctx) -> str:
-    return candidate_name(ctx.config, ctx.result("package")["artifact_sha256"], ctx.result("image")["image_digest"])
+    return candidate_name(ctx.config, ctx.result("package").artifact_sha256, ctx.result("image").image_digest)
 
 
 def model_ref(ctx) -> ModelRef:
     """What an endpoint serving this release must report: the ledger compares it with the live spec."""
-    return ModelRef(release_id=ctx.release_id, artifact_sha256=ctx.result("package")["artifact_sha256"],
-                    image_digest=ctx.result("image")["image_digest"])
+    return ModelRef(release_id=ctx.release_id, artifact_sha256=ctx.result("package").artifact_sha256,
+                    image_digest=ctx.result("image").image_digest)
 
 
 def compute(config, memory_mb: int) -> Compute:
@@ -71,9 +72,9 @@ def require_served(live, spec: ComponentSpec, *, where: str) -> None:
 def component_spec(ctx, *, copies: int) -> ComponentSpec:
     """The release's backend-neutral component: pinned image, stored artifact, container environment."""
     package, image = ctx.result("package"), ctx.result("image")
-    return ComponentSpec(image_uri=image["image_uri"], artifact_uri=package["artifact_uri"],
-                         artifact_sha256=package["artifact_sha256"], environment=ctx.config.image.container_env(),
-                         copies=copies, compute=compute(ctx.config, ctx.result("build")["memory"]["total_mb"]),
+    return ComponentSpec(image_uri=image.image_uri, artifact_uri=package.artifact_uri,
+                         artifact_sha256=package.artifact_sha256, environment=ctx.config.image.container_env(),
+                         copies=copies, compute=compute(ctx.config, ctx.result("build").memory.total_mb),
                          model_ref=model_ref(ctx))
 
 
@@ -92,20 +93,21 @@ def keep_folder(ctx, folder: Path, *, main_file: str) -> dict:
     return {**keep_file(ctx, archive.path, FOLDER_ARCHIVE), "kind": "folder"}
 
 
-def local_file(ctx, ref: dict) -> Path:
+def local_file(ctx, ref: KeptRef) -> Path:
     """A kept file on this worker, sha256-verified (downloaded once when the store is remote)."""
-    return ctx.backends.store.get(ref["uri"])
+    return ctx.backends.store.get(ref.uri)
 
 
-def local_folder(ctx, ref: dict) -> Path:
+def local_folder(ctx, ref: KeptRef) -> Path:
     """A kept folder on this worker, extracted once per archive sha256 (safe extraction, manifest verified)."""
     from tasks.artifacts.packaging import safe_extract
 
-    target = ctx.backends.state_dir / "unpacked" / ref["sha256"]
+    target = ctx.backends.state_dir / "unpacked" / ref.sha256
     if not target.is_dir():
         safe_extract(local_file(ctx, ref), target)
     return target
 
 
-def local_ref(ctx, ref: dict) -> Path:
-    return local_folder(ctx, ref) if ref["kind"] == "folder" else local_file(ctx, ref)
+def local_ref(ctx, ref: KeptRef) -> Path:
+    """A kept file or folder on this worker."""
+    return local_folder(ctx, ref) if ref.kind == "folder" else local_file(ctx, ref)

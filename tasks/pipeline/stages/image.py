@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from tasks.pipeline.results import ImageResult
 
-def run(ctx) -> dict:
+
+def run(ctx) -> ImageResult:
     ref = ctx.backends.images.build(ctx.config.image, progress=ctx.say)
-    return {"image_uri": ref.uri, "image_digest": ref.digest, "base_image": ref.base_image, "files": ref.files,
-            "source_sha256": ref.source_sha256}
+    return ImageResult(image_uri=ref.uri, image_digest=ref.digest, base_image=ref.base_image, files=ref.files,
+                       source_sha256=ref.source_sha256)

@@ -8,7 +8,11 @@ import sys
 from importlib import metadata
 
 from tasks.families.registry import family_of
+from tasks.pipeline.results import PackageResult
 from tasks.pipeline.stages.common import local_ref
+
+# What of the build goes into the manifest: the model's identity and provenance (a family's own build fields included).
+MANIFEST_BUILD_FIELDS = ("model_sha256", "gguf_sha256", "quantized_from", "info", "export")
 
 
 def tool_versions(distributions: tuple[str, ...]) -> dict:
@@ -29,17 +33,17 @@ def run(ctx) -> dict:
         "release_id": ctx.release_id,
         "model": ctx.config.name,
         "kind": ctx.config.artifact.kind,
-        "source": {"sha256": resolved["source_sha256"], **resolved["source"]},
-        "build": {k: built.get(k) for k in ("model_sha256", "gguf_sha256", "quantized_from", "info", "export") if built.get(k) is not None},
-        "temperature": built["temperature"],
+        "source": {"sha256": resolved.source_sha256, **resolved.source},
+        "build": {k: v for k, v in built.model_dump(mode="json").items() if k in MANIFEST_BUILD_FIELDS and v is not None},
+        "temperature": built.temperature,
         "tools": tool_versions(family.tool_distributions),
     }
     out_dir = ctx.stage_dir("package")
     calibration = None
-    if built["calibration"]:
+    if built.calibration:
         calibration = out_dir / "calibration.json"
-        calibration.write_text(json.dumps(built["calibration"], indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    packaged = family.package(local_ref(ctx, built["output"]), out_dir, manifest, calibration)
+        calibration.write_text(json.dumps(built.calibration, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    packaged = family.package(local_ref(ctx, built.output), out_dir, manifest, calibration)
     stored = ctx.backends.store.put_file(packaged.path, name="model.tar.gz", progress=ctx.say)
     ctx.say(f"package: {stored.uri} ({stored.size / 1e6:.1f} MB)")
-    return {"artifact_uri": stored.uri, "artifact_sha256": stored.sha256, "size_bytes": stored.size}
+    return PackageResult(artifact_uri=stored.uri, artifact_sha256=stored.sha256, size_bytes=stored.size)

@@ -12,6 +12,7 @@ backend described as serving after it.
 from __future__ import annotations
 
 from tasks.ledger.events import ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC
+from tasks.pipeline.results import PromoteResult
 from tasks.errors import ConfigError, Conflict
 from tasks.pipeline.bake import BakeWatch
 from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
@@ -36,16 +37,16 @@ def online_gate(ctx, endpoint: str, component: str):
                           f"validation.champion.min_samples ({cfg.champion.min_samples})",
                           fix="name a larger split, or lower min_samples")
     invoker = ctx.backends.hosting.invoker(endpoint, component, timeout_s=cfg.request_timeout_s)
-    return OnlineGate(invoker, tasks[: gate.max_tasks], candidate_model_sha256=ctx.result("build")["model_sha256"],
+    return OnlineGate(invoker, tasks[: gate.max_tasks], candidate_model_sha256=ctx.result("build").model_sha256,
                       thresholds=cfg.thresholds, champion_rule=cfg.champion, rounds=gate.rounds,
                       concurrency=gate.concurrency, timeout_s=cfg.request_timeout_s)
 
 
 def run(ctx) -> dict:
-    decision = ctx.result("validate")["decision"]
+    decision = ctx.result("validate").decision
     if decision != "pass":
         ctx.say(f"promote: skipped, gate decision is {decision}; the champion keeps serving")
-        return {"event": SKIPPED, "reason": f"gate decision {decision}", "decision": decision}
+        return PromoteResult(event=SKIPPED, reason=f"gate decision {decision}", decision=decision)
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     rollout, hosting = ctx.config.rollout, ctx.backends.hosting
     spec = component_spec(ctx, copies=rollout.copies)
@@ -69,20 +70,14 @@ def run(ctx) -> dict:
                 raise Conflict(f"the rollout of {endpoint}/{component} was rolled back ({outcome.reason}) but the "
                                "previous model is not seen serving", fix="inspect the endpoint and roll back by hand")
             ctx.say(f"promote: rolled back: {outcome.reason}; the champion serves again")
-            return {"event": ROLLED_BACK, "reason": outcome.reason, "endpoint": endpoint, "component": component,
-                    "strategy": rollout.strategy, "steps": steps,
-                    "served": live.model_ref.model_dump() if live.model_ref else None}
+            return PromoteResult(event=ROLLED_BACK, reason=outcome.reason, endpoint=endpoint, component=component,
+                                 strategy=rollout.strategy, steps=steps,
+                                 served=live.model_ref.model_dump() if live.model_ref else None)
         if live is None:
             raise Conflict(f"{endpoint}/{component} is gone right after its rollout", fix="rerun the promote stage")
     require_served(live, spec, where=f"production {endpoint}/{component} after promotion")
-    return {
-        "event": SUCCEEDED,
-        "endpoint": endpoint,
-        "component": component,
-        "strategy": rollout.strategy,
-        "steps": steps,
-        "served": live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(),
-        "copies": live.copies,
-        "placement": live.placement.model_dump(mode="json"),
-        "image_digest": live.image_digest,
-    }
+    return PromoteResult(
+        event=SUCCEEDED, endpoint=endpoint, component=component, strategy=rollout.strategy, steps=steps,
+        served=live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(), copies=live.copies,
+        placement=live.placement.model_dump(mode="json"), image_digest=live.image_digest,
+    )

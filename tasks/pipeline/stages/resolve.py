@@ -6,6 +6,7 @@ How a source is fetched and proven is the model family's (`tasks.families`); thi
 from __future__ import annotations
 
 from tasks.families.registry import family_of
+from tasks.pipeline.results import ResolveResult
 from tasks.pipeline.stages.common import keep_file, keep_folder
 
 
@@ -17,4 +18,4 @@ def run(ctx) -> dict:
     path, sha, description = family.resolve(ctx, cache)
     ctx.say(f"resolve: {description.get('kind', 'the')} source proven, sha256 {sha[:12]}…")
     kept = keep_folder(ctx, path, main_file=family.source_main_file) if path.is_dir() else keep_file(ctx, path, path.name)
-    return {"source_sha256": sha, "source": description, "source_ref": kept}
+    return ResolveResult(source_sha256=sha, source=description, source_ref=kept)

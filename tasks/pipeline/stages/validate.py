@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.families.registry import family_of
+from tasks.pipeline.results import ValidateResult
 from tasks.pipeline.stages.common import keep_file, production_component, production_endpoint
 
 
@@ -38,7 +39,7 @@ def run(ctx) -> dict:
     from validation.evaluate import Target
 
     deployed = ctx.result("deploy_candidate")
-    invoker = ctx.backends.hosting.invoker(deployed["endpoint"], deployed["component"],
+    invoker = ctx.backends.hosting.invoker(deployed.endpoint, deployed.component,
                                            timeout_s=ctx.config.validation.request_timeout_s)
     candidate = Target(invoker, "candidate")
     champion, champion_ref = live_champion(ctx)
@@ -56,7 +57,7 @@ def run(ctx) -> dict:
     summary_metrics["p95_ms"] = metrics["latency_ms"]["p95"]["value"]
     summary_metrics["n"] = metrics.get("n")
     ctx.say(f"validate: decision {report['decision']} (accuracy {summary_metrics['accuracy']:.3f}, ECE {summary_metrics['ece']:.3f})")
-    return {
+    return ValidateResult(**{
         "decision": report["decision"],
         "metrics": summary_metrics,
         "checks": report["checks"],
@@ -72,4 +73,4 @@ def run(ctx) -> dict:
         "evidence": {Path(path).name: keep_file(ctx, Path(path), Path(path).name)
                      for path in sorted(Path(report["paths"]["gate_report_json"]).parent.glob("*"))
                      if path.is_file() and path.suffix in (".json", ".jsonl", ".html")},
-    }
+    })
