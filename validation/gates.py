@@ -136,8 +136,9 @@ def evaluate_gates(
 ) -> GateReport:
     """Judge a candidate's predictions against absolute thresholds and, if given, the champion's.
 
-    `n_bootstrap` / `seed`, when given, override the champion rule's for every interval computed
-    here; the values actually used are recorded in the report's `bootstrap`."""
+    `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` / `seed`), set the candidate's own
+    intervals; the paired champion comparison always uses the champion rule's own `n_bootstrap` / `seed`. The values
+    used are recorded in the report's `bootstrap` (`champion_comparison` for the rule's)."""
     if champion_preds is not None and champion_rule is None:
         raise BadInput(
             "champion predictions were given without a champion rule",
@@ -154,6 +155,7 @@ def evaluate_gates(
         "seed": rule.seed if seed is None else seed,
         "confidence": rule.confidence,
     }
+    paired = {"n_bootstrap": rule.n_bootstrap, "seed": rule.seed, "confidence": rule.confidence}
     metrics = candidate_metrics
     if metrics is None:
         metrics = decision_metrics(candidate_preds, **boot)
@@ -183,7 +185,7 @@ def evaluate_gates(
     else:
         candidate = score_predictions(candidate_preds)
         incumbent = score_predictions(champion_preds)
-        accuracy_diff = paired_accuracy_difference(candidate, incumbent, **boot)
+        accuracy_diff = paired_accuracy_difference(candidate, incumbent, **paired)
         checks.append(
             _champion_check(
                 "champion_accuracy", accuracy_diff, margin=rule.margin, min_samples=rule.min_samples,
@@ -196,7 +198,7 @@ def evaluate_gates(
         )
         sample_sizes.update(champion=incumbent.n, shared=accuracy_diff["n"])
         if rule.also_ece_margin is not None:
-            ece_diff = paired_ece_difference(candidate, incumbent, **boot)
+            ece_diff = paired_ece_difference(candidate, incumbent, **paired)
             checks.append(
                 _champion_check(
                     "champion_ece", ece_diff, margin=rule.also_ece_margin, min_samples=rule.min_samples,
@@ -216,5 +218,6 @@ def evaluate_gates(
         champion_rule=champion_rule,
         sample_sizes=sample_sizes,
         champion=champion,
-        bootstrap={**boot, "method": "percentile", "candidate_metrics": metrics.get("bootstrap")},
+        bootstrap={**boot, "method": "percentile", "candidate_metrics": metrics.get("bootstrap"),
+                   "champion_comparison": paired if champion_preds is not None else None},
     )

@@ -30,8 +30,8 @@ class ChampionRule(BaseModel):
     metric: Literal["accuracy"] = "accuracy"
     margin: float = Field(default=0.02, ge=0.0, le=1.0, allow_inf_nan=False)
     min_samples: int = Field(default=30, ge=1)
-    n_bootstrap: int = Field(default=1000, ge=100, le=100_000)
-    seed: int = Field(default=0, ge=0)
+    n_bootstrap: int = Field(default=1000, ge=100, le=100_000, description="resamples of the paired comparison")
+    seed: int = Field(default=0, ge=0, description="seed of the paired comparison's resampling")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0, allow_inf_nan=False)
     also_ece_margin: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 

@@ -14,11 +14,14 @@ import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tasks.hashing import sha256_json
+
+if TYPE_CHECKING:  # the config imports these seams, so its types are named here for checkers only
+    from tasks.config import Placement
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
 IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -290,14 +293,14 @@ class Hosting(Protocol):
 
     kind: str
 
-    def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement: Any, *, role: Role,
+    def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement, *, role: Role,
                progress: Progress) -> LiveComponent:
         """Create or update until `component` on `endpoint` should serve `spec`, then describe what is live (the
         stage checks it is `spec`: an update can end InService on the old spec). Raises CapacityError (with every
         type tried), DeployFailed (with the backend's reason), NotReady on a deadline, Conflict on a name clash."""
         ...
 
-    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Any, plan: RolloutPlan,
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement, plan: RolloutPlan,
                  bake: Bake, *, progress: Progress) -> RolloutResult:
         """Move the component to `spec` as `plan` says and roll back to the previous spec when an alarm fires. Local
         drives the batches and calls `bake` after each (an alarm it returns rolls back); aws sends SageMaker's rolling

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import LeaseLost, NotFound, ShipliftError, is_retryable
@@ -32,6 +32,9 @@ from tasks.pipeline import table
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.pipeline.results import RESULTS, StageResult, stage_result
 from tasks.pipeline.table import STAGE_NAMES, TEARDOWN, check_timeouts, stage
+
+if TYPE_CHECKING:  # the registry imports the backends' modules lazily; this is for checkers only
+    from tasks.backends.registry import Backends
 
 STAGES = STAGE_NAMES
 RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
@@ -138,7 +141,7 @@ class StageContext:
     config_dir: Path
     release_id: str
     state: ReleaseState
-    backends: Any
+    backends: Backends
     actor: str
     progress: Progress = print_progress
     lease_holder: str | None = None  # the run holding the model's promotion lease, renewed while a stage runs

@@ -200,16 +200,26 @@ def test_precomputed_metrics_are_used_as_given():
     assert report.metrics == metrics and report.metrics["bootstrap"]["n_bootstrap"] == 123
 
 
-def test_bootstrap_overrides_apply_everywhere_and_are_recorded():
-    champion = model_rows(60, 0.8, seed=16)
+def test_the_run_bootstrap_sets_the_candidates_intervals_and_the_rule_its_champion_comparison():
+    """`validation.n_bootstrap`/`seed` (passed in) set the candidate's own intervals; the champion rule's own
+    `n_bootstrap`/`seed` set the paired comparison, and both are recorded."""
+    candidate, champion = model_rows(60, 0.8, seed=16), model_rows(60, 0.6, seed=17)
     report = evaluate_gates(
-        champion, thresholds=LOOSE, champion_preds=champion, champion_rule=RULE, n_bootstrap=150, seed=3
+        candidate, thresholds=LOOSE, champion_preds=champion, champion_rule=RULE, n_bootstrap=150, seed=3
     )
     assert report.bootstrap["n_bootstrap"] == 150 and report.bootstrap["seed"] == 3
     assert report.metrics["bootstrap"]["n_bootstrap"] == 150 and report.metrics["bootstrap"]["seed"] == 3
-    default = evaluate_gates(champion, thresholds=LOOSE, champion_preds=champion, champion_rule=RULE)
+    assert report.bootstrap["champion_comparison"] == {"n_bootstrap": RULE.n_bootstrap, "seed": RULE.seed,
+                                                       "confidence": RULE.confidence}
+    default = evaluate_gates(candidate, thresholds=LOOSE, champion_preds=champion, champion_rule=RULE)
     assert default.bootstrap["n_bootstrap"] == 300
     assert default.metrics["accuracy"]["ci"] != report.metrics["accuracy"]["ci"]
+    assert default.champion["accuracy"]["ci"] == report.champion["accuracy"]["ci"], "the comparison is the rule's"
+    reseeded = evaluate_gates(candidate, thresholds=LOOSE, champion_preds=champion,
+                              champion_rule=RULE.model_copy(update={"seed": RULE.seed + 1}), n_bootstrap=150, seed=3)
+    assert reseeded.champion["accuracy"]["ci"] != report.champion["accuracy"]["ci"], "the rule's seed is honoured"
+    assert reseeded.metrics["accuracy"]["ci"] == report.metrics["accuracy"]["ci"]
+    assert evaluate_gates(candidate, thresholds=LOOSE).bootstrap["champion_comparison"] is None
     with pytest.raises(BadInput, match="n_bootstrap"):
         evaluate_gates(champion, thresholds=LOOSE, n_bootstrap=10)
 
