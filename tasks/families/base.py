@@ -127,3 +127,31 @@ class ModelFamily:
 
     def add_commands(self, serve, evaluate) -> None:
         """Add the family's `shiplift serve …` and `shiplift eval …` subcommands."""
+
+
+def add_server_arguments(parser) -> None:
+    """Where a `shiplift serve …` server listens and how many threads it uses (every family's server takes these)."""
+    import os
+
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+
+
+def add_evaluation_arguments(parser, *, unit: str, data_help: str, component_help: str) -> None:
+    """What every `shiplift eval …` takes: the endpoint, the data and its splits, the champion to compare with, the
+    output folder, request timeout, bootstrap resamples and the thresholds every gate has."""
+    parser.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
+    parser.add_argument("--component", help=component_help)
+    parser.add_argument("--data", nargs="+", required=True, help=data_help)
+    parser.add_argument("--split", action="append", help=f"keep only {unit} of this split (repeatable)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--champion", help=f"a second endpoint to compare against on the same {unit}")
+    parser.add_argument("--champion-component")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
+    parser.add_argument("--min-accuracy", type=float, default=0.0)
+    parser.add_argument("--max-ece", type=float, default=1.0)
+    parser.add_argument("--min-validity", type=float, default=1.0)
+    parser.add_argument("--max-p95-ms", type=float, default=None)
+

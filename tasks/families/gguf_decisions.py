@@ -14,7 +14,14 @@ from pydantic import Field, model_validator
 
 from tasks.config_types import Sha256, Strict
 from tasks.errors import IntegrityError
-from tasks.families.base import ArtifactConfig, GateConfig, ImageConfig, ModelFamily
+from tasks.families.base import (
+    ArtifactConfig,
+    GateConfig,
+    ImageConfig,
+    ModelFamily,
+    add_evaluation_arguments,
+    add_server_arguments,
+)
 from validation.thresholds import DecisionThresholds
 
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
@@ -215,33 +222,18 @@ class GgufDecisions(ModelFamily):
                 for task in load_decision_dataset(path, name=f"dataset{i}", splits=splits).tasks]
 
     def add_commands(self, serve, evaluate) -> None:
-        import os
-
         p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
         p.add_argument("--gguf", required=True)
-        p.add_argument("--port", type=int, default=8080)
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+        add_server_arguments(p)
         p.add_argument("--max-tokens", type=int, help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
         p.add_argument("--max-request-tokens", type=int, help="longest prompt accepted (SEMIF_MAX_REQUEST_TOKENS)")
         p.add_argument("--max-in-flight", type=int, help="requests admitted at once (SEMIF_MAX_IN_FLIGHT)")
         p.set_defaults(func=_serve)
 
         p = evaluate.add_parser("jevbench", help="score JevBench-format tasks on any SemIf endpoint")
-        p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
-        p.add_argument("--component", help="inference component name (X-Amzn-SageMaker-Inference-Component)")
-        p.add_argument("--data", nargs="+", required=True, help="JSONL files in JevBench format")
-        p.add_argument("--split", action="append", help="keep only tasks of this split (repeatable)")
-        p.add_argument("--out", required=True)
-        p.add_argument("--champion", help="a second endpoint to compare against on the same tasks")
-        p.add_argument("--champion-component")
+        add_evaluation_arguments(p, unit="tasks", data_help="JSONL files in JevBench format",
+                                 component_help="inference component name (X-Amzn-SageMaker-Inference-Component)")
         p.add_argument("--concurrency", type=int, default=2)
-        p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-        p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
-        p.add_argument("--min-accuracy", type=float, default=0.0)
-        p.add_argument("--max-ece", type=float, default=1.0)
-        p.add_argument("--min-validity", type=float, default=1.0)
-        p.add_argument("--max-p95-ms", type=float, default=None)
         p.set_defaults(func=_eval)
 
 

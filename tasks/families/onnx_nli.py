@@ -19,7 +19,14 @@ from pydantic import Field
 
 from tasks.config_types import DatasetRef, Sha256, Strict
 from tasks.errors import ConfigError, IntegrityError
-from tasks.families.base import ArtifactConfig, GateConfig, ImageConfig, ModelFamily
+from tasks.families.base import (
+    ArtifactConfig,
+    GateConfig,
+    ImageConfig,
+    ModelFamily,
+    add_evaluation_arguments,
+    add_server_arguments,
+)
 from validation.thresholds import NliThresholds
 
 
@@ -258,9 +265,7 @@ class OnnxNli(ModelFamily):
     def add_commands(self, serve, evaluate) -> None:
         p = serve.add_parser("encoder", help="the encoder NLI server on an exported model folder")
         p.add_argument("--model-dir", required=True)
-        p.add_argument("--port", type=int, default=8080)
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+        add_server_arguments(p)
         p.add_argument("--variant", choices=["fp32", "int8"], default="fp32")
         p.add_argument("--truncation", choices=["refuse", "premise_first"], default="refuse",
                        help="over-long pairs: refuse them, or cut the premise and report it")
@@ -270,22 +275,11 @@ class OnnxNli(ModelFamily):
         p.set_defaults(func=_serve)
 
         p = evaluate.add_parser("nli", help="score NLI pairs (JSONL/TSV, SNLI/MNLI field names too) on any encoder endpoint")
-        p.add_argument("--endpoint", required=True, help="model server root or http://HOST:PORT/endpoints/NAME")
-        p.add_argument("--component", help="inference component name")
-        p.add_argument("--data", nargs="+", required=True)
-        p.add_argument("--split", action="append", help="keep only pairs of this split (repeatable)")
-        p.add_argument("--out", required=True)
-        p.add_argument("--champion", help="a second endpoint to compare against on the same pairs")
-        p.add_argument("--champion-component")
+        add_evaluation_arguments(p, unit="pairs", data_help="NLI files (JSONL or TSV; SNLI/MNLI field names too)",
+                                 component_help="inference component name")
         p.add_argument("--batch-size", type=int, default=8)
-        p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-        p.add_argument("--bootstrap", type=int, default=1000)
-        p.add_argument("--min-accuracy", type=float, default=0.0)
         p.add_argument("--min-macro-f1", type=float, default=0.0)
         p.add_argument("--min-class-recall", type=float, default=0.0)
-        p.add_argument("--max-ece", type=float, default=1.0)
-        p.add_argument("--min-validity", type=float, default=1.0)
-        p.add_argument("--max-p95-ms", type=float, default=None)
         p.set_defaults(func=_eval)
 
 
