@@ -125,12 +125,9 @@ class ReleaseState:
                 entry["status"] = "torn_down"
         return entry
 
-    def result(self, name: str) -> dict:
-        entry = self.stage(name)
-        if entry["status"] != "succeeded":
-            raise NotFound(f"stage {name!r} of {self.release_id} has not succeeded (it is {entry['status']})",
-                           fix=f"run stage {name} first")
-        return entry["result"]
+    def result(self, name: str) -> StageResult:
+        """A stage's result, typed (`tasks.pipeline.results`); NotFound while it has not succeeded."""
+        return stage_result(name, self.stage(name), self.release_id)
 
 
 @dataclass
@@ -152,7 +149,7 @@ class StageContext:
 
     def result(self, name: str) -> StageResult:
         """An earlier stage's result, typed (`tasks.pipeline.results`); NotFound while it has not succeeded."""
-        return stage_result(name, self.state.stage(name), self.release_id)
+        return self.state.result(name)
 
     def stage_dir(self, name: str) -> Path:
         """Scratch space of one stage on this worker (what later stages need goes to the artifact store)."""
@@ -183,7 +180,7 @@ class StageContext:
     def facts(self) -> ReleaseFacts:
         """The typed view of this release a backend's registry reads."""
         done = {name: self.state.stage(name) for name in ("package", "image", "validate")}
-        result = {name: stage_result(name, entry, self.release_id) for name, entry in done.items() if entry["status"] == "succeeded"}
+        result = {name: self.state.result(name) for name, entry in done.items() if entry["status"] == "succeeded"}
         report = result["validate"].evidence.get("gate-report.json") if "validate" in result else None
         return ReleaseFacts(release_id=self.release_id, config=self.config,
                             history=tuple(self.backends.ledger.history(self.config.name)),
@@ -330,7 +327,7 @@ def ensure_stage(ctx: StageContext, name: str) -> StageResult:
     """
     entry = ctx.state.stage(name)
     if entry["status"] == "succeeded" and name != TEARDOWN:
-        return stage_result(name, entry, ctx.release_id)
+        return ctx.state.result(name)
     return run_stage(ctx, name)
 
 

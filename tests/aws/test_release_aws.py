@@ -56,9 +56,9 @@ def test_release_on_an_instance_pool_falls_back_gates_and_promotes(aws, aws_rele
 
     ledger = Ledger(f"sqlite:///{tmp_path / 'state' / 'ledger.db'}")
     state = ReleaseState.load(ledger, summary["release_id"])
-    assert state.result("deploy_candidate")["placement"]["instance_type"] == "ml.g6.2xlarge", "placement obtained is in the ledger"
-    assert state.result("package")["artifact_uri"].startswith("s3://shiplift-test-artifacts/shiplift/artifacts/sha256/")
-    assert set(state.result("validate")["evidence"]) == {"gate-report.json", "predictions.jsonl", "report.html"}
+    assert state.result("deploy_candidate").placement["instance_type"] == "ml.g6.2xlarge", "placement obtained is in the ledger"
+    assert state.result("package").artifact_uri.startswith("s3://shiplift-test-artifacts/shiplift/artifacts/sha256/")
+    assert set(state.result("validate").evidence) == {"gate-report.json", "predictions.jsonl", "report.html"}
     assert ledger.verify().ok
     [package] = sm.list_model_packages(ModelPackageGroupName="shiplift-tiny-aws")["ModelPackageSummaryList"]
     assert package["ModelApprovalStatus"] == "Approved", "the Model Registry's version of the release follows its promotion"

@@ -232,7 +232,7 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
     from tasks.pipeline.release import ReleaseState
 
     state = ReleaseState.load(Ledger.for_sqlite(tmp_path / "state" / "ledger.db"), summary["release_id"])
-    parity = state.result("build")["parity"]
+    parity = state.result("build").model_extra["parity"]
     assert parity["passed"] and set(parity["variants"]) == {"fp32", "int8"}
     report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
     assert {"macro_f1", "recall_entailment", "recall_neutral", "recall_contradiction"} <= {c["name"] for c in report["checks"]}
