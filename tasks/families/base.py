@@ -155,3 +155,27 @@ def add_evaluation_arguments(parser, *, unit: str, data_help: str, component_hel
     parser.add_argument("--min-validity", type=float, default=1.0)
     parser.add_argument("--max-p95-ms", type=float, default=None)
 
+
+def server_env(args, prefix: str) -> dict[str, str]:
+    """The flags of `add_server_arguments` as the server's `<PREFIX>_PORT`, `_HOST` and `_THREADS` variables."""
+    return {f"{prefix}_PORT": str(args.port), f"{prefix}_HOST": args.host, f"{prefix}_THREADS": str(args.threads)}
+
+
+def evaluation_targets(args):
+    """An `eval` command's candidate and champion (None without --champion), and a progress printer on stderr."""
+    import sys
+
+    from validation.evaluate import Target
+
+    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
+    candidate = Target.http(args.endpoint.rstrip("/"), args.component, "candidate")
+    return candidate, champion, lambda message: print(message, file=sys.stderr, flush=True)
+
+
+def evaluation_exit(report: dict, summary: dict) -> int:
+    """Print an `eval` command's summary as JSON; exit 0 when the gate passed, else the CLI's rejected code."""
+    from tasks.cli.main import EXIT_REJECTED, print_json
+
+    print_json(summary)
+    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+

@@ -21,6 +21,9 @@ from tasks.families.base import (
     ModelFamily,
     add_evaluation_arguments,
     add_server_arguments,
+    evaluation_exit,
+    evaluation_targets,
+    server_env,
 )
 from validation.thresholds import DecisionThresholds
 
@@ -262,7 +265,7 @@ def _serve(args) -> int:
     gguf = Path(args.gguf)
     if not gguf.is_file():
         raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
-    env = {"SEMIF_GGUF_PATH": str(gguf.resolve()), "SEMIF_PORT": str(args.port), "SEMIF_HOST": args.host, "SEMIF_THREADS": str(args.threads)}
+    env = {"SEMIF_GGUF_PATH": str(gguf.resolve()), **server_env(args, FAMILY.env_prefix)}
     env.update(optional_env(args, (("max_tokens", "SEMIF_MAX_TOKENS"), ("max_request_tokens", "SEMIF_MAX_REQUEST_TOKENS"),
                                    ("max_in_flight", "SEMIF_MAX_IN_FLIGHT"))))
     return exec_server("semif", env)
@@ -270,11 +273,8 @@ def _serve(args) -> int:
 
 def _eval(args) -> int:
     """`shiplift eval jevbench`: score JevBench-format tasks on any SemIf endpoint, against a champion if given."""
-    import sys
-
-    from tasks.cli.main import EXIT_REJECTED, print_json
     from validation.datasets import load_decision_dataset
-    from validation.evaluate import RunSettings, Target, evaluate_decisions
+    from validation.evaluate import RunSettings, evaluate_decisions
     from validation.thresholds import ChampionRule
 
     datasets = [load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None) for p in args.data]
@@ -282,17 +282,16 @@ def _eval(args) -> int:
         min_accuracy=args.min_accuracy, max_ece=args.max_ece, min_validity=args.min_validity,
         max_p95_latency_ms=args.max_p95_ms, min_allowed_token_mass=None,
     )
-    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
+    candidate, champion, progress = evaluation_targets(args)
     report = evaluate_decisions(
-        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
-        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
+        candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
         settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
-        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"JevBench evaluation of {args.endpoint}",
+        progress=progress, title=f"JevBench evaluation of {args.endpoint}",
     )
     metrics = report["metrics"]
-    print_json({"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
-                "validity": metrics["validity"], "latency_ms": metrics["latency_ms"], "paths": report["paths"]})
-    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+    return evaluation_exit(report, {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
+                                    "ece": metrics["ece"], "validity": metrics["validity"],
+                                    "latency_ms": metrics["latency_ms"], "paths": report["paths"]})
 
 
 FAMILY = GgufDecisions()

@@ -26,6 +26,9 @@ from tasks.families.base import (
     ModelFamily,
     add_evaluation_arguments,
     add_server_arguments,
+    evaluation_exit,
+    evaluation_targets,
+    server_env,
 )
 from validation.thresholds import NliThresholds
 
@@ -332,8 +335,8 @@ def _serve(args) -> int:
     model_dir = Path(args.model_dir)
     if not model_dir.is_dir():
         raise BadInput(f"model folder {model_dir} does not exist", fix="pass --model-dir DIR holding model.onnx and tokenizer.json")
-    env = {"ENCODER_MODEL_DIR": str(model_dir.resolve()), "ENCODER_PORT": str(args.port), "ENCODER_HOST": args.host,
-           "ENCODER_THREADS": str(args.threads), "ENCODER_VARIANT": args.variant, "ENCODER_TRUNCATION": args.truncation}
+    env = {"ENCODER_MODEL_DIR": str(model_dir.resolve()), **server_env(args, FAMILY.env_prefix),
+           "ENCODER_VARIANT": args.variant, "ENCODER_TRUNCATION": args.truncation}
     env.update(optional_env(args, (("max_len", "ENCODER_MAX_LEN"), ("max_batch", "ENCODER_MAX_BATCH"),
                                    ("max_in_flight", "ENCODER_MAX_IN_FLIGHT"))))
     return exec_server("encoder", env)
@@ -341,10 +344,7 @@ def _serve(args) -> int:
 
 def _eval(args) -> int:
     """`shiplift eval nli`: score NLI pairs on any encoder endpoint, against a champion if given."""
-    import sys
-
-    from tasks.cli.main import EXIT_REJECTED, print_json
-    from validation.evaluate import RunSettings, Target
+    from validation.evaluate import RunSettings
     from validation.nli_eval import evaluate_nli, load_nli_dataset
     from validation.thresholds import ChampionRule
 
@@ -353,18 +353,16 @@ def _eval(args) -> int:
         min_accuracy=args.min_accuracy, min_macro_f1=args.min_macro_f1, min_class_recall=args.min_class_recall,
         max_ece=args.max_ece, min_validity=args.min_validity, max_p95_latency_ms=args.max_p95_ms,
     )
-    champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
+    candidate, champion, progress = evaluation_targets(args)
     report = evaluate_nli(
-        Target.http(args.endpoint.rstrip("/"), args.component, "candidate"), datasets, Path(args.out),
-        thresholds=thresholds, champion_rule=ChampionRule(), champion=champion, batch_size=args.batch_size,
-        settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
-        progress=lambda message: print(message, file=sys.stderr, flush=True), title=f"NLI evaluation of {args.endpoint}",
+        candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
+        batch_size=args.batch_size, settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
+        progress=progress, title=f"NLI evaluation of {args.endpoint}",
     )
     metrics = report["metrics"]
-    print_json({"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
-                "macro_f1": metrics["nli"]["macro_f1"], "per_class_recall": metrics["nli"]["per_class_recall"],
-                "ece": metrics["ece"], "n_truncated": report["n_truncated"], "paths": report["paths"]})
-    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+    return evaluation_exit(report, {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
+                                    "macro_f1": metrics["nli"]["macro_f1"], "per_class_recall": metrics["nli"]["per_class_recall"],
+                                    "ece": metrics["ece"], "n_truncated": report["n_truncated"], "paths": report["paths"]})
 
 
 FAMILY = OnnxNli()

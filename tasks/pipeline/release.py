@@ -206,12 +206,16 @@ class StageContext:
 
 def open_release(
     config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
-    session: Any = None,
+    session: Any = None, orchestrator_timeouts: dict[str, int] | None = None,
 ) -> StageContext:
-    """Load the config, derive the release id and open the release in the ledger (once)."""
+    """Load the config, derive the release id and open the release in the ledger (once). Under an orchestrator
+    (`orchestrator_timeouts`: what it was set up with per step, possibly none), a config whose deadlines do not fit is
+    refused first, before anything is touched."""
     from tasks.backends.registry import make_backends
 
     config = load_release_config(config_path, overrides=overrides)
+    if orchestrator_timeouts is not None:
+        check_timeouts(config, orchestrator_timeouts)
     release_id = release_id_for(config)
     backends = make_backends(config, session=session)
     state = ReleaseState(backends.ledger, release_id)
@@ -400,8 +404,8 @@ def begin_orchestrated(config_path: str | Path, *, holder: str, allowed_timeouts
                        session: Any = None) -> dict:
     """First step of an Airflow or Step Functions run: check that the config's deadlines fit the timeouts the
     orchestrator was set up with (`allowed_timeouts`, per step), open the release and take the model's lease."""
-    check_timeouts(load_release_config(config_path, overrides=overrides), allowed_timeouts)
-    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session)
+    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session,
+                       orchestrator_timeouts=allowed_timeouts or {})
     ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s)
     return {"release_id": ctx.release_id, "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir),
             "model": ctx.config.name, "status": ctx.state.status}

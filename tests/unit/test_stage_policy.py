@@ -168,3 +168,17 @@ def test_a_config_whose_deadlines_exceed_the_orchestrator_is_refused_with_the_fi
     with pytest.raises(ConfigError) as refused:
         check_timeouts(long_config, shorter)
     assert f"image needs {28800 + table.STAGE_MARGIN_S} s, the orchestrator allows {STEPS['image'].timeout_s} s" in refused.value.problem
+
+
+def test_begin_refuses_a_config_that_outgrew_the_orchestrator_before_anything_is_opened(tmp_path):
+    from tasks.ledger.store import Ledger
+    from tasks.pipeline.release import begin_orchestrated
+    from tests.tiny_release import write_tiny_config
+
+    config = write_tiny_config(tmp_path / "configs", tmp_path / "state")
+    allowed = {**timeouts_for(load_release_config(config)), "validate": STEPS["validate"].timeout_s}
+    with pytest.raises(ConfigError, match="validate needs"):
+        begin_orchestrated(config, holder="test", allowed_timeouts=allowed, overrides=("validation.deadline_s=7200.0",),
+                           progress=lambda message: None)
+    ledger_file = tmp_path / "state" / "ledger.db"
+    assert not ledger_file.exists() or Ledger(f"sqlite:///{ledger_file}").history() == [], "nothing was opened"
