@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup browser demo test test-slow test-load test-celery lint bench bench-ledger airflow clean stop
+.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-ledger airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ demo: setup          ## set up, then run the local release story
 	$(BIN)/python -m tasks.cli.demo
 
 test: setup lint browser  ## set up, then run the default test suite
-	$(BIN)/python -m pytest -m "not slow and not celery and not load" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not celery and not load and not live" $(PYTEST_ARGS)
 
 lint: setup          ## pyflakes-class checks (unused imports and names, undefined names)
 	$(BIN)/ruff check --select F --target-version py311 tasks validation dags images bench scripts tests
@@ -44,6 +44,9 @@ test-load: setup     ## the long load tests: a rolling update under 16 clients a
 
 test-celery: setup   ## the refresh DAG on Airflow's CeleryExecutor + PostgreSQL + Redis on loopback
 	PYTHON=$(BIN)/python scripts/airflow_celery_test.sh $(PYTEST_ARGS)
+
+test-aws-live: setup ## releases a tiny CPU canary into your AWS account and deletes it again; costs money: prints its estimate, runs with PYTEST_ARGS=--yes or SHIPLIFT_LIVE_OK=1
+	$(BIN)/python -m pytest -m live tests/live -s $(PYTEST_ARGS)
 
 airflow: setup       ## local Airflow (SQLite) with this checkout's DAGs on 127.0.0.1; prints the admin login; Ctrl-C stops
 	PYTHON=$(BIN)/python scripts/airflow_standalone.sh

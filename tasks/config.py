@@ -23,7 +23,8 @@ from tasks.families.registry import family_of, families, image_models, validatio
 from tasks.project import BUILTIN_DATA_DIR
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import BakeAlarms, RolloutPlan
-from tasks.backends.placement import driver_problem, gpus_per_instance, is_gpu_instance, layout_problem
+from tasks.backends.capacity import batch_problem, room_problem
+from tasks.backends.placement import driver_problem, is_gpu_instance, layout_problem
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
 
@@ -46,19 +47,35 @@ def _hosting_instance_type(instance_type: str) -> str:
 InstanceType = Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$"), AfterValidator(_hosting_instance_type)]
 
 
+class InstanceCounts(Strict):
+    """How many instances production runs, and how many managed instance scaling may add for an update's room."""
+
+    instance_count: int = Field(1, ge=1)
+    max_instance_count: int | None = Field(
+        None, ge=1, description="production's ManagedInstanceScaling.MaxInstanceCount: SageMaker adds instances up to it "
+        "when an update needs room beside the serving copies, and removes them after; unset: no managed scaling")
+
+    @model_validator(mode="after")
+    def _scaling_range(self):
+        most = self.max_instance_count
+        if most is not None and most < self.instance_count:
+            raise ValueError(f"placement.max_instance_count ({most}) is below placement.instance_count "
+                             f"({self.instance_count}); raise it or leave it out")
+        return self
+
+
 class PoolEntry(Strict):
     instance_type: InstanceType
     priority: int = Field(ge=1, le=5)
 
 
-class InstancePoolPlacement(Strict):
+class InstancePoolPlacement(InstanceCounts):
     """Priority fallback over instance types (not load balancing)."""
 
     kind: Literal["instance_pool"]
     pools: list[PoolEntry] = Field(min_length=1, max_length=5)
     provision_timeout_s: int = Field(1800, ge=300, le=3600)
     inference_ami_version: str | None = None
-    instance_count: int = Field(1, ge=1)
 
     @field_validator("pools")
     @classmethod
@@ -72,8 +89,10 @@ class InstancePoolPlacement(Strict):
         return pools
 
 
+
 class MigPartitionPlacement(Strict):
-    """`partitions` copies of one MIG profile on one GPU: the endpoint's AcceleratorPartitionLayouts."""
+    """A layout of `partitions` x one MIG profile, which SageMaker applies to every GPU of the instance (the endpoint's
+    AcceleratorPartitionLayouts): the endpoint has partitions x GPUs partitions, one copy each."""
 
     kind: Literal["mig_partition"]
     instance_type: InstanceType
@@ -89,11 +108,11 @@ class MigPartitionPlacement(Strict):
         return self
 
 
-class InstanceTypePlacement(Strict):
+class InstanceTypePlacement(InstanceCounts):
     kind: Literal["instance_type"]
     instance_type: InstanceType
-    instance_count: int = Field(1, ge=1)
     inference_ami_version: str | None = None
+
 
 
 Placement = Annotated[
@@ -271,16 +290,21 @@ class ReleaseConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _canary_fits_sagemaker(self) -> "ReleaseConfig":
-        rollout = self.rollout
-        if self.backend.kind == "aws" and rollout.strategy == "canary":
-            batch = rollout.batch.copies_of(rollout.copies)
-            if rollout.copies - batch > batch:
-                raise ValueError(
-                    f"a canary of {batch} then {rollout.copies - batch} copies cannot be sent to SageMaker: its rolling "
-                    "update moves equal batches (RollingUpdatePolicy.MaximumBatchSize), so the rest would go "
-                    f"{batch} at a time; use strategy linear, or a batch of at least {-(-rollout.copies // 2)} copies"
-                )
+    def _rolling_update_fits_sagemaker(self) -> "ReleaseConfig":
+        if self.backend.kind == "aws" and self.rollout.strategy != "all_at_once":
+            problem = batch_problem(self.rollout)
+            if problem:
+                raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _base_image_pullable_by_codebuild(self) -> "ReleaseConfig":
+        if self.backend.kind == "aws":
+            from tasks.backends.aws.base_images import base_image_problem
+
+            problem = base_image_problem(self.image.base_image, account=self.backend.account_id, region=self.backend.region)
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -304,23 +328,11 @@ class ReleaseConfig(Strict):
     def _placement_fits_image(self) -> "ReleaseConfig":
         placement, image = self.placement, self.image
         types = [p.instance_type for p in placement.pools] if isinstance(placement, InstancePoolPlacement) else [placement.instance_type]
-        if isinstance(placement, MigPartitionPlacement):
-            if not image.on_gpu:
-                fix = image.gpu_fix
-                raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {fix}")
-            if self.rollout.copies > placement.partitions:
-                raise ValueError(
-                    f"rollout.copies ({self.rollout.copies}) exceeds placement.partitions ({placement.partitions}): "
-                    "each copy takes one partition; raise partitions or lower copies"
-                )
-        if image.on_gpu and not isinstance(placement, MigPartitionPlacement):
-            count = getattr(placement, "instance_count", 1)
-            short = [(t, gpus) for t in types if (gpus := gpus_per_instance(t)) is not None and gpus * count < self.rollout.copies]
-            if short:
-                instance_type, gpus = short[0]
-                raise ValueError(
-                    f"rollout.copies ({self.rollout.copies}) each take one GPU, but {count} x {instance_type} has "
-                    f"{gpus * count}; set placement.instance_count to {-(-self.rollout.copies // gpus)} or lower copies")
+        if isinstance(placement, MigPartitionPlacement) and not image.on_gpu:
+            raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {image.gpu_fix}")
+        problem = room_problem(placement, image, self.rollout) if self.backend.kind == "aws" else None
+        if problem:
+            raise ValueError(problem)
         if image.on_gpu:
             cpu_only = [t for t in types if not is_gpu_instance(t)]
             if cpu_only:
@@ -350,6 +362,8 @@ class ReleaseConfig(Strict):
         tree = self.model_dump(mode="json")
         for key in LOCATION_FIELDS:
             tree["backend"].pop(key, None)
+        if tree["placement"].get("max_instance_count", 0) is None:  # added later: unset, a config hashes as before
+            del tree["placement"]["max_instance_count"]
         return sha256_json(tree)
 
 

@@ -59,6 +59,9 @@ def aws_config(args, what: str):
 def cmd_release(args) -> int:
     if args.dry_run:
         return release_dry_run(args)
+    if args.with_champion:
+        raise ConfigError("--with-champion plans a later release and only goes with --dry-run",
+                          fix=f"run `shiplift release {args.config} --dry-run --with-champion`, or leave --with-champion out")
     from tasks.pipeline.release import run_release
 
     summary = run_release(args.config, overrides=tuple(args.set), keep_candidate=args.keep_candidate or None)
@@ -70,10 +73,10 @@ def release_dry_run(args) -> int:
     """Every request an aws release would send, one JSON object a line; nothing is sent, no credentials needed."""
     from collections import Counter
 
-    from tasks.backends.aws.dryrun import plan_release
+    from tasks.backends.aws.dryrun import plan_release, update_fit
 
     config = aws_config(args, "--dry-run")
-    requests = plan_release(config, config_dir=Path(args.config).resolve().parent)
+    requests = plan_release(config, config_dir=Path(args.config).resolve().parent, with_champion=args.with_champion)
     for request in requests:
         print(json.dumps(request.to_json(), ensure_ascii=False))
     services = Counter(r.service for r in requests)
@@ -81,6 +84,7 @@ def release_dry_run(args) -> int:
     print(f"dry run: {len(requests)} requests ({', '.join(f'{n} {s}' for s, n in sorted(services.items()))}), each valid for "
           f"the installed botocore service model; {with_placeholders} carry placeholders (listed per request); nothing was sent",
           file=sys.stderr)
+    print(f"{'this' if args.with_champion else 'the next'} release's update of production: {update_fit(config)}", file=sys.stderr)
     return 0
 
 
@@ -558,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
     p.add_argument("--dry-run", action="store_true",
                    help="aws configs: print every request the release would send (JSON lines), validated, and send nothing")
+    p.add_argument("--with-champion", action="store_true",
+                   help="with --dry-run: plan a later release, whose gate scores the serving champion and whose promote "
+                        "updates production (showing how the update fits the endpoint)")
     p.set_defaults(func=cmd_release)
 
     p = with_ledger(with_state_dir(sub.add_parser(

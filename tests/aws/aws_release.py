@@ -31,7 +31,8 @@ def write_aws_config(tiny_release, folder: Path, state_dir: Path, *, name: str =
         "codebuild_role_arn": f"arn:aws:iam::{ACCOUNT}:role/shiplift-codebuild",
         "ledger_url": f"sqlite:///{state_dir / 'ledger.db'}", "state_dir": str(state_dir), "poll_s": 0.05,
     }
-    tree["placement"] = placement or {"kind": "instance_pool", "pools": POOLS, "provision_timeout_s": 600,
+    # one GPU per pool instance; managed scaling to 4 instances gives a 2-copy production room for its update (4 at once)
+    tree["placement"] = placement or {"kind": "instance_pool", "pools": POOLS, "provision_timeout_s": 600, "max_instance_count": 4,
                                       "inference_ami_version": "al2023-ami-sagemaker-inference-gpu-4-1"}
     tree["image"]["n_gpu_layers"] = -1  # a GPU image (the double runs the same server on the CPU)
     for dotted, value in changes.items():

@@ -26,13 +26,13 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def dry_run(config: str, *overrides: str) -> tuple[list[dict], str]:
+def dry_run(config: str, *overrides: str, flags: tuple[str, ...] = ()) -> tuple[list[dict], str]:
     """The CLI in a subprocess with no credentials and every AWS endpoint pointing at a closed port."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true",
                AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed_port()}")
     sets = [arg for override in overrides for arg in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", config, "--dry-run", *sets], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", config, "--dry-run", *flags, *sets], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
@@ -86,8 +86,8 @@ def test_mdeberta_on_mig_partitions():
     for config in configs:
         variant = config["ProductionVariants"][0]
         assert "ModelName" not in variant and config["ExecutionRoleArn"].endswith(":role/shiplift-sagemaker-execution")
-        assert variant["AcceleratorPartitionLayouts"] == [{"AcceleratorPartitionTypes": ["mig-1g.10gb", "mig-1g.10gb"]}]
-        assert variant["InstanceType"] == "ml.p5.48xlarge"
+        assert variant["AcceleratorPartitionLayouts"] == [{"AcceleratorPartitionTypes": ["mig-1g.10gb"] * 7}]
+        assert variant["InstanceType"] == "ml.p5.4xlarge", "one H100: the layout is carved on every GPU of the instance"
     candidate = operations(lines, "deploy_candidate")
     assert candidate.index("CreateEndpointConfig") < candidate.index("DescribeEndpointConfig", candidate.index("CreateEndpointConfig"))
     components = [line for line in lines if line["operation"] == "CreateInferenceComponent"]
@@ -101,12 +101,40 @@ def test_mdeberta_on_mig_partitions():
     assert len(invocations) == 6 and all(line["params"]["InferenceComponentName"] for line in invocations), "90 pairs in batches of 16"
 
 
+def test_a_later_release_scores_the_champion_and_updates_production_where_its_copies_fit():
+    first, _ = dry_run("configs/releases/qwen35-4b-semif.yaml")
+    lines, stderr = dry_run("configs/releases/qwen35-4b-semif.yaml", flags=("--with-champion",))
+    assert_valid(lines)
+    invocations = [line["params"] for line in lines if line["operation"] == "InvokeEndpoint"]
+    champion = [params for params in invocations if params["EndpointName"] == "shiplift-qwen35-4b-semif-prod"]
+    assert len(champion) == len(invocations) - len(champion) == 111, "the champion answers the same tasks"
+    assert all(params["InferenceComponentName"] == "shiplift-qwen35-4b-semif" for params in champion)
+    promote = [line for line in lines if line["stage"] == "promote"]
+    ops = [line["operation"] for line in promote]
+    assert "CreateEndpoint" not in ops and "CreateInferenceComponent" not in ops and "CreateEndpointConfig" not in ops
+    [update] = [line for line in promote if line["operation"] == "UpdateInferenceComponent"]
+    assert "DeploymentConfig" not in update["params"] and update["params"]["RuntimeConfig"] == {"CopyCount": 2}
+    fit = ("an update without DeploymentConfig starts all 2 new copies beside the old ones (4 at once); the endpoint grows "
+           "to 4 x ml.g6e.xlarge = 4 GPUs (ManagedInstanceScaling): fits")
+    assert fit in update["note"] and f"this release's update of production: {fit}" in stderr
+    assert [line["operation"] for line in first if line["stage"] == "promote"].count("CreateInferenceComponent") == 1
+    assert len(lines) == len(first) + 111 + 1, "the champion's answers, and its reads less production's creation"
+
+
+def test_with_champion_goes_only_with_dry_run():
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/qwen35-4b-semif.yaml",
+                           "--with-champion"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "only goes with --dry-run" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_checkpoints_are_checked_in_preflight_and_signed_into_the_object_lock_bucket_at_the_end():
     lines, _ = dry_run("configs/releases/mdeberta-nli.yaml", "backend.kms_key_id=alias/shiplift", "backend.checkpoints="
                        "{key_ref: shiplift/ledger-checkpoint-key, bucket: my-ledger-checkpoints, retention_days: 30}")
     assert_valid(lines)
     checks = ["HeadBucket", "GetObjectLockConfiguration", "GetSecretValue"]
-    assert operations(lines, "preflight") == ["GetCallerIdentity", "HeadBucket", *checks]
+    assert operations(lines, "preflight") == ["GetCallerIdentity", "HeadBucket", "DescribeKey", *checks]
+    describe_key = next(line for line in lines if line["operation"] == "DescribeKey")
+    assert describe_key["params"] == {"KeyId": "alias/shiplift"}, "the alias is resolved to the key it names before anything"
     assert operations(lines, "release") == [*checks, "ListObjectVersions", "GetObject", "PutObject"]
     assert lines.index(next(line for line in lines if line["stage"] == "release")) > max(
         index for index, line in enumerate(lines) if line["stage"] == "teardown_candidate"), "signed after teardown"
@@ -171,5 +199,5 @@ def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
     done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/qwen35-4b-semif.yaml", "--dry-run",
                            "--set", "rollout.strategy=canary", "--set", "rollout.copies=4"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "moves equal batches" in done.stderr and "use strategy linear" in done.stderr
+    assert done.returncode == 2 and "moves equal batches" in done.stderr and "use a batch of 2 (half of 4) or strategy linear" in done.stderr
     assert "Traceback" not in done.stderr

@@ -70,6 +70,8 @@ def test_release_on_an_instance_pool_falls_back_gates_and_promotes(aws, aws_rele
 
 def test_a_second_release_updates_the_production_component_and_is_gated_against_the_champion(
         aws, aws_calls, aws_release, tiny_release, tmp_path):
+    """Not documented for inference components: that an update without DeploymentConfig starts every new copy beside the
+    old ones, and that ManagedInstanceScaling adds instances for them (the double's capacity, docs/aws-double.md)."""
     aws_release.prepare_account(aws)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
     first = run_release(config, progress=QUIET)
@@ -108,6 +110,8 @@ def test_a_second_release_updates_the_production_component_and_is_gated_against_
 
 
 def test_an_update_that_ends_in_service_on_the_old_spec_is_a_failed_promotion(aws, aws_release, tiny_release, tmp_path):
+    """Not documented by AWS: how a failed or rolled-back update shows (the double: InService on the old spec,
+    docs/aws-double.md); shiplift never reads success from the status alone."""
     aws_release.prepare_account(aws)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
     first = run_release(config, progress=QUIET)
@@ -143,9 +147,10 @@ def test_encoder_release_on_mig_partitions(aws, aws_release, tmp_path):
     config.write_text(yaml.safe_dump(tree))
     summary = run_release(config, progress=QUIET)
     assert summary["status"] == "promoted", summary
-    assert summary["placement"] == {**summary["placement"], "kind": "mig_partition", "partition_type": "mig-1g.10gb", "partitions": 2}
+    # the layout (7 x mig-1g.10gb) is carved on every GPU of every instance: 1 H100 x 1 instance of ml.p5.4xlarge
+    assert summary["placement"] == {**summary["placement"], "kind": "mig_partition", "partition_type": "mig-1g.10gb", "partitions": 7}
     creates = [c.params for c in aws.calls if c.operation == "CreateInferenceComponent"]
-    assert [c["RuntimeConfig"]["CopyCount"] for c in creates] == [1, 2], "candidate: one copy; production: one per partition"
+    assert [c["RuntimeConfig"]["CopyCount"] for c in creates] == [1, 2], "candidate: one copy; production: rollout.copies, a partition each"
     for create in creates:
         requirements = create["Specification"]["ComputeResourceRequirements"]
         assert requirements["AcceleratorPartitionType"] == "mig-1g.10gb" and requirements["NumberOfAcceleratorDevicesRequired"] == 1
@@ -153,7 +158,7 @@ def test_encoder_release_on_mig_partitions(aws, aws_release, tmp_path):
     for sent in configs:
         variant = sent["ProductionVariants"][0]
         assert "ModelName" not in variant and sent["ExecutionRoleArn"].endswith("role/shiplift-sagemaker-execution")
-        assert variant["AcceleratorPartitionLayouts"] == [{"AcceleratorPartitionTypes": ["mig-1g.10gb", "mig-1g.10gb"]}]
+        assert variant["AcceleratorPartitionLayouts"] == [{"AcceleratorPartitionTypes": ["mig-1g.10gb"] * 7}]
     pairs = {"pairs": [{"premise": "The order shipped on May 3.", "hypothesis": "The order shipped."}]}
     answer = aws.client("sagemaker-runtime").invoke_endpoint(EndpointName=summary["served_by"], InferenceComponentName=summary["component"],
                                                              ContentType="application/json", Body=json.dumps(pairs))

@@ -50,6 +50,8 @@ def _serving_model(double, component: str) -> str:
 
 
 def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_sagemaker(aws, aws_release, tiny_release, tmp_path):
+    """Not documented by AWS: that a rolled-back update ends InService on the old spec with no FailureReason (the double's
+    assumption, docs/aws-double.md); shiplift judges the live spec, so it reads a rollback either way."""
     aws_release.prepare_account(aws)
     gated = {**CANARY, "online_gate": {"split": "test", "max_tasks": 32, "rounds": 2}}
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", rollout=gated,
@@ -96,6 +98,7 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
 
 
 def test_a_rolling_update_past_its_maximum_execution_time_is_reported_as_rolled_back(aws, aws_release, tiny_release, tmp_path):
+    """Not documented by AWS beyond "exceeding this limit causes a timeout": the double rolls back then (docs/aws-double.md)."""
     aws_release.prepare_account(aws)
     slow = {**CANARY, "wait_interval_s": 60}  # bakes longer than the (scaled) 600 s limit allows
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", rollout=slow,

@@ -1,6 +1,7 @@
 """A stateful AWS test double on one loopback HTTP server, reachable by the test, its threads and subprocesses.
 
-moto answers S3, ECR, CodeBuild, CloudWatch, STS, IAM, Step Functions and Application Auto Scaling.
+moto answers S3 (the double answers a conditional write racing another with 409, when a scenario asks), ECR,
+CodeBuild, CloudWatch, STS, IAM, Step Functions and Application Auto Scaling.
 This module answers SageMaker hosting itself (control plane and runtime): moto's SageMaker refuses what
 shiplift sends (instance pools, MIG fields, new instance types), drops fields, has no inference
 components and makes endpoints InService at once. The Model Registry (`MODEL_REGISTRY`) is moto's, behind the
@@ -62,6 +63,8 @@ from werkzeug.serving import make_server
 
 from tasks.backends.aws.service_model import request_problems, service_model
 from tasks.artifacts.packaging import safe_extract
+from tasks.backends.capacity import cpu_count
+from tasks.backends.placement import gpus_per_instance
 
 PERCENTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
 
@@ -107,6 +110,10 @@ IC_NAME_REQUIRED = (
 IC_NAME_REFUSED = (
     "Inference Component Name header is not allowed for endpoints to which you dont plan to deploy inference "
     "components. Please remove the Inference Component Name header and try again."
+)
+CONDITIONAL_CONFLICT = (  # S3's text for 409 ConditionalRequestConflict (API_PutObject, API_CompleteMultipartUpload)
+    "A conflicting operation occurred. If using PutObject you can retry the request. If using multipart upload you "
+    "should initiate another CreateMultipartUpload request and re-upload each part."
 )
 NO_COPIES = (
     "Inference Component has no capacity to process this request. ApplicationAutoScaling may be in-progress "
@@ -189,6 +196,20 @@ class Scenario:
     polls_before_ready: int = 1  # Describe* calls that still answer Creating/Updating before the outcome shows
     unavailable_instance_types: frozenset[str] = frozenset()  # these fail with insufficient capacity
     fail_next_endpoint_with: str | None = None  # the next CreateEndpoint ends Failed with this reason
+    # The next CreateInferenceComponent or UpdateInferenceComponent ends Failed with this reason; a failed update leaves
+    # the copies it had serving the old spec, so the component is Failed with CurrentCopyCount > 0 (DescribeInferenceComponent
+    # reports status, FailureReason and CurrentCopyCount apart:
+    # https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeInferenceComponent.html)
+    fail_next_component_with: str | None = None
+    # CreateEndpoint/UpdateEndpoint do not find an existing endpoint config this many times: SageMaker reads the config
+    # eventually consistently and answers ValidationException "Could not find endpoint configuration"
+    # (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateEndpoint.html)
+    endpoint_config_unseen: int = 0
+    # S3 answers the next this many conditional writes (PutObject or CompleteMultipartUpload with If-None-Match: *) with
+    # 409 ConditionalRequestConflict, as when another conditional write of the key is in flight
+    # (https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutObject.html,
+    # https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html)
+    race_conditional_writes: int = 0
     # UpdateInferenceComponent/UpdateEndpoint end InService on the OLD spec (a rolling update after its first batch)
     roll_back_updates: bool = False
     throttle: dict[str, int] = field(default_factory=dict)  # operation -> how many next calls get ThrottlingException
@@ -208,14 +229,16 @@ class Scenario:
         new = replace(self, **knobs)
         new.unavailable_instance_types = frozenset(new.unavailable_instance_types)
         new.throttle = {str(op): int(count) for op, count in dict(new.throttle).items()}
-        if not isinstance(new.polls_before_ready, int) or new.polls_before_ready < 0:
-            raise ValueError(f"polls_before_ready must be an integer >= 0, got {new.polls_before_ready!r}")
+        for knob in ("polls_before_ready", "endpoint_config_unseen", "race_conditional_writes"):
+            if not isinstance(getattr(new, knob), int) or getattr(new, knob) < 0:
+                raise ValueError(f"{knob} must be an integer >= 0, got {getattr(new, knob)!r}")
         if not 0 < float(new.container_start_timeout_s) <= 3600:
             raise ValueError(f"container_start_timeout_s must be in (0, 3600], got {new.container_start_timeout_s!r}")
         if not 0 < float(new.rolling_timeout_scale) <= 1:
             raise ValueError(f"rolling_timeout_scale must be in (0, 1], got {new.rolling_timeout_scale!r}")
-        if new.fail_next_endpoint_with is not None and not isinstance(new.fail_next_endpoint_with, str):
-            raise ValueError("fail_next_endpoint_with must be a string or None")
+        for knob in ("fail_next_endpoint_with", "fail_next_component_with"):
+            if getattr(new, knob) is not None and not isinstance(getattr(new, knob), str):
+                raise ValueError(f"{knob} must be a string or None")
         return new
 
     def to_json(self) -> dict[str, Any]:
@@ -781,11 +804,7 @@ class Component:
     failure_reason: str | None = None
     job: Job | None = None
     deployment_config: dict[str, Any] | None = None
-    holds_partitions: bool = True  # False once its creation was refused for capacity
-
-    @property
-    def partition_type(self) -> str | None:
-        return self.spec.get("ComputeResourceRequirements", {}).get("AcceleratorPartitionType")
+    holds_capacity: bool = True  # False once its creation was refused for capacity
 
 
 def partition_types(config: EndpointConfig, variant_name: str) -> list[str]:
@@ -793,6 +812,27 @@ def partition_types(config: EndpointConfig, variant_name: str) -> list[str]:
     variant = config.variant(variant_name) or {}
     layouts = variant.get("AcceleratorPartitionLayouts") or [{}]
     return list(layouts[0].get("AcceleratorPartitionTypes", []))
+
+
+def resource_of(requirements: dict[str, Any]) -> tuple[str, float]:
+    """What one copy takes of an instance, and how much: a MIG partition, whole GPUs or vCPUs."""
+    if requirements.get("AcceleratorPartitionType"):
+        return f"{requirements['AcceleratorPartitionType']} partitions", 1
+    if requirements.get("NumberOfAcceleratorDevicesRequired"):
+        return "GPUs", requirements["NumberOfAcceleratorDevicesRequired"]
+    return "vCPUs", requirements.get("NumberOfCpuCoresRequired", 1)
+
+
+def instance_resources(instance_type: str | None, unit: str, layout: list[str]) -> float | None:
+    """How much of `unit` one instance of the type has (None where tasks.backends.capacity's tables do not know it)."""
+    if instance_type is None:
+        return None
+    gpus = gpus_per_instance(instance_type)
+    if unit.endswith("partitions"):
+        return layout.count(unit.split()[0]) * gpus if gpus else None
+    if unit == "GPUs":
+        return gpus
+    return cpu_count(instance_type)
 
 
 class SageMaker:
@@ -857,6 +897,15 @@ class SageMaker:
         if config is None:
             raise validation(f'Could not find endpoint configuration "{name}".')
         return config
+
+    def _config_read_by_endpoint(self, name: str) -> EndpointConfig:
+        """The config CreateEndpoint/UpdateEndpoint name, read eventually consistently: an existing one goes unseen
+        while `endpoint_config_unseen` lasts (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateEndpoint.html)."""
+        scenario = self.shared.scenario
+        if scenario.endpoint_config_unseen > 0 and name.lower() in self.configs:
+            scenario.endpoint_config_unseen -= 1
+            raise validation(f'Could not find endpoint configuration "{name}".')
+        return self._config(name)
 
     def _endpoint(self, name: str) -> Endpoint:
         endpoint = self.endpoints.get(name.lower())
@@ -1176,7 +1225,7 @@ class SageMaker:
     def create_endpoint(self, params: dict[str, Any]) -> dict[str, Any]:
         name = params["EndpointName"]
         self._refuse_existing(self.endpoints, "endpoint", "endpoint", name)
-        config = self._config(params["EndpointConfigName"])
+        config = self._config_read_by_endpoint(params["EndpointConfigName"])
         plans = self._plan(config)
         scenario = self.shared.scenario
         fail_with, scenario.fail_next_endpoint_with = scenario.fail_next_endpoint_with, None
@@ -1199,7 +1248,7 @@ class SageMaker:
         self._settle(endpoint, count_poll=False)
         if endpoint.status != "InService":
             raise validation(f'Cannot update in-progress endpoint "{endpoint.arn}".')
-        config = self._config(params["EndpointConfigName"])
+        config = self._config_read_by_endpoint(params["EndpointConfigName"])
         if config.for_components != endpoint.config.for_components:
             raise validation("UpdateEndpoint cannot switch an endpoint between SageMaker models and inference components; "
                              "create a new endpoint.")
@@ -1317,22 +1366,35 @@ class SageMaker:
             raise validation("NumberOfAcceleratorDevicesRequired must be 1 when AcceleratorPartitionType is set "
                              f"(one partition per copy); got {requirements.get('NumberOfAcceleratorDevicesRequired')}.")
 
-    def _capacity_problem(self, endpoint: Endpoint, variant_name: str, partition: str | None, copies: int,
+    def _capacity_problem(self, endpoint: Endpoint, variant_name: str, requirements: dict[str, Any], copies: int,
                           name: str) -> str | None:
-        """Why `copies` copies of a component needing `partition` do not fit the endpoint's free partitions, if so."""
-        if partition is None:
-            return None
+        """Why `copies` copies of component `name` do not fit beside the other components of the variant, if so.
+        Capacity as SageMaker counts it (tasks.backends.capacity): a copy takes its AcceleratorPartitionType partition
+        (the layout applies to every GPU of every instance,
+        https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html), else NumberOfAcceleratorDevicesRequired
+        whole GPUs, else NumberOfCpuCoresRequired vCPUs of one instance; the instances are InitialInstanceCount, or up
+        to ManagedInstanceScaling.MaxInstanceCount where that is ENABLED (SageMaker adds instances to place copies,
+        https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScaling.html).
+        An instance type this table does not know is not checked."""
         placement = endpoint.variants.get(variant_name)
-        instances = placement.instance_count if placement else 0
-        total = partition_types(endpoint.config, variant_name).count(partition) * instances
-        held = sum(c.desired_copies for c in self.components.values()
-                   if c.endpoint is endpoint and c.name != name and c.partition_type == partition
-                   and c.holds_partitions and c.status != "Failed")
-        if copies <= total - held:
+        variant = endpoint.config.variant(variant_name) or {}
+        unit, per_copy = resource_of(requirements)
+        per_instance = placement and instance_resources(placement.instance_type, unit, partition_types(endpoint.config, variant_name))
+        if not per_instance:
+            return None
+        scaling = variant.get("ManagedInstanceScaling") or {}
+        instances = max(placement.instance_count, scaling.get("MaxInstanceCount", 0) if scaling.get("Status") == "ENABLED" else 0)
+        held = sum(c.desired_copies * resource_of(c.spec.get("ComputeResourceRequirements", {}))[1]
+                   for c in self.components.values()
+                   if c.endpoint is endpoint and c.variant_name == variant_name and c.name != name
+                   and resource_of(c.spec.get("ComputeResourceRequirements", {}))[0] == unit
+                   and c.holds_capacity and (c.status != "Failed" or c.copies))
+        fit = min((per_instance // per_copy) * instances, (per_instance * instances - held) // per_copy)
+        if copies <= fit:
             return None
         return (f"InsufficientCapacity: Unable to place {copies} copies of inference component {name}: endpoint "
-                f"{endpoint.name} has {total - held} free {partition} partitions ({total} in all, {held} held by other "
-                "inference components).")
+                f"{endpoint.name} has room for {max(0, fit)} ({instances} x {placement.instance_type} with {per_instance:g} "
+                f"{unit} each, {held:g} held by other inference components, {per_copy:g} a copy).")
 
     def _copies_job(self, source: Source, count: int, name: str, problem: str | None, timeout_s: float):
         def work(cancel: threading.Event) -> Outcome:
@@ -1364,13 +1426,15 @@ class SageMaker:
         self._check_component_spec(endpoint, variant_name, spec)
         source = self._component_source(spec)
         copies = params["RuntimeConfig"]["CopyCount"]
-        partition = spec["ComputeResourceRequirements"].get("AcceleratorPartitionType")
-        problem = self._capacity_problem(endpoint, variant_name, partition, copies, name)
+        problem = self._capacity_problem(endpoint, variant_name, spec["ComputeResourceRequirements"], copies, name)
+        scenario = self.shared.scenario
+        fail_with, scenario.fail_next_component_with = scenario.fail_next_component_with, None
         now = time.time()
         component = Component(name, arn("inference-component", name), endpoint, variant_name, spec, source, copies,
-                              now, now, "Creating", holds_partitions=problem is None)
+                              now, now, "Creating", holds_capacity=problem is None)
         self.components[name.lower()] = component
         self._tag(component.arn, params.get("Tags"))
+        problem = problem or fail_with
 
         def finish(outcome: Outcome) -> None:
             component.status = "Failed" if outcome.failure_reason else "InService"
@@ -1384,25 +1448,38 @@ class SageMaker:
     def update_inference_component(self, params: dict[str, Any]) -> dict[str, Any]:
         component = self._component(params["InferenceComponentName"])
         self._settle(component, count_poll=False)
+        # SageMaker refuses to update a component that is Creating or Updating (ValidationException); InService and
+        # Failed ones can be updated. Not stated on API_UpdateInferenceComponent (its statuses:
+        # https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeInferenceComponent.html): the double
+        # follows the behaviour issue 17 reports (docs/aws-double.md)
         if component.status not in ("InService", "Failed"):
             raise validation(f'Cannot update in-progress inference component "{component.arn}".')
         spec = params.get("Specification", component.spec)
         self._check_component_spec(component.endpoint, component.variant_name, spec)
         source = self._component_source(spec)
         copies = params.get("RuntimeConfig", {}).get("CopyCount", component.desired_copies)
-        partition = spec["ComputeResourceRequirements"].get("AcceleratorPartitionType")
         scenario = self.shared.scenario
         rolling = RollingUpdate(self, component, source, copies, params["DeploymentConfig"], scenario) \
             if "DeploymentConfig" in params else None
-        problem = self._capacity_problem(component.endpoint, component.variant_name, partition,
-                                         rolling.peak_copies if rolling else copies, component.name)
+        # the new copies start beside the old ones: one batch at a time with a RollingUpdatePolicy ("provisions capacity
+        # on the new endpoint fleet ... and terminates capacity on the old",
+        # https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html);
+        # without a DeploymentConfig all of them. That case is not documented for inference components: the double
+        # follows SageMaker's blue/green update of endpoints (the new fleet before the old one goes,
+        # https://docs.aws.amazon.com/sagemaker/latest/dg/deployment-guardrails-blue-green.html), as DESIGN §7 does
+        peak = rolling.peak_copies if rolling else copies + len(component.copies)
+        problem = self._capacity_problem(component.endpoint, component.variant_name, spec["ComputeResourceRequirements"],
+                                         peak, component.name)
         roll_back = scenario.roll_back_updates and rolling is None  # a rolling update rolls back after its first batch
+        fail_with, scenario.fail_next_component_with = scenario.fail_next_component_with, None
         component.status, component.modified = "Updating", time.time()
         component.deployment_config = params.get("DeploymentConfig", component.deployment_config)
 
         def finish(outcome: Outcome) -> None:
             component.modified = time.time()
-            if roll_back:  # what SageMaker shows after an auto-rollback: InService, old spec, no FailureReason
+            if fail_with is not None:  # Failed, the old copies still serving the old spec (see fail_next_component_with)
+                component.status, component.failure_reason = "Failed", fail_with
+            elif roll_back:  # what SageMaker shows after an auto-rollback: InService, old spec, no FailureReason
                 stop_containers(outcome.copies)
                 component.status, component.failure_reason = "InService", None
             elif outcome.failure_reason or outcome.rolled_back:
@@ -1416,7 +1493,9 @@ class SageMaker:
                 component.spec, component.source, component.desired_copies = spec, source, copies
                 component.image = outcome.image
 
-        if roll_back:
+        if fail_with is not None:
+            work = lambda cancel: Outcome(failure_reason=fail_with)  # noqa: E731
+        elif roll_back:
             work = lambda cancel: Outcome()  # noqa: E731
         elif rolling is not None and problem is None:
             work = rolling
@@ -1432,8 +1511,8 @@ class SageMaker:
             raise validation(f'Cannot update in-progress inference component "{component.arn}".')
         wanted = params["DesiredRuntimeConfig"]["CopyCount"]
         extra = max(0, wanted - len(component.copies))
-        problem = self._capacity_problem(component.endpoint, component.variant_name, component.partition_type,
-                                         wanted, component.name)
+        problem = self._capacity_problem(component.endpoint, component.variant_name,
+                                         component.spec["ComputeResourceRequirements"], wanted, component.name)
         component.status, component.modified = "Updating", time.time()
 
         def finish(outcome: Outcome) -> None:
@@ -1557,7 +1636,8 @@ class SageMaker:
             if component is None or component.endpoint is not endpoint:
                 raise runtime_validation(f"Inference component {component_name} was not found on endpoint {endpoint.name}.")
             copies, variant = component.copies, component.variant_name
-            if component.status not in ("InService", "Updating") or not copies:
+            # copies a failed update left serve on (see Scenario.fail_next_component_with); none, none do
+            if component.status not in ("InService", "Updating", "Failed") or not copies:
                 raise runtime_validation(NO_COPIES)
             dimensions = [{"Name": "InferenceComponentName", "Value": component.name}]
         else:
@@ -1582,6 +1662,18 @@ def capacity_size(size: dict[str, Any], total: int) -> int:
     return size["Value"] if size["Type"] == "COPY_COUNT" else max(1, size["Value"] * total // 100)
 
 
+def batch_bounds(size: dict[str, Any], copies: int) -> None:
+    """Refuse a MaximumBatchSize outside 5-50 % of the copy count, as the API reference states it (for COPY_COUNT,
+    5-50 % of `copies`; for CAPACITY_PERCENT, a Value of 5-50)
+    (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html).
+    The reference does not say how a count between the bounds' roundings is judged; this compares without rounding."""
+    percent = size["Type"] == "CAPACITY_PERCENT"
+    low, high = (5, 50) if percent else (copies * 0.05, copies * 0.5)
+    if not low <= size["Value"] <= high:
+        raise validation(f"RollingUpdatePolicy.MaximumBatchSize {size['Type']} {size['Value']} must be between 5% and 50% "
+                         f"of the copy count of the inference component ({copies}).")
+
+
 class RollingUpdate:
     """UpdateInferenceComponent with a RollingUpdatePolicy, run as the component's job. Each batch starts new-spec
     copies beside the old ones (invocations reach both), then stops as many old copies (after their requests in
@@ -1597,6 +1689,7 @@ class RollingUpdate:
         self.old_source, self.new_source, self.copies = component.source, source, copies
         self.old_count = len(component.copies)
         self.batch = capacity_size(policy["MaximumBatchSize"], copies)
+        batch_bounds(policy["MaximumBatchSize"], copies)
         rollback = policy.get("RollbackMaximumBatchSize")
         self.rollback_batch = capacity_size(rollback, self.old_count) if rollback else max(1, self.old_count)
         self.wait_s = policy["WaitIntervalInSeconds"]
@@ -2220,9 +2313,27 @@ class AwsDouble:
                 return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
             if target in ("CodeBuild_20161006.StartBuild", "CodeBuild_20161006.BatchGetBuilds"):
                 return self._codebuild_call(environ, start_response, target)
+            if signing is not None and signing[1] == "s3" and self._races_write(environ, method):
+                drain_body(environ)
+                return respond_s3_error(start_response, 409, "ConditionalRequestConflict", CONDITIONAL_CONFLICT)
         except ApiError as error:
             return respond_error(start_response, error, rest_json=bool(runtime))
         return self._moto(environ, start_response)
+
+    def _races_write(self, environ: dict[str, Any], method: str) -> bool:
+        """Whether this S3 request is a conditional write (PutObject, or CompleteMultipartUpload, with If-None-Match: *)
+        that `race_conditional_writes` answers 409 ConditionalRequestConflict (one fewer to come)
+        (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)."""
+        query = environ.get("QUERY_STRING", "")
+        conditional = environ.get("HTTP_IF_NONE_MATCH") == "*" and (
+            (method == "PUT" and "partNumber=" not in query) or (method == "POST" and "uploadId=" in query))
+        if not conditional:  # the lock is not taken for other requests: SageMaker handlers hold it while they read S3
+            return False
+        with self._shared.lock:
+            if self._shared.scenario.race_conditional_writes <= 0:
+                return False
+            self._shared.scenario.race_conditional_writes -= 1
+            return True
 
     def _codebuild_call(self, environ: dict[str, Any], start_response: Callable, target: str) -> list[bytes]:
         body = read_body(environ)
@@ -2270,6 +2381,22 @@ def read_body(environ: dict[str, Any], too_large: str = "ValidationException") -
     return environ["wsgi.input"].read(length) if length else b""
 
 
+def drain_body(environ: dict[str, Any]) -> None:
+    """Read and drop a request body that is answered without being used (Content-Length bytes, or to the end of a
+    chunked one)."""
+    stream = environ["wsgi.input"]
+    if environ.get("wsgi.input_terminated"):
+        while stream.read(1 << 20):
+            pass
+        return
+    left = int(environ.get("CONTENT_LENGTH") or 0)
+    while left > 0:
+        chunk = stream.read(min(left, 1 << 20))
+        if not chunk:
+            return
+        left -= len(chunk)
+
+
 def parse_json_body(body: bytes) -> dict[str, Any]:
     try:
         params = json.loads(body or b"{}")
@@ -2298,6 +2425,14 @@ def respond_error(start_response: Callable, error: ApiError, rest_json: bool) ->
         body = {"__type": error.code, "message": error.message, **error.extra}
         headers = {"Content-Type": "application/x-amz-json-1.1"}
     return respond(start_response, error.status, json.dumps(body).encode(), headers)
+
+
+def respond_s3_error(start_response: Callable, status: int, code: str, message: str) -> list[bytes]:
+    """An S3 (REST-XML) error answer (https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html)."""
+    request_id = uuid.uuid4().hex[:16].upper()
+    body = ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>{message}</Message><RequestId>{request_id}</RequestId></Error>")
+    return respond(start_response, status, body.encode(), {"Content-Type": "application/xml", "x-amz-request-id": request_id})
 
 
 def call_wsgi(app: Callable, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:

@@ -134,8 +134,8 @@ def test_production_encoder_pins_mdeberta_at_a_commit_on_mig_partitions():
     source = config.artifact.source
     assert (source.kind, source.repo) == ("huggingface", "MoritzLaurer/mDeBERTa-v3-base-mnli-xnli")
     assert len(source.revision) == 40 and not config.artifact.int8
-    assert (config.placement.kind, config.placement.instance_type) == ("mig_partition", "ml.p5.48xlarge")
-    assert config.rollout.copies <= config.placement.partitions
+    assert (config.placement.kind, config.placement.instance_type) == ("mig_partition", "ml.p5.4xlarge")
+    assert 2 * config.rollout.copies <= config.placement.partitions, "one H100 holds the copies and an update's new ones"
     assert config.image.container_env()["ENCODER_DEVICE"] == "cuda"
     assert config.image.container_env(cpu_only=True)["ENCODER_DEVICE"] == "cpu", "calibration scores on the worker's CPU"
 
@@ -146,7 +146,7 @@ def test_production_encoder_pins_mdeberta_at_a_commit_on_mig_partitions():
         ({"instance_type": "ml.g5.2xlarge"}, "MIG partitions are known for"),
         ({"partition_type": "mig-3g.40gb", "partitions": 3}, "9 compute slices and 120 GB"),
         ({"instance_type": "ml.g7e.48xlarge", "partition_type": "mig-2g.48gb", "partitions": 3}, "4 slices and 96 GB"),
-        ({"partitions": 1}, "rollout.copies (2) exceeds placement.partitions (1)"),
+        ({"partitions": 1}, "rollout.copies (2) do not fit 1 x ml.p5.4xlarge = 1 mig-1g.10gb partition"),
     ],
     ids=["no MIG family", "over the GPU", "over a G7e GPU", "more copies than partitions"],
 )
@@ -178,9 +178,9 @@ QWEN = ROOT / "configs" / "releases" / "qwen35-4b-semif.yaml"
 def test_copies_must_fit_the_gpus_of_the_instances():
     """Two copies of one GPU each do not fit one single-GPU instance: refused at load, naming the instance count needed."""
     assert load_release_config(QWEN, environ={}).placement.instance_count == 2
-    with pytest.raises(ConfigError, match=r"rollout.copies \(2\) each take one GPU, but 1 x ml.g6e.xlarge has 1; "
+    with pytest.raises(ConfigError, match=r"rollout.copies \(2\) do not fit 1 x ml.g6e.xlarge = 1 GPU: one copy each; "
                                           r"set placement.instance_count to 2"):
-        load_release_config(QWEN, overrides=("placement.instance_count=1",), environ={})
+        load_release_config(QWEN, overrides=("placement.instance_count=1", "placement.max_instance_count=1"), environ={})
     four_gpus = "placement.pools=[{instance_type: ml.g5.12xlarge, priority: 1}]"
     assert load_release_config(QWEN, overrides=(four_gpus, "placement.instance_count=1"), environ={}).rollout.copies == 2
 

@@ -46,6 +46,26 @@ def preflight(aws: Aws, backend) -> dict:
         raise ConfigError(f"bucket {backend.bucket} is in {region}, the config deploys into {backend.region}",
                           fix=f"set backend.region: {region}, or use a bucket in {backend.region}; nothing was created")
     found = {"account": identity["Account"], "caller": identity["Arn"], "bucket_region": region or backend.region}
+    if backend.kms_key_id:
+        found["kms_key_arn"] = kms_key_arn(aws, backend)
     if backend.checkpoints is not None:
         found["checkpoint_key_id"] = aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id)[0].key_id
     return found
+
+
+def kms_key_arn(aws: Aws, backend) -> str:
+    """The ARN of the key `backend.kms_key_id` names (a key id, key ARN, alias or alias ARN), refused unless it is an
+    enabled symmetric encryption key: S3 encrypts objects with symmetric keys only
+    (https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html)."""
+    try:
+        key = aws.call("kms", "DescribeKey", KeyId=backend.kms_key_id)["KeyMetadata"]
+    except NotFound as exc:
+        raise ConfigError(f"backend.kms_key_id {backend.kms_key_id!r} names no KMS key in {backend.region} of account "
+                          f"{backend.account_id}", fix="create the key and alias (aws kms create-key; aws kms create-alias), or fix "
+                          "backend.kms_key_id; nothing was created") from exc
+    problems = [f"{field} is {key.get(field)!r}, needs {wanted!r}" for field, wanted in
+                (("KeyState", "Enabled"), ("KeyUsage", "ENCRYPT_DECRYPT"), ("KeySpec", "SYMMETRIC_DEFAULT")) if key.get(field) != wanted]
+    if problems:
+        raise ConfigError(f"KMS key {key['Arn']} (backend.kms_key_id {backend.kms_key_id!r}): {'; '.join(problems)}",
+                          fix="name an enabled symmetric encryption key in backend.kms_key_id; nothing was created")
+    return key["Arn"]

@@ -26,11 +26,11 @@ from contextlib import nullcontext
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tasks.backends.aws.session import Aws
+from tasks.backends.aws.session import Aws, write_raced
 from tasks.backends.aws.store import b64_sha256
 from tasks.ledger.checkpoints import (Checkpoint, Entry, PrivateKeySigner, PublicKeyOnly, Signer, load_private_key,
                                load_public_key, read_entry, serialise)
-from tasks.errors import ConfigError, Conflict, IntegrityError, NotFound
+from tasks.errors import ConfigError, Conflict, IntegrityError, NotFound, NotReady
 
 MAX_CHECKPOINT_BYTES = 64 * 1024
 POSITION = re.compile(r"^(\d{12})\.json$")
@@ -149,13 +149,16 @@ class S3CheckpointStore:
                 "Metadata": {"seq": str(checkpoint.seq), "head-hash": checkpoint.head_hash}, **encryption}
 
     def append(self, checkpoint: Checkpoint) -> None:
-        """Store the checkpoint at the position after the entries last read; Conflict if another writer took it."""
+        """Store the checkpoint at the position after the entries last read; Conflict if another writer took it (412)
+        or is writing it (409 ConditionalRequestConflict)."""
         if self._seen is None:
             self.entries()
         position = self._seen + 1
         try:
             self.aws.call("s3", "PutObject", **self.put_params(position, checkpoint))
-        except Conflict as error:
+        except (Conflict, NotReady) as error:
+            if isinstance(error, NotReady) and not write_raced(error):
+                raise
             self._seen = None
             raise Conflict(f"another writer stored checkpoint s3://{self.bucket}/{self.key(position)} first",
                            fix="read the checkpoints again, verify and sign again (`checkpoint` does)") from error

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tasks.backends.aws.base_images import docker_hub_note
 from tasks.backends.aws.service_model import validate_request
 from tasks.backends.interfaces import ComponentSpec, ModelRef
 from tasks.families.registry import family_of
@@ -106,8 +107,9 @@ def _mark(value: Any, path: str, placeholders: dict[str, str], marked: dict[str,
             marked[path] = "; ".join(dict.fromkeys(found))
 
 
-def plan_release(config, *, config_dir: Path) -> list[Request]:
-    """The requests of a first release of `config` (an aws config) on an account where nothing of it exists yet."""
+def plan_release(config, *, config_dir: Path, with_champion: bool = False) -> list[Request]:
+    """The requests of a first release of `config` (an aws config) on an account where nothing of it exists yet; with
+    `with_champion`, of a later one: its gate also scores the serving champion and its promote updates production."""
     from tasks.backends.aws.backend import aws_backends
     from tasks.backends.aws.image_builder import image_tag, source_zip
     from tasks.backends.local.process_image import build_local_image
@@ -120,6 +122,8 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     plan = Plan(arn=f"arn:aws:sagemaker:{backend.region}:{backend.account_id}")
     plan.add("sts", "GetCallerIdentity")
     plan.add("s3", "HeadBucket", Bucket=backend.bucket)
+    if backend.kms_key_id:
+        plan.add("kms", "DescribeKey", KeyId=backend.kms_key_id, note="the key must exist and be an enabled symmetric key")
     if backend.checkpoints is not None:
         _check_checkpoints(plan, backend.checkpoints)
 
@@ -165,7 +169,8 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     plan.add("s3", "PutObject", **store.put_params(source_key, data, hashlib.sha256(data).hexdigest()))
     plan.add("codebuild", "BatchGetProjects", names=[backend.codebuild_project])
     plan.add("codebuild", "CreateProject", **images.project_request())
-    plan.add("codebuild", "StartBuild", **images.build_request(image.kind, tag, variant, image.base_image, source_key))
+    plan.add("codebuild", "StartBuild", **images.build_request(image.kind, tag, variant, image.base_image, source_key),
+             note=docker_hub_note(image.base_image))
     plan.add("codebuild", "BatchGetBuilds", ids=[f"{backend.codebuild_project}:<build id>"], note="polled until the build ends")
     plan.add("s3", "GetObject", Bucket=backend.bucket, Key=images.detail_key(tag))
     digest = "sha256:" + plan.stand_in(placeholder_hex("image digest", release_id), "ECR digest of the built image")
@@ -187,9 +192,15 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
     if single:
         plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=candidate,
                  note="a single-model endpoint: no InferenceComponentName on InvokeEndpoint")
-    plan.add("sagemaker", "DescribeEndpoint", EndpointName=production_endpoint(config),
-             note="is a champion serving? on a fresh account: no (then no champion comparison)")
+    production_names = production_endpoint(config), production_component(config)
+    if with_champion:
+        champion = _champion(plan, hosting, config, spec_for(config.rollout.copies), *production_names)
+    else:
+        plan.add("sagemaker", "DescribeEndpoint", EndpointName=production_names[0],
+                 note="is a champion serving? on a fresh account: no (then no champion comparison)")
     _invocations(plan, config, config_dir, candidate, None if single else candidate)
+    if with_champion:
+        _invocations(plan, config, config_dir, *production_names, note="the champion, on the same tasks")
     for name in ("gate-report.json", "predictions.jsonl", "report.html"):
         sha = plan.stand_in(placeholder_hex(name, release_id), f"sha256 of {name}")
         plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=store.key(sha, name), ChecksumMode="ENABLED")
@@ -207,11 +218,12 @@ def plan_release(config, *, config_dir: Path) -> list[Request]:
 
     plan.stage = "promote"
     production = spec_for(config.rollout.copies)
-    _deploy(plan, hosting, production_endpoint(config), production_component(config), production, config.placement,
-            role="production")
+    if not with_champion:
+        _deploy(plan, hosting, *production_names, production, config.placement, role="production")
     if config.rollout.strategy != "all_at_once":
-        _rolling_update(plan, hosting, production_endpoint(config), production_component(config), production,
-                        config.rollout.plan())
+        _rolling_update(plan, hosting, *production_names, production, config.rollout.plan(), fit=update_fit(config))
+    elif with_champion:
+        _update(plan, hosting, *production_names, production, champion, fit=update_fit(config))
 
     if registry is not None:
         records.append(_record(plan, release_id, config, "promote", {"endpoint": production_endpoint(config), "strategy":
@@ -323,7 +335,48 @@ def _deploy(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentS
     return config["EndpointConfigName"], model["ModelName"]
 
 
-def _rolling_update(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentSpec, rollout) -> None:
+def _champion(plan: Plan, hosting, config, spec: ComponentSpec, endpoint: str, component: str) -> tuple[str, str]:
+    """The reads of `live_champion` when production serves a champion (a later release); its (config, model) names."""
+    on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
+    config_name = hosting.endpoint_config_request(endpoint, config.placement, model_name=None, variant_name="AllTraffic",
+                                                  on_gpu=on_gpu, release_id=spec.model_ref.release_id)["EndpointConfigName"]
+    model = plan.stand_in(f"{component}-{placeholder_hex('champion model', spec.model_ref.release_id)[:12]}",
+                          "the champion's model, named by the release that promoted it")
+    _describe(plan, endpoint, component, config_name, model)
+    return config_name, model
+
+
+def update_fit(config) -> str:
+    """The note on an update of production: how its copies fit the endpoint (tasks.backends.capacity)."""
+    from tasks.backends.capacity import room
+
+    found = room(config.placement, config.image, config.rollout)
+    if found is None:
+        return "the instance type is not in shiplift's capacity tables, so the fit is not checked"
+    return f"{found.describe_update()}: fits"
+
+
+def _update(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentSpec, champion: tuple[str, str], *,
+            fit: str) -> None:
+    """The requests of `SageMakerHosting.deploy` for production when the champion serves it: an update in place."""
+    config_name, _ = champion
+    model = hosting.model_request(component, spec, endpoint)
+    plan.add("sagemaker", "DescribeModel", ModelName=model["ModelName"])
+    plan.add("sagemaker", "CreateModel", **model)
+    plan.add("sagemaker", "DescribeEndpointConfig", EndpointConfigName=config_name, note="production's config: it exists")
+    plan.add("sagemaker", "DescribeEndpoint", EndpointName=endpoint, note="InService on that config: no endpoint change")
+    plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component, note="InService on the champion")
+    request = hosting.component_request(component, endpoint, spec, model["ModelName"])
+    plan.add("sagemaker", "UpdateInferenceComponent", **{k: request[k] for k in ("InferenceComponentName", "Specification", "RuntimeConfig")},
+             note=f"no DeploymentConfig: the new copies start beside the old ones; capacity: {fit}",
+             also={"Specification.ComputeResourceRequirements.MinMemoryRequiredInMb":
+                   "memory one copy needs, measured by the build (weights + KV cache + runtime)"})
+    plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component,
+             note="polled until InService; on the candidate's model is success, on the old one a failed promotion")
+    _describe(plan, endpoint, component, config_name, model["ModelName"])
+
+
+def _rolling_update(plan: Plan, hosting, endpoint: str, component: str, spec: ComponentSpec, rollout, *, fit: str) -> None:
     """The requests of `SageMakerHosting.roll_out` when a champion already serves the component (a later release)."""
     later = "a later release, with a champion on the component: "
     model = hosting.model_request(component, spec, endpoint)
@@ -337,7 +390,7 @@ def _rolling_update(plan: Plan, hosting, endpoint: str, component: str, spec: Co
     names = [alarm["AlarmName"] for alarm in alarms]
     plan.add("sagemaker", "UpdateInferenceComponent",
              **hosting.rolling_update_request(component, endpoint, spec, model["ModelName"], rollout, names),
-             note=later + "SageMaker moves the copies batch by batch and rolls back when an alarm fires")
+             note=later + f"SageMaker moves the copies batch by batch and rolls back when an alarm fires; capacity: {fit}")
     plan.add("sagemaker", "DescribeInferenceComponent", InferenceComponentName=component,
              note="polled until the update ends; InService on the candidate's model is success, on the old one a rollback")
     plan.add("cloudwatch", "DescribeAlarms", AlarmNames=names, note=f"every {rollout.alarms.check_interval_s:g}s during the update")
@@ -357,7 +410,8 @@ def _describe(plan: Plan, endpoint: str, component: str, config_name: str, model
     plan.add("sagemaker", "ListTags", ResourceArn=f"{plan.arn}:model/{model_name.lower()}", note="which release the model is")
 
 
-def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component: str | None) -> None:
+def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component: str | None, *,
+                 note: str | None = None) -> None:
     """One InvokeEndpoint per request the model family's gate sends (a task, a batch of pairs), with its body."""
     from tasks.config import resolve_data_path
 
@@ -367,7 +421,7 @@ def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component:
     named = {"InferenceComponentName": component} if component else {}
     for body in bodies:
         plan.add("sagemaker-runtime", "InvokeEndpoint", EndpointName=endpoint, Body=body, ContentType="application/json",
-                 Accept="application/json", **named)
+                 Accept="application/json", note=note, **named)
 
 
 def _teardown(plan: Plan, endpoint: str, config_name: str, model_name: str) -> None:

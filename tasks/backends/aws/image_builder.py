@@ -17,6 +17,7 @@ import re
 import time
 import zipfile
 
+from tasks.backends.aws.base_images import docker_hub_note
 from tasks.backends.aws.service_model import request_applied
 from tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
 from tasks.hashing import sha256_bytes
@@ -121,6 +122,9 @@ class CodeBuildImageBuilder:
                 progress(f"image: build {running} of {tag} is already running; waiting for it")
             else:
                 progress(f"image: no {self.backend.ecr_repository}:{tag} yet; building it with CodeBuild")
+                hub = docker_hub_note(image.base_image)
+                if hub:
+                    progress(f"image: note: {hub}")
                 data = source_zip(image.kind)
                 key = self.source_key(data)
                 self.store.put_bytes(data, key)

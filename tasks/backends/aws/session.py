@@ -6,9 +6,10 @@ standard environment), a botocore `Config` with connect/read timeouts and bounde
 `Aws.call` checks a request against the service model before it is sent
 (`tasks.backends.aws.service_model`), then maps botocore's failures onto the domain errors: throttling that
 outlasted the bounded retries is `Throttled` (retryable), a missing resource `NotFound`, a name
-taken or a precondition failed `Conflict`, no capacity `CapacityError`, service and network trouble
-`NotReady`, no or rejected credentials and a wrong region `ConfigError`. Inside Airflow the
-session comes from the `aws_default` connection (`AwsAccess`, built in the task body).
+taken or a precondition failed `Conflict`, no capacity `CapacityError`, service and network trouble and
+a conditional write racing another (S3's 409 ConditionalRequestConflict) `NotReady`, no or rejected
+credentials and a wrong region `ConfigError`. Inside Airflow the session comes from the `aws_default`
+connection (`AwsAccess`, built in the task body).
 """
 
 from __future__ import annotations
@@ -26,10 +27,14 @@ MAX_ATTEMPTS = 5
 THROTTLING = {"Throttling", "ThrottlingException", "ThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
               "SlowDown", "RequestThrottled", "RequestThrottledException", "ProvisionedThroughputExceededException"}
 NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "ResourceNotFound", "ResourceNotFoundException",
-             "RepositoryNotFoundException", "ImageNotFoundException", "ResourceNotFoundFault", "NoSuchEntity"}
+             "RepositoryNotFoundException", "ImageNotFoundException", "ResourceNotFoundFault", "NoSuchEntity",
+             "NotFoundException"}
 CONFLICT = {"ConflictException", "ResourceInUse", "ResourceInUseException", "ResourceAlreadyExistsException",
             "PreconditionFailed", "412", "ResourceAlreadyExists", "AlreadyExistsException", "ImageAlreadyExistsException",
-            "ImageTagAlreadyExistsException", "ConditionalRequestConflict", "409"}
+            "ImageTagAlreadyExistsException", "409"}
+# S3's 409 to a conditional write (If-None-Match) racing another conditional write of the key: retry it, it is no
+# Conflict (https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutObject.html; 412 PreconditionFailed: the key exists)
+WRITE_RACED = {"ConditionalRequestConflict"}
 CAPACITY = {"InsufficientCapacity", "InsufficientInstanceCapacity", "CapacityError", "LimitExceededException"}
 QUOTA = {"ResourceLimitExceeded", "AccountLimitExceededException", "ServiceQuotaExceededException"}
 CREDENTIALS = {"UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException",
@@ -112,6 +117,11 @@ class Aws:
             raise domain_error(exc, service, name, self.region) from exc
 
 
+def write_raced(error: BaseException) -> bool:
+    """Whether a domain error is S3's 409 ConditionalRequestConflict (see WRITE_RACED): the write may be retried."""
+    return isinstance(error, NotReady) and any(f": {code}: " in error.problem for code in WRITE_RACED)
+
+
 def error_code(exc: Exception) -> tuple[str, str, int | None]:
     """(code, message, HTTP status) of a botocore ClientError."""
     response = getattr(exc, "response", {}) or {}
@@ -151,6 +161,8 @@ def domain_error(exc: Exception, service: str, operation: str, region: str) -> S
         return ConfigError(f"{text}", fix="grant the permission (`shiplift iam` writes the policies the release needs)")
     if codes & WRONG_REGION or "wrong region" in message.lower() or "expecting" in message.lower() and "region" in message.lower():
         return ConfigError(f"{text}", fix=f"the resource is not in {region}: set backend.region to its region")
+    if codes & WRITE_RACED:
+        return NotReady(text, fix="another conditional write of the same key was in progress; retry the write")
     if codes & NOT_FOUND or message.startswith("Could not find") or "does not exist" in message:
         return NotFound(text, fix="create it first, or check the name and the region")
     if codes & CONFLICT or "already exist" in message:

@@ -4,8 +4,10 @@ An artifact lives at `s3://<bucket>/<prefix>/artifacts/sha256/<digest>/<name>` w
 sha256 in the object's metadata. Small files go up in one `PutObject`, large ones as a multipart
 upload with a SHA-256 checksum per part; both are conditional (`If-None-Match: *`), so a
 concurrent writer can never replace an object, and an existing key is compared (size and
-sha256), never rewritten: other content under the key is a Conflict. After an upload the object
-is read back (HEAD) and its size and sha256 checked. Downloads land in a local cache, verified.
+sha256), never rewritten: other content under the key is a Conflict. A conditional write that
+races another one on the key (S3's 409 ConditionalRequestConflict, unlike 412 PreconditionFailed:
+the key exists) is retried a bounded number of times, then NotReady (retryable). After an upload
+the object is read back (HEAD) and its size and sha256 checked. Downloads land in a local cache, verified.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
+from collections.abc import Callable
+from typing import TypeVar
 
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from tasks.backends.aws.session import write_raced
+from tasks.errors import BadInput, Conflict, IntegrityError, NotFound, NotReady
 from tasks.hashing import CHUNK_BYTES, sha256_file
 from tasks.backends.interfaces import Progress, StoredArtifact
 from tasks.backends.local.store import check_name, check_sha256
@@ -26,6 +32,12 @@ SINGLE_PUT_MAX_BYTES = 64 * 1024 * 1024
 PART_BYTES = 64 * 1024 * 1024
 S3_URI = re.compile(r"^s3://([^/]+)/(.+)$")
 KEY_SHA = re.compile(r"/sha256/([0-9a-f]{64})/[^/]+$")
+# A conditional write answered 409 ConditionalRequestConflict is sent again (a multipart upload from CreateMultipartUpload
+# on, as https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html says) this often in all,
+# WRITE_RACE_BACKOFF_S, then twice that, … apart
+WRITE_RACE_ATTEMPTS = 4
+WRITE_RACE_BACKOFF_S = 0.5
+Written = TypeVar("Written")
 
 
 def b64_sha256(data: bytes) -> str:
@@ -94,16 +106,39 @@ class S3ArtifactStore:
             self._same(head, key, sha256, size)
         else:
             say(f"upload {name} ({size / 1e6:.1f} MB) to s3://{self.bucket}/{key}")
-            try:
-                if size <= self.single_put_max_bytes:
-                    checksum = self._put(source, key, sha256)
-                else:
-                    checksum = self._multipart(source, key, sha256, size, say)
-            except Conflict:  # If-None-Match lost a race: someone stored the key meanwhile
+            if size <= self.single_put_max_bytes:
+                checksum = self._conditional_write(key, lambda: self._put(source, key, sha256), say)
+            else:
+                checksum = self._conditional_write(key, lambda: self._multipart(source, key, sha256, size, say), say)
+            if checksum is None:  # If-None-Match lost a race: someone stored the key meanwhile
                 self._same(self._head(key) or {}, key, sha256, size)
             else:
                 self._verify_upload(key, sha256, size, checksum, source)
         return StoredArtifact(uri=f"s3://{self.bucket}/{key}", sha256=sha256, size=size)
+
+    def _conditional_write(self, key: str, write: Callable[[], Written], say: Progress) -> Written | None:
+        """Run a conditional write (`If-None-Match: *`) of `key`: what it returns, or None when the key exists (412
+        PreconditionFailed, or the racing writer finished first). A 409 ConditionalRequestConflict (another conditional
+        write of the key in flight) is retried with backoff, WRITE_RACE_ATTEMPTS in all, then NotReady (retryable)."""
+        for attempt in range(1, WRITE_RACE_ATTEMPTS + 1):
+            try:
+                return write()
+            except Conflict:
+                return None
+            except NotReady as exc:
+                if not write_raced(exc):
+                    raise
+                if attempt == WRITE_RACE_ATTEMPTS:
+                    raise NotReady(f"s3://{self.bucket}/{key}: {attempt} conditional writes each raced another write of the "
+                                   f"key (409 ConditionalRequestConflict): {exc.problem}",
+                                   fix="another run is writing the same key: rerun the stage once it is done") from exc
+                delay = WRITE_RACE_BACKOFF_S * 2 ** (attempt - 1)
+                say(f"s3://{self.bucket}/{key}: another write of the key was in progress (409 ConditionalRequestConflict); "
+                    f"writing again in {delay:g}s")
+                time.sleep(delay)
+                if self._head(key) is not None:
+                    return None
+        return None  # not reached: the last attempt returns or raises
 
     def _verify_upload(self, key: str, sha256: str, size: int, checksum: str, source: Path) -> None:
         """Read the object back: its size, its sha256 metadata and S3's own SHA-256 (of the object, or for a multipart
@@ -163,10 +198,8 @@ class S3ArtifactStore:
         sha256 = hashlib.sha256(data).hexdigest()
         head = self._head(key)
         if head is None:
-            try:
-                self.aws.call("s3", "PutObject", **self.put_params(key, data, sha256))
-            except Conflict:
-                pass
+            self._conditional_write(key, lambda: self.aws.call("s3", "PutObject", **self.put_params(key, data, sha256)),
+                                    lambda message: None)
             head = self._head(key)
         self._same(head or {}, key, sha256, len(data))
         return f"s3://{self.bucket}/{key}"
