@@ -20,6 +20,7 @@ STEP = "step"  # a traffic step
 
 # Events of the release stage.
 OPENED, OPTIONS = "opened", "options"
+LEASE_TAKEN_OVER = "lease_taken_over"  # a rerun took the promotion lease from a run of the same release that had stopped
 PROMOTED, REJECTED = "promoted", "rejected"
 FINISHED = (PROMOTED, REJECTED, ROLLED_BACK)  # final statuses a rerun has nothing left to do for
 FINAL = (*FINISHED, FAILED)  # every final status of a release

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
@@ -228,6 +228,7 @@ class Lease:
     acquired_at: str
     expires_at: str
     ledger: Ledger | None = field(default=None, repr=False, compare=False)
+    taken_over: tuple[str, str] | None = None  # (the stopped holder, why) when this lease was taken over from it
 
     def to_dict(self) -> dict[str, str]:
         """The lease as a JSON-able dict."""
@@ -674,20 +675,28 @@ class Ledger:
                 fix="pass how long the lease lasts unless it is renewed, in seconds",
             )
 
-    def acquire_lease(self, model: str, holder: str, release_id: str, ttl_s: float) -> Lease:
-        """Take the promotion lease on `model`; LeaseHeld if another unexpired holder has it."""
+    def acquire_lease(self, model: str, holder: str, release_id: str, ttl_s: float, *,
+                      stopped: Callable[[str, str], str | None] | None = None) -> Lease:
+        """Take the promotion lease on `model`; LeaseHeld if another unexpired holder has it. A holder of this same
+        release that `stopped(holder, expires_at)` says has stopped (a crashed run) is taken over at once; the Lease
+        names it in `taken_over` for the caller to record. Another release's holder is never taken over."""
         self._check_lease_args(model, holder, release_id, ttl_s)
         leases = self._leases
+        taken_over = None
         with self._write("lease") as conn:
             now = _utcnow()
             row = conn.execute(sa.select(leases).where(leases.c.model == model)).first()
             live = row is not None and _parse_ts(row.expires_at) > now
             if live and (row.holder, row.release_id) != (holder, release_id):
-                raise LeaseHeld(
-                    f"model {model!r} is being promoted by {row.holder!r} (release "
-                    f"{row.release_id!r}); the lease expires at {row.expires_at}",
-                    fix="wait for that run to finish or its lease to expire, then retry",
-                )
+                why = stopped(row.holder, row.expires_at) if stopped is not None and row.release_id == release_id else None
+                if why is None:
+                    same = " (this same release, in another run that is still alive)" if row.release_id == release_id else ""
+                    raise LeaseHeld(
+                        f"model {model!r} is being promoted by {row.holder!r} (release "
+                        f"{row.release_id!r}){same}; the lease expires at {row.expires_at}",
+                        fix="wait for that run to finish or its lease to expire, then retry",
+                    )
+                taken_over, live = (row.holder, why), False
             values = {
                 "holder": holder,
                 "release_id": release_id,
@@ -698,7 +707,7 @@ class Ledger:
                 conn.execute(leases.insert().values(model=model, **values))
             else:
                 conn.execute(leases.update().where(leases.c.model == model).values(**values))
-        return Lease(model=model, ledger=self, **values)
+        return Lease(model=model, ledger=self, taken_over=taken_over, **values)
 
     def renew_lease(self, model: str, holder: str, release_id: str, ttl_s: float) -> Lease:
         """Extend `holder`'s lease on `model` by `ttl_s` from now; LeaseLost when the lease row is not this holder's

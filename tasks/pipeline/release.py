@@ -17,6 +17,7 @@ import contextlib
 import datetime as dt
 import getpass
 import os
+import re
 import socket
 import sys
 import threading
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # the registry imports the backends' modules lazily; this is 
 
 STAGES = STAGE_NAMES
 RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
+RUN_HOLDER = re.compile(r"(?P<actor>.+)/pid-(?P<pid>\d+)")  # what `run_holder` writes
 Progress = Callable[[str], None]
 
 
@@ -251,11 +253,49 @@ def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir:
 
 
 
+def run_holder(actor: str) -> str:
+    """The lease holder a CLI run names itself by: who, and its process, so that a rerun can tell that it has died."""
+    return f"{actor}/pid-{os.getpid()}"
+
+
+def stopped_holder(holder: str, expires_at: str) -> str | None:
+    """Why a CLI run holding this release's lease has stopped, or None while it may still run: its process on this host
+    is gone, or it has not renewed the lease for three renewal periods (a live run renews it while every stage runs).
+    An orchestrator's holder (no pid) renews only while one of its steps runs, so only its expiry frees the lease."""
+    found = RUN_HOLDER.fullmatch(holder)
+    if found is None:
+        return None
+    pid, host = int(found["pid"]), found["actor"].rpartition("@")[2]
+    if host == socket.gethostname() and not _process_alive(pid):
+        return f"its process {pid} on {host} is gone"
+    renewed = dt.datetime.fromisoformat(expires_at.replace("Z", "+00:00")) - dt.timedelta(seconds=table.LEASE.ttl_s)
+    silent_s = (dt.datetime.now(dt.timezone.utc) - renewed).total_seconds()
+    if silent_s > 3 * table.LEASE.renew_every_s:
+        return f"it last renewed the lease {silent_s / 60:.0f} min ago (a live run renews it every {table.LEASE.renew_every_s / 60:.0f} min)"
+    return None
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def holding_lease(ctx: StageContext, holder: str) -> Iterator[None]:
-    """Take the model's promotion lease for `holder` (LeaseHeld names another run that has it); the stages run inside
-    renew it and promote requires it. Leaving gives it back."""
-    with ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s):
+    """Take the model's promotion lease for `holder` (LeaseHeld names another run that has it; a stopped run of this
+    same release is taken over, and the takeover recorded); the stages run inside renew it and promote requires it.
+    Leaving gives it back."""
+    lease = ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s, stopped=stopped_holder)
+    with lease:
+        if lease.taken_over is not None:
+            previous, why = lease.taken_over
+            ctx.say(f"took the promotion lease over from {previous!r}, an earlier run of this release: {why}; continuing")
+            ctx.record(events.RELEASE, events.LEASE_TAKEN_OVER, {"from_holder": previous, "reason": why, "holder": holder})
         ctx.lease_holder = holder
         try:
             yield
@@ -367,7 +407,7 @@ def run_release(
         return release_summary(ctx.state)
     if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
         ctx.record(events.RELEASE, events.OPTIONS, {"keep_candidate": keep_candidate})
-    with holding_lease(ctx, f"{ctx.actor}/pid-{os.getpid()}"):
+    with holding_lease(ctx, run_holder(ctx.actor)):
         try:
             for name in STAGES[:-1]:
                 ensure_stage_retrying(ctx, name)

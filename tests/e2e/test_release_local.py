@@ -210,6 +210,40 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
     assert ledger.verify().ok
 
 
+def test_a_release_killed_during_validate_is_resumed_by_its_rerun_at_once(release_config, tmp_path):
+    """Issue 18, item 6: SIGKILL `shiplift release CONFIG` while validate runs, then run the same command again. The dead
+    run's lease (4 h TTL) is taken over at once because its process on this host is gone, the takeover is a ledger
+    record, and the release continues on the candidate the dead run left (deploy_candidate is not run again)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = release_config()
+    command = [sys.executable, "-m", "tasks.cli.main", "release", str(config)]
+    victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path, deadline, started = tmp_path / "state" / "ledger.db", time.monotonic() + 240, []
+    while time.monotonic() < deadline and victim.poll() is None and not started:
+        if path.exists():  # the release creates it; a read-only reader never does
+            with Ledger(f"sqlite:///{path}", read_only=True) as reader:
+                started = [r for r in reader.history() if r.stage == "validate" and r.event == "started"]
+        time.sleep(0.1)
+    assert started and victim.poll() is None, "the release did not reach validate, or finished before it could be killed"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    release_id = started[0].release_id
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    ledger = Ledger.for_sqlite(path)
+    assert "took the promotion lease over from '" in rerun.stderr and f"pid-{victim.pid}'" in rerun.stderr
+    records = ledger.release(release_id)
+    [takeover] = [r for r in records if r.event == "lease_taken_over"]
+    assert takeover.payload["from_holder"].endswith(f"/pid-{victim.pid}") and "is gone" in takeover.payload["reason"]
+    assert [r.event for r in records if r.stage == "deploy_candidate"] == ["started", "succeeded"], "the candidate was reused"
+    assert records[-1].event == "promoted" and ledger.verify().ok
+
+
 def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
     """An ONNX encoder goes through the same stages: export + int8 + parity, encoder server, NLI gate."""
     import yaml

@@ -1,0 +1,71 @@
+"""A run of a release that stopped (killed, crashed) no longer blocks its own rerun for the lease's 4 h: the rerun takes
+the lease over at once and records why; a different release, or a run of the same release that is alive, still fails
+fast naming the holder (issue 18, item 6; the end-to-end kill is tests/e2e/test_release_local.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tasks.errors import LeaseHeld
+from tasks.ledger.store import Ledger
+from tasks.pipeline import table
+from tasks.pipeline.release import run_holder, stopped_holder
+
+HOST = socket.gethostname()
+
+
+def expires_in(seconds: float) -> str:
+    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited (and been reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=30)
+    return int(done.stdout)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as opened:
+        yield opened
+
+
+def test_a_holder_whose_process_on_this_host_is_gone_has_stopped():
+    fresh = expires_in(table.LEASE.ttl_s)  # renewed just now
+    assert "is gone" in stopped_holder(f"alice@{HOST}/pid-{dead_pid()}", fresh)
+    assert stopped_holder(run_holder(f"alice@{HOST}"), fresh) is None, "this very process is alive"
+    assert stopped_holder(f"alice@{HOST}/pid-{os.getppid()}", fresh) is None
+
+
+def test_a_holder_elsewhere_has_stopped_only_once_it_stops_renewing():
+    elsewhere = f"alice@another-host/pid-{dead_pid()}"  # its pid means nothing here
+    assert stopped_holder(elsewhere, expires_in(table.LEASE.ttl_s)) is None
+    silent = expires_in(table.LEASE.ttl_s - 3 * table.LEASE.renew_every_s - 60)  # last renewed 3 periods and a minute ago
+    assert "last renewed the lease" in stopped_holder(elsewhere, silent)
+
+
+def test_an_orchestrators_holder_is_never_judged_stopped():
+    """Airflow's and Step Functions' holders renew only while a step runs: between steps only the TTL frees the lease."""
+    assert stopped_holder("airflow/manual__2026-12-02", expires_in(60)) is None
+
+
+def test_the_same_release_takes_over_from_a_stopped_run_and_the_lease_says_so(ledger):
+    ledger.acquire_lease("gemma", "dead-run", "rel-1", ttl_s=3600)
+    lease = ledger.acquire_lease("gemma", "rerun", "rel-1", ttl_s=3600, stopped=lambda holder, expires: f"{holder} is gone")
+    assert (lease.holder, lease.taken_over) == ("rerun", ("dead-run", "dead-run is gone"))
+    with pytest.raises(LeaseHeld, match="'rerun'"):
+        ledger.acquire_lease("gemma", "third", "rel-1", ttl_s=60, stopped=lambda holder, expires: None)
+
+
+def test_a_live_run_of_the_same_release_and_any_other_release_still_fail_fast(ledger):
+    ledger.acquire_lease("gemma", "alive-run", "rel-1", ttl_s=3600)
+    with pytest.raises(LeaseHeld, match="this same release, in another run that is still alive"):
+        ledger.acquire_lease("gemma", "rerun", "rel-1", ttl_s=3600, stopped=lambda holder, expires: None)
+    with pytest.raises(LeaseHeld, match="'alive-run'"):  # a stopped holder of another release is not taken over
+        ledger.acquire_lease("gemma", "other", "rel-2", ttl_s=3600, stopped=lambda holder, expires: "gone")
