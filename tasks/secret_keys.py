@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _SECRET_WORDS = frozenset(
     {
@@ -34,8 +35,10 @@ _SECRET_PAIRS = frozenset(
 
 def looks_secret(key: object) -> bool:
     """True when a mapping key names a secret (password, token, access key...) in any naming style:
-    `api_key`, `apiKey`, `API-Key`, `DbPassword`, `x.auth.token`."""
-    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", str(key))
+    `api_key`, `apiKey`, `API-Key`, `DbPassword`, `x.auth.token`; also when invisible format characters (a zero-width
+    space, a soft hyphen) are slipped between its letters or it is spelled in compatibility forms (fullwidth letters)."""
+    visible = "".join(c for c in unicodedata.normalize("NFKC", str(key)) if unicodedata.category(c) != "Cf")
+    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", visible)
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", spaced)
     words = [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
     if not words:

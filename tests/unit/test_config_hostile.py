@@ -248,6 +248,18 @@ def test_secret_looking_keys_are_recognised_in_any_naming_style(tmp_path, key):
     assert f"backend.{key}" in message and SECRET_VALUE not in message
 
 
+@pytest.mark.parametrize("key", ["pass\u200bword", "api\u00adkey", "db\u2060Password", "tok\ufeffen",
+                                 "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44"],
+                         ids=["zero-width-space", "soft-hyphen", "word-joiner", "bom", "fullwidth"])
+def test_invisible_characters_do_not_hide_a_secret_looking_key(tmp_path, key):
+    """Issue 18: a format character (Unicode category Cf) between the letters, or a compatibility spelling, is removed or
+    folded (NFKC) before the check, so the key is refused like its plain spelling and its value never echoed."""
+    assert looks_secret(key)
+    path = write(tmp_path, GEMMA_TEXT.replace("backend:\n", f"backend:\n  \"{key}\": {SECRET_VALUE}\n"))
+    message = refusal(path)
+    assert "keys that look like secrets are not allowed" in message and SECRET_VALUE not in message
+
+
 @pytest.mark.parametrize("key", ["max_request_tokens", "kms_key_id", "tokenizer", "key_prefix", "secretary", "passwords_policy_url"])
 def test_ordinary_keys_are_not_secrets(key):
     assert not looks_secret(key)
