@@ -763,6 +763,11 @@ class SageMakerHosting:
             self._delete_component(resource.name, progress)
         elif resource.kind == "endpoint":
             self.delete_endpoint(resource.name, progress=progress)
-        else:
-            self._delete_named({"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind], resource.name, progress)
+        else:  # a config or model deleting its endpoint removed already is reported as such, not as deleted twice
+            kind = {"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind]
+            try:
+                self._sm(f"Delete{kind}", **{f"{kind}Name": resource.name})
+            except NotFound:
+                progress(f"{resource.kind} {resource.name} was already gone (deleted with its endpoint)")
+                return
         progress(f"deleted {resource.kind} {resource.name}")
