@@ -167,14 +167,18 @@ def _parliament():
     import sys
     import types
 
+    shim = None
     if "pkg_resources" not in sys.modules:
         try:
             import pkg_resources  # noqa: F401
         except ImportError:
-            sys.modules["pkg_resources"] = types.SimpleNamespace(
+            shim = sys.modules["pkg_resources"] = types.SimpleNamespace(
                 resource_filename=lambda package, name: str(importlib.resources.files(package) / name))
-    import parliament
-
+    try:
+        import parliament
+    finally:  # parliament keeps its reference; other code (pytest's syspath_prepend) must not find the shim
+        if shim is not None:
+            del sys.modules["pkg_resources"]
     return parliament
 
 
