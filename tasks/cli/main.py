@@ -334,13 +334,18 @@ def cmd_endpoints_heal(args) -> int:
     return 0
 
 
-def ledger_for(args):
-    """The ledger a `ledger` command reads: --url, else the --config's ledger_url, else SQLite under --state-dir."""
+def ledger_for(args, *, read_only: bool = True):
+    """The ledger a `ledger` command reads (or, not `read_only`, writes): --url, else the --config's ledger_url, else
+    SQLite under --state-dir."""
     from tasks.backends.registry import open_ledger
 
+    return open_ledger(ledger_url=ledger_url_of(args), state_dir=args.state_dir, read_only=read_only)
+
+
+def ledger_url_of(args) -> str | None:
+    """The ledger URL a `ledger` command names: --url, else the --config's ledger_url (None: the default)."""
     config = checkpoints_config(args)
-    url = args.url or (config.backend.ledger_url if config is not None else None)
-    return open_ledger(ledger_url=url, state_dir=args.state_dir, read_only=True)
+    return args.url or (config.backend.ledger_url if config is not None else None)
 
 
 def checkpoints_config(args):
@@ -350,12 +355,53 @@ def checkpoints_config(args):
     return load_release_config(args.config) if getattr(args, "config", None) else None
 
 
-def verifying_parts(args):
-    """The (verifier, store) of a command's checkpoints: --config's backend (its public key where it names one: the
-    secret is never read), else --key and the state dir's file."""
-    from tasks.backends.registry import checkpoint_parts
+def checkpoint_dir(args) -> Path | None:
+    """The folder of a local ledger's checkpoint log: --state-dir, else the one `checkpoint_folder` finds (beside a
+    SQLite --url); None for an aws --config, whose backend names its store."""
+    from tasks.ledger.audit import checkpoint_folder
 
-    return checkpoint_parts(checkpoints_config(args), state_dir=args.state_dir, key_path=args.key, verify_only=True)
+    config = checkpoints_config(args)
+    if config is not None and config.backend.kind != "local":
+        return None
+    return checkpoint_folder(args.state_dir, ledger_url=ledger_url_of(args), config=config)[0]
+
+
+def verifying_key(args):
+    """The public key a command checks with: --public-key's PEM file (no private key is read), else None (the
+    --config's or --key's)."""
+    from tasks.ledger.audit import public_key_refused_for_aws
+    from tasks.ledger.checkpoints import read_public_key
+
+    if not getattr(args, "public_key", None):
+        return None
+    if checkpoint_dir(args) is None:
+        raise public_key_refused_for_aws()
+    return read_public_key(args.public_key)
+
+
+def verifying_parts(args):
+    """The (public key, store) of a command's checkpoints: --public-key's, else --config's backend (its public key
+    where it names one: the secret is never read), else --key's public half; the --config's store, else the log of
+    `checkpoint_dir`."""
+    from tasks.backends.registry import checkpoint_parts
+    from tasks.ledger.checkpoints import CheckpointLog, log_path
+
+    public, folder = verifying_key(args), checkpoint_dir(args)
+    if public is not None:
+        return public, CheckpointLog(log_path(folder))
+    signer, store = checkpoint_parts(checkpoints_config(args), state_dir=folder, key_path=args.key, verify_only=True)
+    return signer.public, store
+
+
+def write_out(path: str, text: str) -> None:
+    """Write a command's --out file; BadInput naming the fix when it cannot be (a directory, no such folder)."""
+    target = Path(path)
+    if target.is_dir():
+        raise BadInput(f"--out {path} is a directory", fix="pass a file path, e.g. --out proof.json")
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise BadInput(f"cannot write --out {path}: {error.strerror}", fix="pass a file path in a folder you can write") from error
 
 
 def cmd_ledger_history(args) -> int:
@@ -409,7 +455,7 @@ def cmd_ledger_show(args) -> int:
 
 
 def cmd_ledger_verify(args) -> int:
-    """The chain, an anchored head if given, and every signed checkpoint the state dir keeps."""
+    """The chain, an anchored head if given, every signed checkpoint, and every checkpoint the chain records."""
     from tasks.ledger.audit import verdict_lines
 
     result = verification_for(args, ledger_for(args))
@@ -425,10 +471,10 @@ def cmd_ledger_prove(args) -> int:
     """An inclusion proof of one release's records in the latest signed checkpoint (O(log n) hashes a record)."""
     from tasks.ledger.checkpoints import prove
 
-    signer, store = verifying_parts(args)
-    proof = prove(ledger_for(args), store, args.release, signer.public)
+    public, store = verifying_parts(args)
+    proof = prove(ledger_for(args), store, args.release, public)
     if args.out:
-        Path(args.out).write_text(json.dumps(proof, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_out(args.out, json.dumps(proof, indent=2, sort_keys=True) + "\n")
         print(f"wrote {args.out}: {len(proof['records'])} records proven in checkpoint seq {proof['checkpoint']['seq']}",
               file=sys.stderr)
     else:
@@ -437,17 +483,21 @@ def cmd_ledger_prove(args) -> int:
 
 
 def cmd_ledger_check_proof(args) -> int:
-    """Check an inclusion proof with the public key alone (--key's, or an aws --config's): no ledger needed."""
-    from tasks.ledger.checkpoints import check_proof
+    """Check an inclusion proof with the public key alone (--public-key's, --key's, or an aws --config's): no ledger
+    needed."""
+    from tasks.ledger.checkpoints import PROOF_FIX, check_proof, load_json
 
     try:
-        proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
+        text = Path(args.proof).read_text(encoding="utf-8")
     except FileNotFoundError as error:
         raise NotFound(f"no proof file {args.proof}", fix="write one with `shiplift ledger prove RELEASE --out FILE`") from error
-    except ValueError as error:
-        raise BadInput(f"{args.proof} is not JSON: {error}", fix="pass the file `ledger prove --out` wrote") from error
-    problems = check_proof(proof, verifying_parts(args)[0].public)
-    print_json({"ok": not problems, "release_id": proof.get("release_id"), "records": len(proof.get("records", [])),
+    except IsADirectoryError as error:
+        raise BadInput(f"the proof {args.proof} is a directory", fix=PROOF_FIX) from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise BadInput(f"the proof {args.proof} cannot be read as text: {error}", fix=PROOF_FIX) from error
+    proof = load_json(text, f"the proof {args.proof}", PROOF_FIX)
+    problems = check_proof(proof, verifying_parts(args)[0])
+    print_json({"ok": not problems, "release_id": proof["release_id"], "records": len(proof["records"]),
                 "problems": problems})
     return 0 if not problems else EXIT_REJECTED
 
@@ -456,8 +506,22 @@ def cmd_ledger_checkpoint(args) -> int:
     """Sign the ledger's head (after verifying it) into the checkpoint store (local file, or S3 for an aws --config)."""
     from tasks.backends.registry import sign_checkpoint
 
-    signed = sign_checkpoint(ledger_for(args), checkpoints_config(args), state_dir=args.state_dir, key_path=args.key)
+    signed = sign_checkpoint(ledger_for(args, read_only=False), checkpoints_config(args), state_dir=checkpoint_dir(args),
+                             key_path=args.key)
     print_json(signed.to_dict())
+    return 0
+
+
+def cmd_ledger_public_key(args) -> int:
+    """Export the key that verifies the checkpoints (PEM), for whoever checks proofs or verifies without the secret."""
+    from tasks.ledger.checkpoints import public_pem
+
+    pem = public_pem(verifying_parts(args)[0])
+    if args.out:
+        write_out(args.out, pem)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(pem, end="")
     return 0
 
 
@@ -514,8 +578,9 @@ def verification_for(args, ledger) -> dict:
     """`ledger verify`'s result for the command's state dir, key and anchored head."""
     from tasks.ledger.audit import verify_ledger
 
-    return verify_ledger(ledger, args.state_dir, config=checkpoints_config(args), key_path=args.key,
-                         expect_head=getattr(args, "expect_head", None))
+    return verify_ledger(ledger, args.state_dir, ledger_url=ledger_url_of(args), config=checkpoints_config(args),
+                         key_path=args.key, public_key=verifying_key(args), expect_head=getattr(args, "expect_head", None),
+                         witness_dir=args.witness)
 
 
 def cmd_ledger_report(args) -> int:
@@ -536,7 +601,7 @@ def cmd_ledger_upgrade(args) -> int:
     from tasks.ledger.store import upgrade
 
     open_ledger(ledger_url=args.url, state_dir=args.state_dir, read_only=True).close()  # refuses a ledger that is not there
-    print_json(upgrade(ledger_url_for(Path(args.state_dir), args.url)))
+    print_json(upgrade(ledger_url_for(Path(args.state_dir or default_state_dir()), args.url)))
     return 0
 
 
@@ -666,6 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def ledger_parser(name: str, help_text: str, aliases: tuple[str, ...] = ()):
         p = with_state_dir(ledger.add_parser(name, help=help_text, aliases=list(aliases)))
+        p.set_defaults(state_dir=None)  # not given: the checkpoint log is looked for (beside a SQLite --url) and not presumed
         p.add_argument("--url", help="SQLAlchemy URL of the ledger (default: sqlite under --state-dir)")
         return p
 
@@ -674,6 +740,15 @@ def build_parser() -> argparse.ArgumentParser:
                                      "~/.config/shiplift/ledger-ed25519.pem" + ("; created 0600 on first use)" if created else ")"))
         p.add_argument("--config", help="an aws release config: its ledger_url, and the Secrets Manager key and Object Lock "
                                         "bucket its backend.checkpoints names")
+        if not created:
+            p.add_argument("--public-key", help="verify with this PEM public key alone (`shiplift ledger public-key` "
+                                                "exports it); no private key is read")
+        return p
+
+    def with_witness(p):
+        p.add_argument("--witness", help="a folder holding a second copy of the signed heads, cross-checked against the "
+                                         "checkpoints and the chain (default: $SHIPLIFT_CHECKPOINT_WITNESS, which "
+                                         "signing also writes)")
         return p
 
     p = ledger_parser("history", "one row per release (of MODEL, or of every model); --records for every record")
@@ -692,7 +767,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ledger_parser("verify", "check the hash chain and that it extends every signed checkpoint")
     p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
     p.add_argument("--json", action="store_true")
-    with_checkpoints(p)
+    with_witness(with_checkpoints(p))
     p.set_defaults(func=cmd_ledger_verify)
     p = ledger_parser("checkpoint", "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")
     with_checkpoints(p, created=True)
@@ -706,6 +781,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("proof")
     with_checkpoints(p)
     p.set_defaults(func=cmd_ledger_check_proof)
+    p = ledger_parser("public-key", "export the public key that verifies the checkpoints (PEM), for verify and check-proof")
+    with_checkpoints(p)
+    p.add_argument("--out", help="write the PEM to this file (default: print it)")
+    p.set_defaults(func=cmd_ledger_public_key)
     p = ledger_parser("diff", "two releases side by side: config, artifact, image digest, placement, gate metrics, thresholds")
     p.add_argument("release_a")
     p.add_argument("release_b")
@@ -721,7 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ledger_parser("report", "write the audit report (self-contained HTML) after verifying against the checkpoints")
     p.add_argument("model", nargs="?")
     p.add_argument("--out", required=True, help="folder to write index.html into")
-    with_checkpoints(p)
+    with_witness(with_checkpoints(p))
     p.set_defaults(func=cmd_ledger_report)
     p = ledger_parser("upgrade", "migrate the ledger's schema to this shiplift's revision (Alembic; refuses a newer one)")
     p.set_defaults(func=cmd_ledger_upgrade)

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.ledger.events import OPENED, PROMOTE, RELEASE, SUCCEEDED
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 REF_FIELDS = ("release_id", "artifact_sha256", "image_digest")
+
+
+def public_key_refused_for_aws() -> ConfigError:
+    """Why `--public-key` does not go with an aws config: its backend names the key its checkpoints verify with."""
+    return ConfigError("an aws config's checkpoints are verified with the public key its backend.checkpoints names",
+                       fix="set backend.checkpoints.public_key (openssl pkey -pubout), and drop --public-key")
 
 
 def verdict_lines(verification: dict) -> list[str]:
@@ -88,24 +97,57 @@ def _compare(model: str, record, hosting) -> tuple[dict, list[str]]:
     return row, problems
 
 
-def verify_ledger(ledger, state_dir: str | Path | None, *, config: Any = None, key_path: str | Path | None = None,
-                  expect_head: str | None = None, session: Any = None) -> dict:
-    """The chain, an anchored head if given, and every signed checkpoint (what `ledger verify` reports;
-    `checked_against` names the latest checkpoint the ledger extends). The checkpoints are those of `config`'s
-    backend (aws: its configured public key, else its Secrets Manager key, and Object Lock bucket), else the state
-    dir's file and the local key: never ones the ledger itself names, which whoever rewrote it could have chosen."""
-    from tasks.backends.registry import checkpoint_parts, default_state_dir
-    from tasks.ledger.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
+def checkpoint_folder(state_dir: str | Path | None, *, ledger_url: str | None = None,
+                      config: Any = None) -> tuple[Path, bool]:
+    """The folder of a local ledger's checkpoint log and whether it was named (a state dir, a config) rather than
+    looked for: else the folder of a SQLite ledger, else the default state dir, the first that holds a log."""
+    from tasks.backends.registry import default_state_dir, ledger_url_for
+    from tasks.ledger.checkpoints import log_path
 
-    local = config is None or config.backend.kind == "local"
-    folder = Path(state_dir or (config.backend.state_dir if config is not None else default_state_dir()))
-    if expect_head or (local and not CheckpointLog(log_path(folder.expanduser().resolve())).path.exists()):
-        result = ledger.verify(expected_head=expect_head).to_dict()
-        result["checkpoints"] = "not checked (--expect-head given)" if expect_head else 0
-        result["checked_against"] = None
-        return result
-    signer, store = checkpoint_parts(config, state_dir=folder, key_path=key_path, session=session, verify_only=True)
-    return verify_with_checkpoints(ledger, store, signer.public)
+    if state_dir or config is not None:
+        return Path(state_dir or config.backend.state_dir).expanduser().resolve(), True
+    url = ledger_url_for(default_state_dir(), ledger_url)
+    beside = [Path(url.removeprefix("sqlite:///")).expanduser().resolve().parent] if url.startswith("sqlite:///") else []
+    candidates = [*beside, default_state_dir()]
+    return next((folder for folder in candidates if log_path(folder).exists()), candidates[0]), False
+
+
+def verify_ledger(ledger, state_dir: str | Path | None, *, ledger_url: str | None = None, config: Any = None,
+                  key_path: str | Path | None = None, public_key: Ed25519PublicKey | None = None,
+                  expect_head: str | None = None, witness_dir: str | Path | None = None, session: Any = None) -> dict:
+    """The chain, an anchored head if given, every signed checkpoint and every checkpoint the chain records (what
+    `ledger verify` reports; `checked_against` names the latest checkpoint the ledger extends). The checkpoints are
+    those of `config`'s backend (aws: its configured public key, else its Secrets Manager key, and Object Lock
+    bucket), else the log `checkpoint_folder` names or finds, checked with `public_key` (else the local key's public
+    half): never ones the ledger itself names, which whoever rewrote it could have chosen. A log looked for and not
+    found, while the chain records checkpoints, is refused (BadInput) with the fix. The witness of `witness_dir`
+    (else $SHIPLIFT_CHECKPOINT_WITNESS) is cross-checked against the log and the chain."""
+    from tasks.backends.registry import checkpoint_parts
+    from tasks.ledger.checkpoints import CheckpointLog, default_witness, log_path, verify_with_checkpoints
+
+    witness = CheckpointLog(log_path(witness_dir)) if witness_dir else default_witness()
+    if witness_dir and not witness.path.exists():
+        raise BadInput(f"no witness log at {witness.path}",
+                       fix="pass the folder $SHIPLIFT_CHECKPOINT_WITNESS named when the checkpoints were signed")
+
+    if config is not None and config.backend.kind != "local":
+        if public_key is not None:
+            raise public_key_refused_for_aws()
+        signer, store = checkpoint_parts(config, key_path=key_path, session=session, verify_only=True)
+        return verify_with_checkpoints(ledger, store, signer.public, expected_head=expect_head, witness=witness)
+    folder, named = checkpoint_folder(state_dir, ledger_url=ledger_url, config=config)
+    log = CheckpointLog(log_path(folder))
+    if not log.path.exists():  # nothing to check a key against: only what the chain records can be missing
+        verdict = verify_with_checkpoints(ledger, log, None, expected_head=expect_head, witness=witness)
+        if verdict["recorded_checkpoints"] and not named:
+            raise BadInput(f"the ledger records {verdict['recorded_checkpoints']} checkpoint(s), but there is no "
+                           f"checkpoint log at {log.path} (looked for beside the ledger and in the default state dir)",
+                           fix="pass --state-dir naming the folder that holds ledger-checkpoints.jsonl (or the aws "
+                               "--config); if the log was deleted, restore it from a backup")
+        return verdict
+    if public_key is None:
+        public_key = checkpoint_parts(config, state_dir=folder, key_path=key_path, verify_only=True)[0].public
+    return verify_with_checkpoints(ledger, log, public_key, expected_head=expect_head, witness=witness)
 
 
 def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config: str | Path | None = None,
@@ -122,7 +164,8 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config
     except BadInput as exc:
         raise NotFound(exc.problem, fix=exc.fix) from exc
     try:
-        verified = verify_ledger(ledger, state_dir, config=_checkpoints_config(config), session=session)
+        verified = verify_ledger(ledger, state_dir, ledger_url=ledger_url, config=_checkpoints_config(config),
+                                 session=session)
         if not verified["ok"]:
             raise IntegrityError(
                 f"ledger chain is broken ({verified['n_records']} records): " + "; ".join(verified["problems"]),

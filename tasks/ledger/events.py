@@ -24,3 +24,7 @@ LEASE_TAKEN_OVER = "lease_taken_over"  # a rerun took the promotion lease from a
 PROMOTED, REJECTED = "promoted", "rejected"
 FINISHED = (PROMOTED, REJECTED, ROLLED_BACK)  # final statuses a rerun has nothing left to do for
 FINAL = (*FINISHED, FAILED)  # every final status of a release
+
+# The ledger's own records: each signed checkpoint is recorded in the chain it signs (release and model LEDGER).
+LEDGER = "ledger"
+CHECKPOINTED = "checkpointed"

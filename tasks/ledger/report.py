@@ -17,7 +17,8 @@ from typing import Any
 
 from tasks.atomic import write_text_atomic
 from tasks.ledger.audit import verdict_lines
-from tasks.ledger.views import CHECK_COLUMNS, check_cells, details, events, field_rows, release_row, require_records
+from tasks.ledger.views import (CHECK_COLUMNS, check_cells, details, events, field_rows, of_releases, release_row,
+                                 require_records)
 
 REPORT_FILE = "index.html"
 LANE_H, LEFT, RIGHT, TOP, AXIS_H = 26, 250, 30, 16, 44
@@ -210,7 +211,7 @@ def _verdict(verification: dict) -> str:
 def render(ledger, verification: dict, *, model: str | None = None) -> str:
     """The whole page: the verification result, then one section per model (or just `model`: NotFound when the
     ledger never saw it)."""
-    records = ledger.history(model)
+    records = of_releases(ledger.history(model))
     if model is not None:
         require_records(records, model)
     by_model: dict[str, list] = defaultdict(list)

@@ -193,7 +193,8 @@ class Record:
         return {name: getattr(self, name) for name in RECORD_FIELDS}
 
 
-def _content_hash(fields: dict[str, Any]) -> str:
+def content_hash(fields: dict[str, Any]) -> str:
+    """A record's hash: of its canonical fields, all but record_hash itself (the chain and proofs recompute it)."""
     return sha256_json({k: v for k, v in fields.items() if k != "record_hash"})
 
 
@@ -511,7 +512,7 @@ class Ledger:
                 "recorded_at": _recorded_at(head),
                 "payload": json.loads(payload_text),
             }
-            record = Record(record_hash=_content_hash(fields), **fields)
+            record = Record(record_hash=content_hash(fields), **fields)
             conn.execute(
                 records.insert().values(
                     {**fields, "record_hash": record.record_hash, "payload": payload_text}
@@ -580,7 +581,7 @@ class Ledger:
                     fields["payload"] = json.loads(fields["payload"])
                 except ValueError:
                     problems.append(f"seq {row.seq}: payload is not valid JSON (edited)")
-                if _content_hash(fields) != row.record_hash:
+                if content_hash(fields) != row.record_hash:
                     problems.append(
                         f"seq {row.seq}: record_hash does not match the record's content: "
                         "the record was edited"

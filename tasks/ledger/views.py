@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from tasks.errors import NotFound
-from tasks.ledger.events import FAILED, FINAL, OPENED, PROMOTE, RELEASE, ROLLED_BACK, SUCCEEDED, TRAFFIC, VALIDATE
+from tasks.ledger.events import FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK, SUCCEEDED, TRAFFIC, VALIDATE
 from tasks.pipeline.release import ReleaseState, release_summary
 
 
@@ -84,9 +84,14 @@ def release_row(detail: dict) -> dict:
                "strategy": detail["rollout"]["strategy"]})
 
 
+def of_releases(records: list) -> list:
+    """The records of releases: the ledger's own records of its signed checkpoints (model LEDGER) belong to none."""
+    return [record for record in records if record.model != LEDGER]
+
+
 def releases(ledger, model: str | None = None) -> list[dict]:
     """One row per release (oldest first), of one model or of all."""
-    return [release_row(detail) for detail in details(ledger.history(model))]
+    return [release_row(detail) for detail in details(of_releases(ledger.history(model)))]
 
 
 def show(ledger, release_id: str) -> dict:

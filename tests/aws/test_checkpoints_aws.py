@@ -106,7 +106,7 @@ def test_an_aws_release_config_checkpoints_its_ledger_into_the_object_lock_bucke
     for i in range(3):
         _append(ledger, n=i)
     first = backends.checkpoint()  # what release.finish calls
-    assert (first.seq, first.head_hash, first.key_id) == (3, ledger.head().record_hash, signer.key_id)
+    assert (first.seq, first.head_hash, first.key_id) == (3, ledger.history()[2].record_hash, signer.key_id)
     head = aws.client("s3").head_object(Bucket=BUCKET, Key=f"{PREFIX}/000000000001.json")
     assert head["ObjectLockMode"] == "COMPLIANCE"
     assert abs(head["ObjectLockRetainUntilDate"] - (datetime.now(timezone.utc) + timedelta(days=30))) < timedelta(minutes=5)
@@ -117,7 +117,7 @@ def test_an_aws_release_config_checkpoints_its_ledger_into_the_object_lock_bucke
     assert verdict["ok"] and verdict["checkpoints"] == 2 and verdict["checked_against"] == second.to_dict()
     assert sorted(v["Key"] for v in _objects(aws)) == [f"{PREFIX}/000000000001.json", f"{PREFIX}/000000000002.json"]
     proof = prove(ledger, store, "rel-2", signer.public)
-    assert [r["seq"] for r in proof["records"]] == [4] and check_proof(json.loads(json.dumps(proof)), signer.public) == []
+    assert [r["seq"] for r in proof["records"]] == [5] and check_proof(json.loads(json.dumps(proof)), signer.public) == []
     with pytest.raises(ConfigError, match="not a local key file"):
         checkpoint_parts(config, key_path=tmp_path / "key.pem")
     ledger.close()

@@ -50,7 +50,7 @@ def test_cleanup_lists_and_deletes_only_shiplifts_resources(aws, aws_release, ti
     said = capsys.readouterr().err.splitlines()
     times = {r["name"]: sum(1 for line in said if line.startswith("deleted ") and line.endswith(f" {r['name']}")) for r in listed}
     assert set(times.values()) == {1}, ("each resource is reported deleted once (a config its endpoint took with it is "
-                                       f"'already gone')", times)
+                                       "'already gone')", times)
     assert sagemaker.list_endpoints()["Endpoints"] == [] and sagemaker.list_inference_components()["InferenceComponents"] == []
     assert sorted(m["ModelName"] for m in sagemaker.list_models()["Models"]) == ["payments-model", "shiplift-hand-made"]
     assert [a["AlarmName"] for a in cloudwatch.describe_alarms()["MetricAlarms"]] == ["shiplift-someone-elses"]

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from tasks.ledger import merkle
 from tasks.ledger.checkpoints import CheckpointLog, SigningKey, check_proof, checkpoint, prove, verify_with_checkpoints
 from tasks.errors import ConfigError, IntegrityError, NotFound
-from tasks.ledger.store import GENESIS_HASH, Ledger, _content_hash
+from tasks.ledger.store import GENESIS_HASH, Ledger, content_hash
 from tests.unit.conftest import Backend
 from tests.unit.test_ledger import _append
 
@@ -46,7 +46,7 @@ def _rewrite(backend: Backend, ledger: Ledger, seq: int, payload: dict) -> None:
         for row in rows:
             row["payload"] = payload if row["seq"] == seq else json.loads(row["payload"])
             row["prev_hash"] = prev
-            row["record_hash"] = _content_hash(row)
+            row["record_hash"] = content_hash(row)
             prev = row["record_hash"]
             conn.execute(records.update().where(records.c.seq == row["seq"]).values(
                 prev_hash=row["prev_hash"], record_hash=row["record_hash"], payload=json.dumps(row["payload"])))
@@ -60,8 +60,10 @@ def _problems(ledger, log, key) -> list[str]:
 
 def test_a_checkpoint_signs_the_head_and_a_later_chain_extends_it(ledger, log, key):
     first = _signed(ledger, log, key)
-    assert (first.seq, first.head_hash, first.key_id) == (4, ledger.head().record_hash, key.key_id)
-    assert checkpoint(ledger, log, key) == first, "nothing new: no second checkpoint"
+    assert (first.seq, first.head_hash, first.key_id) == (4, ledger.history()[3].record_hash, key.key_id)
+    assert ledger.head().payload == {"seq": 4, "key_id": key.key_id, "head_hash": first.head_hash,
+                                     "signed_at": first.signed_at}, "the chain records the checkpoint"
+    assert checkpoint(ledger, log, key) == first and ledger.head().seq == 5, "nothing new: no second checkpoint"
     _append(ledger, n=9)
     second = checkpoint(ledger, log, key)
     verdict = verify_with_checkpoints(ledger, log, key.public)
@@ -155,7 +157,7 @@ def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, caps
     _rewrite(Backend("sqlite", "", None, engine), ledger, 1, {"n": "forged"})
     assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == EXIT_REJECTED
     headline, problem = capsys.readouterr().out.splitlines()[:2]
-    assert headline.startswith("Ledger verification FAILED (3 records; extends the checkpoint of seq 3")
+    assert headline.startswith("Ledger verification FAILED (4 records; extends the checkpoint of seq 3")
     assert problem.startswith("  - record 3 hashes to") and "the chain was rewritten" in problem
     engine.dispose()
 
@@ -195,10 +197,10 @@ def test_a_release_is_proven_included_with_the_checkpoint_alone(tmp_path, ledger
     checkpoint(ledger, log, key)
     _append(ledger, release_id="rel-a", n=99)  # after the checkpoint
     proof = prove(ledger, log, "rel-a", key.public)
-    assert [r["seq"] for r in proof["records"]] == [2, 4] and proof["not_yet_checkpointed"] == [6]
+    assert [r["seq"] for r in proof["records"]] == [2, 4] and proof["not_yet_checkpointed"] == [7]
     assert check_proof(json.loads(json.dumps(proof)), key.public) == []
     moved = json.loads(json.dumps(proof))
-    moved["records"][0]["record_hash"] = proof["records"][1]["record_hash"]  # claim another record's place
+    moved["records"][0]["path"] = proof["records"][1]["path"]  # another record's place in the tree
     assert check_proof(moved, key.public) == [f"record 2 is not proven included in the checkpoint of {proof['checkpoint']['signed_at']}"]
     forged = json.loads(json.dumps(proof))
     forged["checkpoint"]["merkle_root"] = "0" * 64
