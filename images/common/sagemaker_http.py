@@ -8,11 +8,14 @@ the <PREFIX>_* environment helpers. Standard library only: it is copied into eve
 `StrictHandler` and `StrictServer` are the HTTP/1.1 framing every shiplift server shares (the
 local router too): a request is read whole (line, headers, body) under one deadline before any
 admission slot is taken, parsed strictly, and every fault is answered as JSON, never by the
-standard library's HTML pages or a silent close.
+standard library's HTML pages or a silent close. Open connections are capped in all and per
+client address; an idle one (no request begun) gives way to a new one, so only connections
+mid-request can fill the server, and its 503 then carries `Retry-After` (busy, not dead).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.client
 import io
@@ -22,10 +25,13 @@ import os
 import re
 import signal
 import socket
+import struct
 import sys
+import termios
 import threading
 import time
 import traceback
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,10 +45,13 @@ MAX_REQUEST_LINE_BYTES = 8 << 10  # 414 beyond
 MAX_HEADER_LINE_BYTES = 8 << 10  # 431 beyond, as for the whole block and the count
 MAX_HEADER_BLOCK_BYTES = 32 << 10
 MAX_HEADER_COUNT = 100
-IDLE_TIMEOUT_S = 30.0  # an open connection may wait this long for its next request
+FIRST_BYTE_TIMEOUT_S = 2.0  # a new connection that has sent nothing by then is closed
+IDLE_TIMEOUT_S = 30.0  # a kept-alive connection may wait this long for its next request
 WRITE_TIMEOUT_S = 30.0  # a client that does not read our answer is dropped after this
 DEFAULT_READ_DEADLINE_S = 30.0  # from a request's first byte to its last
 DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 128
+BUSY_HEADER = "Retry-After"  # on a 503 that means "full, retry", never "not ready" or "broken"
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 REQUEST_LINE = re.compile(rf"({_TOKEN}) ([!-~]+) HTTP/([0-9])\.([0-9])")
 HEADER_LINE = re.compile(rf"({_TOKEN}):[ \t]*(.*?)[ \t]*")
@@ -125,11 +134,12 @@ class HttpSettings:
     port: int
     read_deadline_s: float = DEFAULT_READ_DEADLINE_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
 
 def read_http_settings(env: Mapping[str, str], prefix: str) -> HttpSettings:
-    """<prefix>_MAX_BODY_BYTES, _MAX_IN_FLIGHT, _QUEUE_TIMEOUT_S, _PORT, _HOST, _READ_DEADLINE_S and
-    _MAX_CONNECTIONS, checked in that order."""
+    """<prefix>_MAX_BODY_BYTES, _MAX_IN_FLIGHT, _QUEUE_TIMEOUT_S, _PORT, _HOST, _READ_DEADLINE_S,
+    _MAX_CONNECTIONS and _MAX_CONNECTIONS_PER_CLIENT, checked in that order."""
     max_body = env_int(env, f"{prefix}_MAX_BODY_BYTES", 1 << 20, 1, 1 << 30)
     max_in_flight = env_int(env, f"{prefix}_MAX_IN_FLIGHT", 4, 1, 4096)
     queue_timeout_s = env_float(env, f"{prefix}_QUEUE_TIMEOUT_S", 60.0, 0.001, 3600.0)
@@ -139,7 +149,15 @@ def read_http_settings(env: Mapping[str, str], prefix: str) -> HttpSettings:
         raise StartupError(f"{prefix}_HOST={host!r} is not a host; set it to an address such as 127.0.0.1")
     read_deadline_s = env_float(env, f"{prefix}_READ_DEADLINE_S", DEFAULT_READ_DEADLINE_S, 0.1, 3600.0)
     max_connections = env_int(env, f"{prefix}_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS, 1, 65536)
-    return HttpSettings(prefix, max_body, max_in_flight, queue_timeout_s, host, port, read_deadline_s, max_connections)
+    per_client = env_int(env, f"{prefix}_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_MAX_CONNECTIONS_PER_CLIENT, 1, 65536)
+    return HttpSettings(
+        prefix, max_body, max_in_flight, queue_timeout_s, host, port, read_deadline_s, max_connections, per_client
+    )
+
+
+def answered_busy(status: int, headers: Mapping[str, str] | http.client.HTTPMessage) -> bool:
+    """True for a 503 that says the server is full (it carries BUSY_HEADER): it answers, so it is alive."""
+    return status == 503 and headers.get(BUSY_HEADER) is not None
 
 
 def reject_constant(name: str) -> float:
@@ -272,11 +290,15 @@ def model_turn(lock: threading.Lock, http: HttpSettings) -> Iterator[None]:
 
 
 class DeadlineReader(io.RawIOBase):
-    """Socket reads bounded by one deadline for the whole request, or by the idle timeout between requests."""
+    """Socket reads bounded by one deadline for the whole request, or by the idle timeout before one begins.
 
-    def __init__(self, sock: socket.socket, idle_timeout_s: float):
+    While it waits for a request to begin, the connection is idle in `connections` and may give way to a
+    new one; it turns busy before a byte of the request is consumed, so none gives way mid-request."""
+
+    def __init__(self, sock: socket.socket, idle_timeout_s: float, connections: ConnectionTable):
         self.sock = sock
         self.idle_timeout_s = idle_timeout_s
+        self.connections = connections
         self.deadline: float | None = None
 
     def readable(self) -> bool:
@@ -284,12 +306,15 @@ class DeadlineReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         if self.deadline is None:
-            timeout = self.idle_timeout_s
+            self.connections.set_idle(self.sock)
+            self.sock.settimeout(self.idle_timeout_s)
+            if not self.sock.recv(1, socket.MSG_PEEK) or not self.connections.set_busy(self.sock):
+                return 0  # the client closed, or the connection gave way to a new one
         else:
             timeout = self.deadline - time.monotonic()
             if timeout <= 0:
                 raise TimeoutError("the request deadline passed")
-        self.sock.settimeout(timeout)
+            self.sock.settimeout(timeout)
         return self.sock.recv_into(buffer)
 
 
@@ -307,8 +332,91 @@ def _length_shown(raw: str) -> str:
     return repr(raw) if len(raw) <= 40 else f"a value of {len(raw)} characters"
 
 
+def _has_pending_bytes(sock: socket.socket) -> bool:
+    """True when the client has sent bytes nobody has read yet (its request is about to start); a client
+    that closed has none. Asked of the kernel (FIONREAD): a recv would wait out the socket's timeout."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0] > 0
+    except (OSError, ValueError):
+        return False  # closed already
+
+
+class ConnectionTable:
+    """Open connections, in all and per client address, each idle (no request begun) or busy.
+
+    Idle connections never hold a slot against a newcomer: over a cap, the oldest idle connection
+    (of the newcomer's address for the per-address cap, else of the address holding the most) is
+    shut down to make room. Only when every candidate is mid-request is the newcomer refused."""
+
+    def __init__(self, total: int, per_client: int):
+        self.total = total
+        self.per_client = min(per_client, total)
+        self.lock = threading.Lock()
+        self.address: dict[socket.socket, str] = {}  # every open connection
+        self.idle: dict[socket.socket, None] = {}  # oldest first
+        self.by_address: Counter[str] = Counter()
+
+    def admit(self, sock: socket.socket, address: str) -> bool:
+        """Count a new connection (idle until its first byte); False when no slot can be freed for it."""
+        with self.lock:
+            if self.by_address[address] >= self.per_client:
+                if not self._evict([s for s in self.idle if self.address[s] == address]):
+                    return False
+            elif len(self.address) >= self.total:
+                if not self._evict(sorted(self.idle, key=lambda s: -self.by_address[self.address[s]])):
+                    return False
+            self.address[sock] = address
+            self.by_address[address] += 1
+            self.idle[sock] = None
+            return True
+
+    def _evict(self, candidates: list[socket.socket]) -> bool:
+        """Shut down the first candidate with nothing unread (caller holds the lock); False when none."""
+        for sock in candidates:
+            if _has_pending_bytes(sock):
+                continue
+            self._forget(sock)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # its handler's wait for a first byte ends with EOF
+            except OSError:
+                pass  # already gone
+            return True
+        return False
+
+    def set_idle(self, sock: socket.socket) -> None:
+        """The connection waits for a request to begin: it may give way to a newcomer."""
+        with self.lock:
+            if sock in self.address:
+                self.idle[sock] = None
+
+    def set_busy(self, sock: socket.socket) -> bool:
+        """A request has arrived, still unread; False when the connection gave way first (then close it)."""
+        with self.lock:
+            self.idle.pop(sock, None)
+            return sock in self.address
+
+    def release(self, sock: socket.socket) -> None:
+        """The connection closed (a no-op for one already evicted)."""
+        with self.lock:
+            if sock in self.address:
+                self._forget(sock)
+
+    def _forget(self, sock: socket.socket) -> None:
+        address = self.address.pop(sock)
+        self.idle.pop(sock, None)
+        self.by_address[address] -= 1
+        if not self.by_address[address]:
+            del self.by_address[address]
+
+    def counts(self, address: str) -> tuple[int, int]:
+        """(open connections, of which from `address`)."""
+        with self.lock:
+            return len(self.address), self.by_address[address]
+
+
 class StrictServer(ThreadingHTTPServer):
-    """A threading HTTP server with a bound on open connections; each handler reads under its deadlines."""
+    """A threading HTTP server with caps on open connections (in all and per client address); idle
+    connections give way to new ones, and each handler reads under its deadlines."""
 
     daemon_threads = True
     request_queue_size = 128
@@ -320,35 +428,45 @@ class StrictServer(ThreadingHTTPServer):
         *,
         read_deadline_s: float = DEFAULT_READ_DEADLINE_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        first_byte_timeout_s: float = FIRST_BYTE_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
     ):
         self.read_deadline_s = read_deadline_s
+        self.first_byte_timeout_s = first_byte_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
-        self.connection_slots = threading.BoundedSemaphore(max_connections)
+        self.connections = ConnectionTable(max_connections, max_connections_per_client)
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Serve the connection on its own thread, or answer 503 at once when too many are open."""
-        if not self.connection_slots.acquire(blocking=False):
-            self._refuse(request)
+        """Serve the connection on its own thread, or answer 503 at once when no slot can be freed."""
+        if not self.connections.admit(request, client_address[0]):
+            self._refuse(request, client_address[0])
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.connection_slots.release()
+            self.connections.release(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.connection_slots.release()
+            self.connections.release(request)
 
-    def _refuse(self, request: socket.socket) -> None:
-        body, headers = self.RequestHandlerClass.error_answer(
-            HttpError(503, f"{self.max_connections} connections are open; retry with backoff", retryable=True), None
+    def _refuse(self, request: socket.socket, address: str) -> None:
+        total, mine = self.connections.counts(address)
+        error = HttpError(
+            503,
+            f"{total} connections are open ({mine} from {address}, at most {self.connections.per_client} per client) "
+            "and every one that could make room is mid-request; retry with backoff",
+            retryable=True,
+            headers={BUSY_HEADER: "1"},
         )
+        body, headers = self.RequestHandlerClass.error_answer(error, None)
+        headers = {**headers, **error.headers}
         head = "".join(f"{key}: {value}\r\n" for key, value in headers.items())
         try:
             request.settimeout(1.0)
@@ -379,7 +497,7 @@ class StrictHandler(BaseHTTPRequestHandler):
         super().setup()
         if self.connection.family in (socket.AF_INET, socket.AF_INET6):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = DeadlineReader(self.connection, self.server.idle_timeout_s)
+        self.reader = DeadlineReader(self.connection, self.server.first_byte_timeout_s, self.server.connections)
         self.rfile = io.BufferedReader(self.reader, 64 << 10)
 
     # -- what subclasses decide ---------------------------------------------------------------
@@ -389,6 +507,9 @@ class StrictHandler(BaseHTTPRequestHandler):
 
     def body_too_large(self, length: int) -> HttpError:
         return HttpError(413, f"body: {length} bytes is over the limit of {self.max_body_bytes()} bytes")
+
+    def check_headers(self) -> None:
+        """Refuse a request (raise HttpError) from its line and headers, before its body is read."""
 
     @classmethod
     def error_answer(cls, error: HttpError, path: str | None) -> tuple[bytes, dict[str, str]]:
@@ -452,17 +573,18 @@ class StrictHandler(BaseHTTPRequestHandler):
 
     # -- reading -----------------------------------------------------------------------------
     def handle_one_request(self) -> None:
-        """Wait (idle timeout) for a request, read it whole (deadline), then dispatch it."""
+        """Wait (first-byte, then idle timeout) for a request, read it whole (deadline), then dispatch it."""
         self.command, self.path, self.request_version, self.requestline = None, "", "HTTP/1.1", ""
         self.body, self.declared_length = b"", None
         self.reader.deadline = None
         try:
             if not self.rfile.peek(1):
-                self.close_connection = True  # the client closed an idle connection
+                self.close_connection = True  # the client closed an idle connection, or it gave way to a new one
                 return
         except OSError:
             self.close_connection = True  # idle too long, or reset
             return
+        self.reader.idle_timeout_s = self.server.idle_timeout_s
         deadline_s = self.server.read_deadline_s
         self.reader.deadline = time.monotonic() + deadline_s
         try:
@@ -508,6 +630,7 @@ class StrictHandler(BaseHTTPRequestHandler):
         self.headers = self._read_headers()
         tokens = {t.strip().lower() for v in self.headers.get_all("Connection", []) for t in v.split(",")}
         self.close_connection = "close" in tokens or (minor == "0" and "keep-alive" not in tokens)
+        self.check_headers()
         self.body = self._read_body()
 
     def _read_headers(self) -> http.client.HTTPMessage:
@@ -604,6 +727,7 @@ class ModelServer(StrictServer):
             ModelHandler,
             read_deadline_s=limits.read_deadline_s,
             max_connections=limits.max_connections,
+            max_connections_per_client=limits.max_connections_per_client,
         )
 
     def load(self) -> None:

@@ -4,8 +4,8 @@ Everything is loopback. Each class of protocol fault is sent by hand (methods, r
 header blocks, Content-Length spellings, framing), then hypothesis sends generated requests; every
 answer must be a JSON error in the server's shape (the router's SageMaker routes: `Message` and
 `x-amzn-ErrorType`), never a 500, an HTML page or a silent close, and the server must keep serving.
-Slow clients are held to one deadline per request without taking a scoring slot, and an open
-connection beyond the server's limit gets a 503 at once. `pytest -s` prints the counts per class.
+Slow clients are held to one deadline per request without taking a scoring slot, an idle
+connection gives way to a new one, and a connection beyond a limit full of requests gets a 503 at once. `pytest -s` prints the counts per class.
 """
 
 from __future__ import annotations
@@ -427,14 +427,24 @@ def test_trickled_headers_hit_the_same_deadline(target):
 
 
 def test_connections_over_the_limit_get_503_at_once_then_recover(target):
+    """Idle connections give way to a new one; when every one is mid-request, one more gets 503 busy at once."""
     idle = [socket.create_connection(("127.0.0.1", target.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
     try:
-        time.sleep(0.3)  # each is accepted and waits for a request line on its own thread
+        answers = _exchange(target.port, _head(["GET /ping HTTP/1.1", "Host: x"]))
+        assert answers and answers[0].status == 200, [(a.status, a.body) for a in answers]
+    finally:
+        for sock in idle:
+            sock.close()
+    busy = [socket.create_connection(("127.0.0.1", target.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for sock in busy:
+            sock.sendall(b"GET /ping HTTP/1.1\r\n")  # begun, never finished (until the read deadline)
         answers = _exchange(target.port, _head(["GET /ping HTTP/1.1", "Host: x"]))
         assert answers and answers[0].status == 503, [(a.status, a.body) for a in answers]
         _assert_json_error(answers[0], 503)
+        assert answers[0].headers["Retry-After"] == "1", "busy, not dead"
     finally:
-        for sock in idle:
+        for sock in busy:
             sock.close()
     deadline = time.monotonic() + 10
     while _exchange(target.port, _head(["GET /ping HTTP/1.1", "Host: x"]))[0].status != 200:

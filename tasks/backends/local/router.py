@@ -19,9 +19,12 @@ spec of the copy that answered, so a canary's errors and latency are its own.
 
 Each request goes to the healthy copy with the fewest outstanding requests. A copy whose
 `/ping` fails twice in a row, or that refuses or breaks a forwarded request, leaves rotation
-until its `/ping` answers 200 again; `/ping` of the router says so. The router keeps its
-components in memory only; `tasks.backends.local.supervisor` persists them, registers them again after a
-restart and replaces dead copies. Stdlib only (plus `images/common/sagemaker_http.py`, the
+until its `/ping` answers 200 again; `/ping` of the router says so. A copy whose `/ping` answers
+503 busy (its connections are full: `Retry-After`) answers, so it stays where it is. The data
+port never shows copy URLs (copies are named by their position in the component), and the
+control port reads no body before the token is checked and refuses the router's own ports as
+copies. The router keeps its components in memory only; `tasks.backends.local.supervisor`
+persists them, registers them again after a restart and replaces dead copies. Stdlib only (plus `images/common/sagemaker_http.py`, the
 HTTP framing every shiplift server shares), so it starts in a fraction of a second.
 """
 
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from images.common.sagemaker_http import HttpError, StrictHandler, StrictServer, parse_json_object
+from images.common.sagemaker_http import HttpError, StrictHandler, StrictServer, answered_busy, parse_json_object
 from tasks.atomic import write_json_atomic
 
 
@@ -63,6 +66,7 @@ PING_TIMEOUT_S = 2.0
 HEALTH_INTERVAL_S = 1.0
 FAILED_CHECKS_TO_DOWN = 2  # consecutive failed /ping checks that take a copy out of rotation
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+EXIT_PORT_TAKEN = 3  # the --port asked for is not free (the supervisor then lets the router pick one)
 
 
 def name_problem(name: object) -> str | None:
@@ -126,7 +130,7 @@ class Component:
         return {
             "healthy": sum(c.healthy for c in self.copies),
             "copies": len(self.copies),
-            "down": {c.url: c.problem for c in self.copies if not c.healthy},
+            "down": {f"copy {i}": c.problem for i, c in enumerate(self.copies, 1) if not c.healthy},
         }
 
 
@@ -140,7 +144,8 @@ class Upstream:
     content_type: str | None = None
     custom_attributes: str | None = None
     failure: str | None = None  # "timeout" | "unreachable" | "broken"
-    detail: str = ""
+    detail: str = ""  # what went wrong, without the copy's URL (it may reach a client)
+    busy: bool = False  # a 503 saying the copy is full (BUSY_HEADER): alive, just not taking more now
 
 
 @dataclass
@@ -205,6 +210,8 @@ def parse_copy_url(url: object) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost"):
         raise ValueError(f"copy URL {url!r} must be http://127.0.0.1:PORT (loopback only)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("a copy URL must not carry credentials; give exactly http://127.0.0.1:PORT")
     if parts.port is None or parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError(f"copy URL {url!r} must be exactly http://127.0.0.1:PORT")
     return parts.hostname, parts.port
@@ -225,6 +232,7 @@ class Router:
     ):
         self.name = name
         self.port = 0
+        self.admin_port = 0
         self.invoke_timeout_s = invoke_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_body_bytes = max_body_bytes
@@ -248,6 +256,8 @@ class Router:
         wanted = []
         for entry in copies:
             host, port = parse_copy_url(entry["url"])
+            if port in (self.port, self.admin_port):
+                raise ValueError(f"copy URL {entry['url']!r} is this router's own port; give a model server's")
             wanted.append((entry["url"].rstrip("/"), host, port, entry["spec_sha256"]))
         with self.lock:
             component = self.components.get(name)
@@ -324,6 +334,8 @@ class Router:
             copies = [c for comp in self.components.values() for c in comp.copies]
         for copy in copies:
             result = self._call(copy, "GET", "/ping", None, {})
+            if result.busy:
+                continue  # it answers: full is not dead, and not recovered either
             ok = result.failure is None and result.status == 200
             problem = result.detail if result.failure else f"GET /ping answered {result.status}"
             self._mark(copy, ok, problem, at_once=result.failure == "unreachable")
@@ -371,7 +383,7 @@ class Router:
         tried: set[str] = set()
         started = time.monotonic()
         with self.lock:
-            down = [c.url for c in component.copies if not c.healthy]
+            down = [f"copy {i}" for i, c in enumerate(component.copies, 1) if not c.healthy]
         result = Upstream(
             copy_url=None,
             failure="unreachable",
@@ -407,7 +419,7 @@ class Router:
             try:
                 conn.connect()
             except OSError as exc:
-                return Upstream(copy.url, failure="unreachable", detail=f"{copy.url}: {exc}")
+                return Upstream(copy.url, failure="unreachable", detail=f"connecting failed: {exc}")
             conn.sock.settimeout(timeout)
             try:
                 conn.request(method, path, body=body, headers=headers)
@@ -417,15 +429,15 @@ class Router:
                 return Upstream(
                     copy.url,
                     failure="timeout",
-                    detail=f"{copy.url} did not answer within {timeout:g}s",
+                    detail=f"the copy did not answer within {timeout:g}s",
                 )
             except (OSError, http.client.HTTPException) as exc:
-                return Upstream(copy.url, failure="broken", detail=f"{copy.url}: {exc!r}")
+                return Upstream(copy.url, failure="broken", detail=f"the answer broke off: {exc!r}")
             if len(data) > self.max_body_bytes:
                 return Upstream(
                     copy.url,
                     failure="broken",
-                    detail=f"{copy.url} answered more than {self.max_body_bytes} bytes",
+                    detail=f"the copy answered more than {self.max_body_bytes} bytes",
                 )
             return Upstream(
                 copy.url,
@@ -433,6 +445,7 @@ class Router:
                 body=data,
                 content_type=response.getheader("Content-Type"),
                 custom_attributes=response.getheader(CUSTOM_ATTRIBUTES_HEADER),
+                busy=answered_busy(response.status, response.headers),
             )
         finally:
             conn.close()
@@ -597,7 +610,7 @@ class Handler(RouterHandler):
             self.send_bytes(200, result.body, result.content_type or "application/octet-stream", headers)
             return
         original = result.body.decode("utf-8", errors="replace")
-        where = f"component {component.name} copy {result.copy_url}"
+        where = f"component {component.name}"
         if result.failure == "unreachable" or result.status == 503:
             code, status = "ServiceUnavailable", 503
             reason = result.detail if result.failure else f"503 with message {original!r}"
@@ -635,24 +648,20 @@ class AdminHandler(RouterHandler):
     def max_body_bytes(self) -> int:
         return ADMIN_MAX_BODY_BYTES
 
-    def _authorised(self) -> bool:
+    def check_headers(self) -> None:
+        """The token is checked from the headers alone: no body is read (nor 100 Continue sent) without it."""
         scheme, _, presented = (self.headers.get("Authorization") or "").partition(" ")
         if scheme == "Bearer" and hmac.compare_digest(presented.encode(), self.token.encode()):
-            return True
-        self.send_error_answer(
-            HttpError(
-                401,
-                "the control API needs Authorization: Bearer <admin_token from the router's state file>",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            return
+        raise HttpError(
+            401,
+            "the control API needs Authorization: Bearer <admin_token from the router's state file>",
+            headers={"WWW-Authenticate": "Bearer"},
         )
-        return False
 
     def _route(self, method: str) -> str | None:
-        """The admin path below /_shiplift/, once the caller is authorised; None when answered."""
+        """The admin path below /_shiplift/ (the caller is authorised); None when answered."""
         path = self._path()
-        if not self._authorised():
-            return None
         if not path.startswith(ADMIN_PREFIX):
             self._json(404, {"error": f"no route {method} {path}"})
             return None
@@ -750,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-in-flight", type=int, default=128)
     parser.add_argument("--read-deadline-s", type=float, default=30.0, help="seconds a client has to send a request")
     parser.add_argument("--max-connections", type=int, default=512)
+    parser.add_argument("--max-connections-per-client", type=int, default=256)
     parser.add_argument("--health-interval-s", type=float, default=HEALTH_INTERVAL_S)
     args = parser.parse_args(argv)
     problem = name_problem(args.name)
@@ -762,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_in_flight",
         "read_deadline_s",
         "max_connections",
+        "max_connections_per_client",
         "health_interval_s",
     ):
         if getattr(args, flag) <= 0:
@@ -774,11 +785,19 @@ def main(argv: list[str] | None = None) -> int:
         max_in_flight=args.max_in_flight,
         health_interval_s=args.health_interval_s,
     )
-    limits = {"read_deadline_s": args.read_deadline_s, "max_connections": args.max_connections}
-    server = RouterServer(("127.0.0.1", args.port), Handler, router, **limits)
+    limits = {
+        "read_deadline_s": args.read_deadline_s,
+        "max_connections": args.max_connections,
+        "max_connections_per_client": args.max_connections_per_client,
+    }
+    try:
+        server = RouterServer(("127.0.0.1", args.port), Handler, router, **limits)
+    except OSError as exc:
+        sys.stderr.write(f"router {args.name}: cannot listen on 127.0.0.1:{args.port} ({exc})\n")
+        return EXIT_PORT_TAKEN
     AdminHandler.token = secrets.token_urlsafe(32)
     admin = RouterServer(("127.0.0.1", 0), AdminHandler, router, **limits)
-    router.port = server.server_address[1]
+    router.port, router.admin_port = server.server_address[1], admin.server_address[1]
 
     def stop(*_: Any) -> None:
         router.stopping.set()

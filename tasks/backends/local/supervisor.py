@@ -7,8 +7,10 @@ Mutations of one endpoint are serialised by a file lock, so two commands never r
 
 Dead copies: the router takes a copy that stops answering out of rotation and says so in
 its `/ping`; `ensure_endpoint` (which every deploy, invoker and `shiplift endpoints heal` goes
-through) replaces copies whose process died or that the router holds out of rotation, so each
-component is back at its spec's copy count.
+through) replaces copies whose process died or that neither the router holds in rotation nor
+answer `/ping`, so each component is back at its spec's copy count. Busy is not dead: a router
+or copy answering 503 with `Retry-After` (its connections are full) is left running, and a
+router that did die comes back on its port, so the endpoint's URL stays the same.
 
 Crash safety: copies being started are recorded as `pending` before anyone waits on them and
 replaced copies as `retiring` before the router switches; the next command on the endpoint
@@ -40,7 +42,8 @@ from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotF
 from tasks.hashing import canonical_json, sha256_json
 from tasks.atomic import write_json_atomic
 from tasks.project import PROJECT_ROOT
-from tasks.backends.local.router import name_problem
+from tasks.backends.local.router import EXIT_PORT_TAKEN, name_problem
+from images.common.sagemaker_http import answered_busy
 from tasks.backends.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
 
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
@@ -312,6 +315,14 @@ def _log_tail(path: str | Path) -> str:
     return text.strip() or "(log is empty)"
 
 
+class Busy(http.client.HTTPException):
+    """A server answered 503 with Retry-After: it is alive but full; ask again later, never replace it."""
+
+
+class PortTaken(Exception):
+    """The router could not listen on the port it was given."""
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -327,7 +338,7 @@ def _http(
     token: str | None = None,
 ) -> tuple[int, Any]:
     """One JSON request to 127.0.0.1:port (with a bearer token for a control port); raises
-    OSError/HTTPException when unreachable."""
+    OSError/HTTPException when unreachable, Busy when it answers that it is full."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         body = canonical_json(payload) if payload is not None else None
@@ -337,6 +348,8 @@ def _http(
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
+        if answered_busy(response.status, response.headers):
+            raise Busy(f"127.0.0.1:{port} answered 503 busy: {data[:300].decode('utf-8', errors='replace')}")
         try:
             return response.status, json.loads(data) if data else None
         except ValueError:
@@ -362,12 +375,25 @@ def _router_copies(comp: ComponentState) -> list[dict[str, str]]:
     return [{"url": c.url, "spec_sha256": c.spec_sha256 or comp.spec_sha256} for c in comp.copies]
 
 
+def _probe(port: int) -> tuple[int | None, bool]:
+    """(status of GET /ping on a copy, whether it was a busy 503); (None, False) when it does not answer in time."""
+    try:
+        return _http(port, "GET", "/ping", timeout=PING_TIMEOUT_S)[0], False
+    except Busy:
+        return 503, True
+    except (OSError, http.client.HTTPException):
+        return None, False
+
+
 def _ping(port: int) -> int | None:
     """Status of GET /ping on a copy, or None when it does not answer in time."""
-    try:
-        return _http(port, "GET", "/ping", timeout=PING_TIMEOUT_S)[0]
-    except (OSError, http.client.HTTPException):
-        return None
+    return _probe(port)[0]
+
+
+def _answers(port: int) -> bool:
+    """True when a copy's /ping says ready, or busy (full, yet alive): heal leaves it running."""
+    status, busy = _probe(port)
+    return status == 200 or busy
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -755,15 +781,25 @@ class ProcessSupervisor:
             self._stop_copies(state.pending + state.retiring)
             state.pending, state.retiring = [], []
             self._save(state)
-        if state.router is not None and self._router_healthy(state):
+        health = "dead" if state.router is None else self._router_health(state)
+        if health == "busy":
+            assert state.router is not None
+            raise NotReady(
+                f"the router of endpoint {name} (pid {state.router.pid}) answers, but its control port "
+                f"{state.router.admin_port} is busy (503: every connection is mid-request); it was left running",
+                fix=f"retry shortly; if it stays busy, see what holds its connections: ss -tnp 'sport = :{state.router.admin_port}'",
+            )
+        if health == "ok":
             status = "running"
         else:
             status = "created" if state.router is None else "restarted"
+            port = 0
             if state.router is not None:
+                port = state.router.port  # the endpoint's URL stays the same
                 _stop([state.router], self.stop_grace_s)  # hung, or gone already
             for comp in state.components.values():
                 comp.copies = [c for c in comp.copies if _alive(c)]
-            state.router = self._start_router(name)
+            state.router = self._start_router(name, port)
             self._save(state)
         self._sync_router(state)
         return state, status
@@ -786,21 +822,29 @@ class ProcessSupervisor:
         _stop(orphans, self.stop_grace_s)
 
     def _router_healthy(self, state: EndpointState) -> bool:
+        return self._router_health(state) == "ok"
+
+    def _router_health(self, state: EndpointState) -> Literal["ok", "busy", "dead"]:
+        """ok: our router answers its control API; busy: it answers 503 busy; dead: gone, hung or not ours."""
         assert state.router is not None
         if not _alive(state.router) or not state.router.admin_port:
-            return False
+            return "dead"
         try:
             code, body = self._admin(state, "GET", "state", timeout=2.0)
-        except NotReady:
-            return False
-        return (
-            code == 200
-            and isinstance(body, dict)
-            and body.get("name") == state.name
-            and body.get("pid") == state.router.pid
-        )
+        except NotReady as exc:  # busy: it answered 503 with Retry-After (`_admin` keeps that as the cause)
+            return "busy" if isinstance(exc.__cause__, Busy) else "dead"
+        ours = isinstance(body, dict) and body.get("name") == state.name and body.get("pid") == state.router.pid
+        return "ok" if code == 200 and ours else "dead"
 
-    def _start_router(self, name: str) -> RouterRef:
+    def _start_router(self, name: str, port: int) -> RouterRef:
+        """Start the router on `port` (0: any free one; a port taken meanwhile falls back to any)."""
+        try:
+            return self._spawn_router(name, port)
+        except PortTaken:
+            sys.stderr.write(f"endpoint {name}: port {port} is taken; the router listens on a new port\n")
+            return self._spawn_router(name, 0)
+
+    def _spawn_router(self, name: str, port: int) -> RouterRef:
         ready = self._ready_path(name)
         ready.unlink(missing_ok=True)
         log = self.state_dir / "logs" / name / "router.log"
@@ -816,7 +860,7 @@ class ProcessSupervisor:
             "--name",
             name,
             "--port",
-            "0",
+            str(port),
             "--state-file",
             str(ready),
         ]
@@ -833,6 +877,8 @@ class ProcessSupervisor:
         deadline = time.monotonic() + self.router_start_timeout_s
         while True:
             code = proc.poll()
+            if code == EXIT_PORT_TAKEN and port:
+                raise PortTaken(port)
             if code is not None:
                 raise CapacityError(
                     f"router of endpoint {name} exited with code {code} while starting; "
@@ -861,6 +907,11 @@ class ProcessSupervisor:
             info = json.loads(self._ready_path(state.name).read_text(encoding="utf-8"))
             token = str(info["admin_token"])
             return _http(state.router.admin_port, method, "/_shiplift/" + path, payload, timeout, token)
+        except Busy as exc:
+            raise NotReady(
+                f"router of endpoint {state.name} is busy on {method} {path}: {exc}",
+                fix="retry shortly; the router was left running",
+            ) from exc
         except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
             raise NotReady(
                 f"router of endpoint {state.name} did not answer {method} {path}: {exc!r}",
@@ -898,7 +949,7 @@ class ProcessSupervisor:
             if comp.previous is not None:
                 continue  # a rolling update owns this component's copies until it ends
             in_rotation = {c["url"] for c in registered.get(cname, {}).get("copies", []) if c["healthy"]}
-            keep = [c for c in comp.copies if _alive(c) and c.url in in_rotation]
+            keep = [c for c in comp.copies if _alive(c) and (c.url in in_rotation or _answers(c.port))]
             missing = comp.spec.copies - len(keep)
             if missing <= 0:
                 continue
