@@ -32,7 +32,7 @@ ENV_PREFIX = "SHIPLIFT_CONFIG__"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 MAX_RESOURCE_NAME = 63
 PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)")
-LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "model_registry")  # left out of the config hash
+LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "checkpoint_witness", "model_registry")  # left out of the config hash
 
 Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
 

@@ -98,7 +98,16 @@ def sign_checkpoint(ledger, config: ReleaseConfig | None = None, *, state_dir: s
     from tasks.ledger.checkpoints import checkpoint
 
     signer, store = checkpoint_parts(config, state_dir=state_dir, key_path=key_path, create_key=True, session=session)
-    return checkpoint(ledger, store, signer)
+    return checkpoint(ledger, store, signer, witness=checkpoint_witness(config))
+
+
+def checkpoint_witness(config: ReleaseConfig | None):
+    """The witness log a local config names (`backend.checkpoint_witness`), else $SHIPLIFT_CHECKPOINT_WITNESS's, else
+    None. aws needs none: its checkpoint objects are under COMPLIANCE Object Lock, so they cannot be cut back."""
+    from tasks.ledger.checkpoints import CheckpointLog, default_witness, log_path
+
+    folder = getattr(config.backend, "checkpoint_witness", None) if config is not None else None
+    return CheckpointLog(log_path(folder)) if folder else default_witness()
 
 
 def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Path | None = None,

@@ -121,11 +121,12 @@ def verify_ledger(ledger, state_dir: str | Path | None, *, ledger_url: str | Non
     bucket), else the log `checkpoint_folder` names or finds, checked with `public_key` (else the local key's public
     half): never ones the ledger itself names, which whoever rewrote it could have chosen. A log looked for and not
     found, while the chain records checkpoints, is refused (BadInput) with the fix. The witness of `witness_dir`
-    (else $SHIPLIFT_CHECKPOINT_WITNESS) is cross-checked against the log and the chain."""
-    from tasks.backends.registry import checkpoint_parts
-    from tasks.ledger.checkpoints import CheckpointLog, default_witness, log_path, verify_with_checkpoints
+    (else the config's `backend.checkpoint_witness`, else $SHIPLIFT_CHECKPOINT_WITNESS) is cross-checked against the
+    log and the chain."""
+    from tasks.backends.registry import checkpoint_parts, checkpoint_witness
+    from tasks.ledger.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
 
-    witness = CheckpointLog(log_path(witness_dir)) if witness_dir else default_witness()
+    witness = CheckpointLog(log_path(witness_dir)) if witness_dir else checkpoint_witness(config)
     if witness_dir and not witness.path.exists():
         raise BadInput(f"no witness log at {witness.path}",
                        fix="pass the folder $SHIPLIFT_CHECKPOINT_WITNESS named when the checkpoints were signed")

@@ -327,12 +327,13 @@ class CheckpointLog:
             os.fsync(handle.fileno())
 
 
-def checkpoint(ledger, log: CheckpointStore, key: Signer, *, now: datetime | None = None) -> Checkpoint:
+def checkpoint(ledger, log: CheckpointStore, key: Signer, *, now: datetime | None = None,
+               witness: CheckpointStore | None = None) -> Checkpoint:
     """Verify the chain and that it extends every checkpoint (and the witness's, `default_witness`), then sign its
     head and append that to the log, the witness and the chain, under the log's lock; a store without one (S3)
     refuses an append another writer got in before, and then this reads, verifies and signs again. Refuses a broken
-    chain (it would be re-signed) and a clock behind the latest checkpoint."""
-    witness = default_witness()
+    chain (it would be re-signed) and a clock behind the latest checkpoint. `witness` defaults to `default_witness`."""
+    witness = witness if witness is not None else default_witness()
     with log.locked():
         for attempt in range(1, APPEND_ATTEMPTS + 1):
             try:

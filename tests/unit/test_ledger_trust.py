@@ -243,3 +243,35 @@ def test_a_witness_copy_of_the_signed_heads_names_a_ledger_and_log_cut_back_toge
     assert code == EXIT_REJECTED and verdict["problems"] == [
         f"checkpoint witness line 1 (seq 2) has a signature that does not verify with key {second['key_id']}: it was "
         "forged or edited"]
+
+
+def test_a_local_config_names_its_witness_and_a_witness_inside_the_state_dir_is_refused(tmp_path, monkeypatch):
+    """`backend.checkpoint_witness` is what signing writes to and what `verify --config` checks against, with no
+    environment variable; a folder inside the state dir would be cut back with the log, so the config is refused."""
+    from tasks.backends.registry import checkpoint_witness, sign_checkpoint
+    from tasks.config import load_release_config
+    from tasks.errors import ConfigError
+    from tasks.ledger.audit import verify_ledger
+
+    monkeypatch.delenv("SHIPLIFT_CHECKPOINT_WITNESS", raising=False)
+    monkeypatch.setenv("SHIPLIFT_CHECKPOINT_KEY", str(tmp_path / "keys" / "ledger.pem"))
+    base = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
+    state, witness = tmp_path / "state", tmp_path / "other-disk" / "witness"
+    config = load_release_config(base, overrides=(f"backend.state_dir={state}", f"backend.checkpoint_witness={witness}"))
+    assert checkpoint_witness(config).path == witness / "ledger-checkpoints.jsonl"
+    with Ledger.for_sqlite(state / "ledger.db") as ledger:
+        _append(ledger, release_id="rel-a", n=3)
+        first = sign_checkpoint(ledger, config)
+        _append(ledger, release_id="rel-b", n=3)
+        second = sign_checkpoint(ledger, config)
+    assert [json.loads(line)["seq"] for line in (witness / "ledger-checkpoints.jsonl").read_text().splitlines()] == [
+        first.seq, second.seq]
+    log = state / "ledger-checkpoints.jsonl"
+    log.write_text(log.read_text().splitlines(keepends=True)[0])  # ledger and log cut back together
+    raw(state, f"DELETE FROM ledger_records WHERE seq > {first.seq + 1}")
+    with Ledger(f"sqlite:///{state / 'ledger.db'}", read_only=True) as ledger:
+        assert verify_ledger(ledger, state)["ok"], "without the witness they look whole"
+        verdict = verify_ledger(ledger, state, config=config)
+    assert not verdict["ok"] and any("which the checkpoint log lacks" in p for p in verdict["problems"])
+    with pytest.raises(ConfigError, match="is inside backend.state_dir"):
+        load_release_config(base, overrides=(f"backend.state_dir={state}", f"backend.checkpoint_witness={state / 'w'}"))
