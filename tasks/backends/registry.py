@@ -103,7 +103,7 @@ def sign_checkpoint(ledger, config: ReleaseConfig | None = None, *, state_dir: s
 
 def checkpoint_witness(config: ReleaseConfig | None):
     """The witness log a local config names (`backend.checkpoint_witness`), else $SHIPLIFT_CHECKPOINT_WITNESS's, else
-    None. aws needs none: its checkpoint objects are under COMPLIANCE Object Lock, so they cannot be cut back."""
+    None. aws needs none: its checkpoint objects are under Object Lock (COMPLIANCE by default), so they cannot be cut back."""
     from tasks.ledger.checkpoints import CheckpointLog, default_witness, log_path
 
     folder = getattr(config.backend, "checkpoint_witness", None) if config is not None else None
