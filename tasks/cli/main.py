@@ -349,10 +349,15 @@ def ledger_url_of(args) -> str | None:
 
 
 def checkpoints_config(args):
-    """The release config of --config (whose backend names the checkpoints: aws), or None for the state dir's."""
+    """The release config of --config (whose backend names the checkpoints: aws), or None for the state dir's; loaded
+    once per command (the ledger commands ask for it from several helpers)."""
     from tasks.config import load_release_config
 
-    return load_release_config(args.config) if getattr(args, "config", None) else None
+    if not getattr(args, "config", None):
+        return None
+    if getattr(args, "loaded_config", None) is None:
+        args.loaded_config = load_release_config(args.config)
+    return args.loaded_config
 
 
 def checkpoint_dir(args) -> Path | None:

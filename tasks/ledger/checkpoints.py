@@ -422,11 +422,11 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None, exp
     problems = list(chain.problems)
     entries = log.entries()
     recorded = _recorded(ledger, chain.chain)
-    stored = [_recorded_body(found) for _, found, _ in entries if found is not None]
+    stored = {_named(_recorded_body(found)) for _, found, _ in entries if found is not None}
     problems += [f"record {seq} records the checkpoint of seq {body.get('seq')} signed {body.get('signed_at')} by key "
                  f"{body.get('key_id')}, but no checkpoint store entry holds it: the checkpoint log was deleted, "
                  "emptied or cut back (or this is not the ledger's state dir)"
-                 for seq, body in recorded if body not in stored]
+                 for seq, body in recorded if _named(body) not in stored]
     valid: list[Checkpoint] = []
     key_id = _key_id(public) if public is not None else None
     for where, found, problem in entries:
@@ -439,11 +439,12 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None, exp
                             f"before it (seq {valid[-1].seq}, {valid[-1].signed_at})")
         valid.append(found)
     witnessed: list[Checkpoint] = []
+    in_log = {(found.seq, found.signature) for found in valid}
     for where, found, problem in witness.entries() if witness is not None else []:
         wrong = _entry_problem(f"witness {where}", found, problem, public)
         if wrong:
             problems.append(wrong)
-        elif found not in valid:
+        elif (found.seq, found.signature) not in in_log:
             problems.append(f"witness {where} holds the checkpoint of seq {found.seq} signed {found.signed_at}, which "
                             "the checkpoint log lacks: the log was cut back or replaced")
             witnessed.append(found)
@@ -466,6 +467,11 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None, exp
                "checkpoints": len(entries), "checked_against": latest.to_dict() if latest else None, "key_id": key_id,
                "recorded_checkpoints": len(recorded)}
     return verdict, chain.chain, latest, recorded
+
+
+def _named(body: dict[str, Any]) -> tuple:
+    """A checkpoint record's body as a hashable key (what it names of the checkpoint, in RECORDED order)."""
+    return tuple(body.get(name) for name in RECORDED)
 
 
 def _leaves(chain: list[tuple[int, str]]) -> list[bytes]:

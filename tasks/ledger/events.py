@@ -25,6 +25,7 @@ PROMOTED, REJECTED = "promoted", "rejected"
 FINISHED = (PROMOTED, REJECTED, ROLLED_BACK)  # final statuses a rerun has nothing left to do for
 FINAL = (*FINISHED, FAILED)  # every final status of a release
 
-# The ledger's own records: each signed checkpoint is recorded in the chain it signs (release and model LEDGER).
-LEDGER = "ledger"
+# The ledger's own records: each signed checkpoint is recorded in the chain it signs (stage, release and model LEDGER:
+# never a model's name, which must start with a letter or digit, tasks.config.NAME_PATTERN).
+LEDGER = "_ledger"
 CHECKPOINTED = "checkpointed"

@@ -30,6 +30,7 @@ from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import LeaseLost, NotFound, ShipliftError, is_retryable
 from tasks.ledger import events
 from tasks.pipeline import table
+from tasks.processes import pid_running
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.pipeline.results import RESULTS, StageResult, stage_result
 from tasks.pipeline.table import STAGE_NAMES, TEARDOWN, check_timeouts, stage
@@ -266,23 +267,13 @@ def stopped_holder(holder: str, expires_at: str) -> str | None:
     if found is None:
         return None
     pid, host = int(found["pid"]), found["actor"].rpartition("@")[2]
-    if host == socket.gethostname() and not _process_alive(pid):
+    if host == socket.gethostname() and not pid_running(pid):
         return f"its process {pid} on {host} is gone"
     renewed = dt.datetime.fromisoformat(expires_at.replace("Z", "+00:00")) - dt.timedelta(seconds=table.LEASE.ttl_s)
     silent_s = (dt.datetime.now(dt.timezone.utc) - renewed).total_seconds()
     if silent_s > 3 * table.LEASE.renew_every_s:
         return f"it last renewed the lease {silent_s / 60:.0f} min ago (a live run renews it every {table.LEASE.renew_every_s / 60:.0f} min)"
     return None
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 @contextlib.contextmanager

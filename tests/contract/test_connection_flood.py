@@ -252,6 +252,25 @@ def test_a_copy_with_every_slot_busy_stays_in_rotation(tmp_path):
             _release(held)
 
 
+def test_a_full_copy_hands_the_request_to_another_and_says_busy_when_all_are_full(tmp_path):
+    """A copy answering 503 busy ran nothing, so the router tries the next copy; when every copy is full, the caller
+    gets the 503 with Retry-After (busy, retry) on both the container and the SageMaker-shaped routes."""
+    with model_server(max_connections=4) as full, model_server(max_connections=4) as free, router(tmp_path) as info:
+        ports = [full.server_address[1], free.server_address[1]]
+        _register(info, *(f"http://127.0.0.1:{port}" for port in ports))
+        held = _hold(ports[0], 4, PARTIAL_REQUEST)
+        try:
+            for _ in range(4):  # whichever copy the router picks first, the free one answers
+                status, _, body, _ = _invoke(info["port"], "/endpoints/ep-flood/invocations")
+                assert status == 200 and json.loads(body) == {"ok": True}, (status, body)
+            held += _hold(ports[1], 4, PARTIAL_REQUEST)
+            for path in ("/invocations", "/endpoints/ep-flood/invocations"):
+                status, headers, body, _ = _invoke(info["port"], path)
+                assert (status, headers.get("Retry-After")) == (503, "1"), (path, status, body)
+        finally:
+            _release(held)
+
+
 # -- heal ----------------------------------------------------------------------------------------
 @pytest.fixture()
 def supervisor(tmp_path) -> Iterator[ProcessSupervisor]:

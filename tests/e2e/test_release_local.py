@@ -76,7 +76,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
 
     log = CheckpointLog(log_path(state_dir))
     head = ledger.head()
-    assert (head.stage, head.event, head.payload["seq"]) == ("ledger", "checkpointed", head.seq - 1) and \
+    assert (head.stage, head.event, head.payload["seq"]) == ("_ledger", "checkpointed", head.seq - 1) and \
         [c.seq for _, c, _ in log.entries()][-1] == head.seq - 1, "each release ends with a signed checkpoint, recorded"
     signed = verify_with_checkpoints(ledger, log, SigningKey(default_key_path(), create=False).public)
     assert signed["ok"] and signed["checkpoints"] == 3, signed

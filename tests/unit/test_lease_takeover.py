@@ -69,3 +69,21 @@ def test_a_live_run_of_the_same_release_and_any_other_release_still_fail_fast(le
         ledger.acquire_lease("gemma", "rerun", "rel-1", ttl_s=3600, stopped=lambda holder, expires: None)
     with pytest.raises(LeaseHeld, match="'alive-run'"):  # a stopped holder of another release is not taken over
         ledger.acquire_lease("gemma", "other", "rel-2", ttl_s=3600, stopped=lambda holder, expires: "gone")
+
+
+def test_a_killed_process_not_yet_reaped_is_not_running():
+    """A run killed by its parent's shell may linger as a zombie until reaped: it holds nothing, so it has stopped."""
+    import signal
+    import time
+
+    from tasks.processes import pid_running
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert pid_running(child.pid)
+    child.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_running(child.pid):  # the kernel makes it a zombie once the signal is delivered
+        assert time.monotonic() < deadline, "the killed child still reads as running"
+        time.sleep(0.01)
+    child.wait(timeout=10)
+    assert not pid_running(child.pid) and pid_running(os.getpid())

@@ -275,3 +275,12 @@ def test_a_local_config_names_its_witness_and_a_witness_inside_the_state_dir_is_
     assert not verdict["ok"] and any("which the checkpoint log lacks" in p for p in verdict["problems"])
     with pytest.raises(ConfigError, match="is inside backend.state_dir"):
         load_release_config(base, overrides=(f"backend.state_dir={state}", f"backend.checkpoint_witness={state / 'w'}"))
+
+
+def test_the_ledgers_own_records_can_never_be_mistaken_for_a_models():
+    """Views leave records of model LEDGER out of the releases: no release config may be named so."""
+    import re
+
+    from tasks.config import NAME_PATTERN
+
+    assert re.fullmatch(NAME_PATTERN, LEDGER) is None

@@ -661,12 +661,14 @@ class SageMakerHosting:
         wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_WAIT_S,
                  poll_s=self.poll_s, progress=progress, what=f"inference component {component}")
 
-    def _delete_named(self, kind: str, name: str, progress: Progress) -> None:
+    def _delete_named(self, kind: str, name: str, progress: Progress) -> bool:
+        """Delete a model or endpoint config; False when it was already gone."""
         try:
             self._sm(f"Delete{kind}", **{f"{kind}Name": name})
-            progress(f"deleted {kind} {name}")
         except NotFound:
-            pass
+            return False
+        progress(f"deleted {kind} {name}")
+        return True
 
     def _named_for(self, kind: str, endpoint: str) -> list[str]:
         """Configs and models shiplift made for `endpoint`: named `<endpoint[:52]>-<hash>` and tagged with it."""
@@ -763,11 +765,9 @@ class SageMakerHosting:
             self._delete_component(resource.name, progress)
         elif resource.kind == "endpoint":
             self.delete_endpoint(resource.name, progress=progress)
-        else:  # a config or model deleting its endpoint removed already is reported as such, not as deleted twice
-            kind = {"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind]
-            try:
-                self._sm(f"Delete{kind}", **{f"{kind}Name": resource.name})
-            except NotFound:
-                progress(f"{resource.kind} {resource.name} was already gone (deleted with its endpoint)")
-                return
+        else:  # a config or model (one its endpoint's deletion took along is said to be gone, not deleted twice)
+            if not self._delete_named({"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind], resource.name,
+                                      progress):
+                progress(f"{resource.kind} {resource.name} was already gone")
+            return
         progress(f"deleted {resource.kind} {resource.name}")

@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from images.common.sagemaker_http import HttpError, StrictHandler, StrictServer, answered_busy, parse_json_object
+from images.common.sagemaker_http import (BUSY_HEADER, HttpError, StrictHandler, StrictServer, answered_busy,
+                                         parse_json_object)
 from tasks.atomic import write_json_atomic
 
 
@@ -402,7 +403,7 @@ class Router:
                 self._release(component, copy, answered=result.failure is None and result.copy_url == copy.url)
             if result.failure in ("unreachable", "broken"):
                 self._mark(copy, False, result.detail, at_once=True)
-            if result.failure != "unreachable":
+            if result.failure != "unreachable" and not result.busy:  # a full copy ran nothing: another may take it
                 break
         latency_ms = (time.monotonic() - started) * 1000.0
         with self.lock:
@@ -422,7 +423,10 @@ class Router:
                 return Upstream(copy.url, failure="unreachable", detail=f"connecting failed: {exc}")
             conn.sock.settimeout(timeout)
             try:
-                conn.request(method, path, body=body, headers=headers)
+                try:
+                    conn.request(method, path, body=body, headers=headers)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a full copy answers 503 busy at once and closes: its answer may still be there to read
                 response = conn.getresponse()
                 data = response.read(self.max_body_bytes + 1)
             except TimeoutError:
@@ -593,8 +597,8 @@ class Handler(RouterHandler):
 
     def _answer_container(self, result: Upstream) -> None:
         """Container contract: the model's answer verbatim; transport failures as JSON."""
-        if result.failure is None:
-            self.send_bytes(result.status, result.body, result.content_type)
+        if result.failure is None:  # a full copy's 503 keeps its Retry-After: busy, retry, not dead
+            self.send_bytes(result.status, result.body, result.content_type, {BUSY_HEADER: "1"} if result.busy else None)
             return
         status = {"timeout": 504, "unreachable": 503, "broken": 502}[result.failure]
         self._json(status, {"error": result.detail, "retryable": result.failure == "unreachable"})
@@ -613,6 +617,8 @@ class Handler(RouterHandler):
         where = f"component {component.name}"
         if result.failure == "unreachable" or result.status == 503:
             code, status = "ServiceUnavailable", 503
+            if result.busy:
+                headers[BUSY_HEADER] = "1"
             reason = result.detail if result.failure else f"503 with message {original!r}"
             payload: dict[str, Any] = {
                 "Message": f"Model is not ready or overloaded ({where}): {reason}. Retry."

@@ -38,6 +38,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tasks.processes import pid_running
 from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound, NotReady
 from tasks.hashing import canonical_json, sha256_json
 from tasks.atomic import write_json_atomic
@@ -224,13 +225,7 @@ def _alive(ref: ProcessRef) -> bool:
     """True when the process still runs and is the one we started (not a reused pid)."""
     if not HAVE_PROC:
         _reap(ref.pid)
-        try:
-            os.kill(ref.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_running(ref.pid)
     stat = _proc_stat(ref.pid)
     if stat is None or (ref.start_ticks is not None and stat[1] != ref.start_ticks):
         return False
@@ -567,7 +562,10 @@ class ProcessSupervisor:
             state = self._load(endpoint)
             if state is None or component not in state.components:
                 return False
-            if state.router is not None and self._router_healthy(state):
+            health = "dead" if state.router is None else self._router_health(state)
+            if health == "busy":
+                raise self._busy(state, f"component {component} was not deleted")
+            if health == "ok":
                 status, body = self._admin(state, "DELETE", f"components/{component}")
                 if status not in (200, 404):
                     raise Conflict(
@@ -591,7 +589,7 @@ class ProcessSupervisor:
                 copies.extend(comp.copies)
             if state.router is not None:
                 with contextlib.suppress(OSError, http.client.HTTPException, NotReady):
-                    if self._router_healthy(state):
+                    if self._router_health(state) == "ok":  # busy or dead: stopped by signal below
                         self._admin(state, "POST", "shutdown")
                 _stop([state.router], self.stop_grace_s)
             self._stop_copies(copies)
@@ -603,9 +601,10 @@ class ProcessSupervisor:
         """Live view: is the router up, and per component its spec and each copy's /ping status and
         place in the router's rotation."""
         state = self._require(name)
-        router_alive = state.router is not None and self._router_healthy(state)
+        health = "dead" if state.router is None else self._router_health(state)
+        router_alive = health != "dead"
         registered: dict[str, Any] = {}
-        if router_alive:
+        if health == "ok":  # a busy router answers, but not its state: rotation is then unknown (False)
             registered = self._admin(state, "GET", "state")[1]["components"]
         components = {}
         for cname, comp in sorted(state.components.items()):
@@ -629,7 +628,7 @@ class ProcessSupervisor:
         return {
             "name": name,
             "url": self._url(state),
-            "router": {**(router or {}), "alive": router_alive},
+            "router": {**(router or {}), "alive": router_alive, "busy": health == "busy"},
             "components": components,
         }
 
@@ -641,10 +640,10 @@ class ProcessSupervisor:
             state = self._load(path.stem)
             if state is None:
                 continue
-            alive = state.router is not None and self._router_healthy(state)
-            health: dict[str, Any] = {}
-            if alive:
-                with contextlib.suppress(OSError, http.client.HTTPException):
+            router = "dead" if state.router is None else self._router_health(state)
+            alive, health = router != "dead", {}
+            if router == "ok":
+                with contextlib.suppress(OSError, http.client.HTTPException):  # Busy included: rotation unknown
                     answer = _http(state.router.port, "GET", "/ping", timeout=PING_TIMEOUT_S)[1]
                     health = answer.get("components", {}) if isinstance(answer, dict) else {}
             components = {
@@ -656,7 +655,7 @@ class ProcessSupervisor:
                     "name": state.name,
                     "url": self._url(state),
                     "router_alive": alive,
-                    "status": _endpoint_status(alive, components),
+                    "status": "busy" if router == "busy" else _endpoint_status(alive, components),
                     "components": components,
                 }
             )
@@ -681,7 +680,10 @@ class ProcessSupervisor:
     def metrics(self, name: str) -> dict[str, Any]:
         """The router's per-component counters (invocations, 4xx, 5xx, model errors, latency)."""
         state = self._require(name)
-        if state.router is None or not self._router_healthy(state):
+        health = "dead" if state.router is None else self._router_health(state)
+        if health == "busy":
+            raise self._busy(state, "its metrics were not read")
+        if health == "dead":
             raise NotReady(
                 f"the router of endpoint {name} is not running",
                 fix=f"restart it with ensure_endpoint({name!r}) / shiplift endpoints start",
@@ -783,12 +785,7 @@ class ProcessSupervisor:
             self._save(state)
         health = "dead" if state.router is None else self._router_health(state)
         if health == "busy":
-            assert state.router is not None
-            raise NotReady(
-                f"the router of endpoint {name} (pid {state.router.pid}) answers, but its control port "
-                f"{state.router.admin_port} is busy (503: every connection is mid-request); it was left running",
-                fix=f"retry shortly; if it stays busy, see what holds its connections: ss -tnp 'sport = :{state.router.admin_port}'",
-            )
+            raise self._busy(state, "it was not changed")
         if health == "ok":
             status = "running"
         else:
@@ -821,8 +818,15 @@ class ProcessSupervisor:
         ]
         _stop(orphans, self.stop_grace_s)
 
-    def _router_healthy(self, state: EndpointState) -> bool:
-        return self._router_health(state) == "ok"
+    @staticmethod
+    def _busy(state: EndpointState, what: str) -> NotReady:
+        """The retryable error of a router that answers but is full (its control port mid-request): left running."""
+        assert state.router is not None
+        return NotReady(f"the router of endpoint {state.name} (pid {state.router.pid}) answers, but its control port "
+                        f"{state.router.admin_port} is busy (503: every connection is mid-request); {what}, and the "
+                        "router was left running",
+                        fix=f"retry shortly; if it stays busy, see what holds its connections: "
+                            f"ss -tnp 'sport = :{state.router.admin_port}'")
 
     def _router_health(self, state: EndpointState) -> Literal["ok", "busy", "dead"]:
         """ok: our router answers its control API; busy: it answers 503 busy; dead: gone, hung or not ours."""
