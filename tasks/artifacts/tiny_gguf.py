@@ -37,6 +37,14 @@ WORD_PIECES = (
     "best", "answer", "question", "option", "letter", "one", "true", "false", "score",
 )
 DTYPES = {"F32": (np.float32, 0), "F16": (np.float16, 1)}  # numpy dtype, llama_ftype id
+# A minimal turn-based template in the Gemma style, for tiny chat models (the tokens are plain text in this vocabulary).
+CHAT_TEMPLATES = {
+    "turns": (
+        "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' "
+        "else message['role'] }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+}
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
 
 
@@ -73,8 +81,10 @@ def write_tiny_gguf(
     n_head: int = 4,
     n_ctx: int = 2048,
     letters_single_token: bool = True,
+    chat_template: str | None = None,
 ) -> Path:
-    """Write a tiny random llama GGUF atomically; the same arguments give identical bytes."""
+    """Write a tiny random llama GGUF atomically; the same arguments give identical bytes. `chat_template` (a Jinja
+    template, as `tokenizer.chat_template`) makes it a chat model; without it the file is byte for byte as before."""
     import gguf
 
     if dtype not in DTYPES:
@@ -129,6 +139,8 @@ def write_tiny_gguf(
         writer.add_add_bos_token(True)
         writer.add_add_eos_token(False)
         writer.add_add_space_prefix(True)
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)
         writer.add_tensor("token_embd.weight", matrix(len(tokens), n_embd))
         writer.add_tensor("output_norm.weight", norm())
         writer.add_tensor("output.weight", matrix(len(tokens), n_embd))
@@ -169,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"leave {MISSING_LETTER!r} out of the vocabulary (tests the letter-slot check)",
     )
+    parser.add_argument("--chat-template", choices=sorted(CHAT_TEMPLATES),
+                        help="embed a chat template (tokenizer.chat_template), so the chat path serves it")
     args = parser.parse_args(argv)
     path = write_tiny_gguf(
         args.out,
@@ -180,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         n_head=args.n_head,
         n_ctx=args.n_ctx,
         letters_single_token=not args.no_single_token_letters,
+        chat_template=CHAT_TEMPLATES.get(args.chat_template),
     )
     print(path)
     return 0

@@ -401,3 +401,21 @@ def test_gemma_pypi_source_resolves_and_builds_as_is(gemma_gguf: Path, tmp_path:
     assert build.sha256 == gemma.EXPECTED_SHA256 and build.quantized_from is None
     assert sorted(build.letter_token_ids) == list(LETTERS)
     assert len(set(build.letter_token_ids.values())) == 16
+
+
+def test_a_tiny_chat_model_carries_its_template_and_the_plain_one_stays_byte_identical(tiny_gguf: Path, tmp_path: Path) -> None:
+    import gguf
+    from llama_cpp import Llama
+
+    from tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
+
+    plain = write_tiny_gguf(tmp_path / "plain.gguf", seed=0)
+    chat = write_tiny_gguf(tmp_path / "chat.gguf", seed=0, chat_template=CHAT_TEMPLATES["turns"])
+    assert sha256_file(plain) == sha256_file(tiny_gguf)  # pinned generated sources keep their sha256
+    assert gguf.GGUFReader(plain).get_field("tokenizer.chat_template") is None
+    assert gguf.GGUFReader(chat).get_field("tokenizer.chat_template").contents() == CHAT_TEMPLATES["turns"]
+    model = Llama(str(chat), n_ctx=256, verbose=False, logits_all=True)
+    assert model.chat_format == "chat_template.default"  # llama-cpp-python serves the GGUF's own template
+    answer = model.create_chat_completion(messages=[{"role": "user", "content": "Answer A or B"}], max_tokens=1,
+                                          temperature=0.0, logprobs=True, top_logprobs=5)
+    assert answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
