@@ -710,6 +710,11 @@ class ModelService(Generic[SettingsT, EngineT]):
     load_engine: Callable[[SettingsT], EngineT]  # slow; raises StartupError (exit code) or anything (EXIT_MODEL)
     loaded: Callable[[SettingsT, EngineT, float], str]  # the log line once loaded in that many seconds
     answer: Callable[[SettingsT, EngineT, bytes, float], dict[str, Any]]  # body, perf_counter at receipt
+    post_routes: tuple[str, ...] = ("/invocations",)  # the paths POST answers with `answer`
+    # Optional: blocks (on the loading thread) while the loaded engine works; returns None when it ended
+    # because the server is stopping, else why the engine failed: then /ping turns 503 and the server
+    # stops with EXIT_MODEL (for an engine in another process, which can die while this one runs).
+    watch: Callable[[SettingsT, EngineT], str | None] | None = None
 
 
 class ModelServer(StrictServer):
@@ -743,6 +748,20 @@ class ModelServer(StrictServer):
         except Exception as exc:  # any load failure must stop the process, not leave it unready forever
             traceback.print_exc(file=sys.stderr)
             self._fail(f"model load failed: {exc}", EXIT_MODEL)
+        else:
+            self._watch(engine)
+
+    def _watch(self, engine: Any) -> None:
+        """Run the service's watch, if it has one; a failure it reports ends the server with EXIT_MODEL."""
+        if self.service.watch is None:
+            return
+        reason = self.service.watch(self.settings, engine)
+        if reason is None:
+            return
+        self.engine = None  # /ping answers 503 from now on
+        print(f"{self.service.name}: stopping: {reason}", file=sys.stderr, flush=True)
+        self.exit_code = EXIT_MODEL
+        self.shutdown()
 
     def _fail(self, message: str, exit_code: int) -> None:
         print(f"{self.service.name}: refusing to start: {message}", file=sys.stderr, flush=True)
@@ -786,17 +805,21 @@ class ModelHandler(StrictHandler):
                 self._send(503, {"status": "loading"})
             else:
                 self._send(200, {"status": "ok"})
-        elif route == "/invocations":
-            self.send_error_answer(HttpError(405, "/invocations accepts POST only", headers={"Allow": "POST"}))
+        elif route in self.server.service.post_routes:
+            self.send_error_answer(HttpError(405, f"{route} accepts POST only", headers={"Allow": "POST"}))
         else:
-            self.send_error_answer(HttpError(404, f"no route {route!r}; use GET /ping or POST /invocations"))
+            self.send_error_answer(HttpError(404, f"no route {route!r}; use GET /ping or {self._post_routes_text()}"))
+
+    def _post_routes_text(self) -> str:
+        return " or ".join(f"POST {route}" for route in self.server.service.post_routes)
 
     def do_POST(self) -> None:
-        """POST /invocations, behind admission control, which is taken only once the body is read."""
+        """POST /invocations (and the service's other post_routes), behind admission control, which is
+        taken only once the body is read."""
         route = self._route()
-        if route != "/invocations":
+        if route not in self.server.service.post_routes:
             status = 405 if route == "/ping" else 404
-            self.send_error_answer(HttpError(status, f"no POST route {route!r}; use POST /invocations"))
+            self.send_error_answer(HttpError(status, f"no POST route {route!r}; use {self._post_routes_text()}"))
             return
         received = time.perf_counter()
         try:
