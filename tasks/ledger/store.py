@@ -37,8 +37,10 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -249,6 +251,9 @@ class Lease:
             self.ledger.release_lease(self.model, self.holder)
 
 
+_CREATING = threading.Lock()  # held while this process builds a new SQLite ledger file beside its path
+
+
 def _tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
     """The records and leases tables this code reads and writes: still revision 0001's."""
     return baseline_tables(schema)
@@ -365,14 +370,48 @@ class Ledger:
         self._records, self._leases = _tables(schema)
         self._migration: dict[str, str | None] | None = None
         if not read_only:
-            from tasks.ledger.schema import migrate  # Alembic: only a writable open needs it (~0.2 s to import)
-
             try:
+                created = self._create_sqlite_file_whole(url)
                 with self._write("schema") as conn:
-                    self._migration = migrate(conn, schema, self._shown_url)
+                    self._migration = self._migrate(conn)
+                if created is not None:
+                    self._migration = created
             except BaseException:
                 self._engine.dispose()
                 raise
+
+    def _migrate(self, conn: sa.Connection) -> dict[str, str | None]:
+        from tasks.ledger.schema import migrate  # Alembic: only a writable open needs it (~0.2 s to import)
+
+        return migrate(conn, self._schema, self._shown_url)
+
+    def _create_sqlite_file_whole(self, url: str) -> dict[str, str | None] | None:
+        """A new SQLite ledger appears with its tables or not at all: it is built beside its path and linked into
+        place, so a reader never opens a file that exists but has no schema yet. Returns the migration, or None when
+        the file was there already (or another process linked its own first)."""
+        if self._postgres:
+            return None
+        path = Path(sa.engine.make_url(url).database).expanduser().resolve()
+        with _CREATING:  # Alembic's migration context is one per process: threads take turns
+            if path.exists() or not path.parent.is_dir():  # a missing folder is reported by the open that follows
+                return None
+            staging = path.with_name(f".{path.name}.{os.getpid()}.new")
+            staging.unlink(missing_ok=True)  # left by a crashed run of this pid number; never linked, never read
+            engine, _ = _make_engine(f"sqlite:///{staging}", None)
+            try:
+                with engine.connect() as conn:
+                    conn.execution_options(shiplift_write=True)
+                    with conn.begin():
+                        migration = self._migrate(conn)
+            finally:
+                engine.dispose()  # the last connection's close checkpoints the WAL into the file and removes it
+            try:
+                os.link(staging, path)  # another process may have linked its own first: then that one is the ledger
+            except FileExistsError:
+                return None
+            finally:
+                staging.unlink(missing_ok=True)
+            return migration
 
     @classmethod
     def for_sqlite(cls, path: str | Path) -> Ledger:

@@ -518,3 +518,28 @@ def _pristine_ledger(tmp_path: Path) -> bytes:
                 _append(ledger, release_id=f"rel-{n % 7}", n=n)
         _PRISTINE["bytes"] = path.read_bytes()
     return _PRISTINE["bytes"]
+
+
+def test_a_new_sqlite_ledger_appears_with_its_tables_or_not_at_all(tmp_path, monkeypatch):
+    """A reader polling for the file (`shiplift ledger history` while the first release starts) never opens one that
+    exists without its schema: the schema is built in a staging file beside it, which is then linked into place."""
+    from tasks.ledger import store
+
+    path = tmp_path / "ledger.db"
+    (tmp_path / f".ledger.db.{os.getpid()}.new").write_bytes(b"left by a crashed run")  # never linked, replaced
+    seen_during_migration = []
+    migrate = store.Ledger._migrate
+
+    def watching(self, conn):
+        seen_during_migration.append(path.exists())
+        return migrate(self, conn)
+
+    monkeypatch.setattr(store.Ledger, "_migrate", watching)
+    ledger = Ledger(f"sqlite:///{path}")
+    assert seen_during_migration[0] is False, "the ledger's path existed while its schema was being made"
+    assert ledger._migration["action"] == "created"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".new")] == [], "staging files are gone"
+    with Ledger(f"sqlite:///{path}", read_only=True) as reader:
+        assert reader.history() == []
+    ledger.close()
+    assert Ledger(f"sqlite:///{path}")._migration["action"] == "current"
