@@ -272,6 +272,24 @@ def test_unrecorded_process_tagged_for_the_endpoint_is_stopped_and_others_are_no
             proc.wait(timeout=5)
 
 
+def test_a_copys_own_child_in_a_session_of_its_own_is_not_a_stray(hosting, tmp_path):
+    """The dlc-chat image runs llama_cpp.server in its own session, and it inherits the owner tag: the sweep of
+    unrecorded tagged processes must leave it to its parent (it killed every chat copy's server before this)."""
+    marker = tmp_path / "child.pid"
+    launcher = ("import os, subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+                " start_new_session=True); open(sys.argv[1], 'w').write(str(child.pid)); "
+                "os.execv(sys.executable, [sys.executable, sys.argv[2]])")
+    spec = _spec().model_copy(update={"command": [sys.executable, "-c", launcher, str(marker), str(FAKE)]})
+    hosting.ensure_endpoint("ep-c")
+    hosting.put_component("ep-c", "semif", spec, ready_timeout_s=20)
+    child = int(marker.read_text())
+    try:
+        hosting.put_component("ep-c", "other", _spec(), ready_timeout_s=20)  # sweeps unrecorded tagged processes
+        assert not _dead(child, within_s=0.5), "the copy's own child was swept as a stray"
+    finally:
+        os.kill(child, 9)
+
+
 def test_delete_of_an_endpoint_never_recorded_still_stops_its_tagged_router(tmp_path):
     hosting = ProcessSupervisor(tmp_path / "state", stop_grace_s=3)
     orphan = _spawn_fake(_owner_tag(tmp_path, "ep-n"))

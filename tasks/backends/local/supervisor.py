@@ -239,25 +239,41 @@ def _tagged_processes(owner: str) -> list[ProcessRef]:
     """Live session leaders whose environment carries OWNER_ENV=owner (none without /proc).
 
     Only leaders: every process this backend starts leads its own session, and a leader's
-    children (in its process group) are stopped with it.
+    children (in its process group) are stopped with it. A leader whose parent is tagged too is
+    a server's own child in a session of its own (the dlc-chat image's llama_cpp.server inherits
+    the tag): its parent stops it, so it is not one of this backend's processes.
     """
     if not HAVE_PROC:
         return []
     tag = f"{OWNER_ENV}={owner}".encode()
+    tagged = {pid for pid in _proc_pids() if tag in _environ(pid)}
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        if tag in environ.split(b"\0") and _process_group(pid) == pid:
+    for pid in sorted(tagged):
+        if _process_group(pid) == pid and _parent_pid(pid) not in tagged:
             ticks = _start_ticks(pid)
             if ticks is not None:
                 found.append(ProcessRef(pid=pid, start_ticks=ticks, log=""))
     return found
+
+
+def _proc_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _parent_pid(pid: int) -> int | None:
+    """The parent's pid from /proc/<pid>/stat (field 4, after the parenthesised command name), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _process_group(pid: int) -> int | None:
