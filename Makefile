@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-ledger airflow clean stop
+.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,9 @@ airflow: setup       ## local Airflow (SQLite) with this checkout's DAGs on 127.
 
 bench: setup         ## side-by-side speed ratios
 	$(BIN)/python -m bench.run
+
+bench-chat: setup    ## the chat-path section of `make bench` alone: SemIf vs the DLC's chat path on the same model and tasks
+	$(BIN)/python -m bench.chat_path
 
 bench-ledger: setup  ## the ledger section of `make bench` alone (no model): appends, verify, proofs at 10k and 100k records
 	$(BIN)/python -m bench.ledger

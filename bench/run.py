@@ -19,7 +19,9 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
 6. the router (bench/router.py): overhead per decision vs calling the copy directly (target ≤ 5 %
    at p50), and throughput during a rolling update vs steady state (target ≥ 0.8);
 7. the ledger (bench/ledger.py): append and verify time at 10,000 vs 100,000 records on SQLite and
-   PostgreSQL (target: linear), inclusion proofs of at most ceil(log2 n) hashes a record.
+   PostgreSQL (target: linear), inclusion proofs of at most ceil(log2 n) hashes a record;
+8. the chat path (bench/chat_path.py): SemIf vs the DLC's chat path on the same model and 120 public tasks —
+   validity, accuracy, label agreement, ECE, p50/p95, each path's value and the ratio (a report, no target).
 """
 
 from __future__ import annotations
@@ -253,26 +255,30 @@ def main() -> int:
     log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads")
     results = []
     with adapter(gguf) as url:
-        log("1/7 shared state vs single requests")
+        log("1/8 shared state vs single requests")
         results.append(bench_shared_state(url))
-        log("2/7 adapter overhead")
+        log("2/8 adapter overhead")
         results.append(bench_adapter_overhead(url, gguf))
-        log("3/7 runner overhead")
+        log("3/8 runner overhead")
         results.append(bench_runner_overhead(url))
-    log("4/7 orchestration overhead (two full demo releases)")
+    log("4/8 orchestration overhead (two full demo releases)")
     results.append(bench_dag_vs_cli())
-    log("5/7 encoder engines: PyTorch fp32 vs ONNX Runtime fp32 vs int8")
+    log("5/8 encoder engines: PyTorch fp32 vs ONNX Runtime fp32 vs int8")
     from bench.encoder import run as bench_encoder
 
     results.extend(bench_encoder())
-    log("6/7 router overhead and throughput during a rolling update")
+    log("6/8 router overhead and throughput during a rolling update")
     from bench.router import run as bench_router
 
     results.extend(bench_router(gguf))
-    log("7/7 the ledger: appends, verify, checkpoints and inclusion proofs at 10k and 100k records")
+    log("7/8 the ledger: appends, verify, checkpoints and inclusion proofs at 10k and 100k records")
     from bench.ledger import run as bench_ledger
 
     results.extend(bench_ledger())
+    log("8/8 the chat path vs SemIf on the same model and tasks")
+    from bench.chat_path import run as bench_chat_path
+
+    results.extend(bench_chat_path())
     width = max(len(r["name"]) for r in results)
     print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
     for r in results:

@@ -18,8 +18,8 @@ from tasks.backends.aws.config import AwsBackend
 from tasks.backends.local.config import LocalBackend
 from tasks.config_types import URL_PASSWORD, DatasetRef, Strict
 from tasks.errors import ConfigError
-from tasks.families.base import ArtifactConfig, GateConfig, ImageConfig
-from tasks.families.registry import family_of, families, image_models, validation_models
+from tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig
+from tasks.families.registry import artifact_models, family_of, image_models, validation_models
 from tasks.project import BUILTIN_DATA_DIR
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import BakeAlarms, RolloutPlan
@@ -264,7 +264,7 @@ class ReleaseConfig(Strict):
     @field_validator("artifact", mode="plain")
     @classmethod
     def _family_artifact(cls, value: Any) -> ArtifactConfig:
-        return _family_part("artifact", value, {f.artifact_kind: f.artifact_model for f in families()})
+        return _family_part("artifact", value, artifact_models())
 
     @field_validator("image", mode="plain")
     @classmethod
@@ -274,20 +274,35 @@ class ReleaseConfig(Strict):
     @field_validator("validation", mode="plain")
     @classmethod
     def _family_gate(cls, value: Any, info: ValidationInfo) -> GateConfig:
-        artifact = info.data.get("artifact")
-        if isinstance(value, dict) and "kind" not in value and artifact is not None:  # the artifact's family's gate
-            value = {**value, "kind": family_of(artifact.kind).validation_kind}
+        artifact, image = info.data.get("artifact"), info.data.get("image")
+        if isinstance(value, dict) and "kind" not in value:  # the family's own gate
+            if artifact is None or image is None:
+                raise ValueError("validation.kind follows from artifact.kind and image.kind, which are invalid above")
+            value = {**value, "kind": family_of(artifact.kind, image.kind).validation_kind}
         return _family_part("validation", value, validation_models())
 
     @model_validator(mode="after")
     def _one_model_family(self) -> "ReleaseConfig":
-        family = family_of(self.artifact.kind)
-        if (self.image.kind, self.validation.kind) != (family.image_kind, family.validation_kind):
+        family = self.family
+        if self.validation.kind != family.validation_kind:
             raise ValueError(
-                f"artifact.kind {self.artifact.kind} needs image.kind {family.image_kind} and validation.kind "
-                f"{family.validation_kind}, got image.kind {self.image.kind} and validation.kind {self.validation.kind}"
+                f"artifact.kind {self.artifact.kind} on image.kind {self.image.kind} is gated by validation.kind "
+                f"{family.validation_kind}, got validation.kind {self.validation.kind}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _temperature_can_be_applied(self) -> "ReleaseConfig":
+        if self.calibration.fit_temperature and not self.family.temperature_scaling:
+            raise ValueError(f"calibration.fit_temperature fits a temperature the server applies, but image.kind "
+                             f"{self.image.kind} serves the model as published and cannot apply one; leave "
+                             "calibration.fit_temperature false (or serve on an image that applies it)")
+        return self
+
+    @property
+    def family(self):
+        """The model family (`tasks.families.base.ModelFamily`) that owns this release's artifact and image."""
+        return family_of(self.artifact.kind, self.image.kind)
 
     @model_validator(mode="after")
     def _rolling_update_fits_sagemaker(self) -> "ReleaseConfig":
@@ -299,7 +314,7 @@ class ReleaseConfig(Strict):
 
     @model_validator(mode="after")
     def _base_image_pullable_by_codebuild(self) -> "ReleaseConfig":
-        if self.backend.kind == "aws":
+        if self.backend.kind == "aws" and isinstance(self.image, BuiltImageConfig):
             from tasks.backends.aws.base_images import base_image_problem
 
             problem = base_image_problem(self.image.base_image, account=self.backend.account_id, region=self.backend.region)
@@ -312,7 +327,7 @@ class ReleaseConfig(Strict):
         gate = getattr(self.rollout, "online_gate", None)
         if gate is None:
             return self
-        if not family_of(self.artifact.kind).online_gate:
+        if not self.family.online_gate:
             raise ValueError(f"rollout.online_gate replays the gate's tasks through the live component; {self.artifact.kind} "
                              f"releases ({self.validation.kind} gates) cannot yet, so leave it out")
         listed = [ref.splits for ref in self.validation.datasets]

@@ -22,6 +22,16 @@ N_TASKS = 32
 SEED = 3
 
 
+def _apply_changes(tree: dict, changes: dict) -> None:
+    """Set dotted keys written with `__` (validation__seed=1) in a config tree."""
+    for dotted, value in changes.items():
+        node = tree
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+
 def write_tiny_config(folder: Path, state_dir: Path, *, name: str = "tiny-decision", **changes) -> Path:
     """Write `<folder>/<name>.yaml`; `changes` set dotted keys written with `__` (validation__seed=1)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -40,12 +50,29 @@ def write_tiny_config(folder: Path, state_dir: Path, *, name: str = "tiny-decisi
     tree["validation"]["datasets"] = [{"path": str(dataset), "splits": ["test"]}]
     tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "max_ece": 1.0, "min_validity": 1.0}
     tree["validation"]["n_bootstrap"] = 200
-    for dotted, value in changes.items():
-        node = tree
-        *parents, leaf = dotted.split("__")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+    _apply_changes(tree, changes)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def write_tiny_chat_config(folder: Path, state_dir: Path, *, name: str = "tiny-chat", **changes) -> Path:
+    """The tiny release on the DLC's chat path (`configs/releases/gemma-chat.yaml` with a tiny GGUF that carries a
+    chat template, as a pinned path source); `changes` as in `write_tiny_config`."""
+    from tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
+
+    folder.mkdir(parents=True, exist_ok=True)
+    gguf = folder / f"tiny-chat-seed{SEED}.gguf"
+    if not gguf.is_file():
+        write_tiny_gguf(gguf, seed=SEED, chat_template=CHAT_TEMPLATES["turns"], letters_first=True)
+    base = yaml.safe_load(write_tiny_config(folder, state_dir, name=name).read_text())
+    tree = yaml.safe_load((ROOT / "configs" / "releases" / "gemma-chat.yaml").read_text())
+    tree.update(name=name, backend=base["backend"])
+    tree["artifact"] = {"kind": "gguf", "source": {"kind": "path", "path": str(gguf), "sha256": sha256_file(gguf)}}
+    tree["image"]["server"] = {"ctx_size": 1024}  # the tiny GGUF's own chat template, not Gemma's named one
+    tree["validation"].update(datasets=base["validation"]["datasets"], n_bootstrap=200,
+                              thresholds={"min_accuracy": 0.0, "max_ece": 1.0, "min_validity": 0.0})
+    _apply_changes(tree, changes)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path

@@ -1,4 +1,4 @@
-"""Evaluate any SemIf endpoint on decision datasets, gate it, and write the evidence to a folder.
+"""Evaluate any decision endpoint (SemIf, or chat completions through its readout) on decision datasets, gate it, and write the evidence to a folder.
 
 Writes `predictions.jsonl` (and `champion-predictions.jsonl` when a champion is compared),
 `gate-report.json` and `report.html`: everything needed to recompute every number.
@@ -37,18 +37,19 @@ class RunSettings:
     deadline_s: float = 3600.0
     n_bootstrap: int = 1000
     seed: int = 0
+    readout: Any = None  # validation.runner.Readout; None: SemIf's
 
 
 def score_target(target: Target, datasets: list, settings: RunSettings, progress: Callable | None) -> list:
     """Run every dataset's tasks through one target; predictions in task order."""
-    from validation.runner import run_decisions
+    from validation.runner import SEMIF, run_decisions
 
     rows: list = []
     for dataset in datasets:
         predictions = run_decisions(
             target.invoker, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.timeout_s,
             deadline_s=settings.deadline_s, dataset_name=dataset.name,
-            progress=progress,
+            progress=progress, readout=settings.readout or SEMIF,
         )
         rows.extend(predictions)
     return rows
@@ -69,7 +70,7 @@ def evaluate_decisions(
     """Score the candidate (and the champion on the same tasks), gate, and write the reports."""
     from validation.gates import evaluate_gates
     from validation.report import write_reports
-    from validation.runner import write_predictions
+    from validation.runner import SEMIF, write_predictions
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -86,10 +87,14 @@ def evaluate_decisions(
         candidate_rows, thresholds=thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
         n_bootstrap=settings.n_bootstrap, seed=settings.seed,
     ).to_dict()
+    losses = (settings.readout or SEMIF).losses(candidate_rows)
+    if losses is not None:
+        report["metrics"]["readout"] = losses
     extra = {
         "datasets": [d.evidence() for d in datasets],
         "candidate": candidate.describe(),
         "champion": None if champion is None else champion.describe(),
+        "readout": (settings.readout.name if settings.readout else "semif"),
     }
     paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
     return {**report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"]}

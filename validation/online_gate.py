@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from validation.gates import GateReport, evaluate_gates
-from validation.runner import Prediction, run_decisions
+from validation.runner import SEMIF, Prediction, Readout, run_decisions
 
 
 @dataclass
@@ -27,6 +27,7 @@ class OnlineGate:
     rounds: int = 4
     concurrency: int = 2
     timeout_s: float = 60.0
+    readout: Readout = SEMIF  # how the live component is asked (SemIf's decisions, or chat completions)
     answers: dict[str, dict[str, Prediction]] = field(default_factory=dict)  # model sha256 -> task id -> answer
     unattributed: int = 0  # answers with no model identity (failed requests, malformed bodies)
 
@@ -38,7 +39,7 @@ class OnlineGate:
             if not pending:
                 return
             for answer in run_decisions(self.invoker, pending, concurrency=self.concurrency, timeout_s=self.timeout_s,
-                                        dataset_name="canary"):
+                                        dataset_name="canary", readout=self.readout):
                 if answer.model_sha256 is None:
                     self.unattributed += 1
                 else:

@@ -1,7 +1,10 @@
-"""Eval runner: send decision tasks to a live SemIf endpoint and collect per-task predictions.
+"""Eval runner: send decision tasks to a live endpoint and collect per-task predictions.
+
+A `Readout` says how a task is asked and its answer read: SemIf's `{"decision": …}` by default, or the chat path's
+(`validation.chat_readout`).
 
 Works against a model server root (`http://127.0.0.1:8080`) or a SageMaker-runtime-shaped
-router URL (`http://127.0.0.1:9000/endpoints/NAME`): it POSTs `{"decision": ...}` to
+router URL (`http://127.0.0.1:9000/endpoints/NAME`): it POSTs the readout's body to
 `{endpoint_url}/invocations` through `validation.transport` (a fixed number of workers, each on
 one keep-alive connection; `503 {"retryable": true}` retried with capped exponential backoff and
 full jitter, and counted; other 4xx carried as errors at once; other 5xx and network failures
@@ -16,7 +19,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -56,6 +59,9 @@ class Prediction(BaseModel):
     error: str | None
     started_at: float
     model_sha256: str | None = None  # the model file the answering server reports (which copy's model answered)
+    generated_token: str | None = None  # chat readout: the one token the model generated
+    missing_letters: list[str] | None = None  # chat readout: option letters absent from the top log-probabilities
+
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able dict written as one line of the predictions file."""
@@ -99,12 +105,44 @@ def decision_body(task: JevTask) -> bytes:
     return json.dumps({"decision": task.to_decision()}, ensure_ascii=False).encode("utf-8")
 
 
-def _run_one(task: JevTask, connection: Connection, opts: Options, *, dataset: str) -> Prediction:
+class Readout(Protocol):
+    """How a decision task is asked of a server and its answer read back as option probabilities."""
+
+    name: str
+
+    def body(self, task: JevTask) -> bytes:
+        """The request body for one task."""
+
+    def parse(self, task: JevTask, data: bytes) -> dict[str, Any]:
+        """A 200 body as Prediction fields; `Malformed` when it is not an answer to this task."""
+
+    def losses(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+        """What this readout loses against the model's own distribution, over scored rows (None: nothing)."""
+
+
+class SemifReadout:
+    """The SemIf adapter's: one `{"decision": …}` per task, letter probabilities in its `result`."""
+
+    name = "semif"
+
+    def body(self, task: JevTask) -> bytes:
+        return decision_body(task)
+
+    def parse(self, task: JevTask, data: bytes) -> dict[str, Any]:
+        return _parse_result(task, data)
+
+    def losses(self, rows: Sequence[dict[str, Any]]) -> None:
+        return None  # the adapter reads every option's letter from the full softmax
+
+
+SEMIF = SemifReadout()
+
+
+def _run_one(task: JevTask, connection: Connection, opts: Options, *, dataset: str, readout: Readout) -> Prediction:
     """One task through the transport's retry policy; a failed request or malformed answer is its error."""
     started_at = time.time()
-    body = decision_body(task)
-    exchange = post_with_retries(connection, body, opts)
-    fields, error = exchange.parse(functools.partial(_parse_result, task))
+    exchange = post_with_retries(connection, readout.body(task), opts)
+    fields, error = exchange.parse(functools.partial(readout.parse, task))
     return Prediction(
         id=task.id, dataset=dataset, expected=task.expected_label, option_ids=list(task.labels),
         latency_ms=exchange.latency_ms, attempts=exchange.attempts, retries_503=exchange.retries_503, error=error,
@@ -127,8 +165,9 @@ def run_decisions(
     dataset_name: str = "",
     rng: random.Random | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    readout: Readout = SEMIF,
 ) -> list[Prediction]:
-    """Score every task on a live SemIf endpoint; predictions come back in task order.
+    """Score every task on a live endpoint through `readout` (SemIf's by default); predictions in task order.
 
     Failures are carried in `Prediction.error`, never raised; tasks not finished by
     `deadline_s` (seconds from the call) carry a deadline error. `rng`/`sleep` let tests
@@ -139,7 +178,7 @@ def run_decisions(
         backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
         deadline_s=deadline_s, rng=rng, sleep=sleep,
     )
-    work = functools.partial(_run_one, dataset=dataset_name)
+    work = functools.partial(_run_one, dataset=dataset_name, readout=readout)
     return run_bounded(tasks, work, opts, concurrency=concurrency, progress=progress, thread_name="shiplift-eval")
 
 

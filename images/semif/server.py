@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-# The image copies sagemaker_http.py beside this file; a checkout keeps it in images/common.
+# The image copies sagemaker_http.py and decision_prompt.py beside this file; a checkout keeps it in images/common.
 _HERE = Path(__file__).resolve().parent
 if not (_HERE / "sagemaker_http.py").is_file():
     sys.path.insert(0, str(_HERE.parent / "common"))
 
+from decision_prompt import LETTERS, PROMPT_VERSION, canonical_json, prefix_text, suffix_text
 from sagemaker_http import (
     EXIT_CONFIG,
     EXIT_MODEL,
@@ -54,22 +55,10 @@ from sagemaker_http import (
     to_ms,
 )
 
-PROMPT_VERSION = "semif-prompt-v1"
-LETTERS = "ABCDEFGHIJKLMNOP"
 MIN_OPTIONS, MAX_OPTIONS = 2, len(LETTERS)
 DECISION_KEYS = ("id", "state", "question", "options")
 OPTION_KEYS = ("id", "description")
 CHAT_MARKER = "\ue000SEMIF-CONTENT\ue000"  # private-use text, split point of the chat template
-
-# Prompt template semif-prompt-v1. The prefix ends with the state (shared by decisions on
-# the same state); the suffix carries the question, the lettered options and the cue.
-PREFIX_TEMPLATE = (
-    "Read the state, then answer the question by choosing exactly one of the options.\n\n"
-    "State:\n{state}"
-)
-SUFFIX_TEMPLATE = (
-    "\n\nQuestion:\n{question}\n\nOptions:\n{options}\nAnswer with the letter of the best option."
-)
 PLAIN_CUE = "\nAnswer:"  # without a chat template the next token is " A".." P"
 
 
@@ -180,10 +169,6 @@ def _check_finite(value: Any, field: str) -> None:
             _check_finite(item, f"{field}[{index}]")
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
 def _decision(raw: Any, field: str) -> Decision:
     """Validate one decision object against the row rules of §6.1."""
     if not isinstance(raw, dict):
@@ -202,7 +187,7 @@ def _decision(raw: Any, field: str) -> Decision:
         if not state:
             raise bad(f"{field}.state", "must not be an empty object or array")
         _check_finite(state, f"{field}.state")
-        state_text = _canonical(state)
+        state_text = canonical_json(state)
     else:
         raise bad(f"{field}.state", f"must be a non-empty string, object or array, got {json_type(state)}")
     question = _text(raw["question"], f"{field}.question")
@@ -231,7 +216,7 @@ def _decision(raw: Any, field: str) -> Decision:
     return Decision(
         field=field,
         id=decision_id,
-        state_key=_canonical(state),
+        state_key=canonical_json(state),
         state_text=state_text,
         question=question,
         option_ids=tuple(option_ids),
@@ -402,17 +387,14 @@ class Engine:
         """Validate text and build each decision's prompt; the prefix is tokenized once."""
         first = decisions[0]
         self.check_plain_text(first.state_text, f"{first.field}.state")
-        prefix = self.tokenize(self.head + PREFIX_TEMPLATE.format(state=first.state_text), add_bos=True)
+        prefix = self.tokenize(self.head + prefix_text(first.state_text), add_bos=True)
         result = []
         for decision in decisions:
             self.check_plain_text(decision.question, f"{decision.field}.question")
             for index, description in enumerate(decision.descriptions):
                 self.check_plain_text(description, f"{decision.field}.options[{index}].description")
-            options = "".join(
-                f"{letter}. {description}\n" for letter, description in zip(LETTERS, decision.descriptions)
-            )
-            suffix_text = SUFFIX_TEMPLATE.format(question=decision.question, options=options) + self.tail
-            prompt = Prompt(prefix=prefix, suffix=self.tokenize(suffix_text, add_bos=False))
+            suffix = suffix_text(decision.question, decision.descriptions) + self.tail
+            prompt = Prompt(prefix=prefix, suffix=self.tokenize(suffix, add_bos=False))
             limit = min(self.settings.max_request_tokens, self.settings.max_tokens)
             if len(prompt.tokens) > limit:
                 raise bad(

@@ -89,6 +89,7 @@ class GgufInfo:
     embedding_length: int | None = None
     key_length: int | None = None
     value_length: int | None = None
+    has_chat_template: bool = False  # tokenizer.chat_template is set (the chat path formats messages with it)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field."""
@@ -268,7 +269,9 @@ def inspect_gguf(path: str | Path) -> GgufInfo:
     file_type = None if file_type_id is None else FILE_TYPES.get(file_type_id, f"FTYPE_{file_type_id}")
     float_types = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
                    gguf.GGMLQuantizationType.BF16}
+    template = meta.get("tokenizer.chat_template")
     return GgufInfo(
+        has_chat_template=isinstance(template, str) and bool(template.strip()),
         path=str(src),
         architecture=architecture,
         name=meta.get("general.name"),

@@ -104,8 +104,10 @@ def package_gguf(
     *,
     manifest: dict[str, Any],
     extra_files: dict[str, Path] | None = None,
+    member_name: str | None = None,
 ) -> PackagedModel:
-    """Build a reproducible `out_dir/model.tar.gz` holding the GGUF, extra files and model-manifest.json."""
+    """Build a reproducible `out_dir/model.tar.gz` holding the GGUF (as `member_name`, else its own name), extra files
+    and model-manifest.json."""
     gguf = Path(gguf_path)
     _check_regular_file(gguf, "GGUF model")
     check_name(gguf.name)
@@ -115,7 +117,10 @@ def package_gguf(
                 f"{gguf} is not a GGUF file (needs a .gguf name and the GGUF magic bytes)",
                 fix="pass the built .gguf model",
             )
-    files: dict[str, Path] = {gguf.name: gguf}
+    model_name = check_name(member_name or gguf.name)
+    if not model_name.endswith(".gguf"):
+        raise BadInput(f"archive name {model_name!r} of the GGUF does not end in .gguf", fix="name the member NAME.gguf")
+    files: dict[str, Path] = {model_name: gguf}
     for name, path in (extra_files or {}).items():
         check_name(name)
         if name == MANIFEST_NAME or name in files or name.endswith(".gguf"):
@@ -125,7 +130,7 @@ def package_gguf(
             )
         _check_regular_file(Path(path), f"extra file {name!r}")
         files[name] = Path(path)
-    return _write_archive(files, _build_manifest(files, gguf.name, manifest), out_dir)
+    return _write_archive(files, _build_manifest(files, model_name, manifest), out_dir)
 
 
 def package_model_dir(

@@ -82,9 +82,12 @@ def write_tiny_gguf(
     n_ctx: int = 2048,
     letters_single_token: bool = True,
     chat_template: str | None = None,
+    letters_first: bool = False,
 ) -> Path:
     """Write a tiny random llama GGUF atomically; the same arguments give identical bytes. `chat_template` (a Jinja
-    template, as `tokenizer.chat_template`) makes it a chat model; without it the file is byte for byte as before."""
+    template, as `tokenizer.chat_template`) makes it a chat model; `letters_first` makes its next token lean to the
+    answer letters (a constant embedding dimension the letters' output rows read), so a readout limited to the top
+    log-probabilities (the chat path) sees every letter. Without either the file is byte for byte as before."""
     import gguf
 
     if dtype not in DTYPES:
@@ -141,9 +144,15 @@ def write_tiny_gguf(
         writer.add_add_space_prefix(True)
         if chat_template is not None:
             writer.add_chat_template(chat_template)
-        writer.add_tensor("token_embd.weight", matrix(len(tokens), n_embd))
+        embedding, output = matrix(len(tokens), n_embd), matrix(len(tokens), n_embd)
+        if letters_first:
+            embedding[:, 0] += 1  # after the RMS norm, dimension 0 is ~15 at every position; the letters read it
+            letters = [i for i, token in enumerate(tokens) if len(token.removeprefix(SPACE)) == 1
+                       and token.removeprefix(SPACE) in LETTERS]
+            output[letters, 0] += 1
+        writer.add_tensor("token_embd.weight", embedding)
         writer.add_tensor("output_norm.weight", norm())
-        writer.add_tensor("output.weight", matrix(len(tokens), n_embd))
+        writer.add_tensor("output.weight", output)
         for layer in range(n_layer):
             block = f"blk.{layer}"
             writer.add_tensor(f"{block}.attn_norm.weight", norm())

@@ -38,6 +38,7 @@ from tasks.project import PROJECT_ROOT as ROOT
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 BROKEN = ROOT / "configs" / "releases" / "demo-broken-model.yaml"
 ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
+CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
 FITTED = ("calibration.fit_temperature=true",)
 CANARY = (*FITTED, "rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=5",
           "rollout.maximum_execution_timeout_s=600", "rollout.alarms.max_error_rate=0.05",
@@ -50,8 +51,9 @@ STEPS = (  # label, config, overrides, live traffic of multi-decision requests d
     ("4. NLI encoder", ENCODER, (), False),
     ("5. canary", CONFIG, (*CANARY, *ONLINE_GATE), False),
     ("6. canary, fails live", CONFIG, (*CANARY, "image.max_shared_decisions=1"), True),
+    ("7. the DLC's chat path", CHAT, (), False),
 )
-EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back"]
+EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted"]
 
 
 def shared_decisions(count: int = 2) -> bytes:

@@ -24,10 +24,11 @@ class ArtifactConfig(Strict):
 
 
 class ImageConfig(Strict):
-    """`image`: the serving image, pinned by digest, and the limits its server gets as environment variables."""
+    """`image`: the serving image and the limits its server gets as environment variables. An image is either built
+    (`BuiltImageConfig`: shiplift's Dockerfile on a base pinned by digest) or adopted (`AdoptedImageConfig`: a
+    published image used as it is, resolved from its tag to a digest before anything deploys it)."""
 
     kind: str
-    base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
     threads: int = Field(2, ge=1, le=256)
 
     min_gpu_driver: ClassVar[int] = 0  # the oldest NVIDIA driver the GPU build of the image starts on
@@ -40,6 +41,32 @@ class ImageConfig(Strict):
     def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
         """The server's settings as the container gets them; `cpu_only` for scoring on a worker without a GPU."""
         raise NotImplementedError
+
+
+class BuiltImageConfig(ImageConfig):
+    """An image shiplift builds from `images/<kind>/Dockerfile` on `base_image` (CodeBuild on aws)."""
+
+    base_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+class AdoptedImageConfig(ImageConfig):
+    """A published image served as it is (no Dockerfile, no build): its repository's tag is resolved to a digest,
+    or the config pins the digest and the resolution checks it; locally `images/<kind>/` stands in for it."""
+
+    tag: str
+    digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$",
+                               description="pin: the image the tag must resolve to; None records what it resolves to")
+
+    repository: ClassVar[str]  # the ECR repository name in the publisher's account
+    registry_accounts: ClassVar[dict[str, str]]  # region → the publisher's account; "*" for every other region
+
+    def registry_account(self, region: str) -> str:
+        return self.registry_accounts.get(region) or self.registry_accounts["*"]
+
+    def reference(self, region: str) -> str:
+        """`account.dkr.ecr.region.amazonaws.com/repository:tag` (a tag: never deployed as such)."""
+        suffix = ".amazonaws.com.cn" if region.startswith("cn-") else ".amazonaws.com"
+        return f"{self.registry_account(region)}.dkr.ecr.{region}{suffix}/{self.repository}:{self.tag}"
 
 
 class GateConfig(Strict):
@@ -68,10 +95,16 @@ class ModelFamily:
     source_main_file: ClassVar[str] = ""  # the file a source that is a folder is known by (its archive's main file)
     tool_distributions: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the artifact's manifest
     online_gate: ClassVar[bool] = False  # whether a rollout can replay this family's tasks through the live component
+    temperature_scaling: ClassVar[bool] = True  # whether its server applies a fitted temperature (calibration.json)
 
     @property
     def image_kind(self) -> str:
         return self.image_model.model_fields["kind"].annotation.__args__[0]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What selects the family: the (`artifact.kind`, `image.kind`) pair."""
+        return self.artifact_kind, self.image_kind
 
     @property
     def validation_kind(self) -> str:
@@ -114,6 +147,10 @@ class ModelFamily:
                  settings, progress, title: str) -> dict:
         """Gate the candidate (and the champion, when one serves) on the validation datasets: the gate report."""
         raise NotImplementedError
+
+    def readout(self, validation: GateConfig):
+        """How the family's server is asked a decision task (`validation.runner.Readout`): the online gate's replay."""
+        raise NotImplementedError(f"{type(self).__name__} has no decision readout; it cannot run an online gate")
 
     def summary_metrics(self, metrics: dict) -> dict:
         """The family's headline metrics of a gate report, beside accuracy, calibration and latency."""

@@ -17,7 +17,7 @@ from tasks.errors import IntegrityError
 from tasks.families.base import (
     ArtifactConfig,
     GateConfig,
-    ImageConfig,
+    BuiltImageConfig,
     ModelFamily,
     add_evaluation_arguments,
     add_server_arguments,
@@ -83,7 +83,7 @@ class GgufArtifact(ArtifactConfig):
     allow_requantize: bool = False
 
 
-class SemifImage(ImageConfig):
+class SemifImage(BuiltImageConfig):
     """The SemIf adapter image: base pinned by digest, adapter limits passed as SEMIF_* variables."""
 
     kind: Literal["semif"]
@@ -224,6 +224,11 @@ class GgufDecisions(ModelFamily):
         return [decision_body(task) for i, (path, splits) in enumerate(paths)
                 for task in load_decision_dataset(path, name=f"dataset{i}", splits=splits).tasks]
 
+    def readout(self, validation: DecisionGateConfig):
+        from validation.runner import SEMIF
+
+        return SEMIF
+
     def add_commands(self, serve, evaluate) -> None:
         p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
         p.add_argument("--gguf", required=True)
@@ -273,6 +278,13 @@ def _serve(args) -> int:
 
 def _eval(args) -> int:
     """`shiplift eval jevbench`: score JevBench-format tasks on any SemIf endpoint, against a champion if given."""
+    from validation.runner import SEMIF
+
+    return run_jevbench_eval(args, SEMIF, title=f"JevBench evaluation of {args.endpoint}")
+
+
+def run_jevbench_eval(args, readout, *, title: str) -> int:
+    """An `eval` command on JevBench-format tasks through `readout` (SemIf's or the chat path's): report and summary."""
     from validation.datasets import load_decision_dataset
     from validation.evaluate import RunSettings, evaluate_decisions
     from validation.thresholds import ChampionRule
@@ -285,13 +297,16 @@ def _eval(args) -> int:
     candidate, champion, progress = evaluation_targets(args)
     report = evaluate_decisions(
         candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
-        settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
-        progress=progress, title=f"JevBench evaluation of {args.endpoint}",
+        settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap,
+                             readout=readout),
+        progress=progress, title=title,
     )
     metrics = report["metrics"]
-    return evaluation_exit(report, {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
-                                    "ece": metrics["ece"], "validity": metrics["validity"],
-                                    "latency_ms": metrics["latency_ms"], "paths": report["paths"]})
+    summary = {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
+               "validity": metrics["validity"], "latency_ms": metrics["latency_ms"], "paths": report["paths"]}
+    if "readout" in metrics:
+        summary["readout"] = metrics["readout"]
+    return evaluation_exit(report, summary)
 
 
 FAMILY = GgufDecisions()

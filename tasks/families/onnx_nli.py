@@ -22,7 +22,7 @@ from tasks.errors import ConfigError, IntegrityError
 from tasks.families.base import (
     ArtifactConfig,
     GateConfig,
-    ImageConfig,
+    BuiltImageConfig,
     ModelFamily,
     add_evaluation_arguments,
     add_server_arguments,
@@ -92,7 +92,7 @@ class OnnxArtifact(ArtifactConfig):
     parity: ParityRule = ParityRule()
 
 
-class EncoderImage(ImageConfig):
+class EncoderImage(BuiltImageConfig):
     """The encoder NLI server image: base pinned by digest, limits passed as ENCODER_* variables."""
 
     kind: Literal["encoder"]

@@ -1,8 +1,10 @@
-"""The one registry of model families: `artifact.kind` → the family that owns it.
+"""The one registry of model families: (`artifact.kind`, `image.kind`) → the family that owns them.
 
-The shipped families are named by module and imported on first use (their modules hold config classes at the top and
-import their heavy libraries only inside the steps). `register` adds another family, a test's toy one for instance: the
-release config asks this registry while it validates, so a registered family's configs load with nothing else changed.
+A family is known by what it builds and what serves it: a GGUF served by the SemIf adapter and the same GGUF served by
+the llama.cpp DLC's chat path are two families that share an artifact. The shipped families are named by module and
+imported on first use (their modules hold config classes at the top and import their heavy libraries only inside the
+steps). `register` adds another family, a test's toy one for instance: the release config asks this registry while it
+validates, so a registered family's configs load with nothing else changed.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from importlib import import_module
 from tasks.errors import ConfigError
 from tasks.families.base import ModelFamily
 
-BUILTIN = ("tasks.families.gguf_decisions", "tasks.families.onnx_nli")
-_families: dict[str, ModelFamily] = {}
+BUILTIN = ("tasks.families.gguf_decisions", "tasks.families.gguf_chat", "tasks.families.onnx_nli")
+_families: dict[tuple[str, str], ModelFamily] = {}
 
 
 def families() -> tuple[ModelFamily, ...]:
@@ -21,17 +23,26 @@ def families() -> tuple[ModelFamily, ...]:
     if not _families:
         for module in BUILTIN:
             family = import_module(module).FAMILY
-            _families[family.artifact_kind] = family
+            _families[family.key] = family
     return tuple(_families.values())
 
 
-def family_of(artifact_kind: str) -> ModelFamily:
-    """The family of an `artifact.kind`; ConfigError naming the known kinds."""
+def family_of(artifact_kind: str, image_kind: str) -> ModelFamily:
+    """The family of an (`artifact.kind`, `image.kind`) pair; ConfigError naming what is known."""
     for family in families():
-        if family.artifact_kind == artifact_kind:
+        if family.key == (artifact_kind, image_kind):
             return family
-    known = ", ".join(f.artifact_kind for f in families())
+    images = [f.image_kind for f in families() if f.artifact_kind == artifact_kind]
+    if images:
+        raise ConfigError(f"artifact.kind {artifact_kind} is not served by image.kind {image_kind!r}",
+                          fix=f"use image.kind {' or '.join(images)}")
+    known = ", ".join(sorted({f.artifact_kind for f in families()}))
     raise ConfigError(f"artifact.kind {artifact_kind!r} is not a model family shiplift knows", fix=f"use one of {known}")
+
+
+def artifact_models() -> dict[str, type]:
+    """`artifact.kind` → its config class, over every family (families may share an artifact)."""
+    return {family.artifact_kind: family.artifact_model for family in families()}
 
 
 def image_models() -> dict[str, type]:
@@ -53,17 +64,18 @@ def env_prefix(image_kind: str) -> str:
 
 
 def register(family: ModelFamily) -> None:
-    """Add a family; refuses one whose `artifact.kind` another family already owns."""
+    """Add a family; refuses one whose (artifact, image) pair another family already owns."""
     families()
-    owner = _families.get(family.artifact_kind)
+    owner = _families.get(family.key)
     if owner is not None and owner is not family:
-        raise ConfigError(f"artifact.kind {family.artifact_kind!r} already belongs to {type(owner).__name__}",
-                          fix="give the new family its own artifact kind")
-    _families[family.artifact_kind] = family
+        raise ConfigError(f"artifact.kind {family.artifact_kind!r} on image.kind {family.image_kind!r} already belongs "
+                          f"to {type(owner).__name__}", fix="give the new family its own artifact or image kind")
+    _families[family.key] = family
 
 
-def unregister(artifact_kind: str) -> None:
+def unregister(artifact_kind: str, image_kind: str) -> None:
     """Remove a family added with `register` (the shipped ones stay)."""
-    if any(import_module(module).FAMILY.artifact_kind == artifact_kind for module in BUILTIN):
-        raise ConfigError(f"{artifact_kind!r} is a shipped family", fix="only families added with register() can be removed")
-    _families.pop(artifact_kind, None)
+    if any(import_module(module).FAMILY.key == (artifact_kind, image_kind) for module in BUILTIN):
+        raise ConfigError(f"{artifact_kind!r} on {image_kind!r} is a shipped family",
+                          fix="only families added with register() can be removed")
+    _families.pop((artifact_kind, image_kind), None)

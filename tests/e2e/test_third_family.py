@@ -100,7 +100,7 @@ def toy():
     family = ToyFamily()
     registry.register(family)
     yield family
-    registry.unregister("toy")
+    registry.unregister("toy", "semif")
 
 
 def _toy_config(tmp_path: Path) -> Path:

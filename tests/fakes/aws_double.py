@@ -10,7 +10,9 @@ botocore model (`tasks.backends.aws.service_model.request_problems`) and the rul
 endpoints and components move through realistic statuses and run the project's real model servers
 (images/<kind>/server.py) as subprocesses, to which InvokeEndpoint forwards. CodeBuild builds are
 simulated from the buildspec (source zip checked, image pushed to moto's ECR, image-detail.json written),
-which is how an image digest comes to name the server it runs.
+which is how an image digest comes to name the server it runs. A published image (the llama.cpp DLC, in another
+account's registry) is put there with `publish_image`; the double answers ECR BatchGetImage across registries itself
+(`PublishedRegistries`: moto's ignores `registryId`) and runs the image's local stand-in (images/<kind>/server.py).
 
 InvokeEndpoint publishes SageMaker's invocation metrics into moto's CloudWatch, and UpdateInferenceComponent with a
 DeploymentConfig runs a rolling update that evaluates its AutoRollbackConfiguration alarms on those datapoints (moto
@@ -92,9 +94,10 @@ REGION = "us-east-1"
 ARN_PREFIX = f"arn:aws:sagemaker:{REGION}:{ACCOUNT_ID}"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
 IMAGES_DIR = Path(__file__).resolve().parents[2] / "images"
-IMAGE_KINDS = {"semif": "SEMIF", "encoder": "ENCODER"}  # image folder -> prefix of its environment variables
+IMAGE_KINDS = {"semif": "SEMIF", "encoder": "ENCODER", "dlc-chat": "DLC_CHAT"}  # image folder -> prefix of its variables
 # The double's "instances" have no GPU: GPU images run on the CPU (the encoder server would refuse cuda without one).
-CPU_ONLY = {"semif": {"SEMIF_N_GPU_LAYERS": "0"}, "encoder": {"ENCODER_DEVICE": "cpu"}}
+CPU_ONLY = {"semif": {"SEMIF_N_GPU_LAYERS": "0"}, "encoder": {"ENCODER_DEVICE": "cpu"},
+            "dlc-chat": {"SM_LLAMA_CPP_N_GPU_LAYERS": "0"}}
 GPU_LIMITS = {"p4d": (7, 40), "p5": (7, 80), "g7": (2, 32), "g7e": (4, 96)}  # family -> one GPU's (compute slices, GB)
 MIG_PROFILE = re.compile(r"mig-(\d+)g\.(\d+)gb(?:[+-][a-z0-9.]+)*")
 RUNTIME_PATH = re.compile(r"/endpoints/([^/]+)/([a-z-]+)")
@@ -1856,10 +1859,11 @@ def log_stream_arn(endpoint_name: str) -> str:
 
 
 class ContainerRuntime:
-    """Resolves images in moto's ECR, fetches model archives from moto's S3, starts server copies."""
+    """Resolves images in moto's ECR (the double's own, or a publisher's), fetches model archives from moto's S3,
+    starts server copies."""
 
-    def __init__(self, shared: Shared, client: Callable[[str], Any]):
-        self.shared, self.client = shared, client
+    def __init__(self, shared: Shared, client: Callable[[str], Any], published: PublishedRegistries):
+        self.shared, self.client, self.published = shared, client, published
         self.image_kinds: dict[str, str] = {}  # image digest -> kind, registered by the CodeBuild simulation
         self.started: list[Container] = []  # every copy started since the last clear, running or not
         self.workdir = Path(tempfile.mkdtemp(prefix="aws-double-"))
@@ -1890,22 +1894,24 @@ class ContainerRuntime:
         return True
 
     def resolve(self, image: str) -> tuple[dict[str, Any], str]:
-        """The DeployedImage of an ECR image reference and the server kind its digest was built as."""
+        """The DeployedImage of an ECR image reference and the server kind its digest was built (or published) as."""
         match = ECR_IMAGE.fullmatch(image)
-        if match is None or match["registry"] != ACCOUNT_ID or match["region"] != REGION:
+        own = match is not None and match["registry"] == ACCOUNT_ID
+        if match is None or match["region"] != REGION or not (own or self.published.knows(match["registry"])):
             raise StartFailure(f"Requested image {image} not found: the double runs images from its own Amazon ECR "
-                               f"({ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com) only.")
+                               f"({ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com) and published ones only.")
         image_id = {"imageDigest": match["digest"]} if match["digest"] else {"imageTag": match["tag"] or "latest"}
+        ecr = self.client("ecr") if own else self.published.client(match["registry"])
         try:
-            details = self.client("ecr").describe_images(repositoryName=match["repository"], imageIds=[image_id])
+            details = ecr.describe_images(repositoryName=match["repository"], imageIds=[image_id])
         except ClientError as exc:
             raise StartFailure(f"Requested image {image} not found: {exc.response['Error']['Message']}") from None
         digest = details["imageDetails"][0]["imageDigest"]
         with self.shared.lock:
             kind = self.image_kinds.get(digest)
         if kind is None:
-            raise StartFailure(f"The container for image {image} cannot start: its digest {digest} was not built by "
-                               "the double's CodeBuild, so there is no server to run for it.")
+            raise StartFailure(f"The container for image {image} cannot start: its digest {digest} was neither built "
+                               "by the double's CodeBuild nor published with a stand-in, so there is no server to run for it.")
         resolved = f"{match['registry']}.dkr.ecr.{match['region']}.amazonaws.com/{match['repository']}@{digest}"
         return {"SpecifiedImage": image, "ResolvedImage": resolved, "ResolutionTime": time.time()}, kind
 
@@ -2134,6 +2140,98 @@ def command_failed(message: str) -> BuildFailed:
 
 
 # --------------------------------------------------------------------------------------
+# Published images: repositories of another account (the llama.cpp DLC's), read across accounts
+
+PUBLIC_PULL = {"Sid": "pull", "Effect": "Allow", "Principal": "*",  # what a publisher's repository lets any account do
+               "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]}
+
+
+class PublishedRegistries:
+    """Other accounts' repositories, kept in moto's ECR of those accounts (written with assumed-role credentials).
+    moto's BatchGetImage ignores `registryId` and reads the caller's own repositories, so the double answers a
+    BatchGetImage naming another registry as ECR does across accounts
+    (https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_BatchGetImage.html): RepositoryNotFoundException
+    when the registry has no such repository, AccessDeniedException unless the repository's policy lets other
+    accounts pull (https://docs.aws.amazon.com/AmazonECR/latest/userguide/repository-policies.html), and a failure
+    `ImageNotFound` for each image id it lacks. Every manifest is returned as stored (none is converted)."""
+
+    def __init__(self, shared: Shared, client: Callable[[str], Any], url: Callable[[], str]):
+        self.shared, self.own_client, self.url = shared, client, url
+        self.clients: dict[str, Any] = {}  # account -> its ECR client
+
+    def clear(self) -> None:
+        with self.shared.lock:
+            self.clients.clear()  # moto's reset forgot the assumed roles their credentials came from
+
+    def knows(self, account: str) -> bool:
+        with self.shared.lock:
+            return account in self.clients
+
+    def client(self, account: str):
+        """An ECR client of `account` (moto keeps each account's resources apart by the caller's credentials)."""
+        with self.shared.lock:
+            if account not in self.clients:
+                credentials = self.own_client("sts").assume_role(RoleArn=f"arn:aws:iam::{account}:role/publisher",
+                                                                 RoleSessionName="publisher")["Credentials"]
+                self.clients[account] = boto3.session.Session().client(
+                    "ecr", endpoint_url=self.url(), region_name=REGION, aws_access_key_id=credentials["AccessKeyId"],
+                    aws_secret_access_key=credentials["SecretAccessKey"], aws_session_token=credentials["SessionToken"],
+                    config=Config(connect_timeout=5, read_timeout=CLIENT_TIMEOUT_S, retries={"total_max_attempts": 3}))
+            return self.clients[account]
+
+    def publish(self, account: str, repository: str, tag: str, content: str, *, pull_policy: bool) -> str:
+        """Push a manifest under `tag` (a mutable tag moves to it) in `account`'s `repository`; its digest."""
+        ecr = self.client(account)
+        try:
+            ecr.create_repository(repositoryName=repository)
+        except ecr.exceptions.RepositoryAlreadyExistsException:
+            pass
+        if pull_policy:
+            ecr.set_repository_policy(repositoryName=repository,
+                                      policyText=json.dumps({"Version": "2012-10-17", "Statement": [PUBLIC_PULL]}))
+        layer = "sha256:" + hashlib.sha256(f"{account}/{repository}:{tag}:{content}".encode()).hexdigest()
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(content), "digest": layer},
+            "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(content), "digest": layer}],
+        }, sort_keys=True)
+        return ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=tag)["image"]["imageId"]["imageDigest"]
+
+    def batch_get_image(self, params: dict[str, Any]) -> dict[str, Any]:
+        """BatchGetImage in the registry `params["registryId"]` names, by the double's own account."""
+        account, repository = params["registryId"], params.get("repositoryName", "")
+        arn = f"arn:aws:ecr:{REGION}:{account}:repository/{repository}"
+        missing = ApiError("RepositoryNotFoundException",
+                           f"The repository with name '{repository}' does not exist in the registry with id '{account}'")
+        if not self.knows(account):
+            raise missing
+        ecr = self.client(account)
+        try:
+            policy = json.loads(ecr.get_repository_policy(repositoryName=repository)["policyText"])
+        except ecr.exceptions.RepositoryNotFoundException:
+            raise missing from None
+        except ecr.exceptions.RepositoryPolicyNotFoundException:
+            policy = {"Statement": []}
+        if not any(self._allows(statement, "ecr:BatchGetImage") for statement in policy.get("Statement", [])):
+            raise ApiError("AccessDeniedException",
+                           f"User: arn:aws:iam::{ACCOUNT_ID}:user/moto is not authorized to perform: ecr:BatchGetImage on "
+                           f"resource: {arn} because no resource-based policy allows the ecr:BatchGetImage action")
+        answer = ecr.batch_get_image(repositoryName=repository, imageIds=params.get("imageIds", []))
+        return {"images": answer.get("images", []), "failures": answer.get("failures", [])}
+
+    @staticmethod
+    def _allows(statement: dict[str, Any], action: str) -> bool:
+        """Whether a repository policy statement lets the double's account (or anyone) do `action`."""
+        principal = statement.get("Principal")
+        principals = principal.get("AWS", []) if isinstance(principal, dict) else principal
+        principals = [principals] if isinstance(principals, str) else principals or []
+        actions = statement.get("Action", [])
+        actions = [actions] if isinstance(actions, str) else actions
+        return (statement.get("Effect") == "Allow" and any(p == "*" or ACCOUNT_ID in p for p in principals)
+                and any(a in (action, "ecr:*", "*") for a in actions))
+
+
+# --------------------------------------------------------------------------------------
 # The server
 
 
@@ -2189,13 +2287,14 @@ class AwsDouble:
         self._runtime: ContainerRuntime | None = None
         self._sagemaker: SageMaker | None = None
         self._codebuild: CodeBuildSimulator | None = None
+        self._published = PublishedRegistries(self._shared, self.client, lambda: self.url)
 
     # ---- lifecycle ------------------------------------------------------------------
 
     def start(self) -> AwsDouble:
         self._server = make_server("127.0.0.1", 0, self._app, threaded=True, request_handler=QuietRequestHandler)
         self._server.daemon_threads = True
-        self._runtime = ContainerRuntime(self._shared, self.client)
+        self._runtime = ContainerRuntime(self._shared, self.client, self._published)
         self._sagemaker = SageMaker(self._shared, self._runtime)
         self._codebuild = CodeBuildSimulator(self._shared, self._runtime, self.client)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -2256,10 +2355,22 @@ class AwsDouble:
             response.read()
         self._runtime.clear()
         self._codebuild.clear()
+        self._published.clear()
         with self._shared.lock:
             self._shared.scenario = Scenario()
             self._shared.calls.clear()
             self._shared.rollouts.clear()
+
+    def publish_image(self, account: str, repository: str, tag: str, *, kind: str | None = None, content: str = "1",
+                      pull_policy: bool = True) -> str:
+        """Publish an image in another account's registry, as the DLC's is (`pull_policy`: any account may pull);
+        `kind` names the image folder whose server.py stands in for it when SageMaker runs it; `content` another
+        value moves the tag. Returns the digest the tag names."""
+        digest = self._published.publish(account, repository, tag, content, pull_policy=pull_policy)
+        if kind is not None:
+            with self._shared.lock:
+                self._runtime.image_kinds[digest] = kind
+        return digest
 
     def scenario(self, **knobs: Any) -> Scenario:
         """Set scenario knobs (see `Scenario`); returns the scenario now in force."""
@@ -2313,6 +2424,13 @@ class AwsDouble:
                 return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
             if target in ("CodeBuild_20161006.StartBuild", "CodeBuild_20161006.BatchGetBuilds"):
                 return self._codebuild_call(environ, start_response, target)
+            if target == "AmazonEC2ContainerRegistry_V20150921.BatchGetImage":
+                body = read_body(environ)
+                params = parse_json_body(body)
+                if params.get("registryId", ACCOUNT_ID) != ACCOUNT_ID:
+                    result = self._published.batch_get_image(params)
+                    return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
+                environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
             if signing is not None and signing[1] == "s3" and self._races_write(environ, method):
                 drain_body(environ)
                 return respond_s3_error(start_response, 409, "ConditionalRequestConflict", CONDITIONAL_CONFLICT)

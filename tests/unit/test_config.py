@@ -168,8 +168,46 @@ def test_model_family_must_be_consistent(tmp_path):
     with pytest.raises(ConfigError, match="validation"):
         load_release_config(path, environ={})
     mixed = write_variant(tmp_path, lambda t: t.update(image={"kind": "encoder", "base_image": t["image"]["base_image"]}))
-    with pytest.raises(ConfigError, match="artifact.kind gguf needs image.kind semif"):
+    with pytest.raises(ConfigError, match="artifact.kind gguf is not served by image.kind 'encoder'.*semif or dlc-chat"):
         load_release_config(mixed, environ={})
+    chat_gate = write_variant(tmp_path, lambda t: t["validation"].update(kind="chat-decisions"))
+    with pytest.raises(ConfigError, match="gated by validation.kind decisions, got validation.kind chat-decisions"):
+        load_release_config(chat_gate, environ={})
+
+
+CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
+
+
+def test_the_chat_config_becomes_the_dlcs_environment():
+    """Issue 19: llama-server's options become SM_LLAMA_CPP_* variables (ctx_size: 2048 → SM_LLAMA_CPP_CTX_SIZE=2048)."""
+    config = load_release_config(CHAT, environ={})
+    assert (config.family.key, config.validation.kind) == (("gguf", "dlc-chat"), "chat-decisions")
+    assert config.image.container_env() == {"SM_LLAMA_CPP_THREADS": "2", "SM_LLAMA_CPP_N_GPU_LAYERS": "0",
+                                            "SM_LLAMA_CPP_CTX_SIZE": "2048", "SM_LLAMA_CPP_CHAT_TEMPLATE": "gemma"}
+    flash = load_release_config(CHAT, overrides=("image.server.flash_attn=on", "image.server.batch_size=512"), environ={})
+    assert flash.image.container_env()["SM_LLAMA_CPP_FLASH_ATTN"] == "on"
+    assert flash.image.container_env()["SM_LLAMA_CPP_BATCH_SIZE"] == "512"
+    assert config.image.reference("eu-south-2") == "503227376785.dkr.ecr.eu-south-2.amazonaws.com/llama-cpp:server-sagemaker-cpu-v1"
+    assert config.image.reference("us-east-1").startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/")
+
+
+@pytest.mark.parametrize("overrides, needles", [
+    (("image.server.hf_repo=ggml-org/gemma-3-270m-GGUF",), ("hf_repo", "network isolation", "artifact.source")),
+    (("image.server.ctx_sise=2048",), ("image.server.ctx_sise", "Extra inputs")),
+    (("image.server.ctx_size=lots",), ("image.server.ctx_size", "integer")),
+    (("image.server.flash_attn=enabled",), ("image.server.flash_attn", "'on', 'off' or 'auto'")),
+    (("image.server.chat_template=gemma2",), ("image.server.chat_template",)),
+    (("image.tag=latest",), ("image.tag", "server-sagemaker-cpu-v1")),
+    (("image.n_gpu_layers=-1",), ("CPU build", "server-sagemaker-cuda-v1")),
+    (("image.digest=sha256:abc",), ("image.digest", "pattern")),
+    (("image.base_image=public.ecr.aws/x@sha256:" + "0" * 64,), ("image.base_image", "Extra inputs")),
+    (("calibration.fit_temperature=true",), ("fit_temperature", "cannot apply")),
+    (("image.server.ubatch_size=1024", "image.server.batch_size=512"), ("ubatch_size (1024) exceeds batch_size (512)",)),
+])
+def test_chat_image_options_are_checked_with_the_fix(overrides, needles):
+    with pytest.raises(ConfigError) as caught:
+        load_release_config(CHAT, overrides=overrides, environ={})
+    assert all(needle in str(caught.value) for needle in needles), str(caught.value)
 
 
 QWEN = ROOT / "configs" / "releases" / "qwen35-4b-semif.yaml"

@@ -1,14 +1,15 @@
 """`shiplift release CONFIG --dry-run` for an aws config: every request the release would send, sending nothing.
 
 The requests are built by the same builders the aws backend sends (`S3ArtifactStore`,
-`CodeBuildImageBuilder`, `SageMakerHosting`, the eval runners' request bodies), in the order a
-first release on a fresh account sends them (with `backend.checkpoints`, also the checkpoint checks of
-preflight and the signed checkpoint at the release's end), and each one is validated against the installed
-botocore service model, maximum lengths, enums and patterns included
-(`tasks.backends.aws.service_model`). No credentials are needed. Values only a real build can know (the
-sha256 of an archive, the ECR digest, the memory the build measures, and every name derived from
-them) are deterministic placeholders that still fit their field's pattern; each request lists the
-parameters that carry one. Waits appear once per wait (the describe that would be polled).
+`CodeBuildImageBuilder` or, for a published image, `published_images`, `SageMakerHosting`, the eval
+runners' request bodies), in the order a first release on a fresh account sends them (with
+`backend.checkpoints`, also the checkpoint checks of preflight and the signed checkpoint at the
+release's end), and each one is validated against the installed botocore service model, maximum
+lengths, enums and patterns included (`tasks.backends.aws.service_model`). No credentials are needed.
+Values only a real build can know (the sha256 of an archive, the ECR digest, the memory the build
+measures, and every name derived from them) are deterministic placeholders that still fit their
+field's pattern; each request lists the parameters that carry one. Waits appear once per wait (the
+describe that would be polled).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from tasks.backends.aws.base_images import docker_hub_note
 from tasks.backends.aws.service_model import validate_request
 from tasks.backends.interfaces import ComponentSpec, ModelRef
-from tasks.families.registry import family_of
+from tasks.families.base import AdoptedImageConfig
 from tasks.pipeline.stages.common import candidate_name, compute, production_component, production_endpoint
 
 PLACEHOLDER_PART = "one UploadPart per 64 MiB part of the file"
@@ -111,8 +112,6 @@ def plan_release(config, *, config_dir: Path, with_champion: bool = False) -> li
     """The requests of a first release of `config` (an aws config) on an account where nothing of it exists yet; with
     `with_champion`, of a later one: its gate also scores the serving champion and its promote updates production."""
     from tasks.backends.aws.backend import aws_backends
-    from tasks.backends.aws.image_builder import image_tag, source_zip
-    from tasks.backends.local.process_image import build_local_image
     from tasks.pipeline.release import release_id_for
 
     backend = config.backend
@@ -144,7 +143,7 @@ def plan_release(config, *, config_dir: Path, with_champion: bool = False) -> li
         plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=key, ChecksumMode="ENABLED", note="verify size and sha256")
         return f"s3://{backend.bucket}/{key}"
 
-    family = family_of(config.artifact.kind)
+    family = config.family
     plan.stage = "resolve"
     upload("the model source", family.source_file_name(config.artifact))
     plan.stage = "build"
@@ -155,31 +154,16 @@ def plan_release(config, *, config_dir: Path, with_champion: bool = False) -> li
 
     plan.stage = "image"
     image = config.image
-    local = build_local_image(image.kind, image.base_image)
-    variant = "cuda" if image.on_gpu else "cpu"
-    tag = image_tag(image.kind, variant, local.digest)
-    data = source_zip(image.kind)
-    source_key = images.source_key(data)
-    plan.add("ecr", "DescribeRepositories", repositoryNames=[backend.ecr_repository])
-    plan.add("ecr", "DescribeImages", repositoryName=backend.ecr_repository, imageIds=[{"imageTag": tag}],
-             note="an image already built from this content is reused and nothing below runs")
-    plan.add("codebuild", "ListBuildsForProject", projectName=backend.codebuild_project, sortOrder="DESCENDING",
-             note="a build of this tag still running (an earlier attempt) is waited for instead of started again")
-    plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=source_key, ChecksumMode="ENABLED")
-    plan.add("s3", "PutObject", **store.put_params(source_key, data, hashlib.sha256(data).hexdigest()))
-    plan.add("codebuild", "BatchGetProjects", names=[backend.codebuild_project])
-    plan.add("codebuild", "CreateProject", **images.project_request())
-    plan.add("codebuild", "StartBuild", **images.build_request(image.kind, tag, variant, image.base_image, source_key),
-             note=docker_hub_note(image.base_image))
-    plan.add("codebuild", "BatchGetBuilds", ids=[f"{backend.codebuild_project}:<build id>"], note="polled until the build ends")
-    plan.add("s3", "GetObject", Bucket=backend.bucket, Key=images.detail_key(tag))
-    digest = "sha256:" + plan.stand_in(placeholder_hex("image digest", release_id), "ECR digest of the built image")
-    plan.add("ecr", "DescribeImages", repositoryName=backend.ecr_repository, imageIds=[{"imageDigest": digest}])
+    if isinstance(image, AdoptedImageConfig):
+        image_uri = _published_image(plan, image, backend.region, release_id)
+    else:
+        image_uri = _built_image(plan, image, backend, store, images, release_id)
+    digest = image_uri.rsplit("@", 1)[1]
 
     memory = 1024
     ref = ModelRef(release_id=release_id, artifact_sha256=artifact_sha, image_digest=digest)
     spec_for = lambda copies: ComponentSpec(  # noqa: E731
-        image_uri=f"{images.repository_uri()}@{digest}", artifact_uri=artifact_uri, artifact_sha256=artifact_sha,
+        image_uri=image_uri, artifact_uri=artifact_uri, artifact_sha256=artifact_sha,
         environment=image.container_env(), copies=copies, compute=compute(config, memory), model_ref=ref)
     candidate = candidate_name(config, artifact_sha, digest)
     plan.stand_in(candidate, "a name derived from the artifact sha256 and the image digest")
@@ -213,7 +197,7 @@ def plan_release(config, *, config_dir: Path, with_champion: bool = False) -> li
         records = [_record(plan, release_id, config, "package", {"artifact_sha256": artifact_sha}),
                    _record(plan, release_id, config, "image", {"image_digest": digest}),
                    _record(plan, release_id, config, "validate", {"decision": "pass", "metrics": {}})]
-        _register(plan, registry, config, records, artifact_uri=artifact_uri, image_uri=f"{images.repository_uri()}@{digest}",
+        _register(plan, registry, config, records, artifact_uri=artifact_uri, image_uri=image_uri,
                   gate_report={"uri": f"s3://{backend.bucket}/{store.key(report_sha, 'gate-report.json')}", "sha256": report_sha})
 
     plan.stage = "promote"
@@ -237,6 +221,50 @@ def plan_release(config, *, config_dir: Path, with_champion: bool = False) -> li
         plan.stage = "release"
         _checkpoint(plan, backend, release_id)
     return plan.requests
+
+
+def _built_image(plan: Plan, image, backend, store, images, release_id: str) -> str:
+    """The requests of `CodeBuildImageBuilder.build` when no image of this content exists yet; the image's URI."""
+    from tasks.backends.aws.image_builder import image_tag, source_zip
+    from tasks.backends.local.process_image import build_local_image
+
+    local = build_local_image(image.kind, image.base_image)
+    variant = "cuda" if image.on_gpu else "cpu"
+    tag = image_tag(image.kind, variant, local.digest)
+    data = source_zip(image.kind)
+    source_key = images.source_key(data)
+    plan.add("ecr", "DescribeRepositories", repositoryNames=[backend.ecr_repository])
+    plan.add("ecr", "DescribeImages", repositoryName=backend.ecr_repository, imageIds=[{"imageTag": tag}],
+             note="an image already built from this content is reused and nothing below runs")
+    plan.add("codebuild", "ListBuildsForProject", projectName=backend.codebuild_project, sortOrder="DESCENDING",
+             note="a build of this tag still running (an earlier attempt) is waited for instead of started again")
+    plan.add("s3", "HeadObject", Bucket=backend.bucket, Key=source_key, ChecksumMode="ENABLED")
+    plan.add("s3", "PutObject", **store.put_params(source_key, data, hashlib.sha256(data).hexdigest()))
+    plan.add("codebuild", "BatchGetProjects", names=[backend.codebuild_project])
+    plan.add("codebuild", "CreateProject", **images.project_request())
+    plan.add("codebuild", "StartBuild", **images.build_request(image.kind, tag, variant, image.base_image, source_key),
+             note=docker_hub_note(image.base_image))
+    plan.add("codebuild", "BatchGetBuilds", ids=[f"{backend.codebuild_project}:<build id>"], note="polled until the build ends")
+    plan.add("s3", "GetObject", Bucket=backend.bucket, Key=images.detail_key(tag))
+    digest = "sha256:" + plan.stand_in(placeholder_hex("image digest", release_id), "ECR digest of the built image")
+    plan.add("ecr", "DescribeImages", repositoryName=backend.ecr_repository, imageIds=[{"imageDigest": digest}])
+    return f"{images.repository_uri()}@{digest}"
+
+
+def _published_image(plan: Plan, image, region: str, release_id: str) -> str:
+    """The request of `resolve_published`: the published image's tag resolved to its digest (no build, no upload); the
+    image's URI, by the pinned `image.digest` or a placeholder for the digest ECR answers."""
+    from tasks.backends.aws.published_images import repository_uri, resolve_request
+
+    reference = image.reference(region)
+    if image.digest:
+        digest, note = image.digest, f"{reference} must still be the pinned image.digest, else nothing is deployed"
+    else:
+        digest = "sha256:" + plan.stand_in(placeholder_hex("published image digest", release_id),
+                                           f"ECR digest of {reference}, as BatchGetImage answers it")
+        note = f"{reference} resolved to its digest now; SageMaker pulls that digest, never the tag"
+    plan.add("ecr", "BatchGetImage", **resolve_request(image, region), note=note)
+    return f"{repository_uri(image, region)}@{digest}"
 
 
 def _check_checkpoints(plan: Plan, settings) -> None:
@@ -417,7 +445,7 @@ def _invocations(plan: Plan, config, config_dir: Path, endpoint: str, component:
 
     validation = config.validation
     paths = [(resolve_data_path(ref, config_dir), ref.splits) for ref in validation.datasets]
-    bodies = family_of(config.artifact.kind).invocation_bodies(validation, paths)
+    bodies = config.family.invocation_bodies(validation, paths)
     named = {"InferenceComponentName": component} if component else {}
     for body in bodies:
         plan.add("sagemaker-runtime", "InvokeEndpoint", EndpointName=endpoint, Body=body, ContentType="application/json",

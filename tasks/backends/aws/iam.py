@@ -7,6 +7,9 @@ resource it touches, and `CHECKPOINT_OPERATIONS` what ledger checkpoints send to
 request (a dry-run line, a call the double saw) onto the (action, resource ARN) pairs IAM evaluates, and
 the tests check both directions: each request is allowed, and nothing is granted on `*` unless the
 action has no resource-level permissions (the List* calls, GetMetricData, GetAuthorizationToken).
+A config whose image is published (`AdoptedImageConfig`, the llama.cpp DLC) builds nothing: its pipeline role reads
+the tag's digest in the publisher's repository instead of building (`tasks.backends.aws.published_images`), its
+execution role pulls from there, and it needs no CodeBuild role.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.backends.aws.checkpoints import ARN_SUFFIX
+from tasks.backends.aws.published_images import repository_arn
+from tasks.errors import ConfigError
+from tasks.families.base import AdoptedImageConfig
 
 # operation -> (IAM action, resource kinds); kinds are resolved by `Scope.arns`. An action AWS authorizes on several resource
 # types (the Service Authorization Reference's "Resource types" column) names each: CreateEndpoint is checked against the
@@ -29,6 +35,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("s3", "GetObject"): ("s3:GetObject", ("object",)),
     ("ecr", "DescribeRepositories"): ("ecr:DescribeRepositories", ("repository",)),
     ("ecr", "DescribeImages"): ("ecr:DescribeImages", ("repository",)),
+    ("ecr", "BatchGetImage"): ("ecr:BatchGetImage", ("published-repository",)),  # a published image's tag → digest
     **{("codebuild", op): (f"codebuild:{op}", ("project",))
        for op in ("BatchGetProjects", "CreateProject", "UpdateProject", "StartBuild", "BatchGetBuilds", "ListBuildsForProject")},
     **{("sagemaker", op): (f"sagemaker:{op}", kinds) for op, kinds in (
@@ -73,6 +80,10 @@ CHECKPOINT_OPERATIONS: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, .
     ("s3", "PutObject"): (("s3:PutObject", "s3:PutObjectRetention"), ("checkpoint-object",)),
     ("secretsmanager", "GetSecretValue"): (("secretsmanager:GetSecretValue",), ("checkpoint-key",)),
 }
+# what only a built image sends (the image's repository, CodeBuild), and what only a published one sends
+BUILD_OPERATIONS = {operation for operation in OPERATIONS
+                    if operation[0] == "codebuild" or operation in (("ecr", "DescribeRepositories"), ("ecr", "DescribeImages"))}
+ADOPT_OPERATIONS = {("ecr", "BatchGetImage")}
 # a create with Tags also tags what it creates
 ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",), "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
                "sagemaker:CreateModelPackage": ("sagemaker:AddTags",)}
@@ -86,8 +97,9 @@ SECRET_SUFFIX = "??????"  # Secrets Manager appends "-" and six random character
 
 
 class Scope:
-    """The ARNs one aws config may touch: its bucket prefix, repository, project, resource-prefix names, roles and
-    (with `backend.checkpoints`) the checkpoint bucket's prefix and the signing key's secret."""
+    """The ARNs one aws config may touch: its bucket prefix, repository (or a published image's), project,
+    resource-prefix names, roles and (with `backend.checkpoints`) the checkpoint bucket's prefix and the signing key's
+    secret."""
 
     def __init__(self, config):
         backend = config.backend
@@ -95,6 +107,7 @@ class Scope:
         self.partition = "aws-cn" if self.region.startswith("cn-") else "aws-us-gov" if self.region.startswith("us-gov-") else "aws"
         self.bucket, self.key_prefix, self.backend = backend.bucket, backend.key_prefix, backend
         self.prefix, self.checkpoints = config.resource_prefix, backend.checkpoints
+        self.published = config.image if isinstance(config.image, AdoptedImageConfig) else None
 
     def base(self, service: str) -> str:
         """`arn:<partition>:<service>:<region>:<account>`."""
@@ -136,6 +149,7 @@ class Scope:
             "bucket": [f"arn:{self.partition}:s3:::{self.bucket}"],
             "object": [f"arn:{self.partition}:s3:::{self.bucket}/{self.key_prefix}/*"],
             "repository": [f"{self.base('ecr')}:repository/{self.backend.ecr_repository}"],
+            "published-repository": [repository_arn(self.published, self.region)] if self.published else [],
             "project": [f"{self.base('codebuild')}:project/{self.backend.codebuild_project}"],
             "tagged": [self.sagemaker(kind, f"{self.prefix}-*") for kind in SAGEMAKER_KINDS],
             "alarm": [f"{self.base('cloudwatch')}:alarm:{self.prefix}-*"],
@@ -168,6 +182,8 @@ class Scope:
             return self.secret(params["SecretId"], suffix="AbC123")  # the six characters Secrets Manager chose
         if kind == "kms-key":
             return self.kms_key_arn(params["KeyId"])
+        if kind == "published-repository":  # in the publisher's registry
+            return f"arn:{self.partition}:ecr:{self.region}:{params.get('registryId', self.account)}:repository/{params['repositoryName']}"
         if kind == "repository":
             return f"{self.base('ecr')}:repository/{params.get('repositoryName') or params['repositoryNames'][0]}"
         if kind == "project":
@@ -195,13 +211,20 @@ def _statement(sid: str, actions: list[str], resources: list[str], condition: di
     return statement
 
 
+def sent_operations(config) -> dict:
+    """`NEEDED` less what the config's image never sends: a built image reads no publisher's registry, a published
+    one touches neither the config's repository nor CodeBuild."""
+    skipped = BUILD_OPERATIONS if isinstance(config.image, AdoptedImageConfig) else ADOPT_OPERATIONS
+    return {operation: needed for operation, needed in NEEDED.items() if operation not in skipped}
+
+
 def pipeline_policy(config) -> dict:
     """What the worker running the stages (CLI, Airflow, ECS task) needs, and nothing else."""
     scope = Scope(config)
     # one statement per set of resource kinds: an action authorized on several resource types gets them all in one
     # statement (a statement that lacks one of an action's required types is what parliament calls RESOURCE_MISMATCH)
     by_kinds: dict[tuple[str, ...], list[str]] = {}
-    for actions, kinds in [*NEEDED.values(), *(CHECKPOINT_OPERATIONS.values() if scope.checkpoints else ())]:
+    for actions, kinds in [*sent_operations(config).values(), *(CHECKPOINT_OPERATIONS.values() if scope.checkpoints else ())]:
         kinds = tuple(sorted(kind for kind in kinds if kind != "none"))
         if kinds and ("kms-key" not in kinds or config.backend.kms_key_id):
             by_kinds.setdefault(kinds, []).extend(actions)
@@ -218,7 +241,9 @@ def pipeline_policy(config) -> dict:
         elif kinds == ("kms-key",):
             resources, condition = scope.kms_grant(config.backend.kms_key_id)
         statements.append(_statement(sid, actions, resources, condition))
-    passed = [(config.backend.execution_role_arn, "sagemaker.amazonaws.com"), (config.backend.codebuild_role_arn, "codebuild.amazonaws.com")]
+    passed = [(config.backend.execution_role_arn, "sagemaker.amazonaws.com")]
+    if scope.published is None:
+        passed.append((config.backend.codebuild_role_arn, "codebuild.amazonaws.com"))
     for arn, service in passed:
         statements.append(_statement(f"PassRoleTo{service.split('.')[0].title()}", ["iam:PassRole"], [arn],
                                      {"StringEquals": {"iam:PassedToService": service}}))
@@ -226,12 +251,13 @@ def pipeline_policy(config) -> dict:
 
 
 def execution_role_policy(config) -> dict:
-    """What SageMaker needs to run the release's containers: read artifacts, pull the image, write logs and metrics."""
+    """What SageMaker needs to run the release's containers: read artifacts, pull the image (from the publisher's
+    repository for a published one), write logs and metrics."""
     scope = Scope(config)
     statements = [
         _statement("ReadArtifacts", ["s3:GetObject"], [f"arn:{scope.partition}:s3:::{scope.bucket}/{scope.key_prefix}/artifacts/*"]),
         _statement("PullServingImage", ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-                   scope.arns("repository")),
+                   scope.arns("published-repository" if scope.published else "repository")),
         _statement("EcrLogin", ["ecr:GetAuthorizationToken"], ["*"]),
         _statement("EndpointLogs", ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
                    [f"{scope.base('logs')}:log-group:/aws/sagemaker/Endpoints/{scope.prefix}-*",
@@ -247,6 +273,9 @@ def execution_role_policy(config) -> dict:
 def codebuild_role_policy(config) -> dict:
     """What the image build needs: read its source zip, write image-detail.json, push to the one repository, log."""
     scope = Scope(config)
+    if scope.published is not None:
+        raise ConfigError(f"image.kind {config.image.kind} is published, not built: a release of it runs no CodeBuild",
+                          fix="create no CodeBuild role for this config (`shiplift iam` writes none)")
     objects = f"arn:{scope.partition}:s3:::{scope.bucket}/{scope.key_prefix}"
     return {"Version": "2012-10-17", "Statement": [
         _statement("ReadSource", ["s3:GetObject", "s3:GetObjectVersion"], [f"{objects}/image-sources/*"]),
@@ -283,14 +312,16 @@ def trust_policy(service: str) -> dict:
 
 
 def policies(config) -> dict[str, dict]:
-    """Every document `shiplift iam` writes, by file name."""
-    return {
+    """Every document `shiplift iam` writes, by file name (the CodeBuild role's only for an image that is built)."""
+    documents = {
         "pipeline-policy.json": pipeline_policy(config),
         "sagemaker-execution-policy.json": execution_role_policy(config),
         "sagemaker-execution-trust.json": trust_policy("sagemaker.amazonaws.com"),
-        "codebuild-policy.json": codebuild_role_policy(config),
-        "codebuild-trust.json": trust_policy("codebuild.amazonaws.com"),
     }
+    if not isinstance(config.image, AdoptedImageConfig):
+        documents.update({"codebuild-policy.json": codebuild_role_policy(config),
+                          "codebuild-trust.json": trust_policy("codebuild.amazonaws.com")})
+    return documents
 
 
 def iam_request(scope: Scope, service: str, operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:

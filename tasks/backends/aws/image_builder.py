@@ -7,6 +7,8 @@ a deterministic zip under its sha256, the CodeBuild project is created or brough
 build runs (idempotency token = the tag) and is waited for with a deadline, its
 `image-detail.json` is read, and the digest is confirmed with ECR `DescribeImages` in a
 repository whose tags are IMMUTABLE. Anything but `repo@sha256:<64 lowercase hex>` is refused.
+A published image (`AdoptedImageConfig`, the llama.cpp DLC) is not built: `tasks.backends.aws.published_images`
+resolves its tag to a digest in the publisher's registry.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import time
 import zipfile
 
 from tasks.backends.aws.base_images import docker_hub_note
+from tasks.backends.aws.published_images import resolve_published
 from tasks.backends.aws.service_model import request_applied
 from tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
+from tasks.families.base import AdoptedImageConfig
 from tasks.hashing import sha256_bytes
 from tasks.backends.local.process_image import IMAGES_DIR, SHARED_DIRS, build_local_image
 from tasks.backends.interfaces import ImageRef, Progress
@@ -110,7 +114,10 @@ class CodeBuildImageBuilder:
 
     # -- the build ---------------------------------------------------------------------------
     def build(self, image, *, progress: Progress) -> ImageRef:
-        """The image pinned by digest: found in ECR by its content tag, or built once with CodeBuild and confirmed."""
+        """The image pinned by digest: found in ECR by its content tag, or built once with CodeBuild and confirmed; a
+        published image resolved from its tag (no build, no upload)."""
+        if isinstance(image, AdoptedImageConfig):
+            return resolve_published(self.aws, image, self.backend.region, progress=progress)
         local = build_local_image(image.kind, image.base_image)  # checks every pin; its digest names the content
         variant = "cuda" if image.on_gpu else "cpu"
         tag = image_tag(image.kind, variant, local.digest)

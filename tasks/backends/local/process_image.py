@@ -51,12 +51,32 @@ def build_local_image(name: str, base_image: str) -> ImageRef:
                     files=len(listing), source_sha256=digest)
 
 
+def adopt_local_image(image) -> ImageRef:
+    """Pin the local stand-in `images/<kind>/` of a published image (`AdoptedImageConfig`): its digest covers the
+    stand-in's files and the published reference it stands in for, which the ImageRef's `base_image` records."""
+    if not (IMAGES_DIR / image.kind / "server.py").is_file():
+        raise ConfigError(f"image {image.kind!r} has no local stand-in at {IMAGES_DIR / image.kind / 'server.py'}",
+                          fix=f"restore images/{image.kind}/ from the repository")
+    stands_in_for = f"{image.repository}:{image.tag}" + (f"@{image.digest}" if image.digest else "")
+    listing = image_listing(image.kind)
+    digest = sha256_json({"stands_in_for": stands_in_for, "files": listing})
+    return ImageRef(name=image.kind, uri=f"local/{image.kind}@sha256:{digest}", digest=f"sha256:{digest}",
+                    base_image=stands_in_for, files=len(listing), source_sha256=digest)
+
+
 class LocalImageBuilder:
-    """The local backend's image builder: the server source tree is the image (DESIGN §3)."""
+    """The local backend's image builder: the server source tree is the image (DESIGN §3); a published image's
+    stand-in is pinned the same way."""
 
     def build(self, image, *, progress: Progress) -> ImageRef:
-        ref = build_local_image(image.kind, image.base_image)
-        progress(f"image: {ref.uri} ({ref.files} files)")
+        from tasks.families.base import AdoptedImageConfig
+
+        if isinstance(image, AdoptedImageConfig):
+            ref = adopt_local_image(image)
+            progress(f"image: {ref.uri} (local stand-in of {ref.base_image}, {ref.files} files)")
+        else:
+            ref = build_local_image(image.kind, image.base_image)
+            progress(f"image: {ref.uri} ({ref.files} files)")
         return ref
 
 

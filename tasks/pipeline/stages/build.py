@@ -14,13 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.errors import ConfigError
-from tasks.families.registry import family_of
 from tasks.pipeline.results import BuildResult
 from tasks.pipeline.stages.common import resource_name
 
 
 def run(ctx) -> dict:
-    built = family_of(ctx.config.artifact.kind).build(ctx)
+    built = ctx.config.family.build(ctx)
     model_dir = Path(built.pop("model_dir"))
     memory = _memory(ctx, built, model_dir)
     result = {**built, "memory": {**memory._asdict(), "total_mb": memory.total_mb}, "temperature": 1.0, "calibration": None}
@@ -33,7 +32,7 @@ def _memory(ctx, built: dict, model_dir: Path):
     """What one copy needs; ConfigError (before any upload) when it cannot fit the placement."""
     from tasks.backends.placement import fit_problem
 
-    estimate = family_of(ctx.config.artifact.kind).memory(ctx, built, model_dir)
+    estimate = ctx.config.family.memory(ctx, built, model_dir)
     problem = fit_problem(estimate, ctx.config.placement)
     if problem:
         raise ConfigError(f"build: {problem}", fix="change placement or image limits in the release config")
@@ -50,7 +49,7 @@ def _data_path(ctx, ref) -> Path:
 def _calibration_predictions(ctx, invoker) -> tuple[list, str]:
     """Score the calibration split through the model's own server; returns predictions and the data digest."""
     ref = ctx.config.calibration.dataset
-    family = family_of(ctx.config.artifact.kind)
+    family = ctx.config.family
     return family.calibration_predictions(ctx, invoker, _data_path(ctx, ref), ref.splits, ctx.config.validation)
 
 

@@ -7,7 +7,6 @@ import json
 import sys
 from importlib import metadata
 
-from tasks.families.registry import family_of
 from tasks.pipeline.results import PackageResult
 from tasks.pipeline.stages.common import local_ref
 
@@ -27,7 +26,7 @@ def tool_versions(distributions: tuple[str, ...]) -> dict:
 
 
 def run(ctx) -> dict:
-    family = family_of(ctx.config.artifact.kind)
+    family = ctx.config.family
     resolved, built = ctx.result("resolve"), ctx.result("build")
     manifest = {
         "release_id": ctx.release_id,

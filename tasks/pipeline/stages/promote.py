@@ -39,7 +39,8 @@ def online_gate(ctx, endpoint: str, component: str):
     invoker = ctx.backends.hosting.invoker(endpoint, component, timeout_s=cfg.request_timeout_s)
     return OnlineGate(invoker, tasks[: gate.max_tasks], candidate_model_sha256=ctx.result("build").model_sha256,
                       thresholds=cfg.thresholds, champion_rule=cfg.champion, rounds=gate.rounds,
-                      concurrency=gate.concurrency, timeout_s=cfg.request_timeout_s)
+                      concurrency=gate.concurrency, timeout_s=cfg.request_timeout_s,
+                      readout=ctx.config.family.readout(cfg))
 
 
 def run(ctx) -> dict:

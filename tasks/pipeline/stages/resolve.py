@@ -5,13 +5,12 @@ How a source is fetched and proven is the model family's (`tasks.families`); thi
 
 from __future__ import annotations
 
-from tasks.families.registry import family_of
 from tasks.pipeline.results import ResolveResult
 from tasks.pipeline.stages.common import keep_file, keep_folder
 
 
 def run(ctx) -> dict:
-    family = family_of(ctx.config.artifact.kind)
+    family = ctx.config.family
     cache = ctx.backends.state_dir / "sources"
     cache.mkdir(parents=True, exist_ok=True)
     ctx.say(f"resolve: the {ctx.config.artifact.kind} artifact's pinned source")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.families.registry import family_of
 from tasks.pipeline.results import ValidateResult
 from tasks.pipeline.stages.common import keep_file, production_component, production_endpoint
 
@@ -31,7 +30,7 @@ def _evaluate(ctx, candidate, champion) -> dict:
     cfg = ctx.config.validation
     settings = RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
     paths = [(resolve_data_path(ref, ctx.config_dir), ref.splits) for ref in cfg.datasets]
-    return family_of(ctx.config.artifact.kind).evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg,
+    return ctx.config.family.evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg,
                                                        settings=settings, progress=ctx.say, title=f"{ctx.release_id} gate")
 
 
@@ -53,10 +52,12 @@ def run(ctx) -> dict:
         for key in ("accuracy", "macro_f1", "ece", "brier", "nll", "validity", "allowed_token_mass")
         if key in metrics
     }
-    summary_metrics.update(family_of(ctx.config.artifact.kind).summary_metrics(metrics))
+    summary_metrics.update(ctx.config.family.summary_metrics(metrics))
     summary_metrics["p95_ms"] = metrics["latency_ms"]["p95"]["value"]
     summary_metrics["n"] = metrics.get("n")
-    ctx.say(f"validate: decision {report['decision']} (accuracy {summary_metrics['accuracy']:.3f}, ECE {summary_metrics['ece']:.3f})")
+    shown = {key: "n/a" if summary_metrics.get(key) is None else f"{summary_metrics[key]:.3f}" for key in ("accuracy", "ece")}
+    ctx.say(f"validate: decision {report['decision']} (accuracy {shown['accuracy']}, ECE {shown['ece']}; "
+            f"{metrics.get('n_valid', 'n/a')} of {metrics.get('n')} answers valid)")
     return ValidateResult(**{
         "decision": report["decision"],
         "metrics": summary_metrics,

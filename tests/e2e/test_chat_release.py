@@ -1,0 +1,86 @@
+"""Issue 19 end to end on the local backend: a GGUF released on the DLC's default chat path.
+
+The tiny GGUF carries a chat template and leans to the answer letters (`write_tiny_gguf(letters_first=True)`), so the
+chat readout sees every letter among the top log-probabilities; the stand-in of the DLC (`images/dlc-chat`) serves it
+with the real llama-cpp-python server. The release is gated by the chat readout, promoted, and then answers an
+unmodified boto3 `sagemaker-runtime` client through the local router (with and without the component name) and an
+unmodified `openai` client at the copy itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.ledger.store import Ledger
+from tasks.pipeline.release import ReleaseState, run_release
+from tests.tiny_release import stop_endpoints, write_tiny_chat_config
+
+QUIET = lambda message: None  # noqa: E731
+CHAT = {"messages": [{"role": "user", "content": "Pick A or B."}], "max_tokens": 1, "temperature": 0,
+        "logprobs": True, "top_logprobs": 5}
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat")
+    config = write_tiny_chat_config(root / "configs", root / "state")
+    summary = run_release(config, progress=QUIET)
+    yield {"summary": summary, "state_dir": root / "state", "config": config}
+    stop_endpoints(root / "state")
+
+
+def test_a_chat_release_is_gated_by_the_chat_readout_and_promoted(released):
+    summary, state_dir = released["summary"], released["state_dir"]
+    assert summary["status"] == "promoted", summary
+    ledger = Ledger.for_sqlite(state_dir / "ledger.db")
+    state = ReleaseState.load(ledger, summary["release_id"])
+    image = state.result("image")
+    assert image.image_uri.startswith("local/dlc-chat@sha256:") and image.base_image == "llama-cpp:server-sagemaker-cpu-v1"
+    built = state.result("build")
+    report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
+    readout = report["metrics"]["readout"]
+    assert readout["name"] == "chat" and readout["answered"] == report["metrics"]["n"] == 32
+    assert readout["missing_letter_share"] == 0.0 and 0.0 <= readout["non_letter_generated_share"] <= 1.0
+    rows = [json.loads(line) for line in Path(summary["report"]).with_name("predictions.jsonl").read_text().splitlines()]
+    # the DLC reports the model file it serves, which the package names by its sha256: the answer says which model
+    assert {row["model_sha256"] for row in rows} == {built.model_sha256}
+    assert all(row["generated_token"] is not None and row["missing_letters"] == [] for row in rows)
+    assert all(abs(sum(row["probabilities"]) - 1) < 1e-6 for row in rows)
+    assert ledger.verify().ok
+
+
+def test_boto3_sagemaker_runtime_sends_a_chat_body_through_the_router(released):
+    import boto3
+    from botocore.config import Config
+
+    hosting = ProcessSupervisor(released["state_dir"])
+    [endpoint] = [e for e in hosting.list_endpoints() if e["name"].endswith("-prod")]
+    client = boto3.client("sagemaker-runtime", endpoint_url=endpoint["url"].split("/endpoints/")[0],
+                          region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x",
+                          config=Config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=60))
+    [component] = hosting.describe_endpoint(endpoint["name"])["components"]
+    for extra in ({}, {"InferenceComponentName": component}):
+        response = client.invoke_endpoint(EndpointName=endpoint["name"], Body=json.dumps(CHAT),
+                                          ContentType="application/json", **extra)
+        answer = json.loads(response["Body"].read())
+        [choice] = answer["choices"]
+        assert choice["message"]["role"] == "assistant"
+        assert len(choice["logprobs"]["content"][0]["top_logprobs"]) >= 5
+        assert answer["model"].endswith(".gguf")
+
+
+def test_an_unmodified_openai_client_talks_to_the_copy(released):
+    import openai
+
+    hosting = ProcessSupervisor(released["state_dir"])
+    [endpoint] = [e for e in hosting.list_endpoints() if e["name"].endswith("-prod")]
+    [component] = hosting.describe_endpoint(endpoint["name"])["components"].values()
+    copy_url = component["copies"][0]["url"]
+    client = openai.OpenAI(base_url=f"{copy_url}/v1", api_key="unused", timeout=60, max_retries=0)
+    reply = client.chat.completions.create(model="any", messages=CHAT["messages"], max_tokens=1, temperature=0,
+                                           logprobs=True, top_logprobs=5)
+    assert reply.choices[0].logprobs.content[0].top_logprobs and reply.usage.completion_tokens == 1
