@@ -13,14 +13,8 @@ Run alone: `python -m bench.chat_path` (~10 min here); `make bench` runs it as i
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import time
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -32,33 +26,6 @@ CHAT_CONFIG = ROOT / "configs" / "releases" / "gemma-chat.yaml"
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-@contextmanager
-def server(image: str, env: dict[str, str], port_env: str, start_timeout_s: float = 300):
-    """One image's server in its own process on a free loopback port, until the block ends."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, str(ROOT / "images" / image / "server.py")],
-                               env={**os.environ, **env, port_env: str(port)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + start_timeout_s
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the {image} server did not become ready within {start_timeout_s:g} s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -79,7 +46,7 @@ def summarise(rows: list[dict]) -> dict:
 
 def run() -> list[dict]:
     """Both paths on the bench's 120 tasks: one result row per metric, chat/SemIf as the value."""
-    from bench.run import bench_tasks, gemma_path
+    from bench.run import bench_tasks, gemma_path, image_server
     from tasks.config import load_release_config
     from validation.chat_readout import ChatReadout, readout_losses
     from validation.runner import SEMIF, run_decisions
@@ -96,7 +63,7 @@ def run() -> list[dict]:
     rows: dict[str, list[dict]] = {}
     for name, (image, env, port_env, path_readout) in paths.items():
         log(f"  {name}: {len(tasks)} tasks through {image}")
-        with server(image, env, port_env) as url:
+        with image_server(image, env, port_env, start_timeout_s=300) as url:
             rows[name] = [p.to_dict() for p in run_decisions(url, tasks, concurrency=1, timeout_s=300, readout=path_readout)]
     semif, chat = summarise(rows["semif"]), summarise(rows["chat"])
     both = [a for a, b in zip(semif["predicted"], chat["predicted"]) if a is not None and b is not None]

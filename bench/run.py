@@ -76,17 +76,18 @@ def post(url: str, payload: dict, timeout: float = 300.0) -> tuple[dict, float]:
 
 
 @contextmanager
-def adapter(gguf: Path):
-    """The adapter as its own process, exactly as the local backend runs it."""
+def image_server(image: str, env: dict[str, str], port_env: str, start_timeout_s: float = 120):
+    """An image's server (`images/<image>/server.py`) as its own process on a free loopback port, exactly as the local
+    backend runs it, until the block ends."""
     import socket
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = dict(os.environ, SEMIF_GGUF_PATH=str(gguf), SEMIF_PORT=str(port), **SERVER_ENV)
-    process = subprocess.Popen([sys.executable, str(SERVER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    process = subprocess.Popen([sys.executable, str(ROOT / "images" / image / "server.py")],
+                               env={**os.environ, **env, port_env: str(port)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + start_timeout_s
     try:
         while True:
             try:
@@ -96,12 +97,17 @@ def adapter(gguf: Path):
             except OSError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the adapter did not become ready within 120 s")
+                raise RuntimeError(f"the {image} server did not become ready within {start_timeout_s:g} s")
             time.sleep(0.2)
         yield url
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def adapter(gguf: Path):
+    """The SemIf adapter on `gguf` with the bench's settings."""
+    return image_server("semif", {"SEMIF_GGUF_PATH": str(gguf), **SERVER_ENV}, "SEMIF_PORT")
 
 
 def shared_state() -> str:

@@ -230,13 +230,16 @@ def imports_outside_stdlib() -> Callable[[Path], set[str]]:
 
 @pytest.fixture(scope="session")
 def container_layout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Lay out an image's app folder as its Dockerfile does (server.py beside sagemaker_http.py, no ../common)."""
+    """Lay out an image's app folder as its Dockerfile does: the files its COPY line names (server.py and the shared
+    modules from common/) side by side, no ../common."""
 
     def layout(name: str) -> Path:
         app = tmp_path_factory.mktemp(f"{name}-image") / "app"
         app.mkdir()
-        shutil.copyfile(REPO / "images" / name / "server.py", app / "server.py")
-        shutil.copyfile(COMMON_HTTP, app / "sagemaker_http.py")
+        dockerfile = (REPO / "images" / name / "Dockerfile").read_text(encoding="utf-8")
+        [copy] = [line.split()[1:-1] for line in dockerfile.splitlines() if line.startswith(f"COPY {name}/server.py")]
+        for source in copy:
+            shutil.copyfile(REPO / "images" / source, app / Path(source).name)
         return app / "server.py"
 
     return layout

@@ -478,9 +478,10 @@ FAKE_DIGEST = "sha256:" + "ab" * 32
 ECR_REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif"
 
 
-def test_server_imports_only_the_stdlib_numpy_llama_cpp_and_the_stdlib_shared_module(imports_outside_stdlib):
-    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "llama_cpp", "sagemaker_http"}
+def test_server_imports_only_the_stdlib_numpy_llama_cpp_and_the_stdlib_shared_modules(imports_outside_stdlib):
+    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "llama_cpp", "sagemaker_http", "decision_prompt"}
     assert imports_outside_stdlib(COMMON_HTTP) == set()
+    assert imports_outside_stdlib(COMMON_HTTP.with_name("decision_prompt.py")) == set()
 
 
 def test_the_image_layout_serves_with_the_shared_module_beside_the_server(
@@ -510,7 +511,7 @@ def test_dockerfile_pins_the_dlc_by_digest_and_runs_the_adapter_as_non_root():
     assert users[-1] not in ("root", "0")
     assert "EXPOSE 8080\n" in text and "SEMIF_HOST=0.0.0.0" in text
     assert 'ENTRYPOINT ["/opt/semif/venv/bin/python", "/opt/semif/server.py"]' in text
-    assert "COPY semif/server.py common/sagemaker_http.py /opt/semif/\n" in text
+    assert "COPY semif/server.py common/sagemaker_http.py common/decision_prompt.py /opt/semif/\n" in text
     assert "py_compile /opt/semif/server.py /opt/semif/sagemaker_http.py" in text
 
 

@@ -84,3 +84,34 @@ def test_an_unmodified_openai_client_talks_to_the_copy(released):
     reply = client.chat.completions.create(model="any", messages=CHAT["messages"], max_tokens=1, temperature=0,
                                            logprobs=True, top_logprobs=5)
     assert reply.choices[0].logprobs.content[0].top_logprobs and reply.usage.completion_tokens == 1
+
+
+def test_eval_chat_scores_a_live_chat_endpoint_and_reports_what_the_readout_lost(released, tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    hosting = ProcessSupervisor(released["state_dir"])
+    [endpoint] = [e for e in hosting.list_endpoints() if e["name"].endswith("-prod")]
+    data = yaml.safe_load(released["config"].read_text())["validation"]["datasets"][0]["path"]
+    command = [sys.executable, "-m", "tasks.cli.main", "eval", "chat", "--endpoint", endpoint["url"], "--data", data,
+               "--out", str(tmp_path / "eval"), "--shots", "1", "--bootstrap", "100", "--min-validity", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["n"] == 32 and summary["readout"]["shots"] == 1 and summary["readout"]["answered"] == 32
+    sent = json.loads((tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()[0])
+    assert sent["generated_token"] is not None
+    assert summary["validity"]["value"] == 1 - summary["readout"]["missing_letter_share"]  # a missing letter is invalid
+    refused = subprocess.run([*command, "--shots", "9"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "--shots 9 is outside 0..3" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_serve_chat_refuses_a_missing_model_file_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "serve", "chat", "--gguf", str(tmp_path / "no.gguf")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "does not exist" in done.stderr and "Traceback" not in done.stderr
