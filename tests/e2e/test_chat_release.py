@@ -115,3 +115,23 @@ def test_serve_chat_refuses_a_missing_model_file_without_a_traceback(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "serve", "chat", "--gguf", str(tmp_path / "no.gguf")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_gguf_without_a_chat_template_is_refused_at_build_unless_the_config_names_one(tmp_path):
+    """The chat path formats messages with the GGUF's template; without one llama.cpp falls back to a format the
+    model never saw, so the build refuses it with the fix (and nothing is deployed)."""
+    import yaml
+
+    from tasks.artifacts.tiny_gguf import write_tiny_gguf
+    from tasks.errors import ConfigError
+    from tasks.hashing import sha256_file
+
+    config = write_tiny_chat_config(tmp_path / "configs", tmp_path / "state", name="bare-chat")
+    bare = write_tiny_gguf(tmp_path / "bare.gguf", seed=1)
+    tree = yaml.safe_load(config.read_text())
+    tree["artifact"]["source"] = {"kind": "path", "path": str(bare), "sha256": sha256_file(bare)}
+    config.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError) as refused:
+        run_release(config, progress=QUIET)
+    assert "has no tokenizer.chat_template" in str(refused.value) and "image.server.chat_template" in refused.value.fix
+    assert ProcessSupervisor(tmp_path / "state").list_endpoints() == []
