@@ -138,18 +138,12 @@ class GgufChat(GgufDecisions):
             )
         return built
 
-    def memory(self, ctx, built: dict, model_dir: Path):
-        from tasks.backends.placement import gguf_memory
-
-        image = ctx.config.image
-        return gguf_memory(built["output"]["size"], built["info"], context_tokens=image.server.ctx_size, on_gpu=image.on_gpu)
+    def context_tokens(self, image: DlcChatImage) -> int:
+        return image.server.ctx_size
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
         from tasks.artifacts.packaging import package_gguf
 
-        if calibration is not None:
-            raise ConfigError("a chat release has a fitted temperature to package, which its image cannot apply",
-                              fix="leave calibration.fit_temperature false")
         return package_gguf(built_model, out_dir, manifest=manifest, member_name=f"{manifest['build']['model_sha256']}.gguf")
 
     def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
@@ -160,23 +154,9 @@ class GgufChat(GgufDecisions):
 
         return ChatReadout(validation.top_logprobs, validation.shots)
 
-    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str) -> dict:
-        from dataclasses import replace
-
-        return super().evaluate(candidate, champion, paths, out_dir, validation=validation,
-                                settings=replace(settings, readout=self.readout(validation)), progress=progress,
-                                title=title)
-
     def summary_metrics(self, metrics: dict) -> dict:
         losses = metrics.get("readout") or {}
         return {key: losses.get(key) for key in ("missing_letter_share", "non_letter_generated_share")}
-
-    def invocation_bodies(self, validation: ChatDecisionGateConfig, paths) -> list[bytes]:
-        from validation.datasets import load_decision_dataset
-
-        readout = self.readout(validation)
-        return [readout.body(task) for i, (path, splits) in enumerate(paths)
-                for task in load_decision_dataset(path, name=f"dataset{i}", splits=splits).tasks]
 
     def add_commands(self, serve, evaluate) -> None:
         import os

@@ -189,7 +189,12 @@ class GgufDecisions(ModelFamily):
         from tasks.backends.placement import gguf_memory
 
         image = ctx.config.image
-        return gguf_memory(built["output"]["size"], built["info"], context_tokens=image.max_tokens, on_gpu=image.on_gpu)
+        return gguf_memory(built["output"]["size"], built["info"], context_tokens=self.context_tokens(image),
+                           on_gpu=image.on_gpu)
+
+    def context_tokens(self, image) -> int:
+        """The context one copy holds a KV cache for (the adapter's SEMIF_MAX_TOKENS)."""
+        return image.max_tokens
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
         from tasks.artifacts.packaging import package_gguf
@@ -209,19 +214,22 @@ class GgufDecisions(ModelFamily):
         return predictions, dataset.sha256
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str) -> dict:
+        from dataclasses import replace
+
         from validation.datasets import load_decision_dataset
         from validation.evaluate import evaluate_decisions
 
         datasets = [load_decision_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
         return evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
-                                  champion_rule=validation.champion, champion=champion, settings=settings,
-                                  progress=progress, title=title)
+                                  champion_rule=validation.champion, champion=champion,
+                                  settings=replace(settings, readout=self.readout(validation)), progress=progress,
+                                  title=title)
 
     def invocation_bodies(self, validation: DecisionGateConfig, paths) -> list[bytes]:
         from validation.datasets import load_decision_dataset
-        from validation.runner import decision_body
 
-        return [decision_body(task) for i, (path, splits) in enumerate(paths)
+        readout = self.readout(validation)
+        return [readout.body(task) for i, (path, splits) in enumerate(paths)
                 for task in load_decision_dataset(path, name=f"dataset{i}", splits=splits).tasks]
 
     def readout(self, validation: DecisionGateConfig):
