@@ -11,6 +11,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+RELEASE_CONTEXT = """What a pipeline tells the gate report about the release beside the measurements (`extra.release`), all optional:
+release_id, champion_release, config_changes [{field, champion, candidate}] (the config fields that differ from the
+champion's release), temperature {value, fitted} (the calibration the candidate serves with), cost {candidate,
+production, per_million} (`tasks.backends.pricing` results as dicts, each with its `text`)."""
+
+
 @dataclass(frozen=True)
 class Target:
     """A model to score: how to reach it (an invoker from the hosting backend) and what to call it."""
@@ -66,8 +72,11 @@ def evaluate_decisions(
     settings: RunSettings = RunSettings(),
     progress: Callable[[str], None] | None = None,
     title: str = "shiplift decision gate",
+    decision_rule: str = "bound",
+    context: Callable[[dict], dict] | None = None,
 ) -> dict:
-    """Score the candidate (and the champion on the same tasks), gate, and write the reports."""
+    """Score the candidate (and the champion on the same tasks), gate, and write the reports; `thresholds` None (an
+    ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns the report's RELEASE_CONTEXT."""
     from validation.gates import evaluate_gates
     from validation.report import write_reports
     from validation.runner import SEMIF, write_predictions
@@ -85,7 +94,7 @@ def evaluate_decisions(
         champion_rows = [p.to_dict() for p in champion_predictions]
     report = evaluate_gates(
         candidate_rows, thresholds=thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
-        n_bootstrap=settings.n_bootstrap, seed=settings.seed,
+        n_bootstrap=settings.n_bootstrap, seed=settings.seed, decision_rule=decision_rule,
     ).to_dict()
     losses = (settings.readout or SEMIF).losses(candidate_rows)
     if losses is not None:
@@ -95,18 +104,36 @@ def evaluate_decisions(
         "candidate": candidate.describe(),
         "champion": None if champion is None else champion.describe(),
         "readout": (settings.readout.name if settings.readout else "semif"),
+        "release": context(report["metrics"]) if context else None,
     }
     paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
     return {**report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"]}
 
 
-def progress_counter(say: Callable[[str], None], label: str) -> Callable[[int, int], None]:
-    """A runner progress callback that reports about five times per run."""
-    step = {"next": 0}
+def time_left(seconds: float) -> str:
+    """A remaining time for people: `45s`, `3m 05s`, `1h 12m`."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def progress_counter(say: Callable[[str], None], label: str, *,
+                     clock: Callable[[], float] | None = None) -> Callable[[int, int], None]:
+    """A runner progress callback that reports about five times per run, with the time left at the rate so far
+    (`candidate: 40/111 tasks, ~1m 12s left`)."""
+    import time
+
+    clock = clock or time.monotonic
+    step = {"next": 0, "started": clock()}
 
     def report(done: int, total: int) -> None:
         if done >= step["next"] or done == total:
-            say(f"{label}: {done}/{total} tasks")
+            elapsed = clock() - step["started"]
+            left = f", ~{time_left(elapsed / done * (total - done))} left" if 0 < done < total and elapsed > 0 else ""
+            say(f"{label}: {done}/{total} tasks{left}")
             step["next"] = done + max(1, total // 5)
 
     return report

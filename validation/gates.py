@@ -1,8 +1,14 @@
 """Validation gates (DESIGN §8.3): absolute thresholds and "not worse than the champion".
 
 Every check returns its evidence (observed value, threshold, comparator, interval, sample
-size) and a status: pass, fail, inconclusive or skipped. The decision is "fail" when any
-check fails, else "inconclusive" when any is inconclusive, else "pass"; only "pass" promotes.
+size), the rule it used (`bound`: the interval's conservative end, the default; `point`: the
+point estimate; `paired`: the champion comparison's paired interval) and a status: pass, fail,
+inconclusive or skipped. The decision is "fail" when any check fails, else "inconclusive" when
+any is inconclusive, else "pass"; only "pass" promotes. A run with no thresholds and no champion
+is `not_gated`: it measures, it does not judge.
+
+The report also sets the candidate beside the champion on every metric a gate reads (`comparison`),
+paired where the metric is per task, so a reviewer sees what changed, not only what was gated.
 """
 
 from __future__ import annotations
@@ -14,15 +20,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tasks.errors import BadInput, GateFailed
-from validation.thresholds import ChampionRule, DecisionThresholds
+from validation.thresholds import RULE_TEXT, ChampionRule, DecisionRule, DecisionThresholds
 from validation.metrics import (
     decision_metrics,
     paired_accuracy_difference,
     paired_ece_difference,
+    paired_mean_difference,
     score_predictions,
 )
 
 Status = Literal["pass", "fail", "inconclusive", "skipped"]
+Decision = Literal["pass", "fail", "inconclusive", "not_gated"]
+NOT_GATED = "no thresholds: not a gate"
 
 
 class Check(BaseModel):
@@ -38,6 +47,7 @@ class Check(BaseModel):
     ci: list[float] | None
     n: int
     reason: str
+    rule: Literal["bound", "point", "paired"] | None = None  # None: a record written before rules were stated
 
     @property
     def passed(self) -> bool:
@@ -56,10 +66,11 @@ class GateReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    decision: Literal["pass", "fail", "inconclusive"]
+    decision: Decision
     checks: list[Check]
     metrics: dict[str, Any]
-    thresholds: DecisionThresholds
+    thresholds: DecisionThresholds | None
+    decision_rule: DecisionRule = "bound"
     champion_rule: ChampionRule | None
     sample_sizes: dict[str, int]
     champion: dict[str, Any]
@@ -76,6 +87,8 @@ class GateReport(BaseModel):
         """Raise GateFailed unless the decision is pass (inconclusive never promotes)."""
         if self.decision == "pass":
             return
+        if self.decision == "not_gated":
+            raise GateFailed(NOT_GATED, fix="set validation.thresholds in the release config")
         blocking = [f"{c.name}: {c.status} ({c.reason})" for c in self.checks if c.status in ("fail", "inconclusive")]
         raise GateFailed(
             f"gate decision is {self.decision}: " + "; ".join(blocking),
@@ -83,7 +96,48 @@ class GateReport(BaseModel):
         )
 
 
-def _absolute(name: str, observed: dict | None, threshold: float | None, comparator: str) -> Check | None:
+def decide(checks: Sequence[Check]) -> Decision:
+    """fail beats inconclusive beats pass; no check that judged anything (all skipped, or none) is `not_gated`."""
+    statuses = {check.status for check in checks} - {"skipped"}
+    if not statuses:
+        return "not_gated"
+    return "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+
+
+def summary_line(decision: str, checks: Sequence[Mapping[str, Any]]) -> str:
+    """One line for a log or a table: the decision and, unless it passed, every check that did not pass with its
+    evidence and rule (`fail: allowed_token_mass 0.084 >= 0.1 (interval bound 0.071)`)."""
+    if decision == "not_gated":
+        return NOT_GATED
+    blocking = [check for check in checks if check.get("status") in ("fail", "inconclusive")]
+    if not blocking:
+        return decision
+    return f"{decision}: " + "; ".join(check_text(check) for check in blocking)
+
+
+def check_text(check: Mapping[str, Any]) -> str:
+    """A check's evidence in a few words: `accuracy 0.288 (needs >= 0.3; bound 0.21)`."""
+    observed, threshold, rule = check.get("observed"), check.get("threshold"), check.get("rule")
+    if observed is None:
+        return f"{check['name']} not measured"
+    text = f"{check['name']} {observed:.4g}"
+    if threshold is not None and rule != "paired":
+        comparator = check["comparator"].split()[-1] if check.get("comparator") else ""
+        text += f" (needs {comparator} {threshold:.4g}"
+        if rule == "bound" and check.get("ci"):
+            low, high = check["ci"]
+            text += f"; bound {low if comparator == '>=' else high:.4g}"
+        return text + ")"
+    if rule == "paired" and check.get("ci"):
+        text += f" vs champion, CI [{check['ci'][0]:.4g}, {check['ci'][1]:.4g}], threshold {threshold:.4g}"
+    return f"{text} ({check['status']})"
+
+
+def absolute_check(name: str, observed: dict | None, threshold: float | None, comparator: str,
+                   rule: DecisionRule = "bound") -> Check | None:
+    """One absolute check (`comparator` ">=" for a floor, "<=" for a ceiling), None when its threshold is off. With
+    `bound` the interval's conservative end must clear the threshold (its low end for a floor, its high end for a
+    ceiling), with `point` the point estimate; a measurement with no rows fails either way."""
     if threshold is None:
         return None
     value = observed.get("value") if observed else None
@@ -91,14 +145,18 @@ def _absolute(name: str, observed: dict | None, threshold: float | None, compara
     ci = observed.get("ci") if observed else None
     if value is None:
         return Check(
-            name=name, status="fail", observed=None, threshold=threshold, comparator=comparator, ci=None, n=n,
+            name=name, status="fail", observed=None, threshold=threshold, comparator=comparator, ci=None, n=n, rule=rule,
             reason="no rows to measure it on (every request failed or the value was not reported)",
         )
-    ok = value >= threshold if comparator == ">=" else value <= threshold
-    return Check(
-        name=name, status="pass" if ok else "fail", observed=value, threshold=threshold, comparator=comparator,
-        ci=ci, n=n, reason=f"observed {value:.6g} {comparator} {threshold:.6g} is {'true' if ok else 'false'}",
-    )
+    floor = comparator == ">="
+    judged = value if rule == "point" or not ci else (ci[0] if floor else ci[1])
+    ok = judged >= threshold if floor else judged <= threshold
+    what = "point estimate" if rule == "point" or not ci else f"interval {'low' if floor else 'high'} end"
+    reason = f"{what} {judged:.6g} {comparator} {threshold:.6g} is {'true' if ok else 'false'}"
+    if rule == "bound" and ci and (value >= threshold if floor else value <= threshold) and not ok:
+        reason += f" (the point estimate {value:.6g} clears it; the interval [{ci[0]:.6g}, {ci[1]:.6g}] does not)"
+    return Check(name=name, status="pass" if ok else "fail", observed=value, threshold=threshold,
+                 comparator=comparator, ci=ci, n=n, reason=reason, rule=rule)
 
 
 def _champion_check(name: str, diff: dict, *, margin: float, min_samples: int, higher_is_better: bool) -> Check:
@@ -109,7 +167,7 @@ def _champion_check(name: str, diff: dict, *, margin: float, min_samples: int, h
     if n < min_samples:
         return Check(
             name=name, status="inconclusive", observed=diff["difference"], threshold=threshold,
-            comparator=comparator, ci=diff["ci"], n=n,
+            comparator=comparator, ci=diff["ci"], n=n, rule="paired",
             reason=f"only {n} shared tasks, fewer than min_samples={min_samples}: the gate refuses to decide",
         )
     low, high = diff["ci"]
@@ -119,7 +177,7 @@ def _champion_check(name: str, diff: dict, *, margin: float, min_samples: int, h
         status = "pass" if high <= margin else "fail" if low > margin else "inconclusive"
     return Check(
         name=name, status=status, observed=diff["difference"], threshold=threshold, comparator=comparator,
-        ci=diff["ci"], n=n,
+        ci=diff["ci"], n=n, rule="paired",
         reason=f"candidate - champion = {diff['difference']:.4f}, CI [{low:.4f}, {high:.4f}], margin {margin:g}",
     )
 
@@ -127,23 +185,29 @@ def _champion_check(name: str, diff: dict, *, margin: float, min_samples: int, h
 def evaluate_gates(
     candidate_preds: Sequence[Mapping[str, Any]],
     *,
-    thresholds: DecisionThresholds,
+    thresholds: DecisionThresholds | None,
     champion_preds: Sequence[Mapping[str, Any]] | None = None,
     champion_rule: ChampionRule | None = None,
     candidate_metrics: dict | None = None,
     n_bootstrap: int | None = None,
     seed: int | None = None,
+    decision_rule: DecisionRule = "bound",
 ) -> GateReport:
     """Judge a candidate's predictions against absolute thresholds and, if given, the champion's.
 
-    `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` / `seed`), set the candidate's own
-    intervals; the paired champion comparison always uses the champion rule's own `n_bootstrap` / `seed`. The values
-    used are recorded in the report's `bootstrap` (`champion_comparison` for the rule's)."""
+    `thresholds` None (an ad-hoc evaluation) runs no absolute check. `decision_rule` is how every absolute check reads
+    its evidence (`absolute_check`). `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` /
+    `seed`), set the candidate's own intervals; the paired champion comparison always uses the champion rule's own
+    `n_bootstrap` / `seed`. The values used are recorded in the report's `bootstrap` (`champion_comparison` for the
+    rule's)."""
     if champion_preds is not None and champion_rule is None:
         raise BadInput(
             "champion predictions were given without a champion rule",
             fix="pass champion_rule=ChampionRule(...) from the release config's gate settings",
         )
+    if decision_rule not in RULE_TEXT or decision_rule == "paired":
+        raise BadInput(f"decision_rule must be 'bound' or 'point', got {decision_rule!r}",
+                       fix="use 'bound' (the interval's conservative end) or 'point' (the point estimate)")
     bad_count = isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 100
     if n_bootstrap is not None and bad_count:
         raise BadInput(f"n_bootstrap must be an integer >= 100, got {n_bootstrap!r}", fix="use e.g. 1000")
@@ -166,13 +230,16 @@ def evaluate_gates(
             fix="pass the metrics of these same predictions, or leave candidate_metrics out",
         )
     latency = metrics["latency_ms"]
-    checks = [
-        _absolute("accuracy", metrics["accuracy"], thresholds.min_accuracy, ">="),
-        _absolute("ece", metrics["ece"], thresholds.max_ece, "<="),
-        _absolute("validity", metrics["validity"], thresholds.min_validity, ">="),
-        _absolute("p95_latency_ms", latency["p95"], thresholds.max_p95_latency_ms, "<="),
-        _absolute("allowed_token_mass", metrics["allowed_token_mass"], thresholds.min_allowed_token_mass, ">="),
-    ]
+    checks: list[Check | None] = []
+    if thresholds is not None:
+        checks += [
+            absolute_check("accuracy", metrics["accuracy"], thresholds.min_accuracy, ">=", decision_rule),
+            absolute_check("ece", metrics["ece"], thresholds.max_ece, "<=", decision_rule),
+            absolute_check("validity", metrics["validity"], thresholds.min_validity, ">=", decision_rule),
+            absolute_check("p95_latency_ms", latency["p95"], thresholds.max_p95_latency_ms, "<=", decision_rule),
+            absolute_check("allowed_token_mass", metrics["allowed_token_mass"], thresholds.min_allowed_token_mass,
+                           ">=", decision_rule),
+        ]
     champion: dict[str, Any] = {"present": champion_preds is not None}
     sample_sizes = {"candidate": metrics["n"], "candidate_valid": metrics["n_valid"]}
     if champion_preds is None:
@@ -186,19 +253,22 @@ def evaluate_gates(
         candidate = score_predictions(candidate_preds)
         incumbent = score_predictions(champion_preds)
         accuracy_diff = paired_accuracy_difference(candidate, incumbent, **paired)
+        ece_diff = paired_ece_difference(candidate, incumbent, **paired)
         checks.append(
             _champion_check(
                 "champion_accuracy", accuracy_diff, margin=rule.margin, min_samples=rule.min_samples,
                 higher_is_better=True,
             )
         )
+        champion_metrics = decision_metrics(champion_preds, **boot)
         champion.update(
             n=incumbent.n, n_valid=int(incumbent.valid.sum()), retries_503=incumbent.retries_503,
-            errors=incumbent.errors, accuracy=accuracy_diff,
+            errors=incumbent.errors, accuracy=accuracy_diff, metrics=champion_metrics,
+            comparison=decision_comparison(metrics, champion_metrics, candidate, incumbent, paired,
+                                           accuracy_diff=accuracy_diff, ece_diff=ece_diff),
         )
         sample_sizes.update(champion=incumbent.n, shared=accuracy_diff["n"])
         if rule.also_ece_margin is not None:
-            ece_diff = paired_ece_difference(candidate, incumbent, **paired)
             checks.append(
                 _champion_check(
                     "champion_ece", ece_diff, margin=rule.also_ece_margin, min_samples=rule.min_samples,
@@ -208,16 +278,61 @@ def evaluate_gates(
             champion["ece"] = ece_diff
             sample_sizes["shared_valid_both"] = ece_diff["n"]
     kept = [check for check in checks if check is not None]
-    statuses = {check.status for check in kept}
-    decision = "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+    mark_gated(champion.get("comparison", []), kept)
     return GateReport(
-        decision=decision,
+        decision=decide(kept),
         checks=kept,
         metrics=metrics,
         thresholds=thresholds,
+        decision_rule=decision_rule,
         champion_rule=champion_rule,
         sample_sizes=sample_sizes,
         champion=champion,
         bootstrap={**boot, "method": "percentile", "candidate_metrics": metrics.get("bootstrap"),
                    "champion_comparison": paired if champion_preds is not None else None},
     )
+
+
+def mark_gated(rows: list[dict], checks: Sequence[Check]) -> None:
+    """Name on each comparison row the checks that judged its metric (absolute and champion), none when only shown."""
+    for row in rows:
+        row["gated_by"] = [c.name for c in checks if c.status != "skipped" and c.name in (row["metric"], f"champion_{row['metric']}")]
+
+
+def comparison_row(metric: str, better: str, candidate: Mapping[str, Any] | None, champion: Mapping[str, Any] | None,
+                   difference: Mapping[str, Any] | None = None) -> dict | None:
+    """One metric, candidate beside champion: each one's value and interval, and candidate − champion (paired when
+    `difference` is the paired comparison, else the plain difference of the two values with no interval). None
+    when neither measured it (a metric that does not apply to the family)."""
+    cand_value = candidate.get("value") if candidate else None
+    champ_value = champion.get("value") if champion else None
+    if cand_value is None and champ_value is None:
+        return None
+    if difference is not None:
+        delta, delta_ci, n, is_paired = difference.get("difference"), difference.get("ci"), difference.get("n"), True
+    else:
+        both = cand_value is not None and champ_value is not None
+        delta, delta_ci, n, is_paired = (cand_value - champ_value) if both else None, None, None, False
+    return {
+        "metric": metric, "better": better, "gated_by": [], "paired": is_paired, "n_shared": n,
+        "candidate": {"value": cand_value, "ci": candidate.get("ci") if candidate else None},
+        "champion": {"value": champ_value, "ci": champion.get("ci") if champion else None},
+        "difference": delta, "difference_ci": delta_ci,
+    }
+
+
+def decision_comparison(metrics: dict, champion_metrics: dict, candidate, incumbent, paired: dict, *,
+                        accuracy_diff: dict, ece_diff: dict) -> list[dict]:
+    """Candidate vs champion on every metric a decision gate reads: accuracy, ECE, validity and allowed-token mass
+    paired on the shared tasks; p95 latency (per request) as two separate runs' values."""
+    rows = [
+        comparison_row("accuracy", "higher", metrics["accuracy"], champion_metrics["accuracy"], accuracy_diff),
+        comparison_row("ece", "lower", metrics["ece"], champion_metrics["ece"], ece_diff),
+        comparison_row("validity", "higher", metrics["validity"], champion_metrics["validity"],
+                       paired_mean_difference(candidate, incumbent, lambda s: s.valid.astype(float), **paired)),
+        comparison_row("allowed_token_mass", "higher", metrics["allowed_token_mass"],
+                       champion_metrics["allowed_token_mass"],
+                       paired_mean_difference(candidate, incumbent, lambda s: s.allowed_token_mass, **paired)),
+        comparison_row("p95_latency_ms", "lower", metrics["latency_ms"]["p95"], champion_metrics["latency_ms"]["p95"]),
+    ]
+    return [row for row in rows if row is not None]

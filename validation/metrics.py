@@ -395,6 +395,34 @@ def _aligned(
     )
 
 
+def paired_mean_difference(
+    candidate: ScoredPredictions,
+    champion: ScoredPredictions,
+    values: Callable[[ScoredPredictions], np.ndarray],
+    *,
+    n_bootstrap: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict:
+    """Mean of a per-task value (`values(scored)`, one float a row; NaN where it was not measured), candidate −
+    champion, on the shared task ids where both measured it, with a paired bootstrap interval."""
+    _, cand_idx, champ_idx = _aligned(candidate, champion)
+    cand_values = np.asarray(values(candidate), dtype=float)[cand_idx]
+    champ_values = np.asarray(values(champion), dtype=float)[champ_idx]
+    both = np.isfinite(cand_values) & np.isfinite(champ_values)
+    cand_values, champ_values = cand_values[both], champ_values[both]
+    if cand_values.size == 0:
+        return {"n": 0, "candidate": None, "champion": None, "difference": None, "ci": None}
+    return paired_bootstrap(
+        lambda idx: float(cand_values[idx].mean()),
+        lambda idx: float(champ_values[idx].mean()),
+        int(cand_values.size),
+        n_bootstrap=n_bootstrap,
+        seed=seed,
+        confidence=confidence,
+    )
+
+
 def paired_accuracy_difference(
     candidate: ScoredPredictions,
     champion: ScoredPredictions,
@@ -510,6 +538,16 @@ def latency_summary(
     return summary
 
 
+def throughput(predictions: Sequence[Mapping[str, Any]]) -> dict:
+    """Answers per second over the run: successful rows over the span from the first request's start to the last
+    answer's end (the gate's own rate at its concurrency, a floor on what the endpoint can do, not its capacity)."""
+    spans = [(_start_key(index, row), _start_key(index, row) + float(row["latency_ms"]) / 1000)
+             for index, row in enumerate(predictions) if row.get("error") is None]
+    seconds = max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0
+    return {"answers": len(spans), "seconds": seconds,
+            "answers_per_second": len(spans) / seconds if seconds > 0 else None}
+
+
 # --------------------------------------------------------------------------------------------
 # All together
 
@@ -540,6 +578,7 @@ def decision_metrics(
         "allowed_token_mass": _estimate(mass, lambda x: float(x.mean()), **boot),
         "reliability": reliability_table(conf, ok),
         "latency_ms": latency_summary(predictions, warmup=warmup, **boot),
+        "throughput": throughput(predictions),
         "retries_503": scored.retries_503,
         "errors": scored.errors,
         "bootstrap": {**boot, "method": "percentile"},

@@ -107,6 +107,37 @@ def nli_metrics(
     }
 
 
+def nli_comparison(candidate_rows: Sequence[Mapping[str, Any]], champion_rows: Sequence[Mapping[str, Any]],
+                   nli: dict, champion_nli: dict, paired: dict) -> list[dict]:
+    """Candidate vs champion on macro-F1 and each class's recall, paired on the shared pairs (`paired`: the champion
+    rule's bootstrap), as `validation.gates.comparison_row` rows."""
+    from validation.gates import comparison_row
+    from validation.metrics import macro_f1, paired_bootstrap, score_predictions
+
+    def by_id(rows):
+        return {str(row["id"]): (str(row["expected"]), guess) for row, guess in zip(rows, score_predictions(rows).predicted, strict=True)}
+
+    mine, theirs = by_id(candidate_rows), by_id(champion_rows)
+    shared = sorted(mine.keys() & theirs.keys())
+    truth = [mine[i][0] for i in shared]
+    cand, champ = [mine[i][1] for i in shared], [theirs[i][1] for i in shared]
+    rows = []
+    if shared:
+        f1 = paired_bootstrap(lambda idx: macro_f1([truth[i] for i in idx], [cand[i] for i in idx], LABELS),
+                              lambda idx: macro_f1([truth[i] for i in idx], [champ[i] for i in idx], LABELS),
+                              len(shared), **paired)
+        rows.append(comparison_row("macro_f1", "higher", nli["macro_f1"], champion_nli["macro_f1"], f1))
+    for label in LABELS:
+        of_class = [i for i, t in enumerate(truth) if t == label]
+        cand_hits = np.asarray([cand[i] == label for i in of_class], dtype=float)
+        champ_hits = np.asarray([champ[i] == label for i in of_class], dtype=float)
+        recall = None if not of_class else paired_bootstrap(lambda idx: float(cand_hits[idx].mean()),
+                                                            lambda idx: float(champ_hits[idx].mean()), len(of_class), **paired)
+        rows.append(comparison_row(f"recall_{label}", "higher", nli["per_class_recall"][label],
+                                   champion_nli["per_class_recall"][label], recall))
+    return [row for row in rows if row is not None]
+
+
 def score_nli_target(target: Target, datasets: Sequence[NliDataset], settings: RunSettings, *,
                      batch_size: int, progress: Callable[[int, int], None] | None) -> tuple[list, dict]:
     """Run every dataset's pairs through one target; predictions in pair order and the truncation report."""
@@ -129,16 +160,19 @@ def evaluate_nli(
     datasets: Sequence[NliDataset],
     out_dir: Path,
     *,
-    thresholds: NliThresholds,
+    thresholds: NliThresholds | None,
     champion_rule,
     champion: Target | None = None,
     settings: RunSettings = DEFAULT_SETTINGS,
     batch_size: int = 8,
+    decision_rule: str = "bound",
+    context: Callable[[dict], dict] | None = None,
     progress: Callable[[str], None] | None = None,
     title: str = "shiplift NLI gate",
 ) -> dict:
-    """Score the candidate (and the champion on the same pairs), gate on decision + NLI metrics, write reports."""
-    from validation.gates import DecisionThresholds, _absolute, evaluate_gates
+    """Score the candidate (and the champion on the same pairs), gate on decision + NLI metrics, write reports;
+    `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns `validation.evaluate.RELEASE_CONTEXT`."""
+    from validation.gates import DecisionThresholds, absolute_check, decide, evaluate_gates, mark_gated
     from validation.report import write_reports
     from validation.runner import write_predictions
 
@@ -158,31 +192,36 @@ def evaluate_nli(
         champion_preds, champion_truncation = _score(champion, "champion", datasets, settings, batch_size, say)
         write_predictions(out_dir / "champion-predictions.jsonl", champion_preds)
         champion_rows = [p.to_dict() for p in champion_preds]
-    decision_thresholds = DecisionThresholds(
+    decision_thresholds = None if thresholds is None else DecisionThresholds(
         min_accuracy=thresholds.min_accuracy, max_ece=thresholds.max_ece, min_validity=thresholds.min_validity,
         max_p95_latency_ms=thresholds.max_p95_latency_ms,
     )
     gate = evaluate_gates(
         candidate_rows, thresholds=decision_thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
-        **boot,
+        decision_rule=decision_rule, **boot,
     )
     nli = nli_metrics(candidate_rows, **boot, confidence=gate.bootstrap["confidence"])
-    nli_checks = [_absolute("macro_f1", nli["macro_f1"], thresholds.min_macro_f1, ">=")]
-    nli_checks += [
-        _absolute(f"recall_{label}", nli["per_class_recall"][label], thresholds.min_class_recall, ">=")
-        for label in LABELS
-    ]
-    checks = [*gate.checks, *nli_checks]
-    statuses = {check.status for check in checks}
-    decision = "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+    nli_checks = []
+    if thresholds is not None:
+        nli_checks.append(absolute_check("macro_f1", nli["macro_f1"], thresholds.min_macro_f1, ">=", decision_rule))
+        nli_checks += [
+            absolute_check(f"recall_{label}", nli["per_class_recall"][label], thresholds.min_class_recall, ">=",
+                           decision_rule)
+            for label in LABELS
+        ]
+    checks = [check for check in (*gate.checks, *nli_checks) if check is not None]
     champion_info = dict(gate.champion)
     if champion_rows is not None:
         champion_info["nli"] = nli_metrics(champion_rows, **boot, confidence=gate.bootstrap["confidence"])
+        paired = gate.bootstrap["champion_comparison"]
+        champion_info["comparison"] = [*champion_info["comparison"],
+                                       *nli_comparison(candidate_rows, champion_rows, nli, champion_info["nli"], paired)]
+        mark_gated(champion_info["comparison"], checks)
     report = gate.model_copy(
-        update={"checks": checks, "decision": decision, "metrics": {**gate.metrics, "nli": nli},
+        update={"checks": checks, "decision": decide(checks), "metrics": {**gate.metrics, "nli": nli},
                 "champion": champion_info}
     ).to_dict()
-    report["thresholds"] = thresholds.model_dump(mode="json")
+    report["thresholds"] = None if thresholds is None else thresholds.model_dump(mode="json")
     truncation = {"candidate": candidate_truncation, "champion": champion_truncation}
     extra = {
         "datasets": [d.evidence() for d in datasets],
@@ -191,6 +230,7 @@ def evaluate_nli(
         "batch_size": batch_size,
         "latency_note": LATENCY_NOTE,
         "truncation": truncation,
+        "release": context(report["metrics"]) if context else None,
     }
     paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
     n_truncated = sum(t["n_truncated"] for t in candidate_truncation.values())

@@ -28,6 +28,7 @@ class OnlineGate:
     concurrency: int = 2
     timeout_s: float = 60.0
     readout: Readout = SEMIF  # how the live component is asked (SemIf's decisions, or chat completions)
+    decision_rule: str = "bound"  # validation.decision_rule: how the absolute checks read their evidence
     answers: dict[str, dict[str, Prediction]] = field(default_factory=dict)  # model sha256 -> task id -> answer
     unattributed: int = 0  # answers with no model identity (failed requests, malformed bodies)
 
@@ -60,7 +61,7 @@ class OnlineGate:
         shared = [task_id for task_id in ids if task_id in champion]
         champion_rows = [champion[i].to_dict() for i in shared] if len(shared) >= self.champion_rule.min_samples else None
         return evaluate_gates([mine[i].to_dict() for i in ids], thresholds=self.thresholds, champion_preds=champion_rows,
-                              champion_rule=self.champion_rule)
+                              champion_rule=self.champion_rule, decision_rule=self.decision_rule)
 
     def alarm(self) -> str | None:
         """The alarm a failed online gate raises (which rolls the rollout back), or None."""

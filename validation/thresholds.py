@@ -7,17 +7,36 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# How an absolute check reads its evidence: `bound` (the default, conservative) passes only when the whole bootstrap
+# interval clears the threshold (its lower end for a floor, its upper end for a ceiling); `point` compares the point
+# estimate alone. The champion comparison always uses the paired interval (`ChampionRule`).
+DecisionRule = Literal["bound", "point"]
+RULE_TEXT = {"bound": "interval bound", "point": "point estimate", "paired": "paired interval"}
 
 
-class DecisionThresholds(BaseModel):
-    """Absolute thresholds for a decision model; None switches a check off (and says so)."""
+class _SomeThreshold(BaseModel):
+    """Refuses thresholds that are all off: such a gate judges nothing (a first release would go to production
+    unchecked); an ad-hoc `shiplift eval` without threshold flags measures without any thresholds instead."""
+
+    @model_validator(mode="after")
+    def _one_is_on(self):
+        if all(value is None for value in self.model_dump().values()):
+            raise ValueError("every threshold is null, so the gate would judge nothing; set at least one (e.g. "
+                             "min_accuracy), or leave thresholds out of an ad-hoc `shiplift eval` instead")
+        return self
+
+
+class DecisionThresholds(_SomeThreshold):
+    """Absolute thresholds for a decision model; None switches a check off (accuracy and ECE must be written out,
+    null included, so switching them off is a choice the config shows)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    min_accuracy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    max_ece: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_validity: float = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    min_accuracy: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    max_ece: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    min_validity: float | None = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
     max_p95_latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
     min_allowed_token_mass: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 
@@ -36,14 +55,14 @@ class ChampionRule(BaseModel):
     also_ece_margin: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 
 
-class NliThresholds(BaseModel):
-    """Absolute thresholds for an NLI encoder; max_p95_latency_ms None switches that check off."""
+class NliThresholds(_SomeThreshold):
+    """Absolute thresholds for an NLI encoder; None switches a check off (the floors and ECE must be written out)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    min_accuracy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_macro_f1: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_class_recall: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    max_ece: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    min_validity: float = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    min_accuracy: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    min_macro_f1: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    min_class_recall: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    max_ece: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    min_validity: float | None = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
     max_p95_latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from tasks.config_types import DatasetRef, Strict
-from validation.thresholds import ChampionRule
+from validation.thresholds import ChampionRule, DecisionRule
 
 
 class ArtifactConfig(Strict):
@@ -81,6 +81,8 @@ class GateConfig(Strict):
     n_bootstrap: int = Field(1000, ge=100)
     seed: int = 0
     thresholds: Any
+    decision_rule: DecisionRule = Field("bound", description="how absolute checks read their evidence: bound (the "
+                                        "bootstrap interval's conservative end must clear the threshold) or point")
     champion: ChampionRule = ChampionRule()
 
 
@@ -144,13 +146,18 @@ class ModelFamily:
         raise NotImplementedError
 
     def evaluate(self, candidate, champion, paths: list[tuple[Path, list[str] | None]], out_dir: Path, *, validation,
-                 settings, progress, title: str) -> dict:
-        """Gate the candidate (and the champion, when one serves) on the validation datasets: the gate report."""
+                 settings, progress, title: str, context=None) -> dict:
+        """Gate the candidate (and the champion, when one serves) on the validation datasets: the gate report;
+        `context(metrics)` returns what it shows of the release (`validation.evaluate.RELEASE_CONTEXT`)."""
         raise NotImplementedError
 
     def readout(self, validation: GateConfig):
         """How the family's server is asked a decision task (`validation.runner.Readout`): the online gate's replay."""
         raise NotImplementedError(f"{type(self).__name__} has no decision readout; it cannot run an online gate")
+
+    def items_per_request(self, validation: GateConfig) -> int:
+        """The decisions one gate request answers (what a cost per million decisions divides by)."""
+        return 1
 
     def summary_metrics(self, metrics: dict) -> dict:
         """The family's headline metrics of a gate report, beside accuracy, calibration and latency."""
@@ -170,9 +177,10 @@ def add_server_arguments(parser) -> None:
     """Where a `shiplift serve …` server listens and how many threads it uses (every family's server takes these)."""
     import os
 
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1),
+                        help="inference threads (default: this machine's CPUs)")
 
 
 def add_evaluation_arguments(parser, *, unit: str, data_help: str, component_help: str) -> None:
@@ -182,15 +190,27 @@ def add_evaluation_arguments(parser, *, unit: str, data_help: str, component_hel
     parser.add_argument("--component", help=component_help)
     parser.add_argument("--data", nargs="+", required=True, help=data_help)
     parser.add_argument("--split", action="append", help=f"keep only {unit} of this split (repeatable)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="folder for predictions.jsonl, gate-report.json and report.html")
     parser.add_argument("--champion", help=f"a second endpoint to compare against on the same {unit}")
-    parser.add_argument("--champion-component")
+    parser.add_argument("--champion-component", help="the champion endpoint's inference component name")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
-    parser.add_argument("--min-accuracy", type=float, default=0.0)
-    parser.add_argument("--max-ece", type=float, default=1.0)
-    parser.add_argument("--min-validity", type=float, default=1.0)
-    parser.add_argument("--max-p95-ms", type=float, default=None)
+    parser.add_argument("--min-accuracy", type=float, help="gate: accuracy floor (no threshold flag: measure, not gate)")
+    parser.add_argument("--max-ece", type=float, help="gate: expected calibration error ceiling")
+    parser.add_argument("--min-validity", type=float, help="gate: share of valid answers floor")
+    parser.add_argument("--max-p95-ms", type=float, help="gate: p95 latency ceiling per request, ms")
+    parser.add_argument("--decision-rule", choices=["bound", "point"], default="bound",
+                        help="how thresholds are judged: the interval's conservative end (default) or the point estimate")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON for machines instead of a table")
+
+
+def evaluation_thresholds(args, model, flags: dict[str, str]):
+    """The thresholds an `eval` command's flags set (`flags`: field name → its flag; a flag not given is a check not
+    run), or None when none is given: an evaluation that measures and does not gate."""
+    given = {field: getattr(args, flag.lstrip("-").replace("-", "_")) for field, flag in flags.items()}
+    if all(value is None for value in given.values()):
+        return None
+    return model(**given)
 
 
 def server_env(args, prefix: str) -> dict[str, str]:
@@ -209,10 +229,15 @@ def evaluation_targets(args):
     return candidate, champion, lambda message: print(message, file=sys.stderr, flush=True)
 
 
-def evaluation_exit(report: dict, summary: dict) -> int:
-    """Print an `eval` command's summary as JSON; exit 0 when the gate passed, else the CLI's rejected code."""
-    from tasks.cli.main import EXIT_REJECTED, print_json
+def evaluation_exit(report: dict, summary: dict, *, as_json: bool = False) -> int:
+    """Print an `eval` command's summary (a table; `as_json`: JSON); exit 0 when the gate passed, else the CLI's
+    rejected code."""
+    from tasks.cli.main import EXIT_REJECTED, print_fields, print_json
 
-    print_json(summary)
-    return 0 if report["decision"] == "pass" else EXIT_REJECTED
+    if as_json:
+        print_json(summary)
+    else:
+        print(f"decision: {report['decision']}")
+        print_fields({key: value for key, value in summary.items() if key != "decision"})
+    return 0 if report["decision"] in ("pass", "not_gated") else EXIT_REJECTED  # not_gated: measured, nothing judged
 

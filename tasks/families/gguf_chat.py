@@ -162,9 +162,9 @@ class GgufChat(GgufDecisions):
         import os
 
         p = serve.add_parser("chat", help="the DLC's chat path on a GGUF file: /v1/chat/completions and /invocations")
-        p.add_argument("--gguf", required=True)
-        p.add_argument("--port", type=int, default=8080)
-        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--gguf", required=True, help="the GGUF model file to serve")
+        p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+        p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="SM_LLAMA_CPP_THREADS")
         p.add_argument("--ctx-size", type=int, help="SM_LLAMA_CPP_CTX_SIZE (default 4096, llama-server's)")
         p.add_argument("--chat-template", choices=CHAT_TEMPLATES, help="SM_LLAMA_CPP_CHAT_TEMPLATE, for a GGUF without one")
@@ -174,7 +174,7 @@ class GgufChat(GgufDecisions):
         p = evaluate.add_parser("chat", help="score JevBench-format tasks on any OpenAI-compatible chat endpoint")
         add_evaluation_arguments(p, unit="tasks", data_help="JSONL files in JevBench format",
                                  component_help="inference component name (X-Amzn-SageMaker-Inference-Component)")
-        p.add_argument("--concurrency", type=int, default=2)
+        p.add_argument("--concurrency", type=int, default=2, help="requests in flight at once (default 2)")
         p.add_argument("--top-logprobs", type=int, default=20, help="entries asked per request (1-20)")
         p.add_argument("--shots", type=int, default=0, help="solved examples asked before each task (0-3)")
         p.set_defaults(func=_eval)

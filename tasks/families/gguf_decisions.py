@@ -20,6 +20,7 @@ from tasks.families.base import (
     BuiltImageConfig,
     ModelFamily,
     add_evaluation_arguments,
+    evaluation_thresholds,
     add_server_arguments,
     evaluation_exit,
     evaluation_targets,
@@ -213,7 +214,8 @@ class GgufDecisions(ModelFamily):
                                     progress=progress_counter(ctx.say, "calibration"))
         return predictions, dataset.sha256
 
-    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str) -> dict:
+    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
+                 context=None) -> dict:
         from dataclasses import replace
 
         from validation.datasets import load_decision_dataset
@@ -223,7 +225,7 @@ class GgufDecisions(ModelFamily):
         return evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
                                   champion_rule=validation.champion, champion=champion,
                                   settings=replace(settings, readout=self.readout(validation)), progress=progress,
-                                  title=title)
+                                  title=title, decision_rule=validation.decision_rule, context=context)
 
     def invocation_bodies(self, validation: DecisionGateConfig, paths) -> list[bytes]:
         from validation.datasets import load_decision_dataset
@@ -239,7 +241,7 @@ class GgufDecisions(ModelFamily):
 
     def add_commands(self, serve, evaluate) -> None:
         p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
-        p.add_argument("--gguf", required=True)
+        p.add_argument("--gguf", required=True, help="the GGUF model file to serve")
         add_server_arguments(p)
         p.add_argument("--max-tokens", type=int, help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
         p.add_argument("--max-request-tokens", type=int, help="longest prompt accepted (SEMIF_MAX_REQUEST_TOKENS)")
@@ -249,7 +251,7 @@ class GgufDecisions(ModelFamily):
         p = evaluate.add_parser("jevbench", help="score JevBench-format tasks on any SemIf endpoint")
         add_evaluation_arguments(p, unit="tasks", data_help="JSONL files in JevBench format",
                                  component_help="inference component name (X-Amzn-SageMaker-Inference-Component)")
-        p.add_argument("--concurrency", type=int, default=2)
+        p.add_argument("--concurrency", type=int, default=2, help="requests in flight at once (default 2)")
         p.set_defaults(func=_eval)
 
 
@@ -291,6 +293,10 @@ def _eval(args) -> int:
     return run_jevbench_eval(args, SEMIF, title=f"JevBench evaluation of {args.endpoint}")
 
 
+DECISION_FLAGS = {"min_accuracy": "--min-accuracy", "max_ece": "--max-ece", "min_validity": "--min-validity",
+                  "max_p95_latency_ms": "--max-p95-ms"}
+
+
 def run_jevbench_eval(args, readout, *, title: str) -> int:
     """An `eval` command on JevBench-format tasks through `readout` (SemIf's or the chat path's): report and summary."""
     from validation.datasets import load_decision_dataset
@@ -298,23 +304,20 @@ def run_jevbench_eval(args, readout, *, title: str) -> int:
     from validation.thresholds import ChampionRule
 
     datasets = [load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None) for p in args.data]
-    thresholds = DecisionThresholds(
-        min_accuracy=args.min_accuracy, max_ece=args.max_ece, min_validity=args.min_validity,
-        max_p95_latency_ms=args.max_p95_ms, min_allowed_token_mass=None,
-    )
+    thresholds = evaluation_thresholds(args, DecisionThresholds, DECISION_FLAGS)
     candidate, champion, progress = evaluation_targets(args)
     report = evaluate_decisions(
         candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
         settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap,
                              readout=readout),
-        progress=progress, title=title,
+        progress=progress, title=title, decision_rule=args.decision_rule,
     )
     metrics = report["metrics"]
     summary = {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
                "validity": metrics["validity"], "latency_ms": metrics["latency_ms"], "paths": report["paths"]}
     if "readout" in metrics:
         summary["readout"] = metrics["readout"]
-    return evaluation_exit(report, summary)
+    return evaluation_exit(report, summary, as_json=args.json)
 
 
 FAMILY = GgufDecisions()

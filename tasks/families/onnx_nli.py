@@ -25,6 +25,7 @@ from tasks.families.base import (
     BuiltImageConfig,
     ModelFamily,
     add_evaluation_arguments,
+    evaluation_thresholds,
     add_server_arguments,
     evaluation_exit,
     evaluation_targets,
@@ -247,13 +248,17 @@ class OnnxNli(ModelFamily):
                         progress=progress_counter(ctx.say, "calibration"))
         return run.predictions, dataset.sha256
 
-    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str) -> dict:
+    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
+                 context=None) -> dict:
         from validation.nli_eval import evaluate_nli, load_nli_dataset
 
         datasets = [load_nli_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
         return evaluate_nli(candidate, datasets, out_dir, batch_size=validation.batch_size, thresholds=validation.thresholds,
                             champion_rule=validation.champion, champion=champion, settings=settings, progress=progress,
-                            title=title)
+                            title=title, decision_rule=validation.decision_rule, context=context)
+
+    def items_per_request(self, validation: NliGateConfig) -> int:
+        return validation.batch_size
 
     def summary_metrics(self, metrics: dict) -> dict:
         return {"macro_f1": metrics["nli"]["macro_f1"]["value"]}
@@ -267,9 +272,9 @@ class OnnxNli(ModelFamily):
 
     def add_commands(self, serve, evaluate) -> None:
         p = serve.add_parser("encoder", help="the encoder NLI server on an exported model folder")
-        p.add_argument("--model-dir", required=True)
+        p.add_argument("--model-dir", required=True, help="the exported model folder (model.onnx, tokenizer, config.json)")
         add_server_arguments(p)
-        p.add_argument("--variant", choices=["fp32", "int8"], default="fp32")
+        p.add_argument("--variant", choices=["fp32", "int8"], default="fp32", help="which ONNX file to serve (default fp32)")
         p.add_argument("--truncation", choices=["refuse", "premise_first"], default="refuse",
                        help="over-long pairs: refuse them, or cut the premise and report it")
         p.add_argument("--max-len", type=int, help="ENCODER_MAX_LEN (default 512)")
@@ -280,9 +285,9 @@ class OnnxNli(ModelFamily):
         p = evaluate.add_parser("nli", help="score NLI pairs (JSONL/TSV, SNLI/MNLI field names too) on any encoder endpoint")
         add_evaluation_arguments(p, unit="pairs", data_help="NLI files (JSONL or TSV; SNLI/MNLI field names too)",
                                  component_help="inference component name")
-        p.add_argument("--batch-size", type=int, default=8)
-        p.add_argument("--min-macro-f1", type=float, default=0.0)
-        p.add_argument("--min-class-recall", type=float, default=0.0)
+        p.add_argument("--batch-size", type=int, default=8, help="pairs per request (default 8)")
+        p.add_argument("--min-macro-f1", type=float, help="gate: macro-F1 floor")
+        p.add_argument("--min-class-recall", type=float, help="gate: every class's recall floor")
         p.set_defaults(func=_eval)
 
 
@@ -349,20 +354,20 @@ def _eval(args) -> int:
     from validation.thresholds import ChampionRule
 
     datasets = [load_nli_dataset(Path(p), name=Path(p).stem, splits=args.split or None) for p in args.data]
-    thresholds = NliThresholds(
-        min_accuracy=args.min_accuracy, min_macro_f1=args.min_macro_f1, min_class_recall=args.min_class_recall,
-        max_ece=args.max_ece, min_validity=args.min_validity, max_p95_latency_ms=args.max_p95_ms,
-    )
+    thresholds = evaluation_thresholds(args, NliThresholds, {
+        "min_accuracy": "--min-accuracy", "min_macro_f1": "--min-macro-f1", "min_class_recall": "--min-class-recall",
+        "max_ece": "--max-ece", "min_validity": "--min-validity", "max_p95_latency_ms": "--max-p95-ms"})
     candidate, champion, progress = evaluation_targets(args)
     report = evaluate_nli(
         candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
         batch_size=args.batch_size, settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
-        progress=progress, title=f"NLI evaluation of {args.endpoint}",
+        progress=progress, title=f"NLI evaluation of {args.endpoint}", decision_rule=args.decision_rule,
     )
     metrics = report["metrics"]
     return evaluation_exit(report, {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
                                     "macro_f1": metrics["nli"]["macro_f1"], "per_class_recall": metrics["nli"]["per_class_recall"],
-                                    "ece": metrics["ece"], "n_truncated": report["n_truncated"], "paths": report["paths"]})
+                                    "ece": metrics["ece"], "n_truncated": report["n_truncated"], "paths": report["paths"]},
+                           as_json=args.json)
 
 
 FAMILY = OnnxNli()

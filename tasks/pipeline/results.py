@@ -104,6 +104,7 @@ class ValidateResult(StageResult):
     report_json: str
     report_html: str
     evidence: dict[str, KeptRef]
+    cost: dict[str, Any] | None = None  # tasks.backends.pricing results (candidate hour, production hour, per million)
 
 
 class PromoteResult(StageResult):

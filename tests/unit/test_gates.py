@@ -72,8 +72,9 @@ def test_all_absolute_checks_pass_without_champion():
     thresholds = DecisionThresholds(
         min_accuracy=0.7, max_ece=0.05, max_p95_latency_ms=500.0, min_allowed_token_mass=0.5
     )
-    report = evaluate_gates(preds, thresholds=thresholds, champion_rule=RULE)
-    assert report.decision == "pass"
+    report = evaluate_gates(preds, thresholds=thresholds, champion_rule=RULE, decision_rule="point")
+    assert report.decision == "pass" and report.decision_rule == "point"
+    assert {c.rule for c in report.checks if c.status != "skipped"} == {"point"}
     names = [c.name for c in report.checks]
     assert names == ["accuracy", "ece", "validity", "p95_latency_ms", "allowed_token_mass", "champion_accuracy"]
     acc = report.checks[0]
@@ -82,6 +83,67 @@ def test_all_absolute_checks_pass_without_champion():
     champion = report.checks[-1]
     assert champion.status == "skipped" and champion.reason == "skipped: no champion" and not champion.passed
     report.require_pass()  # does not raise
+
+
+def test_the_interval_bound_is_the_default_and_judges_the_conservative_end():
+    """The same evidence as above under the default rule: ECE's point estimate (~0) clears 0.05 but the interval's high
+    end (0.09) does not, so the check fails and says why; accuracy's low end (0.72) clears 0.7 and passes."""
+    preds = model_rows(100, 0.8, seed=1)
+    thresholds = DecisionThresholds(min_accuracy=0.7, max_ece=0.05, max_p95_latency_ms=500.0)
+    report = evaluate_gates(preds, thresholds=thresholds, champion_rule=RULE)
+    assert report.decision_rule == "bound" and report.decision == "fail"
+    ece = next(c for c in report.checks if c.name == "ece")
+    assert ece.rule == "bound" and ece.observed < 0.05 < ece.ci[1] and ece.status == "fail"
+    assert "interval high end" in ece.reason and "point estimate" in ece.reason
+    accuracy = next(c for c in report.checks if c.name == "accuracy")
+    assert accuracy.ci[0] >= 0.7 and accuracy.status == "pass" and "interval low end" in accuracy.reason
+    stricter_floor = evaluate_gates(preds, thresholds=DecisionThresholds(min_accuracy=0.75, max_ece=0.2))
+    assert stricter_floor.checks[0].observed >= 0.75 > stricter_floor.checks[0].ci[0]
+    assert status(stricter_floor, "accuracy") == "fail", "a point estimate above the floor is not enough under the bound"
+    assert status(evaluate_gates(preds, thresholds=DecisionThresholds(min_accuracy=0.75, max_ece=0.2),
+                                 decision_rule="point"), "accuracy") == "pass"
+    with pytest.raises(BadInput, match="decision_rule"):
+        evaluate_gates(preds, thresholds=thresholds, decision_rule="paired")
+
+
+def test_the_summary_names_every_check_that_did_not_pass_and_no_thresholds_is_not_a_gate():
+    from validation.gates import summary_line
+
+    preds = model_rows(100, 0.4, seed=2, latency=900.0)
+    report = evaluate_gates(preds, thresholds=DecisionThresholds(min_accuracy=0.5, max_ece=0.2, max_p95_latency_ms=500.0))
+    line = summary_line(report.decision, report.to_dict()["checks"])
+    assert line.startswith("fail: ") and "accuracy 0.4 (needs >= 0.5; bound" in line and "p95_latency_ms" in line
+    assert "validity" not in line, "a passing check is not listed"
+    adhoc = evaluate_gates(preds, thresholds=None)
+    assert adhoc.decision == "not_gated" and [c.status for c in adhoc.checks] == ["skipped"]
+    assert summary_line(adhoc.decision, adhoc.to_dict()["checks"]) == "no thresholds: not a gate"
+    with pytest.raises(GateFailed, match="no thresholds: not a gate"):
+        adhoc.require_pass()
+
+
+def test_the_champion_comparison_covers_every_gated_metric_paired_on_shared_tasks():
+    """Accuracy, ECE, validity and allowed-token mass paired on the shared tasks (hand-checkable: the candidate gets
+    10 more of 100 right and has 0.1 less mass on every task), p95 latency side by side; each row names its gate."""
+    champion = model_rows(100, 0.7, seed=20)
+    candidate = [dict(r) for r in champion]
+    wrong = [i for i, r in enumerate(candidate) if r["probabilities"][0] < max(r["probabilities"])][:10]
+    for i in wrong:
+        candidate[i] = row(candidate[i]["id"], [0.7, 0.15, 0.15], started=candidate[i]["started_at"], mass=0.8)
+    for r in candidate:
+        r["allowed_token_mass"], r["latency_ms"] = 0.8, r["latency_ms"] + 50.0
+    report = evaluate_gates(candidate, thresholds=LOOSE, champion_preds=champion, champion_rule=RULE)
+    rows = {r["metric"]: r for r in report.champion["comparison"]}
+    assert list(rows) == ["accuracy", "ece", "validity", "allowed_token_mass", "p95_latency_ms"]
+    assert rows["accuracy"]["difference"] == pytest.approx(0.10) and rows["accuracy"]["paired"]
+    assert rows["accuracy"]["candidate"]["value"] == pytest.approx(0.8) and rows["accuracy"]["champion"]["value"] == pytest.approx(0.7)
+    low, high = rows["accuracy"]["difference_ci"]
+    assert 0.0 < low <= 0.10 <= high, "ten more right on the same tasks: the paired interval excludes zero"
+    assert rows["allowed_token_mass"]["difference"] == pytest.approx(-0.1) and rows["allowed_token_mass"]["n_shared"] == 100
+    assert rows["validity"]["difference"] == 0.0
+    p95 = rows["p95_latency_ms"]
+    assert not p95["paired"] and p95["difference"] == pytest.approx(50.0) and p95["difference_ci"] is None
+    assert rows["accuracy"]["gated_by"] == ["accuracy", "champion_accuracy"] and rows["p95_latency_ms"]["gated_by"] == []
+    assert report.champion["metrics"]["reliability"], "the champion's own metrics are kept for the report's overlay"
 
 
 def test_switched_off_checks_are_absent_and_failures_fail():

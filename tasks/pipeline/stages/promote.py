@@ -40,7 +40,7 @@ def online_gate(ctx, endpoint: str, component: str):
     return OnlineGate(invoker, tasks[: gate.max_tasks], candidate_model_sha256=ctx.result("build").model_sha256,
                       thresholds=cfg.thresholds, champion_rule=cfg.champion, rounds=gate.rounds,
                       concurrency=gate.concurrency, timeout_s=cfg.request_timeout_s,
-                      readout=ctx.config.family.readout(cfg))
+                      readout=ctx.config.family.readout(cfg), decision_rule=cfg.decision_rule)
 
 
 def run(ctx) -> dict:

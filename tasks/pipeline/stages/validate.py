@@ -22,7 +22,34 @@ def live_champion(ctx):
     return Target(invoker, f"champion {ref['release_id']}"), ref
 
 
-def _evaluate(ctx, candidate, champion) -> dict:
+def release_context(ctx, champion_ref: dict | None) -> dict:
+    """What the gate report shows beside the measurements (`validation.evaluate.RELEASE_CONTEXT`, cost apart): the
+    config fields this release changed against the champion's release, and the temperature it serves with."""
+    from tasks.ledger.views import config_changes, show
+
+    champion_release = champion_ref.get("release_id") if champion_ref else None
+    champion_config = show(ctx.backends.ledger, champion_release)["config"] if champion_release else None
+    built = ctx.result("build")
+    return {"release_id": ctx.release_id, "champion_release": champion_release,
+            "config_changes": config_changes(champion_config, ctx.config.model_dump(mode="json")),
+            "temperature": {"value": built.temperature, "fitted": ctx.config.calibration.fit_temperature}}
+
+
+def gate_cost(ctx, metrics: dict) -> dict:
+    """The release's cost as the gate sees it (`tasks.backends.pricing.release_cost`): the candidate from
+    deploy_candidate's start until now, production per hour, per million at the gate's measured rate."""
+    from datetime import datetime, timezone
+
+    from tasks.backends.pricing import release_cost
+    from tasks.ledger.events import STARTED
+
+    started = next((r.recorded_at for r in ctx.state.records if (r.stage, r.event) == ("deploy_candidate", STARTED)), None)
+    rate = (metrics.get("throughput") or {}).get("answers_per_second")
+    return release_cost(ctx.config, answers_per_second=rate, items_per_request=ctx.config.family.items_per_request(
+        ctx.config.validation), candidate_since=started, until=datetime.now(timezone.utc).isoformat())
+
+
+def _evaluate(ctx, candidate, champion, context: dict) -> dict:
     """The model family's gate over the configured datasets; the same evidence files for every family."""
     from tasks.config import resolve_data_path
     from validation.evaluate import RunSettings
@@ -31,11 +58,13 @@ def _evaluate(ctx, candidate, champion) -> dict:
     settings = RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
     paths = [(resolve_data_path(ref, ctx.config_dir), ref.splits) for ref in cfg.datasets]
     return ctx.config.family.evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg,
-                                                       settings=settings, progress=ctx.say, title=f"{ctx.release_id} gate")
+                                      settings=settings, progress=ctx.say, title=f"{ctx.release_id} gate",
+                                      context=context)
 
 
 def run(ctx) -> dict:
     from validation.evaluate import Target
+    from validation.gates import check_text, summary_line
 
     deployed = ctx.result("deploy_candidate")
     invoker = ctx.backends.hosting.invoker(deployed.endpoint, deployed.component,
@@ -45,7 +74,13 @@ def run(ctx) -> dict:
     if champion_ref and champion_ref.get("release_id") == ctx.release_id:
         champion, champion_ref = None, None
     ctx.say(f"validate: champion {champion.label if champion else 'none'}")
-    report = _evaluate(ctx, candidate, champion)
+    measured: dict = {}
+
+    def context(metrics: dict) -> dict:
+        measured["cost"] = gate_cost(ctx, metrics)
+        return {**release_context(ctx, champion_ref), "cost": measured["cost"]}
+
+    report = _evaluate(ctx, candidate, champion, context)
     metrics = report["metrics"]
     summary_metrics = {
         key: metrics[key]["value"] if isinstance(metrics.get(key), dict) else metrics.get(key)
@@ -56,21 +91,20 @@ def run(ctx) -> dict:
     summary_metrics["p95_ms"] = metrics["latency_ms"]["p95"]["value"]
     summary_metrics["n"] = metrics.get("n")
     shown = {key: "n/a" if summary_metrics.get(key) is None else f"{summary_metrics[key]:.3f}" for key in ("accuracy", "ece")}
-    ctx.say(f"validate: decision {report['decision']} (accuracy {shown['accuracy']}, ECE {shown['ece']}; "
-            f"{metrics.get('n_valid', 'n/a')} of {metrics.get('n')} answers valid)")
+    ctx.say(f"validate: cost: {measured['cost']['production']['text']}")
+    ctx.say(f"validate: decision {summary_line(report['decision'], report['checks'])} (accuracy {shown['accuracy']}, "
+            f"ECE {shown['ece']}; {metrics.get('n_valid', 'n/a')} of {metrics.get('n')} answers valid)")
     return ValidateResult(**{
         "decision": report["decision"],
         "metrics": summary_metrics,
         "checks": report["checks"],
-        "not_passed": [
-            f"{c['name']} {c['observed'] if c['observed'] is None else round(c['observed'], 4)} (needs {c['comparator']} {c['threshold']})"
-            for c in report["checks"] if c["status"] not in ("pass", "skipped")
-        ],
+        "not_passed": [check_text(c) for c in report["checks"] if c["status"] not in ("pass", "skipped")],
         "thresholds": report["thresholds"],
         "datasets": [{k: d[k] for k in ("name", "path", "sha256", "n")} for d in report["datasets"]],
         "champion_release": champion_ref.get("release_id") if champion_ref else None,
         "report_json": report["paths"]["gate_report_json"],
         "report_html": report["paths"]["report_html"],
+        "cost": measured.get("cost"),
         "evidence": {Path(path).name: keep_file(ctx, Path(path), Path(path).name)
                      for path in sorted(Path(report["paths"]["gate_report_json"]).parent.glob("*"))
                      if path.is_file() and path.suffix in (".json", ".jsonl", ".html")},
