@@ -7,3 +7,4 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 IMAGES_DIR = PROJECT_ROOT / "images"
 BUILTIN_DATA_DIR = PROJECT_ROOT / "validation" / "data"
+DEMO_STATE_DIR = PROJECT_ROOT / ".shiplift" / "demo"  # where `make demo` keeps its state (unless $SHIPLIFT_HOME names one)

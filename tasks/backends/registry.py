@@ -59,8 +59,40 @@ def open_ledger(*, ledger_url: str | None = None, state_dir: str | Path | None =
     folder = Path(state_dir).expanduser().resolve() if state_dir else default_state_dir()
     url = ledger_url_for(folder, ledger_url)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise BadInput(f"no ledger at {url}", fix="run a release first, or pass --ledger-url / --state-dir")
+        raise BadInput(f"no ledger at {url}", fix=missing_ledger_fix(folder))
     return Ledger(url, read_only=read_only)
+
+
+def ledgers_nearby(folder: Path) -> list[Path]:
+    """State dirs holding a SQLite ledger that a command looking in `folder` may have meant: `make demo`'s, and the
+    folders right under the default state dir and the checkout's `.shiplift` (e.g. `.shiplift/airflow`)."""
+    from tasks.project import DEMO_STATE_DIR, PROJECT_ROOT
+
+    roots = [default_state_dir(), PROJECT_ROOT / ".shiplift"]
+    candidates = [DEMO_STATE_DIR, *roots, *(sub for root in roots if root.is_dir() for sub in sorted(root.iterdir()))]
+    found = [c.resolve() for c in candidates if (c / "ledger.db").is_file()]
+    return [c for c in dict.fromkeys(found) if c != Path(folder).resolve()]
+
+
+def _shown(path: Path) -> str:
+    """A path as a user types it: relative to the working directory when it is under it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def missing_ledger_fix(folder: Path) -> str:
+    """How to reach a ledger when there is none under `folder`: the exact --state-dir of one found nearby (`make
+    demo`'s first), else how to make one."""
+    from tasks.project import DEMO_STATE_DIR
+
+    nearby = ledgers_nearby(folder)
+    if not nearby:
+        return "run a release first, or pass --ledger-url / --state-dir naming the ledger"
+    named = [f"--state-dir {_shown(path)}" + (" (make demo's)" if path == DEMO_STATE_DIR.resolve() else "")
+             for path in nearby]
+    return f"pass {' or '.join(named)}, where a ledger is; else run a release first, or pass --ledger-url"
 
 
 def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = None) -> Backends:

@@ -2,6 +2,9 @@
 
 Exit codes: 0 success, 1 unexpected error, 2 bad config or input, 3 gate rejected the release
 (or `ledger verify` found tampering), 4 another run holds the promotion lease.
+
+Commands print tables for people and, with `--json`, the same data for machines; read-only commands (`status`,
+`endpoints list`, the `ledger` reads) never create or change a file.
 """
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import textwrap
+from datetime import datetime, timezone
 from pathlib import Path
 
 from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, NotFound, ShipliftError
@@ -19,6 +25,19 @@ from tasks.pipeline.table import STAGE_NAMES
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
 EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
+MIN_CELL = 12  # the narrowest a shrinkable column gets when a table is fitted to the terminal
+_OPEN_LEDGERS: list = []  # ledgers a command opened, closed when it ends (a read-only SQLite open leaves nothing)
+
+
+def version() -> str:
+    """The installed shiplift distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("shiplift")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def print_json(value) -> None:
@@ -31,25 +50,112 @@ def with_ledger(p):
     return p
 
 
-def format_table(rows: list[dict], columns: list[str]) -> str:
+def with_set(p):
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value",
+                   help="override a config field, the value read as YAML (repeatable)")
+    return p
+
+
+def with_json(p, what: str = "the same data"):
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON for machines instead of a table")
+    return p
+
+
+def number(value) -> str:
+    """A number for people: floats to 4 significant digits (0.3063, never 0.3063063063063063), integers whole."""
+    if value is None:
+        return "n/a"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def cell(value) -> str | None:
+    """A value as one table cell: None stays None (shown '-'), floats rounded (`number`), a list of plain values
+    joined with commas, anything nested as compact JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return number(value)
+    if isinstance(value, list) and all(v is None or isinstance(v, (str, int, float)) for v in value):
+        return ", ".join("-" if v is None else cell(v) for v in value)
+    if measured(value):
+        ci = value.get("ci")
+        return number(value["value"]) + (f" [{number(ci[0])}, {number(ci[1])}]" if ci else "")
+    return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
+
+
+def measured(value) -> bool:
+    """A measurement as the gate reports it: {"value", "ci": [lo, hi] or None, ...}; one cell, `value [lo, hi]`."""
+    return isinstance(value, dict) and "value" in value and "ci" in value and not isinstance(value["value"], (dict, list))
+
+
+def fit_cell(text: str, width: int) -> list[str]:
+    """A cell in at most `width` characters: as it is; one token (a hash, a digest, a URI) shortened with an
+    ellipsis in the middle, where its two ends still tell it apart; text wrapped over several lines."""
+    if len(text) <= width:
+        return [text]
+    if " " not in text.strip():
+        keep = width - 1
+        return [text[:(keep + 1) // 2] + "…" + text[len(text) - keep // 2:]]
+    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+
+
+def terminal_width() -> int:
+    """The terminal's columns ($COLUMNS, else the terminal's, else 80)."""
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def format_table(rows: list[dict], columns: list[str], *, width: int | None = None, shrink: tuple[str, ...] = ()) -> str:
     """A plain text table for people: a header, a rule, a line a row, columns padded to their widest cell; a value
-    that is not there (None) shows as '-'."""
+    that is not there (None) shows as '-'. With `width`, the `shrink` columns are narrowed (the widest first, to no
+    less than MIN_CELL or their header) until the table fits, their long cells shortened or wrapped (`fit_cell`):
+    every row is still there."""
     cells = [["-" if row.get(column) is None else str(row.get(column)) for column in columns] for row in rows]
     widths = [max([len(column), *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)]
-    return "\n".join("  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip()
-                     for line in [columns, ["-" * w for w in widths], *cells])
+    if width is not None:
+        gaps = 2 * (len(columns) - 1)
+        floors = {i: max(len(columns[i]), MIN_CELL) for i, column in enumerate(columns) if column in shrink}
+        while sum(widths) + gaps > width:
+            narrowable = [i for i, floor in floors.items() if widths[i] > floor]
+            if not narrowable:
+                break
+            widths[max(narrowable, key=lambda i: widths[i])] -= 1
+    lines = []
+    for line in [columns, ["-" * w for w in widths], *cells]:
+        parts = [fit_cell(value, w) for value, w in zip(line, widths)]
+        for k in range(max(len(part) for part in parts)):
+            lines.append("  ".join((part[k] if k < len(part) else "").ljust(w) for part, w in zip(parts, widths)).rstrip())
+    return "\n".join(lines)
 
 
-def print_table(rows: list[dict], columns: list[str]) -> None:
-    """A table for people on stdout (`--json` prints the rows for machines instead)."""
-    print(format_table(rows, columns))
+def print_table(rows: list[dict], columns: list[str], *, shrink: tuple[str, ...] = ()) -> None:
+    """A table for people on stdout (`--json` prints the rows for machines instead); with `shrink`, fitted to the
+    terminal's width by narrowing those columns."""
+    print(format_table(rows, columns, width=terminal_width() if shrink else None, shrink=shrink))
+
+
+def print_fields(values: dict, column: str = "field") -> None:
+    """A (field, value) table of a dict for people, nested fields one row each (`metrics.accuracy`), numbers
+    rounded, fitted to the terminal's width."""
+    from tasks.ledger.views import flatten
+
+    print_table([{column: name, "value": cell(value)} for name, value in flatten(values, whole=measured).items()],
+                [column, "value"],
+                shrink=("value",))
+
+
+def overrides_of(args) -> tuple[str, ...]:
+    """A command's config overrides: its --set flags, then --state-dir as `backend.state_dir` (where given)."""
+    state_dir = getattr(args, "state_dir", None)
+    return (*args.set, *((f"backend.state_dir={json.dumps(str(state_dir))}",) if state_dir else ()))
 
 
 def aws_config(args, what: str):
     """The aws release config a command needs; BadInput naming the backend otherwise."""
     from tasks.config import load_release_config
 
-    config = load_release_config(args.config, overrides=tuple(args.set))
+    config = load_release_config(args.config, overrides=overrides_of(args))
     if config.backend.kind != "aws":
         raise BadInput(f"{args.config} uses the {config.backend.kind} backend; {what} is about AWS, which that backend never calls",
                        fix="pass an aws release config (backend.kind: aws), e.g. configs/releases/qwen35-4b-semif.yaml")
@@ -64,9 +170,15 @@ def cmd_release(args) -> int:
                           fix=f"run `shiplift release {args.config} --dry-run --with-champion`, or leave --with-champion out")
     from tasks.pipeline.release import run_release
 
-    summary = run_release(args.config, overrides=tuple(args.set), keep_candidate=args.keep_candidate or None)
-    print_json(summary)
+    summary = run_release(args.config, overrides=overrides_of(args), keep_candidate=args.keep_candidate or None)
+    print_json(summary) if args.json else print_summary(summary)
     return 0 if summary["status"] == PROMOTED else EXIT_REJECTED
+
+
+def print_summary(summary: dict) -> None:
+    """A release's summary for people: a headline, then every field (gate metrics rounded)."""
+    print(f"{summary['release_id']}: {summary['status']} (gate {summary.get('decision') or 'not reached'})")
+    print_fields(summary)
 
 
 def release_dry_run(args) -> int:
@@ -74,6 +186,7 @@ def release_dry_run(args) -> int:
     from collections import Counter
 
     from tasks.backends.aws.dryrun import plan_release, update_fit
+    from tasks.backends.pricing import dry_run_cost_lines
 
     config = aws_config(args, "--dry-run")
     requests = plan_release(config, config_dir=Path(args.config).resolve().parent, with_champion=args.with_champion)
@@ -84,6 +197,8 @@ def release_dry_run(args) -> int:
     print(f"dry run: {len(requests)} requests ({', '.join(f'{n} {s}' for s, n in sorted(services.items()))}), each valid for "
           f"the installed botocore service model; {with_placeholders} carry placeholders (listed per request); nothing was sent",
           file=sys.stderr)
+    for line in dry_run_cost_lines(config):
+        print(line, file=sys.stderr)
     print(f"{'this' if args.with_champion else 'the next'} release's update of production: {update_fit(config)}", file=sys.stderr)
     return 0
 
@@ -164,7 +279,12 @@ def cmd_stage(args) -> int:
             publish_stage_result(args.result_uri, release_id=args.release, stage=args.name, result=result)
         return result
 
-    print_json(reporting_to_step_functions(run))
+    result = reporting_to_step_functions(run)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"{args.release} {args.name}: {result.get('event', 'succeeded')}")
+        print_fields(result)
     return 0
 
 
@@ -190,7 +310,7 @@ def cmd_orchestrate_begin(args) -> int:
 
     allowed = parse_allowed_timeouts(args.allowed_timeouts)
     print_json(reporting_to_step_functions(
-        lambda: begin_orchestrated(args.config, holder=args.holder, allowed_timeouts=allowed, overrides=tuple(args.set))))
+        lambda: begin_orchestrated(args.config, holder=args.holder, allowed_timeouts=allowed, overrides=overrides_of(args))))
     return 0
 
 
@@ -264,7 +384,12 @@ def cmd_config_validate(args) -> int:
     from tasks.pipeline.release import release_id_for
 
     config = load_release_config(args.config, overrides=tuple(args.set))
-    print_json({"ok": True, "release_id": release_id_for(config), "config_hash": config.config_hash(), "config": config.model_dump(mode="json")})
+    if args.json:
+        print_json({"ok": True, "release_id": release_id_for(config), "config_hash": config.config_hash(),
+                    "config": config.model_dump(mode="json")})
+        return 0
+    print(f"{args.config} is valid: release {release_id_for(config)}, config hash {config.config_hash()}")
+    print_fields(config.model_dump(mode="json"))
     return 0
 
 
@@ -281,10 +406,22 @@ def optional_env(args, mapping: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return {variable: str(getattr(args, flag)) for flag, variable in mapping if getattr(args, flag) is not None}
 
 
+ENDPOINT_COLUMNS = ["endpoint", "status", "components (copies in rotation / spec)", "url"]
+
+
 def cmd_endpoints_list(args) -> int:
+    """Every local endpoint under the state dir; a state dir without endpoints is an empty table (and a note on
+    stderr), and is left as it is: listing creates nothing."""
     from tasks.backends.registry import local_endpoints
 
-    endpoints = local_endpoints(args.state_dir).list_endpoints()
+    state_dir = Path(args.state_dir).expanduser().resolve()
+    if not (state_dir / "endpoints").is_dir():
+        print_json([]) if args.json else print_table([], ENDPOINT_COLUMNS)
+        why = "does not exist" if not state_dir.exists() else "holds no endpoints folder"
+        print(f"shiplift: no local endpoints: the state dir {state_dir} {why} (pass --state-dir naming another)",
+              file=sys.stderr)
+        return 0
+    endpoints = local_endpoints(state_dir).list_endpoints()
     if args.json:
         print_json(endpoints)
         return 0
@@ -299,7 +436,7 @@ def cmd_endpoints_list(args) -> int:
         }
         for e in endpoints
     ]
-    print_table(rows, ["endpoint", "status", "components (copies in rotation / spec)", "url"])
+    print_table(rows, ENDPOINT_COLUMNS)
     return 0
 
 
@@ -335,17 +472,19 @@ def cmd_endpoints_heal(args) -> int:
 
 
 def ledger_for(args, *, read_only: bool = True):
-    """The ledger a `ledger` command reads (or, not `read_only`, writes): --url, else the --config's ledger_url, else
-    SQLite under --state-dir."""
+    """The ledger a `ledger` command reads (or, not `read_only`, writes): --ledger-url, else the --config's
+    ledger_url, else $SHIPLIFT_LEDGER_URL, else SQLite under --state-dir. Closed when the command ends."""
     from tasks.backends.registry import open_ledger
 
-    return open_ledger(ledger_url=ledger_url_of(args), state_dir=args.state_dir, read_only=read_only)
+    ledger = open_ledger(ledger_url=ledger_url_of(args), state_dir=args.state_dir, read_only=read_only)
+    _OPEN_LEDGERS.append(ledger)
+    return ledger
 
 
 def ledger_url_of(args) -> str | None:
-    """The ledger URL a `ledger` command names: --url, else the --config's ledger_url (None: the default)."""
+    """The ledger URL a `ledger` command names: --ledger-url, else the --config's ledger_url (None: the default)."""
     config = checkpoints_config(args)
-    return args.url or (config.backend.ledger_url if config is not None else None)
+    return args.ledger_url or (config.backend.ledger_url if config is not None else None)
 
 
 def checkpoints_config(args):
@@ -362,7 +501,7 @@ def checkpoints_config(args):
 
 def checkpoint_dir(args) -> Path | None:
     """The folder of a local ledger's checkpoint log: --state-dir, else the one `checkpoint_folder` finds (beside a
-    SQLite --url); None for an aws --config, whose backend names its store."""
+    SQLite --ledger-url); None for an aws --config, whose backend names its store."""
     from tasks.ledger.audit import checkpoint_folder
 
     config = checkpoints_config(args)
@@ -513,7 +652,11 @@ def cmd_ledger_checkpoint(args) -> int:
 
     signed = sign_checkpoint(ledger_for(args, read_only=False), checkpoints_config(args), state_dir=checkpoint_dir(args),
                              key_path=args.key)
-    print_json(signed.to_dict())
+    if args.json:
+        print_json(signed.to_dict())
+    else:
+        print(f"signed the ledger's head: checkpoint seq {signed.seq} by key {signed.key_id}")
+        print_fields(signed.to_dict())
     return 0
 
 
@@ -530,12 +673,37 @@ def cmd_ledger_public_key(args) -> int:
     return 0
 
 
-def print_diff(result: dict, *, changed_only: bool) -> None:
-    rows = [{"field": row["field"], "A": row["a"], "B": row["b"], "": "" if row["same"] else "differs"}
-            for row in result["rows"] if not (changed_only and row["same"])]
+DIFF_COLUMNS = ["", "field", "A", "B", "B − A"]
+
+
+def diff_cell(value) -> str | None:
+    """One side of a diff row: a gate check as `status: observed [lo, hi] rule`, numbers rounded (`cell`)."""
+    if isinstance(value, dict) and "status" in value and "observed" in value:
+        ci = value.get("ci")
+        interval = f" [{number(ci[0])}, {number(ci[1])}]" if ci else ""
+        rule = f" {value.get('comparator') or ''} {number(value['threshold'])}" if value.get("threshold") is not None else ""
+        return f"{value['status']}: {number(value['observed'])}{interval}{rule}"
+    return cell(value)
+
+
+def signed(delta) -> str | None:
+    """A difference with its sign, 4 significant digits (`+0.02703`, `-3`)."""
+    if delta is None:
+        return None
+    return f"{delta:+.4g}" if isinstance(delta, float) else f"{delta:+d}"
+
+
+def print_diff(result: dict, *, every_field: bool) -> None:
+    """The fields that differ (every field with `every_field`), marked `*`, each side rounded, with B − A for
+    numbers, fitted to the terminal's width."""
+    rows = [{"": "" if row["same"] else "*", "field": row["field"], "A": diff_cell(row["a"]), "B": diff_cell(row["b"]),
+             "B − A": None if row["same"] else signed(row.get("delta"))}
+            for row in result["rows"] if every_field or not row["same"]]
     print(f"A = {result['release_a']}\nB = {result['release_b']}")
-    print_table(rows, ["field", "A", "B", ""])
-    print(f"{len(result['changed'])} fields differ; {result['config_fields_same']} config fields are the same (not shown)")
+    print_table(rows, DIFF_COLUMNS, shrink=("field", "A", "B"))
+    shown = "" if every_field else " (shown; --all shows every field)"
+    print(f"{len(result['changed'])} of {len(result['rows'])} fields differ{shown}; "
+          f"{result['config_fields_same']} config fields are the same (not shown)")
 
 
 def cmd_ledger_diff(args) -> int:
@@ -543,7 +711,7 @@ def cmd_ledger_diff(args) -> int:
     from tasks.ledger.views import diff
 
     result = diff(ledger_for(args), args.release_a, args.release_b)
-    print_json(result) if args.json else print_diff(result, changed_only=args.changed)
+    print_json(result) if args.json else print_diff(result, every_field=args.all)
     return 0
 
 
@@ -561,11 +729,27 @@ def print_as_of(served: dict) -> None:
         print_gate(served["evidence"])
 
 
+def moment(text: str) -> datetime:
+    """A command's TIME: `now` (this moment, UTC) or ISO 8601 with a timezone; BadInput naming the fix otherwise."""
+    fix = "pass ISO 8601 with a timezone, e.g. 2026-11-29T12:00:00Z or 2026-11-29T13:00:00+01:00, or now"
+    if text.strip().lower() == "now":
+        return datetime.now(timezone.utc)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise BadInput(f"time {text!r} is not ISO 8601: {error}", fix=fix) from error
+    if when.tzinfo is None:
+        raise BadInput(f"time {text} has no timezone, so the moment is ambiguous", fix=fix)
+    return when
+
+
 def cmd_ledger_as_of(args) -> int:
     """What served a model at a moment, since when, built from what and on which gate evidence."""
     from tasks.ledger.views import as_of
 
-    served = as_of(ledger_for(args), args.model, args.when)
+    when = moment(args.when)  # refuses a time without a timezone, naming the fix, before the ledger is opened
+    shown = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if args.when.strip().lower() == "now" else args.when
+    served = as_of(ledger_for(args), args.model, shown)
     print_json(served) if args.json else print_as_of(served)
     return 0
 
@@ -605,14 +789,58 @@ def cmd_ledger_upgrade(args) -> int:
     from tasks.backends.registry import ledger_url_for, open_ledger
     from tasks.ledger.store import upgrade
 
-    open_ledger(ledger_url=args.url, state_dir=args.state_dir, read_only=True).close()  # refuses a ledger that is not there
-    print_json(upgrade(ledger_url_for(Path(args.state_dir or default_state_dir()), args.url)))
+    open_ledger(ledger_url=args.ledger_url, state_dir=args.state_dir, read_only=True).close()  # refuses a ledger that is not there
+    print_json(upgrade(ledger_url_for(Path(args.state_dir or default_state_dir()), args.ledger_url)))
     return 0
 
 
 def cmd_ledger_export(args) -> int:
-    ledger_for(args).export(args.format, Path(args.out))
+    """The records and the verify result as JSON or CSV: into --out, or on stdout with `--out -`."""
+    ledger = ledger_for(args)
+    if args.out == "-":
+        sys.stdout.write(ledger.export_text(args.format))
+        return 0
+    ledger.export(args.format, Path(args.out))
     print(f"wrote {args.out}")
+    return 0
+
+
+STATUS_COLUMNS = ["model", "serving", "since", "gate", "accuracy", "macro-F1", "ECE", "p95 ms", "cost/h", "last release",
+                  "outcome", "in progress"]
+
+
+def status_cells(row: dict) -> dict:
+    """One model's `status` row as table cells (numbers rounded; what is not there, '-')."""
+    serving = row["serving"] or {}
+    metrics = serving.get("metrics") or {}
+    last = row["last_release"]
+    since = serving.get("since")
+    return {"model": row["model"], "serving": serving.get("release_id") or "(nothing)",
+            "since": f"{since[:19]}Z" if since else None, "gate": serving.get("decision"),
+            "accuracy": cell(metrics.get("accuracy")), "macro-F1": cell(metrics.get("macro_f1")),
+            "ECE": cell(metrics.get("ece")), "p95 ms": cell(metrics.get("p95_ms")),
+            "cost/h": cell(serving.get("cost_per_hour")),
+            "last release": last["release_id"], "outcome": last["status"], "in progress": ", ".join(row["in_progress"]) or None}
+
+
+def cmd_status(args) -> int:
+    """What serves now per model, its gate evidence, the last release and its outcome, and the releases in progress:
+    read from the ledger, changing nothing. No ledger yet is an empty table and a note on stderr."""
+    from tasks.ledger.views import serving_status
+
+    try:
+        ledger = ledger_for(args)
+    except BadInput as exc:  # no ledger file: nothing was released with this state dir
+        print_json([]) if args.json else print_table([], STATUS_COLUMNS)
+        print(f"shiplift: nothing released yet: {exc}", file=sys.stderr)
+        return 0
+    rows = serving_status(ledger, args.model)
+    if args.model and not rows:
+        raise NotFound(f"the ledger has no releases of model {args.model!r}", fix="run `shiplift status` for every model")
+    if args.json:
+        print_json(rows)
+        return 0
+    print_table([status_cells(row) for row in rows], STATUS_COLUMNS, shrink=("serving", "last release", "in progress"))
     return 0
 
 
@@ -620,124 +848,140 @@ def build_parser() -> argparse.ArgumentParser:
     from tasks.families.registry import families
 
     parser = argparse.ArgumentParser(prog="shiplift", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}", help="print shiplift's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_state_dir(p):
         p.add_argument("--state-dir", default=str(default_state_dir()), help="local backend state (default: $SHIPLIFT_HOME or .shiplift)")
         return p
 
-    p = sub.add_parser("release", help="run or resume a release from a config")
-    p.add_argument("config")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a config field (repeatable)")
+    def with_config(p, what: str = "a release config (YAML)"):
+        p.add_argument("config", help=what)
+        return p
+
+    def with_config_state_dir(p):
+        p.add_argument("--state-dir", help="the local backend's state dir (and the SQLite ledger's folder): overrides the "
+                                           "config's backend.state_dir, as --set backend.state_dir=DIR does")
+        return p
+
+    p = with_config_state_dir(with_set(with_config(sub.add_parser("release", help="run or resume a release from a config"))))
     p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
     p.add_argument("--dry-run", action="store_true",
                    help="aws configs: print every request the release would send (JSON lines), validated, and send nothing")
     p.add_argument("--with-champion", action="store_true",
                    help="with --dry-run: plan a later release, whose gate scores the serving champion and whose promote "
                         "updates production (showing how the update fits the endpoint)")
+    with_json(p, "the release's summary")
     p.set_defaults(func=cmd_release)
 
     p = with_ledger(with_state_dir(sub.add_parser(
         "rollback", help="put an earlier promoted release of a model back on production (its own rollout strategy), "
                          "verify what serves and record why")))
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name (the config's `name`)")
     p.add_argument("--to", required=True, metavar="RELEASE", help="the release to serve again (a promoted one)")
     p.add_argument("--reason", required=True, help="why, for the ledger")
     p.add_argument("--expect-current", metavar="RELEASE", help="refuse unless the ledger says this release serves now")
     p.add_argument("--actor", help="who rolls back (default: $SHIPLIFT_ACTOR, else user@host)")
-    p.add_argument("--json", action="store_true")
+    with_json(p, "the rollback's result")
     p.set_defaults(func=cmd_rollback)
 
-    p = sub.add_parser("iam", help="least-privilege IAM policies for an aws config (pipeline, SageMaker execution, CodeBuild roles)")
-    p.add_argument("config")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p = with_set(with_config(sub.add_parser(
+        "iam", help="least-privilege IAM policies for an aws config (pipeline, SageMaker execution, CodeBuild roles)"),
+        "an aws release config"))
     p.add_argument("--out", help="write the policy documents into this folder")
     p.add_argument("--json", action="store_true", help="print the documents as one JSON object")
     p.set_defaults(func=cmd_iam)
 
-    p = sub.add_parser("cleanup", help="list or delete the AWS resources shiplift created under a prefix (and only those)")
-    p.add_argument("config", help="an aws release config (region, account, credentials chain)")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    p = with_set(with_config(sub.add_parser(
+        "cleanup", help="list or delete the AWS resources shiplift created under a prefix (and only those)"),
+        "an aws release config (region, account, credentials chain)"))
     p.add_argument("--prefix", help="resource name prefix (default: the config's resource_prefix)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--list", action="store_true", help="list what would be deleted")
     which.add_argument("--delete-all", action="store_true", help="delete it all, in dependency order, waiting for each")
-    p.add_argument("--json", action="store_true")
+    with_json(p, "the resources --list finds")
     p.set_defaults(func=cmd_cleanup)
 
     p = with_ledger(with_state_dir(sub.add_parser(
         "stage", help="run one stage of an existing release from the ledger (a stage that already succeeded returns its result)")))
-    p.add_argument("name", choices=STAGE_NAMES)
-    p.add_argument("--release", required=True)
+    p.add_argument("name", choices=STAGE_NAMES, help="the stage to run")
+    p.add_argument("--release", required=True, help="the release's id (as `shiplift ledger history` lists it)")
     p.add_argument("--result-uri", help="also write the result to s3://BUCKET/KEY (how Step Functions reads the gate decision)")
     p.add_argument("--holder", help="the orchestrated run holding the model's lease: renewed while the stage runs, "
                                     "required by promote")
+    with_json(p, "the stage's result")
     p.set_defaults(func=cmd_stage)
 
     orchestrate = sub.add_parser("orchestrate", help="first and last step of an orchestrated (Airflow / Step Functions) run"
-                                 ).add_subparsers(dest="orchestrate_command", required=True)
-    p = orchestrate.add_parser("begin", help="open the release and take the model's promotion lease")
-    p.add_argument("config")
+                                 ).add_subparsers(dest="orchestrate_command", required=True, metavar="STEP")
+    p = with_config_state_dir(with_set(with_config(orchestrate.add_parser(
+        "begin", help="open the release and take the model's promotion lease (prints JSON)"))))
     p.add_argument("--holder", required=True, help="who holds the lease, e.g. the execution ARN")
     p.add_argument("--allowed-timeouts", metavar="STEP=SECONDS,...",
                    help="the orchestrator's timeout per step: a config whose deadlines need longer is refused")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
     p.set_defaults(func=cmd_orchestrate_begin)
-    p = with_ledger(with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back")))
-    p.add_argument("--release", required=True)
-    p.add_argument("--holder", required=True)
+    p = with_ledger(with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back "
+                                                                      "(prints JSON)")))
+    p.add_argument("--release", required=True, help="the release's id, as `orchestrate begin` printed it")
+    p.add_argument("--holder", required=True, help="the holder `orchestrate begin` took the lease for")
     p.add_argument("--failed", action="store_true", help="an earlier step failed")
     p.set_defaults(func=cmd_orchestrate_end)
 
-    sfn = sub.add_parser("sfn", help="the release as an AWS Step Functions state machine").add_subparsers(dest="sfn_command", required=True)
+    sfn = sub.add_parser("sfn", help="the release as an AWS Step Functions state machine").add_subparsers(
+        dest="sfn_command", required=True, metavar="ACTION")
     for name, func, help_text in (("render", cmd_sfn_render, "write the state machine definition (ASL JSON)"),
-                                  ("deploy", cmd_sfn_deploy, "create or update the state machine (idempotent)")):
-        p = sfn.add_parser(name, help=help_text)
-        p.add_argument("config")
+                                  ("deploy", cmd_sfn_deploy, "create or update the state machine (idempotent; prints JSON)")):
+        p = with_set(with_config(sfn.add_parser(name, help=help_text), "an aws release config"))
         p.add_argument("--runner", required=True, help="runner settings YAML (see configs/stepfunctions/runner-example.yaml)")
-        p.add_argument("--set", action="append", default=[], metavar="a.b=value")
         if name == "render":
             p.add_argument("--out", help="write to this file instead of stdout")
         else:
             p.add_argument("--role-arn", required=True, help="the IAM role the state machine runs as")
         p.set_defaults(func=func)
 
-    p = sub.add_parser("policy", help="the retries and timeouts every orchestrator applies to each step of a config")
-    p.add_argument("config")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
-    p.add_argument("--json", action="store_true")
+    p = with_json(with_set(with_config(sub.add_parser(
+        "policy", help="the retries and timeouts every orchestrator applies to each step of a config"))), "the policy")
     p.set_defaults(func=cmd_policy)
 
-    config = sub.add_parser("config", help="configuration tools").add_subparsers(dest="config_command", required=True)
-    p = config.add_parser("validate", help="validate a release config and print the effective values")
-    p.add_argument("config")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    config = sub.add_parser("config", help="configuration tools").add_subparsers(dest="config_command", required=True,
+                                                                                 metavar="ACTION")
+    p = with_json(with_set(with_config(config.add_parser(
+        "validate", help="validate a release config and print the effective values"))),
+        "ok, the release id, the config hash and the effective config")
     p.set_defaults(func=cmd_config_validate)
 
-    serve = sub.add_parser("serve", help="run a serving image's server locally").add_subparsers(dest="serve_command", required=True)
-    evaluate = sub.add_parser("eval", help="evaluate an endpoint").add_subparsers(dest="eval_command", required=True)
+    serve = sub.add_parser("serve", help="run a serving image's server locally").add_subparsers(
+        dest="serve_command", required=True, metavar="SERVER")
+    evaluate = sub.add_parser("eval", help="evaluate an endpoint").add_subparsers(dest="eval_command", required=True,
+                                                                                  metavar="DATASET")
     for family in families():  # each model family adds its server and its evaluation
         family.add_commands(serve, evaluate)
 
-    endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True)
-    p = with_state_dir(endpoints.add_parser("list", help="list local endpoints, their health and components"))
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_endpoints_list)
-    p = with_state_dir(endpoints.add_parser("stop", help="stop local endpoints"))
-    p.add_argument("names", nargs="*")
-    p.add_argument("--all", action="store_true")
-    p.set_defaults(func=cmd_endpoints_stop)
-    p = with_state_dir(endpoints.add_parser("heal", help="restart local endpoints' dead routers and copies"))
-    p.add_argument("names", nargs="*")
-    p.add_argument("--all", action="store_true")
-    p.set_defaults(func=cmd_endpoints_heal)
+    p = with_ledger(sub.add_parser("status", help="what serves now per model (release, since when, gate decision and "
+                                                  "metrics), the last release and its outcome, releases in progress"))
+    p.add_argument("model", nargs="?", help="one model (default: every model in the ledger)")
+    p.add_argument("--state-dir", help="local backend state holding the ledger (default: $SHIPLIFT_HOME or .shiplift)")
+    with_json(p, "every model's status")
+    p.set_defaults(func=cmd_status)
 
-    ledger = sub.add_parser("ledger", help="the release ledger").add_subparsers(dest="ledger_command", required=True)
+    endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True,
+                                                                                   metavar="ACTION")
+    p = with_json(with_state_dir(endpoints.add_parser("list", help="list local endpoints, their health and components")),
+                  "the endpoints")
+    p.set_defaults(func=cmd_endpoints_list)
+    for verb, func, help_text in (("stop", cmd_endpoints_stop, "stop local endpoints"),
+                                  ("heal", cmd_endpoints_heal, "restart local endpoints' dead routers and copies")):
+        p = with_state_dir(endpoints.add_parser(verb, help=help_text))
+        p.add_argument("names", nargs="*", help="the endpoints to " + verb)
+        p.add_argument("--all", action="store_true", help=f"{verb} every local endpoint under --state-dir")
+        p.set_defaults(func=func)
+
+    ledger = sub.add_parser("ledger", help="the release ledger").add_subparsers(dest="ledger_command", required=True,
+                                                                                metavar="ACTION")
 
     def ledger_parser(name: str, help_text: str, aliases: tuple[str, ...] = ()):
-        p = with_state_dir(ledger.add_parser(name, help=help_text, aliases=list(aliases)))
-        p.set_defaults(state_dir=None)  # not given: the checkpoint log is looked for (beside a SQLite --url) and not presumed
-        p.add_argument("--url", help="SQLAlchemy URL of the ledger (default: sqlite under --state-dir)")
+        p = with_ledger(with_state_dir(ledger.add_parser(name, help=help_text, aliases=list(aliases))))
+        p.set_defaults(state_dir=None)  # not given: the checkpoint log is looked for (beside a SQLite --ledger-url) and not presumed
         return p
 
     def with_checkpoints(p, created: bool = False):
@@ -756,62 +1000,66 @@ def build_parser() -> argparse.ArgumentParser:
                                          "signing also writes)")
         return p
 
+    def with_release(p, name: str = "release", what: str = "a release id (as `shiplift ledger history` lists it)"):
+        p.add_argument(name, help=what)
+        return p
+
     p = ledger_parser("history", "one row per release (of MODEL, or of every model); --records for every record")
-    p.add_argument("model", nargs="?")
+    p.add_argument("model", nargs="?", help="one model (default: every model)")
     p.add_argument("--records", action="store_true", help="every ledger record instead of one row per release")
-    p.add_argument("--json", action="store_true")
+    with_json(p, "the rows")
     p.set_defaults(func=cmd_ledger_history)
-    p = ledger_parser("show", "one release: built from what, gate evidence, stages, promotions")
-    p.add_argument("release")
-    p.add_argument("--json", action="store_true")
+    p = with_json(with_release(ledger_parser("show", "one release: built from what, gate evidence, stages, promotions")),
+                  "the release in full")
     p.set_defaults(func=cmd_ledger_show)
     p = ledger_parser("timeline", "a model's releases, gate decisions, traffic steps, promotions and rollbacks in order")
-    p.add_argument("model")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("model", help="the model's name")
+    with_json(p, "the events")
     p.set_defaults(func=cmd_ledger_timeline)
     p = ledger_parser("verify", "check the hash chain and that it extends every signed checkpoint")
     p.add_argument("--expect-head", help="a head hash recorded earlier (detects deleted newest records)")
-    p.add_argument("--json", action="store_true")
+    with_json(p, "the verification")
     with_witness(with_checkpoints(p))
     p.set_defaults(func=cmd_ledger_verify)
     p = ledger_parser("checkpoint", "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")
     with_checkpoints(p, created=True)
+    with_json(p, "the signed checkpoint")
     p.set_defaults(func=cmd_ledger_checkpoint)
-    p = ledger_parser("prove", "an inclusion proof of one release's records in the latest signed checkpoint")
-    p.add_argument("release")
+    p = with_release(ledger_parser("prove", "an inclusion proof of one release's records in the latest signed checkpoint"))
     with_checkpoints(p)
     p.add_argument("--out", help="write the proof to this file (default: print it)")
     p.set_defaults(func=cmd_ledger_prove)
     p = ledger_parser("check-proof", "check an inclusion proof with the key alone (no ledger)")
-    p.add_argument("proof")
+    p.add_argument("proof", help="the proof file `shiplift ledger prove --out` wrote")
     with_checkpoints(p)
     p.set_defaults(func=cmd_ledger_check_proof)
     p = ledger_parser("public-key", "export the public key that verifies the checkpoints (PEM), for verify and check-proof")
     with_checkpoints(p)
     p.add_argument("--out", help="write the PEM to this file (default: print it)")
     p.set_defaults(func=cmd_ledger_public_key)
-    p = ledger_parser("diff", "two releases side by side: config, artifact, image digest, placement, gate metrics, thresholds")
-    p.add_argument("release_a")
-    p.add_argument("release_b")
-    p.add_argument("--changed", action="store_true", help="only the fields that differ")
-    p.add_argument("--json", action="store_true")
+    p = ledger_parser("diff", "two releases side by side: the fields that differ (config, artifact, image digest, "
+                              "placement, gate metrics and checks, thresholds), with B − A for numbers")
+    with_release(p, "release_a", "release A (the left column)")
+    with_release(p, "release_b", "release B (the right column; deltas are B − A)")
+    p.add_argument("--all", action="store_true", help="every field, also those that are the same")
+    with_json(p, "every field, unrounded, with its delta")
     p.set_defaults(func=cmd_ledger_diff)
-    p = ledger_parser("as-of", "what served a model at a time (ISO 8601 with timezone), since when, on what evidence",
+    p = ledger_parser("as-of", "what served a model at a time (ISO 8601 with timezone, or now), since when, on what evidence",
                       aliases=("served-at",))
-    p.add_argument("model")
-    p.add_argument("when")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("model", help="the model's name")
+    p.add_argument("when", metavar="TIME", help="ISO 8601 with a timezone (2026-11-29T12:00:00Z), or now")
+    with_json(p, "what served")
     p.set_defaults(func=cmd_ledger_as_of)
     p = ledger_parser("report", "write the audit report (self-contained HTML) after verifying against the checkpoints")
-    p.add_argument("model", nargs="?")
+    p.add_argument("model", nargs="?", help="one model (default: every model)")
     p.add_argument("--out", required=True, help="folder to write index.html into")
     with_witness(with_checkpoints(p))
     p.set_defaults(func=cmd_ledger_report)
     p = ledger_parser("upgrade", "migrate the ledger's schema to this shiplift's revision (Alembic; refuses a newer one)")
     p.set_defaults(func=cmd_ledger_upgrade)
-    p = ledger_parser("export", "export the ledger")
-    p.add_argument("--format", choices=["json", "csv"], default="json", help="for people: `ledger report` (HTML)")
-    p.add_argument("--out", required=True)
+    p = ledger_parser("export", "export the ledger's records and its verification (JSON or CSV)")
+    p.add_argument("--format", choices=["json", "csv"], default="json", help="json or csv (for people: `ledger report`, HTML)")
+    p.add_argument("--out", required=True, help="the file to write, or - for stdout")
     p.set_defaults(func=cmd_ledger_export)
     return parser
 
@@ -838,6 +1086,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to tell it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    finally:
+        while _OPEN_LEDGERS:
+            _OPEN_LEDGERS.pop().close()
 
 
 if __name__ == "__main__":

@@ -358,6 +358,19 @@ def _make_engine(url: str, schema: str | None, read_only: bool = False) -> tuple
     )
 
 
+def _wal_sidecars(database: Path) -> tuple[Path, Path]:
+    return database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")
+
+
+def _absent_wal_sidecars(engine: sa.Engine) -> Path | None:
+    """The SQLite file of `engine` when neither its `-wal` nor its `-shm` file exists yet (what a read-only open must
+    not leave behind), else None (PostgreSQL, or a writer has the file open)."""
+    if engine.dialect.name != "sqlite":
+        return None
+    database = Path(str(engine.url.database).removeprefix("file:").split("?", 1)[0])
+    return None if any(side.exists() for side in _wal_sidecars(database)) else database
+
+
 class Ledger:
     """Append-only, hash-chained release records plus per-model promotion leases."""
 
@@ -369,6 +382,7 @@ class Ledger:
         self._schema = schema
         self._records, self._leases = _tables(schema)
         self._migration: dict[str, str | None] | None = None
+        self._sidecars_to_clear = _absent_wal_sidecars(self._engine) if read_only else None
         if not read_only:
             try:
                 created = self._create_sqlite_file_whole(url)
@@ -421,8 +435,21 @@ class Ledger:
         return cls(f"sqlite:///{resolved}")
 
     def close(self) -> None:
-        """Release pooled database connections."""
+        """Release pooled database connections. A read-only open of a WAL-mode SQLite file makes SQLite create its
+        `-wal` and `-shm` files, which a read-only connection cannot remove: when they were not there before, one
+        plain connection is opened and closed, so that SQLite, as the file's last connection, removes them again (an
+        empty WAL writes no page; a writer still holding the file keeps them)."""
         self._engine.dispose()
+        database, self._sidecars_to_clear = self._sidecars_to_clear, None
+        if database is not None and any(side.exists() for side in _wal_sidecars(database)):
+            try:
+                conn = sqlite3.connect(database, timeout=1)
+                try:
+                    conn.execute("PRAGMA schema_version").fetchone()
+                finally:
+                    conn.close()
+            except sqlite3.Error:
+                pass  # a folder this user cannot write: SQLite kept its index in memory and created nothing
 
     def __enter__(self) -> Ledger:
         return self
@@ -690,13 +717,15 @@ class Ledger:
         self, fmt: Literal["json", "csv"], path: str | Path, *, model: str | None = None
     ) -> Path:
         """Write the records (optionally of one model) and the verify result to a file, atomically."""
+        return write_text_atomic(Path(path).expanduser().resolve(), self.export_text(fmt, model=model))
+
+    def export_text(self, fmt: Literal["json", "csv"], *, model: str | None = None) -> str:
+        """The records (optionally of one model) and the verify result as `export` writes them."""
         renderers = {"json": _render_json, "csv": _render_csv}
         if fmt not in renderers:
             raise BadInput(f"export format {fmt!r} is unknown",
                            fix="use json or csv; for people, `shiplift ledger report` writes the HTML audit report")
-        records = self.history(model)
-        text = renderers[fmt](records, self.verify(allow_empty=True))
-        return write_text_atomic(Path(path).expanduser().resolve(), text)
+        return renderers[fmt](self.history(model), self.verify(allow_empty=True))
 
     # -- leases -------------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ Pure reads of the records a `Ledger` returns: they never write and never ask an 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Callable
 
 from tasks.errors import NotFound
 from tasks.ledger.events import FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK, SUCCEEDED, TRAFFIC, VALIDATE
@@ -53,7 +53,7 @@ def release_detail(state: ReleaseState) -> dict:
         "artifact_uri": result("package").get("artifact_uri"),
         "image_digest": result("image").get("image_digest"),
         "gate": {key: gate.get(key) for key in ("decision", "metrics", "thresholds", "checks", "datasets",
-                                                "champion_release", "not_passed")} if gate else None,
+                                                "champion_release", "not_passed", "cost")} if gate else None,
         "promotions": [_promotion_row(r) for r in _promotions(state)],
         "records": len(state.records),
         "first_at": state.records[0].recorded_at if state.records else None,
@@ -99,19 +99,30 @@ def show(ledger, release_id: str) -> dict:
     return release_detail(ReleaseState.from_records(release_id, ledger.release(release_id)))
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Leaves of nested dicts as dotted keys, under `prefix` (lists stay whole: they are compared as values)."""
-    if not isinstance(value, dict):
+def flatten(value: Any, prefix: str = "", *, whole: Callable[[Any], bool] = lambda value: False) -> dict[str, Any]:
+    """Leaves of nested dicts as dotted keys, under `prefix` (lists, and dicts `whole` says to keep, stay whole: they
+    are compared and shown as values)."""
+    if not isinstance(value, dict) or whole(value):
         return {prefix: value}
     flat: dict[str, Any] = {}
     for key, inner in value.items():
-        flat.update(_flatten(inner, f"{prefix}.{key}" if prefix else key))
+        flat.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key), whole=whole))
     return flat
+
+
+def config_changes(before: dict | None, after: dict) -> list[dict]:
+    """The config fields (dotted) whose value differs between two releases' configs, each with both values: what a
+    candidate changed against its champion (`before` None: no champion, nothing to compare)."""
+    if before is None:
+        return []
+    old, new = flatten(before), flatten(after)
+    return [{"field": name, "champion": old.get(name), "candidate": new.get(name)}
+            for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
 
 
 def field_rows(values: dict, column: str) -> list[dict]:
     """A (field, value) table of a dict, a nested dict's fields one row each (`placement.instance_type`)."""
-    return [{column: name, "value": value} for name, value in _flatten(values).items()]
+    return [{column: name, "value": value} for name, value in flatten(values).items()]
 
 
 CHECK_COLUMNS = ["check", "status", "observed", "interval", "rule", "n"]
@@ -129,10 +140,29 @@ def check_cells(check: dict) -> dict:
             "interval": f"[{_number(ci[0])}, {_number(ci[1])}]" if ci else "", "rule": rule, "n": check.get("n")}
 
 
-def _check_text(check: dict) -> str:
-    """A gate check as one diff cell."""
-    cells = check_cells(check)
-    return f"{cells['status']}: {cells['observed']} {cells['interval']} {cells['rule']}".rstrip()
+CHECK_FIELDS = ("status", "observed", "ci", "comparator", "threshold", "n")  # what a diff compares of a gate check
+
+
+def _check_value(check: dict) -> dict:
+    """A gate check as one diff value: its status, observed value and interval (`ci`, [lo, hi]), rule and n, unrounded."""
+    return {key: check.get(key) for key in CHECK_FIELDS}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def numeric(value: Any) -> float | int | None:
+    """The number a diff value stands for: itself, or a check's observed value; None for anything else."""
+    if isinstance(value, dict) and "observed" in value:
+        value = value["observed"]
+    return value if _is_number(value) else None
+
+
+def delta(a: Any, b: Any) -> float | int | None:
+    """b − a where both sides are numbers (a check: its observed value), else None."""
+    x, y = numeric(a), numeric(b)
+    return None if x is None or y is None else y - x
 
 
 def _diff_fields(detail: dict) -> dict[str, Any]:
@@ -142,12 +172,12 @@ def _diff_fields(detail: dict) -> dict[str, Any]:
         name: detail[name] for name in ("status", "config_hash", "source_sha256", "model_sha256", "artifact_sha256",
                                         "artifact_uri", "image_uri", "image_digest")
     }
-    fields |= _flatten(detail["placement"] or {}, "placement")
+    fields |= flatten(detail["placement"] or {}, "placement")
     fields["gate.decision"] = gate.get("decision")
     fields["gate.champion_release"] = gate.get("champion_release")
-    fields |= _flatten(gate.get("metrics") or {}, "metric")
-    fields |= _flatten(gate.get("thresholds") or {}, "threshold")
-    fields |= {f"check.{c['name']}": _check_text(c) for c in gate.get("checks") or []}
+    fields |= flatten(gate.get("metrics") or {}, "metric")
+    fields |= flatten(gate.get("thresholds") or {}, "threshold")
+    fields |= {f"check.{c['name']}": _check_value(c) for c in gate.get("checks") or []}
     fields |= {f"dataset.{d['name']}.sha256": d.get("sha256") for d in gate.get("datasets") or []}
     fields["rollout.strategy"] = detail["rollout"]["strategy"]
     return fields
@@ -155,16 +185,18 @@ def _diff_fields(detail: dict) -> dict[str, Any]:
 
 def diff(ledger, release_a: str, release_b: str) -> dict:
     """Two releases side by side: config (the fields that differ), artifact, image digest, placement obtained,
-    gate metrics, thresholds and checks; `changed` names every field that differs."""
+    gate metrics, thresholds and checks (each a dict with its interval `ci`); per field `delta` is b − a where both
+    are numbers (a check's observed value), unrounded; `changed` names every field that differs."""
     a, b = show(ledger, release_a), show(ledger, release_b)
     fields_a, fields_b = _diff_fields(a), _diff_fields(b)
-    config_a, config_b = _flatten(a["config"] or {}, "config"), _flatten(b["config"] or {}, "config")
+    config_a, config_b = flatten(a["config"] or {}, "config"), flatten(b["config"] or {}, "config")
     config_changed = {key for key in config_a.keys() | config_b.keys() if config_a.get(key) != config_b.get(key)}
     fields_a |= {key: config_a.get(key) for key in config_changed}
     fields_b |= {key: config_b.get(key) for key in config_changed}
     names = list(dict.fromkeys([*fields_a, *fields_b]))
     rows = [{"field": name, "a": fields_a.get(name), "b": fields_b.get(name),
-             "same": fields_a.get(name) == fields_b.get(name)} for name in names]
+             "same": fields_a.get(name) == fields_b.get(name), "delta": delta(fields_a.get(name), fields_b.get(name))}
+            for name in names]
     return {"release_a": release_a, "release_b": release_b, "rows": rows,
             "changed": [row["field"] for row in rows if not row["same"]],
             "config_fields_same": len(config_a.keys() | config_b.keys()) - len(config_changed)}
@@ -243,3 +275,44 @@ def timeline(ledger, model: str) -> list[dict]:
     """A model's history as events, oldest first: releases opened and finished, gate decisions, traffic steps,
     promotions, automatic and manual rollbacks with their reasons, failed stages."""
     return events(require_records(ledger.history(model), model))
+
+
+STATUS_METRICS = ("accuracy", "macro_f1", "ece", "p95_ms")  # a gate's headline numbers, as its stage result names them
+IN_PROGRESS = ("created", "running")  # a release opened and not finished (running, or stopped before it recorded an end)
+
+
+def cost_per_hour(detail: dict) -> float | None:
+    """What serving this release costs per hour in USD, as its gate recorded it (`tasks.backends.pricing`, priced when
+    the release was validated); None where the price table had no figure, or for a release older than cost records."""
+    production = ((detail.get("gate") or {}).get("cost") or {}).get("production") or {}
+    return production.get("usd_per_hour")
+
+
+def serving_status(ledger, model: str | None = None, *, now: datetime | None = None) -> list[dict]:
+    """Per model (of one, or of all, in the order the ledger first saw them): what serves now (the release, since
+    when and by which promotion, its gate decision and headline metrics, its cost per hour), its last release and that
+    release's outcome, and the releases opened and not finished. Read from the ledger alone."""
+    now = now or datetime.now(timezone.utc)
+    by_model: dict[str, list] = defaultdict(list)
+    for record in of_releases(ledger.history(model)):
+        by_model[record.model].append(record)
+    rows = []
+    for name, records in by_model.items():
+        found = details(records)
+        record = ledger.served_at(name, now)
+        serving = None
+        if record is not None:
+            detail = next((d for d in found if d["release_id"] == record.release_id), None) or show(ledger, record.release_id)
+            gate = detail["gate"] or {}
+            metrics = gate.get("metrics") or {}
+            promotion = _promotion_row(record)
+            serving = {"release_id": record.release_id, "since": record.recorded_at, "trigger": promotion["trigger"],
+                       "endpoint": promotion["endpoint"], "component": promotion["component"],
+                       "decision": gate.get("decision"), "metrics": {key: metrics.get(key) for key in STATUS_METRICS},
+                       "cost_per_hour": cost_per_hour(detail)}
+        last = found[-1]
+        rows.append({"model": name, "serving": serving,
+                     "last_release": {"release_id": last["release_id"], "status": last["status"],
+                                      "decision": last["decision"], "opened_at": last["opened_at"], "last_at": last["last_at"]},
+                     "in_progress": [d["release_id"] for d in found if d["status"] in IN_PROGRESS]})
+    return rows

@@ -133,7 +133,7 @@ def test_the_cli_verifies_checkpoints_and_reports_from_an_aws_config(aws, aws_re
     with Ledger.for_sqlite(tmp_path / "state" / "ledger.db") as ledger:
         for i in range(3):
             _append(ledger, n=i)
-        assert main(["ledger", "checkpoint", "--config", path]) == 0, "the ledger_url and checkpoints of the config"
+        assert main(["ledger", "checkpoint", "--config", path, "--json"]) == 0, "the ledger_url and checkpoints of the config"
         signed = json.loads(capsys.readouterr().out)
         assert signed["seq"] == 3 and len(_objects(aws)) == 1
         assert main(["ledger", "verify", "--config", path, "--json"]) == 0
@@ -290,7 +290,7 @@ def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_
     with Ledger.for_sqlite(tmp_path / "state" / "ledger.db") as ledger:
         for i in range(3):
             _append(ledger, n=i)
-    assert main(["ledger", "checkpoint", "--config", path]) == 0 and _secret_reads(aws_calls) == 1, "signing reads it"
+    assert main(["ledger", "checkpoint", "--config", path, "--json"]) == 0 and _secret_reads(aws_calls) == 1, "signing reads it"
     signed = json.loads(capsys.readouterr().out)
     assert main(["ledger", "verify", "--config", path, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checked_against"] == signed

@@ -96,7 +96,7 @@ def test_eval_chat_scores_a_live_chat_endpoint_and_reports_what_the_readout_lost
     [endpoint] = [e for e in hosting.list_endpoints() if e["name"].endswith("-prod")]
     data = yaml.safe_load(released["config"].read_text())["validation"]["datasets"][0]["path"]
     command = [sys.executable, "-m", "tasks.cli.main", "eval", "chat", "--endpoint", endpoint["url"], "--data", data,
-               "--out", str(tmp_path / "eval"), "--shots", "1", "--bootstrap", "100", "--min-validity", "0"]
+               "--out", str(tmp_path / "eval"), "--shots", "1", "--bootstrap", "100", "--min-validity", "0", "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]
     summary = json.loads(done.stdout)

@@ -24,7 +24,7 @@ def served_tiny_model(tmp_path, serve_semif):
 def test_eval_jevbench_writes_recomputable_evidence(served_tiny_model, tmp_path, cli):
     out = tmp_path / "eval"
     result = cli("eval", "jevbench", "--endpoint", served_tiny_model, "--data", str(DECISIONS), "--split", "test",
-                      "--out", str(out), "--min-accuracy", "0.99", "--bootstrap", "200")
+                      "--out", str(out), "--min-accuracy", "0.99", "--bootstrap", "200", "--json")
     assert result.returncode == 3, result.stderr  # a random tiny model cannot reach 0.99
     summary = json.loads(result.stdout)
     assert summary["decision"] == "fail" and summary["n"] == 111
@@ -52,7 +52,7 @@ def test_config_validate_reports_file_and_field(tmp_path, cli):
     result = cli("config", "validate", str(bad))
     assert result.returncode == 2
     assert str(bad) in result.stderr and "image.threads" in result.stderr
-    good = cli("config", "validate", "configs/releases/qwen35-4b-semif.yaml")
+    good = cli("config", "validate", "configs/releases/qwen35-4b-semif.yaml", "--json")
     assert good.returncode == 0 and json.loads(good.stdout)["release_id"].startswith("qwen35-4b-semif-")
 
 
@@ -63,18 +63,18 @@ def test_ledger_verify_detects_an_edited_and_a_deleted_record(tmp_path, cli):
         ledger.append(release_id="r1", model="m", stage=stage, event="succeeded", payload={"n": 1}, actor="test")
     ledger.close()
     url = f"sqlite:///{db}"
-    ok = cli("ledger", "verify", "--url", url, "--json")
+    ok = cli("ledger", "verify", "--ledger-url", url, "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["ok"] is True
-    history = cli("ledger", "history", "--records", "--url", url)
+    history = cli("ledger", "history", "--records", "--ledger-url", url)
     assert history.returncode == 0 and [line.split()[0] for line in history.stdout.splitlines()[2:]] == ["1", "2", "3"]
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE ledger_records SET payload = ? WHERE seq = 2", ('{"n":2}',))
-    edited = cli("ledger", "verify", "--url", url, "--json")
+    edited = cli("ledger", "verify", "--ledger-url", url, "--json")
     assert edited.returncode == 3 and "2" in json.dumps(json.loads(edited.stdout)["problems"])
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE ledger_records SET payload = ? WHERE seq = 2", ('{"n":1}',))
         raw.execute("DELETE FROM ledger_records WHERE seq = 2")
-    deleted = cli("ledger", "verify", "--url", url, "--json")
+    deleted = cli("ledger", "verify", "--ledger-url", url, "--json")
     assert deleted.returncode == 3 and json.loads(deleted.stdout)["ok"] is False
 
 
@@ -107,7 +107,7 @@ def test_serve_encoder_and_eval_nli(tmp_path, serve, cli):
     url = serve("encoder", "--model-dir", str(model_dir), "--threads", "1", "--variant", "int8", ready_timeout_s=60)
     out = tmp_path / "nli"
     result = cli("eval", "nli", "--endpoint", url, "--data", str(ROOT / "validation/data/nli.jsonl"), "--split", "test",
-                 "--out", str(out), "--min-macro-f1", "0.99", "--bootstrap", "200")
+                 "--out", str(out), "--min-macro-f1", "0.99", "--bootstrap", "200", "--json")
     assert result.returncode == 3, result.stderr  # a random tiny encoder cannot reach macro-F1 0.99
     summary = json.loads(result.stdout)
     assert summary["n"] == 90 and summary["n_truncated"] == 0

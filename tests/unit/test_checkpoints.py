@@ -142,7 +142,7 @@ def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, caps
     for i in range(3):
         _append(ledger, n=i)
     keyfile = str(tmp_path / "k" / "key.pem")
-    assert main(["ledger", "checkpoint", "--state-dir", str(state), "--key", keyfile]) == 0
+    assert main(["ledger", "checkpoint", "--state-dir", str(state), "--key", keyfile, "--json"]) == 0
     signed = json.loads(capsys.readouterr().out)
     assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile, "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)

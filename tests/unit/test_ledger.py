@@ -450,7 +450,7 @@ def test_the_database_refuses_writes_through_a_read_only_ledger(backend: Backend
 def _cli_verify(url: str, capsys) -> tuple[int, str, str]:
     from tasks.cli.main import main
 
-    code = main(["ledger", "verify", "--url", url])
+    code = main(["ledger", "verify", "--ledger-url", url])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

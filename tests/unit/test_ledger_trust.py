@@ -40,7 +40,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def checkpointed(capsys, state: Path, key: str) -> dict:
-    code, out, err = cli(capsys, "ledger", "checkpoint", "--state-dir", str(state), "--key", key)
+    code, out, err = cli(capsys, "ledger", "checkpoint", "--state-dir", str(state), "--key", key, "--json")
     assert code == 0, err
     return json.loads(out)
 
@@ -114,12 +114,12 @@ def test_verify_by_url_finds_the_log_beside_a_sqlite_ledger_or_refuses_with_the_
     copied = tmp_path / "copied.db"  # the same ledger, away from its state dir
     with sqlite3.connect(state / "ledger.db") as source, sqlite3.connect(copied) as target:
         source.backup(target)
-    code, _, err = cli(capsys, "ledger", "verify", "--url", f"sqlite:///{copied}", "--key", key)
+    code, _, err = cli(capsys, "ledger", "verify", "--ledger-url", f"sqlite:///{copied}", "--key", key)
     assert code == EXIT_BAD_INPUT and "records 1 checkpoint" in err and "fix: pass --state-dir" in err
-    code, _, _ = cli(capsys, "ledger", "verify", "--url", f"sqlite:///{copied}", "--key", key, "--state-dir", str(state))
+    code, _, _ = cli(capsys, "ledger", "verify", "--ledger-url", f"sqlite:///{copied}", "--key", key, "--state-dir", str(state))
     assert code == 0
     raw(state, "DELETE FROM ledger_records WHERE seq >= 4")
-    code, out, _ = cli(capsys, "ledger", "verify", "--url", f"sqlite:///{state / 'ledger.db'}", "--key", key)
+    code, out, _ = cli(capsys, "ledger", "verify", "--ledger-url", f"sqlite:///{state / 'ledger.db'}", "--key", key)
     assert code == EXIT_REJECTED and "covers seq 6, but the ledger ends at seq 3" in out
 
 

@@ -85,7 +85,11 @@ def test_diff_puts_two_releases_side_by_side(history):
         assert rows[f"threshold.{name}"]["a"] == value
     for name, value in detail_a["placement"].items():
         assert rows[f"placement.{name}"]["a"] == value
-    assert rows["check.champion_accuracy"]["a"].startswith("skipped"), "A had no champion"
+    assert rows["check.champion_accuracy"]["a"]["status"] == "skipped", "A had no champion"
+    accuracy = rows["check.accuracy"]
+    check_b = next(c for c in detail_b["gate"]["checks"] if c["name"] == "accuracy")
+    assert accuracy["b"]["observed"] == check_b["observed"] and accuracy["b"]["ci"] == check_b["ci"], "unrounded, with its interval"
+    assert accuracy["delta"] == pytest.approx(accuracy["b"]["observed"] - accuracy["a"]["observed"])
     assert rows["gate.champion_release"]["b"] == a
     n_config = len([key for key in rows if key.startswith("config.")])
     assert n_config == len([k for k in result["changed"] if k.startswith("config.")]), "only differing config fields are listed"
@@ -258,7 +262,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def test_the_cli_prints_tables_for_people_and_json_for_machines(history, capsys, tmp_path):
+def test_the_cli_prints_tables_for_people_and_json_for_machines(history, capsys, tmp_path, monkeypatch):
     ledger, state, a, b, d = history["ledger"], str(history["state_dir"]), history["a"], history["b"], history["d"]
     code, out, _ = run_cli(capsys, "ledger", "history", MODEL, "--state-dir", state)
     lines = out.splitlines()
@@ -269,9 +273,11 @@ def test_the_cli_prints_tables_for_people_and_json_for_machines(history, capsys,
     code, out, _ = run_cli(capsys, "ledger", "history", "--records", "--state-dir", state)
     assert code == 0 and len(out.splitlines()) == 2 + len(ledger.history())
 
-    code, out, _ = run_cli(capsys, "ledger", "diff", a, b, "--changed", "--state-dir", state)
-    shown = {line.split()[0] for line in out.splitlines()[4:-1]}
+    monkeypatch.setenv("COLUMNS", "1000")  # one line a row, so that the fields can be read off the table
+    code, out, _ = run_cli(capsys, "ledger", "diff", a, b, "--state-dir", state)
+    shown = {line.split()[1] for line in out.splitlines()[4:-1]}
     assert code == 0 and shown == set(diff(ledger, a, b)["changed"]) and "artifact_sha256" in shown
+    assert all(line.startswith("*") for line in out.splitlines()[4:-1]), "by default only the fields that differ"
     assert out.splitlines()[0] == f"A = {a}"
 
     code, out, _ = run_cli(capsys, "ledger", "as-of", MODEL, "2100-01-01T00:00:00Z", "--state-dir", state)
