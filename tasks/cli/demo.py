@@ -12,9 +12,11 @@
    gate sends single decisions, so it passes): with production traffic while it rolls out, its
    error-rate alarm fires during the first bake and the rollout is rolled back, the champion still
    serving.
+7. Roll Gemma out linearly onto three copies: one copy at a time, a bake after each.
+8. Release Gemma through the DLC's OpenAI-compatible chat path (a second model slot).
 Each release ends with a signed checkpoint of the ledger's head (an Ed25519 key outside the state dir).
 Then verify the ledger against its checkpoints, write the audit report, show each canary's traffic steps
-from the ledger, ask the production endpoint one real question, and print a summary.
+from the ledger, ask the production endpoint one real question, print a summary, and end with `shiplift status`.
 """
 
 from __future__ import annotations
@@ -33,27 +35,27 @@ from typing import Callable
 
 from tasks.cli.main import format_table
 from tasks.ledger.events import TRAFFIC
-from tasks.project import PROJECT_ROOT as ROOT
+from tasks.project import DEMO_STATE_DIR, PROJECT_ROOT as ROOT
 
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 BROKEN = ROOT / "configs" / "releases" / "demo-broken-model.yaml"
 ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
 CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
+CANARY = ROOT / "configs" / "releases" / "gemma-decision-canary.yaml"
+LINEAR = ROOT / "configs" / "releases" / "gemma-decision-linear.yaml"
 FITTED = ("calibration.fit_temperature=true",)
-CANARY = (*FITTED, "rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=5",
-          "rollout.maximum_execution_timeout_s=600", "rollout.alarms.max_error_rate=0.05",
-          "rollout.alarms.min_invocations=3", "rollout.alarms.check_interval_s=0.5")
 ONLINE_GATE = ("rollout.online_gate.split=test", "rollout.online_gate.max_tasks=32", "rollout.online_gate.rounds=2")
 STEPS = (  # label, config, overrides, live traffic of multi-decision requests during the release
     ("1. first release", CONFIG, (), False),
     ("2. fitted temperature", CONFIG, FITTED, False),
     ("3. broken model", BROKEN, (), False),
     ("4. NLI encoder", ENCODER, (), False),
-    ("5. canary", CONFIG, (*CANARY, *ONLINE_GATE), False),
-    ("6. canary, fails live", CONFIG, (*CANARY, "image.max_shared_decisions=1"), True),
-    ("7. the DLC's chat path", CHAT, (), False),
+    ("5. canary", CANARY, ONLINE_GATE, False),
+    ("6. canary, fails live", CANARY, ("image.max_shared_decisions=1",), True),
+    ("7. linear, three copies", LINEAR, (), False),
+    ("8. the DLC's chat path", CHAT, (), False),
 )
-EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted"]
+EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted", "promoted"]
 
 
 def shared_decisions(count: int = 2) -> bytes:
@@ -115,7 +117,7 @@ def fresh_state_dir() -> Path:
     """The demo always starts from nothing: stop what an earlier demo left running and wipe its state."""
     from tasks.backends.local.supervisor import ProcessSupervisor
 
-    state_dir = Path(os.environ.get("SHIPLIFT_HOME", ROOT / ".shiplift" / "demo")).resolve()
+    state_dir = Path(os.environ.get("SHIPLIFT_HOME", DEMO_STATE_DIR)).resolve()
     if state_dir.exists():
         hosting = ProcessSupervisor(state_dir)
         for endpoint in hosting.list_endpoints():
@@ -284,9 +286,14 @@ def main() -> int:
         return 1
     banner(f"asking the production endpoint {champion['served_by']} one question (boto3 sagemaker-runtime)")
     print(json.dumps(ask_production(state_dir, champion)), flush=True)
+    banner(f"shiplift status --state-dir {state_dir}: what serves now")
+    from tasks.cli.main import main as shiplift
+
+    shiplift(["status", "--state-dir", str(state_dir)])
     print(
-        f"\nThe champion keeps serving at {champion['served_by']}. Inspect: .venv/bin/shiplift ledger history "
-        f"--state-dir {state_dir} (or timeline gemma-decision, as-of gemma-decision TIME, diff A B) · audit report: "
+        f"\nThe champion keeps serving at {champion['served_by']}. Inspect: .venv/bin/shiplift status --state-dir "
+        f"{state_dir} · .venv/bin/shiplift ledger history --state-dir {state_dir} (or timeline gemma-decision, "
+        f"as-of gemma-decision now, diff A B) · audit report: "
         f"{report} · stop: make stop SHIPLIFT_HOME={state_dir}",
         flush=True,
     )
