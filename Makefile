@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# Reinstall whenever pyproject.toml changes.
-STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# llama.cpp is compiled for the portable x86 AVX2 class, not -march=native: on a VM whose CPU reports AMX but whose
+# kernel does not grant the AMX tile state, a native build dies with a general protection fault at its first
+# `ldtilecfg` (seen on this project's 2-core build machine, 2026-12-03). Override for another CPU class.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# Reinstall whenever pyproject.toml or llama.cpp's build flags change.
+STAMP  := $(VENV)/.installed-$(shell (cat pyproject.toml; echo '$(LLAMA_CMAKE_ARGS)') | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
 .PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger airflow clean stop
@@ -11,8 +15,13 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --progress-bar off --upgrade pip setuptools wheel
-	@echo "installing shiplift and its pinned dependencies (llama-cpp-python compiles from source the first time: ~7 min)"
-	$(BIN)/python -m pip install --progress-bar off -e '.[dev,demo]'
+	@echo "installing shiplift and its pinned dependencies (llama-cpp-python compiles from source the first time: ~10 min)"
+	@# llama.cpp built with other flags (or by an older Makefile) is rebuilt: pip's wheel cache does not key on CMAKE_ARGS
+	@if [ "$$(cat $(VENV)/.llama-cmake-args 2>/dev/null)" != '$(LLAMA_CMAKE_ARGS)' ]; then \
+	  $(BIN)/python -m pip cache remove llama_cpp_python >/dev/null 2>&1; \
+	  $(BIN)/python -m pip uninstall -y -q llama-cpp-python 2>/dev/null; true; fi
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo]'
+	@echo '$(LLAMA_CMAKE_ARGS)' > $(VENV)/.llama-cmake-args
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
