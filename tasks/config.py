@@ -126,6 +126,39 @@ class CalibrationConfig(Strict):
     dataset: DatasetRef = DatasetRef(path="builtin:decisions", splits=["calibration"])
 
 
+Identity = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^\S(.*\S)?$")]
+
+
+class ApprovalConfig(Strict):
+    """A person approves a passed candidate before it reaches production (change control). `approvers` are the
+    identities the orchestrator knows: `$SHIPLIFT_ACTOR` (else user@host) for the CLI. `four_eyes` refuses an approval
+    by whoever opened the release. Unanswered for `timeout_s`, the release ends rejected and the champion keeps serving;
+    the candidate is torn down while it waits unless `keep_candidate` (its cost per hour is stated)."""
+
+    required: bool = False
+    approvers: list[Identity] = []
+    timeout_s: float = Field(72 * 3600, gt=0, le=30 * 24 * 3600, allow_inf_nan=False)
+    four_eyes: bool = True
+    keep_candidate: bool = False
+
+    @model_validator(mode="after")
+    def _approvers_go_with_required(self) -> "ApprovalConfig":
+        if self.required and not self.approvers:
+            raise ValueError("promotion.approval.required needs approvers: list who may approve (e.g. [alice@ops-host])")
+        if self.approvers and not self.required:
+            raise ValueError("promotion.approval.approvers are listed but required is false, so nobody would be asked; "
+                             "set required: true, or leave approvers out")
+        if len(set(self.approvers)) != len(self.approvers):
+            raise ValueError("promotion.approval.approvers lists someone twice; list each identity once")
+        return self
+
+
+class PromotionConfig(Strict):
+    """What must happen between a passed gate and production."""
+
+    approval: ApprovalConfig = ApprovalConfig()
+
+
 
 
 class AllAtOnce(Strict):
@@ -260,6 +293,7 @@ class ReleaseConfig(Strict):
     calibration: CalibrationConfig = CalibrationConfig()
     validation: SerializeAsAny[GateConfig]
     rollout: Rollout = AllAtOnce(strategy="all_at_once")
+    promotion: PromotionConfig = PromotionConfig()
     keep_candidate: bool = False
 
     @field_validator("artifact", mode="plain")
@@ -380,6 +414,8 @@ class ReleaseConfig(Strict):
             tree["backend"].pop(key, None)
         if tree["placement"].get("max_instance_count", 0) is None:  # added later: unset, a config hashes as before
             del tree["placement"]["max_instance_count"]
+        if self.promotion == PromotionConfig():  # added later: a config without an approval hashes as before
+            del tree["promotion"]
         return sha256_json(tree)
 
 

@@ -12,7 +12,8 @@
    gate sends single decisions, so it passes): with production traffic while it rolls out, its
    error-rate alarm fires during the first bake and the rollout is rolled back, the champion still
    serving.
-7. Roll Gemma out linearly onto three copies: one copy at a time, a bake after each.
+7. Roll Gemma out linearly onto three copies, under change control: the passed candidate waits for a person, the
+   demo approves it from the CLI as `demo-approver` (`shiplift approve`), then one copy at a time, a bake after each.
 8. Release Gemma through the DLC's OpenAI-compatible chat path (a second model slot).
 Each release ends with a signed checkpoint of the ledger's head (an Ed25519 key outside the state dir).
 Then verify the ledger against its checkpoints, write the audit report, show each canary's traffic steps
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from tasks.cli.main import format_table
-from tasks.ledger.events import TRAFFIC
+from tasks.ledger.events import AWAITING_APPROVAL, TRAFFIC
 from tasks.project import DEMO_STATE_DIR, PROJECT_ROOT as ROOT
 
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -43,6 +44,10 @@ ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
 CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
 CANARY = ROOT / "configs" / "releases" / "gemma-decision-canary.yaml"
 LINEAR = ROOT / "configs" / "releases" / "gemma-decision-linear.yaml"
+DEMO_APPROVER = "demo-approver"
+# change control (promotion.approval): a person the config names approves the passed candidate before production; four
+# eyes (the default) refuse an approval by whoever opened the release, here the demo's own user
+APPROVAL = ("promotion.approval.required=true", f"promotion.approval.approvers=[{DEMO_APPROVER}]")
 FITTED = ("calibration.fit_temperature=true",)
 ONLINE_GATE = ("rollout.online_gate.split=test", "rollout.online_gate.max_tasks=32", "rollout.online_gate.rounds=2")
 STEPS = (  # label, config, overrides, live traffic of multi-decision requests during the release
@@ -52,7 +57,7 @@ STEPS = (  # label, config, overrides, live traffic of multi-decision requests d
     ("4. NLI encoder", ENCODER, (), False),
     ("5. canary", CANARY, ONLINE_GATE, False),
     ("6. canary, fails live", CANARY, ("image.max_shared_decisions=1",), True),
-    ("7. linear, three copies", LINEAR, (), False),
+    ("7. approved, linear", LINEAR, APPROVAL, False),
     ("8. the DLC's chat path", CHAT, (), False),
 )
 EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted", "promoted"]
@@ -159,6 +164,31 @@ def ask_production(state_dir: Path, summary: dict) -> dict:
     return {k: result[k] for k in ("option_ids", "probabilities", "temperature")} | {"model": result["model"]["file"]}
 
 
+def approve_as_demo_approver(state_dir: Path, summary: dict) -> dict:
+    """Show the release waiting in `shiplift status`, then approve it from the CLI as the config's approver; the
+    release continues to production. Returns its summary after promote."""
+    from tasks.backends.registry import open_ledger
+    from tasks.cli.main import main as shiplift
+    from tasks.pipeline.release import ReleaseState, release_summary
+
+    release = summary["release_id"]
+    banner(f"{release} awaits approval: shiplift status --state-dir {state_dir}")
+    shiplift(["status", "--state-dir", str(state_dir)])
+    banner(f"SHIPLIFT_ACTOR={DEMO_APPROVER} shiplift approve {release} --reason ...")
+    opener = os.environ.get("SHIPLIFT_ACTOR")
+    os.environ["SHIPLIFT_ACTOR"] = DEMO_APPROVER
+    try:
+        shiplift(["approve", release, "--reason", "demo: gate report read, rollout onto three copies approved",
+                  "--state-dir", str(state_dir)])
+    finally:
+        os.environ.pop("SHIPLIFT_ACTOR") if opener is None else os.environ.update(SHIPLIFT_ACTOR=opener)
+    ledger = open_ledger(state_dir=state_dir, read_only=True)
+    try:
+        return release_summary(ReleaseState.load(ledger, release))
+    finally:
+        ledger.close()
+
+
 def fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -254,6 +284,8 @@ def main() -> int:
                 print(f"{label}: no Gemma release serves yet (none above was promoted), so this one runs without "
                       "production traffic and is no canary", file=sys.stderr, flush=True)
             summary = run_release(config, overrides=overrides)
+        if summary["status"] == AWAITING_APPROVAL:
+            summary = approve_as_demo_approver(state_dir, summary)
         rows.append((label, summary))
         if summary["served_by"] and summary["model"] not in production:
             production[summary["model"]] = (summary["served_by"], summary["component"])

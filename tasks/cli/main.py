@@ -19,11 +19,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, NotFound, ShipliftError
-from tasks.ledger.events import PROMOTED
+from tasks.ledger.events import AWAITING_APPROVAL, PROMOTED
 from tasks.backends.registry import default_state_dir
 from tasks.pipeline.table import STAGE_NAMES
 
-EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE = 1, 2, 3, 4
+EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE, EXIT_AWAITING = 1, 2, 3, 4, 5
 EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
 MIN_CELL = 12  # the narrowest a shrinkable column gets when a table is fitted to the terminal
 _OPEN_LEDGERS: list = []  # ledgers a command opened, closed when it ends (a read-only SQLite open leaves nothing)
@@ -172,7 +172,27 @@ def cmd_release(args) -> int:
 
     summary = run_release(args.config, overrides=overrides_of(args), keep_candidate=args.keep_candidate or None)
     print_json(summary) if args.json else print_summary(summary)
-    return 0 if summary["status"] == PROMOTED else EXIT_REJECTED
+    return release_exit(summary)
+
+
+def release_exit(summary: dict) -> int:
+    """0 promoted, EXIT_AWAITING while it waits for an approver, else EXIT_REJECTED."""
+    return 0 if summary["status"] == PROMOTED else EXIT_AWAITING if summary["status"] == AWAITING_APPROVAL else EXIT_REJECTED
+
+
+def cmd_decide(args) -> int:
+    """An approver's decision on a release awaiting approval, recorded with the reason; the release then continues
+    (promote after an approval, ends rejected after a rejection)."""
+    from tasks.pipeline.release import answer_approval
+
+    result = answer_approval(args.release, approve=args.command == "approve", reason=args.reason,
+                             ledger_url=args.ledger_url, state_dir=args.state_dir)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"{result['release_id']}: {result['decision']} by {result['by']}: {result['reason']}")
+        print_summary(result["summary"])
+    return 0 if args.command == "reject" else release_exit(result["summary"])
 
 
 def print_summary(summary: dict) -> None:
@@ -584,6 +604,9 @@ def print_release(detail: dict) -> None:
     print_table([{"stage": name, "status": status} for name, status in detail["stages"].items()], ["stage", "status"])
     if detail["gate"]:
         print_gate(detail["gate"])
+    if detail["approval"]:
+        print()
+        print_table(detail["approval"], ["at", "event", "by", "reason", "deadline", "report_sha256"], shrink=("reason",))
     if detail["promotions"]:
         print()
         print_table(detail["promotions"], ["at", "event", "trigger", "strategy", "endpoint", "component", "steps", "reason", "actor"])
@@ -815,12 +838,15 @@ def status_cells(row: dict) -> dict:
     metrics = serving.get("metrics") or {}
     last = row["last_release"]
     since = serving.get("since")
+    waiting = {request["release_id"] for request in row["awaiting_approval"]}
     return {"model": row["model"], "serving": serving.get("release_id") or "(nothing)",
             "since": f"{since[:19]}Z" if since else None, "gate": serving.get("decision"),
             "accuracy": cell(metrics.get("accuracy")), "macro-F1": cell(metrics.get("macro_f1")),
             "ECE": cell(metrics.get("ece")), "p95 ms": cell(metrics.get("p95_ms")),
             "cost/h": cell(serving.get("cost_per_hour")),
-            "last release": last["release_id"], "outcome": last["status"], "in progress": ", ".join(row["in_progress"]) or None}
+            "last release": last["release_id"], "outcome": last["status"],
+            "in progress": ", ".join(f"{release} (awaiting approval)" if release in waiting else release
+                                     for release in row["in_progress"]) or None}
 
 
 def cmd_status(args) -> int:
@@ -841,6 +867,10 @@ def cmd_status(args) -> int:
         print_json(rows)
         return 0
     print_table([status_cells(row) for row in rows], STATUS_COLUMNS, shrink=("serving", "last release", "in progress"))
+    for request in (request for row in rows for request in row["awaiting_approval"]):
+        print(f"\n{request['release_id']} awaits approval by one of {', '.join(request['approvers'])} until "
+              f"{request['deadline'][:19]}Z (gate {request['gate']['decision']}, report {request['gate']['report_html']}): "
+              f"`shiplift approve {request['release_id']} --reason TEXT` or `shiplift reject …`")
     return 0
 
 
@@ -873,6 +903,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "updates production (showing how the update fits the endpoint)")
     with_json(p, "the release's summary")
     p.set_defaults(func=cmd_release)
+
+    for verb, what in (("approve", "approve a release awaiting approval, then let it promote"),
+                       ("reject", "reject a release awaiting approval; it ends rejected and the champion keeps serving")):
+        p = with_ledger(with_state_dir(sub.add_parser(verb, help=f"{what} (as $SHIPLIFT_ACTOR, else user@host)")))
+        p.add_argument("release", help="the release's id (`shiplift status` lists those awaiting approval)")
+        p.add_argument("--reason", required=True, help="what you checked and why you decided so, for the ledger")
+        with_json(p, "the decision and the release's summary")
+        p.set_defaults(func=cmd_decide)
 
     p = with_ledger(with_state_dir(sub.add_parser(
         "rollback", help="put an earlier promoted release of a model back on production (its own rollout strategy), "

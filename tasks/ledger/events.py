@@ -25,6 +25,12 @@ PROMOTED, REJECTED = "promoted", "rejected"
 FINISHED = (PROMOTED, REJECTED, ROLLED_BACK)  # final statuses a rerun has nothing left to do for
 FINAL = (*FINISHED, FAILED)  # every final status of a release
 
+# A release's approval records (stage APPROVAL), when its config requires a person to approve it before production:
+# AWAITING_APPROVAL once its gate passed, then one decision: APPROVED, REJECTED (by an approver) or TIMED_OUT.
+APPROVAL = "approval"
+AWAITING_APPROVAL, APPROVED, TIMED_OUT = "awaiting_approval", "approved", "timed_out"
+APPROVAL_DECISIONS = (APPROVED, REJECTED, TIMED_OUT)
+
 # The ledger's own records: each signed checkpoint is recorded in the chain it signs (stage, release and model LEDGER:
 # never a model's name, which must start with a letter or digit, tasks.config.NAME_PATTERN).
 LEDGER = "_ledger"

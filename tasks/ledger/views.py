@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from tasks.errors import NotFound
-from tasks.ledger.events import FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK, SUCCEEDED, TRAFFIC, VALIDATE
+from tasks.ledger.events import (APPROVAL, AWAITING_APPROVAL, FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK,
+                                 SUCCEEDED, TRAFFIC, VALIDATE)
 from tasks.pipeline.release import ReleaseState, release_summary
 
 
@@ -55,6 +56,7 @@ def release_detail(state: ReleaseState) -> dict:
         "gate": {key: gate.get(key) for key in ("decision", "metrics", "thresholds", "checks", "datasets",
                                                 "champion_release", "not_passed", "cost")} if gate else None,
         "promotions": [_promotion_row(r) for r in _promotions(state)],
+        "approval": [_approval_row(r) for r in state.records if r.stage == APPROVAL],
         "records": len(state.records),
         "first_at": state.records[0].recorded_at if state.records else None,
         "last_at": state.records[-1].recorded_at if state.records else None,
@@ -68,6 +70,15 @@ def _promotion_row(record) -> dict:
             "endpoint": payload.get("endpoint"), "component": payload.get("component"),
             "reason": payload.get("rollback_reason") or payload.get("reason"),
             "rollback_from": payload.get("rollback_from"), "steps": len(payload.get("steps") or [])}
+
+
+def _approval_row(record) -> dict:
+    """One approval record: the request (who may decide, until when) or the decision (by whom, why)."""
+    payload = record.payload
+    return {"seq": record.seq, "at": record.recorded_at, "event": record.event, "actor": record.actor,
+            "by": payload.get("by"), "reason": payload.get("reason"), "deadline": payload.get("deadline"),
+            "approvers": payload.get("approvers"), "report_sha256": payload.get("report_sha256") or
+            (payload.get("gate") or {}).get("report_sha256")}
 
 
 def details(records: list) -> list[dict]:
@@ -278,7 +289,7 @@ def timeline(ledger, model: str) -> list[dict]:
 
 
 STATUS_METRICS = ("accuracy", "macro_f1", "ece", "p95_ms")  # a gate's headline numbers, as its stage result names them
-IN_PROGRESS = ("created", "running")  # a release opened and not finished (running, or stopped before it recorded an end)
+IN_PROGRESS = ("created", "running", AWAITING_APPROVAL)  # a release opened and not finished (running, or stopped before it recorded an end)
 
 
 def cost_per_hour(detail: dict) -> float | None:
@@ -314,5 +325,7 @@ def serving_status(ledger, model: str | None = None, *, now: datetime | None = N
         rows.append({"model": name, "serving": serving,
                      "last_release": {"release_id": last["release_id"], "status": last["status"],
                                       "decision": last["decision"], "opened_at": last["opened_at"], "last_at": last["last_at"]},
-                     "in_progress": [d["release_id"] for d in found if d["status"] in IN_PROGRESS]})
+                     "in_progress": [d["release_id"] for d in found if d["status"] in IN_PROGRESS],
+                     "awaiting_approval": [{"release_id": d["release_id"], **d["awaiting_approval"]}
+                                           for d in found if d["status"] == AWAITING_APPROVAL]})
     return rows

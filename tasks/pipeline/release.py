@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import LeaseLost, NotFound, ShipliftError, is_retryable
+from tasks.errors import ConfigError, LeaseLost, NotFound, ShipliftError, is_retryable
 from tasks.ledger import events
 from tasks.pipeline import table
+from tasks.pipeline.approval import awaiting, decide, hold
 from tasks.processes import pid_running
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.pipeline.results import RESULTS, StageResult, stage_result
@@ -104,6 +105,8 @@ class ReleaseState:
         final = self._latest(events.RELEASE, events.FINAL)
         if final is not None:
             return final.event
+        if awaiting(self.records) is not None:
+            return events.AWAITING_APPROVAL
         return "running" if any(r.stage != events.RELEASE for r in self.records) else "created"
 
     @property
@@ -123,8 +126,9 @@ class ReleaseState:
         entry = {"status": "succeeded", "event": record.event, "seq": record.seq,
                  "result": {k: v for k, v in record.payload.items() if k not in RECORD_ONLY_KEYS}}
         if name == "deploy_candidate" and self._latest(events.PROMOTE, events.DONE) is None:
-            teardown = self._latest(TEARDOWN, events.DONE)  # a release that has not finished redeploys on resume
-            if teardown is not None and teardown.seq > record.seq and teardown.payload.get("removed"):
+            teardown = self._latest(TEARDOWN, events.DONE)  # a release that has not finished redeploys on resume,
+            asked = self._latest(events.APPROVAL) is not None  # unless it was torn down to wait for approval
+            if teardown is not None and teardown.seq > record.seq and teardown.payload.get("removed") and not asked:
                 entry["status"] = "torn_down"
         return entry
 
@@ -219,6 +223,10 @@ def open_release(
     config = load_release_config(config_path, overrides=overrides)
     if orchestrator_timeouts is not None:
         check_timeouts(config, orchestrator_timeouts)
+        if config.promotion.approval.required:
+            raise ConfigError(f"{config.name} requires an approval (promotion.approval.required), which Airflow and Step "
+                              "Functions runs cannot wait for yet", fix="run it with `shiplift release CONFIG`, which "
+                              "waits for `shiplift approve`")
     release_id = release_id_for(config)
     backends = make_backends(config, session=session)
     state = ReleaseState(backends.ledger, release_id)
@@ -398,9 +406,32 @@ def run_release(
         return release_summary(ctx.state)
     if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
         ctx.record(events.RELEASE, events.OPTIONS, {"keep_candidate": keep_candidate})
+    return run_stages(ctx)
+
+
+def answer_approval(release_id: str, *, approve: bool, reason: str, actor: str | None = None,
+                    ledger_url: str | None = None, state_dir: str | Path | None = None,
+                    progress: Progress = print_progress) -> dict:
+    """Record an approver's decision (`tasks.pipeline.approval.decide`, which refuses what it must) under the model's
+    lease, then run the release's remaining stages. Returns the decision with the release's summary."""
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress)
+    with holding_lease(ctx, run_holder(ctx.actor)):
+        decision = decide(ctx, approve=approve, actor=ctx.actor, reason=reason)
+    return {**decision, "summary": run_stages(ctx)}
+
+
+def run_stages(ctx: StageContext) -> dict:
+    """Every stage not done yet, under the model's promotion lease; a release whose config requires an approval stops
+    before promote until a person decides (the candidate torn down unless the approval keeps it), lease given back."""
     with holding_lease(ctx, run_holder(ctx.actor)):
         try:
             for name in STAGES[:-1]:
+                if name == events.PROMOTE and hold(ctx):
+                    if not ctx.config.promotion.approval.keep_candidate:
+                        ensure_stage_retrying(ctx, TEARDOWN)
+                    ctx.say(f"waiting for approval: an approver runs `shiplift approve {ctx.release_id} --reason TEXT` "
+                            f"(or `shiplift reject`)")
+                    return release_summary(ctx.state)
                 ensure_stage_retrying(ctx, name)
         except BaseException:
             _teardown_quietly(ctx)
@@ -423,7 +454,8 @@ def finish(ctx: StageContext, *, failed: bool) -> dict:
     keeps checkpoints, and return the release's summary."""
     status = events.FAILED if failed else _final_status(ctx.state)
     if ctx.state.status != status:
-        ctx.record(events.RELEASE, status, {})
+        reason = ctx.state.stage(events.PROMOTE).get("result", {}).get("reason") if status == events.REJECTED else None
+        ctx.record(events.RELEASE, status, {"reason": reason} if reason else {})
     if ctx.backends.checkpoint is not None:
         signed = ctx.backends.checkpoint()
         ctx.say(f"ledger checkpoint: seq {signed.seq} signed by key {signed.key_id}")
@@ -495,4 +527,5 @@ def release_summary(state: ReleaseState) -> dict:
         "served_by": get("promote", "endpoint"),
         "component": get("promote", "component"),
         "stages": {name: state.stage(name)["status"] for name in STAGES},
+        "awaiting_approval": awaiting(state.records),
     }

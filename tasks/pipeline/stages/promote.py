@@ -15,6 +15,7 @@ from tasks.ledger.events import ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC
 from tasks.pipeline.results import PromoteResult
 from tasks.errors import ConfigError, Conflict
 from tasks.pipeline.bake import BakeWatch
+from tasks.pipeline.approval import blocked_reason
 from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
 
 
@@ -48,6 +49,10 @@ def run(ctx) -> dict:
     if decision != "pass":
         ctx.say(f"promote: skipped, gate decision is {decision}; the champion keeps serving")
         return PromoteResult(event=SKIPPED, reason=f"gate decision {decision}", decision=decision)
+    blocked = blocked_reason(ctx)  # Conflict while a required approval is still awaited
+    if blocked is not None:
+        ctx.say(f"promote: skipped, {blocked}; the champion keeps serving")
+        return PromoteResult(event=SKIPPED, reason=blocked, decision=decision)
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     rollout, hosting = ctx.config.rollout, ctx.backends.hosting
     spec = component_spec(ctx, copies=rollout.copies)

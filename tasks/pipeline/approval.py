@@ -1,0 +1,158 @@
+"""Approval before production: a passed candidate waits for a person the config names (`promotion.approval`).
+
+After validate passes, the release records `approval/awaiting_approval` (with the gate's summary, its report and the
+deadline) and stops before promote; the candidate is torn down unless the config keeps it. `shiplift approve` or
+`shiplift reject` records the decision, by whom, when and on what evidence, and continues the release: promote runs
+for an approval, and the release ends `rejected` with the reason for a rejection or a timeout, the champion serving on.
+Every record is in the ledger's hash chain, so the next signed checkpoint covers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tasks.errors import Conflict
+from tasks.ledger import events
+
+
+@dataclass(frozen=True)
+class ApprovalState:
+    """Where a release stands with its approval: not_required, not_requested, awaiting, approved, rejected or timed_out
+    (the last three from the decision record)."""
+
+    status: str
+    request: Any = None  # the awaiting_approval record
+    decision: Any = None  # the approved / rejected / timed_out record
+
+    @property
+    def deadline(self) -> datetime | None:
+        return _moment(self.request.payload["deadline"]) if self.request is not None else None
+
+    @property
+    def reason(self) -> str | None:
+        return self.decision.payload.get("reason") if self.decision is not None else None
+
+
+def _moment(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def approval_state(state, config) -> ApprovalState:
+    """The release's approval, read from its ledger records."""
+    if not config.promotion.approval.required:
+        return ApprovalState("not_required")
+    mine = [r for r in state.records if r.stage == events.APPROVAL]
+    request = next((r for r in mine if r.event == events.AWAITING_APPROVAL), None)
+    decision = next((r for r in mine if r.event in events.APPROVAL_DECISIONS), None)
+    if request is None:
+        return ApprovalState("not_requested")
+    if decision is None:
+        return ApprovalState("awaiting", request)
+    return ApprovalState(decision.event if decision.event != events.APPROVED else "approved", request, decision)
+
+
+def _request_payload(ctx) -> dict:
+    """What an approver decides on: the gate's decision and summary, its report, the champion it was compared with,
+    who opened the release, the deadline, and what the kept candidate costs while it waits."""
+    rule = ctx.config.promotion.approval
+    validate = ctx.result("validate")
+    report = validate.evidence.get("gate-report.json")
+    opened = next(r for r in ctx.state.records if (r.stage, r.event) == (events.RELEASE, events.OPENED))
+    candidate = (validate.cost or {}).get("candidate") or {}
+    return {
+        "approvers": list(rule.approvers), "four_eyes": rule.four_eyes, "timeout_s": rule.timeout_s,
+        "deadline": (_now() + timedelta(seconds=rule.timeout_s)).isoformat(), "opened_by": opened.actor,
+        "gate": {"decision": validate.decision, "not_passed": validate.not_passed, "report_html": validate.report_html,
+                 "report_sha256": report.sha256 if report else None},
+        "champion_release": validate.champion_release,
+        "candidate_kept": rule.keep_candidate,
+        "candidate_usd_per_hour": candidate.get("usd_per_hour") if rule.keep_candidate else None,
+    }
+
+
+def hold(ctx) -> bool:
+    """Before promote: True when this release must stop and wait for a person (asking once, when its gate passed);
+    a request past its deadline is recorded timed out here, and the release goes on to end rejected."""
+    if ctx.result("validate").decision != "pass":
+        return False
+    current = approval_state(ctx.state, ctx.config)
+    if current.status == "not_requested":
+        payload = _request_payload(ctx)
+        ctx.record(events.APPROVAL, events.AWAITING_APPROVAL, payload)
+        ctx.say(f"approval: awaiting one of {', '.join(payload['approvers'])} until {payload['deadline'][:19]}Z; "
+                f"gate report {payload['gate']['report_html']}")
+        current = approval_state(ctx.state, ctx.config)
+    if current.status == "awaiting" and _now() >= current.deadline:
+        ctx.record(events.APPROVAL, events.TIMED_OUT, {
+            "reason": f"nobody approved it within promotion.approval.timeout_s ({current.request.payload['timeout_s']:g} s, "
+                      f"deadline {current.request.payload['deadline']})"})
+        return False
+    return current.status == "awaiting"
+
+
+def blocked_reason(ctx) -> str | None:
+    """Why promote must not change production (a rejection or a timeout), None when it may; Conflict while the release
+    still waits, so a promote run by hand or by an orchestrator cannot pass an approval by."""
+    current = approval_state(ctx.state, ctx.config)
+    if current.status in ("not_required", "approved"):
+        return None
+    if current.status in ("rejected", "timed_out"):
+        return f"not approved: {current.reason}"
+    raise Conflict(f"release {ctx.release_id} has not been approved yet (promotion.approval.required)",
+                   fix=f"an approver runs `shiplift approve {ctx.release_id} --reason TEXT`")
+
+
+def decide(ctx, *, approve: bool, actor: str, reason: str) -> dict:
+    """Record an approver's decision on a release that waits for one; refused with the reason, and nothing recorded,
+    when it does not wait (any more), the deadline passed, `actor` is not an approver, or four eyes forbid it."""
+    if not reason.strip():
+        raise Conflict("a decision needs its reason", fix="pass --reason TEXT: what you checked, for the ledger")
+    current = approval_state(ctx.state, ctx.config)
+    verb = "approve" if approve else "reject"
+    if current.status == "not_required":
+        raise Conflict(f"release {ctx.release_id} does not require an approval (its config has no promotion.approval)",
+                       fix="nothing to approve: it promotes on its gate alone")
+    if current.status == "not_requested":
+        raise Conflict(f"release {ctx.release_id} is not awaiting approval: its gate has not passed (yet)",
+                       fix=f"see `shiplift ledger show {ctx.release_id}`")
+    if current.status != "awaiting":
+        raise Conflict(f"release {ctx.release_id} is not awaiting approval: it was already {current.status} "
+                       f"({current.reason})", fix="open a new release to change the decision")
+    request = current.request.payload
+    if _now() >= current.deadline:
+        raise Conflict(f"the approval of {ctx.release_id} timed out at {request['deadline']}",
+                       fix="rerunning `shiplift release CONFIG` records the timeout and ends it rejected; release it anew for a fresh gate")
+    if actor not in request["approvers"]:
+        raise Conflict(f"{actor!r} is not an approver of {ctx.config.name} (promotion.approval.approvers: "
+                       f"{', '.join(request['approvers'])})", fix="ask one of them, or set SHIPLIFT_ACTOR to your identity")
+    if request["four_eyes"] and actor == request["opened_by"]:
+        raise Conflict(f"{actor!r} opened release {ctx.release_id}; four eyes (promotion.approval.four_eyes) need "
+                       "someone else to decide", fix=f"ask another approver: {', '.join(a for a in request['approvers'] if a != actor) or '(none listed)'}")
+    if approve:
+        serving = ctx.backends.ledger.served_at(ctx.config.name, _now())
+        now_serving = serving.release_id if serving is not None else None
+        if now_serving != request["champion_release"]:
+            raise Conflict(f"the gate compared {ctx.release_id} with champion {request['champion_release']}, but "
+                           f"{now_serving} serves now: the approval would rest on stale evidence",
+                           fix="reject it and release it again, so its gate runs against the current champion")
+    ctx.record(events.APPROVAL, events.APPROVED if approve else events.REJECTED, {
+        "by": actor, "reason": reason, "requested_seq": current.request.seq,
+        "report_sha256": request["gate"]["report_sha256"], "gate_decision": request["gate"]["decision"]})
+    ctx.say(f"approval: {verb}d by {actor}: {reason}")
+    return {"release_id": ctx.release_id, "decision": events.APPROVED if approve else events.REJECTED, "by": actor,
+            "reason": reason}
+
+
+def awaiting(records: list) -> dict | None:
+    """The open approval request among one release's records (its payload with `seq` and `requested_at`), else None."""
+    request = next((r for r in records if (r.stage, r.event) == (events.APPROVAL, events.AWAITING_APPROVAL)), None)
+    if request is None or any(r.stage == events.APPROVAL and r.event in events.APPROVAL_DECISIONS for r in records):
+        return None
+    return {**request.payload, "seq": request.seq, "requested_at": request.recorded_at}
+
