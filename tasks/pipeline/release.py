@@ -213,19 +213,20 @@ class StageContext:
 
 def open_release(
     config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
-    session: Any = None, orchestrator_timeouts: dict[str, int] | None = None,
+    session: Any = None, orchestrator_timeouts: dict[str, int] | None = None, waits_for_approval: bool = True,
 ) -> StageContext:
     """Load the config, derive the release id and open the release in the ledger (once). Under an orchestrator
     (`orchestrator_timeouts`: what it was set up with per step, possibly none), a config whose deadlines do not fit is
-    refused first, before anything is touched."""
+    refused first, before anything is touched, as is one that requires an approval when the orchestrator cannot wait
+    for a person (`waits_for_approval` False)."""
     from tasks.backends.registry import make_backends
 
     config = load_release_config(config_path, overrides=overrides)
     if orchestrator_timeouts is not None:
         check_timeouts(config, orchestrator_timeouts)
-        if config.promotion.approval.required:
-            raise ConfigError(f"{config.name} requires an approval (promotion.approval.required), which Airflow and Step "
-                              "Functions runs cannot wait for yet", fix="run it with `shiplift release CONFIG`, which "
+        if config.promotion.approval.required and not waits_for_approval:
+            raise ConfigError(f"{config.name} requires an approval (promotion.approval.required), which this "
+                              "orchestrated run cannot wait for", fix="run it with `shiplift release CONFIG`, which "
                               "waits for `shiplift approve`")
     release_id = release_id_for(config)
     backends = make_backends(config, session=session)
@@ -464,11 +465,11 @@ def finish(ctx: StageContext, *, failed: bool) -> dict:
 
 def begin_orchestrated(config_path: str | Path, *, holder: str, allowed_timeouts: dict[str, int] | None = None,
                        overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
-                       session: Any = None) -> dict:
+                       session: Any = None, waits_for_approval: bool = False) -> dict:
     """First step of an Airflow or Step Functions run: check that the config's deadlines fit the timeouts the
     orchestrator was set up with (`allowed_timeouts`, per step), open the release and take the model's lease."""
     ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session,
-                       orchestrator_timeouts=allowed_timeouts or {})
+                       orchestrator_timeouts=allowed_timeouts or {}, waits_for_approval=waits_for_approval)
     ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s)
     return {"release_id": ctx.release_id, "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir),
             "model": ctx.config.name, "status": ctx.state.status}
