@@ -192,10 +192,10 @@ def evaluate_nli(
         champion_preds, champion_truncation = _score(champion, "champion", datasets, settings, batch_size, say)
         write_predictions(out_dir / "champion-predictions.jsonl", champion_preds)
         champion_rows = [p.to_dict() for p in champion_preds]
-    decision_thresholds = None if thresholds is None else DecisionThresholds(
-        min_accuracy=thresholds.min_accuracy, max_ece=thresholds.max_ece, min_validity=thresholds.min_validity,
-        max_p95_latency_ms=thresholds.max_p95_latency_ms,
-    )
+    shared = None if thresholds is None else {  # the thresholds the decision gate judges; all off is none of them
+        "min_accuracy": thresholds.min_accuracy, "max_ece": thresholds.max_ece, "min_validity": thresholds.min_validity,
+        "max_p95_latency_ms": thresholds.max_p95_latency_ms}
+    decision_thresholds = DecisionThresholds(**shared) if shared and any(v is not None for v in shared.values()) else None
     gate = evaluate_gates(
         candidate_rows, thresholds=decision_thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
         decision_rule=decision_rule, **boot,
