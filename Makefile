@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The audit report's browser test renders it in Debian's headless Chromium.
+# The browser tests render the gate reports and the audit report in Debian's headless Chromium.
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(CHROMIUM):

@@ -1,15 +1,18 @@
 """Evaluate any encoder endpoint on NLI datasets, gate it, and write the evidence to a folder.
 
 Mirrors validation.evaluate.evaluate_decisions: the decision metrics and gates (accuracy, ECE,
-Brier, NLL, validity, latency, champion comparison) run unchanged on decision-shaped
-predictions; the NLI metrics (macro-F1 and per-class recall, with bootstrap intervals) and
-their absolute thresholds are added to the same gate report. Writes `predictions.jsonl`
+Brier, NLL, validity, champion comparison) run unchanged on decision-shaped predictions; the NLI
+metrics (macro-F1, per-class recall with bootstrap intervals, the confusion matrix) and their
+absolute thresholds are added to the same gate report. Latency and throughput are counted per
+request, where one batch of pairs is one request (the p95 check reads that); the per-pair share of
+a batch's latency is reported apart as a cost per item. Writes `predictions.jsonl`
 (and `champion-predictions.jsonl`), `gate-report.json` and `report.html`. Truncated pairs are
 counted and listed in the result and the report.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +26,11 @@ from validation.nli import LABELS, NliPair
 from validation.thresholds import NliThresholds
 
 DEFAULT_SETTINGS = RunSettings()
+INVALID = "invalid"  # the confusion matrix's column for rows with no valid answer
 LATENCY_NOTE = (
-    "per-pair latency_ms / server_forward_ms / server_total_ms = the batch's value divided by its number of pairs"
+    "latency is counted per request: one batch of pairs is one request (metrics.latency_ms, over extra.requests); "
+    "the per-pair share, each prediction's latency_ms / server_forward_ms / server_total_ms = the batch's value "
+    "divided by its number of pairs, is reported apart (metrics.latency_per_item_ms): a cost per item, not a latency"
 )
 
 
@@ -97,8 +103,13 @@ def nli_metrics(
         hits = np.asarray([g == label for t, g in zip(truth, guess, strict=True) if t == label], dtype=float)
         ci = bootstrap_ci(lambda idx, hits=hits: float(hits[idx].mean()), hits.size, **boot)
         per_class[label] = {"value": recall[label], "ci": ci, "n": int(hits.size)}
+    predicted = [*LABELS, INVALID] if any(g is None for g in guess) else list(LABELS)
+    cells = Counter((t, INVALID if g is None else g) for t, g in zip(truth, guess, strict=True))
+    counts = [[cells[(row, column)] for column in predicted] for row in LABELS]
     return {
         "labels": list(LABELS),
+        "confusion": {"true": list(LABELS), "predicted": predicted, "counts": counts,
+                      "note": "rows: true label; columns: predicted label (invalid: no valid answer)"},
         "macro_f1": {"value": macro_f1(truth, guess, LABELS), "ci": f1_ci, "n": n},
         "per_class_recall": per_class,
         "predicted_counts": {label: sum(1 for g in guess if g == label) for label in LABELS},
@@ -139,20 +150,56 @@ def nli_comparison(candidate_rows: Sequence[Mapping[str, Any]], champion_rows: S
 
 
 def score_nli_target(target: Target, datasets: Sequence[NliDataset], settings: RunSettings, *,
-                     batch_size: int, progress: Callable[[int, int], None] | None) -> tuple[list, dict]:
-    """Run every dataset's pairs through one target; predictions in pair order and the truncation report."""
+                     batch_size: int, progress: Callable[[int, int], None] | None) -> tuple[list, dict, list]:
+    """Run every dataset's pairs through one target; predictions in pair order, the truncation report and every
+    request's timing (`validation.nli_runner.RequestTiming`)."""
     from validation.nli_runner import run_pairs
 
     rows: list = []
     truncation: dict[str, dict] = {}
+    requests: list = []
     for dataset in datasets:
         run = run_pairs(
             target.invoker, dataset.pairs, batch_size=batch_size, concurrency=settings.concurrency,
             timeout_s=settings.timeout_s, deadline_s=settings.deadline_s, dataset_name=dataset.name, progress=progress,
         )
         rows.extend(run.predictions)
+        requests.extend(run.requests)
         truncation[dataset.name] = run.truncation_summary()
-    return rows, truncation
+    return rows, truncation, requests
+
+
+def _request_rows(requests: Sequence) -> list[dict]:
+    """Requests shaped as the metrics' rows, so that latency is summarised by the one definition
+    (`validation.metrics.latency_summary`: first request apart, percentiles with intervals)."""
+    return [{"id": r.id, "expected": "request", "option_ids": ["request"], "probabilities": None,
+             "allowed_token_mass": None, "latency_ms": r.latency_ms, "retries_503": r.retries_503, "error": r.error,
+             "started_at": r.started_at} for r in requests]
+
+
+def request_metrics(pair_rows: Sequence[Mapping[str, Any]], requests: Sequence, *, n_bootstrap: int, seed: int,
+                    confidence: float) -> dict:
+    """The decision metrics of the pairs, with latency and throughput counted per request (one batch = one request):
+    `latency_ms` over the requests, `latency_per_item_ms` the per-pair share (batch latency / its pairs) apart, and
+    `throughput` answers (pairs) and requests per second over the span from the first request's start to the last
+    one's end."""
+    from validation.metrics import decision_metrics, latency_summary
+
+    boot = {"n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    metrics = decision_metrics(pair_rows, **boot)
+    per_item = metrics["latency_ms"]
+    per_request = latency_summary(_request_rows(requests), **boot)
+    ok = [r for r in requests if r.error is None]
+    seconds = (max(r.started_at + r.latency_ms / 1000 for r in ok) - min(r.started_at for r in ok)) if ok else 0.0
+    answers = sum(r.pairs for r in ok)
+    return {
+        **metrics,
+        "latency_ms": {**per_request, "counted_per": "request", "pairs_per_request": [r.pairs for r in requests]},
+        "latency_per_item_ms": {**per_item, "counted_per": "pair (the batch's latency / its pairs)"},
+        "throughput": {"answers": answers, "requests": len(ok), "seconds": seconds,
+                       "answers_per_second": answers / seconds if seconds > 0 else None,
+                       "requests_per_second": len(ok) / seconds if seconds > 0 else None},
+    }
 
 
 def evaluate_nli(
@@ -172,7 +219,8 @@ def evaluate_nli(
 ) -> dict:
     """Score the candidate (and the champion on the same pairs), gate on decision + NLI metrics, write reports;
     `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns `validation.evaluate.RELEASE_CONTEXT`."""
-    from validation.gates import DecisionThresholds, absolute_check, decide, evaluate_gates, mark_gated
+    from validation.gates import (ChampionRule, DecisionThresholds, absolute_check, comparison_row, decide,
+                                  evaluate_gates, mark_gated)
     from validation.report import write_reports
     from validation.runner import write_predictions
 
@@ -184,21 +232,25 @@ def evaluate_nli(
     boot = {"n_bootstrap": settings.n_bootstrap, "seed": settings.seed}
     for dataset in datasets:
         say(f"{dataset.name}: {len(dataset.pairs)} pairs, {dataset.dropped_unlabelled} unlabelled row(s) dropped")
-    candidate_preds, candidate_truncation = _score(candidate, "candidate", datasets, settings, batch_size, say)
+    candidate_preds, candidate_truncation, candidate_requests = _score(candidate, "candidate", datasets, settings,
+                                                                       batch_size, say)
     write_predictions(out_dir / "predictions.jsonl", candidate_preds)
     candidate_rows = [p.to_dict() for p in candidate_preds]
-    champion_rows = champion_truncation = None
+    champion_rows = champion_truncation = champion_requests = None
     if champion is not None:
-        champion_preds, champion_truncation = _score(champion, "champion", datasets, settings, batch_size, say)
+        champion_preds, champion_truncation, champion_requests = _score(champion, "champion", datasets, settings,
+                                                                        batch_size, say)
         write_predictions(out_dir / "champion-predictions.jsonl", champion_preds)
         champion_rows = [p.to_dict() for p in champion_preds]
+    confidence = (champion_rule or ChampionRule()).confidence
+    candidate_metrics = request_metrics(candidate_rows, candidate_requests, **boot, confidence=confidence)
     shared = None if thresholds is None else {  # the thresholds the decision gate judges; all off is none of them
         "min_accuracy": thresholds.min_accuracy, "max_ece": thresholds.max_ece, "min_validity": thresholds.min_validity,
         "max_p95_latency_ms": thresholds.max_p95_latency_ms}
     decision_thresholds = DecisionThresholds(**shared) if shared and any(v is not None for v in shared.values()) else None
     gate = evaluate_gates(
         candidate_rows, thresholds=decision_thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
-        decision_rule=decision_rule, **boot,
+        candidate_metrics=candidate_metrics, decision_rule=decision_rule, **boot,
     )
     nli = nli_metrics(candidate_rows, **boot, confidence=gate.bootstrap["confidence"])
     nli_checks = []
@@ -213,8 +265,12 @@ def evaluate_nli(
     champion_info = dict(gate.champion)
     if champion_rows is not None:
         champion_info["nli"] = nli_metrics(champion_rows, **boot, confidence=gate.bootstrap["confidence"])
+        champion_info["metrics"] = request_metrics(champion_rows, champion_requests, **boot, confidence=confidence)
         paired = gate.bootstrap["champion_comparison"]
-        champion_info["comparison"] = [*champion_info["comparison"],
+        p95 = comparison_row("p95_latency_ms", "lower", candidate_metrics["latency_ms"]["p95"],
+                             champion_info["metrics"]["latency_ms"]["p95"])  # per request, both sides
+        rows = [p95 if row["metric"] == "p95_latency_ms" else row for row in champion_info["comparison"]]
+        champion_info["comparison"] = [*(row for row in rows if row is not None),
                                        *nli_comparison(candidate_rows, champion_rows, nli, champion_info["nli"], paired)]
         mark_gated(champion_info["comparison"], checks)
     report = gate.model_copy(
@@ -229,6 +285,7 @@ def evaluate_nli(
         "champion": None if champion is None else champion.describe(),
         "batch_size": batch_size,
         "latency_note": LATENCY_NOTE,
+        "requests": [r.to_dict() for r in candidate_requests],
         "truncation": truncation,
         "release": context(report["metrics"]) if context else None,
     }
@@ -242,7 +299,7 @@ def evaluate_nli(
 
 
 def _score(target: Target, role: str, datasets: Sequence[NliDataset], settings: RunSettings, batch_size: int,
-           say: Callable[[str], None]) -> tuple[list, dict]:
+           say: Callable[[str], None]) -> tuple[list, dict, list]:
     return score_nli_target(
         target, datasets, settings, batch_size=batch_size, progress=progress_counter(say, target.label or role)
     )

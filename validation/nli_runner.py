@@ -9,8 +9,10 @@ neutral, contradiction) so the decision metrics, gates and report apply unchange
 `probabilities` are the server's (tempered) probabilities in that order, `option_logits` its raw
 logits, `temperature` the one the server reports in `model.temperature` (None when absent).
 
-Latency: `latency_ms`, `server_forward_ms` and `server_total_ms` are the batch's value divided
-by the number of pairs in the batch (per-pair share, not a single-pair latency); `started_at`
+Latency: one batch is one request. `NliRun.requests` holds each request's own timing (start, client
+latency, pairs, server times, error): the latency distribution is counted over those. On each pair,
+`latency_ms`, `server_forward_ms` and `server_total_ms` are the batch's value divided by the number
+of pairs in the batch (the per-pair share, a cost per item, not a single-pair latency); `started_at`
 is the batch's start. Truncation is never hidden: every pair's `truncated` flag, input token
 count and the server's truncation report come back in `NliRun.details`.
 """
@@ -22,7 +24,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from tasks.errors import BadInput
 from validation.nli import LABELS, NliPair
@@ -53,11 +55,31 @@ class PairDetail:
 
 
 @dataclass(frozen=True)
+class RequestTiming:
+    """One request (a batch of pairs) as the client timed it: the unit the latency distribution counts."""
+
+    id: str  # `<dataset>#<batch number>`, from 1
+    dataset: str
+    pairs: int
+    started_at: float  # epoch seconds
+    latency_ms: float  # client latency of the whole request, retries included
+    attempts: int
+    retries_503: int
+    error: str | None
+    server_forward_ms: float | None = None  # the server's own times for the whole batch (None when it sent none)
+    server_total_ms: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class NliRun:
-    """Predictions in pair order, each pair's input details, and the truncation count."""
+    """Predictions in pair order, each pair's input details, each request's timing and the truncation count."""
 
     predictions: list[Prediction]
     details: list[PairDetail]
+    requests: list[RequestTiming] = field(default_factory=list)
 
     @property
     def n_truncated(self) -> int:
@@ -132,14 +154,24 @@ def batches_of(pairs: Sequence[NliPair], batch_size: int) -> list[Sequence[NliPa
 
 
 def _run_batch(
-    batch: Sequence[NliPair], connection: Connection, opts: Options, *, dataset: str
-) -> tuple[list[Prediction], list[PairDetail]]:
-    """One batch through the transport's retry policy; failures land on every pair of the batch."""
+    numbered: tuple[int, Sequence[NliPair]], connection: Connection, opts: Options, *, dataset: str
+) -> tuple[list[Prediction], list[PairDetail], RequestTiming]:
+    """One batch (its number from 1, its pairs) through the transport's retry policy; failures land on every pair of
+    the batch."""
+    number, batch = numbered
     started_at = time.time()
     body = pairs_body(batch)
     exchange = post_with_retries(connection, body, opts)
     parsed, error = exchange.parse(functools.partial(_parse_results, batch))
     fields, details = parsed or (None, None)
+    share = [(f["server_forward_ms"], f["server_total_ms"]) for f in fields or []]
+    forward, total = share[0] if share else (None, None)
+    timing = RequestTiming(
+        id=f"{dataset}#{number}", dataset=dataset, pairs=len(batch), started_at=started_at,
+        latency_ms=exchange.latency_ms, attempts=exchange.attempts, retries_503=exchange.retries_503, error=error,
+        server_forward_ms=None if forward is None else forward * len(batch),
+        server_total_ms=None if total is None else total * len(batch),
+    )
     predictions = [
         Prediction(
             id=pair.id, dataset=dataset, expected=pair.label, option_ids=list(LABELS),
@@ -148,7 +180,7 @@ def _run_batch(
         )
         for i, pair in enumerate(batch)
     ]
-    return predictions, details or [PairDetail(pair.id, None, None, None) for pair in batch]
+    return predictions, details or [PairDetail(pair.id, None, None, None) for pair in batch], timing
 
 
 def run_pairs(
@@ -180,11 +212,12 @@ def run_pairs(
         backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
         deadline_s=deadline_s, rng=rng, sleep=sleep,
     )
-    batches = batches_of(pairs, batch_size)
+    batches = list(enumerate(batches_of(pairs, batch_size), start=1))
     work = functools.partial(_run_batch, dataset=dataset_name)
     results = run_bounded(batches, work, opts, concurrency=concurrency, progress=progress,
-                          thread_name="shiplift-nli", weight=len)
+                          thread_name="shiplift-nli", weight=lambda numbered: len(numbered[1]))
     return NliRun(
         predictions=[p for outcome in results if outcome for p in outcome[0]],
         details=[d for outcome in results if outcome for d in outcome[1]],
+        requests=[outcome[2] for outcome in results if outcome],
     )

@@ -1,8 +1,14 @@
 """Gate reports (DESIGN §8.3): gate-report.json for machines, a self-contained report.html for people.
 
-The HTML has no scripts and no external resources: tables, inline CSS and inline SVG only.
-Every string that comes from data (task ids, labels, errors, titles) is HTML-escaped.
-Both files are written atomically (temporary file in the same folder, fsync, rename).
+The HTML has no scripts and no external resources: tables, inline CSS and inline SVG charts (`validation.charts`,
+matplotlib's SVG backend, deterministic bytes). Every string that comes from data (task ids, labels, errors, titles,
+config values) is HTML-escaped. Both files are written atomically (temporary file in the same folder, fsync, rename).
+
+What a reviewer reads, top to bottom (docs/reports.md): the decision and its one-line summary (naming every check that
+did not pass, or `no thresholds: not a gate`); the candidate beside the champion on every gated metric, with the paired
+interval and the rule of each check that judged it; every check with its rule; the release (fitted temperature, the
+config fields that changed against the champion's release, cost); the reliability diagram with the champion's curve
+over the candidate's; latency per request; for NLI the confusion matrix; then every task.
 """
 
 from __future__ import annotations
@@ -11,30 +17,46 @@ import html
 import json
 import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from tasks.atomic import write_bytes_atomic
 from tasks.errors import BadInput
 from tasks.hashing import sha256_bytes
+from validation import charts
+from validation.gates import NOT_GATED, summary_line
 from validation.metrics import score_predictions
+from validation.thresholds import RULE_TEXT
 
 GATE_REPORT_NAME = "gate-report.json"
 HTML_REPORT_NAME = "report.html"
 PREDICTIONS_NAME = "predictions.jsonl"
-LATENCY_BINS = 20
+PERCENTILES = ("p50", "p95", "p99")
+PRICE_KEYS = ("usd_per_hour", "usd", "usd_per_copy_hour")  # the figure of each pricing result (None: no price)
+STATUS_ORDER = ("fail", "inconclusive", "pass")  # a comparison row takes the worst status of the checks that judged it
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1300px;font-size:15px}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}
-th,td{border:1px solid #ccc;padding:0.25em 0.6em;text-align:left;font-variant-numeric:tabular-nums}
+th,td{border:1px solid #ccc;padding:0.25em 0.6em;text-align:left;font-variant-numeric:tabular-nums;vertical-align:top}
 th{background:#f3f3f3}
-.pass{background:#d8f5d8}.fail{background:#f8d3d3}.inconclusive{background:#fbefc7}.skipped{background:#eee}
+.pass{background:#d8f5d8}.fail{background:#f8d3d3}.inconclusive{background:#fbefc7}.skipped,.shown{background:#f4f4f4}
 .decision{font-size:1.4em;padding:0.3em 0.8em;display:inline-block;border-radius:4px}
-svg{background:#fff;border:1px solid #ddd;margin-right:1em}
+.decision.not_gated{background:#e4e4f7}
+.banner{font-size:1.2em;padding:0.6em 1em;border-radius:6px;margin:0.6em 0;border:2px solid}
+.banner.not-gated{background:#eef0ff;border-color:#5a5fc8}.banner.fail{background:#fde8e8;border-color:#d62728}
+.banner.inconclusive{background:#fdf5dc;border-color:#d4a000}.banner.pass{background:#e6f4e6;border-color:#2ca02c}
+.no-price{color:#8a4b00;font-style:italic}
+svg.chart{display:block;max-width:100%;height:auto;background:#fff;border:1px solid #ddd;margin:0.5em 0 1.5em}
+.charts{display:flex;flex-wrap:wrap;gap:1em}
+.note{color:#555}
 """
+
+FRIENDLY = {  # metric key -> what a reviewer reads
+    "accuracy": "accuracy", "validity": "validity", "ece": "ECE (10 bins)", "brier": "Brier", "nll": "NLL",
+    "allowed_token_mass": "allowed-token mass", "macro_f1": "macro-F1", "p95_latency_ms": "p95 latency (ms, per request)",
+}
 
 
 def _e(value: Any) -> str:
@@ -47,6 +69,8 @@ def _num(value: Any, digits: int = 4) -> str:
         return "–"
     if isinstance(value, bool) or not isinstance(value, int | float):
         return _e(value)
+    if isinstance(value, float) and abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"  # 10,000 rather than 1e+04
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
@@ -54,164 +78,302 @@ def _ci(ci: Sequence[float] | None) -> str:
     return f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], row_classes: Sequence[str] | None = None) -> str:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], row_classes: Sequence[str] | None = None, *,
+           css_class: str = "") -> str:
     """An HTML table from already-escaped cell strings."""
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = []
     for i, row in enumerate(rows):
         cls = f' class="{_e(row_classes[i])}"' if row_classes else ""
         body.append(f"<tr{cls}>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    table_class = f' class="{_e(css_class)}"' if css_class else ""
+    return f"<table{table_class}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def reliability_svg(reliability: Sequence[Mapping[str, Any]]) -> str:
-    """Reliability diagram: accuracy per confidence bin as bars, the diagonal, and bin counts below."""
-    left, top, size, count_h = 45, 15, 300, 70
-    width, height = left + size + 15, top + size + 40 + count_h + 25
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="reliability diagram">',
-        f'<rect x="{left}" y="{top}" width="{size}" height="{size}" fill="none" stroke="#999"/>',
-        f'<line x1="{left}" y1="{top + size}" x2="{left + size}" y2="{top}" stroke="#888" stroke-dasharray="4 3"/>',
-    ]
-    for tick in (0.0, 0.5, 1.0):
-        x, y = left + tick * size, top + (1 - tick) * size
-        parts.append(f'<text x="{x:.1f}" y="{top + size + 14}" font-size="10" text-anchor="middle">{tick:g}</text>')
-        parts.append(f'<text x="{left - 5}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{tick:g}</text>')
-    parts.append(
-        f'<text x="{left + size / 2}" y="{top + size + 28}" font-size="11" text-anchor="middle">confidence</text>'
-    )
-    parts.append(
-        f'<text x="12" y="{top + size / 2}" font-size="11" text-anchor="middle" '
-        f'transform="rotate(-90 12 {top + size / 2})">accuracy</text>'
-    )
-    max_count = max((int(row["count"]) for row in reliability), default=0) or 1
-    base = top + size + 40 + count_h
-    for row in reliability:
-        x0 = left + float(row["lower"]) * size
-        w = (float(row["upper"]) - float(row["lower"])) * size
-        count = int(row["count"])
-        if count and row["accuracy"] is not None:
-            bar = float(row["accuracy"]) * size
-            parts.append(
-                f'<rect class="acc" x="{x0 + 1:.1f}" y="{top + size - bar:.1f}" width="{w - 2:.1f}" '
-                f'height="{bar:.1f}" fill="#4a78c2" fill-opacity="0.6"/>'
-            )
-            cx = left + float(row["mean_confidence"]) * size
-            cy = top + (1 - float(row["accuracy"])) * size
-            parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="#c23b3b"/>')
-        h = count / max_count * count_h
-        parts.append(
-            f'<rect class="count" x="{x0 + 1:.1f}" y="{base - h:.1f}" width="{w - 2:.1f}" '
-            f'height="{h:.1f}" fill="#999"/>'
-        )
-        parts.append(
-            f'<text x="{x0 + w / 2:.1f}" y="{base + 12}" font-size="9" text-anchor="middle">{count}</text>'
-        )
-    parts.append(f'<text x="{left}" y="{base + 24}" font-size="10">rows per bin (red dot: mean confidence)</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+def _friendly(metric: str) -> str:
+    if metric.startswith("recall_"):
+        return f"recall: {metric.removeprefix('recall_')}"
+    return FRIENDLY.get(metric, metric)
 
 
-def latency_svg(latencies_ms: Sequence[float], markers: Mapping[str, float | None]) -> str:
-    """Histogram of client latencies in equal-width bins, with vertical lines at the given markers."""
-    left, top, plot_w, plot_h = 45, 15, 400, 200
-    width, height = left + plot_w + 15, top + plot_h + 45
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="latency histogram">',
-        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>',
-    ]
-    values = np.asarray(latencies_ms, dtype=float)
-    if values.size == 0:
-        parts.append(f'<text x="{left + 10}" y="{top + 20}" font-size="12">no successful requests</text></svg>')
-        return "".join(parts)
-    low, high = float(values.min()), float(values.max())
-    if high <= low:
-        high = low + 1.0
-    counts, edges = np.histogram(values, bins=LATENCY_BINS, range=(low, high))
-    peak = int(counts.max()) or 1
-    bar_w = plot_w / LATENCY_BINS
-    for i, count in enumerate(counts):
-        h = count / peak * plot_h
-        parts.append(
-            f'<rect class="bar" x="{left + i * bar_w + 1:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w - 2:.1f}" '
-            f'height="{h:.1f}" fill="#4a78c2"><title>{edges[i]:.1f}–{edges[i + 1]:.1f} ms: {int(count)}</title></rect>'
-        )
-    for name, value in markers.items():
-        if value is None:
-            continue
-        x = left + (float(value) - low) / (high - low) * plot_w
-        parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#c23b3b"/>')
-        parts.append(f'<text x="{x + 2:.1f}" y="{top + 10}" font-size="10" fill="#c23b3b">{_e(name)}</text>')
-    parts.append(f'<text x="{left}" y="{top + plot_h + 14}" font-size="10">{low:.1f} ms</text>')
-    parts.append(
-        f'<text x="{left + plot_w}" y="{top + plot_h + 14}" font-size="10" text-anchor="end">{high:.1f} ms</text>'
-    )
-    parts.append(
-        f'<text x="{left + plot_w / 2}" y="{top + plot_h + 30}" font-size="11" text-anchor="middle">'
-        f"client latency, {values.size} successful requests (peak bin {peak})</text></svg>"
-    )
-    return "".join(parts)
+def is_nli(report: Mapping[str, Any]) -> bool:
+    """An NLI gate report (its metrics carry the NLI block)."""
+    return "nli" in (report.get("metrics") or {})
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Checks and their rules
+
+
+def judged_value(check: Mapping[str, Any]) -> float | None:
+    """The number a check compared with its threshold: the point estimate (`point`), the interval's conservative end
+    (`bound`: low end of a floor, high end of a ceiling), or the paired interval's end the champion rule reads."""
+    ci, rule, comparator = check.get("ci"), check.get("rule"), check.get("comparator") or ""
+    if rule == "point" or not ci:
+        return check.get("observed")
+    if rule == "paired":
+        return ci[0] if "ci_low" in comparator else ci[1]
+    return ci[0] if comparator.endswith(">=") else ci[1]
+
+
+def rule_text(check: Mapping[str, Any]) -> str:
+    """The rule a check used, in words: `interval bound: CI low end >= 0.3`, `point estimate <= 5000`, `paired
+    interval: CI low end of candidate − champion >= -0.02`; `not stated` for a record written before rules were."""
+    rule, comparator, threshold = check.get("rule"), check.get("comparator") or "", check.get("threshold")
+    if check.get("status") == "skipped":
+        return "–"
+    if rule is None:
+        return "not stated (a report written before rules were recorded)"
+    words = RULE_TEXT.get(rule, rule)
+    if threshold is None:
+        return words
+    if rule == "paired":
+        end = "low" if "ci_low" in comparator else "high"
+        op = ">=" if end == "low" else "<="
+        return f"{words}: {end} end of candidate − champion {op} {_num(threshold)}"
+    op = comparator.split()[-1] if comparator else ""
+    if rule == "bound":
+        return f"{words}: {'low' if op == '>=' else 'high'} end of the interval {op} {_num(threshold)}"
+    return f"{words} {op} {_num(threshold)}"
+
+
+def _checks_table(checks: Sequence[Mapping[str, Any]]) -> str:
+    rows = [[_e(c.get("name")), _e(c.get("status")), _e(rule_text(c)), _num(c.get("observed")), _ci(c.get("ci")),
+             _num(judged_value(c)) if c.get("status") != "skipped" else "–", _num(c.get("n")), _e(c.get("reason"))]
+            for c in checks]
+    return _table(["check", "status", "rule", "observed", "95% CI", "value judged", "n", "reason"], rows,
+                  [str(c.get("status")) for c in checks], css_class="checks")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Summary
+
+
+def _estimate_cell(est: Mapping[str, Any] | None) -> str:
+    est = est or {}
+    return f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))} &nbsp; n={_num(est.get('n'))}"
 
 
 def _summary_rows(report: Mapping[str, Any]) -> list[list[str]]:
-    metrics = report.get("metrics", {})
-    rows = [["decision", _e(report.get("decision"))], ["tasks", _num(metrics.get("n"))]]
-    rows.append(["valid", _num(metrics.get("n_valid"))])
-    for name in ("accuracy", "validity", "ece", "brier", "nll", "allowed_token_mass"):
+    """The family's metrics (a metric the family does not measure, or did not measure here, is left out)."""
+    metrics = report.get("metrics") or {}
+    rows = [["decision", _e(report.get("decision"))], ["tasks" if not is_nli(report) else "pairs", _num(metrics.get("n"))],
+            ["valid answers", _num(metrics.get("n_valid"))]]
+    names = ["accuracy", "validity", "ece", "brier", "nll"]
+    if not is_nli(report):
+        names.append("allowed_token_mass")
+    for name in names:
         est = metrics.get(name) or {}
-        cell = f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))} &nbsp; n={_num(est.get('n'))}"
-        rows.append([_e(name), cell])
+        if est.get("value") is not None:
+            rows.append([_e(_friendly(name)), _estimate_cell(est)])
+    nli = metrics.get("nli") or {}
+    if nli:
+        rows.append([_e(_friendly("macro_f1")), _estimate_cell(nli.get("macro_f1"))])
+        for label, est in (nli.get("per_class_recall") or {}).items():
+            rows.append([_e(_friendly(f"recall_{label}")), _estimate_cell(est)])
     latency = metrics.get("latency_ms") or {}
+    per = "request (one batch of pairs)" if is_nli(report) else "request (one task)"
     for q in ("p50", "p90", "p95", "p99", "mean"):
         est = latency.get(q) or {}
-        rows.append([f"latency {q} (ms)", f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))}"])
+        rows.append([f"latency {q} (ms, per {per})", f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))}"])
     rows.append(["first request (ms, reported apart)", _num(latency.get("first_ms"))])
     rows.append(["warm-up requests excluded", _num(latency.get("warmup"))])
+    per_item = metrics.get("latency_per_item_ms")
+    if per_item:
+        for q in ("p50", "p95"):
+            rows.append([f"per-pair share of a request's latency, {q} (ms; a cost per item, not a latency)",
+                         _num((per_item.get(q) or {}).get("value"))])
+    throughput = metrics.get("throughput") or {}
+    if throughput.get("answers_per_second") is not None:
+        text = f"{_num(throughput['answers_per_second'])} answers/s over {_num(throughput.get('seconds'))} s"
+        if throughput.get("requests_per_second") is not None:
+            text += f" ({_num(throughput['requests_per_second'])} requests/s)"
+        rows.append(["throughput at the gate's concurrency", text])
     rows.append(["503 retries (not scored)", _num(metrics.get("retries_503"))])
     rows.append(["errors", _num(metrics.get("errors"))])
     return rows
 
 
+def _banner(report: Mapping[str, Any]) -> str:
+    decision = str(report.get("decision"))
+    if decision == "not_gated":
+        return (f'<div class="banner not-gated" id="summary">{_e(NOT_GATED)}: this run measured the model against no '
+                "threshold and no champion; nothing was judged and nothing promotes on it.</div>")
+    return f'<div class="banner {_e(decision)}" id="summary">{_e(summary_line(decision, report.get("checks") or []))}</div>'
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Candidate against champion
+
+
+def _judges(row: Mapping[str, Any], checks: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [checks[name] for name in row.get("gated_by") or [] if name in checks]
+
+
+def _row_status(judges: Sequence[Mapping[str, Any]]) -> str:
+    statuses = {c.get("status") for c in judges}
+    return next((s for s in STATUS_ORDER if s in statuses), "shown")
+
+
+def _value_cell(side: Mapping[str, Any] | None) -> str:
+    side = side or {}
+    return f"{_num(side.get('value'))}<br><small>{_ci(side.get('ci'))}</small>"
+
+
 def _champion_section(report: Mapping[str, Any]) -> str:
     champion = report.get("champion") or {}
     if not champion.get("present"):
-        return "<p>skipped: no champion</p>"
-    rows = []
-    for name in ("accuracy", "ece"):
-        diff = champion.get(name)
-        if diff:
-            rows.append(
-                [_e(name), _num(diff.get("n")), _num(diff.get("candidate")), _num(diff.get("champion")),
-                 _num(diff.get("difference")), _ci(diff.get("ci"))]
-            )
+        return "<p>skipped: no champion serves, so there is nothing to compare with.</p>"
+    checks = {c["name"]: c for c in report.get("checks") or []}
+    rows, classes, chart_rows = [], [], []
+    for row in champion.get("comparison") or []:
+        judges = _judges(row, checks)
+        status = _row_status(judges)
+        if row.get("paired"):
+            difference = f"{_num(row.get('difference'))}<br><small>paired {_ci(row.get('difference_ci'))}</small>"
+        else:
+            difference = f"{_num(row.get('difference'))}<br><small>separate runs, not paired</small>"
+        judged = "<br>".join(f"{_e(c['name'])}: {_e(rule_text(c))} → <b>{_e(c.get('status'))}</b>" for c in judges)
+        rows.append([_e(_friendly(row["metric"])), _value_cell(row.get("candidate")), _value_cell(row.get("champion")),
+                     difference, _num(row.get("n_shared")), _e(row.get("better")), judged or "shown, not gated"])
+        classes.append(status)
+        gate = checks.get(f"champion_{row['metric']}")
+        if row.get("paired"):
+            chart_rows.append({"name": _friendly(row["metric"]), "difference": row.get("difference"),
+                               "ci": row.get("difference_ci"), "threshold": gate.get("threshold") if gate else None,
+                               "status": gate.get("status") if gate else None})
     facts = (
         f"<p>champion: {_num(champion.get('n'))} tasks, {_num(champion.get('n_valid'))} valid, "
-        f"{_num(champion.get('errors'))} errors, {_num(champion.get('retries_503'))} 503 retries</p>"
+        f"{_num(champion.get('errors'))} errors, {_num(champion.get('retries_503'))} 503 retries. Each cell: the value and "
+        "its 95% interval; candidate − champion is paired on the shared tasks where the metric is per task.</p>"
     )
+    confidence = (report.get("bootstrap") or {}).get("confidence") or 0.95
     return facts + _table(
-        ["metric", "shared tasks", "candidate", "champion", "candidate − champion", "paired 95% CI"], rows
-    )
+        ["metric", "candidate", "champion", "candidate − champion", "shared tasks", "better", "judged by (rule → status)"],
+        rows, classes, css_class="champion",
+    ) + charts.champion_check(chart_rows, confidence=confidence)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Release: temperature, config changes, cost
+
+
+def _cost_line(item: Mapping[str, Any] | None, absent: str) -> str:
+    if not item:
+        return f'<span class="note">{_e(absent)}</span>'
+    text = str(item.get("text") or "")
+    missing = item.get("missing")
+    priced = next((item[key] for key in PRICE_KEYS if key in item), None)
+    if missing or priced is None:
+        shown = text if "no price" in text else f"no price: {text or missing}"
+        return f'<span class="no-price">{_e(shown)}</span>'
+    return _e(text)
+
+
+def cost_rows(cost: Mapping[str, Any] | None) -> list[list[str]]:
+    """The cost lines of `tasks.backends.pricing.release_cost` as table rows (each says `no price` where the table
+    had none)."""
+    if not cost:
+        return [["cost", '<span class="no-price">not recorded: no price computed for this run</span>']]
+    rows = [
+        ["production per hour", _cost_line(cost.get("production"), "no production placement priced")],
+        ["candidate (deploy to now)", _cost_line(cost.get("candidate"), "not priced: no candidate start recorded")],
+        ["per million requests and decisions",
+         _cost_line(cost.get("per_million"), "not priced: no throughput measured")],
+    ]
+    if cost.get("mig_copy"):
+        rows.append(["a MIG copy's share of its instance", _cost_line(cost.get("mig_copy"), "")])
+    if cost.get("nominal"):
+        rows.append(["priced as", _e(f"on SageMaker AI in {cost.get('region')}: this release runs on this machine "
+                                     "and costs nothing here")])
+    rows.append(["price table", _e(cost.get("table"))])
+    return rows
+
+
+def _release_section(report: Mapping[str, Any]) -> str:
+    release = (report.get("extra") or {}).get("release")
+    if not release:
+        return "<h2>Release</h2><p>ad-hoc evaluation: no release, no champion's config to compare, no cost.</p>"
+    temperature = release.get("temperature") or {}
+    if temperature.get("value") is None:
+        temp = "none (the model's own probabilities)"
+    else:
+        temp = f"{_num(temperature['value'])} ({'fitted by NLL on the calibration split' if temperature.get('fitted') else 'set in the config, not fitted'})"
+    facts = [["release", _e(release.get("release_id"))], ["champion release", _e(release.get("champion_release") or "none")],
+             ["temperature served", _e(temp)]]
+    changes = release.get("config_changes") or []
+    if release.get("champion_release") is None:
+        changed = "<p>no champion release: nothing to compare the config with.</p>"
+    elif not changes:
+        changed = "<p>no config field differs from the champion's release.</p>"
+    else:
+        changed = _table(["config field", "champion", "candidate"],
+                         [[_e(c.get("field")), _e(json.dumps(c.get("champion"), ensure_ascii=False)),
+                           _e(json.dumps(c.get("candidate"), ensure_ascii=False))] for c in changes], css_class="changes")
+    return ("<h2>Release</h2>" + _table(["field", "value"], facts, css_class="release")
+            + f"<h3>Config fields changed against the champion's release ({len(changes)})</h3>" + changed
+            + "<h3>Cost</h3>" + _table(["what", "cost"], cost_rows(release.get("cost")), css_class="cost"))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Charts
+
+
+def _start(value: Any) -> float:
+    if isinstance(value, str):
+        return datetime.fromisoformat(value).timestamp()
+    return float(value)
+
+
+def steady_latencies(rows: Sequence[Mapping[str, Any]], latency: Mapping[str, Any]) -> list[float]:
+    """The latencies the percentiles were computed on: successful requests by start, less the first (reported
+    apart) and the warm-up ones."""
+    ok = sorted(((_start(r["started_at"]), i, float(r["latency_ms"])) for i, r in enumerate(rows)
+                 if r.get("error") is None and isinstance(r.get("latency_ms"), int | float)))
+    skip = (1 if ok else 0) + int(latency.get("warmup") or 0)
+    return [value for _, _, value in ok[skip:]]
+
+
+def _latency_chart(report: Mapping[str, Any], predictions: Sequence[Mapping[str, Any]]) -> str:
+    latency = (report.get("metrics") or {}).get("latency_ms") or {}
+    markers = {q: (latency.get(q) or {}).get("value") for q in PERCENTILES}
+    requests = (report.get("extra") or {}).get("requests")
+    if is_nli(report) and requests is not None:
+        sizes = sorted({r.get("pairs") for r in requests})
+        unit = f"requests (batches of {'/'.join(str(s) for s in sizes)} pairs)" if sizes else "requests"
+        chart = charts.latency_histogram(steady_latencies(requests, latency), markers, unit="requests",
+                                         what="client latency per request")
+        note = (f"<p class=\"note\">Counted per request: {_e(unit)}; one batch is one request. The per-pair share "
+                "(a request's latency over its pairs) is a cost per item, listed in the summary, not a latency.</p>")
+        return note + chart
+    chart = charts.latency_histogram(steady_latencies(predictions, latency), markers, unit="requests")
+    return ("<p class=\"note\">Counted per request (one task a request), the first request reported apart "
+            f"({_num(latency.get('first_ms'))} ms).</p>" + chart)
+
+
+def _confusion_charts(report: Mapping[str, Any]) -> str:
+    metrics = report.get("metrics") or {}
+    parts = []
+    for who, nli in (("candidate", metrics.get("nli")), ("champion", (report.get("champion") or {}).get("nli"))):
+        confusion = (nli or {}).get("confusion")
+        if confusion:
+            parts.append(charts.confusion_matrix(confusion["true"], confusion["predicted"], confusion["counts"],
+                                                 who=who))
+    return "<h2>Confusion matrix</h2><div class=\"charts\">" + "".join(parts) + "</div>" if parts else ""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The page
 
 
 def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Mapping[str, Any]]) -> str:
-    """The self-contained HTML report: summary, checks, reliability, latency, champion, per task."""
+    """The self-contained HTML report (the module doc lists its sections)."""
     scored = score_predictions(predictions)
     decision = str(report.get("decision"))
     checks = report.get("checks") or []
-    check_rows = [
-        [_e(c.get("name")), _e(c.get("status")), _num(c.get("observed")), _e(c.get("comparator")),
-         _num(c.get("threshold")), _ci(c.get("ci")), _num(c.get("n")), _e(c.get("reason"))]
-        for c in checks
-    ]
     metrics = report.get("metrics") or {}
-    latency = metrics.get("latency_ms") or {}
-    latencies = [
-        float(row["latency_ms"]) for row in predictions
-        if row.get("error") is None and isinstance(row.get("latency_ms"), int | float)
-    ]
-    markers = {q: (latency.get(q) or {}).get("value") for q in ("p50", "p95")}
+    champion = report.get("champion") or {}
+    nli = is_nli(report)
     task_rows, task_classes = [], []
     for i, row in enumerate(predictions):
         valid = bool(scored.valid[i])
@@ -222,40 +384,44 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
              _num(row.get("latency_ms")), _num(row.get("retries_503")), _e(row.get("error"))]
         )
         task_classes.append("pass" if scored.correct[i] else "fail" if valid else "inconclusive")
-    extra = report.get("extra")
+    extra = {k: v for k, v in (report.get("extra") or {}).items() if k not in ("release", "requests")}
     extra_html = (
         f"<h2>Dataset and run</h2><pre>{_e(json.dumps(extra, indent=2, sort_keys=True, ensure_ascii=False))}</pre>"
         if extra else ""
     )
+    reliability = charts.reliability(metrics.get("reliability") or [],
+                                     (champion.get("metrics") or {}).get("reliability") if champion.get("present") else None)
+    rule = report.get("decision_rule")
     return "".join(
         [
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
             f"<h1>{_e(title)}</h1>",
             f'<p>Decision: <span class="decision {_e(decision)}" id="decision">{_e(decision)}</span></p>',
+            _banner(report),
             f'<p>Files: <a href="{PREDICTIONS_NAME}">{PREDICTIONS_NAME}</a> · '
             f'<a href="{GATE_REPORT_NAME}">{GATE_REPORT_NAME}</a></p>',
-            "<h2>Summary</h2>",
-            _table(["metric", "value"], _summary_rows(report)),
+            "<h2>Candidate against champion</h2>",
+            _champion_section(report),
             "<h2>Checks</h2>",
-            _table(
-                ["check", "status", "observed", "comparator", "threshold", "95% CI", "n", "reason"],
-                check_rows,
-                [str(c.get("status")) for c in checks],
-            ),
+            (f"<p class=\"note\">Absolute checks read {_e(RULE_TEXT.get(rule, rule))} (config "
+             "<code>validation.decision_rule</code>); champion checks read the paired interval.</p>" if rule else ""),
+            _checks_table(checks),
+            _release_section(report),
+            "<h2>Summary</h2>",
+            _table(["metric", "value"], _summary_rows(report), css_class="summary"),
+            "<h2>Reliability diagram</h2>",
+            reliability,
+            "<h2>Latency histogram</h2>",
+            _latency_chart(report, predictions),
+            _confusion_charts(report) if nli else "",
             "<h2>Thresholds used</h2>",
             f"<pre>{_e(json.dumps(report.get('thresholds'), indent=2, sort_keys=True))}</pre>",
-            "<h2>Reliability diagram</h2>",
-            reliability_svg(metrics.get("reliability") or []),
-            "<h2>Latency histogram</h2>",
-            latency_svg(latencies, markers),
-            "<h2>Champion comparison</h2>",
-            _champion_section(report),
             extra_html,
-            f"<h2>Per task ({len(task_rows)})</h2>",
+            f"<h2>Per {'pair' if nli else 'task'} ({len(task_rows)})</h2>",
             _table(
-                ["id", "dataset", "expected", "predicted", "confidence", "correct", "latency ms", "503 retries",
-                 "error"],
+                ["id", "dataset", "expected", "predicted", "confidence", "correct",
+                 "latency ms (per-pair share)" if nli else "latency ms", "503 retries", "error"],
                 task_rows,
                 task_classes,
             ),

@@ -1,36 +1,32 @@
 """The audit report (DESIGN §10): one self-contained HTML page per ledger, for people who audit releases.
 
-Per model: a timeline of its releases, gate decisions, traffic steps, promotions and rollbacks (SVG,
-labelled axes); each release's gate evidence (metrics with intervals, thresholds, dataset sha256s) and
-its comparison with the champion; rollbacks with their reasons; and, at the top, the verification
-result with the signed checkpoint it was checked against. Styles and charts are inline and nothing
-is fetched at view time, so the page can be archived with the evidence and opened offline.
+Per model: a timeline of its releases, gate decisions, traffic steps, promotions and rollbacks (one row per event
+kind, markers coloured by release); the copies serving per release over time, from the traffic records, so a rolling
+update's overlap of two releases shows; each release's gate evidence (checks with intervals and the rule each used,
+thresholds, dataset sha256s), its comparison with the champion (chart) and its cost as the gate priced it; rollbacks
+with their reasons; and, at the top, the verification result with the signed checkpoint it was checked against.
+Charts are `validation.charts` (matplotlib SVG, inline, deterministic); styles are inline and nothing is fetched at
+view time, so the page can be archived with the evidence and opened offline (docs/reports.md).
 """
 
 from __future__ import annotations
 
 import html
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from tasks.atomic import write_text_atomic
 from tasks.ledger.audit import verdict_lines
-from tasks.ledger.views import (CHECK_COLUMNS, check_cells, details, events, field_rows, of_releases, release_row,
-                                 require_records)
+from tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
+from tasks.ledger.views import (CHECK_COLUMNS, check_cells, cost_per_hour, details, events, field_rows, of_releases,
+                                 release_row, require_records)
+from validation import charts
+from validation.gates import summary_line
+from validation.report import cost_rows, rule_text
 
 REPORT_FILE = "index.html"
-LANE_H, LEFT, RIGHT, TOP, AXIS_H = 26, 250, 30, 16, 44
-WIDTH = 1000
-EVENT_STYLE = {  # timeline event -> (marker, colour) in the chart and its legend
-    "gate": ("circle", "#1f77b4"),
-    "traffic": ("tick", "#7f7f7f"),
-    "promoted": ("triangle", "#2ca02c"),
-    "rolled_back": ("cross", "#d62728"),
-    "rollback": ("cross", "#9467bd"),
-    "failed": ("cross", "#ff7f0e"),
-}
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1b1b;max-width:1200px}
 h1{margin:0 0 8px}h2{margin-top:36px;border-bottom:2px solid #ddd;padding-bottom:4px}
@@ -40,7 +36,8 @@ th{background:#f3f3f3}td.hash{font-family:ui-monospace,monospace;font-size:12px;
 .verdict.broken{background:#fde8e8;border:1px solid #d62728}.status-pass,.status-promoted{color:#1d7a1d;font-weight:600}
 .status-fail,.status-rejected,.status-rolled_back,.status-failed{color:#b01e1e;font-weight:600}
 details.release{border:1px solid #ddd;border-radius:6px;padding:6px 12px;margin:8px 0}summary{cursor:pointer;font-weight:600}
-svg text{font:12px system-ui,sans-serif}
+svg.chart{display:block;max-width:100%;height:auto;background:#fff;border:1px solid #ddd;margin:8px 0 16px}
+.no-price{color:#8a4b00;font-style:italic}.note{color:#555}
 """
 
 
@@ -63,98 +60,109 @@ def _moment(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
 
 
-def _marker(kind: str, x: float, y: float) -> str:
-    shape, colour = EVENT_STYLE[kind]
-    if shape == "circle":
-        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{colour}"/>'
-    if shape == "triangle":
-        return f'<polygon points="{x:.1f},{y - 7:.1f} {x - 6:.1f},{y + 5:.1f} {x + 6:.1f},{y + 5:.1f}" fill="{colour}"/>'
-    if shape == "tick":
-        return f'<line x1="{x:.1f}" y1="{y - 8:.1f}" x2="{x:.1f}" y2="{y + 8:.1f}" stroke="{colour}" stroke-width="2"/>'
-    return (f'<path d="M{x - 5:.1f},{y - 5:.1f}L{x + 5:.1f},{y + 5:.1f}M{x - 5:.1f},{y + 5:.1f}L{x + 5:.1f},{y - 5:.1f}" '
-            f'stroke="{colour}" stroke-width="3"/>')
+def _timeline(model: str, release_rows: list[dict], model_events: list[dict]) -> str:
+    """The model's releases (first record → last) and their events, one row per kind (`validation.charts.timeline`)."""
+    releases = [{"release_id": row["release_id"], "first_at": _moment(row["first_at"]), "last_at": _moment(row["last_at"])}
+                for row in release_rows]
+    shown = [{**e, "at": _moment(e["at"])} for e in model_events if e["event"] in charts.EVENT_ROWS]
+    return charts.timeline(model, releases, shown)
 
 
-def _timeline_svg(model: str, release_rows: list[dict], events: list[dict]) -> str:
-    """Releases as lanes over time (first record → last) with their events as markers; x: time (UTC)."""
-    lanes = {row["release_id"]: i for i, row in enumerate(release_rows)}
-    moments = [_moment(row[key]) for row in release_rows for key in ("first_at", "last_at")]
-    start, end = min(moments), max(moments)
-    span = max((end - start).total_seconds(), 1.0)
-    plot_w = WIDTH - LEFT - RIGHT
-    height = TOP + LANE_H * len(lanes) + AXIS_H + 30
+def copies_series(records: list) -> tuple[list[dict], datetime | None]:
+    """Copies serving per release over time, as the model's records say (oldest first), for `charts.copies_serving`:
+    each traffic step (stage traffic, event step) at its recorded_at gives the new spec's release its `new_copies` and
+    the release serving before it its `old_copies`; where the backend cannot tell them apart (aws: `check`, `copies`)
+    the step's `copies` go to a hatched "old and new" series of the release. A promotion's success gives its release
+    the copies it recorded and every other release 0; a rolled-back promotion leaves its release 0 and gives the release
+    serving before it back its last copy count. Returns the series and the model's last record time (the chart's end)."""
+    points: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
+    owner: dict[str, tuple[str, bool]] = {}  # series key -> (release id, mixed)
+    serving: str | None = None
 
-    def x_of(moment: datetime) -> float:
-        return LEFT + plot_w * (moment - start).total_seconds() / span
+    def put(key: str, release: str, mixed: bool, at: datetime, copies: int) -> None:
+        owner.setdefault(key, (release, mixed))
+        points[key].append((at, copies))
 
-    parts = [f'<svg class="timeline" data-model="{_e(model)}" width="{WIDTH}" height="{height}" role="img" '
-             f'aria-label="timeline of {_e(model)}: releases over time">']
-    for row in release_rows:
-        y = TOP + LANE_H * lanes[row["release_id"]] + LANE_H / 2
-        x0, x1 = x_of(_moment(row["first_at"])), x_of(_moment(row["last_at"]))
-        parts.append(f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_e(row["release_id"])}</text>')
-        parts.append(f'<line x1="{x0:.1f}" y1="{y:.1f}" x2="{max(x1, x0 + 2):.1f}" y2="{y:.1f}" stroke="#bbb" stroke-width="6"/>')
-    for e in events:
-        if e["event"] in EVENT_STYLE and e["release_id"] in lanes:
-            y = TOP + LANE_H * lanes[e["release_id"]] + LANE_H / 2
-            parts.append(f'<g class="event event-{e["event"]}"><title>{_e(e["at"])} {_e(e["event"])}: {_e(e["detail"])}</title>'
-                         f'{_marker(e["event"], x_of(_moment(e["at"])), y)}</g>')
-    axis_y = TOP + LANE_H * len(lanes) + 6
-    parts.append(f'<line x1="{LEFT}" y1="{axis_y}" x2="{WIDTH - RIGHT}" y2="{axis_y}" stroke="#333"/>')
-    same_day = start.date() == end.date()
-    for i in range(6):
-        moment = start + (end - start) * (i / 5)
-        x = x_of(moment)
-        label = moment.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M")
-        parts.append(f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 5}" stroke="#333"/>'
-                     f'<text x="{x:.1f}" y="{axis_y + 18}" text-anchor="middle">{label}</text>')
-    day = start.strftime("%Y-%m-%d") + ("" if same_day else " … " + end.strftime("%Y-%m-%d"))
-    parts.append(f'<text class="axis-label" x="{LEFT + plot_w / 2:.1f}" y="{axis_y + 36}" text-anchor="middle">'
-                 f'time (UTC, {day})</text>')
-    parts.append(f'<text class="axis-label" x="12" y="{TOP + 4}" transform="rotate(-90 12 {TOP + 4})" text-anchor="end">release</text>')
-    parts.append("</svg>")
-    legend = " ".join(f'<svg width="16" height="16">{_marker(kind, 8, 9)}</svg> {kind.replace("_", " ")}'
-                      for kind in EVENT_STYLE)
-    return "".join(parts) + f'<p class="legend">{legend}</p>'
+    def clear(at: datetime, keep: str | None = None) -> None:
+        for key, series in points.items():
+            if key != keep and series and series[-1][1]:
+                series.append((at, 0))
+
+    for record in records:
+        at, release, payload = _moment(record.recorded_at), record.release_id, record.payload
+        if (record.stage, record.event) == (TRAFFIC, STEP):
+            old = serving if serving not in (None, release) else None
+            if payload.get("new_copies") is not None or payload.get("old_copies") is not None:
+                put(release, release, False, at, int(payload.get("new_copies") or 0))
+                if old is not None:
+                    put(old, old, False, at, int(payload.get("old_copies") or 0))
+            elif payload.get("copies") is not None:
+                put(f"{release} (mixed)", release, True, at, int(payload["copies"]))
+                if old is not None and points.get(old):
+                    put(old, old, False, at, 0)
+        elif (record.stage, record.event) == (PROMOTE, SUCCEEDED):
+            copies = payload.get("copies")
+            if isinstance(copies, int) and not isinstance(copies, bool):
+                clear(at, keep=release)
+                put(release, release, False, at, copies)
+            serving = release
+        elif (record.stage, record.event) == (PROMOTE, ROLLED_BACK):
+            for key in (release, f"{release} (mixed)"):
+                if points.get(key) and points[key][-1][1]:
+                    points[key].append((at, 0))
+            restored = serving if serving not in (None, release) else None
+            earlier = [copies for _, copies in points.get(restored, []) if copies]
+            if restored is not None and earlier and points[restored][-1][1] == 0:
+                points[restored].append((at, earlier[-1]))
+    series = [{"label": key if not owner[key][1] else f"{owner[key][0]}: old and new copies (not told apart)",
+               "release_id": owner[key][0], "mixed": owner[key][1], "points": pts} for key, pts in points.items()]
+    until = _moment(records[-1].recorded_at) if records else None
+    return series, until
 
 
-def _champion_svg(release_id: str, checks: list[dict]) -> str:
-    """Candidate − champion on every paired gate check: the difference with its interval and the threshold."""
-    rows = [c for c in checks if c.get("comparator", "").startswith("paired") and c.get("ci") and None not in c["ci"]]
-    if not rows:
+def champion_rows(checks: list[dict]) -> list[dict]:
+    """A gate's champion checks (paired rule) as `charts.champion_check` rows: candidate − champion, its interval,
+    the margin it was held to and the check's status."""
+    paired = [c for c in checks if c.get("rule") == "paired" or str(c.get("comparator", "")).startswith("paired")]
+    return [{"name": c["name"], "difference": c.get("observed"), "ci": c.get("ci"), "threshold": c.get("threshold"),
+             "status": c.get("status")} for c in paired if c.get("observed") is not None]
+
+
+def _cost_table(cost: dict | None) -> str:
+    rows = "".join(f"<tr><td>{what}</td><td>{text}</td></tr>" for what, text in cost_rows(cost))
+    return f'<table class="cost"><thead><tr><th>what</th><th>cost</th></tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _per_hour(detail: dict) -> str:
+    usd = cost_per_hour(detail)
+    if usd is not None:
+        return f"{usd:.2f}"
+    return "no price" if (detail.get("gate") or {}).get("cost") else "not recorded"
+
+
+def rollout_window(records: list, release_id: str) -> tuple[datetime, datetime] | None:
+    """From a little before a release's first traffic step to a little after its promotion ended (or its last step),
+    None when it recorded no traffic step: the span a rollout chart zooms in on."""
+    steps = [_moment(r.recorded_at) for r in records if r.release_id == release_id and (r.stage, r.event) == (TRAFFIC, STEP)]
+    if not steps:
+        return None
+    ended = [_moment(r.recorded_at) for r in records if r.release_id == release_id and r.stage == PROMOTE
+             and r.event in (SUCCEEDED, ROLLED_BACK) and _moment(r.recorded_at) >= steps[0]]
+    start, end = steps[0], ended[0] if ended else steps[-1]
+    pad = max((end - start) * 0.15, timedelta(seconds=5))
+    return start - pad, end + pad
+
+
+def _rollout_chart(model: str, release_id: str, series: list[dict], window: tuple[datetime, datetime] | None) -> str:
+    if window is None:
         return ""
-    values = [v for c in rows for v in (*c["ci"], c["observed"], c["threshold"] or 0.0) if v is not None]
-    low, high = min(values + [0.0]), max(values + [0.0])
-    pad = (high - low) * 0.1 or 0.01
-    low, high = low - pad, high + pad
-    plot_w, height = WIDTH - LEFT - RIGHT, TOP + LANE_H * len(rows) + AXIS_H + 10
-
-    def x_of(value: float) -> float:
-        return LEFT + plot_w * (value - low) / (high - low)
-
-    parts = [f'<svg class="champion" data-release="{_e(release_id)}" width="{WIDTH}" height="{height}" role="img" '
-             f'aria-label="candidate minus champion per gate check">']
-    for i, check in enumerate(rows):
-        y = TOP + LANE_H * i + LANE_H / 2
-        colour = "#2ca02c" if check["status"] == "pass" else "#d62728"
-        ci_low, ci_high = check["ci"]
-        parts.append(f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_e(check["name"])}</text>'
-                     f'<line x1="{x_of(ci_low):.1f}" y1="{y:.1f}" x2="{x_of(ci_high):.1f}" y2="{y:.1f}" stroke="{colour}" stroke-width="2"/>'
-                     f'<circle cx="{x_of(check["observed"]):.1f}" cy="{y:.1f}" r="4" fill="{colour}"/>')
-        if check.get("threshold") is not None:
-            x = x_of(check["threshold"])
-            parts.append(f'<line x1="{x:.1f}" y1="{y - 9:.1f}" x2="{x:.1f}" y2="{y + 9:.1f}" stroke="#333" stroke-dasharray="3,2"/>')
-    axis_y = TOP + LANE_H * len(rows) + 6
-    parts.append(f'<line x1="{LEFT}" y1="{axis_y}" x2="{WIDTH - RIGHT}" y2="{axis_y}" stroke="#333"/>')
-    for i in range(6):
-        value = low + (high - low) * i / 5
-        parts.append(f'<text x="{x_of(value):.1f}" y="{axis_y + 16}" text-anchor="middle">{value:+.3g}</text>')
-    parts.append(f'<text class="axis-label" x="{LEFT + plot_w / 2:.1f}" y="{axis_y + 34}" text-anchor="middle">'
-                 "candidate − champion (point, 95% interval; dashed: threshold)</text></svg>")
-    return "".join(parts)
+    chart = charts.copies_serving(model, series, window[1], since=window[0], key=release_id,
+                                  title=f"rollout of {release_id}: copies serving per release",
+                                  attrs={"data-release": release_id})
+    return f"<h4>Rollout: copies serving</h4>{chart}" if chart else ""
 
 
-def _release_section(detail: dict) -> str:
+def _release_section(detail: dict, rollout: str = "") -> str:
     """One release: what it was built from, its gate evidence, its champion comparison and its promotions."""
     gate = detail["gate"] or {}
     built = field_rows({name: detail[name] for name in (
@@ -165,16 +173,21 @@ def _release_section(detail: dict) -> str:
              f' (gate {_e(gate.get("decision", "not run"))})</summary>',
              "<h4>Built from</h4>", _table(built, ["field", "value"], css_class="built", hashes=("value",))]
     if gate:
+        checks = gate.get("checks") or []
         parts += [f"<h4>Gate evidence (champion: {_e(gate.get('champion_release') or 'none')})</h4>",
-                  _table([check_cells(c) for c in gate.get("checks") or []], CHECK_COLUMNS, css_class="checks"),
+                  f'<p class="summary">{_e(summary_line(str(gate.get("decision")), checks))}</p>',
+                  _table([{**check_cells(c), "rule": rule_text(c)} for c in checks], CHECK_COLUMNS, css_class="checks"),
                   _table([{"threshold": k, "value": v} for k, v in (gate.get("thresholds") or {}).items()],
                          ["threshold", "value"], css_class="thresholds"),
                   _table(gate.get("datasets") or [], ["name", "n", "sha256", "path"], css_class="datasets", hashes=("sha256",)),
-                  _champion_svg(detail["release_id"], gate.get("checks") or [])]
+                  charts.champion_check(champion_rows(checks), key=detail["release_id"],
+                                        attrs={"data-release": detail["release_id"]}),
+                  "<h4>Cost (as the gate priced it)</h4>", _cost_table(gate.get("cost"))]
     if detail["promotions"]:
         parts += ["<h4>Promotions</h4>", _table(detail["promotions"], ["at", "event", "trigger", "strategy", "endpoint",
                                                                        "component", "steps", "reason", "actor"],
                                                 css_class="promotions")]
+    parts.append(rollout)
     parts.append("</details>")
     return "".join(parts)
 
@@ -185,11 +198,17 @@ def _model_section(model: str, records: list) -> str:
     release_rows = [release_row(detail) for detail in release_details]
     model_events = events(records)
     rollbacks = [e for e in model_events if e["event"] in ("rollback", "rolled_back")]
+    for row, detail in zip(release_rows, release_details, strict=True):
+        row["cost $/h"] = _per_hour(detail)
+    series, until = copies_series(records)
+    copies = charts.copies_serving(model, series, until) if until else ""
     parts = [f'<section class="model" data-model="{_e(model)}"><h2>{_e(model)}</h2>',
-             "<h3>Timeline</h3>", _timeline_svg(model, release_rows, model_events),
+             "<h3>Timeline</h3>", _timeline(model, release_rows, model_events),
+             "<h3>Copies serving</h3>",
+             copies or '<p class="copies note">no traffic step or promotion with a copy count recorded</p>',
              "<h3>Releases</h3>",
              _table(release_rows, ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy",
-                                   "artifact_sha256", "image_digest"], css_class="releases",
+                                   "cost $/h", "artifact_sha256", "image_digest"], css_class="releases",
                     hashes=("artifact_sha256", "image_digest")),
              "<h3>Rollbacks</h3>",
              _table(rollbacks, ["at", "event", "release_id", "detail", "actor"], css_class="rollbacks") if rollbacks
@@ -197,7 +216,9 @@ def _model_section(model: str, records: list) -> str:
              "<h3>Traffic steps and events</h3>",
              _table(model_events, ["seq", "at", "release_id", "event", "detail", "actor"], css_class="events"),
              "<h3>Gate evidence per release</h3>"]
-    parts += [_release_section(detail) for detail in release_details]
+    parts += [_release_section(detail, _rollout_chart(model, detail["release_id"], series,
+                                                      rollout_window(records, detail["release_id"])))
+              for detail in release_details]
     parts.append("</section>")
     return "".join(parts)
 
