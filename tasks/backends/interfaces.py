@@ -230,6 +230,12 @@ class RolloutResult(Frozen):
 
 
 Bake = Callable[[RolloutStep], "str | None"]  # watch a step (local: its wait interval; aws: one check); the alarm that fired, or None
+StepKind = Literal["shifted", "baked"]
+OnStep = Callable[[StepKind, RolloutStep], None]
+"""Told of a rollout's progress the moment it happens, so the ledger dates it right: `shifted` once a step's copies have
+moved (local: a batch or a rollback batch is in rotation; aws: a check has seen the component), before its bake;
+`baked` once the bake has judged it (the step's `alarm` set to the alarm that fired, or None). Raising stops the
+rollout where it is (a rerun resumes it), except for a verdict that rolls back: the rollback goes on."""
 
 
 class ManagedResource(Frozen):
@@ -301,10 +307,11 @@ class Hosting(Protocol):
         ...
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement, plan: RolloutPlan,
-                 bake: Bake, *, progress: Progress) -> RolloutResult:
+                 bake: Bake, *, progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
         """Move the component to `spec` as `plan` says and roll back to the previous spec when an alarm fires. Local
         drives the batches and calls `bake` after each (an alarm it returns rolls back); aws sends SageMaker's rolling
-        update with the plan's alarms and calls `bake` at every check while it runs. A component that does not exist
+        update with the plan's alarms and calls `bake` at every check while it runs. Each step is told to `on_step`
+        as it happens (shifted, then baked), every step the result lists included. A component that does not exist
         yet is deployed whole."""
         ...
 

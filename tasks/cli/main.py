@@ -747,6 +747,7 @@ def print_as_of(served: dict) -> None:
         promotion["trigger"], f"its own release ({promotion['strategy']})")
     print(f"{served['model']} at {served['as_of']}: {served['release_id']}, serving since {served['since']}, put there by "
           f"{how}; actor {promotion['actor']} (ledger seq {served['record']['seq']})")
+    print_table(served["serving"], ["release_id", "copies", "share", "since"])  # every release serving then: two mid-rollout
     print_table(field_rows(served["built_from"], "built from"), ["built from", "value"])
     if served["evidence"]:
         print_gate(served["evidence"])

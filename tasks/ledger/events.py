@@ -9,14 +9,16 @@ from __future__ import annotations
 
 # Stages a record is filed under besides the stage table's own (resolve … teardown_candidate).
 RELEASE = "release"  # the release's own records: opened, options, and its final status
-TRAFFIC = "traffic"  # one record per traffic step of a rollout (event STEP)
+TRAFFIC = "traffic"  # one record per traffic step of a rollout (event STEP), appended as the step happens
+BAKE = "bake"  # one record per bake verdict of a traffic step (event VERDICT), appended as the bake ends
 VALIDATE, PROMOTE = "validate", "promote"
 
 # Events of a stage run.
 STARTED, SUCCEEDED, FAILED = "started", "succeeded", "failed"
 SKIPPED, KEPT, ROLLED_BACK = "skipped", "kept", "rolled_back"
 DONE = (SUCCEEDED, SKIPPED, KEPT, ROLLED_BACK)  # a stage that ended with one of these is not run again
-STEP = "step"  # a traffic step
+STEP = "step"  # a traffic step: copies moved (a batch, a rollback batch) or, where SageMaker drives them, a check seen
+VERDICT = "verdict"  # a bake's verdict on a traffic step: alarm states, the online gate's evidence, the alarm that fired
 
 # Events of the release stage.
 OPENED, OPTIONS = "opened", "options"

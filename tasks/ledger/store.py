@@ -27,7 +27,9 @@ by a newer shiplift is refused. On SQLite, `verify()` also runs the page check (
 so damage to pages the chain walk never reads (indexes, leases, the version table) is found too.
 
 `served_at()` reads records with stage `promote` and event `succeeded` (record a rollback as a
-succeeded promotion of the earlier release); the audit views over records are `tasks.ledger.views`.
+succeeded promotion of the earlier release): the last promotion that completed. A rollout's traffic steps are
+appended as they happen, so `tasks.ledger.views.as_of` reads from them which releases served between two
+batches; the audit views over records are `tasks.ledger.views`.
 """
 
 from __future__ import annotations
@@ -154,6 +156,12 @@ def _recorded_at(head: sa.Row | None) -> str:
             fix="correct the system clock (NTP), then retry",
         )
     return head.recorded_at
+
+
+def moment_text(when: datetime | str) -> str:
+    """A moment as the ledger writes `recorded_at` (UTC, sortable as text), to compare with records: BadInput for a time
+    that is not ISO 8601 or has no timezone."""
+    return _as_utc_text(when)
 
 
 def _as_utc_text(when: datetime | str) -> str:

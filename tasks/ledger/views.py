@@ -14,6 +14,8 @@ from typing import Any, Callable
 from tasks.errors import NotFound
 from tasks.ledger.events import (APPROVAL, AWAITING_APPROVAL, FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK,
                                  SUCCEEDED, TRAFFIC, VALIDATE)
+from tasks.ledger.events import BAKE, STEP, VERDICT
+from tasks.ledger.store import moment_text
 from tasks.pipeline.release import ReleaseState, release_summary
 
 
@@ -213,14 +215,98 @@ def diff(ledger, release_a: str, release_b: str) -> dict:
             "config_fields_same": len(config_a.keys() | config_b.keys()) - len(config_changed)}
 
 
+STEP_FIELDS = ("phase", "batch", "check", "batches", "old_copies", "new_copies", "copies", "old_spec_sha256",
+               "new_spec_sha256", "alarm_states", "alarm")  # a RolloutStep's, as a traffic record carries them
+VERDICT_FIELDS = ("alarm_states", "online_gate", "alarm")  # what a bake's verdict adds to its step
+
+
+def step_key(payload: dict) -> tuple:
+    """What tells a traffic step (or its verdict) from the rollout's others: phase, batch, check."""
+    return payload.get("phase", "rollout"), payload.get("batch"), payload.get("check")
+
+
+def rollout_steps(records: list) -> list[dict]:
+    """A rollout's traffic steps as recorded (the records of one promote attempt), in order, each with its bake's
+    verdict: the step's fields, when it was recorded (`at`), what the backend described as serving then (`live`) and,
+    once baked, the verdict's alarm states, online gate evidence and alarm, and when (`baked_at`)."""
+    steps: dict[tuple, dict] = {}
+    for record in records:
+        payload, key = record.payload, step_key(record.payload)
+        if (record.stage, record.event) == (TRAFFIC, STEP) and key not in steps:
+            steps[key] = {**{name: payload.get(name) for name in STEP_FIELDS}, "at": record.recorded_at,
+                          **({"live": payload["live"]} if "live" in payload else {})}
+        elif (record.stage, record.event) == (BAKE, VERDICT):
+            step = steps.setdefault(key, {name: payload.get(name) for name in STEP_FIELDS})
+            step.update({name: payload[name] for name in VERDICT_FIELDS if name in payload}, baked_at=record.recorded_at)
+    return list(steps.values())
+
+
+def _whole(promoted) -> list[dict]:
+    """The release a completed promotion put on production, on every copy."""
+    if promoted is None:
+        return []
+    return [{"release_id": promoted.release_id, "copies": promoted.payload.get("copies"), "share": 1.0,
+             "since": promoted.recorded_at}]
+
+
+def _serving(promoted, rollout: dict | None) -> list[dict]:
+    """Each release serving, with its copies and share of them, given the last completed promotion and the rollout
+    under way since (its last traffic step). Where the backend reports one copy count for the whole component
+    (SageMaker), both releases of a rollout are named with copies and share unknown (None)."""
+    if rollout is None:
+        return _whole(promoted)
+    step, source, target = rollout["step"], rollout["from_release"], rollout["release_id"]
+    source_since = promoted.recorded_at if promoted is not None and promoted.release_id == source else None
+    old, new = step.get("old_copies"), step.get("new_copies")
+    if old is None and new is None:
+        if step.get("phase") == "rollback":  # SageMaker's last observation of an update it rolled back: the old model
+            return [{"release_id": source, "copies": step.get("copies"), "share": 1.0, "since": source_since}]
+        return [{"release_id": source, "copies": None, "share": None, "since": source_since},
+                {"release_id": target, "copies": None, "share": None, "since": rollout["since"]}]
+    total = (old or 0) + (new or 0)
+    return [{"release_id": release, "copies": copies, "share": round(copies / total, 4), "since": since}
+            for release, copies, since in ((source, old or 0, source_since), (target, new or 0, rollout["since"]))
+            if copies]
+
+
+def serving_changes(records: list) -> list[dict]:
+    """What served a model after each of its records that changed it, oldest first: `serving` (each release with its
+    copies and share, `_serving`) and the `rollout` under way (None between rollouts). A completed promotion (or
+    rollback) puts its release on every copy; each traffic step of a rollout moves copies between the release it
+    rolls from and the one it rolls to; a rollout an alarm rolled back leaves the release it rolled from. Traffic
+    records are appended as the steps happen, so their times are when copies moved."""
+    promoted, rollout, changes = None, None, []
+    for record in records:
+        if record.stage == PROMOTE and record.event == SUCCEEDED:
+            promoted, rollout = record, None
+        elif record.stage == PROMOTE and record.event == ROLLED_BACK and rollout and rollout["release_id"] == record.release_id:
+            rollout = None
+        elif (record.stage, record.event) == (TRAFFIC, STEP):
+            payload = record.payload
+            same = rollout is not None and rollout["release_id"] == record.release_id
+            rollout = {"release_id": record.release_id, "strategy": payload.get("strategy"),
+                       "from_release": payload.get("from_release") or (promoted.release_id if promoted else None),
+                       "since": rollout["since"] if same else record.recorded_at, "at": record.recorded_at,
+                       "seq": record.seq, "step": {name: payload.get(name) for name in STEP_FIELDS}}
+        else:
+            continue
+        changes.append({"seq": record.seq, "at": record.recorded_at, "serving": _serving(promoted, rollout),
+                        "rollout": rollout})
+    return changes
+
+
 def as_of(ledger, model: str, when: datetime | str) -> dict:
     """What served `model` at `when`: the release, since when and by whose promotion (or rollback), what it was
-    built from and the gate evidence it was promoted on."""
+    built from and the gate evidence it was promoted on; and `serving`, every release serving then with its copies
+    and share of them (two during a rollout: the one it rolls from and the one it rolls to), with the `rollout` under
+    way then (None between rollouts)."""
     record = ledger.served_at(model, when)
     if record is None:
         raise NotFound(f"nothing of model {model!r} was promoted at or before {when}",
                        fix=f"see `shiplift ledger history {model}` for when its releases were promoted")
     detail = show(ledger, record.release_id)
+    moment = moment_text(when)
+    then = [change for change in serving_changes(ledger.history(model)) if change["at"] <= moment]
     return {
         "model": model, "as_of": str(when), "release_id": record.release_id,
         "since": record.recorded_at, "promotion": _promotion_row(record),
@@ -229,16 +315,30 @@ def as_of(ledger, model: str, when: datetime | str) -> dict:
                                                     "image_digest", "placement")},
         "evidence": detail["gate"],
         "opened_by": detail["opened_by"],
+        "serving": then[-1]["serving"] if then else _whole(record),
+        "rollout": then[-1]["rollout"] if then else None,
     }
 
 
 def _step_text(payload: dict) -> str:
     if payload.get("batch") is not None:
-        where = f"batch {payload['batch']}/{payload.get('batches')}: {payload.get('old_copies')} old, {payload.get('new_copies')} new"
+        source = f" ({payload['from_release']})" if payload.get("from_release") else ""
+        where = (f"batch {payload['batch']}/{payload.get('batches')}: {payload.get('old_copies')} old{source}, "
+                 f"{payload.get('new_copies')} new")
     else:
         where = f"check {payload.get('check')}: {payload.get('copies')} copies"
     alarm = f"; alarm {payload['alarm']}" if payload.get("alarm") else ""
     return f"{payload.get('phase', 'rollout')} {where}{alarm}"
+
+
+def _verdict_text(payload: dict) -> str:
+    """A bake's verdict in a line: which step, each alarm's state, the online gate's decision, the alarm that fired."""
+    where = f"batch {payload['batch']}/{payload.get('batches')}" if payload.get("batch") is not None else f"check {payload.get('check')}"
+    states = ", ".join(f"{name} {state}" for name, state in sorted((payload.get("alarm_states") or {}).items()))
+    gate = payload.get("online_gate") or {}
+    parts = [states or "the new copies had no answers to judge", *([f"online gate {gate.get('decision')}"] if gate else []),
+             *([f"alarm {payload['alarm']}"] if payload.get("alarm") else [])]
+    return f"{payload.get('phase', 'rollout')} {where} baked: {'; '.join(parts)}"
 
 
 def _timeline_event(record) -> tuple[str, str] | None:
@@ -251,8 +351,10 @@ def _timeline_event(record) -> tuple[str, str] | None:
     if stage == VALIDATE and event == SUCCEEDED:
         missed = payload.get("not_passed") or []
         return "gate", f"{payload.get('decision')}" + (f": {'; '.join(missed)}" if missed else "")
-    if stage == TRAFFIC:
+    if (stage, event) == (TRAFFIC, STEP):
         return "traffic", _step_text(payload)
+    if (stage, event) == (BAKE, VERDICT):
+        return ("alarm" if payload.get("alarm") else "bake"), _verdict_text(payload)
     if stage == PROMOTE and event == SUCCEEDED and payload.get("trigger") == "rollback":
         return "rollback", f"from {payload.get('rollback_from')} to {record.release_id}: {payload.get('rollback_reason')}"
     if stage == PROMOTE and event == SUCCEEDED:
@@ -283,8 +385,9 @@ def events(records: list) -> list[dict]:
 
 
 def timeline(ledger, model: str) -> list[dict]:
-    """A model's history as events, oldest first: releases opened and finished, gate decisions, traffic steps,
-    promotions, automatic and manual rollbacks with their reasons, failed stages."""
+    """A model's history as events, oldest first: releases opened and finished, gate decisions, traffic steps and
+    their bakes' verdicts (an alarm that fired is its own kind), promotions, automatic and manual rollbacks with their
+    reasons, failed stages. Each at the time its record was appended, which for traffic is when the step happened."""
     return events(require_records(ledger.history(model), model))
 
 

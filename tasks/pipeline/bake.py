@@ -49,7 +49,8 @@ class BakeWatch:
     """A bake: after each batch, replay the online gate's canary set (when there is one), then, where the metrics
     split by spec (local), for `wait_s` read the new copies' metrics every `rules.check_interval_s`; the first
     alarm (which rolls back) ends it. Where they do not (aws), the bake is the gate's round alone and SageMaker's
-    alarms judge the metrics. What the gate saw, and each alarm's state, is kept per step for the ledger."""
+    alarms judge the metrics. What the gate saw, and each alarm's state, is kept per step (`evidence`, by
+    `RolloutStep.key()`) for the verdict record the promote stage appends the moment the bake returns."""
 
     def __init__(self, metrics: Metrics, endpoint: str, component: str, spec_sha256: str, rules, wait_s: float, *,
                  online_gate: Any = None, describe: Callable[[], LiveComponent | None] | None = None,
@@ -85,7 +86,3 @@ class BakeWatch:
             self.sleep(min(self.rules.check_interval_s, deadline - self.clock()))
         return first_alarm(verdicts)
 
-    def steps_with_evidence(self, steps) -> list[dict[str, Any]]:
-        """The rollout's steps as JSON, each with what the online gate saw during its bake (and, where the bake
-        judged the metrics itself, each alarm's state)."""
-        return [{**step.model_dump(), **self.evidence.get(step.key(), {})} for step in steps]

@@ -75,7 +75,11 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     assert steps and [s["check"] for s in steps] == list(range(1, len(steps) + 1)) and all(s["batch"] is None for s in steps)
     assert steps[-1]["copies"] == 2 and steps[-1]["phase"] == "rollout"
     assert all(set(s["alarm_states"]) == set(alarms) and "ALARM" not in s["alarm_states"].values() for s in steps)
-    gate = [s for s in steps if "online_gate" in s][-1]["online_gate"]  # the canary set went through sagemaker-runtime; answers attributed by model
+    verdicts = [r.payload for r in ledger.release(second["release_id"]) if (r.stage, r.event) == ("bake", "verdict")]
+    assert [v["check"] for v in verdicts] == [s["check"] for s in steps[:-1]], "each check's verdict; the last is the end"
+    times = [r.recorded_at for r in ledger.release(second["release_id"]) if r.stage in ("traffic", "bake")]
+    assert times == sorted(times) and len(set(times)) == len(times), "each appended as it was seen"
+    gate = [v for v in verdicts if "online_gate" in v][-1]["online_gate"]  # the canary set went through sagemaker-runtime; answers attributed by model
     assert gate["candidate_answers"] > 0 and gate["unattributed"] == 0 and gate["decision"] in (None, "pass")
     published = aws.client("cloudwatch").list_metrics(Namespace="shiplift/Rollout")["Metrics"]
     assert [m["MetricName"] for m in published] == ["OnlineGateFailed"]
@@ -142,7 +146,13 @@ def test_a_pipeline_killed_mid_update_follows_that_update_on_rerun(aws, aws_rele
     live = aws.client("sagemaker").describe_inference_component(InferenceComponentName=first["component"])
     assert live["InferenceComponentStatus"] == "Updating", "SageMaker carries on without the worker"
     assert len(_alarms_left(aws)) == 1, "the alarm stays while the update may still need it"
+    ledger = Ledger(begun["ledger_url"])
+    seen = [r.payload["check"] for r in ledger.release(begun["release_id"]) if r.stage == "traffic"]
+    assert seen == [1], "the first check was recorded as it was seen, before the kill"
     promoted = run("promote")  # the retry
     assert promoted["event"] == "succeeded" and promoted["served"]["release_id"] == begun["release_id"]
+    checks = [r.payload["check"] for r in ledger.release(begun["release_id"]) if r.stage == "traffic"]
+    assert checks == list(range(1, len(checks) + 1)) and len(checks) >= 2, "numbered on from the kill, none twice"
+    assert [s["check"] for s in promoted["steps"]] == checks, "the stage's record lists the steps of both attempts"
     assert len([c for c in aws.calls if c.operation == "UpdateInferenceComponent"]) == 1, "the update was followed, not resent"
     assert _alarms_left(aws) == []

@@ -39,9 +39,12 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     assert gate["candidate_answers"] == 32 and gate["decision"] == "pass" and gate["unattributed"] == 0
     assert steps[0]["alarm_states"] == {"online_gate": "OK", "error_rate": "OK", "latency_p99": "OK"}
     traffic_steps = [r.payload for r in ledger.release(second["release_id"]) if r.stage == "traffic"]
-    assert [(t["batch"], t["strategy"]) for t in traffic_steps] == [
-        (1, "canary"), (2, "canary")], "one ledger record per traffic step"
+    assert [(t["batch"], t["strategy"], t["from_release"]) for t in traffic_steps] == [
+        (1, "canary", first["release_id"]), (2, "canary", first["release_id"])], "one ledger record per traffic step"
     assert traffic_steps[0]["live"]["copies"] == 2 and traffic_steps[0]["live"]["release_id"] == second["release_id"]
+    verdicts = [r.payload for r in ledger.release(second["release_id"]) if r.stage == "bake"]
+    assert [(v["batch"], v["alarm"]) for v in verdicts] == [(1, None), (2, None)] and "online_gate" in verdicts[0]
+    assert [s["at"] for s in steps] == [r.recorded_at for r in ledger.release(second["release_id"]) if r.stage == "traffic"]
     served = production(state_dir, MODEL)
     assert served["spec"]["model_ref"]["release_id"] == second["release_id"] and len(served["copies"]) == 2
 
@@ -57,6 +60,11 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     assert record.payload["steps"][0]["alarm_states"]["error_rate"] == "ALARM"
     assert [r.payload["phase"] for r in ledger.release(third["release_id"]) if r.stage == "traffic"] == [
         p for p, _ in phases], "the rollback's steps are recorded too"
+    kinds = [(r.stage, r.payload.get("phase")) for r in ledger.release(third["release_id"]) if r.stage in ("traffic", "bake")]
+    assert kinds[:3] == [("traffic", "rollout"), ("bake", "rollout"), ("traffic", "rollback")], \
+        "the canary, the alarm that fired during its bake, then the rollback, each appended when it happened"
+    alarm = next(r for r in ledger.release(third["release_id"]) if r.stage == "bake")
+    assert "error rate" in alarm.payload["alarm"] and alarm.recorded_at < record.recorded_at
     served = production(state_dir, MODEL)
     assert served["spec"]["model_ref"]["release_id"] == second["release_id"], "the champion serves again"
     assert len(served["copies"]) == 2 and all(c["in_rotation"] for c in served["copies"])

@@ -32,6 +32,7 @@ from tasks.hashing import sha256_json
 from tasks.pipeline.table import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
 from tasks.backends.interfaces import (
     Bake,
+    OnStep,
     ComponentSpec,
     LiveComponent,
     ManagedResource,
@@ -250,7 +251,7 @@ class SageMakerHosting:
             "Value": 1.0 if failed else 0.0, "Unit": "Count", "StorageResolution": 1}]}
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
-                 progress: Progress) -> RolloutResult:
+                 progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
         """SageMaker's rolling update: create the release's alarms, send UpdateInferenceComponent with the
         RollingUpdatePolicy and the alarms, and follow it, calling `bake` every `check_interval_s` (the online gate
         replays there and its verdict is published for its alarm). SageMaker ends a rolled-back update InService
@@ -260,7 +261,10 @@ class SageMakerHosting:
         sent again; a component Creating, or Updating for another cause, is waited for first (SageMaker refuses
         UpdateInferenceComponent then). A Failed component is updated again, never deleted: its copies may still serve
         the champion. The alarms are removed once the update has ended (a crashed watcher leaves them to SageMaker,
-        and its rerun, which names the same alarms, removes them)."""
+        and its rerun, which names the same alarms, removes them). `on_step` hears of every check as it is seen (shifted)
+        and judged (baked), and of the last observation, once the update has ended, as the step it is (rollout, or the
+        rollback SageMaker made)."""
+        tell = on_step or (lambda kind, step: None)
         live = self.inference_component(endpoint, component)
         if live is None:
             self.deploy(endpoint, component, spec, placement, role="production", progress=progress)
@@ -293,7 +297,13 @@ class SageMakerHosting:
                      f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
             self._sm("UpdateInferenceComponent",
                      **self.rolling_update_request(component, endpoint, spec, model["ModelName"], plan, names))
-        steps, final, fired = self._follow(component, spec, plan, bake, names, progress)
+        steps, final, fired = self._follow(component, spec, plan, bake, names, progress, tell)
+        if final.get("InferenceComponentStatus") == "Failed" or self._runs(final, model["ModelName"], spec.copies):
+            tell("shifted", steps[-1])  # the update ended on the new spec, or Failed; a rollback is told below
+        else:
+            reason = self._rollback_reason(final, steps, fired, plan)
+            steps[-1] = steps[-1].model_copy(update={"phase": "rollback", "alarm": reason})
+            tell("shifted", steps[-1])
         self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=names)  # kept while an update may still need them
         if final.get("InferenceComponentStatus") == "Failed":
             serving = self._copies(final)
@@ -305,10 +315,9 @@ class SageMakerHosting:
                     + ("" if serving else "; no copy serves now"))
         if self._runs(final, model["ModelName"], spec.copies):
             return RolloutResult(status="succeeded", steps=tuple(steps))
-        reason = self._rollback_reason(final, steps, fired, plan)
+        reason = steps[-1].alarm
         progress(f"inference component {component}: rolled back: {reason}")
-        ended = steps[-1].model_copy(update={"phase": "rollback", "alarm": reason})
-        return RolloutResult(status="rolled_back", reason=reason, steps=(*steps[:-1], ended))
+        return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
 
     @staticmethod
     def _copies(live: dict | None) -> int:
@@ -344,10 +353,10 @@ class SageMakerHosting:
                 and runtime.get("DesiredCopyCount") == copies == runtime.get("CurrentCopyCount"))
 
     def _follow(self, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, alarms: list[str],
-                progress: Progress) -> tuple[list[RolloutStep], dict, dict[str, str]]:
-        """Poll the update until it ends; every check interval read the alarms' states and run the bake. Returns the
-        steps (the last one: the component and its alarms once the update ended), the last description and every
-        alarm seen in ALARM with its StateReason."""
+                progress: Progress, tell: OnStep) -> tuple[list[RolloutStep], dict, dict[str, str]]:
+        """Poll the update until it ends; every check interval read the alarms' states and run the bake, telling each
+        check as it is seen and judged. Returns the steps (the last one, not told yet: the component and its alarms once
+        the update ended), the last description and every alarm seen in ALARM with its StateReason."""
         steps: list[RolloutStep] = []
         fired: dict[str, str] = {}
         spec_sha256, batches = spec.sha256(), len(plan.targets(spec.copies))
@@ -367,10 +376,12 @@ class SageMakerHosting:
                 return
             next_check = time.monotonic() + plan.alarms.check_interval_s
             step = observed(answer)
+            tell("shifted", step)
             alarm = bake(step)
             if plan.online_gate:
                 self.aws.call("cloudwatch", "PutMetricData", **self.gate_datum(component, failed=alarm is not None))
             steps.append(step.model_copy(update={"alarm": alarm}))
+            tell("baked", steps[-1])  # after the gate's datum: SageMaker's alarm on it must not wait for the ledger
             in_alarm = [name for name, state in step.alarm_states.items() if state == "ALARM"]
             progress(f"inference component {component}: check {len(steps)}: {step.copies} copies; "
                      + (f"in ALARM: {', '.join(in_alarm)}" if in_alarm else "no alarm")

@@ -23,10 +23,12 @@ from tasks.backends.interfaces import (
     LiveComponent,
     ManagedResource,
     ModelRef,
+    OnStep,
     PlacementObtained,
     Progress,
     RolloutPlan,
     RolloutResult,
+    RolloutStep,
 )
 from validation.transport import HttpInvoker
 
@@ -80,8 +82,13 @@ class LoopbackHosting:
         return live
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
-                 progress: Progress) -> RolloutResult:
-        """A real rolling update of the component's processes (ProcessSupervisor.roll_out); deployed whole when new."""
+                 progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
+        """A real rolling update of the component's processes (ProcessSupervisor.roll_out); deployed whole when new.
+
+        The supervisor bakes each batch right after it is in rotation, so `on_step` hears of a batch (shifted) as the
+        bake starts and of its verdict (baked) as the bake ends. It reports rollback batches only in its result, so
+        they are told once the rollback has ended: exact for the usual single rollback batch, late for the earlier
+        ones of a rollback in several batches (`rollout.rollback_batch`)."""
         process = self._process(spec)
         self.processes.ensure_endpoint(endpoint)
         if self.describe(endpoint, component) is None:
@@ -89,7 +96,25 @@ class LoopbackHosting:
             self.processes.put_component(endpoint, component, process)
             return RolloutResult(status="created")
         progress(f"production {endpoint}/{component}: {plan.strategy} rollout of {spec.copies} copies")
-        return self.processes.roll_out(endpoint, component, process, plan, bake, progress=progress)
+        if on_step is None:
+            return self.processes.roll_out(endpoint, component, process, plan, bake, progress=progress)
+
+        def watched(step: RolloutStep) -> str | None:
+            on_step("shifted", step)
+            alarm = bake(step)
+            try:
+                on_step("baked", step.model_copy(update={"alarm": alarm}))
+            except Exception as exc:
+                if not alarm:
+                    raise  # stops the rollout here; a rerun resumes it
+                progress(f"{endpoint}/{component}: WARNING the alarm's verdict was not recorded ({exc}); rolling back anyway")
+            return alarm
+
+        result = self.processes.roll_out(endpoint, component, process, plan, watched, progress=progress)
+        for step in result.steps:
+            if step.phase == "rollback":
+                on_step("shifted", step)
+        return result
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """What serves, from the persisted spec and a live check of the router and every copy."""

@@ -4,20 +4,96 @@
 with a bake after each, judged by the config's bake alarms on the candidate's own answers and, when
 the config has one, by the online gate (the canary set replayed through the live component). A
 rollout an alarm stopped ends `rolled_back` with the alarm as its reason, once the previous model is
-seen serving again. Every traffic step gets its own ledger record (stage `traffic`): batch n of N (or
-SageMaker's n-th check), copies of each spec, alarm states, the online gate's evidence and what the
-backend described as serving after it.
+seen serving again.
+
+The rollout is recorded as it happens (`TrafficLog`, told by the hosting): a traffic record (stage `traffic`, event
+`step`) the moment a step's copies have moved (batch n of N with the copies of each spec, or SageMaker's n-th check
+with the component's copies and alarm states), with the release it moves from and what the backend describes as
+serving then; a verdict record (stage `bake`, event `verdict`) the moment its bake has judged it (each alarm's state,
+the online gate's evidence, the alarm that fired). The ledger stamps each record when it is appended, so `ledger as-of`
+at a moment between two batches sees both releases serving. The stage's own record lists every step with its verdict.
 """
 
 from __future__ import annotations
 
-from tasks.ledger.events import ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC
+from datetime import datetime, timezone
+
+from tasks.backends.interfaces import RolloutStep, StepKind
+from tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
+from tasks.ledger.views import rollout_steps, step_key
 from tasks.pipeline.results import PromoteResult
 from tasks.errors import ConfigError, Conflict
-from tasks.pipeline.bake import BakeWatch
+from tasks.pipeline.bake import BakeWatch, live_summary
 from tasks.pipeline.approval import blocked_reason
 from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
 
+RECORDED = ((TRAFFIC, STEP), (BAKE, VERDICT))
+
+
+def attempt_records(records: list) -> list:
+    """The records of the promote run under way: those after the release's last promote record that ended one. A rerun
+    after a crash continues the same attempt; a later promotion or rollback to the release starts a new one."""
+    last = max((i for i, r in enumerate(records) if r.stage == PROMOTE and r.event in DONE), default=-1)
+    return records[last + 1:]
+
+
+class TrafficLog:
+    """The rollout's ledger records, appended the moment the hosting tells each step (`OnStep`): a traffic record once
+    a step's copies moved (with the release it moves from and what the backend describes as serving then), a verdict
+    record once its bake judged it (alarm states, the online gate's evidence, the alarm). The ledger stamps each as it
+    is appended, so its time is when the step was observed.
+
+    A rerun of a promote that stopped mid-rollout continues its attempt: a record the attempt holds already (the same
+    kind, phase and batch or check) is not appended again, and SageMaker's checks, which a followed update counts from 1
+    again, are numbered on from the last one recorded. Steps a hosting returned without telling them are appended
+    when the rollout returns (`catch_up`), late rather than lost."""
+
+    def __init__(self, ctx, *, endpoint: str, component: str, strategy: str, bake: BakeWatch, describe):
+        self.ctx, self.bake, self.describe = ctx, bake, describe
+        self.where = {"endpoint": endpoint, "component": component, "strategy": strategy}
+        earlier = [r for r in attempt_records(ctx.state.records) if (r.stage, r.event) in RECORDED]
+        self.recorded = {(r.stage, *step_key(r.payload)) for r in earlier}
+        self.check_offset = max((r.payload.get("check") or 0 for r in earlier), default=0)
+        first = next((r.payload for r in earlier if r.stage == TRAFFIC), None)
+        if first is not None:
+            self.from_release = first.get("from_release")
+        else:
+            served = ctx.backends.ledger.served_at(ctx.config.name, datetime.now(timezone.utc))
+            self.from_release = served.release_id if served else None
+
+    def _numbered(self, step: RolloutStep) -> RolloutStep:
+        return step if step.check is None else step.model_copy(update={"check": step.check + self.check_offset})
+
+    def __call__(self, kind: StepKind, step: RolloutStep) -> None:
+        told, step = step.key(), self._numbered(step)
+        stage = TRAFFIC if kind == "shifted" else BAKE
+        key = (stage, *step.key())
+        if key in self.recorded:
+            self.ctx.say(f"promote: the {stage} record of {step.phase} {step.batch or step.check} is in the ledger "
+                         "already (an earlier attempt); not appended again")
+            return
+        fields = step.model_dump()
+        if kind == "shifted":
+            self.ctx.record(TRAFFIC, STEP, {**self.where, "from_release": self.from_release, **fields,
+                                            "live": live_summary(self.describe())})
+        else:
+            evidence = {name: value for name, value in self.bake.evidence.get(told, {}).items() if name != "live"}
+            self.ctx.record(BAKE, VERDICT, {**self.where, **{name: fields[name] for name in ("phase", "batch", "check", "batches")},
+                                            "alarm_states": fields["alarm_states"], **evidence, "alarm": step.alarm})
+        self.recorded.add(key)
+
+    def catch_up(self, steps) -> None:
+        """Append what the rollout returned and never told (a hosting that does not call `on_step`): late, not lost."""
+        for step in steps:
+            numbered = self._numbered(step).key()
+            if (TRAFFIC, *numbered) not in self.recorded:
+                self("shifted", step)
+            if step.key() in self.bake.evidence and (BAKE, *numbered) not in self.recorded:
+                self("baked", step)
+
+    def steps(self) -> list[dict]:
+        """Every step of this attempt as the ledger holds it, each with its verdict (`tasks.ledger.views.rollout_steps`)."""
+        return rollout_steps(attempt_records(self.ctx.state.records))
 
 
 def online_gate(ctx, endpoint: str, component: str):
@@ -64,12 +140,12 @@ def run(ctx) -> dict:
     else:
         plan = rollout.plan()
         bake = BakeWatch(ctx.backends.metrics, endpoint, component, spec.sha256(), plan.alarms, plan.wait_interval_s,
-                         online_gate=online_gate(ctx, endpoint, component) if hosting.describe(endpoint, component) else None,
+                         online_gate=online_gate(ctx, endpoint, component) if hosting.describe(endpoint, component) else None)
+        log = TrafficLog(ctx, endpoint=endpoint, component=component, strategy=rollout.strategy, bake=bake,
                          describe=lambda: hosting.describe(endpoint, component))
-        outcome = hosting.roll_out(endpoint, component, spec, ctx.config.placement, plan, bake, progress=ctx.say)
-        steps = bake.steps_with_evidence(outcome.steps)
-        for step in steps:
-            ctx.record(TRAFFIC, STEP, {"endpoint": endpoint, "component": component, "strategy": rollout.strategy, **step})
+        outcome = hosting.roll_out(endpoint, component, spec, ctx.config.placement, plan, bake, progress=ctx.say, on_step=log)
+        log.catch_up(outcome.steps)
+        steps = log.steps()
         live = hosting.describe(endpoint, component)
         if outcome.status == "rolled_back":
             if live is None or live.model_ref == spec.model_ref:
