@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from tasks.cli.main import format_table
-from tasks.ledger.events import AWAITING_APPROVAL, TRAFFIC
+from tasks.ledger.events import AWAITING_APPROVAL
 from tasks.project import DEMO_STATE_DIR, PROJECT_ROOT as ROOT
 
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -252,13 +252,13 @@ def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
 
 
 def traffic_steps_table(ledger, release_id: str) -> str:
-    """A release's traffic steps as the ledger recorded them: batch, copies of each spec, alarm states, gate."""
+    """A release's traffic steps as the ledger recorded them, each with its bake's verdict: batch, copies of each spec,
+    alarm states, gate."""
     columns = ["phase", "batch", "old copies", "new copies", "alarms", "online gate", "alarm"]
+    from tasks.ledger.views import rollout_steps
+
     rows = []
-    for record in ledger.release(release_id):
-        if record.stage != TRAFFIC:
-            continue
-        step = record.payload
+    for step in rollout_steps(ledger.release(release_id)):
         gate = step.get("online_gate") or {}
         states = ", ".join(f"{name} {state}" for name, state in sorted((step.get("alarm_states") or {}).items())) or "-"
         rows.append(dict(zip(columns, (
