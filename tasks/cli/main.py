@@ -192,7 +192,9 @@ def cmd_decide(args) -> int:
     else:
         print(f"{result['release_id']}: {result['decision']} by {result['by']}: {result['reason']}")
         print_summary(result["summary"])
-    return 0 if args.command == "reject" else release_exit(result["summary"])
+    if args.command == "reject" or result.get("step_functions"):  # the execution continues the release on its own
+        return 0
+    return release_exit(result["summary"])
 
 
 def print_summary(summary: dict) -> None:
@@ -330,7 +332,27 @@ def cmd_orchestrate_begin(args) -> int:
 
     allowed = parse_allowed_timeouts(args.allowed_timeouts)
     print_json(reporting_to_step_functions(
-        lambda: begin_orchestrated(args.config, holder=args.holder, allowed_timeouts=allowed, overrides=overrides_of(args))))
+        lambda: begin_orchestrated(args.config, holder=args.holder, allowed_timeouts=allowed, overrides=overrides_of(args),
+                                   waits_for_approval=args.waits_for_approval)))
+    return 0
+
+
+def cmd_orchestrate_await_approval(args) -> int:
+    """Step Functions' AwaitApproval: record the approval request with the task token's reference and exit; the state
+    waits on the token for `shiplift approve` / `reject` (the step reports only a failure, or a decision already made)."""
+    from tasks.orchestrators.task_token import await_approval
+
+    print_json(await_approval(args.release, holder=args.holder, token_prefix=args.token_prefix, ledger_url=args.ledger_url,
+                              state_dir=args.state_dir))
+    return 0
+
+
+def cmd_orchestrate_approval_timed_out(args) -> int:
+    """Step Functions' ApprovalTimedOut: record the timeout (unless decided) and take the lease back for Promote."""
+    from tasks.orchestrators.task_token import approval_timed_out, reporting_to_step_functions
+
+    print_json(reporting_to_step_functions(
+        lambda: approval_timed_out(args.release, holder=args.holder, ledger_url=args.ledger_url, state_dir=args.state_dir)))
     return 0
 
 
@@ -958,7 +980,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holder", required=True, help="who holds the lease, e.g. the execution ARN")
     p.add_argument("--allowed-timeouts", metavar="STEP=SECONDS,...",
                    help="the orchestrator's timeout per step: a config whose deadlines need longer is refused")
+    p.add_argument("--waits-for-approval", action="store_true",
+                   help="this orchestrator waits for a person (the state machine has AwaitApproval): accept a config "
+                        "that requires an approval")
     p.set_defaults(func=cmd_orchestrate_begin)
+    p = with_ledger(with_state_dir(orchestrate.add_parser(
+        "await-approval", help="Step Functions AwaitApproval: record the approval request and leave the task token open")))
+    p.add_argument("--release", required=True, help="the release's id")
+    p.add_argument("--holder", required=True, help="the execution holding the model's lease")
+    p.add_argument("--token-prefix", required=True, help="s3://BUCKET/PREFIX where the task keeps its token for the approver")
+    p.set_defaults(func=cmd_orchestrate_await_approval)
+    p = with_ledger(with_state_dir(orchestrate.add_parser(
+        "approval-timed-out", help="Step Functions ApprovalTimedOut: record the timeout and take the lease back (prints JSON)")))
+    p.add_argument("--release", required=True, help="the release's id")
+    p.add_argument("--holder", required=True, help="the execution holding the model's lease")
+    p.set_defaults(func=cmd_orchestrate_approval_timed_out)
     p = with_ledger(with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back "
                                                                       "(prints JSON)")))
     p.add_argument("--release", required=True, help="the release's id, as `orchestrate begin` printed it")

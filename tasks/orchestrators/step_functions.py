@@ -9,12 +9,17 @@ Tasks share nothing but the ledger (the release's state) and the artifact store 
 stage needs), so no shared file system is mounted. Retries and timeouts come from the stage table
 (`tasks.pipeline.table`), as the CLI's and Airflow's do. The validate task also publishes its result
 to S3 (`--result-uri`) and an `aws-sdk:s3:getObject` state reads it back for the Choice on the gate
-decision. docs/step-functions.md explains the choices.
+decision. A config that requires an approval (`promotion.approval`) waits between the gate and Promote in
+`AwaitApproval`: its task records the request with a reference to its task token and exits without reporting, so the
+state waits until `shiplift approve` / `shiplift reject` sends the decision with that token (TimeoutSeconds from
+`approval.timeout_s`; a timeout records `timed_out` in `ApprovalTimedOut`, and Promote then skips). docs/step-functions.md
+explains the choices.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Literal
 
@@ -41,6 +46,8 @@ ECS_INFRA_ERRORS = ("AmazonECS.Unknown", "ECS.AmazonECSException", "ECS.ServerEx
 STATE_NAMES = {stage: "".join(part.title() for part in stage.split("_")) for stage in STAGES}
 TEARDOWN_STATES = ("TeardownCandidate", "TeardownAfterFailure")
 FAILED_STATE, BEGIN_FAILED_STATE, END_NOT_RECORDED_STATE = "ReleaseFailed", "BeginFailed", "EndNotRecorded"
+APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE = "AwaitApproval", "ApprovalTimedOut"
+APPROVAL_RESULT_PATH = "$.approval"  # what `shiplift approve` / `reject` sends with the token: decision, by, seq
 
 
 class RunnerSettings(BaseModel):
@@ -145,11 +152,33 @@ def result_uri(config: ReleaseConfig, runner: RunnerSettings, release_id: str, s
     return results_bucket(config, runner), f"{runner.result_prefix}/{release_id}/{stage}.json"
 
 
-def begin_command(config_path: str, holder: str, allowed_timeouts: dict[str, int]) -> list[str]:
+def begin_command(config_path: str, holder: str, allowed_timeouts: dict[str, int], *, waits_for_approval: bool = False) -> list[str]:
     """argv of the first step: check the config's deadlines against the rendered timeouts, open the release and take
-    the model's lease (release.begin_orchestrated)."""
+    the model's lease (release.begin_orchestrated; `--waits-for-approval` when the definition has AwaitApproval, so a
+    config requiring an approval is accepted)."""
     allowed = ",".join(f"{name}={seconds}" for name, seconds in allowed_timeouts.items())
-    return ["shiplift", "orchestrate", "begin", config_path, "--holder", holder, "--allowed-timeouts", allowed]
+    argv = ["shiplift", "orchestrate", "begin", config_path, "--holder", holder, "--allowed-timeouts", allowed]
+    return argv + ["--waits-for-approval"] if waits_for_approval else argv
+
+
+def approval_token_prefix(config: ReleaseConfig, runner: RunnerSettings, release_id: str) -> str:
+    """s3://BUCKET/PREFIX/RELEASE_ID/approval: where the AwaitApproval task keeps its task token for the approver (the
+    ledger records only the token's sha256 and this place: a token is a secret the ledger refuses)."""
+    return f"s3://{results_bucket(config, runner)}/{runner.result_prefix}/{release_id}/approval"
+
+
+def await_approval_command(release_id: str, ledger_url: str, holder: str, token_prefix: str) -> list[str]:
+    """argv of AwaitApproval: record the request with its token's reference and exit without reporting
+    (task_token.await_approval)."""
+    return ["shiplift", "orchestrate", "await-approval", "--release", release_id, "--ledger-url", ledger_url,
+            "--holder", holder, "--token-prefix", token_prefix]
+
+
+def approval_timed_out_command(release_id: str, ledger_url: str, holder: str) -> list[str]:
+    """argv of ApprovalTimedOut: record that the wait timed out (unless decided) and take the lease back for Promote
+    (task_token.approval_timed_out)."""
+    return ["shiplift", "orchestrate", "approval-timed-out", "--release", release_id, "--ledger-url", ledger_url,
+            "--holder", holder]
 
 
 def stage_command(stage: str, release_id: str, ledger_url: str, holder: str, publish_uri: str | None = None) -> list[str]:
@@ -257,6 +286,33 @@ class _Renderer:
         container silent for longer than this is taken for dead (States.HeartbeatTimeout)."""
         return self.runner.startup_allowance_s + 3 * HEARTBEAT_EVERY_S
 
+    def approval_wait_seconds(self) -> int:
+        """TimeoutSeconds of AwaitApproval: `promotion.approval.timeout_s`, plus once the time an ECS task takes to start
+        (the ledger's deadline counts from the request, which the task records once it has started, so the state
+        times out after the deadline, never before)."""
+        return math.ceil(self.config.promotion.approval.timeout_s) + self.runner.startup_allowance_s
+
+    def approval_states(self, promote: str) -> dict[str, dict]:
+        """AwaitApproval and ApprovalTimedOut. AwaitApproval's task reports only a failure: once it has recorded the
+        request it exits, and the state waits on its token (`.waitForTaskToken`) for the decision `shiplift approve` or
+        `shiplift reject` sends with it, both as SendTaskSuccess so the release goes on to Promote (which promotes, or
+        skips with the reason); a rejection is a decision, not a failure. No HeartbeatSeconds: nothing runs to beat while
+        a person reads the report (and the States Language wants HeartbeatSeconds below TimeoutSeconds). States.Timeout
+        goes to ApprovalTimedOut, which records the timeout and goes on to Promote (skipped: not approved)."""
+        rid, url = self.release_id, self.config.backend.ledger_url
+        wait = self.ecs_task("end", await_approval_command(rid, url, self.HOLDER, approval_token_prefix(self.config, self.runner, rid)),
+                             timeout_s=self.approval_wait_seconds(), next_state=promote, catch=[])
+        del wait["HeartbeatSeconds"]
+        wait["ResultPath"] = APPROVAL_RESULT_PATH
+        wait["Retry"] = [_retry("end")[0], {
+            "ErrorEquals": retryable_error_names(), "IntervalSeconds": int(BACKOFF.first_s), "BackoffRate": BACKOFF.factor,
+            "MaxAttempts": STEPS["end"].retries, "MaxDelaySeconds": int(BACKOFF.max_s), "JitterStrategy": "FULL"}]
+        wait["Catch"] = [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.approval_timeout", "Next": APPROVAL_TIMED_OUT_STATE},
+                         *_catch("TeardownAfterFailure")]
+        timed_out = self.ecs_task("end", approval_timed_out_command(rid, url, self.HOLDER), timeout_s=self.stage_timeout("end"),
+                                  next_state=promote, catch=_catch("TeardownAfterFailure"))
+        return {APPROVAL_STATE: wait, APPROVAL_TIMED_OUT_STATE: timed_out}
+
     def bake_seconds(self) -> int:
         """The soak after Promote: canary and linear bake inside the promote stage, batch by batch."""
         return self.runner.post_promote_wait_s
@@ -264,6 +320,7 @@ class _Renderer:
     def render(self) -> dict:
         runner, rid, sd, url = self.runner, self.release_id, self.runner.state_dir, self.config.backend.ledger_url
         bucket, key = result_uri(self.config, runner, rid, "validate")
+        approval = self.config.promotion.approval.required
         states: dict[str, dict] = {
             "Prepare": {
                 "Type": "Pass",
@@ -275,7 +332,8 @@ class _Renderer:
                 }},
                 "Next": "Begin",
             },
-            "Begin": self.ecs_task("begin", begin_command(self.config_path, self.HOLDER, timeouts_for(self.config)),
+            "Begin": self.ecs_task("begin", begin_command(self.config_path, self.HOLDER, timeouts_for(self.config),
+                                                          waits_for_approval=approval),
                                    timeout_s=self.stage_timeout("begin"),
                                    next_state=STATE_NAMES[STAGES[0]], catch=_catch(BEGIN_FAILED_STATE)),
         }
@@ -305,7 +363,7 @@ class _Renderer:
                 {"Variable": envelope_release, "IsPresent": False, "Next": "GateResultInvalid"},
                 {"Variable": decision, "IsPresent": False, "Next": "GateResultInvalid"},
                 {"Not": {"Variable": envelope_release, "StringEquals": rid}, "Next": "GateResultInvalid"},
-                {"Variable": decision, "StringEquals": "pass", "Next": STATE_NAMES["promote"]},
+                {"Variable": decision, "StringEquals": "pass", "Next": APPROVAL_STATE if approval else STATE_NAMES["promote"]},
             ],
             "Default": STATE_NAMES["teardown_candidate"],
         }
@@ -316,6 +374,8 @@ class _Renderer:
             "ResultPath": "$.error",
             "Next": "TeardownAfterFailure",
         }
+        if approval:
+            states.update(self.approval_states(STATE_NAMES["promote"]))
         bake = self.bake_seconds()
         after_promote = "Bake" if bake else STATE_NAMES["teardown_candidate"]
         states[STATE_NAMES["promote"]] = self.ecs_task(
@@ -355,7 +415,8 @@ class _Renderer:
 
 def render_state_machine(config: ReleaseConfig, *, release_id: str | None = None, runner: RunnerSettings,
                          config_path: str) -> dict:
-    """The release's stage graph as ASL (a dict): Tasks running `shiplift stage`, gate Choice, bake Wait, Retry/Catch.
+    """The release's stage graph as ASL (a dict): Tasks running `shiplift stage`, gate Choice, bake Wait, Retry/Catch,
+    and AwaitApproval between the gate and Promote when the config requires an approval.
 
     `config_path` is the release config inside the pipeline image, relative to its working
     directory (the repository root), e.g. `configs/releases/qwen35-4b-semif.yaml`.
@@ -435,6 +496,28 @@ def state_machine_role_policy(config: ReleaseConfig, runner: RunnerSettings, *, 
              "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
             {"Sid": "ReadStageResults", "Effect": "Allow", "Action": "s3:GetObject",
              "Resource": f"{arn}:s3:::{bucket}/{runner.result_prefix}/{config.name}-*/*"},
+        ],
+    }
+
+
+def approver_policy(config: ReleaseConfig, runner: RunnerSettings, *, account_id: str, region: str) -> dict:
+    """Least-privilege IAM policy for whoever runs `shiplift approve` / `reject` on a release waiting in AwaitApproval:
+    read the task token its task kept under the result prefix (this model's releases only) and send the decision with
+    it (SendTaskSuccess, for both decisions). SendTaskSuccess has no resource type in the Service Authorization
+    Reference, so it is granted on `*`: the token names the execution, and only the token the release's own ledger
+    record names is sent.
+    (A bucket whose default encryption is SSE-KMS also needs kms:Decrypt on its key.)"""
+    if not re.fullmatch(r"\d{12}", account_id):
+        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id", fix="pass the account that runs the state machine")
+    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
+        raise BadInput(f"region {region!r} is not an AWS region name", fix="pass e.g. us-east-1")
+    bucket = results_bucket(config, runner)
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ReadApprovalTaskTokens", "Effect": "Allow", "Action": "s3:GetObject",
+             "Resource": f"arn:{_partition(region)}:s3:::{bucket}/{runner.result_prefix}/{config.name}-*/approval/*"},
+            {"Sid": "SendTheDecision", "Effect": "Allow", "Action": "states:SendTaskSuccess", "Resource": "*"},
         ],
     }
 

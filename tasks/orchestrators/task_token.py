@@ -6,16 +6,27 @@ outcome itself: success, or failure named `Shiplift.<error class>`. The state's 
 `retryable` is true; every other failure goes straight to its Catch (teardown). While the step runs, a heartbeat every
 `HEARTBEAT_EVERY_S` shows the container alive; one that dies stops beating, and `States.HeartbeatTimeout` is retried
 like a lost Airflow worker.
+
+One step is different: AwaitApproval (a config that requires an approval, docs/approval.md). Its command records the
+approval request and exits without reporting, so the state keeps waiting on its token until a person decides;
+`shiplift approve` / `shiplift reject` then sends the decision with that token (`decide_for_execution`). The token is
+a secret (botocore marks taskToken sensitive; the ledger refuses such keys), so the task keeps it in S3 under the
+result prefix and the ledger's request records only its sha256 and where it is: the approver sends only the token
+that matches the release's own record, once (a second decision is refused before anything is sent, and Step
+Functions refuses a closed token with TaskTimedOut).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import sys
 import threading
 from typing import Any, Callable
 
-from tasks.errors import ShipliftError, error_classes
+from tasks.errors import ConfigError, Conflict, NotFound, ShipliftError, error_classes
 
 TOKEN_ENV = "SHIPLIFT_SFN_TASK_TOKEN"
 ERROR_PREFIX = "Shiplift."
@@ -86,3 +97,248 @@ def reporting_to_step_functions(run: Callable[[], Any], *, client: Any = None) -
     beating.join()
     client.send_task_success(taskToken=token, output="{}")  # the state discards its output (ResultPath null)
     return result
+
+
+# --- Approval: AwaitApproval waits on its token; `shiplift approve` / `reject` send the decision with it --------------
+# The callback pattern: https://docs.aws.amazon.com/step-functions/latest/dg/connect-to-resource.html#connect-wait-token
+# SendTaskSuccess: https://docs.aws.amazon.com/step-functions/latest/apireference/API_SendTaskSuccess.html
+
+HOLDER_PREFIX = "stepfunctions:"  # an execution's lease holder: `stepfunctions:<execution ARN>` (the Prepare state)
+# SendTaskSuccess's errors for a token Step Functions does not wait on (the operation's errors in botocore's model;
+# TaskTimedOut: "the task token has either expired or the task associated with the token has already been closed")
+TOKEN_REFUSALS = {
+    "TaskTimedOut": "the token expired or its task was already closed (decided once already, or the execution was "
+                    "stopped or timed out)",
+    "InvalidToken": "Step Functions does not know this token",
+    "TaskDoesNotExist": "the token's task does not exist",
+}
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _s3_place(uri: str) -> tuple[str, str]:
+    match = re.fullmatch(r"s3://([^/]+)/(.+?)/?", uri)
+    if not match:
+        raise ConfigError(f"{uri!r} is not s3://BUCKET/KEY", fix="pass --token-prefix s3://BUCKET/PREFIX (what `sfn render` writes)")
+    return match[1], match[2]
+
+
+def approval_aws(config, session: Any = None):
+    """The AWS session the approval's S3 and Step Functions calls use: the aws backend's (region, profile, and the
+    caller's boto3 session), or for a local-backend config the standard chain in $AWS_DEFAULT_REGION."""
+    from tasks.backends.aws.session import Aws
+
+    backend = config.backend
+    if backend.kind == "aws":
+        return Aws(region=backend.region, profile=backend.profile, access=session)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        raise ConfigError(f"{config.name} uses the local backend, which names no AWS region for Step Functions",
+                          fix="set AWS_DEFAULT_REGION to the state machine's region")
+    return Aws(region=region, access=session)
+
+
+def keep_token(aws, prefix: str, release_id: str, holder: str, token: str) -> dict:
+    """Put the task token where the approver reads it (PREFIX/task-token-<sha256[:16]>.json, with the release and the
+    execution); returns the reference the ledger's request records: holder, execution, token_uri, token_sha256."""
+    digest = _sha256(token)
+    bucket, key = _s3_place(prefix)
+    key = f"{key}/task-token-{digest[:16]}.json"
+    body = json.dumps({"release_id": release_id, "holder": holder, "task_token": token}, sort_keys=True).encode()
+    aws.call("s3", "PutObject", Bucket=bucket, Key=key, Body=body, ContentType="application/json", ChecksumAlgorithm="SHA256")
+    return {"holder": holder, "execution": holder.removeprefix(HOLDER_PREFIX), "token_uri": f"s3://{bucket}/{key}",
+            "token_sha256": digest}
+
+
+def read_token(aws, release_id: str, wait: dict) -> str:
+    """The task token the release's request names (`wait`), read back and checked against it: Conflict, and nothing
+    recorded or sent, when the object holds another token (its sha256 is not the ledger's), another release's or
+    another execution's, or is gone."""
+    bucket, key = _s3_place(wait["token_uri"])
+    refused = f"the task token at {wait['token_uri']} is not the one release {release_id}'s approval request names " \
+              f"(sha256 {wait['token_sha256'][:16]}…, execution {wait['execution']})"
+    fix = "nothing was recorded or sent; the token is only ever taken from the place the ledger names, so look at who " \
+          "wrote that object, or rerun the execution so its AwaitApproval task keeps its token again"
+    try:
+        kept = json.loads(aws.call("s3", "GetObject", Bucket=bucket, Key=key)["Body"].read())
+    except NotFound as exc:
+        raise Conflict(f"{refused}: it is not there", fix=fix) from exc
+    except ValueError as exc:
+        raise Conflict(f"{refused}: it is not JSON", fix=fix) from exc
+    token = kept.get("task_token") if isinstance(kept, dict) else None
+    if not isinstance(token, str) or _sha256(token) != wait["token_sha256"]:
+        raise Conflict(f"{refused}: it holds another token", fix=fix)
+    if (kept.get("release_id"), kept.get("holder")) != (release_id, wait["holder"]):
+        raise Conflict(f"{refused}: it was kept for release {kept.get('release_id')} in {kept.get('holder')}", fix=fix)
+    return token
+
+
+def send_decision(aws, token: str, output: dict) -> None:
+    """SendTaskSuccess with the decision as the task's output (both decisions: a rejection goes on to Promote, which
+    skips, not to the failure path). A token Step Functions does not wait on (TaskTimedOut, InvalidToken,
+    TaskDoesNotExist) is a Conflict naming the error; other failures are the session's domain errors."""
+    from tasks.backends.aws.session import error_code
+
+    try:
+        aws.call("stepfunctions", "SendTaskSuccess", taskToken=token, output=json.dumps(output, sort_keys=True))
+    except ShipliftError as exc:
+        code = error_code(exc.__cause__)[0] if exc.__cause__ is not None else ""
+        if code in TOKEN_REFUSALS:
+            raise Conflict(f"Step Functions refused the task token: {code}: {TOKEN_REFUSALS[code]}",
+                           fix="see the execution's history in the Step Functions console") from exc
+        raise
+
+
+def _decided(ctx) -> dict:
+    """The output sent with the token: the approval's status and the decision record's who and seq."""
+    from tasks.pipeline.approval import approval_state
+
+    current = approval_state(ctx.state, ctx.config)
+    record = current.decision
+    return {"release_id": ctx.release_id, "decision": current.status,
+            "by": record.payload.get("by") if record is not None else None, "seq": record.seq if record is not None else None}
+
+
+def decide_for_execution(ctx, *, approve: bool, reason: str, session: Any = None) -> dict:
+    """`shiplift approve` / `reject` of a release waiting in AwaitApproval: read its task token back from where its
+    request says (refused, nothing recorded, when it is not that token), give the execution its lease back (LeaseHeld
+    while another run promotes the model), record the decision (`approval.decide`, which refuses what it must), then
+    send it with the token instead of running the remaining stages here: the execution goes on to Promote. A send that
+    fails leaves the decision recorded and says so; the execution's ApprovalTimedOut step then follows the ledger."""
+    from tasks.pipeline.approval import decide, waiting_execution
+    from tasks.pipeline.release import release_summary
+    from tasks.pipeline.table import LEASE
+
+    wait = waiting_execution(ctx.state.records)
+    if wait is None:
+        raise Conflict(f"release {ctx.release_id} does not wait in a Step Functions execution",
+                       fix=f"see `shiplift ledger show {ctx.release_id}`")
+    aws = approval_aws(ctx.config, session)
+    token = read_token(aws, ctx.release_id, wait)
+    ledger, model, holder = ctx.backends.ledger, ctx.config.name, wait["holder"]
+    ledger.acquire_lease(model, holder, ctx.release_id, LEASE.ttl_s)
+    try:
+        decision = decide(ctx, approve=approve, actor=ctx.actor, reason=reason)
+    except BaseException:
+        ledger.release_lease(model, holder)
+        raise
+    output = _send_recorded(ctx, aws, token, wait)
+    return {**decision, "summary": release_summary(ctx.state),
+            "step_functions": {"execution": wait["execution"], "sent": "SendTaskSuccess", "output": output}}
+
+
+def _send_recorded(ctx, aws, token: str, wait: dict) -> dict:
+    """Send the decision just recorded to the waiting execution (which holds the lease for Promote now); a send that
+    fails gives the lease back and says that the decision stands and how the execution learns of it."""
+    output = _decided(ctx)
+    try:
+        send_decision(aws, token, output)
+    except ShipliftError as exc:
+        ctx.backends.ledger.release_lease(ctx.config.name, wait["holder"])
+        raise type(exc)(f"the {output['decision']} decision on {ctx.release_id} is recorded, but {wait['execution']} was "
+                        f"not told: {exc.problem}",
+                        fix="nothing to decide again: when AwaitApproval times out, ApprovalTimedOut goes on to Promote "
+                            "with the recorded decision; to go on sooner, stop the execution and start it again (it "
+                            "resumes from the ledger)") from exc
+    ctx.say(f"approval: sent to {wait['execution']} with its task token; it goes on to promote")
+    return output
+
+
+def await_approval(release_id: str, *, holder: str, token_prefix: str, ledger_url: str | None = None,
+                   state_dir: Any = None, actor: str | None = None, progress: Callable[[str], None] | None = None,
+                   session: Any = None, client: Any = None) -> dict:
+    """What AwaitApproval's task runs (`shiplift orchestrate await-approval`): keep its task token (`keep_token`), record
+    the request with the token's reference (`approval.request_for_execution`), tear the candidate down unless the
+    approval keeps it, give the lease back so others are not blocked while a person reads the report, and exit
+    WITHOUT reporting: the state waits on the token for `shiplift approve` / `reject`. A release already decided (a
+    retried or new execution; a decision made meanwhile in the Model Registry is followed first) reports its decision
+    at once, and a failure is reported as any step's is."""
+    from tasks.pipeline.approval import follow_registry, request_for_execution
+    from tasks.pipeline.release import ensure_stage, print_progress, reopen_release
+    from tasks.pipeline.table import TEARDOWN
+
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise ConfigError(f"`shiplift orchestrate await-approval` runs in the Step Functions AwaitApproval task: no task "
+                          f"token in {TOKEN_ENV}", fix="run it from the state machine `shiplift sfn render` writes")
+    client = client or _client()
+    try:
+        ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
+                             progress=progress or print_progress, session=session)
+        ctx.lease_holder = holder
+        follow_registry(ctx)
+        wait = keep_token(approval_aws(ctx.config, session), token_prefix, release_id, holder, token)
+        status = request_for_execution(ctx, wait)
+        if status == "awaiting":
+            if not ctx.config.promotion.approval.keep_candidate:
+                ensure_stage(ctx, TEARDOWN)
+            ctx.backends.ledger.release_lease(ctx.config.name, holder)
+            ctx.say(f"waiting for approval in {wait['execution']}: an approver runs `shiplift approve {release_id} "
+                    "--reason TEXT` (or `shiplift reject`); the task token stays open")
+            return {"release_id": release_id, "decision": "awaiting", "token_sha256": wait["token_sha256"]}
+        output = _decided(ctx)
+    except BaseException as exc:
+        try:
+            client.send_task_failure(taskToken=token, error=error_name(exc), cause=failure_cause(exc))
+        except Exception as report_error:  # Step Functions then learns of it at the state's timeout
+            print(f"shiplift: Step Functions not told of the failure: {report_error}", file=sys.stderr, flush=True)
+        raise
+    client.send_task_success(taskToken=token, output=json.dumps(output, sort_keys=True))
+    return output
+
+
+def approval_timed_out(release_id: str, *, holder: str, ledger_url: str | None = None, state_dir: Any = None,
+                       actor: str | None = None, progress: Callable[[str], None] | None = None, session: Any = None) -> dict:
+    """What ApprovalTimedOut runs (`shiplift orchestrate approval-timed-out`, reported like any step): AwaitApproval's
+    TimeoutSeconds passed, so a request still awaiting is recorded timed out (one decided but not relayed keeps its
+    decision), and the execution takes its lease back for Promote, which then skips (or promotes an approval)."""
+    from tasks.pipeline.approval import record_orchestrator_timeout
+    from tasks.pipeline.release import print_progress, reopen_release
+    from tasks.pipeline.table import LEASE
+
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
+                         progress=progress or print_progress, session=session)
+    rule = ctx.config.promotion.approval
+    status = record_orchestrator_timeout(ctx, f"Step Functions stopped waiting: AwaitApproval timed out "
+                                              f"(promotion.approval.timeout_s {rule.timeout_s:g} s plus the task's start-up allowance)")
+    ctx.backends.ledger.acquire_lease(ctx.config.name, holder, release_id, LEASE.ttl_s)
+    ctx.say(f"approval: {status}; going on to promote")
+    return {"release_id": release_id, "decision": status}
+
+
+def follow_registry_approval(release_id: str, *, ledger_url: str | None = None, state_dir: Any = None,
+                             actor: str | None = None, progress: Callable[[str], None] | None = None,
+                             session: Any = None) -> dict:
+    """Record a decision made in the SageMaker Model Registry on a release awaiting approval
+    (`approval.follow_registry`), then continue the release as `shiplift approve` does: send it to the waiting
+    execution with its token, or run the remaining stages here. What a `shiplift approval follow RELEASE` command, a
+    schedule or an EventBridge rule on the registry's state changes would call."""
+    from tasks.pipeline.approval import follow_registry, waiting_execution
+    from tasks.pipeline.release import holding_lease, print_progress, release_summary, reopen_release, run_holder, run_stages
+    from tasks.pipeline.table import LEASE
+
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
+                         progress=progress or print_progress, session=session)
+    wait = waiting_execution(ctx.state.records)
+    if wait is None:
+        with holding_lease(ctx, run_holder(ctx.actor)):
+            found = follow_registry(ctx)
+        decided = found is not None and found.get("decision") is not None
+        return {"registry": found, "summary": run_stages(ctx) if decided else release_summary(ctx.state)}
+    aws = approval_aws(ctx.config, session)
+    token = read_token(aws, release_id, wait)
+    ledger, model, holder = ctx.backends.ledger, ctx.config.name, wait["holder"]
+    ledger.acquire_lease(model, holder, release_id, LEASE.ttl_s)
+    try:
+        found = follow_registry(ctx)
+    except BaseException:
+        ledger.release_lease(model, holder)
+        raise
+    if found is None or found.get("decision") is None:
+        ledger.release_lease(model, holder)
+        return {"registry": found, "summary": release_summary(ctx.state)}
+    output = _send_recorded(ctx, aws, token, wait)
+    return {"registry": found, "summary": release_summary(ctx.state),
+            "step_functions": {"execution": wait["execution"], "sent": "SendTaskSuccess", "output": output}}

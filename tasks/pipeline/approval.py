@@ -156,3 +156,113 @@ def awaiting(records: list) -> dict | None:
         return None
     return {**request.payload, "seq": request.seq, "requested_at": request.recorded_at}
 
+
+
+# --- Additions (issue 21): waiting in a Step Functions execution, and decisions made in the Model Registry -------------
+# The functions above are the CLI's; these are called by the Step Functions steps (`tasks.orchestrators.task_token`) and
+# wherever a release checks for a decision made in the SageMaker Model Registry. None changes the functions above.
+
+TOKEN_RENEWED = "task_token_renewed"  # event: a retried or later execution of the release waits on a new task token
+STEP_FUNCTIONS = "step_functions"  # payload key: the reference to the task token an execution waits on
+
+
+def _requests(records: list) -> tuple[Any, list]:
+    """The release's approval request record and the approval records after it."""
+    request = next((r for r in records if (r.stage, r.event) == (events.APPROVAL, events.AWAITING_APPROVAL)), None)
+    return request, [r for r in records if r.stage == events.APPROVAL and request is not None and r.seq > request.seq]
+
+
+def token_reference(records: list) -> dict | None:
+    """The reference to the task token the release's request was last waited on with (its execution's holder, where the
+    token is kept and its sha256; never the token), whether or not it is decided; None when no execution waits."""
+    request, later = _requests(records)
+    if request is None:
+        return None
+    found = [request.payload.get(STEP_FUNCTIONS), *(r.payload.get(STEP_FUNCTIONS) for r in later if r.event == TOKEN_RENEWED)]
+    found = [reference for reference in found if reference]
+    return found[-1] if found else None
+
+
+def waiting_execution(records: list) -> dict | None:
+    """The task-token reference of a request still awaiting a decision in a Step Functions execution, else None (the
+    CLI's `shiplift release` waits without one)."""
+    return token_reference(records) if awaiting(records) is not None else None
+
+
+def request_for_execution(ctx, wait: dict) -> str:
+    """The Step Functions AwaitApproval step: record the request once, with `wait` (the reference to its task token),
+    or, when a retried or new execution of the release asks again, the new token's reference; a request past its
+    deadline is recorded timed out, as `hold` does. Returns the approval's status: `awaiting` (the execution waits on
+    its token), or approved / rejected / timed_out / not_required, when it can go on to promote at once."""
+    if ctx.result("validate").decision != "pass":
+        raise Conflict(f"release {ctx.release_id} has no passed gate to ask an approval for (gate "
+                       f"{ctx.result('validate').decision})", fix="the state machine asks only after GateDecision pass")
+    current = approval_state(ctx.state, ctx.config)
+    if current.status == "not_requested":
+        payload = {**_request_payload(ctx), STEP_FUNCTIONS: wait}
+        ctx.record(events.APPROVAL, events.AWAITING_APPROVAL, payload)
+        ctx.say(f"approval: awaiting one of {', '.join(payload['approvers'])} until {payload['deadline'][:19]}Z in "
+                f"{wait['holder']}; gate report {payload['gate']['report_html']}")
+        return "awaiting"
+    if current.status != "awaiting":
+        return current.status
+    if _now() >= current.deadline:
+        ctx.record(events.APPROVAL, events.TIMED_OUT, {
+            "reason": f"nobody approved it within promotion.approval.timeout_s ({current.request.payload['timeout_s']:g} s, "
+                      f"deadline {current.request.payload['deadline']})"})
+        return events.TIMED_OUT
+    if (token_reference(ctx.state.records) or {}).get("token_sha256") != wait["token_sha256"]:
+        ctx.record(events.APPROVAL, TOKEN_RENEWED, {STEP_FUNCTIONS: wait, "requested_seq": current.request.seq})
+        ctx.say(f"approval: still awaiting; {wait['holder']} waits on a new task token")
+    return "awaiting"
+
+
+def record_orchestrator_timeout(ctx, why: str) -> str:
+    """The orchestrator stopped waiting (Step Functions' States.Timeout of AwaitApproval): a request still awaiting is
+    recorded timed out with `why`; one already decided keeps its decision (a decision whose token could not be sent
+    goes on here). Returns the approval's status. Conflict when nothing was ever requested (the step never recorded it)."""
+    current = approval_state(ctx.state, ctx.config)
+    if current.status == "not_requested":
+        raise Conflict(f"release {ctx.release_id} timed out waiting for an approval it never asked for",
+                       fix="look at the AwaitApproval task's log; rerun the execution to ask again")
+    if current.status == "awaiting":
+        ctx.record(events.APPROVAL, events.TIMED_OUT, {"reason": why})
+        return events.TIMED_OUT
+    return current.status
+
+
+def follow_registry(ctx) -> dict | None:
+    """Honour a decision made in the backend's registry (aws: Approved or Rejected on the release's version in the
+    SageMaker Model Registry, by SageMaker Studio or UpdateModelPackage): `decide` records it with the principal read
+    back from the registry, refusing what it refuses for the CLI; what is not honoured (a stale decision, another
+    version's, or one `decide` refuses) is reported and the registry put back to the ledger's view. None when the
+    release does not await approval or the registry holds no decision; else what was found, with `decision` when it
+    was recorded or `refused` with the reason."""
+    current = approval_state(ctx.state, ctx.config)
+    read = getattr(ctx.backends.registry, "decision_for", None)
+    if current.status != "awaiting" or read is None:
+        return None
+    from tasks.errors import ShipliftError
+
+    try:
+        found = read(ctx.facts(), current.request)
+    except ShipliftError as exc:  # the registry is a view: the ledger's decision does not depend on reading it
+        ctx.say(f"WARNING the model registry could not be read for a decision (the ledger is unaffected): {exc}")
+        return None
+    if found is None:
+        return None
+    for other in found.get("others") or ():
+        ctx.say(f"WARNING the model registry's {other['status']} of {other['model_package_arn']} by {other['by']} is not "
+                f"honoured: {other['refused']}")
+    if found.get("status") is None:
+        return found
+    if found.get("refused") is None:
+        try:
+            found = {**found, "decision": decide(ctx, approve=found["approve"], actor=found["actor"], reason=found["reason"])}
+        except Conflict as exc:
+            found = {**found, "refused": str(exc)}
+    if found.get("refused") is not None:
+        ctx.say(f"WARNING the model registry's {found['status']} of {found['model_package_arn']} by {found['actor']} "
+                f"is not honoured: {found['refused']}; the registry is put back to the ledger's view")
+        ctx.sync_registry()
+    return found

@@ -30,7 +30,7 @@ from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import ConfigError, LeaseLost, NotFound, ShipliftError, is_retryable
 from tasks.ledger import events
 from tasks.pipeline import table
-from tasks.pipeline.approval import awaiting, decide, hold
+from tasks.pipeline.approval import awaiting, decide, follow_registry, hold
 from tasks.processes import pid_running
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.pipeline.results import RESULTS, StageResult, stage_result
@@ -412,10 +412,20 @@ def run_release(
 
 def answer_approval(release_id: str, *, approve: bool, reason: str, actor: str | None = None,
                     ledger_url: str | None = None, state_dir: str | Path | None = None,
-                    progress: Progress = print_progress) -> dict:
+                    progress: Progress = print_progress, session: Any = None) -> dict:
     """Record an approver's decision (`tasks.pipeline.approval.decide`, which refuses what it must) under the model's
-    lease, then run the release's remaining stages. Returns the decision with the release's summary."""
-    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress)
+    lease, then run the release's remaining stages. A release waiting in a Step Functions execution (its request names
+    the execution's task token) is answered there instead: the decision is recorded and sent with the token its
+    request names (`tasks.orchestrators.task_token.decide_for_execution`), and the execution promotes or skips
+    promote itself; its result then also carries `step_functions`. Returns the decision with the release's summary."""
+    from tasks.pipeline.approval import waiting_execution
+
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress,
+                         session=session)
+    if waiting_execution(ctx.state.records) is not None:
+        from tasks.orchestrators.task_token import decide_for_execution
+
+        return decide_for_execution(ctx, approve=approve, reason=reason, session=session)
     with holding_lease(ctx, run_holder(ctx.actor)):
         decision = decide(ctx, approve=approve, actor=ctx.actor, reason=reason)
     return {**decision, "summary": run_stages(ctx)}
@@ -427,6 +437,8 @@ def run_stages(ctx: StageContext) -> dict:
     with holding_lease(ctx, run_holder(ctx.actor)):
         try:
             for name in STAGES[:-1]:
+                if name == events.PROMOTE:
+                    follow_registry(ctx)  # a decision made in the backend's registry (aws), where the CLI did not
                 if name == events.PROMOTE and hold(ctx):
                     if not ctx.config.promotion.approval.keep_candidate:
                         ensure_stage_retrying(ctx, TEARDOWN)

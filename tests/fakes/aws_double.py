@@ -106,6 +106,7 @@ ECR_IMAGE = re.compile(
     r"(?:@(?P<digest>sha256:[0-9a-f]{64})|:(?P<tag>[\w.-]+))?"
 )
 SIGNING_SERVICE = re.compile(r"Credential=[^/,]+/\d{8}/[^/]+/([^/]+)/aws4_request")
+ACCESS_KEY = re.compile(r"Credential=([^/,]+)/")
 IC_NAME_REQUIRED = (
     "Inference Component Name header is required for endpoints to which you plan to deploy inference components. "
     "Please include Inference Component Name header or consider using SageMaker models."
@@ -223,6 +224,11 @@ class Scenario:
     # a rolling update's MaximumExecutionTimeoutInSeconds (API minimum 600) counts this many real seconds per second,
     # so a test can see the timeout rollback (e.g. 0.005: 600 s pass in 3 s)
     rolling_timeout_scale: float = 1.0
+    # Who a Model Registry write is by: access key id -> the UserContext (IamIdentity, UserProfileArn/Name, DomainId)
+    # DescribeModelPackage then reads back as LastModifiedBy after that caller's UpdateModelPackage, as SageMaker names
+    # the caller (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_UserContext.html); a caller not listed
+    # reads back as moto's fake Studio user
+    principals: dict[str, dict] = field(default_factory=dict)
 
     def updated(self, knobs: dict[str, Any]) -> Scenario:
         """A copy with `knobs` applied; ValueError names an unknown knob or a bad value."""
@@ -232,6 +238,11 @@ class Scenario:
         new = replace(self, **knobs)
         new.unavailable_instance_types = frozenset(new.unavailable_instance_types)
         new.throttle = {str(op): int(count) for op, count in dict(new.throttle).items()}
+        new.principals = {str(key): dict(context) for key, context in dict(new.principals).items()}
+        context_members = set(service_model("sagemaker").shape_for("UserContext").members)
+        for key, context in new.principals.items():
+            if not context or set(context) - context_members:
+                raise ValueError(f"principals[{key!r}] must be a UserContext (members {sorted(context_members)}), got {context!r}")
         for knob in ("polls_before_ready", "endpoint_config_unseen", "race_conditional_writes"):
             if not isinstance(getattr(new, knob), int) or getattr(new, knob) < 0:
                 raise ValueError(f"{knob} must be an integer >= 0, got {getattr(new, knob)!r}")
@@ -2418,6 +2429,8 @@ class AwsDouble:
                     raise ApiError("UnknownOperationException", f"SageMaker has no operation {operation}")
                 if operation in MODEL_REGISTRY:  # moto answers these, after the double's log, throttling and model check
                     self._sagemaker.admit(operation, params)
+                    if operation == "UpdateModelPackage":
+                        return self._update_model_package(environ, start_response, params)
                     environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
                     return self._moto(environ, start_response)
                 result = self._sagemaker.handle(operation, params)
@@ -2437,6 +2450,34 @@ class AwsDouble:
         except ApiError as error:
             return respond_error(start_response, error, rest_json=bool(runtime))
         return self._moto(environ, start_response)
+
+    def _update_model_package(self, environ: dict[str, Any], start_response: Callable, params: dict[str, Any]) -> list[bytes]:
+        """UpdateModelPackage where moto differs from SageMaker: CustomerMetadataProperties are merged into the version's
+        (removed by name only with CustomerMetadataPropertiesToRemove:
+        https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_UpdateModelPackage.html; moto replaces them, so an
+        approval sent without metadata would erase them), and LastModifiedBy names the caller, as `Scenario.principals`
+        maps its access key (DescribeModelPackage's LastModifiedBy, a UserContext:
+        https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeModelPackage.html; moto names one fake
+        Studio user for every caller). That an update without ApprovalDescription clears it is moto's; AWS does not say."""
+        from moto.sagemaker.models import sagemaker_backends
+
+        backend = sagemaker_backends[ACCOUNT_ID][REGION]
+        try:
+            live = backend.describe_model_package(params.get("ModelPackageArn", ""))
+        except Exception:  # moto answers the unknown ARN itself
+            live = None
+        if live is not None and (live.customer_metadata_properties or params.get("CustomerMetadataProperties")):
+            params = {**params, "CustomerMetadataProperties": {**(live.customer_metadata_properties or {}),
+                                                               **(params.get("CustomerMetadataProperties") or {})}}
+        body = json.dumps(params).encode()
+        environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+        status, headers, answer = call_wsgi(self._moto, environ)
+        key = ACCESS_KEY.search(environ.get("HTTP_AUTHORIZATION", ""))
+        with self._shared.lock:
+            context = self._shared.scenario.principals.get(key[1]) if key else None
+        if status.startswith("200") and live is not None and context is not None:
+            live.last_modified_by = json.loads(json.dumps(context))
+        return respond(start_response, int(status.split()[0]), answer, dict(headers))
 
     def _races_write(self, environ: dict[str, Any], method: str) -> bool:
         """Whether this S3 request is a conditional write (PutObject, or CompleteMultipartUpload, with If-None-Match: *)

@@ -20,6 +20,24 @@ SageMaker Projects pipeline deploys; PendingManualApproval awaits a decision; Re
 - superseded by a later promotion → stays `Approved` (it was, and remains, a valid rollback target), with
   `shiplift:superseded-by` naming the release that replaced it.
 
+A config that requires an approval (`promotion.approval`, docs/approval.md) moves the version with the person's
+decision, which is what the statuses mean in SageMaker (PendingManualApproval: waiting for a person's decision;
+Approved: cleared for production; Rejected: must not deploy):
+
+- approval requested → `PendingManualApproval`, the approval description naming who may decide until when, and how
+  (here, or `shiplift approve`);
+- approved → `Approved` at once, "approved by <who>: <why>; promotion follows" (shiplift promotes it right after; a
+  promote that then fails leaves the decision standing, and a rerun promotes it); promoted → `Approved`, "promoted …";
+- rejected → `Rejected` with who and why; timed out → `Rejected` with the timeout.
+
+A decision made in the registry itself (Studio, or UpdateModelPackage by any principal) is followed, not trusted
+(`decision_for`, called through `tasks.pipeline.approval.follow_registry`): it is honoured only on the version of a
+release that awaits approval, made on the view of that release's request (the version's
+`shiplift:ledger-record-sha256` is the request's record hash), and by a principal `approve` lists, as read back
+from the version's LastModifiedBy (IamIdentity.Arn, else the Studio UserProfileArn or UserProfileName); the ledger
+then records it (`decide`, with four eyes, the deadline and the champion check). A decision on any other version of
+the group (one whose release does not await approval) is refused and that version put back to its view.
+
 `shiplift:ledger-record-sha256` is the `record_hash` of the ledger record the status reflects, so an auditor
 can check the view against the chain (`shiplift ledger verify`).
 """
@@ -31,15 +49,19 @@ from typing import Any
 
 from tasks.backends.aws.hosting import tags
 from tasks.backends.aws.service_model import request_problems
-from tasks.ledger.events import PROMOTE, ROLLED_BACK, SUCCEEDED, VALIDATE
+from tasks.ledger.events import (APPROVAL, APPROVED as APPROVED_EVENT, AWAITING_APPROVAL, PROMOTE, REJECTED as REJECTED_EVENT,
+                                 ROLLED_BACK, SUCCEEDED, TIMED_OUT, VALIDATE)
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.errors import BadInput, Conflict, NotFound
 
-FOLLOWS = frozenset({(VALIDATE, SUCCEEDED), (PROMOTE, SUCCEEDED), (PROMOTE, ROLLED_BACK)})
+APPROVAL_RECORDS = frozenset((APPROVAL, event) for event in (AWAITING_APPROVAL, APPROVED_EVENT, REJECTED_EVENT, TIMED_OUT))
+FOLLOWS = frozenset({(VALIDATE, SUCCEEDED), (PROMOTE, SUCCEEDED), (PROMOTE, ROLLED_BACK)}) | APPROVAL_RECORDS
 PENDING, APPROVED, REJECTED = "PendingManualApproval", "Approved", "Rejected"
 DESCRIPTION_PREFIX = "shiplift release "
 CONTENT_TYPES = ["application/json"]
 PAGE_SIZE = 100  # ListModelPackages' maximum
+MAX_APPROVAL_DESCRIPTION = 1024  # UpdateModelPackage.ApprovalDescription's maximum in the botocore model
+RECORD_SUFFIX_ROOM = 120  # " (ledger seq N, record sha256 <64 hex>)" that every description ends with
 
 
 def group_name(config) -> str:
@@ -66,9 +88,35 @@ def _result(records: list, stage: str) -> dict:
     return record.payload if record else {}
 
 
-def _approval(record) -> tuple[str, str]:
-    """(status, approval description) of the record a view follows."""
+def _quoted(text: str | None, seq: int, room: int) -> str:
+    """A person's reason in the approval description, or, when it would not fit, where it is (never cut short)."""
+    text = (text or "").strip()
+    return text if len(text) <= room else f"({len(text)} characters, in full in ledger record seq {seq})"
+
+
+def _decision_text(record, room: int = MAX_APPROVAL_DESCRIPTION - RECORD_SUFFIX_ROOM) -> tuple[str, str]:
+    """(status, approval description) of an approval record."""
     payload = record.payload
+    if record.event == AWAITING_APPROVAL:
+        approvers = ", ".join(payload["approvers"])
+        head = f"gate pass: awaiting approval until {payload['deadline'][:19]}Z by one of "
+        tail = f"; approve or reject this version (with a description), or `shiplift approve {record.release_id} --reason TEXT`"
+        if len(head) + len(approvers) + len(tail) > room:
+            approvers = f"the {len(payload['approvers'])} approvers of promotion.approval"
+        return PENDING, head + approvers + tail
+    if record.event == TIMED_OUT:
+        return REJECTED, "approval timed out: " + _quoted(payload.get("reason"), record.seq, room - 40)
+    verb, status, after = (("approved", APPROVED, "; promotion follows") if record.event == APPROVED_EVENT
+                           else ("rejected", REJECTED, "; the champion keeps serving"))
+    head = f"{verb} by {payload['by']}: "
+    return status, head + _quoted(payload.get("reason"), record.seq, room - len(head) - len(after)) + after
+
+
+def _approval(record, records: list = ()) -> tuple[str, str]:
+    """(status, approval description) of the record a view follows (`records`: the release's own)."""
+    payload = record.payload
+    if record.stage == APPROVAL:
+        return _decision_text(record)
     if record.stage == VALIDATE:
         if payload["decision"] == "pass":
             return PENDING, "gate pass: awaiting promotion"
@@ -78,7 +126,9 @@ def _approval(record) -> tuple[str, str]:
     if payload.get("trigger") == "rollback":
         return APPROVED, f"promoted again by a rollback from {payload.get('rollback_from')}: {payload.get('rollback_reason')}"
     reason = f": {payload['reason']}" if payload.get("reason") else ""
-    return APPROVED, f"promoted to {payload.get('endpoint')}/{payload.get('component')} ({payload.get('strategy')}){reason}"
+    approval = _latest(records, {(APPROVAL, APPROVED_EVENT)})
+    approved = f", approved by {approval.payload['by']} (ledger seq {approval.seq})" if approval is not None else ""
+    return APPROVED, f"promoted to {payload.get('endpoint')}/{payload.get('component')} ({payload.get('strategy')}){approved}{reason}"
 
 
 def release_view(release_id: str, history: list) -> View | None:
@@ -89,7 +139,7 @@ def release_view(release_id: str, history: list) -> View | None:
     record = _latest(records, FOLLOWS)
     if record is None:
         return None
-    status, text = _approval(record)
+    status, text = _approval(record, records)
     package, image, gate = _result(records, "package"), _result(records, "image"), _result(records, VALIDATE)
     metadata = {
         "shiplift:release-id": release_id,
@@ -243,3 +293,90 @@ class SageMakerModelRegistry:
             self.apply(old["ModelPackageArn"], old, release_view(superseded, history))
         return {"group": group, "model_package_arn": live["ModelPackageArn"], "status": view.status, "changed": changed,
                 "superseded": superseded if old is not None else None}
+
+    # -- decisions made in the registry (followed, never trusted) ------------------------------------------------
+    @staticmethod
+    def principals(live: dict) -> list[str]:
+        """Who last changed a version, as DescribeModelPackage reads it back: LastModifiedBy's IamIdentity.Arn, then the
+        Studio UserProfileArn and UserProfileName (UserContext:
+        https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_UserContext.html; IamIdentity:
+        https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_IamIdentity.html)."""
+        by = live.get("LastModifiedBy") or {}
+        found = [(by.get("IamIdentity") or {}).get("Arn"), by.get("UserProfileArn"), by.get("UserProfileName")]
+        return [principal for principal in found if principal]
+
+    def decision_for(self, release: ReleaseFacts, request) -> dict | None:
+        """A decision made in the registry on the version of `release`, which awaits approval (`request`: its
+        awaiting_approval record), for `tasks.pipeline.approval.follow_registry` to record: `approve`, the `actor`
+        (the first principal that `approvers` lists, else the first read back) and the `reason` (the approval
+        description given with it), or `refused` when it is not this release's version or was made on an older view
+        than the request (stale). Decisions made meanwhile on other versions of the group, whose releases do not await
+        approval, are refused and those versions put back to their views (`others`). None when nothing was decided in
+        the registry."""
+        group, history = group_name(release.config), list(release.history)
+        others = self._refuse_elsewhere(group, release.release_id, history)
+        live = self.find(group, release.release_id)
+        status = (live or {}).get("ModelApprovalStatus")
+        if live is None or status not in (APPROVED, REJECTED):
+            return {"status": None, "others": others} if others else None
+        metadata, principals = live.get("CustomerMetadataProperties") or {}, self.principals(live)
+        approvers = list(request.payload.get("approvers") or [])
+        actor = next((p for p in principals if p in approvers), principals[0] if principals else "(nobody named)")
+        arn, version = live["ModelPackageArn"], live.get("ModelPackageVersion")
+        view = release_view(release.release_id, history)
+        given = (live.get("ApprovalDescription") or "").strip()
+        given = "" if view is not None and given == view.description else given  # the view's own text: none given
+        found = {"status": status, "approve": status == APPROVED, "actor": actor, "principals": principals,
+                 "model_package_arn": arn, "version": version, "modified_at": str(live.get("LastModifiedTime")),
+                 "reason": f"{status.lower()} in the SageMaker Model Registry ({arn}, version {version}): "
+                           f"{given or 'no description given'}",
+                 "refused": None, "others": others}
+        if (metadata.get("shiplift:release-id"), metadata.get("shiplift:config-hash")) != (
+                release.release_id, release.config.config_hash()):
+            found["refused"] = (f"{arn} does not carry release {release.release_id}'s metadata "
+                                f"(shiplift:release-id {metadata.get('shiplift:release-id')!r}): not this release's version")
+        elif not principals:
+            found["refused"] = f"the registry does not say who set {arn} {status} (no LastModifiedBy)"
+        elif metadata.get("shiplift:ledger-record-sha256") != request.record_hash:
+            found["refused"] = (f"it was made on the view of ledger record seq {metadata.get('shiplift:ledger-seq')} "
+                                f"({metadata.get('shiplift:ledger-event')}), not on the approval request (seq "
+                                f"{request.seq}): a stale decision")
+        return found
+
+    def _refuse_elsewhere(self, group: str, release_id: str, history: list) -> list[dict]:
+        """Versions of the group, other than `release_id`'s, whose status is not their view's while their release does
+        not await approval (a decision made in Studio on the wrong version, or on one already decided): each put back
+        to its view and reported with who changed it."""
+        refused, params = [], self.list_request(group)
+        while True:
+            page = self._sm("ListModelPackages", **params)
+            for summary in page.get("ModelPackageSummaryList", []):
+                other = _release_of(summary.get("ModelPackageDescription", ""))
+                if other in (None, release_id) or _awaits(history, other):
+                    continue
+                view = release_view(other, history)
+                if view is None or summary.get("ModelApprovalStatus") == view.status:
+                    continue
+                live = self._sm("DescribeModelPackage", ModelPackageName=summary["ModelPackageArn"])
+                by = self.principals(live)
+                self.apply(live["ModelPackageArn"], live, view)
+                refused.append({"release_id": other, "model_package_arn": live["ModelPackageArn"],
+                                "status": live.get("ModelApprovalStatus"), "by": by[0] if by else None,
+                                "refused": f"release {other} does not await approval; its version is put back to {view.status}"})
+            if not page.get("NextToken"):
+                return refused
+            params["NextToken"] = page["NextToken"]
+
+
+def _release_of(description: str) -> str | None:
+    """The release id a version's description names (`shiplift release <id> of model …`), or None."""
+    if not description.startswith(DESCRIPTION_PREFIX):
+        return None
+    return description[len(DESCRIPTION_PREFIX):].split(" ", 1)[0] or None
+
+
+def _awaits(history: list, release_id: str) -> bool:
+    """Whether a release's records hold an approval request without a decision."""
+    mine = [(r.stage, r.event) for r in history if r.release_id == release_id and r.stage == APPROVAL]
+    return (APPROVAL, AWAITING_APPROVAL) in mine and not any(event in (APPROVED_EVENT, REJECTED_EVENT, TIMED_OUT)
+                                                             for _, event in mine)
