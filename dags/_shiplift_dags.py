@@ -18,6 +18,13 @@ state dir), so any worker that reaches the ledger runs any stage. For an aws rel
 body takes its boto3 session from the `aws_default` connection
 (`AwsBaseHook(aws_conn_id="aws_default").get_session()`, plus the connection's `endpoint_url`)
 and passes it into `tasks`, which never import Airflow.
+
+Approval (`promotion.approval.required`, docs/approval.md): a refresh DAG whose config requires one, and the
+promote DAG, wait between validate and promote with Airflow 3's `ApprovalOperator`: `approval_request` records the
+request in the ledger (and skips the wait when nobody needs asking), `approval` shows the gate summary and parks in
+`awaiting_input` (no worker held) until a person answers in the UI / HITL API or the deadline passes, and
+`approval_decision` writes the answer Airflow recorded (its user, the `comment`) to the ledger through
+`tasks.pipeline.approval.decide`, which refuses what it must.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from typing import Any
 
 import pendulum
 import yaml
+from airflow.providers.common.compat.sdk import conf
+from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -35,6 +44,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from tasks.errors import is_retryable
 from tasks.ledger.events import FINISHED
 from tasks.pipeline.table import BACKOFF, BEGIN, END, MAX_STEP_TIMEOUT_S, STAGE_NAMES, STEPS, TEARDOWN
+
+APPROVAL_REQUEST, APPROVAL, APPROVAL_DECISION = "approval_request", "approval", "approval_decision"
+MAX_APPROVAL_WAIT = timedelta(days=30)  # = tasks.config.ApprovalConfig's bound on timeout_s
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RELEASES_DIR = REPO_ROOT / "configs" / "releases"
@@ -95,6 +107,12 @@ def dag_id_for(config_path: Path) -> str:
 def _holder() -> str:
     context = get_current_context()
     return f"airflow:{context['dag'].dag_id}/{context['run_id']}"
+
+
+def _opener() -> str:
+    """Who opens the release: the Airflow user who triggered this run (whom four eyes keep from approving it), else
+    (a scheduled run) the run itself."""
+    return getattr(get_current_context()["dag_run"], "triggering_user_name", None) or _holder()
 
 
 def _params() -> dict[str, Any]:
@@ -170,12 +188,97 @@ def _stage_task(name: str, timeout_s: int):
     return run_stage
 
 
+def _promote_after_approval_task(timeout_s: int):
+    """The promote stage of a DAG that may wait for an approval: it runs whether or not anybody was asked (the approval
+    tasks skipped) and never after a failure (`none_failed_min_one_success` over validate and approval_decision). It
+    reads begin's XCom itself: Airflow wants every task right after a setup task to run on `all_success`."""
+
+    @task(task_id="promote", **_retry_args("promote", timeout_s), trigger_rule="none_failed_min_one_success",
+          doc_md=f"Stage `promote`: {STEPS['promote'].doc}, once approved where the config requires it.")
+    def run_stage() -> dict:
+        return _run_stage(get_current_context()["ti"].xcom_pull(task_ids=BEGIN.name), "promote")
+
+    return run_stage
+
+
+def _assignees(approvers: list[str]) -> list[dict[str, str]] | None:
+    """The approvers as the users Airflow assigns the HITL task to, so that its API refuses anyone else (403) and its
+    UI shows who may answer. Airflow assigns by user id; the simple auth manager's ids are the user names the config
+    lists, other auth managers' are not (FAB's numbers, Keycloak's subjects), so there the task is left unassigned and
+    the ledger's own check of the responder's name refuses anyone else."""
+    manager = conf.get("core", "auth_manager", fallback="") or ""
+    if manager.rpartition(".")[2] != "SimpleAuthManager":
+        return None
+    return [{"id": name, "name": name} for name in approvers]
+
+
+class ShipliftApproval(ApprovalOperator):
+    """Airflow's ApprovalOperator on the request `approval_request` recorded: its subject and body (the gate summary),
+    the approvers as assigned users, and the ledger's deadline as the response timeout (no answer by then: the default
+    Reject, with no responder, which the ledger records as timed out). It parks in `awaiting_input` (Airflow 3.3; a
+    deferral to the triggerer before), so no worker waits. Unlike the stock operator it skips nothing on Reject: the
+    answer goes on to `approval_decision`, and promote reads the outcome from the ledger."""
+
+    def __init__(self, *, request_task_id: str = APPROVAL_REQUEST, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.request_task_id = request_task_id
+
+    def execute(self, context: Any) -> Any:
+        asked = context["ti"].xcom_pull(task_ids=self.request_task_id)
+        deadline = pendulum.parse(asked["deadline"])
+        self.subject, self.body = asked["subject"], asked["body"]
+        self.response_timeout = max(timedelta(seconds=1), deadline - pendulum.now("UTC"))
+        self.assigned_users = _assignees(asked["approvers"])
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        answer = HITLOperator.execute_complete(self, context=context, event=event)  # checks the options and params
+        self.hitl_summary_extra["approved"] = answer["chosen_options"] == [self.APPROVE]
+        return {**answer, "timedout": bool(event.get("timedout"))}
+
+
+def _approval_operator(timeout_s: float) -> ShipliftApproval:
+    return ShipliftApproval(
+        task_id=APPROVAL, subject="Approve this release for production?", defaults=ApprovalOperator.REJECT,
+        params={"comment": Param("", type="string", title="comment",
+                                 description="why you approve or reject it: the ledger records it as the decision's reason")},
+        response_timeout=timedelta(seconds=timeout_s), retries=0, execution_timeout=SHORT_TIMEOUT,
+        doc_md="A person approves or rejects the release (`promotion.approval`); the answer and its comment go to the "
+               "ledger in `approval_decision`. Unanswered by the deadline: Reject by default, recorded as timed out.")
+
+
+def _answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """The ledger's view of an answer Airflow recorded: approve or not, who (None: Airflow's timeout default), why."""
+    user = answer.get("responded_by_user")
+    return {"approve": answer["chosen_options"] == [ApprovalOperator.APPROVE], "actor": user["name"] if user else None,
+            "reason": (answer.get("params_input") or {}).get("comment") or ""}
+
+
+_DECISION_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=BACKOFF.first_s),
+                  "retry_exponential_backoff": BACKOFF.factor, "max_retry_delay": timedelta(seconds=BACKOFF.max_s),
+                  "execution_timeout": SHORT_TIMEOUT, "retry_policy": RETRY_POLICY}
+
+
+def config_requires_approval(config_path: Path) -> tuple[bool, float]:
+    """Whether the release config requires an approval, and its timeout_s; (False, 0) when it cannot be loaded."""
+    from tasks.errors import ShipliftError
+
+    try:
+        from tasks.config import load_release_config
+
+        rule = load_release_config(config_path).promotion.approval
+    except ShipliftError:
+        return False, 0.0
+    return rule.required, rule.timeout_s
+
+
 def refresh_dag(config_file: str) -> DAG:
     """Build the refresh DAG of one release config: begin, one task per stage, teardown, end."""
     config_path = Path(config_file)
     config_path = (config_path if config_path.is_absolute() else RELEASES_DIR / config_path).resolve()
     dag_id = dag_id_for(config_path)
     timeouts = config_timeouts(config_path)
+    waits_for_approval, approval_timeout_s = config_requires_approval(config_path)
 
     @dag(
         dag_id=dag_id,
@@ -192,7 +295,9 @@ def refresh_dag(config_file: str) -> DAG:
             ),
         },
         doc_md=f"Release `{config_path}` stage by stage (DESIGN §4, §11). The gate rejecting the release is "
-               "not a failure: the run succeeds and the release's status is `rejected`.",
+               "not a failure: the run succeeds and the release's status is `rejected`."
+               + (" Its config requires an approval: a person approves it (task `approval`) before promote."
+                  if waits_for_approval else ""),
     )
     def refresh():
         @task(task_id="begin", **_retry_args(BEGIN.name, timeouts[BEGIN.name]))
@@ -203,7 +308,32 @@ def refresh_dag(config_file: str) -> DAG:
 
             overrides = tuple(_params()["overrides"])
             return begin_orchestrated(str(config_path), holder=_holder(), allowed_timeouts=_allowed_timeouts(),
-                                      overrides=overrides, actor=_holder(), session=_aws_access)
+                                      overrides=overrides, actor=_opener(), session=_aws_access,
+                                      waits_for_approval=waits_for_approval)
+
+        @task(task_id=APPROVAL_REQUEST, **_retry_args(TEARDOWN, timeouts[TEARDOWN]))
+        def approval_request(begun: dict) -> dict:
+            """Record the approval request once the gate passed and tear the candidate down while it waits (unless the
+            config keeps it); skipped, and with it the wait, when nobody needs asking (promote then runs)."""
+            if begun["status"] in FINISHED:
+                raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
+            from tasks.pipeline.approval_steps import request_approval_orchestrated
+
+            asked = request_approval_orchestrated(begun["release_id"], holder=_holder(), ledger_url=begun["ledger_url"],
+                                                  state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
+            if not asked["waiting"]:
+                raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
+            return asked
+
+        @task(task_id=APPROVAL_DECISION, **_DECISION_ARGS)
+        def approval_decision(begun: dict, answer: dict) -> dict:
+            """Write the answer Airflow recorded (its user, the comment) to the ledger; refused (Conflict, nothing
+            recorded) when the user is not an approver, opened the release under four eyes, or gave no reason."""
+            from tasks.pipeline.approval_steps import record_decision_orchestrated
+
+            return record_decision_orchestrated(begun["release_id"], **_answer(answer), run_actor=_holder(),
+                                                holder=_holder(), ledger_url=begun["ledger_url"],
+                                                state_dir=begun["state_dir"], session=_aws_access)
 
         @task(task_id=TEARDOWN, **_retry_args(TEARDOWN, timeouts[TEARDOWN]))
         def teardown_candidate(begun: dict) -> dict:
@@ -225,7 +355,12 @@ def refresh_dag(config_file: str) -> DAG:
                                                   "decision", "not_passed", "metrics", "served_by")}
 
         begun = begin()
-        stages = [_stage_task(name, timeouts[name])(begun) for name in STAGE_NAMES if name != TEARDOWN]
+        plain = [name for name in STAGE_NAMES if name != TEARDOWN and not (waits_for_approval and name == "promote")]
+        stages = [_stage_task(name, timeouts[name])(begun) for name in plain]
+        if waits_for_approval:  # validate → approval_request → approval → approval_decision → promote
+            waiting, promoted = _approval_operator(approval_timeout_s), _promote_after_approval_task(timeouts["promote"])()
+            stages[-1] >> promoted
+            stages += [approval_request(begun), waiting, approval_decision(begun, waiting.output), promoted]
         for before, after in zip(stages, stages[1:]):
             before >> after
         torn_down, ended = teardown_candidate(begun), end(begun)
@@ -268,23 +403,61 @@ def promote_release_dag() -> DAG:
                                 description="the ledger (SQLAlchemy URL, no password); default $SHIPLIFT_LEDGER_URL or SQLite under state_dir"),
         },
         doc_md="Promote a gated release (`tasks.pipeline.promotion.promote`) or roll its model back to an earlier "
-               "promoted release (`tasks.pipeline.promotion.rollback`), with the reason in the ledger.",
+               "promoted release (`tasks.pipeline.promotion.rollback`), with the reason in the ledger. A release "
+               "whose config requires an approval that it has not had yet waits for a person first (task `approval`).",
     )
     def promote_release():
         @task.branch(task_id="choose")
-        def choose() -> str:
-            """Promotion when no rollback target is given, else rollback."""
-            return "rollback" if _params()["rollback_target"] else "promote"
+        def choose() -> str | list[str]:
+            """Promotion (after an approval where the release's config requires one) when no rollback target is
+            given, else rollback."""
+            return "rollback" if _params()["rollback_target"] else [APPROVAL_REQUEST, "promote"]
 
-        @task(task_id="promote", **_retry_args("promote", MAX_STEP_TIMEOUT_S))
+        def run_actor() -> str:
+            return f"airflow:promote_release/{get_current_context()['run_id']}"
+
+        @task(task_id=APPROVAL_REQUEST, **_retry_args(TEARDOWN, STEPS[TEARDOWN].timeout_s))
+        def approval_request() -> dict:
+            """Ask for the release's approval if its config requires one and it has not been decided; skipped (and
+            with it the wait) otherwise."""
+            from tasks.pipeline.approval_steps import request_approval_orchestrated
+
+            params = _params()
+            asked = request_approval_orchestrated(params["release_id"], ledger_url=params["ledger_url"],
+                                                  state_dir=_state_dir(params), actor=run_actor(), session=_aws_access)
+            if not asked["waiting"]:
+                raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
+            return asked
+
+        @task(task_id=APPROVAL_DECISION, **_DECISION_ARGS)
+        def approval_decision(answer: dict) -> dict:
+            """Write the answer Airflow recorded to the ledger (refused, nothing recorded, when it is not theirs)."""
+            from tasks.pipeline.approval_steps import record_decision_orchestrated
+
+            params = _params()
+            return record_decision_orchestrated(params["release_id"], **_answer(answer), run_actor=run_actor(),
+                                                ledger_url=params["ledger_url"], state_dir=_state_dir(params),
+                                                session=_aws_access)
+
+        @task(task_id="promote", **_retry_args("promote", MAX_STEP_TIMEOUT_S), trigger_rule="none_failed_min_one_success")
         def promote_task() -> dict:
-            from tasks.pipeline.promotion import promote
-
+            """Promote; after a rejection or a timeout the release instead ends `rejected` (promote skipped with the
+            reason, candidate torn down), the champion serving on."""
             context = get_current_context()
             params = context["params"]
+            decided = context["ti"].xcom_pull(task_ids=APPROVAL_DECISION)
+            if decided is not None and decided["decision"] != "approved":
+                from tasks.pipeline.approval_steps import finish_unapproved_orchestrated
+
+                summary = finish_unapproved_orchestrated(params["release_id"], actor=run_actor(),
+                                                         ledger_url=params["ledger_url"], state_dir=_state_dir(params),
+                                                         session=_aws_access)
+                return {"release_id": params["release_id"], "action": "not_approved", "status": summary["status"],
+                        "reason": decided["reason"]}
+            from tasks.pipeline.promotion import promote
+
             return promote(_state_dir(params), params["release_id"], strategy=params["strategy"], reason=params["reason"],
-                           actor=f"airflow:promote_release/{context['run_id']}", ledger_url=params["ledger_url"],
-                           session=_aws_access)
+                           actor=run_actor(), ledger_url=params["ledger_url"], session=_aws_access)
 
         @task(task_id="rollback", **_retry_args("promote", MAX_STEP_TIMEOUT_S))
         def rollback_task() -> dict:
@@ -300,7 +473,11 @@ def promote_release_dag() -> DAG:
                             actor=f"airflow:promote_release/{context['run_id']}", expect_current=params["release_id"],
                             ledger_url=params["ledger_url"], session=_aws_access)
 
-        choose() >> [promote_task(), rollback_task()]
+        chosen, promoted = choose(), promote_task()
+        asked, waiting = approval_request(), _approval_operator(MAX_APPROVAL_WAIT.total_seconds())
+        chosen >> asked >> waiting
+        approval_decision(waiting.output) >> promoted
+        chosen >> [promoted, rollback_task()]
 
     return promote_release()
 

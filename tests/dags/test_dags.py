@@ -245,7 +245,8 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
             pass  # end, and the promotion DAG, gave the lease back
 
         assert promoted["state"] == "success" and promoted["tasks"] == {
-            "choose": "success", "promote": "success", "rollback": "skipped"}
+            "choose": "success", "approval_request": "skipped", "approval": "skipped", "approval_decision": "skipped",
+            "promote": "success", "rollback": "skipped"}
         assert promoted["xcom"]["promote"]["status"] == "promoted"
         served = ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z")
         assert served.release_id == release_id and served.payload["reason"] == "re-assert the champion"
