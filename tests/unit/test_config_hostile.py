@@ -140,7 +140,7 @@ def test_an_integer_with_many_digits_names_its_field(tmp_path, digits):
 
 @pytest.mark.parametrize("literal", [".inf", "-.inf", ".nan", "1.0e+999"])
 @pytest.mark.parametrize("field, line", [
-    ("validation.thresholds.max_ece", "    max_ece: 0.25"),
+    ("validation.thresholds.max_ece", "    max_ece: 0.30"),
     ("validation.concurrency", "  concurrency: 2"),
     ("description", "description: Gemma-3-270M Q4_K_M decision model, local backend demo"),
 ])
@@ -165,7 +165,7 @@ def test_non_finite_and_huge_override_values_are_refused_by_field(how):
         ("  threads: 2", "  threads: true", "image.threads"),
         ("  threads: 2", "  threads: '2'", "image.threads"),
         ("  threads: 2", "  threads: 2.0", "image.threads"),
-        ("    max_ece: 0.25", "    max_ece: false", "validation.thresholds.max_ece"),
+        ("    max_ece: 0.30", "    max_ece: false", "validation.thresholds.max_ece"),
         ("  copies: 1", "  copies: yes", "rollout.copies"),
         ("  fit_temperature: false ", "  fit_temperature: 1 ", "calibration.fit_temperature"),
     ],
