@@ -147,7 +147,7 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
         if stage != "teardown_candidate":
             assert run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"], progress=QUIET) == first
     cli = subprocess.run([sys.executable, "-m", "tasks.cli.main", "stage", "build", "--release", begun["release_id"],
-                          "--state-dir", begun["state_dir"]], capture_output=True, text=True, timeout=120)
+                          "--state-dir", begun["state_dir"], "--json"], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and json.loads(cli.stdout)["gguf_sha256"]
     summary = end_orchestrated(begun["release_id"], holder="airflow:refresh/run-1", failed=False, state_dir=begun["state_dir"], progress=QUIET)
     assert summary["status"] == "promoted"
