@@ -13,9 +13,10 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
 4. orchestration overhead: the demo release (configs/releases/gemma-decision.yaml) as one
    refresh DAG run (`dag.test()` on SQLite) vs the same release through the CLI, each a fresh
    process with fresh state (target ≤ 1.5×);
-5. encoder engines (bench/encoder.py): PyTorch eager fp32 vs ONNX Runtime fp32 vs int8 at
-   sequence length 512 (targets: ORT fp32 ≥ 1.3×, ORT int8 ≥ 2× PyTorch at batch 8 with at
-   most 1 point accuracy loss);
+5. encoder engines (bench/encoder.py): PyTorch eager fp32 vs ONNX Runtime fp32 vs the served int8
+   graph at sequence length 512, each engine in its own process, alternated rounds, ratio per round
+   with its spread, the CPU's ISA printed (targets: ORT fp32 ≥ 1.3×, ORT int8 ≥ 2× PyTorch at
+   batch 8 with at most 1 point accuracy loss; docs/encoder-speed.md has the roofline that bounds it);
 6. the router (bench/router.py): overhead per decision vs calling the copy directly (target ≤ 5 %
    at p50), and throughput during a rolling update vs steady state (target ≥ 0.8);
 7. the ledger (bench/ledger.py): append and verify time at 10,000 vs 100,000 records on SQLite and
@@ -269,7 +270,7 @@ def main() -> int:
         results.append(bench_runner_overhead(url))
     log("4/8 orchestration overhead (two full demo releases)")
     results.append(bench_dag_vs_cli())
-    log("5/8 encoder engines: PyTorch fp32 vs ONNX Runtime fp32 vs int8")
+    log("5/8 encoder engines, each in its own process: PyTorch fp32 vs ONNX Runtime fp32 vs the served int8 graph")
     from bench.encoder import run as bench_encoder
 
     results.extend(bench_encoder())

@@ -10,10 +10,14 @@ not import ``tasks``, ``validation``, transformers or torch).
 Model directory (the shared encoder contract): ``model.onnx`` (fp32) and optionally
 ``model.int8.onnx``, ``tokenizer.json`` (+ tokenizer_config.json, special_tokens_map.json),
 ``config.json`` with ``id2label`` {0: entailment, 1: neutral, 2: contradiction} and
-``max_position_embeddings``, optional ``calibration.json`` {"temperature": T}.
+``max_position_embeddings``, optional ``calibration.json`` {"temperature": T}, optional ``export.json`` (the
+exporter's record: which graph each file is; the answer's ``model.graph`` repeats how the served one was made,
+e.g. int8 static QDQ per-channel calibrated on the calibration split).
 
 A batch is tokenized as pairs, padded to its longest pair (or to ``ENCODER_MAX_LEN`` with
-``ENCODER_PAD_TO_MAX``) and scored in one ONNX Runtime run; ``probabilities =
+``ENCODER_PAD_TO_MAX``) and scored in one ONNX Runtime run (denormal floats flushed to zero: the masked
+attention of a padded batch leaves denormals that made ONNX Runtime ~1.5x slower on x86, docs/encoder-speed.md;
+``ENCODER_KEEP_DENORMALS=true`` turns that off); ``probabilities =
 softmax(logits / T)``. A pair longer than ``ENCODER_MAX_LEN`` is refused, or with
 ``ENCODER_TRUNCATION=premise_first`` its premise is cut and the result says so.
 
@@ -87,6 +91,7 @@ class Settings:
     max_batch: int
     truncation: str
     pad_to_max: bool
+    keep_denormals: bool
     pad_token_id: int | None  # from config.json; None: the tokenizer's pad token
     temperature: float
     threads: int
@@ -143,6 +148,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     device = env_choice(env, "ENCODER_DEVICE", "cpu", tuple(DEVICE_PROVIDERS))
     truncation = env_choice(env, "ENCODER_TRUNCATION", "refuse", TRUNCATION_POLICIES)
     pad_to_max = env_bool(env, "ENCODER_PAD_TO_MAX")
+    keep_denormals = env_bool(env, "ENCODER_KEEP_DENORMALS")
     max_batch = env_int(env, "ENCODER_MAX_BATCH", 32, 1, 4096)
     http = read_http_settings(env, "ENCODER")
     model_dir = Path(env.get("ENCODER_MODEL_DIR", "/opt/ml/model"))
@@ -179,11 +185,31 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         max_batch=max_batch,
         truncation=truncation,
         pad_to_max=pad_to_max,
+        keep_denormals=keep_denormals,
         pad_token_id=_config_pad_token_id(config),
         temperature=read_temperature(model_dir / "calibration.json"),
         threads=threads,
         http=http,
     )
+
+
+GRAPH_FIELDS = ("method", "format", "per_channel", "reduce_range", "activation_ranges", "weight_type", "activation_type")
+
+
+def graph_record(model_dir: Path, variant: str) -> dict[str, Any] | None:
+    """How the served graph was made, from the exporter's export.json (None when the folder has none): the engine, the
+    precision and, for int8, the quantization method and its calibration data."""
+    path = model_dir / "export.json"
+    if not path.is_file():
+        return None
+    record = _read_json_object(path, "ship the export.json the exporter wrote, or remove it")
+    graph: dict[str, Any] = {"engine": "onnxruntime", "precision": variant, "optimizer": record.get("optimizer")}
+    quantization = record.get("quantization") if variant == "int8" else None
+    if isinstance(quantization, dict):
+        graph.update({key: quantization.get(key) for key in GRAPH_FIELDS})
+        calibration = quantization.get("calibration")
+        graph["calibration"] = calibration.get("source") if isinstance(calibration, dict) else None
+    return graph
 
 
 # --------------------------------------------------------------------------------------
@@ -276,6 +302,8 @@ class Engine:
         options.intra_op_num_threads = settings.threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not settings.keep_denormals:
+            options.add_session_config_entry("session.set_denormal_as_zero", "1")
         self.session = self._session(options)
         self.input_names = self._check_graph()
         self.model_info = {
@@ -285,6 +313,9 @@ class Engine:
             "device": settings.device,
             "temperature": settings.temperature,
         }
+        graph = graph_record(settings.model_dir, settings.variant)
+        if graph is not None:
+            self.model_info["graph"] = graph
 
     def _session(self, options: Any) -> Any:
         """An ONNX Runtime session on ENCODER_DEVICE; never a silent fallback from CUDA to the CPU."""
@@ -464,9 +495,11 @@ class Engine:
 def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
     """The start-up log line: which model file, variant, device and digest, and the serving limits."""
     info = engine.model_info
+    graph = info.get("graph") or {}
+    how = f", {graph['method']} {graph.get('format')}" if graph.get("method") else ""
     return (
-        f"model {info['file']} ({info['variant']} on {info['device']}, sha256 {info['sha256']}) loaded in "
-        f"{seconds:.2f}s; max_len {settings.max_len}, "
+        f"model {info['file']} ({info['variant']}{how} on {info['device']}, sha256 {info['sha256']}) loaded in "
+        f"{seconds:.2f}s; max_len {settings.max_len}, denormals {'kept' if settings.keep_denormals else 'flushed to zero'}, "
         f"truncation {settings.truncation}, temperature {settings.temperature}"
     )
 

@@ -1,7 +1,8 @@
 """Hugging Face NLI checkpoint → ONNX encoder model directory, and its parity proof.
 
 `export_onnx` writes the shared model-directory contract: ``model.onnx`` (fp32, ONNX Runtime
-optimized), optional ``model.int8.onnx`` (dynamic int8 weights), the tokenizer files,
+optimized), optional ``model.int8.onnx`` (int8, made as `Int8Spec` says: by default static QDQ with
+per-channel weights and activation ranges calibrated on the NLI calibration split), the tokenizer files,
 ``config.json`` and ``export.json`` (what was exported, how, with which tool versions). Graph
 inputs are ``input_ids`` / ``attention_mask`` (/ ``token_type_ids`` when the model uses them),
 int64 with dynamic batch and sequence axes; the output is ``logits`` [batch, 3] in the order
@@ -9,7 +10,9 @@ entailment, neutral, contradiction. The directory appears whole (built in a temp
 then renamed) or not at all; an existing directory is reused only when it is the same export.
 
 `parity_check` scores probe pairs with the PyTorch checkpoint and with each ONNX variant and
-records max / mean |Δlogit| and label agreement; `require_parity` stops a release that fails.
+records max / mean |Δlogit| and label agreement, and, when the probes are labelled, each variant's
+accuracy and the int8 graph's accuracy loss against the fp32 graph (a budget, like the other limits);
+`require_parity` stops a release that fails.
 
 Heavy libraries (torch, transformers, onnx, onnxruntime) are imported inside functions.
 """
@@ -37,8 +40,20 @@ WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
 )
 FP32_FILE, INT8_FILE, EXPORT_RECORD = "model.onnx", "model.int8.onnx", "export.json"
-# Per-channel weights halved the mean |Δlogit| of the trained MiniLM demo model at the same speed.
-INT8_SCHEME = {"mode": "dynamic", "weight_type": "QInt8", "per_channel": True}
+INT8_METHODS = ("static_qdq", "dynamic")
+CALIBRATE_METHODS = ("minmax",)  # entropy / percentile need equal-shaped batches: padding to max_len skews them
+# Node-name parts kept in fp32 by default: the pooler and classifier head (3 logits; quantizing them buys nothing),
+# the first encoder layer and the attention output projections: on the MiniLM demo model these int8 activations cost
+# the most logit error against fp32 on the calibration split (docs/encoder-speed.md has the candidates measured).
+DEFAULT_KEEP_FP32 = ("pooler", "classifier", "attention/output/dense", "layer.0/")
+# ONNX Runtime kernels that compute in int8; a static graph whose session runs none of them is weight-only int8
+# (ONNX Runtime turns DequantizeLinear -> MatMul into MatMulNBits, slower than fp32) and is refused.
+INT8_KERNELS = ("MatMulIntegerToFloat", "QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "QAttention",
+                "QGemm", "QEmbedLayerNormalization")
+CALIBRATION_BATCH = 8  # pairs per calibration batch, padded to the batch's longest pair as the server pads
+# The server flushes denormals to zero (session.set_denormal_as_zero: on padded batches they made ONNX Runtime ~1.5x
+# slower on x86). Parity does not: that setting changes the floating-point mode of the whole calling process (the
+# release's, which goes on computing metrics), and it moves logits by denormal amounts only (< 1e-37).
 OPSET_RANGE = (14, 20)  # what the TorchScript exporter of torch 2.13 supports for these models
 MIN_MAX_LEN = 8
 # ONNX Runtime's transformer optimizer fuses attention / layer norm / GELU for these model types;
@@ -72,6 +87,68 @@ class CheckpointInfo:
 
 
 @dataclass(frozen=True)
+class Int8Spec:
+    """How ``model.int8.onnx`` is made from the optimized fp32 graph (recorded in export.json).
+
+    ``static_qdq``: ``onnxruntime.quantization.quantize_static`` in QDQ format on the MatMuls, QInt8 weights (per
+    output channel), QUInt8 activations with fixed ranges (MinMax) from the calibration pairs, no output
+    re-quantization, so ONNX Runtime runs ``MatMulIntegerToFloat`` (u8s8 int8 GEMM, fp32 out). Deterministic and
+    independent of batch neighbours. ``dynamic``: ``quantize_dynamic`` (QAttention, DynamicQuantizeMatMul):
+    activation ranges per batch at run time, so a pair's score depends slightly on its batch.
+    ``reduce_range`` quantizes weights to 7 bits: for u8s8 on AVX2 / AVX-512 CPUs without VNNI, whose
+    ``vpmaddubsw`` can saturate; not needed with VNNI or AMX. ``keep_fp32``: nodes whose name contains one of these
+    stay fp32."""
+
+    method: str = "static_qdq"
+    per_channel: bool = True
+    reduce_range: bool = False
+    calibrate_method: str = "minmax"
+    keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32
+
+    def __post_init__(self) -> None:
+        if self.method not in INT8_METHODS:
+            raise BadInput(f"int8 method {self.method!r} is not one of {', '.join(INT8_METHODS)}", fix="use static_qdq")
+        if self.calibrate_method not in CALIBRATE_METHODS:
+            raise BadInput(f"calibrate_method {self.calibrate_method!r} is not one of {', '.join(CALIBRATE_METHODS)}",
+                           fix="use minmax")
+        object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every field."""
+        return {**asdict(self), "keep_fp32": list(self.keep_fp32)}
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """The (premise, hypothesis) pairs static int8 takes its activation ranges from, and where they came from."""
+
+    pairs: tuple[tuple[str, str], ...]
+    source: str  # e.g. "builtin:nli[calibration]"
+    sha256: str  # of the data file (or of the pairs' canonical JSON when given in memory)
+
+    def describe(self) -> dict[str, Any]:
+        """What export.json records (not the pairs themselves)."""
+        return {"source": self.source, "sha256": self.sha256, "n_pairs": len(self.pairs),
+                "batch_size": CALIBRATION_BATCH, "padding": "longest"}
+
+
+def builtin_calibration(splits: Sequence[str] = ("calibration",)) -> CalibrationSet:
+    """The project's NLI set (validation/data/nli.jsonl), the given splits: the default calibration data."""
+    from tasks.project import BUILTIN_DATA_DIR
+    from validation.nli import load_nli
+
+    data = load_nli(BUILTIN_DATA_DIR / "nli.jsonl")
+    pairs = tuple((p.premise, p.hypothesis) for p in data.pairs if p.split in set(splits))
+    return CalibrationSet(pairs=pairs, source=f"builtin:nli[{','.join(splits)}]", sha256=data.sha256)
+
+
+def calibration_set(pairs: Iterable[Any], source: str, sha256: str | None = None) -> CalibrationSet:
+    """A CalibrationSet from NliPair objects, dicts or 2-tuples (as parity takes them)."""
+    normalized = tuple(_pairs(pairs))
+    return CalibrationSet(pairs=normalized, source=source, sha256=sha256 or sha256_json([list(p) for p in normalized]))
+
+
+@dataclass(frozen=True)
 class ExportResult:
     """The written model directory and the proof of what it holds."""
 
@@ -81,7 +158,8 @@ class ExportResult:
     opset: int
     max_len: int
     int8: bool
-    quantization: dict[str, Any] | None
+    int8_spec: dict[str, Any] | None  # Int8Spec plus the calibration data's identity: what decides the int8 bytes
+    quantization: dict[str, Any] | None  # the int8 graph's record: spec, nodes kept fp32, ops ONNX Runtime runs
     optimizer: str
     fused_operators: dict[str, int]
     model_type: str
@@ -106,6 +184,7 @@ class VariantParity:
     max_abs_logit_delta_limit: float
     min_label_agreement: float
     failures: list[str]
+    accuracy: float | None = None  # on the probes' own labels, when every probe has one
 
     @property
     def passed(self) -> bool:
@@ -121,6 +200,8 @@ class ParityReport:
     tokenizer_match: bool
     variants: dict[str, VariantParity]
     failures: list[str]
+    reference_accuracy: float | None = None  # PyTorch's, on the probes' labels
+    int8_budget: dict[str, Any] | None = None  # the int8-vs-fp32 accuracy budget as a gate check (validation.gates.Check)
 
     @property
     def passed(self) -> bool:
@@ -134,6 +215,8 @@ class ParityReport:
             "tokenizer_match": self.tokenizer_match,
             "passed": self.passed,
             "failures": list(self.failures),
+            "reference_accuracy": self.reference_accuracy,
+            "int8_budget": self.int8_budget,
             "variants": {
                 name: {**asdict(variant), "passed": variant.passed} for name, variant in self.variants.items()
             },
@@ -374,16 +457,126 @@ def _optimize(info: CheckpointInfo, raw_path: Path, out_path: Path) -> tuple[str
     return "onnxruntime.SessionOptions(ORT_ENABLE_EXTENDED)", {}
 
 
-def _quantize(fp32_path: Path, int8_path: Path) -> None:
-    """Dynamic int8 quantization: QInt8 weights per output channel, activations quantized at run time."""
+def _kept_fp32(model, spec: Int8Spec) -> list[str]:
+    """Names of the nodes `spec.keep_fp32` leaves in fp32."""
+    return [node.name for node in model.graph.node if any(part in node.name for part in spec.keep_fp32)]
+
+
+class _CalibrationReader:
+    """onnxruntime.quantization.CalibrationDataReader over tokenized pairs: batches of CALIBRATION_BATCH, each padded to
+    its longest pair (as the server pads), truncated to max_len."""
+
+    def __init__(self, tokenizer, pairs: Sequence[tuple[str, str]], inputs: Sequence[str], max_len: int):
+        import numpy as np
+
+        self.batches = []
+        for start in range(0, len(pairs), CALIBRATION_BATCH):
+            chunk = pairs[start:start + CALIBRATION_BATCH]
+            encoded = tokenizer([p for p, _ in chunk], [h for _, h in chunk], padding="longest", truncation=True,
+                                max_length=max_len, return_tensors="np")
+            self.batches.append({name: encoded[name].astype(np.int64) for name in inputs})
+        self._next = iter(self.batches)
+
+    def get_next(self):
+        return next(self._next, None)
+
+    def rewind(self) -> None:
+        self._next = iter(self.batches)
+
+
+def _quantize_static(fp32_path: Path, int8_path: Path, scratch: Path, spec: Int8Spec, calibration: CalibrationSet,
+                     tokenizer_dir: str, inputs: Sequence[str], max_len: int) -> list[str]:
+    """Static QDQ int8 (see `Int8Spec`); returns the names of the nodes kept in fp32."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from transformers import AutoTokenizer
+
+    if not calibration.pairs:
+        raise BadInput("static int8 needs calibration pairs, got none", fix="point the quantization calibration at a non-empty split")
+    # The quantizer only quantizes tensors whose type it knows; the fused contrib ops (Attention, SkipLayerNormalization,
+    # BiasGelu) defeat ONNX shape inference, which leaves their outputs untyped and the MatMuls weight-only.
+    try:
+        shaped = SymbolicShapeInference.infer_shapes(onnx.load(str(fp32_path)), auto_merge=True)
+    except Exception as exc:  # the tool raises bare Exception
+        raise BadInput(
+            f"static int8 needs every tensor's type, and symbolic shape inference failed on this graph ({exc})",
+            fix="set artifact.quantization.method: dynamic for this model",
+        ) from exc
+    shaped_path = scratch / "shaped.onnx"
+    onnx.save(shaped, str(shaped_path))
+    kept = _kept_fp32(shaped, spec)
+    reader = _CalibrationReader(AutoTokenizer.from_pretrained(tokenizer_dir), list(calibration.pairs), inputs, max_len)
+    quantize_static(
+        str(shaped_path), str(int8_path), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
+        per_channel=spec.per_channel, reduce_range=spec.reduce_range, activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8, nodes_to_exclude=kept, calibrate_method=CalibrationMethod.MinMax,
+        extra_options={
+            "MatMulConstBOnly": True,  # weights only: attention's activation x activation products stay fp32
+            "OpTypesToExcludeOutputQuantization": ["MatMul"],  # fp32 out: ONNX Runtime fuses MatMulIntegerToFloat
+            "DefaultTensorType": onnx.TensorProto.FLOAT,
+        },
+    )
+    return kept
+
+
+def _quantize_dynamic(fp32_path: Path, int8_path: Path, spec: Int8Spec) -> list[str]:
+    """Dynamic int8: QInt8 weights (per output channel), activations quantized per batch at run time."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    kept = _kept_fp32(onnx.load(str(fp32_path), load_external_data=False), spec)
     # Fused ops (com.microsoft) defeat shape inference; their outputs are float.
     quantize_dynamic(
-        str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=INT8_SCHEME["per_channel"],
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=spec.per_channel,
+        reduce_range=spec.reduce_range, nodes_to_exclude=kept, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
+    return kept
+
+
+def runtime_ops(path: Path, threads: int) -> dict[str, int]:
+    """Operator counts of the graph ONNX Runtime actually runs (CPU, ORT_ENABLE_ALL, as the server loads it)."""
+    from collections import Counter
+
+    import onnx
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory(prefix=".runtime-ops-", dir=path.parent) as scratch:
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(Path(scratch) / "optimized.onnx")
+        onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        model = onnx.load(options.optimized_model_filepath, load_external_data=False)
+    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
+
+
+def _quantize(fp32_path: Path, int8_path: Path, scratch: Path, spec: Int8Spec, calibration: CalibrationSet | None,
+              tokenizer_dir: str, inputs: Sequence[str], max_len: int, threads: int) -> dict[str, Any]:
+    """Write the int8 graph as `spec` says; return its export.json record (what was quantized, how, and what runs)."""
+    record: dict[str, Any] = {**spec.to_dict(), "weight_type": "QInt8", "op_types": ["MatMul"] if spec.method == "static_qdq"
+                              else ["MatMul", "Attention", "EmbedLayerNormalization", "Gather"]}
+    if spec.method == "static_qdq":
+        assert calibration is not None
+        kept = _quantize_static(fp32_path, int8_path, scratch, spec, calibration, tokenizer_dir, inputs, max_len)
+        record.update({"format": "QDQ", "activation_type": "QUInt8", "activation_ranges": "static",
+                       "calibration": calibration.describe()})
+    else:
+        kept = _quantize_dynamic(fp32_path, int8_path, spec)
+        record.update({"format": "QOperator", "activation_type": "QUInt8", "activation_ranges": "per batch, at run time"})
+    ops = runtime_ops(int8_path, threads)
+    int8_kernels = {op: count for op, count in ops.items() if op in INT8_KERNELS}
+    if not int8_kernels:
+        raise IntegrityError(
+            f"the {spec.method} int8 graph runs no int8 kernel in ONNX Runtime (its ops: {ops}); "
+            + ("MatMulNBits means the activations were left unquantized (weight-only int8, slower than fp32)"
+               if "MatMulNBits" in ops else "nothing was quantized"),
+            fix="check the quantization settings (keep_fp32 may exclude every MatMul) and the onnxruntime version",
+        )
+    record.update({"nodes_kept_fp32": kept, "runtime_ops": ops, "int8_kernels": int8_kernels})
+    return record
 
 
 def _reuse(out: Path, record: dict[str, Any]) -> ExportResult:
@@ -393,7 +586,7 @@ def _reuse(out: Path, record: dict[str, Any]) -> ExportResult:
         existing = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         existing = None
-    keys = ("checkpoint_sha256", "opset", "max_len", "int8")
+    keys = ("checkpoint_sha256", "opset", "max_len", "int8", "int8_spec")
     if not existing or any(existing.get(key) != record[key] for key in keys):
         raise Conflict(
             f"{out} already exists and is not this export "
@@ -413,9 +606,13 @@ def export_onnx(
     opset: int = 17,
     max_len: int = 512,
     int8: bool = True,
+    quantization: Int8Spec | None = None,
+    calibration: CalibrationSet | None = None,
     threads: int = 2,
 ) -> ExportResult:
-    """Export, optimize and (optionally) int8-quantize a 3-way NLI checkpoint into a model directory."""
+    """Export, optimize and (optionally) int8-quantize a 3-way NLI checkpoint into a model directory.
+
+    `quantization` defaults to `Int8Spec()` (static QDQ); its `calibration` to the project's NLI calibration split."""
     info = check_checkpoint(checkpoint_dir)
     if not OPSET_RANGE[0] <= opset <= OPSET_RANGE[1]:
         raise BadInput(f"opset {opset} is outside {OPSET_RANGE[0]}..{OPSET_RANGE[1]}", fix="use opset 17")
@@ -425,28 +622,35 @@ def export_onnx(
             f"max_len {max_len} is outside {MIN_MAX_LEN}..{limit or 'unbounded'} (max_position_embeddings)",
             fix=f"use a max_len the model supports, at most {limit}",
         )
+    spec = (quantization or Int8Spec()) if int8 else None
+    if spec is not None and spec.method == "static_qdq" and calibration is None:
+        calibration = builtin_calibration()
+    int8_spec = None if spec is None else {
+        **spec.to_dict(), "calibration": calibration.describe() if spec.method == "static_qdq" and calibration else None}
     out = Path(out_dir)
-    wanted = {"checkpoint_sha256": info.sha256, "opset": opset, "max_len": max_len, "int8": int8}
+    wanted = {"checkpoint_sha256": info.sha256, "opset": opset, "max_len": max_len, "int8": int8, "int8_spec": int8_spec}
     if out.exists():
         return _reuse(out, wanted)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
+        quantized = None
         with tempfile.TemporaryDirectory(prefix=".raw-", dir=out.parent) as scratch:
             raw = Path(scratch) / "raw.onnx"
             inputs = _export_raw(info, raw, opset)
             optimizer_name, fused = _optimize(info, raw, tmp / FP32_FILE)
-        _check_graph(tmp / FP32_FILE, inputs, max_len, threads)
-        if int8:
-            _quantize(tmp / FP32_FILE, tmp / INT8_FILE)
-            _check_graph(tmp / INT8_FILE, inputs, max_len, threads)
+            _check_graph(tmp / FP32_FILE, inputs, max_len, threads)
+            if spec is not None:
+                quantized = _quantize(tmp / FP32_FILE, tmp / INT8_FILE, Path(scratch), spec, calibration, info.path,
+                                      inputs, max_len, threads)
+                _check_graph(tmp / INT8_FILE, inputs, max_len, threads)
         root = Path(info.path)
         for name in ["config.json", *info.tokenizer_files]:
             shutil.copyfile(root / name, tmp / name)
         files = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}
         result = ExportResult(
-            model_dir=str(out), files=files, inputs=inputs, opset=opset, max_len=max_len, int8=int8,
-            quantization=dict(INT8_SCHEME) if int8 else None, optimizer=optimizer_name, fused_operators=fused, model_type=info.model_type,
+            model_dir=str(out), files=files, inputs=inputs, opset=opset, max_len=max_len, int8=int8, int8_spec=int8_spec,
+            quantization=quantized, optimizer=optimizer_name, fused_operators=fused, model_type=info.model_type,
             checkpoint_sha256=info.sha256, versions=_versions(),
         )
         write_json_atomic(tmp / EXPORT_RECORD, {**result.to_dict(), "model_dir": None})
@@ -486,8 +690,35 @@ def _pairs(probe_pairs: Iterable[Any]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _labels(probe_pairs: Sequence[Any]) -> list[int] | None:
+    """The probes' gold label indices when every probe carries a contract label, else None."""
+    labels = []
+    for probe in probe_pairs:
+        label = probe.get("label") if isinstance(probe, dict) else getattr(probe, "label", None)
+        if label not in LABEL2ID:
+            return None
+        labels.append(LABEL2ID[label])
+    return labels
+
+
+def int8_budget_check(fp32_accuracy: float, int8_accuracy: float, n: int, max_drop: float | None) -> dict[str, Any]:
+    """The int8 graph's accuracy loss against the fp32 graph on the same labelled pairs, judged against its budget
+    (None: recorded, `skipped`); a dict with `validation.gates.Check`'s fields (point rule: at n of a few dozen an
+    interval could never clear a 1-point budget)."""
+    drop = fp32_accuracy - int8_accuracy
+    change = "no change" if abs(drop) < 1e-12 else f"{abs(drop) * 100:.1f} pt {'lost' if drop > 0 else 'gained'}"
+    measured = f"int8 accuracy {int8_accuracy:.4f} vs fp32 {fp32_accuracy:.4f} on {n} labelled pairs: {change}"
+    if max_drop is None:
+        status, reason = "skipped", f"{measured} (no budget set: not judged)"
+    else:
+        ok = drop <= max_drop + 1e-12  # accuracies are k/n: keep an exact tie at the budget a pass
+        status, reason = ("pass" if ok else "fail"), f"{measured} {'<=' if ok else '>'} the {max_drop * 100:g} pt budget"
+    return {"name": "int8_accuracy_drop_vs_fp32", "status": status, "observed": drop, "threshold": max_drop,
+            "comparator": "<=", "ci": None, "n": n, "rule": "point", "reason": reason}
+
+
 def _variant(
-    name: str, file: str, reference, logits, limit: float, min_agreement: float
+    name: str, file: str, reference, logits, limit: float, min_agreement: float, gold=None
 ) -> VariantParity:
     import numpy as np
 
@@ -504,7 +735,7 @@ def _variant(
     return VariantParity(
         variant=name, file=file, n=len(reference), max_abs_logit_delta=worst, mean_abs_logit_delta=mean,
         label_agreement=agreement, max_abs_logit_delta_limit=limit, min_label_agreement=min_agreement,
-        failures=failures,
+        failures=failures, accuracy=None if gold is None else float((logits.argmax(axis=1) == gold).mean()),
     )
 
 
@@ -517,16 +748,22 @@ def parity_check(
     min_label_agreement: float = 1.0,
     int8_max_abs_logit_delta: float = 0.5,
     int8_min_label_agreement: float = 0.95,
+    int8_max_accuracy_drop: float | None = 0.01,
     max_len: int = 512,
     batch_size: int = 8,
     threads: int = 2,
 ) -> ParityReport:
-    """Score probe pairs with the PyTorch checkpoint and each ONNX variant; record the differences."""
+    """Score probe pairs with the PyTorch checkpoint and each ONNX variant; record the differences. When every probe
+    is labelled, each variant's accuracy too, and the int8 graph may lose at most `int8_max_accuracy_drop` of
+    accuracy against the fp32 graph (None: recorded, not judged)."""
     import numpy as np
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    probe_pairs = list(probe_pairs)
     pairs = _pairs(probe_pairs)
+    labels = _labels(probe_pairs)
+    gold = None if labels is None else np.array(labels)
     info = check_checkpoint(checkpoint_dir)
     model_dir = Path(model_dir)
     if not (model_dir / FP32_FILE).is_file():
@@ -561,12 +798,19 @@ def parity_check(
             reference.append(model(**accepted).logits.float().numpy())
     ref = np.concatenate(reference)
     report = {
-        name: _variant(name, file, ref, np.concatenate(outputs[name]), limit, agreement)
+        name: _variant(name, file, ref, np.concatenate(outputs[name]), limit, agreement, gold)
         for name, file, limit, agreement in variants
     }
     failures = [] if tokenizer_match else ["the shipped tokenizer tokenizes the probes differently from the checkpoint's"]
     failures += [failure for variant in report.values() for failure in variant.failures]
-    return ParityReport(n=len(pairs), tokenizer_match=tokenizer_match, variants=report, failures=failures)
+    budget = None
+    if gold is not None and "int8" in report:
+        budget = int8_budget_check(report["fp32"].accuracy, report["int8"].accuracy, len(pairs), int8_max_accuracy_drop)
+        if budget["status"] == "fail":
+            failures.append(f"int8 accuracy budget: {budget['reason']}")
+    return ParityReport(n=len(pairs), tokenizer_match=tokenizer_match, variants=report, failures=failures,
+                        reference_accuracy=None if gold is None else float((ref.argmax(axis=1) == gold).mean()),
+                        int8_budget=budget)
 
 
 def require_parity(report: ParityReport) -> ParityReport:

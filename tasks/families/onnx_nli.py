@@ -2,8 +2,11 @@
 on NLI pairs.
 
 Config: `artifact.kind: onnx` (a pinned checkpoint folder, a Hugging Face commit, or the demo's head trained here),
-`image.kind: encoder`, `validation.kind: nli`. Build exports and optimizes the graph, adds dynamic int8, and checks
-parity against the PyTorch reference (a failure stops the release); the package is the exported folder.
+`image.kind: encoder`, `validation.kind: nli`. Build exports and optimizes the graph, adds the int8 graph
+(`artifact.quantization`: static QDQ calibrated on the calibration split by default), and checks parity against the
+PyTorch reference and the int8 graph's accuracy budget against the fp32 graph on the parity probes (the calibration
+split); a failure stops the release. The package is the exported folder; the manifest says which engine and which
+graph the image serves.
 """
 
 from __future__ import annotations
@@ -82,6 +85,23 @@ class ParityRule(Strict):
     min_label_agreement: float = Field(1.0, ge=0, le=1)
     int8_max_abs_logit_delta: float = Field(0.5, gt=0)
     int8_min_label_agreement: float = Field(0.95, ge=0, le=1)
+    int8_max_accuracy_drop: float | None = Field(
+        0.01, ge=0, le=1, description="the int8 graph's accuracy may fall at most this far below the fp32 graph's on the "
+        "(labelled) probes; null: measured and recorded, not judged")
+
+
+class Int8Quantization(Strict):
+    """How `model.int8.onnx` is made (`tasks.artifacts.onnx_export.Int8Spec`); recorded in export.json and the manifest."""
+
+    method: Literal["static_qdq", "dynamic"] = Field(
+        "static_qdq", description="static_qdq: fixed activation ranges calibrated on `calibration` (MatMulIntegerToFloat); "
+        "dynamic: ranges per batch at run time (QAttention, DynamicQuantizeMatMul)")
+    per_channel: bool = True
+    reduce_range: bool = Field(False, description="7-bit weights, for u8s8 on AVX2 / AVX-512 without VNNI (vpmaddubsw "
+                               "saturation); not needed with VNNI or AMX")
+    calibration: DatasetRef = DatasetRef(path="builtin:nli", splits=["calibration"])
+    keep_fp32: list[str] = Field(["pooler", "classifier", "attention/output/dense", "layer.0/"], max_length=64,
+                                 description="nodes whose name contains one of these stay fp32")
 
 
 class OnnxArtifact(ArtifactConfig):
@@ -90,7 +110,26 @@ class OnnxArtifact(ArtifactConfig):
     opset: int = Field(17, ge=14, le=21)
     max_len: int = Field(512, ge=16, le=8192)
     int8: bool = True
+    quantization: Int8Quantization = Int8Quantization()
     parity: ParityRule = ParityRule()
+
+
+def int8_settings(artifact: OnnxArtifact, config_dir: Path):
+    """(Int8Spec, CalibrationSet | None) for `artifact`, or (None, None) without int8: what build and the bench export."""
+    from tasks.artifacts.onnx_export import Int8Spec, calibration_set
+    from tasks.config import resolve_data_path
+    from validation.nli_eval import load_nli_dataset
+
+    if not artifact.int8:
+        return None, None
+    q = artifact.quantization
+    spec = Int8Spec(method=q.method, per_channel=q.per_channel, reduce_range=q.reduce_range, keep_fp32=tuple(q.keep_fp32))
+    if q.method != "static_qdq":
+        return spec, None
+    data = load_nli_dataset(resolve_data_path(q.calibration, config_dir), name="quantization-calibration",
+                            splits=q.calibration.splits)
+    source = f"{q.calibration.path}[{','.join(q.calibration.splits or ['all'])}]"
+    return spec, calibration_set(data.pairs, source, data.sha256)
 
 
 class EncoderImage(BuiltImageConfig):
@@ -180,26 +219,33 @@ class OnnxNli(ModelFamily):
     def build(self, ctx) -> dict:
         from tasks.artifacts.onnx_export import export_onnx, parity_check, require_parity
         from tasks.config import resolve_data_path
-        from tasks.hashing import sha256_tree
+        from tasks.hashing import sha256_json, sha256_tree
         from tasks.pipeline.stages.common import keep_folder, local_ref
         from validation.nli_eval import load_nli_dataset
 
         artifact = ctx.config.artifact
         source = ctx.result("resolve")
         checkpoint = local_ref(ctx, source.source_ref)
-        out = ctx.backends.state_dir / "builds" / f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{'-int8' if artifact.int8 else ''}"
-        ctx.say(f"build: exporting {checkpoint.name} to ONNX (opset {artifact.opset}{', + dynamic int8' if artifact.int8 else ''})")
+        spec, calibration = int8_settings(artifact, ctx.config_dir)
+        int8_key = "" if spec is None else f"-int8-{sha256_json([spec.to_dict(), calibration and calibration.describe()])[:8]}"
+        out = ctx.backends.state_dir / "builds" / f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{int8_key}"
+        how = "" if spec is None else f", + int8 ({spec.method}{', ' + calibration.source if calibration else ''})"
+        ctx.say(f"build: exporting {checkpoint.name} to ONNX (opset {artifact.opset}{how})")
         exported = export_onnx(checkpoint, out, opset=artifact.opset, max_len=artifact.max_len, int8=artifact.int8,
-                               threads=ctx.config.image.threads)
+                               quantization=spec, calibration=calibration, threads=ctx.config.image.threads)
         rule = artifact.parity
         probe = load_nli_dataset(resolve_data_path(rule.probe, ctx.config_dir), name="parity-probe", splits=rule.probe.splits)
         ctx.say(f"build: parity against PyTorch on {len(probe.pairs)} probe pairs")
         report = parity_check(
             checkpoint, out, probe.pairs, max_abs_logit_delta=rule.max_abs_logit_delta,
             min_label_agreement=rule.min_label_agreement, int8_max_abs_logit_delta=rule.int8_max_abs_logit_delta,
-            int8_min_label_agreement=rule.int8_min_label_agreement, max_len=artifact.max_len, threads=ctx.config.image.threads,
+            int8_min_label_agreement=rule.int8_min_label_agreement, int8_max_accuracy_drop=rule.int8_max_accuracy_drop,
+            max_len=artifact.max_len, threads=ctx.config.image.threads,
         )
         (ctx.stage_dir("build") / "parity.json").write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        if report.int8_budget:
+            ctx.say(f"build: int8 budget on the parity probes ({probe.name}): {report.int8_budget['status']}: "
+                    f"{report.int8_budget['reason']}")
         require_parity(report)
         return {
             "output": keep_folder(ctx, out, main_file="model.onnx"),
@@ -207,7 +253,8 @@ class OnnxNli(ModelFamily):
             "model_sha256": sha256_tree(out),
             "export": {k: v for k, v in exported.to_dict().items() if k != "model_dir"},
             "parity": report.to_dict(),
-            "info": {"file_type": "int8+fp32" if artifact.int8 else "fp32", "model_type": exported.model_type},
+            "info": {"file_type": "int8+fp32" if artifact.int8 else "fp32", "model_type": exported.model_type,
+                     **served_graph(ctx.config.image, exported.to_dict(), report.to_dict(), rule.probe)},
             "probe_sha256": probe.sha256,
         }
 
@@ -289,6 +336,26 @@ class OnnxNli(ModelFamily):
         p.add_argument("--min-macro-f1", type=float, help="gate: macro-F1 floor")
         p.add_argument("--min-class-recall", type=float, help="gate: every class's recall floor")
         p.set_defaults(func=_eval)
+
+
+def served_graph(image: EncoderImage, export: dict, parity: dict, probe: DatasetRef) -> dict:
+    """What the manifest and the ledger say answered the gate: the engine, the graph file the image serves, how that
+    graph was made, and the int8-vs-fp32 accuracy budget as the build judged it (on `probe`)."""
+    from tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE
+
+    int8 = image.variant == "int8"
+    quantization = export.get("quantization") or {}
+    return {
+        "engine": "onnxruntime", "device": image.device, "served_variant": image.variant,
+        "served_file": INT8_FILE if int8 else FP32_FILE,
+        "served_sha256": export["files"].get(INT8_FILE if int8 else FP32_FILE),
+        "graph": {"optimizer": export["optimizer"], "fused_operators": export["fused_operators"],
+                  **({k: quantization.get(k) for k in ("method", "format", "per_channel", "reduce_range", "weight_type",
+                                                       "activation_type", "calibration", "keep_fp32", "nodes_kept_fp32",
+                                                       "int8_kernels")} if int8 else {"precision": "fp32"})},
+        "int8_budget": None if not parity.get("int8_budget") else {
+            **parity["int8_budget"], "dataset": {"path": probe.path, "splits": probe.splits}},
+    }
 
 
 def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:

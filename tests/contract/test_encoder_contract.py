@@ -198,12 +198,14 @@ def test_batch_results_follow_the_contract(encoder, model_dir):
     assert timing["batch_size"] == 3
     assert timing["padded_len"] == max(r["input_tokens"] for r in results)  # padded to the longest pair
     assert timing["forward_ms"] > 0 and timing["total_ms"] >= timing["forward_ms"]
+    export = json.loads((model_dir / "export.json").read_text())
     assert reply.body["model"] == {
         "file": "model.onnx",
         "sha256": sha256_file(model_dir / "model.onnx"),
         "variant": "fp32",
         "device": "cpu",
         "temperature": 1.0,
+        "graph": {"engine": "onnxruntime", "precision": "fp32", "optimizer": export["optimizer"]},
     }
 
 
@@ -224,9 +226,24 @@ def test_int8_variant_answers_with_its_own_model(encoder_int8, model_dir):
     assert reply.body["model"]["file"] == "model.int8.onnx"
     assert reply.body["model"]["variant"] == "int8"
     assert reply.body["model"]["sha256"] == sha256_file(model_dir / "model.int8.onnx")
+    # which graph answered: the exporter's default int8, static QDQ calibrated on the project's calibration split
+    assert reply.body["model"]["graph"] == {
+        "engine": "onnxruntime", "precision": "int8", "optimizer": "onnxruntime.transformers.optimizer(bert)",
+        "method": "static_qdq", "format": "QDQ", "per_channel": True, "reduce_range": False,
+        "activation_ranges": "static", "weight_type": "QInt8", "activation_type": "QUInt8",
+        "calibration": "builtin:nli[calibration]",
+    }
     for result in reply.body["results"]:
         assert abs(sum(probs(result)) - 1.0) < 1e-9
         assert_close(probs(result), softmax(result["logits"]), 1e-9)
+
+
+def test_static_int8_scores_a_pair_the_same_whatever_its_batch(encoder_int8):
+    """Static activation ranges: a pair's logits do not depend on its batch neighbours (dynamic int8's did)."""
+    batched = encoder_int8.client.invoke({"pairs": PAIRS}).body["results"]
+    singles = [encoder_int8.client.invoke({"pairs": [pair]}).body["results"][0] for pair in PAIRS]
+    for together, alone in zip(batched, singles):
+        assert_close(together["logits"], alone["logits"], 1e-4)
 
 
 def test_pad_to_max_gives_the_same_probabilities(encoder, encoder_padded):

@@ -14,8 +14,11 @@ from tasks.hashing import sha256_file
 from tasks.artifacts.onnx_export import (
     EXPORT_RECORD,
     ID2LABEL,
+    Int8Spec,
+    calibration_set,
     check_checkpoint,
     export_onnx,
+    int8_budget_check,
     parity_check,
     require_parity,
 )
@@ -93,7 +96,23 @@ def test_export_writes_the_model_directory_contract(model_dir: Path, checkpoint:
     record = json.loads((model_dir / EXPORT_RECORD).read_text())
     assert record["files"] == {name: sha256_file(model_dir / name) for name in CONTRACT_FILES}
     assert record["opset"] == 17 and record["max_len"] == 512
-    assert record["quantization"] == {"mode": "dynamic", "weight_type": "QInt8", "per_channel": True}
+    quantization = record["quantization"]  # the default int8: static QDQ, calibrated on the NLI calibration split
+    assert {k: quantization[k] for k in ("method", "format", "per_channel", "reduce_range", "weight_type",
+                                         "activation_type", "activation_ranges", "op_types")} == {
+        "method": "static_qdq", "format": "QDQ", "per_channel": True, "reduce_range": False, "weight_type": "QInt8",
+        "activation_type": "QUInt8", "activation_ranges": "static", "op_types": ["MatMul"]}
+    assert quantization["calibration"] == {"source": "builtin:nli[calibration]", "n_pairs": 60, "batch_size": 8,
+                                           "padding": "longest", "sha256": quantization["calibration"]["sha256"]}
+    assert record["int8_spec"] == {k: quantization[k] for k in ("method", "per_channel", "reduce_range",
+                                                                 "calibrate_method", "keep_fp32", "calibration")}
+    # kept fp32: the head, the first layer and the attention output projections; the other MatMuls run int8 GEMMs
+    assert quantization["keep_fp32"] == ["pooler", "classifier", "attention/output/dense", "layer.0/"]
+    assert {"/classifier/Gemm", "/bert/pooler/dense/Gemm", "/bert/encoder/layer.1/attention/output/dense/MatMul",
+            "/bert/encoder/layer.0/intermediate/dense/MatMul", "/bert/encoder/layer.0/output/dense/MatMul"} <= set(
+        quantization["nodes_kept_fp32"])
+    assert not any("layer.1/intermediate" in name or "layer.1/output" in name for name in quantization["nodes_kept_fp32"])
+    assert quantization["int8_kernels"] == {"MatMulIntegerToFloat": 2}  # layer 1's FFN up and down
+    assert "MatMulNBits" not in quantization["runtime_ops"]  # activations really are int8, not weight-only
     assert record["checkpoint_sha256"] == check_checkpoint(checkpoint).sha256
     assert record["fused_operators"]["Attention"] == 2  # ONNX Runtime's BERT fusions ran
     config = json.loads((model_dir / "config.json").read_text())
@@ -135,13 +154,44 @@ def test_failed_export_leaves_nothing_behind(checkpoint: Path, tmp_path: Path, m
     def broken(*_args):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(onnx_export, "_quantize", broken)
+    monkeypatch.setattr(onnx_export, "_quantize_static", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         export_onnx(checkpoint, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
     export_onnx(checkpoint, tmp_path / "fp32-only", int8=False)
     assert not (tmp_path / "fp32-only" / "model.int8.onnx").exists()
     assert (tmp_path / "fp32-only" / "model.onnx").is_file()
+
+
+def test_dynamic_int8_is_the_other_recorded_choice(checkpoint: Path, tmp_path: Path) -> None:
+    result = export_onnx(checkpoint, tmp_path / "dynamic", quantization=Int8Spec(method="dynamic", keep_fp32=()))
+    quantization = result.quantization
+    assert (quantization["method"], quantization["format"], quantization["activation_ranges"]) == (
+        "dynamic", "QOperator", "per batch, at run time")
+    assert "calibration" not in quantization and result.int8_spec["calibration"] is None
+    assert quantization["nodes_kept_fp32"] == []
+    assert {"QAttention", "DynamicQuantizeMatMul"} <= set(quantization["int8_kernels"])
+    with pytest.raises(Conflict, match="not this export"):  # another int8 spec is another export
+        export_onnx(checkpoint, tmp_path / "dynamic")
+
+
+def test_static_int8_calibration_is_recorded_and_decides_the_bytes(checkpoint: Path, model_dir: Path, tmp_path: Path) -> None:
+    pairs = [(premise, hypothesis) for premise, hypothesis in PROBES * 3]
+    own = calibration_set(pairs, "probes")
+    result = export_onnx(checkpoint, tmp_path / "own", calibration=own)
+    assert result.quantization["calibration"] == {"source": "probes", "n_pairs": 18, "batch_size": 8,
+                                                  "padding": "longest", "sha256": own.sha256}
+    default = json.loads((model_dir / EXPORT_RECORD).read_text())
+    assert result.files["model.onnx"] == default["files"]["model.onnx"]  # the fp32 graph does not depend on it
+    assert result.files["model.int8.onnx"] != default["files"]["model.int8.onnx"]  # the activation ranges do
+    with pytest.raises(BadInput, match="int8 method 'weights_only'"):
+        Int8Spec(method="weights_only")
+
+
+def test_static_int8_refuses_a_graph_that_would_run_weight_only(checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.raises(IntegrityError, match="runs no int8 kernel"):  # every MatMul kept fp32: nothing quantized
+        export_onnx(checkpoint, tmp_path / "none", quantization=Int8Spec(keep_fp32=("MatMul", "Gemm", "pooler")))
+    assert not (tmp_path / "none").exists()
 
 
 def test_write_tiny_onnx_model_dir_is_ready_to_serve(tmp_path: Path) -> None:
@@ -230,6 +280,49 @@ def test_check_checkpoint_refuses_a_wrong_head_size_and_missing_files(checkpoint
 
 
 # ---------------------------------------------------------------------------------- parity
+
+
+def test_int8_budget_check_against_hand_computed_values() -> None:
+    check = int8_budget_check(0.70, 0.6833333, 60, 0.01)  # one pair of 60 lost: 1.67 pt > 1 pt
+    assert check["status"] == "fail" and check["comparator"] == "<=" and check["rule"] == "point"
+    assert check["observed"] == pytest.approx(0.0166667, abs=1e-6) and check["threshold"] == 0.01 and check["n"] == 60
+    assert check["reason"] == ("int8 accuracy 0.6833 vs fp32 0.7000 on 60 labelled pairs: 1.7 pt lost > the 1 pt "
+                               "budget")
+    assert int8_budget_check(0.70, 0.70, 60, 0.01)["reason"].endswith("no change <= the 1 pt budget")
+    gain = int8_budget_check(0.70, 0.7166667, 60, 0.01)  # int8 better: a gain, passes
+    assert gain["observed"] < 0 and gain["status"] == "pass" and "1.7 pt gained" in gain["reason"]
+    assert int8_budget_check(0.5, 0.4, 10, 0.1)["status"] == "pass"  # exactly at the budget
+    assert int8_budget_check(0.5, 0.0, 10, None)["status"] == "skipped"
+    from validation.gates import Check
+
+    Check(**check)  # the gate's own check shape
+
+
+def test_parity_records_accuracy_and_judges_the_int8_budget_on_labelled_probes(checkpoint: Path, model_dir: Path) -> None:
+    from validation.nli import load_nli
+
+    labelled = [p for p in load_nli(Path(__file__).resolve().parents[2] / "validation" / "data" / "nli.jsonl").pairs
+                if p.split == "calibration"][:16]
+    report = parity_check(checkpoint, model_dir, labelled, batch_size=8, int8_min_label_agreement=0.5,
+                          int8_max_accuracy_drop=1.0)
+    fp32, int8 = report.variants["fp32"], report.variants["int8"]
+    gold = [list(ID2LABEL.values()).index(p.label) for p in labelled]
+    assert report.reference_accuracy is not None and 0 <= fp32.accuracy <= 1
+    assert fp32.accuracy == pytest.approx(report.reference_accuracy, abs=1 / len(gold))
+    budget = report.int8_budget
+    assert budget["name"] == "int8_accuracy_drop_vs_fp32" and budget["n"] == 16
+    assert budget["observed"] == pytest.approx(fp32.accuracy - int8.accuracy)
+    assert budget["status"] == "pass" and report.passed
+    as_dict = report.to_dict()
+    assert as_dict["int8_budget"] == budget and as_dict["variants"]["int8"]["accuracy"] == int8.accuracy
+
+    strict = parity_check(checkpoint, model_dir, labelled, batch_size=8, int8_min_label_agreement=0.5,
+                          int8_max_accuracy_drop=-1.0)  # no int8 graph can gain a whole 100 pt: always fails
+    assert not strict.passed and strict.int8_budget["status"] == "fail"
+    with pytest.raises(IntegrityError, match="int8 accuracy budget"):
+        require_parity(strict)
+    unlabelled = parity_check(checkpoint, model_dir, PROBES, batch_size=4, int8_min_label_agreement=0.5)
+    assert unlabelled.int8_budget is None and unlabelled.variants["int8"].accuracy is None
 
 
 def test_parity_passes_for_a_faithful_export(checkpoint: Path, model_dir: Path) -> None:
