@@ -29,7 +29,7 @@ request in the ledger (and skips the wait when nobody needs asking), `approval` 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -248,10 +248,11 @@ def _approval_operator(timeout_s: float) -> ShipliftApproval:
 
 
 def _answer(answer: dict[str, Any]) -> dict[str, Any]:
-    """The ledger's view of an answer Airflow recorded: approve or not, who (None: Airflow's timeout default), why."""
-    user = answer.get("responded_by_user")
+    """The ledger's view of an answer Airflow recorded: approve or not, who (None: Airflow's timeout default), why, when."""
+    user, when = answer.get("responded_by_user"), answer.get("responded_at")
     return {"approve": answer["chosen_options"] == [ApprovalOperator.APPROVE], "actor": user["name"] if user else None,
-            "reason": (answer.get("params_input") or {}).get("comment") or ""}
+            "reason": (answer.get("params_input") or {}).get("comment") or "",
+            "decided_at": when.isoformat() if isinstance(when, datetime) else when}
 
 
 _DECISION_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=BACKOFF.first_s),

@@ -108,9 +108,12 @@ def blocked_reason(ctx) -> str | None:
                    fix=f"an approver runs `shiplift approve {ctx.release_id} --reason TEXT`")
 
 
-def decide(ctx, *, approve: bool, actor: str, reason: str) -> dict:
+def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime | None = None) -> dict:
     """Record an approver's decision on a release that waits for one; refused with the reason, and nothing recorded,
-    when it does not wait (any more), the deadline passed, `actor` is not an approver, or four eyes forbid it."""
+    when it does not wait (any more), the deadline passed, `actor` is not an approver, or four eyes forbid it.
+
+    `decided_at` is when the person answered, as an orchestrator or the registry recorded it (Airflow's responded_at):
+    the deadline is judged at that moment, not when the answer reaches the ledger, and it is kept in the record."""
     if not reason.strip():
         raise Conflict("a decision needs its reason", fix="pass --reason TEXT: what you checked, for the ledger")
     current = approval_state(ctx.state, ctx.config)
@@ -125,7 +128,11 @@ def decide(ctx, *, approve: bool, actor: str, reason: str) -> dict:
         raise Conflict(f"release {ctx.release_id} is not awaiting approval: it was already {current.status} "
                        f"({current.reason})", fix="open a new release to change the decision")
     request = current.request.payload
-    if _now() >= current.deadline:
+    if decided_at is not None and not _moment(current.request.recorded_at) <= decided_at <= _now():
+        raise Conflict(f"the answer to {ctx.release_id} is dated {decided_at.isoformat()}, outside the wait "
+                       f"({current.request.recorded_at} until now)",
+                       fix="an answer made before the request or in the future is not this request's: check the clocks")
+    if (decided_at or _now()) >= current.deadline:
         raise Conflict(f"the approval of {ctx.release_id} timed out at {request['deadline']}",
                        fix="rerunning `shiplift release CONFIG` records the timeout and ends it rejected; release it anew for a fresh gate")
     if actor not in request["approvers"]:
@@ -141,9 +148,10 @@ def decide(ctx, *, approve: bool, actor: str, reason: str) -> dict:
             raise Conflict(f"the gate compared {ctx.release_id} with champion {request['champion_release']}, but "
                            f"{now_serving} serves now: the approval would rest on stale evidence",
                            fix="reject it and release it again, so its gate runs against the current champion")
+    answered = {"decided_at": decided_at.isoformat()} if decided_at is not None else {}
     ctx.record(events.APPROVAL, events.APPROVED if approve else events.REJECTED, {
         "by": actor, "reason": reason, "requested_seq": current.request.seq,
-        "report_sha256": request["gate"]["report_sha256"], "gate_decision": request["gate"]["decision"]})
+        "report_sha256": request["gate"]["report_sha256"], "gate_decision": request["gate"]["decision"], **answered})
     ctx.say(f"approval: {verb}d by {actor}: {reason}")
     return {"release_id": ctx.release_id, "decision": events.APPROVED if approve else events.REJECTED, "by": actor,
             "reason": reason}

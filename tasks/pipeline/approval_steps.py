@@ -121,11 +121,12 @@ def request_approval_orchestrated(release_id: str, *, holder: str | None = None,
 
 
 def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str | None, reason: str | None,
-                                 run_actor: str | None = None, holder: str | None = None, ledger_url: str | None = None,
+                                 decided_at: str | None = None, run_actor: str | None = None, holder: str | None = None, ledger_url: str | None = None,
                                  state_dir: str | Path | None = None, progress: Progress = print_progress,
                                  session: Any = None) -> dict:
     """Record the answer an orchestrator collected: `actor` is the person who answered (None when the orchestrator
-    filled in its default at the timeout) and `reason` their comment. A person's answer goes through `decide` (Conflict,
+    filled in its default at the timeout), `reason` their comment and `decided_at` (ISO 8601) when the orchestrator
+    says they answered, at which the deadline is judged. A person's answer goes through `decide` (Conflict,
     nothing recorded, when it is not theirs to give); an approval first renews `holder`'s lease on the model, so a run
     that lost it is stopped before anything is recorded. A timeout records `timed_out` (`run_actor` is then the
     record's actor); NotReady, retried, while this worker's clock has not reached the ledger's deadline yet."""
@@ -147,7 +148,8 @@ def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str |
     ctx.lease_holder = holder
     if approve:
         ctx.require_lease()
-    return decide(ctx, approve=approve, actor=actor, reason=(reason or "").strip())
+    answered = datetime.fromisoformat(decided_at.replace("Z", "+00:00")) if decided_at else None
+    return decide(ctx, approve=approve, actor=actor, reason=(reason or "").strip(), decided_at=answered)
 
 
 def finish_unapproved_orchestrated(release_id: str, *, actor: str | None = None, ledger_url: str | None = None,

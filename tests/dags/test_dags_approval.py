@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -237,6 +238,9 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
         assert (request.event, decision.event) == ("awaiting_approval", "approved")
         assert decision.payload["by"] == "alice" and decision.payload["reason"] == approve_note
         assert decision.actor == "alice" and decision.payload["requested_seq"] == request.seq
+        answered = datetime.fromisoformat(decision.payload["decided_at"])  # Airflow's responded_at: the deadline's moment
+        assert answered == datetime.fromisoformat(accepted["body"]["responded_at"].replace("Z", "+00:00"))
+        assert answered <= datetime.fromisoformat(decision.recorded_at.replace("Z", "+00:00"))
         assert request.payload["opened_by"] == "dag_test" == records[0].actor
         torn_down = [r.seq for r in records if (r.stage, r.event) == ("teardown_candidate", "succeeded")]
         assert torn_down[0] < decision.seq, "the candidate was torn down while the release waited"

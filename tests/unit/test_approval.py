@@ -171,6 +171,40 @@ def test_stale_and_timed_out_approvals_are_refused_and_a_timeout_ends_the_releas
         f"not approved: {records[[r.event for r in records].index(TIMED_OUT)].payload['reason']}"]
 
 
+def test_an_answer_is_judged_at_the_time_it_was_given_and_one_dated_outside_the_wait_is_refused(tmp_path, tiny_release,
+                                                                                                 monkeypatch):
+    """An orchestrator's answer (Airflow's responded_at) given before the deadline is honoured although it reaches the
+    ledger after it; one dated before the request or in the future is not this request's, and changes nothing."""
+    from datetime import datetime
+
+    from tasks.pipeline.approval_steps import record_decision_orchestrated
+
+    state = tmp_path / "state"
+    config = tiny_release.write_tiny_config(tmp_path / "late", state, description="late", promotion__approval=APPROVAL_SETTINGS)
+    waiting = run_release(config, actor="alice", progress=lambda m: None)
+    assert waiting["status"] == AWAITING_APPROVAL
+    with ledger_of(state) as ledger:
+        request = next(r for r in ledger.release(waiting["release_id"]) if r.event == AWAITING_APPROVAL)
+    asked = datetime.fromisoformat(request.recorded_at.replace("Z", "+00:00"))
+    answer = {"approve": True, "actor": "bob", "reason": "checked the report", "state_dir": state, "progress": lambda m: None}
+    before = ledger_size(state)
+    for dated, why in ((asked - timedelta(minutes=1), "outside the wait"), (asked + timedelta(days=1), "outside the wait")):
+        with pytest.raises(approval.Conflict, match=why):
+            record_decision_orchestrated(waiting["release_id"], decided_at=dated.isoformat(), **answer)
+    assert ledger_size(state) == before
+
+    real_now = approval._now
+    monkeypatch.setattr(approval, "_now", lambda: real_now() + timedelta(seconds=APPROVAL_SETTINGS["timeout_s"] + 1))
+    with pytest.raises(approval.Conflict, match="timed out"):  # no date: judged when it is recorded, too late
+        record_decision_orchestrated(waiting["release_id"], **answer)
+    in_time = asked + timedelta(seconds=APPROVAL_SETTINGS["timeout_s"] - 1)
+    decided = record_decision_orchestrated(waiting["release_id"], decided_at=in_time.isoformat(), **answer)
+    assert decided["decision"] == APPROVED
+    with ledger_of(state) as ledger:
+        record = next(r for r in ledger.release(waiting["release_id"]) if r.event == APPROVED)
+    assert record.payload["decided_at"] == in_time.isoformat() and record.payload["by"] == "bob"
+
+
 def test_an_orchestrated_run_refuses_a_config_that_needs_an_approval(story):
     from tasks.pipeline.release import begin_orchestrated
 

@@ -95,6 +95,26 @@ def test_an_alarm_rolls_back_batch_by_batch_and_the_old_spec_serves(hosting):
     assert {_invoke(hosting.endpoint_url("ep-alarm"))[1]["pid"] for _ in range(9)} == set(serving["v1"])
 
 
+def test_each_rollback_batch_is_told_while_it_serves(hosting):
+    """A rollback in several batches tells each one as it is in rotation, not when the whole rollback has ended."""
+    _deploy(hosting, "ep-told", copies=3)
+    told: list[tuple[RolloutStep, dict[str, list[int]], set[int]]] = []
+
+    def tell(step: RolloutStep) -> None:
+        told.append((step, _serving(hosting, "ep-told", "semif"),
+                     {_invoke(hosting.endpoint_url("ep-told"))[1]["pid"] for _ in range(9)}))
+
+    result = hosting.roll_out("ep-told", "semif", _spec(copies=3, version="v2"),
+                              RolloutPlan(strategy="linear", batch_copies=1, rollback_batch_copies=1),
+                              Watch(hosting, "ep-told", alarm_at=2), ready_timeout_s=20, on_rollback_step=tell)
+    assert [step for step, _, _ in told] == [s for s in result.steps if s.phase == "rollback"]
+    (first, at_first, answered_first), (second, at_second, answered_second) = told
+    assert (first.batch, first.old_copies, first.new_copies) == (1, 2, 1)
+    assert sorted(map(len, (at_first["v1"], at_first["v2"]))) == [1, 2], "batch 1 told while one new copy still serves"
+    assert answered_first & set(at_first["v2"]), "the new copy still answered when batch 1 was told"
+    assert list(at_second) == ["v1"] and answered_second == set(at_second["v1"])
+
+
 def test_a_rollout_killed_mid_bake_resumes_where_it_stopped(hosting, tmp_path):
     old = _deploy(hosting, "ep-resume")
     with pytest.raises(KeyboardInterrupt):

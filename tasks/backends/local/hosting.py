@@ -86,9 +86,8 @@ class LoopbackHosting:
         """A real rolling update of the component's processes (ProcessSupervisor.roll_out); deployed whole when new.
 
         The supervisor bakes each batch right after it is in rotation, so `on_step` hears of a batch (shifted) as the
-        bake starts and of its verdict (baked) as the bake ends. It reports rollback batches only in its result, so
-        they are told once the rollback has ended: exact for the usual single rollback batch, late for the earlier
-        ones of a rollback in several batches (`rollout.rollback_batch`)."""
+        bake starts and of its verdict (baked) as the bake ends, and of each rollback batch as it is in rotation. A
+        rollback step whose record fails is not retried here (the rollback goes on); promote appends it late."""
         process = self._process(spec)
         self.processes.ensure_endpoint(endpoint)
         if self.describe(endpoint, component) is None:
@@ -110,11 +109,15 @@ class LoopbackHosting:
                 progress(f"{endpoint}/{component}: WARNING the alarm's verdict was not recorded ({exc}); rolling back anyway")
             return alarm
 
-        result = self.processes.roll_out(endpoint, component, process, plan, watched, progress=progress)
-        for step in result.steps:
-            if step.phase == "rollback":
+        def rolled_back(step: RolloutStep) -> None:
+            try:
                 on_step("shifted", step)
-        return result
+            except Exception as exc:  # the old copies must serve again whatever the ledger does
+                progress(f"{endpoint}/{component}: WARNING rollback batch {step.batch} was not recorded ({exc}); "
+                         "it is appended when the rollout returns")
+
+        return self.processes.roll_out(endpoint, component, process, plan, watched, progress=progress,
+                                       on_rollback_step=rolled_back)
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """What serves, from the persisted spec and a live check of the router and every copy."""

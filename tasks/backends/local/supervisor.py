@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -506,11 +506,12 @@ class ProcessSupervisor:
         ready_timeout_s: float = 120,
         drain_timeout_s: float = 90,
         progress: Progress = lambda _line: None,
+        on_rollback_step: Callable[[RolloutStep], None] = lambda _step: None,
     ) -> RolloutResult:
         """Move a running component to `spec` batch by batch: start a batch of new copies, wait for their
         /ping, shift them into rotation, drain and stop as many old ones, then `bake` the step (it watches
         the wait interval and returns the alarm that fired, or None). An alarm rolls back batch by batch
-        and the old spec serves again. Every step is persisted first, so a rerun after a crash resumes
+        and the old spec serves again, each rollback batch told to `on_rollback_step` as soon as it is in rotation. Every step is persisted first, so a rerun after a crash resumes
         the same rollout (or rolls back one to another spec) and never leaves two half-states."""
         _check_name("endpoint", endpoint)
         _check_name("component", component)
@@ -548,7 +549,7 @@ class ProcessSupervisor:
                     continue  # done before an interruption
                 if time.monotonic() > deadline:
                     reason = f"the rollout passed its maximum execution time of {plan.max_execution_s:g}s"
-                    self._roll_back(state, component, plan, timeouts, steps, progress)
+                    self._roll_back(state, component, plan, timeouts, steps, progress, on_rollback_step)
                     return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
                 self._shift(state, component, spec, max(0, target - len(new)), old[: max(0, len(old) - keep_old)], timeouts)
                 step = RolloutStep(phase="rollout", batch=number, batches=len(targets), old_copies=len(comp.running(old_sha)),
@@ -559,7 +560,7 @@ class ProcessSupervisor:
                 steps.append(step.model_copy(update={"alarm": alarm}))
                 if alarm:
                     progress(f"{endpoint}/{component}: alarm {alarm}; rolling back")
-                    self._roll_back(state, component, plan, timeouts, steps, progress)
+                    self._roll_back(state, component, plan, timeouts, steps, progress, on_rollback_step)
                     return RolloutResult(status="rolled_back", reason=alarm, steps=tuple(steps))
             self._forget_dead(state, component)
             missing = spec.copies - len(comp.running(digest))
@@ -1030,10 +1031,11 @@ class ProcessSupervisor:
 
     def _roll_back(
         self, state: EndpointState, component: str, plan: RolloutPlan, timeouts: tuple[float, float],
-        steps: list[RolloutStep], progress: Progress,
+        steps: list[RolloutStep], progress: Progress, told: Callable[[RolloutStep], None] = lambda _step: None,
     ) -> None:
         """Return the component to its previous spec, `plan.rollback_batch_copies` copies at a time (all at once
-        without it), recording each step; the new spec's copies leave rotation and drain first."""
+        without it), recording each step and telling it to `told` when it is in rotation; the new spec's copies
+        leave rotation and drain first."""
         comp = state.components[component]
         previous = comp.previous
         assert previous is not None
@@ -1052,6 +1054,7 @@ class ProcessSupervisor:
                                      old_copies=len(comp.running(old_sha)), new_copies=len(comp.running(new_sha)),
                                      old_spec_sha256=old_sha, new_spec_sha256=new_sha))
             progress(f"{state.name}/{component}: rollback batch {number}: {steps[-1].old_copies} old copies serving")
+            told(steps[-1])
         comp.spec, comp.spec_sha256, comp.previous = previous, old_sha, None
         self._save(state)
 
