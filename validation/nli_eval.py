@@ -216,10 +216,12 @@ def evaluate_nli(
     context: Callable[[dict], dict] | None = None,
     progress: Callable[[str], None] | None = None,
     title: str = "shiplift NLI gate",
+    build_checks: Sequence[dict] = (),
 ) -> dict:
     """Score the candidate (and the champion on the same pairs), gate on decision + NLI metrics, write reports;
-    `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns `validation.evaluate.RELEASE_CONTEXT`."""
-    from validation.gates import (ChampionRule, DecisionThresholds, absolute_check, comparison_row, decide,
+    `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns `validation.evaluate.RELEASE_CONTEXT`;
+    `build_checks` (validation.gates.Check fields) are checks the build judged, reported and decided with the gate's own."""
+    from validation.gates import (ChampionRule, Check, DecisionThresholds, absolute_check, comparison_row, decide,
                                   evaluate_gates, mark_gated)
     from validation.report import write_reports
     from validation.runner import write_predictions
@@ -262,6 +264,8 @@ def evaluate_nli(
             for label in LABELS
         ]
     checks = [check for check in (*gate.checks, *nli_checks) if check is not None]
+    if thresholds is not None:
+        checks += [Check.model_validate(check) for check in build_checks]
     champion_info = dict(gate.champion)
     if champion_rows is not None:
         champion_info["nli"] = nli_metrics(champion_rows, **boot, confidence=gate.bootstrap["confidence"])

@@ -146,9 +146,10 @@ class ModelFamily:
         raise NotImplementedError
 
     def evaluate(self, candidate, champion, paths: list[tuple[Path, list[str] | None]], out_dir: Path, *, validation,
-                 settings, progress, title: str, context=None) -> dict:
+                 settings, progress, title: str, context=None, built=None) -> dict:
         """Gate the candidate (and the champion, when one serves) on the validation datasets: the gate report;
-        `context(metrics)` returns what it shows of the release (`validation.evaluate.RELEASE_CONTEXT`)."""
+        `context(metrics)` returns what it shows of the release (`validation.evaluate.RELEASE_CONTEXT`), and `built` is
+        the build stage's result, for checks the build judged that the report carries beside the gate's own."""
         raise NotImplementedError
 
     def readout(self, validation: GateConfig):

@@ -215,7 +215,7 @@ class GgufDecisions(ModelFamily):
         return predictions, dataset.sha256
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
-                 context=None) -> dict:
+                 context=None, built=None) -> dict:
         from dataclasses import replace
 
         from validation.datasets import load_decision_dataset

@@ -296,13 +296,15 @@ class OnnxNli(ModelFamily):
         return run.predictions, dataset.sha256
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
-                 context=None) -> dict:
+                 context=None, built=None) -> dict:
+        """The NLI gate; a served int8 graph's accuracy budget against fp32, as the build judged it, is one of its checks."""
         from validation.nli_eval import evaluate_nli, load_nli_dataset
 
         datasets = [load_nli_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
         return evaluate_nli(candidate, datasets, out_dir, batch_size=validation.batch_size, thresholds=validation.thresholds,
                             champion_rule=validation.champion, champion=champion, settings=settings, progress=progress,
-                            title=title, decision_rule=validation.decision_rule, context=context)
+                            title=title, decision_rule=validation.decision_rule, context=context,
+                            build_checks=int8_budget_checks(built.info if built is not None else {}))
 
     def items_per_request(self, validation: NliGateConfig) -> int:
         return validation.batch_size
@@ -356,6 +358,17 @@ def served_graph(image: EncoderImage, export: dict, parity: dict, probe: Dataset
         "int8_budget": None if not parity.get("int8_budget") else {
             **parity["int8_budget"], "dataset": {"path": probe.path, "splits": probe.splits}},
     }
+
+
+def int8_budget_checks(info: dict) -> list[dict]:
+    """The build's int8-vs-fp32 accuracy budget as a gate check, when an int8 graph serves and a budget was judged."""
+    budget = info.get("int8_budget") if info.get("served_variant") == "int8" else None
+    if not budget or budget["status"] not in ("pass", "fail"):
+        return []
+    check = {name: value for name, value in budget.items() if name != "dataset"}
+    probes = budget.get("dataset") or {}
+    where = f"{probes.get('path')} {', '.join(probes.get('splits') or [])}".strip()
+    return [{**check, "reason": f"{check['reason']} (judged by the build on the parity probes: {where})"}]
 
 
 def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:

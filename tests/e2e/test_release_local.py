@@ -272,6 +272,10 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
     assert parity["passed"] and set(parity["variants"]) == {"fp32", "int8"}
     report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
     assert {"macro_f1", "recall_entailment", "recall_neutral", "recall_contradiction"} <= {c["name"] for c in report["checks"]}
+    budget = state.result("build").info["int8_budget"]  # the served int8 graph's budget, judged by the build
+    carried = next(c for c in report["checks"] if c["name"] == "int8_accuracy_drop_vs_fp32")
+    assert (carried["status"], carried["observed"], carried["threshold"]) == (budget["status"], budget["observed"], 0.01)
+    assert "parity probes: builtin:nli calibration" in carried["reason"]
     hosting = ProcessSupervisor(tmp_path / "state")
     body = json.dumps({"pairs": [{"premise": "The order shipped on May 3.", "hypothesis": "The order shipped."}]}).encode()
     request = urllib.request.Request(f"{hosting.endpoint_url('shiplift-tiny-nli-prod')}/invocations", data=body, method="POST",

@@ -109,6 +109,24 @@ def test_class_recall_threshold_fails_a_model_that_never_says_neutral(fakes, tes
     assert result["decision"] == "fail"
 
 
+def test_a_check_the_build_judged_is_decided_with_the_gate(fakes, test_split, tmp_path):
+    """The int8 budget the build judged (tasks.artifacts.onnx_export.int8_budget_check) decides with the gate's own checks:
+    no check of the gate fails here, so its failure alone fails the gate and is named; without thresholds it is left out."""
+    from tasks.artifacts.onnx_export import int8_budget_check
+
+    fake = fakes[0]
+    answer_with_confusion(fake, test_split.pairs, wrong_every=10)
+    over = int8_budget_check(0.70, 0.65, 60, 0.01)
+    result = evaluate_nli(Target.http(fake.url), [test_split], tmp_path, thresholds=LOOSE, champion_rule=None,
+                          settings=SETTINGS, build_checks=[over])
+    checks = {c["name"]: c for c in result["checks"]}
+    assert checks["int8_accuracy_drop_vs_fp32"]["status"] == "fail" and result["decision"] == "fail"
+    assert [name for name, c in checks.items() if c["status"] == "fail"] == ["int8_accuracy_drop_vs_fp32"]
+    ungated = evaluate_nli(Target.http(fake.url), [test_split], tmp_path / "adhoc", thresholds=None, champion_rule=None,
+                           settings=SETTINGS, build_checks=[over])
+    assert "int8_accuracy_drop_vs_fp32" not in {c["name"] for c in ungated["checks"]}
+
+
 def test_a_400_batch_makes_rows_invalid_and_fails_validity(fakes, test_split, tmp_path):
     fake = fakes[0]
     answer_with_confusion(fake, test_split.pairs, wrong_every=10)

@@ -59,7 +59,7 @@ def _evaluate(ctx, candidate, champion, context: dict) -> dict:
     paths = [(resolve_data_path(ref, ctx.config_dir), ref.splits) for ref in cfg.datasets]
     return ctx.config.family.evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg,
                                       settings=settings, progress=ctx.say, title=f"{ctx.release_id} gate",
-                                      context=context)
+                                      context=context, built=ctx.result("build"))
 
 
 def run(ctx) -> dict:
