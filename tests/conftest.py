@@ -37,6 +37,20 @@ def checkpoint_key(tmp_path_factory):
         os.environ["SHIPLIFT_CHECKPOINT_KEY"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def stop_local_endpoints_left_serving(tmp_path_factory):
+    """A release leaves its production endpoint serving, as it should; at the session's end every local endpoint
+    under pytest's temporary folders is stopped, so a test run leaves no router or model server behind."""
+    yield
+    from tasks.backends.local.supervisor import ProcessSupervisor
+
+    for endpoints in sorted(tmp_path_factory.getbasetemp().rglob("endpoints")):
+        if endpoints.is_dir() and any(endpoints.glob("*.json")):
+            hosting = ProcessSupervisor(endpoints.parent)
+            for endpoint in hosting.list_endpoints():
+                hosting.delete_endpoint(endpoint["name"])
+
+
 @pytest.fixture(scope="session")
 def tiny_release():
     """tests/tiny_release.py: the fast tiny-model release config of the local backend."""

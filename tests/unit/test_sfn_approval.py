@@ -329,124 +329,125 @@ def holds(ledger: Ledger, model: str, holder: str, release_id: str) -> bool:
     return True
 
 
-def test_an_approval_is_sent_with_the_stored_token_and_the_execution_promotes(tiny_release, tmp_path, monkeypatch):
-    path, config, url = tiny_config(tiny_release, tmp_path)
-    rid = release_id_for(config)
-    ledger = Ledger(url)
-    definition = render_state_machine(config, runner=runner(), config_path="configs/releases/tiny-decision.yaml")
-    prefix = approval_token_prefix(config, runner(), rid)
+@pytest.fixture
+def account(tiny_release, tmp_path):
+    """A factory of one waiting-release story inside moto: (path, config, ledger url, release id, ledger, token prefix,
+    s3, stepfunctions), with the bucket AwaitApproval's stand-in writes its token to; `approval` overrides the config's
+    promotion.approval."""
     with mock_aws(config=PARSER):
         s3, sfn = boto3.client("s3", region_name=REGION), boto3.client("stepfunctions", region_name=REGION)
         s3.create_bucket(Bucket=BUCKET)
-        execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/approve"), "approve", "handoff/approve")
-        holder = f"stepfunctions:{execution}"
-        assert gated(path, config, url, holder) == rid
 
-        waiting = play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
-        assert waiting["decision"] == "awaiting" and sfn.describe_execution(executionArn=execution)["status"] == "RUNNING"
-        records = ledger.release(rid)
-        [request] = [r for r in records if (r.stage, r.event) == (APPROVAL, AWAITING_APPROVAL)]
-        reference = request.payload["step_functions"]
-        assert reference["holder"] == holder and reference["execution"] == execution
-        assert reference["token_sha256"] == task_token._sha256(token) and waiting_execution(records) == reference
-        assert token not in json.dumps([r.payload for r in records]), "the token itself never goes into the ledger"
-        bucket, key = reference["token_uri"][len("s3://"):].split("/", 1)
-        assert bucket == BUCKET and key.startswith(prefix.split("/", 3)[3] + "/task-token-")
-        assert json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["task_token"] == token
-        assert [r.stage for r in records if r.seq > request.seq][:2] == ["teardown_candidate"] * 2, "torn down to wait"
-        assert not holds(ledger, config.name, holder, rid), "the lease is given back while a person reads the report"
+        def story(**approval):
+            path, config, url = tiny_config(tiny_release, tmp_path, **approval)
+            rid = release_id_for(config)
+            return path, config, url, rid, Ledger(url), approval_token_prefix(config, runner(), rid), s3, sfn
 
-        # a retried attempt of the state waits on a new token: recorded once, the request stays the same
-        play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
-        assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL]
+        yield story
 
-        size = len(ledger.history())
-        original = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        s3.put_object(Bucket=bucket, Key=key, Body=json.dumps({**json.loads(original), "task_token": "forged-token"}))
-        with pytest.raises(Conflict, match="is not the one release .* names .*another token"):
-            answer_approval(rid, approve=True, reason="looks fine", actor="bob", ledger_url=url, progress=QUIET)
-        s3.put_object(Bucket=bucket, Key=key, Body=original)
-        with pytest.raises(Conflict, match="not an approver"):
-            answer_approval(rid, approve=True, reason="looks fine", actor="mallory", ledger_url=url, progress=QUIET)
-        assert len(ledger.history()) == size, "refusals record nothing"
-        assert sfn.describe_execution(executionArn=execution)["status"] == "RUNNING", "and send nothing"
-        assert not holds(ledger, config.name, holder, rid), "nor keep the lease"
 
-        answered = answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url, progress=QUIET)
-        assert answered["decision"] == APPROVED and answered["by"] == "bob"
-        assert answered["step_functions"] == {"execution": execution, "sent": "SendTaskSuccess", "output": {
-            "release_id": rid, "decision": "approved", "by": "bob", "seq": answered["step_functions"]["output"]["seq"]}}
-        assert answered["summary"]["status"] == "running" and answered["summary"]["stages"]["promote"] == "pending"
-        done = finished(sfn, execution)
-        assert done["status"] == "SUCCEEDED" and json.loads(done["output"])["approval"]["decision"] == "approved"
-        route = entered(sfn, execution)
-        assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate", "EndSucceeded",
-                                                       "Released"]
-        assert holds(ledger, config.name, holder, rid), "the execution has its lease back for Promote"
+def test_an_approval_is_sent_with_the_stored_token_and_the_execution_promotes(account, monkeypatch):
+    path, config, url, rid, ledger, prefix, s3, sfn = account()
+    definition = render_state_machine(config, runner=runner(), config_path="configs/releases/tiny-decision.yaml")
+    execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/approve"), "approve", "handoff/approve")
+    holder = f"stepfunctions:{execution}"
+    assert gated(path, config, url, holder) == rid
 
-        summary = finish_like_the_execution(rid, url, holder)
-        assert summary["status"] == "promoted"
-        assert ledger.served_at(config.name, "2100-01-01T00:00:00Z").release_id == rid
+    waiting = play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
+    assert waiting["decision"] == "awaiting" and sfn.describe_execution(executionArn=execution)["status"] == "RUNNING"
+    records = ledger.release(rid)
+    [request] = [r for r in records if (r.stage, r.event) == (APPROVAL, AWAITING_APPROVAL)]
+    reference = request.payload["step_functions"]
+    assert reference["holder"] == holder and reference["execution"] == execution
+    assert reference["token_sha256"] == task_token._sha256(token) and waiting_execution(records) == reference
+    assert token not in json.dumps([r.payload for r in records]), "the token itself never goes into the ledger"
+    bucket, key = reference["token_uri"][len("s3://"):].split("/", 1)
+    assert bucket == BUCKET and key.startswith(prefix.split("/", 3)[3] + "/task-token-")
+    assert json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["task_token"] == token
+    assert [r.stage for r in records if r.seq > request.seq][:2] == ["teardown_candidate"] * 2, "torn down to wait"
+    assert not holds(ledger, config.name, holder, rid), "the lease is given back while a person reads the report"
 
-        # replays: a second decision is refused before anything is sent; the used token is refused by Step Functions
-        with pytest.raises(Conflict, match="already approved"):
-            answer_approval(rid, approve=True, reason="again", actor="alice", ledger_url=url, progress=QUIET)
-        with pytest.raises(Conflict, match="refused the task token: InvalidToken"):
-            send_decision(task_token.approval_aws(config), token, {"decision": "approved"})
+    # a retried attempt of the state waits on a new token: recorded once, the request stays the same
+    play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
+    assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL]
+
+    size = len(ledger.history())
+    original = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.put_object(Bucket=bucket, Key=key, Body=json.dumps({**json.loads(original), "task_token": "forged-token"}))
+    with pytest.raises(Conflict, match="is not the one release .* names .*another token"):
+        answer_approval(rid, approve=True, reason="looks fine", actor="bob", ledger_url=url, progress=QUIET)
+    s3.put_object(Bucket=bucket, Key=key, Body=original)
+    with pytest.raises(Conflict, match="not an approver"):
+        answer_approval(rid, approve=True, reason="looks fine", actor="mallory", ledger_url=url, progress=QUIET)
+    assert len(ledger.history()) == size, "refusals record nothing"
+    assert sfn.describe_execution(executionArn=execution)["status"] == "RUNNING", "and send nothing"
+    assert not holds(ledger, config.name, holder, rid), "nor keep the lease"
+
+    answered = answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url, progress=QUIET)
+    assert answered["decision"] == APPROVED and answered["by"] == "bob"
+    assert answered["step_functions"] == {"execution": execution, "sent": "SendTaskSuccess", "output": {
+        "release_id": rid, "decision": "approved", "by": "bob", "seq": answered["step_functions"]["output"]["seq"]}}
+    assert answered["summary"]["status"] == "running" and answered["summary"]["stages"]["promote"] == "pending"
+    done = finished(sfn, execution)
+    assert done["status"] == "SUCCEEDED" and json.loads(done["output"])["approval"]["decision"] == "approved"
+    route = entered(sfn, execution)
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate", "EndSucceeded",
+                                                   "Released"]
+    assert holds(ledger, config.name, holder, rid), "the execution has its lease back for Promote"
+
+    summary = finish_like_the_execution(rid, url, holder)
+    assert summary["status"] == "promoted"
+    assert ledger.served_at(config.name, "2100-01-01T00:00:00Z").release_id == rid
+
+    # replays: a second decision is refused before anything is sent; the used token is refused by Step Functions
+    with pytest.raises(Conflict, match="already approved"):
+        answer_approval(rid, approve=True, reason="again", actor="alice", ledger_url=url, progress=QUIET)
+    with pytest.raises(Conflict, match="refused the task token: InvalidToken"):
+        send_decision(task_token.approval_aws(config), token, {"decision": "approved"})
     assert ledger.verify().ok
 
 
-def test_a_rejection_is_sent_as_a_decision_and_promote_skips(tiny_release, tmp_path, monkeypatch):
-    path, config, url = tiny_config(tiny_release, tmp_path)
-    rid = release_id_for(config)
-    ledger = Ledger(url)
+def test_a_rejection_is_sent_as_a_decision_and_promote_skips(account, monkeypatch):
+    path, config, url, rid, ledger, prefix, s3, sfn = account()
     definition = render_state_machine(config, runner=runner(post_promote_wait_s=0), config_path="configs/releases/tiny-decision.yaml")
-    with mock_aws(config=PARSER):
-        s3, sfn = boto3.client("s3", region_name=REGION), boto3.client("stepfunctions", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET)
-        execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/reject"), "reject", "handoff/reject")
-        holder = f"stepfunctions:{execution}"
-        gated(path, config, url, holder)
-        play_await(monkeypatch, token, rid, holder, url, approval_token_prefix(config, runner(), rid), sfn)
+    execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/reject"), "reject", "handoff/reject")
+    holder = f"stepfunctions:{execution}"
+    gated(path, config, url, holder)
+    play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
 
-        answered = answer_approval(rid, approve=False, reason="ECE too high for us", actor="alice", ledger_url=url, progress=QUIET)
-        assert answered["decision"] == REJECTED and answered["step_functions"]["output"]["decision"] == "rejected"
-        done = finished(sfn, execution)
-        assert done["status"] == "SUCCEEDED", "a rejection is a decision, not a failure"
-        route = entered(sfn, execution)
-        assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "TeardownCandidate", "EndSucceeded", "Released"]
-        summary = finish_like_the_execution(rid, url, holder)
+    answered = answer_approval(rid, approve=False, reason="ECE too high for us", actor="alice", ledger_url=url, progress=QUIET)
+    assert answered["decision"] == REJECTED and answered["step_functions"]["output"]["decision"] == "rejected"
+    done = finished(sfn, execution)
+    assert done["status"] == "SUCCEEDED", "a rejection is a decision, not a failure"
+    route = entered(sfn, execution)
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "TeardownCandidate", "EndSucceeded", "Released"]
+    summary = finish_like_the_execution(rid, url, holder)
     assert summary["status"] == "rejected" and summary["rollout"]["reason"] == "not approved: ECE too high for us"
     assert ledger.served_at(config.name, "2100-01-01T00:00:00Z") is None, "nothing reached production"
 
 
-def test_a_timeout_records_timed_out_and_the_release_ends_rejected(tiny_release, tmp_path, monkeypatch):
-    path, config, url = tiny_config(tiny_release, tmp_path, timeout_s=1)
-    rid = release_id_for(config)
-    ledger = Ledger(url)
+def test_a_timeout_records_timed_out_and_the_release_ends_rejected(account, monkeypatch):
+    path, config, url, rid, ledger, prefix, s3, sfn = account(timeout_s=1)
     definition = render_state_machine(config, runner=runner(startup_allowance_s=0, post_promote_wait_s=0),
                                       config_path="configs/releases/tiny-decision.yaml")
     assert definition["States"][APPROVAL_STATE]["TimeoutSeconds"] == 1
-    with mock_aws(config=PARSER):
-        s3, sfn = boto3.client("s3", region_name=REGION), boto3.client("stepfunctions", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET)
-        execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/timeout"), "timeout", "handoff/timeout")
-        done = finished(sfn, execution)
-        assert done["status"] == "SUCCEEDED"
-        route = entered(sfn, execution)
-        assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, "Promote", "TeardownCandidate",
-                                                       "EndSucceeded", "Released"]
-        events = sfn.get_execution_history(executionArn=execution)["events"]
-        assert any(e["type"] == "TaskTimedOut" for e in events)
-        with pytest.raises(Conflict, match="TaskTimedOut|InvalidToken"):
-            send_decision(task_token.approval_aws(config), token, {"decision": "approved"})  # too late: the state closed
+    execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/timeout"), "timeout", "handoff/timeout")
+    done = finished(sfn, execution)
+    assert done["status"] == "SUCCEEDED"
+    route = entered(sfn, execution)
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, "Promote", "TeardownCandidate",
+                                                   "EndSucceeded", "Released"]
+    events = sfn.get_execution_history(executionArn=execution)["events"]
+    assert any(e["type"] == "TaskTimedOut" for e in events)
+    with pytest.raises(Conflict, match="TaskTimedOut|InvalidToken"):
+        send_decision(task_token.approval_aws(config), token, {"decision": "approved"})  # too late: the state closed
 
-        holder = f"stepfunctions:{execution}"
-        gated(path, config, url, holder)
-        play_await(monkeypatch, token, rid, holder, url, approval_token_prefix(config, runner(), rid), sfn)
-        timed_out = approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder, progress=QUIET)
-        assert timed_out["decision"] == TIMED_OUT and holds(ledger, config.name, holder, rid)
-        summary = finish_like_the_execution(rid, url, holder)
+    holder = f"stepfunctions:{execution}"
+    gated(path, config, url, holder)
+    play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
+    timed_out = approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder, progress=QUIET)
+    assert timed_out["decision"] == TIMED_OUT and holds(ledger, config.name, holder, rid)
+    summary = finish_like_the_execution(rid, url, holder)
     assert summary["status"] == "rejected" and summary["rollout"]["reason"].startswith("not approved: Step Functions stopped waiting")
     assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL, TIMED_OUT]
     with pytest.raises(Conflict, match="already timed_out"):
@@ -463,66 +464,53 @@ def stopped_while_waiting(definition: dict) -> dict:
     return definition
 
 
-def test_a_decision_whose_execution_stopped_is_recorded_and_the_timeout_step_follows_the_ledger(tiny_release, tmp_path,
-                                                                                               monkeypatch):
-    path, config, url = tiny_config(tiny_release, tmp_path)
-    rid = release_id_for(config)
-    ledger = Ledger(url)
+def test_a_decision_whose_execution_stopped_is_recorded_and_the_timeout_step_follows_the_ledger(account, monkeypatch):
+    path, config, url, rid, ledger, prefix, s3, sfn = account()
     definition = render_state_machine(config, runner=runner(), config_path="configs/releases/tiny-decision.yaml")
-    prefix = approval_token_prefix(config, runner(), rid)
-    with mock_aws(config=PARSER):
-        s3, sfn = boto3.client("s3", region_name=REGION), boto3.client("stepfunctions", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET)
-        execution, token = start(sfn, s3, stopped_while_waiting(with_handoff(definition, rid, "handoff/stopped")), "stopped",
-                                 "handoff/stopped")
-        holder = f"stepfunctions:{execution}"
-        gated(path, config, url, holder)
-        play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
-        assert finished(sfn, execution)["status"] == "FAILED"
-        with pytest.raises(Conflict, match=r"approved decision on .* is recorded, but .* was not told: Step Functions refused"):
-            answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url, progress=QUIET)
-        assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL, APPROVED]
-        assert not holds(ledger, config.name, holder, rid), "the lease is not kept for an execution that was not told"
+    execution, token = start(sfn, s3, stopped_while_waiting(with_handoff(definition, rid, "handoff/stopped")), "stopped",
+                             "handoff/stopped")
+    holder = f"stepfunctions:{execution}"
+    gated(path, config, url, holder)
+    play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
+    assert finished(sfn, execution)["status"] == "FAILED"
+    with pytest.raises(Conflict, match=r"approved decision on .* is recorded, but .* was not told: Step Functions refused"):
+        answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url, progress=QUIET)
+    assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL, APPROVED]
+    assert not holds(ledger, config.name, holder, rid), "the lease is not kept for an execution that was not told"
 
-        # a new execution of the same release: AwaitApproval finds the decision and reports it at once
-        again, new_token = start(sfn, s3, with_handoff(definition, rid, "handoff/again"), "again", "handoff/again")
-        holder = f"stepfunctions:{again}"
-        begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
-                           waits_for_approval=True)
-        reported = play_await(monkeypatch, new_token, rid, holder, url, prefix, sfn)
-        assert reported["decision"] == "approved"
-        assert finished(sfn, again)["status"] == "SUCCEEDED"
-        assert token_reference(ledger.release(rid))["holder"] == f"stepfunctions:{execution}", "nothing new to wait on"
-        assert approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder, progress=QUIET)["decision"] == "approved"
-        assert finish_like_the_execution(rid, url, holder)["status"] == "promoted"
+    # a new execution of the same release: AwaitApproval finds the decision and reports it at once
+    again, new_token = start(sfn, s3, with_handoff(definition, rid, "handoff/again"), "again", "handoff/again")
+    holder = f"stepfunctions:{again}"
+    begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
+                       waits_for_approval=True)
+    reported = play_await(monkeypatch, new_token, rid, holder, url, prefix, sfn)
+    assert reported["decision"] == "approved"
+    assert finished(sfn, again)["status"] == "SUCCEEDED"
+    assert token_reference(ledger.release(rid))["holder"] == f"stepfunctions:{execution}", "nothing new to wait on"
+    assert approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder, progress=QUIET)["decision"] == "approved"
+    assert finish_like_the_execution(rid, url, holder)["status"] == "promoted"
 
 
-def test_a_new_execution_of_a_waiting_release_records_its_new_token(tiny_release, tmp_path, monkeypatch):
-    path, config, url = tiny_config(tiny_release, tmp_path)
-    rid = release_id_for(config)
-    ledger = Ledger(url)
+def test_a_new_execution_of_a_waiting_release_records_its_new_token(account, monkeypatch):
+    path, config, url, rid, ledger, prefix, s3, sfn = account()
     definition = render_state_machine(config, runner=runner(), config_path="configs/releases/tiny-decision.yaml")
-    prefix = approval_token_prefix(config, runner(), rid)
-    with mock_aws(config=PARSER):
-        s3, sfn = boto3.client("s3", region_name=REGION), boto3.client("stepfunctions", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET)
-        first, old_token = start(sfn, s3, stopped_while_waiting(with_handoff(definition, rid, "handoff/first")), "first",
-                                 "handoff/first")
-        gated(path, config, url, f"stepfunctions:{first}")
-        play_await(monkeypatch, old_token, rid, f"stepfunctions:{first}", url, prefix, sfn)
-        assert finished(sfn, first)["status"] == "FAILED"
-        second, new_token = start(sfn, s3, with_handoff(definition, rid, "handoff/second"), "second", "handoff/second")
-        holder = f"stepfunctions:{second}"
-        begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
-                           waits_for_approval=True)
-        assert play_await(monkeypatch, new_token, rid, holder, url, prefix, sfn)["decision"] == "awaiting"
-        records = ledger.release(rid)
-        assert [r.event for r in records if r.stage == APPROVAL] == [AWAITING_APPROVAL, TOKEN_RENEWED]
-        assert waiting_execution(records)["execution"] == second
-        answered = answer_approval(rid, approve=True, reason="ok", actor="alice", ledger_url=url, progress=QUIET)
-        assert answered["step_functions"]["execution"] == second
-        assert finished(sfn, second)["status"] == "SUCCEEDED"
-        assert finish_like_the_execution(rid, url, holder)["status"] == "promoted"
+    first, old_token = start(sfn, s3, stopped_while_waiting(with_handoff(definition, rid, "handoff/first")), "first",
+                             "handoff/first")
+    gated(path, config, url, f"stepfunctions:{first}")
+    play_await(monkeypatch, old_token, rid, f"stepfunctions:{first}", url, prefix, sfn)
+    assert finished(sfn, first)["status"] == "FAILED"
+    second, new_token = start(sfn, s3, with_handoff(definition, rid, "handoff/second"), "second", "handoff/second")
+    holder = f"stepfunctions:{second}"
+    begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
+                       waits_for_approval=True)
+    assert play_await(monkeypatch, new_token, rid, holder, url, prefix, sfn)["decision"] == "awaiting"
+    records = ledger.release(rid)
+    assert [r.event for r in records if r.stage == APPROVAL] == [AWAITING_APPROVAL, TOKEN_RENEWED]
+    assert waiting_execution(records)["execution"] == second
+    answered = answer_approval(rid, approve=True, reason="ok", actor="alice", ledger_url=url, progress=QUIET)
+    assert answered["step_functions"]["execution"] == second
+    assert finished(sfn, second)["status"] == "SUCCEEDED"
+    assert finish_like_the_execution(rid, url, holder)["status"] == "promoted"
 
 
 # --- the calls, against botocore's Step Functions model ---------------------------------------------------------------
