@@ -15,6 +15,7 @@ from typing import Any
 
 from tasks.errors import Conflict
 from tasks.ledger import events
+from tasks.pipeline.table import TEARDOWN
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,21 @@ def hold(ctx) -> bool:
                       f"deadline {current.request.payload['deadline']})"})
         return False
     return current.status == "awaiting"
+
+
+def waits_before_promote(ctx) -> bool:
+    """The promote step's wait (`tasks.pipeline.table`): honour a decision made in the backend's registry, then hold
+    the release while its approval is awaited, the candidate torn down unless the config keeps it (True)."""
+    follow_registry(ctx)  # a decision made in the backend's registry (aws), where the CLI did not
+    if not hold(ctx):
+        return False
+    if not ctx.config.promotion.approval.keep_candidate:
+        from tasks.pipeline.release import ensure_stage_retrying
+
+        ensure_stage_retrying(ctx, TEARDOWN)
+    ctx.say(f"waiting for approval: an approver runs `shiplift approve {ctx.release_id} --reason TEXT` "
+            f"(or `shiplift reject`)")
+    return True
 
 
 def blocked_reason(ctx) -> str | None:

@@ -30,7 +30,7 @@ from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import ConfigError, LeaseLost, NotFound, ShipliftError, is_retryable
 from tasks.ledger import events
 from tasks.pipeline import table
-from tasks.pipeline.approval import awaiting, decide, follow_registry, hold
+from tasks.pipeline.approval import awaiting, decide
 from tasks.processes import pid_running
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.pipeline.results import RESULTS, StageResult, stage_result
@@ -432,20 +432,14 @@ def answer_approval(release_id: str, *, approve: bool, reason: str, actor: str |
 
 
 def run_stages(ctx: StageContext) -> dict:
-    """Every stage not done yet, under the model's promotion lease; a release whose config requires an approval stops
-    before promote until a person decides (the candidate torn down unless the approval keeps it), lease given back."""
+    """Every stage not done yet, under the model's promotion lease; a step whose `waits` (the table's: promote's
+    approval) holds the release stops it there until a person decides, the lease given back."""
     with holding_lease(ctx, run_holder(ctx.actor)):
         try:
-            for name in STAGES[:-1]:
-                if name == events.PROMOTE:
-                    follow_registry(ctx)  # a decision made in the backend's registry (aws), where the CLI did not
-                if name == events.PROMOTE and hold(ctx):
-                    if not ctx.config.promotion.approval.keep_candidate:
-                        ensure_stage_retrying(ctx, TEARDOWN)
-                    ctx.say(f"waiting for approval: an approver runs `shiplift approve {ctx.release_id} --reason TEXT` "
-                            f"(or `shiplift reject`)")
+            for step in table.STAGES[:-1]:
+                if step.waits is not None and step.load(step.waits)(ctx):
                     return release_summary(ctx.state)
-                ensure_stage_retrying(ctx, name)
+                ensure_stage_retrying(ctx, step.name)
         except BaseException:
             _teardown_quietly(ctx)
             finish(ctx, failed=True)

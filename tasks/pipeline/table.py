@@ -27,9 +27,11 @@ class Step:
     timeout_s: int  # per attempt; the config can only lengthen it (see `timeout_for`)
     idempotent: bool
     doc: str
+    waits: str | None = None  # "module:attribute" asked before the stage runs: True holds the release there
 
-    def load(self) -> Callable[..., Any]:
-        module, _, attribute = self.function.partition(":")
+    def load(self, reference: str | None = None) -> Callable[..., Any]:
+        """The step's function, or another "module:attribute" of it (`waits`), imported now."""
+        module, _, attribute = (reference or self.function).partition(":")
         return getattr(importlib.import_module(module), attribute)
 
 
@@ -45,7 +47,8 @@ STAGES: tuple[Step, ...] = (
     Step("image", "tasks.pipeline.stages.image:run", 2, HOUR, True, "build or find the serving image and pin it by digest"),
     Step("deploy_candidate", "tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, True, "serve the artifact on a candidate endpoint"),
     Step("validate", "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, True, "gate the live candidate against the champion"),
-    Step("promote", "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, True, "put a passed candidate on production, verify what serves"),
+    Step("promote", "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, True, "put a passed candidate on production, verify what serves",
+         waits="tasks.pipeline.approval:waits_before_promote"),
     Step("teardown_candidate", "tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, True,
          "remove the candidate, whatever happened"),
 )
