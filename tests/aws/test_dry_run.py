@@ -1,10 +1,14 @@
 """`shiplift release CONFIG --dry-run` for the production configs: complete request sequences the service model
-accepts, placeholders named, nothing sent and no credentials needed."""
+accepts, placeholders named, nothing sent and no credentials needed; the real backend run stage by stage against the
+recording session, which refuses what the service model refuses, answers as the service model says, opens no
+connection, never waits and leaves no file behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
+import time
 from datetime import datetime, timedelta, timezone
 import socket
 import subprocess
@@ -12,12 +16,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import ClientError
 
-from tasks.backends.aws.dryrun import Plan
+from tasks.backends.aws.dryrun import Plan, plan_release
+from tasks.backends.aws.recording_session import FreshAccount, recording_session
 from tasks.backends.aws.service_model import request_problems
+from tasks.config import load_release_config
 from tasks.errors import BadInput
+from tasks.pipeline.table import STAGE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
+RELEASES = ROOT / "configs" / "releases"
+CANARY = ("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test", "rollout.alarms.max_latency_p99_ms=1500")
+CHECKPOINTS = ("backend.kms_key_id=alias/shiplift",
+               "backend.checkpoints={key_ref: shiplift/ledger-checkpoint-key, bucket: my-ledger-checkpoints, retention_days: 30}")
 
 
 def closed_port() -> int:
@@ -118,7 +130,9 @@ def test_a_later_release_scores_the_champion_and_updates_production_where_its_co
            "to 4 x ml.g6e.xlarge = 4 GPUs (ManagedInstanceScaling): fits")
     assert fit in update["note"] and f"this release's update of production: {fit}" in stderr
     assert [line["operation"] for line in first if line["stage"] == "promote"].count("CreateInferenceComponent") == 1
-    assert len(lines) == len(first) + 111 + 1, "the champion's answers, and its reads less production's creation"
+    assert len(lines) == len(first) + 111 + 4 + 1 - 2, (
+        "the champion's answers, its describe past the DescribeEndpoint a first release sends too (4 requests) and its "
+        "channel's DescribeEndpoint, less production's CreateEndpointConfig and CreateEndpoint")
 
 
 def test_with_champion_goes_only_with_dry_run():
@@ -169,11 +183,14 @@ def test_a_request_the_service_model_refuses_stops_the_plan():
 
 def test_a_canary_prints_the_rolling_update_and_the_alarms_it_is_rolled_back_by():
     lines, _ = dry_run("configs/releases/qwen35-4b-semif.yaml", "rollout.strategy=canary", "rollout.copies=2",
-                       "rollout.wait_interval_s=120", "rollout.online_gate.split=test", "rollout.alarms.max_latency_p99_ms=1500")
+                       "rollout.wait_interval_s=120", "rollout.online_gate.split=test", "rollout.alarms.max_latency_p99_ms=1500",
+                       flags=("--with-champion",))  # a first release deploys production whole; a later one rolls
     promote = [line for line in lines if line["stage"] == "promote"]
     ops = [line["operation"] for line in promote]
     first_update = ops.index("UpdateInferenceComponent")
-    assert ops[first_update - 3: first_update] == ["PutMetricAlarm"] * 3 and ops[-1] == "DeleteAlarms"
+    assert ops[first_update - 3: first_update] == ["PutMetricAlarm"] * 3
+    assert ops.index("DeleteAlarms") > max(i for i, op in enumerate(ops) if op in ("DescribeAlarms", "PutMetricData")), (
+        "the alarms go once the update has ended")
     alarms = {line["params"]["AlarmName"].rsplit("-", 2)[-2:][-1]: line["params"] for line in promote if line["operation"] == "PutMetricAlarm"}
     assert sorted(alarms) == ["gate", "p99", "rate"]
     rate = alarms["rate"]
@@ -201,3 +218,86 @@ def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "moves equal batches" in done.stderr and "use a batch of 2 (half of 4) or strategy linear" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def planned(name: str, *overrides: str, with_champion: bool = False):
+    config = load_release_config(RELEASES / name, overrides=overrides, environ={})
+    return plan_release(config, config_dir=RELEASES, with_champion=with_champion)
+
+
+def test_the_stages_are_run_in_the_order_of_the_stage_table():
+    stages = [request.stage for request in planned("mdeberta-nli.yaml", *CHECKPOINTS)]
+    runs = [stage for index, stage in enumerate(stages) if index == 0 or stages[index - 1] != stage]
+    assert [stage for stage in runs if stage in STAGE_NAMES] == list(STAGE_NAMES), "each stage once, in STAGES order"
+    assert runs[0] == "preflight" and runs[-1] == "release", "opened before the stages, signed after them"
+    assert {stage for stage in runs if stage not in STAGE_NAMES} == {"preflight", "model_registry", "release"}
+    assert [runs[index - 1] for index, stage in enumerate(runs) if stage == "model_registry"] == ["validate", "promote"], (
+        "the registry view follows the gate's decision and the promotion")
+
+
+def test_the_recording_session_refuses_what_the_service_model_refuses_and_answers_the_rest():
+    config = load_release_config(RELEASES / "qwen35-4b-semif.yaml", environ={})
+    plan = Plan()
+    account = FreshAccount(config.backend, plan.stand_in, release_id="r")
+    sagemaker = recording_session(plan, account).client("sagemaker")
+    with pytest.raises(BadInput, match=r"EndpointName: 64 characters, at most 63"):
+        sagemaker.create_endpoint(EndpointName="e" * 64, EndpointConfigName="c")
+    assert plan.requests == [] and account.hosting["Endpoint"] == {}, "nothing recorded, nothing created"
+    with pytest.raises(ClientError, match='Could not find endpoint "e"'):
+        sagemaker.describe_endpoint(EndpointName="e")
+    assert [(r.stage, r.service, r.operation, r.params) for r in plan.requests] == [
+        ("preflight", "sagemaker", "DescribeEndpoint", {"EndpointName": "e"})]
+
+
+def test_a_dry_run_opens_no_connection_and_never_waits(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the dry run opened a connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    lines = planned("qwen35-4b-semif.yaml", *CANARY, with_champion=True)
+    assert "UpdateInferenceComponent" in [r.operation for r in lines] and not [s for s in slept if s > 0], slept
+
+
+def test_a_dry_run_leaves_no_file_behind(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    lines = planned("qwen35-4b-semif.yaml", f"backend.state_dir={tmp_path / 'state'}")
+    assert lines and not (tmp_path / "state").exists() and list(scratch.iterdir()) == []
+
+
+def test_every_answer_of_the_recording_account_fits_the_service_model(monkeypatch):
+    """Each success answer against botocore's output shape (required members, types; lengths, enums and patterns)."""
+    from botocore.validate import ParamValidator
+
+    from tasks.backends.aws.service_model import _walk, service_model
+
+    answers = []
+    answer = FreshAccount.answer
+
+    def kept(self, service, operation, params):
+        answers.append((service, operation, answer(self, service, operation, params)))
+        return answers[-1][2]
+
+    monkeypatch.setattr(FreshAccount, "answer", kept)
+    from tests.aws.test_dlc_chat_aws import CHAT, chat_config  # it imports this module: not at the top
+
+    planned("qwen35-4b-semif.yaml", *CANARY, with_champion=True)
+    planned("mdeberta-nli.yaml", *CHECKPOINTS)
+    plan_release(chat_config(), config_dir=CHAT.parent)
+    problems = []
+    for service, operation, found in answers:
+        if found.status < 300:
+            shape = service_model(service).operation_model(operation).output_shape
+            if shape is None:
+                problems += [f"{service} {operation} answers nothing, not {found.parsed}"] if found.parsed else []
+                continue
+            report = ParamValidator().validate(found.parsed, shape)
+            problems += [f"{service} {operation}: {line}" for line in report.generate_report().splitlines()] if report.has_errors() else []
+            walked: list[str] = []
+            _walk(shape, found.parsed, "", walked)  # the checks ParamValidator leaves out
+            problems += [f"{service} {operation}: {problem}" for problem in walked]
+    assert len({(service, operation) for service, operation, _ in answers}) > 40 and problems == []
