@@ -329,7 +329,20 @@ def main() -> int:
         f"{report} · stop: make stop SHIPLIFT_HOME={state_dir}",
         flush=True,
     )
-    return 0 if [s["status"] for _, s in rows] == EXPECTED and verdict["ok"] else 1
+    problems = departures(rows, verdict)
+    for problem in problems:
+        print(f"\n{problem}", file=sys.stderr, flush=True)
+    return 1 if problems else 0
+
+
+def departures(rows: list[tuple[str, dict]], verdict: dict) -> list[str]:
+    """Where the demo did not go as designed (a step's outcome other than EXPECTED, a ledger that did not verify), each
+    said with where to look; empty when it went as designed."""
+    said = [f"The demo did not go as designed: {label} ended {summary['status']}, not {expected} (its \"checks not "
+            "passed\" column says why; a p95 latency check is the first to fail on a machine doing other work: README, "
+            "\"Demo thresholds\")." for (label, summary), expected in zip(rows, EXPECTED, strict=True)
+            if summary["status"] != expected]
+    return said + ([] if verdict["ok"] else [f"The ledger did not verify: {verdict['problems']}"])
 
 
 if __name__ == "__main__":
