@@ -45,7 +45,7 @@ test: setup lint browser  ## set up, then run the default test suite
 lint: setup          ## pyflakes-class checks (unused imports and names, undefined names)
 	$(BIN)/ruff check --select F --target-version py311 tasks validation dags images bench scripts tests
 
-test-slow: setup     ## the slow suites (real Gemma model)
+test-slow: setup     ## the slow suites: the real Gemma model, the end-to-end canaries with live traffic (local and the aws double)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 test-load: setup     ## the long load tests: a rolling update under 16 clients and 2,000 requests from a second process

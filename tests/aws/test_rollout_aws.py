@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from botocore.exceptions import ClientError
 
 from tasks.cli.demo import BackgroundTraffic, shared_decisions
@@ -49,6 +50,7 @@ def _serving_model(double, component: str) -> str:
     return double.client("sagemaker").describe_model(ModelName=live["Specification"]["ModelName"])["PrimaryContainer"]["ModelDataUrl"]
 
 
+@pytest.mark.slow  # ~75 s on 2 cores: make test-slow; the other rollouts of this file stay in make test
 def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_sagemaker(aws, aws_release, tiny_release, tmp_path):
     """Not documented by AWS: that a rolled-back update ends InService on the old spec with no FailureReason (the double's
     assumption, docs/aws-double.md); shiplift judges the live spec, so it reads a rollback either way."""

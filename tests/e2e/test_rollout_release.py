@@ -4,6 +4,8 @@ first release through the same canary machinery."""
 
 from __future__ import annotations
 
+import pytest
+
 from tasks.cli.demo import LiveTraffic
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.ledger.store import Ledger
@@ -21,6 +23,7 @@ def _promote_record(ledger: Ledger, release_id: str):
     return next(r for r in ledger.release(release_id) if r.stage == "promote" and r.event != "started")
 
 
+@pytest.mark.slow  # ~95 s on 2 cores: make test-slow; tests/unit/test_as_of_rollout.py keeps a real local canary in make test
 def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_serves(release_config, tmp_path):
     state_dir = tmp_path / "state"
 
