@@ -128,8 +128,9 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
     """Record an approver's decision on a release that waits for one; refused with the reason, and nothing recorded,
     when it does not wait (any more), the deadline passed, `actor` is not an approver, or four eyes forbid it.
 
-    `decided_at` is when the person answered, as an orchestrator or the registry recorded it (Airflow's responded_at):
-    the deadline is judged at that moment, not when the answer reaches the ledger, and it is kept in the record."""
+    `decided_at` (time-zone aware) is when the person answered, as the orchestrator recorded it (Airflow's
+    responded_at): the deadline is judged at that moment, not when the answer reaches the ledger, and it is kept in
+    the record."""
     if not reason.strip():
         raise Conflict("a decision needs its reason", fix="pass --reason TEXT: what you checked, for the ledger")
     current = approval_state(ctx.state, ctx.config)
@@ -144,6 +145,9 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
         raise Conflict(f"release {ctx.release_id} is not awaiting approval: it was already {current.status} "
                        f"({current.reason})", fix="open a new release to change the decision")
     request = current.request.payload
+    if decided_at is not None and decided_at.tzinfo is None:
+        raise Conflict(f"the answer to {ctx.release_id} is dated {decided_at.isoformat()} with no time zone",
+                       fix="pass the answer's time in ISO 8601 with its offset (e.g. 2026-12-04T10:00:00+00:00)")
     if decided_at is not None and not _moment(current.request.recorded_at) <= decided_at <= _now():
         raise Conflict(f"the answer to {ctx.release_id} is dated {decided_at.isoformat()}, outside the wait "
                        f"({current.request.recorded_at} until now)",

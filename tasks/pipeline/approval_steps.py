@@ -121,8 +121,8 @@ def request_approval_orchestrated(release_id: str, *, holder: str | None = None,
 
 
 def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str | None, reason: str | None,
-                                 decided_at: str | None = None, run_actor: str | None = None, holder: str | None = None, ledger_url: str | None = None,
-                                 state_dir: str | Path | None = None, progress: Progress = print_progress,
+                                 decided_at: str | None = None, run_actor: str | None = None, holder: str | None = None,
+                                 ledger_url: str | None = None, state_dir: str | Path | None = None, progress: Progress = print_progress,
                                  session: Any = None) -> dict:
     """Record the answer an orchestrator collected: `actor` is the person who answered (None when the orchestrator
     filled in its default at the timeout), `reason` their comment and `decided_at` (ISO 8601) when the orchestrator

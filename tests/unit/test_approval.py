@@ -188,7 +188,8 @@ def test_an_answer_is_judged_at_the_time_it_was_given_and_one_dated_outside_the_
     asked = datetime.fromisoformat(request.recorded_at.replace("Z", "+00:00"))
     answer = {"approve": True, "actor": "bob", "reason": "checked the report", "state_dir": state, "progress": lambda m: None}
     before = ledger_size(state)
-    for dated, why in ((asked - timedelta(minutes=1), "outside the wait"), (asked + timedelta(days=1), "outside the wait")):
+    for dated, why in ((asked - timedelta(minutes=1), "outside the wait"), (asked + timedelta(days=1), "outside the wait"),
+                       (asked.replace(tzinfo=None), "no time zone")):
         with pytest.raises(approval.Conflict, match=why):
             record_decision_orchestrated(waiting["release_id"], decided_at=dated.isoformat(), **answer)
     assert ledger_size(state) == before

@@ -511,8 +511,9 @@ class ProcessSupervisor:
         """Move a running component to `spec` batch by batch: start a batch of new copies, wait for their
         /ping, shift them into rotation, drain and stop as many old ones, then `bake` the step (it watches
         the wait interval and returns the alarm that fired, or None). An alarm rolls back batch by batch
-        and the old spec serves again, each rollback batch told to `on_rollback_step` as soon as it is in rotation. Every step is persisted first, so a rerun after a crash resumes
-        the same rollout (or rolls back one to another spec) and never leaves two half-states."""
+        and the old spec serves again, each rollback batch told to `on_rollback_step` as soon as it is in
+        rotation. Every step is persisted first, so a rerun after a crash resumes the same rollout (or rolls
+        back one to another spec) and never leaves two half-states."""
         _check_name("endpoint", endpoint)
         _check_name("component", component)
         if not isinstance(spec, ProcessSpec) or not isinstance(plan, RolloutPlan):
