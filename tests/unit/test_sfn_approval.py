@@ -54,6 +54,7 @@ from tasks.pipeline.approval import TOKEN_RENEWED, token_reference, waiting_exec
 from tasks.pipeline.release import (STAGES, answer_approval, begin_orchestrated, end_orchestrated, release_id_for,
                                     run_orchestrated_stage)
 from tasks.pipeline.table import LEASE, timeouts_for
+from tests.unit.test_sfn import entered, wait_for  # an execution's end and the states it entered
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -280,21 +281,6 @@ def start(sfn, s3, definition: dict, name: str, handoff: str) -> tuple[str, str]
     raise AssertionError(f"{execution} never reached {APPROVAL_STATE}")
 
 
-def finished(sfn, execution: str, deadline_s: float = 20.0) -> dict:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        described = sfn.describe_execution(executionArn=execution)
-        if described["status"] != "RUNNING":
-            return described
-        time.sleep(0.05)
-    raise AssertionError(f"{execution} still running after {deadline_s}s")
-
-
-def entered(sfn, execution: str) -> list[str]:
-    events = sfn.get_execution_history(executionArn=execution)["events"]
-    return [e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e]
-
-
 def gated(path: Path, config, url: str, holder: str) -> str:
     """What the execution's Begin and stage tasks do up to the gate: open the release, take the lease, run the stages."""
     begun = begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
@@ -388,7 +374,7 @@ def test_an_approval_is_sent_with_the_stored_token_and_the_execution_promotes(ac
     assert answered["step_functions"] == {"execution": execution, "sent": "SendTaskSuccess", "output": {
         "release_id": rid, "decision": "approved", "by": "bob", "seq": answered["step_functions"]["output"]["seq"]}}
     assert answered["summary"]["status"] == "running" and answered["summary"]["stages"]["promote"] == "pending"
-    done = finished(sfn, execution)
+    done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED" and json.loads(done["output"])["approval"]["decision"] == "approved"
     route = entered(sfn, execution)
     assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate", "EndSucceeded",
@@ -417,7 +403,7 @@ def test_a_rejection_is_sent_as_a_decision_and_promote_skips(account, monkeypatc
 
     answered = answer_approval(rid, approve=False, reason="ECE too high for us", actor="alice", ledger_url=url, progress=QUIET)
     assert answered["decision"] == REJECTED and answered["step_functions"]["output"]["decision"] == "rejected"
-    done = finished(sfn, execution)
+    done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED", "a rejection is a decision, not a failure"
     route = entered(sfn, execution)
     assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "TeardownCandidate", "EndSucceeded", "Released"]
@@ -432,7 +418,7 @@ def test_a_timeout_records_timed_out_and_the_release_ends_rejected(account, monk
                                       config_path="configs/releases/tiny-decision.yaml")
     assert definition["States"][APPROVAL_STATE]["TimeoutSeconds"] == 1
     execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/timeout"), "timeout", "handoff/timeout")
-    done = finished(sfn, execution)
+    done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED"
     route = entered(sfn, execution)
     assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, "Promote", "TeardownCandidate",
@@ -472,7 +458,7 @@ def test_a_decision_whose_execution_stopped_is_recorded_and_the_timeout_step_fol
     holder = f"stepfunctions:{execution}"
     gated(path, config, url, holder)
     play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
-    assert finished(sfn, execution)["status"] == "FAILED"
+    assert wait_for(sfn, execution)["status"] == "FAILED"
     with pytest.raises(Conflict, match=r"approved decision on .* is recorded, but .* was not told: Step Functions refused"):
         answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url, progress=QUIET)
     assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL, APPROVED]
@@ -485,7 +471,7 @@ def test_a_decision_whose_execution_stopped_is_recorded_and_the_timeout_step_fol
                        waits_for_approval=True)
     reported = play_await(monkeypatch, new_token, rid, holder, url, prefix, sfn)
     assert reported["decision"] == "approved"
-    assert finished(sfn, again)["status"] == "SUCCEEDED"
+    assert wait_for(sfn, again)["status"] == "SUCCEEDED"
     assert token_reference(ledger.release(rid))["holder"] == f"stepfunctions:{execution}", "nothing new to wait on"
     assert approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder, progress=QUIET)["decision"] == "approved"
     assert finish_like_the_execution(rid, url, holder)["status"] == "promoted"
@@ -498,7 +484,7 @@ def test_a_new_execution_of_a_waiting_release_records_its_new_token(account, mon
                              "handoff/first")
     gated(path, config, url, f"stepfunctions:{first}")
     play_await(monkeypatch, old_token, rid, f"stepfunctions:{first}", url, prefix, sfn)
-    assert finished(sfn, first)["status"] == "FAILED"
+    assert wait_for(sfn, first)["status"] == "FAILED"
     second, new_token = start(sfn, s3, with_handoff(definition, rid, "handoff/second"), "second", "handoff/second")
     holder = f"stepfunctions:{second}"
     begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
@@ -509,7 +495,7 @@ def test_a_new_execution_of_a_waiting_release_records_its_new_token(account, mon
     assert waiting_execution(records)["execution"] == second
     answered = answer_approval(rid, approve=True, reason="ok", actor="alice", ledger_url=url, progress=QUIET)
     assert answered["step_functions"]["execution"] == second
-    assert finished(sfn, second)["status"] == "SUCCEEDED"
+    assert wait_for(sfn, second)["status"] == "SUCCEEDED"
     assert finish_like_the_execution(rid, url, holder)["status"] == "promoted"
 
 
