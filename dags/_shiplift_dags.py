@@ -464,7 +464,7 @@ def promote_release_dag() -> DAG:
         def rollback_task() -> dict:
             from tasks.backends.registry import open_ledger
             from tasks.pipeline.promotion import rollback
-            from tasks.pipeline.release import ReleaseState
+            from tasks.ledger.release_state import ReleaseState
 
             context = get_current_context()
             params = context["params"]
@@ -504,7 +504,7 @@ def audit_ledger_dag() -> DAG:
     def audit_ledger():
         @task(task_id="audit", retry_policy=RETRY_POLICY)
         def audit_task() -> dict:
-            from tasks.ledger.audit import audit
+            from tasks.pipeline.audit import audit
 
             params = _params()
             return audit(_state_dir(params), ledger_url=params["ledger_url"], config=params["config"], session=_aws_access)

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tasks.backends.aws.config import AwsBackend
 from tasks.backends.local.config import LocalBackend
@@ -21,11 +21,10 @@ from tasks.config_types import URL_PASSWORD, DatasetRef, Strict
 from tasks.errors import ConfigError
 from tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig
 from tasks.families.registry import artifact_models, family_of, image_models, validation_models
-from tasks.project import BUILTIN_DATA_DIR
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import BakeAlarms, RolloutPlan
 from tasks.backends.capacity import batch_problem, room_problem
-from tasks.backends.placement import driver_problem, is_gpu_instance, layout_problem
+from tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement, Placement, driver_problem, is_gpu_instance
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
 
@@ -36,89 +35,6 @@ PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]
 LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "checkpoint_witness", "model_registry")  # left out of the config hash
 
 Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
-
-
-def _hosting_instance_type(instance_type: str) -> str:
-    if instance_type not in sagemaker_instance_types():
-        raise ValueError(f"{instance_type} is not a SageMaker hosting instance type (botocore ProductionVariantInstanceType); "
-                         "pick one from the SageMaker pricing page, e.g. ml.g6.2xlarge")
-    return instance_type
-
-
-InstanceType = Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$"), AfterValidator(_hosting_instance_type)]
-
-
-class InstanceCounts(Strict):
-    """How many instances production runs, and how many managed instance scaling may add for an update's room."""
-
-    instance_count: int = Field(1, ge=1)
-    max_instance_count: int | None = Field(
-        None, ge=1, description="production's ManagedInstanceScaling.MaxInstanceCount: SageMaker adds instances up to it "
-        "when an update needs room beside the serving copies, and removes them after; unset: no managed scaling")
-
-    @model_validator(mode="after")
-    def _scaling_range(self):
-        most = self.max_instance_count
-        if most is not None and most < self.instance_count:
-            raise ValueError(f"placement.max_instance_count ({most}) is below placement.instance_count "
-                             f"({self.instance_count}); raise it or leave it out")
-        return self
-
-
-class PoolEntry(Strict):
-    instance_type: InstanceType
-    priority: int = Field(ge=1, le=5)
-
-
-class InstancePoolPlacement(InstanceCounts):
-    """Priority fallback over instance types (not load balancing)."""
-
-    kind: Literal["instance_pool"]
-    pools: list[PoolEntry] = Field(min_length=1, max_length=5)
-    provision_timeout_s: int = Field(1800, ge=300, le=3600)
-    inference_ami_version: str | None = None
-
-    @field_validator("pools")
-    @classmethod
-    def _unique_pools(cls, pools: list[PoolEntry]) -> list[PoolEntry]:
-        types = [p.instance_type for p in pools]
-        if len(set(types)) != len(types):
-            raise ValueError(f"instance types must be unique, got {types}")
-        priorities = sorted(p.priority for p in pools)
-        if priorities != list(range(1, len(pools) + 1)):
-            raise ValueError(f"priorities must be exactly 1..{len(pools)} (1 = tried first), got {priorities}")
-        return pools
-
-
-
-class MigPartitionPlacement(Strict):
-    """A layout of `partitions` x one MIG profile, which SageMaker applies to every GPU of the instance (the endpoint's
-    AcceleratorPartitionLayouts): the endpoint has partitions x GPUs partitions, one copy each."""
-
-    kind: Literal["mig_partition"]
-    instance_type: InstanceType
-    partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")
-    partitions: int = Field(1, ge=1, le=7)
-    inference_ami_version: str | None = None
-
-    @model_validator(mode="after")
-    def _layout_fits_one_gpu(self) -> "MigPartitionPlacement":
-        problem = layout_problem(self.instance_type, self.partition_type, self.partitions)
-        if problem:
-            raise ValueError(problem)
-        return self
-
-
-class InstanceTypePlacement(InstanceCounts):
-    kind: Literal["instance_type"]
-    instance_type: InstanceType
-    inference_ami_version: str | None = None
-
-
-
-Placement = Annotated[
-    Union[InstancePoolPlacement, MigPartitionPlacement, InstanceTypePlacement], Field(discriminator="kind")
-]
 
 
 class CalibrationConfig(Strict):
@@ -362,7 +278,7 @@ class ReleaseConfig(Strict):
         gate = getattr(self.rollout, "online_gate", None)
         if gate is None:
             return self
-        if not self.family.online_gate:
+        if not self.family.replays_online:
             raise ValueError(f"rollout.online_gate replays the gate's tasks through the live component; {self.artifact.kind} "
                              f"releases ({self.validation.kind} gates) cannot yet, so leave it out")
         listed = [ref.splits for ref in self.validation.datasets]
@@ -417,25 +333,6 @@ class ReleaseConfig(Strict):
         if self.promotion == PromotionConfig():  # added later: a config without an approval hashes as before
             del tree["promotion"]
         return sha256_json(tree)
-
-
-def sagemaker_instance_types() -> tuple[str, ...]:
-    """The hosting instance types of the installed botocore model (ProductionVariantInstanceType)."""
-    from tasks.backends.aws.service_model import service_model
-
-    return tuple(service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum)
-
-
-def resolve_data_path(ref: DatasetRef, base_dir: Path) -> Path:
-    """`builtin:NAME` → the project's shipped set; relative paths are relative to the config file."""
-    if ref.path.startswith("builtin:"):
-        path = BUILTIN_DATA_DIR / f"{ref.path.removeprefix('builtin:')}.jsonl"
-    else:
-        path = Path(ref.path)
-        path = path if path.is_absolute() else base_dir / path
-    if not path.is_file():
-        raise ConfigError(f"dataset {ref.path!r} not found at {path}", fix="point validation.datasets[].path at a JSONL file")
-    return path
 
 
 def _set_path(tree: dict, dotted: str, value: Any, origin: str) -> None:

@@ -4,9 +4,13 @@ ledger URL that carries no password (the release config, the backends' and the m
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from tasks.errors import ConfigError
+from tasks.project import BUILTIN_DATA_DIR
 
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -27,6 +31,19 @@ class DatasetRef(Strict):
 
     path: str
     splits: list[str] | None = None
+
+    def resolve(self, base_dir: Path) -> Path:
+        """The dataset's file: `builtin:NAME` is the project's shipped set, a relative path is relative to `base_dir`
+        (the config file's folder); ConfigError when it is not there."""
+        if self.path.startswith("builtin:"):
+            path = BUILTIN_DATA_DIR / f"{self.path.removeprefix('builtin:')}.jsonl"
+        else:
+            path = Path(self.path)
+            path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            raise ConfigError(f"dataset {self.path!r} not found at {path}",
+                              fix="point validation.datasets[].path at a JSONL file")
+        return path
 
 
 def _ledger_url_without_password(url: str) -> str:

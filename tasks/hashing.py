@@ -1,13 +1,19 @@
-"""Content hashing shared by artifacts, configs, images and the ledger."""
+"""Content hashing shared by artifacts, configs, images and the ledger, and the names content-addressed files are kept
+under (`sha256/<digest>/<name>` in both artifact stores and in model.tar.gz)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import BadInput
+
 CHUNK_BYTES = 1 << 20
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 
 
 def sha256_file(path: str | Path) -> str:
@@ -47,3 +53,29 @@ def tree_listing(root: str | Path, *, ignore: frozenset[str] = frozenset({"__pyc
 def sha256_tree(root: str | Path) -> str:
     """Content digest of a folder: the sha256 of its canonical file listing (names and contents)."""
     return sha256_json(tree_listing(root))
+
+
+def check_name(name: str) -> str:
+    """Validate an artifact file name: one path component of safe characters."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise BadInput(
+            f"artifact name {name!r} is not allowed",
+            fix="use 1-200 characters of A-Z a-z 0-9 . _ + -, starting with a letter or digit "
+            "(e.g. model.tar.gz)",
+        )
+    return name
+
+
+def is_sha256(text: object) -> bool:
+    """Whether `text` is a lowercase hex sha256 digest."""
+    return isinstance(text, str) and _HEX64.match(text) is not None
+
+
+def check_sha256(sha256: str) -> str:
+    """Validate a lowercase hex sha256 digest."""
+    if not is_sha256(sha256):
+        raise BadInput(
+            f"{sha256!r} is not a sha256 digest",
+            fix="pass 64 lowercase hex characters",
+        )
+    return sha256

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
+from pydantic import BaseModel, ConfigDict
 
 RELEASE_CONTEXT = """What a pipeline tells the gate report about the release beside the measurements (`extra.release`), all optional:
 release_id, champion_release, config_changes [{field, champion, candidate}] (the config fields that differ from the
@@ -34,6 +35,28 @@ class Target:
     def describe(self) -> dict[str, Any]:
         """Where the answers came from, for the gate report."""
         return {**self.invoker.describe(), "label": self.label}
+
+
+class GateOutcome(BaseModel):
+    """What a model family's gate hands the validate stage: the decision, the checks and thresholds it judged, the
+    metrics, the datasets it scored, and its report files (every .json, .jsonl and .html beside them is evidence)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    decision: Literal["pass", "fail", "inconclusive", "not_gated"]
+    checks: list[dict[str, Any]]
+    thresholds: dict[str, Any] | None
+    metrics: dict[str, Any]
+    datasets: list[dict[str, Any]]
+    gate_report_json: Path
+    report_html: Path
+
+    @classmethod
+    def of(cls, report: dict[str, Any]) -> "GateOutcome":
+        """The outcome of a gate report as `evaluate_decisions` and `evaluate_nli` return it."""
+        return cls(decision=report["decision"], checks=report["checks"], thresholds=report["thresholds"],
+                   metrics=report["metrics"], datasets=report["datasets"],
+                   gate_report_json=report["paths"]["gate_report_json"], report_html=report["paths"]["report_html"])
 
 
 @dataclass(frozen=True)

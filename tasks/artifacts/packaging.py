@@ -33,10 +33,10 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound
-from tasks.hashing import CHUNK_BYTES, canonical_json, sha256_file
-from tasks.backends.local.store import check_name
+from tasks.hashing import CHUNK_BYTES, canonical_json, check_name, sha256_file
 
 ARCHIVE_NAME = "model.tar.gz"
+FOLDER_ARCHIVE = "folder.tar.gz"  # a flat folder a later stage needs, kept as one archive (`package_model_dir`)
 MANIFEST_NAME = "model-manifest.json"
 RESERVED_MANIFEST_KEYS = ("files", "model_file")
 GZIP_LEVEL = 1  # quantized weights barely compress; a higher level only costs CPU time

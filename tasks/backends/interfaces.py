@@ -20,9 +20,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tasks.hashing import sha256_json
 
-if TYPE_CHECKING:  # the config imports these seams, so its types are named here for checkers only
-    from tasks.config import Placement
+if TYPE_CHECKING:
+    from tasks.backends.placement import Placement
 
+# The longest a hosting waits in one deploy (endpoint start + component start, on top of an instance pool's provision
+# timeout) and in one teardown (component and endpoint deletion): the stage table's timeouts add these.
+DEPLOY_WAIT_S = 3600
+TEARDOWN_WAIT_S = 3600
 SHA256_HEX = r"^[0-9a-f]{64}$"
 IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 Progress = Callable[[str], None]

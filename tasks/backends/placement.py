@@ -1,4 +1,5 @@
-"""What a placement needs to work on SageMaker, checked before any call (DESIGN §7).
+"""Where a release's copies run (the `placement` part of a release config: an instance pool, a MIG partition layout or
+one instance type) and what a placement needs to work on SageMaker, checked before any call (DESIGN §7).
 
 Three checks SageMaker would otherwise fail late, or never name:
 - **GPU fitness**: a GPU image needs an NVIDIA driver its CUDA runtime accepts. Each instance
@@ -14,7 +15,11 @@ SageMaker "GPU drivers" page; a test keeps the table inside botocore's enum.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Annotated, Literal, NamedTuple, Union
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from tasks.config_types import Strict
 
 MIB = 1024**2
 RUNTIME_OVERHEAD_MB = 1536  # CUDA context, llama.cpp / ONNX Runtime compute buffers (DESIGN §7: 1–2 GB)
@@ -164,3 +169,95 @@ def fit_problem(estimate: MemoryEstimate, placement) -> str | None:
     short = (estimate.total_mb - capacity_mb) / 1024
     return (f"the model needs {estimate.describe()} but {where} holds {capacity_gb} GB: {short:.1f} GB short; "
             f"{bigger}, or lower the context (image.max_tokens) or batch (image.max_batch)")
+
+
+# -- the `placement` part of a release config ----------------------------------------------------------------------
+
+def sagemaker_instance_types() -> tuple[str, ...]:
+    """The hosting instance types of the installed botocore model (ProductionVariantInstanceType)."""
+    from tasks.backends.aws.service_model import service_model
+
+    return tuple(service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum)
+
+
+def _hosting_instance_type(instance_type: str) -> str:
+    if instance_type not in sagemaker_instance_types():
+        raise ValueError(f"{instance_type} is not a SageMaker hosting instance type (botocore ProductionVariantInstanceType); "
+                         "pick one from the SageMaker pricing page, e.g. ml.g6.2xlarge")
+    return instance_type
+
+
+InstanceType = Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$"), AfterValidator(_hosting_instance_type)]
+
+
+class InstanceCounts(Strict):
+    """How many instances production runs, and how many managed instance scaling may add for an update's room."""
+
+    instance_count: int = Field(1, ge=1)
+    max_instance_count: int | None = Field(
+        None, ge=1, description="production's ManagedInstanceScaling.MaxInstanceCount: SageMaker adds instances up to it "
+        "when an update needs room beside the serving copies, and removes them after; unset: no managed scaling")
+
+    @model_validator(mode="after")
+    def _scaling_range(self):
+        most = self.max_instance_count
+        if most is not None and most < self.instance_count:
+            raise ValueError(f"placement.max_instance_count ({most}) is below placement.instance_count "
+                             f"({self.instance_count}); raise it or leave it out")
+        return self
+
+
+class PoolEntry(Strict):
+    instance_type: InstanceType
+    priority: int = Field(ge=1, le=5)
+
+
+class InstancePoolPlacement(InstanceCounts):
+    """Priority fallback over instance types (not load balancing)."""
+
+    kind: Literal["instance_pool"]
+    pools: list[PoolEntry] = Field(min_length=1, max_length=5)
+    provision_timeout_s: int = Field(1800, ge=300, le=3600)
+    inference_ami_version: str | None = None
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, pools: list[PoolEntry]) -> list[PoolEntry]:
+        types = [p.instance_type for p in pools]
+        if len(set(types)) != len(types):
+            raise ValueError(f"instance types must be unique, got {types}")
+        priorities = sorted(p.priority for p in pools)
+        if priorities != list(range(1, len(pools) + 1)):
+            raise ValueError(f"priorities must be exactly 1..{len(pools)} (1 = tried first), got {priorities}")
+        return pools
+
+
+
+class MigPartitionPlacement(Strict):
+    """A layout of `partitions` x one MIG profile, which SageMaker applies to every GPU of the instance (the endpoint's
+    AcceleratorPartitionLayouts): the endpoint has partitions x GPUs partitions, one copy each."""
+
+    kind: Literal["mig_partition"]
+    instance_type: InstanceType
+    partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")
+    partitions: int = Field(1, ge=1, le=7)
+    inference_ami_version: str | None = None
+
+    @model_validator(mode="after")
+    def _layout_fits_one_gpu(self) -> "MigPartitionPlacement":
+        problem = layout_problem(self.instance_type, self.partition_type, self.partitions)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+class InstanceTypePlacement(InstanceCounts):
+    kind: Literal["instance_type"]
+    instance_type: InstanceType
+    inference_ami_version: str | None = None
+
+
+
+Placement = Annotated[
+    Union[InstancePoolPlacement, MigPartitionPlacement, InstanceTypePlacement], Field(discriminator="kind")
+]

@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from tasks.cli.main import format_table
+from tasks.console import format_table
 from tasks.ledger.events import AWAITING_APPROVAL
 from tasks.project import DEMO_STATE_DIR, PROJECT_ROOT as ROOT
 
@@ -169,7 +169,7 @@ def approve_as_demo_approver(state_dir: Path, summary: dict) -> dict:
     release continues to production. Returns its summary after promote."""
     from tasks.backends.registry import open_ledger
     from tasks.cli.main import main as shiplift
-    from tasks.pipeline.release import ReleaseState, release_summary
+    from tasks.ledger.release_state import ReleaseState, release_summary
 
     release = summary["release_id"]
     banner(f"{release} awaits approval: shiplift status --state-dir {state_dir}")
@@ -198,7 +198,9 @@ def release_under_traffic(config: Path, overrides: tuple[str, ...], state_dir: P
     """A release stage by stage, as the refresh DAG runs it, with production traffic while promote rolls out (only
     then: on two cores, traffic during calibration and the gate would be measured as the candidate's latency)."""
     from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.pipeline.release import STAGES, TEARDOWN, begin_orchestrated, end_orchestrated, run_orchestrated_stage
+    from tasks.ledger.events import STAGES
+    from tasks.pipeline.table import TEARDOWN
+    from tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage
 
     begun = begin_orchestrated(config, holder="demo", overrides=overrides)
     run = lambda name: run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"])  # noqa: E731
@@ -293,7 +295,7 @@ def main() -> int:
         print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
 
     banner("ledger verify: the hash chain, and that it extends every signed checkpoint")
-    from tasks.ledger.audit import verify_ledger
+    from tasks.pipeline.audit import verify_ledger
     from tasks.ledger.report import write_report
 
     ledger = Ledger(ledger_url_for(state_dir, None))

@@ -12,20 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tasks.console import (EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE, EXIT_AWAITING, EXIT_BROKEN_PIPE, print_json, number, cell, print_table, print_fields)
 from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, NotFound, ShipliftError
 from tasks.ledger.events import AWAITING_APPROVAL, PROMOTED
 from tasks.backends.registry import default_state_dir
 from tasks.pipeline.table import STAGE_NAMES
 
-EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE, EXIT_AWAITING = 1, 2, 3, 4, 5
-EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
-MIN_CELL = 12  # the narrowest a shrinkable column gets when a table is fitted to the terminal
 _OPEN_LEDGERS: list = []  # ledgers a command opened, closed when it ends (a read-only SQLite open leaves nothing)
 
 
@@ -38,10 +34,6 @@ def version() -> str:
         return installed("shiplift")
     except PackageNotFoundError:
         return "unknown (not installed: pip install -e .)"
-
-
-def print_json(value) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
 def with_ledger(p):
@@ -59,90 +51,6 @@ def with_set(p):
 def with_json(p, what: str = "the same data"):
     p.add_argument("--json", action="store_true", help=f"print {what} as JSON for machines instead of a table")
     return p
-
-
-def number(value) -> str:
-    """A number for people: floats to 4 significant digits (0.3063, never 0.3063063063063063), integers whole."""
-    if value is None:
-        return "n/a"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def cell(value) -> str | None:
-    """A value as one table cell: None stays None (shown '-'), floats rounded (`number`), a list of plain values
-    joined with commas, anything nested as compact JSON."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, float)):
-        return number(value)
-    if isinstance(value, list) and all(v is None or isinstance(v, (str, int, float)) for v in value):
-        return ", ".join("-" if v is None else cell(v) for v in value)
-    if measured(value):
-        ci = value.get("ci")
-        return number(value["value"]) + (f" [{number(ci[0])}, {number(ci[1])}]" if ci else "")
-    return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
-
-
-def measured(value) -> bool:
-    """A measurement as the gate reports it: {"value", "ci": [lo, hi] or None, ...}; one cell, `value [lo, hi]`."""
-    return isinstance(value, dict) and "value" in value and "ci" in value and not isinstance(value["value"], (dict, list))
-
-
-def fit_cell(text: str, width: int) -> list[str]:
-    """A cell in at most `width` characters: as it is; one token (a hash, a digest, a URI) shortened with an
-    ellipsis in the middle, where its two ends still tell it apart; text wrapped over several lines."""
-    if len(text) <= width:
-        return [text]
-    if " " not in text.strip():
-        keep = width - 1
-        return [text[:(keep + 1) // 2] + "…" + text[len(text) - keep // 2:]]
-    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
-
-
-def terminal_width() -> int:
-    """The terminal's columns ($COLUMNS, else the terminal's, else 80)."""
-    return shutil.get_terminal_size((80, 24)).columns
-
-
-def format_table(rows: list[dict], columns: list[str], *, width: int | None = None, shrink: tuple[str, ...] = ()) -> str:
-    """A plain text table for people: a header, a rule, a line a row, columns padded to their widest cell; a value
-    that is not there (None) shows as '-'. With `width`, the `shrink` columns are narrowed (the widest first, to no
-    less than MIN_CELL or their header) until the table fits, their long cells shortened or wrapped (`fit_cell`):
-    every row is still there."""
-    cells = [["-" if row.get(column) is None else str(row.get(column)) for column in columns] for row in rows]
-    widths = [max([len(column), *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)]
-    if width is not None:
-        gaps = 2 * (len(columns) - 1)
-        floors = {i: max(len(columns[i]), MIN_CELL) for i, column in enumerate(columns) if column in shrink}
-        while sum(widths) + gaps > width:
-            narrowable = [i for i, floor in floors.items() if widths[i] > floor]
-            if not narrowable:
-                break
-            widths[max(narrowable, key=lambda i: widths[i])] -= 1
-    lines = []
-    for line in [columns, ["-" * w for w in widths], *cells]:
-        parts = [fit_cell(value, w) for value, w in zip(line, widths)]
-        for k in range(max(len(part) for part in parts)):
-            lines.append("  ".join((part[k] if k < len(part) else "").ljust(w) for part, w in zip(parts, widths)).rstrip())
-    return "\n".join(lines)
-
-
-def print_table(rows: list[dict], columns: list[str], *, shrink: tuple[str, ...] = ()) -> None:
-    """A table for people on stdout (`--json` prints the rows for machines instead); with `shrink`, fitted to the
-    terminal's width by narrowing those columns."""
-    print(format_table(rows, columns, width=terminal_width() if shrink else None, shrink=shrink))
-
-
-def print_fields(values: dict, column: str = "field") -> None:
-    """A (field, value) table of a dict for people, nested fields one row each (`metrics.accuracy`), numbers
-    rounded, fitted to the terminal's width."""
-    from tasks.ledger.views import flatten
-
-    print_table([{column: name, "value": cell(value)} for name, value in flatten(values, whole=measured).items()],
-                [column, "value"],
-                shrink=("value",))
 
 
 def overrides_of(args) -> tuple[str, ...]:
@@ -183,7 +91,7 @@ def release_exit(summary: dict) -> int:
 def cmd_decide(args) -> int:
     """An approver's decision on a release awaiting approval, recorded with the reason; the release then continues
     (promote after an approval, ends rejected after a rejection)."""
-    from tasks.pipeline.release import answer_approval
+    from tasks.orchestrators.approvals import answer_approval
 
     result = answer_approval(args.release, approve=args.command == "approve", reason=args.reason,
                              ledger_url=args.ledger_url, state_dir=args.state_dir)
@@ -207,11 +115,11 @@ def release_dry_run(args) -> int:
     """Every request an aws release would send, one JSON object a line; nothing is sent, no credentials needed."""
     from collections import Counter
 
-    from tasks.backends.aws.dryrun import plan_release, update_fit
+    from tasks.orchestrators.dry_run import plan_release, update_fit
     from tasks.backends.pricing import dry_run_cost_lines
 
     config = aws_config(args, "--dry-run")
-    requests = plan_release(config, config_dir=Path(args.config).resolve().parent, with_champion=args.with_champion)
+    requests = plan_release(config, config_path=Path(args.config), with_champion=args.with_champion)
     for request in requests:
         print(json.dumps(request.to_json(), ensure_ascii=False))
     services = Counter(r.service for r in requests)
@@ -435,19 +343,6 @@ def cmd_config_validate(args) -> int:
     return 0
 
 
-def exec_server(image: str, env: dict[str, str]) -> int:
-    """Replace this process with an image's server (what its container runs), configured by `env`."""
-    from tasks.backends.local.process_image import server_command
-
-    command = server_command(image)
-    os.execve(command[0], command, {**os.environ, **env})
-    return 0  # not reached: execve replaces this process
-
-
-def optional_env(args, mapping: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    return {variable: str(getattr(args, flag)) for flag, variable in mapping if getattr(args, flag) is not None}
-
-
 ENDPOINT_COLUMNS = ["endpoint", "status", "components (copies in rotation / spec)", "url"]
 
 
@@ -544,7 +439,7 @@ def checkpoints_config(args):
 def checkpoint_dir(args) -> Path | None:
     """The folder of a local ledger's checkpoint log: --state-dir, else the one `checkpoint_folder` finds (beside a
     SQLite --ledger-url); None for an aws --config, whose backend names its store."""
-    from tasks.ledger.audit import checkpoint_folder
+    from tasks.pipeline.audit import checkpoint_folder
 
     config = checkpoints_config(args)
     if config is not None and config.backend.kind != "local":
@@ -555,7 +450,7 @@ def checkpoint_dir(args) -> Path | None:
 def verifying_key(args):
     """The public key a command checks with: --public-key's PEM file (no private key is read), else None (the
     --config's or --key's)."""
-    from tasks.ledger.audit import public_key_refused_for_aws
+    from tasks.pipeline.audit import public_key_refused_for_aws
     from tasks.ledger.checkpoints import read_public_key
 
     if not getattr(args, "public_key", None):
@@ -645,7 +540,7 @@ def cmd_ledger_show(args) -> int:
 
 def cmd_ledger_verify(args) -> int:
     """The chain, an anchored head if given, every signed checkpoint, and every checkpoint the chain records."""
-    from tasks.ledger.audit import verdict_lines
+    from tasks.ledger.checkpoints import verdict_lines
 
     result = verification_for(args, ledger_for(args))
     if args.json:
@@ -811,7 +706,7 @@ def cmd_ledger_timeline(args) -> int:
 
 def verification_for(args, ledger) -> dict:
     """`ledger verify`'s result for the command's state dir, key and anchored head."""
-    from tasks.ledger.audit import verify_ledger
+    from tasks.pipeline.audit import verify_ledger
 
     return verify_ledger(ledger, args.state_dir, ledger_url=ledger_url_of(args), config=checkpoints_config(args),
                          key_path=args.key, public_key=verifying_key(args), expect_head=getattr(args, "expect_head", None),

@@ -8,12 +8,15 @@ image's server, how its datasets are scored and gated, the bodies its gate sends
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.config_types import DatasetRef, Strict
+from tasks.config_types import DatasetRef, Sha256, Strict
+from tasks.ledger.stage_results import KeptRef
+from validation.evaluate import GateOutcome
 from validation.thresholds import ChampionRule, DecisionRule
 
 
@@ -86,6 +89,24 @@ class GateConfig(Strict):
     champion: ChampionRule = ChampionRule()
 
 
+class BuiltModel(BaseModel):
+    """What a family's build hands the build stage: the servable model kept in the artifact store for later stages
+    (`output`), the same model on this worker (`model_dir`, which the stage sizes and scores but never records), its
+    identity and description, and whatever else the family records of its own build (extra fields, recorded as
+    given: a GGUF's letter tokens, an export's parity report)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    output: KeptRef
+    model_dir: Path
+    model_sha256: Sha256
+    info: dict[str, Any]
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields the build stage's ledger record keeps: all but `model_dir`, as JSON."""
+        return self.model_dump(mode="json", exclude={"model_dir"})
+
+
 class ModelFamily:
     """One family as a plug-in (see the module's docstring); `tasks.families.registry` holds the known ones."""
 
@@ -96,7 +117,7 @@ class ModelFamily:
     env_prefix: ClassVar[str]  # the image server's <PREFIX>_MODEL_DIR, _HOST and _PORT
     source_main_file: ClassVar[str] = ""  # the file a source that is a folder is known by (its archive's main file)
     tool_distributions: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the artifact's manifest
-    online_gate: ClassVar[bool] = False  # whether a rollout can replay this family's tasks through the live component
+    replays_online: ClassVar[bool] = False  # whether a rollout can replay this family's tasks through the live component
     temperature_scaling: ClassVar[bool] = True  # whether its server applies a fitted temperature (calibration.json)
 
     @property
@@ -126,12 +147,11 @@ class ModelFamily:
         """The name the built model is kept under in the artifact store."""
         raise NotImplementedError
 
-    def build(self, ctx) -> dict:
-        """Build and prove the servable model: `output` (kept), `model_dir`, `model_sha256`, `info`, and what else the
-        family records."""
+    def build(self, ctx) -> BuiltModel:
+        """Build and prove the servable model."""
         raise NotImplementedError
 
-    def memory(self, ctx, built: dict, model_dir: Path):
+    def memory(self, ctx, built: BuiltModel):
         """What one copy of the built model needs (`tasks.backends.placement.MemoryEstimate`)."""
         raise NotImplementedError
 
@@ -146,7 +166,7 @@ class ModelFamily:
         raise NotImplementedError
 
     def evaluate(self, candidate, champion, paths: list[tuple[Path, list[str] | None]], out_dir: Path, *, validation,
-                 settings, progress, title: str, context=None, built=None) -> dict:
+                 settings, progress, title: str, context=None, built=None) -> GateOutcome:
         """Gate the candidate (and the champion, when one serves) on the validation datasets: the gate report;
         `context(metrics)` returns what it shows of the release (`validation.evaluate.RELEASE_CONTEXT`), and `built` is
         the build stage's result, for checks the build judged that the report carries beside the gate's own."""
@@ -155,6 +175,12 @@ class ModelFamily:
     def readout(self, validation: GateConfig):
         """How the family's server is asked a decision task (`validation.runner.Readout`): the online gate's replay."""
         raise NotImplementedError(f"{type(self).__name__} has no decision readout; it cannot run an online gate")
+
+    def online_gate(self, invoker, validation: GateConfig, gate, *, config_dir: Path, candidate_model_sha256: str):
+        """A rollout's online gate over the live component (`gate` is `rollout.online_gate`): the family's tasks of
+        `gate.split` replayed through `invoker` and judged as the candidate's answers come in, with `replay()`,
+        `alarm()` and `evidence()` (`validation.online_gate.OnlineGate`). Only a family that `replays_online` has one."""
+        raise NotImplementedError(f"{type(self).__name__} cannot replay its tasks through a live component")
 
     def items_per_request(self, validation: GateConfig) -> int:
         """The decisions one gate request answers (what a cost per million decisions divides by)."""
@@ -176,8 +202,6 @@ class ModelFamily:
 
 def add_server_arguments(parser) -> None:
     """Where a `shiplift serve …` server listens and how many threads it uses (every family's server takes these)."""
-    import os
-
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1),
@@ -214,6 +238,20 @@ def evaluation_thresholds(args, model, flags: dict[str, str]):
     return model(**given)
 
 
+def exec_server(image: str, env: dict[str, str]) -> int:
+    """Replace this process with an image's server (what its container runs), configured by `env`."""
+    from tasks.backends.image_source import server_command
+
+    command = server_command(image)
+    os.execve(command[0], command, {**os.environ, **env})
+    return 0  # not reached: execve replaces this process
+
+
+def optional_env(args, mapping: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """The server variables of the flags given (`mapping`: flag → variable); a flag not given sets nothing."""
+    return {variable: str(getattr(args, flag)) for flag, variable in mapping if getattr(args, flag) is not None}
+
+
 def server_env(args, prefix: str) -> dict[str, str]:
     """The flags of `add_server_arguments` as the server's `<PREFIX>_PORT`, `_HOST` and `_THREADS` variables."""
     return {f"{prefix}_PORT": str(args.port), f"{prefix}_HOST": args.host, f"{prefix}_THREADS": str(args.threads)}
@@ -233,7 +271,7 @@ def evaluation_targets(args):
 def evaluation_exit(report: dict, summary: dict, *, as_json: bool = False) -> int:
     """Print an `eval` command's summary (a table; `as_json`: JSON); exit 0 when the gate passed, else the CLI's
     rejected code."""
-    from tasks.cli.main import EXIT_REJECTED, print_fields, print_json
+    from tasks.console import EXIT_REJECTED, print_fields, print_json
 
     if as_json:
         print_json(summary)

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks.config_types import Strict
 from tasks.errors import BadInput, ConfigError
-from tasks.families.base import AdoptedImageConfig, GateConfig, add_evaluation_arguments
+from tasks.families.base import AdoptedImageConfig, BuiltModel, GateConfig, add_evaluation_arguments
 from tasks.families.gguf_decisions import GgufDecisions, run_jevbench_eval
 from validation.thresholds import DecisionThresholds
 
@@ -125,14 +125,14 @@ class GgufChat(GgufDecisions):
     image_model = DlcChatImage
     validation_model = ChatDecisionGateConfig
     env_prefix = "DLC_CHAT"
-    online_gate = True
+    replays_online = True
     temperature_scaling = False
 
-    def build(self, ctx) -> dict:
+    def build(self, ctx) -> BuiltModel:
         built = super().build(ctx)
-        if not built["info"].get("has_chat_template") and ctx.config.image.server.chat_template is None:
+        if not built.info.get("has_chat_template") and ctx.config.image.server.chat_template is None:
             raise ConfigError(
-                f"the GGUF {Path(built['output']['uri']).name} has no tokenizer.chat_template, so the chat path cannot "
+                f"the GGUF {Path(built.output.uri).name} has no tokenizer.chat_template, so the chat path cannot "
                 "format its messages (llama.cpp would fall back to a template the model was not trained on)",
                 fix=f"set image.server.chat_template to the model's format ({', '.join(CHAT_TEMPLATES)})",
             )
@@ -182,7 +182,7 @@ class GgufChat(GgufDecisions):
 
 def _serve(args) -> int:
     """`shiplift serve chat`: the local stand-in of the DLC's chat path on any GGUF file, in the foreground."""
-    from tasks.cli.main import exec_server, optional_env
+    from tasks.families.base import exec_server, optional_env
 
     gguf = Path(args.gguf)
     if not gguf.is_file():

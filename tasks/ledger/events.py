@@ -7,11 +7,15 @@ nothing: DAG files read it at parse time.
 
 from __future__ import annotations
 
-# Stages a record is filed under besides the stage table's own (resolve … teardown_candidate).
+# The release's stages, in order (the stage table, tasks.pipeline.table, gives each its function and its policy).
+RESOLVE, BUILD, PACKAGE, IMAGE = "resolve", "build", "package", "image"
+DEPLOY_CANDIDATE, VALIDATE, PROMOTE, TEARDOWN = "deploy_candidate", "validate", "promote", "teardown_candidate"
+STAGES = (RESOLVE, BUILD, PACKAGE, IMAGE, DEPLOY_CANDIDATE, VALIDATE, PROMOTE, TEARDOWN)
+
+# Stages a record is filed under besides those.
 RELEASE = "release"  # the release's own records: opened, options, and its final status
 TRAFFIC = "traffic"  # one record per traffic step of a rollout (event STEP), appended as the step happens
 BAKE = "bake"  # one record per bake verdict of a traffic step (event VERDICT), appended as the bake ends
-VALIDATE, PROMOTE = "validate", "promote"
 
 # Events of a stage run.
 STARTED, SUCCEEDED, FAILED = "started", "succeeded", "failed"

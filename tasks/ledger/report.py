@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.atomic import write_text_atomic
-from tasks.ledger.audit import verdict_lines
+from tasks.ledger.checkpoints import verdict_lines
 from tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
 from tasks.ledger.views import (CHECK_COLUMNS, check_cells, cost_per_hour, details, events, field_rows, of_releases,
                                  release_row, require_records)

@@ -2,21 +2,22 @@
 served a model at a moment and on what evidence, and a model's timeline of releases, traffic and rollbacks.
 
 Pure reads of the records a `Ledger` returns: they never write and never ask an endpoint (drift is
-`tasks.ledger.audit`'s job). The CLI prints them as tables, `--json` as they are; the audit report renders them.
+`tasks.pipeline.audit`'s job). The CLI prints them as tables, `--json` as they are; the audit report renders them.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from tasks.errors import NotFound
 from tasks.ledger.events import (APPROVAL, AWAITING_APPROVAL, FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK,
                                  SUCCEEDED, TRAFFIC, VALIDATE)
 from tasks.ledger.events import BAKE, STEP, VERDICT
+from tasks.console import flatten
 from tasks.ledger.store import moment_text
-from tasks.pipeline.release import ReleaseState, release_summary
+from tasks.ledger.release_state import ReleaseState, release_summary
 
 
 def _states(records: list) -> list[ReleaseState]:
@@ -110,17 +111,6 @@ def releases(ledger, model: str | None = None) -> list[dict]:
 def show(ledger, release_id: str) -> dict:
     """One release in full, with its stages' statuses."""
     return release_detail(ReleaseState.from_records(release_id, ledger.release(release_id)))
-
-
-def flatten(value: Any, prefix: str = "", *, whole: Callable[[Any], bool] = lambda value: False) -> dict[str, Any]:
-    """Leaves of nested dicts as dotted keys, under `prefix` (lists, and dicts `whole` says to keep, stay whole: they
-    are compared and shown as values)."""
-    if not isinstance(value, dict) or whole(value):
-        return {prefix: value}
-    flat: dict[str, Any] = {}
-    for key, inner in value.items():
-        flat.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key), whole=whole))
-    return flat
 
 
 def config_changes(before: dict | None, after: dict) -> list[dict]:

@@ -28,8 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tasks.config import ReleaseConfig
 from tasks.errors import BadInput, ConfigError, Conflict, NotFound
 from tasks.hashing import canonical_json
-from tasks.orchestrators.task_token import HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV, retryable_error_names
-from tasks.pipeline.release import STAGES, release_id_for
+from tasks.orchestrators.task_token import CLIENT_TIMEOUTS, HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV, retryable_error_names
+from tasks.ledger.events import STAGES
+from tasks.pipeline.release import release_id_for
 from tasks.pipeline.table import BACKOFF, STEPS, check_timeouts, timeout_for, timeouts_for
 
 MAX_STATE_MACHINE_NAME = 80
@@ -37,7 +38,6 @@ MANAGED_TAGS = ("shiplift:model", "shiplift:managed")
 ECS_RUN_TASK = "arn:aws:states:::ecs:runTask.waitForTaskToken"
 S3_GET_OBJECT = "arn:aws:states:::aws-sdk:s3:getObject"
 ROLE_ARN_PATTERN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+")
-CLIENT_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 5, "mode": "standard"}}
 
 # Errors that mean the container never ran (no capacity, throttled or failed RunTask): always
 # safe to retry. `AmazonECS.Unknown` is what RunTask raises when the response carries `Failures`

@@ -33,6 +33,8 @@ ERROR_PREFIX = "Shiplift."
 UNEXPECTED_ERROR = ERROR_PREFIX + "UnexpectedError"  # not a domain error: a bug, never retried
 HEARTBEAT_TIMEOUT = "States.HeartbeatTimeout"
 HEARTBEAT_EVERY_S = 60
+# boto3 clients of Step Functions and S3 (the task token, the stage results): bounded waits, standard retries
+CLIENT_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 5, "mode": "standard"}}
 MAX_CAUSE_CHARS = 32768  # SendTaskFailure.cause in the botocore model; `error` is at most 256
 
 
@@ -59,8 +61,6 @@ def failure_cause(exc: BaseException) -> str:
 def _client():
     import boto3
     from botocore.config import Config
-
-    from tasks.orchestrators.step_functions import CLIENT_TIMEOUTS
 
     return boto3.client("stepfunctions", config=Config(**CLIENT_TIMEOUTS))
 
@@ -208,7 +208,7 @@ def decide_for_execution(ctx, *, approve: bool, reason: str, session: Any = None
     send it with the token instead of running the remaining stages here: the execution goes on to Promote. A send that
     fails leaves the decision recorded and says so; the execution's ApprovalTimedOut step then follows the ledger."""
     from tasks.pipeline.approval import decide, waiting_execution
-    from tasks.pipeline.release import release_summary
+    from tasks.ledger.release_state import release_summary
     from tasks.pipeline.table import LEASE
 
     wait = waiting_execution(ctx.state.records)
@@ -316,7 +316,8 @@ def follow_registry_approval(release_id: str, *, ledger_url: str | None = None, 
     execution with its token, or run the remaining stages here. What a `shiplift approval follow RELEASE` command, a
     schedule or an EventBridge rule on the registry's state changes would call."""
     from tasks.pipeline.approval import follow_registry, waiting_execution
-    from tasks.pipeline.release import holding_lease, print_progress, release_summary, reopen_release, run_holder, run_stages
+    from tasks.pipeline.release import holding_lease, print_progress, reopen_release, run_holder, run_stages
+    from tasks.ledger.release_state import release_summary
     from tasks.pipeline.table import LEASE
 
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,

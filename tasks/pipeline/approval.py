@@ -15,6 +15,7 @@ from typing import Any
 
 from tasks.errors import Conflict
 from tasks.ledger import events
+from tasks.ledger.release_state import awaiting
 from tasks.pipeline.table import TEARDOWN
 
 
@@ -175,15 +176,6 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
     ctx.say(f"approval: {verb}d by {actor}: {reason}")
     return {"release_id": ctx.release_id, "decision": events.APPROVED if approve else events.REJECTED, "by": actor,
             "reason": reason}
-
-
-def awaiting(records: list) -> dict | None:
-    """The open approval request among one release's records (its payload with `seq` and `requested_at`), else None."""
-    request = next((r for r in records if (r.stage, r.event) == (events.APPROVAL, events.AWAITING_APPROVAL)), None)
-    if request is None or any(r.stage == events.APPROVAL and r.event in events.APPROVAL_DECISIONS for r in records):
-        return None
-    return {**request.payload, "seq": request.seq, "requested_at": request.recorded_at}
-
 
 
 # --- Additions (issue 21): waiting in a Step Functions execution, and decisions made in the Model Registry -------------

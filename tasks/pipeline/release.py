@@ -27,20 +27,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import ConfigError, LeaseLost, NotFound, ShipliftError, is_retryable
+from tasks.errors import ConfigError, LeaseLost, ShipliftError, is_retryable
 from tasks.ledger import events
 from tasks.pipeline import table
-from tasks.pipeline.approval import awaiting, decide
+from tasks.ledger.release_state import ReleaseState, release_summary
 from tasks.processes import pid_running
 from tasks.backends.interfaces import ReleaseFacts
-from tasks.pipeline.results import RESULTS, StageResult, stage_result
-from tasks.pipeline.table import STAGE_NAMES, TEARDOWN, check_timeouts, stage
+from tasks.ledger.stage_results import RESULTS, KeptRef, StageResult
+from tasks.artifacts.packaging import FOLDER_ARCHIVE, package_model_dir, safe_extract
+from tasks.pipeline.table import TEARDOWN, check_timeouts, stage
 
 if TYPE_CHECKING:  # the registry imports the backends' modules lazily; this is for checkers only
     from tasks.backends.registry import Backends
+    from tasks.families.base import ModelFamily
 
-STAGES = STAGE_NAMES
-RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
 RUN_HOLDER = re.compile(r"(?P<actor>.+)/pid-(?P<pid>\d+)")  # what `run_holder` writes
 Progress = Callable[[str], None]
 
@@ -58,85 +58,6 @@ def release_id_for(config: ReleaseConfig) -> str:
     return f"{config.name}-{config.config_hash()[:12]}"
 
 
-class ReleaseState:
-    """What a release has done so far, read from its ledger records (the only state a resumed run needs)."""
-
-    def __init__(self, ledger, release_id: str):
-        self.ledger = ledger
-        self.release_id = release_id
-        self.records: list = []
-        self.refresh()
-
-    @classmethod
-    def load(cls, ledger, release_id: str) -> "ReleaseState":
-        """The release's state; NotFound when the ledger has never seen it opened."""
-        state = cls(ledger, release_id)
-        if state.opened is None:
-            raise NotFound(f"release {release_id!r} was never opened in the ledger",
-                           fix="run `shiplift release CONFIG` first, or point --ledger-url / --state-dir at its ledger")
-        return state
-
-    @classmethod
-    def from_records(cls, release_id: str, records: list) -> "ReleaseState":
-        """A state over records already read, for views of many releases at once (it cannot refresh)."""
-        state = cls.__new__(cls)
-        state.ledger, state.release_id, state.records = None, release_id, list(records)
-        return state
-
-    def refresh(self) -> None:
-        try:
-            self.records = self.ledger.release(self.release_id)
-        except NotFound:
-            self.records = []
-
-    def _latest(self, stage_name: str, events: tuple[str, ...] | None = None):
-        for record in reversed(self.records):
-            if record.stage == stage_name and (events is None or record.event in events):
-                return record
-        return None
-
-    @property
-    def opened(self) -> dict | None:
-        record = next((r for r in self.records if (r.stage, r.event) == (events.RELEASE, events.OPENED)), None)
-        return record.payload if record else None
-
-    @property
-    def status(self) -> str:
-        final = self._latest(events.RELEASE, events.FINAL)
-        if final is not None:
-            return final.event
-        if awaiting(self.records) is not None:
-            return events.AWAITING_APPROVAL
-        return "running" if any(r.stage != events.RELEASE for r in self.records) else "created"
-
-    @property
-    def keep_candidate(self) -> bool | None:
-        options = self._latest(events.RELEASE, (events.OPTIONS,))
-        return options.payload.get("keep_candidate") if options else None
-
-    def stage(self, name: str) -> dict:
-        """`{"status": pending|started|failed|succeeded|torn_down, "result": …, "event": …}` of one stage."""
-        record = self._latest(name)
-        if record is None:
-            return {"status": "pending"}
-        if record.event == events.STARTED:
-            return {"status": "started"}
-        if record.event == events.FAILED:
-            return {"status": "failed", "error": record.payload.get("error"), "error_type": record.payload.get("error_type")}
-        entry = {"status": "succeeded", "event": record.event, "seq": record.seq,
-                 "result": {k: v for k, v in record.payload.items() if k not in RECORD_ONLY_KEYS}}
-        if name == "deploy_candidate" and self._latest(events.PROMOTE, events.DONE) is None:
-            teardown = self._latest(TEARDOWN, events.DONE)  # a release that has not finished redeploys on resume,
-            asked = self._latest(events.APPROVAL) is not None  # unless it was torn down to wait for approval
-            if teardown is not None and teardown.seq > record.seq and teardown.payload.get("removed") and not asked:
-                entry["status"] = "torn_down"
-        return entry
-
-    def result(self, name: str) -> StageResult:
-        """A stage's result, typed (`tasks.pipeline.results`); NotFound while it has not succeeded."""
-        return stage_result(name, self.stage(name), self.release_id)
-
-
 @dataclass
 class StageContext:
     """Everything a stage function needs: typed config, backends, and earlier stage results."""
@@ -149,13 +70,15 @@ class StageContext:
     actor: str
     progress: Progress = print_progress
     lease_holder: str | None = None  # the run holding the model's promotion lease, renewed while a stage runs
+    family: ModelFamily | None = None  # what builds, packages and gates the model: the config's (a dry run stands in)
     work_dir: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.work_dir = self.backends.state_dir / "releases" / self.release_id
+        self.family = self.family or self.config.family
 
     def result(self, name: str) -> StageResult:
-        """An earlier stage's result, typed (`tasks.pipeline.results`); NotFound while it has not succeeded."""
+        """An earlier stage's result, typed (`tasks.ledger.stage_results`); NotFound while it has not succeeded."""
         return self.state.result(name)
 
     def stage_dir(self, name: str) -> Path:
@@ -166,6 +89,28 @@ class StageContext:
 
     def say(self, message: str) -> None:
         self.progress(f"{self.release_id} {message}")
+
+    def keep_file(self, path: Path, name: str) -> KeptRef:
+        """Put a file a later stage needs in the artifact store (no stage relies on another worker's disk)."""
+        stored = self.backends.store.put_file(path, name=name, progress=self.say)
+        return KeptRef(uri=stored.uri, sha256=stored.sha256, size=stored.size, kind="file")
+
+    def keep_folder(self, folder: Path, *, main_file: str) -> KeptRef:
+        """Put a flat folder in the artifact store as one deterministic, manifest-checked archive."""
+        archive = package_model_dir(folder, self.stage_dir("keep") / folder.name, manifest={"kept_from": folder.name},
+                                    model_file=main_file, archive_name=FOLDER_ARCHIVE)
+        return self.keep_file(archive.path, FOLDER_ARCHIVE).model_copy(update={"kind": "folder"})
+
+    def local_ref(self, ref: KeptRef) -> Path:
+        """A kept file (sha256-verified, downloaded once when the store is remote) or folder (extracted once per
+        archive sha256, safely, its manifest verified) on this worker."""
+        path = self.backends.store.get(ref.uri)
+        if ref.kind != "folder":
+            return path
+        target = self.backends.state_dir / "unpacked" / ref.sha256
+        if not target.is_dir():
+            safe_extract(path, target)
+        return target
 
     def require_lease(self) -> None:
         """Renew this run's lease on the model now; LeaseLost when another run has it (called before production
@@ -228,20 +173,27 @@ def open_release(
             raise ConfigError(f"{config.name} requires an approval (promotion.approval.required), which this "
                               "orchestrated run cannot wait for", fix="run it with `shiplift release CONFIG`, which "
                               "waits for `shiplift approve`")
+    return open_loaded(config, Path(config_path), make_backends(config, session=session), actor=actor or default_actor(),
+                       progress=progress)
+
+
+def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *, actor: str, progress: Progress,
+                family: ModelFamily | None = None) -> StageContext:
+    """Open the release of a loaded config on `backends`: their preflight check, then the `release/opened` record
+    (once: a rerun finds it) with the effective config; returns the release's stage context (`family` stands in for
+    the config's model family, as the dry run's does)."""
     release_id = release_id_for(config)
-    backends = make_backends(config, session=session)
     state = ReleaseState(backends.ledger, release_id)
-    actor = actor or default_actor()
     backends.preflight()
     if state.opened is None:
         backends.ledger.append(
             release_id=release_id, model=config.name, stage=events.RELEASE, event=events.OPENED, actor=actor,
             payload={"config_hash": config.config_hash(), "config": config.model_dump(mode="json"),
-                     "config_path": str(Path(config_path).resolve()), "config_dir": str(Path(config_path).resolve().parent)},
+                     "config_path": str(config_path.resolve()), "config_dir": str(config_path.resolve().parent)},
         )
         state.refresh()
     ctx = StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
-                       backends=backends, actor=actor, progress=progress)
+                       backends=backends, actor=actor, progress=progress, family=family)
     ctx.sync_registry()  # a rerun repairs a view an earlier failure left behind (no call before the gate has decided)
     return ctx
 
@@ -410,27 +362,6 @@ def run_release(
     return run_stages(ctx)
 
 
-def answer_approval(release_id: str, *, approve: bool, reason: str, actor: str | None = None,
-                    ledger_url: str | None = None, state_dir: str | Path | None = None,
-                    progress: Progress = print_progress, session: Any = None) -> dict:
-    """Record an approver's decision (`tasks.pipeline.approval.decide`, which refuses what it must) under the model's
-    lease, then run the release's remaining stages. A release waiting in a Step Functions execution (its request names
-    the execution's task token) is answered there instead: the decision is recorded and sent with the token its
-    request names (`tasks.orchestrators.task_token.decide_for_execution`), and the execution promotes or skips
-    promote itself; its result then also carries `step_functions`. Returns the decision with the release's summary."""
-    from tasks.pipeline.approval import waiting_execution
-
-    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress,
-                         session=session)
-    if waiting_execution(ctx.state.records) is not None:
-        from tasks.orchestrators.task_token import decide_for_execution
-
-        return decide_for_execution(ctx, approve=approve, reason=reason, session=session)
-    with holding_lease(ctx, run_holder(ctx.actor)):
-        decision = decide(ctx, approve=approve, actor=ctx.actor, reason=reason)
-    return {**decision, "summary": run_stages(ctx)}
-
-
 def run_stages(ctx: StageContext) -> dict:
     """Every stage not done yet, under the model's promotion lease; a step whose `waits` (the table's: promote's
     approval) holds the release stops it there until a person decides, the lease given back."""
@@ -508,31 +439,3 @@ def _final_status(state: ReleaseState) -> str:
     if promote["status"] == "succeeded" and promote.get("event") in (events.SUCCEEDED, events.ROLLED_BACK):
         return events.PROMOTED if promote["event"] == events.SUCCEEDED else events.ROLLED_BACK
     return events.REJECTED
-
-
-def release_summary(state: ReleaseState) -> dict:
-    """A small JSON-able view of a release: ids, artifact, gate decision, serving status."""
-    def get(stage_name: str, key: str, default: Any = None) -> Any:
-        return state.stage(stage_name).get("result", {}).get(key, default)
-
-    opened = state.opened or {}
-    return {
-        "release_id": state.release_id,
-        "model": (opened.get("config") or {}).get("name"),
-        "status": state.status,
-        "artifact_sha256": get("package", "artifact_sha256"),
-        "file_type": (get("build", "info") or {}).get("file_type"),
-        "temperature": get("build", "temperature"),
-        "image_uri": get("image", "image_uri"),
-        "placement": get("deploy_candidate", "placement"),
-        "decision": get("validate", "decision"),
-        "not_passed": get("validate", "not_passed"),
-        "metrics": get("validate", "metrics"),
-        "report": get("validate", "report_html"),
-        "rollout": {"strategy": get("promote", "strategy"), "steps": len(get("promote", "steps") or []),
-                    "reason": get("promote", "reason")},
-        "served_by": get("promote", "endpoint"),
-        "component": get("promote", "component"),
-        "stages": {name: state.stage(name)["status"] for name in STAGES},
-        "awaiting_approval": awaiting(state.records),
-    }

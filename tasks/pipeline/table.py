@@ -16,6 +16,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tasks.backends.interfaces import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
+from tasks.ledger import events
+
 
 @dataclass(frozen=True)
 class Step:
@@ -36,20 +39,16 @@ class Step:
 
 
 MINUTE, HOUR = 60, 3600
-# The longest a backend waits in one deploy (endpoint start + component start, on top of an instance pool's
-# provision timeout) and in one teardown (component and endpoint deletion); tasks/backends/aws/hosting.py keeps to these.
-DEPLOY_WAIT_S = HOUR
-TEARDOWN_WAIT_S = HOUR
 STAGES: tuple[Step, ...] = (
-    Step("resolve", "tasks.pipeline.stages.resolve:run", 2, 30 * MINUTE, True, "fetch the pinned source and prove it by sha256"),
-    Step("build", "tasks.pipeline.stages.build:run", 2, HOUR, True, "quantize or export the model, check it, fit a temperature"),
-    Step("package", "tasks.pipeline.stages.package:run", 2, 30 * MINUTE, True, "write model.tar.gz and store it by content"),
-    Step("image", "tasks.pipeline.stages.image:run", 2, HOUR, True, "build or find the serving image and pin it by digest"),
-    Step("deploy_candidate", "tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, True, "serve the artifact on a candidate endpoint"),
-    Step("validate", "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, True, "gate the live candidate against the champion"),
-    Step("promote", "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, True, "put a passed candidate on production, verify what serves",
+    Step(events.RESOLVE, "tasks.pipeline.stages.resolve:run", 2, 30 * MINUTE, True, "fetch the pinned source and prove it by sha256"),
+    Step(events.BUILD, "tasks.pipeline.stages.build:run", 2, HOUR, True, "quantize or export the model, check it, fit a temperature"),
+    Step(events.PACKAGE, "tasks.pipeline.stages.package:run", 2, 30 * MINUTE, True, "write model.tar.gz and store it by content"),
+    Step(events.IMAGE, "tasks.pipeline.stages.image:run", 2, HOUR, True, "build or find the serving image and pin it by digest"),
+    Step(events.DEPLOY_CANDIDATE, "tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, True, "serve the artifact on a candidate endpoint"),
+    Step(events.VALIDATE, "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, True, "gate the live candidate against the champion"),
+    Step(events.PROMOTE, "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, True, "put a passed candidate on production, verify what serves",
          waits="tasks.pipeline.approval:waits_before_promote"),
-    Step("teardown_candidate", "tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, True,
+    Step(events.TEARDOWN, "tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, True,
          "remove the candidate, whatever happened"),
 )
 BEGIN = Step("begin", "tasks.pipeline.release:begin_orchestrated", 1, 5 * MINUTE, True,
@@ -57,7 +56,7 @@ BEGIN = Step("begin", "tasks.pipeline.release:begin_orchestrated", 1, 5 * MINUTE
 END = Step("end", "tasks.pipeline.release:end_orchestrated", 2, 5 * MINUTE, True, "record the final status, give the lease back")
 STAGE_NAMES: tuple[str, ...] = tuple(step.name for step in STAGES)
 STEPS: dict[str, Step] = {step.name: step for step in (BEGIN, *STAGES, END)}
-TEARDOWN = "teardown_candidate"
+TEARDOWN = events.TEARDOWN
 
 
 def stage(name: str) -> Step:

@@ -281,7 +281,7 @@ def _secret_reads(aws_calls) -> int:
 
 def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_the_secret(
         aws, aws_release, tiny_release, tmp_path, capsys, aws_calls):
-    from tasks.ledger.audit import audit
+    from tasks.pipeline.audit import audit
     from tasks.cli.main import main
 
     private = Ed25519PrivateKey.generate()

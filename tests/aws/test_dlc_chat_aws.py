@@ -13,13 +13,14 @@ import pytest
 import yaml
 
 from tasks.backends.aws.backend import aws_backends
-from tasks.backends.aws.dryrun import plan_release
+from tasks.orchestrators.dry_run import plan_release
 from tasks.backends.aws.iam import OPERATIONS, execution_role_policy, pipeline_policy, policies
 from tasks.cli.main import main
 from tasks.config import load_release_config
 from tasks.errors import ConfigError, IntegrityError, NotFound
 from tasks.ledger.store import Ledger
-from tasks.pipeline.release import ReleaseState, begin_orchestrated, run_orchestrated_stage, run_release
+from tasks.ledger.release_state import ReleaseState
+from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
 from tests.aws.iam_reference import Account, actions_for, allowed, evaluated, privilege, sse_kms
 from tests.aws.test_dry_run import assert_valid, dry_run, operations
 from tests.aws.test_iam import (_parliament, _resource_alias_condition, account_of, conditions_the_reference_lacks,
@@ -193,7 +194,7 @@ def test_the_dry_run_plans_one_batch_get_image_no_build_and_the_dlc_environment(
 def test_a_pinned_digest_is_what_the_dry_run_deploys_in_any_region():
     pin = "sha256:" + "ab" * 32
     config = chat_config(f"image.digest={pin}", region="eu-south-1")  # the DLC's registry there is 692866216735
-    planned = plan_release(config, config_dir=CHAT.parent)
+    planned = plan_release(config, config_path=CHAT)
     [resolved] = [r for r in planned if r.stage == "image"]
     assert resolved.params["registryId"] == "692866216735" and "must still be the pinned image.digest" in resolved.note
     images = {r.params["PrimaryContainer"]["Image"] for r in planned if r.operation == "CreateModel"}
@@ -206,7 +207,7 @@ def test_a_pinned_digest_is_what_the_dry_run_deploys_in_any_region():
 @pytest.mark.parametrize("with_champion", [False, True])
 def test_every_dry_run_request_of_a_chat_release_is_allowed_and_nothing_builds(with_champion):
     config = chat_config()
-    planned = plan_release(config, config_dir=CHAT.parent, with_champion=with_champion)
+    planned = plan_release(config, config_path=CHAT, with_champion=with_champion)
     assert {(r.service, r.operation) for r in planned} <= set(OPERATIONS)
     assert denied(config, [(r.service, r.operation, r.params) for r in planned]) == []
     assert sorted(policies(config)) == ["pipeline-policy.json", "sagemaker-execution-policy.json",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from tasks.backends.aws.dryrun import Plan, plan_release
+from tasks.orchestrators.dry_run import Plan, plan_release
 from tasks.backends.aws.recording_session import FreshAccount, recording_session
 from tasks.backends.aws.service_model import request_problems
 from tasks.config import load_release_config
@@ -130,9 +130,12 @@ def test_a_later_release_scores_the_champion_and_updates_production_where_its_co
            "to 4 x ml.g6e.xlarge = 4 GPUs (ManagedInstanceScaling): fits")
     assert fit in update["note"] and f"this release's update of production: {fit}" in stderr
     assert [line["operation"] for line in first if line["stage"] == "promote"].count("CreateInferenceComponent") == 1
-    assert len(lines) == len(first) + 111 + 4 + 1 - 2, (
+    assert len(lines) == len(first) + 111 + 4 + 1 - 2 + 1, (
         "the champion's answers, its describe past the DescribeEndpoint a first release sends too (4 requests) and its "
-        "channel's DescribeEndpoint, less production's CreateEndpointConfig and CreateEndpoint")
+        "channel's DescribeEndpoint, less production's CreateEndpointConfig and CreateEndpoint, and the registry view "
+        "looking up the champion's version, which the promotion supersedes")
+    superseded = [line for line in lines if line["stage"] == "model_registry" and line["operation"] == "ListModelPackages"]
+    assert len(superseded) == 3, "registered? (after validate, after promote), then the superseded champion's version"
 
 
 def test_with_champion_goes_only_with_dry_run():
@@ -149,15 +152,16 @@ def test_checkpoints_are_checked_in_preflight_and_signed_into_the_object_lock_bu
     assert operations(lines, "preflight") == ["GetCallerIdentity", "HeadBucket", "DescribeKey", *checks]
     describe_key = next(line for line in lines if line["operation"] == "DescribeKey")
     assert describe_key["params"] == {"KeyId": "alias/shiplift"}, "the alias is resolved to the key it names before anything"
-    assert operations(lines, "release") == [*checks, "ListObjectVersions", "GetObject", "PutObject"]
+    assert operations(lines, "release") == [*checks, "ListObjectVersions", "PutObject"], (
+        "a fresh account holds no earlier checkpoint to read back and verify (a later release sends a GetObject of each)")
     assert lines.index(next(line for line in lines if line["stage"] == "release")) > max(
         index for index, line in enumerate(lines) if line["stage"] == "teardown_candidate"), "signed after teardown"
     ends = [line for line in lines if line["stage"] == "release"]
     assert {line["params"].get("Bucket") for line in ends if line["service"] == "s3"} == {"my-ledger-checkpoints"}
     assert ends[2]["params"] == {"SecretId": "shiplift/ledger-checkpoint-key"}
     assert ends[3]["params"]["Prefix"] == "shiplift/ledger-checkpoints/"
-    assert ends[4]["params"]["VersionId"] and "a later release" in ends[4]["note"]
-    put = ends[5]["params"]
+    assert "GetObject" in ends[3]["note"] and "position 1" in ends[3]["note"]
+    put = ends[4]["params"]
     assert put["Key"] == "shiplift/ledger-checkpoints/000000000001.json" and put["IfNoneMatch"] == "*"
     assert (put["ObjectLockMode"], put["ChecksumAlgorithm"], put["ServerSideEncryption"], put["SSEKMSKeyId"]) == (
         "COMPLIANCE", "SHA256", "aws:kms", "alias/shiplift")
@@ -165,7 +169,15 @@ def test_checkpoints_are_checked_in_preflight_and_signed_into_the_object_lock_bu
     assert abs(until - datetime.now(timezone.utc) - timedelta(days=30)) < timedelta(minutes=5)
     assert set(json.loads(put["Body"])) == {"version", "seq", "head_hash", "merkle_root", "signed_at", "key_id", "signature"}
     assert {"Body", "ChecksumSHA256", "Metadata.seq", "Metadata.head-hash", "ObjectLockRetainUntilDate"} <= set(
-        ends[5]["placeholders"]), "what only the release's end knows is named"
+        ends[4]["placeholders"]), "what only the release's end knows is named"
+
+
+def test_a_later_release_reads_back_and_verifies_the_champion_s_checkpoint_before_it_signs_the_next():
+    lines = planned("mdeberta-nli.yaml", *CHECKPOINTS, with_champion=True)
+    ends = [r for r in lines if r.stage == "release"]
+    assert [r.operation for r in ends][-3:] == ["ListObjectVersions", "GetObject", "PutObject"]
+    assert ends[-2].params["Key"] == "shiplift/ledger-checkpoints/000000000001.json" and ends[-2].params["VersionId"]
+    assert ends[-1].params["Key"] == "shiplift/ledger-checkpoints/000000000002.json", "the next position"
 
 
 def test_a_local_config_has_no_requests_to_print():
@@ -222,7 +234,7 @@ def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
 
 def planned(name: str, *overrides: str, with_champion: bool = False):
     config = load_release_config(RELEASES / name, overrides=overrides, environ={})
-    return plan_release(config, config_dir=RELEASES, with_champion=with_champion)
+    return plan_release(config, config_path=RELEASES / name, with_champion=with_champion)
 
 
 def test_the_stages_are_run_in_the_order_of_the_stage_table():
@@ -233,6 +245,22 @@ def test_the_stages_are_run_in_the_order_of_the_stage_table():
     assert {stage for stage in runs if stage not in STAGE_NAMES} == {"preflight", "model_registry", "release"}
     assert [runs[index - 1] for index, stage in enumerate(runs) if stage == "model_registry"] == ["validate", "promote"], (
         "the registry view follows the gate's decision and the promotion")
+
+
+def test_the_dry_run_runs_each_stage_function_of_the_stage_table_once_in_order(monkeypatch):
+    """No copy of a stage: what the table names (`module:function`) is what runs, so a change to a stage is planned."""
+    import importlib
+
+    from tasks.pipeline.table import STAGES
+
+    ran = []
+    for step in STAGES:
+        module_name, _, attribute = step.function.partition(":")
+        module = importlib.import_module(module_name)
+        real = getattr(module, attribute)
+        monkeypatch.setattr(module, attribute, lambda ctx, real=real, name=step.name: ran.append(name) or real(ctx))
+    planned("qwen35-4b-semif.yaml", *CANARY, with_champion=True)
+    assert ran == list(STAGE_NAMES)
 
 
 def test_the_recording_session_refuses_what_the_service_model_refuses_and_answers_the_rest():
@@ -287,7 +315,7 @@ def test_every_answer_of_the_recording_account_fits_the_service_model(monkeypatc
 
     planned("qwen35-4b-semif.yaml", *CANARY, with_champion=True)
     planned("mdeberta-nli.yaml", *CHECKPOINTS)
-    plan_release(chat_config(), config_dir=CHAT.parent)
+    plan_release(chat_config(), config_path=CHAT)
     problems = []
     for service, operation, found in answers:
         if found.status < 300:

@@ -92,12 +92,12 @@ def test_a_build_of_the_same_content_already_running_is_waited_for_not_started_a
                                                                                    tmp_path):
     from tasks.backends.aws.image_builder import image_tag, source_zip
     from tasks.backends.registry import make_backends
-    from tasks.backends.local.process_image import build_local_image
+    from tasks.backends.image_source import pin_image_source
 
     aws_release.prepare_account(aws)
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state"))
     images = make_backends(config).images
-    local = build_local_image("semif", config.image.base_image)
+    local = pin_image_source("semif", config.image.base_image)
     tag = image_tag("semif", "cuda", local.digest)
     data = source_zip("semif")
     aws.client("s3").put_object(Bucket=aws_release.BUCKET, Key=images.source_key(data), Body=data)

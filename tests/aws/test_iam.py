@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tasks.backends.aws.dryrun import plan_release
+from tasks.orchestrators.dry_run import plan_release
 from tasks.backends.aws.iam import (CHECKPOINT_OPERATIONS, OPERATIONS, Scope, codebuild_role_policy, execution_role_policy,
                                     iam_request, pipeline_policy, policies)
 from tasks.cli.main import main
@@ -83,7 +83,7 @@ def conditions_the_reference_lacks(policy: dict) -> list[str]:
     ("qwen35-4b-semif.yaml", CANARY, True), ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift"), False)])
 def test_every_dry_run_request_is_allowed_by_the_service_authorization_reference(name, overrides, with_champion):
     config = load_release_config(ROOT / "configs" / "releases" / name, overrides=overrides, environ={})
-    planned = plan_release(config, config_dir=ROOT / "configs" / "releases", with_champion=with_champion)
+    planned = plan_release(config, config_path=ROOT / "configs" / "releases" / name, with_champion=with_champion)
     known = set(OPERATIONS) | set(CHECKPOINT_OPERATIONS)
     assert {(r.service, r.operation) for r in planned} <= known, "the policy tables know every operation"
     assert denied_requests(config, [(r.service, r.operation, r.params) for r in planned]) == []
@@ -244,7 +244,7 @@ def test_checkpoints_add_exactly_what_signing_and_verifying_send_on_their_bucket
     path = ROOT / "configs/releases/qwen35-4b-semif.yaml"
     plain = load_release_config(path, environ={})
     config = load_release_config(path, overrides=(checkpoints(key_ref, prefix="audit/ckpt"),), environ={})
-    planned = plan_release(config, config_dir=path.parent)
+    planned = plan_release(config, config_path=path, with_champion=True)  # it reads back the champion's checkpoint
     assert denied_requests(config, [(r.service, r.operation, r.params) for r in planned]) == []
     scope = Scope(config)
     needed = {pair for r in planned for pair in iam_request(scope, r.service, r.operation, r.params)
@@ -267,7 +267,7 @@ def test_every_call_of_a_real_release_is_in_the_table_and_allowed(aws, aws_calls
     path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state",
                                         backend__checkpoints={"key_ref": SECRET, "bucket": CHECKPOINT_BUCKET})
     config = load_release_config(path)
-    planned = plan_release(config, config_dir=path.parent)
+    planned = plan_release(config, config_path=path)
     aws_calls.clear()  # the dry run's own calls (it drives the backend against a recording session) are not the release's
     assert run_release(path, progress=lambda message: None)["status"] == "promoted"
     assert {(service, operation) for service, operation, _ in aws_calls} <= set(OPERATIONS) | set(CHECKPOINT_OPERATIONS)

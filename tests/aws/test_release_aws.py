@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from tasks.ledger.store import Ledger
-from tasks.pipeline.release import ReleaseState, begin_orchestrated, release_id_for, run_orchestrated_stage, run_release
+from tasks.ledger.release_state import ReleaseState
+from tasks.pipeline.release import begin_orchestrated, release_id_for, run_orchestrated_stage, run_release
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = lambda message: None  # noqa: E731
@@ -86,7 +87,7 @@ def test_a_second_release_updates_the_production_component_and_is_gated_against_
     model = aws.client("sagemaker").describe_model(ModelName=live["Specification"]["ModelName"])
     assert second["artifact_sha256"] in model["PrimaryContainer"]["ModelDataUrl"]
 
-    from tasks.ledger.audit import audit
+    from tasks.pipeline.audit import audit
     from tasks.errors import Conflict
 
     state_dir = str(tmp_path / "state")
@@ -214,13 +215,13 @@ def collapsed(calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def test_the_dry_run_sends_what_the_release_sends(aws, aws_calls, aws_release, tiny_release, tmp_path):
     """The dry run's STS, SageMaker, CodeBuild and ECR requests are the ones a real first release sends, in order
     (S3 differs only in single-part vs multipart uploads; InvokeEndpoint is counted apart)."""
-    from tasks.backends.aws.dryrun import plan_release
+    from tasks.orchestrators.dry_run import plan_release
     from tasks.config import load_release_config
 
     aws_release.prepare_account(aws)
     config_path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
     config = load_release_config(config_path)
-    planned = plan_release(config, config_dir=config_path.parent)
+    planned = plan_release(config, config_path=config_path)
     dry = [(service, operation) for service, operation, _ in aws_calls]  # the dry run goes through the backend's own calls
     assert dry == [(r.service, r.operation) for r in planned if r.service != "sagemaker-runtime"], "every request is printed"
     aws_calls.clear()

@@ -17,7 +17,7 @@ import pytest
 
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.ledger.store import Ledger
-from tasks.pipeline.release import STAGES
+from tasks.ledger.events import STAGES
 
 pytestmark = pytest.mark.celery
 
@@ -47,7 +47,7 @@ def ask(url: str) -> dict:
 
 def small_decision_set(folder: Path) -> Path:
     """The first N_TASKS test-split tasks of the project's decision set: a short validate stage."""
-    from tasks.config import BUILTIN_DATA_DIR
+    from tasks.project import BUILTIN_DATA_DIR
 
     rows = [line for line in (BUILTIN_DATA_DIR / "decisions.jsonl").read_text().splitlines()
             if json.loads(line)["split"] == "test"][:N_TASKS]

@@ -500,7 +500,7 @@ def test_the_image_layout_serves_with_the_shared_module_beside_the_server(
 
 
 def test_dockerfile_pins_the_dlc_by_digest_and_runs_the_adapter_as_non_root():
-    from tasks.backends.local.process_image import dockerfile_base_images
+    from tasks.backends.image_source import dockerfile_base_images
 
     dockerfile = IMAGE_DIR / "Dockerfile"
     text = dockerfile.read_text()

@@ -187,8 +187,9 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
     from tasks.config import load_release_config
     from tasks.backends.local.supervisor import ProcessSupervisor
     from tasks.ledger.store import Ledger
-    from tasks.pipeline.release import STAGES as ALL_STAGES
-    from tasks.pipeline.release import ReleaseState, release_id_for
+    from tasks.ledger.events import STAGES as ALL_STAGES
+    from tasks.ledger.release_state import ReleaseState
+    from tasks.pipeline.release import release_id_for
 
     state_dir, unused = tmp_path / "state", tmp_path / "state-in-the-config-file"
     config = tiny_release.write_tiny_config(tmp_path / "configs", unused)

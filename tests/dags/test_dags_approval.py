@@ -188,7 +188,8 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
     from tasks.errors import Conflict
     from tasks.ledger.store import Ledger
     from tasks.pipeline.approval_steps import record_decision_orchestrated
-    from tasks.pipeline.release import ReleaseState, release_id_for
+    from tasks.ledger.release_state import ReleaseState
+    from tasks.pipeline.release import release_id_for
 
     state_dir = tmp_path / "state"
     config = tiny_release.write_tiny_config(tmp_path / "configs", tmp_path / "unused-state", name="tiny-approval",

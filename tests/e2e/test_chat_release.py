@@ -16,7 +16,8 @@ import pytest
 
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.ledger.store import Ledger
-from tasks.pipeline.release import ReleaseState, run_release
+from tasks.ledger.release_state import ReleaseState
+from tasks.pipeline.release import run_release
 from tests.tiny_release import stop_endpoints, write_tiny_chat_config
 
 QUIET = lambda message: None  # noqa: E731

@@ -13,7 +13,8 @@ import pytest
 from tasks.errors import IntegrityError, LeaseHeld
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.ledger.store import Ledger
-from tasks.pipeline.release import STAGES, run_release
+from tasks.ledger.events import STAGES
+from tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 
@@ -265,7 +266,7 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
 
     summary = run_release(config, progress=QUIET)
     assert summary["status"] == "promoted", summary
-    from tasks.pipeline.release import ReleaseState
+    from tasks.ledger.release_state import ReleaseState
 
     state = ReleaseState.load(Ledger.for_sqlite(tmp_path / "state" / "ledger.db"), summary["release_id"])
     parity = state.result("build").model_extra["parity"]

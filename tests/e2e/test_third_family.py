@@ -21,7 +21,7 @@ from tasks.config import load_release_config
 from tasks.config_types import Sha256
 from tasks.errors import ConfigError, IntegrityError
 from tasks.families import gguf_decisions, registry
-from tasks.families.base import ArtifactConfig, ModelFamily
+from tasks.families.base import ArtifactConfig, BuiltModel, ModelFamily
 from tasks.hashing import sha256_file
 from tests.tiny_release import SEED, stop_endpoints, write_tiny_config
 
@@ -62,23 +62,22 @@ class ToyFamily(ModelFamily):
 
     built_file_name = source_file_name
 
-    def build(self, ctx) -> dict:
+    def build(self, ctx) -> BuiltModel:
         from tasks.artifacts.gguf import build_gguf
-        from tasks.pipeline.stages.common import keep_file, local_ref
 
         self.steps.append("build")
-        source = local_ref(ctx, ctx.result("resolve").source_ref)
+        source = ctx.local_ref(ctx.result("resolve").source_ref)
         built = build_gguf(source, ctx.backends.state_dir / "builds", quantization=None, allow_requantize=False,
                            threads=1).to_dict()
         model_dir = ctx.stage_dir("build") / "model"
         model_dir.mkdir(exist_ok=True)
         (model_dir / "toy.gguf").unlink(missing_ok=True)
         (model_dir / "toy.gguf").symlink_to(built["path"])
-        return {"output": keep_file(ctx, Path(built["path"]), "toy.gguf"), "model_dir": str(model_dir),
-                "model_sha256": built["sha256"], "info": {**built["info"], "toy": True}}
+        return BuiltModel(output=ctx.keep_file(Path(built["path"]), "toy.gguf"), model_dir=model_dir,
+                          model_sha256=built["sha256"], info={**built["info"], "toy": True})
 
-    def memory(self, ctx, built, model_dir):
-        return self.gguf.memory(ctx, built, model_dir)
+    def memory(self, ctx, built):
+        return self.gguf.memory(ctx, built)
 
     def package(self, built_model, out_dir, manifest, calibration):
         self.steps.append("package")

@@ -281,9 +281,9 @@ class LiveRelease:
     def check_second(self, first: dict, second: dict, pipeline) -> None:
         """The second release is a canary that promoted: the ledger verifies, the audit reads it back from SageMaker as
         what serves, and production answers with its model."""
-        from tasks.ledger.audit import audit
+        from tasks.pipeline.audit import audit
         from tasks.ledger.store import Ledger
-        from tasks.pipeline.release import ReleaseState
+        from tasks.ledger.release_state import ReleaseState
 
         check(second["status"] == "promoted", f"the second release ended {second['status']}, not promoted: {second}")
         check(second["rollout"]["strategy"] == "canary" and second["rollout"]["steps"] > 0,

@@ -14,7 +14,8 @@ from datetime import timedelta
 import pytest
 
 from tasks.backends.registry import open_ledger
-from tasks.cli.main import EXIT_AWAITING, main
+from tasks.console import EXIT_AWAITING
+from tasks.cli.main import main
 from tasks.config import load_release_config
 from tasks.errors import ConfigError
 from tasks.ledger.views import serving_status

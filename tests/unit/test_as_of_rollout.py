@@ -12,7 +12,8 @@ import pytest
 from tasks.backends.interfaces import RolloutStep
 from tasks.ledger.store import Ledger
 from tasks.ledger.views import as_of, rollout_steps, serving_changes, timeline
-from tasks.pipeline.release import ReleaseState, run_release
+from tasks.ledger.release_state import ReleaseState
+from tasks.pipeline.release import run_release
 
 MODEL = "tiny-decision"
 QUIET = lambda message: None  # noqa: E731

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.ledger.audit import audit
+from tasks.pipeline.audit import audit
 from tasks.errors import Conflict, IntegrityError, NotFound
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.ledger.store import Ledger

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tasks.backends.capacity import batch_problem, room_problem, slots, update_room
-from tasks.config import AllAtOnce, Canary, InstancePoolPlacement, Linear, MigPartitionPlacement, load_release_config
+from tasks.config import AllAtOnce, Canary, Linear, load_release_config
+from tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement
 from tasks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

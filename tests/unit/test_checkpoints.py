@@ -134,7 +134,8 @@ def test_refusals_sign_nothing(tmp_path, backend, ledger, log, key):
 
 
 def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, capsys):
-    from tasks.cli.main import EXIT_REJECTED, main
+    from tasks.console import EXIT_REJECTED
+    from tasks.cli.main import main
 
     state = tmp_path / "state"
     state.mkdir()

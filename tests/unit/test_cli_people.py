@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.main import build_parser, format_table, main
+from tasks.cli.main import build_parser, main
+from tasks.console import format_table
 from tasks.config import did_you_mean, load_release_config
 from tasks.errors import ConfigError
 from tasks.ledger.store import Ledger

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import load_release_config, resolve_data_path, DatasetRef
+from tasks.config import load_release_config
+from tasks.config_types import DatasetRef
 from tasks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,11 +102,11 @@ def test_missing_file_and_non_mapping(tmp_path):
 
 
 def test_builtin_and_relative_dataset_paths(tmp_path):
-    assert resolve_data_path(DatasetRef(path="builtin:decisions"), tmp_path).name == "decisions.jsonl"
+    assert DatasetRef(path="builtin:decisions").resolve(tmp_path).name == "decisions.jsonl"
     (tmp_path / "mine.jsonl").write_text("{}\n")
-    assert resolve_data_path(DatasetRef(path="mine.jsonl"), tmp_path) == tmp_path / "mine.jsonl"
+    assert DatasetRef(path="mine.jsonl").resolve(tmp_path) == tmp_path / "mine.jsonl"
     with pytest.raises(ConfigError, match="not found"):
-        resolve_data_path(DatasetRef(path="absent.jsonl"), tmp_path)
+        DatasetRef(path="absent.jsonl").resolve(tmp_path)
 
 
 def test_extends_merges_the_parent_underneath(tmp_path):

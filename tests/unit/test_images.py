@@ -1,4 +1,4 @@
-"""Local process images (tasks/backends/local/process_image.py): the digest covers the image folder and the shared images/common."""
+"""Image source trees (tasks/backends/image_source.py): the digest covers the image folder and the shared images/common."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local import process_image as images
+from tasks.backends import image_source as images
 from tasks.errors import ConfigError
 
 BASE = "python@sha256:" + "ab" * 32
@@ -31,7 +31,7 @@ def images_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _digests() -> dict[str, str]:
-    return {name: images.build_local_image(name, BASE).digest for name in ("one", "two")}
+    return {name: images.pin_image_source(name, BASE).digest for name in ("one", "two")}
 
 
 @pytest.mark.parametrize("name, other", [("semif", "encoder"), ("encoder", "semif")])
@@ -44,7 +44,7 @@ def test_each_project_image_lists_its_own_folder_and_the_shared_module(name, oth
 def test_a_change_to_the_shared_module_changes_every_image_digest(images_dir):
     before = _digests()
     assert before["one"] != before["two"]
-    ref = images.build_local_image("one", BASE)
+    ref = images.pin_image_source("one", BASE)
     assert ref.files == 3 and ref.uri == f"local/one@{ref.digest}"
     (images_dir / "common" / "sagemaker_http.py").write_text("# shared, changed\n")
     after = _digests()
@@ -70,4 +70,4 @@ def test_a_missing_shared_folder_is_a_config_error(images_dir):
     (images_dir / "common" / "sagemaker_http.py").unlink()
     (images_dir / "common").rmdir()
     with pytest.raises(ConfigError, match="images/common"):
-        images.build_local_image("one", BASE)
+        images.pin_image_source("one", BASE)

@@ -16,7 +16,8 @@ from tasks.config import load_release_config
 from tasks.errors import LeaseHeld, LeaseLost
 from tasks.ledger.store import Ledger
 from tasks.pipeline import release, table
-from tasks.pipeline.release import ReleaseState, StageContext, holding_lease, run_stage
+from tasks.ledger.release_state import ReleaseState
+from tasks.pipeline.release import StageContext, holding_lease, run_stage
 from tasks.pipeline.table import LeasePolicy
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
@@ -133,7 +134,7 @@ def test_the_promote_stage_checks_the_lease_before_it_touches_production(ctx, mo
     """`tasks.pipeline.stages.promote.run` itself asks for the lease before any hosting call."""
     from tasks.pipeline.stages import promote
 
-    from tasks.pipeline.results import BuildResult, ImageResult, Memory, PackageResult, ValidateResult
+    from tasks.ledger.stage_results import BuildResult, ImageResult, Memory, PackageResult, ValidateResult
 
     memory = Memory(weights_mb=256, context_mb=128, runtime_mb=128, context_label="KV cache", total_mb=512)
     results = {"validate": ValidateResult.model_construct(decision="pass"),  # only what promote reads first

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.main import EXIT_BAD_INPUT, EXIT_REJECTED, main
+from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
+from tasks.cli.main import main
 from tasks.ledger.events import CHECKPOINTED, LEDGER
 from tasks.ledger.store import Ledger
 from tests.unit.test_ledger import _append
@@ -251,7 +252,7 @@ def test_a_local_config_names_its_witness_and_a_witness_inside_the_state_dir_is_
     from tasks.backends.registry import checkpoint_witness, sign_checkpoint
     from tasks.config import load_release_config
     from tasks.errors import ConfigError
-    from tasks.ledger.audit import verify_ledger
+    from tasks.pipeline.audit import verify_ledger
 
     monkeypatch.delenv("SHIPLIFT_CHECKPOINT_WITNESS", raising=False)
     monkeypatch.setenv("SHIPLIFT_CHECKPOINT_KEY", str(tmp_path / "keys" / "ledger.pem"))

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tasks.ledger.store import Ledger
-from tasks.pipeline.release import RECORD_ONLY_KEYS, ReleaseState, ensure_stage, release_summary, reopen_release
-from tasks.pipeline.results import RESULTS, BuildResult, PromoteResult, ValidateResult
+from tasks.ledger.release_state import RECORD_ONLY_KEYS, ReleaseState, release_summary
+from tasks.pipeline.release import ensure_stage, reopen_release
+from tasks.ledger.stage_results import RESULTS, BuildResult, PromoteResult, ValidateResult
 from tasks.pipeline.table import STAGE_NAMES, TEARDOWN
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "legacy-ledger-records.json"

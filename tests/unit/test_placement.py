@@ -7,12 +7,8 @@ from pathlib import Path
 import pytest
 
 from tasks.backends.aws.service_model import service_model
-from tasks.config import (
-    InstancePoolPlacement,
-    InstanceTypePlacement,
-    MigPartitionPlacement,
-    load_release_config,
-)
+from tasks.config import load_release_config
+from tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
 from tasks.errors import ConfigError
 from tasks.backends.placement import (
     CPU_RUNTIME_OVERHEAD_MB,

@@ -24,12 +24,8 @@ from tasks.backends.pricing import (
     production_cost,
     throughput_cost,
 )
-from tasks.config import (
-    InstancePoolPlacement,
-    InstanceTypePlacement,
-    MigPartitionPlacement,
-    load_release_config,
-)
+from tasks.config import load_release_config
+from tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
 from tasks.errors import BadInput, ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

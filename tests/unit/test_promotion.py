@@ -10,7 +10,8 @@ from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld,
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.ledger.store import Ledger
 from tasks.pipeline.promotion import promote, rollback
-from tasks.pipeline.release import ReleaseState, begin_orchestrated
+from tasks.ledger.release_state import ReleaseState
+from tasks.pipeline.release import begin_orchestrated
 
 MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
 QUIET = lambda message: None  # noqa: E731
@@ -97,7 +98,8 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
 
 
 def test_cli_rollback_prints_what_serves_and_refuses_bad_input_without_a_traceback(releases, capsys):
-    from tasks.cli.main import EXIT_BAD_INPUT, main
+    from tasks.console import EXIT_BAD_INPUT
+    from tasks.cli.main import main
 
     state_dir, a, b = releases["state_dir"], releases["a"], releases["b"]
     assert live_release(state_dir) == b

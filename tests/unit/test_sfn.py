@@ -17,7 +17,8 @@ from moto import mock_aws
 
 from tasks.config import load_release_config
 from tasks.errors import BadInput, ConfigError, Conflict, NotFound
-from tasks.pipeline.release import STAGES, release_id_for
+from tasks.ledger.events import STAGES
+from tasks.pipeline.release import release_id_for
 from tasks.orchestrators.task_token import retryable_error_names
 from tasks.orchestrators.step_functions import (
     ECS_RUN_TASK,

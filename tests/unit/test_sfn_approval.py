@@ -51,8 +51,9 @@ from tasks.orchestrators.step_functions import (
 )
 from tasks.orchestrators.task_token import TOKEN_ENV, approval_timed_out, await_approval, send_decision
 from tasks.pipeline.approval import TOKEN_RENEWED, token_reference, waiting_execution
-from tasks.pipeline.release import (STAGES, answer_approval, begin_orchestrated, end_orchestrated, release_id_for,
-                                    run_orchestrated_stage)
+from tasks.ledger.events import STAGES
+from tasks.orchestrators.approvals import answer_approval
+from tasks.pipeline.release import begin_orchestrated, end_orchestrated, release_id_for, run_orchestrated_stage
 from tasks.pipeline.table import LEASE, timeouts_for
 from tests.unit.test_sfn import entered, wait_for  # an execution's end and the states it entered
 

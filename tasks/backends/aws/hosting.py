@@ -29,8 +29,9 @@ from tasks.backends.aws.waiters import wait_for
 from tasks.backends.placement import gpus_per_instance
 from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
 from tasks.hashing import sha256_json
-from tasks.pipeline.table import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
 from tasks.backends.interfaces import (
+    DEPLOY_WAIT_S,
+    TEARDOWN_WAIT_S,
     Bake,
     OnStep,
     ComponentSpec,

@@ -25,7 +25,8 @@ from tasks.backends.aws.service_model import request_applied
 from tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
 from tasks.families.base import AdoptedImageConfig
 from tasks.hashing import sha256_bytes
-from tasks.backends.local.process_image import IMAGES_DIR, SHARED_DIRS, build_local_image
+from tasks.backends.image_source import SHARED_DIRS, pin_image_source
+from tasks.project import IMAGES_DIR
 from tasks.backends.interfaces import ImageRef, Progress
 
 BUILD_IMAGE = "aws/codebuild/standard:7.0"
@@ -118,7 +119,7 @@ class CodeBuildImageBuilder:
         published image resolved from its tag (no build, no upload)."""
         if isinstance(image, AdoptedImageConfig):
             return resolve_published(self.aws, image, self.backend.region, progress=progress)
-        local = build_local_image(image.kind, image.base_image)  # checks every pin; its digest names the content
+        local = pin_image_source(image.kind, image.base_image)  # checks every pin; its digest names the content
         variant = "cuda" if image.on_gpu else "cpu"
         tag = image_tag(image.kind, variant, local.digest)
         self._check_repository()

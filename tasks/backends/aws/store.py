@@ -24,9 +24,8 @@ from typing import TypeVar
 
 from tasks.backends.aws.session import write_raced
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound, NotReady
-from tasks.hashing import CHUNK_BYTES, sha256_file
+from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, sha256_file
 from tasks.backends.interfaces import Progress, StoredArtifact
-from tasks.backends.local.store import check_name, check_sha256
 
 SINGLE_PUT_MAX_BYTES = 64 * 1024 * 1024
 PART_BYTES = 64 * 1024 * 1024
@@ -114,7 +113,23 @@ class S3ArtifactStore:
                 self._same(self._head(key) or {}, key, sha256, size)
             else:
                 self._verify_upload(key, sha256, size, checksum, source)
+        self._keep_cached(source, sha256, key)
         return StoredArtifact(uri=f"s3://{self.bucket}/{key}", sha256=sha256, size=size)
+
+    def _keep_cached(self, source: Path, sha256: str, key: str) -> None:
+        """Keep a file just stored in this worker's download cache as a hard link, so a later stage on this worker
+        (package reading the built model) does not download it again; `get` still verifies it. Where the cache is on
+        another file system, nothing: the first `get` downloads it."""
+        target = self.cache_dir / sha256 / key.rsplit("/", 1)[1]
+        if target.exists():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            pass
+        except OSError:
+            return
 
     def _conditional_write(self, key: str, write: Callable[[], Written], say: Progress) -> Written | None:
         """Run a conditional write (`If-None-Match: *`) of `key`: what it returns, or None when the key exists (412

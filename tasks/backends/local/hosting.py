@@ -15,7 +15,8 @@ from typing import Iterator
 
 from tasks.errors import NotFound
 from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec
-from tasks.backends.local.process_image import local_image_kind, server_command
+from tasks.backends.image_source import server_command
+from tasks.backends.local.process_image import local_image_kind
 from tasks.backends.interfaces import (
     Bake,
     ComponentMetrics,

@@ -12,39 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.hashing import CHUNK_BYTES, sha256_file
+from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, is_sha256, sha256_file
 from tasks.backends.interfaces import Progress, StoredArtifact
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _TMP_PREFIX = ".tmp-"
-
-
-def check_name(name: str) -> str:
-    """Validate an artifact file name: one path component of safe characters."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise BadInput(
-            f"artifact name {name!r} is not allowed",
-            fix="use 1-200 characters of A-Z a-z 0-9 . _ + -, starting with a letter or digit "
-            "(e.g. model.tar.gz)",
-        )
-    return name
-
-
-def check_sha256(sha256: str) -> str:
-    """Validate a lowercase hex sha256 digest."""
-    if not isinstance(sha256, str) or not _HEX64.match(sha256):
-        raise BadInput(
-            f"{sha256!r} is not a sha256 digest",
-            fix="pass 64 lowercase hex characters",
-        )
-    return sha256
 
 
 def _fsync_dir(path: Path) -> None:
@@ -130,7 +106,7 @@ class LocalArtifactStore:
         return StoredArtifact(uri=final.as_uri(), sha256=sha256, size=final.stat().st_size)
 
     def _resolve(self, uri_or_sha: str) -> tuple[Path, str]:
-        if isinstance(uri_or_sha, str) and _HEX64.match(uri_or_sha):
+        if is_sha256(uri_or_sha):
             names = self._stored_files(uri_or_sha)
             if not names:
                 raise NotFound(
@@ -153,7 +129,7 @@ class LocalArtifactStore:
                 fix="open the store that produced the URI",
             ) from error
         parts = relative.parts
-        if len(parts) != 2 or not _HEX64.match(parts[0]):
+        if len(parts) != 2 or not is_sha256(parts[0]):
             raise BadInput(
                 f"{uri_or_sha} is not an artifact URI (expected .../sha256/<digest>/<name>)",
                 fix="pass a StoredArtifact.uri",

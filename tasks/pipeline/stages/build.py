@@ -14,25 +14,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.errors import ConfigError
-from tasks.pipeline.results import BuildResult
+from tasks.ledger.stage_results import BuildResult
 from tasks.pipeline.stages.common import resource_name
 
 
-def run(ctx) -> dict:
-    built = ctx.config.family.build(ctx)
-    model_dir = Path(built.pop("model_dir"))
-    memory = _memory(ctx, built, model_dir)
-    result = {**built, "memory": {**memory._asdict(), "total_mb": memory.total_mb}, "temperature": 1.0, "calibration": None}
+def run(ctx) -> BuildResult:
+    built = ctx.family.build(ctx)
+    memory = _memory(ctx, built)
+    result = {**built.recorded(), "memory": {**memory._asdict(), "total_mb": memory.total_mb}, "temperature": 1.0,
+              "calibration": None}
     if ctx.config.calibration.fit_temperature:
-        result.update(_fit_temperature(ctx, model_dir, result["model_sha256"]))
+        result.update(_fit_temperature(ctx, built.model_dir, built.model_sha256))
     return BuildResult.model_validate(result)
 
 
-def _memory(ctx, built: dict, model_dir: Path):
+def _memory(ctx, built):
     """What one copy needs; ConfigError (before any upload) when it cannot fit the placement."""
     from tasks.backends.placement import fit_problem
 
-    estimate = ctx.config.family.memory(ctx, built, model_dir)
+    estimate = ctx.family.memory(ctx, built)
     problem = fit_problem(estimate, ctx.config.placement)
     if problem:
         raise ConfigError(f"build: {problem}", fix="change placement or image limits in the release config")
@@ -40,17 +40,11 @@ def _memory(ctx, built: dict, model_dir: Path):
     return estimate
 
 
-def _data_path(ctx, ref) -> Path:
-    from tasks.config import resolve_data_path
-
-    return resolve_data_path(ref, ctx.config_dir)
-
-
 def _calibration_predictions(ctx, invoker) -> tuple[list, str]:
     """Score the calibration split through the model's own server; returns predictions and the data digest."""
     ref = ctx.config.calibration.dataset
-    family = ctx.config.family
-    return family.calibration_predictions(ctx, invoker, _data_path(ctx, ref), ref.splits, ctx.config.validation)
+    family = ctx.family
+    return family.calibration_predictions(ctx, invoker, ref.resolve(ctx.config_dir), ref.splits, ctx.config.validation)
 
 
 def _fit_temperature(ctx, model_dir: Path, model_sha256: str) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tasks.ledger.events import KEPT, SKIPPED
-from tasks.pipeline.results import DeployResult, TeardownResult
+from tasks.ledger.stage_results import DeployResult, TeardownResult
 from tasks.pipeline.stages.common import candidate_endpoint, component_spec, model_ref, require_served
 
 

@@ -1,22 +1,15 @@
-"""Names, component specs and stored files shared by the stages.
+"""Names and component specs shared by the stages.
 
-Names derive from content only (`<prefix>-<model>-<role>[-<hash>]`); the config guarantees
-they fit SageMaker's 63 characters. A file a later stage needs is kept in the artifact store
-(`keep_file`, `keep_folder`) and read back on whichever worker runs that stage (`local_file`,
-`local_folder`), so no stage relies on another worker's disk.
+Names derive from content only (`<prefix>-<model>-<role>[-<hash>]`); the config guarantees they fit SageMaker's 63
+characters. (Files a later stage needs go through the artifact store: `StageContext.keep_file`, `keep_folder` and
+`local_ref`.)
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tasks.errors import Conflict
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
-from tasks.pipeline.results import KeptRef
-
-FOLDER_ARCHIVE = "folder.tar.gz"
-
 
 def resource_name(config, role: str, *content: str) -> str:
     base = f"{config.resource_prefix}-{config.name}-{role}"
@@ -76,38 +69,3 @@ def component_spec(ctx, *, copies: int) -> ComponentSpec:
                          artifact_sha256=package.artifact_sha256, environment=ctx.config.image.container_env(),
                          copies=copies, compute=compute(ctx.config, ctx.result("build").memory.total_mb),
                          model_ref=model_ref(ctx))
-
-
-def keep_file(ctx, path: Path, name: str) -> dict:
-    """Put a file in the artifact store for later stages; returns its reference."""
-    stored = ctx.backends.store.put_file(path, name=name, progress=ctx.say)
-    return {"uri": stored.uri, "sha256": stored.sha256, "size": stored.size, "kind": "file"}
-
-
-def keep_folder(ctx, folder: Path, *, main_file: str) -> dict:
-    """Put a flat folder in the artifact store as one deterministic, manifest-checked archive."""
-    from tasks.artifacts.packaging import package_model_dir
-
-    archive = package_model_dir(folder, ctx.stage_dir("keep") / folder.name, manifest={"kept_from": folder.name},
-                                model_file=main_file, archive_name=FOLDER_ARCHIVE)
-    return {**keep_file(ctx, archive.path, FOLDER_ARCHIVE), "kind": "folder"}
-
-
-def local_file(ctx, ref: KeptRef) -> Path:
-    """A kept file on this worker, sha256-verified (downloaded once when the store is remote)."""
-    return ctx.backends.store.get(ref.uri)
-
-
-def local_folder(ctx, ref: KeptRef) -> Path:
-    """A kept folder on this worker, extracted once per archive sha256 (safe extraction, manifest verified)."""
-    from tasks.artifacts.packaging import safe_extract
-
-    target = ctx.backends.state_dir / "unpacked" / ref.sha256
-    if not target.is_dir():
-        safe_extract(local_file(ctx, ref), target)
-    return target
-
-
-def local_ref(ctx, ref: KeptRef) -> Path:
-    """A kept file or folder on this worker."""
-    return local_folder(ctx, ref) if ref.kind == "folder" else local_file(ctx, ref)

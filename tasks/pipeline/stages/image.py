@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.pipeline.results import ImageResult
+from tasks.ledger.stage_results import ImageResult
 
 
 def run(ctx) -> ImageResult:

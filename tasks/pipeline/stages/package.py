@@ -7,8 +7,7 @@ import json
 import sys
 from importlib import metadata
 
-from tasks.pipeline.results import PackageResult
-from tasks.pipeline.stages.common import local_ref
+from tasks.ledger.stage_results import PackageResult
 
 # What of the build goes into the manifest: the model's identity and provenance (a family's own build fields included).
 MANIFEST_BUILD_FIELDS = ("model_sha256", "gguf_sha256", "quantized_from", "info", "export")
@@ -26,7 +25,7 @@ def tool_versions(distributions: tuple[str, ...]) -> dict:
 
 
 def run(ctx) -> dict:
-    family = ctx.config.family
+    family = ctx.family
     resolved, built = ctx.result("resolve"), ctx.result("build")
     manifest = {
         "release_id": ctx.release_id,
@@ -42,7 +41,7 @@ def run(ctx) -> dict:
     if built.calibration:
         calibration = out_dir / "calibration.json"
         calibration.write_text(json.dumps(built.calibration, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    packaged = family.package(local_ref(ctx, built.output), out_dir, manifest, calibration)
+    packaged = family.package(ctx.local_ref(built.output), out_dir, manifest, calibration)
     stored = ctx.backends.store.put_file(packaged.path, name="model.tar.gz", progress=ctx.say)
     ctx.say(f"package: {stored.uri} ({stored.size / 1e6:.1f} MB)")
     return PackageResult(artifact_uri=stored.uri, artifact_sha256=stored.sha256, size_bytes=stored.size)

@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from tasks.backends.interfaces import RolloutStep, StepKind
 from tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
 from tasks.ledger.views import rollout_steps, step_key
-from tasks.pipeline.results import PromoteResult
-from tasks.errors import ConfigError, Conflict
+from tasks.ledger.stage_results import PromoteResult
+from tasks.errors import Conflict
 from tasks.pipeline.bake import BakeWatch, live_summary
 from tasks.pipeline.approval import blocked_reason
 from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
@@ -101,23 +101,10 @@ def online_gate(ctx, endpoint: str, component: str):
     gate = ctx.config.rollout.online_gate
     if gate is None:
         return None
-    from tasks.config import resolve_data_path
-    from validation.datasets import load_decision_dataset
-    from validation.online_gate import OnlineGate
-
-    cfg = ctx.config.validation
-    tasks = [task for i, ref in enumerate(cfg.datasets)
-             for task in load_decision_dataset(resolve_data_path(ref, ctx.config_dir), name=f"dataset{i}", splits=ref.splits).tasks
-             if task.split == gate.split]
-    if len(tasks) < cfg.champion.min_samples:
-        raise ConfigError(f"rollout.online_gate.split {gate.split!r} holds {len(tasks)} tasks, fewer than "
-                          f"validation.champion.min_samples ({cfg.champion.min_samples})",
-                          fix="name a larger split, or lower min_samples")
-    invoker = ctx.backends.hosting.invoker(endpoint, component, timeout_s=cfg.request_timeout_s)
-    return OnlineGate(invoker, tasks[: gate.max_tasks], candidate_model_sha256=ctx.result("build").model_sha256,
-                      thresholds=cfg.thresholds, champion_rule=cfg.champion, rounds=gate.rounds,
-                      concurrency=gate.concurrency, timeout_s=cfg.request_timeout_s,
-                      readout=ctx.config.family.readout(cfg), decision_rule=cfg.decision_rule)
+    validation = ctx.config.validation
+    invoker = ctx.backends.hosting.invoker(endpoint, component, timeout_s=validation.request_timeout_s)
+    return ctx.family.online_gate(invoker, validation, gate, config_dir=ctx.config_dir,
+                                  candidate_model_sha256=ctx.result("build").model_sha256)
 
 
 def run(ctx) -> dict:

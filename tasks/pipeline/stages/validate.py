@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from tasks.pipeline.results import ValidateResult
-from tasks.pipeline.stages.common import keep_file, production_component, production_endpoint
+from tasks.ledger.stage_results import ValidateResult
+from validation.evaluate import GateOutcome
+from tasks.pipeline.stages.common import production_component, production_endpoint
 
 
 def live_champion(ctx):
@@ -45,24 +45,23 @@ def gate_cost(ctx, metrics: dict) -> dict:
 
     started = next((r.recorded_at for r in ctx.state.records if (r.stage, r.event) == ("deploy_candidate", STARTED)), None)
     rate = (metrics.get("throughput") or {}).get("answers_per_second")
-    return release_cost(ctx.config, answers_per_second=rate, items_per_request=ctx.config.family.items_per_request(
+    return release_cost(ctx.config, answers_per_second=rate, items_per_request=ctx.family.items_per_request(
         ctx.config.validation), candidate_since=started, until=datetime.now(timezone.utc).isoformat())
 
 
-def _evaluate(ctx, candidate, champion, context: dict) -> dict:
+def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
     """The model family's gate over the configured datasets; the same evidence files for every family."""
-    from tasks.config import resolve_data_path
     from validation.evaluate import RunSettings
 
     cfg = ctx.config.validation
     settings = RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
-    paths = [(resolve_data_path(ref, ctx.config_dir), ref.splits) for ref in cfg.datasets]
-    return ctx.config.family.evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg,
-                                      settings=settings, progress=ctx.say, title=f"{ctx.release_id} gate",
-                                      context=context, built=ctx.result("build"))
+    paths = [(ref.resolve(ctx.config_dir), ref.splits) for ref in cfg.datasets]
+    return ctx.family.evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg, settings=settings,
+                               progress=ctx.say, title=f"{ctx.release_id} gate", context=context,
+                               built=ctx.result("build"))
 
 
-def run(ctx) -> dict:
+def run(ctx) -> ValidateResult:
     from validation.evaluate import Target
     from validation.gates import check_text, summary_line
 
@@ -80,32 +79,26 @@ def run(ctx) -> dict:
         measured["cost"] = gate_cost(ctx, metrics)
         return {**release_context(ctx, champion_ref), "cost": measured["cost"]}
 
-    report = _evaluate(ctx, candidate, champion, context)
-    metrics = report["metrics"]
+    gate = _evaluate(ctx, candidate, champion, context)
+    metrics = gate.metrics
     summary_metrics = {
         key: metrics[key]["value"] if isinstance(metrics.get(key), dict) else metrics.get(key)
         for key in ("accuracy", "macro_f1", "ece", "brier", "nll", "validity", "allowed_token_mass")
         if key in metrics
     }
-    summary_metrics.update(ctx.config.family.summary_metrics(metrics))
+    summary_metrics.update(ctx.family.summary_metrics(metrics))
     summary_metrics["p95_ms"] = metrics["latency_ms"]["p95"]["value"]
     summary_metrics["n"] = metrics.get("n")
     shown = {key: "n/a" if summary_metrics.get(key) is None else f"{summary_metrics[key]:.3f}" for key in ("accuracy", "ece")}
     ctx.say(f"validate: cost: {measured['cost']['production']['text']}")
-    ctx.say(f"validate: decision {summary_line(report['decision'], report['checks'])} (accuracy {shown['accuracy']}, "
+    ctx.say(f"validate: decision {summary_line(gate.decision, gate.checks)} (accuracy {shown['accuracy']}, "
             f"ECE {shown['ece']}; {metrics.get('n_valid', 'n/a')} of {metrics.get('n')} answers valid)")
-    return ValidateResult(**{
-        "decision": report["decision"],
-        "metrics": summary_metrics,
-        "checks": report["checks"],
-        "not_passed": [check_text(c) for c in report["checks"] if c["status"] not in ("pass", "skipped")],
-        "thresholds": report["thresholds"],
-        "datasets": [{k: d[k] for k in ("name", "path", "sha256", "n")} for d in report["datasets"]],
-        "champion_release": champion_ref.get("release_id") if champion_ref else None,
-        "report_json": report["paths"]["gate_report_json"],
-        "report_html": report["paths"]["report_html"],
-        "cost": measured.get("cost"),
-        "evidence": {Path(path).name: keep_file(ctx, Path(path), Path(path).name)
-                     for path in sorted(Path(report["paths"]["gate_report_json"]).parent.glob("*"))
-                     if path.is_file() and path.suffix in (".json", ".jsonl", ".html")},
-    })
+    return ValidateResult(
+        decision=gate.decision, metrics=summary_metrics, checks=gate.checks,
+        not_passed=[check_text(c) for c in gate.checks if c["status"] not in ("pass", "skipped")],
+        thresholds=gate.thresholds, datasets=[{k: d[k] for k in ("name", "path", "sha256", "n")} for d in gate.datasets],
+        champion_release=champion_ref.get("release_id") if champion_ref else None,
+        report_json=str(gate.gate_report_json), report_html=str(gate.report_html), cost=measured.get("cost"),
+        evidence={path.name: ctx.keep_file(path, path.name) for path in sorted(gate.gate_report_json.parent.glob("*"))
+                  if path.is_file() and path.suffix in (".json", ".jsonl", ".html")},
+    )

@@ -28,16 +28,6 @@ def public_key_refused_for_aws() -> ConfigError:
                        fix="set backend.checkpoints.public_key (openssl pkey -pubout), and drop --public-key")
 
 
-def verdict_lines(verification: dict) -> list[str]:
-    """A verification for people: a headline naming the checkpoint it was checked against, then each problem."""
-    checked = verification.get("checked_against")
-    against = (f"; extends the checkpoint of seq {checked['seq']} signed {checked['signed_at']} by key {checked['key_id']} "
-               f"(Merkle root {checked['merkle_root']})" if checked else "; no signed checkpoint to check it against")
-    if verification["ok"]:
-        return [f"Ledger verified: {verification['n_records']} records, head {verification['head_hash']}{against}."]
-    return [f"Ledger verification FAILED ({verification['n_records']} records{against}):", *verification["problems"]]
-
-
 def _checkpoints_config(path: str | Path | None):
     """The release config naming where an aws ledger's checkpoints are (None: the state dir's)."""
     if path is None:

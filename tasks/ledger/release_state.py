@@ -1,0 +1,131 @@
+"""A release as its ledger records tell it: where each stage stands, its typed result, its status (opened, running,
+awaiting an approval, finished) and a small summary of it.
+
+This is the only state a resumed run needs (`tasks.pipeline.release` runs the stages on it) and what every view of
+the history reads (`tasks.ledger.views`, the CLI's `status`, the audit report): pure reads of records, below both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.errors import NotFound
+from tasks.ledger import events
+from tasks.ledger.stage_results import StageResult, stage_result
+
+RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
+
+
+class ReleaseState:
+    """What a release has done so far, read from its ledger records (the only state a resumed run needs)."""
+
+    def __init__(self, ledger, release_id: str):
+        self.ledger = ledger
+        self.release_id = release_id
+        self.records: list = []
+        self.refresh()
+
+    @classmethod
+    def load(cls, ledger, release_id: str) -> "ReleaseState":
+        """The release's state; NotFound when the ledger has never seen it opened."""
+        state = cls(ledger, release_id)
+        if state.opened is None:
+            raise NotFound(f"release {release_id!r} was never opened in the ledger",
+                           fix="run `shiplift release CONFIG` first, or point --ledger-url / --state-dir at its ledger")
+        return state
+
+    @classmethod
+    def from_records(cls, release_id: str, records: list) -> "ReleaseState":
+        """A state over records already read, for views of many releases at once (it cannot refresh)."""
+        state = cls.__new__(cls)
+        state.ledger, state.release_id, state.records = None, release_id, list(records)
+        return state
+
+    def refresh(self) -> None:
+        try:
+            self.records = self.ledger.release(self.release_id)
+        except NotFound:
+            self.records = []
+
+    def _latest(self, stage_name: str, events: tuple[str, ...] | None = None):
+        for record in reversed(self.records):
+            if record.stage == stage_name and (events is None or record.event in events):
+                return record
+        return None
+
+    @property
+    def opened(self) -> dict | None:
+        record = next((r for r in self.records if (r.stage, r.event) == (events.RELEASE, events.OPENED)), None)
+        return record.payload if record else None
+
+    @property
+    def status(self) -> str:
+        final = self._latest(events.RELEASE, events.FINAL)
+        if final is not None:
+            return final.event
+        if awaiting(self.records) is not None:
+            return events.AWAITING_APPROVAL
+        return "running" if any(r.stage != events.RELEASE for r in self.records) else "created"
+
+    @property
+    def keep_candidate(self) -> bool | None:
+        options = self._latest(events.RELEASE, (events.OPTIONS,))
+        return options.payload.get("keep_candidate") if options else None
+
+    def stage(self, name: str) -> dict:
+        """`{"status": pending|started|failed|succeeded|torn_down, "result": …, "event": …}` of one stage."""
+        record = self._latest(name)
+        if record is None:
+            return {"status": "pending"}
+        if record.event == events.STARTED:
+            return {"status": "started"}
+        if record.event == events.FAILED:
+            return {"status": "failed", "error": record.payload.get("error"), "error_type": record.payload.get("error_type")}
+        entry = {"status": "succeeded", "event": record.event, "seq": record.seq,
+                 "result": {k: v for k, v in record.payload.items() if k not in RECORD_ONLY_KEYS}}
+        if name == events.DEPLOY_CANDIDATE and self._latest(events.PROMOTE, events.DONE) is None:
+            teardown = self._latest(events.TEARDOWN, events.DONE)  # a release that has not finished redeploys on resume,
+            asked = self._latest(events.APPROVAL) is not None  # unless it was torn down to wait for approval
+            if teardown is not None and teardown.seq > record.seq and teardown.payload.get("removed") and not asked:
+                entry["status"] = "torn_down"
+        return entry
+
+    def result(self, name: str) -> StageResult:
+        """A stage's result, typed (`tasks.pipeline.results`); NotFound while it has not succeeded."""
+        return stage_result(name, self.stage(name), self.release_id)
+
+
+def awaiting(records: list) -> dict | None:
+    """The open approval request among one release's records (its payload with `seq` and `requested_at`), else None."""
+    request = next((r for r in records if (r.stage, r.event) == (events.APPROVAL, events.AWAITING_APPROVAL)), None)
+    if request is None or any(r.stage == events.APPROVAL and r.event in events.APPROVAL_DECISIONS for r in records):
+        return None
+    return {**request.payload, "seq": request.seq, "requested_at": request.recorded_at}
+
+
+def release_summary(state: ReleaseState) -> dict:
+    """A small JSON-able view of a release: ids, artifact, gate decision, serving status."""
+    def get(stage_name: str, key: str, default: Any = None) -> Any:
+        return state.stage(stage_name).get("result", {}).get(key, default)
+
+    opened = state.opened or {}
+    return {
+        "release_id": state.release_id,
+        "model": (opened.get("config") or {}).get("name"),
+        "status": state.status,
+        "artifact_sha256": get("package", "artifact_sha256"),
+        "file_type": (get("build", "info") or {}).get("file_type"),
+        "temperature": get("build", "temperature"),
+        "image_uri": get("image", "image_uri"),
+        "placement": get("deploy_candidate", "placement"),
+        "decision": get("validate", "decision"),
+        "not_passed": get("validate", "not_passed"),
+        "metrics": get("validate", "metrics"),
+        "report": get("validate", "report_html"),
+        "rollout": {"strategy": get("promote", "strategy"), "steps": len(get("promote", "steps") or []),
+                    "reason": get("promote", "reason")},
+        "served_by": get("promote", "endpoint"),
+        "component": get("promote", "component"),
+        "stages": {name: state.stage(name)["status"] for name in events.STAGES},
+        "awaiting_approval": awaiting(state.records),
+    }
