@@ -7,7 +7,10 @@ BIN    := $(VENV)/bin
 # `ldtilecfg` (seen on this project's 2-core build machine, 2026-12-03). Override for another CPU class.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 # Reinstall whenever pyproject.toml or llama.cpp's build flags change.
-STAMP  := $(VENV)/.installed-$(shell (cat pyproject.toml; echo '$(LLAMA_CMAKE_ARGS)') | sha256sum | cut -c1-16)
+HASH   := $(shell (cat pyproject.toml; echo '$(LLAMA_CMAKE_ARGS)') | sha256sum | cut -c1-16)
+STAMP  := $(VENV)/.installed-$(HASH)
+# The celery extra (Airflow's Celery provider, celery[redis], redis, asyncpg) is installed by make test-celery alone.
+CELERY_STAMP := $(VENV)/.installed-celery-$(HASH)
 PYTEST_ARGS ?=
 
 .PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger airflow clean stop
@@ -26,6 +29,14 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 setup: $(STAMP)
+
+# Into the same .venv, resolved together with dev and demo so that pip keeps their pins; the $(STAMP) rule above
+# deletes this stamp with the others, so a reinstall is followed by this one again at the next make test-celery.
+$(CELERY_STAMP): $(STAMP)
+	@echo "installing the celery extra for make test-celery (apache-airflow-providers-celery, celery[redis], redis, asyncpg)"
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,celery]'
+	@rm -f $(VENV)/.installed-celery-*
+	@touch $@
 
 # The browser tests render the gate reports and the audit report in Debian's headless Chromium.
 CHROMIUM ?= /usr/bin/chromium
@@ -51,7 +62,7 @@ test-slow: setup     ## the slow suites: the real Gemma model, the end-to-end ca
 test-load: setup     ## the long load tests: a rolling update under 16 clients and 2,000 requests from a second process
 	$(BIN)/python -m pytest -m load -s $(PYTEST_ARGS)
 
-test-celery: setup   ## the refresh DAG on Airflow's CeleryExecutor + PostgreSQL + Redis on loopback
+test-celery: setup $(CELERY_STAMP)  ## installs the celery extra, then the refresh DAG on Airflow's CeleryExecutor + PostgreSQL + Redis on loopback
 	PYTHON=$(BIN)/python scripts/airflow_celery_test.sh $(PYTEST_ARGS)
 
 test-aws-live: setup ## releases a tiny CPU canary into your AWS account and deletes it again; costs money: prints its estimate, runs with PYTEST_ARGS=--yes or SHIPLIFT_LIVE_OK=1

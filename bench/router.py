@@ -96,6 +96,7 @@ def _closed_loop(url: str, stop: threading.Event) -> tuple[dict[str, int], list[
 
 def bench_rollout_throughput() -> dict:
     """Requests per second of one load while a linear rollout runs vs for as long with nothing changing."""
+    from tasks.backends.local.rollout import roll_out
     from tasks.backends.local.supervisor import ProcessSupervisor
     from tasks.backends.interfaces import RolloutPlan
 
@@ -109,8 +110,8 @@ def bench_rollout_throughput() -> dict:
             for round_no in range(1, LOAD_ROUNDS + 1):
                 stop = threading.Event()
                 counts, threads, started = _closed_loop(url, stop)
-                hosting.roll_out("bench-rollout", "fake", _spec(f"v{round_no}"), RolloutPlan(strategy="linear"),
-                                 lambda step: None, ready_timeout_s=60)
+                roll_out(hosting, "bench-rollout", "fake", _spec(f"v{round_no}"), RolloutPlan(strategy="linear"),
+                         lambda step: None, ready_timeout_s=60)
                 seconds = time.perf_counter() - started
                 stop.set()
                 for thread in threads:

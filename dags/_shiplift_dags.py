@@ -43,9 +43,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tasks.errors import is_retryable
 from tasks.ledger.events import FINISHED
-from tasks.pipeline.table import BACKOFF, BEGIN, END, MAX_STEP_TIMEOUT_S, STAGE_NAMES, STEPS, TEARDOWN
+from tasks.pipeline.table import (APPROVAL, APPROVAL_DECISION, APPROVAL_REQUEST, AUDIT, BACKOFF, BEGIN, END,
+                                  PROMOTE_RELEASE, ROLLBACK, STAGE_NAMES, STEPS, TEARDOWN)
 
-APPROVAL_REQUEST, APPROVAL, APPROVAL_DECISION = "approval_request", "approval", "approval_decision"
 MAX_APPROVAL_WAIT = timedelta(days=30)  # = tasks.config.ApprovalConfig's bound on timeout_s
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -159,16 +159,19 @@ def config_timeouts(config_path: Path) -> dict[str, int]:
 
 
 def _retry_args(name: str, timeout_s: int) -> dict[str, Any]:
-    """A task's retries, backoff, retry policy and timeout, from the stage table."""
+    """A task's retries, backoff, retry policy and timeout, from the policy table (`timeout_s`: the step's
+    `timeout_for` the config, or the table's own where the config is not known when the DAG is parsed)."""
     return {"retries": STEPS[name].retries, "retry_delay": timedelta(seconds=BACKOFF.first_s),
             "retry_exponential_backoff": BACKOFF.factor, "max_retry_delay": timedelta(seconds=BACKOFF.max_s),
             "execution_timeout": timedelta(seconds=timeout_s), "retry_policy": RETRY_POLICY}
 
 
 def _allowed_timeouts() -> dict[str, int]:
-    """The execution timeout of every task of this run's DAG, by task id (= step name)."""
-    return {t.task_id: int(t.execution_timeout.total_seconds()) for t in get_current_context()["dag"].tasks
-            if t.execution_timeout is not None}
+    """What every task of this run's DAG may take, by task id (= step name): its execution timeout, and for the
+    approval, how long it waits for a person (its response timeout)."""
+    tasks = get_current_context()["dag"].tasks
+    return {t.task_id: int((t.response_timeout if isinstance(t, ShipliftApproval) else t.execution_timeout).total_seconds())
+            for t in tasks if t.execution_timeout is not None}
 
 
 def _run_stage(begun: dict, name: str) -> dict:
@@ -219,7 +222,7 @@ class ShipliftApproval(ApprovalOperator):
     deferral to the triggerer before), so no worker waits. Unlike the stock operator it skips nothing on Reject: the
     answer goes on to `approval_decision`, and promote reads the outcome from the ledger."""
 
-    def __init__(self, *, request_task_id: str = APPROVAL_REQUEST, **kwargs: Any) -> None:
+    def __init__(self, *, request_task_id: str = APPROVAL_REQUEST.name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.request_task_id = request_task_id
 
@@ -238,11 +241,12 @@ class ShipliftApproval(ApprovalOperator):
 
 
 def _approval_operator(timeout_s: float) -> ShipliftApproval:
+    """The person's wait (the policy table's `approval`: not retried, no worker held, `timeout_s` for an answer)."""
     return ShipliftApproval(
-        task_id=APPROVAL, subject="Approve this release for production?", defaults=ApprovalOperator.REJECT,
+        task_id=APPROVAL.name, subject="Approve this release for production?", defaults=ApprovalOperator.REJECT,
         params={"comment": Param("", type="string", title="comment",
                                  description="why you approve or reject it: the ledger records it as the decision's reason")},
-        response_timeout=timedelta(seconds=timeout_s), retries=0, execution_timeout=SHORT_TIMEOUT,
+        response_timeout=timedelta(seconds=timeout_s), retries=APPROVAL.retries, execution_timeout=SHORT_TIMEOUT,
         doc_md="A person approves or rejects the release (`promotion.approval`); the answer and its comment go to the "
                "ledger in `approval_decision`. Unanswered by the deadline: Reject by default, recorded as timed out.")
 
@@ -255,22 +259,16 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
             "decided_at": when.isoformat() if isinstance(when, datetime) else when}
 
 
-_DECISION_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=BACKOFF.first_s),
-                  "retry_exponential_backoff": BACKOFF.factor, "max_retry_delay": timedelta(seconds=BACKOFF.max_s),
-                  "execution_timeout": SHORT_TIMEOUT, "retry_policy": RETRY_POLICY}
-
-
-def config_requires_approval(config_path: Path) -> tuple[bool, float]:
-    """Whether the release config requires an approval, and its timeout_s; (False, 0) when it cannot be loaded."""
+def config_requires_approval(config_path: Path) -> bool:
+    """Whether the release config requires an approval; False when it cannot be loaded."""
     from tasks.errors import ShipliftError
 
     try:
         from tasks.config import load_release_config
 
-        rule = load_release_config(config_path).promotion.approval
+        return load_release_config(config_path).promotion.approval.required
     except ShipliftError:
-        return False, 0.0
-    return rule.required, rule.timeout_s
+        return False
 
 
 def refresh_dag(config_file: str) -> DAG:
@@ -279,7 +277,7 @@ def refresh_dag(config_file: str) -> DAG:
     config_path = (config_path if config_path.is_absolute() else RELEASES_DIR / config_path).resolve()
     dag_id = dag_id_for(config_path)
     timeouts = config_timeouts(config_path)
-    waits_for_approval, approval_timeout_s = config_requires_approval(config_path)
+    waits_for_approval = config_requires_approval(config_path)
 
     @dag(
         dag_id=dag_id,
@@ -312,10 +310,11 @@ def refresh_dag(config_file: str) -> DAG:
                                       overrides=overrides, actor=_opener(), session=_aws_access,
                                       waits_for_approval=waits_for_approval)
 
-        @task(task_id=APPROVAL_REQUEST, **_retry_args(TEARDOWN, timeouts[TEARDOWN]))
+        @task(task_id=APPROVAL_REQUEST.name, **_retry_args(APPROVAL_REQUEST.name, timeouts[APPROVAL_REQUEST.name]))
         def approval_request(begun: dict) -> dict:
-            """Record the approval request once the gate passed and tear the candidate down while it waits (unless the
-            config keeps it); skipped, and with it the wait, when nobody needs asking (promote then runs)."""
+            """Record the approval request once the gate passed, tear the candidate down while it waits (unless the
+            config keeps it) and give the lease back meanwhile; skipped, and with it the wait, when nobody needs asking
+            (promote then runs)."""
             if begun["status"] in FINISHED:
                 raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
             from tasks.pipeline.approval_steps import request_approval_orchestrated
@@ -326,10 +325,11 @@ def refresh_dag(config_file: str) -> DAG:
                 raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
             return asked
 
-        @task(task_id=APPROVAL_DECISION, **_DECISION_ARGS)
+        @task(task_id=APPROVAL_DECISION.name, **_retry_args(APPROVAL_DECISION.name, timeouts[APPROVAL_DECISION.name]))
         def approval_decision(begun: dict, answer: dict) -> dict:
-            """Write the answer Airflow recorded (its user, the comment) to the ledger; refused (Conflict, nothing
-            recorded) when the user is not an approver, opened the release under four eyes, or gave no reason."""
+            """Take the lease back, then write the answer Airflow recorded (its user, the comment) to the ledger; refused
+            (Conflict, nothing recorded) when the user is not an approver, opened the release under four eyes, or gave no
+            reason."""
             from tasks.pipeline.approval_steps import record_decision_orchestrated
 
             return record_decision_orchestrated(begun["release_id"], **_answer(answer), run_actor=_holder(),
@@ -359,7 +359,7 @@ def refresh_dag(config_file: str) -> DAG:
         plain = [name for name in STAGE_NAMES if name != TEARDOWN and not (waits_for_approval and name == "promote")]
         stages = [_stage_task(name, timeouts[name])(begun) for name in plain]
         if waits_for_approval:  # validate → approval_request → approval → approval_decision → promote
-            waiting, promoted = _approval_operator(approval_timeout_s), _promote_after_approval_task(timeouts["promote"])()
+            waiting, promoted = _approval_operator(timeouts[APPROVAL.name]), _promote_after_approval_task(timeouts["promote"])()
             stages[-1] >> promoted
             stages += [approval_request(begun), waiting, approval_decision(begun, waiting.output), promoted]
         for before, after in zip(stages, stages[1:]):
@@ -412,12 +412,12 @@ def promote_release_dag() -> DAG:
         def choose() -> str | list[str]:
             """Promotion (after an approval where the release's config requires one) when no rollback target is
             given, else rollback."""
-            return "rollback" if _params()["rollback_target"] else [APPROVAL_REQUEST, "promote"]
+            return "rollback" if _params()["rollback_target"] else [APPROVAL_REQUEST.name, "promote"]
 
         def run_actor() -> str:
             return f"airflow:promote_release/{get_current_context()['run_id']}"
 
-        @task(task_id=APPROVAL_REQUEST, **_retry_args(TEARDOWN, STEPS[TEARDOWN].timeout_s))
+        @task(task_id=APPROVAL_REQUEST.name, **_retry_args(APPROVAL_REQUEST.name, APPROVAL_REQUEST.timeout_s))
         def approval_request() -> dict:
             """Ask for the release's approval if its config requires one and it has not been decided; skipped (and
             with it the wait) otherwise."""
@@ -430,7 +430,7 @@ def promote_release_dag() -> DAG:
                 raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
             return asked
 
-        @task(task_id=APPROVAL_DECISION, **_DECISION_ARGS)
+        @task(task_id=APPROVAL_DECISION.name, **_retry_args(APPROVAL_DECISION.name, APPROVAL_DECISION.timeout_s))
         def approval_decision(answer: dict) -> dict:
             """Write the answer Airflow recorded to the ledger (refused, nothing recorded, when it is not theirs)."""
             from tasks.pipeline.approval_steps import record_decision_orchestrated
@@ -440,13 +440,14 @@ def promote_release_dag() -> DAG:
                                                 ledger_url=params["ledger_url"], state_dir=_state_dir(params),
                                                 session=_aws_access)
 
-        @task(task_id="promote", **_retry_args("promote", MAX_STEP_TIMEOUT_S), trigger_rule="none_failed_min_one_success")
+        @task(task_id="promote", **_retry_args(PROMOTE_RELEASE.name, PROMOTE_RELEASE.timeout_s),
+              trigger_rule="none_failed_min_one_success")
         def promote_task() -> dict:
             """Promote; after a rejection or a timeout the release instead ends `rejected` (promote skipped with the
             reason, candidate torn down), the champion serving on."""
             context = get_current_context()
             params = context["params"]
-            decided = context["ti"].xcom_pull(task_ids=APPROVAL_DECISION)
+            decided = context["ti"].xcom_pull(task_ids=APPROVAL_DECISION.name)
             if decided is not None and decided["decision"] != "approved":
                 from tasks.pipeline.approval_steps import finish_unapproved_orchestrated
 
@@ -460,7 +461,7 @@ def promote_release_dag() -> DAG:
             return promote(_state_dir(params), params["release_id"], strategy=params["strategy"], reason=params["reason"],
                            actor=run_actor(), ledger_url=params["ledger_url"], session=_aws_access)
 
-        @task(task_id="rollback", **_retry_args("promote", MAX_STEP_TIMEOUT_S))
+        @task(task_id="rollback", **_retry_args(ROLLBACK.name, ROLLBACK.timeout_s))
         def rollback_task() -> dict:
             from tasks.backends.registry import open_ledger
             from tasks.pipeline.promotion import rollback
@@ -493,8 +494,7 @@ def audit_ledger_dag() -> DAG:
         catchup=False,
         max_active_runs=1,
         tags=["shiplift", "audit"],
-        default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(minutes=2),
-                      "execution_timeout": timedelta(minutes=10)},
+        default_args={"owner": OWNER, "retries": 0, "execution_timeout": SHORT_TIMEOUT},
         params={"state_dir": Param(None, type=["null", "string"], minLength=1),
                 "ledger_url": Param(None, type=["null", "string"], minLength=1),
                 "config": Param(None, type=["null", "string"], minLength=1,
@@ -502,7 +502,7 @@ def audit_ledger_dag() -> DAG:
         doc_md="Fails loudly (IntegrityError, Conflict) on a ledger that does not verify against its checkpoints, or on drift.",
     )
     def audit_ledger():
-        @task(task_id="audit", retry_policy=RETRY_POLICY)
+        @task(task_id="audit", **_retry_args(AUDIT.name, AUDIT.timeout_s))
         def audit_task() -> dict:
             from tasks.pipeline.audit import audit
 

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 
-from tasks.backends.aws.config import AwsBackend
-from tasks.backends.local.config import LocalBackend
+from tasks.backends.aws.backend_config import AwsBackend
+from tasks.backends.local.backend_config import LocalBackend
 from tasks.config_types import URL_PASSWORD, DatasetRef, Strict
 from tasks.errors import ConfigError
 from tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig

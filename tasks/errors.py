@@ -67,6 +67,11 @@ class DeployFailed(ShipliftError):
     """A model or endpoint did not start (the backend's FailureReason is in the message); fix the cause, then rerun."""
 
 
+class StepTimedOut(ShipliftError):
+    """One attempt of a step ran past its timeout (the policy table's, lengthened by the config's deadlines); not
+    retried, on any orchestrator: what made it slow would make the next attempt slow too."""
+
+
 class LeaseLost(Conflict):
     """This run no longer holds the model's promotion lease (it expired and another run took it, or it was given
     back): it must not change production."""

@@ -12,10 +12,17 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from validation.report_parts import ReportParts
+
 RELEASE_CONTEXT = """What a pipeline tells the gate report about the release beside the measurements (`extra.release`), all optional:
 release_id, champion_release, config_changes [{field, champion, candidate}] (the config fields that differ from the
 champion's release), temperature {value, fitted} (the calibration the candidate serves with), cost {candidate,
 production, per_million} (`tasks.backends.pricing` results as dicts, each with its `text`)."""
+
+DECISION_REPORT = ReportParts(  # a decision gate's parts of its report (SemIf and the chat readout alike)
+    item="task", items="tasks",
+    estimates=("accuracy", "validity", "ece", "brier", "nll", "allowed_token_mass"),
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def evaluate_decisions(
     """Score the candidate (and the champion on the same tasks), gate, and write the reports; `thresholds` None (an
     ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns the report's RELEASE_CONTEXT."""
     from validation.gates import evaluate_gates
-    from validation.report import write_reports
+    from validation.gate_report import write_reports
     from validation.runner import SEMIF, write_predictions
 
     out_dir = Path(out_dir)
@@ -129,7 +136,8 @@ def evaluate_decisions(
         "readout": (settings.readout.name if settings.readout else "semif"),
         "release": context(report["metrics"]) if context else None,
     }
-    paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
+    paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, parts=DECISION_REPORT,
+                          extra=extra)
     return {**report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"]}
 
 

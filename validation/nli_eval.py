@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import BadInput
+from validation.datasets import CheckedDataset, keep_splits
 from validation.evaluate import RunSettings, Target, progress_counter
 from validation.nli import LABELS, NliPair
+from validation.report_parts import ReportParts
 from validation.thresholds import NliThresholds
 
 DEFAULT_SETTINGS = RunSettings()
@@ -34,24 +36,43 @@ LATENCY_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class NliDataset:
-    """Pairs ready for the runner plus the evidence the gate records about them."""
+def _nli_rows(metrics: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The NLI block's headline rows: macro-F1, then each class's recall."""
+    nli = metrics.get("nli") or {}
+    if not nli:
+        return []
+    recall = nli.get("per_class_recall") or {}
+    return [("macro_f1", nli.get("macro_f1")), *((f"recall_{label}", est) for label, est in recall.items())]
 
-    name: str
-    path: Path
-    sha256: str
-    splits: tuple[str, ...] | None
+
+def _confusions(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The candidate's confusion matrix, and the champion's when one was compared."""
+    blocks = (("candidate", (report.get("metrics") or {}).get("nli")),
+              ("champion", (report.get("champion") or {}).get("nli")))
+    return [(who, block["confusion"]) for who, block in blocks if (block or {}).get("confusion")]
+
+
+NLI_REPORT = ReportParts(  # an NLI gate's parts of its report: pairs in batches, its own rows and confusion matrices
+    item="pair", items="pairs", request_items="pairs",  # RequestTiming.pairs
+    estimates=("accuracy", "validity", "ece", "brier", "nll"),
+    labels={"macro_f1": "macro-F1", **{f"recall_{label}": f"recall: {label}" for label in LABELS}},
+    family_rows=_nli_rows, confusions=_confusions,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NliDataset(CheckedDataset):
+    """Pairs ready for the runner plus the evidence the gate records about them (with the unlabelled rows dropped)."""
+
     pairs: list[NliPair]
     dropped_unlabelled: int
-    check: dict
 
-    def evidence(self) -> dict:
-        """Name, path, pin, splits, size, unlabelled rows dropped and the expectation results."""
-        return {
-            "name": self.name, "path": str(self.path), "sha256": self.sha256, "splits": self.splits,
-            "n": len(self.pairs), "dropped_unlabelled": self.dropped_unlabelled, "check": self.check,
-        }
+    @property
+    def items(self) -> list[NliPair]:
+        return self.pairs
+
+    def counts(self) -> dict[str, int]:
+        return {"dropped_unlabelled": self.dropped_unlabelled}
 
 
 def load_nli_dataset(path: str | Path, *, name: str, splits: Sequence[str] | None = None) -> NliDataset:
@@ -60,17 +81,8 @@ def load_nli_dataset(path: str | Path, *, name: str, splits: Sequence[str] | Non
     from validation.nli_expectations import check_nli_pairs
 
     loaded = load_nli(path)
-    pairs = loaded.pairs
-    if splits:
-        present = {p.split for p in pairs}
-        missing = set(splits) - present
-        if missing:
-            raise BadInput(
-                f"NLI file {loaded.path} has no pairs in split(s) {sorted(missing)}; "
-                f"it has {sorted(map(str, present))}",
-                fix="pass splits that the file has",
-            )
-        pairs = [p for p in pairs if p.split in splits]
+    pairs = keep_splits(loaded.pairs, splits, where=f"NLI file {loaded.path}", unit="pairs",
+                        fix="pass splits that the file has")
     check = check_nli_pairs(pairs, name=name)
     return NliDataset(
         name=name, path=Path(loaded.path), sha256=loaded.sha256, splits=tuple(splits) if splits else None,
@@ -223,7 +235,7 @@ def evaluate_nli(
     `build_checks` (validation.gates.Check fields) are checks the build judged, reported and decided with the gate's own."""
     from validation.gates import (ChampionRule, Check, DecisionThresholds, absolute_check, comparison_row, decide,
                                   evaluate_gates, mark_gated)
-    from validation.report import write_reports
+    from validation.gate_report import write_reports
     from validation.runner import write_predictions
 
     if not datasets:
@@ -293,7 +305,8 @@ def evaluate_nli(
         "truncation": truncation,
         "release": context(report["metrics"]) if context else None,
     }
-    paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, extra=extra)
+    paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, parts=NLI_REPORT,
+                          extra=extra)
     n_truncated = sum(t["n_truncated"] for t in candidate_truncation.values())
     say(f"{candidate.label or 'candidate'}: {n_truncated} of {len(candidate_rows)} pairs truncated by the server")
     return {

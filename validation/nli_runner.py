@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import functools
 import json
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Unpack
 
 from tasks.errors import BadInput
 from validation.nli import LABELS, NliPair
@@ -33,12 +33,12 @@ from validation.transport import (
     Connection,
     Malformed,
     Options,
+    RequestSettings,
     json_body,
     optional_number,
     optional_numbers,
     post_with_retries,
-    run_bounded,
-    run_options,
+    run_requests,
 )
 
 MAX_BATCH_SIZE = 256
@@ -189,33 +189,21 @@ def run_pairs(
     *,
     batch_size: int = 8,
     concurrency: int = 1,
-    timeout_s: float = 60,
-    max_attempts: int = 6,
-    backoff_base_s: float = 0.2,
-    backoff_cap_s: float = 5,
-    inference_component: str | None = None,
-    deadline_s: float | None = None,
-    progress: Callable[[int, int], None] | None = None,
     dataset_name: str = "",
-    rng: random.Random | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    **settings: Unpack[RequestSettings],
 ) -> NliRun:
     """Score every pair on a live encoder endpoint in batches; predictions and details in pair order.
 
+    `settings`: the request settings, as the decision runner takes them (`validation.transport.RequestSettings`).
     Failures are carried in `Prediction.error`, never raised; `progress(done, total)` counts pairs.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise BadInput(f"batch_size={batch_size!r} is not an integer in 1..{MAX_BATCH_SIZE}",
                        fix="use e.g. 8, and no more than the server's batch limit")
-    opts = run_options(
-        endpoint_url, concurrency=concurrency, timeout_s=timeout_s, max_attempts=max_attempts,
-        backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
-        deadline_s=deadline_s, rng=rng, sleep=sleep,
-    )
     batches = list(enumerate(batches_of(pairs, batch_size), start=1))
     work = functools.partial(_run_batch, dataset=dataset_name)
-    results = run_bounded(batches, work, opts, concurrency=concurrency, progress=progress,
-                          thread_name="shiplift-nli", weight=lambda numbered: len(numbered[1]))
+    results = run_requests(endpoint_url, batches, work, concurrency=concurrency, thread_name="shiplift-nli",
+                           weight=lambda numbered: len(numbered[1]), **settings)
     return NliRun(
         predictions=[p for outcome in results if outcome for p in outcome[0]],
         details=[d for outcome in results if outcome for d in outcome[1]],

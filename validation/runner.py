@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import functools
 import json
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -29,12 +28,12 @@ from validation.transport import (
     Connection,
     Malformed,
     Options,
+    RequestSettings,
     json_body,
     optional_number,
     optional_numbers,
     post_with_retries,
-    run_bounded,
-    run_options,
+    run_requests,
 )
 
 
@@ -155,31 +154,20 @@ def run_decisions(
     tasks: Sequence[JevTask],
     *,
     concurrency: int = 2,
-    timeout_s: float = 60,
-    max_attempts: int = 6,
-    backoff_base_s: float = 0.2,
-    backoff_cap_s: float = 5,
-    inference_component: str | None = None,
-    deadline_s: float | None = None,
-    progress: Callable[[int, int], None] | None = None,
     dataset_name: str = "",
-    rng: random.Random | None = None,
-    sleep: Callable[[float], None] = time.sleep,
     readout: Readout = SEMIF,
+    **settings: Unpack[RequestSettings],
 ) -> list[Prediction]:
     """Score every task on a live endpoint through `readout` (SemIf's by default); predictions in task order.
 
+    `settings`: the request settings (`validation.transport.RequestSettings`: timeout_s 60, max_attempts 6,
+    backoff_base_s 0.2, backoff_cap_s 5, inference_component, deadline_s, progress counting tasks, rng, sleep).
     Failures are carried in `Prediction.error`, never raised; tasks not finished by
     `deadline_s` (seconds from the call) carry a deadline error. `rng`/`sleep` let tests
     pin the backoff jitter and observe the waits.
     """
-    opts = run_options(
-        endpoint_url, concurrency=concurrency, timeout_s=timeout_s, max_attempts=max_attempts,
-        backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
-        deadline_s=deadline_s, rng=rng, sleep=sleep,
-    )
     work = functools.partial(_run_one, dataset=dataset_name, readout=readout)
-    return run_bounded(tasks, work, opts, concurrency=concurrency, progress=progress, thread_name="shiplift-eval")
+    return run_requests(endpoint_url, tasks, work, concurrency=concurrency, thread_name="shiplift-eval", **settings)
 
 
 def write_predictions(path: str | Path, predictions: Sequence[Prediction]) -> None:

@@ -1,7 +1,8 @@
 """Transport shared by the eval runners: options, one channel per worker, retries, a bounded pool.
 
-A runner resolves its settings with `run_options`, then `run_bounded` hands each item to its
-`work(item, channel, opts)` on a fixed number of workers, each with one channel opened by the
+A runner hands its items and its `work(item, channel, opts)` to `run_requests`, with its request settings
+(`RequestSettings`, the keyword arguments every runner takes): `run_options` validates and resolves the settings, then
+`run_bounded` hands each item to its work on a fixed number of workers, each with one channel opened by the
 run's invoker: `HttpInvoker` (a keep-alive `Connection` to `{endpoint_url}/invocations`, used
 for loopback servers and routers) or whatever the hosting backend hands out (SageMaker's
 `InvokeEndpoint` on aws). A channel answers `(status, body)` exactly like HTTP. `post_with_retries` applies the retry policy:
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from tasks.errors import BadInput
@@ -330,6 +331,38 @@ def run_options(endpoint: Any, *, concurrency: int, timeout_s: float, max_attemp
         deadline=None if deadline_s is None else time.monotonic() + deadline_s,
         rng=rng or random.Random(), sleep=sleep,
     )
+
+
+class RequestSettings(TypedDict, total=False):
+    """The request settings a runner takes as keyword arguments beside its own (`validation.runner.run_decisions`,
+    `validation.nli_runner.run_pairs`); a setting left out takes `run_requests`' default."""
+
+    timeout_s: float  # one attempt's timeout
+    max_attempts: int  # attempts per request, 503 retries included
+    backoff_base_s: float  # the 503 backoff: capped exponential, full jitter
+    backoff_cap_s: float
+    inference_component: str | None  # the component a URL endpoint's requests name (an invoker names its own)
+    deadline_s: float | None  # seconds from the call; items not done by then carry a deadline error
+    progress: Callable[[int, int], None] | None  # (done, total), in the runner's weight
+    rng: random.Random | None  # pins the backoff jitter (tests)
+    sleep: Callable[[float], None]  # the backoff's wait (tests observe it)
+
+
+def run_requests(endpoint: Any, items: Sequence[Item], work: Callable[[Item, Connection, Options], Outcome], *,
+                 concurrency: int, thread_name: str, weight: Callable[[Item], int] = lambda item: 1,
+                 timeout_s: float = 60, max_attempts: int = 6, backoff_base_s: float = 0.2, backoff_cap_s: float = 5,
+                 inference_component: str | None = None, deadline_s: float | None = None,
+                 progress: Callable[[int, int], None] | None = None, rng: random.Random | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> list[Outcome]:
+    """A runner's request loop: validate and resolve the settings (`run_options`; the deadline counts from here), then
+    run `work` over the items on `concurrency` workers (`run_bounded`); outcomes in item order."""
+    opts = run_options(
+        endpoint, concurrency=concurrency, timeout_s=timeout_s, max_attempts=max_attempts,
+        backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, inference_component=inference_component,
+        deadline_s=deadline_s, rng=rng, sleep=sleep,
+    )
+    return run_bounded(items, work, opts, concurrency=concurrency, progress=progress, thread_name=thread_name,
+                       weight=weight)
 
 
 def run_bounded(items: Sequence[Item], work: Callable[[Item, Connection, Options], Outcome], opts: Options, *,

@@ -108,7 +108,7 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
     if backend.kind == "local":
         from tasks.backends.local.hosting import LocalMetrics, LoopbackHosting
         from tasks.backends.local.process_image import LocalImageBuilder
-        from tasks.backends.local.store import LocalArtifactStore
+        from tasks.backends.local.artifact_store import LocalArtifactStore
 
         store = LocalArtifactStore(state_dir / "artifacts")
         hosting = LoopbackHosting(state_dir, store)
@@ -158,7 +158,7 @@ def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Pa
                               + (", not a local key file" if key_path is not None else "; this config names none"),
                               fix="set backend.checkpoints (key_ref, bucket; see the README's Ledger section), "
                                   "and drop --key")
-        from tasks.backends.aws.checkpoints import aws_checkpoint_parts
+        from tasks.backends.aws.checkpoint_store import aws_checkpoint_parts
         from tasks.backends.aws.session import Aws
 
         aws = Aws(region=backend.region, profile=backend.profile, access=session)

@@ -247,7 +247,7 @@ def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str
 def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
     """The release the production component reports right now (read live through the typed describe, not the ledger)."""
     from tasks.backends.local.hosting import LoopbackHosting
-    from tasks.backends.local.store import LocalArtifactStore
+    from tasks.backends.local.artifact_store import LocalArtifactStore
 
     live = LoopbackHosting(state_dir, LocalArtifactStore(state_dir / "artifacts")).describe(*production) if production else None
     return live.model_ref.release_id if live and live.model_ref else "(nothing)"
@@ -296,7 +296,7 @@ def main() -> int:
 
     banner("ledger verify: the hash chain, and that it extends every signed checkpoint")
     from tasks.pipeline.audit import verify_ledger
-    from tasks.ledger.report import write_report
+    from tasks.ledger.audit_report import write_report
 
     ledger = Ledger(ledger_url_for(state_dir, None))
     verdict = verify_ledger(ledger, state_dir)

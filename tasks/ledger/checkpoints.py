@@ -19,7 +19,7 @@ $SHIPLIFT_CHECKPOINT_WITNESS) keeps a second copy of every signed head, so a led
 named too: `verify` requires the log to hold every checkpoint the witness holds, and the chain to extend them.
 
 The key and the store are protocols (`Signer`, `CheckpointStore`): the local ones live here, the aws
-ones (a key in Secrets Manager, an S3 bucket with Object Lock) in `tasks.backends.aws.checkpoints`; signing,
+ones (a key in Secrets Manager, an S3 bucket with Object Lock) in `tasks.backends.aws.checkpoint_store`; signing,
 serialising and verifying are the same code for both.
 """
 

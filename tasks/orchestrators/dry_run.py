@@ -313,7 +313,7 @@ def _champion_checkpoint(backend, account: FreshAccount, ledger: Ledger, witness
     """The checkpoint the champion's release ended with, signed with the account's key over the ledger as it was then
     and stored at position 1 of the checkpoint bucket (and the witness), so this release's end reads it back, verifies
     it against the ledger and signs position 2."""
-    from tasks.backends.aws.checkpoints import S3CheckpointStore
+    from tasks.backends.aws.checkpoint_store import S3CheckpointStore
     from tasks.ledger.checkpoints import PrivateKeySigner, load_private_key
 
     settings = backend.checkpoints

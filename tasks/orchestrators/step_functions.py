@@ -19,7 +19,6 @@ explains the choices.
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any, Literal
 
@@ -31,7 +30,8 @@ from tasks.hashing import canonical_json
 from tasks.orchestrators.task_token import CLIENT_TIMEOUTS, HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV, retryable_error_names
 from tasks.ledger.events import STAGES
 from tasks.pipeline.release import release_id_for
-from tasks.pipeline.table import BACKOFF, STEPS, check_timeouts, timeout_for, timeouts_for
+from tasks.pipeline.table import (APPROVAL, APPROVAL_DECISION, APPROVAL_REQUEST, BACKOFF, READ_GATE, STEPS, check_timeouts,
+                                  timeout_for, timeouts_for)
 
 MAX_STATE_MACHINE_NAME = 80
 MANAGED_TAGS = ("shiplift:model", "shiplift:managed")
@@ -207,16 +207,20 @@ def _command_array(argv: list[str], holder_marker: str) -> str:
     return "States.Array(" + ", ".join("$.run.holder" if a == holder_marker else _intrinsic_literal(a) for a in argv) + ")"
 
 
-def _retry(step: str) -> list[dict]:
+def _table_retry(step: str, errors: list[str]) -> list[dict]:
+    """A Retry rule for `errors` with the step's retries and the table's backoff; none for a step never retried."""
+    if not STEPS[step].retries:
+        return []
+    return [{"ErrorEquals": errors, "IntervalSeconds": int(BACKOFF.first_s), "BackoffRate": BACKOFF.factor,
+             "MaxAttempts": STEPS[step].retries, "MaxDelaySeconds": int(BACKOFF.max_s), "JitterStrategy": "FULL"}]
+
+
+def _retry(step: str, *, heartbeats: bool = True) -> list[dict]:
     """The container never ran: retried; the step's retryable errors, or a container that stopped heartbeating: the
     table's retries with its backoff; anything else is not retried (the Catch tears down)."""
-    retry = [{"ErrorEquals": list(ECS_INFRA_ERRORS), "IntervalSeconds": 15, "BackoffRate": 2.0, "MaxAttempts": 5,
-              "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}]
-    if STEPS[step].retries:
-        retry.append({"ErrorEquals": [*retryable_error_names(), HEARTBEAT_TIMEOUT], "IntervalSeconds": int(BACKOFF.first_s),
-                      "BackoffRate": BACKOFF.factor, "MaxAttempts": STEPS[step].retries, "MaxDelaySeconds": int(BACKOFF.max_s),
-                      "JitterStrategy": "FULL"})
-    return retry
+    infra = {"ErrorEquals": list(ECS_INFRA_ERRORS), "IntervalSeconds": 15, "BackoffRate": 2.0, "MaxAttempts": 5,
+             "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}
+    return [infra, *_table_retry(step, [*retryable_error_names(), *([HEARTBEAT_TIMEOUT] if heartbeats else [])])]
 
 
 def _catch(target: str, result_path: str = "$.error") -> list[dict]:
@@ -287,10 +291,10 @@ class _Renderer:
         return self.runner.startup_allowance_s + 3 * HEARTBEAT_EVERY_S
 
     def approval_wait_seconds(self) -> int:
-        """TimeoutSeconds of AwaitApproval: `promotion.approval.timeout_s`, plus once the time an ECS task takes to start
-        (the ledger's deadline counts from the request, which the task records once it has started, so the state
-        times out after the deadline, never before)."""
-        return math.ceil(self.config.promotion.approval.timeout_s) + self.runner.startup_allowance_s
+        """TimeoutSeconds of AwaitApproval: the approval's `timeout_for` the config (`promotion.approval.timeout_s`), plus
+        once the time an ECS task takes to start (the ledger's deadline counts from the request, which the task records
+        once it has started, so the state times out after the deadline, never before)."""
+        return timeout_for(APPROVAL.name, self.config) + self.runner.startup_allowance_s
 
     def approval_states(self, promote: str) -> dict[str, dict]:
         """AwaitApproval and ApprovalTimedOut. AwaitApproval's task reports only a failure: once it has recorded the
@@ -300,17 +304,17 @@ class _Renderer:
         a person reads the report (and the States Language wants HeartbeatSeconds below TimeoutSeconds). States.Timeout
         goes to ApprovalTimedOut, which records the timeout and goes on to Promote (skipped: not approved)."""
         rid, url = self.release_id, self.config.backend.ledger_url
-        wait = self.ecs_task("end", await_approval_command(rid, url, self.HOLDER, approval_token_prefix(self.config, self.runner, rid)),
-                             timeout_s=self.approval_wait_seconds(), next_state=promote, catch=[])
+        wait = self.ecs_task(APPROVAL_REQUEST.name, await_approval_command(
+            rid, url, self.HOLDER, approval_token_prefix(self.config, self.runner, rid)),
+            timeout_s=self.approval_wait_seconds(), next_state=promote, catch=[])
         del wait["HeartbeatSeconds"]
         wait["ResultPath"] = APPROVAL_RESULT_PATH
-        wait["Retry"] = [_retry("end")[0], {
-            "ErrorEquals": retryable_error_names(), "IntervalSeconds": int(BACKOFF.first_s), "BackoffRate": BACKOFF.factor,
-            "MaxAttempts": STEPS["end"].retries, "MaxDelaySeconds": int(BACKOFF.max_s), "JitterStrategy": "FULL"}]
+        wait["Retry"] = _retry(APPROVAL_REQUEST.name, heartbeats=False)
         wait["Catch"] = [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.approval_timeout", "Next": APPROVAL_TIMED_OUT_STATE},
                          *_catch("TeardownAfterFailure")]
-        timed_out = self.ecs_task("end", approval_timed_out_command(rid, url, self.HOLDER), timeout_s=self.stage_timeout("end"),
-                                  next_state=promote, catch=_catch("TeardownAfterFailure"))
+        timed_out = self.ecs_task(APPROVAL_DECISION.name, approval_timed_out_command(rid, url, self.HOLDER),
+                                  timeout_s=self.stage_timeout(APPROVAL_DECISION.name), next_state=promote,
+                                  catch=_catch("TeardownAfterFailure"))
         return {APPROVAL_STATE: wait, APPROVAL_TIMED_OUT_STATE: timed_out}
 
     def bake_seconds(self) -> int:
@@ -349,9 +353,8 @@ class _Renderer:
             "Parameters": {"Bucket": bucket, "Key": key},
             "ResultSelector": {"envelope.$": "States.StringToJson($.Body)"},
             "ResultPath": "$.gate",
-            "TimeoutSeconds": 60,
-            "Retry": [{"ErrorEquals": ["States.TaskFailed"], "IntervalSeconds": 5, "BackoffRate": 2.0, "MaxAttempts": 3,
-                       "MaxDelaySeconds": 60, "JitterStrategy": "FULL"}],
+            "TimeoutSeconds": READ_GATE.timeout_s,
+            "Retry": _table_retry(READ_GATE.name, ["States.TaskFailed"]),
             "Catch": _catch("TeardownAfterFailure"),
             "Next": "GateDecision",
         }

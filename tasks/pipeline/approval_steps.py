@@ -27,7 +27,7 @@ from tasks.errors import NotReady
 from tasks.ledger import events
 from tasks.pipeline.approval import approval_state, decide, hold
 from tasks.pipeline.release import Progress, ensure_stage, print_progress, reopen_release, run_stages
-from tasks.pipeline.table import TEARDOWN
+from tasks.pipeline.table import LEASE, TEARDOWN
 
 DEPLOY_CANDIDATE = "deploy_candidate"
 
@@ -98,7 +98,8 @@ def request_approval_orchestrated(release_id: str, *, holder: str | None = None,
                                   state_dir: str | Path | None = None, actor: str | None = None,
                                   progress: Progress = print_progress, session: Any = None) -> dict:
     """Ask for the approval a release's config requires (once its gate passed) and say what to show the approver;
-    `waiting` False (with `why`) when nobody needs asking. `holder` is the run whose lease the teardown renews."""
+    `waiting` False (with `why`) when nobody needs asking. `holder` is the run whose lease the teardown renews and
+    which gives it back while the release waits (the policy table's `releases`)."""
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress,
                          session=session)
     ctx.lease_holder = holder
@@ -112,6 +113,8 @@ def request_approval_orchestrated(release_id: str, *, holder: str | None = None,
         return {**base, "waiting": False, "status": current.status, "why": why}
     if not ctx.config.promotion.approval.keep_candidate and candidate_may_be_up(ctx.state.records):
         ensure_stage(ctx, TEARDOWN)  # the candidate does not run (and cost) while a person reads the report
+    if holder is not None:  # nobody is blocked while a person reads the report; the decision takes it back
+        ctx.backends.ledger.release_lease(ctx.config.name, holder)
     request = current.request.payload
     subject, body = approval_prompt(release_id, ctx.config.name, request, validate)
     seconds_left = (current.deadline - datetime.now(timezone.utc)).total_seconds()
@@ -126,13 +129,17 @@ def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str |
                                  session: Any = None) -> dict:
     """Record the answer an orchestrator collected: `actor` is the person who answered (None when the orchestrator
     filled in its default at the timeout), `reason` their comment and `decided_at` (ISO 8601) when the orchestrator
-    says they answered, at which the deadline is judged. A person's answer goes through `decide` (Conflict,
-    nothing recorded, when it is not theirs to give); an approval first renews `holder`'s lease on the model, so a run
-    that lost it is stopped before anything is recorded. A timeout records `timed_out` (`run_actor` is then the
-    record's actor); NotReady, retried, while this worker's clock has not reached the ledger's deadline yet."""
+    says they answered, at which the deadline is judged. First `holder` takes the model's lease back (given back while
+    the release waited; LeaseHeld while another run holds it), so the run goes on to promote and end under it (the
+    policy table's `takes back`). A person's answer then goes through `decide` (Conflict, nothing recorded, when it is
+    not theirs to give). A timeout records `timed_out` (`run_actor` is then the record's actor); NotReady, retried,
+    while this worker's clock has not reached the ledger's deadline yet."""
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor or run_actor,
+                         progress=progress, session=session)
+    if holder is not None:
+        ctx.backends.ledger.acquire_lease(ctx.config.name, holder, release_id, LEASE.ttl_s)
+        ctx.lease_holder = holder
     if actor is None:
-        ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=run_actor, progress=progress,
-                             session=session)
         if hold(ctx):
             deadline = approval_state(ctx.state, ctx.config).request.payload["deadline"]
             raise NotReady(f"the orchestrator timed the approval of {release_id} out, but the ledger's deadline "
@@ -143,11 +150,6 @@ def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str |
         ctx.say(f"approval: no answer by the deadline; the release is {current.status}")
         return {"release_id": release_id, "decision": current.status,
                 "by": current.decision.payload.get("by"), "reason": current.reason}
-    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress,
-                         session=session)
-    ctx.lease_holder = holder
-    if approve:
-        ctx.require_lease()
     answered = datetime.fromisoformat(decided_at.replace("Z", "+00:00")) if decided_at else None
     return decide(ctx, approve=approve, actor=actor, reason=(reason or "").strip(), decided_at=answered)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import ConfigError, LeaseLost, ShipliftError, is_retryable
+from tasks.errors import ConfigError, LeaseLost, ShipliftError
 from tasks.ledger import events
 from tasks.pipeline import table
 from tasks.ledger.release_state import ReleaseState, release_summary
@@ -328,19 +328,14 @@ def ensure_stage(ctx: StageContext, name: str) -> StageResult:
 
 
 def ensure_stage_retrying(ctx: StageContext, name: str) -> StageResult:
-    """`ensure_stage` under the table's policy, as the orchestrators apply it: a failure whose error says `retryable`
-    is retried up to the step's retries with the table's backoff; any other failure is raised at once."""
-    retries = stage(name).retries
-    for attempt in range(1, retries + 2):
-        try:
-            return ensure_stage(ctx, name)
-        except Exception as exc:
-            if not is_retryable(exc) or attempt > retries:
-                raise
-            delay = table.BACKOFF.delay(attempt)
-            ctx.say(f"{name}: {type(exc).__name__} is retryable; attempt {attempt + 1} of {retries + 1} in {delay:.0f}s")
-            time.sleep(delay)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    """`ensure_stage` under the table's policy, as the CLI applies it (`table.attempts`): each attempt under the
+    stage's timeout for this config, a failure whose error says `retryable` retried with the table's backoff."""
+    return in_policy(ctx, name, lambda: ensure_stage(ctx, name))
+
+
+def in_policy(ctx: StageContext, name: str, run: Callable[[], Any]) -> Any:
+    """`run` as the CLI runs the table's step `name` of this release: retries, backoff and per-attempt timeout."""
+    return table.attempts(name, run, timeout_s=table.timeout_for(name, ctx.config), say=ctx.say)
 
 
 def run_release(
@@ -352,8 +347,10 @@ def run_release(
     progress: Progress = print_progress,
     session: Any = None,
 ) -> dict:
-    """Run (or resume) every stage of a release under the model's promotion lease."""
-    ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session)
+    """Run (or resume) every stage of a release under the model's promotion lease (`begin`, the stages, `end` each
+    under the table's policy)."""
+    ctx = table.attempts("begin", lambda: open_release(config_path, overrides=overrides, actor=actor, progress=progress,
+                                                       session=session), timeout_s=table.BEGIN.timeout_s, say=progress)
     if ctx.state.status in events.FINISHED:
         ctx.say(f"already {ctx.state.status}; nothing to do")
         return release_summary(ctx.state)
@@ -368,15 +365,15 @@ def run_stages(ctx: StageContext) -> dict:
     with holding_lease(ctx, run_holder(ctx.actor)):
         try:
             for step in table.STAGES[:-1]:
-                if step.waits is not None and step.load(step.waits)(ctx):
+                if step.waits is not None and in_policy(ctx, table.APPROVAL_REQUEST.name, lambda: step.load(step.waits)(ctx)):
                     return release_summary(ctx.state)
                 ensure_stage_retrying(ctx, step.name)
         except BaseException:
             _teardown_quietly(ctx)
-            finish(ctx, failed=True)
+            in_policy(ctx, table.END.name, lambda: finish(ctx, failed=True))
             raise
         ensure_stage_retrying(ctx, TEARDOWN)
-        return finish(ctx, failed=False)
+        return in_policy(ctx, table.END.name, lambda: finish(ctx, failed=False))
 
 
 def _teardown_quietly(ctx: StageContext) -> None:

@@ -1,36 +1,57 @@
-"""The one table of release steps (DESIGN §4): name, function, retries, timeout, idempotence.
+"""The one policy table (DESIGN §4): every step an orchestrator runs, with its retries, timeout and what it does with
+the model's promotion lease.
 
-`tasks.pipeline.release`, the Airflow DAG factory, the Step Functions renderer and the CLI all read this
-table, so their retry policies and timeouts cannot disagree. It imports nothing heavy (DAG files
-read it at parse time); `function()` imports a stage's module only when the stage runs.
+The CLI (`attempts`, below), the Airflow DAG factory and the Step Functions renderer read this table, so their retry
+policies, per-attempt timeouts and lease handling cannot disagree; `tests/dags/test_policy_everywhere.py` compares
+what each of them does, step by step, with it. It imports nothing heavy (DAG files read it at parse time); `load()`
+imports a step's module only when the step runs.
 
-Retries are for an attempt that died (a lost worker, a throttled API, capacity not yet free):
-every stage is idempotent (content-derived names; a succeeded stage returns its recorded result),
-so the numbers only weigh cost. validate re-runs a whole evaluation and promote changes
-production, so they get one retry each; teardown must happen, so it gets the most.
+Retries are for an attempt that died of a retryable error (`tasks.errors`: a throttled API, capacity not yet free, a
+server still loading): every step is idempotent (content-derived names; a succeeded stage returns its recorded
+result), so the numbers only weigh cost. validate re-runs a whole evaluation and promote changes production, so they
+get one retry each; teardown must happen, so it gets the most. An attempt that runs past its timeout is not retried
+anywhere (the CLI's StepTimedOut, Airflow's AirflowTaskTimeout and Step Functions' States.Timeout are not retryable):
+what made it slow would make the next attempt slow too.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+import signal
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 from tasks.backends.interfaces import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
+from tasks.errors import BadInput, ConfigError, StepTimedOut, error_classes, is_retryable
 from tasks.ledger import events
+
+Orchestrator = Literal["cli", "airflow", "step_functions"]
+# What a step does with the model's promotion lease: takes it (begin), holds it (renews it while it runs; promote
+# requires it), releases it while a person decides (nobody else is blocked for days), waits without it, takes it back
+# (to go on after the decision), gives it back (end), takes and gives back its own (a triggered promotion or rollback),
+# or has nothing to do with it.
+Lease = Literal["takes", "holds", "releases", "not held", "takes back", "gives back", "own", "none"]
+EVERYWHERE: frozenset[Orchestrator] = frozenset({"cli", "airflow", "step_functions"})
+MINUTE, HOUR = 60, 3600
 
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a release run: a stage, or the begin/end bookends of an orchestrated run."""
+    """One step an orchestrator runs: a stage, a bookend of a release, an approval step, or a triggered action."""
 
     name: str
-    function: str  # "module:attribute", imported lazily
+    function: str  # "module:attribute" the orchestrators call (imported lazily); "" for one Step Functions runs itself
     retries: int
     timeout_s: int  # per attempt; the config can only lengthen it (see `timeout_for`)
-    idempotent: bool
+    lease: Lease
     doc: str
+    runs_in: frozenset[Orchestrator] = EVERYWHERE
     waits: str | None = None  # "module:attribute" asked before the stage runs: True holds the release there
+    person: bool = False  # a person's wait: no worker runs, so MAX_STEP_TIMEOUT_S does not bound it
 
     def load(self, reference: str | None = None) -> Callable[..., Any]:
         """The step's function, or another "module:attribute" of it (`waits`), imported now."""
@@ -38,42 +59,73 @@ class Step:
         return getattr(importlib.import_module(module), attribute)
 
 
-MINUTE, HOUR = 60, 3600
+# The longest any orchestrator may hold a worker for one step. Airflow's Celery executor redelivers a task that runs
+# past the broker's visibility timeout (86,400 s by default for Redis and SQS) to a second worker, which would run the
+# same stage twice at once; Step Functions and the CLI are held to the same bound so the three agree.
+MAX_STEP_TIMEOUT_S = 24 * HOUR
 STAGES: tuple[Step, ...] = (
-    Step(events.RESOLVE, "tasks.pipeline.stages.resolve:run", 2, 30 * MINUTE, True, "fetch the pinned source and prove it by sha256"),
-    Step(events.BUILD, "tasks.pipeline.stages.build:run", 2, HOUR, True, "quantize or export the model, check it, fit a temperature"),
-    Step(events.PACKAGE, "tasks.pipeline.stages.package:run", 2, 30 * MINUTE, True, "write model.tar.gz and store it by content"),
-    Step(events.IMAGE, "tasks.pipeline.stages.image:run", 2, HOUR, True, "build or find the serving image and pin it by digest"),
-    Step(events.DEPLOY_CANDIDATE, "tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, True, "serve the artifact on a candidate endpoint"),
-    Step(events.VALIDATE, "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, True, "gate the live candidate against the champion"),
-    Step(events.PROMOTE, "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, True, "put a passed candidate on production, verify what serves",
-         waits="tasks.pipeline.approval:waits_before_promote"),
-    Step(events.TEARDOWN, "tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, True,
+    Step(events.RESOLVE, "tasks.pipeline.stages.resolve:run", 2, 30 * MINUTE, "holds",
+         "fetch the pinned source and prove it by sha256"),
+    Step(events.BUILD, "tasks.pipeline.stages.build:run", 2, HOUR, "holds",
+         "quantize or export the model, check it, fit a temperature"),
+    Step(events.PACKAGE, "tasks.pipeline.stages.package:run", 2, 30 * MINUTE, "holds",
+         "write model.tar.gz and store it by content"),
+    Step(events.IMAGE, "tasks.pipeline.stages.image:run", 2, HOUR, "holds",
+         "build or find the serving image and pin it by digest"),
+    Step(events.DEPLOY_CANDIDATE, "tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, "holds",
+         "serve the artifact on a candidate endpoint"),
+    Step(events.VALIDATE, "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, "holds",
+         "gate the live candidate against the champion"),
+    Step(events.PROMOTE, "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, "holds",
+         "put a passed candidate on production, verify what serves", waits="tasks.pipeline.approval:waits_before_promote"),
+    Step(events.TEARDOWN, "tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, "holds",
          "remove the candidate, whatever happened"),
 )
-BEGIN = Step("begin", "tasks.pipeline.release:begin_orchestrated", 1, 5 * MINUTE, True,
+BEGIN = Step("begin", "tasks.pipeline.release:begin_orchestrated", 1, 5 * MINUTE, "takes",
              "validate the config, open the release in the ledger, take the model's lease")
-END = Step("end", "tasks.pipeline.release:end_orchestrated", 2, 5 * MINUTE, True, "record the final status, give the lease back")
+END = Step("end", "tasks.pipeline.release:end_orchestrated", 2, 5 * MINUTE, "gives back",
+           "record the final status, give the lease back")
+# Where the config requires an approval, between validate and promote (docs/approval.md).
+APPROVAL_REQUEST = Step("approval_request", "tasks.pipeline.approval_steps:request_approval_orchestrated", 2,
+                        TEARDOWN_WAIT_S + 15 * MINUTE, "releases", "record the approval request once the gate passed, tear "
+                        "the candidate down unless the config keeps it, give the lease back while a person decides")
+APPROVAL = Step("approval", "", 0, 0, "not held", "a person approves or rejects the release (or its deadline passes)",
+                person=True)
+APPROVAL_DECISION = Step("approval_decision", "tasks.pipeline.approval_steps:record_decision_orchestrated", 2, 5 * MINUTE,
+                         "takes back", "record the decision (or the timeout) and take the lease back to go on")
+# Step Functions reads validate's published result itself (an SDK integration), to choose whether to promote.
+READ_GATE = Step("read_gate", "", 3, MINUTE, "none", "read the gate decision validate published to S3",
+                 runs_in=frozenset({"step_functions"}))
+# Triggered by a person (promote_release DAG, `shiplift rollback`): its release's config is not known when the DAG is
+# parsed, so it gets the longest a worker may be held.
+PROMOTE_RELEASE = Step("promote_release", "tasks.pipeline.promotion:promote", 1, MAX_STEP_TIMEOUT_S, "own",
+                       "promote a gated release with its own rollout, under the model's lease",
+                       runs_in=frozenset({"airflow"}))
+ROLLBACK = Step("rollback", "tasks.pipeline.promotion:rollback", 1, MAX_STEP_TIMEOUT_S, "own",
+                "put an earlier promoted release back on production, under the model's lease",
+                runs_in=frozenset({"cli", "airflow"}))
+AUDIT = Step("audit", "tasks.pipeline.audit:audit", 1, 10 * MINUTE, "none",
+             "verify the ledger against its checkpoints, then what serves against the ledger",
+             runs_in=frozenset({"airflow"}))
 STAGE_NAMES: tuple[str, ...] = tuple(step.name for step in STAGES)
-STEPS: dict[str, Step] = {step.name: step for step in (BEGIN, *STAGES, END)}
+STEPS: dict[str, Step] = {step.name: step for step in (BEGIN, *STAGES[:-2], APPROVAL_REQUEST, APPROVAL,
+                                                        APPROVAL_DECISION, READ_GATE, *STAGES[-2:], END,
+                                                        PROMOTE_RELEASE, ROLLBACK, AUDIT)}
+# What a release runs, in order (the approval's three steps only where its config requires one).
+RELEASE_STEPS: tuple[str, ...] = ("begin", *STAGE_NAMES[:-2], "approval_request", "approval", "approval_decision",
+                                  *STAGE_NAMES[-2:], "end")
 TEARDOWN = events.TEARDOWN
 
 
 def stage(name: str) -> Step:
     """The table entry of a stage; BadInput names the known stages."""
     if name not in STAGE_NAMES:
-        from tasks.errors import BadInput
-
         raise BadInput(f"unknown stage {name!r}", fix=f"use one of {', '.join(STAGE_NAMES)}")
     return STEPS[name]
 
 
 # What a step adds to the config's own deadlines: starting its servers, reading and writing the store and the ledger.
 STAGE_MARGIN_S = 15 * MINUTE
-# The longest any orchestrator may hold a worker for one step. Airflow's Celery executor redelivers a task that runs
-# past the broker's visibility timeout (86,400 s by default for Redis and SQS) to a second worker, which would run the
-# same stage twice at once; Step Functions is held to the same bound so the two orchestrators agree.
-MAX_STEP_TIMEOUT_S = 24 * HOUR
 
 
 @dataclass(frozen=True)
@@ -108,9 +160,10 @@ def timeout_for(name: str, config: Any) -> int:
     """A step's timeout per attempt for one config: the table's, or longer where the config's own deadlines need it.
 
     validate scores every dataset on the candidate and on the champion, each run under `validation.deadline_s`; build
-    fits a temperature (when asked) with one run under it; image waits up to the aws backend's `build_timeout_s` for CodeBuild;
-    deploy_candidate and promote wait for a placement's provision timeout, and promote for a rolling update's own
-    maximum execution time. Every orchestrator (CLI, Airflow, Step Functions) uses this number.
+    fits a temperature (when asked) with one run under it; image waits up to the aws backend's `build_timeout_s` for
+    CodeBuild; deploy_candidate and promote wait for a placement's provision timeout, and promote for a rolling
+    update's own maximum execution time; the approval waits `promotion.approval.timeout_s` for a person. Every
+    orchestrator (CLI, Airflow, Step Functions) uses this number.
     """
     validation, own = config.validation, 0
     if name == "validate":
@@ -119,6 +172,8 @@ def timeout_for(name: str, config: Any) -> int:
         own = int(validation.deadline_s) + HOUR + STAGE_MARGIN_S
     elif name == "image":
         own = getattr(config.backend, "build_timeout_s", 0) + STAGE_MARGIN_S
+    elif name == "approval":
+        own = math.ceil(config.promotion.approval.timeout_s)
     if name in ("deploy_candidate", "promote"):
         own = getattr(config.placement, "provision_timeout_s", 0) + DEPLOY_WAIT_S + STAGE_MARGIN_S
     if name == "promote":  # a rolling update may take up to its own maximum execution time
@@ -127,37 +182,94 @@ def timeout_for(name: str, config: Any) -> int:
 
 
 def timeouts_for(config: Any) -> dict[str, int]:
-    """`timeout_for` of every step (begin, the stages, end)."""
-    return {name: timeout_for(name, config) for name in STEPS}
+    """`timeout_for` of every step a release of `config` runs (begin, the stages, the approval's steps, end)."""
+    return {name: timeout_for(name, config) for name in RELEASE_STEPS}
 
 
 def check_timeouts(config: Any, allowed: dict[str, int] | None = None) -> None:
     """ConfigError unless every step's timeout fits the orchestrator: `allowed` (what it was set up with, per step)
-    and MAX_STEP_TIMEOUT_S. Run at `begin`, before anything is created."""
-    from tasks.errors import ConfigError
-
+    and, for a step that holds a worker, MAX_STEP_TIMEOUT_S. Run at `begin`, before anything is created."""
     needed = timeouts_for(config)
-    too_long = [(name, seconds, min(MAX_STEP_TIMEOUT_S, (allowed or {}).get(name, MAX_STEP_TIMEOUT_S)))
-                for name, seconds in needed.items()
-                if seconds > min(MAX_STEP_TIMEOUT_S, (allowed or {}).get(name, MAX_STEP_TIMEOUT_S))]
+
+    def limit(name: str) -> int | None:
+        bound = (allowed or {}).get(name)
+        if STEPS[name].person:  # no worker waits for a person: only what the orchestrator was set up with bounds it
+            return bound
+        return MAX_STEP_TIMEOUT_S if bound is None else min(MAX_STEP_TIMEOUT_S, bound)
+
+    too_long = [(name, seconds, limit(name)) for name, seconds in needed.items()
+                if limit(name) is not None and seconds > limit(name)]
     if too_long:
-        listed = "; ".join(f"{name} needs {seconds} s, the orchestrator allows {limit} s" for name, seconds, limit in too_long)
+        listed = "; ".join(f"{name} needs {seconds} s, the orchestrator allows {most} s" for name, seconds, most in too_long)
         raise ConfigError(
             f"the config's deadlines do not fit its orchestrator's timeouts: {listed}",
-            fix="shorten validation.deadline_s, backend.build_timeout_s, placement.provision_timeout_s or "
-                "rollout.maximum_execution_timeout_s; or, where the orchestrator was set up from another version of the "
-                "config, re-parse the DAG or re-render and deploy the state machine from this one",
+            fix="shorten validation.deadline_s, backend.build_timeout_s, placement.provision_timeout_s, "
+                "rollout.maximum_execution_timeout_s or promotion.approval.timeout_s; or, where the orchestrator was set "
+                "up from another version of the config, re-parse the DAG or re-render and deploy the state machine from "
+                "this one",
         )
 
 
 def policy_rows(config: Any) -> list[dict[str, Any]]:
-    """The policy every orchestrator applies to one config, a row per step: retries, what is retried, the backoff,
-    the timeout (the table's and this config's). What `shiplift policy CONFIG` prints."""
-    from tasks.errors import error_classes
-
+    """The policy every orchestrator applies to one config, a row per step: where it runs, retries, what is retried,
+    the backoff, the timeout (the table's and this config's), the lease. What `shiplift policy CONFIG` prints."""
     retried = ", ".join(cls.__name__ for cls in error_classes() if cls.retryable)
     backoff = f"{BACKOFF.first_s:.0f}s x{BACKOFF.factor:g} up to {BACKOFF.max_s:.0f}s"
-    return [{"step": name, "retries": step.retries, "retried": retried if step.retries else None,
-             "backoff": backoff if step.retries else None, "table_timeout_s": step.timeout_s,
-             "timeout_s": timeout_for(name, config), "does": step.doc} for name, step in STEPS.items()]
+    needed = timeouts_for(config)
+    return [{"step": name, "runs in": ", ".join(sorted(step.runs_in)), "retries": step.retries,
+             "retried": retried if step.retries else None, "backoff": backoff if step.retries else None,
+             "table_timeout_s": step.timeout_s or None, "timeout_s": needed.get(name, step.timeout_s) or None,
+             "lease": step.lease, "does": step.doc} for name, step in STEPS.items()]
 
+
+T = TypeVar("T")
+
+
+def attempts(name: str, run: Callable[[], T], *, timeout_s: int, say: Callable[[str], None] = lambda message: None) -> T:
+    """Run one step as the CLI does, under the table's policy for it: each attempt under `timeout_s` (the step's
+    `timeout_for` its config), a failure whose error says `retryable` retried up to the step's retries with the
+    table's backoff, any other failure (a timeout included) raised at once."""
+    retries = STEPS[name].retries
+    for attempt in range(1, retries + 2):
+        try:
+            with attempt_deadline(name, timeout_s, say):
+                return run()
+        except Exception as exc:
+            if not is_retryable(exc) or attempt > retries:
+                raise
+            delay = BACKOFF.delay(attempt)
+            say(f"{name}: {type(exc).__name__} is retryable; attempt {attempt + 1} of {retries + 1} in {delay:.0f}s")
+            time.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+@contextmanager
+def attempt_deadline(name: str, timeout_s: float, say: Callable[[str], None]) -> Iterator[None]:
+    """Raise StepTimedOut in this (the main) thread when the block runs past `timeout_s`, as Airflow's
+    execution_timeout does in a task: a real-time interval timer and its SIGALRM. A deadline already running (a step
+    inside a step) is kept when it is the earlier one, and restored after. Off the main thread no signal reaches the
+    block: it runs without a deadline, and `say` warns of it."""
+    if threading.current_thread() is not threading.main_thread():
+        say(f"WARNING {name}: no {timeout_s:.0f} s deadline off the main thread (the CLI enforces it with a signal)")
+        yield
+        return
+    started = time.monotonic()
+    outer_left, _ = signal.getitimer(signal.ITIMER_REAL)
+    if outer_left and outer_left <= timeout_s:  # the outer deadline comes first: it stays in force
+        yield
+        return
+
+    def timed_out(signum, frame):
+        raise StepTimedOut(f"step {name} ran past its timeout of {timeout_s:.0f} s per attempt",
+                           fix="find what made it slow (the ledger's started record and the progress lines say where it "
+                               "was); the timeout is the policy table's, lengthened only by the config's own deadlines")
+
+    previous = signal.signal(signal.SIGALRM, timed_out)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_left:
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer_left - (time.monotonic() - started)))

@@ -18,11 +18,11 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
-from tasks.backends.aws.checkpoints import S3CheckpointStore, SecretSigner, aws_checkpoint_parts
+from tasks.backends.aws.checkpoint_store import S3CheckpointStore, SecretSigner, aws_checkpoint_parts
 from tasks.backends.aws.session import Aws
 from tasks.backends.registry import checkpoint_parts, make_backends
 from tasks.ledger.checkpoints import PrivateKeySigner, check_proof, checkpoint, prove, serialise, verify_with_checkpoints
-from tasks.backends.aws.config import AwsCheckpoints
+from tasks.backends.aws.backend_config import AwsCheckpoints
 from tasks.config import load_release_config
 from tasks.errors import ConfigError, IntegrityError
 from tasks.ledger.store import Ledger

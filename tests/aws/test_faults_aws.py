@@ -12,7 +12,7 @@ import pytest
 from botocore.retries import standard
 
 from tasks.backends.aws.session import MAX_ATTEMPTS, Aws
-from tasks.backends.aws.store import S3ArtifactStore
+from tasks.backends.aws.artifact_store import S3ArtifactStore
 from tasks.config import load_release_config
 from tasks.backends.placement import MigPartitionPlacement
 from tasks.errors import (

@@ -25,7 +25,7 @@ from datetime import timedelta
 import boto3
 import pytest
 
-from tasks.backends.aws.registry import APPROVED, PENDING, REJECTED
+from tasks.backends.aws.model_registry import APPROVED, PENDING, REJECTED
 from tasks.ledger.events import APPROVAL, AWAITING_APPROVAL
 from tasks.ledger.store import Ledger
 from tasks.orchestrators.task_token import follow_registry_approval

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.aws.registry import APPROVED, PENDING, REJECTED, SageMakerModelRegistry, View, release_view
+from tasks.backends.aws.model_registry import APPROVED, PENDING, REJECTED, SageMakerModelRegistry, View, release_view
 from tasks.backends.aws.session import Aws
 from tasks.errors import BadInput
 from tasks.ledger.store import Ledger, Record

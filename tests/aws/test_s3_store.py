@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from tasks.backends.aws import store as store_module
+from tasks.backends.aws import artifact_store as store_module
 from tasks.backends.aws.session import Aws
-from tasks.backends.aws.store import S3ArtifactStore
+from tasks.backends.aws.artifact_store import S3ArtifactStore
 from tasks.errors import NotReady
 from tasks.hashing import sha256_file
 

@@ -1,18 +1,24 @@
 """An Airflow CeleryExecutor deployment on loopback: PostgreSQL metadata DB, Redis broker, this checkout's DAGs.
 
-Runs only with `-m celery` (`make test-celery`). Skips, saying which, only when PostgreSQL on
-127.0.0.1:5432 (user postgres, trust auth) or Redis on 127.0.0.1:6379 cannot be reached.
+Runs only with `-m celery` (`make test-celery`). Skips, saying which, when PostgreSQL on
+127.0.0.1:5432 (user postgres, trust auth) or Redis on 127.0.0.1:6379 cannot be reached, and, outside
+`make test-celery`, when pyproject.toml's `celery` extra (Airflow's Celery provider, celery[redis], redis,
+asyncpg) is not installed; `make test-celery` installs that extra, and under it (scripts/airflow_celery_test.sh
+sets SHIPLIFT_CELERY_EXTRA_REQUIRED=1) a missing extra fails instead of skipping.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -27,10 +33,36 @@ DATABASE = os.environ.get("SHIPLIFT_CELERY_DATABASE", "shiplift_airflow")
 REDIS_URL = "redis://127.0.0.1:6379/0"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "celery-worker")
 START_DEADLINE_S = 180.0
+EXTRA_REQUIRED_ENV = "SHIPLIFT_CELERY_EXTRA_REQUIRED"  # set by scripts/airflow_celery_test.sh (make test-celery)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "celery: needs PostgreSQL and Redis on loopback; runs Airflow's CeleryExecutor (make test-celery)")
+
+
+def _celery_extra_missing() -> list[str]:
+    """The distributions of pyproject.toml's `celery` extra that are not installed in this interpreter."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    missing = []
+    for requirement in project["optional-dependencies"]["celery"]:
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1)
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
+def _require_celery_extra() -> None:
+    """Skip (fail under make test-celery) when the celery extra is absent, before anything is started."""
+    missing = _celery_extra_missing()
+    if not missing:
+        return
+    problem = (f"the celery extra is not installed in {sys.prefix} (missing: {', '.join(missing)}); "
+               "`make test-celery` installs it (pip install -e '.[dev,demo,celery]') and runs this suite")
+    if os.environ.get(EXTRA_REQUIRED_ENV) == "1":
+        pytest.fail(f"{problem}; {EXTRA_REQUIRED_ENV}=1 says it must be there", pytrace=False)
+    pytest.skip(problem)
 
 
 def _pg_connect(dbname: str):
@@ -119,6 +151,7 @@ class CeleryAirflow:
 @pytest.fixture(scope="module")
 def celery_airflow(tmp_path_factory):
     """Fresh database and private queue; api-server, scheduler, dag-processor, celery worker; all stopped after."""
+    _require_celery_extra()
     problems = [p for p in (_postgres_problem(), _redis_problem()) if p]
     if problems:
         pytest.skip("; ".join(problems))

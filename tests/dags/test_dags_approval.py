@@ -86,6 +86,22 @@ def _sweep_when_due(ti_id: str, done: threading.Event, deadline: float) -> bool:
     return False
 
 
+def _lease_free(ledger_db: str, model: str) -> bool | str:
+    """Whether another holder can take the model's promotion lease now (it is given back at once), else why not."""
+    from tasks.errors import LeaseHeld
+    from tasks.ledger.store import Ledger
+
+    ledger = Ledger.for_sqlite(Path(ledger_db))
+    try:
+        ledger.acquire_lease(model, "probe", f"{model}-000000000000", 60)
+        ledger.release_lease(model, "probe")
+        return True
+    except LeaseHeld as held:
+        return str(held)
+    finally:
+        ledger.close()
+
+
 def _respond(run: dict, done: threading.Event, report: dict) -> None:
     """Answer one run's approval as the spec says: `answers` in order (each with the status Airflow answered), or
     `sweep` (nobody answers: the timeout sweep)."""
@@ -100,6 +116,8 @@ def _respond(run: dict, done: threading.Event, report: dict) -> None:
         report["detail"] = {key: detail[key] for key in ("subject", "body", "options", "defaults", "params",
                                                          "assigned_users", "multiple")}
         report["detail"]["operator"] = ti["operator"]
+        if run.get("lease_probe"):  # while a person decides the run holds no lease: another run could take it
+            report["lease_free"] = _lease_free(**run["lease_probe"])
         url = f"/api/v2/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/-1/hitlDetails"
         report["answers"] = []
         for answer in run.get("answers", []):
@@ -206,7 +224,8 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
     approve_note, reject_note = "gate report read; ECE within budget", "latency too close to the bound"
     try:
         first, output = run_with_answers(folder, [
-            {"dag_id": dag_id, "conf": {"overrides": overrides["approved"]}, "answers": [
+            {"dag_id": dag_id, "conf": {"overrides": overrides["approved"]},
+             "lease_probe": {"ledger_db": str(state_dir / "ledger.db"), "model": "tiny-approval"}, "answers": [
                 {"user": "mallory", "option": "Approve", "comment": "let me in"},
                 {"user": "alice", "option": "Approve", "comment": approve_note}]},
             {"dag_id": dag_id, "conf": {"overrides": overrides["four_eyes"]}, "answers": [
@@ -224,6 +243,7 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
                       "approvers | alice, bob, dag_test", "torn down"):
             assert shown in detail["body"], shown
         assert [user["id"] for user in detail["assigned_users"]] == APPROVERS
+        assert approved["hitl"]["lease_free"] is True, "the policy table: approval_request releases the lease"
 
         # mallory is not assigned: Airflow refuses her and the task keeps waiting; alice's approval is recorded.
         (refused, accepted) = approved["hitl"]["answers"]

@@ -212,3 +212,42 @@ def test_an_orchestrated_run_refuses_a_config_that_needs_an_approval(story):
 
     with pytest.raises(ConfigError, match="cannot wait for"):
         begin_orchestrated(story["r1"], holder="airflow/run-1", allowed_timeouts={})
+
+
+def test_the_cli_runs_each_step_the_policy_table_gives_it_under_that_step_s_policy(tmp_path, tiny_release, capsys,
+                                                                                   monkeypatch):
+    """Table-driven, on real releases through `shiplift`: a first release, a second that waits for an approval and is
+    approved, then a rollback to the first. Every step the table says the CLI runs goes through `table.attempts`
+    (retries, backoff) with that step's timeout for the config; the person's wait is the table's (the request's
+    deadline); and while the release waits, the model's lease is free, as the table says."""
+    from tasks.pipeline import table
+
+    state = tmp_path / "state"
+    first = tiny_release.write_tiny_config(tmp_path / "first", state, description="first")
+    second = tiny_release.write_tiny_config(tmp_path / "second", state, description="second",
+                                            promotion__approval=APPROVAL_SETTINGS)
+    config, attempts, seen = load_release_config(second), table.attempts, []
+
+    def observed(name, run, *, timeout_s, say=lambda message: None):
+        seen.append((name, timeout_s))
+        return attempts(name, run, timeout_s=timeout_s, say=say)
+
+    monkeypatch.setattr(table, "attempts", observed)
+    assert cli(["release", str(first)], capsys, "alice", monkeypatch)[0] == 0
+    first_id = run_release(first, progress=lambda message: None)["release_id"]  # already promoted: its id
+    seen.clear()
+    assert cli(["release", str(second)], capsys, "alice", monkeypatch)[0] == EXIT_AWAITING
+    with ledger_of(state) as ledger:
+        request = next(r for r in ledger.history() if (r.stage, r.event) == (APPROVAL, AWAITING_APPROVAL))
+    with contextlib.closing(open_ledger(state_dir=state)) as ledger:  # free while a person decides: another run takes it
+        ledger.acquire_lease("tiny-decision", "someone-else", "tiny-decision-000000000000", 60)
+        ledger.release_lease("tiny-decision", "someone-else")
+    where = ["--state-dir", str(state)]
+    assert cli(["approve", request.release_id, "--reason", "gate report read", *where], capsys, "bob", monkeypatch)[0] == 0
+    assert cli(["rollback", "tiny-decision", "--to", first_id, "--reason", "drill", *where], capsys, "bob",
+               monkeypatch)[0] == 0
+    cli_steps = {name for name, step in table.STEPS.items() if "cli" in step.runs_in and not step.person}
+    assert {name for name, _ in seen} == cli_steps
+    for name, timeout_s in seen:
+        assert timeout_s == table.timeout_for(name, config), name
+    assert request.payload["timeout_s"] == table.timeout_for("approval", config) and "cli" in table.APPROVAL.runs_in

@@ -183,7 +183,7 @@ def test_release_takes_state_dir_and_ledger_history_finds_the_release_there(tmp_
 
 def test_orchestrate_begin_takes_state_dir_as_the_configs_state_dir():
     args = build_parser().parse_args(["orchestrate", "begin", str(GEMMA), "--holder", "h", "--state-dir", "/srv/s"])
-    from tasks.cli.main import overrides_of
+    from tasks.cli.arguments import overrides_of
 
     assert load_release_config(GEMMA, overrides=overrides_of(args)).backend.state_dir == "/srv/s"
 

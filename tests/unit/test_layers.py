@@ -21,7 +21,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"artifacts": ("tasks.artifacts",), "ledger": ("tasks.ledger",)},
     {"backend contracts": ("tasks.backends.__init__", "tasks.backends.interfaces", "tasks.backends.placement",
                            "tasks.backends.capacity", "tasks.backends.pricing", "tasks.backends.image_source",
-                           "tasks.backends.local.config", "tasks.backends.aws.config", "tasks.backends.aws.service_model",
+                           "tasks.backends.local.backend_config", "tasks.backends.aws.backend_config", "tasks.backends.aws.service_model",
                            "tasks.backends.aws.base_images")},
     {"families": ("tasks.families",)},
     {"config": ("tasks.config",)},

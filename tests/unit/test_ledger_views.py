@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ledger.report import write_report
+from tasks.ledger.audit_report import write_report
 from tasks.backends.registry import open_ledger
 from tasks.errors import NotFound
 from tasks.ledger.views import as_of, diff, releases, show, timeline

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tasks.hashing import sha256_file
+from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.backends.local.hosting import process_spec
 from tasks.backends.interfaces import RolloutPlan, RolloutStep
@@ -64,8 +65,8 @@ def test_answers_are_attributed_by_model_and_the_candidate_is_judged_on_its_own(
                 return seen["alarm"]
             return None
 
-        result = hosting.roll_out("ep-gate", "semif", _spec(models["candidate"], "v2"), RolloutPlan(strategy="canary"),
-                                  bake, ready_timeout_s=60)
+        result = roll_out(hosting, "ep-gate", "semif", _spec(models["candidate"], "v2"), RolloutPlan(strategy="canary"),
+                          bake, ready_timeout_s=60)
     finally:
         hosting.delete_endpoint("ep-gate")
     assert seen["answers"][candidate_sha] == N_TASKS, "every canary task reached a candidate copy within the rounds"

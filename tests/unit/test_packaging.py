@@ -19,7 +19,7 @@ import tasks.artifacts.packaging as packaging
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 from tasks.hashing import sha256_file
 from tasks.artifacts.packaging import MANIFEST_NAME, ExtractLimits, package_gguf, safe_extract
-from tasks.backends.local.store import LocalArtifactStore
+from tasks.backends.local.artifact_store import LocalArtifactStore
 
 shutil_usage = namedtuple("usage", "total used free")
 MANIFEST = {"source": {"kind": "local", "sha256": "a" * 64}, "quantization": "Q4_K_M", "tools": {"gguf": "0.19.0"}}

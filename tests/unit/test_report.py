@@ -22,7 +22,9 @@ from tasks.errors import BadInput
 from tasks.hashing import sha256_file
 from validation import charts
 from validation.gates import NOT_GATED, ChampionRule, DecisionThresholds, evaluate_gates
-from validation.report import write_reports
+from validation.evaluate import DECISION_REPORT
+from validation.gate_report import write_reports
+from validation.report_parts import ReportParts
 
 OPTIONS = ["a", "b", "c"]
 HOSTILE = '<script>alert("x")</script>&"\'<img src=x onerror=alert(1)>'
@@ -127,7 +129,8 @@ def build(tmp_path: Path, *, champion=True, extra=None, thresholds=THRESHOLDS, d
         decision_rule=decision_rule,
     ).to_dict()
     out = write_reports(
-        tmp_path / name, gate_report=report, predictions=preds, title=f"Release {HOSTILE}", extra=extra
+        tmp_path / name, gate_report=report, predictions=preds, title=f"Release {HOSTILE}", parts=DECISION_REPORT,
+        extra=extra,
     )
     return report, out
 
@@ -359,11 +362,33 @@ def test_rewrite_replaces_atomically_and_bad_reports_write_nothing(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["gate-report.json", "report.html"]
     with pytest.raises(BadInput, match="JSON"):
         write_reports(tmp_path / "bad", gate_report={"decision": "pass"}, predictions=predictions(),
-                      title="t", extra={"x": float("nan")})
+                      title="t", parts=DECISION_REPORT, extra={"x": float("nan")})
     assert not (tmp_path / "bad").exists()
     with pytest.raises(BadInput, match="extra"):
         write_reports(tmp_path / "bad", gate_report={"decision": "pass", "extra": 1}, predictions=predictions(),
-                      title="t")
+                      title="t", parts=DECISION_REPORT)
+
+
+def test_the_report_takes_a_familys_words_rows_and_sections_from_its_parts(tmp_path):
+    """The report knows no family: a family it has never seen names its items, headline metrics, own rows and
+    confusion matrices through ReportParts."""
+    preds = predictions(hostile=False)
+    report = evaluate_gates(preds, thresholds=None, champion_preds=None, champion_rule=None).to_dict()
+    report["metrics"]["toy"] = {"agreement": {"value": 0.5, "ci": [0.4, 0.6], "n": 40}}
+    confusion = {"true": ["a", "b"], "predicted": ["a", "b"], "counts": [[3, 1], [0, 4]]}
+    parts = ReportParts(
+        item="sample", items="samples", estimates=("accuracy",), labels={"toy_agreement": "toy agreement"},
+        family_rows=lambda metrics: [("toy_agreement", metrics["toy"]["agreement"])],
+        confusions=lambda report: [("candidate", confusion)],
+    )
+    out = write_reports(tmp_path / "toy", gate_report=report, predictions=preds, title="toy", parts=parts)
+    parser, text = parse(out["report_html"])
+    summary = table(parser, "summary")
+    assert summary["samples"][1] == "40" and "accuracy" in summary and "ECE (10 bins)" not in summary
+    assert summary["toy agreement"][1].startswith("0.5")
+    assert "latency p95 (ms, per request (one sample))" in summary
+    assert "<h2>Per sample (40)</h2>" in text and "<h2>Confusion matrix</h2>" in text
+    assert "one sample a request" in text and "per-sample share" not in text
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -454,7 +479,7 @@ def record(seq, at, release, stage, event, payload):
 
 
 def test_copies_series_follow_the_traffic_records_so_a_canary_overlap_shows():
-    from tasks.ledger.report import copies_series, rollout_window
+    from tasks.ledger.audit_report import copies_series, rollout_window
 
     records = [
         record(1, "2026-12-03T10:00:00.000000Z", "a", "promote", "succeeded", {"copies": 2}),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import NotFound
+from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.backends.interfaces import RolloutPlan, RolloutStep
 from tests.unit.conftest import _dead
@@ -57,8 +58,8 @@ def _deploy(hosting: ProcessSupervisor, endpoint: str, copies: int = 2) -> list[
 def test_canary_moves_one_copy_bakes_then_the_rest(hosting):
     old = _deploy(hosting, "ep-canary")
     watch = Watch(hosting, "ep-canary")
-    result = hosting.roll_out("ep-canary", "semif", _spec(copies=2, version="v2"),
-                              RolloutPlan(strategy="canary", batch_copies=1), watch, ready_timeout_s=20)
+    result = roll_out(hosting, "ep-canary", "semif", _spec(copies=2, version="v2"),
+                      RolloutPlan(strategy="canary", batch_copies=1), watch, ready_timeout_s=20)
     assert result.status == "succeeded" and result.reason is None
     assert [(s.batch, s.batches, s.old_copies, s.new_copies) for s in result.steps] == [(1, 2, 1, 1), (2, 2, 0, 2)]
     serving = _serving(hosting, "ep-canary", "semif")
@@ -66,24 +67,24 @@ def test_canary_moves_one_copy_bakes_then_the_rest(hosting):
     assert len(watch.answered[0] & set(old)) == 1 and len(watch.answered[0] - set(old)) == 1, "the canary bakes beside an old copy"
     assert watch.answered[1] == set(serving["v2"])
     assert all(_dead(pid) for pid in old)
-    again = hosting.roll_out("ep-canary", "semif", _spec(copies=2, version="v2"),
-                             RolloutPlan(strategy="canary"), watch)
+    again = roll_out(hosting, "ep-canary", "semif", _spec(copies=2, version="v2"),
+                     RolloutPlan(strategy="canary"), watch)
     assert again.status == "unchanged"
 
 
 def test_linear_rolls_equal_batches(hosting):
     _deploy(hosting, "ep-linear", copies=3)
-    result = hosting.roll_out("ep-linear", "semif", _spec(copies=3, version="v2"),
-                              RolloutPlan(strategy="linear", batch_copies=1), Watch(hosting, "ep-linear"), ready_timeout_s=20)
+    result = roll_out(hosting, "ep-linear", "semif", _spec(copies=3, version="v2"),
+                      RolloutPlan(strategy="linear", batch_copies=1), Watch(hosting, "ep-linear"), ready_timeout_s=20)
     assert [(s.old_copies, s.new_copies) for s in result.steps] == [(2, 1), (1, 2), (0, 3)]
     assert list(_serving(hosting, "ep-linear", "semif")) == ["v2"]
 
 
 def test_an_alarm_rolls_back_batch_by_batch_and_the_old_spec_serves(hosting):
     old = _deploy(hosting, "ep-alarm", copies=3)
-    result = hosting.roll_out("ep-alarm", "semif", _spec(copies=3, version="v2"),
-                              RolloutPlan(strategy="linear", batch_copies=1, rollback_batch_copies=1),
-                              Watch(hosting, "ep-alarm", alarm_at=2), ready_timeout_s=20)
+    result = roll_out(hosting, "ep-alarm", "semif", _spec(copies=3, version="v2"),
+                      RolloutPlan(strategy="linear", batch_copies=1, rollback_batch_copies=1),
+                      Watch(hosting, "ep-alarm", alarm_at=2), ready_timeout_s=20)
     assert result.status == "rolled_back" and result.reason == "test alarm: error rate over 5%"
     phases = [(s.phase, s.old_copies, s.new_copies, s.alarm is not None) for s in result.steps]
     assert phases == [("rollout", 2, 1, False), ("rollout", 1, 2, True), ("rollback", 2, 1, False), ("rollback", 3, 0, False)]
@@ -104,9 +105,9 @@ def test_each_rollback_batch_is_told_while_it_serves(hosting):
         told.append((step, _serving(hosting, "ep-told", "semif"),
                      {_invoke(hosting.endpoint_url("ep-told"))[1]["pid"] for _ in range(9)}))
 
-    result = hosting.roll_out("ep-told", "semif", _spec(copies=3, version="v2"),
-                              RolloutPlan(strategy="linear", batch_copies=1, rollback_batch_copies=1),
-                              Watch(hosting, "ep-told", alarm_at=2), ready_timeout_s=20, on_rollback_step=tell)
+    result = roll_out(hosting, "ep-told", "semif", _spec(copies=3, version="v2"),
+                      RolloutPlan(strategy="linear", batch_copies=1, rollback_batch_copies=1),
+                      Watch(hosting, "ep-told", alarm_at=2), ready_timeout_s=20, on_rollback_step=tell)
     assert [step for step, _, _ in told] == [s for s in result.steps if s.phase == "rollback"]
     (first, at_first, answered_first), (second, at_second, answered_second) = told
     assert (first.batch, first.old_copies, first.new_copies) == (1, 2, 1)
@@ -118,15 +119,15 @@ def test_each_rollback_batch_is_told_while_it_serves(hosting):
 def test_a_rollout_killed_mid_bake_resumes_where_it_stopped(hosting, tmp_path):
     old = _deploy(hosting, "ep-resume")
     with pytest.raises(KeyboardInterrupt):
-        hosting.roll_out("ep-resume", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"),
-                         Watch(hosting, "ep-resume", crash_at=1), ready_timeout_s=20)
+        roll_out(hosting, "ep-resume", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"),
+                 Watch(hosting, "ep-resume", crash_at=1), ready_timeout_s=20)
     half = _serving(hosting, "ep-resume", "semif")
     assert sorted(half) == ["v1", "v2"] and len(half["v1"]) == len(half["v2"]) == 1
     assert hosting._load("ep-resume").components["semif"].previous is not None
     rerun = ProcessSupervisor(tmp_path / "state")  # a new command, as after a crash
     watch = Watch(rerun, "ep-resume")
-    result = rerun.roll_out("ep-resume", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"), watch,
-                            ready_timeout_s=20)
+    result = roll_out(rerun, "ep-resume", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"), watch,
+                      ready_timeout_s=20)
     assert result.status == "succeeded" and [s.batch for s in result.steps] == [2], "batch 1 is not redone"
     serving = _serving(rerun, "ep-resume", "semif")
     assert half["v2"][0] in serving["v2"] and len(serving["v2"]) == 2 and list(serving) == ["v2"]
@@ -136,18 +137,17 @@ def test_a_rollout_killed_mid_bake_resumes_where_it_stopped(hosting, tmp_path):
 def test_a_rollout_to_another_spec_first_rolls_back_an_interrupted_one(hosting, tmp_path):
     _deploy(hosting, "ep-other")
     with pytest.raises(KeyboardInterrupt):
-        hosting.roll_out("ep-other", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"),
-                         Watch(hosting, "ep-other", crash_at=1), ready_timeout_s=20)
-    result = ProcessSupervisor(tmp_path / "state").roll_out(
-        "ep-other", "semif", _spec(copies=2, version="v3"), RolloutPlan(strategy="canary"), Watch(hosting, "ep-other"),
-        ready_timeout_s=20)
+        roll_out(hosting, "ep-other", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"),
+                 Watch(hosting, "ep-other", crash_at=1), ready_timeout_s=20)
+    result = roll_out(ProcessSupervisor(tmp_path / "state"), "ep-other", "semif", _spec(copies=2, version="v3"),
+                      RolloutPlan(strategy="canary"), Watch(hosting, "ep-other"), ready_timeout_s=20)
     assert result.status == "succeeded" and list(_serving(hosting, "ep-other", "semif")) == ["v3"]
 
 
 def test_rolling_a_component_that_does_not_exist_is_not_found(hosting):
     hosting.ensure_endpoint("ep-none")
     with pytest.raises(NotFound, match="deploy it first"):
-        hosting.roll_out("ep-none", "semif", _spec(), RolloutPlan(strategy="canary"), Watch(hosting, "ep-none"))
+        roll_out(hosting, "ep-none", "semif", _spec(), RolloutPlan(strategy="canary"), Watch(hosting, "ep-none"))
 
 
 def test_plan_targets():
@@ -163,8 +163,8 @@ def _roll_under_load(hosting: ProcessSupervisor, endpoint: str, clients: int, re
     old = {c.pid for c in hosting.put_component(endpoint, "semif", _spec(copies=3, FAKE_DELAY_S="0.02"), ready_timeout_s=20).copies}
     load = subprocess.Popen([sys.executable, str(LOAD_CLIENT), hosting.endpoint_url(endpoint), "--clients", str(clients),
                              "--requests", str(requests), "--deadline-s", "300"], stdout=subprocess.PIPE, text=True)
-    result = hosting.roll_out(endpoint, "semif", _spec(copies=3, version="v2", FAKE_DELAY_S="0.02"),
-                              RolloutPlan(strategy="linear", batch_copies=1), lambda step: None, ready_timeout_s=20)
+    result = roll_out(hosting, endpoint, "semif", _spec(copies=3, version="v2", FAKE_DELAY_S="0.02"),
+                      RolloutPlan(strategy="linear", batch_copies=1), lambda step: None, ready_timeout_s=20)
     out, _ = load.communicate(timeout=360)
     counts = json.loads(out)
     print(f"\nrolling update under load ({clients} clients): {counts}")
@@ -202,8 +202,8 @@ def test_a_copy_killed_during_a_canary_is_replaced_and_the_rollout_ends_whole(ho
             assert {_invoke(hosting.endpoint_url("ep-kill"))[0] for _ in range(4)} == {200}
         return None
 
-    result = hosting.roll_out("ep-kill", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"), bake,
-                              ready_timeout_s=20)
+    result = roll_out(hosting, "ep-kill", "semif", _spec(copies=2, version="v2"), RolloutPlan(strategy="canary"), bake,
+                      ready_timeout_s=20)
     assert result.status == "succeeded"
     serving = _serving(hosting, "ep-kill", "semif")
     assert list(serving) == ["v2"] and len(serving["v2"]) == 2 and killed[0] not in serving["v2"]
@@ -242,8 +242,8 @@ def test_a_faulty_canary_is_rolled_back_by_its_bake_alarm_under_live_traffic(hos
     rules = BakeAlarms(max_error_rate=0.05, max_latency_p99_ms=200, min_invocations=3, check_interval_s=0.25)
     bake = BakeWatch(LocalMetrics(SimpleNamespace(processes=hosting)), endpoint, "semif", neutral.sha256(), rules, 20)
     with LiveTraffic(hosting.endpoint_url(endpoint), "semif", body=b'{"q": 1}', timeout_s=10) as traffic:
-        result = hosting.roll_out(endpoint, "semif", candidate, RolloutPlan(strategy="canary", alarms=rules), bake,
-                                  ready_timeout_s=20)
+        result = roll_out(hosting, endpoint, "semif", candidate, RolloutPlan(strategy="canary", alarms=rules), bake,
+                          ready_timeout_s=20)
     assert result.status == "rolled_back" and result.reason.startswith(alarm), (fault, result)
     assert [s.phase for s in result.steps] == ["rollout", "rollback"] and result.steps[0].new_copies == 1
     states = bake.evidence[result.steps[0].key()]["alarm_states"]

@@ -1,10 +1,13 @@
-"""One policy from the stage table, everywhere: for every step of a config with long deadlines, the retries and the
-timeout the CLI, the Airflow refresh DAG and the rendered Step Functions state machine actually use are the table's
-retries and `timeout_for(config)`; only errors whose `retryable` is true are retried, by all three."""
+"""One policy from the policy table, everywhere: for every step of a config with long deadlines and an approval, the
+retries, backoff and timeout the Airflow DAGs and the rendered Step Functions state machine set up are the table's and
+`timeout_for(config)`, and the CLI runs each step through `table.attempts` (retries, backoff, per-attempt timeout);
+only errors whose `retryable` is true are retried, by all three."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,14 +24,16 @@ from tasks.errors import (
     LeaseLost,
     NotFound,
     NotReady,
+    StepTimedOut,
     Throttled,
     error_classes,
     is_retryable,
 )
-from tasks.orchestrators.step_functions import STATE_NAMES, RunnerSettings, render_state_machine
+from tasks.orchestrators.step_functions import (APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, ECS_INFRA_ERRORS, STATE_NAMES,
+                                               RunnerSettings, render_state_machine)
 from tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, error_name, retryable_error_names
-from tasks.pipeline import release, table
-from tasks.pipeline.table import MAX_STEP_TIMEOUT_S, STEPS, RetryBackoff, check_timeouts, timeout_for, timeouts_for
+from tasks.pipeline import table
+from tasks.pipeline.table import MAX_STEP_TIMEOUT_S, STEPS, check_timeouts, timeout_for, timeouts_for
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = REPO / "configs" / "releases"
@@ -57,6 +62,20 @@ def long_config(long_config_file):
     return load_release_config(long_config_file)
 
 
+@pytest.fixture(scope="module")
+def long_approval_file(long_config_file) -> Path:
+    """The long config, its promotion waiting up to 10 days for a person."""
+    path = long_config_file.parent / "qwen-long-approval.yaml"
+    path.write_text(f"extends: {long_config_file}\n"
+                    "promotion: {approval: {required: true, approvers: [alice], timeout_s: 864000}}\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def long_approval(long_approval_file):
+    return load_release_config(long_approval_file)
+
+
 def test_the_long_config_needs_more_than_the_table_where_its_deadlines_say(long_config):
     needed = timeouts_for(long_config)
     assert needed["image"] == 28800 + table.STAGE_MARGIN_S > STEPS["image"].timeout_s
@@ -64,7 +83,8 @@ def test_the_long_config_needs_more_than_the_table_where_its_deadlines_say(long_
     assert needed["build"] == 10800 + 3600 + table.STAGE_MARGIN_S  # it fits a temperature
     assert needed["promote"] == 28800 + table.DEPLOY_WAIT_S + table.STAGE_MARGIN_S
     assert needed["resolve"] == STEPS["resolve"].timeout_s  # no deadline of its own in the config
-    assert all(seconds <= MAX_STEP_TIMEOUT_S for seconds in needed.values())
+    assert all(seconds <= MAX_STEP_TIMEOUT_S for name, seconds in needed.items() if not STEPS[name].person)
+    assert needed["approval"] == long_config.promotion.approval.timeout_s, "a person's wait: the config's own"
 
 
 def test_only_errors_that_say_retryable_are_retryable():
@@ -76,82 +96,142 @@ def test_only_errors_that_say_retryable_are_retryable():
     assert error_name(ConfigError("x")) == "Shiplift.ConfigError" and error_name(KeyError("x")) == "Shiplift.UnexpectedError"
 
 
-def _airflow_policy(config_file: Path) -> dict[str, dict]:
+def _load_dags():
     sys.path.insert(0, str(REPO / "dags"))
     try:
         import _shiplift_dags
     finally:
         sys.path.remove(str(REPO / "dags"))
-    dag = _shiplift_dags.refresh_dag(str(config_file))
+    return _shiplift_dags
+
+
+def _airflow_policy(config_file: Path) -> dict[str, dict]:
+    """What the Airflow DAGs set, per step: the refresh DAG of `config_file` (its release steps), the promote_release
+    DAG (a triggered promotion, a rollback) and the audit DAG."""
+    dags = _load_dags()
+    refresh, promote, audit = dags.refresh_dag(str(config_file)), dags.promote_release_dag(), dags.audit_ledger_dag()
+    tasks = {**{name: refresh.get_task(name) for name in table.RELEASE_STEPS},
+             "promote_release": promote.get_task("promote"), "rollback": promote.get_task("rollback"),
+             "audit": audit.get_task("audit")}
     policy = {}
-    for name in STEPS:
-        task = dag.get_task(name)
-        decide = task.retry_policy.evaluate
-        policy[name] = {
-            "retries": task.retries,
-            "timeout_s": int(task.execution_timeout.total_seconds()),
-            "retried": sorted(cls.__name__ for cls in (*RETRYABLE, *NOT_RETRYABLE, RuntimeError)
-                              if decide(cls("x"), 1, task.retries + 1).action.value == "retry"),
-        }
+    for name, task in tasks.items():
+        waits = isinstance(task, dags.ShipliftApproval)
+        seen = {"retries": task.retries,
+                "timeout_s": int((task.response_timeout if waits else task.execution_timeout).total_seconds())}
+        if task.retries:
+            decide = task.retry_policy.evaluate
+            seen["retried"] = sorted(cls.__name__ for cls in (*RETRYABLE, *NOT_RETRYABLE, RuntimeError)
+                                     if decide(cls("x"), 1, task.retries + 1).action.value == "retry")
+            seen["backoff"] = (task.retry_delay.total_seconds(), float(task.retry_exponential_backoff),
+                               task.max_retry_delay.total_seconds())
+        policy[name] = seen
+    for name in ("approval_request", "approval_decision"):  # the promote_release DAG's own approval steps
+        assert promote.get_task(name).retries == STEPS[name].retries, name
+        assert promote.get_task(name).execution_timeout.total_seconds() == STEPS[name].timeout_s, name
     return policy
 
 
 def _step_functions_policy(config) -> dict[str, dict]:
+    """What the rendered state machine sets, per step: each Task state's table Retry rule and TimeoutSeconds (less the
+    ECS start-up allowance, added once to every ECS task). AwaitApproval carries two steps: the request (its Retry) and
+    the person's wait (its TimeoutSeconds, and no retry of a timed-out wait)."""
     definition = render_state_machine(config, runner=RUNNER, config_path="configs/releases/qwen-long.yaml")
     states = definition["States"]
-    named = {"begin": "Begin", "end": "EndSucceeded", **STATE_NAMES}
-    policy = {}
-    for name, state_name in named.items():
-        state = states[state_name]
-        rules = [r for r in state["Retry"] if HEARTBEAT_TIMEOUT in r["ErrorEquals"]]
-        policy[name] = {
-            "retries": rules[0]["MaxAttempts"] if rules else 0,
-            "timeout_s": state["TimeoutSeconds"] - RUNNER.startup_allowance_s,  # the ECS start-up, added once
-            "retried": sorted(e.removeprefix("Shiplift.") for r in rules for e in r["ErrorEquals"] if e.startswith("Shiplift.")),
-        }
-        assert state["HeartbeatSeconds"] < state["TimeoutSeconds"], state_name
+
+    def table_rules(state: dict) -> list[dict]:
+        return [r for r in state.get("Retry", []) if r["ErrorEquals"] != list(ECS_INFRA_ERRORS)]
+
+    def seen(state: dict, *, ecs: bool = True) -> dict:
+        rules = table_rules(state)
+        found = {"retries": rules[0]["MaxAttempts"] if rules else 0,
+                 "timeout_s": state["TimeoutSeconds"] - (RUNNER.startup_allowance_s if ecs else 0)}
+        if rules:
+            found["retried"] = sorted(e.removeprefix("Shiplift.") for e in rules[0]["ErrorEquals"] if e.startswith("Shiplift."))
+            found["backoff"] = (float(rules[0]["IntervalSeconds"]), float(rules[0]["BackoffRate"]),
+                                float(rules[0]["MaxDelaySeconds"]))
+        return found
+
+    named = {"begin": "Begin", "approval_decision": APPROVAL_TIMED_OUT_STATE, "end": "EndSucceeded", **STATE_NAMES}
+    policy = {name: seen(states[state]) for name, state in named.items()}
+    for name, state in named.items():
+        assert states[state]["HeartbeatSeconds"] < states[state]["TimeoutSeconds"], state
+        assert HEARTBEAT_TIMEOUT in table_rules(states[state])[0]["ErrorEquals"] or not STEPS[name].retries, state
+    wait = seen(states[APPROVAL_STATE])
+    policy["approval_request"] = {key: value for key, value in wait.items() if key != "timeout_s"}
+    policy["approval"] = {"timeout_s": wait["timeout_s"],
+                          "retries": sum(1 for r in states[APPROVAL_STATE]["Retry"] if "States.Timeout" in r["ErrorEquals"])}
+    read = seen(states["ReadGateDecision"], ecs=False)
+    assert table_rules(states["ReadGateDecision"])[0]["ErrorEquals"] == ["States.TaskFailed"], "an S3 read's own failure"
+    policy["read_gate"] = {key: value for key, value in read.items() if key != "retried"}
     return policy
 
 
-def _cli_policy(monkeypatch, config) -> dict[str, dict]:
-    """What `shiplift release` does: count the attempts `ensure_stage_retrying` makes of each stage per error."""
-    monkeypatch.setattr(table, "BACKOFF", RetryBackoff(first_s=0.0, factor=1.0, max_s=0.0))
-    attempts: list[str] = []
-
-    def failing(ctx, name):
-        attempts.append(name)
-        raise ctx.error("x")
-
-    monkeypatch.setattr(release, "ensure_stage", failing)
-    policy = {}
-    for name in table.STAGE_NAMES:
-        tried = []
-        for cls in (*RETRYABLE, *NOT_RETRYABLE, RuntimeError):
-            attempts.clear()
-            ctx = type("Ctx", (), {"error": cls, "say": staticmethod(lambda message: None)})()
-            with pytest.raises(cls):
-                release.ensure_stage_retrying(ctx, name)
-            if len(attempts) > 1:
-                tried.append((cls.__name__, len(attempts) - 1))
-        retries = {count for _, count in tried}
-        assert len(retries) <= 1, f"{name}: the CLI retries different errors a different number of times: {tried}"
-        policy[name] = {"retries": retries.pop() if retries else 0, "timeout_s": timeout_for(name, config),
-                        "retried": sorted(n for n, _ in tried)}
-    return policy
+def _expected(name: str, config, *, keys) -> dict:
+    step = STEPS[name]
+    expected = {"retries": step.retries, "timeout_s": timeout_for(name, config),
+                "retried": sorted(cls.__name__ for cls in RETRYABLE),
+                "backoff": (table.BACKOFF.first_s, table.BACKOFF.factor, table.BACKOFF.max_s)}
+    return {key: expected[key] for key in keys}
 
 
-def test_cli_airflow_and_step_functions_use_one_policy_per_step(monkeypatch, long_config_file, long_config):
-    airflow = _airflow_policy(long_config_file)
-    step_functions = _step_functions_policy(long_config)
-    cli = _cli_policy(monkeypatch, long_config)
-    retryable = sorted(cls.__name__ for cls in RETRYABLE)
+def test_airflow_and_step_functions_set_the_table_s_policy_for_every_step_they_run(long_approval_file, long_approval):
+    """Table-driven: for every step of the policy table and every orchestrator it names, what that orchestrator set
+    up (retries, what is retried, backoff, per-attempt timeout) is the table's for this config. (The CLI's own run is
+    observed in tests/unit/test_approval.py's policy test, on a real release.)"""
+    observed = {"airflow": _airflow_policy(long_approval_file), "step_functions": _step_functions_policy(long_approval)}
     for name, step in STEPS.items():
-        expected = {"retries": step.retries, "timeout_s": timeout_for(name, long_config),
-                    "retried": retryable if step.retries else []}
-        assert airflow[name] == expected, f"airflow {name}"
-        assert step_functions[name] == expected, f"step functions {name}"
-        if name in cli:  # the CLI runs the stages; begin and end are the orchestrators' own steps
-            assert cli[name] == expected, f"cli {name}"
+        for orchestrator in sorted(step.runs_in - {"cli"}):
+            seen = observed[orchestrator].get(name)
+            assert seen is not None, f"{orchestrator} runs no {name}, the table says it does"
+            assert seen == _expected(name, long_approval, keys=seen), f"{orchestrator} {name}"
+        for orchestrator, policy in observed.items():
+            assert name in policy or orchestrator not in step.runs_in, f"{orchestrator} runs {name}, the table says not"
+
+
+@pytest.mark.parametrize("name", [name for name, step in STEPS.items() if "cli" in step.runs_in and not step.person])
+def test_the_cli_retries_exactly_the_retryable_errors_with_the_table_s_backoff(monkeypatch, name):
+    """`table.attempts`, what the CLI runs each step through: attempts and the waits between them, per error."""
+    slept: list[float] = []
+    monkeypatch.setattr(table.time, "sleep", slept.append)
+    for cls in (*RETRYABLE, *NOT_RETRYABLE, RuntimeError):
+        calls, slept[:] = [], []
+
+        def failing():
+            calls.append(1)
+            raise cls("x")
+
+        with pytest.raises(cls):
+            table.attempts(name, failing, timeout_s=60)
+        retried = STEPS[name].retries if cls in RETRYABLE else 0
+        assert len(calls) == 1 + retried, (name, cls)
+        assert slept == [table.BACKOFF.delay(n) for n in range(1, retried + 1)], (name, cls)
+
+
+def test_a_cli_attempt_that_runs_past_its_timeout_stops_and_is_not_retried():
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(5)
+
+    began, handler, outer = time.monotonic(), signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)[0]
+    with pytest.raises(StepTimedOut, match="ran past its timeout of 0 s"):
+        table.attempts("deploy_candidate", slow, timeout_s=0.2)
+    assert calls == [1] and time.monotonic() - began < 2
+    assert signal.getsignal(signal.SIGALRM) is handler, "whoever's alarm ran before (pytest-timeout's) is put back"
+    left = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert (left == 0) if outer == 0 else (outer - 3 < left < outer), "and its timer, less the time that passed"
+
+
+def test_an_inner_deadline_never_outlives_the_outer_one():
+    with table.attempt_deadline("outer", 0.3, print):
+        with table.attempt_deadline("inner", 60, print):  # the outer one comes first: it stays in force
+            with pytest.raises(StepTimedOut, match="step outer"):
+                time.sleep(2)
+    with table.attempt_deadline("outer", 60, print):
+        with table.attempt_deadline("inner", 0.2, print):
+            pass
+        assert 59 < signal.getitimer(signal.ITIMER_REAL)[0] <= 60, "the outer deadline is restored after the inner"
 
 
 def test_a_config_whose_deadlines_exceed_the_orchestrator_is_refused_with_the_fix(long_config):

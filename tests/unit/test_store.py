@@ -11,7 +11,7 @@ import pytest
 
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 from tasks.backends.interfaces import ArtifactStore, StoredArtifact
-from tasks.backends.local.store import LocalArtifactStore
+from tasks.backends.local.artifact_store import LocalArtifactStore
 
 
 @pytest.fixture

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.aws.checkpoints import aws_checkpoint_parts
+from tasks.backends.aws.checkpoint_store import aws_checkpoint_parts
 from tasks.backends.aws.hosting import SageMakerHosting
 from tasks.backends.aws.image_builder import CodeBuildImageBuilder
-from tasks.backends.aws.metrics import CloudWatchMetrics
-from tasks.backends.aws.registry import SageMakerModelRegistry
+from tasks.backends.aws.cloudwatch import CloudWatchMetrics
+from tasks.backends.aws.model_registry import SageMakerModelRegistry
 from tasks.backends.aws.session import Aws
-from tasks.backends.aws.store import S3ArtifactStore
+from tasks.backends.aws.artifact_store import S3ArtifactStore
 from tasks.errors import ConfigError, NotFound
 
 

@@ -24,7 +24,7 @@ import time
 
 from tasks.backends.aws.iam import GATE_NAMESPACE
 from tasks.backends.aws.service_model import request_applied
-from tasks.backends.aws.store import artifact_sha256
+from tasks.backends.aws.artifact_store import artifact_sha256
 from tasks.backends.aws.waiters import wait_for
 from tasks.backends.placement import gpus_per_instance
 from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady

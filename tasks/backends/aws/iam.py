@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.backends.aws.checkpoints import ARN_SUFFIX
+from tasks.backends.aws.checkpoint_store import ARN_SUFFIX
 from tasks.backends.aws.published_images import repository_arn
 from tasks.errors import ConfigError
 from tasks.families.base import AdoptedImageConfig
@@ -68,7 +68,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     # what a pipeline task run by Step Functions sends for its task token (tasks.orchestrators.task_token)
     **{("stepfunctions", op): (f"states:{op}", ("*",)) for op in ("SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat")},
 }
-# What signing and verifying ledger checkpoints (tasks.backends.aws.checkpoints) sends to the checkpoint bucket, under its
+# What signing and verifying ledger checkpoints (tasks.backends.aws.checkpoint_store) sends to the checkpoint bucket, under its
 # prefix, and to the key's secret: operation -> (IAM actions, resource kind). Each GetObject there names a VersionId
 # (s3:GetObjectVersion, not s3:GetObject) and each PutObject sets a retention (s3:PutObjectRetention as well).
 # Nothing deletes, and nothing may bypass a GOVERNANCE retention.

@@ -1,9 +1,9 @@
 """The local backend's hosting: a neutral component spec turned into model-server processes on loopback.
 
 `LoopbackHosting` implements `tasks.backends.interfaces.Hosting` over `tasks.backends.local.supervisor.ProcessSupervisor`
-(router and copy processes): it extracts the artifact from the local store once per sha256, runs
-the image's own `server.py` with the spec's container environment plus the model folder, host and
-port, and reads back what serves as a `LiveComponent`. `ScratchServer` serves a model folder that
+(router and copy processes) and `tasks.backends.local.rollout` (their rolling updates): it extracts the artifact from
+the local store once per sha256, runs the image's own `server.py` with the spec's container environment plus the model
+folder, host and port, and reads back what serves as a `LiveComponent`. `ScratchServer` serves a model folder that
 is not an artifact yet (calibration, before the image is pinned) on this worker, on both backends.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tasks.errors import NotFound
+from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec
 from tasks.backends.image_source import server_command
 from tasks.backends.local.process_image import local_image_kind
@@ -84,9 +85,9 @@ class LoopbackHosting:
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
                  progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
-        """A real rolling update of the component's processes (ProcessSupervisor.roll_out); deployed whole when new.
+        """A real rolling update of the component's processes (`rollout.roll_out`); deployed whole when new.
 
-        The supervisor bakes each batch right after it is in rotation, so `on_step` hears of a batch (shifted) as the
+        The rollout bakes each batch right after it is in rotation, so `on_step` hears of a batch (shifted) as the
         bake starts and of its verdict (baked) as the bake ends, and of each rollback batch as it is in rotation. A
         rollback step whose record fails is not retried here (the rollback goes on); promote appends it late."""
         process = self._process(spec)
@@ -97,7 +98,7 @@ class LoopbackHosting:
             return RolloutResult(status="created")
         progress(f"production {endpoint}/{component}: {plan.strategy} rollout of {spec.copies} copies")
         if on_step is None:
-            return self.processes.roll_out(endpoint, component, process, plan, bake, progress=progress)
+            return roll_out(self.processes, endpoint, component, process, plan, bake, progress=progress)
 
         def watched(step: RolloutStep) -> str | None:
             on_step("shifted", step)
@@ -117,8 +118,8 @@ class LoopbackHosting:
                 progress(f"{endpoint}/{component}: WARNING rollback batch {step.batch} was not recorded ({exc}); "
                          "it is appended when the rollout returns")
 
-        return self.processes.roll_out(endpoint, component, process, plan, watched, progress=progress,
-                                       on_rollback_step=rolled_back)
+        return roll_out(self.processes, endpoint, component, process, plan, watched, progress=progress,
+                        on_rollback_step=rolled_back)
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """What serves, from the persisted spec and a live check of the router and every copy."""

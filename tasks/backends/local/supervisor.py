@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -45,7 +45,6 @@ from tasks.atomic import write_json_atomic
 from tasks.project import PROJECT_ROOT
 from tasks.backends.local.router import EXIT_PORT_TAKEN, name_problem
 from images.common.sagemaker_http import answered_busy
-from tasks.backends.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
 
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 MAX_COPIES = 64
@@ -407,7 +406,8 @@ def _answers(port: int) -> bool:
     return status == 200 or busy
 
 
-def _check_name(kind: str, name: str) -> None:
+def check_name(kind: str, name: str) -> None:
+    """Refuse an endpoint or component name the router could not serve (BadInput)."""
     problem = name_problem(name)
     if problem:
         raise BadInput(
@@ -417,7 +417,8 @@ def _check_name(kind: str, name: str) -> None:
 
 # -- the backend -----------------------------------------------------------------------------
 class ProcessSupervisor:
-    """Endpoints and inference components as processes on 127.0.0.1, persisted under state_dir."""
+    """Endpoints and inference components as processes on 127.0.0.1, persisted under state_dir; rolling updates
+    of a component (`tasks.backends.local.rollout`) drive its public process operations."""
 
     def __init__(
         self,
@@ -439,7 +440,7 @@ class ProcessSupervisor:
     def ensure_endpoint(self, name: str, *, ready_timeout_s: float = 120) -> EndpointInfo:
         """Start the endpoint's router, or find it running, or restart it if it died; then replace
         every copy that died or that the router took out of rotation."""
-        _check_name("endpoint", name)
+        check_name("endpoint", name)
         with self._lock(name):
             state, status = self._ensure(name)
             self._replace_dead_copies(state, ready_timeout_s)
@@ -449,8 +450,8 @@ class ProcessSupervisor:
         self, endpoint: str, component: str, spec: ProcessSpec, *, ready_timeout_s: float = 120
     ) -> ComponentInfo:
         """Run `spec.copies` copies of a component and switch the router to them all at once."""
-        _check_name("endpoint", endpoint)
-        _check_name("component", component)
+        check_name("endpoint", endpoint)
+        check_name("component", component)
         if not isinstance(spec, ProcessSpec):
             raise BadInput(
                 f"spec must be a ProcessSpec, got {type(spec).__name__}",
@@ -460,11 +461,10 @@ class ProcessSupervisor:
             raise BadInput(
                 f"ready_timeout_s must be > 0, got {ready_timeout_s}", fix="pass seconds > 0"
             )
-        with self._lock(endpoint):
-            state, _ = self._ensure(endpoint)
+        with self.locked(endpoint) as state:
             digest = spec.sha256()
             current = state.components.get(component)
-            if current is not None and self._serving(current, digest, spec.copies):
+            if current is not None and self.serves(current, digest, spec.copies):
                 return ComponentInfo(
                     endpoint=endpoint,
                     name=component,
@@ -476,7 +476,7 @@ class ProcessSupervisor:
             state.components[component] = ComponentState(spec=spec, spec_sha256=digest, copies=new)
             state.retiring = list(current.copies) if current else []
             state.pending = []
-            self._save(state)
+            self.save(state)
             try:
                 self._register(state, component)
             except Exception:
@@ -486,96 +486,19 @@ class ProcessSupervisor:
                 else:
                     state.components[component] = current
                 state.retiring = []
-                self._save(state)
+                self.save(state)
                 raise
             self._stop_copies(state.retiring)
             state.retiring = []
-            self._save(state)
+            self.save(state)
         return ComponentInfo(
             endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
         )
 
-    def roll_out(
-        self,
-        endpoint: str,
-        component: str,
-        spec: ProcessSpec,
-        plan: RolloutPlan,
-        bake: Bake,
-        *,
-        ready_timeout_s: float = 120,
-        drain_timeout_s: float = 90,
-        progress: Progress = lambda _line: None,
-        on_rollback_step: Callable[[RolloutStep], None] = lambda _step: None,
-    ) -> RolloutResult:
-        """Move a running component to `spec` batch by batch: start a batch of new copies, wait for their
-        /ping, shift them into rotation, drain and stop as many old ones, then `bake` the step (it watches
-        the wait interval and returns the alarm that fired, or None). An alarm rolls back batch by batch
-        and the old spec serves again, each rollback batch told to `on_rollback_step` as soon as it is in
-        rotation. Every step is persisted first, so a rerun after a crash resumes the same rollout (or rolls
-        back one to another spec) and never leaves two half-states."""
-        _check_name("endpoint", endpoint)
-        _check_name("component", component)
-        if not isinstance(spec, ProcessSpec) or not isinstance(plan, RolloutPlan):
-            raise BadInput("roll_out takes a ProcessSpec and a RolloutPlan", fix="build them with their models")
-        deadline = time.monotonic() + plan.max_execution_s
-        timeouts = (ready_timeout_s, drain_timeout_s)
-        digest = spec.sha256()
-        with self._lock(endpoint):
-            state, _ = self._ensure(endpoint)
-            comp = state.components.get(component)
-            if comp is None:
-                raise NotFound(
-                    f"component {component} is not on endpoint {endpoint}; a rolling update replaces running copies",
-                    fix="deploy it first (put_component), then roll out the next spec",
-                )
-            if comp.previous is not None and comp.spec_sha256 != digest:
-                progress(f"{endpoint}/{component}: rolling back an interrupted rollout to spec {comp.spec_sha256[:12]} first")
-                self._roll_back(state, component, plan, timeouts, [], progress)
-            if comp.previous is None:
-                if self._serving(comp, digest, spec.copies):
-                    return RolloutResult(status="unchanged")
-                for copy in comp.copies:
-                    copy.spec_sha256 = copy.spec_sha256 or comp.spec_sha256
-                comp.previous, comp.spec, comp.spec_sha256 = comp.spec, spec, digest
-                self._save(state)
-            old_sha, old_count = comp.previous.sha256(), comp.previous.copies
-            targets = plan.targets(spec.copies)
-            steps: list[RolloutStep] = []
-            for number, target in enumerate(targets, 1):
-                self._forget_dead(state, component)  # a copy that died mid-rollout is started again below
-                new, old = comp.running(digest), comp.not_running(digest)
-                keep_old = old_count - (old_count * target) // spec.copies
-                if len(new) >= target and len(old) <= keep_old:
-                    continue  # done before an interruption
-                if time.monotonic() > deadline:
-                    reason = f"the rollout passed its maximum execution time of {plan.max_execution_s:g}s"
-                    self._roll_back(state, component, plan, timeouts, steps, progress, on_rollback_step)
-                    return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
-                self._shift(state, component, spec, max(0, target - len(new)), old[: max(0, len(old) - keep_old)], timeouts)
-                step = RolloutStep(phase="rollout", batch=number, batches=len(targets), old_copies=len(comp.running(old_sha)),
-                                   new_copies=len(comp.running(digest)), old_spec_sha256=old_sha, new_spec_sha256=digest)
-                progress(f"{endpoint}/{component}: batch {number}/{len(targets)}: {step.new_copies} new, "
-                         f"{step.old_copies} old copies serving; baking {plan.wait_interval_s:g}s")
-                alarm = bake(step)
-                steps.append(step.model_copy(update={"alarm": alarm}))
-                if alarm:
-                    progress(f"{endpoint}/{component}: alarm {alarm}; rolling back")
-                    self._roll_back(state, component, plan, timeouts, steps, progress, on_rollback_step)
-                    return RolloutResult(status="rolled_back", reason=alarm, steps=tuple(steps))
-            self._forget_dead(state, component)
-            missing = spec.copies - len(comp.running(digest))
-            if missing > 0:  # a copy died during the last bake: end at the spec's copy count all the same
-                progress(f"{endpoint}/{component}: {missing} new copies died during the bake; starting them again")
-                self._shift(state, component, spec, missing, [], timeouts)
-            comp.previous = None
-            self._save(state)
-        return RolloutResult(status="succeeded", steps=tuple(steps))
-
     def delete_component(self, endpoint: str, component: str) -> bool:
         """Stop a component's copies and remove it from the router; False if it did not exist."""
-        _check_name("endpoint", endpoint)
-        _check_name("component", component)
+        check_name("endpoint", endpoint)
+        check_name("component", component)
         with self._lock(endpoint):
             state = self._load(endpoint)
             if state is None or component not in state.components:
@@ -591,12 +514,12 @@ class ProcessSupervisor:
                         fix=f"check the router log {state.router.log}",
                     )
             self._stop_copies(state.components.pop(component).copies)
-            self._save(state)
+            self.save(state)
         return True
 
     def delete_endpoint(self, name: str) -> bool:
         """Stop the router and all copies, wait for their exit, drop the state; False if absent."""
-        _check_name("endpoint", name)
+        check_name("endpoint", name)
         with self._lock(name):
             state = self._load(name)
             self._stop_untracked(state or EndpointState(name=name))
@@ -735,11 +658,12 @@ class ProcessSupervisor:
             )
         return state
 
-    def _save(self, state: EndpointState) -> None:
+    def save(self, state: EndpointState) -> None:
+        """Persist the endpoint's state atomically (a rollout saves each of its changes before it acts on them)."""
         write_json_atomic(self._state_path(state.name), state.model_dump(mode="json"))
 
     def _require(self, name: str) -> EndpointState:
-        _check_name("endpoint", name)
+        check_name("endpoint", name)
         state = self._load(name)
         if state is None:
             raise NotFound(
@@ -761,6 +685,12 @@ class ProcessSupervisor:
             pid=state.router.pid,
             status=status,
         )
+
+    @contextlib.contextmanager
+    def locked(self, name: str) -> Iterator[EndpointState]:
+        """Hold the endpoint's lock with its leftovers cleaned and its router running, yielding its state."""
+        with self._lock(name):
+            yield self._ensure(name)[0]
 
     @contextlib.contextmanager
     def _lock(self, name: str) -> Iterator[None]:
@@ -800,7 +730,7 @@ class ProcessSupervisor:
         if state.pending or state.retiring:
             self._stop_copies(state.pending + state.retiring)
             state.pending, state.retiring = [], []
-            self._save(state)
+            self.save(state)
         health = "dead" if state.router is None else self._router_health(state)
         if health == "busy":
             raise self._busy(state, "it was not changed")
@@ -815,7 +745,7 @@ class ProcessSupervisor:
             for comp in state.components.values():
                 comp.copies = [c for c in comp.copies if _alive(c)]
             state.router = self._start_router(name, port)
-            self._save(state)
+            self.save(state)
         self._sync_router(state)
         return state, status
 
@@ -980,10 +910,10 @@ class ProcessSupervisor:
                 f"in rotation; starting {missing}\n"
             )
             # the copies left out are dead or out of rotation: nothing to drain from them
-            self._shift(state, cname, comp.spec, missing, [c for c in comp.copies if c not in keep], (ready_timeout_s, 0.0))
+            self.shift(state, cname, comp.spec, missing, [c for c in comp.copies if c not in keep], (ready_timeout_s, 0.0))
 
-    # -- rolling updates -----------------------------------------------------------------------
-    def _shift(
+    # -- traffic steps (healing here, rolling updates in tasks.backends.local.rollout) ---------
+    def shift(
         self, state: EndpointState, component: str, spec: ProcessSpec, count: int, retire: list[CopyRef],
         timeouts: tuple[float, float],
     ) -> None:
@@ -995,16 +925,16 @@ class ProcessSupervisor:
         fresh = self._start_copies(state, state.name, component, spec, ready_timeout_s, count=count) if count else []
         comp.copies = [c for c in comp.copies if c not in retire] + fresh
         state.pending, state.retiring = [], list(retire)
-        self._save(state)
+        self.save(state)
         self._register(state, component)
         if drain_timeout_s > 0:
             self._drain(state, component, retire, drain_timeout_s)
         self._stop_copies(retire)
         state.retiring = []
-        self._save(state)
+        self.save(state)
 
-    def _forget_dead(self, state: EndpointState, component: str) -> None:
-        """Drop copies whose process died from the component (and the router), so the rollout's counts are real."""
+    def forget_dead_copies(self, state: EndpointState, component: str) -> None:
+        """Drop copies whose process died from the component (and the router), so a rollout's counts are real."""
         comp = state.components[component]
         alive = [c for c in comp.copies if _alive(c)]
         if len(alive) == len(comp.copies):
@@ -1012,7 +942,7 @@ class ProcessSupervisor:
         sys.stderr.write(f"endpoint {state.name}: {len(comp.copies) - len(alive)} copies of {component} died; "
                          "the rollout replaces them\n")
         comp.copies = alive
-        self._save(state)
+        self.save(state)
         if alive:
             self._register(state, component)
 
@@ -1030,37 +960,8 @@ class ProcessSupervisor:
                 return
             time.sleep(POLL_S)
 
-    def _roll_back(
-        self, state: EndpointState, component: str, plan: RolloutPlan, timeouts: tuple[float, float],
-        steps: list[RolloutStep], progress: Progress, told: Callable[[RolloutStep], None] = lambda _step: None,
-    ) -> None:
-        """Return the component to its previous spec, `plan.rollback_batch_copies` copies at a time (all at once
-        without it), recording each step and telling it to `told` when it is in rotation; the new spec's copies
-        leave rotation and drain first."""
-        comp = state.components[component]
-        previous = comp.previous
-        assert previous is not None
-        old_sha, new_sha = previous.sha256(), comp.spec_sha256
-        batch = plan.rollback_batch_copies or max(previous.copies, len(comp.copies))
-        batches = max(1, -(-len(comp.not_running(old_sha)) // batch))
-        number = 0
-        while True:
-            self._forget_dead(state, component)
-            new, old = comp.not_running(old_sha), comp.running(old_sha)
-            if not new and len(old) >= previous.copies:
-                break
-            number += 1
-            self._shift(state, component, previous, min(batch, max(0, previous.copies - len(old))), new[:batch], timeouts)
-            steps.append(RolloutStep(phase="rollback", batch=number, batches=max(batches, number),
-                                     old_copies=len(comp.running(old_sha)), new_copies=len(comp.running(new_sha)),
-                                     old_spec_sha256=old_sha, new_spec_sha256=new_sha))
-            progress(f"{state.name}/{component}: rollback batch {number}: {steps[-1].old_copies} old copies serving")
-            told(steps[-1])
-        comp.spec, comp.spec_sha256, comp.previous = previous, old_sha, None
-        self._save(state)
-
     # -- copies ------------------------------------------------------------------------------
-    def _serving(self, current: ComponentState, digest: str, copies: int) -> bool:
+    def serves(self, current: ComponentState, digest: str, copies: int) -> bool:
         """True when the component runs this exact spec with every copy alive and answering."""
         return (
             current.spec_sha256 == digest
@@ -1125,12 +1026,12 @@ class ProcessSupervisor:
                         spec_sha256=spec.sha256(),
                     )
                 )
-                self._save(state)
+                self.save(state)
             self._wait_ready(component, procs, state.pending, ready_timeout_s)
         except BaseException:
             self._stop_copies(state.pending)
             state.pending = []
-            self._save(state)
+            self.save(state)
             raise
         return list(state.pending)
 

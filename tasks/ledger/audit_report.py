@@ -24,7 +24,7 @@ from tasks.ledger.views import (CHECK_COLUMNS, check_cells, cost_per_hour, detai
                                  release_row, require_records)
 from validation import charts
 from validation.gates import summary_line
-from validation.report import cost_rows, rule_text
+from validation.gate_report import cost_rows, rule_text
 
 REPORT_FILE = "index.html"
 CSS = """

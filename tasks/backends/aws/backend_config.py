@@ -11,7 +11,7 @@ from tasks.config_types import LedgerUrl, Strict
 
 
 class AwsCheckpoints(Strict):
-    """Where the aws backend signs the ledger's head and keeps the signed checkpoints (`tasks.backends.aws.checkpoints`)."""
+    """Where the aws backend signs the ledger's head and keeps the signed checkpoints (`tasks.backends.aws.checkpoint_store`)."""
 
     key_ref: str = Field(pattern=r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[A-Za-z0-9/_+=.@-]+$",
                          max_length=2048, description="name or ARN of the Secrets Manager secret holding the Ed25519 "

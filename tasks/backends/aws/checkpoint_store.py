@@ -27,7 +27,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from tasks.backends.aws.session import Aws, write_raced
-from tasks.backends.aws.store import b64_sha256
+from tasks.backends.aws.artifact_store import b64_sha256
 from tasks.ledger.checkpoints import (Checkpoint, Entry, PrivateKeySigner, PublicKeyOnly, Signer, load_private_key,
                                load_public_key, read_entry, serialise)
 from tasks.errors import ConfigError, Conflict, IntegrityError, NotFound, NotReady

@@ -3,12 +3,14 @@
 The HTML has no scripts and no external resources: tables, inline CSS and inline SVG charts (`validation.charts`,
 matplotlib's SVG backend, deterministic bytes). Every string that comes from data (task ids, labels, errors, titles,
 config values) is HTML-escaped. Both files are written atomically (temporary file in the same folder, fsync, rename).
+The report knows no model family: what one scored row is called, the family's headline metrics, rows and sections,
+and how its requests carry its rows come from the `ReportParts` its evaluation passes (`validation.report_parts`).
 
 What a reviewer reads, top to bottom (docs/reports.md): the decision and its one-line summary (naming every check that
 did not pass, or `no thresholds: not a gate`); the candidate beside the champion on every gated metric, with the paired
 interval and the rule of each check that judged it; every check with its rule; the release (fitted temperature, the
 config fields that changed against the champion's release, cost); the reliability diagram with the champion's curve
-over the candidate's; latency per request; for NLI the confusion matrix; then every task.
+over the candidate's; latency per request; the family's confusion matrices, if it has any; then every scored item.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tasks.hashing import sha256_bytes
 from validation import charts
 from validation.gates import NOT_GATED, summary_line
 from validation.metrics import score_predictions
+from validation.report_parts import ReportParts
 from validation.thresholds import RULE_TEXT
 
 GATE_REPORT_NAME = "gate-report.json"
@@ -53,9 +56,9 @@ svg.chart{display:block;max-width:100%;height:auto;background:#fff;border:1px so
 .note{color:#555}
 """
 
-FRIENDLY = {  # metric key -> what a reviewer reads
+FRIENDLY = {  # metric key of validation.metrics -> what a reviewer reads (a family adds its own: ReportParts.labels)
     "accuracy": "accuracy", "validity": "validity", "ece": "ECE (10 bins)", "brier": "Brier", "nll": "NLL",
-    "allowed_token_mass": "allowed-token mass", "macro_f1": "macro-F1", "p95_latency_ms": "p95 latency (ms, per request)",
+    "allowed_token_mass": "allowed-token mass", "p95_latency_ms": "p95 latency (ms, per request)",
 }
 
 
@@ -90,15 +93,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], row_classes: S
     return f"<table{table_class}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _friendly(metric: str) -> str:
-    if metric.startswith("recall_"):
-        return f"recall: {metric.removeprefix('recall_')}"
-    return FRIENDLY.get(metric, metric)
-
-
-def is_nli(report: Mapping[str, Any]) -> bool:
-    """An NLI gate report (its metrics carry the NLI block)."""
-    return "nli" in (report.get("metrics") or {})
+def _friendly(metric: str, parts: ReportParts) -> str:
+    return parts.labels.get(metric) or FRIENDLY.get(metric, metric)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -154,34 +150,28 @@ def _estimate_cell(est: Mapping[str, Any] | None) -> str:
     return f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))} &nbsp; n={_num(est.get('n'))}"
 
 
-def _summary_rows(report: Mapping[str, Any]) -> list[list[str]]:
+def _summary_rows(report: Mapping[str, Any], parts: ReportParts) -> list[list[str]]:
     """The family's metrics (a metric the family does not measure, or did not measure here, is left out)."""
     metrics = report.get("metrics") or {}
-    rows = [["decision", _e(report.get("decision"))], ["tasks" if not is_nli(report) else "pairs", _num(metrics.get("n"))],
+    rows = [["decision", _e(report.get("decision"))], [_e(parts.items), _num(metrics.get("n"))],
             ["valid answers", _num(metrics.get("n_valid"))]]
-    names = ["accuracy", "validity", "ece", "brier", "nll"]
-    if not is_nli(report):
-        names.append("allowed_token_mass")
-    for name in names:
+    for name in parts.estimates:
         est = metrics.get(name) or {}
         if est.get("value") is not None:
-            rows.append([_e(_friendly(name)), _estimate_cell(est)])
-    nli = metrics.get("nli") or {}
-    if nli:
-        rows.append([_e(_friendly("macro_f1")), _estimate_cell(nli.get("macro_f1"))])
-        for label, est in (nli.get("per_class_recall") or {}).items():
-            rows.append([_e(_friendly(f"recall_{label}")), _estimate_cell(est)])
+            rows.append([_e(_friendly(name, parts)), _estimate_cell(est)])
+    for name, est in parts.family_rows(metrics):
+        rows.append([_e(_friendly(name, parts)), _estimate_cell(est)])
     latency = metrics.get("latency_ms") or {}
-    per = "request (one batch of pairs)" if is_nli(report) else "request (one task)"
     for q in ("p50", "p90", "p95", "p99", "mean"):
         est = latency.get(q) or {}
-        rows.append([f"latency {q} (ms, per {per})", f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))}"])
+        rows.append([f"latency {q} (ms, per request ({_e(parts.request)}))",
+                     f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))}"])
     rows.append(["first request (ms, reported apart)", _num(latency.get("first_ms"))])
     rows.append(["warm-up requests excluded", _num(latency.get("warmup"))])
     per_item = metrics.get("latency_per_item_ms")
     if per_item:
         for q in ("p50", "p95"):
-            rows.append([f"per-pair share of a request's latency, {q} (ms; a cost per item, not a latency)",
+            rows.append([f"per-{_e(parts.item)} share of a request's latency, {q} (ms; a cost per item, not a latency)",
                          _num((per_item.get(q) or {}).get("value"))])
     throughput = metrics.get("throughput") or {}
     if throughput.get("answers_per_second") is not None:
@@ -220,7 +210,7 @@ def _value_cell(side: Mapping[str, Any] | None) -> str:
     return f"{_num(side.get('value'))}<br><small>{_ci(side.get('ci'))}</small>"
 
 
-def _champion_section(report: Mapping[str, Any]) -> str:
+def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
     champion = report.get("champion") or {}
     if not champion.get("present"):
         return "<p>skipped: no champion serves, so there is nothing to compare with.</p>"
@@ -234,12 +224,13 @@ def _champion_section(report: Mapping[str, Any]) -> str:
         else:
             difference = f"{_num(row.get('difference'))}<br><small>separate runs, not paired</small>"
         judged = "<br>".join(f"{_e(c['name'])}: {_e(rule_text(c))} → <b>{_e(c.get('status'))}</b>" for c in judges)
-        rows.append([_e(_friendly(row["metric"])), _value_cell(row.get("candidate")), _value_cell(row.get("champion")),
-                     difference, _num(row.get("n_shared")), _e(row.get("better")), judged or "shown, not gated"])
+        rows.append([_e(_friendly(row["metric"], parts)), _value_cell(row.get("candidate")),
+                     _value_cell(row.get("champion")), difference, _num(row.get("n_shared")), _e(row.get("better")),
+                     judged or "shown, not gated"])
         classes.append(status)
         gate = checks.get(f"champion_{row['metric']}")
         if row.get("paired"):
-            chart_rows.append({"name": _friendly(row["metric"]), "difference": row.get("difference"),
+            chart_rows.append({"name": _friendly(row["metric"], parts), "difference": row.get("difference"),
                                "ci": row.get("difference_ci"), "threshold": gate.get("threshold") if gate else None,
                                "status": gate.get("status") if gate else None})
     facts = (
@@ -334,46 +325,42 @@ def steady_latencies(rows: Sequence[Mapping[str, Any]], latency: Mapping[str, An
     return [value for _, _, value in ok[skip:]]
 
 
-def _latency_chart(report: Mapping[str, Any], predictions: Sequence[Mapping[str, Any]]) -> str:
+def _latency_chart(report: Mapping[str, Any], predictions: Sequence[Mapping[str, Any]], parts: ReportParts) -> str:
     latency = (report.get("metrics") or {}).get("latency_ms") or {}
     markers = {q: (latency.get(q) or {}).get("value") for q in PERCENTILES}
     requests = (report.get("extra") or {}).get("requests")
-    if is_nli(report) and requests is not None:
-        sizes = sorted({r.get("pairs") for r in requests})
-        unit = f"requests (batches of {'/'.join(str(s) for s in sizes)} pairs)" if sizes else "requests"
+    if parts.batched and requests is not None:  # one request is one batch: count the requests, not the items
+        sizes = sorted({r.get(parts.request_items) for r in requests})
+        unit = f"requests (batches of {'/'.join(str(s) for s in sizes)} {parts.items})" if sizes else "requests"
         chart = charts.latency_histogram(steady_latencies(requests, latency), markers, unit="requests",
                                          what="client latency per request")
-        note = (f"<p class=\"note\">Counted per request: {_e(unit)}; one batch is one request. The per-pair share "
-                "(a request's latency over its pairs) is a cost per item, listed in the summary, not a latency.</p>")
+        note = (f"<p class=\"note\">Counted per request: {_e(unit)}; one batch is one request. The "
+                f"per-{_e(parts.item)} share (a request's latency over its {_e(parts.items)}) is a cost per item, "
+                "listed in the summary, not a latency.</p>")
         return note + chart
     chart = charts.latency_histogram(steady_latencies(predictions, latency), markers, unit="requests")
-    return ("<p class=\"note\">Counted per request (one task a request), the first request reported apart "
+    return (f"<p class=\"note\">Counted per request (one {_e(parts.item)} a request), the first request reported apart "
             f"({_num(latency.get('first_ms'))} ms).</p>" + chart)
 
 
-def _confusion_charts(report: Mapping[str, Any]) -> str:
-    metrics = report.get("metrics") or {}
-    parts = []
-    for who, nli in (("candidate", metrics.get("nli")), ("champion", (report.get("champion") or {}).get("nli"))):
-        confusion = (nli or {}).get("confusion")
-        if confusion:
-            parts.append(charts.confusion_matrix(confusion["true"], confusion["predicted"], confusion["counts"],
-                                                 who=who))
-    return "<h2>Confusion matrix</h2><div class=\"charts\">" + "".join(parts) + "</div>" if parts else ""
+def _confusion_charts(report: Mapping[str, Any], parts: ReportParts) -> str:
+    drawn = [charts.confusion_matrix(confusion["true"], confusion["predicted"], confusion["counts"], who=who)
+             for who, confusion in parts.confusions(report)]
+    return "<h2>Confusion matrix</h2><div class=\"charts\">" + "".join(drawn) + "</div>" if drawn else ""
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # The page
 
 
-def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Mapping[str, Any]]) -> str:
-    """The self-contained HTML report (the module doc lists its sections)."""
+def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Mapping[str, Any]],
+                parts: ReportParts) -> str:
+    """The self-contained HTML report (the module doc lists its sections); `parts`: the family's."""
     scored = score_predictions(predictions)
     decision = str(report.get("decision"))
     checks = report.get("checks") or []
     metrics = report.get("metrics") or {}
     champion = report.get("champion") or {}
-    nli = is_nli(report)
     task_rows, task_classes = [], []
     for i, row in enumerate(predictions):
         valid = bool(scored.valid[i])
@@ -402,26 +389,26 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
             f'<p>Files: <a href="{PREDICTIONS_NAME}">{PREDICTIONS_NAME}</a> · '
             f'<a href="{GATE_REPORT_NAME}">{GATE_REPORT_NAME}</a></p>',
             "<h2>Candidate against champion</h2>",
-            _champion_section(report),
+            _champion_section(report, parts),
             "<h2>Checks</h2>",
             (f"<p class=\"note\">Absolute checks read {_e(RULE_TEXT.get(rule, rule))} (config "
              "<code>validation.decision_rule</code>); champion checks read the paired interval.</p>" if rule else ""),
             _checks_table(checks),
             _release_section(report),
             "<h2>Summary</h2>",
-            _table(["metric", "value"], _summary_rows(report), css_class="summary"),
+            _table(["metric", "value"], _summary_rows(report, parts), css_class="summary"),
             "<h2>Reliability diagram</h2>",
             reliability,
             "<h2>Latency histogram</h2>",
-            _latency_chart(report, predictions),
-            _confusion_charts(report) if nli else "",
+            _latency_chart(report, predictions, parts),
+            _confusion_charts(report, parts),
             "<h2>Thresholds used</h2>",
             f"<pre>{_e(json.dumps(report.get('thresholds'), indent=2, sort_keys=True))}</pre>",
             extra_html,
-            f"<h2>Per {'pair' if nli else 'task'} ({len(task_rows)})</h2>",
+            f"<h2>Per {_e(parts.item)} ({len(task_rows)})</h2>",
             _table(
                 ["id", "dataset", "expected", "predicted", "confidence", "correct",
-                 "latency ms (per-pair share)" if nli else "latency ms", "503 retries", "error"],
+                 f"latency ms (per-{parts.item} share)" if parts.batched else "latency ms", "503 retries", "error"],
                 task_rows,
                 task_classes,
             ),
@@ -436,9 +423,11 @@ def write_reports(
     gate_report: dict,
     predictions: list[dict],
     title: str,
+    parts: ReportParts,
     extra: dict | None = None,
 ) -> dict:
-    """Write gate-report.json (gate report + `extra` dataset info) and report.html; return paths and sha256s."""
+    """Write gate-report.json (gate report + `extra` dataset info) and report.html (its family's `parts`); return
+    paths and sha256s."""
     if "extra" in gate_report:
         raise BadInput("gate_report already has an 'extra' key", fix="pass dataset info only through extra=")
     report = {**gate_report, "extra": extra or {}}
@@ -450,7 +439,7 @@ def write_reports(
         raise BadInput(
             f"gate report is not JSON-able: {exc}", fix="pass GateReport.to_dict() and plain JSON values in extra"
         ) from exc
-    html_bytes = render_html(title, report, predictions).encode("utf-8")
+    html_bytes = render_html(title, report, predictions, parts).encode("utf-8")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / GATE_REPORT_NAME, out / HTML_REPORT_NAME
