@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, Validati
 
 from tasks.backends.aws.backend_config import AwsBackend
 from tasks.backends.local.backend_config import LocalBackend
-from tasks.config_types import URL_PASSWORD, DatasetRef, Strict
+from tasks.config_types import NAME_PATTERN, URL_PASSWORD, DatasetRef, Strict
 from tasks.errors import ConfigError
 from tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig
 from tasks.families.registry import artifact_models, family_of, image_models, validation_models
@@ -29,7 +29,6 @@ from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
 
 ENV_PREFIX = "SHIPLIFT_CONFIG__"
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 MAX_RESOURCE_NAME = 63
 PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)")
 LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "checkpoint_witness", "model_registry")  # left out of the config hash
@@ -314,7 +313,7 @@ class ReleaseConfig(Strict):
 
     @model_validator(mode="after")
     def _names_fit(self) -> "ReleaseConfig":
-        longest = f"{self.resource_prefix}-{self.name}-cand-{'0' * 10}"
+        longest = f"{self.resource_prefix}-{self.name}-cand-{'0' * 10}"  # a shared endpoint's name is shorter
         if len(longest) > MAX_RESOURCE_NAME:
             raise ValueError(
                 f"resource_prefix + name are too long: derived names such as {longest!r} would be {len(longest)} "
@@ -328,8 +327,9 @@ class ReleaseConfig(Strict):
         tree = self.model_dump(mode="json")
         for key in LOCATION_FIELDS:
             tree["backend"].pop(key, None)
-        if tree["placement"].get("max_instance_count", 0) is None:  # added later: unset, a config hashes as before
-            del tree["placement"]["max_instance_count"]
+        for added in ("max_instance_count", "endpoint"):  # added later: unset, a config hashes as before
+            if tree["placement"].get(added, 0) is None:
+                del tree["placement"][added]
         if self.promotion == PromotionConfig():  # added later: a config without an approval hashes as before
             del tree["promotion"]
         return sha256_json(tree)

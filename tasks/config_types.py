@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from tasks.errors import ConfigError
 from tasks.project import BUILTIN_DATA_DIR
 
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"  # a model's, a prefix's and a shared endpoint's name
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 

@@ -274,6 +274,8 @@ def cost_rows(cost: Mapping[str, Any] | None) -> list[list[str]]:
     ]
     if cost.get("mig_copy"):
         rows.append(["a MIG copy's share of its instance", _cost_line(cost.get("mig_copy"), "")])
+    if cost.get("share"):
+        rows.append(["this model's share of its shared endpoint", _cost_line(cost.get("share"), "")])
     if cost.get("nominal"):
         rows.append(["priced as", _e(f"on SageMaker AI in {cost.get('region')}: this release runs on this machine "
                                      "and costs nothing here")])

@@ -19,7 +19,7 @@ from typing import Annotated, Literal, NamedTuple, Union
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from tasks.config_types import Strict
+from tasks.config_types import NAME_PATTERN, Strict
 
 MIB = 1024**2
 RUNTIME_OVERHEAD_MB = 1536  # CUDA context, llama.cpp / ONNX Runtime compute buffers (DESIGN §7: 1–2 GB)
@@ -190,7 +190,18 @@ def _hosting_instance_type(instance_type: str) -> str:
 InstanceType = Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$"), AfterValidator(_hosting_instance_type)]
 
 
-class InstanceCounts(Strict):
+class SharedEndpoint(Strict):
+    """Where production serves: the model's own endpoint, or a shared one that every model naming it joins as its own
+    inference component, with its own gate, rollout, rollback and ledger history (docs/fleet.md)."""
+
+    endpoint: str | None = Field(
+        None, pattern=NAME_PATTERN, max_length=32,
+        description="the shared production endpoint this model joins (`<resource_prefix>-<endpoint>-shared`); every "
+        "model on it names the same placement, since a running endpoint's instances and layout cannot change; "
+        "unset: the model's own endpoint")
+
+
+class InstanceCounts(SharedEndpoint):
     """How many instances production runs, and how many managed instance scaling may add for an update's room."""
 
     instance_count: int = Field(1, ge=1)
@@ -233,7 +244,7 @@ class InstancePoolPlacement(InstanceCounts):
 
 
 
-class MigPartitionPlacement(Strict):
+class MigPartitionPlacement(SharedEndpoint):
     """A layout of `partitions` x one MIG profile, which SageMaker applies to every GPU of the instance (the endpoint's
     AcceleratorPartitionLayouts): the endpoint has partitions x GPUs partitions, one copy each."""
 

@@ -10,6 +10,8 @@ The arithmetic is small pure functions whose results keep the inputs they used, 
   placement pays its whole instance, idle partitions included.
 - a MIG copy's share: the instance's hourly price over the copies one instance holds (`tasks.backends.capacity`'s
   count: partitions per GPU x GPUs per instance).
+- a model's share of a shared endpoint (`placement.endpoint`): its copies over the copies the endpoint's instances hold,
+  x the endpoint's hourly cost.
 - a candidate: its lifetime (deploy_candidate's start to teardown_candidate's success) x instances x the hourly price.
 - per million requests and decisions at a measured throughput: usd_per_hour / (3600 x requests/s) x 1e6, and that over
   the items one request answers (1 for a decision request, k for an NLI batch of k pairs).
@@ -34,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from tasks.backends.capacity import room
+from tasks.backends.capacity import Slots, room, slots
 from tasks.backends.placement import MIG_GPUS, family, gpus_per_instance, partition_size
 from tasks.errors import BadInput, ConfigError
 from tasks.project import PROJECT_ROOT
@@ -305,6 +307,51 @@ def mig_copy_share_of(table: PriceTable, region: str, placement) -> CopyShare:
 
 
 @dataclass(frozen=True)
+class ComponentShare:
+    """A model's share of a shared endpoint's hourly bill (`placement.endpoint`): its copies over the copies the
+    endpoint's instances hold (`tasks.backends.capacity.slots`: GPUs, MIG partitions or core slots), times the
+    endpoint's hourly cost. Idle room is shared by nobody: the shares of the models serving add up to less than the
+    bill by what no copy uses."""
+
+    endpoint: str
+    bill: HourlyCost
+    copies: int
+    slots: Slots | None
+
+    @property
+    def capacity(self) -> int | None:
+        return None if self.slots is None else self.slots.total(self.bill.instances)
+
+    @property
+    def fraction(self) -> float | None:
+        return None if not self.capacity else self.copies / self.capacity
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        return None if self.fraction is None or self.bill.usd_per_hour is None else self.bill.usd_per_hour * self.fraction
+
+    def describe(self) -> str:
+        """`this model's share of fleet ≈ 0.83 $/h = 2 of 7 mig-1g.10gb partitions of 1 x ml.p5.4xlarge at …`."""
+        if self.slots is None:
+            return (f"this model's share of {self.endpoint}: the copies one {self.bill.instance_type} holds are not in "
+                    "tasks/backends/capacity.py's tables, so its share cannot be counted")
+        if self.usd_per_hour is None:
+            return f"this model's share of {self.endpoint}: {self.copies} of {self.slots.describe(self.bill.instances)}; {self.bill.missing}"
+        return (f"this model's share of {self.endpoint} ≈ {_usd(self.usd_per_hour)} $/h = {self.copies} of "
+                f"{self.slots.describe(self.bill.instances)} at {_usd(self.bill.usd_per_hour)} $/h for the endpoint")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "copies": self.copies, "capacity": self.capacity, "fraction": self.fraction,
+                "unit": self.slots.unit if self.slots else None, "endpoint_usd_per_hour": self.bill.usd_per_hour,
+                "usd_per_hour": self.usd_per_hour, "text": self.describe()}
+
+
+def component_share(table: PriceTable, region: str, placement, image, copies: int) -> ComponentShare:
+    """`copies` of `image`'s model on the shared endpoint `placement` names, as a share of its hourly bill."""
+    return ComponentShare(placement.endpoint, production_cost(table, region, placement), copies, slots(placement, image))
+
+
+@dataclass(frozen=True)
 class CandidateCost:
     """A candidate's bill: its instances from deploy_candidate's start until teardown_candidate succeeded."""
 
@@ -481,6 +528,8 @@ def release_cost(config, *, answers_per_second: float | None, items_per_request:
         cost["candidate"] = candidate_cost_for(table, config, candidate_since, until, region=region).as_dict()
     if config.placement.kind == "mig_partition":
         cost["mig_copy"] = mig_copy_share_of(table, region, config.placement).as_dict()
+    if config.placement.endpoint is not None:
+        cost["share"] = component_share(table, region, config.placement, config.image, config.rollout.copies).as_dict()
     if answers_per_second:
         cost["per_million"] = throughput_cost(production, answers_per_second / items_per_request,
                                               items_per_request).as_dict()

@@ -15,6 +15,8 @@
 7. Roll Gemma out linearly onto three copies, under change control: the passed candidate waits for a person, the
    demo approves it from the CLI as `demo-approver` (`shiplift approve`), then one copy at a time, a bake after each.
 8. Release Gemma through the DLC's OpenAI-compatible chat path (a second model slot).
+9-10. Release Gemma and the NLI encoder onto one shared CPU endpoint (`placement.endpoint: demo-cpu`): each is its own
+   inference component with its own gate; `shiplift fleet plan` shows the layout and each one's share of the bill.
 Each release ends with a signed checkpoint of the ledger's head (an Ed25519 key outside the state dir).
 Then verify the ledger against its checkpoints, write the audit report, show each canary's traffic steps
 from the ledger, ask the production endpoint one real question, print a summary, and end with `shiplift status`.
@@ -44,6 +46,7 @@ ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
 CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
 CANARY = ROOT / "configs" / "releases" / "gemma-decision-canary.yaml"
 LINEAR = ROOT / "configs" / "releases" / "gemma-decision-linear.yaml"
+SHARED = (ROOT / "configs" / "releases" / "gemma-decision-shared.yaml", ROOT / "configs" / "releases" / "minilm-nli-shared.yaml")
 DEMO_APPROVER = "demo-approver"
 # change control (promotion.approval): a person the config names approves the passed candidate before production; four
 # eyes (the default) refuse an approval by whoever opened the release, here the demo's own user
@@ -59,8 +62,11 @@ STEPS = (  # label, config, overrides, live traffic of multi-decision requests d
     ("6. canary, fails live", CANARY, ("image.max_shared_decisions=1",), True),
     ("7. approved, linear", LINEAR, APPROVAL, False),
     ("8. the DLC's chat path", CHAT, (), False),
+    ("9. shared endpoint: Gemma", SHARED[0], (), False),
+    ("10. shared endpoint: encoder", SHARED[1], (), False),
 )
-EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted", "promoted"]
+EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted", "promoted", "promoted",
+            "promoted"]
 
 
 def shared_decisions(count: int = 2) -> bytes:
@@ -174,6 +180,8 @@ def approve_as_demo_approver(state_dir: Path, summary: dict) -> dict:
     release = summary["release_id"]
     banner(f"{release} awaits approval: shiplift status --state-dir {state_dir}")
     shiplift(["status", "--state-dir", str(state_dir)])
+    banner("shiplift fleet plan: the two models on the shared endpoint demo-cpu, and each one's share of its bill")
+    shiplift(["fleet", "plan", *map(str, SHARED), "--state-dir", str(state_dir)])
     banner(f"SHIPLIFT_ACTOR={DEMO_APPROVER} shiplift approve {release} --reason ...")
     opener = os.environ.get("SHIPLIFT_ACTOR")
     os.environ["SHIPLIFT_ACTOR"] = DEMO_APPROVER
@@ -324,6 +332,8 @@ def main() -> int:
     from tasks.cli.main import main as shiplift
 
     shiplift(["status", "--state-dir", str(state_dir)])
+    banner("shiplift fleet plan: the two models on the shared endpoint demo-cpu, and each one's share of its bill")
+    shiplift(["fleet", "plan", *map(str, SHARED), "--state-dir", str(state_dir)])
     print(
         f"\nThe champion keeps serving at {champion['served_by']}. Inspect: .venv/bin/shiplift status --state-dir "
         f"{state_dir} · .venv/bin/shiplift ledger history --state-dir {state_dir} (or timeline gemma-decision, "

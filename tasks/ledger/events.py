@@ -38,6 +38,6 @@ AWAITING_APPROVAL, APPROVED, TIMED_OUT = "awaiting_approval", "approved", "timed
 APPROVAL_DECISIONS = (APPROVED, REJECTED, TIMED_OUT)
 
 # The ledger's own records: each signed checkpoint is recorded in the chain it signs (stage, release and model LEDGER:
-# never a model's name, which must start with a letter or digit, tasks.config.NAME_PATTERN).
+# never a model's name, which must start with a letter or digit, tasks.config_types.NAME_PATTERN).
 LEDGER = "_ledger"
 CHECKPOINTED = "checkpointed"

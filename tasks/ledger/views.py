@@ -387,9 +387,10 @@ IN_PROGRESS = ("created", "running", AWAITING_APPROVAL)  # a release opened and 
 
 def cost_per_hour(detail: dict) -> float | None:
     """What serving this release costs per hour in USD, as its gate recorded it (`tasks.backends.pricing`, priced when
-    the release was validated); None where the price table had no figure, or for a release older than cost records."""
-    production = ((detail.get("gate") or {}).get("cost") or {}).get("production") or {}
-    return production.get("usd_per_hour")
+    the release was validated): on a shared endpoint, the model's share of the endpoint's bill; None where the price
+    table had no figure, or for a release older than cost records."""
+    cost = (detail.get("gate") or {}).get("cost") or {}
+    return (cost.get("share") or cost.get("production") or {}).get("usd_per_hour")
 
 
 def serving_status(ledger, model: str | None = None, *, now: datetime | None = None) -> list[dict]:

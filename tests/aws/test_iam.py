@@ -80,7 +80,8 @@ def conditions_the_reference_lacks(policy: dict) -> list[str]:
 
 @pytest.mark.parametrize("name, overrides, with_champion", [
     *((name, (), False) for name in PRODUCTION), *((name, (), True) for name in PRODUCTION),
-    ("qwen35-4b-semif.yaml", CANARY, True), ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift"), False)])
+    ("qwen35-4b-semif.yaml", CANARY, True), ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift"), False),
+    ("../fleets/shared-h100/mdeberta-nli-de.yaml", (), True)])  # a canary on the shared H100 endpoint (docs/fleet.md)
 def test_every_dry_run_request_is_allowed_by_the_service_authorization_reference(name, overrides, with_champion):
     config = load_release_config(ROOT / "configs" / "releases" / name, overrides=overrides, environ={})
     planned = plan_release(config, config_path=ROOT / "configs" / "releases" / name, with_champion=with_champion)

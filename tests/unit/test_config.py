@@ -229,3 +229,27 @@ def test_pool_priorities_are_exactly_one_to_n():
                   "[{instance_type: ml.g6e.xlarge, priority: 2}]"):
         with pytest.raises(ConfigError, match=r"priorities must be exactly 1\.\.\d"):
             load_release_config(QWEN, overrides=(f"placement.pools={pools}",), environ={})
+
+
+def test_a_shared_endpoint_names_production_by_the_endpoint_and_an_unset_one_hashes_as_before():
+    """placement.endpoint (docs/fleet.md): production is `<prefix>-<endpoint>-shared`, the component stays the model's;
+    a config without it keeps its release id; a name longer than 32 characters (so `<prefix>-<endpoint>-shared` stays
+    within SageMaker's 63) or not a resource name is refused."""
+    from tasks.errors import ConfigError
+    from tasks.pipeline.stages.common import production_component, production_endpoint
+
+    plain = load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml")
+    shared = load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
+                                 overrides=("placement.endpoint=demo-cpu",))
+    assert (production_endpoint(plain), production_endpoint(shared)) == ("shiplift-gemma-decision-prod", "shiplift-demo-cpu-shared")
+    assert production_component(shared) == production_component(plain) == "shiplift-gemma-decision"
+    assert "endpoint" not in plain.model_dump(mode="json")["placement"] or plain.placement.endpoint is None
+    assert plain.config_hash() == load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
+                                                      overrides=("placement.endpoint=null",)).config_hash()
+    assert plain.config_hash() != shared.config_hash()
+    with pytest.raises(ConfigError, match=r"placement\.(instance_type\.)?endpoint"):
+        load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
+                            overrides=("placement.endpoint=" + "e" * 33,))
+    with pytest.raises(ConfigError, match=r"placement\.(instance_type\.)?endpoint"):
+        load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml", overrides=("placement.endpoint=Bad_Name",))
+

@@ -282,6 +282,6 @@ def test_the_ledgers_own_records_can_never_be_mistaken_for_a_models():
     """Views leave records of model LEDGER out of the releases: no release config may be named so."""
     import re
 
-    from tasks.config import NAME_PATTERN
+    from tasks.config_types import NAME_PATTERN
 
     assert re.fullmatch(NAME_PATTERN, LEDGER) is None

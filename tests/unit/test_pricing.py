@@ -16,6 +16,7 @@ from tasks.backends.pricing import (
     PRICES_ENV,
     candidate_cost,
     candidate_cost_for,
+    component_share,
     dry_run_cost_lines,
     hourly_cost,
     load_price_table,
@@ -110,6 +111,31 @@ def test_a_mig_placement_pays_its_whole_instance(table):
     assert (cost.instances, cost.usd_per_hour) == (1, 113)  # one instance, whatever the layout uses of it
     assert "bills its whole ml.p5.48xlarge, idle partitions included" in cost.describe()
     assert "price as of 2026-11-30 from the AWS Price List API" in cost.describe()
+
+
+# --- a model's share of a shared endpoint ----------------------------------------------------------------------------
+
+def test_a_model_on_a_shared_mig_endpoint_carries_its_copies_over_the_endpoint_s_partitions(table):
+    """2 copies on 7 x mig-1g.10gb of one ml.p5.4xlarge (1 H100) at the test figure 10.5 $/h: 2/7 x 10.5 = 3.0 $/h."""
+    from types import SimpleNamespace
+
+    placement = mig("ml.p5.4xlarge", 7).model_copy(update={"endpoint": "shared-h100"})
+    share = component_share(table, "us-east-1", placement, SimpleNamespace(on_gpu=True, threads=2), 2)
+    assert (share.copies, share.capacity, share.fraction) == (2, 7, pytest.approx(2 / 7))
+    assert share.usd_per_hour == pytest.approx(3.0)
+    assert share.describe() == ("this model's share of shared-h100 ≈ 3.00 $/h = 2 of 1 x ml.p5.4xlarge = 7 mig-1g.10gb "
+                                "partitions at 10.50 $/h for the endpoint")
+
+
+def test_a_model_on_a_shared_gpu_pool_carries_its_copies_over_the_pool_s_gpus(table):
+    """3 one-GPU ml.g6e.xlarge instances at 2.33 $/h = 6.99 $/h; one copy holds one GPU: 1/3 of it, 2.33 $/h."""
+    from types import SimpleNamespace
+
+    placement = pool("ml.g6e.xlarge").model_copy(update={"instance_count": 3, "endpoint": "fleet"})
+    share = component_share(table, "us-east-1", placement, SimpleNamespace(on_gpu=True, threads=2), 1)
+    assert share.bill.usd_per_hour == pytest.approx(6.99) and share.usd_per_hour == pytest.approx(2.33)
+    unpriced = component_share(table, "eu-west-1", placement, SimpleNamespace(on_gpu=True, threads=2), 1)
+    assert unpriced.usd_per_hour is None and "no price" in unpriced.describe()
 
 
 # --- a MIG copy's share ----------------------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ def resource_name(config, role: str, *content: str) -> str:
 
 
 def production_endpoint(config) -> str:
-    return resource_name(config, "prod")
+    """The model's own production endpoint, or the shared one its placement names (`<prefix>-<endpoint>-shared`)."""
+    shared = config.placement.endpoint
+    return f"{config.resource_prefix}-{shared}-shared" if shared else resource_name(config, "prod")
 
 
 def production_component(config) -> str:

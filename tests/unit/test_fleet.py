@@ -1,0 +1,87 @@
+"""`shiplift fleet plan` (tasks/pipeline/fleet.py, issue 36 item 2): the models on one shared MIG endpoint, the room
+their copies and updates take counted by hand here, each model's share of the bill, and a layout that does not fit
+refused with its arithmetic, changing nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.cli.main import main
+from tasks.console import EXIT_BAD_INPUT
+from tasks.errors import ConfigError
+from tasks.ledger.store import Ledger
+from tasks.pipeline.fleet import plan_fleet
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEET = sorted((ROOT / "configs" / "fleets" / "shared-h100").glob("*.yaml"))
+OVERFULL = ROOT / "configs" / "fleets" / "shared-h100-overfull" / "mdeberta-nli-fr.yaml"
+
+
+def tenant(folder: Path, name: str, **top) -> Path:
+    """A config of the shared-h100 fleet for another model, with `top` replacing top-level keys."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"extends": str(FLEET[0]), "name": name, **top}))
+    return path
+
+
+def test_two_encoders_fit_seven_partitions_with_room_for_the_largest_update():
+    """mdeberta-nli: 2 copies, updated all at once (4 at its peak); mdeberta-nli-de: 2, by a canary of 1 (3). Steady
+    2 + 2 = 4 of 7; while mdeberta-nli updates, 2 + 4 = 6; while -de does, 2 + 3 = 5: one partition to spare."""
+    plan = plan_fleet(FLEET)
+    assert plan.endpoint == "shiplift-shared-h100-shared" and plan.slots.total(plan.instances) == 7
+    peaks = {t.model: plan.peak(t) for t in plan.tenants}
+    assert plan.steady == 4 and peaks == {"mdeberta-nli": 6, "mdeberta-nli-de": 5} and plan.headroom == 1
+    assert plan.problems == ()
+    assert all(t.share.fraction == pytest.approx(2 / 7) for t in plan.tenants)
+
+
+def test_a_third_tenant_overfills_the_layout_and_the_refusal_shows_the_arithmetic(capsys):
+    plan = plan_fleet([*FLEET, OVERFULL])
+    assert plan.steady == 6 and plan.headroom == -1
+    [problem] = plan.problems
+    assert problem.startswith("mdeberta-nli's next update has no room: an update without DeploymentConfig starts all 2 "
+                              "new copies beside the old ones (4 at once) beside the other models' 4 = 8 copies, but the "
+                              "endpoint grows to at most 1 x ml.p5.4xlarge = 7 mig-1g.10gb partitions")
+    assert "a MIG endpoint is one instance" in problem and "max_instance_count" not in problem
+    assert main(["fleet", "plan", *map(str, [*FLEET, OVERFULL]), "--state-dir", "/nonexistent/state"]) == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    assert "8 of 7" in out and "the fleet does not fit" in err and not Path("/nonexistent/state").exists()
+
+
+def test_copies_that_do_not_fit_even_before_any_update_are_refused(tmp_path):
+    crowd = [tenant(tmp_path, f"verifier-{n}", rollout={"strategy": "all_at_once", "copies": 3}) for n in range(3)]
+    problems = plan_fleet(crowd).problems
+    assert problems[0] == ("the models' copies do not fit: verifier-0 3 + verifier-1 3 + verifier-2 3 = 9 copies, one "
+                           "mig-1g.10gb partition each, but 1 x ml.p5.4xlarge = 7 mig-1g.10gb partitions; fix: fewer "
+                           "copies, more instances (placement.instance_count) or, for MIG, more partitions per GPU, or "
+                           "another endpoint for some")
+
+
+def test_a_copy_larger_than_its_partition_by_its_last_build_is_refused(tmp_path):
+    ledger = Ledger.for_sqlite(tmp_path / "ledger.db")
+    memory = {"weights_mb": 11000, "context_mb": 500, "runtime_mb": 500, "context_label": "activations", "total_mb": 12000}
+    ledger.append(release_id="mdeberta-nli-000000000000", model="mdeberta-nli", stage="build", event="succeeded",
+                  payload={"memory": memory}, actor="test")
+    plan = plan_fleet(FLEET, ledger=ledger)
+    assert {t.model: t.memory_mb for t in plan.tenants} == {"mdeberta-nli": 12000, "mdeberta-nli-de": None}
+    assert plan.problems == ("mdeberta-nli's copy needs 12000 MB (its last build), more than a mig-1g.10gb partition's "
+                             "10240 MB; fix: a larger partition type",)
+    ledger.close()
+
+
+@pytest.mark.parametrize("top, refused", [
+    ({"placement": {"endpoint": "shared-h100", "partitions": 3}}, "other placement.partitions than"),
+    ({"resource_prefix": "team"}, "other resource_prefix than"),
+    ({"placement": {"endpoint": None}}, "name: "),
+])
+def test_configs_that_do_not_describe_one_endpoint_are_refused(tmp_path, top, refused):
+    with pytest.raises(ConfigError, match=refused):
+        plan_fleet([*FLEET, tenant(tmp_path, "odd", **top)])
+
+
+def test_a_model_listed_twice_is_refused():
+    with pytest.raises(ConfigError, match="listed twice: mdeberta-nli"):
+        plan_fleet([FLEET[0], FLEET[0]])
