@@ -262,3 +262,11 @@ def test_begin_refuses_a_config_that_outgrew_the_orchestrator_before_anything_is
                            progress=lambda message: None)
     ledger_file = tmp_path / "state" / "ledger.db"
     assert not ledger_file.exists() or Ledger(f"sqlite:///{ledger_file}").history() == [], "nothing was opened"
+
+
+def test_the_table_runs_the_ledger_s_stages_in_their_order_and_every_release_step_has_a_row():
+    from tasks.ledger import events
+
+    assert table.STAGE_NAMES == events.STAGES
+    assert set(table.RELEASE_STEPS) <= set(STEPS) and table.RELEASE_STEPS[0] == "begin" and table.RELEASE_STEPS[-1] == "end"
+    assert [name for name in table.RELEASE_STEPS if name in table.STAGE_NAMES] == list(table.STAGE_NAMES)
