@@ -22,7 +22,7 @@ from tasks.errors import ConfigError
 from tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig
 from tasks.families.registry import artifact_models, family_of, image_models, validation_models
 from tasks.hashing import sha256_json
-from tasks.backends.interfaces import BakeAlarms, RolloutPlan
+from tasks.backends.interfaces import BakeAlarms, RolloutPlan, ScaleToZeroPlan
 from tasks.backends.capacity import batch_problem, room_problem
 from tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement, Placement, driver_problem, is_gpu_instance
 from tasks.secret_keys import looks_secret
@@ -180,6 +180,28 @@ class BlueGreen(Strict):
 Rollout = Annotated[Union[AllAtOnce, Canary, Linear, BlueGreen], Field(discriminator="strategy")]
 
 
+class ScaleToZero(Strict):
+    """Production's copies scale in to zero after `idle_s` without a request and a copy starts again on the first
+    request that finds none (that request and those during the start fail retryably; callers retry). The gate
+    measures `cold_starts` starts of the candidate from zero, each until its first answer, and fails the release
+    when their p95 is above `max_cold_start_p95_s` (docs/fleet.md, "Scale to zero")."""
+
+    max_copies: int | None = Field(None, ge=1, le=64, description="most copies a busy component scales out to; "
+                                   "unset: rollout.copies")
+    idle_s: int = Field(900, ge=1, le=86400, description="seconds without an invocation before the copies go "
+                        "(aws: the target-tracking policy's ScaleInCooldown)")
+    invocations_per_copy: float = Field(10.0, gt=0, le=1e6, description="target invocations per copy and minute "
+                                        "(aws: SageMakerInferenceComponentInvocationsPerCopy)")
+    cold_starts: int = Field(3, ge=1, le=20, description="starts from zero the gate measures on the candidate")
+    max_cold_start_p95_s: float = Field(gt=0, le=3600, allow_inf_nan=False,
+                                        description="the gate's bound on the p95 of those starts, each from the first "
+                                        "request to its answer")
+
+    def plan(self, copies: int) -> ScaleToZeroPlan:
+        return ScaleToZeroPlan(max_copies=self.max_copies or copies, idle_s=self.idle_s,
+                               invocations_per_copy=self.invocations_per_copy)
+
+
 def _family_part(field: str, value: Any, models: dict[str, type]) -> Any:
     """One of the release config's family parts (artifact, image, validation), validated by the class its `kind`
     names; what is wrong inside it is reported at its own path (`artifact.source.sha256`)."""
@@ -209,6 +231,7 @@ class ReleaseConfig(Strict):
     validation: SerializeAsAny[GateConfig]
     rollout: Rollout = AllAtOnce(strategy="all_at_once")
     promotion: PromotionConfig = PromotionConfig()
+    scale_to_zero: ScaleToZero | None = None
     keep_candidate: bool = False
 
     @field_validator("artifact", mode="plain")
@@ -312,6 +335,23 @@ class ReleaseConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _scale_to_zero_fits(self) -> "ReleaseConfig":
+        scaling = self.scale_to_zero
+        if scaling is None:
+            return self
+        copies = self.rollout.copies
+        if scaling.max_copies is not None and scaling.max_copies < copies:
+            raise ValueError(f"scale_to_zero.max_copies ({scaling.max_copies}) is below rollout.copies ({copies}), the "
+                             "copies a release starts with; raise it or leave it out")
+        least = getattr(self.placement, "min_instance_count", 0)
+        if self.backend.kind == "aws" and least != 0:
+            raise ValueError("scale_to_zero frees the component's copies, but the endpoint keeps its instances (and "
+                             "their bill) unless ManagedInstanceScaling may go to zero: set placement.min_instance_count: 0 "
+                             "and placement.max_instance_count (MinInstanceCount 0 alone does nothing without "
+                             "scale_to_zero, which adds the scaling policies)")
+        return self
+
+    @model_validator(mode="after")
     def _names_fit(self) -> "ReleaseConfig":
         longest = f"{self.resource_prefix}-{self.name}-cand-{'0' * 10}"  # a shared endpoint's name is shorter
         if len(longest) > MAX_RESOURCE_NAME:
@@ -327,9 +367,11 @@ class ReleaseConfig(Strict):
         tree = self.model_dump(mode="json")
         for key in LOCATION_FIELDS:
             tree["backend"].pop(key, None)
-        for added in ("max_instance_count", "endpoint"):  # added later: unset, a config hashes as before
+        for added in ("max_instance_count", "min_instance_count", "endpoint"):  # added later: unset, hashes as before
             if tree["placement"].get(added, 0) is None:
                 del tree["placement"][added]
+        if tree.get("scale_to_zero", 0) is None:
+            del tree["scale_to_zero"]
         if self.promotion == PromotionConfig():  # added later: a config without an approval hashes as before
             del tree["promotion"]
         return sha256_json(tree)

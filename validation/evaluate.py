@@ -107,7 +107,7 @@ def evaluate_decisions(
 ) -> dict:
     """Score the candidate (and the champion on the same tasks), gate, and write the reports; `thresholds` None (an
     ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns the report's RELEASE_CONTEXT."""
-    from validation.gates import evaluate_gates
+    from validation.gates import evaluate_gates, with_release_checks
     from validation.gate_report import write_reports
     from validation.runner import SEMIF, write_predictions
 
@@ -129,12 +129,14 @@ def evaluate_decisions(
     losses = (settings.readout or SEMIF).losses(candidate_rows)
     if losses is not None:
         report["metrics"]["readout"] = losses
+    release = context(report["metrics"]) if context else None
+    report = with_release_checks(report, release)  # the pipeline's own checks (a cold start) judged with the gate's
     extra = {
         "datasets": [d.evidence() for d in datasets],
         "candidate": candidate.describe(),
         "champion": None if champion is None else champion.describe(),
         "readout": (settings.readout.name if settings.readout else "semif"),
-        "release": context(report["metrics"]) if context else None,
+        "release": release,
     }
     paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, parts=DECISION_REPORT,
                           extra=extra)

@@ -294,6 +294,11 @@ def _release_section(report: Mapping[str, Any]) -> str:
         temp = f"{_num(temperature['value'])} ({'fitted by NLL on the calibration split' if temperature.get('fitted') else 'set in the config, not fitted'})"
     facts = [["release", _e(release.get("release_id"))], ["champion release", _e(release.get("champion_release") or "none")],
              ["temperature served", _e(temp)]]
+    cold = release.get("cold_start")
+    if cold:  # a release that scales to zero: each start of the candidate from no copy to its first answer
+        starts = ", ".join("no answer" if s.get("error") else f"{s['seconds']:.2f} s" for s in cold["starts"])
+        facts.append(["cold starts (from zero copies to the first answer)",
+                      _e(f"{starts}; p95 {cold['p95_s']:.2f} s, bound {cold['max_p95_s']:g} s")])
     changes = release.get("config_changes") or []
     if release.get("champion_release") is None:
         changed = "<p>no champion release: nothing to compare the config with.</p>"

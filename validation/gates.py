@@ -104,6 +104,21 @@ def decide(checks: Sequence[Check]) -> Decision:
     return "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
 
 
+def with_release_checks(report: dict, release: Mapping[str, Any] | None) -> dict:
+    """A gate report (`GateReport.to_dict`) with the checks its pipeline measured beside the family's gate
+    (`release["checks"]`, e.g. the cold start) added and judged with the others: one decision. A gate that judged
+    nothing stays `not_gated` unless an added check fails."""
+    added = list((release or {}).get("checks") or [])
+    if not added:
+        return report
+    checks = [*report["checks"], *added]
+    if report["decision"] == "not_gated":
+        decision = "fail" if any(check["status"] == "fail" for check in added) else "not_gated"
+    else:
+        decision = decide([Check.model_validate({k: v for k, v in check.items() if k != "passed"}) for check in checks])
+    return {**report, "checks": checks, "decision": decision}
+
+
 def summary_line(decision: str, checks: Sequence[Mapping[str, Any]]) -> str:
     """One line for a log or a table: the decision and, unless it passed, every check that did not pass with its
     evidence and rule (`fail: allowed_token_mass 0.084 >= 0.1 (interval bound 0.071)`)."""

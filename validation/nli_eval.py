@@ -234,7 +234,7 @@ def evaluate_nli(
     `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns `validation.evaluate.RELEASE_CONTEXT`;
     `build_checks` (validation.gates.Check fields) are checks the build judged, reported and decided with the gate's own."""
     from validation.gates import (ChampionRule, Check, DecisionThresholds, absolute_check, comparison_row, decide,
-                                  evaluate_gates, mark_gated)
+                                  evaluate_gates, mark_gated, with_release_checks)
     from validation.gate_report import write_reports
     from validation.runner import write_predictions
 
@@ -295,6 +295,8 @@ def evaluate_nli(
     ).to_dict()
     report["thresholds"] = None if thresholds is None else thresholds.model_dump(mode="json")
     truncation = {"candidate": candidate_truncation, "champion": champion_truncation}
+    release = context(report["metrics"]) if context else None
+    report = with_release_checks(report, release)  # the pipeline's own checks (a cold start) judged with the gate's
     extra = {
         "datasets": [d.evidence() for d in datasets],
         "candidate": candidate.describe(),
@@ -303,7 +305,7 @@ def evaluate_nli(
         "latency_note": LATENCY_NOTE,
         "requests": [r.to_dict() for r in candidate_requests],
         "truncation": truncation,
-        "release": context(report["metrics"]) if context else None,
+        "release": release,
     }
     paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, parts=NLI_REPORT,
                           extra=extra)

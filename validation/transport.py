@@ -126,19 +126,28 @@ class Connection:
 
 RUNTIME_RETRYABLE = {"ThrottlingException", "ServiceUnavailable", "ModelNotReadyException", "InternalDependencyException",
                      "InternalFailure", "ModelStreamError"}
+# A component scaled to zero answers its first requests with this ValidationError until a copy is up again; the
+# scale-out alarm counts them (NoCapacityInvocationFailures), so they are retried, never dropped
+# (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html).
+NO_CAPACITY = "has no capacity to process this request"
+
+
+def no_capacity(code: str, message: str) -> bool:
+    """True for the runtime's answer to a request that found the component scaled to zero."""
+    return code == "ValidationError" and NO_CAPACITY in message
 
 
 def runtime_error_answer(status: int, code: str, fields: dict[str, Any]) -> tuple[int, bytes]:
     """A SageMaker-runtime error turned back into the container's answer, the same on both backends: a model's
-    own error (`ModelError` with `OriginalStatusCode`) is its status and body; throttling, a model not ready
-    and service trouble are `503 {"retryable": true}`; anything else keeps its status with the message."""
+    own error (`ModelError` with `OriginalStatusCode`) is its status and body; throttling, a model not ready,
+    a component scaled to zero and service trouble are `503 {"retryable": true}`; anything else keeps its status with the message."""
     message = str(fields.get("Message") or fields.get("message") or "")
     if code == "ModelError" and "OriginalStatusCode" in fields:
         original = fields.get("OriginalMessage")
         return int(fields["OriginalStatusCode"]), (message if original is None else str(original)).encode("utf-8")
     if code == "ModelError":  # the model failed without answering (broken connection, timeout)
         return 500, json.dumps({"error": message, "retryable": False}).encode()
-    retryable = code in RUNTIME_RETRYABLE or status >= 500
+    retryable = code in RUNTIME_RETRYABLE or status >= 500 or no_capacity(code, message)
     return (503 if retryable else status or 400), json.dumps({"error": f"{code}: {message}", "retryable": retryable}).encode()
 
 

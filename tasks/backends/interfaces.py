@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 # timeout) and in one teardown (component and endpoint deletion): the stage table's timeouts add these.
 DEPLOY_WAIT_S = 3600
 TEARDOWN_WAIT_S = 3600
+SCALE_WAIT_S = 900  # the longest `set_copies` waits for a component's copy count to hold
 SHA256_HEX = r"^[0-9a-f]{64}$"
 IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 Progress = Callable[[str], None]
@@ -200,6 +201,17 @@ class RolloutPlan(Frozen):
         return [min(copies, batch * step) for step in range(1, -(-copies // batch) + 1)]
 
 
+class ScaleToZeroPlan(Frozen):
+    """How a component scales in to zero copies when idle and out again on the first request that finds none
+    (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html): a scalable target
+    of 0..`max_copies` copies, a target-tracking policy on invocations per copy that scales in after `idle_s`, and a
+    step-scaling policy that adds one copy when the component's NoCapacityInvocationFailures alarm fires."""
+
+    max_copies: int = Field(ge=1, le=64)
+    idle_s: int = Field(ge=1, le=86400)
+    invocations_per_copy: float = Field(gt=0)
+
+
 class RolloutStep(Frozen):
     """One traffic step of a rollout or its rollback. Where shiplift drives the batches (local) it is batch n
     of N with the copies of each spec serving after it; where SageMaker drives them (aws) it is the n-th
@@ -321,6 +333,15 @@ class Hosting(Protocol):
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """What serves on the component now, or None when the endpoint or component is absent."""
+        ...
+
+    def enable_scale_to_zero(self, endpoint: str, component: str, plan: ScaleToZeroPlan, *, progress: Progress) -> None:
+        """Let the component scale in to zero copies after `plan.idle_s` without an invocation, and out again when a
+        request finds no copy (that request fails retryably: the caller retries). Idempotent."""
+        ...
+
+    def set_copies(self, endpoint: str, component: str, copies: int, *, progress: Progress) -> None:
+        """Set the component's copy count now and wait until it holds; 0 stops every copy (a cold start's start)."""
         ...
 
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:

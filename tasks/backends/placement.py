@@ -208,13 +208,22 @@ class InstanceCounts(SharedEndpoint):
     max_instance_count: int | None = Field(
         None, ge=1, description="production's ManagedInstanceScaling.MaxInstanceCount: SageMaker adds instances up to it "
         "when an update needs room beside the serving copies, and removes them after; unset: no managed scaling")
+    min_instance_count: int | None = Field(
+        None, ge=0, description="ManagedInstanceScaling.MinInstanceCount: 0 lets the endpoint give back every instance "
+        "while no component has a copy (scale_to_zero); unset: instance_count")
 
     @model_validator(mode="after")
     def _scaling_range(self):
-        most = self.max_instance_count
+        most, least = self.max_instance_count, self.min_instance_count
         if most is not None and most < self.instance_count:
             raise ValueError(f"placement.max_instance_count ({most}) is below placement.instance_count "
                              f"({self.instance_count}); raise it or leave it out")
+        if least is not None and most is None:
+            raise ValueError("placement.min_instance_count is ManagedInstanceScaling's floor, which needs "
+                             "placement.max_instance_count too; set both")
+        if least is not None and least > self.instance_count:
+            raise ValueError(f"placement.min_instance_count ({least}) is above placement.instance_count "
+                             f"({self.instance_count}); lower it or leave it out")
         return self
 
 

@@ -17,6 +17,8 @@
 8. Release Gemma through the DLC's OpenAI-compatible chat path (a second model slot).
 9-10. Release Gemma and the NLI encoder onto one shared CPU endpoint (`placement.endpoint: demo-cpu`): each is its own
    inference component with its own gate; `shiplift fleet plan` shows the layout and each one's share of the bill.
+   The encoder scales to zero (`scale_to_zero`): its gate times three starts from no copy to the first answer, and
+   at the end of the story its idle production copy is gone and the first request brings one back, answered.
 Each release ends with a signed checkpoint of the ledger's head (an Ed25519 key outside the state dir).
 Then verify the ledger against its checkpoints, write the audit report, show each canary's traffic steps
 from the ledger, ask the production endpoint one real question, print a summary, and end with `shiplift status`.
@@ -197,6 +199,36 @@ def approve_as_demo_approver(state_dir: Path, summary: dict) -> dict:
         ledger.close()
 
 
+def wake_after_idle(state_dir: Path, endpoint: str, component: str) -> None:
+    """Scale to zero seen from a client: wait until the idle component has no copy, then time one request from its
+    first no-capacity answer to its answer (retried as the gate retries; nothing is lost)."""
+    import time
+
+    from tasks.backends.local.supervisor import ProcessSupervisor
+    from tasks.config import load_release_config
+    from validation.cold_start import first_answer
+    from validation.transport import HttpInvoker
+
+    config = load_release_config(SHARED[1])
+    banner(f"scale to zero: {component} idles for {config.scale_to_zero.idle_s}s, then one request wakes it")
+    supervisor = ProcessSupervisor(state_dir)
+    deadline = time.monotonic() + config.scale_to_zero.idle_s + 60
+    while supervisor.describe_endpoint(endpoint)["components"][component]["copies"]:
+        if time.monotonic() > deadline:
+            print(f"{component} still has copies {config.scale_to_zero.idle_s + 60}s after it was last asked; see "
+                  f"{supervisor.describe_endpoint(endpoint)['router']['log']}", file=sys.stderr, flush=True)
+            return
+        time.sleep(1)
+    paths = [(ref.resolve(SHARED[1].parent), ref.splits) for ref in config.validation.datasets]
+    request = config.family.invocation_bodies(config.validation, paths)[0]
+    start = first_answer(HttpInvoker(supervisor.endpoint_url(endpoint), component, runtime=True), request,
+                         timeout_s=30, deadline_s=2 * config.scale_to_zero.max_cold_start_p95_s)
+    print(json.dumps({"component": component, "copies_before": 0, "answered": start.error is None,
+                      "seconds_to_answer": round(start.seconds, 2), "attempts": start.attempts,
+                      "copies_after": len(supervisor.describe_endpoint(endpoint)["components"][component]["copies"])}),
+          flush=True)
+
+
 def fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -334,6 +366,8 @@ def main() -> int:
     shiplift(["status", "--state-dir", str(state_dir)])
     banner("shiplift fleet plan: the two models on the shared endpoint demo-cpu, and each one's share of its bill")
     shiplift(["fleet", "plan", *map(str, SHARED), "--state-dir", str(state_dir)])
+    if "minilm-nli-shared" in production:
+        wake_after_idle(state_dir, *production["minilm-nli-shared"])
     print(
         f"\nThe champion keeps serving at {champion['served_by']}. Inspect: .venv/bin/shiplift status --state-dir "
         f"{state_dir} · .venv/bin/shiplift ledger history --state-dir {state_dir} (or timeline gemma-decision, "

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, TypeVar
 
-from tasks.backends.interfaces import DEPLOY_WAIT_S, TEARDOWN_WAIT_S
+from tasks.backends.interfaces import DEPLOY_WAIT_S, SCALE_WAIT_S, TEARDOWN_WAIT_S
 from tasks.errors import BadInput, ConfigError, StepTimedOut, error_classes, is_retryable
 from tasks.ledger import events
 
@@ -159,7 +159,8 @@ LEASE = LeasePolicy(ttl_s=4 * HOUR, renew_every_s=5 * MINUTE)
 def timeout_for(name: str, config: Any) -> int:
     """A step's timeout per attempt for one config: the table's, or longer where the config's own deadlines need it.
 
-    validate scores every dataset on the candidate and on the champion, each run under `validation.deadline_s`; build
+    validate scores every dataset on the candidate and on the champion, each run under `validation.deadline_s`, after
+    the cold starts of a config that scales to zero (each a copy stopped, then up to twice its bound); build
     fits a temperature (when asked) with one run under it; image waits up to the aws backend's `build_timeout_s` for
     CodeBuild; deploy_candidate and promote wait for a placement's provision timeout, and promote for a rolling
     update's own maximum execution time; the approval waits `promotion.approval.timeout_s` for a person. Every
@@ -168,6 +169,9 @@ def timeout_for(name: str, config: Any) -> int:
     validation, own = config.validation, 0
     if name == "validate":
         own = int(validation.deadline_s * 2 * len(validation.datasets)) + STAGE_MARGIN_S
+        scaling = getattr(config, "scale_to_zero", None)
+        if scaling is not None:  # each cold start: its copies stopped (a deploy wait), then up to twice the bound
+            own += scaling.cold_starts * (SCALE_WAIT_S + math.ceil(2 * scaling.max_cold_start_p95_s))
     elif name == "build" and config.calibration.fit_temperature:
         own = int(validation.deadline_s) + HOUR + STAGE_MARGIN_S
     elif name == "image":

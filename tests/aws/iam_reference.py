@@ -2,15 +2,19 @@
 
 For one request it derives, from the reference alone, every (action, resource ARN, request context) IAM evaluates: each
 resource type the reference lists for the action whose ARN the request names (every required one must be nameable),
-the actions the reference lists as dependent (AddTags when the request carries Tags, PassRole for the role it passes),
-and the KMS calls S3 makes on the caller's behalf for SSE-KMS objects. `allowed` evaluates a policy the way IAM does
+the actions the reference lists as dependent (AddTags or TagResource when the request carries Tags, PassRole for the role
+it passes), the KMS calls S3 makes on the caller's behalf for SSE-KMS objects, and the service-linked role Application
+Auto Scaling creates as the caller on its first RegisterScalableTarget for SageMaker. `allowed` evaluates a policy the way IAM does
 for Allow statements: action, resource and every condition (StringEquals, StringLike, ForAnyValue:StringEquals; a key
 absent from the context fails). The project's own action table is never read here.
 
 Sources: https://docs.aws.amazon.com/service-authorization/latest/reference/reference_policies_actions-resources-contextkeys.html
 (resource types, required marks, ARN formats, condition keys), https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-single-vs-multi-valued-context-keys.html
 (ForAnyValue), https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html#require-sse-kms (the KMS
-permissions SSE-KMS uploads and downloads need).
+permissions SSE-KMS uploads and downloads need),
+https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-service-linked-roles.html and
+https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-prerequisites.html (the service-linked role a first
+RegisterScalableTarget creates, its ARN and iam:AWSServiceName).
 """
 
 from __future__ import annotations
@@ -178,7 +182,7 @@ def evaluated(account: Account, service: str, operation: str, params: dict[str, 
     if not out:  # no resource-level permission, or none the request names (a List call): IAM evaluates it on "*"
         out.append(Evaluated(action, "*", _request_context(action, params), "no resource the request names"))
     for dependent in sorted({d for details in entry["resource_types"].values() for d in details["dependent_actions"]}):
-        if dependent.endswith(":AddTags") and params.get("Tags"):
+        if dependent.endswith((":AddTags", ":TagResource")) and params.get("Tags"):
             out += [Evaluated(dependent, arn, {}, f"dependent of {action}: the request carries Tags") for arn in named_resources]
     for field_name, passed_to in PASSED_ROLES.items():
         if params.get(field_name):
@@ -209,6 +213,26 @@ def sse_kms(account: Account, service: str, operation: str, params: dict[str, An
     arn, context = account.key_arn(key)
     actions = {"PutObject": ("kms:GenerateDataKey",), "CreateMultipartUpload": ("kms:GenerateDataKey", "kms:Decrypt")}
     return [Evaluated(action, arn, context, f"S3 {operation} with SSE-KMS") for action in actions.get(operation, ())]
+
+
+# Application Auto Scaling creates one service-linked role per service the first time anyone in the account registers a
+# scalable target of that service, and "for the automatic role creation to succeed, users must have permission for the
+# iam:CreateServiceLinkedRole action" (application-auto-scaling-service-linked-roles.html); SageMaker's role and service
+# principal as endpoint-auto-scaling-prerequisites.html names them
+SERVICE_LINKED_ROLES = {"sagemaker": ("sagemaker.application-autoscaling.amazonaws.com",
+                                      "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")}
+
+
+def service_linked_role(account: Account, service: str, operation: str, params: dict[str, Any]) -> list[Evaluated]:
+    """iam:CreateServiceLinkedRole on the role RegisterScalableTarget may create (on an account's first registration:
+    a policy must allow it, since the oracle cannot know it is not the first)."""
+    if (service, operation) != ("application-autoscaling", "RegisterScalableTarget") or \
+            params.get("ServiceNamespace") not in SERVICE_LINKED_ROLES:
+        return []
+    principal, role = SERVICE_LINKED_ROLES[params["ServiceNamespace"]]
+    arn = account.fill("arn:${Partition}:iam::${Account}:role/aws-service-role/" + f"{principal}/{role}", {})
+    return [Evaluated("iam:CreateServiceLinkedRole", arn, {"iam:AWSServiceName": principal},
+                      "Application Auto Scaling creates its service-linked role on the first RegisterScalableTarget")]
 
 
 def allowed(policy: dict, need: Evaluated) -> bool:

@@ -20,7 +20,7 @@ from tasks.config import load_release_config
 from tasks.errors import ConfigError
 from tasks.pipeline.release import run_release
 from tests.aws.iam_reference import (Account, Evaluated, actions_for, allowed, condition_keys, evaluated, privilege,
-                                     sse_kms)
+                                     service_linked_role, sse_kms)
 from tests.aws.test_checkpoints_aws import BUCKET as CHECKPOINT_BUCKET, SECRET, _pem, _prepare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def needs_of(config, service: str, operation: str, params: dict) -> list[Evaluat
     account = account_of(config)
     return [*(need for action in actions_for(service, operation, params)
               for need in evaluated(account, service, operation, params, action)),
-            *sse_kms(account, service, operation, params)]
+            *sse_kms(account, service, operation, params), *service_linked_role(account, service, operation, params)]
 
 
 def denied_requests(config, requests, policy: dict | None = None) -> list[str]:
@@ -57,6 +57,8 @@ def checkpoints(key_ref: str = SECRET, **more) -> str:
 
 CANARY = ("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test",
           "rollout.alarms.max_latency_p99_ms=2000")
+# scale to zero: the endpoint may give back every instance, and the components scale to zero (docs/aws.md)
+SCALE_TO_ZERO = ("placement.min_instance_count=0", "scale_to_zero={max_cold_start_p95_s: 900}")
 
 
 def only_on_star_what_the_reference_cannot_scope(policy: dict) -> list[str]:
@@ -81,6 +83,7 @@ def conditions_the_reference_lacks(policy: dict) -> list[str]:
 @pytest.mark.parametrize("name, overrides, with_champion", [
     *((name, (), False) for name in PRODUCTION), *((name, (), True) for name in PRODUCTION),
     ("qwen35-4b-semif.yaml", CANARY, True), ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift"), False),
+    ("qwen35-4b-semif.yaml", SCALE_TO_ZERO, False), ("qwen35-4b-semif.yaml", SCALE_TO_ZERO, True),
     ("../fleets/shared-h100/mdeberta-nli-de.yaml", (), True)])  # a canary on the shared H100 endpoint (docs/fleet.md)
 def test_every_dry_run_request_is_allowed_by_the_service_authorization_reference(name, overrides, with_champion):
     config = load_release_config(ROOT / "configs" / "releases" / name, overrides=overrides, environ={})
@@ -187,7 +190,7 @@ def test_the_generated_policies_pass_parliament_with_nothing_above_low():
     parliament = _parliament()
 
     for name, overrides in [("qwen35-4b-semif.yaml", ()), ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift")),
-                            ("mdeberta-nli.yaml", (f"image.base_image={PULL_THROUGH}",))]:
+                            ("mdeberta-nli.yaml", (f"image.base_image={PULL_THROUGH}",)), ("qwen35-4b-semif.yaml", SCALE_TO_ZERO)]:
         config = load_release_config(ROOT / "configs" / "releases" / name, overrides=overrides, environ={})
         for file_name, policy in policies(config).items():
             if "trust" in file_name:

@@ -388,6 +388,9 @@ def test_admin_refuses_malformed_components(router):
         ("components/ok-name", {"copies": [copy(router.ok[0]), copy(router.ok[0] + "/")]}, "repeat"),
         ("components/ok-name", {"spec": {"env": {"K": "v"}}, "copies": [copy(router.ok[0])]}, "exactly copies"),
         ("components/bad_name", {"copies": [copy(router.ok[0])]}, "letters, digits"),
+        ("components/ok-name", {"copies": [], "scale_to_zero": {"idle_s": 0}}, "idle_s"),
+        ("components/ok-name", {"copies": [], "scale_to_zero": {"idle_s": True}}, "idle_s"),
+        ("components/ok-name", {"copies": [], "scale_to_zero": {"idle_s": 5, "command": ["sh"]}}, "idle_s"),
     ]
     for path, payload, needle in cases:
         status, body = router.admin("PUT", path, payload)

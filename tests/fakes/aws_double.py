@@ -1,7 +1,7 @@
 """A stateful AWS test double on one loopback HTTP server, reachable by the test, its threads and subprocesses.
 
 moto answers S3 (the double answers a conditional write racing another with 409, when a scenario asks), ECR,
-CodeBuild, CloudWatch, STS, IAM, Step Functions and Application Auto Scaling.
+CodeBuild, CloudWatch, STS, IAM and Step Functions.
 This module answers SageMaker hosting itself (control plane and runtime): moto's SageMaker refuses what
 shiplift sends (instance pools, MIG fields, new instance types), drops fields, has no inference
 components and makes endpoints InService at once. The Model Registry (`MODEL_REGISTRY`) is moto's, behind the
@@ -17,6 +17,13 @@ account's registry) is put there with `publish_image`; the double answers ECR Ba
 InvokeEndpoint publishes SageMaker's invocation metrics into moto's CloudWatch, and UpdateInferenceComponent with a
 DeploymentConfig runs a rolling update that evaluates its AutoRollbackConfiguration alarms on those datapoints (moto
 stores alarms but evaluates none) and rolls back as SageMaker does.
+
+Application Auto Scaling is the double's own (`AutoScaling`: moto's refuses SageMaker's inference-component dimension):
+scalable targets, scaling policies and their tags, checked against the botocore model. Scale to zero follows
+https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html: an invocation of a component
+with no copy is refused with SageMaker's no-capacity ValidationError and counted as NoCapacityInvocationFailures, and a
+CloudWatch alarm on that metric whose action is a step-scaling policy on the component's scalable target scales the
+component out, as Application Auto Scaling does. Target tracking (scale in) never acts.
 
 Point boto3 at it with `AwsDouble.env()` (AWS_ENDPOINT_URL and test credentials); steer it with
 `scenario(...)`, or from another process with POST /_double/scenario, GET /_double/calls, GET /_double/rollouts,
@@ -129,6 +136,17 @@ MUTATING_PREFIXES = ("Create", "Update", "Delete", "Add", "Put", "Start", "Stop"
 # The Model Registry, which moto implements (its UpdateModelPackage drops what is not passed: send complete updates)
 MODEL_REGISTRY = frozenset({"CreateModelPackageGroup", "DescribeModelPackageGroup", "ListModelPackageGroups", "CreateModelPackage",
                             "DescribeModelPackage", "ListModelPackages", "UpdateModelPackage"})
+# Scale to zero: https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html (the page the
+# behaviours below follow); Application Auto Scaling's JSON target prefix, the dimension it scales a component on, the
+# metric SageMaker emits when a request finds no copy, and the service-linked role a target names
+SCALE_TO_ZERO_PAGE = "https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html"
+AUTOSCALING_TARGET = "AnyScaleFrontendService."
+COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
+VARIANT_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+NO_CAPACITY_METRIC = "NoCapacityInvocationFailures"
+AUTOSCALING_ROLE_ARN = (f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
+                        "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
+DEFAULT_TARGETS_PAGE = 50  # DescribeScalableTargets / DescribeScalingPolicies: MaxResults' default (and maximum)
 INVOKE_TIMEOUT_S = 60.0  # SageMaker's own limit on one invocation
 CLIENT_TIMEOUT_S = 60.0
 PING_TIMEOUT_S = 2.0
@@ -224,6 +242,9 @@ class Scenario:
     # a rolling update's MaximumExecutionTimeoutInSeconds (API minimum 600) counts this many real seconds per second,
     # so a test can see the timeout rollback (e.g. 0.005: 600 s pass in 3 s)
     rolling_timeout_scale: float = 1.0
+    # a step-scaling policy's Cooldown counts this many real seconds per second (e.g. 0.01: the scale-to-zero page's
+    # 60 s pass in 0.6 s), so a test can start a component from zero several times in a row
+    scaling_cooldown_scale: float = 1.0
     # Who a Model Registry write is by: access key id -> the UserContext (IamIdentity, UserProfileArn/Name, DomainId)
     # DescribeModelPackage then reads back as LastModifiedBy after that caller's UpdateModelPackage, as SageMaker names
     # the caller (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_UserContext.html); a caller not listed
@@ -250,6 +271,8 @@ class Scenario:
             raise ValueError(f"container_start_timeout_s must be in (0, 3600], got {new.container_start_timeout_s!r}")
         if not 0 < float(new.rolling_timeout_scale) <= 1:
             raise ValueError(f"rolling_timeout_scale must be in (0, 1], got {new.rolling_timeout_scale!r}")
+        if not 0 <= float(new.scaling_cooldown_scale) <= 1:
+            raise ValueError(f"scaling_cooldown_scale must be in [0, 1], got {new.scaling_cooldown_scale!r}")
         for knob in ("fail_next_endpoint_with", "fail_next_component_with"):
             if getattr(new, knob) is not None and not isinstance(getattr(new, knob), str):
                 raise ValueError(f"{knob} must be a string or None")
@@ -411,6 +434,18 @@ def put_invocation_metrics(dimensions: list[dict[str, str]], status: int | None,
     try:
         cloudwatch().put_metric_data(SAGEMAKER_NAMESPACE, data)
     except Exception:  # noqa: BLE001 - a reset replacing the backend mid-call: a lost datapoint, never a failed invocation
+        pass
+
+
+def put_no_capacity_metric(component: str) -> None:
+    """One NoCapacityInvocationFailures datum of a component: "SageMaker AI emits this metric when an endpoint receives an
+    inference request, but the endpoint has no active instances to serve the request" (SCALE_TO_ZERO_PAGE), by
+    InferenceComponentName as the page's alarm reads it; never fails the invocation."""
+    datum = {"MetricName": NO_CAPACITY_METRIC, "Value": 1.0, "Unit": "None",
+             "Dimensions": [{"Name": "InferenceComponentName", "Value": component}]}
+    try:
+        cloudwatch().put_metric_data(SAGEMAKER_NAMESPACE, [datum])
+    except Exception:  # noqa: BLE001 - a reset replacing the backend mid-call: a lost datapoint
         pass
 
 
@@ -726,6 +761,7 @@ class Job:
     finish: Callable[[Outcome], None]
     polls_left: int
     cancel: threading.Event
+    unpolled: bool = False  # Application Auto Scaling's: its outcome shows once done, also to an invocation (no Describe)
 
 
 @dataclass(frozen=True)
@@ -860,6 +896,7 @@ class SageMaker:
         self.endpoints: dict[str, Endpoint] = {}
         self.components: dict[str, Component] = {}
         self.tags: dict[str, dict[str, str]] = {}
+        self.autoscaling: AutoScaling | None = None  # wired by AwsDouble.start: the scale-out alarms' policies act here
         self.turns = itertools.count()  # spreads invocations over equally busy copies
         self.operations: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             name: getattr(self, re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower())
@@ -941,10 +978,11 @@ class SageMaker:
     # ---- jobs -----------------------------------------------------------------------
 
     def _start_job(self, resource: Endpoint | Component, work: Callable[[threading.Event], Outcome],
-                   finish: Callable[[Outcome], None], polls: int | None = None) -> None:
+                   finish: Callable[[Outcome], None], polls: int | None = None, unpolled: bool = False) -> None:
         cancel = threading.Event()
         future = self.executor.submit(self._guarded, work, cancel)
-        resource.job = Job(future, finish, self.shared.scenario.polls_before_ready if polls is None else polls, cancel)
+        resource.job = Job(future, finish, self.shared.scenario.polls_before_ready if polls is None else polls, cancel,
+                           unpolled=unpolled)
 
     @staticmethod
     def _guarded(work: Callable[[threading.Event], Outcome], cancel: threading.Event) -> Outcome:
@@ -1519,11 +1557,25 @@ class SageMaker:
         return {"InferenceComponentArn": component.arn}
 
     def update_inference_component_runtime_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Updating, then InService at the new CopyCount; 0 stops every copy and leaves the component InService with none
+        (the model's CopyCount minimum is 0; AWS's scale-to-zero post schedules exactly that:
+        https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/)."""
         component = self._component(params["InferenceComponentName"])
         self._settle(component, count_poll=False)
         if component.status != "InService":
             raise validation(f'Cannot update in-progress inference component "{component.arn}".')
-        wanted = params["DesiredRuntimeConfig"]["CopyCount"]
+        self._set_copies(component, params["DesiredRuntimeConfig"]["CopyCount"])
+        return {"InferenceComponentArn": component.arn}
+
+    def scale(self, component: Component, wanted: int, why: str) -> None:
+        """Application Auto Scaling setting a component's copy count (a step policy, a target registered with a range the
+        count is outside): the same Updating -> InService transition, whose outcome shows as soon as the copies are up,
+        also to invocations, since no one polls for it. Noted in the rollout log; not in the call log (the caller sent
+        nothing)."""
+        self.shared.note(component.name, f"Application Auto Scaling: {why}: {component.desired_copies} -> {wanted} copies")
+        self._set_copies(component, wanted, polls=0, unpolled=True)
+
+    def _set_copies(self, component: Component, wanted: int, polls: int | None = None, unpolled: bool = False) -> None:
         extra = max(0, wanted - len(component.copies))
         problem = self._capacity_problem(component.endpoint, component.variant_name,
                                          component.spec["ComputeResourceRequirements"], wanted, component.name)
@@ -1540,8 +1592,7 @@ class SageMaker:
 
         timeout_s = self.shared.scenario.container_start_timeout_s
         work = self._copies_job(component.source, extra, component.name, problem, timeout_s) if extra else (lambda cancel: Outcome())
-        self._start_job(component, work, finish)
-        return {"InferenceComponentArn": component.arn}
+        self._start_job(component, work, finish, polls=polls, unpolled=unpolled)
 
     def describe_inference_component(self, params: dict[str, Any]) -> dict[str, Any]:
         component = self._component(params["InferenceComponentName"])
@@ -1649,9 +1700,16 @@ class SageMaker:
             component = self.components.get(component_name.lower())
             if component is None or component.endpoint is not endpoint:
                 raise runtime_validation(f"Inference component {component_name} was not found on endpoint {endpoint.name}.")
+            if component.job is not None and component.job.unpolled:  # Application Auto Scaling's copies, once up
+                self._settle(component, count_poll=False)
             copies, variant = component.copies, component.variant_name
             # copies a failed update left serve on (see Scenario.fail_next_component_with); none, none do
             if component.status not in ("InService", "Updating", "Failed") or not copies:
+                if component.status in ("InService", "Updating") and self.autoscaling is not None:
+                    # scaled to zero (or scaling out): the request "can't respond" and SageMaker emits
+                    # NoCapacityInvocationFailures, which the scale-out alarm reads (SCALE_TO_ZERO_PAGE)
+                    put_no_capacity_metric(component.name)
+                    self.autoscaling.no_capacity(component)
                 raise runtime_validation(NO_COPIES)
             dimensions = [{"Name": "InferenceComponentName", "Value": component.name}]
         else:
@@ -1863,6 +1921,297 @@ def forward(port: int, params: dict[str, Any]) -> tuple[int, str, bytes]:
 
 def log_stream_arn(endpoint_name: str) -> str:
     return f"arn:aws:logs:{REGION}:{ACCOUNT_ID}:log-group:/aws/sagemaker/Endpoints/{endpoint_name}"
+
+
+# --------------------------------------------------------------------------------------
+# Application Auto Scaling: scalable targets and scaling policies, and the step policies scale-out alarms run
+
+
+@dataclass
+class ScalableTarget:
+    """A registered scalable target: its capacity range, ARN (an id Application Auto Scaling chooses) and tags."""
+
+    namespace: str
+    resource_id: str
+    dimension: str
+    min_capacity: int
+    max_capacity: int
+    arn: str
+    created: float
+    suspended: dict[str, Any] | None = None
+
+
+@dataclass
+class ScalingPolicy:
+    """A scaling policy as put (PutScalingPolicy's parameters), its ARN, and when its last scaling activity began."""
+
+    params: dict[str, Any]
+    arn: str
+    created: float
+    last_activity: float = -math.inf
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.params["ServiceNamespace"], self.params["ResourceId"], self.params["ScalableDimension"]
+
+
+def step_for(adjustments: list[dict[str, Any]], breach: float) -> dict[str, Any] | None:
+    """The step adjustment whose interval (relative to the alarm's threshold) holds `breach`: lower bound inclusive and
+    upper exclusive above the threshold, the other way round below it; a missing bound is infinite
+    (https://docs.aws.amazon.com/autoscaling/application/APIReference/API_StepAdjustment.html)."""
+    for step in adjustments:
+        lower, upper = step.get("MetricIntervalLowerBound", -math.inf), step.get("MetricIntervalUpperBound", math.inf)
+        inside = lower <= breach < upper if breach >= 0 else lower < breach <= upper
+        if inside:
+            return step
+    return None
+
+
+class AutoScaling:
+    """Application Auto Scaling for the double's account (moto's refuses sagemaker:inference-component:DesiredCopyCount):
+    RegisterScalableTarget, DeregisterScalableTarget, DescribeScalableTargets, PutScalingPolicy, DescribeScalingPolicies,
+    DeleteScalingPolicy and the tag calls, every request checked against the botocore model and every answer against its
+    output shape. Of the policies, only a step policy acts, when the scale-out alarm of a component scaled to zero fires
+    (`no_capacity`); target tracking is stored, never run."""
+
+    OPERATIONS = ("RegisterScalableTarget", "DeregisterScalableTarget", "DescribeScalableTargets", "PutScalingPolicy",
+                  "DescribeScalingPolicies", "DeleteScalingPolicy", "TagResource", "UntagResource", "ListTagsForResource")
+
+    def __init__(self, shared: Shared, sagemaker: SageMaker):
+        self.shared, self.sagemaker = shared, sagemaker
+        self.targets: dict[tuple[str, str, str], ScalableTarget] = {}
+        self.policies: dict[tuple[str, str, str, str], ScalingPolicy] = {}
+        self.tags: dict[str, dict[str, str]] = {}  # target ARN -> tags
+
+    def clear(self) -> None:
+        with self.shared.lock:
+            self.targets.clear()
+            self.policies.clear()
+            self.tags.clear()
+
+    def handle(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        if operation not in self.OPERATIONS:
+            raise ApiError("UnknownOperationException", f"the AWS double does not implement ApplicationAutoScaling.{operation}")
+        problems = request_problems("application-autoscaling", operation, params)
+        if problems:
+            raise validation(f"{len(problems)} validation error(s) detected: " + "; ".join(problems))
+        with self.shared.lock:
+            result = getattr(self, re.sub(r"(?<!^)([A-Z])", r"_\1", operation).lower())(params)
+        output_shape = service_model("application-autoscaling").operation_model(operation).output_shape
+        report = ParamValidator().validate(result, output_shape)
+        if report.has_errors():  # a bug in the double
+            raise ApiError("InternalFailure", f"the double's {operation} answer breaks its output shape: "
+                           + report.generate_report(), status=500)
+        return result
+
+    @staticmethod
+    def _key(params: dict[str, Any]) -> tuple[str, str, str]:
+        return params["ServiceNamespace"], params["ResourceId"], params["ScalableDimension"]
+
+    @staticmethod
+    def _missing_target(key: tuple[str, str, str]) -> ApiError:
+        """ObjectNotFoundException (API_PutScalingPolicy, API_DeregisterScalableTarget); the wording is assumed."""
+        return ApiError("ObjectNotFoundException", f"No scalable target registered for service namespace: {key[0]}, "
+                        f"resource ID: {key[1]}, scalable dimension: {key[2]}")
+
+    def _resource(self, key: tuple[str, str, str]) -> Component | None:
+        """The SageMaker resource a target names must exist; the inference component of a copy-count target."""
+        namespace, resource_id, dimension = key
+        if namespace != "sagemaker":
+            return None
+        kind, _, rest = resource_id.partition("/")
+        if dimension == COPY_DIMENSION:
+            if kind != "inference-component" or not rest or "/" in rest:
+                raise validation(f"Unsupported resource ID {resource_id} for {dimension}: inference-component/<name> expected.")
+            component = self.sagemaker.components.get(rest.lower())
+            if component is None:
+                raise validation(f"Inference component {rest} does not exist.")
+            return component
+        if dimension == VARIANT_DIMENSION:
+            parts = resource_id.split("/")
+            if len(parts) != 4 or parts[0] != "endpoint" or parts[2] != "variant":
+                raise validation(f"Unsupported resource ID {resource_id} for {dimension}: endpoint/<name>/variant/<variant> expected.")
+            if parts[1].lower() not in self.sagemaker.endpoints:
+                raise validation(f"Endpoint {parts[1]} does not exist.")
+        return None
+
+    def register_scalable_target(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Registers or updates: a new target needs MinCapacity and MaxCapacity, an update changes what it names; Tags
+        tag a target when it is created. A resource outside the new range is scaled into it
+        (https://docs.aws.amazon.com/autoscaling/application/APIReference/API_RegisterScalableTarget.html)."""
+        key = self._key(params)
+        component = self._resource(key)
+        target = self.targets.get(key)
+        if target is None:
+            if "MinCapacity" not in params or "MaxCapacity" not in params:
+                raise validation("MinCapacity and MaxCapacity are required when registering a new scalable target.")
+            target = ScalableTarget(*key, params["MinCapacity"], params["MaxCapacity"],
+                                    f"arn:aws:application-autoscaling:{REGION}:{ACCOUNT_ID}:scalable-target/"
+                                    f"{uuid.uuid4().hex}{uuid.uuid4().hex[:4]}", time.time())
+            self.tags[target.arn] = dict(params.get("Tags") or {})
+        low, high = params.get("MinCapacity", target.min_capacity), params.get("MaxCapacity", target.max_capacity)
+        if low > high:
+            raise validation(f"Minimum capacity {low} cannot be greater than maximum capacity {high}.")
+        target.min_capacity, target.max_capacity = low, high
+        target.suspended = params.get("SuspendedState", target.suspended)
+        self.targets[key] = target
+        if component is not None and component.status == "InService" and component.job is None:
+            inside = min(high, max(low, component.desired_copies))
+            if inside != component.desired_copies:
+                self.sagemaker.scale(component, inside, f"RegisterScalableTarget {low}..{high}")
+        return {"ScalableTargetARN": target.arn}
+
+    def deregister_scalable_target(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The target and the scaling policies on it (API_DeregisterScalableTarget: "Deregistering a scalable target
+        deletes the scaling policies ... associated with it")."""
+        key = self._key(params)
+        target = self.targets.pop(key, None)
+        if target is None:
+            raise self._missing_target(key)
+        self.tags.pop(target.arn, None)
+        for policy in [name for name in self.policies if name[:3] == key]:
+            del self.policies[policy]
+        return {}
+
+    @staticmethod
+    def _page(items: list[Any], params: dict[str, Any], key: str) -> dict[str, Any]:
+        try:
+            offset = int(json.loads(base64.b64decode(params["NextToken"]))["offset"]) if "NextToken" in params else 0
+        except (ValueError, KeyError, TypeError):
+            raise validation(f"Invalid NextToken: {params['NextToken']}") from None
+        size = params.get("MaxResults", DEFAULT_TARGETS_PAGE)
+        result: dict[str, Any] = {key: items[offset:offset + size]}
+        if offset + size < len(items):
+            result["NextToken"] = base64.b64encode(json.dumps({"offset": offset + size}).encode()).decode()
+        return result
+
+    def describe_scalable_targets(self, params: dict[str, Any]) -> dict[str, Any]:
+        chosen = [t for t in self.targets.values() if t.namespace == params["ServiceNamespace"]
+                  and t.resource_id in params.get("ResourceIds", [t.resource_id])
+                  and params.get("ScalableDimension", t.dimension) == t.dimension]
+        items = [compact({"ServiceNamespace": t.namespace, "ResourceId": t.resource_id, "ScalableDimension": t.dimension,
+                          "MinCapacity": t.min_capacity, "MaxCapacity": t.max_capacity, "RoleARN": AUTOSCALING_ROLE_ARN,
+                          "CreationTime": t.created, "SuspendedState": t.suspended, "ScalableTargetARN": t.arn})
+                 for t in chosen]
+        return self._page(items, params, "ScalableTargets")
+
+    def put_scaling_policy(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Creates or replaces the policy of that name on a registered target (API_PutScalingPolicy); the ARN stays
+        the same when it is replaced (assumed). A policy type needs its configuration (assumed: the API reference says
+        each configuration applies to its type)."""
+        key = self._key(params)
+        if key not in self.targets:
+            raise self._missing_target(key)
+        kind = params.get("PolicyType", "StepScaling")
+        wanted = {"StepScaling": "StepScalingPolicyConfiguration",
+                  "TargetTrackingScaling": "TargetTrackingScalingPolicyConfiguration"}.get(kind)
+        if wanted is None:
+            raise ApiError("UnknownOperationException", f"the AWS double does not model PolicyType {kind}")
+        if wanted not in params:
+            raise validation(f"{wanted} is required for a {kind} policy.")
+        name = (*key, params["PolicyName"])
+        old = self.policies.get(name)
+        arn = old.arn if old else (f"arn:aws:autoscaling:{REGION}:{ACCOUNT_ID}:scalingPolicy:{uuid.uuid4()}:"
+                                   f"resource/{key[0]}/{key[1]}:policyName/{params['PolicyName']}")
+        self.policies[name] = ScalingPolicy({**params, "PolicyType": kind}, arn, old.created if old else time.time())
+        return {"PolicyARN": arn, "Alarms": []}
+
+    def describe_scaling_policies(self, params: dict[str, Any]) -> dict[str, Any]:
+        chosen = [p for (namespace, resource, dimension, name), p in self.policies.items()
+                  if namespace == params["ServiceNamespace"] and params.get("ResourceId", resource) == resource
+                  and params.get("ScalableDimension", dimension) == dimension and name in params.get("PolicyNames", [name])]
+        items = [{**p.params, "PolicyARN": p.arn, "Alarms": [], "CreationTime": p.created} for p in chosen]
+        return self._page(items, params, "ScalingPolicies")
+
+    def delete_scaling_policy(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = (*self._key(params), params["PolicyName"])
+        if self.policies.pop(name, None) is None:
+            raise ApiError("ObjectNotFoundException", f"No scaling policy found for service namespace: {name[0]}, resource "
+                           f"ID: {name[1]}, scalable dimension: {name[2]}, policy name: {name[3]}")
+        return {}
+
+    def _tags_of(self, arn: str) -> dict[str, str]:
+        if arn not in self.tags:
+            raise ApiError("ResourceNotFoundException", f"Scalable target {arn} not found.")
+        return self.tags[arn]
+
+    def tag_resource(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._tags_of(params["ResourceARN"]).update(params["Tags"])
+        return {}
+
+    def untag_resource(self, params: dict[str, Any]) -> dict[str, Any]:
+        tags = self._tags_of(params["ResourceARN"])
+        for key in params["TagKeys"]:
+            tags.pop(key, None)
+        return {}
+
+    def list_tags_for_resource(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"Tags": dict(self._tags_of(params["ResourceARN"]))}
+
+    # ---- the scale-out alarm and its step policy ------------------------------------------------------------
+
+    def no_capacity(self, component: Component) -> None:
+        """A request found the component without a copy (its NoCapacityInvocationFailures datum is in): evaluate each
+        metric alarm on that metric of this component now, and for one in ALARM run each step-scaling policy its
+        AlarmActions name that scales this component's copy count (SCALE_TO_ZERO_PAGE: "the alarm initiates the step
+        scaling policy"). CloudWatch evaluates an alarm on its own schedule, about once a period, and performs Auto
+        Scaling actions again while the alarm stays in ALARM ("Except for Auto Scaling actions, the actions happen only on
+        state transitions": https://docs.amazonaws.cn/en_us/AmazonCloudWatch/latest/monitoring/alarm-actions.html); the
+        double evaluates when a failure arrives, so it acts again only when another request fails (callers retry)."""
+        backend, now = cloudwatch(), time.time()
+        data = list(backend.metric_data)
+        wanted = frozenset({("InferenceComponentName", component.name)})
+        for alarm in list(backend.alarms.values()):
+            if (alarm.namespace, alarm.metric_name) != (SAGEMAKER_NAMESPACE, NO_CAPACITY_METRIC) or alarm.metric_data_queries \
+                    or frozenset((d.name, d.value) for d in alarm.dimensions) != wanted:
+                continue
+            try:
+                rule = AlarmRule(alarm)
+            except ApiError as error:
+                self.shared.note(component.name, f"alarm {alarm.name} not evaluated: {error.message}")
+                continue
+            state, reason, reason_data = rule.verdict(data, now)
+            if state != alarm.state_value or alarm.state_reason.startswith("Unchecked"):
+                alarm.update_state(reason, reason_data, state)
+            if state != "ALARM" or str(alarm.actions_enabled).lower() == "false":
+                continue
+            value = rule.values(data, now)[0][1] or 0.0
+            for action in alarm.alarm_actions or []:
+                policy = next((p for p in self.policies.values() if p.arn == action), None)
+                if policy is not None and policy.key == ("sagemaker", f"inference-component/{component.name}", COPY_DIMENSION):
+                    self._step(policy, component, value - alarm.threshold, alarm.name, now)
+
+    def _step(self, policy: ScalingPolicy, component: Component, breach: float, alarm: str, now: float) -> None:
+        """One step-scaling activity: ChangeInCapacity or ExactCapacity of the step that holds the breach, within the
+        target's MinCapacity..MaxCapacity, unless a scaling activity is in progress or the policy's Cooldown
+        (`scaling_cooldown_scale` of it) has not passed since its last one: "the scaling policy won't increase the
+        desired capacity again unless either a larger scale out is triggered or the cooldown period ends"
+        (Cooldown, https://docs.aws.amazon.com/autoscaling/application/APIReference/API_StepScalingPolicyConfiguration.html;
+        a larger step within the cooldown is not modelled). Adjustments "can continue for additional alarm breaches
+        until the alarm state returns to OK" (https://docs.aws.amazon.com/autoscaling/application/userguide/step-scaling-policy-overview.html)."""
+        if policy.params.get("PolicyType") != "StepScaling":
+            return
+        config = policy.params["StepScalingPolicyConfiguration"]
+        target = self.targets.get(policy.key)
+        if target is None or component.status != "InService" or component.job is not None:
+            return
+        if now < policy.last_activity + config.get("Cooldown", 0) * self.shared.scenario.scaling_cooldown_scale:
+            self.shared.note(component.name, f"policy {policy.params['PolicyName']}: in its Cooldown; no scale-out yet")
+            return
+        step = step_for(config.get("StepAdjustments", []), breach)
+        kind = config.get("AdjustmentType")
+        if step is None or kind not in ("ChangeInCapacity", "ExactCapacity"):
+            if kind not in (None, "ChangeInCapacity", "ExactCapacity"):
+                self.shared.note(component.name, f"policy {policy.params['PolicyName']}: AdjustmentType {kind} is not "
+                                 "modelled by the AWS double")
+            return
+        current = component.desired_copies
+        wanted = current + step["ScalingAdjustment"] if kind == "ChangeInCapacity" else step["ScalingAdjustment"]
+        wanted = max(target.min_capacity, min(target.max_capacity, wanted))
+        if wanted == current:
+            return
+        policy.last_activity = now
+        self.sagemaker.scale(component, wanted, f"alarm {alarm} in ALARM ran step scaling policy {policy.params['PolicyName']}")
 
 
 # --------------------------------------------------------------------------------------
@@ -2298,6 +2647,7 @@ class AwsDouble:
         self._runtime: ContainerRuntime | None = None
         self._sagemaker: SageMaker | None = None
         self._codebuild: CodeBuildSimulator | None = None
+        self._autoscaling: AutoScaling | None = None
         self._published = PublishedRegistries(self._shared, self.client, lambda: self.url)
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -2307,6 +2657,7 @@ class AwsDouble:
         self._server.daemon_threads = True
         self._runtime = ContainerRuntime(self._shared, self.client, self._published)
         self._sagemaker = SageMaker(self._shared, self._runtime)
+        self._autoscaling = self._sagemaker.autoscaling = AutoScaling(self._shared, self._sagemaker)
         self._codebuild = CodeBuildSimulator(self._shared, self._runtime, self.client)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="aws-double", daemon=True)
@@ -2359,13 +2710,15 @@ class AwsDouble:
             return self._clients[key]
 
     def reset(self) -> None:
-        """moto's reset plus the double's own: resources, processes, images, builds, scenario, call and rollout logs."""
+        """moto's reset plus the double's own: resources, processes, images, builds, scaling, scenario, call and rollout
+        logs."""
         self._sagemaker.drain()
         request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST", data=b"")
         with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as response:
             response.read()
         self._runtime.clear()
         self._codebuild.clear()
+        self._autoscaling.clear()
         self._published.clear()
         with self._shared.lock:
             self._shared.scenario = Scenario()
@@ -2434,6 +2787,9 @@ class AwsDouble:
                     environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
                     return self._moto(environ, start_response)
                 result = self._sagemaker.handle(operation, params)
+                return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
+            if target.startswith(AUTOSCALING_TARGET):
+                result = self._autoscaling.handle(target[len(AUTOSCALING_TARGET):], parse_json_body(read_body(environ)))
                 return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
             if target in ("CodeBuild_20161006.StartBuild", "CodeBuild_20161006.BatchGetBuilds"):
                 return self._codebuild_call(environ, start_response, target)

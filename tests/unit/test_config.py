@@ -253,3 +253,28 @@ def test_a_shared_endpoint_names_production_by_the_endpoint_and_an_unset_one_has
     with pytest.raises(ConfigError, match=r"placement\.(instance_type\.)?endpoint"):
         load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml", overrides=("placement.endpoint=Bad_Name",))
 
+
+
+def test_scale_to_zero_is_checked_against_the_copies_and_the_endpoint_s_instances_and_unset_hashes_as_before():
+    """scale_to_zero (docs/fleet.md, "Scale to zero"): on aws the endpoint must be allowed to give back its instances
+    (ManagedInstanceScaling.MinInstanceCount 0, which needs MaxInstanceCount); max_copies holds the release's copies;
+    the gate's bound is required; a config without the section keeps its release id."""
+    scaling = "scale_to_zero={idle_s: 600, max_cold_start_p95_s: 900}"
+    with pytest.raises(ConfigError, match="set placement.min_instance_count: 0"):
+        load_release_config(QWEN, overrides=(scaling,), environ={})
+    config = load_release_config(QWEN, overrides=(scaling, "placement.min_instance_count=0"), environ={})
+    assert config.scale_to_zero.plan(config.rollout.copies).model_dump() == {
+        "max_copies": 2, "idle_s": 600, "invocations_per_copy": 10.0}
+    with pytest.raises(ConfigError, match=r"max_copies \(1\) is below rollout.copies \(2\)"):
+        load_release_config(QWEN, overrides=("scale_to_zero={max_copies: 1, max_cold_start_p95_s: 900}",
+                                             "placement.min_instance_count=0"), environ={})
+    with pytest.raises(ConfigError, match="max_cold_start_p95_s"):
+        load_release_config(QWEN, overrides=("scale_to_zero={idle_s: 600}", "placement.min_instance_count=0"), environ={})
+    with pytest.raises(ConfigError, match="needs placement.max_instance_count too"):
+        load_release_config(QWEN, overrides=("placement.max_instance_count=null", "placement.min_instance_count=0"),
+                            environ={})
+    local = load_release_config(GEMMA, overrides=("scale_to_zero={max_cold_start_p95_s: 30}",), environ={})
+    assert local.scale_to_zero.idle_s == 900  # locally the instances are this machine: no instance floor to set
+    plain = load_release_config(GEMMA, environ={})
+    assert plain.config_hash() == load_release_config(GEMMA, overrides=("scale_to_zero=null",), environ={}).config_hash()
+    assert plain.config_hash() != local.config_hash()

@@ -270,3 +270,13 @@ def test_the_table_runs_the_ledger_s_stages_in_their_order_and_every_release_ste
     assert table.STAGE_NAMES == events.STAGES
     assert set(table.RELEASE_STEPS) <= set(STEPS) and table.RELEASE_STEPS[0] == "begin" and table.RELEASE_STEPS[-1] == "end"
     assert [name for name in table.RELEASE_STEPS if name in table.STAGE_NAMES] == list(table.STAGE_NAMES)
+
+
+def test_validate_s_timeout_grows_by_the_cold_starts_of_a_config_that_scales_to_zero():
+    from tasks.backends.interfaces import SCALE_WAIT_S
+    from tasks.config import load_release_config
+
+    gemma = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
+    plain = load_release_config(gemma, environ={})
+    scaled = load_release_config(gemma, overrides=("scale_to_zero={cold_starts: 3, max_cold_start_p95_s: 100}",), environ={})
+    assert table.timeout_for("validate", scaled) - table.timeout_for("validate", plain) == 3 * (SCALE_WAIT_S + 200)

@@ -15,6 +15,13 @@ inference-component endpoint, invocation through `sagemaker-runtime`, teardown a
   Updating is waited for before it is updated (SageMaker refuses that). Waits use `waiters.json` (every non-success
   terminal status fails) with deadlines, and capture `FailureReason` at once. Success is judged by the caller on
   the typed `describe`: an update that ends InService on the old spec shows as differences, never as success.
+- **Scale to zero** (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html) needs an
+  inference-component endpoint whose variant has `ManagedInstanceScaling.MinInstanceCount` 0 (a candidate whose
+  placement asks for that is a component endpoint too), and per component: an Application Auto Scaling target on
+  `sagemaker:inference-component:DesiredCopyCount` from 0 copies, a target-tracking policy on invocations per copy that
+  scales in, and a step-scaling policy on a CloudWatch alarm on `NoCapacityInvocationFailures` that adds a copy when a
+  request finds none (`enable_scale_to_zero`). Deleting an endpoint removes each component's alarm, policies and target
+  first, so a torn-down candidate leaves none behind.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from tasks.backends.aws.service_model import request_applied
 from tasks.backends.aws.artifact_store import artifact_sha256
 from tasks.backends.aws.waiters import wait_for
 from tasks.backends.placement import gpus_per_instance
-from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
+from tasks.errors import BadInput, CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import (
     DEPLOY_WAIT_S,
@@ -43,6 +50,7 @@ from tasks.backends.interfaces import (
     RolloutPlan,
     RolloutResult,
     RolloutStep,
+    ScaleToZeroPlan,
 )
 
 VARIANT = "AllTraffic"  # the capacity variant of inference-component endpoints
@@ -59,6 +67,19 @@ ROUTING = {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
 SAGEMAKER_PERIOD_S = 60  # SageMaker publishes invocation metrics per minute
 GATE_METRIC = "OnlineGateFailed"
 GATE_PERIOD_S = 10  # the gate's verdict is a high-resolution metric, so its alarm can judge every 10 s
+# Scale to zero (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html): what
+# Application Auto Scaling scales, the metric SageMaker emits when a request finds no copy, and the step policy's values.
+# The alarm judges the failures of 30 s (Sum >= 1), as AWS's scale-to-zero blog post does
+# (https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/);
+# the user guide page's example uses 60 s and GreaterThanThreshold 1, which needs a second failure in the minute.
+SCALING_NAMESPACE = "sagemaker"
+COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
+PER_COPY_METRIC = "SageMakerInferenceComponentInvocationsPerCopy"
+NO_CAPACITY_METRIC = "NoCapacityInvocationFailures"
+NO_CAPACITY_PERIOD_S = 30
+SCALE_OUT_COOLDOWN_S = 60  # the page's step policy: Cooldown 60, one copy when the alarm fires
+SCALE_OUT_COPIES = 1
+COPIES_WAIT_S = COMPONENT_WAIT_S  # set_copies: the component InService at the new count
 
 
 def name_base(name: str) -> str:
@@ -79,6 +100,20 @@ def tags(**values: str) -> list[dict]:
 def component_dimensions(component: str) -> list[dict]:
     """The CloudWatch dimensions of an inference component's metrics (SageMaker's and the online gate's)."""
     return [{"Name": "InferenceComponentName", "Value": component}]
+
+
+def scaling_resource_id(component: str) -> str:
+    """Application Auto Scaling's ResourceId of an inference component's copy count."""
+    return f"inference-component/{component}"
+
+
+def scale_to_zero_names(component: str) -> dict[str, str]:
+    """The names of a component's scale-to-zero resources: its own name plus a fixed suffix (at most 63 + 25
+    characters, within PolicyName's 256 and AlarmName's 255). Not content-derived, unlike models and rollout alarms:
+    PutScalingPolicy and PutMetricAlarm replace what has the same name, so a changed plan replaces its policies in
+    place, where a new name would leave the old policy scaling too. Prefixed by the component, so cleanup finds them."""
+    return {"tracking": f"{component}-invocations-per-copy", "step": f"{component}-scale-out-from-zero",
+            "alarm": f"{component}-no-capacity"}
 
 
 def failure_reason(answer: dict | None) -> str:
@@ -149,9 +184,12 @@ class SageMakerHosting:
                            AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}])
         else:
             variant.update(InstanceType=placement.instance_type, InitialInstanceCount=count)
-        most = getattr(placement, "max_instance_count", None)
+        most, least = getattr(placement, "max_instance_count", None), getattr(placement, "min_instance_count", None)
         if most and not model_name:  # room for updates (tasks.backends.capacity); components only, as SageMaker allows
-            variant["ManagedInstanceScaling"] = {"Status": "ENABLED", "MinInstanceCount": count, "MaxInstanceCount": most}
+            # MinInstanceCount 0 lets SageMaker give back every instance while no component has a copy (scale to zero:
+            # https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)
+            variant["ManagedInstanceScaling"] = {"Status": "ENABLED", "MinInstanceCount": count if least is None else least,
+                                                 "MaxInstanceCount": most}
         if on_gpu and placement.inference_ami_version:
             variant["InferenceAmiVersion"] = placement.inference_ami_version
         return variant
@@ -183,8 +221,12 @@ class SageMakerHosting:
 
     @staticmethod
     def single_model(placement, role: str) -> bool:
-        """Candidates on instance pools or one instance type are single-model endpoints; MIG and production use components."""
-        return role == "candidate" and placement.kind != "mig_partition"
+        """Candidates on instance pools or one instance type are single-model endpoints; MIG and production use components,
+        and so does a candidate whose placement lets the endpoint go to zero instances (`min_instance_count: 0`): only an
+        endpoint that hosts inference components can scale to and from zero
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)."""
+        return (role == "candidate" and placement.kind != "mig_partition"
+                and getattr(placement, "min_instance_count", None) != 0)
 
     # -- deploy ------------------------------------------------------------------------------
     def alarm_requests(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan) -> list[dict]:
@@ -552,6 +594,149 @@ class SageMakerHosting:
             raise error(f"inference component {component} failed: {reason}{kept}",
                         fix="check the copies fit the endpoint's partitions or instances, and the container logs")
 
+    # -- scale to zero ---------------------------------------------------------------------------
+    def scale_to_zero_requests(self, endpoint: str, component: str, plan: ScaleToZeroPlan) -> dict[str, dict]:
+        """The requests of https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html for
+        one component: `target` (RegisterScalableTarget, 0..max_copies copies, tagged as shiplift tags what it creates),
+        `tracking` (PutScalingPolicy, target tracking on invocations per copy: it scales in, after `idle_s` of cooldown),
+        `step` (PutScalingPolicy, step scaling: one more copy when its alarm fires) and `alarm` (PutMetricAlarm on the
+        component's NoCapacityInvocationFailures, Sum over 30 s >= 1; its AlarmActions, the step policy's ARN, are added
+        once Application Auto Scaling has named it)."""
+        names = scale_to_zero_names(component)
+        target = {"ServiceNamespace": SCALING_NAMESPACE, "ResourceId": scaling_resource_id(component),
+                  "ScalableDimension": COPY_DIMENSION}
+        return {
+            "target": {**target, "MinCapacity": 0, "MaxCapacity": plan.max_copies,
+                       "Tags": {tag["Key"]: tag["Value"] for tag in tags(endpoint=endpoint)}},
+            "tracking": {"PolicyName": names["tracking"], **target, "PolicyType": "TargetTrackingScaling",
+                         "TargetTrackingScalingPolicyConfiguration": {
+                             "TargetValue": float(plan.invocations_per_copy),
+                             "PredefinedMetricSpecification": {"PredefinedMetricType": PER_COPY_METRIC},
+                             "ScaleInCooldown": plan.idle_s}},
+            "step": {"PolicyName": names["step"], **target, "PolicyType": "StepScaling",
+                     "StepScalingPolicyConfiguration": {
+                         "AdjustmentType": "ChangeInCapacity", "MetricAggregationType": "Maximum",
+                         "Cooldown": SCALE_OUT_COOLDOWN_S,
+                         "StepAdjustments": [{"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": SCALE_OUT_COPIES}]}},
+            "alarm": {"AlarmName": names["alarm"],
+                      "AlarmDescription": f"scale_to_zero of {component}: a request found no copy; the step policy "
+                                          f"{names['step']} starts {SCALE_OUT_COPIES} (up to {plan.max_copies})",
+                      "Namespace": "AWS/SageMaker", "MetricName": NO_CAPACITY_METRIC,
+                      "Dimensions": component_dimensions(component), "Statistic": "Sum", "Period": NO_CAPACITY_PERIOD_S,
+                      "EvaluationPeriods": 1, "DatapointsToAlarm": 1, "Threshold": 1.0,
+                      "ComparisonOperator": "GreaterThanOrEqualToThreshold", "TreatMissingData": "missing",
+                      "Tags": tags(endpoint=endpoint)},
+        }
+
+    def enable_scale_to_zero(self, endpoint: str, component: str, plan: ScaleToZeroPlan, *, progress: Progress) -> None:
+        """Register the component's copy count with Application Auto Scaling from 0 to `plan.max_copies`, put the
+        target-tracking policy that scales it in and the step policy that scales it out from zero, and the alarm on
+        NoCapacityInvocationFailures whose action is the step policy
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html). Each is read first
+        and sent only when missing or different, so a rerun sends nothing; the names are fixed per component, so a
+        changed plan replaces its policies and alarm in place. The endpoint gives back its instances only when its
+        variant's ManagedInstanceScaling.MinInstanceCount is 0 (placement.min_instance_count)."""
+        if self.inference_component(endpoint, component) is None:
+            raise NotFound(f"inference component {component} is not on endpoint {endpoint}",
+                           fix="deploy it first; only an endpoint that hosts inference components scales to zero (a candidate "
+                               "is one when placement.min_instance_count is 0)")
+        wanted = self.scale_to_zero_requests(endpoint, component, plan)
+        where = {key: wanted["target"][key] for key in ("ServiceNamespace", "ResourceId", "ScalableDimension")}
+        targets = self._pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets",
+                              ServiceNamespace=SCALING_NAMESPACE, ResourceIds=[where["ResourceId"]], ScalableDimension=COPY_DIMENSION)
+        if not any(t.get("MinCapacity") == 0 and t.get("MaxCapacity") == plan.max_copies for t in targets):
+            progress(f"inference component {component}: RegisterScalableTarget, 0..{plan.max_copies} copies")
+            self.aws.call("application-autoscaling", "RegisterScalableTarget", **wanted["target"])
+        names = [wanted["tracking"]["PolicyName"], wanted["step"]["PolicyName"]]
+        live = {p["PolicyName"]: p for p in self._pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies",
+                                                         PolicyNames=names, **where)}
+        arns = {}
+        for key in ("tracking", "step"):
+            request = wanted[key]
+            found = live.get(request["PolicyName"])
+            compared = {k: v for k, v in request.items() if k == "PolicyType" or k.endswith("PolicyConfiguration")}
+            if found is not None and request_applied(found, compared):
+                arns[key] = found["PolicyARN"]
+                continue
+            progress(f"inference component {component}: PutScalingPolicy {request['PolicyName']} ({request['PolicyType']})")
+            arns[key] = self.aws.call("application-autoscaling", "PutScalingPolicy", **request)["PolicyARN"]
+        alarm = {**wanted["alarm"], "AlarmActions": [arns["step"]]}
+        found = self.aws.call("cloudwatch", "DescribeAlarms", AlarmNames=[alarm["AlarmName"]]).get("MetricAlarms", [])
+        if not (found and request_applied(found[0], {k: v for k, v in alarm.items() if k != "Tags"})):
+            progress(f"inference component {component}: PutMetricAlarm {alarm['AlarmName']} ({NO_CAPACITY_METRIC} >= 1 in "
+                     f"{NO_CAPACITY_PERIOD_S}s scales out by {SCALE_OUT_COPIES})")
+            self.aws.call("cloudwatch", "PutMetricAlarm", **alarm)
+
+    def set_copies(self, endpoint: str, component: str, copies: int, *, progress: Progress) -> None:
+        """UpdateInferenceComponentRuntimeConfig to `copies` (0 stops every copy: the model allows CopyCount 0, and AWS's
+        scale-to-zero post schedules exactly that,
+        https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/),
+        then wait (deadline COPIES_WAIT_S) until the component is InService with that many copies, desired and current.
+        A component Creating or Updating is waited for first (SageMaker refuses to update it); nothing is sent when it
+        already holds `copies`."""
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
+            raise BadInput(f"copies={copies!r} is not a whole number >= 0", fix="pass the copy count to set (0 stops every copy)")
+        live = self.inference_component(endpoint, component)
+        if live is None:
+            raise NotFound(f"inference component {component} is not on endpoint {endpoint}", fix="deploy it first")
+        if live.get("InferenceComponentStatus") in UNSETTLED:
+            progress(f"inference component {component} is {live['InferenceComponentStatus']}; waiting for it to end first")
+            live = self._settled(component, progress, deadline_s=COMPONENT_WAIT_S)
+            if live is None:
+                raise NotFound(f"inference component {component} was deleted meanwhile", fix="deploy it again")
+        if not self._holds(live, copies):
+            progress(f"inference component {component}: UpdateInferenceComponentRuntimeConfig to {copies} "
+                     f"cop{'y' if copies == 1 else 'ies'} (from {self._copies(live)})")
+            self._sm("UpdateInferenceComponentRuntimeConfig", InferenceComponentName=component,
+                     DesiredRuntimeConfig={"CopyCount": copies})
+        deadline = time.monotonic() + COPIES_WAIT_S
+        while True:
+            state, answer = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
+                                     deadline_s=max(self.poll_s, deadline - time.monotonic()), poll_s=self.poll_s,
+                                     progress=progress, what=f"inference component {component}")
+            answer = answer or {}
+            reason = answer.get("FailureReason")
+            if state == "failure" or (reason and not self._holds(answer, copies)):
+                error = CapacityError if "capacity" in failure_reason(answer).lower() else DeployFailed
+                raise error(f"inference component {component} did not reach {copies} copies: {failure_reason(answer)} "
+                            f"(it has {self._copies(answer)})",
+                            fix="check the copies fit the endpoint's instances (placement.max_instance_count) and the logs")
+            if self._holds(answer, copies):
+                return
+            if time.monotonic() + self.poll_s > deadline:
+                runtime = answer.get("RuntimeConfig") or {}
+                raise NotReady(f"inference component {component} has {self._copies(answer)} copies (desired "
+                               f"{runtime.get('DesiredCopyCount')}) after {COPIES_WAIT_S:g}s, not {copies}",
+                               fix="rerun the stage; if Application Auto Scaling changed the count meanwhile, that is "
+                                   "its scale-to-zero policies acting")
+            time.sleep(self.poll_s)
+
+    def _holds(self, live: dict, copies: int) -> bool:
+        """Whether a component's description is InService with `copies` copies, desired and current."""
+        runtime = live.get("RuntimeConfig") or {}
+        return (live.get("InferenceComponentStatus") == "InService" and runtime.get("DesiredCopyCount") == copies
+                and self._copies(live) == copies)
+
+    def _remove_scale_to_zero(self, component: str, progress: Progress) -> None:
+        """Before a component goes: its scale-out alarm (the one named for it whose metric is the component's), then every
+        scaling policy on its copy count and the scalable target, so nothing scales or bills for a component that is
+        gone (SageMaker would deregister the target with the endpoint, but not our alarm:
+        https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-delete-with-scaling.html)."""
+        alarm = scale_to_zero_names(component)["alarm"]
+        for found in self.aws.call("cloudwatch", "DescribeAlarms", AlarmNames=[alarm]).get("MetricAlarms", []):
+            if found.get("Dimensions") == component_dimensions(component):
+                self.aws.call("cloudwatch", "DeleteAlarms", AlarmNames=[found["AlarmName"]])
+                progress(f"removed alarm {found['AlarmName']} of inference component {component}")
+        resource = scaling_resource_id(component)
+        for target in self._pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets",
+                                  ServiceNamespace=SCALING_NAMESPACE, ResourceIds=[resource]):
+            where = {"ServiceNamespace": SCALING_NAMESPACE, "ResourceId": resource, "ScalableDimension": target["ScalableDimension"]}
+            for policy in self._pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies", **where):
+                self.aws.call("application-autoscaling", "DeleteScalingPolicy", PolicyName=policy["PolicyName"], **where)
+                progress(f"removed scaling policy {policy['PolicyName']} of inference component {component}")
+            self.aws.call("application-autoscaling", "DeregisterScalableTarget", **where)
+            progress(f"removed the scalable target of inference component {component}")
+
     # -- describe ----------------------------------------------------------------------------
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """What serves, read from the endpoint, its component or variant, the config and the model (with its tags)."""
@@ -647,7 +832,8 @@ class SageMakerHosting:
         return True
 
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
-        """Components (waited), the endpoint (waited), then its configs and models, found by name and tag."""
+        """Components (each with its scale-to-zero alarm, policies and target first; waited), the endpoint (waited), then
+        its configs and models, found by name and tag."""
         existed = False
         for component in self._components_of(endpoint):
             existed = True
@@ -665,6 +851,8 @@ class SageMakerHosting:
         return [c["InferenceComponentName"] for c in found]
 
     def _delete_component(self, component: str, progress: Progress) -> None:
+        """Its scale-to-zero alarm, policies and target first (`_remove_scale_to_zero`), then the component (waited)."""
+        self._remove_scale_to_zero(component, progress)
         try:
             self._sm("DeleteInferenceComponent", InferenceComponentName=component)
         except NotFound:
@@ -753,7 +941,8 @@ class SageMakerHosting:
         return policies + found
 
     def _alarms(self, prefix: str) -> list[ManagedResource]:
-        """CloudWatch alarms named with the prefix and tagged by shiplift (the canary's bake alarms)."""
+        """CloudWatch alarms named with the prefix and tagged by shiplift (the canary's bake alarms, scale to zero's
+        scale-out alarms)."""
         alarms = self._pages("cloudwatch", "DescribeAlarms", "MetricAlarms", AlarmNamePrefix=prefix)
         found = []
         for alarm in alarms:

@@ -9,7 +9,10 @@ the tests check both directions: each request is allowed, and nothing is granted
 action has no resource-level permissions (the List* calls, GetMetricData, GetAuthorizationToken).
 A config whose image is published (`AdoptedImageConfig`, the llama.cpp DLC) builds nothing: its pipeline role reads
 the tag's digest in the publisher's repository instead of building (`tasks.backends.aws.published_images`), its
-execution role pulls from there, and it needs no CodeBuild role.
+execution role pulls from there, and it needs no CodeBuild role. Only a config with `scale_to_zero` gets what scale to
+zero sends (`SCALE_TO_ZERO_OPERATIONS`: registering the scalable target, with its tags, putting the scaling policies,
+setting a component's copies) and `iam:CreateServiceLinkedRole` for the one role Application Auto Scaling creates on the
+account's first RegisterScalableTarget for SageMaker.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
         ("CreateInferenceComponent", ("inference-component", "endpoint")),
         ("DescribeInferenceComponent", ("inference-component",)),
         ("UpdateInferenceComponent", ("inference-component",)), ("DeleteInferenceComponent", ("inference-component",)),
+        ("UpdateInferenceComponentRuntimeConfig", ("inference-component",)),
         ("AddTags", ("tagged",)), ("ListTags", ("tagged",)),
         ("ListModels", ("*",)), ("ListEndpointConfigs", ("*",)), ("ListEndpoints", ("*",)), ("ListInferenceComponents", ("*",)),
         ("CreateModelPackageGroup", ("model-package-group",)), ("DescribeModelPackageGroup", ("model-package-group",)),
@@ -65,6 +69,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("application-autoscaling", "DescribeScalingPolicies"): ("application-autoscaling:DescribeScalingPolicies", ("*",)),
     ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", ("scalable-target",)),
     ("application-autoscaling", "DeregisterScalableTarget"): ("application-autoscaling:DeregisterScalableTarget", ("scalable-target",)),
+    ("application-autoscaling", "RegisterScalableTarget"): ("application-autoscaling:RegisterScalableTarget", ("scalable-target",)),
+    ("application-autoscaling", "PutScalingPolicy"): ("application-autoscaling:PutScalingPolicy", ("scalable-target",)),
     # what a pipeline task run by Step Functions sends for its task token (tasks.orchestrators.task_token)
     **{("stepfunctions", op): (f"states:{op}", ("*",)) for op in ("SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat")},
 }
@@ -84,9 +90,20 @@ CHECKPOINT_OPERATIONS: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, .
 BUILD_OPERATIONS = {operation for operation in OPERATIONS
                     if operation[0] == "codebuild" or operation in (("ecr", "DescribeRepositories"), ("ecr", "DescribeImages"))}
 ADOPT_OPERATIONS = {("ecr", "BatchGetImage")}
-# a create with Tags also tags what it creates
+# what only scale to zero sends (SageMakerHosting.enable_scale_to_zero, set_copies): granted to configs with scale_to_zero
+SCALE_TO_ZERO_OPERATIONS = {("application-autoscaling", "RegisterScalableTarget"), ("application-autoscaling", "PutScalingPolicy"),
+                            ("sagemaker", "UpdateInferenceComponentRuntimeConfig")}
+# a create with Tags also tags what it creates (RegisterScalableTarget: the reference lists application-autoscaling:TagResource
+# as its dependent action)
 ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",), "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
-               "sagemaker:CreateModelPackage": ("sagemaker:AddTags",)}
+               "sagemaker:CreateModelPackage": ("sagemaker:AddTags",),
+               "application-autoscaling:RegisterScalableTarget": ("application-autoscaling:TagResource",)}
+# The service-linked role Application Auto Scaling creates, as the caller, on the account's first RegisterScalableTarget
+# for SageMaker: the caller needs iam:CreateServiceLinkedRole on it
+# (https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-service-linked-roles.html; the
+# role, its path and the condition: https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-prerequisites.html)
+AUTOSCALING_SERVICE = "sagemaker.application-autoscaling.amazonaws.com"
+AUTOSCALING_ROLE = f"role/aws-service-role/{AUTOSCALING_SERVICE}/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
 # operation -> (IAM actions, resource kinds), the shape of CHECKPOINT_OPERATIONS
 NEEDED = {operation: ((action, *ALSO_NEEDED.get(action, ())), kinds) for operation, (action, kinds) in OPERATIONS.items()}
 GATE_NAMESPACE = "shiplift/Rollout"  # where the online gate's verdict is published (tasks.backends.aws.hosting)
@@ -211,10 +228,18 @@ def _statement(sid: str, actions: list[str], resources: list[str], condition: di
     return statement
 
 
+def scales_to_zero(config) -> bool:
+    """Whether the config asks for scale to zero (its `scale_to_zero` section)."""
+    return getattr(config, "scale_to_zero", None) is not None
+
+
 def sent_operations(config) -> dict:
-    """`NEEDED` less what the config's image never sends: a built image reads no publisher's registry, a published
-    one touches neither the config's repository nor CodeBuild."""
+    """`NEEDED` less what the config never sends: a built image reads no publisher's registry, a published one touches
+    neither the config's repository nor CodeBuild, and only a config with scale_to_zero registers scalable targets, puts
+    scaling policies and sets copies."""
     skipped = BUILD_OPERATIONS if isinstance(config.image, AdoptedImageConfig) else ADOPT_OPERATIONS
+    if not scales_to_zero(config):
+        skipped = skipped | SCALE_TO_ZERO_OPERATIONS
     return {operation: needed for operation, needed in NEEDED.items() if operation not in skipped}
 
 
@@ -247,6 +272,10 @@ def pipeline_policy(config) -> dict:
     for arn, service in passed:
         statements.append(_statement(f"PassRoleTo{service.split('.')[0].title()}", ["iam:PassRole"], [arn],
                                      {"StringEquals": {"iam:PassedToService": service}}))
+    if scales_to_zero(config):
+        statements.append(_statement("CreateAutoScalingServiceLinkedRole", ["iam:CreateServiceLinkedRole"],
+                                     [f"arn:{scope.partition}:iam::{scope.account}:{AUTOSCALING_ROLE}"],
+                                     {"StringLike": {"iam:AWSServiceName": AUTOSCALING_SERVICE}}))
     return {"Version": "2012-10-17", "Statement": statements}
 
 

@@ -183,6 +183,7 @@ UPDATED = "polled until InService; on the candidate's model is success, on the o
 ROLLING = "polled until the update ends; meanwhile the alarms are read every rollout.alarms.check_interval_s"
 ROLLED = "the update has ended: InService on the candidate's model is success, on the old one a rollback"
 DELETED = "polled until it is gone"
+COPIES = "polled until InService with the new copy count, desired and current"
 BUILT = "polled until the build ends"
 
 
@@ -209,6 +210,8 @@ class FreshAccount:
         self.groups: dict[str, dict] = {}
         self.packages: dict[str, dict] = {}  # model package ARN -> description
         self.alarms: dict[str, dict] = {}
+        self.targets: dict[tuple[str, str, str], dict] = {}  # (namespace, resource id, dimension) -> scalable target
+        self.policies: dict[tuple[str, str, str, str], dict] = {}  # ... and policy name -> scaling policy
         self.handlers: dict[tuple[str, str], Callable[[dict], Any]] = {
             ("sts", "GetCallerIdentity"): self._caller,
             ("kms", "DescribeKey"): self._key,
@@ -232,6 +235,13 @@ class FreshAccount:
             ("codebuild", "BatchGetBuilds"): self._get_builds,
             ("sagemaker", "ListTags"): lambda params: {"Tags": self.tags.get(params["ResourceArn"], [])},
             ("sagemaker", "UpdateInferenceComponent"): self._update_component,
+            ("sagemaker", "UpdateInferenceComponentRuntimeConfig"): self._component_copies,
+            ("application-autoscaling", "DescribeScalableTargets"): self._scalable_targets,
+            ("application-autoscaling", "RegisterScalableTarget"): self._register_target,
+            ("application-autoscaling", "DeregisterScalableTarget"): self._deregister_target,
+            ("application-autoscaling", "DescribeScalingPolicies"): self._scaling_policies,
+            ("application-autoscaling", "PutScalingPolicy"): self._put_policy,
+            ("application-autoscaling", "DeleteScalingPolicy"): self._delete_policy,
             ("sagemaker", "DescribeModelPackageGroup"): self._describe_group,
             ("sagemaker", "CreateModelPackageGroup"): self._create_group,
             ("sagemaker", "ListModelPackages"): self._list_packages,
@@ -498,6 +508,73 @@ class FreshAccount:
             self.polls[("InferenceComponent", name)] = [({}, UPDATED)]
         return {"InferenceComponentArn": found["InferenceComponentArn"]}
 
+    def _component_copies(self, params: dict) -> dict:
+        """UpdateInferenceComponentRuntimeConfig: the component at its new copy count, polled once."""
+        name = params["InferenceComponentName"]
+        found = self.hosting["InferenceComponent"].get(name)
+        if found is None:
+            raise Refusal("ValidationException", f'Could not find inference component "{name}".')
+        found.update(RuntimeConfig=_copies(params["DesiredRuntimeConfig"]["CopyCount"]), LastModifiedTime=THEN)
+        self.polls[("InferenceComponent", name)] = [({}, COPIES)]
+        return {"InferenceComponentArn": found["InferenceComponentArn"]}
+
+    # -- Application Auto Scaling ----------------------------------------------------------------------------------
+    def _scalable_targets(self, params: dict) -> dict:
+        return {"ScalableTargets": [target for (namespace, resource, dimension), target in self.targets.items()
+                                    if namespace == params["ServiceNamespace"]
+                                    and resource in params.get("ResourceIds", [resource])
+                                    and params.get("ScalableDimension", dimension) == dimension]}
+
+    def _register_target(self, params: dict) -> dict:
+        """A new target (or the existing one with the capacities sent); its ARN carries an id only AWS chooses."""
+        key = (params["ServiceNamespace"], params["ResourceId"], params["ScalableDimension"])
+        target = self.targets.get(key) or {
+            "ServiceNamespace": key[0], "ResourceId": key[1], "ScalableDimension": key[2], "CreationTime": THEN,
+            "RoleARN": f"arn:{self.partition}:iam::{self.account_id}:role/aws-service-role/"
+                       "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint",
+            "ScalableTargetARN": self.arn("application-autoscaling", "scalable-target/" + self.stand_in(
+                placeholder_hex(what := f"the id Application Auto Scaling gives the scalable target of {key[1]}",
+                                self.release_id)[:36], what))}
+        target.update({k: params[k] for k in ("MinCapacity", "MaxCapacity") if k in params})
+        self.targets[key] = target
+        return {"ScalableTargetARN": target["ScalableTargetARN"]}
+
+    def _deregister_target(self, params: dict) -> dict:
+        key = (params["ServiceNamespace"], params["ResourceId"], params["ScalableDimension"])
+        if self.targets.pop(key, None) is None:
+            raise Refusal("ObjectNotFoundException", f"No scalable target registered for service namespace: {key[0]}, "
+                          f"resource ID: {key[1]}, scalable dimension: {key[2]}")
+        for policy in [policy for policy in self.policies if policy[:3] == key]:  # its policies go with it
+            del self.policies[policy]
+        return {}
+
+    def _scaling_policies(self, params: dict) -> dict:
+        return {"ScalingPolicies": [policy for (namespace, resource, dimension, name), policy in self.policies.items()
+                                    if namespace == params["ServiceNamespace"]
+                                    and params.get("ResourceId", resource) == resource
+                                    and params.get("ScalableDimension", dimension) == dimension
+                                    and name in params.get("PolicyNames", [name])]}
+
+    def _put_policy(self, params: dict) -> dict:
+        """A policy (replacing one of its name) on a registered target; its ARN carries an id only AWS chooses."""
+        key = (params["ServiceNamespace"], params["ResourceId"], params["ScalableDimension"], params["PolicyName"])
+        if key[:3] not in self.targets:
+            raise Refusal("ObjectNotFoundException", f"No scalable target registered for service namespace: {key[0]}, "
+                          f"resource ID: {key[1]}, scalable dimension: {key[2]}")
+        what = f"the id Application Auto Scaling gives the policy {key[3]}"
+        policy_id = self.stand_in(_uuid(placeholder_hex(what, self.release_id)), what)
+        arn = (f"arn:{self.partition}:autoscaling:{self.region}:{self.account_id}:scalingPolicy:{policy_id}:"
+               f"resource/{key[0]}/{key[1]}:policyName/{key[3]}")
+        self.policies[key] = {**params, "PolicyARN": arn, "Alarms": [], "CreationTime": THEN}
+        return {"PolicyARN": arn, "Alarms": []}
+
+    def _delete_policy(self, params: dict) -> dict:
+        key = (params["ServiceNamespace"], params["ResourceId"], params["ScalableDimension"], params["PolicyName"])
+        if self.policies.pop(key, None) is None:
+            raise Refusal("ObjectNotFoundException", f"No scaling policy found for service namespace: {key[0]}, resource ID: "
+                          f"{key[1]}, scalable dimension: {key[2]}, policy name: {key[3]}")
+        return {}
+
     # -- SageMaker Model Registry ----------------------------------------------------------------------------------
     def _describe_group(self, params: dict) -> dict:
         name = params["ModelPackageGroupName"]
@@ -553,7 +630,12 @@ class FreshAccount:
         return {}
 
     def _describe_alarms(self, params: dict) -> dict:
-        return {"MetricAlarms": [{"AlarmName": name, "AlarmArn": self.arn("cloudwatch", f"alarm:{name}"), "StateValue": "OK",
+        """The named alarms as they were put (what a MetricAlarm holds of the request), in state OK."""
+        from tasks.backends.aws.service_model import service_model
+
+        members = service_model("cloudwatch").shape_for("MetricAlarm").members
+        return {"MetricAlarms": [{**{k: v for k, v in self.alarms[name].items() if k in members},
+                                  "AlarmArn": self.arn("cloudwatch", f"alarm:{name}"), "StateValue": "OK",
                                   "StateReason": "the dry run's alarms never fire"}
                                  for name in params.get("AlarmNames", []) if name in self.alarms]}
 

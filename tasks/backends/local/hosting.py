@@ -31,6 +31,7 @@ from tasks.backends.interfaces import (
     RolloutPlan,
     RolloutResult,
     RolloutStep,
+    ScaleToZeroPlan,
 )
 from validation.transport import HttpInvoker
 
@@ -92,8 +93,10 @@ class LoopbackHosting:
         rollback step whose record fails is not retried here (the rollback goes on); promote appends it late."""
         process = self._process(spec)
         self.processes.ensure_endpoint(endpoint)
-        if self.describe(endpoint, component) is None:
-            progress(f"production {endpoint}/{component}: nothing serves yet, so all {spec.copies} copies start at once")
+        live = self.describe(endpoint, component)
+        if live is None or live.copies == 0:
+            why = "nothing serves yet" if live is None else "it is scaled to zero, so no request is served"
+            progress(f"production {endpoint}/{component}: {why}, so all {spec.copies} copies start at once")
             self.processes.put_component(endpoint, component, process)
             return RolloutResult(status="created")
         progress(f"production {endpoint}/{component}: {plan.strategy} rollout of {spec.copies} copies")
@@ -134,7 +137,7 @@ class LoopbackHosting:
         serving = [c for c in entry["copies"] if c["alive"] and c["ping"] == 200]
         if not described["router"]["alive"]:
             status = "OutOfService"  # nothing answers on the endpoint's port
-        elif entry["registered"] and len(serving) == len(entry["copies"]):
+        elif entry["registered"] and len(serving) == len(entry["copies"]) and (serving or entry["scale_to_zero"]):
             status = "InService"
         else:
             status = "Degraded"
@@ -147,6 +150,19 @@ class LoopbackHosting:
             placement=PlacementObtained(kind="local-process", requested="local", instance_count=len(serving)),
             model_ref=ModelRef.model_validate(ref) if set(ref) == set(ModelRef.model_fields) else None,
         )
+
+    def enable_scale_to_zero(self, endpoint: str, component: str, plan: ScaleToZeroPlan, *, progress: Progress) -> None:
+        """The router stops the component's copies after `plan.idle_s` without a request and starts one when a request
+        finds none (answering it, and those during the start, with SageMaker's retryable no-capacity error). Locally a
+        component scales out from zero by one copy; `plan.max_copies` and `invocations_per_copy` (target tracking
+        under load) act on aws only."""
+        if self.processes.set_scaling(endpoint, component, plan):
+            progress(f"{endpoint}/{component}: scales in to zero after {plan.idle_s}s idle, out on the first request")
+
+    def set_copies(self, endpoint: str, component: str, copies: int, *, progress: Progress) -> None:
+        """Start or stop copies until the component has `copies` (the ones taken away drain first)."""
+        if self.processes.scale(endpoint, component, copies):
+            progress(f"{endpoint}/{component}: now {copies} cop{'y' if copies == 1 else 'ies'}")
 
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
         """Stop the router and every copy (waited); False when there was no such endpoint."""

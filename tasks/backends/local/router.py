@@ -23,7 +23,11 @@ until its `/ping` answers 200 again; `/ping` of the router says so. A copy whose
 503 busy (its connections are full: `Retry-After`) answers, so it stays where it is. The data
 port never shows copy URLs (copies are named by their position in the component), and the
 control port reads no body before the token is checked and refuses the router's own ports as
-copies. The router keeps its components in memory only; `tasks.backends.local.supervisor`
+copies. A component registered with `scale_to_zero` (`{"idle_s": N}`) scales itself, as Application Auto Scaling
+does on SageMaker: idle for N seconds, the router runs `python -m tasks.backends.local.scaler` (with the
+`--state-dir` the router was started with) to stop its copies; a request that finds no copy is answered
+SageMaker's no-capacity `ValidationError` (callers retry it), counted as a NoCapacityInvocationFailure, and starts
+the scaler for one copy, as the scale-out alarm's step policy does. The router keeps its components in memory only; `tasks.backends.local.supervisor`
 persists them, registers them again after a restart and replaces dead copies. Stdlib only (plus `images/common/sagemaker_http.py`, the
 HTTP framing every shiplift server shares), so it starts in a fraction of a second.
 """
@@ -39,6 +43,7 @@ import os
 import re
 import secrets
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -67,7 +72,12 @@ PING_TIMEOUT_S = 2.0
 HEALTH_INTERVAL_S = 1.0
 FAILED_CHECKS_TO_DOWN = 2  # consecutive failed /ping checks that take a copy out of rotation
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-EXIT_PORT_TAKEN = 3  # the --port asked for is not free (the supervisor then lets the router pick one)
+EXIT_PORT_TAKEN = 3
+# SageMaker's answer to an invocation of a component with no copy (scaled to zero), which its scale-out alarm counts
+# as NoCapacityInvocationFailures (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)
+NO_CAPACITY_MESSAGE = ("Inference Component {} has no capacity to process this request. ApplicationAutoScaling may be "
+                       "in-progress (if configured) or try to increase the capacity by invoking "
+                       "UpdateInferenceComponentRuntimeConfig API.")  # the --port asked for is not free (the supervisor then lets the router pick one)
 
 
 def name_problem(name: object) -> str | None:
@@ -120,12 +130,30 @@ class Copy:
 
 
 @dataclass
+class ScaleToZero:
+    """A component that scales in to zero copies after `idle_s` without an invocation and out on the first request
+    that finds none; `scaler` is the scaling process running now (one at a time)."""
+
+    idle_s: float
+    last_invocation: float = field(default_factory=time.monotonic)
+    scaler: subprocess.Popen | None = None
+    no_capacity_failures: int = 0
+
+    def scaling(self) -> bool:
+        """True while a scaler runs (reaps it when it has ended)."""
+        if self.scaler is not None and self.scaler.poll() is not None:
+            self.scaler = None
+        return self.scaler is not None
+
+
+@dataclass
 class Component:
     """An inference component: the copies in rotation, and removed copies still finishing requests."""
 
     name: str
     copies: list[Copy] = field(default_factory=list)
     draining: list[Copy] = field(default_factory=list)
+    scale_to_zero: ScaleToZero | None = None
 
     def health(self) -> dict[str, Any]:
         return {
@@ -230,8 +258,10 @@ class Router:
         max_body_bytes: int,
         max_in_flight: int,
         health_interval_s: float = HEALTH_INTERVAL_S,
+        state_dir: Path | None = None,
     ):
         self.name = name
+        self.state_dir = state_dir  # where the supervisor keeps this endpoint's state: the scaler's argument
         self.port = 0
         self.admin_port = 0
         self.invoke_timeout_s = invoke_timeout_s
@@ -249,11 +279,14 @@ class Router:
         self.stopping = threading.Event()
 
     # -- components -------------------------------------------------------------------------
-    def put_component(self, name: str, copies: list[dict[str, str]]) -> bool:
-        """Set a component's copies in rotation ({"url", "spec_sha256"} each); True when it existed.
+    def put_component(self, name: str, copies: list[dict[str, str]], scale_to_zero: dict | None = None) -> bool:
+        """Set a component's copies in rotation ({"url", "spec_sha256"} each) and whether it scales to zero
+        (`{"idle_s": N}`; then it may have no copy); True when it existed.
 
         A copy kept (same URL and spec) keeps its load, health and counters; a copy left out stops
         getting requests at once and drains: it stays listed until its requests in flight finish."""
+        if scale_to_zero is not None and self.state_dir is None:
+            raise ValueError("this router was started without --state-dir, so it cannot scale a component")
         wanted = []
         for entry in copies:
             host, port = parse_copy_url(entry["url"])
@@ -272,7 +305,51 @@ class Router:
                 for url, host, port, sha in wanted
             ]
             component.draining = [c for c in known.values() if c.outstanding > 0]
+            if scale_to_zero is None:
+                component.scale_to_zero = None
+            elif component.scale_to_zero is None:
+                component.scale_to_zero = ScaleToZero(idle_s=float(scale_to_zero["idle_s"]))
+            else:
+                component.scale_to_zero.idle_s = float(scale_to_zero["idle_s"])
         return existed
+
+    # -- scale to zero ----------------------------------------------------------------------
+    def _run_scaler(self, component: Component, copies: int) -> None:
+        """Start the scaler for `copies` copies of the component unless one runs (caller holds the lock)."""
+        scaling = component.scale_to_zero
+        assert scaling is not None and self.state_dir is not None
+        if scaling.scaling():
+            return
+        sys.stderr.write(f"router {self.name}: scaling {component.name} to {copies} cop{'y' if copies == 1 else 'ies'}\n")
+        sys.stderr.flush()
+        scaling.scaler = subprocess.Popen(
+            [sys.executable, "-m", "tasks.backends.local.scaler", "--state-dir", str(self.state_dir), self.name,
+             component.name, str(copies)], stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def no_capacity(self, component: Component) -> bool:
+        """For a request to a component scaled to zero: True when it has no copy in rotation, counted as a
+        NoCapacityInvocationFailure, and a scaler started for one copy (the scale-out alarm's step)."""
+        scaling = component.scale_to_zero
+        if scaling is None:
+            return False
+        with self.lock:
+            scaling.last_invocation = time.monotonic()
+            if any(c.healthy for c in component.copies):
+                return False
+            scaling.no_capacity_failures += 1
+            self._run_scaler(component, 1)
+            return True
+
+    def scale_in_idle(self) -> None:
+        """Stop the copies of every scale-to-zero component idle for its `idle_s` with nothing in flight."""
+        now = time.monotonic()
+        with self.lock:
+            for component in self.components.values():
+                scaling = component.scale_to_zero
+                busy = any(c.outstanding for c in component.copies + component.draining)
+                if (scaling is not None and component.copies and not busy and not scaling.scaling()
+                        and now - scaling.last_invocation >= scaling.idle_s):
+                    self._run_scaler(component, 0)
 
     def delete_component(self, name: str) -> bool:
         """Forget a component and its metrics; False when it was not registered."""
@@ -345,14 +422,16 @@ class Router:
         """Check health every `health_interval_s` until the router stops (runs on its own thread)."""
         while not self.stopping.wait(self.health_interval_s):
             self.check_health()
+            self.scale_in_idle()
 
     def ping_view(self) -> tuple[int, dict[str, Any]]:
         """The router's /ping: 200 while every component has a healthy copy; says which copies are down."""
         with self.lock:
             health = {name: comp.health() for name, comp in sorted(self.components.items())}
+            scaled_in = {name for name, comp in self.components.items() if comp.scale_to_zero and not comp.copies}
         if not health:
             return 503, {"status": "unhealthy", "error": "no component is registered"}
-        if any(h["healthy"] == 0 for h in health.values()):
+        if any(h["healthy"] == 0 for name, h in health.items() if name not in scaled_in):
             return 503, {"status": "unhealthy", "components": health}
         degraded = any(h["healthy"] < h["copies"] for h in health.values())
         return 200, {"status": "degraded" if degraded else "ok", "components": health}
@@ -463,7 +542,9 @@ class Router:
                 "pid": os.getpid(),
                 "port": self.port,
                 "components": {
-                    name: {"copies": [c.view() for c in comp.copies], "draining": [c.view() for c in comp.draining]}
+                    name: {"copies": [c.view() for c in comp.copies], "draining": [c.view() for c in comp.draining],
+                           "scale_to_zero": None if comp.scale_to_zero is None else {
+                               "idle_s": comp.scale_to_zero.idle_s, "scaling": comp.scale_to_zero.scaling()}}
                     for name, comp in sorted(self.components.items())
                 },
             }
@@ -477,6 +558,9 @@ class Router:
                     name: {
                         **m.snapshot(),
                         "by_spec": {sha: each.snapshot() for sha, each in sorted(self.spec_metrics.get(name, {}).items())},
+                        "no_capacity_invocation_failures": (
+                            self.components[name].scale_to_zero.no_capacity_failures
+                            if name in self.components and self.components[name].scale_to_zero else 0),
                     }
                     for name, m in sorted(self.metrics.items())
                 },
@@ -571,6 +655,10 @@ class Handler(RouterHandler):
             component = router.resolve(self.headers.get(COMPONENT_HEADER))
         except Rejected as exc:
             self._reject(exc, sagemaker)
+            return
+        if router.no_capacity(component):
+            self._reject(Rejected(400 if sagemaker else 503, "ValidationError", NO_CAPACITY_MESSAGE.format(component.name)),
+                         sagemaker)
             return
         if not router.in_flight.acquire(blocking=False):  # taken only now that the body is read
             self._reject(
@@ -704,7 +792,7 @@ class AdminHandler(RouterHandler):
             self._json(400, {"error": problem})
             return
         try:
-            replaced = self.server.router.put_component(name, payload["copies"])
+            replaced = self.server.router.put_component(name, payload["copies"], payload.get("scale_to_zero"))
         except ValueError as exc:
             self._json(400, {"error": str(exc)})
             return
@@ -735,12 +823,19 @@ class AdminHandler(RouterHandler):
 
 
 def _component_payload_problem(payload: dict[str, Any]) -> str | None:
-    """Why an admin PUT body is not `{"copies": [{"url": URL, "spec_sha256": HEX}, ...]}`, or None."""
-    if set(payload) != {"copies"}:
-        return f"body keys must be exactly copies (got {sorted(payload)})"
+    """Why an admin PUT body is not `{"copies": [{"url": URL, "spec_sha256": HEX}, ...]}` (plus `"scale_to_zero":
+    {"idle_s": N}`, with which copies may be empty), or None."""
+    if "copies" not in payload or set(payload) - {"copies", "scale_to_zero"}:
+        return f"body keys must be exactly copies, and scale_to_zero if it scales (got {sorted(payload)})"
+    scaling = payload.get("scale_to_zero")
+    if scaling is not None and not (isinstance(scaling, dict) and set(scaling) == {"idle_s"}
+                                    and isinstance(scaling["idle_s"], (int, float)) and not isinstance(scaling["idle_s"], bool)
+                                    and scaling["idle_s"] > 0):
+        return 'scale_to_zero must be {"idle_s": seconds > 0}'
     copies = payload["copies"]
-    if not isinstance(copies, list) or not copies:
-        return 'copies must be a non-empty list of {"url": "http://127.0.0.1:PORT", "spec_sha256": HEX}'
+    if not isinstance(copies, list) or not (copies or scaling is not None):
+        return ('copies must be a list of {"url": "http://127.0.0.1:PORT", "spec_sha256": HEX}, non-empty unless the '
+                "component scales to zero")
     for index, entry in enumerate(copies):
         if not isinstance(entry, dict) or set(entry) != {"url", "spec_sha256"}:
             return f'copies[{index}] must be exactly {{"url": ..., "spec_sha256": ...}}'
@@ -767,6 +862,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-connections", type=int, default=512)
     parser.add_argument("--max-connections-per-client", type=int, default=256)
     parser.add_argument("--health-interval-s", type=float, default=HEALTH_INTERVAL_S)
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="the supervisor's state folder: what the scaler of a scale-to-zero component is run with")
     args = parser.parse_args(argv)
     problem = name_problem(args.name)
     if problem:
@@ -790,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         max_body_bytes=args.max_body_bytes,
         max_in_flight=args.max_in_flight,
         health_interval_s=args.health_interval_s,
+        state_dir=args.state_dir,
     )
     limits = {
         "read_deadline_s": args.read_deadline_s,

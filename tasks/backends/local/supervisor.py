@@ -43,6 +43,7 @@ from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotF
 from tasks.hashing import canonical_json, sha256_json
 from tasks.atomic import write_json_atomic
 from tasks.project import PROJECT_ROOT
+from tasks.backends.interfaces import ScaleToZeroPlan
 from tasks.backends.local.router import EXIT_PORT_TAKEN, name_problem
 from images.common.sagemaker_http import answered_busy
 
@@ -152,6 +153,13 @@ class ComponentState(BaseModel):
     spec_sha256: str
     copies: list[CopyRef]
     previous: ProcessSpec | None = None
+    scaling: ScaleToZeroPlan | None = None  # scales in to zero when idle, out on the first request (the router does)
+    desired: int | None = None  # the copies scaling asked for last; None: the spec's count
+
+    @property
+    def wanted(self) -> int:
+        """The copies the component should have now: what scaling asked for, else its spec's count."""
+        return self.spec.copies if self.desired is None else self.desired
 
     def running(self, digest: str) -> list[CopyRef]:
         """The copies that run the spec with this hash."""
@@ -373,7 +381,7 @@ def _endpoint_status(router_alive: bool, components: dict[str, dict[str, int]]) 
     its spec asks for) or ok."""
     if not router_alive:
         return "stopped"
-    if any(c["in_rotation"] == 0 for c in components.values()):
+    if any(c["in_rotation"] == 0 < c["copies"] for c in components.values()):
         return "unhealthy"
     if any(c["in_rotation"] < c["copies"] for c in components.values()):
         return "degraded"
@@ -473,7 +481,8 @@ class ProcessSupervisor:
                     changed=False,
                 )
             new = self._start_copies(state, endpoint, component, spec, ready_timeout_s)
-            state.components[component] = ComponentState(spec=spec, spec_sha256=digest, copies=new)
+            state.components[component] = ComponentState(spec=spec, spec_sha256=digest, copies=new,
+                                                         scaling=current.scaling if current else None)
             state.retiring = list(current.copies) if current else []
             state.pending = []
             self.save(state)
@@ -494,6 +503,58 @@ class ProcessSupervisor:
         return ComponentInfo(
             endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
         )
+
+    def set_scaling(self, endpoint: str, component: str, plan: ScaleToZeroPlan | None) -> bool:
+        """Let the component scale in to zero after `plan.idle_s` idle and out on the first request (None: never);
+        the router does both, through `tasks.backends.local.scaler`. False when it already scaled so."""
+        with self.locked(endpoint) as state:
+            comp = self._component(state, component)
+            if comp.scaling == plan:
+                return False
+            comp.scaling = plan
+            if plan is None:
+                comp.desired = None
+            self.save(state)
+            self._register(state, component)
+        return True
+
+    def scale(self, endpoint: str, component: str, copies: int, *, ready_timeout_s: float = 120,
+              drain_timeout_s: float = 30) -> bool:
+        """Give the component `copies` copies now: start the missing ones (ready) or drain and stop the extra; False
+        when it already has them. NotFound when the endpoint or component is gone, so a scaler that lost a race
+        with a teardown starts nothing; NotReady while a rolling update owns the copies."""
+        if isinstance(copies, bool) or not isinstance(copies, int) or not 0 <= copies <= MAX_COPIES:
+            raise BadInput(f"copies must be an integer 0..{MAX_COPIES}, got {copies!r}", fix="pass a copy count")
+        check_name("endpoint", endpoint)
+        with self._lock(endpoint):
+            self._require(endpoint)
+            state = self._ensure(endpoint)[0]
+            comp = self._component(state, component)
+            if comp.previous is not None:
+                raise NotReady(f"component {component} is in a rolling update, which owns its copies",
+                               fix="retry when the rollout has ended")
+            if copies == 0 and comp.scaling is None:
+                raise BadInput(f"component {component} does not scale to zero, so with no copy it could not answer "
+                               "or start one", fix="set its scaling first (set_scaling), or keep a copy")
+            live = [c for c in comp.copies if _alive(c)]
+            comp.desired = copies
+            if len(live) == len(comp.copies) == copies:
+                self.save(state)
+                return False
+            dead = [c for c in comp.copies if c not in live]
+            if copies > len(live):
+                self.shift(state, component, comp.spec, copies - len(live), dead, (ready_timeout_s, 0.0))
+            else:
+                self.shift(state, component, comp.spec, 0, dead + live[copies:], (ready_timeout_s, drain_timeout_s))
+        return True
+
+    def _component(self, state: EndpointState, component: str) -> ComponentState:
+        check_name("component", component)
+        comp = state.components.get(component)
+        if comp is None:
+            raise NotFound(f"component {component} is not on endpoint {state.name}",
+                           fix="deploy it first, or check the name")
+        return comp
 
     def delete_component(self, endpoint: str, component: str) -> bool:
         """Stop a component's copies and remove it from the router; False if it did not exist."""
@@ -554,7 +615,9 @@ class ProcessSupervisor:
             components[cname] = {
                 "spec": comp.spec.model_dump(mode="json"),
                 "spec_sha256": comp.spec_sha256,
-                "registered": bool(urls) and urls == sorted(live),
+                "wanted": comp.wanted,
+                "scale_to_zero": comp.scaling.model_dump(mode="json") if comp.scaling else None,
+                "registered": urls == sorted(live) and (bool(urls) or cname in registered),
                 "copies": [
                     {
                         **c.model_dump(mode="json"),
@@ -588,7 +651,7 @@ class ProcessSupervisor:
                     answer = _http(state.router.port, "GET", "/ping", timeout=PING_TIMEOUT_S)[1]
                     health = answer.get("components", {}) if isinstance(answer, dict) else {}
             components = {
-                cname: {"in_rotation": health.get(cname, {}).get("healthy", 0), "copies": comp.spec.copies}
+                cname: {"in_rotation": health.get(cname, {}).get("healthy", 0), "copies": comp.wanted}
                 for cname, comp in sorted(state.components.items())
             }
             result.append(
@@ -815,6 +878,8 @@ class ProcessSupervisor:
             str(port),
             "--state-file",
             str(ready),
+            "--state-dir",
+            str(self.state_dir),
         ]
         with open(log, "ab") as handle:
             proc = subprocess.Popen(
@@ -872,7 +937,9 @@ class ProcessSupervisor:
 
     def _register(self, state: EndpointState, component: str) -> None:
         comp = state.components[component]
-        payload = {"copies": _router_copies(comp)}
+        payload: dict[str, Any] = {"copies": _router_copies(comp)}
+        if comp.scaling is not None:
+            payload["scale_to_zero"] = {"idle_s": comp.scaling.idle_s}
         status, body = self._admin(state, "PUT", f"components/{component}", payload)
         if status != 200:
             raise Conflict(
@@ -888,7 +955,11 @@ class ProcessSupervisor:
         for cname, comp in sorted(state.components.items()):
             wanted = sorted((c["url"], c["spec_sha256"]) for c in _router_copies(comp))
             live = sorted((c["url"], c["spec_sha256"]) for c in registered.get(cname, {}).get("copies", []))
-            if wanted and wanted != live:
+            if comp.scaling is not None:  # registered even with no copy: the router answers and scales it
+                told = (registered.get(cname) or {}).get("scale_to_zero") or {}
+                if wanted != live or told.get("idle_s") != float(comp.scaling.idle_s):
+                    self._register(state, cname)
+            elif wanted and wanted != live:
                 self._register(state, cname)
             elif not wanted and cname in registered:
                 self._admin(state, "DELETE", f"components/{cname}")
@@ -902,11 +973,11 @@ class ProcessSupervisor:
                 continue  # a rolling update owns this component's copies until it ends
             in_rotation = {c["url"] for c in registered.get(cname, {}).get("copies", []) if c["healthy"]}
             keep = [c for c in comp.copies if _alive(c) and (c.url in in_rotation or _answers(c.port))]
-            missing = comp.spec.copies - len(keep)
+            missing = comp.wanted - len(keep)
             if missing <= 0:
                 continue
             sys.stderr.write(
-                f"endpoint {state.name}: component {cname} has {len(keep)} of {comp.spec.copies} copies "
+                f"endpoint {state.name}: component {cname} has {len(keep)} of {comp.wanted} copies "
                 f"in rotation; starting {missing}\n"
             )
             # the copies left out are dead or out of rotation: nothing to drain from them

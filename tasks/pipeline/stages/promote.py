@@ -145,6 +145,8 @@ def run(ctx) -> dict:
         if live is None:
             raise Conflict(f"{endpoint}/{component} is gone right after its rollout", fix="rerun the promote stage")
     require_served(live, spec, where=f"production {endpoint}/{component} after promotion")
+    if ctx.config.scale_to_zero is not None:
+        hosting.enable_scale_to_zero(endpoint, component, ctx.config.scale_to_zero.plan(rollout.copies), progress=ctx.say)
     return PromoteResult(
         event=SUCCEEDED, endpoint=endpoint, component=component, strategy=rollout.strategy, steps=steps,
         served=live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(), copies=live.copies,

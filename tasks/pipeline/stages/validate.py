@@ -17,6 +17,9 @@ def live_champion(ctx):
     live = hosting.describe(endpoint, component)
     if live is None or live.model_ref is None or live.status != "InService":
         return None, None
+    if live.copies == 0:  # scaled to zero while idle: woken first, so the gate scores it warm
+        ctx.say(f"validate: the champion {endpoint}/{component} is scaled to zero; starting a copy to score it")
+        hosting.set_copies(endpoint, component, 1, progress=ctx.say)
     invoker = hosting.invoker(endpoint, component, timeout_s=ctx.config.validation.request_timeout_s)
     ref = live.model_ref.model_dump()
     return Target(invoker, f"champion {ref['release_id']}"), ref
@@ -49,6 +52,32 @@ def gate_cost(ctx, metrics: dict) -> dict:
         ctx.config.validation), candidate_since=started, until=datetime.now(timezone.utc).isoformat())
 
 
+def cold_starts(ctx, deployed, invoker) -> dict | None:
+    """For a release that scales to zero: let the candidate scale as production will, then time
+    `scale_to_zero.cold_starts` starts from zero copies to the first answer of the gate's first request, and the
+    check of their p95 (None without scale_to_zero)."""
+    from validation.cold_start import cold_start_check, first_answer
+
+    scaling, validation = ctx.config.scale_to_zero, ctx.config.validation
+    if scaling is None:
+        return None
+    hosting, endpoint, component = ctx.backends.hosting, deployed.endpoint, deployed.component
+    hosting.enable_scale_to_zero(endpoint, component, scaling.plan(1), progress=ctx.say)
+    paths = [(ref.resolve(ctx.config_dir), ref.splits) for ref in validation.datasets]
+    body = ctx.family.invocation_bodies(validation, paths)[0]
+    starts = []
+    for number in range(1, scaling.cold_starts + 1):
+        hosting.set_copies(endpoint, component, 0, progress=ctx.say)
+        start = first_answer(invoker, body, timeout_s=validation.request_timeout_s,
+                             deadline_s=2 * scaling.max_cold_start_p95_s)
+        ctx.say(f"validate: cold start {number}/{scaling.cold_starts}: "
+                + (f"no answer ({start.error})" if start.error else f"{start.seconds:.2f} s, {start.attempts} attempts"))
+        starts.append(start)
+    check = cold_start_check(starts, scaling.max_cold_start_p95_s)
+    return {"starts": [s.to_dict() for s in starts], "p95_s": check["observed"], "max_p95_s": scaling.max_cold_start_p95_s,
+            "check": check}
+
+
 def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
     """The model family's gate over the configured datasets; the same evidence files for every family."""
     from validation.evaluate import RunSettings
@@ -69,6 +98,7 @@ def run(ctx) -> ValidateResult:
     invoker = ctx.backends.hosting.invoker(deployed.endpoint, deployed.component,
                                            timeout_s=ctx.config.validation.request_timeout_s)
     candidate = Target(invoker, "candidate")
+    cold = cold_starts(ctx, deployed, invoker)
     champion, champion_ref = live_champion(ctx)
     if champion_ref and champion_ref.get("release_id") == ctx.release_id:
         champion, champion_ref = None, None
@@ -77,7 +107,10 @@ def run(ctx) -> ValidateResult:
 
     def context(metrics: dict) -> dict:
         measured["cost"] = gate_cost(ctx, metrics)
-        return {**release_context(ctx, champion_ref), "cost": measured["cost"]}
+        release = {**release_context(ctx, champion_ref), "cost": measured["cost"]}
+        if cold is not None:
+            release.update(cold_start={k: v for k, v in cold.items() if k != "check"}, checks=[cold["check"]])
+        return release
 
     gate = _evaluate(ctx, candidate, champion, context)
     metrics = gate.metrics
@@ -88,6 +121,8 @@ def run(ctx) -> ValidateResult:
     }
     summary_metrics.update(ctx.family.summary_metrics(metrics))
     summary_metrics["p95_ms"] = metrics["latency_ms"]["p95"]["value"]
+    if cold is not None:
+        summary_metrics["cold_start_p95_s"] = cold["p95_s"]
     summary_metrics["n"] = metrics.get("n")
     shown = {key: "n/a" if summary_metrics.get(key) is None else f"{summary_metrics[key]:.3f}" for key in ("accuracy", "ece")}
     ctx.say(f"validate: cost: {measured['cost']['production']['text']}")
