@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # timeout) and in one teardown (component and endpoint deletion): the stage table's timeouts add these.
 DEPLOY_WAIT_S = 3600
 TEARDOWN_WAIT_S = 3600
-SCALE_WAIT_S = 900  # the longest `set_copies` waits for a component's copy count to hold
+SCALE_WAIT_S = DEPLOY_WAIT_S // 2  # the longest `set_copies` waits for a component's copy count to hold
 SHA256_HEX = r"^[0-9a-f]{64}$"
 IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 Progress = Callable[[str], None]

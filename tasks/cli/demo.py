@@ -212,20 +212,23 @@ def wake_after_idle(state_dir: Path, endpoint: str, component: str) -> None:
     config = load_release_config(SHARED[1])
     banner(f"scale to zero: {component} idles for {config.scale_to_zero.idle_s}s, then one request wakes it")
     supervisor = ProcessSupervisor(state_dir)
+
+    def copies() -> list:
+        return supervisor.describe_endpoint(endpoint)["components"][component]["copies"]
+
     deadline = time.monotonic() + config.scale_to_zero.idle_s + 60
-    while supervisor.describe_endpoint(endpoint)["components"][component]["copies"]:
+    while copies():
         if time.monotonic() > deadline:
             print(f"{component} still has copies {config.scale_to_zero.idle_s + 60}s after it was last asked; see "
                   f"{supervisor.describe_endpoint(endpoint)['router']['log']}", file=sys.stderr, flush=True)
             return
         time.sleep(1)
-    paths = [(ref.resolve(SHARED[1].parent), ref.splits) for ref in config.validation.datasets]
-    request = config.family.invocation_bodies(config.validation, paths)[0]
+    request = config.family.invocation_bodies(config.validation, config.validation.dataset_paths(SHARED[1].parent))[0]
     start = first_answer(HttpInvoker(supervisor.endpoint_url(endpoint), component, runtime=True), request,
                          timeout_s=30, deadline_s=2 * config.scale_to_zero.max_cold_start_p95_s)
     print(json.dumps({"component": component, "copies_before": 0, "answered": start.error is None,
                       "seconds_to_answer": round(start.seconds, 2), "attempts": start.attempts,
-                      "copies_after": len(supervisor.describe_endpoint(endpoint)["components"][component]["copies"])}),
+                      "copies_after": len(copies())}),
           flush=True)
 
 

@@ -88,6 +88,10 @@ class GateConfig(Strict):
                                         "bootstrap interval's conservative end must clear the threshold) or point")
     champion: ChampionRule = ChampionRule()
 
+    def dataset_paths(self, config_dir: Path) -> list[tuple[Path, list[str] | None]]:
+        """Each dataset's file (resolved against the config's folder, or built in) and the splits it keeps."""
+        return [(ref.resolve(config_dir), ref.splits) for ref in self.datasets]
+
 
 class BuiltModel(BaseModel):
     """What a family's build hands the build stage: the servable model kept in the artifact store for later stages

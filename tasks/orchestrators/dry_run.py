@@ -197,7 +197,7 @@ class StandInFamily:
 
     def online_gate(self, invoker, validation, gate, *, config_dir: Path, candidate_model_sha256: str):
         return StandInOnlineGate(invoker, self.family.invocation_bodies(
-            validation, [(ref.resolve(config_dir), ref.splits) for ref in validation.datasets])[: gate.max_tasks],
+            validation, validation.dataset_paths(config_dir))[: gate.max_tasks],
             validation.request_timeout_s)
 
 

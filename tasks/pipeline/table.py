@@ -170,7 +170,7 @@ def timeout_for(name: str, config: Any) -> int:
     if name == "validate":
         own = int(validation.deadline_s * 2 * len(validation.datasets)) + STAGE_MARGIN_S
         scaling = getattr(config, "scale_to_zero", None)
-        if scaling is not None:  # each cold start: its copies stopped (a deploy wait), then up to twice the bound
+        if scaling is not None:  # each cold start: its copies stopped (a scale wait), then up to twice the bound
             own += scaling.cold_starts * (SCALE_WAIT_S + math.ceil(2 * scaling.max_cold_start_p95_s))
     elif name == "build" and config.calibration.fit_temperature:
         own = int(validation.deadline_s) + HOUR + STAGE_MARGIN_S

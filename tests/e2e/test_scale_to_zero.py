@@ -83,8 +83,7 @@ def test_the_gate_measures_cold_starts_and_production_scales_to_zero_and_back(sc
     assert (live.status, live.copies) == ("InService", 0)
 
     # the first request after idling is answered once a copy is up: retried, never lost
-    paths = [(ref.resolve(config_path.parent), ref.splits) for ref in config.validation.datasets]
-    request = config.family.invocation_bodies(config.validation, paths)[0]
+    request = config.family.invocation_bodies(config.validation, config.validation.dataset_paths(config_path.parent))[0]
     url = supervisor.describe_endpoint(endpoint)["url"]
     start = first_answer(HttpInvoker(url, component, runtime=True), request, timeout_s=30, deadline_s=60)
     assert start.error is None and start.attempts >= 2

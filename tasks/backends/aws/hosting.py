@@ -38,6 +38,7 @@ from tasks.errors import BadInput, CapacityError, Conflict, DeployFailed, Integr
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import (
     DEPLOY_WAIT_S,
+    SCALE_WAIT_S,
     TEARDOWN_WAIT_S,
     Bake,
     OnStep,
@@ -79,7 +80,6 @@ NO_CAPACITY_METRIC = "NoCapacityInvocationFailures"
 NO_CAPACITY_PERIOD_S = 30
 SCALE_OUT_COOLDOWN_S = 60  # the page's step policy: Cooldown 60, one copy when the alarm fires
 SCALE_OUT_COPIES = 1
-COPIES_WAIT_S = COMPONENT_WAIT_S  # set_copies: the component InService at the new count
 
 
 def name_base(name: str) -> str:
@@ -671,7 +671,7 @@ class SageMakerHosting:
         """UpdateInferenceComponentRuntimeConfig to `copies` (0 stops every copy: the model allows CopyCount 0, and AWS's
         scale-to-zero post schedules exactly that,
         https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/),
-        then wait (deadline COPIES_WAIT_S) until the component is InService with that many copies, desired and current.
+        then wait (deadline SCALE_WAIT_S) until the component is InService with that many copies, desired and current.
         A component Creating or Updating is waited for first (SageMaker refuses to update it); nothing is sent when it
         already holds `copies`."""
         if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
@@ -689,7 +689,7 @@ class SageMakerHosting:
                      f"cop{'y' if copies == 1 else 'ies'} (from {self._copies(live)})")
             self._sm("UpdateInferenceComponentRuntimeConfig", InferenceComponentName=component,
                      DesiredRuntimeConfig={"CopyCount": copies})
-        deadline = time.monotonic() + COPIES_WAIT_S
+        deadline = time.monotonic() + SCALE_WAIT_S
         while True:
             state, answer = wait_for(self.aws, "InferenceComponentInService", {"InferenceComponentName": component},
                                      deadline_s=max(self.poll_s, deadline - time.monotonic()), poll_s=self.poll_s,
@@ -706,7 +706,7 @@ class SageMakerHosting:
             if time.monotonic() + self.poll_s > deadline:
                 runtime = answer.get("RuntimeConfig") or {}
                 raise NotReady(f"inference component {component} has {self._copies(answer)} copies (desired "
-                               f"{runtime.get('DesiredCopyCount')}) after {COPIES_WAIT_S:g}s, not {copies}",
+                               f"{runtime.get('DesiredCopyCount')}) after {SCALE_WAIT_S:g}s, not {copies}",
                                fix="rerun the stage; if Application Auto Scaling changed the count meanwhile, that is "
                                    "its scale-to-zero policies acting")
             time.sleep(self.poll_s)

@@ -72,12 +72,12 @@ PING_TIMEOUT_S = 2.0
 HEALTH_INTERVAL_S = 1.0
 FAILED_CHECKS_TO_DOWN = 2  # consecutive failed /ping checks that take a copy out of rotation
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-EXIT_PORT_TAKEN = 3
+EXIT_PORT_TAKEN = 3  # the --port asked for is not free (the supervisor then lets the router pick one)
 # SageMaker's answer to an invocation of a component with no copy (scaled to zero), which its scale-out alarm counts
 # as NoCapacityInvocationFailures (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)
 NO_CAPACITY_MESSAGE = ("Inference Component {} has no capacity to process this request. ApplicationAutoScaling may be "
                        "in-progress (if configured) or try to increase the capacity by invoking "
-                       "UpdateInferenceComponentRuntimeConfig API.")  # the --port asked for is not free (the supervisor then lets the router pick one)
+                       "UpdateInferenceComponentRuntimeConfig API.")
 
 
 def name_problem(name: object) -> str | None:
@@ -137,7 +137,6 @@ class ScaleToZero:
     idle_s: float
     last_invocation: float = field(default_factory=time.monotonic)
     scaler: subprocess.Popen | None = None
-    no_capacity_failures: int = 0
 
     def scaling(self) -> bool:
         """True while a scaler runs (reaps it when it has ended)."""
@@ -188,6 +187,7 @@ class ComponentMetrics:
     invocation_4xx_errors: int = 0
     invocation_5xx_errors: int = 0
     model_errors: int = 0
+    no_capacity_invocation_failures: int = 0  # requests that found a component scaled to zero (not forwarded)
     histogram: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
     recent_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
 
@@ -222,6 +222,7 @@ class ComponentMetrics:
             "invocation_4xx_errors": self.invocation_4xx_errors,
             "invocation_5xx_errors": self.invocation_5xx_errors,
             "model_errors": self.model_errors,
+            "no_capacity_invocation_failures": self.no_capacity_invocation_failures,
             "latency_ms": {
                 "histogram": dict(zip(edges, self.histogram)),
                 "window": len(ordered),
@@ -336,7 +337,7 @@ class Router:
             scaling.last_invocation = time.monotonic()
             if any(c.healthy for c in component.copies):
                 return False
-            scaling.no_capacity_failures += 1
+            self.metrics.setdefault(component.name, ComponentMetrics()).no_capacity_invocation_failures += 1
             self._run_scaler(component, 1)
             return True
 
@@ -558,9 +559,6 @@ class Router:
                     name: {
                         **m.snapshot(),
                         "by_spec": {sha: each.snapshot() for sha, each in sorted(self.spec_metrics.get(name, {}).items())},
-                        "no_capacity_invocation_failures": (
-                            self.components[name].scale_to_zero.no_capacity_failures
-                            if name in self.components and self.components[name].scale_to_zero else 0),
                     }
                     for name, m in sorted(self.metrics.items())
                 },

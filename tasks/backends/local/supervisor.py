@@ -504,16 +504,14 @@ class ProcessSupervisor:
             endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
         )
 
-    def set_scaling(self, endpoint: str, component: str, plan: ScaleToZeroPlan | None) -> bool:
-        """Let the component scale in to zero after `plan.idle_s` idle and out on the first request (None: never);
-        the router does both, through `tasks.backends.local.scaler`. False when it already scaled so."""
+    def set_scaling(self, endpoint: str, component: str, plan: ScaleToZeroPlan) -> bool:
+        """Let the component scale in to zero after `plan.idle_s` idle and out on the first request; the router does
+        both, through `tasks.backends.local.scaler`. False when it already scaled so."""
         with self.locked(endpoint) as state:
             comp = self._component(state, component)
             if comp.scaling == plan:
                 return False
             comp.scaling = plan
-            if plan is None:
-                comp.desired = None
             self.save(state)
             self._register(state, component)
         return True

@@ -63,8 +63,7 @@ def cold_starts(ctx, deployed, invoker) -> dict | None:
         return None
     hosting, endpoint, component = ctx.backends.hosting, deployed.endpoint, deployed.component
     hosting.enable_scale_to_zero(endpoint, component, scaling.plan(1), progress=ctx.say)
-    paths = [(ref.resolve(ctx.config_dir), ref.splits) for ref in validation.datasets]
-    body = ctx.family.invocation_bodies(validation, paths)[0]
+    body = ctx.family.invocation_bodies(validation, validation.dataset_paths(ctx.config_dir))[0]
     starts = []
     for number in range(1, scaling.cold_starts + 1):
         hosting.set_copies(endpoint, component, 0, progress=ctx.say)
@@ -84,8 +83,7 @@ def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
 
     cfg = ctx.config.validation
     settings = RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
-    paths = [(ref.resolve(ctx.config_dir), ref.splits) for ref in cfg.datasets]
-    return ctx.family.evaluate(candidate, champion, paths, ctx.stage_dir("validate"), validation=cfg, settings=settings,
+    return ctx.family.evaluate(candidate, champion, cfg.dataset_paths(ctx.config_dir), ctx.stage_dir("validate"), validation=cfg, settings=settings,
                                progress=ctx.say, title=f"{ctx.release_id} gate", context=context,
                                built=ctx.result("build"))
 
