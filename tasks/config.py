@@ -313,8 +313,37 @@ class ReleaseConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _serverless_can_host(self) -> "ReleaseConfig":
+        """What Serverless Inference cannot host or do, refused before anything runs
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html, deployment-guardrails-exclusions.html)."""
+        placement = self.placement
+        if placement.kind != "serverless":
+            return self
+        if self.image.on_gpu:
+            raise ValueError(f"placement is serverless, which runs on CPUs only (SageMaker Serverless Inference has no "
+                             f"GPUs), but the {self.image.kind} image runs on the GPU; run it on the CPU, or use an "
+                             "instance or MIG placement")
+        if self.scale_to_zero is not None:
+            raise ValueError("a serverless endpoint scales to zero by itself; leave scale_to_zero out and set the "
+                             "cold-start bound as placement.max_cold_start_p95_s")
+        if self.rollout.strategy != "all_at_once":
+            raise ValueError(f"rollout.strategy {self.rollout.strategy} moves inference-component copies in batches, but a "
+                             "serverless endpoint has neither (SageMaker does no rolling deployment of one); use "
+                             "rollout.strategy: all_at_once")
+        if self.rollout.copies != 1:
+            raise ValueError(f"rollout.copies is {self.rollout.copies}, but a serverless endpoint has no copies: SageMaker "
+                             "starts compute per request up to placement.max_concurrency; leave rollout.copies out")
+        if self.backend.kind == "aws" and placement.cold_starts > 1:
+            raise ValueError(f"placement.cold_starts is {placement.cold_starts}, but on SageMaker only a new serverless "
+                             "endpoint's first request is sure to start cold (no call sends its compute away); set "
+                             "placement.cold_starts: 1")
+        return self
+
+    @model_validator(mode="after")
     def _placement_fits_image(self) -> "ReleaseConfig":
         placement, image = self.placement, self.image
+        if placement.kind == "serverless":
+            return self
         types = [p.instance_type for p in placement.pools] if isinstance(placement, InstancePoolPlacement) else [placement.instance_type]
         if isinstance(placement, MigPartitionPlacement) and not image.on_gpu:
             raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {image.gpu_fix}")
@@ -360,6 +389,16 @@ class ReleaseConfig(Strict):
                 f"characters, SageMaker allows {MAX_RESOURCE_NAME}; shorten resource_prefix or name"
             )
         return self
+
+    @property
+    def cold_start_bound(self) -> tuple[int, float] | None:
+        """How many cold starts the gate measures and the bound on their p95: a serverless placement's, or
+        scale_to_zero's; None when production never starts from zero."""
+        if self.placement.kind == "serverless":
+            return self.placement.cold_starts, self.placement.max_cold_start_p95_s
+        if self.scale_to_zero is not None:
+            return self.scale_to_zero.cold_starts, self.scale_to_zero.max_cold_start_p95_s
+        return None
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the effective config, without where state, the ledger and

@@ -45,7 +45,9 @@ class Slots(NamedTuple):
 
 def slots(placement, image) -> Slots | None:
     """The copies one instance of the placement holds (the smallest pool type's, since any may be provisioned), or None
-    where this table does not know the instance type."""
+    where this table does not know the instance type (or a serverless placement has no instances)."""
+    if placement.kind == "serverless":
+        return None
     if placement.kind == "mig_partition":
         gpus = gpus_per_instance(placement.instance_type)
         if gpus is None:

@@ -117,7 +117,7 @@ class ComponentSpec(Frozen):
 class PlacementObtained(Frozen):
     """What the backend actually got, recorded in the ledger (the pool entry that provisioned, the partitions)."""
 
-    kind: Literal["local-process", "instance_pool", "mig_partition", "instance_type"]
+    kind: Literal["local-process", "instance_pool", "mig_partition", "instance_type", "serverless"]
     requested: str
     instance_type: str | None = None
     instance_count: int = 0

@@ -53,6 +53,14 @@ DEFAULT_DRIVERS = {  # real-time inference without an AMI override
 }
 GPU_FAMILY = re.compile(r"^(g\d+[a-z]*|p\d+[a-z]*)$")
 MIG_1G_10GB_MIN_DRIVER = 525
+# Serverless Inference's limits (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html: memory 1-6 GB
+# in 1 GB steps, CPU only, a container image of at most 10 GB; API_ProductionVariantServerlessConfig: MaxConcurrency
+# and ProvisionedConcurrency 1-200; serverless-endpoints-invoke.html: the model must download and answer /ping within
+# 3 minutes, /invocations within 1 minute, payloads of at most 4 MB)
+SERVERLESS_MEMORY_MB = (1024, 2048, 3072, 4096, 5120, 6144)
+SERVERLESS_MAX_CONCURRENCY = 200
+SERVERLESS_IMAGE_MAX_BYTES = 10 * 1024**3
+SERVERLESS_STARTUP_S = 180
 GPU_MEMORY_GB = {"g4dn": 16, "g5": 24, "g6": 24, "g6e": 48, "g7": 32, "g7e": 96, "p4d": 40, "p4de": 80, "p5": 80}
 
 
@@ -152,7 +160,16 @@ def onnx_memory(weights_bytes: int, *, max_batch: int, max_len: int, hidden: int
 
 
 def fit_problem(estimate: MemoryEstimate, placement) -> str | None:
-    """Why the model does not fit one partition (MIG) or one GPU of the smallest pool type, or None."""
+    """Why the model does not fit one partition (MIG), one GPU of the smallest pool type or a serverless endpoint's
+    memory, or None."""
+    if placement.kind == "serverless":
+        if estimate.total_mb <= placement.memory_size_mb:
+            return None
+        bigger = next((mb for mb in SERVERLESS_MEMORY_MB if mb >= estimate.total_mb), None)
+        return (f"the model needs {estimate.describe()} but placement.memory_size_mb gives the serverless endpoint "
+                f"{placement.memory_size_mb} MB; " + (f"set placement.memory_size_mb: {bigger}" if bigger else
+                f"serverless endpoints hold at most {SERVERLESS_MEMORY_MB[-1]} MB, so use an instance placement")
+                + ", or lower the batch (image.max_batch)")
     if placement.kind == "mig_partition":
         capacity_gb, where = partition_size(placement.partition_type)[1], f"a {placement.partition_type} partition"
         bigger = "use a larger partition type"
@@ -278,6 +295,46 @@ class InstanceTypePlacement(InstanceCounts):
 
 
 
+class ServerlessPlacement(SharedEndpoint):
+    """SageMaker Serverless Inference (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html): no
+    instances; SageMaker starts CPU compute of `memory_size_mb` on a request that finds none (a cold start), runs up to
+    `max_concurrency` requests at once, and gives the compute back when idle, so idle costs nothing;
+    `provisioned_concurrency` keeps that many warm. One model per endpoint: no inference components, so neither a
+    shared endpoint nor a rolling update. The gate times `cold_starts` starts from no compute to the first answer."""
+
+    kind: Literal["serverless"]
+    memory_size_mb: int = Field(description="ServerlessConfig.MemorySizeInMB: 1024-6144 in steps of 1024; the model's "
+                                "weights and working memory must fit it")
+    max_concurrency: int = Field(ge=1, le=SERVERLESS_MAX_CONCURRENCY,
+                                 description="ServerlessConfig.MaxConcurrency: requests served at once; more are throttled")
+    provisioned_concurrency: int | None = Field(None, ge=1, le=SERVERLESS_MAX_CONCURRENCY,
+                                                description="ServerlessConfig.ProvisionedConcurrency: requests kept warm "
+                                                "(billed while provisioned); unset: none, every start is cold")
+    cold_starts: int = Field(3, ge=1, le=20, description="starts from no compute the gate measures on the candidate")
+    max_cold_start_p95_s: float = Field(gt=0, le=SERVERLESS_STARTUP_S + 60, allow_inf_nan=False,
+                                        description="the gate's bound on the p95 of those starts, each from the first "
+                                        "request to its answer")
+
+    @field_validator("memory_size_mb")
+    @classmethod
+    def _memory_step(cls, value: int) -> int:
+        if value not in SERVERLESS_MEMORY_MB:
+            raise ValueError(f"placement.memory_size_mb is {value}, but a serverless endpoint takes one of "
+                             f"{', '.join(map(str, SERVERLESS_MEMORY_MB))} MB (1 GB steps up to 6 GB)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_model_within_limits(self) -> "ServerlessPlacement":
+        if self.endpoint is not None:
+            raise ValueError("a serverless endpoint hosts one model and no inference components, so it cannot be the "
+                             f"shared endpoint {self.endpoint!r}; leave placement.endpoint out, or use an instance placement")
+        if self.provisioned_concurrency is not None and self.provisioned_concurrency > self.max_concurrency:
+            raise ValueError(f"placement.provisioned_concurrency ({self.provisioned_concurrency}) is above "
+                             f"placement.max_concurrency ({self.max_concurrency}); SageMaker needs it at most that")
+        return self
+
+
 Placement = Annotated[
-    Union[InstancePoolPlacement, MigPartitionPlacement, InstanceTypePlacement], Field(discriminator="kind")
+    Union[InstancePoolPlacement, MigPartitionPlacement, InstanceTypePlacement, ServerlessPlacement],
+    Field(discriminator="kind"),
 ]

@@ -223,9 +223,22 @@ def _whole_instance(placement) -> str:
     return f"a MIG layout bills its whole {placement.instance_type}, idle partitions included"
 
 
+def serverless_cost(region: str, placement, *, what: str) -> HourlyCost:
+    """A serverless endpoint has no instance-hours: SageMaker bills each request's memory x duration and nothing while
+    idle (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html). This table holds instance-hours
+    only, so the figure is reported as missing, with why, never guessed."""
+    provisioned = (f"; provisioned concurrency {placement.provisioned_concurrency} is billed while provisioned too"
+                   if placement.provisioned_concurrency else "")
+    return HourlyCost(what, region, f"serverless {placement.memory_size_mb} MB", 0, None,
+                      "serverless bills per request (memory x duration), nothing while idle" + provisioned
+                      + "; the price table holds instance-hours only, so no figure is given")
+
+
 def production_cost(table: PriceTable, region: str, placement) -> HourlyCost:
     """Production per hour: the instances it serves with (`placement.instance_count`; a MIG layout: one instance, as
     the endpoint config asks for) x the hourly price of the priced type."""
+    if placement.kind == "serverless":
+        return serverless_cost(region, placement, what="production")
     instance_type, pool = _placement_types(placement)
     instances = getattr(placement, "instance_count", 1) if placement.kind != "mig_partition" else 1
     return hourly_cost(table, region, instance_type, instances, what="production", pool=pool,
@@ -409,6 +422,9 @@ def candidate_cost_for(table: PriceTable, config, started_at: str | datetime, fi
     """`candidate_cost` of a release config's candidate: one instance (a single-model endpoint), of `instance_type` where
     the backend recorded the type it provisioned, else the placement's priced type; in `region` (default: the aws
     backend's)."""
+    if config.placement.kind == "serverless":
+        start, end = _instant(started_at, "started_at"), _instant(finished_at, "finished_at")
+        return CandidateCost(serverless_cost(region or config.backend.region, config.placement, what="a candidate"), start, end)
     priced, _ = _placement_types(config.placement)
     return candidate_cost(table, region or config.backend.region, instance_type or priced, started_at, finished_at, 1,
                           whole_instance=_whole_instance(config.placement))
@@ -482,6 +498,8 @@ def dry_run_cost_lines(config, table: PriceTable | None = None) -> list[str]:
         return [f"cost: the {config.backend.kind} backend serves on this machine; no SageMaker price applies"]
     table = load_price_table() if table is None else table
     region, placement = config.backend.region, config.placement
+    if placement.kind == "serverless":
+        return [f"cost: {serverless_cost(region, placement, what='production and its candidate').describe()}"]
     instance_type, _ = _placement_types(placement)
     production = production_cost(table, region, placement)
     lines = [f"cost: {production.describe()}"]

@@ -272,16 +272,19 @@ def _champion(config, backends, plan: Plan, account: FreshAccount, ledger: Ledge
                          artifact_uri=f"s3://{store.bucket}/{store.key(ref.artifact_sha256, ARCHIVE_NAME)}",
                          artifact_sha256=ref.artifact_sha256, environment=config.image.container_env(),
                          copies=config.rollout.copies, compute=compute(config, MEMORY_MB), model_ref=ref)
-    model = hosting.model_request(component, spec, endpoint)
+    model = hosting.model_request(component, spec, endpoint, config.placement)
     plan.stand_in(model["ModelName"], "the champion's model, named by the release that promoted it")
     on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
-    serving = hosting.endpoint_config_request(endpoint, config.placement, model_name=None, variant_name=VARIANT,
-                                              on_gpu=on_gpu, release_id=ref.release_id)
-    for operation, params in (
-            ("CreateModel", model), ("CreateEndpointConfig", serving),
-            ("CreateEndpoint", {"EndpointName": endpoint, "EndpointConfigName": serving["EndpointConfigName"],
-                                "Tags": tags(endpoint=endpoint, release=ref.release_id, role="production")}),
-            ("CreateInferenceComponent", hosting.component_request(component, endpoint, spec, model["ModelName"]))):
+    single = hosting.single_model(config.placement, "production")  # serverless: the model is the endpoint's variant
+    serving = hosting.endpoint_config_request(endpoint, config.placement, model_name=model["ModelName"] if single else None,
+                                              variant_name=component if single else VARIANT, on_gpu=on_gpu,
+                                              release_id=ref.release_id)
+    requests = [("CreateModel", model), ("CreateEndpointConfig", serving),
+                ("CreateEndpoint", {"EndpointName": endpoint, "EndpointConfigName": serving["EndpointConfigName"],
+                                    "Tags": tags(endpoint=endpoint, release=ref.release_id, role="production")})]
+    if not single:
+        requests.append(("CreateInferenceComponent", hosting.component_request(component, endpoint, spec, model["ModelName"])))
+    for operation, params in requests:
         account.seed("sagemaker", operation, params)
     for stage, event, payload in ((events.RELEASE, events.OPENED, {"config": config.model_dump(mode="json")}),
                                   (events.PROMOTE, events.SUCCEEDED, {"endpoint": endpoint, "component": component,
@@ -405,6 +408,8 @@ def update_fit(config) -> str:
     """The note on an update of production: how its copies fit the endpoint (tasks.backends.capacity)."""
     from tasks.backends.capacity import room
 
+    if config.placement.kind == "serverless":
+        return "a serverless endpoint has no instances to fit: SageMaker starts compute per request"
     found = room(config.placement, config.image, config.rollout)
     if found is None:
         return "the instance type is not in shiplift's capacity tables, so the fit is not checked"

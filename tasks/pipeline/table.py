@@ -160,7 +160,7 @@ def timeout_for(name: str, config: Any) -> int:
     """A step's timeout per attempt for one config: the table's, or longer where the config's own deadlines need it.
 
     validate scores every dataset on the candidate and on the champion, each run under `validation.deadline_s`, after
-    the cold starts of a config that scales to zero (each a copy stopped, then up to twice its bound); build
+    the cold starts of a config that scales to zero or is serverless (each a copy stopped, then up to twice its bound); build
     fits a temperature (when asked) with one run under it; image waits up to the aws backend's `build_timeout_s` for
     CodeBuild; deploy_candidate and promote wait for a placement's provision timeout, and promote for a rolling
     update's own maximum execution time; the approval waits `promotion.approval.timeout_s` for a person. Every
@@ -169,9 +169,10 @@ def timeout_for(name: str, config: Any) -> int:
     validation, own = config.validation, 0
     if name == "validate":
         own = int(validation.deadline_s * 2 * len(validation.datasets)) + STAGE_MARGIN_S
-        scaling = getattr(config, "scale_to_zero", None)
-        if scaling is not None:  # each cold start: its copies stopped (a scale wait), then up to twice the bound
-            own += scaling.cold_starts * (SCALE_WAIT_S + math.ceil(2 * scaling.max_cold_start_p95_s))
+        bound = getattr(config, "cold_start_bound", None)
+        if bound is not None:  # each cold start: its copies stopped (a scale wait), then up to twice the bound
+            starts, max_p95_s = bound
+            own += starts * (SCALE_WAIT_S + math.ceil(2 * max_p95_s))
     elif name == "build" and config.calibration.fit_temperature:
         own = int(validation.deadline_s) + HOUR + STAGE_MARGIN_S
     elif name == "image":

@@ -6,6 +6,7 @@ connection, never waits and leaves no file behind."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import tempfile
 import time
@@ -329,3 +330,53 @@ def test_every_answer_of_the_recording_account_fits_the_service_model(monkeypatc
             _walk(shape, found.parsed, "", walked)  # the checks ParamValidator leaves out
             problems += [f"{service} {operation}: {problem}" for problem in walked]
     assert len({(service, operation) for service, operation, _ in answers}) > 40 and problems == []
+
+
+SERVERLESS = ("image.device=cpu", "rollout.copies=1",
+              "placement={kind: serverless, memory_size_mb: 6144, max_concurrency: 4, provisioned_concurrency: 1, "
+              "cold_starts: 1, max_cold_start_p95_s: 120}")
+
+
+def test_a_serverless_encoder_is_a_single_model_endpoint_updated_in_place():
+    """Serverless placement (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html): candidate and
+    production are single-model endpoints whose variant is a ServerlessConfig (no instances, no inference component,
+    no network isolation, which serverless does not support); a later release updates production with UpdateEndpoint."""
+    lines, stderr = dry_run("configs/releases/mdeberta-nli.yaml", *SERVERLESS)
+    assert_valid(lines)
+    configs = [line["params"] for line in lines if line["operation"] == "CreateEndpointConfig"]
+    assert len(configs) == 2
+    for config in configs:
+        [variant] = config["ProductionVariants"]
+        assert variant["ServerlessConfig"] == {"MemorySizeInMB": 6144, "MaxConcurrency": 4, "ProvisionedConcurrency": 1}
+        assert "InstanceType" not in variant and "InitialInstanceCount" not in variant and "ExecutionRoleArn" not in config
+    assert all(line["params"]["EnableNetworkIsolation"] is False for line in lines if line["operation"] == "CreateModel")
+    ops = [line["operation"] for line in lines]
+    assert "CreateInferenceComponent" not in ops and "UpdateInferenceComponentRuntimeConfig" not in ops
+    assert all("InferenceComponentName" not in line["params"] for line in lines if line["operation"] == "InvokeEndpoint")
+    assert "serverless bills per request" in stderr
+
+    later, _ = dry_run("configs/releases/mdeberta-nli.yaml", *SERVERLESS, flags=("--with-champion",))
+    assert_valid(later)
+    promote = [line for line in later if line["stage"] == "promote"]
+    [update] = [line["params"] for line in promote if line["operation"] == "UpdateEndpoint"]
+    assert update["EndpointName"] == "shiplift-mdeberta-nli-prod"
+    assert "CreateEndpoint" not in [line["operation"] for line in promote]
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (("rollout.copies=1", "placement={kind: serverless, memory_size_mb: 6144, max_concurrency: 4, max_cold_start_p95_s: 120}"),
+     "SageMaker Serverless Inference has no GPUs"),
+    (SERVERLESS[:2] + ("placement={kind: serverless, memory_size_mb: 6144, max_concurrency: 4, max_cold_start_p95_s: 120}",),
+     "set placement.cold_starts: 1"),
+    (SERVERLESS[:2] + ("placement={kind: serverless, memory_size_mb: 5000, max_concurrency: 4, cold_starts: 1, "
+                       "max_cold_start_p95_s: 120}",), "1 GB steps up to 6 GB"),
+    (SERVERLESS[:2] + ("placement={kind: serverless, memory_size_mb: 2048, max_concurrency: 2, provisioned_concurrency: 3, "
+                       "cold_starts: 1, max_cold_start_p95_s: 120}",), "is above placement.max_concurrency"),
+    (SERVERLESS[:2] + ("placement={kind: serverless, endpoint: shared-cpu, memory_size_mb: 2048, max_concurrency: 2, "
+                       "cold_starts: 1, max_cold_start_p95_s: 120}",), "cannot be the shared endpoint"),
+    (SERVERLESS + ("rollout={strategy: canary, copies: 2}",), "use rollout.strategy: all_at_once"),
+    (SERVERLESS + ("scale_to_zero={max_cold_start_p95_s: 60}",), "scales to zero by itself"),
+])
+def test_what_serverless_cannot_host_is_refused_with_the_fix(overrides, refusal):
+    with pytest.raises(Exception, match=re.escape(refusal)):
+        load_release_config(RELEASES / "mdeberta-nli.yaml", overrides=overrides, environ={})

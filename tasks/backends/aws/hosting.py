@@ -22,6 +22,12 @@ inference-component endpoint, invocation through `sagemaker-runtime`, teardown a
   scales in, and a step-scaling policy on a CloudWatch alarm on `NoCapacityInvocationFailures` that adds a copy when a
   request finds none (`enable_scale_to_zero`). Deleting an endpoint removes each component's alarm, policies and target
   first, so a torn-down candidate leaves none behind.
+- A **serverless** placement (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html) makes a
+  single-model endpoint for candidate and production alike, its variant a `ServerlessConfig` (memory, max concurrency,
+  provisioned concurrency) with no instances: serverless endpoints host no inference components. A release updates
+  production with `UpdateEndpoint` to its own endpoint config (all at once; SageMaker does no rolling deployment of a
+  serverless endpoint, deployment-guardrails-exclusions.html), and an instance-based production endpoint is never
+  turned serverless in place (the page: that conversion is refused).
 """
 
 from __future__ import annotations
@@ -121,11 +127,20 @@ def failure_reason(answer: dict | None) -> str:
     return (answer or {}).get("FailureReason") or "(SageMaker gave no FailureReason)"
 
 
+def is_serverless(config: dict) -> bool:
+    """Whether an endpoint config's variant is serverless."""
+    return "ServerlessConfig" in (config.get("ProductionVariants") or [{}])[0]
+
+
 def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
     """What the endpoint got, read from its description and its config: the pool entry with instances,
-    the instance type, or the MIG layout."""
+    the instance type, the MIG layout, or the serverless memory and concurrency."""
     variant = (endpoint.get("ProductionVariants") or [{}])[0]
     requested = (config.get("ProductionVariants") or [{}])[0]
+    if is_serverless(config):
+        asked = requested["ServerlessConfig"]
+        return PlacementObtained(kind="serverless", requested=f"serverless {asked.get('MemorySizeInMB')} MB, max concurrency "
+                                 f"{asked.get('MaxConcurrency')}, provisioned {asked.get('ProvisionedConcurrency', 0)}")
     ami = requested.get("InferenceAmiVersion")
     if requested.get("InstancePools"):
         order = [p["InstanceType"] for p in sorted(requested["InstancePools"], key=lambda p: p["Priority"])]
@@ -158,17 +173,26 @@ class SageMakerHosting:
         return self.aws.call("sagemaker", operation, **params)
 
     # -- requests (pure; the dry run prints the same ones) ----------------------------------------
-    def model_request(self, component: str, spec: ComponentSpec, endpoint: str) -> dict:
-        """CreateModel for a spec: named by component, container and release; network isolation on."""
+    def model_request(self, component: str, spec: ComponentSpec, endpoint: str, placement=None) -> dict:
+        """CreateModel for a spec: named by component, container and release; network isolation on, except for a
+        serverless placement, which does not support it (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html,
+        "Feature exclusions")."""
         container = {"Image": spec.image_uri, "ModelDataUrl": spec.artifact_uri, "Environment": dict(spec.environment)}
-        name = content_name(component, {"container": container, "release": spec.model_ref.release_id})
+        isolated = placement is None or placement.kind != "serverless"
+        name = content_name(component, {"container": container, "release": spec.model_ref.release_id,
+                                        **({} if isolated else {"isolated": False})})
         return {"ModelName": name, "PrimaryContainer": container, "ExecutionRoleArn": self.backend.execution_role_arn,
-                "EnableNetworkIsolation": True,
+                "EnableNetworkIsolation": isolated,
                 "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id, **{"artifact-sha256": spec.artifact_sha256})}
 
     def variant(self, placement, *, model_name: str | None, variant_name: str, on_gpu: bool) -> dict:
         """One production variant: with a model (a single-model candidate on one instance) or without (inference
         components; production gets `placement.instance_count` instances)."""
+        if placement.kind == "serverless":
+            serverless = {"MemorySizeInMB": placement.memory_size_mb, "MaxConcurrency": placement.max_concurrency}
+            if placement.provisioned_concurrency:
+                serverless["ProvisionedConcurrency"] = placement.provisioned_concurrency
+            return {"VariantName": variant_name, "ModelName": model_name, "ServerlessConfig": serverless}
         count = 1 if model_name else getattr(placement, "instance_count", 1)
         variant: dict = {"VariantName": variant_name, "RoutingConfig": dict(ROUTING)}
         if model_name:
@@ -224,9 +248,10 @@ class SageMakerHosting:
         """Candidates on instance pools or one instance type are single-model endpoints; MIG and production use components,
         and so does a candidate whose placement lets the endpoint go to zero instances (`min_instance_count: 0`): only an
         endpoint that hosts inference components can scale to and from zero
-        (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)."""
-        return (role == "candidate" and placement.kind != "mig_partition"
-                and getattr(placement, "min_instance_count", None) != 0)
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html). A serverless
+        endpoint is always single-model: it cannot host inference components."""
+        return placement.kind == "serverless" or (role == "candidate" and placement.kind != "mig_partition"
+                                                  and getattr(placement, "min_instance_count", None) != 0)
 
     # -- deploy ------------------------------------------------------------------------------
     def alarm_requests(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan) -> list[dict]:
@@ -455,7 +480,7 @@ class SageMakerHosting:
                progress: Progress) -> LiveComponent:
         """Model, endpoint config (MIG layout read back), endpoint and, except for single-model candidates, the component."""
         on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
-        model = self.model_request(component, spec, endpoint)
+        model = self.model_request(component, spec, endpoint, placement)
         self._ensure("Model", model["ModelName"], model, ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolation"))
         single = self.single_model(placement, role)
         config = self.endpoint_config_request(endpoint, placement, model_name=model["ModelName"] if single else None,
@@ -510,7 +535,9 @@ class SageMakerHosting:
             self._with_config("CreateEndpoint", progress, EndpointName=endpoint, EndpointConfigName=name,
                               Tags=tags(endpoint=endpoint, release=release_id, role=role))
         elif live.get("EndpointConfigName") != name:
-            if role == "production":
+            if role == "production" and placement.kind == "serverless":
+                self._check_stays_serverless(endpoint, live)
+            elif role == "production":
                 raise Conflict(f"production {endpoint} runs endpoint config {live.get('EndpointConfigName')}, not {name}: "
                                "its placement changed, and a MIG layout cannot change on a running endpoint",
                                fix="keep the production placement, or move production to a new endpoint (a new resource_prefix)")
@@ -527,6 +554,16 @@ class SageMakerHosting:
                                     fix="add instance types to placement.pools, raise provision_timeout_s, or retry later")
             raise DeployFailed(f"endpoint {endpoint} is {(answer or {}).get('EndpointStatus')}: {reason}",
                                fix="read the FailureReason and the endpoint's CloudWatch logs; teardown removes it, then rerun")
+
+    def _check_stays_serverless(self, endpoint: str, live: dict) -> None:
+        """A serverless release's new endpoint config may replace a serverless one (UpdateEndpoint), never an
+        instance-based one: SageMaker refuses to convert an instance-based endpoint to serverless
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html)."""
+        if not is_serverless(self._config_of(live) or {}):
+            raise Conflict(f"production {endpoint} is instance-based (endpoint config {live.get('EndpointConfigName')}), and "
+                           "SageMaker cannot turn an instance-based endpoint serverless",
+                           fix="keep the instance placement, or release under a new name (a new endpoint) and delete "
+                               f"{endpoint} once callers have moved")
 
     def _with_config(self, operation: str, progress: Progress, **params) -> dict:
         """CreateEndpoint or UpdateEndpoint, retried while SageMaker does not see the endpoint config just created yet:
@@ -677,6 +714,9 @@ class SageMakerHosting:
         if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
             raise BadInput(f"copies={copies!r} is not a whole number >= 0", fix="pass the copy count to set (0 stops every copy)")
         live = self.inference_component(endpoint, component)
+        if live is None and is_serverless(self._config_of(self._describe_endpoint(endpoint) or {}) or {}):
+            raise BadInput(f"{endpoint} is serverless: SageMaker starts and stops its compute itself and has no call that "
+                           "sets it", fix="time a serverless endpoint's cold start on its first request after creation")
         if live is None:
             raise NotFound(f"inference component {component} is not on endpoint {endpoint}", fix="deploy it first")
         if live.get("InferenceComponentStatus") in UNSETTLED:
@@ -759,6 +799,8 @@ class SageMakerHosting:
                 return None
             model_name, status = (requested or {}).get("ModelName"), live_endpoint["EndpointStatus"]
             copies = (variant or {}).get("CurrentInstanceCount", 0)
+            if "ServerlessConfig" in (requested or {}):  # no instances: compute per request, so it serves as one model
+                copies = int(status == "InService")
             resolved = ((variant or {}).get("DeployedImages") or [{}])[0].get("ResolvedImage")
             failure = live_endpoint.get("FailureReason")
         model = self._model(model_name)

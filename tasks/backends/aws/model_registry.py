@@ -199,7 +199,8 @@ class SageMakerModelRegistry:
         metadata, the gate report as ModelQuality statistics; ClientToken from the release, so a retried create is
         the same version."""
         placement = config.placement
-        types = sorted(p.instance_type for p in placement.pools) if placement.kind == "instance_pool" else [placement.instance_type]
+        types = (sorted(p.instance_type for p in placement.pools) if placement.kind == "instance_pool"
+                 else [] if placement.kind == "serverless" else [placement.instance_type])
         container = {"Image": image_uri, "ImageDigest": view.metadata["shiplift:image-digest"], "ModelDataUrl": artifact_uri,
                      "Environment": config.image.container_env()}
         request = {
@@ -208,7 +209,7 @@ class SageMakerModelRegistry:
                                        f"{view.metadata['shiplift:artifact-sha256']}, image {image_uri}",
             "InferenceSpecification": {"Containers": [container], "SupportedContentTypes": CONTENT_TYPES,
                                        "SupportedResponseMIMETypes": CONTENT_TYPES,
-                                       "SupportedRealtimeInferenceInstanceTypes": types},
+                                       **({"SupportedRealtimeInferenceInstanceTypes": types} if types else {})},
             "ModelApprovalStatus": PENDING,
             "CustomerMetadataProperties": dict(view.metadata),
             "ClientToken": view.metadata["shiplift:config-hash"][:36],

@@ -235,6 +235,7 @@ class FreshAccount:
             ("codebuild", "BatchGetBuilds"): self._get_builds,
             ("sagemaker", "ListTags"): lambda params: {"Tags": self.tags.get(params["ResourceArn"], [])},
             ("sagemaker", "UpdateInferenceComponent"): self._update_component,
+            ("sagemaker", "UpdateEndpoint"): self._update_endpoint,
             ("sagemaker", "UpdateInferenceComponentRuntimeConfig"): self._component_copies,
             ("application-autoscaling", "DescribeScalableTargets"): self._scalable_targets,
             ("application-autoscaling", "RegisterScalableTarget"): self._register_target,
@@ -468,6 +469,18 @@ class FreshAccount:
             self.polls[(kind, name)] = [({}, CREATED)]
         return {f"{kind}Arn": arn}
 
+    def _update_endpoint(self, params: dict) -> dict:
+        """UpdateEndpoint: the endpoint serves the named config's variants (the dry run never waits, so at once)."""
+        endpoint = self.hosting["Endpoint"].get(params["EndpointName"])
+        config = self.hosting["EndpointConfig"].get(params["EndpointConfigName"])
+        if endpoint is None:
+            raise Refusal("ValidationException", f'Could not find endpoint "{params["EndpointName"]}".')
+        if config is None:
+            raise Refusal("ValidationException", f'Could not find endpoint configuration "{params["EndpointConfigName"]}".')
+        endpoint.update(EndpointConfigName=params["EndpointConfigName"], EndpointStatus="InService", LastModifiedTime=THEN,
+                        ProductionVariants=[_serving(variant) for variant in config["ProductionVariants"]])
+        return {"EndpointArn": endpoint["EndpointArn"]}
+
     def _describe(self, kind: str, params: dict) -> Answer:
         key, _, wording = HOSTING[kind]
         name = params[key]
@@ -657,6 +670,9 @@ def _copies(count: int) -> dict:
 
 def _serving(variant: dict) -> dict:
     """What DescribeEndpoint says of a config's variant once it serves: its instances, from the first pool by priority."""
+    if "ServerlessConfig" in variant:  # no instances (API_DescribeEndpoint: CurrentServerlessConfig instead)
+        return {"VariantName": variant["VariantName"], "CurrentServerlessConfig": dict(variant["ServerlessConfig"]),
+                "DesiredServerlessConfig": dict(variant["ServerlessConfig"])}
     count = variant.get("InitialInstanceCount", 1)
     serving = {"VariantName": variant["VariantName"], "CurrentInstanceCount": count, "DesiredInstanceCount": count}
     if variant.get("InstancePools"):

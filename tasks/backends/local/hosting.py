@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tasks.errors import NotFound
+from tasks.errors import Conflict, NotFound
 from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec
+from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec, ServerlessEmulation
+from tasks.backends.placement import SERVERLESS_STARTUP_S
 from tasks.backends.image_source import server_command
 from tasks.backends.local.process_image import local_image_kind
 from tasks.backends.interfaces import (
@@ -35,6 +36,9 @@ from tasks.backends.interfaces import (
 )
 from validation.transport import HttpInvoker
 
+# How long a local serverless component keeps its copy after its last request. SageMaker does not document how long a
+# serverless endpoint keeps idle compute; this emulation gives it back after a minute.
+LOCAL_SERVERLESS_IDLE_S = 60
 
 def process_spec(kind: str, model_dir: Path, environment: dict[str, str], *, copies: int, model_ref: dict,
                  neutral: dict | None = None) -> ProcessSpec:
@@ -76,13 +80,41 @@ class LoopbackHosting:
                progress: Progress) -> LiveComponent:
         """Extract the artifact once, run the image's server as `spec.copies` processes behind the router, describe."""
         process = self._process(spec)
-        progress(f"{role} {endpoint}/{component}: {spec.copies} local {local_image_kind(spec.image_uri)} process(es)")
+        serverless = placement.kind == "serverless"
+        progress(f"{role} {endpoint}/{component}: {spec.copies} local {local_image_kind(spec.image_uri)} process(es)"
+                 + (", serverless" if serverless else ""))
         self.processes.ensure_endpoint(endpoint)
+        self._refuse_conversion(endpoint, component, serverless)
         self.processes.put_component(endpoint, component, process)
+        if serverless:
+            self._emulate_serverless(endpoint, component, placement, progress)
         live = self.describe(endpoint, component)
         if live is None:
             raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="another command removed it; rerun the stage")
         return live
+
+    def _refuse_conversion(self, endpoint: str, component: str, serverless: bool) -> None:
+        """Conflict where the component exists on the other kind of endpoint: SageMaker cannot turn an instance-based
+        endpoint into a serverless one (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html), and
+        this backend refuses the way back too, so both backends need a new endpoint for either."""
+        entry = self.processes.describe_endpoint(endpoint)["components"].get(component)
+        if entry is not None and bool(entry.get("serverless")) != serverless:
+            was, asked = ("serverless", "instance") if entry.get("serverless") else ("instance-based", "serverless")
+            raise Conflict(f"{endpoint}/{component} is {was}, and an endpoint cannot become {asked}-based in place",
+                           fix="keep the placement's kind, or release under a new name (a new endpoint) and delete "
+                               f"{endpoint} once callers have moved")
+
+    def _emulate_serverless(self, endpoint: str, component: str, placement, progress: Progress) -> None:
+        """The router serves the component as SageMaker serves a serverless endpoint: compute (a copy) starts on the
+        request that finds none, which waits for it; more than max_concurrency requests at once are throttled; the
+        copy goes after LOCAL_SERVERLESS_IDLE_S idle, unless provisioned concurrency keeps it warm. Deployed without
+        provisioned concurrency, it starts with no copy, so its first request is a cold start, as on SageMaker."""
+        warm = placement.provisioned_concurrency is not None
+        plan = ScaleToZeroPlan(max_copies=1, idle_s=LOCAL_SERVERLESS_IDLE_S, invocations_per_copy=1.0)
+        emulation = ServerlessEmulation(hold_s=SERVERLESS_STARTUP_S, max_concurrency=placement.max_concurrency, warm=warm)
+        self.processes.set_scaling(endpoint, component, plan, emulation)
+        if not warm and self.processes.scale(endpoint, component, 0):
+            progress(f"{endpoint}/{component}: serverless, no compute until the first request")
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
                  progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
@@ -146,8 +178,10 @@ class LoopbackHosting:
             endpoint=endpoint, component=component, status=status,
             image_digest=neutral.get("image_uri", "").rpartition("@")[2] or None,
             artifact_uri=neutral.get("artifact_uri"), artifact_sha256=neutral.get("artifact_sha256"),
-            environment=neutral.get("environment", {}), copies=len(serving),
-            placement=PlacementObtained(kind="local-process", requested="local", instance_count=len(serving)),
+            environment=neutral.get("environment", {}),
+            copies=1 if entry["serverless"] and status == "InService" else len(serving),  # compute per request
+            placement=PlacementObtained(kind="local-process", instance_count=len(serving), requested=(
+                f"local serverless, max concurrency {entry['serverless']['max_concurrency']}" if entry["serverless"] else "local")),
             model_ref=ModelRef.model_validate(ref) if set(ref) == set(ModelRef.model_fields) else None,
         )
 

@@ -78,6 +78,10 @@ EXIT_PORT_TAKEN = 3  # the --port asked for is not free (the supervisor then let
 NO_CAPACITY_MESSAGE = ("Inference Component {} has no capacity to process this request. ApplicationAutoScaling may be "
                        "in-progress (if configured) or try to increase the capacity by invoking "
                        "UpdateInferenceComponentRuntimeConfig API.")
+# A serverless endpoint's answer to a request beyond its MaxConcurrency (a throttle the caller retries), and to one
+# whose compute did not start in time (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html)
+THROTTLED_MESSAGE = "Endpoint {} is serving its MaxConcurrency of {} requests at once; retry with backoff."
+NOT_STARTED_MESSAGE = "Serverless compute for {} did not start within {:g} s; retry."
 
 
 def name_problem(name: object) -> str | None:
@@ -132,9 +136,17 @@ class Copy:
 @dataclass
 class ScaleToZero:
     """A component that scales in to zero copies after `idle_s` without an invocation and out on the first request
-    that finds none; `scaler` is the scaling process running now (one at a time)."""
+    that finds none; `scaler` is the scaling process running now (one at a time).
+
+    A serverless one (`hold_s` set) emulates SageMaker Serverless Inference: a request that finds no copy waits up to
+    `hold_s` for the copy it starts instead of failing, requests beyond `max_concurrency` in flight are throttled,
+    and a `warm` one (provisioned concurrency) keeps its copy through idle time."""
 
     idle_s: float
+    hold_s: float | None = None
+    max_concurrency: int | None = None
+    warm: bool = False
+    active: int = 0  # requests of this component in flight (admitted, not yet answered)
     last_invocation: float = field(default_factory=time.monotonic)
     scaler: subprocess.Popen | None = None
 
@@ -272,6 +284,7 @@ class Router:
         self.health_interval_s = health_interval_s
         self.in_flight = threading.BoundedSemaphore(max_in_flight)
         self.lock = threading.Lock()
+        self.copies_changed = threading.Condition(self.lock)  # told when a component's copies change
         self.components: dict[str, Component] = {}
         self.metrics: dict[str, ComponentMetrics] = {}
         self.spec_metrics: dict[str, dict[str, ComponentMetrics]] = {}  # component -> spec sha256 that answered
@@ -308,10 +321,14 @@ class Router:
             component.draining = [c for c in known.values() if c.outstanding > 0]
             if scale_to_zero is None:
                 component.scale_to_zero = None
-            elif component.scale_to_zero is None:
-                component.scale_to_zero = ScaleToZero(idle_s=float(scale_to_zero["idle_s"]))
             else:
-                component.scale_to_zero.idle_s = float(scale_to_zero["idle_s"])
+                settings = {"idle_s": float(scale_to_zero["idle_s"]), "hold_s": scale_to_zero.get("hold_s"),
+                            "max_concurrency": scale_to_zero.get("max_concurrency"), "warm": scale_to_zero.get("warm", False)}
+                if component.scale_to_zero is None:
+                    component.scale_to_zero = ScaleToZero(**settings)
+                else:
+                    vars(component.scale_to_zero).update(settings)
+            self.copies_changed.notify_all()
         return existed
 
     # -- scale to zero ----------------------------------------------------------------------
@@ -329,7 +346,9 @@ class Router:
 
     def no_capacity(self, component: Component) -> bool:
         """For a request to a component scaled to zero: True when it has no copy in rotation, counted as a
-        NoCapacityInvocationFailure, and a scaler started for one copy (the scale-out alarm's step)."""
+        NoCapacityInvocationFailure, and a scaler started for one copy (the scale-out alarm's step). A serverless
+        component instead holds the request until its copy is in rotation (False), or raises Rejected when none is
+        within `hold_s`."""
         scaling = component.scale_to_zero
         if scaling is None:
             return False
@@ -337,9 +356,36 @@ class Router:
             scaling.last_invocation = time.monotonic()
             if any(c.healthy for c in component.copies):
                 return False
-            self.metrics.setdefault(component.name, ComponentMetrics()).no_capacity_invocation_failures += 1
-            self._run_scaler(component, 1)
-            return True
+            if scaling.hold_s is None:
+                self.metrics.setdefault(component.name, ComponentMetrics()).no_capacity_invocation_failures += 1
+                self._run_scaler(component, 1)
+                return True
+            deadline = time.monotonic() + scaling.hold_s
+            while not (started := any(c.healthy for c in component.copies)) and time.monotonic() < deadline:
+                self._run_scaler(component, 1)  # again if a scale-in was running when the request came
+                self.copies_changed.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            scaling.last_invocation = time.monotonic()
+        if not started:
+            raise Rejected(503, "ServiceUnavailable", NOT_STARTED_MESSAGE.format(component.name, scaling.hold_s))
+        return False
+
+    def admit(self, component: Component) -> None:
+        """Count a request in flight on a serverless component; Rejected (throttled) beyond its max_concurrency."""
+        scaling = component.scale_to_zero
+        if scaling is None or scaling.max_concurrency is None:
+            return
+        with self.lock:
+            if scaling.active >= scaling.max_concurrency:
+                raise Rejected(429, "ThrottlingException", THROTTLED_MESSAGE.format(self.name, scaling.max_concurrency))
+            scaling.active += 1
+
+    def leave(self, component: Component) -> None:
+        """The admitted request has been answered."""
+        scaling = component.scale_to_zero
+        if scaling is None or scaling.max_concurrency is None:
+            return
+        with self.lock:
+            scaling.active -= 1
 
     def scale_in_idle(self) -> None:
         """Stop the copies of every scale-to-zero component idle for its `idle_s` with nothing in flight."""
@@ -348,8 +394,8 @@ class Router:
             for component in self.components.values():
                 scaling = component.scale_to_zero
                 busy = any(c.outstanding for c in component.copies + component.draining)
-                if (scaling is not None and component.copies and not busy and not scaling.scaling()
-                        and now - scaling.last_invocation >= scaling.idle_s):
+                if (scaling is not None and not scaling.warm and component.copies and not busy and not scaling.scaling()
+                        and not scaling.active and now - scaling.last_invocation >= scaling.idle_s):
                     self._run_scaler(component, 0)
 
     def delete_component(self, name: str) -> bool:
@@ -545,7 +591,9 @@ class Router:
                 "components": {
                     name: {"copies": [c.view() for c in comp.copies], "draining": [c.view() for c in comp.draining],
                            "scale_to_zero": None if comp.scale_to_zero is None else {
-                               "idle_s": comp.scale_to_zero.idle_s, "scaling": comp.scale_to_zero.scaling()}}
+                               "idle_s": comp.scale_to_zero.idle_s, "hold_s": comp.scale_to_zero.hold_s,
+                               "max_concurrency": comp.scale_to_zero.max_concurrency, "warm": comp.scale_to_zero.warm,
+                               "scaling": comp.scale_to_zero.scaling()}}
                     for name, comp in sorted(self.components.items())
                 },
             }
@@ -654,7 +702,23 @@ class Handler(RouterHandler):
         except Rejected as exc:
             self._reject(exc, sagemaker)
             return
-        if router.no_capacity(component):
+        try:
+            router.admit(component)
+        except Rejected as exc:
+            self._reject(exc if sagemaker else Rejected(503, exc.code, exc.message), sagemaker)
+            return
+        try:
+            self._invoke_admitted(router, component, sagemaker)
+        finally:
+            router.leave(component)
+
+    def _invoke_admitted(self, router: Router, component: Component, sagemaker: bool) -> None:
+        try:
+            refused = router.no_capacity(component)
+        except Rejected as exc:
+            self._reject(exc, sagemaker)
+            return
+        if refused:
             self._reject(Rejected(400 if sagemaker else 503, "ValidationError", NO_CAPACITY_MESSAGE.format(component.name)),
                          sagemaker)
             return
@@ -822,14 +886,13 @@ class AdminHandler(RouterHandler):
 
 def _component_payload_problem(payload: dict[str, Any]) -> str | None:
     """Why an admin PUT body is not `{"copies": [{"url": URL, "spec_sha256": HEX}, ...]}` (plus `"scale_to_zero":
-    {"idle_s": N}`, with which copies may be empty), or None."""
+    {"idle_s": N}`, with which copies may be empty; a serverless component's also names `hold_s`, `max_concurrency`
+    and `warm`), or None."""
     if "copies" not in payload or set(payload) - {"copies", "scale_to_zero"}:
         return f"body keys must be exactly copies, and scale_to_zero if it scales (got {sorted(payload)})"
     scaling = payload.get("scale_to_zero")
-    if scaling is not None and not (isinstance(scaling, dict) and set(scaling) == {"idle_s"}
-                                    and isinstance(scaling["idle_s"], (int, float)) and not isinstance(scaling["idle_s"], bool)
-                                    and scaling["idle_s"] > 0):
-        return 'scale_to_zero must be {"idle_s": seconds > 0}'
+    if scaling is not None and _scaling_problem(scaling):
+        return _scaling_problem(scaling)
     copies = payload["copies"]
     if not isinstance(copies, list) or not (copies or scaling is not None):
         return ('copies must be a list of {"url": "http://127.0.0.1:PORT", "spec_sha256": HEX}, non-empty unless the '
@@ -843,6 +906,23 @@ def _component_payload_problem(payload: dict[str, Any]) -> str | None:
             return f"copies[{index}].spec_sha256 must be 64 lowercase hex characters"
     if len({entry["url"].rstrip("/") for entry in copies}) != len(copies):
         return "copies must not repeat a URL"
+    return None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _scaling_problem(scaling: Any) -> str | None:
+    """Why a scale_to_zero registration is not `{"idle_s": s}` or, serverless, `{"idle_s": s, "hold_s": s,
+    "max_concurrency": n, "warm": bool}`, or None."""
+    serverless = {"idle_s", "hold_s", "max_concurrency", "warm"}
+    if not isinstance(scaling, dict) or set(scaling) not in ({"idle_s"}, serverless) or not _positive(scaling["idle_s"]):
+        return ('scale_to_zero must be {"idle_s": seconds > 0}, or for a serverless component also "hold_s" (seconds > 0), '
+                '"max_concurrency" (an integer > 0) and "warm" (true or false)')
+    if set(scaling) == serverless and not (_positive(scaling["hold_s"]) and isinstance(scaling["max_concurrency"], int)
+                                           and _positive(scaling["max_concurrency"]) and isinstance(scaling["warm"], bool)):
+        return 'a serverless scale_to_zero needs "hold_s" > 0, an integer "max_concurrency" > 0 and a boolean "warm"'
     return None
 
 

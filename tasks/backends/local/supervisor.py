@@ -143,6 +143,17 @@ class RouterRef(ProcessRef):
     admin_port: int = 0
 
 
+class ServerlessEmulation(BaseModel):
+    """How the router emulates a serverless endpoint's component: a request that finds no copy waits up to `hold_s` for
+    the one it starts, more than `max_concurrency` in flight are throttled, a `warm` one keeps its copy when idle."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hold_s: float = Field(gt=0)
+    max_concurrency: int = Field(ge=1)
+    warm: bool = False
+
+
 class ComponentState(BaseModel):
     """A component as persisted: its spec, the spec's hash and its serving copies; while a rolling
     update is in flight, `previous` is the spec being replaced and some copies still run it."""
@@ -155,6 +166,14 @@ class ComponentState(BaseModel):
     previous: ProcessSpec | None = None
     scaling: ScaleToZeroPlan | None = None  # scales in to zero when idle, out on the first request (the router does)
     desired: int | None = None  # the copies scaling asked for last; None: the spec's count
+    serverless: ServerlessEmulation | None = None  # with `scaling`: the router emulates a serverless endpoint
+
+    def scaling_registration(self) -> dict[str, Any] | None:
+        """What the router is told of the component's scaling (its admin PUT's `scale_to_zero`), or None."""
+        if self.scaling is None:
+            return None
+        extra = self.serverless.model_dump() if self.serverless else {}
+        return {"idle_s": float(self.scaling.idle_s), **extra}
 
     @property
     def wanted(self) -> int:
@@ -482,7 +501,8 @@ class ProcessSupervisor:
                 )
             new = self._start_copies(state, endpoint, component, spec, ready_timeout_s)
             state.components[component] = ComponentState(spec=spec, spec_sha256=digest, copies=new,
-                                                         scaling=current.scaling if current else None)
+                                                         scaling=current.scaling if current else None,
+                                                         serverless=current.serverless if current else None)
             state.retiring = list(current.copies) if current else []
             state.pending = []
             self.save(state)
@@ -504,14 +524,16 @@ class ProcessSupervisor:
             endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
         )
 
-    def set_scaling(self, endpoint: str, component: str, plan: ScaleToZeroPlan) -> bool:
+    def set_scaling(self, endpoint: str, component: str, plan: ScaleToZeroPlan,
+                    serverless: ServerlessEmulation | None = None) -> bool:
         """Let the component scale in to zero after `plan.idle_s` idle and out on the first request; the router does
-        both, through `tasks.backends.local.scaler`. False when it already scaled so."""
+        both, through `tasks.backends.local.scaler` (as a serverless endpoint does, with `serverless`). False when it
+        already scaled so."""
         with self.locked(endpoint) as state:
             comp = self._component(state, component)
-            if comp.scaling == plan:
+            if comp.scaling == plan and comp.serverless == serverless:
                 return False
-            comp.scaling = plan
+            comp.scaling, comp.serverless = plan, serverless
             self.save(state)
             self._register(state, component)
         return True
@@ -615,6 +637,7 @@ class ProcessSupervisor:
                 "spec_sha256": comp.spec_sha256,
                 "wanted": comp.wanted,
                 "scale_to_zero": comp.scaling.model_dump(mode="json") if comp.scaling else None,
+                "serverless": comp.serverless.model_dump(mode="json") if comp.serverless else None,
                 "registered": urls == sorted(live) and (bool(urls) or cname in registered),
                 "copies": [
                     {
@@ -937,7 +960,7 @@ class ProcessSupervisor:
         comp = state.components[component]
         payload: dict[str, Any] = {"copies": _router_copies(comp)}
         if comp.scaling is not None:
-            payload["scale_to_zero"] = {"idle_s": comp.scaling.idle_s}
+            payload["scale_to_zero"] = comp.scaling_registration()
         status, body = self._admin(state, "PUT", f"components/{component}", payload)
         if status != 200:
             raise Conflict(
@@ -955,7 +978,8 @@ class ProcessSupervisor:
             live = sorted((c["url"], c["spec_sha256"]) for c in registered.get(cname, {}).get("copies", []))
             if comp.scaling is not None:  # registered even with no copy: the router answers and scales it
                 told = (registered.get(cname) or {}).get("scale_to_zero") or {}
-                if wanted != live or told.get("idle_s") != float(comp.scaling.idle_s):
+                registration = comp.scaling_registration()
+                if wanted != live or any(told.get(key) != value for key, value in registration.items()):
                     self._register(state, cname)
             elif wanted and wanted != live:
                 self._register(state, cname)
