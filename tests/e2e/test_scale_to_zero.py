@@ -96,4 +96,6 @@ def test_a_cold_start_slower_than_the_bound_fails_the_gate(scaled):
     assert result["status"] == "rejected"
     report = gate_report(state, result["release_id"])
     check = next(c for c in report["checks"] if c["name"] == CHECK_NAME)
-    assert report["decision"] == "fail" and check["status"] == "fail" and check["observed"] > 0.001
+    assert report["decision"] == "fail" and check["status"] == "fail"
+    # within twice a 1 ms bound a start is either unanswered or slower than the bound (its time may round to 1 ms)
+    assert "got no answer" in check["reason"] or check["observed"] > 0.001
