@@ -59,7 +59,6 @@ MIG_1G_10GB_MIN_DRIVER = 525
 # 3 minutes, /invocations within 1 minute, payloads of at most 4 MB)
 SERVERLESS_MEMORY_MB = (1024, 2048, 3072, 4096, 5120, 6144)
 SERVERLESS_MAX_CONCURRENCY = 200
-SERVERLESS_IMAGE_MAX_BYTES = 10 * 1024**3
 SERVERLESS_STARTUP_S = 180
 GPU_MEMORY_GB = {"g4dn": 16, "g5": 24, "g6": 24, "g6e": 48, "g7": 32, "g7e": 96, "p4d": 40, "p4de": 80, "p5": 80}
 

@@ -891,8 +891,9 @@ def _component_payload_problem(payload: dict[str, Any]) -> str | None:
     if "copies" not in payload or set(payload) - {"copies", "scale_to_zero"}:
         return f"body keys must be exactly copies, and scale_to_zero if it scales (got {sorted(payload)})"
     scaling = payload.get("scale_to_zero")
-    if scaling is not None and _scaling_problem(scaling):
-        return _scaling_problem(scaling)
+    problem = None if scaling is None else _scaling_problem(scaling)
+    if problem:
+        return problem
     copies = payload["copies"]
     if not isinstance(copies, list) or not (copies or scaling is not None):
         return ('copies must be a list of {"url": "http://127.0.0.1:PORT", "spec_sha256": HEX}, non-empty unless the '
