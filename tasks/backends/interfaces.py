@@ -61,7 +61,13 @@ class StoredArtifact(Frozen):
 
 
 class ImageRef(Frozen):
-    """A serving image pinned by digest: `uri` is always `repo@sha256:<digest>`."""
+    """A serving image pinned by digest: `uri` is always `repo@sha256:<digest>`.
+
+    `size_bytes` is the image's size as its registry reports it, or None where the backend cannot tell (a local
+    image is a server's source tree, not a container; a published image's BatchGetImage answer has no size). On aws it
+    is ECR's `imageSizeInBytes`, the COMPRESSED size of the pushed layers, the largest manifest's for a manifest list
+    (https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_ImageDetail.html: the Docker client compresses
+    layers before pushing them, so `docker images`, which shows the uncompressed size, may show a larger one)."""
 
     name: str
     uri: PinnedImage
@@ -69,6 +75,8 @@ class ImageRef(Frozen):
     base_image: str
     files: int
     source_sha256: str | None = Field(None, description="digest of the build context the image was built from")
+    size_bytes: int | None = Field(None, ge=0, description="the registry's size of the image (ECR: compressed layers); "
+                                   "None: unknown")
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

@@ -60,6 +60,10 @@ MIG_1G_10GB_MIN_DRIVER = 525
 SERVERLESS_MEMORY_MB = (1024, 2048, 3072, 4096, 5120, 6144)
 SERVERLESS_MAX_CONCURRENCY = 200
 SERVERLESS_STARTUP_S = 180
+# "The maximum size of the container image you can use is 10 GB" (serverless-endpoints.html, Container support). The
+# page says neither decimal nor binary, and the same page writes "1024 MB (1 GB)" for memory, so GB may mean GiB there;
+# this check must refuse only what AWS surely refuses, so it takes the larger reading, 10 GiB (10,737,418,240 bytes).
+SERVERLESS_IMAGE_MAX_BYTES = 10 * 1024**3
 GPU_MEMORY_GB = {"g4dn": 16, "g5": 24, "g6": 24, "g6e": 48, "g7": 32, "g7e": 96, "p4d": 40, "p4de": 80, "p5": 80}
 
 
@@ -185,6 +189,17 @@ def fit_problem(estimate: MemoryEstimate, placement) -> str | None:
     short = (estimate.total_mb - capacity_mb) / 1024
     return (f"the model needs {estimate.describe()} but {where} holds {capacity_gb} GB: {short:.1f} GB short; "
             f"{bigger}, or lower the context (image.max_tokens) or batch (image.max_batch)")
+
+
+def image_size_problem(size_bytes: int | None, placement) -> str | None:
+    """Why a serverless endpoint cannot take an image of `size_bytes` (its registry's size: on ECR the compressed
+    layers), or None: the size is unknown, the placement is not serverless, or the size is within the limit. An image
+    compressed under the limit may still be over it uncompressed; AWS then refuses it at CreateEndpoint."""
+    if size_bytes is None or placement.kind != "serverless" or size_bytes <= SERVERLESS_IMAGE_MAX_BYTES:
+        return None
+    return (f"the serving image is {size_bytes:,} bytes ({size_bytes / 1024**3:.2f} GiB) compressed in its registry, over "
+            f"the {SERVERLESS_IMAGE_MAX_BYTES:,} bytes (10 GiB) a SageMaker serverless endpoint takes "
+            "(https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html)")
 
 
 # -- the `placement` part of a release config ----------------------------------------------------------------------

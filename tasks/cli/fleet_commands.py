@@ -1,14 +1,16 @@
 """The `fleet` group: `fleet plan`, the layout, room and cost share of the models on one shared endpoint
-(`tasks.pipeline.fleet`). Read-only: it opens the ledger, where there is one, only to read each model's last build."""
+(`tasks.pipeline.fleet`; read-only: it opens the ledger, where there is one, only to read each model's last build and
+where it serves), and `fleet move`, which moves every model onto a new layout's endpoint (`tasks.pipeline.fleet_move`)."""
 
 from __future__ import annotations
 
 import sys
 
-from tasks.cli.arguments import with_json, with_ledger, with_state_dir
+from tasks.cli.arguments import overrides_of, with_config_state_dir, with_json, with_ledger, with_set, with_state_dir
 from tasks.console import EXIT_BAD_INPUT, print_json, print_table
 
-PLAN_COLUMNS = ["model", "copies", "peak while it updates", "memory/copy MB", "share", "$/h"]
+PLAN_COLUMNS = ["model", "copies", "peak while it updates", "memory/copy MB", "share", "$/h", "serves on now"]
+MOVE_COLUMNS = ["model", "outcome", "release", "from", "first answer s"]
 
 
 def cmd_fleet_plan(args) -> int:
@@ -37,9 +39,33 @@ def cmd_fleet_plan(args) -> int:
         idle = described["idle_usd_per_hour"]
         print(f"\n{plan.steady} copies serve; room left while the largest update runs: {plan.headroom} "
               f"{plan.slots.unit}(s)" + (f"; idle room costs ≈ {idle:.2f} $/h" if idle is not None else ""))
+        if plan.moving:
+            print(f"layout change: {', '.join(t.model for t in plan.moving)} serve(s) on another layout's endpoint; "
+                  f"`shiplift fleet move` with these configs moves every model to {plan.endpoint}")
     for problem in plan.problems:
         print(f"shiplift: the fleet does not fit: {problem}", file=sys.stderr)
     return EXIT_BAD_INPUT if plan.problems else 0
+
+
+def cmd_fleet_move(args) -> int:
+    """Move every model of the shared endpoint onto its new layout's endpoint, then show where each one went."""
+    from tasks.pipeline import table
+    from tasks.pipeline.fleet_move import move_fleet
+    from tasks.pipeline.release import default_actor, print_progress
+
+    result = table.attempts(table.FLEET_MOVE.name, lambda: move_fleet(
+        args.configs, reason=args.reason, actor=args.actor or default_actor(), overrides=overrides_of(args),
+        keep_old=args.keep_old, progress=print_progress), timeout_s=table.FLEET_MOVE.timeout_s, say=print_progress)
+    if args.json:
+        print_json(result)
+        return 0
+    print_table([{"model": m["model"], "outcome": m["outcome"], "release": m["release_id"], "from": m["from"],
+                  "first answer s": m["first_answer_s"]} for m in result["models"]], MOVE_COLUMNS)
+    print(f"\nevery model serves on {result['endpoint']}"
+          + (f"; retired {', '.join(result['retired'])}" if result["retired"] else "")
+          + (f"; kept {', '.join(result['kept'])} for callers that have not switched (rerun without --keep-old to "
+             "retire it)" if result["kept"] else ""))
+    return 0
 
 
 def add_fleet_commands(sub) -> None:
@@ -51,3 +77,13 @@ def add_fleet_commands(sub) -> None:
         "the plan")
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="the release config of every model on the shared endpoint")
     p.set_defaults(func=cmd_fleet_plan)
+    p = with_json(with_set(with_config_state_dir(fleet.add_parser(
+        "move", help="a layout change: start every model's serving release on the new layout's endpoint, record each "
+        "move, then retire the old endpoint"))), "where each model went")
+    p.add_argument("configs", nargs="+", metavar="CONFIG",
+                   help="the release config of every model on the shared endpoint, each with the new placement")
+    p.add_argument("--reason", required=True, help="why the layout changes (recorded with each move)")
+    p.add_argument("--actor", help="who moves the fleet (default: $USER@host)")
+    p.add_argument("--keep-old", action="store_true",
+                   help="leave the old endpoint serving for callers that have not switched yet (a rerun without it retires it)")
+    p.set_defaults(func=cmd_fleet_move)

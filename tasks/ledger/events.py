@@ -37,6 +37,12 @@ APPROVAL = "approval"
 AWAITING_APPROVAL, APPROVED, TIMED_OUT = "awaiting_approval", "approved", "timed_out"
 APPROVAL_DECISIONS = (APPROVED, REJECTED, TIMED_OUT)
 
+# A shared endpoint's layout change (`shiplift fleet move`): each model's move is a promotion of the release serving it
+# (trigger "move"); once no model serves on the old endpoint, its deletion is recorded in each moved model's history.
+FLEET = "fleet"
+RETIRED = "retired"
+MOVE = "move"  # the trigger of the promotion record of a fleet move
+
 # The ledger's own records: each signed checkpoint is recorded in the chain it signs (stage, release and model LEDGER:
 # never a model's name, which must start with a letter or digit, tasks.config_types.NAME_PATTERN).
 LEDGER = "_ledger"

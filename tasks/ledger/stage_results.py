@@ -84,6 +84,7 @@ class ImageResult(StageResult):
     base_image: str
     files: int
     source_sha256: str | None = None
+    size_bytes: int | None = None  # the registry's size where it tells one (ECR: compressed layers); unset: unknown
 
 
 class DeployResult(StageResult):
@@ -121,10 +122,12 @@ class PromoteResult(StageResult):
     copies: int | None = None
     placement: dict[str, Any] | None = None
     image_digest: str | None = None
-    trigger: Literal["promote", "rollback"] | None = None  # a triggered promotion or rollback, and why
+    trigger: Literal["promote", "rollback", "move"] | None = None  # a triggered promotion, rollback or fleet move
     rollback_reason: str | None = None
     rollback_from: str | None = None
     rollback_to: str | None = None
+    moved_from: dict[str, str | None] | None = None  # a fleet move: the endpoint and component it served on before
+    share: dict[str, Any] | None = None  # a fleet move: the model's share of the new endpoint's bill
 
 
 class TeardownResult(StageResult):

@@ -14,7 +14,7 @@ from typing import Any
 from tasks.errors import NotFound
 from tasks.ledger.events import (APPROVAL, AWAITING_APPROVAL, FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK,
                                  SUCCEEDED, TRAFFIC, VALIDATE)
-from tasks.ledger.events import BAKE, STEP, VERDICT
+from tasks.ledger.events import BAKE, FLEET, MOVE, RETIRED, STEP, VERDICT
 from tasks.console import flatten
 from tasks.ledger.store import moment_text
 from tasks.ledger.release_state import ReleaseState, release_summary
@@ -345,6 +345,12 @@ def _timeline_event(record) -> tuple[str, str] | None:
         return "traffic", _step_text(payload)
     if (stage, event) == (BAKE, VERDICT):
         return ("alarm" if payload.get("alarm") else "bake"), _verdict_text(payload)
+    if stage == PROMOTE and event == SUCCEEDED and payload.get("trigger") == MOVE:
+        moved_from = payload.get("moved_from") or {}
+        return "moved", (f"{record.release_id} from {moved_from.get('endpoint')} to {payload.get('endpoint')}/"
+                         f"{payload.get('component')} (layout change): {payload.get('reason')}")
+    if (stage, event) == (FLEET, RETIRED):
+        return "retired", f"{payload.get('endpoint')} deleted, replaced by {payload.get('replaced_by')}"
     if stage == PROMOTE and event == SUCCEEDED and payload.get("trigger") == "rollback":
         return "rollback", f"from {payload.get('rollback_from')} to {record.release_id}: {payload.get('rollback_reason')}"
     if stage == PROMOTE and event == SUCCEEDED:
@@ -385,10 +391,13 @@ STATUS_METRICS = ("accuracy", "macro_f1", "ece", "p95_ms")  # a gate's headline 
 IN_PROGRESS = ("created", "running", AWAITING_APPROVAL)  # a release opened and not finished (running, or stopped before it recorded an end)
 
 
-def cost_per_hour(detail: dict) -> float | None:
+def cost_per_hour(detail: dict, promotion: dict | None = None) -> float | None:
     """What serving this release costs per hour in USD, as its gate recorded it (`tasks.backends.pricing`, priced when
-    the release was validated): on a shared endpoint, the model's share of the endpoint's bill; None where the price
+    the release was validated), or as the fleet move that put it on its endpoint did (`promotion`, the payload of
+    the promotion it serves by): on a shared endpoint, the model's share of the endpoint's bill; None where the price
     table had no figure, or for a release older than cost records."""
+    if promotion is not None and promotion.get("share") is not None:
+        return promotion["share"].get("usd_per_hour")
     cost = (detail.get("gate") or {}).get("cost") or {}
     return (cost.get("share") or cost.get("production") or {}).get("usd_per_hour")
 
@@ -414,7 +423,7 @@ def serving_status(ledger, model: str | None = None, *, now: datetime | None = N
             serving = {"release_id": record.release_id, "since": record.recorded_at, "trigger": promotion["trigger"],
                        "endpoint": promotion["endpoint"], "component": promotion["component"],
                        "decision": gate.get("decision"), "metrics": {key: metrics.get(key) for key in STATUS_METRICS},
-                       "cost_per_hour": cost_per_hour(detail)}
+                       "cost_per_hour": cost_per_hour(detail, record.payload)}
         last = found[-1]
         rows.append({"model": name, "serving": serving,
                      "last_release": {"release_id": last["release_id"], "status": last["status"],

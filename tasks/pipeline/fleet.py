@@ -10,6 +10,7 @@ that finds no room fails with CapacityError and is retried with the policy table
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from tasks.pipeline.stages.common import production_endpoint
 @dataclass(frozen=True)
 class Tenant:
     """One model on the shared endpoint: its copies, its next update's peak, its memory per copy (None: never built in
-    this ledger), its share of the bill."""
+    this ledger), its share of the bill, and the endpoint the ledger says it serves on now (None: never promoted, or
+    no ledger)."""
 
     model: str
     config: str
@@ -34,10 +36,12 @@ class Tenant:
     why: str
     memory_mb: int | None
     share: ComponentShare
+    serves_on: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": self.model, "config": self.config, "copies": self.copies, "update_peak": self.peak,
-                "update": self.why, "memory_mb_per_copy": self.memory_mb, "share": self.share.as_dict()}
+                "update": self.why, "memory_mb_per_copy": self.memory_mb, "share": self.share.as_dict(),
+                "serves_on": self.serves_on}
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,11 @@ class FleetPlan:
         return self.steady - tenant.copies + tenant.peak
 
     @property
+    def moving(self) -> tuple[Tenant, ...]:
+        """The models serving on another endpoint (an earlier layout's): `shiplift fleet move` moves them here."""
+        return tuple(t for t in self.tenants if t.serves_on not in (None, self.endpoint))
+
+    @property
     def headroom(self) -> int:
         """Slots left when the largest update runs (negative: short by that many)."""
         return self.slots.total(self.most) - max(self.peak(tenant) for tenant in self.tenants)
@@ -73,7 +82,8 @@ class FleetPlan:
         total = self.slots.total(self.most)
         return [{"model": t.model, "copies": t.copies, "peak while it updates": f"{self.peak(t)} of {total}",
                  "memory/copy MB": t.memory_mb, "share": f"{t.share.fraction:.1%}" if t.share.fraction is not None else None,
-                 "$/h": round(t.share.usd_per_hour, 2) if t.share.usd_per_hour is not None else None} for t in self.tenants]
+                 "$/h": round(t.share.usd_per_hour, 2) if t.share.usd_per_hour is not None else None,
+                 "serves on now": "this endpoint" if t.serves_on == self.endpoint else t.serves_on} for t in self.tenants]
 
     def as_dict(self) -> dict[str, Any]:
         capacity = self.slots.total(self.instances)
@@ -82,16 +92,17 @@ class FleetPlan:
                 "slots": capacity, "slots_with_scaling": self.slots.total(self.most), "steady_copies": self.steady,
                 "headroom": self.headroom, "bill": self.bill.as_dict(), "tenants": [t.as_dict() for t in self.tenants],
                 "idle_usd_per_hour": (self.bill.usd_per_hour - used) if self.bill.usd_per_hour is not None else None,
-                "fits": not self.problems, "problems": list(self.problems)}
+                "moves": [t.model for t in self.moving], "fits": not self.problems, "problems": list(self.problems)}
 
 
-def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None) -> FleetPlan:
-    """The plan of the shared endpoint every config names; ConfigError, naming the configs, when they do not name one
-    endpoint, name it with different placements or prefixes, or list a model twice. `ledger` (optional) gives each
-    model's memory per copy from its newest succeeded build."""
+def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None, overrides: tuple[str, ...] = ()) -> FleetPlan:
+    """The plan of the shared endpoint every config names (each loaded with `overrides`); ConfigError, naming the
+    configs, when they do not name one endpoint, name it with different placements, prefixes or backends, or list a
+    model twice. `ledger` (optional) gives each model's memory per copy from its newest succeeded build and the
+    endpoint it serves on now."""
     if not config_paths:
         raise ConfigError("no release config to plan", fix="pass the configs of every model on the shared endpoint")
-    configs = [(str(path), load_release_config(path)) for path in config_paths]
+    configs = [(str(path), load_release_config(path, overrides=overrides)) for path in config_paths]
     groups = {config.placement.endpoint for _, config in configs}
     if None in groups or len(groups) != 1:
         named = "; ".join(f"{path}: {config.placement.endpoint or 'its own endpoint'}" for path, config in configs)
@@ -103,7 +114,7 @@ def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None) -> Fl
         if differs:
             raise ConfigError(f"{path} places its model on {first.placement.endpoint} with other {', '.join(differs)} than "
                               f"{first_path}: a running endpoint's instances and layout cannot change per model",
-                              fix="give every model on the shared endpoint the same placement and resource_prefix")
+                              fix="give every model on the shared endpoint the same placement, resource_prefix and backend")
     names = [config.name for _, config in configs]
     if len(set(names)) != len(names):
         raise ConfigError(f"a model is listed twice: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}",
@@ -120,7 +131,8 @@ def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None) -> Fl
     region = NOMINAL_REGION if first.backend.kind != "aws" else first.backend.region
     tenants = tuple(Tenant(config.name, path, config.rollout.copies, *update_room(config.rollout),
                            _memory_mb(ledger, config.name),
-                           component_share(table, region, config.placement, config.image, config.rollout.copies))
+                           component_share(table, region, config.placement, config.image, config.rollout.copies),
+                           serves_on(ledger, config.name))
                     for path, config in configs)
     placement = first.placement
     instances = getattr(placement, "instance_count", 1)
@@ -135,7 +147,9 @@ def _differences(one, other) -> list[str]:
     """The placement fields (and the resource prefix) two configs of one shared endpoint give differently."""
     mine, theirs = one.placement.model_dump(mode="json"), other.placement.model_dump(mode="json")
     fields = sorted(f"placement.{key}" for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key))
-    return fields + (["resource_prefix"] if one.resource_prefix != other.resource_prefix else [])
+    where = lambda config: (config.backend.kind, getattr(config.backend, "region", None))  # noqa: E731
+    return (fields + (["resource_prefix"] if one.resource_prefix != other.resource_prefix else [])
+            + (["backend (kind, region)"] if where(one) != where(other) else []))
 
 
 def _memory_mb(ledger, model: str) -> int | None:
@@ -144,6 +158,12 @@ def _memory_mb(ledger, model: str) -> int | None:
         return None
     builds = [r for r in ledger.history(model) if (r.stage, r.event) == (events.BUILD, events.SUCCEEDED)]
     return builds[-1].payload["memory"]["total_mb"] if builds else None
+
+
+def serves_on(ledger, model: str) -> str | None:
+    """The endpoint the model's newest promotion names (where it serves now); None when never promoted."""
+    served = ledger.served_at(model, datetime.now(timezone.utc)) if ledger is not None else None
+    return served.payload.get("endpoint") if served is not None else None
 
 
 def _problems(plan: FleetPlan) -> tuple[str, ...]:

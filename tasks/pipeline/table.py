@@ -104,13 +104,16 @@ PROMOTE_RELEASE = Step("promote_release", "tasks.pipeline.promotion:promote", 1,
 ROLLBACK = Step("rollback", "tasks.pipeline.promotion:rollback", 1, MAX_STEP_TIMEOUT_S, "own",
                 "put an earlier promoted release back on production, under the model's lease",
                 runs_in=frozenset({"cli", "airflow"}))
+FLEET_MOVE = Step("fleet_move", "tasks.pipeline.fleet_move:move_fleet", 1, MAX_STEP_TIMEOUT_S, "own",
+                  "a layout change: every model of a shared endpoint moved to the new layout's endpoint, each under "
+                  "its lease, then the old endpoint retired", runs_in=frozenset({"cli"}))
 AUDIT = Step("audit", "tasks.pipeline.audit:audit", 1, 10 * MINUTE, "none",
              "verify the ledger against its checkpoints, then what serves against the ledger",
              runs_in=frozenset({"airflow"}))
 STAGE_NAMES: tuple[str, ...] = tuple(step.name for step in STAGES)
 STEPS: dict[str, Step] = {step.name: step for step in (BEGIN, *STAGES[:-2], APPROVAL_REQUEST, APPROVAL,
                                                         APPROVAL_DECISION, READ_GATE, *STAGES[-2:], END,
-                                                        PROMOTE_RELEASE, ROLLBACK, AUDIT)}
+                                                        PROMOTE_RELEASE, ROLLBACK, FLEET_MOVE, AUDIT)}
 # What a release runs, in order (the approval's three steps only where its config requires one).
 RELEASE_STEPS: tuple[str, ...] = ("begin", *STAGE_NAMES[:-2], "approval_request", "approval", "approval_decision",
                                   *STAGE_NAMES[-2:], "end")

@@ -48,7 +48,7 @@ def test_a_canary_and_a_rollback_of_one_model_leave_the_other_s_copies_and_traff
     state = fleet["state"]
     a, b = load_release_config(fleet["a"]), load_release_config(fleet["b"])
     endpoint = production_endpoint(a)
-    assert endpoint == production_endpoint(b) == "shiplift-fleet-shared"
+    assert endpoint == production_endpoint(b) and endpoint.startswith("shiplift-fleet-")
     assert production_component(a) != production_component(b)
 
     assert run_release(fleet["b"], progress=QUIET)["status"] == "promoted"

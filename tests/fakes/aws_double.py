@@ -10,8 +10,10 @@ botocore model (`tasks.backends.aws.service_model.request_problems`) and the rul
 endpoints and components move through realistic statuses and run the project's real model servers
 (images/<kind>/server.py) as subprocesses, to which InvokeEndpoint forwards. CodeBuild builds are
 simulated from the buildspec (source zip checked, image pushed to moto's ECR, image-detail.json written),
-which is how an image digest comes to name the server it runs. A published image (the llama.cpp DLC, in another
-account's registry) is put there with `publish_image`; the double answers ECR BatchGetImage across registries itself
+which is how an image digest comes to name the server it runs; ECR DescribeImages reports `imageSizeInBytes` as ECR
+does, the sum of the pushed (compressed) layers (moto reports the config blob's size), and `image_bytes` sets that
+size for a build's image. A published image (the llama.cpp DLC, in another account's registry) is put there with
+`publish_image`; the double answers ECR BatchGetImage across registries itself
 (`PublishedRegistries`: moto's ignores `registryId`) and runs the image's local stand-in (images/<kind>/server.py).
 
 InvokeEndpoint publishes SageMaker's invocation metrics into moto's CloudWatch, and UpdateInferenceComponent with a
@@ -238,6 +240,10 @@ class Scenario:
     drop_partition_layouts: bool = False  # DescribeEndpointConfig leaves AcceleratorPartitionLayouts out
     fail_builds: bool = False  # CodeBuild builds end FAILED and push nothing
     build_polls_in_progress: int = 1  # BatchGetBuilds answers IN_PROGRESS this often; the image is pushed when it ends
+    # the size a simulated build's image has in ECR, the sum of the (compressed) layer sizes of the manifest it pushes
+    # (None: the source zip's size plus a few bytes of flavour layer), which DescribeImages then reports in
+    # imageSizeInBytes, e.g. an image over serverless's 10 GB; at least the flavour layer's few bytes
+    image_bytes: int | None = None
     container_start_timeout_s: float = 60.0  # deadline for a model server's GET /ping to answer 200
     # a rolling update's MaximumExecutionTimeoutInSeconds (API minimum 600) counts this many real seconds per second,
     # so a test can see the timeout rollback (e.g. 0.005: 600 s pass in 3 s)
@@ -267,6 +273,8 @@ class Scenario:
         for knob in ("polls_before_ready", "endpoint_config_unseen", "race_conditional_writes"):
             if not isinstance(getattr(new, knob), int) or getattr(new, knob) < 0:
                 raise ValueError(f"{knob} must be an integer >= 0, got {getattr(new, knob)!r}")
+        if new.image_bytes is not None and (not isinstance(new.image_bytes, int) or new.image_bytes < 0):
+            raise ValueError(f"image_bytes must be an integer >= 0 or None, got {new.image_bytes!r}")
         if not 0 < float(new.container_start_timeout_s) <= 3600:
             raise ValueError(f"container_start_timeout_s must be in (0, 3600], got {new.container_start_timeout_s!r}")
         if not 0 < float(new.rolling_timeout_scale) <= 1:
@@ -2409,7 +2417,11 @@ class CodeBuildSimulator:
             raise command_failed(f"{kind} build: base image '{variables['BASE_IMAGE']}' is not pinned by digest")
 
         def push() -> str | None:
-            digest = self._push(repository_uri, tag, hashlib.sha256(data).hexdigest(), len(data), f"{kind}:{variant}")
+            flavour = f"{kind}:{variant}"
+            with self.shared.lock:
+                image_bytes = self.shared.scenario.image_bytes
+            layer_bytes = len(data) if image_bytes is None else max(0, image_bytes - len(flavour))
+            digest = self._push(repository_uri, tag, hashlib.sha256(data).hexdigest(), layer_bytes, flavour)
             with self.shared.lock:
                 self.runtime.image_kinds[digest] = kind
             return self._write_artifact(artifacts, build_id, {"ImageURI": f"{repository_uri}@{digest}"})
@@ -2793,6 +2805,8 @@ class AwsDouble:
                 return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
             if target in ("CodeBuild_20161006.StartBuild", "CodeBuild_20161006.BatchGetBuilds"):
                 return self._codebuild_call(environ, start_response, target)
+            if target == "AmazonEC2ContainerRegistry_V20150921.DescribeImages":
+                return self._describe_images(environ, start_response)
             if target == "AmazonEC2ContainerRegistry_V20150921.BatchGetImage":
                 body = read_body(environ)
                 params = parse_json_body(body)
@@ -2850,6 +2864,32 @@ class AwsDouble:
             self._shared.scenario.race_conditional_writes -= 1
             return True
 
+    def _describe_images(self, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+        """ECR DescribeImages as moto answers it, with `imageSizeInBytes` as ECR computes it: moto reports the manifest's
+        config blob size, ECR the size of the image in the repository, its pushed (compressed) layers, and for a
+        manifest list the largest of its manifests
+        (https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_ImageDetail.html). The double's own registry
+        only; a detail of another registry keeps moto's value."""
+        from moto.ecr.models import ecr_backends
+
+        body = read_body(environ)
+        environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+        status, headers, answer = call_wsgi(self._moto, environ)
+        if not status.startswith("200"):
+            return respond(start_response, int(status.split()[0]), answer, dict(headers))
+        result = json.loads(answer)
+        repositories = ecr_backends[ACCOUNT_ID][REGION].repositories
+        for detail in result.get("imageDetails", []):
+            repository = repositories.get(detail.get("repositoryName", ""))
+            if detail.get("registryId") != ACCOUNT_ID or repository is None:
+                continue
+            manifests = {image.image_digest: json.loads(image.image_manifest) for image in repository.images}
+            size = ecr_image_size(manifests, detail.get("imageDigest", ""))
+            if size is not None:
+                detail["imageSizeInBytes"] = size
+        content_type = dict(headers).get("Content-Type", "application/x-amz-json-1.1")
+        return respond(start_response, 200, json.dumps(result, default=str).encode(), {"Content-Type": content_type})
+
     def _codebuild_call(self, environ: dict[str, Any], start_response: Callable, target: str) -> list[bytes]:
         body = read_body(environ)
         environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
@@ -2883,6 +2923,18 @@ class AwsDouble:
             return respond(start_response, 400, json.dumps({"error": str(exc)}).encode())
         body = json.dumps(payload, default=lambda blob: blob.decode("utf-8", "replace"))  # InvokeEndpoint bodies
         return respond(start_response, 200, body.encode())
+
+
+def ecr_image_size(manifests: dict[str, dict[str, Any]], digest: str) -> int | None:
+    """ECR's imageSizeInBytes of the image `digest` among a repository's manifests (by digest): the sum of its layers'
+    (compressed) sizes; for a manifest list or index the largest of its manifests'; None when it cannot be told."""
+    manifest = manifests.get(digest)
+    if manifest is None:
+        return None
+    if "layers" in manifest:
+        return sum(int(layer.get("size", 0)) for layer in manifest["layers"])
+    sizes = [ecr_image_size(manifests, entry.get("digest", "")) for entry in manifest.get("manifests", [])]
+    return max((size for size in sizes if size is not None), default=None)
 
 
 def read_body(environ: dict[str, Any], too_large: str = "ValidationException") -> bytes:

@@ -231,18 +231,34 @@ def test_pool_priorities_are_exactly_one_to_n():
             load_release_config(QWEN, overrides=(f"placement.pools={pools}",), environ={})
 
 
-def test_a_shared_endpoint_names_production_by_the_endpoint_and_an_unset_one_hashes_as_before():
-    """placement.endpoint (docs/fleet.md): production is `<prefix>-<endpoint>-shared`, the component stays the model's;
-    a config without it keeps its release id; a name longer than 32 characters (so `<prefix>-<endpoint>-shared` stays
-    within SageMaker's 63) or not a resource name is refused."""
+def test_a_shared_endpoint_names_production_by_the_endpoint_and_its_layout_and_an_unset_one_hashes_as_before():
+    """placement.endpoint (docs/fleet.md): production is `<prefix>-<endpoint>-<layout id>`, eight hex digits of the
+    placement's content without the endpoint, and the component `<prefix>-<name>-<layout id>`; another layout names
+    another endpoint and component, the same layout under the same group the same ones; a config without it keeps its
+    release id and names; a name longer than 32 characters (so the endpoint's name stays within SageMaker's 63) or not
+    a resource name is refused."""
+    import hashlib
+    import json
+
     from tasks.errors import ConfigError
     from tasks.pipeline.stages.common import production_component, production_endpoint
 
-    plain = load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml")
-    shared = load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
-                                 overrides=("placement.endpoint=demo-cpu",))
-    assert (production_endpoint(plain), production_endpoint(shared)) == ("shiplift-gemma-decision-prod", "shiplift-demo-cpu-shared")
-    assert production_component(shared) == production_component(plain) == "shiplift-gemma-decision"
+    releases = ROOT / "configs" / "releases"
+    plain = load_release_config(releases / "gemma-decision.yaml")
+    shared = load_release_config(releases / "gemma-decision.yaml", overrides=("placement.endpoint=demo-cpu",))
+    placement = {k: v for k, v in shared.model_dump(mode="json")["placement"].items() if k != "endpoint"}
+    digest = hashlib.sha256(json.dumps(placement, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:8]
+    assert production_endpoint(plain) == "shiplift-gemma-decision-prod"
+    assert production_endpoint(shared) == f"shiplift-demo-cpu-{digest}"
+    assert production_component(plain) == "shiplift-gemma-decision"
+    assert production_component(shared) == f"shiplift-gemma-decision-{digest}"
+    other_model = load_release_config(releases / "gemma-decision.yaml",
+                                      overrides=("placement.endpoint=demo-cpu", "name=gemma-other"))
+    assert production_endpoint(other_model) == production_endpoint(shared), "one layout, one endpoint for every model"
+    relaid = load_release_config(releases / "gemma-decision.yaml",
+                                 overrides=("placement.endpoint=demo-cpu", "placement.instance_count=2"))
+    assert production_endpoint(relaid) != production_endpoint(shared)
+    assert production_component(relaid) != production_component(shared)
     assert "endpoint" not in plain.model_dump(mode="json")["placement"] or plain.placement.endpoint is None
     assert plain.config_hash() == load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
                                                       overrides=("placement.endpoint=null",)).config_hash()

@@ -31,7 +31,7 @@ def test_two_encoders_fit_seven_partitions_with_room_for_the_largest_update():
     """mdeberta-nli: 2 copies, updated all at once (4 at its peak); mdeberta-nli-de: 2, by a canary of 1 (3). Steady
     2 + 2 = 4 of 7; while mdeberta-nli updates, 2 + 4 = 6; while -de does, 2 + 3 = 5: one partition to spare."""
     plan = plan_fleet(FLEET)
-    assert plan.endpoint == "shiplift-shared-h100-shared" and plan.slots.total(plan.instances) == 7
+    assert plan.endpoint.startswith("shiplift-shared-h100-") and plan.slots.total(plan.instances) == 7
     peaks = {t.model: plan.peak(t) for t in plan.tenants}
     assert plan.steady == 4 and peaks == {"mdeberta-nli": 6, "mdeberta-nli-de": 5} and plan.headroom == 1
     assert plan.problems == ()
@@ -85,3 +85,30 @@ def test_configs_that_do_not_describe_one_endpoint_are_refused(tmp_path, top, re
 def test_a_model_listed_twice_is_refused():
     with pytest.raises(ConfigError, match="listed twice: mdeberta-nli"):
         plan_fleet([FLEET[0], FLEET[0]])
+
+
+def test_a_move_onto_an_overfull_layout_is_refused_with_its_arithmetic_before_anything_is_made(tmp_path, capsys,
+                                                                                              monkeypatch):
+    """`shiplift fleet move` runs under the policy table's fleet_move step and plans the new layout first: one that
+    does not fit exits 2 naming the model whose update has no room, and creates neither the state dir nor a ledger
+    (bad input changes nothing)."""
+    from tasks.pipeline import table
+
+    attempts, seen = table.attempts, []
+
+    def observed(name, run, *, timeout_s, say=lambda message: None):
+        seen.append((name, timeout_s))
+        return attempts(name, run, timeout_s=timeout_s, say=say)
+
+    monkeypatch.setattr(table, "attempts", observed)
+    state = tmp_path / "state"
+    code = main(["fleet", "move", *map(str, FLEET), str(OVERFULL), "--reason", "drill", "--state-dir", str(state)])
+    assert code == EXIT_BAD_INPUT and seen == [("fleet_move", table.FLEET_MOVE.timeout_s)]
+    assert "mdeberta-nli's next update has no room" in capsys.readouterr().err
+    assert not state.exists()
+
+
+def test_a_move_needs_a_reason_for_the_ledger(tmp_path, capsys):
+    code = main(["fleet", "move", *map(str, FLEET), "--reason", " ", "--state-dir", str(tmp_path / "state")])
+    assert code == EXIT_BAD_INPUT and "--reason" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()

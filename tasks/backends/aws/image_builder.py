@@ -6,7 +6,8 @@ already in ECR under that tag is reused without a build. Otherwise the build con
 a deterministic zip under its sha256, the CodeBuild project is created or brought in line, one
 build runs (idempotency token = the tag) and is waited for with a deadline, its
 `image-detail.json` is read, and the digest is confirmed with ECR `DescribeImages` in a
-repository whose tags are IMMUTABLE. Anything but `repo@sha256:<64 lowercase hex>` is refused.
+repository whose tags are IMMUTABLE. Anything but `repo@sha256:<64 lowercase hex>` is refused. The same answer's
+`imageSizeInBytes` (the compressed size of the layers) becomes the ImageRef's `size_bytes`.
 A published image (`AdoptedImageConfig`, the llama.cpp DLC) is not built: `tasks.backends.aws.published_images`
 resolves its tag to a digest in the publisher's registry.
 """
@@ -147,10 +148,10 @@ class CodeBuildImageBuilder:
         if not re.match(DIGEST_URI.format(repo=re.escape(self.repository_uri())), uri):
             raise IntegrityError(f"image {uri!r} is not {self.repository_uri()}@sha256:<64 lowercase hex>",
                                  fix="check the buildspec's image-detail.json")
-        self._confirm(digest, tag)
-        progress(f"image: {uri}")
+        size = self._confirm(digest, tag)
+        progress(f"image: {uri}" + (f" ({size / 1e9:.2f} GB compressed in ECR)" if size is not None else ""))
         return ImageRef(name=image.kind, uri=uri, digest=digest, base_image=image.base_image, files=local.files,
-                        source_sha256=local.digest.removeprefix("sha256:"))
+                        source_sha256=local.digest.removeprefix("sha256:"), size_bytes=size)
 
     def _check_repository(self) -> None:
         try:
@@ -230,7 +231,9 @@ class CodeBuildImageBuilder:
                                  fix="a mutable or foreign image reference is refused; fix the buildspec")
         return digest
 
-    def _confirm(self, digest: str, tag: str) -> None:
+    def _confirm(self, digest: str, tag: str) -> int | None:
+        """The image is in ECR under `tag`; returns its `imageSizeInBytes` (compressed layers, None if ECR leaves it out:
+        https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_ImageDetail.html)."""
         try:
             details = self.aws.call("ecr", "DescribeImages", repositoryName=self.backend.ecr_repository,
                                     imageIds=[{"imageDigest": digest}])["imageDetails"]
@@ -239,3 +242,5 @@ class CodeBuildImageBuilder:
                                  fix="the build reported a digest ECR does not know; rebuild") from exc
         if not details or tag not in details[0].get("imageTags", []):
             raise IntegrityError(f"ECR image {digest} does not carry the tag {tag}", fix="rebuild the image")
+        size = details[0].get("imageSizeInBytes")
+        return size if isinstance(size, int) and size >= 0 else None

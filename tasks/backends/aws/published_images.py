@@ -75,4 +75,7 @@ def resolve_published(aws, image, region: str, *, progress: Progress) -> ImageRe
                                  "follow the tag (each release records the digest it resolved); nothing was deployed")
     uri = f"{repository_uri(image, region)}@{digest}"
     progress(f"image: {reference} is {uri}" + (" (the pinned image.digest)" if image.digest else ""))
-    return ImageRef(name=image.kind, uri=uri, digest=digest, base_image=reference, files=0, source_sha256=None)
+    # size_bytes: BatchGetImage answers no imageSizeInBytes (an Image is its id and manifest, and an index or list
+    # manifest names no layer sizes), so the size is unknown here
+    return ImageRef(name=image.kind, uri=uri, digest=digest, base_image=reference, files=0, source_sha256=None,
+                    size_bytes=None)

@@ -627,7 +627,10 @@ class ProcessSupervisor:
         router_alive = health != "dead"
         registered: dict[str, Any] = {}
         if health == "ok":  # a busy router answers, but not its state: rotation is then unknown (False)
-            registered = self._admin(state, "GET", "state")[1]["components"]
+            try:
+                registered = self._admin(state, "GET", "state")[1]["components"]
+            except NotReady as exc:  # it stopped (or got busy) between its health answer and this one: as
+                router_alive = isinstance(exc.__cause__, Busy)  # `_router_health` counts it, dead unless busy
         components = {}
         for cname, comp in sorted(state.components.items()):
             urls = sorted(c.url for c in comp.copies)

@@ -7,6 +7,8 @@ characters. (Files a later stage needs go through the artifact store: `StageCont
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from tasks.errors import Conflict
 from tasks.hashing import sha256_json
 from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
@@ -16,15 +18,41 @@ def resource_name(config, role: str, *content: str) -> str:
     return f"{base}-{sha256_json(list(content))[:10]}" if content else base
 
 
+def layout_id(placement) -> str:
+    """Eight hex digits of a placement's content (its shared endpoint's name apart): a shared endpoint's instances and
+    layout cannot change while it runs, so another layout is another endpoint, named by it (docs/fleet.md)."""
+    return sha256_json(placement.model_dump(mode="json", exclude={"endpoint"}))[:8]
+
+
 def production_endpoint(config) -> str:
-    """The model's own production endpoint, or the shared one its placement names (`<prefix>-<endpoint>-shared`)."""
+    """The model's own production endpoint, or the shared one its placement names, for that layout
+    (`<prefix>-<endpoint>-<layout id>`)."""
     shared = config.placement.endpoint
-    return f"{config.resource_prefix}-{shared}-shared" if shared else resource_name(config, "prod")
+    return f"{config.resource_prefix}-{shared}-{layout_id(config.placement)}" if shared else resource_name(config, "prod")
 
 
 def production_component(config) -> str:
-    """The production inference component: stable across releases, so promotion updates it in place."""
-    return f"{config.resource_prefix}-{config.name}"
+    """The production inference component: stable across releases, so promotion updates it in place. On a shared
+    endpoint it carries the layout id too: component names are unique in an account and region, and a layout change
+    starts the new endpoint's component beside the old one before the old goes."""
+    own = f"{config.resource_prefix}-{config.name}"
+    return f"{own}-{layout_id(config.placement)}" if config.placement.endpoint else own
+
+
+def require_production_here(ctx) -> None:
+    """Conflict when the ledger says the model serves on another production endpoint than this release's config names:
+    its shared endpoint's layout changed (or it moved since the release was opened), so a release onto the config's
+    endpoint would gate against no champion and leave the old copies serving. The fleet moves first."""
+    served = ctx.backends.ledger.served_at(ctx.config.name, datetime.now(timezone.utc))
+    where = production_endpoint(ctx.config)
+    if served is None or served.payload.get("endpoint") in (None, where):
+        return
+    raise Conflict(
+        f"{ctx.config.name} serves on {served.payload['endpoint']} (release {served.release_id}), but release "
+        f"{ctx.release_id}'s config names production endpoint {where}: a running endpoint's layout cannot change, so "
+        "another placement is another endpoint",
+        fix="move every model of the shared endpoint to the new layout first (`shiplift fleet move CONFIG...` with each "
+            "one's new config), or keep the placement the model serves with")
 
 
 def candidate_name(config, artifact_sha256: str, image_digest: str) -> str:

@@ -25,7 +25,8 @@ from tasks.ledger.stage_results import PromoteResult
 from tasks.errors import Conflict
 from tasks.pipeline.bake import BakeWatch, live_summary
 from tasks.pipeline.approval import blocked_reason
-from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
+from tasks.pipeline.stages.common import (component_spec, production_component, production_endpoint, require_production_here,
+                                          require_served)
 
 RECORDED = ((TRAFFIC, STEP), (BAKE, VERDICT))
 
@@ -116,6 +117,7 @@ def run(ctx) -> dict:
     if blocked is not None:
         ctx.say(f"promote: skipped, {blocked}; the champion keeps serving")
         return PromoteResult(event=SKIPPED, reason=blocked, decision=decision)
+    require_production_here(ctx)  # a promotion or rollback across a layout change would leave the old copies serving
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     rollout, hosting = ctx.config.rollout, ctx.backends.hosting
     spec = component_spec(ctx, copies=rollout.copies)
