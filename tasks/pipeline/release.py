@@ -182,8 +182,11 @@ def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *,
     """Open the release of a loaded config on `backends`: their preflight check, then the `release/opened` record
     (once: a rerun finds it) with the effective config; returns the release's stage context (`family` stands in for
     the config's model family, as the dry run's does)."""
+    from tasks.pipeline.stages.common import require_production_here
+
     release_id = release_id_for(config)
     state = ReleaseState(backends.ledger, release_id)
+    require_production_here(backends.ledger, config, release_id)  # before it is opened: a changed layout moves first
     backends.preflight()
     if state.opened is None:
         backends.ledger.append(

@@ -3,7 +3,7 @@ real tiny releases: a running endpoint's layout cannot change, so the new layout
 moves to it, each move recorded in its history, and the old endpoint is retired once no model serves on it.
 
 Two models serve on the shared endpoint's first layout. Their configs change placement: a release of the new config is
-refused (it would gate against no champion); the plan shows both must move. The first move is stopped halfway by a
+refused before it is opened (it would gate against no champion); the plan shows both must move. The first move is stopped halfway by a
 lease another run holds on model B: A has moved (recorded, answering on the new endpoint), B still serves on the old
 one, which is kept, and B answers every request throughout. The rerun moves B, retires the old endpoint and records
 that; a third run changes nothing. A move naming only one of the two models is refused before anything changes. The audit then checks the new endpoint against the ledger, and a rollback to a
@@ -54,11 +54,13 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     assert old_endpoint != new_endpoint and production_endpoint(after["b"]) == new_endpoint
     supervisor = ProcessSupervisor(state)
 
+    ledger = Ledger.for_sqlite(state / "ledger.db")
+    records = len(ledger.history())
     with pytest.raises(Conflict, match="fleet move"):
         run_release(new["a"], progress=QUIET)
     assert new_endpoint not in {e["name"] for e in supervisor.list_endpoints()}, "the refused release started nothing"
+    assert len(ledger.history()) == records, "and was refused before it was opened in the ledger"
 
-    ledger = Ledger.for_sqlite(state / "ledger.db")
     plan = plan_fleet([new["a"], new["b"]], ledger=ledger)
     assert plan.endpoint == new_endpoint and [t.model for t in plan.moving] == ["tiny-a", "tiny-b"]
     assert {t.serves_on for t in plan.tenants} == {old_endpoint}

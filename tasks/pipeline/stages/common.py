@@ -39,17 +39,17 @@ def production_component(config) -> str:
     return f"{own}-{layout_id(config.placement)}" if config.placement.endpoint else own
 
 
-def require_production_here(ctx) -> None:
+def require_production_here(ledger, config, release_id: str) -> None:
     """Conflict when the ledger says the model serves on another production endpoint than this release's config names:
     its shared endpoint's layout changed (or it moved since the release was opened), so a release onto the config's
     endpoint would gate against no champion and leave the old copies serving. The fleet moves first."""
-    served = ctx.backends.ledger.served_at(ctx.config.name, datetime.now(timezone.utc))
-    where = production_endpoint(ctx.config)
+    served = ledger.served_at(config.name, datetime.now(timezone.utc))
+    where = production_endpoint(config)
     if served is None or served.payload.get("endpoint") in (None, where):
         return
     raise Conflict(
-        f"{ctx.config.name} serves on {served.payload['endpoint']} (release {served.release_id}), but release "
-        f"{ctx.release_id}'s config names production endpoint {where}: a running endpoint's layout cannot change, so "
+        f"{config.name} serves on {served.payload['endpoint']} (release {served.release_id}), but release "
+        f"{release_id}'s config names production endpoint {where}: a running endpoint's layout cannot change, so "
         "another placement is another endpoint",
         fix="move every model of the shared endpoint to the new layout first (`shiplift fleet move CONFIG...` with each "
             "one's new config), or keep the placement the model serves with")

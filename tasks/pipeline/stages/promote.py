@@ -117,7 +117,7 @@ def run(ctx) -> dict:
     if blocked is not None:
         ctx.say(f"promote: skipped, {blocked}; the champion keeps serving")
         return PromoteResult(event=SKIPPED, reason=blocked, decision=decision)
-    require_production_here(ctx)  # a promotion or rollback across a layout change would leave the old copies serving
+    require_production_here(ctx.backends.ledger, ctx.config, ctx.release_id)  # a promotion or rollback across a layout change would leave the old copies serving
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     rollout, hosting = ctx.config.rollout, ctx.backends.hosting
     spec = component_spec(ctx, copies=rollout.copies)

@@ -6,11 +6,9 @@ How a source is fetched and proven is the model family's (`tasks.families`); thi
 from __future__ import annotations
 
 from tasks.ledger.stage_results import ResolveResult
-from tasks.pipeline.stages.common import require_production_here
 
 
 def run(ctx) -> dict:
-    require_production_here(ctx)  # before any work: a changed shared layout is a fleet move first
     family = ctx.family
     cache = ctx.backends.state_dir / "sources"
     cache.mkdir(parents=True, exist_ok=True)
