@@ -227,7 +227,7 @@ class SharedEndpoint(Strict):
 
     endpoint: str | None = Field(
         None, pattern=NAME_PATTERN, max_length=32,
-        description="the shared production endpoint this model joins (`<resource_prefix>-<endpoint>-shared`); every "
+        description="the shared production endpoint this model joins (`<resource_prefix>-<endpoint>-<layout id>`); every "
         "model on it names the same placement, since a running endpoint's instances and layout cannot change; "
         "unset: the model's own endpoint")
 

@@ -1,12 +1,13 @@
 """The `fleet` group: `fleet plan`, the layout, room and cost share of the models on one shared endpoint
-(`tasks.pipeline.fleet`; read-only: it opens the ledger, where there is one, only to read each model's last build and
-where it serves), and `fleet move`, which moves every model onto a new layout's endpoint (`tasks.pipeline.fleet_move`)."""
+(`tasks.pipeline.fleet`; read-only: it opens the configs' ledger, where there is one, only to read each model's last
+build and where it serves), and `fleet move`, which moves every model onto a new layout's endpoint
+(`tasks.pipeline.fleet_move`). Both read the configs with the same --set and --state-dir, so both see one ledger."""
 
 from __future__ import annotations
 
 import sys
 
-from tasks.cli.arguments import overrides_of, with_config_state_dir, with_json, with_ledger, with_set, with_state_dir
+from tasks.cli.arguments import overrides_of, with_config_state_dir, with_json, with_set
 from tasks.console import EXIT_BAD_INPUT, print_json, print_table
 
 PLAN_COLUMNS = ["model", "copies", "peak while it updates", "memory/copy MB", "share", "$/h", "serves on now"]
@@ -16,15 +17,22 @@ MOVE_COLUMNS = ["model", "outcome", "release", "from", "first answer s"]
 def cmd_fleet_plan(args) -> int:
     """Print the fleet's plan; exit 2, with the arithmetic of each problem, when it does not fit."""
     from tasks.backends.registry import open_ledger
-    from tasks.errors import BadInput
+    from tasks.config import load_release_config
+    from tasks.errors import BadInput, NotReady
     from tasks.pipeline.fleet import plan_fleet
 
+    overrides = overrides_of(args)
+    backend = load_release_config(args.configs[0], overrides=overrides).backend  # the ledger a release of it writes
     try:
-        ledger = open_ledger(ledger_url=args.ledger_url, state_dir=args.state_dir, read_only=True)
+        ledger = open_ledger(ledger_url=backend.ledger_url, state_dir=backend.state_dir, read_only=True)
     except BadInput:
         ledger = None  # no ledger yet: no model built, memory per copy unknown
     try:
-        plan = plan_fleet(args.configs, ledger=ledger)
+        plan = plan_fleet(args.configs, ledger=ledger, overrides=overrides)
+    except NotReady as exc:  # the layout's arithmetic needs no ledger: plan without it, and say what is missing
+        print(f"shiplift: planned without the ledger ({exc}): memory per copy and where each model serves are unknown",
+              file=sys.stderr)
+        plan = plan_fleet(args.configs, overrides=overrides)
     finally:
         if ledger is not None:
             ledger.close()
@@ -55,7 +63,7 @@ def cmd_fleet_move(args) -> int:
 
     result = table.attempts(table.FLEET_MOVE.name, lambda: move_fleet(
         args.configs, reason=args.reason, actor=args.actor or default_actor(), overrides=overrides_of(args),
-        keep_old=args.keep_old, progress=print_progress), timeout_s=table.FLEET_MOVE.timeout_s, say=print_progress)
+        retire_old=args.retire_old, progress=print_progress), timeout_s=table.FLEET_MOVE.timeout_s, say=print_progress)
     if args.json:
         print_json(result)
         return 0
@@ -63,8 +71,8 @@ def cmd_fleet_move(args) -> int:
                   "first answer s": m["first_answer_s"]} for m in result["models"]], MOVE_COLUMNS)
     print(f"\nevery model serves on {result['endpoint']}"
           + (f"; retired {', '.join(result['retired'])}" if result["retired"] else "")
-          + (f"; kept {', '.join(result['kept'])} for callers that have not switched (rerun without --keep-old to "
-             "retire it)" if result["kept"] else ""))
+          + (f"; kept {', '.join(result['kept'])} for callers that have not switched (once they have, the same "
+             "command with --retire-old deletes it)" if result["kept"] else ""))
     return 0
 
 
@@ -72,18 +80,19 @@ def add_fleet_commands(sub) -> None:
     """Add the `fleet` group."""
     fleet = sub.add_parser("fleet", help="models that share one production endpoint").add_subparsers(
         dest="fleet_command", required=True, metavar="ACTION")
-    p = with_json(with_ledger(with_state_dir(fleet.add_parser(
+    p = with_json(with_set(with_config_state_dir(fleet.add_parser(
         "plan", help="the layout, the room every model's copies and updates take, and each model's share of the bill"))),
         "the plan")
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="the release config of every model on the shared endpoint")
     p.set_defaults(func=cmd_fleet_plan)
     p = with_json(with_set(with_config_state_dir(fleet.add_parser(
         "move", help="a layout change: start every model's serving release on the new layout's endpoint, record each "
-        "move, then retire the old endpoint"))), "where each model went")
+        "move; --retire-old then deletes the old endpoint"))), "where each model went")
     p.add_argument("configs", nargs="+", metavar="CONFIG",
                    help="the release config of every model on the shared endpoint, each with the new placement")
     p.add_argument("--reason", required=True, help="why the layout changes (recorded with each move)")
     p.add_argument("--actor", help="who moves the fleet (default: $USER@host)")
-    p.add_argument("--keep-old", action="store_true",
-                   help="leave the old endpoint serving for callers that have not switched yet (a rerun without it retires it)")
+    p.add_argument("--retire-old", action="store_true",
+                   help="delete the old endpoint once no model serves on it (callers must have switched to the new "
+                   "name); without it the old endpoint keeps serving")
     p.set_defaults(func=cmd_fleet_move)

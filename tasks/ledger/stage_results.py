@@ -127,7 +127,8 @@ class PromoteResult(StageResult):
     rollback_from: str | None = None
     rollback_to: str | None = None
     moved_from: dict[str, str | None] | None = None  # a fleet move: the endpoint and component it served on before
-    share: dict[str, Any] | None = None  # a fleet move: the model's share of the new endpoint's bill
+    moved_to: dict[str, Any] | None = None  # a fleet move: the placement, copies and scale_to_zero it serves with since
+    share: dict[str, Any] | None = None  # a fleet move (and a promotion of a moved release): its share of the endpoint's bill
 
 
 class TeardownResult(StageResult):

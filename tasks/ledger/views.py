@@ -331,6 +331,32 @@ def _verdict_text(payload: dict) -> str:
     return f"{payload.get('phase', 'rollout')} {where} baked: {'; '.join(parts)}"
 
 
+def moves_not_retired(records: list) -> dict[str, Any]:
+    """Per endpoint a fleet move left, the newest move record away from it that no later retirement record covers
+    (records oldest first): a layout left, returned to and left again is retired again."""
+    pending: dict[str, Any] = {}
+    for record in records:
+        if (record.stage, record.event) == (PROMOTE, SUCCEEDED) and record.payload.get("trigger") == MOVE:
+            left = (record.payload.get("moved_from") or {}).get("endpoint")
+            if left is not None:
+                pending[left] = record
+        elif (record.stage, record.event) == (FLEET, RETIRED):
+            pending.pop(record.payload.get("endpoint"), None)
+    return pending
+
+
+def retirement(records: list, endpoint: str) -> Any:
+    """The record of `endpoint`'s retirement by a fleet move, unless a promotion onto it came later (a layout
+    returned to); None while it may serve."""
+    found = None
+    for record in records:
+        if (record.stage, record.event) == (FLEET, RETIRED) and record.payload.get("endpoint") == endpoint:
+            found = record
+        elif (record.stage, record.event) == (PROMOTE, SUCCEEDED) and record.payload.get("endpoint") == endpoint:
+            found = None
+    return found
+
+
 def _timeline_event(record) -> tuple[str, str] | None:
     """(kind, detail) of a record worth a line in a model's timeline, else None."""
     payload, stage, event = record.payload, record.stage, record.event

@@ -147,9 +147,13 @@ def _differences(one, other) -> list[str]:
     """The placement fields (and the resource prefix) two configs of one shared endpoint give differently."""
     mine, theirs = one.placement.model_dump(mode="json"), other.placement.model_dump(mode="json")
     fields = sorted(f"placement.{key}" for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key))
-    where = lambda config: (config.backend.kind, getattr(config.backend, "region", None))  # noqa: E731
     return (fields + (["resource_prefix"] if one.resource_prefix != other.resource_prefix else [])
-            + (["backend (kind, region)"] if where(one) != where(other) else []))
+            + (["backend (kind, region)"] if backend_place(one) != backend_place(other) else []))
+
+
+def backend_place(config) -> tuple[str, str | None]:
+    """Where a config's resources live: its backend's kind and (aws) region; one shared endpoint is in one place."""
+    return config.backend.kind, getattr(config.backend, "region", None)
 
 
 def _memory_mb(ledger, model: str) -> int | None:

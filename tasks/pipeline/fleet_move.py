@@ -6,9 +6,9 @@ From the configs of every model with its new placement: the new layout is planne
 fit; then, one model at a time under its promotion lease, the release that serves it now (its champion: artifact,
 image and environment as gated) starts on the new endpoint with the new placement's copies and answers a request, and
 the move is recorded in its history as a promotion of that release (trigger `move`, `moved_from` the old endpoint and
-component), so `status`, `served_at`, the audit and later releases all see the new endpoint. Once no model serves on
-the old endpoint, it is deleted and that retirement recorded in every moved model's history, unless `keep_old` leaves
-it serving for callers that have not switched yet (a rerun without it retires it).
+component), so `status`, `served_at`, the audit and later releases all see the new endpoint. The old endpoint keeps
+serving for callers that have not switched to the new name; with `retire_old` (once they have), an old endpoint no
+model serves on any more is deleted and that retirement recorded in the history of every model moved from it.
 
 Resumable: a model the ledger already shows on the new endpoint is not moved again, an endpoint already gone is not
 deleted again, and a retirement already recorded is not recorded again; a run stopped halfway (a lease another run
@@ -22,14 +22,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.placement import MemoryEstimate, fit_problem
-from tasks.config import load_release_config
-from tasks.errors import ConfigError, DeployFailed
+from tasks.backends.placement import MemoryEstimate, fit_problem, image_size_problem
+from tasks.config import ReleaseConfig, load_release_config
+from tasks.errors import ConfigError, Conflict, DeployFailed
 from tasks.ledger import events
 from tasks.ledger.stage_results import PromoteResult
-from tasks.pipeline.fleet import FleetPlan, plan_fleet, serves_on
-from tasks.pipeline.release import Progress, holding_lease, print_progress, reopen_release, run_holder, run_stage
-from tasks.pipeline.stages.common import component_spec, compute, production_component, production_endpoint, require_served
+from tasks.ledger.views import moves_not_retired
+from tasks.pipeline.fleet import FleetPlan, backend_place, plan_fleet
+from tasks.pipeline.release import (Progress, StageContext, holding_lease, moved_config, print_progress, reopen_release,
+                                    run_holder, run_stage)
+from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
+
 
 @dataclass(frozen=True)
 class Moved:
@@ -46,11 +49,24 @@ class Moved:
                 "first_answer_s": self.first_answer_s}
 
 
+@dataclass(frozen=True)
+class Move:
+    """One model to move: the release serving it (reopened), its config with the new placement, and where from."""
+
+    ctx: StageContext
+    target: ReleaseConfig
+    moved_to: dict[str, Any]
+    old: str
+    old_component: str | None
+
+
 def move_fleet(config_paths: list[str | Path], *, reason: str, actor: str, overrides: tuple[str, ...] = (),
-               keep_old: bool = False, progress: Progress = print_progress, session: Any = None) -> dict[str, Any]:
-    """Move every model of a shared endpoint onto the endpoint of the configs' (new) placement, recording each move,
-    then retire the endpoints no model serves on any more (unless `keep_old`). ConfigError, before anything changes,
-    when the new layout does not fit or a model serving on an old endpoint is missing from the configs."""
+               retire_old: bool = False, progress: Progress = print_progress, session: Any = None) -> dict[str, Any]:
+    """Move every model of a shared endpoint onto the endpoint of the configs' (new) placement, recording each move;
+    with `retire_old`, then delete the endpoints no model serves on any more (callers have switched). ConfigError,
+    before any model moves, when the new layout does not fit, a model serving on the endpoints involved is missing
+    from the configs, or a release serving now cannot serve with the new placement (memory, image size, prefix or
+    backend)."""
     from tasks.backends.registry import make_backends
 
     if not reason.strip():
@@ -60,16 +76,24 @@ def move_fleet(config_paths: list[str | Path], *, reason: str, actor: str, overr
     backends = make_backends(configs[0], session=session)
     ledger = backends.ledger
     plan = _fitting_plan(config_paths, ledger, overrides)  # and each copy's memory as its last build measured it
-    _require_every_tenant(ledger, plan, {config.name for config in configs})
-    _require_champions_fit(ledger, configs)
-    where = {"ledger": ledger, "ledger_url": backends.ledger_url, "state_dir": backends.state_dir, "actor": actor,
-             "progress": progress, "session": session}
-    moved = [_move_model(config, plan, reason=reason, **where) for config in configs]
-    old = sorted(_old_endpoints(ledger, plan))
-    retired = [] if keep_old else [name for name in old if _retire(name, plan, backends.hosting, **where)]
-    if backends.checkpoint is not None and (retired or any(m.outcome == "moved" for m in moved)):
-        signed = backends.checkpoint()
-        progress(f"fleet move: ledger checkpoint seq {signed.seq} signed by key {signed.key_id}")
+    serving = _serving(ledger)
+    _require_every_tenant(serving, plan, {config.name for config in configs})
+    where = {"ledger_url": backends.ledger_url, "state_dir": backends.state_dir, "actor": actor, "progress": progress,
+             "session": session}
+    moves = _planned_moves(configs, plan, serving, **where)
+    moved: list[Moved] = []
+    old: list[str] = []
+    retired: list[str] = []
+    try:
+        for config in configs:
+            moved.append(_move_model(config.name, moves.get(config.name), plan, ledger, reason=reason, actor=actor,
+                                     progress=progress))
+        old = sorted(_old_endpoints(ledger, plan))
+        retired = [name for name in old if _retire(name, plan, backends.hosting, ledger, **where)] if retire_old else []
+    finally:  # what did change is signed, also when a later model's move stopped the run
+        if backends.checkpoint is not None and (retired or any(m.outcome == "moved" for m in moved)):
+            signed = backends.checkpoint()
+            progress(f"fleet move: ledger checkpoint seq {signed.seq} signed by key {signed.key_id}")
     return {"group": plan.group, "endpoint": plan.endpoint, "models": [m.as_dict() for m in moved],
             "retired": retired, "kept": [name for name in old if name not in retired], "plan": plan.as_dict()}
 
@@ -83,82 +107,106 @@ def _fitting_plan(config_paths, ledger, overrides: tuple[str, ...]) -> FleetPlan
     return plan
 
 
-def _require_every_tenant(ledger, plan: FleetPlan, named: set[str]) -> None:
-    """ConfigError when a model the configs do not name serves on an endpoint the move leaves: the old endpoint could
-    never be retired, and that model would stay on a layout its fleet left."""
-    serving = _serving(ledger)
-    leaving = {serving.get(model) for model in named} - {None, plan.endpoint}
-    others = sorted(model for model, endpoint in serving.items() if model not in named and endpoint in leaving)
-    if others:
-        raise ConfigError(f"{', '.join(others)} also serve(s) on {', '.join(sorted(leaving))}, which the move leaves, "
-                          "but no config of it was given", fix="pass the config of every model on the shared endpoint, "
-                          "each with the new placement")
-
-
-def _require_champions_fit(ledger, configs) -> None:
-    """ConfigError when the release serving a model now needs more memory (as its build measured) than one copy has
-    on the new placement: found before any model moves."""
-    from tasks.ledger.release_state import ReleaseState
-
-    problems = []
-    for config in configs:
-        served = ledger.served_at(config.name, datetime.now(timezone.utc))
-        if served is None:
-            continue
-        memory = ReleaseState.load(ledger, served.release_id).result("build").memory
-        problem = fit_problem(MemoryEstimate(memory.weights_mb, memory.context_mb, memory.runtime_mb, memory.context_label),
-                              config.placement)
-        if problem:
-            problems.append(f"{config.name} (release {served.release_id}): {problem}")
-    if problems:
-        raise ConfigError("the releases serving now do not fit the new layout: " + "; ".join(problems),
-                          fix="pick a placement their copies fit, or release smaller models onto the old layout first")
-
-
-def _serving(ledger) -> dict[str, str | None]:
-    """Every promoted model and the endpoint its newest promotion names (where the ledger says it serves now)."""
-    return {model: serves_on(ledger, model) for model in
+def _serving(ledger) -> dict[str, Any]:
+    """Every promoted model and its newest promotion (`Ledger.served_at` now: the release, endpoint and component it
+    serves on)."""
+    now = datetime.now(timezone.utc)
+    return {model: ledger.served_at(model, now) for model in
             {r.model for r in ledger.history() if (r.stage, r.event) == (events.PROMOTE, events.SUCCEEDED)}}
 
 
-def _move_model(config, plan: FleetPlan, *, reason: str, ledger, ledger_url: str | None, state_dir: Path, actor: str,
-                progress: Progress, session: Any) -> Moved:
-    """Start the release serving `config.name` on the new endpoint and record it there, unless it already is."""
-    served = ledger.served_at(config.name, datetime.now(timezone.utc))
-    if served is None:
-        progress(f"fleet move: {config.name} has never been promoted; its first release joins {plan.endpoint}")
-        return Moved(config.name, "unreleased")
-    old, old_component = served.payload.get("endpoint"), served.payload.get("component")
-    if old == plan.endpoint:
-        progress(f"fleet move: {config.name} ({served.release_id}) serves on {plan.endpoint} already")
-        return Moved(config.name, "here", served.release_id)
-    reopen = reopen_release(served.release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
-                            progress=progress, session=session)
-    target = reopen.config.model_copy(update={  # what serves stays the champion's; where and how many are the fleet's
-        "placement": config.placement, "rollout": reopen.config.rollout.model_copy(update={"copies": config.rollout.copies}),
-        "scale_to_zero": config.scale_to_zero})
+def _require_every_tenant(serving: dict[str, Any], plan: FleetPlan, named: set[str]) -> None:
+    """ConfigError when a model the configs do not name serves on an endpoint the move leaves (the old endpoint could
+    never be retired, and that model would stay on a layout its fleet left) or on the new one (the plan would not count
+    its copies)."""
+    endpoint = {model: served.payload.get("endpoint") for model, served in serving.items()}
+    involved = ({endpoint.get(model) for model in named} | {plan.endpoint}) - {None}
+    others = sorted(f"{model} (on {on})" for model, on in endpoint.items() if model not in named and on in involved)
+    if others:
+        raise ConfigError(f"{', '.join(others)} also serve(s) on an endpoint the move leaves or joins, but no config "
+                          "of it was given", fix="pass the config of every model on the shared endpoint, each with the "
+                          "new placement")
+
+
+def _planned_moves(configs, plan: FleetPlan, serving: dict[str, Any], **where) -> dict[str, Move]:
+    """Each model serving elsewhere, its serving release reopened with the new placement (validated as a config);
+    ConfigError naming every release that cannot serve there, before any model moves."""
+    moves, problems = {}, []
+    for config in configs:
+        served = serving.get(config.name)
+        if served is None or served.payload.get("endpoint") == plan.endpoint:
+            continue
+        moved_to = {"placement": config.placement.model_dump(mode="json"), "copies": config.rollout.copies,
+                    "scale_to_zero": config.scale_to_zero.model_dump(mode="json") if config.scale_to_zero else None}
+        ctx = reopen_release(served.release_id, **where)
+        try:
+            target = moved_config(ctx.config, moved_to)
+        except ValueError as exc:  # pydantic's ValidationError: the champion's image or rollout cannot take it
+            problems.append(f"{config.name} (release {served.release_id}): {exc}")
+            continue
+        found = _cannot_serve(ctx, target, config, plan)
+        if found:
+            problems.append(f"{config.name} (release {served.release_id}): {found}")
+            continue
+        moves[config.name] = Move(ctx, target, moved_to, served.payload.get("endpoint"), served.payload.get("component"))
+    if problems:
+        raise ConfigError("the releases serving now cannot serve with the new layout: " + "; ".join(problems),
+                          fix="pick a placement they can serve with (and the prefix and backend they were released "
+                              "with), or release new versions onto the old layout first")
+    return moves
+
+
+def _cannot_serve(ctx: StageContext, target, fleet, plan: FleetPlan) -> str | None:
+    """Why the serving release, with the new placement, would not land on the plan's endpoint or not run there."""
+    if production_endpoint(target) != plan.endpoint:
+        return (f"with the new placement it would serve on {production_endpoint(target)}, not {plan.endpoint} (it was "
+                f"released with resource_prefix {target.resource_prefix!r})")
+    if backend_place(target) != backend_place(fleet):
+        return f"it was released on {backend_place(target)} (backend, region), the fleet is on {backend_place(fleet)}"
+    memory = ctx.result("build").memory
+    return (fit_problem(MemoryEstimate(memory.weights_mb, memory.context_mb, memory.runtime_mb, memory.context_label),
+                        target.placement)
+            or image_size_problem(ctx.result("image").size_bytes, target.placement))
+
+
+def _move_model(model: str, move: Move | None, plan: FleetPlan, ledger, *, reason: str, actor: str,
+                progress: Progress) -> Moved:
+    """Start the release serving `model` on the new endpoint and record it there, unless it already is; the release
+    serving is read again under the model's lease, so a promotion that landed meanwhile stops the move."""
+    if move is None:
+        served = ledger.served_at(model, datetime.now(timezone.utc))
+        if served is None:
+            progress(f"fleet move: {model} has never been promoted; its first release joins {plan.endpoint}")
+            return Moved(model, "unreleased")
+        progress(f"fleet move: {model} ({served.release_id}) serves on {plan.endpoint} already")
+        return Moved(model, "here", served.release_id)
     answered: list[float] = []
-    extra = {"trigger": events.MOVE, "reason": reason, "moved_from": {"endpoint": old, "component": old_component}}
-    with holding_lease(reopen, run_holder(actor)):
-        run_stage(reopen, events.PROMOTE, extra=extra,
-                  function=lambda ctx: _start_on_new_endpoint(ctx, target, plan, answered))
-    return Moved(config.name, "moved", served.release_id, old, answered[0] if answered else None)
+    extra = {"trigger": events.MOVE, "reason": reason, "moved_to": move.moved_to,
+             "moved_from": {"endpoint": move.old, "component": move.old_component}}
+    with holding_lease(move.ctx, run_holder(actor)):
+        served = ledger.served_at(model, datetime.now(timezone.utc))
+        if (served.release_id, served.payload.get("endpoint")) != (move.ctx.release_id, move.old):
+            raise Conflict(f"{model} changed while the move started: {served.release_id} serves on "
+                           f"{served.payload.get('endpoint')}, not {move.ctx.release_id} on {move.old}",
+                           fix="rerun the move: it plans again from what serves now")
+        run_stage(move.ctx, events.PROMOTE, extra=extra,
+                  function=lambda ctx: _start_on_new_endpoint(ctx, move.target, plan, answered))
+    return Moved(model, "moved", move.ctx.release_id, move.old, answered[0] if answered else None)
 
 
-def _start_on_new_endpoint(ctx, target, plan: FleetPlan, answered: list[float]) -> PromoteResult:
-    """The champion's component on the new endpoint, verified serving it and answering the gate's first request."""
+def _start_on_new_endpoint(ctx: StageContext, config, plan: FleetPlan, answered: list[float]) -> PromoteResult:
+    """The champion's component on the new endpoint (`config`: its own with the new placement), verified serving it and
+    answering the gate's first request."""
     from validation.cold_start import first_answer
 
-    memory = ctx.result("build").memory
-    endpoint, component = production_endpoint(target), production_component(target)
     hosting = ctx.backends.hosting
-    spec = component_spec(ctx, copies=target.rollout.copies).model_copy(
-        update={"compute": compute(target, memory.total_mb)})
-    ctx.say(f"fleet move: {component} onto {endpoint} ({target.rollout.copies} copies)")
+    endpoint, component = production_endpoint(config), production_component(config)
+    spec = component_spec(ctx, config, copies=config.rollout.copies)
+    ctx.say(f"fleet move: {component} onto {endpoint} ({config.rollout.copies} copies)")
     ctx.require_lease()
-    live = hosting.deploy(endpoint, component, spec, target.placement, role="production", progress=ctx.say)
+    live = hosting.deploy(endpoint, component, spec, config.placement, role="production", progress=ctx.say)
     require_served(live, spec, where=f"production {endpoint}/{component} after the move")
-    validation = ctx.config.validation
+    validation = config.validation
     body = ctx.family.invocation_bodies(validation, validation.dataset_paths(ctx.config_dir))[0]
     invoker = hosting.invoker(endpoint, component, timeout_s=validation.request_timeout_s)
     start = first_answer(invoker, body, timeout_s=validation.request_timeout_s, deadline_s=4 * validation.request_timeout_s)
@@ -167,9 +215,9 @@ def _start_on_new_endpoint(ctx, target, plan: FleetPlan, answered: list[float]) 
                            f"{start.error}", fix="read the copies' logs; the old endpoint still serves, rerun the move")
     answered.append(round(start.seconds, 3))
     ctx.say(f"fleet move: {endpoint}/{component} answered in {start.seconds:.2f} s ({start.attempts} attempt(s))")
-    if target.scale_to_zero is not None:
-        hosting.enable_scale_to_zero(endpoint, component, target.scale_to_zero.plan(target.rollout.copies), progress=ctx.say)
-    share = next(t.share for t in plan.tenants if t.model == ctx.config.name)
+    if config.scale_to_zero is not None:
+        hosting.enable_scale_to_zero(endpoint, component, config.scale_to_zero.plan(config.rollout.copies), progress=ctx.say)
+    share = next(t.share for t in plan.tenants if t.model == config.name)
     return PromoteResult(event=events.SUCCEEDED, endpoint=endpoint, component=component, strategy="all_at_once",
                          served=live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(),
                          copies=live.copies, placement=live.placement.model_dump(mode="json"),
@@ -178,35 +226,25 @@ def _start_on_new_endpoint(ctx, target, plan: FleetPlan, answered: list[float]) 
 
 def _old_endpoints(ledger, plan: FleetPlan) -> set[str]:
     """The endpoints the fleet's models were moved from (by this run or an earlier one) whose retirement is not
-    recorded yet."""
-    found = set()
-    for tenant in plan.tenants:
-        history = ledger.history(tenant.model)
-        retired = {r.payload.get("endpoint") for r in history if (r.stage, r.event) == (events.FLEET, events.RETIRED)}
-        found |= {r.payload["moved_from"]["endpoint"] for r in history
-                  if (r.stage, r.event) == (events.PROMOTE, events.SUCCEEDED) and r.payload.get("trigger") == events.MOVE
-                  and r.payload["moved_from"].get("endpoint") not in (None, plan.endpoint, *retired)}
-    return found
+    recorded since."""
+    return {endpoint for tenant in plan.tenants for endpoint in moves_not_retired(ledger.history(tenant.model))
+            if endpoint != plan.endpoint}
 
 
-def _retire(endpoint: str, plan: FleetPlan, hosting, *, ledger, ledger_url: str | None, state_dir: Path, actor: str,
-            progress: Progress, session: Any) -> bool:
-    """Delete an old endpoint no model serves on any more and record it in the history of each model moved from it;
-    False (and nothing touched) while a model still serves there."""
-    still = sorted(model for model, serving in _serving(ledger).items() if serving == endpoint)
+def _retire(endpoint: str, plan: FleetPlan, hosting, ledger, **where) -> bool:
+    """Delete an old endpoint no model serves on any more and record it in the history of each model moved from it
+    (under that model's lease); False (and nothing touched) while a model still serves there."""
+    progress = where["progress"]
+    still = sorted(model for model, served in _serving(ledger).items() if served.payload.get("endpoint") == endpoint)
     if still:
         progress(f"fleet move: {endpoint} is kept: {', '.join(still)} still serve(s) on it")
         return False
     if hosting.delete_endpoint(endpoint, progress=progress):
         progress(f"fleet move: retired {endpoint}")
     for tenant in plan.tenants:
-        history = ledger.history(tenant.model)
-        moves = [r for r in history if (r.stage, r.event) == (events.PROMOTE, events.SUCCEEDED)
-                 and r.payload.get("trigger") == events.MOVE and r.payload["moved_from"].get("endpoint") == endpoint]
-        recorded = any((r.stage, r.event, r.payload.get("endpoint")) == (events.FLEET, events.RETIRED, endpoint)
-                       for r in history)
-        if moves and not recorded:
-            ctx = reopen_release(moves[-1].release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
-                                 progress=progress, session=session)
-            ctx.record(events.FLEET, events.RETIRED, {"endpoint": endpoint, "replaced_by": plan.endpoint})
+        move = moves_not_retired(ledger.history(tenant.model)).get(endpoint)
+        if move is not None:
+            ctx = reopen_release(move.release_id, **where)
+            with holding_lease(ctx, run_holder(where["actor"])):
+                ctx.record(events.FLEET, events.RETIRED, {"endpoint": endpoint, "replaced_by": plan.endpoint})
     return True

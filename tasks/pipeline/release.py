@@ -186,7 +186,8 @@ def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *,
 
     release_id = release_id_for(config)
     state = ReleaseState(backends.ledger, release_id)
-    require_production_here(backends.ledger, config, release_id)  # before it is opened: a changed layout moves first
+    if state.opened is None:  # before it is opened: a changed layout moves first (promote checks a reopened one)
+        require_production_here(backends.ledger, config, release_id)
     backends.preflight()
     if state.opened is None:
         backends.ledger.append(
@@ -199,6 +200,22 @@ def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *,
                        backends=backends, actor=actor, progress=progress, family=family)
     ctx.sync_registry()  # a rerun repairs a view an earlier failure left behind (no call before the gate has decided)
     return ctx
+
+
+def moved_config(config: ReleaseConfig, moved_to: dict[str, Any]) -> ReleaseConfig:
+    """`config` as a fleet move serves it (`moved_to`: the fleet's placement, copies and scale_to_zero), validated as a
+    config is: what serves (artifact, image, environment) stays the release's own; where and how many are the fleet's."""
+    rollout = {**config.rollout.model_dump(mode="json"), "copies": moved_to["copies"]}
+    return ReleaseConfig.model_validate({**config.model_dump(mode="json"), "placement": moved_to["placement"],
+                                         "rollout": rollout, "scale_to_zero": moved_to["scale_to_zero"]})
+
+
+def latest_move(records: list) -> Any:
+    """The release's newest fleet move (its succeeded promotion with trigger `move`), or None. A promotion or rollback
+    to a moved release serves it where that move put it (`moved_config` of its `moved_to`, docs/fleet.md); the
+    release's identity (id, config hash) stays the opened config's."""
+    return next((r for r in reversed(records) if (r.stage, r.event) == (events.PROMOTE, events.SUCCEEDED)
+                 and r.payload.get("trigger") == events.MOVE and r.payload.get("moved_to")), None)
 
 
 def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,

@@ -39,7 +39,8 @@ def test_a_move_starts_every_component_on_the_new_endpoint_before_the_old_one_is
     old_endpoint, new_endpoint = production_endpoint(before["a"]), production_endpoint(after["a"])
     seen = len(aws.calls)
 
-    moved = move_fleet([new["a"], new["b"]], reason="drill: three instances", actor="ops", progress=QUIET)
+    moved = move_fleet([new["a"], new["b"]], reason="drill: three instances", actor="ops", retire_old=True,
+                       progress=QUIET)
 
     assert [m["outcome"] for m in moved["models"]] == ["moved", "moved"] and moved["retired"] == [old_endpoint]
     sent = [(c.operation, c.params) for c in aws.calls[seen:] if c.service == "sagemaker"

@@ -112,3 +112,47 @@ def test_a_move_needs_a_reason_for_the_ledger(tmp_path, capsys):
     code = main(["fleet", "move", *map(str, FLEET), "--reason", " ", "--state-dir", str(tmp_path / "state")])
     assert code == EXIT_BAD_INPUT and "--reason" in capsys.readouterr().err
     assert not (tmp_path / "state").exists()
+
+
+def _record(stage: str, event: str, release_id: str = "m-000000000000", **payload):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(stage=stage, event=event, release_id=release_id, payload=payload)
+
+
+def _moved(from_endpoint: str | None, to: str, release_id: str = "m-000000000000"):
+    return _record("promote", "succeeded", release_id, trigger="move", endpoint=to,
+                   moved_from={"endpoint": from_endpoint, "component": None})
+
+
+def test_a_retirement_counts_only_after_the_newest_move_away_so_a_layout_returned_to_is_retired_again():
+    """L1 -> L2 -> L1 -> L2: the first retirement of L1 must not hide the second move away from it (docs/fleet.md)."""
+    from tasks.ledger.views import moves_not_retired, retirement
+
+    retired = lambda endpoint: _record("fleet", "retired", endpoint=endpoint, replaced_by="x")  # noqa: E731
+    history = [_record("promote", "succeeded", endpoint="p-l1"), _moved("p-l1", "p-l2"), retired("p-l1")]
+    assert moves_not_retired(history) == {}
+    assert retirement(history, "p-l1") is history[-1] and retirement(history, "p-l2") is None
+    history += [_moved("p-l2", "p-l1", "m-111111111111")]
+    assert list(moves_not_retired(history)) == ["p-l2"] and retirement(history, "p-l1") is None, \
+        "a promotion onto a retired endpoint brings it back"
+    history += [retired("p-l2"), _moved("p-l1", "p-l2", "m-222222222222")]
+    pending = moves_not_retired(history)
+    assert list(pending) == ["p-l1"] and pending["p-l1"].release_id == "m-222222222222"
+    assert moves_not_retired([_record("promote", "succeeded", trigger="move", endpoint="p-l2")]) == {}, \
+        "a move record without moved_from names no endpoint left"
+
+
+def test_a_layout_id_leaves_out_unset_fields_and_is_the_sha256_of_the_canonical_json_of_the_rest():
+    """Checked against the canonical JSON of the placement written out by hand: its unset (null) fields are left out,
+    so a placement field added later with no value does not rename running endpoints."""
+    import hashlib
+
+    from tasks.config import load_release_config
+    from tasks.pipeline.stages.common import layout_id
+
+    config = load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
+                                 overrides=("placement.endpoint=demo-cpu",))
+    assert config.placement.max_instance_count is None, "the example has unset fields"
+    text = '{"instance_count":1,"instance_type":"ml.c7i.xlarge","kind":"instance_type"}'
+    assert layout_id(config.placement) == hashlib.sha256(text.encode()).hexdigest()[:8]

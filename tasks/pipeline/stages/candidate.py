@@ -9,7 +9,7 @@ from tasks.pipeline.stages.common import candidate_endpoint, component_spec, mod
 
 def deploy(ctx) -> DeployResult:
     name = candidate_endpoint(ctx)
-    spec = component_spec(ctx, copies=1)
+    spec = component_spec(ctx, ctx.config, copies=1)
     ctx.say(f"deploy_candidate: endpoint {name} on {ctx.config.placement.kind}")
     live = ctx.backends.hosting.deploy(name, name, spec, ctx.config.placement, role="candidate", progress=ctx.say)
     require_served(live, spec, where=f"candidate {name}")

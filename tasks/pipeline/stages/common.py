@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 from tasks.errors import Conflict
 from tasks.hashing import sha256_json
+from tasks.ledger.views import retirement
 from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
 
 def resource_name(config, role: str, *content: str) -> str:
@@ -20,8 +21,9 @@ def resource_name(config, role: str, *content: str) -> str:
 
 def layout_id(placement) -> str:
     """Eight hex digits of a placement's content (its shared endpoint's name apart): a shared endpoint's instances and
-    layout cannot change while it runs, so another layout is another endpoint, named by it (docs/fleet.md)."""
-    return sha256_json(placement.model_dump(mode="json", exclude={"endpoint"}))[:8]
+    layout cannot change while it runs, so another layout is another endpoint, named by it (docs/fleet.md). Unset
+    fields are left out, so a placement field added later leaves the names of running endpoints as they are."""
+    return sha256_json(placement.model_dump(mode="json", exclude={"endpoint"}, exclude_none=True))[:8]
 
 
 def production_endpoint(config) -> str:
@@ -40,19 +42,25 @@ def production_component(config) -> str:
 
 
 def require_production_here(ledger, config, release_id: str) -> None:
-    """Conflict when the ledger says the model serves on another production endpoint than this release's config names:
-    its shared endpoint's layout changed (or it moved since the release was opened), so a release onto the config's
-    endpoint would gate against no champion and leave the old copies serving. The fleet moves first."""
+    """Conflict when the ledger says the model serves on another production endpoint than this release's config names
+    (its shared endpoint's layout changed, or it moved since the release was opened: a release there would gate
+    against no champion and leave the old copies serving; the fleet moves first), or when a fleet move retired that
+    endpoint (a release of the old layout would bring it back)."""
     served = ledger.served_at(config.name, datetime.now(timezone.utc))
     where = production_endpoint(config)
-    if served is None or served.payload.get("endpoint") in (None, where):
-        return
-    raise Conflict(
-        f"{config.name} serves on {served.payload['endpoint']} (release {served.release_id}), but release "
-        f"{release_id}'s config names production endpoint {where}: a running endpoint's layout cannot change, so "
-        "another placement is another endpoint",
-        fix="move every model of the shared endpoint to the new layout first (`shiplift fleet move CONFIG...` with each "
-            "one's new config), or keep the placement the model serves with")
+    if served is not None and served.payload.get("endpoint") not in (None, where):
+        fix = ("move every model of the shared endpoint to the new layout first (`shiplift fleet move CONFIG...` with "
+               "each one's new config), or keep the placement the model serves with" if config.placement.endpoint else
+               "keep the shared placement the model serves with: a model cannot leave a shared endpoint yet (issue 36)")
+        raise Conflict(f"{config.name} serves on {served.payload['endpoint']} (release {served.release_id}), but release "
+                       f"{release_id}'s config names production endpoint {where}: a running endpoint's layout cannot "
+                       "change, so another placement is another endpoint", fix=fix)
+    gone = retirement(ledger.history(), where) if config.placement.endpoint else None
+    if gone is not None:
+        raise Conflict(f"release {release_id}'s config names production endpoint {where}, which a fleet move retired "
+                       f"(replaced by {gone.payload.get('replaced_by')}, recorded in release {gone.release_id})",
+                       fix="give the config the placement of the shared endpoint's current layout (`shiplift fleet plan "
+                           "CONFIG...` shows where each model serves now)")
 
 
 def candidate_name(config, artifact_sha256: str, image_digest: str) -> str:
@@ -92,10 +100,11 @@ def require_served(live, spec: ComponentSpec, *, where: str) -> None:
         )
 
 
-def component_spec(ctx, *, copies: int) -> ComponentSpec:
-    """The release's backend-neutral component: pinned image, stored artifact, container environment."""
+def component_spec(ctx, config, *, copies: int) -> ComponentSpec:
+    """The release's backend-neutral component, with `config`'s compute (the release's own, or the placement a fleet
+    move gives it): pinned image, stored artifact, container environment."""
     package, image = ctx.result("package"), ctx.result("image")
     return ComponentSpec(image_uri=image.image_uri, artifact_uri=package.artifact_uri,
-                         artifact_sha256=package.artifact_sha256, environment=ctx.config.image.container_env(),
-                         copies=copies, compute=compute(ctx.config, ctx.result("build").memory.total_mb),
+                         artifact_sha256=package.artifact_sha256, environment=config.image.container_env(),
+                         copies=copies, compute=compute(config, ctx.result("build").memory.total_mb),
                          model_ref=model_ref(ctx))

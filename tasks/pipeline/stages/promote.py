@@ -25,6 +25,7 @@ from tasks.ledger.stage_results import PromoteResult
 from tasks.errors import Conflict
 from tasks.pipeline.bake import BakeWatch, live_summary
 from tasks.pipeline.approval import blocked_reason
+from tasks.pipeline.release import latest_move, moved_config
 from tasks.pipeline.stages.common import (component_spec, production_component, production_endpoint, require_production_here,
                                           require_served)
 
@@ -117,22 +118,24 @@ def run(ctx) -> dict:
     if blocked is not None:
         ctx.say(f"promote: skipped, {blocked}; the champion keeps serving")
         return PromoteResult(event=SKIPPED, reason=blocked, decision=decision)
-    require_production_here(ctx.backends.ledger, ctx.config, ctx.release_id)  # a promotion or rollback across a layout change would leave the old copies serving
-    endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
-    rollout, hosting = ctx.config.rollout, ctx.backends.hosting
-    spec = component_spec(ctx, copies=rollout.copies)
+    move = latest_move(ctx.state.records)
+    config = moved_config(ctx.config, move.payload["moved_to"]) if move else ctx.config  # where a fleet move put it
+    require_production_here(ctx.backends.ledger, config, ctx.release_id)  # a promotion or rollback across a layout change would leave the old copies serving
+    endpoint, component = production_endpoint(config), production_component(config)
+    rollout, hosting = config.rollout, ctx.backends.hosting
+    spec = component_spec(ctx, config, copies=rollout.copies)
     ctx.say(f"promote: {rollout.strategy} to {endpoint}/{component}")
     steps: list[dict] = []
     ctx.require_lease()  # the last moment before production changes: a run that lost the model's lease stops here
     if rollout.strategy == "all_at_once":
-        live = hosting.deploy(endpoint, component, spec, ctx.config.placement, role="production", progress=ctx.say)
+        live = hosting.deploy(endpoint, component, spec, config.placement, role="production", progress=ctx.say)
     else:
         plan = rollout.plan()
         bake = BakeWatch(ctx.backends.metrics, endpoint, component, spec.sha256(), plan.alarms, plan.wait_interval_s,
                          online_gate=online_gate(ctx, endpoint, component) if hosting.describe(endpoint, component) else None)
         log = TrafficLog(ctx, endpoint=endpoint, component=component, strategy=rollout.strategy, bake=bake,
                          describe=lambda: hosting.describe(endpoint, component))
-        outcome = hosting.roll_out(endpoint, component, spec, ctx.config.placement, plan, bake, progress=ctx.say, on_step=log)
+        outcome = hosting.roll_out(endpoint, component, spec, config.placement, plan, bake, progress=ctx.say, on_step=log)
         log.catch_up(outcome.steps)
         steps = log.steps()
         live = hosting.describe(endpoint, component)
@@ -147,10 +150,11 @@ def run(ctx) -> dict:
         if live is None:
             raise Conflict(f"{endpoint}/{component} is gone right after its rollout", fix="rerun the promote stage")
     require_served(live, spec, where=f"production {endpoint}/{component} after promotion")
-    if ctx.config.scale_to_zero is not None:
-        hosting.enable_scale_to_zero(endpoint, component, ctx.config.scale_to_zero.plan(rollout.copies), progress=ctx.say)
+    if config.scale_to_zero is not None:
+        hosting.enable_scale_to_zero(endpoint, component, config.scale_to_zero.plan(rollout.copies), progress=ctx.say)
     return PromoteResult(
         event=SUCCEEDED, endpoint=endpoint, component=component, strategy=rollout.strategy, steps=steps,
         served=live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(), copies=live.copies,
         placement=live.placement.model_dump(mode="json"), image_digest=live.image_digest,
+        **({"share": move.payload["share"]} if move is not None and move.payload.get("share") else {}),
     )
