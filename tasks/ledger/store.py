@@ -695,6 +695,13 @@ class Ledger:
         _require_text("model", model)
         return self._select(self._records.c.model == model)
 
+    def events(self, stage: str, event: str) -> list[Record]:
+        """Every record of one stage and event, of any model, oldest first: what a question about all models (who
+        was promoted where, which endpoints were retired) needs, without reading every record of the ledger."""
+        _require_text("stage", stage)
+        _require_text("event", event)
+        return self._select(self._records.c.stage == stage, self._records.c.event == event)
+
     def release(self, release_id: str) -> list[Record]:
         """Every record of one release, oldest first."""
         _require_text("release_id", release_id)

@@ -345,15 +345,19 @@ def moves_not_retired(records: list) -> dict[str, Any]:
     return pending
 
 
-def retirement(records: list, endpoint: str) -> Any:
-    """The record of `endpoint`'s retirement by a fleet move, unless a promotion onto it came later (a layout
-    returned to); None while it may serve."""
+def left_by_fleet(records: list, endpoint: str) -> Any:
+    """The newest record of a fleet move away from `endpoint` or of its retirement (records oldest first), unless a
+    promotion onto it came later (a layout returned to); None while models may join it."""
     found = None
     for record in records:
-        if (record.stage, record.event) == (FLEET, RETIRED) and record.payload.get("endpoint") == endpoint:
+        payload = record.payload
+        if (record.stage, record.event) == (FLEET, RETIRED) and payload.get("endpoint") == endpoint:
             found = record
-        elif (record.stage, record.event) == (PROMOTE, SUCCEEDED) and record.payload.get("endpoint") == endpoint:
-            found = None
+        elif (record.stage, record.event) == (PROMOTE, SUCCEEDED):
+            if payload.get("trigger") == MOVE and (payload.get("moved_from") or {}).get("endpoint") == endpoint:
+                found = record
+            elif payload.get("endpoint") == endpoint:
+                found = None
     return found
 
 

@@ -113,8 +113,10 @@ def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None, overr
         differs = _differences(first, config)
         if differs:
             raise ConfigError(f"{path} places its model on {first.placement.endpoint} with other {', '.join(differs)} than "
-                              f"{first_path}: a running endpoint's instances and layout cannot change per model",
-                              fix="give every model on the shared endpoint the same placement, resource_prefix and backend")
+                              f"{first_path}: a running endpoint's instances and layout cannot change per model, and "
+                              "one fleet is planned and moved from one ledger",
+                              fix="give every model on the shared endpoint the same placement, resource_prefix, backend "
+                                  "and ledger")
     names = [config.name for _, config in configs]
     if len(set(names)) != len(names):
         raise ConfigError(f"a model is listed twice: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}",
@@ -148,7 +150,13 @@ def _differences(one, other) -> list[str]:
     mine, theirs = one.placement.model_dump(mode="json"), other.placement.model_dump(mode="json")
     fields = sorted(f"placement.{key}" for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key))
     return (fields + (["resource_prefix"] if one.resource_prefix != other.resource_prefix else [])
-            + (["backend (kind, region)"] if backend_place(one) != backend_place(other) else []))
+            + (["backend (kind, region)"] if backend_place(one) != backend_place(other) else [])
+            + (["ledger (backend.ledger_url, else backend.state_dir)"] if _ledger_of(one) != _ledger_of(other) else []))
+
+
+def _ledger_of(config) -> str:
+    """The ledger a config's releases write: its URL, else the SQLite file's folder (`tasks.backends.registry`)."""
+    return config.backend.ledger_url or str(Path(config.backend.state_dir).expanduser().resolve())
 
 
 def backend_place(config) -> tuple[str, str | None]:

@@ -17,6 +17,7 @@ holds, a copy that does not start) leaves every model serving, each on the endpo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,14 +85,17 @@ def move_fleet(config_paths: list[str | Path], *, reason: str, actor: str, overr
     moved: list[Moved] = []
     old: list[str] = []
     retired: list[str] = []
+    before = ledger.head()
     try:
         for config in configs:
             moved.append(_move_model(config.name, moves.get(config.name), plan, ledger, reason=reason, actor=actor,
                                      progress=progress))
         old = sorted(_old_endpoints(ledger, plan))
-        retired = [name for name in old if _retire(name, plan, backends.hosting, ledger, **where)] if retire_old else []
-    finally:  # what did change is signed, also when a later model's move stopped the run
-        if backends.checkpoint is not None and (retired or any(m.outcome == "moved" for m in moved)):
+        for name in old if retire_old else ():
+            if _retire(name, plan, backends.hosting, ledger, **where):
+                retired.append(name)
+    finally:  # whatever the run appended is signed, also when a later step stopped it
+        if backends.checkpoint is not None and _seq(ledger.head()) != _seq(before):
             signed = backends.checkpoint()
             progress(f"fleet move: ledger checkpoint seq {signed.seq} signed by key {signed.key_id}")
     return {"group": plan.group, "endpoint": plan.endpoint, "models": [m.as_dict() for m in moved],
@@ -107,12 +111,16 @@ def _fitting_plan(config_paths, ledger, overrides: tuple[str, ...]) -> FleetPlan
     return plan
 
 
+def _seq(record) -> int:
+    return record.seq if record is not None else 0
+
+
 def _serving(ledger) -> dict[str, Any]:
     """Every promoted model and its newest promotion (`Ledger.served_at` now: the release, endpoint and component it
     serves on)."""
     now = datetime.now(timezone.utc)
     return {model: ledger.served_at(model, now) for model in
-            {r.model for r in ledger.history() if (r.stage, r.event) == (events.PROMOTE, events.SUCCEEDED)}}
+            {r.model for r in ledger.events(events.PROMOTE, events.SUCCEEDED)}}
 
 
 def _require_every_tenant(serving: dict[str, Any], plan: FleetPlan, named: set[str]) -> None:
@@ -232,19 +240,22 @@ def _old_endpoints(ledger, plan: FleetPlan) -> set[str]:
 
 
 def _retire(endpoint: str, plan: FleetPlan, hosting, ledger, **where) -> bool:
-    """Delete an old endpoint no model serves on any more and record it in the history of each model moved from it
-    (under that model's lease); False (and nothing touched) while a model still serves there."""
+    """Delete an old endpoint no model serves on any more and record it in the history of each model moved from it,
+    holding those models' leases throughout (taken before anything is deleted); False, and nothing touched, while a
+    model still serves there."""
     progress = where["progress"]
-    still = sorted(model for model, served in _serving(ledger).items() if served.payload.get("endpoint") == endpoint)
-    if still:
-        progress(f"fleet move: {endpoint} is kept: {', '.join(still)} still serve(s) on it")
-        return False
-    if hosting.delete_endpoint(endpoint, progress=progress):
-        progress(f"fleet move: retired {endpoint}")
-    for tenant in plan.tenants:
-        move = moves_not_retired(ledger.history(tenant.model)).get(endpoint)
-        if move is not None:
-            ctx = reopen_release(move.release_id, **where)
-            with holding_lease(ctx, run_holder(where["actor"])):
-                ctx.record(events.FLEET, events.RETIRED, {"endpoint": endpoint, "replaced_by": plan.endpoint})
+    pending = [move for tenant in plan.tenants
+               if (move := moves_not_retired(ledger.history(tenant.model)).get(endpoint)) is not None]
+    contexts = [reopen_release(move.release_id, **where) for move in pending]
+    with contextlib.ExitStack() as leases:
+        for ctx in contexts:
+            leases.enter_context(holding_lease(ctx, run_holder(where["actor"])))
+        still = sorted(model for model, served in _serving(ledger).items() if served.payload.get("endpoint") == endpoint)
+        if still:
+            progress(f"fleet move: {endpoint} is kept: {', '.join(still)} still serve(s) on it")
+            return False
+        if hosting.delete_endpoint(endpoint, progress=progress):
+            progress(f"fleet move: retired {endpoint}")
+        for ctx in contexts:
+            ctx.record(events.FLEET, events.RETIRED, {"endpoint": endpoint, "replaced_by": plan.endpoint})
     return True

@@ -106,7 +106,7 @@ ROLLBACK = Step("rollback", "tasks.pipeline.promotion:rollback", 1, MAX_STEP_TIM
                 runs_in=frozenset({"cli", "airflow"}))
 FLEET_MOVE = Step("fleet_move", "tasks.pipeline.fleet_move:move_fleet", 1, MAX_STEP_TIMEOUT_S, "own",
                   "a layout change: every model of a shared endpoint moved to the new layout's endpoint, each under "
-                  "its lease, then the old endpoint retired", runs_in=frozenset({"cli"}))
+                  "its lease; the old endpoint retired once callers switched (--retire-old)", runs_in=frozenset({"cli"}))
 AUDIT = Step("audit", "tasks.pipeline.audit:audit", 1, 10 * MINUTE, "none",
              "verify the ledger against its checkpoints, then what serves against the ledger",
              runs_in=frozenset({"airflow"}))

@@ -68,7 +68,7 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     plan = plan_fleet([new["a"], new["b"]], ledger=ledger)
     assert plan.endpoint == new_endpoint and [t.model for t in plan.moving] == ["tiny-a", "tiny-b"]
     assert {t.serves_on for t in plan.tenants} == {old_endpoint}
-    listed = shiplift_cli("fleet", "plan", str(new["a"]), str(new["b"]), "--state-dir", str(state), "--json")
+    listed = shiplift_cli("fleet", "plan", str(new["a"]), str(new["b"]), "--json")  # the configs' own ledger
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["moves"] == ["tiny-a", "tiny-b"]
 
@@ -97,6 +97,11 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     assert [(m["model"], m["outcome"]) for m in resumed["models"]] == [("tiny-a", "here"), ("tiny-b", "moved")]
     assert resumed["retired"] == [] and resumed["kept"] == [old_endpoint], "callers of the old name are not cut off"
     assert LiveTraffic(url, b_old).send() == 200, "the old endpoint still answers until it is retired"
+    newcomer = tiny_release.write_tiny_config(tmp_path / "old" / "c", state, name="tiny-c", placement=OLD)
+    records = len(ledger.history())
+    with pytest.raises(Conflict, match=f"which a fleet move left for {new_endpoint}"):
+        run_release(newcomer, progress=QUIET)
+    assert len(ledger.history()) == records, "a model never promoted does not join the layout the fleet left"
     retiring = move_fleet([new["a"], new["b"]], reason="drill: three instances", actor="ops", retire_old=True,
                           progress=QUIET)
     assert [m["outcome"] for m in retiring["models"]] == ["here", "here"]
@@ -131,7 +136,6 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     assert old_endpoint not in {e["name"] for e in supervisor.list_endpoints()}, "and never on the retired endpoint"
 
     records = len(ledger.history())
-    newcomer = tiny_release.write_tiny_config(tmp_path / "old" / "c", state, name="tiny-c", placement=OLD)
     with pytest.raises(Conflict, match="which a fleet move retired"):
         run_release(newcomer, progress=QUIET)
     assert len(ledger.history()) == records and old_endpoint not in {e["name"] for e in supervisor.list_endpoints()}
@@ -162,7 +166,7 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     import validation.cold_start as cold_start
     from dataclasses import replace
 
-    import tasks.pipeline.fleet_move as fleet_move
+    from tasks.backends.local.hosting import LoopbackHosting
 
     prices = tmp_path / "prices.yaml"  # the shipped table has no CPU figure; 0.25 $/h is a test figure
     prices.write_text("version: 1\noffer: sagemaker-real-time-on-demand\ncurrency: USD\nunit: instance-hour\nprices: "
@@ -172,6 +176,7 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     state = tmp_path / "state"
     old = tiny_release.write_tiny_config(tmp_path / "old", state, name="tiny-s", placement=SOLO)
     new = tiny_release.write_tiny_config(tmp_path / "new", state, name="tiny-s", placement={**SOLO, "instance_count": 2},
+                                         rollout__copies=2,
                                          scale_to_zero={"idle_s": 600, "cold_starts": 1, "max_cold_start_p95_s": 60})
     release_id = run_release(old, progress=QUIET)["release_id"]
     old_endpoint, new_endpoint = (production_endpoint(load_release_config(path)) for path in (old, new))
@@ -196,17 +201,19 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     assert live["scale_to_zero"]["idle_s"] == 600, "the new placement's scale_to_zero"
     move = ledger.served_at("tiny-s", datetime.now(timezone.utc))
     share = move.payload["share"]["usd_per_hour"]
-    assert share == pytest.approx(2 * 0.25 * 1 / 4), "1 copy of 2 instances x 2 two-core slots, at 0.25 $/h each"
-    assert serving_status(ledger, "tiny-s")[0]["serving"]["cost_per_hour"] == share
+    assert share == pytest.approx(2 * 0.25 * 2 / 4), "2 copies of 2 instances x 2 two-core slots, at 0.25 $/h each"
+    assert serving_status(ledger, "tiny-s")[0]["serving"]["cost_per_hour"] == share, "not the gate's 1 of 2 slots"
 
-    def cut_short(*args, **kw):
+    delete = LoopbackHosting.delete_endpoint
+
+    def cut_short(self, endpoint, *, progress):
+        delete(self, endpoint, progress=progress)
         raise RuntimeError("drill: the run died after the delete")
 
-    reopen = fleet_move.reopen_release
-    monkeypatch.setattr(fleet_move, "reopen_release", cut_short)
+    monkeypatch.setattr(LoopbackHosting, "delete_endpoint", cut_short)
     with pytest.raises(RuntimeError, match="drill"):
         move_fleet([new], reason="drill: two instances", actor="ops", retire_old=True, progress=QUIET)
-    monkeypatch.setattr(fleet_move, "reopen_release", reopen)
+    monkeypatch.setattr(LoopbackHosting, "delete_endpoint", delete)
     assert old_endpoint not in {e["name"] for e in supervisor.list_endpoints()}
     assert (events.FLEET, events.RETIRED) not in history(ledger, "tiny-s")
     finished = move_fleet([new], reason="drill: two instances", actor="ops", retire_old=True, progress=QUIET)
@@ -215,5 +222,6 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
 
     back = rollback(state, "tiny-s", release_id, reason="drill: again", actor="ops")
     assert back["endpoint"] == new_endpoint
+    assert ledger.served_at("tiny-s", datetime.now(timezone.utc)).payload["share"]["usd_per_hour"] == share
     assert serving_status(ledger, "tiny-s")[0]["serving"]["cost_per_hour"] == share, "a rollback keeps the move's share"
     ledger.close()

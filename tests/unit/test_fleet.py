@@ -75,6 +75,8 @@ def test_a_copy_larger_than_its_partition_by_its_last_build_is_refused(tmp_path)
 @pytest.mark.parametrize("top, refused", [
     ({"placement": {"endpoint": "shared-h100", "partitions": 3}}, "other placement.partitions than"),
     ({"resource_prefix": "team"}, "other resource_prefix than"),
+    ({"backend": {"ledger_url": "postgresql+psycopg2://shiplift@other.example:5432/shiplift"}},
+     r"other ledger \(backend.ledger_url, else backend.state_dir\) than"),
     ({"placement": {"endpoint": None}}, "name: "),
 ])
 def test_configs_that_do_not_describe_one_endpoint_are_refused(tmp_path, top, refused):
@@ -127,15 +129,17 @@ def _moved(from_endpoint: str | None, to: str, release_id: str = "m-000000000000
 
 def test_a_retirement_counts_only_after_the_newest_move_away_so_a_layout_returned_to_is_retired_again():
     """L1 -> L2 -> L1 -> L2: the first retirement of L1 must not hide the second move away from it (docs/fleet.md)."""
-    from tasks.ledger.views import moves_not_retired, retirement
+    from tasks.ledger.views import left_by_fleet, moves_not_retired
 
     retired = lambda endpoint: _record("fleet", "retired", endpoint=endpoint, replaced_by="x")  # noqa: E731
     history = [_record("promote", "succeeded", endpoint="p-l1"), _moved("p-l1", "p-l2"), retired("p-l1")]
-    assert moves_not_retired(history) == {}
-    assert retirement(history, "p-l1") is history[-1] and retirement(history, "p-l2") is None
+    assert list(moves_not_retired(history[:2])) == ["p-l1"] and moves_not_retired(history) == {}
+    assert left_by_fleet(history[:2], "p-l1") is history[1], "left by the move, before any retirement"
+    assert left_by_fleet(history, "p-l1") is history[-1] and left_by_fleet(history, "p-l2") is None
     history += [_moved("p-l2", "p-l1", "m-111111111111")]
-    assert list(moves_not_retired(history)) == ["p-l2"] and retirement(history, "p-l1") is None, \
+    assert list(moves_not_retired(history)) == ["p-l2"] and left_by_fleet(history, "p-l1") is None, \
         "a promotion onto a retired endpoint brings it back"
+    assert left_by_fleet(history, "p-l2") is history[-1]
     history += [retired("p-l2"), _moved("p-l1", "p-l2", "m-222222222222")]
     pending = moves_not_retired(history)
     assert list(pending) == ["p-l1"] and pending["p-l1"].release_id == "m-222222222222"

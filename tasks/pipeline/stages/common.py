@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from tasks.errors import Conflict
 from tasks.hashing import sha256_json
-from tasks.ledger.views import retirement
+from tasks.ledger.events import FLEET, PROMOTE, RETIRED, SUCCEEDED
+from tasks.ledger.views import left_by_fleet
 from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
 
 def resource_name(config, role: str, *content: str) -> str:
@@ -22,7 +23,8 @@ def resource_name(config, role: str, *content: str) -> str:
 def layout_id(placement) -> str:
     """Eight hex digits of a placement's content (its shared endpoint's name apart): a shared endpoint's instances and
     layout cannot change while it runs, so another layout is another endpoint, named by it (docs/fleet.md). Unset
-    fields are left out, so a placement field added later leaves the names of running endpoints as they are."""
+    (null) fields are left out, so a placement field added later with no default value leaves the names of running
+    endpoints as they are (one added with another default renames them)."""
     return sha256_json(placement.model_dump(mode="json", exclude={"endpoint"}, exclude_none=True))[:8]
 
 
@@ -44,23 +46,29 @@ def production_component(config) -> str:
 def require_production_here(ledger, config, release_id: str) -> None:
     """Conflict when the ledger says the model serves on another production endpoint than this release's config names
     (its shared endpoint's layout changed, or it moved since the release was opened: a release there would gate
-    against no champion and leave the old copies serving; the fleet moves first), or when a fleet move retired that
-    endpoint (a release of the old layout would bring it back)."""
+    against no champion and leave the old copies serving; the fleet moves first), or when a model that never served
+    would join a shared endpoint a fleet move left (it would be stranded on the old layout, or bring a retired endpoint
+    back)."""
     served = ledger.served_at(config.name, datetime.now(timezone.utc))
     where = production_endpoint(config)
     if served is not None and served.payload.get("endpoint") not in (None, where):
-        fix = ("move every model of the shared endpoint to the new layout first (`shiplift fleet move CONFIG...` with "
-               "each one's new config), or keep the placement the model serves with" if config.placement.endpoint else
-               "keep the shared placement the model serves with: a model cannot leave a shared endpoint yet (issue 36)")
         raise Conflict(f"{config.name} serves on {served.payload['endpoint']} (release {served.release_id}), but release "
                        f"{release_id}'s config names production endpoint {where}: a running endpoint's layout cannot "
-                       "change, so another placement is another endpoint", fix=fix)
-    gone = retirement(ledger.history(), where) if config.placement.endpoint else None
-    if gone is not None:
-        raise Conflict(f"release {release_id}'s config names production endpoint {where}, which a fleet move retired "
-                       f"(replaced by {gone.payload.get('replaced_by')}, recorded in release {gone.release_id})",
-                       fix="give the config the placement of the shared endpoint's current layout (`shiplift fleet plan "
-                           "CONFIG...` shows where each model serves now)")
+                       "change, so another placement is another endpoint",
+                       fix="release a config with the placement the model serves with, or roll back to a release "
+                           "serving there; a layout change moves every model of the shared endpoint first (`shiplift "
+                           "fleet move CONFIG...`, each with its new config). A model cannot leave a shared endpoint "
+                           "for its own yet (docs/fleet.md, Not yet)")
+    if served is None and config.placement.endpoint:
+        records = sorted(ledger.events(FLEET, RETIRED) + ledger.events(PROMOTE, SUCCEEDED), key=lambda r: r.seq)
+        left = left_by_fleet(records, where)
+        if left is not None:
+            how = (f"retired (replaced by {left.payload.get('replaced_by')})" if left.stage == FLEET else
+                   f"left for {left.payload.get('endpoint')} (it serves on only for callers that have not switched)")
+            raise Conflict(f"release {release_id}'s config names production endpoint {where}, which a fleet move "
+                           f"{how}, recorded in release {left.release_id}",
+                           fix="give the config the placement of the shared endpoint's current layout (`shiplift fleet "
+                               "plan CONFIG...` shows where each model serves now)")
 
 
 def candidate_name(config, artifact_sha256: str, image_digest: str) -> str:
