@@ -50,6 +50,9 @@ def cmd_fleet_plan(args) -> int:
         if plan.moving:
             print(f"layout change: {', '.join(t.model for t in plan.moving)} serve(s) on another layout's endpoint; "
                   f"`shiplift fleet move` with these configs moves every model to {plan.endpoint}")
+        if plan.kept:
+            print(f"kept: {', '.join(plan.kept)} still serve(s) for callers of the old name (and cost(s) its bill); once "
+                  "they have switched, `shiplift fleet move` with these configs and --retire-old deletes it")
     for problem in plan.problems:
         print(f"shiplift: the fleet does not fit: {problem}", file=sys.stderr)
     return EXIT_BAD_INPUT if plan.problems else 0

@@ -20,6 +20,7 @@ from tasks.backends.pricing import NOMINAL_REGION, ComponentShare, HourlyCost, c
 from tasks.config import load_release_config
 from tasks.errors import ConfigError
 from tasks.ledger import events
+from tasks.ledger.views import moves_not_retired
 from tasks.pipeline.stages.common import production_endpoint
 
 
@@ -47,7 +48,7 @@ class Tenant:
 @dataclass(frozen=True)
 class FleetPlan:
     """The shared endpoint's layout, its tenants, the room they take and what each pays; `problems` say why it does not
-    fit (empty: it fits)."""
+    fit (empty: it fits); `kept`, the earlier layouts' endpoints still serving (with a ledger)."""
 
     group: str
     endpoint: str
@@ -58,6 +59,7 @@ class FleetPlan:
     bill: HourlyCost
     tenants: tuple[Tenant, ...]
     problems: tuple[str, ...]
+    kept: tuple[str, ...] = ()  # endpoints the fleet left, not retired: they serve on for callers of their names
 
     @property
     def steady(self) -> int:
@@ -92,7 +94,8 @@ class FleetPlan:
                 "slots": capacity, "slots_with_scaling": self.slots.total(self.most), "steady_copies": self.steady,
                 "headroom": self.headroom, "bill": self.bill.as_dict(), "tenants": [t.as_dict() for t in self.tenants],
                 "idle_usd_per_hour": (self.bill.usd_per_hour - used) if self.bill.usd_per_hour is not None else None,
-                "moves": [t.model for t in self.moving], "fits": not self.problems, "problems": list(self.problems)}
+                "moves": [t.model for t in self.moving], "kept": list(self.kept), "fits": not self.problems,
+                "problems": list(self.problems)}
 
 
 def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None, overrides: tuple[str, ...] = ()) -> FleetPlan:
@@ -141,7 +144,8 @@ def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None, overr
     plan = FleetPlan(group=placement.endpoint, endpoint=production_endpoint(first),
                      placement=placement.model_dump(mode="json", exclude={"endpoint"}), slots=found[0],
                      instances=instances, most=getattr(placement, "max_instance_count", None) or instances,
-                     bill=production_cost(table, region, placement), tenants=tenants, problems=())
+                     bill=production_cost(table, region, placement), tenants=tenants, problems=(),
+                     kept=endpoints_left(ledger, [t.model for t in tenants], production_endpoint(first)))
     return replace(plan, problems=_problems(plan))
 
 
@@ -170,6 +174,14 @@ def _memory_mb(ledger, model: str) -> int | None:
         return None
     builds = [r for r in ledger.history(model) if (r.stage, r.event) == (events.BUILD, events.SUCCEEDED)]
     return builds[-1].payload["memory"]["total_mb"] if builds else None
+
+
+def endpoints_left(ledger, models: list[str], endpoint: str) -> tuple[str, ...]:
+    """The endpoints other than `endpoint` that a fleet move took these models away from and whose retirement is not
+    recorded since (they serve on for callers that have not switched); none without a ledger."""
+    if ledger is None:
+        return ()
+    return tuple(sorted({left for model in models for left in moves_not_retired(ledger.history(model)) if left != endpoint}))
 
 
 def serves_on(ledger, model: str) -> str | None:

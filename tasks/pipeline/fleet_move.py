@@ -29,7 +29,7 @@ from tasks.errors import ConfigError, Conflict, DeployFailed
 from tasks.ledger import events
 from tasks.ledger.stage_results import PromoteResult
 from tasks.ledger.views import moves_not_retired
-from tasks.pipeline.fleet import FleetPlan, backend_place, plan_fleet
+from tasks.pipeline.fleet import FleetPlan, backend_place, endpoints_left, plan_fleet
 from tasks.pipeline.release import (Progress, StageContext, holding_lease, moved_config, print_progress, reopen_release,
                                     run_holder, run_stage)
 from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
@@ -90,7 +90,7 @@ def move_fleet(config_paths: list[str | Path], *, reason: str, actor: str, overr
         for config in configs:
             moved.append(_move_model(config.name, moves.get(config.name), plan, ledger, reason=reason, actor=actor,
                                      progress=progress))
-        old = sorted(_old_endpoints(ledger, plan))
+        old = list(endpoints_left(ledger, [tenant.model for tenant in plan.tenants], plan.endpoint))
         for name in old if retire_old else ():
             if _retire(name, plan, backends.hosting, ledger, **where):
                 retired.append(name)
@@ -230,13 +230,6 @@ def _start_on_new_endpoint(ctx: StageContext, config, plan: FleetPlan, answered:
                          served=live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(),
                          copies=live.copies, placement=live.placement.model_dump(mode="json"),
                          image_digest=live.image_digest, share=share.as_dict())
-
-
-def _old_endpoints(ledger, plan: FleetPlan) -> set[str]:
-    """The endpoints the fleet's models were moved from (by this run or an earlier one) whose retirement is not
-    recorded since."""
-    return {endpoint for tenant in plan.tenants for endpoint in moves_not_retired(ledger.history(tenant.model))
-            if endpoint != plan.endpoint}
 
 
 def _retire(endpoint: str, plan: FleetPlan, hosting, ledger, **where) -> bool:

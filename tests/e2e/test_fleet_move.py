@@ -97,6 +97,7 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     assert [(m["model"], m["outcome"]) for m in resumed["models"]] == [("tiny-a", "here"), ("tiny-b", "moved")]
     assert resumed["retired"] == [] and resumed["kept"] == [old_endpoint], "callers of the old name are not cut off"
     assert LiveTraffic(url, b_old).send() == 200, "the old endpoint still answers until it is retired"
+    assert plan_fleet([new["a"], new["b"]], ledger=ledger).kept == (old_endpoint,), "the plan lists it, with its bill"
     newcomer = tiny_release.write_tiny_config(tmp_path / "old" / "c", state, name="tiny-c", placement=OLD)
     records = len(ledger.history())
     with pytest.raises(Conflict, match=f"which a fleet move left for {new_endpoint}"):
@@ -106,6 +107,7 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
                           progress=QUIET)
     assert [m["outcome"] for m in retiring["models"]] == ["here", "here"]
     assert retiring["retired"] == [old_endpoint] and retiring["kept"] == []
+    assert plan_fleet([new["a"], new["b"]], ledger=ledger).kept == ()
     assert old_endpoint not in {e["name"] for e in supervisor.list_endpoints()}
     components = supervisor.describe_endpoint(new_endpoint)["components"]
     assert sorted(components) == sorted(production_component(after[name]) for name in ("a", "b"))
