@@ -15,7 +15,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,12 +26,15 @@ OVERHEAD_REQUESTS = 60
 LOAD_CLIENTS, LOAD_ROUNDS = 8, 3
 
 
-def _post(url: str, path: str, payload: dict, headers: dict | None = None) -> float:
-    request = urllib.request.Request(url + path, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+def _post(url: str, payload: dict) -> float:
+    """Seconds one request to `url` (a server root or a router's `…/endpoints/NAME`) took, retried as every shiplift
+    client retries (no capacity, throttling, busy); OSError when it got no answer or an error."""
+    from validation.transport import HttpInvoker, post_alone
+
     start = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=300) as response:
-        response.read()
+    exchange, _ = post_alone(HttpInvoker(url), json.dumps(payload).encode(), timeout_s=300, deadline_s=None)
+    if exchange.error is not None:
+        raise OSError(f"POST {url}/invocations: {exchange.error}")
     return time.perf_counter() - start
 
 
@@ -51,11 +53,11 @@ def bench_router_overhead(gguf: Path) -> dict:
         try:
             direct, routed = [], []
             for _ in range(3):  # warm both paths
-                _post(server_url, "/invocations", {"decision": DECISION})
-                _post(router_url, "/invocations", {"decision": DECISION})
+                _post(server_url, {"decision": DECISION})
+                _post(router_url, {"decision": DECISION})
             for _ in range(OVERHEAD_REQUESTS):
-                direct.append(_post(server_url, "/invocations", {"decision": DECISION}))
-                routed.append(_post(router_url, "/invocations", {"decision": DECISION}))
+                direct.append(_post(server_url, {"decision": DECISION}))
+                routed.append(_post(router_url, {"decision": DECISION}))
         finally:
             hosting.delete_endpoint("bench-router")
     overhead = statistics.median(routed) / statistics.median(direct) - 1
@@ -80,7 +82,7 @@ def _closed_loop(url: str, stop: threading.Event) -> tuple[dict[str, int], list[
     def client() -> None:
         while not stop.is_set():
             try:
-                _post(url, "/invocations", {"q": 1})
+                _post(url, {"q": 1})
                 outcome = "ok"
             except OSError:
                 outcome = "failed"

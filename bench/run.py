@@ -67,13 +67,15 @@ def gemma_path() -> Path:
 
 
 def post(url: str, payload: dict, timeout: float = 300.0) -> tuple[dict, float]:
-    request = urllib.request.Request(
-        f"{url}/invocations", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+    """One request to a server's `/invocations`, retried as every shiplift client retries (busy, no capacity,
+    throttling): its JSON answer and the seconds it took; OSError when it got no answer or an error."""
+    from validation.transport import HttpInvoker, post_alone
+
     start = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        body = json.loads(response.read())
-    return body, time.perf_counter() - start
+    exchange, _ = post_alone(HttpInvoker(url), json.dumps(payload).encode(), timeout_s=timeout, deadline_s=None)
+    if exchange.error is not None:
+        raise OSError(f"POST {url}/invocations: {exchange.error}")
+    return json.loads(exchange.data), time.perf_counter() - start
 
 
 @contextmanager

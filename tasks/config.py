@@ -372,12 +372,13 @@ class ReleaseConfig(Strict):
         if scaling.max_copies is not None and scaling.max_copies < copies:
             raise ValueError(f"scale_to_zero.max_copies ({scaling.max_copies}) is below rollout.copies ({copies}), the "
                              "copies a release starts with; raise it or leave it out")
-        least = getattr(self.placement, "min_instance_count", 0)
-        if self.backend.kind == "aws" and least != 0:
+        if self.backend.kind == "aws" and getattr(self.placement, "min_instance_count", None) != 0:
+            needs = ("placement.min_instance_count: 0 (the MIG endpoint's one instance may then go)"
+                     if isinstance(self.placement, MigPartitionPlacement) else
+                     "placement.min_instance_count: 0 and placement.max_instance_count")
             raise ValueError("scale_to_zero frees the component's copies, but the endpoint keeps its instances (and "
-                             "their bill) unless ManagedInstanceScaling may go to zero: set placement.min_instance_count: 0 "
-                             "and placement.max_instance_count (MinInstanceCount 0 alone does nothing without "
-                             "scale_to_zero, which adds the scaling policies)")
+                             f"their bill) unless ManagedInstanceScaling may go to zero: set {needs} (MinInstanceCount 0 "
+                             "alone does nothing without scale_to_zero, which adds the scaling policies)")
         return self
 
     @model_validator(mode="after")

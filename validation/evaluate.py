@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from validation.report_parts import ReportParts
+from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
 
 RELEASE_CONTEXT = """What a pipeline tells the gate report about the release beside the measurements (`extra.release`), all optional:
 release_id, champion_release, config_changes [{field, champion, candidate}] (the config fields that differ from the
@@ -34,7 +35,8 @@ class Target:
 
     @classmethod
     def http(cls, url: str, component: str | None = None, label: str = "") -> "Target":
-        """A model-server root or a runtime-shaped router URL, plus its inference component."""
+        """A model-server root or a runtime-shaped router URL (`…/endpoints/NAME`, its errors unwrapped as on aws:
+        `validation.transport.runtime_url`), plus its inference component."""
         from validation.transport import HttpInvoker
 
         return cls(HttpInvoker(url, component), label)
@@ -68,27 +70,59 @@ class GateOutcome(BaseModel):
 
 @dataclass(frozen=True)
 class RunSettings:
+    """How an evaluation sends its requests: workers, one attempt's timeout, the whole run's deadline, how long
+    retryable answers (no capacity, throttling) are retried while the endpoint answers nothing, and the statistics."""
+
     concurrency: int = 2
     timeout_s: float = 120.0
     deadline_s: float = 3600.0
     n_bootstrap: int = 1000
     seed: int = 0
     readout: Any = None  # validation.runner.Readout; None: SemIf's
+    retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S
+
+    def requests(self, notice: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """The runners' request settings (`validation.transport.RequestSettings`) these settings give."""
+        return {"timeout_s": self.timeout_s, "deadline_s": self.deadline_s, "retry_deadline_s": self.retry_deadline_s,
+                "notice": notice}
 
 
-def score_target(target: Target, datasets: list, settings: RunSettings, progress: Callable | None) -> list:
+def score_target(target: Target, datasets: list, settings: RunSettings, progress: Callable | None,
+                 notice: Callable[[str], None] | None = None) -> list:
     """Run every dataset's tasks through one target; predictions in task order."""
     from validation.runner import SEMIF, run_decisions
 
     rows: list = []
     for dataset in datasets:
         predictions = run_decisions(
-            target.invoker, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.timeout_s,
-            deadline_s=settings.deadline_s, dataset_name=dataset.name,
-            progress=progress, readout=settings.readout or SEMIF,
+            target.invoker, dataset.tasks, concurrency=settings.concurrency, dataset_name=dataset.name,
+            progress=progress, readout=settings.readout or SEMIF, **settings.requests(notice),
         )
         rows.extend(predictions)
     return rows
+
+
+def lost_requests(out_dir: Path, unit: str) -> str | None:
+    """What an evaluation written to `out_dir` lost (its predictions files' items that got no answer: refused as
+    retryable until the retry deadline, unreachable, or cut by the run's deadline), or None when it lost nothing."""
+    from collections import Counter
+
+    from validation.runner import read_predictions
+
+    parts, reasons = [], Counter()
+    for role, name in (("candidate", "predictions.jsonl"), ("champion", "champion-predictions.jsonl")):
+        path = Path(out_dir) / name
+        if not path.is_file():
+            continue
+        predictions = read_predictions(path)
+        lost = [p for p in predictions if p.lost]
+        if lost:
+            parts.append(f"{len(lost)} of {len(predictions)} {role} {unit}")
+            reasons.update(p.error for p in lost)
+    if not parts:
+        return None
+    (reason, count), = reasons.most_common(1)
+    return f"{' and '.join(parts)} got no answer (lost); {count} of them: {reason}"
 
 
 def evaluate_decisions(
@@ -114,12 +148,14 @@ def evaluate_decisions(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda message: None)
-    candidate_predictions = score_target(candidate, datasets, settings, progress_counter(say, candidate.label or "candidate"))
+    candidate_predictions = score_target(candidate, datasets, settings, progress_counter(say, candidate.label or "candidate"),
+                                         say)
     write_predictions(out_dir / "predictions.jsonl", candidate_predictions)
     candidate_rows = [p.to_dict() for p in candidate_predictions]
     champion_rows = None
     if champion is not None:
-        champion_predictions = score_target(champion, datasets, settings, progress_counter(say, champion.label or "champion"))
+        champion_predictions = score_target(champion, datasets, settings, progress_counter(say, champion.label or "champion"),
+                                            say)
         write_predictions(out_dir / "champion-predictions.jsonl", champion_predictions)
         champion_rows = [p.to_dict() for p in champion_predictions]
     report = evaluate_gates(

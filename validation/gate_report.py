@@ -27,6 +27,7 @@ from tasks.atomic import write_bytes_atomic
 from tasks.errors import BadInput
 from tasks.hashing import sha256_bytes
 from validation import charts
+from validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES
 from validation.gates import NOT_GATED, summary_line
 from validation.metrics import score_predictions
 from validation.report_parts import ReportParts
@@ -37,6 +38,10 @@ HTML_REPORT_NAME = "report.html"
 PREDICTIONS_NAME = "predictions.jsonl"
 PERCENTILES = ("p50", "p95", "p99")
 PRICE_KEYS = ("usd_per_hour", "usd", "usd_per_copy_hour")  # the figure of each pricing result (None: no price)
+# what the gate's cold starts measured (validation.cold_start.cold_start_kind), as the report names it
+COLD_START_LABELS = {FROM_ZERO_INSTANCES: "cold starts, from zero instances (an instance, then a copy) to the first answer",
+                     COPY_RESTART: "cold starts, copy restart (a copy started again on a running instance, not from zero "
+                                   "instances) to the first answer"}
 STATUS_ORDER = ("fail", "inconclusive", "pass")  # a comparison row takes the worst status of the checks that judged it
 
 CSS = """
@@ -297,7 +302,7 @@ def _release_section(report: Mapping[str, Any]) -> str:
     cold = release.get("cold_start")
     if cold:  # a release that scales to zero: each start of the candidate from no copy to its first answer
         starts = ", ".join("no answer" if s.get("error") else f"{s['seconds']:.2f} s" for s in cold["starts"])
-        facts.append(["cold starts (from zero copies to the first answer)",
+        facts.append([COLD_START_LABELS[cold.get("kind", COPY_RESTART)],  # a record from before the kind: copy restarts
                       _e(f"{starts}; p95 {cold['p95_s']:.2f} s, bound {cold['max_p95_s']:g} s")])
     changes = release.get("config_changes") or []
     if release.get("champion_release") is None:

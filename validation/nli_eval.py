@@ -173,7 +173,7 @@ def score_nli_target(target: Target, datasets: Sequence[NliDataset], settings: R
     for dataset in datasets:
         run = run_pairs(
             target.invoker, dataset.pairs, batch_size=batch_size, concurrency=settings.concurrency,
-            timeout_s=settings.timeout_s, deadline_s=settings.deadline_s, dataset_name=dataset.name, progress=progress,
+            dataset_name=dataset.name, progress=progress, **settings.requests(),
         )
         rows.extend(run.predictions)
         requests.extend(run.requests)

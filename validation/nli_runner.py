@@ -2,9 +2,9 @@
 
 POSTs `{"pairs": [{"premise", "hypothesis"}, ...]}` to `{endpoint_url}/invocations` (DESIGN §6.3)
 with the connection handling and retry policy the decision runner uses (validation.transport): 503
-`{"retryable": true}` is retried with capped exponential backoff and full jitter; other 4xx fail
-the batch at once; other 5xx and network failures get one more try. A failed batch gives every
-pair in it that error. Each pair becomes a decision-shaped `Prediction` (options entailment,
+`{"retryable": true}` (no capacity, throttling) is retried with capped exponential backoff and full jitter until
+the retry deadline; other 4xx fail the batch at once; other 5xx and network failures get one more try. A failed
+batch gives every pair in it that error (and `lost` when no answer came). Each pair becomes a decision-shaped `Prediction` (options entailment,
 neutral, contradiction) so the decision metrics, gates and report apply unchanged:
 `probabilities` are the server's (tempered) probabilities in that order, `option_logits` its raw
 logits, `temperature` the one the server reports in `model.temperature` (None when absent).
@@ -176,7 +176,7 @@ def _run_batch(
         Prediction(
             id=pair.id, dataset=dataset, expected=pair.label, option_ids=list(LABELS),
             latency_ms=exchange.latency_ms / len(batch), attempts=exchange.attempts, retries_503=exchange.retries_503,
-            error=error, started_at=started_at, **(fields[i] if fields else EMPTY_RESULT),
+            error=error, started_at=started_at, lost=exchange.lost, **(fields[i] if fields else EMPTY_RESULT),
         )
         for i, pair in enumerate(batch)
     ]

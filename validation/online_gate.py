@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from validation.gates import GateReport, evaluate_gates
 from validation.runner import SEMIF, Prediction, Readout, run_decisions
+from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
 
 
 @dataclass
@@ -29,8 +30,10 @@ class OnlineGate:
     timeout_s: float = 60.0
     readout: Readout = SEMIF  # how the live component is asked (SemIf's decisions, or chat completions)
     decision_rule: str = "bound"  # validation.decision_rule: how the absolute checks read their evidence
+    retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S  # no capacity / throttling retried while the component answers
     answers: dict[str, dict[str, Prediction]] = field(default_factory=dict)  # model sha256 -> task id -> answer
     unattributed: int = 0  # answers with no model identity (failed requests, malformed bodies)
+    lost: int = 0  # of those, requests that got no answer (refused as retryable to the retry deadline, unreachable)
 
     def replay(self) -> None:
         """Send the canary tasks the candidate has not answered yet, up to `rounds` times (the router sends
@@ -40,9 +43,11 @@ class OnlineGate:
             if not pending:
                 return
             for answer in run_decisions(self.invoker, pending, concurrency=self.concurrency, timeout_s=self.timeout_s,
-                                        dataset_name="canary", readout=self.readout):
+                                        retry_deadline_s=self.retry_deadline_s, dataset_name="canary",
+                                        readout=self.readout):
                 if answer.model_sha256 is None:
                     self.unattributed += 1
+                    self.lost += answer.lost
                 else:
                     self.answers.setdefault(answer.model_sha256, {})[answer.id] = answer
 
@@ -78,6 +83,7 @@ class OnlineGate:
             "answers": {sha[:12]: len(by_task) for sha, by_task in sorted(self.answers.items())},
             "candidate_answers": len(self._of(self.candidate_model_sha256)),
             "unattributed": self.unattributed,
+            "lost": self.lost,
             "decision": None if report is None else report.decision,
             "checks": [] if report is None else [
                 {"name": c.name, "status": c.status, "observed": c.observed, "threshold": c.threshold}

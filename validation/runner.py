@@ -4,11 +4,12 @@ A `Readout` says how a task is asked and its answer read: SemIf's `{"decision": 
 (`validation.chat_readout`).
 
 Works against a model server root (`http://127.0.0.1:8080`) or a SageMaker-runtime-shaped
-router URL (`http://127.0.0.1:9000/endpoints/NAME`): it POSTs the readout's body to
-`{endpoint_url}/invocations` through `validation.transport` (a fixed number of workers, each on
-one keep-alive connection; `503 {"retryable": true}` retried with capped exponential backoff and
-full jitter, and counted; other 4xx carried as errors at once; other 5xx and network failures
-get one more try). `Prediction` and its JSONL file are shared with the NLI runner.
+router URL (`http://127.0.0.1:9000/endpoints/NAME`, whose SageMaker-shaped errors are unwrapped): it POSTs the
+readout's body to `{endpoint_url}/invocations` through `validation.transport` (a fixed number of workers, each on
+one keep-alive connection; `503 {"retryable": true}`, the no-capacity answer of a component at zero copies and
+throttling retried with capped exponential backoff and full jitter until the endpoint has answered nothing for the
+retry deadline, and counted; other 4xx carried as errors at once; other 5xx and network failures get one more try;
+a task that got no answer is `lost`). `Prediction` and its JSONL file are shared with the NLI runner.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Prediction(BaseModel):
     model_sha256: str | None = None  # the model file the answering server reports (which copy's model answered)
     generated_token: str | None = None  # chat readout: the one token the model generated
     missing_letters: list[str] | None = None  # chat readout: option letters absent from the top log-probabilities
+    lost: bool = False  # no answer came (refused as retryable to the retry deadline, no connection, the run deadline)
 
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,7 +147,7 @@ def _run_one(task: JevTask, connection: Connection, opts: Options, *, dataset: s
     return Prediction(
         id=task.id, dataset=dataset, expected=task.expected_label, option_ids=list(task.labels),
         latency_ms=exchange.latency_ms, attempts=exchange.attempts, retries_503=exchange.retries_503, error=error,
-        started_at=started_at, **(fields or EMPTY_RESULT),
+        started_at=started_at, lost=exchange.lost, **(fields or EMPTY_RESULT),
     )
 
 
@@ -160,11 +162,11 @@ def run_decisions(
 ) -> list[Prediction]:
     """Score every task on a live endpoint through `readout` (SemIf's by default); predictions in task order.
 
-    `settings`: the request settings (`validation.transport.RequestSettings`: timeout_s 60, max_attempts 6,
-    backoff_base_s 0.2, backoff_cap_s 5, inference_component, deadline_s, progress counting tasks, rng, sleep).
-    Failures are carried in `Prediction.error`, never raised; tasks not finished by
-    `deadline_s` (seconds from the call) carry a deadline error. `rng`/`sleep` let tests
-    pin the backoff jitter and observe the waits.
+    `settings`: the request settings (`validation.transport.RequestSettings`: timeout_s 60, max_attempts None,
+    backoff_base_s 0.2, backoff_cap_s 5, retry_deadline_s 600, inference_component, deadline_s, progress counting
+    tasks, notice, rng, sleep, clock). Failures are carried in `Prediction.error` (and `lost` when no answer came),
+    never raised; tasks not finished by `deadline_s` (seconds from the call) carry a deadline error. `rng`/`sleep`/
+    `clock` let tests pin the backoff jitter and observe the waits.
     """
     work = functools.partial(_run_one, dataset=dataset_name, readout=readout)
     return run_requests(endpoint_url, tasks, work, concurrency=concurrency, thread_name="shiplift-eval", **settings)

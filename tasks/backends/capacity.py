@@ -7,7 +7,8 @@ One model, used by the config check, the recorded placement, the README's cost l
   partitions, one copy each (https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html);
 - a CPU copy takes `image.threads` cores (`NumberOfCpuCoresRequired`) of one instance's vCPUs.
 Room: a first release creates its copies; an update with no `DeploymentConfig` provisions every new copy beside the old
-ones before it removes them, and a rolling update provisions one batch beside the old copies
+ones before it removes them, a rolling update provisions one batch beside the old copies, and its rollback the old
+copies `RollbackMaximumBatchSize` at a time (all of them when it is not sent) beside the new ones
 (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html); the instances
 that room may use are `instance_count`, or `ManagedInstanceScaling.MaxInstanceCount` where the placement sets
 `max_instance_count` (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScaling.html).
@@ -74,13 +75,35 @@ def cpu_count(instance_type: str) -> int | None:
     return VCPUS_BY_SIZE.get(size) if CPU_FAMILY.match(name) else None
 
 
-def update_room(rollout) -> tuple[int, str]:
+def update_room(rollout, copies: int | None = None) -> tuple[int, str]:
     """The copies an update of production holds at its peak, and why: all at once, old and new side by side; a rolling
-    update, the old copies and one batch."""
+    update, the old copies and one batch. `copies`: the copies it updates (default rollout.copies)."""
+    copies = rollout.copies if copies is None else copies
     if rollout.strategy == "all_at_once":
-        return 2 * rollout.copies, f"an update without DeploymentConfig starts all {rollout.copies} new copies beside the old ones"
-    batch = rollout.batch.copies_of(rollout.copies)
-    return rollout.copies + batch, f"a rolling update starts a batch of {batch} beside the {rollout.copies} old copies"
+        return 2 * copies, f"an update without DeploymentConfig starts all {copies} new copies beside the old ones"
+    batch = rollout.batch.copies_of(copies)
+    return copies + batch, f"a rolling update starts a batch of {batch} beside the {copies} old copies"
+
+
+def rollback_room(rollout, copies: int | None = None) -> tuple[int, str] | None:
+    """The copies a rolling update's automatic rollback holds at its peak, and why: SageMaker starts the old copies
+    again `RollbackMaximumBatchSize` at a time beside the new ones, and that size is 100 % of the copies unless it is
+    sent (rollout.rollback_batch), https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html;
+    None for an update without DeploymentConfig (nothing rolls back: its peak is the update's own)."""
+    if rollout.strategy == "all_at_once":
+        return None
+    copies = rollout.copies if copies is None else copies
+    batch = rollout.rollback_batch.copies_of(copies) if rollout.rollback_batch else copies
+    size = "rollout.rollback_batch" if rollout.rollback_batch else "RollbackMaximumBatchSize unset: 100 %"
+    return copies + batch, f"its rollback starts {batch} old copies ({size}) beside the {copies} new ones"
+
+
+def change_room(rollout, copies: int | None = None) -> tuple[int, str]:
+    """The larger peak of the next update and of its rollback, and why."""
+    update, rollback = update_room(rollout, copies), rollback_room(rollout, copies)
+    if rollback is None or rollback[0] <= update[0]:
+        return update
+    return rollback[0], f"{update[1]}, and {rollback[1]}"
 
 
 class Room(NamedTuple):

@@ -293,6 +293,10 @@ class MigPartitionPlacement(SharedEndpoint):
     partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")
     partitions: int = Field(1, ge=1, le=7)
     inference_ami_version: str | None = None
+    min_instance_count: Literal[0] | None = Field(
+        None, description="0: ManagedInstanceScaling.MinInstanceCount 0 (MaxInstanceCount 1, the endpoint's one instance), "
+        "so the endpoint gives its instance back while no component has a copy, as scale_to_zero needs "
+        "(https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html); unset: it keeps it")
 
     @model_validator(mode="after")
     def _layout_fits_one_gpu(self) -> "MigPartitionPlacement":

@@ -11,7 +11,8 @@ The arithmetic is small pure functions whose results keep the inputs they used, 
 - a MIG copy's share: the instance's hourly price over the copies one instance holds (`tasks.backends.capacity`'s
   count: partitions per GPU x GPUs per instance).
 - a model's share of a shared endpoint (`placement.endpoint`): its copies over the copies the endpoint's instances hold,
-  x the endpoint's hourly cost.
+  x the endpoint's hourly cost; a model that scales to zero pays it while at zero copies too, unless every model on
+  the endpoint scales to zero (SageMaker stops the instances only when every component is at 0 copies).
 - a candidate: its lifetime (deploy_candidate's start to teardown_candidate's success) x instances x the hourly price.
 - per million requests and decisions at a measured throughput: usd_per_hour / (3600 x requests/s) x 1e6, and that over
   the items one request answers (1 for a decision request, k for an NLI batch of k pairs).
@@ -319,17 +320,27 @@ def mig_copy_share_of(table: PriceTable, region: str, placement) -> CopyShare:
     return mig_copy_share(table, region, placement.instance_type, placement.partition_type, placement.partitions)
 
 
+# SageMaker stops an endpoint's instances (ManagedInstanceScaling.MinInstanceCount 0) only when no inference component
+# on it has a copy: each component scales to 0 copies by its own scalable target, and an instance that holds any
+# component's copy keeps running (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html).
+
+
 @dataclass(frozen=True)
 class ComponentShare:
     """A model's share of a shared endpoint's hourly bill (`placement.endpoint`): its copies over the copies the
     endpoint's instances hold (`tasks.backends.capacity.slots`: GPUs, MIG partitions or core slots), times the
     endpoint's hourly cost. Idle room is shared by nobody: the shares of the models serving add up to less than the
-    bill by what no copy uses."""
+    bill by what no copy uses. A model that scales to zero pays the same share: its slot stays paid while it is at
+    zero copies whenever another model on the endpoint keeps the instances running (`kept_on_by`), since SageMaker
+    stops them only when every component is at zero; only where every model scales to zero do the idle hours cost
+    nothing (`idle_costs` False)."""
 
     endpoint: str
     bill: HourlyCost
     copies: int
     slots: Slots | None
+    scales_to_zero: bool = False
+    kept_on_by: tuple[str, ...] | None = ()  # the models on the endpoint that never scale to zero; None: not known here
 
     @property
     def capacity(self) -> int | None:
@@ -343,25 +354,53 @@ class ComponentShare:
     def usd_per_hour(self) -> float | None:
         return None if self.fraction is None or self.bill.usd_per_hour is None else self.bill.usd_per_hour * self.fraction
 
+    @property
+    def idle_costs(self) -> bool | None:
+        """Whether this share is billed while the model is at zero copies (None: depends on models not known here)."""
+        if not self.scales_to_zero:
+            return True
+        return None if self.kept_on_by is None else bool(self.kept_on_by)
+
     def describe(self) -> str:
         """`this model's share of fleet ≈ 0.83 $/h = 2 of 7 mig-1g.10gb partitions of 1 x ml.p5.4xlarge at …`."""
         if self.slots is None:
             return (f"this model's share of {self.endpoint}: the copies one {self.bill.instance_type} holds are not in "
                     "tasks/backends/capacity.py's tables, so its share cannot be counted")
         if self.usd_per_hour is None:
-            return f"this model's share of {self.endpoint}: {self.copies} of {self.slots.describe(self.bill.instances)}; {self.bill.missing}"
-        return (f"this model's share of {self.endpoint} ≈ {_usd(self.usd_per_hour)} $/h = {self.copies} of "
-                f"{self.slots.describe(self.bill.instances)} at {_usd(self.bill.usd_per_hour)} $/h for the endpoint")
+            text = f"this model's share of {self.endpoint}: {self.copies} of {self.slots.describe(self.bill.instances)}; {self.bill.missing}"
+        else:
+            text = (f"this model's share of {self.endpoint} ≈ {_usd(self.usd_per_hour)} $/h = {self.copies} of "
+                    f"{self.slots.describe(self.bill.instances)} at {_usd(self.bill.usd_per_hour)} $/h for the endpoint")
+        return text + self._idle()
+
+    def _idle(self) -> str:
+        """What scaling to zero saves of this share: nothing while another model keeps the instances running."""
+        if not self.scales_to_zero:
+            return ""
+        if self.kept_on_by is None:
+            return (f"; it scales to zero, but SageMaker stops a shared endpoint's instances only when every model on "
+                    f"it is at 0 copies, so this share is paid while any other model on {self.endpoint} has a copy "
+                    "(`shiplift fleet plan` names those that never scale to zero)")
+        if self.kept_on_by:
+            return (f"; it scales to zero, but {', '.join(self.kept_on_by)} never do(es), and SageMaker stops the "
+                    "instances only when every model on the endpoint is at 0 copies: this share is paid while it "
+                    "is at zero too")
+        return "; every model on the endpoint scales to zero, so its instances stop, and nothing is billed, while all are at 0 copies"
 
     def as_dict(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "copies": self.copies, "capacity": self.capacity, "fraction": self.fraction,
                 "unit": self.slots.unit if self.slots else None, "endpoint_usd_per_hour": self.bill.usd_per_hour,
-                "usd_per_hour": self.usd_per_hour, "text": self.describe()}
+                "usd_per_hour": self.usd_per_hour, "scales_to_zero": self.scales_to_zero,
+                "kept_on_by": list(self.kept_on_by) if self.kept_on_by is not None else None,
+                "idle_costs": self.idle_costs, "text": self.describe()}
 
 
-def component_share(table: PriceTable, region: str, placement, image, copies: int) -> ComponentShare:
-    """`copies` of `image`'s model on the shared endpoint `placement` names, as a share of its hourly bill."""
-    return ComponentShare(placement.endpoint, production_cost(table, region, placement), copies, slots(placement, image))
+def component_share(table: PriceTable, region: str, placement, image, copies: int, *, scales_to_zero: bool = False,
+                    kept_on_by: tuple[str, ...] | None = None) -> ComponentShare:
+    """`copies` of `image`'s model on the shared endpoint `placement` names, as a share of its hourly bill; a model
+    that `scales_to_zero` with `kept_on_by` the models beside it that never do (None: not known, as for one config)."""
+    return ComponentShare(placement.endpoint, production_cost(table, region, placement), copies, slots(placement, image),
+                          scales_to_zero, kept_on_by if scales_to_zero else ())
 
 
 @dataclass(frozen=True)
@@ -547,7 +586,8 @@ def release_cost(config, *, answers_per_second: float | None, items_per_request:
     if config.placement.kind == "mig_partition":
         cost["mig_copy"] = mig_copy_share_of(table, region, config.placement).as_dict()
     if config.placement.endpoint is not None:
-        cost["share"] = component_share(table, region, config.placement, config.image, config.rollout.copies).as_dict()
+        cost["share"] = component_share(table, region, config.placement, config.image, config.rollout.copies,
+                                        scales_to_zero=config.scale_to_zero is not None).as_dict()
     if answers_per_second:
         cost["per_million"] = throughput_cost(production, answers_per_second / items_per_request,
                                               items_per_request).as_dict()

@@ -31,8 +31,6 @@ import os
 import shutil
 import sys
 import threading
-import urllib.error
-import urllib.request
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -101,25 +99,26 @@ class BackgroundTraffic:
 
 
 class LiveTraffic(BackgroundTraffic):
-    """Production traffic over HTTP: multi-decision requests (or `body`) to one component of a local endpoint."""
+    """Production traffic over HTTP: multi-decision requests (or `body`) to one component of a local endpoint (its
+    `…/endpoints/NAME` URL), each retried as every shiplift client retries (no capacity, throttling) for up to
+    `timeout_s`."""
 
     def __init__(self, url: str, component: str, body: bytes | None = None, timeout_s: float = 30):
-        super().__init__(partial(_invoke_component, url, component, body or shared_decisions(), timeout_s),
+        from validation.transport import HttpInvoker
+
+        invoker = HttpInvoker(url, component, runtime=True)
+        super().__init__(partial(_invoke_component, invoker, body or shared_decisions(), timeout_s),
                          join_timeout_s=timeout_s * 2)
 
 
-def _invoke_component(url: str, component: str, body: bytes, timeout_s: float) -> int | str:
-    """POST one invocation; its HTTP status, or "transport" when no answer came."""
-    request = urllib.request.Request(f"{url}/invocations", data=body, method="POST", headers={
-        "Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": component})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return "transport"
+def _invoke_component(invoker, body: bytes, timeout_s: float) -> int | str:
+    """POST one invocation under the clients' retry policy (no capacity, throttling and busy answers retried; a
+    model's own error is its answer, not tried again), within `timeout_s` in all; the status the endpoint sent last,
+    or "transport" when no answer came."""
+    from validation.transport import post_alone
+
+    _, status = post_alone(invoker, body, timeout_s=timeout_s, deadline_s=timeout_s, error_retries=0)
+    return "transport" if status is None else status
 
 
 def banner(text: str) -> None:
@@ -256,7 +255,7 @@ def release_under_traffic(config: Path, overrides: tuple[str, ...], state_dir: P
             with LiveTraffic(ProcessSupervisor(state_dir).endpoint_url(production[0]), production[1]) as live:
                 run(name)
             print(f"{label}: production traffic during promote got {dict(live.statuses)} (200: answered; "
-                  "424: the model refused; 503: retryable)", file=sys.stderr, flush=True)
+                  "424: the model refused; 503: still busy after each request's retries)", file=sys.stderr, flush=True)
         failed = False
     finally:
         run(TEARDOWN)

@@ -1,7 +1,8 @@
 """The `fleet` group: `fleet plan`, the layout, room and cost share of the models on one shared endpoint
 (`tasks.pipeline.fleet`; read-only: it opens the configs' ledger, where there is one, only to read each model's last
-build and where it serves), and `fleet move`, which moves every model onto a new layout's endpoint
-(`tasks.pipeline.fleet_move`). Both read the configs with the same --set and --state-dir, so both see one ledger."""
+build and what serves it, and asks the backend for the copies each serving component has now), and `fleet move`,
+which moves every model onto a new layout's endpoint (`tasks.pipeline.fleet_move`). Both read the configs with the
+same --set and --state-dir, so both see one ledger."""
 
 from __future__ import annotations
 
@@ -10,27 +11,29 @@ import sys
 from tasks.cli.arguments import overrides_of, with_config_state_dir, with_json, with_set
 from tasks.console import EXIT_BAD_INPUT, print_json, print_table
 
-PLAN_COLUMNS = ["model", "copies", "peak while it updates", "memory/copy MB", "share", "$/h", "serves on now"]
+PLAN_COLUMNS = ["model", "copies", "peak while it updates", "threads", "memory/copy MB", "share", "$/h", "serves on now"]
 MOVE_COLUMNS = ["model", "outcome", "release", "from", "first answer s"]
 
 
 def cmd_fleet_plan(args) -> int:
     """Print the fleet's plan; exit 2, with the arithmetic of each problem, when it does not fit."""
-    from tasks.backends.registry import open_ledger
+    from tasks.backends.registry import make_backends, open_ledger
     from tasks.config import load_release_config
     from tasks.errors import BadInput, NotReady
     from tasks.pipeline.fleet import plan_fleet
 
     overrides = overrides_of(args)
-    backend = load_release_config(args.configs[0], overrides=overrides).backend  # the ledger a release of it writes
+    config = load_release_config(args.configs[0], overrides=overrides)
+    backend = config.backend  # the ledger a release of it writes, and the backend its endpoints are on
     try:
         ledger = open_ledger(ledger_url=backend.ledger_url, state_dir=backend.state_dir, read_only=True)
     except BadInput:
-        ledger = None  # no ledger yet: no model built, memory per copy unknown
+        ledger = None  # no ledger yet: no model built or serving, memory per copy unknown
     try:
-        plan = plan_fleet(args.configs, ledger=ledger, overrides=overrides)
+        plan = plan_fleet(args.configs, ledger=ledger, open_hosting=lambda: make_backends(config, ledger=ledger).hosting,
+                          overrides=overrides)  # the backend is asked only for the copies of a model serving now
     except NotReady as exc:  # the layout's arithmetic needs no ledger: plan without it, and say what is missing
-        print(f"shiplift: planned without the ledger ({exc}): memory per copy and where each model serves are unknown",
+        print(f"shiplift: planned without the ledger ({exc}): memory per copy and what serves each model are unknown",
               file=sys.stderr)
         plan = plan_fleet(args.configs, overrides=overrides)
     finally:
@@ -47,6 +50,15 @@ def cmd_fleet_plan(args) -> int:
         idle = described["idle_usd_per_hour"]
         print(f"\n{plan.steady} copies serve; room left while the largest update runs: {plan.headroom} "
               f"{plan.slots.unit}(s)" + (f"; idle room costs ≈ {idle:.2f} $/h" if idle is not None else ""))
+        for tenant in plan.tenants:
+            for difference in tenant.differs:
+                print(f"{tenant.model}: {difference}")
+        if not plan.idles_free:
+            for tenant in plan.tenants:
+                if tenant.share.scales_to_zero:
+                    print(f"{tenant.model} scales to zero, but {', '.join(tenant.share.kept_on_by)} never do(es): "
+                          "SageMaker stops the instances only when every model is at 0 copies, so its share is paid "
+                          "while it idles too")
         if plan.moving:
             print(f"layout change: {', '.join(t.model for t in plan.moving)} serve(s) on another layout's endpoint; "
                   f"`shiplift fleet move` with these configs moves every model to {plan.endpoint}")

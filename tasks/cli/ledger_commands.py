@@ -196,7 +196,7 @@ def cmd_ledger_check_proof(args) -> int:
     proof = load_json(text, f"the proof {args.proof}", PROOF_FIX)
     problems = check_proof(proof, verifying_parts(args)[0])
     print_json({"ok": not problems, "release_id": proof["release_id"], "records": len(proof["records"]),
-                "problems": problems})
+                "covers": proof["covers"], "problems": problems})
     return 0 if not problems else EXIT_REJECTED
 
 

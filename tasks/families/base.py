@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.config_types import DatasetRef, Sha256, Strict
 from tasks.ledger.stage_results import KeptRef
 from validation.evaluate import GateOutcome
+from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
 from validation.thresholds import ChampionRule, DecisionRule
 
 
@@ -223,6 +224,10 @@ def add_evaluation_arguments(parser, *, unit: str, data_help: str, component_hel
     parser.add_argument("--champion", help=f"a second endpoint to compare against on the same {unit}")
     parser.add_argument("--champion-component", help="the champion endpoint's inference component name")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--retry-deadline", type=positive_seconds, default=DEFAULT_RETRY_DEADLINE_S, metavar="SECONDS",
+                        help="retry no-capacity (a component at zero copies) and throttled answers until the endpoint "
+                             f"has answered nothing this long (default {DEFAULT_RETRY_DEADLINE_S:g}: a cold start); "
+                             f"{unit} still unanswered then are lost and the command exits 1")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--min-accuracy", type=float, help="gate: accuracy floor (no threshold flag: measure, not gate)")
     parser.add_argument("--max-ece", type=float, help="gate: expected calibration error ceiling")
@@ -231,6 +236,20 @@ def add_evaluation_arguments(parser, *, unit: str, data_help: str, component_hel
     parser.add_argument("--decision-rule", choices=["bound", "point"], default="bound",
                         help="how thresholds are judged: the interval's conservative end (default) or the point estimate")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON for machines instead of a table")
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (argparse names the flag and exits 2 otherwise)."""
+    import argparse
+    import math
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 (e.g. 600)")
+    return seconds
 
 
 def evaluation_thresholds(args, model, flags: dict[str, str]):
@@ -272,15 +291,24 @@ def evaluation_targets(args):
     return candidate, champion, lambda message: print(message, file=sys.stderr, flush=True)
 
 
-def evaluation_exit(report: dict, summary: dict, *, as_json: bool = False) -> int:
+def evaluation_exit(report: dict, summary: dict, *, as_json: bool = False, out_dir: Path | None = None,
+                    unit: str = "tasks") -> int:
     """Print an `eval` command's summary (a table; `as_json`: JSON); exit 0 when the gate passed, else the CLI's
-    rejected code."""
+    rejected code; CapacityError (exit 1) when the predictions written to `out_dir` say some of its `unit` got no
+    answer (lost), whatever the gate said."""
     from tasks.console import EXIT_REJECTED, print_fields, print_json
+    from tasks.errors import CapacityError
+    from validation.evaluate import lost_requests
 
     if as_json:
         print_json(summary)
     else:
         print(f"decision: {report['decision']}")
         print_fields({key: value for key, value in summary.items() if key != "decision"})
+    lost = None if out_dir is None else lost_requests(out_dir, unit)
+    if lost:
+        raise CapacityError(f"the evaluation is incomplete: {lost}",
+                            fix="rerun once the endpoint answers, or wait longer for a cold start with "
+                                "--retry-deadline SECONDS; the reports count the lost ones as errors")
     return 0 if report["decision"] in ("pass", "not_gated") else EXIT_REJECTED  # not_gated: measured, nothing judged
 

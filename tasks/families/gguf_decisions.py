@@ -320,7 +320,7 @@ def run_jevbench_eval(args, readout, *, title: str) -> int:
     report = evaluate_decisions(
         candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
         settings=RunSettings(concurrency=args.concurrency, timeout_s=args.timeout, n_bootstrap=args.bootstrap,
-                             readout=readout),
+                             readout=readout, retry_deadline_s=args.retry_deadline),
         progress=progress, title=title, decision_rule=args.decision_rule,
     )
     metrics = report["metrics"]
@@ -328,7 +328,7 @@ def run_jevbench_eval(args, readout, *, title: str) -> int:
                "validity": metrics["validity"], "latency_ms": metrics["latency_ms"], "paths": report["paths"]}
     if "readout" in metrics:
         summary["readout"] = metrics["readout"]
-    return evaluation_exit(report, summary, as_json=args.json)
+    return evaluation_exit(report, summary, as_json=args.json, out_dir=Path(args.out))
 
 
 FAMILY = GgufDecisions()

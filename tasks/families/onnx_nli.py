@@ -435,14 +435,15 @@ def _eval(args) -> int:
     candidate, champion, progress = evaluation_targets(args)
     report = evaluate_nli(
         candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
-        batch_size=args.batch_size, settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap),
+        batch_size=args.batch_size, settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap,
+                                                         retry_deadline_s=args.retry_deadline),
         progress=progress, title=f"NLI evaluation of {args.endpoint}", decision_rule=args.decision_rule,
     )
     metrics = report["metrics"]
     return evaluation_exit(report, {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
                                     "macro_f1": metrics["nli"]["macro_f1"], "per_class_recall": metrics["nli"]["per_class_recall"],
                                     "ece": metrics["ece"], "n_truncated": report["n_truncated"], "paths": report["paths"]},
-                           as_json=args.json)
+                           as_json=args.json, out_dir=Path(args.out), unit="pairs")
 
 
 FAMILY = OnnxNli()

@@ -14,9 +14,11 @@ content, so what it proves (release, stage, event, seq, payload) is the content 
 
 Each checkpoint is also recorded in the chain it signs (a record of seq, key id, head hash and time, appended after
 the checkpoint is stored), so a checkpoint log that was deleted, emptied or cut back is named by `verify` for as long
-as the records naming its checkpoints are there. A witness (RFC 9162's, locally: a folder on another disk or host,
-$SHIPLIFT_CHECKPOINT_WITNESS) keeps a second copy of every signed head, so a ledger and log rewound together are
-named too: `verify` requires the log to hold every checkpoint the witness holds, and the chain to extend them.
+as the records naming its checkpoints are there; and, the other way round, every logged checkpoint must have its
+record in the chain, so deleting the newest record (the record of the latest checkpoint) is named too. A witness
+(RFC 9162's, locally: a folder on another disk or host, $SHIPLIFT_CHECKPOINT_WITNESS) keeps a second copy of every
+signed head, so a ledger and log rewound together are named too: `verify` requires the log to hold every checkpoint
+the witness holds, and the chain to extend them.
 
 The key and the store are protocols (`Signer`, `CheckpointStore`): the local ones live here, the aws
 ones (a key in Secrets Manager, an S3 bucket with Object Lock) in `tasks.backends.aws.checkpoint_store`; signing,
@@ -457,6 +459,11 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None, exp
         elif at != found.head_hash:
             problems.append(f"record {found.seq} hashes to {at[:16]}…, but the checkpoint of {found.signed_at} signed "
                             f"{found.head_hash[:16]}…: the chain was rewritten (or the database was replaced)")
+    in_chain = {_named(body) for _, body in recorded}
+    problems += [f"the checkpoint of seq {found.seq} signed {found.signed_at} is in the checkpoint log, but no record "
+                 f"of the chain (which ends at seq {chain.n_records}) records it: the record appended after it was "
+                 "signed was deleted (the newest records were), or the database was replaced"
+                 for found in valid if hashes.get(found.seq) == found.head_hash and _named(_recorded_body(found)) not in in_chain]
     latest = valid[-1] if valid else None
     if latest is not None and latest.seq in hashes:
         computed = merkle.root(_leaves(chain.chain[: latest.seq])).hex()
@@ -481,8 +488,9 @@ def _leaves(chain: list[tuple[int, str]]) -> list[bytes]:
 
 def prove(ledger, log: CheckpointStore, release_id: str, public: Ed25519PublicKey) -> dict[str, Any]:
     """An inclusion proof of one release's records in the latest checkpoint that verifies: each record's full content
-    (re-checked against the verified chain) with its audit path (O(log n) hashes). Records after that checkpoint are
-    listed as not yet covered."""
+    (re-checked against the verified chain) with its audit path (O(log n) hashes), and what it covers (`covers`: the
+    release, how many records and their seqs, the checkpoint's seq and head hash), so a proof with records cut out is
+    refused by `check_proof`. Records after that checkpoint are listed as not yet covered."""
     verdict, chain, latest, _ = _verified(ledger, log, public)
     if not verdict["ok"]:
         raise IntegrityError("the ledger does not verify against its checkpoints, so nothing is proven from it: "
@@ -496,9 +504,11 @@ def prove(ledger, log: CheckpointStore, release_id: str, public: Ed25519PublicKe
         raise IntegrityError(f"records {changed} of {release_id} changed after the ledger was verified",
                              fix="run `shiplift ledger verify` and investigate who is writing the database")
     tree = merkle.Tree(_leaves(chain[: latest.seq]))
+    covered = [r for r in mine if r.seq <= latest.seq]
     return {"release_id": release_id, "checkpoint": latest.to_dict(),
-            "records": [{**r.to_dict(), "path": [h.hex() for h in tree.audit_path(r.seq - 1)]}
-                        for r in mine if r.seq <= latest.seq],
+            "covers": {"release_id": release_id, "records": len(covered), "seqs": [r.seq for r in covered],
+                       "checkpoint_seq": latest.seq, "head_hash": latest.head_hash},
+            "records": [{**r.to_dict(), "path": [h.hex() for h in tree.audit_path(r.seq - 1)]} for r in covered],
             "not_yet_checkpointed": [r.seq for r in mine if r.seq > latest.seq]}
 
 
@@ -507,7 +517,7 @@ PROOF_FIX = "pass the file `shiplift ledger prove RELEASE --out FILE` wrote, une
 
 def proof_records(proof: Any) -> list[dict[str, Any]]:
     """The records a proof claims, each a record's full content and its audit path; BadInput for a proof that is not
-    an object, proves no record, repeats one, or holds a field of the wrong type."""
+    an object, proves no record, repeats one, holds a field of the wrong type, or does not state what it covers."""
     if not isinstance(proof, dict):
         raise BadInput(f"the proof is not a JSON object (it is {type(proof).__name__})", fix=PROOF_FIX)
     if not isinstance(proof.get("release_id"), str):
@@ -536,14 +546,46 @@ def proof_records(proof: Any) -> list[dict[str, Any]]:
         if seq in seen:
             raise BadInput(f"record {seq} appears more than once in the proof", fix=PROOF_FIX)
         seen.add(seq)
+    _require_covers(proof.get("covers"))
     return records
+
+
+COVERS = {"release_id": str, "records": int, "seqs": list, "checkpoint_seq": int, "head_hash": str}
+
+
+def _require_covers(covers: Any) -> None:
+    """BadInput unless the proof states what it covers (`prove`'s `covers`), with the right types."""
+    if not isinstance(covers, dict) or set(covers) != set(COVERS):
+        raise BadInput(f"the proof does not state what it covers (an object `covers` holding exactly "
+                       f"{', '.join(sorted(COVERS))}): a proof from before it did, or an edited one",
+                       fix="prove the release again with `shiplift ledger prove RELEASE --out FILE`")
+    if not (all(type(covers[name]) is kind for name, kind in COVERS.items())
+            and all(type(seq) is int for seq in covers["seqs"])):
+        raise BadInput("the proof's `covers`: release_id and head_hash must be strings, records and checkpoint_seq whole "
+                       "numbers, seqs a list of whole numbers", fix=PROOF_FIX)
+
+
+def _coverage_problems(proof: dict[str, Any], signed: Checkpoint) -> list[str]:
+    """Where the proof's records or checkpoint differ from what it states it covers (a proof cut down or spliced)."""
+    covers, held = proof["covers"], sorted(entry["seq"] for entry in proof["records"])
+    problems = []
+    if (covers["release_id"], covers["checkpoint_seq"], covers["head_hash"]) != (proof["release_id"], signed.seq,
+                                                                                 signed.head_hash):
+        problems.append(f"the proof states it covers release {covers['release_id']} in the checkpoint of seq "
+                        f"{covers['checkpoint_seq']} (head {covers['head_hash'][:16]}…), but holds release "
+                        f"{proof['release_id']} and the checkpoint of seq {signed.seq} (head {signed.head_hash[:16]}…)")
+    if covers["records"] != len(covers["seqs"]) or held != sorted(covers["seqs"]):
+        missing = sorted(set(covers["seqs"]) - set(held))
+        problems.append(f"the proof states it covers {covers['records']} records (seqs {covers['seqs']}) but holds "
+                        f"{len(held)} (seqs {held})" + (f": records {missing} were cut out" if missing else ""))
+    return problems
 
 
 def check_proof(proof: Any, public: Ed25519PublicKey) -> list[str]:
     """What is wrong with an inclusion proof, checked with the public key alone (no ledger): the checkpoint's
-    signature and key, then that each record is of the proof's release, hashes to its record_hash from its full
-    content, and has a path to the signed Merkle root. Empty when it proves every record; BadInput when the proof is
-    malformed (`proof_records`)."""
+    signature and key, that it holds exactly the records it states it covers (release, count, seqs, checkpoint), then
+    that each record is of the proof's release, hashes to its record_hash from its full content, and has a path to the
+    signed Merkle root. Empty when it proves every record; BadInput when the proof is malformed (`proof_records`)."""
     records = proof_records(proof)
     try:
         signed = _parse(proof.get("checkpoint"))
@@ -564,7 +606,7 @@ def check_proof(proof: Any, public: Ed25519PublicKey) -> list[str]:
             problems.append(f"record {seq}'s content does not hash to its record_hash: the record was edited")
         elif not _included(entry, signed, root):
             problems.append(f"record {seq} is not proven included in the checkpoint of {signed.signed_at}")
-    return problems
+    return problems + _coverage_problems(proof, signed)
 
 
 def _included(entry: dict[str, Any], signed: Checkpoint, root: bytes) -> bool:

@@ -26,6 +26,10 @@ it to this code's head under the writers' lock; read-only never migrates. A data
 by a newer shiplift is refused. On SQLite, `verify()` also runs the page check (`quick_check`),
 so damage to pages the chain walk never reads (indexes, leases, the version table) is found too.
 
+A model's promotion lease records its holder's name (shown, never parsed), a random token, the host and pid of a
+run's process (none for an orchestrator's lease, held by name across its steps) and when the holder last renewed it:
+whether a crashed run's lease may be taken over is judged from those (`acquire_lease(stopped=...)`).
+
 `served_at()` reads records with stage `promote` and event `succeeded` (record a rollback as a
 succeeded promotion of the earlier release): the last promotion that completed. A rollout's traffic steps are
 appended as they happen, so `tasks.ledger.views.as_of` reads from them which releases served between two
@@ -41,12 +45,14 @@ import json
 import math
 import os
 import re
+import secrets
+import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -59,7 +65,7 @@ from tasks.atomic import write_text_atomic
 from tasks.ledger.events import SUCCEEDED
 from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, LeaseLost, NotFound, NotReady, ShipliftError
 from tasks.hashing import canonical_json, sha256_json
-from tasks.ledger.migrations import baseline_tables
+from tasks.ledger.migrations import head_tables
 from tasks.secret_keys import looks_secret
 
 GENESIS_HASH = "0" * 64
@@ -231,40 +237,48 @@ class VerifyResult:
 
 @dataclass(frozen=True)
 class Lease:
-    """The promotion lease on one model; leaving a `with` block releases it."""
+    """The promotion lease on one model; leaving a `with` block releases it. `holder` is a name for people (an actor, an
+    orchestrator's run) and is never parsed: a run's lease is its process's (`host`, `pid`) and is renewed and given
+    back by its random `token`; an orchestrator's (no pid) is held by name across its steps' processes."""
 
     model: str
     holder: str
     release_id: str
     acquired_at: str
     expires_at: str
+    renewed_at: str
+    token: str | None = None  # None only on a lease taken before schema revision 0002
+    host: str | None = None  # socket.gethostname() of the process holding a run's lease
+    pid: int | None = None  # that process; None: an orchestrator's lease
     ledger: Ledger | None = field(default=None, repr=False, compare=False)
     taken_over: tuple[str, str] | None = None  # (the stopped holder, why) when this lease was taken over from it
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, str | int | None]:
         """The lease as a JSON-able dict."""
-        return {
-            "model": self.model,
-            "holder": self.holder,
-            "release_id": self.release_id,
-            "acquired_at": self.acquired_at,
-            "expires_at": self.expires_at,
-        }
+        return {name: getattr(self, name) for name in LEASE_FIELDS}
+
+    def describe(self) -> str:
+        """Who holds it, for people: the holder's name, its process (a run's lease) and when it last renewed."""
+        process = f", process {self.pid} on {self.host}" if self.pid is not None else ", held by name"
+        return f"{self.holder!r} (release {self.release_id!r}{process}; renewed {self.renewed_at}, expires {self.expires_at})"
 
     def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self.ledger is not None:
-            self.ledger.release_lease(self.model, self.holder)
+            self.ledger.release_lease(self.model, self.holder, token=self.token)
+
+
+LEASE_FIELDS = ("model", "holder", "release_id", "acquired_at", "expires_at", "renewed_at", "token", "host", "pid")
 
 
 _CREATING = threading.Lock()  # held while this process builds a new SQLite ledger file beside its path
 
 
 def _tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
-    """The records and leases tables this code reads and writes: still revision 0001's."""
-    return baseline_tables(schema)
+    """The records and leases tables this code reads and writes: its newest revision's."""
+    return head_tables(schema)
 
 
 def _sqlite_on_connect_read_only(dbapi_connection: Any, _record: Any) -> None:
@@ -759,71 +773,86 @@ class Ledger:
                 fix="pass how long the lease lasts unless it is renewed, in seconds",
             )
 
+    def _lease_of(self, conn: sa.Connection, model: str) -> Lease | None:
+        """The lease row on `model` as a Lease (None: nobody has taken it, or it was given back)."""
+        row = conn.execute(sa.select(self._leases).where(self._leases.c.model == model)).first()
+        return None if row is None else Lease(ledger=self, **row._asdict())
+
     def acquire_lease(self, model: str, holder: str, release_id: str, ttl_s: float, *,
-                      stopped: Callable[[str, str], str | None] | None = None) -> Lease:
-        """Take the promotion lease on `model`; LeaseHeld if another unexpired holder has it. A holder of this same
-        release that `stopped(holder, expires_at)` says has stopped (a crashed run) is taken over at once; the Lease
-        names it in `taken_over` for the caller to record. Another release's holder is never taken over."""
+                      stopped: Callable[[Lease], str | None] | None = None, by_this_process: bool = False) -> Lease:
+        """Take the promotion lease on `model`; LeaseHeld if another unexpired holder has it. `by_this_process`: the
+        lease is this process's run's (host and pid recorded; renewed and given back with the returned lease's random
+        token); otherwise an orchestrator's, held by `holder`'s name across its steps' processes. The same holder taking
+        it again (the same process, or the same name) refreshes it. A holder of this same release that `stopped(lease)`
+        says has stopped (a crashed run) is taken over at once; the Lease names it in `taken_over` for the caller to
+        record. Another release's holder is never taken over."""
         self._check_lease_args(model, holder, release_id, ttl_s)
-        leases = self._leases
+        host, pid = (socket.gethostname(), os.getpid()) if by_this_process else (None, None)
         taken_over = None
         with self._write("lease") as conn:
             now = _utcnow()
-            row = conn.execute(sa.select(leases).where(leases.c.model == model)).first()
-            live = row is not None and _parse_ts(row.expires_at) > now
-            if live and (row.holder, row.release_id) != (holder, release_id):
-                why = stopped(row.holder, row.expires_at) if stopped is not None and row.release_id == release_id else None
+            current = self._lease_of(conn, model)
+            live = current is not None and _parse_ts(current.expires_at) > now
+            if live and (current.holder, current.release_id, current.host, current.pid) != (holder, release_id, host, pid):
+                why = stopped(current) if stopped is not None and current.release_id == release_id else None
                 if why is None:
-                    same = " (this same release, in another run that is still alive)" if row.release_id == release_id else ""
+                    same = " (this same release, in another run that is still alive)" if current.release_id == release_id else ""
                     raise LeaseHeld(
-                        f"model {model!r} is being promoted by {row.holder!r} (release "
-                        f"{row.release_id!r}){same}; the lease expires at {row.expires_at}",
+                        f"model {model!r} is being promoted by {current.describe()}{same}",
                         fix="wait for that run to finish or its lease to expire, then retry",
                     )
-                taken_over, live = (row.holder, why), False
+                taken_over, live = (current.holder, why), False
             values = {
                 "holder": holder,
                 "release_id": release_id,
-                "acquired_at": row.acquired_at if live else _fmt(now),
+                "acquired_at": current.acquired_at if live else _fmt(now),
                 "expires_at": _fmt(now + timedelta(seconds=ttl_s)),
+                "renewed_at": _fmt(now),
+                "token": current.token if live else secrets.token_hex(16),
+                "host": host,
+                "pid": pid,
             }
-            if row is None:
-                conn.execute(leases.insert().values(model=model, **values))
+            if current is None:
+                conn.execute(self._leases.insert().values(model=model, **values))
             else:
-                conn.execute(leases.update().where(leases.c.model == model).values(**values))
+                conn.execute(self._leases.update().where(self._leases.c.model == model).values(**values))
         return Lease(model=model, ledger=self, taken_over=taken_over, **values)
 
-    def renew_lease(self, model: str, holder: str, release_id: str, ttl_s: float) -> Lease:
-        """Extend `holder`'s lease on `model` by `ttl_s` from now; LeaseLost when the lease row is not this holder's
-        (another run took it over after it expired, or it was given back): such a run must not touch production."""
+    def renew_lease(self, model: str, holder: str, release_id: str, ttl_s: float, *, token: str | None = None) -> Lease:
+        """Extend `holder`'s lease on `model` by `ttl_s` from now and stamp the renewal; a run's lease is matched by its
+        `token`, an orchestrator's by its name. LeaseLost when the lease is not this holder's (another run took it over
+        after it expired or its process stopped, or it was given back): such a run must not touch production."""
         self._check_lease_args(model, holder, release_id, ttl_s)
-        leases = self._leases
         with self._write("lease") as conn:
             now = _utcnow()
-            row = conn.execute(sa.select(leases).where(leases.c.model == model)).first()
-            if row is None or (row.holder, row.release_id) != (holder, release_id):
-                taken = (f"{row.holder!r} holds it (release {row.release_id!r}) until {row.expires_at}" if row is not None
-                         else "nobody holds it: it was given back")
+            current = self._lease_of(conn, model)
+            if current is None or not _held_by(current, holder, release_id, token):
+                taken = f"it is held by {current.describe()}" if current is not None else "nobody holds it: it was given back"
                 raise LeaseLost(
                     f"run {holder!r} lost the promotion lease on {model!r}: {taken}",
                     fix="this run stops before production; look at `shiplift ledger history` and rerun the release once "
                         "the other run has finished",
                 )
-            expires_at = _fmt(now + timedelta(seconds=ttl_s))
-            conn.execute(leases.update().where(leases.c.model == model).values(expires_at=expires_at))
-        return Lease(model=model, holder=holder, release_id=release_id, acquired_at=row.acquired_at, expires_at=expires_at,
-                     ledger=self)
+            renewed = {"expires_at": _fmt(now + timedelta(seconds=ttl_s)), "renewed_at": _fmt(now)}
+            conn.execute(self._leases.update().where(self._leases.c.model == model).values(**renewed))
+        return replace(current, **renewed)
 
-    def release_lease(self, model: str, holder: str) -> bool:
-        """Drop `holder`'s lease on `model`; False if it no longer held it (expired and taken over)."""
+    def release_lease(self, model: str, holder: str, *, token: str | None = None) -> bool:
+        """Give back `holder`'s lease on `model` (a run's by its `token`, an orchestrator's by name); False if it no
+        longer held it (expired and taken over)."""
         _require_text("model", model)
         _require_text("holder", holder)
         leases = self._leases
+        owned = leases.c.token == token if token is not None else leases.c.pid.is_(None)
         with self._write("lease") as conn:
-            result = conn.execute(
-                leases.delete().where(leases.c.model == model, leases.c.holder == holder)
-            )
+            result = conn.execute(leases.delete().where(leases.c.model == model, leases.c.holder == holder, owned))
         return result.rowcount == 1
+
+
+def _held_by(lease: Lease, holder: str, release_id: str, token: str | None) -> bool:
+    """Whether `lease` is the one `holder` took for `release_id`: a run's by its token, an orchestrator's by name."""
+    owned = lease.token == token if token is not None else lease.pid is None
+    return (lease.holder, lease.release_id) == (holder, release_id) and owned
 
 
 def _render_json(records: list[Record], verified: VerifyResult) -> str:

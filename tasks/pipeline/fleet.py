@@ -5,44 +5,87 @@ model's share of the hourly bill. A fleet that does not fit is refused with its 
 Each model is its own inference component with its own gate, rollout and lease, so two models' updates may overlap:
 the plan asks room for the largest one beside every model's copies (the rule SageMaker's capacity enforces; an update
 that finds no room fails with CapacityError and is retried with the policy table's backoff).
+
+The configs are the proposal; what serves is read too (`serving_now`: the release the ledger names for each model, its
+image as gated and its copies as the endpoint reports them), since a move starts that release's image, not the
+config's, and copies that serve take room whatever a config says. Where the two differ the plan says so per model
+and counts the larger (a model serving on another endpoint is counted with the config's copies, which its move
+starts). A model may grow to `scale_to_zero.max_copies`, and a rolling update's rollback may start all its old copies
+beside the new, so both are counted in its peak.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from tasks.backends.capacity import Slots, slots, update_room
+from tasks.backends.capacity import Slots, change_room, slots
 from tasks.backends.placement import partition_size
 from tasks.backends.pricing import NOMINAL_REGION, ComponentShare, HourlyCost, component_share, load_price_table, production_cost
-from tasks.config import load_release_config
+from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import ConfigError
 from tasks.ledger import events
+from tasks.ledger.release_state import ReleaseState
 from tasks.ledger.views import moves_not_retired
+from tasks.pipeline.release import latest_move, moved_config
 from tasks.pipeline.stages.common import production_endpoint
 
 
 @dataclass(frozen=True)
+class Serving:
+    """What serves a model now: the release its newest promotion names (ledger), that release's config as it serves
+    (its image as gated; placement, copies and scaling as its newest move set them), and its copies, the larger of
+    those the endpoint reports for its component now and those its promotion recorded (`copies_from` says which)."""
+
+    release_id: str
+    endpoint: str | None
+    config: ReleaseConfig
+    copies: int
+    copies_from: str
+
+    @property
+    def max_copies(self) -> int | None:
+        """The copies its scaling may start (scale_to_zero.max_copies, else its copies); None: it does not scale."""
+        scaling = self.config.scale_to_zero
+        return None if scaling is None else scaling.plan(self.config.rollout.copies).max_copies
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"release_id": self.release_id, "endpoint": self.endpoint, "threads": self.config.image.threads,
+                "copies": self.copies, "copies_from": self.copies_from, "max_copies": self.max_copies}
+
+
+@dataclass(frozen=True)
 class Tenant:
-    """One model on the shared endpoint: its copies, its next update's peak, its memory per copy (None: never built in
-    this ledger), its share of the bill, and the endpoint the ledger says it serves on now (None: never promoted, or
-    no ledger)."""
+    """One model on the shared endpoint: its copies (the larger of its config's and what serves), the most it may
+    grow to (scale_to_zero.max_copies), the peak of its next update or that update's rollback from there, its CPU
+    threads per copy, its memory per copy (None: never built in this ledger), its share of the bill, what serves it now (None:
+    never promoted, or no ledger) and where its config and what serves differ."""
 
     model: str
     config: str
     copies: int
+    most: int
     peak: int
     why: str
+    threads: int | None  # per copy, on the CPU (None: a GPU image)
     memory_mb: int | None
     share: ComponentShare
-    serves_on: str | None = None
+    serving: Serving | None = None
+    differs: tuple[str, ...] = ()
+
+    @property
+    def serves_on(self) -> str | None:
+        """The endpoint the ledger says it serves on now (None: never promoted, or no ledger)."""
+        return self.serving.endpoint if self.serving is not None else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "config": self.config, "copies": self.copies, "update_peak": self.peak,
-                "update": self.why, "memory_mb_per_copy": self.memory_mb, "share": self.share.as_dict(),
-                "serves_on": self.serves_on}
+        return {"model": self.model, "config": self.config, "copies": self.copies, "max_copies": self.most,
+                "update_peak": self.peak, "update": self.why, "threads": self.threads,
+                "memory_mb_per_copy": self.memory_mb, "share": self.share.as_dict(), "serves_on": self.serves_on,
+                "serving": self.serving.as_dict() if self.serving is not None else None, "differs": list(self.differs)}
 
 
 @dataclass(frozen=True)
@@ -65,9 +108,19 @@ class FleetPlan:
     def steady(self) -> int:
         return sum(tenant.copies for tenant in self.tenants)
 
+    def others(self, tenant: Tenant) -> int:
+        """The copies every other model may hold (each grown to its most) beside `tenant`."""
+        return sum(other.most for other in self.tenants if other is not tenant)
+
     def peak(self, tenant: Tenant) -> int:
-        """Copies on the endpoint at once while `tenant` updates, every other model serving beside it."""
-        return self.steady - tenant.copies + tenant.peak
+        """Copies on the endpoint at once while `tenant` updates (or its update rolls back), every other model serving
+        beside it at the most copies it may grow to."""
+        return self.others(tenant) + tenant.peak
+
+    @property
+    def idles_free(self) -> bool:
+        """Whether the endpoint's instances may stop: only when every model on it scales to zero (docs/fleet.md)."""
+        return all(tenant.share.scales_to_zero for tenant in self.tenants)
 
     @property
     def moving(self) -> tuple[Tenant, ...]:
@@ -82,7 +135,8 @@ class FleetPlan:
     def rows(self) -> list[dict[str, Any]]:
         """A row per model for people: copies, its update's peak with everyone else serving, memory, share and cost."""
         total = self.slots.total(self.most)
-        return [{"model": t.model, "copies": t.copies, "peak while it updates": f"{self.peak(t)} of {total}",
+        return [{"model": t.model, "copies": t.copies if t.most == t.copies else f"{t.copies} (up to {t.most})",
+                 "peak while it updates": f"{self.peak(t)} of {total}", "threads": t.threads,
                  "memory/copy MB": t.memory_mb, "share": f"{t.share.fraction:.1%}" if t.share.fraction is not None else None,
                  "$/h": round(t.share.usd_per_hour, 2) if t.share.usd_per_hour is not None else None,
                  "serves on now": "this endpoint" if t.serves_on == self.endpoint else t.serves_on} for t in self.tenants]
@@ -94,15 +148,18 @@ class FleetPlan:
                 "slots": capacity, "slots_with_scaling": self.slots.total(self.most), "steady_copies": self.steady,
                 "headroom": self.headroom, "bill": self.bill.as_dict(), "tenants": [t.as_dict() for t in self.tenants],
                 "idle_usd_per_hour": (self.bill.usd_per_hour - used) if self.bill.usd_per_hour is not None else None,
-                "moves": [t.model for t in self.moving], "kept": list(self.kept), "fits": not self.problems,
+                "idles_free": self.idles_free, "moves": [t.model for t in self.moving], "kept": list(self.kept),
+                "differs": {t.model: list(t.differs) for t in self.tenants if t.differs}, "fits": not self.problems,
                 "problems": list(self.problems)}
 
 
-def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None, overrides: tuple[str, ...] = ()) -> FleetPlan:
+def plan_fleet(config_paths: list[str | Path], *, ledger=None, open_hosting: Callable[[], Any] | None = None,
+               table=None, overrides: tuple[str, ...] = ()) -> FleetPlan:
     """The plan of the shared endpoint every config names (each loaded with `overrides`); ConfigError, naming the
     configs, when they do not name one endpoint, name it with different placements, prefixes or backends, or list a
-    model twice. `ledger` (optional) gives each model's memory per copy from its newest succeeded build and the
-    endpoint it serves on now."""
+    model twice. `ledger` (optional) gives each model's memory per copy from its newest succeeded build and what
+    serves it now (its release's image and copies, counted where larger than the config's); `open_hosting` (optional,
+    with the ledger; called once, only when a model serves) the backend that reports its component's copies now."""
     if not config_paths:
         raise ConfigError("no release config to plan", fix="pass the configs of every model on the shared endpoint")
     configs = [(str(path), load_release_config(path, overrides=overrides)) for path in config_paths]
@@ -132,20 +189,36 @@ def plan_fleet(config_paths: list[str | Path], *, ledger=None, table=None, overr
         kinds = "; ".join(f"{config.name}: {s.per_instance} x {s.unit} an instance" for (_, config), s in zip(configs, found))
         raise ConfigError(f"the models count their copies in different slots ({kinds}), so one layout cannot be planned",
                           fix="give every model on the shared endpoint the same device and image.threads")
+    hosting = functools.cache(open_hosting) if open_hosting is not None else None
+    serving = {config.name: serving_now(ledger, hosting, config.name) for _, config in configs}
+    images = {config.name: _planned_image(config, serving[config.name]) for _, config in configs}
+    if len({image.on_gpu for image in images.values()}) != 1:
+        raise ConfigError("a release serving now runs on another device than its config: "
+                          + "; ".join(f"{name} serves {serving[name].release_id}" for name, image in images.items()
+                                      if serving[name] is not None and image is serving[name].config.image),
+                          fix="release each model with its config first, so that every model serves on one device")
+    widest = max(images.values(), key=lambda image: image.threads)  # the largest copy counts every copy's slot
     table = load_price_table() if table is None else table
     region = NOMINAL_REGION if first.backend.kind != "aws" else first.backend.region
-    tenants = tuple(Tenant(config.name, path, config.rollout.copies, *update_room(config.rollout),
-                           _memory_mb(ledger, config.name),
-                           component_share(table, region, config.placement, config.image, config.rollout.copies),
-                           serves_on(ledger, config.name))
-                    for path, config in configs)
+    endpoint = production_endpoint(first)
+    always_on = tuple(config.name for _, config in configs
+                      if not _scales_to_zero(config, serving[config.name], endpoint))
+    tenants = []
+    for path, config in configs:
+        copies, most, differs = _counted(config, serving[config.name], images[config.name], endpoint)
+        zero = _scales_to_zero(config, serving[config.name], endpoint)
+        share = component_share(table, region, config.placement, widest, copies, scales_to_zero=zero, kept_on_by=always_on)
+        tenants.append(Tenant(config.name, path, copies, most, *change_room(config.rollout, most),
+                              None if images[config.name].on_gpu else images[config.name].threads,
+                              _memory_mb(ledger, config.name), share,
+                              serving[config.name], differs))
     placement = first.placement
     instances = getattr(placement, "instance_count", 1)
-    plan = FleetPlan(group=placement.endpoint, endpoint=production_endpoint(first),
-                     placement=placement.model_dump(mode="json", exclude={"endpoint"}), slots=found[0],
+    plan = FleetPlan(group=placement.endpoint, endpoint=endpoint,
+                     placement=placement.model_dump(mode="json", exclude={"endpoint"}), slots=slots(placement, widest),
                      instances=instances, most=getattr(placement, "max_instance_count", None) or instances,
-                     bill=production_cost(table, region, placement), tenants=tenants, problems=(),
-                     kept=endpoints_left(ledger, [t.model for t in tenants], production_endpoint(first)))
+                     bill=production_cost(table, region, placement), tenants=tuple(tenants), problems=(),
+                     kept=endpoints_left(ledger, [t.model for t in tenants], endpoint))
     return replace(plan, problems=_problems(plan))
 
 
@@ -184,10 +257,64 @@ def endpoints_left(ledger, models: list[str], endpoint: str) -> tuple[str, ...]:
     return tuple(sorted({left for model in models for left in moves_not_retired(ledger.history(model)) if left != endpoint}))
 
 
-def serves_on(ledger, model: str) -> str | None:
-    """The endpoint the model's newest promotion names (where it serves now); None when never promoted."""
+def serving_now(ledger, hosting: Callable[[], Any] | None, model: str) -> Serving | None:
+    """What serves `model` now (None: never promoted, or no ledger): the release its newest promotion names, that
+    release's opened config as its newest move (if any) serves it, and its copies, the larger of those its promotion
+    recorded and those the backend `hosting()` (optional) reports for its component now."""
     served = ledger.served_at(model, datetime.now(timezone.utc)) if ledger is not None else None
-    return served.payload.get("endpoint") if served is not None else None
+    if served is None:
+        return None
+    state = ReleaseState.load(ledger, served.release_id)
+    config = ReleaseConfig.model_validate(state.opened["config"])
+    move = latest_move(state.records)
+    if move is not None:
+        config = moved_config(config, move.payload["moved_to"])
+    endpoint, component = served.payload.get("endpoint"), served.payload.get("component")
+    recorded = served.payload.get("copies") or 0
+    live = hosting().describe(endpoint, component) if hosting is not None and endpoint and component else None
+    if live is not None and live.copies >= recorded:
+        return Serving(served.release_id, endpoint, config, live.copies, "the endpoint")
+    return Serving(served.release_id, endpoint, config, recorded, "the ledger")
+
+
+def _planned_image(config: ReleaseConfig, serving: Serving | None):
+    """The image whose copies the plan counts for a model: the serving release's where its copies are larger (a move
+    starts that image, and its copies serve until the next release), else the config's."""
+    if serving is not None and serving.config.image.threads > config.image.threads:
+        return serving.config.image
+    return config.image
+
+
+def _scales_to_zero(config: ReleaseConfig, serving: Serving | None, endpoint: str) -> bool:
+    """Whether a model's copies on `endpoint` may all go: its config scales to zero, and so does the release serving
+    it there, if one does (one serving elsewhere is moved with the config's scaling)."""
+    return config.scale_to_zero is not None and (serving is None or serving.endpoint != endpoint
+                                                 or serving.config.scale_to_zero is not None)
+
+
+def _counted(config: ReleaseConfig, serving: Serving | None, image, endpoint: str) -> tuple[int, int, tuple[str, ...]]:
+    """A model's copies on `endpoint` and the most it may grow to, and where its config and what serves differ, each
+    difference with what is counted: the larger of the two where it serves on `endpoint`; where it serves elsewhere,
+    the config's copies and scaling (a move starts those, with the serving release's image)."""
+    proposed = config.rollout.copies
+    grows = config.scale_to_zero.plan(proposed).max_copies if config.scale_to_zero is not None else proposed
+    if serving is None:
+        return proposed, grows, ()
+    differs = []
+    if not image.on_gpu and serving.config.image.threads != config.image.threads:
+        differs.append(f"image.threads is {config.image.threads} in the config, {serving.config.image.threads} in "
+                       f"{serving.release_id} serving now (a move starts its image): counted {image.threads}")
+    if serving.endpoint != endpoint:
+        return proposed, grows, tuple(differs)
+    copies = max(proposed, serving.copies)
+    most = max(copies, grows, serving.max_copies or 0)
+    if serving.copies != proposed:
+        differs.append(f"copies are {proposed} in the config, {serving.copies} serving now (read from "
+                       f"{serving.copies_from}): counted {copies}")
+    if serving.max_copies is not None and serving.max_copies != grows:
+        differs.append(f"scale_to_zero grows to {grows} copies in the config, to {serving.max_copies} as it serves "
+                       f"now: counted {most}")
+    return copies, most, tuple(differs)
 
 
 def _problems(plan: FleetPlan) -> tuple[str, ...]:
@@ -198,15 +325,14 @@ def _problems(plan: FleetPlan) -> tuple[str, ...]:
         problems.append(f"the models' copies do not fit: {steady} = {plan.steady} copies, one {plan.slots.unit} each, "
                         f"but {plan.slots.describe(plan.instances)}; fix: fewer copies, more instances "
                         "(placement.instance_count) or, for MIG, more partitions per GPU, or another endpoint for some")
-    grow = ("a rolling update with a smaller batch, or fewer copies (a MIG endpoint is one instance, its layout fixed)"
-            if plan.placement.get("kind") == "mig_partition" else
-            "a rolling update with a smaller batch, placement.max_instance_count (managed scaling adds instances for "
-            "the update), or fewer copies")
+    smaller = ("a rolling update with a smaller batch (and a small rollout.rollback_batch), fewer copies, or a lower "
+               "scale_to_zero.max_copies")
+    grow = (f"{smaller} (a MIG endpoint is one instance, its layout fixed)" if plan.placement.get("kind") == "mig_partition"
+            else f"{smaller}, or placement.max_instance_count (managed scaling adds instances for the update)")
     for tenant in plan.tenants:
         if plan.peak(tenant) > plan.slots.total(plan.most):
-            others = plan.steady - tenant.copies
             problems.append(f"{tenant.model}'s next update has no room: {tenant.why} ({tenant.peak} at once) beside the "
-                            f"other models' {others} = {plan.peak(tenant)} copies, but the endpoint grows to at most "
+                            f"other models' {plan.others(tenant)} = {plan.peak(tenant)} copies, but the endpoint grows to at most "
                             f"{plan.slots.describe(plan.most)}; fix: {grow}")
     if plan.placement.get("kind") == "mig_partition":
         room_mb = partition_size(plan.placement["partition_type"])[1] * 1024

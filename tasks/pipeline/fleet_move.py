@@ -2,8 +2,9 @@
 layout cannot change, so a new layout is a new endpoint (named by it: `tasks.pipeline.stages.common.layout_id`) and
 every model on the old one moves to it.
 
-From the configs of every model with its new placement: the new layout is planned (`tasks.pipeline.fleet`) and must
-fit; then, one model at a time under its promotion lease, the release that serves it now (its champion: artifact,
+From the configs of every model with its new placement: the new layout is planned (`tasks.pipeline.fleet`, from what
+serves: each champion's image, which the move starts, and the copies serving now, where larger than the configs')
+and must fit; then, one model at a time under its promotion lease, the release that serves it now (its champion: artifact,
 image and environment as gated) starts on the new endpoint with the new placement's copies and answers a request, and
 the move is recorded in its history as a promotion of that release (trigger `move`, `moved_from` the old endpoint and
 component), so `status`, `served_at`, the audit and later releases all see the new endpoint. The old endpoint keeps
@@ -76,7 +77,7 @@ def move_fleet(config_paths: list[str | Path], *, reason: str, actor: str, overr
     configs = [load_release_config(path, overrides=overrides) for path in config_paths]
     backends = make_backends(configs[0], session=session)
     ledger = backends.ledger
-    plan = _fitting_plan(config_paths, ledger, overrides)  # and each copy's memory as its last build measured it
+    plan = _fitting_plan(config_paths, ledger, overrides, lambda: backends.hosting)  # what serves, each copy's memory
     serving = _serving(ledger)
     _require_every_tenant(serving, plan, {config.name for config in configs})
     where = {"ledger_url": backends.ledger_url, "state_dir": backends.state_dir, "actor": actor, "progress": progress,
@@ -102,9 +103,10 @@ def move_fleet(config_paths: list[str | Path], *, reason: str, actor: str, overr
             "retired": retired, "kept": [name for name in old if name not in retired], "plan": plan.as_dict()}
 
 
-def _fitting_plan(config_paths, ledger, overrides: tuple[str, ...]) -> FleetPlan:
-    """The new layout's plan; ConfigError with its arithmetic when it does not fit."""
-    plan = plan_fleet(config_paths, ledger=ledger, overrides=overrides)
+def _fitting_plan(config_paths, ledger, overrides: tuple[str, ...], open_hosting=None) -> FleetPlan:
+    """The new layout's plan (with a ledger and the backend, from what serves: each champion's image, whose copies the
+    move starts, and the copies serving now); ConfigError with its arithmetic when it does not fit."""
+    plan = plan_fleet(config_paths, ledger=ledger, open_hosting=open_hosting, overrides=overrides)
     if plan.problems:
         raise ConfigError(f"the new layout of {plan.group} does not fit: " + "; ".join(plan.problems),
                           fix="change the configs until `shiplift fleet plan` shows the fleet fits, then move")

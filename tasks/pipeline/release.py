@@ -17,7 +17,6 @@ import contextlib
 import datetime as dt
 import getpass
 import os
-import re
 import socket
 import sys
 import threading
@@ -40,8 +39,8 @@ from tasks.pipeline.table import TEARDOWN, check_timeouts, stage
 if TYPE_CHECKING:  # the registry imports the backends' modules lazily; this is for checkers only
     from tasks.backends.registry import Backends
     from tasks.families.base import ModelFamily
+    from tasks.ledger.store import Lease
 
-RUN_HOLDER = re.compile(r"(?P<actor>.+)/pid-(?P<pid>\d+)")  # what `run_holder` writes
 Progress = Callable[[str], None]
 
 
@@ -70,6 +69,8 @@ class StageContext:
     actor: str
     progress: Progress = print_progress
     lease_holder: str | None = None  # the run holding the model's promotion lease, renewed while a stage runs
+    lease_token: str | None = None  # that lease's token when this process holds it (`holding_lease`); None: by name
+    opening: dict | None = None  # the `release/opened` payload of a release the ledger has not seen yet (`record_opened`)
     family: ModelFamily | None = None  # what builds, packages and gates the model: the config's (a dry run stands in)
     work_dir: Path = field(init=False)
 
@@ -116,7 +117,17 @@ class StageContext:
         """Renew this run's lease on the model now; LeaseLost when another run has it (called before production
         changes). A context without a lease holder (a stage run by hand, a test) has nothing to check."""
         if self.lease_holder is not None:
-            self.backends.ledger.renew_lease(self.config.name, self.lease_holder, self.release_id, table.LEASE.ttl_s)
+            self.backends.ledger.renew_lease(self.config.name, self.lease_holder, self.release_id, table.LEASE.ttl_s,
+                                             token=self.lease_token)
+
+    def record_opened(self) -> None:
+        """Append the `release/opened` record (the effective config) of a release the ledger has not seen yet; a run
+        calls it once it holds the model's lease, so a run refused for the lease appends nothing."""
+        if self.opening is not None and self.state.opened is None:
+            self.backends.ledger.append(release_id=self.release_id, model=self.config.name, stage=events.RELEASE,
+                                        event=events.OPENED, actor=self.actor, payload=self.opening)
+            self.state.refresh()
+        self.opening = None
 
     def record(self, stage_name: str, event: str, payload: dict) -> None:
         """Append one ledger record of this release (with its config hash and id) and re-read its state; then, where
@@ -160,7 +171,8 @@ def open_release(
     config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
     session: Any = None, orchestrator_timeouts: dict[str, int] | None = None, waits_for_approval: bool = True,
 ) -> StageContext:
-    """Load the config, derive the release id and open the release in the ledger (once). Under an orchestrator
+    """Load the config, derive the release id and prepare the release (`prepare_release`: its `release/opened` record
+    is appended once the run holds the model's lease, by `StageContext.record_opened`). Under an orchestrator
     (`orchestrator_timeouts`: what it was set up with per step, possibly none), a config whose deadlines do not fit is
     refused first, before anything is touched, as is one that requires an approval when the orchestrator cannot wait
     for a person (`waits_for_approval` False)."""
@@ -173,15 +185,16 @@ def open_release(
             raise ConfigError(f"{config.name} requires an approval (promotion.approval.required), which this "
                               "orchestrated run cannot wait for", fix="run it with `shiplift release CONFIG`, which "
                               "waits for `shiplift approve`")
-    return open_loaded(config, Path(config_path), make_backends(config, session=session), actor=actor or default_actor(),
-                       progress=progress)
+    return prepare_release(config, Path(config_path), make_backends(config, session=session),
+                           actor=actor or default_actor(), progress=progress)
 
 
-def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *, actor: str, progress: Progress,
-                family: ModelFamily | None = None) -> StageContext:
-    """Open the release of a loaded config on `backends`: their preflight check, then the `release/opened` record
-    (once: a rerun finds it) with the effective config; returns the release's stage context (`family` stands in for
-    the config's model family, as the dry run's does)."""
+def prepare_release(config: ReleaseConfig, config_path: Path, backends: Backends, *, actor: str, progress: Progress,
+                    family: ModelFamily | None = None) -> StageContext:
+    """The stage context of a loaded config's release on `backends`, after their preflight check. A release the ledger
+    has not seen carries its `release/opened` payload (the effective config) in `opening`, appended by `record_opened`
+    once the run holds the lease; for one it has seen (a rerun), a registry view an earlier failure left behind is
+    repaired. `family` stands in for the config's model family, as the dry run's does."""
     from tasks.pipeline.stages.common import require_production_here
 
     release_id = release_id_for(config)
@@ -189,16 +202,22 @@ def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *,
     if state.opened is None:  # before it is opened: a changed layout moves first (promote checks a reopened one)
         require_production_here(backends.ledger, config, release_id)
     backends.preflight()
-    if state.opened is None:
-        backends.ledger.append(
-            release_id=release_id, model=config.name, stage=events.RELEASE, event=events.OPENED, actor=actor,
-            payload={"config_hash": config.config_hash(), "config": config.model_dump(mode="json"),
-                     "config_path": str(config_path.resolve()), "config_dir": str(config_path.resolve().parent)},
-        )
-        state.refresh()
-    ctx = StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
-                       backends=backends, actor=actor, progress=progress, family=family)
-    ctx.sync_registry()  # a rerun repairs a view an earlier failure left behind (no call before the gate has decided)
+    path = config_path.resolve()
+    opening = None if state.opened is not None else {
+        "config_hash": config.config_hash(), "config": config.model_dump(mode="json"), "config_path": str(path),
+        "config_dir": str(path.parent)}
+    ctx = StageContext(config=config, config_dir=Path((state.opened or opening)["config_dir"]), release_id=release_id,
+                       state=state, backends=backends, actor=actor, progress=progress, family=family, opening=opening)
+    if opening is None:
+        ctx.sync_registry()  # no call before the gate has decided, so a new release has nothing to sync
+    return ctx
+
+
+def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *, actor: str, progress: Progress,
+                family: ModelFamily | None = None) -> StageContext:
+    """`prepare_release`, its `release/opened` record appended at once: for a run that takes no lease (the dry run)."""
+    ctx = prepare_release(config, config_path, backends, actor=actor, progress=progress, family=family)
+    ctx.record_opened()
     return ctx
 
 
@@ -236,43 +255,44 @@ def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir:
 
 
 def run_holder(actor: str) -> str:
-    """The lease holder a CLI run names itself by: who, and its process, so that a rerun can tell that it has died."""
+    """The name a CLI run's lease is recorded under, for people: who, and its pid. Only recorded, never parsed: the
+    lease itself records the run's host and pid and its token (`holding_lease`)."""
     return f"{actor}/pid-{os.getpid()}"
 
 
-def stopped_holder(holder: str, expires_at: str) -> str | None:
-    """Why a CLI run holding this release's lease has stopped, or None while it may still run: its process on this host
-    is gone, or it has not renewed the lease for three renewal periods (a live run renews it while every stage runs).
-    An orchestrator's holder (no pid) renews only while one of its steps runs, so only its expiry frees the lease."""
-    found = RUN_HOLDER.fullmatch(holder)
-    if found is None:
+def stopped_holder(lease: Lease) -> str | None:
+    """Why the run holding this release's lease has stopped, or None while it may still run, from what the lease
+    records of its process (never from the holder's name or actor): its process on this host is gone, or it has not
+    renewed the lease for three renewal periods (a live run renews it while every stage runs). An orchestrator's lease
+    (no pid) is renewed only while one of its steps runs, so only its expiry frees it."""
+    if lease.pid is None:
         return None
-    pid, host = int(found["pid"]), found["actor"].rpartition("@")[2]
-    if host == socket.gethostname() and not pid_running(pid):
-        return f"its process {pid} on {host} is gone"
-    renewed = dt.datetime.fromisoformat(expires_at.replace("Z", "+00:00")) - dt.timedelta(seconds=table.LEASE.ttl_s)
-    silent_s = (dt.datetime.now(dt.timezone.utc) - renewed).total_seconds()
+    if lease.host == socket.gethostname() and not pid_running(lease.pid):
+        return f"its process {lease.pid} on {lease.host} is gone"
+    silent_s = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(lease.renewed_at)).total_seconds()
     if silent_s > 3 * table.LEASE.renew_every_s:
-        return f"it last renewed the lease {silent_s / 60:.0f} min ago (a live run renews it every {table.LEASE.renew_every_s / 60:.0f} min)"
+        return (f"its process {lease.pid} on {lease.host} last renewed the lease {silent_s / 60:.0f} min ago (a live run "
+                f"renews it every {table.LEASE.renew_every_s / 60:.0f} min)")
     return None
 
 
 @contextlib.contextmanager
 def holding_lease(ctx: StageContext, holder: str) -> Iterator[None]:
-    """Take the model's promotion lease for `holder` (LeaseHeld names another run that has it; a stopped run of this
-    same release is taken over, and the takeover recorded); the stages run inside renew it and promote requires it.
-    Leaving gives it back."""
-    lease = ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s, stopped=stopped_holder)
+    """Take the model's promotion lease for this process, recorded under the name `holder` (LeaseHeld names another
+    run that has it; a stopped run of this same release is taken over, and the takeover recorded); the stages run
+    inside renew it with its token and promote requires it. Leaving gives it back."""
+    lease = ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s,
+                                              stopped=stopped_holder, by_this_process=True)
     with lease:
-        if lease.taken_over is not None:
-            previous, why = lease.taken_over
-            ctx.say(f"took the promotion lease over from {previous!r}, an earlier run of this release: {why}; continuing")
-            ctx.record(events.RELEASE, events.LEASE_TAKEN_OVER, {"from_holder": previous, "reason": why, "holder": holder})
-        ctx.lease_holder = holder
+        ctx.lease_holder, ctx.lease_token = holder, lease.token
         try:
+            if lease.taken_over is not None:
+                previous, why = lease.taken_over
+                ctx.say(f"took the promotion lease over from {previous!r}, an earlier run of this release: {why}; continuing")
+                ctx.record(events.RELEASE, events.LEASE_TAKEN_OVER, {"from_holder": previous, "reason": why, "holder": holder})
             yield
         finally:
-            ctx.lease_holder = None
+            ctx.lease_holder, ctx.lease_token = None, None
 
 
 class LeaseKeeper:
@@ -374,15 +394,17 @@ def run_release(
     if ctx.state.status in events.FINISHED:
         ctx.say(f"already {ctx.state.status}; nothing to do")
         return release_summary(ctx.state)
-    if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
-        ctx.record(events.RELEASE, events.OPTIONS, {"keep_candidate": keep_candidate})
-    return run_stages(ctx)
+    return run_stages(ctx, keep_candidate=keep_candidate)
 
 
-def run_stages(ctx: StageContext) -> dict:
-    """Every stage not done yet, under the model's promotion lease; a step whose `waits` (the table's: promote's
+def run_stages(ctx: StageContext, *, keep_candidate: bool | None = None) -> dict:
+    """Every stage not done yet, under the model's promotion lease, taken before anything is appended (the
+    `release/opened` record of a new release, a changed `keep_candidate`); a step whose `waits` (the table's: promote's
     approval) holds the release stops it there until a person decides, the lease given back."""
     with holding_lease(ctx, run_holder(ctx.actor)):
+        ctx.record_opened()
+        if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
+            ctx.record(events.RELEASE, events.OPTIONS, {"keep_candidate": keep_candidate})
         try:
             for step in table.STAGES[:-1]:
                 if step.waits is not None and in_policy(ctx, table.APPROVAL_REQUEST.name, lambda: step.load(step.waits)(ctx)):
@@ -421,10 +443,12 @@ def begin_orchestrated(config_path: str | Path, *, holder: str, allowed_timeouts
                        overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
                        session: Any = None, waits_for_approval: bool = False) -> dict:
     """First step of an Airflow or Step Functions run: check that the config's deadlines fit the timeouts the
-    orchestrator was set up with (`allowed_timeouts`, per step), open the release and take the model's lease."""
+    orchestrator was set up with (`allowed_timeouts`, per step), take the model's lease and open the release (a run
+    refused for the lease appends nothing)."""
     ctx = open_release(config_path, overrides=overrides, actor=actor, progress=progress, session=session,
                        orchestrator_timeouts=allowed_timeouts or {}, waits_for_approval=waits_for_approval)
     ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s)
+    ctx.record_opened()
     return {"release_id": ctx.release_id, "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir),
             "model": ctx.config.name, "status": ctx.state.status}
 

@@ -173,9 +173,9 @@ def timeout_for(name: str, config: Any) -> int:
     if name == "validate":
         own = int(validation.deadline_s * 2 * len(validation.datasets)) + STAGE_MARGIN_S
         bound = getattr(config, "cold_start_bound", None)
-        if bound is not None:  # each cold start: its copies stopped (a scale wait), then up to twice the bound
+        if bound is not None:  # each cold start: its copies stopped (a scale wait), on aws its instances given back
             starts, max_p95_s = bound
-            own += starts * (SCALE_WAIT_S + math.ceil(2 * max_p95_s))
+            own += starts * (SCALE_WAIT_S + getattr(config.backend, "instance_release_wait_s", 0) + math.ceil(2 * max_p95_s))
     elif name == "build" and config.calibration.fit_temperature:
         own = int(validation.deadline_s) + HOUR + STAGE_MARGIN_S
     elif name == "image":

@@ -174,6 +174,7 @@ def evaluated(account: Account, service: str, operation: str, params: dict[str, 
             arn, context = account.key_arn(params["KeyId"])
         else:
             arn = _arn_given(params, template) or account.fill(template, names)
+            context = _request_context(action, params)
         if arn is None:
             assert not details["required"], f"{action}: the request names no {resource_type} (required) — {sorted(params)}"
             continue
@@ -183,7 +184,8 @@ def evaluated(account: Account, service: str, operation: str, params: dict[str, 
         out.append(Evaluated(action, "*", _request_context(action, params), "no resource the request names"))
     for dependent in sorted({d for details in entry["resource_types"].values() for d in details["dependent_actions"]}):
         if dependent.endswith((":AddTags", ":TagResource")) and params.get("Tags"):
-            out += [Evaluated(dependent, arn, {}, f"dependent of {action}: the request carries Tags") for arn in named_resources]
+            out += [Evaluated(dependent, arn, _request_tags(params["Tags"]), f"dependent of {action}: the request carries Tags")
+                    for arn in named_resources]
     for field_name, passed_to in PASSED_ROLES.items():
         if params.get(field_name):
             out.append(Evaluated("iam:PassRole", params[field_name], {"iam:PassedToService": passed_to}, f"{action} passes {field_name}"))
@@ -201,7 +203,24 @@ def _arn_given(params: dict[str, Any], template: str) -> str | None:
 
 
 def _request_context(action: str, params: dict[str, Any]) -> dict[str, Any]:
-    return {"cloudwatch:namespace": params["Namespace"]} if action == "cloudwatch:PutMetricData" else {}
+    """The service condition keys a request sets from its own parameters: PutMetricData's namespace; Application Auto
+    Scaling's "service namespace" and "scalable dimension ... passed in the request" (the reference's descriptions of
+    application-autoscaling:service-namespace and :scalable-dimension), for the actions that list them."""
+    if action == "cloudwatch:PutMetricData":
+        return {"cloudwatch:namespace": params["Namespace"]}
+    if action.startswith("application-autoscaling:"):
+        request = {"application-autoscaling:service-namespace": params.get("ServiceNamespace"),
+                   "application-autoscaling:scalable-dimension": params.get("ScalableDimension")}
+        return {key: value for key, value in request.items() if value is not None and key in condition_keys(action)}
+    return {}
+
+
+def _request_tags(tags: list[dict[str, str]] | dict[str, str]) -> dict[str, Any]:
+    """aws:RequestTag/<key> and aws:TagKeys of the tags a request carries (SageMaker and CloudWatch send a list of
+    Key/Value pairs, Application Auto Scaling a mapping)."""
+    pairs = tags.items() if isinstance(tags, dict) else ((tag["Key"], tag["Value"]) for tag in tags)
+    context: dict[str, Any] = {f"aws:RequestTag/{key}": value for key, value in pairs}
+    return {**context, "aws:TagKeys": [key.removeprefix("aws:RequestTag/") for key in context]}
 
 
 def sse_kms(account: Account, service: str, operation: str, params: dict[str, Any]) -> list[Evaluated]:

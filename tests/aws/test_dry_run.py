@@ -218,7 +218,7 @@ def test_a_canary_prints_the_rolling_update_and_the_alarms_it_is_rolled_back_by(
     update = promote[first_update]["params"]
     assert update["DeploymentConfig"]["RollingUpdatePolicy"] == {
         "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 120,
-        "MaximumExecutionTimeoutInSeconds": 3600}
+        "MaximumExecutionTimeoutInSeconds": 3600, "RollbackMaximumBatchSize": {"Type": "CAPACITY_PERCENT", "Value": 100}}
     assert [a["AlarmName"] for a in update["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]] == [
         line["params"]["AlarmName"] for line in promote if line["operation"] == "PutMetricAlarm"]
     assert "PutMetricData" in ops, "the online gate's verdict is published for its alarm"

@@ -66,7 +66,8 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     assert second["status"] == "promoted", second
     update = [c.params for c in aws.calls if c.operation == "UpdateInferenceComponent"]
     assert len(update) == 1 and update[0]["DeploymentConfig"]["RollingUpdatePolicy"] == {
-        "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 2, "MaximumExecutionTimeoutInSeconds": 600}
+        "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 2, "MaximumExecutionTimeoutInSeconds": 600,
+        "RollbackMaximumBatchSize": {"Type": "CAPACITY_PERCENT", "Value": 100}}, "sent: the 100 % fleet plan counts"
     alarms = [a["AlarmName"] for a in update[0]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
     assert [name.rsplit("-", 2)[-2:] for name in alarms] == [["error", "rate"], ["online", "gate"]]
     assert _alarms_left(aws) == [], "the release's alarms are removed when the update ends"

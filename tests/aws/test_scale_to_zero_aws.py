@@ -84,11 +84,13 @@ def test_the_requests_pass_the_service_model_and_a_scale_to_zero_candidate_hosts
     assert requests["step"]["StepScalingPolicyConfiguration"] == {
         "AdjustmentType": "ChangeInCapacity", "MetricAggregationType": "Maximum", "Cooldown": 60,
         "StepAdjustments": [{"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": 1}]}
-    # PAGE, scaling out, step 2: the alarm on AWS/SageMaker NoCapacityInvocationFailures by InferenceComponentName
+    # PAGE, scaling out, step 2: the alarm on AWS/SageMaker NoCapacityInvocationFailures by InferenceComponentName; its
+    # statistic and period are those of AWS's post (Maximum over 30 s:
+    # https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/)
     assert {k: alarm[k] for k in ("Namespace", "MetricName", "Dimensions", "Statistic", "Period", "Threshold",
                                   "ComparisonOperator", "EvaluationPeriods", "DatapointsToAlarm")} == {
         "Namespace": "AWS/SageMaker", "MetricName": NO_CAPACITY_METRIC,
-        "Dimensions": [{"Name": "InferenceComponentName", "Value": longest}], "Statistic": "Sum", "Period": 30,
+        "Dimensions": [{"Name": "InferenceComponentName", "Value": longest}], "Statistic": "Maximum", "Period": 30,
         "Threshold": 1.0, "ComparisonOperator": "GreaterThanOrEqualToThreshold", "EvaluationPeriods": 1, "DatapointsToAlarm": 1}
     assert all(name.startswith(longest) for name in scale_to_zero_names(longest).values()), "cleanup finds them by prefix"
     # PAGE, "Before you begin": MinInstanceCount 0, and only an endpoint that hosts inference components scales to zero

@@ -35,7 +35,10 @@ def copies(state_dir, endpoint: str, component: str) -> list[tuple[int, str]]:
 def fleet(tmp_path_factory, tiny_release):
     root = tmp_path_factory.mktemp("shared-endpoint")
     state = root / "state"
-    placement = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2, "endpoint": "fleet"}
+    # 2 x 4 vCPUs hold 2 + 2 copies of 2 cores; A's canary runs a third copy beside them, on the instance that managed
+    # instance scaling adds (max_instance_count), as both backends count it (issue 44)
+    placement = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2, "max_instance_count": 3,
+                 "endpoint": "fleet"}
     configs = {name: tiny_release.write_tiny_config(root / name, state, name=f"tiny-{name}", placement=placement,
                                                     rollout=CANARY) for name in ("a", "b")}
     try:

@@ -251,6 +251,14 @@ class Scenario:
     # a step-scaling policy's Cooldown counts this many real seconds per second (e.g. 0.01: the scale-to-zero page's
     # 60 s pass in 0.6 s), so a test can start a component from zero several times in a row
     scaling_cooldown_scale: float = 1.0
+    # An inference-component endpoint whose variant's ManagedInstanceScaling (ENABLED) has MinInstanceCount 0 gives back its
+    # instances once no component on it has a copy: ManagedInstanceScaling's IDLE_RELEASE "releases instances that have no
+    # hosted inference component copies"
+    # (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScalingScaleInPolicy.html;
+    # https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html). AWS takes minutes (its
+    # scale-to-zero post saw about 10); the double counts this many DescribeEndpoint calls that still report the instances
+    # once the last copy has stopped, then reports CurrentInstanceCount 0 until a copy is placed again.
+    instance_release_polls: int = 2
     # Who a Model Registry write is by: access key id -> the UserContext (IamIdentity, UserProfileArn/Name, DomainId)
     # DescribeModelPackage then reads back as LastModifiedBy after that caller's UpdateModelPackage, as SageMaker names
     # the caller (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_UserContext.html); a caller not listed
@@ -838,6 +846,7 @@ class Endpoint:
     variants: dict[str, Placement] = field(default_factory=dict)
     job: Job | None = None
     deployment_config: dict[str, Any] | None = None
+    idle_polls: int = 0  # DescribeEndpoint calls since no component on it has a copy (instance release, Scenario)
 
     def containers(self) -> list[Container]:
         return [c for placement in self.variants.values() for c in placement.containers]
@@ -1345,13 +1354,26 @@ class SageMaker:
             "FailureReason": endpoint.failure_reason, "CreationTime": endpoint.created, "LastModifiedTime": endpoint.modified,
             "LastDeploymentConfig": endpoint.deployment_config,
         }
+        released = self._instances_released(endpoint)
         if endpoint.variants:
-            described["ProductionVariants"] = [self._variant_summary(endpoint.config, name, placement)
+            described["ProductionVariants"] = [self._variant_summary(endpoint.config, name, placement, released)
                                                for name, placement in endpoint.variants.items()]
         return compact(described)
 
+    def _instances_released(self, endpoint: Endpoint) -> bool:
+        """Whether the endpoint has given back its instances (Scenario.instance_release_polls): an inference-component
+        endpoint with ManagedInstanceScaling ENABLED at MinInstanceCount 0, no component on it holding or starting a copy,
+        for more than that many DescribeEndpoint calls. Counted per call; reset when a copy is there again."""
+        scaling = [v.get("ManagedInstanceScaling") or {} for v in endpoint.config.params["ProductionVariants"]]
+        may_release = endpoint.config.for_components and endpoint.status == "InService" and all(
+            s.get("Status") == "ENABLED" and s.get("MinInstanceCount") == 0 for s in scaling)
+        busy = any(c.copies or c.desired_copies or c.status != "InService"
+                   for c in self.components.values() if c.endpoint is endpoint)
+        endpoint.idle_polls = endpoint.idle_polls + 1 if may_release and not busy else 0
+        return endpoint.idle_polls > self.shared.scenario.instance_release_polls
+
     @staticmethod
-    def _variant_summary(config: EndpointConfig, name: str, placement: Placement) -> dict[str, Any]:
+    def _variant_summary(config: EndpointConfig, name: str, placement: Placement, released: bool) -> dict[str, Any]:
         variant = config.variant(name) or {}
         weight = float(variant.get("InitialVariantWeight", 1.0))
         summary: dict[str, Any] = {"VariantName": name, "CurrentWeight": weight, "DesiredWeight": weight,
@@ -1362,10 +1384,11 @@ class SageMaker:
         if "ServerlessConfig" in variant:
             summary["CurrentServerlessConfig"] = summary["DesiredServerlessConfig"] = variant["ServerlessConfig"]
         else:
-            summary["CurrentInstanceCount"] = summary["DesiredInstanceCount"] = placement.instance_count
+            summary["CurrentInstanceCount"] = summary["DesiredInstanceCount"] = 0 if released else placement.instance_count
         if placement.pool_types:
             summary["InstancePools"] = [
-                {"InstanceType": kind, "CurrentInstanceCount": placement.instance_count if kind == placement.instance_type else 0}
+                {"InstanceType": kind,
+                 "CurrentInstanceCount": placement.instance_count if kind == placement.instance_type and not released else 0}
                 for kind in placement.pool_types
             ]
         return compact(summary)

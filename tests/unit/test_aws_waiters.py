@@ -93,10 +93,18 @@ def test_not_found_is_success_for_the_deleted_waiters(name, deleting):
     assert heard == ["it: Deleting", "it: NotFound"]
 
 
-def test_the_deleted_waiter_keeps_waiting_through_failed():
-    aws = ScriptedAws(endpoint("Failed"), NotFound("Could not find endpoint"))
-    (state, response), _ = wait(aws, "EndpointDeleted")
-    assert (state, response) == ("success", None) and len(aws.calls) == 2
+def test_an_endpoint_failed_during_its_deletion_fails_the_wait_at_once_as_botocores_waiter_does():
+    """botocore's EndpointDeleted waiter (botocore/data/sagemaker/2017-07-24/waiters-2.json) ends in failure on
+    EndpointStatus Failed; shiplift's did the same acceptor as `retry` and polled a Failed endpoint to its deadline."""
+    failed = endpoint("Failed", FailureReason="the endpoint could not be deleted")
+    aws = ScriptedAws(endpoint("Deleting"), failed, NotFound("Could not find endpoint"))
+    (state, response), heard = wait(aws, "EndpointDeleted")
+    assert (state, response) == ("failure", failed) and len(aws.calls) == 2, "no poll after Failed"
+    assert heard == ["endpoint e: Deleting", "endpoint e: Failed"]
+    theirs = json.loads(BOTOCORE_WAITERS.read_text())["waiters"]["EndpointDeleted"]["acceptors"]
+    ours = waiter_models()["EndpointDeleted"]["acceptors"]
+    path = lambda acceptors: {(a["expected"], a["state"]) for a in acceptors if a["matcher"] == "path"}  # noqa: E731
+    assert path(ours) == path(theirs) == {("Failed", "failure")}
 
 
 @pytest.mark.parametrize("name, error", [("EndpointInService", NotFound('Could not find endpoint "e"')),

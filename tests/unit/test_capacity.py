@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.capacity import batch_problem, room_problem, slots, update_room
+from tasks.backends.capacity import batch_problem, change_room, rollback_room, room_problem, slots, update_room
 from tasks.config import AllAtOnce, Canary, Linear, load_release_config
 from tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement
 from tasks.errors import ConfigError
@@ -52,6 +52,20 @@ def test_a_pool_counts_the_smallest_of_its_types_and_unknown_types_count_nothing
 ])
 def test_an_update_needs_room_for_what_it_adds(rollout, peak):
     assert update_room(rollout)[0] == peak
+
+
+@pytest.mark.parametrize("rollout, peak", [
+    (AllAtOnce(strategy="all_at_once", copies=2), None),  # no DeploymentConfig: nothing rolls back
+    (Linear(strategy="linear", copies=4, batch={"value": 1}), 8),  # RollbackMaximumBatchSize unset: all 4 old copies
+    (Canary(strategy="canary", copies=4, batch={"value": 2}, rollback_batch={"value": 1}), 5),
+    (Linear(strategy="linear", copies=10, batch={"value": 1}, rollback_batch={"type": "CAPACITY_PERCENT", "value": 30}), 13),
+])
+def test_a_rollback_needs_room_for_the_old_copies_it_starts_beside_the_new(rollout, peak):
+    """https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html:
+    RollbackMaximumBatchSize defaults to the whole copy count when it is not sent."""
+    found = rollback_room(rollout)
+    assert (found[0] if found else None) == peak
+    assert change_room(rollout)[0] == max(update_room(rollout)[0], peak or 0)
 
 
 def test_the_shipped_qwen_example_fits_its_update_only_with_managed_scaling():

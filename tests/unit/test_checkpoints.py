@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -151,7 +152,10 @@ def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, caps
     proof = tmp_path / "proof.json"
     assert main(["ledger", "prove", "rel-1", "--state-dir", str(state), "--key", keyfile, "--out", str(proof)]) == 0
     assert main(["ledger", "check-proof", str(proof), "--key", keyfile]) == 0
-    assert json.loads(capsys.readouterr().out) == {"ok": True, "release_id": "rel-1", "records": 3, "problems": []}
+    checked = json.loads(capsys.readouterr().out)
+    assert checked == {"ok": True, "release_id": "rel-1", "records": 3, "problems": [],
+                       "covers": {"release_id": "rel-1", "records": 3, "seqs": [1, 2, 3], "checkpoint_seq": 3,
+                                  "head_hash": signed["head_hash"]}}
     assert main(["ledger", "check-proof", str(tmp_path / "none.json"), "--key", keyfile]) == 1
     assert "no proof file" in capsys.readouterr().err
     engine = sa.create_engine(f"sqlite:///{state / 'ledger.db'}")
@@ -210,3 +214,69 @@ def test_a_release_is_proven_included_with_the_checkpoint_alone(tmp_path, ledger
     assert "signed by another key" in check_proof(proof, other.public)[0]
     with pytest.raises(NotFound, match="release 'rel-zzz' has no ledger records"):
         prove(ledger, log, "rel-zzz", key.public)
+
+
+def test_deleting_the_newest_record_the_record_of_the_latest_checkpoint_fails_verify(backend, ledger, log, key):
+    """Issue 44: the newest record is the chain's record of its latest checkpoint; deleted, the chain still ends past
+    the checkpoint's seq with the hash it signed, so only checking every logged checkpoint against the chain's records
+    of them names it. Nothing is signed over it."""
+    signed = _signed(ledger, log, key)
+    assert ledger.head().seq == 5 and ledger.head().payload["seq"] == signed.seq
+    backend.raw("DELETE FROM {records} WHERE seq = 5")
+    assert ledger.verify().ok, "the shorter chain is self-consistent"
+    assert _problems(ledger, log, key) == [
+        f"the checkpoint of seq 4 signed {signed.signed_at} is in the checkpoint log, but no record of the chain (which "
+        "ends at seq 4) records it: the record appended after it was signed was deleted (the newest records were), or "
+        "the database was replaced"]
+    with pytest.raises(IntegrityError, match="does not verify, so its head is not signed"):
+        checkpoint(ledger, log, key)
+
+
+def test_cli_verify_fails_when_the_newest_record_of_a_checkpointed_ledger_is_deleted(tmp_path, capsys):
+    from tasks.console import EXIT_REJECTED
+    from tasks.cli.main import main
+
+    state, keyfile = tmp_path / "state", str(tmp_path / "k" / "key.pem")
+    with Ledger.for_sqlite(state / "ledger.db") as ledger:
+        for i in range(3):
+            _append(ledger, n=i)
+        assert main(["ledger", "checkpoint", "--state-dir", str(state), "--key", keyfile]) == 0
+        _append(ledger, n=3)
+        assert main(["ledger", "checkpoint", "--state-dir", str(state), "--key", keyfile]) == 0
+        assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == 0
+        newest = ledger.head()
+    assert (newest.seq, newest.payload["seq"]) == (6, 5), "the newest record records the latest checkpoint"
+    with sqlite3.connect(state / "ledger.db") as conn:
+        conn.execute("DELETE FROM ledger_records WHERE seq = 6")
+    capsys.readouterr()
+    assert main(["ledger", "verify", "--state-dir", str(state), "--key", keyfile]) == EXIT_REJECTED
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Ledger verification FAILED (5 records; extends the checkpoint of seq 5")
+    assert lines[1].startswith("  - the checkpoint of seq 5 signed") and "no record of the chain" in lines[1]
+
+
+def test_a_proof_cut_down_to_its_first_record_is_refused(tmp_path, capsys):
+    """Issue 44: a proof states what it covers (the release, how many records and their seqs, the checkpoint's seq and
+    head hash), so one cut down to its first record no longer checks as `"ok": true, "records": 1`."""
+    from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
+    from tasks.cli.main import main
+
+    state, keyfile, proof = tmp_path / "state", str(tmp_path / "k" / "key.pem"), tmp_path / "proof.json"
+    with Ledger.for_sqlite(state / "ledger.db") as ledger:
+        for i in range(5):
+            _append(ledger, release_id="rel-a" if i % 2 == 0 else "rel-b", n=i)
+    assert main(["ledger", "checkpoint", "--state-dir", str(state), "--key", keyfile]) == 0
+    assert main(["ledger", "prove", "rel-a", "--state-dir", str(state), "--key", keyfile, "--out", str(proof)]) == 0
+    whole = json.loads(proof.read_text())
+    assert whole["covers"] == {"release_id": "rel-a", "records": 3, "seqs": [1, 3, 5], "checkpoint_seq": 5,
+                               "head_hash": whole["checkpoint"]["head_hash"]}
+    capsys.readouterr()
+    proof.write_text(json.dumps({**whole, "records": whole["records"][:1]}))
+    assert main(["ledger", "check-proof", str(proof), "--key", keyfile]) == EXIT_REJECTED
+    checked = json.loads(capsys.readouterr().out)
+    assert (checked["ok"], checked["records"]) == (False, 1)
+    assert checked["problems"] == ["the proof states it covers 3 records (seqs [1, 3, 5]) but holds 1 (seqs [1]): "
+                                   "records [3, 5] were cut out"]
+    proof.write_text(json.dumps({key: value for key, value in whole.items() if key != "covers"}))
+    assert main(["ledger", "check-proof", str(proof), "--key", keyfile]) == EXIT_BAD_INPUT
+    assert "does not state what it covers" in capsys.readouterr().err

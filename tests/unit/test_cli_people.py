@@ -165,7 +165,9 @@ def test_release_takes_state_dir_and_ledger_history_finds_the_release_there(tmp_
 
     def opened_only(config_path, *, overrides=(), keep_candidate=None, **_):
         seen["overrides"] = overrides
-        return release.release_summary(release.open_release(config_path, overrides=overrides, progress=lambda m: None).state)
+        ctx = release.open_release(config_path, overrides=overrides, progress=lambda m: None)
+        ctx.record_opened()  # a run appends `release/opened` once it holds the lease; this stand-in takes none
+        return release.release_summary(ctx.state)
 
     monkeypatch.setattr(release, "run_release", opened_only)
     monkeypatch.setenv("SHIPLIFT_HOME", str(tmp_path / "home"))

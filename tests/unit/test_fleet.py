@@ -1,6 +1,7 @@
 """`shiplift fleet plan` (tasks/pipeline/fleet.py, issue 36 item 2): the models on one shared MIG endpoint, the room
 their copies and updates take counted by hand here, each model's share of the bill, and a layout that does not fit
-refused with its arithmetic, changing nothing."""
+refused with its arithmetic, changing nothing. Issue 44: a rollback's peak and `scale_to_zero.max_copies` counted, and
+a model that scales to zero beside one that never does paying its full slot share (what serves: test_fleet_serving)."""
 
 from __future__ import annotations
 
@@ -28,20 +29,88 @@ def tenant(folder: Path, name: str, **top) -> Path:
 
 
 def test_two_encoders_fit_seven_partitions_with_room_for_the_largest_update():
-    """mdeberta-nli: 2 copies, updated all at once (4 at its peak); mdeberta-nli-de: 2, by a canary of 1 (3). Steady
-    2 + 2 = 4 of 7; while mdeberta-nli updates, 2 + 4 = 6; while -de does, 2 + 3 = 5: one partition to spare."""
+    """mdeberta-nli: 2 copies, updated all at once (4 at its peak); mdeberta-nli-de: 2, by a canary of 1 (3), whose
+    rollback starts both old copies beside the 2 new (4: RollbackMaximumBatchSize is unset). Steady 2 + 2 = 4 of 7;
+    while mdeberta-nli updates, 2 + 4 = 6; while -de updates or rolls back, 2 + 4 = 6: one partition to spare."""
     plan = plan_fleet(FLEET)
     assert plan.endpoint.startswith("shiplift-shared-h100-") and plan.slots.total(plan.instances) == 7
     peaks = {t.model: plan.peak(t) for t in plan.tenants}
-    assert plan.steady == 4 and peaks == {"mdeberta-nli": 6, "mdeberta-nli-de": 5} and plan.headroom == 1
+    assert plan.steady == 4 and peaks == {"mdeberta-nli": 6, "mdeberta-nli-de": 6} and plan.headroom == 1
     assert plan.problems == ()
     assert all(t.share.fraction == pytest.approx(2 / 7) for t in plan.tenants)
+
+
+def test_a_rolling_update_s_rollback_is_planned_with_all_its_old_copies_unless_rollback_batch_is_set(tmp_path):
+    """SageMaker's rollback starts the old copies RollbackMaximumBatchSize at a time beside the new ones, 100 % of them
+    when it is not sent (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html).
+    A linear update of 3 copies in batches of 1 peaks at 4, its rollback at 6: beside -de's 2 copies that is 8 of 7
+    partitions. Counting the update alone (6 of 7) passed; a rollback batch of 1 copy brings it back to 6."""
+    linear = {"strategy": "linear", "copies": 3, "batch": {"type": "COPY_COUNT", "value": 1}}
+    plan = plan_fleet([FLEET[0], tenant(tmp_path, "wide", rollout=linear)])
+    wide = next(t for t in plan.tenants if t.model == "wide")
+    assert (wide.peak, plan.peak(wide)) == (6, 8)
+    [problem] = plan.problems
+    assert problem.startswith("wide's next update has no room: a rolling update starts a batch of 1 beside the 3 old "
+                              "copies, and its rollback starts 3 old copies (RollbackMaximumBatchSize unset: 100 %) "
+                              "beside the 3 new ones (6 at once) beside the other models' 2 = 8 copies")
+    assert "rollout.rollback_batch" in problem
+    batched = plan_fleet([FLEET[0], tenant(tmp_path, "wide", rollout={**linear, "rollback_batch": {
+        "type": "COPY_COUNT", "value": 1}})])
+    assert [batched.peak(t) for t in batched.tenants] == [7, 6] and batched.problems == ()
+
+
+GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
+CPU = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2, "endpoint": "cpu"}
+WAKES = {"idle_s": 60, "max_cold_start_p95_s": 60}  # scale_to_zero without max_copies
+
+
+def cpu_tenant(folder: Path, name: str, **top) -> Path:
+    """A config of Gemma on a shared CPU endpoint of 2 x ml.c7i.xlarge (4 two-core slots), `top` replacing keys."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"extends": str(GEMMA), "name": name, "placement": CPU, **top}))
+    return path
+
+
+def test_a_model_that_scales_to_zero_is_planned_at_its_max_copies(tmp_path):
+    """An encoder of 1 copy that may scale out to 3 beside a decision model of 1, on 4 two-core slots: counted at 1
+    copy each (the old plan), every update fits (1 + 2 = 3); counted at the 3 copies the encoder may run, the decision
+    model's update (3 + 2 = 5) does not."""
+    plan = plan_fleet([cpu_tenant(tmp_path, "decider"),
+                       cpu_tenant(tmp_path, "encoder", scale_to_zero={**WAKES, "max_copies": 3})])
+    assert plan.problems[0].startswith("decider's next update has no room: an update without DeploymentConfig starts "
+                                       "all 1 new copies beside the old ones (2 at once) beside the other models' 3 = 5")
+    assert {t.model: (t.copies, t.most) for t in plan.tenants} == {"decider": (1, 1), "encoder": (1, 3)}
+    assert plan.steady == 2 and {t.model: plan.peak(t) for t in plan.tenants} == {"decider": 5, "encoder": 7}
+    assert "scale_to_zero.max_copies" in plan.problems[0] and plan.rows()[1]["copies"] == "1 (up to 3)"
+
+
+def test_a_model_that_scales_to_zero_beside_one_that_never_does_pays_its_full_slot_share():
+    """The demo's shared encoder scales to zero beside Gemma, which never does: SageMaker stops the endpoint's
+    instances only when every component is at 0 copies
+    (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html), so the encoder's slot
+    is paid while it idles, and the plan credits no saving. Only where every model scales to zero may the idle hours
+    cost nothing."""
+    shared = [ROOT / "configs" / "releases" / name for name in ("gemma-decision-shared.yaml", "minilm-nli-shared.yaml")]
+    plan = plan_fleet(shared)
+    share = {t.model: t.share for t in plan.tenants}
+    encoder = share["minilm-nli-shared"]
+    assert "gemma-shared never do(es)" in encoder.describe(), "no saving is credited"
+    assert encoder.scales_to_zero and encoder.kept_on_by == ("gemma-shared",) and encoder.idle_costs is True
+    assert encoder.fraction == pytest.approx(1 / 4) == share["gemma-shared"].fraction, "its full slot share"
+    assert not plan.idles_free
+    assert plan.as_dict()["tenants"][1]["share"]["idle_costs"] is True
+    both = plan_fleet(shared, overrides=("scale_to_zero.idle_s=30", "scale_to_zero.max_cold_start_p95_s=60"))
+    assert both.idles_free and all(t.share.kept_on_by == () and t.share.idle_costs is False for t in both.tenants)
+    assert "nothing is billed, while all are at 0 copies" in both.tenants[1].share.describe()
 
 
 def test_a_third_tenant_overfills_the_layout_and_the_refusal_shows_the_arithmetic(capsys):
     plan = plan_fleet([*FLEET, OVERFULL])
     assert plan.steady == 6 and plan.headroom == -1
-    [problem] = plan.problems
+    rollback, problem, third = plan.problems
+    assert rollback.startswith("mdeberta-nli-de's next update has no room: a rolling update starts a batch of 1 beside "
+                               "the 2 old copies, and its rollback starts 2 old copies"), "4 at once beside 4 = 8"
+    assert third.startswith("mdeberta-nli-fr's next update has no room")
     assert problem.startswith("mdeberta-nli's next update has no room: an update without DeploymentConfig starts all 2 "
                               "new copies beside the old ones (4 at once) beside the other models' 4 = 8 copies, but the "
                               "endpoint grows to at most 1 x ml.p5.4xlarge = 7 mig-1g.10gb partitions")

@@ -88,7 +88,7 @@ def test_renew_lease_extends_only_the_holders_own_lease(ctx):
     first = ledger.acquire_lease(model, "first-run", ctx.release_id, 1.0)
     renewed = ledger.renew_lease(model, "first-run", ctx.release_id, 3600)
     assert renewed.expires_at > first.expires_at and renewed.acquired_at == first.acquired_at
-    with pytest.raises(LeaseLost, match="'first-run' holds it"):
+    with pytest.raises(LeaseLost, match="held by 'first-run'"):
         ledger.renew_lease(model, "another-run", ctx.release_id, 60)
     assert ledger.release_lease(model, "first-run")
     with pytest.raises(LeaseLost, match="nobody holds it"):
@@ -103,13 +103,13 @@ def test_promote_is_refused_once_the_lease_was_lost(ctx, monkeypatch):
     changed_production = []
 
     def promote(context) -> dict:
-        ledger.release_lease(model, "first-run")
+        ledger.release_lease(model, "first-run", token=context.lease_token)
         ledger.acquire_lease(model, "second-run", OTHER_RELEASE, 60)
         context.require_lease()
         changed_production.append(True)
         return {}
 
-    with holding_lease(ctx, "first-run"), pytest.raises(LeaseLost, match="'second-run' holds it"):
+    with holding_lease(ctx, "first-run"), pytest.raises(LeaseLost, match="held by 'second-run'"):
         run_stage(ctx, "promote", function=promote)
     assert changed_production == []
     failed = ctx.state.records[-1]
@@ -121,7 +121,7 @@ def test_a_run_that_lost_its_lease_does_not_start_promote_but_still_tears_down(c
     ledger, model = ctx.backends.ledger, ctx.config.name
     ran = []
     with holding_lease(ctx, "first-run"):
-        ledger.release_lease(model, "first-run")
+        ledger.release_lease(model, "first-run", token=ctx.lease_token)
         ledger.acquire_lease(model, "second-run", OTHER_RELEASE, 60)
         with pytest.raises(LeaseLost):
             run_stage(ctx, "promote", function=lambda context: ran.append("promote") or {})

@@ -1,6 +1,7 @@
-"""The ledger's versioned schema: created at head, ledgers from before migrations stamped as 0001,
-a newer schema refused untouched, and the upgrade path proven with test-only revisions 0002 in a
-copy of the shipped script directory.
+"""The ledger's versioned schema: created at head (0002), ledgers from before migrations stamped as 0001
+and upgraded, a 0001 ledger's leases kept through 0002 (the lease holder's token, host, pid and renewal), a newer
+schema refused untouched, and the upgrade path proven with test-only revisions 0003 in a copy of the shipped
+script directory.
 
 Each runs on SQLite and on PostgreSQL (`backend` fixture: a fresh schema per test there).
 """
@@ -8,6 +9,7 @@ Each runs on SQLite and on PostgreSQL (`backend` fixture: a fresh schema per tes
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,19 +18,19 @@ import sqlalchemy as sa
 
 import tasks.ledger.store
 from tasks.ledger import schema as ledger_schema
-from tasks.errors import ConfigError
+from tasks.errors import ConfigError, LeaseHeld
 from tasks.ledger.store import Ledger, current_revision, upgrade
 from tasks.ledger.schema import VERSION_TABLE, head_revision, schema_differences
 
 if TYPE_CHECKING:
     from tests.unit.conftest import Backend
 
-REVISION_0002 = '''"""Test-only revision."""
+REVISION_0003 = '''"""Test-only revision."""
 import sqlalchemy as sa
 from alembic import context, op
 
-revision = "0002"
-down_revision = "0001"
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
@@ -38,7 +40,7 @@ def upgrade() -> None:
     RECORDS = f'"{SCHEMA}".ledger_records' if SCHEMA else "ledger_records"
 '''
 ADD_NOTE = '    op.add_column("ledger_records", sa.Column("note", sa.Text, nullable=True), schema=SCHEMA)\n'
-FAIL_HALFWAY = ADD_NOTE + '    raise RuntimeError("revision 0002 failed halfway")\n'
+FAIL_HALFWAY = ADD_NOTE + '    raise RuntimeError("revision 0003 failed halfway")\n'
 RENAME_ACTOR = '    op.execute(f"ALTER TABLE {RECORDS} RENAME COLUMN actor TO who")\n'
 
 
@@ -47,17 +49,28 @@ def _append(ledger: Ledger, release_id: str = "rel-1", **payload: Any) -> int:
                          actor="tester").seq
 
 
-def _ledger_at_0001(backend: Backend, records: int = 3) -> None:
+def _ledger_at_head(backend: Backend, records: int = 3) -> None:
     with backend.open() as ledger:
         for n in range(records):
             _append(ledger, n=n)
 
 
-def _scripts_with_0002(tmp_path: Path, body: str) -> Path:
-    """A copy of the shipped migrations plus a test-only revision 0002 running `body`."""
+def _ledger_at_0001(backend: Backend, records: int = 3) -> None:
+    """A ledger as shiplift made it before revision 0002: the shipped migrations without 0002."""
+    with tempfile.TemporaryDirectory() as folder:
+        scripts = Path(folder) / "migrations"
+        shutil.copytree(ledger_schema.SCRIPT_DIR, scripts, ignore=shutil.ignore_patterns("__pycache__", "0002_*"))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ledger_schema, "SCRIPT_DIR", scripts)
+            assert head_revision() == "0001"
+            _ledger_at_head(backend, records)
+
+
+def _scripts_with_0003(tmp_path: Path, body: str) -> Path:
+    """A copy of the shipped migrations plus a test-only revision 0003 running `body`."""
     scripts = tmp_path / "migrations"
     shutil.copytree(ledger_schema.SCRIPT_DIR, scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "0002_test.py").write_text(REVISION_0002 + body)
+    (scripts / "versions" / "0003_test.py").write_text(REVISION_0003 + body)
     return scripts
 
 
@@ -93,14 +106,14 @@ def _read_only(backend: Backend) -> Ledger:
 
 
 def test_a_new_ledger_is_created_at_head_with_exactly_the_tables_the_code_uses(backend: Backend) -> None:
-    assert head_revision() == "0001"
+    assert head_revision() == "0002"
     created = upgrade(backend.url, backend.schema)
-    assert {**created, "url": None} == {"url": None, "from": None, "to": "0001", "action": "created"}
-    assert current_revision(backend.url, backend.schema) == "0001"
+    assert {**created, "url": None} == {"url": None, "from": None, "to": "0002", "action": "created"}
+    assert current_revision(backend.url, backend.schema) == "0002"
     with backend.engine.connect() as conn:
         assert schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema) == []
         recorded = conn.exec_driver_sql(f"SELECT version_num FROM {_qualified(backend, VERSION_TABLE)}").all()
-    assert recorded == [("0001",)], "the version must live in the ledger's own schema"
+    assert recorded == [("0002",)], "the version must live in the ledger's own schema"
     assert upgrade(backend.url, backend.schema)["action"] == "current"
 
 
@@ -109,10 +122,30 @@ def test_a_ledger_from_before_migrations_is_stamped_0001_and_keeps_its_records(b
     _execute(backend, f"DROP TABLE {_qualified(backend, VERSION_TABLE)}")  # as create_all left it
     assert current_revision(backend.url, backend.schema) is None
     stamped = upgrade(backend.url, backend.schema)
-    assert (stamped["from"], stamped["to"], stamped["action"]) == (None, "0001", "stamped")
-    assert current_revision(backend.url, backend.schema) == "0001"
+    assert (stamped["from"], stamped["to"], stamped["action"]) == (None, "0002", "stamped")
+    assert current_revision(backend.url, backend.schema) == "0002"
     with backend.open() as ledger:
         assert ledger.verify().ok and _append(ledger) == 4
+
+
+def test_a_0001_ledgers_lease_is_kept_through_0002_and_still_held_by_its_name(backend: Backend) -> None:
+    """Revision 0002 adds the holder's token, host, pid and renewal time to the leases: a lease taken before it keeps
+    its holder and expiry, its renewal time is its acquisition, and with no process recorded it is held by its name
+    (as an orchestrator's is) until it is given back or expires."""
+    _ledger_at_0001(backend)
+    _execute(backend, f"INSERT INTO {_qualified(backend, 'leases')} (model, holder, release_id, acquired_at, expires_at) "
+                      "VALUES ('gemma', 'airflow:refresh/run-1', 'rel-1', '2026-12-06T10:00:00.000000Z', "
+                      "'2100-01-01T00:00:00.000000Z')")
+    upgraded = upgrade(backend.url, backend.schema)
+    assert (upgraded["from"], upgraded["to"], upgraded["action"]) == ("0001", "0002", "upgraded")
+    with backend.engine.connect() as conn:
+        assert schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema) == []
+    with backend.open() as ledger:
+        with pytest.raises(LeaseHeld, match="'airflow:refresh/run-1' .*held by name; renewed 2026-12-06T10:00"):
+            ledger.acquire_lease("gemma", "bob@ops-host/pid-1", "rel-1", 60, by_this_process=True)
+        renewed = ledger.renew_lease("gemma", "airflow:refresh/run-1", "rel-1", 60)
+        assert (renewed.acquired_at, renewed.token, renewed.pid) == ("2026-12-06T10:00:00.000000Z", None, None)
+        assert ledger.release_lease("gemma", "airflow:refresh/run-1")
 
 
 @pytest.mark.parametrize("damage, words", [
@@ -136,12 +169,12 @@ def test_unversioned_tables_that_are_not_revision_0001_are_refused_and_left_alon
 
 
 def test_a_schema_newer_than_this_code_is_refused_and_left_alone(backend: Backend) -> None:
-    _ledger_at_0001(backend, records=2)
+    _ledger_at_head(backend, records=2)
     _execute(backend, f"UPDATE {_qualified(backend, VERSION_TABLE)} SET version_num = '0099'")
     before = _snapshot(backend)
     for opening in (backend.open, lambda: upgrade(backend.url, backend.schema)):
         with pytest.raises(ConfigError, match="at schema revision 0099, which this shiplift does not know "
-                                              r"\(its newest is 0001\)") as refused:
+                                              r"\(its newest is 0002\)") as refused:
             opening()
         assert "upgrade shiplift" in str(refused.value)
     assert _snapshot(backend) == before
@@ -153,16 +186,16 @@ def test_a_schema_newer_than_this_code_is_refused_and_left_alone(backend: Backen
 def test_an_upgrade_through_a_new_revision_keeps_every_record_verifying(
     backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _ledger_at_0001(backend)
-    monkeypatch.setattr(ledger_schema, "SCRIPT_DIR", _scripts_with_0002(tmp_path, ADD_NOTE))
-    assert head_revision() == "0002"
+    _ledger_at_head(backend)
+    monkeypatch.setattr(ledger_schema, "SCRIPT_DIR", _scripts_with_0003(tmp_path, ADD_NOTE))
+    assert head_revision() == "0003"
     with _read_only(backend) as reader:  # behind head, read-only: reads, never migrates
         assert reader.verify().ok and len(reader.history()) == 3
-    assert current_revision(backend.url, backend.schema) == "0001" and "note" not in _columns(backend)
+    assert current_revision(backend.url, backend.schema) == "0002" and "note" not in _columns(backend)
 
     upgraded = upgrade(backend.url, backend.schema)
-    assert (upgraded["from"], upgraded["to"], upgraded["action"]) == ("0001", "0002", "upgraded")
-    assert current_revision(backend.url, backend.schema) == "0002" and "note" in _columns(backend)
+    assert (upgraded["from"], upgraded["to"], upgraded["action"]) == ("0002", "0003", "upgraded")
+    assert current_revision(backend.url, backend.schema) == "0003" and "note" in _columns(backend)
     with backend.open() as ledger:
         assert ledger.verify().ok and _append(ledger) == 4
         assert ledger.verify().n_records == 4
@@ -170,8 +203,8 @@ def test_an_upgrade_through_a_new_revision_keeps_every_record_verifying(
         differences = schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema)
     assert [d[0] for d in differences] == ["remove_column"] and differences[0][3].name == "note"
 
-    monkeypatch.undo()  # this code again knows only 0001; the database is at 0002
-    with pytest.raises(ConfigError, match="revision 0002, which this shiplift does not know"):
+    monkeypatch.undo()  # this code again knows only 0001 and 0002; the database is at 0003
+    with pytest.raises(ConfigError, match="revision 0003, which this shiplift does not know"):
         backend.open()
     with _read_only(backend) as reader:
         assert reader.verify().ok and reader.verify().n_records == 4
@@ -180,12 +213,12 @@ def test_an_upgrade_through_a_new_revision_keeps_every_record_verifying(
 def test_a_migration_that_fails_halfway_changes_nothing(
     backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _ledger_at_0001(backend)
+    _ledger_at_head(backend)
     before = _snapshot(backend)
-    monkeypatch.setattr(ledger_schema, "SCRIPT_DIR", _scripts_with_0002(tmp_path, FAIL_HALFWAY))
+    monkeypatch.setattr(ledger_schema, "SCRIPT_DIR", _scripts_with_0003(tmp_path, FAIL_HALFWAY))
     with pytest.raises(RuntimeError, match="failed halfway"):
         backend.open()
-    assert _snapshot(backend) == before and current_revision(backend.url, backend.schema) == "0001"
+    assert _snapshot(backend) == before and current_revision(backend.url, backend.schema) == "0002"
 
 
 def test_a_read_only_ledger_names_the_revision_it_cannot_read(
@@ -197,11 +230,11 @@ def test_a_read_only_ledger_names_the_revision_it_cannot_read(
         reader.history()
     assert _snapshot(backend) == {}, "a read-only ledger created something"
 
-    _ledger_at_0001(backend)
-    monkeypatch.setattr(ledger_schema, "SCRIPT_DIR", _scripts_with_0002(tmp_path, RENAME_ACTOR))
+    _ledger_at_head(backend)
+    monkeypatch.setattr(ledger_schema, "SCRIPT_DIR", _scripts_with_0003(tmp_path, RENAME_ACTOR))
     upgrade(backend.url, backend.schema)
     monkeypatch.undo()
-    with _read_only(backend) as reader, pytest.raises(ConfigError, match="revision 0002, which this shiplift does not know") as refused:
+    with _read_only(backend) as reader, pytest.raises(ConfigError, match="revision 0003, which this shiplift does not know") as refused:
         reader.history()
     assert "upgrade shiplift" in str(refused.value)
 
@@ -210,11 +243,14 @@ def test_cli_upgrade_stamps_an_old_ledger_and_refuses_one_that_is_not_there(tmp_
     import json
 
     from tasks.cli.main import main
+    from tests.unit.conftest import Backend
 
-    with Ledger.for_sqlite(tmp_path / "ledger.db") as ledger:
-        _append(ledger)
-    with sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}").begin() as conn:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    engine = sa.create_engine(url)
+    _ledger_at_0001(Backend("sqlite", url, None, engine), records=1)
+    with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
+    engine.dispose()
     assert main(["ledger", "upgrade", "--state-dir", str(tmp_path)]) == 0
     done = json.loads(capsys.readouterr().out)
     assert (done["from"], done["to"], done["action"]) == (None, head_revision(), "stamped")

@@ -144,11 +144,14 @@ def check(capsys, path: Path, key: str, value=None) -> tuple[int, str, str]:
 def test_a_proof_proves_its_records_full_content(capsys, proof, key):
     good = json.loads(proof.read_text())
     code, out, _ = check(capsys, proof, key)
-    assert code == 0 and json.loads(out) == {"ok": True, "release_id": "rel-a", "records": 3, "problems": []}
+    assert code == 0 and json.loads(out) == {"ok": True, "release_id": "rel-a", "records": 3, "covers": good["covers"],
+                                             "problems": []}
     for release_id in ("rel-b", "rel-invented"):
         code, out, _ = check(capsys, proof, key, {**good, "release_id": release_id})
         problems = json.loads(out)["problems"]
-        assert code == EXIT_REJECTED and len(problems) == 3 and f"not of release {release_id}" in problems[0]
+        assert code == EXIT_REJECTED and len(problems) == 4 and f"not of release {release_id}" in problems[0]
+        assert problems[3].startswith("the proof states it covers release rel-a in the checkpoint of seq 6") and \
+            f"but holds release {release_id}" in problems[3]
     edited = json.loads(json.dumps(good))
     edited["records"][0].update(stage="promote", event="succeeded")
     code, out, _ = check(capsys, proof, key, edited)

@@ -23,6 +23,7 @@ from tasks.backends.pricing import (
     mig_copy_share,
     mig_copy_share_of,
     production_cost,
+    release_cost,
     throughput_cost,
 )
 from tasks.config import load_release_config
@@ -136,6 +137,32 @@ def test_a_model_on_a_shared_gpu_pool_carries_its_copies_over_the_pool_s_gpus(ta
     assert share.bill.usd_per_hour == pytest.approx(6.99) and share.usd_per_hour == pytest.approx(2.33)
     unpriced = component_share(table, "eu-west-1", placement, SimpleNamespace(on_gpu=True, threads=2), 1)
     assert unpriced.usd_per_hour is None and "no price" in unpriced.describe()
+
+
+def test_a_model_that_scales_to_zero_pays_its_slot_share_unless_every_model_on_the_endpoint_scales_to_zero(table):
+    """3 one-GPU instances, one copy each side: SageMaker stops a shared endpoint's instances only when every component
+    is at 0 copies (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html), so a
+    model that scales to zero beside one that never does pays its full slot share (2.33 $/h) while it idles. The gate
+    report's share, priced from one config, cannot know the others and credits no saving either."""
+    from types import SimpleNamespace
+
+    placement = pool("ml.g6e.xlarge").model_copy(update={"instance_count": 3, "endpoint": "fleet"})
+    gpu = SimpleNamespace(on_gpu=True, threads=2)
+    kept = component_share(table, "us-east-1", placement, gpu, 1, scales_to_zero=True, kept_on_by=("gemma",))
+    assert kept.usd_per_hour == pytest.approx(2.33) and kept.idle_costs is True
+    assert kept.describe().endswith("but gemma never do(es), and SageMaker stops the instances only when every model "
+                                    "on the endpoint is at 0 copies: this share is paid while it is at zero too")
+    alone = component_share(table, "us-east-1", placement, gpu, 1, scales_to_zero=True, kept_on_by=())
+    assert alone.usd_per_hour == pytest.approx(2.33) and alone.idle_costs is False
+    unknown = component_share(table, "us-east-1", placement, gpu, 1, scales_to_zero=True)
+    assert unknown.idle_costs is None and unknown.as_dict()["kept_on_by"] is None
+    assert component_share(table, "us-east-1", placement, gpu, 1, kept_on_by=("gemma",)).kept_on_by == (), \
+        "a model that never scales to zero is kept on by nobody"
+    encoder = load_release_config(RELEASES / "minilm-nli-shared.yaml")
+    cost = release_cost(encoder, answers_per_second=None, items_per_request=1, candidate_since=None,
+                        until="2026-12-06T00:00:00+00:00", table=table)
+    assert cost["share"]["scales_to_zero"] and cost["share"]["idle_costs"] is None
+    assert "only when every model on it is at 0 copies" in cost["share"]["text"]
 
 
 # --- a MIG copy's share ----------------------------------------------------------------------------------------------

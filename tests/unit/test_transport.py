@@ -15,6 +15,7 @@ from validation.transport import (
     IC_HEADER,
     Exchange,
     Malformed,
+    RuntimeHttpChannel,
     json_body,
     optional_number,
     optional_numbers,
@@ -125,8 +126,10 @@ def test_run_options_resolves_target_headers_and_deadline():
                        backoff_base_s=0, backoff_cap_s=0, inference_component="ic-a", deadline_s=None,
                        rng=None, sleep=time.sleep)
     channel = opts.invoker.open()
-    assert (channel._target.https, channel._target.host, channel._target.port) == (True, "example.test", 8443)
-    assert channel._target.path == "/endpoints/ep/invocations" and channel._headers[IC_HEADER] == "ic-a"
+    assert isinstance(channel, RuntimeHttpChannel), "an /endpoints/NAME URL is the runtime's: its errors unwrapped"
+    connection = channel.connection
+    assert (connection._target.https, connection._target.host, connection._target.port) == (True, "example.test", 8443)
+    assert connection._target.path == "/endpoints/ep/invocations" and connection._headers[IC_HEADER] == "ic-a"
     assert opts.invoker.describe() == {"url": "https://example.test:8443/endpoints/ep/", "component": "ic-a"}
     assert opts.deadline is None and opts.timeout_s == 3.0
 

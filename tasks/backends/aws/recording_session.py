@@ -184,6 +184,8 @@ ROLLING = "polled until the update ends; meanwhile the alarms are read every rol
 ROLLED = "the update has ended: InService on the candidate's model is success, on the old one a rollback"
 DELETED = "polled until it is gone"
 COPIES = "polled until InService with the new copy count, desired and current"
+RELEASED = ("polled until CurrentInstanceCount is 0: no component has a copy and MinInstanceCount is 0, so the endpoint "
+            "gives back its instances (on AWS minutes after the last copy stops)")
 BUILT = "polled until the build ends"
 
 
@@ -529,7 +531,23 @@ class FreshAccount:
             raise Refusal("ValidationException", f'Could not find inference component "{name}".')
         found.update(RuntimeConfig=_copies(params["DesiredRuntimeConfig"]["CopyCount"]), LastModifiedTime=THEN)
         self.polls[("InferenceComponent", name)] = [({}, COPIES)]
+        self._instances_follow_copies(found["EndpointName"])
         return {"InferenceComponentArn": found["InferenceComponentArn"]}
+
+    def _instances_follow_copies(self, endpoint_name: str) -> None:
+        """The endpoint's instances once a component's copies changed: none while no component on it has a copy and its
+        variants' ManagedInstanceScaling may go to 0 (MinInstanceCount 0,
+        https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html), else its config's."""
+        endpoint = self.hosting["Endpoint"].get(endpoint_name)
+        if endpoint is None:
+            return
+        variants = self.hosting["EndpointConfig"][endpoint["EndpointConfigName"]]["ProductionVariants"]
+        idle = not any(component["RuntimeConfig"]["DesiredCopyCount"] for component in self.hosting["InferenceComponent"].values()
+                       if component["EndpointName"] == endpoint_name)
+        released = idle and all((variant.get("ManagedInstanceScaling") or {}).get("MinInstanceCount") == 0 for variant in variants)
+        endpoint["ProductionVariants"] = [_serving(variant, released=released) for variant in variants]
+        if released:
+            self.polls[("Endpoint", endpoint_name)] = [({}, RELEASED)]
 
     # -- Application Auto Scaling ----------------------------------------------------------------------------------
     def _scalable_targets(self, params: dict) -> dict:
@@ -668,12 +686,13 @@ def _copies(count: int) -> dict:
     return {"DesiredCopyCount": count, "CurrentCopyCount": count}
 
 
-def _serving(variant: dict) -> dict:
-    """What DescribeEndpoint says of a config's variant once it serves: its instances, from the first pool by priority."""
+def _serving(variant: dict, *, released: bool = False) -> dict:
+    """What DescribeEndpoint says of a config's variant once it serves: its instances, from the first pool by priority
+    (none once `released`: the endpoint gave them back)."""
     if "ServerlessConfig" in variant:  # no instances (API_DescribeEndpoint: CurrentServerlessConfig instead)
         return {"VariantName": variant["VariantName"], "CurrentServerlessConfig": dict(variant["ServerlessConfig"]),
                 "DesiredServerlessConfig": dict(variant["ServerlessConfig"])}
-    count = variant.get("InitialInstanceCount", 1)
+    count = 0 if released else variant.get("InitialInstanceCount", 1)
     serving = {"VariantName": variant["VariantName"], "CurrentInstanceCount": count, "DesiredInstanceCount": count}
     if variant.get("InstancePools"):
         first = min(variant["InstancePools"], key=lambda pool: pool["Priority"])

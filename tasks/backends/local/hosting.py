@@ -3,7 +3,9 @@
 `LoopbackHosting` implements `tasks.backends.interfaces.Hosting` over `tasks.backends.local.supervisor.ProcessSupervisor`
 (router and copy processes) and `tasks.backends.local.rollout` (their rolling updates): it extracts the artifact from
 the local store once per sha256, runs the image's own `server.py` with the spec's container environment plus the model
-folder, host and port, and reads back what serves as a `LiveComponent`. `ScratchServer` serves a model folder that
+folder, host and port, and reads back what serves as a `LiveComponent`. A production endpoint that several models
+share (`placement.endpoint`) holds only the copies its placement's instances hold, counted as on aws
+(`tasks.backends.local.room`): a deploy, update or scale that would not fit is refused before anything changes. `ScratchServer` serves a model folder that
 is not an artifact yet (calibration, before the image is pinned) on this worker, on both backends.
 """
 
@@ -15,6 +17,7 @@ from typing import Iterator
 
 from tasks.errors import Conflict, NotFound
 from tasks.backends.local.rollout import roll_out
+from tasks.backends.local.room import room_of
 from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec, ServerlessEmulation
 from tasks.backends.placement import SERVERLESS_STARTUP_S
 from tasks.backends.image_source import server_command
@@ -78,12 +81,13 @@ class LoopbackHosting:
 
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:
-        """Extract the artifact once, run the image's server as `spec.copies` processes behind the router, describe."""
+        """Extract the artifact once, run the image's server as `spec.copies` processes behind the router, describe.
+        CapacityError, changing nothing, where a shared production endpoint has no room for them."""
         process = self._process(spec)
         serverless = placement.kind == "serverless"
         progress(f"{role} {endpoint}/{component}: {spec.copies} local {local_image_kind(spec.image_uri)} process(es)"
                  + (", serverless" if serverless else ""))
-        self.processes.ensure_endpoint(endpoint)
+        self._prepare_endpoint(endpoint, placement if role == "production" else None)
         self._refuse_conversion(endpoint, component, serverless)
         self.processes.put_component(endpoint, component, process)
         if serverless:
@@ -92,6 +96,12 @@ class LoopbackHosting:
         if live is None:
             raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="another command removed it; rerun the stage")
         return live
+
+    def _prepare_endpoint(self, endpoint: str, placement) -> None:
+        """The endpoint running and healed, with the room of a shared production placement recorded for its checks
+        (a candidate's endpoint is its own and is not counted, as on aws, where it hosts one model)."""
+        self.processes.ensure_endpoint(endpoint)
+        self.processes.set_room(endpoint, room_of(placement) if placement is not None else None)
 
     def _refuse_conversion(self, endpoint: str, component: str, serverless: bool) -> None:
         """Conflict where the component exists on the other kind of endpoint: SageMaker cannot turn an instance-based
@@ -124,7 +134,7 @@ class LoopbackHosting:
         bake starts and of its verdict (baked) as the bake ends, and of each rollback batch as it is in rotation. A
         rollback step whose record fails is not retried here (the rollback goes on); promote appends it late."""
         process = self._process(spec)
-        self.processes.ensure_endpoint(endpoint)
+        self._prepare_endpoint(endpoint, placement)
         live = self.describe(endpoint, component)
         if live is None or live.copies == 0:
             why = "nothing serves yet" if live is None else "it is scaled to zero, so no request is served"

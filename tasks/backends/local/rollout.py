@@ -2,8 +2,10 @@
 rolled back batch by batch on an alarm.
 
 It keeps the rollout's logic (batches, bakes, resume, rollback) apart from `supervisor.ProcessSupervisor`, which only
-starts, persists, heals and stops processes: the rollout drives it through its process operations (`locked`, `shift`,
-`forget_dead_copies`, `save`) under the endpoint's lock, persisting every step before it is taken.
+starts, persists, heals and stops processes: the rollout drives it through its process operations (`component_locked`,
+`claim`, `shift`, `forget_dead_copies`, `commit`) under the component's own lock, persisting every step before it is
+taken. The endpoint's lock is held only for each step's short write, never through a bake, so the other components of
+a shared endpoint scale, wake from zero, roll out and roll back while this one bakes.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def roll_out(
     the wait interval and returns the alarm that fired, or None). An alarm rolls back batch by batch
     and the old spec serves again, each rollback batch told to `on_rollback_step` as soon as it is in
     rotation. Every step is persisted first, so a rerun after a crash resumes the same rollout (or rolls
-    back one to another spec) and never leaves two half-states."""
+    back one to another spec) and never leaves two half-states. On a shared endpoint the rollout first claims
+    room for its peak (`peak_copies`): CapacityError, changing nothing, where it does not fit beside the others."""
     check_name("endpoint", endpoint)
     check_name("component", component)
     if not isinstance(spec, ProcessSpec) or not isinstance(plan, RolloutPlan):
@@ -42,7 +45,7 @@ def roll_out(
     deadline = time.monotonic() + plan.max_execution_s
     timeouts = (ready_timeout_s, drain_timeout_s)
     digest = spec.sha256()
-    with supervisor.locked(endpoint) as state:
+    with supervisor.component_locked(endpoint, component) as state:
         comp = state.components.get(component)
         if comp is None:
             raise NotFound(
@@ -52,13 +55,14 @@ def roll_out(
         if comp.previous is not None and comp.spec_sha256 != digest:
             progress(f"{endpoint}/{component}: rolling back an interrupted rollout to spec {comp.spec_sha256[:12]} first")
             _roll_back(supervisor, state, component, plan, timeouts, [], progress)
+        if comp.previous is None and supervisor.serves(comp, digest, spec.copies):
+            return RolloutResult(status="unchanged")
+        supervisor.claim(state, component, spec, peak_copies(plan, (comp.previous or comp.spec).copies, spec.copies))
         if comp.previous is None:
-            if supervisor.serves(comp, digest, spec.copies):
-                return RolloutResult(status="unchanged")
             for copy in comp.copies:
                 copy.spec_sha256 = copy.spec_sha256 or comp.spec_sha256
             comp.previous, comp.spec, comp.spec_sha256 = comp.spec, spec, digest
-            supervisor.save(state)
+            supervisor.commit(state, component)
         old_sha, old_count = comp.previous.sha256(), comp.previous.copies
         targets = plan.targets(spec.copies)
         steps: list[RolloutStep] = []
@@ -89,8 +93,18 @@ def roll_out(
             progress(f"{endpoint}/{component}: {missing} new copies died during the bake; starting them again")
             supervisor.shift(state, component, spec, missing, [], timeouts)
         comp.previous = None
-        supervisor.save(state)
+        supervisor.commit(state, component)
     return RolloutResult(status="succeeded", steps=tuple(steps))
+
+
+def peak_copies(plan: RolloutPlan, old_count: int, copies: int) -> int:
+    """The most copies `roll_out` runs at once: each batch's new copies start beside the old copies still serving,
+    which then drop to their share of the batches not yet moved (the rule SageMaker's rolling update counts)."""
+    peak, old = old_count, old_count
+    for target in plan.targets(copies):
+        peak = max(peak, old + target)
+        old = old_count - (old_count * target) // copies
+    return peak
 
 
 def _roll_back(
@@ -120,4 +134,4 @@ def _roll_back(
         progress(f"{state.name}/{component}: rollback batch {number}: {steps[-1].old_copies} old copies serving")
         told(steps[-1])
     comp.spec, comp.spec_sha256, comp.previous = previous, old_sha, None
-    supervisor.save(state)
+    supervisor.commit(state, component)

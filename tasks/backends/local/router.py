@@ -26,7 +26,8 @@ control port reads no body before the token is checked and refuses the router's 
 copies. A component registered with `scale_to_zero` (`{"idle_s": N}`) scales itself, as Application Auto Scaling
 does on SageMaker: idle for N seconds, the router runs `python -m tasks.backends.local.scaler` (with the
 `--state-dir` the router was started with) to stop its copies; a request that finds no copy is answered
-SageMaker's no-capacity `ValidationError` (callers retry it), counted as a NoCapacityInvocationFailure, and starts
+SageMaker's no-capacity `ValidationError` (callers retry it; on the container route, `503 {"retryable": true}` as every
+refusal there that waiting cures), counted as a NoCapacityInvocationFailure, and starts
 the scaler for one copy, as the scale-out alarm's step policy does. The router keeps its components in memory only; `tasks.backends.local.supervisor`
 persists them, registers them again after a restart and replaces dead copies. Stdlib only (plus `images/common/sagemaker_http.py`, the
 HTTP framing every shiplift server shares), so it starts in a fraction of a second.
@@ -668,13 +669,15 @@ class Handler(RouterHandler):
         super().send_error_answer(error, close=close)
 
     def _reject(self, rejected: Rejected, sagemaker: bool, close: bool = False) -> None:
-        """Answer a router-level refusal in SageMaker's error shape or the container's."""
+        """Answer a router-level refusal in SageMaker's error shape or the container's, where every 503 (no capacity,
+        throttled, full, serverless compute not started) is `"retryable": true` as the container contract's
+        back-pressure is, and a 4xx is not."""
         self.server.router.count_rejection(rejected.code)
         if sagemaker:
             body, headers = _sagemaker_error(rejected)
             self.send_bytes(rejected.status, body, headers=headers, close=close)
         else:
-            self._json(rejected.status, {"error": rejected.message}, close=close)
+            self._json(rejected.status, {"error": rejected.message, "retryable": rejected.status == 503}, close=close)
 
     def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
         path = self._path()

@@ -2,8 +2,10 @@
 
 Run by the endpoint's router (`python -m tasks.backends.local.scaler --state-dir DIR ENDPOINT COMPONENT COPIES`)
 for a component that scales to zero: with 0 when it has been idle for its `idle_s`, with 1 when a request found no
-copy (the scale-out alarm's one-copy step on SageMaker). It takes the endpoint's lock like every other command, so it
-waits for a deploy or a rollout in progress; an endpoint or component deleted meanwhile is left alone.
+copy (the scale-out alarm's one-copy step on SageMaker). It takes the component's own lock, so it waits for a deploy
+or a rollout of this component in progress but never for another component's (a bake of another model on a shared
+endpoint does not delay a wake-up); an endpoint or component deleted meanwhile is left alone, and a shared endpoint
+without room for the copy refuses it (CapacityError, as SageMaker's InsufficientCapacity).
 """
 
 from __future__ import annotations

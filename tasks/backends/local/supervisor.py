@@ -3,7 +3,14 @@
 Everything binds 127.0.0.1. Each endpoint's state (router pid/port, components with their
 spec and copies' pids/ports/logs) lives in `state_dir/endpoints/<name>.json`, written
 atomically, so a later command or a resumed pipeline finds and controls what is running.
-Mutations of one endpoint are serialised by a file lock, so two commands never race.
+
+Locks: each component has its own file lock, held for the whole of an operation on it (a deploy, a
+scaling, a rolling update with its bakes, a rollback), so two writers on one component never
+interleave while other components' operations go on beside it: one model's 30 s bake never delays
+another's wake-up from zero. The endpoint's lock is only held for short read-modify-writes of what the
+components share (the state file, the router's registration, the room claims of a shared endpoint,
+`tasks.backends.local.room`), never across a bake or a copy's start. An operation writes back its own
+component only (`commit`), so operations on two components never undo each other.
 
 Dead copies: the router takes a copy that stops answering out of rotation and says so in
 its `/ping`; `ensure_endpoint` (which every deploy, invoker and `shiplift endpoints heal` goes
@@ -14,7 +21,9 @@ router that did die comes back on its port, so the endpoint's URL stays the same
 
 Crash safety: copies being started are recorded as `pending` before anyone waits on them and
 replaced copies as `retiring` before the router switches; the next command on the endpoint
-stops whatever is left in either list, and re-syncs the router with the recorded components.
+stops whatever is left in either list, and re-syncs the router with the recorded components; each
+copy in either list names its component, and only a command holding that component's lock stops it,
+so a command never stops the copies another one is starting.
 Every process started for an endpoint carries `SHIPLIFT_ENDPOINT_OWNER` in its environment, so
 one killed between spawning and recording it is found by that tag and stopped too (Linux).
 """
@@ -44,6 +53,7 @@ from tasks.hashing import canonical_json, sha256_json
 from tasks.atomic import write_json_atomic
 from tasks.project import PROJECT_ROOT
 from tasks.backends.interfaces import ScaleToZeroPlan
+from tasks.backends.local.room import Claim, EndpointRoom, need_of, room_problem
 from tasks.backends.local.router import EXIT_PORT_TAKEN, name_problem
 from images.common.sagemaker_http import answered_busy
 
@@ -129,11 +139,13 @@ class ProcessRef(BaseModel):
 
 
 class CopyRef(ProcessRef):
-    """One model-server copy and the hash of the spec it runs (None: its component's spec)."""
+    """One model-server copy, the hash of the spec it runs (None: its component's spec) and the component it was
+    started for (None: recorded before copies named it; any command may stop such a leftover)."""
 
     port: int
     url: str
     spec_sha256: str | None = None
+    component: str | None = None
 
 
 class RouterRef(ProcessRef):
@@ -199,6 +211,8 @@ class EndpointState(BaseModel):
     components: dict[str, ComponentState] = Field(default_factory=dict)
     pending: list[CopyRef] = Field(default_factory=list)
     retiring: list[CopyRef] = Field(default_factory=list)
+    room: EndpointRoom | None = None  # a shared endpoint's instances; None: its copies are not counted
+    claims: dict[str, Claim] = Field(default_factory=dict)  # by component: the peak of an operation in flight
 
 
 class EndpointInfo(BaseModel):
@@ -412,6 +426,33 @@ def _router_copies(comp: ComponentState) -> list[dict[str, str]]:
     return [{"url": c.url, "spec_sha256": c.spec_sha256 or comp.spec_sha256} for c in comp.copies]
 
 
+def _in_flight(state: EndpointState, component: str, *, pending: list[CopyRef] | None = None,
+               retiring: list[CopyRef] | None = None) -> None:
+    """Record the copies an operation on `component` is starting (`pending`) or retiring (`retiring`), in place of
+    those it recorded before; each names the component, so only a command holding its lock stops a leftover."""
+    for field, refs in (("pending", pending), ("retiring", retiring)):
+        if refs is not None:
+            tagged = [c.model_copy(update={"component": component}) for c in refs]
+            setattr(state, field, [c for c in getattr(state, field) if c.component != component] + tagged)
+
+
+def _merged(theirs: list[CopyRef], ours: list[CopyRef], component: str) -> list[CopyRef]:
+    """The newest list on disk with `component`'s entries replaced by an operation's own."""
+    return [c for c in theirs if c.component != component] + [c for c in ours if c.component == component]
+
+
+def _held_beside(state: EndpointState, component: str, unit: str) -> float:
+    """What the endpoint's other components hold of `unit`: each the larger of its copies (as scaling wants them) and
+    the claim of an operation in flight on it (a rolling update's extra batch, a new component's first copies)."""
+    held = 0.0
+    for name in (set(state.components) | set(state.claims)) - {component}:
+        comp, claim = state.components.get(name), state.claims.get(name)
+        need = need_of(comp.spec.neutral) if comp is not None else None
+        steady = comp.wanted * need.per_copy if comp is not None and need is not None and need.unit == unit else 0.0
+        held += max(steady, claim.copies * claim.per_copy if claim is not None and claim.unit == unit else 0.0)
+    return held
+
+
 def _probe(port: int) -> tuple[int | None, bool]:
     """(status of GET /ping on a copy, whether it was a busy 503); (None, False) when it does not answer in time."""
     try:
@@ -459,24 +500,30 @@ class ProcessSupervisor:
         self.router_start_timeout_s = router_start_timeout_s
         self.stop_grace_s = stop_grace_s
         self.lock_timeout_s = lock_timeout_s
-        self._held: dict[str, int] = {}  # endpoint -> thread holding its lock (a rollout's bake may invoke it)
+        self._held: dict[str, int] = {}  # lock file -> the thread holding it (a rollout's bake may invoke the endpoint)
         for sub in ("endpoints", "logs", "locks", "run"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
 
     # -- public API ----------------------------------------------------------------------------
     def ensure_endpoint(self, name: str, *, ready_timeout_s: float = 120) -> EndpointInfo:
         """Start the endpoint's router, or find it running, or restart it if it died; then replace
-        every copy that died or that the router took out of rotation."""
+        every copy that died or that the router took out of rotation, in each component that no
+        other command is changing (one that is, that command owns; it is not waited for)."""
         check_name("endpoint", name)
         with self._lock(name):
             state, status = self._ensure(name)
-            self._replace_dead_copies(state, ready_timeout_s)
+        tagged = {c.component for c in state.pending + state.retiring if c.component}
+        for component in sorted(set(state.components) | tagged):
+            with self._component_lock(name, component, wait=False) as got:
+                if got == "acquired":
+                    self._heal(name, component, ready_timeout_s)
         return self._info(state, status)
 
     def put_component(
         self, endpoint: str, component: str, spec: ProcessSpec, *, ready_timeout_s: float = 120
     ) -> ComponentInfo:
-        """Run `spec.copies` copies of a component and switch the router to them all at once."""
+        """Run `spec.copies` copies of a component and switch the router to them all at once (CapacityError,
+        changing nothing, where they and the old copies do not fit a shared endpoint beside the others')."""
         check_name("endpoint", endpoint)
         check_name("component", component)
         if not isinstance(spec, ProcessSpec):
@@ -488,7 +535,7 @@ class ProcessSupervisor:
             raise BadInput(
                 f"ready_timeout_s must be > 0, got {ready_timeout_s}", fix="pass seconds > 0"
             )
-        with self.locked(endpoint) as state:
+        with self.component_locked(endpoint, component) as state:
             digest = spec.sha256()
             current = state.components.get(component)
             if current is not None and self.serves(current, digest, spec.copies):
@@ -499,27 +546,27 @@ class ProcessSupervisor:
                     copies=current.copies,
                     changed=False,
                 )
-            new = self._start_copies(state, endpoint, component, spec, ready_timeout_s)
+            old = current.copies if current else []
+            self.claim(state, component, spec, spec.copies + len(old))  # the new copies start beside the old
+            new = self._start_copies(state, component, spec, ready_timeout_s)
             state.components[component] = ComponentState(spec=spec, spec_sha256=digest, copies=new,
                                                          scaling=current.scaling if current else None,
                                                          serverless=current.serverless if current else None)
-            state.retiring = list(current.copies) if current else []
-            state.pending = []
-            self.save(state)
+            _in_flight(state, component, pending=[], retiring=old)
             try:
-                self._register(state, component)
+                self.commit(state, component, register=True)
             except Exception:
                 self._stop_copies(new)
                 if current is None:
                     del state.components[component]
                 else:
                     state.components[component] = current
-                state.retiring = []
-                self.save(state)
+                _in_flight(state, component, retiring=[])
+                self.commit(state, component)
                 raise
-            self._stop_copies(state.retiring)
-            state.retiring = []
-            self.save(state)
+            self._stop_copies(old)
+            _in_flight(state, component, retiring=[])
+            self.commit(state, component)
         return ComponentInfo(
             endpoint=endpoint, name=component, spec_sha256=digest, copies=new, changed=True
         )
@@ -529,26 +576,25 @@ class ProcessSupervisor:
         """Let the component scale in to zero after `plan.idle_s` idle and out on the first request; the router does
         both, through `tasks.backends.local.scaler` (as a serverless endpoint does, with `serverless`). False when it
         already scaled so."""
-        with self.locked(endpoint) as state:
+        with self.component_locked(endpoint, component) as state:
             comp = self._component(state, component)
             if comp.scaling == plan and comp.serverless == serverless:
                 return False
             comp.scaling, comp.serverless = plan, serverless
-            self.save(state)
-            self._register(state, component)
+            self.commit(state, component, register=True)
         return True
 
     def scale(self, endpoint: str, component: str, copies: int, *, ready_timeout_s: float = 120,
               drain_timeout_s: float = 30) -> bool:
         """Give the component `copies` copies now: start the missing ones (ready) or drain and stop the extra; False
         when it already has them. NotFound when the endpoint or component is gone, so a scaler that lost a race
-        with a teardown starts nothing; NotReady while a rolling update owns the copies."""
+        with a teardown starts nothing; NotReady while an interrupted rolling update owns the copies; CapacityError,
+        changing nothing, where more copies do not fit a shared endpoint beside the other components'. It waits only
+        for another operation on this component, never for another component's rollout."""
         if isinstance(copies, bool) or not isinstance(copies, int) or not 0 <= copies <= MAX_COPIES:
             raise BadInput(f"copies must be an integer 0..{MAX_COPIES}, got {copies!r}", fix="pass a copy count")
         check_name("endpoint", endpoint)
-        with self._lock(endpoint):
-            self._require(endpoint)
-            state = self._ensure(endpoint)[0]
+        with self.component_locked(endpoint, component, create=False) as state:
             comp = self._component(state, component)
             if comp.previous is not None:
                 raise NotReady(f"component {component} is in a rolling update, which owns its copies",
@@ -557,9 +603,11 @@ class ProcessSupervisor:
                 raise BadInput(f"component {component} does not scale to zero, so with no copy it could not answer "
                                "or start one", fix="set its scaling first (set_scaling), or keep a copy")
             live = [c for c in comp.copies if _alive(c)]
+            if copies > len(live):
+                self.claim(state, component, comp.spec, copies)
             comp.desired = copies
             if len(live) == len(comp.copies) == copies:
-                self.save(state)
+                self.commit(state, component)
                 return False
             dead = [c for c in comp.copies if c not in live]
             if copies > len(live):
@@ -567,6 +615,33 @@ class ProcessSupervisor:
             else:
                 self.shift(state, component, comp.spec, 0, dead + live[copies:], (ready_timeout_s, drain_timeout_s))
         return True
+
+    def set_room(self, name: str, room: EndpointRoom | None) -> None:
+        """Record the instances a shared endpoint stands for (None: an endpoint of one model, whose copies are not
+        counted); every later start of copies on it is checked against them first (`claim`)."""
+        check_name("endpoint", name)
+        with self._lock(name):
+            state = self._fresh(name)
+            if state.room != room:
+                state.room = room
+                self._save(state)
+
+    def claim(self, state: EndpointState, component: str, spec: ProcessSpec, copies: int) -> None:
+        """Claim room on a shared endpoint for `copies` copies of `spec` at once (an operation's peak) until the
+        component's lock is let go; CapacityError, changing nothing, where they do not fit beside what the other
+        components hold, counted as SageMaker counts it (`tasks.backends.local.room`). Check and claim are one hold
+        of the endpoint's lock, so two components' operations cannot both take the last room."""
+        need = need_of(spec.neutral)
+        with self._lock(state.name):
+            fresh = self._fresh(state.name)
+            if fresh.room is None or need is None:
+                return
+            problem = room_problem(fresh.room, state.name, component, copies, need,
+                                   _held_beside(fresh, component, need.unit))
+            if problem is not None:
+                raise CapacityError(f"{state.name}/{component} was not changed: {problem[0]}", fix=problem[1])
+            state.claims[component] = Claim(copies=copies, unit=need.unit, per_copy=need.per_copy)
+            self.commit(state, component)
 
     def _component(self, state: EndpointState, component: str) -> ComponentState:
         check_name("component", component)
@@ -580,28 +655,34 @@ class ProcessSupervisor:
         """Stop a component's copies and remove it from the router; False if it did not exist."""
         check_name("endpoint", endpoint)
         check_name("component", component)
-        with self._lock(endpoint):
-            state = self._load(endpoint)
-            if state is None or component not in state.components:
-                return False
-            health = "dead" if state.router is None else self._router_health(state)
-            if health == "busy":
-                raise self._busy(state, f"component {component} was not deleted")
-            if health == "ok":
-                status, body = self._admin(state, "DELETE", f"components/{component}")
-                if status not in (200, 404):
-                    raise Conflict(
-                        f"router refused to delete {component}: {status} {body}",
-                        fix=f"check the router log {state.router.log}",
-                    )
-            self._stop_copies(state.components.pop(component).copies)
-            self.save(state)
+        with self._component_lock(endpoint, component):
+            with self._lock(endpoint):
+                state = self._load(endpoint)
+                if state is None or component not in state.components:
+                    return False
+                health = "dead" if state.router is None else self._router_health(state)
+                if health == "busy":
+                    raise self._busy(state, f"component {component} was not deleted")
+                if health == "ok":
+                    status, body = self._admin(state, "DELETE", f"components/{component}")
+                    if status not in (200, 404):
+                        raise Conflict(
+                            f"router refused to delete {component}: {status} {body}",
+                            fix=f"check the router log {state.router.log}",
+                        )
+                removed = state.components.pop(component)
+                self._save(state)
+            self._stop_copies(removed.copies)
         return True
 
     def delete_endpoint(self, name: str) -> bool:
-        """Stop the router and all copies, wait for their exit, drop the state; False if absent."""
+        """Stop the router and all copies, wait for their exit, drop the state; False if absent. It waits for every
+        operation on the endpoint's components to end first (it takes each component's lock)."""
         check_name("endpoint", name)
-        with self._lock(name):
+        with contextlib.ExitStack() as held:
+            for path in sorted((self.state_dir / "locks" / name).glob("*.lock")):
+                held.enter_context(self._flock(path, f"component {path.stem} of endpoint {name}"))
+            held.enter_context(self._lock(name))
             state = self._load(name)
             self._stop_untracked(state or EndpointState(name=name))
             if state is None:
@@ -745,9 +826,40 @@ class ProcessSupervisor:
             )
         return state
 
-    def save(self, state: EndpointState) -> None:
-        """Persist the endpoint's state atomically (a rollout saves each of its changes before it acts on them)."""
+    def _save(self, state: EndpointState) -> None:
+        """Write the endpoint's state atomically; only under the endpoint's lock, with the state loaded in that hold."""
         write_json_atomic(self._state_path(state.name), state.model_dump(mode="json"))
+
+    def commit(self, state: EndpointState, component: str, *, register: bool = False) -> None:
+        """Persist an operation's changes to one component (its entry, the copies it is starting or retiring, its room
+        claim) into the endpoint's newest state in one short hold of the endpoint's lock, and with `register` tell the
+        router the component's copies in the same hold. The other components' entries come from disk (and refresh
+        `state`), so operations on two components never undo each other. NotFound where the endpoint was deleted."""
+        with self._lock(state.name):
+            fresh = self._fresh(state.name)
+            mine = state.components.get(component)
+            if mine is None:
+                fresh.components.pop(component, None)
+            else:
+                fresh.components[component] = mine
+            fresh.pending = _merged(fresh.pending, state.pending, component)
+            fresh.retiring = _merged(fresh.retiring, state.retiring, component)
+            fresh.claims.pop(component, None)
+            if component in state.claims:
+                fresh.claims[component] = state.claims[component]
+            self._save(fresh)
+            for field in ("router", "components", "pending", "retiring", "room", "claims"):
+                setattr(state, field, getattr(fresh, field))
+            if register and mine is not None:
+                self._register(state, component)
+
+    def _fresh(self, name: str) -> EndpointState:
+        """The endpoint's state as on disk now; NotFound where it was deleted (while an operation ran, say)."""
+        state = self._load(name)
+        if state is None:
+            raise NotFound(f"endpoint {name} was deleted while it was being changed",
+                           fix=f"deploy it again if it should exist (ensure_endpoint({name!r}))")
+        return state
 
     def _require(self, name: str) -> EndpointState:
         check_name("endpoint", name)
@@ -774,50 +886,111 @@ class ProcessSupervisor:
         )
 
     @contextlib.contextmanager
-    def locked(self, name: str) -> Iterator[EndpointState]:
-        """Hold the endpoint's lock with its leftovers cleaned and its router running, yielding its state."""
-        with self._lock(name):
-            yield self._ensure(name)[0]
+    def component_locked(self, endpoint: str, component: str, *, create: bool = True) -> Iterator[EndpointState]:
+        """Hold the component's lock, so its own operations serialise while other components' go on, with the router
+        running (NotFound where the endpoint is absent, unless `create`), yielding the endpoint's state: the operation
+        changes this component in it and `commit`s each change. Its room claim ends with the lock."""
+        check_name("endpoint", endpoint)
+        check_name("component", component)
+        with self._component_lock(endpoint, component) as got:
+            with self._lock(endpoint):
+                if not create:
+                    self._require(endpoint)
+                state = self._ensure(endpoint)[0]
+            try:
+                yield state
+            finally:
+                if got == "acquired":
+                    self._release_claim(endpoint, component)
 
     @contextlib.contextmanager
-    def _lock(self, name: str) -> Iterator[None]:
-        """Exclusive per-endpoint file lock, waited for with a deadline; re-entered by the thread holding it."""
-        if self._held.get(name) == threading.get_ident():
-            yield
+    def _lock(self, name: str) -> Iterator[str]:
+        """The endpoint's lock (`_flock`), for short read-modify-writes of what its components share."""
+        with self._flock(self.state_dir / "locks" / f"{name}.lock", f"endpoint {name}") as got:
+            yield got
+
+    @contextlib.contextmanager
+    def _component_lock(self, endpoint: str, component: str, *, wait: bool = True) -> Iterator[str]:
+        """The component's lock (`_flock`). On taking it, what an earlier command on this component left when it died
+        holding the lock is stopped and forgotten: copies it was starting or retiring, and its room claim."""
+        path = self.state_dir / "locks" / endpoint / f"{component}.lock"
+        path.parent.mkdir(exist_ok=True)
+        with self._flock(path, f"component {component} of endpoint {endpoint}", wait=wait) as got:
+            if got == "acquired":
+                self._drop_leftovers(endpoint, component)
+            yield got
+
+    @contextlib.contextmanager
+    def _flock(self, path: Path, what: str, *, wait: bool = True) -> Iterator[str]:
+        """An exclusive file lock, waited for with a deadline (Conflict after `lock_timeout_s`); yields "acquired",
+        "held" (this thread holds it already: re-entered, as a bake that invokes the endpoint does) or, without
+        `wait`, "busy" when another command holds it."""
+        key = str(path)
+        if self._held.get(key) == threading.get_ident():
+            yield "held"
             return
-        fd = os.open(self.state_dir / "locks" / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
-            deadline = time.monotonic() + self.lock_timeout_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise Conflict(
-                            f"endpoint {name} is being changed by another command "
-                            f"(waited {self.lock_timeout_s:g}s for its lock)",
-                            fix="wait for the other command to finish, then retry",
-                        ) from None
-                    time.sleep(POLL_S)
-            self._held[name] = threading.get_ident()
+            if not self._take(fd, wait):
+                if not wait:
+                    yield "busy"
+                    return
+                raise Conflict(f"{what} is being changed by another command (waited {self.lock_timeout_s:g}s for its lock)",
+                               fix="wait for the other command to finish, then retry")
+            self._held[key] = threading.get_ident()
             try:
-                yield
+                yield "acquired"
             finally:
-                del self._held[name]
+                del self._held[key]
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
 
+    def _take(self, fd: int, wait: bool) -> bool:
+        """Lock the open lock file; False when another holds it past `lock_timeout_s` (at once without `wait`)."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if not wait or time.monotonic() > deadline:
+                    return False
+                time.sleep(POLL_S)
+
+    def _drop_leftovers(self, endpoint: str, component: str) -> None:
+        """Stop and forget the copies a dead command was starting or retiring for the component, and its claim."""
+        with self._lock(endpoint):
+            state = self._load(endpoint)
+            if state is None:
+                return
+            left = [c for c in state.pending + state.retiring if c.component == component]
+            if not left and component not in state.claims:
+                return
+            self._stop_copies(left)
+            _in_flight(state, component, pending=[], retiring=[])
+            state.claims.pop(component, None)
+            self._save(state)
+
+    def _release_claim(self, endpoint: str, component: str) -> None:
+        """End the component's room claim as its operation lets its lock go (nothing where the endpoint is gone)."""
+        with self._lock(endpoint):
+            state = self._load(endpoint)
+            if state is not None and state.claims.pop(component, None) is not None:
+                self._save(state)
+
     # -- router ------------------------------------------------------------------------------
     def _ensure(self, name: str) -> tuple[EndpointState, str]:
-        """Under the lock: clean leftovers, make the router run, sync it with the state."""
+        """Under the endpoint's lock: stop unrecorded processes and leftovers that name no component (a component's
+        own are stopped by the next command that takes its lock), make the router run, sync it with the state."""
         state = self._load(name) or EndpointState(name=name)
         self._stop_untracked(state)
-        if state.pending or state.retiring:
-            self._stop_copies(state.pending + state.retiring)
-            state.pending, state.retiring = [], []
-            self.save(state)
+        unnamed = [c for c in state.pending + state.retiring if c.component is None]
+        if unnamed:
+            self._stop_copies(unnamed)
+            state.pending = [c for c in state.pending if c.component is not None]
+            state.retiring = [c for c in state.retiring if c.component is not None]
+            self._save(state)
         health = "dead" if state.router is None else self._router_health(state)
         if health == "busy":
             raise self._busy(state, "it was not changed")
@@ -832,7 +1005,7 @@ class ProcessSupervisor:
             for comp in state.components.values():
                 comp.copies = [c for c in comp.copies if _alive(c)]
             state.router = self._start_router(name, port)
-            self.save(state)
+            self._save(state)
         self._sync_router(state)
         return state, status
 
@@ -989,45 +1162,45 @@ class ProcessSupervisor:
             elif not wanted and cname in registered:
                 self._admin(state, "DELETE", f"components/{cname}")
 
-    def _replace_dead_copies(self, state: EndpointState, ready_timeout_s: float) -> None:
-        """Under the lock: bring every component back to its spec's copy count with fresh copies, in
-        place of those whose process died or that the router holds out of rotation."""
-        registered = self._admin(state, "GET", "state")[1]["components"]
-        for cname, comp in sorted(state.components.items()):
-            if comp.previous is not None:
-                continue  # a rolling update owns this component's copies until it ends
-            in_rotation = {c["url"] for c in registered.get(cname, {}).get("copies", []) if c["healthy"]}
-            keep = [c for c in comp.copies if _alive(c) and (c.url in in_rotation or _answers(c.port))]
-            missing = comp.wanted - len(keep)
-            if missing <= 0:
-                continue
-            sys.stderr.write(
-                f"endpoint {state.name}: component {cname} has {len(keep)} of {comp.wanted} copies "
-                f"in rotation; starting {missing}\n"
-            )
-            # the copies left out are dead or out of rotation: nothing to drain from them
-            self.shift(state, cname, comp.spec, missing, [c for c in comp.copies if c not in keep], (ready_timeout_s, 0.0))
+    def _heal(self, name: str, component: str, ready_timeout_s: float) -> None:
+        """Under the component's lock: bring it back to the copies it should have with fresh copies, in place of
+        those whose process died or that the router holds out of rotation."""
+        state = self._fresh(name)
+        comp = state.components.get(component)
+        if comp is None or comp.previous is not None:
+            return  # gone, or an interrupted rolling update owns its copies until a rerun ends it
+        registered = self._admin(state, "GET", "state")[1]["components"].get(component, {})
+        in_rotation = {c["url"] for c in registered.get("copies", []) if c["healthy"]}
+        keep = [c for c in comp.copies if _alive(c) and (c.url in in_rotation or _answers(c.port))]
+        missing = comp.wanted - len(keep)
+        if missing <= 0:
+            return
+        sys.stderr.write(
+            f"endpoint {name}: component {component} has {len(keep)} of {comp.wanted} copies "
+            f"in rotation; starting {missing}\n"
+        )
+        # the copies left out are dead or out of rotation: nothing to drain from them
+        self.shift(state, component, comp.spec, missing, [c for c in comp.copies if c not in keep], (ready_timeout_s, 0.0))
 
     # -- traffic steps (healing here, rolling updates in tasks.backends.local.rollout) ---------
     def shift(
         self, state: EndpointState, component: str, spec: ProcessSpec, count: int, retire: list[CopyRef],
         timeouts: tuple[float, float],
     ) -> None:
-        """One traffic step: start `count` copies of `spec` (ready), put them in rotation without `retire`,
-        let those drain (skipped with a drain timeout of 0), stop them; persisted before each change so a
-        crash is cleaned up by the next command."""
+        """One traffic step, under the component's lock: start `count` copies of `spec` (ready), put them in
+        rotation without `retire`, let those drain (skipped with a drain timeout of 0), stop them; persisted
+        before each change so a crash is cleaned up by the next command on the component."""
         ready_timeout_s, drain_timeout_s = timeouts
         comp = state.components[component]
-        fresh = self._start_copies(state, state.name, component, spec, ready_timeout_s, count=count) if count else []
+        fresh = self._start_copies(state, component, spec, ready_timeout_s, count=count) if count else []
         comp.copies = [c for c in comp.copies if c not in retire] + fresh
-        state.pending, state.retiring = [], list(retire)
-        self.save(state)
-        self._register(state, component)
+        _in_flight(state, component, pending=[], retiring=retire)
+        self.commit(state, component, register=True)
         if drain_timeout_s > 0:
             self._drain(state, component, retire, drain_timeout_s)
         self._stop_copies(retire)
-        state.retiring = []
-        self.save(state)
+        _in_flight(state, component, retiring=[])
+        self.commit(state, component)
 
     def forget_dead_copies(self, state: EndpointState, component: str) -> None:
         """Drop copies whose process died from the component (and the router), so a rollout's counts are real."""
@@ -1038,9 +1211,7 @@ class ProcessSupervisor:
         sys.stderr.write(f"endpoint {state.name}: {len(comp.copies) - len(alive)} copies of {component} died; "
                          "the rollout replaces them\n")
         comp.copies = alive
-        self.save(state)
-        if alive:
-            self._register(state, component)
+        self.commit(state, component, register=bool(alive))
 
     def _drain(self, state: EndpointState, component: str, retired: list[CopyRef], timeout_s: float) -> None:
         """Wait until the router has no request in flight on the copies just taken out of rotation."""
@@ -1072,26 +1243,29 @@ class ProcessSupervisor:
     def _start_copies(
         self,
         state: EndpointState,
-        endpoint: str,
         component: str,
         spec: ProcessSpec,
         ready_timeout_s: float,
         *,
         count: int | None = None,
     ) -> list[CopyRef]:
-        """Spawn `count` copies (the spec's count by default; recorded as pending first) and wait for
-        every /ping to say 200."""
+        """Spawn `count` copies (the spec's count by default), each recorded as pending in the same short hold of the
+        endpoint's lock that spawns it (so no other command's sweep takes it for a stray), then wait outside that
+        lock for every /ping to say 200."""
+        endpoint = state.name
         generation = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         log_dir = self.state_dir / "logs" / endpoint
         log_dir.mkdir(parents=True, exist_ok=True)
         procs: list[subprocess.Popen] = []
+        started: list[CopyRef] = []
         try:
             for index in range(spec.copies if count is None else count):
                 port = _free_port()
                 log = log_dir / f"{component}-{generation}-{index}.log"
                 env = {**os.environ, **spec.env, spec.port_env: str(port)}
                 env[OWNER_ENV] = self._owner(endpoint)
-                with open(log, "ab") as handle:
+                with self._lock(endpoint), open(log, "ab") as handle:
+                    self._fresh(endpoint)  # deleted meanwhile: start nothing
                     try:
                         proc = subprocess.Popen(
                             spec.command,
@@ -1111,25 +1285,19 @@ class ProcessSupervisor:
                             f"component {component}: could not start a copy: {exc}",
                             fix="free memory/process slots and retry",
                         ) from exc
-                procs.append(proc)
-                state.pending.append(
-                    CopyRef(
-                        pid=proc.pid,
-                        start_ticks=_start_ticks(proc.pid),
-                        log=str(log),
-                        port=port,
-                        url=f"http://127.0.0.1:{port}",
-                        spec_sha256=spec.sha256(),
-                    )
-                )
-                self.save(state)
-            self._wait_ready(component, procs, state.pending, ready_timeout_s)
+                    procs.append(proc)
+                    started.append(CopyRef(pid=proc.pid, start_ticks=_start_ticks(proc.pid), log=str(log), port=port,
+                                           url=f"http://127.0.0.1:{port}", spec_sha256=spec.sha256(), component=component))
+                    _in_flight(state, component, pending=started)
+                    self.commit(state, component)
+            self._wait_ready(component, procs, started, ready_timeout_s)
         except BaseException:
-            self._stop_copies(state.pending)
-            state.pending = []
-            self.save(state)
+            self._stop_copies(started)
+            _in_flight(state, component, pending=[])
+            with contextlib.suppress(NotFound):  # the endpoint went meanwhile: nothing left to record
+                self.commit(state, component)
             raise
-        return list(state.pending)
+        return started
 
     def _wait_ready(
         self,

@@ -3,6 +3,7 @@
 Forward only: the ledger is append-only and a downgrade would drop what newer code recorded.
 `baseline_tables` is revision 0001's schema, frozen: exactly what `create_all` made in every
 shiplift before migrations, so such a ledger is recognised as 0001 by comparing against it.
+`lease_holder_columns` are what revision 0002 adds to the leases, and `head_tables` the schema this code reads.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 BASELINE_REVISION = "0001"
+LEASE_HOLDER_REVISION = "0002"
 
 
 def baseline_tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
@@ -40,4 +42,23 @@ def baseline_tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
         sa.Column("acquired_at", sa.String(32), nullable=False),
         sa.Column("expires_at", sa.String(32), nullable=False),
     )
+    return records, leases
+
+
+def lease_holder_columns() -> list[sa.Column]:
+    """Revision 0002's lease columns: who holds a lease is its random token and, for a run's lease, the host and pid of
+    its process, with the time the holder last renewed it (liveness never reads the holder's name)."""
+    return [
+        sa.Column("token", sa.String(32), nullable=True),  # NULL only on a lease taken before revision 0002
+        sa.Column("host", sa.Text, nullable=True),  # NULL: an orchestrator's lease, held by name across processes
+        sa.Column("pid", sa.BigInteger, nullable=True),
+        sa.Column("renewed_at", sa.String(32), nullable=True),  # revision 0002 fills it in with acquired_at
+    ]
+
+
+def head_tables(schema: str | None) -> tuple[sa.Table, sa.Table]:
+    """The records and leases tables at this code's newest revision (0002)."""
+    records, leases = baseline_tables(schema)
+    for column in lease_holder_columns():
+        leases.append_column(column)
     return records, leases

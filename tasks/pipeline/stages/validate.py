@@ -58,7 +58,7 @@ def cold_starts(ctx, deployed, invoker) -> dict | None:
     their p95 (None otherwise). A component that scales to zero is first let scale as production will; a serverless
     candidate's first start is its first request since its deploy (SageMaker has no call that sends a serverless
     endpoint's compute away, so only the local backend times more than one)."""
-    from validation.cold_start import cold_start_check, first_answer
+    from validation.cold_start import cold_start_check, cold_start_kind, first_answer, stop_for_cold_start
 
     bound, validation = ctx.config.cold_start_bound, ctx.config.validation
     if bound is None:
@@ -72,13 +72,14 @@ def cold_starts(ctx, deployed, invoker) -> dict | None:
     starts = []
     for number in range(1, starts_wanted + 1):
         if number > 1 or not serverless:
-            hosting.set_copies(endpoint, component, 0, progress=ctx.say)
+            stop_for_cold_start(hosting, endpoint, component, progress=ctx.say)
         start = first_answer(invoker, body, timeout_s=validation.request_timeout_s, deadline_s=2 * max_p95_s)
         ctx.say(f"validate: cold start {number}/{starts_wanted}: "
                 + (f"no answer ({start.error})" if start.error else f"{start.seconds:.2f} s, {start.attempts} attempts"))
         starts.append(start)
     check = cold_start_check(starts, max_p95_s)
-    return {"starts": [s.to_dict() for s in starts], "p95_s": check["observed"], "max_p95_s": max_p95_s, "check": check}
+    return {"starts": [s.to_dict() for s in starts], "p95_s": check["observed"], "max_p95_s": max_p95_s, "check": check,
+            "kind": cold_start_kind(hosting)}
 
 
 def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
