@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tasks.cli.arguments import with_config, with_json, with_set
+from tasks.cli.gate_commands import warn_if_underpowered
 from tasks.console import print_fields, print_json, print_table
 
 
@@ -32,6 +33,7 @@ def cmd_config_validate(args) -> int:
     from tasks.pipeline.release import release_id_for
 
     config = load_release_config(args.config, overrides=tuple(args.set))
+    warn_if_underpowered(config, args.config)
     if args.json:
         print_json({"ok": True, "release_id": release_id_for(config), "config_hash": config.config_hash(),
                     "config": config.model_dump(mode="json")})

@@ -15,6 +15,7 @@ import sys
 
 from tasks.cli.config_commands import add_config_commands
 from tasks.cli.fleet_commands import add_fleet_commands
+from tasks.cli.gate_commands import add_gate_commands
 from tasks.cli.ledger_commands import add_ledger_commands, close_ledgers
 from tasks.cli.orchestration_commands import add_orchestration_commands
 from tasks.cli.release_commands import add_release_commands
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_orchestration_commands(sub)
     add_config_commands(sub)
     add_fleet_commands(sub)
+    add_gate_commands(sub)
     add_serving_commands(sub)
     add_ledger_commands(sub)
     return parser

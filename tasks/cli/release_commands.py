@@ -31,8 +31,11 @@ def cmd_release(args) -> int:
     if args.with_champion:
         raise ConfigError("--with-champion plans a later release and only goes with --dry-run",
                           fix=f"run `shiplift release {args.config} --dry-run --with-champion`, or leave --with-champion out")
+    from tasks.cli.gate_commands import warn_if_underpowered
+    from tasks.config import load_release_config
     from tasks.pipeline.release import run_release
 
+    warn_if_underpowered(load_release_config(args.config, overrides=overrides_of(args)), args.config)
     summary = run_release(args.config, overrides=overrides_of(args), keep_candidate=args.keep_candidate or None)
     print_json(summary) if args.json else print_summary(summary)
     return release_exit(summary)

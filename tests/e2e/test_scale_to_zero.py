@@ -68,7 +68,8 @@ def test_the_gate_measures_cold_starts_and_production_scales_to_zero_and_back(sc
     assert all(s["attempts"] >= 2 for s in starts), "each start's first request found no copy and was retried"
     assert check["status"] == "pass" and check["observed"] == pytest.approx(max(s["seconds"] for s in starts), abs=1e-3)
     assert validate_result(state, result["release_id"])["metrics"]["cold_start_p95_s"] == pytest.approx(check["observed"], abs=1e-3)
-    assert "cold starts (from zero copies" in Path(validate_result(state, result["release_id"])["report_html"]).read_text()
+    html = Path(validate_result(state, result["release_id"])["report_html"]).read_text()
+    assert "cold starts, copy restart" in html and "cold starts, from zero instances" not in html, "locally: a copy restart"
 
     config = load_release_config(config_path)
     endpoint, component = production_endpoint(config), production_component(config)
