@@ -287,6 +287,7 @@ def holding_lease(ctx: StageContext, holder: str) -> Iterator[None]:
         ctx.lease_holder, ctx.lease_token = holder, lease.token
         try:
             if lease.taken_over is not None:
+                ctx.record_opened()  # a run that died between its lease and its opening: the release opens first
                 previous, why = lease.taken_over
                 ctx.say(f"took the promotion lease over from {previous!r}, an earlier run of this release: {why}; continuing")
                 ctx.record(events.RELEASE, events.LEASE_TAKEN_OVER, {"from_holder": previous, "reason": why, "holder": holder})

@@ -115,6 +115,18 @@ def test_a_rollout_in_flight_holds_its_peak_against_the_other_tenants(hosting):
     hosting.put_component(ENDPOINT, "b", _tenant(2), ready_timeout_s=20)  # a holds 2 again: 2 more fit
 
 
+def test_a_tenant_left_with_more_copies_than_it_wants_is_counted_by_the_copies_it_runs(hosting):
+    """An update that stopped partway (LeaseLost, a failed ledger write) leaves more copies running than the component
+    wants, and its claim is gone: the other tenants' room counts the copies that run, not the count it wants."""
+    _fleet(hosting, a=3)
+    state = hosting._load(ENDPOINT)
+    state.components["a"].desired = 1  # wants 1, still runs 3 (6 of 8 vCPUs)
+    hosting._save(state)
+    with pytest.raises(CapacityError, match="room for 1 .*6 held by other inference components"):
+        hosting.put_component(ENDPOINT, "b", _tenant(2), ready_timeout_s=20)
+    hosting.put_component(ENDPOINT, "b", _tenant(1), ready_timeout_s=20)  # the one slot the 3 copies leave
+
+
 def test_the_room_of_a_placement_is_counted_as_sagemaker_counts_it():
     assert room_of(PLACEMENT.model_copy(update={"endpoint": None})) is None, "a model's own endpoint is not counted"
     room = room_of(PLACEMENT.model_copy(update={"max_instance_count": 3}))

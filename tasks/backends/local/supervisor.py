@@ -442,15 +442,24 @@ def _merged(theirs: list[CopyRef], ours: list[CopyRef], component: str) -> list[
 
 
 def _held_beside(state: EndpointState, component: str, unit: str) -> float:
-    """What the endpoint's other components hold of `unit`: each the larger of its copies (as scaling wants them) and
-    the claim of an operation in flight on it (a rolling update's extra batch, a new component's first copies)."""
+    """What the endpoint's other components hold of `unit`: each the largest of the copies it wants (scaling), the
+    copies it runs (an update that stopped partway leaves more), each at its larger spec's need, and the claim of an
+    operation in flight on it (a rolling update's extra batch, a new component's first copies)."""
     held = 0.0
     for name in (set(state.components) | set(state.claims)) - {component}:
         comp, claim = state.components.get(name), state.claims.get(name)
-        need = need_of(comp.spec.neutral) if comp is not None else None
-        steady = comp.wanted * need.per_copy if comp is not None and need is not None and need.unit == unit else 0.0
-        held += max(steady, claim.copies * claim.per_copy if claim is not None and claim.unit == unit else 0.0)
+        held += max(_runs(comp, unit), claim.copies * claim.per_copy if claim is not None and claim.unit == unit else 0.0)
     return held
+
+
+def _runs(comp: ComponentState | None, unit: str) -> float:
+    """What a component's copies take of `unit`: the larger of the copies it wants and those it runs, each at the
+    larger need of its spec and the spec it is leaving."""
+    if comp is None:
+        return 0.0
+    needs = [need.per_copy for need in (need_of(spec.neutral) for spec in (comp.spec, comp.previous) if spec is not None)
+             if need is not None and need.unit == unit]
+    return max(comp.wanted, len(comp.copies)) * max(needs) if needs else 0.0
 
 
 def _probe(port: int) -> tuple[int | None, bool]:
