@@ -40,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     config = write_tiny_config(work / "configs", work / "state")
     env = {**os.environ, "SHIPLIFT_ACTOR": args.actor}
     command = [sys.executable, "-m", "tasks.cli.main", "release", str(config)]
+    try:
+        took, code = _kill_and_rerun(command, env, work)
+    finally:  # the rerun promoted the release: stop the endpoints it left serving
+        subprocess.run([sys.executable, "-m", "tasks.cli.main", "endpoints", "stop", "--all", "--state-dir",
+                        str(work / "state")], cwd=ROOT, capture_output=True, timeout=120)
+    print(json.dumps({"actor": args.actor, "rerun_exit": code,
+                      "takeover_after_kill_s": None if took is None else round(took, 2)}))
+    return 0 if took is not None and code == 0 else 1
+
+
+def _kill_and_rerun(command: list[str], env: dict, work: Path) -> tuple[float | None, int]:
+    """SIGKILL the first run once validate has started; (seconds from the kill to the rerun's takeover, its exit)."""
     victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
     deadline = time.monotonic() + DEADLINE_S
     while not _validate_started(work / "state" / "ledger.db"):  # poll the ledger: the run says nothing else
@@ -54,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in rerun.stderr:
         if took is None and "took the promotion lease over" in line:
             took = time.monotonic() - killed
-    code = rerun.wait(timeout=DEADLINE_S)
-    print(json.dumps({"actor": args.actor, "rerun_exit": code,
-                      "takeover_after_kill_s": None if took is None else round(took, 2)}))
-    return 0 if took is not None and code == 0 else 1
+    return took, rerun.wait(timeout=DEADLINE_S)
 
 
 if __name__ == "__main__":
