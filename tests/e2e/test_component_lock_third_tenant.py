@@ -24,6 +24,7 @@ from tests.e2e.test_shared_endpoint import QUIET, copies
 PLACEMENT = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2, "endpoint": "fleet"}
 
 
+@pytest.mark.slow  # ~60 s on 2 cores: make test-slow; tests/unit/test_component_lock_room.py keeps the refusal in make test
 def test_a_third_tenant_that_does_not_fit_is_refused_and_the_others_serve_on(tmp_path, tiny_release, cli):
     state = tmp_path / "state"
     configs = {name: tiny_release.write_tiny_config(tmp_path / name, state, name=f"tiny-{name}", placement=PLACEMENT,
