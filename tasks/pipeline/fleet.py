@@ -201,13 +201,13 @@ def plan_fleet(config_paths: list[str | Path], *, ledger=None, open_hosting: Cal
     table = load_price_table() if table is None else table
     region = NOMINAL_REGION if first.backend.kind != "aws" else first.backend.region
     endpoint = production_endpoint(first)
-    always_on = tuple(config.name for _, config in configs
-                      if not _scales_to_zero(config, serving[config.name], endpoint))
+    zero = {config.name: _scales_to_zero(config, serving[config.name], endpoint) for _, config in configs}
+    always_on = tuple(name for name, scales in zero.items() if not scales)
     tenants = []
     for path, config in configs:
         copies, most, differs = _counted(config, serving[config.name], images[config.name], endpoint)
-        zero = _scales_to_zero(config, serving[config.name], endpoint)
-        share = component_share(table, region, config.placement, widest, copies, scales_to_zero=zero, kept_on_by=always_on)
+        share = component_share(table, region, config.placement, widest, copies, scales_to_zero=zero[config.name],
+                                kept_on_by=always_on)
         tenants.append(Tenant(config.name, path, copies, most, *change_room(config.rollout, most),
                               None if images[config.name].on_gpu else images[config.name].threads,
                               _memory_mb(ledger, config.name), share,
