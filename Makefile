@@ -12,8 +12,10 @@ STAMP  := $(VENV)/.installed-$(HASH)
 # The celery extra (Airflow's Celery provider, celery[redis], redis, asyncpg) is installed by make test-celery alone.
 CELERY_STAMP := $(VENV)/.installed-celery-$(HASH)
 PYTEST_ARGS ?=
+# make bench-gate BENCH_ARGS="--candidates 1000 --suggest": options of bench/gate_error_rates.py
+BENCH_ARGS ?=
 
-.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger airflow clean stop
+.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger bench-gate airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -79,6 +81,9 @@ bench-chat: setup    ## the chat-path section of `make bench` alone: SemIf vs th
 
 bench-ledger: setup  ## the ledger section of `make bench` alone (no model): appends, verify, proofs at 10k and 100k records
 	$(BIN)/python -m bench.ledger
+
+bench-gate: setup    ## the gate's error rates on seeded candidates with known truth (recorded outcomes, no model): false promotions, false blocks, tasks used
+	$(BIN)/python -m bench.gate_error_rates $(BENCH_ARGS)
 
 stop:                ## stop every local endpoint this checkout started (default and demo state)
 	@for dir in .shiplift .shiplift/demo .shiplift/airflow; do \

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_serializer, model_validator
 
 from tasks.backends.aws.backend_config import AwsBackend
 from tasks.backends.local.backend_config import LocalBackend
@@ -105,13 +105,24 @@ class CapacitySize(Strict):
 
 class OnlineGate(Strict):
     """A labelled canary set replayed through the live component in every bake, judged on the candidate's own
-    answers against the champion's under the release's thresholds and champion rule."""
+    answers against the champion's under the release's thresholds and champion rule. A gate that has not decided at
+    the end of a bake's replay follows validation.inconclusive.choice (extend: `extend_rounds` more; else it blocks)."""
 
     split: str = Field("test", min_length=1, description="the split of the release's validation datasets replayed")
     max_tasks: int = Field(64, ge=1, le=10_000, description="at most this many tasks of that split, in file order")
     rounds: int = Field(4, ge=1, le=32, description="resends of tasks a champion copy answered, per bake")
     concurrency: int = Field(1, ge=1, le=64, description="requests in flight at once: the canary set is a probe, not "
                              "load, so its latencies are the copies' own")
+    extend_rounds: int = Field(8, ge=1, le=256, description="with validation.inconclusive.choice extend: the most extra "
+                               "rounds one bake replays while the gate has not decided, before it blocks")
+
+    @model_serializer(mode="wrap")
+    def _default_extension_unwritten(self, handler):
+        """A gate that leaves `extend_rounds` at its default dumps (and hashes into a release id) as before it existed."""
+        data = handler(self)
+        if self.extend_rounds == type(self).model_fields["extend_rounds"].default:
+            data.pop("extend_rounds", None)
+        return data
 
 
 class RollingUpdate(Strict):
@@ -310,6 +321,14 @@ class ReleaseConfig(Strict):
         if gate.max_tasks < self.validation.champion.min_samples:
             raise ValueError(f"rollout.online_gate.max_tasks ({gate.max_tasks}) is below validation.champion.min_samples "
                              f"({self.validation.champion.min_samples}), so the gate could never decide; raise it")
+        return self
+
+    @model_validator(mode="after")
+    def _someone_to_ask(self) -> "ReleaseConfig":
+        if self.validation.inconclusive.choice == "ask" and not self.promotion.approval.required:
+            raise ValueError("validation.inconclusive.choice ask hands an inconclusive gate to a person, but "
+                             "promotion.approval names nobody; set promotion.approval {required: true, approvers: [...]}, "
+                             "or choose block or extend")
         return self
 
     @model_validator(mode="after")

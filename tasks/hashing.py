@@ -79,3 +79,17 @@ def check_sha256(sha256: str) -> str:
             fix="pass 64 lowercase hex characters",
         )
     return sha256
+
+
+def verified_bytes(data: bytes | None, sha256: str, where: str, max_bytes: int) -> bytes:
+    """`data` read from `where` if it hashes to `sha256`: BadInput when it was too large to read (None),
+    IntegrityError when it does not match."""
+    from tasks.errors import IntegrityError
+
+    if data is None:
+        raise BadInput(f"{where} is more than {max_bytes} bytes, more than this reader takes",
+                       fix="read it with a command that downloads artifacts (it is not the small file expected)")
+    if sha256_bytes(data) != sha256:
+        raise IntegrityError(f"{where} hashes to {sha256_bytes(data)}, its name says {sha256}",
+                             fix="the stored object is corrupt: restore it from its source and rerun the stage that wrote it")
+    return data

@@ -50,6 +50,12 @@ def write_tiny_config(folder: Path, state_dir: Path, *, name: str = "tiny-decisi
     tree["validation"]["datasets"] = [{"path": str(dataset), "splits": ["test"]}]
     tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "max_ece": 1.0, "min_validity": 1.0}
     tree["validation"]["n_bootstrap"] = 200
+    # no latency ratio: a tiny model answers in milliseconds, so its p95 on 32 tasks is the machine's noise (the ratio
+    # check has its own tests, tests/unit/test_latency_ratio.py); a test that wants it sets it with `changes`
+    tree["validation"]["champion"]["max_p95_ratio"] = None
+    # an inconclusive tiny gate blocks (the default) rather than extend onto Gemma's reserve; tests of the extension
+    # name their own (tests/e2e/test_inconclusive_release.py)
+    tree["validation"].pop("inconclusive", None)
     _apply_changes(tree, changes)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
@@ -71,7 +77,9 @@ def write_tiny_chat_config(folder: Path, state_dir: Path, *, name: str = "tiny-c
     tree["artifact"] = {"kind": "gguf", "source": {"kind": "path", "path": str(gguf), "sha256": sha256_file(gguf)}}
     tree["image"]["server"] = {"ctx_size": 1024}  # the tiny GGUF's own chat template, not Gemma's named one
     tree["validation"].update(datasets=base["validation"]["datasets"], n_bootstrap=200,
-                              thresholds={"min_accuracy": 0.0, "max_ece": 1.0, "min_validity": 0.0})
+                              thresholds={"min_accuracy": 0.0, "max_ece": 1.0, "min_validity": 0.0},
+                              champion={**tree["validation"]["champion"], "max_p95_ratio": None})  # as write_tiny_config
+    tree["validation"].pop("inconclusive", None)
     _apply_changes(tree, changes)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))

@@ -238,6 +238,51 @@ def champion_check(rows: Sequence[Mapping[str, Any]], *, key: str = "", confiden
                    7.0, 1.8 + 0.5 * len(rows), draw, key=key, attrs=attrs)
 
 
+def latency_ratio(ratio: Mapping[str, Any], *, max_ratio: float | None, ratio_status: str | None,
+                  p95: Mapping[str, Mapping[str, Any] | None], slo_ms: float | None, slo_status: str | None,
+                  confidence: float = 0.95) -> str:
+    """The two latency judgements side by side. Left, the comparison: candidate p95 / champion p95 over the requests
+    both answered (measured alternately), its paired interval, 1 (as fast) and the maximum ratio (dashed). Right, the
+    SLO: each side's p95 with its interval against the ceiling on this machine (dashed). `ratio`: {ratio, ci, n};
+    `p95`: {candidate, champion} -> {value, ci}. "" when there is no ratio to draw."""
+    if ratio.get("ratio") is None:
+        return ""
+    sides = [(who, est) for who, est in (("candidate", p95.get("candidate")), ("champion", p95.get("champion")))
+             if est and est.get("value") is not None]
+
+    def draw(fig: Figure) -> None:
+        left, right = fig.subplots(1, 2, gridspec_kw={"wspace": 0.45})
+        colour = STATUS_COLOUR.get(ratio_status, SHOWN_COLOUR)
+        ci = ratio.get("ci")
+        if ci:
+            left.plot(ci, [0, 0], color=colour, lw=4, solid_capstyle="butt", label=f"paired {confidence:.0%} interval")
+        left.plot([ratio["ratio"]], [0], "o", ms=9, color=colour, label=f"ratio {ratio['ratio']:.3f}")
+        left.axvline(1.0, color="#999", lw=1.2, label="1 = as fast as the champion")
+        if max_ratio is not None:
+            left.axvline(max_ratio, color="#222", lw=1.5, ls="--", label=f"max ratio {max_ratio:g}")
+        left.set_yticks([0], [f"{ratio.get('n')} requests"])
+        left.set_xlabel("candidate p95 ÷ champion p95 (dimensionless)")
+        left.set_title(f"Comparison ({ratio_status or 'shown, not gated'})")
+        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+        for y, (who, est) in enumerate(sides):
+            tint = CANDIDATE if who == "candidate" else CHAMPION
+            if est.get("ci"):
+                right.plot(est["ci"], [y, y], color=tint, lw=4, solid_capstyle="butt")
+            right.plot([est["value"]], [y], "o", ms=9, color=tint)
+        if slo_ms is not None:
+            right.axvline(slo_ms, color=STATUS_COLOUR.get(slo_status, "#222"), lw=1.5, ls="--",
+                          label=f"SLO: p95 <= {slo_ms:,.0f} ms on this machine ({slo_status or 'not judged'})")
+            right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+        right.set_yticks(range(len(sides)), [who for who, _ in sides])
+        right.set_ylim(len(sides) - 0.5, -0.5)
+        right.set_xlim(left=0)
+        right.set_xlabel(f"p95 latency (ms, per request; {confidence:.0%} interval)")
+        right.set_title("SLO (absolute, this machine)")
+
+    return _render("latency-ratio", "p95 latency: candidate over champion ratio with its paired interval, beside each "
+                   "one's p95 against the SLO ceiling", 9.0, 3.4, draw)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Audit report
 

@@ -1,12 +1,19 @@
 """Evaluate any decision endpoint (SemIf, or chat completions through its readout) on decision datasets, gate it, and write the evidence to a folder.
 
+A candidate and its champion are scored side by side (`side_by_side`): in alternate turns of a few tasks each, in one
+window on one machine, so that their latencies can be compared (the gate's `champion_p95_ratio`) whatever else loads
+the machine.
+
 Writes `predictions.jsonl` (and `champion-predictions.jsonl` when a champion is compared),
 `gate-report.json` and `report.html`: everything needed to recompute every number.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -87,19 +94,81 @@ class RunSettings:
                 "notice": notice}
 
 
-def score_target(target: Target, datasets: list, settings: RunSettings, progress: Callable | None,
-                 notice: Callable[[str], None] | None = None) -> list:
-    """Run every dataset's tasks through one target; predictions in task order."""
+TURN_PER_WORKER = 2  # requests each worker sends in one target's turn of a side-by-side run
+
+
+@dataclass
+class Side:
+    """One target of a side-by-side run, and what its turns gave: the runner's outcome of each turn, in order."""
+
+    target: Target
+    progress: Callable[[int, int], None] | None  # counts the whole run's items (`progress_counter`)
+    done: int = 0
+    last_answer: float | None = None  # time.monotonic() of its last turn that got an answer
+    outcomes: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Consecutive items of one dataset that every side scores in its turn; `first`: the first one's index in it."""
+
+    dataset: Any  # a checked dataset (validation.datasets.CheckedDataset)
+    first: int
+    items: Sequence[Any]
+
+
+def turns_of(datasets: Sequence[Any], sides: Sequence[Side], size: int) -> list[Turn]:
+    """Each dataset's items cut into turns of `size` when sides alternate (a turn never spans two datasets); a side
+    alone scores each dataset in one turn."""
+    size = size if len(sides) > 1 else max([len(d.items) for d in datasets] + [1])
+    return [Turn(dataset, first, dataset.items[first:first + size])
+            for dataset in datasets for first in range(0, len(dataset.items), size)]
+
+
+def side_by_side(sides: Sequence[Side], turns: Sequence[Turn], score: Callable[[Target, Turn, dict], Any],
+                 lost: Callable[[Any], bool], settings: RunSettings,
+                 notice: Callable[[str], None] | None = None) -> None:
+    """Score the turns on every side alternately: side A's turn, then B's on the same items, then B first on the next
+    turn (A B B A ...), so that a candidate and its champion are measured in one window on one machine (what loads
+    the machine loads both) and neither always runs right after the other. Each side keeps the gate's concurrency in
+    its turn. `score(target, turn, requests)` runs one turn (`requests`: the runner's request settings, with the run's
+    deadline and the side's retry deadline as much of them as is left, and progress counted over the whole run);
+    `lost(outcome)`: that turn got no answer at all (the retry deadline then keeps counting from the side's last
+    answer, so an endpoint that never answers is given up once, not once a turn)."""
+    start = time.monotonic()
+    total = sum(len(turn.items) for turn in turns)
+    for number, turn in enumerate(turns):
+        for side in (sides if number % 2 == 0 else list(reversed(sides))):
+            now = time.monotonic()
+            retry = settings.retry_deadline_s
+            if retry is not None:
+                retry = max(retry - (now - (side.last_answer or start)), 1e-3)
+            progress = None if side.progress is None else functools.partial(_counted, side, total)
+            requests = {**settings.requests(notice), "deadline_s": max(settings.deadline_s - (now - start), 1e-3),
+                        "retry_deadline_s": retry, "progress": progress}
+            outcome = score(side.target, turn, requests)
+            side.done += len(turn.items)
+            side.last_answer = side.last_answer if lost(outcome) else time.monotonic()
+            side.outcomes.append(outcome)
+
+
+def _counted(side: Side, total: int, done: int, _of: int) -> None:
+    side.progress(side.done + done, total)
+
+
+def score_decisions(sides: Sequence[Side], datasets: list, settings: RunSettings,
+                    notice: Callable[[str], None] | None = None) -> list[list]:
+    """Every dataset's tasks through each side, alternately in turns when there are two (`side_by_side`; one side
+    runs each dataset in one go); each side's predictions in task order."""
     from validation.runner import SEMIF, run_decisions
 
-    rows: list = []
-    for dataset in datasets:
-        predictions = run_decisions(
-            target.invoker, dataset.tasks, concurrency=settings.concurrency, dataset_name=dataset.name,
-            progress=progress, readout=settings.readout or SEMIF, **settings.requests(notice),
-        )
-        rows.extend(predictions)
-    return rows
+    def score(target: Target, turn: Turn, requests: dict) -> list:
+        return run_decisions(target.invoker, turn.items, concurrency=settings.concurrency, dataset_name=turn.dataset.name,
+                             readout=settings.readout or SEMIF, **requests)
+
+    side_by_side(sides, turns_of(datasets, sides, TURN_PER_WORKER * settings.concurrency), score, lambda predictions: all(p.lost for p in predictions), settings,
+                 notice)
+    return [[p for outcome in side.outcomes for p in outcome] for side in sides]
 
 
 def lost_requests(out_dir: Path, unit: str) -> str | None:
@@ -139,8 +208,8 @@ def evaluate_decisions(
     decision_rule: str = "bound",
     context: Callable[[dict], dict] | None = None,
 ) -> dict:
-    """Score the candidate (and the champion on the same tasks), gate, and write the reports; `thresholds` None (an
-    ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns the report's RELEASE_CONTEXT."""
+    """Score the candidate (and the champion on the same tasks, alternately: `side_by_side`), gate, and write the
+    reports; `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns the report's RELEASE_CONTEXT."""
     from validation.gates import evaluate_gates, with_release_checks
     from validation.gate_report import write_reports
     from validation.runner import SEMIF, write_predictions
@@ -148,16 +217,15 @@ def evaluate_decisions(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda message: None)
-    candidate_predictions = score_target(candidate, datasets, settings, progress_counter(say, candidate.label or "candidate"),
-                                         say)
+    sides = [Side(target, progress_counter(say, target.label or role))
+             for target, role in ((candidate, "candidate"), (champion, "champion")) if target is not None]
+    candidate_predictions, *champion_predictions = score_decisions(sides, datasets, settings, say)
     write_predictions(out_dir / "predictions.jsonl", candidate_predictions)
     candidate_rows = [p.to_dict() for p in candidate_predictions]
     champion_rows = None
-    if champion is not None:
-        champion_predictions = score_target(champion, datasets, settings, progress_counter(say, champion.label or "champion"),
-                                            say)
-        write_predictions(out_dir / "champion-predictions.jsonl", champion_predictions)
-        champion_rows = [p.to_dict() for p in champion_predictions]
+    if champion_predictions:
+        write_predictions(out_dir / "champion-predictions.jsonl", champion_predictions[0])
+        champion_rows = [p.to_dict() for p in champion_predictions[0]]
     report = evaluate_gates(
         candidate_rows, thresholds=thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
         n_bootstrap=settings.n_bootstrap, seed=settings.seed, decision_rule=decision_rule,

@@ -28,7 +28,7 @@ from tasks.errors import BadInput
 from tasks.hashing import sha256_bytes
 from validation import charts
 from validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES
-from validation.gates import NOT_GATED, summary_line
+from validation.gates import CHAMPION_CHECKS, NOT_GATED, RATIO, summary_line
 from validation.metrics import score_predictions
 from validation.report_parts import ReportParts
 from validation.thresholds import RULE_TEXT
@@ -131,7 +131,8 @@ def rule_text(check: Mapping[str, Any]) -> str:
     if rule == "paired":
         end = "low" if "ci_low" in comparator else "high"
         op = ">=" if end == "low" else "<="
-        return f"{words}: {end} end of candidate − champion {op} {_num(threshold)}"
+        what = "candidate p95 / champion p95" if comparator == RATIO else "candidate − champion"
+        return f"{words}: {end} end of {what} {op} {_num(threshold)}"
     op = comparator.split()[-1] if comparator else ""
     if rule == "bound":
         return f"{words}: {'low' if op == '>=' else 'high'} end of the interval {op} {_num(threshold)}"
@@ -224,7 +225,10 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
     for row in champion.get("comparison") or []:
         judges = _judges(row, checks)
         status = _row_status(judges)
-        if row.get("paired"):
+        if row.get("ratio") is not None:
+            difference = (f"{_num(row.get('difference'))} ms<br><small>paired {_ci(row.get('difference_ci'))}</small>"
+                          f"<br>ratio {_num(row['ratio'])}<br><small>paired {_ci(row.get('ratio_ci'))}</small>")
+        elif row.get("paired"):
             difference = f"{_num(row.get('difference'))}<br><small>paired {_ci(row.get('difference_ci'))}</small>"
         else:
             difference = f"{_num(row.get('difference'))}<br><small>separate runs, not paired</small>"
@@ -233,8 +237,8 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
                      _value_cell(row.get("champion")), difference, _num(row.get("n_shared")), _e(row.get("better")),
                      judged or "shown, not gated"])
         classes.append(status)
-        gate = checks.get(f"champion_{row['metric']}")
-        if row.get("paired"):
+        gate = checks.get(CHAMPION_CHECKS.get(row["metric"], f"champion_{row['metric']}"))
+        if row.get("paired") and row.get("ratio") is None:  # latency is drawn apart, as a ratio beside the SLO
             chart_rows.append({"name": _friendly(row["metric"], parts), "difference": row.get("difference"),
                                "ci": row.get("difference_ci"), "threshold": gate.get("threshold") if gate else None,
                                "status": gate.get("status") if gate else None})
@@ -247,7 +251,46 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
     return facts + _table(
         ["metric", "candidate", "champion", "candidate − champion", "shared tasks", "better", "judged by (rule → status)"],
         rows, classes, css_class="champion",
-    ) + charts.champion_check(chart_rows, confidence=confidence)
+    ) + charts.champion_check(chart_rows, confidence=confidence) + _latency_judgements(report, checks, confidence) \
+        + _power_section(champion.get("power") or [])
+
+
+def _power_section(plans: Sequence[Mapping[str, Any]]) -> str:
+    """What the champion checks could resolve at this size (`validation.gate_power`, with the disagreement these two
+    models showed on the shared tasks): the chance an equally good candidate passes, and the narrowest margin it passes
+    at 80 %; the same numbers as `shiplift gate plan`."""
+    if not plans:
+        return ""
+    rows = []
+    for plan in plans:
+        spread = plan["spread"]
+        what = (f"{spread['disagreement']:.1%} of tasks answered differently" if spread.get("disagreement") is not None
+                else f"per-task SD {spread['sd']:.3f} ({spread['source']})")
+        rows.append([_e(plan["check"]), _num(plan["margin"]), _num(plan["n"]), _e(what), _num(plan["equal_passes"], 2),
+                     _num(plan["narrowest_margin"], 3), _e(plan["tasks_needed"] if plan["tasks_needed"] is not None else "none")])
+    return ("<h3>The gate's power at this size</h3><p class=\"note\">How likely an equally good candidate was to pass "
+            "these champion checks on this many shared tasks, with the spread these two models showed; below 0.80 "
+            "an inconclusive decision says more about the gate's size than about the candidate (docs/reports.md, "
+            "“Before the run: the gate's power”).</p>"
+            + _table(["check", "margin", "shared tasks", "spread", "P(pass) if equal", "narrowest margin at 80 %",
+                      "tasks for this margin"], rows, css_class="power"))
+
+
+def _latency_judgements(report: Mapping[str, Any], checks: Mapping[str, Mapping[str, Any]], confidence: float) -> str:
+    """The latency ratio against the champion (the comparison) beside each side's p95 against the SLO ceiling."""
+    champion = report.get("champion") or {}
+    row = next((r for r in champion.get("comparison") or [] if r.get("ratio") is not None), None)
+    if row is None:
+        return ""
+    ratio_check, slo_check = checks.get("champion_p95_ratio") or {}, checks.get("p95_latency_ms") or {}
+    note = ("<p class=\"note\">Latency is judged twice, apart: against the champion as the ratio of the two p95s, both "
+            "measured alternately in one window on this machine (what loads the machine loads both), and against the "
+            "SLO, an absolute ceiling that a busy machine can fail whatever the model.</p>")
+    return note + charts.latency_ratio(
+        {"ratio": row["ratio"], "ci": row.get("ratio_ci"), "n": row.get("n_shared")},
+        max_ratio=ratio_check.get("threshold"), ratio_status=ratio_check.get("status"),
+        p95={"candidate": row.get("candidate"), "champion": row.get("champion")},
+        slo_ms=slo_check.get("threshold"), slo_status=slo_check.get("status"), confidence=confidence)
 
 
 # ------------------------------------------------------------------------------------------------------------------

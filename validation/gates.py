@@ -9,6 +9,10 @@ is `not_gated`: it measures, it does not judge.
 
 The report also sets the candidate beside the champion on every metric a gate reads (`comparison`),
 paired where the metric is per task, so a reviewer sees what changed, not only what was gated.
+
+Latency is judged twice, apart: `p95_latency_ms` is an SLO (p95 <= X ms on the machine that measured it, so a busy
+machine fails it whatever the model), and `champion_p95_ratio` is the comparison: candidate p95 / champion p95 over
+the requests both answered, measured alternately in one window (`validation.evaluate`), with a paired interval.
 """
 
 from __future__ import annotations
@@ -20,16 +24,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tasks.errors import BadInput, GateFailed
+from validation.gate_power import paired_disagreement, plan_champion_checks
 from validation.thresholds import RULE_TEXT, ChampionRule, DecisionRule, DecisionThresholds
 from validation.metrics import (
     decision_metrics,
     paired_accuracy_difference,
     paired_ece_difference,
+    paired_latency_ratio,
     paired_mean_difference,
     score_predictions,
 )
 
 Status = Literal["pass", "fail", "inconclusive", "skipped"]
+SLO = "SLO <="  # the comparator of the p95 latency ceiling: an SLO on this machine, not a comparison
+RATIO = "paired ratio ci_high <= threshold"  # the comparator of champion_p95_ratio
+CHAMPION_CHECKS = {"accuracy": "champion_accuracy", "ece": "champion_ece", "p95_latency_ms": "champion_p95_ratio"}
 Decision = Literal["pass", "fail", "inconclusive", "not_gated"]
 NOT_GATED = "no thresholds: not a gate"
 
@@ -138,13 +147,15 @@ def check_text(check: Mapping[str, Any]) -> str:
     text = f"{check['name']} {observed:.4g}"
     if threshold is not None and rule != "paired":
         comparator = check["comparator"].split()[-1] if check.get("comparator") else ""
-        text += f" (needs {comparator} {threshold:.4g}"
+        slo = check.get("comparator") == SLO
+        text += f" ({'SLO: ' if slo else ''}needs {comparator} {threshold:.4g}{' ms on this machine' if slo else ''}"
         if rule == "bound" and check.get("ci"):
             low, high = check["ci"]
             text += f"; bound {low if comparator == '>=' else high:.4g}"
         return text + ")"
     if rule == "paired" and check.get("ci"):
-        text += f" vs champion, CI [{check['ci'][0]:.4g}, {check['ci'][1]:.4g}], threshold {threshold:.4g}"
+        versus = "candidate / champion" if check.get("comparator") == RATIO else "vs champion"
+        text += f" {versus}, CI [{check['ci'][0]:.4g}, {check['ci'][1]:.4g}], threshold {threshold:.4g}"
     return f"{text} ({check['status']})"
 
 
@@ -172,6 +183,35 @@ def absolute_check(name: str, observed: dict | None, threshold: float | None, co
         reason += f" (the point estimate {value:.6g} clears it; the interval [{ci[0]:.6g}, {ci[1]:.6g}] does not)"
     return Check(name=name, status="pass" if ok else "fail", observed=value, threshold=threshold,
                  comparator=comparator, ci=ci, n=n, reason=reason, rule=rule)
+
+
+def latency_slo_check(p95: dict | None, max_ms: float | None, rule: DecisionRule = "bound") -> Check | None:
+    """The p95 latency ceiling as what it is, an SLO on the machine that measured it (`absolute_check` with the
+    comparator `SLO <=`); None when it is off. It judges the machine as much as the model: the champion comparison
+    is `ratio_check`."""
+    check = absolute_check("p95_latency_ms", p95, max_ms, "<=", rule)
+    if check is None:
+        return None
+    return check.model_copy(update={"comparator": SLO,
+                                    "reason": f"SLO: p95 <= {max_ms:g} ms on this machine; {check.reason}"})
+
+
+def ratio_check(ratio: dict, *, max_ratio: float, min_samples: int) -> Check:
+    """`champion_p95_ratio`: pass when the paired interval of candidate p95 / champion p95 lies wholly at or below
+    `max_ratio`, fail when it lies wholly above, else inconclusive (also below `min_samples` shared requests)."""
+    n, low_high = int(ratio["n"]), ratio["ci"]
+    common = {"name": "champion_p95_ratio", "observed": ratio["ratio"], "threshold": max_ratio, "comparator": RATIO,
+              "ci": low_high, "n": n, "rule": "paired"}
+    if n < min_samples or low_high is None:
+        return Check(**common, status="inconclusive",
+                     reason=f"only {n} requests answered by both, fewer than min_samples={min_samples}: the gate "
+                            "refuses to compare their latency")
+    low, high = low_high
+    status = "pass" if high <= max_ratio else "fail" if low > max_ratio else "inconclusive"
+    return Check(**common, status=status,
+                 reason=f"candidate p95 / champion p95 = {ratio['ratio']:.3f} ({ratio['candidate']:.0f} / "
+                        f"{ratio['champion']:.0f} ms, measured alternately), CI [{low:.3f}, {high:.3f}], at most "
+                        f"{max_ratio:g}")
 
 
 def _champion_check(name: str, diff: dict, *, margin: float, min_samples: int, higher_is_better: bool) -> Check:
@@ -207,11 +247,13 @@ def evaluate_gates(
     n_bootstrap: int | None = None,
     seed: int | None = None,
     decision_rule: DecisionRule = "bound",
+    latency_rows: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]] | None = None,
 ) -> GateReport:
     """Judge a candidate's predictions against absolute thresholds and, if given, the champion's.
 
-    `thresholds` None (an ad-hoc evaluation) runs no absolute check. `decision_rule` is how every absolute check reads
-    its evidence (`absolute_check`). `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` /
+    `thresholds` None (an ad-hoc evaluation) runs no absolute check. `latency_rows` (candidate's, champion's) are the
+    requests the latency ratio pairs when one prediction is not one request (NLI: a batch of pairs is one request);
+    None: the predictions. `decision_rule` is how every absolute check reads its evidence (`absolute_check`). `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` /
     `seed`), set the candidate's own intervals; the paired champion comparison always uses the champion rule's own
     `n_bootstrap` / `seed`. The values used are recorded in the report's `bootstrap` (`champion_comparison` for the
     rule's)."""
@@ -251,7 +293,7 @@ def evaluate_gates(
             absolute_check("accuracy", metrics["accuracy"], thresholds.min_accuracy, ">=", decision_rule),
             absolute_check("ece", metrics["ece"], thresholds.max_ece, "<=", decision_rule),
             absolute_check("validity", metrics["validity"], thresholds.min_validity, ">=", decision_rule),
-            absolute_check("p95_latency_ms", latency["p95"], thresholds.max_p95_latency_ms, "<=", decision_rule),
+            latency_slo_check(latency["p95"], thresholds.max_p95_latency_ms, decision_rule),
             absolute_check("allowed_token_mass", metrics["allowed_token_mass"], thresholds.min_allowed_token_mass,
                            ">=", decision_rule),
         ]
@@ -276,11 +318,16 @@ def evaluate_gates(
             )
         )
         champion_metrics = decision_metrics(champion_preds, **boot)
+        latency_ratio = paired_latency_ratio(*(latency_rows or (candidate_preds, champion_preds)), **paired)
+        if rule.max_p95_ratio is not None:
+            checks.append(ratio_check(latency_ratio, max_ratio=rule.max_p95_ratio, min_samples=rule.min_samples))
         champion.update(
             n=incumbent.n, n_valid=int(incumbent.valid.sum()), retries_503=incumbent.retries_503,
-            errors=incumbent.errors, accuracy=accuracy_diff, metrics=champion_metrics,
+            errors=incumbent.errors, accuracy=accuracy_diff, metrics=champion_metrics, p95_ratio=latency_ratio,
             comparison=decision_comparison(metrics, champion_metrics, candidate, incumbent, paired,
-                                           accuracy_diff=accuracy_diff, ece_diff=ece_diff),
+                                           accuracy_diff=accuracy_diff, ece_diff=ece_diff, latency_ratio=latency_ratio),
+            power=[plan.as_dict() for plan in plan_champion_checks(
+                rule, accuracy_diff["n"], disagreements=[paired_disagreement(candidate_preds, champion_preds)])],
         )
         sample_sizes.update(champion=incumbent.n, shared=accuracy_diff["n"])
         if rule.also_ece_margin is not None:
@@ -311,7 +358,8 @@ def evaluate_gates(
 def mark_gated(rows: list[dict], checks: Sequence[Check]) -> None:
     """Name on each comparison row the checks that judged its metric (absolute and champion), none when only shown."""
     for row in rows:
-        row["gated_by"] = [c.name for c in checks if c.status != "skipped" and c.name in (row["metric"], f"champion_{row['metric']}")]
+        names = (row["metric"], CHAMPION_CHECKS.get(row["metric"], f"champion_{row['metric']}"))
+        row["gated_by"] = [c.name for c in checks if c.status != "skipped" and c.name in names]
 
 
 def comparison_row(metric: str, better: str, candidate: Mapping[str, Any] | None, champion: Mapping[str, Any] | None,
@@ -336,10 +384,23 @@ def comparison_row(metric: str, better: str, candidate: Mapping[str, Any] | None
     }
 
 
+def latency_row(candidate: Mapping[str, Any] | None, champion: Mapping[str, Any] | None,
+                ratio: Mapping[str, Any]) -> dict | None:
+    """The p95 latency row (per request): each side's p95 and interval, candidate − champion paired on the requests
+    both answered (`validation.metrics.paired_latency_ratio`), and the ratio candidate / champion with its paired
+    interval (`ratio`, `ratio_ci`); unpaired when they shared no request."""
+    shared = ratio.get("n") and ratio.get("difference") is not None
+    difference = {"difference": ratio["difference"], "ci": ratio["difference_ci"], "n": ratio["n"]} if shared else None
+    row = comparison_row("p95_latency_ms", "lower", candidate, champion, difference)
+    if row is not None:
+        row.update(ratio=ratio.get("ratio"), ratio_ci=ratio.get("ci"))
+    return row
+
+
 def decision_comparison(metrics: dict, champion_metrics: dict, candidate, incumbent, paired: dict, *,
-                        accuracy_diff: dict, ece_diff: dict) -> list[dict]:
+                        accuracy_diff: dict, ece_diff: dict, latency_ratio: dict) -> list[dict]:
     """Candidate vs champion on every metric a decision gate reads: accuracy, ECE, validity and allowed-token mass
-    paired on the shared tasks; p95 latency (per request) as two separate runs' values."""
+    paired on the shared tasks; p95 latency (per request) paired on the requests both answered, with the ratio."""
     rows = [
         comparison_row("accuracy", "higher", metrics["accuracy"], champion_metrics["accuracy"], accuracy_diff),
         comparison_row("ece", "lower", metrics["ece"], champion_metrics["ece"], ece_diff),
@@ -348,6 +409,6 @@ def decision_comparison(metrics: dict, champion_metrics: dict, candidate, incumb
         comparison_row("allowed_token_mass", "higher", metrics["allowed_token_mass"],
                        champion_metrics["allowed_token_mass"],
                        paired_mean_difference(candidate, incumbent, lambda s: s.allowed_token_mass, **paired)),
-        comparison_row("p95_latency_ms", "lower", metrics["latency_ms"]["p95"], champion_metrics["latency_ms"]["p95"]),
+        latency_row(metrics["latency_ms"]["p95"], champion_metrics["latency_ms"]["p95"], latency_ratio),
     ]
     return [row for row in rows if row is not None]

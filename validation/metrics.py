@@ -503,17 +503,7 @@ def latency_summary(
     the next `warmup` excluded, then p50/p90/p95/p99 (linear percentiles) and mean with intervals."""
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise BadInput(f"warmup must be a non-negative integer, got {warmup!r}", fix="pass e.g. warmup=0")
-    timed = []
-    for index, row in enumerate(predictions):
-        _check_row(index, row)
-        if row["error"] is not None:
-            continue
-        latency = row["latency_ms"]
-        number = isinstance(latency, int | float) and not isinstance(latency, bool)
-        if not number or not math.isfinite(latency) or latency < 0:
-            raise _row_error(index, row, f"latency_ms must be a finite non-negative number, got {latency!r}")
-        timed.append((_start_key(index, row), index, float(latency), row["id"]))
-    timed.sort()
+    timed = _timed(predictions)
     summary: dict[str, Any] = {
         "unit": "ms",
         "source": "client",
@@ -536,6 +526,67 @@ def latency_summary(
             confidence=confidence,
         )
     return summary
+
+
+def paired_latency_ratio(
+    candidate: Sequence[Mapping[str, Any]],
+    champion: Sequence[Mapping[str, Any]],
+    *,
+    quantile: float = 95,
+    n_bootstrap: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict:
+    """Candidate p`quantile` latency over the champion's on the requests both answered (paired by id), with a paired
+    percentile-bootstrap interval: each resample draws requests with replacement and takes both sides' latencies of
+    the same requests, so what the requests share (their length, the machine's load while both were measured
+    side by side) cancels. Each side's first request by `started_at` (its cold one, reported apart by
+    `latency_summary`) and requests either side did not answer, or timed at 0 ms, are left out. `ratio` is
+    dimensionless (1.0: as fast; 1.5: 50 % slower at that percentile); `difference` is candidate − champion in ms."""
+    _check_bootstrap_args(n_bootstrap, confidence)
+    if not 0.0 < quantile < 100.0:
+        raise BadInput(f"quantile must be in (0, 100), got {quantile!r}", fix="use e.g. 95")
+    cand, champ = _answered_latencies(candidate), _answered_latencies(champion)
+    shared = sorted(cand.keys() & champ.keys())
+    empty = {"n": len(shared), "quantile": quantile, "candidate": None, "champion": None, "ratio": None, "ci": None,
+             "difference": None, "difference_ci": None}
+    if not shared:
+        return empty
+    mine = np.asarray([cand[i] for i in shared], dtype=float)
+    theirs = np.asarray([champ[i] for i in shared], dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(shared), size=(n_bootstrap, len(shared)))
+    mine_q = np.percentile(mine[draws], quantile, axis=1)
+    theirs_q = np.percentile(theirs[draws], quantile, axis=1)
+    point_mine, point_theirs = float(np.percentile(mine, quantile)), float(np.percentile(theirs, quantile))
+    return {
+        **empty,
+        "candidate": point_mine, "champion": point_theirs,
+        "ratio": point_mine / point_theirs, "ci": _percentile_interval(mine_q / theirs_q, confidence),
+        "difference": point_mine - point_theirs, "difference_ci": _percentile_interval(mine_q - theirs_q, confidence),
+    }
+
+
+def _timed(predictions: Sequence[Mapping[str, Any]]) -> list[tuple[float, int, float, str]]:
+    """(start, index, latency ms, id) of every successful request, ordered by start; a latency that is not a finite
+    non-negative number is bad input."""
+    timed = []
+    for index, row in enumerate(predictions):
+        _check_row(index, row)
+        if row["error"] is not None:
+            continue
+        latency = row["latency_ms"]
+        number = isinstance(latency, int | float) and not isinstance(latency, bool)
+        if not number or not math.isfinite(latency) or latency < 0:
+            raise _row_error(index, row, f"latency_ms must be a finite non-negative number, got {latency!r}")
+        timed.append((_start_key(index, row), index, float(latency), row["id"]))
+    timed.sort()
+    return timed
+
+
+def _answered_latencies(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """id -> client latency of every successful request timed above 0 ms, less the first by start (its cold one)."""
+    return {ident: latency for _, _, latency, ident in _timed(rows)[1:] if latency > 0}
 
 
 def throughput(predictions: Sequence[Mapping[str, Any]]) -> dict:

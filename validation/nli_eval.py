@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from tasks.errors import BadInput
 from validation.datasets import CheckedDataset, keep_splits
-from validation.evaluate import RunSettings, Target, progress_counter
+from validation.evaluate import RunSettings, Side, Target, progress_counter
 from validation.nli import LABELS, NliPair
 from validation.report_parts import ReportParts
 from validation.thresholds import NliThresholds
@@ -161,24 +161,33 @@ def nli_comparison(candidate_rows: Sequence[Mapping[str, Any]], champion_rows: S
     return [row for row in rows if row is not None]
 
 
-def score_nli_target(target: Target, datasets: Sequence[NliDataset], settings: RunSettings, *,
-                     batch_size: int, progress: Callable[[int, int], None] | None) -> tuple[list, dict, list]:
-    """Run every dataset's pairs through one target; predictions in pair order, the truncation report and every
-    request's timing (`validation.nli_runner.RequestTiming`)."""
-    from validation.nli_runner import run_pairs
+def score_nli_targets(sides: Sequence[Side], datasets: Sequence[NliDataset], settings: RunSettings, *,
+                      batch_size: int) -> list[tuple[list, dict, list]]:
+    """Every dataset's pairs through each side, alternately in turns of whole batches when there are two
+    (`validation.evaluate.side_by_side`); per side: predictions in pair order, the truncation report and every
+    request's timing (`validation.nli_runner.RequestTiming`, numbered per dataset from 1 as one run numbers them)."""
+    from validation.evaluate import TURN_PER_WORKER, side_by_side, turns_of
+    from validation.nli_runner import NliRun, run_pairs
 
-    rows: list = []
-    truncation: dict[str, dict] = {}
-    requests: list = []
-    for dataset in datasets:
-        run = run_pairs(
-            target.invoker, dataset.pairs, batch_size=batch_size, concurrency=settings.concurrency,
-            dataset_name=dataset.name, progress=progress, **settings.requests(),
-        )
-        rows.extend(run.predictions)
-        requests.extend(run.requests)
-        truncation[dataset.name] = run.truncation_summary()
-    return rows, truncation, requests
+    def score(target: Target, turn, requests: dict):
+        run = run_pairs(target.invoker, turn.items, batch_size=batch_size, concurrency=settings.concurrency,
+                        dataset_name=turn.dataset.name, **requests)
+        first = turn.first // batch_size  # turns hold whole batches, so numbering goes on where the last turn ended
+        return turn.dataset.name, replace(run, requests=[replace(r, id=f"{r.dataset}#{first + i}")
+                                                         for i, r in enumerate(run.requests, start=1)])
+
+    side_by_side(sides, turns_of(datasets, sides, TURN_PER_WORKER * settings.concurrency * batch_size), score, lambda outcome: all(p.lost for p in outcome[1].predictions),
+                 settings)
+    scored = []
+    for side in sides:
+        runs: dict[str, list] = {}
+        for name, run in side.outcomes:
+            runs.setdefault(name, []).append(run)
+        truncation = {name: NliRun(predictions=[], details=[d for run in parts for d in run.details]).truncation_summary()
+                      for name, parts in runs.items()}
+        scored.append(([p for _, run in side.outcomes for p in run.predictions], truncation,
+                       [r for _, run in side.outcomes for r in run.requests]))
+    return scored
 
 
 def _request_rows(requests: Sequence) -> list[dict]:
@@ -230,11 +239,12 @@ def evaluate_nli(
     title: str = "shiplift NLI gate",
     build_checks: Sequence[dict] = (),
 ) -> dict:
-    """Score the candidate (and the champion on the same pairs), gate on decision + NLI metrics, write reports;
+    """Score the candidate (and the champion on the same pairs, alternately in turns of whole batches), gate on
+    decision + NLI metrics (the latency ratio paired over the requests), write reports;
     `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns `validation.evaluate.RELEASE_CONTEXT`;
     `build_checks` (validation.gates.Check fields) are checks the build judged, reported and decided with the gate's own."""
-    from validation.gates import (ChampionRule, Check, DecisionThresholds, absolute_check, comparison_row, decide,
-                                  evaluate_gates, mark_gated, with_release_checks)
+    from validation.gates import (ChampionRule, Check, DecisionThresholds, absolute_check, decide, evaluate_gates,
+                                  latency_row, mark_gated, with_release_checks)
     from validation.gate_report import write_reports
     from validation.runner import write_predictions
 
@@ -246,14 +256,15 @@ def evaluate_nli(
     boot = {"n_bootstrap": settings.n_bootstrap, "seed": settings.seed}
     for dataset in datasets:
         say(f"{dataset.name}: {len(dataset.pairs)} pairs, {dataset.dropped_unlabelled} unlabelled row(s) dropped")
-    candidate_preds, candidate_truncation, candidate_requests = _score(candidate, "candidate", datasets, settings,
-                                                                       batch_size, say)
+    sides = [Side(target, progress_counter(say, target.label or role))
+             for target, role in ((candidate, "candidate"), (champion, "champion")) if target is not None]
+    (candidate_preds, candidate_truncation, candidate_requests), *champion_scored = score_nli_targets(
+        sides, datasets, settings, batch_size=batch_size)
     write_predictions(out_dir / "predictions.jsonl", candidate_preds)
     candidate_rows = [p.to_dict() for p in candidate_preds]
     champion_rows = champion_truncation = champion_requests = None
-    if champion is not None:
-        champion_preds, champion_truncation, champion_requests = _score(champion, "champion", datasets, settings,
-                                                                        batch_size, say)
+    if champion_scored:
+        champion_preds, champion_truncation, champion_requests = champion_scored[0]
         write_predictions(out_dir / "champion-predictions.jsonl", champion_preds)
         champion_rows = [p.to_dict() for p in champion_preds]
     confidence = (champion_rule or ChampionRule()).confidence
@@ -262,9 +273,10 @@ def evaluate_nli(
         "min_accuracy": thresholds.min_accuracy, "max_ece": thresholds.max_ece, "min_validity": thresholds.min_validity,
         "max_p95_latency_ms": thresholds.max_p95_latency_ms}
     decision_thresholds = DecisionThresholds(**shared) if shared and any(v is not None for v in shared.values()) else None
+    latency_rows = None if champion_rows is None else (_request_rows(candidate_requests), _request_rows(champion_requests))
     gate = evaluate_gates(
         candidate_rows, thresholds=decision_thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
-        candidate_metrics=candidate_metrics, decision_rule=decision_rule, **boot,
+        candidate_metrics=candidate_metrics, decision_rule=decision_rule, latency_rows=latency_rows, **boot,
     )
     nli = nli_metrics(candidate_rows, **boot, confidence=gate.bootstrap["confidence"])
     nli_checks = []
@@ -283,8 +295,8 @@ def evaluate_nli(
         champion_info["nli"] = nli_metrics(champion_rows, **boot, confidence=gate.bootstrap["confidence"])
         champion_info["metrics"] = request_metrics(champion_rows, champion_requests, **boot, confidence=confidence)
         paired = gate.bootstrap["champion_comparison"]
-        p95 = comparison_row("p95_latency_ms", "lower", candidate_metrics["latency_ms"]["p95"],
-                             champion_info["metrics"]["latency_ms"]["p95"])  # per request, both sides
+        p95 = latency_row(candidate_metrics["latency_ms"]["p95"], champion_info["metrics"]["latency_ms"]["p95"],
+                          champion_info["p95_ratio"])  # per request, both sides, paired on the requests
         rows = [p95 if row["metric"] == "p95_latency_ms" else row for row in champion_info["comparison"]]
         champion_info["comparison"] = [*(row for row in rows if row is not None),
                                        *nli_comparison(candidate_rows, champion_rows, nli, champion_info["nli"], paired)]
@@ -315,10 +327,3 @@ def evaluate_nli(
         **report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"],
         "truncation": truncation, "n_truncated": n_truncated,
     }
-
-
-def _score(target: Target, role: str, datasets: Sequence[NliDataset], settings: RunSettings, batch_size: int,
-           say: Callable[[str], None]) -> tuple[list, dict, list]:
-    return score_nli_target(
-        target, datasets, settings, batch_size=batch_size, progress=progress_counter(say, target.label or role)
-    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tasks.errors import BadInput, NotFound
 from validation.jevbench import JevTask
+
+SERVING_ID = re.compile(r"[0-9a-f]{64}")
 from validation.transport import (
     Connection,
     Malformed,
@@ -62,6 +65,7 @@ class Prediction(BaseModel):
     generated_token: str | None = None  # chat readout: the one token the model generated
     missing_letters: list[str] | None = None  # chat readout: option letters absent from the top log-probabilities
     lost: bool = False  # no answer came (refused as retryable to the retry deadline, no connection, the run deadline)
+    serving_id: str | None = None  # what the answering copy serves (image, artifact, environment), where it echoes it
 
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,8 +101,21 @@ def _parse_result(task: JevTask, data: bytes) -> dict[str, Any]:
 
 EMPTY_RESULT = dict.fromkeys(
     ("model_sha256", "probabilities", "option_logits", "allowed_token_mass", "temperature", "server_forward_ms",
-     "server_total_ms")
+     "server_total_ms", "serving_id")
 )
+
+
+def echoed_serving_id(data: bytes) -> str | None:
+    """The serving id the answering copy echoed (`SHIPLIFT_SERVING_ID`, as `tasks.backends.interfaces.ComponentSpec.
+    serving_id` derives it): SemIf's in its result's `model`, the chat path's as its `system_fingerprint`; None where
+    the server names none (an older image, the DLC on aws), and the answer is attributed by its model's sha256."""
+    payload = json_body(data)
+    if not isinstance(payload, dict):
+        return None
+    result = payload.get("result")
+    model = result.get("model") if isinstance(result, dict) else None
+    found = model.get("serving_id") if isinstance(model, dict) else payload.get("system_fingerprint")
+    return found if isinstance(found, str) and SERVING_ID.fullmatch(found) else None
 
 
 def decision_body(task: JevTask) -> bytes:
@@ -143,7 +160,7 @@ def _run_one(task: JevTask, connection: Connection, opts: Options, *, dataset: s
     """One task through the transport's retry policy; a failed request or malformed answer is its error."""
     started_at = time.time()
     exchange = post_with_retries(connection, readout.body(task), opts)
-    fields, error = exchange.parse(functools.partial(readout.parse, task))
+    fields, error = exchange.parse(lambda data: {**readout.parse(task, data), "serving_id": echoed_serving_id(data)})
     return Prediction(
         id=task.id, dataset=dataset, expected=task.expected_label, option_ids=list(task.labels),
         latency_ms=exchange.latency_ms, attempts=exchange.attempts, retries_503=exchange.retries_503, error=error,

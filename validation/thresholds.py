@@ -37,12 +37,13 @@ class DecisionThresholds(_SomeThreshold):
     min_accuracy: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     max_ece: float | None = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     min_validity: float | None = Field(default=1.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    max_p95_latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    max_p95_latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # an SLO on this machine, ms
     min_allowed_token_mass: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 
 
 class ChampionRule(BaseModel):
-    """Candidate must not be worse than the champion by more than `margin`, on paired intervals."""
+    """Candidate must not be worse than the champion by more than `margin` (and, when set, slower at p95 by more than
+    `max_p95_ratio` times), on paired intervals."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -53,6 +54,9 @@ class ChampionRule(BaseModel):
     seed: int = Field(default=0, ge=0, description="seed of the paired comparison's resampling")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0, allow_inf_nan=False)
     also_ece_margin: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
+    # candidate p95 latency / champion p95 latency, both measured alternately in one window on one machine, over the
+    # requests both answered (a dimensionless ratio: 1.5 lets the candidate be 50 % slower at p95); None: not judged
+    max_p95_ratio: float | None = Field(default=None, gt=1.0, le=100.0, allow_inf_nan=False)
 
 
 class NliThresholds(_SomeThreshold):

@@ -51,6 +51,7 @@ WRITE_TIMEOUT_S = 30.0  # a client that does not read our answer is dropped afte
 DEFAULT_READ_DEADLINE_S = 30.0  # from a request's first byte to its last
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 128
+SERVING_ID_ENV = "SHIPLIFT_SERVING_ID"  # what the copy serves, as the hosting names it (echoed with every answer)
 BUSY_HEADER = "Retry-After"  # on a 503 that means "full, retry", never "not ready" or "broken"
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 REQUEST_LINE = re.compile(rf"({_TOKEN}) ([!-~]+) HTTP/([0-9])\.([0-9])")
@@ -185,6 +186,15 @@ def read_temperature(path: Path) -> float:
             'write {"temperature": T} with the fitted T, or remove the file'
         )
     return float(temperature)
+
+
+def read_serving_id(env: Mapping[str, str]) -> str | None:
+    """The serving id the hosting hands this copy (a hash of its image, artifact and environment), which the server
+    echoes with every answer so live answers are told apart by what serves them; None when run without one."""
+    value = env.get(SERVING_ID_ENV, "").strip()
+    if value and not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise StartupError(f"{SERVING_ID_ENV}={value!r} is not a sha256 hex digest; leave it to the hosting that sets it")
+    return value or None
 
 
 def sha256_file(path: Path) -> str:

@@ -80,6 +80,7 @@ from sagemaker_http import (
     json_type,
     parse_json_object,
     read_http_settings,
+    read_serving_id,
     serve,
 )
 
@@ -248,6 +249,7 @@ class Settings:
     ctx_size: int
     chat_source: str  # where the chat template comes from, for the log
     notes: tuple[str, ...] = field(default=())  # logged once the child is ready
+    serving_id: str | None = None  # echoed as every answer's `system_fingerprint` (SHIPLIFT_SERVING_ID)
 
 
 def _find_gguf(env: Mapping[str, str]) -> Path:
@@ -369,6 +371,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         ctx_size=ctx_size,
         chat_source=chat_source,
         notes=tuple(notes),
+        serving_id=read_serving_id(env),
     )
 
 
@@ -751,10 +754,13 @@ def forward(child: Child, body: bytes, timeout_s: float) -> dict[str, Any]:
 
 
 def answer(settings: Settings, child: Child, body: bytes, received: float) -> dict[str, Any]:
-    """One POST /invocations or /v1/chat/completions: check the body, forward it, pass the answer back."""
+    """One POST /invocations or /v1/chat/completions: check the body, forward it, pass the answer back, with the
+    copy's serving id as its `system_fingerprint` (OpenAI's field for the configuration that answered) when the
+    hosting named one, so live answers are told apart by what serves them."""
     payload = parse_json_object(body, parse_constant=float)  # NaN parses here and is refused by field
     check_request(payload, settings.ctx_size)
-    return forward(child, body, settings.request_timeout_s)
+    answered = forward(child, body, settings.request_timeout_s)
+    return {**answered, "system_fingerprint": settings.serving_id} if settings.serving_id else answered
 
 
 SERVICE = ModelService(

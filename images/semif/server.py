@@ -49,6 +49,7 @@ from sagemaker_http import (
     model_turn,
     parse_json_object,
     read_http_settings,
+    read_serving_id,
     read_temperature,
     serve,
     sha256_file,
@@ -79,6 +80,7 @@ class Settings:
     max_request_tokens: int
     max_shared_decisions: int
     http: HttpSettings
+    serving_id: str | None = None  # echoed in every result's `model` (SHIPLIFT_SERVING_ID)
 
 
 def _find_gguf(env: Mapping[str, str]) -> Path:
@@ -126,6 +128,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         max_request_tokens=max_request_tokens,
         max_shared_decisions=max_shared,
         http=http,
+        serving_id=read_serving_id(env),
     )
 
 
@@ -292,6 +295,7 @@ class Engine:
             "file": settings.model_path.name,
             "bytes": settings.model_path.stat().st_size,
             "sha256": sha256_file(settings.model_path),
+            **({"serving_id": settings.serving_id} if settings.serving_id else {}),
         }
         try:
             self.llm = llama_cpp.Llama(

@@ -121,6 +121,13 @@ class ComponentSpec(Frozen):
         return {"image_digest": self.image_uri.rsplit("@", 1)[1], "artifact_uri": self.artifact_uri,
                 "artifact_sha256": self.artifact_sha256, "environment": dict(self.environment)}
 
+    def serving_id(self) -> str:
+        """What the component serves, as one id: the hash of its image, artifact and container environment (copies
+        and release aside). The hosting hands it to every copy as SHIPLIFT_SERVING_ID (outside the hashed
+        environment) and the servers echo it, so live answers are told apart by what serves them: a release that
+        changes only the temperature or the image has its own, where the GGUF's sha256 is the champion's."""
+        return sha256_json(self.served_identity())
+
 
 class PlacementObtained(Frozen):
     """What the backend actually got, recorded in the ledger (the pool entry that provisioned, the partitions)."""
@@ -245,10 +252,11 @@ class RolloutStep(Frozen):
 
 class RolloutResult(Frozen):
     """How a rollout ended: succeeded (the new spec serves), rolled_back (an alarm fired; the old spec serves,
-    `reason` says which), unchanged (the new spec was already serving) or created (nothing served before, so
-    the component was deployed whole); every step it took."""
+    `reason` says which), unchanged (the new spec was already serving), created (nothing served before, so
+    the component was deployed whole) or withdrawn (nothing served before, and the new copies failed their bake, so
+    the component was deleted: nothing serves); every step it took."""
 
-    status: Literal["succeeded", "rolled_back", "unchanged", "created"]
+    status: Literal["succeeded", "rolled_back", "unchanged", "created", "withdrawn"]
     reason: str | None = None
     steps: tuple[RolloutStep, ...] = ()
 
@@ -350,6 +358,11 @@ class Hosting(Protocol):
 
     def set_copies(self, endpoint: str, component: str, copies: int, *, progress: Progress) -> None:
         """Set the component's copy count now and wait until it holds; 0 stops every copy (a cold start's start)."""
+        ...
+
+    def delete_component(self, endpoint: str, component: str, *, progress: Progress) -> bool:
+        """Take one component out of service: stop its copies and remove it from the endpoint (its scaling with it),
+        waiting, leaving the endpoint's other components serving; False if absent."""
         ...
 
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:

@@ -123,6 +123,22 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
                     checkpoint=sign, **parts)
 
 
+def artifact_reader(config: ReleaseConfig, *, session: Any = None):
+    """The artifact store a config names, opened to read only (`read_verified`): nothing is created, cached or
+    written, for read-only commands such as `gate plan`."""
+    backend = config.backend
+    state_dir = Path(backend.state_dir).expanduser().resolve()
+    if backend.kind == "local":
+        from tasks.backends.local.artifact_store import LocalArtifactStore
+
+        return LocalArtifactStore(state_dir / "artifacts", create=False)
+    from tasks.backends.aws.artifact_store import S3ArtifactStore
+    from tasks.backends.aws.session import Aws
+
+    return S3ArtifactStore(Aws(region=backend.region, profile=backend.profile, access=session), bucket=backend.bucket,
+                           prefix=backend.key_prefix, kms_key_id=backend.kms_key_id, cache_dir=state_dir / "s3-cache")
+
+
 def sign_checkpoint(ledger, config: ReleaseConfig | None = None, *, state_dir: str | Path | None = None,
                     key_path: str | Path | None = None, session: Any = None):
     """Verify the ledger, then sign its head with the checkpoint key of `config`'s backend (the local key file, created

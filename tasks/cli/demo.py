@@ -2,7 +2,8 @@
 
 1. Release Gemma-3-270M Q4_K_M: nothing serves yet, so after its gates it becomes champion.
 2. Release it again with a temperature fitted on the calibration split: gated against the
-   champion on the same tasks, then promoted if it is not worse.
+   champion on the same tasks, scored alternately with it (latency judged as the ratio of their
+   p95s, so what else runs on the machine slows both), then promoted if it is not worse.
 3. Release a broken model (a tiny random GGUF): the gate rejects it and the champion keeps serving.
 4. Release the encoder: a MiniLM-L6 NLI head trained here, exported to ONNX (+ int8), parity-checked
    against PyTorch, served by ONNX Runtime and gated on the project's NLI test split.
@@ -52,7 +53,7 @@ DEMO_APPROVER = "demo-approver"
 # eyes (the default) refuse an approval by whoever opened the release, here the demo's own user
 APPROVAL = ("promotion.approval.required=true", f"promotion.approval.approvers=[{DEMO_APPROVER}]")
 FITTED = ("calibration.fit_temperature=true",)
-ONLINE_GATE = ("rollout.online_gate.split=test", "rollout.online_gate.max_tasks=32", "rollout.online_gate.rounds=2")
+ONLINE_GATE = ("rollout.online_gate.split=test", "rollout.online_gate.max_tasks=32", "rollout.online_gate.rounds=8")
 STEPS = (  # label, config, overrides, live traffic of multi-decision requests during the release
     ("1. first release", CONFIG, (), False),
     ("2. fitted temperature", CONFIG, FITTED, False),
@@ -357,8 +358,8 @@ def main() -> int:
     print(summary_table(rows, serving_after), flush=True)
     champion = next((s for _, s in reversed(rows) if s["status"] == "promoted" and s["model"] == "gemma-decision"), None)
     if champion is None:
-        print("\nNo Gemma release was promoted, so there is no champion to ask; the table says which checks failed (the "
-              "p95 latency bound assumes a machine doing nothing else: README, \"Demo thresholds\").", flush=True)
+        print("\nNo Gemma release was promoted, so there is no champion to ask; the table says which checks failed "
+              "(README, \"Demo thresholds\").", flush=True)
         return 1
     banner(f"asking the production endpoint {champion['served_by']} one question (boto3 sagemaker-runtime)")
     print(json.dumps(ask_production(state_dir, champion)), flush=True)
@@ -387,9 +388,9 @@ def departures(rows: list[tuple[str, dict]], verdict: dict) -> list[str]:
     """Where the demo did not go as designed (a step's outcome other than EXPECTED, a ledger that did not verify), each
     said with where to look; empty when it went as designed."""
     said = [f"The demo did not go as designed: {label} ended {summary['status']}, not {expected} (its \"checks not "
-            "passed\" column says why; a p95 latency check is the first to fail on a machine doing other work: README, "
-            "\"Demo thresholds\")." for (label, summary), expected in zip(rows, EXPECTED, strict=True)
-            if summary["status"] != expected]
+            "passed\" column says why; latency is judged against the champion measured beside it and against an SLO "
+            "set for a busy 2-core machine: README, \"Demo thresholds\")." for (label, summary), expected
+            in zip(rows, EXPECTED, strict=True) if summary["status"] != expected]
     return said + ([] if verdict["ok"] else [f"The ledger did not verify: {verdict['problems']}"])
 
 

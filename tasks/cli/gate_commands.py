@@ -12,6 +12,10 @@ from pathlib import Path
 from tasks.cli.arguments import overrides_of, with_config, with_config_state_dir, with_json, with_ledger, with_set
 from tasks.console import print_json, print_table
 
+PREDICTIONS_MAX_BYTES = 64 << 20  # a kept predictions file read for the plan (a gate's rows are ~1 KB each)
+INCONCLUSIVE_TEXT = {"block": "block (validation.inconclusive.choice block)",
+                     "extend": "extend onto validation.inconclusive.extend's reserve tasks",
+                     "ask": "ask promotion.approval's approvers"}
 OUTCOME_COLUMNS = ["check", "candidate", "worse by", "pass", "inconclusive", "fail"]
 CHECK_COLUMNS = ["check", "margin", "tasks", "spread", "from", "narrowest margin", "tasks for margin"]
 
@@ -52,35 +56,57 @@ def recorded_comparisons(config, ledger_url: str | None) -> tuple[list[dict], li
 def kept_disagreements(config, ledger, gates: list[dict]) -> list[tuple[int, int]]:
     """(shared, disagreeing) tasks of each recorded gate that kept both the candidate's and the champion's
     predictions (`validation.gate_power.paired_disagreement`), read from the artifact store."""
-    from tasks.backends.registry import make_backends
+    from tasks.backends.registry import artifact_reader
     from validation.gate_power import paired_disagreement
-    from validation.jsonl import jsonl_values
+    from validation.jsonl import parsed_lines
 
     kept = [gate["evidence"] for gate in gates
             if {"predictions.jsonl", "champion-predictions.jsonl"} <= set(gate.get("evidence") or {})]
     if not kept:
         return []
-    store = make_backends(config, ledger=ledger).store
+    store = artifact_reader(config)
 
     def rows(ref: dict) -> list:
-        return [row for _, row in jsonl_values(store.get(ref["uri"]))]
+        text = store.read_verified(ref["uri"], max_bytes=PREDICTIONS_MAX_BYTES).decode()
+        return [row for _, row in parsed_lines(text.splitlines(), ref["uri"])]
 
     return [paired_disagreement(rows(files["predictions.jsonl"]), rows(files["champion-predictions.jsonl"]))
             for files in kept]
 
 
-def power_warnings(config, config_dir: Path) -> list[str]:
-    """A warning per champion check an equally good candidate cannot pass at 80 % power (stated prior, no ledger
-    read), or why the plan could not be made; for `config validate` and a release's start."""
+def prior_plans(config, config_dir: Path) -> tuple[list, str | None]:
+    """The champion checks' plans on the stated prior (no ledger read: offline and read-only), or why none was made."""
     from tasks.errors import BadInput, ConfigError
     from validation.gate_power import plan_champion_checks
 
     try:
         n = gate_tasks(config, config_dir)
     except (BadInput, ConfigError) as exc:
-        return [f"the gate's power was not planned: {exc}"]
+        return [], f"the gate's power was not planned: {exc}"
+    return plan_champion_checks(config.validation.champion, n), None
+
+
+def power_warnings(config, config_dir: Path) -> list[str]:
+    """A warning per champion check an equally good candidate cannot pass at 80 % power (stated prior, no ledger
+    read), or why the plan could not be made; for `config validate` and a release's start."""
+    plans, unplanned = prior_plans(config, config_dir)
+    if unplanned:
+        return [unplanned]
     return [f"warning: {plan.warning(datasets_text(config))} (`shiplift gate plan` shows the table)"
-            for plan in plan_champion_checks(config.validation.champion, n) if plan.underpowered]
+            for plan in plans if plan.underpowered]
+
+
+def power_lines(config, config_dir: Path) -> list[str]:
+    """One line per champion check for `release --dry-run`: its power on the stated prior and what an inconclusive
+    gate does (`validation.inconclusive.choice`)."""
+    plans, unplanned = prior_plans(config, config_dir)
+    if unplanned:
+        return [unplanned]
+    choice = config.validation.inconclusive.choice
+    return [f"gate power: {plan.check} at margin {plan.margin:g} on {plan.n} tasks ({_spread_text(plan)}, "
+            f"{plan.spread.source}): an equal candidate passes {plan.equal_passes:.2f}, one worse by the margin "
+            f"{plan.outcomes[1]['pass']:.2f}; 80 % needs a margin of {plan.narrowest_margin:.3f} or "
+            f"{plan.tasks_needed} tasks; an inconclusive gate will {INCONCLUSIVE_TEXT[choice]}" for plan in plans]
 
 
 def warn_if_underpowered(config, config_path: str) -> None:
@@ -105,7 +131,7 @@ def cmd_gate_plan(args) -> int:
     plans = plan_champion_checks(config.validation.champion, n, recorded, disagreements)
     if args.json:
         print_json({"config": args.config, "model": config.name, "tasks": n, "power": POWER, "ledger": unread or "read",
-                    "checks": [plan.as_dict() for plan in plans]})
+                    "inconclusive": config.validation.inconclusive.choice, "checks": [plan.as_dict() for plan in plans]})
         return 0
     print(f"{config.name}: {n} paired tasks; pass when the paired {plans[0].confidence:.0%} interval's low end clears "
           f"−margin, fail when its high end is below it, else inconclusive")
@@ -120,6 +146,7 @@ def cmd_gate_plan(args) -> int:
     print_table([{"check": p.check, "candidate": o["candidate"], "worse by": f"{o['shortfall']:g}",
                   **{k: f"{o[k]:.2f}" for k in ("pass", "inconclusive", "fail")}} for p in plans for o in p.outcomes],
                 OUTCOME_COLUMNS)
+    print(f"\nan inconclusive gate will {INCONCLUSIVE_TEXT[config.validation.inconclusive.choice]}")
     for plan in plans:
         if plan.underpowered:
             print(f"\nwarning: {plan.warning(datasets_text(config))}")

@@ -75,6 +75,7 @@ def release_dry_run(args) -> int:
 
     from tasks.orchestrators.dry_run import plan_release, update_fit
     from tasks.backends.pricing import dry_run_cost_lines
+    from tasks.cli.gate_commands import power_lines
 
     config = aws_config(args, "--dry-run")
     requests = plan_release(config, config_path=Path(args.config), with_champion=args.with_champion)
@@ -85,7 +86,7 @@ def release_dry_run(args) -> int:
     print(f"dry run: {len(requests)} requests ({', '.join(f'{n} {s}' for s, n in sorted(services.items()))}), each valid for "
           f"the installed botocore service model; {with_placeholders} carry placeholders (listed per request); nothing was sent",
           file=sys.stderr)
-    for line in dry_run_cost_lines(config):
+    for line in [*dry_run_cost_lines(config), *power_lines(config, Path(args.config).parent)]:
         print(line, file=sys.stderr)
     print(f"{'this' if args.with_champion else 'the next'} release's update of production: {update_fit(config)}", file=sys.stderr)
     return 0

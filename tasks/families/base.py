@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from tasks.config_types import DatasetRef, Sha256, Strict
 from tasks.ledger.stage_results import KeptRef
@@ -73,9 +73,42 @@ class AdoptedImageConfig(ImageConfig):
         return f"{self.registry_account(region)}.dkr.ecr.{region}{suffix}/{self.repository}:{self.tag}"
 
 
+class ExtendSettings(Strict):
+    """`validation.inconclusive.extend`: the reserve tasks an inconclusive champion check is extended on (scored on the
+    candidate and the champion only when needed, never part of the first gate), `batch` paired tasks per look, at most
+    `max_tasks` of them and `deadline_s` seconds in all (`validation.extension`)."""
+
+    datasets: list[DatasetRef] = Field(min_length=1)
+    batch: int = Field(50, ge=1, le=100_000)
+    max_tasks: int = Field(1000, ge=1, le=1_000_000)
+    deadline_s: float = Field(3600.0, gt=0)
+
+
+class InconclusiveConfig(Strict):
+    """`validation.inconclusive`: what a release whose champion check is inconclusive does (docs/reports.md): `block`
+    (the default: it does not promote), `extend` (score reserve tasks until an always-valid sequence decides) or `ask`
+    (a person decides through promotion.approval, with the interval, the power and the evidence)."""
+
+    choice: Literal["block", "extend", "ask"] = "block"
+    extend: ExtendSettings | None = None
+
+    @model_validator(mode="after")
+    def _extend_goes_with_its_settings(self) -> "InconclusiveConfig":
+        if self.choice == "extend" and self.extend is None:
+            raise ValueError("validation.inconclusive.choice extend needs validation.inconclusive.extend: the reserve "
+                             "datasets to score (e.g. {datasets: [{path: builtin:decisions, splits: [reserve]}]})")
+        if self.choice != "extend" and self.extend is not None:
+            raise ValueError(f"validation.inconclusive.extend is set but choice is {self.choice}, so it would never be "
+                             "used; set choice: extend, or leave extend out")
+        return self
+
+
 class GateConfig(Strict):
-    """`validation`: the one shape every family's gate takes (datasets, request limits, bootstrap, champion rule);
-    a family's subclass fixes its `kind` and its thresholds and adds what its runner needs."""
+    """`validation`: the one shape every family's gate takes (datasets, request limits, bootstrap, champion rule,
+    what an inconclusive check does); a family's subclass fixes its `kind` and its thresholds and adds what its runner
+    needs."""
+
+    extendable: ClassVar[bool] = False  # whether the family scores reserve tasks (`ModelFamily.reserve_scorer`)
 
     kind: str
     datasets: list[DatasetRef] = Field(min_length=1)
@@ -88,6 +121,22 @@ class GateConfig(Strict):
     decision_rule: DecisionRule = Field("bound", description="how absolute checks read their evidence: bound (the "
                                         "bootstrap interval's conservative end must clear the threshold) or point")
     champion: ChampionRule = ChampionRule()
+    inconclusive: InconclusiveConfig = InconclusiveConfig()
+
+    @model_validator(mode="after")
+    def _can_extend(self) -> "GateConfig":
+        if self.inconclusive.choice == "extend" and not self.extendable:
+            raise ValueError(f"validation.inconclusive.choice extend scores reserve tasks, which {self.kind} gates "
+                             "cannot yet; use choice ask (a person decides) or block")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _default_choice_unwritten(self, handler):
+        """A gate that names no choice dumps (and hashes into a release id) as it did before the choice existed."""
+        data = handler(self)
+        if self.inconclusive == InconclusiveConfig():
+            data.pop("inconclusive", None)
+        return data
 
     def dataset_paths(self, config_dir: Path) -> list[tuple[Path, list[str] | None]]:
         """Each dataset's file (resolved against the config's folder, or built in) and the splits it keeps."""
@@ -176,6 +225,12 @@ class ModelFamily:
         `context(metrics)` returns what it shows of the release (`validation.evaluate.RELEASE_CONTEXT`), and `built` is
         the build stage's result, for checks the build judged that the report carries beside the gate's own."""
         raise NotImplementedError
+
+    def reserve(self, validation: GateConfig, config_dir: Path, settings, progress=None):
+        """The reserve tasks of `validation.inconclusive.extend` and how one batch of them is scored on a target
+        (`validation.extension.Reserve`; `settings` the gate's `validation.evaluate.RunSettings`). Only a family
+        whose gate config is `extendable` has one."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score reserve tasks; its gate cannot extend")
 
     def readout(self, validation: GateConfig):
         """How the family's server is asked a decision task (`validation.runner.Readout`): the online gate's replay."""

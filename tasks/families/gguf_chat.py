@@ -120,6 +120,8 @@ class ChatDecisionGateConfig(GateConfig):
     top_logprobs: int = Field(20, ge=1, le=20, description="entries asked per request; a letter outside them is invalid")
     shots: int = Field(0, ge=0, le=3, description="solved examples asked before each task (validation.chat_readout)")
 
+    extendable: ClassVar[bool] = True  # GgufDecisions.reserve scores the reserve through the chat readout
+
 
 class GgufChat(GgufDecisions):
     image_model = DlcChatImage

@@ -134,6 +134,8 @@ class DecisionGateConfig(GateConfig):
     concurrency: int = Field(2, ge=1, le=64)
     thresholds: DecisionThresholds
 
+    extendable: ClassVar[bool] = True
+
 
 class GgufDecisions(ModelFamily):
     artifact_kind = "gguf"
@@ -221,6 +223,25 @@ class GgufDecisions(ModelFamily):
                                   champion_rule=validation.champion, champion=champion,
                                   settings=replace(settings, readout=self.readout(validation)), progress=progress,
                                   title=title, decision_rule=validation.decision_rule, context=context))
+
+    def reserve(self, validation, config_dir: Path, settings, progress=None):
+        """The reserve's JevBench-format tasks, scored through the family's readout (`readout`: SemIf's, or the chat
+        path's for `GgufChat`)."""
+        from validation.datasets import load_decision_dataset
+        from validation.extension import Reserve
+        from validation.runner import run_decisions
+
+        datasets = [load_decision_dataset(ref.resolve(config_dir), name=f"reserve{i}", splits=ref.splits)
+                    for i, ref in enumerate(validation.inconclusive.extend.datasets)]
+        readout = self.readout(validation)
+
+        def score(target, tasks: list) -> list[dict]:
+            return [p.to_dict() for p in run_decisions(target.invoker, tasks, concurrency=settings.concurrency,
+                                                        dataset_name="reserve", readout=readout,
+                                                        **settings.requests(progress))]
+
+        return Reserve(tasks=[task for dataset in datasets for task in dataset.tasks], score=score,
+                       datasets=[dataset.evidence() for dataset in datasets])
 
     def invocation_bodies(self, validation: DecisionGateConfig, paths) -> list[bytes]:
         from validation.datasets import load_decision_dataset

@@ -23,7 +23,7 @@ from tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
 from tasks.ledger.views import (CHECK_COLUMNS, check_cells, cost_per_hour, details, events, field_rows, of_releases,
                                  release_row, require_records)
 from validation import charts
-from validation.gates import summary_line
+from validation.gates import RATIO, summary_line
 from validation.gate_report import cost_rows, rule_text
 
 REPORT_FILE = "index.html"
@@ -122,8 +122,9 @@ def copies_series(records: list) -> tuple[list[dict], datetime | None]:
 
 def champion_rows(checks: list[dict]) -> list[dict]:
     """A gate's champion checks (paired rule) as `charts.champion_check` rows: candidate − champion, its interval,
-    the margin it was held to and the check's status."""
-    paired = [c for c in checks if c.get("rule") == "paired" or str(c.get("comparator", "")).startswith("paired")]
+    the margin it was held to and the check's status (the latency ratio apart)."""
+    paired = [c for c in checks if (c.get("rule") == "paired" or str(c.get("comparator", "")).startswith("paired"))
+              and c.get("comparator") != RATIO]  # a ratio is not a difference: the gate report draws it on its own axis
     return [{"name": c["name"], "difference": c.get("observed"), "ci": c.get("ci"), "threshold": c.get("threshold"),
              "status": c.get("status")} for c in paired if c.get("observed") is not None]
 

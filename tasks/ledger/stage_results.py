@@ -106,6 +106,14 @@ class ValidateResult(StageResult):
     report_html: str
     evidence: dict[str, KeptRef]
     cost: dict[str, Any] | None = None  # tasks.backends.pricing results (candidate hour, production hour, per million)
+    # an inconclusive gate's validation.inconclusive choice and its outcome (blocked, asked with the interval and the
+    # power, or extended with every look), and the first look's decision and checks; unset when the gate decided
+    inconclusive: dict[str, Any] | None = None
+
+    @property
+    def asked(self) -> bool:
+        """Inconclusive, and the release chose to ask a person (validation.inconclusive.choice: ask)."""
+        return self.decision == "inconclusive" and (self.inconclusive or {}).get("outcome") == "asked"
 
 
 class PromoteResult(StageResult):

@@ -57,7 +57,7 @@ def release_detail(state: ReleaseState) -> dict:
         "artifact_uri": result("package").get("artifact_uri"),
         "image_digest": result("image").get("image_digest"),
         "gate": {key: gate.get(key) for key in ("decision", "metrics", "thresholds", "checks", "datasets",
-                                                "champion_release", "not_passed", "cost")} if gate else None,
+                                                "champion_release", "not_passed", "cost", "inconclusive")} if gate else None,
         "promotions": [_promotion_row(r) for r in _promotions(state)],
         "approval": [_approval_row(r) for r in state.records if r.stage == APPROVAL],
         "records": len(state.records),
@@ -326,7 +326,10 @@ def _verdict_text(payload: dict) -> str:
     where = f"batch {payload['batch']}/{payload.get('batches')}" if payload.get("batch") is not None else f"check {payload.get('check')}"
     states = ", ".join(f"{name} {state}" for name, state in sorted((payload.get("alarm_states") or {}).items()))
     gate = payload.get("online_gate") or {}
-    parts = [states or "the new copies had no answers to judge", *([f"online gate {gate.get('decision')}"] if gate else []),
+    short = gate.get("min_samples") is not None and (gate.get("candidate_answers") or 0) < gate["min_samples"]
+    answers = f" ({gate.get('candidate_answers') or 0} of {gate['min_samples']} answers)" if short else ""
+    parts = [states or "the new copies had no answers to judge",
+             *([f"online gate {gate.get('decision') or 'inconclusive'}{answers}"] if gate else []),
              *([f"alarm {payload['alarm']}"] if payload.get("alarm") else [])]
     return f"{payload.get('phase', 'rollout')} {where} baked: {'; '.join(parts)}"
 

@@ -10,10 +10,11 @@ stage needs), so no shared file system is mounted. Retries and timeouts come fro
 (`tasks.pipeline.table`), as the CLI's and Airflow's do. The validate task also publishes its result
 to S3 (`--result-uri`) and an `aws-sdk:s3:getObject` state reads it back for the Choice on the gate
 decision. A config that requires an approval (`promotion.approval`) waits between the gate and Promote in
-`AwaitApproval`: its task records the request with a reference to its task token and exits without reporting, so the
-state waits until `shiplift approve` / `shiplift reject` sends the decision with that token (TimeoutSeconds from
-`approval.timeout_s`; a timeout records `timed_out` in `ApprovalTimedOut`, and Promote then skips). docs/step-functions.md
-explains the choices.
+`AwaitApproval` (after a pass, or after an inconclusive gate whose release asks a person to decide it,
+`validation.inconclusive.choice: ask`): its task records the request with a reference to its task token and exits
+without reporting, so the state waits until `shiplift approve` / `shiplift reject` sends the decision with that token
+(TimeoutSeconds from `approval.timeout_s`; a timeout records `timed_out` in `ApprovalTimedOut`, and Promote then skips).
+docs/step-functions.md explains the choices.
 """
 
 from __future__ import annotations
@@ -359,13 +360,17 @@ class _Renderer:
             "Next": "GateDecision",
         }
         decision, envelope_release = "$.gate.envelope.result.decision", "$.gate.envelope.release_id"
+        asks = approval and self.config.validation.inconclusive.choice == "ask"
         states["GateDecision"] = {
             "Type": "Choice",
-            "Comment": "promote only on decision == pass; fail or inconclusive skip promote and tear down",
+            "Comment": "promote only on decision == pass" + (
+                ", or an inconclusive gate the release asks a person to decide (validation.inconclusive.choice ask)"
+                if asks else "") + "; fail or inconclusive skip promote and tear down",
             "Choices": [
                 {"Variable": envelope_release, "IsPresent": False, "Next": "GateResultInvalid"},
                 {"Variable": decision, "IsPresent": False, "Next": "GateResultInvalid"},
                 {"Not": {"Variable": envelope_release, "StringEquals": rid}, "Next": "GateResultInvalid"},
+                *([asked_rule(decision)] if asks else []),
                 {"Variable": decision, "StringEquals": "pass", "Next": APPROVAL_STATE if approval else STATE_NAMES["promote"]},
             ],
             "Default": STATE_NAMES["teardown_candidate"],
@@ -414,6 +419,15 @@ class _Renderer:
             "StartAt": "Prepare",
             "States": states,
         }
+
+
+def asked_rule(decision: str) -> dict:
+    """The Choice rule that sends an inconclusive gate to AwaitApproval when validate asked a person to decide it
+    (`ValidateResult.inconclusive.outcome == "asked"`, `tasks.pipeline.approval.awaits_person`); IsPresent first, as
+    a comparison of a field a result lacks fails the execution (States.Runtime)."""
+    outcome = decision.rsplit(".", 1)[0] + ".inconclusive.outcome"
+    return {"And": [{"Variable": decision, "StringEquals": "inconclusive"}, {"Variable": outcome, "IsPresent": True},
+                    {"Variable": outcome, "StringEquals": "asked"}], "Next": APPROVAL_STATE}
 
 
 def render_state_machine(config: ReleaseConfig, *, release_id: str | None = None, runner: RunnerSettings,

@@ -1,6 +1,8 @@
 """Approval before production: a passed candidate waits for a person the config names (`promotion.approval`).
 
-After validate passes, the release records `approval/awaiting_approval` (with the gate's summary, its report and the
+An inconclusive gate whose release chose `validation.inconclusive.choice: ask` waits the same way, its request carrying
+the champion check's interval, the gate's power and the evidence (`awaits_person`): an approval promotes it, a
+rejection or a timeout does not. After validate passes (or so asks), the release records `approval/awaiting_approval` (with the gate's summary, its report and the
 deadline) and stops before promote; the candidate is torn down unless the config keeps it. `shiplift approve` or
 `shiplift reject` records the decision, by whom, when and on what evidence, and continues the release: promote runs
 for an approval, and the release ends `rejected` with the reason for a rejection or a timeout, the champion serving on.
@@ -45,6 +47,13 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def awaits_person(validate, config) -> bool:
+    """Whether a release's gate (`ValidateResult`) goes to an approver: it passed, or it was inconclusive and the
+    release chose to ask and names approvers (the config refuses ask without them; an asked gate of a config that
+    needs no approval, read back from an older ledger, blocks: nobody could answer)."""
+    return validate.decision == "pass" or (validate.asked and config.promotion.approval.required)
+
+
 def approval_state(state, config) -> ApprovalState:
     """The release's approval, read from its ledger records."""
     if not config.promotion.approval.required:
@@ -73,6 +82,8 @@ def _request_payload(ctx) -> dict:
         "gate": {"decision": validate.decision, "not_passed": validate.not_passed, "report_html": validate.report_html,
                  "report_sha256": report.sha256 if report else None},
         "champion_release": validate.champion_release,
+        **({"inconclusive": {key: validate.inconclusive.get(key) for key in ("choice", "interval", "n", "margin", "power_text")}}
+           if validate.asked else {}),
         "candidate_kept": rule.keep_candidate,
         "candidate_usd_per_hour": candidate.get("usd_per_hour") if rule.keep_candidate else None,
     }
@@ -81,7 +92,7 @@ def _request_payload(ctx) -> dict:
 def hold(ctx) -> bool:
     """Before promote: True when this release must stop and wait for a person (asking once, when its gate passed);
     a request past its deadline is recorded timed out here, and the release goes on to end rejected."""
-    if ctx.result("validate").decision != "pass":
+    if not awaits_person(ctx.result("validate"), ctx.config):
         return False
     current = approval_state(ctx.state, ctx.config)
     if current.status == "not_requested":
@@ -214,9 +225,10 @@ def request_for_execution(ctx, wait: dict) -> str:
     or, when a retried or new execution of the release asks again, the new token's reference; a request past its
     deadline is recorded timed out, as `hold` does. Returns the approval's status: `awaiting` (the execution waits on
     its token), or approved / rejected / timed_out / not_required, when it can go on to promote at once."""
-    if ctx.result("validate").decision != "pass":
-        raise Conflict(f"release {ctx.release_id} has no passed gate to ask an approval for (gate "
-                       f"{ctx.result('validate').decision})", fix="the state machine asks only after GateDecision pass")
+    if not awaits_person(ctx.result("validate"), ctx.config):
+        raise Conflict(f"release {ctx.release_id} has no passed or asked gate to ask an approval for (gate "
+                       f"{ctx.result('validate').decision})", fix="the state machine asks only after GateDecision pass, "
+                       "or an inconclusive gate its release chose to ask (validation.inconclusive.choice: ask)")
     current = approval_state(ctx.state, ctx.config)
     if current.status == "not_requested":
         payload = {**_request_payload(ctx), STEP_FUNCTIONS: wait}

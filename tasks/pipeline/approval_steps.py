@@ -25,7 +25,8 @@ from typing import Any
 
 from tasks.errors import NotReady
 from tasks.ledger import events
-from tasks.pipeline.approval import approval_state, decide, hold
+from tasks.ledger.stage_results import ValidateResult
+from tasks.pipeline.approval import approval_state, awaits_person, decide, hold
 from tasks.pipeline.release import Progress, ensure_stage, print_progress, reopen_release, run_stages
 from tasks.pipeline.table import LEASE, TEARDOWN
 
@@ -50,7 +51,7 @@ def _not_waiting_reason(state, config, validate: dict) -> str:
     if validate.get("status") != "succeeded":
         return f"its validate stage is {validate.get('status')}: there is no gate decision to approve"
     decision = validate["result"].get("decision")
-    if decision != "pass":
+    if not awaits_person(ValidateResult.model_validate(validate["result"]), config):
         return f"its gate decision is {decision}: nothing to approve, promote skips it"
     if current.status == "approved":
         return f"already approved by {current.decision.payload.get('by')}: {current.reason}"
@@ -68,8 +69,11 @@ def approval_prompt(release_id: str, model: str, request: dict, validate: dict) 
     result = validate.get("result") or {}
     checks = result.get("checks") or []
     not_passed = gate.get("not_passed") or []
+    asked = request.get("inconclusive")
+    how = ("passed its gate" if not asked else "has an inconclusive gate and its config asks a person to decide "
+           "(validation.inconclusive.choice: ask)")
     lines = [
-        f"**{model}**: release `{release_id}` passed its gate and waits for an approver before promote changes "
+        f"**{model}**: release `{release_id}` {how} and waits for an approver before promote changes "
         "production. Unanswered by the deadline it ends rejected and the champion keeps serving.",
         "",
         "| | |",
@@ -84,6 +88,11 @@ def approval_prompt(release_id: str, model: str, request: dict, validate: dict) 
         "| candidate while waiting | " + (f"kept running, {request['candidate_usd_per_hour']} USD/h"
                                         if request.get("candidate_kept") else "torn down") + " |",
     ]
+    if asked:
+        low, high = asked["interval"] or (None, None)
+        lines += ["", f"Candidate − champion accuracy on {asked['n']} paired tasks: interval [{_number(low)}, "
+                      f"{_number(high)}] against the margin −{asked['margin']:g}, so the gate could not tell. Power at "
+                      "this size:", *(f"- {text}" for text in asked["power_text"])]
     if checks:
         lines += ["", "| check | status | observed | threshold |", "|---|---|---|---|"]
         lines += [f"| {c.get('name')} | {c.get('status')} | {_number(c.get('observed'))} | "

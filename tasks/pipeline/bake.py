@@ -46,7 +46,8 @@ def live_summary(live: LiveComponent | None) -> dict[str, Any] | None:
 
 
 class BakeWatch:
-    """A bake: after each batch, replay the online gate's canary set (when there is one), then, where the metrics
+    """A bake: after each batch, replay the online gate's canary set (when there is one; a gate that has not decided by
+    the end of a batch's replay raises its alarm, `validation.online_gate.OnlineGate.alarm`), then, where the metrics
     split by spec (local), for `wait_s` read the new copies' metrics every `rules.check_interval_s`; the first
     alarm (which rolls back) ends it. Where they do not (aws), the bake is the gate's round alone and SageMaker's
     alarms judge the metrics. What the gate saw, and each alarm's state, is kept per step (`evidence`, by
@@ -76,8 +77,11 @@ class BakeWatch:
         verdicts: dict[str, str | None] = {}
         if self.online_gate is not None:
             self.online_gate.replay()
-            verdicts["online_gate"] = self.online_gate.alarm()
             evidence["online_gate"] = self.online_gate.evidence()
+            undecided = evidence["online_gate"].get("decision") == "inconclusive"
+            # a batch's bake ends here (local), so an undecided gate blocks; a SageMaker check comes mid-update, while
+            # its batches still bake: there the gate's undecided state is recorded, and only a failure is raised
+            verdicts["online_gate"] = None if undecided and step.check is not None else self.online_gate.alarm()
         while self.metrics.per_spec:
             verdicts.update(self._read())
             evidence["alarm_states"] = {name: "ALARM" if message else "OK" for name, message in verdicts.items()}

@@ -70,7 +70,9 @@ def dlc_needs(config, service: str, operation: str, params: dict):
 
 
 def assert_dlc_environment(environment: dict, config, *, ctx_size: str) -> None:
-    """The container gets the image's SM_LLAMA_CPP_* options and nothing else (no other server's variables)."""
+    """The container gets the image's SM_LLAMA_CPP_* options and nothing else (no other server's variables) but the
+    serving id every copy carries for attribution (SHIPLIFT_SERVING_ID: the DLC ignores it)."""
+    environment = {name: value for name, value in environment.items() if name != "SHIPLIFT_SERVING_ID"}
     assert environment == config.image.container_env() and environment["SM_LLAMA_CPP_CTX_SIZE"] == ctx_size
     assert all(name.startswith("SM_LLAMA_CPP_") for name in environment), environment
     assert (environment["SM_LLAMA_CPP_THREADS"], environment["SM_LLAMA_CPP_N_GPU_LAYERS"]) == ("2", "0")

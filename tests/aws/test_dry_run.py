@@ -65,6 +65,8 @@ def assert_valid(lines: list[dict]) -> None:
 def test_qwen_on_an_instance_pool():
     lines, stderr = dry_run("configs/releases/qwen35-4b-semif.yaml")
     assert "nothing was sent" in stderr
+    power = [line for line in stderr.splitlines() if line.startswith("gate power: champion_accuracy")]
+    assert len(power) == 1 and "on 111 tasks" in power[0] and "an inconclusive gate will" in power[0], stderr
     assert_valid(lines)
     assert operations(lines, "deploy_candidate") == [
         "DescribeModel", "CreateModel", "DescribeEndpointConfig", "CreateEndpointConfig", "DescribeEndpoint", "CreateEndpoint",

@@ -167,6 +167,7 @@ def test_an_approval_without_a_description_or_after_the_deadline(aws, waiting, m
     assert decision.payload["reason"].endswith(": no description given")
 
 
+@pytest.mark.slow  # ~34 s on the double: make test-slow; tests/unit/test_approval.py keeps stale approvals refused
 def test_a_stale_approval_and_one_on_another_version_are_refused(aws, aws_release, tiny_release, tmp_path, monkeypatch):
     monkeypatch.setenv("SHIPLIFT_ACTOR", "carol")
     aws_release.prepare_account(aws)

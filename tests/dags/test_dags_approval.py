@@ -194,6 +194,7 @@ def _approval_records(ledger, release_id: str) -> list:
     return [r for r in ledger.release(release_id) if r.stage == "approval"]
 
 
+@pytest.mark.slow  # ~84 s: make test-slow; make test keeps the DAG's approval wiring and the CLI approval story
 @pytest.mark.timeout(1200)  # four tiny releases and a promotion, each through dag.test(), on two shared cores
 def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_hitl_api(
         tmp_path, dags_for_configs, run_with_answers, tiny_release):

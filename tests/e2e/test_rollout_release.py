@@ -1,6 +1,7 @@
-"""Canary releases on the local backend, through the promote stage: a rollout that succeeds, and one that a
-bake alarm rolls back under live traffic while the champion keeps serving, then a rollback on demand to the
-first release through the same canary machinery."""
+"""Canary releases on the local backend, through the promote stage: a first release that bakes under its online gate,
+a rollout that succeeds, and one that a bake alarm rolls back under live traffic while the champion keeps serving,
+then a rollback on demand to the first release through the same canary machinery; and a first release that fails
+live, taken out of service and recorded."""
 
 from __future__ import annotations
 
@@ -27,12 +28,17 @@ def _promote_record(ledger: Ledger, release_id: str):
 def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_serves(release_config, tmp_path):
     state_dir = tmp_path / "state"
 
-    first = run_release(release_config(rollout=CANARY), progress=QUIET)
+    gated = {**CANARY, "online_gate": {"split": "test", "max_tasks": 32, "rounds": 8}}
+    first = run_release(release_config(rollout=gated), progress=QUIET)
     assert first["status"] == "promoted"
     ledger = Ledger.for_sqlite(state_dir / "ledger.db")
-    assert _promote_record(ledger, first["release_id"]).payload["steps"] == [], "the first release is deployed whole"
+    steps = _promote_record(ledger, first["release_id"]).payload["steps"]
+    assert [(s["phase"], s["batch"], s["batches"], s["old_copies"], s["new_copies"], s["alarm"]) for s in steps] == [
+        ("rollout", 1, 1, 0, 2, None)], "nothing served: every copy started at once, then baked as one step"
+    gate = steps[0]["online_gate"]  # candidate-only: no champion answered, so only the absolute checks
+    assert gate["candidate_answers"] == 32 and gate["decision"] == "pass" and list(gate["answers"]) == [gate["candidate"]]
+    assert gate["attributed_by"] == "serving_id" and not any(c["name"].startswith("champion") for c in gate["checks"])
 
-    gated = {**CANARY, "online_gate": {"split": "test", "max_tasks": 32}}
     second = run_release(release_config(rollout=gated, calibration__fit_temperature=True), progress=QUIET)
     assert second["status"] == "promoted"
     steps = _promote_record(ledger, second["release_id"]).payload["steps"]
@@ -40,6 +46,8 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
         ("rollout", 1, 1, 1, None), ("rollout", 2, 0, 2, None)]
     gate = steps[0]["online_gate"]  # the canary set replayed through production while the first batch baked
     assert gate["candidate_answers"] == 32 and gate["decision"] == "pass" and gate["unattributed"] == 0
+    # the same GGUF at a fitted temperature: its answers are told from the champion copy's by the serving id alone
+    assert len(gate["answers"]) == 2 and gate["answers"][gate["candidate"]] == 32, gate["answers"]
     assert steps[0]["alarm_states"] == {"online_gate": "OK", "error_rate": "OK", "latency_p99": "OK"}
     traffic_steps = [r.payload for r in ledger.release(second["release_id"]) if r.stage == "traffic"]
     assert [(t["batch"], t["strategy"], t["from_release"]) for t in traffic_steps] == [
@@ -81,4 +89,39 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     assert served["spec"]["model_ref"]["release_id"] == first["release_id"] and len(served["copies"]) == 2
     steps = [r.payload for r in ledger.release(first["release_id"]) if r.stage == "traffic"]
     assert [(t["phase"], t["batch"], t["new_copies"]) for t in steps] == [("rollout", 1, 1), ("rollout", 2, 2)]
+    assert ledger.verify().ok
+
+
+@pytest.mark.slow  # ~30 s on 2 cores: a first release of a tiny model, its bake under traffic
+def test_a_first_release_that_fails_live_is_taken_out_of_service_and_recorded(release_config, tmp_path, monkeypatch):
+    """Nothing serves the model yet; its build refuses the multi-decision requests production clients send (the
+    offline gate sends single decisions, so it passes). It starts its copies, production traffic reaches them during
+    their bake, the error-rate alarm fires, and the component is deleted: the release ends rolled back with why, and
+    nothing serves. Before issue 45 it went to production all at once, unbaked."""
+    from tasks.pipeline.bake import BakeWatch
+
+    state_dir, model = tmp_path / "state", "tiny-refuses"
+    endpoint, component = f"shiplift-{model}-prod", f"shiplift-{model}"
+    baked, traffic = BakeWatch.__call__, []
+
+    def under_traffic(self, step):  # production clients find the new copies as soon as they serve
+        with LiveTraffic(ProcessSupervisor(state_dir).endpoint_url(endpoint), component) as live:
+            traffic.append(live)
+            return baked(self, step)
+
+    monkeypatch.setattr(BakeWatch, "__call__", under_traffic)
+    release = run_release(release_config(name=model, rollout=CANARY, image__max_shared_decisions=1), progress=QUIET)
+    assert release["status"] == "rolled_back", release
+    ledger = Ledger.for_sqlite(state_dir / "ledger.db")
+    record = _promote_record(ledger, release["release_id"])
+    assert record.event == "rolled_back" and "error rate" in record.payload["reason"]
+    assert "taken out of service" in record.payload["reason"] and record.payload["served"] is None
+    assert [(s["phase"], s["old_copies"], s["new_copies"], s["alarm"] is not None) for s in record.payload["steps"]] == [
+        ("rollout", 0, 2, True), ("rollback", 0, 0, False)]
+    assert record.payload["steps"][0]["alarm_states"]["error_rate"] == "ALARM"
+    kinds = [(r.stage, r.payload.get("phase")) for r in ledger.release(release["release_id"]) if r.stage in ("traffic", "bake")]
+    assert kinds == [("traffic", "rollout"), ("bake", "rollout"), ("traffic", "rollback")]
+    assert component not in ProcessSupervisor(state_dir).describe_endpoint(endpoint)["components"], "nothing serves"
+    assert ledger.served_at(model, "2100-01-01T00:00:00Z") is None
+    assert traffic[0].statuses[424] > 0, traffic[0].statuses  # the copies' refusals the alarm counted
     assert ledger.verify().ok

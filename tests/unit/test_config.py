@@ -293,3 +293,13 @@ def test_scale_to_zero_is_checked_against_the_copies_and_the_endpoint_s_instance
     plain = load_release_config(GEMMA, environ={})
     assert plain.config_hash() == load_release_config(GEMMA, overrides=("scale_to_zero=null",), environ={}).config_hash()
     assert plain.config_hash() != local.config_hash()
+
+
+def test_asking_a_person_needs_someone_to_ask():
+    """validation.inconclusive.choice ask without promotion.approval is refused at load, naming both fixes."""
+    with pytest.raises(ConfigError, match="promotion.approval names nobody.*choose block or extend"):
+        load_release_config(GEMMA, overrides=["validation.inconclusive.choice=ask", "validation.inconclusive.extend=null"])
+    config = load_release_config(GEMMA, overrides=["validation.inconclusive.choice=ask", "validation.inconclusive.extend=null",
+                                                   "promotion.approval.required=true",
+                                                   "promotion.approval.approvers=[release-manager]"])
+    assert config.validation.inconclusive.choice == "ask"

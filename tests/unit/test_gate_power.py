@@ -85,3 +85,29 @@ def test_gate_power_explains_the_issues_table_which_fixes_the_observed_differenc
         check = _champion_check("champion_accuracy", diff, margin=0.02, min_samples=30, higher_is_better=True)
         assert check.status == "inconclusive"
     assert 1.96 * math.sqrt(18 / 231 / 231) > 0.02
+
+
+def test_a_gate_report_carries_its_power_at_its_size_with_the_disagreement_it_saw():
+    """The report of a gate with a champion states how likely an equal candidate was to pass at its size, counted on
+    the two models' own answers (here 8 of 100 tasks answered differently), and its HTML shows it."""
+    from validation.gate_report import render_html
+    from validation.evaluate import DECISION_REPORT
+    from validation.gates import evaluate_gates
+
+    def row(i: int, right: bool) -> dict:
+        return {"id": f"t{i}", "dataset": "unit", "expected": "a", "option_ids": ["a", "b"],
+                "probabilities": [0.8, 0.2] if right else [0.2, 0.8], "option_logits": None, "allowed_token_mass": 0.9,
+                "temperature": 1.0, "latency_ms": 100.0 + i, "server_forward_ms": None, "server_total_ms": None,
+                "attempts": 1, "retries_503": 0, "error": None, "started_at": float(i)}
+
+    champion = [row(i, i % 3 != 0) for i in range(100)]
+    candidate = [row(i, (i % 3 != 0) != (i < 8)) for i in range(100)]
+    rule = ChampionRule(margin=0.05, min_samples=30)
+    report = evaluate_gates(candidate, thresholds=None, champion_preds=champion, champion_rule=rule).to_dict()
+    accuracy, = report["champion"]["power"]
+    assert accuracy["spread"]["disagreement"] == pytest.approx(0.08)
+    expected = outcome_probabilities(n=100, margin=0.05, sd=accuracy_sd(0.08), shortfall=0.0, confidence=0.95)["pass"]
+    assert accuracy["equal_passes"] == pytest.approx(expected)
+    assert accuracy["narrowest_margin"] == pytest.approx(narrowest_margin(n=100, sd=accuracy_sd(0.08), confidence=0.95))
+    html = render_html("t", report, candidate, DECISION_REPORT)
+    assert "The gate's power at this size" in html and "8.0% of tasks answered differently" in html

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from validation.thresholds import ChampionRule
 
 QWEN = "configs/releases/qwen35-4b-semif.yaml"
 GEMMA = "configs/releases/gemma-decision.yaml"
+NARROW_QWEN = ("--set", "validation.champion.margin=0.02")  # the margins the examples shipped with before the plan
+OLD_GEMMA = ("--set", "validation.champion.margin=0.05")
 
 
 def plan_json(capsys, config: str, ledger_url: str, *extra: str) -> dict:
@@ -23,7 +26,7 @@ def plan_json(capsys, config: str, ledger_url: str, *extra: str) -> dict:
 
 def test_gate_plan_qwen_says_an_equal_candidate_cannot_pass(capsys, tmp_path):
     # a missing SQLite ledger: qwen's own ledger_url is a Postgres host this machine must not try
-    plan = plan_json(capsys, QWEN, f"sqlite:///{tmp_path}/none.db")
+    plan = plan_json(capsys, QWEN, f"sqlite:///{tmp_path}/none.db", *NARROW_QWEN)
     accuracy, = plan["checks"]
     assert plan["tasks"] == 111 and plan["ledger"].startswith("no ledger read")
     assert accuracy["spread"]["source"] == "prior" and accuracy["spread"]["disagreement"] == 0.08
@@ -36,7 +39,8 @@ def test_gate_plan_qwen_says_an_equal_candidate_cannot_pass(capsys, tmp_path):
 
 
 def test_gate_plan_table_for_gemma_and_an_ece_check(capsys, tmp_path):
-    assert main(["gate", "plan", GEMMA, "--state-dir", str(tmp_path), "--set", "validation.champion.also_ece_margin=0.03"]) == 0
+    assert main(["gate", "plan", GEMMA, "--state-dir", str(tmp_path), *OLD_GEMMA,
+                 "--set", "validation.champion.also_ece_margin=0.03"]) == 0
     out = capsys.readouterr().out
     assert "111 paired tasks" in out and "the spread is the stated prior" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("champion_")]
@@ -61,7 +65,7 @@ def test_gate_plan_measures_the_spread_from_recorded_paired_intervals():
 
 
 def test_config_validate_warns_about_an_underpowered_margin(capsys):
-    assert main(["config", "validate", QWEN, "--json"]) == 0
+    assert main(["config", "validate", QWEN, "--json", *NARROW_QWEN]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["ok"] is True  # a warning, not a refusal
     assert "warning: champion_accuracy: an equally good candidate passes with probability 0.11 at margin 0.02" in captured.err
@@ -100,9 +104,31 @@ def test_gate_plan_counts_the_disagreement_on_a_recorded_gates_kept_predictions(
     ledger.append(release_id="r1", model="gemma-decision", stage=VALIDATE, event=SUCCEEDED, actor="test",
                   payload={"checks": [check], "evidence": evidence})
     ledger.close()
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
     accuracy, = plan_json(capsys, GEMMA, f"sqlite:///{tmp_path}/ledger.db", "--state-dir", str(tmp_path))["checks"]
     assert accuracy["spread"]["disagreement"] == pytest.approx(30 / 200)
     assert accuracy["spread"]["source"] == "ledger: 1 comparison(s)' per-task outcomes, 200 tasks"
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before, "a read-only command wrote"
+
+
+def test_a_read_only_artifact_read_refuses_a_corrupt_file_and_creates_nothing(tmp_path):
+    from tasks.backends.local.artifact_store import LocalArtifactStore
+    from tasks.errors import IntegrityError
+
+    source = tmp_path / "rows.jsonl"
+    source.write_text('{"id": "t1"}\n')
+    stored = LocalArtifactStore(tmp_path / "artifacts").put_file(source, name="rows.jsonl")
+    reader = LocalArtifactStore(tmp_path / "artifacts", create=False)
+    assert reader.read_verified(stored.uri, max_bytes=1024) == source.read_bytes()
+    with pytest.raises(Exception, match="more than 4 bytes"):
+        reader.read_verified(stored.uri, max_bytes=4)
+    path = Path(stored.uri.removeprefix("file://"))
+    path.chmod(0o644)
+    path.write_text('{"id": "t2"}\n')
+    with pytest.raises(IntegrityError):
+        reader.read_verified(stored.uri, max_bytes=1024)
+    LocalArtifactStore(tmp_path / "nowhere", create=False)
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_release_start_warns_about_an_underpowered_margin(capsys, monkeypatch, tmp_path):
@@ -113,7 +139,7 @@ def test_release_start_warns_about_an_underpowered_margin(capsys, monkeypatch, t
         raise ShipliftError("stopped after the start")  # the warning is printed before the release runs
 
     monkeypatch.setattr(release, "run_release", stop_here)
-    assert main(["release", GEMMA, "--state-dir", str(tmp_path)]) == 1
+    assert main(["release", GEMMA, "--state-dir", str(tmp_path), *OLD_GEMMA]) == 1
     err = capsys.readouterr().err
     assert "warning: champion_accuracy: an equally good candidate passes with probability 0.46 at margin 0.05" in err
     assert err.index("warning") < err.index("stopped after the start")

@@ -141,7 +141,10 @@ def test_the_champion_comparison_covers_every_gated_metric_paired_on_shared_task
     assert rows["allowed_token_mass"]["difference"] == pytest.approx(-0.1) and rows["allowed_token_mass"]["n_shared"] == 100
     assert rows["validity"]["difference"] == 0.0
     p95 = rows["p95_latency_ms"]
-    assert not p95["paired"] and p95["difference"] == pytest.approx(50.0) and p95["difference_ci"] is None
+    champion_p95 = np.percentile([100.0 + i % 7 for i in range(1, 100)], 95)  # each side's first request apart
+    assert p95["paired"] and p95["n_shared"] == 99 and p95["difference"] == pytest.approx(50.0)
+    assert p95["difference_ci"] == pytest.approx([50.0, 50.0])  # 50 ms slower on every request, in every resample
+    assert p95["ratio"] == pytest.approx((champion_p95 + 50.0) / champion_p95)
     assert rows["accuracy"]["gated_by"] == ["accuracy", "champion_accuracy"] and rows["p95_latency_ms"]["gated_by"] == []
     assert report.champion["metrics"]["reliability"], "the champion's own metrics are kept for the report's overlay"
 

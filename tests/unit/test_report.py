@@ -158,7 +158,7 @@ def test_writes_json_and_html_with_hashes(tmp_path):
 def test_html_is_well_formed_self_contained_and_complete(tmp_path):
     report, out = build(tmp_path)
     parser, text = parse(out["report_html"])
-    assert parser.svg_classes == ["chart champion", "chart reliability", "chart latency"]
+    assert parser.svg_classes == ["chart champion", "chart latency-ratio", "chart reliability", "chart latency"]
     assert "script" not in parser.tags and "iframe" not in parser.tags
     assert not any(name.startswith("on") for name, _ in parser.attrs)  # no event handlers
     srcs = [value for name, value in parser.attrs if name in ("src", "href")]
@@ -216,7 +216,10 @@ def test_decision_champion_rows_side_by_side_with_paired_intervals_and_rules(tmp
                         f"{checks['champion_accuracy']['status']}")
     assert "champion_ece: paired interval: high end of candidate − champion <= 0.1" in rows["ECE (10 bins)"][6]
     assert rows["allowed-token mass"][6] == "shown, not gated", "no check reads it: shown, not judged"
-    assert rows["p95 latency (ms, per request)"][3].endswith("separate runs, not paired")
+    p95 = next(r for r in report["champion"]["comparison"] if r["metric"] == "p95_latency_ms")
+    (low, high), (ratio_low, ratio_high) = p95["difference_ci"], p95["ratio_ci"]
+    assert rows["p95 latency (ms, per request)"][3] == (f"{p95['difference']:.4g} ms paired [{low:.4g}, {high:.4g}] "
+                                                        f"ratio {p95['ratio']:.4g} paired [{ratio_low:.4g}, {ratio_high:.4g}]")
     worst = {"fail": 0, "inconclusive": 1, "pass": 2}
     expected_class = min((checks[n]["status"] for n in accuracy["gated_by"]), key=worst.get)
     assert parser.row_classes["champion"][1] == expected_class

@@ -272,7 +272,7 @@ def test_predictions_file_round_trip_and_errors(tmp_path):
     assert list(first) == [
         "id", "dataset", "expected", "option_ids", "probabilities", "option_logits", "allowed_token_mass",
         "temperature", "latency_ms", "server_forward_ms", "server_total_ms", "attempts", "retries_503",
-        "error", "started_at", "model_sha256", "generated_token", "missing_letters", "lost"]
+        "error", "started_at", "model_sha256", "generated_token", "missing_letters", "lost", "serving_id"]
     later = ("model_sha256", "generated_token", "missing_letters", "lost")
     older = {k: v for k, v in first.items() if k not in later}  # a predictions file written before they existed
     path.write_text(json.dumps(older) + "\n")

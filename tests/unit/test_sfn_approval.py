@@ -188,6 +188,47 @@ def test_the_approval_graph_keeps_every_rule_and_moto_parses_it():
         assert sfn.create_state_machine(name="approval", definition=definition_json(definition), roleArn=ROLE)["stateMachineArn"]
 
 
+def test_an_inconclusive_gate_the_release_asks_about_waits_for_the_approval_too():
+    """validate's result says an inconclusive gate was asked (`inconclusive.outcome == "asked"`, with
+    validation.inconclusive.choice ask): GateDecision sends it to AwaitApproval like a pass; blocked, or a result
+    without the field, tears down. Routes run in moto's interpreter with the ECS tasks as Pass states."""
+    from tests.unit.test_sfn import _stub_ecs, _with_envelope
+
+    config = shipped("validation.inconclusive.choice=ask")
+    definition = render(config)
+    rid, states = release_id_for(config), definition["States"]
+    rules = states["GateDecision"]["Choices"]
+    outcome = "$.gate.envelope.result.inconclusive.outcome"
+    assert rules[-2] == {"And": [{"Variable": "$.gate.envelope.result.decision", "StringEquals": "inconclusive"},
+                                 {"Variable": outcome, "IsPresent": True},
+                                 {"Variable": outcome, "StringEquals": "asked"}], "Next": APPROVAL_STATE}
+    assert rules[-1]["Next"] == APPROVAL_STATE and states["GateDecision"]["Default"] == "TeardownCandidate"
+    for path in paths(definition):
+        if "Promote" in path:
+            assert APPROVAL_STATE in path[:path.index("Promote")], f"Promote reached without the approval: {path}"
+    assert not any("And" in rule for rule in render(shipped())["States"]["GateDecision"]["Choices"]), \
+        "a release that does not ask keeps the pass-only Choice"
+
+    results = {"asked": {"decision": "inconclusive", "inconclusive": {"choice": "ask", "outcome": "asked"}},
+               "blocked": {"decision": "inconclusive", "inconclusive": {"choice": "block", "outcome": "blocked"}},
+               "unrecorded": {"decision": "inconclusive", "inconclusive": None},
+               "failed": {"decision": "fail"}}
+    routes = {}
+    with mock_aws(config=PARSER):
+        boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        for case, result in results.items():
+            stubbed = _with_envelope(_stub_ecs(definition), {"release_id": rid, "stage": "validate", "result": result})
+            arn = sfn.create_state_machine(name=f"asked-{case}", definition=definition_json(stubbed), roleArn=ROLE)["stateMachineArn"]
+            execution = sfn.start_execution(stateMachineArn=arn, input="{}")["executionArn"]
+            assert wait_for(sfn, execution)["status"] == "SUCCEEDED", case
+            route = entered(sfn, execution)
+            routes[case] = route[route.index("GateDecision") + 1:]
+    assert routes["asked"] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate", "EndSucceeded", "Released"]
+    for case in ("blocked", "unrecorded", "failed"):
+        assert routes[case] == ["TeardownCandidate", "EndSucceeded", "Released"], case
+
+
 def _camel(value):
     if isinstance(value, list):
         return [_camel(v) for v in value]

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from tasks.backends.aws.session import write_raced
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound, NotReady
-from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, sha256_file
+from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, sha256_file, verified_bytes
 from tasks.backends.interfaces import Progress, StoredArtifact
 
 SINGLE_PUT_MAX_BYTES = 64 * 1024 * 1024
@@ -228,13 +228,28 @@ class S3ArtifactStore:
                                fix="it is not the small JSON document expected there")
             return body.read(max_bytes + 1)
 
-    def get(self, uri: str) -> Path:
-        """A local copy of an artifact, downloaded once into the cache and sha256-verified."""
+    def _artifact_key(self, uri: str) -> tuple[str, str]:
+        """(key, sha256) of an artifact URI of this store; BadInput for any other URI."""
         bucket, key = parse_s3_uri(uri)
         sha256 = artifact_sha256(key)
         if bucket != self.bucket or sha256 is None:
             raise BadInput(f"{uri} is not an artifact of this store (s3://{self.bucket}/{self.prefix}/artifacts/…)",
                            fix="open the store that produced the URI")
+        return key, sha256
+
+    def read_verified(self, uri: str, *, max_bytes: int) -> bytes:
+        """An artifact's bytes, sha256-verified, writing nothing (no cache: a read-only command's); BadInput above
+        `max_bytes`."""
+        key, sha256 = self._artifact_key(uri)
+        answer = self.aws.call("s3", "GetObject", Bucket=self.bucket, Key=key)
+        with answer["Body"] as body:
+            data = None if answer.get("ContentLength", 0) > max_bytes else body.read(max_bytes + 1)
+        return verified_bytes(data if data is None or len(data) <= max_bytes else None, sha256, uri, max_bytes)
+
+    def get(self, uri: str) -> Path:
+        """A local copy of an artifact, downloaded once into the cache and sha256-verified."""
+        key, sha256 = self._artifact_key(uri)
+        bucket = self.bucket
         target = self.cache_dir / sha256 / key.rsplit("/", 1)[1]
         if target.is_file() and sha256_file(target) == sha256:
             return target

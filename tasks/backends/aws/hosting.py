@@ -44,6 +44,7 @@ from tasks.backends.aws.waiters import wait_for
 from tasks.backends.placement import gpus_per_instance
 from tasks.errors import BadInput, CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
 from tasks.hashing import sha256_json
+from images.common.sagemaker_http import SERVING_ID_ENV
 from tasks.backends.interfaces import (
     DEPLOY_WAIT_S,
     SCALE_WAIT_S,
@@ -188,10 +189,13 @@ class SageMakerHosting:
 
     # -- requests (pure; the dry run prints the same ones) ----------------------------------------
     def model_request(self, component: str, spec: ComponentSpec, endpoint: str, placement=None) -> dict:
-        """CreateModel for a spec: named by component, container and release; network isolation on, except for a
+        """CreateModel for a spec: named by component, container and release; the container's environment carries
+        the spec's serving id (SHIPLIFT_SERVING_ID: our servers echo it with each answer, so the online gate tells the
+        candidate's answers from the champion's; `describe` leaves it out); network isolation on, except for a
         serverless placement, which does not support it (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html,
         "Feature exclusions")."""
-        container = {"Image": spec.image_uri, "ModelDataUrl": spec.artifact_uri, "Environment": dict(spec.environment)}
+        container = {"Image": spec.image_uri, "ModelDataUrl": spec.artifact_uri,
+                     "Environment": {**spec.environment, SERVING_ID_ENV: spec.serving_id()}}
         isolated = placement is None or placement.kind != "serverless"
         name = content_name(component, {"container": container, "release": spec.model_ref.release_id,
                                         **({} if isolated else {"isolated": False})})
@@ -857,7 +861,8 @@ class SageMakerHosting:
         ref = ModelRef(release_id=release, artifact_sha256=sha, image_digest=digest) if release and sha and digest else None
         placement = obtained_placement(live_endpoint, config or {})
         return LiveComponent(endpoint=endpoint, component=component, status=status, image_digest=digest, artifact_uri=artifact_uri,
-                             artifact_sha256=sha, environment=container.get("Environment", {}), copies=copies,
+                             artifact_sha256=sha, copies=copies,
+                             environment={k: v for k, v in container.get("Environment", {}).items() if k != SERVING_ID_ENV},
                              placement=placement, model_ref=ref, failure_reason=failure)
 
     def inference_component(self, endpoint: str, component: str) -> dict | None:
@@ -940,16 +945,25 @@ class SageMakerHosting:
         found = self._list("ListInferenceComponents", "InferenceComponents", EndpointNameEquals=endpoint)
         return [c["InferenceComponentName"] for c in found]
 
-    def _delete_component(self, component: str, progress: Progress) -> None:
-        """Its scale-to-zero alarm, policies and target first (`_remove_scale_to_zero`), then the component (waited)."""
+    def delete_component(self, endpoint: str, component: str, *, progress: Progress) -> bool:
+        """Take a component out of service (a first release that failed its bake): its scaling, then the component,
+        waited; the endpoint and its other components stay. False when it is not on `endpoint`."""
+        if self.inference_component(endpoint, component) is None:
+            return False
+        return self._delete_component(component, progress)
+
+    def _delete_component(self, component: str, progress: Progress) -> bool:
+        """Its scale-to-zero alarm, policies and target first (`_remove_scale_to_zero`), then the component (waited);
+        False when it was already gone."""
         self._remove_scale_to_zero(component, progress)
         try:
             self._sm("DeleteInferenceComponent", InferenceComponentName=component)
         except NotFound:
-            return
+            return False
         progress(f"deleting inference component {component}")
         wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_WAIT_S,
                  poll_s=self.poll_s, progress=progress, what=f"inference component {component}")
+        return True
 
     def _delete_named(self, kind: str, name: str, progress: Progress) -> bool:
         """Delete a model or endpoint config; False when it was already gone."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, is_sha256, sha256_file
+from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, is_sha256, sha256_file, verified_bytes
 from tasks.backends.interfaces import Progress, StoredArtifact
 
 _TMP_PREFIX = ".tmp-"
@@ -59,10 +59,11 @@ def _copy_verified(source: Path, folder: Path, sha256: str, mode: int) -> Path:
 class LocalArtifactStore:
     """Content-addressed directory store: `<root>/sha256/<digest>/<name>`."""
 
-    def __init__(self, root: str | Path):
-        """Open (creating if needed) a store rooted at `root`."""
+    def __init__(self, root: str | Path, *, create: bool = True):
+        """Open a store rooted at `root`, creating its folder unless `create` is False (a read-only command's)."""
         self.root = Path(root).expanduser().resolve()
-        self.root.joinpath("sha256").mkdir(parents=True, exist_ok=True)
+        if create:
+            self.root.joinpath("sha256").mkdir(parents=True, exist_ok=True)
 
     def _folder(self, sha256: str) -> Path:
         return self.root / "sha256" / check_sha256(sha256)
@@ -143,6 +144,13 @@ class LocalArtifactStore:
         """The local path of a stored artifact, after re-hashing it (IntegrityError if corrupted)."""
         path, sha256 = self._resolve(uri_or_sha)
         return self._verified(path, sha256)
+
+    def read_verified(self, uri_or_sha: str, *, max_bytes: int) -> bytes:
+        """A stored artifact's bytes, re-hashed (IntegrityError if corrupted), writing nothing; BadInput above
+        `max_bytes`."""
+        path, sha256 = self._resolve(uri_or_sha)
+        return verified_bytes(path.read_bytes() if path.stat().st_size <= max_bytes else None, sha256,
+                              uri_or_sha, max_bytes)
 
     def exists(self, sha256: str) -> bool:
         """Whether content with this sha256 is stored (under any name)."""

@@ -215,6 +215,14 @@ class LoopbackHosting:
             progress(f"deleted local endpoint {endpoint}")
         return removed
 
+    def delete_component(self, endpoint: str, component: str, *, progress: Progress) -> bool:
+        """Stop the component's copies and take it off the router (waited), the endpoint's other components serving
+        on; False when it was not there."""
+        removed = self.processes.delete_component(endpoint, component)
+        if removed:
+            progress(f"deleted local component {endpoint}/{component}")
+        return removed
+
     def invoker(self, endpoint: str, component: str, *, timeout_s: float) -> HttpInvoker:
         """The router's runtime URL (NotFound when the endpoint does not exist), its errors unwrapped as on aws;
         dead copies are replaced first, so an evaluation never runs against a degraded endpoint."""

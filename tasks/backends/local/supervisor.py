@@ -52,10 +52,10 @@ from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotF
 from tasks.hashing import canonical_json, sha256_json
 from tasks.atomic import write_json_atomic
 from tasks.project import PROJECT_ROOT
-from tasks.backends.interfaces import ScaleToZeroPlan
+from tasks.backends.interfaces import ComponentSpec, ScaleToZeroPlan
 from tasks.backends.local.room import Claim, EndpointRoom, need_of, room_problem
 from tasks.backends.local.router import EXIT_PORT_TAKEN, name_problem
-from images.common.sagemaker_http import answered_busy
+from images.common.sagemaker_http import SERVING_ID_ENV, answered_busy
 
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 MAX_COPIES = 64
@@ -126,6 +126,14 @@ class ProcessSpec(BaseModel):
     def sha256(self) -> str:
         """Content hash of the spec; equal hashes mean an identical component."""
         return sha256_json(self.model_dump(mode="json"))
+
+
+def serving_env(spec: ProcessSpec) -> dict[str, str]:
+    """The serving id a copy's server echoes with each answer (`ComponentSpec.serving_id` of the neutral spec it runs);
+    none for a process spec made without one (tests' bare servers answer with their model's sha256 alone)."""
+    if spec.neutral is None:
+        return {}
+    return {SERVING_ID_ENV: ComponentSpec.model_validate(spec.neutral).serving_id()}
 
 
 class ProcessRef(BaseModel):
@@ -1271,7 +1279,7 @@ class ProcessSupervisor:
             for index in range(spec.copies if count is None else count):
                 port = _free_port()
                 log = log_dir / f"{component}-{generation}-{index}.log"
-                env = {**os.environ, **spec.env, spec.port_env: str(port)}
+                env = {**os.environ, **spec.env, spec.port_env: str(port), **serving_env(spec)}
                 env[OWNER_ENV] = self._owner(endpoint)
                 with self._lock(endpoint), open(log, "ab") as handle:
                     self._fresh(endpoint)  # deleted meanwhile: start nothing

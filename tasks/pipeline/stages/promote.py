@@ -4,7 +4,10 @@
 with a bake after each, judged by the config's bake alarms on the candidate's own answers and, when
 the config has one, by the online gate (the canary set replayed through the live component). A
 rollout an alarm stopped ends `rolled_back` with the alarm as its reason, once the previous model is
-seen serving again.
+seen serving again. A canary or linear first release (nothing serves yet) starts every copy and bakes them as one step
+under the same alarms and online gate; one that fails live is taken out of service (its component deleted) and ends
+`rolled_back` too, with nothing serving. An online gate that has not decided is never a pass
+(`validation.online_gate`).
 
 The rollout is recorded as it happens (`TrafficLog`, told by the hosting): a traffic record (stage `traffic`, event
 `step`) the moment a step's copies have moved (batch n of N with the copies of each spec, or SageMaker's n-th check
@@ -16,15 +19,16 @@ at a moment between two batches sees both releases serving. The stage's own reco
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 
-from tasks.backends.interfaces import RolloutStep, StepKind
+from tasks.backends.interfaces import ComponentSpec, RolloutResult, RolloutStep, StepKind
 from tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
 from tasks.ledger.views import rollout_steps, step_key
 from tasks.ledger.stage_results import PromoteResult
 from tasks.errors import Conflict
 from tasks.pipeline.bake import BakeWatch, live_summary
-from tasks.pipeline.approval import blocked_reason
+from tasks.pipeline.approval import awaits_person, blocked_reason
 from tasks.pipeline.release import latest_move, moved_config
 from tasks.pipeline.stages.common import (component_spec, production_component, production_endpoint, require_production_here,
                                           require_served)
@@ -98,20 +102,71 @@ class TrafficLog:
         return rollout_steps(attempt_records(self.ctx.state.records))
 
 
-def online_gate(ctx, endpoint: str, component: str):
-    """The config's online gate over the live production component, or None when the rollout has none."""
+def online_gate(ctx, endpoint: str, component: str, spec: ComponentSpec):
+    """The config's online gate over the live production component, or None when the rollout has none: the candidate's
+    answers told apart by its spec's serving id, and a gate that has not decided following the release's
+    `validation.inconclusive.choice` (block where the release names none; its extension is more canary rounds,
+    `rollout.online_gate.extend_rounds`)."""
+    from validation.online_gate import OnlineGate
+
     gate = ctx.config.rollout.online_gate
     if gate is None:
         return None
     validation = ctx.config.validation
     invoker = ctx.backends.hosting.invoker(endpoint, component, timeout_s=validation.request_timeout_s)
-    return ctx.family.online_gate(invoker, validation, gate, config_dir=ctx.config_dir,
-                                  candidate_model_sha256=ctx.result("build").model_sha256)
+    built = ctx.family.online_gate(invoker, validation, gate, config_dir=ctx.config_dir,
+                                   candidate_model_sha256=ctx.result("build").model_sha256)
+    if not isinstance(built, OnlineGate):
+        return built  # a dry run's stand-in
+    return dataclasses.replace(built, candidate_serving_id=spec.serving_id(), inconclusive=validation.inconclusive.choice,
+                               extend_rounds=gate.extend_rounds)
+
+
+def watch(ctx, config, endpoint: str, component: str, spec: ComponentSpec) -> tuple[BakeWatch, TrafficLog]:
+    """The rollout's bake (its alarms and the online gate over the live component) and its ledger log."""
+    hosting, rollout = ctx.backends.hosting, config.rollout
+    plan = rollout.plan()
+    bake = BakeWatch(ctx.backends.metrics, endpoint, component, spec.sha256(), plan.alarms, plan.wait_interval_s,
+                     online_gate=online_gate(ctx, endpoint, component, spec))
+    log = TrafficLog(ctx, endpoint=endpoint, component=component, strategy=rollout.strategy, bake=bake,
+                     describe=lambda: hosting.describe(endpoint, component))
+    return bake, log
+
+
+def first_release_unbaked(records: list) -> bool:
+    """Whether this promote attempt started a first release's bake that never ended (the run stopped during it): the
+    rerun bakes it again rather than find the copies serving and call them promoted."""
+    return any((s["phase"], s["batches"], s["old_copies"]) == ("rollout", 1, 0) and "baked_at" not in s
+               for s in rollout_steps(attempt_records(records)))
+
+
+def first_release(ctx, config, endpoint: str, component: str, spec: ComponentSpec) -> tuple[RolloutResult, TrafficLog]:
+    """A canary or linear release onto nothing: no champion serves, so every copy starts at once and then bakes as one
+    step, under the bake alarms and the online gate (candidate-only: the absolute thresholds, no champion to compare).
+    One that fails live is taken out of service (its component deleted), so nothing serves: `withdrawn`, with why."""
+    hosting = ctx.backends.hosting
+    ctx.say(f"promote: first release onto {endpoint}/{component}: all {spec.copies} copies start, then bake as one step")
+    hosting.deploy(endpoint, component, spec, config.placement, role="production", progress=ctx.say)
+    bake, log = watch(ctx, config, endpoint, component, spec)
+    step = RolloutStep(phase="rollout", batch=1, batches=1, old_copies=0, new_copies=spec.copies,
+                       new_spec_sha256=spec.sha256())
+    log("shifted", step)
+    baked = step.model_copy(update={"alarm": bake(step)})
+    log("baked", baked)
+    if not baked.alarm:
+        return RolloutResult(status="created", steps=(baked,)), log
+    ctx.say(f"promote: the first release failed live ({baked.alarm}); taking {endpoint}/{component} out of service")
+    hosting.delete_component(endpoint, component, progress=ctx.say)
+    out = RolloutStep(phase="rollback", batch=1, batches=1, old_copies=0, new_copies=0, new_spec_sha256=spec.sha256())
+    log("shifted", out)
+    reason = f"{baked.alarm}; the first release was taken out of service ({endpoint}/{component} deleted): nothing serves"
+    return RolloutResult(status="withdrawn", reason=reason, steps=(baked, out)), log
 
 
 def run(ctx) -> dict:
-    decision = ctx.result("validate").decision
-    if decision != "pass":
+    validate = ctx.result("validate")
+    decision = validate.decision
+    if not awaits_person(validate, ctx.config):  # a pass, or an inconclusive gate a person was asked to decide
         ctx.say(f"promote: skipped, gate decision is {decision}; the champion keeps serving")
         return PromoteResult(event=SKIPPED, reason=f"gate decision {decision}", decision=decision)
     blocked = blocked_reason(ctx)  # Conflict while a required approval is still awaited
@@ -130,15 +185,19 @@ def run(ctx) -> dict:
     if rollout.strategy == "all_at_once":
         live = hosting.deploy(endpoint, component, spec, config.placement, role="production", progress=ctx.say)
     else:
-        plan = rollout.plan()
-        bake = BakeWatch(ctx.backends.metrics, endpoint, component, spec.sha256(), plan.alarms, plan.wait_interval_s,
-                         online_gate=online_gate(ctx, endpoint, component) if hosting.describe(endpoint, component) else None)
-        log = TrafficLog(ctx, endpoint=endpoint, component=component, strategy=rollout.strategy, bake=bake,
-                         describe=lambda: hosting.describe(endpoint, component))
-        outcome = hosting.roll_out(endpoint, component, spec, config.placement, plan, bake, progress=ctx.say, on_step=log)
+        if hosting.describe(endpoint, component) is None or first_release_unbaked(ctx.state.records):
+            outcome, log = first_release(ctx, config, endpoint, component, spec)
+        else:
+            bake, log = watch(ctx, config, endpoint, component, spec)
+            outcome = hosting.roll_out(endpoint, component, spec, config.placement, rollout.plan(), bake,
+                                       progress=ctx.say, on_step=log)
         log.catch_up(outcome.steps)
         steps = log.steps()
         live = hosting.describe(endpoint, component)
+        if outcome.status == "withdrawn":
+            ctx.say(f"promote: {outcome.reason}")
+            return PromoteResult(event=ROLLED_BACK, reason=outcome.reason, endpoint=endpoint, component=component,
+                                 strategy=rollout.strategy, steps=steps, served=None)
         if outcome.status == "rolled_back":
             if live is None or live.model_ref == spec.model_ref:
                 raise Conflict(f"the rollout of {endpoint}/{component} was rolled back ({outcome.reason}) but the "

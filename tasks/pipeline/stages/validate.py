@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 from tasks.ledger.stage_results import ValidateResult
 from validation.evaluate import GateOutcome
@@ -82,15 +83,75 @@ def cold_starts(ctx, deployed, invoker) -> dict | None:
             "kind": cold_start_kind(hosting)}
 
 
-def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
-    """The model family's gate over the configured datasets; the same evidence files for every family."""
+def run_settings(cfg):
+    """The gate's request and statistics settings (`validation.evaluate.RunSettings`) of `validation`."""
     from validation.evaluate import RunSettings
 
+    return RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
+
+
+def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
+    """The model family's gate over the configured datasets; the same evidence files for every family."""
     cfg = ctx.config.validation
-    settings = RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
+    settings = run_settings(cfg)
     return ctx.family.evaluate(candidate, champion, cfg.dataset_paths(ctx.config_dir), ctx.stage_dir("validate"), validation=cfg, settings=settings,
                                progress=ctx.say, title=f"{ctx.release_id} gate", context=context,
                                built=ctx.result("build"))
+
+
+def asked_evidence(cfg, out_dir: Path, checks: list[dict]) -> dict:
+    """What a person asked to decide an inconclusive gate reads beside the report: the champion check's interval, the
+    gate's power at its size (`validation.gate_power.plan_champion_checks`, with the disagreement these two models
+    showed on the gate's tasks) and the evidence files."""
+    from validation.gate_power import paired_disagreement, plan_champion_checks
+    from validation.runner import read_predictions
+
+    accuracy = next(c for c in checks if c["name"] == "champion_accuracy")
+    rows = [[p.to_dict() for p in read_predictions(out_dir / name)]
+            for name in ("predictions.jsonl", "champion-predictions.jsonl")]
+    plans = plan_champion_checks(cfg.champion, accuracy["n"], disagreements=[paired_disagreement(*rows)])
+    return {"interval": accuracy["ci"], "n": accuracy["n"], "margin": cfg.champion.margin,
+            "power": [plan.as_dict() for plan in plans],
+            "power_text": [plan.warning("the gate's datasets") if plan.underpowered else
+                           f"{plan.check}: an equally good candidate passes with probability {plan.equal_passes:.2f} "
+                           f"on {plan.n} tasks" for plan in plans]}
+
+
+def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, list[dict], dict | None]:
+    """An inconclusive gate follows the release's `validation.inconclusive.choice`: `block` stays inconclusive (it
+    does not promote); `ask` stays inconclusive and promote waits for a person (`tasks.pipeline.approval`) with the
+    interval, the power and the evidence; `extend` scores reserve tasks when its champion_accuracy check is what is
+    inconclusive (`validation.extension`) and the decision becomes the extension's. Returns (decision, checks, the
+    record of the choice: the first look and the outcome; None when the gate was not inconclusive)."""
+    cfg = ctx.config.validation
+    if gate.decision != "inconclusive":
+        return gate.decision, gate.checks, None
+    choice = cfg.inconclusive.choice
+    record: dict = {"choice": choice, "first_look": {"decision": gate.decision, "checks": gate.checks}}
+    out_dir = gate.gate_report_json.parent
+    undecided = {c["name"] for c in gate.checks if c["status"] == "inconclusive"}
+    if choice == "block":
+        ctx.say("validate: inconclusive; validation.inconclusive.choice is block, so the champion keeps serving")
+        return gate.decision, gate.checks, {**record, "outcome": "blocked"}
+    if "champion_accuracy" not in undecided or not undecided <= {"champion_accuracy", "champion_ece"}:
+        why = f"{choice} applies to an inconclusive champion_accuracy check; inconclusive here: {', '.join(sorted(undecided))}"
+        ctx.say(f"validate: {why}; blocked")
+        return gate.decision, gate.checks, {**record, "outcome": "blocked", "why": why}
+    if choice == "ask":
+        asked = asked_evidence(cfg, out_dir, gate.checks)
+        ctx.say(f"validate: inconclusive (interval {asked['interval']} against -{cfg.champion.margin:g}); "
+                "validation.inconclusive.choice is ask: a person decides before promote")
+        return gate.decision, gate.checks, {**record, "outcome": "asked", **asked}
+    from validation.extension import Budget, extend_champion_check
+
+    extend = cfg.inconclusive.extend
+    evidence = extend_champion_check(
+        out_dir, candidate=candidate, champion=champion,
+        reserve=ctx.family.reserve(cfg, ctx.config_dir, run_settings(cfg), ctx.say), rule=cfg.champion,
+        budget=Budget(extend.batch, extend.max_tasks, extend.deadline_s), progress=ctx.say)
+    summary = {key: evidence[key] for key in ("status", "n", "interval", "reason", "stopped", "reserve_tasks_scored")}
+    return evidence["decision"], evidence["checks"], {**record, "outcome": f"extended: {evidence['decision']}",
+                                                       "extension": {**summary, "looks": evidence["looks"]}}
 
 
 def run(ctx) -> ValidateResult:
@@ -116,6 +177,7 @@ def run(ctx) -> ValidateResult:
         return release
 
     gate = _evaluate(ctx, candidate, champion, context)
+    decision, checks, inconclusive = follow_choice(ctx, gate, candidate, champion)
     metrics = gate.metrics
     summary_metrics = {
         key: metrics[key]["value"] if isinstance(metrics.get(key), dict) else metrics.get(key)
@@ -129,11 +191,12 @@ def run(ctx) -> ValidateResult:
     summary_metrics["n"] = metrics.get("n")
     shown = {key: "n/a" if summary_metrics.get(key) is None else f"{summary_metrics[key]:.3f}" for key in ("accuracy", "ece")}
     ctx.say(f"validate: cost: {measured['cost']['production']['text']}")
-    ctx.say(f"validate: decision {summary_line(gate.decision, gate.checks)} (accuracy {shown['accuracy']}, "
+    ctx.say(f"validate: decision {summary_line(decision, checks)} (accuracy {shown['accuracy']}, "
             f"ECE {shown['ece']}; {metrics.get('n_valid', 'n/a')} of {metrics.get('n')} answers valid)")
+    chosen = {} if inconclusive is None else {"inconclusive": inconclusive}
     return ValidateResult(
-        decision=gate.decision, metrics=summary_metrics, checks=gate.checks,
-        not_passed=[check_text(c) for c in gate.checks if c["status"] not in ("pass", "skipped")],
+        decision=decision, metrics=summary_metrics, checks=checks, **chosen,
+        not_passed=[check_text(c) for c in checks if c["status"] not in ("pass", "skipped")],
         thresholds=gate.thresholds, datasets=[{k: d[k] for k in ("name", "path", "sha256", "n")} for d in gate.datasets],
         champion_release=champion_ref.get("release_id") if champion_ref else None,
         report_json=str(gate.gate_report_json), report_html=str(gate.report_html), cost=measured.get("cost"),

@@ -1,0 +1,287 @@
+"""validation.extension and the validate stage's choice for an inconclusive gate (`validation.inconclusive`).
+
+The gate's first look is the real paired bootstrap (validation.gates.evaluate_gates) on synthetic prediction rows; the
+reserve is scored by fake scorers whose answers are drawn per task with a seed (a known true accuracy difference),
+so each test knows what the extension must conclude. The config refusals go through the real config loader.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tasks.config import load_release_config
+from tasks.errors import ConfigError
+from tasks.ledger.stage_results import ValidateResult
+from tasks.pipeline.approval import awaits_person
+from tasks.pipeline.approval_steps import approval_prompt
+from tasks.pipeline.stages import validate as validate_stage
+from validation.evaluate import GateOutcome, Target
+from validation.extension import Budget, Reserve, extend_champion_check
+from validation.gates import evaluate_gates
+from validation.thresholds import ChampionRule
+
+ROOT = Path(__file__).resolve().parents[2]
+GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
+RULE = ChampionRule(margin=0.05, min_samples=30, n_bootstrap=500)
+EXTEND = ('validation.inconclusive.extend={"datasets": [{"path": "builtin:decisions", "splits": ["calibration"]}], '
+          '"batch": 50, "max_tasks": 1500}')
+APPROVERS = ('promotion.approval={"required": true, "approvers": ["alice"]}',)  # choice ask needs someone to ask
+
+
+def row(ident: str, right: bool) -> dict:
+    """A valid prediction row answering A (expected A when `right`, else expected B)."""
+    return {"id": ident, "dataset": "d", "expected": "A" if right else "B", "option_ids": ["A", "B"],
+            "probabilities": [0.8, 0.2], "option_logits": None, "allowed_token_mass": 0.99, "temperature": 1.0,
+            "latency_ms": 10.0, "server_forward_ms": None, "server_total_ms": None, "attempts": 1, "retries_503": 0,
+            "error": None, "started_at": 0.0}
+
+
+class Truth:
+    """Per task, whether the champion and the candidate are right: the champion at 0.775, the two disagreeing on
+    `disagreement` of the tasks, the candidate better by `difference` on average (drawn once per task, seeded)."""
+
+    def __init__(self, *, disagreement: float, difference: float, seed: int):
+        self.rng, self.q, self.delta, self.known = np.random.default_rng(seed), disagreement, difference, {}
+
+    def __call__(self, ident: str) -> tuple[bool, bool]:
+        if ident not in self.known:
+            champion = bool(self.rng.random() < 0.775)
+            differs = self.rng.random() < self.q
+            if differs:  # only one of them right: the candidate with probability (q + delta)/(2q)
+                candidate_right = self.rng.random() < (self.q + self.delta) / (2 * self.q)
+                self.known[ident] = (candidate_right, not candidate_right)
+            else:
+                self.known[ident] = (champion, champion)
+        return self.known[ident]
+
+
+def first_gate(out_dir: Path, truth: Truth, n: int, rule: ChampionRule = RULE) -> GateOutcome:
+    """The gate's first look written as evaluate_decisions writes it (gate-report.json and the predictions files)."""
+    ids = [f"gate-{i}" for i in range(n)]
+    candidate = [row(i, truth(i)[0]) for i in ids]
+    champion = [row(i, truth(i)[1]) for i in ids]
+    report = evaluate_gates(candidate, thresholds=None, champion_preds=champion, champion_rule=rule).to_dict()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gate-report.json").write_text(json.dumps(report))
+    for name, rows in (("predictions.jsonl", candidate), ("champion-predictions.jsonl", champion)):
+        (out_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out_dir / "report.html").write_text("<html></html>")
+    return GateOutcome(decision=report["decision"], checks=report["checks"], thresholds=None, metrics=report["metrics"],
+                       datasets=[], gate_report_json=out_dir / "gate-report.json", report_html=out_dir / "report.html")
+
+
+def reserve_of(truth: Truth, size: int, calls: list | None = None) -> Reserve:
+    tasks = [SimpleNamespace(id=f"reserve-{i}") for i in range(size)]
+
+    def score(target: Target, batch: list) -> list[dict]:
+        if calls is not None:
+            calls.append((target.label, len(batch)))
+        side = 0 if target.label == "candidate" else 1
+        return [row(task.id, truth(task.id)[side]) for task in batch]
+
+    return Reserve(tasks=tasks, score=score, datasets=[{"name": "reserve0", "n": size}])
+
+
+CANDIDATE, CHAMPION = Target(None, "candidate"), Target(None, "champion")
+
+
+def inconclusive_seed(n: int, **truth) -> int:
+    """A seed whose first look of `n` tasks is inconclusive (found, not assumed)."""
+    for seed in range(50):
+        t = Truth(seed=seed, **truth)
+        answers = [t(f"gate-{i}") for i in range(n)]
+        report = evaluate_gates([row(f"gate-{i}", a[0]) for i, a in enumerate(answers)], thresholds=None,
+                                champion_preds=[row(f"gate-{i}", a[1]) for i, a in enumerate(answers)], champion_rule=RULE)
+        if report.decision == "inconclusive":
+            return seed
+    raise AssertionError("no inconclusive first look in 50 seeds")
+
+
+def test_an_equal_candidate_left_inconclusive_is_passed_by_the_extension(tmp_path):
+    seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
+    truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
+    gate = first_gate(tmp_path, truth, 111)
+    assert gate.decision == "inconclusive"
+    calls: list = []
+    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500, calls),
+                                     rule=RULE, budget=Budget(batch=50, max_tasks=1500, deadline_s=600))
+    assert (evidence["status"], evidence["decision"], evidence["stopped"]) == ("pass", "pass", "decided")
+    assert evidence["looks"][0]["method"].startswith("paired bootstrap") and evidence["looks"][-1]["status"] == "pass"
+    assert evidence["n"] == 111 + evidence["reserve_tasks_scored"] and evidence["interval"][0] > -0.05
+    # alternating: the candidate answers first on odd looks, the champion on even ones
+    assert [label for label, _ in calls[:4]] == ["candidate", "champion", "champion", "candidate"]
+    written = json.loads((tmp_path / "extension.json").read_text())
+    assert written["decision"] == "pass" and len(written["looks"]) == len(evidence["looks"])
+    added = (tmp_path / "extension-predictions.jsonl").read_text().splitlines()
+    assert len(added) == evidence["reserve_tasks_scored"] == len((tmp_path / "champion-extension-predictions.jsonl").read_text().splitlines())
+    check = next(c for c in evidence["checks"] if c["name"] == "champion_accuracy")
+    assert check["status"] == "pass" and check["reason"].startswith("extended")
+
+
+def test_a_candidate_worse_than_the_margin_is_failed_by_the_extension(tmp_path):
+    seed = inconclusive_seed(40, disagreement=0.25, difference=-0.15)
+    truth = Truth(disagreement=0.25, difference=-0.15, seed=seed)
+    assert first_gate(tmp_path, truth, 40).decision == "inconclusive"
+    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
+                                     rule=RULE, budget=Budget(batch=50, max_tasks=1000, deadline_s=600))
+    assert (evidence["status"], evidence["decision"]) == ("fail", "fail")
+    assert evidence["interval"][1] < -0.05
+
+
+def test_a_spent_budget_leaves_it_inconclusive(tmp_path):
+    seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
+    truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
+    first_gate(tmp_path, truth, 111)
+    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 20),
+                                     rule=RULE, budget=Budget(batch=10, max_tasks=1000, deadline_s=600))
+    assert (evidence["status"], evidence["decision"], evidence["stopped"], evidence["n"]) == ("inconclusive", "inconclusive", "tasks", 131)
+    ticks = iter([0.0, 0.0, 11.0, 11.0, 11.0])  # start, first look at 0 s, the second one after the 10 s deadline
+    timed = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
+                                  rule=RULE, budget=Budget(batch=10, max_tasks=1000, deadline_s=10), clock=lambda: next(ticks))
+    assert (timed["stopped"], timed["reserve_tasks_scored"], timed["status"]) == ("time", 10, "inconclusive")
+
+
+def test_no_look_is_taken_before_min_samples_paired_tasks(tmp_path):
+    truth = Truth(disagreement=0.0, difference=0.0, seed=2)  # identical answers: the sequence passes once it may look
+    gate = first_gate(tmp_path, truth, 20)  # 20 gate tasks, min_samples 30: the first look refuses to decide
+    assert gate.decision == "inconclusive" and "min_samples=30" in gate.checks[0]["reason"]
+    calls: list = []
+    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000, calls),
+                                     rule=RULE, budget=Budget(batch=4, max_tasks=1000, deadline_s=600))
+    assert [look["n"] for look in evidence["looks"][:2]] == [20, 32]  # not 24 nor 28: fewer than min_samples
+    assert calls[:2] == [("candidate", 12), ("champion", 12)] and evidence["status"] == "pass"
+    short = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 6),
+                                  rule=RULE, budget=Budget(batch=4, max_tasks=1000, deadline_s=600))
+    assert (short["status"], short["reserve_tasks_scored"], len(short["looks"])) == ("inconclusive", 0, 1)
+    assert "26 paired tasks are fewer than min_samples=30" in short["reason"]
+
+
+def test_the_ece_check_is_judged_again_at_the_end(tmp_path):
+    rule = RULE.model_copy(update={"also_ece_margin": 0.5})
+    seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
+    truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
+    first_gate(tmp_path, truth, 111, rule)
+    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500),
+                                     rule=rule, budget=Budget(batch=50, max_tasks=1500, deadline_s=600))
+    ece = next(c for c in evidence["checks"] if c["name"] == "champion_ece")
+    assert ece["n"] == evidence["n"] and "after the extension" in ece["reason"]
+
+
+def test_reserve_tasks_the_gate_already_read_are_refused(tmp_path):
+    truth = Truth(disagreement=0.15, difference=0.0, seed=0)
+    first_gate(tmp_path, truth, 40)
+    overlapping = Reserve(tasks=[SimpleNamespace(id="gate-3")], score=lambda target, batch: [], datasets=[])
+    with pytest.raises(ConfigError, match="also gate tasks"):
+        extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=overlapping, rule=RULE,
+                              budget=Budget(batch=10, max_tasks=10, deadline_s=60))
+
+
+# --- the config -------------------------------------------------------------------------------------------------
+
+def test_the_choice_defaults_to_block_and_leaves_the_config_hash_alone():
+    plain = load_release_config(GEMMA, environ={})
+    blocked = load_release_config(GEMMA, overrides=("validation.inconclusive.choice=block",), environ={})
+    assert plain.validation.inconclusive.choice == "block"
+    assert plain.config_hash() == blocked.config_hash()
+    assert "inconclusive" not in plain.model_dump(mode="json")["validation"]
+    extended = load_release_config(GEMMA, overrides=("validation.inconclusive.choice=extend", EXTEND), environ={})
+    assert extended.validation.inconclusive.extend.batch == 50 and extended.config_hash() != plain.config_hash()
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (("validation.inconclusive.choice=extend",), "needs validation.inconclusive.extend"),
+    (("validation.inconclusive.choice=ask", EXTEND), "would never be used"),
+    (("validation.inconclusive.choice=ask",), "promotion.approval names nobody"),
+    (("validation.inconclusive.choice=maybe",), "'block', 'extend' or 'ask'"),
+    (("validation.inconclusive.choice=extend", 'validation.inconclusive.extend={"datasets": []}'), "at least 1 item"),
+    (("validation.inconclusive.choice=extend", EXTEND, "validation.inconclusive.extend.batch=0"), "greater than or equal to 1"),
+    (("validation.inconclusive.when=now",), "unknown key"),
+])
+def test_bad_choices_are_refused(overrides, says):
+    with pytest.raises(ConfigError, match=says):
+        load_release_config(GEMMA, overrides=overrides, environ={})
+
+
+def test_a_family_that_cannot_extend_is_refused():
+    nli = ROOT / "configs" / "releases" / "minilm-nli.yaml"
+    with pytest.raises(ConfigError, match="nli gates cannot yet"):
+        load_release_config(nli, overrides=("validation.inconclusive.choice=extend",
+                                            'validation.inconclusive.extend={"datasets": [{"path": "x.jsonl"}]}'), environ={})
+
+
+def test_the_decision_family_loads_its_reserve():
+    config = load_release_config(GEMMA, overrides=("validation.inconclusive.choice=extend", EXTEND), environ={})
+    reserve = config.family.reserve(config.validation, GEMMA.parent, validate_stage.run_settings(config.validation))
+    assert len(reserve.tasks) == 71 and reserve.datasets[0]["n"] == 71
+
+
+# --- the validate stage's choice --------------------------------------------------------------------------------
+
+def stage_ctx(overrides: tuple[str, ...], truth: Truth, said: list):
+    config = load_release_config(GEMMA, overrides=("validation.champion.margin=0.05", "validation.champion.n_bootstrap=500",
+                                                   *overrides), environ={})
+    family = SimpleNamespace(reserve=lambda validation, config_dir, settings, progress: reserve_of(truth, 1500))
+    return SimpleNamespace(config=config, config_dir=GEMMA.parent, say=said.append, family=family)
+
+
+@pytest.mark.parametrize("choice", ["block", "ask", "extend"])
+def test_an_inconclusive_gate_follows_its_choice(tmp_path, choice):
+    seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
+    truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
+    gate = first_gate(tmp_path, truth, 111)
+    said: list = []
+    overrides = {"block": (), "ask": ("validation.inconclusive.choice=ask", *APPROVERS),
+                 "extend": ("validation.inconclusive.choice=extend", EXTEND)}[choice]
+    decision, checks, record = validate_stage.follow_choice(stage_ctx(overrides, truth, said), gate, CANDIDATE, CHAMPION)
+    assert record["choice"] == choice and record["first_look"]["decision"] == "inconclusive"
+    if choice == "block":
+        assert (decision, record["outcome"], checks) == ("inconclusive", "blocked", gate.checks)
+        assert not (tmp_path / "extension.json").exists()
+    if choice == "ask":
+        assert (decision, record["outcome"]) == ("inconclusive", "asked")
+        assert record["interval"] == next(c["ci"] for c in gate.checks if c["name"] == "champion_accuracy")
+        assert record["power"][0]["check"] == "champion_accuracy" and 0.0 <= record["power"][0]["equal_passes"] <= 1.0
+        assert record["power"][0]["spread"]["source"].startswith("ledger")  # the gate's own disagreement, counted
+    if choice == "extend":
+        assert (decision, record["outcome"]) == ("pass", "extended: pass")
+        assert record["extension"]["looks"][-1]["status"] == "pass" and (tmp_path / "extension.json").is_file()
+        assert next(c for c in checks if c["name"] == "champion_accuracy")["status"] == "pass"
+
+
+def test_a_decided_gate_records_no_choice(tmp_path):
+    truth = Truth(disagreement=0.0, difference=0.0, seed=1)  # identical answers: the interval is [0, 0], a pass
+    gate = first_gate(tmp_path, truth, 111)
+    decision, checks, record = validate_stage.follow_choice(stage_ctx(("validation.inconclusive.choice=ask", *APPROVERS), truth, []),
+                                                            gate, CANDIDATE, CHAMPION)
+    assert (decision, record) == ("pass", None)
+
+
+def validate_result(decision: str, inconclusive: dict | None) -> ValidateResult:
+    extra = {} if inconclusive is None else {"inconclusive": inconclusive}
+    return ValidateResult(decision=decision, metrics={}, checks=[], not_passed=[], thresholds={}, datasets=[],
+                          report_json="r.json", report_html="r.html", evidence={}, **extra)
+
+
+def test_only_an_asked_inconclusive_gate_with_approvers_goes_to_a_person():
+    with_people = load_release_config(GEMMA, overrides=APPROVERS, environ={})
+    nobody = load_release_config(GEMMA, environ={})
+    asked = validate_result("inconclusive", {"choice": "ask", "outcome": "asked"})
+    assert awaits_person(asked, with_people)
+    assert not awaits_person(asked, nobody)  # no approver could answer: it blocks
+    assert not awaits_person(validate_result("inconclusive", {"choice": "block", "outcome": "blocked"}), with_people)
+    assert awaits_person(validate_result("pass", None), with_people)
+
+
+def test_the_approvers_prompt_shows_the_interval_and_the_power():
+    request = {"gate": {"decision": "inconclusive", "not_passed": [], "report_html": "r.html", "report_sha256": "ab"},
+               "champion_release": "r0", "opened_by": "bob", "four_eyes": True, "approvers": ["alice"],
+               "deadline": "2026-12-09T00:00:00+00:00", "candidate_kept": False,
+               "inconclusive": {"choice": "ask", "interval": [-0.07, 0.03], "n": 111, "margin": 0.05,
+                                "power_text": ["champion_accuracy: an equally good candidate passes with probability 0.43"]}}
+    _, body = approval_prompt("r1", "gemma", request, {"result": {"checks": []}})
+    assert "inconclusive gate" in body and "[-0.07, 0.03]" in body and "probability 0.43" in body
