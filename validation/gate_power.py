@@ -39,7 +39,9 @@ def two_sided_z(confidence: float) -> float:
 
 
 def accuracy_sd(disagreement: float, shortfall: float = 0.0) -> float:
-    """Per-task SD of a paired accuracy difference: √(q − δ²), with q at least |δ| (worse by δ means ≥ |δ| differ)."""
+    """Per-task SD of a paired accuracy difference: √(q − δ²), with q at least |δ| (worse by δ means ≥ |δ| differ) and
+    δ at most 1 (no candidate is worse than wrong on every task the champion gets right)."""
+    shortfall = min(shortfall, 1.0)
     return math.sqrt(max(disagreement, shortfall) - shortfall**2)
 
 

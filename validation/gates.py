@@ -327,7 +327,8 @@ def evaluate_gates(
             comparison=decision_comparison(metrics, champion_metrics, candidate, incumbent, paired,
                                            accuracy_diff=accuracy_diff, ece_diff=ece_diff, latency_ratio=latency_ratio),
             power=[plan.as_dict() for plan in plan_champion_checks(
-                rule, accuracy_diff["n"], disagreements=[paired_disagreement(candidate_preds, champion_preds)])],
+                rule, accuracy_diff["n"], disagreements=[paired_disagreement(candidate_preds, champion_preds)])]
+            if accuracy_diff["n"] else [],  # no shared task: nothing to plan on
         )
         sample_sizes.update(champion=incumbent.n, shared=accuracy_diff["n"])
         if rule.also_ece_margin is not None:

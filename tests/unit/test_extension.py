@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 
 from tasks.config import load_release_config
 from tasks.errors import ConfigError
@@ -31,6 +32,16 @@ RULE = ChampionRule(margin=0.05, min_samples=30, n_bootstrap=500)
 EXTEND = ('validation.inconclusive.extend={"datasets": [{"path": "builtin:decisions", "splits": ["calibration"]}], '
           '"batch": 50, "max_tasks": 1500}')
 APPROVERS = ('promotion.approval={"required": true, "approvers": ["alice"]}',)  # choice ask needs someone to ask
+PLAIN = ('validation.inconclusive={"choice": "block"}',)  # the shipped config extends; these tests start from block
+
+
+def without_a_choice(folder: Path) -> Path:
+    """gemma-decision.yaml as a config that names no inconclusive choice (the shipped one extends)."""
+    tree = yaml.safe_load(GEMMA.read_text())
+    tree["validation"].pop("inconclusive")
+    path = folder / "gemma-decision.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
 
 
 def row(ident: str, right: bool) -> dict:
@@ -183,13 +194,14 @@ def test_reserve_tasks_the_gate_already_read_are_refused(tmp_path):
 
 # --- the config -------------------------------------------------------------------------------------------------
 
-def test_the_choice_defaults_to_block_and_leaves_the_config_hash_alone():
-    plain = load_release_config(GEMMA, environ={})
-    blocked = load_release_config(GEMMA, overrides=("validation.inconclusive.choice=block",), environ={})
+def test_the_choice_defaults_to_block_and_leaves_the_config_hash_alone(tmp_path):
+    unnamed = without_a_choice(tmp_path)
+    plain = load_release_config(unnamed, environ={})
+    blocked = load_release_config(unnamed, overrides=("validation.inconclusive.choice=block",), environ={})
     assert plain.validation.inconclusive.choice == "block"
     assert plain.config_hash() == blocked.config_hash()
     assert "inconclusive" not in plain.model_dump(mode="json")["validation"]
-    extended = load_release_config(GEMMA, overrides=("validation.inconclusive.choice=extend", EXTEND), environ={})
+    extended = load_release_config(unnamed, overrides=("validation.inconclusive.choice=extend", EXTEND), environ={})
     assert extended.validation.inconclusive.extend.batch == 50 and extended.config_hash() != plain.config_hash()
 
 
@@ -204,7 +216,7 @@ def test_the_choice_defaults_to_block_and_leaves_the_config_hash_alone():
 ])
 def test_bad_choices_are_refused(overrides, says):
     with pytest.raises(ConfigError, match=says):
-        load_release_config(GEMMA, overrides=overrides, environ={})
+        load_release_config(GEMMA, overrides=(*PLAIN, *overrides), environ={})
 
 
 def test_a_family_that_cannot_extend_is_refused():
@@ -223,7 +235,7 @@ def test_the_decision_family_loads_its_reserve():
 # --- the validate stage's choice --------------------------------------------------------------------------------
 
 def stage_ctx(overrides: tuple[str, ...], truth: Truth, said: list):
-    config = load_release_config(GEMMA, overrides=("validation.champion.margin=0.05", "validation.champion.n_bootstrap=500",
+    config = load_release_config(GEMMA, overrides=(*PLAIN, "validation.champion.margin=0.05", "validation.champion.n_bootstrap=500",
                                                    *overrides), environ={})
     family = SimpleNamespace(reserve=lambda validation, config_dir, settings, progress: reserve_of(truth, 1500))
     return SimpleNamespace(config=config, config_dir=GEMMA.parent, say=said.append, family=family)
@@ -268,8 +280,8 @@ def validate_result(decision: str, inconclusive: dict | None) -> ValidateResult:
 
 
 def test_only_an_asked_inconclusive_gate_with_approvers_goes_to_a_person():
-    with_people = load_release_config(GEMMA, overrides=APPROVERS, environ={})
-    nobody = load_release_config(GEMMA, environ={})
+    with_people = load_release_config(GEMMA, overrides=(*PLAIN, *APPROVERS), environ={})
+    nobody = load_release_config(GEMMA, overrides=PLAIN, environ={})
     asked = validate_result("inconclusive", {"choice": "ask", "outcome": "asked"})
     assert awaits_person(asked, with_people)
     assert not awaits_person(asked, nobody)  # no approver could answer: it blocks

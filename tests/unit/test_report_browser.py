@@ -115,7 +115,9 @@ def test_decision_gate_report_renders_with_axes_and_legends(tmp_path):
     chromium()
     report, out = build(tmp_path, champion_preds=predictions(seed=1, concentration=(1, 1, 1)), extra=release_extra())
     drawn = laid_out(Path(out["report_html"]), tmp_path)
-    assert sorted(c["cls"] for c in drawn) == ["chart champion", "chart latency", "chart reliability"]
+    assert sorted(c["cls"] for c in drawn) == ["chart champion", "chart latency", "chart latency-ratio", "chart reliability"]
+    check_readable(chart(drawn, "latency-ratio"), ["candidate p95 ÷ champion p95 (dimensionless)", "p95 latency (ms"],
+                   ["1 = as fast as the champion"])
     check_readable(chart(drawn, "reliability"), ["accuracy", "confidence", "rows"],
                    ["perfectly calibrated", "candidate (", "champion ("])
     latency = chart(drawn, "latency")

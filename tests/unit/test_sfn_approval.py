@@ -194,7 +194,7 @@ def test_an_inconclusive_gate_the_release_asks_about_waits_for_the_approval_too(
     without the field, tears down. Routes run in moto's interpreter with the ECS tasks as Pass states."""
     from tests.unit.test_sfn import _stub_ecs, _with_envelope
 
-    config = shipped("validation.inconclusive.choice=ask")
+    config = shipped('validation.inconclusive={"choice": "ask"}')  # the shipped config extends: ask replaces it
     definition = render(config)
     rid, states = release_id_for(config), definition["States"]
     rules = states["GateDecision"]["Choices"]
