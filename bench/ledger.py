@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.run import ROUNDS, log
+from bench.harness import ROUNDS, log
 
 SIZES = (10_000, 100_000)
 BACKENDS = ("sqlite", "postgresql")

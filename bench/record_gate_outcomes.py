@@ -35,7 +35,7 @@ SPLITS = ("test", "calibration")
 def gate_tasks() -> dict[str, list]:
     """The tasks to record: the decision set's test and calibration splits, and the public JevBench tasks."""
     from tasks.errors import NotFound
-    from validation.jevbench import load_jevbench
+    from validation.decisions.jevbench import load_jevbench
 
     files = [JEVBENCH / "easy.jsonl", JEVBENCH / "original.jsonl"]
     missing = [str(f) for f in files if not f.is_file()]
@@ -60,7 +60,7 @@ def record(base: str, gguf: Path, out: Path, command: list[str]) -> dict:
     """Score every task twice in a row on `gguf` served by the SemIf adapter; write both passes and the provenance."""
     import llama_cpp
 
-    from bench.run import SERVER_ENV, adapter
+    from bench.harness import SERVER_ENV, adapter
     from validation.runner import run_decisions, write_predictions
 
     tasks = gate_tasks()
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = ["python", "-m", "bench.record_gate_outcomes", *(argv if argv is not None else sys.argv[1:])]
     if args.base == "gemma":
-        from bench.run import gemma_path
+        from bench.harness import gemma_path
 
         print(json.dumps(record(args.base, gemma_path(), args.out, command), indent=2))
         return 0

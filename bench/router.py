@@ -40,8 +40,9 @@ def _post(url: str, payload: dict) -> float:
 
 def bench_router_overhead(gguf: Path) -> dict:
     """The same decision alternately straight to a SemIf copy and through the router in front of it."""
-    from bench.run import SERVER, SERVER_ENV
-    from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec
+    from bench.harness import SERVER, SERVER_ENV
+    from tasks.backends.local.endpoint_state import ProcessSpec
+    from tasks.backends.local.supervisor import ProcessSupervisor
 
     spec = ProcessSpec(command=[sys.executable, str(SERVER)], env={**SERVER_ENV, "SEMIF_GGUF_PATH": str(gguf)}, copies=1,
                        port_env="SEMIF_PORT", model_ref={"bench": "router overhead"})
@@ -68,7 +69,7 @@ def bench_router_overhead(gguf: Path) -> dict:
 
 
 def _spec(version: str):
-    from tasks.backends.local.supervisor import ProcessSpec
+    from tasks.backends.local.endpoint_state import ProcessSpec
 
     return ProcessSpec(command=[sys.executable, str(FAKE)], env={"FAKE_PORT_ENV": "COPY_PORT", "FAKE_DELAY_S": "0.02"},
                        copies=3, port_env="COPY_PORT", model_ref={"version": version})
@@ -144,7 +145,7 @@ def run(gguf: Path) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from bench.run import gemma_path
+    from bench.harness import gemma_path
 
     for result in run(gemma_path()):
         print(json.dumps(result))

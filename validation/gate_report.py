@@ -31,6 +31,7 @@ from validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES
 from validation.gates import CHAMPION_CHECKS, NOT_GATED, RATIO, summary_line
 from validation.metrics import score_predictions
 from validation.report_parts import ReportParts
+from validation.runner import read_predictions
 from validation.thresholds import RULE_TEXT
 
 GATE_REPORT_NAME = "gate-report.json"
@@ -276,6 +277,24 @@ def _power_section(plans: Sequence[Mapping[str, Any]]) -> str:
                       "tasks for this margin"], rows, css_class="power"))
 
 
+def _extension_section(report: Mapping[str, Any]) -> str:
+    """An inconclusive gate decided by extension (`validation.extension`): the first look's decision, then every look
+    of the confidence sequence; the decision and checks above are the final ones."""
+    extension = report.get("extension")
+    if not extension:
+        return ""
+    first = report.get("first_look") or {}
+    rows = [[_num(look["look"]), _num(look["n"]), _ci(look.get("interval")), _e(look["method"]), _e(look["status"])]
+            for look in extension.get("looks") or []]
+    return (f"<h2>Extension</h2><p class=\"note\">The first look was {_e(first.get('decision'))}; the release chose to "
+            f"extend (<code>validation.inconclusive.choice: extend</code>), so {_num(extension.get('reserve_tasks_scored'))} "
+            f"reserve tasks were scored on both models and the champion accuracy check judged again by a confidence "
+            f"sequence (valid at every look). Stopped: {_e(extension.get('stopped'))}. The decision above is the "
+            "extension's; the candidate-against-champion table is the first look's.</p>"
+            + _table(["look", "paired tasks", "interval (candidate − champion)", "method", "status"], rows,
+                     [str(r[-1]) for r in rows], css_class="extension"))
+
+
 def _latency_judgements(report: Mapping[str, Any], checks: Mapping[str, Mapping[str, Any]], confidence: float) -> str:
     """The latency ratio against the champion (the comparison) beside each side's p95 against the SLO ceiling."""
     champion = report.get("champion") or {}
@@ -445,6 +464,7 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
             f'<a href="{GATE_REPORT_NAME}">{GATE_REPORT_NAME}</a></p>',
             "<h2>Candidate against champion</h2>",
             _champion_section(report, parts),
+            _extension_section(report),
             "<h2>Checks</h2>",
             (f"<p class=\"note\">Absolute checks read {_e(RULE_TEXT.get(rule, rule))} (config "
              "<code>validation.decision_rule</code>); champion checks read the paired interval.</p>" if rule else ""),
@@ -470,6 +490,17 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
             "</body></html>\n",
         ]
     )
+
+
+def rewrite_reports(out_dir: str | Path, *, changes: Mapping[str, Any], title: str, parts: ReportParts) -> dict:
+    """Write gate-report.json and report.html again with `changes` over the report already there (an extension's
+    final decision and checks beside the first look), from the same predictions; return what write_reports returns."""
+    out = Path(out_dir)
+    report = json.loads((out / GATE_REPORT_NAME).read_text(encoding="utf-8"))
+    extra = report.pop("extra", None)
+    predictions = [p.to_dict() for p in read_predictions(out / PREDICTIONS_NAME)]
+    return write_reports(out, gate_report={**report, **changes}, predictions=predictions, title=title, parts=parts,
+                         extra=extra)
 
 
 def write_reports(

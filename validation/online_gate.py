@@ -32,7 +32,7 @@ class OnlineGate:
     """Replays `tasks` through a live component and judges the candidate's answers as they come in."""
 
     invoker: Any  # tasks.backends.interfaces.Invoker of the live (production) component
-    tasks: Sequence[Any]  # validation.jevbench.JevTask, the canary split
+    tasks: Sequence[Any]  # validation.decisions.jevbench.JevTask, the canary split
     candidate_model_sha256: str
     thresholds: Any  # validation.gates.DecisionThresholds
     champion_rule: Any  # validation.gates.ChampionRule

@@ -2,7 +2,8 @@
 
 The gate report (`validation.gate_report`) knows no family: the words for what one scored row is, the headline
 metrics, the family's own rows and sections, and how its requests carry its rows come from a `ReportParts` that the
-family's evaluation hands `write_reports` (`validation.evaluate.DECISION_REPORT`, `validation.nli_eval.NLI_REPORT`).
+family's evaluation hands `write_reports` (`validation.decisions.evaluate.DECISION_REPORT`,
+`validation.nli.evaluate.NLI_REPORT`).
 Kept apart from the report itself so that a family's module can name its parts without importing numpy or matplotlib.
 """
 

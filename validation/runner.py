@@ -1,7 +1,7 @@
 """Eval runner: send decision tasks to a live endpoint and collect per-task predictions.
 
 A `Readout` says how a task is asked and its answer read: SemIf's `{"decision": …}` by default, or the chat path's
-(`validation.chat_readout`).
+(`validation.decisions.chat_readout`).
 
 Works against a model server root (`http://127.0.0.1:8080`) or a SageMaker-runtime-shaped
 router URL (`http://127.0.0.1:9000/endpoints/NAME`, whose SageMaker-shaped errors are unwrapped): it POSTs the
@@ -25,9 +25,8 @@ from typing import Any, Protocol, Unpack
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tasks.errors import BadInput, NotFound
-from validation.jevbench import JevTask
+from validation.decisions.jevbench import JevTask
 
-SERVING_ID = re.compile(r"[0-9a-f]{64}")
 from validation.transport import (
     Connection,
     Malformed,
@@ -39,6 +38,8 @@ from validation.transport import (
     post_with_retries,
     run_requests,
 )
+
+SERVING_ID = re.compile(r"[0-9a-f]{64}")
 
 
 class Prediction(BaseModel):

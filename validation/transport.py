@@ -438,7 +438,7 @@ def post_alone(invoker: HttpInvoker, body: bytes, *, timeout_s: float, deadline_
 
 class RequestSettings(TypedDict, total=False):
     """The request settings a runner takes as keyword arguments beside its own (`validation.runner.run_decisions`,
-    `validation.nli_runner.run_pairs`); a setting left out takes `run_requests`' default."""
+    `validation.nli.runner.run_pairs`); a setting left out takes `run_requests`' default."""
 
     timeout_s: float  # one attempt's timeout
     max_attempts: int | None  # attempts per request, 503 retries included (None: the retry deadline bounds them)

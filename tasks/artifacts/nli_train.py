@@ -283,7 +283,7 @@ def _save(model, tokenizer, base: Path, out: Path, result: TrainResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: train the demo NLI head on the project's NLI set and save the checkpoint."""
-    from validation.nli import load_nli
+    from validation.nli.pairs import load_nli
 
     parser = argparse.ArgumentParser(prog="python -m tasks.artifacts.nli_train", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="NLI JSONL with train/calibration/test splits")

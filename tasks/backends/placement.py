@@ -128,7 +128,8 @@ def driver_problem(instance_type: str, ami_version: str | None, *, needs_driver:
 
 
 class MemoryEstimate(NamedTuple):
-    """What one copy of a model needs in accelerator (or host) memory, in MiB."""
+    """What one copy of a model needs in accelerator (or host) memory, in MiB; each family estimates its own
+    (`ModelFamily.memory`), and `fit_problem` checks it against a placement."""
 
     weights_mb: int
     context_mb: int  # the KV cache of a decoder, the activations of an encoder's largest batch
@@ -142,24 +143,6 @@ class MemoryEstimate(NamedTuple):
     def describe(self) -> str:
         return (f"{self.total_mb / 1024:.1f} GB (weights {self.weights_mb / 1024:.1f} GB + {self.context_label} "
                 f"{self.context_mb / 1024:.1f} GB + runtime {self.runtime_mb / 1024:.1f} GB)")
-
-
-def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: bool) -> MemoryEstimate:
-    """Weights ≈ the GGUF file; an f16 KV cache of `context_tokens` for every layer and KV head."""
-    layers = info.get("block_count") or 0
-    kv_heads = info.get("head_count_kv") or info.get("head_count") or 0
-    head_dim = info.get("key_length") or (
-        (info.get("embedding_length") or 0) // max(1, info.get("head_count") or 1))
-    value_dim = info.get("value_length") or head_dim
-    kv_bytes = context_tokens * layers * kv_heads * (head_dim + value_dim) * 2
-    return MemoryEstimate(-(-size_bytes // MIB), -(-kv_bytes // MIB), RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB)
-
-
-def onnx_memory(weights_bytes: int, *, max_batch: int, max_len: int, hidden: int, layers: int, on_gpu: bool) -> MemoryEstimate:
-    """Weights as exported; activations of the largest batch held at once (≈ 16 hidden-size fp32 tensors per layer)."""
-    activations = max_batch * max_len * hidden * 4 * 16 * max(1, min(layers, 2))
-    return MemoryEstimate(-(-weights_bytes // MIB), -(-activations // MIB), RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB,
-                          "activations")
 
 
 def fit_problem(estimate: MemoryEstimate, placement) -> str | None:

@@ -1,79 +1,104 @@
 """The `fleet` group: `fleet plan`, the layout, room and cost share of the models on one shared endpoint
-(`tasks.pipeline.fleet`; read-only: it opens the configs' ledger, where there is one, only to read each model's last
-build and what serves it, and asks the backend for the copies each serving component has now), and `fleet move`,
-which moves every model onto a new layout's endpoint (`tasks.pipeline.fleet_move`). Both read the configs with the
-same --set and --state-dir, so both see one ledger."""
+(`tasks.pipeline.fleet.plan`; read-only: it opens the configs' ledger, where there is one, only to read each model's
+history once, and asks the backend for the copies each serving component has now), and `fleet move`, which moves every
+model onto a new layout's endpoint (`tasks.pipeline.fleet.move`). Both read the configs once, with the same --set and
+--state-dir, so both see one ledger; this module only renders what they return (a table, or --json the same data)."""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 from tasks.cli.arguments import overrides_of, with_config_state_dir, with_json, with_set
 from tasks.console import EXIT_BAD_INPUT, print_json, print_table
 
-PLAN_COLUMNS = ["model", "copies", "peak while it updates", "threads", "memory/copy MB", "share", "$/h", "serves on now"]
+if TYPE_CHECKING:
+    from tasks.pipeline.fleet.plan import FleetPlan
+
+PLAN_COLUMNS = ["model", "copies", "peak while it updates", "threads", "memory/copy MB", "share", "$/h",
+                "serves on now"]
 MOVE_COLUMNS = ["model", "outcome", "release", "from", "first answer s"]
 
 
 def cmd_fleet_plan(args) -> int:
     """Print the fleet's plan; exit 2, with the arithmetic of each problem, when it does not fit."""
-    from tasks.backends.registry import make_backends, open_ledger
-    from tasks.config import load_release_config
-    from tasks.errors import BadInput, NotReady
-    from tasks.pipeline.fleet import plan_fleet
-
-    overrides = overrides_of(args)
-    config = load_release_config(args.configs[0], overrides=overrides)
-    backend = config.backend  # the ledger a release of it writes, and the backend its endpoints are on
-    try:
-        ledger = open_ledger(ledger_url=backend.ledger_url, state_dir=backend.state_dir, read_only=True)
-    except BadInput:
-        ledger = None  # no ledger yet: no model built or serving, memory per copy unknown
-    try:
-        plan = plan_fleet(args.configs, ledger=ledger, open_hosting=lambda: make_backends(config, ledger=ledger).hosting,
-                          overrides=overrides)  # the backend is asked only for the copies of a model serving now
-    except NotReady as exc:  # the layout's arithmetic needs no ledger: plan without it, and say what is missing
-        print(f"shiplift: planned without the ledger ({exc}): memory per copy and what serves each model are unknown",
-              file=sys.stderr)
-        plan = plan_fleet(args.configs, overrides=overrides)
-    finally:
-        if ledger is not None:
-            ledger.close()
+    plan = _read_plan(args)
     if args.json:
         print_json(plan.as_dict())
     else:
-        described = plan.as_dict()
         print(f"{plan.endpoint}: {plan.slots.describe(plan.instances)}"
               + (f", up to {plan.slots.describe(plan.most)} with managed scaling" if plan.most > plan.instances else "")
               + f"; {plan.bill.describe()}")
-        print_table(plan.rows(), PLAN_COLUMNS)
-        idle = described["idle_usd_per_hour"]
+        print_table(plan_rows(plan), PLAN_COLUMNS)
+        idle = plan.idle_usd_per_hour
         print(f"\n{plan.steady} copies serve; room left while the largest update runs: {plan.headroom} "
               f"{plan.slots.unit}(s)" + (f"; idle room costs ≈ {idle:.2f} $/h" if idle is not None else ""))
-        for tenant in plan.tenants:
-            for difference in tenant.differs:
-                print(f"{tenant.model}: {difference}")
-        if not plan.idles_free:
-            for tenant in plan.tenants:
-                if tenant.share.scales_to_zero:
-                    print(f"{tenant.model} scales to zero, but {', '.join(tenant.share.kept_on_by)} never do(es): "
-                          "SageMaker stops the instances only when every model is at 0 copies, so its share is paid "
-                          "while it idles too")
-        if plan.moving:
-            print(f"layout change: {', '.join(t.model for t in plan.moving)} serve(s) on another layout's endpoint; "
-                  f"`shiplift fleet move` with these configs moves every model to {plan.endpoint}")
-        if plan.kept:
-            print(f"kept: {', '.join(plan.kept)} still serve(s) for callers of the old name (and cost(s) its bill); once "
-                  "they have switched, `shiplift fleet move` with these configs and --retire-old deletes it")
+        for note in plan_notes(plan):
+            print(note)
     for problem in plan.problems:
         print(f"shiplift: the fleet does not fit: {problem}", file=sys.stderr)
     return EXIT_BAD_INPUT if plan.problems else 0
 
 
+def _read_plan(args) -> FleetPlan:
+    """The plan of the configs (each parsed once) and of their ledger, where there is one, each model's history read
+    once (read-only); the configs' alone, saying so, where the ledger cannot be read."""
+    from tasks.backends.registry import make_backends, open_ledger
+    from tasks.errors import BadInput, NotReady
+    from tasks.pipeline.fleet.plan import plan_snapshot
+    from tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
+
+    configs = load_fleet_configs(args.configs, overrides_of(args))
+    config = configs[0].config  # the ledger a release of it writes, and the backend its endpoints are on
+    unread = read_snapshot(configs)  # the configs alone: what is planned where the ledger cannot be read
+    try:
+        ledger = open_ledger(ledger_url=config.backend.ledger_url, state_dir=config.backend.state_dir, read_only=True)
+    except BadInput:
+        ledger = None  # no ledger yet: no model built or serving, memory per copy unknown
+    try:
+        hosting = lambda: make_backends(config, ledger=ledger).hosting  # noqa: E731 (asked only where a model serves)
+        return plan_snapshot(read_snapshot(configs, ledger=ledger, open_hosting=hosting, prices=unread.prices))
+    except NotReady as exc:  # the layout's arithmetic needs no ledger: plan without it, and say what is missing
+        print(f"shiplift: planned without the ledger ({exc}): memory per copy and what serves each model are unknown",
+              file=sys.stderr)
+        return plan_snapshot(unread)
+    finally:
+        if ledger is not None:
+            ledger.close()
+
+
+def plan_notes(plan: FleetPlan) -> list[str]:
+    """The lines under the plan's table: where a config and what serves differ, who pays while idle, who moves, and
+    which old endpoints still serve."""
+    notes = [f"{tenant.model}: {difference}" for tenant in plan.tenants for difference in tenant.differs]
+    if not plan.idles_free:
+        notes += [f"{tenant.model} scales to zero, but {', '.join(tenant.share.kept_on_by)} never do(es): SageMaker "
+                  "stops the instances only when every model is at 0 copies, so its share is paid while it idles too"
+                  for tenant in plan.tenants if tenant.share.scales_to_zero]
+    if plan.moving:
+        notes.append(f"layout change: {', '.join(t.model for t in plan.moving)} serve(s) on another layout's endpoint; "
+                     f"`shiplift fleet move` with these configs moves every model to {plan.endpoint}")
+    if plan.kept:
+        notes.append(f"kept: {', '.join(plan.kept)} still serve(s) for callers of the old name (and cost(s) its bill); "
+                     "once they have switched, `shiplift fleet move` with these configs and --retire-old deletes it")
+    return notes
+
+
+def plan_rows(plan: FleetPlan) -> list[dict[str, Any]]:
+    """A row per model for people: copies, its update's peak with everyone else serving, memory, share and cost."""
+    total = plan.slots.total(plan.most)
+    return [{"model": t.model, "copies": t.copies if t.most == t.copies else f"{t.copies} (up to {t.most})",
+             "peak while it updates": f"{plan.peak(t)} of {total}", "threads": t.threads,
+             "memory/copy MB": t.memory_mb,
+             "share": f"{t.share.fraction:.1%}" if t.share.fraction is not None else None,
+             "$/h": round(t.share.usd_per_hour, 2) if t.share.usd_per_hour is not None else None,
+             "serves on now": "this endpoint" if t.serves_on == plan.endpoint else t.serves_on} for t in plan.tenants]
+
+
 def cmd_fleet_move(args) -> int:
     """Move every model of the shared endpoint onto its new layout's endpoint, then show where each one went."""
     from tasks.pipeline import table
-    from tasks.pipeline.fleet_move import move_fleet
+    from tasks.pipeline.fleet.move import move_fleet
     from tasks.pipeline.release import default_actor, print_progress
 
     result = table.attempts(table.FLEET_MOVE.name, lambda: move_fleet(
@@ -96,9 +121,11 @@ def add_fleet_commands(sub) -> None:
     fleet = sub.add_parser("fleet", help="models that share one production endpoint").add_subparsers(
         dest="fleet_command", required=True, metavar="ACTION")
     p = with_json(with_set(with_config_state_dir(fleet.add_parser(
-        "plan", help="the layout, the room every model's copies and updates take, and each model's share of the bill"))),
+        "plan",
+        help="the layout, the room every model's copies and updates take, and each model's share of the bill"))),
         "the plan")
-    p.add_argument("configs", nargs="+", metavar="CONFIG", help="the release config of every model on the shared endpoint")
+    p.add_argument("configs", nargs="+", metavar="CONFIG",
+                   help="the release config of every model on the shared endpoint")
     p.set_defaults(func=cmd_fleet_plan)
     p = with_json(with_set(with_config_state_dir(fleet.add_parser(
         "move", help="a layout change: start every model's serving release on the new layout's endpoint, record each "

@@ -116,13 +116,16 @@ def cmd_ledger_history(args) -> int:
     return 0
 
 
-def print_gate(gate: dict) -> None:
-    """A gate's decision, its champion and every check with its interval and rule."""
+def print_gate(evidence: dict) -> None:
+    """A gate's decision, its champion and every check with its interval and rule (`evidence`: a view's `gate`)."""
+    from tasks.ledger.records import as_result
+    from tasks.ledger.stage_results import ValidateResult
     from tasks.ledger.views import CHECK_COLUMNS, check_cells
 
-    datasets = ", ".join(f"{d['name']} (n {d['n']}, sha256 {d['sha256']})" for d in gate.get("datasets") or [])
-    print(f"\ngate {gate['decision']} (champion: {gate.get('champion_release') or 'none'}); datasets: {datasets}")
-    print_table([check_cells(c) for c in gate.get("checks") or []], CHECK_COLUMNS)
+    gate = as_result(evidence, ValidateResult)
+    datasets = ", ".join(f"{d['name']} (n {d['n']}, sha256 {d['sha256']})" for d in gate.datasets or [])
+    print(f"\ngate {gate.decision} (champion: {gate.champion_release or 'none'}); datasets: {datasets}")
+    print_table([check_cells(c) for c in gate.checks or []], CHECK_COLUMNS)
 
 
 def print_release(detail: dict) -> None:

@@ -9,12 +9,15 @@ image's server, how its datasets are scored and gated, the bodies its gate sends
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from tasks.backends.placement import MemoryEstimate
 from tasks.config_types import DatasetRef, Sha256, Strict
+from tasks.errors import ConfigError
 from tasks.ledger.stage_results import KeptRef
 from validation.evaluate import GateOutcome
 from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
@@ -39,12 +42,13 @@ class ImageConfig(Strict):
     gpu_fix: ClassVar[str] = ""  # how to put this image on the GPU, for a config that places it on one
 
     @property
+    @abstractmethod
     def on_gpu(self) -> bool:
-        raise NotImplementedError
+        """Whether a copy of the image runs on a GPU (what the placement checks ask of it)."""
 
+    @abstractmethod
     def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
         """The server's settings as the container gets them; `cpu_only` for scoring on a worker without a GPU."""
-        raise NotImplementedError
 
 
 class BuiltImageConfig(ImageConfig):
@@ -161,8 +165,13 @@ class BuiltModel(BaseModel):
         return self.model_dump(mode="json", exclude={"model_dir"})
 
 
-class ModelFamily:
-    """One family as a plug-in (see the module's docstring); `tasks.families.registry` holds the known ones."""
+class ModelFamily(ABC):
+    """One family as a plug-in (see the module's docstring); `tasks.families.registry` holds the known ones.
+
+    Every step a stage, the config, the dry run or the CLI asks of a family is abstract, so a family class missing one
+    is refused when it is registered (`registry.register`), not when a stage first calls it. Three steps belong only to
+    the families that claim a capability, and the registry checks those by the claim (`CAPABILITY_STEPS`): a family
+    that does not claim it keeps the shared refusal, which nothing reaches because the config refuses first."""
 
     artifact_kind: ClassVar[str]  # the `artifact.kind` that selects the family
     artifact_model: ClassVar[type[ArtifactConfig]]
@@ -187,77 +196,126 @@ class ModelFamily:
     def validation_kind(self) -> str:
         return self.validation_model.model_fields["kind"].annotation.__args__[0]
 
-    # -- resolve, build, package --------------------------------------------------------------------------------
+    # -- resolve, build, size, package --------------------------------------------------------------------------
 
+    @abstractmethod
     def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
         """Fetch and prove the pinned source: (local path, its sha256, a description for the ledger)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def source_file_name(self, artifact: ArtifactConfig) -> str:
         """The name the source is kept under in the artifact store (the dry run plans its upload)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def built_file_name(self, artifact: ArtifactConfig) -> str:
         """The name the built model is kept under in the artifact store."""
-        raise NotImplementedError
 
+    @abstractmethod
     def build(self, ctx) -> BuiltModel:
         """Build and prove the servable model."""
-        raise NotImplementedError
 
-    def memory(self, ctx, built: BuiltModel):
-        """What one copy of the built model needs (`tasks.backends.placement.MemoryEstimate`)."""
-        raise NotImplementedError
+    @abstractmethod
+    def memory(self, ctx, built: BuiltModel) -> MemoryEstimate:
+        """What one copy of the built model needs (weights, its working memory, runtime), for the placement checks."""
 
+    @abstractmethod
+    def manifest_fields(self, built) -> dict[str, Any]:
+        """What of its own build the model's manifest records beside the shared `model_sha256` and `info` (`built`: the
+        build stage's result); `recorded_fields` picks named fields."""
+
+    @abstractmethod
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
         """The deterministic model.tar.gz of the built model (`tasks.artifacts.packaging.PackagedModel`)."""
-        raise NotImplementedError
 
     # -- datasets and gates -------------------------------------------------------------------------------------
 
-    def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
-        """Score the calibration dataset through the model's own server: (predictions, dataset sha256)."""
-        raise NotImplementedError
-
+    @abstractmethod
     def evaluate(self, candidate, champion, paths: list[tuple[Path, list[str] | None]], out_dir: Path, *, validation,
                  settings, progress, title: str, context=None, built=None) -> GateOutcome:
         """Gate the candidate (and the champion, when one serves) on the validation datasets: the gate report;
         `context(metrics)` returns what it shows of the release (`validation.evaluate.RELEASE_CONTEXT`), and `built` is
         the build stage's result, for checks the build judged that the report carries beside the gate's own."""
-        raise NotImplementedError
+
+    @abstractmethod
+    def items_per_request(self, validation: GateConfig) -> int:
+        """The decisions one gate request answers (what a cost per million decisions divides by)."""
+
+    @abstractmethod
+    def summary_metrics(self, metrics: dict) -> dict:
+        """The family's headline metrics of a gate report, beside accuracy, calibration and latency ({}: none)."""
+
+    @abstractmethod
+    def invocation_bodies(self, validation: GateConfig, paths: list[tuple[Path, list[str] | None]]) -> list[bytes]:
+        """The request bodies the gate sends, in order (the dry run plans one InvokeEndpoint each)."""
+
+    # -- steps of a capability (the registry requires them of a family that claims it) --------------------------
+
+    def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
+        """Score the calibration dataset through the model's own server: (predictions, dataset sha256). Only a family
+        with `temperature_scaling` is asked (the config refuses calibration.fit_temperature for the others)."""
+        raise unclaimed(self, "fits no temperature", "leave calibration.fit_temperature false")
 
     def reserve(self, validation: GateConfig, config_dir: Path, settings, progress=None):
         """The reserve tasks of `validation.inconclusive.extend` and how one batch of them is scored on a target
         (`validation.extension.Reserve`; `settings` the gate's `validation.evaluate.RunSettings`). Only a family
-        whose gate config is `extendable` has one."""
-        raise NotImplementedError(f"{type(self).__name__} cannot score reserve tasks; its gate cannot extend")
+        whose gate config is `extendable` is asked (the gate config refuses choice extend for the others)."""
+        raise unclaimed(self, "cannot score reserve tasks", "use validation.inconclusive.choice ask or block")
 
     def readout(self, validation: GateConfig):
-        """How the family's server is asked a decision task (`validation.runner.Readout`): the online gate's replay."""
-        raise NotImplementedError(f"{type(self).__name__} has no decision readout; it cannot run an online gate")
+        """How the family's server is asked a decision task (`validation.runner.Readout`): the online gate's
+        replay. Only a family that `replays_online` is asked."""
+        raise unclaimed(self, "has no decision readout", "leave rollout.online_gate out")
 
     def online_gate(self, invoker, validation: GateConfig, gate, *, config_dir: Path, candidate_model_sha256: str):
         """A rollout's online gate over the live component (`gate` is `rollout.online_gate`): the family's tasks of
         `gate.split` replayed through `invoker` and judged as the candidate's answers come in, with `replay()`,
-        `alarm()` and `evidence()` (`validation.online_gate.OnlineGate`). Only a family that `replays_online` has one."""
-        raise NotImplementedError(f"{type(self).__name__} cannot replay its tasks through a live component")
-
-    def items_per_request(self, validation: GateConfig) -> int:
-        """The decisions one gate request answers (what a cost per million decisions divides by)."""
-        return 1
-
-    def summary_metrics(self, metrics: dict) -> dict:
-        """The family's headline metrics of a gate report, beside accuracy, calibration and latency."""
-        return {}
-
-    def invocation_bodies(self, validation: GateConfig, paths: list[tuple[Path, list[str] | None]]) -> list[bytes]:
-        """The request bodies the gate sends, in order (the dry run plans one InvokeEndpoint each)."""
-        raise NotImplementedError
+        `alarm()` and `evidence()` (`validation.online_gate.OnlineGate`). Only a family that `replays_online` is
+        asked (the config refuses rollout.online_gate for the others)."""
+        raise unclaimed(self, "cannot replay its tasks through a live component", "leave rollout.online_gate out")
 
     # -- the command line ---------------------------------------------------------------------------------------
 
+    @abstractmethod
     def add_commands(self, serve, evaluate) -> None:
-        """Add the family's `shiplift serve …` and `shiplift eval …` subcommands."""
+        """Add the family's `shiplift serve …` and `shiplift eval …` subcommands (none is a choice the family makes)."""
+
+
+# A capability a family claims (a class attribute, or its gate config's) → the steps that claim obliges it to define.
+CAPABILITY_STEPS: dict[str, tuple[str, ...]] = {
+    "temperature_scaling": ("calibration_predictions",),
+    "validation_model.extendable": ("reserve",),
+    "replays_online": ("readout", "online_gate"),
+}
+
+
+def missing_steps(family_class: type[ModelFamily]) -> list[str]:
+    """The steps `family_class` lacks: its abstract methods, its config classes' abstract methods, the steps its claimed
+    capabilities need, and the class attributes every family declares; [] for a complete family."""
+    missing = sorted(getattr(family_class, "__abstractmethods__", ()))
+    declared = [name for name in ("artifact_kind", "artifact_model", "image_model", "validation_model", "env_prefix")
+                if not hasattr(family_class, name)]
+    missing += [f"{name} (class attribute)" for name in declared]
+    if "image_model" not in declared:
+        missing += [f"{family_class.image_model.__name__}.{name}"
+                    for name in sorted(getattr(family_class.image_model, "__abstractmethods__", ()))]
+    for claim, steps in CAPABILITY_STEPS.items():
+        owner, _, flag = claim.rpartition(".")
+        holder = getattr(family_class, owner, None) if owner else family_class
+        if holder is not None and getattr(holder, flag, False):
+            missing += [f"{step} (claimed by {claim})" for step in steps
+                        if getattr(family_class, step) is getattr(ModelFamily, step)]
+    return missing
+
+
+def unclaimed(family: ModelFamily, cannot: str, fix: str) -> ConfigError:
+    """The shared refusal of a capability step the family does not claim."""
+    return ConfigError(f"{type(family).__name__} {cannot}", fix=fix)
+
+
+def recorded_fields(built, names: tuple[str, ...]) -> dict[str, Any]:
+    """The build result's fields of `names` that it recorded (a field missing or None is left out)."""
+    recorded = built.model_dump(mode="json")
+    return {name: recorded[name] for name in names if recorded.get(name) is not None}
 
 
 def add_server_arguments(parser) -> None:

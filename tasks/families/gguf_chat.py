@@ -2,10 +2,10 @@
 
 Config: `artifact.kind: gguf` (the same sources as the SemIf family), `image.kind: dlc-chat` (the DLC itself, no
 Dockerfile and no build: its tag resolved to a digest, llama-server's options as `SM_LLAMA_CPP_*` variables),
-`validation.kind: chat-decisions` (JevBench-format datasets read out through `validation.chat_readout`). The package
-holds the GGUF as `<sha256>.gguf`, which the DLC finds as the first `*.gguf` under /opt/ml/model and reports as the
-model of every answer, so the online gate can tell which release answered. Locally `images/dlc-chat/` stands in for the
-DLC on loopback (llama-cpp-python's OpenAI-compatible server behind the SageMaker container contract).
+`validation.kind: chat-decisions` (JevBench-format datasets read out through `validation.decisions.chat_readout`).
+The package holds the GGUF as `<sha256>.gguf`, which the DLC finds as the first `*.gguf` under /opt/ml/model and
+reports as the model of every answer, so the online gate can tell which release answered. Locally `images/dlc-chat/`
+stands in for the DLC on loopback (llama-cpp-python's OpenAI-compatible server behind the SageMaker container contract).
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ class ChatDecisionGateConfig(GateConfig):
     concurrency: int = Field(2, ge=1, le=64)
     thresholds: DecisionThresholds
     top_logprobs: int = Field(20, ge=1, le=20, description="entries asked per request; a letter outside them is invalid")
-    shots: int = Field(0, ge=0, le=3, description="solved examples asked before each task (validation.chat_readout)")
+    shots: int = Field(0, ge=0, le=3,
+                       description="solved examples asked before each task (validation.decisions.chat_readout)")
 
     extendable: ClassVar[bool] = True  # GgufDecisions.reserve scores the reserve through the chat readout
 
@@ -152,7 +153,7 @@ class GgufChat(GgufDecisions):
         raise ConfigError("a chat release fits no temperature", fix="leave calibration.fit_temperature false")
 
     def readout(self, validation: ChatDecisionGateConfig):
-        from validation.chat_readout import ChatReadout
+        from validation.decisions.chat_readout import ChatReadout
 
         return ChatReadout(validation.top_logprobs, validation.shots)
 
@@ -198,7 +199,7 @@ def _serve(args) -> int:
 
 def _eval(args) -> int:
     """`shiplift eval chat`: score JevBench-format tasks through chat completions, against a champion if given."""
-    from validation.chat_readout import EXAMPLES, MAX_TOP_LOGPROBS, ChatReadout
+    from validation.decisions.chat_readout import EXAMPLES, MAX_TOP_LOGPROBS, ChatReadout
 
     if not 1 <= args.top_logprobs <= MAX_TOP_LOGPROBS:
         raise BadInput(f"--top-logprobs {args.top_logprobs} is outside 1..{MAX_TOP_LOGPROBS}",
@@ -210,4 +211,4 @@ def _eval(args) -> int:
                              title=f"chat-path evaluation of {args.endpoint}")
 
 
-FAMILY = GgufChat()
+FAMILY = GgufChat  # the class the registry admits (and refuses if it lacks a step)

@@ -12,10 +12,12 @@ from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
 
+from tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
 from tasks.config_types import Sha256, Strict
 from tasks.errors import ConfigError, IntegrityError
 from tasks.families.base import (
     BuiltModel,
+    recorded_fields,
     ArtifactConfig,
     GateConfig,
     BuiltImageConfig,
@@ -183,12 +185,14 @@ class GgufDecisions(ModelFamily):
                           model_sha256=built["sha256"], info=built["info"], gguf_sha256=built["sha256"],
                           quantized_from=built.get("quantized_from"), letter_tokens=built.get("letter_token_ids"))
 
-    def memory(self, ctx, built: BuiltModel):
-        from tasks.backends.placement import gguf_memory
-
+    def memory(self, ctx, built: BuiltModel) -> MemoryEstimate:
         image = ctx.config.image
         return gguf_memory(built.output.size, built.info, context_tokens=self.context_tokens(image),
                            on_gpu=image.on_gpu)
+
+    def manifest_fields(self, built) -> dict:
+        """The GGUF's own digest and, for a quantized build, the source it was quantized from."""
+        return recorded_fields(built, ("gguf_sha256", "quantized_from"))
 
     def context_tokens(self, image) -> int:
         """The context one copy holds a KV cache for (the adapter's SEMIF_MAX_TOKENS)."""
@@ -216,7 +220,7 @@ class GgufDecisions(ModelFamily):
         from dataclasses import replace
 
         from validation.datasets import load_decision_dataset
-        from validation.evaluate import evaluate_decisions
+        from validation.decisions.evaluate import evaluate_decisions
 
         datasets = [load_decision_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
         return GateOutcome.of(evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
@@ -228,6 +232,7 @@ class GgufDecisions(ModelFamily):
         """The reserve's JevBench-format tasks, scored through the family's readout (`readout`: SemIf's, or the chat
         path's for `GgufChat`)."""
         from validation.datasets import load_decision_dataset
+        from validation.decisions.evaluate import DECISION_REPORT
         from validation.extension import Reserve
         from validation.runner import run_decisions
 
@@ -241,7 +246,7 @@ class GgufDecisions(ModelFamily):
                                                         **settings.requests(progress))]
 
         return Reserve(tasks=[task for dataset in datasets for task in dataset.tasks], score=score,
-                       datasets=[dataset.evidence() for dataset in datasets])
+                       datasets=[dataset.evidence() for dataset in datasets], parts=DECISION_REPORT)
 
     def invocation_bodies(self, validation: DecisionGateConfig, paths) -> list[bytes]:
         from validation.datasets import load_decision_dataset
@@ -249,6 +254,14 @@ class GgufDecisions(ModelFamily):
         readout = self.readout(validation)
         return [readout.body(task) for i, (path, splits) in enumerate(paths)
                 for task in load_decision_dataset(path, name=f"dataset{i}", splits=splits).tasks]
+
+    def items_per_request(self, validation: DecisionGateConfig) -> int:
+        """One decision task a request."""
+        return 1
+
+    def summary_metrics(self, metrics: dict) -> dict:
+        """None beside accuracy, calibration and latency."""
+        return {}
 
     def readout(self, validation: DecisionGateConfig):
         from validation.runner import SEMIF
@@ -285,6 +298,18 @@ class GgufDecisions(ModelFamily):
                                  component_help="inference component name (X-Amzn-SageMaker-Inference-Component)")
         p.add_argument("--concurrency", type=int, default=2, help="requests in flight at once (default 2)")
         p.set_defaults(func=_eval)
+
+
+def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: bool) -> MemoryEstimate:
+    """Weights ≈ the GGUF file; an f16 KV cache of `context_tokens` for every layer and KV head."""
+    layers = info.get("block_count") or 0
+    kv_heads = info.get("head_count_kv") or info.get("head_count") or 0
+    head_dim = info.get("key_length") or (
+        (info.get("embedding_length") or 0) // max(1, info.get("head_count") or 1))
+    value_dim = info.get("value_length") or head_dim
+    kv_bytes = context_tokens * layers * kv_heads * (head_dim + value_dim) * 2
+    return MemoryEstimate(-(-size_bytes // MIB), -(-kv_bytes // MIB),
+                          RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB)
 
 
 def _generate(source: GeneratedSource, cache: Path) -> tuple[Path, dict]:
@@ -332,7 +357,8 @@ DECISION_FLAGS = {"min_accuracy": "--min-accuracy", "max_ece": "--max-ece", "min
 def run_jevbench_eval(args, readout, *, title: str) -> int:
     """An `eval` command on JevBench-format tasks through `readout` (SemIf's or the chat path's): report and summary."""
     from validation.datasets import load_decision_dataset
-    from validation.evaluate import RunSettings, evaluate_decisions
+    from validation.decisions.evaluate import evaluate_decisions
+    from validation.evaluate import RunSettings
     from validation.thresholds import ChampionRule
 
     datasets = [load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None) for p in args.data]
@@ -352,4 +378,4 @@ def run_jevbench_eval(args, readout, *, title: str) -> int:
     return evaluation_exit(report, summary, as_json=args.json, out_dir=Path(args.out))
 
 
-FAMILY = GgufDecisions()
+FAMILY = GgufDecisions  # the class the registry admits (and refuses if it lacks a step)

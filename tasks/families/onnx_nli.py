@@ -20,10 +20,12 @@ from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import Field
 
+from tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
 from tasks.config_types import DatasetRef, Sha256, Strict
 from tasks.errors import ConfigError, IntegrityError
 from tasks.families.base import (
     BuiltModel,
+    recorded_fields,
     ArtifactConfig,
     GateConfig,
     BuiltImageConfig,
@@ -119,7 +121,7 @@ class OnnxArtifact(ArtifactConfig):
 def int8_settings(artifact: OnnxArtifact, config_dir: Path):
     """(Int8Spec, CalibrationSet | None) for `artifact`, or (None, None) without int8: what build and the bench export."""
     from tasks.artifacts.onnx_export import Int8Spec, calibration_set
-    from validation.nli_eval import load_nli_dataset
+    from validation.nli.evaluate import load_nli_dataset
 
     if not artifact.int8:
         return None, None
@@ -220,7 +222,7 @@ class OnnxNli(ModelFamily):
     def build(self, ctx) -> BuiltModel:
         from tasks.artifacts.onnx_export import export_onnx, parity_check, require_parity
         from tasks.hashing import sha256_json, sha256_tree
-        from validation.nli_eval import load_nli_dataset
+        from validation.nli.evaluate import load_nli_dataset
 
         artifact = ctx.config.artifact
         source = ctx.result("resolve")
@@ -253,13 +255,15 @@ class OnnxNli(ModelFamily):
             export={k: v for k, v in exported.to_dict().items() if k != "model_dir"}, parity=report.to_dict(),
             probe_sha256=probe.sha256)
 
-    def memory(self, ctx, built: BuiltModel):
-        from tasks.backends.placement import onnx_memory
-
+    def memory(self, ctx, built: BuiltModel) -> MemoryEstimate:
         image = ctx.config.image
         shape = json.loads((built.model_dir / "config.json").read_text(encoding="utf-8"))
         return onnx_memory(built.output.size, max_batch=image.max_batch, max_len=image.max_len,
                            hidden=shape["hidden_size"], layers=shape["num_hidden_layers"], on_gpu=image.on_gpu)
+
+    def manifest_fields(self, built) -> dict:
+        """The export's report: its graphs, files and how the int8 graph was made."""
+        return recorded_fields(built, ("export",))
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
         """The exported folder plus calibration.json, staged with hard links (never edits the build output)."""
@@ -281,8 +285,8 @@ class OnnxNli(ModelFamily):
 
     def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
         from validation.evaluate import progress_counter
-        from validation.nli_eval import load_nli_dataset
-        from validation.nli_runner import run_pairs
+        from validation.nli.evaluate import load_nli_dataset
+        from validation.nli.runner import run_pairs
 
         dataset = load_nli_dataset(path, name="calibration", splits=splits)
         run = run_pairs(invoker, dataset.pairs, batch_size=settings.batch_size, timeout_s=settings.request_timeout_s,
@@ -293,7 +297,7 @@ class OnnxNli(ModelFamily):
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
                  context=None, built=None) -> GateOutcome:
         """The NLI gate; a served int8 graph's accuracy budget against fp32, as the build judged it, is one of its checks."""
-        from validation.nli_eval import evaluate_nli, load_nli_dataset
+        from validation.nli.evaluate import evaluate_nli, load_nli_dataset
 
         datasets = [load_nli_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
         return GateOutcome.of(evaluate_nli(
@@ -309,8 +313,8 @@ class OnnxNli(ModelFamily):
         return {"macro_f1": metrics["nli"]["macro_f1"]["value"]}
 
     def invocation_bodies(self, validation: NliGateConfig, paths) -> list[bytes]:
-        from validation.nli_eval import load_nli_dataset
-        from validation.nli_runner import batches_of, pairs_body
+        from validation.nli.evaluate import load_nli_dataset
+        from validation.nli.runner import batches_of, pairs_body
 
         return [pairs_body(batch) for i, (path, splits) in enumerate(paths)
                 for batch in batches_of(load_nli_dataset(path, name=f"dataset{i}", splits=splits).pairs, validation.batch_size)]
@@ -334,6 +338,14 @@ class OnnxNli(ModelFamily):
         p.add_argument("--min-macro-f1", type=float, help="gate: macro-F1 floor")
         p.add_argument("--min-class-recall", type=float, help="gate: every class's recall floor")
         p.set_defaults(func=_eval)
+
+
+def onnx_memory(weights_bytes: int, *, max_batch: int, max_len: int, hidden: int, layers: int,
+                on_gpu: bool) -> MemoryEstimate:
+    """Weights as exported; activations of the largest batch held at once (≈ 16 hidden-size fp32 tensors per layer)."""
+    activations = max_batch * max_len * hidden * 4 * 16 * max(1, min(layers, 2))
+    return MemoryEstimate(-(-weights_bytes // MIB), -(-activations // MIB),
+                          RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB, "activations")
 
 
 def served_graph(image: EncoderImage, export: dict, parity: dict, probe: DatasetRef) -> dict:
@@ -371,7 +383,7 @@ def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
     """Train the demo NLI head once per recipe (package version, data digest, epochs, seed); reuse it after."""
     from tasks.artifacts.nli_train import train_nli
     from tasks.hashing import sha256_json
-    from validation.nli import load_nli
+    from validation.nli.pairs import load_nli
 
     installed = metadata.version(source.base_package)
     if installed != source.base_version:
@@ -425,7 +437,7 @@ def _serve(args) -> int:
 def _eval(args) -> int:
     """`shiplift eval nli`: score NLI pairs on any encoder endpoint, against a champion if given."""
     from validation.evaluate import RunSettings
-    from validation.nli_eval import evaluate_nli, load_nli_dataset
+    from validation.nli.evaluate import evaluate_nli, load_nli_dataset
     from validation.thresholds import ChampionRule
 
     datasets = [load_nli_dataset(Path(p), name=Path(p).stem, splits=args.split or None) for p in args.data]
@@ -446,4 +458,4 @@ def _eval(args) -> int:
                            as_json=args.json, out_dir=Path(args.out), unit="pairs")
 
 
-FAMILY = OnnxNli()
+FAMILY = OnnxNli  # the class the registry admits (and refuses if it lacks a step)

@@ -4,7 +4,8 @@ A family is known by what it builds and what serves it: a GGUF served by the Sem
 the llama.cpp DLC's chat path are two families that share an artifact. The shipped families are named by module and
 imported on first use (their modules hold config classes at the top and import their heavy libraries only inside the
 steps). `register` adds another family, a test's toy one for instance: the release config asks this registry while it
-validates, so a registered family's configs load with nothing else changed.
+validates, so a registered family's configs load with nothing else changed. Every family class, shipped or added, is
+admitted only whole: one that lacks a step (`base.missing_steps`) is refused here, naming what it lacks.
 """
 
 from __future__ import annotations
@@ -12,19 +13,33 @@ from __future__ import annotations
 from importlib import import_module
 
 from tasks.errors import ConfigError
-from tasks.families.base import ModelFamily
+from tasks.families.base import ModelFamily, missing_steps
 
 BUILTIN = ("tasks.families.gguf_decisions", "tasks.families.gguf_chat", "tasks.families.onnx_nli")
 _families: dict[tuple[str, str], ModelFamily] = {}
+_builtin_keys: set[tuple[str, str]] = set()
 
 
 def families() -> tuple[ModelFamily, ...]:
     """Every known family, the shipped ones first."""
     if not _families:
         for module in BUILTIN:
-            family = import_module(module).FAMILY
+            family = admit(import_module(module).FAMILY)
             _families[family.key] = family
+            _builtin_keys.add(family.key)
     return tuple(_families.values())
+
+
+def admit(family_class: type[ModelFamily]) -> ModelFamily:
+    """The one instance of a whole family class; ConfigError naming every step it lacks."""
+    if not (isinstance(family_class, type) and issubclass(family_class, ModelFamily)):
+        raise ConfigError(f"{family_class!r} is not a model family class",
+                          fix="register a subclass of tasks.families.base.ModelFamily (the class, not an instance)")
+    missing = missing_steps(family_class)
+    if missing:
+        raise ConfigError(f"model family {family_class.__name__} lacks {', '.join(missing)}",
+                          fix="define them (tasks.families.base.ModelFamily says what each one does)")
+    return family_class()
 
 
 def family_of(artifact_kind: str, image_kind: str) -> ModelFamily:
@@ -63,19 +78,23 @@ def env_prefix(image_kind: str) -> str:
     raise ConfigError(f"no model family serves image {image_kind!r}", fix="use an image kind a family declares")
 
 
-def register(family: ModelFamily) -> None:
-    """Add a family; refuses one whose (artifact, image) pair another family already owns."""
+def register(family_class: type[ModelFamily]) -> ModelFamily:
+    """Add a family class and return its instance; refuses a class that lacks a step (`admit`) and one whose
+    (artifact, image) pair another family already owns."""
     families()
+    family = admit(family_class)
     owner = _families.get(family.key)
-    if owner is not None and owner is not family:
+    if owner is not None:
         raise ConfigError(f"artifact.kind {family.artifact_kind!r} on image.kind {family.image_kind!r} already belongs "
                           f"to {type(owner).__name__}", fix="give the new family its own artifact or image kind")
     _families[family.key] = family
+    return family
 
 
 def unregister(artifact_kind: str, image_kind: str) -> None:
     """Remove a family added with `register` (the shipped ones stay)."""
-    if any(import_module(module).FAMILY.key == (artifact_kind, image_kind) for module in BUILTIN):
+    families()
+    if (artifact_kind, image_kind) in _builtin_keys:
         raise ConfigError(f"{artifact_kind!r} on {image_kind!r} is a shipped family",
                           fix="only families added with register() can be removed")
     _families.pop((artifact_kind, image_kind), None)

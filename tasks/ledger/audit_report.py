@@ -20,6 +20,8 @@ from typing import Any
 from tasks.atomic import write_text_atomic
 from tasks.ledger.checkpoints import verdict_lines
 from tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
+from tasks.ledger.records import StepRecord, as_result, is_promotion, promotion
+from tasks.ledger.stage_results import ValidateResult
 from tasks.ledger.views import (CHECK_COLUMNS, check_cells, cost_per_hour, details, events, field_rows, of_releases,
                                  release_row, require_records)
 from validation import charts
@@ -89,20 +91,20 @@ def copies_series(records: list) -> tuple[list[dict], datetime | None]:
                 series.append((at, 0))
 
     for record in records:
-        at, release, payload = _moment(record.recorded_at), record.release_id, record.payload
+        at, release = _moment(record.recorded_at), record.release_id
         if (record.stage, record.event) == (TRAFFIC, STEP):
-            old = serving if serving not in (None, release) else None
-            if payload.get("new_copies") is not None or payload.get("old_copies") is not None:
-                put(release, release, False, at, int(payload.get("new_copies") or 0))
+            step, old = StepRecord.of(record), serving if serving not in (None, release) else None
+            if step.new_copies is not None or step.old_copies is not None:
+                put(release, release, False, at, step.new_copies or 0)
                 if old is not None:
-                    put(old, old, False, at, int(payload.get("old_copies") or 0))
-            elif payload.get("copies") is not None:
-                put(f"{release} (mixed)", release, True, at, int(payload["copies"]))
+                    put(old, old, False, at, step.old_copies or 0)
+            elif step.copies is not None:
+                put(f"{release} (mixed)", release, True, at, step.copies)
                 if old is not None and points.get(old):
                     put(old, old, False, at, 0)
-        elif (record.stage, record.event) == (PROMOTE, SUCCEEDED):
-            copies = payload.get("copies")
-            if isinstance(copies, int) and not isinstance(copies, bool):
+        elif is_promotion(record):
+            copies = promotion(record).copies
+            if copies is not None:
                 clear(at, keep=release)
                 put(release, release, False, at, copies)
             serving = release
@@ -138,7 +140,7 @@ def _per_hour(detail: dict) -> str:
     usd = cost_per_hour(detail)
     if usd is not None:
         return f"{usd:.2f}"
-    return "no price" if (detail.get("gate") or {}).get("cost") else "not recorded"
+    return "no price" if detail["gate"] and as_result(detail["gate"], ValidateResult).cost else "not recorded"
 
 
 def rollout_window(records: list, release_id: str) -> tuple[datetime, datetime] | None:
@@ -165,25 +167,25 @@ def _rollout_chart(model: str, release_id: str, series: list[dict], window: tupl
 
 def _release_section(detail: dict, rollout: str = "") -> str:
     """One release: what it was built from, its gate evidence, its champion comparison and its promotions."""
-    gate = detail["gate"] or {}
+    gate = as_result(detail["gate"], ValidateResult) if detail["gate"] else None
     built = field_rows({name: detail[name] for name in (
         "opened_at", "opened_by", "status", "config_hash", "source_sha256", "model_sha256", "artifact_sha256",
         "artifact_uri", "image_uri", "image_digest", "placement")}, "field")
     parts = [f'<details class="release" id="release-{_e(detail["release_id"])}" data-release="{_e(detail["release_id"])}">'
              f'<summary>{_e(detail["release_id"])} — <span class="status-{_e(detail["status"])}">{_e(detail["status"])}</span>'
-             f' (gate {_e(gate.get("decision", "not run"))})</summary>',
+             f' (gate {_e(gate.decision if gate else "not run")})</summary>',
              "<h4>Built from</h4>", _table(built, ["field", "value"], css_class="built", hashes=("value",))]
     if gate:
-        checks = gate.get("checks") or []
-        parts += [f"<h4>Gate evidence (champion: {_e(gate.get('champion_release') or 'none')})</h4>",
-                  f'<p class="summary">{_e(summary_line(str(gate.get("decision")), checks))}</p>',
+        checks = gate.checks or []
+        parts += [f"<h4>Gate evidence (champion: {_e(gate.champion_release or 'none')})</h4>",
+                  f'<p class="summary">{_e(summary_line(str(gate.decision), checks))}</p>',
                   _table([{**check_cells(c), "rule": rule_text(c)} for c in checks], CHECK_COLUMNS, css_class="checks"),
-                  _table([{"threshold": k, "value": v} for k, v in (gate.get("thresholds") or {}).items()],
+                  _table([{"threshold": k, "value": v} for k, v in (gate.thresholds or {}).items()],
                          ["threshold", "value"], css_class="thresholds"),
-                  _table(gate.get("datasets") or [], ["name", "n", "sha256", "path"], css_class="datasets", hashes=("sha256",)),
+                  _table(gate.datasets or [], ["name", "n", "sha256", "path"], css_class="datasets", hashes=("sha256",)),
                   charts.champion_check(champion_rows(checks), key=detail["release_id"],
                                         attrs={"data-release": detail["release_id"]}),
-                  "<h4>Cost (as the gate priced it)</h4>", _cost_table(gate.get("cost"))]
+                  "<h4>Cost (as the gate priced it)</h4>", _cost_table(gate.cost)]
     if detail["promotions"]:
         parts += ["<h4>Promotions</h4>", _table(detail["promotions"], ["at", "event", "trigger", "strategy", "endpoint",
                                                                        "component", "steps", "reason", "actor"],

@@ -7,13 +7,11 @@ the history reads (`tasks.ledger.views`, the CLI's `status`, the audit report): 
 
 from __future__ import annotations
 
-from typing import Any
-
 from tasks.errors import NotFound
 from tasks.ledger import events
-from tasks.ledger.stage_results import StageResult, stage_result
-
-RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result
+from tasks.ledger.records import RECORD_ONLY_KEYS, Failure, Opened, Options, recorded_or_empty, stage_payload
+from tasks.ledger.stage_results import (BuildResult, DeployResult, ImageResult, PackageResult, PromoteResult,
+                                        StageResult, TeardownResult, ValidateResult, stage_result)
 
 
 class ReleaseState:
@@ -70,7 +68,7 @@ class ReleaseState:
     @property
     def keep_candidate(self) -> bool | None:
         options = self._latest(events.RELEASE, (events.OPTIONS,))
-        return options.payload.get("keep_candidate") if options else None
+        return Options.of(options).keep_candidate if options else None
 
     def stage(self, name: str) -> dict:
         """`{"status": pending|started|failed|succeeded|torn_down, "result": …, "event": …}` of one stage."""
@@ -80,13 +78,15 @@ class ReleaseState:
         if record.event == events.STARTED:
             return {"status": "started"}
         if record.event == events.FAILED:
-            return {"status": "failed", "error": record.payload.get("error"), "error_type": record.payload.get("error_type")}
+            failure = Failure.of(record)
+            return {"status": "failed", "error": failure.error, "error_type": failure.error_type}
         entry = {"status": "succeeded", "event": record.event, "seq": record.seq,
                  "result": {k: v for k, v in record.payload.items() if k not in RECORD_ONLY_KEYS}}
         if name == events.DEPLOY_CANDIDATE and self._latest(events.PROMOTE, events.DONE) is None:
             teardown = self._latest(events.TEARDOWN, events.DONE)  # a release that has not finished redeploys on resume,
             asked = self._latest(events.APPROVAL) is not None  # unless it was torn down to wait for approval
-            if teardown is not None and teardown.seq > record.seq and teardown.payload.get("removed") and not asked:
+            removed = teardown is not None and stage_payload(teardown, TeardownResult).removed
+            if removed and teardown.seq > record.seq and not asked:
                 entry["status"] = "torn_down"
         return entry
 
@@ -104,28 +104,26 @@ def awaiting(records: list) -> dict | None:
 
 
 def release_summary(state: ReleaseState) -> dict:
-    """A small JSON-able view of a release: ids, artifact, gate decision, serving status."""
-    def get(stage_name: str, key: str, default: Any = None) -> Any:
-        return state.stage(stage_name).get("result", {}).get(key, default)
-
-    opened = state.opened or {}
+    """A small JSON-able view of a release: ids, artifact, gate decision, serving status (None for what it has not
+    reached)."""
+    build, package, image = (recorded_or_empty(state, model) for model in (BuildResult, PackageResult, ImageResult))
+    deploy, gate, promote = (recorded_or_empty(state, model) for model in (DeployResult, ValidateResult, PromoteResult))
     return {
         "release_id": state.release_id,
-        "model": (opened.get("config") or {}).get("name"),
+        "model": (Opened.model_validate(state.opened or {}).config or {}).get("name"),
         "status": state.status,
-        "artifact_sha256": get("package", "artifact_sha256"),
-        "file_type": (get("build", "info") or {}).get("file_type"),
-        "temperature": get("build", "temperature"),
-        "image_uri": get("image", "image_uri"),
-        "placement": get("deploy_candidate", "placement"),
-        "decision": get("validate", "decision"),
-        "not_passed": get("validate", "not_passed"),
-        "metrics": get("validate", "metrics"),
-        "report": get("validate", "report_html"),
-        "rollout": {"strategy": get("promote", "strategy"), "steps": len(get("promote", "steps") or []),
-                    "reason": get("promote", "reason")},
-        "served_by": get("promote", "endpoint"),
-        "component": get("promote", "component"),
+        "artifact_sha256": package.artifact_sha256,
+        "file_type": (build.info or {}).get("file_type"),
+        "temperature": build.temperature,
+        "image_uri": image.image_uri,
+        "placement": deploy.placement,
+        "decision": gate.decision,
+        "not_passed": gate.not_passed,
+        "metrics": gate.metrics,
+        "report": gate.report_html,
+        "rollout": {"strategy": promote.strategy, "steps": len(promote.steps or []), "reason": promote.reason},
+        "served_by": promote.endpoint,
+        "component": promote.component,
         "stages": {name: state.stage(name)["status"] for name in events.STAGES},
         "awaiting_approval": awaiting(state.records),
     }

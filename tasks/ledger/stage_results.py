@@ -138,6 +138,11 @@ class PromoteResult(StageResult):
     moved_to: dict[str, Any] | None = None  # a fleet move: the placement, copies and scale_to_zero it serves with since
     share: dict[str, Any] | None = None  # a fleet move (and a promotion of a moved release): its share of the endpoint's bill
 
+    @property
+    def moved_from_endpoint(self) -> str | None:
+        """A fleet move's: the endpoint it moved the release away from (None for any other promotion)."""
+        return (self.moved_from or {}).get("endpoint")
+
 
 class TeardownResult(StageResult):
     """The candidate removed (`removed`: whether anything was there), kept as asked, or skipped (none deployed)."""

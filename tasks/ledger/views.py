@@ -14,9 +14,13 @@ from typing import Any
 from tasks.errors import NotFound
 from tasks.ledger.events import (APPROVAL, AWAITING_APPROVAL, FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK,
                                  SUCCEEDED, TRAFFIC, VALIDATE)
-from tasks.ledger.events import BAKE, FLEET, MOVE, RETIRED, STEP, VERDICT
+from tasks.ledger.events import BAKE, STEP, VERDICT
 from tasks.console import flatten
-from tasks.ledger.store import moment_text
+from tasks.ledger.records import (Approval, Failure, OnlineGateEvidence, Opened, Retirement, StepRecord, is_fleet_move,
+                                  is_promotion, is_retirement, promotion, recorded, stage_payload)
+from tasks.ledger.stage_results import (BuildResult, ImageResult, PackageResult, PromoteResult, ResolveResult,
+                                        ValidateResult)
+from tasks.ledger.timestamps import moment_text
 from tasks.ledger.release_state import ReleaseState, release_summary
 
 
@@ -37,27 +41,32 @@ def _promotions(state: ReleaseState) -> list:
     return [r for r in state.records if r.stage == PROMOTE and r.event in (SUCCEEDED, ROLLED_BACK)]
 
 
+def gate_evidence(gate: ValidateResult) -> dict:
+    """A gate's evidence as a release's detail shows it: decision, metrics, thresholds, checks, datasets, champion,
+    the checks not passed, its cost and an inconclusive gate's choice."""
+    return {"decision": gate.decision, "metrics": gate.metrics, "thresholds": gate.thresholds, "checks": gate.checks,
+            "datasets": gate.datasets, "champion_release": gate.champion_release, "not_passed": gate.not_passed,
+            "cost": gate.cost, "inconclusive": gate.inconclusive}
+
+
 def release_detail(state: ReleaseState) -> dict:
     """One release in full: who opened it when, what it was built from, its gate evidence and every promotion."""
     summary = release_summary(state)
     opened = _first(state, RELEASE, OPENED)
-
-    def result(stage: str) -> dict:
-        return state.stage(stage).get("result") or {}
-
-    gate = result("validate")
+    opening = Opened.of(opened) if opened else Opened()
+    resolve, build = recorded(state, ResolveResult), recorded(state, BuildResult)
+    package, image, gate = recorded(state, PackageResult), recorded(state, ImageResult), recorded(state, ValidateResult)
     return {
         **summary,
         "opened_at": opened.recorded_at if opened else None,
         "opened_by": opened.actor if opened else None,
-        "config_hash": opened.payload.get("config_hash") if opened else None,
-        "config": opened.payload.get("config") if opened else None,
-        "source_sha256": result("resolve").get("source_sha256"),
-        "model_sha256": result("build").get("model_sha256"),
-        "artifact_uri": result("package").get("artifact_uri"),
-        "image_digest": result("image").get("image_digest"),
-        "gate": {key: gate.get(key) for key in ("decision", "metrics", "thresholds", "checks", "datasets",
-                                                "champion_release", "not_passed", "cost", "inconclusive")} if gate else None,
+        "config_hash": opening.config_hash,
+        "config": opening.config,
+        "source_sha256": resolve.source_sha256 if resolve else None,
+        "model_sha256": build.model_sha256 if build else None,
+        "artifact_uri": package.artifact_uri if package else None,
+        "image_digest": image.image_digest if image else None,
+        "gate": gate_evidence(gate) if gate else None,
         "promotions": [_promotion_row(r) for r in _promotions(state)],
         "approval": [_approval_row(r) for r in state.records if r.stage == APPROVAL],
         "records": len(state.records),
@@ -67,21 +76,22 @@ def release_detail(state: ReleaseState) -> dict:
 
 
 def _promotion_row(record) -> dict:
-    payload = record.payload
+    """One promote record: when, by whom, its trigger (`release` where it names none), where, why, how many steps."""
+    promoted = promotion(record)
     return {"seq": record.seq, "at": record.recorded_at, "actor": record.actor, "event": record.event,
-            "trigger": payload.get("trigger", "release"), "strategy": payload.get("strategy"),
-            "endpoint": payload.get("endpoint"), "component": payload.get("component"),
-            "reason": payload.get("rollback_reason") or payload.get("reason"),
-            "rollback_from": payload.get("rollback_from"), "steps": len(payload.get("steps") or [])}
+            "trigger": promoted.trigger or "release", "strategy": promoted.strategy,
+            "endpoint": promoted.endpoint, "component": promoted.component,
+            "reason": promoted.rollback_reason or promoted.reason,
+            "rollback_from": promoted.rollback_from, "steps": len(promoted.steps or [])}
 
 
 def _approval_row(record) -> dict:
     """One approval record: the request (who may decide, until when) or the decision (by whom, why)."""
-    payload = record.payload
+    approval = Approval.of(record)
     return {"seq": record.seq, "at": record.recorded_at, "event": record.event, "actor": record.actor,
-            "by": payload.get("by"), "reason": payload.get("reason"), "deadline": payload.get("deadline"),
-            "approvers": payload.get("approvers"), "report_sha256": payload.get("report_sha256") or
-            (payload.get("gate") or {}).get("report_sha256")}
+            "by": approval.by, "reason": approval.reason, "deadline": approval.deadline,
+            "approvers": approval.approvers, "report_sha256": approval.report_sha256 or
+            (approval.gate.report_sha256 if approval.gate else None)}
 
 
 def details(records: list) -> list[dict]:
@@ -205,14 +215,19 @@ def diff(ledger, release_a: str, release_b: str) -> dict:
             "config_fields_same": len(config_a.keys() | config_b.keys()) - len(config_changed)}
 
 
-STEP_FIELDS = ("phase", "batch", "check", "batches", "old_copies", "new_copies", "copies", "old_spec_sha256",
-               "new_spec_sha256", "alarm_states", "alarm")  # a RolloutStep's, as a traffic record carries them
-VERDICT_FIELDS = ("alarm_states", "online_gate", "alarm")  # what a bake's verdict adds to its step
+STEP_FIELDS = {"phase", "batch", "check", "batches", "old_copies", "new_copies", "copies", "old_spec_sha256",
+               "new_spec_sha256", "alarm_states", "alarm"}  # a RolloutStep's, as a traffic record carries them
+VERDICT_FIELDS = {"alarm_states", "online_gate", "alarm"}  # what a bake's verdict adds to its step
 
 
 def step_key(payload: dict) -> tuple:
     """What tells a traffic step (or its verdict) from the rollout's others: phase, batch, check."""
-    return payload.get("phase", "rollout"), payload.get("batch"), payload.get("check")
+    return StepRecord.model_validate(payload).key()
+
+
+def step_fields(step: StepRecord) -> dict:
+    """A traffic step's fields as the views show them (those its record lacks None), in `StepRecord`'s order."""
+    return step.model_dump(include=STEP_FIELDS)
 
 
 def rollout_steps(records: list) -> list[dict]:
@@ -221,13 +236,15 @@ def rollout_steps(records: list) -> list[dict]:
     once baked, the verdict's alarm states, online gate evidence and alarm, and when (`baked_at`)."""
     steps: dict[tuple, dict] = {}
     for record in records:
-        payload, key = record.payload, step_key(record.payload)
-        if (record.stage, record.event) == (TRAFFIC, STEP) and key not in steps:
-            steps[key] = {**{name: payload.get(name) for name in STEP_FIELDS}, "at": record.recorded_at,
-                          **({"live": payload["live"]} if "live" in payload else {})}
-        elif (record.stage, record.event) == (BAKE, VERDICT):
-            step = steps.setdefault(key, {name: payload.get(name) for name in STEP_FIELDS})
-            step.update({name: payload[name] for name in VERDICT_FIELDS if name in payload}, baked_at=record.recorded_at)
+        if (record.stage, record.event) not in ((TRAFFIC, STEP), (BAKE, VERDICT)):
+            continue
+        step = StepRecord.of(record)
+        if record.stage == TRAFFIC and step.key() not in steps:
+            steps[step.key()] = {**step_fields(step), "at": record.recorded_at,
+                                 **step.model_dump(include={"live"}, exclude_unset=True)}
+        elif record.stage == BAKE:
+            row = steps.setdefault(step.key(), step_fields(step))
+            row.update(step.model_dump(include=VERDICT_FIELDS, exclude_unset=True), baked_at=record.recorded_at)
     return list(steps.values())
 
 
@@ -235,7 +252,7 @@ def _whole(promoted) -> list[dict]:
     """The release a completed promotion put on production, on every copy."""
     if promoted is None:
         return []
-    return [{"release_id": promoted.release_id, "copies": promoted.payload.get("copies"), "share": 1.0,
+    return [{"release_id": promoted.release_id, "copies": promotion(promoted).copies, "share": 1.0,
              "since": promoted.recorded_at}]
 
 
@@ -267,17 +284,17 @@ def serving_changes(records: list) -> list[dict]:
     records are appended as the steps happen, so their times are when copies moved."""
     promoted, rollout, changes = None, None, []
     for record in records:
-        if record.stage == PROMOTE and record.event == SUCCEEDED:
+        if is_promotion(record):
             promoted, rollout = record, None
         elif record.stage == PROMOTE and record.event == ROLLED_BACK and rollout and rollout["release_id"] == record.release_id:
             rollout = None
         elif (record.stage, record.event) == (TRAFFIC, STEP):
-            payload = record.payload
+            step = StepRecord.of(record)
             same = rollout is not None and rollout["release_id"] == record.release_id
-            rollout = {"release_id": record.release_id, "strategy": payload.get("strategy"),
-                       "from_release": payload.get("from_release") or (promoted.release_id if promoted else None),
+            rollout = {"release_id": record.release_id, "strategy": step.strategy,
+                       "from_release": step.from_release or (promoted.release_id if promoted else None),
                        "since": rollout["since"] if same else record.recorded_at, "at": record.recorded_at,
-                       "seq": record.seq, "step": {name: payload.get(name) for name in STEP_FIELDS}}
+                       "seq": record.seq, "step": step_fields(step)}
         else:
             continue
         changes.append({"seq": record.seq, "at": record.recorded_at, "serving": _serving(promoted, rollout),
@@ -310,28 +327,28 @@ def as_of(ledger, model: str, when: datetime | str) -> dict:
     }
 
 
-def _step_text(payload: dict) -> str:
-    if payload.get("batch") is not None:
-        source = f" ({payload['from_release']})" if payload.get("from_release") else ""
-        where = (f"batch {payload['batch']}/{payload.get('batches')}: {payload.get('old_copies')} old{source}, "
-                 f"{payload.get('new_copies')} new")
+def _step_text(step: StepRecord) -> str:
+    """A traffic step in a line: which batch (copies of each release) or check (copies in all), the alarm that fired."""
+    if step.batch is not None:
+        source = f" ({step.from_release})" if step.from_release else ""
+        where = f"batch {step.batch}/{step.batches}: {step.old_copies} old{source}, {step.new_copies} new"
     else:
-        where = f"check {payload.get('check')}: {payload.get('copies')} copies"
-    alarm = f"; alarm {payload['alarm']}" if payload.get("alarm") else ""
-    return f"{payload.get('phase', 'rollout')} {where}{alarm}"
+        where = f"check {step.check}: {step.copies} copies"
+    alarm = f"; alarm {step.alarm}" if step.alarm else ""
+    return f"{step.phase or 'rollout'} {where}{alarm}"
 
 
-def _verdict_text(payload: dict) -> str:
+def _verdict_text(step: StepRecord) -> str:
     """A bake's verdict in a line: which step, each alarm's state, the online gate's decision, the alarm that fired."""
-    where = f"batch {payload['batch']}/{payload.get('batches')}" if payload.get("batch") is not None else f"check {payload.get('check')}"
-    states = ", ".join(f"{name} {state}" for name, state in sorted((payload.get("alarm_states") or {}).items()))
-    gate = payload.get("online_gate") or {}
-    short = gate.get("min_samples") is not None and (gate.get("candidate_answers") or 0) < gate["min_samples"]
-    answers = f" ({gate.get('candidate_answers') or 0} of {gate['min_samples']} answers)" if short else ""
+    where = f"batch {step.batch}/{step.batches}" if step.batch is not None else f"check {step.check}"
+    states = ", ".join(f"{name} {state}" for name, state in sorted((step.alarm_states or {}).items()))
+    gate = OnlineGateEvidence.model_validate(step.online_gate) if step.online_gate else None
+    short = gate is not None and gate.min_samples is not None and (gate.candidate_answers or 0) < gate.min_samples
+    answers = f" ({gate.candidate_answers or 0} of {gate.min_samples} answers)" if short else ""
     parts = [states or "the new copies had no answers to judge",
-             *([f"online gate {gate.get('decision') or 'inconclusive'}{answers}"] if gate else []),
-             *([f"alarm {payload['alarm']}"] if payload.get("alarm") else [])]
-    return f"{payload.get('phase', 'rollout')} {where} baked: {'; '.join(parts)}"
+             *([f"online gate {gate.decision or 'inconclusive'}{answers}"] if gate else []),
+             *([f"alarm {step.alarm}"] if step.alarm else [])]
+    return f"{step.phase or 'rollout'} {where} baked: {'; '.join(parts)}"
 
 
 def moves_not_retired(records: list) -> dict[str, Any]:
@@ -339,12 +356,12 @@ def moves_not_retired(records: list) -> dict[str, Any]:
     (records oldest first): a layout left, returned to and left again is retired again."""
     pending: dict[str, Any] = {}
     for record in records:
-        if (record.stage, record.event) == (PROMOTE, SUCCEEDED) and record.payload.get("trigger") == MOVE:
-            left = (record.payload.get("moved_from") or {}).get("endpoint")
+        if is_fleet_move(record):
+            left = promotion(record).moved_from_endpoint
             if left is not None:
                 pending[left] = record
-        elif (record.stage, record.event) == (FLEET, RETIRED):
-            pending.pop(record.payload.get("endpoint"), None)
+        elif is_retirement(record):
+            pending.pop(Retirement.of(record).endpoint, None)
     return pending
 
 
@@ -353,45 +370,53 @@ def left_by_fleet(records: list, endpoint: str) -> Any:
     promotion onto it came later (a layout returned to); None while models may join it."""
     found = None
     for record in records:
-        payload = record.payload
-        if (record.stage, record.event) == (FLEET, RETIRED) and payload.get("endpoint") == endpoint:
+        if is_retirement(record) and Retirement.of(record).endpoint == endpoint:
             found = record
-        elif (record.stage, record.event) == (PROMOTE, SUCCEEDED):
-            if payload.get("trigger") == MOVE and (payload.get("moved_from") or {}).get("endpoint") == endpoint:
+        elif is_promotion(record):
+            promoted = promotion(record)
+            if is_fleet_move(record) and promoted.moved_from_endpoint == endpoint:
                 found = record
-            elif payload.get("endpoint") == endpoint:
+            elif promoted.endpoint == endpoint:
                 found = None
     return found
 
 
+def _promotion_event(record, promoted: PromoteResult) -> tuple[str, str]:
+    """(kind, detail) of a promote record in a model's timeline: a fleet move, a rollback, a promotion, an alarm's
+    rollback of the rollout."""
+    if record.event == ROLLED_BACK:
+        return "rolled_back", f"{promoted.strategy} rolled back: {promoted.reason}"
+    if is_fleet_move(record):
+        return "moved", (f"{record.release_id} from {promoted.moved_from_endpoint} to {promoted.endpoint}/"
+                         f"{promoted.component} (layout change): {promoted.reason}")
+    if promoted.trigger == "rollback":
+        return "rollback", f"from {promoted.rollback_from} to {record.release_id}: {promoted.rollback_reason}"
+    return "promoted", f"{promoted.strategy} to {promoted.endpoint}/{promoted.component}"
+
+
 def _timeline_event(record) -> tuple[str, str] | None:
     """(kind, detail) of a record worth a line in a model's timeline, else None."""
-    payload, stage, event = record.payload, record.stage, record.event
+    stage, event = record.stage, record.event
     if (stage, event) == (RELEASE, OPENED):
-        return "opened", f"config {payload.get('config_hash', '')[:12]}"
+        return "opened", f"config {(Opened.of(record).config_hash or '')[:12]}"
     if stage == RELEASE and event in FINAL:
         return "finished", event
     if stage == VALIDATE and event == SUCCEEDED:
-        missed = payload.get("not_passed") or []
-        return "gate", f"{payload.get('decision')}" + (f": {'; '.join(missed)}" if missed else "")
+        gate = stage_payload(record, ValidateResult)
+        missed = gate.not_passed or []
+        return "gate", f"{gate.decision}" + (f": {'; '.join(missed)}" if missed else "")
     if (stage, event) == (TRAFFIC, STEP):
-        return "traffic", _step_text(payload)
+        return "traffic", _step_text(StepRecord.of(record))
     if (stage, event) == (BAKE, VERDICT):
-        return ("alarm" if payload.get("alarm") else "bake"), _verdict_text(payload)
-    if stage == PROMOTE and event == SUCCEEDED and payload.get("trigger") == MOVE:
-        moved_from = payload.get("moved_from") or {}
-        return "moved", (f"{record.release_id} from {moved_from.get('endpoint')} to {payload.get('endpoint')}/"
-                         f"{payload.get('component')} (layout change): {payload.get('reason')}")
-    if (stage, event) == (FLEET, RETIRED):
-        return "retired", f"{payload.get('endpoint')} deleted, replaced by {payload.get('replaced_by')}"
-    if stage == PROMOTE and event == SUCCEEDED and payload.get("trigger") == "rollback":
-        return "rollback", f"from {payload.get('rollback_from')} to {record.release_id}: {payload.get('rollback_reason')}"
-    if stage == PROMOTE and event == SUCCEEDED:
-        return "promoted", f"{payload.get('strategy')} to {payload.get('endpoint')}/{payload.get('component')}"
-    if stage == PROMOTE and event == ROLLED_BACK:
-        return "rolled_back", f"{payload.get('strategy')} rolled back: {payload.get('reason')}"
+        step = StepRecord.of(record)
+        return ("alarm" if step.alarm else "bake"), _verdict_text(step)
+    if is_retirement(record):
+        retired = Retirement.of(record)
+        return "retired", f"{retired.endpoint} deleted, replaced by {retired.replaced_by}"
+    if stage == PROMOTE and event in (SUCCEEDED, ROLLED_BACK):
+        return _promotion_event(record, promotion(record))
     if event == FAILED:
-        return "failed", f"{stage}: {payload.get('error')}"
+        return "failed", f"{stage}: {Failure.of(record).error}"
     return None
 
 
@@ -424,13 +449,13 @@ STATUS_METRICS = ("accuracy", "macro_f1", "ece", "p95_ms")  # a gate's headline 
 IN_PROGRESS = ("created", "running", AWAITING_APPROVAL)  # a release opened and not finished (running, or stopped before it recorded an end)
 
 
-def cost_per_hour(detail: dict, promotion: dict | None = None) -> float | None:
+def cost_per_hour(detail: dict, promoted: PromoteResult | None = None) -> float | None:
     """What serving this release costs per hour in USD, as its gate recorded it (`tasks.backends.pricing`, priced when
-    the release was validated), or as the fleet move that put it on its endpoint did (`promotion`, the payload of
-    the promotion it serves by): on a shared endpoint, the model's share of the endpoint's bill; None where the price
+    the release was validated), or as the fleet move that put it on its endpoint did (`promoted`, the result of the
+    promotion it serves by): on a shared endpoint, the model's share of the endpoint's bill; None where the price
     table had no figure, or for a release older than cost records."""
-    if promotion is not None and promotion.get("share") is not None:
-        return promotion["share"].get("usd_per_hour")
+    if promoted is not None and promoted.share is not None:
+        return promoted.share.get("usd_per_hour")
     cost = (detail.get("gate") or {}).get("cost") or {}
     return (cost.get("share") or cost.get("production") or {}).get("usd_per_hour")
 
@@ -452,11 +477,11 @@ def serving_status(ledger, model: str | None = None, *, now: datetime | None = N
             detail = next((d for d in found if d["release_id"] == record.release_id), None) or show(ledger, record.release_id)
             gate = detail["gate"] or {}
             metrics = gate.get("metrics") or {}
-            promotion = _promotion_row(record)
-            serving = {"release_id": record.release_id, "since": record.recorded_at, "trigger": promotion["trigger"],
-                       "endpoint": promotion["endpoint"], "component": promotion["component"],
+            row = _promotion_row(record)
+            serving = {"release_id": record.release_id, "since": record.recorded_at, "trigger": row["trigger"],
+                       "endpoint": row["endpoint"], "component": row["component"],
                        "decision": gate.get("decision"), "metrics": {key: metrics.get(key) for key in STATUS_METRICS},
-                       "cost_per_hour": cost_per_hour(detail, record.payload)}
+                       "cost_per_hour": cost_per_hour(detail, promotion(record))}
         last = found[-1]
         rows.append({"model": name, "serving": serving,
                      "last_release": {"release_id": last["release_id"], "status": last["status"],

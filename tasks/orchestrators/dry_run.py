@@ -34,6 +34,8 @@ from tasks.families.base import AdoptedImageConfig, BuiltModel
 from tasks.hashing import sha256_file
 from tasks.ledger import events
 from tasks.ledger.checkpoints import CheckpointLog, checkpoint
+from tasks.ledger.records import stage_payload
+from tasks.ledger.stage_results import DeployResult
 from tasks.ledger.store import Ledger
 from tasks.pipeline.release import finish, open_loaded, release_id_for, run_stage
 from tasks.pipeline.stages.common import compute, production_component, production_endpoint
@@ -232,7 +234,8 @@ def _mark_computed(plan: Plan, family: StandInFamily, ledger: Ledger) -> None:
         plan.stand_in(record.record_hash, f"sha256 of the {record.stage} {record.event} ledger record")
         plan.stand_in(record.recorded_at, "when the ledger recorded it")
         if (record.stage, record.event) == (events.DEPLOY_CANDIDATE, events.SUCCEEDED):
-            plan.stand_in(record.payload["endpoint"], "a name derived from the artifact sha256 and the image digest")
+            plan.stand_in(stage_payload(record, DeployResult).endpoint,
+                          "a name derived from the artifact sha256 and the image digest")
     put = next((r for r in plan.requests if (r.stage, r.operation) == ("release", "PutObject")), None)
     if put is not None:  # the checkpoint the release's end signed into the Object Lock bucket
         signed, ends = json.loads(put.params["Body"]), "known when the release ends"
@@ -261,7 +264,7 @@ def _champion(config, backends, plan: Plan, account: FreshAccount, ledger: Ledge
     """Production serving a champion an earlier release promoted: its model (tagged with that release), the endpoint
     config this release would create, the endpoint and the component, InService; in the ledger, that release opened
     and promoted; and, where the config keeps checkpoints, the checkpoint that release ended with."""
-    from tasks.backends.aws.hosting import VARIANT, tags
+    from tasks.backends.aws.hosting_requests import VARIANT, tags
 
     hosting, store, endpoint, component = backends.hosting, backends.store, production_endpoint(config), production_component(config)
     stand_in = lambda what: plan.stand_in(placeholder_hex(what, release_id), what)  # noqa: E731

@@ -15,30 +15,41 @@ decision. A config that requires an approval (`promotion.approval`) waits betwee
 without reporting, so the state waits until `shiplift approve` / `shiplift reject` sends the decision with that token
 (TimeoutSeconds from `approval.timeout_s`; a timeout records `timed_out` in `ApprovalTimedOut`, and Promote then skips).
 docs/step-functions.md explains the choices.
+
+The parts: `step_functions_runner` (the runner settings), `step_functions_tasks` (names, argv and result places of the
+Task states, and the result publish), `step_functions_deploy` (the definition's JSON, deploy, the task definition
+check) and `step_functions_policies` (IAM); this module renders the ASL and keeps every public name importable here.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing import Any
 
 from tasks.config import ReleaseConfig
-from tasks.errors import BadInput, ConfigError, Conflict, NotFound
-from tasks.hashing import canonical_json
-from tasks.orchestrators.task_token import CLIENT_TIMEOUTS, HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV, retryable_error_names
+from tasks.errors import BadInput, ConfigError, Conflict
+from tasks.orchestrators.step_functions_deploy import definition_json, deploy_state_machine, verify_task_definition
+from tasks.orchestrators.step_functions_policies import approver_policy, state_machine_role_policy
+from tasks.orchestrators.step_functions_runner import RunnerSettings, load_runner_settings
+from tasks.orchestrators.step_functions_tasks import (approval_timed_out_command, approval_token_prefix,
+                                                      await_approval_command, begin_command, end_command,
+                                                      publish_stage_result, result_uri, stage_command, state_machine_name)
+from tasks.orchestrators.task_token import (HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV,
+                                           retryable_error_names)
 from tasks.ledger.events import STAGES
 from tasks.pipeline.release import release_id_for
-from tasks.pipeline.table import (APPROVAL, APPROVAL_DECISION, APPROVAL_REQUEST, BACKOFF, READ_GATE, STEPS, check_timeouts,
-                                  timeout_for, timeouts_for)
+from tasks.pipeline.table import (APPROVAL, APPROVAL_DECISION, APPROVAL_REQUEST, BACKOFF, READ_GATE,
+                                  STAGES_THROUGH_GATE, STEPS, check_timeouts, timeout_for, timeouts_for)
 
-MAX_STATE_MACHINE_NAME = 80
-MANAGED_TAGS = ("shiplift:model", "shiplift:managed")
+__all__ = [  # importers name these from tasks.orchestrators.step_functions
+    "APPROVAL_STATE", "APPROVAL_TIMED_OUT_STATE", "ECS_INFRA_ERRORS", "ECS_RUN_TASK", "FAILED_STATE", "STATE_NAMES",
+    "TEARDOWN_STATES", "RunnerSettings", "approval_token_prefix", "approver_policy", "definition_json",
+    "deploy_state_machine", "load_runner_settings", "publish_stage_result", "render_state_machine", "stage_command",
+    "state_machine_name", "state_machine_role_policy", "verify_task_definition",
+]
+
 ECS_RUN_TASK = "arn:aws:states:::ecs:runTask.waitForTaskToken"
 S3_GET_OBJECT = "arn:aws:states:::aws-sdk:s3:getObject"
-ROLE_ARN_PATTERN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+")
 
 # Errors that mean the container never ran (no capacity, throttled or failed RunTask): always
 # safe to retry. `AmazonECS.Unknown` is what RunTask raises when the response carries `Failures`
@@ -49,150 +60,6 @@ TEARDOWN_STATES = ("TeardownCandidate", "TeardownAfterFailure")
 FAILED_STATE, BEGIN_FAILED_STATE, END_NOT_RECORDED_STATE = "ReleaseFailed", "BeginFailed", "EndNotRecorded"
 APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE = "AwaitApproval", "ApprovalTimedOut"
 APPROVAL_RESULT_PATH = "$.approval"  # what `shiplift approve` / `reject` sends with the token: decision, by, seq
-
-
-class RunnerSettings(BaseModel):
-    """Where and how the Task states run the pipeline image (ECS RunTask `.sync`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    cluster: str = Field(min_length=1, description="ECS cluster name or ARN")
-    task_definition: str = Field(
-        pattern=r"^(arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task-definition/)?[A-Za-z0-9_-]{1,255}:\d+$",
-        description="family:revision (a revision is immutable, so it pins the image)",
-    )
-    container_name: str = Field("pipeline", min_length=1, description="the container in the task definition that runs shiplift")
-    pipeline_image: str = Field(pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$", description="the pipeline image, pinned by digest")
-    launch_type: Literal["FARGATE", "EC2"] = "FARGATE"
-    platform_version: str | None = Field(None, description="Fargate platform version; None = AWS's LATEST")
-    subnets: list[str] = Field(default_factory=list, max_length=16)
-    security_groups: list[str] = Field(default_factory=list, max_length=5)
-    assign_public_ip: bool = False
-    state_dir: str = Field("/tmp/shiplift", description="each task's own scratch space and caches (nothing is shared)")
-    result_bucket: str | None = Field(None, description="bucket for stage results; None = the aws backend's bucket")
-    result_prefix: str = Field("shiplift/stepfunctions", pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$")
-    startup_allowance_s: int = Field(900, ge=0, le=3600, description="how long an ECS task may take to start (image pull); "
-                                     "added once to every task's timeout from the stage table, and to its heartbeat")
-    post_promote_wait_s: int = Field(60, ge=0, le=3600, description="bake after an all_at_once/blue_green promotion")
-
-    @field_validator("subnets")
-    @classmethod
-    def _subnet_ids(cls, subnets: list[str]) -> list[str]:
-        bad = [s for s in subnets if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", s)]
-        if bad:
-            raise ValueError(f"not subnet ids: {bad}; write subnet-0123456789abcdef0")
-        return subnets
-
-    @field_validator("security_groups")
-    @classmethod
-    def _security_group_ids(cls, groups: list[str]) -> list[str]:
-        bad = [g for g in groups if not re.fullmatch(r"sg-[0-9a-f]{8,17}", g)]
-        if bad:
-            raise ValueError(f"not security group ids: {bad}; write sg-0123456789abcdef0")
-        return groups
-
-    @field_validator("state_dir")
-    @classmethod
-    def _absolute_state_dir(cls, state_dir: str) -> str:
-        if not state_dir.startswith("/") or ".." in state_dir.split("/"):
-            raise ValueError(f"state_dir must be an absolute path without '..', got {state_dir!r}")
-        return state_dir
-
-    @model_validator(mode="after")
-    def _launch_type_fits(self) -> "RunnerSettings":
-        if self.launch_type == "FARGATE" and not self.subnets:
-            raise ValueError("FARGATE tasks use awsvpc networking: give at least one subnet in subnets")
-        if self.launch_type == "EC2" and (self.platform_version is not None or self.assign_public_ip):
-            raise ValueError("platform_version and assign_public_ip apply to FARGATE only; remove them for launch_type EC2")
-        return self
-
-
-def load_runner_settings(path: str) -> RunnerSettings:
-    """Read RunnerSettings from a YAML file; ConfigError names the file and the bad fields."""
-    from pathlib import Path
-
-    from pydantic import ValidationError
-
-    from tasks.yamlfile import read_yaml_file
-
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"runner settings file {file} does not exist", fix="write one as shown in docs/step-functions.md")
-    tree = read_yaml_file(file, "runner settings file")
-    try:
-        return RunnerSettings.model_validate(tree)
-    except ValidationError as exc:
-        lines = [f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError(f"{file}: invalid runner settings\n" + "\n".join(lines), fix="correct the fields listed above") from exc
-
-
-def state_machine_name(config: ReleaseConfig) -> str:
-    """`<resource_prefix>-<model>-release`: one state machine per model, at most 80 characters."""
-    name = f"{config.resource_prefix}-{config.name}-release"
-    if len(name) > MAX_STATE_MACHINE_NAME:
-        raise ConfigError(
-            f"state machine name {name!r} is {len(name)} characters, Step Functions allows {MAX_STATE_MACHINE_NAME}",
-            fix="shorten resource_prefix or name",
-        )
-    return name
-
-
-def results_bucket(config: ReleaseConfig, runner: RunnerSettings) -> str:
-    """The bucket stage results go to: the runner's result_bucket, else the aws backend's bucket."""
-    bucket = runner.result_bucket or getattr(config.backend, "bucket", None)
-    if not bucket:
-        raise ConfigError(
-            f"no bucket for stage results: backend.kind is {config.backend.kind!r} and runner result_bucket is unset",
-            fix="set result_bucket in the runner settings",
-        )
-    return bucket
-
-
-def result_uri(config: ReleaseConfig, runner: RunnerSettings, release_id: str, stage: str) -> tuple[str, str]:
-    """(bucket, key) where a stage task publishes its result for the state machine to read."""
-    return results_bucket(config, runner), f"{runner.result_prefix}/{release_id}/{stage}.json"
-
-
-def begin_command(config_path: str, holder: str, allowed_timeouts: dict[str, int], *, waits_for_approval: bool = False) -> list[str]:
-    """argv of the first step: check the config's deadlines against the rendered timeouts, open the release and take
-    the model's lease (release.begin_orchestrated; `--waits-for-approval` when the definition has AwaitApproval, so a
-    config requiring an approval is accepted)."""
-    allowed = ",".join(f"{name}={seconds}" for name, seconds in allowed_timeouts.items())
-    argv = ["shiplift", "orchestrate", "begin", config_path, "--holder", holder, "--allowed-timeouts", allowed]
-    return argv + ["--waits-for-approval"] if waits_for_approval else argv
-
-
-def approval_token_prefix(config: ReleaseConfig, runner: RunnerSettings, release_id: str) -> str:
-    """s3://BUCKET/PREFIX/RELEASE_ID/approval: where the AwaitApproval task keeps its task token for the approver (the
-    ledger records only the token's sha256 and this place: a token is a secret the ledger refuses)."""
-    return f"s3://{results_bucket(config, runner)}/{runner.result_prefix}/{release_id}/approval"
-
-
-def await_approval_command(release_id: str, ledger_url: str, holder: str, token_prefix: str) -> list[str]:
-    """argv of AwaitApproval: record the request with its token's reference and exit without reporting
-    (task_token.await_approval)."""
-    return ["shiplift", "orchestrate", "await-approval", "--release", release_id, "--ledger-url", ledger_url,
-            "--holder", holder, "--token-prefix", token_prefix]
-
-
-def approval_timed_out_command(release_id: str, ledger_url: str, holder: str) -> list[str]:
-    """argv of ApprovalTimedOut: record that the wait timed out (unless decided) and take the lease back for Promote
-    (task_token.approval_timed_out)."""
-    return ["shiplift", "orchestrate", "approval-timed-out", "--release", release_id, "--ledger-url", ledger_url,
-            "--holder", holder]
-
-
-def stage_command(stage: str, release_id: str, ledger_url: str, holder: str, publish_uri: str | None = None) -> list[str]:
-    """argv of one stage task (release.run_orchestrated_stage, renewing `holder`'s lease), optionally publishing its
-    result."""
-    argv = ["shiplift", "stage", stage, "--release", release_id, "--ledger-url", ledger_url, "--holder", holder]
-    return argv + ["--result-uri", publish_uri] if publish_uri else argv
-
-
-def end_command(release_id: str, ledger_url: str, holder: str, *, failed: bool) -> list[str]:
-    """argv of the last step: record the final status and give the lease back (release.end_orchestrated)."""
-    argv = ["shiplift", "orchestrate", "end", "--release", release_id, "--ledger-url", ledger_url, "--holder", holder]
-    return argv + ["--failed"] if failed else argv
 
 
 def _intrinsic_literal(text: str) -> str:
@@ -342,7 +209,8 @@ class _Renderer:
                                    timeout_s=self.stage_timeout("begin"),
                                    next_state=STATE_NAMES[STAGES[0]], catch=_catch(BEGIN_FAILED_STATE)),
         }
-        for stage, following in zip(STAGES[:6], (*(STATE_NAMES[s] for s in STAGES[1:6]), "ReadGateDecision")):
+        following_states = (*(STATE_NAMES[s] for s in STAGES_THROUGH_GATE[1:]), "ReadGateDecision")
+        for stage, following in zip(STAGES_THROUGH_GATE, following_states):
             publish = f"s3://{bucket}/{key}" if stage == "validate" else None
             states[STATE_NAMES[stage]] = self.ecs_task(
                 stage, stage_command(stage, rid, url, self.HOLDER, publish), timeout_s=self.stage_timeout(stage),
@@ -455,179 +323,3 @@ def render_state_machine(config: ReleaseConfig, *, release_id: str | None = None
     state_machine_name(config)
     check_timeouts(config)
     return _Renderer(config, runner, expected, config_path).render()
-
-
-def definition_json(definition: dict) -> str:
-    """The definition as the JSON text sent to Step Functions (stable key order, indented)."""
-    return json.dumps(definition, indent=2, ensure_ascii=False)
-
-
-def _stepfunctions_client(config: ReleaseConfig):
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import NoRegionError
-
-    region = getattr(config.backend, "region", None)
-    try:
-        return boto3.client("stepfunctions", region_name=region, config=Config(**CLIENT_TIMEOUTS))
-    except NoRegionError as exc:
-        raise ConfigError("no AWS region for Step Functions", fix="use an aws backend config or set AWS_DEFAULT_REGION") from exc
-
-
-def _find_state_machine(client, name: str) -> str | None:
-    for page in client.get_paginator("list_state_machines").paginate():
-        for machine in page["stateMachines"]:
-            if machine["name"] == name:
-                return machine["stateMachineArn"]
-    return None
-
-
-def _partition(region: str) -> str:
-    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
-
-
-def state_machine_role_policy(config: ReleaseConfig, runner: RunnerSettings, *, account_id: str, region: str) -> dict:
-    """Least-privilege IAM policy for the state machine's role: run and track the pipeline tasks,
-    the `.sync` EventBridge rule, pass only prefix-named task roles, read the stage results."""
-    if not re.fullmatch(r"\d{12}", account_id):
-        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id", fix="pass the account that runs the state machine")
-    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
-        raise BadInput(f"region {region!r} is not an AWS region name", fix="pass e.g. us-east-1")
-    arn = f"arn:{_partition(region)}"
-    cluster_name = runner.cluster.rsplit("/", 1)[-1]
-    cluster_arn = runner.cluster if runner.cluster.startswith("arn:") else f"{arn}:ecs:{region}:{account_id}:cluster/{cluster_name}"
-    task_definition_arn = (runner.task_definition if runner.task_definition.startswith("arn:")
-                           else f"{arn}:ecs:{region}:{account_id}:task-definition/{runner.task_definition}")
-    bucket = results_bucket(config, runner)
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "RunPipelineTasks", "Effect": "Allow", "Action": "ecs:RunTask", "Resource": task_definition_arn,
-             "Condition": {"ArnEquals": {"ecs:cluster": cluster_arn}}},
-            {"Sid": "TrackPipelineTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
-             "Resource": f"{arn}:ecs:{region}:{account_id}:task/{cluster_name}/*"},
-            {"Sid": "EcsSyncRule", "Effect": "Allow", "Action": ["events:PutTargets", "events:PutRule", "events:DescribeRule"],
-             "Resource": f"{arn}:events:{region}:{account_id}:rule/StepFunctionsGetEventsForECSTaskRule"},
-            {"Sid": "PassPipelineRoles", "Effect": "Allow", "Action": "iam:PassRole",
-             "Resource": f"{arn}:iam::{account_id}:role/{config.resource_prefix}-*",
-             "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
-            {"Sid": "ReadStageResults", "Effect": "Allow", "Action": "s3:GetObject",
-             "Resource": f"{arn}:s3:::{bucket}/{runner.result_prefix}/{config.name}-*/*"},
-        ],
-    }
-
-
-def approver_policy(config: ReleaseConfig, runner: RunnerSettings, *, account_id: str, region: str) -> dict:
-    """Least-privilege IAM policy for whoever runs `shiplift approve` / `reject` on a release waiting in AwaitApproval:
-    read the task token its task kept under the result prefix (this model's releases only) and send the decision with
-    it (SendTaskSuccess, for both decisions). SendTaskSuccess has no resource type in the Service Authorization
-    Reference, so it is granted on `*`: the token names the execution, and only the token the release's own ledger
-    record names is sent.
-    (A bucket whose default encryption is SSE-KMS also needs kms:Decrypt on its key.)"""
-    if not re.fullmatch(r"\d{12}", account_id):
-        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id", fix="pass the account that runs the state machine")
-    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
-        raise BadInput(f"region {region!r} is not an AWS region name", fix="pass e.g. us-east-1")
-    bucket = results_bucket(config, runner)
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "ReadApprovalTaskTokens", "Effect": "Allow", "Action": "s3:GetObject",
-             "Resource": f"arn:{_partition(region)}:s3:::{bucket}/{runner.result_prefix}/{config.name}-*/approval/*"},
-            {"Sid": "SendTheDecision", "Effect": "Allow", "Action": "states:SendTaskSuccess", "Resource": "*"},
-        ],
-    }
-
-
-def deploy_state_machine(config: ReleaseConfig, definition: dict, *, role_arn: str, client=None) -> dict:
-    """Create the model's state machine, or update it in place when its definition or role differ.
-
-    Idempotent: when definition, role and tags already match, no call that changes anything is
-    made. A same-named state machine that shiplift does not manage is never touched.
-    """
-    from botocore.exceptions import ClientError
-
-    if not ROLE_ARN_PATTERN.match(role_arn):
-        raise BadInput(f"role_arn {role_arn!r} is not an IAM role ARN", fix="pass arn:aws:iam::ACCOUNT:role/NAME")
-    name = state_machine_name(config)
-    tags = {MANAGED_TAGS[0]: config.name, MANAGED_TAGS[1]: "true"}
-    client = client or _stepfunctions_client(config)
-    text = definition_json(definition)
-    try:
-        arn = _find_state_machine(client, name)
-        if arn is None:
-            created = client.create_state_machine(
-                name=name, definition=text, roleArn=role_arn, type="STANDARD",
-                tags=[{"key": k, "value": v} for k, v in tags.items()],
-            )
-            return {"arn": created["stateMachineArn"], "name": name, "status": "created"}
-        live_tags = {t["key"]: t["value"] for t in client.list_tags_for_resource(resourceArn=arn)["tags"]}
-        if live_tags.get(MANAGED_TAGS[1]) != "true" or live_tags.get(MANAGED_TAGS[0]) not in (None, config.name):
-            raise Conflict(
-                f"state machine {name} exists but is not managed by shiplift for {config.name} (tags {live_tags})",
-                fix="delete or rename it, or change resource_prefix",
-            )
-        described = client.describe_state_machine(stateMachineArn=arn)
-        if described.get("type", "STANDARD") != "STANDARD":
-            raise Conflict(f"state machine {name} is {described['type']}; .sync tasks need STANDARD", fix="delete it and deploy again")
-        status = "unchanged"
-        if canonical_json(json.loads(described["definition"])) != canonical_json(definition) or described["roleArn"] != role_arn:
-            client.update_state_machine(stateMachineArn=arn, definition=text, roleArn=role_arn)
-            status = "updated"
-        if any(live_tags.get(k) != v for k, v in tags.items()):
-            client.tag_resource(resourceArn=arn, tags=[{"key": k, "value": v} for k, v in tags.items()])
-            status = "updated"
-        return {"arn": arn, "name": name, "status": status}
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        message = exc.response.get("Error", {}).get("Message", str(exc))
-        if code in ("InvalidDefinition", "InvalidArn", "InvalidName", "ValidationException"):
-            raise BadInput(f"Step Functions refused state machine {name}: {code}: {message}", fix="fix the definition or arguments") from exc
-        raise
-
-
-def publish_stage_result(uri: str, *, release_id: str, stage: str, result: dict, client=None) -> dict:
-    """Write a stage's result to S3 as `{release_id, stage, result}` so the state machine can read it.
-
-    What `shiplift stage NAME --result-uri s3://…` calls after the stage succeeds: an ECS task
-    has no output of its own, and the Choice on the gate decision needs the validate result.
-    """
-    match = re.fullmatch(r"s3://([^/]+)/(.+)", uri)
-    if not match:
-        raise BadInput(f"result uri {uri!r} is not s3://BUCKET/KEY", fix="pass --result-uri s3://BUCKET/KEY")
-    if stage not in STAGES:
-        raise BadInput(f"unknown stage {stage!r}", fix=f"use one of {', '.join(STAGES)}")
-    body = canonical_json({"release_id": release_id, "stage": stage, "result": result})
-    if client is None:
-        import boto3
-        from botocore.config import Config
-
-        client = boto3.client("s3", config=Config(**CLIENT_TIMEOUTS))
-    client.put_object(Bucket=match[1], Key=match[2], Body=body, ContentType="application/json", ChecksumAlgorithm="SHA256")
-    return {"uri": uri, "bytes": len(body)}
-
-
-def verify_task_definition(runner: RunnerSettings, *, client=None, region: str | None = None) -> dict:
-    """Check that the runner's task definition runs the pinned pipeline image in the named container."""
-    if client is None:
-        import boto3
-        from botocore.config import Config
-
-        client = boto3.client("ecs", region_name=region, config=Config(**CLIENT_TIMEOUTS))
-    task = client.describe_task_definition(taskDefinition=runner.task_definition)["taskDefinition"]
-    containers = {c["name"]: c for c in task.get("containerDefinitions", [])}
-    if runner.container_name not in containers:
-        raise NotFound(
-            f"task definition {runner.task_definition} has no container {runner.container_name!r} (has {sorted(containers)})",
-            fix="set container_name in the runner settings",
-        )
-    image = containers[runner.container_name]["image"]
-    if image != runner.pipeline_image:
-        raise Conflict(
-            f"task definition {runner.task_definition} runs {image}, not the pinned pipeline image {runner.pipeline_image}",
-            fix="register a revision with the pinned image and point task_definition at it",
-        )
-    if runner.launch_type not in task.get("requiresCompatibilities", [runner.launch_type]):
-        raise Conflict(f"task definition {runner.task_definition} is not compatible with {runner.launch_type}",
-                       fix="register it with requiresCompatibilities including the launch type")
-    return {"task_definition": task.get("taskDefinitionArn", runner.task_definition), "image": image}

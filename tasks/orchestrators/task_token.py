@@ -193,12 +193,13 @@ def send_decision(aws, token: str, output: dict) -> None:
 
 def _decided(ctx) -> dict:
     """The output sent with the token: the approval's status and the decision record's who and seq."""
+    from tasks.ledger.records import Approval
     from tasks.pipeline.approval import approval_state
 
     current = approval_state(ctx.state, ctx.config)
     record = current.decision
     return {"release_id": ctx.release_id, "decision": current.status,
-            "by": record.payload.get("by") if record is not None else None, "seq": record.seq if record is not None else None}
+            "by": Approval.of(record).by if record is not None else None, "seq": record.seq if record is not None else None}
 
 
 def decide_for_execution(ctx, *, approve: bool, reason: str, session: Any = None) -> dict:

@@ -17,6 +17,7 @@ from typing import Any
 
 from tasks.errors import Conflict
 from tasks.ledger import events
+from tasks.ledger.records import Approval
 from tasks.ledger.release_state import awaiting
 from tasks.pipeline.table import TEARDOWN
 
@@ -32,11 +33,11 @@ class ApprovalState:
 
     @property
     def deadline(self) -> datetime | None:
-        return _moment(self.request.payload["deadline"]) if self.request is not None else None
+        return _moment(Approval.of(self.request).deadline) if self.request is not None else None
 
     @property
     def reason(self) -> str | None:
-        return self.decision.payload.get("reason") if self.decision is not None else None
+        return Approval.of(self.decision).reason if self.decision is not None else None
 
 
 def _moment(text: str) -> datetime:
@@ -102,11 +103,15 @@ def hold(ctx) -> bool:
                 f"gate report {payload['gate']['report_html']}")
         current = approval_state(ctx.state, ctx.config)
     if current.status == "awaiting" and _now() >= current.deadline:
-        ctx.record(events.APPROVAL, events.TIMED_OUT, {
-            "reason": f"nobody approved it within promotion.approval.timeout_s ({current.request.payload['timeout_s']:g} s, "
-                      f"deadline {current.request.payload['deadline']})"})
+        ctx.record(events.APPROVAL, events.TIMED_OUT, {"reason": _timed_out_reason(current.request)})
         return False
     return current.status == "awaiting"
+
+
+def _timed_out_reason(request) -> str:
+    """Why a request past its deadline ends rejected (the timed_out record's reason): its timeout and deadline."""
+    asked = Approval.of(request)
+    return f"nobody approved it within promotion.approval.timeout_s ({asked.timeout_s:g} s, deadline {asked.deadline})"
 
 
 def waits_before_promote(ctx) -> bool:
@@ -156,7 +161,7 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
     if current.status != "awaiting":
         raise Conflict(f"release {ctx.release_id} is not awaiting approval: it was already {current.status} "
                        f"({current.reason})", fix="open a new release to change the decision")
-    request = current.request.payload
+    request = Approval.of(current.request)
     if decided_at is not None and decided_at.tzinfo is None:
         raise Conflict(f"the answer to {ctx.release_id} is dated {decided_at.isoformat()} with no time zone",
                        fix="pass the answer's time in ISO 8601 with its offset (e.g. 2026-12-04T10:00:00+00:00)")
@@ -165,25 +170,25 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
                        f"({current.request.recorded_at} until now)",
                        fix="an answer made before the request or in the future is not this request's: check the clocks")
     if (decided_at or _now()) >= current.deadline:
-        raise Conflict(f"the approval of {ctx.release_id} timed out at {request['deadline']}",
+        raise Conflict(f"the approval of {ctx.release_id} timed out at {request.deadline}",
                        fix="rerunning `shiplift release CONFIG` records the timeout and ends it rejected; release it anew for a fresh gate")
-    if actor not in request["approvers"]:
+    if actor not in request.approvers:
         raise Conflict(f"{actor!r} is not an approver of {ctx.config.name} (promotion.approval.approvers: "
-                       f"{', '.join(request['approvers'])})", fix="ask one of them, or set SHIPLIFT_ACTOR to your identity")
-    if request["four_eyes"] and actor == request["opened_by"]:
+                       f"{', '.join(request.approvers)})", fix="ask one of them, or set SHIPLIFT_ACTOR to your identity")
+    if request.four_eyes and actor == request.opened_by:
         raise Conflict(f"{actor!r} opened release {ctx.release_id}; four eyes (promotion.approval.four_eyes) need "
-                       "someone else to decide", fix=f"ask another approver: {', '.join(a for a in request['approvers'] if a != actor) or '(none listed)'}")
+                       "someone else to decide", fix=f"ask another approver: {', '.join(a for a in request.approvers if a != actor) or '(none listed)'}")
     if approve:
         serving = ctx.backends.ledger.served_at(ctx.config.name, _now())
         now_serving = serving.release_id if serving is not None else None
-        if now_serving != request["champion_release"]:
-            raise Conflict(f"the gate compared {ctx.release_id} with champion {request['champion_release']}, but "
+        if now_serving != request.champion_release:
+            raise Conflict(f"the gate compared {ctx.release_id} with champion {request.champion_release}, but "
                            f"{now_serving} serves now: the approval would rest on stale evidence",
                            fix="reject it and release it again, so its gate runs against the current champion")
     answered = {"decided_at": decided_at.isoformat()} if decided_at is not None else {}
     ctx.record(events.APPROVAL, events.APPROVED if approve else events.REJECTED, {
         "by": actor, "reason": reason, "requested_seq": current.request.seq,
-        "report_sha256": request["gate"]["report_sha256"], "gate_decision": request["gate"]["decision"], **answered})
+        "report_sha256": request.gate.report_sha256, "gate_decision": request.gate.decision, **answered})
     ctx.say(f"approval: {verb}d by {actor}: {reason}")
     return {"release_id": ctx.release_id, "decision": events.APPROVED if approve else events.REJECTED, "by": actor,
             "reason": reason}
@@ -239,9 +244,7 @@ def request_for_execution(ctx, wait: dict) -> str:
     if current.status != "awaiting":
         return current.status
     if _now() >= current.deadline:
-        ctx.record(events.APPROVAL, events.TIMED_OUT, {
-            "reason": f"nobody approved it within promotion.approval.timeout_s ({current.request.payload['timeout_s']:g} s, "
-                      f"deadline {current.request.payload['deadline']})"})
+        ctx.record(events.APPROVAL, events.TIMED_OUT, {"reason": _timed_out_reason(current.request)})
         return events.TIMED_OUT
     if (token_reference(ctx.state.records) or {}).get("token_sha256") != wait["token_sha256"]:
         ctx.record(events.APPROVAL, TOKEN_RENEWED, {STEP_FUNCTIONS: wait, "requested_seq": current.request.seq})

@@ -25,6 +25,7 @@ from typing import Any
 
 from tasks.errors import NotReady
 from tasks.ledger import events
+from tasks.ledger.records import Approval, entry_result
 from tasks.ledger.stage_results import ValidateResult
 from tasks.pipeline.approval import approval_state, awaits_person, decide, hold
 from tasks.pipeline.release import Progress, ensure_stage, print_progress, reopen_release, run_stages
@@ -50,11 +51,11 @@ def _not_waiting_reason(state, config, validate: dict) -> str:
         return "its config requires no approval (promotion.approval.required is false)"
     if validate.get("status") != "succeeded":
         return f"its validate stage is {validate.get('status')}: there is no gate decision to approve"
-    decision = validate["result"].get("decision")
-    if not awaits_person(ValidateResult.model_validate(validate["result"]), config):
-        return f"its gate decision is {decision}: nothing to approve, promote skips it"
+    gate = entry_result(validate, ValidateResult)
+    if not awaits_person(gate, config):
+        return f"its gate decision is {gate.decision}: nothing to approve, promote skips it"
     if current.status == "approved":
-        return f"already approved by {current.decision.payload.get('by')}: {current.reason}"
+        return f"already approved by {Approval.of(current.decision).by}: {current.reason}"
     return f"already {current.status}: {current.reason}"
 
 
@@ -64,12 +65,13 @@ def _number(value: Any) -> str:
 
 def approval_prompt(release_id: str, model: str, request: dict, validate: dict) -> tuple[str, str]:
     """The subject and the Markdown body an approver reads: the gate's decision and checks, its report, the champion it
-    was compared with, who opened the release, who may decide until when, what the candidate costs meanwhile."""
-    gate = request["gate"]
-    result = validate.get("result") or {}
-    checks = result.get("checks") or []
-    not_passed = gate.get("not_passed") or []
-    asked = request.get("inconclusive")
+    was compared with, who opened the release, who may decide until when, what the candidate costs meanwhile
+    (`request`: the awaiting_approval record's payload; `validate`: the validate stage's `ReleaseState.stage` entry)."""
+    approval = Approval.model_validate(request)
+    gate, result = approval.gate, entry_result(validate, ValidateResult)
+    checks = (result.checks if result else None) or []
+    not_passed = gate.not_passed or []
+    asked = approval.inconclusive
     how = ("passed its gate" if not asked else "has an inconclusive gate and its config asks a person to decide "
            "(validation.inconclusive.choice: ask)")
     lines = [
@@ -78,21 +80,21 @@ def approval_prompt(release_id: str, model: str, request: dict, validate: dict) 
         "",
         "| | |",
         "|---|---|",
-        f"| gate decision | **{gate['decision']}** |",
+        f"| gate decision | **{gate.decision}** |",
         f"| checks not passed | {', '.join(not_passed) if not_passed else 'none'} |",
-        f"| gate report | `{gate.get('report_html')}` (gate-report.json sha256 `{gate.get('report_sha256')}`) |",
-        f"| compared with champion | {request.get('champion_release') or 'none (first release of this model)'} |",
-        f"| opened by | {request['opened_by']}" + (" (four eyes: may not approve it)" if request["four_eyes"] else "") + " |",
-        f"| approvers | {', '.join(request['approvers'])} |",
-        f"| deadline | {request['deadline']} |",
-        "| candidate while waiting | " + (f"kept running, {request['candidate_usd_per_hour']} USD/h"
-                                        if request.get("candidate_kept") else "torn down") + " |",
+        f"| gate report | `{gate.report_html}` (gate-report.json sha256 `{gate.report_sha256}`) |",
+        f"| compared with champion | {approval.champion_release or 'none (first release of this model)'} |",
+        f"| opened by | {approval.opened_by}" + (" (four eyes: may not approve it)" if approval.four_eyes else "") + " |",
+        f"| approvers | {', '.join(approval.approvers)} |",
+        f"| deadline | {approval.deadline} |",
+        "| candidate while waiting | " + (f"kept running, {approval.candidate_usd_per_hour} USD/h"
+                                        if approval.candidate_kept else "torn down") + " |",
     ]
     if asked:
-        low, high = asked["interval"] or (None, None)
-        lines += ["", f"Candidate − champion accuracy on {asked['n']} paired tasks: interval [{_number(low)}, "
-                      f"{_number(high)}] against the margin −{asked['margin']:g}, so the gate could not tell. Power at "
-                      "this size:", *(f"- {text}" for text in asked["power_text"])]
+        low, high = asked.interval or (None, None)
+        lines += ["", f"Candidate − champion accuracy on {asked.n} paired tasks: interval [{_number(low)}, "
+                      f"{_number(high)}] against the margin −{asked.margin:g}, so the gate could not tell. Power at "
+                      "this size:", *(f"- {text}" for text in asked.power_text)]
     if checks:
         lines += ["", "| check | status | observed | threshold |", "|---|---|---|---|"]
         lines += [f"| {c.get('name')} | {c.get('status')} | {_number(c.get('observed'))} | "
@@ -124,12 +126,12 @@ def request_approval_orchestrated(release_id: str, *, holder: str | None = None,
         ensure_stage(ctx, TEARDOWN)  # the candidate does not run (and cost) while a person reads the report
     if holder is not None:  # nobody is blocked while a person reads the report; the decision takes it back
         ctx.backends.ledger.release_lease(ctx.config.name, holder)
-    request = current.request.payload
-    subject, body = approval_prompt(release_id, ctx.config.name, request, validate)
+    request = Approval.of(current.request)
+    subject, body = approval_prompt(release_id, ctx.config.name, current.request.payload, validate)
     seconds_left = (current.deadline - datetime.now(timezone.utc)).total_seconds()
     return {**base, "waiting": True, "status": current.status, "requested_seq": current.request.seq,
-            "subject": subject, "body": body, "approvers": list(request["approvers"]), "opened_by": request["opened_by"],
-            "four_eyes": request["four_eyes"], "deadline": request["deadline"], "seconds_left": max(0.0, seconds_left)}
+            "subject": subject, "body": body, "approvers": list(request.approvers), "opened_by": request.opened_by,
+            "four_eyes": request.four_eyes, "deadline": request.deadline, "seconds_left": max(0.0, seconds_left)}
 
 
 def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str | None, reason: str | None,
@@ -150,7 +152,7 @@ def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str |
         ctx.lease_holder = holder
     if actor is None:
         if hold(ctx):
-            deadline = approval_state(ctx.state, ctx.config).request.payload["deadline"]
+            deadline = Approval.of(approval_state(ctx.state, ctx.config).request).deadline
             raise NotReady(f"the orchestrator timed the approval of {release_id} out, but the ledger's deadline "
                            f"{deadline} has not passed on this worker's clock", fix="retried shortly; check the clocks")
         current = approval_state(ctx.state, ctx.config)
@@ -158,7 +160,7 @@ def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str |
             raise NotReady(f"release {release_id} is {current.status}, not timed out", fix="retried shortly")
         ctx.say(f"approval: no answer by the deadline; the release is {current.status}")
         return {"release_id": release_id, "decision": current.status,
-                "by": current.decision.payload.get("by"), "reason": current.reason}
+                "by": Approval.of(current.decision).by, "reason": current.reason}
     answered = datetime.fromisoformat(decided_at.replace("Z", "+00:00")) if decided_at else None
     return decide(ctx, approve=approve, actor=actor, reason=(reason or "").strip(), decided_at=answered)
 

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.ledger.events import OPENED, PROMOTE, RELEASE, SUCCEEDED
+from tasks.ledger.events import OPENED, RELEASE
+from tasks.ledger.records import Opened, is_promotion, promotion
 from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def _hosting_of(ledger, model: str, session: Any):
     opened = [r for r in ledger.history(model) if (r.stage, r.event) == (RELEASE, OPENED)]
     if not opened:
         return None
-    return make_backends(ReleaseConfig.model_validate(opened[-1].payload["config"]), ledger=ledger, session=session).hosting
+    return make_backends(ReleaseConfig.model_validate(Opened.of(opened[-1]).config), ledger=ledger, session=session).hosting
 
 
 def _live(hosting, endpoint: str, component: str):
@@ -64,8 +65,8 @@ def _live(hosting, endpoint: str, component: str):
 
 def _compare(model: str, record, hosting) -> tuple[dict, list[str]]:
     """One model's row of the audit and the drift found (empty when the endpoint matches the ledger)."""
-    payload = record.payload
-    endpoint, component, expected = payload.get("endpoint"), payload.get("component"), payload.get("served")
+    promoted = promotion(record)
+    endpoint, component, expected = promoted.endpoint, promoted.component, promoted.served
     row = {"release_id": record.release_id, "recorded_at": record.recorded_at, "seq": record.seq,
            "endpoint": endpoint, "component": component, "expected": expected, "live": None}
     if not (endpoint and component and isinstance(expected, dict)):
@@ -163,7 +164,7 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config
                 fix="restore the ledger from a backup and investigate who changed it",
             )
         now = datetime.now(timezone.utc)
-        models = sorted({r.model for r in ledger.history() if r.stage == PROMOTE and r.event == SUCCEEDED})
+        models = sorted({r.model for r in ledger.history() if is_promotion(r)})
         rows, drift = {}, []
         for model in models:
             rows[model], problems = _compare(model, ledger.served_at(model, now), _hosting_of(ledger, model, session))

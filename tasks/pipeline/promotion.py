@@ -15,7 +15,10 @@ from typing import Any
 
 from tasks.config import BLUE_GREEN_REFUSED
 from tasks.ledger.events import PROMOTE, SUCCEEDED
+from tasks.ledger.records import entry_result, is_promotion
+from tasks.ledger.stage_results import ValidateResult
 from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
+from tasks.pipeline.approval import awaits_person, blocked_reason
 from tasks.pipeline.release import StageContext, finish, holding_lease, reopen_release, run_stage
 
 STRATEGIES = ("all_at_once", "canary", "linear")
@@ -77,13 +80,17 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str | No
             f"release {release_id} has no gate decision: its validate stage is {validate['status']}",
             fix="run the release (refresh DAG or `shiplift release`) through validate first",
         )
-    decision = validate["result"]["decision"]
-    if decision != "pass":
-        failed = "; ".join(validate["result"].get("not_passed") or [])
+    gate = entry_result(validate, ValidateResult)
+    if not awaits_person(gate, ctx.config):  # a pass, or an inconclusive gate its config asked a person to decide
+        failed = "; ".join(gate.not_passed or [])
         raise GateFailed(
-            f"release {release_id} cannot be promoted: its gate decision is {decision!r}" + (f" ({failed})" if failed else ""),
-            fix="promote a release whose gate decision is pass",
+            f"release {release_id} cannot be promoted: its gate decision is {gate.decision!r}" + (f" ({failed})" if failed else ""),
+            fix="promote a release whose gate decision is pass (or an inconclusive one an approver approved)",
         )
+    refused = blocked_reason(ctx)  # Conflict while its approval is awaited
+    if refused is not None:
+        raise GateFailed(f"release {release_id} cannot be promoted: {refused}",
+                         fix="promote a release an approver approved, or release it again")
     with holding_lease(ctx, actor):
         result = run_stage(ctx, PROMOTE, function=_switch_production, extra={"reason": reason, "strategy": strategy, "trigger": "promote"})
         status = finish(ctx, failed=False)["status"]
@@ -92,7 +99,7 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str | No
 
 
 def _promoted_releases(ledger, model: str) -> list[str]:
-    return [r.release_id for r in ledger.history(model) if r.stage == PROMOTE and r.event == SUCCEEDED]
+    return [r.release_id for r in ledger.history(model) if is_promotion(r)]
 
 
 def rollback(

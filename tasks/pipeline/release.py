@@ -30,9 +30,10 @@ from tasks.errors import ConfigError, LeaseLost, ShipliftError
 from tasks.ledger import events
 from tasks.pipeline import table
 from tasks.ledger.release_state import ReleaseState, release_summary
+from tasks.ledger.records import Opened, is_fleet_move, promotion, recorded
 from tasks.processes import pid_running
 from tasks.backends.interfaces import ReleaseFacts
-from tasks.ledger.stage_results import RESULTS, KeptRef, StageResult
+from tasks.ledger.stage_results import RESULTS, KeptRef, PromoteResult, StageResult
 from tasks.artifacts.packaging import FOLDER_ARCHIVE, package_model_dir, safe_extract
 from tasks.pipeline.table import TEARDOWN, check_timeouts, stage
 
@@ -206,7 +207,8 @@ def prepare_release(config: ReleaseConfig, config_path: Path, backends: Backends
     opening = None if state.opened is not None else {
         "config_hash": config.config_hash(), "config": config.model_dump(mode="json"), "config_path": str(path),
         "config_dir": str(path.parent)}
-    ctx = StageContext(config=config, config_dir=Path((state.opened or opening)["config_dir"]), release_id=release_id,
+    opened = Opened.model_validate(state.opened or opening)
+    ctx = StageContext(config=config, config_dir=Path(opened.config_dir), release_id=release_id,
                        state=state, backends=backends, actor=actor, progress=progress, family=family, opening=opening)
     if opening is None:
         ctx.sync_registry()  # no call before the gate has decided, so a new release has nothing to sync
@@ -233,8 +235,7 @@ def latest_move(records: list) -> Any:
     """The release's newest fleet move (its succeeded promotion with trigger `move`), or None. A promotion or rollback
     to a moved release serves it where that move put it (`moved_config` of its `moved_to`, docs/fleet.md); the
     release's identity (id, config hash) stays the opened config's."""
-    return next((r for r in reversed(records) if (r.stage, r.event) == (events.PROMOTE, events.SUCCEEDED)
-                 and r.payload.get("trigger") == events.MOVE and r.payload.get("moved_to")), None)
+    return next((r for r in reversed(records) if is_fleet_move(r) and promotion(r).moved_to), None)
 
 
 def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,
@@ -244,12 +245,13 @@ def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir:
 
     ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir)
     state = ReleaseState.load(ledger, release_id)
-    config = ReleaseConfig.model_validate(state.opened["config"])
+    opened = Opened.model_validate(state.opened)
+    config = ReleaseConfig.model_validate(opened.config)
     if config.backend.kind == "aws":  # scratch and caches are this worker's own, not the opener's
         here = str(Path(state_dir).expanduser().resolve()) if state_dir else str(default_state_dir())
         config = config.model_copy(update={"backend": config.backend.model_copy(update={"state_dir": here})})
     backends = make_backends(config, ledger=ledger, session=session)
-    return StageContext(config=config, config_dir=Path(state.opened["config_dir"]), release_id=release_id, state=state,
+    return StageContext(config=config, config_dir=Path(opened.config_dir), release_id=release_id, state=state,
                         backends=backends, actor=actor or default_actor(), progress=progress)
 
 
@@ -432,7 +434,8 @@ def finish(ctx: StageContext, *, failed: bool) -> dict:
     keeps checkpoints, and return the release's summary."""
     status = events.FAILED if failed else _final_status(ctx.state)
     if ctx.state.status != status:
-        reason = ctx.state.stage(events.PROMOTE).get("result", {}).get("reason") if status == events.REJECTED else None
+        promoted = recorded(ctx.state, PromoteResult) if status == events.REJECTED else None
+        reason = promoted.reason if promoted else None
         ctx.record(events.RELEASE, status, {"reason": reason} if reason else {})
     if ctx.backends.checkpoint is not None:
         signed = ctx.backends.checkpoint()

@@ -104,18 +104,21 @@ PROMOTE_RELEASE = Step("promote_release", "tasks.pipeline.promotion:promote", 1,
 ROLLBACK = Step("rollback", "tasks.pipeline.promotion:rollback", 1, MAX_STEP_TIMEOUT_S, "own",
                 "put an earlier promoted release back on production, under the model's lease",
                 runs_in=frozenset({"cli", "airflow"}))
-FLEET_MOVE = Step("fleet_move", "tasks.pipeline.fleet_move:move_fleet", 1, MAX_STEP_TIMEOUT_S, "own",
+FLEET_MOVE = Step("fleet_move", "tasks.pipeline.fleet.move:move_fleet", 1, MAX_STEP_TIMEOUT_S, "own",
                   "a layout change: every model of a shared endpoint moved to the new layout's endpoint, each under "
                   "its lease; the old endpoint retired once callers switched (--retire-old)", runs_in=frozenset({"cli"}))
 AUDIT = Step("audit", "tasks.pipeline.audit:audit", 1, 10 * MINUTE, "none",
              "verify the ledger against its checkpoints, then what serves against the ledger",
              runs_in=frozenset({"airflow"}))
 STAGE_NAMES: tuple[str, ...] = tuple(step.name for step in STAGES)
+# The stages from resolve to the gate (validate): what every release runs before its gate is decided (and, where its
+# config requires one, before the approval).
+STAGES_THROUGH_GATE: tuple[str, ...] = STAGE_NAMES[:-2]
 STEPS: dict[str, Step] = {step.name: step for step in (BEGIN, *STAGES[:-2], APPROVAL_REQUEST, APPROVAL,
                                                         APPROVAL_DECISION, READ_GATE, *STAGES[-2:], END,
                                                         PROMOTE_RELEASE, ROLLBACK, FLEET_MOVE, AUDIT)}
 # What a release runs, in order (the approval's three steps only where its config requires one).
-RELEASE_STEPS: tuple[str, ...] = ("begin", *STAGE_NAMES[:-2], "approval_request", "approval", "approval_decision",
+RELEASE_STEPS: tuple[str, ...] = ("begin", *STAGES_THROUGH_GATE, "approval_request", "approval", "approval_decision",
                                   *STAGE_NAMES[-2:], "end")
 TEARDOWN = events.TEARDOWN
 

@@ -219,10 +219,10 @@ class DeletedFailed:
 def test_an_endpoint_failed_during_its_deletion_is_deploy_failed_at_once(aws_release, tiny_release, tmp_path, monkeypatch):
     """botocore's EndpointDeleted waiter fails on EndpointStatus Failed (botocore/data/sagemaker/2017-07-24/waiters-2.json);
     before, shiplift's retried it, polling a Failed endpoint until the delete's deadline and then calling it not ready."""
-    from tasks.backends.aws import hosting as hosting_module
+    from tasks.backends.aws import hosting_cleanup
     from tasks.backends.aws.hosting import SageMakerHosting
 
-    monkeypatch.setattr(hosting_module, "DELETE_WAIT_S", 1.0)  # the old retry would end in NotReady after it
+    monkeypatch.setattr(hosting_cleanup, "DELETE_WAIT_S", 1.0)  # the old retry would end in NotReady after it
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s"))
     aws = DeletedFailed()
     began = time.monotonic()
@@ -232,6 +232,7 @@ def test_an_endpoint_failed_during_its_deletion_is_deploy_failed_at_once(aws_rel
     assert "rerun the teardown" in caught.value.fix
 
 
+@pytest.mark.slow  # ~11 s: make test-slow; make test dry-runs MIG releases (tests/aws/test_dry_run.py) and scale to zero (tests/aws/test_scale_to_zero_aws.py)
 def test_the_dry_run_of_a_mig_release_that_scales_to_zero_prints_the_scaling_and_the_wait_for_zero_instances():
     from tests.aws.test_dry_run import assert_valid, dry_run
 

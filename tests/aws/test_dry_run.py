@@ -116,6 +116,7 @@ def test_mdeberta_on_mig_partitions():
     assert len(invocations) == 6 and all(line["params"]["InferenceComponentName"] for line in invocations), "90 pairs in batches of 16"
 
 
+@pytest.mark.slow  # ~16 s: make test-slow; make test runs a second aws release against its champion (tests/aws/test_release_aws.py)
 def test_a_later_release_scores_the_champion_and_updates_production_where_its_copies_fit():
     first, _ = dry_run("configs/releases/qwen35-4b-semif.yaml")
     lines, stderr = dry_run("configs/releases/qwen35-4b-semif.yaml", flags=("--with-champion",))
@@ -339,6 +340,7 @@ SERVERLESS = ("image.device=cpu", "rollout.copies=1",
               "cold_starts: 1, max_cold_start_p95_s: 120}")
 
 
+@pytest.mark.slow  # ~17 s: make test-slow; make test releases a serverless encoder locally (tests/e2e/test_serverless_release.py)
 def test_a_serverless_encoder_is_a_single_model_endpoint_updated_in_place():
     """Serverless placement (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html): candidate and
     production are single-model endpoints whose variant is a ServerlessConfig (no instances, no inference component,

@@ -24,7 +24,8 @@ from tasks.errors import (
     Throttled,
 )
 from tasks.ledger.store import Ledger
-from tasks.backends.placement import fit_problem, gguf_memory
+from tasks.backends.placement import fit_problem
+from tasks.families.gguf_decisions import gguf_memory
 from tasks.pipeline import table
 from tasks.pipeline.release import run_release
 

@@ -13,7 +13,7 @@ import botocore.exceptions
 import pytest
 
 from tasks.config import load_release_config
-from tasks.pipeline.fleet_move import move_fleet
+from tasks.pipeline.fleet.move import move_fleet
 from tasks.pipeline.release import run_release
 from tasks.pipeline.stages.common import production_component, production_endpoint
 
@@ -25,6 +25,7 @@ def _placement(aws_release, instances: int) -> dict:
             "inference_ami_version": "al2023-ami-sagemaker-inference-gpu-4-1", "endpoint": "fleet"}
 
 
+@pytest.mark.slow  # ~17 s: make test-slow; make test moves a fleet end to end locally (tests/e2e/test_fleet_move.py)
 def test_a_move_starts_every_component_on_the_new_endpoint_before_the_old_one_is_deleted(aws, aws_release, tiny_release,
                                                                                        tmp_path):
     aws_release.prepare_account(aws)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tasks.backends.aws import hosting as hosting_module
+from tasks.backends.aws import hosting_deploy
 from tasks.cli.demo import shared_decisions
 from tasks.config import load_release_config
 from tasks.errors import BadInput, Conflict, DeployFailed, NotReady
@@ -220,7 +220,7 @@ def test_an_endpoint_config_that_stays_unseen_is_not_ready_after_a_deadline(aws,
     hosted = Hosted(aws, aws_release, tiny_release, tmp_path)
     spec = hosted.spec(3)
     name = hosted.candidate(spec)
-    monkeypatch.setattr(hosting_module, "CONFIG_VISIBLE_S", 0.5)
+    monkeypatch.setattr(hosting_deploy, "CONFIG_VISIBLE_S", 0.5)
     aws.scenario(endpoint_config_unseen=1000)
     with pytest.raises(NotReady) as caught:
         hosted.hosting.deploy(name, name, spec, hosted.config.placement, role="candidate", progress=QUIET)
@@ -244,7 +244,7 @@ def test_a_rollout_waits_for_a_component_still_creating_before_it_updates_it(aws
     champion, candidate = hosted.spec(3, copies=2), hosted.spec(4, copies=2)  # a batch of 1 is 50 % of 2, SageMaker's most
     # promote's first attempt creates production and runs out of time while the component is still Creating
     aws.scenario(polls_before_ready=40)
-    monkeypatch.setattr(hosting_module, "COMPONENT_WAIT_S", 0.3)
+    monkeypatch.setattr(hosting_deploy, "COMPONENT_WAIT_S", 0.3)
     with pytest.raises(NotReady, match=f"inference component {component} is still Creating"):
         hosted.hosting.roll_out(endpoint, component, champion, placement, plan, lambda step: None, progress=QUIET)
     aws.scenario(polls_before_ready=1)

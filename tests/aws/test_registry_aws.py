@@ -107,6 +107,7 @@ def test_a_failed_gate_is_a_rejected_version(aws, aws_release, tiny_release, tmp
         ledger, summary["release_id"], "validate").record_hash
 
 
+@pytest.mark.slow  # ~18 s: make test-slow; the view's rules are tested in make test by the test after it, without a release
 def test_a_later_promotion_supersedes_and_a_rollback_restores(aws, aws_release, tiny_release, tmp_path):
     aws_release.prepare_account(aws)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")

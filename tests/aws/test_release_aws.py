@@ -69,6 +69,7 @@ def test_release_on_an_instance_pool_falls_back_gates_and_promotes(aws, aws_rele
     assert len([c for c in aws.calls if c.mutating]) == mutating
 
 
+@pytest.mark.slow  # ~17 s: make test-slow; make test gates a second release against its champion locally (tests/e2e/test_release_local.py)
 def test_a_second_release_updates_the_production_component_and_is_gated_against_the_champion(
         aws, aws_calls, aws_release, tiny_release, tmp_path):
     """Not documented for inference components: that an update without DeploymentConfig starts every new copy beside the

@@ -104,6 +104,7 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     assert _alarms_left(aws) == [] and ledger.verify().ok
 
 
+@pytest.mark.slow  # ~23 s: make test-slow; the double's time limit is tested in make test (tests/aws/test_double.py)
 def test_a_rolling_update_past_its_maximum_execution_time_is_reported_as_rolled_back(aws, aws_release, tiny_release, tmp_path):
     """Not documented by AWS beyond "exceeding this limit causes a timeout": the double rolls back then (docs/aws-double.md)."""
     aws_release.prepare_account(aws)

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from tasks.backends.aws.hosting import (COPY_DIMENSION, NO_CAPACITY_METRIC, SageMakerHosting, scale_to_zero_names,
-                                        scaling_resource_id)
-from tasks.backends.aws.iam import pipeline_policy
+from tasks.backends.aws.hosting import SageMakerHosting
+from tasks.backends.aws.hosting_requests import NO_CAPACITY_METRIC, scale_to_zero_names, scaling_resource_id
+from tasks.backends.aws.iam import COPY_DIMENSION, pipeline_policy
 from tasks.backends.aws.service_model import request_problems
 from tasks.backends.interfaces import ScaleToZeroPlan
 from tasks.cli.demo import shared_decisions

@@ -179,6 +179,7 @@ def test_promotion_params_accept_a_rollback(dagbag):
     assert resolved["rollback_target"] == "gemma-decision-ba9876543210" and resolved["state_dir"] is None
 
 
+@pytest.mark.slow  # ~75 s on 2 cores: make test-slow; make test runs a refresh DAG end to end in tests/dags/test_dags_aws.py
 def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_dags, dags_for_configs, tiny_release):
     """dag.test() on the local backend: a bad config fails at begin only; the tiny release is promoted
     (its state dir set through the DAG's `overrides` param); the promotion and audit DAGs run on it; a

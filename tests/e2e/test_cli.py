@@ -84,7 +84,8 @@ def test_ledger_commands_without_a_ledger_say_how_to_get_one(tmp_path, cli):
 
 
 def test_endpoints_list_and_stop(tmp_path, cli):
-    from tasks.backends.local.supervisor import ProcessSpec, ProcessSupervisor
+    from tasks.backends.local.endpoint_state import ProcessSpec
+    from tasks.backends.local.supervisor import ProcessSupervisor
 
     hosting = ProcessSupervisor(tmp_path)
     hosting.ensure_endpoint("cli-test")
@@ -100,6 +101,7 @@ def test_endpoints_list_and_stop(tmp_path, cli):
     assert ProcessSupervisor(tmp_path).list_endpoints() == []
 
 
+@pytest.mark.slow  # ~18 s: make test-slow; make test serves and gates the encoder through a release (tests/e2e/test_release_local.py)
 def test_serve_encoder_and_eval_nli(tmp_path, serve, cli):
     from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 

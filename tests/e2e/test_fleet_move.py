@@ -28,8 +28,8 @@ from tasks.ledger import events
 from tasks.ledger.store import Ledger
 from tasks.ledger.views import serving_status, timeline
 from tasks.pipeline.audit import audit
-from tasks.pipeline.fleet import plan_fleet
-from tasks.pipeline.fleet_move import move_fleet
+from tasks.pipeline.fleet.plan import plan_fleet
+from tasks.pipeline.fleet.move import move_fleet
 from tasks.pipeline.promotion import rollback
 from tasks.pipeline.release import run_release
 from tasks.pipeline.stages.common import production_component, production_endpoint

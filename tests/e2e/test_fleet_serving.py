@@ -18,8 +18,8 @@ from tasks.backends.registry import make_backends
 from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import ConfigError
 from tasks.ledger.store import Ledger
-from tasks.pipeline.fleet import plan_fleet
-from tasks.pipeline.fleet_move import move_fleet
+from tasks.pipeline.fleet.plan import plan_fleet
+from tasks.pipeline.fleet.move import move_fleet
 from tasks.pipeline.release import run_release
 from tasks.pipeline.stages.common import production_component, production_endpoint
 from tests.e2e.conftest import shiplift_cli

@@ -25,6 +25,8 @@ from tasks.console import EXIT_REJECTED
 from tasks.hashing import sha256_file
 from tasks.ledger.events import AWAITING_APPROVAL
 from tasks.ledger.views import serving_status
+from tasks.errors import GateFailed
+from tasks.pipeline.promotion import promote
 from tasks.pipeline.release import run_release
 from tests.conftest import load_by_path
 
@@ -46,6 +48,15 @@ def champion(tmp_path_factory):
     assert first["status"] == "promoted"
     yield {"state": state, "config": config, "reserve": reserve, "release_id": first["release_id"]}
     stop_endpoints(state)
+
+
+def records(state: Path) -> int:
+    """How many records the ledger holds."""
+    ledger = open_ledger(state_dir=state, read_only=True)
+    try:
+        return len(ledger.history())
+    finally:
+        ledger.close()
 
 
 def served(state: Path) -> str | None:
@@ -130,6 +141,15 @@ def test_an_asked_inconclusive_gate_waits_for_a_person_who_approves_or_rejects(c
     answer = decide("reject", rejected["release_id"], "not on a Friday")
     assert (answer["decision"], answer["summary"]["status"]) == ("rejected", "rejected")
     assert served(champion["state"]) == approved["release_id"], "the champion keeps serving"
+
+    # a triggered promotion (the promote_release step) takes the approved inconclusive gate, and refuses the rejected
+    # one before it records anything
+    again = promote(champion["state"], approved["release_id"], strategy=None, reason="promoted again", actor="alice")
+    assert again["status"] == "promoted" and served(champion["state"]) == approved["release_id"]
+    before = records(champion["state"])
+    with pytest.raises(GateFailed, match="cannot be promoted: not approved: not on a Friday"):
+        promote(champion["state"], rejected["release_id"], strategy=None, reason="r", actor="alice")
+    assert records(champion["state"]) == before
 
 
 @pytest.mark.slow

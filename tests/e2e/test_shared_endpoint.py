@@ -47,6 +47,7 @@ def fleet(tmp_path_factory, tiny_release):
         tiny_release.stop_endpoints(state)
 
 
+@pytest.mark.slow  # ~45 s on 2 cores: make test-slow; make test keeps the shared endpoint's aws twin (tests/aws/test_shared_endpoint_aws.py)
 def test_a_canary_and_a_rollback_of_one_model_leave_the_other_s_copies_and_traffic_alone(fleet):
     state = fleet["state"]
     a, b = load_release_config(fleet["a"]), load_release_config(fleet["b"])

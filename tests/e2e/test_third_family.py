@@ -1,114 +1,96 @@
-"""A model family is a plug-in: a toy third family, defined only here, is released end to end on the local backend.
+"""A model family is a plug-in: a toy third family with its own image and its own gate is released end to end.
 
-The toy family owns a config class of its own (`artifact.kind: toy`: a seed and the sha256 it must produce), its own
-resolve (it writes its model from the seed), build and package steps; it serves on the SemIf image and gates on
-decisions by delegating to the GGUF family. Nothing outside this file knows it exists: the release config, the stages,
-local hosting and the ledger find it through `tasks.families.registry`.
+The toy family (`tests/e2e/third_family/family.py`) borrows no step of another family: its own config classes, build
+and package, its own server (`images/toy/`) and its own validation package (`tests/e2e/third_family/parity_gate/`),
+registered by one line here. Nothing else in the project knows it exists: the release config, the stages, local
+hosting and the ledger find it through `tasks.families.registry`, and a test fails if a new family needs more files.
+A family class that lacks a step is refused when it is registered, naming what it lacks.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Literal
 
 import pytest
 import yaml
-from pydantic import Field
 
 from tasks.config import load_release_config
-from tasks.config_types import Sha256
-from tasks.errors import ConfigError, IntegrityError
-from tasks.families import gguf_decisions, registry
-from tasks.families.base import ArtifactConfig, BuiltModel, ModelFamily
+from tasks.errors import ConfigError
+from tasks.families import registry
+from tasks.families.base import BuiltImageConfig, ModelFamily
+from tasks.families.gguf_decisions import GgufDecisions
 from tasks.hashing import sha256_file
-from tests.tiny_release import SEED, stop_endpoints, write_tiny_config
+from tests.e2e.third_family.family import ToyArtifact, ToyFamily, write_toy_model
+from tests.tiny_release import stop_endpoints, write_tiny_config
 
-
-class ToyArtifact(ArtifactConfig):
-    """A tiny random GGUF the family writes from a seed; the config pins what it must come out as."""
-
-    kind: Literal["toy"]
-    seed: int = Field(ge=0)
-    sha256: Sha256
-
-
-class ToyFamily(ModelFamily):
-    artifact_kind = "toy"
-    artifact_model = ToyArtifact
-    image_model = gguf_decisions.SemifImage
-    validation_model = gguf_decisions.DecisionGateConfig
-    env_prefix = gguf_decisions.FAMILY.env_prefix
-    tool_distributions = ("gguf",)
-
-    def __init__(self):
-        self.steps: list[str] = []
-        self.gguf = gguf_decisions.FAMILY  # serves and gates like the GGUF family
-
-    def resolve(self, ctx, cache: Path):
-        from tasks.artifacts.tiny_gguf import write_tiny_gguf
-
-        self.steps.append("resolve")
-        artifact = ctx.config.artifact
-        path = cache / f"toy-{artifact.seed}.gguf"
-        write_tiny_gguf(path, seed=artifact.seed)
-        if sha256_file(path) != artifact.sha256:
-            raise IntegrityError(f"toy model of seed {artifact.seed} is not {artifact.sha256}", fix="pin its real sha256")
-        return path, artifact.sha256, {"kind": "toy", "seed": artifact.seed}
-
-    def source_file_name(self, artifact) -> str:
-        return f"toy-{artifact.seed}.gguf"
-
-    built_file_name = source_file_name
-
-    def build(self, ctx) -> BuiltModel:
-        from tasks.artifacts.gguf import build_gguf
-
-        self.steps.append("build")
-        source = ctx.local_ref(ctx.result("resolve").source_ref)
-        built = build_gguf(source, ctx.backends.state_dir / "builds", quantization=None, allow_requantize=False,
-                           threads=1).to_dict()
-        model_dir = ctx.stage_dir("build") / "model"
-        model_dir.mkdir(exist_ok=True)
-        (model_dir / "toy.gguf").unlink(missing_ok=True)
-        (model_dir / "toy.gguf").symlink_to(built["path"])
-        return BuiltModel(output=ctx.keep_file(Path(built["path"]), "toy.gguf"), model_dir=model_dir,
-                          model_sha256=built["sha256"], info={**built["info"], "toy": True})
-
-    def memory(self, ctx, built):
-        return self.gguf.memory(ctx, built)
-
-    def package(self, built_model, out_dir, manifest, calibration):
-        self.steps.append("package")
-        return self.gguf.package(built_model, out_dir, {**manifest, "toy": True}, calibration)
-
-    def calibration_predictions(self, ctx, invoker, path, splits, settings):
-        return self.gguf.calibration_predictions(ctx, invoker, path, splits, settings)
-
-    def evaluate(self, candidate, champion, paths, out_dir, **kwargs):
-        self.steps.append("evaluate")
-        return self.gguf.evaluate(candidate, champion, paths, out_dir, **kwargs)
-
-    def invocation_bodies(self, validation, paths):
-        return self.gguf.invocation_bodies(validation, paths)
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 5
+# Every file the toy family needed: its family module, its validation package, its image folder and this test (which
+# holds the registry line). A new family that needs a file outside these (a stage, the config, placement, package.py)
+# grows this list, and the test below fails.
+THIRD_FAMILY_FILES = {
+    "images/toy/Dockerfile",
+    "images/toy/server.py",
+    "tests/e2e/third_family/__init__.py",
+    "tests/e2e/third_family/family.py",
+    "tests/e2e/third_family/parity_gate/__init__.py",
+    "tests/e2e/third_family/parity_gate/numbers.jsonl",
+    "tests/e2e/third_family/parity_gate/parity.py",
+    "tests/e2e/test_third_family.py",
+}
+# What spells the toy family's kinds or its server's prefix in code, config or docs.
+TOY_MENTION = re.compile(r"""Literal\["(?:toy|parity)"\]|["']TOY["']|\bTOY_|["']?kind["']?: ["']?(?:toy|parity)\b""")
+SEARCHED = ("tasks", "validation", "images", "dags", "bench", "scripts", "configs", "tests", "docs")
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".cfg", ".txt", ".json", ".jsonl", ""}
 
 
 @pytest.fixture
 def toy():
-    family = ToyFamily()
-    registry.register(family)
+    family = registry.register(ToyFamily)  # the registry line
     yield family
-    registry.unregister("toy", "semif")
+    registry.unregister("toy", "toy")
 
 
 def _toy_config(tmp_path: Path) -> Path:
-    config = write_tiny_config(tmp_path / "configs", tmp_path / "state", name="toy-decision")
+    """The tiny release config with the toy's artifact, image and gate in place of the GGUF family's."""
+    config = write_tiny_config(tmp_path / "configs", tmp_path / "state", name="toy-parity")
     tree = yaml.safe_load(config.read_text())
-    gguf = tmp_path / "configs" / f"tiny-seed{SEED}.gguf"
-    tree["artifact"] = {"kind": "toy", "seed": SEED, "sha256": sha256_file(gguf)}
+    model = write_toy_model(tmp_path / "toy.json", SEED)
+    tree["artifact"] = {"kind": "toy", "seed": SEED, "sha256": sha256_file(model)}
+    tree["image"] = {"kind": "toy", "max_in_flight": 2,
+                     "base_image": "python@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7"}
+    numbers = ROOT / "tests" / "e2e" / "third_family" / "parity_gate" / "numbers.jsonl"
+    tree["validation"] = {**tree["validation"], "kind": "parity",
+                          "datasets": [{"path": str(numbers), "splits": ["test"]}],
+                          "thresholds": {"min_accuracy": 0.9, "max_ece": 1.0, "min_validity": 1.0}}
     config.write_text(yaml.safe_dump(tree))
     return config
+
+
+def project_files() -> set[str]:
+    """The project's text files (its code, configs, tests and docs), as paths from the repository root."""
+    found = set()
+    for top in SEARCHED:
+        for path in (ROOT / top).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix in TEXT_SUFFIXES \
+                    and path.stat().st_size < 1 << 20:
+                found.add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_a_third_family_touches_only_its_own_files():
+    files = project_files()
+    own = {name for name in files if name.startswith(("images/toy/", "tests/e2e/third_family/"))}
+    assert own | {"tests/e2e/test_third_family.py"} == THIRD_FAMILY_FILES, "list every file the toy family brings"
+    mentioning = {name for name in files
+                  if TOY_MENTION.search((ROOT / name).read_text(encoding="utf-8", errors="replace"))}
+    outside = sorted(mentioning - THIRD_FAMILY_FILES)
+    assert outside == [], f"files outside the toy family know it: {outside}"
+    assert len(THIRD_FAMILY_FILES) == 8
 
 
 def test_an_unknown_family_is_a_config_error_naming_the_known_ones(tmp_path):
@@ -117,13 +99,56 @@ def test_an_unknown_family_is_a_config_error_naming_the_known_ones(tmp_path):
     assert "artifact.kind must be one of gguf, onnx, got 'toy'" in str(refused.value)
 
 
-def test_a_toy_family_defined_here_is_released_end_to_end(tmp_path, toy):
+def test_a_family_class_missing_steps_is_refused_at_registration_naming_them():
+    class Half(ToyFamily):
+        """The toy with two steps left as the base declares them (abstract)."""
+
+        artifact_kind = "half"
+        memory = ModelFamily.memory
+        manifest_fields = ModelFamily.manifest_fields
+
+    with pytest.raises(ConfigError, match=r"model family Half lacks manifest_fields, memory —") as refused:
+        registry.register(Half)
+    assert "tasks.families.base.ModelFamily" in refused.value.fix
+    assert all(family.artifact_kind != "half" for family in registry.families())
+
+
+def test_a_family_claiming_a_capability_without_its_steps_is_refused():
+    class Replays(ToyFamily):
+        artifact_kind = "replays"
+        replays_online = True
+
+    class CalibratesNothing(ToyFamily):
+        artifact_kind = "calibrates"
+        temperature_scaling = True
+
+    with pytest.raises(ConfigError, match=r"lacks readout \(claimed by replays_online\), online_gate \(claimed by "
+                                          r"replays_online\)"):
+        registry.register(Replays)
+    with pytest.raises(ConfigError, match=r"lacks calibration_predictions \(claimed by temperature_scaling\)"):
+        registry.register(CalibratesNothing)
+    class BareImage(BuiltImageConfig):
+        kind: Literal["bare"]
+
+    class Bare(ToyFamily):
+        artifact_kind = "bare"
+        image_model = BareImage
+
+    with pytest.raises(ConfigError, match=r"lacks BareImage.container_env, BareImage.on_gpu"):
+        registry.register(Bare)
+    with pytest.raises(ConfigError, match="not a model family class"):
+        registry.register(ToyFamily())
+    with pytest.raises(ConfigError, match="already belongs to GgufDecisions"):
+        registry.register(GgufDecisions)
+
+
+def test_a_toy_family_with_its_own_image_and_gate_is_released_end_to_end(tmp_path, toy):
     from tasks.ledger.store import Ledger
-    from tasks.pipeline.release import run_release
+    from tasks.pipeline.release import reopen_release, run_release
 
     config_path = _toy_config(tmp_path)
     config = load_release_config(config_path)
-    assert type(config.artifact) is ToyArtifact and config.validation.kind == "decisions"
+    assert type(config.artifact) is ToyArtifact and config.validation.kind == "parity" and config.image.kind == "toy"
     with pytest.raises(ConfigError, match="seed"):
         load_release_config(config_path, overrides=("artifact.seed=-1",))
     try:
@@ -142,15 +167,17 @@ def test_a_toy_family_defined_here_is_released_end_to_end(tmp_path, toy):
         resolved = next(r for r in records if (r.stage, r.event) == ("resolve", "succeeded"))
         assert resolved.payload["source"] == {"kind": "toy", "seed": SEED}
         # A worker that reopens the release from the ledger rebuilds the toy config.
-        from tasks.pipeline.release import reopen_release
-
         reopened = reopen_release(summary["release_id"], state_dir=tmp_path / "state", progress=lambda message: None)
         assert type(reopened.config.artifact) is ToyArtifact
         package = reopened.result("package")
+        gate = json.loads(Path(reopened.stage_dir("validate") / "gate-report.json").read_text())
     finally:
         ledger.close()
 
+    assert gate["decision"] == "pass" and gate["metrics"]["accuracy"]["value"] == 1.0  # the toy server knows parity
     archive = Path(package.artifact_uri.removeprefix("file://"))
     with tarfile.open(archive) as tar:
         manifest = json.load(tar.extractfile("model-manifest.json"))
-    assert manifest["kind"] == "toy" and manifest["toy"] is True and set(manifest["tools"]) == {"python", "shiplift", "gguf"}
+    assert manifest["kind"] == "toy" and manifest["model_file"] == "toy-model.json"
+    assert manifest["build"]["toy_seed"] == SEED
+    assert set(manifest["tools"]) == {"python", "shiplift"}

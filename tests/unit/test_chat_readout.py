@@ -13,8 +13,8 @@ import math
 import pytest
 
 from images.common.decision_prompt import user_text
-from validation.chat_readout import ChatReadout, chat_messages, readout_losses
-from validation.jevbench import JevTask
+from validation.decisions.chat_readout import ChatReadout, chat_messages, readout_losses
+from validation.decisions.jevbench import JevTask
 from validation.transport import Malformed
 
 SHA = "ab" * 32

@@ -121,7 +121,7 @@ def test_extends_merges_the_parent_underneath(tmp_path):
 
 
 def test_encoder_demo_pins_the_shipped_nli_data():
-    from validation.nli import load_nli
+    from validation.nli.pairs import load_nli
 
     config = load_release_config(ROOT / "configs" / "releases" / "minilm-nli.yaml", environ={})
     assert config.artifact.source.data_sha256 == load_nli(ROOT / "validation" / "data" / "nli.jsonl").sha256

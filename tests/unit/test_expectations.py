@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import BadInput
-from validation import decision_set
+from validation.decisions import decision_set
 from validation.expectations import check_decision_dataset
-from validation.jevbench import load_jevbench
+from validation.decisions.jevbench import load_jevbench
 
-REPO = Path(decision_set.__file__).resolve().parents[1]
-DECISIONS = Path(decision_set.__file__).parent / "data" / "decisions.jsonl"
+REPO = Path(decision_set.__file__).resolve().parents[2]
+DECISIONS = decision_set.DEFAULT_OUT
 SHARED = REPO.parent / "shared" / "data" / "jevbench"
 
 RECORD = {

@@ -21,6 +21,7 @@ from tasks.ledger.stage_results import ValidateResult
 from tasks.pipeline.approval import awaits_person
 from tasks.pipeline.approval_steps import approval_prompt
 from tasks.pipeline.stages import validate as validate_stage
+from validation.decisions.evaluate import DECISION_REPORT
 from validation.evaluate import GateOutcome, Target
 from validation.extension import Budget, Reserve, extend_champion_check
 from validation.gates import evaluate_gates
@@ -95,7 +96,7 @@ def reserve_of(truth: Truth, size: int, calls: list | None = None) -> Reserve:
         side = 0 if target.label == "candidate" else 1
         return [row(task.id, truth(task.id)[side]) for task in batch]
 
-    return Reserve(tasks=tasks, score=score, datasets=[{"name": "reserve0", "n": size}])
+    return Reserve(tasks=tasks, score=score, datasets=[{"name": "reserve0", "n": size}], parts=DECISION_REPORT)
 
 
 CANDIDATE, CHAMPION = Target(None, "candidate"), Target(None, "champion")
@@ -119,7 +120,7 @@ def test_an_equal_candidate_left_inconclusive_is_passed_by_the_extension(tmp_pat
     gate = first_gate(tmp_path, truth, 111)
     assert gate.decision == "inconclusive"
     calls: list = []
-    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500, calls),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500, calls),
                                      rule=RULE, budget=Budget(batch=50, max_tasks=1500, deadline_s=600))
     assert (evidence["status"], evidence["decision"], evidence["stopped"]) == ("pass", "pass", "decided")
     assert evidence["looks"][0]["method"].startswith("paired bootstrap") and evidence["looks"][-1]["status"] == "pass"
@@ -128,6 +129,13 @@ def test_an_equal_candidate_left_inconclusive_is_passed_by_the_extension(tmp_pat
     assert [label for label, _ in calls[:4]] == ["candidate", "champion", "champion", "candidate"]
     written = json.loads((tmp_path / "extension.json").read_text())
     assert written["decision"] == "pass" and len(written["looks"]) == len(evidence["looks"])
+    # the gate report a person opens shows the final decision, the first look kept beside it, and every look
+    report = json.loads((tmp_path / "gate-report.json").read_text())
+    assert report["decision"] == "pass" and report["first_look"]["decision"] == "inconclusive"
+    assert next(c for c in report["checks"] if c["name"] == "champion_accuracy")["status"] == "pass"
+    assert len(report["extension"]["looks"]) == len(evidence["looks"])
+    page = (tmp_path / "report.html").read_text()
+    assert 'id="decision">pass<' in page and "<h2>Extension</h2>" in page and page.count("betting confidence sequence") == len(evidence["looks"]) - 1
     added = (tmp_path / "extension-predictions.jsonl").read_text().splitlines()
     assert len(added) == evidence["reserve_tasks_scored"] == len((tmp_path / "champion-extension-predictions.jsonl").read_text().splitlines())
     check = next(c for c in evidence["checks"] if c["name"] == "champion_accuracy")
@@ -138,7 +146,7 @@ def test_a_candidate_worse_than_the_margin_is_failed_by_the_extension(tmp_path):
     seed = inconclusive_seed(40, disagreement=0.25, difference=-0.15)
     truth = Truth(disagreement=0.25, difference=-0.15, seed=seed)
     assert first_gate(tmp_path, truth, 40).decision == "inconclusive"
-    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
                                      rule=RULE, budget=Budget(batch=50, max_tasks=1000, deadline_s=600))
     assert (evidence["status"], evidence["decision"]) == ("fail", "fail")
     assert evidence["interval"][1] < -0.05
@@ -148,11 +156,11 @@ def test_a_spent_budget_leaves_it_inconclusive(tmp_path):
     seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
     truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
     first_gate(tmp_path, truth, 111)
-    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 20),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 20),
                                      rule=RULE, budget=Budget(batch=10, max_tasks=1000, deadline_s=600))
     assert (evidence["status"], evidence["decision"], evidence["stopped"], evidence["n"]) == ("inconclusive", "inconclusive", "tasks", 131)
     ticks = iter([0.0, 0.0, 11.0, 11.0, 11.0])  # start, first look at 0 s, the second one after the 10 s deadline
-    timed = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
+    timed = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
                                   rule=RULE, budget=Budget(batch=10, max_tasks=1000, deadline_s=10), clock=lambda: next(ticks))
     assert (timed["stopped"], timed["reserve_tasks_scored"], timed["status"]) == ("time", 10, "inconclusive")
 
@@ -162,11 +170,11 @@ def test_no_look_is_taken_before_min_samples_paired_tasks(tmp_path):
     gate = first_gate(tmp_path, truth, 20)  # 20 gate tasks, min_samples 30: the first look refuses to decide
     assert gate.decision == "inconclusive" and "min_samples=30" in gate.checks[0]["reason"]
     calls: list = []
-    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000, calls),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000, calls),
                                      rule=RULE, budget=Budget(batch=4, max_tasks=1000, deadline_s=600))
     assert [look["n"] for look in evidence["looks"][:2]] == [20, 32]  # not 24 nor 28: fewer than min_samples
     assert calls[:2] == [("candidate", 12), ("champion", 12)] and evidence["status"] == "pass"
-    short = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 6),
+    short = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 6),
                                   rule=RULE, budget=Budget(batch=4, max_tasks=1000, deadline_s=600))
     assert (short["status"], short["reserve_tasks_scored"], len(short["looks"])) == ("inconclusive", 0, 1)
     assert "26 paired tasks are fewer than min_samples=30" in short["reason"]
@@ -177,7 +185,7 @@ def test_the_ece_check_is_judged_again_at_the_end(tmp_path):
     seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
     truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
     first_gate(tmp_path, truth, 111, rule)
-    evidence = extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500),
                                      rule=rule, budget=Budget(batch=50, max_tasks=1500, deadline_s=600))
     ece = next(c for c in evidence["checks"] if c["name"] == "champion_ece")
     assert ece["n"] == evidence["n"] and "after the extension" in ece["reason"]
@@ -186,9 +194,10 @@ def test_the_ece_check_is_judged_again_at_the_end(tmp_path):
 def test_reserve_tasks_the_gate_already_read_are_refused(tmp_path):
     truth = Truth(disagreement=0.15, difference=0.0, seed=0)
     first_gate(tmp_path, truth, 40)
-    overlapping = Reserve(tasks=[SimpleNamespace(id="gate-3")], score=lambda target, batch: [], datasets=[])
+    overlapping = Reserve(tasks=[SimpleNamespace(id="gate-3")], score=lambda target, batch: [], datasets=[],
+                          parts=DECISION_REPORT)
     with pytest.raises(ConfigError, match="also gate tasks"):
-        extend_champion_check(tmp_path, candidate=CANDIDATE, champion=CHAMPION, reserve=overlapping, rule=RULE,
+        extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=overlapping, rule=RULE,
                               budget=Budget(batch=10, max_tasks=10, deadline_s=60))
 
 
@@ -238,7 +247,7 @@ def stage_ctx(overrides: tuple[str, ...], truth: Truth, said: list):
     config = load_release_config(GEMMA, overrides=(*PLAIN, "validation.champion.margin=0.05", "validation.champion.n_bootstrap=500",
                                                    *overrides), environ={})
     family = SimpleNamespace(reserve=lambda validation, config_dir, settings, progress: reserve_of(truth, 1500))
-    return SimpleNamespace(config=config, config_dir=GEMMA.parent, say=said.append, family=family)
+    return SimpleNamespace(config=config, config_dir=GEMMA.parent, say=said.append, family=family, release_id="r-test")
 
 
 @pytest.mark.parametrize("choice", ["block", "ask", "extend"])

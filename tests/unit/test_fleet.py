@@ -1,5 +1,5 @@
-"""`shiplift fleet plan` (tasks/pipeline/fleet.py, issue 36 item 2): the models on one shared MIG endpoint, the room
-their copies and updates take counted by hand here, each model's share of the bill, and a layout that does not fit
+"""`shiplift fleet plan` (tasks/pipeline/fleet/plan.py, issue 36 item 2): the models on one shared MIG endpoint, the
+room their copies and updates take counted by hand here, each model's share of the bill, and a layout that does not fit
 refused with its arithmetic, changing nothing. Issue 44: a rollback's peak and `scale_to_zero.max_copies` counted, and
 a model that scales to zero beside one that never does paying its full slot share (what serves: test_fleet_serving)."""
 
@@ -14,7 +14,8 @@ from tasks.cli.main import main
 from tasks.console import EXIT_BAD_INPUT
 from tasks.errors import ConfigError
 from tasks.ledger.store import Ledger
-from tasks.pipeline.fleet import plan_fleet
+from tasks.cli.fleet_commands import plan_rows
+from tasks.pipeline.fleet.plan import plan_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = sorted((ROOT / "configs" / "fleets" / "shared-h100").glob("*.yaml"))
@@ -78,10 +79,11 @@ def test_a_model_that_scales_to_zero_is_planned_at_its_max_copies(tmp_path):
     plan = plan_fleet([cpu_tenant(tmp_path, "decider"),
                        cpu_tenant(tmp_path, "encoder", scale_to_zero={**WAKES, "max_copies": 3})])
     assert plan.problems[0].startswith("decider's next update has no room: an update without DeploymentConfig starts "
-                                       "all 1 new copies beside the old ones (2 at once) beside the other models' 3 = 5")
+                                       "all 1 new copies beside the old ones (2 at once) beside the other models' "
+                                       "3 = 5")
     assert {t.model: (t.copies, t.most) for t in plan.tenants} == {"decider": (1, 1), "encoder": (1, 3)}
     assert plan.steady == 2 and {t.model: plan.peak(t) for t in plan.tenants} == {"decider": 5, "encoder": 7}
-    assert "scale_to_zero.max_copies" in plan.problems[0] and plan.rows()[1]["copies"] == "1 (up to 3)"
+    assert "scale_to_zero.max_copies" in plan.problems[0] and plan_rows(plan)[1]["copies"] == "1 (up to 3)"
 
 
 def test_a_model_that_scales_to_zero_beside_one_that_never_does_pays_its_full_slot_share():
@@ -112,8 +114,8 @@ def test_a_third_tenant_overfills_the_layout_and_the_refusal_shows_the_arithmeti
                                "the 2 old copies, and its rollback starts 2 old copies"), "4 at once beside 4 = 8"
     assert third.startswith("mdeberta-nli-fr's next update has no room")
     assert problem.startswith("mdeberta-nli's next update has no room: an update without DeploymentConfig starts all 2 "
-                              "new copies beside the old ones (4 at once) beside the other models' 4 = 8 copies, but the "
-                              "endpoint grows to at most 1 x ml.p5.4xlarge = 7 mig-1g.10gb partitions")
+                              "new copies beside the old ones (4 at once) beside the other models' 4 = 8 copies, but "
+                              "the endpoint grows to at most 1 x ml.p5.4xlarge = 7 mig-1g.10gb partitions")
     assert "a MIG endpoint is one instance" in problem and "max_instance_count" not in problem
     assert main(["fleet", "plan", *map(str, [*FLEET, OVERFULL]), "--state-dir", "/nonexistent/state"]) == EXIT_BAD_INPUT
     out, err = capsys.readouterr()
@@ -129,11 +131,18 @@ def test_copies_that_do_not_fit_even_before_any_update_are_refused(tmp_path):
                            "another endpoint for some")
 
 
+def build_payload(memory: dict) -> dict:
+    """A succeeded build's payload as the build stage writes it (`BuildResult`), with `memory` per copy."""
+    output = {"uri": "file:///built", "sha256": "0" * 64, "size": 1, "kind": "folder"}
+    return {"output": output, "model_sha256": "0" * 64, "info": {}, "memory": memory, "temperature": 1.0}
+
+
 def test_a_copy_larger_than_its_partition_by_its_last_build_is_refused(tmp_path):
     ledger = Ledger.for_sqlite(tmp_path / "ledger.db")
-    memory = {"weights_mb": 11000, "context_mb": 500, "runtime_mb": 500, "context_label": "activations", "total_mb": 12000}
+    memory = {"weights_mb": 11000, "context_mb": 500, "runtime_mb": 500, "context_label": "activations",
+              "total_mb": 12000}
     ledger.append(release_id="mdeberta-nli-000000000000", model="mdeberta-nli", stage="build", event="succeeded",
-                  payload={"memory": memory}, actor="test")
+                  payload=build_payload(memory), actor="test")
     plan = plan_fleet(FLEET, ledger=ledger)
     assert {t.model: t.memory_mb for t in plan.tenants} == {"mdeberta-nli": 12000, "mdeberta-nli-de": None}
     assert plan.problems == ("mdeberta-nli's copy needs 12000 MB (its last build), more than a mig-1g.10gb partition's "
@@ -222,7 +231,7 @@ def test_a_layout_id_leaves_out_unset_fields_and_is_the_sha256_of_the_canonical_
     import hashlib
 
     from tasks.config import load_release_config
-    from tasks.pipeline.stages.common import layout_id
+    from tasks.pipeline.fleet.layout import layout_id
 
     config = load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
                                  overrides=("placement.endpoint=demo-cpu",))

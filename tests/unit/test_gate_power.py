@@ -58,8 +58,12 @@ def simulated_outcomes(*, n: int, margin: float, disagreement: float, difference
     return {status: count / CANDIDATES for status, count in counts.items()}
 
 
+SLOW = pytest.mark.slow  # ~9 s each: make test-slow; the 111-task cases stay in make test
+
+
 @pytest.mark.parametrize("n, margin, disagreement, times", [
-    (231, 0.02, 0.08, 0), (231, 0.02, 0.08, 2), (111, 0.05, 0.08, 0), (111, 0.05, 0.08, 1), (231, 0.02, 0.03, 0)])
+    pytest.param(231, 0.02, 0.08, 0, marks=SLOW), pytest.param(231, 0.02, 0.08, 2, marks=SLOW), (111, 0.05, 0.08, 0),
+    (111, 0.05, 0.08, 1), pytest.param(231, 0.02, 0.03, 0, marks=SLOW)])
 def test_gate_power_analytic_outcomes_agree_with_a_seeded_simulation(n, margin, disagreement, times):
     spread_sd = accuracy_sd(disagreement, times * margin)
     analytic = outcome_probabilities(n=n, margin=margin, sd=spread_sd, shortfall=times * margin, confidence=0.95)
@@ -91,7 +95,7 @@ def test_a_gate_report_carries_its_power_at_its_size_with_the_disagreement_it_sa
     """The report of a gate with a champion states how likely an equal candidate was to pass at its size, counted on
     the two models' own answers (here 8 of 100 tasks answered differently), and its HTML shows it."""
     from validation.gate_report import render_html
-    from validation.evaluate import DECISION_REPORT
+    from validation.decisions.evaluate import DECISION_REPORT
     from validation.gates import evaluate_gates
 
     def row(i: int, right: bool) -> dict:

@@ -84,7 +84,7 @@ def test_type_tables_match_gguf_and_llama_cpp() -> None:
     import llama_cpp
     import numpy as np
 
-    from tasks.artifacts.gguf import FILE_TYPES, _HeaderParser
+    from tasks.artifacts.gguf_header import FILE_TYPES, _HeaderParser
 
     assert _HeaderParser._STRING == gguf.GGUFValueType.STRING
     assert _HeaderParser._ARRAY == gguf.GGUFValueType.ARRAY

@@ -13,11 +13,11 @@ import pytest
 
 from tasks.errors import BadInput, NotFound
 from tasks.hashing import sha256_bytes
-from validation import decision_set
-from validation.jevbench import dataset_sha256, load_jevbench
+from validation.decisions import decision_set
+from validation.decisions.jevbench import dataset_sha256, load_jevbench
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "jevbench"
-DECISIONS = Path(decision_set.__file__).parent / "data" / "decisions.jsonl"
+DECISIONS = decision_set.DEFAULT_OUT
 needs_shared = pytest.mark.skipif(
     not (SHARED / "easy.jsonl").is_file(), reason=f"public JevBench copies not present at {SHARED}"
 )
@@ -149,8 +149,8 @@ def test_committed_decision_set_matches_regeneration():
 
 def test_cli_writes_identical_bytes(tmp_path):
     out = tmp_path / "d.jsonl"
-    subprocess.run([sys.executable, "-m", "validation.decision_set", "--out", str(out)], check=True,
-                   cwd=Path(decision_set.__file__).parents[1], capture_output=True)
+    subprocess.run([sys.executable, "-m", "validation.decisions.decision_set", "--out", str(out)], check=True,
+                   cwd=Path(decision_set.__file__).parents[2], capture_output=True)
     assert out.read_bytes() == DECISIONS.read_bytes()
 
 

@@ -14,13 +14,14 @@ from pydantic import ValidationError
 from scipy import stats
 
 from validation.datasets import DecisionDataset
-from validation.evaluate import DECISION_REPORT, RunSettings, Target, evaluate_decisions
+from validation.decisions.evaluate import DECISION_REPORT, evaluate_decisions
+from validation.evaluate import RunSettings, Target
 from validation.gate_report import render_html
 from validation.gates import ChampionRule, DecisionThresholds, evaluate_gates, summary_line
-from validation.jevbench import JevTask
+from validation.decisions.jevbench import JevTask
 from validation.metrics import paired_latency_ratio
-from validation.nli import LABELS, NliPair
-from validation.nli_eval import NliDataset, NliThresholds, evaluate_nli
+from validation.nli.pairs import LABELS, NliPair
+from validation.nli.evaluate import NliDataset, NliThresholds, evaluate_nli
 
 OPTIONS = ["a", "b", "c"]
 

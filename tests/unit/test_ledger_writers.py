@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import tasks.ledger.store
+import tasks.ledger.timestamps
 from tasks.errors import ConfigError
-from tasks.ledger.store import MAX_CLOCK_SKEW_S, Ledger
+from tasks.ledger.store import Ledger
+from tasks.ledger.timestamps import MAX_CLOCK_SKEW_S
 
 if TYPE_CHECKING:
     from tests.unit.conftest import Backend
@@ -129,7 +130,7 @@ def test_a_writer_killed_inside_its_transaction_leaves_nothing_and_blocks_no_one
 
 
 def _clock(monkeypatch: pytest.MonkeyPatch, moment: datetime) -> None:
-    monkeypatch.setattr(tasks.ledger.store, "_utcnow", lambda: moment)
+    monkeypatch.setattr(tasks.ledger.timestamps, "utcnow", lambda: moment)
 
 
 def test_a_clock_slightly_behind_records_the_newest_time_so_order_holds(

@@ -17,7 +17,9 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.errors import BadInput, CapacityError, NotFound, NotReady
-from tasks.backends.local.supervisor import OWNER_ENV, ProcessSpec, ProcessSupervisor
+from tasks.backends.local.endpoint_state import ProcessSpec
+from tasks.backends.local.process_table import OWNER_ENV
+from tasks.backends.local.supervisor import ProcessSupervisor
 from tests.unit.conftest import _dead, _pids
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"

@@ -12,14 +12,14 @@ from tasks.errors import BadInput
 from tests.unit.test_nli_runner import FakeEncoder, key
 from validation.evaluate import RunSettings, Target
 from validation.gates import ChampionRule
-from validation.nli import LABELS
-from validation.nli_eval import (
+from validation.nli.pairs import LABELS
+from validation.nli.evaluate import (
     NliThresholds,
     evaluate_nli,
     load_nli_dataset,
     nli_metrics,
 )
-from validation.nli_set import DEFAULT_OUT
+from validation.nli.builtin_set import DEFAULT_OUT
 from validation.runner import read_predictions
 
 SETTINGS = RunSettings(concurrency=2, timeout_s=10, deadline_s=60, n_bootstrap=200, seed=3)

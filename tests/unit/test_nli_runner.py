@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tasks.errors import BadInput
-from validation.nli import LABELS, NliPair
-from validation.nli_runner import run_pairs
+from validation.nli.pairs import LABELS, NliPair
+from validation.nli.runner import run_pairs
 from validation.runner import read_predictions, write_predictions
 from validation.transport import IC_HEADER
 

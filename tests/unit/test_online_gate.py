@@ -15,7 +15,7 @@ from tasks.backends.local.hosting import process_spec
 from tasks.backends.interfaces import Compute, ComponentSpec, ModelRef, RolloutPlan, RolloutStep
 from tasks.artifacts.tiny_gguf import write_tiny_gguf
 from validation.gates import ChampionRule, DecisionThresholds
-from validation.jevbench import load_jevbench
+from validation.decisions.jevbench import load_jevbench
 from validation.online_gate import OnlineGate
 from validation.transport import HttpInvoker
 

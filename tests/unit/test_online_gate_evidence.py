@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from validation.gates import ChampionRule, DecisionThresholds
-from validation.jevbench import JevTask
+from validation.decisions.jevbench import JevTask
 from validation.online_gate import OnlineGate
 from validation.runner import Prediction, echoed_serving_id
 

@@ -149,12 +149,12 @@ def test_export_is_deterministic_and_reused_but_never_overwritten(
 
 
 def test_failed_export_leaves_nothing_behind(checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
-    import tasks.artifacts.onnx_export as onnx_export
+    import tasks.artifacts.onnx_int8 as onnx_int8
 
     def broken(*_args):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(onnx_export, "_quantize_static", broken)
+    monkeypatch.setattr(onnx_int8, "_quantize_static", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         export_onnx(checkpoint, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
@@ -299,7 +299,7 @@ def test_int8_budget_check_against_hand_computed_values() -> None:
 
 
 def test_parity_records_accuracy_and_judges_the_int8_budget_on_labelled_probes(checkpoint: Path, model_dir: Path) -> None:
-    from validation.nli import load_nli
+    from validation.nli.pairs import load_nli
 
     labelled = [p for p in load_nli(Path(__file__).resolve().parents[2] / "validation" / "data" / "nli.jsonl").pairs
                 if p.split == "calibration"][:16]

@@ -10,6 +10,7 @@ from tasks.backends.aws.service_model import service_model
 from tasks.config import load_release_config
 from tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
 from tasks.errors import ConfigError
+from tasks.families.gguf_decisions import gguf_memory
 from tasks.backends.placement import (
     CPU_RUNTIME_OVERHEAD_MB,
     DEFAULT_DRIVERS,
@@ -18,7 +19,6 @@ from tasks.backends.placement import (
     MemoryEstimate,
     driver_problem,
     fit_problem,
-    gguf_memory,
     is_gpu_instance,
     layout_problem,
     partition_size,

@@ -22,7 +22,7 @@ from tasks.errors import BadInput
 from tasks.hashing import sha256_file
 from validation import charts
 from validation.gates import NOT_GATED, ChampionRule, DecisionThresholds, evaluate_gates
-from validation.evaluate import DECISION_REPORT
+from validation.decisions.evaluate import DECISION_REPORT
 from validation.gate_report import write_reports
 from validation.report_parts import ReportParts
 
@@ -402,9 +402,9 @@ def test_the_report_takes_a_familys_words_rows_and_sections_from_its_parts(tmp_p
 def nli_report(tmp_path):
     from tests.unit.test_nli_runner import FakeEncoder, key
     from validation.evaluate import RunSettings, Target
-    from validation.nli import LABELS
-    from validation.nli_eval import NliThresholds, evaluate_nli, load_nli_dataset
-    from validation.nli_set import DEFAULT_OUT
+    from validation.nli.pairs import LABELS
+    from validation.nli.evaluate import NliThresholds, evaluate_nli, load_nli_dataset
+    from validation.nli.builtin_set import DEFAULT_OUT
 
     split = load_nli_dataset(DEFAULT_OUT, name="nli-test", splits=["test"])
     candidate, champion = FakeEncoder(), FakeEncoder()
@@ -427,7 +427,7 @@ def nli_report(tmp_path):
 def test_nli_report_has_its_family_rows_per_request_latency_and_the_confusion_matrix(nli_report):
     from sklearn.metrics import confusion_matrix
 
-    from validation.nli import LABELS
+    from validation.nli.pairs import LABELS
     from validation.runner import read_predictions
 
     result, split, folder = nli_report

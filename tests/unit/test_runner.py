@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tasks.errors import BadInput
-from validation.jevbench import JevTask
+from validation.decisions.jevbench import JevTask
 from validation.runner import Prediction, read_predictions, run_decisions, write_predictions
 from validation.transport import IC_HEADER
 

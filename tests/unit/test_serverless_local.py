@@ -12,8 +12,8 @@ import time
 import pytest
 
 from tasks.backends.interfaces import ScaleToZeroPlan
-from tasks.backends.local.router import _scaling_problem
-from tasks.backends.local.supervisor import ServerlessEmulation
+from tasks.backends.local.endpoint_state import ServerlessEmulation
+from tasks.backends.local.router_admin_payload import scaling_problem as _scaling_problem
 from tasks.backends.placement import MemoryEstimate, ServerlessPlacement, fit_problem
 from tests.unit.conftest import _dead
 from tests.unit.test_local_hosting import _spec, _wait_for

@@ -51,10 +51,9 @@ from tasks.orchestrators.step_functions import (
 )
 from tasks.orchestrators.task_token import TOKEN_ENV, approval_timed_out, await_approval, send_decision
 from tasks.pipeline.approval import TOKEN_RENEWED, token_reference, waiting_execution
-from tasks.ledger.events import STAGES
 from tasks.orchestrators.approvals import answer_approval
 from tasks.pipeline.release import begin_orchestrated, end_orchestrated, release_id_for, run_orchestrated_stage
-from tasks.pipeline.table import LEASE, timeouts_for
+from tasks.pipeline.table import LEASE, STAGES_THROUGH_GATE, timeouts_for
 from tests.unit.test_sfn import entered, wait_for  # an execution's end and the states it entered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,7 +326,7 @@ def gated(path: Path, config, url: str, holder: str) -> str:
     """What the execution's Begin and stage tasks do up to the gate: open the release, take the lease, run the stages."""
     begun = begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
                                waits_for_approval=True)
-    for stage in STAGES[:6]:
+    for stage in STAGES_THROUGH_GATE:
         run_orchestrated_stage(begun["release_id"], stage, holder=holder, ledger_url=url, actor=holder, progress=QUIET)
     return begun["release_id"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-from tasks.backends.aws.hosting import component_dimensions
+from tasks.backends.aws.hosting_requests import component_dimensions
 from tasks.errors import BadInput
 from tasks.backends.interfaces import ComponentMetrics
 

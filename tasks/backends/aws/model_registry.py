@@ -47,12 +47,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.backends.aws.hosting import tags
+from tasks.backends.aws.hosting_requests import tags
 from tasks.backends.aws.service_model import request_problems
 from tasks.ledger.events import (APPROVAL, APPROVED as APPROVED_EVENT, AWAITING_APPROVAL, PROMOTE, REJECTED as REJECTED_EVENT,
                                  ROLLED_BACK, SUCCEEDED, TIMED_OUT, VALIDATE)
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.errors import BadInput, Conflict, NotFound
+from tasks.ledger.records import R, STAGE_OF, Approval, Stamp, is_promotion, promotion, stage_payload
+from tasks.ledger.stage_results import ImageResult, PackageResult, ValidateResult
 
 APPROVAL_RECORDS = frozenset((APPROVAL, event) for event in (AWAITING_APPROVAL, APPROVED_EVENT, REJECTED_EVENT, TIMED_OUT))
 FOLLOWS = frozenset({(VALIDATE, SUCCEEDED), (PROMOTE, SUCCEEDED), (PROMOTE, ROLLED_BACK)}) | APPROVAL_RECORDS
@@ -83,9 +85,10 @@ def _latest(records: list, wanted) -> Any:
     return next((r for r in reversed(records) if (r.stage, r.event) in wanted), None)
 
 
-def _result(records: list, stage: str) -> dict:
-    record = _latest(records, {(stage, SUCCEEDED)})
-    return record.payload if record else {}
+def _result(records: list, model: type[R]) -> R | None:
+    """The release's latest succeeded result of the stage of `model`, typed; None before it succeeded."""
+    record = _latest(records, {(STAGE_OF[model], SUCCEEDED)})
+    return stage_payload(record, model) if record else None
 
 
 def _quoted(text: str | None, seq: int, room: int) -> str:
@@ -96,39 +99,40 @@ def _quoted(text: str | None, seq: int, room: int) -> str:
 
 def _decision_text(record, room: int = MAX_APPROVAL_DESCRIPTION - RECORD_SUFFIX_ROOM) -> tuple[str, str]:
     """(status, approval description) of an approval record."""
-    payload = record.payload
+    approval = Approval.of(record)
     if record.event == AWAITING_APPROVAL:
-        approvers = ", ".join(payload["approvers"])
-        head = f"gate pass: awaiting approval until {payload['deadline'][:19]}Z by one of "
+        approvers = ", ".join(approval.approvers)
+        head = f"gate pass: awaiting approval until {approval.deadline[:19]}Z by one of "
         tail = f"; approve or reject this version (with a description), or `shiplift approve {record.release_id} --reason TEXT`"
         if len(head) + len(approvers) + len(tail) > room:
-            approvers = f"the {len(payload['approvers'])} approvers of promotion.approval"
+            approvers = f"the {len(approval.approvers)} approvers of promotion.approval"
         return PENDING, head + approvers + tail
     if record.event == TIMED_OUT:
-        return REJECTED, "approval timed out: " + _quoted(payload.get("reason"), record.seq, room - 40)
+        return REJECTED, "approval timed out: " + _quoted(approval.reason, record.seq, room - 40)
     verb, status, after = (("approved", APPROVED, "; promotion follows") if record.event == APPROVED_EVENT
                            else ("rejected", REJECTED, "; the champion keeps serving"))
-    head = f"{verb} by {payload['by']}: "
-    return status, head + _quoted(payload.get("reason"), record.seq, room - len(head) - len(after)) + after
+    head = f"{verb} by {approval.by}: "
+    return status, head + _quoted(approval.reason, record.seq, room - len(head) - len(after)) + after
 
 
 def _approval(record, records: list = ()) -> tuple[str, str]:
     """(status, approval description) of the record a view follows (`records`: the release's own)."""
-    payload = record.payload
     if record.stage == APPROVAL:
         return _decision_text(record)
     if record.stage == VALIDATE:
-        if payload["decision"] == "pass":
+        gate = stage_payload(record, ValidateResult)
+        if gate.decision == "pass":
             return PENDING, "gate pass: awaiting promotion"
-        return REJECTED, f"gate {payload['decision']}: " + ("; ".join(payload.get("not_passed") or []) or "no check passed")
+        return REJECTED, f"gate {gate.decision}: " + ("; ".join(gate.not_passed or []) or "no check passed")
+    promoted = promotion(record)
     if record.event == ROLLED_BACK:
-        return REJECTED, f"rollout rolled back: {payload.get('reason')}; the champion serves again"
-    if payload.get("trigger") == "rollback":
-        return APPROVED, f"promoted again by a rollback from {payload.get('rollback_from')}: {payload.get('rollback_reason')}"
-    reason = f": {payload['reason']}" if payload.get("reason") else ""
+        return REJECTED, f"rollout rolled back: {promoted.reason}; the champion serves again"
+    if promoted.trigger == "rollback":
+        return APPROVED, f"promoted again by a rollback from {promoted.rollback_from}: {promoted.rollback_reason}"
+    reason = f": {promoted.reason}" if promoted.reason else ""
     approval = _latest(records, {(APPROVAL, APPROVED_EVENT)})
-    approved = f", approved by {approval.payload['by']} (ledger seq {approval.seq})" if approval is not None else ""
-    return APPROVED, f"promoted to {payload.get('endpoint')}/{payload.get('component')} ({payload.get('strategy')}){approved}{reason}"
+    approved = f", approved by {Approval.of(approval).by} (ledger seq {approval.seq})" if approval is not None else ""
+    return APPROVED, f"promoted to {promoted.endpoint}/{promoted.component} ({promoted.strategy}){approved}{reason}"
 
 
 def release_view(release_id: str, history: list) -> View | None:
@@ -140,22 +144,23 @@ def release_view(release_id: str, history: list) -> View | None:
     if record is None:
         return None
     status, text = _approval(record, records)
-    package, image, gate = _result(records, "package"), _result(records, "image"), _result(records, VALIDATE)
+    package, image = _result(records, PackageResult), _result(records, ImageResult)
+    gate = _result(records, ValidateResult)
     metadata = {
         "shiplift:release-id": release_id,
-        "shiplift:config-hash": record.payload["config_hash"],
-        "shiplift:artifact-sha256": package["artifact_sha256"],
-        "shiplift:image-digest": image["image_digest"],
+        "shiplift:config-hash": Stamp.of(record).config_hash,
+        "shiplift:artifact-sha256": package.artifact_sha256,
+        "shiplift:image-digest": image.image_digest,
         "shiplift:ledger-record-sha256": record.record_hash,
         "shiplift:ledger-seq": str(record.seq),
         "shiplift:ledger-event": f"{record.stage}/{record.event}",
-        "shiplift:gate-decision": gate["decision"],
-        **{f"shiplift:gate-{name}": str(value) for name, value in sorted((gate.get("metrics") or {}).items()) if value is not None},
+        "shiplift:gate-decision": gate.decision,
+        **{f"shiplift:gate-{name}": str(value) for name, value in sorted((gate.metrics or {}).items()) if value is not None},
     }
-    if gate.get("champion_release"):
-        metadata["shiplift:gate-champion"] = gate["champion_release"]
-    if (record.stage, record.event) == (PROMOTE, SUCCEEDED):
-        later = next((r for r in history if r.seq > record.seq and (r.stage, r.event) == (PROMOTE, SUCCEEDED)
+    if gate.champion_release:
+        metadata["shiplift:gate-champion"] = gate.champion_release
+    if is_promotion(record):
+        later = next((r for r in history if r.seq > record.seq and is_promotion(r)
                       and r.release_id != release_id), None)
         if later is not None:
             metadata["shiplift:superseded-by"] = later.release_id
@@ -166,9 +171,9 @@ def release_view(release_id: str, history: list) -> View | None:
 def previous_server(release_id: str, history: list) -> str | None:
     """The release that served before this release's latest promotion (the one it supersedes), if any."""
     record = _latest([r for r in history if r.release_id == release_id], FOLLOWS)
-    if record is None or (record.stage, record.event) != (PROMOTE, SUCCEEDED):
+    if record is None or not is_promotion(record):
         return None
-    before = [r for r in history if r.seq < record.seq and (r.stage, r.event) == (PROMOTE, SUCCEEDED)]
+    before = [r for r in history if r.seq < record.seq and is_promotion(r)]
     return before[-1].release_id if before and before[-1].release_id != release_id else None
 
 
@@ -321,7 +326,7 @@ class SageMakerModelRegistry:
         if live is None or status not in (APPROVED, REJECTED):
             return {"status": None, "others": others} if others else None
         metadata, principals = live.get("CustomerMetadataProperties") or {}, self.principals(live)
-        approvers = list(request.payload.get("approvers") or [])
+        approvers = list(Approval.of(request).approvers or [])
         actor = next((p for p in principals if p in approvers), principals[0] if principals else "(nobody named)")
         arn, version = live["ModelPackageArn"], live.get("ModelPackageVersion")
         view = release_view(release.release_id, history)

@@ -18,7 +18,8 @@ from typing import Iterator
 from tasks.errors import Conflict, NotFound
 from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.room import room_of
-from tasks.backends.local.supervisor import ProcessSupervisor, ProcessSpec, ServerlessEmulation
+from tasks.backends.local.endpoint_state import ProcessSpec, ServerlessEmulation
+from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.backends.placement import SERVERLESS_STARTUP_S
 from tasks.backends.image_source import server_command
 from tasks.backends.local.process_image import local_image_kind

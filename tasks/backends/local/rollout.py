@@ -15,7 +15,8 @@ from typing import Callable
 
 from tasks.errors import BadInput, NotFound
 from tasks.backends.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
-from tasks.backends.local.supervisor import EndpointState, ProcessSpec, ProcessSupervisor, check_name
+from tasks.backends.local.endpoint_state import EndpointState, ProcessSpec, check_name
+from tasks.backends.local.supervisor import ProcessSupervisor
 
 
 def roll_out(

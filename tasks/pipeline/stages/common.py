@@ -12,20 +12,14 @@ from datetime import datetime, timezone
 from tasks.errors import Conflict
 from tasks.hashing import sha256_json
 from tasks.ledger.events import FLEET, PROMOTE, RETIRED, SUCCEEDED
+from tasks.ledger.records import Retirement, promotion
 from tasks.ledger.views import left_by_fleet
+from tasks.pipeline.fleet.layout import layout_id
 from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
 
 def resource_name(config, role: str, *content: str) -> str:
     base = f"{config.resource_prefix}-{config.name}-{role}"
     return f"{base}-{sha256_json(list(content))[:10]}" if content else base
-
-
-def layout_id(placement) -> str:
-    """Eight hex digits of a placement's content (its shared endpoint's name apart): a shared endpoint's instances and
-    layout cannot change while it runs, so another layout is another endpoint, named by it (docs/fleet.md). Unset
-    (null) fields are left out, so a placement field added later with no default value leaves the names of running
-    endpoints as they are (one added with another default renames them)."""
-    return sha256_json(placement.model_dump(mode="json", exclude={"endpoint"}, exclude_none=True))[:8]
 
 
 def production_endpoint(config) -> str:
@@ -51,8 +45,9 @@ def require_production_here(ledger, config, release_id: str) -> None:
     back)."""
     served = ledger.served_at(config.name, datetime.now(timezone.utc))
     where = production_endpoint(config)
-    if served is not None and served.payload.get("endpoint") not in (None, where):
-        raise Conflict(f"{config.name} serves on {served.payload['endpoint']} (release {served.release_id}), but release "
+    serving_on = promotion(served).endpoint if served is not None else None
+    if serving_on not in (None, where):
+        raise Conflict(f"{config.name} serves on {serving_on} (release {served.release_id}), but release "
                        f"{release_id}'s config names production endpoint {where}: a running endpoint's layout cannot "
                        "change, so another placement is another endpoint",
                        fix="release a config with the placement the model serves with, or roll back to a release "
@@ -63,8 +58,8 @@ def require_production_here(ledger, config, release_id: str) -> None:
         records = sorted(ledger.events(FLEET, RETIRED) + ledger.events(PROMOTE, SUCCEEDED), key=lambda r: r.seq)
         left = left_by_fleet(records, where)
         if left is not None:
-            how = (f"retired (replaced by {left.payload.get('replaced_by')})" if left.stage == FLEET else
-                   f"left for {left.payload.get('endpoint')} (it serves on only for callers that have not switched)")
+            how = (f"retired (replaced by {Retirement.of(left).replaced_by})" if left.stage == FLEET else
+                   f"left for {promotion(left).endpoint} (it serves on only for callers that have not switched)")
             raise Conflict(f"release {release_id}'s config names production endpoint {where}, which a fleet move "
                            f"{how}, recorded in release {left.release_id}",
                            fix="give the config the placement of the shared endpoint's current layout (`shiplift fleet "

@@ -1,5 +1,5 @@
-"""package: build the deterministic model.tar.gz (its layout is the model family's) and put it in the content-addressed
-store."""
+"""package: build the deterministic model.tar.gz (its layout and its build's manifest fields are the model family's) and
+put it in the content-addressed store."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import sys
 from importlib import metadata
 
 from tasks.ledger.stage_results import PackageResult
-
-# What of the build goes into the manifest: the model's identity and provenance (a family's own build fields included).
-MANIFEST_BUILD_FIELDS = ("model_sha256", "gguf_sha256", "quantized_from", "info", "export")
 
 
 def tool_versions(distributions: tuple[str, ...]) -> dict:
@@ -32,7 +29,7 @@ def run(ctx) -> dict:
         "model": ctx.config.name,
         "kind": ctx.config.artifact.kind,
         "source": {"sha256": resolved.source_sha256, **resolved.source},
-        "build": {k: v for k, v in built.model_dump(mode="json").items() if k in MANIFEST_BUILD_FIELDS and v is not None},
+        "build": {"model_sha256": built.model_sha256, "info": built.info, **family.manifest_fields(built)},
         "temperature": built.temperature,
         "tools": tool_versions(family.tool_distributions),
     }

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 
 from tasks.backends.interfaces import ComponentSpec, RolloutResult, RolloutStep, StepKind
 from tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
+from tasks.ledger.records import StepRecord, promotion
 from tasks.ledger.views import rollout_steps, step_key
 from tasks.ledger.stage_results import PromoteResult
 from tasks.errors import Conflict
@@ -59,10 +60,10 @@ class TrafficLog:
         self.where = {"endpoint": endpoint, "component": component, "strategy": strategy}
         earlier = [r for r in attempt_records(ctx.state.records) if (r.stage, r.event) in RECORDED]
         self.recorded = {(r.stage, *step_key(r.payload)) for r in earlier}
-        self.check_offset = max((r.payload.get("check") or 0 for r in earlier), default=0)
-        first = next((r.payload for r in earlier if r.stage == TRAFFIC), None)
+        self.check_offset = max((StepRecord.of(r).check or 0 for r in earlier), default=0)
+        first = next((StepRecord.of(r) for r in earlier if r.stage == TRAFFIC), None)
         if first is not None:
-            self.from_release = first.get("from_release")
+            self.from_release = first.from_release
         else:
             served = ctx.backends.ledger.served_at(ctx.config.name, datetime.now(timezone.utc))
             self.from_release = served.release_id if served else None
@@ -174,7 +175,8 @@ def run(ctx) -> dict:
         ctx.say(f"promote: skipped, {blocked}; the champion keeps serving")
         return PromoteResult(event=SKIPPED, reason=blocked, decision=decision)
     move = latest_move(ctx.state.records)
-    config = moved_config(ctx.config, move.payload["moved_to"]) if move else ctx.config  # where a fleet move put it
+    moved = promotion(move) if move is not None else None
+    config = moved_config(ctx.config, moved.moved_to) if moved is not None else ctx.config  # where a fleet move put it
     require_production_here(ctx.backends.ledger, config, ctx.release_id)  # a promotion or rollback across a layout change would leave the old copies serving
     endpoint, component = production_endpoint(config), production_component(config)
     rollout, hosting = config.rollout, ctx.backends.hosting
@@ -215,5 +217,5 @@ def run(ctx) -> dict:
         event=SUCCEEDED, endpoint=endpoint, component=component, strategy=rollout.strategy, steps=steps,
         served=live.model_ref.model_dump() if live.model_ref else spec.model_ref.model_dump(), copies=live.copies,
         placement=live.placement.model_dump(mode="json"), image_digest=live.image_digest,
-        **({"share": move.payload["share"]} if move is not None and move.payload.get("share") else {}),
+        **({"share": moved.share} if moved is not None and moved.share else {}),
     )

@@ -83,6 +83,11 @@ def cold_starts(ctx, deployed, invoker) -> dict | None:
             "kind": cold_start_kind(hosting)}
 
 
+def gate_title(ctx) -> str:
+    """The gate report's title (written by the family's evaluation, again by an extension)."""
+    return f"{ctx.release_id} gate"
+
+
 def run_settings(cfg):
     """The gate's request and statistics settings (`validation.evaluate.RunSettings`) of `validation`."""
     from validation.evaluate import RunSettings
@@ -95,7 +100,7 @@ def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
     cfg = ctx.config.validation
     settings = run_settings(cfg)
     return ctx.family.evaluate(candidate, champion, cfg.dataset_paths(ctx.config_dir), ctx.stage_dir("validate"), validation=cfg, settings=settings,
-                               progress=ctx.say, title=f"{ctx.release_id} gate", context=context,
+                               progress=ctx.say, title=gate_title(ctx), context=context,
                                built=ctx.result("build"))
 
 
@@ -148,7 +153,7 @@ def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, lis
     evidence = extend_champion_check(
         out_dir, candidate=candidate, champion=champion,
         reserve=ctx.family.reserve(cfg, ctx.config_dir, run_settings(cfg), ctx.say), rule=cfg.champion,
-        budget=Budget(extend.batch, extend.max_tasks, extend.deadline_s), progress=ctx.say)
+        budget=Budget(extend.batch, extend.max_tasks, extend.deadline_s), title=gate_title(ctx), progress=ctx.say)
     summary = {key: evidence[key] for key in ("status", "n", "interval", "reason", "stopped", "reserve_tasks_scored")}
     return evidence["decision"], evidence["checks"], {**record, "outcome": f"extended: {evidence['decision']}",
                                                        "extension": {**summary, "looks": evidence["looks"]}}

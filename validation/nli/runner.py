@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Unpack
 
 from tasks.errors import BadInput
-from validation.nli import LABELS, NliPair
+from validation.nli.pairs import LABELS, NliPair
 from validation.runner import EMPTY_RESULT, Prediction
 from validation.transport import (
     Connection,

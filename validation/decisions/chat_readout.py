@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from images.common.decision_prompt import LETTERS, PROMPT_VERSION, user_text
-from validation.jevbench import JevTask
+from validation.decisions.jevbench import JevTask
 from validation.transport import Malformed, json_body
 
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's bound, which llama-server also applies

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from validation.expectations import DatasetCheck, add_suite, shared_context, validate_rows
-from validation.nli import LABELS, NliPair
+from validation.nli.pairs import LABELS, NliPair
 
 SUITE_NAME = "shiplift-nli-dataset"
 _COLUMNS = ("id", "label", "split", "premise", "hypothesis")

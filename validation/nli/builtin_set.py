@@ -8,7 +8,7 @@ are split train / calibration / test 15 / 4 / 6 per domain, so one passage never
 splits and every split is balanced by label and domain. Templates and a fixed seed make the
 output byte-identical on every run:
 
-    python -m validation.nli_set [--out validation/data/nli.jsonl]
+    python -m validation.nli.builtin_set [--out validation/data/nli.jsonl]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ SEED = 20260401
 NEWLINE = b"\n"
 SCENARIOS_PER_DOMAIN = 25
 SPLIT_PLAN = (("train", 15), ("calibration", 4), ("test", 6))
-DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "nli.jsonl"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "nli.jsonl"
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
 FIRST_NAMES = ("Alice", "Bruno", "Chen", "Dara", "Elif", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaori",

@@ -1,6 +1,6 @@
 """Evaluate any encoder endpoint on NLI datasets, gate it, and write the evidence to a folder.
 
-Mirrors validation.evaluate.evaluate_decisions: the decision metrics and gates (accuracy, ECE,
+Mirrors validation.decisions.evaluate.evaluate_decisions: the decision metrics and gates (accuracy, ECE,
 Brier, NLL, validity, champion comparison) run unchanged on decision-shaped predictions; the NLI
 metrics (macro-F1, per-class recall with bootstrap intervals, the confusion matrix) and their
 absolute thresholds are added to the same gate report. Latency and throughput are counted per
@@ -23,7 +23,7 @@ import numpy as np
 from tasks.errors import BadInput
 from validation.datasets import CheckedDataset, keep_splits
 from validation.evaluate import RunSettings, Side, Target, progress_counter
-from validation.nli import LABELS, NliPair
+from validation.nli.pairs import LABELS, NliPair
 from validation.report_parts import ReportParts
 from validation.thresholds import NliThresholds
 
@@ -77,8 +77,8 @@ class NliDataset(CheckedDataset):
 
 def load_nli_dataset(path: str | Path, *, name: str, splits: Sequence[str] | None = None) -> NliDataset:
     """Read an NLI file, keep the given splits (all when None), and check it before use."""
-    from validation.nli import load_nli
-    from validation.nli_expectations import check_nli_pairs
+    from validation.nli.pairs import load_nli
+    from validation.nli.expectations import check_nli_pairs
 
     loaded = load_nli(path)
     pairs = keep_splits(loaded.pairs, splits, where=f"NLI file {loaded.path}", unit="pairs",
@@ -165,9 +165,9 @@ def score_nli_targets(sides: Sequence[Side], datasets: Sequence[NliDataset], set
                       batch_size: int) -> list[tuple[list, dict, list]]:
     """Every dataset's pairs through each side, alternately in turns of whole batches when there are two
     (`validation.evaluate.side_by_side`); per side: predictions in pair order, the truncation report and every
-    request's timing (`validation.nli_runner.RequestTiming`, numbered per dataset from 1 as one run numbers them)."""
+    request's timing (`validation.nli.runner.RequestTiming`, numbered per dataset from 1 as one run numbers them)."""
     from validation.evaluate import TURN_PER_WORKER, side_by_side, turns_of
-    from validation.nli_runner import NliRun, run_pairs
+    from validation.nli.runner import NliRun, run_pairs
 
     def score(target: Target, turn, requests: dict):
         run = run_pairs(target.invoker, turn.items, batch_size=batch_size, concurrency=settings.concurrency,

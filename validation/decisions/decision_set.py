@@ -1,6 +1,6 @@
 """The project's own JevBench-format decision set, written deterministically from templates.
 
-Run `python -m validation.decision_set --out validation/data/decisions.jsonl`. Every task has
+Run `python -m validation.decisions.decision_set --out validation/data/decisions.jsonl`. Every task has
 one answer a careful reader would agree with; slot values and option order come from an RNG
 seeded per task id, so regenerating gives identical bytes. About 40 % of each
 (family, expected label) stratum is the `calibration` split, the rest `test`.
@@ -14,11 +14,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from validation.jevbench import parse_task
+from validation.decisions.jevbench import parse_task
 
 SEED = "shiplift-decisions-v1"
 CALIBRATION_SHARE = 0.4
-DEFAULT_OUT = Path(__file__).parent / "data" / "decisions.jsonl"
+DEFAULT_OUT = Path(__file__).parents[1] / "data" / "decisions.jsonl"
 
 SLOTS: dict[str, list[str]] = {
     "name": ["Anna", "Ben", "Carla", "David", "Elif", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Keiko", "Luis"],

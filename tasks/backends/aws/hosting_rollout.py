@@ -1,0 +1,162 @@
+"""A release's rollout on SageMaker: the rolling update of production's inference component with its rollback alarms,
+followed and baked check by check (the online gate's verdict published for its alarm), resumed after a crash, and told
+as the rollout or the rollback it ended as."""
+
+from __future__ import annotations
+
+import time
+
+from tasks.backends.aws.hosting_calls import (COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies,
+                                              failure_reason)
+from tasks.backends.aws.hosting_deploy import Deployer
+from tasks.backends.aws.hosting_requests import alarm_requests, gate_datum, model_request, rolling_update_request
+from tasks.backends.interfaces import Bake, ComponentSpec, OnStep, Progress, RolloutPlan, RolloutResult, RolloutStep
+from tasks.errors import DeployFailed
+
+
+def our_update(live: dict, alarms: list[str]) -> bool:
+    """Whether the component's last deployment is this rollout's rolling update: its rollback alarms are the ones
+    this rollout names (they derive from the component, the release and the rules)."""
+    config = (live.get("LastDeploymentConfig") or {}).get("AutoRollbackConfiguration") or {}
+    named = [alarm.get("AlarmName") for alarm in config.get("Alarms") or []]
+    return bool(named) and named == alarms
+
+
+def runs(live: dict, model_name: str, copies: int) -> bool:
+    """Whether a component's description shows `model_name` on `copies` copies."""
+    runtime = live.get("RuntimeConfig", {})
+    return (live.get("Specification", {}).get("ModelName") == model_name
+            and runtime.get("DesiredCopyCount") == copies == runtime.get("CurrentCopyCount"))
+
+
+def rollback_reason(final: dict, steps: list[RolloutStep], fired: dict[str, str], plan: RolloutPlan) -> str:
+    """Why SageMaker ended the update on the old spec: the alarms seen in ALARM, the online gate's verdict, the
+    update's FailureReason, or (none of them seen) its maximum execution time."""
+    if fired:
+        return "; ".join(f"alarm {name} fired" + (f": {reason}" if reason else "") for name, reason in fired.items())
+    gate = next((step.alarm for step in steps if step.alarm), None)
+    if gate:
+        return gate
+    if final.get("FailureReason"):
+        return f"the update failed: {final['FailureReason']}"
+    return ("SageMaker ended the update on the previous model with no alarm seen in ALARM: it passed "
+            f"MaximumExecutionTimeoutInSeconds ({plan.max_execution_s:g}s) or an alarm fired between two checks")
+
+
+class Rollout:
+    """Rolls production's component to a new spec; a component that does not exist yet is deployed (`deployer`)."""
+
+    def __init__(self, calls: SageMakerCalls, deployer: Deployer):
+        self.calls, self.deployer = calls, deployer
+
+    def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
+                 progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
+        """SageMaker's rolling update: create the release's alarms, send UpdateInferenceComponent with the
+        RollingUpdatePolicy and the alarms, and follow it, calling `bake` every `check_interval_s` (the online gate
+        replays there and its verdict is published for its alarm). SageMaker ends a rolled-back update InService
+        on the old spec with no rollback status, so success is the candidate's model serving on every copy and
+        anything else is the rollback it is, with the alarm seen firing. This rollout's own update (its
+        LastDeploymentConfig names this rollout's alarms), still Updating or ended after a crash, is followed, not
+        sent again; a component Creating, or Updating for another cause, is waited for first (SageMaker refuses
+        UpdateInferenceComponent then). A Failed component is updated again, never deleted: its copies may still serve
+        the champion. The alarms are removed once the update has ended (a crashed watcher leaves them to SageMaker,
+        and its rerun, which names the same alarms, removes them). `on_step` hears of every check as it is seen (shifted)
+        and judged (baked), and of the last observation, once the update has ended, as the step it is (rollout, or the
+        rollback SageMaker made)."""
+        calls = self.calls
+        tell = on_step or (lambda kind, step: None)
+        live = calls.inference_component(endpoint, component)
+        if live is None:
+            self.deployer.deploy(endpoint, component, spec, placement, role="production", progress=progress)
+            return RolloutResult(status="created")
+        model = model_request(component, spec, endpoint, role_arn=calls.backend.execution_role_arn)
+        self.deployer.ensure_model(model)
+        alarms = alarm_requests(endpoint, component, spec, plan)
+        names = [alarm["AlarmName"] for alarm in alarms]
+        status, ours = live.get("InferenceComponentStatus"), our_update(live, names)
+        if status in UNSETTLED and not (ours and status == "Updating"):
+            progress(f"inference component {component} is {status} (not this rollout's update); waiting for it to end "
+                     "before updating it")
+            live = calls.settled(component, progress, deadline_s=plan.max_execution_s + COMPONENT_WAIT_S)
+            if live is None:
+                self.deployer.deploy(endpoint, component, spec, placement, role="production", progress=progress)
+                return RolloutResult(status="created")
+            status, ours = live.get("InferenceComponentStatus"), our_update(live, names)
+        if status == "InService" and runs(live, model["ModelName"], spec.copies):
+            return RolloutResult(status="unchanged")
+        for alarm in alarms:
+            calls.call("cloudwatch", "PutMetricAlarm", **alarm)
+        if ours and status in ("Updating", "InService"):
+            progress(f"inference component {component}: this rollout's update (an earlier attempt's) is {status}; "
+                     "following it, not sending it again")
+        else:
+            if status == "Failed":
+                progress(f"inference component {component} is Failed ({failure_reason(live)}) with "
+                         f"{current_copies(live)} copies; updating it again (it is never deleted: its copies may still serve)")
+            progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
+                     f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
+            calls.sm("UpdateInferenceComponent",
+                     **rolling_update_request(component, endpoint, spec, model["ModelName"], plan, names))
+        steps, final, fired = self._follow(component, spec, plan, bake, names, progress, tell)
+        if final.get("InferenceComponentStatus") == "Failed" or runs(final, model["ModelName"], spec.copies):
+            tell("shifted", steps[-1])  # the update ended on the new spec, or Failed; a rollback is told below
+        else:
+            reason = rollback_reason(final, steps, fired, plan)
+            steps[-1] = steps[-1].model_copy(update={"phase": "rollback", "alarm": reason})
+            tell("shifted", steps[-1])
+        calls.call("cloudwatch", "DeleteAlarms", AlarmNames=names)  # kept while an update may still need them
+        if final.get("InferenceComponentStatus") == "Failed":
+            serving = current_copies(final)
+            raise DeployFailed(
+                f"inference component {component} failed during its rolling update: {failure_reason(final)}"
+                + (f"; {serving} copies of the previous model still serve on it" if serving else ""),
+                fix="read the FailureReason and the container logs, fix the cause and rerun promote: it updates the same "
+                    "component again (a Failed production component is never deleted)"
+                    + ("" if serving else "; no copy serves now"))
+        if runs(final, model["ModelName"], spec.copies):
+            return RolloutResult(status="succeeded", steps=tuple(steps))
+        reason = steps[-1].alarm
+        progress(f"inference component {component}: rolled back: {reason}")
+        return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
+
+    def _follow(self, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, alarms: list[str],
+                progress: Progress, tell: OnStep) -> tuple[list[RolloutStep], dict, dict[str, str]]:
+        """Poll the update until it ends; every check interval read the alarms' states and run the bake, telling each
+        check as it is seen and judged. Returns the steps (the last one, not told yet: the component and its alarms once
+        the update ended), the last description and every alarm seen in ALARM with its StateReason."""
+        calls = self.calls
+        steps: list[RolloutStep] = []
+        fired: dict[str, str] = {}
+        spec_sha256, batches = spec.sha256(), len(plan.targets(spec.copies))
+        next_check = 0.0
+
+        def observed(answer: dict) -> RolloutStep:
+            """The component's copy count in this description and every alarm's state now."""
+            found = calls.call("cloudwatch", "DescribeAlarms", AlarmNames=alarms).get("MetricAlarms", [])
+            fired.update({a["AlarmName"]: a.get("StateReason", "") for a in found if a.get("StateValue") == "ALARM"})
+            return RolloutStep(phase="rollout", check=len(steps) + 1, batches=batches, new_spec_sha256=spec_sha256,
+                               copies=answer.get("RuntimeConfig", {}).get("CurrentCopyCount"),
+                               alarm_states={a["AlarmName"]: a.get("StateValue", "INSUFFICIENT_DATA") for a in found})
+
+        def check(answer: dict) -> None:
+            nonlocal next_check
+            if time.monotonic() < next_check:
+                return
+            next_check = time.monotonic() + plan.alarms.check_interval_s
+            step = observed(answer)
+            tell("shifted", step)
+            alarm = bake(step)
+            if plan.online_gate:
+                calls.call("cloudwatch", "PutMetricData", **gate_datum(component, failed=alarm is not None))
+            steps.append(step.model_copy(update={"alarm": alarm}))
+            tell("baked", steps[-1])  # after the gate's datum: SageMaker's alarm on it must not wait for the ledger
+            in_alarm = [name for name, state in step.alarm_states.items() if state == "ALARM"]
+            progress(f"inference component {component}: check {len(steps)}: {step.copies} copies; "
+                     + (f"in ALARM: {', '.join(in_alarm)}" if in_alarm else "no alarm")
+                     + (f"; {alarm}" if alarm else ""))
+
+        _, final = calls.wait(component, deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, progress=progress,
+                              on_poll=check)
+        final = final or {}
+        steps.append(observed(final))
+        return steps, final, fired

@@ -1,0 +1,101 @@
+"""Evaluate any decision endpoint (SemIf, or chat completions through its readout) on decision datasets, gate it, and
+write the evidence to a folder.
+
+A candidate and its champion are scored side by side (`validation.evaluate.side_by_side`): in alternate turns of a few
+tasks each, in one window on one machine, so that their latencies can be compared (the gate's `champion_p95_ratio`)
+whatever else loads the machine.
+
+Writes `predictions.jsonl` (and `champion-predictions.jsonl` when a champion is compared),
+`gate-report.json` and `report.html`: everything needed to recompute every number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Callable
+
+from validation.evaluate import (
+    TURN_PER_WORKER,
+    RunSettings,
+    Side,
+    Target,
+    Turn,
+    progress_counter,
+    side_by_side,
+    turns_of,
+)
+from validation.report_parts import ReportParts
+
+DECISION_REPORT = ReportParts(  # a decision gate's parts of its report (SemIf and the chat readout alike)
+    item="task", items="tasks",
+    estimates=("accuracy", "validity", "ece", "brier", "nll", "allowed_token_mass"),
+)
+
+
+def score_decisions(sides: Sequence[Side], datasets: list, settings: RunSettings,
+                    notice: Callable[[str], None] | None = None) -> list[list]:
+    """Every dataset's tasks through each side, alternately in turns when there are two (`side_by_side`; one side
+    runs each dataset in one go); each side's predictions in task order."""
+    from validation.runner import SEMIF, run_decisions
+
+    def score(target: Target, turn: Turn, requests: dict) -> list:
+        return run_decisions(target.invoker, turn.items, concurrency=settings.concurrency, dataset_name=turn.dataset.name,
+                             readout=settings.readout or SEMIF, **requests)
+
+    side_by_side(sides, turns_of(datasets, sides, TURN_PER_WORKER * settings.concurrency), score, lambda predictions: all(p.lost for p in predictions), settings,
+                 notice)
+    return [[p for outcome in side.outcomes for p in outcome] for side in sides]
+
+
+def evaluate_decisions(
+    candidate: Target,
+    datasets: list,
+    out_dir: Path,
+    *,
+    thresholds,
+    champion_rule,
+    champion: Target | None = None,
+    settings: RunSettings = RunSettings(),
+    progress: Callable[[str], None] | None = None,
+    title: str = "shiplift decision gate",
+    decision_rule: str = "bound",
+    context: Callable[[dict], dict] | None = None,
+) -> dict:
+    """Score the candidate (and the champion on the same tasks, alternately: `side_by_side`), gate, and write the
+    reports; `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns the report's RELEASE_CONTEXT."""
+    from validation.gates import evaluate_gates, with_release_checks
+    from validation.gate_report import write_reports
+    from validation.runner import SEMIF, write_predictions
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = progress or (lambda message: None)
+    sides = [Side(target, progress_counter(say, target.label or role))
+             for target, role in ((candidate, "candidate"), (champion, "champion")) if target is not None]
+    candidate_predictions, *champion_predictions = score_decisions(sides, datasets, settings, say)
+    write_predictions(out_dir / "predictions.jsonl", candidate_predictions)
+    candidate_rows = [p.to_dict() for p in candidate_predictions]
+    champion_rows = None
+    if champion_predictions:
+        write_predictions(out_dir / "champion-predictions.jsonl", champion_predictions[0])
+        champion_rows = [p.to_dict() for p in champion_predictions[0]]
+    report = evaluate_gates(
+        candidate_rows, thresholds=thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
+        n_bootstrap=settings.n_bootstrap, seed=settings.seed, decision_rule=decision_rule,
+    ).to_dict()
+    losses = (settings.readout or SEMIF).losses(candidate_rows)
+    if losses is not None:
+        report["metrics"]["readout"] = losses
+    release = context(report["metrics"]) if context else None
+    report = with_release_checks(report, release)  # the pipeline's own checks (a cold start) judged with the gate's
+    extra = {
+        "datasets": [d.evidence() for d in datasets],
+        "candidate": candidate.describe(),
+        "champion": None if champion is None else champion.describe(),
+        "readout": (settings.readout.name if settings.readout else "semif"),
+        "release": release,
+    }
+    paths = write_reports(out_dir, gate_report=report, predictions=candidate_rows, title=title, parts=DECISION_REPORT,
+                          extra=extra)
+    return {**report, "paths": {k: str(v) for k, v in paths.items()}, "datasets": extra["datasets"]}
