@@ -72,6 +72,7 @@ def test_a_promoted_release_is_an_approved_version_carrying_its_ledger_record_an
     assert rerun and not [op for op in rerun if op.startswith(("Create", "Update"))], "the rerun read the view and found it right"
 
 
+@pytest.mark.slow  # ~22 s: make test-slow; make test keeps the rerun that changes nothing (the first test of this file)
 def test_a_failed_view_update_leaves_the_ledger_whole_and_a_rerun_repairs_it(aws, aws_release, tiny_release, tmp_path):
     aws_release.prepare_account(aws)
     aws.scenario(throttle={"UpdateModelPackage": 100})  # past botocore's bounded retries, at the gate and the promotion

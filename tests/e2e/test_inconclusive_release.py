@@ -5,7 +5,7 @@ serve the same GGUF, so their answers are the champion's, task for task, and onl
 its 32 tasks are fewer than the champion rule's min_samples of 40, so the first look is inconclusive (the rule refuses
 to decide; the paired interval itself is [0, 0]). Each later release names what an inconclusive gate does:
 - extend: reserve tasks (the decision set's test rows the gate does not read) are scored on both, 16 per look, until
-  the confidence sequence decides; with every difference 0 it clears margin 0.15 after 69 paired tasks, at the look of
+  the confidence sequence decides; with every difference 0 it clears margin 0.07 after 73 paired tasks, at the look of
   80 (validation.sequential);
 - ask: the release waits for an approver with the interval and the power in its request; an approval promotes it, a
   rejection leaves the champion serving;
@@ -102,6 +102,9 @@ def test_an_inconclusive_gate_extended_on_reserve_tasks_passes_and_the_release_i
         assert sha256_file(path) == result["evidence"][name]["sha256"], name
     evidence = json.loads(kept["extension.json"].read_text())
     assert (evidence["first_decision"], evidence["decision"], evidence["n"]) == ("inconclusive", "pass", 80)
+    report = json.loads(kept["gate-report.json"].read_text())  # the report a person opens: the final decision
+    assert (report["decision"], report["first_look"]["decision"]) == ("pass", "inconclusive")
+    assert [look["n"] for look in report["extension"]["looks"]] == [32, 48, 64, 80]
     reserve_ids = [json.loads(line)["id"] for line in champion["reserve"].read_text().splitlines()]
     for name in ("extension-predictions.jsonl", "champion-extension-predictions.jsonl"):
         rows = [json.loads(line) for line in kept[name].read_text().splitlines()]

@@ -80,6 +80,7 @@ def denied(config, requests) -> list[str]:
             if not allowed(policy, need)]
 
 
+@pytest.mark.slow  # ~18 s: make test-slow; make test keeps the failure and interruption paths of the live run below
 def test_the_live_run_releases_a_canary_as_the_generated_roles_and_leaves_nothing(account, aws_release, tmp_path, monkeypatch):
     said: list[str] = []
     run = LiveRelease(tmp_path, yes=True, say=said.append, progress=QUIET, pace=FAST)

@@ -66,6 +66,7 @@ def canaries(tmp_path_factory, tiny_release):
         tiny_release.stop_endpoints(state_dir)
 
 
+@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
 def test_each_traffic_step_is_recorded_when_it_happens(canaries):
     ledger, a, b = canaries["ledger"], canaries["a"], canaries["b"]
     steps = _records(ledger, b, "traffic", "step")
@@ -87,6 +88,7 @@ def test_each_traffic_step_is_recorded_when_it_happens(canaries):
     assert merged == rollout_steps(ledger.release(b))
 
 
+@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
 def test_as_of_between_two_batches_names_both_releases_with_their_copies(canaries, capsys):
     from tasks.cli.main import main
 
@@ -115,6 +117,7 @@ def test_as_of_between_two_batches_names_both_releases_with_their_copies(canarie
     assert code == 0 and [row[:3] for row in rows] == [[a, "1", "0.5"], [b, "1", "0.5"]], out
 
 
+@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
 def test_the_timeline_shows_the_steps_at_their_real_times(canaries):
     ledger, b = canaries["ledger"], canaries["b"]
     events = [e for e in timeline(ledger, MODEL) if e["release_id"] == b and e["event"] in ("traffic", "bake", "promoted")]
@@ -127,6 +130,7 @@ def test_the_timeline_shows_the_steps_at_their_real_times(canaries):
     assert [[s["copies"] for s in c["serving"]] for c in changes] == [[1, 1], [2]]
 
 
+@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
 def test_a_promote_killed_between_two_steps_resumes_without_duplicating_or_losing_one(canaries):
     ledger, b, c = canaries["ledger"], canaries["b"], canaries["c"]
     steps = _records(ledger, c, "traffic", "step")
