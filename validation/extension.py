@@ -90,6 +90,11 @@ def judged_checks(first_checks: Sequence[Mapping], final: Mapping, ece: Mapping 
     return [dict(replaced.get(check["name"], check)) for check in first_checks]
 
 
+def extension_summary(evidence: Mapping) -> dict:
+    """What the gate report and the validate record keep of an extension's evidence: its outcome and every look."""
+    return {key: evidence[key] for key in ("status", "n", "interval", "reason", "stopped", "reserve_tasks_scored", "looks")}
+
+
 def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target, reserve: Reserve, rule: ChampionRule,
                           budget: Budget, title: str, progress: Callable[[str], None] | None = None,
                           clock: Callable[[], float] = time.monotonic) -> dict:
@@ -106,7 +111,8 @@ def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target,
     started = clock()
     report = json.loads((out_dir / "gate-report.json").read_text(encoding="utf-8"))
     first = next(c for c in report["checks"] if c["name"] == "champion_accuracy")
-    candidate_rows = _read_rows(out_dir / "predictions.jsonl")
+    gate_rows = _read_rows(out_dir / "predictions.jsonl")  # the gate's own: the report's per-task table
+    candidate_rows = list(gate_rows)
     champion_rows = _read_rows(out_dir / "champion-predictions.jsonl")
     diffs = differences(candidate_rows, champion_rows)
     overlap = sorted({str(task.id) for task in reserve.tasks} & {row["id"] for row in candidate_rows})
@@ -177,9 +183,8 @@ def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target,
                 "error_split": "first look: the paired bootstrap, (1 - confidence)/2 per side; the sequence: another "
                                "(1 - confidence)/2 per side over all its looks"}
     write_json_atomic(out_dir / EXTENSION_JSON, evidence)
-    shown = {key: evidence[key] for key in ("status", "n", "interval", "reason", "stopped", "looks", "reserve_tasks_scored")}
-    rewrite_reports(out_dir, title=title, parts=reserve.parts, changes={
-        "decision": decision, "checks": checks, "extension": shown,
+    rewrite_reports(out_dir, predictions=gate_rows, title=title, parts=reserve.parts, changes={
+        "decision": decision, "checks": checks, "extension": extension_summary(evidence),
         "first_look": {"decision": report["decision"], "checks": report["checks"]}})
     say(f"extend: {status} after {n} paired tasks ({stopped}); gate decision {report['decision']} -> {decision}")
     return evidence

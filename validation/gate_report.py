@@ -31,7 +31,6 @@ from validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES
 from validation.gates import CHAMPION_CHECKS, NOT_GATED, RATIO, summary_line
 from validation.metrics import score_predictions
 from validation.report_parts import ReportParts
-from validation.runner import read_predictions
 from validation.thresholds import RULE_TEXT
 
 GATE_REPORT_NAME = "gate-report.json"
@@ -492,13 +491,14 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
     )
 
 
-def rewrite_reports(out_dir: str | Path, *, changes: Mapping[str, Any], title: str, parts: ReportParts) -> dict:
+def rewrite_reports(out_dir: str | Path, *, changes: Mapping[str, Any], predictions: list[dict], title: str,
+                    parts: ReportParts) -> dict:
     """Write gate-report.json and report.html again with `changes` over the report already there (an extension's
-    final decision and checks beside the first look), from the same predictions; return what write_reports returns."""
+    final decision and checks beside the first look), from the gate's own `predictions`; return what write_reports
+    returns."""
     out = Path(out_dir)
     report = json.loads((out / GATE_REPORT_NAME).read_text(encoding="utf-8"))
     extra = report.pop("extra", None)
-    predictions = [p.to_dict() for p in read_predictions(out / PREDICTIONS_NAME)]
     return write_reports(out, gate_report={**report, **changes}, predictions=predictions, title=title, parts=parts,
                          extra=extra)
 

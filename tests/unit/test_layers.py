@@ -66,8 +66,8 @@ def imported_modules(module: str, source: str, *, references: bool = True) -> li
                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
             found.append((node.lineno, node.args[0].value))
         elif references and isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and LAZY_REFERENCE.fullmatch(node.value):
-            found.append((node.lineno, LAZY_REFERENCE.fullmatch(node.value).group(1)))
+                and (reference := LAZY_REFERENCE.fullmatch(node.value)):
+            found.append((node.lineno, reference.group(1)))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

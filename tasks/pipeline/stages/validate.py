@@ -147,16 +147,15 @@ def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, lis
         ctx.say(f"validate: inconclusive (interval {asked['interval']} against -{cfg.champion.margin:g}); "
                 "validation.inconclusive.choice is ask: a person decides before promote")
         return gate.decision, gate.checks, {**record, "outcome": "asked", **asked}
-    from validation.extension import Budget, extend_champion_check
+    from validation.extension import Budget, extend_champion_check, extension_summary
 
     extend = cfg.inconclusive.extend
     evidence = extend_champion_check(
         out_dir, candidate=candidate, champion=champion,
         reserve=ctx.family.reserve(cfg, ctx.config_dir, run_settings(cfg), ctx.say), rule=cfg.champion,
         budget=Budget(extend.batch, extend.max_tasks, extend.deadline_s), title=gate_title(ctx), progress=ctx.say)
-    summary = {key: evidence[key] for key in ("status", "n", "interval", "reason", "stopped", "reserve_tasks_scored")}
     return evidence["decision"], evidence["checks"], {**record, "outcome": f"extended: {evidence['decision']}",
-                                                       "extension": {**summary, "looks": evidence["looks"]}}
+                                                       "extension": extension_summary(evidence)}
 
 
 def run(ctx) -> ValidateResult:
