@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	@if [ "$$(cat $(VENV)/.llama-cmake-args 2>/dev/null)" != '$(LLAMA_CMAKE_ARGS)' ]; then \
 	  $(BIN)/python -m pip cache remove llama_cpp_python >/dev/null 2>&1; \
 	  $(BIN)/python -m pip uninstall -y -q llama-cpp-python 2>/dev/null; true; fi
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo]'
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,airflow,encoders]'
 	@echo '$(LLAMA_CMAKE_ARGS)' > $(VENV)/.llama-cmake-args
 	@rm -f $(VENV)/.installed-*
 	@touch $@
@@ -36,7 +36,7 @@ setup: $(STAMP)
 # deletes this stamp with the others, so a reinstall is followed by this one again at the next make test-celery.
 $(CELERY_STAMP): $(STAMP)
 	@echo "installing the celery extra for make test-celery (apache-airflow-providers-celery, celery[redis], redis, asyncpg)"
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,celery]'
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,airflow,encoders,celery]'
 	@rm -f $(VENV)/.installed-celery-*
 	@touch $@
 
@@ -55,8 +55,8 @@ demo: setup          ## set up, then run the local release story
 test: setup lint browser  ## set up, then run the default test suite
 	$(BIN)/python -m pytest -m "not slow and not celery and not load and not live" $(PYTEST_ARGS)
 
-lint: setup          ## pyflakes-class checks (unused imports and names, undefined names)
-	$(BIN)/ruff check --select F --target-version py311 tasks validation dags images bench scripts tests
+lint: setup          ## ruff with the rules in pyproject.toml: pyflakes, pycodestyle at 120 columns, import order and placement, bugbear, complexity 10
+	$(BIN)/ruff check tasks validation dags images bench scripts tests
 
 test-slow: setup     ## the slow suites: the real Gemma model, the end-to-end canaries with live traffic (local and the aws double)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

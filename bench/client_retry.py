@@ -18,22 +18,23 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
+from tasks.backends.interfaces import ScaleToZeroPlan
+from tasks.backends.local.hosting import process_spec
+from tasks.backends.local.supervisor import ProcessSupervisor
+
 ROOT = Path(__file__).resolve().parent.parent
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
 
 
 def measure(tasks: int, retry_deadline_s: float | None) -> list[dict]:
     """Both URLs of one endpoint whose component is at zero copies when each eval starts."""
-    from tasks.artifacts.tiny_gguf import write_tiny_gguf
-    from tasks.backends.interfaces import ScaleToZeroPlan
-    from tasks.backends.local.hosting import process_spec
-    from tasks.backends.local.supervisor import ProcessSupervisor
-
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-client-retry-") as tmp_dir:
         tmp = Path(tmp_dir)
         write_tiny_gguf(tmp / "model" / "model.gguf", seed=0)
-        test = [line for line in DECISIONS.read_text(encoding="utf-8").splitlines() if json.loads(line)["split"] == "test"]
+        test = [line for line in DECISIONS.read_text(encoding="utf-8").splitlines()
+                if json.loads(line)["split"] == "test"]
         (tmp / "tasks.jsonl").write_text("\n".join(test[:tasks]) + "\n", encoding="utf-8")
         hosting = ProcessSupervisor(tmp / "state", stop_grace_s=3)
         spec = process_spec("semif", tmp / "model", {"SEMIF_THREADS": "1", "SEMIF_MAX_TOKENS": "2048"}, copies=1,
@@ -41,7 +42,8 @@ def measure(tasks: int, retry_deadline_s: float | None) -> list[dict]:
         try:
             info = hosting.ensure_endpoint("bench-zero")
             hosting.put_component("bench-zero", "semif", spec, ready_timeout_s=120)
-            hosting.set_scaling("bench-zero", "semif", ScaleToZeroPlan(max_copies=1, idle_s=3600, invocations_per_copy=1))
+            hosting.set_scaling("bench-zero", "semif",
+                                ScaleToZeroPlan(max_copies=1, idle_s=3600, invocations_per_copy=1))
             for route, url in (("runtime", info.url), ("router root", info.url.rsplit("/endpoints/", 1)[0])):
                 hosting.scale("bench-zero", "semif", 0)
                 out = tmp / route.replace(" ", "-")
@@ -50,7 +52,8 @@ def measure(tasks: int, retry_deadline_s: float | None) -> list[dict]:
                 if retry_deadline_s is not None:
                     command += ["--retry-deadline", str(retry_deadline_s)]
                 done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=ROOT)
-                rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+                rows = [json.loads(line)
+                        for line in (out / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
                 errors = [row["error"] for row in rows if row["error"]]
                 results.append({"url": route, "exit": done.returncode, "tasks": len(rows), "failed": len(errors),
                                 "lost": sum(bool(row.get("lost")) for row in rows),

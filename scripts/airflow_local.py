@@ -22,9 +22,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -122,12 +123,14 @@ def migrate_db(env: dict[str, str], log_dir: Path, *, timeout_s: float = 300.0) 
     began = time.monotonic()
     with open(log_dir / "db-migrate.log", "wb") as log:
         try:
-            done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, check=False)
+            done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired as exc:
-            raise AirflowLocalError(f"`airflow db migrate` did not finish in {timeout_s:.0f}s; see {log_dir}/db-migrate.log") from exc
+            raise AirflowLocalError(f"`airflow db migrate` did not finish in {timeout_s:.0f}s; "
+                                    f"see {log_dir}/db-migrate.log") from exc
     if done.returncode != 0:
-        raise AirflowLocalError(f"`airflow db migrate` failed (exit {done.returncode}):\n{log_tail(log_dir / 'db-migrate.log')}")
+        raise AirflowLocalError(f"`airflow db migrate` failed (exit {done.returncode}):\n"
+                                f"{log_tail(log_dir / 'db-migrate.log')}")
     return time.monotonic() - began
 
 
@@ -157,7 +160,8 @@ class Supervisor:
         """Fail with the component's log tail when one of them has exited."""
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                raise AirflowLocalError(f"{name} exited with {proc.returncode}:\n{log_tail(self.log_dir / f'{name}.log')}")
+                raise AirflowLocalError(f"{name} exited with {proc.returncode}:\n"
+                                        f"{log_tail(self.log_dir / f'{name}.log')}")
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> dict[str, int | None]:
         """SIGTERM every process group, SIGKILL whatever is left after the grace period; returns exit codes."""
@@ -200,7 +204,8 @@ def wait_for(what: str, probe: Callable[[], Any], *, deadline_s: float, interval
         except (OSError, AirflowLocalError, ValueError) as exc:
             last_error = exc
         time.sleep(interval_s)
-    raise AirflowLocalError(f"{what} did not happen within {deadline_s:.0f}s" + (f" (last error: {last_error})" if last_error else ""))
+    raise AirflowLocalError(f"{what} did not happen within {deadline_s:.0f}s"
+                            + (f" (last error: {last_error})" if last_error else ""))
 
 
 def admin_password(home: Path) -> str:
@@ -210,7 +215,8 @@ def admin_password(home: Path) -> str:
         raise AirflowLocalError(f"no generated password file at {path}; the api-server writes it when it first starts")
     passwords = json.loads(path.read_text())
     if ADMIN_USER not in passwords:
-        raise AirflowLocalError(f"{path} has no password for {ADMIN_USER!r}; delete the file and restart to regenerate it")
+        raise AirflowLocalError(f"{path} has no password for {ADMIN_USER!r}; "
+                                "delete the file and restart to regenerate it")
     return passwords[ADMIN_USER]
 
 
@@ -234,7 +240,8 @@ class AirflowApi:
             with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
-            raise AirflowLocalError(f"{method} {path} -> {exc.code}: {exc.read()[:500].decode(errors='replace')}") from exc
+            detail = exc.read()[:500].decode(errors="replace")
+            raise AirflowLocalError(f"{method} {path} -> {exc.code}: {detail}") from exc
 
     def health(self) -> dict:
         """`/api/v2/monitor/health`: the status of the metadata DB, scheduler, dag-processor and triggerer."""
@@ -242,7 +249,8 @@ class AirflowApi:
 
     def login(self, username: str, password: str) -> str:
         """Exchange the simple auth manager's username and password for a JWT."""
-        self.token = self.request("POST", "/auth/token", {"username": username, "password": password}, auth=False)["access_token"]
+        answer = self.request("POST", "/auth/token", {"username": username, "password": password}, auth=False)
+        self.token = answer["access_token"]
         return self.token
 
     def dag_ids(self) -> list[str]:
@@ -270,7 +278,8 @@ class AirflowApi:
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         """The task instances of one run (state, queue, hostname, executor)."""
-        answer = self.request("GET", f"/api/v2/dags/{urllib.parse.quote(dag_id)}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances?limit=100")
+        dag, run = urllib.parse.quote(dag_id), urllib.parse.quote(run_id)
+        answer = self.request("GET", f"/api/v2/dags/{dag}/dagRuns/{run}/taskInstances?limit=100")
         return answer["task_instances"]
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
@@ -349,7 +358,8 @@ class LocalAirflow:
 
 
 def local_airflow(port: int | None = None) -> LocalAirflow:
-    """The `make airflow` layout: .airflow, dags/, .shiplift/airflow (SHIPLIFT_AIRFLOW_HOME, SHIPLIFT_AIRFLOW_DAGS, SHIPLIFT_HOME override)."""
+    """The `make airflow` layout: .airflow, dags/, .shiplift/airflow; SHIPLIFT_AIRFLOW_HOME, SHIPLIFT_AIRFLOW_DAGS
+    and SHIPLIFT_HOME override them."""
     home = Path(os.environ.get("SHIPLIFT_AIRFLOW_HOME", ROOT / ".airflow")).resolve()
     shiplift_home = Path(os.environ.get("SHIPLIFT_HOME", ROOT / ".shiplift" / "airflow")).resolve()
     dags_folder = Path(os.environ.get("SHIPLIFT_AIRFLOW_DAGS", ROOT / "dags")).resolve()
@@ -397,7 +407,7 @@ def serve(port: int | None) -> int:
 
 
 def check(port: int | None, *, expect: list[str], trigger: str | None, deadline_s: float) -> int:
-    """Start, wait for health, list the DAGs through the REST API, optionally run one DAG, stop; print a JSON summary."""
+    """Start, wait for health, list the DAGs via the REST API, optionally run one DAG, stop; print a JSON summary."""
     airflow = local_airflow(port)
     began = time.monotonic()
     api = airflow.start()
@@ -435,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="api-server port on 127.0.0.1 (default: $AIRFLOW_PORT, else a free port)")
     sub.choices["check"].add_argument("--expect", action="append", default=[], help="a dag_id that must be listed")
     sub.choices["check"].add_argument("--trigger", help="a dag_id to unpause, trigger and wait for")
-    sub.choices["check"].add_argument("--deadline", type=float, default=300.0, help="seconds to wait for DAGs, and for the run")
+    sub.choices["check"].add_argument("--deadline", type=float, default=300.0,
+                                      help="seconds to wait for DAGs, and for the run")
     args = parser.parse_args(argv)
     if args.command == "standalone":
         return serve(args.port)

@@ -1,4 +1,4 @@
-"""A release that ends inconclusive and is decided by extension (issue 45 item 2), on the local backend in a few minutes.
+"""A release that ends inconclusive and is decided by extension (issue 45 item 2), on the local backend in minutes.
 
 Two releases of the tiny generated model (tests/tiny_release.py): the first has no champion and is promoted; the second
 serves the same GGUF, so its answers are the champion's, task for task. Its gate reads 32 tasks but the champion rule
@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file: the repository's packages and tests/ importable
     sys.path.insert(0, str(ROOT))
 
-from tests.tiny_release import DECISIONS, N_TASKS, write_tiny_config  # noqa: E402
+from tasks.backends.registry import open_ledger  # noqa: E402 — needs sys.path above
+from tasks.ledger.release_state import ReleaseState  # noqa: E402 — needs sys.path above
+from tasks.pipeline.release import run_release  # noqa: E402 — needs sys.path above
+from tests.tiny_release import DECISIONS, N_TASKS, stop_endpoints, write_tiny_config  # noqa: E402 — needs sys.path above
 
 MIN_SAMPLES = 40  # above the gate's 32 tasks: the first look refuses to decide
 MARGIN = 0.07  # at which 73 identical paired answers clear the sequence (validation.sequential, all differences 0)
@@ -59,9 +62,6 @@ def choice_overrides(choice: str, reserve: Path | None = None, *, approvers: tup
 
 def validate_result(state_dir: Path, release_id: str) -> dict:
     """The validate stage's result as the release's ledger records it."""
-    from tasks.backends.registry import open_ledger
-    from tasks.ledger.release_state import ReleaseState
-
     ledger = open_ledger(state_dir=state_dir, read_only=True)
     try:
         return ReleaseState.load(ledger, release_id).stage("validate")["result"]
@@ -80,16 +80,16 @@ def look_lines(result: dict) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    from tasks.pipeline.release import run_release
-    from tests.tiny_release import stop_endpoints
+def quiet(message: str) -> None:
+    """Progress that is not shown: the demo prints its own lines."""
 
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, help="where the configs and the local state go (default: a new temp dir)")
     root = parser.parse_args(argv).root or Path(tempfile.mkdtemp(prefix="inconclusive-demo-"))
     state = root / "state"
     config, reserve = write_pair(root / "configs", state)
-    quiet = lambda message: None  # noqa: E731
     try:
         began = time.monotonic()
         first = run_release(config, progress=quiet)

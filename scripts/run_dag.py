@@ -13,14 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+from airflow.dag_processing.dagbag import BundleDagBag
+from airflow.exceptions import ParamValidationError
+from airflow.models.dagrun import DagRun
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+
 
 def run_one(dag, conf: dict | None) -> dict:
     """One `dag.test()` run, summarised as small JSON."""
-    from airflow.exceptions import ParamValidationError
-    from airflow.models.dagrun import DagRun
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
     began = time.monotonic()
     try:
         dag_run = dag.test(run_conf=conf)
@@ -46,8 +47,6 @@ def run_one(dag, conf: dict | None) -> dict:
 
 
 def main(spec_path: str) -> None:
-    from airflow.dag_processing.dagbag import BundleDagBag
-
     spec = json.loads(Path(spec_path).read_text())
     folder = Path(spec["dags_folder"])
     bag = BundleDagBag(dag_folder=folder, bundle_path=folder)

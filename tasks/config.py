@@ -4,29 +4,37 @@ Load order: built-in defaults → the YAML file → `SHIPLIFT_CONFIG__a__b=value
 variables → `--set a.b=value` flags. Every model is frozen and forbids unknown keys; a bad
 config raises ConfigError naming the file, the field path and what was expected. The models are in
 `config_release` (the release) and `config_rollout` (rollout, scale to zero); the error report in `config_errors`.
+`require_named_files` checks that every file and package a loaded config names is there, before anything is written.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tasks.backends.interfaces import BakeAlarms
 from tasks.config_errors import did_you_mean, format_validation_error
 from tasks.config_release import ApprovalConfig, ReleaseConfig
 from tasks.config_rollout import BLUE_GREEN_REFUSED, AllAtOnce, Canary, Linear
+from tasks.config_types import DatasetRef
 from tasks.errors import ConfigError
+from tasks.project import BUILTIN_DATA_DIR
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
 
 __all__ = [  # importers name these from tasks.config; the models live in config_release and config_rollout
     "AllAtOnce", "ApprovalConfig", "BLUE_GREEN_REFUSED", "BakeAlarms", "Canary", "Linear", "ReleaseConfig",
-    "did_you_mean", "load_release_config",
+    "did_you_mean", "load_release_config", "require_named_files",
 ]
 
+# Layered here, not by pydantic-settings (installed with llama-cpp-python's server): a variable goes onto the YAML tree
+# by the same path as `--set`, so its value parses as YAML, an unknown key gets the same "did you mean" naming the
+# variable that set it, and ReleaseConfig stays a plain model that reads no environment when it is built.
 ENV_PREFIX = "SHIPLIFT_CONFIG__"
 
 
@@ -40,7 +48,8 @@ def _set_path(tree: dict, dotted: str, value: Any, origin: str) -> None:
         if child is None:
             child = node[key] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"{origin}: {dotted!r} descends into {key!r}, which is not a mapping", fix="override the parent key instead")
+            raise ConfigError(f"{origin}: {dotted!r} descends into {key!r}, which is not a mapping",
+                              fix="override the parent key instead")
         node = child
     node[keys[-1]] = value
 
@@ -98,7 +107,8 @@ def _read_tree(path: Path, chain: tuple[Path, ...]) -> dict:
         raise ConfigError(f"{path}: `extends` loops back through {[str(p) for p in chain]}", fix="remove the cycle")
     tree = read_yaml_file(path, "release config")
     if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}", fix="see configs/releases/gemma-decision.yaml")
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}",
+                          fix="see configs/releases/gemma-decision.yaml")
     parent = tree.pop("extends", None)
     if parent is None:
         return tree
@@ -138,3 +148,54 @@ def _written_keys(dotted: str, origin: str) -> dict[str, str]:
     """Every key an override `a.b.c` writes or creates (`a`, `a.b`, `a.b.c`), each named by the override."""
     keys = dotted.split(".")
     return {".".join(keys[:n]): origin for n in range(1, len(keys) + 1)}
+
+
+def config_parts(value: Any, key: str = "") -> Iterator[tuple[str, BaseModel]]:
+    """Every model inside a loaded config with its dotted key (`validation.datasets[0]`), the config itself first."""
+    if isinstance(value, BaseModel):
+        yield key, value
+        for name in type(value).model_fields:
+            yield from config_parts(getattr(value, name), f"{key}.{name}" if key else name)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from config_parts(item, f"{key}[{index}]")
+
+
+def local_path(text: str, config_dir: Path) -> Path:
+    """A path a config names: `builtin:NAME` a shipped dataset, a relative path read from the config's folder."""
+    if text.startswith("builtin:"):
+        return BUILTIN_DATA_DIR / f"{text.removeprefix('builtin:')}.jsonl"
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else config_dir / path
+
+
+def named_file_problem(key: str, part: BaseModel, config_dir: Path) -> str | None:
+    """What is wrong with the file, folder or package one part of a config names (None: nothing, or it names none):
+    a dataset, an artifact source given by path, a source installed from PyPI. S3 and Hugging Face sources are
+    fetched by the stage that needs them, with its own timeouts, and not checked here."""
+    kind = getattr(part, "kind", None)
+    if isinstance(part, DatasetRef) or (kind == "path" and isinstance(getattr(part, "path", None), str)):
+        path = local_path(part.path, config_dir)
+        if not path.exists():
+            return (f"{key}.path {part.path!r}: no such file or folder {path} (fix: correct the path; a relative "
+                    f"one is read from the config's folder {config_dir})")
+        if not os.access(path, os.R_OK) or (isinstance(part, DatasetRef) and not path.is_file()):
+            what = "a folder, not a file" if path.is_dir() else "not readable by this user"
+            return f"{key}.path {part.path!r}: {path} is {what} (fix: name a readable file)"
+    if kind == "pypi":
+        try:
+            metadata.version(part.package)
+        except metadata.PackageNotFoundError:
+            return f"{key}.package {part.package!r} is not installed (fix: pip install {part.package})"
+    return None
+
+
+def require_named_files(config: ReleaseConfig, config_path: str | Path) -> None:
+    """ConfigError naming every file, folder or package the config names that is not there or cannot be read, each
+    with its key, its path and the fix: `config validate` and a release's first step run this before they write."""
+    config_dir = Path(config_path).expanduser().resolve().parent
+    problems = [problem for key, part in config_parts(config)
+                if (problem := named_file_problem(key, part, config_dir)) is not None]
+    if problems:
+        raise ConfigError(f"{config_path} names what cannot be read: " + "; ".join(problems),
+                          fix="correct each key listed, then run `shiplift config validate` again")

@@ -3,6 +3,7 @@ valid key(s) of that level (`did_you_mean`), found by walking the config's model
 
 from __future__ import annotations
 
+import difflib
 import re
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -117,8 +118,6 @@ def did_you_mean(loc: tuple, tree: Any) -> tuple[str, list[str], list[str]] | No
     """For an unknown key at `loc`: (its path as written, the closest valid keys as full paths, every valid key at
     that level); the closest are looked for among the keys of that level, then one level down
     (`validation.min_accuracy` → `validation.thresholds.min_accuracy`). None when the level cannot be told."""
-    import difflib
-
     try:
         found = _key_context(tuple(loc), tree)
         key = loc[-1]
@@ -134,9 +133,13 @@ def did_you_mean(loc: tuple, tree: Any) -> tuple[str, list[str], list[str]] | No
             by_leaf: dict[str, list[str]] = {}
             for dotted in below:
                 by_leaf.setdefault(dotted.rsplit(".", 1)[1], []).append(dotted)
-            close = [d for leaf in difflib.get_close_matches(key, list(by_leaf), n=3, cutoff=0.75) for d in by_leaf[leaf]]
+            close = [d for leaf in difflib.get_close_matches(key, list(by_leaf), n=3, cutoff=0.75)
+                     for d in by_leaf[leaf]]
         prefix = ".".join(parts).replace(".[", "[")
-        full = lambda name: f"{prefix}.{name}" if prefix else name  # noqa: E731
+
+        def full(name: str) -> str:
+            return f"{prefix}.{name}" if prefix else name
+
         return full(key), [full(name) for name in close], names
     except Exception:  # noqa: BLE001 - a suggestion is a courtesy: never the reason an error is not reported
         return None

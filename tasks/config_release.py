@@ -3,24 +3,32 @@ classes and the rollout parts, with the checks that span its parts, and its hash
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from tasks.backends.aws.backend_config import AwsBackend
+from tasks.backends.aws.base_images import base_image_problem
+from tasks.backends.capacity import batch_problem, room_problem
 from tasks.backends.local.backend_config import LocalBackend
+from tasks.backends.placement import (
+    InstancePoolPlacement,
+    MigPartitionPlacement,
+    Placement,
+    driver_problem,
+    is_gpu_instance,
+)
 from tasks.config_rollout import AllAtOnce, Rollout, ScaleToZero
 from tasks.config_types import NAME_PATTERN, DatasetRef, Strict
 from tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig
 from tasks.families.registry import artifact_models, family_of, image_models, validation_models
 from tasks.hashing import sha256_json
-from tasks.backends.capacity import batch_problem, room_problem
-from tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement, Placement, driver_problem, is_gpu_instance
 
 MAX_RESOURCE_NAME = 63
-LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "checkpoint_witness", "model_registry")  # left out of the config hash
+# left out of the config hash
+LOCATION_FIELDS = ("state_dir", "ledger_url", "profile", "checkpoints", "checkpoint_witness", "model_registry")
 
-Backend = Annotated[Union[LocalBackend, AwsBackend], Field(discriminator="kind")]
+Backend = Annotated[LocalBackend | AwsBackend, Field(discriminator="kind")]
 
 
 class CalibrationConfig(Strict):
@@ -44,9 +52,10 @@ class ApprovalConfig(Strict):
     keep_candidate: bool = False
 
     @model_validator(mode="after")
-    def _approvers_go_with_required(self) -> "ApprovalConfig":
+    def _approvers_go_with_required(self) -> ApprovalConfig:
         if self.required and not self.approvers:
-            raise ValueError("promotion.approval.required needs approvers: list who may approve (e.g. [alice@ops-host])")
+            raise ValueError("promotion.approval.required needs approvers: "
+                             "list who may approve (e.g. [alice@ops-host])")
         if self.approvers and not self.required:
             raise ValueError("promotion.approval.approvers are listed but required is false, so nobody would be asked; "
                              "set required: true, or leave approvers out")
@@ -114,7 +123,7 @@ class ReleaseConfig(Strict):
         return _family_part("validation", value, validation_models())
 
     @model_validator(mode="after")
-    def _one_model_family(self) -> "ReleaseConfig":
+    def _one_model_family(self) -> ReleaseConfig:
         family = self.family
         if self.validation.kind != family.validation_kind:
             raise ValueError(
@@ -124,7 +133,7 @@ class ReleaseConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _temperature_can_be_applied(self) -> "ReleaseConfig":
+    def _temperature_can_be_applied(self) -> ReleaseConfig:
         if self.calibration.fit_temperature and not self.family.temperature_scaling:
             raise ValueError(f"calibration.fit_temperature fits a temperature the server applies, but image.kind "
                              f"{self.image.kind} serves the model as published and cannot apply one; leave "
@@ -137,7 +146,7 @@ class ReleaseConfig(Strict):
         return family_of(self.artifact.kind, self.image.kind)
 
     @model_validator(mode="after")
-    def _rolling_update_fits_sagemaker(self) -> "ReleaseConfig":
+    def _rolling_update_fits_sagemaker(self) -> ReleaseConfig:
         if self.backend.kind == "aws" and self.rollout.strategy != "all_at_once":
             problem = batch_problem(self.rollout)
             if problem:
@@ -145,44 +154,46 @@ class ReleaseConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _base_image_pullable_by_codebuild(self) -> "ReleaseConfig":
+    def _base_image_pullable_by_codebuild(self) -> ReleaseConfig:
         if self.backend.kind == "aws" and isinstance(self.image, BuiltImageConfig):
-            from tasks.backends.aws.base_images import base_image_problem
-
-            problem = base_image_problem(self.image.base_image, account=self.backend.account_id, region=self.backend.region)
+            problem = base_image_problem(self.image.base_image, account=self.backend.account_id,
+                                         region=self.backend.region)
             if problem:
                 raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
-    def _online_gate_can_decide(self) -> "ReleaseConfig":
+    def _online_gate_can_decide(self) -> ReleaseConfig:
         gate = getattr(self.rollout, "online_gate", None)
         if gate is None:
             return self
         if not self.family.replays_online:
-            raise ValueError(f"rollout.online_gate replays the gate's tasks through the live component; {self.artifact.kind} "
-                             f"releases ({self.validation.kind} gates) cannot yet, so leave it out")
+            raise ValueError("rollout.online_gate replays the gate's tasks through the live component; "
+                             f"{self.artifact.kind} releases ({self.validation.kind} gates) cannot yet, "
+                             "so leave it out")
         listed = [ref.splits for ref in self.validation.datasets]
         if all(splits for splits in listed) and not any(gate.split in splits for splits in listed):
             raise ValueError(f"rollout.online_gate.split {gate.split!r} is not a split any validation dataset keeps "
                              f"({sorted({s for splits in listed for s in splits})}); name one of them")
         if gate.max_tasks < self.validation.champion.min_samples:
-            raise ValueError(f"rollout.online_gate.max_tasks ({gate.max_tasks}) is below validation.champion.min_samples "
-                             f"({self.validation.champion.min_samples}), so the gate could never decide; raise it")
+            raise ValueError(f"rollout.online_gate.max_tasks ({gate.max_tasks}) is below "
+                             f"validation.champion.min_samples ({self.validation.champion.min_samples}), so the gate "
+                             "could never decide; raise it")
         return self
 
     @model_validator(mode="after")
-    def _someone_to_ask(self) -> "ReleaseConfig":
+    def _someone_to_ask(self) -> ReleaseConfig:
         if self.validation.inconclusive.choice == "ask" and not self.promotion.approval.required:
             raise ValueError("validation.inconclusive.choice ask hands an inconclusive gate to a person, but "
-                             "promotion.approval names nobody; set promotion.approval {required: true, approvers: [...]}, "
-                             "or choose block or extend")
+                             "promotion.approval names nobody; set promotion.approval {required: true, approvers: "
+                             "[...]}, or choose block or extend")
         return self
 
     @model_validator(mode="after")
-    def _serverless_can_host(self) -> "ReleaseConfig":
+    def _serverless_can_host(self) -> ReleaseConfig:
         """What Serverless Inference cannot host or do, refused before anything runs
-        (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html, deployment-guardrails-exclusions.html)."""
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html,
+        deployment-guardrails-exclusions.html)."""
         placement = self.placement
         if placement.kind != "serverless":
             return self
@@ -194,24 +205,26 @@ class ReleaseConfig(Strict):
             raise ValueError("a serverless endpoint scales to zero by itself; leave scale_to_zero out and set the "
                              "cold-start bound as placement.max_cold_start_p95_s")
         if self.rollout.strategy != "all_at_once":
-            raise ValueError(f"rollout.strategy {self.rollout.strategy} moves inference-component copies in batches, but a "
-                             "serverless endpoint has neither (SageMaker does no rolling deployment of one); use "
+            raise ValueError(f"rollout.strategy {self.rollout.strategy} moves inference-component copies in batches, "
+                             "but a serverless endpoint has neither (SageMaker does no rolling deployment of one); use "
                              "rollout.strategy: all_at_once")
         if self.rollout.copies != 1:
-            raise ValueError(f"rollout.copies is {self.rollout.copies}, but a serverless endpoint has no copies: SageMaker "
-                             "starts compute per request up to placement.max_concurrency; leave rollout.copies out")
+            raise ValueError(f"rollout.copies is {self.rollout.copies}, but a serverless endpoint has no copies: "
+                             "SageMaker starts compute per request up to placement.max_concurrency; leave "
+                             "rollout.copies out")
         if self.backend.kind == "aws" and placement.cold_starts > 1:
-            raise ValueError(f"placement.cold_starts is {placement.cold_starts}, but on SageMaker only a new serverless "
-                             "endpoint's first request is sure to start cold (no call sends its compute away); set "
-                             "placement.cold_starts: 1")
+            raise ValueError(f"placement.cold_starts is {placement.cold_starts}, but on SageMaker only a new "
+                             "serverless endpoint's first request is sure to start cold (no call sends its compute "
+                             "away); set placement.cold_starts: 1")
         return self
 
     @model_validator(mode="after")
-    def _placement_fits_image(self) -> "ReleaseConfig":
+    def _placement_fits_image(self) -> ReleaseConfig:
         placement, image = self.placement, self.image
         if placement.kind == "serverless":
             return self
-        types = [p.instance_type for p in placement.pools] if isinstance(placement, InstancePoolPlacement) else [placement.instance_type]
+        types = ([p.instance_type for p in placement.pools] if isinstance(placement, InstancePoolPlacement)
+                 else [placement.instance_type])
         if isinstance(placement, MigPartitionPlacement) and not image.on_gpu:
             raise ValueError(f"placement is a MIG GPU partition but the image runs on the CPU; {image.gpu_fix}")
         problem = room_problem(placement, image, self.rollout) if self.backend.kind == "aws" else None
@@ -224,14 +237,15 @@ class ReleaseConfig(Strict):
                                  "or run the image on the CPU")
             ami = getattr(placement, "inference_ami_version", None)
             for instance_type in types:
-                problem = driver_problem(instance_type, ami, needs_driver=image.min_gpu_driver, what=f"the {image.kind} GPU image",
+                problem = driver_problem(instance_type, ami, needs_driver=image.min_gpu_driver,
+                                         what=f"the {image.kind} GPU image",
                                          partition_type=getattr(placement, "partition_type", None))
                 if problem:
                     raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
-    def _scale_to_zero_fits(self) -> "ReleaseConfig":
+    def _scale_to_zero_fits(self) -> ReleaseConfig:
         scaling = self.scale_to_zero
         if scaling is None:
             return self
@@ -244,12 +258,13 @@ class ReleaseConfig(Strict):
                      if isinstance(self.placement, MigPartitionPlacement) else
                      "placement.min_instance_count: 0 and placement.max_instance_count")
             raise ValueError("scale_to_zero frees the component's copies, but the endpoint keeps its instances (and "
-                             f"their bill) unless ManagedInstanceScaling may go to zero: set {needs} (MinInstanceCount 0 "
-                             "alone does nothing without scale_to_zero, which adds the scaling policies)")
+                             f"their bill) unless ManagedInstanceScaling may go to zero: set {needs} "
+                             "(MinInstanceCount 0 alone does nothing without scale_to_zero, which adds the scaling "
+                             "policies)")
         return self
 
     @model_validator(mode="after")
-    def _names_fit(self) -> "ReleaseConfig":
+    def _names_fit(self) -> ReleaseConfig:
         longest = f"{self.resource_prefix}-{self.name}-cand-{'0' * 10}"  # a shared endpoint's name is shorter
         if len(longest) > MAX_RESOURCE_NAME:
             raise ValueError(

@@ -3,7 +3,7 @@ production's copies go to zero; each model turns into the backend's plan (`tasks
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_serializer, model_validator
 
@@ -28,7 +28,7 @@ class CapacitySize(Strict):
     value: int = Field(1, ge=1)
 
     @model_validator(mode="after")
-    def _percent(self) -> "CapacitySize":
+    def _percent(self) -> CapacitySize:
         if self.type == "CAPACITY_PERCENT" and self.value > 100:
             raise ValueError(f"a CAPACITY_PERCENT value is at most 100, got {self.value}")
         return self
@@ -48,12 +48,14 @@ class OnlineGate(Strict):
     rounds: int = Field(4, ge=1, le=32, description="resends of tasks a champion copy answered, per bake")
     concurrency: int = Field(1, ge=1, le=64, description="requests in flight at once: the canary set is a probe, not "
                              "load, so its latencies are the copies' own")
-    extend_rounds: int = Field(8, ge=1, le=256, description="with validation.inconclusive.choice extend: the most extra "
+    extend_rounds: int = Field(8, ge=1, le=256,
+                               description="with validation.inconclusive.choice extend: the most extra "
                                "rounds one bake replays while the gate has not decided, before it blocks")
 
     @model_serializer(mode="wrap")
     def _default_extension_unwritten(self, handler):
-        """A gate that leaves `extend_rounds` at its default dumps (and hashes into a release id) as before it existed."""
+        """A gate that leaves `extend_rounds` at its default dumps (and hashes into a release id) as before it
+        existed."""
         data = handler(self)
         if self.extend_rounds == type(self).model_fields["extend_rounds"].default:
             data.pop("extend_rounds", None)
@@ -72,7 +74,7 @@ class RollingUpdate(Strict):
     maximum_execution_timeout_s: int = Field(3600, ge=600, le=28800, description="MaximumExecutionTimeoutInSeconds")
 
     @model_validator(mode="after")
-    def _batch_leaves_old_copies(self) -> "RollingUpdate":
+    def _batch_leaves_old_copies(self) -> RollingUpdate:
         if self.batch.copies_of(self.copies) >= self.copies:
             raise ValueError(
                 f"a batch of {self.batch.copies_of(self.copies)} of {self.copies} copies replaces them all at once; "
@@ -123,7 +125,7 @@ class BlueGreen(Strict):
         raise ValueError(BLUE_GREEN_REFUSED)
 
 
-Rollout = Annotated[Union[AllAtOnce, Canary, Linear, BlueGreen], Field(discriminator="strategy")]
+Rollout = Annotated[AllAtOnce | Canary | Linear | BlueGreen, Field(discriminator="strategy")]
 
 
 class ScaleToZero(Strict):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import shutil
 import textwrap
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE, EXIT_AWAITING = 1, 2, 3, 4, 5
 EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
@@ -47,7 +48,8 @@ def cell(value) -> str | None:
 
 def measured(value) -> bool:
     """A measurement as the gate reports it: {"value", "ci": [lo, hi] or None, ...}; one cell, `value [lo, hi]`."""
-    return isinstance(value, dict) and "value" in value and "ci" in value and not isinstance(value["value"], (dict, list))
+    return isinstance(value, dict) and "value" in value and "ci" in value and not isinstance(value["value"],
+                                                                                             (dict, list))
 
 
 def fit_cell(text: str, width: int) -> list[str]:
@@ -66,7 +68,8 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
 
 
-def format_table(rows: list[dict], columns: list[str], *, width: int | None = None, shrink: tuple[str, ...] = ()) -> str:
+def format_table(rows: list[dict], columns: list[str], *, width: int | None = None,
+                 shrink: tuple[str, ...] = ()) -> str:
     """A plain text table for people: a header, a rule, a line a row, columns padded to their widest cell; a value
     that is not there (None) shows as '-'. With `width`, the `shrink` columns are narrowed (the widest first, to no
     less than MIN_CELL or their header) until the table fits, their long cells shortened or wrapped (`fit_cell`):
@@ -83,9 +86,10 @@ def format_table(rows: list[dict], columns: list[str], *, width: int | None = No
             widths[max(narrowable, key=lambda i: widths[i])] -= 1
     lines = []
     for line in [columns, ["-" * w for w in widths], *cells]:
-        parts = [fit_cell(value, w) for value, w in zip(line, widths)]
+        parts = [fit_cell(value, w) for value, w in zip(line, widths, strict=True)]
         for k in range(max(len(part) for part in parts)):
-            lines.append("  ".join((part[k] if k < len(part) else "").ljust(w) for part, w in zip(parts, widths)).rstrip())
+            lines.append("  ".join((part[k] if k < len(part) else "").ljust(w)
+                                   for part, w in zip(parts, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 

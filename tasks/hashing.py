@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import BadInput
+from tasks.errors import BadInput, IntegrityError
 
 CHUNK_BYTES = 1 << 20
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -40,7 +40,8 @@ def sha256_json(value: Any) -> str:
     return sha256_bytes(canonical_json(value))
 
 
-def tree_listing(root: str | Path, *, ignore: frozenset[str] = frozenset({"__pycache__", ".pytest_cache"})) -> list[list[str]]:
+def tree_listing(root: str | Path, *,
+                 ignore: frozenset[str] = frozenset({"__pycache__", ".pytest_cache"})) -> list[list[str]]:
     """Sorted [relative path, sha256] of every file under a folder (ignored folder names skipped)."""
     root = Path(root)
     return [
@@ -84,12 +85,11 @@ def check_sha256(sha256: str) -> str:
 def verified_bytes(data: bytes | None, sha256: str, where: str, max_bytes: int) -> bytes:
     """`data` read from `where` if it hashes to `sha256`: BadInput when it was too large to read (None),
     IntegrityError when it does not match."""
-    from tasks.errors import IntegrityError
-
     if data is None:
         raise BadInput(f"{where} is more than {max_bytes} bytes, more than this reader takes",
                        fix="read it with a command that downloads artifacts (it is not the small file expected)")
     if sha256_bytes(data) != sha256:
         raise IntegrityError(f"{where} hashes to {sha256_bytes(data)}, its name says {sha256}",
-                             fix="the stored object is corrupt: restore it from its source and rerun the stage that wrote it")
+                             fix="the stored object is corrupt: restore it from its source and rerun the stage that "
+                                 "wrote it")
     return data

@@ -7,4 +7,5 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 IMAGES_DIR = PROJECT_ROOT / "images"
 BUILTIN_DATA_DIR = PROJECT_ROOT / "validation" / "data"
-DEMO_STATE_DIR = PROJECT_ROOT / ".shiplift" / "demo"  # where `make demo` keeps its state (unless $SHIPLIFT_HOME names one)
+# where `make demo` keeps its state (unless $SHIPLIFT_HOME names one)
+DEMO_STATE_DIR = PROJECT_ROOT / ".shiplift" / "demo"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from itertools import pairwise
 
 _SECRET_WORDS = frozenset(
     {
@@ -36,7 +37,8 @@ _SECRET_PAIRS = frozenset(
 def looks_secret(key: object) -> bool:
     """True when a mapping key names a secret (password, token, access key...) in any naming style:
     `api_key`, `apiKey`, `API-Key`, `DbPassword`, `x.auth.token`; also when invisible format characters (a zero-width
-    space, a soft hyphen) are slipped between its letters or it is spelled in compatibility forms (fullwidth letters)."""
+    space, a soft hyphen) are slipped between its letters or it is spelled in compatibility forms (fullwidth
+    letters)."""
     visible = "".join(c for c in unicodedata.normalize("NFKC", str(key)) if unicodedata.category(c) != "Cf")
     spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", visible)
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", spaced)
@@ -45,4 +47,4 @@ def looks_secret(key: object) -> bool:
         return False
     if any(w in _SECRET_WORDS for w in words) or words[-1].endswith("token"):
         return True
-    return any(pair in _SECRET_PAIRS for pair in zip(words, words[1:]))
+    return any(pair in _SECRET_PAIRS for pair in pairwise(words))

@@ -22,7 +22,8 @@ MAX_INT_DIGITS = 30
 
 
 class OversizedInteger:
-    """Stands in for an integer literal with more digits than any setting takes, so the tree check can name its field."""
+    """Stands in for an integer literal with more digits than any setting takes, so the tree check can name its
+    field."""
 
     def __init__(self, digits: int):
         self.digits = digits
@@ -55,7 +56,8 @@ class _BoundedLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node, deep=True)
                 if isinstance(key, (dict, list)):
                     raise yaml.constructor.ConstructorError(
-                        "while reading a mapping", node.start_mark, "a key is itself a mapping or list", key_node.start_mark
+                        "while reading a mapping", node.start_mark, "a key is itself a mapping or list",
+                        key_node.start_mark
                     )
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
@@ -119,7 +121,8 @@ def check_tree(tree: Any, origin: str, field: str = "") -> None:
             return 1
         key = id(value)
         if key in open_nodes:
-            raise ConfigError(f"{origin}: {_place(place)} contains itself through a YAML alias", fix="remove the alias cycle")
+            raise ConfigError(f"{origin}: {_place(place)} contains itself through a YAML alias",
+                              fix="remove the alias cycle")
         if key in sizes:
             spend(sizes[key], place)
             return sizes[key]
@@ -156,10 +159,12 @@ def read_yaml_file(path: Path, what: str) -> Any:
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise ConfigError(f"{what} {path} is {size} bytes, over the limit of {MAX_FILE_BYTES}", fix="point at the right file")
+            raise ConfigError(f"{what} {path} is {size} bytes, over the limit of {MAX_FILE_BYTES}",
+                              fix="point at the right file")
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc}", fix="check the path and its permissions") from None
+        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc}",
+                          fix="check the path and its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

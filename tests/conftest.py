@@ -12,7 +12,8 @@ TESTS = Path(__file__).resolve().parent
 
 
 def load_by_path(name: str, path: Path):
-    """A test helper module loaded by path, once: an installed distribution (smdebug_rulesconfig) shadows the name `tests`."""
+    """A test helper module loaded by path, once: an installed distribution (smdebug_rulesconfig) shadows the name
+    `tests`."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)

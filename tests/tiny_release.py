@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from tasks.hashing import sha256_file
 from tasks.artifacts.tiny_gguf import write_tiny_gguf
+from tasks.hashing import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -78,7 +78,8 @@ def write_tiny_chat_config(folder: Path, state_dir: Path, *, name: str = "tiny-c
     tree["image"]["server"] = {"ctx_size": 1024}  # the tiny GGUF's own chat template, not Gemma's named one
     tree["validation"].update(datasets=base["validation"]["datasets"], n_bootstrap=200,
                               thresholds={"min_accuracy": 0.0, "max_ece": 1.0, "min_validity": 0.0},
-                              champion={**tree["validation"]["champion"], "max_p95_ratio": None})  # as write_tiny_config
+                              # as write_tiny_config
+                              champion={**tree["validation"]["champion"], "max_p95_ratio": None})
     tree["validation"].pop("inconclusive", None)
     _apply_changes(tree, changes)
     path = folder / f"{name}.yaml"

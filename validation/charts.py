@@ -17,7 +17,7 @@ import html
 import io
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import matplotlib
@@ -96,7 +96,8 @@ def _inline(svg: str, *, name: str, label: str, scope: str, marks: Mapping[str, 
         svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}" class="{html.escape(classes)}">'
                                              f"<title>{html.escape(title, quote=False)}</title>", 1)
     svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{scope}-{m.group(1)}"', svg)
-    svg = re.sub(r'xlink:href="#([^"]+)"', lambda m: f'href="#{scope}-{m.group(1)}"', svg).replace("xlink:href=", "href=")
+    svg = re.sub(r'xlink:href="#([^"]+)"', lambda m: f'href="#{scope}-{m.group(1)}"', svg).replace("xlink:href=",
+                                                                                                   "href=")
     svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{scope}-{m.group(1)})", svg)
     extra = "".join(f' {k}="{html.escape(str(v))}"' for k, v in attrs.items())
     head = f'<svg class="chart {name}" role="img" aria-label="{html.escape(label)}"{extra}'
@@ -227,7 +228,8 @@ def champion_check(rows: Sequence[Mapping[str, Any]], *, key: str = "", confiden
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_xlabel(f"candidate − champion (point, paired {confidence:.0%} interval; dashed: threshold)")
         ax.set_title("Candidate against champion")
-        used = sorted({r.get("status") for r in rows}, key=lambda s: list(STATUS_COLOUR).index(s) if s in STATUS_COLOUR else 9)
+        used = sorted({r.get("status") for r in rows}, key=lambda s: list(STATUS_COLOUR).index(s)
+                      if s in STATUS_COLOUR else 9)
         handles = [Line2D([], [], color=STATUS_COLOUR.get(s, SHOWN_COLOUR), marker="o", lw=3,
                           label=s if s in STATUS_COLOUR else "shown, not gated") for s in used]
         if any(r.get("threshold") is not None for r in rows):
@@ -293,10 +295,10 @@ def _time_axis(ax, start: datetime, end: datetime) -> None:
         else "%m-%d %H:%M"
 
     def label(value: float, _position: Any) -> str:
-        text = mdates.num2date(value, tz=timezone.utc).strftime(fmt)
+        text = mdates.num2date(value, tz=UTC).strftime(fmt)
         return text[:-3] if fmt.endswith("%f") else text
 
-    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=7, tz=timezone.utc))
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=7, tz=UTC))
     ax.xaxis.set_major_formatter(FuncFormatter(label))
     ax.set_xlim(mdates.date2num(start), mdates.date2num(end))
     day = start.strftime("%Y-%m-%d") + ("" if start.date() == end.date() else " … " + end.strftime("%Y-%m-%d"))
@@ -429,7 +431,8 @@ def copies_serving(model: str, series: Sequence[Mapping[str, Any]], until: datet
         base = np.zeros(len(x))
         for s in series:
             top = base + held(s["points"])
-            ax.fill_between(x, base, top, step="post", color=colours[s["release_id"]], alpha=0.55 if s.get("mixed") else 0.8,
+            ax.fill_between(x, base, top, step="post", color=colours[s["release_id"]], alpha=0.55
+                            if s.get("mixed") else 0.8,
                             hatch="//" if s.get("mixed") else None, edgecolor="white", lw=0.5, label=_plain(s["label"]))
             base = top
         ax.step(x, base, where="post", color="#222", lw=1.5, label="all copies")

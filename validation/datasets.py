@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tasks.errors import BadInput
+from validation.decisions.jevbench import dataset_sha256, load_jevbench
+from validation.expectations import check_decision_dataset
 
 Item = TypeVar("Item")  # a row with a `split`: a JevTask, an NliPair
 
@@ -67,9 +69,6 @@ class DecisionDataset(CheckedDataset):
 
 def load_decision_dataset(path: Path, *, name: str, splits: Sequence[str] | None = None) -> DecisionDataset:
     """Read a JevBench-format file, keep the given splits (None: all), and check it before use."""
-    from validation.expectations import check_decision_dataset
-    from validation.decisions.jevbench import dataset_sha256, load_jevbench
-
     tasks = keep_splits(load_jevbench(path), splits, where=f"dataset {path}", unit="tasks",
                         fix="fix the splits list in the config")
     check = check_decision_dataset(tasks, name=name)

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
 
-RELEASE_CONTEXT = """What a pipeline tells the gate report about the release beside the measurements (`extra.release`), all optional:
-release_id, champion_release, config_changes [{field, champion, candidate}] (the config fields that differ from the
-champion's release), temperature {value, fitted} (the calibration the candidate serves with), cost {candidate,
-production, per_million} (`tasks.backends.pricing` results as dicts, each with its `text`)."""
+RELEASE_CONTEXT = """What a pipeline tells the gate report about the release beside the measurements
+(`extra.release`), all optional: release_id, champion_release, config_changes [{field, champion, candidate}] (the
+config fields that differ from the champion's release), temperature {value, fitted} (the calibration the candidate
+serves with), cost {candidate, production, per_million} (`tasks.backends.pricing` results as dicts, each with its
+`text`)."""
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,11 @@ class Target:
     label: str = ""
 
     @classmethod
-    def http(cls, url: str, component: str | None = None, label: str = "") -> "Target":
+    def http(cls, url: str, component: str | None = None, label: str = "") -> Target:
         """A model-server root or a runtime-shaped router URL (`…/endpoints/NAME`, its errors unwrapped as on aws:
         `validation.transport.runtime_url`), plus its inference component."""
-        from validation.transport import HttpInvoker
+        # loading a config imports this module (GateOutcome); the HTTP client loads when a gate runs (test_boundaries)
+        from validation.transport import HttpInvoker  # noqa: PLC0415
 
         return cls(HttpInvoker(url, component), label)
 
@@ -59,7 +62,7 @@ class GateOutcome(BaseModel):
     report_html: Path
 
     @classmethod
-    def of(cls, report: dict[str, Any]) -> "GateOutcome":
+    def of(cls, report: dict[str, Any]) -> GateOutcome:
         """The outcome of a gate report as `evaluate_decisions` and `evaluate_nli` return it."""
         return cls(decision=report["decision"], checks=report["checks"], thresholds=report["thresholds"],
                    metrics=report["metrics"], datasets=report["datasets"],
@@ -85,6 +88,7 @@ class RunSettings:
                 "notice": notice}
 
 
+DEFAULT_SETTINGS = RunSettings()  # frozen, so one instance serves every call's default
 TURN_PER_WORKER = 2  # requests each worker sends in one target's turn of a side-by-side run
 
 
@@ -150,9 +154,8 @@ def _counted(side: Side, total: int, done: int, _of: int) -> None:
 def lost_requests(out_dir: Path, unit: str) -> str | None:
     """What an evaluation written to `out_dir` lost (its predictions files' items that got no answer: refused as
     retryable until the retry deadline, unreachable, or cut by the run's deadline), or None when it lost nothing."""
-    from collections import Counter
-
-    from validation.runner import read_predictions
+    # loading a config imports this module (GateOutcome); the runner loads when a gate has run (test_boundaries)
+    from validation.runner import read_predictions  # noqa: PLC0415
 
     parts, reasons = [], Counter()
     for role, name in (("candidate", "predictions.jsonl"), ("champion", "champion-predictions.jsonl")):
@@ -184,8 +187,6 @@ def progress_counter(say: Callable[[str], None], label: str, *,
                      clock: Callable[[], float] | None = None) -> Callable[[int, int], None]:
     """A runner progress callback that reports about five times per run, with the time left at the rate so far
     (`candidate: 40/111 tasks, ~1m 12s left`)."""
-    import time
-
     clock = clock or time.monotonic
     step = {"next": 0, "started": clock()}
 

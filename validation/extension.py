@@ -31,7 +31,11 @@ from tasks.atomic import write_json_atomic
 from tasks.errors import ConfigError
 from validation.evaluate import Target
 from validation.gate_report import rewrite_reports
+from validation.gates import Check, _champion_check, decide
+from validation.metrics import paired_ece_difference, score_predictions
 from validation.report_parts import ReportParts
+from validation.runner import read_predictions
+from validation.sequential import extension_looks, sequential_champion_check
 from validation.thresholds import ChampionRule
 
 EXTENSION_JSON = "extension.json"
@@ -63,8 +67,6 @@ class Budget:
 def differences(candidate_rows: Sequence[Mapping], champion_rows: Sequence[Mapping]) -> list[float]:
     """correct_candidate − correct_champion of the tasks both lists hold, in the candidate's order; an invalid or lost
     answer counts as wrong, as the gate counts it."""
-    from validation.metrics import score_predictions
-
     candidate, champion = score_predictions(candidate_rows), score_predictions(champion_rows)
     right = dict(zip(champion.ids, champion.correct, strict=True))
     return [float(ok) - float(right[ident]) for ident, ok in zip(candidate.ids, candidate.correct, strict=True)
@@ -78,8 +80,6 @@ def _append_rows(path: Path, rows: Sequence[Mapping]) -> None:
 
 
 def _read_rows(path: Path) -> list[dict]:
-    from validation.runner import read_predictions
-
     return [p.to_dict() for p in read_predictions(path)]
 
 
@@ -92,7 +92,8 @@ def judged_checks(first_checks: Sequence[Mapping], final: Mapping, ece: Mapping 
 
 def extension_summary(evidence: Mapping) -> dict:
     """What the gate report and the validate record keep of an extension's evidence: its outcome and every look."""
-    return {key: evidence[key] for key in ("status", "n", "interval", "reason", "stopped", "reserve_tasks_scored", "looks")}
+    return {key: evidence[key]
+            for key in ("status", "n", "interval", "reason", "stopped", "reserve_tasks_scored", "looks")}
 
 
 def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target, reserve: Reserve, rule: ChampionRule,
@@ -100,12 +101,9 @@ def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target,
                           clock: Callable[[], float] = time.monotonic) -> dict:
     """Extend the inconclusive champion check of the gate written to `out_dir` (its gate-report.json and the two
     predictions files) on `reserve`, within `budget`; write the evidence beside it, write the gate report (titled
-    `title`) again with the final decision and checks beside the first look, and return extension.json's content: `decision` (the gate's decision once the check is judged again), `checks`, `status`, `looks`, `n`,
-    `interval`, `reason`, `stopped` (decided, tasks or time) and what it scored."""
-    from validation.gates import Check, _champion_check, decide
-    from validation.metrics import paired_ece_difference, score_predictions
-    from validation.sequential import extension_looks, sequential_champion_check
-
+    `title`) again with the final decision and checks beside the first look, and return extension.json's content:
+    `decision` (the gate's decision once the check is judged again), `checks`, `status`, `looks`, `n`, `interval`,
+    `reason`, `stopped` (decided, tasks or time) and what it scored."""
     out_dir = Path(out_dir)
     say = progress or (lambda message: None)
     started = clock()

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
+from validation.metrics import score_predictions
 from validation.thresholds import ChampionRule
 
 POWER = 0.80  # the chance an equally good candidate should have of passing
@@ -88,8 +89,6 @@ class Spread:
 
 def paired_disagreement(candidate_rows: Sequence[Mapping], champion_rows: Sequence[Mapping]) -> tuple[int, int]:
     """(shared tasks, tasks one model got right and the other wrong) of a recorded comparison's prediction rows."""
-    from validation.metrics import score_predictions
-
     candidate, champion = score_predictions(candidate_rows), score_predictions(champion_rows)
     champion_correct = dict(zip(champion.ids, champion.correct, strict=True))
     shared = [(right, champion_correct[ident]) for ident, right in zip(candidate.ids, candidate.correct, strict=True)

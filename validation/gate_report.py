@@ -39,9 +39,10 @@ PREDICTIONS_NAME = "predictions.jsonl"
 PERCENTILES = ("p50", "p95", "p99")
 PRICE_KEYS = ("usd_per_hour", "usd", "usd_per_copy_hour")  # the figure of each pricing result (None: no price)
 # what the gate's cold starts measured (validation.cold_start.cold_start_kind), as the report names it
-COLD_START_LABELS = {FROM_ZERO_INSTANCES: "cold starts, from zero instances (an instance, then a copy) to the first answer",
-                     COPY_RESTART: "cold starts, copy restart (a copy started again on a running instance, not from zero "
-                                   "instances) to the first answer"}
+COLD_START_LABELS = {FROM_ZERO_INSTANCES: "cold starts, from zero instances (an instance, then a copy) to the first "
+                                          "answer",
+                     COPY_RESTART: "cold starts, copy restart (a copy started again on a running instance, not from "
+                                   "zero instances) to the first answer"}
 STATUS_ORDER = ("fail", "inconclusive", "pass")  # a comparison row takes the worst status of the checks that judged it
 
 CSS = """
@@ -67,6 +68,9 @@ FRIENDLY = {  # metric key of validation.metrics -> what a reviewer reads (a fam
 }
 
 
+# HTML from f-strings, not Jinja2 templates (installed with llama-cpp-python): a family hands its own parts in as
+# functions of its evidence (validation.report_parts), which compose as calls do; every value passes through _e, and
+# the browser test renders the result. Templates would split each part's markup from the code that picks its data.
 def _e(value: Any) -> str:
     """HTML-escape any value's text (quotes too, so it is safe inside attributes)."""
     return html.escape("" if value is None else str(value), quote=True)
@@ -195,7 +199,8 @@ def _banner(report: Mapping[str, Any]) -> str:
     if decision == "not_gated":
         return (f'<div class="banner not-gated" id="summary">{_e(NOT_GATED)}: this run measured the model against no '
                 "threshold and no champion; nothing was judged and nothing promotes on it.</div>")
-    return f'<div class="banner {_e(decision)}" id="summary">{_e(summary_line(decision, report.get("checks") or []))}</div>'
+    summary = summary_line(decision, report.get("checks") or [])
+    return f'<div class="banner {_e(decision)}" id="summary">{_e(summary)}</div>'
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -244,12 +249,14 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
                                "status": gate.get("status") if gate else None})
     facts = (
         f"<p>champion: {_num(champion.get('n'))} tasks, {_num(champion.get('n_valid'))} valid, "
-        f"{_num(champion.get('errors'))} errors, {_num(champion.get('retries_503'))} 503 retries. Each cell: the value and "
-        "its 95% interval; candidate − champion is paired on the shared tasks where the metric is per task.</p>"
+        f"{_num(champion.get('errors'))} errors, {_num(champion.get('retries_503'))} 503 retries. Each cell: the "
+        "value and its 95% interval; candidate − champion is paired on the shared tasks where the metric is per "
+        "task.</p>"
     )
     confidence = (report.get("bootstrap") or {}).get("confidence") or 0.95
     return facts + _table(
-        ["metric", "candidate", "champion", "candidate − champion", "shared tasks", "better", "judged by (rule → status)"],
+        ["metric", "candidate", "champion", "candidate − champion", "shared tasks", "better",
+         "judged by (rule → status)"],
         rows, classes, css_class="champion",
     ) + charts.champion_check(chart_rows, confidence=confidence) + _latency_judgements(report, checks, confidence) \
         + _power_section(champion.get("power") or [])
@@ -267,7 +274,8 @@ def _power_section(plans: Sequence[Mapping[str, Any]]) -> str:
         what = (f"{spread['disagreement']:.1%} of tasks answered differently" if spread.get("disagreement") is not None
                 else f"per-task SD {spread['sd']:.3f} ({spread['source']})")
         rows.append([_e(plan["check"]), _num(plan["margin"]), _num(plan["n"]), _e(what), _num(plan["equal_passes"], 2),
-                     _num(plan["narrowest_margin"], 3), _e(plan["tasks_needed"] if plan["tasks_needed"] is not None else "none")])
+                     _num(plan["narrowest_margin"], 3),
+                     _e(plan["tasks_needed"] if plan["tasks_needed"] is not None else "none")])
     return ("<h3>The gate's power at this size</h3><p class=\"note\">How likely an equally good candidate was to pass "
             "these champion checks on this many shared tasks, with the spread these two models showed; below 0.80 "
             "an inconclusive decision says more about the gate's size than about the candidate (docs/reports.md, "
@@ -286,10 +294,11 @@ def _extension_section(report: Mapping[str, Any]) -> str:
     rows = [[_num(look["look"]), _num(look["n"]), _ci(look.get("interval")), _e(look["method"]), _e(look["status"])]
             for look in extension.get("looks") or []]
     return (f"<h2>Extension</h2><p class=\"note\">The first look was {_e(first.get('decision'))}; the release chose to "
-            f"extend (<code>validation.inconclusive.choice: extend</code>), so {_num(extension.get('reserve_tasks_scored'))} "
-            f"reserve tasks were scored on both models and the champion accuracy check judged again by a confidence "
-            f"sequence (valid at every look). Stopped: {_e(extension.get('stopped'))}. The decision above is the "
-            "extension's; the candidate-against-champion table is the first look's.</p>"
+            "extend (<code>validation.inconclusive.choice: extend</code>), so "
+            f"{_num(extension.get('reserve_tasks_scored'))} reserve tasks were scored on both models and the champion "
+            "accuracy check judged again by a confidence sequence (valid at every look). Stopped: "
+            f"{_e(extension.get('stopped'))}. The decision above is the extension's; the candidate-against-champion "
+            "table is the first look's.</p>"
             + _table(["look", "paired tasks", "interval (candidate − champion)", "method", "status"], rows,
                      [str(r[-1]) for r in rows], css_class="extension"))
 
@@ -357,8 +366,11 @@ def _release_section(report: Mapping[str, Any]) -> str:
     if temperature.get("value") is None:
         temp = "none (the model's own probabilities)"
     else:
-        temp = f"{_num(temperature['value'])} ({'fitted by NLL on the calibration split' if temperature.get('fitted') else 'set in the config, not fitted'})"
-    facts = [["release", _e(release.get("release_id"))], ["champion release", _e(release.get("champion_release") or "none")],
+        how = ("fitted by NLL on the calibration split" if temperature.get("fitted")
+               else "set in the config, not fitted")
+        temp = f"{_num(temperature['value'])} ({how})"
+    facts = [["release", _e(release.get("release_id"))],
+             ["champion release", _e(release.get("champion_release") or "none")],
              ["temperature served", _e(temp)]]
     cold = release.get("cold_start")
     if cold:  # a release that scales to zero: each start of the candidate from no copy to its first answer
@@ -373,7 +385,8 @@ def _release_section(report: Mapping[str, Any]) -> str:
     else:
         changed = _table(["config field", "champion", "candidate"],
                          [[_e(c.get("field")), _e(json.dumps(c.get("champion"), ensure_ascii=False)),
-                           _e(json.dumps(c.get("candidate"), ensure_ascii=False))] for c in changes], css_class="changes")
+                           _e(json.dumps(c.get("candidate"), ensure_ascii=False))] for c in changes],
+                           css_class="changes")
     return ("<h2>Release</h2>" + _table(["field", "value"], facts, css_class="release")
             + f"<h3>Config fields changed against the champion's release ({len(changes)})</h3>" + changed
             + "<h3>Cost</h3>" + _table(["what", "cost"], cost_rows(release.get("cost")), css_class="cost"))
@@ -450,7 +463,8 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
         if extra else ""
     )
     reliability = charts.reliability(metrics.get("reliability") or [],
-                                     (champion.get("metrics") or {}).get("reliability") if champion.get("present") else None)
+                                     (champion.get("metrics") or {}).get("reliability")
+                                     if champion.get("present") else None)
     rule = report.get("decision_rule")
     return "".join(
         [

@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from tasks.errors import BadInput, GateFailed
 from validation.gate_power import paired_disagreement, plan_champion_checks
-from validation.thresholds import RULE_TEXT, ChampionRule, DecisionRule, DecisionThresholds
 from validation.metrics import (
     decision_metrics,
     paired_accuracy_difference,
@@ -34,6 +33,7 @@ from validation.metrics import (
     paired_mean_difference,
     score_predictions,
 )
+from validation.thresholds import RULE_TEXT, ChampionRule, DecisionRule, DecisionThresholds
 
 Status = Literal["pass", "fail", "inconclusive", "skipped"]
 SLO = "SLO <="  # the comparator of the p95 latency ceiling: an SLO on this machine, not a comparison
@@ -171,7 +171,8 @@ def absolute_check(name: str, observed: dict | None, threshold: float | None, co
     ci = observed.get("ci") if observed else None
     if value is None:
         return Check(
-            name=name, status="fail", observed=None, threshold=threshold, comparator=comparator, ci=None, n=n, rule=rule,
+            name=name, status="fail", observed=None, threshold=threshold, comparator=comparator, ci=None, n=n,
+            rule=rule,
             reason="no rows to measure it on (every request failed or the value was not reported)",
         )
     floor = comparator == ">="
@@ -237,6 +238,25 @@ def _champion_check(name: str, diff: dict, *, margin: float, min_samples: int, h
     )
 
 
+def _check_gate_args(*, champion_given: bool, champion_rule: ChampionRule | None, decision_rule: DecisionRule,
+                     n_bootstrap: int | None, seed: int | None) -> None:
+    """BadInput for `evaluate_gates` arguments that cannot be judged with: champion predictions without their rule,
+    an unknown decision rule, a bootstrap count under 100 or a negative seed."""
+    if champion_given and champion_rule is None:
+        raise BadInput(
+            "champion predictions were given without a champion rule",
+            fix="pass champion_rule=ChampionRule(...) from the release config's gate settings",
+        )
+    if decision_rule not in RULE_TEXT or decision_rule == "paired":
+        raise BadInput(f"decision_rule must be 'bound' or 'point', got {decision_rule!r}",
+                       fix="use 'bound' (the interval's conservative end) or 'point' (the point estimate)")
+    bad_count = isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 100
+    if n_bootstrap is not None and bad_count:
+        raise BadInput(f"n_bootstrap must be an integer >= 100, got {n_bootstrap!r}", fix="use e.g. 1000")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise BadInput(f"seed must be a non-negative integer, got {seed!r}", fix="use e.g. 0")
+
+
 def evaluate_gates(
     candidate_preds: Sequence[Mapping[str, Any]],
     *,
@@ -253,23 +273,12 @@ def evaluate_gates(
 
     `thresholds` None (an ad-hoc evaluation) runs no absolute check. `latency_rows` (candidate's, champion's) are the
     requests the latency ratio pairs when one prediction is not one request (NLI: a batch of pairs is one request);
-    None: the predictions. `decision_rule` is how every absolute check reads its evidence (`absolute_check`). `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` /
-    `seed`), set the candidate's own intervals; the paired champion comparison always uses the champion rule's own
-    `n_bootstrap` / `seed`. The values used are recorded in the report's `bootstrap` (`champion_comparison` for the
-    rule's)."""
-    if champion_preds is not None and champion_rule is None:
-        raise BadInput(
-            "champion predictions were given without a champion rule",
-            fix="pass champion_rule=ChampionRule(...) from the release config's gate settings",
-        )
-    if decision_rule not in RULE_TEXT or decision_rule == "paired":
-        raise BadInput(f"decision_rule must be 'bound' or 'point', got {decision_rule!r}",
-                       fix="use 'bound' (the interval's conservative end) or 'point' (the point estimate)")
-    bad_count = isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 100
-    if n_bootstrap is not None and bad_count:
-        raise BadInput(f"n_bootstrap must be an integer >= 100, got {n_bootstrap!r}", fix="use e.g. 1000")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise BadInput(f"seed must be a non-negative integer, got {seed!r}", fix="use e.g. 0")
+    None: the predictions. `decision_rule` is how every absolute check reads its evidence (`absolute_check`).
+    `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` / `seed`), set the candidate's own
+    intervals; the paired champion comparison always uses the champion rule's own `n_bootstrap` / `seed`. The values
+    used are recorded in the report's `bootstrap` (`champion_comparison` for the rule's)."""
+    _check_gate_args(champion_given=champion_preds is not None, champion_rule=champion_rule,
+                     decision_rule=decision_rule, n_bootstrap=n_bootstrap, seed=seed)
     rule = champion_rule or ChampionRule()
     boot = {
         "n_bootstrap": rule.n_bootstrap if n_bootstrap is None else n_bootstrap,

@@ -305,6 +305,11 @@ def macro_f1(y_true: Sequence[str], y_pred: Sequence[str | None], labels: Sequen
 
 # --------------------------------------------------------------------------------------------
 # Bootstrap
+#
+# Percentile intervals, kept over scipy.stats.bootstrap(method="BCa"): BCa's interval is NaN (DegenerateDataWarning)
+# when every resample gives one value, as when a candidate answers exactly as its champion does; and the gate's
+# measured error rates (bench/gate_error_rates.py draws these same seeded resamples) and its power (gate_power.py) hold
+# for this interval. Statistics take row indices, so ECE and macro-F1 resample whole rows as accuracy does.
 
 
 def bootstrap_ci(

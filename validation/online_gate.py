@@ -16,12 +16,13 @@ mid-rollout waiting for a person), raise the alarm that rolls the rollout back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from validation.gates import GateReport, evaluate_gates
-from validation.runner import SEMIF, Prediction, Readout, run_decisions
 from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
+from validation.runner import SEMIF, Prediction, Readout, run_decisions
 
 InconclusiveChoice = Literal["block", "extend", "ask"]
 DECIDED = ("pass", "fail")
@@ -96,7 +97,8 @@ class OnlineGate:
         answered before)."""
         new = 0
         for answer in run_decisions(self.invoker, pending, concurrency=self.concurrency, timeout_s=self.timeout_s,
-                                    retry_deadline_s=self.retry_deadline_s, dataset_name="canary", readout=self.readout):
+                                    retry_deadline_s=self.retry_deadline_s, dataset_name="canary",
+                                    readout=self.readout):
             who = self.identity(answer)
             if who is None:
                 self.unattributed += 1
@@ -124,11 +126,13 @@ class OnlineGate:
         ids = [task.id for task in self.tasks if task.id in mine]
         champion = self._champion()
         shared = [task_id for task_id in ids if task_id in champion]
-        champion_rows = [champion[i].to_dict() for i in shared] if len(shared) >= self.champion_rule.min_samples else None
+        champion_rows = [champion[i].to_dict()
+                         for i in shared] if len(shared) >= self.champion_rule.min_samples else None
         # no latency ratio live: the router, not the gate, picks which copy answers, so the two are not measured
         # alternately, and the offline gate judged the ratio side by side already
         rule = self.champion_rule.model_copy(update={"max_p95_ratio": None})
-        return evaluate_gates([mine[i].to_dict() for i in ids], thresholds=self.thresholds, champion_preds=champion_rows,
+        return evaluate_gates([mine[i].to_dict() for i in ids], thresholds=self.thresholds,
+                              champion_preds=champion_rows,
                               champion_rule=rule, decision_rule=self.decision_rule)
 
     def decision(self) -> str:

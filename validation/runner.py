@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tasks.errors import BadInput, NotFound
 from validation.decisions.jevbench import JevTask
-
 from validation.transport import (
     Connection,
     Malformed,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal
 
 import numpy as np
@@ -105,7 +106,8 @@ def sequential_champion_check(differences: Sequence[float], *, margin: float, co
     """Judge candidate − champion (`differences`, per paired task in the order observed, each in [−1, 1]) at each of
     `looks` (increasing task counts ≤ len(differences)): pass at the first look where the mean difference is shown
     better than −margin (+margin for a lower-is-better metric), fail where it is shown worse, else inconclusive at the
-    last look. Each wrong verdict has probability ≤ (1 − confidence)/2 over all looks together (the module's docstring)."""
+    last look. Each wrong verdict has probability ≤ (1 − confidence)/2 over all looks together
+    (the module's docstring)."""
     d = np.asarray(differences, dtype=float)
     if d.ndim != 1 or not np.all(np.isfinite(d)) or np.any(np.abs(d) > 1.0):
         raise BadInput("differences must be finite numbers in [-1, 1] (candidate - champion per paired task)",
@@ -116,8 +118,9 @@ def sequential_champion_check(differences: Sequence[float], *, margin: float, co
         raise BadInput(f"confidence must be in (0, 1), got {confidence!r}", fix="use e.g. 0.95")
     looks = list(looks)
     if not looks or any(isinstance(k, bool) or not isinstance(k, int) for k in looks) or looks[0] < 1 \
-            or any(b <= a for a, b in zip(looks, looks[1:])) or looks[-1] > len(d):
-        raise BadInput(f"looks must be increasing task counts from 1 to {len(d)} (the differences given), got {looks!r}",
+            or any(b <= a for a, b in pairwise(looks)) or looks[-1] > len(d):
+        raise BadInput(f"looks must be increasing task counts from 1 to {len(d)} (the differences given), "
+                       f"got {looks!r}",
                        fix="build them with extension_looks(first_n, batch=..., max_tasks=...)")
     sign = 1.0 if higher_is_better else -1.0
     x = (sign * d + 1.0) / 2.0  # mirrored for a lower-is-better metric, so "good" is always high
@@ -138,5 +141,6 @@ def sequential_champion_check(differences: Sequence[float], *, margin: float, co
                     "inconclusive": f"neither shown better nor worse than {bound}"}[status]
             return SequentialResult(status=status, n=n, looks=taken, interval=interval,
                                     reason=f"candidate - champion {what} after {n} paired tasks ({taken} look(s)); "
-                                           f"confidence sequence [{interval[0]:.4f}, {interval[1]:.4f}] at {confidence:g}")
+                                           f"confidence sequence [{interval[0]:.4f}, {interval[1]:.4f}] "
+                                           f"at {confidence:g}")
     raise AssertionError("unreachable: the last look always returns")

@@ -36,7 +36,8 @@ from validation.retry_policy import DEFAULT_POLICY, DEFAULT_RETRY_DEADLINE_S, Re
 
 IC_HEADER = "X-Amzn-SageMaker-Inference-Component"
 ERROR_BODY_CHARS = 500
-WAIT_NOTICE_AFTER_S, WAIT_NOTICE_EVERY_S = 5.0, 30.0  # a run waiting that long on retryable answers says so, then as often
+# a run waiting that long on retryable answers says so, then as often
+WAIT_NOTICE_AFTER_S, WAIT_NOTICE_EVERY_S = 5.0, 30.0
 RUNTIME_PATH = re.compile(r"/endpoints/[^/]+/?")  # the SageMaker runtime's invoke path: /endpoints/{EndpointName}
 _RECONNECTABLE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
@@ -57,7 +58,8 @@ class Target:
 class AnswerClock:
     """When a run's endpoint last answered (shared by its workers): retries stop once it has answered nothing for the
     policy's retry deadline, so a run against an endpoint that never wakes gives up once, not once per request; and
-    a run that has waited WAIT_NOTICE_AFTER_S on retryable answers says so (`notice`), then every WAIT_NOTICE_EVERY_S."""
+    a run that has waited WAIT_NOTICE_AFTER_S on retryable answers says so (`notice`), then every
+    WAIT_NOTICE_EVERY_S."""
 
     def __init__(self, retry_deadline_s: float | None, clock: Callable[[], float],
                  notice: Callable[[str], None] | None):
@@ -171,7 +173,8 @@ class Connection:
             return response.status, data
 
 
-RUNTIME_RETRYABLE = {"ThrottlingException", "ServiceUnavailable", "ModelNotReadyException", "InternalDependencyException",
+RUNTIME_RETRYABLE = {"ThrottlingException", "ServiceUnavailable", "ModelNotReadyException",
+                     "InternalDependencyException",
                      "InternalFailure", "ModelStreamError"}
 # A component scaled to zero answers its first requests with this ValidationError until a copy is up again; the
 # scale-out alarm counts them (NoCapacityInvocationFailures), so they are retried, never dropped
@@ -187,7 +190,8 @@ def no_capacity(code: str, message: str) -> bool:
 def runtime_error_answer(status: int, code: str, fields: dict[str, Any]) -> tuple[int, bytes]:
     """A SageMaker-runtime error turned back into the container's answer, the same on both backends: a model's
     own error (`ModelError` with `OriginalStatusCode`) is its status and body; throttling, a model not ready,
-    a component scaled to zero and service trouble are `503 {"retryable": true}`; anything else keeps its status with the message."""
+    a component scaled to zero and service trouble are `503 {"retryable": true}`; anything else keeps its status with
+    the message."""
     message = str(fields.get("Message") or fields.get("message") or "")
     if code == "ModelError" and "OriginalStatusCode" in fields:
         original = fields.get("OriginalMessage")
@@ -195,15 +199,17 @@ def runtime_error_answer(status: int, code: str, fields: dict[str, Any]) -> tupl
     if code == "ModelError":  # the model failed without answering (broken connection, timeout)
         return 500, json.dumps({"error": message, "retryable": False}).encode()
     retryable = code in RUNTIME_RETRYABLE or status >= 500 or no_capacity(code, message)
-    return (503 if retryable else status or 400), json.dumps({"error": f"{code}: {message}", "retryable": retryable}).encode()
+    return (503 if retryable else status
+            or 400), json.dumps({"error": f"{code}: {message}", "retryable": retryable}).encode()
 
 
 class RuntimeHttpChannel:
-    """A keep-alive `Connection` to a SageMaker-runtime-shaped endpoint (the local router), its error answers unwrapped."""
+    """A keep-alive `Connection` to a SageMaker-runtime-shaped endpoint (the local router), its error answers
+    unwrapped."""
 
     ERROR_CODES = {424: "ModelError", 503: "ServiceUnavailable", 429: "ThrottlingException"}
 
-    def __init__(self, connection: "Connection"):
+    def __init__(self, connection: Connection):
         self.connection = connection
 
     def post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:
@@ -214,7 +220,8 @@ class RuntimeHttpChannel:
             fields = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError):
             fields = {"Message": data.decode("utf-8", "replace")}
-        return runtime_error_answer(status, self.ERROR_CODES.get(status, "ValidationError"), fields if isinstance(fields, dict) else {})
+        return runtime_error_answer(status, self.ERROR_CODES.get(status, "ValidationError"), fields
+                                    if isinstance(fields, dict) else {})
 
     @property
     def sent_status(self) -> int | None:
@@ -300,13 +307,7 @@ def post_with_retries(connection: Connection, body: bytes, opts: Options) -> Exc
         return Exchange(data=data, error=error, attempts=attempts, retries_503=retries_503, latency_ms=latency_ms,
                         lost=lost)
 
-    while True:
-        timeout_s = opts.timeout_s
-        if opts.deadline is not None:
-            remaining = opts.deadline - opts.clock()
-            if remaining <= 0:
-                return done(f"run deadline exceeded after {attempts} attempt(s)", lost=True)
-            timeout_s = min(timeout_s, remaining)
+    while (timeout_s := _attempt_timeout(opts)) is not None:
         attempts += 1
         begin = time.perf_counter()
         try:
@@ -321,28 +322,46 @@ def post_with_retries(connection: Connection, body: bytes, opts: Options) -> Exc
             return done(f"request failed after {attempts} attempt(s): {type(exc).__name__}: {exc}", lost=True)
         latency_ms = (time.perf_counter() - begin) * 1000.0
         message, retryable = (None, False) if status == 200 else _error_text(data)
-        if not (status == 503 and retryable):
-            opts.answers.answered()
+        if status == 503 and retryable:
+            ended = _back_off(opts, attempts, retries_503, message)
+            if ended is not None:
+                return done(ended, lost=True)
+            retries_503 += 1
+            continue
+        opts.answers.answered()
         if status == 200:
             return done(None, data)
-        if status == 503 and retryable:
-            if not policy.attempts_left(attempts):
-                return done(f"HTTP 503 (retryable) on all {attempts} attempts: {message}", lost=True)
-            delay = policy.delay(retries_503, opts.rng)
-            wake = opts.clock() + delay
-            if opts.deadline is not None and wake >= opts.deadline:
-                return done(f"run deadline exceeded while backing off after HTTP 503 (retryable): {message}", lost=True)
-            if opts.answers.gives_up_by(wake):
-                return done(f"retry deadline: no answer from the endpoint for {policy.retry_deadline_s:g} s; HTTP 503 "
-                            f"(retryable) on {attempts} attempt(s): {message}", lost=True)
-            opts.answers.waiting(message)
-            retries_503 += 1
-            opts.sleep(delay)
-            continue
         if status >= 500 and extra_tries < policy.error_retries and policy.attempts_left(attempts):
             extra_tries += 1
             continue
         return done(f"HTTP {status}: {message}")
+    return done(f"run deadline exceeded after {attempts} attempt(s)", lost=True)
+
+
+def _attempt_timeout(opts: Options) -> float | None:
+    """One attempt's timeout: `opts.timeout_s`, cut to what is left of the run's deadline; None once that has passed."""
+    if opts.deadline is None:
+        return opts.timeout_s
+    remaining = opts.deadline - opts.clock()
+    return min(opts.timeout_s, remaining) if remaining > 0 else None
+
+
+def _back_off(opts: Options, attempts: int, retries_503: int, message: str | None) -> str | None:
+    """Wait out a retryable 503 (the `retries_503`-th) before the next attempt; instead the error that ends the
+    request, without waiting, when no attempt is left or the wait would pass the run's or the retry deadline."""
+    policy = opts.retry
+    if not policy.attempts_left(attempts):
+        return f"HTTP 503 (retryable) on all {attempts} attempts: {message}"
+    delay = policy.delay(retries_503, opts.rng)
+    wake = opts.clock() + delay
+    if opts.deadline is not None and wake >= opts.deadline:
+        return f"run deadline exceeded while backing off after HTTP 503 (retryable): {message}"
+    if opts.answers.gives_up_by(wake):
+        return (f"retry deadline: no answer from the endpoint for {policy.retry_deadline_s:g} s; HTTP 503 "
+                f"(retryable) on {attempts} attempt(s): {message}")
+    opts.answers.waiting(message)
+    opts.sleep(delay)
+    return None
 
 
 def _check_args(concurrency: int, timeout_s: float, max_attempts: int | None, backoff_base_s: float,
@@ -424,7 +443,8 @@ def post_alone(invoker: HttpInvoker, body: bytes, *, timeout_s: float, deadline_
                ) -> tuple[Exchange, int | None]:
     """One request on a channel of its own under the retry policy (clients that send one at a time: the demo's
     traffic, bench): the exchange, and the status the endpoint itself sent last (before a runtime channel unwraps
-    it; None when no answer came). `error_retries` 0 keeps a model's own 5xx as its answer (traffic that counts them)."""
+    it; None when no answer came). `error_retries` 0 keeps a model's own 5xx as its answer (traffic that counts
+    them)."""
     opts = run_options(invoker, concurrency=1, timeout_s=timeout_s, max_attempts=None,
                        backoff_base_s=DEFAULT_POLICY.backoff_base_s, backoff_cap_s=DEFAULT_POLICY.backoff_cap_s,
                        inference_component=None, deadline_s=deadline_s, rng=None, sleep=time.sleep,
@@ -457,7 +477,8 @@ class RequestSettings(TypedDict, total=False):
 def run_requests(endpoint: Any, items: Sequence[Item], work: Callable[[Item, Connection, Options], Outcome], *,
                  concurrency: int, thread_name: str, weight: Callable[[Item], int] = lambda item: 1,
                  timeout_s: float = 60, max_attempts: int | None = None,
-                 backoff_base_s: float = DEFAULT_POLICY.backoff_base_s, backoff_cap_s: float = DEFAULT_POLICY.backoff_cap_s,
+                 backoff_base_s: float = DEFAULT_POLICY.backoff_base_s,
+                 backoff_cap_s: float = DEFAULT_POLICY.backoff_cap_s,
                  retry_deadline_s: float | None = DEFAULT_POLICY.retry_deadline_s,
                  inference_component: str | None = None, deadline_s: float | None = None,
                  progress: Callable[[int, int], None] | None = None, notice: Callable[[str], None] | None = None,

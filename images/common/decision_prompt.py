@@ -7,7 +7,8 @@ log-probabilities) are asked the same words and their answers can be compared ta
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 PROMPT_VERSION = "semif-prompt-v1"
 LETTERS = "ABCDEFGHIJKLMNOP"
@@ -37,7 +38,8 @@ def prefix_text(state: str) -> str:
 
 
 def suffix_text(question: str, descriptions: Sequence[str]) -> str:
-    options = "".join(f"{letter}. {description}\n" for letter, description in zip(LETTERS, descriptions))
+    letters = LETTERS[: len(descriptions)]
+    options = "".join(f"{letter}. {description}\n" for letter, description in zip(letters, descriptions, strict=True))
     return SUFFIX_TEMPLATE.format(question=question, options=options)
 
 

@@ -32,11 +32,12 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, Mapping, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 EXIT_CONFIG, EXIT_MODEL = 2, 3
@@ -193,7 +194,8 @@ def read_serving_id(env: Mapping[str, str]) -> str | None:
     echoes with every answer so live answers are told apart by what serves them; None when run without one."""
     value = env.get(SERVING_ID_ENV, "").strip()
     if value and not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise StartupError(f"{SERVING_ID_ENV}={value!r} is not a sha256 hex digest; leave it to the hosting that sets it")
+        raise StartupError(f"{SERVING_ID_ENV}={value!r} is not a sha256 hex digest; "
+                           "leave it to the hosting that sets it")
     return value or None
 
 
@@ -548,13 +550,39 @@ class StrictHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         try:
             self.end_headers()
-            if self.command != "HEAD":  # a HEAD answer has headers only, or the client reads the body as the next answer
+            # a HEAD answer has headers only, or the client reads the body as the next answer
+            if self.command != "HEAD":
                 self.wfile.write(body)
         except OSError:  # the client left, or stopped reading, before it had the answer
             self.close_connection = True
             return
         if close:
             self._linger()
+
+    def send_stream(self, status: int, chunks: Iterator[bytes], content_type: str,
+                    headers: Mapping[str, str] | None = None) -> None:
+        """An answer written piece by piece as `chunks` gives them (chunked transfer coding, each piece sent at once),
+        such as server-sent events. A client that goes away, or stops reading for WRITE_TIMEOUT_S, ends the answer and
+        the connection; `chunks` is closed however it ends, so whatever produces them stops too."""
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        try:
+            self.end_headers()
+            for chunk in chunks:
+                if chunk:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client left or stopped reading: nobody to finish the answer for
+            self.close_connection = True
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
 
     def send_error_answer(self, error: HttpError, *, close: bool = False) -> None:
         """Answer `error` in this server's JSON shape."""
@@ -673,7 +701,8 @@ class StrictHandler(BaseHTTPRequestHandler):
         if len(lengths) > 1:
             raise HttpError(400, f"Content-Length appears {len(lengths)} times; send it once")
         if not CONTENT_LENGTH.fullmatch(lengths[0]):
-            raise HttpError(400, f"Content-Length must be a byte count in ASCII digits, got {_length_shown(lengths[0])}")
+            raise HttpError(400, "Content-Length must be a byte count in ASCII digits, "
+                                 f"got {_length_shown(lengths[0])}")
         length = int(lengths[0])
         if length > self.max_body_bytes():
             raise self.body_too_large(length)
@@ -709,6 +738,15 @@ EngineT = TypeVar("EngineT")
 
 
 @dataclass(frozen=True)
+class Streamed:
+    """An answer of `ModelService.answer` written as it is produced (`StrictHandler.send_stream`), e.g. a chat
+    completion's server-sent events; the admission slot is held until it ends."""
+
+    chunks: Iterator[bytes]
+    content_type: str = "text/event-stream"
+
+
+@dataclass(frozen=True)
 class ModelService(Generic[SettingsT, EngineT]):
     """A model server's own parts; `serve` runs them behind the SageMaker container contract."""
 
@@ -719,7 +757,7 @@ class ModelService(Generic[SettingsT, EngineT]):
     load_settings: Callable[[Mapping[str, str]], SettingsT]  # raises StartupError
     load_engine: Callable[[SettingsT], EngineT]  # slow; raises StartupError (exit code) or anything (EXIT_MODEL)
     loaded: Callable[[SettingsT, EngineT, float], str]  # the log line once loaded in that many seconds
-    answer: Callable[[SettingsT, EngineT, bytes, float], dict[str, Any]]  # body, perf_counter at receipt
+    answer: Callable[[SettingsT, EngineT, bytes, float], dict[str, Any] | Streamed]  # body, perf_counter at receipt
     post_routes: tuple[str, ...] = ("/invocations",)  # the paths POST answers with `answer`
     # Optional: blocks (on the loading thread) while the loaded engine works; returns None when it ended
     # because the server is stopping, else why the engine failed: then /ping turns 503 and the server
@@ -848,13 +886,16 @@ class ModelHandler(StrictHandler):
                 )
             )
             return
-        try:  # the slot is released before the answer is written, so a sequential client never races it
+        try:  # the slot is released before a whole answer is written, so a sequential client never races it
             status, payload = self._invocation(received)
+            if isinstance(payload, Streamed):  # the model works while it is written: the slot is held until the end
+                self.send_stream(status, payload.chunks, payload.content_type)
+                return
         finally:
             self.server.admission.release()
         self._send(status, payload)
 
-    def _invocation(self, received: float) -> tuple[int, dict[str, Any]]:
+    def _invocation(self, received: float) -> tuple[int, dict[str, Any] | Streamed]:
         """(status, JSON payload) for one admitted POST /invocations."""
         try:
             engine = self.server.engine
@@ -906,7 +947,8 @@ def serve(service: ModelService[Any, Any], argv: list[str]) -> int:
         )
         return EXIT_CONFIG
     host, port = server.server_address[:2]
-    print(f"{name}: listening on http://{host}:{port} (model {settings.model_path}, loading)", file=sys.stderr, flush=True)
+    print(f"{name}: listening on http://{host}:{port} (model {settings.model_path}, loading)",
+          file=sys.stderr, flush=True)
     # SIGTERM (docker stop, SageMaker, the local backend) ends serve_forever cleanly with exit code 0
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     threading.Thread(target=server.load, name=f"{name}-load", daemon=True).start()

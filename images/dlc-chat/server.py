@@ -15,9 +15,10 @@ gate (letters' ``top_logprobs`` of one generated token) run against it.
 
 Why a front at all: llama-cpp-python's server is not llama-server. It accepts fields and
 values that llama-server or SageMaker would treat differently (``n`` is silently dropped,
-``stream`` cannot pass through InvokeEndpoint, ``max_tokens`` past the context is silently
-cut), and it has no ``/ping`` or ``/invocations``. The front refuses those requests with a
-400 that names the field, so a request that works here works on the endpoint.
+``max_tokens`` past the context is silently cut), and it has no ``/ping`` or ``/invocations``.
+The front refuses those requests with a 400 that names the field, so a request that works here
+works on the endpoint. ``stream: true`` is passed through as the child's server-sent events
+(``InvokeEndpointWithResponseStream`` on the endpoint).
 
 Differences from llama-server that the front makes up for:
 
@@ -59,21 +60,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 # The image copies sagemaker_http.py beside this file; a checkout keeps it in images/common.
 _HERE = Path(__file__).resolve().parent
 if not (_HERE / "sagemaker_http.py").is_file():
     sys.path.insert(0, str(_HERE.parent / "common"))
 
-from sagemaker_http import (
+from sagemaker_http import (  # noqa: E402 — needs sys.path above
     EXIT_MODEL,
     HttpError,
     HttpSettings,
     ModelService,
     StartupError,
+    Streamed,
     bad,
     env_float,
     json_string,
@@ -94,6 +97,7 @@ STOP_DEADLINE_S = 5.0  # SIGTERM to the child, then SIGKILL after this
 READY_PROBE_TIMEOUT_S = 2.0  # one GET /v1/models while waiting for the child
 READY_POLL_S = 0.05
 TAIL_LINES = 40  # of the child's output, quoted when it fails to start
+MAX_EVENT_LINE_BYTES = 1 << 20  # one server-sent event line of the child's stream (a chunk with its top_logprobs)
 
 # llama-server's built-in template names (--chat-template) → llama-cpp-python's chat_format names.
 CHAT_TEMPLATES = {
@@ -106,6 +110,12 @@ CHAT_TEMPLATES = {
     "vicuna": "vicuna",
     "openchat": "openchat",
 }
+# A GGUF without tokenizer.chat_template: its general.architecture → the template its family was trained on. Gemma
+# 1-3 share the <start_of_turn> turns; Qwen2/Qwen3 use ChatML; llama only where tokenizer.ggml.model says BPE
+# ("gpt2", Llama 3's vocabulary; Llama 2's is SentencePiece "llama", its chat format varies by fine-tune: not guessed).
+ARCHITECTURE_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "qwen2": "chatml", "qwen3": "chatml"}
+BPE_LLAMA = ("llama", "gpt2")  # (general.architecture, tokenizer.ggml.model) of Llama 3
+TEMPLATE_KEYS = ("tokenizer.chat_template", "general.architecture", "tokenizer.ggml.model")
 FLASH_ATTN = {"on": True, "off": False, "auto": False}  # auto: off on this CPU build (logged)
 
 # The SM_LLAMA_CPP_* variables the stand-in supports, as the DLC gets them:
@@ -139,6 +149,16 @@ ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 256
 MAX_STOP = 4  # as the OpenAI API
 MAX_TOP_LOGPROBS = 20
+# The sampling settings and the range each must lie in: (key, low, high).
+SAMPLING_NUMBERS = (
+    ("temperature", 0.0, 1e6),
+    ("top_p", 0.0, 1.0),
+    ("min_p", 0.0, 1.0),
+    ("presence_penalty", -2.0, 2.0),
+    ("frequency_penalty", -2.0, 2.0),
+    ("repeat_penalty", 0.0, 1e6),
+)
+SAMPLING_INTEGERS = (("top_k", 0, INT_MAX), ("seed", 0, 2**32 - 1))
 RESPONSE_FORMATS = ("text", "json_object")
 
 
@@ -173,6 +193,44 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> dict[str, A
                 raise GgufError(f"the header ends early ({exc})") from None
 
 
+class _GgufReader:
+    """Reads a GGUF header's values in `order` (struct's byte-order prefix) from `offset` on, or skips them."""
+
+    def __init__(self, data: Any, order: str, offset: int):
+        self.data, self.order, self.offset = data, order, offset
+
+    def take(self, fmt: str) -> Any:
+        value = struct.unpack_from(self.order + fmt, self.data, self.offset)[0]
+        self.offset += struct.calcsize(self.order + fmt)
+        return value
+
+    def string(self) -> bytes:
+        length = self.take("Q")
+        if self.offset + length > len(self.data):
+            raise GgufError("a string runs past the end of the file")
+        value = self.data[self.offset : self.offset + length]
+        self.offset += length
+        return value
+
+    def skip(self, kind: int) -> None:
+        if kind in _SCALARS:
+            self.offset += struct.calcsize(self.order + _SCALARS[kind])
+        elif kind == _STRING:
+            length = self.take("Q")  # (not `self.offset += self.take(...)`: it adds to the offset before the read)
+            self.offset += length
+        elif kind == _ARRAY:
+            item, count = self.take("I"), self.take("Q")
+            if item in _SCALARS:
+                self.offset += count * struct.calcsize(self.order + _SCALARS[item])
+            else:
+                for _ in range(count):
+                    self.skip(item)
+        else:
+            raise GgufError(f"unknown metadata value type {kind}")
+        if self.offset > len(self.data):
+            raise GgufError("the metadata runs past the end of the file")
+
+
 def _parse_gguf(data: Any, wanted: Callable[[str], bool]) -> dict[str, Any]:
     (version,) = struct.unpack_from("<I", data, 4)
     order = "<"
@@ -182,52 +240,17 @@ def _parse_gguf(data: Any, wanted: Callable[[str], bool]) -> dict[str, Any]:
     if version not in (2, 3):
         raise GgufError(f"GGUF version {version} is not supported (llama.cpp reads versions 2 and 3)")
     _, kv_count = struct.unpack_from(order + "QQ", data, 8)
-    offset, found = 24, {}
-
-    def take(fmt: str) -> Any:
-        nonlocal offset
-        value = struct.unpack_from(order + fmt, data, offset)[0]
-        offset += struct.calcsize(order + fmt)
-        return value
-
-    def string() -> bytes:
-        nonlocal offset
-        length = take("Q")
-        if offset + length > len(data):
-            raise GgufError("a string runs past the end of the file")
-        value = data[offset : offset + length]
-        offset += length
-        return value
-
-    def skip(kind: int) -> None:
-        nonlocal offset
-        if kind in _SCALARS:
-            offset += struct.calcsize(order + _SCALARS[kind])
-        elif kind == _STRING:
-            length = take("Q")  # (not `offset += take(...)`: that would add to the offset before the read)
-            offset += length
-        elif kind == _ARRAY:
-            item, count = take("I"), take("Q")
-            if item in _SCALARS:
-                offset += count * struct.calcsize(order + _SCALARS[item])
-            else:
-                for _ in range(count):
-                    skip(item)
-        else:
-            raise GgufError(f"unknown metadata value type {kind}")
-        if offset > len(data):
-            raise GgufError("the metadata runs past the end of the file")
-
+    reader, found = _GgufReader(data, order, offset=24), {}
     try:
         for _ in range(kv_count):
-            key = string().decode("utf-8", errors="replace")
-            kind = take("I")
+            key = reader.string().decode("utf-8", errors="replace")
+            kind = reader.take("I")
             if wanted(key) and kind in _SCALARS:
-                found[key] = take(_SCALARS[kind])
+                found[key] = reader.take(_SCALARS[kind])
             elif wanted(key) and kind == _STRING:
-                found[key] = string().decode("utf-8", errors="replace")
+                found[key] = reader.string().decode("utf-8", errors="replace")
             else:
-                skip(kind)
+                reader.skip(kind)
     except struct.error as exc:
         raise GgufError(f"the header ends early ({exc})") from None
     return found
@@ -328,6 +351,39 @@ def read_llama_options(env: Mapping[str, str]) -> dict[str, str]:
     return settings
 
 
+def inferred_template(metadata: Mapping[str, Any]) -> str | None:
+    """The llama-server template name a GGUF's architecture (and vocabulary) implies, or None."""
+    architecture = metadata.get("general.architecture")
+    if (architecture, metadata.get("tokenizer.ggml.model")) == BPE_LLAMA:
+        return "llama3"
+    return ARCHITECTURE_TEMPLATES.get(architecture) if isinstance(architecture, str) else None
+
+
+def _chat_template_source(env: Mapping[str, str], child: dict[str, str], metadata: Mapping[str, Any],
+                          model_path: Path) -> str:
+    """Where the chat template comes from: SM_LLAMA_CPP_CHAT_TEMPLATE if set (as --chat-template wins in
+    llama-server), else the GGUF's own, else the one its architecture implies (set as the child's chat_format);
+    StartupError when none applies, since llama-cpp-python would silently fall back to the llama-2 format."""
+    template_name = env.get("SM_LLAMA_CPP_CHAT_TEMPLATE")
+    if template_name is not None:
+        return f"SM_LLAMA_CPP_CHAT_TEMPLATE={template_name} (chat_format {child['chat_format']})"
+    if metadata.get("tokenizer.chat_template"):
+        return "the GGUF's tokenizer.chat_template"
+    inferred = inferred_template(metadata)
+    if inferred is not None:
+        child["chat_format"] = CHAT_TEMPLATES[inferred]
+        return f"{inferred}, inferred from general.architecture {metadata['general.architecture']}"
+    architecture = metadata.get("general.architecture", "none")
+    raise StartupError(
+        f"{model_path.name} has no tokenizer.chat_template and its general.architecture ({architecture}) implies "
+        "none, and llama-cpp-python would silently fall back to the llama-2 format; name the template with "
+        "`shiplift serve chat --chat-template NAME`, image.server.chat_template in the release config, or "
+        f"SM_LLAMA_CPP_CHAT_TEMPLATE (NAME one of {', '.join(CHAT_TEMPLATES)}), or use a GGUF that carries its "
+        "template",
+        EXIT_MODEL,
+    )
+
+
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Validate the whole environment and the model file; raise StartupError on the first problem."""
     http = read_http_settings(env, PREFIX)
@@ -336,25 +392,13 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     child = read_llama_options(env)
     model_path = _find_gguf(env)
     try:
-        metadata = read_gguf_metadata(model_path, lambda key: key == "tokenizer.chat_template")
+        metadata = read_gguf_metadata(model_path, TEMPLATE_KEYS.__contains__)
     except GgufError as exc:
         raise StartupError(f"cannot read the GGUF header of {model_path}: {exc}", EXIT_MODEL) from None
     except OSError as exc:
         raise StartupError(f"cannot read {model_path}: {exc}") from None
     notes: list[str] = []
-    template_name = env.get("SM_LLAMA_CPP_CHAT_TEMPLATE")
-    if template_name is not None:
-        chat_source = f"SM_LLAMA_CPP_CHAT_TEMPLATE={template_name} (chat_format {child['chat_format']})"
-    elif metadata.get("tokenizer.chat_template"):
-        chat_source = "the GGUF's tokenizer.chat_template"
-    else:
-        raise StartupError(
-            f"{model_path.name} has no tokenizer.chat_template, and llama-cpp-python would silently fall back "
-            "to the llama-2 format (a Gemma model then answers with empty text); set SM_LLAMA_CPP_CHAT_TEMPLATE "
-            f"(image.server.chat_template) to one of {', '.join(CHAT_TEMPLATES)}, or use a GGUF that carries "
-            "its template",
-            EXIT_MODEL,
-        )
+    chat_source = _chat_template_source(env, child, metadata, model_path)
     if env.get("SM_LLAMA_CPP_FLASH_ATTN", "").strip().lower() == "auto":
         notes.append(
             "SM_LLAMA_CPP_FLASH_ATTN=auto: llama-server decides per backend; "
@@ -392,7 +436,8 @@ def _child_environment() -> dict[str, str]:
     API_KEY, N_CTX, CHAT_FORMAT), and its main() reads CONFIG_FILE, HOST and PORT itself; the command
     line must be the whole configuration."""
     try:
-        from llama_cpp.server.settings import ConfigFileSettings, Settings as ChildSettings
+        from llama_cpp.server.settings import ConfigFileSettings
+        from llama_cpp.server.settings import Settings as ChildSettings
     except ImportError as exc:
         raise StartupError(
             f"llama-cpp-python's server is not installed ({exc}); install llama-cpp-python[server]", EXIT_MODEL
@@ -641,45 +686,48 @@ def check_request(payload: dict[str, Any], ctx_size: int) -> None:
     _messages(payload["messages"])
     if "model" in payload:
         json_string(payload["model"], "model")
-    if "stream" in payload and _boolean(payload, "stream"):
-        raise bad("stream", "the SageMaker path returns one body; InvokeEndpoint cannot stream; use stream false")
+    if "stream" in payload:
+        _boolean(payload, "stream")
     # llama-cpp-python's server silently drops n (one choice whatever is asked): refuse anything else
     if "n" in payload and _integer(payload, "n", 0, INT_MAX) != 1:
         raise bad("n", f"must be 1, got {payload['n']}: one choice per request (send one request per choice)")
     if "max_tokens" in payload:
         _integer(payload, "max_tokens", 1, ctx_size, f" (the context size, SM_LLAMA_CPP_CTX_SIZE={ctx_size})")
-    for key, low, high in (
-        ("temperature", 0.0, 1e6),
-        ("top_p", 0.0, 1.0),
-        ("min_p", 0.0, 1.0),
-        ("presence_penalty", -2.0, 2.0),
-        ("frequency_penalty", -2.0, 2.0),
-        ("repeat_penalty", 0.0, 1e6),
-    ):
+    _sampling(payload)
+    _logprobs(payload)
+    if "stop" in payload:
+        _stop(payload["stop"])
+    if "response_format" in payload:
+        _response_format(payload["response_format"])
+
+
+def _sampling(payload: dict[str, Any]) -> None:
+    for key, low, high in SAMPLING_NUMBERS:
         if key in payload:
             _number(payload, key, low, high)
-    if "top_k" in payload:
-        _integer(payload, "top_k", 0, INT_MAX)
-    if "seed" in payload:
-        _integer(payload, "seed", 0, 2**32 - 1)
+    for key, low, high in SAMPLING_INTEGERS:
+        if key in payload:
+            _integer(payload, key, low, high)
+
+
+def _logprobs(payload: dict[str, Any]) -> None:
     logprobs = _boolean(payload, "logprobs") if "logprobs" in payload else False
     if "top_logprobs" in payload:
         _integer(payload, "top_logprobs", 0, MAX_TOP_LOGPROBS)
         if not logprobs:
             raise bad("top_logprobs", "needs logprobs true")
-    if "stop" in payload:
-        stop = payload["stop"]
-        if isinstance(stop, list):
-            if len(stop) > MAX_STOP:
-                raise bad("stop", f"must have at most {MAX_STOP} sequences, got {len(stop)}")
-            for index, item in enumerate(stop):
-                json_string(item, f"stop[{index}]")
-        elif not isinstance(stop, str):
-            raise bad("stop", f"must be a string or an array of strings, got {json_type(stop)}")
-        else:
-            json_string(stop, "stop")
-    if "response_format" in payload:
-        _response_format(payload["response_format"])
+
+
+def _stop(value: Any) -> None:
+    if isinstance(value, list):
+        if len(value) > MAX_STOP:
+            raise bad("stop", f"must have at most {MAX_STOP} sequences, got {len(value)}")
+        for index, item in enumerate(value):
+            json_string(item, f"stop[{index}]")
+    elif not isinstance(value, str):
+        raise bad("stop", f"must be a string or an array of strings, got {json_type(value)}")
+    else:
+        json_string(value, "stop")
 
 
 def _response_format(value: Any) -> None:
@@ -717,48 +765,108 @@ def _child_message(status: int, body: bytes) -> str:
     return json.dumps(data, ensure_ascii=False)[:2000]
 
 
-def forward(child: Child, body: bytes, timeout_s: float) -> dict[str, Any]:
-    """POST the checked body, unchanged, to the child's /v1/chat/completions; its 200 JSON, or HttpError."""
+def _post(child: Child, body: bytes, timeout_s: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """POST the checked body, unchanged, to the child's /v1/chat/completions; the connection and its response, whose
+    every read waits at most `timeout_s`. A status other than 200 is read and raised as HttpError."""
     connection = http.client.HTTPConnection(CHILD_HOST, child.port, timeout=timeout_s)
     try:
-        connection.request(
-            "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
-        )
+        connection.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
-        data = response.read()
-        status = response.status
-    except TimeoutError:
-        # the child keeps working on it (llama-cpp-python cannot cancel a non-streamed completion)
-        raise HttpError(
+        if response.status != 200:
+            _raise_child_error(response.status, response.read())
+        return connection, response
+    except (OSError, http.client.HTTPException) as exc:
+        connection.close()
+        raise _transport_error(exc, timeout_s) from None
+    except BaseException:
+        connection.close()
+        raise
+
+
+def _transport_error(exc: BaseException, timeout_s: float) -> HttpError:
+    if isinstance(exc, TimeoutError):  # the child keeps working on it (a non-streamed completion cannot be cancelled)
+        return HttpError(
             504,
             f"the model did not answer within {timeout_s:g}s ({PREFIX}_REQUEST_TIMEOUT_S); "
             "ask for fewer max_tokens or retry later",
             retryable=True,
-        ) from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise HttpError(502, f"the model server (llama_cpp.server) failed: {exc!r}") from None
-    finally:
-        connection.close()
-    if status == 200:
-        try:
-            answer = json.loads(data)
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise HttpError(502, "the model server (llama_cpp.server) answered 200 without a JSON object")
-        return answer
+        )
+    return HttpError(502, f"the model server (llama_cpp.server) failed: {exc!r}")
+
+
+def _raise_child_error(status: int, data: bytes) -> None:
     message = _child_message(status, data)
     if 400 <= status < 500:
         raise HttpError(status, message)
     raise HttpError(502, f"the model server (llama_cpp.server) answered {status}: {message}")
 
 
-def answer(settings: Settings, child: Child, body: bytes, received: float) -> dict[str, Any]:
-    """One POST /invocations or /v1/chat/completions: check the body, forward it, pass the answer back, with the
-    copy's serving id as its `system_fingerprint` (OpenAI's field for the configuration that answered) when the
-    hosting named one, so live answers are told apart by what serves them."""
+def forward(child: Child, body: bytes, timeout_s: float) -> dict[str, Any]:
+    """The child's 200 JSON answer to the checked body, or HttpError."""
+    connection, response = _post(child, body, timeout_s)
+    try:
+        data = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise _transport_error(exc, timeout_s) from None
+    finally:
+        connection.close()
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise HttpError(502, "the model server (llama_cpp.server) answered 200 without a JSON object")
+    return answer
+
+
+def forward_stream(child: Child, body: bytes, timeout_s: float, serving_id: str | None) -> Iterator[bytes]:
+    """The child's server-sent events for a `stream: true` request, event by event as they come (each read waits at
+    most `timeout_s`), each chunk with the serving id as its `system_fingerprint` when there is one. A stream that
+    breaks off ends with an OpenAI-shaped error event (`data: {"error": ...}`, no `[DONE]`): the 200 is already
+    sent. Closing the iterator (the client went away) closes the child's connection, which stops its completion."""
+    connection, response = _post(child, body, timeout_s)
+
+    def events() -> Iterator[bytes]:
+        try:
+            while True:
+                line = response.readline(MAX_EVENT_LINE_BYTES + 1)
+                if not line:
+                    return
+                if len(line) > MAX_EVENT_LINE_BYTES:
+                    raise HttpError(502, f"the model server sent an event line over {MAX_EVENT_LINE_BYTES} bytes")
+                yield _fingerprinted(line, serving_id)
+        except (OSError, http.client.HTTPException, HttpError) as exc:
+            error = exc if isinstance(exc, HttpError) else _transport_error(exc, timeout_s)
+            yield b"data: " + json.dumps({"error": {"message": str(error), "type": "server_error",
+                                                    "code": error.status}}).encode() + b"\n\n"
+        finally:
+            connection.close()
+
+    return events()
+
+
+def _fingerprinted(line: bytes, serving_id: str | None) -> bytes:
+    """One SSE line; a chunk's `data:` line with the serving id as its system_fingerprint (as whole answers get)."""
+    if serving_id is None or not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+        return line
+    try:
+        chunk = json.loads(line[len(b"data: "):])
+    except ValueError:
+        return line
+    if not isinstance(chunk, dict):
+        return line
+    return b"data: " + json.dumps({**chunk, "system_fingerprint": serving_id}).encode() + b"\n"
+
+
+def answer(settings: Settings, child: Child, body: bytes, received: float) -> dict[str, Any] | Streamed:
+    """One POST /invocations or /v1/chat/completions: check the body, forward it, pass the answer back (server-sent
+    events as they come for `stream: true`), with the copy's serving id as its `system_fingerprint` (OpenAI's field
+    for the configuration that answered) when the hosting named one, so live answers are told apart by what serves
+    them."""
     payload = parse_json_object(body, parse_constant=float)  # NaN parses here and is refused by field
     check_request(payload, settings.ctx_size)
+    if payload.get("stream") is True:
+        return Streamed(forward_stream(child, body, settings.request_timeout_s, settings.serving_id))
     answered = forward(child, body, settings.request_timeout_s)
     return {**answered, "system_fingerprint": settings.serving_id} if settings.serving_id else answered
 

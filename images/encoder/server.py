@@ -31,16 +31,19 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import numpy
 
 # The image copies sagemaker_http.py beside this file; a checkout keeps it in images/common.
 _HERE = Path(__file__).resolve().parent
 if not (_HERE / "sagemaker_http.py").is_file():
     sys.path.insert(0, str(_HERE.parent / "common"))
 
-from sagemaker_http import (
+from sagemaker_http import (  # noqa: E402 — needs sys.path above
     EXIT_CONFIG,
     EXIT_MODEL,
     HttpError,
@@ -193,7 +196,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     )
 
 
-GRAPH_FIELDS = ("method", "format", "per_channel", "reduce_range", "activation_ranges", "weight_type", "activation_type")
+GRAPH_FIELDS = ("method", "format", "per_channel", "reduce_range", "activation_ranges", "weight_type",
+                "activation_type")
 
 
 def graph_record(model_dir: Path, variant: str) -> dict[str, Any] | None:
@@ -273,7 +277,6 @@ class Engine:
     """The tokenizer and the ONNX Runtime session; `run` is serialized by `lock`."""
 
     def __init__(self, settings: Settings):
-        import numpy
         import onnxruntime
         from tokenizers import Tokenizer
 
@@ -389,7 +392,7 @@ class Engine:
     def _check_special(self, pairs: list[tuple[str, str]]) -> None:
         """Text that the tokenizer would read as a special token ([SEP], <s>, ...) is refused."""
         for index, pair in enumerate(pairs):
-            for key, text in zip(PAIR_KEYS, pair):
+            for key, text in zip(PAIR_KEYS, pair, strict=True):
                 for token in self.special_tokens:
                     if token in text:
                         raise bad(
@@ -402,7 +405,7 @@ class Engine:
         self._check_special(pairs)
         max_len = self.settings.max_len
         encoded = []
-        for index, (pair, enc) in enumerate(zip(pairs, self.tokenizer.encode_batch(pairs))):
+        for index, (pair, enc) in enumerate(zip(pairs, self.tokenizer.encode_batch(pairs), strict=True)):
             for sequence, key in enumerate(PAIR_KEYS):
                 if sequence not in enc.sequence_ids:
                     raise bad(
@@ -474,11 +477,11 @@ class Engine:
         probabilities = np.exp(scaled)
         probabilities /= probabilities.sum(axis=1, keepdims=True)
         out = []
-        for item, row, probs in zip(encoded, logits, probabilities):
+        for item, row, probs in zip(encoded, logits, probabilities, strict=True):
             out.append(
                 {
                     "label": LABELS[int(np.argmax(probs))],
-                    "probabilities": {label: float(p) for label, p in zip(LABELS, probs)},
+                    "probabilities": {label: float(p) for label, p in zip(LABELS, probs, strict=True)},
                     "logits": [float(x) for x in row],
                     "input_tokens": len(item.ids),
                     "truncated": item.truncation is not None,
@@ -499,8 +502,9 @@ def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
     how = f", {graph['method']} {graph.get('format')}" if graph.get("method") else ""
     return (
         f"model {info['file']} ({info['variant']}{how} on {info['device']}, sha256 {info['sha256']}) loaded in "
-        f"{seconds:.2f}s; max_len {settings.max_len}, denormals {'kept' if settings.keep_denormals else 'flushed to zero'}, "
-        f"truncation {settings.truncation}, temperature {settings.temperature}"
+        f"{seconds:.2f}s; max_len {settings.max_len}, denormals "
+        f"{'kept' if settings.keep_denormals else 'flushed to zero'}, truncation {settings.truncation}, temperature "
+        f"{settings.temperature}"
     )
 
 

@@ -25,17 +25,20 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import numpy as np
 
 # The image copies sagemaker_http.py and decision_prompt.py beside this file; a checkout keeps it in images/common.
 _HERE = Path(__file__).resolve().parent
 if not (_HERE / "sagemaker_http.py").is_file():
     sys.path.insert(0, str(_HERE.parent / "common"))
 
-from decision_prompt import LETTERS, PROMPT_VERSION, canonical_json, prefix_text, suffix_text
-from sagemaker_http import (
+from decision_prompt import LETTERS, PROMPT_VERSION, canonical_json, prefix_text, suffix_text  # noqa: E402 — needs sys.path above
+from sagemaker_http import (  # noqa: E402 — needs sys.path above
     EXIT_CONFIG,
     EXIT_MODEL,
     HttpSettings,
@@ -172,58 +175,66 @@ def _check_finite(value: Any, field: str) -> None:
             _check_finite(item, f"{field}[{index}]")
 
 
-def _decision(raw: Any, field: str) -> Decision:
-    """Validate one decision object against the row rules of §6.1."""
-    if not isinstance(raw, dict):
-        raise bad(field, f"must be an object, got {json_type(raw)}")
+def _exact_keys(raw: dict, keys: tuple[str, ...], field: str, noun: str) -> None:
+    """Reject an unknown or a missing key of a request object (`noun`: "a decision", "an option")."""
     for key in raw:
-        if key not in DECISION_KEYS:
-            raise bad(f"{field}.{key}", f"unknown key; a decision has exactly the keys {list(DECISION_KEYS)}")
-    for key in DECISION_KEYS:
+        if key not in keys:
+            raise bad(f"{field}.{key}", f"unknown key; {noun} has exactly the keys {list(keys)}")
+    for key in keys:
         if key not in raw:
             raise bad(f"{field}.{key}", "is required")
-    decision_id = _text(raw["id"], f"{field}.id")
-    state = raw["state"]
+
+
+def _state_text(state: Any, field: str) -> str:
+    """The state as the prompt shows it: a non-empty string as is, a non-empty object or array as canonical JSON."""
     if isinstance(state, str):
-        state_text = _text(state, f"{field}.state")
-    elif isinstance(state, (dict, list)):
-        if not state:
-            raise bad(f"{field}.state", "must not be an empty object or array")
-        _check_finite(state, f"{field}.state")
-        state_text = canonical_json(state)
-    else:
-        raise bad(f"{field}.state", f"must be a non-empty string, object or array, got {json_type(state)}")
-    question = _text(raw["question"], f"{field}.question")
-    options = raw["options"]
+        return _text(state, field)
+    if not isinstance(state, (dict, list)):
+        raise bad(field, f"must be a non-empty string, object or array, got {json_type(state)}")
+    if not state:
+        raise bad(field, "must not be an empty object or array")
+    _check_finite(state, field)
+    return canonical_json(state)
+
+
+def _options(options: Any, field: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Validate a decision's options: their ids (unique) and their descriptions, in order."""
     if not isinstance(options, list):
-        raise bad(f"{field}.options", f"must be an array, got {json_type(options)}")
+        raise bad(field, f"must be an array, got {json_type(options)}")
     if not MIN_OPTIONS <= len(options) <= MAX_OPTIONS:
-        raise bad(f"{field}.options", f"must have {MIN_OPTIONS} to {MAX_OPTIONS} items, got {len(options)}")
+        raise bad(field, f"must have {MIN_OPTIONS} to {MAX_OPTIONS} items, got {len(options)}")
     option_ids: list[str] = []
     descriptions: list[str] = []
     for index, option in enumerate(options):
-        where = f"{field}.options[{index}]"
+        where = f"{field}[{index}]"
         if not isinstance(option, dict):
             raise bad(where, f"must be an object, got {json_type(option)}")
-        for key in option:
-            if key not in OPTION_KEYS:
-                raise bad(f"{where}.{key}", f"unknown key; an option has exactly the keys {list(OPTION_KEYS)}")
-        for key in OPTION_KEYS:
-            if key not in option:
-                raise bad(f"{where}.{key}", "is required")
+        _exact_keys(option, OPTION_KEYS, where, "an option")
         option_id = _text(option["id"], f"{where}.id")
         if option_id in option_ids:
             raise bad(f"{where}.id", f"duplicate option id {option_id!r}; option ids must be unique")
         option_ids.append(option_id)
         descriptions.append(_text(option["description"], f"{where}.description", allow_empty=True))
+    return tuple(option_ids), tuple(descriptions)
+
+
+def _decision(raw: Any, field: str) -> Decision:
+    """Validate one decision object against the row rules of §6.1."""
+    if not isinstance(raw, dict):
+        raise bad(field, f"must be an object, got {json_type(raw)}")
+    _exact_keys(raw, DECISION_KEYS, field, "a decision")
+    decision_id = _text(raw["id"], f"{field}.id")
+    state_text = _state_text(raw["state"], f"{field}.state")
+    question = _text(raw["question"], f"{field}.question")
+    option_ids, descriptions = _options(raw["options"], f"{field}.options")
     return Decision(
         field=field,
         id=decision_id,
-        state_key=canonical_json(state),
+        state_key=canonical_json(raw["state"]),
         state_text=state_text,
         question=question,
-        option_ids=tuple(option_ids),
-        descriptions=tuple(descriptions),
+        option_ids=option_ids,
+        descriptions=descriptions,
     )
 
 
@@ -285,7 +296,6 @@ class Engine:
 
     def __init__(self, settings: Settings):
         import llama_cpp
-        import numpy as np
 
         self._np = np
         self._llama_cpp = llama_cpp
@@ -350,7 +360,7 @@ class Engine:
         """The token each letter is emitted as right after the cue; each must be one token."""
         context = self.tokenize(self.tail, add_bos=False)
         ids: list[int] = []
-        for letter, text in zip(LETTERS, self.letter_texts):
+        for letter, text in zip(LETTERS, self.letter_texts, strict=True):
             tokens = self.tokenize(self.tail + text, add_bos=False)
             if len(tokens) != len(context) + 1 or tokens[: len(context)] != context:
                 raise StartupError(
@@ -455,7 +465,7 @@ class Engine:
         prefill_s = self._eval(prefix)
         forward_s = prefill_s
         results = []
-        for index, (decision, prompt) in enumerate(zip(decisions, prompts)):
+        for index, (decision, prompt) in enumerate(zip(decisions, prompts, strict=True)):
             step_start = time.perf_counter()
             if index:
                 self._truncate_to(len(prefix))

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 if not (_HERE / "sagemaker_http.py").is_file():
     sys.path.insert(0, str(_HERE.parent / "common"))
 
-from sagemaker_http import (
+from sagemaker_http import (  # noqa: E402 — needs sys.path above
     EXIT_MODEL,
     HttpSettings,
     ModelService,

@@ -24,7 +24,8 @@ FILE_TYPES: dict[int, str] = {
     38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
 }
 
-SHAPE_KEYS = {"block_count": "block_count", "head_count": "attention.head_count", "head_count_kv": "attention.head_count_kv",
+SHAPE_KEYS = {"block_count": "block_count", "head_count": "attention.head_count",
+              "head_count_kv": "attention.head_count_kv",
               "embedding_length": "embedding_length", "key_length": "attention.key_length",
               "value_length": "attention.value_length"}
 

@@ -47,7 +47,7 @@ def check_letter_slots(
         ids: dict[str, int] = {}
         failures: list[str] = []
         for letter in letters:
-            tokens = vocab.tokenize(f"{cue} {letter}".encode("utf-8"), add_bos=False, special=False)
+            tokens = vocab.tokenize(f"{cue} {letter}".encode(), add_bos=False, special=False)
             added = tokens[len(cue_tokens):]
             piece = vocab.detokenize(added).decode("utf-8", "replace") if added else ""
             if tokens[: len(cue_tokens)] != cue_tokens or len(added) != 1:

@@ -7,6 +7,7 @@ import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,6 @@ def _fetch_once(final: Path, pin: str, what: str, fetch: Callable[[Path], None])
 
 
 def _resolve_pypi(source: Any, pin: str, work_dir: Path) -> tuple[Path, dict[str, Any]]:
-    from importlib import metadata
-
     package = getattr(source, "package", None)
     if not isinstance(package, str) or not package:
         raise ConfigError("pypi source needs a package name", fix="set package: <distribution>")

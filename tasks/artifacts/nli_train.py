@@ -18,13 +18,16 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
+from tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, LABELS, check_checkpoint
 from tasks.atomic import write_json_atomic
 from tasks.errors import BadInput, Conflict
-from tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, LABELS, check_checkpoint
+from tasks.extras import needs_extra
+from validation.nli.pairs import load_nli
 
 TRAINING_RECORD = "training.json"
 SPLITS = ("train", "calibration", "test")
@@ -102,8 +105,8 @@ def _encode(tokenizer, pairs: Sequence[Any], max_len: int, split: str) -> list[l
     """Token ids of each pair without truncation (an over-long pair is refused, never clipped)."""
     encoded = tokenizer([p.premise for p in pairs], [p.hypothesis for p in pairs], truncation=False)
     names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
-    rows = [dict(zip(names, values)) for values in zip(*(encoded[name] for name in names))]
-    for pair, row in zip(pairs, rows):
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*(encoded[name] for name in names), strict=True)]
+    for pair, row in zip(pairs, rows, strict=True):
         if len(row["input_ids"]) > max_len:
             raise BadInput(
                 f"{split} pair {getattr(pair, 'id', '?')} is {len(row['input_ids'])} tokens, over max_len {max_len}",
@@ -117,7 +120,8 @@ def _batch(tokenizer, rows: Sequence[dict[str, list[int]]]) -> dict[str, Any]:
 
 
 def _accuracy(model, tokenizer, rows, labels: Sequence[int], batch_size: int) -> float:
-    import torch
+    with needs_extra("encoders"):
+        import torch
 
     model.eval()
     correct = 0
@@ -156,8 +160,9 @@ def train_nli(
     say: Callable[[str], None] = print,
 ) -> TrainResult:
     """Fine-tune base_model with a new 3-way NLI head; keep the best calibration epoch; save a checkpoint."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    with needs_extra("encoders"):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if epochs < 1 or batch_size < 1 or threads < 1 or not learning_rate > 0:
         raise BadInput(
@@ -220,7 +225,8 @@ def train_nli(
 
 def _fit(model, tokenizer, rows, labels, *, epochs, seed, learning_rate, batch_size, say):
     """The training loop; returns the per-epoch history and (best epoch, its state dict)."""
-    import torch
+    with needs_extra("encoders"):
+        import torch
 
     train_rows, train_labels = rows["train"], labels["train"]
     steps = epochs * -(-len(train_rows) // batch_size)
@@ -283,8 +289,6 @@ def _save(model, tokenizer, base: Path, out: Path, result: TrainResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: train the demo NLI head on the project's NLI set and save the checkpoint."""
-    from validation.nli.pairs import load_nli
-
     parser = argparse.ArgumentParser(prog="python -m tasks.artifacts.nli_train", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="NLI JSONL with train/calibration/test splits")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory to create")

@@ -10,6 +10,7 @@ from typing import Any
 
 from tasks.artifacts.onnx_contract import ID2LABEL, LABELS
 from tasks.errors import BadInput
+from tasks.extras import needs_extra
 from tasks.hashing import sha256_file, sha256_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -59,31 +60,38 @@ def _weight_shapes(root: Path, weights_file: str) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for shard in shards:
         if shard.endswith(".safetensors"):
-            from safetensors import safe_open
+            with needs_extra("encoders"):
+                from safetensors import safe_open
 
             with safe_open(str(root / shard), framework="np") as handle:
                 for key in handle.keys():
                     shapes[key] = tuple(handle.get_slice(key).get_shape())
         else:
-            import torch
+            with needs_extra("encoders"):
+                import torch
 
             state = torch.load(root / shard, map_location="cpu", weights_only=True, mmap=True)
             shapes.update({key: tuple(value.shape) for key, value in state.items()})
     return shapes
 
 
-def check_checkpoint(checkpoint_dir: str | Path) -> CheckpointInfo:
-    """Check that a directory is a 3-label HF sequence classifier with a fast tokenizer (else BadInput)."""
-    root = Path(checkpoint_dir)
+def _read_config(root: Path) -> dict[str, Any]:
+    """The checkpoint directory's config.json (BadInput where there is none, or it is no JSON)."""
     if not root.is_dir():
         raise BadInput(f"checkpoint {root} is not a directory", fix="pass a Hugging Face checkpoint directory")
     config_path = root / "config.json"
     if not config_path.is_file():
         raise BadInput(f"checkpoint {root} has no config.json", fix="save the model with save_pretrained")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        return json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BadInput(f"{config_path} is not valid JSON: {exc}", fix="save the model with save_pretrained") from exc
+
+
+def check_checkpoint(checkpoint_dir: str | Path) -> CheckpointInfo:
+    """Check that a directory is a 3-label HF sequence classifier with a fast tokenizer (else BadInput)."""
+    root = Path(checkpoint_dir)
+    config = _read_config(root)
     architectures = config.get("architectures") or []
     classifiers = [name for name in architectures if name.endswith("ForSequenceClassification")]
     fix_head = (

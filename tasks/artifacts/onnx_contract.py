@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.extras import needs_extra
+
 LABELS = ("entailment", "neutral", "contradiction")
 ID2LABEL = {index: label for index, label in enumerate(LABELS)}
 LABEL2ID = {label: index for index, label in enumerate(LABELS)}
@@ -14,7 +16,8 @@ FP32_FILE, INT8_FILE, EXPORT_RECORD = "model.onnx", "model.int8.onnx", "export.j
 
 def cpu_session(path: Path, threads: int):
     """A CPU ONNX Runtime session with a bounded thread pool."""
-    import onnxruntime
+    with needs_extra("encoders"):
+        import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads

@@ -22,21 +22,34 @@ Heavy libraries (torch, transformers, onnx, onnxruntime) are imported inside fun
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+import numpy as np
 
 from tasks.artifacts.onnx_checkpoint import CheckpointInfo, check_checkpoint
-from tasks.artifacts.onnx_contract import (EXPORT_RECORD, FP32_FILE, ID2LABEL, INPUT_NAMES, INT8_FILE, LABEL2ID, LABELS,
-                                          cpu_session)
+from tasks.artifacts.onnx_contract import (
+    EXPORT_RECORD,
+    FP32_FILE,
+    ID2LABEL,
+    INPUT_NAMES,
+    INT8_FILE,
+    LABEL2ID,
+    LABELS,
+    cpu_session,
+)
 from tasks.artifacts.onnx_int8 import CalibrationSet, Int8Spec, builtin_calibration, calibration_set, quantize_int8
 from tasks.artifacts.onnx_parity import ParityReport, int8_budget_check, parity_check, require_parity
 from tasks.atomic import write_json_atomic
 from tasks.errors import BadInput, Conflict, IntegrityError
+from tasks.extras import needs_extra
 from tasks.hashing import sha256_file
 
 __all__ = [  # importers name these from tasks.artifacts.onnx_export; most live in the onnx_* modules beside it
@@ -80,10 +93,11 @@ class ExportResult:
 
 
 def _versions() -> dict[str, str]:
-    import onnx
-    import onnxruntime
-    import torch
-    import transformers
+    with needs_extra("encoders"):
+        import onnx
+        import onnxruntime
+        import torch
+        import transformers
 
     return {
         "torch": torch.__version__,
@@ -95,8 +109,6 @@ def _versions() -> dict[str, str]:
 
 def _check_graph(path: Path, inputs: Sequence[str], max_len: int, threads: int) -> None:
     """Refuse a graph that breaks the contract (inputs, dtypes, dynamic axes, logits [batch, 3])."""
-    import numpy as np
-
     session = cpu_session(path, threads)
     problems = []
     names = [item.name for item in session.get_inputs()]
@@ -116,17 +128,17 @@ def _check_graph(path: Path, inputs: Sequence[str], max_len: int, threads: int) 
             feed["token_type_ids"][:, max_len // 2:] = 0
         logits = session.run(["logits"], feed)[0]
         if logits.shape != (2, 3) or not np.isfinite(logits).all():
-            problems.append(f"a batch of 2 at max_len {max_len} gave logits {logits.shape}, finite={np.isfinite(logits).all()}")
+            problems.append(f"a batch of 2 at max_len {max_len} gave logits {logits.shape}, "
+                            f"finite={np.isfinite(logits).all()}")
     if problems:
         raise IntegrityError(f"exported graph {path.name} breaks the encoder contract: " + "; ".join(problems))
 
 
 def _export_raw(info: CheckpointInfo, raw_path: Path, opset: int) -> list[str]:
     """torch.onnx.export (TorchScript exporter) with dynamic batch/sequence axes; returns input names."""
-    import inspect
-
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    with needs_extra("encoders"):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(info.path)
     # Eager attention traces to the MatMul/Softmax pattern ONNX Runtime fuses into Attention.
@@ -164,11 +176,13 @@ def _export_raw(info: CheckpointInfo, raw_path: Path, opset: int) -> list[str]:
 
 def _optimize(info: CheckpointInfo, raw_path: Path, out_path: Path) -> tuple[str, dict[str, int]]:
     """ONNX Runtime graph optimization: transformer fusions for BERT, extended level otherwise."""
-    import onnxruntime
+    with needs_extra("encoders"):
+        import onnxruntime
 
     fused_type = FUSED_MODEL_TYPES.get(info.model_type)
     if fused_type and info.num_attention_heads and info.hidden_size:
-        from onnxruntime.transformers import optimizer
+        with needs_extra("encoders"):
+            from onnxruntime.transformers import optimizer
 
         optimized = optimizer.optimize_model(
             str(raw_path), model_type=fused_type, num_heads=info.num_attention_heads,
@@ -201,7 +215,8 @@ def _reuse(out: Path, record: dict[str, Any]) -> ExportResult:
         )
     for name, digest in existing["files"].items():
         if not (out / name).is_file() or sha256_file(out / name) != digest:
-            raise IntegrityError(f"{out / name} does not match its sha256 in {path}", fix=f"remove {out} and export again")
+            raise IntegrityError(f"{out / name} does not match its sha256 in {path}",
+                                 fix=f"remove {out} and export again")
     return ExportResult(**{**existing, "model_dir": str(out)})
 
 
@@ -232,9 +247,11 @@ def export_onnx(
     if spec is not None and spec.method == "static_qdq" and calibration is None:
         calibration = builtin_calibration()
     int8_spec = None if spec is None else {
-        **spec.to_dict(), "calibration": calibration.describe() if spec.method == "static_qdq" and calibration else None}
+        **spec.to_dict(),
+        "calibration": calibration.describe() if spec.method == "static_qdq" and calibration else None}
     out = Path(out_dir)
-    wanted = {"checkpoint_sha256": info.sha256, "opset": opset, "max_len": max_len, "int8": int8, "int8_spec": int8_spec}
+    wanted = {"checkpoint_sha256": info.sha256, "opset": opset, "max_len": max_len, "int8": int8,
+              "int8_spec": int8_spec}
     if out.exists():
         return _reuse(out, wanted)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -255,8 +272,9 @@ def export_onnx(
             shutil.copyfile(root / name, tmp / name)
         files = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}
         result = ExportResult(
-            model_dir=str(out), files=files, inputs=inputs, opset=opset, max_len=max_len, int8=int8, int8_spec=int8_spec,
-            quantization=quantized, optimizer=optimizer_name, fused_operators=fused, model_type=info.model_type,
+            model_dir=str(out), files=files, inputs=inputs, opset=opset, max_len=max_len, int8=int8,
+            int8_spec=int8_spec, quantization=quantized, optimizer=optimizer_name, fused_operators=fused,
+            model_type=info.model_type,
             checkpoint_sha256=info.sha256, versions=_versions(),
         )
         write_json_atomic(tmp / EXPORT_RECORD, {**result.to_dict(), "model_dir": None})
@@ -264,7 +282,8 @@ def export_onnx(
         try:
             os.rename(tmp, out)
         except OSError as exc:
-            raise Conflict(f"{out} appeared while exporting ({exc})", fix="run one export per output directory") from exc
+            raise Conflict(f"{out} appeared while exporting ({exc})",
+                           fix="run one export per output directory") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

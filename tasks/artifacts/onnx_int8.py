@@ -4,13 +4,20 @@ static int8 calibrates on (`CalibrationSet`), the quantizers, and the proof that
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 from tasks.artifacts.onnx_parity import normalized_pairs
 from tasks.errors import BadInput, IntegrityError
+from tasks.extras import needs_extra
 from tasks.hashing import sha256_json
+from tasks.project import BUILTIN_DATA_DIR
+from validation.nli.pairs import load_nli
 
 INT8_METHODS = ("static_qdq", "dynamic")
 CALIBRATE_METHODS = ("minmax",)  # entropy / percentile need equal-shaped batches: padding to max_len skews them
@@ -73,9 +80,6 @@ class CalibrationSet:
 
 def builtin_calibration(splits: Sequence[str] = ("calibration",)) -> CalibrationSet:
     """The project's NLI set (validation/data/nli.jsonl), the given splits: the default calibration data."""
-    from tasks.project import BUILTIN_DATA_DIR
-    from validation.nli.pairs import load_nli
-
     data = load_nli(BUILTIN_DATA_DIR / "nli.jsonl")
     pairs = tuple((p.premise, p.hypothesis) for p in data.pairs if p.split in set(splits))
     return CalibrationSet(pairs=pairs, source=f"builtin:nli[{','.join(splits)}]", sha256=data.sha256)
@@ -97,8 +101,6 @@ class _CalibrationReader:
     its longest pair (as the server pads), truncated to max_len."""
 
     def __init__(self, tokenizer, pairs: Sequence[tuple[str, str]], inputs: Sequence[str], max_len: int):
-        import numpy as np
-
         self.batches = []
         for start in range(0, len(pairs), CALIBRATION_BATCH):
             chunk = pairs[start:start + CALIBRATION_BATCH]
@@ -117,15 +119,18 @@ class _CalibrationReader:
 def _quantize_static(fp32_path: Path, int8_path: Path, scratch: Path, spec: Int8Spec, calibration: CalibrationSet,
                      tokenizer_dir: str, inputs: Sequence[str], max_len: int) -> list[str]:
     """Static QDQ int8 (see `Int8Spec`); returns the names of the nodes kept in fp32."""
-    import onnx
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    from transformers import AutoTokenizer
+    with needs_extra("encoders"):
+        import onnx
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        from transformers import AutoTokenizer
 
     if not calibration.pairs:
-        raise BadInput("static int8 needs calibration pairs, got none", fix="point the quantization calibration at a non-empty split")
-    # The quantizer only quantizes tensors whose type it knows; the fused contrib ops (Attention, SkipLayerNormalization,
-    # BiasGelu) defeat ONNX shape inference, which leaves their outputs untyped and the MatMuls weight-only.
+        raise BadInput("static int8 needs calibration pairs, got none",
+                       fix="point the quantization calibration at a non-empty split")
+    # The quantizer only quantizes tensors whose type it knows; the fused contrib ops (Attention,
+    # SkipLayerNormalization, BiasGelu) defeat ONNX shape inference, which leaves their outputs untyped and the
+    # MatMuls weight-only.
     try:
         shaped = SymbolicShapeInference.infer_shapes(onnx.load(str(fp32_path)), auto_merge=True)
     except Exception as exc:  # the tool raises bare Exception
@@ -152,24 +157,25 @@ def _quantize_static(fp32_path: Path, int8_path: Path, scratch: Path, spec: Int8
 
 def _quantize_dynamic(fp32_path: Path, int8_path: Path, spec: Int8Spec) -> list[str]:
     """Dynamic int8: QInt8 weights (per output channel), activations quantized per batch at run time."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    with needs_extra("encoders"):
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
 
     kept = _kept_fp32(onnx.load(str(fp32_path), load_external_data=False), spec)
     # Fused ops (com.microsoft) defeat shape inference; their outputs are float.
     quantize_dynamic(
         str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=spec.per_channel,
-        reduce_range=spec.reduce_range, nodes_to_exclude=kept, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        reduce_range=spec.reduce_range, nodes_to_exclude=kept,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     return kept
 
 
 def runtime_ops(path: Path, threads: int) -> dict[str, int]:
     """Operator counts of the graph ONNX Runtime actually runs (CPU, ORT_ENABLE_ALL, as the server loads it)."""
-    from collections import Counter
-
-    import onnx
-    import onnxruntime
+    with needs_extra("encoders"):
+        import onnx
+        import onnxruntime
 
     with tempfile.TemporaryDirectory(prefix=".runtime-ops-", dir=path.parent) as scratch:
         options = onnxruntime.SessionOptions()
@@ -186,7 +192,8 @@ def runtime_ops(path: Path, threads: int) -> dict[str, int]:
 def quantize_int8(fp32_path: Path, int8_path: Path, scratch: Path, spec: Int8Spec, calibration: CalibrationSet | None,
                   tokenizer_dir: str, inputs: Sequence[str], max_len: int, threads: int) -> dict[str, Any]:
     """Write the int8 graph as `spec` says; return its export.json record (what was quantized, how, and what runs)."""
-    record: dict[str, Any] = {**spec.to_dict(), "weight_type": "QInt8", "op_types": ["MatMul"] if spec.method == "static_qdq"
+    record: dict[str, Any] = {**spec.to_dict(), "weight_type": "QInt8",
+                              "op_types": ["MatMul"] if spec.method == "static_qdq"
                               else ["MatMul", "Attention", "EmbedLayerNormalization", "Gather"]}
     if spec.method == "static_qdq":
         assert calibration is not None
@@ -195,7 +202,8 @@ def quantize_int8(fp32_path: Path, int8_path: Path, scratch: Path, spec: Int8Spe
                        "calibration": calibration.describe()})
     else:
         kept = _quantize_dynamic(fp32_path, int8_path, spec)
-        record.update({"format": "QOperator", "activation_type": "QUInt8", "activation_ranges": "per batch, at run time"})
+        record.update({"format": "QOperator", "activation_type": "QUInt8",
+                       "activation_ranges": "per batch, at run time"})
     ops = runtime_ops(int8_path, threads)
     int8_kernels = {op: count for op, count in ops.items() if op in INT8_KERNELS}
     if not int8_kernels:

@@ -4,13 +4,17 @@ accuracy loss against the fp32 graph (a budget, like the other limits); `require
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 from tasks.artifacts.onnx_checkpoint import check_checkpoint
 from tasks.artifacts.onnx_contract import FP32_FILE, INPUT_NAMES, INT8_FILE, LABEL2ID, cpu_session
 from tasks.errors import BadInput, IntegrityError
+from tasks.extras import needs_extra
 
 # The server flushes denormals to zero (session.set_denormal_as_zero: on padded batches they made ONNX Runtime ~1.5x
 # slower on x86). Parity does not: that setting changes the floating-point mode of the whole calling process (the
@@ -47,7 +51,8 @@ class ParityReport:
     variants: dict[str, VariantParity]
     failures: list[str]
     reference_accuracy: float | None = None  # PyTorch's, on the probes' labels
-    int8_budget: dict[str, Any] | None = None  # the int8-vs-fp32 accuracy budget as a gate check (validation.gates.Check)
+    # the int8-vs-fp32 accuracy budget as a gate check (validation.gates.Check)
+    int8_budget: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -112,7 +117,8 @@ def int8_budget_check(fp32_accuracy: float, int8_accuracy: float, n: int, max_dr
         status, reason = "skipped", f"{measured} (no budget set: not judged)"
     else:
         ok = drop <= max_drop + 1e-12  # accuracies are k/n: keep an exact tie at the budget a pass
-        status, reason = ("pass" if ok else "fail"), f"{measured} {'<=' if ok else '>'} the {max_drop * 100:g} pt budget"
+        status = "pass" if ok else "fail"
+        reason = f"{measured} {'<=' if ok else '>'} the {max_drop * 100:g} pt budget"
     return {"name": "int8_accuracy_drop_vs_fp32", "status": status, "observed": drop, "threshold": max_drop,
             "comparator": "<=", "ci": None, "n": n, "rule": "point", "reason": reason}
 
@@ -120,8 +126,6 @@ def int8_budget_check(fp32_accuracy: float, int8_accuracy: float, n: int, max_dr
 def _variant(
     name: str, file: str, reference, logits, limit: float, min_agreement: float, gold=None
 ) -> VariantParity:
-    import numpy as np
-
     delta = np.abs(reference - logits)
     worst, mean = float(delta.max()), float(delta.mean())
     agreement = float((reference.argmax(axis=1) == logits.argmax(axis=1)).mean())
@@ -156,9 +160,9 @@ def parity_check(
     """Score probe pairs with the PyTorch checkpoint and each ONNX variant; record the differences. When every probe
     is labelled, each variant's accuracy too, and the int8 graph may lose at most `int8_max_accuracy_drop` of
     accuracy against the fp32 graph (None: recorded, not judged)."""
-    import numpy as np
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    with needs_extra("encoders"):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     probe_pairs = list(probe_pairs)
     pairs = normalized_pairs(probe_pairs)
@@ -201,7 +205,8 @@ def parity_check(
         name: _variant(name, file, ref, np.concatenate(outputs[name]), limit, agreement, gold)
         for name, file, limit, agreement in variants
     }
-    failures = [] if tokenizer_match else ["the shipped tokenizer tokenizes the probes differently from the checkpoint's"]
+    failures = [] if tokenizer_match else [
+        "the shipped tokenizer tokenizes the probes differently from the checkpoint's"]
     failures += [failure for variant in report.values() for failure in variant.failures]
     budget = None
     if gold is not None and "int8" in report:

@@ -119,7 +119,8 @@ def package_gguf(
             )
     model_name = check_name(member_name or gguf.name)
     if not model_name.endswith(".gguf"):
-        raise BadInput(f"archive name {model_name!r} of the GGUF does not end in .gguf", fix="name the member NAME.gguf")
+        raise BadInput(f"archive name {model_name!r} of the GGUF does not end in .gguf",
+                       fix="name the member NAME.gguf")
     files: dict[str, Path] = {model_name: gguf}
     for name, path in (extra_files or {}).items():
         check_name(name)
@@ -134,7 +135,8 @@ def package_gguf(
 
 
 def package_model_dir(
-    model_dir: str | Path, out_dir: str | Path, *, manifest: dict[str, Any], model_file: str, archive_name: str = ARCHIVE_NAME
+    model_dir: str | Path, out_dir: str | Path, *, manifest: dict[str, Any], model_file: str,
+    archive_name: str = ARCHIVE_NAME
 ) -> PackagedModel:
     """Build `out_dir/<archive_name>` from every file at the top of a flat model folder (ONNX encoders, checkpoints)."""
     folder = Path(model_dir)
@@ -249,7 +251,8 @@ def _read_manifest(archive: Path, data: bytes, limits: ExtractLimits) -> dict[st
     """The manifest's file table {relative name: (sha256, size)}, every entry checked; IntegrityError otherwise."""
 
     def malformed(why: str) -> IntegrityError:
-        return IntegrityError(f"{MANIFEST_NAME} in {archive} is malformed: {why}", fix="rebuild the archive with shiplift's packager")
+        return IntegrityError(f"{MANIFEST_NAME} in {archive} is malformed: {why}",
+                              fix="rebuild the archive with shiplift's packager")
 
     try:
         listed = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_pairs)["files"]
@@ -270,6 +273,12 @@ def _read_manifest(archive: Path, data: bytes, limits: ExtractLimits) -> dict[st
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise malformed(f"{name!r} has no non-negative integer size")
         entries[name] = (sha256, size)
+    _check_manifest_limits(archive, entries, limits)
+    return entries
+
+
+def _check_manifest_limits(archive: Path, entries: dict[str, tuple[str, int]], limits: ExtractLimits) -> None:
+    """Refuse a file table over the member count or total size `limits` allow, before anything is extracted."""
     if len(entries) + 1 > limits.max_members:
         raise IntegrityError(
             f"{archive} lists {len(entries)} files, over the limit of {limits.max_members} members",
@@ -281,7 +290,6 @@ def _read_manifest(archive: Path, data: bytes, limits: ExtractLimits) -> dict[st
             f"{archive} would extract to {total} bytes, over the limit of {limits.max_total_bytes}",
             fix="raise ExtractLimits.max_total_bytes if the model really is that large",
         )
-    return entries
 
 
 def safe_extract(archive: str | Path, dest: str | Path, limits: ExtractLimits = ExtractLimits()) -> list[Path]:
@@ -308,7 +316,8 @@ def safe_extract(archive: str | Path, dest: str | Path, limits: ExtractLimits = 
 
 
 class _Extraction:
-    """One pass over the archive: the manifest first, then each member checked against it before and while it is written."""
+    """One pass over the archive: the manifest first, then each member checked against it before and while
+    it is written."""
 
     def __init__(self, archive: Path, root: Path, limits: ExtractLimits):
         self.archive, self.root, self.limits = archive, root, limits
@@ -322,15 +331,18 @@ class _Extraction:
             try:
                 tar = tarfile.open(fileobj=raw, mode="r:*")
             except (tarfile.TarError, OSError) as error:
-                raise IntegrityError(f"{self.archive} is not a readable tar archive: {error}", fix="rebuild the archive") from None
+                raise IntegrityError(f"{self.archive} is not a readable tar archive: {error}",
+                                     fix="rebuild the archive") from None
             with tar:
                 try:
                     for member in tar:
                         self._take(tar, member, raw)
                 except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
-                    raise IntegrityError(f"{self.archive} is truncated or corrupt: {error}", fix="fetch or rebuild the archive") from None
+                    raise IntegrityError(f"{self.archive} is truncated or corrupt: {error}",
+                                         fix="fetch or rebuild the archive") from None
         if self.entries is None:
-            raise IntegrityError(f"{self.archive} is empty: it has no {MANIFEST_NAME}", fix="rebuild the archive with shiplift's packager")
+            raise IntegrityError(f"{self.archive} is empty: it has no {MANIFEST_NAME}",
+                                 fix="rebuild the archive with shiplift's packager")
         missing = sorted(set(self.entries) - set(self.written))
         if missing:
             raise IntegrityError(
@@ -377,7 +389,8 @@ class _Extraction:
                 fix="rebuild the archive with shiplift's packager",
             )
         if member.size > self.limits.max_manifest_bytes:
-            raise _refuse(self.archive, member.name, f"is {member.size} bytes, over the limit of {self.limits.max_manifest_bytes}")
+            raise _refuse(self.archive, member.name,
+                          f"is {member.size} bytes, over the limit of {self.limits.max_manifest_bytes}")
         data = tar.extractfile(member).read()
         self.entries = _read_manifest(self.archive, data, self.limits)
         needed = sum(size for _, size in self.entries.values())
@@ -416,12 +429,14 @@ class _Extraction:
         if ratio > self.limits.max_compression_ratio:
             raise _refuse(
                 self.archive, member.name,
-                f"decompresses {ratio:.0f}:1, over the limit of {self.limits.max_compression_ratio:.0f}:1 (a compression bomb?)",
+                f"decompresses {ratio:.0f}:1, over the limit of {self.limits.max_compression_ratio:.0f}:1 "
+                "(a compression bomb?)",
             )
 
     def _drop_special_bits(self, member: tarfile.TarInfo) -> None:
         special = member.mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX)
         if special:
-            names = [label for bit, label in ((stat.S_ISUID, "setuid"), (stat.S_ISGID, "setgid"), (stat.S_ISVTX, "sticky")) if special & bit]
+            flags = ((stat.S_ISUID, "setuid"), (stat.S_ISGID, "setgid"), (stat.S_ISVTX, "sticky"))
+            names = [label for bit, label in flags if special & bit]
             LOG.warning("%s: member %r asked for %s; extracted without (files 0644, folders 0755)",
                         self.archive, member.name, "+".join(names))

@@ -18,6 +18,9 @@ import string
 import tempfile
 from pathlib import Path
 
+from tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, export_onnx
+from tasks.extras import needs_extra
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 WORDS = (
     "the", "a", "an", "is", "are", "was", "were", "be", "not", "no", "yes", "and", "or", "of",
@@ -52,10 +55,9 @@ def tiny_vocabulary() -> list[str]:
 
 def write_tiny_checkpoint(directory: str | Path, *, seed: int = 0) -> Path:
     """Write a tiny random BERT 3-way NLI checkpoint plus its tokenizer into directory (created)."""
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
-
-    from tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID
+    with needs_extra("encoders"):
+        import torch
+        from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,8 +83,6 @@ def write_tiny_checkpoint(directory: str | Path, *, seed: int = 0) -> Path:
 
 def write_tiny_onnx_model_dir(directory: str | Path, *, seed: int = 0, int8: bool = True) -> Path:
     """Write a ready encoder model directory (contract layout) exported from a tiny checkpoint."""
-    from tasks.artifacts.onnx_export import export_onnx
-
     out = Path(directory)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".tiny-encoder-", dir=out.parent) as tmp:

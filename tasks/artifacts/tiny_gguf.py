@@ -70,6 +70,24 @@ def _vocabulary(letters_single_token: bool) -> tuple[list[str], list[float], lis
     return tokens, scores, types
 
 
+def _check_shape(dtype: str, *, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_ctx: int) -> None:
+    """Refuse a dtype or shape `write_tiny_gguf` cannot write (ConfigError)."""
+    if dtype not in DTYPES:
+        raise ConfigError(
+            f"tiny model dtype {dtype!r} is not supported", fix=f"use one of {sorted(DTYPES)}"
+        )
+    if n_embd % 256 or n_ff % 256:
+        raise ConfigError(
+            f"n_embd={n_embd} and n_ff={n_ff} must be multiples of 256",
+            fix="use multiples of 256 so k-quants (block size 256) really quantize every matrix",
+        )
+    if n_layer < 1 or n_head < 1 or n_embd % n_head or n_ctx < 1:
+        raise ConfigError(
+            f"bad tiny model shape n_layer={n_layer} n_head={n_head} n_embd={n_embd} n_ctx={n_ctx}",
+            fix="use n_layer >= 1, n_ctx >= 1 and an n_head that divides n_embd",
+        )
+
+
 def write_tiny_gguf(
     path: str | Path,
     *,
@@ -90,20 +108,7 @@ def write_tiny_gguf(
     log-probabilities (the chat path) sees every letter. Without either the file is byte for byte as before."""
     import gguf
 
-    if dtype not in DTYPES:
-        raise ConfigError(
-            f"tiny model dtype {dtype!r} is not supported", fix=f"use one of {sorted(DTYPES)}"
-        )
-    if n_embd % 256 or n_ff % 256:
-        raise ConfigError(
-            f"n_embd={n_embd} and n_ff={n_ff} must be multiples of 256",
-            fix="use multiples of 256 so k-quants (block size 256) really quantize every matrix",
-        )
-    if n_layer < 1 or n_head < 1 or n_embd % n_head or n_ctx < 1:
-        raise ConfigError(
-            f"bad tiny model shape n_layer={n_layer} n_head={n_head} n_embd={n_embd} n_ctx={n_ctx}",
-            fix="use n_layer >= 1, n_ctx >= 1 and an n_head that divides n_embd",
-        )
+    _check_shape(dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_ctx=n_ctx)
     np_dtype, file_type = DTYPES[dtype]
     out = Path(path)
     tokens, scores, types = _vocabulary(letters_single_token)

@@ -4,14 +4,16 @@ One model, used by the config check, the recorded placement, the README's cost l
 - a GPU copy takes one whole accelerator (`NumberOfAcceleratorDevicesRequired: 1`), so an endpoint holds
   accelerators per instance × instances copies;
 - a MIG layout applies to every accelerator of every instance, so it holds layout × accelerators × instances
-  partitions, one copy each (https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html);
+  partitions, one copy each
+  (https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html);
 - a CPU copy takes `image.threads` cores (`NumberOfCpuCoresRequired`) of one instance's vCPUs.
 Room: a first release creates its copies; an update with no `DeploymentConfig` provisions every new copy beside the old
 ones before it removes them, a rolling update provisions one batch beside the old copies, and its rollback the old
 copies `RollbackMaximumBatchSize` at a time (all of them when it is not sent) beside the new ones
-(https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html); the instances
-that room may use are `instance_count`, or `ManagedInstanceScaling.MaxInstanceCount` where the placement sets
-`max_instance_count` (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScaling.html).
+(https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html); the
+instances that room may use are `instance_count`, or `ManagedInstanceScaling.MaxInstanceCount` where the placement sets
+`max_instance_count`
+(https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScaling.html).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import NamedTuple
 from tasks.backends.placement import gpus_per_instance
 
 # vCPUs of an ml.<family>.<size> CPU instance by size: the sizes of Amazon EC2's general purpose, compute and memory
-# optimized families (https://docs.aws.amazon.com/ec2/latest/instancetypes/gp.html); "metal" sizes vary and are not listed
+# optimized families (https://docs.aws.amazon.com/ec2/latest/instancetypes/gp.html); "metal" sizes vary and are not
+# listed
 VCPUS_BY_SIZE = {"medium": 1, "large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "9xlarge": 36,
                  "12xlarge": 48, "16xlarge": 64, "18xlarge": 72, "24xlarge": 96, "32xlarge": 128, "48xlarge": 192}
 CPU_FAMILY = re.compile(r"^[cmrt]\d+[a-z]*$")
@@ -54,7 +57,8 @@ def slots(placement, image) -> Slots | None:
         if gpus is None:
             return None
         return Slots(gpus * placement.partitions, f"{placement.partition_type} partition", placement.instance_type)
-    types = ([p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)] if placement.kind == "instance_pool"
+    types = ([p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)]
+             if placement.kind == "instance_pool"
              else [placement.instance_type])
     known = []
     for instance_type in types:
@@ -88,8 +92,9 @@ def update_room(rollout, copies: int | None = None) -> tuple[int, str]:
 def rollback_room(rollout, copies: int | None = None) -> tuple[int, str] | None:
     """The copies a rolling update's automatic rollback holds at its peak, and why: SageMaker starts the old copies
     again `RollbackMaximumBatchSize` at a time beside the new ones, and that size is 100 % of the copies unless it is
-    sent (rollout.rollback_batch), https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html;
-    None for an update without DeploymentConfig (nothing rolls back: its peak is the update's own)."""
+    sent (rollout.rollback_batch),
+    https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html; None for
+    an update without DeploymentConfig (nothing rolls back: its peak is the update's own)."""
     if rollout.strategy == "all_at_once":
         return None
     copies = rollout.copies if copies is None else copies
@@ -119,7 +124,8 @@ class Room(NamedTuple):
         return copies <= self.slots.total(self.instances) and self.peak <= self.slots.total(self.most)
 
     def describe_update(self) -> str:
-        """`an update without DeploymentConfig starts ... (4 at once); the endpoint grows to 4 x ml.g6e.xlarge = 4 GPUs`."""
+        """`an update without DeploymentConfig starts ... (4 at once); the endpoint grows to 4 x ml.g6e.xlarge = 4
+        GPUs`."""
         scaling = " (ManagedInstanceScaling)" if self.most > self.instances else ""
         return f"{self.why} ({self.peak} at once); the endpoint grows to {self.slots.describe(self.most)}{scaling}"
 
@@ -143,8 +149,8 @@ def room_problem(placement, image, rollout) -> str | None:
     if rollout.copies > found.slots.total(found.instances):
         return (f"rollout.copies ({rollout.copies}) do not fit {found.slots.describe(found.instances)}: one copy each; "
                 f"{_more(placement, found.slots, rollout.copies)}")
-    return (f"the next release cannot place its update: {found.why} ({found.peak} at once), but the endpoint grows to at "
-            f"most {found.slots.describe(found.most)}; "
+    return (f"the next release cannot place its update: {found.why} ({found.peak} at once), but the endpoint grows to "
+            f"at most {found.slots.describe(found.most)}; "
             f"{_more(placement, found.slots, found.peak, scaling=True, copies=rollout.copies)}")
 
 
@@ -155,8 +161,8 @@ def _more(placement, found: Slots, needed: int, *, scaling: bool = False, copies
     if placement.kind == "mig_partition":
         return f"lay out more partitions per GPU (placement.partitions), or lower rollout.copies{smaller}"
     if scaling:
-        return (f"set placement.max_instance_count to {instances} (ManagedInstanceScaling adds instances for the update "
-                f"and removes them after), or placement.instance_count to {instances}{smaller}")
+        return (f"set placement.max_instance_count to {instances} (ManagedInstanceScaling adds instances for the "
+                f"update and removes them after), or placement.instance_count to {instances}{smaller}")
     return f"set placement.instance_count to {instances}, or lower rollout.copies"
 
 
@@ -169,12 +175,12 @@ def batch_problem(rollout) -> str | None:
     low, high = (5, 50) if percent else (copies * 0.05, copies * 0.5)
     if not low <= size.value <= high:
         unit = "%" if percent else f"copies of {copies}"
-        return (f"rollout.batch is {size.value} {unit}, but SageMaker's MaximumBatchSize must be 5-50 % of the copy count "
-                f"({low:g}-{high:g} {unit}); use a batch in that range, or more copies")
+        return (f"rollout.batch is {size.value} {unit}, but SageMaker's MaximumBatchSize must be 5-50 % of the copy "
+                f"count ({low:g}-{high:g} {unit}); use a batch in that range, or more copies")
     batch = size.copies_of(copies)
     if rollout.strategy == "canary" and copies - batch > batch:
         odd = f"; {copies} copies cannot be halved, so use {copies + 1} copies or strategy linear" if copies % 2 else ""
-        return (f"a canary of {batch} then {copies - batch} copies cannot be sent to SageMaker: its rolling update moves "
-                f"equal batches of at most half the copies, so the rest would go {batch} at a time; use a batch of "
-                f"{copies // 2} (half of {copies}) or strategy linear{odd}")
+        return (f"a canary of {batch} then {copies - batch} copies cannot be sent to SageMaker: its rolling update "
+                f"moves equal batches of at most half the copies, so the rest would go {batch} at a time; use a batch "
+                f"of {copies // 2} (half of {copies}) or strategy linear{odd}")
     return None

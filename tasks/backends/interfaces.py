@@ -8,11 +8,10 @@ domain errors of `tasks.errors`, so a stage never handles a library exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, runtime_checkable
 
@@ -261,7 +260,8 @@ class RolloutResult(Frozen):
     steps: tuple[RolloutStep, ...] = ()
 
 
-Bake = Callable[[RolloutStep], "str | None"]  # watch a step (local: its wait interval; aws: one check); the alarm that fired, or None
+# watch a step (local: its wait interval; aws: one check); the alarm that fired, or None
+Bake = Callable[[RolloutStep], "str | None"]
 StepKind = Literal["shifted", "baked"]
 OnStep = Callable[[StepKind, RolloutStep], None]
 """Told of a rollout's progress the moment it happens, so the ledger dates it right: `shifted` once a step's copies have
@@ -402,7 +402,8 @@ class Metrics(Protocol):
 class LedgerStore(Protocol):
     """The append-only release ledger (tasks.ledger.store.Ledger on any SQLAlchemy URL)."""
 
-    def append(self, *, release_id: str, model: str, stage: str, event: str, payload: dict[str, Any], actor: str) -> Any: ...
+    def append(self, *, release_id: str, model: str, stage: str, event: str, payload: dict[str, Any],
+               actor: str) -> Any: ...
 
     def release(self, release_id: str) -> list[Any]: ...
 
@@ -416,7 +417,8 @@ class LedgerStore(Protocol):
                       stopped: Callable[[Any], str | None] | None = None,
                       by_this_process: bool = False) -> AbstractContextManager: ...
 
-    def renew_lease(self, model: str, holder: str, release_id: str, ttl_s: float, *, token: str | None = None) -> Any: ...
+    def renew_lease(self, model: str, holder: str, release_id: str, ttl_s: float, *,
+                    token: str | None = None) -> Any: ...
 
     def release_lease(self, model: str, holder: str, *, token: str | None = None) -> bool: ...
 
@@ -441,7 +443,7 @@ class ReleaseRegistry(Protocol):
 
     follows: frozenset[tuple[str, str]]  # the (stage, event) records after which the release's view is synced
 
-    def sync(self, release: "ReleaseFacts") -> dict[str, Any] | None:
+    def sync(self, release: ReleaseFacts) -> dict[str, Any] | None:
         """Make the view of the release match its ledger records (reads only when it already does); None while the
         release has no record the view follows."""
         ...

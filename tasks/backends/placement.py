@@ -15,10 +15,11 @@ SageMaker "GPU drivers" page; a test keeps the table inside botocore's enum.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, NamedTuple, Union
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from tasks.backends.aws.service_model import service_model
 from tasks.config_types import NAME_PATTERN, Strict
 
 MIB = 1024**2
@@ -53,8 +54,8 @@ DEFAULT_DRIVERS = {  # real-time inference without an AMI override
 }
 GPU_FAMILY = re.compile(r"^(g\d+[a-z]*|p\d+[a-z]*)$")
 MIG_1G_10GB_MIN_DRIVER = 525
-# Serverless Inference's limits (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html: memory 1-6 GB
-# in 1 GB steps, CPU only, a container image of at most 10 GB; API_ProductionVariantServerlessConfig: MaxConcurrency
+# Serverless Inference's limits (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html: memory 1-6
+# GB in 1 GB steps, CPU only, a container image of at most 10 GB; API_ProductionVariantServerlessConfig: MaxConcurrency
 # and ProvisionedConcurrency 1-200; serverless-endpoints-invoke.html: the model must download and answer /ping within
 # 3 minutes, /invocations within 1 minute, payloads of at most 4 MB)
 SERVERLESS_MEMORY_MB = (1024, 2048, 3072, 4096, 5120, 6144)
@@ -116,7 +117,8 @@ def driver_problem(instance_type: str, ami_version: str | None, *, needs_driver:
                 f"{', '.join(sorted(INFERENCE_AMI_DRIVERS))}")
     driver = INFERENCE_AMI_DRIVERS[ami_version] if ami_version else DEFAULT_DRIVERS.get(family(instance_type))
     shown = f"AMI {ami_version} (driver {driver})" if ami_version else (
-        f"the default AMI of {instance_type} (driver {driver})" if driver else f"the default AMI of {instance_type} (driver unknown)")
+        f"the default AMI of {instance_type} (driver {driver})"
+        if driver else f"the default AMI of {instance_type} (driver unknown)")
     newest = max(INFERENCE_AMI_DRIVERS, key=INFERENCE_AMI_DRIVERS.get)
     if partition_type and partition_type.startswith("mig-1g.10gb") and family(instance_type) == "p4d":
         needs_driver = max(needs_driver, MIG_1G_10GB_MIN_DRIVER)
@@ -160,7 +162,8 @@ def fit_problem(estimate: MemoryEstimate, placement) -> str | None:
         capacity_gb, where = partition_size(placement.partition_type)[1], f"a {placement.partition_type} partition"
         bigger = "use a larger partition type"
     else:
-        types = [p.instance_type for p in placement.pools] if placement.kind == "instance_pool" else [placement.instance_type]
+        types = ([p.instance_type for p in placement.pools] if placement.kind == "instance_pool"
+                 else [placement.instance_type])
         known = [(GPU_MEMORY_GB[family(t)], t) for t in types if is_gpu_instance(t) and family(t) in GPU_MEMORY_GB]
         if not known:
             return None
@@ -180,8 +183,8 @@ def image_size_problem(size_bytes: int | None, placement) -> str | None:
     compressed under the limit may still be over it uncompressed; AWS then refuses it at CreateEndpoint."""
     if size_bytes is None or placement.kind != "serverless" or size_bytes <= SERVERLESS_IMAGE_MAX_BYTES:
         return None
-    return (f"the serving image is {size_bytes:,} bytes ({size_bytes / 1024**3:.2f} GiB) compressed in its registry, over "
-            f"the {SERVERLESS_IMAGE_MAX_BYTES:,} bytes (10 GiB) a SageMaker serverless endpoint takes "
+    return (f"the serving image is {size_bytes:,} bytes ({size_bytes / 1024**3:.2f} GiB) compressed in its registry, "
+            f"over the {SERVERLESS_IMAGE_MAX_BYTES:,} bytes (10 GiB) a SageMaker serverless endpoint takes "
             "(https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html)")
 
 
@@ -189,15 +192,13 @@ def image_size_problem(size_bytes: int | None, placement) -> str | None:
 
 def sagemaker_instance_types() -> tuple[str, ...]:
     """The hosting instance types of the installed botocore model (ProductionVariantInstanceType)."""
-    from tasks.backends.aws.service_model import service_model
-
     return tuple(service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum)
 
 
 def _hosting_instance_type(instance_type: str) -> str:
     if instance_type not in sagemaker_instance_types():
-        raise ValueError(f"{instance_type} is not a SageMaker hosting instance type (botocore ProductionVariantInstanceType); "
-                         "pick one from the SageMaker pricing page, e.g. ml.g6.2xlarge")
+        raise ValueError(f"{instance_type} is not a SageMaker hosting instance type (botocore "
+                         "ProductionVariantInstanceType); pick one from the SageMaker pricing page, e.g. ml.g6.2xlarge")
     return instance_type
 
 
@@ -210,8 +211,8 @@ class SharedEndpoint(Strict):
 
     endpoint: str | None = Field(
         None, pattern=NAME_PATTERN, max_length=32,
-        description="the shared production endpoint this model joins (`<resource_prefix>-<endpoint>-<layout id>`); every "
-        "model on it names the same placement, since a running endpoint's instances and layout cannot change; "
+        description="the shared production endpoint this model joins (`<resource_prefix>-<endpoint>-<layout id>`); "
+        "every model on it names the same placement, since a running endpoint's instances and layout cannot change; "
         "unset: the model's own endpoint")
 
 
@@ -220,7 +221,8 @@ class InstanceCounts(SharedEndpoint):
 
     instance_count: int = Field(1, ge=1)
     max_instance_count: int | None = Field(
-        None, ge=1, description="production's ManagedInstanceScaling.MaxInstanceCount: SageMaker adds instances up to it "
+        None, ge=1,
+        description="production's ManagedInstanceScaling.MaxInstanceCount: SageMaker adds instances up to it "
         "when an update needs room beside the serving copies, and removes them after; unset: no managed scaling")
     min_instance_count: int | None = Field(
         None, ge=0, description="ManagedInstanceScaling.MinInstanceCount: 0 lets the endpoint give back every instance "
@@ -277,12 +279,14 @@ class MigPartitionPlacement(SharedEndpoint):
     partitions: int = Field(1, ge=1, le=7)
     inference_ami_version: str | None = None
     min_instance_count: Literal[0] | None = Field(
-        None, description="0: ManagedInstanceScaling.MinInstanceCount 0 (MaxInstanceCount 1, the endpoint's one instance), "
+        None,
+        description="0: ManagedInstanceScaling.MinInstanceCount 0 (MaxInstanceCount 1, the endpoint's one instance), "
         "so the endpoint gives its instance back while no component has a copy, as scale_to_zero needs "
-        "(https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html); unset: it keeps it")
+        "(https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html); "
+        "unset: it keeps it")
 
     @model_validator(mode="after")
-    def _layout_fits_one_gpu(self) -> "MigPartitionPlacement":
+    def _layout_fits_one_gpu(self) -> MigPartitionPlacement:
         problem = layout_problem(self.instance_type, self.partition_type, self.partitions)
         if problem:
             raise ValueError(problem)
@@ -307,10 +311,12 @@ class ServerlessPlacement(SharedEndpoint):
     memory_size_mb: int = Field(description="ServerlessConfig.MemorySizeInMB: 1024-6144 in steps of 1024; the model's "
                                 "weights and working memory must fit it")
     max_concurrency: int = Field(ge=1, le=SERVERLESS_MAX_CONCURRENCY,
-                                 description="ServerlessConfig.MaxConcurrency: requests served at once; more are throttled")
+                                 description="ServerlessConfig.MaxConcurrency: requests served at once; "
+                                             "more are throttled")
     provisioned_concurrency: int | None = Field(None, ge=1, le=SERVERLESS_MAX_CONCURRENCY,
-                                                description="ServerlessConfig.ProvisionedConcurrency: requests kept warm "
-                                                "(billed while provisioned); unset: none, every start is cold")
+                                                description="ServerlessConfig.ProvisionedConcurrency: requests "
+                                                "kept warm (billed while provisioned); unset: none, "
+                                                "every start is cold")
     cold_starts: int = Field(3, ge=1, le=20, description="starts from no compute the gate measures on the candidate")
     max_cold_start_p95_s: float = Field(gt=0, le=SERVERLESS_STARTUP_S + 60, allow_inf_nan=False,
                                         description="the gate's bound on the p95 of those starts, each from the first "
@@ -325,10 +331,11 @@ class ServerlessPlacement(SharedEndpoint):
         return value
 
     @model_validator(mode="after")
-    def _one_model_within_limits(self) -> "ServerlessPlacement":
+    def _one_model_within_limits(self) -> ServerlessPlacement:
         if self.endpoint is not None:
             raise ValueError("a serverless endpoint hosts one model and no inference components, so it cannot be the "
-                             f"shared endpoint {self.endpoint!r}; leave placement.endpoint out, or use an instance placement")
+                             f"shared endpoint {self.endpoint!r}; leave placement.endpoint out, or use an instance "
+                             "placement")
         if self.provisioned_concurrency is not None and self.provisioned_concurrency > self.max_concurrency:
             raise ValueError(f"placement.provisioned_concurrency ({self.provisioned_concurrency}) is above "
                              f"placement.max_concurrency ({self.max_concurrency}); SageMaker needs it at most that")
@@ -336,6 +343,6 @@ class ServerlessPlacement(SharedEndpoint):
 
 
 Placement = Annotated[
-    Union[InstancePoolPlacement, MigPartitionPlacement, InstanceTypePlacement, ServerlessPlacement],
+    InstancePoolPlacement | MigPartitionPlacement | InstanceTypePlacement | ServerlessPlacement,
     Field(discriminator="kind"),
 ]

@@ -1,8 +1,9 @@
 """What a release costs on SageMaker AI real-time inference, from a dated, sourced price table (docs/cost.md).
 
-Prices are data: `configs/prices/sagemaker-real-time-on-demand.yaml`, or the file `SHIPLIFT_PRICES` names. Nothing is
-fetched at run time. Each figure carries its source and the date it was read; a type the table lacks is reported as
-"no price for ml.x in region", never guessed.
+Prices are data: `configs/prices/sagemaker-real-time-on-demand.yaml`, or the file `SHIPLIFT_PRICES` names, filled by
+`shiplift prices refresh` (`tasks.backends.aws.price_list`); a release fetches nothing. Each figure carries its source
+and the date it was read; a type the table lacks is reported as "no price for ml.x in region" once a run
+(`PriceTable.once`: the later lines point back to it), never guessed.
 
 The arithmetic is small pure functions whose results keep the inputs they used, so a report can show the working:
 - production per hour: instances x the hourly price. An instance pool is priced at its highest-priority type (SageMaker
@@ -25,15 +26,39 @@ and keeps every public name importable here.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tasks.backends.capacity import room
-from tasks.backends.pricing_costs import (CandidateCost, ComponentShare, ThroughputCost, candidate_cost,
-                                          candidate_cost_for, component_share, throughput_cost)
-from tasks.backends.pricing_instances import (CopyShare, HourlyCost, PoolPrice, _placement_types, hourly_cost,
-                                              mig_copy_share, mig_copy_share_of, production_cost, serverless_cost)
-from tasks.backends.pricing_table import (DEFAULT_PRICES_PATH, PRICES_ENV, Price, PriceTable, _usd, load_price_table,
-                                          prices_path)
+from tasks.backends.pricing_costs import (
+    CandidateCost,
+    ComponentShare,
+    ThroughputCost,
+    candidate_cost,
+    candidate_cost_for,
+    component_share,
+    throughput_cost,
+)
+from tasks.backends.pricing_instances import (
+    CopyShare,
+    HourlyCost,
+    PoolPrice,
+    _placement_types,
+    hourly_cost,
+    mig_copy_share,
+    mig_copy_share_of,
+    production_cost,
+    serverless_cost,
+)
+from tasks.backends.pricing_table import (
+    DEFAULT_PRICES_PATH,
+    PRICES_ENV,
+    Price,
+    PriceTable,
+    _usd,
+    load_price_table,
+    prices_path,
+)
 
 __all__ = [  # importers name these from tasks.backends.pricing
     "DEFAULT_PRICES_PATH", "NOMINAL_REGION", "PRICES_ENV", "CandidateCost", "ComponentShare", "CopyShare",
@@ -58,14 +83,15 @@ def dry_run_cost_lines(config, table: PriceTable | None = None) -> list[str]:
     update's extra instances while it runs. The local backend runs on this machine: no SageMaker price applies."""
     if config.backend.kind != "aws":
         return [f"cost: the {config.backend.kind} backend serves on this machine; no SageMaker price applies"]
-    table = load_price_table() if table is None else table
+    table = (load_price_table() if table is None else table).once()
     region, placement = config.backend.region, config.placement
     if placement.kind == "serverless":
         return [f"cost: {serverless_cost(region, placement, what='production and its candidate').describe()}"]
     instance_type, _ = _placement_types(placement)
     production = production_cost(table, region, placement)
     lines = [f"cost: {production.describe()}"]
-    candidate = hourly_cost(table, region, instance_type, 1, what="a candidate")  # the pool's range is on the line above
+    # the pool's range is on the line above
+    candidate = hourly_cost(table, region, instance_type, 1, what="a candidate")
     if candidate.price is None:
         lines.append(f"cost: {candidate.describe()}")
     else:
@@ -83,8 +109,8 @@ def dry_run_cost_lines(config, table: PriceTable | None = None) -> list[str]:
         grown = hourly_cost(table, region, instance_type, extra[0], what="an update's extra instances")
         peak = "" if grown.price is None else (
             f"; {production.instances + extra[0]} × {instance_type} ≈ "
-            f"{_usd(grown.usd_per_hour + production.usd_per_hour)} $/h at the peak, until ManagedInstanceScaling removes "
-            "them after the update")
+            f"{_usd(grown.usd_per_hour + production.usd_per_hour)} $/h at the peak, until ManagedInstanceScaling "
+            "removes them after the update")
         lines.append(f"cost: {grown.describe()} while an update runs ({extra[1]}){peak}")
     return lines
 
@@ -98,12 +124,13 @@ def release_cost(config, *, answers_per_second: float | None, items_per_request:
     candidate from deploy_candidate's start until `until` (so far), a MIG copy's share, and per million requests and
     decisions at the gate's measured rate. A local release is priced as its placement would be on SageMaker AI in
     NOMINAL_REGION (`nominal` says so): it runs on this machine and costs nothing there."""
-    table = load_price_table() if table is None else table
+    table = (load_price_table() if table is None else table).once()
     nominal = config.backend.kind != "aws"
     region = NOMINAL_REGION if nominal else config.backend.region
     production = production_cost(table, region, config.placement)
     cost: dict[str, Any] = {"region": region, "nominal": nominal, "table": table.origin,
-                            "production": production.as_dict(), "candidate": None, "mig_copy": None, "per_million": None}
+                            "production": production.as_dict(), "candidate": None, "mig_copy": None,
+                            "per_million": None}
     if candidate_since is not None:
         cost["candidate"] = candidate_cost_for(table, config, candidate_since, until, region=region).as_dict()
     if config.placement.kind == "mig_partition":
@@ -112,6 +139,15 @@ def release_cost(config, *, answers_per_second: float | None, items_per_request:
         cost["share"] = component_share(table, region, config.placement, config.image, config.rollout.copies,
                                         scales_to_zero=config.scale_to_zero is not None).as_dict()
     if answers_per_second:
-        cost["per_million"] = throughput_cost(production, answers_per_second / items_per_request,
+        hourly = production if config.placement.kind == "serverless" else _as_above(table, production)
+        cost["per_million"] = throughput_cost(hourly, answers_per_second / items_per_request,
                                               items_per_request).as_dict()
     return cost
+
+
+def _as_above(table: PriceTable, production: HourlyCost) -> HourlyCost:
+    """Production for a later line of the same run: an instance price it lacks is named briefly (`PriceTable.once`),
+    the production line having named it in full."""
+    if production.price is not None:
+        return production
+    return replace(production, missing=table.missing(production.region, production.instance_type))

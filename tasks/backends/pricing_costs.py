@@ -9,15 +9,21 @@ from datetime import datetime
 from typing import Any
 
 from tasks.backends.capacity import Slots, slots
-from tasks.backends.pricing_instances import (HourlyCost, _placement_types, _whole_instance, hourly_cost,
-                                              production_cost, serverless_cost)
+from tasks.backends.pricing_instances import (
+    HourlyCost,
+    _placement_types,
+    _whole_instance,
+    hourly_cost,
+    production_cost,
+    serverless_cost,
+)
 from tasks.backends.pricing_table import PROVENANCE_TEXT, PriceTable, _usd
 from tasks.errors import BadInput
 
-
 # SageMaker stops an endpoint's instances (ManagedInstanceScaling.MinInstanceCount 0) only when no inference component
 # on it has a copy: each component scales to 0 copies by its own scalable target, and an instance that holds any
-# component's copy keeps running (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html).
+# component's copy keeps running
+# (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html).
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,9 @@ class ComponentShare:
 
     @property
     def usd_per_hour(self) -> float | None:
-        return None if self.fraction is None or self.bill.usd_per_hour is None else self.bill.usd_per_hour * self.fraction
+        if self.fraction is None or self.bill.usd_per_hour is None:
+            return None
+        return self.bill.usd_per_hour * self.fraction
 
     @property
     def idle_costs(self) -> bool | None:
@@ -62,10 +70,12 @@ class ComponentShare:
             return (f"this model's share of {self.endpoint}: the copies one {self.bill.instance_type} holds are not in "
                     "tasks/backends/capacity.py's tables, so its share cannot be counted")
         if self.usd_per_hour is None:
-            text = f"this model's share of {self.endpoint}: {self.copies} of {self.slots.describe(self.bill.instances)}; {self.bill.missing}"
+            text = (f"this model's share of {self.endpoint}: {self.copies} of "
+                    f"{self.slots.describe(self.bill.instances)}; {self.bill.missing}")
         else:
             text = (f"this model's share of {self.endpoint} ≈ {_usd(self.usd_per_hour)} $/h = {self.copies} of "
-                    f"{self.slots.describe(self.bill.instances)} at {_usd(self.bill.usd_per_hour)} $/h for the endpoint")
+                    f"{self.slots.describe(self.bill.instances)} "
+                    f"at {_usd(self.bill.usd_per_hour)} $/h for the endpoint")
         return text + self._idle()
 
     def _idle(self) -> str:
@@ -80,7 +90,8 @@ class ComponentShare:
             return (f"; it scales to zero, but {', '.join(self.kept_on_by)} never do(es), and SageMaker stops the "
                     "instances only when every model on the endpoint is at 0 copies: this share is paid while it "
                     "is at zero too")
-        return "; every model on the endpoint scales to zero, so its instances stop, and nothing is billed, while all are at 0 copies"
+        return ("; every model on the endpoint scales to zero, so its instances stop, and nothing is billed, while all "
+                "are at 0 copies")
 
     def as_dict(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "copies": self.copies, "capacity": self.capacity, "fraction": self.fraction,
@@ -94,8 +105,8 @@ def component_share(table: PriceTable, region: str, placement, image, copies: in
                     kept_on_by: tuple[str, ...] | None = None) -> ComponentShare:
     """`copies` of `image`'s model on the shared endpoint `placement` names, as a share of its hourly bill; a model
     that `scales_to_zero` with `kept_on_by` the models beside it that never do (None: not known, as for one config)."""
-    return ComponentShare(placement.endpoint, production_cost(table, region, placement), copies, slots(placement, image),
-                          scales_to_zero, kept_on_by if scales_to_zero else ())
+    return ComponentShare(placement.endpoint, production_cost(table, region, placement), copies,
+                          slots(placement, image), scales_to_zero, kept_on_by if scales_to_zero else ())
 
 
 @dataclass(frozen=True)
@@ -153,12 +164,13 @@ def candidate_cost(table: PriceTable, region: str, instance_type: str, started_a
 
 def candidate_cost_for(table: PriceTable, config, started_at: str | datetime, finished_at: str | datetime,
                        instance_type: str | None = None, *, region: str | None = None) -> CandidateCost:
-    """`candidate_cost` of a release config's candidate: one instance (a single-model endpoint), of `instance_type` where
-    the backend recorded the type it provisioned, else the placement's priced type; in `region` (default: the aws
+    """`candidate_cost` of a release config's candidate: one instance (a single-model endpoint), of `instance_type`
+    where the backend recorded the type it provisioned, else the placement's priced type; in `region` (default: the aws
     backend's)."""
     if config.placement.kind == "serverless":
         start, end = _instant(started_at, "started_at"), _instant(finished_at, "finished_at")
-        return CandidateCost(serverless_cost(region or config.backend.region, config.placement, what="a candidate"), start, end)
+        cost = serverless_cost(region or config.backend.region, config.placement, what="a candidate")
+        return CandidateCost(cost, start, end)
     priced, _ = _placement_types(config.placement)
     return candidate_cost(table, region or config.backend.region, instance_type or priced, started_at, finished_at, 1,
                           whole_instance=_whole_instance(config.placement))
@@ -185,14 +197,15 @@ class ThroughputCost:
         return None if per_request is None else per_request / self.items_per_request
 
     def describe(self) -> str:
-        """`≈ 103.56 $ per million requests, ≈ 6.47 $ per million decisions (4.66 $/h / (3600 × 12.5 req/s) × 1e6; …)`."""
+        """E.g. `≈ 103.56 $ per million requests, ≈ 6.47 $ per million decisions
+        (4.66 $/h / (3600 × 12.5 req/s) × 1e6; …)`."""
         if self.usd_per_hour is None:
             return f"per million requests at {self.requests_per_second:g} req/s: {self.missing}"
         working = f"{_usd(self.usd_per_hour)} $/h / (3600 × {self.requests_per_second:g} req/s) × 1e6"
         if self.items_per_request == 1:
             return f"≈ {_usd(self.per_million_requests)} $ per million requests and decisions ({working})"
-        return (f"≈ {_usd(self.per_million_requests)} $ per million requests, ≈ {_usd(self.per_million_decisions)} $ per "
-                f"million decisions ({working}; {self.items_per_request} decisions a request)")
+        return (f"≈ {_usd(self.per_million_requests)} $ per million requests, ≈ {_usd(self.per_million_decisions)} $ "
+                f"per million decisions ({working}; {self.items_per_request} decisions a request)")
 
     def as_dict(self) -> dict[str, Any]:
         return {"usd_per_hour": self.usd_per_hour, "requests_per_second": self.requests_per_second,
@@ -206,13 +219,16 @@ def throughput_cost(hourly: HourlyCost | float | None, requests_per_second: floa
     request answers. `hourly` is an HourlyCost (its missing price carries through) or a plain USD-per-hour figure."""
     if not (isinstance(requests_per_second, (int, float)) and math.isfinite(requests_per_second)
             and requests_per_second > 0):
-        raise BadInput(f"a throughput of {requests_per_second!r} requests/s", fix="pass the measured requests per second, > 0")
+        raise BadInput(f"a throughput of {requests_per_second!r} requests/s",
+                       fix="pass the measured requests per second, > 0")
     if not isinstance(items_per_request, int) or items_per_request < 1:
-        raise BadInput(f"{items_per_request!r} items per request", fix="pass 1 for a decision request, k for a batch of k")
+        raise BadInput(f"{items_per_request!r} items per request",
+                       fix="pass 1 for a decision request, k for a batch of k")
     if isinstance(hourly, HourlyCost):
         return ThroughputCost(hourly.usd_per_hour, float(requests_per_second), items_per_request, hourly.missing)
     missing = None if hourly is not None else "no hourly price to divide"
-    return ThroughputCost(None if hourly is None else float(hourly), float(requests_per_second), items_per_request, missing)
+    return ThroughputCost(None if hourly is None else float(hourly), float(requests_per_second),
+                          items_per_request, missing)
 
 
 def _instant(value: str | datetime, name: str) -> datetime:
@@ -221,4 +237,5 @@ def _instant(value: str | datetime, name: str) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except (TypeError, ValueError):
-        raise BadInput(f"{name} {value!r} is not an ISO 8601 timestamp", fix="pass e.g. 2026-12-03T10:00:00+00:00") from None
+        raise BadInput(f"{name} {value!r} is not an ISO 8601 timestamp",
+                       fix="pass e.g. 2026-12-03T10:00:00+00:00") from None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tasks.backends.placement import MIG_GPUS, family, gpus_per_instance, partition_size
-from tasks.backends.pricing_table import PROVENANCE_TEXT, Price, PriceTable, _price_dict, _usd
+from tasks.backends.pricing_table import PROVENANCE_TEXT, Price, PriceTable, _usd, price_dict
 from tasks.errors import BadInput
 
 
@@ -60,16 +60,18 @@ class HourlyCost:
             others = ", ".join(entry.instance_type for entry in self.pool)
             span = self.range_usd_per_hour
             text += ("; SageMaker may provision another pool type instead: "
-                     + (f"{_usd(span[0])}–{_usd(span[1])} $/h over {others}" if span else f"none of {others} is priced"))
+                     + (f"{_usd(span[0])}–{_usd(span[1])} $/h over {others}"
+                        if span else f"none of {others} is priced"))
             if span and self.unpriced_pool_types:
                 text += f", no price for {', '.join(self.unpriced_pool_types)} in {self.region}"
         return text
 
     def as_dict(self) -> dict[str, Any]:
         """The working, for a JSON report."""
-        return {"what": self.what, "region": self.region, "instance_type": self.instance_type, "instances": self.instances,
-                "price": _price_dict(self.price), "usd_per_hour": self.usd_per_hour, "missing": self.missing,
-                "pool": [{"instance_type": e.instance_type, "priority": e.priority, "price": _price_dict(e.price)}
+        return {"what": self.what, "region": self.region, "instance_type": self.instance_type,
+                "instances": self.instances, "price": price_dict(self.price), "usd_per_hour": self.usd_per_hour,
+                "missing": self.missing,
+                "pool": [{"instance_type": e.instance_type, "priority": e.priority, "price": price_dict(e.price)}
                          for e in self.pool],
                 "range_usd_per_hour": list(self.range_usd_per_hour) if self.range_usd_per_hour else None,
                 "whole_instance": self.whole_instance or None, "text": self.describe()}
@@ -158,24 +160,27 @@ class CopyShare:
         return partition_size(self.partition_type)[0] / (gpu.compute_slices * self.gpus)
 
     def describe(self) -> str:
-        """`a mig-1g.10gb copy ≈ 2.02 $/h = 1/56 of ml.p5.48xlarge at 113.00 $/h (7 partitions on each of 8 GPUs; …)`."""
+        """E.g. `a mig-1g.10gb copy ≈ 2.02 $/h = 1/56 of ml.p5.48xlarge at 113.00 $/h
+        (7 partitions on each of 8 GPUs; …)`."""
         if self.usd_per_copy_hour is None:
             return f"a {self.partition_type} copy's share: {self.missing}"
         gpus = f"{self.gpus} GPUs" if self.gpus != 1 else "its GPU"
         return (f"a {self.partition_type} copy ≈ {_usd(self.usd_per_copy_hour)} $/h = 1/{self.copies_per_instance} of "
                 f"{self.instance_type} at {_usd(self.price.usd_per_hour)} $/h ({self.partitions_per_gpu} partitions on "
-                f"{'each of ' if self.gpus != 1 else ''}{gpus}; the instance is billed whole, idle partitions included; "
-                f"{self.region}, price as of {self.price.as_of.isoformat()} {PROVENANCE_TEXT[self.price.provenance]})")
+                f"{'each of ' if self.gpus != 1 else ''}{gpus}; the instance is billed whole, idle partitions "
+                f"included; {self.region}, price as of {self.price.as_of.isoformat()} "
+                f"{PROVENANCE_TEXT[self.price.provenance]})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"region": self.region, "instance_type": self.instance_type, "partition_type": self.partition_type,
                 "partitions_per_gpu": self.partitions_per_gpu, "gpus": self.gpus,
                 "copies_per_instance": self.copies_per_instance, "fraction": self.fraction,
-                "compute_fraction": self.compute_fraction, "price": _price_dict(self.price),
+                "compute_fraction": self.compute_fraction, "price": price_dict(self.price),
                 "usd_per_copy_hour": self.usd_per_copy_hour, "missing": self.missing, "text": self.describe()}
 
 
-def mig_copy_share(table: PriceTable, region: str, instance_type: str, partition_type: str, partitions: int) -> CopyShare:
+def mig_copy_share(table: PriceTable, region: str, instance_type: str, partition_type: str,
+                   partitions: int) -> CopyShare:
     """One copy's share of a MIG instance: the layout (`partitions` x `partition_type`) is carved on every GPU, one copy
     a partition (`tasks.backends.capacity.slots`), so a copy carries 1 / (partitions x GPUs) of the instance's price."""
     if partitions < 1:

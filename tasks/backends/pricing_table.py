@@ -16,13 +16,13 @@ from tasks.yamlfile import read_yaml_file
 
 PRICES_ENV = "SHIPLIFT_PRICES"
 DEFAULT_PRICES_PATH = PROJECT_ROOT / "configs" / "prices" / "sagemaker-real-time-on-demand.yaml"
-HOW_TO_UPDATE = "docs/cost.md says how to take a figure from the AWS Price List API"
 
 Region = Annotated[str, Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")]
 InstanceTypeName = Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9-]+$")]
 PROVENANCE_TEXT = {
     "price-list-api": "from the AWS Price List API",
     "pricing-page": "from the SageMaker AI pricing page",
+    "third-party-page": "from a third-party page, unchecked against AWS",
     "project-readme": "as quoted in the project README, unchecked",
 }
 
@@ -37,7 +37,7 @@ class Price(_Frozen):
     usd_per_hour: float = Field(gt=0, le=10_000)
     source: str = Field(min_length=1, max_length=500)
     as_of: date = Field(strict=False, description="the date the figure was read (a Price List offer's publicationDate)")
-    provenance: Literal["price-list-api", "pricing-page", "project-readme"]
+    provenance: Literal["price-list-api", "pricing-page", "third-party-page", "project-readme"]
     note: str | None = Field(None, max_length=2000)
 
     @model_validator(mode="after")
@@ -61,6 +61,7 @@ class PriceTable(_Frozen):
     unit: Literal["instance-hour"]
     prices: dict[Region, dict[InstanceTypeName, Price]]
     _origin: str = PrivateAttr(default="configs/prices/sagemaker-real-time-on-demand.yaml")
+    _told: set[tuple[str, str]] | None = PrivateAttr(default=None)  # the missing prices `once` has named in full
 
     @property
     def origin(self) -> str:
@@ -71,9 +72,21 @@ class PriceTable(_Frozen):
         """The On-Demand price of one `instance_type` in `region`, or None where the table has none."""
         return self.prices.get(region, {}).get(instance_type)
 
+    def once(self) -> PriceTable:
+        """This table for one run's cost lines: `missing` names a missing price with its fix the first time only."""
+        run = self.model_copy()
+        run._told = set()
+        return run
+
     def missing(self, region: str, instance_type: str) -> str:
-        """What a report says instead of a number."""
-        return f"no price for {instance_type} in {region}; add it to {self.origin} ({HOW_TO_UPDATE})"
+        """What a report says instead of a number: the missing price and the command that fills it, or, where a
+        `once` table has said so already, a pointer to that line."""
+        if self._told is not None and (region, instance_type) in self._told:
+            return f"no price ({instance_type} in {region}, as above)"
+        if self._told is not None:
+            self._told.add((region, instance_type))
+        return (f"no price for {instance_type} in {region}; add it to {self.origin}: `shiplift prices refresh --region "
+                f"{region} --types {instance_type}` reads it from the AWS Price List API (docs/cost.md)")
 
 
 def prices_path(environ: dict[str, str] | None = None) -> Path:
@@ -115,7 +128,7 @@ def _usd(amount: float) -> str:
     return f"{amount:.2f}" if abs(amount) >= 0.1 or amount == 0 else f"{amount:.3g}"
 
 
-def _price_dict(price: Price | None) -> dict[str, Any] | None:
+def price_dict(price: Price | None) -> dict[str, Any] | None:
     return None if price is None else {**price.model_dump(), "as_of": price.as_of.isoformat()}
 
 

@@ -10,15 +10,24 @@ on this worker (`scratch`: the image's server as a loopback process), on both ba
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from tasks.backends.interfaces import ArtifactStore, Hosting, ImageBuilder, LedgerStore, Metrics, ReleaseRegistry, ScratchServer
+from tasks.backends.interfaces import (
+    ArtifactStore,
+    Hosting,
+    ImageBuilder,
+    LedgerStore,
+    Metrics,
+    ReleaseRegistry,
+    ScratchServer,
+)
 
 if TYPE_CHECKING:
-    from tasks.ledger.checkpoints import CheckpointStore, Signer
     from tasks.config import ReleaseConfig
+    from tasks.ledger.checkpoints import CheckpointStore, Signer
 
 LEDGER_URL_ENV = "SHIPLIFT_LEDGER_URL"
 
@@ -34,11 +43,14 @@ class Backends:
     hosting: Hosting
     metrics: Metrics
     ledger: LedgerStore
-    ledger_url: str | None  # as configured (never with a password); None: SQLite under state_dir or $SHIPLIFT_LEDGER_URL
+    # as configured (never with a password); None: SQLite under state_dir or $SHIPLIFT_LEDGER_URL
+    ledger_url: str | None
     scratch: ScratchServer  # serve a model folder on this worker (calibration, before the image is pinned)
     preflight: Callable[[], dict]  # before a release opens: credentials, account, region (aws); nothing locally
-    checkpoint: Callable[[], Any] | None = None  # sign the ledger's head outside the database; None: aws without backend.checkpoints
-    registry: ReleaseRegistry | None = None  # a view of the ledger where users look (aws: SageMaker Model Registry); None locally
+    # sign the ledger's head outside the database; None: aws without backend.checkpoints
+    checkpoint: Callable[[], Any] | None = None
+    # a view of the ledger where users look (aws: SageMaker Model Registry); None locally
+    registry: ReleaseRegistry | None = None
 
 
 def default_state_dir() -> Path:
@@ -106,9 +118,9 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
     ledger = ledger or Ledger(url)
     scratch = _scratch(state_dir)
     if backend.kind == "local":
+        from tasks.backends.local.artifact_store import LocalArtifactStore
         from tasks.backends.local.hosting import LocalMetrics, LoopbackHosting
         from tasks.backends.local.process_image import LocalImageBuilder
-        from tasks.backends.local.artifact_store import LocalArtifactStore
 
         store = LocalArtifactStore(state_dir / "artifacts")
         hosting = LoopbackHosting(state_dir, store)
@@ -151,7 +163,8 @@ def sign_checkpoint(ledger, config: ReleaseConfig | None = None, *, state_dir: s
 
 def checkpoint_witness(config: ReleaseConfig | None):
     """The witness log a local config names (`backend.checkpoint_witness`), else $SHIPLIFT_CHECKPOINT_WITNESS's, else
-    None. aws needs none: its checkpoint objects are under Object Lock (COMPLIANCE by default), so they cannot be cut back."""
+    None. aws needs none: its checkpoint objects are under Object Lock (COMPLIANCE by default), so they cannot be
+    cut back."""
     from tasks.ledger.checkpoints import CheckpointLog, default_witness, log_path
 
     folder = getattr(config.backend, "checkpoint_witness", None) if config is not None else None
@@ -181,8 +194,10 @@ def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Pa
         return aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id, verify_only=verify_only)
     from tasks.ledger.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path
 
-    folder = Path(state_dir or (backend.state_dir if backend is not None else default_state_dir())).expanduser().resolve()
-    return SigningKey(key_path or default_key_path(), state_dir=folder, create=create_key), CheckpointLog(log_path(folder))
+    chosen = state_dir or (backend.state_dir if backend is not None else default_state_dir())
+    folder = Path(chosen).expanduser().resolve()
+    key = SigningKey(key_path or default_key_path(), state_dir=folder, create=create_key)
+    return key, CheckpointLog(log_path(folder))
 
 
 def local_endpoints(state_dir: str | Path):

@@ -1,5 +1,5 @@
-"""The flags several `shiplift` commands share (--ledger-url, --set, --json, --state-dir, the config argument) and
-the config overrides those flags make."""
+"""The flags several `shiplift` commands share (--ledger-url, --set, --json, --state-dir, the config argument, a
+release id) and the config overrides those flags make."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from tasks.backends.registry import default_state_dir
 
 def with_ledger(p):
     """The ledger a step reads its release from: --ledger-url, $SHIPLIFT_LEDGER_URL, or SQLite under --state-dir."""
-    p.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger (default: $SHIPLIFT_LEDGER_URL, else sqlite under --state-dir)")
+    p.add_argument("--ledger-url",
+                   help="SQLAlchemy URL of the ledger (default: $SHIPLIFT_LEDGER_URL, else sqlite under --state-dir)")
     return p
 
 
@@ -26,7 +27,8 @@ def with_json(p, what: str = "the same data"):
 
 
 def with_state_dir(p):
-    p.add_argument("--state-dir", default=str(default_state_dir()), help="local backend state (default: $SHIPLIFT_HOME or .shiplift)")
+    p.add_argument("--state-dir", default=str(default_state_dir()),
+                   help="local backend state (default: $SHIPLIFT_HOME or .shiplift)")
     return p
 
 
@@ -38,6 +40,15 @@ def with_config(p, what: str = "a release config (YAML)"):
 def with_config_state_dir(p):
     p.add_argument("--state-dir", help="the local backend's state dir (and the SQLite ledger's folder): overrides the "
                                        "config's backend.state_dir, as --set backend.state_dir=DIR does")
+    return p
+
+
+def with_release(p, *flags: str, dest: str = "release", what: str = "the release's id", **options):
+    """A release id argument (positional, or `flags`): the full id, a unique prefix or suffix, or the shortened id a
+    table prints; `main` resolves it to the full id (`resolve_release`) before the command runs."""
+    p.add_argument(*(flags or (dest,)), **({"dest": dest} if flags else {}), **options,
+                   help=f"{what}: the full id, a unique prefix or suffix, or as a table shortens it (gemma-…3d396)")
+    p.set_defaults(release_args=(*(p.get_default("release_args") or ()), dest))
     return p
 
 

@@ -29,10 +29,12 @@ def cmd_policy(args) -> int:
 
 
 def cmd_config_validate(args) -> int:
-    from tasks.config import load_release_config
+    """The effective config, once every file and package it names is found readable (`require_named_files`)."""
+    from tasks.config import load_release_config, require_named_files
     from tasks.pipeline.release import release_id_for
 
     config = load_release_config(args.config, overrides=tuple(args.set))
+    require_named_files(config, args.config)
     warn_if_underpowered(config, args.config)
     if args.json:
         print_json({"ok": True, "release_id": release_id_for(config), "config_hash": config.config_hash(),

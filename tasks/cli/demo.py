@@ -32,14 +32,31 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
+from tasks.backends.local.artifact_store import LocalArtifactStore
+from tasks.backends.local.hosting import LoopbackHosting
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.backends.registry import ledger_url_for, open_ledger
+from tasks.cli.main import main as shiplift
+from tasks.config import load_release_config
 from tasks.console import format_table
-from tasks.ledger.events import AWAITING_APPROVAL
-from tasks.project import DEMO_STATE_DIR, PROJECT_ROOT as ROOT
+from tasks.ledger.audit_report import write_report
+from tasks.ledger.events import AWAITING_APPROVAL, STAGES
+from tasks.ledger.release_state import ReleaseState, release_summary
+from tasks.ledger.store import Ledger
+from tasks.ledger.views import rollout_steps
+from tasks.pipeline.audit import verify_ledger
+from tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage, run_release
+from tasks.pipeline.table import TEARDOWN
+from tasks.project import DEMO_STATE_DIR
+from tasks.project import PROJECT_ROOT as ROOT
+from validation.cold_start import first_answer
+from validation.transport import HttpInvoker, post_alone
 
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 BROKEN = ROOT / "configs" / "releases" / "demo-broken-model.yaml"
@@ -47,7 +64,8 @@ ENCODER = ROOT / "configs" / "releases" / "minilm-nli.yaml"
 CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
 CANARY = ROOT / "configs" / "releases" / "gemma-decision-canary.yaml"
 LINEAR = ROOT / "configs" / "releases" / "gemma-decision-linear.yaml"
-SHARED = (ROOT / "configs" / "releases" / "gemma-decision-shared.yaml", ROOT / "configs" / "releases" / "minilm-nli-shared.yaml")
+SHARED = (ROOT / "configs" / "releases" / "gemma-decision-shared.yaml",
+          ROOT / "configs" / "releases" / "minilm-nli-shared.yaml")
 DEMO_APPROVER = "demo-approver"
 # change control (promotion.approval): a person the config names approves the passed candidate before production; four
 # eyes (the default) refuse an approval by whoever opened the release, here the demo's own user
@@ -66,8 +84,8 @@ STEPS = (  # label, config, overrides, live traffic of multi-decision requests d
     ("9. shared endpoint: Gemma", SHARED[0], (), False),
     ("10. shared endpoint: encoder", SHARED[1], (), False),
 )
-EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted", "promoted", "promoted",
-            "promoted"]
+EXPECTED = ["promoted", "promoted", "rejected", "promoted", "promoted", "rolled_back", "promoted", "promoted",
+            "promoted", "promoted"]
 
 
 def shared_decisions(count: int = 2) -> bytes:
@@ -90,7 +108,7 @@ class BackgroundTraffic:
         while not self.stop.is_set():
             self.statuses[self.send()] += 1
 
-    def __enter__(self) -> "BackgroundTraffic":
+    def __enter__(self) -> BackgroundTraffic:
         self.thread.start()
         return self
 
@@ -105,8 +123,6 @@ class LiveTraffic(BackgroundTraffic):
     `timeout_s`."""
 
     def __init__(self, url: str, component: str, body: bytes | None = None, timeout_s: float = 30):
-        from validation.transport import HttpInvoker
-
         invoker = HttpInvoker(url, component, runtime=True)
         super().__init__(partial(_invoke_component, invoker, body or shared_decisions(), timeout_s),
                          join_timeout_s=timeout_s * 2)
@@ -116,8 +132,6 @@ def _invoke_component(invoker, body: bytes, timeout_s: float) -> int | str:
     """POST one invocation under the clients' retry policy (no capacity, throttling and busy answers retried; a
     model's own error is its answer, not tried again), within `timeout_s` in all; the status the endpoint sent last,
     or "transport" when no answer came."""
-    from validation.transport import post_alone
-
     _, status = post_alone(invoker, body, timeout_s=timeout_s, deadline_s=timeout_s, error_retries=0)
     return "transport" if status is None else status
 
@@ -128,8 +142,6 @@ def banner(text: str) -> None:
 
 def fresh_state_dir() -> Path:
     """The demo always starts from nothing: stop what an earlier demo left running and wipe its state."""
-    from tasks.backends.local.supervisor import ProcessSupervisor
-
     state_dir = Path(os.environ.get("SHIPLIFT_HOME", DEMO_STATE_DIR)).resolve()
     if state_dir.exists():
         hosting = ProcessSupervisor(state_dir)
@@ -145,8 +157,6 @@ def ask_production(state_dir: Path, summary: dict) -> dict:
     """One real decision through the production endpoint with an unmodified boto3 runtime client."""
     import boto3
     from botocore.config import Config
-
-    from tasks.backends.local.supervisor import ProcessSupervisor
 
     url = ProcessSupervisor(state_dir).endpoint_url(summary["served_by"])
     base, _, name = url.rpartition("/endpoints/")
@@ -175,10 +185,6 @@ def ask_production(state_dir: Path, summary: dict) -> dict:
 def approve_as_demo_approver(state_dir: Path, summary: dict) -> dict:
     """Show the release waiting in `shiplift status`, then approve it from the CLI as the config's approver; the
     release continues to production. Returns its summary after promote."""
-    from tasks.backends.registry import open_ledger
-    from tasks.cli.main import main as shiplift
-    from tasks.ledger.release_state import ReleaseState, release_summary
-
     release = summary["release_id"]
     banner(f"{release} awaits approval: shiplift status --state-dir {state_dir}")
     shiplift(["status", "--state-dir", str(state_dir)])
@@ -202,13 +208,6 @@ def approve_as_demo_approver(state_dir: Path, summary: dict) -> dict:
 def wake_after_idle(state_dir: Path, endpoint: str, component: str) -> None:
     """Scale to zero seen from a client: wait until the idle component has no copy, then time one request from its
     first no-capacity answer to its answer (retried as the gate retries; nothing is lost)."""
-    import time
-
-    from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.config import load_release_config
-    from validation.cold_start import first_answer
-    from validation.transport import HttpInvoker
-
     config = load_release_config(SHARED[1])
     banner(f"scale to zero: {component} idles for {config.scale_to_zero.idle_s}s, then one request wakes it")
     supervisor = ProcessSupervisor(state_dir)
@@ -240,13 +239,11 @@ def release_under_traffic(config: Path, overrides: tuple[str, ...], state_dir: P
                           label: str) -> dict:
     """A release stage by stage, as the refresh DAG runs it, with production traffic while promote rolls out (only
     then: on two cores, traffic during calibration and the gate would be measured as the candidate's latency)."""
-    from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.ledger.events import STAGES
-    from tasks.pipeline.table import TEARDOWN
-    from tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage
-
     begun = begin_orchestrated(config, holder="demo", overrides=overrides)
-    run = lambda name: run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"])  # noqa: E731
+
+    def run(name: str) -> dict:
+        return run_orchestrated_stage(begun["release_id"], name, ledger_url=begun["ledger_url"])
+
     failed = True
     try:
         for name in STAGES[:-1]:
@@ -274,25 +271,25 @@ def rollout_cell(summary: dict) -> str:
 
 
 def summary_table(rows: list[tuple[str, dict]], serving_after: list[str]) -> str:
-    columns = ["step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "rollout", "status", "serving after",
-               "checks not passed"]
+    columns = ["step", "release", "quant", "T", "accuracy", "ECE", "p95 ms", "gate", "rollout", "status",
+               "serving after", "checks not passed"]
     lines = []
-    for (label, s), serving in zip(rows, serving_after):
+    for (label, s), serving in zip(rows, serving_after, strict=True):
         m = s.get("metrics") or {}
         lines.append(dict(zip(columns, (
             label, s["release_id"], s.get("file_type") or "-", fmt(s.get("temperature"), ".2f"),
             fmt(m.get("accuracy")), fmt(m.get("ece")), fmt(m.get("p95_ms"), ".0f"),
-            s.get("decision") or "-", rollout_cell(s), s["status"], serving, "; ".join(s.get("not_passed") or []) or "-",
-        ))))
+            s.get("decision") or "-", rollout_cell(s), s["status"], serving,
+            "; ".join(s.get("not_passed") or []) or "-",
+        ), strict=True)))
     return format_table(lines, columns)
 
 
 def serving_release(state_dir: Path, production: tuple[str, str] | None) -> str:
     """The release the production component reports right now (read live through the typed describe, not the ledger)."""
-    from tasks.backends.local.hosting import LoopbackHosting
-    from tasks.backends.local.artifact_store import LocalArtifactStore
-
-    live = LoopbackHosting(state_dir, LocalArtifactStore(state_dir / "artifacts")).describe(*production) if production else None
+    if not production:
+        return "(nothing)"
+    live = LoopbackHosting(state_dir, LocalArtifactStore(state_dir / "artifacts")).describe(*production)
     return live.model_ref.release_id if live and live.model_ref else "(nothing)"
 
 
@@ -300,47 +297,48 @@ def traffic_steps_table(ledger, release_id: str) -> str:
     """A release's traffic steps as the ledger recorded them, each with its bake's verdict: batch, copies of each spec,
     alarm states, gate."""
     columns = ["phase", "batch", "old copies", "new copies", "alarms", "online gate", "alarm"]
-    from tasks.ledger.views import rollout_steps
-
     rows = []
     for step in rollout_steps(ledger.release(release_id)):
         gate = step.get("online_gate") or {}
         states = ", ".join(f"{name} {state}" for name, state in sorted((step.get("alarm_states") or {}).items())) or "-"
         rows.append(dict(zip(columns, (
             step["phase"], f"{step['batch']}/{step['batches']}", step["old_copies"], step["new_copies"], states,
-            f"{gate['decision']} on {gate['candidate_answers']} answers" if gate else "-", (step.get("alarm") or "-")[:90]))))
+            f"{gate['decision']} on {gate['candidate_answers']} answers" if gate else "-",
+            (step.get("alarm") or "-")[:90]), strict=True)))
     return format_table(rows, columns)
 
 
-def main() -> int:
-    from tasks.backends.registry import ledger_url_for
-    from tasks.ledger.store import Ledger
-    from tasks.pipeline.release import run_release
+def release_step(label: str, config: Path, overrides: tuple[str, ...], traffic: bool, state_dir: Path,
+                 production: dict[str, tuple[str, str]]) -> dict:
+    """One step's release, under production traffic when the step asks for it and a Gemma champion serves, approved
+    as the demo's approver when its config waits for one; its summary."""
+    banner(f"{label}: shiplift release {config.relative_to(ROOT)}" + "".join(f" --set {o}" for o in overrides))
+    if traffic and "gemma-decision" in production:
+        summary = release_under_traffic(config, overrides, state_dir, production["gemma-decision"], label)
+    else:
+        if traffic:  # the story needs a champion to canary against; the summary says which gate checks failed
+            print(f"{label}: no Gemma release serves yet (none above was promoted), so this one runs without "
+                  "production traffic and is no canary", file=sys.stderr, flush=True)
+        summary = run_release(config, overrides=overrides)
+    if summary["status"] == AWAITING_APPROVAL:
+        summary = approve_as_demo_approver(state_dir, summary)
+    return summary
 
+
+def main() -> int:
     state_dir = fresh_state_dir()
     banner(f"shiplift local release demo (state in {state_dir})")
     rows, serving_after, production = [], [], {}
     for label, config, overrides, traffic in STEPS:
-        banner(f"{label}: shiplift release {config.relative_to(ROOT)}" + "".join(f" --set {o}" for o in overrides))
-        if traffic and "gemma-decision" in production:
-            summary = release_under_traffic(config, overrides, state_dir, production["gemma-decision"], label)
-        else:
-            if traffic:  # the story needs a champion to canary against; the summary says which gate checks failed
-                print(f"{label}: no Gemma release serves yet (none above was promoted), so this one runs without "
-                      "production traffic and is no canary", file=sys.stderr, flush=True)
-            summary = run_release(config, overrides=overrides)
-        if summary["status"] == AWAITING_APPROVAL:
-            summary = approve_as_demo_approver(state_dir, summary)
+        summary = release_step(label, config, overrides, traffic, state_dir, production)
         rows.append((label, summary))
         if summary["served_by"] and summary["model"] not in production:
             production[summary["model"]] = (summary["served_by"], summary["component"])
         serving_after.append(serving_release(state_dir, production.get(summary["model"])))
-        print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}", file=sys.stderr, flush=True)
+        print(f"{label}: {summary['status']} ({summary['decision']}); report {summary['report']}",
+              file=sys.stderr, flush=True)
 
     banner("ledger verify: the hash chain, and that it extends every signed checkpoint")
-    from tasks.pipeline.audit import verify_ledger
-    from tasks.ledger.audit_report import write_report
-
     ledger = Ledger(ledger_url_for(state_dir, None))
     verdict = verify_ledger(ledger, state_dir)
     latest = verdict["checked_against"] or {}
@@ -356,7 +354,8 @@ def main() -> int:
 
     banner("summary")
     print(summary_table(rows, serving_after), flush=True)
-    champion = next((s for _, s in reversed(rows) if s["status"] == "promoted" and s["model"] == "gemma-decision"), None)
+    promoted = [s for _, s in rows if s["status"] == "promoted" and s["model"] == "gemma-decision"]
+    champion = promoted[-1] if promoted else None
     if champion is None:
         print("\nNo Gemma release was promoted, so there is no champion to ask; the table says which checks failed "
               "(README, \"Demo thresholds\").", flush=True)
@@ -364,8 +363,6 @@ def main() -> int:
     banner(f"asking the production endpoint {champion['served_by']} one question (boto3 sagemaker-runtime)")
     print(json.dumps(ask_production(state_dir, champion)), flush=True)
     banner(f"shiplift status --state-dir {state_dir}: what serves now")
-    from tasks.cli.main import main as shiplift
-
     shiplift(["status", "--state-dir", str(state_dir)])
     banner("shiplift fleet plan: the two models on the shared endpoint demo-cpu, and each one's share of its bill")
     shiplift(["fleet", "plan", *map(str, SHARED), "--state-dir", str(state_dir)])

@@ -56,7 +56,9 @@ def _read_plan(args) -> FleetPlan:
     except BadInput:
         ledger = None  # no ledger yet: no model built or serving, memory per copy unknown
     try:
-        hosting = lambda: make_backends(config, ledger=ledger).hosting  # noqa: E731 (asked only where a model serves)
+        def hosting():  # asked only where a model serves
+            return make_backends(config, ledger=ledger).hosting
+
         return plan_snapshot(read_snapshot(configs, ledger=ledger, open_hosting=hosting, prices=unread.prices))
     except NotReady as exc:  # the layout's arithmetic needs no ledger: plan without it, and say what is missing
         print(f"shiplift: planned without the ledger ({exc}): memory per copy and what serves each model are unknown",

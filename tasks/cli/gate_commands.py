@@ -131,7 +131,8 @@ def cmd_gate_plan(args) -> int:
     plans = plan_champion_checks(config.validation.champion, n, recorded, disagreements)
     if args.json:
         print_json({"config": args.config, "model": config.name, "tasks": n, "power": POWER, "ledger": unread or "read",
-                    "inconclusive": config.validation.inconclusive.choice, "checks": [plan.as_dict() for plan in plans]})
+                    "inconclusive": config.validation.inconclusive.choice,
+                    "checks": [plan.as_dict() for plan in plans]})
         return 0
     print(f"{config.name}: {n} paired tasks; pass when the paired {plans[0].confidence:.0%} interval's low end clears "
           f"−margin, fail when its high end is below it, else inconclusive")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tasks.backends.registry import default_state_dir
-from tasks.cli.arguments import with_json, with_ledger, with_state_dir
+from tasks.cli.arguments import with_json, with_ledger, with_release, with_state_dir
 from tasks.console import EXIT_REJECTED, cell, number, print_fields, print_json, print_table
 from tasks.errors import BadInput, NotFound
 
@@ -38,6 +38,18 @@ def ledger_url_of(args) -> str | None:
     return args.ledger_url or (config.backend.ledger_url if config is not None else None)
 
 
+def resolve_release_args(args) -> None:
+    """Replace each release id a command takes (`with_release`) by the full id it names in the command's ledger, so
+    every command accepts a unique prefix or suffix, or the shortened id a table prints (`resolve_release`)."""
+    from tasks.ledger.views import resolve_release
+
+    named = [name for name in getattr(args, "release_args", ()) if getattr(args, name) is not None]
+    if named:
+        ledger = ledger_for(args)
+        for name in named:
+            setattr(args, name, resolve_release(ledger, getattr(args, name)))
+
+
 def checkpoints_config(args):
     """The release config of --config (whose backend names the checkpoints: aws), or None for the state dir's; loaded
     once per command (the ledger commands ask for it from several helpers)."""
@@ -64,8 +76,8 @@ def checkpoint_dir(args) -> Path | None:
 def verifying_key(args):
     """The public key a command checks with: --public-key's PEM file (no private key is read), else None (the
     --config's or --key's)."""
-    from tasks.pipeline.audit import public_key_refused_for_aws
     from tasks.ledger.checkpoints import read_public_key
+    from tasks.pipeline.audit import public_key_refused_for_aws
 
     if not getattr(args, "public_key", None):
         return None
@@ -96,7 +108,8 @@ def write_out(path: str, text: str) -> None:
     try:
         target.write_text(text, encoding="utf-8")
     except OSError as error:
-        raise BadInput(f"cannot write --out {path}: {error.strerror}", fix="pass a file path in a folder you can write") from error
+        raise BadInput(f"cannot write --out {path}: {error.strerror}",
+                       fix="pass a file path in a folder you can write") from error
 
 
 def cmd_ledger_history(args) -> int:
@@ -111,7 +124,8 @@ def cmd_ledger_history(args) -> int:
         rows = releases(ledger, args.model)
         columns = ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy", "records"]
     if args.model and not rows:
-        raise NotFound(f"the ledger has no records of model {args.model!r}", fix="run `shiplift ledger history` for every model")
+        raise NotFound(f"the ledger has no records of model {args.model!r}",
+                       fix="run `shiplift ledger history` for every model")
     print_json(rows) if args.json else print_table(rows, columns)
     return 0
 
@@ -140,10 +154,12 @@ def print_release(detail: dict) -> None:
         print_gate(detail["gate"])
     if detail["approval"]:
         print()
-        print_table(detail["approval"], ["at", "event", "by", "reason", "deadline", "report_sha256"], shrink=("reason",))
+        print_table(detail["approval"], ["at", "event", "by", "reason", "deadline", "report_sha256"],
+                    shrink=("reason",))
     if detail["promotions"]:
         print()
-        print_table(detail["promotions"], ["at", "event", "trigger", "strategy", "endpoint", "component", "steps", "reason", "actor"])
+        print_table(detail["promotions"],
+                    ["at", "event", "trigger", "strategy", "endpoint", "component", "steps", "reason", "actor"])
 
 
 def cmd_ledger_show(args) -> int:
@@ -176,8 +192,8 @@ def cmd_ledger_prove(args) -> int:
     proof = prove(ledger_for(args), store, args.release, public)
     if args.out:
         write_out(args.out, json.dumps(proof, indent=2, sort_keys=True) + "\n")
-        print(f"wrote {args.out}: {len(proof['records'])} records proven in checkpoint seq {proof['checkpoint']['seq']}",
-              file=sys.stderr)
+        print(f"wrote {args.out}: {len(proof['records'])} records proven in checkpoint seq "
+              f"{proof['checkpoint']['seq']}", file=sys.stderr)
     else:
         print_json(proof)
     return 0
@@ -191,7 +207,8 @@ def cmd_ledger_check_proof(args) -> int:
     try:
         text = Path(args.proof).read_text(encoding="utf-8")
     except FileNotFoundError as error:
-        raise NotFound(f"no proof file {args.proof}", fix="write one with `shiplift ledger prove RELEASE --out FILE`") from error
+        raise NotFound(f"no proof file {args.proof}",
+                       fix="write one with `shiplift ledger prove RELEASE --out FILE`") from error
     except IsADirectoryError as error:
         raise BadInput(f"the proof {args.proof} is a directory", fix=PROOF_FIX) from error
     except (OSError, UnicodeDecodeError) as error:
@@ -207,8 +224,8 @@ def cmd_ledger_checkpoint(args) -> int:
     """Sign the ledger's head (after verifying it) into the checkpoint store (local file, or S3 for an aws --config)."""
     from tasks.backends.registry import sign_checkpoint
 
-    signed = sign_checkpoint(ledger_for(args, read_only=False), checkpoints_config(args), state_dir=checkpoint_dir(args),
-                             key_path=args.key)
+    signed = sign_checkpoint(ledger_for(args, read_only=False), checkpoints_config(args),
+                             state_dir=checkpoint_dir(args), key_path=args.key)
     if args.json:
         print_json(signed.to_dict())
     else:
@@ -238,7 +255,8 @@ def diff_cell(value) -> str | None:
     if isinstance(value, dict) and "status" in value and "observed" in value:
         ci = value.get("ci")
         interval = f" [{number(ci[0])}, {number(ci[1])}]" if ci else ""
-        rule = f" {value.get('comparator') or ''} {number(value['threshold'])}" if value.get("threshold") is not None else ""
+        has_rule = value.get("threshold") is not None
+        rule = f" {value.get('comparator') or ''} {number(value['threshold'])}" if has_rule else ""
         return f"{value['status']}: {number(value['observed'])}{interval}{rule}"
     return cell(value)
 
@@ -279,9 +297,10 @@ def print_as_of(served: dict) -> None:
     how = {"rollback": f"a rollback from {promotion['rollback_from']}: {promotion['reason']}",
            "promote": f"a promotion ({promotion['strategy']}): {promotion['reason']}"}.get(
         promotion["trigger"], f"its own release ({promotion['strategy']})")
-    print(f"{served['model']} at {served['as_of']}: {served['release_id']}, serving since {served['since']}, put there by "
-          f"{how}; actor {promotion['actor']} (ledger seq {served['record']['seq']})")
-    print_table(served["serving"], ["release_id", "copies", "share", "since"])  # every release serving then: two mid-rollout
+    print(f"{served['model']} at {served['as_of']}: {served['release_id']}, serving since {served['since']}, put "
+          f"there by {how}; actor {promotion['actor']} (ledger seq {served['record']['seq']})")
+    # every release serving then: two mid-rollout
+    print_table(served["serving"], ["release_id", "copies", "share", "since"])
     print_table(field_rows(served["built_from"], "built from"), ["built from", "value"])
     if served["evidence"]:
         print_gate(served["evidence"])
@@ -291,7 +310,7 @@ def moment(text: str) -> datetime:
     """A command's TIME: `now` (this moment, UTC) or ISO 8601 with a timezone; BadInput naming the fix otherwise."""
     fix = "pass ISO 8601 with a timezone, e.g. 2026-11-29T12:00:00Z or 2026-11-29T13:00:00+01:00, or now"
     if text.strip().lower() == "now":
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
     try:
         when = datetime.fromisoformat(text)
     except ValueError as error:
@@ -326,8 +345,8 @@ def verification_for(args, ledger) -> dict:
     from tasks.pipeline.audit import verify_ledger
 
     return verify_ledger(ledger, args.state_dir, ledger_url=ledger_url_of(args), config=checkpoints_config(args),
-                         key_path=args.key, public_key=verifying_key(args), expect_head=getattr(args, "expect_head", None),
-                         witness_dir=args.witness)
+                         key_path=args.key, public_key=verifying_key(args),
+                         expect_head=getattr(args, "expect_head", None), witness_dir=args.witness)
 
 
 def cmd_ledger_report(args) -> int:
@@ -347,7 +366,8 @@ def cmd_ledger_upgrade(args) -> int:
     from tasks.backends.registry import ledger_url_for, open_ledger
     from tasks.ledger.store import upgrade
 
-    open_ledger(ledger_url=args.ledger_url, state_dir=args.state_dir, read_only=True).close()  # refuses a ledger that is not there
+    # refuses a ledger that is not there
+    open_ledger(ledger_url=args.ledger_url, state_dir=args.state_dir, read_only=True).close()
     print_json(upgrade(ledger_url_for(Path(args.state_dir or default_state_dir()), args.ledger_url)))
     return 0
 
@@ -370,27 +390,25 @@ def add_ledger_commands(sub) -> None:
 
     def ledger_parser(name: str, help_text: str, aliases: tuple[str, ...] = ()):
         p = with_ledger(with_state_dir(ledger.add_parser(name, help=help_text, aliases=list(aliases))))
-        p.set_defaults(state_dir=None)  # not given: the checkpoint log is looked for (beside a SQLite --ledger-url) and not presumed
+        # not given: the checkpoint log is looked for (beside a SQLite --ledger-url) and not presumed
+        p.set_defaults(state_dir=None)
         return p
 
     def with_checkpoints(p, created: bool = False):
         p.add_argument("--key", help="the local checkpoint key (default: $SHIPLIFT_CHECKPOINT_KEY, else "
-                                     "~/.config/shiplift/ledger-ed25519.pem" + ("; created 0600 on first use)" if created else ")"))
-        p.add_argument("--config", help="an aws release config: its ledger_url, and the Secrets Manager key and Object Lock "
-                                        "bucket its backend.checkpoints names")
+                                     "~/.config/shiplift/ledger-ed25519.pem"
+                                     + ("; created 0600 on first use)" if created else ")"))
+        p.add_argument("--config", help="an aws release config: its ledger_url, and the Secrets Manager key and "
+                                        "Object Lock bucket its backend.checkpoints names")
         if not created:
             p.add_argument("--public-key", help="verify with this PEM public key alone (`shiplift ledger public-key` "
                                                 "exports it); no private key is read")
         return p
 
     def with_witness(p):
-        p.add_argument("--witness", help="a folder holding a second copy of the signed heads, cross-checked against the "
-                                         "checkpoints and the chain (default: $SHIPLIFT_CHECKPOINT_WITNESS, which "
-                                         "signing also writes)")
-        return p
-
-    def with_release(p, name: str = "release", what: str = "a release id (as `shiplift ledger history` lists it)"):
-        p.add_argument(name, help=what)
+        p.add_argument("--witness", help="a folder holding a second copy of the signed heads, cross-checked against "
+                                         "the checkpoints and the chain (default: $SHIPLIFT_CHECKPOINT_WITNESS, "
+                                         "which signing also writes)")
         return p
 
     p = ledger_parser("history", "one row per release (of MODEL, or of every model); --records for every record")
@@ -398,10 +416,11 @@ def add_ledger_commands(sub) -> None:
     p.add_argument("--records", action="store_true", help="every ledger record instead of one row per release")
     with_json(p, "the rows")
     p.set_defaults(func=cmd_ledger_history)
-    p = with_json(with_release(ledger_parser("show", "one release: built from what, gate evidence, stages, promotions")),
-                  "the release in full")
+    p = with_json(with_release(ledger_parser(
+        "show", "one release: built from what, gate evidence, stages, promotions")), "the release in full")
     p.set_defaults(func=cmd_ledger_show)
-    p = ledger_parser("timeline", "a model's releases, gate decisions, traffic steps, promotions and rollbacks in order")
+    p = ledger_parser("timeline",
+                      "a model's releases, gate decisions, traffic steps, promotions and rollbacks in order")
     p.add_argument("model", help="the model's name")
     with_json(p, "the events")
     p.set_defaults(func=cmd_ledger_timeline)
@@ -410,11 +429,13 @@ def add_ledger_commands(sub) -> None:
     with_json(p, "the verification")
     with_witness(with_checkpoints(p))
     p.set_defaults(func=cmd_ledger_verify)
-    p = ledger_parser("checkpoint", "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")
+    p = ledger_parser("checkpoint",
+                      "verify the ledger, then sign its head with the checkpoint key (kept outside the state dir)")
     with_checkpoints(p, created=True)
     with_json(p, "the signed checkpoint")
     p.set_defaults(func=cmd_ledger_checkpoint)
-    p = with_release(ledger_parser("prove", "an inclusion proof of one release's records in the latest signed checkpoint"))
+    p = with_release(ledger_parser(
+        "prove", "an inclusion proof of one release's records in the latest signed checkpoint"))
     with_checkpoints(p)
     p.add_argument("--out", help="write the proof to this file (default: print it)")
     p.set_defaults(func=cmd_ledger_prove)
@@ -422,18 +443,20 @@ def add_ledger_commands(sub) -> None:
     p.add_argument("proof", help="the proof file `shiplift ledger prove --out` wrote")
     with_checkpoints(p)
     p.set_defaults(func=cmd_ledger_check_proof)
-    p = ledger_parser("public-key", "export the public key that verifies the checkpoints (PEM), for verify and check-proof")
+    p = ledger_parser("public-key",
+                      "export the public key that verifies the checkpoints (PEM), for verify and check-proof")
     with_checkpoints(p)
     p.add_argument("--out", help="write the PEM to this file (default: print it)")
     p.set_defaults(func=cmd_ledger_public_key)
     p = ledger_parser("diff", "two releases side by side: the fields that differ (config, artifact, image digest, "
                               "placement, gate metrics and checks, thresholds), with B − A for numbers")
-    with_release(p, "release_a", "release A (the left column)")
-    with_release(p, "release_b", "release B (the right column; deltas are B − A)")
+    with_release(p, dest="release_a", what="release A (the left column)")
+    with_release(p, dest="release_b", what="release B (the right column; deltas are B − A)")
     p.add_argument("--all", action="store_true", help="every field, also those that are the same")
     with_json(p, "every field, unrounded, with its delta")
     p.set_defaults(func=cmd_ledger_diff)
-    p = ledger_parser("as-of", "what served a model at a time (ISO 8601 with timezone, or now), since when, on what evidence",
+    p = ledger_parser("as-of",
+                      "what served a model at a time (ISO 8601 with timezone, or now), since when, on what evidence",
                       aliases=("served-at",))
     p.add_argument("model", help="the model's name")
     p.add_argument("when", metavar="TIME", help="ISO 8601 with a timezone (2026-11-29T12:00:00Z), or now")
@@ -444,9 +467,11 @@ def add_ledger_commands(sub) -> None:
     p.add_argument("--out", required=True, help="folder to write index.html into")
     with_witness(with_checkpoints(p))
     p.set_defaults(func=cmd_ledger_report)
-    p = ledger_parser("upgrade", "migrate the ledger's schema to this shiplift's revision (Alembic; refuses a newer one)")
+    p = ledger_parser("upgrade",
+                      "migrate the ledger's schema to this shiplift's revision (Alembic; refuses a newer one)")
     p.set_defaults(func=cmd_ledger_upgrade)
     p = ledger_parser("export", "export the ledger's records and its verification (JSON or CSV)")
-    p.add_argument("--format", choices=["json", "csv"], default="json", help="json or csv (for people: `ledger report`, HTML)")
+    p.add_argument("--format", choices=["json", "csv"], default="json",
+                   help="json or csv (for people: `ledger report`, HTML)")
     p.add_argument("--out", required=True, help="the file to write, or - for stdout")
     p.set_defaults(func=cmd_ledger_export)

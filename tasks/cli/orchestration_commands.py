@@ -6,7 +6,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tasks.cli.arguments import overrides_of, with_config, with_config_state_dir, with_ledger, with_set, with_state_dir
+from tasks.cli.arguments import (
+    overrides_of,
+    with_config,
+    with_config_state_dir,
+    with_ledger,
+    with_release,
+    with_set,
+    with_state_dir,
+)
 from tasks.console import print_json
 from tasks.errors import BadInput
 
@@ -33,18 +41,19 @@ def cmd_orchestrate_begin(args) -> int:
 
     allowed = parse_allowed_timeouts(args.allowed_timeouts)
     print_json(reporting_to_step_functions(
-        lambda: begin_orchestrated(args.config, holder=args.holder, allowed_timeouts=allowed, overrides=overrides_of(args),
-                                   waits_for_approval=args.waits_for_approval)))
+        lambda: begin_orchestrated(args.config, holder=args.holder, allowed_timeouts=allowed,
+                                   overrides=overrides_of(args), waits_for_approval=args.waits_for_approval)))
     return 0
 
 
 def cmd_orchestrate_await_approval(args) -> int:
     """Step Functions' AwaitApproval: record the approval request with the task token's reference and exit; the state
-    waits on the token for `shiplift approve` / `reject` (the step reports only a failure, or a decision already made)."""
+    waits on the token for `shiplift approve` / `reject` (the step reports only a failure, or a decision
+    already made)."""
     from tasks.orchestrators.task_token import await_approval
 
-    print_json(await_approval(args.release, holder=args.holder, token_prefix=args.token_prefix, ledger_url=args.ledger_url,
-                              state_dir=args.state_dir))
+    print_json(await_approval(args.release, holder=args.holder, token_prefix=args.token_prefix,
+                              ledger_url=args.ledger_url, state_dir=args.state_dir))
     return 0
 
 
@@ -53,7 +62,8 @@ def cmd_orchestrate_approval_timed_out(args) -> int:
     from tasks.orchestrators.task_token import approval_timed_out, reporting_to_step_functions
 
     print_json(reporting_to_step_functions(
-        lambda: approval_timed_out(args.release, holder=args.holder, ledger_url=args.ledger_url, state_dir=args.state_dir)))
+        lambda: approval_timed_out(args.release, holder=args.holder, ledger_url=args.ledger_url,
+                                   state_dir=args.state_dir)))
     return 0
 
 
@@ -77,7 +87,8 @@ def sfn_inputs(args):
     from tasks.project import PROJECT_ROOT as root
 
     if not config_file.is_relative_to(root):
-        raise BadInput(f"{args.config} is outside the repository {root}", fix="Step Functions tasks read configs from the pipeline image: keep it under configs/")
+        raise BadInput(f"{args.config} is outside the repository {root}",
+                       fix="Step Functions tasks read configs from the pipeline image: keep it under configs/")
     config = load_release_config(config_file, overrides=tuple(args.set))
     return config, str(config_file.relative_to(root)), load_runner_settings(args.runner)
 
@@ -108,8 +119,8 @@ def cmd_sfn_deploy(args) -> int:
 
 def add_orchestration_commands(sub) -> None:
     """Add the `orchestrate` and `sfn` groups."""
-    orchestrate = sub.add_parser("orchestrate", help="first and last step of an orchestrated (Airflow / Step Functions) run"
-                                 ).add_subparsers(dest="orchestrate_command", required=True, metavar="STEP")
+    group = sub.add_parser("orchestrate", help="first and last step of an orchestrated (Airflow / Step Functions) run")
+    orchestrate = group.add_subparsers(dest="orchestrate_command", required=True, metavar="STEP")
     p = with_config_state_dir(with_set(with_config(orchestrate.add_parser(
         "begin", help="open the release and take the model's promotion lease (prints JSON)"))))
     p.add_argument("--holder", required=True, help="who holds the lease, e.g. the execution ARN")
@@ -120,19 +131,22 @@ def add_orchestration_commands(sub) -> None:
                         "that requires an approval")
     p.set_defaults(func=cmd_orchestrate_begin)
     p = with_ledger(with_state_dir(orchestrate.add_parser(
-        "await-approval", help="Step Functions AwaitApproval: record the approval request and leave the task token open")))
-    p.add_argument("--release", required=True, help="the release's id")
+        "await-approval",
+        help="Step Functions AwaitApproval: record the approval request and leave the task token open")))
+    with_release(p, "--release", required=True)
     p.add_argument("--holder", required=True, help="the execution holding the model's lease")
-    p.add_argument("--token-prefix", required=True, help="s3://BUCKET/PREFIX where the task keeps its token for the approver")
+    p.add_argument("--token-prefix", required=True,
+                   help="s3://BUCKET/PREFIX where the task keeps its token for the approver")
     p.set_defaults(func=cmd_orchestrate_await_approval)
     p = with_ledger(with_state_dir(orchestrate.add_parser(
-        "approval-timed-out", help="Step Functions ApprovalTimedOut: record the timeout and take the lease back (prints JSON)")))
-    p.add_argument("--release", required=True, help="the release's id")
+        "approval-timed-out",
+        help="Step Functions ApprovalTimedOut: record the timeout and take the lease back (prints JSON)")))
+    with_release(p, "--release", required=True)
     p.add_argument("--holder", required=True, help="the execution holding the model's lease")
     p.set_defaults(func=cmd_orchestrate_approval_timed_out)
     p = with_ledger(with_state_dir(orchestrate.add_parser("end", help="record the final status and give the lease back "
                                                                       "(prints JSON)")))
-    p.add_argument("--release", required=True, help="the release's id, as `orchestrate begin` printed it")
+    with_release(p, "--release", what="the release's id, as `orchestrate begin` printed it", required=True)
     p.add_argument("--holder", required=True, help="the holder `orchestrate begin` took the lease for")
     p.add_argument("--failed", action="store_true", help="an earlier step failed")
     p.set_defaults(func=cmd_orchestrate_end)
@@ -140,9 +154,11 @@ def add_orchestration_commands(sub) -> None:
     sfn = sub.add_parser("sfn", help="the release as an AWS Step Functions state machine").add_subparsers(
         dest="sfn_command", required=True, metavar="ACTION")
     for name, func, help_text in (("render", cmd_sfn_render, "write the state machine definition (ASL JSON)"),
-                                  ("deploy", cmd_sfn_deploy, "create or update the state machine (idempotent; prints JSON)")):
+                                  ("deploy", cmd_sfn_deploy,
+                                   "create or update the state machine (idempotent; prints JSON)")):
         p = with_set(with_config(sfn.add_parser(name, help=help_text), "an aws release config"))
-        p.add_argument("--runner", required=True, help="runner settings YAML (see configs/stepfunctions/runner-example.yaml)")
+        p.add_argument("--runner", required=True,
+                       help="runner settings YAML (see configs/stepfunctions/runner-example.yaml)")
         if name == "render":
             p.add_argument("--out", help="write to this file instead of stdout")
         else:

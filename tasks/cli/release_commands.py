@@ -7,7 +7,16 @@ import json
 import sys
 from pathlib import Path
 
-from tasks.cli.arguments import overrides_of, with_config, with_config_state_dir, with_json, with_ledger, with_set, with_state_dir
+from tasks.cli.arguments import (
+    overrides_of,
+    with_config,
+    with_config_state_dir,
+    with_json,
+    with_ledger,
+    with_release,
+    with_set,
+    with_state_dir,
+)
 from tasks.console import EXIT_AWAITING, EXIT_REJECTED, print_fields, print_json, print_table
 from tasks.errors import BadInput, ConfigError
 from tasks.ledger.events import AWAITING_APPROVAL, PROMOTED
@@ -20,7 +29,8 @@ def aws_config(args, what: str):
 
     config = load_release_config(args.config, overrides=overrides_of(args))
     if config.backend.kind != "aws":
-        raise BadInput(f"{args.config} uses the {config.backend.kind} backend; {what} is about AWS, which that backend never calls",
+        raise BadInput(f"{args.config} uses the {config.backend.kind} backend; {what} is about AWS, which that "
+                       "backend never calls",
                        fix="pass an aws release config (backend.kind: aws), e.g. configs/releases/qwen35-4b-semif.yaml")
     return config
 
@@ -30,12 +40,15 @@ def cmd_release(args) -> int:
         return release_dry_run(args)
     if args.with_champion:
         raise ConfigError("--with-champion plans a later release and only goes with --dry-run",
-                          fix=f"run `shiplift release {args.config} --dry-run --with-champion`, or leave --with-champion out")
+                          fix=f"run `shiplift release {args.config} --dry-run --with-champion`, or leave "
+                              "--with-champion out")
     from tasks.cli.gate_commands import warn_if_underpowered
-    from tasks.config import load_release_config
+    from tasks.config import load_release_config, require_named_files
     from tasks.pipeline.release import run_release
 
-    warn_if_underpowered(load_release_config(args.config, overrides=overrides_of(args)), args.config)
+    config = load_release_config(args.config, overrides=overrides_of(args))
+    require_named_files(config, args.config)  # before the power warning, which a missing dataset would garble
+    warn_if_underpowered(config, args.config)
     summary = run_release(args.config, overrides=overrides_of(args), keep_candidate=args.keep_candidate or None)
     print_json(summary) if args.json else print_summary(summary)
     return release_exit(summary)
@@ -43,7 +56,8 @@ def cmd_release(args) -> int:
 
 def release_exit(summary: dict) -> int:
     """0 promoted, EXIT_AWAITING while it waits for an approver, else EXIT_REJECTED."""
-    return 0 if summary["status"] == PROMOTED else EXIT_AWAITING if summary["status"] == AWAITING_APPROVAL else EXIT_REJECTED
+    status = summary["status"]
+    return 0 if status == PROMOTED else EXIT_AWAITING if status == AWAITING_APPROVAL else EXIT_REJECTED
 
 
 def cmd_decide(args) -> int:
@@ -73,9 +87,9 @@ def release_dry_run(args) -> int:
     """Every request an aws release would send, one JSON object a line; nothing is sent, no credentials needed."""
     from collections import Counter
 
-    from tasks.orchestrators.dry_run import plan_release, update_fit
     from tasks.backends.pricing import dry_run_cost_lines
     from tasks.cli.gate_commands import power_lines
+    from tasks.orchestrators.dry_run import plan_release, update_fit
 
     config = aws_config(args, "--dry-run")
     requests = plan_release(config, config_path=Path(args.config), with_champion=args.with_champion)
@@ -83,12 +97,14 @@ def release_dry_run(args) -> int:
         print(json.dumps(request.to_json(), ensure_ascii=False))
     services = Counter(r.service for r in requests)
     with_placeholders = sum(1 for r in requests if r.placeholders)
-    print(f"dry run: {len(requests)} requests ({', '.join(f'{n} {s}' for s, n in sorted(services.items()))}), each valid for "
-          f"the installed botocore service model; {with_placeholders} carry placeholders (listed per request); nothing was sent",
+    print(f"dry run: {len(requests)} requests ({', '.join(f'{n} {s}' for s, n in sorted(services.items()))}), each "
+          f"valid for the installed botocore service model; {with_placeholders} carry placeholders (listed per "
+          "request); nothing was sent",
           file=sys.stderr)
     for line in [*dry_run_cost_lines(config), *power_lines(config, Path(args.config).parent)]:
         print(line, file=sys.stderr)
-    print(f"{'this' if args.with_champion else 'the next'} release's update of production: {update_fit(config)}", file=sys.stderr)
+    print(f"{'this' if args.with_champion else 'the next'} release's update of production: {update_fit(config)}",
+          file=sys.stderr)
     return 0
 
 
@@ -127,8 +143,10 @@ def cmd_iam(args) -> int:
     elif args.json:
         print_json(documents)
     else:
-        rows = [{"document": name, "sid": s.get("Sid", ""), "actions": len(s["Action"]) if isinstance(s["Action"], list) else 1,
-                 "resources": ", ".join(s.get("Resource", [])) if isinstance(s.get("Resource"), list) else s.get("Resource", "")}
+        rows = [{"document": name, "sid": s.get("Sid", ""),
+                 "actions": len(s["Action"]) if isinstance(s["Action"], list) else 1,
+                 "resources": (", ".join(s.get("Resource", [])) if isinstance(s.get("Resource"), list)
+                               else s.get("Resource", ""))}
                 for name, document in documents.items() for s in document["Statement"] if "Resource" in s]
         print_table(rows, ["document", "sid", "actions", "resources"])
     return 0
@@ -148,7 +166,8 @@ def cmd_cleanup(args) -> int:
         if args.json:
             print_json([r.model_dump() for r in found])
         else:
-            print_table([{"kind": r.kind, "name": r.name, "release": r.tags.get("shiplift:release", "")} for r in found],
+            print_table([{"kind": r.kind, "name": r.name, "release": r.tags.get("shiplift:release", "")}
+                         for r in found],
                         ["kind", "name", "release"])
             print(f"{len(found)} resources named {prefix}* and tagged shiplift:managed=true", file=sys.stderr)
         return 0
@@ -183,20 +202,23 @@ def cmd_stage(args) -> int:
 
 def add_release_commands(sub) -> None:
     """Add `release`, `approve`, `reject`, `rollback`, `iam`, `cleanup` and `stage`."""
-    p = with_config_state_dir(with_set(with_config(sub.add_parser("release", help="run or resume a release from a config"))))
+    p = with_config_state_dir(with_set(with_config(sub.add_parser(
+        "release", help="run or resume a release from a config"))))
     p.add_argument("--keep-candidate", action="store_true", help="do not tear the candidate endpoint down")
     p.add_argument("--dry-run", action="store_true",
-                   help="aws configs: print every request the release would send (JSON lines), validated, and send nothing")
+                   help="aws configs: print every request the release would send (JSON lines), validated, "
+                        "and send nothing")
     p.add_argument("--with-champion", action="store_true",
-                   help="with --dry-run: plan a later release, whose gate scores the serving champion and whose promote "
-                        "updates production (showing how the update fits the endpoint)")
+                   help="with --dry-run: plan a later release, whose gate scores the serving champion and whose "
+                        "promote updates production (showing how the update fits the endpoint)")
     with_json(p, "the release's summary")
     p.set_defaults(func=cmd_release)
 
     for verb, what in (("approve", "approve a release awaiting approval, then let it promote"),
-                       ("reject", "reject a release awaiting approval; it ends rejected and the champion keeps serving")):
+                       ("reject",
+                        "reject a release awaiting approval; it ends rejected and the champion keeps serving")):
         p = with_ledger(with_state_dir(sub.add_parser(verb, help=f"{what} (as $SHIPLIFT_ACTOR, else user@host)")))
-        p.add_argument("release", help="the release's id (`shiplift status` lists those awaiting approval)")
+        with_release(p, what="the release (`shiplift status` lists those awaiting approval)")
         p.add_argument("--reason", required=True, help="what you checked and why you decided so, for the ledger")
         with_json(p, "the decision and the release's summary")
         p.set_defaults(func=cmd_decide)
@@ -205,9 +227,11 @@ def add_release_commands(sub) -> None:
         "rollback", help="put an earlier promoted release of a model back on production (its own rollout strategy), "
                          "verify what serves and record why")))
     p.add_argument("model", help="the model's name (the config's `name`)")
-    p.add_argument("--to", required=True, metavar="RELEASE", help="the release to serve again (a promoted one)")
+    with_release(p, "--to", dest="to", what="the release to serve again (a promoted one)", required=True,
+                 metavar="RELEASE")
     p.add_argument("--reason", required=True, help="why, for the ledger")
-    p.add_argument("--expect-current", metavar="RELEASE", help="refuse unless the ledger says this release serves now")
+    with_release(p, "--expect-current", dest="expect_current",
+                 what="refuse unless the ledger says this release serves now", metavar="RELEASE")
     p.add_argument("--actor", help="who rolls back (default: $SHIPLIFT_ACTOR, else user@host)")
     with_json(p, "the rollback's result")
     p.set_defaults(func=cmd_rollback)
@@ -230,10 +254,13 @@ def add_release_commands(sub) -> None:
     p.set_defaults(func=cmd_cleanup)
 
     p = with_ledger(with_state_dir(sub.add_parser(
-        "stage", help="run one stage of an existing release from the ledger (a stage that already succeeded returns its result)")))
+        "stage",
+        help="run one stage of an existing release from the ledger "
+             "(a stage that already succeeded returns its result)")))
     p.add_argument("name", choices=STAGE_NAMES, help="the stage to run")
-    p.add_argument("--release", required=True, help="the release's id (as `shiplift ledger history` lists it)")
-    p.add_argument("--result-uri", help="also write the result to s3://BUCKET/KEY (how Step Functions reads the gate decision)")
+    with_release(p, "--release", required=True)
+    p.add_argument("--result-uri",
+                   help="also write the result to s3://BUCKET/KEY (how Step Functions reads the gate decision)")
     p.add_argument("--holder", help="the orchestrated run holding the model's lease: renewed while the stage runs, "
                                     "required by promote")
     with_json(p, "the stage's result")

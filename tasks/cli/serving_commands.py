@@ -48,11 +48,13 @@ def cmd_endpoints_list(args) -> int:
 def named_endpoints(hosting, args, verb: str) -> list[str]:
     """The endpoints a command names, or every one with --all; BadInput for an unknown name."""
     if args.all == bool(args.names):
-        raise BadInput("give endpoint names or --all, not both and not neither", fix=f"shiplift endpoints {verb} NAME... | --all")
+        raise BadInput("give endpoint names or --all, not both and not neither",
+                       fix=f"shiplift endpoints {verb} NAME... | --all")
     known = [e["name"] for e in hosting.list_endpoints()]
     unknown = sorted(set(args.names) - set(known))
     if unknown:
-        raise BadInput(f"no local endpoint named {', '.join(unknown)} under {hosting.state_dir}", fix="see `shiplift endpoints list`")
+        raise BadInput(f"no local endpoint named {', '.join(unknown)} under {hosting.state_dir}",
+                       fix="see `shiplift endpoints list`")
     return known if args.all else args.names
 
 
@@ -76,8 +78,8 @@ def cmd_endpoints_heal(args) -> int:
     return 0
 
 
-STATUS_COLUMNS = ["model", "serving", "since", "gate", "accuracy", "macro-F1", "ECE", "p95 ms", "cost/h", "last release",
-                  "outcome", "in progress"]
+STATUS_COLUMNS = ["model", "serving", "since", "gate", "accuracy", "macro-F1", "ECE", "p95 ms", "cost/h",
+                  "last release", "outcome", "in progress"]
 
 
 def status_cells(row: dict) -> dict:
@@ -99,26 +101,22 @@ def status_cells(row: dict) -> dict:
 
 def cmd_status(args) -> int:
     """What serves now per model, its gate evidence, the last release and its outcome, and the releases in progress:
-    read from the ledger, changing nothing. No ledger yet is an empty table and a note on stderr."""
+    read from the ledger, changing nothing. No ledger where it looked is BadInput naming the place and the flags."""
     from tasks.ledger.views import serving_status
 
-    try:
-        ledger = ledger_for(args)
-    except BadInput as exc:  # no ledger file: nothing was released with this state dir
-        print_json([]) if args.json else print_table([], STATUS_COLUMNS)
-        print(f"shiplift: nothing released yet: {exc}", file=sys.stderr)
-        return 0
-    rows = serving_status(ledger, args.model)
+    rows = serving_status(ledger_for(args), args.model)
     if args.model and not rows:
-        raise NotFound(f"the ledger has no releases of model {args.model!r}", fix="run `shiplift status` for every model")
+        raise NotFound(f"the ledger has no releases of model {args.model!r}",
+                       fix="run `shiplift status` for every model")
     if args.json:
         print_json(rows)
         return 0
     print_table([status_cells(row) for row in rows], STATUS_COLUMNS, shrink=("serving", "last release", "in progress"))
     for request in (request for row in rows for request in row["awaiting_approval"]):
         print(f"\n{request['release_id']} awaits approval by one of {', '.join(request['approvers'])} until "
-              f"{request['deadline'][:19]}Z (gate {request['gate']['decision']}, report {request['gate']['report_html']}): "
-              f"`shiplift approve {request['release_id']} --reason TEXT` or `shiplift reject …`")
+              f"{request['deadline'][:19]}Z (gate {request['gate']['decision']}, report "
+              f"{request['gate']['report_html']}): `shiplift approve {request['release_id']} --reason TEXT` or "
+              "`shiplift reject …`")
     return 0
 
 
@@ -140,10 +138,10 @@ def add_serving_commands(sub) -> None:
     with_json(p, "every model's status")
     p.set_defaults(func=cmd_status)
 
-    endpoints = sub.add_parser("endpoints", help="local endpoints").add_subparsers(dest="endpoints_command", required=True,
-                                                                                   metavar="ACTION")
-    p = with_json(with_state_dir(endpoints.add_parser("list", help="list local endpoints, their health and components")),
-                  "the endpoints")
+    group = sub.add_parser("endpoints", help="local endpoints")
+    endpoints = group.add_subparsers(dest="endpoints_command", required=True, metavar="ACTION")
+    p = with_json(with_state_dir(endpoints.add_parser(
+        "list", help="list local endpoints, their health and components")), "the endpoints")
     p.set_defaults(func=cmd_endpoints_list)
     for verb, func, help_text in (("stop", cmd_endpoints_stop, "stop local endpoints"),
                                   ("heal", cmd_endpoints_heal, "restart local endpoints' dead routers and copies")):

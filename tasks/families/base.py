@@ -8,18 +8,23 @@ image's server, how its datasets are scored and gated, the bodies its gate sends
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
+import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from tasks.backends.image_source import server_command
 from tasks.backends.placement import MemoryEstimate
 from tasks.config_types import DatasetRef, Sha256, Strict
-from tasks.errors import ConfigError
+from tasks.console import EXIT_REJECTED, print_fields, print_json
+from tasks.errors import CapacityError, ConfigError
 from tasks.ledger.stage_results import KeptRef
-from validation.evaluate import GateOutcome
+from validation.evaluate import GateOutcome, Target, lost_requests
 from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
 from validation.thresholds import ChampionRule, DecisionRule
 
@@ -97,7 +102,7 @@ class InconclusiveConfig(Strict):
     extend: ExtendSettings | None = None
 
     @model_validator(mode="after")
-    def _extend_goes_with_its_settings(self) -> "InconclusiveConfig":
+    def _extend_goes_with_its_settings(self) -> InconclusiveConfig:
         if self.choice == "extend" and self.extend is None:
             raise ValueError("validation.inconclusive.choice extend needs validation.inconclusive.extend: the reserve "
                              "datasets to score (e.g. {datasets: [{path: builtin:decisions, splits: [reserve]}]})")
@@ -128,7 +133,7 @@ class GateConfig(Strict):
     inconclusive: InconclusiveConfig = InconclusiveConfig()
 
     @model_validator(mode="after")
-    def _can_extend(self) -> "GateConfig":
+    def _can_extend(self) -> GateConfig:
         if self.inconclusive.choice == "extend" and not self.extendable:
             raise ValueError(f"validation.inconclusive.choice extend scores reserve tasks, which {self.kind} gates "
                              "cannot yet; use choice ask (a person decides) or block")
@@ -180,7 +185,8 @@ class ModelFamily(ABC):
     env_prefix: ClassVar[str]  # the image server's <PREFIX>_MODEL_DIR, _HOST and _PORT
     source_main_file: ClassVar[str] = ""  # the file a source that is a folder is known by (its archive's main file)
     tool_distributions: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the artifact's manifest
-    replays_online: ClassVar[bool] = False  # whether a rollout can replay this family's tasks through the live component
+    # whether a rollout can replay this family's tasks through the live component
+    replays_online: ClassVar[bool] = False
     temperature_scaling: ClassVar[bool] = True  # whether its server applies a fitted temperature (calibration.json)
 
     @property
@@ -342,20 +348,19 @@ def add_evaluation_arguments(parser, *, unit: str, data_help: str, component_hel
                              f"has answered nothing this long (default {DEFAULT_RETRY_DEADLINE_S:g}: a cold start); "
                              f"{unit} still unanswered then are lost and the command exits 1")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
-    parser.add_argument("--min-accuracy", type=float, help="gate: accuracy floor (no threshold flag: measure, not gate)")
+    parser.add_argument("--min-accuracy", type=float,
+                        help="gate: accuracy floor (no threshold flag: measure, not gate)")
     parser.add_argument("--max-ece", type=float, help="gate: expected calibration error ceiling")
     parser.add_argument("--min-validity", type=float, help="gate: share of valid answers floor")
     parser.add_argument("--max-p95-ms", type=float, help="gate: p95 latency ceiling per request, ms")
     parser.add_argument("--decision-rule", choices=["bound", "point"], default="bound",
-                        help="how thresholds are judged: the interval's conservative end (default) or the point estimate")
+                        help="how thresholds are judged: the interval's conservative end (default) or the point "
+                             "estimate")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON for machines instead of a table")
 
 
 def positive_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds above 0 (argparse names the flag and exits 2 otherwise)."""
-    import argparse
-    import math
-
     try:
         seconds = float(text)
     except ValueError:
@@ -376,8 +381,6 @@ def evaluation_thresholds(args, model, flags: dict[str, str]):
 
 def exec_server(image: str, env: dict[str, str]) -> int:
     """Replace this process with an image's server (what its container runs), configured by `env`."""
-    from tasks.backends.image_source import server_command
-
     command = server_command(image)
     os.execve(command[0], command, {**os.environ, **env})
     return 0  # not reached: execve replaces this process
@@ -395,10 +398,6 @@ def server_env(args, prefix: str) -> dict[str, str]:
 
 def evaluation_targets(args):
     """An `eval` command's candidate and champion (None without --champion), and a progress printer on stderr."""
-    import sys
-
-    from validation.evaluate import Target
-
     champion = Target.http(args.champion, args.champion_component, "champion") if args.champion else None
     candidate = Target.http(args.endpoint.rstrip("/"), args.component, "candidate")
     return candidate, champion, lambda message: print(message, file=sys.stderr, flush=True)
@@ -409,10 +408,6 @@ def evaluation_exit(report: dict, summary: dict, *, as_json: bool = False, out_d
     """Print an `eval` command's summary (a table; `as_json`: JSON); exit 0 when the gate passed, else the CLI's
     rejected code; CapacityError (exit 1) when the predictions written to `out_dir` say some of its `unit` got no
     answer (lost), whatever the gate said."""
-    from tasks.console import EXIT_REJECTED, print_fields, print_json
-    from tasks.errors import CapacityError
-    from validation.evaluate import lost_requests
-
     if as_json:
         print_json(summary)
     else:

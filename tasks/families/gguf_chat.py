@@ -10,6 +10,7 @@ stands in for the DLC on loopback (llama-cpp-python's OpenAI-compatible server b
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -17,7 +18,14 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks.config_types import Strict
 from tasks.errors import BadInput, ConfigError
-from tasks.families.base import AdoptedImageConfig, BuiltModel, GateConfig, add_evaluation_arguments
+from tasks.families.base import (
+    AdoptedImageConfig,
+    BuiltModel,
+    GateConfig,
+    add_evaluation_arguments,
+    exec_server,
+    optional_env,
+)
 from tasks.families.gguf_decisions import GgufDecisions, run_jevbench_eval
 from validation.thresholds import DecisionThresholds
 
@@ -64,11 +72,12 @@ class LlamaServerOptions(Strict):
             raise ValueError(
                 f"image.server.{' and '.join(named)} make the DLC download the model from Hugging Face when it starts, "
                 "but shiplift's endpoints run with network isolation (EnableNetworkIsolation), where that download "
-                "cannot happen; give the model as artifact.source (kind: huggingface is fetched and pinned at build time)")
+                "cannot happen; give the model as artifact.source (kind: huggingface is fetched and pinned at build "
+                "time)")
         return data
 
     @model_validator(mode="after")
-    def _ubatch_fits_batch(self) -> "LlamaServerOptions":
+    def _ubatch_fits_batch(self) -> LlamaServerOptions:
         if self.batch_size is not None and self.ubatch_size is not None and self.ubatch_size > self.batch_size:
             raise ValueError(f"image.server.ubatch_size ({self.ubatch_size}) exceeds batch_size ({self.batch_size}); "
                              "lower ubatch_size or raise batch_size")
@@ -76,7 +85,8 @@ class LlamaServerOptions(Strict):
 
     def environment(self) -> dict[str, str]:
         """The options that are set, as the DLC's SM_LLAMA_CPP_* variables."""
-        return {f"SM_LLAMA_CPP_{name.upper()}": str(value) for name, value in self.model_dump().items() if value is not None}
+        return {f"SM_LLAMA_CPP_{name.upper()}": str(value) for name, value in self.model_dump().items()
+                if value is not None}
 
 
 class DlcChatImage(AdoptedImageConfig):
@@ -97,7 +107,7 @@ class DlcChatImage(AdoptedImageConfig):
         return self.tag == "server-sagemaker-cuda-v1"
 
     @model_validator(mode="after")
-    def _layers_fit_build(self) -> "DlcChatImage":
+    def _layers_fit_build(self) -> DlcChatImage:
         if self.n_gpu_layers != 0 and not self.on_gpu:
             raise ValueError(f"image.n_gpu_layers is {self.n_gpu_layers} but image.tag {self.tag} is the CPU build; "
                              "use tag server-sagemaker-cuda-v1 or n_gpu_layers 0")
@@ -117,7 +127,8 @@ class ChatDecisionGateConfig(GateConfig):
     kind: Literal["chat-decisions"] = "chat-decisions"
     concurrency: int = Field(2, ge=1, le=64)
     thresholds: DecisionThresholds
-    top_logprobs: int = Field(20, ge=1, le=20, description="entries asked per request; a letter outside them is invalid")
+    top_logprobs: int = Field(20, ge=1, le=20,
+                              description="entries asked per request; a letter outside them is invalid")
     shots: int = Field(0, ge=0, le=3,
                        description="solved examples asked before each task (validation.decisions.chat_readout)")
 
@@ -147,7 +158,8 @@ class GgufChat(GgufDecisions):
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
         from tasks.artifacts.packaging import package_gguf
 
-        return package_gguf(built_model, out_dir, manifest=manifest, member_name=f"{manifest['build']['model_sha256']}.gguf")
+        return package_gguf(built_model, out_dir, manifest=manifest,
+                            member_name=f"{manifest['build']['model_sha256']}.gguf")
 
     def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
         raise ConfigError("a chat release fits no temperature", fix="leave calibration.fit_temperature false")
@@ -162,15 +174,15 @@ class GgufChat(GgufDecisions):
         return {key: losses.get(key) for key in ("missing_letter_share", "non_letter_generated_share")}
 
     def add_commands(self, serve, evaluate) -> None:
-        import os
-
         p = serve.add_parser("chat", help="the DLC's chat path on a GGUF file: /v1/chat/completions and /invocations")
         p.add_argument("--gguf", required=True, help="the GGUF model file to serve")
         p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
         p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="SM_LLAMA_CPP_THREADS")
         p.add_argument("--ctx-size", type=int, help="SM_LLAMA_CPP_CTX_SIZE (default 4096, llama-server's)")
-        p.add_argument("--chat-template", choices=CHAT_TEMPLATES, help="SM_LLAMA_CPP_CHAT_TEMPLATE, for a GGUF without one")
+        p.add_argument("--chat-template", choices=CHAT_TEMPLATES,
+                       help="SM_LLAMA_CPP_CHAT_TEMPLATE: the template of a GGUF without tokenizer.chat_template "
+                            "whose general.architecture implies none (gemma*, qwen2/3 and Llama 3 are inferred)")
         p.add_argument("--max-in-flight", type=int, help="requests admitted at once (DLC_CHAT_MAX_IN_FLIGHT)")
         p.set_defaults(func=_serve)
 
@@ -185,14 +197,13 @@ class GgufChat(GgufDecisions):
 
 def _serve(args) -> int:
     """`shiplift serve chat`: the local stand-in of the DLC's chat path on any GGUF file, in the foreground."""
-    from tasks.families.base import exec_server, optional_env
-
     gguf = Path(args.gguf)
     if not gguf.is_file():
         raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
     env = {"DLC_CHAT_GGUF_PATH": str(gguf.resolve()), "DLC_CHAT_PORT": str(args.port), "DLC_CHAT_HOST": args.host,
            "SM_LLAMA_CPP_THREADS": str(args.threads)}
-    env.update(optional_env(args, (("ctx_size", "SM_LLAMA_CPP_CTX_SIZE"), ("chat_template", "SM_LLAMA_CPP_CHAT_TEMPLATE"),
+    env.update(optional_env(args,
+                            (("ctx_size", "SM_LLAMA_CPP_CTX_SIZE"), ("chat_template", "SM_LLAMA_CPP_CHAT_TEMPLATE"),
                                    ("max_in_flight", "DLC_CHAT_MAX_IN_FLIGHT"))))
     return exec_server("dlc-chat", env)
 

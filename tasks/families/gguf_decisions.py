@@ -7,28 +7,32 @@ inspects it and checks the letter slots; the package is the GGUF at the archive 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
 from tasks.config_types import Sha256, Strict
-from tasks.errors import ConfigError, IntegrityError
+from tasks.errors import BadInput, ConfigError, IntegrityError
 from tasks.families.base import (
-    BuiltModel,
-    recorded_fields,
     ArtifactConfig,
-    GateConfig,
     BuiltImageConfig,
+    BuiltModel,
+    GateConfig,
     ModelFamily,
     add_evaluation_arguments,
-    evaluation_thresholds,
     add_server_arguments,
     evaluation_exit,
     evaluation_targets,
+    evaluation_thresholds,
+    exec_server,
+    optional_env,
+    recorded_fields,
     server_env,
 )
+from tasks.hashing import sha256_file
 from validation.evaluate import GateOutcome
 from validation.thresholds import DecisionThresholds
 
@@ -75,7 +79,7 @@ class GeneratedSource(Strict):
 
 
 GgufSource = Annotated[
-    Union[PathSource, PypiSource, S3Source, HuggingFaceSource, GeneratedSource], Field(discriminator="kind")
+    PathSource | PypiSource | S3Source | HuggingFaceSource | GeneratedSource, Field(discriminator="kind")
 ]
 
 
@@ -120,7 +124,7 @@ class SemifImage(BuiltImageConfig):
         }
 
     @model_validator(mode="after")
-    def _request_fits_context(self) -> "SemifImage":
+    def _request_fits_context(self) -> SemifImage:
         if self.max_request_tokens > self.max_tokens:
             raise ValueError(
                 f"max_request_tokens ({self.max_request_tokens}) exceeds max_tokens ({self.max_tokens}); "
@@ -160,8 +164,9 @@ class GgufDecisions(ModelFamily):
 
     def source_file_name(self, artifact: GgufArtifact) -> str:
         source = artifact.source
-        return {"huggingface": getattr(source, "file", ""), "path": Path(getattr(source, "path", "")).name,
-                "generated": f"generated-{source.sha256[:16]}.gguf"}.get(source.kind) or f"{getattr(source, 'package', 'model')}.gguf"
+        named = {"huggingface": getattr(source, "file", ""), "path": Path(getattr(source, "path", "")).name,
+                 "generated": f"generated-{source.sha256[:16]}.gguf"}.get(source.kind)
+        return named or f"{getattr(source, 'package', 'model')}.gguf"
 
     def built_file_name(self, artifact: GgufArtifact) -> str:
         return self.source_file_name(artifact)
@@ -171,10 +176,12 @@ class GgufDecisions(ModelFamily):
 
         artifact = ctx.config.artifact
         source = ctx.local_ref(ctx.result("resolve").source_ref)
-        ctx.say(f"build: {'quantizing to ' + artifact.quantization if artifact.quantization else 'adopting'} {source.name}")
+        ctx.say(f"build: {'quantizing to ' + artifact.quantization if artifact.quantization else 'adopting'} "
+                f"{source.name}")
         built = build_gguf(
             source, ctx.backends.state_dir / "builds",
-            quantization=artifact.quantization, allow_requantize=artifact.allow_requantize, threads=ctx.config.image.threads,
+            quantization=artifact.quantization, allow_requantize=artifact.allow_requantize,
+            threads=ctx.config.image.threads,
         ).to_dict()
         model_dir = ctx.stage_dir("build") / "model"
         model_dir.mkdir(exist_ok=True)
@@ -210,19 +217,19 @@ class GgufDecisions(ModelFamily):
         from validation.runner import run_decisions
 
         dataset = load_decision_dataset(path, name="calibration", splits=splits)
-        predictions = run_decisions(invoker, dataset.tasks, concurrency=settings.concurrency, timeout_s=settings.request_timeout_s,
+        predictions = run_decisions(invoker, dataset.tasks, concurrency=settings.concurrency,
+                                    timeout_s=settings.request_timeout_s,
                                     deadline_s=settings.deadline_s, dataset_name="calibration",
                                     progress=progress_counter(ctx.say, "calibration"))
         return predictions, dataset.sha256
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
                  context=None, built=None) -> GateOutcome:
-        from dataclasses import replace
-
         from validation.datasets import load_decision_dataset
         from validation.decisions.evaluate import evaluate_decisions
 
-        datasets = [load_decision_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
+        datasets = [load_decision_dataset(path, name=f"dataset{i}", splits=splits) for i,
+                    (path, splits) in enumerate(paths)]
         return GateOutcome.of(evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
                                   champion_rule=validation.champion, champion=champion,
                                   settings=replace(settings, readout=self.readout(validation)), progress=progress,
@@ -268,7 +275,8 @@ class GgufDecisions(ModelFamily):
 
         return SEMIF
 
-    def online_gate(self, invoker, validation: DecisionGateConfig, gate, *, config_dir: Path, candidate_model_sha256: str):
+    def online_gate(self, invoker, validation: DecisionGateConfig, gate, *, config_dir: Path,
+                    candidate_model_sha256: str):
         from validation.datasets import load_decision_dataset
         from validation.online_gate import OnlineGate
 
@@ -288,7 +296,8 @@ class GgufDecisions(ModelFamily):
         p = serve.add_parser("semif", help="the SemIf decision adapter on a GGUF file")
         p.add_argument("--gguf", required=True, help="the GGUF model file to serve")
         add_server_arguments(p)
-        p.add_argument("--max-tokens", type=int, help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
+        p.add_argument("--max-tokens", type=int,
+                       help="context size (SEMIF_MAX_TOKENS; must not exceed the model's training context)")
         p.add_argument("--max-request-tokens", type=int, help="longest prompt accepted (SEMIF_MAX_REQUEST_TOKENS)")
         p.add_argument("--max-in-flight", type=int, help="requests admitted at once (SEMIF_MAX_IN_FLIGHT)")
         p.set_defaults(func=_serve)
@@ -314,7 +323,6 @@ def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: boo
 
 def _generate(source: GeneratedSource, cache: Path) -> tuple[Path, dict]:
     from tasks.artifacts.tiny_gguf import write_tiny_gguf
-    from tasks.hashing import sha256_file
 
     path = cache / f"generated-{source.sha256[:16]}.gguf"
     if not path.is_file():
@@ -324,21 +332,20 @@ def _generate(source: GeneratedSource, cache: Path) -> tuple[Path, dict]:
         path.unlink()
         raise IntegrityError(
             f"generated tiny model (seed {source.seed}) has sha256 {actual}, config pins {source.sha256}",
-            fix="the generator or its gguf version changed; regenerate the pin with `python -m tasks.artifacts.tiny_gguf`",
+            fix="the generator or its gguf version changed; regenerate the pin with `python -m "
+                "tasks.artifacts.tiny_gguf`",
         )
     return path, {"kind": "generated", "seed": source.seed, "dtype": source.dtype}
 
 
 def _serve(args) -> int:
     """`shiplift serve semif`: the adapter on any GGUF file, in the foreground."""
-    from tasks.families.base import exec_server, optional_env
-    from tasks.errors import BadInput
-
     gguf = Path(args.gguf)
     if not gguf.is_file():
         raise BadInput(f"GGUF file {gguf} does not exist", fix="pass --gguf PATH to a .gguf file")
     env = {"SEMIF_GGUF_PATH": str(gguf.resolve()), **server_env(args, FAMILY.env_prefix)}
-    env.update(optional_env(args, (("max_tokens", "SEMIF_MAX_TOKENS"), ("max_request_tokens", "SEMIF_MAX_REQUEST_TOKENS"),
+    env.update(optional_env(args,
+                            (("max_tokens", "SEMIF_MAX_TOKENS"), ("max_request_tokens", "SEMIF_MAX_REQUEST_TOKENS"),
                                    ("max_in_flight", "SEMIF_MAX_IN_FLIGHT"))))
     return exec_server("semif", env)
 
@@ -361,7 +368,8 @@ def run_jevbench_eval(args, readout, *, title: str) -> int:
     from validation.evaluate import RunSettings
     from validation.thresholds import ChampionRule
 
-    datasets = [load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None) for p in args.data]
+    datasets = [load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None)
+                for p in args.data]
     thresholds = evaluation_thresholds(args, DecisionThresholds, DECISION_FLAGS)
     candidate, champion, progress = evaluation_targets(args)
     report = evaluate_decisions(
@@ -371,7 +379,8 @@ def run_jevbench_eval(args, readout, *, title: str) -> int:
         progress=progress, title=title, decision_rule=args.decision_rule,
     )
     metrics = report["metrics"]
-    summary = {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
+    summary = {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
+               "ece": metrics["ece"],
                "validity": metrics["validity"], "latency_ms": metrics["latency_ms"], "paths": report["paths"]}
     if "readout" in metrics:
         summary["readout"] = metrics["readout"]

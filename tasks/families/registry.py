@@ -52,7 +52,8 @@ def family_of(artifact_kind: str, image_kind: str) -> ModelFamily:
         raise ConfigError(f"artifact.kind {artifact_kind} is not served by image.kind {image_kind!r}",
                           fix=f"use image.kind {' or '.join(images)}")
     known = ", ".join(sorted({f.artifact_kind for f in families()}))
-    raise ConfigError(f"artifact.kind {artifact_kind!r} is not a model family shiplift knows", fix=f"use one of {known}")
+    raise ConfigError(f"artifact.kind {artifact_kind!r} is not a model family shiplift knows",
+                      fix=f"use one of {known}")
 
 
 def artifact_models() -> dict[str, type]:

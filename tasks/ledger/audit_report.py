@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +22,39 @@ from tasks.ledger.checkpoints import verdict_lines
 from tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
 from tasks.ledger.records import StepRecord, as_result, is_promotion, promotion
 from tasks.ledger.stage_results import ValidateResult
-from tasks.ledger.views import (CHECK_COLUMNS, check_cells, cost_per_hour, details, events, field_rows, of_releases,
-                                 release_row, require_records)
+from tasks.ledger.views import (
+    CHECK_COLUMNS,
+    check_cells,
+    cost_per_hour,
+    details,
+    events,
+    field_rows,
+    of_releases,
+    release_row,
+    require_records,
+)
 from validation import charts
-from validation.gates import RATIO, summary_line
 from validation.gate_report import cost_rows, rule_text
+from validation.gates import RATIO, summary_line
 
 REPORT_FILE = "index.html"
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1b1b;max-width:1200px}
 h1{margin:0 0 8px}h2{margin-top:36px;border-bottom:2px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse;margin:8px 0 16px;max-width:100%}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+table{border-collapse:collapse;margin:8px 0 16px;max-width:100%}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f3f3f3}td.hash{font-family:ui-monospace,monospace;font-size:12px;word-break:break-all}
 .verdict{padding:10px 14px;border-radius:6px;margin:12px 0}.verdict.ok{background:#e6f4e6;border:1px solid #2ca02c}
 .verdict.broken{background:#fde8e8;border:1px solid #d62728}.status-pass,.status-promoted{color:#1d7a1d;font-weight:600}
 .status-fail,.status-rejected,.status-rolled_back,.status-failed{color:#b01e1e;font-weight:600}
-details.release{border:1px solid #ddd;border-radius:6px;padding:6px 12px;margin:8px 0}summary{cursor:pointer;font-weight:600}
+details.release{border:1px solid #ddd;border-radius:6px;padding:6px 12px;margin:8px 0}
+summary{cursor:pointer;font-weight:600}
 svg.chart{display:block;max-width:100%;height:auto;background:#fff;border:1px solid #ddd;margin:8px 0 16px}
 .no-price{color:#8a4b00;font-style:italic}.note{color:#555}
 """
 
 
+# f-strings, not Jinja2, for the reasons written beside validation.gate_report._e; every value passes through _e.
 def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
@@ -59,15 +71,64 @@ def _table(rows: list[dict], columns: list[str], *, css_class: str, hashes: tupl
 
 
 def _moment(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def _timeline(model: str, release_rows: list[dict], model_events: list[dict]) -> str:
     """The model's releases (first record → last) and their events, one row per kind (`validation.charts.timeline`)."""
-    releases = [{"release_id": row["release_id"], "first_at": _moment(row["first_at"]), "last_at": _moment(row["last_at"])}
+    releases = [{"release_id": row["release_id"], "first_at": _moment(row["first_at"]),
+                 "last_at": _moment(row["last_at"])}
                 for row in release_rows]
     shown = [{**e, "at": _moment(e["at"])} for e in model_events if e["event"] in charts.EVENT_ROWS]
     return charts.timeline(model, releases, shown)
+
+
+class _CopiesLog:
+    """The copies-serving series `copies_series` builds, one record at a time: points per series key, each key's
+    (release id, mixed) and the release serving before the record being read."""
+
+    def __init__(self) -> None:
+        self.points: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
+        self.owner: dict[str, tuple[str, bool]] = {}  # series key -> (release id, mixed)
+        self.serving: str | None = None
+
+    def put(self, key: str, release: str, mixed: bool, at: datetime, copies: int) -> None:
+        self.owner.setdefault(key, (release, mixed))
+        self.points[key].append((at, copies))
+
+    def step(self, record, at: datetime, release: str) -> None:
+        step, old = StepRecord.of(record), self.serving if self.serving not in (None, release) else None
+        if step.new_copies is not None or step.old_copies is not None:
+            self.put(release, release, False, at, step.new_copies or 0)
+            if old is not None:
+                self.put(old, old, False, at, step.old_copies or 0)
+        elif step.copies is not None:
+            self.put(f"{release} (mixed)", release, True, at, step.copies)
+            if old is not None and self.points.get(old):
+                self.put(old, old, False, at, 0)
+
+    def promoted(self, record, at: datetime, release: str) -> None:
+        copies = promotion(record).copies
+        if copies is not None:
+            for key, series in self.points.items():
+                if key != release and series and series[-1][1]:
+                    series.append((at, 0))
+            self.put(release, release, False, at, copies)
+        self.serving = release
+
+    def rolled_back(self, at: datetime, release: str) -> None:
+        for key in (release, f"{release} (mixed)"):
+            if self.points.get(key) and self.points[key][-1][1]:
+                self.points[key].append((at, 0))
+        restored = self.serving if self.serving not in (None, release) else None
+        earlier = [copies for _, copies in self.points.get(restored, []) if copies]
+        if restored is not None and earlier and self.points[restored][-1][1] == 0:
+            self.points[restored].append((at, earlier[-1]))
+
+    def series(self) -> list[dict]:
+        return [{"label": f"{self.owner[key][0]}: old and new copies (not told apart)" if self.owner[key][1] else key,
+                 "release_id": self.owner[key][0], "mixed": self.owner[key][1], "points": pts}
+                for key, pts in self.points.items()]
 
 
 def copies_series(records: list) -> tuple[list[dict], datetime | None]:
@@ -75,51 +136,20 @@ def copies_series(records: list) -> tuple[list[dict], datetime | None]:
     each traffic step (stage traffic, event step) at its recorded_at gives the new spec's release its `new_copies` and
     the release serving before it its `old_copies`; where the backend cannot tell them apart (aws: `check`, `copies`)
     the step's `copies` go to a hatched "old and new" series of the release. A promotion's success gives its release
-    the copies it recorded and every other release 0; a rolled-back promotion leaves its release 0 and gives the release
-    serving before it back its last copy count. Returns the series and the model's last record time (the chart's end)."""
-    points: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
-    owner: dict[str, tuple[str, bool]] = {}  # series key -> (release id, mixed)
-    serving: str | None = None
-
-    def put(key: str, release: str, mixed: bool, at: datetime, copies: int) -> None:
-        owner.setdefault(key, (release, mixed))
-        points[key].append((at, copies))
-
-    def clear(at: datetime, keep: str | None = None) -> None:
-        for key, series in points.items():
-            if key != keep and series and series[-1][1]:
-                series.append((at, 0))
-
+    the copies it recorded and every other release 0; a rolled-back promotion leaves its release 0 and gives the
+    release serving before it back its last copy count. Returns the series and the model's last record time (the
+    chart's end)."""
+    log = _CopiesLog()
     for record in records:
         at, release = _moment(record.recorded_at), record.release_id
         if (record.stage, record.event) == (TRAFFIC, STEP):
-            step, old = StepRecord.of(record), serving if serving not in (None, release) else None
-            if step.new_copies is not None or step.old_copies is not None:
-                put(release, release, False, at, step.new_copies or 0)
-                if old is not None:
-                    put(old, old, False, at, step.old_copies or 0)
-            elif step.copies is not None:
-                put(f"{release} (mixed)", release, True, at, step.copies)
-                if old is not None and points.get(old):
-                    put(old, old, False, at, 0)
+            log.step(record, at, release)
         elif is_promotion(record):
-            copies = promotion(record).copies
-            if copies is not None:
-                clear(at, keep=release)
-                put(release, release, False, at, copies)
-            serving = release
+            log.promoted(record, at, release)
         elif (record.stage, record.event) == (PROMOTE, ROLLED_BACK):
-            for key in (release, f"{release} (mixed)"):
-                if points.get(key) and points[key][-1][1]:
-                    points[key].append((at, 0))
-            restored = serving if serving not in (None, release) else None
-            earlier = [copies for _, copies in points.get(restored, []) if copies]
-            if restored is not None and earlier and points[restored][-1][1] == 0:
-                points[restored].append((at, earlier[-1]))
-    series = [{"label": key if not owner[key][1] else f"{owner[key][0]}: old and new copies (not told apart)",
-               "release_id": owner[key][0], "mixed": owner[key][1], "points": pts} for key, pts in points.items()]
+            log.rolled_back(at, release)
     until = _moment(records[-1].recorded_at) if records else None
-    return series, until
+    return log.series(), until
 
 
 def champion_rows(checks: list[dict]) -> list[dict]:
@@ -146,7 +176,8 @@ def _per_hour(detail: dict) -> str:
 def rollout_window(records: list, release_id: str) -> tuple[datetime, datetime] | None:
     """From a little before a release's first traffic step to a little after its promotion ended (or its last step),
     None when it recorded no traffic step: the span a rollout chart zooms in on."""
-    steps = [_moment(r.recorded_at) for r in records if r.release_id == release_id and (r.stage, r.event) == (TRAFFIC, STEP)]
+    steps = [_moment(r.recorded_at) for r in records if r.release_id == release_id
+             and (r.stage, r.event) == (TRAFFIC, STEP)]
     if not steps:
         return None
     ended = [_moment(r.recorded_at) for r in records if r.release_id == release_id and r.stage == PROMOTE
@@ -171,9 +202,10 @@ def _release_section(detail: dict, rollout: str = "") -> str:
     built = field_rows({name: detail[name] for name in (
         "opened_at", "opened_by", "status", "config_hash", "source_sha256", "model_sha256", "artifact_sha256",
         "artifact_uri", "image_uri", "image_digest", "placement")}, "field")
-    parts = [f'<details class="release" id="release-{_e(detail["release_id"])}" data-release="{_e(detail["release_id"])}">'
-             f'<summary>{_e(detail["release_id"])} — <span class="status-{_e(detail["status"])}">{_e(detail["status"])}</span>'
-             f' (gate {_e(gate.decision if gate else "not run")})</summary>',
+    parts = [f'<details class="release" id="release-{_e(detail["release_id"])}" '
+             f'data-release="{_e(detail["release_id"])}"><summary>{_e(detail["release_id"])} — <span '
+             f'class="status-{_e(detail["status"])}">{_e(detail["status"])}</span> (gate '
+             f'{_e(gate.decision if gate else "not run")})</summary>',
              "<h4>Built from</h4>", _table(built, ["field", "value"], css_class="built", hashes=("value",))]
     if gate:
         checks = gate.checks or []
@@ -182,7 +214,8 @@ def _release_section(detail: dict, rollout: str = "") -> str:
                   _table([{**check_cells(c), "rule": rule_text(c)} for c in checks], CHECK_COLUMNS, css_class="checks"),
                   _table([{"threshold": k, "value": v} for k, v in (gate.thresholds or {}).items()],
                          ["threshold", "value"], css_class="thresholds"),
-                  _table(gate.datasets or [], ["name", "n", "sha256", "path"], css_class="datasets", hashes=("sha256",)),
+                  _table(gate.datasets or [], ["name", "n", "sha256", "path"], css_class="datasets",
+                         hashes=("sha256",)),
                   charts.champion_check(champion_rows(checks), key=detail["release_id"],
                                         attrs={"data-release": detail["release_id"]}),
                   "<h4>Cost (as the gate priced it)</h4>", _cost_table(gate.cost)]
@@ -210,7 +243,8 @@ def _model_section(model: str, records: list) -> str:
              "<h3>Copies serving</h3>",
              copies or '<p class="copies note">no traffic step or promotion with a copy count recorded</p>',
              "<h3>Releases</h3>",
-             _table(release_rows, ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy",
+             _table(release_rows,
+                    ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy",
                                    "cost $/h", "artifact_sha256", "image_digest"], css_class="releases",
                     hashes=("artifact_sha256", "image_digest")),
              "<h3>Rollbacks</h3>",
@@ -229,7 +263,8 @@ def _model_section(model: str, records: list) -> str:
 def _verdict(verification: dict) -> str:
     headline, *problems = verdict_lines(verification)
     listed = f"<ul>{''.join(f'<li>{_e(p)}</li>' for p in problems)}</ul>" if problems else ""
-    return f'<div class="verdict {"ok" if verification["ok"] else "broken"}" id="verification">{_e(headline)}{listed}</div>'
+    state = "ok" if verification["ok"] else "broken"
+    return f'<div class="verdict {state}" id="verification">{_e(headline)}{listed}</div>'
 
 
 def render(ledger, verification: dict, *, model: str | None = None) -> str:
@@ -242,7 +277,7 @@ def render(ledger, verification: dict, *, model: str | None = None) -> str:
     for record in records:
         by_model[record.model].append(record)
     models = sorted(by_model)
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    generated = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = "".join(_model_section(name, by_model[name]) for name in models) or "<p>The ledger holds no records.</p>"
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>shiplift audit report</title><style>{CSS}</style></head><body>"

@@ -45,7 +45,8 @@ def load_private_key(pem: bytes, source: str) -> Ed25519PrivateKey:
 
 
 def load_public_key(pem: str) -> Ed25519PublicKey:
-    """The Ed25519 public key in PEM (SubjectPublicKeyInfo) text; ValueError saying what else it is (never echoing it)."""
+    """The Ed25519 public key in PEM (SubjectPublicKeyInfo) text; ValueError saying what else it is (never echoing
+    it)."""
     if "PRIVATE KEY" in pem:
         raise ValueError("this is a private key: the config holds only the public half (openssl pkey -pubout)")
     try:
@@ -63,7 +64,8 @@ def public_pem(public: Ed25519PublicKey) -> str:
 
 
 def read_public_key(path: str | Path) -> Ed25519PublicKey:
-    """The Ed25519 public key in the PEM file at `path` (`--public-key`); ConfigError naming what is wrong and the fix."""
+    """The Ed25519 public key in the PEM file at `path` (`--public-key`); ConfigError naming what is wrong and the
+    fix."""
     source = Path(path).expanduser()
     fix = "export it where the private key is: `shiplift ledger public-key --out FILE`"
     try:
@@ -118,8 +120,8 @@ class SigningKey(PrivateKeySigner):
     def __init__(self, path: str | Path, *, state_dir: str | Path | None = None, create: bool = True):
         self.path = Path(path).expanduser().resolve()
         if state_dir is not None and self.path.is_relative_to(Path(state_dir).expanduser().resolve()):
-            raise ConfigError(f"the checkpoint key {self.path} is inside the state dir {state_dir}: whoever can rewrite "
-                              "the ledger there could re-sign it too",
+            raise ConfigError(f"the checkpoint key {self.path} is inside the state dir {state_dir}: whoever can "
+                              "rewrite the ledger there could re-sign it too",
                               fix=f"keep the key elsewhere (${KEY_ENV}, default {DEFAULT_KEY})")
         if not self.path.exists():
             if not create:

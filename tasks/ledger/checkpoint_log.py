@@ -10,10 +10,11 @@ import base64
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -72,7 +73,8 @@ def parse_checkpoint(value: Any) -> Checkpoint:
     fields = {"version", "seq", "head_hash", "merkle_root", "signed_at", "key_id", "signature"}
     if not isinstance(value, dict) or set(value) != fields:
         raise ValueError(f"it does not hold exactly {', '.join(sorted(fields))}")
-    if value["version"] != VERSION or not isinstance(value["seq"], int) or isinstance(value["seq"], bool) or value["seq"] < 1:
+    if value["version"] != VERSION or not isinstance(value["seq"], int) or isinstance(value["seq"],
+                                                                                      bool) or value["seq"] < 1:
         raise ValueError(f"version {value['version']!r} or seq {value['seq']!r} is not one this version writes")
     if not all(isinstance(value[k], str) for k in fields - {"version", "seq"}):
         raise TypeError("head_hash, merkle_root, signed_at, key_id and signature must be strings")
@@ -133,7 +135,8 @@ class CheckpointLog:
     def entries(self) -> list[Entry]:
         """("line N", checkpoint or None when the line is not one, the line's problem) for every line; BadInput when
         the log cannot be read as text (a directory, not UTF-8)."""
-        fix = f"restore {self.path} from a backup (it holds one JSON checkpoint a line), or pass the state dir holding it"
+        fix = (f"restore {self.path} from a backup (it holds one JSON checkpoint a line), "
+               "or pass the state dir holding it")
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:

@@ -28,7 +28,7 @@ needs no ledger: `tasks.ledger.inclusion_proofs`. Importers name all of these fr
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -36,11 +36,34 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 from tasks.ledger import merkle
 from tasks.ledger.chain_records import content_hash
-from tasks.ledger.checkpoint_keys import (DEFAULT_KEY, KEY_ENV, PrivateKeySigner, PublicKeyOnly, Signer, SigningKey,
-                                          default_key_path, key_id_of, load_private_key, load_public_key, public_pem,
-                                          read_public_key)
-from tasks.ledger.checkpoint_log import (LOG_NAME, VERSION, WITNESS_ENV, Checkpoint, CheckpointLog, CheckpointStore,
-                                         Entry, default_witness, load_json, log_path, read_entry, serialise)
+from tasks.ledger.checkpoint_keys import (
+    DEFAULT_KEY,
+    KEY_ENV,
+    PrivateKeySigner,
+    PublicKeyOnly,
+    Signer,
+    SigningKey,
+    default_key_path,
+    key_id_of,
+    load_private_key,
+    load_public_key,
+    public_pem,
+    read_public_key,
+)
+from tasks.ledger.checkpoint_log import (
+    LOG_NAME,
+    VERSION,
+    WITNESS_ENV,
+    Checkpoint,
+    CheckpointLog,
+    CheckpointStore,
+    Entry,
+    default_witness,
+    load_json,
+    log_path,
+    read_entry,
+    serialise,
+)
 from tasks.ledger.events import CHECKPOINTED, LEDGER
 from tasks.ledger.inclusion_proofs import COVERS, PROOF_FIX, check_proof, proof_records
 
@@ -52,13 +75,14 @@ __all__ = [  # the public face: importers name these from tasks.ledger.checkpoin
     "serialise", "verdict_lines", "verify_with_checkpoints",
 ]
 
-APPEND_ATTEMPTS = 5  # a store without a lock (S3) refuses an append another writer got in before: read, verify, sign again
+# a store without a lock (S3) refuses an append another writer got in before: read, verify, sign again
+APPEND_ATTEMPTS = 5
 RECORDED = ("seq", "key_id", "head_hash", "signed_at")  # what the chain's record of a checkpoint names
 
 
 def _stamp(moment: datetime) -> str:
     """A UTC time with microseconds, always the same width, so stamps compare as text."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def checkpoint(ledger, log: CheckpointStore, key: Signer, *, now: datetime | None = None,
@@ -88,7 +112,7 @@ def _sign_head(ledger, log: CheckpointStore, key: Signer, now: datetime | None,
     if not verdict["ok"]:
         raise IntegrityError("the ledger does not verify, so its head is not signed: " + "; ".join(verdict["problems"]),
                              fix="investigate the tampering; a checkpoint never re-signs a broken chain")
-    stamp = _stamp(now or datetime.now(timezone.utc))
+    stamp = _stamp(now or datetime.now(UTC))
     if latest is not None and stamp < latest.signed_at:
         raise IntegrityError(f"the clock reads {stamp}, before the latest checkpoint ({latest.signed_at})",
                              fix="fix the system clock; checkpoints must not go back in time")
@@ -142,8 +166,8 @@ def _entry_problem(where: str, found: Checkpoint | None, problem: str, public: E
         return (f"checkpoint {where} (seq {found.seq}) names key {found.key_id}, not this ledger's key "
                 f"{key_id_of(public)}: signed by another key")
     if not found.signed_by(public):
-        return (f"checkpoint {where} (seq {found.seq}) has a signature that does not verify with key {key_id_of(public)}: "
-                "it was forged or edited")
+        return (f"checkpoint {where} (seq {found.seq}) has a signature that does not verify with key "
+                f"{key_id_of(public)}: it was forged or edited")
     return ""
 
 
@@ -161,27 +185,9 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None, exp
                  f"{body.get('key_id')}, but no checkpoint store entry holds it: the checkpoint log was deleted, "
                  "emptied or cut back (or this is not the ledger's state dir)"
                  for seq, body in recorded if _named(body) not in stored]
-    valid: list[Checkpoint] = []
+    valid = _valid_entries(entries, public, problems)
     key_id = key_id_of(public) if public is not None else None
-    for where, found, problem in entries:
-        wrong = _entry_problem(where, found, problem, public)
-        if wrong:
-            problems.append(wrong)
-            continue
-        if valid and (found.seq < valid[-1].seq or found.signed_at < valid[-1].signed_at):
-            problems.append(f"checkpoint {where} (seq {found.seq}, {found.signed_at}) goes back from the one "
-                            f"before it (seq {valid[-1].seq}, {valid[-1].signed_at})")
-        valid.append(found)
-    witnessed: list[Checkpoint] = []
-    in_log = {(found.seq, found.signature) for found in valid}
-    for where, found, problem in witness.entries() if witness is not None else []:
-        wrong = _entry_problem(f"witness {where}", found, problem, public)
-        if wrong:
-            problems.append(wrong)
-        elif (found.seq, found.signature) not in in_log:
-            problems.append(f"witness {where} holds the checkpoint of seq {found.seq} signed {found.signed_at}, which "
-                            "the checkpoint log lacks: the log was cut back or replaced")
-            witnessed.append(found)
+    witnessed = _witnessed_only(witness, valid, public, problems)
     hashes = dict(chain.chain)
     for found in [*valid, *witnessed]:
         at = hashes.get(found.seq)
@@ -195,7 +201,8 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None, exp
     problems += [f"the checkpoint of seq {found.seq} signed {found.signed_at} is in the checkpoint log, but no record "
                  f"of the chain (which ends at seq {chain.n_records}) records it: the record appended after it was "
                  "signed was deleted (the newest records were), or the database was replaced"
-                 for found in valid if hashes.get(found.seq) == found.head_hash and _named(_recorded_body(found)) not in in_chain]
+                 for found in valid if hashes.get(found.seq) == found.head_hash
+                 and _named(_recorded_body(found)) not in in_chain]
     latest = valid[-1] if valid else None
     if latest is not None and latest.seq in hashes:
         computed = merkle.root(_leaves(chain.chain[: latest.seq])).hex()
@@ -206,6 +213,39 @@ def _verified(ledger, log: CheckpointStore, public: Ed25519PublicKey | None, exp
                "checkpoints": len(entries), "checked_against": latest.to_dict() if latest else None, "key_id": key_id,
                "recorded_checkpoints": len(recorded)}
     return verdict, chain.chain, latest, recorded
+
+
+def _valid_entries(entries: list[Entry], public: Ed25519PublicKey | None, problems: list[str]) -> list[Checkpoint]:
+    """The log's checkpoints that verify, in log order; each entry's problem, and each that goes back from the one
+    before it, is appended to `problems`."""
+    valid: list[Checkpoint] = []
+    for where, found, problem in entries:
+        wrong = _entry_problem(where, found, problem, public)
+        if wrong:
+            problems.append(wrong)
+            continue
+        if valid and (found.seq < valid[-1].seq or found.signed_at < valid[-1].signed_at):
+            problems.append(f"checkpoint {where} (seq {found.seq}, {found.signed_at}) goes back from the one "
+                            f"before it (seq {valid[-1].seq}, {valid[-1].signed_at})")
+        valid.append(found)
+    return valid
+
+
+def _witnessed_only(witness: CheckpointStore | None, valid: list[Checkpoint], public: Ed25519PublicKey | None,
+                    problems: list[str]) -> list[Checkpoint]:
+    """The witness's valid checkpoints the log lacks (a log cut back or replaced), each also a problem appended to
+    `problems`, as is each witness entry's own problem."""
+    witnessed: list[Checkpoint] = []
+    in_log = {(found.seq, found.signature) for found in valid}
+    for where, found, problem in witness.entries() if witness is not None else []:
+        wrong = _entry_problem(f"witness {where}", found, problem, public)
+        if wrong:
+            problems.append(wrong)
+        elif (found.seq, found.signature) not in in_log:
+            problems.append(f"witness {where} holds the checkpoint of seq {found.seq} signed {found.signed_at}, which "
+                            "the checkpoint log lacks: the log was cut back or replaced")
+            witnessed.append(found)
+    return witnessed
 
 
 def _named(body: dict[str, Any]) -> tuple:
@@ -247,8 +287,9 @@ def prove(ledger, log: CheckpointStore, release_id: str, public: Ed25519PublicKe
 def verdict_lines(verification: dict) -> list[str]:
     """A verification for people: a headline naming the checkpoint it was checked against, then each problem."""
     checked = verification.get("checked_against")
-    against = (f"; extends the checkpoint of seq {checked['seq']} signed {checked['signed_at']} by key {checked['key_id']} "
-               f"(Merkle root {checked['merkle_root']})" if checked else "; no signed checkpoint to check it against")
+    against = (f"; extends the checkpoint of seq {checked['seq']} signed {checked['signed_at']} by key "
+               f"{checked['key_id']} (Merkle root {checked['merkle_root']})"
+               if checked else "; no signed checkpoint to check it against")
     if verification["ok"]:
         return [f"Ledger verified: {verification['n_records']} records, head {verification['head_hash']}{against}."]
     return [f"Ledger verification FAILED ({verification['n_records']} records{against}):", *verification["problems"]]

@@ -22,11 +22,13 @@ STARTED, SUCCEEDED, FAILED = "started", "succeeded", "failed"
 SKIPPED, KEPT, ROLLED_BACK = "skipped", "kept", "rolled_back"
 DONE = (SUCCEEDED, SKIPPED, KEPT, ROLLED_BACK)  # a stage that ended with one of these is not run again
 STEP = "step"  # a traffic step: copies moved (a batch, a rollback batch) or, where SageMaker drives them, a check seen
-VERDICT = "verdict"  # a bake's verdict on a traffic step: alarm states, the online gate's evidence, the alarm that fired
+# a bake's verdict on a traffic step: alarm states, the online gate's evidence, the alarm that fired
+VERDICT = "verdict"
 
 # Events of the release stage.
 OPENED, OPTIONS = "opened", "options"
-LEASE_TAKEN_OVER = "lease_taken_over"  # a rerun took the promotion lease from a run of the same release that had stopped
+# a rerun took the promotion lease from a run of the same release that had stopped
+LEASE_TAKEN_OVER = "lease_taken_over"
 PROMOTED, REJECTED = "promoted", "rejected"
 FINISHED = (PROMOTED, REJECTED, ROLLED_BACK)  # final statuses a rerun has nothing left to do for
 FINAL = (*FINISHED, FAILED)  # every final status of a release

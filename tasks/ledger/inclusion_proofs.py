@@ -33,25 +33,35 @@ def proof_records(proof: Any) -> list[dict[str, Any]]:
         raise BadInput(f"the proof's records must be a list, not {type(records).__name__}", fix=PROOF_FIX)
     if not records:
         raise BadInput("the proof proves no record: its records are empty", fix=PROOF_FIX)
-    fields, seen = {*RECORD_FIELDS, "path"}, set()
+    seen = set()
     for number, entry in enumerate(records, 1):
-        if not isinstance(entry, dict):
-            raise BadInput(f"record {number} of the proof is not an object", fix=PROOF_FIX)
-        if set(entry) != fields:
-            raise BadInput(f"record {number} of the proof does not hold exactly {', '.join(sorted(fields))}", fix=PROOF_FIX)
-        seq = entry["seq"]
-        if type(seq) is not int or seq < 1:
-            raise BadInput(f"record {number} of the proof: seq must be a whole number from 1, not {seq!r}", fix=PROOF_FIX)
-        texts = [name for name in RECORD_FIELDS if name not in ("seq", "payload")]
-        if not (all(isinstance(entry[name], str) for name in texts) and isinstance(entry["payload"], dict)
-                and isinstance(entry["path"], list) and all(isinstance(h, str) for h in entry["path"])):
-            raise BadInput(f"record {seq} of the proof: {', '.join(texts)} must be strings, payload an object and path "
-                           "a list of hex strings", fix=PROOF_FIX)
+        seq = _record_seq(number, entry)
         if seq in seen:
             raise BadInput(f"record {seq} appears more than once in the proof", fix=PROOF_FIX)
         seen.add(seq)
     _require_covers(proof.get("covers"))
     return records
+
+
+def _record_seq(number: int, entry: Any) -> int:
+    """The seq of the proof's record `number` (from 1); BadInput unless it is an object holding exactly a record's
+    fields and its path, each of the right type."""
+    if not isinstance(entry, dict):
+        raise BadInput(f"record {number} of the proof is not an object", fix=PROOF_FIX)
+    fields = {*RECORD_FIELDS, "path"}
+    if set(entry) != fields:
+        raise BadInput(f"record {number} of the proof does not hold exactly {', '.join(sorted(fields))}",
+                       fix=PROOF_FIX)
+    seq = entry["seq"]
+    if type(seq) is not int or seq < 1:
+        raise BadInput(f"record {number} of the proof: seq must be a whole number from 1, not {seq!r}",
+                       fix=PROOF_FIX)
+    texts = [name for name in RECORD_FIELDS if name not in ("seq", "payload")]
+    if not (all(isinstance(entry[name], str) for name in texts) and isinstance(entry["payload"], dict)
+            and isinstance(entry["path"], list) and all(isinstance(h, str) for h in entry["path"])):
+        raise BadInput(f"record {seq} of the proof: {', '.join(texts)} must be strings, payload an object and path "
+                       "a list of hex strings", fix=PROOF_FIX)
+    return seq
 
 
 COVERS = {"release_id": str, "records": int, "seqs": list, "checkpoint_seq": int, "head_hash": str}
@@ -65,8 +75,8 @@ def _require_covers(covers: Any) -> None:
                        fix="prove the release again with `shiplift ledger prove RELEASE --out FILE`")
     if not (all(type(covers[name]) is kind for name, kind in COVERS.items())
             and all(type(seq) is int for seq in covers["seqs"])):
-        raise BadInput("the proof's `covers`: release_id and head_hash must be strings, records and checkpoint_seq whole "
-                       "numbers, seqs a list of whole numbers", fix=PROOF_FIX)
+        raise BadInput("the proof's `covers`: release_id and head_hash must be strings, records and checkpoint_seq "
+                       "whole numbers, seqs a list of whole numbers", fix=PROOF_FIX)
 
 
 def _coverage_problems(proof: dict[str, Any], signed: Checkpoint) -> list[str]:
@@ -117,7 +127,8 @@ def _included(entry: dict[str, Any], signed: Checkpoint, root: bytes) -> bool:
     """Whether a proof record's audit path leads from its record_hash to the checkpoint's signed Merkle root."""
     try:
         path = [bytes.fromhex(h) for h in entry["path"]]
-        return merkle.included(merkle.leaf(bytes.fromhex(entry["record_hash"])), entry["seq"] - 1, signed.seq, path, root)
+        return merkle.included(merkle.leaf(bytes.fromhex(entry["record_hash"])), entry["seq"] - 1, signed.seq, path,
+                               root)
     except ValueError:
         return False
 

@@ -12,10 +12,11 @@ import math
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Callable, Protocol
+from typing import Protocol
 
 import sqlalchemy as sa
 
@@ -57,7 +58,8 @@ class Lease:
     def describe(self) -> str:
         """Who holds it, for people: the holder's name, its process (a run's lease) and when it last renewed."""
         process = f", process {self.pid} on {self.host}" if self.pid is not None else ", held by name"
-        return f"{self.holder!r} (release {self.release_id!r}{process}; renewed {self.renewed_at}, expires {self.expires_at})"
+        return (f"{self.holder!r} (release {self.release_id!r}{process}; "
+                f"renewed {self.renewed_at}, expires {self.expires_at})")
 
     def __enter__(self) -> Lease:
         return self
@@ -116,10 +118,12 @@ class LeaseBook:
             now = utcnow()
             current = self._lease_of(conn, model)
             live = current is not None and parse_utc(current.expires_at) > now
-            if live and (current.holder, current.release_id, current.host, current.pid) != (holder, release_id, host, pid):
+            ours = (holder, release_id, host, pid)
+            if live and (current.holder, current.release_id, current.host, current.pid) != ours:
                 why = stopped(current) if stopped is not None and current.release_id == release_id else None
                 if why is None:
-                    same = " (this same release, in another run that is still alive)" if current.release_id == release_id else ""
+                    same = (" (this same release, in another run that is still alive)"
+                            if current.release_id == release_id else "")
                     raise LeaseHeld(
                         f"model {model!r} is being promoted by {current.describe()}{same}",
                         fix="wait for that run to finish or its lease to expire, then retry",
@@ -150,11 +154,12 @@ class LeaseBook:
             now = utcnow()
             current = self._lease_of(conn, model)
             if current is None or not _held_by(current, holder, release_id, token):
-                taken = f"it is held by {current.describe()}" if current is not None else "nobody holds it: it was given back"
+                taken = (f"it is held by {current.describe()}" if current is not None
+                         else "nobody holds it: it was given back")
                 raise LeaseLost(
                     f"run {holder!r} lost the promotion lease on {model!r}: {taken}",
-                    fix="this run stops before production; look at `shiplift ledger history` and rerun the release once "
-                        "the other run has finished",
+                    fix="this run stops before production; look at `shiplift ledger history` and rerun the release "
+                        "once the other run has finished",
                 )
             renewed = {"expires_at": format_utc(now + timedelta(seconds=ttl_s)), "renewed_at": format_utc(now)}
             conn.execute(self._leases.update().where(self._leases.c.model == model).values(**renewed))

@@ -10,8 +10,17 @@ from __future__ import annotations
 from tasks.errors import NotFound
 from tasks.ledger import events
 from tasks.ledger.records import RECORD_ONLY_KEYS, Failure, Opened, Options, recorded_or_empty, stage_payload
-from tasks.ledger.stage_results import (BuildResult, DeployResult, ImageResult, PackageResult, PromoteResult,
-                                        StageResult, TeardownResult, ValidateResult, stage_result)
+from tasks.ledger.stage_results import (
+    BuildResult,
+    DeployResult,
+    ImageResult,
+    PackageResult,
+    PromoteResult,
+    StageResult,
+    TeardownResult,
+    ValidateResult,
+    stage_result,
+)
 
 
 class ReleaseState:
@@ -24,7 +33,7 @@ class ReleaseState:
         self.refresh()
 
     @classmethod
-    def load(cls, ledger, release_id: str) -> "ReleaseState":
+    def load(cls, ledger, release_id: str) -> ReleaseState:
         """The release's state; NotFound when the ledger has never seen it opened."""
         state = cls(ledger, release_id)
         if state.opened is None:
@@ -33,7 +42,7 @@ class ReleaseState:
         return state
 
     @classmethod
-    def from_records(cls, release_id: str, records: list) -> "ReleaseState":
+    def from_records(cls, release_id: str, records: list) -> ReleaseState:
         """A state over records already read, for views of many releases at once (it cannot refresh)."""
         state = cls.__new__(cls)
         state.ledger, state.release_id, state.records = None, release_id, list(records)
@@ -83,7 +92,8 @@ class ReleaseState:
         entry = {"status": "succeeded", "event": record.event, "seq": record.seq,
                  "result": {k: v for k, v in record.payload.items() if k not in RECORD_ONLY_KEYS}}
         if name == events.DEPLOY_CANDIDATE and self._latest(events.PROMOTE, events.DONE) is None:
-            teardown = self._latest(events.TEARDOWN, events.DONE)  # a release that has not finished redeploys on resume,
+            # a release that has not finished redeploys on resume,
+            teardown = self._latest(events.TEARDOWN, events.DONE)
             asked = self._latest(events.APPROVAL) is not None  # unless it was torn down to wait for approval
             removed = teardown is not None and stage_payload(teardown, TeardownResult).removed
             if removed and teardown.seq > record.seq and not asked:

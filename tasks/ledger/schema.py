@@ -63,7 +63,8 @@ def _has_ledger_tables(conn: sa.Connection, schema: str | None) -> bool:
 
 
 def schema_differences(conn: sa.Connection, tables: tuple[sa.Table, ...], schema: str | None) -> list[Any]:
-    """Alembic's differences between the database and `tables` (columns, types, keys, indexes), ignoring other tables."""
+    """Alembic's differences between the database and `tables` (columns, types, keys, indexes), ignoring other
+    tables."""
     if schema == conn.dialect.default_schema_name:  # Alembic names the default schema None
         schema = None
     names = {table.name for table in tables}

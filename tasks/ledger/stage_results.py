@@ -136,7 +136,8 @@ class PromoteResult(StageResult):
     rollback_to: str | None = None
     moved_from: dict[str, str | None] | None = None  # a fleet move: the endpoint and component it served on before
     moved_to: dict[str, Any] | None = None  # a fleet move: the placement, copies and scale_to_zero it serves with since
-    share: dict[str, Any] | None = None  # a fleet move (and a promotion of a moved release): its share of the endpoint's bill
+    # a fleet move (and a promotion of a moved release): its share of the endpoint's bill
+    share: dict[str, Any] | None = None
 
     @property
     def moved_from_endpoint(self) -> str | None:

@@ -41,11 +41,11 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -53,13 +53,31 @@ from sqlalchemy import exc as sa_exc
 from tasks.atomic import write_text_atomic
 from tasks.errors import BadInput, IntegrityError, NotFound, NotReady, ShipliftError
 from tasks.hashing import canonical_json
-from tasks.ledger.chain_records import (GENESIS_HASH, Record, VerifyResult, check_json, content_hash, render_csv,
-                                        render_json, require_text, walk_chain)
-from tasks.ledger.database import (RESTORE_FIX, WRITE_LOCK_TIMEOUT_S, absent_wal_sidecars, damage_name, make_engine,
-                                   missing_table_or_column, refused_as_read_only, wal_sidecars)
+from tasks.ledger.chain_records import (
+    GENESIS_HASH,
+    Record,
+    VerifyResult,
+    check_json,
+    content_hash,
+    render_csv,
+    render_json,
+    require_text,
+    walk_chain,
+)
+from tasks.ledger.database import (
+    RESTORE_FIX,
+    WRITE_LOCK_TIMEOUT_S,
+    absent_wal_sidecars,
+    damage_name,
+    make_engine,
+    missing_table_or_column,
+    refused_as_read_only,
+    wal_sidecars,
+)
 from tasks.ledger.events import SUCCEEDED
 from tasks.ledger.leases import Lease, LeaseBook
 from tasks.ledger.migrations import head_tables
+from tasks.ledger.schema import migrate, read_problem, revision_of
 from tasks.ledger.timestamps import as_utc_text, recorded_at
 
 PROMOTE_STAGE = "promote"
@@ -99,8 +117,6 @@ class Ledger:
                 raise
 
     def _migrate(self, conn: sa.Connection) -> dict[str, str | None]:
-        from tasks.ledger.schema import migrate  # Alembic: only a writable open needs it (~0.2 s to import)
-
         return migrate(conn, self._schema, self._shown_url)
 
     def _create_sqlite_file_whole(self, url: str) -> dict[str, str | None] | None:
@@ -184,7 +200,8 @@ class Ledger:
                         )
                     yield conn
         except sa_exc.DBAPIError as error:
-            raise self._database_error(error, f"check the database is up; a writer lock is awaited {WRITE_LOCK_TIMEOUT_S} s") from error
+            fix = f"check the database is up; a writer lock is awaited {WRITE_LOCK_TIMEOUT_S} s"
+            raise self._database_error(error, fix) from error
 
     @contextmanager
     def _read(self) -> Iterator[sa.Connection]:
@@ -192,7 +209,8 @@ class Ledger:
             with self._engine.connect() as conn:
                 yield conn
         except sa_exc.DBAPIError as error:
-            raise self._schema_problem(error) or self._database_error(error, "check the database is up and retry") from error
+            raise self._schema_problem(error) or self._database_error(error,
+                                                                      "check the database is up and retry") from error
         except UnicodeDecodeError as error:  # SQLite hands back a damaged page's text as it finds it
             raise IntegrityError(
                 f"ledger database {self._shown_url} is damaged (text that is not UTF-8: {error.reason})",
@@ -203,7 +221,6 @@ class Ledger:
         """For a query that met a missing table or column, the schema revision the database is at and the fix."""
         if not missing_table_or_column(error):
             return None
-        from tasks.ledger.schema import read_problem
 
         try:
             with self._engine.connect() as conn:
@@ -211,7 +228,8 @@ class Ledger:
         except sa_exc.DBAPIError:
             return None
         return problem or IntegrityError(
-            f"ledger database {self._shown_url} is at this shiplift's schema revision but lacks part of it ({error.orig})",
+            f"ledger database {self._shown_url} is at this shiplift's schema revision but lacks part of it "
+            f"({error.orig})",
             fix="run `shiplift ledger verify`; restore the ledger from a backup if a table was dropped",
         )
 
@@ -332,7 +350,8 @@ class Ledger:
             return walk_chain(rows, expected_head, allow_empty)
 
     def _require_undamaged(self, conn: sa.Connection) -> None:
-        """SQLite's page check, so damage to pages the chain walk never reads (indexes, leases, version) is found too."""
+        """SQLite's page check, so damage to pages the chain walk never reads (indexes, leases, version) is found
+        too."""
         if self._postgres:
             return
         found = conn.exec_driver_sql("PRAGMA quick_check").scalars().all()
@@ -415,8 +434,6 @@ class Ledger:
 
 def current_revision(url: str, schema: str | None = None) -> str | None:
     """The schema revision of the ledger at `url` (None: new, or made before migrations); changes nothing."""
-    from tasks.ledger.schema import revision_of
-
     with Ledger(url, schema=schema, read_only=True) as ledger, ledger._read() as conn:
         return revision_of(conn, schema)
 

@@ -7,7 +7,7 @@ records the newest record's time instead; a clock further behind is refused, nam
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
@@ -19,17 +19,17 @@ _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 def utcnow() -> datetime:
     """The current time in UTC (the one clock records and leases read; tests replace it)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def format_utc(moment: datetime) -> str:
     """`moment` in UTC as the ledger stores times."""
-    return moment.astimezone(timezone.utc).strftime(_TS_FORMAT)
+    return moment.astimezone(UTC).strftime(_TS_FORMAT)
 
 
 def parse_utc(text: str) -> datetime:
     """A time the ledger stored, back as an aware datetime; ValueError for text that is not one."""
-    return datetime.strptime(text, _TS_FORMAT).replace(tzinfo=timezone.utc)
+    return datetime.strptime(text, _TS_FORMAT).replace(tzinfo=UTC)
 
 
 def recorded_at(head: sa.Row | None) -> str:

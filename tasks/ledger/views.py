@@ -1,5 +1,6 @@
 """Audit views of the ledger (DESIGN §10): one row per release, one release in full, two side by side, what
-served a model at a moment and on what evidence, and a model's timeline of releases, traffic and rollbacks.
+served a model at a moment and on what evidence, a model's timeline of releases, traffic and rollbacks, and the
+release an id a person typed names (a prefix, a suffix, or a table's shortened form).
 
 Pure reads of the records a `Ledger` returns: they never write and never ask an endpoint (drift is
 `tasks.pipeline.audit`'s job). The CLI prints them as tables, `--json` as they are; the audit report renders them.
@@ -7,21 +8,54 @@ Pure reads of the records a `Ledger` returns: they never write and never ask an 
 
 from __future__ import annotations
 
+import difflib
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-from tasks.errors import NotFound
-from tasks.ledger.events import (APPROVAL, AWAITING_APPROVAL, FAILED, FINAL, LEDGER, OPENED, PROMOTE, RELEASE, ROLLED_BACK,
-                                 SUCCEEDED, TRAFFIC, VALIDATE)
-from tasks.ledger.events import BAKE, STEP, VERDICT
 from tasks.console import flatten
-from tasks.ledger.records import (Approval, Failure, OnlineGateEvidence, Opened, Retirement, StepRecord, is_fleet_move,
-                                  is_promotion, is_retirement, promotion, recorded, stage_payload)
-from tasks.ledger.stage_results import (BuildResult, ImageResult, PackageResult, PromoteResult, ResolveResult,
-                                        ValidateResult)
-from tasks.ledger.timestamps import moment_text
+from tasks.errors import BadInput, NotFound
+from tasks.ledger.events import (
+    APPROVAL,
+    AWAITING_APPROVAL,
+    BAKE,
+    FAILED,
+    FINAL,
+    LEDGER,
+    OPENED,
+    PROMOTE,
+    RELEASE,
+    ROLLED_BACK,
+    STEP,
+    SUCCEEDED,
+    TRAFFIC,
+    VALIDATE,
+    VERDICT,
+)
+from tasks.ledger.records import (
+    Approval,
+    Failure,
+    OnlineGateEvidence,
+    Opened,
+    Retirement,
+    StepRecord,
+    is_fleet_move,
+    is_promotion,
+    is_retirement,
+    promotion,
+    recorded,
+    stage_payload,
+)
 from tasks.ledger.release_state import ReleaseState, release_summary
+from tasks.ledger.stage_results import (
+    BuildResult,
+    ImageResult,
+    PackageResult,
+    PromoteResult,
+    ResolveResult,
+    ValidateResult,
+)
+from tasks.ledger.timestamps import moment_text
 
 
 def _states(records: list) -> list[ReleaseState]:
@@ -118,6 +152,44 @@ def releases(ledger, model: str | None = None) -> list[dict]:
     return [release_row(detail) for detail in details(of_releases(ledger.history(model)))]
 
 
+SHORTENED = ("…", "...")  # how a table shortens an id (`gemma-…3d396`), and how a person may type it
+
+
+def release_id_matches(text: str, release_id: str) -> bool:
+    """Whether `text` names `release_id` as git names a hash: a prefix, a suffix, or a table's shortened form
+    (`gemma-…3d396`: that prefix and that suffix)."""
+    for mark in SHORTENED:
+        if mark in text:
+            head, _, tail = text.partition(mark)
+            fits = len(release_id) >= len(head) + len(tail)
+            return fits and release_id.startswith(head) and release_id.endswith(tail)
+    return release_id.startswith(text) or release_id.endswith(text)
+
+
+def resolve_release(ledger, text: str) -> str:
+    """The full id of the release `text` names (the id, a unique prefix or suffix, or the shortened form a table
+    prints); BadInput listing the candidates when several match, NotFound naming the nearest ids when none does."""
+    if not text.strip(" …."):
+        raise BadInput(f"release id {text!r} is empty", fix="pass a release id as `shiplift ledger history` lists it")
+    try:
+        if of_releases(ledger.release(text)):  # the full id, as orchestrators pass it: one query
+            return text
+    except NotFound:
+        pass
+    known = list(dict.fromkeys(record.release_id for record in of_releases(ledger.history())))
+    found = [release_id for release_id in known if release_id_matches(text, release_id)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise BadInput(f"release id {text!r} is ambiguous: it matches {', '.join(found)}",
+                       fix="pass more of the id (the --json output carries every id in full)")
+    nearest = difflib.get_close_matches(text, known, n=3, cutoff=0.4)
+    raise NotFound(f"no release in the ledger matches {text!r}"
+                   + (f"; the nearest: {', '.join(nearest)}" if nearest else ""),
+                   fix="list releases with `shiplift ledger history` (or pass --state-dir / --ledger-url naming "
+                       "another ledger)")
+
+
 def show(ledger, release_id: str) -> dict:
     """One release in full, with its stages' statuses."""
     return release_detail(ReleaseState.from_records(release_id, ledger.release(release_id)))
@@ -157,7 +229,8 @@ CHECK_FIELDS = ("status", "observed", "ci", "comparator", "threshold", "n")  # w
 
 
 def _check_value(check: dict) -> dict:
-    """A gate check as one diff value: its status, observed value and interval (`ci`, [lo, hi]), rule and n, unrounded."""
+    """A gate check as one diff value: its status, observed value and interval (`ci`, [lo, hi]), rule and n,
+    unrounded."""
     return {key: check.get(key) for key in CHECK_FIELDS}
 
 
@@ -286,7 +359,8 @@ def serving_changes(records: list) -> list[dict]:
     for record in records:
         if is_promotion(record):
             promoted, rollout = record, None
-        elif record.stage == PROMOTE and record.event == ROLLED_BACK and rollout and rollout["release_id"] == record.release_id:
+        elif ((record.stage, record.event) == (PROMOTE, ROLLED_BACK)
+              and rollout and rollout["release_id"] == record.release_id):
             rollout = None
         elif (record.stage, record.event) == (TRAFFIC, STEP):
             step = StepRecord.of(record)
@@ -423,7 +497,8 @@ def _timeline_event(record) -> tuple[str, str] | None:
 def require_records(records: list, model: str) -> list:
     """The records of `model`; NotFound when the ledger holds none (a model it never saw)."""
     if not records:
-        raise NotFound(f"the ledger has no records of model {model!r}", fix="list models with `shiplift ledger history`")
+        raise NotFound(f"the ledger has no records of model {model!r}",
+                       fix="list models with `shiplift ledger history`")
     return records
 
 
@@ -446,7 +521,8 @@ def timeline(ledger, model: str) -> list[dict]:
 
 
 STATUS_METRICS = ("accuracy", "macro_f1", "ece", "p95_ms")  # a gate's headline numbers, as its stage result names them
-IN_PROGRESS = ("created", "running", AWAITING_APPROVAL)  # a release opened and not finished (running, or stopped before it recorded an end)
+# a release opened and not finished (running, or stopped before it recorded an end)
+IN_PROGRESS = ("created", "running", AWAITING_APPROVAL)
 
 
 def cost_per_hour(detail: dict, promoted: PromoteResult | None = None) -> float | None:
@@ -464,7 +540,7 @@ def serving_status(ledger, model: str | None = None, *, now: datetime | None = N
     """Per model (of one, or of all, in the order the ledger first saw them): what serves now (the release, since
     when and by which promotion, its gate decision and headline metrics, its cost per hour), its last release and that
     release's outcome, and the releases opened and not finished. Read from the ledger alone."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     by_model: dict[str, list] = defaultdict(list)
     for record in of_releases(ledger.history(model)):
         by_model[record.model].append(record)
@@ -474,7 +550,8 @@ def serving_status(ledger, model: str | None = None, *, now: datetime | None = N
         record = ledger.served_at(name, now)
         serving = None
         if record is not None:
-            detail = next((d for d in found if d["release_id"] == record.release_id), None) or show(ledger, record.release_id)
+            detail = next((d for d in found if d["release_id"] == record.release_id), None) or show(ledger,
+                                                                                                    record.release_id)
             gate = detail["gate"] or {}
             metrics = gate.get("metrics") or {}
             row = _promotion_row(record)
@@ -485,7 +562,8 @@ def serving_status(ledger, model: str | None = None, *, now: datetime | None = N
         last = found[-1]
         rows.append({"model": name, "serving": serving,
                      "last_release": {"release_id": last["release_id"], "status": last["status"],
-                                      "decision": last["decision"], "opened_at": last["opened_at"], "last_at": last["last_at"]},
+                                      "decision": last["decision"], "opened_at": last["opened_at"],
+                                      "last_at": last["last_at"]},
                      "in_progress": [d["release_id"] for d in found if d["status"] in IN_PROGRESS],
                      "awaiting_approval": [{"release_id": d["release_id"], **d["awaiting_approval"]}
                                            for d in found if d["status"] == AWAITING_APPROVAL]})

@@ -20,20 +20,26 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.artifacts.packaging import ARCHIVE_NAME, PackagedModel
 from tasks.backends.aws.base_images import docker_hub_note
+from tasks.backends.aws.checkpoint_store import S3CheckpointStore
+from tasks.backends.aws.hosting_requests import VARIANT, tags
+from tasks.backends.aws.published_images import resolve_request
 from tasks.backends.aws.recording_session import FreshAccount, Plan, Request, placeholder_hex, recording_session
+from tasks.backends.capacity import room
 from tasks.backends.interfaces import ComponentSpec, ModelRef
 from tasks.backends.placement import MemoryEstimate
 from tasks.backends.registry import checkpoint_parts, make_backends
 from tasks.families.base import AdoptedImageConfig, BuiltModel
 from tasks.hashing import sha256_file
 from tasks.ledger import events
-from tasks.ledger.checkpoints import CheckpointLog, checkpoint
+from tasks.ledger.checkpoints import CheckpointLog, PrivateKeySigner, checkpoint, load_private_key
 from tasks.ledger.records import stage_payload
 from tasks.ledger.stage_results import DeployResult
 from tasks.ledger.store import Ledger
@@ -48,8 +54,12 @@ CALIBRATION_ANSWERS = 12  # made-up answers a temperature fit stands on (it want
 MEASURED = {"Specification.ComputeResourceRequirements.MinMemoryRequiredInMb":
             "memory one copy needs, measured by the build (weights + KV cache + runtime)"}
 EVIDENCE = ("gate-report.json", "predictions.jsonl", "report.html")  # what a gate writes and validate keeps
-MODEL_REGISTRY = "model_registry"  # the plan's stage of the registry view's requests, whichever stage's record they follow
-QUIET = lambda message: None  # noqa: E731
+# the plan's stage of the registry view's requests, whichever stage's record they follow
+MODEL_REGISTRY = "model_registry"
+
+
+def quiet(message: str) -> None:
+    """A dry run's progress: said to nobody."""
 
 
 def plan_release(config, *, config_path: Path, with_champion: bool = False) -> list[Request]:
@@ -69,7 +79,7 @@ def plan_release(config, *, config_path: Path, with_champion: bool = False) -> l
                 _publish(config, plan, account, release_id)
             if with_champion:
                 _champion(config, backends, plan, account, ledger, release_id, CheckpointLog(scratch / "witness"))
-            ctx = open_loaded(config, Path(config_path), backends, actor="dry-run", progress=QUIET, family=family)
+            ctx = open_loaded(config, Path(config_path), backends, actor="dry-run", progress=quiet, family=family)
             for step in STAGES:
                 plan.stage = step.name
                 run_stage(ctx, step.name)
@@ -121,8 +131,6 @@ class NothingServed:
     """The scratch server of a dry run: nothing is started (the stand-in family's calibration asks no server)."""
 
     def serve(self, image, model_dir: Path, name: str):
-        from contextlib import nullcontext
-
         return nullcontext(None)
 
 
@@ -239,7 +247,8 @@ def _mark_computed(plan: Plan, family: StandInFamily, ledger: Ledger) -> None:
     put = next((r for r in plan.requests if (r.stage, r.operation) == ("release", "PutObject")), None)
     if put is not None:  # the checkpoint the release's end signed into the Object Lock bucket
         signed, ends = json.loads(put.params["Body"]), "known when the release ends"
-        for key, what in (("head_hash", "the ledger head's hash"), ("merkle_root", "the Merkle root of the ledger's records"),
+        for key, what in (("head_hash", "the ledger head's hash"),
+                          ("merkle_root", "the Merkle root of the ledger's records"),
                           ("signed_at", "the signing time"), ("signature", "the Ed25519 signature")):
             plan.stand_in(signed[key], f"{what}, {ends}")
         plan.stand_in(signed["key_id"], "the id of the secret's key")
@@ -249,8 +258,6 @@ def _mark_computed(plan: Plan, family: StandInFamily, ledger: Ledger) -> None:
 
 def _publish(config, plan: Plan, account: FreshAccount, release_id: str) -> None:
     """The published image's tag, naming the pinned `image.digest` or, unpinned, a placeholder digest."""
-    from tasks.backends.aws.published_images import resolve_request
-
     image, region = config.image, config.backend.region
     digest = image.digest or "sha256:" + plan.stand_in(
         placeholder_hex("published image digest", release_id),
@@ -264,11 +271,14 @@ def _champion(config, backends, plan: Plan, account: FreshAccount, ledger: Ledge
     """Production serving a champion an earlier release promoted: its model (tagged with that release), the endpoint
     config this release would create, the endpoint and the component, InService; in the ledger, that release opened
     and promoted; and, where the config keeps checkpoints, the checkpoint that release ended with."""
-    from tasks.backends.aws.hosting_requests import VARIANT, tags
+    hosting, store = backends.hosting, backends.store
+    endpoint, component = production_endpoint(config), production_component(config)
 
-    hosting, store, endpoint, component = backends.hosting, backends.store, production_endpoint(config), production_component(config)
-    stand_in = lambda what: plan.stand_in(placeholder_hex(what, release_id), what)  # noqa: E731
-    release = plan.stand_in(f"{config.name}-{placeholder_hex('champion release', release_id)[:12]}", "the champion's release")
+    def stand_in(what: str) -> str:
+        return plan.stand_in(placeholder_hex(what, release_id), what)
+
+    release = plan.stand_in(f"{config.name}-{placeholder_hex('champion release', release_id)[:12]}",
+                            "the champion's release")
     ref = ModelRef(release_id=release, artifact_sha256=stand_in("the champion's artifact sha256"),
                    image_digest="sha256:" + stand_in("the champion's image digest"))
     spec = ComponentSpec(image_uri=f"{backends.images.repository_uri()}@{ref.image_digest}",
@@ -279,14 +289,16 @@ def _champion(config, backends, plan: Plan, account: FreshAccount, ledger: Ledge
     plan.stand_in(model["ModelName"], "the champion's model, named by the release that promoted it")
     on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
     single = hosting.single_model(config.placement, "production")  # serverless: the model is the endpoint's variant
-    serving = hosting.endpoint_config_request(endpoint, config.placement, model_name=model["ModelName"] if single else None,
+    serving = hosting.endpoint_config_request(endpoint, config.placement,
+                                              model_name=model["ModelName"] if single else None,
                                               variant_name=component if single else VARIANT, on_gpu=on_gpu,
                                               release_id=ref.release_id)
     requests = [("CreateModel", model), ("CreateEndpointConfig", serving),
                 ("CreateEndpoint", {"EndpointName": endpoint, "EndpointConfigName": serving["EndpointConfigName"],
                                     "Tags": tags(endpoint=endpoint, release=ref.release_id, role="production")})]
     if not single:
-        requests.append(("CreateInferenceComponent", hosting.component_request(component, endpoint, spec, model["ModelName"])))
+        requests.append(("CreateInferenceComponent",
+                         hosting.component_request(component, endpoint, spec, model["ModelName"])))
     for operation, params in requests:
         account.seed("sagemaker", operation, params)
     for stage, event, payload in ((events.RELEASE, events.OPENED, {"config": config.model_dump(mode="json")}),
@@ -304,8 +316,6 @@ class _Signed:
         self.signed = None
 
     def locked(self):
-        from contextlib import nullcontext
-
         return nullcontext()
 
     def entries(self) -> list:
@@ -319,15 +329,13 @@ def _champion_checkpoint(backend, account: FreshAccount, ledger: Ledger, witness
     """The checkpoint the champion's release ended with, signed with the account's key over the ledger as it was then
     and stored at position 1 of the checkpoint bucket (and the witness), so this release's end reads it back, verifies
     it against the ledger and signs position 2."""
-    from tasks.backends.aws.checkpoint_store import S3CheckpointStore
-    from tasks.ledger.checkpoints import PrivateKeySigner, load_private_key
-
     settings = backend.checkpoints
     pem = account.answer("secretsmanager", "GetSecretValue", {"SecretId": settings.key_ref}).parsed["SecretString"]
     kept = _Signed()
     checkpoint(ledger, kept, PrivateKeySigner(load_private_key(pem.encode(), "the dry run's stand-in secret")),
                witness=witness)
-    store = S3CheckpointStore(None, bucket=settings.bucket, prefix=settings.prefix, retention_days=settings.retention_days,
+    store = S3CheckpointStore(None, bucket=settings.bucket, prefix=settings.prefix,
+                              retention_days=settings.retention_days,
                               lock_mode=settings.lock_mode, kms_key_id=backend.kms_key_id)
     account.seed("s3", "PutObject", store.put_params(1, kept.signed))
 
@@ -365,13 +373,17 @@ def annotations(config) -> dict[tuple[str, str], tuple[Note, dict[str, str]]]:
             ("CreateMultipartUpload", "files up to 64 MiB go up in one conditional PutObject instead"),
             ("UploadPart", "one UploadPart per 64 MiB part of the file"))},
         ("preflight", "DescribeKey"): ("the key must exist and be an enabled symmetric key", {}),
-        **{(stage, "ListTags"): ("which release the model is", {}) for stage in ("deploy_candidate", "validate", "promote")},
-        ("teardown_candidate", "ListTags"): ("only resources tagged shiplift:endpoint with this endpoint are deleted", {}),
+        **{(stage, "ListTags"): ("which release the model is", {})
+           for stage in ("deploy_candidate", "validate", "promote")},
+        ("teardown_candidate", "ListTags"): ("only resources tagged shiplift:endpoint with this endpoint are deleted",
+                                             {}),
         (MODEL_REGISTRY, "ListModelPackages"): ("is the release registered? (by its description)", {}),
         (MODEL_REGISTRY, "UpdateModelPackage"): ("a complete update: status, description and every metadata key", {}),
-        ("image", "DescribeImages"): (lambda params: "an image already built from this content is reused and nothing below "
+        ("image",
+         "DescribeImages"): (lambda params: "an image already built from this content is reused and nothing below "
                                       "runs" if "imageTag" in params["imageIds"][0] else None, {}),
-        ("image", "ListBuildsForProject"): ("a build of this tag still running (an earlier attempt) is waited for instead of "
+        ("image",
+         "ListBuildsForProject"): ("a build of this tag still running (an earlier attempt) is waited for instead of "
                                             "started again", {}),
         ("deploy_candidate", "CreateInferenceComponent"): (None, MEASURED),
         ("validate", "InvokeEndpoint"): (lambda params: "the champion, on the same tasks"
@@ -379,9 +391,11 @@ def annotations(config) -> dict[tuple[str, str], tuple[Note, dict[str, str]]]:
         ("promote", "InvokeEndpoint"): ("the online gate's canary replay through production, after each batch", {}),
         ("promote", "CreateInferenceComponent"): (None, MEASURED),
         ("promote", "UpdateInferenceComponent"): (lambda params: (
-            "SageMaker moves the copies batch by batch and rolls back when an alarm fires" if "DeploymentConfig" in params
+            "SageMaker moves the copies batch by batch and rolls back when an alarm fires"
+            if "DeploymentConfig" in params
             else "no DeploymentConfig: the new copies start beside the old ones") + f"; capacity: {fit}", MEASURED),
-        ("promote", "PutMetricData"): ("the online gate's verdict after each replay of its canary set: 1 when the candidate "
+        ("promote",
+         "PutMetricData"): ("the online gate's verdict after each replay of its canary set: 1 when the candidate "
                                        "fails it on its own answers", {}),
     }
     if isinstance(image, AdoptedImageConfig):
@@ -394,23 +408,24 @@ def annotations(config) -> dict[tuple[str, str], tuple[Note, dict[str, str]]]:
     if backend.checkpoints is not None:
         checkpoint_bucket = backend.checkpoints.bucket
         for stage in ("preflight", "release"):  # checked before anything, and again before signing
-            table[stage, "HeadBucket"] = (lambda params: "the checkpoint bucket" if params["Bucket"] == checkpoint_bucket
+            table[stage, "HeadBucket"] = (lambda params: "the checkpoint bucket"
+                                          if params["Bucket"] == checkpoint_bucket
                                           else None, {})
             table[stage, "GetObjectLockConfiguration"] = ("Object Lock must be enabled", {})
-            table[stage, "GetSecretValue"] = ("the Ed25519 signing key as PEM text; shiplift never creates the secret", {})
+            table[stage, "GetSecretValue"] = ("the Ed25519 signing key as PEM text; shiplift never creates the secret",
+                                              {})
         table["release", "ListObjectVersions"] = (
             "every page; on a fresh account none, so this release's checkpoint takes position 1 (a later release first "
             "reads each stored version, GetObject, and verifies it against the ledger)", {})
         table["release", "PutObject"] = (
             "If-None-Match: a writer that took the position first makes this one read, verify and sign again",
-            {"ObjectLockRetainUntilDate": f"the signing time plus retention_days ({backend.checkpoints.retention_days})"})
+            {"ObjectLockRetainUntilDate":
+             f"the signing time plus retention_days ({backend.checkpoints.retention_days})"})
     return table
 
 
 def update_fit(config) -> str:
     """The note on an update of production: how its copies fit the endpoint (tasks.backends.capacity)."""
-    from tasks.backends.capacity import room
-
     if config.placement.kind == "serverless":
         return "a serverless endpoint has no instances to fit: SageMaker starts compute per request"
     found = room(config.placement, config.image, config.rollout)

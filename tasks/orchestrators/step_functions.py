@@ -28,18 +28,35 @@ from typing import Any
 
 from tasks.config import ReleaseConfig
 from tasks.errors import BadInput, ConfigError, Conflict
+from tasks.ledger.events import STAGES
 from tasks.orchestrators.step_functions_deploy import definition_json, deploy_state_machine, verify_task_definition
 from tasks.orchestrators.step_functions_policies import approver_policy, state_machine_role_policy
 from tasks.orchestrators.step_functions_runner import RunnerSettings, load_runner_settings
-from tasks.orchestrators.step_functions_tasks import (approval_timed_out_command, approval_token_prefix,
-                                                      await_approval_command, begin_command, end_command,
-                                                      publish_stage_result, result_uri, stage_command, state_machine_name)
-from tasks.orchestrators.task_token import (HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV,
-                                           retryable_error_names)
-from tasks.ledger.events import STAGES
+from tasks.orchestrators.step_functions_tasks import (
+    approval_timed_out_command,
+    approval_token_prefix,
+    await_approval_command,
+    begin_command,
+    end_command,
+    publish_stage_result,
+    result_uri,
+    stage_command,
+    state_machine_name,
+)
+from tasks.orchestrators.task_token import HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV, retryable_error_names
 from tasks.pipeline.release import release_id_for
-from tasks.pipeline.table import (APPROVAL, APPROVAL_DECISION, APPROVAL_REQUEST, BACKOFF, READ_GATE,
-                                  STAGES_THROUGH_GATE, STEPS, check_timeouts, timeout_for, timeouts_for)
+from tasks.pipeline.table import (
+    APPROVAL,
+    APPROVAL_DECISION,
+    APPROVAL_REQUEST,
+    BACKOFF,
+    READ_GATE,
+    STAGES_THROUGH_GATE,
+    STEPS,
+    check_timeouts,
+    timeout_for,
+    timeouts_for,
+)
 
 __all__ = [  # importers name these from tasks.orchestrators.step_functions
     "APPROVAL_STATE", "APPROVAL_TIMED_OUT_STATE", "ECS_INFRA_ERRORS", "ECS_RUN_TASK", "FAILED_STATE", "STATE_NAMES",
@@ -72,7 +89,8 @@ def _intrinsic_literal(text: str) -> str:
 
 def _command_array(argv: list[str], holder_marker: str) -> str:
     """`States.Array(...)` of argv with the execution's lease holder read from `$.run.holder`."""
-    return "States.Array(" + ", ".join("$.run.holder" if a == holder_marker else _intrinsic_literal(a) for a in argv) + ")"
+    return "States.Array(" + ", ".join("$.run.holder" if a == holder_marker else _intrinsic_literal(a)
+                                       for a in argv) + ")"
 
 
 def _table_retry(step: str, errors: list[str]) -> list[dict]:
@@ -118,7 +136,8 @@ class _Renderer:
             override["Command"] = argv
         override["Environment"] = [
             {"Name": "SHIPLIFT_HOME", "Value": runner.state_dir},
-            *([{"Name": "SHIPLIFT_LEDGER_URL", "Value": self.config.backend.ledger_url}] if self.config.backend.ledger_url else []),
+            *([{"Name": "SHIPLIFT_LEDGER_URL", "Value": self.config.backend.ledger_url}]
+              if self.config.backend.ledger_url else []),
             {"Name": "SHIPLIFT_ACTOR", "Value.$": "$.run.holder"},
             {"Name": TOKEN_ENV, "Value.$": "$$.Task.Token"},
         ]
@@ -132,7 +151,8 @@ class _Renderer:
         if runner.platform_version:
             parameters["PlatformVersion"] = runner.platform_version
         if runner.subnets:
-            vpc: dict[str, Any] = {"Subnets": list(runner.subnets), "AssignPublicIp": "ENABLED" if runner.assign_public_ip else "DISABLED"}
+            vpc: dict[str, Any] = {"Subnets": list(runner.subnets), "AssignPublicIp": "ENABLED"
+                                   if runner.assign_public_ip else "DISABLED"}
             if runner.security_groups:
                 vpc["SecurityGroups"] = list(runner.security_groups)
             parameters["NetworkConfiguration"] = {"AwsvpcConfiguration": vpc}
@@ -150,7 +170,8 @@ class _Renderer:
         }
 
     def stage_timeout(self, step: str) -> int:
-        """TimeoutSeconds of a task: the step's `timeout_for` the config, plus once the time an ECS task takes to start."""
+        """TimeoutSeconds of a task: the step's `timeout_for` the config, plus once the time an ECS task takes to
+        start."""
         return timeout_for(step, self.config) + self.runner.startup_allowance_s
 
     def heartbeat_seconds(self) -> int:
@@ -159,18 +180,19 @@ class _Renderer:
         return self.runner.startup_allowance_s + 3 * HEARTBEAT_EVERY_S
 
     def approval_wait_seconds(self) -> int:
-        """TimeoutSeconds of AwaitApproval: the approval's `timeout_for` the config (`promotion.approval.timeout_s`), plus
-        once the time an ECS task takes to start (the ledger's deadline counts from the request, which the task records
-        once it has started, so the state times out after the deadline, never before)."""
+        """TimeoutSeconds of AwaitApproval: the approval's `timeout_for` the config (`promotion.approval.timeout_s`),
+        plus once the time an ECS task takes to start (the ledger's deadline counts from the request, which the task
+        records once it has started, so the state times out after the deadline, never before)."""
         return timeout_for(APPROVAL.name, self.config) + self.runner.startup_allowance_s
 
     def approval_states(self, promote: str) -> dict[str, dict]:
         """AwaitApproval and ApprovalTimedOut. AwaitApproval's task reports only a failure: once it has recorded the
         request it exits, and the state waits on its token (`.waitForTaskToken`) for the decision `shiplift approve` or
         `shiplift reject` sends with it, both as SendTaskSuccess so the release goes on to Promote (which promotes, or
-        skips with the reason); a rejection is a decision, not a failure. No HeartbeatSeconds: nothing runs to beat while
-        a person reads the report (and the States Language wants HeartbeatSeconds below TimeoutSeconds). States.Timeout
-        goes to ApprovalTimedOut, which records the timeout and goes on to Promote (skipped: not approved)."""
+        skips with the reason); a rejection is a decision, not a failure. No HeartbeatSeconds: nothing runs to beat
+        while a person reads the report (and the States Language wants HeartbeatSeconds below TimeoutSeconds).
+        States.Timeout goes to ApprovalTimedOut, which records the timeout and goes on to Promote (skipped: not
+        approved)."""
         rid, url = self.release_id, self.config.backend.ledger_url
         wait = self.ecs_task(APPROVAL_REQUEST.name, await_approval_command(
             rid, url, self.HOLDER, approval_token_prefix(self.config, self.runner, rid)),
@@ -178,7 +200,8 @@ class _Renderer:
         del wait["HeartbeatSeconds"]
         wait["ResultPath"] = APPROVAL_RESULT_PATH
         wait["Retry"] = _retry(APPROVAL_REQUEST.name, heartbeats=False)
-        wait["Catch"] = [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.approval_timeout", "Next": APPROVAL_TIMED_OUT_STATE},
+        wait["Catch"] = [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.approval_timeout",
+                          "Next": APPROVAL_TIMED_OUT_STATE},
                          *_catch("TeardownAfterFailure")]
         timed_out = self.ecs_task(APPROVAL_DECISION.name, approval_timed_out_command(rid, url, self.HOLDER),
                                   timeout_s=self.stage_timeout(APPROVAL_DECISION.name), next_state=promote,
@@ -210,7 +233,7 @@ class _Renderer:
                                    next_state=STATE_NAMES[STAGES[0]], catch=_catch(BEGIN_FAILED_STATE)),
         }
         following_states = (*(STATE_NAMES[s] for s in STAGES_THROUGH_GATE[1:]), "ReadGateDecision")
-        for stage, following in zip(STAGES_THROUGH_GATE, following_states):
+        for stage, following in zip(STAGES_THROUGH_GATE, following_states, strict=True):
             publish = f"s3://{bucket}/{key}" if stage == "validate" else None
             states[STATE_NAMES[stage]] = self.ecs_task(
                 stage, stage_command(stage, rid, url, self.HOLDER, publish), timeout_s=self.stage_timeout(stage),
@@ -239,7 +262,8 @@ class _Renderer:
                 {"Variable": decision, "IsPresent": False, "Next": "GateResultInvalid"},
                 {"Not": {"Variable": envelope_release, "StringEquals": rid}, "Next": "GateResultInvalid"},
                 *([asked_rule(decision)] if asks else []),
-                {"Variable": decision, "StringEquals": "pass", "Next": APPROVAL_STATE if approval else STATE_NAMES["promote"]},
+                {"Variable": decision, "StringEquals": "pass", "Next": APPROVAL_STATE
+                 if approval else STATE_NAMES["promote"]},
             ],
             "Default": STATE_NAMES["teardown_candidate"],
         }
@@ -260,19 +284,22 @@ class _Renderer:
         if bake:
             states["Bake"] = {
                 "Type": "Wait",
-                "Comment": f"{self.config.rollout.strategy} bake before the release is declared done (the lease is still held)",
+                "Comment": f"{self.config.rollout.strategy} bake before the release is declared done (the lease is "
+                           "still held)",
                 "Seconds": bake,
                 "Next": STATE_NAMES["teardown_candidate"],
             }
         states[STATE_NAMES["teardown_candidate"]] = self.ecs_task(
-            "teardown_candidate", stage_command("teardown_candidate", rid, url, self.HOLDER), timeout_s=self.stage_timeout("teardown_candidate"),
+            "teardown_candidate", stage_command("teardown_candidate", rid, url, self.HOLDER),
+            timeout_s=self.stage_timeout("teardown_candidate"),
             next_state="EndSucceeded", catch=_catch("EndFailed"))
         states["EndSucceeded"] = self.ecs_task(
             "end", end_command(rid, url, self.HOLDER, failed=False), timeout_s=self.stage_timeout("end"),
             next_state="Released", catch=_catch(END_NOT_RECORDED_STATE))
         states["Released"] = {"Type": "Succeed"}
         states["TeardownAfterFailure"] = self.ecs_task(
-            "teardown_candidate", stage_command("teardown_candidate", rid, url, self.HOLDER), timeout_s=self.stage_timeout("teardown_candidate"),
+            "teardown_candidate", stage_command("teardown_candidate", rid, url, self.HOLDER),
+            timeout_s=self.stage_timeout("teardown_candidate"),
             next_state="EndFailed", catch=_catch("EndFailed", "$.teardown_error"))
         states["EndFailed"] = self.ecs_task(
             "end", end_command(rid, url, self.HOLDER, failed=True), timeout_s=self.stage_timeout("end"),
@@ -280,7 +307,8 @@ class _Renderer:
         states[FAILED_STATE] = _fail("Shiplift.ReleaseFailed", "the candidate was torn down and the failure recorded")
         states[BEGIN_FAILED_STATE] = _fail("Shiplift.BeginFailed", "nothing of this run exists: no lease, no candidate")
         states[END_NOT_RECORDED_STATE] = _fail(
-            "Shiplift.EndNotRecorded", "stages finished but the final status was not recorded; the lease expires on its own")
+            "Shiplift.EndNotRecorded",
+            "stages finished but the final status was not recorded; the lease expires on its own")
         return {
             "Comment": f"shiplift release {rid} of {self.config.name}: {' -> '.join(STAGES)} "
                        f"(runner ECS {runner.launch_type}, image {runner.pipeline_image})",
@@ -312,8 +340,9 @@ def render_state_machine(config: ReleaseConfig, *, release_id: str | None = None
             fix="pass the path relative to the repository root, e.g. configs/releases/NAME.yaml",
         )
     if not config.backend.ledger_url:
-        raise ConfigError("Step Functions tasks share nothing but the ledger, and this config keeps it in a SQLite file "
-                          "under each task's own state dir", fix="set backend.ledger_url to a PostgreSQL URL every task reaches")
+        raise ConfigError("Step Functions tasks share nothing but the ledger, and this config keeps it in a SQLite "
+                          "file under each task's own state dir",
+                          fix="set backend.ledger_url to a PostgreSQL URL every task reaches")
     expected = release_id_for(config)
     if release_id is not None and release_id != expected:
         raise Conflict(

@@ -32,7 +32,8 @@ def _stepfunctions_client(config: ReleaseConfig):
     try:
         return boto3.client("stepfunctions", region_name=region, config=Config(**CLIENT_TIMEOUTS))
     except NoRegionError as exc:
-        raise ConfigError("no AWS region for Step Functions", fix="use an aws backend config or set AWS_DEFAULT_REGION") from exc
+        raise ConfigError("no AWS region for Step Functions",
+                          fix="use an aws backend config or set AWS_DEFAULT_REGION") from exc
 
 
 def _find_state_machine(client, name: str) -> str | None:
@@ -73,9 +74,11 @@ def deploy_state_machine(config: ReleaseConfig, definition: dict, *, role_arn: s
             )
         described = client.describe_state_machine(stateMachineArn=arn)
         if described.get("type", "STANDARD") != "STANDARD":
-            raise Conflict(f"state machine {name} is {described['type']}; .sync tasks need STANDARD", fix="delete it and deploy again")
+            raise Conflict(f"state machine {name} is {described['type']}; .sync tasks need STANDARD",
+                           fix="delete it and deploy again")
         status = "unchanged"
-        if canonical_json(json.loads(described["definition"])) != canonical_json(definition) or described["roleArn"] != role_arn:
+        if (canonical_json(json.loads(described["definition"])) != canonical_json(definition)
+                or described["roleArn"] != role_arn):
             client.update_state_machine(stateMachineArn=arn, definition=text, roleArn=role_arn)
             status = "updated"
         if any(live_tags.get(k) != v for k, v in tags.items()):
@@ -86,7 +89,8 @@ def deploy_state_machine(config: ReleaseConfig, definition: dict, *, role_arn: s
         code = exc.response.get("Error", {}).get("Code", "")
         message = exc.response.get("Error", {}).get("Message", str(exc))
         if code in ("InvalidDefinition", "InvalidArn", "InvalidName", "ValidationException"):
-            raise BadInput(f"Step Functions refused state machine {name}: {code}: {message}", fix="fix the definition or arguments") from exc
+            raise BadInput(f"Step Functions refused state machine {name}: {code}: {message}",
+                           fix="fix the definition or arguments") from exc
         raise
 
 
@@ -101,13 +105,15 @@ def verify_task_definition(runner: RunnerSettings, *, client=None, region: str |
     containers = {c["name"]: c for c in task.get("containerDefinitions", [])}
     if runner.container_name not in containers:
         raise NotFound(
-            f"task definition {runner.task_definition} has no container {runner.container_name!r} (has {sorted(containers)})",
+            f"task definition {runner.task_definition} has no container {runner.container_name!r} (has "
+            f"{sorted(containers)})",
             fix="set container_name in the runner settings",
         )
     image = containers[runner.container_name]["image"]
     if image != runner.pipeline_image:
         raise Conflict(
-            f"task definition {runner.task_definition} runs {image}, not the pinned pipeline image {runner.pipeline_image}",
+            f"task definition {runner.task_definition} runs {image}, not the pinned pipeline image "
+            f"{runner.pipeline_image}",
             fix="register a revision with the pinned image and point task_definition at it",
         )
     if runner.launch_type not in task.get("requiresCompatibilities", [runner.launch_type]):

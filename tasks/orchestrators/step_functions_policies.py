@@ -19,12 +19,14 @@ def state_machine_role_policy(config: ReleaseConfig, runner: RunnerSettings, *, 
     """Least-privilege IAM policy for the state machine's role: run and track the pipeline tasks,
     the `.sync` EventBridge rule, pass only prefix-named task roles, read the stage results."""
     if not re.fullmatch(r"\d{12}", account_id):
-        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id", fix="pass the account that runs the state machine")
+        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id",
+                       fix="pass the account that runs the state machine")
     if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
         raise BadInput(f"region {region!r} is not an AWS region name", fix="pass e.g. us-east-1")
     arn = f"arn:{_partition(region)}"
     cluster_name = runner.cluster.rsplit("/", 1)[-1]
-    cluster_arn = runner.cluster if runner.cluster.startswith("arn:") else f"{arn}:ecs:{region}:{account_id}:cluster/{cluster_name}"
+    cluster_arn = (runner.cluster if runner.cluster.startswith("arn:")
+                   else f"{arn}:ecs:{region}:{account_id}:cluster/{cluster_name}")
     task_definition_arn = (runner.task_definition if runner.task_definition.startswith("arn:")
                            else f"{arn}:ecs:{region}:{account_id}:task-definition/{runner.task_definition}")
     bucket = results_bucket(config, runner)
@@ -35,7 +37,8 @@ def state_machine_role_policy(config: ReleaseConfig, runner: RunnerSettings, *, 
              "Condition": {"ArnEquals": {"ecs:cluster": cluster_arn}}},
             {"Sid": "TrackPipelineTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
              "Resource": f"{arn}:ecs:{region}:{account_id}:task/{cluster_name}/*"},
-            {"Sid": "EcsSyncRule", "Effect": "Allow", "Action": ["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+            {"Sid": "EcsSyncRule", "Effect": "Allow",
+             "Action": ["events:PutTargets", "events:PutRule", "events:DescribeRule"],
              "Resource": f"{arn}:events:{region}:{account_id}:rule/StepFunctionsGetEventsForECSTaskRule"},
             {"Sid": "PassPipelineRoles", "Effect": "Allow", "Action": "iam:PassRole",
              "Resource": f"{arn}:iam::{account_id}:role/{config.resource_prefix}-*",
@@ -54,7 +57,8 @@ def approver_policy(config: ReleaseConfig, runner: RunnerSettings, *, account_id
     record names is sent.
     (A bucket whose default encryption is SSE-KMS also needs kms:Decrypt on its key.)"""
     if not re.fullmatch(r"\d{12}", account_id):
-        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id", fix="pass the account that runs the state machine")
+        raise BadInput(f"account_id {account_id!r} is not a 12-digit AWS account id",
+                       fix="pass the account that runs the state machine")
     if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
         raise BadInput(f"region {region!r} is not an AWS region name", fix="pass e.g. us-east-1")
     bucket = results_bucket(config, runner)

@@ -42,7 +42,8 @@ def result_uri(config: ReleaseConfig, runner: RunnerSettings, release_id: str, s
     return results_bucket(config, runner), f"{runner.result_prefix}/{release_id}/{stage}.json"
 
 
-def begin_command(config_path: str, holder: str, allowed_timeouts: dict[str, int], *, waits_for_approval: bool = False) -> list[str]:
+def begin_command(config_path: str, holder: str, allowed_timeouts: dict[str, int], *,
+                  waits_for_approval: bool = False) -> list[str]:
     """argv of the first step: check the config's deadlines against the rendered timeouts, open the release and take
     the model's lease (release.begin_orchestrated; `--waits-for-approval` when the definition has AwaitApproval, so a
     config requiring an approval is accepted)."""
@@ -71,7 +72,8 @@ def approval_timed_out_command(release_id: str, ledger_url: str, holder: str) ->
             "--holder", holder]
 
 
-def stage_command(stage: str, release_id: str, ledger_url: str, holder: str, publish_uri: str | None = None) -> list[str]:
+def stage_command(stage: str, release_id: str, ledger_url: str, holder: str,
+                  publish_uri: str | None = None) -> list[str]:
     """argv of one stage task (release.run_orchestrated_stage, renewing `holder`'s lease), optionally publishing its
     result."""
     argv = ["shiplift", "stage", stage, "--release", release_id, "--ledger-url", ledger_url, "--holder", holder]
@@ -101,5 +103,6 @@ def publish_stage_result(uri: str, *, release_id: str, stage: str, result: dict,
         from botocore.config import Config
 
         client = boto3.client("s3", config=Config(**CLIENT_TIMEOUTS))
-    client.put_object(Bucket=match[1], Key=match[2], Body=body, ContentType="application/json", ChecksumAlgorithm="SHA256")
+    client.put_object(Bucket=match[1], Key=match[2], Body=body, ContentType="application/json",
+                      ChecksumAlgorithm="SHA256")
     return {"uri": uri, "bytes": len(body)}

@@ -24,9 +24,23 @@ import os
 import re
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from tasks.backends.aws.session import Aws, error_code
 from tasks.errors import ConfigError, Conflict, NotFound, ShipliftError, error_classes
+from tasks.ledger.records import Approval
+from tasks.ledger.release_state import release_summary
+from tasks.pipeline.approval import (
+    approval_state,
+    decide,
+    follow_registry,
+    record_orchestrator_timeout,
+    request_for_execution,
+    waiting_execution,
+)
+from tasks.pipeline.release import ensure_stage, holding_lease, print_progress, reopen_release, run_holder, run_stages
+from tasks.pipeline.table import LEASE, TEARDOWN
 
 TOKEN_ENV = "SHIPLIFT_SFN_TASK_TOKEN"
 ERROR_PREFIX = "Shiplift."
@@ -121,15 +135,14 @@ def _sha256(text: str) -> str:
 def _s3_place(uri: str) -> tuple[str, str]:
     match = re.fullmatch(r"s3://([^/]+)/(.+?)/?", uri)
     if not match:
-        raise ConfigError(f"{uri!r} is not s3://BUCKET/KEY", fix="pass --token-prefix s3://BUCKET/PREFIX (what `sfn render` writes)")
+        raise ConfigError(f"{uri!r} is not s3://BUCKET/KEY",
+                          fix="pass --token-prefix s3://BUCKET/PREFIX (what `sfn render` writes)")
     return match[1], match[2]
 
 
 def approval_aws(config, session: Any = None):
     """The AWS session the approval's S3 and Step Functions calls use: the aws backend's (region, profile, and the
     caller's boto3 session), or for a local-backend config the standard chain in $AWS_DEFAULT_REGION."""
-    from tasks.backends.aws.session import Aws
-
     backend = config.backend
     if backend.kind == "aws":
         return Aws(region=backend.region, profile=backend.profile, access=session)
@@ -147,7 +160,8 @@ def keep_token(aws, prefix: str, release_id: str, holder: str, token: str) -> di
     bucket, key = _s3_place(prefix)
     key = f"{key}/task-token-{digest[:16]}.json"
     body = json.dumps({"release_id": release_id, "holder": holder, "task_token": token}, sort_keys=True).encode()
-    aws.call("s3", "PutObject", Bucket=bucket, Key=key, Body=body, ContentType="application/json", ChecksumAlgorithm="SHA256")
+    aws.call("s3", "PutObject", Bucket=bucket, Key=key, Body=body, ContentType="application/json",
+             ChecksumAlgorithm="SHA256")
     return {"holder": holder, "execution": holder.removeprefix(HOLDER_PREFIX), "token_uri": f"s3://{bucket}/{key}",
             "token_sha256": digest}
 
@@ -157,10 +171,10 @@ def read_token(aws, release_id: str, wait: dict) -> str:
     recorded or sent, when the object holds another token (its sha256 is not the ledger's), another release's or
     another execution's, or is gone."""
     bucket, key = _s3_place(wait["token_uri"])
-    refused = f"the task token at {wait['token_uri']} is not the one release {release_id}'s approval request names " \
-              f"(sha256 {wait['token_sha256'][:16]}…, execution {wait['execution']})"
-    fix = "nothing was recorded or sent; the token is only ever taken from the place the ledger names, so look at who " \
-          "wrote that object, or rerun the execution so its AwaitApproval task keeps its token again"
+    refused = (f"the task token at {wait['token_uri']} is not the one release {release_id}'s approval request "
+               f"names (sha256 {wait['token_sha256'][:16]}…, execution {wait['execution']})")
+    fix = ("nothing was recorded or sent; the token is only ever taken from the place the ledger names, so look at "
+           "who wrote that object, or rerun the execution so its AwaitApproval task keeps its token again")
     try:
         kept = json.loads(aws.call("s3", "GetObject", Bucket=bucket, Key=key)["Body"].read())
     except NotFound as exc:
@@ -179,8 +193,6 @@ def send_decision(aws, token: str, output: dict) -> None:
     """SendTaskSuccess with the decision as the task's output (both decisions: a rejection goes on to Promote, which
     skips, not to the failure path). A token Step Functions does not wait on (TaskTimedOut, InvalidToken,
     TaskDoesNotExist) is a Conflict naming the error; other failures are the session's domain errors."""
-    from tasks.backends.aws.session import error_code
-
     try:
         aws.call("stepfunctions", "SendTaskSuccess", taskToken=token, output=json.dumps(output, sort_keys=True))
     except ShipliftError as exc:
@@ -193,13 +205,11 @@ def send_decision(aws, token: str, output: dict) -> None:
 
 def _decided(ctx) -> dict:
     """The output sent with the token: the approval's status and the decision record's who and seq."""
-    from tasks.ledger.records import Approval
-    from tasks.pipeline.approval import approval_state
-
     current = approval_state(ctx.state, ctx.config)
     record = current.decision
     return {"release_id": ctx.release_id, "decision": current.status,
-            "by": Approval.of(record).by if record is not None else None, "seq": record.seq if record is not None else None}
+            "by": Approval.of(record).by if record is not None else None, "seq": record.seq
+            if record is not None else None}
 
 
 def decide_for_execution(ctx, *, approve: bool, reason: str, session: Any = None) -> dict:
@@ -208,10 +218,6 @@ def decide_for_execution(ctx, *, approve: bool, reason: str, session: Any = None
     while another run promotes the model), record the decision (`approval.decide`, which refuses what it must), then
     send it with the token instead of running the remaining stages here: the execution goes on to Promote. A send that
     fails leaves the decision recorded and says so; the execution's ApprovalTimedOut step then follows the ledger."""
-    from tasks.pipeline.approval import decide, waiting_execution
-    from tasks.ledger.release_state import release_summary
-    from tasks.pipeline.table import LEASE
-
     wait = waiting_execution(ctx.state.records)
     if wait is None:
         raise Conflict(f"release {ctx.release_id} does not wait in a Step Functions execution",
@@ -238,11 +244,11 @@ def _send_recorded(ctx, aws, token: str, wait: dict) -> dict:
         send_decision(aws, token, output)
     except ShipliftError as exc:
         ctx.backends.ledger.release_lease(ctx.config.name, wait["holder"])
-        raise type(exc)(f"the {output['decision']} decision on {ctx.release_id} is recorded, but {wait['execution']} was "
-                        f"not told: {exc.problem}",
-                        fix="nothing to decide again: when AwaitApproval times out, ApprovalTimedOut goes on to Promote "
-                            "with the recorded decision; to go on sooner, stop the execution and start it again (it "
-                            "resumes from the ledger)") from exc
+        raise type(exc)(f"the {output['decision']} decision on {ctx.release_id} is recorded, but {wait['execution']} "
+                        f"was not told: {exc.problem}",
+                        fix="nothing to decide again: when AwaitApproval times out, ApprovalTimedOut goes on to "
+                            "Promote with the recorded decision; to go on sooner, stop the execution and start it "
+                            "again (it resumes from the ledger)") from exc
     ctx.say(f"approval: sent to {wait['execution']} with its task token; it goes on to promote")
     return output
 
@@ -250,20 +256,17 @@ def _send_recorded(ctx, aws, token: str, wait: dict) -> dict:
 def await_approval(release_id: str, *, holder: str, token_prefix: str, ledger_url: str | None = None,
                    state_dir: Any = None, actor: str | None = None, progress: Callable[[str], None] | None = None,
                    session: Any = None, client: Any = None) -> dict:
-    """What AwaitApproval's task runs (`shiplift orchestrate await-approval`): keep its task token (`keep_token`), record
-    the request with the token's reference (`approval.request_for_execution`), tear the candidate down unless the
+    """What AwaitApproval's task runs (`shiplift orchestrate await-approval`): keep its task token (`keep_token`),
+    record the request with the token's reference (`approval.request_for_execution`), tear the candidate down unless the
     approval keeps it, give the lease back so others are not blocked while a person reads the report, and exit
     WITHOUT reporting: the state waits on the token for `shiplift approve` / `reject`. A release already decided (a
     retried or new execution; a decision made meanwhile in the Model Registry is followed first) reports its decision
     at once, and a failure is reported as any step's is."""
-    from tasks.pipeline.approval import follow_registry, request_for_execution
-    from tasks.pipeline.release import ensure_stage, print_progress, reopen_release
-    from tasks.pipeline.table import TEARDOWN
-
     token = os.environ.get(TOKEN_ENV)
     if not token:
-        raise ConfigError(f"`shiplift orchestrate await-approval` runs in the Step Functions AwaitApproval task: no task "
-                          f"token in {TOKEN_ENV}", fix="run it from the state machine `shiplift sfn render` writes")
+        raise ConfigError("`shiplift orchestrate await-approval` runs in the Step Functions AwaitApproval task: no "
+                          f"task token in {TOKEN_ENV}",
+                          fix="run it from the state machine `shiplift sfn render` writes")
     client = client or _client()
     try:
         ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
@@ -291,19 +294,17 @@ def await_approval(release_id: str, *, holder: str, token_prefix: str, ledger_ur
 
 
 def approval_timed_out(release_id: str, *, holder: str, ledger_url: str | None = None, state_dir: Any = None,
-                       actor: str | None = None, progress: Callable[[str], None] | None = None, session: Any = None) -> dict:
+                       actor: str | None = None, progress: Callable[[str], None] | None = None,
+                       session: Any = None) -> dict:
     """What ApprovalTimedOut runs (`shiplift orchestrate approval-timed-out`, reported like any step): AwaitApproval's
     TimeoutSeconds passed, so a request still awaiting is recorded timed out (one decided but not relayed keeps its
     decision), and the execution takes its lease back for Promote, which then skips (or promotes an approval)."""
-    from tasks.pipeline.approval import record_orchestrator_timeout
-    from tasks.pipeline.release import print_progress, reopen_release
-    from tasks.pipeline.table import LEASE
-
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
                          progress=progress or print_progress, session=session)
     rule = ctx.config.promotion.approval
     status = record_orchestrator_timeout(ctx, f"Step Functions stopped waiting: AwaitApproval timed out "
-                                              f"(promotion.approval.timeout_s {rule.timeout_s:g} s plus the task's start-up allowance)")
+                                              f"(promotion.approval.timeout_s {rule.timeout_s:g} s plus the task's "
+                                              "start-up allowance)")
     ctx.backends.ledger.acquire_lease(ctx.config.name, holder, release_id, LEASE.ttl_s)
     ctx.say(f"approval: {status}; going on to promote")
     return {"release_id": release_id, "decision": status}
@@ -316,11 +317,6 @@ def follow_registry_approval(release_id: str, *, ledger_url: str | None = None, 
     (`approval.follow_registry`), then continue the release as `shiplift approve` does: send it to the waiting
     execution with its token, or run the remaining stages here. What a `shiplift approval follow RELEASE` command, a
     schedule or an EventBridge rule on the registry's state changes would call."""
-    from tasks.pipeline.approval import follow_registry, waiting_execution
-    from tasks.pipeline.release import holding_lease, print_progress, reopen_release, run_holder, run_stages
-    from tasks.ledger.release_state import release_summary
-    from tasks.pipeline.table import LEASE
-
     ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
                          progress=progress or print_progress, session=session)
     wait = waiting_execution(ctx.state.records)

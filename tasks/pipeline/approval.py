@@ -2,23 +2,24 @@
 
 An inconclusive gate whose release chose `validation.inconclusive.choice: ask` waits the same way, its request carrying
 the champion check's interval, the gate's power and the evidence (`awaits_person`): an approval promotes it, a
-rejection or a timeout does not. After validate passes (or so asks), the release records `approval/awaiting_approval` (with the gate's summary, its report and the
-deadline) and stops before promote; the candidate is torn down unless the config keeps it. `shiplift approve` or
-`shiplift reject` records the decision, by whom, when and on what evidence, and continues the release: promote runs
-for an approval, and the release ends `rejected` with the reason for a rejection or a timeout, the champion serving on.
-Every record is in the ledger's hash chain, so the next signed checkpoint covers it.
+rejection or a timeout does not. After validate passes (or so asks), the release records `approval/awaiting_approval`
+(with the gate's summary, its report and the deadline) and stops before promote; the candidate is torn down unless the
+config keeps it. `shiplift approve` or `shiplift reject` records the decision, by whom, when and on what evidence, and
+continues the release: promote runs for an approval, and the release ends `rejected` with the reason for a rejection or
+a timeout, the champion serving on. Every record is in the ledger's hash chain, so the next signed checkpoint covers it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasks.errors import Conflict
+from tasks.errors import Conflict, ShipliftError
 from tasks.ledger import events
 from tasks.ledger.records import Approval
 from tasks.ledger.release_state import awaiting
+from tasks.pipeline.release import ensure_stage_retrying
 from tasks.pipeline.table import TEARDOWN
 
 
@@ -45,7 +46,7 @@ def _moment(text: str) -> datetime:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def awaits_person(validate, config) -> bool:
@@ -83,7 +84,8 @@ def _request_payload(ctx) -> dict:
         "gate": {"decision": validate.decision, "not_passed": validate.not_passed, "report_html": validate.report_html,
                  "report_sha256": report.sha256 if report else None},
         "champion_release": validate.champion_release,
-        **({"inconclusive": {key: validate.inconclusive.get(key) for key in ("choice", "interval", "n", "margin", "power_text")}}
+        **({"inconclusive": {key: validate.inconclusive.get(key)
+                             for key in ("choice", "interval", "n", "margin", "power_text")}}
            if validate.asked else {}),
         "candidate_kept": rule.keep_candidate,
         "candidate_usd_per_hour": candidate.get("usd_per_hour") if rule.keep_candidate else None,
@@ -121,8 +123,6 @@ def waits_before_promote(ctx) -> bool:
     if not hold(ctx):
         return False
     if not ctx.config.promotion.approval.keep_candidate:
-        from tasks.pipeline.release import ensure_stage_retrying
-
         ensure_stage_retrying(ctx, TEARDOWN)
     ctx.say(f"waiting for approval: an approver runs `shiplift approve {ctx.release_id} --reason TEXT` "
             f"(or `shiplift reject`)")
@@ -141,17 +141,9 @@ def blocked_reason(ctx) -> str | None:
                    fix=f"an approver runs `shiplift approve {ctx.release_id} --reason TEXT`")
 
 
-def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime | None = None) -> dict:
-    """Record an approver's decision on a release that waits for one; refused with the reason, and nothing recorded,
-    when it does not wait (any more), the deadline passed, `actor` is not an approver, or four eyes forbid it.
-
-    `decided_at` (time-zone aware) is when the person answered, as the orchestrator recorded it (Airflow's
-    responded_at): the deadline is judged at that moment, not when the answer reaches the ledger, and it is kept in
-    the record."""
-    if not reason.strip():
-        raise Conflict("a decision needs its reason", fix="pass --reason TEXT: what you checked, for the ledger")
+def _awaiting(ctx) -> ApprovalState:
+    """The release's approval state while it awaits a decision; Conflict, saying why, when it does not."""
     current = approval_state(ctx.state, ctx.config)
-    verb = "approve" if approve else "reject"
     if current.status == "not_required":
         raise Conflict(f"release {ctx.release_id} does not require an approval (its config has no promotion.approval)",
                        fix="nothing to approve: it promotes on its gate alone")
@@ -161,6 +153,20 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
     if current.status != "awaiting":
         raise Conflict(f"release {ctx.release_id} is not awaiting approval: it was already {current.status} "
                        f"({current.reason})", fix="open a new release to change the decision")
+    return current
+
+
+def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime | None = None) -> dict:
+    """Record an approver's decision on a release that waits for one; refused with the reason, and nothing recorded,
+    when it does not wait (any more), the deadline passed, `actor` is not an approver, or four eyes forbid it.
+
+    `decided_at` (time-zone aware) is when the person answered, as the orchestrator recorded it (Airflow's
+    responded_at): the deadline is judged at that moment, not when the answer reaches the ledger, and it is kept in
+    the record."""
+    if not reason.strip():
+        raise Conflict("a decision needs its reason", fix="pass --reason TEXT: what you checked, for the ledger")
+    current = _awaiting(ctx)
+    verb = "approve" if approve else "reject"
     request = Approval.of(current.request)
     if decided_at is not None and decided_at.tzinfo is None:
         raise Conflict(f"the answer to {ctx.release_id} is dated {decided_at.isoformat()} with no time zone",
@@ -171,13 +177,17 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
                        fix="an answer made before the request or in the future is not this request's: check the clocks")
     if (decided_at or _now()) >= current.deadline:
         raise Conflict(f"the approval of {ctx.release_id} timed out at {request.deadline}",
-                       fix="rerunning `shiplift release CONFIG` records the timeout and ends it rejected; release it anew for a fresh gate")
+                       fix="rerunning `shiplift release CONFIG` records the timeout and ends it rejected; release it "
+                           "anew for a fresh gate")
     if actor not in request.approvers:
         raise Conflict(f"{actor!r} is not an approver of {ctx.config.name} (promotion.approval.approvers: "
-                       f"{', '.join(request.approvers)})", fix="ask one of them, or set SHIPLIFT_ACTOR to your identity")
+                       f"{', '.join(request.approvers)})",
+                       fix="ask one of them, or set SHIPLIFT_ACTOR to your identity")
     if request.four_eyes and actor == request.opened_by:
         raise Conflict(f"{actor!r} opened release {ctx.release_id}; four eyes (promotion.approval.four_eyes) need "
-                       "someone else to decide", fix=f"ask another approver: {', '.join(a for a in request.approvers if a != actor) or '(none listed)'}")
+                       "someone else to decide",
+                       fix="ask another approver: "
+                           f"{', '.join(a for a in request.approvers if a != actor) or '(none listed)'}")
     if approve:
         serving = ctx.backends.ledger.served_at(ctx.config.name, _now())
         now_serving = serving.release_id if serving is not None else None
@@ -194,9 +204,10 @@ def decide(ctx, *, approve: bool, actor: str, reason: str, decided_at: datetime 
             "reason": reason}
 
 
-# --- Additions (issue 21): waiting in a Step Functions execution, and decisions made in the Model Registry -------------
-# The functions above are the CLI's; these are called by the Step Functions steps (`tasks.orchestrators.task_token`) and
-# wherever a release checks for a decision made in the SageMaker Model Registry. None changes the functions above.
+# --- Additions (issue 21): waiting in a Step Functions execution, and decisions made in the Model Registry
+# ------------- The functions above are the CLI's; these are called by the Step Functions steps
+# (`tasks.orchestrators.task_token`) and wherever a release checks for a decision made in the SageMaker Model Registry.
+# None changes the functions above.
 
 TOKEN_RENEWED = "task_token_renewed"  # event: a retried or later execution of the release waits on a new task token
 STEP_FUNCTIONS = "step_functions"  # payload key: the reference to the task token an execution waits on
@@ -214,7 +225,8 @@ def token_reference(records: list) -> dict | None:
     request, later = _requests(records)
     if request is None:
         return None
-    found = [request.payload.get(STEP_FUNCTIONS), *(r.payload.get(STEP_FUNCTIONS) for r in later if r.event == TOKEN_RENEWED)]
+    found = [request.payload.get(STEP_FUNCTIONS),
+             *(r.payload.get(STEP_FUNCTIONS) for r in later if r.event == TOKEN_RENEWED)]
     found = [reference for reference in found if reference]
     return found[-1] if found else None
 
@@ -232,7 +244,8 @@ def request_for_execution(ctx, wait: dict) -> str:
     its token), or approved / rejected / timed_out / not_required, when it can go on to promote at once."""
     if not awaits_person(ctx.result("validate"), ctx.config):
         raise Conflict(f"release {ctx.release_id} has no passed or asked gate to ask an approval for (gate "
-                       f"{ctx.result('validate').decision})", fix="the state machine asks only after GateDecision pass, "
+                       f"{ctx.result('validate').decision})",
+                       fix="the state machine asks only after GateDecision pass, "
                        "or an inconclusive gate its release chose to ask (validation.inconclusive.choice: ask)")
     current = approval_state(ctx.state, ctx.config)
     if current.status == "not_requested":
@@ -255,7 +268,8 @@ def request_for_execution(ctx, wait: dict) -> str:
 def record_orchestrator_timeout(ctx, why: str) -> str:
     """The orchestrator stopped waiting (Step Functions' States.Timeout of AwaitApproval): a request still awaiting is
     recorded timed out with `why`; one already decided keeps its decision (a decision whose token could not be sent
-    goes on here). Returns the approval's status. Conflict when nothing was ever requested (the step never recorded it)."""
+    goes on here). Returns the approval's status. Conflict when nothing was ever requested (the step never recorded
+    it)."""
     current = approval_state(ctx.state, ctx.config)
     if current.status == "not_requested":
         raise Conflict(f"release {ctx.release_id} timed out waiting for an approval it never asked for",
@@ -277,7 +291,6 @@ def follow_registry(ctx) -> dict | None:
     read = getattr(ctx.backends.registry, "decision_for", None)
     if current.status != "awaiting" or read is None:
         return None
-    from tasks.errors import ShipliftError
 
     try:
         found = read(ctx.facts(), current.request)
@@ -287,13 +300,14 @@ def follow_registry(ctx) -> dict | None:
     if found is None:
         return None
     for other in found.get("others") or ():
-        ctx.say(f"WARNING the model registry's {other['status']} of {other['model_package_arn']} by {other['by']} is not "
-                f"honoured: {other['refused']}")
+        ctx.say(f"WARNING the model registry's {other['status']} of {other['model_package_arn']} by {other['by']} is "
+                f"not honoured: {other['refused']}")
     if found.get("status") is None:
         return found
     if found.get("refused") is None:
         try:
-            found = {**found, "decision": decide(ctx, approve=found["approve"], actor=found["actor"], reason=found["reason"])}
+            found = {**found,
+                     "decision": decide(ctx, approve=found["approve"], actor=found["actor"], reason=found["reason"])}
         except Conflict as exc:
             found = {**found, "refused": str(exc)}
     if found.get("refused") is not None:

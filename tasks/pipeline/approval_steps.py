@@ -19,7 +19,7 @@ module, like all of `tasks`, never imports Airflow):
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,8 @@ def approval_prompt(release_id: str, model: str, request: dict, validate: dict) 
         f"| checks not passed | {', '.join(not_passed) if not_passed else 'none'} |",
         f"| gate report | `{gate.report_html}` (gate-report.json sha256 `{gate.report_sha256}`) |",
         f"| compared with champion | {approval.champion_release or 'none (first release of this model)'} |",
-        f"| opened by | {approval.opened_by}" + (" (four eyes: may not approve it)" if approval.four_eyes else "") + " |",
+        f"| opened by | {approval.opened_by}" + (" (four eyes: may not approve it)" if approval.four_eyes else "")
+        + " |",
         f"| approvers | {', '.join(approval.approvers)} |",
         f"| deadline | {approval.deadline} |",
         "| candidate while waiting | " + (f"kept running, {approval.candidate_usd_per_hour} USD/h"
@@ -98,7 +99,8 @@ def approval_prompt(release_id: str, model: str, request: dict, validate: dict) 
     if checks:
         lines += ["", "| check | status | observed | threshold |", "|---|---|---|---|"]
         lines += [f"| {c.get('name')} | {c.get('status')} | {_number(c.get('observed'))} | "
-                  + (f"{c.get('comparator', '')} {_number(c.get('threshold'))} |" if c.get("threshold") is not None else "– |")
+                  + (f"{c.get('comparator', '')} {_number(c.get('threshold'))} |"
+                     if c.get("threshold") is not None else "– |")
                   for c in checks]
     lines += ["", "Approve or Reject, and write why in **comment**: the ledger records it as the decision's reason "
                   "(a decision without one is refused)."]
@@ -128,7 +130,7 @@ def request_approval_orchestrated(release_id: str, *, holder: str | None = None,
         ctx.backends.ledger.release_lease(ctx.config.name, holder)
     request = Approval.of(current.request)
     subject, body = approval_prompt(release_id, ctx.config.name, current.request.payload, validate)
-    seconds_left = (current.deadline - datetime.now(timezone.utc)).total_seconds()
+    seconds_left = (current.deadline - datetime.now(UTC)).total_seconds()
     return {**base, "waiting": True, "status": current.status, "requested_seq": current.request.seq,
             "subject": subject, "body": body, "approvers": list(request.approvers), "opened_by": request.opened_by,
             "four_eyes": request.four_eyes, "deadline": request.deadline, "seconds_left": max(0.0, seconds_left)}
@@ -136,7 +138,8 @@ def request_approval_orchestrated(release_id: str, *, holder: str | None = None,
 
 def record_decision_orchestrated(release_id: str, *, approve: bool, actor: str | None, reason: str | None,
                                  decided_at: str | None = None, run_actor: str | None = None, holder: str | None = None,
-                                 ledger_url: str | None = None, state_dir: str | Path | None = None, progress: Progress = print_progress,
+                                 ledger_url: str | None = None, state_dir: str | Path | None = None,
+                                 progress: Progress = print_progress,
                                  session: Any = None) -> dict:
     """Record the answer an orchestrator collected: `actor` is the person who answered (None when the orchestrator
     filled in its default at the timeout), `reason` their comment and `decided_at` (ISO 8601) when the orchestrator

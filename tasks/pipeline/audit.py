@@ -9,13 +9,23 @@ serves through the typed `describe`; any difference is drift and raises Conflict
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.backends.registry import (
+    checkpoint_parts,
+    checkpoint_witness,
+    default_state_dir,
+    ledger_url_for,
+    make_backends,
+    open_ledger,
+)
+from tasks.config import ReleaseConfig, load_release_config
+from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
+from tasks.ledger.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
 from tasks.ledger.events import OPENED, RELEASE
 from tasks.ledger.records import Opened, is_promotion, promotion
-from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -33,20 +43,17 @@ def _checkpoints_config(path: str | Path | None):
     """The release config naming where an aws ledger's checkpoints are (None: the state dir's)."""
     if path is None:
         return None
-    from tasks.config import load_release_config
 
     return load_release_config(path)
 
 
 def _hosting_of(ledger, model: str, session: Any):
     """The hosting backend a model's releases run on: from the newest release of it opened in the ledger."""
-    from tasks.backends.registry import make_backends
-    from tasks.config import ReleaseConfig
-
     opened = [r for r in ledger.history(model) if (r.stage, r.event) == (RELEASE, OPENED)]
     if not opened:
         return None
-    return make_backends(ReleaseConfig.model_validate(Opened.of(opened[-1]).config), ledger=ledger, session=session).hosting
+    return make_backends(ReleaseConfig.model_validate(Opened.of(opened[-1]).config), ledger=ledger,
+                         session=session).hosting
 
 
 def _live(hosting, endpoint: str, component: str):
@@ -70,14 +77,16 @@ def _compare(model: str, record, hosting) -> tuple[dict, list[str]]:
     row = {"release_id": record.release_id, "recorded_at": record.recorded_at, "seq": record.seq,
            "endpoint": endpoint, "component": component, "expected": expected, "live": None}
     if not (endpoint and component and isinstance(expected, dict)):
-        return row, [f"{model}: ledger record seq {record.seq} does not name the endpoint, component and model it served"]
+        return row, [f"{model}: ledger record seq {record.seq} does not name the endpoint, component and model it "
+                     "served"]
     live, why_not = _live(hosting, endpoint, component)
     if why_not:
         return row, [f"{model}: the ledger says {record.release_id} serves on {endpoint}/{component}, but {why_not}"]
     reported = live.model_ref.model_dump()
     row["live"] = reported
     problems = [
-        f"{model}: {endpoint}/{component} serves {name} {reported.get(name)!r}, the ledger (seq {record.seq}) says {expected.get(name)!r}"
+        f"{model}: {endpoint}/{component} serves {name} {reported.get(name)!r}, the ledger (seq {record.seq}) says "
+        f"{expected.get(name)!r}"
         for name in REF_FIELDS
         if reported.get(name) != expected.get(name)
     ]
@@ -92,13 +101,11 @@ def checkpoint_folder(state_dir: str | Path | None, *, ledger_url: str | None = 
                       config: Any = None) -> tuple[Path, bool]:
     """The folder of a local ledger's checkpoint log and whether it was named (a state dir, a config) rather than
     looked for: else the folder of a SQLite ledger, else the default state dir, the first that holds a log."""
-    from tasks.backends.registry import default_state_dir, ledger_url_for
-    from tasks.ledger.checkpoints import log_path
-
     if state_dir or config is not None:
         return Path(state_dir or config.backend.state_dir).expanduser().resolve(), True
     url = ledger_url_for(default_state_dir(), ledger_url)
-    beside = [Path(url.removeprefix("sqlite:///")).expanduser().resolve().parent] if url.startswith("sqlite:///") else []
+    beside = ([Path(url.removeprefix("sqlite:///")).expanduser().resolve().parent] if url.startswith("sqlite:///")
+              else [])
     candidates = [*beside, default_state_dir()]
     return next((folder for folder in candidates if log_path(folder).exists()), candidates[0]), False
 
@@ -114,9 +121,6 @@ def verify_ledger(ledger, state_dir: str | Path | None, *, ledger_url: str | Non
     found, while the chain records checkpoints, is refused (BadInput) with the fix. The witness of `witness_dir`
     (else the config's `backend.checkpoint_witness`, else $SHIPLIFT_CHECKPOINT_WITNESS) is cross-checked against the
     log and the chain."""
-    from tasks.backends.registry import checkpoint_parts, checkpoint_witness
-    from tasks.ledger.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
-
     witness = CheckpointLog(log_path(witness_dir)) if witness_dir else checkpoint_witness(config)
     if witness_dir and not witness.path.exists():
         raise BadInput(f"no witness log at {witness.path}",
@@ -147,8 +151,6 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config
     """Verify the ledger against its checkpoints and that every endpoint serves what the ledger last promoted on it
     (`config`: a release config whose backend names the checkpoints, for aws; `session`: the boto3 session of aws
     releases, e.g. an Airflow connection's)."""
-    from tasks.backends.registry import open_ledger
-
     if state_dir is not None and (not isinstance(state_dir, (str, Path)) or not str(state_dir).strip()):
         raise BadInput(f"state_dir must be a folder path, got {state_dir!r}", fix="pass the local backend's state dir")
     try:
@@ -163,7 +165,7 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config
                 f"ledger chain is broken ({verified['n_records']} records): " + "; ".join(verified["problems"]),
                 fix="restore the ledger from a backup and investigate who changed it",
             )
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         models = sorted({r.model for r in ledger.history() if is_promotion(r)})
         rows, drift = {}, []
         for model in models:
@@ -173,6 +175,7 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config
         ledger.close()
     if drift:
         raise Conflict("drift between the ledger and the live endpoints: " + "; ".join(drift),
-                       fix="roll back or promote so that production matches the ledger, or find who changed the endpoint")
+                       fix="roll back or promote so that production matches the ledger, or find who changed the "
+                           "endpoint")
     return {"ok": True, "checked_at": now.isoformat(), "n_records": verified["n_records"],
             "head_hash": verified["head_hash"], "checked_against": verified["checked_against"], "models": rows}

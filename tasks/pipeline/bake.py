@@ -9,10 +9,11 @@ them as CloudWatch alarms that SageMaker's rolling update watches.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from tasks.errors import NotFound
 from tasks.backends.interfaces import ComponentMetrics, LiveComponent, Metrics, RolloutStep
+from tasks.errors import NotFound
 
 
 def first_alarm(verdicts: dict[str, str | None]) -> str | None:
@@ -32,7 +33,8 @@ def judge(metrics: ComponentMetrics, rules) -> dict[str, str | None]:
                                   f"errors) is over rollout.alarms.max_error_rate {rules.max_error_rate}")
     p99 = metrics.latency_p99_ms
     if rules.max_latency_p99_ms is not None and p99 is not None and p99 > rules.max_latency_p99_ms:
-        verdicts["latency_p99"] = f"latency p99 {p99:.1f} ms is over rollout.alarms.max_latency_p99_ms {rules.max_latency_p99_ms:g}"
+        verdicts["latency_p99"] = (f"latency p99 {p99:.1f} ms is over rollout.alarms.max_latency_p99_ms "
+                                   f"{rules.max_latency_p99_ms:g}")
     return verdicts
 
 

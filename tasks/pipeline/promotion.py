@@ -9,17 +9,18 @@ the reason and the actor. A rollback is recorded as a succeeded promotion of the
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tasks.config import BLUE_GREEN_REFUSED
+from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
 from tasks.ledger.events import PROMOTE, SUCCEEDED
 from tasks.ledger.records import entry_result, is_promotion
 from tasks.ledger.stage_results import ValidateResult
-from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
 from tasks.pipeline.approval import awaits_person, blocked_reason
 from tasks.pipeline.release import StageContext, finish, holding_lease, reopen_release, run_stage
+from tasks.pipeline.stages.promote import run as promote_run
 
 STRATEGIES = ("all_at_once", "canary", "linear")
 RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"
@@ -42,8 +43,6 @@ def _require_release_id(name: str, value: Any) -> str:
 
 def _switch_production(ctx: StageContext) -> dict:
     """Put this release on the production component and verify the live spec (the promote stage's code)."""
-    from tasks.pipeline.stages.promote import run as promote_run
-
     result = promote_run(ctx)
     if result.event != SUCCEEDED:
         raise GateFailed(
@@ -70,9 +69,10 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str | No
     if strategy != ctx.config.rollout.strategy:
         raise ConfigError(
             f"release {release_id} rolls out as its config says (rollout.strategy {ctx.config.rollout.strategy}), not "
-            f"{strategy}: the release id is the config's hash, so its rollout (batches, bake, alarms) is part of what was "
-            "gated and recorded",
-            fix=f"promote with strategy {ctx.config.rollout.strategy}, or release a config whose rollout.strategy is {strategy}",
+            f"{strategy}: the release id is the config's hash, so its rollout (batches, bake, alarms) is part of what "
+            "was gated and recorded",
+            fix=f"promote with strategy {ctx.config.rollout.strategy}, or release a config whose rollout.strategy is "
+                f"{strategy}",
         )
     validate = ctx.state.stage("validate")
     if validate["status"] != "succeeded":
@@ -84,7 +84,8 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str | No
     if not awaits_person(gate, ctx.config):  # a pass, or an inconclusive gate its config asked a person to decide
         failed = "; ".join(gate.not_passed or [])
         raise GateFailed(
-            f"release {release_id} cannot be promoted: its gate decision is {gate.decision!r}" + (f" ({failed})" if failed else ""),
+            f"release {release_id} cannot be promoted: its gate decision is {gate.decision!r}"
+            + (f" ({failed})" if failed else ""),
             fix="promote a release whose gate decision is pass (or an inconclusive one an approver approved)",
         )
     refused = blocked_reason(ctx)  # Conflict while its approval is awaited
@@ -92,7 +93,8 @@ def promote(state_dir: str | Path | None, release_id: str, *, strategy: str | No
         raise GateFailed(f"release {release_id} cannot be promoted: {refused}",
                          fix="promote a release an approver approved, or release it again")
     with holding_lease(ctx, actor):
-        result = run_stage(ctx, PROMOTE, function=_switch_production, extra={"reason": reason, "strategy": strategy, "trigger": "promote"})
+        result = run_stage(ctx, PROMOTE, function=_switch_production,
+                           extra={"reason": reason, "strategy": strategy, "trigger": "promote"})
         status = finish(ctx, failed=False)["status"]
     return {"release_id": release_id, "model": ctx.config.name, "action": "promote", "status": status,
             "strategy": strategy, "endpoint": result.endpoint, "component": result.component, "served": result.served}
@@ -129,14 +131,15 @@ def rollback(
             fix=f"roll back to a release listed by `shiplift ledger history {model}` with a promote succeeded record",
         )
     with holding_lease(ctx, actor):
-        served = ledger.served_at(model, datetime.now(timezone.utc))
+        served = ledger.served_at(model, datetime.now(UTC))
         current = served.release_id if served else None
         if expect_current is not None and current != expect_current:
             raise Conflict(
                 f"the ledger says {current!r} serves {model}, not {expect_current!r}",
                 fix="check `shiplift ledger history` and trigger the rollback with the release that serves now",
             )
-        extra = {"rollback_reason": reason, "rollback_from": current, "rollback_to": target_release_id, "trigger": "rollback"}
+        extra = {"rollback_reason": reason, "rollback_from": current, "rollback_to": target_release_id,
+                 "trigger": "rollback"}
         result = run_stage(ctx, PROMOTE, function=_switch_production, extra=extra)
     return {"release_id": target_release_id, "model": model, "action": "rollback", "rollback_from": current,
             "rollback_to": target_release_id, "endpoint": result.endpoint, "component": result.component,

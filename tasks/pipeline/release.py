@@ -21,21 +21,24 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from tasks.config import ReleaseConfig, load_release_config
+from tasks.artifacts.packaging import FOLDER_ARCHIVE, package_model_dir, safe_extract
+from tasks.backends.interfaces import ReleaseFacts
+from tasks.backends.registry import default_state_dir, make_backends, open_ledger
+from tasks.config import ReleaseConfig, load_release_config, require_named_files
 from tasks.errors import ConfigError, LeaseLost, ShipliftError
 from tasks.ledger import events
-from tasks.pipeline import table
-from tasks.ledger.release_state import ReleaseState, release_summary
 from tasks.ledger.records import Opened, is_fleet_move, promotion, recorded
-from tasks.processes import pid_running
-from tasks.backends.interfaces import ReleaseFacts
+from tasks.ledger.release_state import ReleaseState, release_summary
 from tasks.ledger.stage_results import RESULTS, KeptRef, PromoteResult, StageResult
-from tasks.artifacts.packaging import FOLDER_ARCHIVE, package_model_dir, safe_extract
+from tasks.pipeline import table
+from tasks.pipeline.stages.common import require_production_here
 from tasks.pipeline.table import TEARDOWN, check_timeouts, stage
+from tasks.processes import pid_running
 
 if TYPE_CHECKING:  # the registry imports the backends' modules lazily; this is for checkers only
     from tasks.backends.registry import Backends
@@ -71,7 +74,8 @@ class StageContext:
     progress: Progress = print_progress
     lease_holder: str | None = None  # the run holding the model's promotion lease, renewed while a stage runs
     lease_token: str | None = None  # that lease's token when this process holds it (`holding_lease`); None: by name
-    opening: dict | None = None  # the `release/opened` payload of a release the ledger has not seen yet (`record_opened`)
+    # the `release/opened` payload of a release the ledger has not seen yet (`record_opened`)
+    opening: dict | None = None
     family: ModelFamily | None = None  # what builds, packages and gates the model: the config's (a dry run stands in)
     work_dir: Path = field(init=False)
 
@@ -162,24 +166,27 @@ class StageContext:
         try:
             view = self.backends.registry.sync(self.facts())
         except ShipliftError as exc:
-            self.say(f"WARNING model registry not updated, the ledger is unaffected (rerun the release to repair the view): {exc}")
+            self.say("WARNING model registry not updated, the ledger is unaffected (rerun the release to repair the "
+                     f"view): {exc}")
             return
         if view is not None:
-            self.say(f"model registry: {view['model_package_arn']} {view['status']}" + (" (updated)" if view["changed"] else ""))
+            self.say(f"model registry: {view['model_package_arn']} {view['status']}"
+                     + (" (updated)" if view["changed"] else ""))
 
 
 def open_release(
-    config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None, progress: Progress = print_progress,
+    config_path: str | Path, *, overrides: tuple[str, ...] = (), actor: str | None = None,
+    progress: Progress = print_progress,
     session: Any = None, orchestrator_timeouts: dict[str, int] | None = None, waits_for_approval: bool = True,
 ) -> StageContext:
     """Load the config, derive the release id and prepare the release (`prepare_release`: its `release/opened` record
     is appended once the run holds the model's lease, by `StageContext.record_opened`). Under an orchestrator
     (`orchestrator_timeouts`: what it was set up with per step, possibly none), a config whose deadlines do not fit is
     refused first, before anything is touched, as is one that requires an approval when the orchestrator cannot wait
-    for a person (`waits_for_approval` False)."""
-    from tasks.backends.registry import make_backends
-
+    for a person (`waits_for_approval` False). Every file and package the config names is checked first of all
+    (`require_named_files`): a release refused so writes no state dir, ledger record or checkpoint."""
     config = load_release_config(config_path, overrides=overrides)
+    require_named_files(config, config_path)
     if orchestrator_timeouts is not None:
         check_timeouts(config, orchestrator_timeouts)
         if config.promotion.approval.required and not waits_for_approval:
@@ -196,8 +203,6 @@ def prepare_release(config: ReleaseConfig, config_path: Path, backends: Backends
     has not seen carries its `release/opened` payload (the effective config) in `opening`, appended by `record_opened`
     once the run holds the lease; for one it has seen (a rerun), a registry view an earlier failure left behind is
     repaired. `family` stands in for the config's model family, as the dry run's does."""
-    from tasks.pipeline.stages.common import require_production_here
-
     release_id = release_id_for(config)
     state = ReleaseState(backends.ledger, release_id)
     if state.opened is None:  # before it is opened: a changed layout moves first (promote checks a reopened one)
@@ -225,7 +230,8 @@ def open_loaded(config: ReleaseConfig, config_path: Path, backends: Backends, *,
 
 def moved_config(config: ReleaseConfig, moved_to: dict[str, Any]) -> ReleaseConfig:
     """`config` as a fleet move serves it (`moved_to`: the fleet's placement, copies and scale_to_zero), validated as a
-    config is: what serves (artifact, image, environment) stays the release's own; where and how many are the fleet's."""
+    config is: what serves (artifact, image, environment) stays the release's own; where and how many are the
+    fleet's."""
     rollout = {**config.rollout.model_dump(mode="json"), "copies": moved_to["copies"]}
     return ReleaseConfig.model_validate({**config.model_dump(mode="json"), "placement": moved_to["placement"],
                                          "rollout": rollout, "scale_to_zero": moved_to["scale_to_zero"]})
@@ -241,8 +247,6 @@ def latest_move(records: list) -> Any:
 def reopen_release(release_id: str, *, ledger_url: str | None = None, state_dir: str | Path | None = None,
                    actor: str | None = None, progress: Progress = print_progress, session: Any = None) -> StageContext:
     """Rebuild a release's context from the ledger alone (what `shiplift stage` and the DAG tasks run on)."""
-    from tasks.backends.registry import default_state_dir, make_backends, open_ledger
-
     ledger = open_ledger(ledger_url=ledger_url, state_dir=state_dir)
     state = ReleaseState.load(ledger, release_id)
     opened = Opened.model_validate(state.opened)
@@ -271,10 +275,10 @@ def stopped_holder(lease: Lease) -> str | None:
         return None
     if lease.host == socket.gethostname() and not pid_running(lease.pid):
         return f"its process {lease.pid} on {lease.host} is gone"
-    silent_s = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(lease.renewed_at)).total_seconds()
+    silent_s = (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(lease.renewed_at)).total_seconds()
     if silent_s > 3 * table.LEASE.renew_every_s:
-        return (f"its process {lease.pid} on {lease.host} last renewed the lease {silent_s / 60:.0f} min ago (a live run "
-                f"renews it every {table.LEASE.renew_every_s / 60:.0f} min)")
+        return (f"its process {lease.pid} on {lease.host} last renewed the lease {silent_s / 60:.0f} min ago (a live "
+                f"run renews it every {table.LEASE.renew_every_s / 60:.0f} min)")
     return None
 
 
@@ -291,8 +295,10 @@ def holding_lease(ctx: StageContext, holder: str) -> Iterator[None]:
             if lease.taken_over is not None:
                 ctx.record_opened()  # a run that died between its lease and its opening: the release opens first
                 previous, why = lease.taken_over
-                ctx.say(f"took the promotion lease over from {previous!r}, an earlier run of this release: {why}; continuing")
-                ctx.record(events.RELEASE, events.LEASE_TAKEN_OVER, {"from_holder": previous, "reason": why, "holder": holder})
+                ctx.say(f"took the promotion lease over from {previous!r}, an earlier run of this release: {why}; "
+                        "continuing")
+                ctx.record(events.RELEASE, events.LEASE_TAKEN_OVER,
+                           {"from_holder": previous, "reason": why, "holder": holder})
             yield
         finally:
             ctx.lease_holder, ctx.lease_token = None, None
@@ -308,7 +314,7 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_until_stopped, name=f"lease-{ctx.release_id}", daemon=True)
 
-    def __enter__(self) -> "LeaseKeeper":
+    def __enter__(self) -> LeaseKeeper:
         try:
             self.ctx.require_lease()
         except LeaseLost as exc:
@@ -327,7 +333,8 @@ class LeaseKeeper:
                 self.ctx.say(f"WARNING {exc}")
                 return
             except Exception as exc:  # a ledger hiccup: the next renewal tries again, well inside the TTL
-                self.ctx.say(f"WARNING lease not renewed this time ({exc}); trying again in {table.LEASE.renew_every_s:.0f}s")
+                self.ctx.say(f"WARNING lease not renewed this time ({exc}); trying again in "
+                             f"{table.LEASE.renew_every_s:.0f}s")
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
@@ -410,7 +417,8 @@ def run_stages(ctx: StageContext, *, keep_candidate: bool | None = None) -> dict
             ctx.record(events.RELEASE, events.OPTIONS, {"keep_candidate": keep_candidate})
         try:
             for step in table.STAGES[:-1]:
-                if step.waits is not None and in_policy(ctx, table.APPROVAL_REQUEST.name, lambda: step.load(step.waits)(ctx)):
+                if step.waits is not None and in_policy(ctx, table.APPROVAL_REQUEST.name,
+                                                        lambda step=step: step.load(step.waits)(ctx)):
                     return release_summary(ctx.state)
                 ensure_stage_retrying(ctx, step.name)
         except BaseException:
@@ -453,17 +461,20 @@ def begin_orchestrated(config_path: str | Path, *, holder: str, allowed_timeouts
                        orchestrator_timeouts=allowed_timeouts or {}, waits_for_approval=waits_for_approval)
     ctx.backends.ledger.acquire_lease(ctx.config.name, holder, ctx.release_id, table.LEASE.ttl_s)
     ctx.record_opened()
-    return {"release_id": ctx.release_id, "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir),
+    return {"release_id": ctx.release_id, "ledger_url": ctx.backends.ledger_url,
+            "state_dir": str(ctx.backends.state_dir),
             "model": ctx.config.name, "status": ctx.state.status}
 
 
 def run_orchestrated_stage(release_id: str, name: str, *, holder: str | None = None, ledger_url: str | None = None,
-                           state_dir: str | Path | None = None, actor: str | None = None, progress: Progress = print_progress,
+                           state_dir: str | Path | None = None, actor: str | None = None,
+                           progress: Progress = print_progress,
                            session: Any = None) -> dict:
     """One stage of an orchestrated run, from the ledger (what `shiplift stage` runs); `holder` is the run whose lease
     the stage renews and promote requires. The orchestrator retries it, so one attempt runs here. Returns the result as
     the JSON the ledger keeps (what XCom and `shiplift stage` carry)."""
-    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress, session=session)
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress,
+                         session=session)
     ctx.lease_holder = holder
     return ensure_stage(ctx, name).record()
 
@@ -472,7 +483,8 @@ def end_orchestrated(release_id: str, *, holder: str, failed: bool, ledger_url: 
                      state_dir: str | Path | None = None, actor: str | None = None, progress: Progress = print_progress,
                      session: Any = None) -> dict:
     """Last step of an orchestrated run: final status, then give the model's lease back."""
-    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress, session=session)
+    ctx = reopen_release(release_id, ledger_url=ledger_url, state_dir=state_dir, actor=actor, progress=progress,
+                         session=session)
     summary = finish(ctx, failed=failed)
     ctx.backends.ledger.release_lease(ctx.config.name, holder)
     return summary

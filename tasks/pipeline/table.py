@@ -21,9 +21,10 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tasks.backends.interfaces import DEPLOY_WAIT_S, SCALE_WAIT_S, TEARDOWN_WAIT_S
 from tasks.errors import BadInput, ConfigError, StepTimedOut, error_classes, is_retryable
@@ -77,7 +78,8 @@ STAGES: tuple[Step, ...] = (
     Step(events.VALIDATE, "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, "holds",
          "gate the live candidate against the champion"),
     Step(events.PROMOTE, "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, "holds",
-         "put a passed candidate on production, verify what serves", waits="tasks.pipeline.approval:waits_before_promote"),
+         "put a passed candidate on production, verify what serves",
+         waits="tasks.pipeline.approval:waits_before_promote"),
     Step(events.TEARDOWN, "tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, "holds",
          "remove the candidate, whatever happened"),
 )
@@ -87,11 +89,13 @@ END = Step("end", "tasks.pipeline.release:end_orchestrated", 2, 5 * MINUTE, "giv
            "record the final status, give the lease back")
 # Where the config requires an approval, between validate and promote (docs/approval.md).
 APPROVAL_REQUEST = Step("approval_request", "tasks.pipeline.approval_steps:request_approval_orchestrated", 2,
-                        TEARDOWN_WAIT_S + 15 * MINUTE, "releases", "record the approval request once the gate passed, tear "
+                        TEARDOWN_WAIT_S + 15 * MINUTE, "releases",
+                        "record the approval request once the gate passed, tear "
                         "the candidate down unless the config keeps it, give the lease back while a person decides")
 APPROVAL = Step("approval", "", 0, 0, "not held", "a person approves or rejects the release (or its deadline passes)",
                 person=True)
-APPROVAL_DECISION = Step("approval_decision", "tasks.pipeline.approval_steps:record_decision_orchestrated", 2, 5 * MINUTE,
+APPROVAL_DECISION = Step("approval_decision", "tasks.pipeline.approval_steps:record_decision_orchestrated", 2,
+                         5 * MINUTE,
                          "takes back", "record the decision (or the timeout) and take the lease back to go on")
 # Step Functions reads validate's published result itself (an SDK integration), to choose whether to promote.
 READ_GATE = Step("read_gate", "", 3, MINUTE, "none", "read the gate decision validate published to S3",
@@ -106,7 +110,8 @@ ROLLBACK = Step("rollback", "tasks.pipeline.promotion:rollback", 1, MAX_STEP_TIM
                 runs_in=frozenset({"cli", "airflow"}))
 FLEET_MOVE = Step("fleet_move", "tasks.pipeline.fleet.move:move_fleet", 1, MAX_STEP_TIMEOUT_S, "own",
                   "a layout change: every model of a shared endpoint moved to the new layout's endpoint, each under "
-                  "its lease; the old endpoint retired once callers switched (--retire-old)", runs_in=frozenset({"cli"}))
+                  "its lease; the old endpoint retired once callers switched (--retire-old)",
+                  runs_in=frozenset({"cli"}))
 AUDIT = Step("audit", "tasks.pipeline.audit:audit", 1, 10 * MINUTE, "none",
              "verify the ledger against its checkpoints, then what serves against the ledger",
              runs_in=frozenset({"airflow"}))
@@ -166,9 +171,9 @@ def timeout_for(name: str, config: Any) -> int:
     """A step's timeout per attempt for one config: the table's, or longer where the config's own deadlines need it.
 
     validate scores every dataset on the candidate and on the champion, each run under `validation.deadline_s`, after
-    the cold starts of a config that scales to zero or is serverless (each a copy stopped, then up to twice its bound); build
-    fits a temperature (when asked) with one run under it; image waits up to the aws backend's `build_timeout_s` for
-    CodeBuild; deploy_candidate and promote wait for a placement's provision timeout, and promote for a rolling
+    the cold starts of a config that scales to zero or is serverless (each a copy stopped, then up to twice its bound);
+    build fits a temperature (when asked) with one run under it; image waits up to the aws backend's `build_timeout_s`
+    for CodeBuild; deploy_candidate and promote wait for a placement's provision timeout, and promote for a rolling
     update's own maximum execution time; the approval waits `promotion.approval.timeout_s` for a person. Every
     orchestrator (CLI, Airflow, Step Functions) uses this number.
     """
@@ -178,7 +183,8 @@ def timeout_for(name: str, config: Any) -> int:
         bound = getattr(config, "cold_start_bound", None)
         if bound is not None:  # each cold start: its copies stopped (a scale wait), on aws its instances given back
             starts, max_p95_s = bound
-            own += starts * (SCALE_WAIT_S + getattr(config.backend, "instance_release_wait_s", 0) + math.ceil(2 * max_p95_s))
+            own += starts * (SCALE_WAIT_S + getattr(config.backend, "instance_release_wait_s", 0)
+                             + math.ceil(2 * max_p95_s))
     elif name == "build" and config.calibration.fit_temperature:
         own = int(validation.deadline_s) + HOUR + STAGE_MARGIN_S
     elif name == "image":
@@ -211,13 +217,14 @@ def check_timeouts(config: Any, allowed: dict[str, int] | None = None) -> None:
     too_long = [(name, seconds, limit(name)) for name, seconds in needed.items()
                 if limit(name) is not None and seconds > limit(name)]
     if too_long:
-        listed = "; ".join(f"{name} needs {seconds} s, the orchestrator allows {most} s" for name, seconds, most in too_long)
+        listed = "; ".join(f"{name} needs {seconds} s, the orchestrator allows {most} s" for name, seconds,
+                           most in too_long)
         raise ConfigError(
             f"the config's deadlines do not fit its orchestrator's timeouts: {listed}",
             fix="shorten validation.deadline_s, backend.build_timeout_s, placement.provision_timeout_s, "
-                "rollout.maximum_execution_timeout_s or promotion.approval.timeout_s; or, where the orchestrator was set "
-                "up from another version of the config, re-parse the DAG or re-render and deploy the state machine from "
-                "this one",
+                "rollout.maximum_execution_timeout_s or promotion.approval.timeout_s; or, where the orchestrator was "
+                "set up from another version of the config, re-parse the DAG or re-render and deploy the state "
+                "machine from this one",
         )
 
 
@@ -236,7 +243,8 @@ def policy_rows(config: Any) -> list[dict[str, Any]]:
 T = TypeVar("T")
 
 
-def attempts(name: str, run: Callable[[], T], *, timeout_s: int, say: Callable[[str], None] = lambda message: None) -> T:
+def attempts(name: str, run: Callable[[], T], *, timeout_s: int,
+             say: Callable[[str], None] = lambda message: None) -> T:
     """Run one step as the CLI does, under the table's policy for it: each attempt under `timeout_s` (the step's
     `timeout_for` its config), a failure whose error says `retryable` retried up to the step's retries with the
     table's backoff, any other failure (a timeout included) raised at once."""
@@ -272,8 +280,9 @@ def attempt_deadline(name: str, timeout_s: float, say: Callable[[str], None]) ->
 
     def timed_out(signum, frame):
         raise StepTimedOut(f"step {name} ran past its timeout of {timeout_s:.0f} s per attempt",
-                           fix="find what made it slow (the ledger's started record and the progress lines say where it "
-                               "was); the timeout is the policy table's, lengthened only by the config's own deadlines")
+                           fix="find what made it slow (the ledger's started record and the progress lines say where "
+                               "it was); the timeout is the policy table's, lengthened only by the config's own "
+                               "deadlines")
 
     previous = signal.signal(signal.SIGALRM, timed_out)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)

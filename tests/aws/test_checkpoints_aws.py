@@ -8,7 +8,7 @@ the config, verification never reads the secret, and signing refuses a secret ho
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -18,13 +18,20 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
+from tasks.backends.aws.backend_config import AwsCheckpoints
 from tasks.backends.aws.checkpoint_store import S3CheckpointStore, SecretSigner, aws_checkpoint_parts
 from tasks.backends.aws.session import Aws
 from tasks.backends.registry import checkpoint_parts, make_backends
-from tasks.ledger.checkpoints import PrivateKeySigner, check_proof, checkpoint, prove, serialise, verify_with_checkpoints
-from tasks.backends.aws.backend_config import AwsCheckpoints
 from tasks.config import load_release_config
 from tasks.errors import ConfigError, IntegrityError
+from tasks.ledger.checkpoints import (
+    PrivateKeySigner,
+    check_proof,
+    checkpoint,
+    prove,
+    serialise,
+    verify_with_checkpoints,
+)
 from tasks.ledger.store import Ledger
 from tests.unit.conftest import Backend
 from tests.unit.test_checkpoints import _rewrite
@@ -92,7 +99,8 @@ def _problems(ledger, parts) -> list[str]:
     return verdict["problems"]
 
 
-def test_an_aws_release_config_checkpoints_its_ledger_into_the_object_lock_bucket(aws, aws_release, tiny_release, tmp_path):
+def test_an_aws_release_config_checkpoints_its_ledger_into_the_object_lock_bucket(aws, aws_release, tiny_release,
+                                                                                  tmp_path):
     _prepare(aws, secret=_pem(Ed25519PrivateKey.generate()))
     aws_release.prepare_account(aws)
     path = aws_release.write_aws_config(tiny_release, tmp_path / "cfg", tmp_path / "state",
@@ -109,7 +117,7 @@ def test_an_aws_release_config_checkpoints_its_ledger_into_the_object_lock_bucke
     assert (first.seq, first.head_hash, first.key_id) == (3, ledger.history()[2].record_hash, signer.key_id)
     head = aws.client("s3").head_object(Bucket=BUCKET, Key=f"{PREFIX}/000000000001.json")
     assert head["ObjectLockMode"] == "COMPLIANCE"
-    assert abs(head["ObjectLockRetainUntilDate"] - (datetime.now(timezone.utc) + timedelta(days=30))) < timedelta(minutes=5)
+    assert abs(head["ObjectLockRetainUntilDate"] - (datetime.now(UTC) + timedelta(days=30))) < timedelta(minutes=5)
     assert backends.checkpoint() == first and len(_objects(aws)) == 1, "nothing new: no second object"
     _append(ledger, release_id="rel-2", n=9)
     second = backends.checkpoint()
@@ -117,7 +125,8 @@ def test_an_aws_release_config_checkpoints_its_ledger_into_the_object_lock_bucke
     assert verdict["ok"] and verdict["checkpoints"] == 2 and verdict["checked_against"] == second.to_dict()
     assert sorted(v["Key"] for v in _objects(aws)) == [f"{PREFIX}/000000000001.json", f"{PREFIX}/000000000002.json"]
     proof = prove(ledger, store, "rel-2", signer.public)
-    assert [r["seq"] for r in proof["records"]] == [5] and check_proof(json.loads(json.dumps(proof)), signer.public) == []
+    assert [r["seq"] for r in proof["records"]] == [5] and check_proof(json.loads(json.dumps(proof)),
+                                                                       signer.public) == []
     with pytest.raises(ConfigError, match="not a local key file"):
         checkpoint_parts(config, key_path=tmp_path / "key.pem")
     ledger.close()
@@ -133,7 +142,8 @@ def test_the_cli_verifies_checkpoints_and_reports_from_an_aws_config(aws, aws_re
     with Ledger.for_sqlite(tmp_path / "state" / "ledger.db") as ledger:
         for i in range(3):
             _append(ledger, n=i)
-        assert main(["ledger", "checkpoint", "--config", path, "--json"]) == 0, "the ledger_url and checkpoints of the config"
+        assert main(["ledger", "checkpoint", "--config", path,
+                     "--json"]) == 0, "the ledger_url and checkpoints of the config"
         signed = json.loads(capsys.readouterr().out)
         assert signed["seq"] == 3 and len(_objects(aws)) == 1
         assert main(["ledger", "verify", "--config", path, "--json"]) == 0
@@ -165,14 +175,16 @@ def test_a_chain_edited_and_rehashed_is_named(sqlite, ledger, parts):
     _rewrite(sqlite, ledger, 2, {"n": 99, "accuracy": 1.0})
     assert ledger.verify().ok, "the rewritten chain is self-consistent"
     problems = _problems(ledger, parts)
-    assert len(problems) == 2 and problems[0].startswith("record 4 hashes to") and "the chain was rewritten" in problems[0]
+    assert len(problems) == 2 and problems[0].startswith("record 4 hashes to")
+    assert "the chain was rewritten" in problems[0]
     assert "the records were rewritten" in problems[1]
 
 
 def test_a_truncated_tail_is_named(sqlite, ledger, parts):
     signed = _signed(ledger, parts)
     sqlite.raw("DELETE FROM {records} WHERE seq >= 3")
-    assert _problems(ledger, parts) == [(f"the checkpoint of {signed.signed_at} covers seq 4, but the ledger ends at seq 2: "
+    assert _problems(ledger,
+                     parts) == [(f"the checkpoint of {signed.signed_at} covers seq 4, but the ledger ends at seq 2: "
                                          "its newest records were deleted (or the database was replaced)")]
 
 
@@ -180,7 +192,8 @@ def test_a_replaced_database_is_named(tmp_path, ledger, parts):
     _signed(ledger, parts)
     other = Ledger.for_sqlite(tmp_path / "other.db")
     for i in range(6):
-        other.append(release_id="rel-1", model="gemma", stage="build", event="started", payload={"n": i}, actor="mallory")
+        other.append(release_id="rel-1", model="gemma", stage="build", event="started", payload={"n": i},
+                     actor="mallory")
     assert any("the chain was rewritten (or the database was replaced)" in p for p in _problems(other, parts))
     other.close()
 
@@ -195,8 +208,8 @@ def test_a_forged_checkpoint_and_one_signed_by_another_key_put_into_the_bucket_a
         s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{position:012d}.json", Body=body.encode())
     s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/latest.json", Body=json.dumps(signed.to_dict()).encode())
     problems = _problems(ledger, parts)
-    assert any("000000000002.json?versionId=" in p and "(seq 2) has a signature that does not verify" in p and "forged" in p
-               for p in problems), problems
+    assert any("000000000002.json?versionId=" in p and "(seq 2) has a signature that does not verify" in p
+               and "forged" in p for p in problems), problems
     assert any("000000000003.json?versionId=" in p and f"names key {other.key_id}" in p and "signed by another key" in p
                for p in problems), problems
     assert any("000000000004.json?versionId=" in p and "is not a checkpoint" in p for p in problems), problems
@@ -205,7 +218,8 @@ def test_a_forged_checkpoint_and_one_signed_by_another_key_put_into_the_bucket_a
     assert verdict["checked_against"] == signed.to_dict(), "the genuine one still counts"
 
 
-def test_s3_refuses_to_delete_a_locked_checkpoint_and_a_delete_marker_or_an_overwrite_hides_none(aws, sqlite, ledger, parts):
+def test_s3_refuses_to_delete_a_locked_checkpoint_and_a_delete_marker_or_an_overwrite_hides_none(aws, sqlite, ledger,
+                                                                                                 parts):
     signed = _signed(ledger, parts)
     s3, key = aws.client("s3"), f"{PREFIX}/000000000001.json"
     version = _objects(aws)[0]["VersionId"]
@@ -218,9 +232,11 @@ def test_s3_refuses_to_delete_a_locked_checkpoint_and_a_delete_marker_or_an_over
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX).get("KeyCount") == 0
     sqlite.raw("DELETE FROM {records} WHERE seq >= 3")
     problems = _problems(ledger, parts)
-    assert any("covers seq 4, but the ledger ends at seq 2" in p for p in problems), "the hidden checkpoint still counts"
+    assert any("covers seq 4, but the ledger ends at seq 2" in p
+               for p in problems), "the hidden checkpoint still counts"
     assert any("(seq 2) has a signature that does not verify" in p for p in problems), "so does the overwrite"
-    assert any(p.startswith(f"checkpoint s3://{BUCKET}/{key} was deleted at") and "delete marker" in p for p in problems)
+    assert any(p.startswith(f"checkpoint s3://{BUCKET}/{key} was deleted at") and "delete marker" in p
+               for p in problems)
 
 
 def test_two_writers_racing_for_a_position_end_in_order(aws, ledger, parts, monkeypatch):
@@ -240,7 +256,8 @@ def test_two_writers_racing_for_a_position_end_in_order(aws, ledger, parts, monk
     assert len(_objects(aws)) == 2 and verify_with_checkpoints(ledger, store, signer.public)["ok"]
 
 
-def test_a_missing_secret_or_bucket_a_bucket_without_object_lock_and_a_wrong_key_are_refused_writing_nothing(aws, ledger):
+def test_a_missing_secret_or_bucket_a_bucket_without_object_lock_and_a_wrong_key_are_refused_writing_nothing(aws,
+                                                                                                             ledger):
     region = Aws(region="us-east-1")
     with pytest.raises(ConfigError, match=f"bucket {BUCKET} does not exist.*--object-lock-enabled-for-bucket"):
         aws_checkpoint_parts(region, SETTINGS)
@@ -248,7 +265,8 @@ def test_a_missing_secret_or_bucket_a_bucket_without_object_lock_and_a_wrong_key
     with pytest.raises(ConfigError, match="does not have Object Lock enabled.*put-object-lock-configuration"):
         aws_checkpoint_parts(region, SETTINGS)
     aws.client("s3").put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
-    aws.client("s3").put_object_lock_configuration(Bucket=BUCKET, ObjectLockConfiguration={"ObjectLockEnabled": "Enabled"})
+    aws.client("s3").put_object_lock_configuration(Bucket=BUCKET,
+                                                   ObjectLockConfiguration={"ObjectLockEnabled": "Enabled"})
     with pytest.raises(ConfigError, match=f"secret {SECRET} does not exist.*shiplift does not create it.*"
                                           f"openssl genpkey -algorithm ed25519.*create-secret --name {SECRET} "):
         aws_checkpoint_parts(region, SETTINGS)
@@ -281,8 +299,8 @@ def _secret_reads(aws_calls) -> int:
 
 def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_the_secret(
         aws, aws_release, tiny_release, tmp_path, capsys, aws_calls):
-    from tasks.pipeline.audit import audit
     from tasks.cli.main import main
+    from tasks.pipeline.audit import audit
 
     private = Ed25519PrivateKey.generate()
     _prepare(aws, secret=_pem(private))
@@ -290,7 +308,8 @@ def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_
     with Ledger.for_sqlite(tmp_path / "state" / "ledger.db") as ledger:
         for i in range(3):
             _append(ledger, n=i)
-    assert main(["ledger", "checkpoint", "--config", path, "--json"]) == 0 and _secret_reads(aws_calls) == 1, "signing reads it"
+    assert main(["ledger", "checkpoint", "--config", path,
+                 "--json"]) == 0 and _secret_reads(aws_calls) == 1, "signing reads it"
     signed = json.loads(capsys.readouterr().out)
     assert main(["ledger", "verify", "--config", path, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checked_against"] == signed

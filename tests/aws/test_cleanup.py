@@ -1,4 +1,5 @@
-"""`shiplift cleanup --list | --delete-all`: only what carries the prefix *and* shiplift's tag goes, in dependency order."""
+"""`shiplift cleanup --list | --delete-all`: only what carries the prefix *and* shiplift's tag goes, in dependency
+order."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ def test_cleanup_lists_and_deletes_only_shiplifts_resources(aws, aws_release, ti
     model = sagemaker.describe_model(ModelName=production["Specification"]["ModelName"])
     container = {k: model["PrimaryContainer"][k] for k in ("Image", "ModelDataUrl")}
     role = model["ExecutionRoleArn"]
-    sagemaker.create_model(ModelName="shiplift-hand-made", PrimaryContainer=container, ExecutionRoleArn=role)  # prefix, no tag
+    # prefix, no tag
+    sagemaker.create_model(ModelName="shiplift-hand-made", PrimaryContainer=container, ExecutionRoleArn=role)
     sagemaker.create_model(ModelName="payments-model", PrimaryContainer=container, ExecutionRoleArn=role,
                            Tags=[{"Key": "shiplift:managed", "Value": "true"}])  # tag, no prefix
-    alarm = dict(MetricName="Invocation5XXErrors", Namespace="AWS/SageMaker", Statistic="Sum", Period=60, EvaluationPeriods=1,
-                 Threshold=1.0, ComparisonOperator="GreaterThanOrEqualToThreshold")
-    cloudwatch.put_metric_alarm(AlarmName="shiplift-tiny-aws-5xx", Tags=[{"Key": "shiplift:managed", "Value": "true"}], **alarm)
+    alarm = dict(MetricName="Invocation5XXErrors", Namespace="AWS/SageMaker", Statistic="Sum", Period=60,
+                 EvaluationPeriods=1, Threshold=1.0, ComparisonOperator="GreaterThanOrEqualToThreshold")
+    cloudwatch.put_metric_alarm(AlarmName="shiplift-tiny-aws-5xx", Tags=[{"Key": "shiplift:managed", "Value": "true"}],
+                                **alarm)
     cloudwatch.put_metric_alarm(AlarmName="shiplift-someone-elses", **alarm)
     autoscaling = aws.client("application-autoscaling")
     target = dict(ServiceNamespace="sagemaker", ResourceId=f"endpoint/{summary['served_by']}/variant/AllTraffic",
@@ -48,10 +51,12 @@ def test_cleanup_lists_and_deletes_only_shiplifts_resources(aws, aws_release, ti
 
     assert main(["cleanup", str(config), "--delete-all"]) == 0
     said = capsys.readouterr().err.splitlines()
-    times = {r["name"]: sum(1 for line in said if line.startswith("deleted ") and line.endswith(f" {r['name']}")) for r in listed}
+    times = {r["name"]: sum(1 for line in said if line.startswith("deleted ") and line.endswith(f" {r['name']}"))
+             for r in listed}
     assert set(times.values()) == {1}, ("each resource is reported deleted once (a config its endpoint took with it is "
                                        "'already gone')", times)
-    assert sagemaker.list_endpoints()["Endpoints"] == [] and sagemaker.list_inference_components()["InferenceComponents"] == []
+    assert sagemaker.list_endpoints()["Endpoints"] == []
+    assert sagemaker.list_inference_components()["InferenceComponents"] == []
     assert sorted(m["ModelName"] for m in sagemaker.list_models()["Models"]) == ["payments-model", "shiplift-hand-made"]
     assert [a["AlarmName"] for a in cloudwatch.describe_alarms()["MetricAlarms"]] == ["shiplift-someone-elses"]
     assert autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []

@@ -13,18 +13,23 @@ import pytest
 import yaml
 
 from tasks.backends.aws.backend import aws_backends
-from tasks.orchestrators.dry_run import plan_release
 from tasks.backends.aws.iam import OPERATIONS, execution_role_policy, pipeline_policy, policies
 from tasks.cli.main import main
 from tasks.config import load_release_config
 from tasks.errors import ConfigError, IntegrityError, NotFound
-from tasks.ledger.store import Ledger
 from tasks.ledger.release_state import ReleaseState
+from tasks.ledger.store import Ledger
+from tasks.orchestrators.dry_run import plan_release
 from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
 from tests.aws.iam_reference import Account, actions_for, allowed, evaluated, privilege, sse_kms
 from tests.aws.test_dry_run import assert_valid, dry_run, operations
-from tests.aws.test_iam import (_parliament, _resource_alias_condition, account_of, conditions_the_reference_lacks,
-                                only_on_star_what_the_reference_cannot_scope)
+from tests.aws.test_iam import (
+    _parliament,
+    _resource_alias_condition,
+    account_of,
+    conditions_the_reference_lacks,
+    only_on_star_what_the_reference_cannot_scope,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
@@ -49,7 +54,8 @@ def aws_backend(state_dir: Path | str = "/tmp/shiplift-dlc-chat", region: str = 
 
 def chat_config(*overrides: str, **backend):
     """configs/releases/gemma-chat.yaml as an aws config."""
-    return load_release_config(CHAT, overrides=(f"backend={json.dumps(aws_backend(**backend))}", *overrides), environ={})
+    return load_release_config(CHAT, overrides=(f"backend={json.dumps(aws_backend(**backend))}", *overrides),
+                               environ={})
 
 
 def resolve(config, tmp_path: Path, said: list[str] | None = None):
@@ -92,10 +98,13 @@ def test_the_tag_is_resolved_to_its_digest_with_one_request_and_a_pin_that_match
     ref = resolve(chat_config(), tmp_path, said)
     assert (ref.uri, ref.digest, ref.base_image) == (f"{DLC}@{digest}", digest, f"{DLC}:{CPU_TAG}")
     assert (ref.name, ref.files, ref.source_sha256) == ("dlc-chat", 0, None)
-    assert [(service, operation) for service, operation, _ in aws_calls] == [("ecr", "BatchGetImage")], "no build, no upload"
+    assert [(service, operation) for service, operation,
+            _ in aws_calls] == [("ecr", "BatchGetImage")], "no build, no upload"
     params = aws_calls[0][2]
-    assert (params["registryId"], params["repositoryName"], params["imageIds"]) == (DLC_ACCOUNT, "llama-cpp", [{"imageTag": CPU_TAG}])
-    assert "application/vnd.oci.image.index.v1+json" in params["acceptedMediaTypes"], "a multi-arch index is returned as stored"
+    assert (params["registryId"], params["repositoryName"], params["imageIds"]) == (DLC_ACCOUNT, "llama-cpp",
+                                                                                    [{"imageTag": CPU_TAG}])
+    assert "application/vnd.oci.image.index.v1+json" in params["acceptedMediaTypes"], \
+        "a multi-arch index is returned as stored"
     assert said == [f"image: {DLC}:{CPU_TAG} is {DLC}@{digest}"]
 
     pinned = resolve(chat_config(f"image.digest={digest}"), tmp_path)
@@ -151,7 +160,10 @@ def test_a_chat_candidate_is_the_dlc_by_digest_with_its_server_options_and_answe
     digest = aws.publish_image(DLC_ACCOUNT, "llama-cpp", CPU_TAG, kind="dlc-chat")
     path = chat_release(tiny_release, tmp_path)
     begun = begin_orchestrated(path, holder="test", progress=QUIET)
-    run = lambda stage: run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)  # noqa: E731
+
+    def run(stage):
+        return run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)
+
     for stage in ("resolve", "build", "package", "image"):
         run(stage)
     deployed = run("deploy_candidate")
@@ -221,9 +233,11 @@ def test_every_dry_run_request_of_a_chat_release_is_allowed_and_nothing_builds(w
             assert all(privilege(action) for s in policy["Statement"] for action in s["Action"]), "every action exists"
     pipeline = pipeline_policy(config)
     granted = {action for statement in pipeline["Statement"] for action in statement["Action"]}
-    assert not {a for a in granted if a.startswith("codebuild:")} and not {"ecr:DescribeImages", "ecr:DescribeRepositories"} & granted
+    assert not {a for a in granted if a.startswith("codebuild:")} and not {"ecr:DescribeImages",
+                                                                           "ecr:DescribeRepositories"} & granted
     assert [s["Resource"] for s in pipeline["Statement"] if "ecr:BatchGetImage" in s["Action"]] == [[DLC_ARN]]
-    passed = [s["Condition"]["StringEquals"]["iam:PassedToService"] for s in pipeline["Statement"] if s["Action"] == ["iam:PassRole"]]
+    passed = [s["Condition"]["StringEquals"]["iam:PassedToService"] for s in pipeline["Statement"]
+              if s["Action"] == ["iam:PassRole"]]
     assert passed == ["sagemaker.amazonaws.com"]
 
 
@@ -232,8 +246,10 @@ def test_the_execution_role_pulls_the_dlc_and_nothing_else():
     statements = {s["Sid"]: s for s in execution_role_policy(config)["Statement"]}
     assert statements["PullServingImage"]["Resource"] == [DLC_ARN]
     assert {"ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"} <= set(statements["PullServingImage"]["Action"])
-    assert statements["EcrLogin"] == {"Sid": "EcrLogin", "Effect": "Allow", "Action": ["ecr:GetAuthorizationToken"], "Resource": ["*"]}
-    account = dlc_needs(config, "ecr", "GetDownloadUrlForLayer", {"registryId": DLC_ACCOUNT, "repositoryName": "llama-cpp"})
+    assert statements["EcrLogin"] == {"Sid": "EcrLogin", "Effect": "Allow", "Action": ["ecr:GetAuthorizationToken"],
+                                      "Resource": ["*"]}
+    account = dlc_needs(config, "ecr", "GetDownloadUrlForLayer",
+                        {"registryId": DLC_ACCOUNT, "repositoryName": "llama-cpp"})
     policy = execution_role_policy(config)
     assert account and all(allowed(policy, need) for need in account), "the reference's ARN of the DLC's repository"
     other = dlc_needs(config, "ecr", "BatchGetImage", {"registryId": ACCOUNT, "repositoryName": "shiplift/semif"})

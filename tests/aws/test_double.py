@@ -11,15 +11,16 @@ import time
 import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
 from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import ParamValidator
 
-from tasks.backends.aws.service_model import service_model
 from tasks.artifacts.packaging import package_gguf, package_model_dir
 from tasks.artifacts.tiny_gguf import write_tiny_gguf
+from tasks.backends.aws.service_model import service_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"
@@ -30,7 +31,8 @@ SEMIF_ENV = {"SEMIF_MAX_TOKENS": "2048", "SEMIF_MAX_REQUEST_TOKENS": "1536"}
 DECISION = {"decision": {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
                          "options": [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]}}
 WAIT_S = 30.0
-MIG_VARIANT = {"VariantName": "AllTraffic", "InstanceType": "ml.p5.4xlarge", "InitialInstanceCount": 1,  # one H100: 2 partitions
+# one H100: 2 partitions
+MIG_VARIANT = {"VariantName": "AllTraffic", "InstanceType": "ml.p5.4xlarge", "InitialInstanceCount": 1,
                "AcceleratorPartitionLayouts": [{"AcceleratorPartitionTypes": ["mig-1g.10gb", "mig-1g.10gb"]}]}
 MIG_REQUIREMENTS = {"MinMemoryRequiredInMb": 1024, "NumberOfAcceleratorDevicesRequired": 1,
                     "AcceleratorPartitionType": "mig-1g.10gb"}
@@ -82,7 +84,8 @@ def start_build(aws, source: bytes, kind: str = "semif", tag: str = "t1") -> str
     s3, ecr, codebuild = aws.client("s3"), aws.client("ecr"), aws.client("codebuild")
     s3.put_object(Bucket=BUCKET, Key=f"sources/{kind}-{tag}.zip", Body=source)
     repositories = {r["repositoryName"]: r["repositoryUri"] for r in ecr.describe_repositories()["repositories"]}
-    uri = repositories.get(f"shiplift-{kind}") or ecr.create_repository(repositoryName=f"shiplift-{kind}")["repository"]["repositoryUri"]
+    uri = (repositories.get(f"shiplift-{kind}")
+           or ecr.create_repository(repositoryName=f"shiplift-{kind}")["repository"]["repositoryUri"])
     if f"shiplift-{kind}" not in codebuild.list_projects()["projects"]:
         codebuild.create_project(
             name=f"shiplift-{kind}", source={"type": "S3", "location": f"{BUCKET}/sources/none.zip"},
@@ -95,7 +98,8 @@ def start_build(aws, source: bytes, kind: str = "semif", tag: str = "t1") -> str
     return codebuild.start_build(
         projectName=f"shiplift-{kind}", sourceLocationOverride=f"{BUCKET}/sources/{kind}-{tag}.zip",
         environmentVariablesOverride=[{"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()],
-        artifactsOverride={"type": "S3", "location": BUCKET, "path": "builds", "name": f"{kind}-{tag}", "packaging": "NONE"},
+        artifactsOverride={"type": "S3", "location": BUCKET, "path": "builds", "name": f"{kind}-{tag}",
+                           "packaging": "NONE"},
     )["build"]["id"]
 
 
@@ -194,7 +198,8 @@ POOLS = [{"InstanceType": "ml.g6e.xlarge", "Priority": 1}, {"InstanceType": "ml.
     pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(InstanceType="ml.g9.mega")]},
                  "'ml.g9.mega' is not one of the allowed values", id="unknown-instance-type"),
     pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(
-        InstanceType=None, InstancePools=[{"InstanceType": "ml.g5.2xlarge", "Priority": p % 5 + 1} for p in range(6)])]},
+        InstanceType=None,
+        InstancePools=[{"InstanceType": "ml.g5.2xlarge", "Priority": p % 5 + 1} for p in range(6)])]},
         "InstancePools: 6 items, at most 5", id="six-pools"),
     pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(InstancePools=POOLS)]},
                  "exactly one of InstanceType or InstancePools", id="pools-and-instance-type"),
@@ -203,13 +208,16 @@ POOLS = [{"InstanceType": "ml.g6e.xlarge", "Priority": 1}, {"InstanceType": "ml.
         "unique priorities 1..2", id="duplicate-pool-priorities"),
     pytest.param({"EndpointConfigName": "c", "ExecutionRoleArn": ROLE, "ProductionVariants": [_variant(
         ModelName=None, InstanceType="ml.p4d.24xlarge",
-        AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": ["mig-3g.20gb", "mig-3g.20gb", "mig-1g.5gb", "mig-1g.5gb"]}])]},
-        "needs 8 compute slices and 50 GB, but one GPU of ml.p4d.24xlarge has 7 compute slices and 40 GB", id="mig-too-big"),
+        AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": ["mig-3g.20gb", "mig-3g.20gb", "mig-1g.5gb",
+                                                                    "mig-1g.5gb"]}])]},
+        "needs 8 compute slices and 50 GB, but one GPU of ml.p4d.24xlarge has 7 compute slices and 40 GB",
+        id="mig-too-big"),
     pytest.param({"EndpointConfigName": "c", "ProductionVariants": [_variant(
         InstanceType="ml.p5.48xlarge", AcceleratorPartitionLayouts=MIG_VARIANT["AcceleratorPartitionLayouts"])]},
         "supported only on endpoints for inference components", id="mig-on-single-model-variant"),
     pytest.param({"EndpointConfigName": "c", "ExecutionRoleArn": ROLE, "ProductionVariants": [_variant(
-        ModelName=None, InstanceType="ml.g5.2xlarge", AcceleratorPartitionLayouts=MIG_VARIANT["AcceleratorPartitionLayouts"])]},
+        ModelName=None, InstanceType="ml.g5.2xlarge",
+        AcceleratorPartitionLayouts=MIG_VARIANT["AcceleratorPartitionLayouts"])]},
         "ml.g5.2xlarge does not support accelerator partitions", id="mig-on-non-mig-family"),
     pytest.param({"EndpointConfigName": "c", "ProductionVariants": [MIG_VARIANT]},
                  "require ExecutionRoleArn", id="ic-endpoint-without-execution-role"),
@@ -227,7 +235,8 @@ def test_refuses_endpoint_configs_sagemaker_would_refuse(aws, config, expected):
 
 def test_accepts_a_layout_that_fits_and_keeps_every_field(aws):
     sagemaker = aws.client("sagemaker")
-    variant = {**MIG_VARIANT, "AcceleratorPartitionLayouts": [{"AcceleratorPartitionTypes": ["mig-3g.40gb", "mig-3g.40gb"]}]}
+    variant = {**MIG_VARIANT,
+               "AcceleratorPartitionLayouts": [{"AcceleratorPartitionTypes": ["mig-3g.40gb", "mig-3g.40gb"]}]}
     sagemaker.create_endpoint_config(EndpointConfigName="fits", ProductionVariants=[variant], ExecutionRoleArn=ROLE,
                                      EnableNetworkIsolation=True)
     described = sagemaker.describe_endpoint_config(EndpointConfigName="fits")
@@ -236,7 +245,8 @@ def test_accepts_a_layout_that_fits_and_keeps_every_field(aws):
     assert_output_shape("DescribeEndpointConfig", described)
 
     aws.scenario(drop_partition_layouts=True)
-    assert "AcceleratorPartitionLayouts" not in sagemaker.describe_endpoint_config(EndpointConfigName="fits")["ProductionVariants"][0]
+    variant = sagemaker.describe_endpoint_config(EndpointConfigName="fits")["ProductionVariants"][0]
+    assert "AcceleratorPartitionLayouts" not in variant
 
 
 def test_names_taken_and_unknown_get_sagemakers_messages(aws):
@@ -244,8 +254,10 @@ def test_names_taken_and_unknown_get_sagemakers_messages(aws):
     create_model(aws, "Taken")
     error = client_error(create_model, aws, "taken")["Error"]
     assert error == {"Code": "ValidationException",
-                     "Message": f'Cannot create already existing model "arn:aws:sagemaker:us-east-1:{ACCOUNT}:model/taken".'}
-    assert client_error(sagemaker.describe_endpoint, EndpointName="nope")["Error"]["Message"] == 'Could not find endpoint "nope".'
+                     "Message": 'Cannot create already existing model '
+                                f'"arn:aws:sagemaker:us-east-1:{ACCOUNT}:model/taken".'}
+    assert client_error(sagemaker.describe_endpoint,
+                        EndpointName="nope")["Error"]["Message"] == 'Could not find endpoint "nope".'
     assert client_error(sagemaker.delete_endpoint_config, EndpointConfigName="nope")["Error"]["Message"] == \
         'Could not find endpoint configuration "nope".'
     assert client_error(sagemaker.describe_inference_component, InferenceComponentName="nope")["Error"]["Message"] == \
@@ -339,7 +351,8 @@ def test_fail_next_endpoint_fails_one_endpoint_only(aws):
 
 
 def test_update_endpoint_moves_to_the_new_config_unless_rolled_back(aws):
-    """Not documented by AWS: the status after a rollback (the double: InService on the old config, no FailureReason)."""
+    """Not documented by AWS: the status after a rollback (the double: InService on the old config, no
+    FailureReason)."""
     sagemaker = aws.client("sagemaker")
     create_endpoint(aws, "ep", MIG_VARIANT, ExecutionRoleArn=ROLE)
     wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ep")
@@ -369,7 +382,8 @@ def test_codebuild_build_reports_progress_pushes_the_image_and_writes_image_deta
     build_id = start_build(aws, images_zip())
     seen = build_statuses(aws, build_id)
     assert [b["buildStatus"] for b in seen] == ["IN_PROGRESS", "SUCCEEDED"]
-    detail = json.loads(aws.client("s3").get_object(Bucket=BUCKET, Key="builds/semif-t1/image-detail.json")["Body"].read())
+    detail = json.loads(aws.client("s3").get_object(Bucket=BUCKET,
+                                                    Key="builds/semif-t1/image-detail.json")["Body"].read())
     repository_uri, digest = detail["ImageURI"].split("@")
     assert repository_uri == f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/shiplift-semif"
     pushed = aws.client("ecr").describe_images(repositoryName="shiplift-semif")["imageDetails"]
@@ -379,13 +393,15 @@ def test_codebuild_build_reports_progress_pushes_the_image_and_writes_image_deta
 
     rebuilt = start_build(aws, images_zip(), tag="t2")
     build_statuses(aws, rebuilt)
-    again = json.loads(aws.client("s3").get_object(Bucket=BUCKET, Key="builds/semif-t2/image-detail.json")["Body"].read())
+    again = json.loads(aws.client("s3").get_object(Bucket=BUCKET,
+                                                   Key="builds/semif-t2/image-detail.json")["Body"].read())
     assert again["ImageURI"].endswith(digest), "the same source must give the same digest"
 
 
 @pytest.mark.parametrize("knobs, skip, phase, expected", [
     pytest.param({"fail_builds": True}, "", "BUILD", "docker build", id="fail-builds"),
-    pytest.param({}, "images/common/sagemaker_http.py", "PRE_BUILD", "no common/sagemaker_http.py", id="source-missing-a-file"),
+    pytest.param({}, "images/common/sagemaker_http.py", "PRE_BUILD", "no common/sagemaker_http.py",
+                 id="source-missing-a-file"),
 ])
 def test_failed_builds_push_nothing(aws, knobs, skip, phase, expected):
     aws.scenario(**knobs)
@@ -450,7 +466,8 @@ def test_single_model_endpoint_serves_real_semif_decisions(aws, semif_archive):
 
     answer = runtime.invoke_endpoint(EndpointName="tiny", Body=json.dumps(DECISION), ContentType="application/json")
     result = json.loads(answer["Body"].read())["result"]
-    assert (answer["InvokedProductionVariant"], result["id"], result["option_ids"]) == ("AllTraffic", "q", ["no", "yes"])
+    assert (answer["InvokedProductionVariant"], result["id"], result["option_ids"]) == ("AllTraffic", "q",
+                                                                                        ["no", "yes"])
     assert sum(result["probabilities"]) == pytest.approx(1.0)
     with ThreadPoolExecutor(max_workers=3) as threads:
         answers = list(threads.map(lambda _: json.loads(runtime.invoke_endpoint(
@@ -463,9 +480,11 @@ def test_single_model_endpoint_serves_real_semif_decisions(aws, semif_archive):
     assert model_error["OriginalStatusCode"] == 400 and "error" in json.loads(model_error["OriginalMessage"])
     assert model_error["LogStreamArn"].endswith("/aws/sagemaker/Endpoints/tiny")
     variant_dimensions = [{"Name": "EndpointName", "Value": "tiny"}, {"Name": "VariantName", "Value": "AllTraffic"}]
-    assert [metric_sum(aws, name, variant_dimensions) for name in ("Invocations", "Invocation4XXErrors", "InvocationModelErrors")] \
+    assert [metric_sum(aws, name, variant_dimensions)
+            for name in ("Invocations", "Invocation4XXErrors", "InvocationModelErrors")] \
         == [5, 1, 1]
-    refused = client_error(runtime.invoke_endpoint, EndpointName="tiny", Body=b"{}", InferenceComponentName="x")["Error"]
+    refused = client_error(runtime.invoke_endpoint, EndpointName="tiny", Body=b"{}",
+                           InferenceComponentName="x")["Error"]
     assert refused["Code"] == "ValidationError" and "not allowed" in refused["Message"]
 
     pids = aws.container_pids()
@@ -513,7 +532,8 @@ def test_inference_components_on_mig_partitions(aws, aws_double_module, semif_ar
     create_component("decider", 1)
     described, seen = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                          InferenceComponentName="decider")
-    assert seen[0] == "Creating" and described["InferenceComponentStatus"] == "InService", described.get("FailureReason")
+    assert seen[0] == "Creating", described.get("FailureReason")
+    assert described["InferenceComponentStatus"] == "InService", described.get("FailureReason")
     assert described["RuntimeConfig"] == {"DesiredCopyCount": 1, "CurrentCopyCount": 1}
     assert described["Specification"]["Container"]["DeployedImage"]["ResolvedImage"] == image
     assert described["Specification"]["Container"]["ArtifactUrl"] == data_url
@@ -528,21 +548,25 @@ def test_inference_components_on_mig_partitions(aws, aws_double_module, semif_ar
     create_component("greedy", 2)  # one partition is left, two copies cannot fit
     greedy, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                    InferenceComponentName="greedy")
-    assert greedy["InferenceComponentStatus"] == "Failed" and "has room for 1 (1 x ml.p5.4xlarge with 2 mig-1g.10gb partitions each, 1 held" in greedy["FailureReason"]
+    assert greedy["InferenceComponentStatus"] == "Failed"
+    assert "has room for 1 (1 x ml.p5.4xlarge with 2 mig-1g.10gb partitions each, 1 held" in greedy["FailureReason"]
 
     aws.scenario(roll_back_updates=True)
     candidate = {"ModelName": "tiny-b", "ComputeResourceRequirements": MIG_REQUIREMENTS}
-    one_at_a_time = {"RollingUpdatePolicy": {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 0}}
-    # MaximumBatchSize must be 5-50 % of the copy count (API_InferenceComponentRollingUpdatePolicy): 1 of 1 copy is 100 %
-    refused = client_error(sagemaker.update_inference_component, InferenceComponentName="decider", Specification=candidate,
-                           DeploymentConfig=one_at_a_time)["Error"]
+    one_at_a_time = {"RollingUpdatePolicy": {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1},
+                                             "WaitIntervalInSeconds": 0}}
+    # MaximumBatchSize must be 5-50 % of the copy count (API_InferenceComponentRollingUpdatePolicy): 1 of 1 copy is 100
+    # %
+    refused = client_error(sagemaker.update_inference_component, InferenceComponentName="decider",
+                           Specification=candidate, DeploymentConfig=one_at_a_time)["Error"]
     assert refused["Code"] == "ValidationException" and "between 5% and 50% of the copy count" in refused["Message"]
     sagemaker.update_inference_component(InferenceComponentName="decider", Specification=candidate,
                                          RuntimeConfig={"CopyCount": 2}, DeploymentConfig=one_at_a_time)
     rolled_back, seen = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                            InferenceComponentName="decider")
     assert seen[0] == "Updating"
-    assert (rolled_back["InferenceComponentStatus"], rolled_back["Specification"]["ModelName"]) == ("InService", "tiny-a")
+    assert (rolled_back["InferenceComponentStatus"], rolled_back["Specification"]["ModelName"]) == ("InService",
+                                                                                                    "tiny-a")
     assert "FailureReason" not in rolled_back and "LastDeploymentConfig" in rolled_back
 
     aws.scenario(roll_back_updates=False)
@@ -552,7 +576,8 @@ def test_inference_components_on_mig_partitions(aws, aws_double_module, semif_ar
     assert updated["Specification"]["ModelName"] == "tiny-b"
     assert updated["Specification"]["Container"]["Environment"]["SEMIF_MAX_SHARED_DECISIONS"] == "4"
 
-    sagemaker.update_inference_component_runtime_config(InferenceComponentName="decider", DesiredRuntimeConfig={"CopyCount": 2})
+    sagemaker.update_inference_component_runtime_config(InferenceComponentName="decider",
+                                                        DesiredRuntimeConfig={"CopyCount": 2})
     scaled, seen = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                       InferenceComponentName="decider")
     assert seen[0] == "Updating" and scaled["RuntimeConfig"] == {"DesiredCopyCount": 2, "CurrentCopyCount": 2}
@@ -597,7 +622,8 @@ def serving_component(aws, old_archive: Path, new_archive: Path, copies: int) ->
     wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ic")
     sagemaker.create_inference_component(
         InferenceComponentName="decider", EndpointName="ic", VariantName="AllTraffic",
-        Specification={"ModelName": "old", "ComputeResourceRequirements": CPU_REQUIREMENTS}, RuntimeConfig={"CopyCount": copies})
+        Specification={"ModelName": "old", "ComputeResourceRequirements": CPU_REQUIREMENTS},
+        RuntimeConfig={"CopyCount": copies})
     described, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                       InferenceComponentName="decider")
     assert described["InferenceComponentStatus"] == "InService", described.get("FailureReason")
@@ -605,9 +631,9 @@ def serving_component(aws, old_archive: Path, new_archive: Path, copies: int) ->
 
 def test_an_update_needs_room_beside_the_old_copies_unless_managed_scaling_adds_instances(aws, semif_archive,
                                                                                         other_semif_archive):
-    """Two two-core copies fill an ml.m5.xlarge (4 vCPUs). An update without DeploymentConfig starts its new copies beside
-    the old ones (not documented for inference components: docs/aws-double.md), so it cannot place them there; with
-    ManagedInstanceScaling up to 2 instances it can (API_ProductionVariantManagedInstanceScaling)."""
+    """Two two-core copies fill an ml.m5.xlarge (4 vCPUs). An update without DeploymentConfig starts its new copies
+    beside the old ones (not documented for inference components: docs/aws-double.md), so it cannot place them there;
+    with ManagedInstanceScaling up to 2 instances it can (API_ProductionVariantManagedInstanceScaling)."""
     image, old_url = publish_image(aws, semif_archive, tag="old")
     aws.client("s3").upload_file(str(other_semif_archive), BUCKET, "models/new/model.tar.gz")
     create_model(aws, "old", image, old_url)
@@ -620,22 +646,26 @@ def test_an_update_needs_room_beside_the_old_copies_unless_managed_scaling_adds_
         wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName=name)
         sagemaker.create_inference_component(
             InferenceComponentName=f"{name}-ic", EndpointName=name, VariantName="AllTraffic",
-            Specification={"ModelName": "old", "ComputeResourceRequirements": two_cores}, RuntimeConfig={"CopyCount": 2})
+            Specification={"ModelName": "old", "ComputeResourceRequirements": two_cores},
+            RuntimeConfig={"CopyCount": 2})
         created, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                         InferenceComponentName=f"{name}-ic")
         assert created["InferenceComponentStatus"] == "InService", created.get("FailureReason")
         sagemaker.update_inference_component(InferenceComponentName=f"{name}-ic",
-                                             Specification={"ModelName": "new", "ComputeResourceRequirements": two_cores})
+                                             Specification={"ModelName": "new",
+                                                            "ComputeResourceRequirements": two_cores})
         outcome[name], seen = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                                  InferenceComponentName=f"{name}-ic")
         assert seen[0] == "Updating"
     fixed, scaled = outcome["fixed"], outcome["scaled"]
-    assert fixed["Specification"]["ModelName"] == "old" and fixed["RuntimeConfig"]["CurrentCopyCount"] == 2, "the old copies serve"
+    assert fixed["Specification"]["ModelName"] == "old", "the old copies serve"
+    assert fixed["RuntimeConfig"]["CurrentCopyCount"] == 2, "the old copies serve"
     assert ("Unable to place 4 copies" in fixed["FailureReason"]
             and "has room for 2 (1 x ml.m5.xlarge with 4 vCPUs each" in fixed["FailureReason"]), fixed["FailureReason"]
     assert (scaled["InferenceComponentStatus"], scaled["Specification"]["ModelName"]) == ("InService", "new")
     assert "FailureReason" not in scaled
-    sagemaker.update_inference_component_runtime_config(InferenceComponentName="scaled-ic", DesiredRuntimeConfig={"CopyCount": 5})
+    sagemaker.update_inference_component_runtime_config(InferenceComponentName="scaled-ic",
+                                                        DesiredRuntimeConfig={"CopyCount": 5})
     scaled_up, _ = wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
                                       InferenceComponentName="scaled-ic")
     assert "has room for 4 (2 x ml.m5.xlarge" in scaled_up["FailureReason"], "2 instances hold 4 two-core copies, not 5"
@@ -643,13 +673,14 @@ def test_an_update_needs_room_beside_the_old_copies_unless_managed_scaling_adds_
 
 def decide(aws, body: str = json.dumps(DECISION)) -> str:
     """Invoke "decider" once: the sha256 of the model that answered."""
-    answer = aws.client("sagemaker-runtime").invoke_endpoint(EndpointName="ic", InferenceComponentName="decider", Body=body,
-                                                             ContentType="application/json")
+    answer = aws.client("sagemaker-runtime").invoke_endpoint(EndpointName="ic", InferenceComponentName="decider",
+                                                             Body=body, ContentType="application/json")
     return json.loads(answer["Body"].read())["result"]["model"]["sha256"]
 
 
 def rolling_update(aws, policy: dict, alarms: tuple[str, ...] = (), model: str = "new") -> dict:
-    """UpdateInferenceComponent of "decider" to `model` with this RollingUpdatePolicy and alarms; the DeploymentConfig."""
+    """UpdateInferenceComponent of "decider" to `model` with this RollingUpdatePolicy and alarms; the
+    DeploymentConfig."""
     config = {"RollingUpdatePolicy": policy}
     if alarms:
         config["AutoRollbackConfiguration"] = {"Alarms": [{"AlarmName": name} for name in alarms]}
@@ -676,10 +707,12 @@ def error_rate_alarm(aws, name: str, minimum: int = 5) -> None:
     """The error-rate alarm the product creates for a component: metric math over its SageMaker metrics."""
     def summed(metric_id: str, metric: str) -> dict:
         return {"Id": metric_id, "ReturnData": False, "MetricStat": {"Metric": {
-            "Namespace": "AWS/SageMaker", "MetricName": metric, "Dimensions": COMPONENT_DIMENSIONS}, "Period": 60, "Stat": "Sum"}}
+            "Namespace": "AWS/SageMaker", "MetricName": metric, "Dimensions": COMPONENT_DIMENSIONS}, "Period": 60,
+            "Stat": "Sum"}}
 
     aws.client("cloudwatch").put_metric_alarm(
-        AlarmName=name, EvaluationPeriods=1, DatapointsToAlarm=1, Threshold=0.01, ComparisonOperator="GreaterThanThreshold",
+        AlarmName=name, EvaluationPeriods=1, DatapointsToAlarm=1, Threshold=0.01,
+        ComparisonOperator="GreaterThanThreshold",
         TreatMissingData="notBreaching", Tags=[{"Key": "owner", "Value": "shiplift"}],
         Metrics=[summed("errors5xx", "Invocation5XXErrors"), summed("modelerrors", "InvocationModelErrors"),
                  summed("invocations", "Invocations"),
@@ -692,17 +725,18 @@ def gauge_alarm(aws, name: str, treat_missing: str = "notBreaching", **changes) 
     a change to None removes the field."""
     alarm = {"AlarmName": name, "Namespace": "shiplift/Rollout", "MetricName": "OnlineGateFailed",
              "Dimensions": COMPONENT_DIMENSIONS, "Statistic": "Maximum", "Period": 10, "EvaluationPeriods": 1,
-             "Threshold": 0.0, "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": treat_missing, **changes}
+             "Threshold": 0.0, "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": treat_missing,
+             **changes}
     aws.client("cloudwatch").put_metric_alarm(**{key: value for key, value in alarm.items() if value is not None})
 
 
 def put_gauge(aws, value: float, age_s: float = 0.0) -> None:
     """PutMetricData of OnlineGateFailed as the product publishes it, `age_s` seconds ago."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     aws.client("cloudwatch").put_metric_data(Namespace="shiplift/Rollout", MetricData=[{
         "MetricName": "OnlineGateFailed", "Dimensions": COMPONENT_DIMENSIONS, "Value": value, "StorageResolution": 1,
-        "Timestamp": datetime.now(timezone.utc) - timedelta(seconds=age_s)}])
+        "Timestamp": datetime.now(UTC) - timedelta(seconds=age_s)}])
 
 
 @pytest.mark.parametrize("expression, values, expected", [
@@ -710,7 +744,8 @@ def put_gauge(aws, value: float, age_s: float = 0.0) -> None:
                  {"invocations": 8, "errors5xx": 1, "modelerrors": 2}, 0.25, id="error-rate"),
     pytest.param("IF(invocations >= 5, MAX([errors5xx, modelerrors]) / invocations, 0)",
                  {"invocations": 4, "errors5xx": 4, "modelerrors": 4}, 0.0, id="error-rate-too-few"),
-    pytest.param("IF(invocations >= 5, MAX([errors5xx, modelerrors]) / invocations, 0)", {}, None, id="error-rate-no-data"),
+    pytest.param("IF(invocations >= 5, MAX([errors5xx, modelerrors]) / invocations, 0)", {}, None,
+                 id="error-rate-no-data"),
     pytest.param("a + b * 2 - -c / 4", {"a": 1, "b": 2, "c": 8}, 7.0, id="precedence"),
     pytest.param("(a + b) * 2", {"a": 1, "b": 2}, 6.0, id="parentheses"),
     pytest.param("a / (b - 2)", {"a": 1, "b": 2}, None, id="division-by-zero"),
@@ -763,11 +798,13 @@ def test_alarms_are_judged_on_moto_datapoints(aws, aws_double_module):
     put_gauge(aws, 2.0, age_s=90)
     assert evaluate(["two-of-two"])["two-of-two"][0] == "ALARM"
 
-    aws.client("cloudwatch").put_metric_data(Namespace="shiplift/Rollout", MetricData=[{  # p99 (nearest rank): 99, mean 50.5
+    # p99 (nearest rank): 99, mean 50.5
+    aws.client("cloudwatch").put_metric_data(Namespace="shiplift/Rollout", MetricData=[{
         "MetricName": "Latency", "Dimensions": COMPONENT_DIMENSIONS, "Values": [float(v) for v in range(1, 101)]}])
     gauge_alarm(aws, "p99", MetricName="Latency", Statistic=None, ExtendedStatistic="p99", Threshold=99.0,
                 ComparisonOperator="GreaterThanOrEqualToThreshold")
-    gauge_alarm(aws, "mean", MetricName="Latency", Statistic="Average", Threshold=50.0, ComparisonOperator="LessThanThreshold")
+    gauge_alarm(aws, "mean", MetricName="Latency", Statistic="Average", Threshold=50.0,
+                ComparisonOperator="LessThanThreshold")
     gauge_alarm(aws, "count", MetricName="Latency", Statistic="SampleCount", Threshold=100,
                 ComparisonOperator="LessThanOrEqualToThreshold")
     verdicts = evaluate(["p99", "mean", "count"])
@@ -788,20 +825,25 @@ def test_alarms_are_judged_on_moto_datapoints(aws, aws_double_module):
     with pytest.raises(aws_double_module.ApiError, match="the function ANOMALY_DETECTION_BAND is not supported"):
         evaluate(["odd"])
 
-    create_endpoint(aws, "ic", CPU_VARIANT, ExecutionRoleArn=ROLE)  # a failed component: updates are checked all the same
+    # a failed component: updates are checked all the same
+    create_endpoint(aws, "ic", CPU_VARIANT, ExecutionRoleArn=ROLE)
     create_model(aws, "m")
     sagemaker = aws.client("sagemaker")
     wait_until_settled(sagemaker.describe_endpoint, "EndpointStatus", EndpointName="ic")
     sagemaker.create_inference_component(InferenceComponentName="decider", EndpointName="ic", VariantName="AllTraffic",
-                                         Specification={"ModelName": "m", "ComputeResourceRequirements": CPU_REQUIREMENTS},
+                                         Specification={"ModelName": "m",
+                                                        "ComputeResourceRequirements": CPU_REQUIREMENTS},
                                          RuntimeConfig={"CopyCount": 2})
-    wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus", InferenceComponentName="decider")
+    wait_until_settled(sagemaker.describe_inference_component, "InferenceComponentStatus",
+                       InferenceComponentName="decider")
     policy = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 0}
-    for alarms, expected in ((("gate", "absent"), "The CloudWatch alarms ['absent'] of AutoRollbackConfiguration do not exist"),
+    for alarms, expected in ((("gate", "absent"),
+                              "The CloudWatch alarms ['absent'] of AutoRollbackConfiguration do not exist"),
                              (("odd",), "the function ANOMALY_DETECTION_BAND is not supported")):
         error = client_error(rolling_update, aws, policy, alarms, model="m")["Error"]
         assert error["Code"] == "ValidationException" and expected in error["Message"]
-    assert sagemaker.describe_inference_component(InferenceComponentName="decider")["InferenceComponentStatus"] == "Failed"
+    assert sagemaker.describe_inference_component(
+        InferenceComponentName="decider")["InferenceComponentStatus"] == "Failed"
 
 
 def test_rolling_update_serves_both_specs_batch_by_batch(aws, semif_archive, other_semif_archive):
@@ -816,7 +858,8 @@ def test_rolling_update_serves_both_specs_batch_by_batch(aws, semif_archive, oth
     assert "Cannot update in-progress inference component" in refused["Message"]
 
     answered, copies, invocations, deadline = set(), set(), 2, time.monotonic() + WAIT_S
-    while (described := sagemaker.describe_inference_component(InferenceComponentName="decider"))["InferenceComponentStatus"] == "Updating":
+    while ((described := sagemaker.describe_inference_component(InferenceComponentName="decider"))
+           ["InferenceComponentStatus"] == "Updating"):
         assert described["Specification"]["ModelName"] == "old" and described["LastDeploymentConfig"] == sent
         copies.add(described["RuntimeConfig"]["CurrentCopyCount"])
         answered.add(decide(aws))
@@ -832,7 +875,8 @@ def test_rolling_update_serves_both_specs_batch_by_batch(aws, semif_archive, oth
     assert len(aws.container_pids()) == 2
     assert [message.split(":")[0] for message in events(aws)] == [
         "started", "batch 1/2", "batch 1/2", "batch 2/2", "batch 2/2", "completed"]
-    assert events(aws)[0] == "started: 2 old copies -> 2 new copies in 2 batches of 1, wait 1 s, timeout 28800 s, alarms []"
+    assert events(aws)[0] == ("started: 2 old copies -> 2 new copies in 2 batches of 1, wait 1 s, timeout 28800 s, "
+                              "alarms []")
     with urllib.request.urlopen(f"{aws.url}/_double/rollouts", timeout=10) as answer:
         assert [event["message"] for event in json.load(answer)["events"]] == events(aws)
 
@@ -841,7 +885,8 @@ def test_rolling_update_serves_both_specs_batch_by_batch(aws, semif_archive, oth
     assert metric_sum(aws, "InvocationModelErrors", COMPONENT_DIMENSIONS) == 1
     assert metric_sum(aws, "Invocation5XXErrors", COMPONENT_DIMENSIONS) == 0
     latency = aws.client("cloudwatch").get_metric_statistics(
-        Namespace="AWS/SageMaker", MetricName="ModelLatency", Dimensions=COMPONENT_DIMENSIONS, StartTime=time.time() - 600,
+        Namespace="AWS/SageMaker", MetricName="ModelLatency", Dimensions=COMPONENT_DIMENSIONS,
+        StartTime=time.time() - 600,
         EndTime=time.time() + 60, Period=3600, Statistics=["SampleCount", "Maximum"])["Datapoints"]
     assert sum(p["SampleCount"] for p in latency) == invocations + 1 and latency[0]["Unit"] == "Microseconds"
     assert 0 < max(p["Maximum"] for p in latency) < 60e6
@@ -872,8 +917,10 @@ def test_rolling_update_rolls_back_when_an_alarm_fires(aws, semif_archive, other
 
 
 def test_rolling_update_rolls_back_at_its_time_limit_or_when_new_copies_fail(aws, semif_archive, other_semif_archive):
-    """Not documented by AWS: a timeout or new copies that fail to start roll back to the old spec (docs/aws-double.md)."""
-    serving_component(aws, semif_archive, other_semif_archive, copies=2)  # a batch of 1 is 50 %, the most SageMaker takes
+    """Not documented by AWS: a timeout or new copies that fail to start roll back to the old spec
+    (docs/aws-double.md)."""
+    # a batch of 1 is 50 %, the most SageMaker takes
+    serving_component(aws, semif_archive, other_semif_archive, copies=2)
     gauge_alarm(aws, "gate")
     aws.scenario(rolling_timeout_scale=0.005)  # 600 s in 3 s
     policy = {"MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 60,

@@ -6,31 +6,33 @@ connection, never waits and leaves no file behind."""
 from __future__ import annotations
 
 import json
-import re
 import os
-import tempfile
-import time
-from datetime import datetime, timedelta, timezone
+import re
 import socket
 import subprocess
 import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
 
-from tasks.orchestrators.dry_run import Plan, plan_release
 from tasks.backends.aws.recording_session import FreshAccount, recording_session
 from tasks.backends.aws.service_model import request_problems
 from tasks.config import load_release_config
 from tasks.errors import BadInput
+from tasks.orchestrators.dry_run import Plan, plan_release
 from tasks.pipeline.table import STAGE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ROOT / "configs" / "releases"
-CANARY = ("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test", "rollout.alarms.max_latency_p99_ms=1500")
+CANARY = ("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test",
+          "rollout.alarms.max_latency_p99_ms=1500")
 CHECKPOINTS = ("backend.kms_key_id=alias/shiplift",
-               "backend.checkpoints={key_ref: shiplift/ledger-checkpoint-key, bucket: my-ledger-checkpoints, retention_days: 30}")
+               "backend.checkpoints={key_ref: shiplift/ledger-checkpoint-key, bucket: my-ledger-checkpoints, "
+               "retention_days: 30}")
 
 
 def closed_port() -> int:
@@ -45,8 +47,8 @@ def dry_run(config: str, *overrides: str, flags: tuple[str, ...] = ()) -> tuple[
     env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true",
                AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed_port()}")
     sets = [arg for override in overrides for arg in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", config, "--dry-run", *flags, *sets], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", config, "--dry-run", *flags, *sets],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
 
@@ -69,11 +71,15 @@ def test_qwen_on_an_instance_pool():
     assert len(power) == 1 and "on 111 tasks" in power[0] and "an inconclusive gate will" in power[0], stderr
     assert_valid(lines)
     assert operations(lines, "deploy_candidate") == [
-        "DescribeModel", "CreateModel", "DescribeEndpointConfig", "CreateEndpointConfig", "DescribeEndpoint", "CreateEndpoint",
-        "DescribeEndpoint", "DescribeEndpoint", "DescribeInferenceComponent", "DescribeEndpointConfig", "DescribeModel", "ListTags"]
-    config = next(line["params"] for line in lines if line["operation"] == "CreateEndpointConfig" and line["stage"] == "deploy_candidate")
+        "DescribeModel", "CreateModel", "DescribeEndpointConfig", "CreateEndpointConfig", "DescribeEndpoint",
+        "CreateEndpoint",
+        "DescribeEndpoint", "DescribeEndpoint", "DescribeInferenceComponent", "DescribeEndpointConfig",
+        "DescribeModel", "ListTags"]
+    config = next(line["params"] for line in lines if line["operation"] == "CreateEndpointConfig"
+                  and line["stage"] == "deploy_candidate")
     variant = config["ProductionVariants"][0]
-    assert [p["InstanceType"] for p in variant["InstancePools"]] == ["ml.g6e.xlarge", "ml.g6.2xlarge", "ml.g5.2xlarge", "ml.g4dn.2xlarge"]
+    assert [p["InstanceType"] for p in variant["InstancePools"]] == ["ml.g6e.xlarge", "ml.g6.2xlarge", "ml.g5.2xlarge",
+                                                                     "ml.g4dn.2xlarge"]
     assert [p["Priority"] for p in variant["InstancePools"]] == [1, 2, 3, 4] and "InstanceType" not in variant
     assert variant["VariantInstanceProvisionTimeoutInSeconds"] == 1800
     assert variant["InferenceAmiVersion"] == "al2023-ami-sagemaker-inference-gpu-4-1"
@@ -82,15 +88,19 @@ def test_qwen_on_an_instance_pool():
     model = next(line for line in lines if line["operation"] == "CreateModel")
     assert model["params"]["EnableNetworkIsolation"] is True
     assert model["placeholders"]["ModelName"].startswith("a name derived from")
-    assert "PrimaryContainer.ModelDataUrl" in model["placeholders"] and "PrimaryContainer.Image" in model["placeholders"]
+    assert "PrimaryContainer.ModelDataUrl" in model["placeholders"]
+    assert "PrimaryContainer.Image" in model["placeholders"]
     invocations = [line for line in lines if line["operation"] == "InvokeEndpoint"]
     assert len(invocations) == 111, "one per task of the test split"
     assert all("InferenceComponentName" not in line["params"] for line in invocations), "a single-model candidate"
     assert json.loads(invocations[0]["params"]["Body"])["decision"]["options"]
-    production = [line for line in lines if line["stage"] == "promote" and line["operation"] == "CreateInferenceComponent"]
+    production = [line for line in lines if line["stage"] == "promote"
+                  and line["operation"] == "CreateInferenceComponent"]
     assert production[0]["params"]["RuntimeConfig"] == {"CopyCount": 2}
-    assert production[0]["params"]["Specification"]["ComputeResourceRequirements"]["NumberOfAcceleratorDevicesRequired"] == 1
-    assert operations(lines, "image")[:2] == ["DescribeRepositories", "DescribeImages"] and "StartBuild" in operations(lines, "image")
+    assert production[0]["params"]["Specification"]["ComputeResourceRequirements"][
+        "NumberOfAcceleratorDevicesRequired"] == 1
+    assert operations(lines, "image")[:2] == ["DescribeRepositories",
+                                              "DescribeImages"] and "StartBuild" in operations(lines, "image")
     assert operations(lines, "teardown_candidate")[2] == "DeleteEndpoint"
 
 
@@ -104,19 +114,23 @@ def test_mdeberta_on_mig_partitions():
         assert variant["AcceleratorPartitionLayouts"] == [{"AcceleratorPartitionTypes": ["mig-1g.10gb"] * 7}]
         assert variant["InstanceType"] == "ml.p5.4xlarge", "one H100: the layout is carved on every GPU of the instance"
     candidate = operations(lines, "deploy_candidate")
-    assert candidate.index("CreateEndpointConfig") < candidate.index("DescribeEndpointConfig", candidate.index("CreateEndpointConfig"))
+    assert candidate.index("CreateEndpointConfig") < candidate.index("DescribeEndpointConfig",
+                                                                     candidate.index("CreateEndpointConfig"))
     components = [line for line in lines if line["operation"] == "CreateInferenceComponent"]
-    for line, copies in zip(components, (1, 2)):
+    for line, copies in zip(components, (1, 2), strict=True):
         requirements = line["params"]["Specification"]["ComputeResourceRequirements"]
-        assert requirements["AcceleratorPartitionType"] == "mig-1g.10gb" and requirements["NumberOfAcceleratorDevicesRequired"] == 1
+        assert requirements["AcceleratorPartitionType"] == "mig-1g.10gb"
+        assert requirements["NumberOfAcceleratorDevicesRequired"] == 1
         assert line["params"]["RuntimeConfig"]["CopyCount"] == copies
         assert "MinMemoryRequiredInMb" in next(iter(line["placeholders"])) or any(
             "MinMemoryRequiredInMb" in key for key in line["placeholders"])
     invocations = [line for line in lines if line["operation"] == "InvokeEndpoint"]
-    assert len(invocations) == 6 and all(line["params"]["InferenceComponentName"] for line in invocations), "90 pairs in batches of 16"
+    assert len(invocations) == 6 and all(line["params"]["InferenceComponentName"]
+                                         for line in invocations), "90 pairs in batches of 16"
 
 
-@pytest.mark.slow  # ~16 s: make test-slow; make test runs a second aws release against its champion (tests/aws/test_release_aws.py)
+# ~16 s: make test-slow; make test runs a second aws release against its champion (tests/aws/test_release_aws.py)
+@pytest.mark.slow
 def test_a_later_release_scores_the_champion_and_updates_production_where_its_copies_fit():
     first, _ = dry_run("configs/releases/qwen35-4b-semif.yaml")
     lines, stderr = dry_run("configs/releases/qwen35-4b-semif.yaml", flags=("--with-champion",))
@@ -130,15 +144,16 @@ def test_a_later_release_scores_the_champion_and_updates_production_where_its_co
     assert "CreateEndpoint" not in ops and "CreateInferenceComponent" not in ops and "CreateEndpointConfig" not in ops
     [update] = [line for line in promote if line["operation"] == "UpdateInferenceComponent"]
     assert "DeploymentConfig" not in update["params"] and update["params"]["RuntimeConfig"] == {"CopyCount": 2}
-    fit = ("an update without DeploymentConfig starts all 2 new copies beside the old ones (4 at once); the endpoint grows "
-           "to 4 x ml.g6e.xlarge = 4 GPUs (ManagedInstanceScaling): fits")
+    fit = ("an update without DeploymentConfig starts all 2 new copies beside the old ones (4 at once); the endpoint "
+           "grows to 4 x ml.g6e.xlarge = 4 GPUs (ManagedInstanceScaling): fits")
     assert fit in update["note"] and f"this release's update of production: {fit}" in stderr
     assert [line["operation"] for line in first if line["stage"] == "promote"].count("CreateInferenceComponent") == 1
     assert len(lines) == len(first) + 111 + 4 + 1 - 2 + 1, (
         "the champion's answers, its describe past the DescribeEndpoint a first release sends too (4 requests) and its "
         "channel's DescribeEndpoint, less production's CreateEndpointConfig and CreateEndpoint, and the registry view "
         "looking up the champion's version, which the promotion supersedes")
-    superseded = [line for line in lines if line["stage"] == "model_registry" and line["operation"] == "ListModelPackages"]
+    superseded = [line for line in lines if line["stage"] == "model_registry"
+                  and line["operation"] == "ListModelPackages"]
     assert len(superseded) == 3, "registered? (after validate, after promote), then the superseded champion's version"
 
 
@@ -155,9 +170,11 @@ def test_checkpoints_are_checked_in_preflight_and_signed_into_the_object_lock_bu
     checks = ["HeadBucket", "GetObjectLockConfiguration", "GetSecretValue"]
     assert operations(lines, "preflight") == ["GetCallerIdentity", "HeadBucket", "DescribeKey", *checks]
     describe_key = next(line for line in lines if line["operation"] == "DescribeKey")
-    assert describe_key["params"] == {"KeyId": "alias/shiplift"}, "the alias is resolved to the key it names before anything"
+    assert describe_key["params"] == {"KeyId": "alias/shiplift"}, \
+        "the alias is resolved to the key it names before anything"
     assert operations(lines, "release") == [*checks, "ListObjectVersions", "PutObject"], (
-        "a fresh account holds no earlier checkpoint to read back and verify (a later release sends a GetObject of each)")
+        "a fresh account holds no earlier checkpoint to read back and verify (a later release sends a GetObject of "
+        "each)")
     assert lines.index(next(line for line in lines if line["stage"] == "release")) > max(
         index for index, line in enumerate(lines) if line["stage"] == "teardown_candidate"), "signed after teardown"
     ends = [line for line in lines if line["stage"] == "release"]
@@ -170,8 +187,9 @@ def test_checkpoints_are_checked_in_preflight_and_signed_into_the_object_lock_bu
     assert (put["ObjectLockMode"], put["ChecksumAlgorithm"], put["ServerSideEncryption"], put["SSEKMSKeyId"]) == (
         "COMPLIANCE", "SHA256", "aws:kms", "alias/shiplift")
     until = datetime.fromisoformat(put["ObjectLockRetainUntilDate"])
-    assert abs(until - datetime.now(timezone.utc) - timedelta(days=30)) < timedelta(minutes=5)
-    assert set(json.loads(put["Body"])) == {"version", "seq", "head_hash", "merkle_root", "signed_at", "key_id", "signature"}
+    assert abs(until - datetime.now(UTC) - timedelta(days=30)) < timedelta(minutes=5)
+    assert set(json.loads(put["Body"])) == {"version", "seq", "head_hash", "merkle_root", "signed_at", "key_id",
+                                            "signature"}
     assert {"Body", "ChecksumSHA256", "Metadata.seq", "Metadata.head-hash", "ObjectLockRetainUntilDate"} <= set(
         ends[4]["placeholders"]), "what only the release's end knows is named"
 
@@ -185,8 +203,8 @@ def test_a_later_release_reads_back_and_verifies_the_champion_s_checkpoint_befor
 
 
 def test_a_local_config_has_no_requests_to_print():
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/gemma-decision.yaml", "--dry-run"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/gemma-decision.yaml",
+                           "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "uses the local backend" in done.stderr and not done.stdout
 
 
@@ -199,29 +217,35 @@ def test_a_request_the_service_model_refuses_stops_the_plan():
 
 def test_a_canary_prints_the_rolling_update_and_the_alarms_it_is_rolled_back_by():
     lines, _ = dry_run("configs/releases/qwen35-4b-semif.yaml", "rollout.strategy=canary", "rollout.copies=2",
-                       "rollout.wait_interval_s=120", "rollout.online_gate.split=test", "rollout.alarms.max_latency_p99_ms=1500",
+                       "rollout.wait_interval_s=120", "rollout.online_gate.split=test",
+                       "rollout.alarms.max_latency_p99_ms=1500",
                        flags=("--with-champion",))  # a first release deploys production whole; a later one rolls
     promote = [line for line in lines if line["stage"] == "promote"]
     ops = [line["operation"] for line in promote]
     first_update = ops.index("UpdateInferenceComponent")
     assert ops[first_update - 3: first_update] == ["PutMetricAlarm"] * 3
-    assert ops.index("DeleteAlarms") > max(i for i, op in enumerate(ops) if op in ("DescribeAlarms", "PutMetricData")), (
+    assert ops.index("DeleteAlarms") > max(i for i, op in enumerate(ops)
+                                           if op in ("DescribeAlarms", "PutMetricData")), (
         "the alarms go once the update has ended")
-    alarms = {line["params"]["AlarmName"].rsplit("-", 2)[-2:][-1]: line["params"] for line in promote if line["operation"] == "PutMetricAlarm"}
+    alarms = {line["params"]["AlarmName"].rsplit("-", 2)[-2:][-1]: line["params"] for line in promote
+              if line["operation"] == "PutMetricAlarm"}
     assert sorted(alarms) == ["gate", "p99", "rate"]
     rate = alarms["rate"]
     expression = next(m for m in rate["Metrics"] if "Expression" in m)
     assert expression["Expression"] == "IF(invocations >= 1, MAX([errors5xx, modelerrors]) / invocations, 0)"
     assert {m["MetricStat"]["Metric"]["MetricName"] for m in rate["Metrics"] if "MetricStat" in m} == {
         "Invocation5XXErrors", "InvocationModelErrors", "Invocations"}
-    assert all(m["MetricStat"]["Metric"]["Dimensions"] == [{"Name": "InferenceComponentName", "Value": "shiplift-qwen35-4b-semif"}]
+    assert all(m["MetricStat"]["Metric"]["Dimensions"] == [{"Name": "InferenceComponentName",
+                                                            "Value": "shiplift-qwen35-4b-semif"}]
                for m in rate["Metrics"] if "MetricStat" in m)
-    assert (alarms["p99"]["MetricName"], alarms["p99"]["ExtendedStatistic"], alarms["p99"]["Threshold"]) == ("ModelLatency", "p99", 1_500_000)
+    assert (alarms["p99"]["MetricName"], alarms["p99"]["ExtendedStatistic"],
+            alarms["p99"]["Threshold"]) == ("ModelLatency", "p99", 1_500_000)
     assert (alarms["gate"]["Namespace"], alarms["gate"]["MetricName"]) == ("shiplift/Rollout", "OnlineGateFailed")
     update = promote[first_update]["params"]
     assert update["DeploymentConfig"]["RollingUpdatePolicy"] == {
         "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 120,
-        "MaximumExecutionTimeoutInSeconds": 3600, "RollbackMaximumBatchSize": {"Type": "CAPACITY_PERCENT", "Value": 100}}
+        "MaximumExecutionTimeoutInSeconds": 3600,
+        "RollbackMaximumBatchSize": {"Type": "CAPACITY_PERCENT", "Value": 100}}
     assert [a["AlarmName"] for a in update["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]] == [
         line["params"]["AlarmName"] for line in promote if line["operation"] == "PutMetricAlarm"]
     assert "PutMetricData" in ops, "the online gate's verdict is published for its alarm"
@@ -229,10 +253,12 @@ def test_a_canary_prints_the_rolling_update_and_the_alarms_it_is_rolled_back_by(
 
 def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/qwen35-4b-semif.yaml", "--dry-run",
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/qwen35-4b-semif.yaml",
+                           "--dry-run",
                            "--set", "rollout.strategy=canary", "--set", "rollout.copies=4"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "moves equal batches" in done.stderr and "use a batch of 2 (half of 4) or strategy linear" in done.stderr
+    assert done.returncode == 2 and "moves equal batches" in done.stderr
+    assert "use a batch of 2 (half of 4) or strategy linear" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -247,7 +273,8 @@ def test_the_stages_are_run_in_the_order_of_the_stage_table():
     assert [stage for stage in runs if stage in STAGE_NAMES] == list(STAGE_NAMES), "each stage once, in STAGES order"
     assert runs[0] == "preflight" and runs[-1] == "release", "opened before the stages, signed after them"
     assert {stage for stage in runs if stage not in STAGE_NAMES} == {"preflight", "model_registry", "release"}
-    assert [runs[index - 1] for index, stage in enumerate(runs) if stage == "model_registry"] == ["validate", "promote"], (
+    assert [runs[index - 1] for index, stage in enumerate(runs) if stage == "model_registry"] == ["validate",
+                                                                                                  "promote"], (
         "the registry view follows the gate's decision and the promotion")
 
 
@@ -328,7 +355,8 @@ def test_every_answer_of_the_recording_account_fits_the_service_model(monkeypatc
                 problems += [f"{service} {operation} answers nothing, not {found.parsed}"] if found.parsed else []
                 continue
             report = ParamValidator().validate(found.parsed, shape)
-            problems += [f"{service} {operation}: {line}" for line in report.generate_report().splitlines()] if report.has_errors() else []
+            problems += [f"{service} {operation}: {line}"
+                         for line in report.generate_report().splitlines()] if report.has_errors() else []
             walked: list[str] = []
             _walk(shape, found.parsed, "", walked)  # the checks ParamValidator leaves out
             problems += [f"{service} {operation}: {problem}" for problem in walked]
@@ -340,7 +368,8 @@ SERVERLESS = ("image.device=cpu", "rollout.copies=1",
               "cold_starts: 1, max_cold_start_p95_s: 120}")
 
 
-@pytest.mark.slow  # ~17 s: make test-slow; make test releases a serverless encoder locally (tests/e2e/test_serverless_release.py)
+# ~17 s: make test-slow; make test releases a serverless encoder locally (tests/e2e/test_serverless_release.py)
+@pytest.mark.slow
 def test_a_serverless_encoder_is_a_single_model_endpoint_updated_in_place():
     """Serverless placement (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html): candidate and
     production are single-model endpoints whose variant is a ServerlessConfig (no instances, no inference component,
@@ -352,11 +381,14 @@ def test_a_serverless_encoder_is_a_single_model_endpoint_updated_in_place():
     for config in configs:
         [variant] = config["ProductionVariants"]
         assert variant["ServerlessConfig"] == {"MemorySizeInMB": 6144, "MaxConcurrency": 4, "ProvisionedConcurrency": 1}
-        assert "InstanceType" not in variant and "InitialInstanceCount" not in variant and "ExecutionRoleArn" not in config
-    assert all(line["params"]["EnableNetworkIsolation"] is False for line in lines if line["operation"] == "CreateModel")
+        assert "InstanceType" not in variant and "InitialInstanceCount" not in variant
+        assert "ExecutionRoleArn" not in config
+    assert all(line["params"]["EnableNetworkIsolation"] is False for line in lines
+               if line["operation"] == "CreateModel")
     ops = [line["operation"] for line in lines]
     assert "CreateInferenceComponent" not in ops and "UpdateInferenceComponentRuntimeConfig" not in ops
-    assert all("InferenceComponentName" not in line["params"] for line in lines if line["operation"] == "InvokeEndpoint")
+    assert all("InferenceComponentName" not in line["params"] for line in lines
+               if line["operation"] == "InvokeEndpoint")
     assert "serverless bills per request" in stderr
 
     later, _ = dry_run("configs/releases/mdeberta-nli.yaml", *SERVERLESS, flags=("--with-champion",))
@@ -368,13 +400,16 @@ def test_a_serverless_encoder_is_a_single_model_endpoint_updated_in_place():
 
 
 @pytest.mark.parametrize("overrides, refusal", [
-    (("rollout.copies=1", "placement={kind: serverless, memory_size_mb: 6144, max_concurrency: 4, max_cold_start_p95_s: 120}"),
+    (("rollout.copies=1",
+      "placement={kind: serverless, memory_size_mb: 6144, max_concurrency: 4, max_cold_start_p95_s: 120}"),
      "SageMaker Serverless Inference has no GPUs"),
-    (SERVERLESS[:2] + ("placement={kind: serverless, memory_size_mb: 6144, max_concurrency: 4, max_cold_start_p95_s: 120}",),
+    (SERVERLESS[:2]
+     + ("placement={kind: serverless, memory_size_mb: 6144, max_concurrency: 4, max_cold_start_p95_s: 120}",),
      "set placement.cold_starts: 1"),
     (SERVERLESS[:2] + ("placement={kind: serverless, memory_size_mb: 5000, max_concurrency: 4, cold_starts: 1, "
                        "max_cold_start_p95_s: 120}",), "1 GB steps up to 6 GB"),
-    (SERVERLESS[:2] + ("placement={kind: serverless, memory_size_mb: 2048, max_concurrency: 2, provisioned_concurrency: 3, "
+    (SERVERLESS[:2]
+     + ("placement={kind: serverless, memory_size_mb: 2048, max_concurrency: 2, provisioned_concurrency: 3, "
                        "cold_starts: 1, max_cold_start_p95_s: 120}",), "is above placement.max_concurrency"),
     (SERVERLESS[:2] + ("placement={kind: serverless, endpoint: shared-cpu, memory_size_mb: 2048, max_concurrency: 2, "
                        "cold_starts: 1, max_cold_start_p95_s: 120}",), "cannot be the shared endpoint"),

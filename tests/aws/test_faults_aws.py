@@ -11,10 +11,10 @@ import boto3
 import pytest
 from botocore.retries import standard
 
-from tasks.backends.aws.session import MAX_ATTEMPTS, Aws
 from tasks.backends.aws.artifact_store import S3ArtifactStore
+from tasks.backends.aws.session import MAX_ATTEMPTS, Aws
+from tasks.backends.placement import MigPartitionPlacement, fit_problem
 from tasks.config import load_release_config
-from tasks.backends.placement import MigPartitionPlacement
 from tasks.errors import (
     CapacityError,
     ConfigError,
@@ -23,13 +23,12 @@ from tasks.errors import (
     IntegrityError,
     Throttled,
 )
-from tasks.ledger.store import Ledger
-from tasks.backends.placement import fit_problem
 from tasks.families.gguf_decisions import gguf_memory
+from tasks.ledger.store import Ledger
 from tasks.pipeline import table
 from tasks.pipeline.release import run_release
 
-QUIET = lambda message: None
+QUIET = lambda message: None  # noqa: E731
 OTHER_ACCOUNT = "210987654321"
 POOL_TYPES = ["ml.g6e.xlarge", "ml.g6.2xlarge", "ml.g5.2xlarge"]
 QWEN3_4B = {"block_count": 36, "head_count": 32, "head_count_kv": 8, "key_length": 128, "value_length": 128,
@@ -82,7 +81,8 @@ def objects(double, bucket: str) -> list[str]:
 
 def assert_nothing_created(double, aws_calls, bucket: str | None, tmp_path) -> None:
     """Only read-only preflight calls went out, no SageMaker request at all, no object, and no release opened."""
-    assert [(service, operation) for service, operation, _ in aws_calls if not operation.startswith(("Get", "Head"))] == []
+    assert [(service, operation) for service, operation, _ in aws_calls
+            if not operation.startswith(("Get", "Head"))] == []
     assert double.calls == [], "no SageMaker request"
     if bucket:
         assert objects(double, bucket) == []
@@ -93,7 +93,8 @@ def assert_nothing_created(double, aws_calls, bucket: str | None, tmp_path) -> N
 
 # -- preflight: before anything is created --------------------------------------------------------------
 
-def test_no_credentials_is_a_config_error_from_the_preflight(aws, aws_calls, aws_release, tiny_release, tmp_path, monkeypatch):
+def test_no_credentials_is_a_config_error_from_the_preflight(aws, aws_calls, aws_release, tiny_release, tmp_path,
+                                                             monkeypatch):
     aws_release.prepare_account(aws)  # the double's own client has its own credentials
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -133,7 +134,8 @@ def test_credentials_of_another_account_are_a_config_error(aws, aws_calls, aws_r
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state",
                                           backend__execution_role_arn=f"arn:aws:iam::{OTHER_ACCOUNT}:role/shiplift-sagemaker-execution")
     error = failing_release(config, ConfigError)
-    assert f"the AWS credentials are for account {aws_release.ACCOUNT}, but the config deploys into {OTHER_ACCOUNT}" in str(error)
+    assert (f"the AWS credentials are for account {aws_release.ACCOUNT}, "
+            f"but the config deploys into {OTHER_ACCOUNT}") in str(error)
     assert "execution_role_arn" in str(error) and "nothing was created" in error.fix
     assert [(s, o) for s, o, _ in aws_calls] == [("sts", "GetCallerIdentity")]
     assert_nothing_created(aws, aws_calls, aws_release.BUCKET, tmp_path)
@@ -141,8 +143,8 @@ def test_credentials_of_another_account_are_a_config_error(aws, aws_calls, aws_r
 
 # -- SageMaker refuses or fails the candidate ------------------------------------------------------------
 
-def test_no_capacity_in_any_pool_is_a_capacity_error_and_the_candidate_is_torn_down(aws, aws_release, tiny_release, tmp_path,
-                                                                                      stage_retries):
+def test_no_capacity_in_any_pool_is_a_capacity_error_and_the_candidate_is_torn_down(aws, aws_release, tiny_release,
+                                                                                    tmp_path, stage_retries):
     aws_release.prepare_account(aws)
     aws.scenario(unavailable_instance_types=POOL_TYPES)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
@@ -155,20 +157,22 @@ def test_no_capacity_in_any_pool_is_a_capacity_error_and_the_candidate_is_torn_d
     # CapacityError is retryable: the stage ran once and then its table's retries, each attempt one CreateEndpoint.
     assert stage_retries == list(range(1, DEPLOY_ATTEMPTS))
     assert len([c for c in aws.calls if c.operation == "CreateEndpoint"]) == DEPLOY_ATTEMPTS
-    assert sagemaker_left(aws) == {"endpoints": [], "configs": [], "models": []}, "the candidate went, with its config and model"
+    assert sagemaker_left(aws) == {"endpoints": [], "configs": [],
+                                   "models": []}, "the candidate went, with its config and model"
 
     ledger = ledger_of(tmp_path)
     failed = [r for r in ledger.history("tiny-aws") if r.stage == "deploy_candidate" and r.event == "failed"]
     assert len(failed) == DEPLOY_ATTEMPTS and failed[-1].payload["error"] == str(error)
     assert {r.payload["error_type"] for r in failed} == {"CapacityError"}
-    assert events(ledger)[-3:] == [("teardown_candidate", "started"), ("teardown_candidate", "succeeded"), ("release", "failed")]
+    assert events(ledger)[-3:] == [("teardown_candidate", "started"), ("teardown_candidate", "succeeded"),
+                                   ("release", "failed")]
     teardown = [r for r in ledger.history("tiny-aws") if r.stage == "teardown_candidate"][-1]
     assert teardown.payload["removed"] is True
     assert ("validate", "started") not in events(ledger)
 
 
-def test_an_endpoint_that_fails_to_start_is_deploy_failed_with_its_failure_reason(aws, aws_release, tiny_release, tmp_path,
-                                                                                   stage_retries):
+def test_an_endpoint_that_fails_to_start_is_deploy_failed_with_its_failure_reason(aws, aws_release, tiny_release,
+                                                                                  tmp_path, stage_retries):
     reason = ("The primary container for production variant shiplift-tiny-aws-cand did not pass the ping health check. "
               "Please check CloudWatch logs for this endpoint.")
     aws_release.prepare_account(aws)
@@ -178,8 +182,10 @@ def test_an_endpoint_that_fails_to_start_is_deploy_failed_with_its_failure_reaso
     error = failing_release(config, DeployFailed)
     assert error.retryable is False and stage_retries == [], "DeployFailed is not retryable: no second attempt"
     assert f"is Failed: {reason}" in str(error) and "CloudWatch logs" in error.fix
-    failed = [r for r in ledger_of(tmp_path).history("tiny-aws") if r.stage == "deploy_candidate" and r.event == "failed"]
-    assert len(failed) == 1 and reason in failed[0].payload["error"] and failed[0].payload["error_type"] == "DeployFailed"
+    failed = [r for r in ledger_of(tmp_path).history("tiny-aws") if r.stage == "deploy_candidate"
+              and r.event == "failed"]
+    assert len(failed) == 1 and reason in failed[0].payload["error"]
+    assert failed[0].payload["error_type"] == "DeployFailed"
     assert sagemaker_left(aws)["endpoints"] == [], "the failed candidate was deleted"
 
 
@@ -192,13 +198,14 @@ def test_a_little_throttling_is_absorbed_by_botocores_retries(aws, aws_calls, aw
     summary = run_release(config, progress=QUIET)
     assert summary["status"] == "promoted", summary
     sent = [c for c in aws.calls if c.operation == "CreateEndpoint"]
-    assert len([c for c in sent if "-cand-" in c.params["EndpointName"]]) == 3, "two throttled attempts, then the one that went through"
+    assert len([c for c in sent
+                if "-cand-" in c.params["EndpointName"]]) == 3, "two throttled attempts, then the one that went through"
     assert len([o for _, o, _ in aws_calls if o == "CreateEndpoint"]) == 2, \
         "shiplift itself called CreateEndpoint once per endpoint: the retries were botocore's"
 
 
-def test_lasting_throttling_is_throttled_after_a_bounded_number_of_attempts(aws, aws_calls, aws_release, tiny_release, tmp_path,
-                                                                             monkeypatch, stage_retries):
+def test_lasting_throttling_is_throttled_after_a_bounded_number_of_attempts(aws, aws_calls, aws_release, tiny_release,
+                                                                            tmp_path, monkeypatch, stage_retries):
     aws_release.prepare_account(aws)
     aws.scenario(throttle={"CreateEndpoint": 50})
     delays = []
@@ -223,14 +230,16 @@ def test_lasting_throttling_is_throttled_after_a_bounded_number_of_attempts(aws,
     assert len(attempts) == MAX_ATTEMPTS * DEPLOY_ATTEMPTS, \
         f"{len(attempts)} CreateEndpoint requests reached the service, the message says {MAX_ATTEMPTS} per call"
     assert len(delays) == len(attempts) - DEPLOY_ATTEMPTS and all(d >= 0 for d in delays)
-    failed = [r for r in ledger_of(tmp_path).history("tiny-aws") if r.stage == "deploy_candidate" and r.event == "failed"]
+    failed = [r for r in ledger_of(tmp_path).history("tiny-aws") if r.stage == "deploy_candidate"
+              and r.event == "failed"]
     assert len(failed) == DEPLOY_ATTEMPTS and {r.payload["error_type"] for r in failed} == {"Throttled"}
     assert sagemaker_left(aws)["endpoints"] == [] and sagemaker_left(aws)["configs"] == []
 
 
 # -- the image stage --------------------------------------------------------------------------------------
 
-def test_a_repository_with_mutable_tags_is_refused_before_any_build(aws, aws_calls, aws_release, tiny_release, tmp_path):
+def test_a_repository_with_mutable_tags_is_refused_before_any_build(aws, aws_calls, aws_release, tiny_release,
+                                                                    tmp_path):
     aws_release.prepare_account(aws, tag_mutability="MUTABLE")
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
 
@@ -253,7 +262,8 @@ def store_and_source(aws, tmp_path, bucket: str, data: bytes):
     source = tmp_path / "model.tar.gz"
     source.write_bytes(data)
     sha256 = hashlib.sha256(data).hexdigest()
-    store = S3ArtifactStore(Aws(region="us-east-1"), bucket=bucket, prefix="shiplift", kms_key_id=None, cache_dir=tmp_path / "s3-cache")
+    store = S3ArtifactStore(Aws(region="us-east-1"), bucket=bucket, prefix="shiplift", kms_key_id=None,
+                            cache_dir=tmp_path / "s3-cache")
     return store, source, sha256, store.key(sha256, "model.tar.gz")
 
 
@@ -261,8 +271,8 @@ def store_and_source(aws, tmp_path, bucket: str, data: bytes):
     ("truncate", "size"),  # same sha256 metadata, fewer bytes
     ("replace", "sha256"),  # same size, other bytes and metadata
 ])
-def test_an_object_changed_between_upload_and_verification_is_an_integrity_error(aws, aws_release, tmp_path, monkeypatch,
-                                                                                 tamper, named):
+def test_an_object_changed_between_upload_and_verification_is_an_integrity_error(aws, aws_release, tmp_path,
+                                                                                 monkeypatch, tamper, named):
     data = b"shiplift artifact " * 1000
     store, source, sha256, key = store_and_source(aws, tmp_path, aws_release.BUCKET, data)
     sent: list[str] = []
@@ -289,7 +299,8 @@ def test_an_object_changed_between_upload_and_verification_is_an_integrity_error
     assert sent == ["HeadObject", "PutObject", "HeadObject"]
 
 
-def test_other_content_under_the_content_addressed_key_is_a_conflict_and_is_left_alone(aws, aws_release, tmp_path, aws_calls):
+def test_other_content_under_the_content_addressed_key_is_a_conflict_and_is_left_alone(aws, aws_release, tmp_path,
+                                                                                       aws_calls):
     data = b"the real artifact" * 100
     store, source, sha256, key = store_and_source(aws, tmp_path, aws_release.BUCKET, data)
     squatter = b"someone else's bytes"
@@ -306,18 +317,20 @@ def test_other_content_under_the_content_addressed_key_is_a_conflict_and_is_left
 # -- placement and sizing -----------------------------------------------------------------------------------
 
 def test_a_mig_layout_that_does_not_fit_one_gpu_is_refused_at_load(aws_release, tiny_release, tmp_path):
-    placement = {"kind": "mig_partition", "instance_type": "ml.p4d.24xlarge", "partition_type": "mig-3g.40gb", "partitions": 2,
-                 "inference_ami_version": "al2023-ami-sagemaker-inference-gpu-4-1"}
+    placement = {"kind": "mig_partition", "instance_type": "ml.p4d.24xlarge", "partition_type": "mig-3g.40gb",
+                 "partitions": 2, "inference_ami_version": "al2023-ami-sagemaker-inference-gpu-4-1"}
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", placement=placement)
     with pytest.raises(ConfigError) as caught:
         load_release_config(config, environ={})
     message = str(caught.value)
     assert "placement" in message and "2 x mig-3g.40gb needs 6 compute slices and 80 GB" in message
-    assert "one A100 40 GB GPU of ml.p4d.24xlarge has 7 slices and 40 GB" in message and "fewer or smaller partitions" in message
+    assert "one A100 40 GB GPU of ml.p4d.24xlarge has 7 slices and 40 GB" in message
+    assert "fewer or smaller partitions" in message
 
 
 def test_a_model_that_does_not_fit_its_partition_says_by_how_much():
-    placement = MigPartitionPlacement(kind="mig_partition", instance_type="ml.p4d.24xlarge", partition_type="mig-1g.10gb",
+    placement = MigPartitionPlacement(kind="mig_partition", instance_type="ml.p4d.24xlarge",
+                                      partition_type="mig-1g.10gb",
                                       partitions=4, inference_ami_version="al2023-ami-sagemaker-inference-gpu-4-1")
     estimate = gguf_memory(2_500_000_000, QWEN3_4B, context_tokens=131072, on_gpu=True)
     problem = fit_problem(estimate, placement)
@@ -347,5 +360,6 @@ def test_an_unknown_instance_type_is_refused_at_load(aws_release, tiny_release, 
     with pytest.raises(ConfigError) as caught:
         load_release_config(config, environ={})
     message = str(caught.value)
-    assert "placement.pools[1].instance_type: Value error, ml.g99.xlarge is not a SageMaker hosting instance type" in message
+    assert ("placement.pools[1].instance_type: Value error, "
+            "ml.g99.xlarge is not a SageMaker hosting instance type") in message
     assert "ProductionVariantInstanceType" in message and "ml.g6e.xlarge'" not in message

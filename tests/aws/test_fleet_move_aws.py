@@ -21,7 +21,8 @@ QUIET = lambda message: None  # noqa: E731
 
 
 def _placement(aws_release, instances: int) -> dict:
-    return {"kind": "instance_pool", "pools": aws_release.POOLS, "provision_timeout_s": 600, "instance_count": instances,
+    return {"kind": "instance_pool", "pools": aws_release.POOLS, "provision_timeout_s": 600,
+            "instance_count": instances,
             "inference_ami_version": "al2023-ami-sagemaker-inference-gpu-4-1", "endpoint": "fleet"}
 
 

@@ -26,7 +26,10 @@ MIG = {"kind": "mig_partition", "instance_type": "ml.p4d.24xlarge", "partition_t
 def opened(aws_release, tiny_release, tmp_path, **changes):
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", **changes)
     begun = begin_orchestrated(config, holder="test", progress=QUIET)
-    run = lambda stage: run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)  # noqa: E731
+
+    def run(stage):
+        return run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)
+
     return config, run
 
 
@@ -72,27 +75,31 @@ def status_of(double, component: str) -> dict:
     return double.client("sagemaker").describe_inference_component(InferenceComponentName=component)
 
 
-def test_a_retry_replaces_the_endpoint_an_earlier_attempt_left_failed(aws, aws_calls, aws_release, tiny_release, tmp_path):
+def test_a_retry_replaces_the_endpoint_an_earlier_attempt_left_failed(aws, aws_calls, aws_release, tiny_release,
+                                                                      tmp_path):
     aws_release.prepare_account(aws)
     _, run = opened(aws_release, tiny_release, tmp_path)
     for stage in ("resolve", "build", "package", "image"):
         run(stage)
-    aws.scenario(fail_next_endpoint_with="The primary container for production variant did not pass the ping health check.")
+    aws.scenario(fail_next_endpoint_with="The primary container for production variant did not pass the ping health "
+                                         "check.")
     with pytest.raises(DeployFailed, match="did not pass the ping health check"):
         run("deploy_candidate")
     deployed = run("deploy_candidate")  # what Airflow's retry does
-    operations = [(op, params.get("EndpointName")) for _, op, params in aws_calls if op in ("CreateEndpoint", "DeleteEndpoint")]
+    operations = [(op, params.get("EndpointName")) for _, op, params in aws_calls
+                  if op in ("CreateEndpoint", "DeleteEndpoint")]
     assert operations == [("CreateEndpoint", deployed["endpoint"]), ("DeleteEndpoint", deployed["endpoint"]),
-                          ("CreateEndpoint", deployed["endpoint"])], "the Failed endpoint was deleted, then created again"
+                          ("CreateEndpoint",
+                           deployed["endpoint"])], "the Failed endpoint was deleted, then created again"
     assert aws.client("sagemaker").describe_endpoint(EndpointName=deployed["endpoint"])["EndpointStatus"] == "InService"
     run("teardown_candidate")
 
 
-def test_a_build_of_the_same_content_already_running_is_waited_for_not_started_again(aws, aws_calls, aws_release, tiny_release,
-                                                                                   tmp_path):
+def test_a_build_of_the_same_content_already_running_is_waited_for_not_started_again(aws, aws_calls, aws_release,
+                                                                                     tiny_release, tmp_path):
     from tasks.backends.aws.image_builder import image_tag, source_zip
-    from tasks.backends.registry import make_backends
     from tasks.backends.image_source import pin_image_source
+    from tasks.backends.registry import make_backends
 
     aws_release.prepare_account(aws)
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state"))
@@ -101,10 +108,13 @@ def test_a_build_of_the_same_content_already_running_is_waited_for_not_started_a
     tag = image_tag("semif", "cuda", local.digest)
     data = source_zip("semif")
     aws.client("s3").put_object(Bucket=aws_release.BUCKET, Key=images.source_key(data), Body=data)
-    aws.client("codebuild").create_project(**{k: v for k, v in images.project_request().items() if k != "encryptionKey"})
+    aws.client("codebuild").create_project(**{k: v for k, v in images.project_request().items()
+                                              if k != "encryptionKey"})
     aws.scenario(build_polls_in_progress=2)
-    aws.client("codebuild").start_build(**images.build_request("semif", tag, "cuda", config.image.base_image, images.source_key(data)))
-    assert not aws.client("ecr").describe_images(repositoryName=aws_release.REPOSITORY)["imageDetails"], "not pushed while it runs"
+    aws.client("codebuild").start_build(**images.build_request("semif", tag, "cuda", config.image.base_image,
+                                                               images.source_key(data)))
+    assert not aws.client("ecr").describe_images(repositoryName=aws_release.REPOSITORY)["imageDetails"], \
+        "not pushed while it runs"
     ref = images.build(config.image, progress=QUIET)  # an attempt that died after StartBuild, retried
     assert ref.uri.endswith(ref.digest) and tag in aws.client("ecr").describe_images(
         repositoryName=aws_release.REPOSITORY, imageIds=[{"imageDigest": ref.digest}])["imageDetails"][0]["imageTags"]
@@ -131,12 +141,13 @@ def test_component_metrics_come_from_cloudwatch_over_a_whole_minute_window(aws, 
     aws_release.prepare_account(aws)
     path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
     summary = run_release(path, progress=QUIET)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     dimension = [{"Name": "InferenceComponentName", "Value": summary["component"]}]
     aws.client("cloudwatch").put_metric_data(Namespace="AWS/SageMaker", MetricData=[
         {"MetricName": "Invocations", "Dimensions": dimension, "Value": 5, "Timestamp": now},
         {"MetricName": "Invocation5XXErrors", "Dimensions": dimension, "Value": 1, "Timestamp": now},
-        {"MetricName": "ModelLatency", "Dimensions": dimension, "Value": 120000, "Timestamp": now, "Unit": "Microseconds"},
+        {"MetricName": "ModelLatency", "Dimensions": dimension, "Value": 120000, "Timestamp": now,
+         "Unit": "Microseconds"},
     ])
     metrics = make_backends(load_release_config(path)).metrics
     counted = metrics.component_metrics(summary["served_by"], summary["component"], window_s=90)
@@ -148,7 +159,8 @@ def test_component_metrics_come_from_cloudwatch_over_a_whole_minute_window(aws, 
 
 def test_candidate_names_follow_the_config_not_only_the_artifact(aws_release, tiny_release, tmp_path):
     one = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "a", tmp_path / "state"))
-    other = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "a", tmp_path / "state", image__threads=1))
+    other = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "a", tmp_path / "state",
+                                                             image__threads=1))
     where = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "a", tmp_path / "elsewhere"))
     assert where.backend.state_dir != one.backend.state_dir and where.backend.ledger_url != one.backend.ledger_url
     artifact, digest = "a" * 64, "sha256:" + "b" * 64
@@ -177,14 +189,16 @@ def test_a_failed_production_component_is_updated_again_and_never_deleted(aws, a
     assert answer["Body"].read(), "the Failed component's copy of the champion still answers"
 
     said: list[str] = []
-    live = hosted.hosting.deploy(endpoint, component, candidate, placement, role="production", progress=said.append)  # the rerun
+    # the rerun
+    live = hosted.hosting.deploy(endpoint, component, candidate, placement, role="production", progress=said.append)
     assert live.status == "InService" and live.model_ref == candidate.model_ref
     assert component_requests(aws, component) == ["CreateInferenceComponent", "UpdateInferenceComponent",
                                                   "UpdateInferenceComponent"], "updated again, never deleted"
     assert any("is Failed" in m and "updating it again" in m and "not deleted" in m for m in said), said
 
 
-def test_a_failed_candidate_component_without_copies_is_deleted_and_created_again(aws, aws_release, tiny_release, tmp_path):
+def test_a_failed_candidate_component_without_copies_is_deleted_and_created_again(aws, aws_release, tiny_release,
+                                                                                  tmp_path):
     hosted = Hosted(aws, aws_release, tiny_release, tmp_path, placement=MIG)  # a MIG candidate runs as a component
     spec = hosted.spec(3)
     name = hosted.candidate(spec)
@@ -195,7 +209,8 @@ def test_a_failed_candidate_component_without_copies_is_deleted_and_created_agai
 
     live = hosted.hosting.deploy(name, name, spec, hosted.config.placement, role="candidate", progress=QUIET)
     assert live.status == "InService" and live.model_ref == spec.model_ref
-    assert component_requests(aws, name) == ["CreateInferenceComponent", "DeleteInferenceComponent", "CreateInferenceComponent"]
+    assert component_requests(aws, name) == ["CreateInferenceComponent", "DeleteInferenceComponent",
+                                             "CreateInferenceComponent"]
 
 
 def test_create_endpoint_is_retried_while_sagemaker_does_not_see_the_new_endpoint_config(aws, aws_calls, aws_release,
@@ -241,7 +256,8 @@ def test_a_rollout_waits_for_a_component_still_creating_before_it_updates_it(aws
     endpoint, component, placement = hosted.endpoint, hosted.component, hosted.config.placement
     plan = RolloutPlan(strategy="canary", batch_copies=1, wait_interval_s=0, max_execution_s=600,
                        alarms=BakeAlarms(check_interval_s=0.2))
-    champion, candidate = hosted.spec(3, copies=2), hosted.spec(4, copies=2)  # a batch of 1 is 50 % of 2, SageMaker's most
+    # a batch of 1 is 50 % of 2, SageMaker's most
+    champion, candidate = hosted.spec(3, copies=2), hosted.spec(4, copies=2)
     # promote's first attempt creates production and runs out of time while the component is still Creating
     aws.scenario(polls_before_ready=40)
     monkeypatch.setattr(hosting_deploy, "COMPONENT_WAIT_S", 0.3)
@@ -252,7 +268,8 @@ def test_a_rollout_waits_for_a_component_still_creating_before_it_updates_it(aws
 
     said: list[str] = []
     started = time.monotonic()
-    result = hosted.hosting.roll_out(endpoint, component, candidate, placement, plan, lambda step: None, progress=said.append)
+    result = hosted.hosting.roll_out(endpoint, component, candidate, placement, plan, lambda step: None,
+                                     progress=said.append)
     assert time.monotonic() - started < WAIT_S
     assert result.status == "succeeded", result
     assert any(f"{component} is Creating" in m and "waiting for it to end" in m for m in said), said
@@ -260,4 +277,5 @@ def test_a_rollout_waits_for_a_component_still_creating_before_it_updates_it(aws
         "one update, sent once the component was InService (SageMaker refuses one while it is Creating)"
     live = status_of(aws, component)
     assert live["InferenceComponentStatus"] == "InService"
-    assert live["Specification"]["ModelName"] == hosted.hosting.model_request(component, candidate, endpoint)["ModelName"]
+    assert live["Specification"]["ModelName"] == hosted.hosting.model_request(component, candidate,
+                                                                              endpoint)["ModelName"]

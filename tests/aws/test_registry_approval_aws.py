@@ -67,7 +67,8 @@ def decide_in_registry(double, access_key: str, arn: str, status: str, descripti
 
 def follow(state, release_id: str) -> dict:
     """What the release runs where it checks for a decision: follow the registry's, then continue the release."""
-    return follow_registry_approval(release_id, ledger_url=f"sqlite:///{state / 'ledger.db'}", state_dir=state, progress=QUIET)
+    return follow_registry_approval(release_id, ledger_url=f"sqlite:///{state / 'ledger.db'}", state_dir=state,
+                                    progress=QUIET)
 
 
 def ledger_of(state) -> Ledger:
@@ -80,7 +81,8 @@ def waiting(aws, aws_release, tiny_release, tmp_path, monkeypatch):
     monkeypatch.setenv("SHIPLIFT_ACTOR", "carol")
     aws_release.prepare_account(aws)
     aws.scenario(principals=PRINCIPALS)
-    config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", promotion__approval=RULE)
+    config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state",
+                                          promotion__approval=RULE)
     summary = run_release(config, progress=QUIET)
     assert summary["status"] == AWAITING_APPROVAL
     return {"config": config, "state": tmp_path / "state", "release_id": summary["release_id"]}
@@ -93,24 +95,28 @@ def test_an_awaiting_version_is_pending_with_the_request_and_a_studio_approval_b
     version = versions(aws)[rid]
     # PendingManualApproval: waiting for a person (API_ModelPackageSummary); the request says who, until when and how
     assert version["ModelApprovalStatus"] == PENDING
-    assert version["ApprovalDescription"].startswith(f"gate pass: awaiting approval until {request.payload['deadline'][:19]}Z "
-                                                     f"by one of {BOB}, alice; approve or reject this version")
+    assert version["ApprovalDescription"].startswith("gate pass: awaiting approval until "
+                                                     f"{request.payload['deadline'][:19]}Z by one of {BOB}, alice; "
+                                                     "approve or reject this version")
     metadata = version["CustomerMetadataProperties"]
     assert metadata["shiplift:ledger-event"] == "approval/awaiting_approval"
     assert metadata["shiplift:ledger-record-sha256"] == request.record_hash
 
     # bob approves the version with UpdateModelPackage (API_UpdateModelPackage), metadata untouched
-    decide_in_registry(aws, "AKIABOBEXAMPLE00001", version["ModelPackageArn"], APPROVED, "gate report read; ECE within budget")
-    assert aws.client("sagemaker").describe_model_package(ModelPackageName=version["ModelPackageArn"])[
-        "LastModifiedBy"]["IamIdentity"]["Arn"] == BOB, "the double names the caller as SageMaker does (API_UserContext)"
+    decide_in_registry(aws, "AKIABOBEXAMPLE00001", version["ModelPackageArn"], APPROVED,
+                       "gate report read; ECE within budget")
+    described = aws.client("sagemaker").describe_model_package(ModelPackageName=version["ModelPackageArn"])
+    assert described["LastModifiedBy"]["IamIdentity"]["Arn"] == BOB, \
+        "the double names the caller as SageMaker does (API_UserContext)"
     followed = follow(state, rid)
     found = followed["registry"]
     assert found["decision"]["decision"] == "approved" and found["actor"] == BOB and found["refused"] is None
     assert followed["summary"]["status"] == "promoted"
     [decision] = [r for r in ledger.release(rid) if (r.stage, r.event) == (APPROVAL, "approved")]
     assert decision.payload["by"] == BOB, "recorded with the principal read back from the registry"
-    assert decision.payload["reason"] == (f"approved in the SageMaker Model Registry ({version['ModelPackageArn']}, version "
-                                          f"{version['ModelPackageVersion']}): gate report read; ECE within budget")
+    assert decision.payload["reason"] == (f"approved in the SageMaker Model Registry ({version['ModelPackageArn']}, "
+                                          f"version {version['ModelPackageVersion']}): gate report read; ECE within "
+                                          "budget")
     assert decision.payload["requested_seq"] == request.seq
     promoted = versions(aws)[rid]
     assert promoted["ModelApprovalStatus"] == APPROVED
@@ -174,7 +180,8 @@ def test_a_stale_approval_and_one_on_another_version_are_refused(aws, aws_releas
     aws.scenario(principals=PRINCIPALS)
     state = tmp_path / "state"
     failed = aws_release.write_aws_config(tiny_release, tmp_path / "failed", state,
-                                          validation__thresholds={"min_accuracy": 1.0, "max_ece": 1.0, "min_validity": 1.0})
+                                          validation__thresholds={"min_accuracy": 1.0, "max_ece": 1.0,
+                                                                  "min_validity": 1.0})
     gated_out = run_release(failed, progress=QUIET)
     assert gated_out["status"] == "rejected"
 
@@ -192,7 +199,8 @@ def test_a_stale_approval_and_one_on_another_version_are_refused(aws, aws_releas
     size = len(ledger.history())
     decide_in_registry(aws, "AKIABOBEXAMPLE00001", stale["ModelPackageArn"], APPROVED, "looks fine")
     # and someone approves the gate-rejected release's version, which awaits nothing
-    decide_in_registry(aws, "AKIABOBEXAMPLE00001", seen[gated_out["release_id"]]["ModelPackageArn"], APPROVED, "wrong row")
+    decide_in_registry(aws, "AKIABOBEXAMPLE00001", seen[gated_out["release_id"]]["ModelPackageArn"], APPROVED,
+                       "wrong row")
     rid = waiting["release_id"]
     found = follow(state, rid)["registry"]
     assert "a stale decision" in found["refused"] and "validate/succeeded" in found["refused"]

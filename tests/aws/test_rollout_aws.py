@@ -25,8 +25,8 @@ def runtime_traffic(double, endpoint: str, component: str) -> BackgroundTraffic:
 
     def invoke() -> str:
         try:
-            client.invoke_endpoint(EndpointName=endpoint, InferenceComponentName=component, ContentType="application/json",
-                                   Body=body)["Body"].read()
+            client.invoke_endpoint(EndpointName=endpoint, InferenceComponentName=component,
+                                   ContentType="application/json", Body=body)["Body"].read()
             return "answered"
         except ClientError as error:
             return error.response["Error"]["Code"]
@@ -47,13 +47,15 @@ def _alarms_left(double) -> list[str]:
 def _serving_model(double, component: str) -> str:
     live = double.client("sagemaker").describe_inference_component(InferenceComponentName=component)
     assert live["InferenceComponentStatus"] == "InService" and live["RuntimeConfig"]["CurrentCopyCount"] == 2
-    return double.client("sagemaker").describe_model(ModelName=live["Specification"]["ModelName"])["PrimaryContainer"]["ModelDataUrl"]
+    model = double.client("sagemaker").describe_model(ModelName=live["Specification"]["ModelName"])
+    return model["PrimaryContainer"]["ModelDataUrl"]
 
 
 @pytest.mark.slow  # ~75 s on 2 cores: make test-slow; the other rollouts of this file stay in make test
-def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_sagemaker(aws, aws_release, tiny_release, tmp_path):
-    """Not documented by AWS: that a rolled-back update ends InService on the old spec with no FailureReason (the double's
-    assumption, docs/aws-double.md); shiplift judges the live spec, so it reads a rollback either way."""
+def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_sagemaker(aws, aws_release,
+                                                                                          tiny_release, tmp_path):
+    """Not documented by AWS: that a rolled-back update ends InService on the old spec with no FailureReason (the
+    double's assumption, docs/aws-double.md); shiplift judges the live spec, so it reads a rollback either way."""
     aws_release.prepare_account(aws)
     gated = {**CANARY, "online_gate": {"split": "test", "max_tasks": 32, "rounds": 2}}
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", rollout=gated,
@@ -66,7 +68,8 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     assert second["status"] == "promoted", second
     update = [c.params for c in aws.calls if c.operation == "UpdateInferenceComponent"]
     assert len(update) == 1 and update[0]["DeploymentConfig"]["RollingUpdatePolicy"] == {
-        "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 2, "MaximumExecutionTimeoutInSeconds": 600,
+        "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1}, "WaitIntervalInSeconds": 2,
+        "MaximumExecutionTimeoutInSeconds": 600,
         "RollbackMaximumBatchSize": {"Type": "CAPACITY_PERCENT", "Value": 100}}, "sent: the 100 % fleet plan counts"
     alarms = [a["AlarmName"] for a in update[0]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
     assert [name.rsplit("-", 2)[-2:] for name in alarms] == [["error", "rate"], ["online", "gate"]]
@@ -75,38 +78,47 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     events = [e.message for e in aws.rollout_events(second["component"])]
     assert any(m.startswith("batch 2/2") for m in events) and events[-1].startswith("completed: 2 new copies")
     steps = [r.payload for r in ledger.release(second["release_id"]) if r.stage == "traffic"]
-    assert steps and [s["check"] for s in steps] == list(range(1, len(steps) + 1)) and all(s["batch"] is None for s in steps)
+    assert steps and [s["check"] for s in steps] == list(range(1, len(steps) + 1)) and all(s["batch"] is None
+                                                                                           for s in steps)
     assert steps[-1]["copies"] == 2 and steps[-1]["phase"] == "rollout"
     assert all(set(s["alarm_states"]) == set(alarms) and "ALARM" not in s["alarm_states"].values() for s in steps)
     verdicts = [r.payload for r in ledger.release(second["release_id"]) if (r.stage, r.event) == ("bake", "verdict")]
-    assert [v["check"] for v in verdicts] == [s["check"] for s in steps[:-1]], "each check's verdict; the last is the end"
+    assert [v["check"] for v in verdicts] == [s["check"]
+                                              for s in steps[:-1]], "each check's verdict; the last is the end"
     times = [r.recorded_at for r in ledger.release(second["release_id"]) if r.stage in ("traffic", "bake")]
     assert times == sorted(times) and len(set(times)) == len(times), "each appended as it was seen"
-    gate = [v for v in verdicts if "online_gate" in v][-1]["online_gate"]  # the canary set went through sagemaker-runtime; answers attributed by model
+    # the canary set went through sagemaker-runtime; answers attributed by model
+    gate = [v for v in verdicts if "online_gate" in v][-1]["online_gate"]
     assert gate["candidate_answers"] > 0 and gate["unattributed"] == 0 and gate["decision"] in ("inconclusive", "pass")
     published = aws.client("cloudwatch").list_metrics(Namespace="shiplift/Rollout")["Metrics"]
     assert [m["MetricName"] for m in published] == ["OnlineGateFailed"]
 
     with runtime_traffic(aws, second["served_by"], second["component"]) as traffic:  # the third refuses them
-        third = run_release(config, overrides=("artifact.quantization=F16", "image.max_shared_decisions=1"), progress=QUIET)
+        third = run_release(config, overrides=("artifact.quantization=F16", "image.max_shared_decisions=1"),
+                            progress=QUIET)
     assert third["status"] == "rolled_back", third
     reason = third["rollout"]["reason"]
     assert reason.startswith(f"alarm {third['component']}-") and "-error-rate fired" in reason, reason
     assert "Threshold Crossed" in reason, "SageMaker's alarm reason is kept"
-    assert second["artifact_sha256"] in _serving_model(aws, second["component"]), "the champion serves again, on every copy"
+    assert second["artifact_sha256"] in _serving_model(aws,
+                                                       second["component"]), "the champion serves again, on every copy"
     events = [e.message for e in aws.rollout_events(third["component"])]
     assert any(m.startswith("rolling back: alarm") for m in events), events
     assert traffic.statuses["answered"] > 0 and traffic.statuses["ModelError"] > 0, traffic.statuses
     record = next(r for r in ledger.release(third["release_id"]) if r.stage == "promote" and r.event == "rolled_back")
     ended = record.payload["steps"][-1]  # the component and its alarms once SageMaker had rolled back
-    assert record.payload["reason"] == reason and (ended["phase"], ended["alarm"], ended["copies"]) == ("rollback", reason, 2)
-    assert ended["alarm_states"][next(name for name in ended["alarm_states"] if name.endswith("-error-rate"))] == "ALARM"
+    assert record.payload["reason"] == reason and (ended["phase"], ended["alarm"], ended["copies"]) == ("rollback",
+                                                                                                        reason, 2)
+    assert ended["alarm_states"][next(name for name in ended["alarm_states"]
+                                      if name.endswith("-error-rate"))] == "ALARM"
     assert _alarms_left(aws) == [] and ledger.verify().ok
 
 
 @pytest.mark.slow  # ~23 s: make test-slow; the double's time limit is tested in make test (tests/aws/test_double.py)
-def test_a_rolling_update_past_its_maximum_execution_time_is_reported_as_rolled_back(aws, aws_release, tiny_release, tmp_path):
-    """Not documented by AWS beyond "exceeding this limit causes a timeout": the double rolls back then (docs/aws-double.md)."""
+def test_a_rolling_update_past_its_maximum_execution_time_is_reported_as_rolled_back(aws, aws_release, tiny_release,
+                                                                                     tmp_path):
+    """Not documented by AWS beyond "exceeding this limit causes a timeout": the double rolls back then
+    (docs/aws-double.md)."""
     aws_release.prepare_account(aws)
     slow = {**CANARY, "wait_interval_s": 60}  # bakes longer than the (scaled) 600 s limit allows
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", rollout=slow,
@@ -117,23 +129,28 @@ def test_a_rolling_update_past_its_maximum_execution_time_is_reported_as_rolled_
     assert second["status"] == "rolled_back", second
     assert "MaximumExecutionTimeoutInSeconds (600s)" in second["rollout"]["reason"]
     assert first["artifact_sha256"] in _serving_model(aws, first["component"])
-    assert [e.message for e in aws.rollout_events(first["component"])][-1].startswith("rolled back: 2 old copies serving")
+    assert [e.message
+            for e in aws.rollout_events(first["component"])][-1].startswith("rolled back: 2 old copies serving")
     assert _alarms_left(aws) == []
     rerun = run_release(config, overrides=("artifact.quantization=F16",), progress=QUIET)
     assert rerun == second, "a finished release is not rolled out again"
     assert json.dumps(rerun["rollout"])  # JSON-able summary
 
 
-def test_a_pipeline_killed_mid_update_follows_that_update_on_rerun(aws, aws_release, tiny_release, tmp_path, monkeypatch):
-    from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
+def test_a_pipeline_killed_mid_update_follows_that_update_on_rerun(aws, aws_release, tiny_release, tmp_path,
+                                                                   monkeypatch):
     from tasks.pipeline.bake import BakeWatch
+    from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
 
     aws_release.prepare_account(aws)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state",
                                          rollout={**CANARY, "wait_interval_s": 3}, placement=_placement(aws_release))
     first = run_release(config, progress=QUIET)
     begun = begin_orchestrated(config, holder="test", overrides=("artifact.quantization=F16",), progress=QUIET)
-    run = lambda stage: run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)  # noqa: E731
+
+    def run(stage):
+        return run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)
+
     for stage in ("resolve", "build", "package", "image", "deploy_candidate", "validate"):
         run(stage)
 
@@ -158,5 +175,6 @@ def test_a_pipeline_killed_mid_update_follows_that_update_on_rerun(aws, aws_rele
     checks = [r.payload["check"] for r in ledger.release(begun["release_id"]) if r.stage == "traffic"]
     assert checks == list(range(1, len(checks) + 1)) and len(checks) >= 2, "numbered on from the kill, none twice"
     assert [s["check"] for s in promoted["steps"]] == checks, "the stage's record lists the steps of both attempts"
-    assert len([c for c in aws.calls if c.operation == "UpdateInferenceComponent"]) == 1, "the update was followed, not resent"
+    assert len([c for c in aws.calls
+                if c.operation == "UpdateInferenceComponent"]) == 1, "the update was followed, not resent"
     assert _alarms_left(aws) == []

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from tasks.backends.aws import artifact_store as store_module
-from tasks.backends.aws.session import Aws
 from tasks.backends.aws.artifact_store import S3ArtifactStore
+from tasks.backends.aws.session import Aws
 from tasks.errors import NotReady
 from tasks.hashing import sha256_file
 
@@ -40,7 +40,8 @@ def test_a_large_file_goes_up_in_parts_and_is_read_back_verified(aws, aws_calls,
 
 @pytest.mark.parametrize("size, first_write", [
     (1024, ["PutObject"]),  # one conditional PutObject
-    (6 * MIB, ["CreateMultipartUpload", "UploadPart", "UploadPart", "CompleteMultipartUpload"]),  # completed conditionally
+    # completed conditionally
+    (6 * MIB, ["CreateMultipartUpload", "UploadPart", "UploadPart", "CompleteMultipartUpload"]),
 ])
 def test_a_conditional_write_racing_another_is_written_again_not_a_conflict(aws, aws_calls, tmp_path, monkeypatch,
                                                                            size, first_write):
@@ -63,7 +64,8 @@ def test_a_conditional_write_racing_another_is_written_again_not_a_conflict(aws,
     assert sha256_file(store.get(stored.uri)) == stored.sha256
 
 
-def test_a_conditional_write_that_keeps_racing_is_not_ready_after_bounded_attempts(aws, aws_calls, tmp_path, monkeypatch):
+def test_a_conditional_write_that_keeps_racing_is_not_ready_after_bounded_attempts(aws, aws_calls, tmp_path,
+                                                                                   monkeypatch):
     monkeypatch.setattr(store_module, "WRITE_RACE_BACKOFF_S", 0.01)
     aws.client("s3").create_bucket(Bucket="shiplift-race")
     store = S3ArtifactStore(Aws(region="us-east-1"), bucket="shiplift-race", prefix="shiplift", kms_key_id=None,
@@ -75,14 +77,16 @@ def test_a_conditional_write_that_keeps_racing_is_not_ready_after_bounded_attemp
     with pytest.raises(NotReady) as caught:
         store.put_file(source, name="model.gguf")
     assert type(caught.value) is NotReady and caught.value.retryable, "retryable: the other writer finishes"
-    assert f"{store_module.WRITE_RACE_ATTEMPTS} conditional writes each raced another write of the key" in str(caught.value)
+    assert (f"{store_module.WRITE_RACE_ATTEMPTS} conditional writes each raced another write of the key"
+            in str(caught.value))
     assert "ConditionalRequestConflict" in str(caught.value) and "rerun the stage" in caught.value.fix
     assert [op for _, op, _ in aws_calls].count("PutObject") == store_module.WRITE_RACE_ATTEMPTS
     assert aws.scenario().race_conditional_writes == 10 - store_module.WRITE_RACE_ATTEMPTS
     assert aws.client("s3").list_objects_v2(Bucket="shiplift-race").get("KeyCount") == 0, "nothing was written"
 
 
-def test_a_conditional_write_refused_because_the_key_exists_is_compared_not_retried(aws, aws_calls, tmp_path, monkeypatch):
+def test_a_conditional_write_refused_because_the_key_exists_is_compared_not_retried(aws, aws_calls, tmp_path,
+                                                                                    monkeypatch):
     aws.client("s3").create_bucket(Bucket="shiplift-race")
     store = S3ArtifactStore(Aws(region="us-east-1"), bucket="shiplift-race", prefix="shiplift", kms_key_id=None,
                             cache_dir=tmp_path / "cache")

@@ -41,14 +41,16 @@ def placement(aws_release, **more) -> dict:
 
 
 def hosted(aws, aws_release, tiny_release, tmp_path) -> Hosted:
-    return Hosted(aws, aws_release, tiny_release, tmp_path, placement=placement(aws_release), scale_to_zero=SCALE_TO_ZERO)
+    return Hosted(aws, aws_release, tiny_release, tmp_path, placement=placement(aws_release),
+                  scale_to_zero=SCALE_TO_ZERO)
 
 
 def production(hosted_release: Hosted):
-    """Production (an inference-component endpoint, PAGE: "It hosts one or more inference components") serving seed 3."""
+    """Production (an inference-component endpoint, PAGE: "It hosts one or more inference components") serving seed
+    3."""
     spec = hosted_release.spec(3)
-    hosted_release.hosting.deploy(hosted_release.endpoint, hosted_release.component, spec, hosted_release.config.placement,
-                                  role="production", progress=QUIET)
+    hosted_release.hosting.deploy(hosted_release.endpoint, hosted_release.component, spec,
+                                  hosted_release.config.placement, role="production", progress=QUIET)
     return spec
 
 
@@ -59,18 +61,22 @@ def sent(aws_calls, since: int = 0) -> list[str]:
 def test_the_requests_pass_the_service_model_and_a_scale_to_zero_candidate_hosts_components(aws_release, tiny_release,
                                                                                              tmp_path):
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s",
-                                                              placement=placement(aws_release), scale_to_zero=SCALE_TO_ZERO))
+                                                              placement=placement(aws_release),
+                                                              scale_to_zero=SCALE_TO_ZERO))
     hosting = SageMakerHosting(None, config.backend, poll_s=0.05)
     longest = "shiplift-" + "a" * 54  # SageMaker's 63-character maximum
     requests = hosting.scale_to_zero_requests("shiplift-x-prod", longest, PLAN)
-    alarm = {**requests["alarm"], "AlarmActions": [f"arn:aws:autoscaling:us-east-1:123456789012:scalingPolicy:{'0' * 8}-0000-"
-                                                   f"0000-0000-{'0' * 12}:resource/sagemaker/inference-component/{longest}:"
-                                                   f"policyName/{requests['step']['PolicyName']}"]}
+    alarm = {**requests["alarm"],
+             "AlarmActions": [f"arn:aws:autoscaling:us-east-1:123456789012:scalingPolicy:{'0' * 8}-0000-"
+                              f"0000-0000-{'0' * 12}:resource/sagemaker/inference-component/{longest}:"
+                              f"policyName/{requests['step']['PolicyName']}"]}
     checked = [("application-autoscaling", "RegisterScalableTarget", requests["target"]),
                ("application-autoscaling", "PutScalingPolicy", requests["tracking"]),
-               ("application-autoscaling", "PutScalingPolicy", requests["step"]), ("cloudwatch", "PutMetricAlarm", alarm),
+               ("application-autoscaling", "PutScalingPolicy", requests["step"]),
+               ("cloudwatch", "PutMetricAlarm", alarm),
                ("sagemaker", "UpdateInferenceComponentRuntimeConfig",
-                {"InferenceComponentName": longest, "DesiredRuntimeConfig": {"CopyCount": 0}})]  # the model's minimum is 0
+                # the model's minimum is 0
+                {"InferenceComponentName": longest, "DesiredRuntimeConfig": {"CopyCount": 0}})]
     assert [request_problems(*request) for request in checked] == [[]] * len(checked)
     # PAGE, step 1 of scaling in: the component registered with minimum capacity 0 on DesiredCopyCount
     assert requests["target"] == {"ServiceNamespace": "sagemaker", "ResourceId": f"inference-component/{longest}",
@@ -78,7 +84,8 @@ def test_the_requests_pass_the_service_model_and_a_scale_to_zero_candidate_hosts
                                   "Tags": {"shiplift:managed": "true", "shiplift:endpoint": "shiplift-x-prod"}}
     # PAGE, step 2: target tracking on SageMakerInferenceComponentInvocationsPerCopy
     assert requests["tracking"]["TargetTrackingScalingPolicyConfiguration"] == {
-        "TargetValue": 10.0, "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerInferenceComponentInvocationsPerCopy"},
+        "TargetValue": 10.0,
+        "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerInferenceComponentInvocationsPerCopy"},
         "ScaleInCooldown": 300}
     # PAGE, scaling out, step 1: the step policy's configuration, exactly the page's
     assert requests["step"]["StepScalingPolicyConfiguration"] == {
@@ -91,21 +98,26 @@ def test_the_requests_pass_the_service_model_and_a_scale_to_zero_candidate_hosts
                                   "ComparisonOperator", "EvaluationPeriods", "DatapointsToAlarm")} == {
         "Namespace": "AWS/SageMaker", "MetricName": NO_CAPACITY_METRIC,
         "Dimensions": [{"Name": "InferenceComponentName", "Value": longest}], "Statistic": "Maximum", "Period": 30,
-        "Threshold": 1.0, "ComparisonOperator": "GreaterThanOrEqualToThreshold", "EvaluationPeriods": 1, "DatapointsToAlarm": 1}
-    assert all(name.startswith(longest) for name in scale_to_zero_names(longest).values()), "cleanup finds them by prefix"
+        "Threshold": 1.0, "ComparisonOperator": "GreaterThanOrEqualToThreshold", "EvaluationPeriods": 1,
+        "DatapointsToAlarm": 1}
+    assert all(name.startswith(longest)
+               for name in scale_to_zero_names(longest).values()), "cleanup finds them by prefix"
     # PAGE, "Before you begin": MinInstanceCount 0, and only an endpoint that hosts inference components scales to zero
     assert not hosting.single_model(config.placement, "candidate")
     variant = hosting.variant(config.placement, model_name=None, variant_name="AllTraffic", on_gpu=True)
     assert variant["ManagedInstanceScaling"] == {"Status": "ENABLED", "MinInstanceCount": 0, "MaxInstanceCount": 4}
     assert request_problems("sagemaker", "CreateEndpointConfig", hosting.endpoint_config_request(
-        "shiplift-x-cand", config.placement, model_name=None, variant_name="AllTraffic", on_gpu=True, release_id="r")) == []
+        "shiplift-x-cand", config.placement, model_name=None, variant_name="AllTraffic", on_gpu=True,
+        release_id="r")) == []
     plain = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "p", tmp_path / "s"))
-    assert hosting.single_model(plain.placement, "candidate"), "without min_instance_count a candidate stays single-model"
+    assert hosting.single_model(plain.placement,
+                                "candidate"), "without min_instance_count a candidate stays single-model"
     assert hosting.variant(plain.placement, model_name=None, variant_name="AllTraffic",
                            on_gpu=True)["ManagedInstanceScaling"]["MinInstanceCount"] == 1, "instance_count, as before"
 
 
-def test_enable_scale_to_zero_creates_the_target_policies_and_alarm_once(aws, aws_calls, aws_release, tiny_release, tmp_path):
+def test_enable_scale_to_zero_creates_the_target_policies_and_alarm_once(aws, aws_calls, aws_release, tiny_release,
+                                                                         tmp_path):
     release = hosted(aws, aws_release, tiny_release, tmp_path)
     production(release)
     endpoint, component = release.endpoint, release.component
@@ -117,15 +129,18 @@ def test_enable_scale_to_zero_creates_the_target_policies_and_alarm_once(aws, aw
     [target] = autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
     assert (target["ResourceId"], target["ScalableDimension"], target["MinCapacity"], target["MaxCapacity"]) == (
         f"inference-component/{component}", COPY_DIMENSION, 0, 2)
-    assert autoscaling.list_tags_for_resource(ResourceARN=target["ScalableTargetARN"])["Tags"]["shiplift:managed"] == "true"
-    policies = {p["PolicyName"]: p for p in autoscaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]}
+    tags = autoscaling.list_tags_for_resource(ResourceARN=target["ScalableTargetARN"])["Tags"]
+    assert tags["shiplift:managed"] == "true"
+    policies = {p["PolicyName"]: p
+                for p in autoscaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]}
     names = scale_to_zero_names(component)
     assert {name: p["PolicyType"] for name, p in policies.items()} == {names["tracking"]: "TargetTrackingScaling",
                                                                          names["step"]: "StepScaling"}
     [alarm] = cloudwatch.describe_alarms(AlarmNamePrefix=component)["MetricAlarms"]
     # PAGE: the alarm's action is the step scaling policy's ARN
     assert alarm["AlarmName"] == names["alarm"] and alarm["AlarmActions"] == [policies[names["step"]]["PolicyARN"]]
-    assert {"Key": "shiplift:managed", "Value": "true"} in cloudwatch.list_tags_for_resource(ResourceARN=alarm["AlarmArn"])["Tags"]
+    assert {"Key": "shiplift:managed",
+            "Value": "true"} in cloudwatch.list_tags_for_resource(ResourceARN=alarm["AlarmArn"])["Tags"]
     assert any("RegisterScalableTarget, 0..2 copies" in m for m in said), said
 
     rerun = len(aws_calls)
@@ -136,7 +151,8 @@ def test_enable_scale_to_zero_creates_the_target_policies_and_alarm_once(aws, aw
     release.hosting.enable_scale_to_zero(endpoint, component, wider, progress=QUIET)
     assert sent(aws_calls, changed) == ["RegisterScalableTarget", "PutScalingPolicy", "PutMetricAlarm"], (
         "a changed plan updates the target, the tracking policy and the alarm's description in place")
-    assert len(autoscaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]) == 2, "none added"
+    assert len(autoscaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]) == 2, \
+        "none added"
     assert len(cloudwatch.describe_alarms(AlarmNamePrefix=component)["MetricAlarms"]) == 1
 
     with pytest.raises(NotFound, match="is not on endpoint"):
@@ -173,10 +189,12 @@ def test_a_request_that_finds_no_copy_is_retried_until_the_alarm_scales_the_comp
     # PAGE: "the alarm initiates the step scaling policy", which adds one copy
     assert any("step scaling policy" in event.message and "0 -> 1 copies" in event.message
                for event in aws.rollout_events(component))
-    alarm = aws.client("cloudwatch").describe_alarms(AlarmNames=[scale_to_zero_names(component)["alarm"]])["MetricAlarms"][0]
+    alarm = aws.client("cloudwatch").describe_alarms(
+        AlarmNames=[scale_to_zero_names(component)["alarm"]])["MetricAlarms"][0]
     assert alarm["StateValue"] == "ALARM"
 
-    options = run_options(hosting.invoker(endpoint, component, timeout_s=30), concurrency=1, timeout_s=30, max_attempts=200,
+    options = run_options(hosting.invoker(endpoint, component, timeout_s=30), concurrency=1, timeout_s=30,
+                          max_attempts=200,
                           backoff_base_s=0.05, backoff_cap_s=0.5, inference_component=None, deadline_s=WAIT_S,
                           rng=random.Random(0), sleep=time.sleep)
     exchange = post_with_retries(channel, body, options)  # the same request again, with the runners' retry policy
@@ -184,13 +202,14 @@ def test_a_request_that_finds_no_copy_is_retried_until_the_alarm_scales_the_comp
     assert time.monotonic() - started < WAIT_S
     live = hosting.describe(endpoint, component)
     assert (live.status, live.copies) == ("InService", 1), "scaled out by one copy, within MaxCapacity"
-    assert sent(aws_calls).count("UpdateInferenceComponentRuntimeConfig") == 1, "the scale-out was Application Auto Scaling's"
+    assert sent(aws_calls).count("UpdateInferenceComponentRuntimeConfig") == 1, \
+        "the scale-out was Application Auto Scaling's"
 
 
 def test_a_second_start_from_zero_waits_for_the_step_policys_cooldown(aws, aws_release, tiny_release, tmp_path):
     """The step policy's Cooldown (60 s, the page's) blocks a second scale-out of the same size until it ends
-    (API_StepScalingPolicyConfiguration): starts from zero in a row (validate's cold starts) wait for it on AWS. The double
-    counts it with `scaling_cooldown_scale`."""
+    (API_StepScalingPolicyConfiguration): starts from zero in a row (validate's cold starts) wait for it on AWS. The
+    double counts it with `scaling_cooldown_scale`."""
     release = hosted(aws, aws_release, tiny_release, tmp_path)
     production(release)
     endpoint, component, hosting = release.endpoint, release.component, release.hosting
@@ -225,12 +244,13 @@ def test_deleting_the_endpoint_removes_the_alarm_policies_and_target_first(aws, 
 
     assert hosting.delete_endpoint(endpoint, progress=QUIET)
     order = [operation for _, operation, _ in aws_calls[before:]
-             if operation in ("DeleteAlarms", "DeleteScalingPolicy", "DeregisterScalableTarget", "DeleteInferenceComponent",
-                              "DeleteEndpoint")]
+             if operation in ("DeleteAlarms", "DeleteScalingPolicy", "DeregisterScalableTarget",
+                              "DeleteInferenceComponent", "DeleteEndpoint")]
     assert order == ["DeleteAlarms", "DeleteScalingPolicy", "DeleteScalingPolicy", "DeregisterScalableTarget",
                      "DeleteInferenceComponent", "DeleteEndpoint"], "shiplift removes them itself, before the component"
-    assert aws.client("application-autoscaling").describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []
-    assert aws.client("application-autoscaling").describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"] == []
+    autoscaling = aws.client("application-autoscaling")
+    assert autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []
+    assert autoscaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"] == []
     assert aws.client("cloudwatch").describe_alarms()["MetricAlarms"] == []
     left = {r.kind for r in release.hosting.managed_resources("shiplift")}
     assert not left & {"scaling-policy", "scalable-target", "alarm", "inference-component", "endpoint"}, left
@@ -248,7 +268,8 @@ def test_a_scale_to_zero_candidate_is_a_component_endpoint_and_its_teardown_leav
     assert config["ProductionVariants"][0]["ManagedInstanceScaling"]["MinInstanceCount"] == 0
     release.hosting.enable_scale_to_zero(name, name, PLAN, progress=QUIET)
     assert release.hosting.delete_endpoint(name, progress=QUIET)
-    assert aws.client("application-autoscaling").describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []
+    autoscaling = aws.client("application-autoscaling")
+    assert autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []
     assert aws.client("cloudwatch").describe_alarms()["MetricAlarms"] == []
     assert release.hosting.managed_resources("shiplift") == []
 
@@ -268,7 +289,8 @@ def test_the_pipeline_policy_allows_every_scale_to_zero_call_and_only_with_scale
 
     policy = pipeline_policy(release.config)
     [role] = [s for s in policy["Statement"] if s["Sid"] == "CreateAutoScalingServiceLinkedRole"]
-    assert role["Resource"] == ["arn:aws:iam::123456789012:role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
+    assert role["Resource"] == ["arn:aws:iam::123456789012:role/aws-service-role/"
+                                "sagemaker.application-autoscaling.amazonaws.com/"
                                 "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"]
     plain = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "plain", tmp_path / "state"))
     scaling = [call for call in calls if call[1] in ("RegisterScalableTarget", "PutScalingPolicy",
@@ -280,7 +302,8 @@ def test_the_pipeline_policy_allows_every_scale_to_zero_call_and_only_with_scale
     assert [(f.issue, f.detail) for f in findings if f.severity not in ("LOW", "INFO", "MUTE")] == []
 
 
-def test_the_dry_runs_account_answers_every_scale_to_zero_call_within_the_service_model(aws_release, tiny_release, tmp_path):
+def test_the_dry_runs_account_answers_every_scale_to_zero_call_within_the_service_model(aws_release, tiny_release,
+                                                                                        tmp_path):
     """What the dry run prints once the stages call these methods: each request validated and recorded, each answer of
     the recording account within the operation's output shape."""
     from botocore.validate import ParamValidator
@@ -290,7 +313,8 @@ def test_the_dry_runs_account_answers_every_scale_to_zero_call_within_the_servic
     from tasks.backends.aws.session import Aws, AwsAccess
 
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s",
-                                                              placement=placement(aws_release), scale_to_zero=SCALE_TO_ZERO))
+                                                              placement=placement(aws_release),
+                                                              scale_to_zero=SCALE_TO_ZERO))
     plan = Plan()
     account = FreshAccount(config.backend, plan.stand_in, release_id="r")
     answers = []
@@ -307,8 +331,9 @@ def test_the_dry_runs_account_answers_every_scale_to_zero_call_within_the_servic
     variant = {"VariantName": "AllTraffic", "InstanceType": "ml.g6e.xlarge", "InitialInstanceCount": 1}
     account.seed("sagemaker", "CreateEndpointConfig", {"EndpointConfigName": "c", "ProductionVariants": [variant]})
     account.seed("sagemaker", "CreateEndpoint", {"EndpointName": endpoint, "EndpointConfigName": "c"})
-    account.seed("sagemaker", "CreateInferenceComponent", {"InferenceComponentName": component, "EndpointName": endpoint,
-                                                           "VariantName": "AllTraffic", "RuntimeConfig": {"CopyCount": 1}})
+    account.seed("sagemaker", "CreateInferenceComponent",
+                 {"InferenceComponentName": component, "EndpointName": endpoint, "VariantName": "AllTraffic",
+                  "RuntimeConfig": {"CopyCount": 1}})
     answers.clear()
 
     hosting.enable_scale_to_zero(endpoint, component, PLAN, progress=QUIET)

@@ -31,7 +31,10 @@ CHANGES = {"placement": SERVERLESS, "image__n_gpu_layers": 0, "rollout__copies":
 def opened(aws_release, tiny_release, tmp_path):
     path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", **CHANGES)
     begun = begin_orchestrated(path, holder="test", progress=QUIET)
-    run = lambda stage: run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)  # noqa: E731
+
+    def run(stage):
+        return run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)
+
     for stage in ("resolve", "build", "package"):
         run(stage)
     return begun, run
@@ -80,6 +83,7 @@ def test_a_serverless_image_within_10_gb_in_ecr_passes_the_image_stage(aws, aws_
     assert detail["imageSizeInBytes"] == SERVERLESS_IMAGE_MAX_BYTES and result["image_digest"] == detail["imageDigest"]
     assert result["size_bytes"] == detail["imageSizeInBytes"], "the image stage records the size it checked"
     # the builder reports ECR's size (found by its content tag now, no second build)
-    config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", **CHANGES))
+    config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state",
+                                                              **CHANGES))
     ref = make_backends(config).images.build(config.image, progress=QUIET)
     assert (ref.digest, ref.size_bytes) == (detail["imageDigest"], SERVERLESS_IMAGE_MAX_BYTES)

@@ -32,7 +32,8 @@ def test_a_canary_and_a_rollback_of_one_model_send_nothing_to_the_other_s_compon
     aws_release.prepare_account(aws)
     state = tmp_path / "state"
     paths = {name: aws_release.write_aws_config(tiny_release, tmp_path / name, state, name=f"tiny-{name}",
-                                                rollout=CANARY, placement=_placement(aws_release)) for name in ("a", "b")}
+                                                rollout=CANARY, placement=_placement(aws_release))
+                                                for name in ("a", "b")}
     a, b = (load_release_config(paths[name]) for name in ("a", "b"))
     endpoint, mine, other = production_endpoint(a), production_component(a), production_component(b)
     assert endpoint == production_endpoint(b) and endpoint.startswith("shiplift-fleet-") and mine != other
@@ -42,7 +43,8 @@ def test_a_canary_and_a_rollback_of_one_model_send_nothing_to_the_other_s_compon
     assert first_a["status"] == "promoted" and first_a["served_by"] == endpoint
     sagemaker = aws.client("sagemaker")
     created = [c.params for c in aws.calls if c.operation == "CreateEndpoint"]
-    assert [c["EndpointName"] for c in created].count(endpoint) == 1, "the second model joins the endpoint the first made"
+    assert [c["EndpointName"]
+            for c in created].count(endpoint) == 1, "the second model joins the endpoint the first made"
     assert {c.params["InferenceComponentName"]: c.params["EndpointName"] for c in aws.calls
             if c.operation == "CreateInferenceComponent" and c.params["EndpointName"] == endpoint} == {
         other: endpoint, mine: endpoint}

@@ -37,7 +37,9 @@ EXTRA_REQUIRED_ENV = "SHIPLIFT_CELERY_EXTRA_REQUIRED"  # set by scripts/airflow_
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "celery: needs PostgreSQL and Redis on loopback; runs Airflow's CeleryExecutor (make test-celery)")
+    config.addinivalue_line("markers",
+                            "celery: needs PostgreSQL and Redis on loopback; runs Airflow's CeleryExecutor (make "
+                            "test-celery)")
 
 
 def _celery_extra_missing() -> list[str]:
@@ -161,7 +163,8 @@ def celery_airflow(tmp_path_factory):
     state_dir.mkdir()
     queue = f"shiplift-test-{secrets.token_hex(4)}"
     database_url = f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{DATABASE}"
-    env = airflow_local.celery_env(home, port=airflow_local.free_port(), dags_folder=ROOT / "dags", shiplift_home=state_dir,
+    env = airflow_local.celery_env(home, port=airflow_local.free_port(), dags_folder=ROOT / "dags",
+                                   shiplift_home=state_dir,
                                    database_url=database_url, broker_url=REDIS_URL, queue=queue)
     log_dir = home / "logs" / "components"
     timings: dict[str, float] = {}
@@ -178,7 +181,8 @@ def celery_airflow(tmp_path_factory):
                                deadline_s=START_DEADLINE_S, alive=supervisor.check_alive)
         api.login(airflow_local.ADMIN_USER, airflow_local.admin_password(home))
         timings["startup_s"] = round(time.monotonic() - began, 1)
-        yield CeleryAirflow(api=api, supervisor=supervisor, queue=queue, state_dir=state_dir, home=home, timings=timings)
+        yield CeleryAirflow(api=api, supervisor=supervisor, queue=queue, state_dir=state_dir, home=home,
+                            timings=timings)
     finally:
         stop_began = time.monotonic()
         codes = supervisor.stop()

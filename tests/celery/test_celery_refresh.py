@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.ledger.store import Ledger
 from tasks.ledger.events import STAGES
+from tasks.ledger.store import Ledger
 
 pytestmark = pytest.mark.celery
 
@@ -38,9 +38,11 @@ EXPECTED_TASKS = {"begin", *STAGES, "end"}
 
 def ask(url: str) -> dict:
     body = json.dumps({"decision": {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
-                                    "options": [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]}})
+                                    "options": [{"id": "no", "description": "no"},
+                                                {"id": "yes", "description": "yes"}]}})
     request = urllib.request.Request(f"{url}/invocations", data=body.encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": f"shiplift-{MODEL}"})
+                                     headers={"Content-Type": "application/json",
+                                              "X-Amzn-SageMaker-Inference-Component": f"shiplift-{MODEL}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())["result"]
 
@@ -62,7 +64,8 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow, tmp_pa
     began = time.monotonic()
     from airflow_local import wait_for
 
-    wait_for(f"{DAG_ID} parsed", lambda: DAG_ID in api.dag_ids(), deadline_s=PARSE_DEADLINE_S, alive=supervisor.check_alive)
+    wait_for(f"{DAG_ID} parsed", lambda: DAG_ID in api.dag_ids(), deadline_s=PARSE_DEADLINE_S,
+             alive=supervisor.check_alive)
     assert api.import_errors() == [], "every DAG in dags/ imports on the dag-processor"
     celery_airflow.timings["dag_parsed_s"] = round(time.monotonic() - began, 1)
 
@@ -73,14 +76,18 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow, tmp_pa
     celery_airflow.timings["run_s"] = round(time.monotonic() - run_began, 1)
     instances = api.task_instances(DAG_ID, run_id)
     states = {ti["task_id"]: ti["state"] for ti in instances}
-    assert run["state"] == "success", f"run {run_id} ended {run['state']}: {states}; logs under {celery_airflow.home}/logs"
+    assert run["state"] == "success", \
+        f"run {run_id} ended {run['state']}: {states}; logs under {celery_airflow.home}/logs"
     assert states == {task_id: "success" for task_id in EXPECTED_TASKS}
-    assert {ti["queue"] for ti in instances} == {celery_airflow.queue}, "every task went through this run's Celery queue"
+    assert {ti["queue"]
+            for ti in instances} == {celery_airflow.queue}, "every task went through this run's Celery queue"
     assert all(ti["hostname"] for ti in instances), "a Celery worker picked up every task"
 
-    assert "validate: succeeded" in api.task_log(DAG_ID, run_id, "validate"), "the worker's task log is readable in the UI"
+    assert "validate: succeeded" in api.task_log(DAG_ID, run_id,
+                                                 "validate"), "the worker's task log is readable in the UI"
 
-    summary = api.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/end/xcomEntries/return_value")["value"]
+    summary = api.request("GET",
+                          f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/end/xcomEntries/return_value")["value"]
     assert summary["status"] == "promoted" and summary["decision"] == "pass"
     assert summary["metrics"]["n"] == N_TASKS, "the run's overrides (DAG params) reached the Celery worker"
     release_id = summary["release_id"]
@@ -88,7 +95,8 @@ def test_refresh_dag_promotes_a_release_on_celery_workers(celery_airflow, tmp_pa
     ledger = Ledger.for_sqlite(celery_airflow.state_dir / "ledger.db")
     records = ledger.release(release_id)
     assert [(r.stage, r.event) for r in records if r.event != "started"] == [
-        ("release", "opened"), *((s, "succeeded") for s in STAGES), ("release", "promoted")], "the ledger is the release's state"
+        ("release", "opened"), *((s, "succeeded") for s in STAGES),
+        ("release", "promoted")], "the ledger is the release's state"
     assert all(r.actor.startswith(f"airflow:{DAG_ID}/") for r in records), "each record names the Airflow run"
     assert ledger.verify().ok
     with ledger.acquire_lease(MODEL, "tests/celery", release_id, 60):

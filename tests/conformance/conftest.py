@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-QUIET = lambda message: None
+QUIET = lambda message: None  # noqa: E731
 MEMORY_MB = 1024
 
 
@@ -93,7 +93,8 @@ class Conformance:
 
     # -- what differs in how a backend is observed -------------------------------------------
     def builds(self) -> int:
-        """Image builds started so far: CodeBuild StartBuild calls (aws); none locally (the image is the source tree)."""
+        """Image builds started so far: CodeBuild StartBuild calls (aws); none locally (the image is the source
+        tree)."""
         if self.kind == "aws":
             return len([call for call in self.calls if call[1] == "StartBuild"])
         return 0
@@ -102,7 +103,8 @@ class Conformance:
         """What a deploy that changes nothing leaves exactly as it was: every mutating SageMaker request so far
         (aws), or the pids of the endpoint's router and copies (local)."""
         if self.kind == "aws":
-            return [(call.operation, sorted(call.params.items(), key=str)) for call in self.double.calls if call.mutating]
+            return [(call.operation, sorted(call.params.items(), key=str)) for call in self.double.calls
+                    if call.mutating]
         described = self.backends.hosting.processes.describe_endpoint(endpoint)
         return {"router": described["router"].get("pid"),
                 "components": {name: sorted(copy["pid"] for copy in entry["copies"])

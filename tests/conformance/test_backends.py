@@ -12,11 +12,11 @@ import re
 
 import pytest
 
+from tasks.backends.interfaces import ImageRef, LiveComponent, StoredArtifact
 from tasks.errors import NotFound
 from tasks.hashing import sha256_file
-from tasks.backends.interfaces import ImageRef, LiveComponent, StoredArtifact
 
-QUIET = lambda message: None
+QUIET = lambda message: None  # noqa: E731
 DECISION = {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
             "options": [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]}
 PINNED = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -63,7 +63,8 @@ def test_store_is_content_addressed_and_idempotent(backend, tmp_path):
     assert stored.sha256 == sha256_file(first) and stored.size == first.stat().st_size
     assert stored.sha256 in stored.uri and stored.uri.endswith("/evidence.json")
 
-    assert store.put_file(first, name="evidence.json", progress=QUIET) == stored, "the same content again is the stored one"
+    assert store.put_file(first, name="evidence.json",
+                          progress=QUIET) == stored, "the same content again is the stored one"
     copy = tmp_path / "copy-of-evidence.json"  # same bytes from another path
     copy.write_bytes(first.read_bytes())
     assert store.put_file(copy, name="evidence.json", progress=QUIET) == stored
@@ -151,7 +152,8 @@ def test_redeploying_the_same_spec_is_a_no_op(backend):
     endpoint, component = backend.production()
     spec = backend.spec(1, copies=1)
     deployed = {
-        "candidate": (candidate, candidate, candidate_spec, backend.deploy(candidate, candidate, candidate_spec, role="candidate")),
+        "candidate": (candidate, candidate, candidate_spec,
+                      backend.deploy(candidate, candidate, candidate_spec, role="candidate")),
         "production": (endpoint, component, spec, backend.deploy(endpoint, component, spec, role="production")),
     }
     before = {role: backend.footprint(name) for role, (name, _, _, _) in deployed.items()}
@@ -193,8 +195,8 @@ def test_managed_resources_lists_what_was_deployed_and_nothing_after_cleanup(bac
 
 # 7 ------------------------------------------------------------------------------------------
 def test_a_models_own_error_comes_back_with_the_containers_status_and_body(backend):
-    """The channel contract (tasks/backends/aws/invoke.py, validation/transport.py): a model's own error answers with the
-    container's status and body, so the retry policy and the recorded error text are the same on both backends."""
+    """The channel contract (tasks/backends/aws/invoke.py, validation/transport.py): a model's own error answers with
+    the container's status and body, so the retry policy and the recorded error text are the same on both backends."""
     endpoint, component = backend.production()
     backend.deploy(endpoint, component, backend.spec(1), role="production")
     channel = backend.backends.hosting.invoker(endpoint, component, timeout_s=30).open()

@@ -21,9 +21,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -95,7 +96,8 @@ class ContractClient:
             sock.close()
 
 
-def invoke_until_overloaded(client: ContractClient, payload: Any, *, workers: int = 8, deadline_s: float = 60.0) -> tuple[Reply, dict[int, int]]:
+def invoke_until_overloaded(client: ContractClient, payload: Any, *, workers: int = 8,
+                            deadline_s: float = 60.0) -> tuple[Reply, dict[int, int]]:
     """Send `workers` invocations at once, round after round, until one is refused with 503: that reply and
     the statuses seen (each scoring takes milliseconds, so a server admitting one at a time refuses soon)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -189,7 +191,8 @@ def start_server_process(
 def run_server_to_exit(
     env: dict[str, str], args: tuple[str, ...] = (), *, server: Path, prefix: str, timeout: float = 60.0
 ) -> subprocess.CompletedProcess:
-    """Run `server` expecting it to refuse to start (on port 0 unless `env` says otherwise); returns the finished process."""
+    """Run `server` expecting it to refuse to start (on port 0 unless `env` says otherwise); returns the finished
+    process."""
     return subprocess.run(
         [sys.executable, str(server), *args],
         env={f"{prefix}_HOST": "127.0.0.1", f"{prefix}_PORT": "0", **env},

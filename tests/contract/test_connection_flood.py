@@ -17,10 +17,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -209,8 +210,8 @@ def router(tmp: Path, *args: str) -> Iterator[dict[str, Any]]:
 def _register(info: dict[str, Any], *urls: str) -> None:
     payload = json.dumps({"copies": [{"url": url, "spec_sha256": "0" * 64} for url in urls]}).encode()
     status, _, body, _ = _request(info["admin_port"], "PUT", "/_shiplift/components/echo", payload,
-                                  {"Authorization": f"Bearer {info['admin_token']}", "Content-Type": "application/json"},
-                                  timeout=5)
+                                  {"Authorization": f"Bearer {info['admin_token']}",
+                                   "Content-Type": "application/json"}, timeout=5)
     assert status == 200, body
 
 
@@ -234,7 +235,8 @@ def test_router_serves_while_one_process_holds_every_connection_idle(tmp_path):
 
 
 def test_a_copy_with_every_slot_busy_stays_in_rotation(tmp_path):
-    """Item 7: a copy whose connection slots are full answers 503 busy; that is not death (it left rotation in 1.5 s)."""
+    """Item 7: a copy whose connection slots are full answers 503 busy; that is not death (it left rotation in 1.5
+    s)."""
     with model_server(max_connections=4) as copy, router(tmp_path, "--health-interval-s", "0.1") as info:
         port = copy.server_address[1]
         _register(info, f"http://127.0.0.1:{port}")
@@ -245,7 +247,8 @@ def test_a_copy_with_every_slot_busy_stays_in_rotation(tmp_path):
             checks_end = time.monotonic() + 1.5  # fifteen health checks of the full copy
             while time.monotonic() < checks_end:
                 views = _copy_views(info)
-                assert views[0]["healthy"], f"the busy copy left rotation after {1.5 - (checks_end - time.monotonic()):.1f}s"
+                assert views[0]["healthy"], \
+                    f"the busy copy left rotation after {1.5 - (checks_end - time.monotonic()):.1f}s"
                 time.sleep(0.1)
             assert headers.get("Retry-After") == "1", "the full copy says it is busy"
         finally:

@@ -11,8 +11,9 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,7 @@ def softmax(values: list[float], temperature: float = 1.0) -> list[float]:
 
 def assert_close(a: list[float], b: list[float], tol: float) -> None:
     assert len(a) == len(b)
-    assert max(abs(x - y) for x, y in zip(a, b)) <= tol, (a, b)
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= tol, (a, b)
 
 
 def assert_error(reply, status: int, *needles: str) -> None:
@@ -214,7 +215,7 @@ def test_batch_keeps_request_order_and_matches_single_pairs(encoder):
     backward = encoder.client.invoke({"pairs": PAIRS[::-1]}).body["results"]
     singles = [encoder.client.invoke({"pairs": [pair]}).body["results"][0] for pair in PAIRS]
     assert len({tuple(r["logits"]) for r in singles}) == len(PAIRS)  # the pairs are distinguishable
-    for batched, reversed_, single in zip(forward, backward[::-1], singles):
+    for batched, reversed_, single in zip(forward, backward[::-1], singles, strict=True):
         assert batched["input_tokens"] == single["input_tokens"] == reversed_["input_tokens"]
         assert_close(batched["logits"], single["logits"], 1e-4)  # padding inside a batch changes nothing
         assert_close(reversed_["logits"], single["logits"], 1e-4)
@@ -242,7 +243,7 @@ def test_static_int8_scores_a_pair_the_same_whatever_its_batch(encoder_int8):
     """Static activation ranges: a pair's logits do not depend on its batch neighbours (dynamic int8's did)."""
     batched = encoder_int8.client.invoke({"pairs": PAIRS}).body["results"]
     singles = [encoder_int8.client.invoke({"pairs": [pair]}).body["results"][0] for pair in PAIRS]
-    for together, alone in zip(batched, singles):
+    for together, alone in zip(batched, singles, strict=True):
         assert_close(together["logits"], alone["logits"], 1e-4)
 
 
@@ -251,7 +252,7 @@ def test_pad_to_max_gives_the_same_probabilities(encoder, encoder_padded):
     padded = encoder_padded.client.invoke({"pairs": PAIRS}).body
     assert padded["timing"]["padded_len"] == PAD_LEN
     assert plain["timing"]["padded_len"] < PAD_LEN
-    for a, b in zip(plain["results"], padded["results"]):
+    for a, b in zip(plain["results"], padded["results"], strict=True):
         assert_close(probs(a), probs(b), 1e-4)
         assert a["label"] == b["label"] and a["input_tokens"] == b["input_tokens"]
 
@@ -260,10 +261,10 @@ def test_temperature_changes_probabilities_not_the_label(encoder, encoder_calibr
     plain = encoder.client.invoke({"pairs": PAIRS}).body["results"]
     reply = encoder_calibrated.client.invoke({"pairs": PAIRS}).body
     assert reply["model"]["temperature"] == TEMPERATURE
-    for a, b in zip(plain, reply["results"]):
+    for a, b in zip(plain, reply["results"], strict=True):
         assert_close(a["logits"], b["logits"], 1e-6)  # raw logits are reported unscaled
         assert_close(probs(b), softmax(b["logits"], TEMPERATURE), 1e-9)
-        assert max(abs(x - y) for x, y in zip(probs(a), probs(b))) > 1e-6
+        assert max(abs(x - y) for x, y in zip(probs(a), probs(b), strict=True)) > 1e-6
         assert a["label"] == b["label"]
 
 
@@ -566,7 +567,8 @@ def test_buildspec_refuses_a_source_without_the_shared_module(tmp_path, run_buil
 
 def test_buildspec_builds_the_gpu_variant_from_a_cuda_base(tmp_path, run_buildspec):
     cuda_base = "nvidia/cuda@sha256:" + "cd" * 32
-    done = run_buildspec(tmp_path, "encoder", ECR_REPO, FAKE_DIGEST, BASE_IMAGE=cuda_base, ORT_PACKAGE="onnxruntime-gpu")
+    done = run_buildspec(tmp_path, "encoder", ECR_REPO, FAKE_DIGEST, BASE_IMAGE=cuda_base,
+                         ORT_PACKAGE="onnxruntime-gpu")
     assert done.returncode == 0, done.stderr
     docker_log = (tmp_path / "docker.log").read_text()
     assert f"--build-arg BASE_IMAGE={cuda_base}" in docker_log

@@ -126,7 +126,8 @@ class Fleet:
         return _request(f"{self.control}/_shiplift/{path}", method, payload, headers=headers)
 
     def put(self, name: str, copies: list[str]) -> None:
-        status, body = self.admin("PUT", f"components/{name}", {"copies": [{"url": url, "spec_sha256": "a" * 64} for url in copies]})
+        status, body = self.admin("PUT", f"components/{name}",
+                                  {"copies": [{"url": url, "spec_sha256": "a" * 64} for url in copies]})
         assert status == 200, body
 
     def reset(self) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ def control(tmp_path: Path) -> Iterator[dict[str, Any]]:
 def _put(info: dict[str, Any], *urls: str) -> tuple[int, dict[str, Any]]:
     payload = json.dumps({"copies": [{"url": url, "spec_sha256": "0" * 64} for url in urls]}).encode()
     status, _, body, _ = _request(info["admin_port"], "PUT", "/_shiplift/components/echo", payload,
-                                  {"Authorization": f"Bearer {info['admin_token']}", "Content-Type": "application/json"},
-                                  timeout=ANSWER_WITHIN_S)
+                                  {"Authorization": f"Bearer {info['admin_token']}",
+                                   "Content-Type": "application/json"}, timeout=ANSWER_WITHIN_S)
     return status, json.loads(body)
 
 

@@ -37,7 +37,7 @@ def softmax(values: list[float], temperature: float = 1.0) -> list[float]:
 
 def assert_close(a: list[float], b: list[float], tol: float) -> None:
     assert len(a) == len(b)
-    assert max(abs(x - y) for x, y in zip(a, b)) <= tol, (a, b)
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= tol, (a, b)
 
 
 def assert_error(reply, status: int, *needles: str) -> None:
@@ -132,7 +132,7 @@ def test_shared_decisions_equal_single_decisions(semif):
     timing = reply.body["timing"]
     assert {"prefill_ms", "forward_ms", "total_ms", "shared_prefix_tokens"} <= set(timing)
     assert 0 < timing["shared_prefix_tokens"] < min(r["input_tokens"] for r in shared)
-    for item, result in zip(items, shared):
+    for item, result in zip(items, shared, strict=True):
         single = semif.client.invoke({"decision": item}).body["result"]
         assert result["option_ids"] == single["option_ids"] == [o["id"] for o in item["options"]]
         assert result["prompt_sha256"] == single["prompt_sha256"]
@@ -152,7 +152,7 @@ def test_calibration_temperature_changes_probabilities_not_argmax(semif, semif_c
     assert calibrated["model"]["file"] == "model.gguf"
     assert_close(calibrated["option_logits"], plain["option_logits"], 1e-4)
     assert_close(calibrated["probabilities"], softmax(calibrated["option_logits"], calibrated_temperature), 1e-9)
-    assert max(abs(a - b) for a, b in zip(calibrated["probabilities"], plain["probabilities"])) > 1e-3
+    assert max(abs(a - b) for a, b in zip(calibrated["probabilities"], plain["probabilities"], strict=True)) > 1e-3
     argmax = lambda values: values.index(max(values))  # noqa: E731
     assert argmax(calibrated["probabilities"]) == argmax(plain["probabilities"])
     # the hotter distribution is flatter
@@ -166,7 +166,7 @@ def test_chat_template_models_are_prompted_as_a_user_turn(semif, semif_chat):
     plain = semif.client.invoke({"decision": items[0]}).body["result"]
     shared = semif_chat.client.invoke({"decisions": items})
     assert shared.status == 200, shared.body
-    for item, result in zip(items, shared.body["results"]):
+    for item, result in zip(items, shared.body["results"], strict=True):
         single = semif_chat.client.invoke({"decision": item}).body["result"]
         assert_close(result["option_logits"], single["option_logits"], 1e-4)
         assert result["prompt_sha256"] == single["prompt_sha256"]
@@ -182,7 +182,7 @@ def test_concurrent_requests_share_the_one_context_safely(semif):
         replies = list(pool.map(lambda _: semif.client.invoke({"decisions": items}), range(4)))
     for reply in replies:
         assert reply.status == 200, reply.body
-        for got, want in zip(reply.body["results"], expected):
+        for got, want in zip(reply.body["results"], expected, strict=True):
             assert_close(got["option_logits"], want["option_logits"], 1e-4)
 
 
@@ -351,7 +351,8 @@ def test_a_stalled_body_holds_no_slot_and_overload_is_503_retryable(semif_limits
         assert client.invoke({"decision": decision()}).status == 200
     finally:
         holder.close()
-    refused, seen = invoke_until_overloaded(client, {"decisions": [decision(f"d{i}") for i in range(3)]})  # one slot (MAX_IN_FLIGHT=1), eight at once
+    # one slot (MAX_IN_FLIGHT=1), eight at once
+    refused, seen = invoke_until_overloaded(client, {"decisions": [decision(f"d{i}") for i in range(3)]})
     assert set(seen) == {200, 503}, seen
     assert refused.body["retryable"] is True and "SEMIF_MAX_IN_FLIGHT" in refused.body["error"]
     assert client.invoke({"decision": decision()}).status == 200, "the slot was not released"
@@ -388,7 +389,7 @@ def test_gemma_demo_model_reuses_a_prefix_longer_than_its_sliding_window(start_s
         shared = server.client.invoke({"decisions": items})
         assert shared.status == 200, shared.body
         assert shared.body["timing"]["shared_prefix_tokens"] > 512  # Gemma 3's sliding window
-        for item, result in zip(items, shared.body["results"]):
+        for item, result in zip(items, shared.body["results"], strict=True):
             single = server.client.invoke({"decision": item}).body["result"]
             assert_close(result["option_logits"], single["option_logits"], 1e-4)
             assert_close(result["probabilities"], single["probabilities"], 1e-4)
@@ -479,7 +480,8 @@ ECR_REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif"
 
 
 def test_server_imports_only_the_stdlib_numpy_llama_cpp_and_the_stdlib_shared_modules(imports_outside_stdlib):
-    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "llama_cpp", "sagemaker_http", "decision_prompt"}
+    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "llama_cpp", "sagemaker_http",
+                                                               "decision_prompt"}
     assert imports_outside_stdlib(COMMON_HTTP) == set()
     assert imports_outside_stdlib(COMMON_HTTP.with_name("decision_prompt.py")) == set()
 

@@ -65,7 +65,8 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
 def run_dags(airflow_env, tmp_path):
     """Run `dag.test()` for DAGs of a dags folder in a subprocess; returns (result JSON, full output)."""
 
-    def run(dags_folder: Path, runs: list[dict], timeout_s: float = 240, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    def run(dags_folder: Path, runs: list[dict], timeout_s: float = 240,
+            env: dict[str, str] | None = None) -> tuple[dict, str]:
         spec = tmp_path / "dag-test-spec.json"
         spec.write_text(json.dumps({"dags_folder": str(dags_folder), "runs": runs}))
         env = {**(airflow_env if env is None else env), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder)}

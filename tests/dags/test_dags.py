@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -75,7 +76,8 @@ def test_dag_files_parse_fast_without_database_network_ledger_or_evaluation_code
     for name, entry in report["files"].items():
         assert entry["dag_id"] == name
         assert entry["seconds"] < PARSE_BUDGET_S, f"{name} took {entry['seconds']:.2f}s to parse"
-    assert report["loaded"] == [], f"parse time imported {report['loaded']} (the ledger, the pipeline or evaluation code)"
+    assert report["loaded"] == [], \
+        f"parse time imported {report['loaded']} (the ledger, the pipeline or evaluation code)"
     assert list(shiplift_home.iterdir()) == [], "parsing wrote shiplift state"
     assert time.monotonic() - began < 60
 
@@ -101,7 +103,8 @@ def test_tags_owner_retries_timeouts_and_one_run_per_model(dagbag):
     for path in RELEASE_CONFIGS:
         config, dag_id = load_release_config(path), "refresh_" + path.stem.replace("-", "_")
         for task in dagbag.dags[dag_id].tasks:
-            assert task.execution_timeout == timedelta(seconds=timeout_for(task.task_id, config)), (dag_id, task.task_id)
+            assert task.execution_timeout == timedelta(seconds=timeout_for(task.task_id, config)), (dag_id,
+                                                                                                    task.task_id)
     assert dagbag.dags["audit_ledger"].get_task("audit").retries == 1
 
 
@@ -110,7 +113,7 @@ def test_refresh_task_order_setup_and_teardown(dagbag):
     order = ["begin", *STAGES, "teardown_candidate", "end"]
     assert sorted(dag.task_ids) == sorted(order)
     assert dag.get_task("begin").upstream_task_ids == set()
-    for before, after in zip(order, order[1:]):
+    for before, after in itertools.pairwise(order):
         expected = {before} if before == "begin" else {"begin", before}
         assert dag.get_task(after).upstream_task_ids == expected, after
     assert dag.get_task("begin").is_setup
@@ -179,17 +182,18 @@ def test_promotion_params_accept_a_rollback(dagbag):
     assert resolved["rollback_target"] == "gemma-decision-ba9876543210" and resolved["state_dir"] is None
 
 
-@pytest.mark.slow  # ~75 s on 2 cores: make test-slow; make test runs a refresh DAG end to end in tests/dags/test_dags_aws.py
+# ~75 s on 2 cores: make test-slow; make test runs a refresh DAG end to end in tests/dags/test_dags_aws.py
+@pytest.mark.slow
 def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_dags, dags_for_configs, tiny_release):
     """dag.test() on the local backend: a bad config fails at begin only; the tiny release is promoted
     (its state dir set through the DAG's `overrides` param); the promotion and audit DAGs run on it; a
     release whose validate stage raises fails the run, is torn down and gives the lease back; a release the
     gate rejects is a successful run with status rejected; an unknown conf key fails at begin."""
-    from tasks.config import load_release_config
     from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.ledger.store import Ledger
+    from tasks.config import load_release_config
     from tasks.ledger.events import STAGES as ALL_STAGES
     from tasks.ledger.release_state import ReleaseState
+    from tasks.ledger.store import Ledger
     from tasks.pipeline.release import release_id_for
 
     state_dir, unused = tmp_path / "state", tmp_path / "state-in-the-config-file"
@@ -253,7 +257,8 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         served = ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z")
         assert served.release_id == release_id and served.payload["reason"] == "re-assert the champion"
         assert served.actor.startswith("airflow:promote_release/")
-        assert audited["state"] == "success" and audited["xcom"]["audit"]["models"]["tiny-decision"]["release_id"] == release_id
+        assert audited["state"] == "success"
+        assert audited["xcom"]["audit"]["models"]["tiny-decision"]["release_id"] == release_id
         checkpoint = audited["xcom"]["audit"]["checked_against"]
         signed = next(r for r in ledger.history() if r.seq == checkpoint["seq"])
         assert checkpoint["seq"] >= served.seq and checkpoint["head_hash"] == signed.record_hash, \
@@ -272,7 +277,8 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         assert rejected["state"] == "success" and set(rejected["tasks"].values()) == {"success"}
         assert rejected["xcom"]["end"]["status"] == "rejected" and rejected["xcom"]["promote"]["event"] == "skipped"
         assert rejected["xcom"]["end"]["not_passed"] and rejected["xcom"]["end"]["decision"] == "fail"
-        assert typo["state"] == "failed" and typo["tasks"]["begin"] == "failed" and "unknown params ['overides']" in output
+        assert typo["state"] == "failed" and typo["tasks"]["begin"] == "failed"
+        assert "unknown params ['overides']" in output
 
         assert again["state"] == "success" and again["xcom"]["end"]["status"] == "promoted"
         assert {task: state for task, state in again["tasks"].items() if state != "skipped"} == {

@@ -38,9 +38,8 @@ def _client():
     """Airflow's own API app (core API, with the simple auth manager's login), in this process."""
     global _CLIENT
     if _CLIENT is None:
-        from fastapi.testclient import TestClient
-
         from airflow.api_fastapi.app import create_app
+        from fastapi.testclient import TestClient
 
         _CLIENT = TestClient(create_app(apps="core"))
     return _CLIENT
@@ -131,7 +130,8 @@ def _respond(run: dict, done: threading.Event, report: dict) -> None:
                                                            "response_received")}
     except Exception as exc:
         report["error"] = repr(exc)
-    if "error" in report and not done.is_set():  # nobody will answer: end the process rather than leave dag.test() waiting for ever
+    # nobody will answer: end the process rather than leave dag.test() waiting for ever
+    if "error" in report and not done.is_set():
         print(f"RESPONDER ERROR {run['dag_id']}: {report['error']}", flush=True)
         os._exit(3)
 
@@ -205,9 +205,9 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
     from tasks.backends.local.supervisor import ProcessSupervisor
     from tasks.config import load_release_config
     from tasks.errors import Conflict
+    from tasks.ledger.release_state import ReleaseState
     from tasks.ledger.store import Ledger
     from tasks.pipeline.approval_steps import record_decision_orchestrated
-    from tasks.ledger.release_state import ReleaseState
     from tasks.pipeline.release import release_id_for
 
     state_dir = tmp_path / "state"
@@ -260,7 +260,8 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
         assert (request.event, decision.event) == ("awaiting_approval", "approved")
         assert decision.payload["by"] == "alice" and decision.payload["reason"] == approve_note
         assert decision.actor == "alice" and decision.payload["requested_seq"] == request.seq
-        answered = datetime.fromisoformat(decision.payload["decided_at"])  # Airflow's responded_at: the deadline's moment
+        # Airflow's responded_at: the deadline's moment
+        answered = datetime.fromisoformat(decision.payload["decided_at"])
         assert answered == datetime.fromisoformat(accepted["body"]["responded_at"].replace("Z", "+00:00"))
         assert answered <= datetime.fromisoformat(decision.recorded_at.replace("Z", "+00:00"))
         assert request.payload["opened_by"] == "dag_test" == records[0].actor
@@ -317,7 +318,8 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
         final = [r for r in ledger.release(ids["rejected"]) if r.stage == "release"][-1]
         assert (final.event, final.payload.get("reason")) == ("rejected", f"not approved: {reject_note}")
 
-        # Nobody answers: the scheduler's sweep applies the default (Reject, no responder); the ledger records timed_out.
+        # Nobody answers: the scheduler's sweep applies the default (Reject, no responder); the ledger records
+        # timed_out.
         assert timed_out["hitl"]["swept"] is True and timed_out["hitl"]["answers"] == []
         assert timed_out["hitl"]["after"]["responded_by_user"] is None
         assert timed_out["hitl"]["after"]["chosen_options"] == ["Reject"]

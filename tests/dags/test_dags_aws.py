@@ -34,9 +34,12 @@ def test_refresh_dag_of_an_aws_config_takes_its_session_from_aws_default(aws_dou
     sagemaker = double.client("sagemaker")
     component = sagemaker.describe_inference_component(InferenceComponentName="shiplift-tiny-aws-dag")
     assert component["InferenceComponentStatus"] == "InService"
-    assert [e["EndpointName"] for e in sagemaker.list_endpoints()["Endpoints"]] == ["shiplift-tiny-aws-dag-prod"], "candidate torn down"
+    assert [e["EndpointName"]
+            for e in sagemaker.list_endpoints()["Endpoints"]] == ["shiplift-tiny-aws-dag-prod"], "candidate torn down"
     ledger = Ledger(f"sqlite:///{tmp_path / 'state' / 'ledger.db'}")
     release_id = run["xcom"]["begin"]["release_id"]
-    assert [r.stage for r in ledger.release(release_id) if r.event == "succeeded"][:3] == ["resolve", "build", "package"]
-    assert all(r.actor.startswith("airflow:refresh_tiny_aws_dag/") for r in ledger.release(release_id) if r.stage != "release")
+    assert [r.stage for r in ledger.release(release_id) if r.event == "succeeded"][:3] == ["resolve", "build",
+                                                                                           "package"]
+    assert all(r.actor.startswith("airflow:refresh_tiny_aws_dag/") for r in ledger.release(release_id)
+               if r.stage != "release")
     assert ledger.verify().ok

@@ -38,7 +38,8 @@ def stop_endpoints_afterwards(tmp_path):
 
 
 def shiplift_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.ledger.store import Ledger
 from tasks.ledger.release_state import ReleaseState
+from tasks.ledger.store import Ledger
 from tasks.pipeline.release import run_release
 from tests.tiny_release import stop_endpoints, write_tiny_chat_config
 
@@ -40,13 +40,15 @@ def test_a_chat_release_is_gated_by_the_chat_readout_and_promoted(released):
     ledger = Ledger.for_sqlite(state_dir / "ledger.db")
     state = ReleaseState.load(ledger, summary["release_id"])
     image = state.result("image")
-    assert image.image_uri.startswith("local/dlc-chat@sha256:") and image.base_image == "llama-cpp:server-sagemaker-cpu-v1"
+    assert image.image_uri.startswith("local/dlc-chat@sha256:")
+    assert image.base_image == "llama-cpp:server-sagemaker-cpu-v1"
     built = state.result("build")
     report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
     readout = report["metrics"]["readout"]
     assert readout["name"] == "chat" and readout["answered"] == report["metrics"]["n"] == 32
     assert readout["missing_letter_share"] == 0.0 and 0.0 <= readout["non_letter_generated_share"] <= 1.0
-    rows = [json.loads(line) for line in Path(summary["report"]).with_name("predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line)
+            for line in Path(summary["report"]).with_name("predictions.jsonl").read_text().splitlines()]
     # the DLC reports the model file it serves, which the package names by its sha256: the answer says which model
     assert {row["model_sha256"] for row in rows} == {built.model_sha256}
     assert all(row["generated_token"] is not None and row["missing_letters"] == [] for row in rows)
@@ -106,15 +108,16 @@ def test_eval_chat_scores_a_live_chat_endpoint_and_reports_what_the_readout_lost
     assert sent["generated_token"] is not None
     assert summary["validity"]["value"] == 1 - summary["readout"]["missing_letter_share"]  # a missing letter is invalid
     refused = subprocess.run([*command, "--shots", "9"], capture_output=True, text=True, timeout=60)
-    assert refused.returncode != 0 and "--shots 9 is outside 0..3" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode != 0 and "--shots 9 is outside 0..3" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_serve_chat_refuses_a_missing_model_file_without_a_traceback(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "serve", "chat", "--gguf", str(tmp_path / "no.gguf")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "serve", "chat", "--gguf",
+                           str(tmp_path / "no.gguf")], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "does not exist" in done.stderr and "Traceback" not in done.stderr
 
 

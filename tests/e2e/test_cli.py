@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ledger.store import Ledger
 from tasks.artifacts.tiny_gguf import write_tiny_gguf
+from tasks.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
@@ -31,7 +31,9 @@ def test_eval_jevbench_writes_recomputable_evidence(served_tiny_model, tmp_path,
     report = json.loads((out / "gate-report.json").read_text())
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 111 and all(r["error"] is None for r in rows)
-    recomputed = sum(r["option_ids"][max(range(len(r["probabilities"])), key=r["probabilities"].__getitem__)] == r["expected"] for r in rows) / len(rows)
+    recomputed = sum(r["option_ids"][max(range(len(r["probabilities"])),
+                                         key=r["probabilities"].__getitem__)] == r["expected"]
+                                         for r in rows) / len(rows)
     assert report["metrics"]["accuracy"]["value"] == pytest.approx(recomputed)
     assert "<svg" in (out / "report.html").read_text()
 
@@ -101,7 +103,8 @@ def test_endpoints_list_and_stop(tmp_path, cli):
     assert ProcessSupervisor(tmp_path).list_endpoints() == []
 
 
-@pytest.mark.slow  # ~18 s: make test-slow; make test serves and gates the encoder through a release (tests/e2e/test_release_local.py)
+# ~18 s: make test-slow; make test serves and gates the encoder through a release (tests/e2e/test_release_local.py)
+@pytest.mark.slow
 def test_serve_encoder_and_eval_nli(tmp_path, serve, cli):
     from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 

@@ -24,7 +24,8 @@ from tests.e2e.test_shared_endpoint import QUIET, copies
 PLACEMENT = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2, "endpoint": "fleet"}
 
 
-@pytest.mark.slow  # ~60 s on 2 cores: make test-slow; tests/unit/test_component_lock_room.py keeps the refusal in make test
+# ~60 s on 2 cores: make test-slow; tests/unit/test_component_lock_room.py keeps the refusal in make test
+@pytest.mark.slow
 def test_a_third_tenant_that_does_not_fit_is_refused_and_the_others_serve_on(tmp_path, tiny_release, cli):
     state = tmp_path / "state"
     configs = {name: tiny_release.write_tiny_config(tmp_path / name, state, name=f"tiny-{name}", placement=PLACEMENT,
@@ -43,7 +44,8 @@ def test_a_third_tenant_that_does_not_fit_is_refused_and_the_others_serve_on(tmp
         with pytest.raises(CapacityError) as refused:
             run_release(configs["c"], progress=QUIET)
     assert (f"Unable to place 3 copies of inference component {production_component(c)}: endpoint {endpoint} has room "
-            "for 2 (2 x ml.c7i.xlarge with 4 vCPUs each, 4 held by other inference components, 2 a copy)") in str(refused.value)
+            "for 2 (2 x ml.c7i.xlarge with 4 vCPUs each, 4 held by other inference components, 2 a copy)"
+            ) in str(refused.value)
 
     for traffic in (to_a, to_b):
         assert traffic.statuses[200] > 0 and set(traffic.statuses) == {200}, dict(traffic.statuses)

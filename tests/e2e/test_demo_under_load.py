@@ -24,7 +24,8 @@ from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.cli.demo import EXPECTED, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
-ENDED = re.compile(r"^(\d+\. .+): (\w+) \((\w+)\); report ", re.M)  # demo.main: "{label}: {status} ({decision}); report …"
+# demo.main: "{label}: {status} ({decision}); report …"
+ENDED = re.compile(r"^(\d+\. .+): (\w+) \((\w+)\); report ", re.M)
 HOG = "while True: pass"
 
 pytestmark = [pytest.mark.slow, pytest.mark.demo]

@@ -16,7 +16,7 @@ the retired endpoint back). Moving back to the first layout and away again retir
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -28,8 +28,8 @@ from tasks.ledger import events
 from tasks.ledger.store import Ledger
 from tasks.ledger.views import serving_status, timeline
 from tasks.pipeline.audit import audit
-from tasks.pipeline.fleet.plan import plan_fleet
 from tasks.pipeline.fleet.move import move_fleet
+from tasks.pipeline.fleet.plan import plan_fleet
 from tasks.pipeline.promotion import rollback
 from tasks.pipeline.release import run_release
 from tasks.pipeline.stages.common import production_component, production_endpoint
@@ -44,7 +44,8 @@ def history(ledger: Ledger, model: str) -> list[tuple[str, str]]:
     return [(r.stage, r.event) for r in ledger.history(model)]
 
 
-def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_and_retires_the_old(tmp_path, tiny_release):
+def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_and_retires_the_old(tmp_path,
+                                                                                                   tiny_release):
     state = tmp_path / "state"
     old = {name: tiny_release.write_tiny_config(tmp_path / "old" / name, state, name=f"tiny-{name}", placement=OLD)
            for name in ("a", "b")}
@@ -74,7 +75,8 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
 
     records = len(ledger.history())
     with pytest.raises(ConfigError, match="released with resource_prefix 'shiplift'"):
-        move_fleet([new["a"], new["b"]], reason="drill", actor="ops", overrides=("resource_prefix=other",), progress=QUIET)
+        move_fleet([new["a"], new["b"]], reason="drill", actor="ops", overrides=("resource_prefix=other",),
+                   progress=QUIET)
     assert len(ledger.history()) == records, "a move its champions cannot serve with is refused before anything changes"
     with pytest.raises(ConfigError, match=r"tiny-b \(on shiplift-fleet-[0-9a-f]{8}\) also serve"):
         move_fleet([new["a"]], reason="drill: three instances", actor="ops", progress=QUIET)
@@ -86,7 +88,8 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     with LiveTraffic(url, b_old) as to_b, ledger.acquire_lease("tiny-b", "drill/another-run", b_release, 600):
         with pytest.raises(LeaseHeld):
             move_fleet([new["a"], new["b"]], reason="drill: three instances", actor="ops", progress=QUIET)
-    assert to_b.statuses[200] > 0 and set(to_b.statuses) == {200}, f"B answered throughout A's move: {dict(to_b.statuses)}"
+    assert to_b.statuses[200] > 0, f"B answered throughout A's move: {dict(to_b.statuses)}"
+    assert set(to_b.statuses) == {200}, f"B answered throughout A's move: {dict(to_b.statuses)}"
     assert serving_status(ledger, "tiny-a")[0]["serving"]["endpoint"] == new_endpoint
     assert serving_status(ledger, "tiny-b")[0]["serving"]["endpoint"] == old_endpoint
     live = {e["name"] for e in supervisor.list_endpoints()}
@@ -113,18 +116,21 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     assert sorted(components) == sorted(production_component(after[name]) for name in ("a", "b"))
     for name in ("a", "b"):
         model = f"tiny-{name}"
-        assert components[production_component(after[name])]["spec"]["model_ref"]["release_id"] == first[name]["release_id"]
-        assert len(components[production_component(after[name])]["copies"]) == 2, "the new config's copies (1 before)"
+        component = components[production_component(after[name])]
+        assert component["spec"]["model_ref"]["release_id"] == first[name]["release_id"]
+        assert len(component["copies"]) == 2, "the new config's copies (1 before)"
         moves = [r for r in ledger.history(model) if r.payload.get("trigger") == "move" and r.event == events.SUCCEEDED]
         assert len(moves) == 1 and moves[0].release_id == first[name]["release_id"]
-        assert moves[0].payload["moved_from"] == {"endpoint": old_endpoint, "component": production_component(before[name])}
+        assert moves[0].payload["moved_from"] == {"endpoint": old_endpoint,
+                                                  "component": production_component(before[name])}
         assert moves[0].payload["endpoint"] == new_endpoint and moves[0].payload["reason"] == "drill: three instances"
         assert history(ledger, model).count((events.FLEET, events.RETIRED)) == 1
         kinds = [event["event"] for event in timeline(ledger, model)]
         assert kinds.index("moved") < kinds.index("retired")
 
     records = len(ledger.history())
-    again = move_fleet([new["a"], new["b"]], reason="drill: three instances", actor="ops", retire_old=True, progress=QUIET)
+    again = move_fleet([new["a"], new["b"]], reason="drill: three instances", actor="ops", retire_old=True,
+                       progress=QUIET)
     assert [m["outcome"] for m in again["models"]] == ["here", "here"] and again["retired"] == []
     assert len(ledger.history()) == records, "a rerun with nothing to move records nothing"
 
@@ -134,7 +140,8 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     back = rollback(state, "tiny-a", first["a"]["release_id"], reason="drill: the moved release again", actor="ops")
     assert (back["endpoint"], back["component"]) == (new_endpoint, production_component(after["a"])), \
         "a rollback to a moved release serves it where the move put it"
-    assert len(supervisor.describe_endpoint(new_endpoint)["components"][production_component(after["a"])]["copies"]) == 2
+    moved = supervisor.describe_endpoint(new_endpoint)["components"][production_component(after["a"])]
+    assert len(moved["copies"]) == 2
     assert old_endpoint not in {e["name"] for e in supervisor.list_endpoints()}, "and never on the retired endpoint"
 
     records = len(ledger.history())
@@ -142,7 +149,8 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
         run_release(newcomer, progress=QUIET)
     assert len(ledger.history()) == records and old_endpoint not in {e["name"] for e in supervisor.list_endpoints()}
 
-    returned = move_fleet([old["a"], old["b"]], reason="drill: back to two", actor="ops", retire_old=True, progress=QUIET)
+    returned = move_fleet([old["a"], old["b"]], reason="drill: back to two", actor="ops", retire_old=True,
+                          progress=QUIET)
     assert [m["outcome"] for m in returned["models"]] == ["moved", "moved"] and returned["retired"] == [new_endpoint]
     assert serving_status(ledger, "tiny-b")[0]["serving"]["endpoint"] == old_endpoint
     away = move_fleet([new["a"], new["b"]], reason="drill: three again", actor="ops", retire_old=True, progress=QUIET)
@@ -150,7 +158,8 @@ def test_a_layout_change_moves_every_model_to_a_new_endpoint_records_each_move_a
     assert {e["name"] for e in supervisor.list_endpoints()} >= {new_endpoint}
     assert old_endpoint not in {e["name"] for e in supervisor.list_endpoints()}
     for model in ("tiny-a", "tiny-b"):
-        retirements = [r.payload["endpoint"] for r in ledger.history(model) if (r.stage, r.event) == (events.FLEET, events.RETIRED)]
+        retirements = [r.payload["endpoint"] for r in ledger.history(model)
+                       if (r.stage, r.event) == (events.FLEET, events.RETIRED)]
         assert retirements == [old_endpoint, new_endpoint, old_endpoint]
     ledger.close()
 
@@ -165,9 +174,9 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     retirement is not recorded yet: the rerun records it once and deletes nothing again. The new placement's
     scale_to_zero is set on the new component, and `status` shows the move's share of the new endpoint's bill as the
     model's cost, also after a rollback to the moved release."""
-    import validation.cold_start as cold_start
     from dataclasses import replace
 
+    import validation.cold_start as cold_start
     from tasks.backends.local.hosting import LoopbackHosting
 
     prices = tmp_path / "prices.yaml"  # the shipped table has no CPU figure; 0.25 $/h is a test figure
@@ -177,7 +186,8 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     monkeypatch.setenv("SHIPLIFT_PRICES", str(prices))
     state = tmp_path / "state"
     old = tiny_release.write_tiny_config(tmp_path / "old", state, name="tiny-s", placement=SOLO)
-    new = tiny_release.write_tiny_config(tmp_path / "new", state, name="tiny-s", placement={**SOLO, "instance_count": 2},
+    new = tiny_release.write_tiny_config(tmp_path / "new", state, name="tiny-s",
+                                         placement={**SOLO, "instance_count": 2},
                                          rollout__copies=2,
                                          scale_to_zero={"idle_s": 600, "cold_starts": 1, "max_cold_start_p95_s": 60})
     release_id = run_release(old, progress=QUIET)["release_id"]
@@ -186,7 +196,8 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     supervisor, ledger = ProcessSupervisor(state), Ledger.for_sqlite(state / "ledger.db")
 
     answer = cold_start.first_answer
-    monkeypatch.setattr(cold_start, "first_answer", lambda *args, **kw: replace(answer(*args, **kw), error="drill: mute"))
+    monkeypatch.setattr(cold_start, "first_answer", lambda *args,
+                        **kw: replace(answer(*args, **kw), error="drill: mute"))
     with pytest.raises(DeployFailed, match="drill: mute"):
         move_fleet([new], reason="drill: two instances", actor="ops", retire_old=True, progress=QUIET)
     monkeypatch.setattr(cold_start, "first_answer", answer)
@@ -201,7 +212,7 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     live = supervisor.describe_endpoint(new_endpoint)["components"][component]
     assert [c["pid"] for c in live["copies"]] == started, "the rerun finished on the copies already started"
     assert live["scale_to_zero"]["idle_s"] == 600, "the new placement's scale_to_zero"
-    move = ledger.served_at("tiny-s", datetime.now(timezone.utc))
+    move = ledger.served_at("tiny-s", datetime.now(UTC))
     share = move.payload["share"]["usd_per_hour"]
     assert share == pytest.approx(2 * 0.25 * 2 / 4), "2 copies of 2 instances x 2 two-core slots, at 0.25 $/h each"
     assert serving_status(ledger, "tiny-s")[0]["serving"]["cost_per_hour"] == share, "not the gate's 1 of 2 slots"
@@ -224,6 +235,6 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
 
     back = rollback(state, "tiny-s", release_id, reason="drill: again", actor="ops")
     assert back["endpoint"] == new_endpoint
-    assert ledger.served_at("tiny-s", datetime.now(timezone.utc)).payload["share"]["usd_per_hour"] == share
+    assert ledger.served_at("tiny-s", datetime.now(UTC)).payload["share"]["usd_per_hour"] == share
     assert serving_status(ledger, "tiny-s")[0]["serving"]["cost_per_hour"] == share, "a rollback keeps the move's share"
     ledger.close()

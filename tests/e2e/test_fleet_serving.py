@@ -18,8 +18,8 @@ from tasks.backends.registry import make_backends
 from tasks.config import ReleaseConfig, load_release_config
 from tasks.errors import ConfigError
 from tasks.ledger.store import Ledger
-from tasks.pipeline.fleet.plan import plan_fleet
 from tasks.pipeline.fleet.move import move_fleet
+from tasks.pipeline.fleet.plan import plan_fleet
 from tasks.pipeline.release import run_release
 from tasks.pipeline.stages.common import production_component, production_endpoint
 from tests.e2e.conftest import shiplift_cli
@@ -90,12 +90,12 @@ def test_fleet_serving_counts_the_copies_the_endpoint_serves_not_the_config_s(tm
     assert plan.problems == (
         "tiny-a's next update has no room: an update without DeploymentConfig starts all 3 new copies beside the old "
         "ones (6 at once) beside the other models' 1 = 7 copies, but the endpoint grows to at most 2 x ml.c7i.xlarge = "
-        "4 2-core slots; fix: a rolling update with a smaller batch (and a small rollout.rollback_batch), fewer copies, "
-        "or a lower scale_to_zero.max_copies, or placement.max_instance_count (managed scaling adds instances for the "
-        "update)",
+        "4 2-core slots; fix: a rolling update with a smaller batch (and a small rollout.rollback_batch), fewer "
+        "copies, or a lower scale_to_zero.max_copies, or placement.max_instance_count (managed scaling adds instances "
+        "for the update)",
         "tiny-b's next update has no room: an update without DeploymentConfig starts all 1 new copies beside the old "
         "ones (2 at once) beside the other models' 3 = 5 copies, but the endpoint grows to at most 2 x ml.c7i.xlarge = "
-        "4 2-core slots; fix: a rolling update with a smaller batch (and a small rollout.rollback_batch), fewer copies, "
-        "or a lower scale_to_zero.max_copies, or placement.max_instance_count (managed scaling adds instances for the "
-        "update)")
+        "4 2-core slots; fix: a rolling update with a smaller batch (and a small rollout.rollback_batch), fewer "
+        "copies, or a lower scale_to_zero.max_copies, or placement.max_instance_count (managed scaling adds instances "
+        "for the update)")
     ledger.close()

@@ -22,10 +22,10 @@ import pytest
 
 from tasks.backends.registry import open_ledger
 from tasks.console import EXIT_REJECTED
+from tasks.errors import GateFailed
 from tasks.hashing import sha256_file
 from tasks.ledger.events import AWAITING_APPROVAL
 from tasks.ledger.views import serving_status
-from tasks.errors import GateFailed
 from tasks.pipeline.promotion import promote
 from tasks.pipeline.release import run_release
 from tests.conftest import load_by_path
@@ -79,7 +79,8 @@ def first_look(result: dict) -> dict:
 
 @pytest.mark.slow  # two tiny releases (~60-90 s on 2 cores); make test keeps tests/unit/test_extension.py's fakes
 def test_an_inconclusive_gate_extended_on_reserve_tasks_passes_and_the_release_is_promoted(champion):
-    second = run_release(champion["config"], overrides=demo.choice_overrides("extend", champion["reserve"]), progress=QUIET)
+    second = run_release(champion["config"], overrides=demo.choice_overrides("extend", champion["reserve"]),
+                         progress=QUIET)
     assert second["status"] == "promoted" and second["decision"] == "pass"
     assert served(champion["state"]) == second["release_id"]
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from tasks.errors import IntegrityError, LeaseHeld
 from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.ledger.store import Ledger
+from tasks.errors import IntegrityError, LeaseHeld
 from tasks.ledger.events import STAGES
+from tasks.ledger.store import Ledger
 from tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
@@ -25,9 +25,11 @@ def production(state_dir: Path, model: str) -> dict:
 
 def ask(url: str, component: str) -> dict:
     body = json.dumps({"decision": {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",
-                                    "options": [{"id": "no", "description": "no"}, {"id": "yes", "description": "yes"}]}})
+                                    "options": [{"id": "no", "description": "no"},
+                                                {"id": "yes", "description": "yes"}]}})
     request = urllib.request.Request(f"{url}/invocations", data=body.encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Inference-Component": component})
+                                     headers={"Content-Type": "application/json",
+                                              "X-Amzn-SageMaker-Inference-Component": component})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())["result"]
 
@@ -84,12 +86,13 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     skipped = [r for r in ledger.release(strict["release_id"]) if r.stage == "promote" and r.event == "skipped"]
     assert len(skipped) == 1
 
-    served_now = ledger.served_at("tiny-decision", datetime.now(timezone.utc))
+    served_now = ledger.served_at("tiny-decision", datetime.now(UTC))
     assert served_now.release_id == second["release_id"]
     from tasks.ledger.views import diff
 
     changed = diff(ledger, first["release_id"], second["release_id"])["changed"]
-    assert "artifact_sha256" in changed and "config.calibration.fit_temperature" in changed and "image_digest" not in changed
+    assert "artifact_sha256" in changed and "config.calibration.fit_temperature" in changed
+    assert "image_digest" not in changed
     export = tmp_path / "ledger.json"
     ledger.export("json", export)
     assert first["release_id"] in export.read_text()
@@ -146,11 +149,13 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
     for stage in STAGES:
         first = run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"], progress=QUIET)
         if stage != "teardown_candidate":
-            assert run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"], progress=QUIET) == first
+            assert run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"],
+                                          progress=QUIET) == first
     cli = subprocess.run([sys.executable, "-m", "tasks.cli.main", "stage", "build", "--release", begun["release_id"],
                           "--state-dir", begun["state_dir"], "--json"], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and json.loads(cli.stdout)["gguf_sha256"]
-    summary = end_orchestrated(begun["release_id"], holder="airflow:refresh/run-1", failed=False, state_dir=begun["state_dir"], progress=QUIET)
+    summary = end_orchestrated(begun["release_id"], holder="airflow:refresh/run-1", failed=False,
+                               state_dir=begun["state_dir"], progress=QUIET)
     assert summary["status"] == "promoted"
     ledger = Ledger.for_sqlite(state_dir / "ledger.db")
     succeeded = [r.stage for r in ledger.release(begun["release_id"]) if r.event == "succeeded"]
@@ -188,7 +193,8 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
     state_dir, release_id = begun["state_dir"], begun["release_id"]
     for stage in ("resolve", "build", "package", "image"):
         run_orchestrated_stage(release_id, stage, state_dir=state_dir, progress=QUIET)
-    command = [sys.executable, "-m", "tasks.cli.main", "stage", "deploy_candidate", "--release", release_id, "--state-dir", state_dir]
+    command = [sys.executable, "-m", "tasks.cli.main", "stage", "deploy_candidate", "--release", release_id,
+               "--state-dir", state_dir]
     victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoints = Path(state_dir) / "endpoints"
     deadline = time.monotonic() + 60
@@ -214,8 +220,8 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
 
 
 def test_a_release_killed_during_validate_is_resumed_by_its_rerun_at_once(release_config, tmp_path):
-    """Issue 18, item 6: SIGKILL `shiplift release CONFIG` while validate runs, then run the same command again. The dead
-    run's lease (4 h TTL) is taken over at once because its process on this host is gone, the takeover is a ledger
+    """Issue 18, item 6: SIGKILL `shiplift release CONFIG` while validate runs, then run the same command again. The
+    dead run's lease (4 h TTL) is taken over at once because its process on this host is gone, the takeover is a ledger
     record, and the release continues on the candidate the dead run left (deploy_candidate is not run again)."""
     import signal
     import subprocess
@@ -231,7 +237,8 @@ def test_a_release_killed_during_validate_is_resumed_by_its_rerun_at_once(releas
             with Ledger(f"sqlite:///{path}", read_only=True) as reader:
                 started = [r for r in reader.history() if r.stage == "validate" and r.event == "started"]
         time.sleep(0.1)
-    assert started and victim.poll() is None, "the release did not reach validate, or finished before it could be killed"
+    assert started, "the release did not reach validate, or finished before it could be killed"
+    assert victim.poll() is None, "the release did not reach validate, or finished before it could be killed"
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
     release_id = started[0].release_id
@@ -243,7 +250,8 @@ def test_a_release_killed_during_validate_is_resumed_by_its_rerun_at_once(releas
     records = ledger.release(release_id)
     [takeover] = [r for r in records if r.event == "lease_taken_over"]
     assert takeover.payload["from_holder"].endswith(f"/pid-{victim.pid}") and "is gone" in takeover.payload["reason"]
-    assert [r.event for r in records if r.stage == "deploy_candidate"] == ["started", "succeeded"], "the candidate was reused"
+    assert [r.event for r in records if r.stage == "deploy_candidate"] == ["started",
+                                                                           "succeeded"], "the candidate was reused"
     assert records[-1].event == "promoted" and ledger.verify().ok
 
 
@@ -251,15 +259,16 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
     """An ONNX encoder goes through the same stages: export + int8 + parity, encoder server, NLI gate."""
     import yaml
 
-    from tasks.hashing import sha256_tree
     from tasks.artifacts.tiny_encoder import write_tiny_checkpoint
+    from tasks.hashing import sha256_tree
 
     checkpoint = write_tiny_checkpoint(tmp_path / "checkpoint", seed=0)
     tree = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/releases/minilm-nli.yaml").read_text())
     tree["name"] = "tiny-nli"
     tree["artifact"]["source"] = {"kind": "path", "path": str(checkpoint), "sha256": sha256_tree(checkpoint)}
     tree["backend"] = {"kind": "local", "state_dir": str(tmp_path / "state")}
-    tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "min_macro_f1": 0.0, "min_class_recall": 0.0, "max_ece": 1.0}
+    tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "min_macro_f1": 0.0, "min_class_recall": 0.0,
+                                        "max_ece": 1.0}
     tree["validation"]["n_bootstrap"] = 200
     config = tmp_path / "tiny-nli.yaml"
     config.write_text(yaml.safe_dump(tree))
@@ -272,15 +281,18 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
     parity = state.result("build").model_extra["parity"]
     assert parity["passed"] and set(parity["variants"]) == {"fp32", "int8"}
     report = json.loads(Path(summary["report"]).with_name("gate-report.json").read_text())
-    assert {"macro_f1", "recall_entailment", "recall_neutral", "recall_contradiction"} <= {c["name"] for c in report["checks"]}
+    assert {"macro_f1", "recall_entailment", "recall_neutral", "recall_contradiction"} <= {c["name"]
+                                                                                           for c in report["checks"]}
     budget = state.result("build").info["int8_budget"]  # the served int8 graph's budget, judged by the build
     carried = next(c for c in report["checks"] if c["name"] == "int8_accuracy_drop_vs_fp32")
-    assert (carried["status"], carried["observed"], carried["threshold"]) == (budget["status"], budget["observed"], 0.01)
+    assert (carried["status"], carried["observed"], carried["threshold"]) == (budget["status"], budget["observed"],
+                                                                              0.01)
     assert "parity probes: builtin:nli calibration" in carried["reason"]
     hosting = ProcessSupervisor(tmp_path / "state")
-    body = json.dumps({"pairs": [{"premise": "The order shipped on May 3.", "hypothesis": "The order shipped."}]}).encode()
-    request = urllib.request.Request(f"{hosting.endpoint_url('shiplift-tiny-nli-prod')}/invocations", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps({"pairs": [{"premise": "The order shipped on May 3.",
+                                  "hypothesis": "The order shipped."}]}).encode()
+    request = urllib.request.Request(f"{hosting.endpoint_url('shiplift-tiny-nli-prod')}/invocations", data=body,
+                                     method="POST", headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         result = json.loads(response.read())
     assert result["model"]["variant"] == "int8"

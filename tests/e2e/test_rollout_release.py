@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.cli.demo import LiveTraffic
 from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.cli.demo import LiveTraffic
 from tasks.ledger.store import Ledger
 from tasks.pipeline.promotion import rollback
 from tasks.pipeline.release import run_release
@@ -24,7 +24,8 @@ def _promote_record(ledger: Ledger, release_id: str):
     return next(r for r in ledger.release(release_id) if r.stage == "promote" and r.event != "started")
 
 
-@pytest.mark.slow  # ~95 s on 2 cores: make test-slow; tests/unit/test_as_of_rollout.py keeps a real local canary in make test
+# ~95 s on 2 cores: make test-slow; tests/unit/test_as_of_rollout.py keeps a real local canary in make test
+@pytest.mark.slow
 def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_serves(release_config, tmp_path):
     state_dir = tmp_path / "state"
 
@@ -36,7 +37,8 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     assert [(s["phase"], s["batch"], s["batches"], s["old_copies"], s["new_copies"], s["alarm"]) for s in steps] == [
         ("rollout", 1, 1, 0, 2, None)], "nothing served: every copy started at once, then baked as one step"
     gate = steps[0]["online_gate"]  # candidate-only: no champion answered, so only the absolute checks
-    assert gate["candidate_answers"] == 32 and gate["decision"] == "pass" and list(gate["answers"]) == [gate["candidate"]]
+    assert gate["candidate_answers"] == 32 and gate["decision"] == "pass"
+    assert list(gate["answers"]) == [gate["candidate"]]
     assert gate["attributed_by"] == "serving_id" and not any(c["name"].startswith("champion") for c in gate["checks"])
 
     second = run_release(release_config(rollout=gated, calibration__fit_temperature=True), progress=QUIET)
@@ -55,12 +57,14 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     assert traffic_steps[0]["live"]["copies"] == 2 and traffic_steps[0]["live"]["release_id"] == second["release_id"]
     verdicts = [r.payload for r in ledger.release(second["release_id"]) if r.stage == "bake"]
     assert [(v["batch"], v["alarm"]) for v in verdicts] == [(1, None), (2, None)] and "online_gate" in verdicts[0]
-    assert [s["at"] for s in steps] == [r.recorded_at for r in ledger.release(second["release_id"]) if r.stage == "traffic"]
+    assert [s["at"] for s in steps] == [r.recorded_at for r in ledger.release(second["release_id"])
+                                        if r.stage == "traffic"]
     served = production(state_dir, MODEL)
     assert served["spec"]["model_ref"]["release_id"] == second["release_id"] and len(served["copies"]) == 2
 
     url = ProcessSupervisor(state_dir).endpoint_url(ENDPOINT)
-    with LiveTraffic(url, COMPONENT) as traffic:  # the third release's copies refuse the shared decisions production receives
+    # the third release's copies refuse the shared decisions production receives
+    with LiveTraffic(url, COMPONENT) as traffic:
         third = run_release(release_config(rollout=CANARY, calibration__fit_temperature=True,
                                            image__max_shared_decisions=1), progress=QUIET)
     assert third["status"] == "rolled_back", third
@@ -71,7 +75,8 @@ def test_a_canary_succeeds_then_a_bad_canary_is_rolled_back_and_the_champion_ser
     assert record.payload["steps"][0]["alarm_states"]["error_rate"] == "ALARM"
     assert [r.payload["phase"] for r in ledger.release(third["release_id"]) if r.stage == "traffic"] == [
         p for p, _ in phases], "the rollback's steps are recorded too"
-    kinds = [(r.stage, r.payload.get("phase")) for r in ledger.release(third["release_id"]) if r.stage in ("traffic", "bake")]
+    kinds = [(r.stage, r.payload.get("phase")) for r in ledger.release(third["release_id"])
+             if r.stage in ("traffic", "bake")]
     assert kinds[:3] == [("traffic", "rollout"), ("bake", "rollout"), ("traffic", "rollback")], \
         "the canary, the alarm that fired during its bake, then the rollback, each appended when it happened"
     alarm = next(r for r in ledger.release(third["release_id"]) if r.stage == "bake")
@@ -116,10 +121,11 @@ def test_a_first_release_that_fails_live_is_taken_out_of_service_and_recorded(re
     record = _promote_record(ledger, release["release_id"])
     assert record.event == "rolled_back" and "error rate" in record.payload["reason"]
     assert "taken out of service" in record.payload["reason"] and record.payload["served"] is None
-    assert [(s["phase"], s["old_copies"], s["new_copies"], s["alarm"] is not None) for s in record.payload["steps"]] == [
-        ("rollout", 0, 2, True), ("rollback", 0, 0, False)]
+    assert [(s["phase"], s["old_copies"], s["new_copies"], s["alarm"] is not None)
+            for s in record.payload["steps"]] == [("rollout", 0, 2, True), ("rollback", 0, 0, False)]
     assert record.payload["steps"][0]["alarm_states"]["error_rate"] == "ALARM"
-    kinds = [(r.stage, r.payload.get("phase")) for r in ledger.release(release["release_id"]) if r.stage in ("traffic", "bake")]
+    kinds = [(r.stage, r.payload.get("phase")) for r in ledger.release(release["release_id"])
+             if r.stage in ("traffic", "bake")]
     assert kinds == [("traffic", "rollout"), ("bake", "rollout"), ("traffic", "rollback")]
     assert component not in ProcessSupervisor(state_dir).describe_endpoint(endpoint)["components"], "nothing serves"
     assert ledger.served_at(model, "2100-01-01T00:00:00Z") is None

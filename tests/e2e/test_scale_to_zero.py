@@ -42,7 +42,8 @@ def wait_for(check, within_s: float, what: str):
 
 
 def copies(state_dir: Path, endpoint: str, component: str) -> list[int]:
-    return [c["pid"] for c in ProcessSupervisor(state_dir).describe_endpoint(endpoint)["components"][component]["copies"]]
+    return [c["pid"]
+            for c in ProcessSupervisor(state_dir).describe_endpoint(endpoint)["components"][component]["copies"]]
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +68,12 @@ def test_the_gate_measures_cold_starts_and_production_scales_to_zero_and_back(sc
     assert len(starts) == 3 and all(s["error"] is None and s["seconds"] > 0 for s in starts)
     assert all(s["attempts"] >= 2 for s in starts), "each start's first request found no copy and was retried"
     assert check["status"] == "pass" and check["observed"] == pytest.approx(max(s["seconds"] for s in starts), abs=1e-3)
-    assert validate_result(state, result["release_id"])["metrics"]["cold_start_p95_s"] == pytest.approx(check["observed"], abs=1e-3)
+    assert validate_result(state,
+                           result["release_id"])["metrics"]["cold_start_p95_s"] == pytest.approx(check["observed"],
+                                                                                                 abs=1e-3)
     html = Path(validate_result(state, result["release_id"])["report_html"]).read_text()
-    assert "cold starts, copy restart" in html and "cold starts, from zero instances" not in html, "locally: a copy restart"
+    assert "cold starts, copy restart" in html, "locally: a copy restart"
+    assert "cold starts, from zero instances" not in html, "locally: a copy restart"
 
     config = load_release_config(config_path)
     endpoint, component = production_endpoint(config), production_component(config)

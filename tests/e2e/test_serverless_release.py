@@ -39,7 +39,8 @@ def serverless(tmp_path_factory):
         tree["placement"] = {"kind": "serverless", "memory_size_mb": 2048, "max_concurrency": 4, "cold_starts": 3,
                              "max_cold_start_p95_s": bound}
         tree["calibration"]["fit_temperature"] = False
-        tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "min_macro_f1": 0.0, "min_class_recall": 0.0, "max_ece": 1.0}
+        tree["validation"]["thresholds"] = {"min_accuracy": 0.0, "min_macro_f1": 0.0, "min_class_recall": 0.0,
+                                            "max_ece": 1.0}
         tree["validation"]["n_bootstrap"] = 200
         path = root / f"{name}.yaml"
         path.write_text(yaml.safe_dump(tree))
@@ -77,7 +78,8 @@ def test_a_serverless_encoder_is_gated_on_its_cold_starts_and_serves_from_no_com
     live = LoopbackHosting(state, store=None).describe(endpoint, component)
     assert (live.status, live.copies) == ("InService", 1)
 
-    body = json.dumps({"pairs": [{"premise": "The order shipped on May 3.", "hypothesis": "The order shipped."}]}).encode()
+    body = json.dumps({"pairs": [{"premise": "The order shipped on May 3.",
+                                  "hypothesis": "The order shipped."}]}).encode()
     url = ProcessSupervisor(state).describe_endpoint(endpoint)["url"]
     start = first_answer(HttpInvoker(url, component, runtime=True), body, timeout_s=30, deadline_s=120)
     assert start.error is None and start.attempts == 1

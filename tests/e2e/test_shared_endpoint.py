@@ -37,8 +37,8 @@ def fleet(tmp_path_factory, tiny_release):
     state = root / "state"
     # 2 x 4 vCPUs hold 2 + 2 copies of 2 cores; A's canary runs a third copy beside them, on the instance that managed
     # instance scaling adds (max_instance_count), as both backends count it (issue 44)
-    placement = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2, "max_instance_count": 3,
-                 "endpoint": "fleet"}
+    placement = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2,
+                 "max_instance_count": 3, "endpoint": "fleet"}
     configs = {name: tiny_release.write_tiny_config(root / name, state, name=f"tiny-{name}", placement=placement,
                                                     rollout=CANARY) for name in ("a", "b")}
     try:
@@ -47,7 +47,9 @@ def fleet(tmp_path_factory, tiny_release):
         tiny_release.stop_endpoints(state)
 
 
-@pytest.mark.slow  # ~45 s on 2 cores: make test-slow; make test keeps the shared endpoint's aws twin (tests/aws/test_shared_endpoint_aws.py)
+# ~45 s on 2 cores: make test-slow; make test keeps the shared endpoint's aws twin
+# (tests/aws/test_shared_endpoint_aws.py)
+@pytest.mark.slow
 def test_a_canary_and_a_rollback_of_one_model_leave_the_other_s_copies_and_traffic_alone(fleet):
     state = fleet["state"]
     a, b = load_release_config(fleet["a"]), load_release_config(fleet["b"])

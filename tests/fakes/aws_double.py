@@ -48,6 +48,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,12 +57,14 @@ import time
 import urllib.request
 import uuid
 import zipfile
+import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import boto3
 from botocore.config import Config
@@ -72,8 +75,8 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
-from tasks.backends.aws.service_model import request_problems, service_model
 from tasks.artifacts.packaging import safe_extract
+from tasks.backends.aws.service_model import request_problems, service_model
 from tasks.backends.capacity import cpu_count
 from tasks.backends.placement import gpus_per_instance
 
@@ -95,7 +98,8 @@ def _percentile_statistic(plain: Callable) -> Callable:
     return statistic
 
 
-cloudwatch_models.Statistics.get_statistics_for_type = _percentile_statistic(cloudwatch_models.Statistics.get_statistics_for_type)
+cloudwatch_models.Statistics.get_statistics_for_type = _percentile_statistic(
+    cloudwatch_models.Statistics.get_statistics_for_type)
 
 
 ACCOUNT_ID = DEFAULT_ACCOUNT_ID  # moto's account, 123456789012
@@ -103,7 +107,8 @@ REGION = "us-east-1"
 ARN_PREFIX = f"arn:aws:sagemaker:{REGION}:{ACCOUNT_ID}"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
 IMAGES_DIR = Path(__file__).resolve().parents[2] / "images"
-IMAGE_KINDS = {"semif": "SEMIF", "encoder": "ENCODER", "dlc-chat": "DLC_CHAT"}  # image folder -> prefix of its variables
+# image folder -> prefix of its variables
+IMAGE_KINDS = {"semif": "SEMIF", "encoder": "ENCODER", "dlc-chat": "DLC_CHAT"}
 # The double's "instances" have no GPU: GPU images run on the CPU (the encoder server would refuse cuda without one).
 CPU_ONLY = {"semif": {"SEMIF_N_GPU_LAYERS": "0"}, "encoder": {"ENCODER_DEVICE": "cpu"},
             "dlc-chat": {"SM_LLAMA_CPP_N_GPU_LAYERS": "0"}}
@@ -136,8 +141,8 @@ BUILD_PHASES = ("SUBMITTED", "QUEUED", "PROVISIONING", "DOWNLOAD_SOURCE", "INSTA
                 "POST_BUILD", "UPLOAD_ARTIFACTS", "FINALIZING", "COMPLETED")
 MUTATING_PREFIXES = ("Create", "Update", "Delete", "Add", "Put", "Start", "Stop")
 # The Model Registry, which moto implements (its UpdateModelPackage drops what is not passed: send complete updates)
-MODEL_REGISTRY = frozenset({"CreateModelPackageGroup", "DescribeModelPackageGroup", "ListModelPackageGroups", "CreateModelPackage",
-                            "DescribeModelPackage", "ListModelPackages", "UpdateModelPackage"})
+MODEL_REGISTRY = frozenset({"CreateModelPackageGroup", "DescribeModelPackageGroup", "ListModelPackageGroups",
+                            "CreateModelPackage", "DescribeModelPackage", "ListModelPackages", "UpdateModelPackage"})
 # Scale to zero: https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html (the page the
 # behaviours below follow); Application Auto Scaling's JSON target prefix, the dimension it scales a component on, the
 # metric SageMaker emits when a request finds no copy, and the service-linked role a target names
@@ -146,7 +151,8 @@ AUTOSCALING_TARGET = "AnyScaleFrontendService."
 COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
 VARIANT_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 NO_CAPACITY_METRIC = "NoCapacityInvocationFailures"
-AUTOSCALING_ROLE_ARN = (f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
+AUTOSCALING_ROLE_ARN = (f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/aws-service-role/"
+                        "sagemaker.application-autoscaling.amazonaws.com/"
                         "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
 DEFAULT_TARGETS_PAGE = 50  # DescribeScalableTargets / DescribeScalingPolicies: MaxResults' default (and maximum)
 INVOKE_TIMEOUT_S = 60.0  # SageMaker's own limit on one invocation
@@ -221,8 +227,8 @@ class Scenario:
     unavailable_instance_types: frozenset[str] = frozenset()  # these fail with insufficient capacity
     fail_next_endpoint_with: str | None = None  # the next CreateEndpoint ends Failed with this reason
     # The next CreateInferenceComponent or UpdateInferenceComponent ends Failed with this reason; a failed update leaves
-    # the copies it had serving the old spec, so the component is Failed with CurrentCopyCount > 0 (DescribeInferenceComponent
-    # reports status, FailureReason and CurrentCopyCount apart:
+    # the copies it had serving the old spec, so the component is Failed with CurrentCopyCount > 0
+    # (DescribeInferenceComponent reports status, FailureReason and CurrentCopyCount apart:
     # https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeInferenceComponent.html)
     fail_next_component_with: str | None = None
     # CreateEndpoint/UpdateEndpoint do not find an existing endpoint config this many times: SageMaker reads the config
@@ -251,13 +257,13 @@ class Scenario:
     # a step-scaling policy's Cooldown counts this many real seconds per second (e.g. 0.01: the scale-to-zero page's
     # 60 s pass in 0.6 s), so a test can start a component from zero several times in a row
     scaling_cooldown_scale: float = 1.0
-    # An inference-component endpoint whose variant's ManagedInstanceScaling (ENABLED) has MinInstanceCount 0 gives back its
-    # instances once no component on it has a copy: ManagedInstanceScaling's IDLE_RELEASE "releases instances that have no
-    # hosted inference component copies"
+    # An inference-component endpoint whose variant's ManagedInstanceScaling (ENABLED) has MinInstanceCount 0 gives back
+    # its instances once no component on it has a copy: ManagedInstanceScaling's IDLE_RELEASE "releases instances that
+    # have no hosted inference component copies"
     # (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScalingScaleInPolicy.html;
     # https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html). AWS takes minutes (its
-    # scale-to-zero post saw about 10); the double counts this many DescribeEndpoint calls that still report the instances
-    # once the last copy has stopped, then reports CurrentInstanceCount 0 until a copy is placed again.
+    # scale-to-zero post saw about 10); the double counts this many DescribeEndpoint calls that still report the
+    # instances once the last copy has stopped, then reports CurrentInstanceCount 0 until a copy is placed again.
     instance_release_polls: int = 2
     # Who a Model Registry write is by: access key id -> the UserContext (IamIdentity, UserProfileArn/Name, DomainId)
     # DescribeModelPackage then reads back as LastModifiedBy after that caller's UpdateModelPackage, as SageMaker names
@@ -277,22 +283,27 @@ class Scenario:
         context_members = set(service_model("sagemaker").shape_for("UserContext").members)
         for key, context in new.principals.items():
             if not context or set(context) - context_members:
-                raise ValueError(f"principals[{key!r}] must be a UserContext (members {sorted(context_members)}), got {context!r}")
-        for knob in ("polls_before_ready", "endpoint_config_unseen", "race_conditional_writes"):
-            if not isinstance(getattr(new, knob), int) or getattr(new, knob) < 0:
-                raise ValueError(f"{knob} must be an integer >= 0, got {getattr(new, knob)!r}")
-        if new.image_bytes is not None and (not isinstance(new.image_bytes, int) or new.image_bytes < 0):
-            raise ValueError(f"image_bytes must be an integer >= 0 or None, got {new.image_bytes!r}")
-        if not 0 < float(new.container_start_timeout_s) <= 3600:
-            raise ValueError(f"container_start_timeout_s must be in (0, 3600], got {new.container_start_timeout_s!r}")
-        if not 0 < float(new.rolling_timeout_scale) <= 1:
-            raise ValueError(f"rolling_timeout_scale must be in (0, 1], got {new.rolling_timeout_scale!r}")
-        if not 0 <= float(new.scaling_cooldown_scale) <= 1:
-            raise ValueError(f"scaling_cooldown_scale must be in [0, 1], got {new.scaling_cooldown_scale!r}")
-        for knob in ("fail_next_endpoint_with", "fail_next_component_with"):
-            if getattr(new, knob) is not None and not isinstance(getattr(new, knob), str):
-                raise ValueError(f"{knob} must be a string or None")
+                raise ValueError(f"principals[{key!r}] must be a UserContext (members {sorted(context_members)}), got "
+                                 f"{context!r}")
+        new._check_values()
         return new
+
+    def _check_values(self) -> None:
+        """ValueError names a knob whose value is of the wrong type or out of range."""
+        for knob in ("polls_before_ready", "endpoint_config_unseen", "race_conditional_writes"):
+            if not isinstance(getattr(self, knob), int) or getattr(self, knob) < 0:
+                raise ValueError(f"{knob} must be an integer >= 0, got {getattr(self, knob)!r}")
+        if self.image_bytes is not None and (not isinstance(self.image_bytes, int) or self.image_bytes < 0):
+            raise ValueError(f"image_bytes must be an integer >= 0 or None, got {self.image_bytes!r}")
+        if not 0 < float(self.container_start_timeout_s) <= 3600:
+            raise ValueError(f"container_start_timeout_s must be in (0, 3600], got {self.container_start_timeout_s!r}")
+        if not 0 < float(self.rolling_timeout_scale) <= 1:
+            raise ValueError(f"rolling_timeout_scale must be in (0, 1], got {self.rolling_timeout_scale!r}")
+        if not 0 <= float(self.scaling_cooldown_scale) <= 1:
+            raise ValueError(f"scaling_cooldown_scale must be in [0, 1], got {self.scaling_cooldown_scale!r}")
+        for knob in ("fail_next_endpoint_with", "fail_next_component_with"):
+            if getattr(self, knob) is not None and not isinstance(getattr(self, knob), str):
+                raise ValueError(f"{knob} must be a string or None")
 
     def to_json(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -351,7 +362,8 @@ class Container:
         self.port = free_port()
         self.log_path = log_path
         self.in_flight = 0
-        base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH") if key in os.environ}
+        base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH")
+                if key in os.environ}
         env = {
             **base,
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -444,18 +456,21 @@ def put_invocation_metrics(dimensions: list[dict[str, str]], status: int | None,
     client_error, server_error = status is not None and 400 <= status < 500, status is not None and status >= 500
     counts = {"Invocations": 1, "Invocation4XXErrors": client_error, "Invocation5XXErrors": server_error,
               "InvocationModelErrors": status is None or not 200 <= status < 300}
-    data = [{"MetricName": name, "Value": float(value), "Unit": "None", "Dimensions": dimensions} for name, value in counts.items()]
+    data = [{"MetricName": name, "Value": float(value), "Unit": "None", "Dimensions": dimensions} for name,
+            value in counts.items()]
     if latency_us is not None:
-        data.append({"MetricName": "ModelLatency", "Value": latency_us, "Unit": "Microseconds", "Dimensions": dimensions})
+        data.append({"MetricName": "ModelLatency", "Value": latency_us, "Unit": "Microseconds",
+                     "Dimensions": dimensions})
     try:
         cloudwatch().put_metric_data(SAGEMAKER_NAMESPACE, data)
-    except Exception:  # noqa: BLE001 - a reset replacing the backend mid-call: a lost datapoint, never a failed invocation
+    # noqa: BLE001 - a reset replacing the backend mid-call: a lost datapoint, never a failed invocation
+    except Exception:
         pass
 
 
 def put_no_capacity_metric(component: str) -> None:
-    """One NoCapacityInvocationFailures datum of a component: "SageMaker AI emits this metric when an endpoint receives an
-    inference request, but the endpoint has no active instances to serve the request" (SCALE_TO_ZERO_PAGE), by
+    """One NoCapacityInvocationFailures datum of a component: "SageMaker AI emits this metric when an endpoint receives
+    an inference request, but the endpoint has no active instances to serve the request" (SCALE_TO_ZERO_PAGE), by
     InferenceComponentName as the page's alarm reads it; never fails the invocation."""
     datum = {"MetricName": NO_CAPACITY_METRIC, "Value": 1.0, "Unit": "None",
              "Dimensions": [{"Name": "InferenceComponentName", "Value": component}]}
@@ -467,7 +482,7 @@ def put_no_capacity_metric(component: str) -> None:
 
 def epoch(timestamp: datetime) -> float:
     """A moto datapoint's timestamp (naive UTC, or aware) in seconds since the epoch."""
-    return (timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=timezone.utc)).timestamp()
+    return (timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)).timestamp()
 
 
 class MetricMath:
@@ -492,7 +507,8 @@ class MetricMath:
 
     def _refuse(self, why: str) -> None:
         raise validation(f'The metric math expression "{self.text}" is not supported by the AWS double: {why}. It '
-                         "evaluates ids, numbers, + - * /, parentheses, >= > <= <, IF(c, a, b), MAX([...]) and MIN([...]).")
+                         "evaluates ids, numbers, + - * /, parentheses, >= > <= <, IF(c, a, b), MAX([...]) and "
+                         "MIN([...]).")
 
     def _tokenize(self, text: str) -> list[str]:
         tokens, position, end = [], 0, len(text.rstrip())
@@ -556,7 +572,8 @@ class MetricMath:
         if self._peek() == "(":
             return self._call(token)
         if token not in self.ids:
-            self._refuse(f"{token!r} is not the id of an earlier metric or expression of the alarm ({sorted(self.ids)})")
+            self._refuse(f"{token!r} is not the id of an earlier metric or expression of the alarm "
+                         f"({sorted(self.ids)})")
         return ("id", token)
 
     def _call(self, function: str) -> tuple:
@@ -613,7 +630,8 @@ class MetricQuery(NamedTuple):
     stat: str
 
     @classmethod
-    def of(cls, namespace: str | None, name: str | None, dimensions: list, period: Any, stat: str | None) -> MetricQuery:
+    def of(cls, namespace: str | None, name: str | None, dimensions: list, period: Any,
+           stat: str | None) -> MetricQuery:
         """A query from moto's alarm fields (Dimension objects); ValidationException for what cannot be evaluated."""
         if not namespace or not name:
             raise validation("The alarm names no Namespace and MetricName (nor Metrics) the AWS double can evaluate.")
@@ -621,17 +639,20 @@ class MetricQuery(NamedTuple):
             raise validation(f"The statistic {stat!r} of alarm metric {namespace}/{name} is not supported by the AWS "
                              f"double (one of {', '.join(STATISTICS)} or a percentile such as p99).")
         if not isinstance(period, int) or period <= 0:
-            raise validation(f"The period {period!r} of alarm metric {namespace}/{name} is not a positive number of seconds.")
+            raise validation(f"The period {period!r} of alarm metric {namespace}/{name} is not a positive number of "
+                             "seconds.")
         return cls(namespace, name, frozenset((d.name, d.value) for d in dimensions), period, stat)
 
     def value(self, data: list[cloudwatch_models.MetricDatumBase], end: float) -> float | None:
         """The statistic of the datapoints in [end - period, end), None when there are none."""
         start = end - self.period
-        chosen = [d for d in data if d.name == self.name and d.namespace == self.namespace and start <= epoch(d.timestamp) < end
+        chosen = [d for d in data if d.name == self.name and d.namespace == self.namespace
+                  and start <= epoch(d.timestamp) < end
                   and frozenset((x.name, x.value) for x in d.dimensions) == self.dimensions]
         if not chosen:
             return None
-        statistics = cloudwatch_models.Statistics([self.stat], None)  # moto's statistics, with the percentiles added above
+        # moto's statistics, with the percentiles added above
+        statistics = cloudwatch_models.Statistics([self.stat], None)
         statistics.metric_data = chosen
         value = statistics.get_statistics_for_type(self.stat)
         return None if value is None else float(value)
@@ -639,35 +660,22 @@ class MetricQuery(NamedTuple):
 
 class AlarmRule:
     """A metric alarm of moto's backend compiled for evaluation: its metrics, the expressions on them (each sees the
-    metrics and the expressions listed before it) and the one that meets the threshold. Each of the last EvaluationPeriods periods is a
-    window of Period seconds ending now, then Period before that, and so on: a sliding window, where CloudWatch
-    aligns periods to the clock (a datapoint can count a little later or earlier here than there)."""
+    metrics and the expressions listed before it) and the one that meets the threshold. Each of the last
+    EvaluationPeriods periods is a window of Period seconds ending now, then Period before that, and so on: a sliding
+    window, where CloudWatch aligns periods to the clock (a datapoint can count a little later or earlier here than
+    there)."""
 
     def __init__(self, alarm: cloudwatch_models.Alarm):
         self.alarm = alarm
         if alarm.rule is not None:
             raise validation(f"Alarm {alarm.name} is a composite alarm; the AWS double evaluates metric alarms only.")
         if alarm.comparison_operator not in COMPARISONS:
-            raise validation(f"The ComparisonOperator {alarm.comparison_operator} of alarm {alarm.name} is not supported by "
-                             f"the AWS double (one of {', '.join(COMPARISONS)}).")
+            raise validation(f"The ComparisonOperator {alarm.comparison_operator} of alarm {alarm.name} is not "
+                             f"supported by the AWS double (one of {', '.join(COMPARISONS)}).")
         self.queries: dict[str, MetricQuery] = {}
         self.expressions: list[tuple[str, MetricMath]] = []
         if alarm.metric_data_queries:
-            for query in alarm.metric_data_queries:
-                if not query.expression and query.metric_stat is None:
-                    raise validation(f"Metric {query.id} of alarm {alarm.name} has neither a MetricStat nor an Expression.")
-                if not query.expression:
-                    stat = query.metric_stat
-                    self.queries[query.id] = MetricQuery.of(stat.metric.namespace, stat.metric.metric_name, stat.metric.dimensions,
-                                                            stat.period, stat.stat)
-            for query in alarm.metric_data_queries:
-                if query.expression:
-                    ids = set(self.queries) | {name for name, _ in self.expressions}
-                    self.expressions.append((query.id, MetricMath(query.expression, ids)))
-            returned = [query.id for query in alarm.metric_data_queries if query.return_data is not False]
-            if len(returned) != 1:
-                raise validation(f"Alarm {alarm.name} must set ReturnData true on exactly one of its Metrics, not {returned}.")
-            self.returned = returned[0]
+            self.returned = self._compile_queries(alarm)
         else:
             self.queries["m1"] = MetricQuery.of(alarm.namespace, alarm.metric_name, alarm.dimensions, alarm.period,
                                                 alarm.statistic or alarm.extended_statistic)
@@ -675,6 +683,27 @@ class AlarmRule:
         if not self.queries:
             raise validation(f"Alarm {alarm.name} has no MetricStat to read datapoints from.")
         self.period = max(query.period for query in self.queries.values())
+
+    def _compile_queries(self, alarm: cloudwatch_models.Alarm) -> str:
+        """The alarm's Metrics: each MetricStat, then each Expression on those listed before it; returns the id of the
+        one whose ReturnData is true."""
+        for query in alarm.metric_data_queries:
+            if not query.expression and query.metric_stat is None:
+                raise validation(f"Metric {query.id} of alarm {alarm.name} has neither a MetricStat nor an "
+                                 "Expression.")
+            if not query.expression:
+                stat = query.metric_stat
+                self.queries[query.id] = MetricQuery.of(stat.metric.namespace, stat.metric.metric_name,
+                                                        stat.metric.dimensions, stat.period, stat.stat)
+        for query in alarm.metric_data_queries:
+            if query.expression:
+                ids = set(self.queries) | {name for name, _ in self.expressions}
+                self.expressions.append((query.id, MetricMath(query.expression, ids)))
+        returned = [query.id for query in alarm.metric_data_queries if query.return_data is not False]
+        if len(returned) != 1:
+            raise validation(f"Alarm {alarm.name} must set ReturnData true on exactly one of its Metrics, not "
+                             f"{returned}.")
+        return returned[0]
 
     def values(self, data: list[cloudwatch_models.MetricDatumBase], now: float) -> list[tuple[float, float | None]]:
         """(period end, value) of each of the last EvaluationPeriods periods, newest first."""
@@ -695,20 +724,26 @@ class AlarmRule:
         present = [(end, value) for end, value in evaluated if value is not None]
         treat = alarm.treat_missing_data or "missing"
         missing = len(evaluated) - len(present)
-        breaching = sum(compare(value, alarm.threshold) for _, value in present) + (missing if treat == "breaching" else 0)
+        breaching = sum(compare(value, alarm.threshold) for _, value in present) + (missing
+                                                                                    if treat == "breaching" else 0)
         needed, periods = alarm.datapoints_to_alarm or alarm.evaluation_periods, len(evaluated)
-        reason_data = json.dumps({"version": "1.0", "queryDate": iso_time(now), "startDate": iso_time(now - periods * self.period),
+        reason_data = json.dumps({"version": "1.0", "queryDate": iso_time(now),
+                                  "startDate": iso_time(now - periods * self.period),
                                   "period": self.period, "recentDatapoints": [value for _, value in present],
                                   "threshold": alarm.threshold})
         if not present:
             if treat in ("missing", "ignore"):
                 if treat == "ignore":
                     return alarm.state_value, alarm.state_reason, alarm.state_reason_data
-                return "INSUFFICIENT_DATA", f"Insufficient Data: {plural(periods, 'datapoint')} {'was' if periods == 1 else 'were'} unknown.", reason_data
+                were = "was" if periods == 1 else "were"
+                return ("INSUFFICIENT_DATA", f"Insufficient Data: {plural(periods, 'datapoint')} {were} unknown.",
+                        reason_data)
             state, treated = ("ALARM", "Breaching") if treat == "breaching" else ("OK", "NonBreaching")
             return state, (f"Threshold Crossed: no datapoints were received for {plural(periods, 'period')} and "
-                           f"{plural(missing, 'missing datapoint')} {'was' if missing == 1 else 'were'} treated as [{treated}]."), reason_data
-        listing = ", ".join(f"{value:g} ({time.strftime('%d/%m/%y %H:%M:%S', time.gmtime(end))})" for end, value in present)
+                           f"{plural(missing, 'missing datapoint')} {'was' if missing == 1 else 'were'} treated as "
+                           f"[{treated}]."), reason_data
+        listing = ", ".join(f"{value:g} ({time.strftime('%d/%m/%y %H:%M:%S', time.gmtime(end))})" for end,
+                            value in present)
         state = "ALARM" if breaching >= needed else "OK"
         count = breaching if state == "ALARM" else periods - breaching
         return state, (f"Threshold Crossed: {count} out of the last {periods} datapoints [{listing}] "
@@ -777,7 +812,8 @@ class Job:
     finish: Callable[[Outcome], None]
     polls_left: int
     cancel: threading.Event
-    unpolled: bool = False  # Application Auto Scaling's: its outcome shows once done, also to an invocation (no Describe)
+    # Application Auto Scaling's: its outcome shows once done, also to an invocation (no Describe)
+    unpolled: bool = False
 
 
 @dataclass(frozen=True)
@@ -968,7 +1004,8 @@ class SageMaker:
 
     def _config_read_by_endpoint(self, name: str) -> EndpointConfig:
         """The config CreateEndpoint/UpdateEndpoint name, read eventually consistently: an existing one goes unseen
-        while `endpoint_config_unseen` lasts (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateEndpoint.html)."""
+        while `endpoint_config_unseen` lasts
+        (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateEndpoint.html)."""
         scenario = self.shared.scenario
         if scenario.endpoint_config_unseen > 0 and name.lower() in self.configs:
             scenario.endpoint_config_unseen -= 1
@@ -1073,12 +1110,13 @@ class SageMaker:
         if "StatusEquals" in params:
             rows = [row for row in rows if row[3] == params["StatusEquals"]]
         for bound, index, keep in (("CreationTimeBefore", 1, float.__lt__), ("CreationTimeAfter", 1, float.__gt__),
-                                   ("LastModifiedTimeBefore", 2, float.__lt__), ("LastModifiedTimeAfter", 2, float.__gt__)):
+                                   ("LastModifiedTimeBefore", 2, float.__lt__),
+                                   ("LastModifiedTimeAfter", 2, float.__gt__)):
             if bound in params:
                 rows = [row for row in rows if keep(float(row[index]), float(params[bound]))]
         sort_by = params.get("SortBy", "CreationTime")
-        rows.sort(key=lambda row: row[0].lower() if sort_by == "Name" else (row[3] or "") if sort_by == "Status" else row[1],
-                  reverse=params.get("SortOrder", "Descending") == "Descending")
+        rows.sort(key=lambda row: row[0].lower() if sort_by == "Name" else (row[3] or "") if sort_by == "Status"
+                  else row[1], reverse=params.get("SortOrder", "Descending") == "Descending")
         try:
             offset = int(json.loads(base64.b64decode(params["NextToken"]))["offset"]) if "NextToken" in params else 0
         except (ValueError, KeyError, TypeError):
@@ -1093,7 +1131,8 @@ class SageMaker:
         self.tags.setdefault(resource_arn, {}).update({tag["Key"]: tag["Value"] for tag in tags or []})
 
     def _require_arn(self, resource_arn: str) -> None:
-        known = {r.arn for store in (self.models, self.configs, self.endpoints, self.components) for r in store.values()}
+        known = {r.arn for store in (self.models, self.configs, self.endpoints, self.components)
+                 for r in store.values()}
         if resource_arn not in known:
             raise validation(f'Could not find resource "{resource_arn}".')
 
@@ -1142,7 +1181,8 @@ class SageMaker:
 
     def list_models(self, params: dict[str, Any]) -> dict[str, Any]:
         rows = [(m.params["ModelName"], m.created, m.created, None,
-                 {"ModelName": m.params["ModelName"], "ModelArn": m.arn, "CreationTime": m.created}) for m in self.models.values()]
+                 {"ModelName": m.params["ModelName"], "ModelArn": m.arn, "CreationTime": m.created})
+                 for m in self.models.values()]
         return self._page(rows, params, "Models")
 
     # ---- endpoint configs -----------------------------------------------------------
@@ -1160,30 +1200,38 @@ class SageMaker:
             raise validation("Either every production variant names a ModelName, or none does "
                              "(an endpoint for inference components); mixing them is not supported.")
         for variant in variants:
-            name = variant["VariantName"]
-            has_type, has_pools, serverless = "InstanceType" in variant, "InstancePools" in variant, "ServerlessConfig" in variant
-            if serverless and (has_type or has_pools):
-                raise validation(f'Production variant "{name}": ServerlessConfig cannot be combined with InstanceType or InstancePools.')
-            if serverless and not variant.get("ModelName"):
-                raise validation(f'Production variant "{name}": a serverless variant needs a ModelName; '
-                                 "inference components need instance-based variants.")
-            if not serverless and has_type == has_pools:
-                raise validation(f'Production variant "{name}" must specify exactly one of InstanceType or InstancePools.')
-            if has_pools:
-                priorities = [pool["Priority"] for pool in variant["InstancePools"]]
-                if sorted(priorities) != list(range(1, len(priorities) + 1)):
-                    raise validation(f'InstancePools of production variant "{name}" must have unique priorities '
-                                     f"1..{len(priorities)}; got {priorities}.")
-                for pool in variant["InstancePools"]:
-                    if pool.get("ModelNameOverride"):
-                        self._model(pool["ModelNameOverride"])
-            if variant.get("ModelName"):
-                self._model(variant["ModelName"])
-            if "AcceleratorPartitionLayouts" in variant:
-                self._check_partition_layout(variant)
+            self._check_variant(variant)
         if not with_model and not params.get("ExecutionRoleArn"):
             raise validation(f'Endpoint configuration "{config_name}" has production variants without a ModelName '
-                             "(an endpoint for inference components); such endpoint configurations require ExecutionRoleArn.")
+                             "(an endpoint for inference components); such endpoint configurations require "
+                             "ExecutionRoleArn.")
+
+    def _check_variant(self, variant: dict[str, Any]) -> None:
+        """One ProductionVariant: serverless or instance-based (a type or pools), the models it names, its layout."""
+        name = variant["VariantName"]
+        has_type, has_pools = "InstanceType" in variant, "InstancePools" in variant
+        serverless = "ServerlessConfig" in variant
+        if serverless and (has_type or has_pools):
+            raise validation(f'Production variant "{name}": ServerlessConfig cannot be combined with InstanceType '
+                             'or InstancePools.')
+        if serverless and not variant.get("ModelName"):
+            raise validation(f'Production variant "{name}": a serverless variant needs a ModelName; '
+                             "inference components need instance-based variants.")
+        if not serverless and has_type == has_pools:
+            raise validation(f'Production variant "{name}" must specify exactly one of InstanceType or '
+                             'InstancePools.')
+        if has_pools:
+            priorities = [pool["Priority"] for pool in variant["InstancePools"]]
+            if sorted(priorities) != list(range(1, len(priorities) + 1)):
+                raise validation(f'InstancePools of production variant "{name}" must have unique priorities '
+                                 f"1..{len(priorities)}; got {priorities}.")
+            for pool in variant["InstancePools"]:
+                if pool.get("ModelNameOverride"):
+                    self._model(pool["ModelNameOverride"])
+        if variant.get("ModelName"):
+            self._model(variant["ModelName"])
+        if "AcceleratorPartitionLayouts" in variant:
+            self._check_partition_layout(variant)
 
     @staticmethod
     def _check_partition_layout(variant: dict[str, Any]) -> None:
@@ -1195,7 +1243,8 @@ class SageMaker:
             raise validation(f'Production variant "{name}": AcceleratorPartitionLayouts cannot be combined with '
                              "InstancePools or ServerlessConfig.")
         if len(layouts) != 1:
-            raise validation(f'Production variant "{name}": AcceleratorPartitionLayouts must contain exactly one layout, got {len(layouts)}.')
+            raise validation(f'Production variant "{name}": AcceleratorPartitionLayouts must contain exactly one '
+                             f'layout, got {len(layouts)}.')
         types = layouts[0].get("AcceleratorPartitionTypes") or []
         if not types:
             raise validation(f'Production variant "{name}": the layout lists no AcceleratorPartitionTypes.')
@@ -1212,7 +1261,8 @@ class SageMaker:
             slices, memory = slices + int(match.group(1)), memory + int(match.group(2))
         max_slices, max_memory = GPU_LIMITS[family]
         if slices > max_slices or memory > max_memory:
-            raise validation(f'The accelerator partition layout of production variant "{name}" ({", ".join(types)}) needs '
+            raise validation(f'The accelerator partition layout of production variant "{name}" ({", ".join(types)}) '
+                             'needs '
                              f"{slices} compute slices and {memory} GB, but one GPU of {instance_type} has "
                              f"{max_slices} compute slices and {max_memory} GB.")
 
@@ -1242,8 +1292,8 @@ class SageMaker:
 
     def list_endpoint_configs(self, params: dict[str, Any]) -> dict[str, Any]:
         rows = [(c.params["EndpointConfigName"], c.created, c.created, None,
-                 {"EndpointConfigName": c.params["EndpointConfigName"], "EndpointConfigArn": c.arn, "CreationTime": c.created})
-                for c in self.configs.values()]
+                 {"EndpointConfigName": c.params["EndpointConfigName"], "EndpointConfigArn": c.arn,
+                  "CreationTime": c.created}) for c in self.configs.values()]
         return self._page(rows, params, "EndpointConfigs")
 
     # ---- endpoints ------------------------------------------------------------------
@@ -1276,7 +1326,8 @@ class SageMaker:
 
         return work
 
-    def _place(self, plan: VariantPlan, unavailable: frozenset[str], timeout_s: float, cancel: threading.Event) -> Placement:
+    def _place(self, plan: VariantPlan, unavailable: frozenset[str], timeout_s: float,
+               cancel: threading.Event) -> Placement:
         """Try the candidates in priority order; the first with capacity gets the variant's container."""
         tried = []
         for instance_type, source in plan.candidates:
@@ -1306,9 +1357,11 @@ class SageMaker:
 
         def finish(outcome: Outcome) -> None:
             endpoint.status = "Failed" if outcome.failure_reason else "InService"
-            endpoint.failure_reason, endpoint.variants, endpoint.modified = outcome.failure_reason, outcome.variants, time.time()
+            endpoint.failure_reason, endpoint.variants = outcome.failure_reason, outcome.variants
+            endpoint.modified = time.time()
 
-        work = self._provision(plans, fail_with, scenario.unavailable_instance_types, scenario.container_start_timeout_s)
+        work = self._provision(plans, fail_with, scenario.unavailable_instance_types,
+                               scenario.container_start_timeout_s)
         self._start_job(endpoint, work, finish)
         return {"EndpointArn": endpoint.arn}
 
@@ -1319,8 +1372,8 @@ class SageMaker:
             raise validation(f'Cannot update in-progress endpoint "{endpoint.arn}".')
         config = self._config_read_by_endpoint(params["EndpointConfigName"])
         if config.for_components != endpoint.config.for_components:
-            raise validation("UpdateEndpoint cannot switch an endpoint between SageMaker models and inference components; "
-                             "create a new endpoint.")
+            raise validation("UpdateEndpoint cannot switch an endpoint between SageMaker models and inference "
+                             "components; create a new endpoint.")
         for variant in config.params["ProductionVariants"]:
             old = endpoint.config.variant(variant["VariantName"]) or {}
             if old.get("AcceleratorPartitionLayouts") != variant.get("AcceleratorPartitionLayouts"):
@@ -1351,7 +1404,8 @@ class SageMaker:
         described: dict[str, Any] = {
             "EndpointName": endpoint.name, "EndpointArn": endpoint.arn,
             "EndpointConfigName": endpoint.config.params["EndpointConfigName"], "EndpointStatus": endpoint.status,
-            "FailureReason": endpoint.failure_reason, "CreationTime": endpoint.created, "LastModifiedTime": endpoint.modified,
+            "FailureReason": endpoint.failure_reason, "CreationTime": endpoint.created,
+            "LastModifiedTime": endpoint.modified,
             "LastDeploymentConfig": endpoint.deployment_config,
         }
         released = self._instances_released(endpoint)
@@ -1362,8 +1416,8 @@ class SageMaker:
 
     def _instances_released(self, endpoint: Endpoint) -> bool:
         """Whether the endpoint has given back its instances (Scenario.instance_release_polls): an inference-component
-        endpoint with ManagedInstanceScaling ENABLED at MinInstanceCount 0, no component on it holding or starting a copy,
-        for more than that many DescribeEndpoint calls. Counted per call; reset when a copy is there again."""
+        endpoint with ManagedInstanceScaling ENABLED at MinInstanceCount 0, no component on it holding or starting a
+        copy, for more than that many DescribeEndpoint calls. Counted per call; reset when a copy is there again."""
         scaling = [v.get("ManagedInstanceScaling") or {} for v in endpoint.config.params["ProductionVariants"]]
         may_release = endpoint.config.for_components and endpoint.status == "InService" and all(
             s.get("Status") == "ENABLED" and s.get("MinInstanceCount") == 0 for s in scaling)
@@ -1384,11 +1438,13 @@ class SageMaker:
         if "ServerlessConfig" in variant:
             summary["CurrentServerlessConfig"] = summary["DesiredServerlessConfig"] = variant["ServerlessConfig"]
         else:
-            summary["CurrentInstanceCount"] = summary["DesiredInstanceCount"] = 0 if released else placement.instance_count
+            count = 0 if released else placement.instance_count
+            summary["CurrentInstanceCount"] = summary["DesiredInstanceCount"] = count
         if placement.pool_types:
             summary["InstancePools"] = [
                 {"InstanceType": kind,
-                 "CurrentInstanceCount": placement.instance_count if kind == placement.instance_type and not released else 0}
+                 "CurrentInstanceCount": placement.instance_count if kind == placement.instance_type
+                 and not released else 0}
                 for kind in placement.pool_types
             ]
         return compact(summary)
@@ -1397,7 +1453,8 @@ class SageMaker:
         endpoint = self._endpoint(params["EndpointName"])
         remaining = sorted(c.name for c in self.components.values() if c.endpoint is endpoint)
         if remaining:
-            raise validation(f'Cannot delete endpoint "{endpoint.arn}": inference components {remaining} are deployed on it. '
+            raise validation(f'Cannot delete endpoint "{endpoint.arn}": inference components {remaining} are deployed '
+                             'on it. '
                              "Delete the inference components first.")
         if endpoint.status == "Deleting":
             raise validation(f'Cannot delete endpoint "{endpoint.arn}": it is already being deleted.')
@@ -1444,7 +1501,8 @@ class SageMaker:
         declared = partition_types(endpoint.config, variant_name)
         if partition not in declared:
             raise validation(f'AcceleratorPartitionType "{partition}" is not one of the partition types declared on '
-                             f'production variant "{variant_name}" of endpoint "{endpoint.name}": {sorted(set(declared)) or "none"}.')
+                             f'production variant "{variant_name}" of endpoint "{endpoint.name}": '
+                             f'{sorted(set(declared)) or "none"}.')
         if requirements.get("NumberOfAcceleratorDevicesRequired") != 1:
             raise validation("NumberOfAcceleratorDevicesRequired must be 1 when AcceleratorPartitionType is set "
                              f"(one partition per copy); got {requirements.get('NumberOfAcceleratorDevicesRequired')}.")
@@ -1454,19 +1512,22 @@ class SageMaker:
         """Why `copies` copies of component `name` do not fit beside the other components of the variant, if so.
         Capacity as SageMaker counts it (tasks.backends.capacity): a copy takes its AcceleratorPartitionType partition
         (the layout applies to every GPU of every instance,
-        https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html), else NumberOfAcceleratorDevicesRequired
-        whole GPUs, else NumberOfCpuCoresRequired vCPUs of one instance; the instances are InitialInstanceCount, or up
-        to ManagedInstanceScaling.MaxInstanceCount where that is ENABLED (SageMaker adds instances to place copies,
-        https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScaling.html).
-        An instance type this table does not know is not checked."""
+        https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html), else
+        NumberOfAcceleratorDevicesRequired whole GPUs, else NumberOfCpuCoresRequired vCPUs of one instance; the
+        instances are InitialInstanceCount, or up to ManagedInstanceScaling.MaxInstanceCount where that is ENABLED
+        (SageMaker adds instances to place copies,
+        https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ProductionVariantManagedInstanceScaling.html). An
+        instance type this table does not know is not checked."""
         placement = endpoint.variants.get(variant_name)
         variant = endpoint.config.variant(variant_name) or {}
         unit, per_copy = resource_of(requirements)
-        per_instance = placement and instance_resources(placement.instance_type, unit, partition_types(endpoint.config, variant_name))
+        per_instance = placement and instance_resources(placement.instance_type, unit,
+                                                        partition_types(endpoint.config, variant_name))
         if not per_instance:
             return None
         scaling = variant.get("ManagedInstanceScaling") or {}
-        instances = max(placement.instance_count, scaling.get("MaxInstanceCount", 0) if scaling.get("Status") == "ENABLED" else 0)
+        instances = max(placement.instance_count, scaling.get("MaxInstanceCount", 0)
+                        if scaling.get("Status") == "ENABLED" else 0)
         held = sum(c.desired_copies * resource_of(c.spec.get("ComputeResourceRequirements", {}))[1]
                    for c in self.components.values()
                    if c.endpoint is endpoint and c.variant_name == variant_name and c.name != name
@@ -1476,8 +1537,8 @@ class SageMaker:
         if copies <= fit:
             return None
         return (f"InsufficientCapacity: Unable to place {copies} copies of inference component {name}: endpoint "
-                f"{endpoint.name} has room for {max(0, fit)} ({instances} x {placement.instance_type} with {per_instance:g} "
-                f"{unit} each, {held:g} held by other inference components, {per_copy:g} a copy).")
+                f"{endpoint.name} has room for {max(0, fit)} ({instances} x {placement.instance_type} with "
+                f"{per_instance:g} {unit} each, {held:g} held by other inference components, {per_copy:g} a copy).")
 
     def _copies_job(self, source: Source, count: int, name: str, problem: str | None, timeout_s: float):
         def work(cancel: threading.Event) -> Outcome:
@@ -1494,10 +1555,12 @@ class SageMaker:
         endpoint = self._endpoint(params["EndpointName"])
         self._settle(endpoint, count_poll=False)
         if not endpoint.config.for_components:
-            raise validation(f'Endpoint "{endpoint.name}" hosts SageMaker models; inference components need an endpoint '
+            raise validation(f'Endpoint "{endpoint.name}" hosts SageMaker models; inference components need an '
+                             'endpoint '
                              "whose production variants name no ModelName.")
         if endpoint.status not in ("InService", "Updating"):
-            raise validation(f'Cannot create inference component on endpoint "{endpoint.arn}" in status {endpoint.status}.')
+            raise validation(f'Cannot create inference component on endpoint "{endpoint.arn}" in status '
+                             f'{endpoint.status}.')
         variants = [v["VariantName"] for v in endpoint.config.params["ProductionVariants"]]
         variant_name = params.get("VariantName") or (variants[0] if len(variants) == 1 else "")
         if variant_name not in variants:
@@ -1551,8 +1614,8 @@ class SageMaker:
         # follows SageMaker's blue/green update of endpoints (the new fleet before the old one goes,
         # https://docs.aws.amazon.com/sagemaker/latest/dg/deployment-guardrails-blue-green.html), as DESIGN §7 does
         peak = rolling.peak_copies if rolling else copies + len(component.copies)
-        problem = self._capacity_problem(component.endpoint, component.variant_name, spec["ComputeResourceRequirements"],
-                                         peak, component.name)
+        problem = self._capacity_problem(component.endpoint, component.variant_name,
+                                         spec["ComputeResourceRequirements"], peak, component.name)
         roll_back = scenario.roll_back_updates and rolling is None  # a rolling update rolls back after its first batch
         fail_with, scenario.fail_next_component_with = scenario.fail_next_component_with, None
         component.status, component.modified = "Updating", time.time()
@@ -1560,7 +1623,8 @@ class SageMaker:
 
         def finish(outcome: Outcome) -> None:
             component.modified = time.time()
-            if fail_with is not None:  # Failed, the old copies still serving the old spec (see fail_next_component_with)
+            # Failed, the old copies still serving the old spec (see fail_next_component_with)
+            if fail_with is not None:
                 component.status, component.failure_reason = "Failed", fail_with
             elif roll_back:  # what SageMaker shows after an auto-rollback: InService, old spec, no FailureReason
                 stop_containers(outcome.copies)
@@ -1588,8 +1652,8 @@ class SageMaker:
         return {"InferenceComponentArn": component.arn}
 
     def update_inference_component_runtime_config(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Updating, then InService at the new CopyCount; 0 stops every copy and leaves the component InService with none
-        (the model's CopyCount minimum is 0; AWS's scale-to-zero post schedules exactly that:
+        """Updating, then InService at the new CopyCount; 0 stops every copy and leaves the component InService with
+        none (the model's CopyCount minimum is 0; AWS's scale-to-zero post schedules exactly that:
         https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/)."""
         component = self._component(params["InferenceComponentName"])
         self._settle(component, count_poll=False)
@@ -1599,11 +1663,12 @@ class SageMaker:
         return {"InferenceComponentArn": component.arn}
 
     def scale(self, component: Component, wanted: int, why: str) -> None:
-        """Application Auto Scaling setting a component's copy count (a step policy, a target registered with a range the
-        count is outside): the same Updating -> InService transition, whose outcome shows as soon as the copies are up,
-        also to invocations, since no one polls for it. Noted in the rollout log; not in the call log (the caller sent
-        nothing)."""
-        self.shared.note(component.name, f"Application Auto Scaling: {why}: {component.desired_copies} -> {wanted} copies")
+        """Application Auto Scaling setting a component's copy count (a step policy, a target registered with a range
+        the count is outside): the same Updating -> InService transition, whose outcome shows as soon as the copies are
+        up, also to invocations, since no one polls for it. Noted in the rollout log; not in the call log (the caller
+        sent nothing)."""
+        self.shared.note(component.name,
+                         f"Application Auto Scaling: {why}: {component.desired_copies} -> {wanted} copies")
         self._set_copies(component, wanted, polls=0, unpolled=True)
 
     def _set_copies(self, component: Component, wanted: int, polls: int | None = None, unpolled: bool = False) -> None:
@@ -1622,7 +1687,8 @@ class SageMaker:
                 component.desired_copies = wanted
 
         timeout_s = self.shared.scenario.container_start_timeout_s
-        work = self._copies_job(component.source, extra, component.name, problem, timeout_s) if extra else (lambda cancel: Outcome())
+        work = self._copies_job(component.source, extra, component.name, problem,
+                                timeout_s) if extra else (lambda cancel: Outcome())
         self._start_job(component, work, finish, polls=polls, unpolled=unpolled)
 
     def describe_inference_component(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -1676,14 +1742,18 @@ class SageMaker:
 
     # ---- runtime --------------------------------------------------------------------
 
-    def invoke(self, endpoint_name: str, action: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
-        """InvokeEndpoint: validate, pick the least-busy copy, forward, map a non-200 to ModelError."""
+    def invoke(self, endpoint_name: str, action: str, headers: dict[str, str], body: bytes) -> tuple[int,
+                                                                                                     dict[str, str],
+                                                                                                     bytes]:
+        """InvokeEndpoint (and InvokeEndpointWithResponseStream): validate, pick the least-busy copy, forward, map a
+        non-200 to ModelError; a streamed answer's body is an iterator of event-stream messages (`stream_events`)."""
         params = runtime_params(endpoint_name, headers, body)
         operation = {"invocations": "InvokeEndpoint", "async-invocations": "InvokeEndpointAsync",
                      "invocations-response-stream": "InvokeEndpointWithResponseStream"}.get(action, action)
         self.shared.log("sagemaker-runtime", operation, params)
-        if operation != "InvokeEndpoint":
-            raise ApiError("UnknownOperationException", f"the AWS double implements InvokeEndpoint only, not {operation}")
+        if operation not in ("InvokeEndpoint", "InvokeEndpointWithResponseStream"):
+            raise ApiError("UnknownOperationException", "the AWS double implements InvokeEndpoint and "
+                           f"InvokeEndpointWithResponseStream only, not {operation}")
         self.shared.take_throttle(operation)
         problems = request_problems("sagemaker-runtime", operation, params)
         if problems:
@@ -1693,16 +1763,23 @@ class SageMaker:
             copy.in_flight += 1
         origin = "model" if params.get("InferenceComponentName") else "primary"
         started = time.perf_counter()
+        streamed = operation == "InvokeEndpointWithResponseStream"
         try:
-            status, content_type, answer = forward(copy.port, params)
+            if streamed:
+                status, content_type, answer = self._streamed(copy, params, dimensions, started)
+            else:
+                status, content_type, answer = forward(copy.port, params)
         except (OSError, http.client.HTTPException) as exc:
             put_invocation_metrics(dimensions, None, None)
-            raise ApiError("ModelError", f"Received server error from {origin}: the model server did not answer ({exc}).",
+            raise ApiError("ModelError",
+                           f"Received server error from {origin}: the model server did not answer ({exc}).",
                            status=424, LogStreamArn=log_stream_arn(endpoint_name)) from None
         finally:
-            with self.shared.lock:
-                copy.in_flight -= 1
-        put_invocation_metrics(dimensions, status, (time.perf_counter() - started) * 1e6)
+            if not streamed:  # a stream's copy is in flight until the stream ends
+                with self.shared.lock:
+                    copy.in_flight -= 1
+        if not streamed:
+            put_invocation_metrics(dimensions, status, (time.perf_counter() - started) * 1e6)
         if status != 200:
             text = answer.decode("utf-8", errors="replace")
             side = "client" if 400 <= status < 500 else "server"
@@ -1713,7 +1790,35 @@ class SageMaker:
                 f"/aws/sagemaker/Endpoints/{endpoint_name} in account {ACCOUNT_ID} for more information.",
                 status=424, OriginalStatusCode=status, OriginalMessage=text, LogStreamArn=log_stream_arn(endpoint_name),
             )
+        if streamed:  # the container's content type is a header of its own; the body is the event stream
+            return 200, {"Content-Type": "application/vnd.amazon.eventstream", "X-Amzn-SageMaker-Content-Type":
+                         content_type, "x-Amzn-Invoked-Production-Variant": variant}, answer
         return 200, {"Content-Type": content_type, "x-Amzn-Invoked-Production-Variant": variant}, answer
+
+    def _streamed(self, copy: Container, params: dict[str, Any], dimensions: list[dict[str, str]],
+                  started: float) -> tuple[int, str, Any]:
+        """InvokeEndpointWithResponseStream's forward: a non-200 read whole (a ModelError before any event, as
+        InvokeEndpoint's), a 200 as the event stream (`stream_events`); the copy is in flight until its answer ends."""
+        try:
+            connection, response = open_invocation(copy.port, params)
+        except BaseException:
+            with self.shared.lock:
+                copy.in_flight -= 1
+            raise
+
+        def done() -> None:
+            with self.shared.lock:
+                copy.in_flight -= 1
+            put_invocation_metrics(dimensions, response.status, (time.perf_counter() - started) * 1e6)
+            connection.close()
+
+        content_type = response.getheader("Content-Type", "application/json")
+        if response.status == 200:
+            return 200, content_type, stream_events(response, done)
+        try:
+            return response.status, content_type, response.read()
+        finally:
+            done()
 
     def _pick_copy(self, params: dict[str, Any]) -> tuple[Container, str, list[dict[str, str]]]:
         """The copy to serve an invocation (the least busy, in turn among equals), its variant and the dimensions of
@@ -1728,21 +1833,7 @@ class SageMaker:
         if endpoint.config.for_components:
             if not component_name:
                 raise runtime_validation(IC_NAME_REQUIRED)
-            component = self.components.get(component_name.lower())
-            if component is None or component.endpoint is not endpoint:
-                raise runtime_validation(f"Inference component {component_name} was not found on endpoint {endpoint.name}.")
-            if component.job is not None and component.job.unpolled:  # Application Auto Scaling's copies, once up
-                self._settle(component, count_poll=False)
-            copies, variant = component.copies, component.variant_name
-            # copies a failed update left serve on (see Scenario.fail_next_component_with); none, none do
-            if component.status not in ("InService", "Updating", "Failed") or not copies:
-                if component.status in ("InService", "Updating") and self.autoscaling is not None:
-                    # scaled to zero (or scaling out): the request "can't respond" and SageMaker emits
-                    # NoCapacityInvocationFailures, which the scale-out alarm reads (SCALE_TO_ZERO_PAGE)
-                    put_no_capacity_metric(component.name)
-                    self.autoscaling.no_capacity(component)
-                raise runtime_validation(NO_COPIES)
-            dimensions = [{"Name": "InferenceComponentName", "Value": component.name}]
+            copies, variant, dimensions = self._component_copies(endpoint, component_name)
         else:
             if component_name:
                 raise runtime_validation(IC_NAME_REFUSED)
@@ -1754,6 +1845,25 @@ class SageMaker:
         least = min(copy.in_flight for copy in copies)
         idle = [copy for copy in copies if copy.in_flight == least]
         return idle[next(self.turns) % len(idle)], variant, dimensions
+
+    def _component_copies(self, endpoint: Endpoint,
+                          component_name: str) -> tuple[list[Container], str, list[dict[str, str]]]:
+        """The copies of the inference component an invocation names, its variant and the dimensions of its metrics."""
+        component = self.components.get(component_name.lower())
+        if component is None or component.endpoint is not endpoint:
+            raise runtime_validation(f"Inference component {component_name} was not found on endpoint "
+                                     f"{endpoint.name}.")
+        if component.job is not None and component.job.unpolled:  # Application Auto Scaling's copies, once up
+            self._settle(component, count_poll=False)
+        # copies a failed update left serve on (see Scenario.fail_next_component_with); none, none do
+        if component.status not in ("InService", "Updating", "Failed") or not component.copies:
+            if component.status in ("InService", "Updating") and self.autoscaling is not None:
+                # scaled to zero (or scaling out): the request "can't respond" and SageMaker emits
+                # NoCapacityInvocationFailures, which the scale-out alarm reads (SCALE_TO_ZERO_PAGE)
+                put_no_capacity_metric(component.name)
+                self.autoscaling.no_capacity(component)
+            raise runtime_validation(NO_COPIES)
+        return component.copies, component.variant_name, [{"Name": "InferenceComponentName", "Value": component.name}]
 
 
 class Cancelled(Exception):
@@ -1773,8 +1883,8 @@ def batch_bounds(size: dict[str, Any], copies: int) -> None:
     percent = size["Type"] == "CAPACITY_PERCENT"
     low, high = (5, 50) if percent else (copies * 0.05, copies * 0.5)
     if not low <= size["Value"] <= high:
-        raise validation(f"RollingUpdatePolicy.MaximumBatchSize {size['Type']} {size['Value']} must be between 5% and 50% "
-                         f"of the copy count of the inference component ({copies}).")
+        raise validation(f"RollingUpdatePolicy.MaximumBatchSize {size['Type']} {size['Value']} must be between 5% and "
+                         f"50% of the copy count of the inference component ({copies}).")
 
 
 class RollingUpdate:
@@ -1828,7 +1938,8 @@ class RollingUpdate:
                 count = min(self.batch, self.copies - len(new))
                 self.note(f"batch {number}/{batches}: starting {count} new copies")
                 try:
-                    started, image = self.runtime.start(self.new_source, count, self.label, self.start_timeout_s, cancel)
+                    started, image = self.runtime.start(self.new_source, count, self.label, self.start_timeout_s,
+                                                        cancel)
                 except StartFailure as failure:
                     if cancel.is_set():
                         raise Cancelled from None
@@ -1836,8 +1947,8 @@ class RollingUpdate:
                     return self._roll_back(new, old, cancel, str(failure))
                 self._serve(started, cancel)
                 new, stopping, old = new + started, old[:count], old[count:]
-                self.note(f"batch {number}/{batches}: {len(new)} new and {len(old) + len(stopping)} old copies serving; "
-                          f"stopping {len(stopping)} old copies, then baking {self.wait_s} s")
+                self.note(f"batch {number}/{batches}: {len(new)} new and {len(old) + len(stopping)} old copies "
+                          f"serving; stopping {len(stopping)} old copies, then baking {self.wait_s} s")
                 self._retire(stopping, cancel)
                 try:
                     reason = self._bake(deadline, cancel)
@@ -1872,7 +1983,8 @@ class RollingUpdate:
                 raise Cancelled
             self.component.copies = [copy for copy in self.component.copies if copy not in copies]
         deadline = time.monotonic() + INVOKE_TIMEOUT_S
-        while any(copy.in_flight for copy in copies) and time.monotonic() < deadline and not cancel.wait(PING_INTERVAL_S):
+        while any(copy.in_flight
+                  for copy in copies) and time.monotonic() < deadline and not cancel.wait(PING_INTERVAL_S):
             pass
         stop_containers(copies)
 
@@ -1919,7 +2031,8 @@ class RollingUpdate:
                 raise Cancelled from None
             failure_reason = "; ".join(filter(None, [failure_reason, f"the rollback failed: {failure}"]))
         self._retire(new, cancel)
-        self.note(f"rolled back: {len(old)} old copies serving" + (f"; FailureReason: {failure_reason}" if failure_reason else ""))
+        self.note(f"rolled back: {len(old)} old copies serving"
+                  + (f"; FailureReason: {failure_reason}" if failure_reason else ""))
         bounded = str(StartFailure(failure_reason)) if failure_reason else None  # within FailureReason's maximum
         return Outcome(failure_reason=bounded, rolled_back=True)
 
@@ -1938,16 +2051,65 @@ def runtime_params(endpoint_name: str, headers: dict[str, str], body: bytes) -> 
 
 def forward(port: int, params: dict[str, Any]) -> tuple[int, str, bytes]:
     """POST the body to a model server's /invocations; (status, content type, body)."""
+    connection, response = open_invocation(port, params)
+    try:
+        return response.status, response.getheader("Content-Type", "application/json"), response.read()
+    finally:
+        connection.close()
+
+
+def open_invocation(port: int, params: dict[str, Any]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """POST the body to a model server's /invocations; the connection and its response, not read yet (each read
+    waits at most INVOKE_TIMEOUT_S; closing the connection closes the response)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=INVOKE_TIMEOUT_S)
     try:
         headers = {"Content-Type": params.get("ContentType", "application/octet-stream")}
         if "Accept" in params:
             headers["Accept"] = params["Accept"]
         connection.request("POST", "/invocations", body=params["Body"], headers=headers)
-        response = connection.getresponse()
-        return response.status, response.getheader("Content-Type", "application/json"), response.read()
-    finally:
+        return connection, connection.getresponse()
+    except BaseException:
         connection.close()
+        raise
+
+
+def event_message(headers: dict[str, str], payload: bytes) -> bytes:
+    """One message of AWS's event-stream encoding (application/vnd.amazon.eventstream), which botocore decodes: the
+    prelude (total and headers length, its CRC32), string headers, the payload, the message's CRC32
+    (https://docs.aws.amazon.com/AmazonS3/latest/API/RESTSelectObjectAppendix.html)."""
+    encoded = b"".join(bytes([len(name)]) + name.encode() + b"\x07" + struct.pack(">H", len(value.encode()))
+                       + value.encode() for name, value in headers.items())
+    prelude = struct.pack(">II", 12 + len(encoded) + len(payload) + 4, len(encoded))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + payload
+    return message + struct.pack(">I", zlib.crc32(message))
+
+
+def stream_events(response: http.client.HTTPResponse, done: Callable[[], None]) -> Iterator[bytes]:
+    """InvokeEndpointWithResponseStream's body: each piece the container writes as a `PayloadPart` event as it
+    comes; a read that fails or waits past INVOKE_TIMEOUT_S ends the stream with a `ModelStreamError` event (error
+    codes StreamBroken and ModelInvocationTimeExceeded, as the API reference lists them:
+    https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_runtime_InvokeEndpointWithResponseStream.html).
+    `done` runs once the stream ends, however it ends (the client may stop reading)."""
+    part = {":event-type": "PayloadPart", ":content-type": "application/octet-stream", ":message-type": "event"}
+    try:
+        while True:
+            try:
+                chunk = response.read1(1 << 16)
+            except TimeoutError:
+                code, message = "ModelInvocationTimeExceeded", f"the model did not write within {INVOKE_TIMEOUT_S:g}s"
+            except (OSError, http.client.HTTPException) as exc:
+                code, message = "StreamBroken", f"the model's stream broke off ({exc})"
+            else:
+                if not chunk:
+                    return
+                yield event_message(part, chunk)
+                continue
+            yield event_message({":exception-type": "ModelStreamError", ":content-type": "application/json",
+                                 ":message-type": "exception"},
+                                json.dumps({"Message": message, "ErrorCode": code}).encode())
+            return
+    finally:
+        done()
 
 
 def log_stream_arn(endpoint_name: str) -> str:
@@ -1999,14 +2161,16 @@ def step_for(adjustments: list[dict[str, Any]], breach: float) -> dict[str, Any]
 
 
 class AutoScaling:
-    """Application Auto Scaling for the double's account (moto's refuses sagemaker:inference-component:DesiredCopyCount):
-    RegisterScalableTarget, DeregisterScalableTarget, DescribeScalableTargets, PutScalingPolicy, DescribeScalingPolicies,
-    DeleteScalingPolicy and the tag calls, every request checked against the botocore model and every answer against its
-    output shape. Of the policies, only a step policy acts, when the scale-out alarm of a component scaled to zero fires
-    (`no_capacity`); target tracking is stored, never run."""
+    """Application Auto Scaling for the double's account (moto's refuses
+    sagemaker:inference-component:DesiredCopyCount): RegisterScalableTarget, DeregisterScalableTarget,
+    DescribeScalableTargets, PutScalingPolicy, DescribeScalingPolicies, DeleteScalingPolicy and the tag calls, every
+    request checked against the botocore model and every answer against its output shape. Of the policies, only a step
+    policy acts, when the scale-out alarm of a component scaled to zero fires (`no_capacity`); target tracking is
+    stored, never run."""
 
     OPERATIONS = ("RegisterScalableTarget", "DeregisterScalableTarget", "DescribeScalableTargets", "PutScalingPolicy",
-                  "DescribeScalingPolicies", "DeleteScalingPolicy", "TagResource", "UntagResource", "ListTagsForResource")
+                  "DescribeScalingPolicies", "DeleteScalingPolicy", "TagResource", "UntagResource",
+                  "ListTagsForResource")
 
     def __init__(self, shared: Shared, sagemaker: SageMaker):
         self.shared, self.sagemaker = shared, sagemaker
@@ -2022,7 +2186,8 @@ class AutoScaling:
 
     def handle(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
         if operation not in self.OPERATIONS:
-            raise ApiError("UnknownOperationException", f"the AWS double does not implement ApplicationAutoScaling.{operation}")
+            raise ApiError("UnknownOperationException",
+                           f"the AWS double does not implement ApplicationAutoScaling.{operation}")
         problems = request_problems("application-autoscaling", operation, params)
         if problems:
             raise validation(f"{len(problems)} validation error(s) detected: " + "; ".join(problems))
@@ -2053,7 +2218,8 @@ class AutoScaling:
         kind, _, rest = resource_id.partition("/")
         if dimension == COPY_DIMENSION:
             if kind != "inference-component" or not rest or "/" in rest:
-                raise validation(f"Unsupported resource ID {resource_id} for {dimension}: inference-component/<name> expected.")
+                raise validation(f"Unsupported resource ID {resource_id} for {dimension}: inference-component/<name> "
+                                 "expected.")
             component = self.sagemaker.components.get(rest.lower())
             if component is None:
                 raise validation(f"Inference component {rest} does not exist.")
@@ -2061,7 +2227,8 @@ class AutoScaling:
         if dimension == VARIANT_DIMENSION:
             parts = resource_id.split("/")
             if len(parts) != 4 or parts[0] != "endpoint" or parts[2] != "variant":
-                raise validation(f"Unsupported resource ID {resource_id} for {dimension}: endpoint/<name>/variant/<variant> expected.")
+                raise validation(f"Unsupported resource ID {resource_id} for {dimension}: "
+                                 "endpoint/<name>/variant/<variant> expected.")
             if parts[1].lower() not in self.sagemaker.endpoints:
                 raise validation(f"Endpoint {parts[1]} does not exist.")
         return None
@@ -2120,7 +2287,8 @@ class AutoScaling:
         chosen = [t for t in self.targets.values() if t.namespace == params["ServiceNamespace"]
                   and t.resource_id in params.get("ResourceIds", [t.resource_id])
                   and params.get("ScalableDimension", t.dimension) == t.dimension]
-        items = [compact({"ServiceNamespace": t.namespace, "ResourceId": t.resource_id, "ScalableDimension": t.dimension,
+        items = [compact({"ServiceNamespace": t.namespace, "ResourceId": t.resource_id,
+                          "ScalableDimension": t.dimension,
                           "MinCapacity": t.min_capacity, "MaxCapacity": t.max_capacity, "RoleARN": AUTOSCALING_ROLE_ARN,
                           "CreationTime": t.created, "SuspendedState": t.suspended, "ScalableTargetARN": t.arn})
                  for t in chosen]
@@ -2150,14 +2318,16 @@ class AutoScaling:
     def describe_scaling_policies(self, params: dict[str, Any]) -> dict[str, Any]:
         chosen = [p for (namespace, resource, dimension, name), p in self.policies.items()
                   if namespace == params["ServiceNamespace"] and params.get("ResourceId", resource) == resource
-                  and params.get("ScalableDimension", dimension) == dimension and name in params.get("PolicyNames", [name])]
+                  and params.get("ScalableDimension", dimension) == dimension
+                  and name in params.get("PolicyNames", [name])]
         items = [{**p.params, "PolicyARN": p.arn, "Alarms": [], "CreationTime": p.created} for p in chosen]
         return self._page(items, params, "ScalingPolicies")
 
     def delete_scaling_policy(self, params: dict[str, Any]) -> dict[str, Any]:
         name = (*self._key(params), params["PolicyName"])
         if self.policies.pop(name, None) is None:
-            raise ApiError("ObjectNotFoundException", f"No scaling policy found for service namespace: {name[0]}, resource "
+            raise ApiError("ObjectNotFoundException",
+                           f"No scaling policy found for service namespace: {name[0]}, resource "
                            f"ID: {name[1]}, scalable dimension: {name[2]}, policy name: {name[3]}")
         return {}
 
@@ -2186,14 +2356,16 @@ class AutoScaling:
         metric alarm on that metric of this component now, and for one in ALARM run each step-scaling policy its
         AlarmActions name that scales this component's copy count (SCALE_TO_ZERO_PAGE: "the alarm initiates the step
         scaling policy"). CloudWatch evaluates an alarm on its own schedule, about once a period, and performs Auto
-        Scaling actions again while the alarm stays in ALARM ("Except for Auto Scaling actions, the actions happen only on
-        state transitions": https://docs.amazonaws.cn/en_us/AmazonCloudWatch/latest/monitoring/alarm-actions.html); the
-        double evaluates when a failure arrives, so it acts again only when another request fails (callers retry)."""
+        Scaling actions again while the alarm stays in ALARM ("Except for Auto Scaling actions, the actions happen only
+        on state transitions": https://docs.amazonaws.cn/en_us/AmazonCloudWatch/latest/monitoring/alarm-actions.html);
+        the double evaluates when a failure arrives, so it acts again only when another request fails (callers
+        retry)."""
         backend, now = cloudwatch(), time.time()
         data = list(backend.metric_data)
         wanted = frozenset({("InferenceComponentName", component.name)})
         for alarm in list(backend.alarms.values()):
-            if (alarm.namespace, alarm.metric_name) != (SAGEMAKER_NAMESPACE, NO_CAPACITY_METRIC) or alarm.metric_data_queries \
+            if (alarm.namespace, alarm.metric_name) != (SAGEMAKER_NAMESPACE,
+                                                        NO_CAPACITY_METRIC) or alarm.metric_data_queries \
                     or frozenset((d.name, d.value) for d in alarm.dimensions) != wanted:
                 continue
             try:
@@ -2209,7 +2381,8 @@ class AutoScaling:
             value = rule.values(data, now)[0][1] or 0.0
             for action in alarm.alarm_actions or []:
                 policy = next((p for p in self.policies.values() if p.arn == action), None)
-                if policy is not None and policy.key == ("sagemaker", f"inference-component/{component.name}", COPY_DIMENSION):
+                if policy is not None and policy.key == ("sagemaker", f"inference-component/{component.name}",
+                                                         COPY_DIMENSION):
                     self._step(policy, component, value - alarm.threshold, alarm.name, now)
 
     def _step(self, policy: ScalingPolicy, component: Component, breach: float, alarm: str, now: float) -> None:
@@ -2217,9 +2390,11 @@ class AutoScaling:
         target's MinCapacity..MaxCapacity, unless a scaling activity is in progress or the policy's Cooldown
         (`scaling_cooldown_scale` of it) has not passed since its last one: "the scaling policy won't increase the
         desired capacity again unless either a larger scale out is triggered or the cooldown period ends"
-        (Cooldown, https://docs.aws.amazon.com/autoscaling/application/APIReference/API_StepScalingPolicyConfiguration.html;
-        a larger step within the cooldown is not modelled). Adjustments "can continue for additional alarm breaches
-        until the alarm state returns to OK" (https://docs.aws.amazon.com/autoscaling/application/userguide/step-scaling-policy-overview.html)."""
+        (Cooldown,
+        https://docs.aws.amazon.com/autoscaling/application/APIReference/API_StepScalingPolicyConfiguration.html; a
+        larger step within the cooldown is not modelled). Adjustments "can continue for additional alarm breaches until
+        the alarm state returns to OK"
+        (https://docs.aws.amazon.com/autoscaling/application/userguide/step-scaling-policy-overview.html)."""
         if policy.params.get("PolicyType") != "StepScaling":
             return
         config = policy.params["StepScalingPolicyConfiguration"]
@@ -2242,7 +2417,8 @@ class AutoScaling:
         if wanted == current:
             return
         policy.last_activity = now
-        self.sagemaker.scale(component, wanted, f"alarm {alarm} in ALARM ran step scaling policy {policy.params['PolicyName']}")
+        self.sagemaker.scale(component, wanted,
+                             f"alarm {alarm} in ALARM ran step scaling policy {policy.params['PolicyName']}")
 
 
 # --------------------------------------------------------------------------------------
@@ -2302,7 +2478,8 @@ class ContainerRuntime:
             kind = self.image_kinds.get(digest)
         if kind is None:
             raise StartFailure(f"The container for image {image} cannot start: its digest {digest} was neither built "
-                               "by the double's CodeBuild nor published with a stand-in, so there is no server to run for it.")
+                               "by the double's CodeBuild nor published with a stand-in, so there is no server to run "
+                               "for it.")
         resolved = f"{match['registry']}.dkr.ecr.{match['region']}.amazonaws.com/{match['repository']}@{digest}"
         return {"SpecifiedImage": image, "ResolvedImage": resolved, "ResolutionTime": time.time()}, kind
 
@@ -2328,7 +2505,8 @@ class ContainerRuntime:
         try:
             safe_extract(archive, target)
         except Exception as exc:  # tasks.errors' IntegrityError, Conflict, NotFound (that module is not imported here)
-            raise StartFailure(f'Failed to extract model data for container "container_1" from URL "{url}": {exc}') from None
+            raise StartFailure(f'Failed to extract model data for container "container_1" from URL "{url}": '
+                               f"{exc}") from None
         finally:
             archive.unlink(missing_ok=True)
         return target
@@ -2342,7 +2520,8 @@ class ContainerRuntime:
         copies: list[Container] = []
         try:
             for _ in range(count):
-                copies.append(Container(kind, source.environment, model_dir, self.workdir / "logs" / f"{uuid.uuid4().hex}.log"))
+                copies.append(Container(kind, source.environment, model_dir,
+                                        self.workdir / "logs" / f"{uuid.uuid4().hex}.log"))
                 with self.shared.lock:
                     self.started.append(copies[-1])
             deadline = time.monotonic() + timeout_s
@@ -2399,35 +2578,28 @@ class CodeBuildSimulator:
             push = self._run(source, variables, artifacts, build["id"])
         except BuildFailed as failed:
             failure = failed.args
-        record = Build(failure, [{"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()], source, None, push)
+        record = Build(failure, [{"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()], source,
+                       None, push)
         with self.shared.lock:
             self.builds[build["id"]] = record
 
     def _run(self, source: dict[str, str], variables: dict[str, str], artifacts: dict[str, Any],
              build_id: str) -> Callable[[], str | None]:
-        """The buildspec's checks at once; returns the push (image + image-detail.json) that happens when the build ends."""
+        """The buildspec's checks at once; returns the push (image + image-detail.json) that happens when the build
+        ends."""
         if self.shared.scenario.fail_builds:
             raise BuildFailed("BUILD", "COMMAND_EXECUTION_ERROR",
-                              "Error while executing command: docker build. Reason: exit status 1 (scenario fail_builds)")
-        bucket_key = source["location"].split("/", 1)
-        if source["type"] != "S3" or len(bucket_key) != 2:
-            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"the double builds S3 sources only, got {source}")
-        try:
-            data = self.client("s3").get_object(Bucket=bucket_key[0], Key=bucket_key[1])["Body"].read()
-            names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
-        except ClientError as exc:
-            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"error downloading source s3://{source['location']}: "
-                              f"{exc.response['Error']['Code']}") from None
-        except zipfile.BadZipFile as exc:
-            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"source s3://{source['location']} is not a zip: {exc}") from None
+                              "Error while executing command: docker build. Reason: exit status 1 (scenario "
+                              "fail_builds)")
+        data, names = self._download_source(source)
         kind = variables.get("IMAGE_NAME", "")
         if kind not in IMAGE_KINDS:
             raise command_failed(f"IMAGE_NAME={kind!r} is not one of {sorted(IMAGE_KINDS)}")
         images_dir = "images/" if any(n.startswith("images/") for n in names) else ""
         for needed in (f"{kind}/Dockerfile", f"{kind}/server.py", "common/sagemaker_http.py"):
             if images_dir + needed not in names:
-                raise command_failed(f"{kind} build: no {needed} under images/ or the source root; the build context is "
-                                     "images/, so the source must be the repository root or its images/ folder")
+                raise command_failed(f"{kind} build: no {needed} under images/ or the source root; the build context "
+                                     "is images/, so the source must be the repository root or its images/ folder")
         repository_uri, tag, variant = (variables.get("ECR_REPOSITORY_URI", ""), variables.get("IMAGE_TAG", ""),
                                         variables.get("VARIANT", "cpu"))
         if not repository_uri or not tag:
@@ -2451,6 +2623,21 @@ class CodeBuildSimulator:
 
         return push
 
+    def _download_source(self, source: dict[str, str]) -> tuple[bytes, set[str]]:
+        """The build's source zip, as CodeBuild's DOWNLOAD_SOURCE phase fetches it from S3, and the names in it."""
+        bucket_key = source["location"].split("/", 1)
+        if source["type"] != "S3" or len(bucket_key) != 2:
+            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"the double builds S3 sources only, got {source}")
+        try:
+            data = self.client("s3").get_object(Bucket=bucket_key[0], Key=bucket_key[1])["Body"].read()
+            names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+        except ClientError as exc:
+            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR", f"error downloading source s3://{source['location']}: "
+                              f"{exc.response['Error']['Code']}") from None
+        except zipfile.BadZipFile as exc:
+            raise BuildFailed("DOWNLOAD_SOURCE", "CLIENT_ERROR",
+                              f"source s3://{source['location']} is not a zip: {exc}") from None
+        return data, names
 
     def _push(self, repository_uri: str, tag: str, source_sha256: str, size: int, flavour: str) -> str:
         """PutImage a deterministic manifest (layers from the source zip and the image flavour); its digest."""
@@ -2466,9 +2653,11 @@ class CodeBuildSimulator:
         }, sort_keys=True)
         ecr = self.client("ecr")
         try:
-            return ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=tag)["image"]["imageId"]["imageDigest"]
+            return ecr.put_image(repositoryName=repository, imageManifest=manifest,
+                                 imageTag=tag)["image"]["imageId"]["imageDigest"]
         except ecr.exceptions.ImageAlreadyExistsException:
-            return ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])["imageDetails"][0]["imageDigest"]
+            return ecr.describe_images(repositoryName=repository,
+                                       imageIds=[{"imageTag": tag}])["imageDetails"][0]["imageDigest"]
         except ClientError as exc:
             raise BuildFailed("POST_BUILD", "COMMAND_EXECUTION_ERROR", f"Error while executing command: docker push "
                               f"{repository_uri}:{tag}. Reason: {exc.response['Error']['Message']}") from None
@@ -2479,12 +2668,15 @@ class CodeBuildSimulator:
         if artifacts.get("packaging", "NONE") != "NONE":
             raise BuildFailed("UPLOAD_ARTIFACTS", "CLIENT_ERROR", "the double writes NONE-packaged artifacts only")
         namespace = build_id.split(":", 1)[1] if artifacts.get("namespaceType") == "BUILD_ID" else ""
-        prefix = "/".join(part.strip("/") for part in (artifacts.get("path", ""), namespace, artifacts.get("name", "")) if part)
+        prefix = "/".join(part.strip("/") for part in (artifacts.get("path", ""), namespace, artifacts.get("name", ""))
+                          if part)
         key = f"{prefix}/image-detail.json" if prefix else "image-detail.json"
         try:
-            self.client("s3").put_object(Bucket=artifacts["location"], Key=key, Body=json.dumps(detail).encode() + b"\n")
+            self.client("s3").put_object(Bucket=artifacts["location"], Key=key, Body=json.dumps(detail).encode()
+                                         + b"\n")
         except ClientError as exc:
-            raise BuildFailed("UPLOAD_ARTIFACTS", "CLIENT_ERROR", f"error uploading artifacts: {exc.response['Error']['Code']}") from None
+            raise BuildFailed("UPLOAD_ARTIFACTS", "CLIENT_ERROR",
+                              f"error uploading artifacts: {exc.response['Error']['Code']}") from None
         return f"arn:aws:s3:::{artifacts['location']}/{prefix}"
 
     def reported(self, build: dict[str, Any]) -> dict[str, Any]:
@@ -2587,17 +2779,21 @@ class PublishedRegistries:
         layer = "sha256:" + hashlib.sha256(f"{account}/{repository}:{tag}:{content}".encode()).hexdigest()
         manifest = json.dumps({
             "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(content), "digest": layer},
-            "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(content), "digest": layer}],
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(content),
+                       "digest": layer},
+            "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(content),
+                        "digest": layer}],
         }, sort_keys=True)
-        return ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=tag)["image"]["imageId"]["imageDigest"]
+        return ecr.put_image(repositoryName=repository, imageManifest=manifest,
+                             imageTag=tag)["image"]["imageId"]["imageDigest"]
 
     def batch_get_image(self, params: dict[str, Any]) -> dict[str, Any]:
         """BatchGetImage in the registry `params["registryId"]` names, by the double's own account."""
         account, repository = params["registryId"], params.get("repositoryName", "")
         arn = f"arn:aws:ecr:{REGION}:{account}:repository/{repository}"
         missing = ApiError("RepositoryNotFoundException",
-                           f"The repository with name '{repository}' does not exist in the registry with id '{account}'")
+                           f"The repository with name '{repository}' does not exist in the registry "
+                           f"with id '{account}'")
         if not self.knows(account):
             raise missing
         ecr = self.client(account)
@@ -2609,8 +2805,9 @@ class PublishedRegistries:
             policy = {"Statement": []}
         if not any(self._allows(statement, "ecr:BatchGetImage") for statement in policy.get("Statement", [])):
             raise ApiError("AccessDeniedException",
-                           f"User: arn:aws:iam::{ACCOUNT_ID}:user/moto is not authorized to perform: ecr:BatchGetImage on "
-                           f"resource: {arn} because no resource-based policy allows the ecr:BatchGetImage action")
+                           f"User: arn:aws:iam::{ACCOUNT_ID}:user/moto is not authorized to perform: "
+                           f"ecr:BatchGetImage on resource: {arn} because no resource-based policy allows the "
+                           "ecr:BatchGetImage action")
         answer = ecr.batch_get_image(repositoryName=repository, imageIds=params.get("imageIds", []))
         return {"images": answer.get("images", []), "failures": answer.get("failures", [])}
 
@@ -2798,45 +2995,25 @@ class AwsDouble:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
         target = environ.get("HTTP_X_AMZ_TARGET", "")
         signing = SIGNING_SERVICE.search(environ.get("HTTP_AUTHORIZATION", ""))
-        runtime = RUNTIME_PATH.fullmatch(path) if method == "POST" and (signing is None or signing[1] == "sagemaker") else None
+        to_sagemaker = method == "POST" and (signing is None or signing[1] == "sagemaker")
+        runtime = RUNTIME_PATH.fullmatch(path) if to_sagemaker else None
         try:
             if path.startswith("/_double/"):
                 return self._admin(environ, start_response, path, method)
             if runtime:
-                headers = {key[5:].replace("_", "-"): value for key, value in environ.items() if key.startswith("HTTP_")}
-                if "CONTENT_TYPE" in environ:
-                    headers["Content-Type"] = environ["CONTENT_TYPE"]
-                status, out_headers, body = self._sagemaker.invoke(runtime.group(1), runtime.group(2), headers,
-                                                             read_body(environ, too_large="ValidationError"))
-                return respond(start_response, status, body, out_headers)
+                return self._invoke(environ, start_response, runtime)
             if target.startswith("SageMaker."):
-                body = read_body(environ)
-                params = parse_json_body(body)
-                operation = target.split(".", 1)[1]
-                if operation not in service_model("sagemaker").operation_names:
-                    raise ApiError("UnknownOperationException", f"SageMaker has no operation {operation}")
-                if operation in MODEL_REGISTRY:  # moto answers these, after the double's log, throttling and model check
-                    self._sagemaker.admit(operation, params)
-                    if operation == "UpdateModelPackage":
-                        return self._update_model_package(environ, start_response, params)
-                    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
-                    return self._moto(environ, start_response)
-                result = self._sagemaker.handle(operation, params)
-                return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
+                return self._sagemaker_call(environ, start_response, target.split(".", 1)[1])
             if target.startswith(AUTOSCALING_TARGET):
                 result = self._autoscaling.handle(target[len(AUTOSCALING_TARGET):], parse_json_body(read_body(environ)))
-                return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
+                return respond(start_response, 200, json.dumps(result).encode(),
+                               {"Content-Type": "application/x-amz-json-1.1"})
             if target in ("CodeBuild_20161006.StartBuild", "CodeBuild_20161006.BatchGetBuilds"):
                 return self._codebuild_call(environ, start_response, target)
             if target == "AmazonEC2ContainerRegistry_V20150921.DescribeImages":
                 return self._describe_images(environ, start_response)
             if target == "AmazonEC2ContainerRegistry_V20150921.BatchGetImage":
-                body = read_body(environ)
-                params = parse_json_body(body)
-                if params.get("registryId", ACCOUNT_ID) != ACCOUNT_ID:
-                    result = self._published.batch_get_image(params)
-                    return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
-                environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+                return self._batch_get_image(environ, start_response)
             if signing is not None and signing[1] == "s3" and self._races_write(environ, method):
                 drain_body(environ)
                 return respond_s3_error(start_response, 409, "ConditionalRequestConflict", CONDITIONAL_CONFLICT)
@@ -2844,14 +3021,44 @@ class AwsDouble:
             return respond_error(start_response, error, rest_json=bool(runtime))
         return self._moto(environ, start_response)
 
-    def _update_model_package(self, environ: dict[str, Any], start_response: Callable, params: dict[str, Any]) -> list[bytes]:
-        """UpdateModelPackage where moto differs from SageMaker: CustomerMetadataProperties are merged into the version's
-        (removed by name only with CustomerMetadataPropertiesToRemove:
+    def _invoke(self, environ: dict[str, Any], start_response: Callable, runtime: re.Match) -> list[bytes]:
+        """InvokeEndpoint of the SageMaker runtime: the double's model servers answer it."""
+        headers = {key[5:].replace("_", "-"): value for key, value in environ.items() if key.startswith("HTTP_")}
+        if "CONTENT_TYPE" in environ:
+            headers["Content-Type"] = environ["CONTENT_TYPE"]
+        status, out_headers, body = self._sagemaker.invoke(runtime.group(1), runtime.group(2), headers,
+                                                           read_body(environ, too_large="ValidationError"))
+        if isinstance(body, bytes):
+            return respond(start_response, status, body, out_headers)
+        start_response("200 OK", [*out_headers.items(), ("x-amzn-RequestId", str(uuid.uuid4()))])
+        return body  # the event stream, sent as it is read (chunked)
+
+    def _sagemaker_call(self, environ: dict[str, Any], start_response: Callable, operation: str) -> list[bytes]:
+        """A SageMaker JSON API call: the double's own, or the Model Registry's, which moto answers after the
+        double's log, throttling and model check."""
+        body = read_body(environ)
+        params = parse_json_body(body)
+        if operation not in service_model("sagemaker").operation_names:
+            raise ApiError("UnknownOperationException", f"SageMaker has no operation {operation}")
+        if operation in MODEL_REGISTRY:
+            self._sagemaker.admit(operation, params)
+            if operation == "UpdateModelPackage":
+                return self._update_model_package(environ, start_response, params)
+            environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+            return self._moto(environ, start_response)
+        result = self._sagemaker.handle(operation, params)
+        return respond(start_response, 200, json.dumps(result).encode(), {"Content-Type": "application/x-amz-json-1.1"})
+
+    def _update_model_package(self, environ: dict[str, Any], start_response: Callable,
+                              params: dict[str, Any]) -> list[bytes]:
+        """UpdateModelPackage where moto differs from SageMaker: CustomerMetadataProperties are merged into the
+        version's (removed by name only with CustomerMetadataPropertiesToRemove:
         https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_UpdateModelPackage.html; moto replaces them, so an
         approval sent without metadata would erase them), and LastModifiedBy names the caller, as `Scenario.principals`
         maps its access key (DescribeModelPackage's LastModifiedBy, a UserContext:
         https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeModelPackage.html; moto names one fake
-        Studio user for every caller). That an update without ApprovalDescription clears it is moto's; AWS does not say."""
+        Studio user for every caller). That an update without ApprovalDescription clears it is moto's; AWS does not
+        say."""
         from moto.sagemaker.models import sagemaker_backends
 
         backend = sagemaker_backends[ACCOUNT_ID][REGION]
@@ -2887,10 +3094,22 @@ class AwsDouble:
             self._shared.scenario.race_conditional_writes -= 1
             return True
 
+    def _batch_get_image(self, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+        """ECR BatchGetImage: a published registry's image (another account's) from the double, the account's own
+        from moto."""
+        body = read_body(environ)
+        params = parse_json_body(body)
+        if params.get("registryId", ACCOUNT_ID) != ACCOUNT_ID:
+            result = self._published.batch_get_image(params)
+            return respond(start_response, 200, json.dumps(result).encode(),
+                           {"Content-Type": "application/x-amz-json-1.1"})
+        environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+        return self._moto(environ, start_response)
+
     def _describe_images(self, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
-        """ECR DescribeImages as moto answers it, with `imageSizeInBytes` as ECR computes it: moto reports the manifest's
-        config blob size, ECR the size of the image in the repository, its pushed (compressed) layers, and for a
-        manifest list the largest of its manifests
+        """ECR DescribeImages as moto answers it, with `imageSizeInBytes` as ECR computes it: moto reports the
+        manifest's config blob size, ECR the size of the image in the repository, its pushed (compressed) layers, and
+        for a manifest list the largest of its manifests
         (https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_ImageDetail.html). The double's own registry
         only; a detail of another registry keeps moto's value."""
         from moto.ecr.models import ecr_backends
@@ -3022,7 +3241,8 @@ def respond_s3_error(start_response: Callable, status: int, code: str, message: 
     request_id = uuid.uuid4().hex[:16].upper()
     body = ('<?xml version="1.0" encoding="UTF-8"?>\n'
             f"<Error><Code>{code}</Code><Message>{message}</Message><RequestId>{request_id}</RequestId></Error>")
-    return respond(start_response, status, body.encode(), {"Content-Type": "application/xml", "x-amz-request-id": request_id})
+    return respond(start_response, status, body.encode(),
+                   {"Content-Type": "application/xml", "x-amz-request-id": request_id})
 
 
 def call_wsgi(app: Callable, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:

@@ -18,6 +18,18 @@ import urllib.parse
 from collections import Counter
 
 
+def post(conn: http.client.HTTPConnection, path: str,
+         headers: dict[str, str]) -> tuple[http.client.HTTPConnection, int, bytes]:
+    """One request: the connection to go on with (a fresh one after a failure), the status (0: no answer) and body."""
+    try:
+        conn.request("POST", path, body=b'{"q": 1}', headers=headers)
+        response = conn.getresponse()
+        return conn, response.status, response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()
+        return http.client.HTTPConnection(conn.host, conn.port, timeout=30), 0, repr(exc).encode()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
@@ -46,15 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 if remaining[0] == 0:
                     break
                 remaining[0] -= 1
-            try:
-                conn.request("POST", path, body=b'{"q": 1}', headers=headers)
-                response = conn.getresponse()
-                body = response.read()
-                status = response.status
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-                status, body = 0, repr(exc).encode()
+            conn, status, body = post(conn, path, headers)
             with lock:
                 statuses[status] += 1
                 if status == 200:

@@ -17,9 +17,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import boto3
 import yaml
@@ -81,7 +82,8 @@ class Settings:
             (bucket, f"SHIPLIFT_LIVE_BUCKET: an S3 bucket in {where} for the run's artifacts "
                      f"(aws s3 mb s3://NAME --region {where}; README, 'First run on AWS' step 3)"),
             (repository, f"SHIPLIFT_LIVE_ECR_REPOSITORY: an ECR repository in {where} with immutable tags (aws ecr "
-                         f"create-repository --repository-name shiplift/semif --image-tag-mutability IMMUTABLE --region {where})"),
+                         "create-repository --repository-name shiplift/semif --image-tag-mutability IMMUTABLE "
+                         f"--region {where})"),
         ) if not value]
         if missing:
             raise ConfigError("the live AWS suite needs " + "; ".join(missing),
@@ -152,12 +154,16 @@ class LiveRelease:
         tree["backend"] = {
             "kind": "aws", "region": settings.region, "bucket": settings.bucket, "key_prefix": self.prefix,
             "ecr_repository": settings.repository, "codebuild_project": f"{self.prefix}-semif-image",
-            "execution_role_arn": self.role_arn("sagemaker-execution"), "codebuild_role_arn": self.role_arn("codebuild"),
-            "ledger_url": f"sqlite:///{state_dir / 'ledger.db'}", "state_dir": str(state_dir), "poll_s": self.pace.poll_s,
-            # the Model Registry is a view of the ledger that `shiplift cleanup` does not delete; the run leaves no group
+            "execution_role_arn": self.role_arn("sagemaker-execution"),
+            "codebuild_role_arn": self.role_arn("codebuild"),
+            "ledger_url": f"sqlite:///{state_dir / 'ledger.db'}", "state_dir": str(state_dir),
+            "poll_s": self.pace.poll_s,
+            # the Model Registry is a view of the ledger that `shiplift cleanup` does not delete; the run leaves no
+            # group
             "model_registry": False,
         }
-        # the CPU image: the tiny config keeps gemma-decision's base image, the CPU one (images/semif/Dockerfile's default)
+        # the CPU image: the tiny config keeps gemma-decision's base image, the CPU one (images/semif/Dockerfile's
+        # default)
         tree["image"].update(n_gpu_layers=0, threads=1)
         # one-core copies on 2-vCPU instances: production holds 2 on one instance; the canary's batch of 1 beside them
         # peaks at 3, which managed instance scaling makes room for with a second instance (tasks.backends.capacity)
@@ -171,12 +177,13 @@ class LiveRelease:
 
     def estimate(self) -> str:
         """The run's estimated cost, from the constants above and the config's peak instance count."""
-        peak = 1 + self.config.placement.max_instance_count  # the second candidate beside production grown for its update
+        # the second candidate beside production grown for its update
+        peak = 1 + self.config.placement.max_instance_count
         hosting = INSTANCE_USD_PER_HOUR * peak * EXPECTED_HOURS
         build = CODEBUILD_USD_PER_MINUTE * BUILD_MINUTES
-        return (f"ESTIMATED cost of this run: at most about {hosting + build:.2f} USD (list-price estimate for us-east-1): "
-                f"{peak} instances of the ml.c6i.large class at most at once x {INSTANCE_USD_PER_HOUR} USD/h x "
-                f"{EXPECTED_HOURS} h = {hosting:.2f} USD, plus up to {BUILD_MINUTES} CodeBuild minutes x "
+        return (f"ESTIMATED cost of this run: at most about {hosting + build:.2f} USD (list-price estimate for "
+                f"us-east-1): {peak} instances of the ml.c6i.large class at most at once x {INSTANCE_USD_PER_HOUR} "
+                f"USD/h x {EXPECTED_HOURS} h = {hosting:.2f} USD, plus up to {BUILD_MINUTES} CodeBuild minutes x "
                 f"{CODEBUILD_USD_PER_MINUTE} USD = {build:.2f} USD")
 
     def confirm(self, estimate: str) -> None:
@@ -191,7 +198,8 @@ class LiveRelease:
         raise ConfigError(f"the live AWS suite creates billed resources ({estimate}) and was not confirmed",
                           fix=f"{CONFIRM}; nothing was created")
 
-    # ---- roles --------------------------------------------------------------------------------------------------------
+    # ---- roles
+    # --------------------------------------------------------------------------------------------------------
 
     def role_name(self, role: str) -> str:
         return f"{self.prefix}-{role}"
@@ -200,34 +208,37 @@ class LiveRelease:
         return f"arn:{self.partition}:iam::{self.account}:role/{self.role_name(role)}"
 
     def trust(self, role: str) -> dict:
-        """Who may assume each role. `shiplift iam` writes trust policies for the SageMaker and CodeBuild roles only: who
-        runs the pipeline (an ECS task, an Airflow connection, a person) is the operator's choice. Here it is the caller,
-        so the pipeline role trusts its own account (any principal there whose policy allows sts:AssumeRole on it, as
-        the caller's must); the role lives only as long as the run."""
+        """Who may assume each role. `shiplift iam` writes trust policies for the SageMaker and CodeBuild roles only:
+        who runs the pipeline (an ECS task, an Airflow connection, a person) is the operator's choice. Here it is the
+        caller, so the pipeline role trusts its own account (any principal there whose policy allows sts:AssumeRole on
+        it, as the caller's must); the role lives only as long as the run."""
         service = ROLES[role]
         if service:
             return trust_policy(service)
-        return {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                       "Principal": {"AWS": f"arn:{self.partition}:iam::{self.account}:root"}}]}
+        root = f"arn:{self.partition}:iam::{self.account}:root"
+        return {"Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"AWS": root}}]}
 
     def create_roles(self) -> None:
         """The three roles, tagged with the run, each with the policy `shiplift iam` generates for the config. The
         pipeline role comes last: once STS lets the caller assume it (`assumed_session` waits for that), the roles
         SageMaker and CodeBuild assume have had longer to propagate, and the release only passes them on after that."""
-        policies = {"sagemaker-execution": execution_role_policy(self.config), "codebuild": codebuild_role_policy(self.config),
-                    "pipeline": pipeline_policy(self.config)}
+        policies = {"sagemaker-execution": execution_role_policy(self.config),
+                    "codebuild": codebuild_role_policy(self.config), "pipeline": pipeline_policy(self.config)}
         tags = [{"Key": key, "Value": value} for key, value in {**TAGS, "shiplift:live-run": self.prefix}.items()]
         for role, policy in policies.items():
             name = self.role_name(role)
             self.caller.call("iam", "CreateRole", RoleName=name, AssumeRolePolicyDocument=json.dumps(self.trust(role)),
-                             Description=f"shiplift live suite run {self.prefix} ({role}); deleted when the run ends", Tags=tags)
-            self.caller.call("iam", "PutRolePolicy", RoleName=name, PolicyName=f"shiplift-{role}", PolicyDocument=json.dumps(policy))
+                             Description=f"shiplift live suite run {self.prefix} ({role}); deleted when the run ends",
+                             Tags=tags)
+            self.caller.call("iam", "PutRolePolicy", RoleName=name, PolicyName=f"shiplift-{role}",
+                             PolicyDocument=json.dumps(policy))
             self.say(f"created role {name}")
 
     def assumed_session(self, role_arn: str):
         """A boto3 session as `role_arn` whose credentials renew themselves before they expire (a session assumed from
-        an assumed role lasts at most an hour; the run takes longer), once the role can be assumed and is allowed to read
-        the bucket: new roles and their policies take a while to reach STS and the services."""
+        an assumed role lasts at most an hour; the run takes longer), once the role can be assumed and is allowed to
+        read the bucket: new roles and their policies take a while to reach STS and the services."""
         import botocore.session
         from botocore.credentials import CredentialProvider, RefreshableCredentials
 
@@ -266,7 +277,8 @@ class LiveRelease:
                 self.say(f"{what}: not yet allowed ({exc.problem}); IAM may still be propagating, trying again")
             time.sleep(self.pace.poll_s)
 
-    # ---- checks (before cleanup: production must be there to look at) -------------------------------------------------
+    # ---- checks (before cleanup: production must be there to look at)
+    # -------------------------------------------------
 
     def check_first(self, first: dict, pipeline) -> None:
         """The first release is promoted and production runs its two copies."""
@@ -275,15 +287,16 @@ class LiveRelease:
             "sagemaker", "DescribeInferenceComponent", InferenceComponentName=first["component"])
         copies = live["RuntimeConfig"]["CurrentCopyCount"]
         check((live["InferenceComponentStatus"], copies) == ("InService", 2),
-              f"production {first['component']} is {live['InferenceComponentStatus']} with {copies} copies, not InService with 2")
+              f"production {first['component']} is {live['InferenceComponentStatus']} with {copies} copies, not "
+              "InService with 2")
         self.say(f"release 1 {first['release_id']} promoted: {first['component']} on {first['served_by']}, 2 copies")
 
     def check_second(self, first: dict, second: dict, pipeline) -> None:
         """The second release is a canary that promoted: the ledger verifies, the audit reads it back from SageMaker as
         what serves, and production answers with its model."""
-        from tasks.pipeline.audit import audit
-        from tasks.ledger.store import Ledger
         from tasks.ledger.release_state import ReleaseState
+        from tasks.ledger.store import Ledger
+        from tasks.pipeline.audit import audit
 
         check(second["status"] == "promoted", f"the second release ended {second['status']}, not promoted: {second}")
         check(second["rollout"]["strategy"] == "canary" and second["rollout"]["steps"] > 0,
@@ -291,7 +304,8 @@ class LiveRelease:
         ledger = Ledger(self.config.backend.ledger_url)
         try:
             check(ledger.verify().ok, "the ledger does not verify")
-            models = {summary["release_id"]: ReleaseState.load(ledger, summary["release_id"]).result("build").model_sha256
+            models = {summary["release_id"]: ReleaseState.load(ledger,
+                                                               summary["release_id"]).result("build").model_sha256
                       for summary in (first, second)}
         finally:
             ledger.close()
@@ -299,7 +313,8 @@ class LiveRelease:
         served = audit(self.config.backend.state_dir, session=pipeline)["models"][MODEL_NAME]["live"]["release_id"]
         check(served == second["release_id"], f"the audit reads {served} serving, not {second['release_id']}")
         answer = Aws(region=self.caller.region, access=pipeline).call(
-            "sagemaker-runtime", "InvokeEndpoint", EndpointName=second["served_by"], InferenceComponentName=second["component"],
+            "sagemaker-runtime", "InvokeEndpoint", EndpointName=second["served_by"],
+            InferenceComponentName=second["component"],
             ContentType="application/json", Body=json.dumps({"decision": DECISION}))
         model = json.loads(answer["Body"].read())["result"]["model"]["sha256"]
         check(model == models[second["release_id"]], f"production answered with model {model}, not release 2's "
@@ -307,15 +322,16 @@ class LiveRelease:
         self.say(f"release 2 {second['release_id']} promoted by a canary ({second['rollout']['steps']} traffic steps); "
                  "production answers with its model")
 
-    # ---- cleanup ------------------------------------------------------------------------------------------------------
+    # ---- cleanup
+    # ------------------------------------------------------------------------------------------------------
 
     def cleanup(self) -> list[str]:
         """Delete everything named with the run prefix, with the caller's credentials (the roles may be gone or never
         made): SageMaker and CloudWatch resources as `shiplift cleanup --delete-all` does, the CodeBuild project, log
         groups, the S3 objects under the key prefix, the roles. Returns what is left, each with why; prints it."""
         left: list[str] = []
-        steps = (("sagemaker", self.delete_hosted), ("codebuild", self.delete_project), ("logs", self.delete_log_groups),
-                 ("s3", self.delete_objects), ("iam", self.delete_roles))
+        steps = (("sagemaker", self.delete_hosted), ("codebuild", self.delete_project),
+                 ("logs", self.delete_log_groups), ("s3", self.delete_objects), ("iam", self.delete_roles))
         try:
             for service, step in steps:
                 try:
@@ -323,9 +339,10 @@ class LiveRelease:
                 except ShipliftError as exc:
                     left.append(f"{service}: {exc}")
         except BaseException:
-            self.say(f"cleanup of {self.prefix} was interrupted; finish it by hand: shiplift cleanup {self.workdir}/configs/"
-                     f"{MODEL_NAME}.yaml --delete-all, the CodeBuild project {self.prefix}-semif-image, s3://"
-                     f"{self.config.backend.bucket}/{self.prefix}/ and the roles {self.prefix}-*")
+            self.say(f"cleanup of {self.prefix} was interrupted; finish it by hand: shiplift cleanup "
+                     f"{self.workdir}/configs/{MODEL_NAME}.yaml --delete-all, the CodeBuild project "
+                     f"{self.prefix}-semif-image, s3://{self.config.backend.bucket}/{self.prefix}/ and the roles "
+                     f"{self.prefix}-*")
             raise
         for line in left:
             self.say(f"LEFT BEHIND: {line}")
@@ -348,7 +365,8 @@ class LiveRelease:
                     except ShipliftError as exc:
                         problems.append(f"{resource.kind} {resource.name}: {exc}")
                 if not problems:
-                    return [f"{r.kind} {r.name}: still listed after its deletion" for r in backends.hosting.managed_resources(self.prefix)]
+                    return [f"{r.kind} {r.name}: still listed after its deletion"
+                            for r in backends.hosting.managed_resources(self.prefix)]
                 if time.monotonic() > deadline:
                     return problems
                 self.say(f"{len(problems)} resources not deleted yet ({problems[0]}); trying again")
@@ -388,9 +406,12 @@ class LiveRelease:
             objects = [{"Key": item["Key"], "VersionId": item["VersionId"]}
                        for item in page.get("Versions", []) + page.get("DeleteMarkers", [])]
             if objects:  # a page holds at most 1000 entries, DeleteObjects' limit
-                answer = self.caller.call("s3", "DeleteObjects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
-                left += [f"s3://{bucket}/{error['Key']}: {error.get('Code')} {error.get('Message')}" for error in answer.get("Errors", [])]
-                self.say(f"deleted {len(objects) - len(answer.get('Errors', []))} object versions under s3://{bucket}/{self.prefix}/")
+                answer = self.caller.call("s3", "DeleteObjects", Bucket=bucket,
+                                          Delete={"Objects": objects, "Quiet": True})
+                left += [f"s3://{bucket}/{error['Key']}: {error.get('Code')} {error.get('Message')}"
+                         for error in answer.get("Errors", [])]
+                self.say(f"deleted {len(objects) - len(answer.get('Errors', []))} object versions under "
+                         f"s3://{bucket}/{self.prefix}/")
             if not page.get("IsTruncated"):
                 return left
             params.update(KeyMarker=page["NextKeyMarker"], VersionIdMarker=page["NextVersionIdMarker"])

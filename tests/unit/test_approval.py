@@ -14,12 +14,12 @@ from datetime import timedelta
 import pytest
 
 from tasks.backends.registry import open_ledger
-from tasks.console import EXIT_AWAITING
 from tasks.cli.main import main
 from tasks.config import load_release_config
+from tasks.console import EXIT_AWAITING
 from tasks.errors import ConfigError
-from tasks.ledger.views import serving_status
 from tasks.ledger.events import APPROVAL, APPROVED, AWAITING_APPROVAL, REJECTED, TIMED_OUT
+from tasks.ledger.views import serving_status
 from tasks.pipeline import approval
 from tasks.pipeline.release import run_release
 
@@ -71,14 +71,16 @@ def test_the_config_needs_approvers_for_a_required_approval(tmp_path, tiny_relea
     bad = tiny_release.write_tiny_config(tmp_path, tmp_path / "state", promotion__approval={"required": True})
     with pytest.raises(ConfigError, match="approvers"):
         load_release_config(bad)
-    idle = tiny_release.write_tiny_config(tmp_path / "b", tmp_path / "state", promotion__approval={"approvers": ["bob"]})
+    idle = tiny_release.write_tiny_config(tmp_path / "b", tmp_path / "state",
+                                          promotion__approval={"approvers": ["bob"]})
     with pytest.raises(ConfigError, match="required is false"):
         load_release_config(idle)
 
 
 def test_a_config_without_approval_hashes_as_before_and_an_approval_changes_the_release(tmp_path, tiny_release):
     def release_hash(folder: str, **changes) -> str:
-        return load_release_config(tiny_release.write_tiny_config(tmp_path, tmp_path / "state", name=folder, **changes)).config_hash()
+        return load_release_config(tiny_release.write_tiny_config(tmp_path, tmp_path / "state", name=folder,
+                                                                  **changes)).config_hash()
 
     omitted = release_hash("tiny")
     assert release_hash("tiny", promotion={"approval": {"required": False}}) == omitted
@@ -181,15 +183,18 @@ def test_an_answer_is_judged_at_the_time_it_was_given_and_one_dated_outside_the_
     from tasks.pipeline.approval_steps import record_decision_orchestrated
 
     state = tmp_path / "state"
-    config = tiny_release.write_tiny_config(tmp_path / "late", state, description="late", promotion__approval=APPROVAL_SETTINGS)
+    config = tiny_release.write_tiny_config(tmp_path / "late", state, description="late",
+                                            promotion__approval=APPROVAL_SETTINGS)
     waiting = run_release(config, actor="alice", progress=lambda m: None)
     assert waiting["status"] == AWAITING_APPROVAL
     with ledger_of(state) as ledger:
         request = next(r for r in ledger.release(waiting["release_id"]) if r.event == AWAITING_APPROVAL)
     asked = datetime.fromisoformat(request.recorded_at.replace("Z", "+00:00"))
-    answer = {"approve": True, "actor": "bob", "reason": "checked the report", "state_dir": state, "progress": lambda m: None}
+    answer = {"approve": True, "actor": "bob", "reason": "checked the report", "state_dir": state,
+              "progress": lambda m: None}
     before = ledger_size(state)
-    for dated, why in ((asked - timedelta(minutes=1), "outside the wait"), (asked + timedelta(days=1), "outside the wait"),
+    for dated, why in ((asked - timedelta(minutes=1), "outside the wait"),
+                       (asked + timedelta(days=1), "outside the wait"),
                        (asked.replace(tzinfo=None), "no time zone")):
         with pytest.raises(approval.Conflict, match=why):
             record_decision_orchestrated(waiting["release_id"], decided_at=dated.isoformat(), **answer)
@@ -239,11 +244,13 @@ def test_the_cli_runs_each_step_the_policy_table_gives_it_under_that_step_s_poli
     assert cli(["release", str(second)], capsys, "alice", monkeypatch)[0] == EXIT_AWAITING
     with ledger_of(state) as ledger:
         request = next(r for r in ledger.history() if (r.stage, r.event) == (APPROVAL, AWAITING_APPROVAL))
-    with contextlib.closing(open_ledger(state_dir=state)) as ledger:  # free while a person decides: another run takes it
+    # free while a person decides: another run takes it
+    with contextlib.closing(open_ledger(state_dir=state)) as ledger:
         ledger.acquire_lease("tiny-decision", "someone-else", "tiny-decision-000000000000", 60)
         ledger.release_lease("tiny-decision", "someone-else")
     where = ["--state-dir", str(state)]
-    assert cli(["approve", request.release_id, "--reason", "gate report read", *where], capsys, "bob", monkeypatch)[0] == 0
+    assert cli(["approve", request.release_id, "--reason", "gate report read", *where], capsys, "bob",
+               monkeypatch)[0] == 0
     assert cli(["rollback", "tiny-decision", "--to", first_id, "--reason", "drill", *where], capsys, "bob",
                monkeypatch)[0] == 0
     cli_steps = {name for name, step in table.STEPS.items() if "cli" in step.runs_in and not step.person}

@@ -4,15 +4,15 @@ releases with their copies; a promote killed between two steps resumes without d
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
 
 from tasks.backends.interfaces import RolloutStep
+from tasks.ledger.release_state import ReleaseState
 from tasks.ledger.store import Ledger
 from tasks.ledger.views import as_of, rollout_steps, serving_changes, timeline
-from tasks.ledger.release_state import ReleaseState
 from tasks.pipeline.release import run_release
 
 MODEL = "tiny-decision"
@@ -24,7 +24,7 @@ TS = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 def _at(text: str) -> datetime:
-    return datetime.strptime(text, TS).replace(tzinfo=timezone.utc)
+    return datetime.strptime(text, TS).replace(tzinfo=UTC)
 
 
 def _between(earlier: str, later: str) -> str:
@@ -60,13 +60,16 @@ def canaries(tmp_path_factory, tiny_release):
         c = run_release(config, overrides=("validation.seed=2",), progress=QUIET)
         assert c["status"] == "promoted", c
         ledger = Ledger.for_sqlite(state_dir / "ledger.db")
-        yield {"state_dir": state_dir, "ledger": ledger, "a": a["release_id"], "b": b["release_id"], "c": c["release_id"]}
+        yield {"state_dir": state_dir, "ledger": ledger, "a": a["release_id"], "b": b["release_id"],
+               "c": c["release_id"]}
         ledger.close()
     finally:
         tiny_release.stop_endpoints(state_dir)
 
 
-@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+# the canaries fixture: ~40 s, make test-slow; make test keeps
+# test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+@pytest.mark.slow
 def test_each_traffic_step_is_recorded_when_it_happens(canaries):
     ledger, a, b = canaries["ledger"], canaries["a"], canaries["b"]
     steps = _records(ledger, b, "traffic", "step")
@@ -88,7 +91,9 @@ def test_each_traffic_step_is_recorded_when_it_happens(canaries):
     assert merged == rollout_steps(ledger.release(b))
 
 
-@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+# the canaries fixture: ~40 s, make test-slow; make test keeps
+# test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+@pytest.mark.slow
 def test_as_of_between_two_batches_names_both_releases_with_their_copies(canaries, capsys):
     from tasks.cli.main import main
 
@@ -105,7 +110,8 @@ def test_as_of_between_two_batches_names_both_releases_with_their_copies(canarie
                               {"release_id": b, "copies": 1, "share": 0.5, "since": steps[0].recorded_at}]
     assert (mid["rollout"]["release_id"], mid["rollout"]["from_release"], mid["rollout"]["step"]["batch"]) == (b, a, 1)
     last = as_of(ledger, MODEL, _between(steps[1].recorded_at, promoted.recorded_at))
-    assert [(s["release_id"], s["copies"]) for s in last["serving"]] == [(b, 2)], "every copy is B's before promote ends"
+    assert [(s["release_id"], s["copies"])
+            for s in last["serving"]] == [(b, 2)], "every copy is B's before promote ends"
     done = as_of(ledger, MODEL, promoted.recorded_at)
     assert done["release_id"] == b and done["rollout"] is None
     assert done["serving"] == [{"release_id": b, "copies": 2, "share": 1.0, "since": promoted.recorded_at}]
@@ -117,24 +123,31 @@ def test_as_of_between_two_batches_names_both_releases_with_their_copies(canarie
     assert code == 0 and [row[:3] for row in rows] == [[a, "1", "0.5"], [b, "1", "0.5"]], out
 
 
-@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+# the canaries fixture: ~40 s, make test-slow; make test keeps
+# test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+@pytest.mark.slow
 def test_the_timeline_shows_the_steps_at_their_real_times(canaries):
     ledger, b = canaries["ledger"], canaries["b"]
-    events = [e for e in timeline(ledger, MODEL) if e["release_id"] == b and e["event"] in ("traffic", "bake", "promoted")]
+    events = [e for e in timeline(ledger, MODEL) if e["release_id"] == b
+              and e["event"] in ("traffic", "bake", "promoted")]
     steps = _records(ledger, b, "traffic", "step")
     assert [e["event"] for e in events] == ["traffic", "bake", "traffic", "bake", "promoted"]
     assert [e["at"] for e in events if e["event"] == "traffic"] == [s.recorded_at for s in steps]
     assert events[0]["detail"] == f"rollout batch 1/2: 1 old ({canaries['a']}), 1 new"
-    assert events[1]["detail"] == "rollout batch 1/2 baked: the new copies had no answers to judge", "no traffic, no alarm"
+    assert events[1]["detail"] == "rollout batch 1/2 baked: the new copies had no answers to judge", \
+        "no traffic, no alarm"
     changes = [c for c in serving_changes(ledger.history(MODEL)) if c["rollout"] and c["rollout"]["release_id"] == b]
     assert [[s["copies"] for s in c["serving"]] for c in changes] == [[1, 1], [2]]
 
 
-@pytest.mark.slow  # the canaries fixture: ~40 s, make test-slow; make test keeps test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+# the canaries fixture: ~40 s, make test-slow; make test keeps
+# test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
+@pytest.mark.slow
 def test_a_promote_killed_between_two_steps_resumes_without_duplicating_or_losing_one(canaries):
     ledger, b, c = canaries["ledger"], canaries["b"], canaries["c"]
     steps = _records(ledger, c, "traffic", "step")
-    assert [(s.payload["phase"], s.payload["batch"], s.payload["old_copies"], s.payload["new_copies"]) for s in steps] == [
+    assert [(s.payload["phase"], s.payload["batch"], s.payload["old_copies"], s.payload["new_copies"])
+            for s in steps] == [
         ("rollout", 1, 1, 1), ("rollout", 2, 0, 2)], "batch 1 once (before the kill), batch 2 once (the rerun)"
     assert [v.payload["batch"] for v in _records(ledger, c, "bake", "verdict")] == [2], "batch 1's bake never ended"
     starts = _records(ledger, c, "promote", "started")
@@ -142,7 +155,8 @@ def test_a_promote_killed_between_two_steps_resumes_without_duplicating_or_losin
     merged = _records(ledger, c, "promote", "succeeded")[0].payload["steps"]
     assert [(s["batch"], s["at"]) for s in merged] == [(1, steps[0].recorded_at), (2, steps[1].recorded_at)]
     assert "baked_at" not in merged[0] and merged[1]["baked_at"]
-    crashed = as_of(ledger, MODEL, _between(steps[0].recorded_at, steps[1].recorded_at))  # half-rolled while it was down
+    # half-rolled while it was down
+    crashed = as_of(ledger, MODEL, _between(steps[0].recorded_at, steps[1].recorded_at))
     assert [(s["release_id"], s["copies"]) for s in crashed["serving"]] == [(b, 1), (c, 1)]
     assert ledger.verify().ok
 
@@ -181,7 +195,8 @@ def test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on(tmp_path
     rerun = _log(ctx)  # the promote stage run again after a crash: the same attempt
     rerun("shifted", batch)
     rerun("baked", batch)
-    assert [(r.stage, r.event) for r in ledger.release(ctx.release_id)][1:] == [("traffic", "step"), ("bake", "verdict")]
+    assert [(r.stage, r.event) for r in ledger.release(ctx.release_id)][1:] == [("traffic", "step"),
+                                                                                ("bake", "verdict")]
     assert len(ctx.said) == 2 and "not appended again" in ctx.said[0]
 
     check = RolloutStep(phase="rollout", check=1, batches=2, copies=2, new_spec_sha256="a" * 64)

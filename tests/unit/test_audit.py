@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.pipeline.audit import audit
-from tasks.errors import Conflict, IntegrityError, NotFound
 from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.errors import Conflict, IntegrityError, NotFound
 from tasks.ledger.store import Ledger
+from tasks.pipeline.audit import audit
 from tasks.pipeline.release import run_release
 from tests.unit.conftest import Backend
 from tests.unit.test_checkpoints import _rewrite
@@ -65,7 +65,8 @@ def test_an_edited_record_breaks_the_chain(promoted, tmp_path):
 def test_a_ledger_rewritten_with_recomputed_hashes_fails_against_its_checkpoint(promoted, tmp_path):
     state_dir, _ = promoted
     copy = copy_ledger(state_dir, tmp_path / "ledger.db")
-    _rewrite(Backend("sqlite", "", None, sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")), copy, 3, {"forged": True})
+    _rewrite(Backend("sqlite", "", None, sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")), copy, 3,
+             {"forged": True})
     assert copy.verify().ok, "the chain alone cannot tell"
     with pytest.raises(IntegrityError, match=r"record \d+ hashes to .*the chain was rewritten"):
         audit(state_dir, ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}")
@@ -77,9 +78,11 @@ def test_drift_names_each_field_and_endpoint_that_differs(promoted, tmp_path):
     last = ledger.served_at(MODEL, "2100-01-01T00:00:00Z")
     claimed = {**last.payload["served"], "artifact_sha256": "f" * 64}
     ledger.append(release_id="tiny-decision-aaaaaaaaaaaa", model=MODEL, stage="promote", event="succeeded",
-                  payload={**last.payload, "served": {**claimed, "release_id": "tiny-decision-aaaaaaaaaaaa"}}, actor="pytest")
+                  payload={**last.payload, "served": {**claimed, "release_id": "tiny-decision-aaaaaaaaaaaa"}},
+                  actor="pytest")
     ledger.append(release_id="gone-model-bbbbbbbbbbbb", model="gone-model", stage="promote", event="succeeded",
-                  payload={"endpoint": "shiplift-gone-model-prod", "component": "gone-model", "served": claimed}, actor="pytest")
+                  payload={"endpoint": "shiplift-gone-model-prod", "component": "gone-model", "served": claimed},
+                  actor="pytest")
     ledger.close()
     with pytest.raises(Conflict) as raised:
         audit(state_dir, ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}")
@@ -87,8 +90,8 @@ def test_drift_names_each_field_and_endpoint_that_differs(promoted, tmp_path):
     assert f"serves release_id '{release_id}', the ledger" in message and "'tiny-decision-aaaaaaaaaaaa'" in message
     assert f"serves artifact_sha256 '{last.payload['served']['artifact_sha256']}'" in message and "f" * 64 in message
     assert "image_digest" not in message, "only the fields that differ are named"
-    assert ("gone-model-bbbbbbbbbbbb serves on shiplift-gone-model-prod/gone-model, but the ledger holds no opened release "
-            "of this model") in message
+    assert ("gone-model-bbbbbbbbbbbb serves on shiplift-gone-model-prod/gone-model, but the ledger holds no opened "
+            "release of this model") in message
     assert audit(state_dir)["ok"], "the real ledger and endpoint still agree"
 
 
@@ -101,7 +104,9 @@ def test_a_stopped_router_is_drift(promoted, tmp_path):
         while hosting.describe_endpoint(PROD)["router"]["alive"]:
             assert time.monotonic() < deadline, "the router did not stop"
             time.sleep(0.1)
-        with pytest.raises(Conflict, match=f"{release_id} serves on {PROD}/shiplift-{MODEL}, but {PROD}/shiplift-{MODEL} is OutOfService"):
+        with pytest.raises(Conflict,
+                           match=f"{release_id} serves on {PROD}/shiplift-{MODEL}, but {PROD}/shiplift-{MODEL} is "
+                                 "OutOfService"):
             audit(state_dir)
     finally:
         hosting.ensure_endpoint(PROD)  # restarts the router for later tests

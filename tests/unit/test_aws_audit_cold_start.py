@@ -27,7 +27,8 @@ class GivesInstancesBack(CopiesOnly):
 def test_a_hosting_that_can_wait_for_zero_instances_stops_the_copies_then_waits_for_them():
     hosting = GivesInstancesBack()
     assert stop_for_cold_start(hosting, "e", "c", progress=print) == FROM_ZERO_INSTANCES == cold_start_kind(hosting)
-    assert hosting.heard == [("set_copies", "e", "c", 0), ("wait_for_zero_instances", "e")], "copies first, then instances"
+    assert hosting.heard == [("set_copies", "e", "c", 0),
+                             ("wait_for_zero_instances", "e")], "copies first, then instances"
 
 
 def test_a_hosting_that_only_stops_copies_measures_a_copy_restart():
@@ -46,5 +47,6 @@ def test_the_gate_report_says_which_kind_of_cold_start_was_measured():
     assert "cold starts, from zero instances (an instance, then a copy)" in section(kind=FROM_ZERO_INSTANCES)
     assert "cold starts, copy restart (a copy started again on a running instance" in section(kind=COPY_RESTART)
     assert COLD_START_LABELS[FROM_ZERO_INSTANCES] not in section(kind=COPY_RESTART)
-    # a release recorded before the kind was: its starts were copy restarts on both backends (copies set to 0, invoked at once)
+    # a release recorded before the kind was: its starts were copy restarts on both backends (copies set to 0, invoked
+    # at once)
     assert COLD_START_LABELS[COPY_RESTART] in section()

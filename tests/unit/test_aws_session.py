@@ -1,4 +1,5 @@
-"""tasks.backends.aws.session: botocore failures mapped onto domain errors, and the lazily built, bounded clients of `Aws`."""
+"""tasks.backends.aws.session: botocore failures mapped onto domain errors, and the lazily built, bounded clients of
+`Aws`."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ REGION = "us-east-1"
 
 
 def client_error(code: str, message: str, status: int, operation: str = "DescribeEndpoint") -> bce.ClientError:
-    return bce.ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+    return bce.ClientError({"Error": {"Code": code, "Message": message},
+                            "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
 
 
 def mapped(exc: Exception, operation: str = "DescribeEndpoint") -> ShipliftError:
@@ -83,7 +85,8 @@ def test_missing_resources_are_not_found(code, message, status):
 
 
 @pytest.mark.parametrize("code, message", [
-    ("ValidationException", 'Cannot create already existing endpoint "arn:aws:sagemaker:us-east-1:123456789012:endpoint/x".'),
+    ("ValidationException",
+     'Cannot create already existing endpoint "arn:aws:sagemaker:us-east-1:123456789012:endpoint/x".'),
     ("ValidationException", "Model m already exists."),
     ("ResourceInUse", "Resource in use"),
     ("PreconditionFailed", "At least one of the pre-conditions you specified did not hold"),
@@ -124,7 +127,9 @@ def test_access_denied_is_a_config_error_pointing_at_shiplift_iam(code, status):
     assert "`shiplift iam`" in error.fix
 
 
-@pytest.mark.parametrize("code", ["ExpiredToken", "UnrecognizedClientException", "InvalidClientTokenId", "SignatureDoesNotMatch"])
+@pytest.mark.parametrize("code",
+                         ["ExpiredToken", "UnrecognizedClientException", "InvalidClientTokenId",
+                          "SignatureDoesNotMatch"])
 def test_rejected_credentials_are_config_errors(code):
     error = mapped(client_error(code, "The security token included in the request is invalid.", 400))
     assert type(error) is ConfigError and "refresh them" in error.fix and "nothing was created" in error.fix
@@ -145,7 +150,8 @@ def test_server_side_errors_are_not_ready(code, status):
 
 
 def test_any_other_client_error_is_bad_input_carrying_aws_message():
-    error = mapped(client_error("ValidationException", "1 validation error detected: Value 'x' at 'endpointName' failed", 400))
+    error = mapped(client_error("ValidationException",
+                                "1 validation error detected: Value 'x' at 'endpointName' failed", 400))
     assert type(error) is BadInput and "Value 'x' at 'endpointName' failed" in str(error)
 
 
@@ -165,7 +171,8 @@ def test_no_region_is_a_config_error_naming_the_field():
     assert type(error) is ConfigError and "backend.region" in error.fix
 
 
-@pytest.mark.parametrize("exc", [bce.EndpointConnectionError(endpoint_url="https://api.sagemaker.us-east-1.amazonaws.com"),
+@pytest.mark.parametrize("exc",
+                         [bce.EndpointConnectionError(endpoint_url="https://api.sagemaker.us-east-1.amazonaws.com"),
                                  bce.ConnectTimeoutError(endpoint_url="https://api.sagemaker.us-east-1.amazonaws.com"),
                                  bce.ReadTimeoutError(endpoint_url="https://api.sagemaker.us-east-1.amazonaws.com"),
                                  bce.ConnectionClosedError(endpoint_url="https://api.sagemaker.us-east-1.amazonaws.com")])
@@ -233,7 +240,8 @@ def test_a_longer_read_timeout_and_adaptive_retries_on_request():
     slow = aws.client("sagemaker-runtime", read_timeout_s=300, max_attempts=2)
     assert slow.meta.config.read_timeout == 300 and slow.meta.config.retries["mode"] == "adaptive"
     assert slow.meta.config.retries["total_max_attempts"] == 2, "max_attempts=2 means two attempts in all"
-    assert aws.client("sagemaker-runtime") is not slow and aws.client("sagemaker-runtime").meta.config.read_timeout == 60
+    assert aws.client("sagemaker-runtime") is not slow
+    assert aws.client("sagemaker-runtime").meta.config.read_timeout == 60
 
 
 def test_a_boto3_session_supplies_the_credentials():
@@ -244,7 +252,8 @@ def test_a_boto3_session_supplies_the_credentials():
 
 
 def test_an_aws_access_supplies_the_session_and_the_endpoint():
-    aws = Aws(region=REGION, access=AwsAccess(session=static_session(key="AKIDFROMACCESS"), endpoint_url="http://127.0.0.1:9"))
+    aws = Aws(region=REGION,
+              access=AwsAccess(session=static_session(key="AKIDFROMACCESS"), endpoint_url="http://127.0.0.1:9"))
     client = aws.client("sagemaker")
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
     assert client._request_signer._credentials.access_key == "AKIDFROMACCESS"

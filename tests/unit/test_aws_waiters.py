@@ -40,7 +40,8 @@ def component(status: str, **extra) -> dict:
 
 def wait(aws, name="EndpointInService", params=None, *, deadline_s=5.0, poll_s=0.001, what="endpoint e"):
     heard: list[str] = []
-    params = params if params is not None else ({"EndpointName": "e"} if name.startswith("Endpoint") else {"InferenceComponentName": "c"})
+    params = params if params is not None else ({"EndpointName": "e"}
+                                                if name.startswith("Endpoint") else {"InferenceComponentName": "c"})
     result = wait_for(aws, name, params, deadline_s=deadline_s, poll_s=poll_s, progress=heard.append, what=what)
     return result, heard
 
@@ -53,10 +54,11 @@ def test_creating_then_in_service_is_success_with_the_last_response():
     assert heard == ["endpoint e: Creating", "endpoint e: InService"]
 
 
-# botocore's own sagemaker `EndpointInService` waiter (botocore/data/sagemaker/2017-07-24/waiters-2.json) has one failure
-# acceptor, EndpointStatus == Failed (plus ValidationException errors). UpdateRollbackFailed, OutOfService and Deleting
-# match nothing there, so botocore keeps polling them (30 s x 120 attempts: an hour) until it gives up with a timeout.
-# shiplift's waiters.json ends the wait on every one of them at once, with the response, so FailureReason is read at once.
+# botocore's own sagemaker `EndpointInService` waiter (botocore/data/sagemaker/2017-07-24/waiters-2.json) has one
+# failure acceptor, EndpointStatus == Failed (plus ValidationException errors). UpdateRollbackFailed, OutOfService and
+# Deleting match nothing there, so botocore keeps polling them (30 s x 120 attempts: an hour) until it gives up with a
+# timeout. shiplift's waiters.json ends the wait on every one of them at once, with the response, so FailureReason is
+# read at once.
 @pytest.mark.parametrize("terminal", ["Failed", "UpdateRollbackFailed", "OutOfService", "Deleting"])
 def test_every_non_success_terminal_status_fails_at_once_with_the_response(terminal):
     failed = endpoint(terminal, FailureReason="the primary container did not pass the ping health check")
@@ -130,7 +132,8 @@ def test_the_deadline_raises_not_ready_naming_the_last_status():
 
 
 def test_progress_reports_each_status_change_once():
-    aws = ScriptedAws(*[endpoint("Creating")] * 4, *[endpoint("Updating")] * 3, endpoint("Creating"), endpoint("InService"))
+    aws = ScriptedAws(*[endpoint("Creating")] * 4, *[endpoint("Updating")] * 3, endpoint("Creating"),
+                      endpoint("InService"))
     (state, _), heard = wait(aws)
     assert state == "success" and len(aws.calls) == 9
     assert heard == ["endpoint e: Creating", "endpoint e: Updating", "endpoint e: Creating", "endpoint e: InService"]

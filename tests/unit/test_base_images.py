@@ -14,7 +14,8 @@ DIGEST = "@sha256:" + "ab" * 32
     ("python" + DIGEST, "docker.io", "library/python"),  # an official image: Docker Hub's library/
     ("nvidia/cuda" + DIGEST, "docker.io", "nvidia/cuda"),  # "nvidia" has no dot or colon: a Docker Hub namespace
     ("docker.io/nvidia/cuda" + DIGEST, "docker.io", "nvidia/cuda"),
-    ("public.ecr.aws/deep-learning-containers/llama-cpp" + DIGEST, "public.ecr.aws", "deep-learning-containers/llama-cpp"),
+    ("public.ecr.aws/deep-learning-containers/llama-cpp" + DIGEST, "public.ecr.aws",
+     "deep-learning-containers/llama-cpp"),
     ("localhost/base" + DIGEST, "localhost", "base"),
     ("registry.example:5000/team/base" + DIGEST, "registry.example:5000", "team/base"),
     ("123456789012.dkr.ecr.eu-west-1.amazonaws.com/docker-hub/nvidia/cuda" + DIGEST,
@@ -25,7 +26,8 @@ def test_the_registry_of_a_reference_follows_dockers_rule(reference, registry, r
 
 
 def test_docker_hub_images_get_the_rate_limit_note_and_others_do_not():
-    assert "rate limited" in docker_hub_note("nvidia/cuda" + DIGEST) and "ECR Public" in docker_hub_note("python" + DIGEST)
+    assert "rate limited" in docker_hub_note("nvidia/cuda" + DIGEST) and "ECR Public" in docker_hub_note("python"
+                                                                                                         + DIGEST)
     assert docker_hub_note("public.ecr.aws/docker/library/python" + DIGEST) is None
 
 

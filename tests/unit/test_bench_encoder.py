@@ -27,7 +27,8 @@ from bench.gemm_peak import encoder_flops, roofline
 AVX2_CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
 model name\t: Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz
-flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr sse sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt avx f16c rdrand hypervisor bmi1 avx2 smep bmi2 erms
+flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr sse sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt avx \
+f16c rdrand hypervisor bmi1 avx2 smep bmi2 erms
 bugs\t\t: cpu_meltdown
 
 processor\t: 1
@@ -35,7 +36,8 @@ flags\t\t: fpu avx512f avx512_vnni amx_tile amx_int8
 """
 SPR_CPUINFO = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Processor
-flags\t\t: fpu sse sse2 avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512vbmi avx512_vbmi2 gfni avx512_vnni avx512_bitalg avx512_fp16 amx_bf16 amx_tile amx_int8
+flags\t\t: fpu sse sse2 avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512vbmi \
+avx512_vbmi2 gfni avx512_vnni avx512_bitalg avx512_fp16 amx_bf16 amx_tile amx_int8
 """
 VNNI_CPUINFO = "flags\t: fpu avx2 fma avx512f avx512bw avx512_vnni\n"
 
@@ -122,8 +124,10 @@ def _measured() -> dict:
     # two rounds; PyTorch at 8 and 16 samples/s, ORT int8 at 16 and 24: per-round ratios 2.0 and 1.5
     return {
         "runs": {
-            BASE: [_run([1.0], [0.1], [2.0], [100.0, 300.0], [10.0]), _run([0.5], [0.1], [1.0], [200.0, 400.0], [20.0])],
-            "ort_int8": [_run([0.5], [0.05], [1.0], [50.0, 70.0], [5.0]), _run([1 / 3], [0.05], [0.5], [60.0, 80.0], [6.0])],
+            BASE: [_run([1.0], [0.1], [2.0], [100.0, 300.0], [10.0]),
+                   _run([0.5], [0.1], [1.0], [200.0, 400.0], [20.0])],
+            "ort_int8": [_run([0.5], [0.05], [1.0], [50.0, 70.0], [5.0]),
+                         _run([1 / 3], [0.05], [0.5], [60.0, 80.0], [6.0])],
         },
         "accuracy": {BASE: {"logits": [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]]},
                      "ort_int8": {"logits": [[1, 0, 0], [0, 1, 0], [1, 0, 0], [1, 0, 0]]}},
@@ -154,7 +158,8 @@ def test_summary_rows_and_table_render() -> None:
     measured["accuracy"]["ort_fp32"] = measured["accuracy"][BASE]
     engines = [BASE, "ort_fp32", "ort_int8"]
     report = {"rows": summarize(measured, engines), "rounds": 2, "threads": 2, "date": "2026-12-04",
-              "machine": {"cpu": "test CPU", "cores": 2, "load_average": (0.1, 0.2, 0.3), "isa": parse_isa(AVX2_CPUINFO),
+              "machine": {"cpu": "test CPU", "cores": 2, "load_average": (0.1, 0.2, 0.3),
+                          "isa": parse_isa(AVX2_CPUINFO),
                           "amx_granted": False},
               "inputs": {"batch8": 1, "batch1": 2, "warmup": 20, "mean_real_len": 54.0, "test_pairs": 4},
               "int8_graph": {"method": "static_qdq", "format": "QDQ", "per_channel": True, "reduce_range": False,

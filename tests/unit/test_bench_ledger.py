@@ -30,7 +30,8 @@ def test_every_size_is_measured_and_verifies(measured: dict) -> None:
     for r in measured["results"]:
         assert r["verify_ok"] and r["verify_with_checkpoints_ok"] and r["proof_ok"]
         assert r["append_per_s"] == pytest.approx(r["n"] / r["append_s"]) and r["append_per_s"] > 0
-        assert all(r[k] > 0 for k in ("verify_s", "checkpoint_s", "verify_with_checkpoints_s", "prove_s", "check_proof_s"))
+        assert all(r[k] > 0
+                   for k in ("verify_s", "checkpoint_s", "verify_with_checkpoints_s", "prove_s", "check_proof_s"))
         assert r["proof_records"] == bench_ledger.RECORDS_PER_RELEASE
         assert r["proof_hashes_min"] == r["proof_hashes_max"] == math.ceil(math.log2(r["n"]))
         assert r["proof_bytes"] > r["proof_records"] * r["proof_hashes_max"] * 64

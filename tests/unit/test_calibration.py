@@ -24,7 +24,7 @@ def synthetic(n, k, temperature, seed):
 
 def nll(logits, labels, temperature):
     probs = apply_temperature(logits, temperature)
-    return -float(np.mean([math.log(p[y]) for p, y in zip(probs, labels)]))
+    return -float(np.mean([math.log(p[y]) for p, y in zip(probs, labels, strict=True)]))
 
 
 def ece_of(logits, labels, temperature):

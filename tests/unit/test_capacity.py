@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tasks.backends.capacity import batch_problem, change_room, rollback_room, room_problem, slots, update_room
-from tasks.config import AllAtOnce, Canary, Linear, load_release_config
 from tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement
+from tasks.config import AllAtOnce, Canary, Linear, load_release_config
 from tasks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,8 @@ def mig(instance_type: str, partitions: int) -> MigPartitionPlacement:
 @pytest.mark.parametrize("instance_type, partitions, total", [("ml.p5.48xlarge", 2, 16), ("ml.p5.4xlarge", 2, 2),
                                                               ("ml.p5.4xlarge", 7, 7), ("ml.p4d.24xlarge", 4, 32)])
 def test_a_mig_layout_is_carved_on_every_gpu_of_the_instance(instance_type, partitions, total):
-    """SageMaker's guide: partitions = layout x accelerators per instance x instances; the old count took the layout alone."""
+    """SageMaker's guide: partitions = layout x accelerators per instance x instances; the old count took the layout
+    alone."""
     assert slots(mig(instance_type, partitions), Image()).total(1) == total
 
 
@@ -58,7 +59,8 @@ def test_an_update_needs_room_for_what_it_adds(rollout, peak):
     (AllAtOnce(strategy="all_at_once", copies=2), None),  # no DeploymentConfig: nothing rolls back
     (Linear(strategy="linear", copies=4, batch={"value": 1}), 8),  # RollbackMaximumBatchSize unset: all 4 old copies
     (Canary(strategy="canary", copies=4, batch={"value": 2}, rollback_batch={"value": 1}), 5),
-    (Linear(strategy="linear", copies=10, batch={"value": 1}, rollback_batch={"type": "CAPACITY_PERCENT", "value": 30}), 13),
+    (Linear(strategy="linear", copies=10, batch={"value": 1},
+            rollback_batch={"type": "CAPACITY_PERCENT", "value": 30}), 13),
 ])
 def test_a_rollback_needs_room_for_the_old_copies_it_starts_beside_the_new(rollout, peak):
     """https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html:
@@ -73,8 +75,8 @@ def test_the_shipped_qwen_example_fits_its_update_only_with_managed_scaling():
     assert (config.placement.instance_count, config.placement.max_instance_count, config.rollout.copies) == (2, 4, 2)
     with pytest.raises(ConfigError) as refused:
         load_release_config(QWEN, overrides=("placement.max_instance_count=null",), environ={})
-    assert ("the next release cannot place its update: an update without DeploymentConfig starts all 2 new copies beside "
-            "the old ones (4 at once), but the endpoint grows to at most 2 x ml.g6e.xlarge = 2 GPUs; set "
+    assert ("the next release cannot place its update: an update without DeploymentConfig starts all 2 new copies "
+            "beside the old ones (4 at once), but the endpoint grows to at most 2 x ml.g6e.xlarge = 2 GPUs; set "
             "placement.max_instance_count to 4") in str(refused.value)
     assert "or use a rolling update with a smaller batch" in str(refused.value)
 
@@ -90,12 +92,14 @@ def test_the_shipped_mig_example_uses_one_gpu_whole():
 
 
 def test_max_instance_count_below_instance_count_is_refused():
-    with pytest.raises(ConfigError, match=r"placement.max_instance_count \(1\) is below placement.instance_count \(2\)"):
+    with pytest.raises(ConfigError,
+                       match=r"placement.max_instance_count \(1\) is below placement.instance_count \(2\)"):
         load_release_config(QWEN, overrides=("placement.max_instance_count=1",), environ={})
 
 
 @pytest.mark.parametrize("strategy, copies, batch, words", [
-    ("linear", 4, {"value": 3}, "rollout.batch is 3 copies of 4, but SageMaker's MaximumBatchSize must be 5-50 % of the "
+    ("linear", 4, {"value": 3},
+     "rollout.batch is 3 copies of 4, but SageMaker's MaximumBatchSize must be 5-50 % of the "
                                 "copy count (0.2-2 copies of 4)"),
     ("linear", 4, {"type": "CAPACITY_PERCENT", "value": 60}, "rollout.batch is 60 %"),
     ("linear", 10, {"type": "CAPACITY_PERCENT", "value": 4}, "(5-50 %)"),
@@ -111,10 +115,12 @@ def test_batches_outside_sagemakers_bounds_are_refused(strategy, copies, batch, 
                                                      ("canary", 4, {"value": 2}), ("canary", 2, {"value": 1}),
                                                      ("linear", 10, {"type": "CAPACITY_PERCENT", "value": 50})])
 def test_batches_inside_the_bounds_pass(strategy, copies, batch):
-    assert batch_problem((Canary if strategy == "canary" else Linear)(strategy=strategy, copies=copies, batch=batch)) is None
+    assert batch_problem((Canary if strategy == "canary" else Linear)(strategy=strategy, copies=copies,
+                                                                      batch=batch)) is None
 
 
 def test_an_aws_config_with_a_batch_out_of_bounds_is_refused_at_load():
     with pytest.raises(ConfigError, match="MaximumBatchSize must be 5-50 % of the copy count"):
         load_release_config(QWEN, overrides=("rollout.strategy=linear", "rollout.copies=4", "rollout.batch.value=3",
-                                              "placement.instance_count=4", "placement.max_instance_count=8"), environ={})
+                                              "placement.instance_count=4", "placement.max_instance_count=8"),
+                                              environ={})

@@ -31,13 +31,15 @@ def task(labels=("yes", "no")) -> JevTask:
 def answer(top: list[tuple[str, float]], generated: str = "A", model: str = f"/opt/ml/model/{SHA}.gguf") -> bytes:
     return json.dumps({"model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": generated},
                        "logprobs": {"content": [{"token": generated, "logprob": top[0][1],
-                                                 "top_logprobs": [{"token": t, "logprob": lp} for t, lp in top]}]}}]}).encode()
+                                                 "top_logprobs": [{"token": t, "logprob": lp} for t,
+                                                                  lp in top]}]}}]}).encode()
 
 
 def test_the_request_asks_one_token_with_top_logprobs_in_semif_words():
     readout = ChatReadout(top_logprobs=7)
     body = json.loads(readout.body(task()))
-    assert body["max_tokens"] == 1 and body["temperature"] == 0 and body["logprobs"] is True and body["top_logprobs"] == 7
+    assert body["max_tokens"] == 1 and body["temperature"] == 0 and body["logprobs"] is True
+    assert body["top_logprobs"] == 7
     [message] = body["messages"]
     assert message["role"] == "user"
     # semif-prompt-v1: the state as canonical JSON (sorted keys, UTF-8 kept), then the lettered options and the cue
@@ -72,9 +74,11 @@ def test_the_model_is_named_only_by_a_sha256_file_name():
     (b"not json", "not JSON"),
     (json.dumps({"choices": []}).encode(), "single 'choices'"),
     (json.dumps({"choices": [{"logprobs": None}]}).encode(), "was logprobs asked"),
-    (json.dumps({"choices": [{"logprobs": {"content": [{"token": "A", "logprob": 0.5, "top_logprobs": []}]}}]}).encode(),
+    (json.dumps({"choices": [{"logprobs": {"content": [{"token": "A", "logprob": 0.5,
+                                                        "top_logprobs": []}]}}]}).encode(),
      "logprob <= 0"),
-    (json.dumps({"choices": [{"logprobs": {"content": [{"token": "A", "logprob": -1, "top_logprobs": [{"token": 3}]}]}}]}).encode(),
+    (json.dumps({"choices": [{"logprobs": {"content": [{"token": "A", "logprob": -1,
+                                                        "top_logprobs": [{"token": 3}]}]}}]}).encode(),
      "top_logprobs[0]"),
 ])
 def test_an_answer_that_is_not_a_chat_completion_with_logprobs_is_malformed(body, needle):

@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from tasks.errors import ConfigError, IntegrityError, NotFound
 from tasks.ledger import merkle
 from tasks.ledger.checkpoints import CheckpointLog, SigningKey, check_proof, checkpoint, prove, verify_with_checkpoints
-from tasks.errors import ConfigError, IntegrityError, NotFound
 from tasks.ledger.store import GENESIS_HASH, Ledger, content_hash
 from tests.unit.conftest import Backend
 from tests.unit.test_ledger import _append
@@ -77,7 +77,8 @@ def test_a_chain_edited_and_rehashed_verifies_alone_but_not_against_its_checkpoi
     _rewrite(backend, ledger, 2, {"n": 99, "accuracy": 1.0})
     assert ledger.verify().ok, "the rewritten chain is self-consistent"
     problems = _problems(ledger, log, key)
-    assert len(problems) == 2 and problems[0].startswith("record 4 hashes to") and "the chain was rewritten" in problems[0]
+    assert len(problems) == 2 and problems[0].startswith("record 4 hashes to")
+    assert "the chain was rewritten" in problems[0]
     assert problems[1].startswith("the Merkle root of records 1..4 is") and "the records were rewritten" in problems[1]
 
 
@@ -92,7 +93,8 @@ def test_a_replaced_database_is_detected(tmp_path, ledger, log, key):
     _signed(ledger, log, key)
     other = Ledger.for_sqlite(tmp_path / "other.db")
     for i in range(6):
-        other.append(release_id="rel-1", model="gemma", stage="build", event="started", payload={"n": i}, actor="mallory")
+        other.append(release_id="rel-1", model="gemma", stage="build", event="started", payload={"n": i},
+                     actor="mallory")
     problems = _problems(other, log, key)
     assert any("the chain was rewritten (or the database was replaced)" in p for p in problems), problems
 
@@ -108,7 +110,8 @@ def test_a_forged_checkpoint_and_one_signed_by_another_key_are_named(tmp_path, l
     assert any("line 2 (seq 2) has a signature that does not verify" in p and "forged" in p for p in problems), problems
     assert any(f"line 3 (seq 4) names key {other_key.key_id}" in p and "signed by another key" in p for p in problems)
     assert any(p.startswith("checkpoint line 4 is not a checkpoint") for p in problems)
-    assert verify_with_checkpoints(ledger, log, key.public)["checked_against"] == signed.to_dict(), "the valid one counts"
+    assert verify_with_checkpoints(ledger, log,
+                                   key.public)["checked_against"] == signed.to_dict(), "the valid one counts"
 
 
 def test_refusals_sign_nothing(tmp_path, backend, ledger, log, key):
@@ -116,7 +119,7 @@ def test_refusals_sign_nothing(tmp_path, backend, ledger, log, key):
     lines = log.path.read_text()
     _append(ledger, n=7)
     with pytest.raises(IntegrityError, match="clock reads .* before the latest checkpoint"):
-        checkpoint(ledger, log, key, now=datetime.now(timezone.utc) - timedelta(days=1))
+        checkpoint(ledger, log, key, now=datetime.now(UTC) - timedelta(days=1))
     backend.raw("UPDATE {records} SET actor = 'mallory' WHERE seq = 1")
     with pytest.raises(IntegrityError, match="does not verify, so its head is not signed.*seq 1.*edited"):
         checkpoint(ledger, log, key)
@@ -135,8 +138,8 @@ def test_refusals_sign_nothing(tmp_path, backend, ledger, log, key):
 
 
 def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, capsys):
-    from tasks.console import EXIT_REJECTED
     from tasks.cli.main import main
+    from tasks.console import EXIT_REJECTED
 
     state = tmp_path / "state"
     state.mkdir()
@@ -206,10 +209,13 @@ def test_a_release_is_proven_included_with_the_checkpoint_alone(tmp_path, ledger
     assert check_proof(json.loads(json.dumps(proof)), key.public) == []
     moved = json.loads(json.dumps(proof))
     moved["records"][0]["path"] = proof["records"][1]["path"]  # another record's place in the tree
-    assert check_proof(moved, key.public) == [f"record 2 is not proven included in the checkpoint of {proof['checkpoint']['signed_at']}"]
+    assert check_proof(moved,
+                       key.public) == ["record 2 is not proven included in the checkpoint of "
+                                       f"{proof['checkpoint']['signed_at']}"]
     forged = json.loads(json.dumps(proof))
     forged["checkpoint"]["merkle_root"] = "0" * 64
-    assert check_proof(forged, key.public) == ["the proof's checkpoint signature does not verify: it was forged or edited"]
+    assert check_proof(forged,
+                       key.public) == ["the proof's checkpoint signature does not verify: it was forged or edited"]
     other = SigningKey(tmp_path / "other" / "key.pem")
     assert "signed by another key" in check_proof(proof, other.public)[0]
     with pytest.raises(NotFound, match="release 'rel-zzz' has no ledger records"):
@@ -225,16 +231,16 @@ def test_deleting_the_newest_record_the_record_of_the_latest_checkpoint_fails_ve
     backend.raw("DELETE FROM {records} WHERE seq = 5")
     assert ledger.verify().ok, "the shorter chain is self-consistent"
     assert _problems(ledger, log, key) == [
-        f"the checkpoint of seq 4 signed {signed.signed_at} is in the checkpoint log, but no record of the chain (which "
-        "ends at seq 4) records it: the record appended after it was signed was deleted (the newest records were), or "
-        "the database was replaced"]
+        f"the checkpoint of seq 4 signed {signed.signed_at} is in the checkpoint log, but no record of the chain "
+        "(which ends at seq 4) records it: the record appended after it was signed was deleted (the newest records "
+        "were), or the database was replaced"]
     with pytest.raises(IntegrityError, match="does not verify, so its head is not signed"):
         checkpoint(ledger, log, key)
 
 
 def test_cli_verify_fails_when_the_newest_record_of_a_checkpointed_ledger_is_deleted(tmp_path, capsys):
-    from tasks.console import EXIT_REJECTED
     from tasks.cli.main import main
+    from tasks.console import EXIT_REJECTED
 
     state, keyfile = tmp_path / "state", str(tmp_path / "k" / "key.pem")
     with Ledger.for_sqlite(state / "ledger.db") as ledger:
@@ -258,8 +264,8 @@ def test_cli_verify_fails_when_the_newest_record_of_a_checkpointed_ledger_is_del
 def test_a_proof_cut_down_to_its_first_record_is_refused(tmp_path, capsys):
     """Issue 44: a proof states what it covers (the release, how many records and their seqs, the checkpoint's seq and
     head hash), so one cut down to its first record no longer checks as `"ok": true, "records": 1`."""
-    from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
     from tasks.cli.main import main
+    from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
 
     state, keyfile, proof = tmp_path / "state", str(tmp_path / "k" / "key.pem"), tmp_path / "proof.json"
     with Ledger.for_sqlite(state / "ledger.db") as ledger:

@@ -38,7 +38,8 @@ def start(seconds: float, error: str | None = None) -> ColdStart:
 
 def test_the_check_passes_at_the_bound_and_fails_above_it_or_on_a_start_with_no_answer():
     passed = cold_start_check([start(1.0), start(2.0), start(4.0)], 4.0)
-    assert (passed["name"], passed["status"], passed["observed"], passed["threshold"], passed["n"]) == (CHECK_NAME, "pass", 4.0, 4.0, 3)
+    assert (passed["name"], passed["status"], passed["observed"], passed["threshold"],
+            passed["n"]) == (CHECK_NAME, "pass", 4.0, 4.0, 3)
     assert passed["passed"] is True and passed["rule"] == "point"
     assert cold_start_check([start(1.0), start(4.5)], 4.0)["status"] == "fail"
     lost = cold_start_check([start(1.0), start(8.0, "run deadline exceeded after 40 attempt(s)")], 100.0)
@@ -57,12 +58,14 @@ def test_release_checks_join_the_gate_s_decision():
     assert with_release_checks(report("pass", "pass"), {"checks": [cold_fail]})["decision"] == "fail"
     joined = with_release_checks(report("pass", "pass"), {"checks": [cold_pass]})
     assert joined["decision"] == "pass" and [c["name"] for c in joined["checks"]] == ["c0", CHECK_NAME]
-    assert with_release_checks(report("inconclusive", "inconclusive"), {"checks": [cold_pass]})["decision"] == "inconclusive"
+    assert with_release_checks(report("inconclusive", "inconclusive"),
+                               {"checks": [cold_pass]})["decision"] == "inconclusive"
     # a gate without thresholds judged nothing: a passing cold start does not make it a pass
     assert with_release_checks(report("not_gated", "skipped"), {"checks": [cold_pass]})["decision"] == "not_gated"
     assert with_release_checks(report("not_gated", "skipped"), {"checks": [cold_fail]})["decision"] == "fail"
     unchanged = report("pass", "pass")
-    assert with_release_checks(unchanged, None) is unchanged and with_release_checks(unchanged, {"cost": {}}) is unchanged
+    assert with_release_checks(unchanged, None) is unchanged and with_release_checks(unchanged,
+                                                                                     {"cost": {}}) is unchanged
 
 
 def test_the_runtime_s_no_capacity_answer_is_retryable_and_other_validation_errors_are_not():

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef, RolloutPlan
+from tasks.backends.local.endpoint_state import ProcessSpec
 from tasks.backends.local.rollout import peak_copies, roll_out
 from tasks.backends.local.room import EndpointRoom, need_of, room_of
-from tasks.backends.local.endpoint_state import ProcessSpec
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
 from tasks.errors import CapacityError
@@ -22,13 +22,15 @@ from tests.unit.test_component_lock import ParkedBake, _invoke
 from tests.unit.test_local_hosting import _spec
 
 ENDPOINT = "ep-room"
-PLACEMENT = InstanceTypePlacement(kind="instance_type", instance_type="ml.c7i.xlarge", instance_count=2, endpoint="fleet")
+PLACEMENT = InstanceTypePlacement(kind="instance_type", instance_type="ml.c7i.xlarge", instance_count=2,
+                                  endpoint="fleet")
 
 
 def _tenant(copies: int, version: str = "v1") -> ProcessSpec:
     """A fake copy spec carrying its neutral ComponentSpec: 2 CPU cores a copy (image.threads 2)."""
     digest = "sha256:" + (version.encode().hex() * 64)[:64]
-    neutral = ComponentSpec(image_uri=f"fake/semif@{digest}", artifact_uri=f"file:///fake/{version}", artifact_sha256="a" * 64,
+    neutral = ComponentSpec(image_uri=f"fake/semif@{digest}", artifact_uri=f"file:///fake/{version}",
+                            artifact_sha256="a" * 64,
                             environment={}, copies=copies, compute=Compute(memory_mb=128, cpu_cores=2.0),
                             model_ref=ModelRef(release_id=version, artifact_sha256="a" * 64, image_digest=digest))
     return _spec(copies=copies, version=version).model_copy(update={"neutral": neutral.model_dump(mode="json")})
@@ -46,7 +48,8 @@ def _fleet(hosting: ProcessSupervisor, **copies: int) -> str:
 def _serving(hosting: ProcessSupervisor) -> dict[str, tuple[str, list[int]]]:
     """Per component, the version it serves and its copies' pids."""
     state = hosting._load(ENDPOINT)
-    return {name: (comp.spec.model_ref["version"], [c.pid for c in comp.copies]) for name, comp in state.components.items()}
+    return {name: (comp.spec.model_ref["version"], [c.pid for c in comp.copies]) for name,
+            comp in state.components.items()}
 
 
 def _untouched(hosting: ProcessSupervisor, before: dict, url: str) -> None:
@@ -68,7 +71,8 @@ def test_a_third_tenant_whose_copies_do_not_fit_is_refused_and_changes_nothing(h
         hosting.put_component(ENDPOINT, "c", _tenant(3), ready_timeout_s=20)
     # the double's InsufficientCapacity reason, word for word, then the arithmetic and the fix
     assert ("InsufficientCapacity: Unable to place 3 copies of inference component c: endpoint ep-room has room for 1 "
-            "(2 x ml.c7i.xlarge with 4 vCPUs each, 6 held by other inference components, 2 a copy)") in refused.value.problem
+            "(2 x ml.c7i.xlarge with 4 vCPUs each, 6 held by other inference components, 2 a copy)"
+            ) in refused.value.problem
     assert "3 x 2 + 6 = 12 vCPUs > 8" in refused.value.problem
     assert "placement.instance_count (or max_instance_count" in refused.value.fix and " to 3 " in refused.value.fix
     _untouched(hosting, before, url)
@@ -135,12 +139,14 @@ def test_the_room_of_a_placement_is_counted_as_sagemaker_counts_it():
     pool = InstancePoolPlacement(kind="instance_pool", endpoint="fleet", pools=[
         {"instance_type": "ml.c7i.2xlarge", "priority": 1}, {"instance_type": "ml.c7i.xlarge", "priority": 2}])
     assert room_of(pool).per_instance("vCPUs") == 4, "any pool type may be provisioned: the smallest counts"
-    mig = room_of(MigPartitionPlacement(kind="mig_partition", instance_type="ml.p5.4xlarge", partition_type="mig-1g.10gb",
-                                        partitions=7, endpoint="shared-h100"))
+    mig = room_of(MigPartitionPlacement(kind="mig_partition", instance_type="ml.p5.4xlarge",
+                                        partition_type="mig-1g.10gb", partitions=7, endpoint="shared-h100"))
     assert mig.per_instance("mig-1g.10gb partitions") == 7 and mig.per_instance("GPUs") == 1
-    assert need_of({"compute": {"accelerator_partition": "mig-1g.10gb", "memory_mb": 128}}) == ("mig-1g.10gb partitions", 1)
+    assert need_of({"compute": {"accelerator_partition": "mig-1g.10gb",
+                                "memory_mb": 128}}) == ("mig-1g.10gb partitions", 1)
     assert need_of({"compute": {"accelerators": 1, "memory_mb": 128}}) == ("GPUs", 1)
-    assert need_of(None) is None and EndpointRoom(instance_types=("ml.x9.large",), instances=1).per_instance("vCPUs") is None
+    assert need_of(None) is None and EndpointRoom(instance_types=("ml.x9.large",),
+                                                  instances=1).per_instance("vCPUs") is None
     # the local rollout's peak: a canary of 1 then 1 of 2 copies runs 3 at once, a linear one of 4 by 1 runs 5
     assert peak_copies(RolloutPlan(strategy="canary"), 2, 2) == 3
     assert peak_copies(RolloutPlan(strategy="linear"), 4, 4) == 5

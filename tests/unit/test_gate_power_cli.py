@@ -68,7 +68,8 @@ def test_config_validate_warns_about_an_underpowered_margin(capsys):
     assert main(["config", "validate", QWEN, "--json", *NARROW_QWEN]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["ok"] is True  # a warning, not a refusal
-    assert "warning: champion_accuracy: an equally good candidate passes with probability 0.11 at margin 0.02" in captured.err
+    assert ("warning: champion_accuracy: an equally good candidate passes with probability 0.11 at margin 0.02"
+            in captured.err)
     assert "0.075 or 1570 tasks" in captured.err and "widen validation.champion's margin or add tasks" in captured.err
     assert main(["config", "validate", QWEN, "--json", "--set", "validation.champion.margin=0.08"]) == 0
     assert "warning" not in capsys.readouterr().err

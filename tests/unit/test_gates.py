@@ -99,7 +99,8 @@ def test_the_interval_bound_is_the_default_and_judges_the_conservative_end():
     assert accuracy.ci[0] >= 0.7 and accuracy.status == "pass" and "interval low end" in accuracy.reason
     stricter_floor = evaluate_gates(preds, thresholds=DecisionThresholds(min_accuracy=0.75, max_ece=0.2))
     assert stricter_floor.checks[0].observed >= 0.75 > stricter_floor.checks[0].ci[0]
-    assert status(stricter_floor, "accuracy") == "fail", "a point estimate above the floor is not enough under the bound"
+    assert status(stricter_floor,
+                  "accuracy") == "fail", "a point estimate above the floor is not enough under the bound"
     assert status(evaluate_gates(preds, thresholds=DecisionThresholds(min_accuracy=0.75, max_ece=0.2),
                                  decision_rule="point"), "accuracy") == "pass"
     with pytest.raises(BadInput, match="decision_rule"):
@@ -110,7 +111,8 @@ def test_the_summary_names_every_check_that_did_not_pass_and_no_thresholds_is_no
     from validation.gates import summary_line
 
     preds = model_rows(100, 0.4, seed=2, latency=900.0)
-    report = evaluate_gates(preds, thresholds=DecisionThresholds(min_accuracy=0.5, max_ece=0.2, max_p95_latency_ms=500.0))
+    report = evaluate_gates(preds,
+                            thresholds=DecisionThresholds(min_accuracy=0.5, max_ece=0.2, max_p95_latency_ms=500.0))
     line = summary_line(report.decision, report.to_dict()["checks"])
     assert line.startswith("fail: ") and "accuracy 0.4 (needs >= 0.5; bound" in line and "p95_latency_ms" in line
     assert "validity" not in line, "a passing check is not listed"
@@ -135,17 +137,20 @@ def test_the_champion_comparison_covers_every_gated_metric_paired_on_shared_task
     rows = {r["metric"]: r for r in report.champion["comparison"]}
     assert list(rows) == ["accuracy", "ece", "validity", "allowed_token_mass", "p95_latency_ms"]
     assert rows["accuracy"]["difference"] == pytest.approx(0.10) and rows["accuracy"]["paired"]
-    assert rows["accuracy"]["candidate"]["value"] == pytest.approx(0.8) and rows["accuracy"]["champion"]["value"] == pytest.approx(0.7)
+    assert rows["accuracy"]["candidate"]["value"] == pytest.approx(0.8)
+    assert rows["accuracy"]["champion"]["value"] == pytest.approx(0.7)
     low, high = rows["accuracy"]["difference_ci"]
     assert 0.0 < low <= 0.10 <= high, "ten more right on the same tasks: the paired interval excludes zero"
-    assert rows["allowed_token_mass"]["difference"] == pytest.approx(-0.1) and rows["allowed_token_mass"]["n_shared"] == 100
+    assert rows["allowed_token_mass"]["difference"] == pytest.approx(-0.1)
+    assert rows["allowed_token_mass"]["n_shared"] == 100
     assert rows["validity"]["difference"] == 0.0
     p95 = rows["p95_latency_ms"]
     champion_p95 = np.percentile([100.0 + i % 7 for i in range(1, 100)], 95)  # each side's first request apart
     assert p95["paired"] and p95["n_shared"] == 99 and p95["difference"] == pytest.approx(50.0)
     assert p95["difference_ci"] == pytest.approx([50.0, 50.0])  # 50 ms slower on every request, in every resample
     assert p95["ratio"] == pytest.approx((champion_p95 + 50.0) / champion_p95)
-    assert rows["accuracy"]["gated_by"] == ["accuracy", "champion_accuracy"] and rows["p95_latency_ms"]["gated_by"] == []
+    assert rows["accuracy"]["gated_by"] == ["accuracy",
+                                            "champion_accuracy"] and rows["p95_latency_ms"]["gated_by"] == []
     assert report.champion["metrics"]["reliability"], "the champion's own metrics are kept for the report's overlay"
 
 

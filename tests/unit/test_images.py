@@ -1,4 +1,5 @@
-"""Image source trees (tasks/backends/image_source.py): the digest covers the image folder and the shared images/common."""
+"""Image source trees (tasks/backends/image_source.py): the digest covers the image folder and the shared
+images/common."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tasks.errors import BadInput, NotFound
 from tasks.hashing import sha256_bytes
@@ -75,7 +76,7 @@ def test_score_expected_int_becomes_label_string(tmp_path):
 
 def test_tasks_are_frozen(tmp_path):
     (task,) = load_jevbench(write(tmp_path, CHOICE))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         task.id = "other"
 
 
@@ -135,7 +136,7 @@ def test_dataset_sha256_is_sha_of_bytes(tmp_path):
 def test_public_jevbench_loads(name, count):
     tasks = load_jevbench(SHARED / f"{name}.jsonl")
     assert len(tasks) == count
-    for task, line in zip(tasks, (SHARED / f"{name}.jsonl").read_text().splitlines()):
+    for task, line in zip(tasks, (SHARED / f"{name}.jsonl").read_text().splitlines(), strict=True):
         raw = json.loads(line)
         assert [o["id"] for o in task.to_decision()["options"]] == raw["labels"]
         assert task.expected_label == str(raw["expected"])

@@ -15,13 +15,13 @@ from scipy import stats
 
 from validation.datasets import DecisionDataset
 from validation.decisions.evaluate import DECISION_REPORT, evaluate_decisions
+from validation.decisions.jevbench import JevTask
 from validation.evaluate import RunSettings, Target
 from validation.gate_report import render_html
 from validation.gates import ChampionRule, DecisionThresholds, evaluate_gates, summary_line
-from validation.decisions.jevbench import JevTask
 from validation.metrics import paired_latency_ratio
-from validation.nli.pairs import LABELS, NliPair
 from validation.nli.evaluate import NliDataset, NliThresholds, evaluate_nli
+from validation.nli.pairs import LABELS, NliPair
 
 OPTIONS = ["a", "b", "c"]
 
@@ -81,11 +81,13 @@ def test_the_interval_matches_scipys_paired_percentile_bootstrap():
     ours = paired_latency_ratio(candidate, champion, n_bootstrap=20_000, seed=5)
     x = np.asarray([r["latency_ms"] for r in candidate[1:]])
     y = np.asarray([r["latency_ms"] for r in champion[1:]])
-    theirs = stats.bootstrap((x, y), lambda a, b, axis=-1: np.percentile(a, 95, axis=axis) / np.percentile(b, 95, axis=axis),
+    theirs = stats.bootstrap((x, y), lambda a, b,
+                             axis=-1: np.percentile(a, 95, axis=axis) / np.percentile(b, 95, axis=axis),
                              paired=True, vectorized=True, n_resamples=20_000, method="percentile",
                              random_state=np.random.default_rng(9)).confidence_interval
     assert ours["ratio"] == pytest.approx(np.percentile(x, 95) / np.percentile(y, 95))
-    assert ours["ci"][0] == pytest.approx(theirs.low, rel=0.02) and ours["ci"][1] == pytest.approx(theirs.high, rel=0.02)
+    assert ours["ci"][0] == pytest.approx(theirs.low, rel=0.02) and ours["ci"][1] == pytest.approx(theirs.high,
+                                                                                                   rel=0.02)
 
 
 def test_a_seeded_simulation_with_a_known_ratio_covers_it_and_decides_as_designed():
@@ -117,7 +119,8 @@ def check(report, name):
     return next(c for c in report.checks if c.name == name)
 
 
-@pytest.mark.parametrize(("slower", "noise", "expected"), [(1.0, 0.1, "pass"), (3.0, 0.1, "fail"), (1.5, 0.6, "inconclusive")])
+@pytest.mark.parametrize(("slower", "noise", "expected"),
+                         [(1.0, 0.1, "pass"), (3.0, 0.1, "fail"), (1.5, 0.6, "inconclusive")])
 def test_the_ratio_check_passes_fails_or_cannot_tell(slower, noise, expected):
     rng = np.random.default_rng(4)
     base = rng.lognormal(6.0, 0.4, size=80)
@@ -155,7 +158,8 @@ def test_max_ratio_is_a_ratio_above_one():
 
 def test_the_absolute_ceiling_is_labelled_an_slo_on_this_machine_in_the_check_the_summary_and_the_report():
     slow = side([800.0] * 40)
-    report = evaluate_gates(slow, thresholds=DecisionThresholds(min_accuracy=0.5, max_ece=None, max_p95_latency_ms=500.0),
+    report = evaluate_gates(slow,
+                            thresholds=DecisionThresholds(min_accuracy=0.5, max_ece=None, max_p95_latency_ms=500.0),
                             champion_preds=side([790.0] * 40), champion_rule=RULE)
     slo = check(report, "p95_latency_ms")
     assert slo.status == "fail" and slo.comparator == "SLO <="
@@ -165,7 +169,8 @@ def test_the_absolute_ceiling_is_labelled_an_slo_on_this_machine_in_the_check_th
     assert "p95_latency_ms 800 (SLO: needs <= 500 ms on this machine" in line
     page = render_html("t", report.to_dict(), slow, DECISION_REPORT)
     assert "SLO: p95 &lt;= 500 ms on this machine" in page
-    assert "candidate p95 ÷ champion p95 (dimensionless)" in page and "p95 latency (ms, per request; 95% interval)" in page
+    assert "candidate p95 ÷ champion p95 (dimensionless)" in page
+    assert "p95 latency (ms, per request; 95% interval)" in page
     assert "high end of candidate p95 / champion p95 &lt;= 1.5" in page
 
 
@@ -180,7 +185,7 @@ class Recorder:
         self.arrivals: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
-    def invoker(self, label: str, answer) -> "FakeInvoker":
+    def invoker(self, label: str, answer) -> FakeInvoker:
         return FakeInvoker(self, label, answer)
 
 
@@ -191,7 +196,7 @@ class FakeInvoker:
     def describe(self) -> dict:
         return {"kind": "fake", "url": self.label}
 
-    def open(self) -> "FakeInvoker":
+    def open(self) -> FakeInvoker:
         return self
 
     def close(self) -> None:
@@ -247,12 +252,15 @@ def test_a_candidate_and_its_champion_are_scored_alternately_in_turns(tmp_path):
     settings = RunSettings(concurrency=2, timeout_s=10, deadline_s=60, n_bootstrap=100)
     report = evaluate_decisions(
         Target(recorder.invoker("new", semif_answer), "new"), [tasks(12)], tmp_path, thresholds=None,
-        champion_rule=ChampionRule(n_bootstrap=100, min_samples=5), champion=Target(recorder.invoker("old", semif_answer), "old"),
+        champion_rule=ChampionRule(n_bootstrap=100, min_samples=5),
+        champion=Target(recorder.invoker("old", semif_answer), "old"),
         settings=settings, progress=lines.append)
-    # turns of 2 requests per worker: new 4, old 4, then old first on the next turn (A B B A ...), never one then the other
+    # turns of 2 requests per worker: new 4, old 4, then old first on the next turn (A B B A ...), never one then the
+    # other
     assert runs(recorder.arrivals) == [("new", 4), ("old", 8), ("new", 8), ("old", 4)]
     for start in range(0, 24, 8):  # each turn's tasks are the same on both sides
-        assert {t for _, t in recorder.arrivals[start:start + 4]} == {t for _, t in recorder.arrivals[start + 4:start + 8]}
+        assert {t for _, t in recorder.arrivals[start:start + 4]} == {t for _,
+                                                                      t in recorder.arrivals[start + 4:start + 8]}
     assert [json.loads(x)["id"] for x in (tmp_path / "predictions.jsonl").read_text().splitlines()] == \
         [f"t{i:02d}" for i in range(12)]
     assert len((tmp_path / "champion-predictions.jsonl").read_text().splitlines()) == 12
@@ -274,7 +282,8 @@ def test_nli_targets_alternate_in_turns_of_whole_batches_numbered_as_one_run(tmp
     dataset = NliDataset(name="nli", path=tmp_path / "nli.jsonl", sha256="0" * 64, splits=("test",), pairs=pairs,
                          dropped_unlabelled=0, check={})
     result = evaluate_nli(Target(recorder.invoker("new", nli_answer), "new"), [dataset], tmp_path / "out",
-                          thresholds=NliThresholds(min_accuracy=0.0, min_macro_f1=None, min_class_recall=None, max_ece=None),
+                          thresholds=NliThresholds(min_accuracy=0.0, min_macro_f1=None, min_class_recall=None,
+                                                   max_ece=None),
                           champion_rule=ChampionRule(n_bootstrap=100, min_samples=3, max_p95_ratio=50.0, margin=1.0),
                           champion=Target(recorder.invoker("old", nli_answer), "old"), batch_size=4,
                           settings=RunSettings(concurrency=2, timeout_s=10, deadline_s=60, n_bootstrap=100))

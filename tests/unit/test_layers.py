@@ -16,18 +16,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("tasks", "validation", "dags", "bench")
-LAZY_REFERENCE = re.compile(r"((?:tasks|validation|dags|bench)(?:\.\w+)+):\w+")  # "tasks.pipeline.fleet.move:move_fleet"
+# "tasks.pipeline.fleet.move:move_fleet"
+LAZY_REFERENCE = re.compile(r"((?:tasks|validation|dags|bench)(?:\.\w+)+):\w+")
 
 # Bottom first. A unit is a set of module prefixes; a module belongs to the unit with its longest matching prefix.
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"core": ("tasks.errors", "tasks.hashing", "tasks.atomic", "tasks.project", "tasks.processes", "tasks.yamlfile",
-              "tasks.secret_keys", "tasks.config_types", "tasks.console", "tasks.__init__")},
+              "tasks.secret_keys", "tasks.config_types", "tasks.console", "tasks.extras", "tasks.__init__")},
     {"validation": ("validation",)},
     {"artifacts": ("tasks.artifacts",), "ledger": ("tasks.ledger",)},
     {"backend contracts": ("tasks.backends.__init__", "tasks.backends.interfaces", "tasks.backends.placement",
                            "tasks.backends.capacity", "tasks.backends.pricing", "tasks.backends.pricing_table",
-                           "tasks.backends.pricing_instances", "tasks.backends.pricing_costs", "tasks.backends.image_source",
-                           "tasks.backends.local.backend_config", "tasks.backends.aws.backend_config", "tasks.backends.aws.service_model",
+                           "tasks.backends.pricing_instances", "tasks.backends.pricing_costs",
+                           "tasks.backends.image_source",
+                           "tasks.backends.local.backend_config", "tasks.backends.aws.backend_config",
+                           "tasks.backends.aws.service_model",
                            "tasks.backends.aws.base_images")},
     {"families": ("tasks.families",)},
     {"config": ("tasks.config", "tasks.config_release", "tasks.config_rollout", "tasks.config_errors")},
@@ -62,7 +65,8 @@ def imported_modules(module: str, source: str, *, references: bool = True) -> li
     `import_module("x")` with a constant name; and, with `references`, a constant `"x.y:name"` string (loads `x.y`)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module" \
+        if isinstance(node, ast.Call) and getattr(node.func, "attr",
+                                                  getattr(node.func, "id", None)) == "import_module" \
                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
             found.append((node.lineno, node.args[0].value))
         elif references and isinstance(node, ast.Constant) and isinstance(node.value, str) \

@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -22,7 +22,7 @@ HOST = socket.gethostname()
 
 
 def stamp(seconds_from_now: float) -> str:
-    return (datetime.now(timezone.utc) + timedelta(seconds=seconds_from_now)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return (datetime.now(UTC) + timedelta(seconds=seconds_from_now)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def lease_of(*, host: str | None, pid: int | None, renewed_ago_s: float = 0.0) -> Lease:
@@ -30,12 +30,14 @@ def lease_of(*, host: str | None, pid: int | None, renewed_ago_s: float = 0.0) -
     name says another host on purpose: liveness never reads it."""
     renewed = stamp(-renewed_ago_s)
     return Lease(model="gemma", holder="alice@somewhere-else/pid-1", release_id="rel-1", acquired_at=renewed,
-                 expires_at=stamp(table.LEASE.ttl_s - renewed_ago_s), renewed_at=renewed, token="0" * 32, host=host, pid=pid)
+                 expires_at=stamp(table.LEASE.ttl_s - renewed_ago_s), renewed_at=renewed, token="0" * 32, host=host,
+                 pid=pid)
 
 
 def dead_pid() -> int:
     """The pid of a process of this host that has exited (and been reaped)."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=30)
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=30)
     return int(done.stdout)
 
 
@@ -60,7 +62,8 @@ def test_a_holder_elsewhere_has_stopped_only_once_it_stops_renewing():
 
 
 def test_an_orchestrators_holder_is_never_judged_stopped():
-    """Airflow's and Step Functions' holders renew only while a step runs: between steps only the TTL frees the lease."""
+    """Airflow's and Step Functions' holders renew only while a step runs: between steps only the TTL frees the
+    lease."""
     assert stopped_holder(lease_of(host=None, pid=None, renewed_ago_s=3600)) is None
 
 

@@ -70,9 +70,11 @@ class Backends:
 
 
 def _killed_mid_stage(backend, tmp_path: Path, *, actor: str, pretend_host: str | None = None) -> tuple[int, float]:
-    """Start a run holding the lease, wait until its stage runs (it says so), SIGKILL it; its pid and the kill's time."""
+    """Start a run holding the lease, wait until its stage runs (it says so), SIGKILL it; its pid and the kill's
+    time."""
     env = {**os.environ, "SHIPLIFT_ACTOR": actor, "PRETEND_HOST": pretend_host or ""}
-    victim = subprocess.Popen([sys.executable, "-c", RUN, backend.url, backend.schema or "", str(tmp_path), str(CONFIG)],
+    victim = subprocess.Popen([sys.executable, "-c", RUN, backend.url, backend.schema or "", str(tmp_path),
+                               str(CONFIG)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env, cwd=REPO_ROOT)
     try:
@@ -125,7 +127,8 @@ def test_lease_token_an_actor_naming_this_host_cannot_take_a_live_holders_lease(
     with pytest.raises(LeaseHeld, match="still alive") as refused:
         with holding_lease(rerun, run_holder(rerun.actor)):
             pytest.fail("the lease of a live holder on another host was taken")
-    assert f"'alice@{HOST}/pid-{pid}'" in refused.value.problem and f"process {pid} on build-host-2" in refused.value.problem
+    assert f"'alice@{HOST}/pid-{pid}'" in refused.value.problem
+    assert f"process {pid} on build-host-2" in refused.value.problem
     assert not [r for r in rerun.state.records if r.event == events.LEASE_TAKEN_OVER]
 
 

@@ -17,12 +17,13 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady
 from tasks.hashing import sha256_json
@@ -270,7 +271,7 @@ def test_served_at_returns_latest_promotion_before_time(ledger: Ledger) -> None:
     assert ledger.served_at("gemma", second.recorded_at).release_id == "rel-3"
     before = datetime.fromisoformat(first.recorded_at) - timedelta(seconds=1)
     assert ledger.served_at("gemma", before) is None
-    assert ledger.served_at("bert", datetime.now(timezone.utc)) is None
+    assert ledger.served_at("bert", datetime.now(UTC)) is None
     with pytest.raises(BadInput, match="no timezone"):
         ledger.served_at("gemma", datetime(2026, 1, 1))
     with pytest.raises(BadInput, match="ISO 8601"):

@@ -17,10 +17,10 @@ import pytest
 import sqlalchemy as sa
 
 import tasks.ledger.store
-from tasks.ledger import schema as ledger_schema
 from tasks.errors import ConfigError, LeaseHeld
-from tasks.ledger.store import Ledger, current_revision, upgrade
+from tasks.ledger import schema as ledger_schema
 from tasks.ledger.schema import VERSION_TABLE, head_revision, schema_differences
+from tasks.ledger.store import Ledger, current_revision, upgrade
 
 if TYPE_CHECKING:
     from tests.unit.conftest import Backend
@@ -133,7 +133,8 @@ def test_a_0001_ledgers_lease_is_kept_through_0002_and_still_held_by_its_name(ba
     its holder and expiry, its renewal time is its acquisition, and with no process recorded it is held by its name
     (as an orchestrator's is) until it is given back or expires."""
     _ledger_at_0001(backend)
-    _execute(backend, f"INSERT INTO {_qualified(backend, 'leases')} (model, holder, release_id, acquired_at, expires_at) "
+    _execute(backend,
+             f"INSERT INTO {_qualified(backend, 'leases')} (model, holder, release_id, acquired_at, expires_at) "
                       "VALUES ('gemma', 'airflow:refresh/run-1', 'rel-1', '2026-12-06T10:00:00.000000Z', "
                       "'2100-01-01T00:00:00.000000Z')")
     upgraded = upgrade(backend.url, backend.schema)
@@ -162,7 +163,8 @@ def test_unversioned_tables_that_are_not_revision_0001_are_refused_and_left_alon
     names.update(records=_qualified(backend, "ledger_records"), index=_qualified(backend, "ix_ledger_records_release"))
     _execute(backend, f"DROP TABLE {names[VERSION_TABLE]}", *damage.format(**names).split("; "))
     before = _snapshot(backend)
-    with pytest.raises(ConfigError, match="has ledger tables but no schema version, and they differ from revision 0001") as refused:
+    with pytest.raises(ConfigError,
+                       match="has ledger tables but no schema version, and they differ from revision 0001") as refused:
         backend.open()
     assert words in str(refused.value)
     assert _snapshot(backend) == before
@@ -226,7 +228,8 @@ def test_a_read_only_ledger_names_the_revision_it_cannot_read(
 ) -> None:
     if backend.name == "sqlite":
         (tmp_path / "ledger.db").write_bytes(b"")
-    with _read_only(backend) as reader, pytest.raises(ConfigError, match=r"has no ledger tables \(schema revision none"):
+    with _read_only(backend) as reader, pytest.raises(ConfigError,
+                                                      match=r"has no ledger tables \(schema revision none"):
         reader.history()
     assert _snapshot(backend) == {}, "a read-only ledger created something"
 
@@ -234,7 +237,8 @@ def test_a_read_only_ledger_names_the_revision_it_cannot_read(
     monkeypatch.setattr(ledger_schema, "SCRIPT_DIR", _scripts_with_0003(tmp_path, RENAME_ACTOR))
     upgrade(backend.url, backend.schema)
     monkeypatch.undo()
-    with _read_only(backend) as reader, pytest.raises(ConfigError, match="revision 0003, which this shiplift does not know") as refused:
+    with (_read_only(backend) as reader,
+          pytest.raises(ConfigError, match="revision 0003, which this shiplift does not know") as refused):
         reader.history()
     assert "upgrade shiplift" in str(refused.value)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
 from tasks.cli.main import main
+from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
 from tasks.ledger.events import CHECKPOINTED, LEDGER
 from tasks.ledger.store import Ledger
 from tests.unit.test_ledger import _append
@@ -103,7 +103,7 @@ def test_a_missing_emptied_or_cut_back_log_is_a_verification_failure_naming_what
     code, verdict, _ = verify(capsys, state, key)
     missing = [second] if damage == "cut back" else [first, second]
     assert code == EXIT_REJECTED and len(verdict["problems"]) == len(missing), verdict
-    for problem, lost in zip(verdict["problems"], missing):
+    for problem, lost in zip(verdict["problems"], missing, strict=True):
         assert f"the checkpoint of seq {lost['seq']} signed {lost['signed_at']} by key {lost['key_id']}" in problem
         assert "the checkpoint log was deleted, emptied or cut back" in problem
 
@@ -117,7 +117,8 @@ def test_verify_by_url_finds_the_log_beside_a_sqlite_ledger_or_refuses_with_the_
         source.backup(target)
     code, _, err = cli(capsys, "ledger", "verify", "--ledger-url", f"sqlite:///{copied}", "--key", key)
     assert code == EXIT_BAD_INPUT and "records 1 checkpoint" in err and "fix: pass --state-dir" in err
-    code, _, _ = cli(capsys, "ledger", "verify", "--ledger-url", f"sqlite:///{copied}", "--key", key, "--state-dir", str(state))
+    code, _, _ = cli(capsys, "ledger", "verify", "--ledger-url", f"sqlite:///{copied}", "--key", key, "--state-dir",
+                     str(state))
     assert code == 0
     raw(state, "DELETE FROM ledger_records WHERE seq >= 4")
     code, out, _ = cli(capsys, "ledger", "verify", "--ledger-url", f"sqlite:///{state / 'ledger.db'}", "--key", key)
@@ -182,7 +183,8 @@ def test_empty_duplicate_and_ill_typed_proofs_are_refused(capsys, proof, key, ed
 def test_verify_and_check_proof_need_only_the_exported_public_key(capsys, state, key, proof, tmp_path):
     public = tmp_path / "ledger.pub"
     code, _, err = cli(capsys, "ledger", "public-key", "--key", key, "--out", str(public))
-    assert code == 0 and public.read_text().startswith("-----BEGIN PUBLIC KEY-----") and "PRIVATE" not in public.read_text()
+    assert code == 0 and public.read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    assert "PRIVATE" not in public.read_text()
     code, out, _ = cli(capsys, "ledger", "public-key", "--key", key)
     assert code == 0 and out == public.read_text()
     os.remove(key)  # from here on, nobody holds the private key
@@ -190,7 +192,8 @@ def test_verify_and_check_proof_need_only_the_exported_public_key(capsys, state,
     assert code == 0 and json.loads(out)["ok"]
     code, out, _ = cli(capsys, "ledger", "verify", "--state-dir", str(state), "--public-key", str(public), "--json")
     assert code == 0 and json.loads(out)["checked_against"]["seq"] == 6
-    code, _, err = cli(capsys, "ledger", "verify", "--state-dir", str(state), "--public-key", str(tmp_path / "none.pub"))
+    code, _, err = cli(capsys, "ledger", "verify", "--state-dir", str(state), "--public-key",
+                       str(tmp_path / "none.pub"))
     assert code == EXIT_BAD_INPUT and "no public key file" in err
 
 
@@ -202,7 +205,8 @@ def test_a_proof_file_that_is_nested_too_deep_or_a_directory_and_prove_out_a_dir
     assert code == EXIT_BAD_INPUT and "nested too deep" in err and "fix:" in err
     code, _, err = check(capsys, tmp_path, key)
     assert code == EXIT_BAD_INPUT and "is a directory" in err and "fix:" in err
-    code, _, err = cli(capsys, "ledger", "prove", "rel-a", "--state-dir", str(state), "--key", key, "--out", str(tmp_path))
+    code, _, err = cli(capsys, "ledger", "prove", "rel-a", "--state-dir", str(state), "--key", key, "--out",
+                       str(tmp_path))
     assert code == EXIT_BAD_INPUT and "is a directory" in err and "fix:" in err
 
 
@@ -236,8 +240,8 @@ def test_a_witness_copy_of_the_signed_heads_names_a_ledger_and_log_cut_back_toge
     assert verify(capsys, state, key)[0] == 0, "without a witness, a ledger and log rewound together look whole"
     code, verdict, _ = verify(capsys, state, key, "--witness", str(witness))
     assert code == EXIT_REJECTED and verdict["problems"] == [
-        f"witness line 2 holds the checkpoint of seq {second['seq']} signed {second['signed_at']}, which the checkpoint "
-        "log lacks: the log was cut back or replaced",
+        f"witness line 2 holds the checkpoint of seq {second['seq']} signed {second['signed_at']}, which the "
+        "checkpoint log lacks: the log was cut back or replaced",
         f"the checkpoint of {second['signed_at']} covers seq {second['seq']}, but the ledger ends at seq "
         f"{first['seq'] + 1}: its newest records were deleted (or the database was replaced)"]
     code, _, err = cli(capsys, "ledger", "verify", "--state-dir", str(state), "--key", key, "--witness", str(tmp_path))
@@ -261,7 +265,8 @@ def test_a_local_config_names_its_witness_and_a_witness_inside_the_state_dir_is_
     monkeypatch.setenv("SHIPLIFT_CHECKPOINT_KEY", str(tmp_path / "keys" / "ledger.pem"))
     base = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
     state, witness = tmp_path / "state", tmp_path / "other-disk" / "witness"
-    config = load_release_config(base, overrides=(f"backend.state_dir={state}", f"backend.checkpoint_witness={witness}"))
+    config = load_release_config(base,
+                                 overrides=(f"backend.state_dir={state}", f"backend.checkpoint_witness={witness}"))
     assert checkpoint_witness(config).path == witness / "ledger-checkpoints.jsonl"
     with Ledger.for_sqlite(state / "ledger.db") as ledger:
         _append(ledger, release_id="rel-a", n=3)

@@ -10,15 +10,15 @@ import struct
 import subprocess
 import tempfile
 import zlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from tasks.ledger.audit_report import write_report
 from tasks.backends.registry import open_ledger
 from tasks.errors import NotFound
+from tasks.ledger.audit_report import write_report
 from tasks.ledger.views import as_of, diff, releases, show, timeline
 from tasks.pipeline.promotion import rollback
 
@@ -48,7 +48,8 @@ def test_history_has_one_row_per_release_with_its_outcome(history):
     assert [row["status"] for row in rows] == ["promoted", "promoted", "rejected"]
     assert [row["decision"] for row in rows] == ["pass", "pass", "fail"]
     assert sum(row["records"] for row in rows) == len(ledger.history(MODEL))
-    assert rows[0]["promoted_at"] == records_of(ledger, a, "promote", "succeeded")[-1].recorded_at, "the rollback re-promoted A"
+    assert rows[0]["promoted_at"] == records_of(ledger, a, "promote",
+                                                "succeeded")[-1].recorded_at, "the rollback re-promoted A"
     assert rows[2]["promoted_at"] is None
     assert releases(ledger, "no-such-model") == []
 
@@ -63,7 +64,8 @@ def test_show_gathers_what_a_release_was_built_from_and_its_evidence(history):
     assert detail["artifact_sha256"] == package["artifact_sha256"] and detail["image_digest"] == image["image_digest"]
     assert (detail["opened_at"], detail["opened_by"]) == (opened.recorded_at, opened.actor)
     assert detail["config"]["artifact"]["quantization"] == "F16"
-    assert detail["gate"]["checks"] == gate["checks"] and detail["gate"]["datasets"][0]["sha256"] == gate["datasets"][0]["sha256"]
+    assert detail["gate"]["checks"] == gate["checks"]
+    assert detail["gate"]["datasets"][0]["sha256"] == gate["datasets"][0]["sha256"]
     assert detail["gate"]["champion_release"] == history["a"], "B was gated against A serving"
     assert [p["event"] for p in detail["promotions"]] == ["succeeded"]
     with pytest.raises(NotFound, match="no ledger records"):
@@ -88,11 +90,13 @@ def test_diff_puts_two_releases_side_by_side(history):
     assert rows["check.champion_accuracy"]["a"]["status"] == "skipped", "A had no champion"
     accuracy = rows["check.accuracy"]
     check_b = next(c for c in detail_b["gate"]["checks"] if c["name"] == "accuracy")
-    assert accuracy["b"]["observed"] == check_b["observed"] and accuracy["b"]["ci"] == check_b["ci"], "unrounded, with its interval"
+    assert accuracy["b"]["observed"] == check_b["observed"], "unrounded, with its interval"
+    assert accuracy["b"]["ci"] == check_b["ci"], "unrounded, with its interval"
     assert accuracy["delta"] == pytest.approx(accuracy["b"]["observed"] - accuracy["a"]["observed"])
     assert rows["gate.champion_release"]["b"] == a
     n_config = len([key for key in rows if key.startswith("config.")])
-    assert n_config == len([k for k in result["changed"] if k.startswith("config.")]), "only differing config fields are listed"
+    assert n_config == len([k for k in result["changed"]
+                            if k.startswith("config.")]), "only differing config fields are listed"
     assert result["config_fields_same"] > 10
 
 
@@ -100,7 +104,7 @@ def test_as_of_says_what_served_since_when_and_on_what_evidence(history):
     ledger, a, b = history["ledger"], history["a"], history["b"]
     promoted_b = records_of(ledger, b, "promote", "succeeded")[0]
     rolled_back = records_of(ledger, a, "promote", "succeeded")[-1]
-    just_before_b = (datetime.strptime(promoted_b.recorded_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    just_before_b = (datetime.strptime(promoted_b.recorded_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
                      - timedelta(microseconds=1))
     then = as_of(ledger, MODEL, just_before_b)
     assert then["release_id"] == a and then["promotion"]["trigger"] != "rollback"
@@ -111,18 +115,20 @@ def test_as_of_says_what_served_since_when_and_on_what_evidence(history):
     now = as_of(ledger, MODEL, "2100-01-01T00:00:00Z")
     assert (now["release_id"], now["since"], now["record"]["seq"]) == (a, rolled_back.recorded_at, rolled_back.seq)
     assert now["promotion"]["trigger"] == "rollback"
-    assert (now["promotion"]["reason"], now["promotion"]["rollback_from"], now["promotion"]["actor"]) == (REASON, b, "auditor")
+    assert (now["promotion"]["reason"], now["promotion"]["rollback_from"], now["promotion"]["actor"]) == (REASON, b,
+                                                                                                          "auditor")
     first = records_of(ledger, a, "promote", "succeeded")[0]
     with pytest.raises(NotFound, match="nothing of model 'tiny-decision' was promoted"):
         as_of(ledger, MODEL, (datetime.strptime(first.recorded_at, "%Y-%m-%dT%H:%M:%S.%fZ")
-                              .replace(tzinfo=timezone.utc) - timedelta(microseconds=1)))
+                              .replace(tzinfo=UTC) - timedelta(microseconds=1)))
 
 
 def test_timeline_lists_gates_promotions_and_the_rollback_with_its_reason(history):
     ledger, a, b, d = (history[k] for k in ("ledger", "a", "b", "d"))
     events = timeline(ledger, MODEL)
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
-    kinds = [(e["release_id"], e["event"]) for e in events if e["event"] in ("gate", "promoted", "rollback", "finished")]
+    kinds = [(e["release_id"], e["event"]) for e in events
+             if e["event"] in ("gate", "promoted", "rollback", "finished")]
     assert kinds == [(a, "gate"), (a, "promoted"), (a, "finished"), (b, "gate"), (b, "promoted"), (b, "finished"),
                      (d, "gate"), (d, "finished"), (a, "rollback")]
     gate_d = next(e for e in events if (e["release_id"], e["event"]) == (d, "gate"))
@@ -161,22 +167,24 @@ def parse(page: str) -> ReportDom:
 
 def test_report_holds_every_release_its_evidence_and_the_verification(history, tmp_path):
     ledger, a, b, d = (history[k] for k in ("ledger", "a", "b", "d"))
-    verification = {"ok": True, "n_records": len(ledger.history()), "head_hash": ledger.head().record_hash, "problems": [],
-                    "checked_against": {"seq": 7, "signed_at": "2026-12-01T00:00:00Z", "key_id": "k" * 16,
-                                        "merkle_root": "m" * 64}}
+    verification = {"ok": True, "n_records": len(ledger.history()), "head_hash": ledger.head().record_hash,
+                    "problems": [], "checked_against": {"seq": 7, "signed_at": "2026-12-01T00:00:00Z",
+                                                        "key_id": "k" * 16, "merkle_root": "m" * 64}}
     page = write_report(ledger, tmp_path / "report", verification).read_text()
     dom = parse(page)
     assert dom.external == [], "the page fetches nothing at view time"
     assert "<script>" not in page and "&lt;script&gt;" in page, "ledger text is escaped"
     assert dom.classes["section.model"] == 1 and ("section.data-model", MODEL) in dom.data
     assert {v for k, v in dom.data if k == "details.data-release"} == {a, b, d}
-    assert dom.classes["svg.timeline"] == 1 and dom.classes["svg.champion"] >= 1, "B (and D) were compared with a champion"
+    assert dom.classes["svg.timeline"] == 1, "B (and D) were compared with a champion"
+    assert dom.classes["svg.champion"] >= 1, "B (and D) were compared with a champion"
     assert dom.classes["table.checks"] == 3 and dom.classes["table.datasets"] == 3
     text = " ".join(dom.text)
     assert "time (UTC" in text and "candidate − champion" in text, "both charts label their x axis"
     assert "extends the checkpoint of seq 7" in text and verification["head_hash"] in text
     assert REASON in text and show(ledger, b)["gate"]["datasets"][0]["sha256"] in text
-    broken = write_report(ledger, tmp_path / "broken", verification | {"ok": False, "problems": ["record 3 was edited"]})
+    broken = write_report(ledger, tmp_path / "broken",
+                          verification | {"ok": False, "problems": ["record 3 was edited"]})
     assert "verification FAILED" in broken.read_text() and "record 3 was edited" in broken.read_text()
     with pytest.raises(NotFound):
         write_report(ledger, tmp_path / "none", verification, model="nope")
@@ -251,7 +259,8 @@ def test_report_renders_in_headless_chromium(history, tmp_path):
     width, height, colours = png_pixels(shot)
     assert (width, height) == (1100, 900)
     assert len(colours) > 20, f"the screenshot has {len(colours)} colours: the page did not render"
-    assert bytes.fromhex("2ca02c") in colours or bytes.fromhex("e6f4e6") in colours, "the verified box and markers are drawn"
+    assert bytes.fromhex("2ca02c") in colours or bytes.fromhex("e6f4e6") in colours, \
+        "the verified box and markers are drawn"
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -281,7 +290,8 @@ def test_the_cli_prints_tables_for_people_and_json_for_machines(history, capsys,
     assert out.splitlines()[0] == f"A = {a}"
 
     code, out, _ = run_cli(capsys, "ledger", "as-of", MODEL, "2100-01-01T00:00:00Z", "--state-dir", state)
-    assert code == 0 and out.startswith(f"{MODEL} at 2100-01-01T00:00:00Z: {a}") and f"rollback from {b}: {REASON}" in out
+    assert code == 0 and out.startswith(f"{MODEL} at 2100-01-01T00:00:00Z: {a}")
+    assert f"rollback from {b}: {REASON}" in out
     assert "champion_accuracy" in out and show(ledger, a)["gate"]["datasets"][0]["sha256"] in out
     code, out, _ = run_cli(capsys, "ledger", "served-at", MODEL, "2100-01-01T00:00:00Z", "--json", "--state-dir", state)
     assert code == 0 and json.loads(out)["release_id"] == a

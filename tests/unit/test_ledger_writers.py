@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,7 +136,7 @@ def _clock(monkeypatch: pytest.MonkeyPatch, moment: datetime) -> None:
 def test_a_clock_slightly_behind_records_the_newest_time_so_order_holds(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    noon = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    noon = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     with backend.open() as ledger:
         _clock(monkeypatch, noon)
         first = _append(ledger, "rel-a", "promote", "succeeded")
@@ -151,7 +151,7 @@ def test_a_clock_slightly_behind_records_the_newest_time_so_order_holds(
 
 
 def test_a_clock_far_behind_is_refused_naming_both_times(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    noon = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    noon = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     with backend.open() as ledger:
         _clock(monkeypatch, noon)
         _append(ledger, "rel-a")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ledger.store import Ledger
 from tasks.ledger.release_state import RECORD_ONLY_KEYS, ReleaseState, release_summary
-from tasks.pipeline.release import ensure_stage, reopen_release
 from tasks.ledger.stage_results import RESULTS, BuildResult, PromoteResult, ValidateResult
+from tasks.ledger.store import Ledger
+from tasks.pipeline.release import ensure_stage, reopen_release
 from tasks.pipeline.table import STAGE_NAMES, TEARDOWN
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "legacy-ledger-records.json"
@@ -53,7 +53,8 @@ def test_every_legacy_stage_result_reads_back_typed_and_records_the_same_payload
             assert result.record() == payload, name
     promoted, rejected = (reopen_release(rid, state_dir=tmp_path / "state", progress=lambda m: None) for rid in ids)
     build = promoted.result("build")
-    assert isinstance(build, BuildResult) and build.memory.total_mb > 0 and build.model_extra["gguf_sha256"] == build.model_sha256
+    assert isinstance(build, BuildResult) and build.memory.total_mb > 0
+    assert build.model_extra["gguf_sha256"] == build.model_sha256
     assert isinstance(promoted.result("validate"), ValidateResult) and promoted.result("validate").decision == "pass"
     assert rejected.result("promote") == PromoteResult(event="skipped", reason="gate decision fail", decision="fail")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tasks.errors import BadInput, CapacityError, NotFound, NotReady
 from tasks.backends.local.endpoint_state import ProcessSpec
 from tasks.backends.local.process_table import OWNER_ENV
 from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.errors import BadInput, CapacityError, NotFound, NotReady
 from tests.unit.conftest import _dead, _pids
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"
@@ -278,8 +278,8 @@ def test_a_copys_own_child_in_a_session_of_its_own_is_not_a_stray(hosting, tmp_p
     """The dlc-chat image runs llama_cpp.server in its own session, and it inherits the owner tag: the sweep of
     unrecorded tagged processes must leave it to its parent (it killed every chat copy's server before this)."""
     marker = tmp_path / "child.pid"
-    launcher = ("import os, subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
-                " start_new_session=True); open(sys.argv[1], 'w').write(str(child.pid)); "
+    launcher = ("import os, subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+                "time.sleep(120)'], start_new_session=True); open(sys.argv[1], 'w').write(str(child.pid)); "
                 "os.execv(sys.executable, [sys.executable, sys.argv[2]])")
     spec = _spec().model_copy(update={"command": [sys.executable, "-c", launcher, str(marker), str(FAKE)]})
     hosting.ensure_endpoint("ep-c")
@@ -376,7 +376,8 @@ def test_hung_copy_leaves_rotation_after_failed_health_checks(hosting):
     stopped = put.copies[0]
     os.kill(stopped.pid, signal.SIGSTOP)  # alive but answering nothing: only the health check can tell
     try:
-        _wait_for(lambda: _router_ping(hosting, "ep-hung")[1]["status"] == "degraded", 15, "the hung copy leaving rotation")
+        _wait_for(lambda: _router_ping(hosting, "ep-hung")[1]["status"] == "degraded", 15,
+                  "the hung copy leaving rotation")
         url = hosting.endpoint_url("ep-hung")
         assert {_invoke(url)[1]["pid"] for _ in range(4)} == {put.copies[1].pid}
     finally:
@@ -428,8 +429,8 @@ def test_cli_lists_endpoint_health_as_a_table_and_a_closed_pipe_is_no_traceback(
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command writes a byte
     try:
-        done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "endpoints", "list", "--json", "--state-dir", state_dir],
-                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "endpoints", "list", "--json", "--state-dir",
+                               state_dir], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     finally:
         os.close(write_end)
     assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr

@@ -6,7 +6,7 @@ import inspect
 import json
 import math
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -57,7 +57,7 @@ def random_rows(n, seed, *, k=3, sharpness=1.0):
 def loop_ece(confidence, correct, n_bins=10):
     """ECE written the slow way: bins by explicit comparison of each row against fractional edges."""
     totals = {b: [0, 0.0, 0.0] for b in range(n_bins)}
-    for c, ok in zip(confidence, correct):
+    for c, ok in zip(confidence, correct, strict=True):
         b = next(k for k in range(n_bins) if c <= (k + 1) / n_bins)
         totals[b][0] += 1
         totals[b][1] += c
@@ -230,7 +230,7 @@ def test_macro_f1_against_scikit_learn_with_missing_class_and_invalid_prediction
 
 
 def test_latency_first_apart_warmup_excluded_and_linear_percentiles():
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     latencies = [900.0, 50.0, 40.0] + [float(v) for v in range(10, 110, 10)]
     preds = [
         row(f"t{i}", [0.9, 0.05, 0.05], started=(t0 + timedelta(seconds=i)).isoformat(), latency=lat)

@@ -12,14 +12,14 @@ from tasks.errors import BadInput
 from tests.unit.test_nli_runner import FakeEncoder, key
 from validation.evaluate import RunSettings, Target
 from validation.gates import ChampionRule
-from validation.nli.pairs import LABELS
+from validation.nli.builtin_set import DEFAULT_OUT
 from validation.nli.evaluate import (
     NliThresholds,
     evaluate_nli,
     load_nli_dataset,
     nli_metrics,
 )
-from validation.nli.builtin_set import DEFAULT_OUT
+from validation.nli.pairs import LABELS
 from validation.runner import read_predictions
 
 SETTINGS = RunSettings(concurrency=2, timeout_s=10, deadline_s=60, n_bootstrap=200, seed=3)
@@ -110,8 +110,9 @@ def test_class_recall_threshold_fails_a_model_that_never_says_neutral(fakes, tes
 
 
 def test_a_check_the_build_judged_is_decided_with_the_gate(fakes, test_split, tmp_path):
-    """The int8 budget the build judged (tasks.artifacts.onnx_export.int8_budget_check) decides with the gate's own checks:
-    no check of the gate fails here, so its failure alone fails the gate and is named; without thresholds it is left out."""
+    """The int8 budget the build judged (tasks.artifacts.onnx_export.int8_budget_check) decides with the gate's own
+    checks: no check of the gate fails here, so its failure alone fails the gate and is named; without thresholds it is
+    left out."""
     from tasks.artifacts.onnx_export import int8_budget_check
 
     fake = fakes[0]

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hashing import sha256_file
+from tasks.artifacts.tiny_gguf import write_tiny_gguf
+from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef, RolloutPlan, RolloutStep
+from tasks.backends.local.hosting import process_spec
 from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.local.hosting import process_spec
-from tasks.backends.interfaces import Compute, ComponentSpec, ModelRef, RolloutPlan, RolloutStep
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from validation.gates import ChampionRule, DecisionThresholds
+from tasks.hashing import sha256_file
 from validation.decisions.jevbench import load_jevbench
+from validation.gates import ChampionRule, DecisionThresholds
 from validation.online_gate import OnlineGate
 from validation.transport import HttpInvoker
 

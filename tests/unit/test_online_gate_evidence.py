@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from validation.gates import ChampionRule, DecisionThresholds
 from validation.decisions.jevbench import JevTask
+from validation.gates import ChampionRule, DecisionThresholds
 from validation.online_gate import OnlineGate
 from validation.runner import Prediction, echoed_serving_id
 
@@ -66,7 +66,7 @@ class Router:
     def describe(self) -> dict:
         return {"router": "in-process"}
 
-    def open(self) -> "Router":
+    def open(self) -> Router:
         return self
 
     def post(self, body: bytes, timeout_s: float) -> tuple[int, bytes]:

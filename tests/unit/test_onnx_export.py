@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.errors import BadInput, Conflict, IntegrityError
-from tasks.hashing import sha256_file
 from tasks.artifacts.onnx_export import (
     EXPORT_RECORD,
     ID2LABEL,
@@ -23,6 +21,8 @@ from tasks.artifacts.onnx_export import (
     require_parity,
 )
 from tasks.artifacts.tiny_encoder import write_tiny_checkpoint, write_tiny_onnx_model_dir
+from tasks.errors import BadInput, Conflict, IntegrityError
+from tasks.hashing import sha256_file
 
 PROBES = [
     ("A man is playing a guitar in the park.", "A man plays music."),
@@ -32,7 +32,8 @@ PROBES = [
     ("x", "y"),
     ("The dog sleeps on the red car, 3 days a year!", "The cat eats food with some people at night."),
 ]
-CONTRACT_FILES = {"model.onnx", "model.int8.onnx", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "config.json"}
+CONTRACT_FILES = {"model.onnx", "model.int8.onnx", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                  "config.json"}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,8 @@ def test_export_writes_the_model_directory_contract(model_dir: Path, checkpoint:
     assert {"/classifier/Gemm", "/bert/pooler/dense/Gemm", "/bert/encoder/layer.1/attention/output/dense/MatMul",
             "/bert/encoder/layer.0/intermediate/dense/MatMul", "/bert/encoder/layer.0/output/dense/MatMul"} <= set(
         quantization["nodes_kept_fp32"])
-    assert not any("layer.1/intermediate" in name or "layer.1/output" in name for name in quantization["nodes_kept_fp32"])
+    assert not any("layer.1/intermediate" in name or "layer.1/output" in name
+                   for name in quantization["nodes_kept_fp32"])
     assert quantization["int8_kernels"] == {"MatMulIntegerToFloat": 2}  # layer 1's FFN up and down
     assert "MatMulNBits" not in quantization["runtime_ops"]  # activations really are int8, not weight-only
     assert record["checkpoint_sha256"] == check_checkpoint(checkpoint).sha256
@@ -175,7 +177,8 @@ def test_dynamic_int8_is_the_other_recorded_choice(checkpoint: Path, tmp_path: P
         export_onnx(checkpoint, tmp_path / "dynamic")
 
 
-def test_static_int8_calibration_is_recorded_and_decides_the_bytes(checkpoint: Path, model_dir: Path, tmp_path: Path) -> None:
+def test_static_int8_calibration_is_recorded_and_decides_the_bytes(checkpoint: Path, model_dir: Path,
+                                                                   tmp_path: Path) -> None:
     pairs = [(premise, hypothesis) for premise, hypothesis in PROBES * 3]
     own = calibration_set(pairs, "probes")
     result = export_onnx(checkpoint, tmp_path / "own", calibration=own)
@@ -298,7 +301,8 @@ def test_int8_budget_check_against_hand_computed_values() -> None:
     Check(**check)  # the gate's own check shape
 
 
-def test_parity_records_accuracy_and_judges_the_int8_budget_on_labelled_probes(checkpoint: Path, model_dir: Path) -> None:
+def test_parity_records_accuracy_and_judges_the_int8_budget_on_labelled_probes(checkpoint: Path,
+                                                                               model_dir: Path) -> None:
     from validation.nli.pairs import load_nli
 
     labelled = [p for p in load_nli(Path(__file__).resolve().parents[2] / "validation" / "data" / "nli.jsonl").pairs

@@ -18,7 +18,8 @@ def test_no_other_distribution_ships_these_top_level_names():
     providers = metadata.packages_distributions()
     for name in ("tasks", "validation"):
         others = set(providers.get(name, [])) - {"shiplift"}
-        assert not others, f"installed distributions {others} also provide top-level {name!r}; they would shadow shiplift"
+        assert not others, \
+            f"installed distributions {others} also provide top-level {name!r}; they would shadow shiplift"
 
 
 def test_tasks_and_validation_never_import_airflow():

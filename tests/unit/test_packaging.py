@@ -13,13 +13,14 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tasks.artifacts.packaging as packaging
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.hashing import sha256_file
 from tasks.artifacts.packaging import MANIFEST_NAME, ExtractLimits, package_gguf, safe_extract
 from tasks.backends.local.artifact_store import LocalArtifactStore
+from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from tasks.hashing import sha256_file
 
 shutil_usage = namedtuple("usage", "total used free")
 MANIFEST = {"source": {"kind": "local", "sha256": "a" * 64}, "quantization": "Q4_K_M", "tools": {"gguf": "0.19.0"}}
@@ -72,7 +73,8 @@ def test_same_inputs_give_byte_identical_archives(gguf: Path, calibration: Path,
     first = package_gguf(gguf, tmp_path / "a", manifest=MANIFEST, extra_files={"calibration.json": calibration})
     os.utime(gguf, (1_000_000, 1_000_000))  # source mtimes must not leak into the archive
     os.utime(calibration, (2_000_000, 2_000_000))
-    second = package_gguf(gguf, tmp_path / "b", manifest=dict(reversed(MANIFEST.items())), extra_files={"calibration.json": calibration})
+    second = package_gguf(gguf, tmp_path / "b", manifest=dict(reversed(MANIFEST.items())),
+                          extra_files={"calibration.json": calibration})
     assert first.path.read_bytes() == second.path.read_bytes()
     assert first.sha256 == second.sha256
     third = package_gguf(gguf, tmp_path / "c", manifest={**MANIFEST, "quantization": "Q8_0"})
@@ -210,7 +212,8 @@ def _tampered(tmp_path: Path, gguf: Path, mutate) -> Path:
     ("mutate", "match"),
     [
         (lambda c: c.update({"tiny-q4.gguf": b"GGUF" + b"\0" * 10}), "is 14 bytes, but model-manifest.json says"),
-        (lambda c: c.update({"tiny-q4.gguf": b"GGUF" + b"\0" * (len(c["tiny-q4.gguf"]) - 4)}), "does not match the sha256"),
+        (lambda c: c.update({"tiny-q4.gguf": b"GGUF" + b"\0" * (len(c["tiny-q4.gguf"]) - 4)}),
+         "does not match the sha256"),
         (lambda c: c.update({"extra.bin": b"smuggled"}), "unlisted \\['extra.bin'\\]"),
         (lambda c: c.pop("tiny-q4.gguf"), "missing \\['tiny-q4.gguf'\\]"),
         (lambda c: c.update({MANIFEST_NAME: b"{not json"}), "malformed"),
@@ -302,7 +305,8 @@ def _refused(archive: Path, tmp_path: Path, match: str, **limits) -> None:
     ([], "has no model-manifest.json"),
     ([_file("model.onnx", b"x")], "does not start with model-manifest.json \\(first member: 'model.onnx'\\)"),
     ([_file("model.onnx", b"x"), _manifest({"model.onnx": b"x"})], "does not start with model-manifest.json"),
-    ([_special("sub", tarfile.DIRTYPE), _manifest({})], "does not start with model-manifest.json \\(first member: 'sub'\\)"),
+    ([_special("sub", tarfile.DIRTYPE), _manifest({})],
+     "does not start with model-manifest.json \\(first member: 'sub'\\)"),
 ], ids=["empty", "no-manifest", "manifest-later", "folder-first"])
 def test_an_archive_must_open_with_its_manifest(tmp_path: Path, members, match: str) -> None:
     _refused(_craft(tmp_path / "a.tar.gz", members), tmp_path, match)
@@ -345,7 +349,8 @@ def test_setuid_setgid_and_sticky_bits_are_dropped_and_said(tmp_path: Path, capl
         files = safe_extract(archive, tmp_path / "out")
     assert {p.name: p.stat().st_mode & 0o7777 for p in files} == {MANIFEST_NAME: 0o644, "run.sh": 0o644, "tool": 0o644}
     said = [r.getMessage() for r in caplog.records]
-    assert any("'run.sh' asked for setuid" in m for m in said) and any("'tool' asked for setgid+sticky" in m for m in said)
+    assert any("'run.sh' asked for setuid" in m for m in said) and any("'tool' asked for setgid+sticky" in m
+                                                                       for m in said)
 
 
 def _raw_manifest(text: str) -> tuple[tarfile.TarInfo, bytes]:
@@ -385,7 +390,8 @@ def test_an_archive_larger_than_the_free_disk_is_refused(tmp_path: Path, monkeyp
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_damage_to_an_archive_is_an_integrity_error_or_the_exact_files(tmp_path: Path, data) -> None:
-    """Flip, drop or insert bytes of the uncompressed tar stream: extraction yields the listed files exactly, or refuses."""
+    """Flip, drop or insert bytes of the uncompressed tar stream: extraction yields the listed files exactly, or
+    refuses."""
     listed = {"model.gguf": b"GGUF" + bytes(range(256)) * 8, "calibration.json": b'{"temperature": 1.5}'}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -410,4 +416,5 @@ def test_any_damage_to_an_archive_is_an_integrity_error_or_the_exact_files(tmp_p
     except IntegrityError:
         assert sorted(p.name for p in folder.iterdir()) == ["damaged.tar.gz"]
         return
-    assert {p.relative_to(folder / "model").as_posix(): p.read_bytes() for p in files if p.name != MANIFEST_NAME} == listed
+    assert {p.relative_to(folder / "model").as_posix(): p.read_bytes() for p in files
+            if p.name != MANIFEST_NAME} == listed

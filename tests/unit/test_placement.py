@@ -7,22 +7,24 @@ from pathlib import Path
 import pytest
 
 from tasks.backends.aws.service_model import service_model
-from tasks.config import load_release_config
-from tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
-from tasks.errors import ConfigError
-from tasks.families.gguf_decisions import gguf_memory
 from tasks.backends.placement import (
     CPU_RUNTIME_OVERHEAD_MB,
     DEFAULT_DRIVERS,
     INFERENCE_AMI_DRIVERS,
     RUNTIME_OVERHEAD_MB,
+    InstancePoolPlacement,
+    InstanceTypePlacement,
     MemoryEstimate,
+    MigPartitionPlacement,
     driver_problem,
     fit_problem,
     is_gpu_instance,
     layout_problem,
     partition_size,
 )
+from tasks.config import load_release_config
+from tasks.errors import ConfigError
+from tasks.families.gguf_decisions import gguf_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -35,8 +37,10 @@ QWEN3_4B_BYTES = 2_500_000_000
 
 # -- MIG layouts ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("instance_type, partition, count", [("ml.p4d.24xlarge", "mig-3g.20gb", 2), ("ml.p4d.24xlarge", "mig-1g.5gb", 7),
-                                                              ("ml.p5.48xlarge", "mig-1g.10gb", 7), ("ml.g7e.2xlarge", "mig-1g.24gb", 4),
+@pytest.mark.parametrize("instance_type, partition, count",
+                         [("ml.p4d.24xlarge", "mig-3g.20gb", 2), ("ml.p4d.24xlarge", "mig-1g.5gb", 7),
+                                                              ("ml.p5.48xlarge", "mig-1g.10gb", 7),
+                                                              ("ml.g7e.2xlarge", "mig-1g.24gb", 4),
                                                               ("ml.g7.2xlarge", "mig-1g.16gb", 2)])
 def test_layouts_that_fit_one_gpu(instance_type, partition, count):
     assert layout_problem(instance_type, partition, count) is None
@@ -44,8 +48,8 @@ def test_layouts_that_fit_one_gpu(instance_type, partition, count):
 
 def test_too_many_compute_slices():
     problem = layout_problem("ml.p4d.24xlarge", "mig-2g.10gb", 4)
-    assert problem == ("4 x mig-2g.10gb needs 8 compute slices and 40 GB, but one A100 40 GB GPU of ml.p4d.24xlarge has "
-                       "7 slices and 40 GB; use fewer or smaller partitions")
+    assert problem == ("4 x mig-2g.10gb needs 8 compute slices and 40 GB, but one A100 40 GB GPU of ml.p4d.24xlarge "
+                       "has 7 slices and 40 GB; use fewer or smaller partitions")
 
 
 def test_too_much_memory():
@@ -74,15 +78,17 @@ def test_partition_sizes_and_refused_profiles():
 
 def test_the_llama_cpp_cuda13_image_runs_on_al2023_gpu_4_1():
     for instance_type in ("ml.g6e.xlarge", "ml.g5.2xlarge", "ml.p5.48xlarge"):
-        assert driver_problem(instance_type, NEWEST_AMI, needs_driver=LLAMA_CPP_CUDA13, what="the semif GPU image") is None
+        assert driver_problem(instance_type, NEWEST_AMI, needs_driver=LLAMA_CPP_CUDA13,
+                              what="the semif GPU image") is None
 
 
 @pytest.mark.parametrize("ami", ["al2-ami-sagemaker-inference-gpu-2", "al2-ami-sagemaker-inference-gpu-2-1",
                                  "al2-ami-sagemaker-inference-gpu-3-1"])
 def test_older_amis_are_refused_for_the_cuda13_image_with_the_fix(ami):
     problem = driver_problem("ml.g6e.xlarge", ami, needs_driver=LLAMA_CPP_CUDA13, what="the semif GPU image")
-    assert problem == (f"the semif GPU image needs NVIDIA driver >= 580, but AMI {ami} (driver {INFERENCE_AMI_DRIVERS[ami]}) "
-                       f"has an older one; set placement.inference_ami_version: {NEWEST_AMI}")
+    assert problem == (f"the semif GPU image needs NVIDIA driver >= 580, but AMI {ami} (driver "
+                       f"{INFERENCE_AMI_DRIVERS[ami]}) has an older one; set placement.inference_ami_version: "
+                       f"{NEWEST_AMI}")
 
 
 @pytest.mark.parametrize("instance_type, driver", [("ml.g5.2xlarge", "driver 470"), ("ml.g4dn.xlarge", "driver 470"),
@@ -101,9 +107,11 @@ def test_an_ami_that_is_not_a_gpu_inference_ami_is_refused():
 
 def test_mig_1g_10gb_on_p4d_needs_r525():
     assert DEFAULT_DRIVERS["p4d"] == 470
-    problem = driver_problem("ml.p4d.24xlarge", None, needs_driver=0, what="the encoder GPU image", partition_type="mig-1g.10gb")
-    assert problem == ("the encoder GPU image on mig-1g.10gb partitions of P4d needs NVIDIA driver >= 525, but the default AMI "
-                       f"of ml.p4d.24xlarge (driver 470) has an older one; set placement.inference_ami_version: {NEWEST_AMI}")
+    problem = driver_problem("ml.p4d.24xlarge", None, needs_driver=0, what="the encoder GPU image",
+                             partition_type="mig-1g.10gb")
+    assert problem == ("the encoder GPU image on mig-1g.10gb partitions of P4d needs NVIDIA driver >= 525, but the "
+                       "default AMI of ml.p4d.24xlarge (driver 470) has an older one; set "
+                       f"placement.inference_ami_version: {NEWEST_AMI}")
     assert driver_problem("ml.p4d.24xlarge", "al2-ami-sagemaker-inference-gpu-2", needs_driver=0, what="x",
                           partition_type="mig-1g.10gb") is None, "driver 535 >= R525"
     assert driver_problem("ml.p4d.24xlarge", None, needs_driver=0, what="x", partition_type="mig-3g.20gb") is None
@@ -113,7 +121,8 @@ def test_mig_1g_10gb_on_p4d_needs_r525():
 def test_the_ami_table_stays_inside_botocores_enum():
     enum = service_model("sagemaker").shape_for("ProductionVariantInferenceAmiVersion").enum
     assert set(INFERENCE_AMI_DRIVERS) <= set(enum), set(INFERENCE_AMI_DRIVERS) - set(enum)
-    assert {ami for ami in enum if "-gpu-" in ami} <= set(INFERENCE_AMI_DRIVERS), "every GPU AMI botocore knows has a driver"
+    assert {ami for ami in enum
+            if "-gpu-" in ami} <= set(INFERENCE_AMI_DRIVERS), "every GPU AMI botocore knows has a driver"
 
 
 def test_gpu_families():
@@ -141,22 +150,24 @@ def test_gguf_memory_takes_the_head_size_from_the_embedding_when_key_length_is_m
 
 
 def pool(*types: str) -> InstancePoolPlacement:
-    return InstancePoolPlacement(kind="instance_pool", pools=[{"instance_type": t, "priority": i + 1} for i, t in enumerate(types)])
+    return InstancePoolPlacement(kind="instance_pool",
+                                 pools=[{"instance_type": t, "priority": i + 1} for i, t in enumerate(types)])
 
 
 def test_fit_problem_on_a_pool_is_judged_by_its_smallest_gpu():
     estimate = MemoryEstimate(weights_mb=20 * 1024, context_mb=4 * 1024, runtime_mb=1536)  # 25.5 GB
     problem = fit_problem(estimate, pool("ml.g6e.xlarge", "ml.g5.2xlarge", "ml.p4d.24xlarge"))
-    assert problem.startswith("the model needs 25.5 GB (weights 20.0 GB + KV cache 4.0 GB + runtime 1.5 GB) but one GPU of "
-                              "ml.g5.2xlarge (24 GB) holds 24 GB: 1.5 GB short; drop the smaller instance types from the pool")
+    assert problem.startswith("the model needs 25.5 GB (weights 20.0 GB + KV cache 4.0 GB + runtime 1.5 GB) but one "
+                              "GPU of ml.g5.2xlarge (24 GB) holds 24 GB: 1.5 GB short; drop the smaller instance "
+                              "types from the pool")
     assert fit_problem(estimate, pool("ml.g6e.xlarge", "ml.p4d.24xlarge")) is None
     assert fit_problem(estimate, InstanceTypePlacement(kind="instance_type", instance_type="ml.p4d.24xlarge")) is None
     assert fit_problem(estimate, pool("ml.c7i.xlarge")) is None, "CPU instances are not sized against a GPU"
 
 
 def test_fit_problem_on_a_mig_partition_says_how_many_gb_short():
-    placement = MigPartitionPlacement(kind="mig_partition", instance_type="ml.p4d.24xlarge", partition_type="mig-1g.10gb",
-                                      partitions=4)
+    placement = MigPartitionPlacement(kind="mig_partition", instance_type="ml.p4d.24xlarge",
+                                      partition_type="mig-1g.10gb", partitions=4)
     estimate = gguf_memory(QWEN3_4B_BYTES, QWEN3_4B, context_tokens=131072, on_gpu=True)
     problem = fit_problem(estimate, placement)
     assert "a mig-1g.10gb partition holds 10 GB: 11.8 GB short" in problem  # (22353 - 10240) MiB = 11.83 GiB
@@ -183,7 +194,8 @@ def test_a_gpu_variant_without_a_suitable_ami_is_refused():
     with pytest.raises(ConfigError) as caught:
         load("image.n_gpu_layers=-1", "placement={kind: instance_type, instance_type: ml.g5.2xlarge}")
     message = str(caught.value)
-    assert "the semif GPU image needs NVIDIA driver >= 580" in message and "default AMI of ml.g5.2xlarge (driver 470)" in message
+    assert "the semif GPU image needs NVIDIA driver >= 580" in message
+    assert "default AMI of ml.g5.2xlarge (driver 470)" in message
     assert f"set placement.inference_ami_version: {NEWEST_AMI}" in message
     config = load("image.n_gpu_layers=-1", f"placement={{kind: instance_type, instance_type: ml.g5.2xlarge, "
                                            f"inference_ami_version: {NEWEST_AMI}}}")

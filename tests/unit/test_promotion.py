@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld, NotFound
 from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld, NotFound
+from tasks.ledger.release_state import ReleaseState
 from tasks.ledger.store import Ledger
 from tasks.pipeline.promotion import promote, rollback
-from tasks.ledger.release_state import ReleaseState
 from tasks.pipeline.release import begin_orchestrated
 
 MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
@@ -29,7 +29,8 @@ def releases(tmp_path_factory, tiny_release):
 
 
 def live_release(state_dir: Path) -> str:
-    return ProcessSupervisor(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]["spec"]["model_ref"]["release_id"]
+    component = ProcessSupervisor(state_dir).describe_endpoint(PROD)["components"][f"shiplift-{MODEL}"]
+    return component["spec"]["model_ref"]["release_id"]
 
 
 def test_rollback_then_promote_again_records_and_verifies_each_switch(releases):
@@ -69,7 +70,8 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
     with pytest.raises(GateFailed, match="no gate decision: its validate stage is pending"):
         promote(state_dir, c, strategy="all_at_once", reason="r", actor="pytest")
     for strategy in ("canary", "linear"):
-        with pytest.raises(ConfigError, match=f"rolls out as its config says \\(rollout.strategy all_at_once\\), not {strategy}"):
+        with pytest.raises(ConfigError,
+                           match=f"rolls out as its config says \\(rollout.strategy all_at_once\\), not {strategy}"):
             promote(state_dir, b, strategy=strategy, reason="r", actor="pytest")
     with pytest.raises(ConfigError, match="blue_green is not offered.*InferenceComponentName.*use canary"):
         promote(state_dir, b, strategy="blue_green", reason="r", actor="pytest")
@@ -98,22 +100,25 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
 
 
 def test_cli_rollback_prints_what_serves_and_refuses_bad_input_without_a_traceback(releases, capsys):
-    from tasks.console import EXIT_BAD_INPUT
     from tasks.cli.main import main
+    from tasks.console import EXIT_ERROR
 
     state_dir, a, b = releases["state_dir"], releases["a"], releases["b"]
     assert live_release(state_dir) == b
     code = main(["rollback", MODEL, "--to", a, "--reason", "B regressed on the canary set", "--expect-current", b,
                  "--state-dir", str(state_dir), "--actor", "pytest-cli"])
     out = capsys.readouterr().out.splitlines()
-    assert code == 0 and out[0].split() == ["model", "from", "to", "strategy", "traffic", "steps", "serving", "now", "image"]
+    assert code == 0 and out[0].split() == ["model", "from", "to", "strategy", "traffic", "steps", "serving", "now",
+                                            "image"]
     assert out[2].split()[:6] == [MODEL, b, a, "all_at_once", "0", a]
     assert live_release(state_dir) == a
     served = Ledger.for_sqlite(state_dir / "ledger.db").served_at(MODEL, LATER)
-    assert (served.release_id, served.actor, served.payload["rollback_reason"]) == (a, "pytest-cli", "B regressed on the canary set")
+    assert (served.release_id, served.actor, served.payload["rollback_reason"]) == (a, "pytest-cli",
+                                                                                    "B regressed on the canary set")
 
-    assert main(["rollback", MODEL, "--to", "Not A Release", "--reason", "r", "--state-dir", str(state_dir)]) == EXIT_BAD_INPUT
+    assert main(["rollback", MODEL, "--to", "Not A Release", "--reason", "r", "--state-dir",
+                 str(state_dir)]) == EXIT_ERROR
     err = capsys.readouterr().err
-    assert "not a release id" in err and "Traceback" not in err
+    assert "no release in the ledger matches 'Not A Release'" in err and "Traceback" not in err
     promote(state_dir, b, strategy=None, reason="back to B", actor="pytest")  # None: the release's own strategy
     assert live_release(state_dir) == b

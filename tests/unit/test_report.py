@@ -9,7 +9,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,9 +21,9 @@ from tasks.backends.pricing import PriceTable, candidate_cost, hourly_cost, mig_
 from tasks.errors import BadInput
 from tasks.hashing import sha256_file
 from validation import charts
-from validation.gates import NOT_GATED, ChampionRule, DecisionThresholds, evaluate_gates
 from validation.decisions.evaluate import DECISION_REPORT
 from validation.gate_report import write_reports
+from validation.gates import NOT_GATED, ChampionRule, DecisionThresholds, evaluate_gates
 from validation.report_parts import ReportParts
 
 OPTIONS = ["a", "b", "c"]
@@ -219,7 +219,8 @@ def test_decision_champion_rows_side_by_side_with_paired_intervals_and_rules(tmp
     p95 = next(r for r in report["champion"]["comparison"] if r["metric"] == "p95_latency_ms")
     (low, high), (ratio_low, ratio_high) = p95["difference_ci"], p95["ratio_ci"]
     assert rows["p95 latency (ms, per request)"][3] == (f"{p95['difference']:.4g} ms paired [{low:.4g}, {high:.4g}] "
-                                                        f"ratio {p95['ratio']:.4g} paired [{ratio_low:.4g}, {ratio_high:.4g}]")
+                                                        f"ratio {p95['ratio']:.4g} paired [{ratio_low:.4g}, "
+                                                        f"{ratio_high:.4g}]")
     worst = {"fail": 0, "inconclusive": 1, "pass": 2}
     expected_class = min((checks[n]["status"] for n in accuracy["gated_by"]), key=worst.get)
     assert parser.row_classes["champion"][1] == expected_class
@@ -304,9 +305,11 @@ def test_release_section_shows_temperature_every_changed_field_and_cost(tmp_path
                        "artifact.quantization": ["artifact.quantization", '"Q8_0"', '"Q4_K_M"']}
     cost = table(parser, "cost")
     assert cost["production per hour"][1].startswith("production ≈ 4.66 $/h (2 × ml.g6e.xlarge at 2.33 $/h")
-    assert cost["candidate (deploy to now)"][1].startswith("candidate ≈ 1.17 $ (1 × ml.g6e.xlarge at 2.33 $/h for 30.0 min")
+    assert cost["candidate (deploy to now)"][1].startswith("candidate ≈ 1.17 $ (1 × ml.g6e.xlarge at 2.33 $/h for "
+                                                           "30.0 min")
     per_million = 4.66 / (3600 * 12.5) * 1e6  # 103.56 $ by hand
-    assert cost["per million requests and decisions"][1].startswith(f"≈ {per_million:.2f} $ per million requests and decisions")
+    assert cost["per million requests and decisions"][1].startswith(f"≈ {per_million:.2f} $ per million requests and "
+                                                                    "decisions")
     assert "no price for ml.p5.48xlarge in us-east-1" in cost["a MIG copy's share of its instance"][1]
     assert text.count('class="no-price"') == 1, "only the missing price is set apart"
     assert "costs nothing here" in cost["priced as"][1]
@@ -402,9 +405,9 @@ def test_the_report_takes_a_familys_words_rows_and_sections_from_its_parts(tmp_p
 def nli_report(tmp_path):
     from tests.unit.test_nli_runner import FakeEncoder, key
     from validation.evaluate import RunSettings, Target
-    from validation.nli.pairs import LABELS
-    from validation.nli.evaluate import NliThresholds, evaluate_nli, load_nli_dataset
     from validation.nli.builtin_set import DEFAULT_OUT
+    from validation.nli.evaluate import NliThresholds, evaluate_nli, load_nli_dataset
+    from validation.nli.pairs import LABELS
 
     split = load_nli_dataset(DEFAULT_OUT, name="nli-test", splits=["test"])
     candidate, champion = FakeEncoder(), FakeEncoder()
@@ -497,7 +500,7 @@ def test_copies_series_follow_the_traffic_records_so_a_canary_overlap_shows():
     ]
     series, until = copies_series(records)
     by = {s["label"]: s for s in series}
-    at = lambda text: datetime.fromisoformat(text).replace(tzinfo=timezone.utc)  # noqa: E731
+    at = lambda text: datetime.fromisoformat(text).replace(tzinfo=UTC)  # noqa: E731
     assert by["a"]["points"] == [(at("2026-12-03T10:00:00"), 2), (at("2026-12-03T11:00:00"), 1),
                                  (at("2026-12-03T11:05:00"), 0)]
     assert by["b"]["points"][:2] == [(at("2026-12-03T11:00:00"), 1), (at("2026-12-03T11:05:00"), 2)], \

@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -115,13 +115,15 @@ def test_decision_gate_report_renders_with_axes_and_legends(tmp_path):
     chromium()
     report, out = build(tmp_path, champion_preds=predictions(seed=1, concentration=(1, 1, 1)), extra=release_extra())
     drawn = laid_out(Path(out["report_html"]), tmp_path)
-    assert sorted(c["cls"] for c in drawn) == ["chart champion", "chart latency", "chart latency-ratio", "chart reliability"]
+    assert sorted(c["cls"] for c in drawn) == ["chart champion", "chart latency", "chart latency-ratio",
+                                               "chart reliability"]
     check_readable(chart(drawn, "latency-ratio"), ["candidate p95 ÷ champion p95 (dimensionless)", "p95 latency (ms"],
                    ["1 = as fast as the champion"])
     check_readable(chart(drawn, "reliability"), ["accuracy", "confidence", "rows"],
                    ["perfectly calibrated", "candidate (", "champion ("])
     latency = chart(drawn, "latency")
-    check_readable(latency, ["client latency per request (ms)", "requests"], ["p50 = ", "p95 = ", "p99 = ", " requests"])
+    check_readable(latency, ["client latency per request (ms)", "requests"],
+                   ["p50 = ", "p95 = ", "p99 = ", " requests"])
     check_percentiles(latency)
     check_readable(chart(drawn, "champion"), ["candidate − champion", "accuracy", "ECE"], ["threshold"])
 
@@ -153,7 +155,7 @@ def audit_page(tmp_path, monkeypatch):
     from tasks.ledger.audit_report import write_report
     from tasks.ledger.store import Ledger
 
-    clock = {"now": datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)}
+    clock = {"now": datetime(2026, 12, 3, 9, 0, tzinfo=UTC)}
     monkeypatch.setattr(timestamps, "utcnow", lambda: clock["now"])
     ledger = Ledger.for_sqlite(tmp_path / "ledger.db")
     cost = release_extra()["release"]["cost"]
@@ -164,7 +166,7 @@ def audit_page(tmp_path, monkeypatch):
                                      "ci": [diff - 0.04, diff + 0.04], "n": 111, "reason": "paired", "rule": "paired"}
 
     def add(minutes: float, release: str, stage: str, event: str, payload: dict) -> None:
-        clock["now"] = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc) + timedelta(minutes=minutes)
+        clock["now"] = datetime(2026, 12, 3, 9, 0, tzinfo=UTC) + timedelta(minutes=minutes)
         ledger.append(release_id=release, model=MODEL, stage=stage, event=event, payload=payload, actor="tester")
 
     def release(start: float, rid: str, gate: dict) -> None:
@@ -173,7 +175,8 @@ def audit_page(tmp_path, monkeypatch):
                                                         "metrics": {"accuracy": 0.8}, "cost": cost, **gate})
 
     release(0, "demo-a", {"decision": "pass", "checks": checks_ok, "not_passed": []})
-    add(20, "demo-a", "promote", "succeeded", {"strategy": "all_at_once", "endpoint": "e", "component": "c", "copies": 2})
+    add(20, "demo-a", "promote", "succeeded",
+        {"strategy": "all_at_once", "endpoint": "e", "component": "c", "copies": 2})
     add(21, "demo-a", "release", "promoted", {})
     release(60, "demo-b", {"decision": "pass", "checks": [*checks_ok, champion("pass", 0.01)], "not_passed": [],
                            "champion_release": "demo-a"})
@@ -186,7 +189,8 @@ def audit_page(tmp_path, monkeypatch):
                             "not_passed": ["champion_accuracy -0.12"], "champion_release": "demo-b"})
     add(140, "demo-c", "release", "rejected", {})
     add(170, "demo-a", "promote", "succeeded", {"trigger": "rollback", "rollback_from": "demo-b", "copies": 2,
-                                                "rollback_reason": "slower in production", "endpoint": "e", "component": "c"})
+                                                "rollback_reason": "slower in production", "endpoint": "e",
+                                                "component": "c"})
     verification = {"ok": True, "n_records": len(ledger.history()), "head_hash": ledger.head().record_hash,
                     "problems": [], "checked_against": None}
     page = write_report(ledger, tmp_path / "audit", verification)
@@ -198,7 +202,8 @@ def test_audit_report_renders_timeline_copies_and_champion_charts(audit_page, tm
     chromium()
     drawn = laid_out(audit_page, tmp_path)
     timeline = chart(drawn, "timeline")
-    check_readable(timeline, ["time (UTC, 2026-12-03)", "event", "gate", "traffic step", "promoted", "rollback (by hand)"],
+    check_readable(timeline,
+                   ["time (UTC, 2026-12-03)", "event", "gate", "traffic step", "promoted", "rollback (by hand)"],
                    ["demo-a", "demo-b", "demo-c", "gate that did not pass"])
     markers = timeline["events"]
     kinds = sorted(m["cls"] for m in markers)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.backends.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
 from tasks.config import BakeAlarms, load_release_config
 from tasks.errors import ConfigError, NotFound
-from tasks.backends.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
 from tasks.pipeline.bake import BakeWatch, first_alarm, judge
 
 GEMMA = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
@@ -42,8 +42,10 @@ def test_canary_and_linear_make_the_plans_their_parameters_say():
     (("rollout.strategy=canary", "rollout.maximum_execution_timeout_s=599"), "maximum_execution_timeout_s"),
     (("rollout.strategy=canary", "rollout.alarms.max_error_rate=1.5"), "max_error_rate"),
     (("rollout.strategy=canary", "rollout.bake_s=300"), "bake_s"),
-    (("rollout.strategy=canary", "rollout.online_gate.split=nope"), "split 'nope' is not a split any validation dataset keeps"),
-    (("rollout.strategy=canary", "rollout.online_gate.max_tasks=5"), r"max_tasks \(5\) is below validation.champion.min_samples"),
+    (("rollout.strategy=canary", "rollout.online_gate.split=nope"),
+     "split 'nope' is not a split any validation dataset keeps"),
+    (("rollout.strategy=canary", "rollout.online_gate.max_tasks=5"),
+     r"max_tasks \(5\) is below validation.champion.min_samples"),
 ])
 def test_bad_rollouts_are_refused_with_the_field_and_the_reason(sets, words):
     with pytest.raises(ConfigError, match=words):
@@ -61,7 +63,8 @@ def test_alarm_rules_against_reference_values():
     assert first_alarm(judge(_metrics(100, 5, 100.0), rules)) is None  # 5 % is at the limit, not over it
     fired = first_alarm(judge(_metrics(100, 6), rules))
     assert fired.startswith("error rate 0.060 (6 of 100") and "max_error_rate 0.05" in fired
-    assert first_alarm(judge(_metrics(40, 0, 251.0), rules)) == "latency p99 251.0 ms is over rollout.alarms.max_latency_p99_ms 250"
+    assert first_alarm(judge(_metrics(40, 0, 251.0),
+                             rules)) == "latency p99 251.0 ms is over rollout.alarms.max_latency_p99_ms 250"
     assert first_alarm(judge(_metrics(40, 0, None), rules)) is None
 
 
@@ -104,5 +107,7 @@ def test_a_bake_watches_the_whole_wait_and_fires_at_the_first_alarm():
 
 def test_an_online_gate_on_an_encoder_release_is_refused():
     nli = GEMMA.with_name("minilm-nli.yaml")
-    with pytest.raises(ConfigError, match=r"online_gate replays the gate.s tasks .*onnx releases \(nli gates\) cannot yet"):
-        load_release_config(nli, overrides=("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test"))
+    with pytest.raises(ConfigError,
+                       match=r"online_gate replays the gate.s tasks .*onnx releases \(nli gates\) cannot yet"):
+        load_release_config(nli,
+                            overrides=("rollout.strategy=canary", "rollout.copies=2", "rollout.online_gate.split=test"))

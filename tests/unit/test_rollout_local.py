@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import NotFound
+from tasks.backends.interfaces import RolloutPlan, RolloutStep
 from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.interfaces import RolloutPlan, RolloutStep
+from tasks.errors import NotFound
 from tests.unit.conftest import _dead
 from tests.unit.test_local_hosting import _invoke, _spec
 
@@ -22,7 +22,8 @@ LOAD_CLIENT = Path(__file__).resolve().parents[1] / "fakes" / "load_client.py"
 class Watch:
     """A bake that records each step, what answered during it, and fires an alarm on request."""
 
-    def __init__(self, hosting: ProcessSupervisor, endpoint: str, alarm_at: int | None = None, crash_at: int | None = None):
+    def __init__(self, hosting: ProcessSupervisor, endpoint: str, alarm_at: int | None = None,
+                 crash_at: int | None = None):
         self.hosting, self.endpoint = hosting, endpoint
         self.alarm_at, self.crash_at = alarm_at, crash_at
         self.steps: list[RolloutStep] = []
@@ -64,7 +65,8 @@ def test_canary_moves_one_copy_bakes_then_the_rest(hosting):
     assert [(s.batch, s.batches, s.old_copies, s.new_copies) for s in result.steps] == [(1, 2, 1, 1), (2, 2, 0, 2)]
     serving = _serving(hosting, "ep-canary", "semif")
     assert list(serving) == ["v2"] and len(serving["v2"]) == 2
-    assert len(watch.answered[0] & set(old)) == 1 and len(watch.answered[0] - set(old)) == 1, "the canary bakes beside an old copy"
+    assert len(watch.answered[0] & set(old)) == 1, "the canary bakes beside an old copy"
+    assert len(watch.answered[0] - set(old)) == 1, "the canary bakes beside an old copy"
     assert watch.answered[1] == set(serving["v2"])
     assert all(_dead(pid) for pid in old)
     again = roll_out(hosting, "ep-canary", "semif", _spec(copies=2, version="v2"),
@@ -87,7 +89,8 @@ def test_an_alarm_rolls_back_batch_by_batch_and_the_old_spec_serves(hosting):
                       Watch(hosting, "ep-alarm", alarm_at=2), ready_timeout_s=20)
     assert result.status == "rolled_back" and result.reason == "test alarm: error rate over 5%"
     phases = [(s.phase, s.old_copies, s.new_copies, s.alarm is not None) for s in result.steps]
-    assert phases == [("rollout", 2, 1, False), ("rollout", 1, 2, True), ("rollback", 2, 1, False), ("rollback", 3, 0, False)]
+    assert phases == [("rollout", 2, 1, False), ("rollout", 1, 2, True), ("rollback", 2, 1, False),
+                      ("rollback", 3, 0, False)]
     serving = _serving(hosting, "ep-alarm", "semif")
     assert list(serving) == ["v1"] and len(serving["v1"]) == 3
     assert set(serving["v1"]) & set(old) == {old[2]}, "the copy never replaced keeps serving"
@@ -160,8 +163,11 @@ def test_plan_targets():
 def _roll_under_load(hosting: ProcessSupervisor, endpoint: str, clients: int, requests: int) -> dict:
     """A linear rollout of 3 copies (each answer takes 20 ms) while a second process sends the load; its counts."""
     hosting.ensure_endpoint(endpoint)
-    old = {c.pid for c in hosting.put_component(endpoint, "semif", _spec(copies=3, FAKE_DELAY_S="0.02"), ready_timeout_s=20).copies}
-    load = subprocess.Popen([sys.executable, str(LOAD_CLIENT), hosting.endpoint_url(endpoint), "--clients", str(clients),
+    old = {c.pid
+           for c in hosting.put_component(endpoint, "semif", _spec(copies=3, FAKE_DELAY_S="0.02"),
+                                          ready_timeout_s=20).copies}
+    load = subprocess.Popen([sys.executable, str(LOAD_CLIENT), hosting.endpoint_url(endpoint), "--clients",
+                             str(clients),
                              "--requests", str(requests), "--deadline-s", "300"], stdout=subprocess.PIPE, text=True)
     result = roll_out(hosting, endpoint, "semif", _spec(copies=3, version="v2", FAKE_DELAY_S="0.02"),
                       RolloutPlan(strategy="linear", batch_copies=1), lambda step: None, ready_timeout_s=20)
@@ -172,7 +178,8 @@ def _roll_under_load(hosting: ProcessSupervisor, endpoint: str, clients: int, re
     assert counts["sent"] == requests and counts["other"] == 0, counts
     assert set(counts["by_status"]) <= {"200", "503"}, counts
     answered = {int(pid) for pid in counts["by_pid"]}
-    assert answered & old and answered & set(_serving(hosting, endpoint, "semif")["v2"]), "the load did not span the rollout"
+    assert answered & old and answered & set(_serving(hosting, endpoint,
+                                                      "semif")["v2"]), "the load did not span the rollout"
     return counts
 
 
@@ -207,18 +214,22 @@ def test_a_copy_killed_during_a_canary_is_replaced_and_the_rollout_ends_whole(ho
     assert result.status == "succeeded"
     serving = _serving(hosting, "ep-kill", "semif")
     assert list(serving) == ["v2"] and len(serving["v2"]) == 2 and killed[0] not in serving["v2"]
-    assert all(c["alive"] and c["ping"] == 200 for c in hosting.describe_endpoint("ep-kill")["components"]["semif"]["copies"])
+    assert all(c["alive"] and c["ping"] == 200
+               for c in hosting.describe_endpoint("ep-kill")["components"]["semif"]["copies"])
 
 
 def _neutral(copies: int, version: str, **env: str):
-    """A fake-copy spec that carries a neutral ComponentSpec, as the promote stage's specs do (metrics by spec need it)."""
-    from tasks.backends.interfaces import Compute, ComponentSpec, ModelRef
+    """A fake-copy spec that carries a neutral ComponentSpec, as the promote stage's specs do (metrics by spec need
+    it)."""
+    from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
 
     digest = "sha256:" + (version.encode().hex() * 64)[:64]
-    neutral = ComponentSpec(image_uri=f"fake/semif@{digest}", artifact_uri=f"file:///fake/{version}", artifact_sha256="a" * 64,
+    neutral = ComponentSpec(image_uri=f"fake/semif@{digest}", artifact_uri=f"file:///fake/{version}",
+                            artifact_sha256="a" * 64,
                             environment=env, copies=copies, compute=Compute(memory_mb=128),
                             model_ref=ModelRef(release_id=version, artifact_sha256="a" * 64, image_digest=digest))
-    return _spec(copies=copies, version=version, **env).model_copy(update={"neutral": neutral.model_dump(mode="json")}), neutral
+    return _spec(copies=copies, version=version,
+                 **env).model_copy(update={"neutral": neutral.model_dump(mode="json")}), neutral
 
 
 @pytest.mark.parametrize("fault, env, alarm", [
@@ -229,9 +240,9 @@ def test_a_faulty_canary_is_rolled_back_by_its_bake_alarm_under_live_traffic(hos
     """The real bake (BakeWatch over the router's metrics of the new copies) with live traffic from a thread."""
     from types import SimpleNamespace
 
-    from tasks.cli.demo import LiveTraffic
-    from tasks.backends.local.hosting import LocalMetrics
     from tasks.backends.interfaces import BakeAlarms
+    from tasks.backends.local.hosting import LocalMetrics
+    from tasks.cli.demo import LiveTraffic
     from tasks.pipeline.bake import BakeWatch
 
     endpoint = f"ep-fault-{'slow' if 'FAKE_DELAY_S' in env else '500'}"
@@ -251,5 +262,6 @@ def test_a_faulty_canary_is_rolled_back_by_its_bake_alarm_under_live_traffic(hos
                       "latency_p99": "ALARM" if alarm == "latency p99" else "OK"}
     serving = _serving(hosting, endpoint, "semif")
     assert list(serving) == ["v1"] and len(serving["v1"]) == 2, "the champion's spec serves on every copy again"
-    assert traffic.statuses[200] > 0 and set(traffic.statuses) <= {200, 424, 503}, traffic.statuses  # 424: the model's 500
+    # 424: the model's 500
+    assert traffic.statuses[200] > 0 and set(traffic.statuses) <= {200, 424, 503}, traffic.statuses
     assert (traffic.statuses[424] > 0) == (alarm == "error rate"), traffic.statuses

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
 import random
 import socket
 import statistics
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,26 +68,7 @@ class FakeSemIf:
                     fake.components.append(self.headers.get(IC_HEADER))
                 try:
                     body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                    decision = body["decision"]
-                    task_id = decision["id"]
-                    with fake.lock:
-                        fake.calls[task_id] += 1
-                        call = fake.calls[task_id]
-                    if task_id in fake.bad_ids:
-                        return self.reply(400, {"error": f"option ids of {task_id} are invalid"})
-                    if call <= fake.fail_503.get(task_id, 0):
-                        return self.reply(503, {"error": "server busy", "retryable": True})
-                    if call <= fake.fail_500.get(task_id, 0):
-                        return self.reply(500, {"error": "internal"})
-                    time.sleep(fake.sleep_s.get(task_id, fake.default_sleep_s))
-                    ids = [o["id"] for o in decision["options"]]
-                    if task_id in fake.wrong_options:
-                        ids = ids[::-1]
-                    total_ms = (time.perf_counter() - begin) * 1000
-                    self.reply(200, {"result": {
-                        "id": task_id, "option_ids": ids, "probabilities": [0.2, 0.7, 0.1],
-                        "option_logits": [1.0, 2.25, 0.5], "allowed_token_mass": 0.9, "temperature": 1.0,
-                        "timings": {"forward_ms": total_ms * 0.8, "total_ms": total_ms}}})
+                    self.reply(*fake.answer(body["decision"], begin))
                 finally:
                     with fake.lock:
                         fake.in_flight -= 1
@@ -112,6 +93,28 @@ class FakeSemIf:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
+
+    def answer(self, decision: dict, begin: float) -> tuple[int, dict]:
+        """The status and body that answer `decision`: its scripted failures first, then a result after its sleep."""
+        task_id = decision["id"]
+        with self.lock:
+            self.calls[task_id] += 1
+            call = self.calls[task_id]
+        if task_id in self.bad_ids:
+            return 400, {"error": f"option ids of {task_id} are invalid"}
+        if call <= self.fail_503.get(task_id, 0):
+            return 503, {"error": "server busy", "retryable": True}
+        if call <= self.fail_500.get(task_id, 0):
+            return 500, {"error": "internal"}
+        time.sleep(self.sleep_s.get(task_id, self.default_sleep_s))
+        ids = [o["id"] for o in decision["options"]]
+        if task_id in self.wrong_options:
+            ids = ids[::-1]
+        total_ms = (time.perf_counter() - begin) * 1000
+        return 200, {"result": {
+            "id": task_id, "option_ids": ids, "probabilities": [0.2, 0.7, 0.1],
+            "option_logits": [1.0, 2.25, 0.5], "allowed_token_mass": 0.9, "temperature": 1.0,
+            "timings": {"forward_ms": total_ms * 0.8, "total_ms": total_ms}}}
 
     def close(self):
         self.server.shutdown()

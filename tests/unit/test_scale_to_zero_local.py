@@ -18,7 +18,7 @@ from tasks.errors import BadInput, NotFound
 from tests.unit.conftest import _dead
 from tests.unit.test_local_hosting import _router_ping, _spec, _wait_for
 from validation.cold_start import first_answer
-from validation.transport import HttpInvoker, NO_CAPACITY
+from validation.transport import NO_CAPACITY, HttpInvoker
 
 
 def _invoke_runtime(url: str, component: str) -> tuple[int, dict]:

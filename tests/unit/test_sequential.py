@@ -51,7 +51,8 @@ def test_a_candidate_worse_by_the_margin_passes_at_most_alpha_over_two_however_m
     rates = outcomes(disagreement=disagreement, difference=-0.05, margin=0.05, looks=LOOKS, reps=300, seed=7)
     assert rates["pass"] <= 0.025
     # the same data read with a fixed-size interval at every look passes it far more often than alpha/2
-    assert naive_pass_rate(disagreement=disagreement, difference=-0.05, margin=0.05, looks=LOOKS, reps=300, seed=7) > 0.05
+    assert naive_pass_rate(disagreement=disagreement, difference=-0.05, margin=0.05, looks=LOOKS, reps=300,
+                           seed=7) > 0.05
 
 
 def test_a_candidate_worse_than_the_margin_fails_and_never_passes():

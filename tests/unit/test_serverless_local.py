@@ -27,7 +27,8 @@ def _serverless(hosting, endpoint: str, *, max_concurrency: int = 4, warm: bool 
     """A component registered as serverless, scaled to no compute (unless warm); its endpoint's runtime URL."""
     info = hosting.ensure_endpoint(endpoint)
     hosting.put_component(endpoint, "encoder", _spec(copies=1, **env), ready_timeout_s=20)
-    hosting.set_scaling(endpoint, "encoder", IDLE, ServerlessEmulation(hold_s=30, max_concurrency=max_concurrency, warm=warm))
+    hosting.set_scaling(endpoint, "encoder", IDLE,
+                        ServerlessEmulation(hold_s=30, max_concurrency=max_concurrency, warm=warm))
     if not warm:
         hosting.scale(endpoint, "encoder", 0)
     return info.url
@@ -55,7 +56,8 @@ def test_requests_beyond_max_concurrency_are_throttled_and_retryable(hosting):
     answers: list[int] = []
     slow = threading.Thread(target=lambda: answers.append(_invoke_runtime(url, "encoder")[0]))
     slow.start()
-    _wait_for(lambda: hosting._admin(hosting._load("ep-sls-busy"), "GET", "state")[1]["components"]["encoder"]["copies"][0]
+    _wait_for(lambda: hosting._admin(hosting._load("ep-sls-busy"), "GET",
+                                     "state")[1]["components"]["encoder"]["copies"][0]
               ["outstanding"] == 1, 10, "the first request in flight")
     status, body = _invoke_runtime(url, "encoder")
     slow.join(timeout=20)

@@ -1,5 +1,5 @@
-"""tasks.backends.aws.service_model: every request is checked against the whole botocore model (lengths, counts, maximums,
-enums, Java patterns), not only what botocore's ParamValidator checks."""
+"""tasks.backends.aws.service_model: every request is checked against the whole botocore model (lengths, counts,
+maximums, enums, Java patterns), not only what botocore's ParamValidator checks."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ VALID = {
         "RoutingConfig": {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"},
         "ContainerStartupHealthCheckTimeoutInSeconds": 900, "ModelDataDownloadTimeoutInSeconds": 900,
     }],
-    "Tags": [{"Key": "shiplift:managed", "Value": "true"}, {"Key": "shiplift:release", "Value": "tiny-aws-0123abcd4567"}],
+    "Tags": [{"Key": "shiplift:managed", "Value": "true"},
+             {"Key": "shiplift:release", "Value": "tiny-aws-0123abcd4567"}],
 }
 
 
@@ -53,11 +54,14 @@ def test_a_complete_create_endpoint_config_with_instance_pools_passes():
     ("ProductionVariants.0.InstancePools.1.InstanceType", "ml.g99.xlarge",
      "ProductionVariants[0].InstancePools[1].InstanceType: 'ml.g99.xlarge' is not one of the allowed values"),
     ("ProductionVariants.0.InstancePools", POOLS + [{"InstanceType": t, "Priority": p} for t, p in
-                                                     (("ml.g6e.2xlarge", 4), ("ml.g5.4xlarge", 5), ("ml.g6.4xlarge", 5))],
+                                                     (("ml.g6e.2xlarge", 4), ("ml.g5.4xlarge", 5),
+                                                      ("ml.g6.4xlarge", 5))],
      "ProductionVariants[0].InstancePools: 6 items, at most 5 allowed"),
-    ("ProductionVariants.0.InstancePools.0.Priority", 6, "ProductionVariants[0].InstancePools[0].Priority: 6 is above the maximum 5"),
+    ("ProductionVariants.0.InstancePools.0.Priority", 6,
+     "ProductionVariants[0].InstancePools[0].Priority: 6 is above the maximum 5"),
     ("ProductionVariants.0.VariantInstanceProvisionTimeoutInSeconds", 200,
-     "Invalid value for parameter ProductionVariants[0].VariantInstanceProvisionTimeoutInSeconds, value: 200, valid min value: 300"),
+     "Invalid value for parameter ProductionVariants[0].VariantInstanceProvisionTimeoutInSeconds, value: 200, valid "
+     "min value: 300"),
     ("ProductionVariants.0.VariantInstanceProvisionTimeoutInSeconds", 3601,
      "ProductionVariants[0].VariantInstanceProvisionTimeoutInSeconds: 3601 is above the maximum 3600"),
     ("ProductionVariants.0.Colour", "blue", 'Unknown parameter in ProductionVariants[0]: "Colour"'),
@@ -65,7 +69,8 @@ def test_a_complete_create_endpoint_config_with_instance_pools_passes():
      "Invalid type for parameter ProductionVariants[0].InitialInstanceCount, value: 1, type: <class 'str'>"),
     ("Tags.1.Value", "tiny!", "Tags[1].Value: 'tiny!' does not match the pattern ([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)"),
     ("ProductionVariants.0.InferenceAmiVersion", "al2023-ami-sagemaker-inference-gpu-9",
-     "ProductionVariants[0].InferenceAmiVersion: 'al2023-ami-sagemaker-inference-gpu-9' is not one of the allowed values"),
+     "ProductionVariants[0].InferenceAmiVersion: 'al2023-ami-sagemaker-inference-gpu-9' is not one of the allowed "
+     "values"),
 ])
 def test_each_problem_is_reported_with_its_parameter_path(path, value, expected):
     problems = request_problems("sagemaker", "CreateEndpointConfig", changed(path, value))
@@ -111,7 +116,8 @@ def test_an_environment_key_that_is_no_variable_name_is_refused():
     request = {"ModelName": "m", "PrimaryContainer": {"Image": "i", "Environment": {"1-BAD": "x"}},
                "ExecutionRoleArn": "arn:aws:iam::123456789012:role/r"}
     problems = request_problems("sagemaker", "CreateModel", request)
-    assert any(problem.startswith("PrimaryContainer.Environment key '1-BAD': '1-BAD' does not match") for problem in problems)
+    assert any(problem.startswith("PrimaryContainer.Environment key '1-BAD': '1-BAD' does not match")
+               for problem in problems)
 
 
 def test_custom_attributes_must_be_ascii_on_invoke_endpoint():
@@ -124,7 +130,8 @@ def test_custom_attributes_must_be_ascii_on_invoke_endpoint():
 
 def test_param_validator_alone_accepts_what_this_refuses():
     shape = service_model("sagemaker").operation_model("CreateEndpointConfig").input_shape
-    for request in (changed("EndpointConfigName", "e" * 64), changed("ProductionVariants.0.InstancePools.0.Priority", 6),
+    for request in (changed("EndpointConfigName", "e" * 64),
+                    changed("ProductionVariants.0.InstancePools.0.Priority", 6),
                     changed("ProductionVariants.0.InstancePools.1.InstanceType", "ml.g99.xlarge")):
         assert not ParamValidator().validate(request, shape).has_errors(), "botocore would send it"
         assert request_problems("sagemaker", "CreateEndpointConfig", request), "shiplift refuses it before sending"

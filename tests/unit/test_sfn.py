@@ -18,8 +18,6 @@ from moto import mock_aws
 from tasks.config import load_release_config
 from tasks.errors import BadInput, ConfigError, Conflict, NotFound
 from tasks.ledger.events import STAGES
-from tasks.pipeline.release import release_id_for
-from tasks.orchestrators.task_token import retryable_error_names
 from tasks.orchestrators.step_functions import (
     ECS_RUN_TASK,
     FAILED_STATE,
@@ -33,6 +31,8 @@ from tasks.orchestrators.step_functions import (
     state_machine_name,
     verify_task_definition,
 )
+from tasks.orchestrators.task_token import retryable_error_names
+from tasks.pipeline.release import release_id_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ("qwen35-4b-semif.yaml", "gemma-decision.yaml")
@@ -44,7 +44,8 @@ PARSER = {"stepfunctions": {"execute_state_machine": True}}  # moto runs the ASL
 
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch):
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", REGION)):
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", REGION)):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
@@ -60,13 +61,15 @@ PG = "postgresql+psycopg2://shiplift@ledger.internal.example:5432/shiplift"
 
 
 def config(name: str, *overrides: str):
-    """A shipped config; the local demo config gets a PostgreSQL ledger, which Step Functions tasks need to share state."""
+    """A shipped config; the local demo config gets a PostgreSQL ledger, which Step Functions tasks need to share
+    state."""
     ledger = () if "ledger_url" in (ROOT / "configs" / "releases" / name).read_text() else (f"backend.ledger_url={PG}",)
     return load_release_config(ROOT / "configs" / "releases" / name, overrides=(*ledger, *overrides), environ={})
 
 
 def render(name: str = "gemma-decision.yaml", overrides: tuple[str, ...] = (), **runner_changes) -> dict:
-    return render_state_machine(config(name, *overrides), runner=runner(**runner_changes), config_path=f"configs/releases/{name}")
+    return render_state_machine(config(name, *overrides), runner=runner(**runner_changes),
+                                config_path=f"configs/releases/{name}")
 
 
 def tasks_of(definition: dict) -> dict[str, dict]:
@@ -133,13 +136,16 @@ def test_definition_is_json_moto_parses_creates_and_starts(name):
     assert json.loads(text) == definition
     with mock_aws(config=PARSER):
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        arn = sfn.create_state_machine(name=state_machine_name(config(name)), definition=text, roleArn=ROLE)["stateMachineArn"]
+        arn = sfn.create_state_machine(name=state_machine_name(config(name)), definition=text,
+                                       roleArn=ROLE)["stateMachineArn"]
         execution = sfn.start_execution(stateMachineArn=arn, name="run-1", input="{}")["executionArn"]
         wait_for(sfn, execution)  # moto has no ECS `.sync` backend, so Begin fails; the intrinsics ran first
         events = sfn.get_execution_history(executionArn=execution)["events"]
-    prepared = json.loads(next(e for e in events if e["type"] == "PassStateExited")["stateExitedEventDetails"]["output"])
+    prepared = json.loads(next(e for e in events
+                               if e["type"] == "PassStateExited")["stateExitedEventDetails"]["output"])
     assert prepared["run"]["holder"] == f"stepfunctions:{execution}"
-    scheduled = json.loads(next(e for e in events if e["type"] == "TaskScheduled")["taskScheduledEventDetails"]["parameters"])
+    scheduled = json.loads(next(e for e in events
+                                if e["type"] == "TaskScheduled")["taskScheduledEventDetails"]["parameters"])
     override = scheduled["Overrides"]["ContainerOverrides"][0]
     assert override["Command"][:4] == ["shiplift", "orchestrate", "begin", f"configs/releases/{name}"]
     assert override["Command"][4:6] == ["--holder", f"stepfunctions:{execution}"]
@@ -174,7 +180,8 @@ def test_every_stage_is_a_task_running_shiplift_stage(name):
     for state in tasks_of(definition).values():
         if state["Resource"] == ECS_RUN_TASK:
             params = state["Parameters"]
-            assert (params["Cluster"], params["TaskDefinition"], params["LaunchType"]) == ("shiplift", "shiplift-pipeline:3", "FARGATE")
+            assert (params["Cluster"], params["TaskDefinition"],
+                    params["LaunchType"]) == ("shiplift", "shiplift-pipeline:3", "FARGATE")
             assert state["ResultPath"] is None
 
 
@@ -183,7 +190,8 @@ def test_release_id_is_the_one_the_container_opens_wherever_its_state_lives():
     definition = render("qwen35-4b-semif.yaml")
     begin = definition["States"]["Begin"]["Parameters"]["Overrides"]["ContainerOverrides"][0]["Command.$"]
     assert "--set" not in begin, "nothing about where state lives is passed to the config"
-    in_container = load_release_config(ROOT / "configs/releases/qwen35-4b-semif.yaml", overrides=("backend.state_dir=/tmp/elsewhere",), environ={})
+    in_container = load_release_config(ROOT / "configs/releases/qwen35-4b-semif.yaml",
+                                       overrides=("backend.state_dir=/tmp/elsewhere",), environ={})
     assert command(definition["States"]["Resolve"])[4] == release_id_for(in_container)
 
 
@@ -196,7 +204,8 @@ def test_a_config_without_a_shared_ledger_is_refused():
 def test_release_id_and_config_path_are_checked():
     cfg = config("gemma-decision.yaml")
     with pytest.raises(Conflict, match="not the release the tasks will open"):
-        render_state_machine(cfg, release_id=release_id_for(cfg) + "x", runner=runner(), config_path="configs/releases/gemma-decision.yaml")
+        render_state_machine(cfg, release_id=release_id_for(cfg) + "x", runner=runner(),
+                             config_path="configs/releases/gemma-decision.yaml")
     for bad in ("/home/me/configs/releases/gemma-decision.yaml", "../gemma-decision.yaml", "configs/releases/gemma"):
         with pytest.raises(BadInput, match="relative .yaml path"):
             render_state_machine(cfg, runner=runner(), config_path=bad)
@@ -242,6 +251,23 @@ def test_every_failure_path_tears_down_then_records_before_failing(name):
                 assert all(p[0] == "TeardownAfterFailure" for p in downstream), (state_name, downstream)
 
 
+def _assert_retry_and_catch_rules(state_name: str, state: dict) -> None:
+    """A Task state times out, retries and catches as the ASL allows, and no failure escapes its Catch."""
+    assert 1 <= state["TimeoutSeconds"], state_name
+    assert state["Retry"] and state["Catch"], f"{state_name} lacks Retry or Catch"
+    for rule in state["Retry"] + state["Catch"]:
+        errors = rule["ErrorEquals"]
+        assert errors and len(set(errors)) == len(errors), state_name
+        assert "States.ALL" not in errors or errors == ["States.ALL"], "States.ALL must stand alone"
+    for rules in (state["Retry"], state["Catch"]):
+        for rule in rules[:-1]:
+            assert "States.ALL" not in rule["ErrorEquals"], "States.ALL must be the last rule"
+    assert state["Catch"][-1]["ErrorEquals"] == ["States.ALL"], f"{state_name}: a failure could escape the Catch"
+    for rule in state["Retry"]:
+        assert rule["IntervalSeconds"] >= 1 and rule["BackoffRate"] >= 1.0 and rule["MaxAttempts"] >= 1
+        assert rule["MaxDelaySeconds"] >= rule["IntervalSeconds"] and rule["JitterStrategy"] in ("FULL", "NONE")
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_retry_catch_and_references_follow_the_asl_rules(name):
     definition = render(name)
@@ -251,21 +277,8 @@ def test_retry_catch_and_references_follow_the_asl_rules(name):
     for state_name, state in states.items():
         for target in successors(state):
             assert target in states, f"{state_name} -> missing {target}"
-        if state["Type"] != "Task":
-            continue
-        assert 1 <= state["TimeoutSeconds"], state_name
-        assert state["Retry"] and state["Catch"], f"{state_name} lacks Retry or Catch"
-        for rule in state["Retry"] + state["Catch"]:
-            errors = rule["ErrorEquals"]
-            assert errors and len(set(errors)) == len(errors), state_name
-            assert "States.ALL" not in errors or errors == ["States.ALL"], "States.ALL must stand alone"
-        for rules in (state["Retry"], state["Catch"]):
-            for rule in rules[:-1]:
-                assert "States.ALL" not in rule["ErrorEquals"], "States.ALL must be the last rule"
-        assert state["Catch"][-1]["ErrorEquals"] == ["States.ALL"], f"{state_name}: a failure could escape the Catch"
-        for rule in state["Retry"]:
-            assert rule["IntervalSeconds"] >= 1 and rule["BackoffRate"] >= 1.0 and rule["MaxAttempts"] >= 1
-            assert rule["MaxDelaySeconds"] >= rule["IntervalSeconds"] and rule["JitterStrategy"] in ("FULL", "NONE")
+        if state["Type"] == "Task":
+            _assert_retry_and_catch_rules(state_name, state)
     # Infrastructure errors (no capacity, RunTask failures) come first and are retried on every ECS task.
     for state in tasks_of(definition).values():
         if state["Resource"] == ECS_RUN_TASK:
@@ -273,7 +286,8 @@ def test_retry_catch_and_references_follow_the_asl_rules(name):
     # A task reports its error's class: only the retryable ones (and a container that stopped heartbeating) are retried.
     retried = [*retryable_error_names(), "States.HeartbeatTimeout"]
     assert {"Shiplift.NotReady", "Shiplift.CapacityError", "Shiplift.Throttled"} <= set(retried)
-    task_failed = {n: r["MaxAttempts"] for n, s in tasks_of(definition).items() for r in s["Retry"] if r["ErrorEquals"] == retried}
+    task_failed = {n: r["MaxAttempts"] for n, s in tasks_of(definition).items() for r in s["Retry"]
+                   if r["ErrorEquals"] == retried}
     assert task_failed["Validate"] == task_failed["Promote"] == 1  # a retry re-runs an evaluation / touches production
     assert task_failed["TeardownAfterFailure"] == max(task_failed.values())  # the candidate must go
     never_retried = {"Shiplift.ConfigError", "Shiplift.GateFailed", "Shiplift.IntegrityError", "Shiplift.LeaseHeld",
@@ -305,10 +319,12 @@ def test_the_choice_reads_the_validate_result(name):
 
 
 def test_bake_wait_follows_the_rollout():
-    canary = render("gemma-decision.yaml", ("rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=420",
+    canary = render("gemma-decision.yaml",
+                    ("rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=420",
                                             "rollout.maximum_execution_timeout_s=9000"), post_promote_wait_s=30)
     assert canary["States"]["Promote"]["Next"] == "Bake"
-    assert canary["States"]["Bake"] == {**canary["States"]["Bake"], "Type": "Wait", "Seconds": 30, "Next": "TeardownCandidate"}
+    assert canary["States"]["Bake"] == {**canary["States"]["Bake"], "Type": "Wait", "Seconds": 30,
+                                        "Next": "TeardownCandidate"}
     assert canary["States"]["Promote"]["TimeoutSeconds"] > 9000, "promote's timeout covers the rollout's own deadline"
     all_at_once = render("gemma-decision.yaml", post_promote_wait_s=90)
     assert all_at_once["States"]["Bake"]["Seconds"] == 90
@@ -323,10 +339,12 @@ def _stub_ecs(definition: dict, failing: tuple[str, ...] = ()) -> dict:
         if state.get("Resource") != ECS_RUN_TASK:
             continue
         if name in failing:
-            state.update(Resource="arn:aws:states:::aws-sdk:s3:getObject", Parameters={"Bucket": "shiplift-results", "Key": "absent"})
+            state.update(Resource="arn:aws:states:::aws-sdk:s3:getObject",
+                         Parameters={"Bucket": "shiplift-results", "Key": "absent"})
             state.pop("Retry")
         else:
-            definition["States"][name] = {"Type": "Pass", **{k: state[k] for k in ("Next", "End", "ResultPath") if k in state}}
+            definition["States"][name] = {"Type": "Pass",
+                                          **{k: state[k] for k in ("Next", "End", "ResultPath") if k in state}}
     return definition
 
 
@@ -334,10 +352,11 @@ def _with_envelope(definition: dict, envelope: dict) -> dict:
     """moto's aws-sdk S3 integration returns a stream where Step Functions returns the Body as a string:
     feed the same JSON text through the same `States.StringToJson($.Body)` expression."""
     read = definition["States"]["ReadGateDecision"]
-    definition["States"]["ReadGateDecision"] = {
-        "Type": "Pass", "Result": {"Body": json.dumps(envelope)}, "ResultPath": "$.s3object", "Next": "ParseGateDecision"}
+    definition["States"]["ReadGateDecision"] = {"Type": "Pass", "Result": {"Body": json.dumps(envelope)},
+                                                "ResultPath": "$.s3object", "Next": "ParseGateDecision"}
     definition["States"]["ParseGateDecision"] = {
-        "Type": "Pass", "Parameters": {"envelope.$": read["ResultSelector"]["envelope.$"].replace("$.Body", "$.s3object.Body")},
+        "Type": "Pass",
+        "Parameters": {"envelope.$": read["ResultSelector"]["envelope.$"].replace("$.Body", "$.s3object.Body")},
         "ResultPath": read["ResultPath"], "Next": read["Next"]}
     return definition
 
@@ -345,28 +364,35 @@ def _with_envelope(definition: dict, envelope: dict) -> dict:
 def test_executions_route_on_the_decision_and_tear_down_on_failure():
     definition = render()
     rid = release_id_for(config("gemma-decision.yaml"))
-    envelope = lambda decision, release=rid: {"release_id": release, "stage": "validate", "result": {"decision": decision}}  # noqa: E731
+
+    def envelope(decision, release=rid):
+        return {"release_id": release, "stage": "validate", "result": {"decision": decision}}
+
     cases = {
         "pass": (_with_envelope(_stub_ecs(definition), envelope("pass")), "SUCCEEDED"),
         "fail": (_with_envelope(_stub_ecs(definition), envelope("fail")), "SUCCEEDED"),
         "stale": (_with_envelope(_stub_ecs(definition), envelope("pass", "other-release")), "FAILED"),
         "build-fails": (_stub_ecs(definition, failing=("Build",)), "FAILED"),
-        "teardown-fails": (_with_envelope(_stub_ecs(definition, failing=("TeardownCandidate",)), envelope("pass")), "FAILED"),
+        "teardown-fails": (_with_envelope(_stub_ecs(definition, failing=("TeardownCandidate",)), envelope("pass")),
+                           "FAILED"),
     }
     routes = {}
     with mock_aws(config=PARSER):
         boto3.client("s3", region_name=REGION).create_bucket(Bucket="shiplift-results")
         sfn = boto3.client("stepfunctions", region_name=REGION)
         for case, (stubbed, expected) in cases.items():
-            arn = sfn.create_state_machine(name=f"routes-{case}", definition=definition_json(stubbed), roleArn=ROLE)["stateMachineArn"]
+            arn = sfn.create_state_machine(name=f"routes-{case}", definition=definition_json(stubbed),
+                                           roleArn=ROLE)["stateMachineArn"]
             execution = sfn.start_execution(stateMachineArn=arn, input="{}")["executionArn"]
             assert wait_for(sfn, execution)["status"] == expected, case
             routes[case] = [s for s in entered(sfn, execution) if s != "ParseGateDecision"]
-    stages = ["Prepare", "Begin", "Resolve", "Build", "Package", "Image", "DeployCandidate", "Validate", "ReadGateDecision", "GateDecision"]
+    stages = ["Prepare", "Begin", "Resolve", "Build", "Package", "Image", "DeployCandidate", "Validate",
+              "ReadGateDecision", "GateDecision"]
     assert routes["pass"] == stages + ["Promote", "Bake", "TeardownCandidate", "EndSucceeded", "Released"]
     assert routes["fail"] == stages + ["TeardownCandidate", "EndSucceeded", "Released"]
     assert routes["stale"] == stages + ["GateResultInvalid", "TeardownAfterFailure", "EndFailed", FAILED_STATE]
-    assert routes["build-fails"] == ["Prepare", "Begin", "Resolve", "Build", "TeardownAfterFailure", "EndFailed", FAILED_STATE]
+    assert routes["build-fails"] == ["Prepare", "Begin", "Resolve", "Build", "TeardownAfterFailure", "EndFailed",
+                                     FAILED_STATE]
     assert routes["teardown-fails"] == stages + ["Promote", "Bake", "TeardownCandidate", "EndFailed", FAILED_STATE]
 
 
@@ -410,7 +436,8 @@ def test_task_parameters_validate_against_the_botocore_models(name):
 def test_deploy_creates_then_is_unchanged_then_updates():
     cfg = config("qwen35-4b-semif.yaml")
     first = render_state_machine(cfg, runner=runner(), config_path="configs/releases/qwen35-4b-semif.yaml")
-    second = render_state_machine(cfg, runner=runner(post_promote_wait_s=300), config_path="configs/releases/qwen35-4b-semif.yaml")
+    second = render_state_machine(cfg, runner=runner(post_promote_wait_s=300),
+                                  config_path="configs/releases/qwen35-4b-semif.yaml")
     with mock_aws():
         sfn = boto3.client("stepfunctions", region_name=REGION)
         created = deploy_state_machine(cfg, first, role_arn=ROLE, client=sfn)
@@ -430,7 +457,9 @@ def test_deploy_never_touches_a_state_machine_it_does_not_manage():
     definition = render("qwen35-4b-semif.yaml")
     with mock_aws():
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        sfn.create_state_machine(name=state_machine_name(cfg), definition=json.dumps({"StartAt": "A", "States": {"A": {"Type": "Succeed"}}}), roleArn=ROLE)
+        sfn.create_state_machine(name=state_machine_name(cfg),
+                                 definition=json.dumps({"StartAt": "A", "States": {"A": {"Type": "Succeed"}}}),
+                                 roleArn=ROLE)
         with pytest.raises(Conflict, match="not managed by shiplift"):
             deploy_state_machine(cfg, definition, role_arn=ROLE, client=sfn)
     with pytest.raises(BadInput, match="not an IAM role ARN"):
@@ -454,8 +483,10 @@ def test_update_and_tag_requests_match_the_botocore_model():
     """Stubber validates our requests against the service model (moto does not check these shapes)."""
     cfg = config("qwen35-4b-semif.yaml")
     definition = render("qwen35-4b-semif.yaml")
-    client, stub, arn = _stubbed({"StartAt": "Old", "States": {"Old": {"Type": "Succeed"}}}, [{"key": "shiplift:managed", "value": "true"}])
-    stub.add_response("update_state_machine", {"updateDate": 0}, {"stateMachineArn": arn, "definition": definition_json(definition), "roleArn": ROLE})
+    client, stub, arn = _stubbed({"StartAt": "Old", "States": {"Old": {"Type": "Succeed"}}},
+                                 [{"key": "shiplift:managed", "value": "true"}])
+    stub.add_response("update_state_machine", {"updateDate": 0},
+                      {"stateMachineArn": arn, "definition": definition_json(definition), "roleArn": ROLE})
     stub.add_response("tag_resource", {}, {"resourceArn": arn, "tags": [
         {"key": "shiplift:model", "value": "qwen35-4b-semif"}, {"key": "shiplift:managed", "value": "true"}]})
     with stub:
@@ -471,8 +502,10 @@ def test_unchanged_deploy_makes_no_changing_call():
     with stub:  # any further call (update, tag) would raise: the Stubber has no response queued for it
         assert deploy_state_machine(cfg, definition, role_arn=ROLE, client=client)["status"] == "unchanged"
         stub.assert_no_pending_responses()
-    client, stub, arn = _stubbed(json.loads(definition_json(definition)), tags, role="arn:aws:iam::123456789012:role/old")
-    stub.add_response("update_state_machine", {"updateDate": 0}, {"stateMachineArn": arn, "definition": definition_json(definition), "roleArn": ROLE})
+    client, stub, arn = _stubbed(json.loads(definition_json(definition)), tags,
+                                 role="arn:aws:iam::123456789012:role/old")
+    stub.add_response("update_state_machine", {"updateDate": 0},
+                      {"stateMachineArn": arn, "definition": definition_json(definition), "roleArn": ROLE})
     with stub:
         assert deploy_state_machine(cfg, definition, role_arn=ROLE, client=client)["status"] == "updated"
 
@@ -487,7 +520,8 @@ def test_publish_stage_result_writes_the_envelope_the_choice_reads():
         written = publish_stage_result("s3://shiplift-results/sfn/r1/validate.json", release_id="r1", stage="validate",
                                        result={"decision": "pass", "metrics": {"accuracy": 0.8}}, client=s3)
         body = json.loads(s3.get_object(Bucket="shiplift-results", Key="sfn/r1/validate.json")["Body"].read())
-    assert body == {"release_id": "r1", "stage": "validate", "result": {"decision": "pass", "metrics": {"accuracy": 0.8}}}
+    assert body == {"release_id": "r1", "stage": "validate",
+                    "result": {"decision": "pass", "metrics": {"accuracy": 0.8}}}
     assert written["bytes"] > 0
     with pytest.raises(BadInput, match="not s3://BUCKET/KEY"):
         publish_stage_result("/tmp/validate.json", release_id="r1", stage="validate", result={}, client=object())
@@ -510,11 +544,13 @@ def test_verify_task_definition_checks_the_pinned_image():
 
         def register(image: str, name: str = "pipeline") -> str:
             revision = ecs.register_task_definition(
-                family="shiplift-pipeline", networkMode="awsvpc", requiresCompatibilities=["FARGATE"], cpu="1024", memory="4096",
+                family="shiplift-pipeline", networkMode="awsvpc", requiresCompatibilities=["FARGATE"], cpu="1024",
+                memory="4096",
                 containerDefinitions=[{"name": name, "image": image, "essential": True}])["taskDefinition"]["revision"]
             return f"shiplift-pipeline:{revision}"
 
-        good, wrong, other = register(IMAGE), register(IMAGE.replace("a" * 64, "b" * 64)), register(IMAGE, name="worker")
+        good, wrong, other = register(IMAGE), register(IMAGE.replace("a" * 64, "b" * 64)), register(IMAGE,
+                                                                                                    name="worker")
         assert verify_task_definition(runner(task_definition=good), client=ecs)["image"] == IMAGE
         with pytest.raises(Conflict, match="not the pinned pipeline image"):
             verify_task_definition(runner(task_definition=wrong), client=ecs)
@@ -537,9 +573,11 @@ def test_runner_settings_refuse_bad_input(tmp_path):
         runner(launch_type="EC2", platform_version="1.4.0")
     assert runner(launch_type="EC2", subnets=[], security_groups=[]).launch_type == "EC2"
     path = tmp_path / "runner.yaml"
-    path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: [subnet-0123456789abcdef0]\n")
+    path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: "
+                    "[subnet-0123456789abcdef0]\n")
     assert load_runner_settings(str(path)).state_dir == "/tmp/shiplift"
-    path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: []\nspeed: 3\n")
+    path.write_text(f"cluster: shiplift\ntask_definition: shiplift-pipeline:3\npipeline_image: {IMAGE}\nsubnets: "
+                    "[]\nspeed: 3\n")
     with pytest.raises(ConfigError, match="speed: Extra inputs"):
         load_runner_settings(str(path))
     with pytest.raises(ConfigError, match="does not exist"):
@@ -547,7 +585,8 @@ def test_runner_settings_refuse_bad_input(tmp_path):
 
 
 def test_state_machine_names_fit_80_characters():
-    longest = config("gemma-decision.yaml", "resource_prefix=" + "p" * 16, "name=" + "m" * 30)  # the longest the config allows
+    # the longest the config allows
+    longest = config("gemma-decision.yaml", "resource_prefix=" + "p" * 16, "name=" + "m" * 30)
     assert len(state_machine_name(longest)) <= 80
     assert state_machine_name(config("gemma-decision.yaml")) == "shiplift-gemma-decision-release"
 
@@ -560,11 +599,14 @@ def test_role_policy_is_scoped_and_accepted_by_iam():
     resources = [s["Resource"] for s in policy["Statement"]]
     assert "*" not in resources and all(r.startswith("arn:aws:") for r in resources)
     by_sid = {s["Sid"]: s for s in policy["Statement"]}
-    assert by_sid["RunPipelineTasks"]["Resource"] == "arn:aws:ecs:us-east-1:123456789012:task-definition/shiplift-pipeline:3"
+    assert by_sid["RunPipelineTasks"]["Resource"] == ("arn:aws:ecs:us-east-1:123456789012:"
+                                                      "task-definition/shiplift-pipeline:3")
     assert by_sid["PassPipelineRoles"]["Resource"] == "arn:aws:iam::123456789012:role/shiplift-*"
-    read = tasks_of(render_state_machine(cfg, runner=runner(result_bucket=None), config_path="configs/releases/qwen35-4b-semif.yaml"))["ReadGateDecision"]
+    read = tasks_of(render_state_machine(cfg, runner=runner(result_bucket=None),
+                                         config_path="configs/releases/qwen35-4b-semif.yaml"))["ReadGateDecision"]
     key_arn = f"arn:aws:s3:::{read['Parameters']['Bucket']}/{read['Parameters']['Key']}"
-    assert fnmatch.fnmatchcase(key_arn, by_sid["ReadStageResults"]["Resource"]), "the role cannot read the result it needs"
+    assert fnmatch.fnmatchcase(key_arn,
+                               by_sid["ReadStageResults"]["Resource"]), "the role cannot read the result it needs"
     with mock_aws():
         iam = boto3.client("iam", region_name=REGION)
         assert iam.create_policy(PolicyName="shiplift-sfn", PolicyDocument=json.dumps(policy))["Policy"]["Arn"]

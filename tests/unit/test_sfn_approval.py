@@ -37,6 +37,7 @@ from tasks.errors import Conflict, LeaseLost
 from tasks.ledger.events import APPROVAL, APPROVED, AWAITING_APPROVAL, REJECTED, TIMED_OUT
 from tasks.ledger.store import Ledger
 from tasks.orchestrators import task_token
+from tasks.orchestrators.approvals import answer_approval
 from tasks.orchestrators.step_functions import (
     APPROVAL_STATE,
     APPROVAL_TIMED_OUT_STATE,
@@ -51,7 +52,6 @@ from tasks.orchestrators.step_functions import (
 )
 from tasks.orchestrators.task_token import TOKEN_ENV, approval_timed_out, await_approval, send_decision
 from tasks.pipeline.approval import TOKEN_RENEWED, token_reference, waiting_execution
-from tasks.orchestrators.approvals import answer_approval
 from tasks.pipeline.release import begin_orchestrated, end_orchestrated, release_id_for, run_orchestrated_stage
 from tasks.pipeline.table import LEASE, STAGES_THROUGH_GATE, timeouts_for
 from tests.unit.test_sfn import entered, wait_for  # an execution's end and the states it entered
@@ -69,7 +69,8 @@ QUIET = lambda message: None  # noqa: E731
 
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch):
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", REGION)):
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", REGION)):
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", TOKEN_ENV):
         monkeypatch.delenv(name, raising=False)
@@ -90,7 +91,8 @@ def shipped(*overrides: str):
 
 
 def render(config, **runner_changes) -> dict:
-    return render_state_machine(config, runner=runner(**runner_changes), config_path="configs/releases/gemma-decision.yaml")
+    return render_state_machine(config, runner=runner(**runner_changes),
+                                config_path="configs/releases/gemma-decision.yaml")
 
 
 def successors(state: dict) -> list[str]:
@@ -127,19 +129,21 @@ def test_a_config_requiring_approval_waits_on_a_task_token_between_the_gate_and_
     config = shipped("promotion.approval.timeout_s=259200")
     definition = render(config, startup_allowance_s=600)
     states, rid = definition["States"], release_id_for(config)
-    assert states["GateDecision"]["Choices"][-1] == {"Variable": "$.gate.envelope.result.decision", "StringEquals": "pass",
-                                                     "Next": APPROVAL_STATE}
+    assert states["GateDecision"]["Choices"][-1] == {"Variable": "$.gate.envelope.result.decision",
+                                                     "StringEquals": "pass", "Next": APPROVAL_STATE}
     wait = states[APPROVAL_STATE]
     assert wait["Resource"] == ECS_RUN_TASK == "arn:aws:states:::ecs:runTask.waitForTaskToken"
     override = wait["Parameters"]["Overrides"]["ContainerOverrides"][0]
     assert {"Name": TOKEN_ENV, "Value.$": "$$.Task.Token"} in override["Environment"], "the container gets the token"
     assert command(wait) == ["shiplift", "orchestrate", "await-approval", "--release", rid, "--ledger-url", PG,
-                             "--holder", "<holder>", "--token-prefix", f"s3://{BUCKET}/shiplift/stepfunctions/{rid}/approval"]
+                             "--holder", "<holder>", "--token-prefix",
+                             f"s3://{BUCKET}/shiplift/stepfunctions/{rid}/approval"]
     # the wait follows approval.timeout_s (+ the ECS start-up allowance once), and no heartbeat: nothing beats while a
     # person reads the report (the States Language wants HeartbeatSeconds below TimeoutSeconds anyway)
     assert wait["TimeoutSeconds"] == 259200 + 600 and "HeartbeatSeconds" not in wait
     assert wait["ResultPath"] == "$.approval" and wait["Next"] == "Promote"
-    assert wait["Catch"] == [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.approval_timeout", "Next": APPROVAL_TIMED_OUT_STATE},
+    assert wait["Catch"] == [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.approval_timeout",
+                              "Next": APPROVAL_TIMED_OUT_STATE},
                              {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "TeardownAfterFailure"}]
     assert "States.HeartbeatTimeout" not in {e for rule in wait["Retry"] for e in rule["ErrorEquals"]}
     timed_out = states[APPROVAL_TIMED_OUT_STATE]
@@ -150,8 +154,8 @@ def test_a_config_requiring_approval_waits_on_a_task_token_between_the_gate_and_
     assert render(shipped("promotion.approval.timeout_s=0.5"))["States"][APPROVAL_STATE]["TimeoutSeconds"] == (
         math.ceil(0.5) + 900), "whole seconds, never 0"
 
-    plain = render(load_release_config(ROOT / "configs/releases/gemma-decision.yaml", overrides=(f"backend.ledger_url={PG}",),
-                                       environ={}))
+    plain = render(load_release_config(ROOT / "configs/releases/gemma-decision.yaml",
+                                       overrides=(f"backend.ledger_url={PG}",), environ={}))
     assert APPROVAL_STATE not in plain["States"] and "--waits-for-approval" not in command(plain["States"]["Begin"])
     assert plain["States"]["GateDecision"]["Choices"][-1]["Next"] == "Promote"
 
@@ -178,13 +182,15 @@ def test_the_approval_graph_keeps_every_rule_and_moto_parses_it():
         assert state["Catch"][-1]["ErrorEquals"] == ["States.ALL"], name
         for rule in state["Retry"] + state["Catch"]:
             assert "States.ALL" not in rule["ErrorEquals"] or rule["ErrorEquals"] == ["States.ALL"]
-        assert all(p[0] in ("TeardownAfterFailure", APPROVAL_TIMED_OUT_STATE, "EndFailed", FAILED_STATE, "EndNotRecorded",
+        assert all(p[0] in ("TeardownAfterFailure", APPROVAL_TIMED_OUT_STATE, "EndFailed", FAILED_STATE,
+                            "EndNotRecorded",
                             "BeginFailed") for c in state["Catch"] for p in paths(definition, c["Next"])), name
         if "HeartbeatSeconds" in state:
             assert state["HeartbeatSeconds"] < state["TimeoutSeconds"], name
     with mock_aws(config=PARSER):
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        assert sfn.create_state_machine(name="approval", definition=definition_json(definition), roleArn=ROLE)["stateMachineArn"]
+        assert sfn.create_state_machine(name="approval", definition=definition_json(definition),
+                                        roleArn=ROLE)["stateMachineArn"]
 
 
 def test_an_inconclusive_gate_the_release_asks_about_waits_for_the_approval_too():
@@ -218,7 +224,8 @@ def test_an_inconclusive_gate_the_release_asks_about_waits_for_the_approval_too(
         sfn = boto3.client("stepfunctions", region_name=REGION)
         for case, result in results.items():
             stubbed = _with_envelope(_stub_ecs(definition), {"release_id": rid, "stage": "validate", "result": result})
-            arn = sfn.create_state_machine(name=f"asked-{case}", definition=definition_json(stubbed), roleArn=ROLE)["stateMachineArn"]
+            arn = sfn.create_state_machine(name=f"asked-{case}", definition=definition_json(stubbed),
+                                           roleArn=ROLE)["stateMachineArn"]
             execution = sfn.start_execution(stateMachineArn=arn, input="{}")["executionArn"]
             assert wait_for(sfn, execution)["status"] == "SUCCEEDED", case
             route = entered(sfn, execution)
@@ -268,8 +275,8 @@ def test_the_approver_policy_is_scoped_to_the_tokens_and_accepted_by_iam():
     by_sid = {s["Sid"]: s for s in policy["Statement"]}
     token_key = f"arn:aws:s3:::{BUCKET}/shiplift/stepfunctions/{release_id_for(config)}/approval/task-token-0123.json"
     assert fnmatch.fnmatchcase(token_key, by_sid["ReadApprovalTaskTokens"]["Resource"])
-    assert not fnmatch.fnmatchcase(f"arn:aws:s3:::{BUCKET}/shiplift/stepfunctions/{release_id_for(config)}/validate.json",
-                                   by_sid["ReadApprovalTaskTokens"]["Resource"]), "not the stage results"
+    stage_result = f"arn:aws:s3:::{BUCKET}/shiplift/stepfunctions/{release_id_for(config)}/validate.json"
+    assert not fnmatch.fnmatchcase(stage_result, by_sid["ReadApprovalTaskTokens"]["Resource"]), "not the stage results"
     assert by_sid["SendTheDecision"]["Action"] == "states:SendTaskSuccess"
     with mock_aws():
         assert boto3.client("iam", region_name=REGION).create_policy(
@@ -283,8 +290,8 @@ def tiny_config(tiny_release, folder: Path, **approval) -> tuple[Path, object, s
     state = folder / "state"
     state.mkdir(parents=True, exist_ok=True)
     path = tiny_release.write_tiny_config(folder, state, backend__ledger_url=f"sqlite:///{state / 'ledger.db'}",
-                                          promotion__approval={"required": True, "approvers": APPROVERS, "timeout_s": 3600,
-                                                               **approval})
+                                          promotion__approval={"required": True, "approvers": APPROVERS,
+                                                               "timeout_s": 3600, **approval})
     config = load_release_config(path)
     return path, config, f"sqlite:///{state / 'ledger.db'}"
 
@@ -304,7 +311,8 @@ def with_handoff(definition: dict, release_id: str, handoff: str) -> dict:
         else:
             definition["States"][name] = {"Type": "Pass", **{k: state[k] for k in ("Next", "ResultPath") if k in state}}
     definition["States"]["ReadGateDecision"] = {
-        "Type": "Pass", "Result": {"envelope": {"release_id": release_id, "stage": "validate", "result": {"decision": "pass"}}},
+        "Type": "Pass",
+        "Result": {"envelope": {"release_id": release_id, "stage": "validate", "result": {"decision": "pass"}}},
         "ResultPath": "$.gate", "Next": "GateDecision"}
     return definition
 
@@ -323,7 +331,8 @@ def start(sfn, s3, definition: dict, name: str, handoff: str) -> tuple[str, str]
 
 
 def gated(path: Path, config, url: str, holder: str) -> str:
-    """What the execution's Begin and stage tasks do up to the gate: open the release, take the lease, run the stages."""
+    """What the execution's Begin and stage tasks do up to the gate: open the release, take the lease, run the
+    stages."""
     begun = begin_orchestrated(path, holder=holder, allowed_timeouts=timeouts_for(config), actor=holder, progress=QUIET,
                                waits_for_approval=True)
     for stage in STAGES_THROUGH_GATE:
@@ -335,8 +344,8 @@ def play_await(monkeypatch, token: str, release_id: str, holder: str, url: str, 
     """AwaitApproval's container: the token in its environment, the command the state runs."""
     monkeypatch.setenv(TOKEN_ENV, token)
     try:
-        return await_approval(release_id, holder=holder, token_prefix=prefix, ledger_url=url, actor=holder, progress=QUIET,
-                              client=sfn)
+        return await_approval(release_id, holder=holder, token_prefix=prefix, ledger_url=url, actor=holder,
+                              progress=QUIET, client=sfn)
     finally:
         monkeypatch.delenv(TOKEN_ENV)
 
@@ -410,7 +419,8 @@ def test_an_approval_is_sent_with_the_stored_token_and_the_execution_promotes(ac
     assert sfn.describe_execution(executionArn=execution)["status"] == "RUNNING", "and send nothing"
     assert not holds(ledger, config.name, holder, rid), "nor keep the lease"
 
-    answered = answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url, progress=QUIET)
+    answered = answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url,
+                               progress=QUIET)
     assert answered["decision"] == APPROVED and answered["by"] == "bob"
     assert answered["step_functions"] == {"execution": execution, "sent": "SendTaskSuccess", "output": {
         "release_id": rid, "decision": "approved", "by": "bob", "seq": answered["step_functions"]["output"]["seq"]}}
@@ -418,8 +428,8 @@ def test_an_approval_is_sent_with_the_stored_token_and_the_execution_promotes(ac
     done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED" and json.loads(done["output"])["approval"]["decision"] == "approved"
     route = entered(sfn, execution)
-    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate", "EndSucceeded",
-                                                   "Released"]
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate",
+                                                   "EndSucceeded", "Released"]
     assert holds(ledger, config.name, holder, rid), "the execution has its lease back for Promote"
 
     summary = finish_like_the_execution(rid, url, holder)
@@ -436,18 +446,21 @@ def test_an_approval_is_sent_with_the_stored_token_and_the_execution_promotes(ac
 
 def test_a_rejection_is_sent_as_a_decision_and_promote_skips(account, monkeypatch):
     path, config, url, rid, ledger, prefix, s3, sfn = account()
-    definition = render_state_machine(config, runner=runner(post_promote_wait_s=0), config_path="configs/releases/tiny-decision.yaml")
+    definition = render_state_machine(config, runner=runner(post_promote_wait_s=0),
+                                      config_path="configs/releases/tiny-decision.yaml")
     execution, token = start(sfn, s3, with_handoff(definition, rid, "handoff/reject"), "reject", "handoff/reject")
     holder = f"stepfunctions:{execution}"
     gated(path, config, url, holder)
     play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
 
-    answered = answer_approval(rid, approve=False, reason="ECE too high for us", actor="alice", ledger_url=url, progress=QUIET)
+    answered = answer_approval(rid, approve=False, reason="ECE too high for us", actor="alice", ledger_url=url,
+                               progress=QUIET)
     assert answered["decision"] == REJECTED and answered["step_functions"]["output"]["decision"] == "rejected"
     done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED", "a rejection is a decision, not a failure"
     route = entered(sfn, execution)
-    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "TeardownCandidate", "EndSucceeded", "Released"]
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "TeardownCandidate", "EndSucceeded",
+                                                   "Released"]
     summary = finish_like_the_execution(rid, url, holder)
     assert summary["status"] == "rejected" and summary["rollout"]["reason"] == "not approved: ECE too high for us"
     assert ledger.served_at(config.name, "2100-01-01T00:00:00Z") is None, "nothing reached production"
@@ -462,8 +475,8 @@ def test_a_timeout_records_timed_out_and_the_release_ends_rejected(account, monk
     done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED"
     route = entered(sfn, execution)
-    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, "Promote", "TeardownCandidate",
-                                                   "EndSucceeded", "Released"]
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, "Promote",
+                                                   "TeardownCandidate", "EndSucceeded", "Released"]
     events = sfn.get_execution_history(executionArn=execution)["events"]
     assert any(e["type"] == "TaskTimedOut" for e in events)
     with pytest.raises(Conflict, match="TaskTimedOut|InvalidToken"):
@@ -475,7 +488,8 @@ def test_a_timeout_records_timed_out_and_the_release_ends_rejected(account, monk
     timed_out = approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder, progress=QUIET)
     assert timed_out["decision"] == TIMED_OUT and holds(ledger, config.name, holder, rid)
     summary = finish_like_the_execution(rid, url, holder)
-    assert summary["status"] == "rejected" and summary["rollout"]["reason"].startswith("not approved: Step Functions stopped waiting")
+    assert summary["status"] == "rejected" and summary["rollout"]["reason"].startswith("not approved: Step Functions "
+                                                                                       "stopped waiting")
     assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL, TIMED_OUT]
     with pytest.raises(Conflict, match="already timed_out"):
         answer_approval(rid, approve=True, reason="sorry, late", actor="bob", ledger_url=url, progress=QUIET)
@@ -486,7 +500,8 @@ def stopped_while_waiting(definition: dict) -> dict:
     not interrupt a task waiting on a callback, so the stand-in is a 1 s wait that ends the execution (a Fail state),
     without any step of ours running."""
     definition["States"][APPROVAL_STATE].update(
-        TimeoutSeconds=1, Catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "StoppedByAnOperator"}])
+        TimeoutSeconds=1,
+        Catch=[{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "StoppedByAnOperator"}])
     definition["States"]["StoppedByAnOperator"] = {"Type": "Fail", "Error": "States.Aborted"}
     return definition
 
@@ -494,13 +509,14 @@ def stopped_while_waiting(definition: dict) -> dict:
 def test_a_decision_whose_execution_stopped_is_recorded_and_the_timeout_step_follows_the_ledger(account, monkeypatch):
     path, config, url, rid, ledger, prefix, s3, sfn = account()
     definition = render_state_machine(config, runner=runner(), config_path="configs/releases/tiny-decision.yaml")
-    execution, token = start(sfn, s3, stopped_while_waiting(with_handoff(definition, rid, "handoff/stopped")), "stopped",
-                             "handoff/stopped")
+    execution, token = start(sfn, s3, stopped_while_waiting(with_handoff(definition, rid, "handoff/stopped")),
+                             "stopped", "handoff/stopped")
     holder = f"stepfunctions:{execution}"
     gated(path, config, url, holder)
     play_await(monkeypatch, token, rid, holder, url, prefix, sfn)
     assert wait_for(sfn, execution)["status"] == "FAILED"
-    with pytest.raises(Conflict, match=r"approved decision on .* is recorded, but .* was not told: Step Functions refused"):
+    with pytest.raises(Conflict,
+                       match=r"approved decision on .* is recorded, but .* was not told: Step Functions refused"):
         answer_approval(rid, approve=True, reason="gate report read", actor="bob", ledger_url=url, progress=QUIET)
     assert [r.event for r in ledger.release(rid) if r.stage == APPROVAL] == [AWAITING_APPROVAL, APPROVED]
     assert not holds(ledger, config.name, holder, rid), "the lease is not kept for an execution that was not told"
@@ -514,7 +530,8 @@ def test_a_decision_whose_execution_stopped_is_recorded_and_the_timeout_step_fol
     assert reported["decision"] == "approved"
     assert wait_for(sfn, again)["status"] == "SUCCEEDED"
     assert token_reference(ledger.release(rid))["holder"] == f"stepfunctions:{execution}", "nothing new to wait on"
-    assert approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder, progress=QUIET)["decision"] == "approved"
+    assert approval_timed_out(rid, holder=holder, ledger_url=url, actor=holder,
+                              progress=QUIET)["decision"] == "approved"
     assert finish_like_the_execution(rid, url, holder)["status"] == "promoted"
 
 

@@ -31,7 +31,8 @@ def test_every_task_command_parses_with_this_cli(capsys):
         args = parser.parse_args(argv)
         assert args.func.__name__.startswith("cmd_"), command
     stages = {shlex.split(c)[2] for c in commands if shlex.split(c)[1] == "stage"}
-    assert stages == {"resolve", "build", "package", "image", "deploy_candidate", "validate", "promote", "teardown_candidate"}
+    assert stages == {"resolve", "build", "package", "image", "deploy_candidate", "validate", "promote",
+                      "teardown_candidate"}
 
 
 def test_deploy_is_idempotent_through_the_cli(capsys, monkeypatch):
@@ -44,7 +45,8 @@ def test_deploy_is_idempotent_through_the_cli(capsys, monkeypatch):
             assert main(["sfn", "deploy", QWEN, "--runner", RUNNER, "--role-arn", ROLE]) == 0
             statuses.append(json.loads(capsys.readouterr().out)["status"])
         assert statuses == ["created", "unchanged"]
-        assert main(["sfn", "deploy", QWEN, "--runner", RUNNER, "--role-arn", ROLE, "--set", "validation.concurrency=3"]) == 0
+        assert main(["sfn", "deploy", QWEN, "--runner", RUNNER, "--role-arn", ROLE, "--set",
+                     "validation.concurrency=3"]) == 0
         assert json.loads(capsys.readouterr().out)["status"] == "updated"
 
 

@@ -29,8 +29,14 @@ from tasks.errors import (
     error_classes,
     is_retryable,
 )
-from tasks.orchestrators.step_functions import (APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, ECS_INFRA_ERRORS, STATE_NAMES,
-                                               RunnerSettings, render_state_machine)
+from tasks.orchestrators.step_functions import (
+    APPROVAL_STATE,
+    APPROVAL_TIMED_OUT_STATE,
+    ECS_INFRA_ERRORS,
+    STATE_NAMES,
+    RunnerSettings,
+    render_state_machine,
+)
 from tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, error_name, retryable_error_names
 from tasks.pipeline import table
 from tasks.pipeline.table import MAX_STEP_TIMEOUT_S, STEPS, check_timeouts, timeout_for, timeouts_for
@@ -67,7 +73,8 @@ def long_approval_file(long_config_file) -> Path:
     """The long config, its promotion waiting up to 10 days for a person."""
     path = long_config_file.parent / "qwen-long-approval.yaml"
     path.write_text(f"extends: {long_config_file}\n"
-                    "promotion: {approval: {required: true, approvers: [alice], timeout_s: 864000}}\n", encoding="utf-8")
+                    "promotion: {approval: {required: true, approvers: [alice], timeout_s: 864000}}\n",
+                    encoding="utf-8")
     return path
 
 
@@ -93,7 +100,8 @@ def test_only_errors_that_say_retryable_are_retryable():
     assert not is_retryable(RuntimeError("a bug")) and not is_retryable(OSError("disk"))
     assert {cls for cls in error_classes() if cls.retryable} == {NotReady, CapacityError, Throttled}
     assert retryable_error_names() == ["Shiplift." + cls.__name__ for cls in error_classes() if cls.retryable]
-    assert error_name(ConfigError("x")) == "Shiplift.ConfigError" and error_name(KeyError("x")) == "Shiplift.UnexpectedError"
+    assert error_name(ConfigError("x")) == "Shiplift.ConfigError"
+    assert error_name(KeyError("x")) == "Shiplift.UnexpectedError"
 
 
 def _load_dags():
@@ -146,7 +154,8 @@ def _step_functions_policy(config) -> dict[str, dict]:
         found = {"retries": rules[0]["MaxAttempts"] if rules else 0,
                  "timeout_s": state["TimeoutSeconds"] - (RUNNER.startup_allowance_s if ecs else 0)}
         if rules:
-            found["retried"] = sorted(e.removeprefix("Shiplift.") for e in rules[0]["ErrorEquals"] if e.startswith("Shiplift."))
+            found["retried"] = sorted(e.removeprefix("Shiplift.") for e in rules[0]["ErrorEquals"]
+                                      if e.startswith("Shiplift."))
             found["backoff"] = (float(rules[0]["IntervalSeconds"]), float(rules[0]["BackoffRate"]),
                                 float(rules[0]["MaxDelaySeconds"]))
         return found
@@ -159,9 +168,11 @@ def _step_functions_policy(config) -> dict[str, dict]:
     wait = seen(states[APPROVAL_STATE])
     policy["approval_request"] = {key: value for key, value in wait.items() if key != "timeout_s"}
     policy["approval"] = {"timeout_s": wait["timeout_s"],
-                          "retries": sum(1 for r in states[APPROVAL_STATE]["Retry"] if "States.Timeout" in r["ErrorEquals"])}
+                          "retries": sum(1 for r in states[APPROVAL_STATE]["Retry"]
+                                         if "States.Timeout" in r["ErrorEquals"])}
     read = seen(states["ReadGateDecision"], ecs=False)
-    assert table_rules(states["ReadGateDecision"])[0]["ErrorEquals"] == ["States.TaskFailed"], "an S3 read's own failure"
+    assert table_rules(states["ReadGateDecision"])[0]["ErrorEquals"] == ["States.TaskFailed"], \
+        "an S3 read's own failure"
     policy["read_gate"] = {key: value for key, value in read.items() if key != "retried"}
     return policy
 
@@ -188,6 +199,14 @@ def test_airflow_and_step_functions_set_the_table_s_policy_for_every_step_they_r
             assert name in policy or orchestrator not in step.runs_in, f"{orchestrator} runs {name}, the table says not"
 
 
+def _failing(calls: list, error: type[Exception]):
+    """A step that records each call and always raises `error`."""
+    def step():
+        calls.append(1)
+        raise error("x")
+    return step
+
+
 @pytest.mark.parametrize("name", [name for name, step in STEPS.items() if "cli" in step.runs_in and not step.person])
 def test_the_cli_retries_exactly_the_retryable_errors_with_the_table_s_backoff(monkeypatch, name):
     """`table.attempts`, what the CLI runs each step through: attempts and the waits between them, per error."""
@@ -195,13 +214,8 @@ def test_the_cli_retries_exactly_the_retryable_errors_with_the_table_s_backoff(m
     monkeypatch.setattr(table.time, "sleep", slept.append)
     for cls in (*RETRYABLE, *NOT_RETRYABLE, RuntimeError):
         calls, slept[:] = [], []
-
-        def failing():
-            calls.append(1)
-            raise cls("x")
-
         with pytest.raises(cls):
-            table.attempts(name, failing, timeout_s=60)
+            table.attempts(name, _failing(calls, cls), timeout_s=60)
         retried = STEPS[name].retries if cls in RETRYABLE else 0
         assert len(calls) == 1 + retried, (name, cls)
         assert slept == [table.BACKOFF.delay(n) for n in range(1, retried + 1)], (name, cls)
@@ -235,7 +249,8 @@ def test_an_inner_deadline_never_outlives_the_outer_one():
 
 
 def test_a_config_whose_deadlines_exceed_the_orchestrator_is_refused_with_the_fix(long_config):
-    too_long = long_config.model_copy(update={"validation": long_config.validation.model_copy(update={"deadline_s": 50000.0})})
+    validation = long_config.validation.model_copy(update={"deadline_s": 50000.0})
+    too_long = long_config.model_copy(update={"validation": validation})
     with pytest.raises(ConfigError) as refused:
         check_timeouts(too_long)
     assert "validate needs" in refused.value.problem and "validation.deadline_s" in refused.value.fix
@@ -247,7 +262,8 @@ def test_a_config_whose_deadlines_exceed_the_orchestrator_is_refused_with_the_fi
     shorter = {**timeouts_for(long_config), "image": STEPS["image"].timeout_s}
     with pytest.raises(ConfigError) as refused:
         check_timeouts(long_config, shorter)
-    assert f"image needs {28800 + table.STAGE_MARGIN_S} s, the orchestrator allows {STEPS['image'].timeout_s} s" in refused.value.problem
+    assert (f"image needs {28800 + table.STAGE_MARGIN_S} s, the orchestrator allows {STEPS['image'].timeout_s} s"
+            in refused.value.problem)
 
 
 def test_begin_refuses_a_config_that_outgrew_the_orchestrator_before_anything_is_opened(tmp_path):
@@ -268,7 +284,8 @@ def test_the_table_runs_the_ledger_s_stages_in_their_order_and_every_release_ste
     from tasks.ledger import events
 
     assert table.STAGE_NAMES == events.STAGES
-    assert set(table.RELEASE_STEPS) <= set(STEPS) and table.RELEASE_STEPS[0] == "begin" and table.RELEASE_STEPS[-1] == "end"
+    assert set(table.RELEASE_STEPS) <= set(STEPS) and table.RELEASE_STEPS[0] == "begin"
+    assert table.RELEASE_STEPS[-1] == "end"
     assert [name for name in table.RELEASE_STEPS if name in table.STAGE_NAMES] == list(table.STAGE_NAMES)
 
 
@@ -278,5 +295,6 @@ def test_validate_s_timeout_grows_by_the_cold_starts_of_a_config_that_scales_to_
 
     gemma = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
     plain = load_release_config(gemma, environ={})
-    scaled = load_release_config(gemma, overrides=("scale_to_zero={cold_starts: 3, max_cold_start_p95_s: 100}",), environ={})
+    scaled = load_release_config(gemma, overrides=("scale_to_zero={cold_starts: 3, max_cold_start_p95_s: 100}",),
+                                 environ={})
     assert table.timeout_for("validate", scaled) - table.timeout_for("validate", plain) == 3 * (SCALE_WAIT_S + 200)

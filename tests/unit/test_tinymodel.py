@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tasks.artifacts.tiny_gguf import LETTERS, MISSING_LETTER, write_tiny_gguf
 from tasks.errors import ConfigError
 from tasks.hashing import sha256_file
-from tasks.artifacts.tiny_gguf import LETTERS, MISSING_LETTER, write_tiny_gguf
 
 
 def _llama(path: Path):

@@ -138,7 +138,8 @@ def test_run_options_resolves_target_headers_and_deadline():
     ("url", "overrides", "needle"),
     [
         ("http://127.0.0.1:99999", {}, "has an invalid port"),
-        ("http://127.0.0.1:9", {"timeout_s": float("inf"), "backoff_base_s": -1}, "timeout_s=inf .*; backoff_base_s=-1"),
+        ("http://127.0.0.1:9", {"timeout_s": float("inf"), "backoff_base_s": -1},
+         "timeout_s=inf .*; backoff_base_s=-1"),
     ],
 )
 def test_run_options_refuses_bad_settings(url, overrides, needle):

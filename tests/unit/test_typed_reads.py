@@ -77,8 +77,9 @@ class _Scope:
         for node in (n for statement in statements for n in ast.walk(statement)):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 target, value = (node.targets[0] if isinstance(node, ast.Assign) else node.target), node.value
-                pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-                         and len(target.elts) == len(value.elts) else [(target, value)])
+                unpacked = (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                            and len(target.elts) == len(value.elts))
+                pairs = zip(target.elts, value.elts, strict=True) if unpacked else [(target, value)]
                 for name, assigned in ((t.id, v) for t, v in pairs if isinstance(t, ast.Name)):
                     (self.bound.add if self.holds_payload(assigned) else self.bound.discard)(name)
 

@@ -22,7 +22,8 @@ DEFAULT_OUT = Path(__file__).parents[1] / "data" / "decisions.jsonl"
 
 SLOTS: dict[str, list[str]] = {
     "name": ["Anna", "Ben", "Carla", "David", "Elif", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Keiko", "Luis"],
-    "item": ["lamp", "kettle", "backpack", "blender", "jacket", "headset", "toaster", "desk chair", "camera", "speaker"],
+    "item": ["lamp", "kettle", "backpack", "blender", "jacket", "headset", "toaster", "desk chair", "camera",
+             "speaker"],
     "service": ["StreamBox", "FitLife", "NewsDaily", "CloudNotes", "MusicGo"],
     "card": ["Visa", "Mastercard", "Amex"],
     "order": ["#4821", "#7730", "#1094", "#5562", "#3317", "#9048"],
@@ -326,7 +327,7 @@ def _choice_tasks(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def _fact_tasks() -> list[dict[str, Any]]:
     tasks = []
     pools = {**SLOTS, **FACT_NUMBER_SLOTS}
-    for round_index, answer in enumerate(FACT_PATTERN):
+    for answer in FACT_PATTERN:
         for template in FACT_TEMPLATES:
             task_id = f"shiplift-fact-{len(tasks):03d}"
             rng = _rng(task_id)

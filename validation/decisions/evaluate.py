@@ -11,11 +11,11 @@ Writes `predictions.jsonl` (and `champion-predictions.jsonl` when a champion is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable
 
 from validation.evaluate import (
+    DEFAULT_SETTINGS,
     TURN_PER_WORKER,
     RunSettings,
     Side,
@@ -25,7 +25,10 @@ from validation.evaluate import (
     side_by_side,
     turns_of,
 )
+from validation.gate_report import write_reports
+from validation.gates import evaluate_gates, with_release_checks
 from validation.report_parts import ReportParts
+from validation.runner import SEMIF, run_decisions, write_predictions
 
 DECISION_REPORT = ReportParts(  # a decision gate's parts of its report (SemIf and the chat readout alike)
     item="task", items="tasks",
@@ -37,13 +40,13 @@ def score_decisions(sides: Sequence[Side], datasets: list, settings: RunSettings
                     notice: Callable[[str], None] | None = None) -> list[list]:
     """Every dataset's tasks through each side, alternately in turns when there are two (`side_by_side`; one side
     runs each dataset in one go); each side's predictions in task order."""
-    from validation.runner import SEMIF, run_decisions
-
     def score(target: Target, turn: Turn, requests: dict) -> list:
-        return run_decisions(target.invoker, turn.items, concurrency=settings.concurrency, dataset_name=turn.dataset.name,
+        return run_decisions(target.invoker, turn.items, concurrency=settings.concurrency,
+                             dataset_name=turn.dataset.name,
                              readout=settings.readout or SEMIF, **requests)
 
-    side_by_side(sides, turns_of(datasets, sides, TURN_PER_WORKER * settings.concurrency), score, lambda predictions: all(p.lost for p in predictions), settings,
+    side_by_side(sides, turns_of(datasets, sides, TURN_PER_WORKER * settings.concurrency), score,
+                 lambda predictions: all(p.lost for p in predictions), settings,
                  notice)
     return [[p for outcome in side.outcomes for p in outcome] for side in sides]
 
@@ -56,18 +59,15 @@ def evaluate_decisions(
     thresholds,
     champion_rule,
     champion: Target | None = None,
-    settings: RunSettings = RunSettings(),
+    settings: RunSettings = DEFAULT_SETTINGS,
     progress: Callable[[str], None] | None = None,
     title: str = "shiplift decision gate",
     decision_rule: str = "bound",
     context: Callable[[dict], dict] | None = None,
 ) -> dict:
     """Score the candidate (and the champion on the same tasks, alternately: `side_by_side`), gate, and write the
-    reports; `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns the report's RELEASE_CONTEXT."""
-    from validation.gates import evaluate_gates, with_release_checks
-    from validation.gate_report import write_reports
-    from validation.runner import SEMIF, write_predictions
-
+    reports; `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured
+    metrics, returns the report's RELEASE_CONTEXT."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda message: None)

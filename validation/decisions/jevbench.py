@@ -52,7 +52,7 @@ class JevTask(BaseModel):
     expected: StrictStr | StrictInt
 
     @model_validator(mode="after")
-    def _check_consistency(self) -> "JevTask":
+    def _check_consistency(self) -> JevTask:
         for name in ("id", "family", "split"):
             if not getattr(self, name).strip():
                 raise ValueError(f"field '{name}': must be a non-empty string")
@@ -107,7 +107,7 @@ class JevTask(BaseModel):
             "question": self.question.instructions,
             "options": [
                 {"id": label, "description": description}
-                for label, description in zip(self.labels, self.option_descriptions)
+                for label, description in zip(self.labels, self.option_descriptions, strict=True)
             ],
         }
 

@@ -227,7 +227,8 @@ def policies(rng: random.Random) -> tuple[str, Claims]:
         "entailment": [
             ("paraphrase", f"At {store} you have {window} days after delivery to return an item."),
             ("paraphrase", f"{store} charges {fee}% to restock an opened item."),
-            ("inference", f"An unopened item returned to {store} {window - 5} days after delivery is within the window."),
+            ("inference",
+             f"An unopened item returned to {store} {window - 5} days after delivery is within the window."),
             ("paraphrase", f"A full-price item returned to {store} is refunded to the payment method used."),
             ("paraphrase", sale_true),
         ],

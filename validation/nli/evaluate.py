@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,45 @@ import numpy as np
 
 from tasks.errors import BadInput
 from validation.datasets import CheckedDataset, keep_splits
-from validation.evaluate import RunSettings, Side, Target, progress_counter
-from validation.nli.pairs import LABELS, NliPair
+from validation.evaluate import (
+    DEFAULT_SETTINGS,
+    TURN_PER_WORKER,
+    RunSettings,
+    Side,
+    Target,
+    progress_counter,
+    side_by_side,
+    turns_of,
+)
+from validation.gate_report import write_reports
+from validation.gates import (
+    ChampionRule,
+    Check,
+    DecisionThresholds,
+    absolute_check,
+    comparison_row,
+    decide,
+    evaluate_gates,
+    latency_row,
+    mark_gated,
+    with_release_checks,
+)
+from validation.metrics import (
+    bootstrap_ci,
+    decision_metrics,
+    latency_summary,
+    macro_f1,
+    paired_bootstrap,
+    per_class_recall,
+    score_predictions,
+)
+from validation.nli.expectations import check_nli_pairs
+from validation.nli.pairs import LABELS, NliPair, load_nli
+from validation.nli.runner import NliRun, run_pairs
 from validation.report_parts import ReportParts
+from validation.runner import write_predictions
 from validation.thresholds import NliThresholds
 
-DEFAULT_SETTINGS = RunSettings()
 INVALID = "invalid"  # the confusion matrix's column for rows with no valid answer
 LATENCY_NOTE = (
     "latency is counted per request: one batch of pairs is one request (metrics.latency_ms, over extra.requests); "
@@ -77,9 +111,6 @@ class NliDataset(CheckedDataset):
 
 def load_nli_dataset(path: str | Path, *, name: str, splits: Sequence[str] | None = None) -> NliDataset:
     """Read an NLI file, keep the given splits (all when None), and check it before use."""
-    from validation.nli.pairs import load_nli
-    from validation.nli.expectations import check_nli_pairs
-
     loaded = load_nli(path)
     pairs = keep_splits(loaded.pairs, splits, where=f"NLI file {loaded.path}", unit="pairs",
                         fix="pass splits that the file has")
@@ -94,13 +125,6 @@ def nli_metrics(
     predictions: Sequence[Mapping[str, Any]], *, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95
 ) -> dict:
     """Macro-F1 and per-class recall (invalid rows count as misses) with percentile-bootstrap intervals."""
-    from validation.metrics import (
-        bootstrap_ci,
-        macro_f1,
-        per_class_recall,
-        score_predictions,
-    )
-
     scored = score_predictions(predictions)
     truth = [str(row["expected"]) for row in predictions]
     guess = scored.predicted
@@ -130,15 +154,18 @@ def nli_metrics(
     }
 
 
+def _mean_at(hits: np.ndarray, idx) -> float:
+    """The mean of `hits` over one bootstrap resample's indices `idx`."""
+    return float(hits[idx].mean())
+
+
 def nli_comparison(candidate_rows: Sequence[Mapping[str, Any]], champion_rows: Sequence[Mapping[str, Any]],
                    nli: dict, champion_nli: dict, paired: dict) -> list[dict]:
     """Candidate vs champion on macro-F1 and each class's recall, paired on the shared pairs (`paired`: the champion
     rule's bootstrap), as `validation.gates.comparison_row` rows."""
-    from validation.gates import comparison_row
-    from validation.metrics import macro_f1, paired_bootstrap, score_predictions
-
     def by_id(rows):
-        return {str(row["id"]): (str(row["expected"]), guess) for row, guess in zip(rows, score_predictions(rows).predicted, strict=True)}
+        return {str(row["id"]): (str(row["expected"]), guess)
+                for row, guess in zip(rows, score_predictions(rows).predicted, strict=True)}
 
     mine, theirs = by_id(candidate_rows), by_id(champion_rows)
     shared = sorted(mine.keys() & theirs.keys())
@@ -154,8 +181,8 @@ def nli_comparison(candidate_rows: Sequence[Mapping[str, Any]], champion_rows: S
         of_class = [i for i, t in enumerate(truth) if t == label]
         cand_hits = np.asarray([cand[i] == label for i in of_class], dtype=float)
         champ_hits = np.asarray([champ[i] == label for i in of_class], dtype=float)
-        recall = None if not of_class else paired_bootstrap(lambda idx: float(cand_hits[idx].mean()),
-                                                            lambda idx: float(champ_hits[idx].mean()), len(of_class), **paired)
+        recall = None if not of_class else paired_bootstrap(partial(_mean_at, cand_hits),
+                                                            partial(_mean_at, champ_hits), len(of_class), **paired)
         rows.append(comparison_row(f"recall_{label}", "higher", nli["per_class_recall"][label],
                                    champion_nli["per_class_recall"][label], recall))
     return [row for row in rows if row is not None]
@@ -166,9 +193,6 @@ def score_nli_targets(sides: Sequence[Side], datasets: Sequence[NliDataset], set
     """Every dataset's pairs through each side, alternately in turns of whole batches when there are two
     (`validation.evaluate.side_by_side`); per side: predictions in pair order, the truncation report and every
     request's timing (`validation.nli.runner.RequestTiming`, numbered per dataset from 1 as one run numbers them)."""
-    from validation.evaluate import TURN_PER_WORKER, side_by_side, turns_of
-    from validation.nli.runner import NliRun, run_pairs
-
     def score(target: Target, turn, requests: dict):
         run = run_pairs(target.invoker, turn.items, batch_size=batch_size, concurrency=settings.concurrency,
                         dataset_name=turn.dataset.name, **requests)
@@ -176,14 +200,16 @@ def score_nli_targets(sides: Sequence[Side], datasets: Sequence[NliDataset], set
         return turn.dataset.name, replace(run, requests=[replace(r, id=f"{r.dataset}#{first + i}")
                                                          for i, r in enumerate(run.requests, start=1)])
 
-    side_by_side(sides, turns_of(datasets, sides, TURN_PER_WORKER * settings.concurrency * batch_size), score, lambda outcome: all(p.lost for p in outcome[1].predictions),
+    side_by_side(sides, turns_of(datasets, sides, TURN_PER_WORKER * settings.concurrency * batch_size), score,
+                 lambda outcome: all(p.lost for p in outcome[1].predictions),
                  settings)
     scored = []
     for side in sides:
         runs: dict[str, list] = {}
         for name, run in side.outcomes:
             runs.setdefault(name, []).append(run)
-        truncation = {name: NliRun(predictions=[], details=[d for run in parts for d in run.details]).truncation_summary()
+        truncation = {name: NliRun(predictions=[],
+                                   details=[d for run in parts for d in run.details]).truncation_summary()
                       for name, parts in runs.items()}
         scored.append(([p for _, run in side.outcomes for p in run.predictions], truncation,
                        [r for _, run in side.outcomes for r in run.requests]))
@@ -204,8 +230,6 @@ def request_metrics(pair_rows: Sequence[Mapping[str, Any]], requests: Sequence, 
     `latency_ms` over the requests, `latency_per_item_ms` the per-pair share (batch latency / its pairs) apart, and
     `throughput` answers (pairs) and requests per second over the span from the first request's start to the last
     one's end."""
-    from validation.metrics import decision_metrics, latency_summary
-
     boot = {"n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
     metrics = decision_metrics(pair_rows, **boot)
     per_item = metrics["latency_ms"]
@@ -241,13 +265,9 @@ def evaluate_nli(
 ) -> dict:
     """Score the candidate (and the champion on the same pairs, alternately in turns of whole batches), gate on
     decision + NLI metrics (the latency ratio paired over the requests), write reports;
-    `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics, returns `validation.evaluate.RELEASE_CONTEXT`;
-    `build_checks` (validation.gates.Check fields) are checks the build judged, reported and decided with the gate's own."""
-    from validation.gates import (ChampionRule, Check, DecisionThresholds, absolute_check, decide, evaluate_gates,
-                                  latency_row, mark_gated, with_release_checks)
-    from validation.gate_report import write_reports
-    from validation.runner import write_predictions
-
+    `thresholds` None (an ad-hoc evaluation) measures without judging; `context`, called with the measured metrics,
+    returns `validation.evaluate.RELEASE_CONTEXT`; `build_checks` (validation.gates.Check fields) are checks the build
+    judged, reported and decided with the gate's own."""
     if not datasets:
         raise BadInput("no NLI datasets to evaluate", fix="pass at least one dataset (e.g. the test split)")
     out_dir = Path(out_dir)
@@ -272,8 +292,10 @@ def evaluate_nli(
     shared = None if thresholds is None else {  # the thresholds the decision gate judges; all off is none of them
         "min_accuracy": thresholds.min_accuracy, "max_ece": thresholds.max_ece, "min_validity": thresholds.min_validity,
         "max_p95_latency_ms": thresholds.max_p95_latency_ms}
-    decision_thresholds = DecisionThresholds(**shared) if shared and any(v is not None for v in shared.values()) else None
-    latency_rows = None if champion_rows is None else (_request_rows(candidate_requests), _request_rows(champion_requests))
+    decision_thresholds = DecisionThresholds(**shared) if shared and any(v is not None
+                                                                         for v in shared.values()) else None
+    latency_rows = None if champion_rows is None else (_request_rows(candidate_requests),
+                                                       _request_rows(champion_requests))
     gate = evaluate_gates(
         candidate_rows, thresholds=decision_thresholds, champion_preds=champion_rows, champion_rule=champion_rule,
         candidate_metrics=candidate_metrics, decision_rule=decision_rule, latency_rows=latency_rows, **boot,
@@ -299,7 +321,8 @@ def evaluate_nli(
                           champion_info["p95_ratio"])  # per request, both sides, paired on the requests
         rows = [p95 if row["metric"] == "p95_latency_ms" else row for row in champion_info["comparison"]]
         champion_info["comparison"] = [*(row for row in rows if row is not None),
-                                       *nli_comparison(candidate_rows, champion_rows, nli, champion_info["nli"], paired)]
+                                       *nli_comparison(candidate_rows, champion_rows, nli, champion_info["nli"],
+                                                       paired)]
         mark_gated(champion_info["comparison"], checks)
     report = gate.model_copy(
         update={"checks": checks, "decision": decide(checks), "metrics": {**gate.metrics, "nli": nli},

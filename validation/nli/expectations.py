@@ -39,7 +39,8 @@ def _suite_and_batch_definition() -> tuple[Any, Any]:
 
 def _row(pair: NliPair | Mapping[str, Any]) -> dict[str, Any]:
     record = pair.model_dump() if isinstance(pair, NliPair) else dict(pair)
-    text = {key: record.get(key).strip() if isinstance(record.get(key), str) else "" for key in ("premise", "hypothesis")}
+    text = {key: record.get(key).strip() if isinstance(record.get(key), str) else ""
+            for key in ("premise", "hypothesis")}
     ident = record.get("id")
     return {
         "id": ident if isinstance(ident, str) and ident else None,

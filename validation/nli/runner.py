@@ -4,8 +4,8 @@ POSTs `{"pairs": [{"premise", "hypothesis"}, ...]}` to `{endpoint_url}/invocatio
 with the connection handling and retry policy the decision runner uses (validation.transport): 503
 `{"retryable": true}` (no capacity, throttling) is retried with capped exponential backoff and full jitter until
 the retry deadline; other 4xx fail the batch at once; other 5xx and network failures get one more try. A failed
-batch gives every pair in it that error (and `lost` when no answer came). Each pair becomes a decision-shaped `Prediction` (options entailment,
-neutral, contradiction) so the decision metrics, gates and report apply unchanged:
+batch gives every pair in it that error (and `lost` when no answer came). Each pair becomes a decision-shaped
+`Prediction` (options entailment, neutral, contradiction) so the decision metrics, gates and report apply unchanged:
 `probabilities` are the server's (tempered) probabilities in that order, `option_logits` its raw
 logits, `temperature` the one the server reports in `model.temperature` (None when absent).
 
@@ -124,13 +124,7 @@ def _parse_results(batch: Sequence[NliPair], data: bytes) -> tuple[list[dict], l
         logits = optional_numbers(result.get("logits"), "logits")
         if logits is not None and len(logits) != len(LABELS):
             raise Malformed(f"result for pair {pair.id!r}: {len(logits)} logits, expected {len(LABELS)}")
-        truncated, tokens, truncation = result.get("truncated"), result.get("input_tokens"), result.get("truncation")
-        if not isinstance(truncated, bool):
-            raise Malformed(f"result for pair {pair.id!r}: 'truncated' is {truncated!r}, expected true/false")
-        if isinstance(tokens, bool) or not isinstance(tokens, int):
-            raise Malformed(f"result for pair {pair.id!r}: 'input_tokens' is {tokens!r}, expected an integer")
-        if truncation is not None and not isinstance(truncation, dict):
-            raise Malformed(f"result for pair {pair.id!r}: 'truncation' is not an object or null")
+        detail = _pair_detail(pair, result)
         fields.append({
             "probabilities": [optional_number(probs[label], f"probabilities.{label}") for label in LABELS],
             "option_logits": logits,
@@ -139,8 +133,21 @@ def _parse_results(batch: Sequence[NliPair], data: bytes) -> tuple[list[dict], l
             "server_forward_ms": None if forward is None else forward / share,
             "server_total_ms": None if total is None else total / share,
         })
-        details.append(PairDetail(pair.id, tokens, truncated, truncation))
+        details.append(detail)
     return fields, details
+
+
+def _pair_detail(pair: NliPair, result: dict) -> PairDetail:
+    """What one result says of its pair's input (tokens, truncated, how); `Malformed` when a field breaks the
+    contract."""
+    truncated, tokens, truncation = result.get("truncated"), result.get("input_tokens"), result.get("truncation")
+    if not isinstance(truncated, bool):
+        raise Malformed(f"result for pair {pair.id!r}: 'truncated' is {truncated!r}, expected true/false")
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise Malformed(f"result for pair {pair.id!r}: 'input_tokens' is {tokens!r}, expected an integer")
+    if truncation is not None and not isinstance(truncation, dict):
+        raise Malformed(f"result for pair {pair.id!r}: 'truncation' is not an object or null")
+    return PairDetail(pair.id, tokens, truncated, truncation)
 
 
 def pairs_body(batch: Sequence[NliPair]) -> bytes:

@@ -18,22 +18,22 @@ import os
 import re
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from tasks.backends.aws.session import write_raced
+from tasks.backends.interfaces import Progress, StoredArtifact
 from tasks.errors import BadInput, Conflict, IntegrityError, NotFound, NotReady
 from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, sha256_file, verified_bytes
-from tasks.backends.interfaces import Progress, StoredArtifact
 
 SINGLE_PUT_MAX_BYTES = 64 * 1024 * 1024
 PART_BYTES = 64 * 1024 * 1024
 S3_URI = re.compile(r"^s3://([^/]+)/(.+)$")
 KEY_SHA = re.compile(r"/sha256/([0-9a-f]{64})/[^/]+$")
-# A conditional write answered 409 ConditionalRequestConflict is sent again (a multipart upload from CreateMultipartUpload
-# on, as https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html says) this often in all,
-# WRITE_RACE_BACKOFF_S, then twice that, … apart
+# A conditional write answered 409 ConditionalRequestConflict is sent again (a multipart upload from
+# CreateMultipartUpload on, as https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html says)
+# this often in all, WRITE_RACE_BACKOFF_S, then twice that, … apart
 WRITE_RACE_ATTEMPTS = 4
 WRITE_RACE_BACKOFF_S = 0.5
 Written = TypeVar("Written")
@@ -144,12 +144,12 @@ class S3ArtifactStore:
                 if not write_raced(exc):
                     raise
                 if attempt == WRITE_RACE_ATTEMPTS:
-                    raise NotReady(f"s3://{self.bucket}/{key}: {attempt} conditional writes each raced another write of the "
-                                   f"key (409 ConditionalRequestConflict): {exc.problem}",
+                    raise NotReady(f"s3://{self.bucket}/{key}: {attempt} conditional writes each raced another write "
+                                   f"of the key (409 ConditionalRequestConflict): {exc.problem}",
                                    fix="another run is writing the same key: rerun the stage once it is done") from exc
                 delay = WRITE_RACE_BACKOFF_S * 2 ** (attempt - 1)
-                say(f"s3://{self.bucket}/{key}: another write of the key was in progress (409 ConditionalRequestConflict); "
-                    f"writing again in {delay:g}s")
+                say(f"s3://{self.bucket}/{key}: another write of the key was in progress (409 "
+                    f"ConditionalRequestConflict); writing again in {delay:g}s")
                 time.sleep(delay)
                 if self._head(key) is not None:
                     return None
@@ -168,7 +168,8 @@ class S3ArtifactStore:
         if (head.get("ChecksumSHA256") or "").split("-")[0] != checksum:
             problems.append(f"S3 checksum {head.get('ChecksumSHA256')} (uploaded {checksum})")
         if problems:
-            raise IntegrityError(f"s3://{self.bucket}/{key} does not match {source} after the upload: " + ", ".join(problems),
+            raise IntegrityError(f"s3://{self.bucket}/{key} does not match {source} after the upload: "
+                                 f"{', '.join(problems)}",
                                  fix="the object was changed or truncated in transit; delete it and rerun the stage")
 
     def put_params(self, key: str, data: bytes, sha256: str) -> dict:
@@ -194,8 +195,9 @@ class S3ArtifactStore:
                     data = handle.read(self.part_bytes)
                     digests.append(hashlib.sha256(data).digest())
                     checksum = base64.b64encode(digests[-1]).decode()
-                    answer = self.aws.call("s3", "UploadPart", Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
-                                           Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum)
+                    answer = self.aws.call("s3", "UploadPart", Bucket=self.bucket, Key=key, UploadId=upload,
+                                           PartNumber=number, Body=data, ChecksumAlgorithm="SHA256",
+                                           ChecksumSHA256=checksum)
                     parts.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": checksum})
                     say(f"upload {source.name}: part {number}/{total} ({100 * number // total}%)")
             self.aws.call("s3", "CompleteMultipartUpload", Bucket=self.bucket, Key=key, UploadId=upload,
@@ -264,7 +266,8 @@ class S3ArtifactStore:
                     out.write(chunk)
             if digest.hexdigest() != sha256:
                 raise IntegrityError(f"{uri} downloaded with sha256 {digest.hexdigest()}, its key names {sha256}",
-                                     fix="the object is corrupt: restore it from its source and rerun the stage that wrote it")
+                                     fix="the object is corrupt: restore it from its source and rerun the stage "
+                                         "that wrote it")
             os.replace(tmp_name, target)
         finally:
             Path(tmp_name).unlink(missing_ok=True)
@@ -272,6 +275,7 @@ class S3ArtifactStore:
 
     def exists(self, sha256: str) -> bool:
         """Whether any artifact with this sha256 is stored (under any name)."""
-        answer = self.aws.call("s3", "ListObjectsV2", Bucket=self.bucket, Prefix=f"{self.prefix}/artifacts/sha256/{check_sha256(sha256)}/",
+        answer = self.aws.call("s3", "ListObjectsV2", Bucket=self.bucket,
+                               Prefix=f"{self.prefix}/artifacts/sha256/{check_sha256(sha256)}/",
                                MaxKeys=1)
         return answer.get("KeyCount", 0) > 0

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tasks.backends.aws.artifact_store import S3ArtifactStore
 from tasks.backends.aws.checkpoint_store import aws_checkpoint_parts
+from tasks.backends.aws.cloudwatch import CloudWatchMetrics
 from tasks.backends.aws.hosting import SageMakerHosting
 from tasks.backends.aws.image_builder import CodeBuildImageBuilder
-from tasks.backends.aws.cloudwatch import CloudWatchMetrics
 from tasks.backends.aws.model_registry import SageMakerModelRegistry
 from tasks.backends.aws.session import Aws
-from tasks.backends.aws.artifact_store import S3ArtifactStore
 from tasks.errors import ConfigError, NotFound
 
 
@@ -23,8 +23,9 @@ def aws_backends(config, *, state_dir: Path, session: Any = None) -> dict:
     store = S3ArtifactStore(aws, bucket=backend.bucket, prefix=backend.key_prefix, kms_key_id=backend.kms_key_id,
                             cache_dir=state_dir / "s3-cache")
     hosting = SageMakerHosting(aws, backend, poll_s=backend.poll_s)
-    return {"store": store, "images": CodeBuildImageBuilder(aws, backend, store, poll_s=backend.poll_s), "hosting": hosting,
-            "metrics": CloudWatchMetrics(aws, hosting), "preflight": lambda: preflight(aws, backend),
+    return {"store": store, "images": CodeBuildImageBuilder(aws, backend, store, poll_s=backend.poll_s),
+            "hosting": hosting, "metrics": CloudWatchMetrics(aws, hosting),
+            "preflight": lambda: preflight(aws, backend),
             "registry": SageMakerModelRegistry(aws, backend) if backend.model_registry else None}
 
 
@@ -35,13 +36,15 @@ def preflight(aws: Aws, backend) -> dict:
     if identity["Account"] != backend.account_id:
         raise ConfigError(f"the AWS credentials are for account {identity['Account']}, but the config deploys into "
                           f"{backend.account_id} (its execution_role_arn)",
-                          fix="use credentials of that account (AWS_PROFILE / backend.profile), or fix the config; nothing was created")
+                          fix="use credentials of that account (AWS_PROFILE / backend.profile), or fix the "
+                              "config; nothing was created")
     try:
         bucket = aws.call("s3", "HeadBucket", Bucket=backend.bucket)
     except NotFound as exc:
         raise ConfigError(f"bucket {backend.bucket} does not exist (or is not visible to {identity['Arn']})",
                           fix="create it (see the README, On AWS) or fix backend.bucket; nothing was created") from exc
-    region = bucket.get("BucketRegion") or bucket.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+    headers = bucket.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    region = bucket.get("BucketRegion") or headers.get("x-amz-bucket-region")
     if region and region != backend.region:
         raise ConfigError(f"bucket {backend.bucket} is in {region}, the config deploys into {backend.region}",
                           fix=f"set backend.region: {region}, or use a bucket in {backend.region}; nothing was created")
@@ -49,7 +52,8 @@ def preflight(aws: Aws, backend) -> dict:
     if backend.kms_key_id:
         found["kms_key_arn"] = kms_key_arn(aws, backend)
     if backend.checkpoints is not None:
-        found["checkpoint_key_id"] = aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id)[0].key_id
+        found["checkpoint_key_id"] = aws_checkpoint_parts(aws, backend.checkpoints,
+                                                          kms_key_id=backend.kms_key_id)[0].key_id
     return found
 
 
@@ -61,10 +65,12 @@ def kms_key_arn(aws: Aws, backend) -> str:
         key = aws.call("kms", "DescribeKey", KeyId=backend.kms_key_id)["KeyMetadata"]
     except NotFound as exc:
         raise ConfigError(f"backend.kms_key_id {backend.kms_key_id!r} names no KMS key in {backend.region} of account "
-                          f"{backend.account_id}", fix="create the key and alias (aws kms create-key; aws kms create-alias), or fix "
-                          "backend.kms_key_id; nothing was created") from exc
-    problems = [f"{field} is {key.get(field)!r}, needs {wanted!r}" for field, wanted in
-                (("KeyState", "Enabled"), ("KeyUsage", "ENCRYPT_DECRYPT"), ("KeySpec", "SYMMETRIC_DEFAULT")) if key.get(field) != wanted]
+                          f"{backend.account_id}",
+                          fix="create the key and alias (aws kms create-key; aws kms create-alias), or fix "
+                              "backend.kms_key_id; nothing was created") from exc
+    wanted_fields = (("KeyState", "Enabled"), ("KeyUsage", "ENCRYPT_DECRYPT"), ("KeySpec", "SYMMETRIC_DEFAULT"))
+    problems = [f"{field} is {key.get(field)!r}, needs {wanted!r}" for field, wanted in wanted_fields
+                if key.get(field) != wanted]
     if problems:
         raise ConfigError(f"KMS key {key['Arn']} (backend.kms_key_id {backend.kms_key_id!r}): {'; '.join(problems)}",
                           fix="name an enabled symmetric encryption key in backend.kms_key_id; nothing was created")

@@ -1,7 +1,8 @@
 """Where a pinned base image (`image.base_image`, `repo@sha256:…`) is pulled from when CodeBuild builds the serving
 image, and what that needs: Docker Hub (anonymous pulls are rate limited), ECR Public, or a private ECR registry
 (the build logs in to the config's own registry only, so a base image there, such as an ECR pull-through cache of
-Docker Hub, needs pull rights on its repository, https://docs.aws.amazon.com/AmazonECR/latest/userguide/pull-through-cache.html)."""
+Docker Hub, needs pull rights on its repository,
+https://docs.aws.amazon.com/AmazonECR/latest/userguide/pull-through-cache.html)."""
 
 from __future__ import annotations
 
@@ -39,13 +40,14 @@ def base_image(reference: str) -> BaseImage:
 
 
 def base_image_problem(reference: str, *, account: str, region: str) -> str | None:
-    """Why CodeBuild could not pull this base image, or None: the build logs in to the config's own ECR registry only."""
+    """Why CodeBuild could not pull this base image, or None: the build logs in to the config's own ECR
+    registry only."""
     image = base_image(reference)
     owner = image.private_ecr()
     if owner is None or owner == (account, region):
         return None
-    return (f"image.base_image {reference} is in the private ECR registry {image.registry}, but the image build logs in "
-            f"to {account}.dkr.ecr.{region}.amazonaws.com only; copy the image into that registry (or point an ECR "
+    return (f"image.base_image {reference} is in the private ECR registry {image.registry}, but the image build logs "
+            f"in to {account}.dkr.ecr.{region}.amazonaws.com only; copy the image into that registry (or point an ECR "
             "pull-through cache rule there), or use a public registry such as public.ecr.aws")
 
 
@@ -54,5 +56,5 @@ def docker_hub_note(reference: str) -> str | None:
     if not base_image(reference).on_docker_hub:
         return None
     return ("the base image comes from Docker Hub, whose anonymous pulls are rate limited per address (CodeBuild's are "
-            "shared, so builds can fail with toomanyrequests): use the same image from ECR Public where it is mirrored, "
-            "or an ECR pull-through cache in this registry (README, First run on AWS)")
+            "shared, so builds can fail with toomanyrequests): use the same image from ECR Public where it is "
+            "mirrored, or an ECR pull-through cache in this registry (README, First run on AWS)")

@@ -23,14 +23,23 @@ from __future__ import annotations
 
 import re
 from contextlib import nullcontext
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasks.backends.aws.session import Aws, write_raced
 from tasks.backends.aws.artifact_store import b64_sha256
-from tasks.ledger.checkpoints import (Checkpoint, Entry, PrivateKeySigner, PublicKeyOnly, Signer, load_private_key,
-                               load_public_key, read_entry, serialise)
+from tasks.backends.aws.session import Aws, write_raced
 from tasks.errors import ConfigError, Conflict, IntegrityError, NotFound, NotReady
+from tasks.ledger.checkpoints import (
+    Checkpoint,
+    Entry,
+    PrivateKeySigner,
+    PublicKeyOnly,
+    Signer,
+    load_private_key,
+    load_public_key,
+    read_entry,
+    serialise,
+)
 
 MAX_CHECKPOINT_BYTES = 64 * 1024
 POSITION = re.compile(r"^(\d{12})\.json$")
@@ -53,8 +62,9 @@ class SecretSigner(PrivateKeySigner):
         try:
             answer = aws.call("secretsmanager", "GetSecretValue", SecretId=secret_id)
         except NotFound as error:
-            raise ConfigError(f"the checkpoint signing key secret {secret_id} does not exist in {aws.region}; shiplift does "
-                              "not create it", fix=f"create it once: {create_secret_command(secret_id)}") from error
+            raise ConfigError(f"the checkpoint signing key secret {secret_id} does not exist in {aws.region}; "
+                              "shiplift does not create it",
+                              fix=f"create it once: {create_secret_command(secret_id)}") from error
         if "SecretString" not in answer:
             raise IntegrityError(f"secret {secret_id} holds binary data, not the PEM text of an Ed25519 key",
                                  fix=f"store the key as PEM text: {create_secret_command(secret_id)}")
@@ -89,10 +99,11 @@ class S3CheckpointStore:
         if config.get("ObjectLockEnabled") != "Enabled":
             raise ConfigError(f"the checkpoint bucket {self.bucket} does not have Object Lock enabled, so a stored "
                               "checkpoint could be deleted or overwritten",
-                              fix=f"enable it (versioning must be on): aws s3api put-bucket-versioning --bucket {self.bucket} "
-                                  "--versioning-configuration Status=Enabled && aws s3api put-object-lock-configuration "
-                                  f"--bucket {self.bucket} --object-lock-configuration ObjectLockEnabled=Enabled; or use "
-                                  "a bucket created with --object-lock-enabled-for-bucket; nothing was written")
+                              fix="enable it (versioning must be on): aws s3api put-bucket-versioning --bucket "
+                                  f"{self.bucket} --versioning-configuration Status=Enabled && aws s3api "
+                                  f"put-object-lock-configuration --bucket {self.bucket} --object-lock-configuration "
+                                  "ObjectLockEnabled=Enabled; or use a bucket created with "
+                                  "--object-lock-enabled-for-bucket; nothing was written")
 
     def _versions(self) -> tuple[list[dict], list[dict]]:
         """Every version and delete marker under the prefix (ListObjectVersions, all pages)."""
@@ -106,7 +117,8 @@ class S3CheckpointStore:
             marker = {"KeyMarker": page["NextKeyMarker"], "VersionIdMarker": page["NextVersionIdMarker"]}
 
     def _read(self, version: dict) -> str:
-        answer = self.aws.call("s3", "GetObject", Bucket=self.bucket, Key=version["Key"], VersionId=version["VersionId"])
+        answer = self.aws.call("s3", "GetObject", Bucket=self.bucket, Key=version["Key"],
+                               VersionId=version["VersionId"])
         with answer["Body"] as body:
             return body.read(MAX_CHECKPOINT_BYTES + 1).decode("utf-8", errors="replace")
 
@@ -127,9 +139,9 @@ class S3CheckpointStore:
             found.append(((position or 0, version["LastModified"]), entry))
         for deleted in markers:
             where = f"s3://{self.bucket}/{deleted['Key']}"
-            problem = (f"checkpoint {where} was deleted at {deleted['LastModified']:%Y-%m-%dT%H:%M:%SZ}: a delete marker "
-                       "hides it from plain listings (its locked versions are still checked); find out who deleted it, "
-                       "then remove the marker")
+            problem = (f"checkpoint {where} was deleted at {deleted['LastModified']:%Y-%m-%dT%H:%M:%SZ}: a delete "
+                       "marker hides it from plain listings (its locked versions are still checked); find out who "
+                       "deleted it, then remove the marker")
             found.append(((self._position(deleted["Key"]) or 0, deleted["LastModified"]), (where, None, problem)))
         self._seen = max((order[0] for order, _ in found), default=0)
         return [entry for _, entry in sorted(found, key=lambda pair: pair[0])]
@@ -141,7 +153,7 @@ class S3CheckpointStore:
     def put_params(self, position: int, checkpoint: Checkpoint) -> dict[str, Any]:
         """A conditional, checksummed, retained PutObject of one checkpoint (S3 wants a checksum with Object Lock)."""
         data = serialise(checkpoint).encode()
-        until = datetime.now(timezone.utc) + timedelta(days=self.retention_days)
+        until = datetime.now(UTC) + timedelta(days=self.retention_days)
         encryption = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": self.kms_key_id} if self.kms_key_id else {}
         return {"Bucket": self.bucket, "Key": self.key(position), "Body": data, "IfNoneMatch": "*",
                 "ContentType": "application/json", "ChecksumAlgorithm": "SHA256", "ChecksumSHA256": b64_sha256(data),
@@ -170,7 +182,8 @@ def aws_checkpoint_parts(aws: Aws, settings, *, kms_key_id: str | None = None,
     """The signer and store an `AwsCheckpoints` config names, checked: the bucket has Object Lock, the secret exists
     and holds an Ed25519 key, the configured `public_key`'s. `verify_only` with a `public_key`: that key alone, and
     the secret is never read. Writes nothing."""
-    store = S3CheckpointStore(aws, bucket=settings.bucket, prefix=settings.prefix, retention_days=settings.retention_days,
+    store = S3CheckpointStore(aws, bucket=settings.bucket, prefix=settings.prefix,
+                              retention_days=settings.retention_days,
                               lock_mode=settings.lock_mode, kms_key_id=kms_key_id)
     store.check_object_lock()
     configured = PublicKeyOnly(load_public_key(settings.public_key)) if settings.public_key else None

@@ -6,8 +6,8 @@ import datetime as dt
 import math
 
 from tasks.backends.aws.hosting_requests import component_dimensions
-from tasks.errors import BadInput
 from tasks.backends.interfaces import ComponentMetrics
+from tasks.errors import BadInput
 
 METRICS = {"invocations": ("Invocations", "Sum"), "errors_4xx": ("Invocation4XXErrors", "Sum"),
            "errors_5xx": ("Invocation5XXErrors", "Sum"), "model_errors": ("InvocationModelErrors", "Sum"),
@@ -31,13 +31,14 @@ class CloudWatchMetrics:
                 fix="read the whole component's metrics; during a rollout SageMaker's own alarms watch the component",
             )
         if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and 60 <= window_s <= 86400):
-            raise BadInput(f"window_s={window_s!r} is not 60..86400 seconds", fix="CloudWatch aggregates SageMaker metrics per minute")
+            raise BadInput(f"window_s={window_s!r} is not 60..86400 seconds",
+                           fix="CloudWatch aggregates SageMaker metrics per minute")
         period = 60 * math.ceil(window_s / 60)  # GetMetricData takes multiples of 60 s
         if self.hosting.inference_component(endpoint, component) is not None:
             dimensions = component_dimensions(component)
         else:
             dimensions = [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": component}]
-        now = dt.datetime.now(dt.timezone.utc)  # to the end of this minute: datapoints are per minute, and this one counts
+        now = dt.datetime.now(dt.UTC)  # to the end of this minute: datapoints are per minute, and this one counts
         end = now.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
         queries = [{"Id": key, "ReturnData": True, "MetricStat": {
             "Metric": {"Namespace": "AWS/SageMaker", "MetricName": name, "Dimensions": dimensions},
@@ -45,6 +46,8 @@ class CloudWatchMetrics:
         answer = self.aws.call("cloudwatch", "GetMetricData", MetricDataQueries=queries,
                                StartTime=end - dt.timedelta(seconds=period), EndTime=end)
         values = {r["Id"]: r.get("Values", []) for r in answer.get("MetricDataResults", [])}
-        total = {key: int(sum(values.get(key, []))) for key in ("invocations", "errors_4xx", "errors_5xx", "model_errors")}
+        total = {key: int(sum(values.get(key, [])))
+                 for key in ("invocations", "errors_4xx", "errors_5xx", "model_errors")}
         latency = values.get("latency_p99_ms") or []
-        return ComponentMetrics(**total, latency_p99_ms=max(latency) / 1000.0 if latency else None)  # ModelLatency is in µs
+        # ModelLatency is in µs
+        return ComponentMetrics(**total, latency_p99_ms=max(latency) / 1000.0 if latency else None)

@@ -6,12 +6,35 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
-from tasks.backends.aws.dry_run_answers import (BUILT, COPIES, CREATED, DELETED, HOSTING, LISTED, RELEASED, ROLLED,
-                                                ROLLING, THEN, UPDATED, Answer, Refusal, _body, _copies, _serving,
-                                                _uuid, placeholder_hex)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+from tasks.backends.aws.dry_run_answers import (
+    BUILT,
+    COPIES,
+    CREATED,
+    DELETED,
+    HOSTING,
+    LISTED,
+    RELEASED,
+    ROLLED,
+    ROLLING,
+    THEN,
+    UPDATED,
+    Answer,
+    Refusal,
+    _body,
+    _copies,
+    _serving,
+    _uuid,
+    placeholder_hex,
+)
+from tasks.backends.aws.service_model import service_model
+from tasks.backends.aws.session import partition
 
 
 class FreshAccount:
@@ -21,7 +44,7 @@ class FreshAccount:
 
     def __init__(self, backend, stand_in: Callable[[str, str], str], *, release_id: str):
         self.region, self.account_id = backend.region, backend.account_id
-        self.partition = "aws-cn" if self.region.startswith("cn-") else "aws-us-gov" if self.region.startswith("us-gov-") else "aws"
+        self.partition = partition(self.region)
         self.stand_in, self.release_id = stand_in, release_id
         self.buckets = {backend.bucket, *([backend.checkpoints.bucket] if backend.checkpoints else [])}
         self.objects: dict[tuple[str, str], dict] = {}  # (bucket, key) -> size, metadata, checksum, body
@@ -44,7 +67,8 @@ class FreshAccount:
             ("kms", "DescribeKey"): self._key,
             ("secretsmanager", "GetSecretValue"): self._secret,
             ("s3", "HeadBucket"): self._head_bucket,
-            ("s3", "GetObjectLockConfiguration"): lambda params: {"ObjectLockConfiguration": {"ObjectLockEnabled": "Enabled"}},
+            ("s3", "GetObjectLockConfiguration"): lambda params: {
+                "ObjectLockConfiguration": {"ObjectLockEnabled": "Enabled"}},
             ("s3", "HeadObject"): self._head_object,
             ("s3", "GetObject"): self._get_object,
             ("s3", "PutObject"): self._put_object,
@@ -76,7 +100,8 @@ class FreshAccount:
             ("sagemaker", "CreateModelPackage"): self._create_package,
             ("sagemaker", "DescribeModelPackage"): lambda params: self._package(params["ModelPackageName"]),
             ("sagemaker", "UpdateModelPackage"): self._update_package,
-            ("sagemaker-runtime", "InvokeEndpoint"): lambda params: {"Body": _body(b"{}"), "ContentType": "application/json"},
+            ("sagemaker-runtime", "InvokeEndpoint"): lambda params: {"Body": _body(b"{}"),
+                                                                     "ContentType": "application/json"},
             ("cloudwatch", "PutMetricAlarm"): self._put_alarm,
             ("cloudwatch", "DescribeAlarms"): self._describe_alarms,
             ("cloudwatch", "PutMetricData"): lambda params: {},
@@ -123,14 +148,12 @@ class FreshAccount:
 
     def _key(self, params: dict) -> dict:
         key_id = _uuid(self.placeholder(f"the id of the key {params['KeyId']} names"))
-        return {"KeyMetadata": {"KeyId": key_id, "Arn": self.arn("kms", f"key/{key_id}"), "Enabled": True, "KeyState": "Enabled",
-                                "KeyUsage": "ENCRYPT_DECRYPT", "KeySpec": "SYMMETRIC_DEFAULT"}}
+        return {"KeyMetadata": {"KeyId": key_id, "Arn": self.arn("kms", f"key/{key_id}"), "Enabled": True,
+                                "KeyState": "Enabled", "KeyUsage": "ENCRYPT_DECRYPT", "KeySpec": "SYMMETRIC_DEFAULT"}}
 
     def _secret(self, params: dict) -> dict:
-        """An Ed25519 key as PEM text, derived from the release id: it stands for the secret's key and never leaves the run."""
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-        from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-
+        """An Ed25519 key as PEM text, derived from the release id: it stands for the secret's key and never leaves
+        the run."""
         key = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(placeholder_hex("checkpoint key", self.release_id)))
         pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()).decode()
         return {"ARN": self.arn("secretsmanager", f"secret:{params['SecretId']}-DryRun"), "Name": params["SecretId"],
@@ -192,8 +215,8 @@ class FreshAccount:
         parts = [upload["parts"][part["PartNumber"]] for part in params["MultipartUpload"]["Parts"]]
         digests = b"".join(base64.b64decode(checksum) for _, checksum in parts)
         checksum = f"{base64.b64encode(hashlib.sha256(digests).digest()).decode()}-{len(parts)}"
-        etag = self._keep({**params, "Metadata": upload["metadata"]}, size=sum(size for size, _ in parts), checksum=checksum,
-                          body=None, what="the upload")
+        etag = self._keep({**params, "Metadata": upload["metadata"]}, size=sum(size for size, _ in parts),
+                          checksum=checksum, body=None, what="the upload")
         return {"Bucket": params["Bucket"], "Key": params["Key"], "ETag": etag, "ChecksumSHA256": checksum}
 
     def _versions(self, params: dict) -> dict:
@@ -207,9 +230,11 @@ class FreshAccount:
     def _repositories(self, params: dict) -> dict:
         missing = [name for name in params["repositoryNames"] if name not in self.repositories]
         if missing:
-            raise Refusal("RepositoryNotFoundException", f"The repository with name '{missing[0]}' does not exist in the "
+            raise Refusal("RepositoryNotFoundException",
+                          f"The repository with name '{missing[0]}' does not exist in the "
                           f"registry with id '{self.account_id}'")
-        return {"repositories": [{"repositoryName": name, "registryId": self.account_id, "imageTagMutability": "IMMUTABLE",
+        return {"repositories": [{"repositoryName": name, "registryId": self.account_id,
+                                  "imageTagMutability": "IMMUTABLE",
                                   "repositoryArn": self.arn("ecr", f"repository/{name}"), "createdAt": THEN}
                                  for name in params["repositoryNames"]]}
 
@@ -219,16 +244,17 @@ class FreshAccount:
             found = [(tag, digest) for (repo, tag), digest in self.images.items() if repo == repository
                      and wanted.get("imageTag", tag) == tag and wanted.get("imageDigest", digest) == digest]
             if not found:
-                raise Refusal("ImageNotFoundException", f"The image with imageId {wanted} does not exist within the "
-                              f"repository with name '{repository}'")
-            details += [{"registryId": self.account_id, "repositoryName": repository, "imageDigest": digest, "imageTags": [tag],
-                         "imagePushedAt": THEN} for tag, digest in found]
+                raise Refusal("ImageNotFoundException", f"The image with imageId {wanted} does not exist within "
+                              f"the repository with name '{repository}'")
+            details += [{"registryId": self.account_id, "repositoryName": repository, "imageDigest": digest,
+                         "imageTags": [tag], "imagePushedAt": THEN} for tag, digest in found]
         return {"imageDetails": details}
 
     def _published_image(self, params: dict) -> dict:
         registry, repository = params["registryId"], params["repositoryName"]
         images = [{"registryId": registry, "repositoryName": repository,
-                   "imageId": {"imageDigest": self.published[(registry, repository, wanted["imageTag"])], "imageTag": wanted["imageTag"]},
+                   "imageId": {"imageDigest": self.published[(registry, repository, wanted["imageTag"])],
+                               "imageTag": wanted["imageTag"]},
                    "imageManifestMediaType": params["acceptedMediaTypes"][0]} for wanted in params["imageIds"]]
         return {"images": images, "failures": []}
 
@@ -262,9 +288,11 @@ class FreshAccount:
             "size": len(detail), "metadata": {}, "checksum": "", "etag": '""', "body": detail}
         self.builds[build_id] = {"id": build_id, "projectName": project["name"], "buildStatus": "SUCCEEDED",
                                  "currentPhase": "COMPLETED", "startTime": THEN, "endTime": THEN, "buildComplete": True,
-                                 "environment": {**project["environment"], "environmentVariables": params["environmentVariablesOverride"]}}
+                                 "environment": {**project["environment"],
+                                                 "environmentVariables": params["environmentVariablesOverride"]}}
         self.polls[("build", build_id)] = [({}, BUILT)]
-        return {"build": {**self.builds[build_id], "buildStatus": "IN_PROGRESS", "currentPhase": "SUBMITTED", "buildComplete": False}}
+        return {"build": {**self.builds[build_id], "buildStatus": "IN_PROGRESS", "currentPhase": "SUBMITTED",
+                          "buildComplete": False}}
 
     def _get_builds(self, params: dict) -> Answer:
         notes = [note for build in params["ids"] for _, note in self.polls.pop(("build", build), [])]
@@ -277,18 +305,21 @@ class FreshAccount:
         key, resource, wording = HOSTING[kind]
         name = params[key]
         if name in self.hosting[kind]:
-            raise Refusal("ValidationException", f'Cannot create already existing {wording} "{self.arn("sagemaker", f"{resource}/{name}")}".')
+            raise Refusal("ValidationException",
+                          f'Cannot create already existing {wording} "{self.arn("sagemaker", f"{resource}/{name}")}".')
         arn = self.arn("sagemaker", f"{resource}/{name.lower()}")
         described = {**{k: v for k, v in params.items() if k != "Tags"}, f"{kind}Arn": arn, "CreationTime": THEN}
         if kind == "Endpoint":
             config = self.hosting["EndpointConfig"].get(params["EndpointConfigName"])
             if config is None:
-                raise Refusal("ValidationException", f'Could not find endpoint configuration "{params["EndpointConfigName"]}".')
+                raise Refusal("ValidationException",
+                              f'Could not find endpoint configuration "{params["EndpointConfigName"]}".')
             described.update(EndpointStatus="InService", LastModifiedTime=THEN,
                              ProductionVariants=[_serving(variant) for variant in config["ProductionVariants"]])
         elif kind == "InferenceComponent":
             described.update(EndpointArn=self.hosting["Endpoint"][params["EndpointName"]]["EndpointArn"],
-                             RuntimeConfig=_copies(params["RuntimeConfig"]["CopyCount"]), InferenceComponentStatus="InService",
+                             RuntimeConfig=_copies(params["RuntimeConfig"]["CopyCount"]),
+                             InferenceComponentStatus="InService",
                              LastModifiedTime=THEN)
         self.hosting[kind][name] = described
         self.tags[arn] = list(params.get("Tags", []))
@@ -303,8 +334,10 @@ class FreshAccount:
         if endpoint is None:
             raise Refusal("ValidationException", f'Could not find endpoint "{params["EndpointName"]}".')
         if config is None:
-            raise Refusal("ValidationException", f'Could not find endpoint configuration "{params["EndpointConfigName"]}".')
-        endpoint.update(EndpointConfigName=params["EndpointConfigName"], EndpointStatus="InService", LastModifiedTime=THEN,
+            raise Refusal("ValidationException",
+                          f'Could not find endpoint configuration "{params["EndpointConfigName"]}".')
+        endpoint.update(EndpointConfigName=params["EndpointConfigName"], EndpointStatus="InService",
+                        LastModifiedTime=THEN,
                         ProductionVariants=[_serving(variant) for variant in config["ProductionVariants"]])
         return {"EndpointArn": endpoint["EndpointArn"]}
 
@@ -331,7 +364,8 @@ class FreshAccount:
         key = HOSTING[kind][0]
         found = [item for name, item in self.hosting[kind].items() if params.get("NameContains", "") in name
                  and params.get("EndpointNameEquals", item.get("EndpointName")) == item.get("EndpointName")]
-        return {f"{kind}s": [{field: item[field] for field in LISTED[kind]} for item in sorted(found, key=lambda i: i[key])]}
+        return {f"{kind}s": [{field: item[field] for field in LISTED[kind]}
+                             for item in sorted(found, key=lambda i: i[key])]}
 
     def _update_component(self, params: dict) -> dict:
         """The component on its new specification at once; a rolling update (DeploymentConfig) is seen Updating once."""
@@ -343,7 +377,8 @@ class FreshAccount:
                      LastModifiedTime=THEN)
         if "DeploymentConfig" in params:
             found["LastDeploymentConfig"] = params["DeploymentConfig"]
-            self.polls[("InferenceComponent", name)] = [({"InferenceComponentStatus": "Updating"}, ROLLING), ({}, ROLLED)]
+            rolling = ({"InferenceComponentStatus": "Updating"}, ROLLING)
+            self.polls[("InferenceComponent", name)] = [rolling, ({}, ROLLED)]
         else:
             self.polls[("InferenceComponent", name)] = [({}, UPDATED)]
         return {"InferenceComponentArn": found["InferenceComponentArn"]}
@@ -360,16 +395,18 @@ class FreshAccount:
         return {"InferenceComponentArn": found["InferenceComponentArn"]}
 
     def _instances_follow_copies(self, endpoint_name: str) -> None:
-        """The endpoint's instances once a component's copies changed: none while no component on it has a copy and its
-        variants' ManagedInstanceScaling may go to 0 (MinInstanceCount 0,
-        https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html), else its config's."""
+        """The endpoint's instances once a component's copies changed: its config's, or none while no component on it
+        has a copy and its variants' ManagedInstanceScaling may go to 0 (MinInstanceCount 0,
+        https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)."""
         endpoint = self.hosting["Endpoint"].get(endpoint_name)
         if endpoint is None:
             return
         variants = self.hosting["EndpointConfig"][endpoint["EndpointConfigName"]]["ProductionVariants"]
-        idle = not any(component["RuntimeConfig"]["DesiredCopyCount"] for component in self.hosting["InferenceComponent"].values()
+        idle = not any(component["RuntimeConfig"]["DesiredCopyCount"]
+                       for component in self.hosting["InferenceComponent"].values()
                        if component["EndpointName"] == endpoint_name)
-        released = idle and all((variant.get("ManagedInstanceScaling") or {}).get("MinInstanceCount") == 0 for variant in variants)
+        released = idle and all((variant.get("ManagedInstanceScaling") or {}).get("MinInstanceCount") == 0
+                                for variant in variants)
         endpoint["ProductionVariants"] = [_serving(variant, released=released) for variant in variants]
         if released:
             self.polls[("Endpoint", endpoint_name)] = [({}, RELEASED)]
@@ -387,7 +424,8 @@ class FreshAccount:
         target = self.targets.get(key) or {
             "ServiceNamespace": key[0], "ResourceId": key[1], "ScalableDimension": key[2], "CreationTime": THEN,
             "RoleARN": f"arn:{self.partition}:iam::{self.account_id}:role/aws-service-role/"
-                       "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint",
+                       "sagemaker.application-autoscaling.amazonaws.com/"
+                       "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint",
             "ScalableTargetARN": self.arn("application-autoscaling", "scalable-target/" + self.stand_in(
                 placeholder_hex(what := f"the id Application Auto Scaling gives the scalable target of {key[1]}",
                                 self.release_id)[:36], what))}
@@ -427,7 +465,8 @@ class FreshAccount:
     def _delete_policy(self, params: dict) -> dict:
         key = (params["ServiceNamespace"], params["ResourceId"], params["ScalableDimension"], params["PolicyName"])
         if self.policies.pop(key, None) is None:
-            raise Refusal("ObjectNotFoundException", f"No scaling policy found for service namespace: {key[0]}, resource ID: "
+            raise Refusal("ObjectNotFoundException",
+                          f"No scaling policy found for service namespace: {key[0]}, resource ID: "
                           f"{key[1]}, scalable dimension: {key[2]}, policy name: {key[3]}")
         return {}
 
@@ -441,13 +480,15 @@ class FreshAccount:
     def _create_group(self, params: dict) -> dict:
         name = params["ModelPackageGroupName"]
         arn = self.arn("sagemaker", f"model-package-group/{name}")
-        self.groups[name] = {"ModelPackageGroupName": name, "ModelPackageGroupArn": arn, "CreationTime": THEN, "CreatedBy": {},
-                             "ModelPackageGroupStatus": "Completed", "ModelPackageGroupDescription": params.get("ModelPackageGroupDescription", "")}
+        self.groups[name] = {"ModelPackageGroupName": name, "ModelPackageGroupArn": arn, "CreationTime": THEN,
+                             "CreatedBy": {},
+                             "ModelPackageGroupStatus": "Completed",
+                             "ModelPackageGroupDescription": params.get("ModelPackageGroupDescription", "")}
         return {"ModelPackageGroupArn": arn}
 
     def _list_packages(self, params: dict) -> dict:
-        summary = ("ModelPackageName", "ModelPackageGroupName", "ModelPackageVersion", "ModelPackageArn", "ModelPackageDescription",
-                   "CreationTime", "ModelPackageStatus", "ModelApprovalStatus")
+        summary = ("ModelPackageName", "ModelPackageGroupName", "ModelPackageVersion", "ModelPackageArn",
+                   "ModelPackageDescription", "CreationTime", "ModelPackageStatus", "ModelApprovalStatus")
         return {"ModelPackageSummaryList": [{key: package[key] for key in summary if key in package}
                                             for package in reversed(self.packages.values())
                                             if package["ModelPackageGroupName"] == params["ModelPackageGroupName"]]}
@@ -456,9 +497,11 @@ class FreshAccount:
         group = params["ModelPackageGroupName"]
         version = 1 + sum(package["ModelPackageGroupName"] == group for package in self.packages.values())
         arn = self.arn("sagemaker", f"model-package/{group}/{version}")
-        self.packages[arn] = {**{k: v for k, v in params.items() if k not in ("Tags", "ClientToken")}, "ModelPackageName": group,
-                              "ModelPackageVersion": version, "ModelPackageArn": arn, "CreationTime": THEN,
-                              "ModelPackageStatus": "Completed", "ModelPackageStatusDetails": {"ValidationStatuses": []}}
+        self.packages[arn] = {**{k: v for k, v in params.items() if k not in ("Tags", "ClientToken")},
+                              "ModelPackageName": group, "ModelPackageVersion": version, "ModelPackageArn": arn,
+                              "CreationTime": THEN,
+                              "ModelPackageStatus": "Completed",
+                              "ModelPackageStatusDetails": {"ValidationStatuses": []}}
         return {"ModelPackageArn": arn}
 
     def _package(self, arn: str) -> dict:
@@ -487,8 +530,6 @@ class FreshAccount:
 
     def _describe_alarms(self, params: dict) -> dict:
         """The named alarms as they were put (what a MetricAlarm holds of the request), in state OK."""
-        from tasks.backends.aws.service_model import service_model
-
         members = service_model("cloudwatch").shape_for("MetricAlarm").members
         return {"MetricAlarms": [{**{k: v for k, v in self.alarms[name].items() if k in members},
                                   "AlarmArn": self.arn("cloudwatch", f"alarm:{name}"), "StateValue": "OK",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-THEN = datetime(2000, 1, 1, tzinfo=timezone.utc)  # every time the account answers
+THEN = datetime(2000, 1, 1, tzinfo=UTC)  # every time the account answers
 
 
 def placeholder_hex(what: str, release_id: str) -> str:
@@ -34,7 +34,8 @@ class Refusal(Exception):
         self.code, self.message, self.status, self.note = code, message, status, note
 
 
-# SageMaker hosting resources: the name parameter, the ARN's resource type, and how SageMaker names it when it finds none
+# SageMaker hosting resources: the name parameter, the ARN's resource type, and how SageMaker names it when it finds
+# none
 HOSTING = {
     "Model": ("ModelName", "model", "model"),
     "EndpointConfig": ("EndpointConfigName", "endpoint-config", "endpoint configuration"),
@@ -44,8 +45,8 @@ HOSTING = {
 LISTED = {  # what a List call's summary of each resource holds (SageMaker's *Summary shapes)
     "Model": ("ModelName", "ModelArn", "CreationTime"),
     "EndpointConfig": ("EndpointConfigName", "EndpointConfigArn", "CreationTime"),
-    "InferenceComponent": ("InferenceComponentName", "InferenceComponentArn", "EndpointName", "EndpointArn", "VariantName",
-                           "InferenceComponentStatus", "CreationTime", "LastModifiedTime"),
+    "InferenceComponent": ("InferenceComponentName", "InferenceComponentArn", "EndpointName", "EndpointArn",
+                           "VariantName", "InferenceComponentStatus", "CreationTime", "LastModifiedTime"),
 }
 # the notes on the describes a wait polls (the account answers the end of the wait at once)
 CREATED = "polled until InService (any other terminal status fails)"
@@ -54,8 +55,8 @@ ROLLING = "polled until the update ends; meanwhile the alarms are read every rol
 ROLLED = "the update has ended: InService on the candidate's model is success, on the old one a rollback"
 DELETED = "polled until it is gone"
 COPIES = "polled until InService with the new copy count, desired and current"
-RELEASED = ("polled until CurrentInstanceCount is 0: no component has a copy and MinInstanceCount is 0, so the endpoint "
-            "gives back its instances (on AWS minutes after the last copy stops)")
+RELEASED = ("polled until CurrentInstanceCount is 0: no component has a copy and MinInstanceCount is 0, so the "
+            "endpoint gives back its instances (on AWS minutes after the last copy stops)")
 BUILT = "polled until the build ends"
 
 
@@ -84,6 +85,7 @@ def _serving(variant: dict, *, released: bool = False) -> dict:
     serving = {"VariantName": variant["VariantName"], "CurrentInstanceCount": count, "DesiredInstanceCount": count}
     if variant.get("InstancePools"):
         first = min(variant["InstancePools"], key=lambda pool: pool["Priority"])
-        serving["InstancePools"] = [{"InstanceType": pool["InstanceType"], "CurrentInstanceCount": count if pool is first else 0}
+        serving["InstancePools"] = [{"InstanceType": pool["InstanceType"],
+                                     "CurrentInstanceCount": count if pool is first else 0}
                                     for pool in variant["InstancePools"]]
     return serving

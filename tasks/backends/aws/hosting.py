@@ -48,8 +48,18 @@ from tasks.backends.aws.hosting_describe import describe_component, runtime_invo
 from tasks.backends.aws.hosting_rollout import Rollout
 from tasks.backends.aws.hosting_scaling import Scaling
 from tasks.backends.aws.session import Aws
-from tasks.backends.interfaces import (Bake, ComponentSpec, Invoker, LiveComponent, ManagedResource, OnStep, Progress,
-                                       RolloutPlan, RolloutResult, ScaleToZeroPlan)
+from tasks.backends.interfaces import (
+    Bake,
+    ComponentSpec,
+    Invoker,
+    LiveComponent,
+    ManagedResource,
+    OnStep,
+    Progress,
+    RolloutPlan,
+    RolloutResult,
+    ScaleToZeroPlan,
+)
 
 
 class SageMakerHosting:

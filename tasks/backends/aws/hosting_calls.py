@@ -3,7 +3,7 @@ paged lists, tags, the describes several parts read, and the wait for a componen
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tasks.backends.aws.backend_config import AwsBackend
 from tasks.backends.aws.session import Aws
@@ -13,7 +13,8 @@ from tasks.errors import NotFound
 
 COMPONENT_WAIT_S = DEPLOY_WAIT_S // 2  # with the endpoint's (hosting_deploy.ENDPOINT_WAIT_S): the stage table's
 DELETE_WAIT_S = TEARDOWN_WAIT_S // 2  # a component, then the endpoint
-UNSETTLED = ("Creating", "Updating")  # SageMaker refuses UpdateInferenceComponent in these (reported, not on its API page)
+# SageMaker refuses UpdateInferenceComponent in these (reported, not on its API page)
+UNSETTLED = ("Creating", "Updating")
 
 
 def failure_reason(answer: dict | None) -> str:
@@ -104,7 +105,8 @@ class SageMakerCalls:
         description, or None once a deletion in progress removed it."""
         _, answer = self.wait(component, deadline_s=deadline_s, progress=progress)
         if (answer or {}).get("InferenceComponentStatus") == "Deleting":
-            wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_WAIT_S,
-                     poll_s=self.poll_s, progress=progress, what=f"inference component {component}")
+            wait_for(self.aws, "InferenceComponentDeleted", {"InferenceComponentName": component},
+                     deadline_s=DELETE_WAIT_S, poll_s=self.poll_s, progress=progress,
+                     what=f"inference component {component}")
             return None
         return answer

@@ -37,8 +37,8 @@ class Cleanup:
         return True
 
     def delete_endpoint(self, endpoint: str, *, progress: Progress) -> bool:
-        """Components (each with its scale-to-zero alarm, policies and target first; waited), the endpoint (waited), then
-        its configs and models, found by name and tag."""
+        """Components (each with its scale-to-zero alarm, policies and target first; waited), the endpoint (waited),
+        then its configs and models, found by name and tag."""
         existed = False
         for component in self._components_of(endpoint):
             existed = True
@@ -73,8 +73,9 @@ class Cleanup:
         except NotFound:
             return False
         progress(f"deleting inference component {component}")
-        wait_for(calls.aws, "InferenceComponentDeleted", {"InferenceComponentName": component}, deadline_s=DELETE_WAIT_S,
-                 poll_s=calls.poll_s, progress=progress, what=f"inference component {component}")
+        wait_for(calls.aws, "InferenceComponentDeleted", {"InferenceComponentName": component},
+                 deadline_s=DELETE_WAIT_S, poll_s=calls.poll_s, progress=progress,
+                 what=f"inference component {component}")
         return True
 
     def _delete_named(self, kind: str, name: str, progress: Progress) -> bool:
@@ -117,7 +118,8 @@ class Cleanup:
         """Scaling policies, then scalable targets, on endpoints and components named with the prefix and tagged by
         shiplift (a target belongs to the resource it scales, so the resource's tag decides)."""
         calls = self.calls
-        targets = calls.pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets", ServiceNamespace="sagemaker")
+        targets = calls.pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets",
+                              ServiceNamespace="sagemaker")
         policies, found = [], []
         for target in targets:
             resource_id = target["ResourceId"]  # endpoint/<name>/variant/<v> or inference-component/<name>
@@ -135,8 +137,10 @@ class Cleanup:
             for policy in calls.pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies",
                                       ServiceNamespace="sagemaker", ResourceId=resource_id):
                 policies.append(ManagedResource(kind="scaling-policy", name=policy["PolicyName"],
-                                                tags={"resource_id": resource_id, "dimension": policy["ScalableDimension"]}))
-            found.append(ManagedResource(kind="scalable-target", name=resource_id, tags={"dimension": target["ScalableDimension"]}))
+                                                tags={"resource_id": resource_id,
+                                                      "dimension": policy["ScalableDimension"]}))
+            found.append(ManagedResource(kind="scalable-target", name=resource_id,
+                                         tags={"dimension": target["ScalableDimension"]}))
         return policies + found
 
     def _alarms(self, prefix: str) -> list[ManagedResource]:
@@ -146,7 +150,8 @@ class Cleanup:
         found = []
         for alarm in alarms:
             alarm_tags = {t["Key"]: t["Value"] for t in
-                          self.calls.call("cloudwatch", "ListTagsForResource", ResourceARN=alarm["AlarmArn"]).get("Tags", [])}
+                          self.calls.call("cloudwatch", "ListTagsForResource",
+                                          ResourceARN=alarm["AlarmArn"]).get("Tags", [])}
             if alarm_tags.get(MANAGED) == "true":
                 found.append(ManagedResource(kind="alarm", name=alarm["AlarmName"], tags=alarm_tags))
         return found
@@ -155,8 +160,9 @@ class Cleanup:
         """Delete one resource `managed_resources` listed (endpoints with everything on them, waited)."""
         calls = self.calls
         if resource.kind == "scaling-policy":
-            calls.call("application-autoscaling", "DeleteScalingPolicy", PolicyName=resource.name, ServiceNamespace="sagemaker",
-                       ResourceId=resource.tags["resource_id"], ScalableDimension=resource.tags["dimension"])
+            calls.call("application-autoscaling", "DeleteScalingPolicy", PolicyName=resource.name,
+                       ServiceNamespace="sagemaker", ResourceId=resource.tags["resource_id"],
+                       ScalableDimension=resource.tags["dimension"])
         elif resource.kind == "scalable-target":
             calls.call("application-autoscaling", "DeregisterScalableTarget", ServiceNamespace="sagemaker",
                        ResourceId=resource.name, ScalableDimension=resource.tags["dimension"])
@@ -167,8 +173,8 @@ class Cleanup:
         elif resource.kind == "endpoint":
             self.delete_endpoint(resource.name, progress=progress)
         else:  # a config or model (one its endpoint's deletion took along is said to be gone, not deleted twice)
-            if not self._delete_named({"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind], resource.name,
-                                      progress):
+            if not self._delete_named({"endpoint-config": "EndpointConfig", "model": "Model"}[resource.kind],
+                                      resource.name, progress):
                 progress(f"{resource.kind} {resource.name} was already gone")
             return
         progress(f"deleted {resource.kind} {resource.name}")

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import time
 
-from tasks.backends.aws.hosting_calls import (COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies,
-                                              failure_reason)
+from tasks.backends.aws.hosting_calls import COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies, failure_reason
 from tasks.backends.aws.hosting_cleanup import Cleanup
 from tasks.backends.aws.hosting_describe import describe_component
-from tasks.backends.aws.hosting_requests import (VARIANT, component_request, endpoint_config_request, is_serverless,
-                                                 model_request, single_model, tags)
+from tasks.backends.aws.hosting_requests import (
+    VARIANT,
+    component_request,
+    endpoint_config_request,
+    is_serverless,
+    model_request,
+    single_model,
+    tags,
+)
 from tasks.backends.aws.service_model import request_applied
 from tasks.backends.aws.waiters import wait_for
 from tasks.backends.interfaces import DEPLOY_WAIT_S, ComponentSpec, LiveComponent, Progress
@@ -25,14 +31,16 @@ MODEL_COMPARED = ("PrimaryContainer", "ExecutionRoleArn", "EnableNetworkIsolatio
 
 
 class Deployer:
-    """Creates (or finds) what a component serves on and waits for it; a Failed leftover is replaced through `cleanup`."""
+    """Creates (or finds) what a component serves on and waits for it; a Failed leftover is replaced
+    through `cleanup`."""
 
     def __init__(self, calls: SageMakerCalls, cleanup: Cleanup):
         self.calls, self.cleanup = calls, cleanup
 
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:
-        """Model, endpoint config (MIG layout read back), endpoint and, except for single-model candidates, the component."""
+        """Model, endpoint config (MIG layout read back), endpoint and, except for single-model candidates,
+        the component."""
         role_arn = self.calls.backend.execution_role_arn
         on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
         model = model_request(component, spec, endpoint, placement, role_arn=role_arn)
@@ -44,9 +52,11 @@ class Deployer:
         self._ensure("EndpointConfig", config["EndpointConfigName"], config, ("ProductionVariants", "ExecutionRoleArn"))
         if placement.kind == "mig_partition":
             self._check_layout(config)
-        self._ensure_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id, progress=progress)
+        self._ensure_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id,
+                              progress=progress)
         if not single:
-            self._ensure_component(component_request(component, endpoint, spec, model["ModelName"]), progress, role=role)
+            request = component_request(component, endpoint, spec, model["ModelName"])
+            self._ensure_component(request, progress, role=role)
         live = describe_component(self.calls, endpoint, component)
         if live is None:
             raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="rerun the stage")
@@ -64,7 +74,8 @@ class Deployer:
         except NotFound:
             self.calls.sm(f"Create{kind}", **request)
             return
-        differs = [field for field in compared if field in request and not request_applied(live.get(field), request[field])]
+        differs = [field for field in compared if field in request
+                   and not request_applied(live.get(field), request[field])]
         if differs:
             raise Conflict(f"SageMaker {kind} {name} exists with other {', '.join(differs)} than this release asks for",
                            fix=f"its name derives from content, so someone changed it by hand: delete {name} and rerun")
@@ -81,7 +92,8 @@ class Deployer:
                 fix="upgrade botocore (>= 1.44 knows the MIG fields) and check the region supports MIG partitions; "
                     f"delete {config['EndpointConfigName']} before rerunning")
 
-    def _ensure_endpoint(self, endpoint: str, config: dict, placement, *, role: str, release_id: str, progress: Progress) -> None:
+    def _ensure_endpoint(self, endpoint: str, config: dict, placement, *, role: str, release_id: str,
+                         progress: Progress) -> None:
         """Create the endpoint (or find it by name), replace it when an earlier attempt left it Failed, and wait."""
         name = config["EndpointConfigName"]
         live = self.calls.describe_endpoint(endpoint)
@@ -97,9 +109,10 @@ class Deployer:
             if role == "production" and placement.kind == "serverless":
                 self._check_stays_serverless(endpoint, live)
             elif role == "production":
-                raise Conflict(f"production {endpoint} runs endpoint config {live.get('EndpointConfigName')}, not {name}: "
-                               "its placement changed, and a MIG layout cannot change on a running endpoint",
-                               fix="keep the production placement, or move production to a new endpoint (a new resource_prefix)")
+                raise Conflict(f"production {endpoint} runs endpoint config {live.get('EndpointConfigName')}, not "
+                               f"{name}: its placement changed, and a MIG layout cannot change on a running endpoint",
+                               fix="keep the production placement, or move production to a new endpoint "
+                                   "(a new resource_prefix)")
             if live.get("EndpointStatus") == "InService":
                 self._with_config("UpdateEndpoint", progress, EndpointName=endpoint, EndpointConfigName=name)
         deadline = getattr(placement, "provision_timeout_s", 0) + ENDPOINT_WAIT_S
@@ -109,18 +122,22 @@ class Deployer:
             reason = failure_reason(answer)
             if placement.kind == "instance_pool" and "capacity" in reason.lower():
                 tried = [p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)]
-                raise CapacityError(f"endpoint {endpoint}: no capacity in any instance pool; tried {', '.join(tried)}: {reason}",
-                                    fix="add instance types to placement.pools, raise provision_timeout_s, or retry later")
+                raise CapacityError(f"endpoint {endpoint}: no capacity in any instance pool; tried "
+                                    f"{', '.join(tried)}: {reason}",
+                                    fix="add instance types to placement.pools, raise provision_timeout_s, or "
+                                        "retry later")
             raise DeployFailed(f"endpoint {endpoint} is {(answer or {}).get('EndpointStatus')}: {reason}",
-                               fix="read the FailureReason and the endpoint's CloudWatch logs; teardown removes it, then rerun")
+                               fix="read the FailureReason and the endpoint's CloudWatch logs; teardown "
+                                   "removes it, then rerun")
 
     def _check_stays_serverless(self, endpoint: str, live: dict) -> None:
         """A serverless release's new endpoint config may replace a serverless one (UpdateEndpoint), never an
         instance-based one: SageMaker refuses to convert an instance-based endpoint to serverless
         (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html)."""
         if not is_serverless(self.calls.config_of(live) or {}):
-            raise Conflict(f"production {endpoint} is instance-based (endpoint config {live.get('EndpointConfigName')}), and "
-                           "SageMaker cannot turn an instance-based endpoint serverless",
+            raise Conflict(f"production {endpoint} is instance-based (endpoint config "
+                           f"{live.get('EndpointConfigName')}), and SageMaker cannot turn an instance-based "
+                           "endpoint serverless",
                            fix="keep the instance placement, or release under a new name (a new endpoint) and delete "
                                f"{endpoint} once callers have moved")
 
@@ -138,8 +155,8 @@ class Deployer:
                 if "Could not find endpoint configuration" not in exc.problem:
                     raise
                 if time.monotonic() + delay > deadline:
-                    raise NotReady(f"SageMaker {operation} of {params['EndpointName']} still does not find endpoint config "
-                                   f"{name} after {CONFIG_VISIBLE_S:g}s: {exc.problem}",
+                    raise NotReady(f"SageMaker {operation} of {params['EndpointName']} still does not find endpoint "
+                                   f"config {name} after {CONFIG_VISIBLE_S:g}s: {exc.problem}",
                                    fix=f"rerun the stage; if it persists, check that {name} exists in "
                                        f"{self.calls.backend.region}") from exc
                 progress(f"{operation}: endpoint config {name} is not visible to SageMaker yet; retrying in {delay:g}s")
@@ -158,33 +175,39 @@ class Deployer:
             live = None
         if live is not None and live["EndpointName"] != request["EndpointName"]:
             raise Conflict(f"inference component {component} already runs on endpoint {live['EndpointName']}",
-                           fix="component names are global to the account and region: delete it or change resource_prefix")
+                           fix="component names are global to the account and region: delete it or "
+                               "change resource_prefix")
         if live is not None and live.get("InferenceComponentStatus") in UNSETTLED:
-            progress(f"inference component {component} is {live['InferenceComponentStatus']}; waiting for it to end first")
+            progress(f"inference component {component} is {live['InferenceComponentStatus']}; waiting for it "
+                     "to end first")
             live = calls.settled(component, progress, deadline_s=COMPONENT_WAIT_S)
         failed = live is not None and live.get("InferenceComponentStatus") == "Failed"
         if failed and role == "candidate" and not current_copies(live):
-            progress(f"inference component {component} is Failed from an earlier attempt ({failure_reason(live)}); replacing it")
+            progress(f"inference component {component} is Failed from an earlier attempt "
+                     f"({failure_reason(live)}); replacing it")
             self.cleanup.delete_inference_component(component, progress)
             live = failed = None
         if live is None:
-            progress(f"inference component {component}: CreateInferenceComponent ({request['RuntimeConfig']['CopyCount']} copies)")
+            progress(f"inference component {component}: CreateInferenceComponent "
+                     f"({request['RuntimeConfig']['CopyCount']} copies)")
             calls.sm("CreateInferenceComponent", **request)
         else:
             same = (live.get("Specification", {}).get("ModelName") == request["Specification"]["ModelName"]
                     and live.get("RuntimeConfig", {}).get("DesiredCopyCount") == request["RuntimeConfig"]["CopyCount"])
             if failed:
                 progress(f"{role} inference component {component} is Failed ({failure_reason(live)}) with "
-                         f"{current_copies(live)} copies; updating it again (it is not deleted: its copies may still serve)")
+                         f"{current_copies(live)} copies; updating it again (it is not deleted: its copies may "
+                         "still serve)")
             if failed or not same:
-                progress(f"inference component {component}: UpdateInferenceComponent to {request['Specification']['ModelName']}")
+                progress(f"inference component {component}: UpdateInferenceComponent to "
+                         f"{request['Specification']['ModelName']}")
                 update = {k: request[k] for k in ("InferenceComponentName", "Specification", "RuntimeConfig")}
                 calls.sm("UpdateInferenceComponent", **update)
         state, answer = calls.wait(component, deadline_s=COMPONENT_WAIT_S, progress=progress)
         if state == "failure":
             reason, serving = failure_reason(answer), current_copies(answer)
             error = CapacityError if "capacity" in reason.lower() else DeployFailed
-            kept = (f"; it keeps {serving} copies of its previous model serving and is kept, not deleted: a rerun updates it "
-                    "again" if serving else "")
+            kept = (f"; it keeps {serving} copies of its previous model serving and is kept, not deleted: a rerun "
+                    "updates it again" if serving else "")
             raise error(f"inference component {component} failed: {reason}{kept}",
                         fix="check the copies fit the endpoint's partitions or instances, and the container logs")

@@ -1,5 +1,5 @@
-"""What serves on a SageMaker endpoint, read back: the placement it obtained, the live component (model, image, artifact,
-copies, failure) and the runtime invoker that reaches it."""
+"""What serves on a SageMaker endpoint, read back: the placement it obtained, the live component (model, image,
+artifact, copies, failure) and the runtime invoker that reaches it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from images.common.sagemaker_http import SERVING_ID_ENV
 from tasks.backends.aws.artifact_store import artifact_sha256
 from tasks.backends.aws.hosting_calls import SageMakerCalls
 from tasks.backends.aws.hosting_requests import RELEASE_TAG, is_serverless
+from tasks.backends.aws.invoke import RuntimeInvoker
 from tasks.backends.interfaces import LiveComponent, ModelRef, PlacementObtained
 from tasks.backends.placement import gpus_per_instance
 from tasks.errors import NotFound
@@ -19,7 +20,8 @@ def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
     requested = (config.get("ProductionVariants") or [{}])[0]
     if is_serverless(config):
         asked = requested["ServerlessConfig"]
-        return PlacementObtained(kind="serverless", requested=f"serverless {asked.get('MemorySizeInMB')} MB, max concurrency "
+        return PlacementObtained(kind="serverless",
+                                 requested=f"serverless {asked.get('MemorySizeInMB')} MB, max concurrency "
                                  f"{asked.get('MaxConcurrency')}, provisioned {asked.get('ProvisionedConcurrency', 0)}")
     ami = requested.get("InferenceAmiVersion")
     if requested.get("InstancePools"):
@@ -34,10 +36,12 @@ def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
         instances = variant.get("CurrentInstanceCount", 0)  # the layout is carved on every GPU of every instance
         gpus = gpus_per_instance(requested["InstanceType"]) if requested.get("InstanceType") else None
         return PlacementObtained(kind="mig_partition", requested=f"{len(layout)} x {layout[0]} per GPU",
-                                 instance_type=requested.get("InstanceType"), instance_count=instances, partition_type=layout[0],
-                                 partitions=len(layout) * (gpus or 1) * instances, ami_version=ami)
+                                 instance_type=requested.get("InstanceType"), instance_count=instances,
+                                 partition_type=layout[0], partitions=len(layout) * (gpus or 1) * instances,
+                                 ami_version=ami)
     return PlacementObtained(kind="instance_type", requested=requested.get("InstanceType", "unknown"),
-                             instance_type=requested.get("InstanceType"), instance_count=variant.get("CurrentInstanceCount", 0),
+                             instance_type=requested.get("InstanceType"),
+                             instance_count=variant.get("CurrentInstanceCount", 0),
                              ami_version=ami)
 
 
@@ -56,8 +60,10 @@ def describe_component(calls: SageMakerCalls, endpoint: str, component: str) -> 
         resolved = spec.get("Container", {}).get("DeployedImage", {}).get("ResolvedImage")
         failure = component_live.get("FailureReason")
     else:
-        variant = next((v for v in live_endpoint.get("ProductionVariants") or [] if v["VariantName"] == component), None)
-        requested = next((v for v in (config or {}).get("ProductionVariants", []) if v["VariantName"] == component), None)
+        variant = next(
+            (v for v in live_endpoint.get("ProductionVariants") or [] if v["VariantName"] == component), None)
+        requested = next(
+            (v for v in (config or {}).get("ProductionVariants", []) if v["VariantName"] == component), None)
         if variant is None and requested is None:
             return None
         model_name, status = (requested or {}).get("ModelName"), live_endpoint["EndpointStatus"]
@@ -75,8 +81,8 @@ def describe_component(calls: SageMakerCalls, endpoint: str, component: str) -> 
     sha = artifact_sha256(artifact_uri or "")
     ref = ModelRef(release_id=release, artifact_sha256=sha, image_digest=digest) if release and sha and digest else None
     placement = obtained_placement(live_endpoint, config or {})
-    return LiveComponent(endpoint=endpoint, component=component, status=status, image_digest=digest, artifact_uri=artifact_uri,
-                         artifact_sha256=sha, copies=copies,
+    return LiveComponent(endpoint=endpoint, component=component, status=status, image_digest=digest,
+                         artifact_uri=artifact_uri, artifact_sha256=sha, copies=copies,
                          environment={k: v for k, v in container.get("Environment", {}).items() if k != SERVING_ID_ENV},
                          placement=placement, model_ref=ref, failure_reason=failure)
 
@@ -84,8 +90,6 @@ def describe_component(calls: SageMakerCalls, endpoint: str, component: str) -> 
 def runtime_invoker(calls: SageMakerCalls, endpoint: str, component: str, *, timeout_s: float):
     """NotFound when the endpoint does not exist; the component is named unless it is the variant of a
     single-model endpoint (then SageMaker refuses the header), so an unknown component is SageMaker's 400."""
-    from tasks.backends.aws.invoke import RuntimeInvoker
-
     try:
         live = calls.sm("DescribeEndpoint", EndpointName=endpoint)
     except NotFound as exc:

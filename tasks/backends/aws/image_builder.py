@@ -23,12 +23,12 @@ import zipfile
 from tasks.backends.aws.base_images import docker_hub_note
 from tasks.backends.aws.published_images import resolve_published
 from tasks.backends.aws.service_model import request_applied
+from tasks.backends.image_source import SHARED_DIRS, pin_image_source
+from tasks.backends.interfaces import ImageRef, Progress
 from tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
 from tasks.families.base import AdoptedImageConfig
 from tasks.hashing import sha256_bytes
-from tasks.backends.image_source import SHARED_DIRS, pin_image_source
 from tasks.project import IMAGES_DIR
-from tasks.backends.interfaces import ImageRef, Progress
 
 BUILD_IMAGE = "aws/codebuild/standard:7.0"
 COMPUTE_TYPE = "BUILD_GENERAL1_LARGE"
@@ -38,7 +38,8 @@ DIGEST_URI = r"^{repo}@sha256:[0-9a-f]{{64}}$"
 
 
 def source_zip(kind: str) -> bytes:
-    """The Docker build context `images/` restricted to this image and the shared folders, byte for byte reproducible."""
+    """The Docker build context `images/` restricted to this image and the shared folders, byte for
+    byte reproducible."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for folder in (kind, *SHARED_DIRS):
@@ -99,7 +100,8 @@ class CodeBuildImageBuilder:
             "sourceTypeOverride": "S3",
             "sourceLocationOverride": f"{backend.bucket}/{source_key}",
             "buildspecOverride": f"{kind}/buildspec.yml",
-            "artifactsOverride": {"type": "S3", "location": backend.bucket, "path": f"{backend.key_prefix}/image-builds/{tag}",
+            "artifactsOverride": {"type": "S3", "location": backend.bucket,
+                                  "path": f"{backend.key_prefix}/image-builds/{tag}",
                                   "name": "image-detail", "packaging": "NONE", "namespaceType": "NONE"},
             "environmentVariablesOverride": [
                 {"name": name, "value": value, "type": "PLAINTEXT"}
@@ -138,8 +140,8 @@ class CodeBuildImageBuilder:
                 key = self.source_key(data)
                 self.store.put_bytes(data, key)
                 self._ensure_project()
-                running = self.aws.call("codebuild", "StartBuild",
-                                        **self.build_request(image.kind, tag, variant, image.base_image, key))["build"]["id"]
+                request = self.build_request(image.kind, tag, variant, image.base_image, key)
+                running = self.aws.call("codebuild", "StartBuild", **request)["build"]["id"]
             self._wait_build(running, tag, progress)
             digest = self._read_detail(tag)
         else:
@@ -155,7 +157,8 @@ class CodeBuildImageBuilder:
 
     def _check_repository(self) -> None:
         try:
-            repository = self.aws.call("ecr", "DescribeRepositories", repositoryNames=[self.backend.ecr_repository])["repositories"][0]
+            repository = self.aws.call("ecr", "DescribeRepositories",
+                                       repositoryNames=[self.backend.ecr_repository])["repositories"][0]
         except NotFound as exc:
             raise ConfigError(f"ECR repository {self.backend.ecr_repository} does not exist in {self.backend.region}",
                               fix="create it with image tag immutability on (see the README, On AWS)") from exc
@@ -163,7 +166,8 @@ class CodeBuildImageBuilder:
             raise ConfigError(
                 f"ECR repository {self.backend.ecr_repository} does not make every tag immutable "
                 f"({repository.get('imageTagMutability')}): a tag could later name other content",
-                fix=f"aws ecr put-image-tag-mutability --repository-name {self.backend.ecr_repository} --image-tag-mutability IMMUTABLE",
+                fix=f"aws ecr put-image-tag-mutability --repository-name {self.backend.ecr_repository} "
+                    "--image-tag-mutability IMMUTABLE",
             )
 
     def _digest_of_tag(self, tag: str) -> str | None:
@@ -192,13 +196,15 @@ class CodeBuildImageBuilder:
         except NotFound:
             return None  # no project yet, so no build
         for build in self.aws.call("codebuild", "BatchGetBuilds", ids=ids)["builds"] if ids else []:
-            variables = {v["name"]: v.get("value") for v in build.get("environment", {}).get("environmentVariables", [])}
+            variables = {v["name"]: v.get("value")
+                         for v in build.get("environment", {}).get("environmentVariables", [])}
             if build.get("buildStatus") == "IN_PROGRESS" and variables.get("IMAGE_TAG") == tag:
                 return build["id"]
         return None
 
     def _wait_build(self, build_id: str, tag: str, progress: Progress) -> None:
-        """Poll the build until it ends (deadline `build_timeout_s`); a failed build is fine if the tag got pushed anyway."""
+        """Poll the build until it ends (deadline `build_timeout_s`); a failed build is fine if the tag got
+        pushed anyway."""
         deadline = time.monotonic() + self.backend.build_timeout_s
         phase = None
         while True:
@@ -209,7 +215,8 @@ class CodeBuildImageBuilder:
             if build["buildStatus"] in TERMINAL_BUILD:
                 break
             if time.monotonic() > deadline:
-                raise NotReady(f"image build {build['id']} still {build['buildStatus']} after {self.backend.build_timeout_s}s",
+                raise NotReady(f"image build {build['id']} still {build['buildStatus']} after "
+                               f"{self.backend.build_timeout_s}s",
                                fix="raise backend.build_timeout_s, or look at the build's logs in CodeBuild")
             time.sleep(self.poll_s)
         if build["buildStatus"] != "SUCCEEDED" and self._digest_of_tag(tag) is None:
@@ -232,8 +239,8 @@ class CodeBuildImageBuilder:
         return digest
 
     def _confirm(self, digest: str, tag: str) -> int | None:
-        """The image is in ECR under `tag`; returns its `imageSizeInBytes` (compressed layers, None if ECR leaves it out:
-        https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_ImageDetail.html)."""
+        """The image is in ECR under `tag`; returns its `imageSizeInBytes` (compressed layers, None if ECR leaves it
+        out: https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_ImageDetail.html)."""
         try:
             details = self.aws.call("ecr", "DescribeImages", repositoryName=self.backend.ecr_repository,
                                     imageIds=[{"imageDigest": digest}])["imageDetails"]

@@ -49,14 +49,16 @@ from typing import Any
 
 from tasks.backends.aws.hosting_requests import tags
 from tasks.backends.aws.service_model import request_problems
-from tasks.ledger.events import (APPROVAL, APPROVED as APPROVED_EVENT, AWAITING_APPROVAL, PROMOTE, REJECTED as REJECTED_EVENT,
-                                 ROLLED_BACK, SUCCEEDED, TIMED_OUT, VALIDATE)
 from tasks.backends.interfaces import ReleaseFacts
 from tasks.errors import BadInput, Conflict, NotFound
-from tasks.ledger.records import R, STAGE_OF, Approval, Stamp, is_promotion, promotion, stage_payload
+from tasks.ledger.events import APPROVAL, AWAITING_APPROVAL, PROMOTE, ROLLED_BACK, SUCCEEDED, TIMED_OUT, VALIDATE
+from tasks.ledger.events import APPROVED as APPROVED_EVENT
+from tasks.ledger.events import REJECTED as REJECTED_EVENT
+from tasks.ledger.records import STAGE_OF, Approval, R, Stamp, is_promotion, promotion, stage_payload
 from tasks.ledger.stage_results import ImageResult, PackageResult, ValidateResult
 
-APPROVAL_RECORDS = frozenset((APPROVAL, event) for event in (AWAITING_APPROVAL, APPROVED_EVENT, REJECTED_EVENT, TIMED_OUT))
+APPROVAL_RECORDS = frozenset((APPROVAL, event)
+                             for event in (AWAITING_APPROVAL, APPROVED_EVENT, REJECTED_EVENT, TIMED_OUT))
 FOLLOWS = frozenset({(VALIDATE, SUCCEEDED), (PROMOTE, SUCCEEDED), (PROMOTE, ROLLED_BACK)}) | APPROVAL_RECORDS
 PENDING, APPROVED, REJECTED = "PendingManualApproval", "Approved", "Rejected"
 DESCRIPTION_PREFIX = "shiplift release "
@@ -103,7 +105,8 @@ def _decision_text(record, room: int = MAX_APPROVAL_DESCRIPTION - RECORD_SUFFIX_
     if record.event == AWAITING_APPROVAL:
         approvers = ", ".join(approval.approvers)
         head = f"gate pass: awaiting approval until {approval.deadline[:19]}Z by one of "
-        tail = f"; approve or reject this version (with a description), or `shiplift approve {record.release_id} --reason TEXT`"
+        tail = (f"; approve or reject this version (with a description), or "
+                f"`shiplift approve {record.release_id} --reason TEXT`")
         if len(head) + len(approvers) + len(tail) > room:
             approvers = f"the {len(approval.approvers)} approvers of promotion.approval"
         return PENDING, head + approvers + tail
@@ -155,7 +158,8 @@ def release_view(release_id: str, history: list) -> View | None:
         "shiplift:ledger-seq": str(record.seq),
         "shiplift:ledger-event": f"{record.stage}/{record.event}",
         "shiplift:gate-decision": gate.decision,
-        **{f"shiplift:gate-{name}": str(value) for name, value in sorted((gate.metrics or {}).items()) if value is not None},
+        **{f"shiplift:gate-{name}": str(value) for name, value in sorted((gate.metrics or {}).items())
+           if value is not None},
     }
     if gate.champion_release:
         metadata["shiplift:gate-champion"] = gate.champion_release
@@ -192,22 +196,25 @@ class SageMakerModelRegistry:
     def group_request(self, config) -> dict:
         """CreateModelPackageGroup of the model, tagged as shiplift's."""
         return {"ModelPackageGroupName": group_name(config),
-                "ModelPackageGroupDescription": f"shiplift releases of model {config.name} (a view of the release ledger)",
+                "ModelPackageGroupDescription": f"shiplift releases of model {config.name} "
+                                                "(a view of the release ledger)",
                 "Tags": tags(model=config.name)}
 
     @staticmethod
     def list_request(group: str) -> dict:
-        return {"ModelPackageGroupName": group, "SortBy": "CreationTime", "SortOrder": "Descending", "MaxResults": PAGE_SIZE}
+        return {"ModelPackageGroupName": group, "SortBy": "CreationTime", "SortOrder": "Descending",
+                "MaxResults": PAGE_SIZE}
 
-    def package_request(self, config, view: View, *, artifact_uri: str, image_uri: str, gate_report: dict | None) -> dict:
+    def package_request(self, config, view: View, *, artifact_uri: str, image_uri: str,
+                        gate_report: dict | None) -> dict:
         """CreateModelPackage of one release: pinned image and artifact, PendingManualApproval at first, the view's
         metadata, the gate report as ModelQuality statistics; ClientToken from the release, so a retried create is
         the same version."""
         placement = config.placement
         types = (sorted(p.instance_type for p in placement.pools) if placement.kind == "instance_pool"
                  else [] if placement.kind == "serverless" else [placement.instance_type])
-        container = {"Image": image_uri, "ImageDigest": view.metadata["shiplift:image-digest"], "ModelDataUrl": artifact_uri,
-                     "Environment": config.image.container_env()}
+        container = {"Image": image_uri, "ImageDigest": view.metadata["shiplift:image-digest"],
+                     "ModelDataUrl": artifact_uri, "Environment": config.image.container_env()}
         request = {
             "ModelPackageGroupName": group_name(config),
             "ModelPackageDescription": f"{DESCRIPTION_PREFIX}{view.release_id} of model {config.name}: artifact sha256 "
@@ -222,12 +229,14 @@ class SageMakerModelRegistry:
         }
         if gate_report and gate_report.get("uri", "").startswith("s3://"):
             request["ModelMetrics"] = {"ModelQuality": {"Statistics": {
-                "ContentType": "application/json", "S3Uri": gate_report["uri"], "ContentDigest": f"sha256:{gate_report['sha256']}"}}}
+                "ContentType": "application/json", "S3Uri": gate_report["uri"],
+                "ContentDigest": f"sha256:{gate_report['sha256']}"}}}
         return request
 
     @staticmethod
     def update_request(arn: str, view: View, live_metadata: dict[str, str]) -> dict:
-        """A complete UpdateModelPackage: status, description and every metadata key; keys the view dropped are removed."""
+        """A complete UpdateModelPackage: status, description and every metadata key; keys the view dropped
+        are removed."""
         request = {"ModelPackageArn": arn, "ModelApprovalStatus": view.status, "ApprovalDescription": view.description,
                    "CustomerMetadataProperties": dict(view.metadata)}
         stale = sorted(set(live_metadata) - set(view.metadata))
@@ -236,13 +245,15 @@ class SageMakerModelRegistry:
         return request
 
     def _checked(self, operation: str, request: dict, release_id: str) -> dict:
-        """The request, or BadInput naming every field SageMaker would refuse (lengths, counts, patterns): never truncated."""
+        """The request, or BadInput naming every field SageMaker would refuse (lengths, counts, patterns):
+        never truncated."""
         problems = request_problems("sagemaker", operation, request)
         if problems:
-            raise BadInput(f"the model registry view of {release_id} cannot be written, {operation} breaks SageMaker's limits: "
-                           + "; ".join(problems),
-                           fix="nothing was truncated and the ledger is unaffected: shorten the text it comes from (a promotion "
-                               "or rollback reason; the ledger keeps it whole), then rerun the release to repair the view")
+            raise BadInput(f"the model registry view of {release_id} cannot be written, {operation} breaks "
+                           f"SageMaker's limits: {'; '.join(problems)}",
+                           fix="nothing was truncated and the ledger is unaffected: shorten the text it comes from (a "
+                               "promotion or rollback reason; the ledger keeps it whole), then rerun the release to "
+                               "repair the view")
         return request
 
     # -- sync --------------------------------------------------------------------------------
@@ -273,9 +284,11 @@ class SageMakerModelRegistry:
     def apply(self, arn: str, live: dict, view: View) -> bool:
         """One complete UpdateModelPackage when the live version is not the view; False when it already is."""
         metadata = live.get("CustomerMetadataProperties") or {}
-        if (live.get("ModelApprovalStatus"), live.get("ApprovalDescription"), metadata) == (view.status, view.description, view.metadata):
+        if (live.get("ModelApprovalStatus"), live.get("ApprovalDescription"), metadata) == (
+                view.status, view.description, view.metadata):
             return False
-        self._sm("UpdateModelPackage", **self._checked("UpdateModelPackage", self.update_request(arn, view, metadata), view.release_id))
+        self._sm("UpdateModelPackage",
+                 **self._checked("UpdateModelPackage", self.update_request(arn, view, metadata), view.release_id))
         return True
 
     def sync(self, release: ReleaseFacts) -> dict | None:
@@ -288,9 +301,10 @@ class SageMakerModelRegistry:
         group = self.ensure_group(release.config)
         live = self.find(group, release.release_id)
         if live is None:
-            request = self.package_request(release.config, view, artifact_uri=release.artifact_uri, image_uri=release.image_uri,
-                                           gate_report=release.gate_report)
-            arn = self._sm("CreateModelPackage", **self._checked("CreateModelPackage", request, release.release_id))["ModelPackageArn"]
+            request = self.package_request(release.config, view, artifact_uri=release.artifact_uri,
+                                           image_uri=release.image_uri, gate_report=release.gate_report)
+            arn = self._sm("CreateModelPackage",
+                           **self._checked("CreateModelPackage", request, release.release_id))["ModelPackageArn"]
             live = {"ModelPackageArn": arn, "ModelApprovalStatus": PENDING, "CustomerMetadataProperties": view.metadata}
         changed = self.apply(live["ModelPackageArn"], live, view)
         superseded = previous_server(release.release_id, history)
@@ -340,7 +354,8 @@ class SageMakerModelRegistry:
         if (metadata.get("shiplift:release-id"), metadata.get("shiplift:config-hash")) != (
                 release.release_id, release.config.config_hash()):
             found["refused"] = (f"{arn} does not carry release {release.release_id}'s metadata "
-                                f"(shiplift:release-id {metadata.get('shiplift:release-id')!r}): not this release's version")
+                                f"(shiplift:release-id {metadata.get('shiplift:release-id')!r}): not this "
+                                "release's version")
         elif not principals:
             found["refused"] = f"the registry does not say who set {arn} {status} (no LastModifiedBy)"
         elif metadata.get("shiplift:ledger-record-sha256") != request.record_hash:
@@ -368,7 +383,8 @@ class SageMakerModelRegistry:
                 self.apply(live["ModelPackageArn"], live, view)
                 refused.append({"release_id": other, "model_package_arn": live["ModelPackageArn"],
                                 "status": live.get("ModelApprovalStatus"), "by": by[0] if by else None,
-                                "refused": f"release {other} does not await approval; its version is put back to {view.status}"})
+                                "refused": f"release {other} does not await approval; its version is put back to "
+                                           f"{view.status}"})
             if not page.get("NextToken"):
                 return refused
             params["NextToken"] = page["NextToken"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from tasks.backends.aws.session import ACCESS_DENIED, error_code
+from tasks.backends.aws.session import ACCESS_DENIED, error_code, partition
 from tasks.backends.interfaces import ImageRef, Progress
 from tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
 
@@ -30,8 +30,7 @@ def repository_uri(image, region: str) -> str:
 
 def repository_arn(image, region: str) -> str:
     """The publisher's repository as IAM names it (what the pipeline and execution roles are granted on)."""
-    partition = "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
-    return f"arn:{partition}:ecr:{region}:{image.registry_account(region)}:repository/{image.repository}"
+    return f"arn:{partition(region)}:ecr:{region}:{image.registry_account(region)}:repository/{image.repository}"
 
 
 def resolve_request(image, region: str) -> dict:
@@ -46,9 +45,10 @@ def resolve_published(aws, image, region: str, *, progress: Progress) -> ImageRe
     try:
         answer = aws.call("ecr", "BatchGetImage", **resolve_request(image, region))
     except NotFound as exc:
-        raise NotFound(f"{reference}: the registry {image.registry_account(region)} has no repository {image.repository} "
-                       f"in {region} ({exc.problem})",
-                       fix=f"deploy in a region where the image is published, or check the publisher's account for {region}") from exc
+        raise NotFound(f"{reference}: the registry {image.registry_account(region)} has no repository "
+                       f"{image.repository} in {region} ({exc.problem})",
+                       fix="deploy in a region where the image is published, or check the publisher's account "
+                           f"for {region}") from exc
     except ConfigError as exc:
         code, _, status = error_code(exc.__cause__)
         if not {code, str(status)} & ACCESS_DENIED:  # no credentials, a wrong region: already said as it should be
@@ -62,7 +62,8 @@ def resolve_published(aws, image, region: str, *, progress: Progress) -> ImageRe
         code, reason = failure.get("failureCode", "no image"), failure.get("failureReason", "ECR returned no image")
         if code == "ImageNotFound" or not failures:
             raise NotFound(f"{reference}: {image.repository} in {region} has no tag {image.tag} ({code}: {reason})",
-                           fix=f"set image.tag to a tag the publisher has in {region}, or deploy in a region that has it")
+                           fix=f"set image.tag to a tag the publisher has in {region}, or deploy in a region that "
+                               "has it")
         raise NotReady(f"{reference}: ECR could not return the image ({code}: {reason})",
                        fix="retry; if it persists, the failure code above says why")
     digest = images[0].get("imageId", {}).get("imageDigest", "")
@@ -70,9 +71,11 @@ def resolve_published(aws, image, region: str, *, progress: Progress) -> ImageRe
         raise IntegrityError(f"{reference}: ECR answered the digest {digest!r}, not sha256:<64 lowercase hex>",
                              fix="nothing was deployed; retry, and report it if it persists")
     if image.digest and digest != image.digest:
-        raise IntegrityError(f"{reference}: the tag moved: the config pins image.digest {image.digest}, ECR has {digest}",
-                             fix=f"update image.digest to {digest} once the new image is reviewed, or remove image.digest to "
-                                 "follow the tag (each release records the digest it resolved); nothing was deployed")
+        raise IntegrityError(f"{reference}: the tag moved: the config pins image.digest {image.digest}, "
+                             f"ECR has {digest}",
+                             fix=f"update image.digest to {digest} once the new image is reviewed, or remove "
+                                 "image.digest to follow the tag (each release records the digest it resolved); "
+                                 "nothing was deployed")
     uri = f"{repository_uri(image, region)}@{digest}"
     progress(f"image: {reference} is {uri}" + (" (the pinned image.digest)" if image.digest else ""))
     # size_bytes: BatchGetImage answers no imageSizeInBytes (an Image is its id and manifest, and an index or list

@@ -114,7 +114,7 @@ def _mark(value: Any, path: str, placeholders: dict[str, str], marked: dict[str,
             marked[path] = "; ".join(dict.fromkeys(found))
 
 
-def recording_session(plan: Plan, account: "FreshAccount"):
+def recording_session(plan: Plan, account: FreshAccount):
     """A boto3 Session whose clients validate and record each call in `plan` and answer it from `account`."""
     import boto3
     import botocore.session

@@ -26,7 +26,7 @@ _JAVA_ONLY = (
 _UTF16_SUPPLEMENTARY = r"\uD800\uDC00-\uDBFF\uDFFF"  # Java spells "every character above U+FFFF" as surrogate pairs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def service_model(service: str):
     """The installed botocore model of a service (`sagemaker`, `s3`, …), loaded once."""
     import botocore.session
@@ -35,10 +35,11 @@ def service_model(service: str):
     try:
         return botocore.session.get_session().get_service_model(service)
     except UnknownServiceError as exc:
-        raise BadInput(f"botocore has no service {service!r}", fix="use a service name such as sagemaker or s3") from exc
+        raise BadInput(f"botocore has no service {service!r}",
+                       fix="use a service name such as sagemaker or s3") from exc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(pattern: str) -> regex.Pattern:
     """A model pattern as a `regex` pattern: Java-only classes spelled out, `\\z` as `\\Z`."""
     pattern = pattern.replace(_UTF16_SUPPLEMENTARY, r"\U00010000-\U0010FFFF")
@@ -82,7 +83,8 @@ def request_problems(service: str, operation: str, params: dict[str, Any]) -> li
     if shape is None:
         return [] if not params else [f"{operation} takes no parameters, got {sorted(params)}"]
     report = ParamValidator().validate(params, shape)
-    problems = [line.strip() for line in report.generate_report().splitlines() if line.strip()] if report.has_errors() else []
+    problems = [line.strip() for line in report.generate_report().splitlines()
+                if line.strip()] if report.has_errors() else []
     _walk(shape, params, "", problems)
     return list(dict.fromkeys(problems))
 
@@ -92,7 +94,8 @@ def validate_request(service: str, operation: str, params: dict[str, Any]) -> No
     problems = request_problems(service, operation, params)
     if problems:
         raise BadInput(
-            f"{service} {operation_name(service, operation)} would be refused by the service model: " + "; ".join(problems),
+            f"{service} {operation_name(service, operation)} would be refused by the service model: "
+            + "; ".join(problems),
             fix="correct the config values these parameters come from",
         )
 
@@ -120,6 +123,13 @@ def _walk(shape, value: Any, path: str, problems: list[str]) -> None:
             _walk(shape.key, key, f"{path} key {key!r}", problems)
             _walk(shape.value, item, f"{path}[{key!r}]", problems)
         return
+    _check_scalar(shape, value, where, problems)
+
+
+def _check_scalar(shape, value: Any, where: str, problems: list[str]) -> None:
+    """A string's, number's or blob's limits: its length or value, enum and pattern."""
+    meta = shape.metadata
+    kind = shape.type_name
     if kind == "string" and isinstance(value, str):
         if "max" in meta and len(value) > meta["max"]:
             problems.append(f"{where}: {len(value)} characters, at most {meta['max']} allowed")
@@ -129,7 +139,8 @@ def _walk(shape, value: Any, path: str, problems: list[str]) -> None:
         if "pattern" in meta and not _compiled(meta["pattern"]).fullmatch(value):
             problems.append(f"{where}: {value!r} does not match the pattern {meta['pattern']}")
         return
-    if kind in ("integer", "long", "float", "double") and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if (kind in ("integer", "long", "float", "double") and isinstance(value, (int, float))
+            and not isinstance(value, bool)):
         if "max" in meta and value > meta["max"]:
             problems.append(f"{where}: {value} is above the maximum {meta['max']}")
         return
@@ -142,5 +153,6 @@ def request_applied(live: Any, wanted: Any) -> bool:
     if isinstance(wanted, dict):
         return isinstance(live, dict) and all(request_applied(live.get(k), v) for k, v in wanted.items())
     if isinstance(wanted, list):
-        return isinstance(live, list) and len(live) == len(wanted) and all(request_applied(a, b) for a, b in zip(live, wanted))
+        return (isinstance(live, list) and len(live) == len(wanted)
+                and all(request_applied(a, b) for a, b in zip(live, wanted, strict=True)))
     return live == wanted

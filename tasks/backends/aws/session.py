@@ -16,38 +16,44 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from tasks.backends.aws.service_model import operation_name, validate_request
 from tasks.errors import BadInput, CapacityError, ConfigError, Conflict, NotFound, NotReady, ShipliftError, Throttled
 
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
 MAX_ATTEMPTS = 5
-THROTTLING = {"Throttling", "ThrottlingException", "ThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
-              "SlowDown", "RequestThrottled", "RequestThrottledException", "ProvisionedThroughputExceededException"}
+THROTTLING = {"Throttling", "ThrottlingException", "ThrottledException", "TooManyRequestsException",
+              "RequestLimitExceeded", "SlowDown", "RequestThrottled", "RequestThrottledException",
+              "ProvisionedThroughputExceededException"}
 NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "ResourceNotFound", "ResourceNotFoundException",
              "RepositoryNotFoundException", "ImageNotFoundException", "ResourceNotFoundFault", "NoSuchEntity",
              "NotFoundException"}
 CONFLICT = {"ConflictException", "ResourceInUse", "ResourceInUseException", "ResourceAlreadyExistsException",
-            "PreconditionFailed", "412", "ResourceAlreadyExists", "AlreadyExistsException", "ImageAlreadyExistsException",
-            "ImageTagAlreadyExistsException", "409"}
+            "PreconditionFailed", "412", "ResourceAlreadyExists", "AlreadyExistsException",
+            "ImageAlreadyExistsException", "ImageTagAlreadyExistsException", "409"}
 # S3's 409 to a conditional write (If-None-Match) racing another conditional write of the key: retry it, it is no
 # Conflict (https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutObject.html; 412 PreconditionFailed: the key exists)
 WRITE_RACED = {"ConditionalRequestConflict"}
 CAPACITY = {"InsufficientCapacity", "InsufficientInstanceCapacity", "CapacityError", "LimitExceededException"}
 QUOTA = {"ResourceLimitExceeded", "AccountLimitExceededException", "ServiceQuotaExceededException"}
 CREDENTIALS = {"UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException",
-               "InvalidSignatureException", "SignatureDoesNotMatch", "AuthFailure", "InvalidAccessKeyId", "MissingAuthenticationToken"}
+               "InvalidSignatureException", "SignatureDoesNotMatch", "AuthFailure", "InvalidAccessKeyId",
+               "MissingAuthenticationToken"}
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException", "AccessDeniedFault", "UnauthorizedOperation", "403"}
 WRONG_REGION = {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException", "301"}
-SERVER_SIDE = {"InternalFailure", "InternalServerError", "InternalError", "ServiceUnavailable", "ServiceUnavailableException",
-               "ServerException", "InternalServiceError", "InternalDependencyException", "503", "500"}
+SERVER_SIDE = {"InternalFailure", "InternalServerError", "InternalError", "ServiceUnavailable",
+               "ServiceUnavailableException", "ServerException", "InternalServiceError", "InternalDependencyException",
+               "503", "500"}
 
 
 @dataclass(frozen=True)
 class AwsAccess:
-    """Where credentials and endpoints come from: a boto3 session (an Airflow connection's, say) and an endpoint override."""
+    """Where credentials and endpoints come from: a boto3 session (an Airflow connection's, say) and an
+    endpoint override."""
 
     session: Any = None
     endpoint_url: str | None = None
@@ -82,7 +88,8 @@ class Aws:
         try:
             return boto3.Session(profile_name=self.profile, region_name=self.region), access.endpoint_url
         except ProfileNotFound as exc:
-            raise ConfigError(f"AWS profile {self.profile!r} is not configured", fix="set backend.profile to a profile in ~/.aws/config, "
+            raise ConfigError(f"AWS profile {self.profile!r} is not configured",
+                              fix="set backend.profile to a profile in ~/.aws/config, "
                               "or leave it unset to use the default credential chain") from exc
 
     def client(self, service: str, *, read_timeout_s: float | None = None, max_attempts: int = MAX_ATTEMPTS):
@@ -102,8 +109,6 @@ class Aws:
 
     def call(self, service: str, operation: str, **params: Any) -> dict:
         """Validate, send and map errors: the only way the aws backend talks to AWS."""
-        from tasks.backends.aws.service_model import operation_name, validate_request
-
         name = operation_name(service, operation)
         validate_request(service, name, params)
         for listener in self.listeners:
@@ -117,6 +122,11 @@ class Aws:
             raise domain_error(exc, service, name, self.region) from exc
 
 
+def partition(region: str) -> str:
+    """The ARN partition of a region (China and GovCloud have their own)."""
+    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
 def write_raced(error: BaseException) -> bool:
     """Whether a domain error is S3's 409 ConditionalRequestConflict (see WRITE_RACED): the write may be retried."""
     return isinstance(error, NotReady) and any(f": {code}: " in error.problem for code in WRITE_RACED)
@@ -126,7 +136,8 @@ def error_code(exc: Exception) -> tuple[str, str, int | None]:
     """(code, message, HTTP status) of a botocore ClientError."""
     response = getattr(exc, "response", {}) or {}
     error = response.get("Error", {})
-    return str(error.get("Code", "")), str(error.get("Message", "")), response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return str(error.get("Code", "")), str(error.get("Message", "")), status
 
 
 def domain_error(exc: Exception, service: str, operation: str, region: str) -> ShipliftError:
@@ -134,40 +145,51 @@ def domain_error(exc: Exception, service: str, operation: str, region: str) -> S
     from botocore import exceptions as bce
 
     where = f"{service} {operation}"
+    if isinstance(exc, bce.ClientError):
+        return _answer_error(exc, where, region)
     if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError, bce.CredentialRetrievalError,
                         bce.TokenRetrievalError, bce.SSOError)):
         return ConfigError(f"{where}: no usable AWS credentials ({exc})",
-                           fix="configure the credential chain (AWS_PROFILE, SSO login, an instance role) or, in Airflow, "
-                               "the aws_default connection; nothing was created")
+                           fix="configure the credential chain (AWS_PROFILE, SSO login, an instance role) or, in "
+                               "Airflow, the aws_default connection; nothing was created")
     if isinstance(exc, bce.NoRegionError):
         return ConfigError(f"{where}: no AWS region", fix="set backend.region in the release config")
-    if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError, bce.ConnectionClosedError)):
-        return NotReady(f"{where}: could not reach AWS in {region}: {exc}", fix="check the network path to AWS and retry")
+    if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError,
+                        bce.ConnectionClosedError)):
+        return NotReady(f"{where}: could not reach AWS in {region}: {exc}",
+                        fix="check the network path to AWS and retry")
     if isinstance(exc, bce.ParamValidationError):
         return BadInput(f"{where}: {exc}", fix="correct the request parameters")
-    if not isinstance(exc, bce.ClientError):
-        return NotReady(f"{where}: {type(exc).__name__}: {exc}", fix="retry; report it if it persists")
+    return NotReady(f"{where}: {type(exc).__name__}: {exc}", fix="retry; report it if it persists")
+
+
+def _answer_error(exc: Exception, where: str, region: str) -> ShipliftError:  # noqa: C901 — a first-match table
+    """The domain error for AWS's error answer (a ClientError), by its code, HTTP status and message; the checks are
+    an ordered table (a code may match a set and a message test), so they read best as one chain."""
     code, message, status = error_code(exc)
     text = f"{where}: {code}: {message}"
     codes = {code, str(status)}
     if codes & THROTTLING:
-        return Throttled(f"{text} (still throttled after botocore's bounded retries)", fix="retry later, or raise the API quota")
+        return Throttled(f"{text} (still throttled after botocore's bounded retries)",
+                         fix="retry later, or raise the API quota")
     if codes & QUOTA:
-        return ConfigError(text, fix="a service quota is exhausted: ask for more in Service Quotas (the message names the "
-                                     "resource), or delete what is left over (`shiplift cleanup CONFIG --list`)")
+        return ConfigError(text, fix="a service quota is exhausted: ask for more in Service Quotas (the message names "
+                                     "the resource), or delete what is left over (`shiplift cleanup CONFIG --list`)")
     if codes & CREDENTIALS:
         return ConfigError(f"{text}", fix="the credentials are invalid or expired: refresh them; nothing was created")
     if codes & ACCESS_DENIED:
         return ConfigError(f"{text}", fix="grant the permission (`shiplift iam` writes the policies the release needs)")
-    if codes & WRONG_REGION or "wrong region" in message.lower() or "expecting" in message.lower() and "region" in message.lower():
+    lowered = message.lower()
+    if codes & WRONG_REGION or "wrong region" in lowered or "expecting" in lowered and "region" in lowered:
         return ConfigError(f"{text}", fix=f"the resource is not in {region}: set backend.region to its region")
     if codes & WRITE_RACED:
         return NotReady(text, fix="another conditional write of the same key was in progress; retry the write")
     if codes & NOT_FOUND or message.startswith("Could not find") or "does not exist" in message:
         return NotFound(text, fix="create it first, or check the name and the region")
     if codes & CONFLICT or "already exist" in message:
-        return Conflict(text, fix="a resource of that name exists with other content; rerun to reuse it or pick another name")
-    if codes & CAPACITY or "capacity" in message.lower():
+        return Conflict(text,
+                        fix="a resource of that name exists with other content; rerun to reuse it or pick another name")
+    if codes & CAPACITY or "capacity" in lowered:
         return CapacityError(text, fix="try other instance types, another region, or ask for a quota increase")
     if codes & SERVER_SIDE or (status or 0) >= 500:
         return NotReady(text, fix="AWS reported a server-side error; retry")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jmespath
 
-from tasks.errors import NotReady, ShipliftError
 from tasks.backends.interfaces import Progress
+from tasks.errors import NotReady, ShipliftError
 
 
 @functools.lru_cache(maxsize=1)
@@ -50,7 +50,8 @@ def wait_for(aws, name: str, params: dict, *, deadline_s: float, poll_s: float, 
         state = next((a["state"] for a in model["acceptors"] if _matches(a, response, error)), None)
         if error is not None and state is None:
             raise error
-        status = jmespath.search(status_path, response) if response is not None and status_path else type(error).__name__
+        status = jmespath.search(status_path,
+                                 response) if response is not None and status_path else type(error).__name__
         if status != last_status:
             progress(f"{what}: {status}")
             last_status = status

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
-
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -21,10 +20,11 @@ class LocalBackend(Strict):
         "checkpoint (an RFC 9162-style witness); default $SHIPLIFT_CHECKPOINT_WITNESS, else none")
 
     @model_validator(mode="after")
-    def _witness_is_held_apart(self) -> "LocalBackend":
+    def _witness_is_held_apart(self) -> LocalBackend:
         if self.checkpoint_witness is not None:
             witness, state = (Path(p).expanduser().resolve() for p in (self.checkpoint_witness, self.state_dir))
             if witness == state or state in witness.parents:
-                raise ValueError(f"backend.checkpoint_witness {witness} is inside backend.state_dir {state}: a witness "
-                                 "there is cut back with the log it should catch; name a folder on another disk or host")
+                raise ValueError(f"backend.checkpoint_witness {witness} is inside backend.state_dir {state}: a "
+                                 "witness there is cut back with the log it should catch; name a folder on another "
+                                 "disk or host")
         return self

@@ -18,12 +18,18 @@ import sys
 import time
 import uuid
 
-from tasks.errors import BadInput, CapacityError, NotFound, NotReady
-from tasks.backends.local.endpoint_state import (ComponentState, CopyRef, EndpointState, ProcessSpec, record_in_flight,
-                                                 serving_env)
+from tasks.backends.local.endpoint_state import (
+    ComponentState,
+    CopyRef,
+    EndpointState,
+    ProcessSpec,
+    record_in_flight,
+    serving_env,
+)
 from tasks.backends.local.loopback_http import answers_ping, free_port, ping_status
 from tasks.backends.local.process_table import OWNER_ENV, POLL_S, log_tail, process_start_ticks, still_running
 from tasks.backends.local.supervised_router import SupervisedRouter
+from tasks.errors import BadInput, CapacityError, NotFound, NotReady
 
 
 class CopyLifecycle(SupervisedRouter):
@@ -47,7 +53,8 @@ class CopyLifecycle(SupervisedRouter):
             f"in rotation; starting {missing}\n"
         )
         # the copies left out are dead or out of rotation: nothing to drain from them
-        self.shift(state, component, comp.spec, missing, [c for c in comp.copies if c not in keep], (ready_timeout_s, 0.0))
+        self.shift(state, component, comp.spec, missing, [c for c in comp.copies if c not in keep],
+                   (ready_timeout_s, 0.0))
 
     def shift(
         self, state: EndpointState, component: str, spec: ProcessSpec, count: int, retire: list[CopyRef],
@@ -89,7 +96,8 @@ class CopyLifecycle(SupervisedRouter):
             if not busy:
                 return
             if time.monotonic() > deadline:
-                sys.stderr.write(f"endpoint {state.name}: {sorted(busy)} still busy after {timeout_s:g}s of draining; stopping them\n")
+                sys.stderr.write(f"endpoint {state.name}: {sorted(busy)} still busy after {timeout_s:g}s of "
+                                 "draining; stopping them\n")
                 return
             time.sleep(POLL_S)
 
@@ -148,8 +156,9 @@ class CopyLifecycle(SupervisedRouter):
                             fix="free memory/process slots and retry",
                         ) from exc
                     procs.append(proc)
-                    started.append(CopyRef(pid=proc.pid, start_ticks=process_start_ticks(proc.pid), log=str(log), port=port,
-                                           url=f"http://127.0.0.1:{port}", spec_sha256=spec.sha256(), component=component))
+                    started.append(CopyRef(pid=proc.pid, start_ticks=process_start_ticks(proc.pid), log=str(log),
+                                           port=port, url=f"http://127.0.0.1:{port}", spec_sha256=spec.sha256(),
+                                           component=component))
                     record_in_flight(state, component, pending=started)
                     self.commit(state, component)
             self._wait_ready(component, procs, started, ready_timeout_s)

@@ -11,12 +11,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.errors import BadInput
-from tasks.hashing import canonical_json, sha256_json
+from images.common.sagemaker_http import SERVING_ID_ENV
 from tasks.backends.interfaces import ComponentSpec, ScaleToZeroPlan
 from tasks.backends.local.room import Claim, EndpointRoom, need_of
 from tasks.backends.local.router_model import name_problem
-from images.common.sagemaker_http import SERVING_ID_ENV
+from tasks.errors import BadInput
+from tasks.hashing import canonical_json, sha256_json
 
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 MAX_COPIES = 64
@@ -238,7 +238,8 @@ def held_beside(state: EndpointState, component: str, unit: str) -> float:
     held = 0.0
     for name in (set(state.components) | set(state.claims)) - {component}:
         comp, claim = state.components.get(name), state.claims.get(name)
-        held += max(_runs(comp, unit), claim.copies * claim.per_copy if claim is not None and claim.unit == unit else 0.0)
+        held += max(_runs(comp, unit), claim.copies * claim.per_copy if claim is not None
+                    and claim.unit == unit else 0.0)
     return held
 
 
@@ -247,6 +248,7 @@ def _runs(comp: ComponentState | None, unit: str) -> float:
     larger need of its spec and the spec it is leaving."""
     if comp is None:
         return 0.0
-    needs = [need.per_copy for need in (need_of(spec.neutral) for spec in (comp.spec, comp.previous) if spec is not None)
+    needs = [need.per_copy
+             for need in (need_of(spec.neutral) for spec in (comp.spec, comp.previous) if spec is not None)
              if need is not None and need.unit == unit]
     return max(comp.wanted, len(comp.copies)) * max(needs) if needs else 0.0

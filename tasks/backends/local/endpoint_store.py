@@ -18,15 +18,15 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from pydantic import ValidationError
 
-from tasks.errors import Conflict, IntegrityError, NotFound
 from tasks.atomic import write_json_atomic
 from tasks.backends.local.endpoint_state import CopyRef, EndpointInfo, EndpointState, check_name, record_in_flight
 from tasks.backends.local.process_table import POLL_S, stop_processes
+from tasks.errors import Conflict, IntegrityError, NotFound
 
 
 class EndpointStore:
@@ -145,7 +145,8 @@ class EndpointStore:
                 if not wait:
                     yield "busy"
                     return
-                raise Conflict(f"{what} is being changed by another command (waited {self.lock_timeout_s:g}s for its lock)",
+                raise Conflict(f"{what} is being changed by another command (waited {self.lock_timeout_s:g}s for "
+                               "its lock)",
                                fix="wait for the other command to finish, then retry")
             self._held[key] = threading.get_ident()
             try:

@@ -1,28 +1,23 @@
 """The local backend's hosting: a neutral component spec turned into model-server processes on loopback.
 
-`LoopbackHosting` implements `tasks.backends.interfaces.Hosting` over `tasks.backends.local.supervisor.ProcessSupervisor`
-(router and copy processes) and `tasks.backends.local.rollout` (their rolling updates): it extracts the artifact from
-the local store once per sha256, runs the image's own `server.py` with the spec's container environment plus the model
-folder, host and port, and reads back what serves as a `LiveComponent`. A production endpoint that several models
-share (`placement.endpoint`) holds only the copies its placement's instances hold, counted as on aws
-(`tasks.backends.local.room`): a deploy, update or scale that would not fit is refused before anything changes. `ScratchServer` serves a model folder that
-is not an artifact yet (calibration, before the image is pinned) on this worker, on both backends.
+`LoopbackHosting` implements `tasks.backends.interfaces.Hosting` over
+`tasks.backends.local.supervisor.ProcessSupervisor` (router and copy processes) and `tasks.backends.local.rollout`
+(their rolling updates): it extracts the artifact from the local store once per sha256, runs the image's own `server.py`
+with the spec's container environment plus the model folder, host and port, and reads back what serves as a
+`LiveComponent`. A production endpoint that several models share (`placement.endpoint`) holds only the copies its
+placement's instances hold, counted as on aws (`tasks.backends.local.room`): a deploy, update or scale that would not
+fit is refused before anything changes. `ScratchServer` serves a model folder that is not an artifact yet (calibration,
+before the image is pinned) on this worker, on both backends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from tasks.errors import Conflict, NotFound
-from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.room import room_of
-from tasks.backends.local.endpoint_state import ProcessSpec, ServerlessEmulation
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.placement import SERVERLESS_STARTUP_S
+from tasks.artifacts.packaging import safe_extract
 from tasks.backends.image_source import server_command
-from tasks.backends.local.process_image import local_image_kind
 from tasks.backends.interfaces import (
     Bake,
     ComponentMetrics,
@@ -38,6 +33,14 @@ from tasks.backends.interfaces import (
     RolloutStep,
     ScaleToZeroPlan,
 )
+from tasks.backends.local.endpoint_state import ProcessSpec, ServerlessEmulation
+from tasks.backends.local.process_image import local_image_kind
+from tasks.backends.local.rollout import roll_out
+from tasks.backends.local.room import room_of
+from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.backends.placement import SERVERLESS_STARTUP_S
+from tasks.errors import Conflict, NotFound
+from tasks.families.registry import env_prefix
 from validation.transport import HttpInvoker
 
 # How long a local serverless component keeps its copy after its last request. SageMaker does not document how long a
@@ -47,8 +50,6 @@ LOCAL_SERVERLESS_IDLE_S = 60
 def process_spec(kind: str, model_dir: Path, environment: dict[str, str], *, copies: int, model_ref: dict,
                  neutral: dict | None = None) -> ProcessSpec:
     """Run image `kind`'s server on a model folder: the container environment plus folder and loopback host."""
-    from tasks.families.registry import env_prefix
-
     prefix = env_prefix(kind)  # the model family that serves this image names its server's variables
     env = {**environment, f"{prefix}_MODEL_DIR": str(model_dir), f"{prefix}_HOST": "127.0.0.1"}
     return ProcessSpec(command=server_command(kind), env=env, copies=copies, port_env=f"{prefix}_PORT",
@@ -67,8 +68,6 @@ class LoopbackHosting:
 
     def model_dir(self, artifact_uri: str, artifact_sha256: str) -> Path:
         """The artifact extracted once into `models/<sha256>/` (safe extraction, manifest verified)."""
-        from tasks.artifacts.packaging import safe_extract
-
         target = self.models_dir / artifact_sha256
         if not target.is_dir():
             safe_extract(self.store.get(artifact_uri), target)
@@ -95,7 +94,8 @@ class LoopbackHosting:
             self._emulate_serverless(endpoint, component, placement, progress)
         live = self.describe(endpoint, component)
         if live is None:
-            raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="another command removed it; rerun the stage")
+            raise NotFound(f"{endpoint}/{component} vanished right after its deploy",
+                           fix="another command removed it; rerun the stage")
         return live
 
     def _prepare_endpoint(self, endpoint: str, placement) -> None:
@@ -122,7 +122,8 @@ class LoopbackHosting:
         provisioned concurrency, it starts with no copy, so its first request is a cold start, as on SageMaker."""
         warm = placement.provisioned_concurrency is not None
         plan = ScaleToZeroPlan(max_copies=1, idle_s=LOCAL_SERVERLESS_IDLE_S, invocations_per_copy=1.0)
-        emulation = ServerlessEmulation(hold_s=SERVERLESS_STARTUP_S, max_concurrency=placement.max_concurrency, warm=warm)
+        emulation = ServerlessEmulation(hold_s=SERVERLESS_STARTUP_S, max_concurrency=placement.max_concurrency,
+                                        warm=warm)
         self.processes.set_scaling(endpoint, component, plan, emulation)
         if not warm and self.processes.scale(endpoint, component, 0):
             progress(f"{endpoint}/{component}: serverless, no compute until the first request")
@@ -154,7 +155,8 @@ class LoopbackHosting:
             except Exception as exc:
                 if not alarm:
                     raise  # stops the rollout here; a rerun resumes it
-                progress(f"{endpoint}/{component}: WARNING the alarm's verdict was not recorded ({exc}); rolling back anyway")
+                progress(f"{endpoint}/{component}: WARNING the alarm's verdict was not recorded ({exc}); rolling "
+                         "back anyway")
             return alarm
 
         def rolled_back(step: RolloutStep) -> None:
@@ -192,7 +194,8 @@ class LoopbackHosting:
             environment=neutral.get("environment", {}),
             copies=1 if entry["serverless"] and status == "InService" else len(serving),  # compute per request
             placement=PlacementObtained(kind="local-process", instance_count=len(serving), requested=(
-                f"local serverless, max concurrency {entry['serverless']['max_concurrency']}" if entry["serverless"] else "local")),
+                f"local serverless, max concurrency {entry['serverless']['max_concurrency']}"
+                if entry["serverless"] else "local")),
             model_ref=ModelRef.model_validate(ref) if set(ref) == set(ModelRef.model_fields) else None,
         )
 
@@ -282,7 +285,8 @@ class ScratchServer:
     @contextmanager
     def serve(self, image, model_dir: Path, name: str) -> Iterator[HttpInvoker]:
         """Run the image's server on the folder for the block; the endpoint is removed afterwards."""
-        spec = process_spec(image.kind, model_dir, image.container_env(cpu_only=True), copies=1, model_ref={"purpose": name})
+        spec = process_spec(image.kind, model_dir, image.container_env(cpu_only=True), copies=1,
+                            model_ref={"purpose": name})
         self.processes.ensure_endpoint(name)
         try:
             self.processes.put_component(name, "model", spec)

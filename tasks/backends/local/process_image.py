@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 
-from tasks.errors import BadInput, ConfigError
-from tasks.hashing import sha256_json
-from tasks.project import IMAGES_DIR
 from tasks.backends.image_source import image_listing, pin_image_source
 from tasks.backends.interfaces import ImageRef, Progress
+from tasks.errors import BadInput, ConfigError
+from tasks.families.base import AdoptedImageConfig
+from tasks.hashing import sha256_json
+from tasks.project import IMAGES_DIR
 
 
 def adopt_local_image(image) -> ImageRef:
@@ -34,8 +35,6 @@ class LocalImageBuilder:
     stand-in is pinned the same way."""
 
     def build(self, image, *, progress: Progress) -> ImageRef:
-        from tasks.families.base import AdoptedImageConfig
-
         if isinstance(image, AdoptedImageConfig):
             ref = adopt_local_image(image)
             progress(f"image: {ref.uri} (local stand-in of {ref.base_image}, {ref.files} files)")
@@ -49,7 +48,8 @@ def local_image_kind(image_uri: str) -> str:
     """The image folder a local process image runs (`local/<kind>@sha256:…`); BadInput for any other image."""
     match = re.match(r"^local/([a-z0-9_-]+)@sha256:[0-9a-f]{64}$", image_uri)
     if not match or not (IMAGES_DIR / match[1] / "server.py").is_file():
-        raise BadInput(f"{image_uri!r} is not a local process image", fix="the local backend runs images built by LocalImageBuilder")
+        raise BadInput(f"{image_uri!r} is not a local process image",
+                       fix="the local backend runs images built by LocalImageBuilder")
     return match[1]
 
 

@@ -11,12 +11,12 @@ a shared endpoint scale, wake from zero, roll out and roll back while this one b
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from tasks.errors import BadInput, NotFound
 from tasks.backends.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
-from tasks.backends.local.endpoint_state import EndpointState, ProcessSpec, check_name
+from tasks.backends.local.endpoint_state import ComponentState, EndpointState, ProcessSpec, check_name
 from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.errors import BadInput, NotFound
 
 
 def roll_out(
@@ -54,16 +54,13 @@ def roll_out(
                 fix="deploy it first (put_component), then roll out the next spec",
             )
         if comp.previous is not None and comp.spec_sha256 != digest:
-            progress(f"{endpoint}/{component}: rolling back an interrupted rollout to spec {comp.spec_sha256[:12]} first")
+            progress(f"{endpoint}/{component}: rolling back an interrupted rollout to spec "
+                     f"{comp.spec_sha256[:12]} first")
             _roll_back(supervisor, state, component, plan, timeouts, [], progress)
         if comp.previous is None and supervisor.serves(comp, digest, spec.copies):
             return RolloutResult(status="unchanged")
         supervisor.claim(state, component, spec, peak_copies(plan, (comp.previous or comp.spec).copies, spec.copies))
-        if comp.previous is None:
-            for copy in comp.copies:
-                copy.spec_sha256 = copy.spec_sha256 or comp.spec_sha256
-            comp.previous, comp.spec, comp.spec_sha256 = comp.spec, spec, digest
-            supervisor.commit(state, component)
+        _begin(supervisor, state, component, comp, spec, digest)
         old_sha, old_count = comp.previous.sha256(), comp.previous.copies
         targets = plan.targets(spec.copies)
         steps: list[RolloutStep] = []
@@ -77,9 +74,11 @@ def roll_out(
                 reason = f"the rollout passed its maximum execution time of {plan.max_execution_s:g}s"
                 _roll_back(supervisor, state, component, plan, timeouts, steps, progress, on_rollback_step)
                 return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
-            supervisor.shift(state, component, spec, max(0, target - len(new)), old[: max(0, len(old) - keep_old)], timeouts)
-            step = RolloutStep(phase="rollout", batch=number, batches=len(targets), old_copies=len(comp.running(old_sha)),
-                               new_copies=len(comp.running(digest)), old_spec_sha256=old_sha, new_spec_sha256=digest)
+            supervisor.shift(state, component, spec, max(0, target - len(new)),
+                             old[: max(0, len(old) - keep_old)], timeouts)
+            step = RolloutStep(phase="rollout", batch=number, batches=len(targets),
+                               old_copies=len(comp.running(old_sha)), new_copies=len(comp.running(digest)),
+                               old_spec_sha256=old_sha, new_spec_sha256=digest)
             progress(f"{endpoint}/{component}: batch {number}/{len(targets)}: {step.new_copies} new, "
                      f"{step.old_copies} old copies serving; baking {plan.wait_interval_s:g}s")
             alarm = bake(step)
@@ -98,6 +97,17 @@ def roll_out(
     return RolloutResult(status="succeeded", steps=tuple(steps))
 
 
+def _begin(supervisor: ProcessSupervisor, state: EndpointState, component: str, comp: ComponentState,
+           spec: ProcessSpec, digest: str) -> None:
+    """Persist `spec` as the component's spec and the running one as its previous, unless a rollout (to `spec`) is
+    already under way; each running copy is marked with the spec it runs first."""
+    if comp.previous is None:
+        for copy in comp.copies:
+            copy.spec_sha256 = copy.spec_sha256 or comp.spec_sha256
+        comp.previous, comp.spec, comp.spec_sha256 = comp.spec, spec, digest
+        supervisor.commit(state, component)
+
+
 def peak_copies(plan: RolloutPlan, old_count: int, copies: int) -> int:
     """The most copies `roll_out` runs at once: each batch's new copies start beside the old copies still serving,
     which then drop to their share of the batches not yet moved (the rule SageMaker's rolling update counts)."""
@@ -109,8 +119,9 @@ def peak_copies(plan: RolloutPlan, old_count: int, copies: int) -> int:
 
 
 def _roll_back(
-    supervisor: ProcessSupervisor, state: EndpointState, component: str, plan: RolloutPlan, timeouts: tuple[float, float],
-    steps: list[RolloutStep], progress: Progress, told: Callable[[RolloutStep], None] = lambda _step: None,
+    supervisor: ProcessSupervisor, state: EndpointState, component: str, plan: RolloutPlan,
+    timeouts: tuple[float, float], steps: list[RolloutStep], progress: Progress,
+    told: Callable[[RolloutStep], None] = lambda _step: None,
 ) -> None:
     """Return the component to its previous spec, `plan.rollback_batch_copies` copies at a time (all at once
     without it), recording each step and telling it to `told` when it is in rotation; the new spec's copies
@@ -128,7 +139,8 @@ def _roll_back(
         if not new and len(old) >= previous.copies:
             break
         number += 1
-        supervisor.shift(state, component, previous, min(batch, max(0, previous.copies - len(old))), new[:batch], timeouts)
+        supervisor.shift(state, component, previous, min(batch, max(0, previous.copies - len(old))),
+                         new[:batch], timeouts)
         steps.append(RolloutStep(phase="rollback", batch=number, batches=max(batches, number),
                                  old_copies=len(comp.running(old_sha)), new_copies=len(comp.running(new_sha)),
                                  old_spec_sha256=old_sha, new_spec_sha256=new_sha))

@@ -70,7 +70,8 @@ def room_of(placement) -> EndpointRoom | None:
     types = ([pool.instance_type for pool in placement.pools] if placement.kind == "instance_pool"
              else [placement.instance_type])
     count = getattr(placement, "instance_count", 1)
-    return EndpointRoom(instance_types=tuple(types), instances=max(count, getattr(placement, "max_instance_count", None) or 0),
+    return EndpointRoom(instance_types=tuple(types),
+                        instances=max(count, getattr(placement, "max_instance_count", None) or 0),
                         partition_type=getattr(placement, "partition_type", None),
                         partitions=getattr(placement, "partitions", 0))
 
@@ -102,9 +103,9 @@ def room_problem(room: EndpointRoom, endpoint: str, component: str, copies: int,
     types = "/".join(room.instance_types)
     wanted = held + copies * need.per_copy
     problem = (f"InsufficientCapacity: Unable to place {copies} copies of inference component {component}: endpoint "
-               f"{endpoint} has room for {max(0, fit)} ({room.instances} x {types} with {per_instance:g} {need.unit} each, "
-               f"{held:g} held by other inference components, {need.per_copy:g} a copy): {copies} x {need.per_copy:g} + "
-               f"{held:g} = {wanted:g} {need.unit} > {total:g}")
+               f"{endpoint} has room for {max(0, fit)} ({room.instances} x {types} with {per_instance:g} {need.unit} "
+               f"each, {held:g} held by other inference components, {need.per_copy:g} a copy): {copies} x "
+               f"{need.per_copy:g} + {held:g} = {wanted:g} {need.unit} > {total:g}")
     if per_instance < need.per_copy:
         return problem, f"one copy takes more {need.unit} than one {types} has: use a larger instance type"
     instances = max(math.ceil(wanted / per_instance), math.ceil(copies / (per_instance // need.per_copy)))

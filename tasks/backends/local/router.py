@@ -28,9 +28,10 @@ does on SageMaker: idle for N seconds, the router runs `python -m tasks.backends
 `--state-dir` the router was started with) to stop its copies; a request that finds no copy is answered
 SageMaker's no-capacity `ValidationError` (callers retry it; on the container route, `503 {"retryable": true}` as every
 refusal there that waiting cures), counted as a NoCapacityInvocationFailure, and starts
-the scaler for one copy, as the scale-out alarm's step policy does. The router keeps its components in memory only; `tasks.backends.local.supervisor`
-persists them, registers them again after a restart and replaces dead copies. Stdlib only (plus `images/common/sagemaker_http.py`, the
-HTTP framing every shiplift server shares), so it starts in a fraction of a second.
+the scaler for one copy, as the scale-out alarm's step policy does. The router keeps its components in memory only;
+`tasks.backends.local.supervisor` persists them, registers them again after a restart and replaces dead copies. Stdlib
+only (plus `images/common/sagemaker_http.py`, the HTTP framing every shiplift server shares), so it starts in a fraction
+of a second.
 
 This module is the entry point (`main`); the router's parts live beside it (`tasks.backends.local.`…):
 `router_model` (components, copies, names), `routing` (the `Router` core: dispatch, health, metrics views),

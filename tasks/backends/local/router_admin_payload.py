@@ -43,10 +43,12 @@ def scaling_problem(scaling: Any) -> str | None:
     """Why a scale_to_zero registration is not `{"idle_s": s}` or, serverless, `{"idle_s": s, "hold_s": s,
     "max_concurrency": n, "warm": bool}`, or None."""
     serverless = {"idle_s", "hold_s", "max_concurrency", "warm"}
-    if not isinstance(scaling, dict) or set(scaling) not in ({"idle_s"}, serverless) or not _positive(scaling["idle_s"]):
-        return ('scale_to_zero must be {"idle_s": seconds > 0}, or for a serverless component also "hold_s" (seconds > 0), '
-                '"max_concurrency" (an integer > 0) and "warm" (true or false)')
+    if not isinstance(scaling, dict) or set(scaling) not in ({"idle_s"},
+                                                             serverless) or not _positive(scaling["idle_s"]):
+        return ('scale_to_zero must be {"idle_s": seconds > 0}, or for a serverless component also "hold_s" (seconds '
+                '> 0), "max_concurrency" (an integer > 0) and "warm" (true or false)')
     if set(scaling) == serverless and not (_positive(scaling["hold_s"]) and isinstance(scaling["max_concurrency"], int)
-                                           and _positive(scaling["max_concurrency"]) and isinstance(scaling["warm"], bool)):
+                                           and _positive(scaling["max_concurrency"])
+                                           and isinstance(scaling["warm"], bool)):
         return 'a serverless scale_to_zero needs "hold_s" > 0, an integer "max_concurrency" > 0 and a boolean "warm"'
     return None

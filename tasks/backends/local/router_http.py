@@ -1,5 +1,6 @@
-"""The local router's two HTTP ports: the invocation port (SageMaker's runtime API and the container contract) and the
-control port, which answers only requests with the bearer token of the router's state file."""
+"""The local router's two HTTP ports: the invocation port (SageMaker's runtime API, the container contract and, for a
+chat component, the DLC's `/v1/chat/completions`, streamed or not) and the control port, which answers only requests
+with the bearer token of the router's state file."""
 
 from __future__ import annotations
 
@@ -9,17 +10,25 @@ import re
 import sys
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from images.common.sagemaker_http import BUSY_HEADER, HttpError, StrictHandler, StrictServer, parse_json_object
 from tasks.backends.local.router_admin_payload import component_payload_problem
-from tasks.backends.local.router_model import (COMPONENT_HEADER, CUSTOM_ATTRIBUTES_HEADER, Component, Rejected,
-                                               Upstream, name_problem)
+from tasks.backends.local.router_model import (
+    COMPONENT_HEADER,
+    CUSTOM_ATTRIBUTES_HEADER,
+    Component,
+    Rejected,
+    Upstream,
+    name_problem,
+)
 from tasks.backends.local.router_scaling import NO_CAPACITY_MESSAGE
 from tasks.backends.local.routing import Router
 
 ADMIN_PREFIX = "/_shiplift/"
 ADMIN_MAX_BODY_BYTES = 1 << 20
+CHAT_ROUTE = "/v1/chat/completions"  # the llama.cpp DLC's own route, where the openai client posts (base_url …/v1)
 
 
 class RouterServer(StrictServer):
@@ -56,7 +65,8 @@ class RouterHandler(StrictHandler):
 
 
 class Handler(RouterHandler):
-    """The invocation port: SageMaker runtime and the container contract, nothing else."""
+    """The invocation port: SageMaker runtime and the container contract, nothing else. The container's routes pass
+    a copy's server-sent events through as they come; SageMaker's InvokeEndpoint answers one body."""
 
     def max_body_bytes(self) -> int:
         return self.server.router.max_body_bytes
@@ -98,12 +108,14 @@ class Handler(RouterHandler):
         match = re.fullmatch(r"/endpoints/([^/]+)/invocations", path)
         if match:
             self._invoke(urllib.parse.unquote(match.group(1)), sagemaker=True)
-        elif path == "/invocations":
-            self._invoke(None, sagemaker=False)
+        elif path in ("/invocations", CHAT_ROUTE):  # a copy that is no chat server answers the chat route 404 itself
+            self._invoke(None, sagemaker=False, path=path)
         else:
-            self._json(404, {"error": f"no route POST {path}; use POST /invocations"})
+            sagemaker_route = f"POST /endpoints/{self.server.router.name}/invocations"
+            self._json(404, {"error": f"no route POST {path}; use POST /invocations, {sagemaker_route} or, on a chat "
+                                      f"component, POST {CHAT_ROUTE}"})
 
-    def _invoke(self, endpoint_name: str | None, sagemaker: bool) -> None:
+    def _invoke(self, endpoint_name: str | None, sagemaker: bool, path: str = "/invocations") -> None:
         router = self.server.router
         try:
             if endpoint_name is not None and endpoint_name != router.name:
@@ -118,18 +130,19 @@ class Handler(RouterHandler):
             self._reject(exc if sagemaker else Rejected(503, exc.code, exc.message), sagemaker)
             return
         try:
-            self._invoke_admitted(router, component, sagemaker)
+            self._invoke_admitted(router, component, sagemaker, path)
         finally:
             router.leave(component)
 
-    def _invoke_admitted(self, router: Router, component: Component, sagemaker: bool) -> None:
+    def _invoke_admitted(self, router: Router, component: Component, sagemaker: bool, path: str) -> None:
         try:
             refused = router.no_capacity(component)
         except Rejected as exc:
             self._reject(exc, sagemaker)
             return
         if refused:
-            self._reject(Rejected(400 if sagemaker else 503, "ValidationError", NO_CAPACITY_MESSAGE.format(component.name)),
+            self._reject(Rejected(400 if sagemaker else 503, "ValidationError",
+                                  NO_CAPACITY_MESSAGE.format(component.name)),
                          sagemaker)
             return
         if not router.in_flight.acquire(blocking=False):  # taken only now that the body is read
@@ -147,18 +160,25 @@ class Handler(RouterHandler):
             for key in ("Accept", CUSTOM_ATTRIBUTES_HEADER):
                 if self.headers.get(key):
                     headers[key] = self.headers[key]
-            result = router.forward(component, self.body, headers)
+            result = router.forward(component, self.body, headers, path, None if sagemaker else self._relay)
         finally:
             router.in_flight.release()
+        if result.streamed:
+            return
         if sagemaker:
             self._answer_sagemaker(component, result)
         else:
             self._answer_container(result)
 
+    def _relay(self, content_type: str, pieces: Iterator[bytes]) -> None:
+        """A copy's streamed 200 (server-sent events), passed on piece by piece as it comes."""
+        self.send_stream(200, pieces, content_type)
+
     def _answer_container(self, result: Upstream) -> None:
         """Container contract: the model's answer verbatim; transport failures as JSON."""
         if result.failure is None:  # a full copy's 503 keeps its Retry-After: busy, retry, not dead
-            self.send_bytes(result.status, result.body, result.content_type, {BUSY_HEADER: "1"} if result.busy else None)
+            self.send_bytes(result.status, result.body, result.content_type,
+                            {BUSY_HEADER: "1"} if result.busy else None)
             return
         status = {"timeout": 504, "unreachable": 503, "broken": 502}[result.failure]
         self._json(status, {"error": result.detail, "retryable": result.failure == "unreachable"})

@@ -59,7 +59,7 @@ class ComponentMetrics:
             "model_errors": self.model_errors,
             "no_capacity_invocation_failures": self.no_capacity_invocation_failures,
             "latency_ms": {
-                "histogram": dict(zip(edges, self.histogram)),
+                "histogram": dict(zip(edges, self.histogram, strict=True)),
                 "window": len(ordered),
                 "p50": percentile(0.50),
                 "p95": percentile(0.95),

@@ -3,10 +3,12 @@ copies with their load and health, a copy's answer, and a refusal of the router'
 
 from __future__ import annotations
 
+import http.client
 import re
 import subprocess
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +121,17 @@ class Upstream:
     failure: str | None = None  # "timeout" | "unreachable" | "broken"
     detail: str = ""  # what went wrong, without the copy's URL (it may reach a client)
     busy: bool = False  # a 503 saying the copy is full (BUSY_HEADER): alive, just not taking more now
+    streamed: bool = False  # the answer went to the request's sink as it came: nothing is left to send
+
+
+# Where a copy's streamed answer (server-sent events) goes as it comes: (content type, its pieces).
+Sink = Callable[[str, Iterator[bytes]], None]
+
+
+def answer_pieces(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """A response's body as it arrives (each read bounded by the socket's timeout; a failed read raises)."""
+    while piece := response.read1(1 << 16):
+        yield piece
 
 
 def parse_copy_url(url: object) -> tuple[str, int]:

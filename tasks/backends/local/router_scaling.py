@@ -15,7 +15,8 @@ from tasks.backends.local.router_metrics import ComponentMetrics
 from tasks.backends.local.router_model import Component, Rejected
 
 # SageMaker's answer to an invocation of a component with no copy (scaled to zero), which its scale-out alarm counts
-# as NoCapacityInvocationFailures (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)
+# as NoCapacityInvocationFailures
+# (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html)
 NO_CAPACITY_MESSAGE = ("Inference Component {} has no capacity to process this request. ApplicationAutoScaling may be "
                        "in-progress (if configured) or try to increase the capacity by invoking "
                        "UpdateInferenceComponentRuntimeConfig API.")
@@ -42,7 +43,8 @@ class ScaleToZeroRouting:
         assert scaling is not None and self.state_dir is not None
         if scaling.scaling():
             return
-        sys.stderr.write(f"router {self.name}: scaling {component.name} to {copies} cop{'y' if copies == 1 else 'ies'}\n")
+        sys.stderr.write(f"router {self.name}: scaling {component.name} to {copies} "
+                         f"cop{'y' if copies == 1 else 'ies'}\n")
         sys.stderr.flush()
         scaling.scaler = subprocess.Popen(
             [sys.executable, "-m", "tasks.backends.local.scaler", "--state-dir", str(self.state_dir), self.name,

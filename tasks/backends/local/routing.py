@@ -14,8 +14,18 @@ from typing import Any
 
 from images.common.sagemaker_http import answered_busy
 from tasks.backends.local.router_metrics import ComponentMetrics
-from tasks.backends.local.router_model import (COMPONENT_HEADER, CUSTOM_ATTRIBUTES_HEADER, Component, Copy, Rejected,
-                                               ScaleToZero, Upstream, parse_copy_url)
+from tasks.backends.local.router_model import (
+    COMPONENT_HEADER,
+    CUSTOM_ATTRIBUTES_HEADER,
+    Component,
+    Copy,
+    Rejected,
+    ScaleToZero,
+    Sink,
+    Upstream,
+    answer_pieces,
+    parse_copy_url,
+)
 from tasks.backends.local.router_scaling import ScaleToZeroRouting
 
 PING_TIMEOUT_S = 2.0
@@ -86,7 +96,8 @@ class Router(ScaleToZeroRouting):
                 component.scale_to_zero = None
             else:
                 settings = {"idle_s": float(scale_to_zero["idle_s"]), "hold_s": scale_to_zero.get("hold_s"),
-                            "max_concurrency": scale_to_zero.get("max_concurrency"), "warm": scale_to_zero.get("warm", False)}
+                            "max_concurrency": scale_to_zero.get("max_concurrency"),
+                            "warm": scale_to_zero.get("warm", False)}
                 if component.scale_to_zero is None:
                     component.scale_to_zero = ScaleToZero(**settings)
                 else:
@@ -198,9 +209,11 @@ class Router(ScaleToZeroRouting):
             if copy.outstanding == 0 and copy in component.draining:
                 component.draining.remove(copy)
 
-    def forward(self, component: Component, body: bytes, headers: dict) -> Upstream:
-        """POST one invocation to the least-loaded healthy copy; a refused connection tries the next.
-        A copy that refuses or breaks the request leaves rotation until its /ping recovers."""
+    def forward(self, component: Component, body: bytes, headers: dict, path: str = "/invocations",
+                sink: Sink | None = None) -> Upstream:
+        """POST one invocation to `path` of the least-loaded healthy copy; a refused connection tries the next.
+        A copy that refuses or breaks the request leaves rotation until its /ping recovers. With a `sink`, a 200
+        answer of server-sent events is handed to it as it comes (the copy stays taken until it ends)."""
         tried: set[str] = set()
         started = time.monotonic()
         with self.lock:
@@ -218,7 +231,7 @@ class Router(ScaleToZeroRouting):
             last = copy
             tried.add(copy.url)
             try:
-                result = self._call(copy, "POST", "/invocations", body, headers)
+                result = self._call(copy, "POST", path, body, headers, sink)
             finally:
                 self._release(component, copy, answered=result.failure is None and result.copy_url == copy.url)
             if result.failure in ("unreachable", "broken"):
@@ -233,7 +246,8 @@ class Router(ScaleToZeroRouting):
                 by_spec.setdefault(last.spec_sha256, ComponentMetrics()).record(result.status, latency_ms)
         return result
 
-    def _call(self, copy: Copy, method: str, path: str, body: bytes | None, headers: dict) -> Upstream:
+    def _call(self, copy: Copy, method: str, path: str, body: bytes | None, headers: dict,
+              sink: Sink | None = None) -> Upstream:
         timeout = PING_TIMEOUT_S if method == "GET" else self.invoke_timeout_s
         conn = http.client.HTTPConnection(copy.host, copy.port, timeout=self.connect_timeout_s)
         try:
@@ -248,6 +262,10 @@ class Router(ScaleToZeroRouting):
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # a full copy answers 503 busy at once and closes: its answer may still be there to read
                 response = conn.getresponse()
+                content_type = response.getheader("Content-Type") or ""
+                if sink is not None and response.status == 200 and content_type.startswith("text/event-stream"):
+                    sink(content_type, answer_pieces(response))  # each read waits at most the invocation timeout
+                    return Upstream(copy.url, status=200, content_type=content_type, streamed=True)
                 data = response.read(self.max_body_bytes + 1)
             except TimeoutError:
                 return Upstream(
@@ -299,7 +317,8 @@ class Router(ScaleToZeroRouting):
                 "components": {
                     name: {
                         **m.snapshot(),
-                        "by_spec": {sha: each.snapshot() for sha, each in sorted(self.spec_metrics.get(name, {}).items())},
+                        "by_spec": {sha: each.snapshot() for sha,
+                                    each in sorted(self.spec_metrics.get(name, {}).items())},
                     }
                     for name, m in sorted(self.metrics.items())
                 },

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tasks.errors import ShipliftError
 from tasks.backends.local.supervisor import ProcessSupervisor
+from tasks.errors import ShipliftError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,16 +20,24 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Iterator, Literal
+from collections.abc import Iterator
+from typing import Any, Literal
 
-from tasks.errors import CapacityError, Conflict, NotReady
-from tasks.project import PROJECT_ROOT
 from tasks.backends.local.endpoint_state import EndpointState, RouterRef, check_name, merge_in_flight, router_copies
 from tasks.backends.local.endpoint_store import EndpointStore
 from tasks.backends.local.loopback_http import ADMIN_TIMEOUT_S, Busy, request_json
-from tasks.backends.local.process_table import (OWNER_ENV, POLL_S, log_tail, process_start_ticks, still_running,
-                                                stop_processes, tagged_processes)
+from tasks.backends.local.process_table import (
+    OWNER_ENV,
+    POLL_S,
+    log_tail,
+    process_start_ticks,
+    still_running,
+    stop_processes,
+    tagged_processes,
+)
 from tasks.backends.local.router import EXIT_PORT_TAKEN
+from tasks.errors import CapacityError, Conflict, NotReady
+from tasks.project import PROJECT_ROOT
 
 
 class PortTaken(Exception):

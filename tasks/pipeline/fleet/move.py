@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tasks.backends.placement import MemoryEstimate, fit_problem, image_size_problem
+from tasks.backends.registry import make_backends
 from tasks.config import ReleaseConfig
 from tasks.errors import ConfigError, Conflict, DeployFailed
 from tasks.ledger import events
@@ -34,9 +35,19 @@ from tasks.ledger.records import promotion
 from tasks.ledger.stage_results import PromoteResult
 from tasks.pipeline.fleet.plan import FleetPlan, plan_snapshot
 from tasks.pipeline.fleet.snapshot import FleetConfig, FleetSnapshot, backend_place, load_fleet_configs, read_snapshot
-from tasks.pipeline.release import (Progress, StageContext, holding_lease, latest_move, moved_config, print_progress,
-                                    reopen_release, run_holder, run_stage)
+from tasks.pipeline.release import (
+    Progress,
+    StageContext,
+    holding_lease,
+    latest_move,
+    moved_config,
+    print_progress,
+    reopen_release,
+    run_holder,
+    run_stage,
+)
 from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
+from validation.cold_start import first_answer
 
 
 @dataclass(frozen=True)
@@ -73,8 +84,6 @@ def move_fleet(config_paths: list[str | Path], *, reason: str, actor: str, overr
     before any model moves, when the new layout does not fit, a model serving on the endpoints involved is missing
     from the configs, or a release serving now cannot serve with the new placement (memory, image size, prefix or
     backend)."""
-    from tasks.backends.registry import make_backends
-
     if not reason.strip():
         raise ConfigError("a fleet move needs its reason",
                           fix="pass --reason TEXT: why the layout changes, for the ledger")
@@ -200,7 +209,7 @@ def _move_model(model: str, move: Move | None, snapshot: FleetSnapshot, plan: Fl
     extra = {"trigger": events.MOVE, "reason": reason, "moved_to": move.moved_to,
              "moved_from": {"endpoint": move.old, "component": move.old_component}}
     with holding_lease(move.ctx, run_holder(actor)):
-        served = ledger.served_at(model, datetime.now(timezone.utc))
+        served = ledger.served_at(model, datetime.now(UTC))
         serves_on = promotion(served).endpoint
         if (served.release_id, serves_on) != (move.ctx.release_id, move.old):
             raise Conflict(f"{model} changed while the move started: {served.release_id} serves on {serves_on}, not "
@@ -216,8 +225,6 @@ def _start_on_new_endpoint(ctx: StageContext, config: ReleaseConfig, plan: Fleet
                            answered: list[float]) -> PromoteResult:
     """The champion's component on the new endpoint (`config`: its own with the new placement), verified serving it and
     answering the gate's first request."""
-    from validation.cold_start import first_answer
-
     hosting = ctx.backends.hosting
     endpoint, component = production_endpoint(config), production_component(config)
     spec = component_spec(ctx, config, copies=config.rollout.copies)

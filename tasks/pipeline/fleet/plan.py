@@ -17,14 +17,21 @@ beside the new, so both are counted in its peak. `plan_snapshot` is a pure funct
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.backends.capacity import Slots, change_room, slots
 from tasks.backends.placement import partition_size
-from tasks.backends.pricing import (NOMINAL_REGION, ComponentShare, HourlyCost, PriceTable, component_share,
-                                    production_cost)
+from tasks.backends.pricing import (
+    NOMINAL_REGION,
+    ComponentShare,
+    HourlyCost,
+    PriceTable,
+    component_share,
+    production_cost,
+)
 from tasks.config import ReleaseConfig
 from tasks.errors import ConfigError
 from tasks.pipeline.fleet.snapshot import FleetSnapshot, Serving, load_fleet_configs, read_snapshot

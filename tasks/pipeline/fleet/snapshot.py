@@ -8,9 +8,10 @@ pure function of a snapshot; the move (`tasks.pipeline.fleet.move`) plans, moves
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.backends.capacity import Slots, slots
 from tasks.backends.pricing import PriceTable, load_price_table
@@ -67,9 +68,9 @@ def load_fleet_configs(config_paths: list[str | Path], overrides: tuple[str, ...
                           fix="use an instance type the capacity tables know, or add it there with its source")
     if len({(s.per_instance, s.unit) for s in found if s is not None}) != 1:
         kinds = "; ".join(f"{fleet.name}: {s.per_instance} x {s.unit} an instance"
-                          for fleet, s in zip(configs, found) if s is not None)
-        raise ConfigError(f"the models count their copies in different slots ({kinds}), so one layout cannot be "
-                          "planned",
+                          for fleet, s in zip(configs, found, strict=True) if s is not None)
+        raise ConfigError(f"the models count their copies in different slots ({kinds}), "
+                          "so one layout cannot be planned",
                           fix="give every model on the shared endpoint the same device and image.threads")
     return configs
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.backends.placement import fit_problem
 from tasks.errors import ConfigError
 from tasks.ledger.stage_results import BuildResult
 from tasks.pipeline.stages.common import resource_name
+from validation.calibration import fit_temperature
 
 
 def run(ctx) -> BuildResult:
@@ -30,8 +32,6 @@ def run(ctx) -> BuildResult:
 
 def _memory(ctx, built):
     """What one copy needs; ConfigError (before any upload) when it cannot fit the placement."""
-    from tasks.backends.placement import fit_problem
-
     estimate = ctx.family.memory(ctx, built)
     problem = fit_problem(estimate, ctx.config.placement)
     if problem:
@@ -48,9 +48,8 @@ def _calibration_predictions(ctx, invoker) -> tuple[list, str]:
 
 
 def _fit_temperature(ctx, model_dir: Path, model_sha256: str) -> dict:
-    from validation.calibration import fit_temperature
-
-    with ctx.backends.scratch.serve(ctx.config.image, model_dir, resource_name(ctx.config, "cal", model_sha256)) as invoker:
+    with ctx.backends.scratch.serve(ctx.config.image, model_dir,
+                                    resource_name(ctx.config, "cal", model_sha256)) as invoker:
         predictions, data_sha256 = _calibration_predictions(ctx, invoker)
     usable = [p for p in predictions if not p.error and p.option_logits]
     fit = fit_temperature([p.option_logits for p in usable], [p.option_ids.index(p.expected) for p in usable])
@@ -64,7 +63,8 @@ def _fit_temperature(ctx, model_dir: Path, model_sha256: str) -> dict:
         "dataset_sha256": data_sha256,
         "model_sha256": model_sha256,
     }
-    ctx.say(f"build: temperature {fit.temperature:.3f} (NLL {fit.nll_before:.3f} → {fit.nll_after:.3f} on {fit.n} examples)")
+    ctx.say(f"build: temperature {fit.temperature:.3f} (NLL {fit.nll_before:.3f} → {fit.nll_after:.3f} on {fit.n} "
+            "examples)")
     if fit.at_bound:
         ctx.say(
             f"build: warning: the fit stopped at the search bound {fit.temperature:g}; the logits carry "

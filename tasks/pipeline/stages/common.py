@@ -7,15 +7,16 @@ characters. (Files a later stage needs go through the artifact store: `StageCont
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
+from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
 from tasks.errors import Conflict
 from tasks.hashing import sha256_json
 from tasks.ledger.events import FLEET, PROMOTE, RETIRED, SUCCEEDED
 from tasks.ledger.records import Retirement, promotion
 from tasks.ledger.views import left_by_fleet
 from tasks.pipeline.fleet.layout import layout_id
-from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
+
 
 def resource_name(config, role: str, *content: str) -> str:
     base = f"{config.resource_prefix}-{config.name}-{role}"
@@ -26,7 +27,8 @@ def production_endpoint(config) -> str:
     """The model's own production endpoint, or the shared one its placement names, for that layout
     (`<prefix>-<endpoint>-<layout id>`)."""
     shared = config.placement.endpoint
-    return f"{config.resource_prefix}-{shared}-{layout_id(config.placement)}" if shared else resource_name(config, "prod")
+    return f"{config.resource_prefix}-{shared}-{layout_id(config.placement)}" if shared else resource_name(config,
+                                                                                                           "prod")
 
 
 def production_component(config) -> str:
@@ -43,7 +45,7 @@ def require_production_here(ledger, config, release_id: str) -> None:
     against no champion and leave the old copies serving; the fleet moves first), or when a model that never served
     would join a shared endpoint a fleet move left (it would be stranded on the old layout, or bring a retired endpoint
     back)."""
-    served = ledger.served_at(config.name, datetime.now(timezone.utc))
+    served = ledger.served_at(config.name, datetime.now(UTC))
     where = production_endpoint(config)
     serving_on = promotion(served).endpoint if served is not None else None
     if serving_on not in (None, where):
@@ -83,7 +85,8 @@ def model_ref(ctx) -> ModelRef:
 
 
 def compute(config, memory_mb: int) -> Compute:
-    """What one copy needs: a MIG partition, a whole GPU, or the image's CPU threads, and the memory the build measured."""
+    """What one copy needs: a MIG partition, a whole GPU, or the image's CPU threads, and the memory the build
+    measured."""
     placement, image = config.placement, config.image
     if placement.kind == "mig_partition":
         return Compute(memory_mb=memory_mb, accelerator_partition=placement.partition_type)
@@ -93,13 +96,16 @@ def compute(config, memory_mb: int) -> Compute:
 
 
 def require_served(live, spec: ComponentSpec, *, where: str) -> None:
-    """Conflict unless the component is InService on exactly `spec` (an update that ended on the old spec fails here)."""
+    """Conflict unless the component is InService on exactly `spec` (an update that ended on the old spec fails
+    here)."""
     differences = live.differences(spec)
     if differences or live.status != "InService":
         raise Conflict(
-            f"{where} is {live.status} and does not serve the candidate: " + ("; ".join(differences) or "its status is not InService")
+            f"{where} is {live.status} and does not serve the candidate: "
+            + ("; ".join(differences) or "its status is not InService")
             + (f" (FailureReason: {live.failure_reason})" if live.failure_reason else ""),
-            fix="inspect the endpoint (the backend's console or `shiplift cleanup CONFIG --list`); what served before still serves",
+            fix="inspect the endpoint (the backend's console or `shiplift cleanup CONFIG --list`); what served before "
+                "still serves",
         )
 
 

@@ -20,19 +20,25 @@ at a moment between two batches sees both releases serving. The stage's own reco
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from tasks.backends.interfaces import ComponentSpec, RolloutResult, RolloutStep, StepKind
+from tasks.errors import Conflict
 from tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
 from tasks.ledger.records import StepRecord, promotion
-from tasks.ledger.views import rollout_steps, step_key
 from tasks.ledger.stage_results import PromoteResult
-from tasks.errors import Conflict
-from tasks.pipeline.bake import BakeWatch, live_summary
+from tasks.ledger.views import rollout_steps, step_key
 from tasks.pipeline.approval import awaits_person, blocked_reason
+from tasks.pipeline.bake import BakeWatch, live_summary
 from tasks.pipeline.release import latest_move, moved_config
-from tasks.pipeline.stages.common import (component_spec, production_component, production_endpoint, require_production_here,
-                                          require_served)
+from tasks.pipeline.stages.common import (
+    component_spec,
+    production_component,
+    production_endpoint,
+    require_production_here,
+    require_served,
+)
+from validation.online_gate import OnlineGate
 
 RECORDED = ((TRAFFIC, STEP), (BAKE, VERDICT))
 
@@ -65,7 +71,7 @@ class TrafficLog:
         if first is not None:
             self.from_release = first.from_release
         else:
-            served = ctx.backends.ledger.served_at(ctx.config.name, datetime.now(timezone.utc))
+            served = ctx.backends.ledger.served_at(ctx.config.name, datetime.now(UTC))
             self.from_release = served.release_id if served else None
 
     def _numbered(self, step: RolloutStep) -> RolloutStep:
@@ -85,7 +91,8 @@ class TrafficLog:
                                             "live": live_summary(self.describe())})
         else:
             evidence = {name: value for name, value in self.bake.evidence.get(told, {}).items() if name != "live"}
-            self.ctx.record(BAKE, VERDICT, {**self.where, **{name: fields[name] for name in ("phase", "batch", "check", "batches")},
+            self.ctx.record(BAKE, VERDICT,
+                            {**self.where, **{name: fields[name] for name in ("phase", "batch", "check", "batches")},
                                             "alarm_states": fields["alarm_states"], **evidence, "alarm": step.alarm})
         self.recorded.add(key)
 
@@ -99,7 +106,8 @@ class TrafficLog:
                 self("baked", step)
 
     def steps(self) -> list[dict]:
-        """Every step of this attempt as the ledger holds it, each with its verdict (`tasks.ledger.views.rollout_steps`)."""
+        """Every step of this attempt as the ledger holds it, each with its verdict
+        (`tasks.ledger.views.rollout_steps`)."""
         return rollout_steps(attempt_records(self.ctx.state.records))
 
 
@@ -108,8 +116,6 @@ def online_gate(ctx, endpoint: str, component: str, spec: ComponentSpec):
     answers told apart by its spec's serving id, and a gate that has not decided following the release's
     `validation.inconclusive.choice` (block where the release names none; its extension is more canary rounds,
     `rollout.online_gate.extend_rounds`)."""
-    from validation.online_gate import OnlineGate
-
     gate = ctx.config.rollout.online_gate
     if gate is None:
         return None
@@ -119,7 +125,8 @@ def online_gate(ctx, endpoint: str, component: str, spec: ComponentSpec):
                                    candidate_model_sha256=ctx.result("build").model_sha256)
     if not isinstance(built, OnlineGate):
         return built  # a dry run's stand-in
-    return dataclasses.replace(built, candidate_serving_id=spec.serving_id(), inconclusive=validation.inconclusive.choice,
+    return dataclasses.replace(built, candidate_serving_id=spec.serving_id(),
+                               inconclusive=validation.inconclusive.choice,
                                extend_rounds=gate.extend_rounds)
 
 
@@ -146,7 +153,8 @@ def first_release(ctx, config, endpoint: str, component: str, spec: ComponentSpe
     step, under the bake alarms and the online gate (candidate-only: the absolute thresholds, no champion to compare).
     One that fails live is taken out of service (its component deleted), so nothing serves: `withdrawn`, with why."""
     hosting = ctx.backends.hosting
-    ctx.say(f"promote: first release onto {endpoint}/{component}: all {spec.copies} copies start, then bake as one step")
+    ctx.say(f"promote: first release onto {endpoint}/{component}: all {spec.copies} copies start, "
+            "then bake as one step")
     hosting.deploy(endpoint, component, spec, config.placement, role="production", progress=ctx.say)
     bake, log = watch(ctx, config, endpoint, component, spec)
     step = RolloutStep(phase="rollout", batch=1, batches=1, old_copies=0, new_copies=spec.copies,
@@ -160,7 +168,8 @@ def first_release(ctx, config, endpoint: str, component: str, spec: ComponentSpe
     hosting.delete_component(endpoint, component, progress=ctx.say)
     out = RolloutStep(phase="rollback", batch=1, batches=1, old_copies=0, new_copies=0, new_spec_sha256=spec.sha256())
     log("shifted", out)
-    reason = f"{baked.alarm}; the first release was taken out of service ({endpoint}/{component} deleted): nothing serves"
+    reason = (f"{baked.alarm}; the first release was taken out of service ({endpoint}/{component} deleted): "
+              "nothing serves")
     return RolloutResult(status="withdrawn", reason=reason, steps=(baked, out)), log
 
 
@@ -177,7 +186,8 @@ def run(ctx) -> dict:
     move = latest_move(ctx.state.records)
     moved = promotion(move) if move is not None else None
     config = moved_config(ctx.config, moved.moved_to) if moved is not None else ctx.config  # where a fleet move put it
-    require_production_here(ctx.backends.ledger, config, ctx.release_id)  # a promotion or rollback across a layout change would leave the old copies serving
+    # a promotion or rollback across a layout change would leave the old copies serving
+    require_production_here(ctx.backends.ledger, config, ctx.release_id)
     endpoint, component = production_endpoint(config), production_component(config)
     rollout, hosting = config.rollout, ctx.backends.hosting
     spec = component_spec(ctx, config, copies=rollout.copies)

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
+from tasks.backends.pricing import release_cost
+from tasks.ledger.events import STARTED
 from tasks.ledger.stage_results import ValidateResult
-from validation.evaluate import GateOutcome
+from tasks.ledger.views import config_changes, show
 from tasks.pipeline.stages.common import production_component, production_endpoint
+from validation.cold_start import cold_start_check, cold_start_kind, first_answer, stop_for_cold_start
+from validation.evaluate import GateOutcome, RunSettings, Target
+from validation.extension import Budget, extend_champion_check, extension_summary
+from validation.gate_power import paired_disagreement, plan_champion_checks
+from validation.gates import check_text, summary_line
+from validation.runner import read_predictions
 
 
 def live_champion(ctx):
     """The production component and the release it serves, or (None, None) when nothing serves yet."""
-    from validation.evaluate import Target
-
     hosting = ctx.backends.hosting
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     live = hosting.describe(endpoint, component)
@@ -29,8 +36,6 @@ def live_champion(ctx):
 def release_context(ctx, champion_ref: dict | None) -> dict:
     """What the gate report shows beside the measurements (`validation.evaluate.RELEASE_CONTEXT`, cost apart): the
     config fields this release changed against the champion's release, and the temperature it serves with."""
-    from tasks.ledger.views import config_changes, show
-
     champion_release = champion_ref.get("release_id") if champion_ref else None
     champion_config = show(ctx.backends.ledger, champion_release)["config"] if champion_release else None
     built = ctx.result("build")
@@ -42,15 +47,11 @@ def release_context(ctx, champion_ref: dict | None) -> dict:
 def gate_cost(ctx, metrics: dict) -> dict:
     """The release's cost as the gate sees it (`tasks.backends.pricing.release_cost`): the candidate from
     deploy_candidate's start until now, production per hour, per million at the gate's measured rate."""
-    from datetime import datetime, timezone
-
-    from tasks.backends.pricing import release_cost
-    from tasks.ledger.events import STARTED
-
-    started = next((r.recorded_at for r in ctx.state.records if (r.stage, r.event) == ("deploy_candidate", STARTED)), None)
+    started = next((r.recorded_at for r in ctx.state.records if (r.stage, r.event) == ("deploy_candidate", STARTED)),
+                   None)
     rate = (metrics.get("throughput") or {}).get("answers_per_second")
     return release_cost(ctx.config, answers_per_second=rate, items_per_request=ctx.family.items_per_request(
-        ctx.config.validation), candidate_since=started, until=datetime.now(timezone.utc).isoformat())
+        ctx.config.validation), candidate_since=started, until=datetime.now(UTC).isoformat())
 
 
 def cold_starts(ctx, deployed, invoker) -> dict | None:
@@ -59,8 +60,6 @@ def cold_starts(ctx, deployed, invoker) -> dict | None:
     their p95 (None otherwise). A component that scales to zero is first let scale as production will; a serverless
     candidate's first start is its first request since its deploy (SageMaker has no call that sends a serverless
     endpoint's compute away, so only the local backend times more than one)."""
-    from validation.cold_start import cold_start_check, cold_start_kind, first_answer, stop_for_cold_start
-
     bound, validation = ctx.config.cold_start_bound, ctx.config.validation
     if bound is None:
         return None
@@ -76,7 +75,8 @@ def cold_starts(ctx, deployed, invoker) -> dict | None:
             stop_for_cold_start(hosting, endpoint, component, progress=ctx.say)
         start = first_answer(invoker, body, timeout_s=validation.request_timeout_s, deadline_s=2 * max_p95_s)
         ctx.say(f"validate: cold start {number}/{starts_wanted}: "
-                + (f"no answer ({start.error})" if start.error else f"{start.seconds:.2f} s, {start.attempts} attempts"))
+                + (f"no answer ({start.error})"
+                   if start.error else f"{start.seconds:.2f} s, {start.attempts} attempts"))
         starts.append(start)
     check = cold_start_check(starts, max_p95_s)
     return {"starts": [s.to_dict() for s in starts], "p95_s": check["observed"], "max_p95_s": max_p95_s, "check": check,
@@ -90,8 +90,6 @@ def gate_title(ctx) -> str:
 
 def run_settings(cfg):
     """The gate's request and statistics settings (`validation.evaluate.RunSettings`) of `validation`."""
-    from validation.evaluate import RunSettings
-
     return RunSettings(cfg.concurrency, cfg.request_timeout_s, cfg.deadline_s, cfg.n_bootstrap, cfg.seed)
 
 
@@ -99,7 +97,8 @@ def _evaluate(ctx, candidate, champion, context) -> GateOutcome:
     """The model family's gate over the configured datasets; the same evidence files for every family."""
     cfg = ctx.config.validation
     settings = run_settings(cfg)
-    return ctx.family.evaluate(candidate, champion, cfg.dataset_paths(ctx.config_dir), ctx.stage_dir("validate"), validation=cfg, settings=settings,
+    return ctx.family.evaluate(candidate, champion, cfg.dataset_paths(ctx.config_dir), ctx.stage_dir("validate"),
+                               validation=cfg, settings=settings,
                                progress=ctx.say, title=gate_title(ctx), context=context,
                                built=ctx.result("build"))
 
@@ -108,9 +107,6 @@ def asked_evidence(cfg, out_dir: Path, checks: list[dict]) -> dict:
     """What a person asked to decide an inconclusive gate reads beside the report: the champion check's interval, the
     gate's power at its size (`validation.gate_power.plan_champion_checks`, with the disagreement these two models
     showed on the gate's tasks) and the evidence files."""
-    from validation.gate_power import paired_disagreement, plan_champion_checks
-    from validation.runner import read_predictions
-
     accuracy = next(c for c in checks if c["name"] == "champion_accuracy")
     rows = [[p.to_dict() for p in read_predictions(out_dir / name)]
             for name in ("predictions.jsonl", "champion-predictions.jsonl")]
@@ -139,7 +135,8 @@ def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, lis
         ctx.say("validate: inconclusive; validation.inconclusive.choice is block, so the champion keeps serving")
         return gate.decision, gate.checks, {**record, "outcome": "blocked"}
     if "champion_accuracy" not in undecided or not undecided <= {"champion_accuracy", "champion_ece"}:
-        why = f"{choice} applies to an inconclusive champion_accuracy check; inconclusive here: {', '.join(sorted(undecided))}"
+        why = (f"{choice} applies to an inconclusive champion_accuracy check; "
+               f"inconclusive here: {', '.join(sorted(undecided))}")
         ctx.say(f"validate: {why}; blocked")
         return gate.decision, gate.checks, {**record, "outcome": "blocked", "why": why}
     if choice == "ask":
@@ -147,7 +144,6 @@ def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, lis
         ctx.say(f"validate: inconclusive (interval {asked['interval']} against -{cfg.champion.margin:g}); "
                 "validation.inconclusive.choice is ask: a person decides before promote")
         return gate.decision, gate.checks, {**record, "outcome": "asked", **asked}
-    from validation.extension import Budget, extend_champion_check, extension_summary
 
     extend = cfg.inconclusive.extend
     evidence = extend_champion_check(
@@ -159,9 +155,6 @@ def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, lis
 
 
 def run(ctx) -> ValidateResult:
-    from validation.evaluate import Target
-    from validation.gates import check_text, summary_line
-
     deployed = ctx.result("deploy_candidate")
     invoker = ctx.backends.hosting.invoker(deployed.endpoint, deployed.component,
                                            timeout_s=ctx.config.validation.request_timeout_s)
@@ -193,7 +186,8 @@ def run(ctx) -> ValidateResult:
     if cold is not None:
         summary_metrics["cold_start_p95_s"] = cold["p95_s"]
     summary_metrics["n"] = metrics.get("n")
-    shown = {key: "n/a" if summary_metrics.get(key) is None else f"{summary_metrics[key]:.3f}" for key in ("accuracy", "ece")}
+    shown = {key: "n/a" if summary_metrics.get(key) is None else f"{summary_metrics[key]:.3f}"
+             for key in ("accuracy", "ece")}
     ctx.say(f"validate: cost: {measured['cost']['production']['text']}")
     ctx.say(f"validate: decision {summary_line(decision, checks)} (accuracy {shown['accuracy']}, "
             f"ECE {shown['ece']}; {metrics.get('n_valid', 'n/a')} of {metrics.get('n')} answers valid)")
@@ -201,7 +195,8 @@ def run(ctx) -> ValidateResult:
     return ValidateResult(
         decision=decision, metrics=summary_metrics, checks=checks, **chosen,
         not_passed=[check_text(c) for c in checks if c["status"] not in ("pass", "skipped")],
-        thresholds=gate.thresholds, datasets=[{k: d[k] for k in ("name", "path", "sha256", "n")} for d in gate.datasets],
+        thresholds=gate.thresholds,
+        datasets=[{k: d[k] for k in ("name", "path", "sha256", "n")} for d in gate.datasets],
         champion_release=champion_ref.get("release_id") if champion_ref else None,
         report_json=str(gate.gate_report_json), report_html=str(gate.report_html), cost=measured.get("cost"),
         evidence={path.name: ctx.keep_file(path, path.name) for path in sorted(gate.gate_report_json.parent.glob("*"))

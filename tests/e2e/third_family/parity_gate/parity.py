@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from validation.datasets import CheckedDataset
 from validation.gate_report import write_reports
