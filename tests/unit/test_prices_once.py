@@ -13,21 +13,15 @@ from tasks.backends.pricing import DEFAULT_PRICES_PATH, dry_run_cost_lines, load
 from tasks.config import load_release_config
 from tasks.pipeline.fleet.plan import plan_snapshot
 from tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
+from tests.fakes.price_tables import price_table
 
 RELEASES = Path(__file__).resolve().parents[2] / "configs" / "releases"
 DEMO = RELEASES / "gemma-decision.yaml"  # the demo's first release; its nominal type is ml.c7i.xlarge
 SHARED = [RELEASES / "gemma-decision-shared.yaml", RELEASES / "minilm-nli-shared.yaml"]  # the demo's shared endpoint
 MIG = RELEASES / "mdeberta-nli.yaml"
 
-NO_C7I = """\
-version: 1
-offer: sagemaker-real-time-on-demand
-currency: USD
-unit: instance-hour
-prices:
-  us-east-1:
-    ml.g6e.xlarge: {usd_per_hour: 2.33, source: test figure, as_of: 2026-12-01, provenance: project-readme}
-"""
+NO_C7I = price_table(
+    "ml.g6e.xlarge: {usd_per_hour: 2.33, source: test figure, as_of: 2026-12-01, provenance: project-readme}")
 
 
 def texts(value) -> list[str]:

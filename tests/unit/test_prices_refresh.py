@@ -19,24 +19,16 @@ from tasks.backends.aws import price_list as pricing_refresh
 from tasks.backends.pricing_table import load_price_table
 from tasks.cli.prices_commands import add_prices_commands
 from tasks.errors import BadInput, ConfigError
+from tests.fakes.price_tables import price_table
 
 RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "pricing-get-products.json").read_text())
 EXCHANGES = RECORDED["exchanges"]
 OFFER = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonSageMaker/current/{}/index.json"
 
-TABLE = """\
-# A price table for tests: this comment block is kept by a refresh.
-#
-# (two lines of it)
-version: 1
-offer: sagemaker-real-time-on-demand
-currency: USD
-unit: instance-hour
-prices:
-  us-east-1:
-    ml.g6e.xlarge: {usd_per_hour: 2.33, source: test figure, as_of: 2026-12-01, provenance: project-readme}
-    ml.g5.2xlarge: {usd_per_hour: 1.52, source: test figure, as_of: 2026-12-01, provenance: project-readme, note: kept}
-"""
+TABLE = ("# A price table for tests: this comment block is kept by a refresh.\n#\n# (two lines of it)\n" + price_table(
+    "ml.g6e.xlarge: {usd_per_hour: 2.33, source: test figure, as_of: 2026-12-01, provenance: project-readme}",
+    "ml.g5.2xlarge: {usd_per_hour: 1.52, source: test figure, as_of: 2026-12-01, provenance: project-readme,"
+    " note: kept}"))
 
 
 @pytest.fixture()

@@ -29,6 +29,7 @@ from tasks.backends.pricing import (
 )
 from tasks.config import load_release_config
 from tasks.errors import BadInput, ConfigError
+from tests.fakes.price_tables import price_table
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ROOT / "configs" / "releases"
@@ -43,25 +44,19 @@ KNOWINGLY_UNPRICED = {
 }
 
 # Test figures, written out here so the hand-worked cases below do not move when the shipped table is updated.
-TEST_TABLE = """\
-version: 1
-offer: sagemaker-real-time-on-demand
-currency: USD
-unit: instance-hour
-prices:
-  us-east-1:
-    ml.g6e.xlarge: {usd_per_hour: 2.33, source: test figure, as_of: 2026-12-01, provenance: project-readme}
-    ml.g6.2xlarge: {usd_per_hour: 1.22, source: test figure, as_of: 2026-12-01, provenance: project-readme}
-    ml.g5.2xlarge: {usd_per_hour: 1.52, source: test figure, as_of: 2026-12-01, provenance: project-readme}
-    ml.g4dn.2xlarge: {usd_per_hour: 1.05, source: test figure, as_of: 2026-12-01, provenance: project-readme}
-    ml.p5.48xlarge:
-      usd_per_hour: 113
-      source: https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonSageMaker/current/us-east-1/index.json
-      as_of: "2026-11-30"
-      provenance: price-list-api
-    ml.p5.4xlarge: {usd_per_hour: 10.5, source: test figure (not a price), as_of: 2026-12-01,
-                    provenance: project-readme}
-"""
+TEST_TABLE = price_table(
+    "ml.g6e.xlarge: {usd_per_hour: 2.33, source: test figure, as_of: 2026-12-01, provenance: project-readme}",
+    "ml.g6.2xlarge: {usd_per_hour: 1.22, source: test figure, as_of: 2026-12-01, provenance: project-readme}",
+    "ml.g5.2xlarge: {usd_per_hour: 1.52, source: test figure, as_of: 2026-12-01, provenance: project-readme}",
+    "ml.g4dn.2xlarge: {usd_per_hour: 1.05, source: test figure, as_of: 2026-12-01, provenance: project-readme}",
+    "ml.p5.48xlarge:\n"
+    "      usd_per_hour: 113\n"
+    "      source: https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonSageMaker/current/us-east-1/index.json\n"
+    "      as_of: \"2026-11-30\"\n"
+    "      provenance: price-list-api",
+    "ml.p5.4xlarge: {usd_per_hour: 10.5, source: test figure (not a price), as_of: 2026-12-01,\n"
+    "                    provenance: project-readme}",
+)
 
 
 @pytest.fixture()
