@@ -305,6 +305,7 @@ def test_the_cli_prints_tables_for_people_and_json_for_machines(history, capsys,
     assert code == 0 and (tmp_path / "r" / "index.html").is_file() and "ledger verified" in out
 
     code, _, err = run_cli(capsys, "ledger", "show", "tiny-decision-000000000000", "--state-dir", state)
-    assert code == 1 and "has no ledger records" in err and "shiplift ledger history" in err
+    assert code == 1 and "no release in the ledger matches" in err and "the nearest: " in err
+    assert "shiplift ledger history" in err
     code, _, err = run_cli(capsys, "ledger", "as-of", MODEL, "yesterday", "--state-dir", state)
     assert code == 2 and "yesterday" in err

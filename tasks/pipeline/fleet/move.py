@@ -47,7 +47,7 @@ from tasks.pipeline.release import (
     run_stage,
 )
 from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
-from validation.cold_start import first_answer
+from validation import cold_start
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ def _start_on_new_endpoint(ctx: StageContext, config: ReleaseConfig, plan: Fleet
     body = ctx.family.invocation_bodies(validation, validation.dataset_paths(ctx.config_dir))[0]
     invoker = hosting.invoker(endpoint, component, timeout_s=validation.request_timeout_s)
     timeout_s = validation.request_timeout_s
-    start = first_answer(invoker, body, timeout_s=timeout_s, deadline_s=4 * timeout_s)
+    start = cold_start.first_answer(invoker, body, timeout_s=timeout_s, deadline_s=4 * timeout_s)
     if start.error:
         raise DeployFailed(f"{endpoint}/{component} serves {ctx.release_id} but did not answer the gate's first "
                            f"request: {start.error}",
