@@ -3,7 +3,6 @@ the ledger) and the local `endpoints` (list, stop, heal)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from tasks.cli.arguments import with_json, with_ledger, with_state_dir
@@ -15,17 +14,15 @@ ENDPOINT_COLUMNS = ["endpoint", "status", "components (copies in rotation / spec
 
 
 def cmd_endpoints_list(args) -> int:
-    """Every local endpoint under the state dir; a state dir without endpoints is an empty table (and a note on
-    stderr), and is left as it is: listing creates nothing."""
+    """Every local endpoint under the state dir. No state there is BadInput naming where it looked (exit 2); a state
+    dir whose endpoints are all gone is an empty table. Listing creates nothing."""
     from tasks.backends.registry import local_endpoints
 
     state_dir = Path(args.state_dir).expanduser().resolve()
     if not (state_dir / "endpoints").is_dir():
-        print_json([]) if args.json else print_table([], ENDPOINT_COLUMNS)
         why = "does not exist" if not state_dir.exists() else "holds no endpoints folder"
-        print(f"shiplift: no local endpoints: the state dir {state_dir} {why} (pass --state-dir naming another)",
-              file=sys.stderr)
-        return 0
+        raise BadInput(f"no local endpoints: the state dir {state_dir} {why}",
+                       fix="pass --state-dir naming the state dir a release used (the demo's: .shiplift/demo)")
     endpoints = local_endpoints(state_dir).list_endpoints()
     if args.json:
         print_json(endpoints)

@@ -287,10 +287,10 @@ def test_read_only_commands_leave_the_state_dir_byte_identical(name, variant, tm
     assert tree(root) == before, f"`shiplift {name}` changed the state dir"
     if name.startswith("status") and variant in ("missing", "empty"):
         assert code == 2 and "no ledger at" in err, "where it looked, and exit 2"
-    elif name.startswith(("status", "endpoints")):
+    elif name.startswith("endpoints"):
+        assert code == 2 and "no local endpoints: the state dir" in err, "where it looked, and exit 2"
+    elif name.startswith("status"):
         assert code == 0, err
-        if name.startswith("endpoints"):
-            assert "shiplift: " in err, "an empty table, and a note naming the state dir"
     elif name in LEDGER_ONLY:
         assert code == 0 or variant != "signed", err
     elif variant in ("missing", "empty"):
@@ -299,10 +299,11 @@ def test_read_only_commands_leave_the_state_dir_byte_identical(name, variant, tm
         assert code == 0, err
 
 
-def test_endpoints_list_without_a_state_dir_is_an_empty_table_and_a_note(tmp_path, capsys):
+def test_endpoints_list_without_a_state_dir_says_where_it_looked_and_exits_2(tmp_path, capsys):
     code, out, err = cli(capsys, "endpoints", "list", "--state-dir", str(tmp_path / "absent"))
-    assert code == 0 and out.splitlines()[0].split()[:2] == ["endpoint", "status"] and len(out.splitlines()) == 2
+    assert code == 2 and out == "" and "--state-dir" in err
     assert f"the state dir {tmp_path / 'absent'} does not exist" in err and not (tmp_path / "absent").exists()
+    (tmp_path / "absent" / "endpoints").mkdir(parents=True)
     code, out, _ = cli(capsys, "endpoints", "list", "--json", "--state-dir", str(tmp_path / "absent"))
     assert code == 0 and json.loads(out) == []
 
