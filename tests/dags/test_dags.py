@@ -200,9 +200,10 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
     config = tiny_release.write_tiny_config(tmp_path / "configs", unused)
     bad = config.with_name("bad-model.yaml")
     bad.write_text(config.read_text().replace("threads: 2", "threads: 0"))
-    no_data = config.with_name("no-data.yaml")
-    no_data.write_text(config.read_text().replace("decisions-small.jsonl", "missing.jsonl"))
-    assert "missing.jsonl" in no_data.read_text()
+    no_data = config.with_name("no-data.yaml")  # a dataset that is there but holds no task: validate refuses it
+    (config.parent / "no-tasks.jsonl").write_text('{"not": "a decision task"}\n')  # beside decisions-small.jsonl
+    no_data.write_text(config.read_text().replace("decisions-small.jsonl", "no-tasks.jsonl"))
+    assert "no-tasks.jsonl" in no_data.read_text()
     strict = config.with_name("strict-model.yaml")  # the same model, a gate it cannot pass
     strict.write_text(config.read_text().replace("min_accuracy: 0.0", "min_accuracy: 0.99"))
     assert "min_accuracy: 0.99" in strict.read_text()
@@ -267,7 +268,7 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         assert broken["state"] == "failed" and broken["tasks"]["validate"] == "failed"
         assert (broken["tasks"]["promote"], broken["tasks"]["teardown_candidate"], broken["tasks"]["end"]) == (
             "upstream_failed", "success", "failed")
-        assert "dataset" in output and "missing.jsonl" in output
+        assert "dataset" in output and "no-tasks.jsonl" in output
         broken_id = broken["xcom"]["begin"]["release_id"]
         assert ReleaseState.load(Ledger.for_sqlite(state_dir / "ledger.db"), broken_id).status == "failed"
         assert ledger.served_at("tiny-decision", "2100-01-01T00:00:00Z").release_id == release_id
