@@ -15,6 +15,7 @@ from typing import Any
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_LEASE, EXIT_AWAITING = 1, 2, 3, 4, 5
 EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
+SHORTENED_MARK = "…"  # where a fitted cell cut the middle of a value (`gemma-…3d396`); ids typed so still resolve
 MIN_CELL = 12  # the narrowest a shrinkable column gets when a table is fitted to the terminal
 
 
@@ -59,7 +60,7 @@ def fit_cell(text: str, width: int) -> list[str]:
         return [text]
     if " " not in text.strip():
         keep = width - 1
-        return [text[:(keep + 1) // 2] + "…" + text[len(text) - keep // 2:]]
+        return [text[:(keep + 1) // 2] + SHORTENED_MARK + text[len(text) - keep // 2:]]
     return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
 
 

@@ -14,20 +14,20 @@ COLUMNS = ["region", "instance type", "before $/h", "after $/h", "change", "as o
 
 def cmd_prices_refresh(args) -> int:
     """Read each region's and type's figure, write the changed table (unless --dry-run), print the changes."""
-    from tasks.backends.aws import price_list as pricing_refresh
+    from tasks.backends.aws import price_list
     from tasks.backends.pricing_table import load_price_table, prices_path
     from tasks.errors import BadInput
 
     path = Path(args.prices) if args.prices else prices_path()
     table = load_price_table(path)
-    regions = args.region or sorted(table.prices) or [pricing_refresh.PRICE_LIST_REGION]
+    regions = args.region or sorted(table.prices) or [price_list.PRICE_LIST_REGION]
     types = args.types or sorted({name for listed in table.prices.values() for name in listed})
     if not types:
         raise BadInput(f"{path} lists no instance type to refresh", fix="name the types with --types")
-    changes = pricing_refresh.refresh_prices(pricing_refresh.price_list(), table, regions, types)
+    changes = price_list.refresh_prices(price_list.price_list_session(), table, regions, types)
     moved = [change for change in changes if change.change != "unchanged"]
     if moved and not args.dry_run:
-        pricing_refresh.write_price_table(path, pricing_refresh.updated_table(table, moved))
+        price_list.write_price_table(path, price_list.updated_table(table, moved))
     written = bool(moved) and not args.dry_run
     if args.json:
         print_json({"prices": str(path), "dry_run": args.dry_run, "written": written,

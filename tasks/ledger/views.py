@@ -13,7 +13,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from tasks.console import flatten
+from tasks.console import SHORTENED_MARK, flatten
 from tasks.errors import BadInput, NotFound
 from tasks.ledger.events import (
     APPROVAL,
@@ -152,7 +152,7 @@ def releases(ledger, model: str | None = None) -> list[dict]:
     return [release_row(detail) for detail in details(of_releases(ledger.history(model)))]
 
 
-SHORTENED = ("…", "...")  # how a table shortens an id (`gemma-…3d396`), and how a person may type it
+SHORTENED = (SHORTENED_MARK, "...")  # how a table shortens an id (`gemma-…3d396`), and how a person may type it
 
 
 def release_id_matches(text: str, release_id: str) -> bool:

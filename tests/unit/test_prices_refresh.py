@@ -15,7 +15,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from tasks.backends.aws import price_list as pricing_refresh
+from tasks.backends.aws import price_list
 from tasks.backends.pricing_table import load_price_table
 from tasks.cli.prices_commands import add_prices_commands
 from tasks.errors import BadInput, ConfigError
@@ -38,11 +38,11 @@ def prices(tmp_path) -> Path:
     return path
 
 
-def stubbed(exchanges: list[dict]) -> tuple[pricing_refresh.Aws, Stubber]:
+def stubbed(exchanges: list[dict]) -> tuple[price_list.Aws, Stubber]:
     """The Price List session with fake credentials of its own, its client answering `exchanges` in order."""
-    aws = pricing_refresh.price_list(boto3.Session(aws_access_key_id="AKIDSHIPLIFTTEST",
+    aws = price_list.price_list_session(boto3.Session(aws_access_key_id="AKIDSHIPLIFTTEST",
                                                    aws_secret_access_key="not-a-secret", region_name="us-east-1"))
-    stub = Stubber(aws.client("pricing", read_timeout_s=pricing_refresh.READ_TIMEOUT_S))
+    stub = Stubber(aws.client("pricing", read_timeout_s=price_list.READ_TIMEOUT_S))
     for exchange in exchanges:
         stub.add_response("get_products", exchange["response"], exchange["request"])
     return aws, stub
@@ -51,14 +51,14 @@ def stubbed(exchanges: list[dict]) -> tuple[pricing_refresh.Aws, Stubber]:
 def refresh(argv: list[str], aws, monkeypatch, capsys) -> tuple[int, str]:
     parser = argparse.ArgumentParser(prog="shiplift")
     add_prices_commands(parser.add_subparsers(dest="command", required=True))
-    monkeypatch.setattr(pricing_refresh, "price_list", lambda: aws)
+    monkeypatch.setattr(price_list, "price_list_session", lambda: aws)
     args = parser.parse_args(["prices", "refresh", *argv])
     code = args.func(args)
     return code, capsys.readouterr().out
 
 
 def test_the_client_reads_from_us_east_1_with_timeouts():
-    aws = pricing_refresh.price_list()
+    aws = price_list.price_list_session()
     assert aws.region == "us-east-1" and aws.read_timeout_s == 30
 
 
@@ -128,7 +128,7 @@ def answer(request: dict, *items: dict) -> dict:
 def test_a_type_with_no_product_is_refused_naming_it_and_nothing_is_written(prices):
     aws, stub = stubbed([answer(EXCHANGES[2]["request"])])
     with stub, pytest.raises(BadInput) as caught:
-        pricing_refresh.refresh_prices(aws, load_price_table(prices), ["us-east-1"], ["ml.g6e.xlarge"])
+        price_list.refresh_prices(aws, load_price_table(prices), ["us-east-1"], ["ml.g6e.xlarge"])
     assert "ml.g6e.xlarge in us-east-1: no Hosting product" in caught.value.problem
     assert "nothing was written" in caught.value.fix and prices.read_text() == TABLE
 
@@ -138,7 +138,7 @@ def test_several_products_are_refused_with_their_usage_types(prices):
     other["product"]["attributes"]["usagetype"] = "USE1-Host-Other:ml.g6e.xlarge"
     aws, stub = stubbed([answer(EXCHANGES[2]["request"], product(2), other)])
     with stub, pytest.raises(BadInput) as caught:
-        pricing_refresh.refresh_prices(aws, load_price_table(prices), ["us-east-1"], ["ml.g6e.xlarge"])
+        price_list.refresh_prices(aws, load_price_table(prices), ["us-east-1"], ["ml.g6e.xlarge"])
     assert ("ml.g6e.xlarge in us-east-1: 2 Hosting products (usagetype USE1-Host-Other:ml.g6e.xlarge, "
             "USE1-Host:ml.g6e.xlarge)") in caught.value.problem
 
@@ -148,7 +148,7 @@ def test_a_product_of_another_component_is_not_taken_for_hosting(prices):
     training["product"]["attributes"]["component"] = "Training"
     aws, stub = stubbed([answer(EXCHANGES[2]["request"], training)])
     with stub, pytest.raises(BadInput, match="no Hosting product"):
-        pricing_refresh.refresh_prices(aws, load_price_table(prices), ["us-east-1"], ["ml.g6e.xlarge"])
+        price_list.refresh_prices(aws, load_price_table(prices), ["us-east-1"], ["ml.g6e.xlarge"])
 
 
 @pytest.mark.parametrize("regions, types, named", [(["us-east-1"], ["g6e.xlarge"], "--types: 'g6e.xlarge'"),
@@ -156,7 +156,7 @@ def test_a_product_of_another_component_is_not_taken_for_hosting(prices):
 def test_a_misspelt_name_is_refused_before_any_request(prices, regions, types, named):
     aws, stub = stubbed([])
     with stub, pytest.raises(BadInput, match=named):  # no answer queued: a request sent would fail otherwise
-        pricing_refresh.refresh_prices(aws, load_price_table(prices), regions, types)
+        price_list.refresh_prices(aws, load_price_table(prices), regions, types)
 
 
 def test_access_denied_names_the_permission_and_writes_nothing(prices, monkeypatch, capsys):
@@ -180,7 +180,7 @@ def test_no_credentials_is_a_config_error_with_the_fix(prices, monkeypatch, tmp_
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(ConfigError) as caught:
-        pricing_refresh.refresh_prices(pricing_refresh.price_list(), load_price_table(prices), ["us-east-1"],
+        price_list.refresh_prices(price_list.price_list_session(), load_price_table(prices), ["us-east-1"],
                                        ["ml.g6e.xlarge"])
     assert "no usable AWS credentials" in caught.value.problem
     assert "pricing:GetProducts" in caught.value.fix and prices.read_text() == TABLE

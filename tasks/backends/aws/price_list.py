@@ -36,7 +36,7 @@ PAGE_SIZE = 100  # GetProducts' MaxResults maximum
 GET_PRODUCTS = "aws pricing get-products in docs/cost.md, \"How to update a figure\""
 
 
-def price_list(access=None) -> Aws:
+def price_list_session(access=None) -> Aws:
     """The Price List API's session: us-east-1, the default credential chain (or `access`), a 30 s read timeout."""
     return Aws(region=PRICE_LIST_REGION, access=access, read_timeout_s=READ_TIMEOUT_S)
 
