@@ -1,8 +1,10 @@
-"""Seeded gate candidates whose truth is known, built from recorded per-task outcomes of real models (issue 45 item 3).
+"""Seeded gate candidates whose truth is known, built from recorded per-task outcomes of real models and of the tiny
+model the tests make (issue 45 item 3).
 
-The base is a model's prediction rows (`validation.runner` predictions.jsonl lines, `bench/record_gate_outcomes.py`)
-recorded twice, alternately task by task: pass `a` plays the champion, pass `b` (the same model, so the same answers
-and the machine's own latency noise) is the start of every candidate. The tasks a base recorded are the population:
+The base is a model's prediction rows (`validation.runner` predictions.jsonl lines, `bench/record_gate_outcomes.py`):
+Gemma-3-270M (`gemma`) or the tests' tiny generated GGUF (`tiny`, a random model), recorded twice, alternately task
+by task: pass `a` plays the champion, pass `b` (the same model, so the same answers and the machine's own latency
+noise) is the start of every candidate. The tasks a base recorded are the population:
 a gate's n tasks are drawn from its main pool with replacement, an extension's from its reserve (JevBench).
 
 A candidate (`Spec`) changes pass b in ways whose effect on the population is known exactly:
@@ -31,7 +33,8 @@ from tasks.errors import BadInput, NotFound
 from validation.metrics import N_BINS, bin_index, score_predictions
 
 DATA = Path(__file__).resolve().parent / "data" / "gate-corpus"
-BASES = {"gemma": "gemma3-270m-q4km", "tiny": "tiny-seed0"}  # --base name: the recorded files' stem
+# --base name: the recorded files' stem (gemma: the demo model; tiny: the generated model the tests' releases serve)
+BASES = {"gemma": "gemma3-270m-q4km", "tiny": "tiny-seed3"}
 MAIN, RESERVE = "decisions", "jevbench"  # the datasets the recording names: the gate's tasks, the extension's
 
 

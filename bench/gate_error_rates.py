@@ -1,13 +1,16 @@
 """`make bench-gate`: the gate's measured error rates on seeded candidates with known truth (issue 45 item 3).
 
     .venv/bin/python -m bench.gate_error_rates [--candidates 200] [--seed 0] [--base gemma] [--json]
-        [--configs PATH ...] [--extension/--no-extension] [--batch 20] [--reserve 120] [--cross-check 1]
+        [--configs PATH ...] [--extension/--no-extension] [--batch N] [--reserve N] [--cross-check 1]
         [--ece-margin 0.05] [--p95-ratio 1.5] [--margins gemma-decision.yaml=0.08 ...] [--suggest]
 
 For every example config (configs/releases/*.yaml, loaded with `tasks.config`; configs whose gate is the same, the
 same tasks and champion rule, are judged once), each candidate of `bench.gate_corpus` is judged by the champion checks
-exactly as `validation.gates` judges them, and, where the accuracy check ends inconclusive and the extension is on, by
-`validation.sequential.sequential_champion_check` over paired tasks drawn from the reserve. Per check and candidate it
+exactly as `validation.gates` judges them, and, where the accuracy check ends inconclusive and the config extends
+(`validation.inconclusive.choice: extend`), by `validation.sequential.sequential_champion_check` over paired tasks drawn
+from the reserve pool, as many as the config's extension may score (its `max_tasks`, capped by its reserve's size: 120
+JevBench tasks for the decision configs, the NLI set's 75 reserve pairs for the NLI ones) in its batches; a config
+that does not extend is judged without (its extended column is its fixed one). Per check and candidate it
 prints the share of pass / inconclusive / fail at the fixed size and after the extension, the false-promotion rate
 (truly worse than the margin, promoted) or false-block rate (not worse, blocked or inconclusive), the mean tasks used,
 and `validation.gate_power`'s closed form for the fixed-size accuracy check beside it.
@@ -29,7 +32,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -39,6 +42,7 @@ from bench.gate_corpus import DATA, Base, Draws, Pool, Spec, Truth, draw, load_b
 from tasks.cli.gate_commands import gate_tasks
 from tasks.config import load_release_config
 from tasks.console import print_table
+from tasks.pipeline.stages.validate import run_settings
 from validation.gate_power import accuracy_sd, outcome_probabilities
 from validation.gates import Check, _champion_check, decide, evaluate_gates, ratio_check
 from validation.metrics import N_BINS, bin_index, paired_latency_ratio
@@ -54,15 +58,25 @@ COLUMNS = ["candidate", "check", "truth", "fixed p/i/f", "fixed rate", "plan pas
 
 
 @dataclass(frozen=True)
+class Extension:
+    """How a gate extends an inconclusive accuracy check: paired tasks per look, and the most reserve tasks it
+    scores."""
+
+    batch: int
+    reserve: int
+
+
+@dataclass(frozen=True)
 class Setting:
     """One gate to measure: the configs that share it, its tasks, champion rule (with the bench's ECE margin and p95
-    ratio where the config sets none) and what it set itself."""
+    ratio where the config sets none), what it set itself, and its extension (None: its config does not extend)."""
 
     configs: tuple[str, ...]
     n: int
     rule: object  # validation.thresholds.ChampionRule
     ece_from_config: bool
     ratio_from_config: bool
+    extension: Extension | None = None
 
     def describe(self) -> str:
         rule = self.rule
@@ -71,7 +85,21 @@ class Setting:
                                   ("p95 ratio", getattr(rule, "max_p95_ratio", None), self.ratio_from_config)):
             parts.append(f"no {label}" if value is None else
                          f"{label} {value:g}" + ("" if own else " (bench: the config sets none)"))
+        ext = self.extension
+        parts.append("no extension" if ext is None else
+                     f"extends onto {ext.reserve} reserve tasks in batches of {ext.batch}")
         return ", ".join(parts)
+
+
+def config_extension(config, config_dir: Path) -> Extension | None:
+    """The config's own extension: its batch, and its `max_tasks` capped by the tasks its reserve holds (the family
+    loads them, as the validate stage does); None when its inconclusive choice is not extend."""
+    validation = config.validation
+    if validation.inconclusive.choice != "extend":
+        return None
+    extend_settings = validation.inconclusive.extend
+    reserve = config.family.reserve(validation, config_dir, run_settings(validation))
+    return Extension(extend_settings.batch, min(extend_settings.max_tasks, len(reserve.tasks)))
 
 
 def config_settings(paths: Sequence[Path], *, ece_margin: float | None, p95_ratio: float | None,
@@ -92,7 +120,7 @@ def config_settings(paths: Sequence[Path], *, ece_margin: float | None, p95_rati
                 and "max_p95_ratio" in type(rule).model_fields):
             updates["max_p95_ratio"] = p95_ratio
         key = (gate_tasks(config, path.parent), rule.model_copy(update=updates), rule.also_ece_margin is not None,
-               getattr(rule, "max_p95_ratio", None) is not None)
+               getattr(rule, "max_p95_ratio", None) is not None, config_extension(config, path.parent))
         grouped.setdefault(key, []).append(path.name)
 
     def own(name: str) -> bool:
@@ -101,7 +129,16 @@ def config_settings(paths: Sequence[Path], *, ece_margin: float | None, p95_rati
         return not any(line.startswith("extends:") for line in lines)
 
     return [Setting(tuple(sorted(names, key=lambda name: (not (CONFIGS / name).is_file() or not own(name), name))),
-                    n, rule, ece, ratio) for (n, rule, ece, ratio), names in grouped.items()]
+                    n, rule, ece, ratio, extension) for (n, rule, ece, ratio, extension), names in grouped.items()]
+
+
+def judged_extension(setting: Setting, *, on: bool, batch: int | None, reserve: int | None) -> Extension | None:
+    """The extension the bench judges a gate with: its config's, with `batch` / `reserve` in its place where given;
+    none when `on` is false or the config does not extend."""
+    ext = setting.extension if on else None
+    if ext is None:
+        return None
+    return Extension(batch or ext.batch, reserve or ext.reserve)
 
 
 @lru_cache(maxsize=16)
@@ -252,19 +289,21 @@ def plan_pass(check: str, spec: Spec, n: int, rule) -> str:
     return f"{odds['pass']:.2f}"
 
 
-def measure(setting: Setting, base: Base, *, candidates: int, seed: int, extension: bool, batch: int, reserve: int,
+def measure(setting: Setting, base: Base, *, candidates: int, seed: int, extension: Extension | None,
             cross_check: int, index: int = 0, pool: Executor | None = None) -> dict:
-    """Every corpus candidate of one gate (its cells on `pool`'s processes when given): per check its truth, the
-    statuses' shares, rates, tasks used."""
+    """Every corpus candidate of one gate, judged with `extension` (None: without), its cells on `pool`'s processes
+    when given: per check its truth, the statuses' shares, rates, tasks used."""
     rule = setting.rule
     specs = standard_specs(rule.margin, ece_margin=rule.also_ece_margin, pool=base.main,
                            max_p95_ratio=getattr(rule, "max_p95_ratio", None))
-    cell = partial(measure_cell, setting, base, candidates=candidates, extension=extension, batch=batch,
-                   reserve=reserve, cross_check=cross_check)
+    cell = partial(measure_cell, setting, base, candidates=candidates, extension=extension is not None,
+                   batch=extension.batch if extension else 0, reserve=extension.reserve if extension else 0,
+                   cross_check=cross_check)
     seeds = [[seed, index, s] for s in range(len(specs))]
     cells = list((pool.map if pool else map)(cell, specs, seeds))
     return {"setting": setting.describe(), "configs": list(setting.configs), "n": setting.n,
-            "margin": rule.margin, "rows": [row for rows, _, _ in cells for row in rows],
+            "margin": rule.margin, "extension": None if extension is None else asdict(extension),
+            "rows": [row for rows, _, _ in cells for row in rows],
             "cross_checked": sum(c for _, c, _ in cells), "cross_check_mismatches": sum(m for _, _, m in cells)}
 
 
@@ -321,18 +360,18 @@ def worst(result: dict, column: str) -> dict[str, float]:
     return {"false_promotion": max(promoted, default=0.0), "false_block": max(blocked, default=0.0)}
 
 
-def suggest_margin(setting: Setting, base: Base, *, candidates: int, seed: int, batch: int, reserve: int,
+def suggest_margin(setting: Setting, base: Base, *, candidates: int, seed: int, extension: Extension | None,
                    grid: Sequence[float], pool: Executor | None = None) -> float | None:
-    """The narrowest accuracy margin of `grid` whose gate, with the extension, promotes a candidate worse by the
-    margin (or twice it) at most 5 % of the time and blocks an equal one at the prior's 8 % disagreement (and 3 %) at
-    most 10 %."""
+    """The narrowest accuracy margin of `grid` whose gate, with `extension` (its own, or None), promotes a candidate
+    worse by the margin (or twice it) at most 5 % of the time and blocks an equal one at the prior's 8 % disagreement
+    (and 3 %) at most 10 %."""
     for margin in grid:
         rule = setting.rule.model_copy(update={"margin": margin, "also_ece_margin": None, "max_p95_ratio": None}
                                        if "max_p95_ratio" in type(setting.rule).model_fields else
                                        {"margin": margin, "also_ece_margin": None})
         trial = replace(setting, rule=rule)
-        result = measure(trial, base, candidates=candidates, seed=seed, extension=True, batch=batch, reserve=reserve,
-                         cross_check=0, pool=pool)
+        result = measure(trial, base, candidates=candidates, seed=seed, extension=extension, cross_check=0,
+                         pool=pool)
         rates = worst(result, "extended")
         if rates["false_promotion"] <= MAX_FALSE_PROMOTION and rates["false_block"] <= MAX_FALSE_BLOCK:
             return margin
@@ -348,9 +387,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of the recorded outcomes (default: the committed ones)")
     parser.add_argument("--configs", nargs="*", type=Path, help="release configs (default: configs/releases/*.yaml)")
     parser.add_argument("--extension", action=argparse.BooleanOptionalAction, default=True,
-                        help="extend an inconclusive accuracy check from the reserve (default on)")
-    parser.add_argument("--batch", type=int, default=20, help="reserve tasks per look of the extension (default 20)")
-    parser.add_argument("--reserve", type=int, default=120, help="reserve tasks the extension may use (default 120)")
+                        help="extend an inconclusive accuracy check from the reserve where the config extends "
+                             "(default on)")
+    parser.add_argument("--batch", type=int,
+                        help="reserve tasks per look of the extension (default: each config's extend.batch)")
+    parser.add_argument("--reserve", type=int,
+                        help="reserve tasks the extension may use (default: each config's extend.max_tasks, at most "
+                             "its reserve's size)")
     parser.add_argument("--cross-check", type=int, default=1,
                         help="candidates per cell also judged by the real evaluate_gates (default 1)")
     parser.add_argument("--ece-margin", type=float, default=ECE_MARGIN,
@@ -378,17 +421,17 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
         for index, setting in enumerate(settings):
-            result = measure(setting, base, candidates=args.candidates, seed=args.seed, extension=args.extension,
-                             batch=args.batch, reserve=args.reserve, cross_check=args.cross_check, index=index,
-                             pool=pool)
+            extension = judged_extension(setting, on=args.extension, batch=args.batch, reserve=args.reserve)
+            result = measure(setting, base, candidates=args.candidates, seed=args.seed, extension=extension,
+                             cross_check=args.cross_check, index=index, pool=pool)
             result["worst"] = {"fixed": worst(result, "fixed"), "extended": worst(result, "extended")}
             if args.suggest:
                 result["suggested_margin"] = suggest_margin(
-                    setting, base, candidates=args.candidates, seed=args.seed, batch=args.batch, reserve=args.reserve,
+                    setting, base, candidates=args.candidates, seed=args.seed, extension=extension,
                     grid=[round(0.01 * k, 2) for k in range(1, 21)], pool=pool)
             results.append(result)
     summary = {"base": args.base, "provenance": base.provenance, "candidates": args.candidates, "seed": args.seed,
-               "extension": {"on": args.extension, "batch": args.batch, "reserve": args.reserve},
+               "extension": {"on": args.extension, "batch": args.batch, "reserve": args.reserve},  # None: each config's
                "seconds": time.perf_counter() - started, "gates": results}
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -400,10 +443,13 @@ def main(argv: list[str] | None = None) -> int:
 def print_report(summary: dict) -> None:
     """The tables for people: per gate, per candidate and check; then the worst rates per gate."""
     ext = summary["extension"]
+    sizes = ", ".join(f"{name} {ext[key]}" for name, key in (("reserve", "reserve"), ("batches of", "batch"))
+                      if ext[key] is not None)
     print(f"gate error rates: {summary['candidates']} candidates per row, seed {summary['seed']}, base "
-          f"{summary['base']}; extension {'on' if ext['on'] else 'off'} (reserve {ext['reserve']} tasks, batches of "
-          f"{ext['batch']}); p/i/f = pass/inconclusive/fail; FP = false promotion (truly worse, passed), FB = false "
-          f"block (not worse, not passed); plan pass = validation.gate_power's closed form\n")
+          f"{summary['base']}; extension {'on' if ext['on'] else 'off'} (each config's own"
+          f"{'; all gates: ' + sizes if sizes else ''}); p/i/f = pass/inconclusive/fail; FP = false promotion (truly "
+          f"worse, passed), FB = false block (not worse, not passed); plan pass = validation.gate_power's closed "
+          f"form\n")
     for gate in summary["gates"]:
         print(gate["setting"])
         print_table(gate["rows"], COLUMNS)

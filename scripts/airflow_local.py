@@ -69,6 +69,8 @@ def base_env(home: Path, *, port: int, dags_folder: Path, shiplift_home: Path) -
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
         "SHIPLIFT_HOME": str(shiplift_home),
+        # the triggerer imports _shiplift_triggers by classpath, and Airflow 3 puts no DAG folder on its sys.path
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(dags_folder), env.get("PYTHONPATH")))),
     })
     return env
 

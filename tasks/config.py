@@ -21,9 +21,8 @@ from tasks.backends.interfaces import BakeAlarms
 from tasks.config_errors import did_you_mean, format_validation_error
 from tasks.config_release import ApprovalConfig, ReleaseConfig
 from tasks.config_rollout import BLUE_GREEN_REFUSED, AllAtOnce, Canary, Linear
-from tasks.config_types import DatasetRef
+from tasks.config_types import DatasetRef, local_path
 from tasks.errors import ConfigError
-from tasks.project import BUILTIN_DATA_DIR
 from tasks.secret_keys import looks_secret
 from tasks.yamlfile import parse_yaml, read_yaml_file
 
@@ -159,14 +158,6 @@ def config_parts(value: Any, key: str = "") -> Iterator[tuple[str, BaseModel]]:
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             yield from config_parts(item, f"{key}[{index}]")
-
-
-def local_path(text: str, config_dir: Path) -> Path:
-    """A path a config names: `builtin:NAME` a shipped dataset, a relative path read from the config's folder."""
-    if text.startswith("builtin:"):
-        return BUILTIN_DATA_DIR / f"{text.removeprefix('builtin:')}.jsonl"
-    path = Path(text).expanduser()
-    return path if path.is_absolute() else config_dir / path
 
 
 def named_file_problem(key: str, part: BaseModel, config_dir: Path) -> str | None:

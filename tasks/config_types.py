@@ -27,6 +27,14 @@ class Strict(BaseModel):
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="lower-case hex sha256")]
 
 
+def local_path(text: str, config_dir: Path) -> Path:
+    """A path a config names: `builtin:NAME` a shipped dataset, a relative path read from the config's folder."""
+    if text.startswith("builtin:"):
+        return BUILTIN_DATA_DIR / f"{text.removeprefix('builtin:')}.jsonl"
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else config_dir / path
+
+
 class DatasetRef(Strict):
     """A dataset file (`builtin:NAME` is one of the project's own sets under validation/data) and the splits to use."""
 
@@ -36,11 +44,7 @@ class DatasetRef(Strict):
     def resolve(self, base_dir: Path) -> Path:
         """The dataset's file: `builtin:NAME` is the project's shipped set, a relative path is relative to `base_dir`
         (the config file's folder); ConfigError when it is not there."""
-        if self.path.startswith("builtin:"):
-            path = BUILTIN_DATA_DIR / f"{self.path.removeprefix('builtin:')}.jsonl"
-        else:
-            path = Path(self.path)
-            path = path if path.is_absolute() else base_dir / path
+        path = local_path(self.path, base_dir)
         if not path.is_file():
             raise ConfigError(f"dataset {self.path!r} not found at {path}",
                               fix="point validation.datasets[].path at a JSONL file")

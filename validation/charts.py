@@ -6,7 +6,7 @@ Every function returns one `<svg>` element ready to inline in an HTML page (or "
 - text stays text (`svg.fonttype: none`): a browser, a screen reader and a test can read the axis labels and legends;
 - no date and a fixed hash salt: the same data gives the same bytes, so a report's sha256 can be recomputed.
 Figures use matplotlib's object API (Figure + FigureCanvasSVG), never pyplot, so no global figure state is kept;
-rc settings apply only inside `_render`. Sizes read on a laptop: 8–9 in wide (≈ 770–860 CSS px), text ≥ 11 pt.
+rc settings apply only inside `render`. Sizes read on a laptop: 8–9 in wide (≈ 770–860 CSS px), text ≥ 11 pt.
 Strings from data are passed to matplotlib with `$` escaped (no mathtext) and are XML-escaped by its SVG writer.
 """
 
@@ -66,12 +66,12 @@ LANE_STEP = 0.24  # between sub-lanes, in rows (a row is ROW_IN tall: lanes sit 
 ROW_IN = 0.85
 
 
-def _plain(text: Any) -> str:
+def plain(text: Any) -> str:
     """A data string as matplotlib should print it: `$` is not the start of mathtext."""
     return str(text).replace("$", r"\$")
 
 
-def _render(name: str, label: str, width_in: float, height_in: float, draw: Callable[[Figure], Mapping | None], *,
+def render(name: str, label: str, width_in: float, height_in: float, draw: Callable[[Figure], Mapping | None], *,
             key: str = "", attrs: Mapping[str, str] | None = None) -> str:
     """Draw a figure with `draw(fig)` and return it as inline SVG (see the module doc). `draw` may return
     {gid: (css classes, tooltip)} for artists it gave a gid: their `<g>` gets the classes and a `<title>`."""
@@ -141,7 +141,7 @@ def reliability(candidate: Sequence[Mapping[str, Any]], champion: Sequence[Mappi
         counts.set(xlabel="confidence (mean of the bin's rows)", ylabel="rows")
         counts.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=3))
 
-    return _render("reliability", "reliability diagram: accuracy against confidence, candidate and champion",
+    return render("reliability", "reliability diagram: accuracy against confidence, candidate and champion",
                    WIDTH_IN, 6.4, draw)
 
 
@@ -172,7 +172,7 @@ def latency_histogram(latencies_ms: Sequence[float], markers: Mapping[str, float
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         ax.set_title("Latency histogram", pad=12 + 15 * len(shown))
 
-    return _render("latency", f"latency histogram: {what} in ms, {unit} per bin, with percentile markers",
+    return render("latency", f"latency histogram: {what} in ms, {unit} per bin, with percentile markers",
                    7.0, 4.8, draw)
 
 
@@ -194,13 +194,13 @@ def confusion_matrix(true_labels: Sequence[str], predicted_labels: Sequence[str]
         for (row, column), value in np.ndenumerate(grid):
             ax.text(column, row, str(int(value)), ha="center", va="center", fontsize=13,
                     color="white" if value > peak * 0.6 else "#111")
-        ax.set_xticks(range(len(predicted_labels)), [_plain(x) for x in predicted_labels])
-        ax.set_yticks(range(len(true_labels)), [_plain(x) for x in true_labels])
+        ax.set_xticks(range(len(predicted_labels)), [plain(x) for x in predicted_labels])
+        ax.set_yticks(range(len(true_labels)), [plain(x) for x in true_labels])
         ax.set_xlabel("predicted label")
         ax.set_ylabel("true label")
-        ax.set_title(f"Confusion matrix ({_plain(who)}, {int(grid.sum())} {unit}; darker: more)")
+        ax.set_title(f"Confusion matrix ({plain(who)}, {int(grid.sum())} {unit}; darker: more)")
 
-    return _render("confusion", f"confusion matrix of the {who}: true label against predicted label", 7.0, 5.2,
+    return render("confusion", f"confusion matrix of the {who}: true label against predicted label", 7.0, 5.2,
                    draw, key=who)
 
 
@@ -224,7 +224,7 @@ def champion_check(rows: Sequence[Mapping[str, Any]], *, key: str = "", confiden
             ax.plot([row["difference"]], [y], "o", color=colour, ms=8)
             if row.get("threshold") is not None:
                 ax.plot([row["threshold"]] * 2, [y - 0.3, y + 0.3], color="#222", lw=1.5, ls="--")
-        ax.set_yticks(range(len(rows)), [_plain(r["name"]) for r in rows])
+        ax.set_yticks(range(len(rows)), [plain(r["name"]) for r in rows])
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_xlabel(f"candidate − champion (point, paired {confidence:.0%} interval; dashed: threshold)")
         ax.set_title("Candidate against champion")
@@ -236,7 +236,7 @@ def champion_check(rows: Sequence[Mapping[str, Any]], *, key: str = "", confiden
             handles.append(Line2D([], [], color="#222", ls="--", lw=1.5, label="threshold (margin)"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
-    return _render("champion", "candidate minus champion per metric, with paired intervals and thresholds",
+    return render("champion", "candidate minus champion per metric, with paired intervals and thresholds",
                    7.0, 1.8 + 0.5 * len(rows), draw, key=key, attrs=attrs)
 
 
@@ -281,7 +281,7 @@ def latency_ratio(ratio: Mapping[str, Any], *, max_ratio: float | None, ratio_st
         right.set_xlabel(f"p95 latency (ms, per request; {confidence:.0%} interval)")
         right.set_title("SLO (absolute, this machine)")
 
-    return _render("latency-ratio", "p95 latency: candidate over champion ratio with its paired interval, beside each "
+    return render("latency-ratio", "p95 latency: candidate over champion ratio with its paired interval, beside each "
                    "one's p95 against the SLO ceiling", 9.0, 3.4, draw)
 
 
@@ -374,8 +374,8 @@ def timeline(model: str, releases: Sequence[Mapping[str, Any]], events: Sequence
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_ylabel("event")
         _time_axis(ax, start, end)
-        ax.set_title(f"{_plain(model)}: releases and what happened to them")
-        handles = [Patch(color=colours[r["release_id"]], label=_plain(r["release_id"])) for r in releases]
+        ax.set_title(f"{plain(model)}: releases and what happened to them")
+        handles = [Patch(color=colours[r["release_id"]], label=plain(r["release_id"])) for r in releases]
         if "gate" in kinds:
             handles.append(Line2D([], [], marker="o", ls="", color="#333", mfc="white", mew=2, ms=9,
                                   label="gate that did not pass"))
@@ -384,7 +384,7 @@ def timeline(model: str, releases: Sequence[Mapping[str, Any]], events: Sequence
         return marks
 
     legend_rows = -(-(len(releases) + 1) // 2)
-    return _render("timeline", f"timeline of {model}: releases and their events over time", 9.0,
+    return render("timeline", f"timeline of {model}: releases and their events over time", 9.0,
                    1.4 + ROW_IN * len(rows) + 0.3 * legend_rows, draw, key=model, attrs={"data-model": model})
 
 
@@ -433,7 +433,7 @@ def copies_serving(model: str, series: Sequence[Mapping[str, Any]], until: datet
             top = base + held(s["points"])
             ax.fill_between(x, base, top, step="post", color=colours[s["release_id"]], alpha=0.55
                             if s.get("mixed") else 0.8,
-                            hatch="//" if s.get("mixed") else None, edgecolor="white", lw=0.5, label=_plain(s["label"]))
+                            hatch="//" if s.get("mixed") else None, edgecolor="white", lw=0.5, label=plain(s["label"]))
             base = top
         ax.step(x, base, where="post", color="#222", lw=1.5, label="all copies")
         for t, _ in (p for s in series for p in s["points"]):
@@ -442,8 +442,8 @@ def copies_serving(model: str, series: Sequence[Mapping[str, Any]], until: datet
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("copies serving")
         _time_axis(ax, start, end)
-        ax.set_title(_plain(title or f"{model}: copies serving per release (from the ledger's traffic records)"))
+        ax.set_title(plain(title or f"{model}: copies serving per release (from the ledger's traffic records)"))
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
 
-    return _render("copies", f"copies serving per release of {model} over time", 9.0, 4.2 + 0.3 * len(series), draw,
+    return render("copies", f"copies serving per release of {model} over time", 9.0, 4.2 + 0.3 * len(series), draw,
                    key=f"{model}\n{key}", attrs={"data-model": model, **(attrs or {})})

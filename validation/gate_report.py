@@ -69,36 +69,36 @@ FRIENDLY = {  # metric key of validation.metrics -> what a reviewer reads (a fam
 
 
 # HTML from f-strings, not Jinja2 templates (installed with llama-cpp-python): a family hands its own parts in as
-# functions of its evidence (validation.report_parts), which compose as calls do; every value passes through _e, and
+# functions of its evidence (validation.report_parts), which compose as calls do; every value passes through esc, and
 # the browser test renders the result. Templates would split each part's markup from the code that picks its data.
-def _e(value: Any) -> str:
+def esc(value: Any) -> str:
     """HTML-escape any value's text (quotes too, so it is safe inside attributes)."""
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _num(value: Any, digits: int = 4) -> str:
+def num(value: Any, digits: int = 4) -> str:
     if value is None:
         return "–"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return _e(value)
+        return esc(value)
     if isinstance(value, float) and abs(value) >= 10 ** digits:
         return f"{value:,.0f}"  # 10,000 rather than 1e+04
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
 def _ci(ci: Sequence[float] | None) -> str:
-    return f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"
+    return f"[{num(ci[0])}, {num(ci[1])}]" if ci else "–"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], row_classes: Sequence[str] | None = None, *,
+def table_html(headers: Sequence[str], rows: Sequence[Sequence[str]], row_classes: Sequence[str] | None = None, *,
            css_class: str = "") -> str:
     """An HTML table from already-escaped cell strings."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = []
     for i, row in enumerate(rows):
-        cls = f' class="{_e(row_classes[i])}"' if row_classes else ""
+        cls = f' class="{esc(row_classes[i])}"' if row_classes else ""
         body.append(f"<tr{cls}>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>")
-    table_class = f' class="{_e(css_class)}"' if css_class else ""
+    table_class = f' class="{esc(css_class)}"' if css_class else ""
     return f"<table{table_class}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -136,18 +136,18 @@ def rule_text(check: Mapping[str, Any]) -> str:
         end = "low" if "ci_low" in comparator else "high"
         op = ">=" if end == "low" else "<="
         what = "candidate p95 / champion p95" if comparator == RATIO else "candidate − champion"
-        return f"{words}: {end} end of {what} {op} {_num(threshold)}"
+        return f"{words}: {end} end of {what} {op} {num(threshold)}"
     op = comparator.split()[-1] if comparator else ""
     if rule == "bound":
-        return f"{words}: {'low' if op == '>=' else 'high'} end of the interval {op} {_num(threshold)}"
-    return f"{words} {op} {_num(threshold)}"
+        return f"{words}: {'low' if op == '>=' else 'high'} end of the interval {op} {num(threshold)}"
+    return f"{words} {op} {num(threshold)}"
 
 
 def _checks_table(checks: Sequence[Mapping[str, Any]]) -> str:
-    rows = [[_e(c.get("name")), _e(c.get("status")), _e(rule_text(c)), _num(c.get("observed")), _ci(c.get("ci")),
-             _num(judged_value(c)) if c.get("status") != "skipped" else "–", _num(c.get("n")), _e(c.get("reason"))]
+    rows = [[esc(c.get("name")), esc(c.get("status")), esc(rule_text(c)), num(c.get("observed")), _ci(c.get("ci")),
+             num(judged_value(c)) if c.get("status") != "skipped" else "–", num(c.get("n")), esc(c.get("reason"))]
             for c in checks]
-    return _table(["check", "status", "rule", "observed", "95% CI", "value judged", "n", "reason"], rows,
+    return table_html(["check", "status", "rule", "observed", "95% CI", "value judged", "n", "reason"], rows,
                   [str(c.get("status")) for c in checks], css_class="checks")
 
 
@@ -157,50 +157,50 @@ def _checks_table(checks: Sequence[Mapping[str, Any]]) -> str:
 
 def _estimate_cell(est: Mapping[str, Any] | None) -> str:
     est = est or {}
-    return f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))} &nbsp; n={_num(est.get('n'))}"
+    return f"{num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))} &nbsp; n={num(est.get('n'))}"
 
 
 def _summary_rows(report: Mapping[str, Any], parts: ReportParts) -> list[list[str]]:
     """The family's metrics (a metric the family does not measure, or did not measure here, is left out)."""
     metrics = report.get("metrics") or {}
-    rows = [["decision", _e(report.get("decision"))], [_e(parts.items), _num(metrics.get("n"))],
-            ["valid answers", _num(metrics.get("n_valid"))]]
+    rows = [["decision", esc(report.get("decision"))], [esc(parts.items), num(metrics.get("n"))],
+            ["valid answers", num(metrics.get("n_valid"))]]
     for name in parts.estimates:
         est = metrics.get(name) or {}
         if est.get("value") is not None:
-            rows.append([_e(_friendly(name, parts)), _estimate_cell(est)])
+            rows.append([esc(_friendly(name, parts)), _estimate_cell(est)])
     for name, est in parts.family_rows(metrics):
-        rows.append([_e(_friendly(name, parts)), _estimate_cell(est)])
+        rows.append([esc(_friendly(name, parts)), _estimate_cell(est)])
     latency = metrics.get("latency_ms") or {}
     for q in ("p50", "p90", "p95", "p99", "mean"):
         est = latency.get(q) or {}
-        rows.append([f"latency {q} (ms, per request ({_e(parts.request)}))",
-                     f"{_num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))}"])
-    rows.append(["first request (ms, reported apart)", _num(latency.get("first_ms"))])
-    rows.append(["warm-up requests excluded", _num(latency.get("warmup"))])
+        rows.append([f"latency {q} (ms, per request ({esc(parts.request)}))",
+                     f"{num(est.get('value'))} &nbsp; 95% CI {_ci(est.get('ci'))}"])
+    rows.append(["first request (ms, reported apart)", num(latency.get("first_ms"))])
+    rows.append(["warm-up requests excluded", num(latency.get("warmup"))])
     per_item = metrics.get("latency_per_item_ms")
     if per_item:
         for q in ("p50", "p95"):
-            rows.append([f"per-{_e(parts.item)} share of a request's latency, {q} (ms; a cost per item, not a latency)",
-                         _num((per_item.get(q) or {}).get("value"))])
+            rows.append([f"per-{esc(parts.item)} share of a request's latency, {q} "
+                         "(ms; a cost per item, not a latency)", num((per_item.get(q) or {}).get("value"))])
     throughput = metrics.get("throughput") or {}
     if throughput.get("answers_per_second") is not None:
-        text = f"{_num(throughput['answers_per_second'])} answers/s over {_num(throughput.get('seconds'))} s"
+        text = f"{num(throughput['answers_per_second'])} answers/s over {num(throughput.get('seconds'))} s"
         if throughput.get("requests_per_second") is not None:
-            text += f" ({_num(throughput['requests_per_second'])} requests/s)"
+            text += f" ({num(throughput['requests_per_second'])} requests/s)"
         rows.append(["throughput at the gate's concurrency", text])
-    rows.append(["503 retries (not scored)", _num(metrics.get("retries_503"))])
-    rows.append(["errors", _num(metrics.get("errors"))])
+    rows.append(["503 retries (not scored)", num(metrics.get("retries_503"))])
+    rows.append(["errors", num(metrics.get("errors"))])
     return rows
 
 
 def _banner(report: Mapping[str, Any]) -> str:
     decision = str(report.get("decision"))
     if decision == "not_gated":
-        return (f'<div class="banner not-gated" id="summary">{_e(NOT_GATED)}: this run measured the model against no '
+        return (f'<div class="banner not-gated" id="summary">{esc(NOT_GATED)}: this run measured the model against no '
                 "threshold and no champion; nothing was judged and nothing promotes on it.</div>")
     summary = summary_line(decision, report.get("checks") or [])
-    return f'<div class="banner {_e(decision)}" id="summary">{_e(summary)}</div>'
+    return f'<div class="banner {esc(decision)}" id="summary">{esc(summary)}</div>'
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def _row_status(judges: Sequence[Mapping[str, Any]]) -> str:
 
 def _value_cell(side: Mapping[str, Any] | None) -> str:
     side = side or {}
-    return f"{_num(side.get('value'))}<br><small>{_ci(side.get('ci'))}</small>"
+    return f"{num(side.get('value'))}<br><small>{_ci(side.get('ci'))}</small>"
 
 
 def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
@@ -231,15 +231,15 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
         judges = _judges(row, checks)
         status = _row_status(judges)
         if row.get("ratio") is not None:
-            difference = (f"{_num(row.get('difference'))} ms<br><small>paired {_ci(row.get('difference_ci'))}</small>"
-                          f"<br>ratio {_num(row['ratio'])}<br><small>paired {_ci(row.get('ratio_ci'))}</small>")
+            difference = (f"{num(row.get('difference'))} ms<br><small>paired {_ci(row.get('difference_ci'))}</small>"
+                          f"<br>ratio {num(row['ratio'])}<br><small>paired {_ci(row.get('ratio_ci'))}</small>")
         elif row.get("paired"):
-            difference = f"{_num(row.get('difference'))}<br><small>paired {_ci(row.get('difference_ci'))}</small>"
+            difference = f"{num(row.get('difference'))}<br><small>paired {_ci(row.get('difference_ci'))}</small>"
         else:
-            difference = f"{_num(row.get('difference'))}<br><small>separate runs, not paired</small>"
-        judged = "<br>".join(f"{_e(c['name'])}: {_e(rule_text(c))} → <b>{_e(c.get('status'))}</b>" for c in judges)
-        rows.append([_e(_friendly(row["metric"], parts)), _value_cell(row.get("candidate")),
-                     _value_cell(row.get("champion")), difference, _num(row.get("n_shared")), _e(row.get("better")),
+            difference = f"{num(row.get('difference'))}<br><small>separate runs, not paired</small>"
+        judged = "<br>".join(f"{esc(c['name'])}: {esc(rule_text(c))} → <b>{esc(c.get('status'))}</b>" for c in judges)
+        rows.append([esc(_friendly(row["metric"], parts)), _value_cell(row.get("candidate")),
+                     _value_cell(row.get("champion")), difference, num(row.get("n_shared")), esc(row.get("better")),
                      judged or "shown, not gated"])
         classes.append(status)
         gate = checks.get(CHAMPION_CHECKS.get(row["metric"], f"champion_{row['metric']}"))
@@ -248,13 +248,13 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
                                "ci": row.get("difference_ci"), "threshold": gate.get("threshold") if gate else None,
                                "status": gate.get("status") if gate else None})
     facts = (
-        f"<p>champion: {_num(champion.get('n'))} tasks, {_num(champion.get('n_valid'))} valid, "
-        f"{_num(champion.get('errors'))} errors, {_num(champion.get('retries_503'))} 503 retries. Each cell: the "
+        f"<p>champion: {num(champion.get('n'))} tasks, {num(champion.get('n_valid'))} valid, "
+        f"{num(champion.get('errors'))} errors, {num(champion.get('retries_503'))} 503 retries. Each cell: the "
         "value and its 95% interval; candidate − champion is paired on the shared tasks where the metric is per "
         "task.</p>"
     )
     confidence = (report.get("bootstrap") or {}).get("confidence") or 0.95
-    return facts + _table(
+    return facts + table_html(
         ["metric", "candidate", "champion", "candidate − champion", "shared tasks", "better",
          "judged by (rule → status)"],
         rows, classes, css_class="champion",
@@ -273,14 +273,14 @@ def _power_section(plans: Sequence[Mapping[str, Any]]) -> str:
         spread = plan["spread"]
         what = (f"{spread['disagreement']:.1%} of tasks answered differently" if spread.get("disagreement") is not None
                 else f"per-task SD {spread['sd']:.3f} ({spread['source']})")
-        rows.append([_e(plan["check"]), _num(plan["margin"]), _num(plan["n"]), _e(what), _num(plan["equal_passes"], 2),
-                     _num(plan["narrowest_margin"], 3),
-                     _e(plan["tasks_needed"] if plan["tasks_needed"] is not None else "none")])
+        rows.append([esc(plan["check"]), num(plan["margin"]), num(plan["n"]), esc(what), num(plan["equal_passes"], 2),
+                     num(plan["narrowest_margin"], 3),
+                     esc(plan["tasks_needed"] if plan["tasks_needed"] is not None else "none")])
     return ("<h3>The gate's power at this size</h3><p class=\"note\">How likely an equally good candidate was to pass "
             "these champion checks on this many shared tasks, with the spread these two models showed; below 0.80 "
             "an inconclusive decision says more about the gate's size than about the candidate (docs/reports.md, "
             "“Before the run: the gate's power”).</p>"
-            + _table(["check", "margin", "shared tasks", "spread", "P(pass) if equal", "narrowest margin at 80 %",
+            + table_html(["check", "margin", "shared tasks", "spread", "P(pass) if equal", "narrowest margin at 80 %",
                       "tasks for this margin"], rows, css_class="power"))
 
 
@@ -291,15 +291,15 @@ def _extension_section(report: Mapping[str, Any]) -> str:
     if not extension:
         return ""
     first = report.get("first_look") or {}
-    rows = [[_num(look["look"]), _num(look["n"]), _ci(look.get("interval")), _e(look["method"]), _e(look["status"])]
+    rows = [[num(look["look"]), num(look["n"]), _ci(look.get("interval")), esc(look["method"]), esc(look["status"])]
             for look in extension.get("looks") or []]
-    return (f"<h2>Extension</h2><p class=\"note\">The first look was {_e(first.get('decision'))}; the release chose to "
-            "extend (<code>validation.inconclusive.choice: extend</code>), so "
-            f"{_num(extension.get('reserve_tasks_scored'))} reserve tasks were scored on both models and the champion "
+    return (f"<h2>Extension</h2><p class=\"note\">The first look was {esc(first.get('decision'))}; the release "
+            "chose to extend (<code>validation.inconclusive.choice: extend</code>), so "
+            f"{num(extension.get('reserve_tasks_scored'))} reserve tasks were scored on both models and the champion "
             "accuracy check judged again by a confidence sequence (valid at every look). Stopped: "
-            f"{_e(extension.get('stopped'))}. The decision above is the extension's; the candidate-against-champion "
+            f"{esc(extension.get('stopped'))}. The decision above is the extension's; the candidate-against-champion "
             "table is the first look's.</p>"
-            + _table(["look", "paired tasks", "interval (candidate − champion)", "method", "status"], rows,
+            + table_html(["look", "paired tasks", "interval (candidate − champion)", "method", "status"], rows,
                      [str(r[-1]) for r in rows], css_class="extension"))
 
 
@@ -326,14 +326,14 @@ def _latency_judgements(report: Mapping[str, Any], checks: Mapping[str, Mapping[
 
 def _cost_line(item: Mapping[str, Any] | None, absent: str) -> str:
     if not item:
-        return f'<span class="note">{_e(absent)}</span>'
+        return f'<span class="note">{esc(absent)}</span>'
     text = str(item.get("text") or "")
     missing = item.get("missing")
     priced = next((item[key] for key in PRICE_KEYS if key in item), None)
     if missing or priced is None:
         shown = text if "no price" in text else f"no price: {text or missing}"
-        return f'<span class="no-price">{_e(shown)}</span>'
-    return _e(text)
+        return f'<span class="no-price">{esc(shown)}</span>'
+    return esc(text)
 
 
 def cost_rows(cost: Mapping[str, Any] | None) -> list[list[str]]:
@@ -352,9 +352,9 @@ def cost_rows(cost: Mapping[str, Any] | None) -> list[list[str]]:
     if cost.get("share"):
         rows.append(["this model's share of its shared endpoint", _cost_line(cost.get("share"), "")])
     if cost.get("nominal"):
-        rows.append(["priced as", _e(f"on SageMaker AI in {cost.get('region')}: this release runs on this machine "
+        rows.append(["priced as", esc(f"on SageMaker AI in {cost.get('region')}: this release runs on this machine "
                                      "and costs nothing here")])
-    rows.append(["price table", _e(cost.get("table"))])
+    rows.append(["price table", esc(cost.get("table"))])
     return rows
 
 
@@ -368,28 +368,28 @@ def _release_section(report: Mapping[str, Any]) -> str:
     else:
         how = ("fitted by NLL on the calibration split" if temperature.get("fitted")
                else "set in the config, not fitted")
-        temp = f"{_num(temperature['value'])} ({how})"
-    facts = [["release", _e(release.get("release_id"))],
-             ["champion release", _e(release.get("champion_release") or "none")],
-             ["temperature served", _e(temp)]]
+        temp = f"{num(temperature['value'])} ({how})"
+    facts = [["release", esc(release.get("release_id"))],
+             ["champion release", esc(release.get("champion_release") or "none")],
+             ["temperature served", esc(temp)]]
     cold = release.get("cold_start")
     if cold:  # a release that scales to zero: each start of the candidate from no copy to its first answer
         starts = ", ".join("no answer" if s.get("error") else f"{s['seconds']:.2f} s" for s in cold["starts"])
         facts.append([COLD_START_LABELS[cold.get("kind", COPY_RESTART)],  # a record from before the kind: copy restarts
-                      _e(f"{starts}; p95 {cold['p95_s']:.2f} s, bound {cold['max_p95_s']:g} s")])
+                      esc(f"{starts}; p95 {cold['p95_s']:.2f} s, bound {cold['max_p95_s']:g} s")])
     changes = release.get("config_changes") or []
     if release.get("champion_release") is None:
         changed = "<p>no champion release: nothing to compare the config with.</p>"
     elif not changes:
         changed = "<p>no config field differs from the champion's release.</p>"
     else:
-        changed = _table(["config field", "champion", "candidate"],
-                         [[_e(c.get("field")), _e(json.dumps(c.get("champion"), ensure_ascii=False)),
-                           _e(json.dumps(c.get("candidate"), ensure_ascii=False))] for c in changes],
+        changed = table_html(["config field", "champion", "candidate"],
+                         [[esc(c.get("field")), esc(json.dumps(c.get("champion"), ensure_ascii=False)),
+                           esc(json.dumps(c.get("candidate"), ensure_ascii=False))] for c in changes],
                            css_class="changes")
-    return ("<h2>Release</h2>" + _table(["field", "value"], facts, css_class="release")
+    return ("<h2>Release</h2>" + table_html(["field", "value"], facts, css_class="release")
             + f"<h3>Config fields changed against the champion's release ({len(changes)})</h3>" + changed
-            + "<h3>Cost</h3>" + _table(["what", "cost"], cost_rows(release.get("cost")), css_class="cost"))
+            + "<h3>Cost</h3>" + table_html(["what", "cost"], cost_rows(release.get("cost")), css_class="cost"))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -420,13 +420,13 @@ def _latency_chart(report: Mapping[str, Any], predictions: Sequence[Mapping[str,
         unit = f"requests (batches of {'/'.join(str(s) for s in sizes)} {parts.items})" if sizes else "requests"
         chart = charts.latency_histogram(steady_latencies(requests, latency), markers, unit="requests",
                                          what="client latency per request")
-        note = (f"<p class=\"note\">Counted per request: {_e(unit)}; one batch is one request. The "
-                f"per-{_e(parts.item)} share (a request's latency over its {_e(parts.items)}) is a cost per item, "
+        note = (f"<p class=\"note\">Counted per request: {esc(unit)}; one batch is one request. The "
+                f"per-{esc(parts.item)} share (a request's latency over its {esc(parts.items)}) is a cost per item, "
                 "listed in the summary, not a latency.</p>")
         return note + chart
     chart = charts.latency_histogram(steady_latencies(predictions, latency), markers, unit="requests")
-    return (f"<p class=\"note\">Counted per request (one {_e(parts.item)} a request), the first request reported apart "
-            f"({_num(latency.get('first_ms'))} ms).</p>" + chart)
+    return (f"<p class=\"note\">Counted per request (one {esc(parts.item)} a request), the first request reported "
+            f"apart ({num(latency.get('first_ms'))} ms).</p>" + chart)
 
 
 def _confusion_charts(report: Mapping[str, Any], parts: ReportParts) -> str:
@@ -452,14 +452,14 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
         valid = bool(scored.valid[i])
         conf = float(scored.confidence[i])
         task_rows.append(
-            [_e(row["id"]), _e(row.get("dataset")), _e(row["expected"]), _e(scored.predicted[i]),
-             _num(conf if math.isfinite(conf) else None), "yes" if scored.correct[i] else "no",
-             _num(row.get("latency_ms")), _num(row.get("retries_503")), _e(row.get("error"))]
+            [esc(row["id"]), esc(row.get("dataset")), esc(row["expected"]), esc(scored.predicted[i]),
+             num(conf if math.isfinite(conf) else None), "yes" if scored.correct[i] else "no",
+             num(row.get("latency_ms")), num(row.get("retries_503")), esc(row.get("error"))]
         )
         task_classes.append("pass" if scored.correct[i] else "fail" if valid else "inconclusive")
     extra = {k: v for k, v in (report.get("extra") or {}).items() if k not in ("release", "requests")}
     extra_html = (
-        f"<h2>Dataset and run</h2><pre>{_e(json.dumps(extra, indent=2, sort_keys=True, ensure_ascii=False))}</pre>"
+        f"<h2>Dataset and run</h2><pre>{esc(json.dumps(extra, indent=2, sort_keys=True, ensure_ascii=False))}</pre>"
         if extra else ""
     )
     reliability = charts.reliability(metrics.get("reliability") or [],
@@ -469,9 +469,9 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
     return "".join(
         [
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
-            f"<h1>{_e(title)}</h1>",
-            f'<p>Decision: <span class="decision {_e(decision)}" id="decision">{_e(decision)}</span></p>',
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+            f"<h1>{esc(title)}</h1>",
+            f'<p>Decision: <span class="decision {esc(decision)}" id="decision">{esc(decision)}</span></p>',
             _banner(report),
             f'<p>Files: <a href="{PREDICTIONS_NAME}">{PREDICTIONS_NAME}</a> · '
             f'<a href="{GATE_REPORT_NAME}">{GATE_REPORT_NAME}</a></p>',
@@ -479,22 +479,22 @@ def render_html(title: str, report: Mapping[str, Any], predictions: Sequence[Map
             _champion_section(report, parts),
             _extension_section(report),
             "<h2>Checks</h2>",
-            (f"<p class=\"note\">Absolute checks read {_e(RULE_TEXT.get(rule, rule))} (config "
+            (f"<p class=\"note\">Absolute checks read {esc(RULE_TEXT.get(rule, rule))} (config "
              "<code>validation.decision_rule</code>); champion checks read the paired interval.</p>" if rule else ""),
             _checks_table(checks),
             _release_section(report),
             "<h2>Summary</h2>",
-            _table(["metric", "value"], _summary_rows(report, parts), css_class="summary"),
+            table_html(["metric", "value"], _summary_rows(report, parts), css_class="summary"),
             "<h2>Reliability diagram</h2>",
             reliability,
             "<h2>Latency histogram</h2>",
             _latency_chart(report, predictions, parts),
             _confusion_charts(report, parts),
             "<h2>Thresholds used</h2>",
-            f"<pre>{_e(json.dumps(report.get('thresholds'), indent=2, sort_keys=True))}</pre>",
+            f"<pre>{esc(json.dumps(report.get('thresholds'), indent=2, sort_keys=True))}</pre>",
             extra_html,
-            f"<h2>Per {_e(parts.item)} ({len(task_rows)})</h2>",
-            _table(
+            f"<h2>Per {esc(parts.item)} ({len(task_rows)})</h2>",
+            table_html(
                 ["id", "dataset", "expected", "predicted", "confidence", "correct",
                  f"latency ms (per-{parts.item} share)" if parts.batched else "latency ms", "503 retries", "error"],
                 task_rows,

@@ -67,14 +67,18 @@ class OnlineGate:
 
     def replay(self) -> None:
         """Send the canary tasks the candidate has not answered yet, up to `rounds` times (the router sends each to
-        whichever copy is least busy, so some land on champion copies). With `extend`, while the gate has not decided,
-        up to `extend_rounds` more rounds that also resend the tasks the champion has not answered, until it decides or
-        a round brings no new answer (the canary set has nothing more to tell)."""
+        whichever copy is least busy, so some land on champion copies), then `extend`."""
         for _ in range(self.rounds):
             pending = self._pending(champion_too=False)
             if not pending:
                 break
             self._send(pending)
+        self.extend()
+
+    def extend(self) -> None:
+        """With `extend`, while the gate has not decided, up to `extend_rounds` rounds that resend the tasks the
+        candidate or the champion has not answered, until it decides or a round brings no new answer; nothing with
+        `block` or `ask`. (Also on its own, where the bake is over but the choice allows more evidence.)"""
         if self.inconclusive != "extend":
             return
         for _ in range(self.extend_rounds):

@@ -65,11 +65,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The image copies sagemaker_http.py beside this file; a checkout keeps it in images/common.
+# The image copies sagemaker_http.py and chat_templates.py beside this file; a checkout keeps them in images/common.
 _HERE = Path(__file__).resolve().parent
 if not (_HERE / "sagemaker_http.py").is_file():
     sys.path.insert(0, str(_HERE.parent / "common"))
 
+from chat_templates import inferred_template  # noqa: E402 — needs sys.path above (the architecture's template)
 from sagemaker_http import (  # noqa: E402 — needs sys.path above
     EXIT_MODEL,
     HttpError,
@@ -110,11 +111,6 @@ CHAT_TEMPLATES = {
     "vicuna": "vicuna",
     "openchat": "openchat",
 }
-# A GGUF without tokenizer.chat_template: its general.architecture → the template its family was trained on. Gemma
-# 1-3 share the <start_of_turn> turns; Qwen2/Qwen3 use ChatML; llama only where tokenizer.ggml.model says BPE
-# ("gpt2", Llama 3's vocabulary; Llama 2's is SentencePiece "llama", its chat format varies by fine-tune: not guessed).
-ARCHITECTURE_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "qwen2": "chatml", "qwen3": "chatml"}
-BPE_LLAMA = ("llama", "gpt2")  # (general.architecture, tokenizer.ggml.model) of Llama 3
 TEMPLATE_KEYS = ("tokenizer.chat_template", "general.architecture", "tokenizer.ggml.model")
 FLASH_ATTN = {"on": True, "off": False, "auto": False}  # auto: off on this CPU build (logged)
 
@@ -349,14 +345,6 @@ def read_llama_options(env: Mapping[str, str]) -> dict[str, str]:
         for target in targets:
             settings[target] = value
     return settings
-
-
-def inferred_template(metadata: Mapping[str, Any]) -> str | None:
-    """The llama-server template name a GGUF's architecture (and vocabulary) implies, or None."""
-    architecture = metadata.get("general.architecture")
-    if (architecture, metadata.get("tokenizer.ggml.model")) == BPE_LLAMA:
-        return "llama3"
-    return ARCHITECTURE_TEMPLATES.get(architecture) if isinstance(architecture, str) else None
 
 
 def _chat_template_source(env: Mapping[str, str], child: dict[str, str], metadata: Mapping[str, Any],

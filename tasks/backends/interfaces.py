@@ -169,6 +169,15 @@ class LiveComponent(Frozen):
         return problems
 
 
+class DeployPoll(Frozen):
+    """One look at a deploy `Hosting.start_deploy` began: `in_service` once the component serves (the stage then
+    checks it serves the spec), else still going, with the backend's status (Creating, Updating, ...). A deploy that
+    failed is raised, as `deploy` raises it (CapacityError, DeployFailed), never returned."""
+
+    in_service: bool
+    status: str
+
+
 class ComponentMetrics(Frozen):
     """Invocation counters of one component over a window (router counters locally, CloudWatch on aws)."""
 
@@ -336,6 +345,19 @@ class Hosting(Protocol):
         """Create or update until `component` on `endpoint` should serve `spec`, then describe what is live (the
         stage checks it is `spec`: an update can end InService on the old spec). Raises CapacityError (with every
         type tried), DeployFailed (with the backend's reason), NotReady on a deadline, Conflict on a name clash."""
+        ...
+
+    def start_deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement, *, role: Role,
+                     progress: Progress) -> None:
+        """`deploy` without its wait (a deferred stage's start, docs/airflow.md): create or find everything `deploy`
+        would and return; what can only be created once something else is in service (an inference component on its
+        new endpoint) is created by a later `poll_deploy`. Idempotent; raises what `deploy` raises before its wait."""
+        ...
+
+    def poll_deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement, *, role: Role,
+                    progress: Progress) -> DeployPoll:
+        """One look at a deploy `start_deploy` began (and its next create, where the endpoint just came up); raises
+        the failure `deploy` would (CapacityError, DeployFailed) once the backend reports one."""
         ...
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement, plan: RolloutPlan,

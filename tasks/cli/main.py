@@ -25,6 +25,7 @@ from tasks.cli.orchestration_commands import add_orchestration_commands
 from tasks.cli.prices_commands import add_prices_commands
 from tasks.cli.release_commands import add_release_commands
 from tasks.cli.serving_commands import add_serving_commands
+from tasks.cli.sweep_commands import add_sweep_commands
 from tasks.console import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_LEASE, EXIT_REJECTED
 from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, ShipliftError
 
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gate_commands(sub)
     add_serving_commands(sub)
     add_ledger_commands(sub)
+    add_sweep_commands(sub)
     return parser
 
 

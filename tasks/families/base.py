@@ -188,6 +188,8 @@ class ModelFamily(ABC):
     # whether a rollout can replay this family's tasks through the live component
     replays_online: ClassVar[bool] = False
     temperature_scaling: ClassVar[bool] = True  # whether its server applies a fitted temperature (calibration.json)
+    # the values a sweep's quantization axis may take (tasks.sweeps); empty: the family has no such axis
+    sweep_quantizations: ClassVar[tuple[str | None, ...]] = ()
 
     @property
     def image_kind(self) -> str:
@@ -279,6 +281,11 @@ class ModelFamily(ABC):
         asked (the config refuses rollout.online_gate for the others)."""
         raise unclaimed(self, "cannot replay its tasks through a live component", "leave rollout.online_gate out")
 
+    def quantization_overrides(self, value: str | None) -> dict[str, Any]:
+        """The config fields (dotted key → value) a sweep candidate of quantization `value` sets (`tasks.sweeps`). Only
+        a family that lists `sweep_quantizations` is asked (the sweep config refuses the axis for the others)."""
+        raise unclaimed(self, "has no quantization axis", "leave axes.quantization out of the sweep")
+
     # -- the command line ---------------------------------------------------------------------------------------
 
     @abstractmethod
@@ -291,6 +298,7 @@ CAPABILITY_STEPS: dict[str, tuple[str, ...]] = {
     "temperature_scaling": ("calibration_predictions",),
     "validation_model.extendable": ("reserve",),
     "replays_online": ("readout", "online_gate"),
+    "sweep_quantizations": ("quantization_overrides",),
 }
 
 

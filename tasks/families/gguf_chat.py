@@ -6,6 +6,10 @@ Dockerfile and no build: its tag resolved to a digest, llama-server's options as
 The package holds the GGUF as `<sha256>.gguf`, which the DLC finds as the first `*.gguf` under /opt/ml/model and
 reports as the model of every answer, so the online gate can tell which release answered. Locally `images/dlc-chat/`
 stands in for the DLC on loopback (llama-cpp-python's OpenAI-compatible server behind the SageMaker container contract).
+The chat template is the config's `image.server.chat_template`, else the GGUF's own, else the one its architecture
+implies (`images.common.chat_templates`, as the stand-in chooses it); the build records which and where it came from
+(`chat_template`, in the manifest too), and an inferred one reaches the DLC as SM_LLAMA_CPP_CHAT_TEMPLATE (the build's
+`container_env`), since its llama-server would fall back to ChatML.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from images.common.chat_templates import inferred_template
 from tasks.config_types import Strict
 from tasks.errors import BadInput, ConfigError
 from tasks.families.base import (
@@ -25,6 +30,7 @@ from tasks.families.base import (
     add_evaluation_arguments,
     exec_server,
     optional_env,
+    recorded_fields,
 )
 from tasks.families.gguf_decisions import GgufDecisions, run_jevbench_eval
 from validation.thresholds import DecisionThresholds
@@ -143,14 +149,32 @@ class GgufChat(GgufDecisions):
     temperature_scaling = False
 
     def build(self, ctx) -> BuiltModel:
+        """The GGUF build, with the chat template chosen (`chat_template`) and, when inferred from the architecture,
+        the variable that gives it to the DLC (`container_env`); ConfigError when no template applies."""
         built = super().build(ctx)
-        if not built.info.get("has_chat_template") and ctx.config.image.server.chat_template is None:
+        named = ctx.config.image.server.chat_template
+        if named is not None:
+            return built.model_copy(update={"chat_template": {"name": named, "from": "image.server.chat_template"}})
+        if built.info.get("has_chat_template"):
+            return built.model_copy(update={"chat_template": {"name": None, "from": "tokenizer.chat_template"}})
+        architecture, vocabulary = built.info.get("architecture"), built.info.get("tokenizer_model")
+        inferred = inferred_template({"general.architecture": architecture, "tokenizer.ggml.model": vocabulary})
+        if inferred is None:
             raise ConfigError(
-                f"the GGUF {Path(built.output.uri).name} has no tokenizer.chat_template, so the chat path cannot "
-                "format its messages (llama.cpp would fall back to a template the model was not trained on)",
+                f"the GGUF {Path(built.output.uri).name} has no tokenizer.chat_template and its general.architecture "
+                f"({architecture}, tokenizer {vocabulary}) implies none, so the chat path cannot format its messages "
+                "(llama.cpp would fall back to a template the model was not trained on)",
                 fix=f"set image.server.chat_template to the model's format ({', '.join(CHAT_TEMPLATES)})",
             )
-        return built
+        ctx.say(f"build: chat template {inferred}, inferred from general.architecture {architecture} (the GGUF has "
+                "none): the endpoint gets SM_LLAMA_CPP_CHAT_TEMPLATE")
+        chosen = {"name": inferred, "from": f"general.architecture {architecture}"}
+        return built.model_copy(update={"chat_template": chosen,
+                                        "container_env": {"SM_LLAMA_CPP_CHAT_TEMPLATE": inferred}})
+
+    def manifest_fields(self, built) -> dict:
+        """The GGUF fields, and the chat template with where it came from."""
+        return {**super().manifest_fields(built), **recorded_fields(built, ("chat_template",))}
 
     def context_tokens(self, image: DlcChatImage) -> int:
         return image.server.ctx_size

@@ -151,6 +151,7 @@ class GgufDecisions(ModelFamily):
     env_prefix = "SEMIF"
     tool_distributions = ("llama-cpp-python", "gguf", "numpy")
     replays_online = True
+    sweep_quantizations = (None, *QUANT_TYPES)  # None: the source as it is
 
     def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
         source = ctx.config.artifact.source
@@ -159,8 +160,13 @@ class GgufDecisions(ModelFamily):
             return path, source.sha256, description
         from tasks.artifacts.gguf import resolve_source
 
-        resolved = resolve_source(source, cache)
+        resolved = resolve_source(source, cache, ctx.config_dir)
         return resolved.path, source.sha256, resolved.description
+
+    def quantization_overrides(self, value: str | None) -> dict:
+        """A type sets `artifact.quantization` and allows requantizing (a sweep that names a type asks for it, from a
+        quantized source too); None keeps the source as it is."""
+        return {"artifact.quantization": value, "artifact.allow_requantize": value is not None}
 
     def source_file_name(self, artifact: GgufArtifact) -> str:
         source = artifact.source

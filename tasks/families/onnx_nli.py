@@ -186,6 +186,8 @@ class NliGateConfig(GateConfig):
     batch_size: int = Field(8, ge=1, le=4096)
     thresholds: NliThresholds
 
+    extendable: ClassVar[bool] = True  # OnnxNli.reserve scores reserve pairs (the built-in set's `reserve` split)
+
 
 class OnnxNli(ModelFamily):
     artifact_kind = "onnx"
@@ -195,6 +197,12 @@ class OnnxNli(ModelFamily):
     env_prefix = "ENCODER"
     source_main_file = "config.json"
     tool_distributions = ("onnx", "onnxruntime", "numpy")
+    sweep_quantizations = ("fp32", "int8")  # the graph the image serves
+
+    def quantization_overrides(self, value: str | None) -> dict:
+        """The graph the image serves (`image.variant`); int8 makes sure it is built. An fp32 and an int8 candidate of
+        one export share the build."""
+        return {"image.variant": value, **({"artifact.int8": True} if value == "int8" else {})}
 
     def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
         """A sequence-classification checkpoint folder: given by path, or trained here for the offline demo."""
@@ -316,6 +324,24 @@ class OnnxNli(ModelFamily):
             champion_rule=validation.champion, champion=champion, settings=settings, progress=progress, title=title,
             decision_rule=validation.decision_rule, context=context,
             build_checks=int8_budget_checks(built.info if built is not None else {})))
+
+    def reserve(self, validation: NliGateConfig, config_dir: Path, settings, progress=None):
+        """The reserve's NLI pairs (e.g. `builtin:nli` split `reserve`), checked as the gate's datasets are and scored
+        as the gate scores its pairs: in batches of `validation.batch_size` pairs a request."""
+        from validation.extension import Reserve
+        from validation.nli.evaluate import NLI_REPORT, load_nli_dataset
+        from validation.nli.runner import run_pairs
+
+        datasets = [load_nli_dataset(ref.resolve(config_dir), name=f"reserve{i}", splits=ref.splits)
+                    for i, ref in enumerate(validation.inconclusive.extend.datasets)]
+
+        def score(target, pairs: list) -> list[dict]:
+            run = run_pairs(target.invoker, pairs, batch_size=validation.batch_size, concurrency=settings.concurrency,
+                            dataset_name="reserve", **settings.requests(progress))
+            return [p.to_dict() for p in run.predictions]
+
+        return Reserve(tasks=[pair for dataset in datasets for pair in dataset.pairs], score=score,
+                       datasets=[dataset.evidence() for dataset in datasets], parts=NLI_REPORT)
 
     def items_per_request(self, validation: NliGateConfig) -> int:
         return validation.batch_size

@@ -54,7 +54,7 @@ svg.chart{display:block;max-width:100%;height:auto;background:#fff;border:1px so
 """
 
 
-# f-strings, not Jinja2, for the reasons written beside validation.gate_report._e; every value passes through _e.
+# f-strings, not Jinja2, for the reasons written beside validation.gate_report.esc; every value passes through _e.
 def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 

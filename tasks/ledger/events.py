@@ -30,7 +30,8 @@ OPENED, OPTIONS = "opened", "options"
 # a rerun took the promotion lease from a run of the same release that had stopped
 LEASE_TAKEN_OVER = "lease_taken_over"
 PROMOTED, REJECTED = "promoted", "rejected"
-FINISHED = (PROMOTED, REJECTED, ROLLED_BACK)  # final statuses a rerun has nothing left to do for
+SWEPT = "swept"  # a sweep's candidate release, gated on the sweep's tasks and torn down: never meant for production
+FINISHED = (PROMOTED, REJECTED, ROLLED_BACK, SWEPT)  # final statuses a rerun has nothing left to do for
 FINAL = (*FINISHED, FAILED)  # every final status of a release
 
 # A release's approval records (stage APPROVAL), when its config requires a person to approve it before production:
@@ -44,6 +45,12 @@ APPROVAL_DECISIONS = (APPROVED, REJECTED, TIMED_OUT)
 FLEET = "fleet"
 RETIRED = "retired"
 MOVE = "move"  # the trigger of the promotion record of a fleet move
+
+# A candidate sweep's own records (tasks.sweeps; release id: the sweep's id, model: its base config's): OPENED with the
+# rule's sha256 and the candidates before any is evaluated, EVALUATED once per candidate (its evidence) or FAILED, then
+# PICKED (the frontier and the pick), and HANDED_OFF when the pick's own release is run.
+SWEEP = "sweep"
+EVALUATED, PICKED, HANDED_OFF = "evaluated", "picked", "handed_off"
 
 # The ledger's own records: each signed checkpoint is recorded in the chain it signs (stage, release and model LEDGER:
 # never a model's name, which must start with a letter or digit, tasks.config_types.NAME_PATTERN).

@@ -28,6 +28,7 @@ from tasks.ledger.events import (
     ROLLED_BACK,
     STEP,
     SUCCEEDED,
+    SWEEP,
     TRAFFIC,
     VALIDATE,
     VERDICT,
@@ -143,8 +144,9 @@ def release_row(detail: dict) -> dict:
 
 
 def of_releases(records: list) -> list:
-    """The records of releases: the ledger's own records of its signed checkpoints (model LEDGER) belong to none."""
-    return [record for record in records if record.model != LEDGER]
+    """The records of releases: the ledger's own records of its signed checkpoints (model LEDGER) and a sweep's own
+    records (stage SWEEP) belong to none."""
+    return [record for record in records if record.model != LEDGER and record.stage != SWEEP]
 
 
 def releases(ledger, model: str | None = None) -> list[dict]:

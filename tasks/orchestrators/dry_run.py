@@ -222,6 +222,9 @@ class StandInOnlineGate:
         for body in self.bodies:
             channel.post(body, self.timeout_s)
 
+    def extend(self) -> None:
+        """Nothing more to send once the update has ended: the stand-in has passed."""
+
     def alarm(self) -> str | None:
         return None
 

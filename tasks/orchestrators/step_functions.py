@@ -29,6 +29,7 @@ from typing import Any
 from tasks.config import ReleaseConfig
 from tasks.errors import BadInput, ConfigError, Conflict
 from tasks.ledger.events import STAGES
+from tasks.orchestrators.step_functions_defer import deferred_command
 from tasks.orchestrators.step_functions_deploy import definition_json, deploy_state_machine, verify_task_definition
 from tasks.orchestrators.step_functions_policies import approver_policy, state_machine_role_policy
 from tasks.orchestrators.step_functions_runner import RunnerSettings, load_runner_settings
@@ -77,6 +78,10 @@ TEARDOWN_STATES = ("TeardownCandidate", "TeardownAfterFailure")
 FAILED_STATE, BEGIN_FAILED_STATE, END_NOT_RECORDED_STATE = "ReleaseFailed", "BeginFailed", "EndNotRecorded"
 APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE = "AwaitApproval", "ApprovalTimedOut"
 APPROVAL_RESULT_PATH = "$.approval"  # what `shiplift approve` / `reject` sends with the token: decision, by, seq
+# A deferred stage's poll task: one describe, so its own bound is short (plus the ECS start-up allowance).
+POLL_TASK_S = 5 * 60
+# The states of a deferred stage besides its start (STATE_NAMES[stage]): STATE_NAMES[stage] + each suffix.
+DEFERRED_SUFFIXES = ("Poll", "ReadPoll", "Done", "Wait", "Finish")
 
 
 def _intrinsic_literal(text: str) -> str:
@@ -208,6 +213,47 @@ class _Renderer:
                                   catch=_catch("TeardownAfterFailure"))
         return {APPROVAL_STATE: wait, APPROVAL_TIMED_OUT_STATE: timed_out}
 
+    def deferred_states(self, stage: str, following: str) -> dict[str, dict]:
+        """A stage the table defers, as a loop around a short poll instead of one task that waits: the start task
+        (named as the stage's state, with its Retry and timeout) creates the work and exits; the poll task looks once
+        and publishes `{done, status, left_s}` to S3, which ReadPoll reads for the Done Choice: done goes to the
+        stage's own task (Finish: `shiplift stage`, which finds the work done and records the result), else Wait
+        `every_s` seconds and poll again. A failure the poll sees, and the stage's timeout passing (the poll's own
+        check, from the stage's `started` record), are raised by the poll task, recorded in the ledger, and caught to
+        teardown; the poll retries only a container that never ran or stopped heartbeating (it is no attempt of the
+        stage: a failure it reports is the stage's)."""
+        rid, url, name, every_s = self.release_id, self.config.backend.ledger_url, STATE_NAMES[stage], \
+            STEPS[stage].defers.every_s
+        poll, read, done, wait, finish = (name + suffix for suffix in DEFERRED_SUFFIXES)
+        bucket, key = result_uri(self.config, self.runner, rid, f"{stage}-poll")
+        fail = _catch("TeardownAfterFailure")
+        start = self.ecs_task(stage, deferred_command("start", stage, rid, url, self.HOLDER),
+                              timeout_s=self.stage_timeout(stage), next_state=poll, catch=fail)
+        polled = self.ecs_task(stage, deferred_command("poll", stage, rid, url, self.HOLDER, f"s3://{bucket}/{key}"),
+                               timeout_s=POLL_TASK_S + self.runner.startup_allowance_s, next_state=read, catch=fail)
+        polled["Retry"] = [*_retry(stage)[:1], *_table_retry(stage, [HEARTBEAT_TIMEOUT])]
+        answer = f"$.polls.{stage}.envelope"
+        return {
+            name: start,
+            poll: polled,
+            read: {"Type": "Task", "Comment": f"the poll task published its answer to s3://{bucket}/{key}",
+                   "Resource": S3_GET_OBJECT, "Parameters": {"Bucket": bucket, "Key": key},
+                   "ResultSelector": {"envelope.$": "States.StringToJson($.Body)"}, "ResultPath": f"$.polls.{stage}",
+                   "TimeoutSeconds": READ_GATE.timeout_s, "Retry": _table_retry(READ_GATE.name, ["States.TaskFailed"]),
+                   "Catch": fail, "Next": done},
+            done: {"Type": "Choice", "Comment": f"{stage} in service: record it; else wait and poll again",
+                   "Choices": [{"And": [{"Variable": f"{answer}.release_id", "IsPresent": True},
+                                        {"Variable": f"{answer}.release_id", "StringEquals": rid},
+                                        {"Variable": f"{answer}.result.done", "IsPresent": True},
+                                        {"Variable": f"{answer}.result.done", "BooleanEquals": True}],
+                                "Next": finish}],
+                   "Default": wait},
+            wait: {"Type": "Wait", "Comment": f"no worker waits: the next poll in {every_s} s", "Seconds": every_s,
+                   "Next": poll},
+            finish: self.ecs_task(stage, stage_command(stage, rid, url, self.HOLDER),
+                                  timeout_s=self.stage_timeout(stage), next_state=following, catch=fail),
+        }
+
     def bake_seconds(self) -> int:
         """The soak after Promote: canary and linear bake inside the promote stage, batch by batch."""
         return self.runner.post_promote_wait_s
@@ -234,6 +280,9 @@ class _Renderer:
         }
         following_states = (*(STATE_NAMES[s] for s in STAGES_THROUGH_GATE[1:]), "ReadGateDecision")
         for stage, following in zip(STAGES_THROUGH_GATE, following_states, strict=True):
+            if STEPS[stage].defers is not None:
+                states.update(self.deferred_states(stage, following))
+                continue
             publish = f"s3://{bucket}/{key}" if stage == "validate" else None
             states[STATE_NAMES[stage]] = self.ecs_task(
                 stage, stage_command(stage, rid, url, self.HOLDER, publish), timeout_s=self.stage_timeout(stage),

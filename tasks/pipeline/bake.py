@@ -47,13 +47,28 @@ def live_summary(live: LiveComponent | None) -> dict[str, Any] | None:
             "artifact_sha256": live.artifact_sha256, "image_digest": live.image_digest, "copies": live.copies}
 
 
+def mid_update(step: RolloutStep) -> bool:
+    """Whether `step` is a check SageMaker's rolling update is still baking (aws): its batches still move, and the
+    backend cannot tell which copies run the new spec."""
+    return step.check is not None and step.old_copies is None
+
+
+def update_ended(step: RolloutStep) -> bool:
+    """Whether `step` is SageMaker's update seen ended with every copy on the new spec (aws, `old_copies` 0): no batch
+    bakes any more and its alarms no longer roll back, so an online gate must decide here."""
+    return step.check is not None and step.old_copies == 0
+
+
 class BakeWatch:
     """A bake: after each batch, replay the online gate's canary set (when there is one; a gate that has not decided by
     the end of a batch's replay raises its alarm, `validation.online_gate.OnlineGate.alarm`), then, where the metrics
     split by spec (local), for `wait_s` read the new copies' metrics every `rules.check_interval_s`; the first
     alarm (which rolls back) ends it. Where they do not (aws), the bake is the gate's round alone and SageMaker's
-    alarms judge the metrics. What the gate saw, and each alarm's state, is kept per step (`evidence`, by
-    `RolloutStep.key()`) for the verdict record the promote stage appends the moment the bake returns."""
+    alarms judge the metrics; a check mid-update records an undecided gate (its batches still bake), and the step
+    once the update has ended (`update_ended`) gets no new round, only the extension its inconclusive choice allows,
+    then raises the gate's alarm if it has not passed. What the gate saw, and each alarm's state, is kept per step
+    (`evidence`, by `RolloutStep.key()`) for the verdict record the promote stage appends the moment the bake
+    returns."""
 
     def __init__(self, metrics: Metrics, endpoint: str, component: str, spec_sha256: str, rules, wait_s: float, *,
                  online_gate: Any = None, describe: Callable[[], LiveComponent | None] | None = None,
@@ -78,12 +93,15 @@ class BakeWatch:
             evidence["live"] = live_summary(self.describe())
         verdicts: dict[str, str | None] = {}
         if self.online_gate is not None:
-            self.online_gate.replay()
+            if update_ended(step):
+                self.online_gate.extend()  # the bake is over: only the release's inconclusive choice may add rounds
+            else:
+                self.online_gate.replay()
             evidence["online_gate"] = self.online_gate.evidence()
             undecided = evidence["online_gate"].get("decision") == "inconclusive"
             # a batch's bake ends here (local), so an undecided gate blocks; a SageMaker check comes mid-update, while
             # its batches still bake: there the gate's undecided state is recorded, and only a failure is raised
-            verdicts["online_gate"] = None if undecided and step.check is not None else self.online_gate.alarm()
+            verdicts["online_gate"] = None if undecided and mid_update(step) else self.online_gate.alarm()
         while self.metrics.per_spec:
             verdicts.update(self._read())
             evidence["alarm_states"] = {name: "ALARM" if message else "OK" for name, message in verdicts.items()}

@@ -41,6 +41,18 @@ MINUTE, HOUR = 60, 3600
 
 
 @dataclass(frozen=True)
+class Defer:
+    """A stage whose long wait holds no worker (docs/airflow.md, docs/step-functions.md): `start` ("module:attribute",
+    given the stage context) begins the work and returns at once, `poll` looks once (a `DeployPoll`, its failure
+    raised) and is asked every `every_s` seconds until it says in service; then the stage itself runs and finds the
+    work done. The CLI runs the stage whole (it waits inside)."""
+
+    start: str
+    poll: str
+    every_s: int
+
+
+@dataclass(frozen=True)
 class Step:
     """One step an orchestrator runs: a stage, a bookend of a release, an approval step, or a triggered action."""
 
@@ -53,6 +65,7 @@ class Step:
     runs_in: frozenset[Orchestrator] = EVERYWHERE
     waits: str | None = None  # "module:attribute" asked before the stage runs: True holds the release there
     person: bool = False  # a person's wait: no worker runs, so MAX_STEP_TIMEOUT_S does not bound it
+    defers: Defer | None = None  # Airflow and Step Functions start it, then poll it without holding a worker
 
     def load(self, reference: str | None = None) -> Callable[..., Any]:
         """The step's function, or another "module:attribute" of it (`waits`), imported now."""
@@ -64,6 +77,9 @@ class Step:
 # past the broker's visibility timeout (86,400 s by default for Redis and SQS) to a second worker, which would run the
 # same stage twice at once; Step Functions and the CLI are held to the same bound so the three agree.
 MAX_STEP_TIMEOUT_S = 24 * HOUR
+# How often a deferred stage is polled: SageMaker takes minutes to bring an endpoint up; the Amazon provider's
+# SageMaker triggers poll every 30 s too.
+POLL_EVERY_S = 30
 STAGES: tuple[Step, ...] = (
     Step(events.RESOLVE, "tasks.pipeline.stages.resolve:run", 2, 30 * MINUTE, "holds",
          "fetch the pinned source and prove it by sha256"),
@@ -74,7 +90,8 @@ STAGES: tuple[Step, ...] = (
     Step(events.IMAGE, "tasks.pipeline.stages.image:run", 2, HOUR, "holds",
          "build or find the serving image and pin it by digest"),
     Step(events.DEPLOY_CANDIDATE, "tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, "holds",
-         "serve the artifact on a candidate endpoint"),
+         "serve the artifact on a candidate endpoint",
+         defers=Defer("tasks.pipeline.stages.candidate:start", "tasks.pipeline.stages.candidate:poll", POLL_EVERY_S)),
     Step(events.VALIDATE, "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, "holds",
          "gate the live candidate against the champion"),
     Step(events.PROMOTE, "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, "holds",
@@ -237,7 +254,8 @@ def policy_rows(config: Any) -> list[dict[str, Any]]:
     return [{"step": name, "runs in": ", ".join(sorted(step.runs_in)), "retries": step.retries,
              "retried": retried if step.retries else None, "backoff": backoff if step.retries else None,
              "table_timeout_s": step.timeout_s or None, "timeout_s": needed.get(name, step.timeout_s) or None,
-             "lease": step.lease, "does": step.doc} for name, step in STEPS.items()]
+             "lease": step.lease, "defers": f"polled every {step.defers.every_s}s" if step.defers else None,
+             "does": step.doc} for name, step in STEPS.items()]
 
 
 T = TypeVar("T")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,31 @@ def test_the_reference_authorizes_deploys_on_every_resource_type_it_lists():
                                                            "sagemaker:InvokeEndpoint"],
          "Resource": [f"arn:aws:sagemaker:{config.backend.region}:{config.backend.account_id}:endpoint/{prefix}-*"]}]}
     assert len(denied_requests(config, requests, only_endpoints)) == 4, "a grant on the endpoint alone is not enough"
+
+
+@pytest.mark.parametrize("component", [None, "chat"])
+def test_a_streamed_invocation_is_allowed_by_both_actions_aws_names_for_it(component):
+    """InvokeEndpointWithResponseStream (`RuntimeChannel.stream`): the reference lists an action of its own,
+    sagemaker:InvokeEndpointWithResponseStream, on the endpoint and, when the request names one, the component; the API
+    reference says the caller needs sagemaker:InvokeEndpoint. The pipeline policy allows both on what the request
+    names, and nothing outside the prefix."""
+    config = load_release_config(ROOT / "configs/releases/qwen35-4b-semif.yaml", environ={})
+    prefix = config.resource_prefix
+    named = {"InferenceComponentName": f"{prefix}-{component}"} if component else {}
+    request = ("sagemaker-runtime", "InvokeEndpointWithResponseStream",
+               {"EndpointName": f"{prefix}-prod", "Body": b"{}", **named})
+    needs = needs_of(config, *request)
+    assert {need.action for need in needs} == {"sagemaker:InvokeEndpointWithResponseStream"}
+    kinds = sorted(need.resource.split(":")[5].split("/")[0] for need in needs)
+    assert kinds == (["endpoint", "inference-component"] if component else ["endpoint"])
+    assert denied_requests(config, [request]) == []
+    policy = pipeline_policy(config)
+    assert all(allowed(policy, replace(need, action="sagemaker:InvokeEndpoint")) for need in needs), \
+        "the action the API reference names"
+    assert {action for action, _ in iam_request(Scope(config), *request)} == {
+        "sagemaker:InvokeEndpointWithResponseStream", "sagemaker:InvokeEndpoint"}
+    elsewhere = ("sagemaker-runtime", "InvokeEndpointWithResponseStream", {"EndpointName": "other-prod", "Body": b"{}"})
+    assert denied_requests(config, [elsewhere]) != [], "not an endpoint outside the prefix"
 
 
 @pytest.mark.parametrize("key", ["alias/shiplift", "arn:aws:kms:us-east-1:123456789012:alias/shiplift"])

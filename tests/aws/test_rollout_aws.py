@@ -83,8 +83,9 @@ def test_a_canary_rolls_out_with_its_alarms_then_a_bad_canary_is_rolled_back_by_
     assert steps[-1]["copies"] == 2 and steps[-1]["phase"] == "rollout"
     assert all(set(s["alarm_states"]) == set(alarms) and "ALARM" not in s["alarm_states"].values() for s in steps)
     verdicts = [r.payload for r in ledger.release(second["release_id"]) if (r.stage, r.event) == ("bake", "verdict")]
-    assert [v["check"] for v in verdicts] == [s["check"]
-                                              for s in steps[:-1]], "each check's verdict; the last is the end"
+    assert [v["check"] for v in verdicts] == [s["check"] for s in steps], "each check's verdict, and the end's: " \
+        "the online gate's last word once the update ended"
+    assert (steps[-1]["old_copies"], steps[-1]["new_copies"]) == (0, 2) and verdicts[-1]["alarm"] is None
     times = [r.recorded_at for r in ledger.release(second["release_id"]) if r.stage in ("traffic", "bake")]
     assert times == sorted(times) and len(set(times)) == len(times), "each appended as it was seen"
     # the canary set went through sagemaker-runtime; answers attributed by model

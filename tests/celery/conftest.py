@@ -31,7 +31,7 @@ import airflow_local  # noqa: E402  (scripts/ is not a package)
 PG_HOST, PG_PORT, PG_USER = "127.0.0.1", 5432, "postgres"
 DATABASE = os.environ.get("SHIPLIFT_CELERY_DATABASE", "shiplift_airflow")
 REDIS_URL = "redis://127.0.0.1:6379/0"
-COMPONENTS = ("api-server", "scheduler", "dag-processor", "celery-worker")
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "celery-worker")  # the deploy defers
 START_DEADLINE_S = 180.0
 EXTRA_REQUIRED_ENV = "SHIPLIFT_CELERY_EXTRA_REQUIRED"  # set by scripts/airflow_celery_test.sh (make test-celery)
 

@@ -118,10 +118,11 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server):
 class RouterProcess:
     """`python -m tasks.backends.local.router` on free ports, its state file read for the ports and the token."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, invoke_timeout_s: float = 30):
         state_file = folder / "router.json"
         self.proc = subprocess.Popen([sys.executable, "-m", "tasks.backends.local.router", "--name", ENDPOINT,
-                                      "--port", "0", "--state-file", str(state_file), "--invoke-timeout-s", "30"],
+                                      "--port", "0", "--state-file", str(state_file), "--invoke-timeout-s",
+                                      str(invoke_timeout_s)],
                                      env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15

@@ -141,7 +141,7 @@ def test_unknown_routes_and_methods_get_json_errors(dlc):
 
 
 def test_server_imports_only_stdlib_and_llama_cpp():
-    assert non_stdlib_imports(DLC_SERVER) <= {"sagemaker_http", "llama_cpp"}
+    assert non_stdlib_imports(DLC_SERVER) <= {"sagemaker_http", "chat_templates", "llama_cpp"}
 
 
 def test_options_name_real_llama_cpp_settings_and_chat_formats():

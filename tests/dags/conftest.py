@@ -87,7 +87,8 @@ def dags_for_configs(tmp_path):
     def make(*configs: Path) -> Path:
         folder = tmp_path / "dags"
         folder.mkdir(exist_ok=True)
-        (folder / "_shiplift_dags.py").symlink_to(DAGS / "_shiplift_dags.py")
+        for shared in ("_shiplift_dags.py", "_shiplift_triggers.py"):
+            (folder / shared).symlink_to(DAGS / shared)
         (folder / ".airflowignore").write_text((DAGS / ".airflowignore").read_text())
         for config in configs:
             dag_id = "refresh_" + config.stem.replace("-", "_")

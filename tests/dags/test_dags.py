@@ -284,8 +284,9 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
         assert again["state"] == "success" and again["xcom"]["end"]["status"] == "promoted"
         assert {task: state for task, state in again["tasks"].items() if state != "skipped"} == {
             "begin": "success", "end": "success"}, "a finished release is not run again"
-        assert len(records) == 2 * len(ALL_STAGES) + 4, \
-            "opened, each stage once and promoted by the refresh; the promotion DAG's start and end"
+        assert len(records) == 2 * len(ALL_STAGES) + 5, \
+            "opened, each stage once and promoted by the refresh (deploy_candidate deferred: its start's own started " \
+            "record); the promotion DAG's start and end"
 
         hosting = ProcessSupervisor(state_dir)
         assert [e["name"] for e in hosting.list_endpoints()] == ["shiplift-tiny-decision-prod"], "candidates torn down"

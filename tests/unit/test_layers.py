@@ -37,7 +37,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"local backend": ("tasks.backends.local",), "aws backend": ("tasks.backends.aws",)},
     {"backend registry": ("tasks.backends.registry",)},
     {"pipeline": ("tasks.pipeline",)},
-    {"orchestrators": ("tasks.orchestrators",)},
+    {"orchestrators": ("tasks.orchestrators",), "sweeps": ("tasks.sweeps",)},
     {"cli": ("tasks.cli",)},
     {"dags": ("dags",), "bench": ("bench",)},  # the Airflow wiring and the benchmarks: on top, apart from each other
 )

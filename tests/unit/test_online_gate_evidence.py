@@ -1,8 +1,9 @@
 """No evidence is not a pass (issue 45 item 5): the online gate against an in-process router of fake SemIf copies whose
 routing the test sets, so how many answers the candidate gets is known. Too few answers is inconclusive and follows
 `validation.inconclusive.choice` (block and ask raise the alarm that rolls back, extend replays more rounds until the
-gate decides, within its budget); answers are attributed by the serving id a copy echoes, so a candidate that changes
-only the temperature counts its own answers apart from the champion's; answers that carry none stay readable."""
+gate decides, within its budget), also where SageMaker's update has ended with the gate undecided (`BakeWatch`);
+answers are attributed by the serving id a copy echoes, so a candidate that changes only the temperature counts its
+own answers apart from the champion's; answers that carry none stay readable."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from tasks.backends.interfaces import BakeAlarms, RolloutStep
+from tasks.pipeline.bake import BakeWatch
 from validation.decisions.jevbench import JevTask
 from validation.gates import ChampionRule, DecisionThresholds
 from validation.online_gate import OnlineGate
@@ -169,3 +172,41 @@ def test_the_serving_id_is_read_from_semif_and_chat_answers():
     chat = {"model": f"/opt/ml/model/{GGUF_SHA}.gguf", "system_fingerprint": CANDIDATE_ID, "choices": []}
     assert echoed_serving_id(json.dumps(chat).encode()) == CANDIDATE_ID
     assert echoed_serving_id(json.dumps({**chat, "system_fingerprint": "fp_llama"}).encode()) is None
+
+
+class SageMakerMetrics:
+    """Metrics that do not split by spec, as CloudWatch's do not: the bake is the gate's round alone."""
+
+    per_spec = False
+
+
+MID_UPDATE = RolloutStep(phase="rollout", check=1, batches=2, copies=2, new_spec_sha256="e" * 64)
+UPDATE_ENDED = RolloutStep(phase="rollout", check=2, batches=2, copies=2, old_copies=0, new_copies=2,
+                           new_spec_sha256="e" * 64)
+
+
+@pytest.mark.parametrize("choice", ["block", "ask"])
+def test_on_sagemaker_an_undecided_gate_is_recorded_mid_update_and_raised_once_the_update_ended(choice):
+    router = Router([CHAMPION, CANDIDATE], ONE_IN_FIVE)
+    bake = BakeWatch(SageMakerMetrics(), "ep", "ic", "e" * 64, BakeAlarms(), 0.0,
+                     online_gate=_gate(router, rounds=1, inconclusive=choice))
+    assert bake(MID_UPDATE) is None, "SageMaker's batches still bake: only recorded"
+    assert bake.evidence[MID_UPDATE.key()]["online_gate"]["decision"] == "inconclusive"
+    assert router.requests == N_TASKS
+    alarm = bake(UPDATE_ENDED)
+    assert alarm is not None and alarm.startswith("online gate inconclusive: 5 of 8 answers"), alarm
+    assert router.requests == N_TASKS, f"the bake is over: {choice} sends no new round"
+    assert bake.evidence[UPDATE_ENDED.key()]["online_gate"]["candidate_answers"] == 5
+
+
+def test_on_sagemaker_extend_gathers_its_rounds_once_the_update_ended_and_passes_on_them():
+    router = Router([CHAMPION, CANDIDATE], ONE_IN_FIVE)
+    bake = BakeWatch(SageMakerMetrics(), "ep", "ic", "e" * 64, BakeAlarms(), 0.0,
+                     online_gate=_gate(router, rounds=1, inconclusive="extend", extend_rounds=1))
+    router.route = itertools.cycle([0])  # mid-update every canary task lands on a champion copy
+    assert bake(MID_UPDATE.model_copy(update={"check": 1})) is None
+    assert bake.online_gate.decision() == "inconclusive" and bake.online_gate.extended == 1
+    router.route = itertools.cycle([1])  # the update ended: every copy is the candidate's
+    assert bake(UPDATE_ENDED) is None, "the extension's round decided it"
+    gate = bake.evidence[UPDATE_ENDED.key()]["online_gate"]
+    assert (gate["decision"], gate["candidate_answers"], gate["extended_rounds"]) == ("pass", N_TASKS, 2)

@@ -1,6 +1,6 @@
 """A missing price is said once per run (the first cost line names it with the command that fills it, the lines after it
-point back), and the shipped table prices what the demo and its shared endpoint run on, so their cost columns show
-dollars (issue 47: the demo's gate reports, `status` and `fleet plan`)."""
+point back), and the shipped table prices what the demo, its shared endpoint and the shared-h100 fleet run on, so their
+cost columns show dollars (issue 47: the demo's gate reports, `status` and `fleet plan`)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,18 @@ RELEASES = Path(__file__).resolve().parents[2] / "configs" / "releases"
 DEMO = RELEASES / "gemma-decision.yaml"  # the demo's first release; its nominal type is ml.c7i.xlarge
 SHARED = [RELEASES / "gemma-decision-shared.yaml", RELEASES / "minilm-nli-shared.yaml"]  # the demo's shared endpoint
 MIG = RELEASES / "mdeberta-nli.yaml"
+SHARED_H100 = sorted((RELEASES.parent / "fleets" / "shared-h100").glob("*.yaml"))  # two models on one ml.p5.4xlarge
 
 NO_C7I = price_table(
     "ml.g6e.xlarge: {usd_per_hour: 2.33, source: test figure, as_of: 2026-12-01, provenance: project-readme}")
+NO_P5 = NO_C7I  # nor ml.p5.4xlarge: the MIG example's instance is unpriced in it
+
+
+@pytest.fixture()
+def no_p5(tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text(NO_P5, encoding="utf-8")
+    return load_price_table(path)
 
 
 def texts(value) -> list[str]:
@@ -49,18 +58,19 @@ def test_a_release_names_an_unpriced_type_once_with_the_command_that_fills_it(tm
     assert cost["per_million"]["per_million_requests"] is None
 
 
-def test_the_dry_run_names_the_unpriced_mig_instance_once():
-    lines = dry_run_cost_lines(load_release_config(MIG, environ={}), load_price_table(DEFAULT_PRICES_PATH))
+def test_the_dry_run_names_the_unpriced_mig_instance_once(no_p5):
+    lines = dry_run_cost_lines(load_release_config(MIG, environ={}), no_p5)
     assert sum("no price for ml.p5.4xlarge in us-east-1" in line for line in lines) == 1, lines
     assert lines[0].startswith("cost: production: no price for ml.p5.4xlarge in us-east-1; add it to ")
     assert lines[1] == "cost: a candidate: no price (ml.p5.4xlarge in us-east-1, as above)"
     assert lines[2].startswith("cost: a mig-1g.10gb copy's share: no price (ml.p5.4xlarge in us-east-1, as above)")
 
 
-def test_each_run_says_it_again_once():
-    table = load_price_table(DEFAULT_PRICES_PATH)
+def test_each_run_says_it_again_once(no_p5):
     config = load_release_config(MIG, environ={})
-    assert dry_run_cost_lines(config, table)[0] == dry_run_cost_lines(config, table)[0]  # the caller's table unchanged
+    first = dry_run_cost_lines(config, no_p5)[0]
+    assert "no price for ml.p5.4xlarge in us-east-1" in first
+    assert dry_run_cost_lines(config, no_p5)[0] == first  # the caller's table unchanged
 
 
 def test_the_demo_s_gate_prices_its_nominal_type():
@@ -79,3 +89,12 @@ def test_the_demo_s_shared_endpoint_plan_shows_each_model_s_dollars():
     assert plan.bill.usd_per_hour is not None
     shares = {tenant.model: tenant.share.usd_per_hour for tenant in plan.tenants}
     assert len(shares) == 2 and all(usd is not None and usd > 0 for usd in shares.values()), shares
+
+
+def test_the_shared_h100_fleet_plan_shows_each_model_s_dollars():
+    plan = plan_snapshot(read_snapshot(load_fleet_configs(SHARED_H100)))
+    price = load_price_table(DEFAULT_PRICES_PATH).hourly("us-east-1", "ml.p5.4xlarge")
+    assert plan.bill.usd_per_hour == pytest.approx(price.usd_per_hour)  # one instance, billed whole
+    shares = {tenant.model: tenant.share.usd_per_hour for tenant in plan.tenants}
+    assert shares == {"mdeberta-nli": pytest.approx(2 / 7 * price.usd_per_hour),
+                      "mdeberta-nli-de": pytest.approx(2 / 7 * price.usd_per_hour)}, shares  # 2 of 7 partitions each

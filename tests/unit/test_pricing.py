@@ -37,11 +37,9 @@ QWEN = RELEASES / "qwen35-4b-semif.yaml"
 MDEBERTA = RELEASES / "mdeberta-nli.yaml"
 GEMMA = RELEASES / "gemma-decision.yaml"
 
-# Types the example configs place that the shipped table knowingly leaves out, and why (none may be guessed).
-KNOWINGLY_UNPRICED = {
-    "ml.p5.4xlarge": "mdeberta-nli's MIG instance: no stored copy of the pricing page or offer file could be read, and "
-                     "the README's ≈ 14 $/h is an eighth of ml.p5.48xlarge (an estimate, not a quoted price)",
-}
+# Types the example configs place that the shipped table knowingly leaves out, and why (none may be guessed). Empty
+# since ml.p5.4xlarge got a quoted third-party figure (2026-12-07); a new unpriced type is listed here with its reason.
+KNOWINGLY_UNPRICED: dict[str, str] = {}
 
 # Test figures, written out here so the hand-worked cases below do not move when the shipped table is updated.
 TEST_TABLE = price_table(
@@ -376,10 +374,13 @@ def test_the_dry_run_of_the_mig_example_shares_the_instance_and_adds_nothing_for
     assert lines[3].startswith("cost: an update adds no instance (")  # 2 idle partitions take the 2 new copies
 
 
-def test_the_dry_run_with_the_shipped_table_says_the_mig_example_is_unpriced():
+def test_the_dry_run_with_the_shipped_table_prices_the_mig_example_and_says_where_the_figure_is_from():
+    price = load_price_table(DEFAULT_PRICES_PATH).hourly("us-east-1", "ml.p5.4xlarge")
     lines = dry_run_cost_lines(load_release_config(MDEBERTA, environ={}))
-    assert "no price for ml.p5.4xlarge in us-east-1" in lines[0]
-    assert all("no price (ml.p5.4xlarge in us-east-1, as above)" in line for line in lines[1:3]), lines
+    assert not [line for line in lines if "no price" in line], lines
+    assert lines[0].startswith(f"cost: production ≈ {price.usd_per_hour:.2f} $/h (1 × ml.p5.4xlarge"), lines
+    assert price.provenance == "third-party-page" and "unchecked against AWS" in lines[0]
+    assert lines[2].startswith(f"cost: a mig-1g.10gb copy ≈ {price.usd_per_hour / 7:.2f} $/h = 1/7 of ml.p5.4xlarge")
 
 
 def test_the_dry_run_of_a_local_config_prices_nothing(table):

@@ -101,6 +101,9 @@ def successors(state: dict) -> list[str]:
 
 
 def paths(definition: dict, start: str | None = None) -> list[list[str]]:
+    """Every path to a terminal state; a deferred stage's poll loop is not followed back (`test_sfn.loop_back`)."""
+    from tests.unit.test_sfn import loop_back
+
     states, out = definition["States"], []
 
     def walk(name: str, seen: list[str]) -> None:
@@ -109,7 +112,8 @@ def paths(definition: dict, start: str | None = None) -> list[list[str]]:
         if not following:
             out.append(seen + [name])
         for nxt in following:
-            walk(nxt, seen + [name])
+            if not loop_back(name, nxt):
+                walk(nxt, seen + [name])
 
     walk(start or definition["StartAt"], [])
     return out
@@ -165,7 +169,9 @@ def test_the_approval_graph_keeps_every_rule_and_moto_parses_it():
     states = definition["States"]
     all_paths = paths(definition)
     assert {p[-1] for p in all_paths} == {"Released", FAILED_STATE, "BeginFailed", "EndNotRecorded"}
-    assert {s for p in all_paths for s in p} == set(states), "every state is reachable"
+    from tests.unit.test_sfn import reachable
+
+    assert reachable(definition) == set(states), "every state is reachable"
     for path in all_paths:
         if path[-1] != "BeginFailed":
             assert any(s in TEARDOWN_STATES for s in path), f"reaches {path[-1]} without a teardown: {path}"
@@ -197,7 +203,7 @@ def test_an_inconclusive_gate_the_release_asks_about_waits_for_the_approval_too(
     """validate's result says an inconclusive gate was asked (`inconclusive.outcome == "asked"`, with
     validation.inconclusive.choice ask): GateDecision sends it to AwaitApproval like a pass; blocked, or a result
     without the field, tears down. Routes run in moto's interpreter with the ECS tasks as Pass states."""
-    from tests.unit.test_sfn import _stub_ecs, _with_envelope
+    from tests.unit.test_sfn import _stub_ecs, _with_envelope, answered
 
     config = shipped('validation.inconclusive={"choice": "ask"}')  # the shipped config extends: ask replaces it
     definition = render(config)
@@ -223,7 +229,8 @@ def test_an_inconclusive_gate_the_release_asks_about_waits_for_the_approval_too(
         boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
         sfn = boto3.client("stepfunctions", region_name=REGION)
         for case, result in results.items():
-            stubbed = _with_envelope(_stub_ecs(definition), {"release_id": rid, "stage": "validate", "result": result})
+            stubbed = _with_envelope(answered(_stub_ecs(definition), rid),
+                                     {"release_id": rid, "stage": "validate", "result": result})
             arn = sfn.create_state_machine(name=f"asked-{case}", definition=definition_json(stubbed),
                                            roleArn=ROLE)["stateMachineArn"]
             execution = sfn.start_execution(stateMachineArn=arn, input="{}")["executionArn"]
@@ -314,7 +321,9 @@ def with_handoff(definition: dict, release_id: str, handoff: str) -> dict:
         "Type": "Pass",
         "Result": {"envelope": {"release_id": release_id, "stage": "validate", "result": {"decision": "pass"}}},
         "ResultPath": "$.gate", "Next": "GateDecision"}
-    return definition
+    from tests.unit.test_sfn import answered
+
+    return answered(definition, release_id)
 
 
 def start(sfn, s3, definition: dict, name: str, handoff: str) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """One policy from the policy table, everywhere: for every step of a config with long deadlines and an approval, the
-retries, backoff and timeout the Airflow DAGs and the rendered Step Functions state machine set up are the table's and
-`timeout_for(config)`, and the CLI runs each step through `table.attempts` (retries, backoff, per-attempt timeout);
-only errors whose `retryable` is true are retried, by all three."""
+retries, backoff, timeout and deferral (how often a deferred stage is polled) the Airflow DAGs and the rendered Step
+Functions state machine set up are the table's and `timeout_for(config)`, and the CLI runs each step through
+`table.attempts` (retries, backoff, per-attempt timeout); only errors whose `retryable` is true are retried, by all
+three."""
 
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def _airflow_policy(config_file: Path) -> dict[str, dict]:
     for name, task in tasks.items():
         waits = isinstance(task, dags.ShipliftApproval)
         seen = {"retries": task.retries,
-                "timeout_s": int((task.response_timeout if waits else task.execution_timeout).total_seconds())}
+                "timeout_s": int((task.response_timeout if waits else task.execution_timeout).total_seconds()),
+                "defers": getattr(task, "poll_every_s", None)}  # a DeferredStage's trigger polls this often
         if task.retries:
             decide = task.retry_policy.evaluate
             seen["retried"] = sorted(cls.__name__ for cls in (*RETRYABLE, *NOT_RETRYABLE, RuntimeError)
@@ -161,7 +163,8 @@ def _step_functions_policy(config) -> dict[str, dict]:
         return found
 
     named = {"begin": "Begin", "approval_decision": APPROVAL_TIMED_OUT_STATE, "end": "EndSucceeded", **STATE_NAMES}
-    policy = {name: seen(states[state]) for name, state in named.items()}
+    policy = {name: {**seen(states[state]), "defers": states.get(f"{state}Wait", {}).get("Seconds")}
+              for name, state in named.items()}  # a deferred stage's poll loop waits this long between polls
     for name, state in named.items():
         assert states[state]["HeartbeatSeconds"] < states[state]["TimeoutSeconds"], state
         assert HEARTBEAT_TIMEOUT in table_rules(states[state])[0]["ErrorEquals"] or not STEPS[name].retries, state
@@ -180,6 +183,7 @@ def _step_functions_policy(config) -> dict[str, dict]:
 def _expected(name: str, config, *, keys) -> dict:
     step = STEPS[name]
     expected = {"retries": step.retries, "timeout_s": timeout_for(name, config),
+                "defers": step.defers.every_s if step.defers else None,
                 "retried": sorted(cls.__name__ for cls in RETRYABLE),
                 "backoff": (table.BACKOFF.first_s, table.BACKOFF.factor, table.BACKOFF.max_s)}
     return {key: expected[key] for key in keys}

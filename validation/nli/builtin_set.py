@@ -5,8 +5,12 @@ entailed (stated or directly implied), neutral (an extra detail the passage does
 contradicted (a wrong number, date, time or entity, or a negation). Each scenario of each
 domain yields one pair of every label, so labels are balanced. Scenarios (never single pairs)
 are split train / calibration / test 15 / 4 / 6 per domain, so one passage never sits in two
-splits and every split is balanced by label and domain. Templates and a fixed seed make the
-output byte-identical on every run:
+splits and every split is balanced by label and domain. Then 5 more scenarios of each domain,
+drawn after all of those from the same generator, make the `reserve` split (75 pairs, balanced the
+same way): what an inconclusive champion check extends onto (`validation.inconclusive.extend`),
+read by no gate's first look and no training. Drawn last, they left the first 375 pairs (train,
+calibration, test) byte-identical, so the demo model trains on what it trained on before.
+Templates and a fixed seed make the output byte-identical on every run:
 
     python -m validation.nli.builtin_set [--out validation/data/nli.jsonl]
 """
@@ -18,12 +22,16 @@ import json
 import random
 from collections.abc import Callable
 from datetime import date, timedelta
+from functools import partial
 from pathlib import Path
+
+from validation.nli.pairs import RESERVE_SPLIT
 
 SEED = 20260401
 NEWLINE = b"\n"
 SCENARIOS_PER_DOMAIN = 25
 SPLIT_PLAN = (("train", 15), ("calibration", 4), ("test", 6))
+RESERVE_SCENARIOS = 5  # a domain, drawn after every domain's SCENARIOS_PER_DOMAIN: the reserve split
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "nli.jsonl"
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
@@ -323,28 +331,53 @@ DOMAINS: tuple[tuple[str, Callable[[random.Random], tuple[str, Claims]]], ...] =
 )
 
 
+def _scenario(rng: random.Random, domain: str, make: Callable, index: int, offsets: dict[str, int], split: str,
+              seen: set) -> list[dict]:
+    """One scenario of `domain`: a passage and one claim of every label, the claims' templates rotated by `index`."""
+    premise, claims = make(rng)
+    records = []
+    for label, short in (("entailment", "ent"), ("neutral", "neu"), ("contradiction", "con")):
+        options = claims[label]
+        phenomenon, hypothesis = options[(index + offsets[label]) % len(options)]
+        key = (premise, hypothesis)
+        if key in seen:
+            raise AssertionError(f"duplicate pair generated: {key}")
+        seen.add(key)
+        records.append({
+            "id": f"nli-{domain}-{index:03d}-{short}", "domain": domain, "phenomenon": phenomenon,
+            "premise": premise, "hypothesis": hypothesis, "label": label, "split": split,
+        })
+    return records
+
+
 def build_records(seed: int = SEED) -> list[dict]:
-    """Every pair of the set as a JSON-able record, in a fixed order."""
+    """Every pair of the set as a JSON-able record, in a fixed order: each domain's train, calibration and test
+    scenarios, then each domain's reserve ones."""
     rng = random.Random(seed)
-    records, seen = [], set()
+    records, seen, offsets = [], set(), {}
     for domain, make in DOMAINS:
         splits = [name for name, count in SPLIT_PLAN for _ in range(count)]  # one per scenario
         rng.shuffle(splits)
-        offsets = {label: rng.randrange(5) for label in ("entailment", "neutral", "contradiction")}
+        offsets[domain] = {label: rng.randrange(5) for label in ("entailment", "neutral", "contradiction")}
         for index in range(SCENARIOS_PER_DOMAIN):
-            premise, claims = make(rng)
-            for label, short in (("entailment", "ent"), ("neutral", "neu"), ("contradiction", "con")):
-                options = claims[label]
-                phenomenon, hypothesis = options[(index + offsets[label]) % len(options)]
-                key = (premise, hypothesis)
-                if key in seen:
-                    raise AssertionError(f"duplicate pair generated: {key}")
-                seen.add(key)
-                records.append({
-                    "id": f"nli-{domain}-{index:03d}-{short}", "domain": domain, "phenomenon": phenomenon,
-                    "premise": premise, "hypothesis": hypothesis, "label": label, "split": splits[index],
-                })
+            records += _scenario(rng, domain, make, index, offsets[domain], splits[index], seen)
+    passages = {record["premise"] for record in records}
+    for domain, make in DOMAINS:  # last, so that drawing them changed none of the pairs before
+        for index in range(SCENARIOS_PER_DOMAIN, SCENARIOS_PER_DOMAIN + RESERVE_SCENARIOS):
+            drawn = _scenario(rng, domain, partial(_new_passage, make, passages), index, offsets[domain],
+                              RESERVE_SPLIT, seen)
+            passages.add(drawn[0]["premise"])
+            records += drawn
     return records
+
+
+def _new_passage(make: Callable, passages: set[str], rng: random.Random) -> tuple[str, Claims]:
+    """A scenario of `make` whose passage is none of `passages` (drawn again until it is): no passage of the reserve
+    appears in another split."""
+    while True:
+        premise, claims = make(rng)
+        if premise not in passages:
+            return premise, claims
 
 
 def render(records: list[dict]) -> bytes:

@@ -23,6 +23,7 @@ from tasks.hashing import sha256_file
 from validation.jsonl import jsonl_values
 
 LABELS = ("entailment", "neutral", "contradiction")
+RESERVE_SPLIT = "reserve"  # held back for a gate's extension (validation.extension): no gate's first look, no training
 UNLABELLED = "-"
 JSONL_SUFFIXES = (".jsonl",)
 TSV_SUFFIXES = (".tsv", ".txt")

@@ -51,6 +51,7 @@ from tasks.backends.aws.session import Aws
 from tasks.backends.interfaces import (
     Bake,
     ComponentSpec,
+    DeployPoll,
     Invoker,
     LiveComponent,
     ManagedResource,
@@ -99,6 +100,16 @@ class SageMakerHosting:
                progress: Progress) -> LiveComponent:
         """`Deployer.deploy`: model, endpoint config, endpoint and (except single-model candidates) the component."""
         return self.deployer.deploy(endpoint, component, spec, placement, role=role, progress=progress)
+
+    def start_deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+                     progress: Progress) -> None:
+        """`Deployer.start`: what `deploy` creates, without its waits."""
+        self.deployer.start(endpoint, component, spec, placement, role=role, progress=progress)
+
+    def poll_deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+                    progress: Progress) -> DeployPoll:
+        """`Deployer.poll`: one look at the endpoint and its component (created once the endpoint is up)."""
+        return self.deployer.poll(endpoint, component, spec, placement, role=role, progress=progress)
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
                  progress: Progress, on_step: OnStep | None = None) -> RolloutResult:

@@ -19,8 +19,8 @@ from tasks.backends.aws.hosting_requests import (
     tags,
 )
 from tasks.backends.aws.service_model import request_applied
-from tasks.backends.aws.waiters import wait_for
-from tasks.backends.interfaces import DEPLOY_WAIT_S, ComponentSpec, LiveComponent, Progress
+from tasks.backends.aws.waiters import look, wait_for
+from tasks.backends.interfaces import DEPLOY_WAIT_S, ComponentSpec, DeployPoll, LiveComponent, Progress
 from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
 
 ENDPOINT_WAIT_S = DEPLOY_WAIT_S // 2  # on top of the pool's provision timeout; with the component's: the stage table's
@@ -40,7 +40,55 @@ class Deployer:
     def deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
                progress: Progress) -> LiveComponent:
         """Model, endpoint config (MIG layout read back), endpoint and, except for single-model candidates,
-        the component."""
+        the component, each waited for."""
+        model, config, single = self._prepare(endpoint, component, spec, placement, role=role)
+        self._ensure_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id,
+                              progress=progress)
+        if not single:
+            self._ensure_component(component_request(component, endpoint, spec, model["ModelName"]), progress,
+                                   role=role)
+        return self._described(endpoint, component)
+
+    def start(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+              progress: Progress) -> None:
+        """`deploy` without its waits: model, endpoint config and endpoint created (or found, a Failed one replaced),
+        and the component sent where its endpoint is InService already; on a new endpoint, `poll` sends it once the
+        endpoint is up. A component still Creating or Updating from an earlier attempt is NotReady (retryable): it
+        cannot be updated until it settles."""
+        model, config, single = self._prepare(endpoint, component, spec, placement, role=role)
+        live = self._send_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id,
+                                   progress=progress)
+        if not single and (live or {}).get("EndpointStatus") == "InService":
+            request = component_request(component, endpoint, spec, model["ModelName"])
+            if not self._send_component(request, progress, role=role, settle=False):
+                raise NotReady(f"inference component {component} is still Creating or Updating from an earlier "
+                               "attempt, and SageMaker updates it only once that ends",
+                               fix="the stage's retry starts it again once it has settled")
+
+    def poll(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+             progress: Progress) -> DeployPoll:
+        """One DescribeEndpoint (waiters.json's EndpointInService acceptors) and, on an endpoint with components, one
+        DescribeInferenceComponent (InferenceComponentInService's); an absent component on an endpoint just come up
+        is created here. A failure is raised as `deploy` raises it."""
+        state, status, answer = look(self.calls.aws, "EndpointInService", {"EndpointName": endpoint})
+        if state == "failure":
+            raise self._endpoint_failure(endpoint, answer, placement)
+        if state is None or single_model(placement, role):
+            return DeployPoll(in_service=state == "success", status=f"endpoint {status}")
+        if self.calls.inference_component(endpoint, component) is None:
+            model = model_request(component, spec, endpoint, placement, role_arn=self.calls.backend.execution_role_arn)
+            self._send_component(component_request(component, endpoint, spec, model["ModelName"]), progress,
+                                 role=role, settle=False)
+        state, status, answer = look(self.calls.aws, "InferenceComponentInService",
+                                     {"InferenceComponentName": component})
+        if state == "failure":
+            raise self._component_failure(component, answer)
+        return DeployPoll(in_service=state == "success", status=f"inference component {status}")
+
+    def _prepare(self, endpoint: str, component: str, spec: ComponentSpec, placement, *,
+                 role: str) -> tuple[dict, dict, bool]:
+        """The model and the endpoint config, created unless they exist (a MIG layout read back): their requests and
+        whether the endpoint is single-model."""
         role_arn = self.calls.backend.execution_role_arn
         on_gpu = bool(spec.compute.accelerators or spec.compute.accelerator_partition)
         model = model_request(component, spec, endpoint, placement, role_arn=role_arn)
@@ -52,11 +100,9 @@ class Deployer:
         self._ensure("EndpointConfig", config["EndpointConfigName"], config, ("ProductionVariants", "ExecutionRoleArn"))
         if placement.kind == "mig_partition":
             self._check_layout(config)
-        self._ensure_endpoint(endpoint, config, placement, role=role, release_id=spec.model_ref.release_id,
-                              progress=progress)
-        if not single:
-            request = component_request(component, endpoint, spec, model["ModelName"])
-            self._ensure_component(request, progress, role=role)
+        return model, config, single
+
+    def _described(self, endpoint: str, component: str) -> LiveComponent:
         live = describe_component(self.calls, endpoint, component)
         if live is None:
             raise NotFound(f"{endpoint}/{component} vanished right after its deploy", fix="rerun the stage")
@@ -95,6 +141,17 @@ class Deployer:
     def _ensure_endpoint(self, endpoint: str, config: dict, placement, *, role: str, release_id: str,
                          progress: Progress) -> None:
         """Create the endpoint (or find it by name), replace it when an earlier attempt left it Failed, and wait."""
+        self._send_endpoint(endpoint, config, placement, role=role, release_id=release_id, progress=progress)
+        deadline = getattr(placement, "provision_timeout_s", 0) + ENDPOINT_WAIT_S
+        state, answer = wait_for(self.calls.aws, "EndpointInService", {"EndpointName": endpoint}, deadline_s=deadline,
+                                 poll_s=self.calls.poll_s, progress=progress, what=f"endpoint {endpoint}")
+        if state == "failure":
+            raise self._endpoint_failure(endpoint, answer, placement)
+
+    def _send_endpoint(self, endpoint: str, config: dict, placement, *, role: str, release_id: str,
+                       progress: Progress) -> dict | None:
+        """CreateEndpoint (or UpdateEndpoint to this config), unless the endpoint runs it; one an earlier attempt left
+        Failed is replaced. Returns the endpoint's description from before the call (None when it was created)."""
         name = config["EndpointConfigName"]
         live = self.calls.describe_endpoint(endpoint)
         if live is not None and live.get("EndpointStatus") == "Failed":
@@ -115,20 +172,22 @@ class Deployer:
                                    "(a new resource_prefix)")
             if live.get("EndpointStatus") == "InService":
                 self._with_config("UpdateEndpoint", progress, EndpointName=endpoint, EndpointConfigName=name)
-        deadline = getattr(placement, "provision_timeout_s", 0) + ENDPOINT_WAIT_S
-        state, answer = wait_for(self.calls.aws, "EndpointInService", {"EndpointName": endpoint}, deadline_s=deadline,
-                                 poll_s=self.calls.poll_s, progress=progress, what=f"endpoint {endpoint}")
-        if state == "failure":
-            reason = failure_reason(answer)
-            if placement.kind == "instance_pool" and "capacity" in reason.lower():
-                tried = [p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)]
-                raise CapacityError(f"endpoint {endpoint}: no capacity in any instance pool; tried "
-                                    f"{', '.join(tried)}: {reason}",
-                                    fix="add instance types to placement.pools, raise provision_timeout_s, or "
-                                        "retry later")
-            raise DeployFailed(f"endpoint {endpoint} is {(answer or {}).get('EndpointStatus')}: {reason}",
-                               fix="read the FailureReason and the endpoint's CloudWatch logs; teardown "
-                                   "removes it, then rerun")
+                live = {**live, "EndpointStatus": "Updating"}
+        return live
+
+    @staticmethod
+    def _endpoint_failure(endpoint: str, answer: dict | None, placement) -> CapacityError | DeployFailed:
+        """The error of an endpoint that ended in a failure status: CapacityError (every pool tried) where its reason
+        says capacity, DeployFailed otherwise."""
+        reason = failure_reason(answer)
+        if placement.kind == "instance_pool" and "capacity" in reason.lower():
+            tried = [p.instance_type for p in sorted(placement.pools, key=lambda p: p.priority)]
+            return CapacityError(f"endpoint {endpoint}: no capacity in any instance pool; tried {', '.join(tried)}: "
+                                 f"{reason}",
+                                 fix="add instance types to placement.pools, raise provision_timeout_s, or retry later")
+        return DeployFailed(f"endpoint {endpoint} is {(answer or {}).get('EndpointStatus')}: {reason}",
+                            fix="read the FailureReason and the endpoint's CloudWatch logs; teardown removes it, then "
+                                "rerun")
 
     def _check_stays_serverless(self, endpoint: str, live: dict) -> None:
         """A serverless release's new endpoint config may replace a serverless one (UpdateEndpoint), never an
@@ -164,10 +223,20 @@ class Deployer:
                 delay = min(delay * 2, CONFIG_RETRY_MAX_S)
 
     def _ensure_component(self, request: dict, progress: Progress, *, role: str) -> None:
-        """Create or update the component to this request and wait. One Creating or Updating is waited for first
-        (SageMaker refuses to update it). One an earlier attempt left Failed is deleted and created again only when it
-        is a candidate's with no copy; production's (whose copies may still serve the champion after a failed update)
-        is updated again, never deleted."""
+        """Create or update the component to this request (`_send_component`, a Creating or Updating one settled
+        first) and wait."""
+        self._send_component(request, progress, role=role, settle=True)
+        state, answer = self.calls.wait(request["InferenceComponentName"], deadline_s=COMPONENT_WAIT_S,
+                                        progress=progress)
+        if state == "failure":
+            raise self._component_failure(request["InferenceComponentName"], answer)
+
+    def _send_component(self, request: dict, progress: Progress, *, role: str, settle: bool) -> bool:
+        """Create or update the component to this request unless it serves it; True once sent or found sent. One
+        Creating or Updating is waited for first where `settle` (SageMaker refuses to update it), else False is
+        returned and nothing sent. One an earlier attempt left Failed is deleted and created again only when it is a
+        candidate's with no copy; production's (whose copies may still serve the champion after a failed update) is
+        updated again, never deleted."""
         calls, component = self.calls, request["InferenceComponentName"]
         try:
             live = calls.sm("DescribeInferenceComponent", InferenceComponentName=component)
@@ -178,6 +247,8 @@ class Deployer:
                            fix="component names are global to the account and region: delete it or "
                                "change resource_prefix")
         if live is not None and live.get("InferenceComponentStatus") in UNSETTLED:
+            if not settle:
+                return False
             progress(f"inference component {component} is {live['InferenceComponentStatus']}; waiting for it "
                      "to end first")
             live = calls.settled(component, progress, deadline_s=COMPONENT_WAIT_S)
@@ -203,11 +274,15 @@ class Deployer:
                          f"{request['Specification']['ModelName']}")
                 update = {k: request[k] for k in ("InferenceComponentName", "Specification", "RuntimeConfig")}
                 calls.sm("UpdateInferenceComponent", **update)
-        state, answer = calls.wait(component, deadline_s=COMPONENT_WAIT_S, progress=progress)
-        if state == "failure":
-            reason, serving = failure_reason(answer), current_copies(answer)
-            error = CapacityError if "capacity" in reason.lower() else DeployFailed
-            kept = (f"; it keeps {serving} copies of its previous model serving and is kept, not deleted: a rerun "
-                    "updates it again" if serving else "")
-            raise error(f"inference component {component} failed: {reason}{kept}",
-                        fix="check the copies fit the endpoint's partitions or instances, and the container logs")
+        return True
+
+    @staticmethod
+    def _component_failure(component: str, answer: dict | None) -> CapacityError | DeployFailed:
+        """The error of a component that ended Failed (or Deleting): CapacityError where its reason says capacity,
+        DeployFailed otherwise; one that keeps copies of its previous model serving says so."""
+        reason, serving = failure_reason(answer), current_copies(answer)
+        error = CapacityError if "capacity" in reason.lower() else DeployFailed
+        kept = (f"; it keeps {serving} copies of its previous model serving and is kept, not deleted: a rerun "
+                "updates it again" if serving else "")
+        return error(f"inference component {component} failed: {reason}{kept}",
+                     fix="check the copies fit the endpoint's partitions or instances, and the container logs")

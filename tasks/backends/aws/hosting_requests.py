@@ -1,6 +1,7 @@
 """The requests of SageMaker hosting, built purely from specs, placements and plans (the dry run prints the same ones),
 and the names, tags and metric dimensions they carry: models, endpoint configs and their variant, inference components,
-the rolling update with its rollback alarms and gate datum, and scale to zero's target, policies and alarm."""
+the rolling update with its rollback alarms and gate datum, the update that puts a previous spec back, and scale to
+zero's target, policies and alarm."""
 
 from __future__ import annotations
 
@@ -236,6 +237,34 @@ def rolling_update_request(component: str, endpoint: str, spec: ComponentSpec, m
             "RuntimeConfig": {"CopyCount": spec.copies},
             "DeploymentConfig": {"RollingUpdatePolicy": policy,
                                  "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": name} for name in alarms]}}}
+
+
+# what a described InferenceComponentSpecification gives back to UpdateInferenceComponent as it is (the input and
+# output shapes share these members; Container differs, and shiplift's components name a model, never a container)
+RESTORED_SPEC = ("ModelName", "ComputeResourceRequirements", "StartupParameters")
+
+
+def restore_request(component: str, previous: dict, plan: RolloutPlan) -> dict:
+    """UpdateInferenceComponent back to what `previous` (the component described before a rollout's update) ran: its
+    model, compute and startup parameters, and its copy count. SageMaker's automatic rollback acts only while the
+    update runs ("If any of your alarms trip during the specified monitoring period, SageMaker AI initiates a complete
+    rollback", https://docs.aws.amazon.com/sagemaker/latest/dg/deployment-guardrails-configuration.html), so once the
+    update has ended the spec is put back by another update, as `shiplift rollback` does. It moves the release's
+    rollback batch at a time where that is a MaximumBatchSize SageMaker takes (5-50 % of the copies,
+    https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html), with no
+    alarms and no bake; else every copy at once (no DeploymentConfig), the peak SageMaker's own rollback at 100 % holds
+    (`tasks.backends.capacity.rollback_room` counts both)."""
+    described = previous.get("Specification") or {}
+    copies = int((previous.get("RuntimeConfig") or {}).get("DesiredCopyCount") or 0)
+    request: dict = {"InferenceComponentName": component,
+                     "Specification": {key: described[key] for key in RESTORED_SPEC if key in described},
+                     "RuntimeConfig": {"CopyCount": copies}}
+    batch = plan.rollback_batch_copies
+    if batch is not None and copies * 0.05 <= batch <= copies * 0.5:
+        request["DeploymentConfig"] = {"RollingUpdatePolicy": {
+            "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": batch}, "WaitIntervalInSeconds": 0,
+            "MaximumExecutionTimeoutInSeconds": int(plan.max_execution_s)}}
+    return request
 
 
 def gate_datum(component: str, *, failed: bool) -> dict:

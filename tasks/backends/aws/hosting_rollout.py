@@ -1,6 +1,7 @@
 """A release's rollout on SageMaker: the rolling update of production's inference component with its rollback alarms,
 followed and baked check by check (the online gate's verdict published for its alarm), resumed after a crash, and told
-as the rollout or the rollback it ended as."""
+as the rollout or the rollback it ended as; an online gate that has not passed once the update ended puts the previous
+spec back."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import time
 
 from tasks.backends.aws.hosting_calls import COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies, failure_reason
 from tasks.backends.aws.hosting_deploy import Deployer
-from tasks.backends.aws.hosting_requests import alarm_requests, gate_datum, model_request, rolling_update_request
+from tasks.backends.aws.hosting_requests import (
+    alarm_requests,
+    gate_datum,
+    model_request,
+    restore_request,
+    rolling_update_request,
+)
 from tasks.backends.interfaces import Bake, ComponentSpec, OnStep, Progress, RolloutPlan, RolloutResult, RolloutStep
 from tasks.errors import DeployFailed
 
@@ -44,11 +51,20 @@ def rollback_reason(final: dict, steps: list[RolloutStep], fired: dict[str, str]
 
 def last_step(final: dict, steps: list[RolloutStep], fired: dict[str, str], plan: RolloutPlan, model_name: str,
               copies: int) -> RolloutStep:
-    """The last observation as the step it is: the rollout's where the update ended on the new spec (or Failed),
-    else the rollback SageMaker made, with its reason."""
-    if final.get("InferenceComponentStatus") == "Failed" or runs(final, model_name, copies):
+    """The last observation as the step it is: the rollout's where the update ended on the new spec (every copy new,
+    so no old one: `old_copies` 0) or Failed, else the rollback SageMaker made, with its reason."""
+    if runs(final, model_name, copies):
+        return steps[-1].model_copy(update={"old_copies": 0, "new_copies": copies})
+    if final.get("InferenceComponentStatus") == "Failed":
         return steps[-1]
     return steps[-1].model_copy(update={"phase": "rollback", "alarm": rollback_reason(final, steps, fired, plan)})
+
+
+def previous_spec(live: dict, model_name: str) -> dict | None:
+    """The component's description before this rollout's update, where it still shows the spec the update replaces
+    (not `model_name`); None where it does not (a rerun that found the update already under way, and a description
+    that shows the new model)."""
+    return None if (live.get("Specification") or {}).get("ModelName") == model_name else live
 
 
 class Rollout:
@@ -70,7 +86,9 @@ class Rollout:
         the champion. The alarms are removed once the update has ended (a crashed watcher leaves them to SageMaker,
         and its rerun, which names the same alarms, removes them). `on_step` hears of every check as it is seen
         (shifted) and judged (baked), and of the last observation, once the update has ended, as the step it is
-        (rollout, or the rollback SageMaker made)."""
+        (rollout, or the rollback SageMaker made). With an online gate, an update that ended on the new spec is baked
+        once more: a gate that has not passed then (SageMaker's alarms no longer roll back) puts the spec the update
+        replaced back (`_put_back`), so an undecided gate is never a silent pass."""
         calls = self.calls
         tell = on_step or (lambda kind, step: None)
         live = calls.inference_component(endpoint, component)
@@ -106,6 +124,7 @@ class Rollout:
                      f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
             calls.sm("UpdateInferenceComponent",
                      **rolling_update_request(component, endpoint, spec, model["ModelName"], plan, names))
+        previous = previous_spec(live, model["ModelName"])
         steps, final, fired = self._follow(component, spec, plan, bake, names, progress, tell)
         steps[-1] = last_step(final, steps, fired, plan, model["ModelName"], spec.copies)
         tell("shifted", steps[-1])
@@ -119,10 +138,53 @@ class Rollout:
                     "same component again (a Failed production component is never deleted)"
                     + ("" if serving else "; no copy serves now"))
         if runs(final, model["ModelName"], spec.copies):
-            return RolloutResult(status="succeeded", steps=tuple(steps))
+            return self._last_word(component, previous, plan, bake, steps, progress, tell)
         reason = steps[-1].alarm
         progress(f"inference component {component}: rolled back: {reason}")
         return RolloutResult(status="rolled_back", reason=reason, steps=tuple(steps))
+
+    def _last_word(self, component: str, previous: dict | None, plan: RolloutPlan, bake: Bake,
+                   steps: list[RolloutStep], progress: Progress, tell: OnStep) -> RolloutResult:
+        """The update ended on the new spec, and SageMaker's alarms roll back no more: with an online gate, the last
+        step is baked (`tasks.pipeline.bake.update_ended`: the gate must decide now) and an alarm puts the previous
+        spec back; else, or once it passed, the rollout succeeded."""
+        if plan.online_gate:
+            steps[-1] = steps[-1].model_copy(update={"alarm": bake(steps[-1])})
+            tell("baked", steps[-1])
+            if steps[-1].alarm:
+                return self._put_back(component, previous, plan, steps, progress, tell)
+        return RolloutResult(status="succeeded", steps=tuple(steps))
+
+    def _put_back(self, component: str, previous: dict | None, plan: RolloutPlan, steps: list[RolloutStep],
+                  progress: Progress, tell: OnStep) -> RolloutResult:
+        """After an update that ended on the new spec with an online gate that has not passed (failed, or undecided
+        and not decided by its inconclusive choice): UpdateInferenceComponent back to `previous` (`restore_request`),
+        waited for and told as a rollback step; `rolled_back` once the previous model serves on its copies again."""
+        calls, alarm = self.calls, steps[-1].alarm
+        if previous is None:
+            raise DeployFailed(
+                f"inference component {component}: SageMaker's update ended on the new model but {alarm}, and the spec "
+                "it replaced is not known here (this run followed an update an earlier attempt had started)",
+                fix="roll production back with `shiplift rollback MODEL --to CHAMPION_RELEASE --reason ...`")
+        request = restore_request(component, previous, plan)
+        model_name, copies = request["Specification"]["ModelName"], request["RuntimeConfig"]["CopyCount"]
+        progress(f"inference component {component}: the update ended but {alarm}; putting {model_name} back on "
+                 f"{copies} copies")
+        calls.sm("UpdateInferenceComponent", **request)
+        _, final = calls.wait(component, deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, progress=progress)
+        final = final or {}
+        back = steps[-1].model_copy(update={
+            "phase": "rollback", "check": steps[-1].check + 1, "copies": current_copies(final), "alarm_states": {},
+            "old_copies": current_copies(final) if runs(final, model_name, copies) else None, "new_copies": None})
+        tell("shifted", back)
+        if not runs(final, model_name, copies):
+            raise DeployFailed(
+                f"inference component {component}: putting {model_name} back after the online gate ({alarm}) did not "
+                f"end with it on {copies} copies: {final.get('InferenceComponentStatus')}, {failure_reason(final)}",
+                fix="read the FailureReason, then roll back with `shiplift rollback MODEL --to CHAMPION_RELEASE`")
+        reason = f"{alarm}; SageMaker's update had ended, so the previous spec was put back (UpdateInferenceComponent)"
+        progress(f"inference component {component}: rolled back: {reason}")
+        return RolloutResult(status="rolled_back", reason=reason, steps=(*steps, back))
 
     def _follow(self, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, alarms: list[str],
                 progress: Progress, tell: OnStep) -> tuple[list[RolloutStep], dict, dict[str, str]]:

@@ -63,6 +63,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
         ("CreateModelPackage", ("model-package", "model-package-group")), ("DescribeModelPackage", ("model-package",)),
         ("UpdateModelPackage", ("model-package",)), ("ListModelPackages", ("*",)))},
     ("sagemaker-runtime", "InvokeEndpoint"): ("sagemaker:InvokeEndpoint", ("endpoint", "inference-component")),
+    ("sagemaker-runtime", "InvokeEndpointWithResponseStream"): ("sagemaker:InvokeEndpointWithResponseStream",
+                                                                ("endpoint", "inference-component")),
     ("sts", "GetCallerIdentity"): ("sts:GetCallerIdentity", ("none",)),
     ("kms", "DescribeKey"): ("kms:DescribeKey", ("kms-key",)),
     ("cloudwatch", "GetMetricData"): ("cloudwatch:GetMetricData", ("*",)),
@@ -107,7 +109,12 @@ TAG_SCALABLE_TARGET = "application-autoscaling:TagResource"
 ALSO_NEEDED = {"cloudwatch:PutMetricAlarm": ("cloudwatch:TagResource",),
                "sagemaker:CreateModelPackageGroup": ("sagemaker:AddTags",),
                "sagemaker:CreateModelPackage": ("sagemaker:AddTags",),
-               "application-autoscaling:RegisterScalableTarget": (TAG_SCALABLE_TARGET,)}
+               "application-autoscaling:RegisterScalableTarget": (TAG_SCALABLE_TARGET,),
+               # a streamed invocation: the Service Authorization Reference lists an action of its own, the API
+               # reference says "your IAM permissions must allow the sagemaker:InvokeEndpoint action"
+               # (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_runtime_InvokeEndpointWithResponseStream.html):
+               # both are granted, on the same endpoint and component
+               "sagemaker:InvokeEndpointWithResponseStream": ("sagemaker:InvokeEndpoint",)}
 # The service-linked role Application Auto Scaling creates, as the caller, on the account's first RegisterScalableTarget
 # for SageMaker: the caller needs iam:CreateServiceLinkedRole on it
 # (https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-service-linked-roles.html; the

@@ -33,25 +33,32 @@ def _matches(acceptor: dict, response: dict | None, error: ShipliftError | None)
     return response is not None and jmespath.search(acceptor["argument"], response) == acceptor["expected"]
 
 
+def look(aws, name: str, params: dict) -> tuple[str | None, str, dict | None]:
+    """One poll of waiter `name`: the acceptor's state (success, failure, or None while it goes on), the status it
+    read (or the matched error's name) and the response; an error no acceptor matches is raised. What `wait_for`
+    repeats, and what a deferred stage's poll runs once (docs/airflow.md)."""
+    model = waiter_models()[name]
+    status_path = next((a["argument"] for a in model["acceptors"] if a["matcher"] == "path"), None)
+    response, error = None, None
+    try:
+        response = aws.call("sagemaker", model["operation"], **params)
+    except ShipliftError as exc:
+        error = exc
+    state = next((a["state"] for a in model["acceptors"] if _matches(a, response, error)), None)
+    if error is not None and state is None:
+        raise error
+    status = jmespath.search(status_path, response) if response is not None and status_path else type(error).__name__
+    return state, status, response
+
+
 def wait_for(aws, name: str, params: dict, *, deadline_s: float, poll_s: float, progress: Progress,
              what: str, on_poll: Callable[[dict], None] | None = None) -> tuple[str, dict | None]:
     """Poll until an acceptor of waiter `name` says success or failure; NotReady after `deadline_s`. `on_poll`
     sees each answer that is not terminal yet (a rolling update's bake runs there)."""
-    model = waiter_models()[name]
-    status_path = next((a["argument"] for a in model["acceptors"] if a["matcher"] == "path"), None)
     deadline = time.monotonic() + deadline_s
     last_status = None
     while True:
-        response, error = None, None
-        try:
-            response = aws.call("sagemaker", model["operation"], **params)
-        except ShipliftError as exc:
-            error = exc
-        state = next((a["state"] for a in model["acceptors"] if _matches(a, response, error)), None)
-        if error is not None and state is None:
-            raise error
-        status = jmespath.search(status_path,
-                                 response) if response is not None and status_path else type(error).__name__
+        state, status, response = look(aws, name, params)
         if status != last_status:
             progress(f"{what}: {status}")
             last_status = status

@@ -22,6 +22,7 @@ from tasks.backends.interfaces import (
     Bake,
     ComponentMetrics,
     ComponentSpec,
+    DeployPoll,
     LiveComponent,
     ManagedResource,
     ModelRef,
@@ -39,7 +40,7 @@ from tasks.backends.local.rollout import roll_out
 from tasks.backends.local.room import room_of
 from tasks.backends.local.supervisor import ProcessSupervisor
 from tasks.backends.placement import SERVERLESS_STARTUP_S
-from tasks.errors import Conflict, NotFound
+from tasks.errors import Conflict, DeployFailed, NotFound
 from tasks.families.registry import env_prefix
 from validation.transport import HttpInvoker
 
@@ -98,6 +99,22 @@ class LoopbackHosting:
                            fix="another command removed it; rerun the stage")
         return live
 
+    def start_deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+                     progress: Progress) -> None:
+        """`deploy`: the local start already waits for its processes to answer their probe (seconds, on this
+        machine), so the polls after it find the component in service or failed."""
+        self.deploy(endpoint, component, spec, placement, role=role, progress=progress)
+
+    def poll_deploy(self, endpoint: str, component: str, spec: ComponentSpec, placement, *, role: str,
+                    progress: Progress) -> DeployPoll:
+        """One `describe`: InService is done; a component gone, or one whose copies or router stopped answering since
+        its start (Degraded, OutOfService), failed (DeployFailed, which a rerun of the stage starts again)."""
+        live = self.describe(endpoint, component)
+        if live is None or live.status != "InService":
+            raise DeployFailed(f"{role} {endpoint}/{component} is {live.status if live else 'gone'} after its start",
+                               fix="read the copies' logs under the state dir's endpoints/ folder; rerun the stage")
+        return DeployPoll(in_service=True, status=live.status)
+
     def _prepare_endpoint(self, endpoint: str, placement) -> None:
         """The endpoint running and healed, with the room of a shared production placement recorded for its checks
         (a candidate's endpoint is its own and is not counted, as on aws, where it hosts one model)."""
@@ -138,12 +155,15 @@ class LoopbackHosting:
         process = self._process(spec)
         self._prepare_endpoint(endpoint, placement)
         live = self.describe(endpoint, component)
-        if live is None or live.copies == 0:
-            why = "nothing serves yet" if live is None else "it is scaled to zero, so no request is served"
-            progress(f"production {endpoint}/{component}: {why}, so all {spec.copies} copies start at once")
+        if live is None:
+            progress(f"production {endpoint}/{component}: nothing serves yet, so all {spec.copies} copies start at "
+                     "once")
             self.processes.put_component(endpoint, component, process)
             return RolloutResult(status="created")
-        progress(f"production {endpoint}/{component}: {plan.strategy} rollout of {spec.copies} copies")
+        # scaled to zero, it rolls out all the same: each batch starts the candidate's copies and bakes them
+        progress(f"production {endpoint}/{component}: {plan.strategy} rollout of {spec.copies} copies"
+                 + (" (scaled to zero: the batches start the new copies, and bake them alone)" if live.copies == 0
+                    else ""))
         if on_step is None:
             return roll_out(self.processes, endpoint, component, process, plan, bake, progress=progress)
 

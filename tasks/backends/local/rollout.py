@@ -100,11 +100,12 @@ def roll_out(
 def _begin(supervisor: ProcessSupervisor, state: EndpointState, component: str, comp: ComponentState,
            spec: ProcessSpec, digest: str) -> None:
     """Persist `spec` as the component's spec and the running one as its previous, unless a rollout (to `spec`) is
-    already under way; each running copy is marked with the spec it runs first."""
+    already under way; each running copy is marked with the spec it runs first. The copies scaling asked for last
+    (none, where the component had scaled to zero) give way to the spec's count, which the rollout starts."""
     if comp.previous is None:
         for copy in comp.copies:
             copy.spec_sha256 = copy.spec_sha256 or comp.spec_sha256
-        comp.previous, comp.spec, comp.spec_sha256 = comp.spec, spec, digest
+        comp.previous, comp.spec, comp.spec_sha256, comp.desired = comp.spec, spec, digest, None
         supervisor.commit(state, component)
 
 

@@ -6,6 +6,9 @@ invocation port it serves
 - `POST /endpoints/{EndpointName}/invocations` in the shape botocore's `sagemaker-runtime`
   client expects (restjson; errors carry `x-amzn-ErrorType` and a JSON `Message`), honouring
   `X-Amzn-SageMaker-Inference-Component`;
+- `POST /endpoints/{EndpointName}/invocations-response-stream` (InvokeEndpointWithResponseStream): the same checks and
+  errors, and a 200 whose body is AWS's event stream (`tasks.backends.local.event_stream`), the copy's answer in
+  `PayloadPart`s as it comes, so boto3's `invoke_endpoint_with_response_stream` reads a local endpoint too;
 - the container contract directly: `GET /ping`, `POST /invocations` (model answers verbatim).
 
 Control lives on a second loopback port that answers only requests carrying the bearer token

@@ -1,6 +1,7 @@
-"""The local router's two HTTP ports: the invocation port (SageMaker's runtime API, the container contract and, for a
-chat component, the DLC's `/v1/chat/completions`, streamed or not) and the control port, which answers only requests
-with the bearer token of the router's state file."""
+"""The local router's two HTTP ports: the invocation port (SageMaker's runtime API, InvokeEndpoint and
+InvokeEndpointWithResponseStream, the container contract and, for a chat component, the DLC's `/v1/chat/completions`,
+streamed or not) and the control port, which answers only requests with the bearer token of the router's state
+file."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from images.common.sagemaker_http import BUSY_HEADER, HttpError, StrictHandler, StrictServer, parse_json_object
+from tasks.backends.local.event_stream import CONTENT_TYPE as EVENT_STREAM_CONTENT_TYPE
+from tasks.backends.local.event_stream import payload_events
 from tasks.backends.local.router_admin_payload import component_payload_problem
 from tasks.backends.local.router_model import (
     COMPONENT_HEADER,
@@ -29,6 +32,10 @@ from tasks.backends.local.routing import Router
 ADMIN_PREFIX = "/_shiplift/"
 ADMIN_MAX_BODY_BYTES = 1 << 20
 CHAT_ROUTE = "/v1/chat/completions"  # the llama.cpp DLC's own route, where the openai client posts (base_url …/v1)
+# SageMaker's runtime routes (botocore's service model, sagemaker-runtime: each operation's requestUri)
+RUNTIME_ROUTE = re.compile(r"/endpoints/([^/]+)/(invocations|invocations-response-stream)")
+STREAM_ACTION = "invocations-response-stream"  # InvokeEndpointWithResponseStream
+STREAM_ACCEPT_HEADER = "X-Amzn-SageMaker-Accept"  # the stream's Accept (InvokeEndpoint sends a plain Accept)
 
 
 class RouterServer(StrictServer):
@@ -66,7 +73,8 @@ class RouterHandler(StrictHandler):
 
 class Handler(RouterHandler):
     """The invocation port: SageMaker runtime and the container contract, nothing else. The container's routes pass
-    a copy's server-sent events through as they come; SageMaker's InvokeEndpoint answers one body."""
+    a copy's server-sent events through as they come; SageMaker's InvokeEndpoint answers one body, and
+    InvokeEndpointWithResponseStream the copy's answer as event-stream `PayloadPart`s as it comes."""
 
     def max_body_bytes(self) -> int:
         return self.server.router.max_body_bytes
@@ -105,17 +113,18 @@ class Handler(RouterHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self._path()
-        match = re.fullmatch(r"/endpoints/([^/]+)/invocations", path)
+        match = RUNTIME_ROUTE.fullmatch(path)
         if match:
-            self._invoke(urllib.parse.unquote(match.group(1)), sagemaker=True)
+            self._invoke(urllib.parse.unquote(match.group(1)), sagemaker=True, streamed=match.group(2) == STREAM_ACTION)
         elif path in ("/invocations", CHAT_ROUTE):  # a copy that is no chat server answers the chat route 404 itself
             self._invoke(None, sagemaker=False, path=path)
         else:
-            sagemaker_route = f"POST /endpoints/{self.server.router.name}/invocations"
-            self._json(404, {"error": f"no route POST {path}; use POST /invocations, {sagemaker_route} or, on a chat "
-                                      f"component, POST {CHAT_ROUTE}"})
+            runtime = f"POST /endpoints/{self.server.router.name}/invocations"
+            self._json(404, {"error": f"no route POST {path}; use POST /invocations, {runtime}, "
+                                      f"{runtime}-response-stream or, on a chat component, POST {CHAT_ROUTE}"})
 
-    def _invoke(self, endpoint_name: str | None, sagemaker: bool, path: str = "/invocations") -> None:
+    def _invoke(self, endpoint_name: str | None, sagemaker: bool, path: str = "/invocations",
+                streamed: bool = False) -> None:
         router = self.server.router
         try:
             if endpoint_name is not None and endpoint_name != router.name:
@@ -130,11 +139,12 @@ class Handler(RouterHandler):
             self._reject(exc if sagemaker else Rejected(503, exc.code, exc.message), sagemaker)
             return
         try:
-            self._invoke_admitted(router, component, sagemaker, path)
+            self._invoke_admitted(router, component, sagemaker, path, streamed)
         finally:
             router.leave(component)
 
-    def _invoke_admitted(self, router: Router, component: Component, sagemaker: bool, path: str) -> None:
+    def _invoke_admitted(self, router: Router, component: Component, sagemaker: bool, path: str,
+                         streamed: bool) -> None:
         try:
             refused = router.no_capacity(component)
         except Rejected as exc:
@@ -155,24 +165,47 @@ class Handler(RouterHandler):
                 sagemaker,
             )
             return
+        # where a copy's streamed answer goes as it comes: framed as events, relayed as is, or (InvokeEndpoint) nowhere
+        sink = self._relay_events if streamed else (None if sagemaker else self._relay)
         try:
-            headers = {"Content-Type": self.headers.get("Content-Type", "application/json")}
-            for key in ("Accept", CUSTOM_ATTRIBUTES_HEADER):
-                if self.headers.get(key):
-                    headers[key] = self.headers[key]
-            result = router.forward(component, self.body, headers, path, None if sagemaker else self._relay)
+            result = router.forward(component, self.body, self._forwarded_headers(streamed), path, sink)
         finally:
             router.in_flight.release()
         if result.streamed:
             return
-        if sagemaker:
+        if streamed and result.failure is None and result.status == 200:  # a whole answer: its parts at once
+            self._relay_events(result.content_type or "application/octet-stream", iter([result.body]),
+                               result.custom_attributes)
+        elif sagemaker:
             self._answer_sagemaker(component, result)
         else:
             self._answer_container(result)
 
+    def _forwarded_headers(self, streamed: bool) -> dict[str, str]:
+        """What the copy gets of the request's headers: its content type, what it accepts (a stream's Accept comes as
+        X-Amzn-SageMaker-Accept) and SageMaker's custom attributes."""
+        headers = {"Content-Type": self.headers.get("Content-Type", "application/json")}
+        accept = self.headers.get(STREAM_ACCEPT_HEADER if streamed else "Accept")
+        if accept:
+            headers["Accept"] = accept
+        if self.headers.get(CUSTOM_ATTRIBUTES_HEADER):
+            headers[CUSTOM_ATTRIBUTES_HEADER] = self.headers[CUSTOM_ATTRIBUTES_HEADER]
+        return headers
+
     def _relay(self, content_type: str, pieces: Iterator[bytes]) -> None:
         """A copy's streamed 200 (server-sent events), passed on piece by piece as it comes."""
         self.send_stream(200, pieces, content_type)
+
+    def _relay_events(self, content_type: str, pieces: Iterator[bytes], custom_attributes: str | None = None) -> None:
+        """InvokeEndpointWithResponseStream's 200: the copy's answer as event-stream `PayloadPart`s as it comes, its
+        content type in X-Amzn-SageMaker-Content-Type (botocore's output shape); an answer that breaks off ends with
+        a `ModelStreamError` event (tasks.backends.local.event_stream)."""
+        headers = {"x-amzn-RequestId": str(uuid.uuid4()), "X-Amzn-SageMaker-Content-Type": content_type,
+                   "x-Amzn-Invoked-Production-Variant": "AllTraffic"}
+        if custom_attributes:
+            headers[CUSTOM_ATTRIBUTES_HEADER] = custom_attributes
+        self.send_stream(200, payload_events(pieces, self.server.router.invoke_timeout_s), EVENT_STREAM_CONTENT_TYPE,
+                         headers)
 
     def _answer_container(self, result: Upstream) -> None:
         """Container contract: the model's answer verbatim; transport failures as JSON."""

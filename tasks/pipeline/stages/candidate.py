@@ -2,19 +2,41 @@
 
 from __future__ import annotations
 
+from tasks.backends.interfaces import ComponentSpec, DeployPoll
 from tasks.ledger.events import KEPT, SKIPPED
 from tasks.ledger.stage_results import DeployResult, TeardownResult
 from tasks.pipeline.stages.common import candidate_endpoint, component_spec, model_ref, require_served
 
 
 def deploy(ctx) -> DeployResult:
-    name = candidate_endpoint(ctx)
-    spec = component_spec(ctx, ctx.config, copies=1)
+    """Serve the artifact on the candidate endpoint and wait until it does (the CLI; under an orchestrator that defers
+    the wait, what runs once `poll` said in service, finding the work done)."""
+    name, spec = _candidate(ctx)
     ctx.say(f"deploy_candidate: endpoint {name} on {ctx.config.placement.kind}")
     live = ctx.backends.hosting.deploy(name, name, spec, ctx.config.placement, role="candidate", progress=ctx.say)
     require_served(live, spec, where=f"candidate {name}")
     return DeployResult(endpoint=name, component=name, placement=live.placement.model_dump(mode="json"),
                         model_ref=model_ref(ctx).model_dump())
+
+
+def start(ctx) -> dict:
+    """The deferred stage's start (the table's `defers`): create or find the candidate endpoint, and return at once."""
+    name, spec = _candidate(ctx)
+    ctx.say(f"deploy_candidate: starting endpoint {name} on {ctx.config.placement.kind}")
+    ctx.backends.hosting.start_deploy(name, name, spec, ctx.config.placement, role="candidate", progress=ctx.say)
+    return {"endpoint": name}
+
+
+def poll(ctx) -> DeployPoll:
+    """The deferred stage's poll: one look at the candidate `start` began; its failure is raised."""
+    name, spec = _candidate(ctx)
+    return ctx.backends.hosting.poll_deploy(name, name, spec, ctx.config.placement, role="candidate",
+                                            progress=ctx.say)
+
+
+def _candidate(ctx) -> tuple[str, ComponentSpec]:
+    """The candidate's endpoint (and component) name and its one-copy spec."""
+    return candidate_endpoint(ctx), component_spec(ctx, ctx.config, copies=1)
 
 
 def teardown(ctx) -> TeardownResult:

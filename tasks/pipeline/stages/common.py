@@ -111,9 +111,11 @@ def require_served(live, spec: ComponentSpec, *, where: str) -> None:
 
 def component_spec(ctx, config, *, copies: int) -> ComponentSpec:
     """The release's backend-neutral component, with `config`'s compute (the release's own, or the placement a fleet
-    move gives it): pinned image, stored artifact, container environment."""
-    package, image = ctx.result("package"), ctx.result("image")
+    move gives it): pinned image, stored artifact, container environment (the image's, and what the build found the
+    model needs: a chat template inferred from the GGUF's architecture)."""
+    package, image, build = ctx.result("package"), ctx.result("image"), ctx.result("build")
+    environment = {**config.image.container_env(), **getattr(build, "container_env", {})}
     return ComponentSpec(image_uri=image.image_uri, artifact_uri=package.artifact_uri,
-                         artifact_sha256=package.artifact_sha256, environment=config.image.container_env(),
-                         copies=copies, compute=compute(config, ctx.result("build").memory.total_mb),
+                         artifact_sha256=package.artifact_sha256, environment=environment,
+                         copies=copies, compute=compute(config, build.memory.total_mb),
                          model_ref=model_ref(ctx))

@@ -7,7 +7,10 @@ rollout an alarm stopped ends `rolled_back` with the alarm as its reason, once t
 seen serving again. A canary or linear first release (nothing serves yet) starts every copy and bakes them as one step
 under the same alarms and online gate; one that fails live is taken out of service (its component deleted) and ends
 `rolled_back` too, with nothing serving. An online gate that has not decided is never a pass
-(`validation.online_gate`).
+(`validation.online_gate`): on SageMaker, one still undecided when the rolling update has ended is judged then, and
+one that has not passed puts the previous spec back (`tasks.backends.aws.hosting_rollout`), so the release ends
+`rolled_back` with the gate's alarm. Production scaled to zero is no first release: its rollout starts the
+candidate's copies batch by batch and bakes each, and scale to zero applies again only once the release has passed.
 
 The rollout is recorded as it happens (`TrafficLog`, told by the hosting): a traffic record (stage `traffic`, event
 `step`) the moment a step's copies have moved (batch n of N with the copies of each spec, or SageMaker's n-th check
