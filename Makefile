@@ -50,7 +50,7 @@ $(CHROMIUM):
 browser: $(CHROMIUM)
 
 demo: setup          ## set up, then run the local release story
-	$(BIN)/python -m tasks.cli.demo
+	$(BIN)/python -m shiplift.tasks.cli.demo
 
 test: setup lint browser  ## set up, then run the default test suite
 	$(BIN)/python -m pytest -m "not slow and not celery and not load and not live" $(PYTEST_ARGS)

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import bench_tasks, gemma_path, image_server
-from tasks.config import load_release_config
-from validation.decisions.chat_readout import ChatReadout, readout_losses
-from validation.metrics import expected_calibration_error, score_predictions
-from validation.runner import SEMIF, run_decisions
+from shiplift.tasks.config import load_release_config
+from shiplift.validation.decisions.chat_readout import ChatReadout, readout_losses
+from shiplift.validation.metrics import expected_calibration_error, score_predictions
+from shiplift.validation.runner import SEMIF, run_decisions
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 2

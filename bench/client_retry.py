@@ -18,10 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.backends.interfaces import ScaleToZeroPlan
-from tasks.backends.local.hosting import process_spec
-from tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.backends.interfaces import ScaleToZeroPlan
+from shiplift.tasks.backends.local.hosting import process_spec
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
@@ -47,7 +47,8 @@ def measure(tasks: int, retry_deadline_s: float | None) -> list[dict]:
             for route, url in (("runtime", info.url), ("router root", info.url.rsplit("/endpoints/", 1)[0])):
                 hosting.scale("bench-zero", "semif", 0)
                 out = tmp / route.replace(" ", "-")
-                command = [sys.executable, "-m", "tasks.cli.main", "eval", "jevbench", "--endpoint", url, "--component",
+                command = [sys.executable, "-m", "shiplift.tasks.cli.main", "eval", "jevbench", "--endpoint", url,
+                           "--component",
                            "semif", "--data", str(tmp / "tasks.jsonl"), "--out", str(out), "--json"]
                 if retry_deadline_s is not None:
                     command += ["--retry-deadline", str(retry_deadline_s)]

@@ -42,13 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from tasks.artifacts.nli_train import train_nli
-from tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE, Int8Spec, builtin_calibration, export_onnx
-from tasks.config import load_release_config
-from tasks.families.onnx_nli import int8_settings, training_recipe
-from tasks.hashing import sha256_file, sha256_json
-from validation.metrics import paired_bootstrap
-from validation.nli.pairs import load_nli
+from shiplift.tasks.artifacts.nli_train import train_nli
+from shiplift.tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE, Int8Spec, builtin_calibration, export_onnx
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.families.onnx_nli import int8_settings, training_recipe
+from shiplift.tasks.hashing import sha256_file, sha256_json
+from shiplift.validation.metrics import paired_bootstrap
+from shiplift.validation.nli.pairs import load_nli
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".shiplift" / "bench"

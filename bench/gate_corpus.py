@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.errors import BadInput, NotFound
-from validation.metrics import N_BINS, bin_index, score_predictions
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.validation.metrics import N_BINS, bin_index, score_predictions
 
 DATA = Path(__file__).resolve().parent / "data" / "gate-corpus"
 # --base name: the recorded files' stem (gemma: the demo model; tiny: the generated model the tests' releases serve)

@@ -39,14 +39,14 @@ from pathlib import Path
 import numpy as np
 
 from bench.gate_corpus import DATA, Base, Draws, Pool, Spec, Truth, draw, load_base, standard_specs, truth
-from tasks.cli.gate_commands import gate_tasks
-from tasks.config import load_release_config
-from tasks.console import print_table
-from tasks.pipeline.stages.validate import run_settings
-from validation.gate_power import accuracy_sd, outcome_probabilities
-from validation.gates import Check, _champion_check, decide, evaluate_gates, ratio_check
-from validation.metrics import N_BINS, bin_index, paired_latency_ratio
-from validation.sequential import extension_looks, sequential_champion_check
+from shiplift.tasks.cli.gate_commands import gate_tasks
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.console import print_table
+from shiplift.tasks.pipeline.stages.validate import run_settings
+from shiplift.validation.gate_power import accuracy_sd, outcome_probabilities
+from shiplift.validation.gates import Check, _champion_check, decide, evaluate_gates, ratio_check
+from shiplift.validation.metrics import N_BINS, bin_index, paired_latency_ratio
+from shiplift.validation.sequential import extension_looks, sequential_champion_check
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "releases"

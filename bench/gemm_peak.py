@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from bench.encoder import CACHE, CONFIG
-from tasks.config import load_release_config
-from tasks.families.onnx_nli import int8_settings
-from tasks.hashing import sha256_json
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.families.onnx_nli import int8_settings
+from shiplift.tasks.hashing import sha256_json
 
 THREADS = 2
 BATCH, SEQ = 8, 512

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
-from tasks.artifacts.gguf import resolve_source
-from validation.decisions.jevbench import load_jevbench
-from validation.transport import HttpInvoker, post_alone
+from shiplift.tasks.artifacts.gguf import resolve_source
+from shiplift.validation.decisions.jevbench import load_jevbench
+from shiplift.validation.transport import HttpInvoker, post_alone
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "images" / "semif" / "server.py"

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.store import Ledger
 from tests.tiny_release import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="lease-takeover-"))
     config = write_tiny_config(work / "configs", work / "state")
     env = {**os.environ, "SHIPLIFT_ACTOR": args.actor}
-    command = [sys.executable, "-m", "tasks.cli.main", "release", str(config)]
+    command = [sys.executable, "-m", "shiplift.tasks.cli.main", "release", str(config)]
     try:
         took, code = _kill_and_rerun(command, env, work)
     finally:  # the rerun promoted the release: stop the endpoints it left serving
-        subprocess.run([sys.executable, "-m", "tasks.cli.main", "endpoints", "stop", "--all", "--state-dir",
+        subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "endpoints", "stop", "--all", "--state-dir",
                         str(work / "state")], cwd=ROOT, capture_output=True, timeout=120)
     print(json.dumps({"actor": args.actor, "rerun_exit": code,
                       "takeover_after_kill_s": None if took is None else round(took, 2)}))

@@ -34,7 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.harness import ROUNDS, log
-from tasks.ledger.checkpoints import (
+from shiplift.tasks.ledger.checkpoints import (
     LOG_NAME,
     CheckpointLog,
     SigningKey,
@@ -43,7 +43,7 @@ from tasks.ledger.checkpoints import (
     prove,
     verify_with_checkpoints,
 )
-from tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.store import Ledger
 
 SIZES = (10_000, 100_000)
 BACKENDS = ("sqlite", "postgresql")

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from bench.gate_corpus import BASES, DATA, MAIN, RESERVE
 from bench.harness import SERVER_ENV, adapter, gemma_path
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.errors import NotFound
-from validation.decisions.jevbench import load_jevbench
-from validation.runner import run_decisions, write_predictions
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.errors import NotFound
+from shiplift.validation.decisions.jevbench import load_jevbench
+from shiplift.validation.runner import run_decisions, write_predictions
 
 ROOT = Path(__file__).resolve().parent.parent
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="gate-corpus-") as tmp:
         gguf = write_tiny_gguf(Path(tmp) / f"tiny-seed{TINY_SEED}.gguf", seed=TINY_SEED, n_ctx=TINY_CONTEXT)
-        made_by = (f"tasks.artifacts.tiny_gguf.write_tiny_gguf(seed={TINY_SEED}, n_ctx={TINY_CONTEXT}): the random "
-                   "model tests/tiny_release.py generates for the tests' releases (there at n_ctx 2048, the same "
-                   "weights)")
+        made_by = (f"shiplift.tasks.artifacts.tiny_gguf.write_tiny_gguf(seed={TINY_SEED}, n_ctx={TINY_CONTEXT}): the "
+                   "random model tests/tiny_release.py generates for the tests' releases (there at n_ctx 2048, the "
+                   "same weights)")
         print(json.dumps(record(args.base, gguf, args.out, command, made_by), indent=2))
     return 0
 

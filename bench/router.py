@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from bench.harness import SERVER, SERVER_ENV
-from tasks.backends.interfaces import RolloutPlan
-from tasks.backends.local.endpoint_state import ProcessSpec
-from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.supervisor import ProcessSupervisor
-from validation.transport import HttpInvoker, post_alone
+from shiplift.tasks.backends.interfaces import RolloutPlan
+from shiplift.tasks.backends.local.endpoint_state import ProcessSpec
+from shiplift.tasks.backends.local.rollout import roll_out
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.validation.transport import HttpInvoker, post_alone
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fakes" / "fake_model_server.py"

@@ -42,8 +42,8 @@ from bench.encoder import run as bench_encoder
 from bench.harness import ROOT, ROUNDS, SERVER, SERVER_ENV, THREADS, adapter, bench_tasks, gemma_path, log, post
 from bench.ledger import run as bench_ledger
 from bench.router import run as bench_router
-from tasks.backends.local.supervisor import ProcessSupervisor
-from validation.runner import run_decisions
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.validation.runner import run_decisions
 
 STATE_SENTENCES = (
     "Order {n} was placed on March {d} for a pair of walking boots, size {s}, paid by card.",
@@ -168,7 +168,7 @@ def bench_dag_vs_cli() -> dict:
                        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{work / 'airflow' / 'airflow.db'}")
     timed_process([sys.executable, "-m", "airflow", "db", "migrate"], airflow_env, 600)
     try:
-        cli_s, _ = timed_process([sys.executable, "-m", "tasks.cli.main", "release", str(config), "--set",
+        cli_s, _ = timed_process([sys.executable, "-m", "shiplift.tasks.cli.main", "release", str(config), "--set",
                                   f"backend.state_dir={work / 'cli'}"], env)
         log(f"  CLI release {cli_s:.1f}s")
         spec = work / "spec.json"

@@ -20,10 +20,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tasks.backends.interfaces import RolloutPlan, ScaleToZeroPlan
-from tasks.backends.local.endpoint_state import ProcessSpec
-from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.backends.interfaces import RolloutPlan, ScaleToZeroPlan
+from shiplift.tasks.backends.local.endpoint_state import ProcessSpec
+from shiplift.tasks.backends.local.rollout import roll_out
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
 FAKE = Path(__file__).resolve().parents[1] / "tests" / "fakes" / "fake_model_server.py"
 ENDPOINT = "bench-shared"

@@ -46,9 +46,9 @@ from airflow.sdk import DAG, BaseOperator, Param, chain, dag, get_current_contex
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tasks.errors import error_classes, is_retryable
-from tasks.ledger.events import FINISHED
-from tasks.pipeline.table import (
+from shiplift.tasks.errors import error_classes, is_retryable
+from shiplift.tasks.ledger.events import FINISHED
+from shiplift.tasks.pipeline.table import (
     APPROVAL,
     APPROVAL_DECISION,
     APPROVAL_REQUEST,
@@ -155,7 +155,7 @@ def aws_access():
     this on its first AWS request, so local releases never read the connection."""
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-    from tasks.backends.aws.session import AwsAccess
+    from shiplift.tasks.backends.aws.session import AwsAccess
 
     hook = AwsBaseHook(aws_conn_id=AWS_CONN_ID, client_type="sts")
     return AwsAccess(session=hook.get_session(), endpoint_url=hook.conn_config.endpoint_url)
@@ -164,11 +164,11 @@ def aws_access():
 def config_timeouts(config_path: Path) -> dict[str, int]:
     """Each step's `timeout_for` the release config; the table's own timeouts when the config cannot be loaded (then
     begin fails with the config's real error)."""
-    from tasks.errors import ShipliftError
+    from shiplift.tasks.errors import ShipliftError
 
     try:
-        from tasks.config import load_release_config
-        from tasks.pipeline.table import timeouts_for
+        from shiplift.tasks.config import load_release_config
+        from shiplift.tasks.pipeline.table import timeouts_for
 
         return timeouts_for(load_release_config(config_path))
     except ShipliftError:
@@ -195,7 +195,7 @@ def _allowed_timeouts() -> dict[str, int]:
 def _run_stage(begun: dict, name: str) -> dict:
     if begun["status"] in FINISHED:
         raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
-    from tasks.pipeline.release import run_orchestrated_stage
+    from shiplift.tasks.pipeline.release import run_orchestrated_stage
 
     return run_orchestrated_stage(begun["release_id"], name, holder=_holder(), ledger_url=begun["ledger_url"],
                                   state_dir=begun["state_dir"], actor=_holder(), session=aws_access)
@@ -204,7 +204,7 @@ def _run_stage(begun: dict, name: str) -> dict:
 def _request_approval(begun: dict) -> dict:
     if begun["status"] in FINISHED:
         raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
-    from tasks.pipeline.approval_steps import request_approval_orchestrated
+    from shiplift.tasks.pipeline.approval_steps import request_approval_orchestrated
 
     asked = request_approval_orchestrated(begun["release_id"], holder=_holder(), ledger_url=begun["ledger_url"],
                                           state_dir=begun["state_dir"], actor=_holder(), session=aws_access)
@@ -240,7 +240,7 @@ class DeferredStage(BaseOperator):
         begun = self.begun
         if begun["status"] in FINISHED:
             raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
-        from tasks.pipeline.deferred import start_orchestrated
+        from shiplift.tasks.pipeline.deferred import start_orchestrated
 
         started = start_orchestrated(begun["release_id"], self.stage, holder=_holder(), ledger_url=begun["ledger_url"],
                                      state_dir=begun["state_dir"], actor=_holder(), session=aws_access)
@@ -350,10 +350,10 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
 
 def config_requires_approval(config_path: Path) -> bool:
     """Whether the release config requires an approval; False when it cannot be loaded."""
-    from tasks.errors import ShipliftError
+    from shiplift.tasks.errors import ShipliftError
 
     try:
-        from tasks.config import load_release_config
+        from shiplift.tasks.config import load_release_config
 
         return load_release_config(config_path).promotion.approval.required
     except ShipliftError:
@@ -393,7 +393,7 @@ def refresh_dag(config_file: str) -> DAG:
         def begin() -> dict:
             """Validate the config (a bad one, or one whose deadlines outgrow these tasks' timeouts, fails here with its
             ConfigError), open the release, take the model's lease."""
-            from tasks.pipeline.release import begin_orchestrated
+            from shiplift.tasks.pipeline.release import begin_orchestrated
 
             overrides = tuple(_params()["overrides"])
             return begin_orchestrated(str(config_path), holder=_holder(), allowed_timeouts=_allowed_timeouts(),
@@ -412,7 +412,7 @@ def refresh_dag(config_file: str) -> DAG:
             """Take the lease back, then write the answer Airflow recorded (its user, the comment) to the ledger;
             refused (Conflict, nothing recorded) when the user is not an approver, opened the release under four eyes,
             or gave no reason."""
-            from tasks.pipeline.approval_steps import record_decision_orchestrated
+            from shiplift.tasks.pipeline.approval_steps import record_decision_orchestrated
 
             return record_decision_orchestrated(begun["release_id"], **_answer(answer), run_actor=_holder(),
                                                 holder=_holder(), ledger_url=begun["ledger_url"],
@@ -426,7 +426,7 @@ def refresh_dag(config_file: str) -> DAG:
         @task(task_id="end", **_retry_args(END.name, timeouts[END.name]))
         def end(begun: dict) -> dict:
             """Record the final status, give the lease back, and fail the run if any task failed."""
-            from tasks.pipeline.release import end_orchestrated
+            from shiplift.tasks.pipeline.release import end_orchestrated
 
             failed = _failed_tasks()
             summary = end_orchestrated(begun["release_id"], holder=_holder(), failed=bool(failed),
@@ -505,7 +505,7 @@ def promote_release_dag() -> DAG:
         def approval_request() -> dict:
             """Ask for the release's approval if its config requires one and it has not been decided; skipped (and
             with it the wait) otherwise."""
-            from tasks.pipeline.approval_steps import request_approval_orchestrated
+            from shiplift.tasks.pipeline.approval_steps import request_approval_orchestrated
 
             params = _params()
             asked = request_approval_orchestrated(params["release_id"], ledger_url=params["ledger_url"],
@@ -517,7 +517,7 @@ def promote_release_dag() -> DAG:
         @task(task_id=APPROVAL_DECISION.name, **_retry_args(APPROVAL_DECISION.name, APPROVAL_DECISION.timeout_s))
         def approval_decision(answer: dict) -> dict:
             """Write the answer Airflow recorded to the ledger (refused, nothing recorded, when it is not theirs)."""
-            from tasks.pipeline.approval_steps import record_decision_orchestrated
+            from shiplift.tasks.pipeline.approval_steps import record_decision_orchestrated
 
             params = _params()
             return record_decision_orchestrated(params["release_id"], **_answer(answer), run_actor=run_actor(),
@@ -533,14 +533,14 @@ def promote_release_dag() -> DAG:
             params = context["params"]
             decided = context["ti"].xcom_pull(task_ids=APPROVAL_DECISION.name)
             if decided is not None and decided["decision"] != "approved":
-                from tasks.pipeline.approval_steps import finish_unapproved_orchestrated
+                from shiplift.tasks.pipeline.approval_steps import finish_unapproved_orchestrated
 
                 summary = finish_unapproved_orchestrated(params["release_id"], actor=run_actor(),
                                                          ledger_url=params["ledger_url"], state_dir=_state_dir(params),
                                                          session=aws_access)
                 return {"release_id": params["release_id"], "action": "not_approved", "status": summary["status"],
                         "reason": decided["reason"]}
-            from tasks.pipeline.promotion import promote
+            from shiplift.tasks.pipeline.promotion import promote
 
             return promote(_state_dir(params), params["release_id"], strategy=params["strategy"],
                            reason=params["reason"], actor=run_actor(), ledger_url=params["ledger_url"],
@@ -548,9 +548,9 @@ def promote_release_dag() -> DAG:
 
         @task(task_id="rollback", **_retry_args(ROLLBACK.name, ROLLBACK.timeout_s))
         def rollback_task() -> dict:
-            from tasks.backends.registry import open_ledger
-            from tasks.ledger.release_state import ReleaseState
-            from tasks.pipeline.promotion import rollback
+            from shiplift.tasks.backends.registry import open_ledger
+            from shiplift.tasks.ledger.release_state import ReleaseState
+            from shiplift.tasks.pipeline.promotion import rollback
 
             context = get_current_context()
             params = context["params"]
@@ -591,7 +591,7 @@ def audit_ledger_dag() -> DAG:
     def audit_ledger():
         @task(task_id="audit", **_retry_args(AUDIT.name, AUDIT.timeout_s))
         def audit_task() -> dict:
-            from tasks.pipeline.audit import audit
+            from shiplift.tasks.pipeline.audit import audit
 
             params = _params()
             return audit(_state_dir(params), ledger_url=params["ledger_url"], config=params["config"],

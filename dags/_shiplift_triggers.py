@@ -56,7 +56,7 @@ class StagePollTrigger(BaseTrigger):
         """One `poll_orchestrated` (blocking: run in a thread, off the triggerer's event loop)."""
         from _shiplift_dags import aws_access  # the task's own connection access (imported there at runtime)
 
-        from tasks.pipeline.deferred import poll_orchestrated
+        from shiplift.tasks.pipeline.deferred import poll_orchestrated
 
         return poll_orchestrated(self.release_id, self.stage, holder=self.holder, ledger_url=self.ledger_url,
                                  state_dir=self.state_dir, actor=self.holder, progress=self.log.info,

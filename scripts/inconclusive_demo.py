@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file: the repository's packages and tests/ importable
     sys.path.insert(0, str(ROOT))
 
-from tasks.backends.registry import open_ledger  # noqa: E402 — needs sys.path above
-from tasks.ledger.release_state import ReleaseState  # noqa: E402 — needs sys.path above
-from tasks.pipeline.release import run_release  # noqa: E402 — needs sys.path above
+from shiplift.tasks.backends.registry import open_ledger  # noqa: E402 — needs sys.path above
+from shiplift.tasks.ledger.release_state import ReleaseState  # noqa: E402 — needs sys.path above
+from shiplift.tasks.pipeline.release import run_release  # noqa: E402 — needs sys.path above
 from tests.tiny_release import DECISIONS, N_TASKS, stop_endpoints, write_tiny_config  # noqa: E402 — needs sys.path above
 
 MIN_SAMPLES = 40  # above the gate's 32 tasks: the first look refuses to decide

@@ -17,14 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from tasks.backends.interfaces import BakeAlarms
-from tasks.config_errors import did_you_mean, format_validation_error
-from tasks.config_release import ApprovalConfig, ReleaseConfig
-from tasks.config_rollout import BLUE_GREEN_REFUSED, AllAtOnce, Canary, Linear
-from tasks.config_types import DatasetRef, local_path
-from tasks.errors import ConfigError
-from tasks.secret_keys import looks_secret
-from tasks.yamlfile import parse_yaml, read_yaml_file
+from shiplift.tasks.backends.interfaces import BakeAlarms
+from shiplift.tasks.config_errors import did_you_mean, format_validation_error
+from shiplift.tasks.config_release import ApprovalConfig, ReleaseConfig
+from shiplift.tasks.config_rollout import BLUE_GREEN_REFUSED, AllAtOnce, Canary, Linear
+from shiplift.tasks.config_types import DatasetRef, local_path
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.secret_keys import looks_secret
+from shiplift.tasks.yamlfile import parse_yaml, read_yaml_file
 
 __all__ = [  # importers name these from tasks.config; the models live in config_release and config_rollout
     "AllAtOnce", "ApprovalConfig", "BLUE_GREEN_REFUSED", "BakeAlarms", "Canary", "Linear", "ReleaseConfig",

@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from tasks.config_release import ReleaseConfig
-from tasks.config_types import URL_PASSWORD
-from tasks.families.registry import artifact_models, family_of, image_models, validation_models
+from shiplift.tasks.config_release import ReleaseConfig
+from shiplift.tasks.config_types import URL_PASSWORD
+from shiplift.tasks.families.registry import artifact_models, family_of, image_models, validation_models
 
 PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)")
 

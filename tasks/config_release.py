@@ -7,22 +7,22 @@ from typing import Annotated, Any
 
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
-from tasks.backends.aws.backend_config import AwsBackend
-from tasks.backends.aws.base_images import base_image_problem
-from tasks.backends.capacity import batch_problem, room_problem
-from tasks.backends.local.backend_config import LocalBackend
-from tasks.backends.placement import (
+from shiplift.tasks.backends.aws.backend_config import AwsBackend
+from shiplift.tasks.backends.aws.base_images import base_image_problem
+from shiplift.tasks.backends.capacity import batch_problem, room_problem
+from shiplift.tasks.backends.local.backend_config import LocalBackend
+from shiplift.tasks.backends.placement import (
     InstancePoolPlacement,
     MigPartitionPlacement,
     Placement,
     driver_problem,
     is_gpu_instance,
 )
-from tasks.config_rollout import AllAtOnce, Rollout, ScaleToZero
-from tasks.config_types import NAME_PATTERN, DatasetRef, Strict
-from tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig
-from tasks.families.registry import artifact_models, family_of, image_models, validation_models
-from tasks.hashing import sha256_json
+from shiplift.tasks.config_rollout import AllAtOnce, Rollout, ScaleToZero
+from shiplift.tasks.config_types import NAME_PATTERN, DatasetRef, Strict
+from shiplift.tasks.families.base import ArtifactConfig, BuiltImageConfig, GateConfig, ImageConfig
+from shiplift.tasks.families.registry import artifact_models, family_of, image_models, validation_models
+from shiplift.tasks.hashing import sha256_json
 
 MAX_RESOURCE_NAME = 63
 # left out of the config hash

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_serializer, model_validator
 
-from tasks.backends.interfaces import BakeAlarms, RolloutPlan, ScaleToZeroPlan
-from tasks.config_types import Strict
+from shiplift.tasks.backends.interfaces import BakeAlarms, RolloutPlan, ScaleToZeroPlan
+from shiplift.tasks.config_types import Strict
 
 
 class AllAtOnce(Strict):

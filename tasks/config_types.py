@@ -9,8 +9,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from tasks.errors import ConfigError
-from tasks.project import BUILTIN_DATA_DIR
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.project import BUILTIN_DATA_DIR
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"  # a model's, a prefix's and a shared endpoint's name
 URL_PASSWORD = re.compile(r"(://[^/@:\s']*:)[^/@\s']*@")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tasks.errors import ConfigError
+from shiplift.tasks.errors import ConfigError
 
 # extra -> the top-level modules its distributions install (tests/unit/test_extras.py holds this to pyproject.toml)
 EXTRA_MODULES: dict[str, frozenset[str]] = {

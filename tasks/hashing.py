@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import BadInput, IntegrityError
+from shiplift.tasks.errors import BadInput, IntegrityError
 
 CHUNK_BYTES = 1 << 20
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

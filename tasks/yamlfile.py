@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tasks.errors import ConfigError
+from shiplift.tasks.errors import ConfigError
 
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 64

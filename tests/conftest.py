@@ -43,7 +43,7 @@ def stop_local_endpoints_left_serving(tmp_path_factory):
     """A release leaves its production endpoint serving, as it should; at the session's end every local endpoint
     under pytest's temporary folders is stopped, so a test run leaves no router or model server behind."""
     yield
-    from tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
     for endpoints in sorted(tmp_path_factory.getbasetemp().rglob("endpoints")):
         if endpoints.is_dir() and any(endpoints.glob("*.json")):
@@ -101,8 +101,8 @@ def aws(aws_double, monkeypatch):
 @pytest.fixture
 def aws_calls(monkeypatch):
     """Every request the product's `Aws.call` sends in this process, as (service, operation, params), in order."""
-    from tasks.backends.aws.service_model import operation_name
-    from tasks.backends.aws.session import Aws
+    from shiplift.tasks.backends.aws.service_model import operation_name
+    from shiplift.tasks.backends.aws.session import Aws
 
     seen: list[tuple[str, str, dict]] = []
     send = Aws.call

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.hashing import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -65,7 +65,7 @@ def write_tiny_config(folder: Path, state_dir: Path, *, name: str = "tiny-decisi
 def write_tiny_chat_config(folder: Path, state_dir: Path, *, name: str = "tiny-chat", **changes) -> Path:
     """The tiny release on the DLC's chat path (`configs/releases/gemma-chat.yaml` with a tiny GGUF that carries a
     chat template, as a pinned path source); `changes` as in `write_tiny_config`."""
-    from tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
+    from shiplift.tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
 
     folder.mkdir(parents=True, exist_ok=True)
     gguf = folder / f"tiny-chat-seed{SEED}.gguf"
@@ -90,7 +90,7 @@ def write_tiny_chat_config(folder: Path, state_dir: Path, *, name: str = "tiny-c
 def three_releases(root: Path) -> dict:
     """In a fresh state dir under `root`: release A promoted, B (an F16 build) promoted over it, D rejected by
     its gate (min_accuracy 0.99). Returns the state dir, the config and the three release ids."""
-    from tasks.pipeline.release import run_release
+    from shiplift.tasks.pipeline.release import run_release
 
     state_dir = root / "state"
     config = write_tiny_config(root / "configs", state_dir)
@@ -104,7 +104,7 @@ def three_releases(root: Path) -> dict:
 
 def stop_endpoints(state_dir: Path) -> None:
     """Delete every local endpoint a test's releases left serving."""
-    from tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
     hosting = ProcessSupervisor(state_dir)
     for endpoint in hosting.list_endpoints():

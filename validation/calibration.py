@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from tasks.errors import BadInput
+from shiplift.tasks.errors import BadInput
 
 MIN_SAMPLES = 10
 DEFAULT_BOUNDS = (0.05, 20.0)

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from validation.gates import Check
-from validation.transport import post_with_retries, run_options
+from shiplift.validation.gates import Check
+from shiplift.validation.transport import post_with_retries, run_options
 
 CHECK_NAME = "cold_start_p95_s"
 FROM_ZERO_INSTANCES = "from zero instances"  # the endpoint had given back its instances: an instance, then a copy

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tasks.errors import BadInput
-from validation.decisions.jevbench import dataset_sha256, load_jevbench
-from validation.expectations import check_decision_dataset
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.decisions.jevbench import dataset_sha256, load_jevbench
+from shiplift.validation.expectations import check_decision_dataset
 
 Item = TypeVar("Item")  # a row with a `split`: a JevTask, an NliPair
 

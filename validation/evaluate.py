@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
+from shiplift.validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
 
 RELEASE_CONTEXT = """What a pipeline tells the gate report about the release beside the measurements
 (`extra.release`), all optional: release_id, champion_release, config_changes [{field, champion, candidate}] (the
@@ -38,7 +38,7 @@ class Target:
         """A model-server root or a runtime-shaped router URL (`…/endpoints/NAME`, its errors unwrapped as on aws:
         `validation.transport.runtime_url`), plus its inference component."""
         # loading a config imports this module (GateOutcome); the HTTP client loads when a gate runs (test_boundaries)
-        from validation.transport import HttpInvoker  # noqa: PLC0415
+        from shiplift.validation.transport import HttpInvoker  # noqa: PLC0415
 
         return cls(HttpInvoker(url, component), label)
 
@@ -155,7 +155,7 @@ def lost_requests(out_dir: Path, unit: str) -> str | None:
     """What an evaluation written to `out_dir` lost (its predictions files' items that got no answer: refused as
     retryable until the retry deadline, unreachable, or cut by the run's deadline), or None when it lost nothing."""
     # loading a config imports this module (GateOutcome); the runner loads when a gate has run (test_boundaries)
-    from validation.runner import read_predictions  # noqa: PLC0415
+    from shiplift.validation.runner import read_predictions  # noqa: PLC0415
 
     parts, reasons = [], Counter()
     for role, name in (("candidate", "predictions.jsonl"), ("champion", "champion-predictions.jsonl")):

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks.errors import BadInput
-from validation.decisions.jevbench import MAX_OPTIONS, MIN_OPTIONS, JevTask
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.decisions.jevbench import MAX_OPTIONS, MIN_OPTIONS, JevTask
 
 SUITE_NAME = "shiplift-decision-dataset"
 QUESTION_TYPES = ["choice", "noul", "score"]

@@ -27,16 +27,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.atomic import write_json_atomic
-from tasks.errors import ConfigError
-from validation.evaluate import Target
-from validation.gate_report import rewrite_reports
-from validation.gates import Check, _champion_check, decide
-from validation.metrics import paired_ece_difference, score_predictions
-from validation.report_parts import ReportParts
-from validation.runner import read_predictions
-from validation.sequential import extension_looks, sequential_champion_check
-from validation.thresholds import ChampionRule
+from shiplift.tasks.atomic import write_json_atomic
+from shiplift.tasks.errors import ConfigError
+from shiplift.validation.evaluate import Target
+from shiplift.validation.gate_report import rewrite_reports
+from shiplift.validation.gates import Check, _champion_check, decide
+from shiplift.validation.metrics import paired_ece_difference, score_predictions
+from shiplift.validation.report_parts import ReportParts
+from shiplift.validation.runner import read_predictions
+from shiplift.validation.sequential import extension_looks, sequential_champion_check
+from shiplift.validation.thresholds import ChampionRule
 
 EXTENSION_JSON = "extension.json"
 CANDIDATE_ROWS = "extension-predictions.jsonl"

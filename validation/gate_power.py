@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
-from validation.metrics import score_predictions
-from validation.thresholds import ChampionRule
+from shiplift.validation.metrics import score_predictions
+from shiplift.validation.thresholds import ChampionRule
 
 POWER = 0.80  # the chance an equally good candidate should have of passing
 PRIOR_DISAGREEMENT = 0.08  # a new model or quantization vs the champion (the seed's CPU and GPU builds: 2.6 %)

@@ -23,15 +23,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.atomic import write_bytes_atomic
-from tasks.errors import BadInput
-from tasks.hashing import sha256_bytes
-from validation import charts
-from validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES
-from validation.gates import CHAMPION_CHECKS, NOT_GATED, RATIO, summary_line
-from validation.metrics import score_predictions
-from validation.report_parts import ReportParts
-from validation.thresholds import RULE_TEXT
+from shiplift.tasks.atomic import write_bytes_atomic
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import sha256_bytes
+from shiplift.validation import charts
+from shiplift.validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES
+from shiplift.validation.gates import CHAMPION_CHECKS, NOT_GATED, RATIO, summary_line
+from shiplift.validation.metrics import score_predictions
+from shiplift.validation.report_parts import ReportParts
+from shiplift.validation.thresholds import RULE_TEXT
 
 GATE_REPORT_NAME = "gate-report.json"
 HTML_REPORT_NAME = "report.html"

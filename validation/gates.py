@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from tasks.errors import BadInput, GateFailed
-from validation.gate_power import paired_disagreement, plan_champion_checks
-from validation.metrics import (
+from shiplift.tasks.errors import BadInput, GateFailed
+from shiplift.validation.gate_power import paired_disagreement, plan_champion_checks
+from shiplift.validation.metrics import (
     decision_metrics,
     paired_accuracy_difference,
     paired_ece_difference,
@@ -33,7 +33,7 @@ from validation.metrics import (
     paired_mean_difference,
     score_predictions,
 )
-from validation.thresholds import RULE_TEXT, ChampionRule, DecisionRule, DecisionThresholds
+from shiplift.validation.thresholds import RULE_TEXT, ChampionRule, DecisionRule, DecisionThresholds
 
 Status = Literal["pass", "fail", "inconclusive", "skipped"]
 SLO = "SLO <="  # the comparator of the p95 latency ceiling: an SLO on this machine, not a comparison

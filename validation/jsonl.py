@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import BadInput
+from shiplift.tasks.errors import BadInput
 
 
 def jsonl_values(path: Path) -> Iterator[tuple[int, Any]]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.errors import BadInput
+from shiplift.tasks.errors import BadInput
 
 N_BINS = 10
 SUM_TOLERANCE = 0.02

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from validation.gates import GateReport, evaluate_gates
-from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
-from validation.runner import SEMIF, Prediction, Readout, run_decisions
+from shiplift.validation.gates import GateReport, evaluate_gates
+from shiplift.validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
+from shiplift.validation.runner import SEMIF, Prediction, Readout, run_decisions
 
 InconclusiveChoice = Literal["block", "extend", "ask"]
 DECIDED = ("pass", "fail")

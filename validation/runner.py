@@ -24,9 +24,9 @@ from typing import Any, Protocol, Unpack
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tasks.errors import BadInput, NotFound
-from validation.decisions.jevbench import JevTask
-from validation.transport import (
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.validation.decisions.jevbench import JevTask
+from shiplift.validation.transport import (
     Connection,
     Malformed,
     Options,

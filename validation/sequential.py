@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.errors import BadInput
+from shiplift.tasks.errors import BadInput
 
 MAX_LOSS = 0.75  # truncation of λ(θ) at MAX_LOSS/θ (K⁺) or MAX_LOSS/(1 − θ) (K⁻): every factor of the capital is ≥ ¼
 BISECTIONS = 60  # halvings of [0, 1] when the interval's ends are sought (far below any difference that matters)

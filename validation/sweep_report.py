@@ -20,12 +20,12 @@ import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from tasks.atomic import write_bytes_atomic
-from tasks.errors import BadInput
-from tasks.hashing import sha256_bytes
-from validation.charts import CHAMPION, STATUS_COLOUR, plain, render
-from validation.gate_report import CSS, esc, num, table_html
-from validation.sweep_rule import (
+from shiplift.tasks.atomic import write_bytes_atomic
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import sha256_bytes
+from shiplift.validation.charts import CHAMPION, STATUS_COLOUR, plain, render
+from shiplift.validation.gate_report import CSS, esc, num, table_html
+from shiplift.validation.sweep_rule import (
     METRICS,
     VS_CHAMPION,
     CandidateEvidence,

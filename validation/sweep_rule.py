@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.errors import BadInput
-from tasks.hashing import sha256_json
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import sha256_json
 
 Metric = Literal["accuracy", "ece", "valid_rate", "p50_ms", "p95_ms", "p99_ms", "usd_per_hour",
                  "usd_per_1m_decisions"]

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
-from tasks.errors import BadInput
-from validation.retry_policy import DEFAULT_POLICY, DEFAULT_RETRY_DEADLINE_S, RetryPolicy
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.retry_policy import DEFAULT_POLICY, DEFAULT_RETRY_DEADLINE_S, RetryPolicy
 
 IC_HEADER = "X-Amzn-SageMaker-Inference-Component"
 ERROR_BODY_CHARS = 500

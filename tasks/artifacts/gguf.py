@@ -21,14 +21,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts.gguf_header import FILE_TYPES, GgufInfo, inspect_gguf
-from tasks.artifacts.gguf_letters import ANSWER_CUE, DEFAULT_LETTERS, check_letter_slots
-from tasks.artifacts.gguf_publish import publish, temp_path
-from tasks.artifacts.gguf_quantize import QUANT_TYPES, quant_type, quantize_gguf
-from tasks.artifacts.gguf_sources import ResolvedSource, resolve_source
-from tasks.atomic import write_json_atomic
-from tasks.errors import ConfigError, IntegrityError
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.gguf_header import FILE_TYPES, GgufInfo, inspect_gguf
+from shiplift.tasks.artifacts.gguf_letters import ANSWER_CUE, DEFAULT_LETTERS, check_letter_slots
+from shiplift.tasks.artifacts.gguf_publish import publish, temp_path
+from shiplift.tasks.artifacts.gguf_quantize import QUANT_TYPES, quant_type, quantize_gguf
+from shiplift.tasks.artifacts.gguf_sources import ResolvedSource, resolve_source
+from shiplift.tasks.atomic import write_json_atomic
+from shiplift.tasks.errors import ConfigError, IntegrityError
+from shiplift.tasks.hashing import sha256_file
 
 __all__ = [  # importers name these from tasks.artifacts.gguf; most live in the gguf_* modules beside it
     "ANSWER_CUE", "DEFAULT_LETTERS", "FILE_TYPES", "QUANT_TYPES", "GgufBuild", "GgufInfo", "ResolvedSource",

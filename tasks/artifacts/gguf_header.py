@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import BadInput, NotFound
+from shiplift.tasks.errors import BadInput, NotFound
 
 GGUF_MAGIC = b"GGUF"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.artifacts.gguf_header import inspect_gguf
-from tasks.artifacts.llama_log import captured_llama_log
-from tasks.errors import BadInput, ConfigError
+from shiplift.tasks.artifacts.gguf_header import inspect_gguf
+from shiplift.tasks.artifacts.llama_log import captured_llama_log
+from shiplift.tasks.errors import BadInput, ConfigError
 
 DEFAULT_LETTERS = "ABCDEFGHIJKLMNOP"
 ANSWER_CUE = "Answer:"

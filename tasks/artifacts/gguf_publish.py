@@ -7,8 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from tasks.errors import Conflict
-from tasks.hashing import sha256_file
+from shiplift.tasks.errors import Conflict
+from shiplift.tasks.hashing import sha256_file
 
 
 def temp_path(dst: Path) -> Path:

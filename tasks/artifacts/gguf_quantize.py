@@ -5,10 +5,10 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from tasks.artifacts.gguf_header import FILE_TYPES, inspect_gguf
-from tasks.artifacts.gguf_publish import publish, temp_path
-from tasks.artifacts.llama_log import captured_llama_log
-from tasks.errors import BadInput, ConfigError
+from shiplift.tasks.artifacts.gguf_header import FILE_TYPES, inspect_gguf
+from shiplift.tasks.artifacts.gguf_publish import publish, temp_path
+from shiplift.tasks.artifacts.llama_log import captured_llama_log
+from shiplift.tasks.errors import BadInput, ConfigError
 
 # Targets llama_model_quantize can produce without an importance matrix.
 QUANT_TYPES: dict[str, int] = {

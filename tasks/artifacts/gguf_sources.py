@@ -12,11 +12,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts.gguf_header import inspect_gguf
-from tasks.artifacts.gguf_publish import publish, temp_path
-from tasks.config_types import local_path
-from tasks.errors import BadInput, ConfigError, IntegrityError, NotFound
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.gguf_header import inspect_gguf
+from shiplift.tasks.artifacts.gguf_publish import publish, temp_path
+from shiplift.tasks.config_types import local_path
+from shiplift.tasks.errors import BadInput, ConfigError, IntegrityError, NotFound
+from shiplift.tasks.hashing import sha256_file
 
 S3_CONNECT_TIMEOUT_S = 10
 S3_READ_TIMEOUT_S = 60

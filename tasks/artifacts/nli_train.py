@@ -7,7 +7,7 @@ with the best ``calibration``-split accuracy is kept, and the result is saved as
 checkpoint (model + tokenizer + ``training.json``), so it goes through the same export path as any
 production checkpoint. The test split is scored once, at the end, and only reported.
 
-CLI: ``python -m tasks.artifacts.nli_train --data validation/data/nli.jsonl --out DIR [--epochs N --seed S]``.
+CLI: ``python -m shiplift.tasks.artifacts.nli_train --data validation/data/nli.jsonl --out DIR [--epochs N --seed S]``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, LABELS, check_checkpoint
-from tasks.atomic import write_json_atomic
-from tasks.errors import BadInput, Conflict
-from tasks.extras import needs_extra
-from validation.nli.pairs import RESERVE_SPLIT, load_nli
+from shiplift.tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, LABELS, check_checkpoint
+from shiplift.tasks.atomic import write_json_atomic
+from shiplift.tasks.errors import BadInput, Conflict
+from shiplift.tasks.extras import needs_extra
+from shiplift.validation.nli.pairs import RESERVE_SPLIT, load_nli
 
 TRAINING_RECORD = "training.json"
 SPLITS = ("train", "calibration", "test")
@@ -292,7 +292,8 @@ def _save(model, tokenizer, base: Path, out: Path, result: TrainResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: train the demo NLI head on the project's NLI set and save the checkpoint."""
-    parser = argparse.ArgumentParser(prog="python -m tasks.artifacts.nli_train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m shiplift.tasks.artifacts.nli_train",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="NLI JSONL with train/calibration/test splits")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory to create")
     parser.add_argument("--base-model", type=Path, default=None, help="encoder checkpoint (default: MiniLM-L6)")

@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts.onnx_contract import ID2LABEL, LABELS
-from tasks.errors import BadInput
-from tasks.extras import needs_extra
-from tasks.hashing import sha256_file, sha256_json
+from shiplift.tasks.artifacts.onnx_contract import ID2LABEL, LABELS
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.extras import needs_extra
+from shiplift.tasks.hashing import sha256_file, sha256_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 WEIGHT_FILES = (
@@ -95,7 +95,7 @@ def check_checkpoint(checkpoint_dir: str | Path) -> CheckpointInfo:
     architectures = config.get("architectures") or []
     classifiers = [name for name in architectures if name.endswith("ForSequenceClassification")]
     fix_head = (
-        "fine-tune a 3-way NLI head (python -m tasks.artifacts.nli_train) and export the saved checkpoint"
+        "fine-tune a 3-way NLI head (python -m shiplift.tasks.artifacts.nli_train) and export the saved checkpoint"
     )
     if not classifiers:
         raise BadInput(

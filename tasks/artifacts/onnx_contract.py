@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.extras import needs_extra
+from shiplift.tasks.extras import needs_extra
 
 LABELS = ("entailment", "neutral", "contradiction")
 ID2LABEL = {index: label for index, label in enumerate(LABELS)}

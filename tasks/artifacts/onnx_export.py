@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.artifacts.onnx_checkpoint import CheckpointInfo, check_checkpoint
-from tasks.artifacts.onnx_contract import (
+from shiplift.tasks.artifacts.onnx_checkpoint import CheckpointInfo, check_checkpoint
+from shiplift.tasks.artifacts.onnx_contract import (
     EXPORT_RECORD,
     FP32_FILE,
     ID2LABEL,
@@ -45,12 +45,18 @@ from tasks.artifacts.onnx_contract import (
     LABELS,
     cpu_session,
 )
-from tasks.artifacts.onnx_int8 import CalibrationSet, Int8Spec, builtin_calibration, calibration_set, quantize_int8
-from tasks.artifacts.onnx_parity import ParityReport, int8_budget_check, parity_check, require_parity
-from tasks.atomic import write_json_atomic
-from tasks.errors import BadInput, Conflict, IntegrityError
-from tasks.extras import needs_extra
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.onnx_int8 import (
+    CalibrationSet,
+    Int8Spec,
+    builtin_calibration,
+    calibration_set,
+    quantize_int8,
+)
+from shiplift.tasks.artifacts.onnx_parity import ParityReport, int8_budget_check, parity_check, require_parity
+from shiplift.tasks.atomic import write_json_atomic
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError
+from shiplift.tasks.extras import needs_extra
+from shiplift.tasks.hashing import sha256_file
 
 __all__ = [  # importers name these from tasks.artifacts.onnx_export; most live in the onnx_* modules beside it
     "EXPORT_RECORD", "FP32_FILE", "ID2LABEL", "INT8_FILE", "LABEL2ID", "LABELS", "CalibrationSet", "CheckpointInfo",

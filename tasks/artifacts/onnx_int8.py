@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from tasks.artifacts.onnx_parity import normalized_pairs
-from tasks.errors import BadInput, IntegrityError
-from tasks.extras import needs_extra
-from tasks.hashing import sha256_json
-from tasks.project import BUILTIN_DATA_DIR
-from validation.nli.pairs import load_nli
+from shiplift.tasks.artifacts.onnx_parity import normalized_pairs
+from shiplift.tasks.errors import BadInput, IntegrityError
+from shiplift.tasks.extras import needs_extra
+from shiplift.tasks.hashing import sha256_json
+from shiplift.tasks.project import BUILTIN_DATA_DIR
+from shiplift.validation.nli.pairs import load_nli
 
 INT8_METHODS = ("static_qdq", "dynamic")
 CALIBRATE_METHODS = ("minmax",)  # entropy / percentile need equal-shaped batches: padding to max_len skews them

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from tasks.artifacts.onnx_checkpoint import check_checkpoint
-from tasks.artifacts.onnx_contract import FP32_FILE, INPUT_NAMES, INT8_FILE, LABEL2ID, cpu_session
-from tasks.errors import BadInput, IntegrityError
-from tasks.extras import needs_extra
+from shiplift.tasks.artifacts.onnx_checkpoint import check_checkpoint
+from shiplift.tasks.artifacts.onnx_contract import FP32_FILE, INPUT_NAMES, INT8_FILE, LABEL2ID, cpu_session
+from shiplift.tasks.errors import BadInput, IntegrityError
+from shiplift.tasks.extras import needs_extra
 
 # The server flushes denormals to zero (session.set_denormal_as_zero: on padded batches they made ONNX Runtime ~1.5x
 # slower on x86). Parity does not: that setting changes the floating-point mode of the whole calling process (the

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound
-from tasks.hashing import CHUNK_BYTES, canonical_json, check_name, sha256_file
+from shiplift.tasks.errors import BadInput, CapacityError, Conflict, IntegrityError, NotFound
+from shiplift.tasks.hashing import CHUNK_BYTES, canonical_json, check_name, sha256_file
 
 ARCHIVE_NAME = "model.tar.gz"
 FOLDER_ARCHIVE = "folder.tar.gz"  # a flat folder a later stage needs, kept as one archive (`package_model_dir`)

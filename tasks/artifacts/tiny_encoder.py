@@ -8,7 +8,7 @@ The WordPiece vocabulary holds a few common words plus every lowercase letter, d
 punctuation mark (and their ``##`` continuations), so any ASCII text tokenizes without ``[UNK]``
 and longer text gives more tokens.
 
-CLI: ``python -m tasks.artifacts.tiny_encoder OUT_DIR [--seed N] [--checkpoint-only] [--no-int8]``.
+CLI: ``python -m shiplift.tasks.artifacts.tiny_encoder OUT_DIR [--seed N] [--checkpoint-only] [--no-int8]``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import string
 import tempfile
 from pathlib import Path
 
-from tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, export_onnx
-from tasks.extras import needs_extra
+from shiplift.tasks.artifacts.onnx_export import ID2LABEL, LABEL2ID, export_onnx
+from shiplift.tasks.extras import needs_extra
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 WORDS = (
@@ -93,7 +93,8 @@ def write_tiny_onnx_model_dir(directory: str | Path, *, seed: int = 0, int8: boo
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: write a tiny checkpoint or ONNX model directory."""
-    parser = argparse.ArgumentParser(prog="python -m tasks.artifacts.tiny_encoder", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m shiplift.tasks.artifacts.tiny_encoder",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="output directory (must not exist for the ONNX layout)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-only", action="store_true", help="write the HF checkpoint, not ONNX")

@@ -14,7 +14,7 @@ The vocabulary is SentencePiece-style (``tokenizer.ggml.model = "llama"``):
 With ``letters_single_token=False`` the letter ``K`` (both ``K`` and ``▁K``) is left out of the
 vocabulary, so ``K`` falls back to its byte token and is not a single round-tripping token.
 
-CLI: ``python -m tasks.artifacts.tiny_gguf OUT.gguf --seed N [--dtype F16]``.
+CLI: ``python -m shiplift.tasks.artifacts.tiny_gguf OUT.gguf --seed N [--dtype F16]``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.errors import ConfigError
+from shiplift.tasks.errors import ConfigError
 
 SPACE = "\u2581"  # SentencePiece's word-boundary marker "▁"
 LETTERS = "ABCDEFGHIJKLMNOP"
@@ -184,7 +184,8 @@ def write_tiny_gguf(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: write one tiny GGUF and print its path."""
-    parser = argparse.ArgumentParser(prog="python -m tasks.artifacts.tiny_gguf", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m shiplift.tasks.artifacts.tiny_gguf",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="output .gguf path")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="F32")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from tasks.backends.placement import gpus_per_instance
+from shiplift.tasks.backends.placement import gpus_per_instance
 
 # vCPUs of an ml.<family>.<size> CPU instance by size: the sizes of Amazon EC2's general purpose, compute and memory
 # optimized families (https://docs.aws.amazon.com/ec2/latest/instancetypes/gp.html); "metal" sizes vary and are not

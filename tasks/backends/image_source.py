@@ -13,10 +13,10 @@ import re
 import sys
 from pathlib import Path
 
-from tasks.backends.interfaces import IMAGE_BY_DIGEST, ImageRef
-from tasks.errors import ConfigError
-from tasks.hashing import sha256_json, tree_listing
-from tasks.project import IMAGES_DIR
+from shiplift.tasks.backends.interfaces import IMAGE_BY_DIGEST, ImageRef
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.hashing import sha256_json, tree_listing
+from shiplift.tasks.project import IMAGES_DIR
 
 SHARED_DIRS = ("common",)  # folders under images/ that every image copies in
 FROM_LINE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, runtime_che
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from tasks.hashing import sha256_json
+from shiplift.tasks.hashing import sha256_json
 
 if TYPE_CHECKING:
-    from tasks.backends.placement import Placement
+    from shiplift.tasks.backends.placement import Placement
 
 # The longest a hosting waits in one deploy (endpoint start + component start, on top of an instance pool's provision
 # timeout) and in one teardown (component and endpoint deletion): the stage table's timeouts add these.

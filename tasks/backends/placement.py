@@ -19,8 +19,8 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from tasks.backends.aws.service_model import service_model
-from tasks.config_types import NAME_PATTERN, Strict
+from shiplift.tasks.backends.aws.service_model import service_model
+from shiplift.tasks.config_types import NAME_PATTERN, Strict
 
 MIB = 1024**2
 RUNTIME_OVERHEAD_MB = 1536  # CUDA context, llama.cpp / ONNX Runtime compute buffers (DESIGN §7: 1–2 GB)

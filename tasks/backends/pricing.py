@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tasks.backends.capacity import room
-from tasks.backends.pricing_costs import (
+from shiplift.tasks.backends.capacity import room
+from shiplift.tasks.backends.pricing_costs import (
     CandidateCost,
     ComponentShare,
     ThroughputCost,
@@ -39,7 +39,7 @@ from tasks.backends.pricing_costs import (
     component_share,
     throughput_cost,
 )
-from tasks.backends.pricing_instances import (
+from shiplift.tasks.backends.pricing_instances import (
     CopyShare,
     HourlyCost,
     PoolPrice,
@@ -50,7 +50,7 @@ from tasks.backends.pricing_instances import (
     production_cost,
     serverless_cost,
 )
-from tasks.backends.pricing_table import (
+from shiplift.tasks.backends.pricing_table import (
     DEFAULT_PRICES_PATH,
     PRICES_ENV,
     Price,

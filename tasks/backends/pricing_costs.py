@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tasks.backends.capacity import Slots, slots
-from tasks.backends.pricing_instances import (
+from shiplift.tasks.backends.capacity import Slots, slots
+from shiplift.tasks.backends.pricing_instances import (
     HourlyCost,
     _placement_types,
     _whole_instance,
@@ -17,8 +17,8 @@ from tasks.backends.pricing_instances import (
     production_cost,
     serverless_cost,
 )
-from tasks.backends.pricing_table import PROVENANCE_TEXT, PriceTable, _usd
-from tasks.errors import BadInput
+from shiplift.tasks.backends.pricing_table import PROVENANCE_TEXT, PriceTable, _usd
+from shiplift.tasks.errors import BadInput
 
 # SageMaker stops an endpoint's instances (ManagedInstanceScaling.MinInstanceCount 0) only when no inference component
 # on it has a copy: each component scales to 0 copies by its own scalable target, and an instance that holds any

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tasks.backends.placement import MIG_GPUS, family, gpus_per_instance, partition_size
-from tasks.backends.pricing_table import PROVENANCE_TEXT, Price, PriceTable, _usd, price_dict
-from tasks.errors import BadInput
+from shiplift.tasks.backends.placement import MIG_GPUS, family, gpus_per_instance, partition_size
+from shiplift.tasks.backends.pricing_table import PROVENANCE_TEXT, Price, PriceTable, _usd, price_dict
+from shiplift.tasks.errors import BadInput
 
 
 class PoolPrice(NamedTuple):

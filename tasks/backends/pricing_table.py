@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from tasks.errors import ConfigError
-from tasks.project import PROJECT_ROOT
-from tasks.yamlfile import read_yaml_file
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.project import PROJECT_ROOT
+from shiplift.tasks.yamlfile import read_yaml_file
 
 PRICES_ENV = "SHIPLIFT_PRICES"
 DEFAULT_PRICES_PATH = PROJECT_ROOT / "configs" / "prices" / "sagemaker-real-time-on-demand.yaml"

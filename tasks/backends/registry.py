@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.interfaces import (
+from shiplift.tasks.backends.interfaces import (
     ArtifactStore,
     Hosting,
     ImageBuilder,
@@ -26,8 +26,8 @@ from tasks.backends.interfaces import (
 )
 
 if TYPE_CHECKING:
-    from tasks.config import ReleaseConfig
-    from tasks.ledger.checkpoints import CheckpointStore, Signer
+    from shiplift.tasks.config import ReleaseConfig
+    from shiplift.tasks.ledger.checkpoints import CheckpointStore, Signer
 
 LEDGER_URL_ENV = "SHIPLIFT_LEDGER_URL"
 
@@ -65,8 +65,8 @@ def ledger_url_for(state_dir: Path, url: str | None) -> str:
 def open_ledger(*, ledger_url: str | None = None, state_dir: str | Path | None = None, read_only: bool = False):
     """The ledger at `ledger_url` ($SHIPLIFT_LEDGER_URL), else the SQLite file under the state dir;
     `read_only` for queries and verification, which must never change what they read."""
-    from tasks.errors import BadInput
-    from tasks.ledger.store import Ledger
+    from shiplift.tasks.errors import BadInput
+    from shiplift.tasks.ledger.store import Ledger
 
     folder = Path(state_dir).expanduser().resolve() if state_dir else default_state_dir()
     url = ledger_url_for(folder, ledger_url)
@@ -78,7 +78,7 @@ def open_ledger(*, ledger_url: str | None = None, state_dir: str | Path | None =
 def ledgers_nearby(folder: Path) -> list[Path]:
     """State dirs holding a SQLite ledger that a command looking in `folder` may have meant: `make demo`'s, and the
     folders right under the default state dir and the checkout's `.shiplift` (e.g. `.shiplift/airflow`)."""
-    from tasks.project import DEMO_STATE_DIR, PROJECT_ROOT
+    from shiplift.tasks.project import DEMO_STATE_DIR, PROJECT_ROOT
 
     roots = [default_state_dir(), PROJECT_ROOT / ".shiplift"]
     candidates = [DEMO_STATE_DIR, *roots, *(sub for root in roots if root.is_dir() for sub in sorted(root.iterdir()))]
@@ -97,7 +97,7 @@ def _shown(path: Path) -> str:
 def missing_ledger_fix(folder: Path) -> str:
     """How to reach a ledger when there is none under `folder`: the exact --state-dir of one found nearby (`make
     demo`'s first), else how to make one."""
-    from tasks.project import DEMO_STATE_DIR
+    from shiplift.tasks.project import DEMO_STATE_DIR
 
     nearby = ledgers_nearby(folder)
     if not nearby:
@@ -109,7 +109,7 @@ def missing_ledger_fix(folder: Path) -> str:
 
 def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = None) -> Backends:
     """Build the backends a config names; `ledger` reuses an open one, `session` is a boto3 session (aws)."""
-    from tasks.ledger.store import Ledger
+    from shiplift.tasks.ledger.store import Ledger
 
     backend = config.backend
     state_dir = Path(backend.state_dir).expanduser().resolve()
@@ -118,16 +118,16 @@ def make_backends(config: ReleaseConfig, *, ledger: Any = None, session: Any = N
     ledger = ledger or Ledger(url)
     scratch = _scratch(state_dir)
     if backend.kind == "local":
-        from tasks.backends.local.artifact_store import LocalArtifactStore
-        from tasks.backends.local.hosting import LocalMetrics, LoopbackHosting
-        from tasks.backends.local.process_image import LocalImageBuilder
+        from shiplift.tasks.backends.local.artifact_store import LocalArtifactStore
+        from shiplift.tasks.backends.local.hosting import LocalMetrics, LoopbackHosting
+        from shiplift.tasks.backends.local.process_image import LocalImageBuilder
 
         store = LocalArtifactStore(state_dir / "artifacts")
         hosting = LoopbackHosting(state_dir, store)
         return Backends(kind="local", state_dir=state_dir, store=store, images=LocalImageBuilder(), hosting=hosting,
                         metrics=LocalMetrics(hosting), ledger=ledger, ledger_url=backend.ledger_url, scratch=scratch,
                         preflight=dict, checkpoint=lambda: sign_checkpoint(ledger, config))
-    from tasks.backends.aws.backend import aws_backends
+    from shiplift.tasks.backends.aws.backend import aws_backends
 
     parts = aws_backends(config, state_dir=state_dir, session=session)
     sign = (lambda: sign_checkpoint(ledger, config, session=session)) if backend.checkpoints is not None else None
@@ -141,11 +141,11 @@ def artifact_reader(config: ReleaseConfig, *, session: Any = None):
     backend = config.backend
     state_dir = Path(backend.state_dir).expanduser().resolve()
     if backend.kind == "local":
-        from tasks.backends.local.artifact_store import LocalArtifactStore
+        from shiplift.tasks.backends.local.artifact_store import LocalArtifactStore
 
         return LocalArtifactStore(state_dir / "artifacts", create=False)
-    from tasks.backends.aws.artifact_store import S3ArtifactStore
-    from tasks.backends.aws.session import Aws
+    from shiplift.tasks.backends.aws.artifact_store import S3ArtifactStore
+    from shiplift.tasks.backends.aws.session import Aws
 
     return S3ArtifactStore(Aws(region=backend.region, profile=backend.profile, access=session), bucket=backend.bucket,
                            prefix=backend.key_prefix, kms_key_id=backend.kms_key_id, cache_dir=state_dir / "s3-cache")
@@ -155,7 +155,7 @@ def sign_checkpoint(ledger, config: ReleaseConfig | None = None, *, state_dir: s
                     key_path: str | Path | None = None, session: Any = None):
     """Verify the ledger, then sign its head with the checkpoint key of `config`'s backend (the local key file, created
     on first use; aws: its Secrets Manager key) into that backend's store (see `checkpoint_parts`)."""
-    from tasks.ledger.checkpoints import checkpoint
+    from shiplift.tasks.ledger.checkpoints import checkpoint
 
     signer, store = checkpoint_parts(config, state_dir=state_dir, key_path=key_path, create_key=True, session=session)
     return checkpoint(ledger, store, signer, witness=checkpoint_witness(config))
@@ -165,7 +165,7 @@ def checkpoint_witness(config: ReleaseConfig | None):
     """The witness log a local config names (`backend.checkpoint_witness`), else $SHIPLIFT_CHECKPOINT_WITNESS's, else
     None. aws needs none: its checkpoint objects are under Object Lock (COMPLIANCE by default), so they cannot be
     cut back."""
-    from tasks.ledger.checkpoints import CheckpointLog, default_witness, log_path
+    from shiplift.tasks.ledger.checkpoints import CheckpointLog, default_witness, log_path
 
     folder = getattr(config.backend, "checkpoint_witness", None) if config is not None else None
     return CheckpointLog(log_path(folder)) if folder else default_witness()
@@ -178,7 +178,7 @@ def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Pa
     configured public key where it names one, and no secret read) and Object Lock bucket (checked; nothing is
     written), else the local key file (`key_path`, else $SHIPLIFT_CHECKPOINT_KEY; created only with `create_key`) and
     the checkpoints file of `state_dir` (else the config's, else $SHIPLIFT_HOME)."""
-    from tasks.errors import ConfigError
+    from shiplift.tasks.errors import ConfigError
 
     backend = config.backend if config is not None else None
     if backend is not None and backend.kind == "aws":
@@ -187,12 +187,12 @@ def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Pa
                               + (", not a local key file" if key_path is not None else "; this config names none"),
                               fix="set backend.checkpoints (key_ref, bucket; see the README's Ledger section), "
                                   "and drop --key")
-        from tasks.backends.aws.checkpoint_store import aws_checkpoint_parts
-        from tasks.backends.aws.session import Aws
+        from shiplift.tasks.backends.aws.checkpoint_store import aws_checkpoint_parts
+        from shiplift.tasks.backends.aws.session import Aws
 
         aws = Aws(region=backend.region, profile=backend.profile, access=session)
         return aws_checkpoint_parts(aws, backend.checkpoints, kms_key_id=backend.kms_key_id, verify_only=verify_only)
-    from tasks.ledger.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path
+    from shiplift.tasks.ledger.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path
 
     chosen = state_dir or (backend.state_dir if backend is not None else default_state_dir())
     folder = Path(chosen).expanduser().resolve()
@@ -202,12 +202,12 @@ def checkpoint_parts(config: ReleaseConfig | None = None, *, state_dir: str | Pa
 
 def local_endpoints(state_dir: str | Path):
     """The local backend's endpoint processes under a state dir (what `shiplift endpoints` and `make stop` manage)."""
-    from tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
     return ProcessSupervisor(Path(state_dir).expanduser().resolve())
 
 
 def _scratch(state_dir: Path):
-    from tasks.backends.local.hosting import ScratchServer
+    from shiplift.tasks.backends.local.hosting import ScratchServer
 
     return ScratchServer(state_dir / "scratch")

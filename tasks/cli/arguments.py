@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tasks.backends.registry import default_state_dir
+from shiplift.tasks.backends.registry import default_state_dir
 
 
 def with_ledger(p):

@@ -3,23 +3,23 @@
 
 from __future__ import annotations
 
-from tasks.cli.arguments import with_config, with_json, with_set
-from tasks.cli.gate_commands import warn_if_underpowered
-from tasks.console import print_fields, print_json, print_table
+from shiplift.tasks.cli.arguments import with_config, with_json, with_set
+from shiplift.tasks.cli.gate_commands import warn_if_underpowered
+from shiplift.tasks.console import print_fields, print_json, print_table
 
 
 def cmd_policy(args) -> int:
     """The policy table for this config: for every step, where it runs, its retries and backoff, its per-attempt
     timeout and what it does with the model's lease, as the CLI, Airflow and Step Functions apply them."""
-    from tasks.config import load_release_config
-    from tasks.pipeline.table import LEASE, MAX_STEP_TIMEOUT_S, policy_rows
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.pipeline.table import LEASE, MAX_STEP_TIMEOUT_S, policy_rows
 
     rows = policy_rows(load_release_config(args.config, overrides=tuple(args.set)))
     if args.json:
         print_json({"steps": rows, "max_step_timeout_s": MAX_STEP_TIMEOUT_S,
                     "lease": {"ttl_s": LEASE.ttl_s, "renew_every_s": LEASE.renew_every_s}})
         return 0
-    print_table(rows, ["step", "runs in", "retries", "backoff", "table_timeout_s", "timeout_s", "lease"])
+    print_table(rows, ["step", "runs in", "retries", "backoff", "table_timeout_s", "timeout_s", "lease", "defers"])
     retried = next((row["retried"] for row in rows if row["retried"]), "none")
     print(f"\nRetried: {retried}; every other error, and an attempt past its timeout, fails the step at once. A step "
           f"that holds a worker may take at most {MAX_STEP_TIMEOUT_S} s (a person's approval: its own timeout). The "
@@ -30,8 +30,8 @@ def cmd_policy(args) -> int:
 
 def cmd_config_validate(args) -> int:
     """The effective config, once every file and package it names is found readable (`require_named_files`)."""
-    from tasks.config import load_release_config, require_named_files
-    from tasks.pipeline.release import release_id_for
+    from shiplift.tasks.config import load_release_config, require_named_files
+    from shiplift.tasks.pipeline.release import release_id_for
 
     config = load_release_config(args.config, overrides=tuple(args.set))
     require_named_files(config, args.config)

@@ -38,25 +38,25 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from tasks.backends.local.artifact_store import LocalArtifactStore
-from tasks.backends.local.hosting import LoopbackHosting
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.registry import ledger_url_for, open_ledger
-from tasks.cli.main import main as shiplift
-from tasks.config import load_release_config
-from tasks.console import format_table
-from tasks.ledger.audit_report import write_report
-from tasks.ledger.events import AWAITING_APPROVAL, STAGES
-from tasks.ledger.release_state import ReleaseState, release_summary
-from tasks.ledger.store import Ledger
-from tasks.ledger.views import rollout_steps
-from tasks.pipeline.audit import verify_ledger
-from tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage, run_release
-from tasks.pipeline.table import TEARDOWN
-from tasks.project import DEMO_STATE_DIR
-from tasks.project import PROJECT_ROOT as ROOT
-from validation.cold_start import first_answer
-from validation.transport import HttpInvoker, post_alone
+from shiplift.tasks.backends.local.artifact_store import LocalArtifactStore
+from shiplift.tasks.backends.local.hosting import LoopbackHosting
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.backends.registry import ledger_url_for, open_ledger
+from shiplift.tasks.cli.main import main as shiplift
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.console import format_table
+from shiplift.tasks.ledger.audit_report import write_report
+from shiplift.tasks.ledger.events import AWAITING_APPROVAL, STAGES
+from shiplift.tasks.ledger.release_state import ReleaseState, release_summary
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.views import rollout_steps
+from shiplift.tasks.pipeline.audit import verify_ledger
+from shiplift.tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage, run_release
+from shiplift.tasks.pipeline.table import TEARDOWN
+from shiplift.tasks.project import DEMO_STATE_DIR
+from shiplift.tasks.project import PROJECT_ROOT as ROOT
+from shiplift.validation.cold_start import first_answer
+from shiplift.validation.transport import HttpInvoker, post_alone
 
 CONFIG = ROOT / "configs" / "releases" / "gemma-decision.yaml"
 BROKEN = ROOT / "configs" / "releases" / "demo-broken-model.yaml"

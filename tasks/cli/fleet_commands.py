@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tasks.cli.arguments import overrides_of, with_config_state_dir, with_json, with_set
-from tasks.console import EXIT_BAD_INPUT, print_json, print_table
+from shiplift.tasks.cli.arguments import overrides_of, with_config_state_dir, with_json, with_set
+from shiplift.tasks.console import EXIT_BAD_INPUT, print_json, print_table
 
 if TYPE_CHECKING:
-    from tasks.pipeline.fleet.plan import FleetPlan
+    from shiplift.tasks.pipeline.fleet.plan import FleetPlan
 
 PLAN_COLUMNS = ["model", "copies", "peak while it updates", "threads", "memory/copy MB", "share", "$/h",
                 "serves on now"]
@@ -43,10 +43,10 @@ def cmd_fleet_plan(args) -> int:
 def _read_plan(args) -> FleetPlan:
     """The plan of the configs (each parsed once) and of their ledger, where there is one, each model's history read
     once (read-only); the configs' alone, saying so, where the ledger cannot be read."""
-    from tasks.backends.registry import make_backends, open_ledger
-    from tasks.errors import BadInput, NotReady
-    from tasks.pipeline.fleet.plan import plan_snapshot
-    from tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
+    from shiplift.tasks.backends.registry import make_backends, open_ledger
+    from shiplift.tasks.errors import BadInput, NotReady
+    from shiplift.tasks.pipeline.fleet.plan import plan_snapshot
+    from shiplift.tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
 
     configs = load_fleet_configs(args.configs, overrides_of(args))
     config = configs[0].config  # the ledger a release of it writes, and the backend its endpoints are on
@@ -99,9 +99,9 @@ def plan_rows(plan: FleetPlan) -> list[dict[str, Any]]:
 
 def cmd_fleet_move(args) -> int:
     """Move every model of the shared endpoint onto its new layout's endpoint, then show where each one went."""
-    from tasks.pipeline import table
-    from tasks.pipeline.fleet.move import move_fleet
-    from tasks.pipeline.release import default_actor, print_progress
+    from shiplift.tasks.pipeline import table
+    from shiplift.tasks.pipeline.fleet.move import move_fleet
+    from shiplift.tasks.pipeline.release import default_actor, print_progress
 
     result = table.attempts(table.FLEET_MOVE.name, lambda: move_fleet(
         args.configs, reason=args.reason, actor=args.actor or default_actor(), overrides=overrides_of(args),

@@ -9,8 +9,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tasks.cli.arguments import overrides_of, with_config, with_config_state_dir, with_json, with_ledger, with_set
-from tasks.console import print_json, print_table
+from shiplift.tasks.cli.arguments import (
+    overrides_of,
+    with_config,
+    with_config_state_dir,
+    with_json,
+    with_ledger,
+    with_set,
+)
+from shiplift.tasks.console import print_json, print_table
 
 PREDICTIONS_MAX_BYTES = 64 << 20  # a kept predictions file read for the plan (a gate's rows are ~1 KB each)
 INCONCLUSIVE_TEXT = {"block": "block (validation.inconclusive.choice block)",
@@ -35,9 +42,9 @@ def datasets_text(config) -> str:
 def recorded_comparisons(config, ledger_url: str | None) -> tuple[list[dict], list[tuple[int, int]], str | None]:
     """What the model's earlier gates recorded in the ledger: every check, and for each comparison with a champion
     whose prediction files were kept, its (shared, disagreeing) task counts; and why nothing was read, or None."""
-    from tasks.backends.registry import open_ledger
-    from tasks.errors import ShipliftError
-    from tasks.ledger.events import SUCCEEDED, VALIDATE
+    from shiplift.tasks.backends.registry import open_ledger
+    from shiplift.tasks.errors import ShipliftError
+    from shiplift.tasks.ledger.events import SUCCEEDED, VALIDATE
 
     backend = config.backend
     try:
@@ -56,9 +63,9 @@ def recorded_comparisons(config, ledger_url: str | None) -> tuple[list[dict], li
 def kept_disagreements(config, ledger, gates: list[dict]) -> list[tuple[int, int]]:
     """(shared, disagreeing) tasks of each recorded gate that kept both the candidate's and the champion's
     predictions (`validation.gate_power.paired_disagreement`), read from the artifact store."""
-    from tasks.backends.registry import artifact_reader
-    from validation.gate_power import paired_disagreement
-    from validation.jsonl import parsed_lines
+    from shiplift.tasks.backends.registry import artifact_reader
+    from shiplift.validation.gate_power import paired_disagreement
+    from shiplift.validation.jsonl import parsed_lines
 
     kept = [gate["evidence"] for gate in gates
             if {"predictions.jsonl", "champion-predictions.jsonl"} <= set(gate.get("evidence") or {})]
@@ -76,8 +83,8 @@ def kept_disagreements(config, ledger, gates: list[dict]) -> list[tuple[int, int
 
 def prior_plans(config, config_dir: Path) -> tuple[list, str | None]:
     """The champion checks' plans on the stated prior (no ledger read: offline and read-only), or why none was made."""
-    from tasks.errors import BadInput, ConfigError
-    from validation.gate_power import plan_champion_checks
+    from shiplift.tasks.errors import BadInput, ConfigError
+    from shiplift.validation.gate_power import plan_champion_checks
 
     try:
         n = gate_tasks(config, config_dir)
@@ -122,8 +129,8 @@ def _spread_text(plan) -> str:
 
 def cmd_gate_plan(args) -> int:
     """Print each champion check's power for this config; warn about any an equal candidate cannot pass."""
-    from tasks.config import load_release_config
-    from validation.gate_power import POWER, plan_champion_checks
+    from shiplift.tasks.config import load_release_config
+    from shiplift.validation.gate_power import POWER, plan_champion_checks
 
     config = load_release_config(args.config, overrides=overrides_of(args))
     n = gate_tasks(config, Path(args.config).parent)

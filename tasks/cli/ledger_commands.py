@@ -8,10 +8,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.backends.registry import default_state_dir
-from tasks.cli.arguments import with_json, with_ledger, with_release, with_state_dir
-from tasks.console import EXIT_REJECTED, cell, number, print_fields, print_json, print_table
-from tasks.errors import BadInput, NotFound
+from shiplift.tasks.backends.registry import default_state_dir
+from shiplift.tasks.cli.arguments import with_json, with_ledger, with_release, with_state_dir
+from shiplift.tasks.console import EXIT_REJECTED, cell, number, print_fields, print_json, print_table
+from shiplift.tasks.errors import BadInput, NotFound
 
 _OPEN_LEDGERS: list = []  # ledgers a command opened, closed when it ends (a read-only SQLite open leaves nothing)
 
@@ -19,7 +19,7 @@ _OPEN_LEDGERS: list = []  # ledgers a command opened, closed when it ends (a rea
 def ledger_for(args, *, read_only: bool = True):
     """The ledger a `ledger` command reads (or, not `read_only`, writes): --ledger-url, else the --config's
     ledger_url, else $SHIPLIFT_LEDGER_URL, else SQLite under --state-dir. Closed when the command ends."""
-    from tasks.backends.registry import open_ledger
+    from shiplift.tasks.backends.registry import open_ledger
 
     ledger = open_ledger(ledger_url=ledger_url_of(args), state_dir=args.state_dir, read_only=read_only)
     _OPEN_LEDGERS.append(ledger)
@@ -41,7 +41,7 @@ def ledger_url_of(args) -> str | None:
 def resolve_release_args(args) -> None:
     """Replace each release id a command takes (`with_release`) by the full id it names in the command's ledger, so
     every command accepts a unique prefix or suffix, or the shortened id a table prints (`resolve_release`)."""
-    from tasks.ledger.views import resolve_release
+    from shiplift.tasks.ledger.views import resolve_release
 
     named = [name for name in getattr(args, "release_args", ()) if getattr(args, name) is not None]
     if named:
@@ -53,7 +53,7 @@ def resolve_release_args(args) -> None:
 def checkpoints_config(args):
     """The release config of --config (whose backend names the checkpoints: aws), or None for the state dir's; loaded
     once per command (the ledger commands ask for it from several helpers)."""
-    from tasks.config import load_release_config
+    from shiplift.tasks.config import load_release_config
 
     if not getattr(args, "config", None):
         return None
@@ -65,7 +65,7 @@ def checkpoints_config(args):
 def checkpoint_dir(args) -> Path | None:
     """The folder of a local ledger's checkpoint log: --state-dir, else the one `checkpoint_folder` finds (beside a
     SQLite --ledger-url); None for an aws --config, whose backend names its store."""
-    from tasks.pipeline.audit import checkpoint_folder
+    from shiplift.tasks.pipeline.audit import checkpoint_folder
 
     config = checkpoints_config(args)
     if config is not None and config.backend.kind != "local":
@@ -76,8 +76,8 @@ def checkpoint_dir(args) -> Path | None:
 def verifying_key(args):
     """The public key a command checks with: --public-key's PEM file (no private key is read), else None (the
     --config's or --key's)."""
-    from tasks.ledger.checkpoints import read_public_key
-    from tasks.pipeline.audit import public_key_refused_for_aws
+    from shiplift.tasks.ledger.checkpoints import read_public_key
+    from shiplift.tasks.pipeline.audit import public_key_refused_for_aws
 
     if not getattr(args, "public_key", None):
         return None
@@ -90,8 +90,8 @@ def verifying_parts(args):
     """The (public key, store) of a command's checkpoints: --public-key's, else --config's backend (its public key
     where it names one: the secret is never read), else --key's public half; the --config's store, else the log of
     `checkpoint_dir`."""
-    from tasks.backends.registry import checkpoint_parts
-    from tasks.ledger.checkpoints import CheckpointLog, log_path
+    from shiplift.tasks.backends.registry import checkpoint_parts
+    from shiplift.tasks.ledger.checkpoints import CheckpointLog, log_path
 
     public, folder = verifying_key(args), checkpoint_dir(args)
     if public is not None:
@@ -119,7 +119,7 @@ def cmd_ledger_history(args) -> int:
         rows = [r.to_dict() for r in ledger.history(args.model)]
         columns = ["seq", "recorded_at", "release_id", "stage", "event", "actor", "record_hash"]
     else:
-        from tasks.ledger.views import releases
+        from shiplift.tasks.ledger.views import releases
 
         rows = releases(ledger, args.model)
         columns = ["release_id", "opened_at", "opened_by", "status", "decision", "promoted_at", "strategy", "records"]
@@ -132,9 +132,9 @@ def cmd_ledger_history(args) -> int:
 
 def print_gate(evidence: dict) -> None:
     """A gate's decision, its champion and every check with its interval and rule (`evidence`: a view's `gate`)."""
-    from tasks.ledger.records import as_result
-    from tasks.ledger.stage_results import ValidateResult
-    from tasks.ledger.views import CHECK_COLUMNS, check_cells
+    from shiplift.tasks.ledger.records import as_result
+    from shiplift.tasks.ledger.stage_results import ValidateResult
+    from shiplift.tasks.ledger.views import CHECK_COLUMNS, check_cells
 
     gate = as_result(evidence, ValidateResult)
     datasets = ", ".join(f"{d['name']} (n {d['n']}, sha256 {d['sha256']})" for d in gate.datasets or [])
@@ -143,7 +143,7 @@ def print_gate(evidence: dict) -> None:
 
 
 def print_release(detail: dict) -> None:
-    from tasks.ledger.views import field_rows
+    from shiplift.tasks.ledger.views import field_rows
 
     fields = ["release_id", "model", "status", "opened_at", "opened_by", "config_hash", "source_sha256", "model_sha256",
               "artifact_sha256", "artifact_uri", "image_uri", "image_digest", "decision", "records", "placement"]
@@ -164,7 +164,7 @@ def print_release(detail: dict) -> None:
 
 def cmd_ledger_show(args) -> int:
     """One release: what it was built from, its gate evidence, its stages and its promotions."""
-    from tasks.ledger.views import show
+    from shiplift.tasks.ledger.views import show
 
     detail = show(ledger_for(args), args.release)
     print_json(detail) if args.json else print_release(detail)
@@ -173,7 +173,7 @@ def cmd_ledger_show(args) -> int:
 
 def cmd_ledger_verify(args) -> int:
     """The chain, an anchored head if given, every signed checkpoint, and every checkpoint the chain records."""
-    from tasks.ledger.checkpoints import verdict_lines
+    from shiplift.tasks.ledger.checkpoints import verdict_lines
 
     result = verification_for(args, ledger_for(args))
     if args.json:
@@ -186,7 +186,7 @@ def cmd_ledger_verify(args) -> int:
 
 def cmd_ledger_prove(args) -> int:
     """An inclusion proof of one release's records in the latest signed checkpoint (O(log n) hashes a record)."""
-    from tasks.ledger.checkpoints import prove
+    from shiplift.tasks.ledger.checkpoints import prove
 
     public, store = verifying_parts(args)
     proof = prove(ledger_for(args), store, args.release, public)
@@ -202,7 +202,7 @@ def cmd_ledger_prove(args) -> int:
 def cmd_ledger_check_proof(args) -> int:
     """Check an inclusion proof with the public key alone (--public-key's, --key's, or an aws --config's): no ledger
     needed."""
-    from tasks.ledger.checkpoints import PROOF_FIX, check_proof, load_json
+    from shiplift.tasks.ledger.checkpoints import PROOF_FIX, check_proof, load_json
 
     try:
         text = Path(args.proof).read_text(encoding="utf-8")
@@ -222,7 +222,7 @@ def cmd_ledger_check_proof(args) -> int:
 
 def cmd_ledger_checkpoint(args) -> int:
     """Sign the ledger's head (after verifying it) into the checkpoint store (local file, or S3 for an aws --config)."""
-    from tasks.backends.registry import sign_checkpoint
+    from shiplift.tasks.backends.registry import sign_checkpoint
 
     signed = sign_checkpoint(ledger_for(args, read_only=False), checkpoints_config(args),
                              state_dir=checkpoint_dir(args), key_path=args.key)
@@ -236,7 +236,7 @@ def cmd_ledger_checkpoint(args) -> int:
 
 def cmd_ledger_public_key(args) -> int:
     """Export the key that verifies the checkpoints (PEM), for whoever checks proofs or verifies without the secret."""
-    from tasks.ledger.checkpoints import public_pem
+    from shiplift.tasks.ledger.checkpoints import public_pem
 
     pem = public_pem(verifying_parts(args)[0])
     if args.out:
@@ -283,7 +283,7 @@ def print_diff(result: dict, *, every_field: bool) -> None:
 
 def cmd_ledger_diff(args) -> int:
     """Two releases side by side: config, artifact, image digest, placement, gate metrics and thresholds."""
-    from tasks.ledger.views import diff
+    from shiplift.tasks.ledger.views import diff
 
     result = diff(ledger_for(args), args.release_a, args.release_b)
     print_json(result) if args.json else print_diff(result, every_field=args.all)
@@ -291,7 +291,7 @@ def cmd_ledger_diff(args) -> int:
 
 
 def print_as_of(served: dict) -> None:
-    from tasks.ledger.views import field_rows
+    from shiplift.tasks.ledger.views import field_rows
 
     promotion = served["promotion"]
     how = {"rollback": f"a rollback from {promotion['rollback_from']}: {promotion['reason']}",
@@ -322,7 +322,7 @@ def moment(text: str) -> datetime:
 
 def cmd_ledger_as_of(args) -> int:
     """What served a model at a moment, since when, built from what and on which gate evidence."""
-    from tasks.ledger.views import as_of
+    from shiplift.tasks.ledger.views import as_of
 
     when = moment(args.when)  # refuses a time without a timezone, naming the fix, before the ledger is opened
     shown = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if args.when.strip().lower() == "now" else args.when
@@ -333,7 +333,7 @@ def cmd_ledger_as_of(args) -> int:
 
 def cmd_ledger_timeline(args) -> int:
     """A model's releases, gate decisions, traffic steps, promotions and rollbacks with their reasons, in order."""
-    from tasks.ledger.views import timeline
+    from shiplift.tasks.ledger.views import timeline
 
     rows = timeline(ledger_for(args), args.model)
     print_json(rows) if args.json else print_table(rows, ["seq", "at", "release_id", "event", "detail", "actor"])
@@ -342,7 +342,7 @@ def cmd_ledger_timeline(args) -> int:
 
 def verification_for(args, ledger) -> dict:
     """`ledger verify`'s result for the command's state dir, key and anchored head."""
-    from tasks.pipeline.audit import verify_ledger
+    from shiplift.tasks.pipeline.audit import verify_ledger
 
     return verify_ledger(ledger, args.state_dir, ledger_url=ledger_url_of(args), config=checkpoints_config(args),
                          key_path=args.key, public_key=verifying_key(args),
@@ -351,7 +351,7 @@ def verification_for(args, ledger) -> dict:
 
 def cmd_ledger_report(args) -> int:
     """The audit report: one self-contained HTML page, verified against the signed checkpoints."""
-    from tasks.ledger.audit_report import write_report
+    from shiplift.tasks.ledger.audit_report import write_report
 
     ledger = ledger_for(args)
     verification = verification_for(args, ledger)
@@ -363,8 +363,8 @@ def cmd_ledger_report(args) -> int:
 
 def cmd_ledger_upgrade(args) -> int:
     """Migrate an existing ledger's schema to this shiplift's revision (what opening it for writing does)."""
-    from tasks.backends.registry import ledger_url_for, open_ledger
-    from tasks.ledger.store import upgrade
+    from shiplift.tasks.backends.registry import ledger_url_for, open_ledger
+    from shiplift.tasks.ledger.store import upgrade
 
     # refuses a ledger that is not there
     open_ledger(ledger_url=args.ledger_url, state_dir=args.state_dir, read_only=True).close()

@@ -17,17 +17,17 @@ import sys
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
 
-from tasks.cli.config_commands import add_config_commands
-from tasks.cli.fleet_commands import add_fleet_commands
-from tasks.cli.gate_commands import add_gate_commands
-from tasks.cli.ledger_commands import add_ledger_commands, close_ledgers, resolve_release_args
-from tasks.cli.orchestration_commands import add_orchestration_commands
-from tasks.cli.prices_commands import add_prices_commands
-from tasks.cli.release_commands import add_release_commands
-from tasks.cli.serving_commands import add_serving_commands
-from tasks.cli.sweep_commands import add_sweep_commands
-from tasks.console import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_LEASE, EXIT_REJECTED
-from tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, ShipliftError
+from shiplift.tasks.cli.config_commands import add_config_commands
+from shiplift.tasks.cli.fleet_commands import add_fleet_commands
+from shiplift.tasks.cli.gate_commands import add_gate_commands
+from shiplift.tasks.cli.ledger_commands import add_ledger_commands, close_ledgers, resolve_release_args
+from shiplift.tasks.cli.orchestration_commands import add_orchestration_commands
+from shiplift.tasks.cli.prices_commands import add_prices_commands
+from shiplift.tasks.cli.release_commands import add_release_commands
+from shiplift.tasks.cli.serving_commands import add_serving_commands
+from shiplift.tasks.cli.sweep_commands import add_sweep_commands
+from shiplift.tasks.console import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_LEASE, EXIT_REJECTED
+from shiplift.tasks.errors import BadInput, ConfigError, GateFailed, IntegrityError, LeaseHeld, ShipliftError
 
 
 def version() -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tasks.cli.arguments import (
+from shiplift.tasks.cli.arguments import (
     overrides_of,
     with_config,
     with_config_state_dir,
@@ -15,13 +15,13 @@ from tasks.cli.arguments import (
     with_set,
     with_state_dir,
 )
-from tasks.console import print_json
-from tasks.errors import BadInput
+from shiplift.tasks.console import print_json
+from shiplift.tasks.errors import BadInput
 
 
 def parse_allowed_timeouts(text: str | None) -> dict[str, int] | None:
     """`begin=300,resolve=1800,…` as {step: seconds}; BadInput names a malformed entry or an unknown step."""
-    from tasks.pipeline.table import STEPS
+    from shiplift.tasks.pipeline.table import STEPS
 
     if text is None:
         return None
@@ -36,8 +36,8 @@ def parse_allowed_timeouts(text: str | None) -> dict[str, int] | None:
 
 
 def cmd_orchestrate_begin(args) -> int:
-    from tasks.orchestrators.task_token import reporting_to_step_functions
-    from tasks.pipeline.release import begin_orchestrated
+    from shiplift.tasks.orchestrators.task_token import reporting_to_step_functions
+    from shiplift.tasks.pipeline.release import begin_orchestrated
 
     allowed = parse_allowed_timeouts(args.allowed_timeouts)
     print_json(reporting_to_step_functions(
@@ -50,7 +50,7 @@ def cmd_orchestrate_await_approval(args) -> int:
     """Step Functions' AwaitApproval: record the approval request with the task token's reference and exit; the state
     waits on the token for `shiplift approve` / `reject` (the step reports only a failure, or a decision
     already made)."""
-    from tasks.orchestrators.task_token import await_approval
+    from shiplift.tasks.orchestrators.task_token import await_approval
 
     print_json(await_approval(args.release, holder=args.holder, token_prefix=args.token_prefix,
                               ledger_url=args.ledger_url, state_dir=args.state_dir))
@@ -59,7 +59,7 @@ def cmd_orchestrate_await_approval(args) -> int:
 
 def cmd_orchestrate_approval_timed_out(args) -> int:
     """Step Functions' ApprovalTimedOut: record the timeout (unless decided) and take the lease back for Promote."""
-    from tasks.orchestrators.task_token import approval_timed_out, reporting_to_step_functions
+    from shiplift.tasks.orchestrators.task_token import approval_timed_out, reporting_to_step_functions
 
     print_json(reporting_to_step_functions(
         lambda: approval_timed_out(args.release, holder=args.holder, ledger_url=args.ledger_url,
@@ -69,8 +69,8 @@ def cmd_orchestrate_approval_timed_out(args) -> int:
 
 def cmd_orchestrate_end(args) -> int:
     """Exit 0 whenever the final status was recorded, including rejected and --failed runs."""
-    from tasks.orchestrators.task_token import reporting_to_step_functions
-    from tasks.pipeline.release import end_orchestrated
+    from shiplift.tasks.orchestrators.task_token import reporting_to_step_functions
+    from shiplift.tasks.pipeline.release import end_orchestrated
 
     print_json(reporting_to_step_functions(
         lambda: end_orchestrated(args.release, holder=args.holder, failed=args.failed, ledger_url=args.ledger_url,
@@ -80,11 +80,11 @@ def cmd_orchestrate_end(args) -> int:
 
 def sfn_inputs(args):
     """The config as the pipeline image sees it (path relative to the repository root) and the runner settings."""
-    from tasks.config import load_release_config
-    from tasks.orchestrators.step_functions import load_runner_settings
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.orchestrators.step_functions import load_runner_settings
 
     config_file = Path(args.config).resolve()
-    from tasks.project import PROJECT_ROOT as root
+    from shiplift.tasks.project import PROJECT_ROOT as root
 
     if not config_file.is_relative_to(root):
         raise BadInput(f"{args.config} is outside the repository {root}",
@@ -94,12 +94,12 @@ def sfn_inputs(args):
 
 
 def cmd_sfn_render(args) -> int:
-    from tasks.orchestrators.step_functions import definition_json, render_state_machine
+    from shiplift.tasks.orchestrators.step_functions import definition_json, render_state_machine
 
     config, config_path, runner = sfn_inputs(args)
     text = definition_json(render_state_machine(config, runner=runner, config_path=config_path))
     if args.out:
-        from tasks.atomic import write_text_atomic
+        from shiplift.tasks.atomic import write_text_atomic
 
         write_text_atomic(args.out, text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
@@ -109,7 +109,7 @@ def cmd_sfn_render(args) -> int:
 
 
 def cmd_sfn_deploy(args) -> int:
-    from tasks.orchestrators.step_functions import deploy_state_machine, render_state_machine
+    from shiplift.tasks.orchestrators.step_functions import deploy_state_machine, render_state_machine
 
     config, config_path, runner = sfn_inputs(args)
     definition = render_state_machine(config, runner=runner, config_path=config_path)

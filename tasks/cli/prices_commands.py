@@ -6,17 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tasks.cli.arguments import with_json
-from tasks.console import print_json, print_table
+from shiplift.tasks.cli.arguments import with_json
+from shiplift.tasks.console import print_json, print_table
 
 COLUMNS = ["region", "instance type", "before $/h", "after $/h", "change", "as of"]
 
 
 def cmd_prices_refresh(args) -> int:
     """Read each region's and type's figure, write the changed table (unless --dry-run), print the changes."""
-    from tasks.backends.aws import price_list
-    from tasks.backends.pricing_table import load_price_table, prices_path
-    from tasks.errors import BadInput
+    from shiplift.tasks.backends.aws import price_list
+    from shiplift.tasks.backends.pricing_table import load_price_table, prices_path
+    from shiplift.tasks.errors import BadInput
 
     path = Path(args.prices) if args.prices else prices_path()
     table = load_price_table(path)

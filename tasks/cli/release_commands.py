@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tasks.cli.arguments import (
+from shiplift.tasks.cli.arguments import (
     overrides_of,
     with_config,
     with_config_state_dir,
@@ -17,15 +17,15 @@ from tasks.cli.arguments import (
     with_set,
     with_state_dir,
 )
-from tasks.console import EXIT_AWAITING, EXIT_REJECTED, print_fields, print_json, print_table
-from tasks.errors import BadInput, ConfigError
-from tasks.ledger.events import AWAITING_APPROVAL, PROMOTED
-from tasks.pipeline.table import STAGE_NAMES
+from shiplift.tasks.console import EXIT_AWAITING, EXIT_REJECTED, print_fields, print_json, print_table
+from shiplift.tasks.errors import BadInput, ConfigError
+from shiplift.tasks.ledger.events import AWAITING_APPROVAL, PROMOTED
+from shiplift.tasks.pipeline.table import STAGE_NAMES
 
 
 def aws_config(args, what: str):
     """The aws release config a command needs; BadInput naming the backend otherwise."""
-    from tasks.config import load_release_config
+    from shiplift.tasks.config import load_release_config
 
     config = load_release_config(args.config, overrides=overrides_of(args))
     if config.backend.kind != "aws":
@@ -42,9 +42,9 @@ def cmd_release(args) -> int:
         raise ConfigError("--with-champion plans a later release and only goes with --dry-run",
                           fix=f"run `shiplift release {args.config} --dry-run --with-champion`, or leave "
                               "--with-champion out")
-    from tasks.cli.gate_commands import warn_if_underpowered
-    from tasks.config import load_release_config, require_named_files
-    from tasks.pipeline.release import run_release
+    from shiplift.tasks.cli.gate_commands import warn_if_underpowered
+    from shiplift.tasks.config import load_release_config, require_named_files
+    from shiplift.tasks.pipeline.release import run_release
 
     config = load_release_config(args.config, overrides=overrides_of(args))
     require_named_files(config, args.config)  # before the power warning, which a missing dataset would garble
@@ -63,7 +63,7 @@ def release_exit(summary: dict) -> int:
 def cmd_decide(args) -> int:
     """An approver's decision on a release awaiting approval, recorded with the reason; the release then continues
     (promote after an approval, ends rejected after a rejection)."""
-    from tasks.orchestrators.approvals import answer_approval
+    from shiplift.tasks.orchestrators.approvals import answer_approval
 
     result = answer_approval(args.release, approve=args.command == "approve", reason=args.reason,
                              ledger_url=args.ledger_url, state_dir=args.state_dir)
@@ -87,9 +87,9 @@ def release_dry_run(args) -> int:
     """Every request an aws release would send, one JSON object a line; nothing is sent, no credentials needed."""
     from collections import Counter
 
-    from tasks.backends.pricing import dry_run_cost_lines
-    from tasks.cli.gate_commands import power_lines
-    from tasks.orchestrators.dry_run import plan_release, update_fit
+    from shiplift.tasks.backends.pricing import dry_run_cost_lines
+    from shiplift.tasks.cli.gate_commands import power_lines
+    from shiplift.tasks.orchestrators.dry_run import plan_release, update_fit
 
     config = aws_config(args, "--dry-run")
     requests = plan_release(config, config_path=Path(args.config), with_champion=args.with_champion)
@@ -111,9 +111,9 @@ def release_dry_run(args) -> int:
 def cmd_rollback(args) -> int:
     """Put an earlier promoted release back on production with its own rollout strategy (under the policy table's
     `rollback` step), then show what serves."""
-    from tasks.pipeline import table
-    from tasks.pipeline.promotion import rollback
-    from tasks.pipeline.release import default_actor, print_progress
+    from shiplift.tasks.pipeline import table
+    from shiplift.tasks.pipeline.promotion import rollback
+    from shiplift.tasks.pipeline.release import default_actor, print_progress
 
     result = table.attempts(table.ROLLBACK.name, lambda: rollback(
         args.state_dir, args.model, args.to, reason=args.reason, actor=args.actor or default_actor(),
@@ -131,11 +131,11 @@ def cmd_rollback(args) -> int:
 
 
 def cmd_iam(args) -> int:
-    from tasks.backends.aws.iam import policies
+    from shiplift.tasks.backends.aws.iam import policies
 
     documents = policies(aws_config(args, "`shiplift iam`"))
     if args.out:
-        from tasks.atomic import write_text_atomic
+        from shiplift.tasks.atomic import write_text_atomic
 
         for name, document in documents.items():
             write_text_atomic(Path(args.out) / name, json.dumps(document, indent=2) + "\n")
@@ -154,7 +154,7 @@ def cmd_iam(args) -> int:
 
 def cmd_cleanup(args) -> int:
     """List, or delete, what shiplift created under a prefix (named with it and carrying shiplift's tag)."""
-    from tasks.backends.registry import make_backends
+    from shiplift.tasks.backends.registry import make_backends
 
     config = aws_config(args, "`shiplift cleanup`")
     prefix = args.prefix or config.resource_prefix
@@ -179,14 +179,14 @@ def cmd_cleanup(args) -> int:
 
 def cmd_stage(args) -> int:
     """One stage (inside a Step Functions task, its outcome is also reported with the task token)."""
-    from tasks.orchestrators.task_token import reporting_to_step_functions
-    from tasks.pipeline.release import run_orchestrated_stage
+    from shiplift.tasks.orchestrators.task_token import reporting_to_step_functions
+    from shiplift.tasks.pipeline.release import run_orchestrated_stage
 
     def run() -> dict:
         result = run_orchestrated_stage(args.release, args.name, holder=args.holder, ledger_url=args.ledger_url,
                                         state_dir=args.state_dir)
         if args.result_uri:
-            from tasks.orchestrators.step_functions import publish_stage_result
+            from shiplift.tasks.orchestrators.step_functions import publish_stage_result
 
             publish_stage_result(args.result_uri, release_id=args.release, stage=args.name, result=result)
         return result

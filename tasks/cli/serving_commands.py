@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.cli.arguments import with_json, with_ledger, with_state_dir
-from tasks.cli.ledger_commands import ledger_for
-from tasks.console import cell, print_json, print_table
-from tasks.errors import BadInput, NotFound
+from shiplift.tasks.cli.arguments import with_json, with_ledger, with_state_dir
+from shiplift.tasks.cli.ledger_commands import ledger_for
+from shiplift.tasks.console import cell, print_json, print_table
+from shiplift.tasks.errors import BadInput, NotFound
 
 ENDPOINT_COLUMNS = ["endpoint", "status", "components (copies in rotation / spec)", "url"]
 
@@ -16,7 +16,7 @@ ENDPOINT_COLUMNS = ["endpoint", "status", "components (copies in rotation / spec
 def cmd_endpoints_list(args) -> int:
     """Every local endpoint under the state dir. No state there is BadInput naming where it looked (exit 2); a state
     dir whose endpoints are all gone is an empty table. Listing creates nothing."""
-    from tasks.backends.registry import local_endpoints
+    from shiplift.tasks.backends.registry import local_endpoints
 
     state_dir = Path(args.state_dir).expanduser().resolve()
     if not (state_dir / "endpoints").is_dir():
@@ -56,7 +56,7 @@ def named_endpoints(hosting, args, verb: str) -> list[str]:
 
 
 def cmd_endpoints_stop(args) -> int:
-    from tasks.backends.registry import local_endpoints
+    from shiplift.tasks.backends.registry import local_endpoints
 
     hosting = local_endpoints(args.state_dir)
     for name in named_endpoints(hosting, args, "stop"):
@@ -66,7 +66,7 @@ def cmd_endpoints_stop(args) -> int:
 
 
 def cmd_endpoints_heal(args) -> int:
-    from tasks.backends.registry import local_endpoints
+    from shiplift.tasks.backends.registry import local_endpoints
 
     hosting = local_endpoints(args.state_dir)
     for name in named_endpoints(hosting, args, "heal"):
@@ -99,7 +99,7 @@ def status_cells(row: dict) -> dict:
 def cmd_status(args) -> int:
     """What serves now per model, its gate evidence, the last release and its outcome, and the releases in progress:
     read from the ledger, changing nothing. No ledger where it looked is BadInput naming the place and the flags."""
-    from tasks.ledger.views import serving_status
+    from shiplift.tasks.ledger.views import serving_status
 
     rows = serving_status(ledger_for(args), args.model)
     if args.model and not rows:
@@ -119,7 +119,7 @@ def cmd_status(args) -> int:
 
 def add_serving_commands(sub) -> None:
     """Add `serve`, `eval`, `status` and the `endpoints` group."""
-    from tasks.families.registry import families
+    from shiplift.tasks.families.registry import families
 
     serve = sub.add_parser("serve", help="run a serving image's server locally").add_subparsers(
         dest="serve_command", required=True, metavar="SERVER")

@@ -7,18 +7,18 @@ import json
 import sys
 from pathlib import Path
 
-from tasks.cli.arguments import with_json, with_ledger, with_state_dir
-from tasks.cli.ledger_commands import ledger_for
-from tasks.cli.release_commands import print_summary, release_exit
-from tasks.console import EXIT_REJECTED, cell, print_fields, print_json, print_table
+from shiplift.tasks.cli.arguments import with_json, with_ledger, with_state_dir
+from shiplift.tasks.cli.ledger_commands import ledger_for
+from shiplift.tasks.cli.release_commands import print_summary, release_exit
+from shiplift.tasks.console import EXIT_REJECTED, cell, print_fields, print_json, print_table
 
 COLUMNS = ["name", "status", "accuracy", "ece", "p95_ms", "usd_per_hour", "usd_per_1m_decisions", "reason"]
 
 
 def cmd_plan(args) -> int:
     """The candidates, their $/h, the cost bound and the rule with its sha256; writes nothing."""
-    from tasks.sweeps.config import load_sweep
-    from tasks.sweeps.run import plan
+    from shiplift.tasks.sweeps.config import load_sweep
+    from shiplift.tasks.sweeps.run import plan
 
     planned = plan(load_sweep(args.config), parallel=args.parallel)
     if args.json:
@@ -38,9 +38,9 @@ def cmd_plan(args) -> int:
 
 def cmd_run(args) -> int:
     """Evaluate the candidates (a rerun continues), pick, and with --release-pick release the pick."""
-    from tasks.backends.registry import make_backends
-    from tasks.sweeps.config import load_sweep
-    from tasks.sweeps.run import release_pick, run_sweep
+    from shiplift.tasks.backends.registry import make_backends
+    from shiplift.tasks.sweeps.config import load_sweep
+    from shiplift.tasks.sweeps.run import release_pick, run_sweep
 
     sweep = load_sweep(args.config)
     result = run_sweep(sweep, parallel=args.parallel)
@@ -69,7 +69,7 @@ def print_sweep(result: dict) -> None:
 
 def cmd_explain(args) -> int:
     """The pick re-derived from the ledger alone, whether it agrees with the recorded one, and every verdict."""
-    from tasks.sweeps.records import SweepRecords, explanation, resolve_sweep
+    from shiplift.tasks.sweeps.records import SweepRecords, explanation, resolve_sweep
 
     ledger = ledger_for(args)
     found = explanation(SweepRecords.load(ledger, resolve_sweep(ledger, args.sweep)))
@@ -97,8 +97,8 @@ def _picked(pick: dict | None, absent: str) -> str:
 
 def cmd_report(args) -> int:
     """Write the sweep report (sweep-report.json, report.html) from the ledger's records."""
-    from tasks.sweeps.records import SweepRecords, resolve_sweep
-    from tasks.sweeps.report import write_report
+    from shiplift.tasks.sweeps.records import SweepRecords, resolve_sweep
+    from shiplift.tasks.sweeps.report import write_report
 
     ledger = ledger_for(args)
     records = SweepRecords.load(ledger, resolve_sweep(ledger, args.sweep))

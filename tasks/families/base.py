@@ -18,15 +18,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from tasks.backends.image_source import server_command
-from tasks.backends.placement import MemoryEstimate
-from tasks.config_types import DatasetRef, Sha256, Strict
-from tasks.console import EXIT_REJECTED, print_fields, print_json
-from tasks.errors import CapacityError, ConfigError
-from tasks.ledger.stage_results import KeptRef
-from validation.evaluate import GateOutcome, Target, lost_requests
-from validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
-from validation.thresholds import ChampionRule, DecisionRule
+from shiplift.tasks.backends.image_source import server_command
+from shiplift.tasks.backends.placement import MemoryEstimate
+from shiplift.tasks.config_types import DatasetRef, Sha256, Strict
+from shiplift.tasks.console import EXIT_REJECTED, print_fields, print_json
+from shiplift.tasks.errors import CapacityError, ConfigError
+from shiplift.tasks.ledger.stage_results import KeptRef
+from shiplift.validation.evaluate import GateOutcome, Target, lost_requests
+from shiplift.validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
+from shiplift.validation.thresholds import ChampionRule, DecisionRule
 
 
 class ArtifactConfig(Strict):

@@ -20,10 +20,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from images.common.chat_templates import inferred_template
-from tasks.config_types import Strict
-from tasks.errors import BadInput, ConfigError
-from tasks.families.base import (
+from shiplift.images.common.chat_templates import inferred_template
+from shiplift.tasks.config_types import Strict
+from shiplift.tasks.errors import BadInput, ConfigError
+from shiplift.tasks.families.base import (
     AdoptedImageConfig,
     BuiltModel,
     GateConfig,
@@ -32,8 +32,8 @@ from tasks.families.base import (
     optional_env,
     recorded_fields,
 )
-from tasks.families.gguf_decisions import GgufDecisions, run_jevbench_eval
-from validation.thresholds import DecisionThresholds
+from shiplift.tasks.families.gguf_decisions import GgufDecisions, run_jevbench_eval
+from shiplift.validation.thresholds import DecisionThresholds
 
 # llama-server's built-in --chat-template names that the local stand-in maps onto llama-cpp-python's chat formats.
 CHAT_TEMPLATES = ("chatml", "gemma", "llama2", "llama3", "mistral-v1", "zephyr", "vicuna", "openchat")
@@ -180,7 +180,7 @@ class GgufChat(GgufDecisions):
         return image.server.ctx_size
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
-        from tasks.artifacts.packaging import package_gguf
+        from shiplift.tasks.artifacts.packaging import package_gguf
 
         return package_gguf(built_model, out_dir, manifest=manifest,
                             member_name=f"{manifest['build']['model_sha256']}.gguf")
@@ -189,7 +189,7 @@ class GgufChat(GgufDecisions):
         raise ConfigError("a chat release fits no temperature", fix="leave calibration.fit_temperature false")
 
     def readout(self, validation: ChatDecisionGateConfig):
-        from validation.decisions.chat_readout import ChatReadout
+        from shiplift.validation.decisions.chat_readout import ChatReadout
 
         return ChatReadout(validation.top_logprobs, validation.shots)
 
@@ -234,7 +234,7 @@ def _serve(args) -> int:
 
 def _eval(args) -> int:
     """`shiplift eval chat`: score JevBench-format tasks through chat completions, against a champion if given."""
-    from validation.decisions.chat_readout import EXAMPLES, MAX_TOP_LOGPROBS, ChatReadout
+    from shiplift.validation.decisions.chat_readout import EXAMPLES, MAX_TOP_LOGPROBS, ChatReadout
 
     if not 1 <= args.top_logprobs <= MAX_TOP_LOGPROBS:
         raise BadInput(f"--top-logprobs {args.top_logprobs} is outside 1..{MAX_TOP_LOGPROBS}",

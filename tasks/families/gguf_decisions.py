@@ -13,10 +13,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
-from tasks.config_types import Sha256, Strict
-from tasks.errors import BadInput, ConfigError, IntegrityError
-from tasks.families.base import (
+from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
+from shiplift.tasks.config_types import Sha256, Strict
+from shiplift.tasks.errors import BadInput, ConfigError, IntegrityError
+from shiplift.tasks.families.base import (
     ArtifactConfig,
     BuiltImageConfig,
     BuiltModel,
@@ -32,9 +32,9 @@ from tasks.families.base import (
     recorded_fields,
     server_env,
 )
-from tasks.hashing import sha256_file
-from validation.evaluate import GateOutcome
-from validation.thresholds import DecisionThresholds
+from shiplift.tasks.hashing import sha256_file
+from shiplift.validation.evaluate import GateOutcome
+from shiplift.validation.thresholds import DecisionThresholds
 
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
@@ -158,7 +158,7 @@ class GgufDecisions(ModelFamily):
         if source.kind == "generated":
             path, description = _generate(source, cache)
             return path, source.sha256, description
-        from tasks.artifacts.gguf import resolve_source
+        from shiplift.tasks.artifacts.gguf import resolve_source
 
         resolved = resolve_source(source, cache, ctx.config_dir)
         return resolved.path, source.sha256, resolved.description
@@ -178,7 +178,7 @@ class GgufDecisions(ModelFamily):
         return self.source_file_name(artifact)
 
     def build(self, ctx) -> BuiltModel:
-        from tasks.artifacts.gguf import build_gguf
+        from shiplift.tasks.artifacts.gguf import build_gguf
 
         artifact = ctx.config.artifact
         source = ctx.local_ref(ctx.result("resolve").source_ref)
@@ -212,15 +212,15 @@ class GgufDecisions(ModelFamily):
         return image.max_tokens
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
-        from tasks.artifacts.packaging import package_gguf
+        from shiplift.tasks.artifacts.packaging import package_gguf
 
         extra = {"calibration.json": calibration} if calibration else None
         return package_gguf(built_model, out_dir, manifest=manifest, extra_files=extra)
 
     def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
-        from validation.datasets import load_decision_dataset
-        from validation.evaluate import progress_counter
-        from validation.runner import run_decisions
+        from shiplift.validation.datasets import load_decision_dataset
+        from shiplift.validation.evaluate import progress_counter
+        from shiplift.validation.runner import run_decisions
 
         dataset = load_decision_dataset(path, name="calibration", splits=splits)
         predictions = run_decisions(invoker, dataset.tasks, concurrency=settings.concurrency,
@@ -231,8 +231,8 @@ class GgufDecisions(ModelFamily):
 
     def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, progress, title: str,
                  context=None, built=None) -> GateOutcome:
-        from validation.datasets import load_decision_dataset
-        from validation.decisions.evaluate import evaluate_decisions
+        from shiplift.validation.datasets import load_decision_dataset
+        from shiplift.validation.decisions.evaluate import evaluate_decisions
 
         datasets = [load_decision_dataset(path, name=f"dataset{i}", splits=splits) for i,
                     (path, splits) in enumerate(paths)]
@@ -244,10 +244,10 @@ class GgufDecisions(ModelFamily):
     def reserve(self, validation, config_dir: Path, settings, progress=None):
         """The reserve's JevBench-format tasks, scored through the family's readout (`readout`: SemIf's, or the chat
         path's for `GgufChat`)."""
-        from validation.datasets import load_decision_dataset
-        from validation.decisions.evaluate import DECISION_REPORT
-        from validation.extension import Reserve
-        from validation.runner import run_decisions
+        from shiplift.validation.datasets import load_decision_dataset
+        from shiplift.validation.decisions.evaluate import DECISION_REPORT
+        from shiplift.validation.extension import Reserve
+        from shiplift.validation.runner import run_decisions
 
         datasets = [load_decision_dataset(ref.resolve(config_dir), name=f"reserve{i}", splits=ref.splits)
                     for i, ref in enumerate(validation.inconclusive.extend.datasets)]
@@ -262,7 +262,7 @@ class GgufDecisions(ModelFamily):
                        datasets=[dataset.evidence() for dataset in datasets], parts=DECISION_REPORT)
 
     def invocation_bodies(self, validation: DecisionGateConfig, paths) -> list[bytes]:
-        from validation.datasets import load_decision_dataset
+        from shiplift.validation.datasets import load_decision_dataset
 
         readout = self.readout(validation)
         return [readout.body(task) for i, (path, splits) in enumerate(paths)
@@ -277,14 +277,14 @@ class GgufDecisions(ModelFamily):
         return {}
 
     def readout(self, validation: DecisionGateConfig):
-        from validation.runner import SEMIF
+        from shiplift.validation.runner import SEMIF
 
         return SEMIF
 
     def online_gate(self, invoker, validation: DecisionGateConfig, gate, *, config_dir: Path,
                     candidate_model_sha256: str):
-        from validation.datasets import load_decision_dataset
-        from validation.online_gate import OnlineGate
+        from shiplift.validation.datasets import load_decision_dataset
+        from shiplift.validation.online_gate import OnlineGate
 
         tasks = [task for i, ref in enumerate(validation.datasets)
                  for task in load_decision_dataset(ref.resolve(config_dir), name=f"dataset{i}", splits=ref.splits).tasks
@@ -328,7 +328,7 @@ def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: boo
 
 
 def _generate(source: GeneratedSource, cache: Path) -> tuple[Path, dict]:
-    from tasks.artifacts.tiny_gguf import write_tiny_gguf
+    from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
 
     path = cache / f"generated-{source.sha256[:16]}.gguf"
     if not path.is_file():
@@ -339,7 +339,7 @@ def _generate(source: GeneratedSource, cache: Path) -> tuple[Path, dict]:
         raise IntegrityError(
             f"generated tiny model (seed {source.seed}) has sha256 {actual}, config pins {source.sha256}",
             fix="the generator or its gguf version changed; regenerate the pin with `python -m "
-                "tasks.artifacts.tiny_gguf`",
+                "shiplift.tasks.artifacts.tiny_gguf`",
         )
     return path, {"kind": "generated", "seed": source.seed, "dtype": source.dtype}
 
@@ -358,7 +358,7 @@ def _serve(args) -> int:
 
 def _eval(args) -> int:
     """`shiplift eval jevbench`: score JevBench-format tasks on any SemIf endpoint, against a champion if given."""
-    from validation.runner import SEMIF
+    from shiplift.validation.runner import SEMIF
 
     return run_jevbench_eval(args, SEMIF, title=f"JevBench evaluation of {args.endpoint}")
 
@@ -369,10 +369,10 @@ DECISION_FLAGS = {"min_accuracy": "--min-accuracy", "max_ece": "--max-ece", "min
 
 def run_jevbench_eval(args, readout, *, title: str) -> int:
     """An `eval` command on JevBench-format tasks through `readout` (SemIf's or the chat path's): report and summary."""
-    from validation.datasets import load_decision_dataset
-    from validation.decisions.evaluate import evaluate_decisions
-    from validation.evaluate import RunSettings
-    from validation.thresholds import ChampionRule
+    from shiplift.validation.datasets import load_decision_dataset
+    from shiplift.validation.decisions.evaluate import evaluate_decisions
+    from shiplift.validation.evaluate import RunSettings
+    from shiplift.validation.thresholds import ChampionRule
 
     datasets = [load_decision_dataset(Path(p).resolve(), name=Path(p).stem, splits=args.split or None)
                 for p in args.data]

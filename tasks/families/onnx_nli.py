@@ -20,10 +20,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
-from tasks.config_types import DatasetRef, Sha256, Strict
-from tasks.errors import BadInput, ConfigError, IntegrityError
-from tasks.families.base import (
+from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
+from shiplift.tasks.config_types import DatasetRef, Sha256, Strict
+from shiplift.tasks.errors import BadInput, ConfigError, IntegrityError
+from shiplift.tasks.families.base import (
     ArtifactConfig,
     BuiltImageConfig,
     BuiltModel,
@@ -39,9 +39,9 @@ from tasks.families.base import (
     recorded_fields,
     server_env,
 )
-from tasks.hashing import sha256_file, sha256_json, sha256_tree
-from validation.evaluate import GateOutcome
-from validation.thresholds import NliThresholds
+from shiplift.tasks.hashing import sha256_file, sha256_json, sha256_tree
+from shiplift.validation.evaluate import GateOutcome
+from shiplift.validation.thresholds import NliThresholds
 
 
 class CheckpointPathSource(Strict):
@@ -129,8 +129,8 @@ class OnnxArtifact(ArtifactConfig):
 def int8_settings(artifact: OnnxArtifact, config_dir: Path):
     """(Int8Spec, CalibrationSet | None) for `artifact`, or (None, None) without int8: what build and the bench
     export."""
-    from tasks.artifacts.onnx_export import Int8Spec, calibration_set
-    from validation.nli.evaluate import load_nli_dataset
+    from shiplift.tasks.artifacts.onnx_export import Int8Spec, calibration_set
+    from shiplift.validation.nli.evaluate import load_nli_dataset
 
     if not artifact.int8:
         return None, None
@@ -206,7 +206,7 @@ class OnnxNli(ModelFamily):
 
     def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:
         """A sequence-classification checkpoint folder: given by path, or trained here for the offline demo."""
-        from tasks.artifacts.onnx_export import check_checkpoint
+        from shiplift.tasks.artifacts.onnx_export import check_checkpoint
 
         source = ctx.config.artifact.source
         if source.kind == "huggingface":
@@ -229,7 +229,7 @@ class OnnxNli(ModelFamily):
         return path, digest, description
 
     def source_file_name(self, artifact: OnnxArtifact) -> str:
-        from tasks.artifacts.packaging import FOLDER_ARCHIVE
+        from shiplift.tasks.artifacts.packaging import FOLDER_ARCHIVE
 
         return FOLDER_ARCHIVE
 
@@ -237,8 +237,8 @@ class OnnxNli(ModelFamily):
         return self.source_file_name(artifact)
 
     def build(self, ctx) -> BuiltModel:
-        from tasks.artifacts.onnx_export import export_onnx, parity_check, require_parity
-        from validation.nli.evaluate import load_nli_dataset
+        from shiplift.tasks.artifacts.onnx_export import export_onnx, parity_check, require_parity
+        from shiplift.validation.nli.evaluate import load_nli_dataset
 
         artifact = ctx.config.artifact
         source = ctx.result("resolve")
@@ -285,7 +285,7 @@ class OnnxNli(ModelFamily):
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
         """The exported folder plus calibration.json, staged with hard links (never edits the build output)."""
-        from tasks.artifacts.packaging import package_model_dir
+        from shiplift.tasks.artifacts.packaging import package_model_dir
 
         staging = out_dir / "staging"
         if staging.exists():
@@ -302,9 +302,9 @@ class OnnxNli(ModelFamily):
             shutil.rmtree(staging)
 
     def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
-        from validation.evaluate import progress_counter
-        from validation.nli.evaluate import load_nli_dataset
-        from validation.nli.runner import run_pairs
+        from shiplift.validation.evaluate import progress_counter
+        from shiplift.validation.nli.evaluate import load_nli_dataset
+        from shiplift.validation.nli.runner import run_pairs
 
         dataset = load_nli_dataset(path, name="calibration", splits=splits)
         run = run_pairs(invoker, dataset.pairs, batch_size=settings.batch_size, timeout_s=settings.request_timeout_s,
@@ -316,7 +316,7 @@ class OnnxNli(ModelFamily):
                  context=None, built=None) -> GateOutcome:
         """The NLI gate; a served int8 graph's accuracy budget against fp32, as the build judged it, is one of its
         checks."""
-        from validation.nli.evaluate import evaluate_nli, load_nli_dataset
+        from shiplift.validation.nli.evaluate import evaluate_nli, load_nli_dataset
 
         datasets = [load_nli_dataset(path, name=f"dataset{i}", splits=splits) for i, (path, splits) in enumerate(paths)]
         return GateOutcome.of(evaluate_nli(
@@ -328,9 +328,9 @@ class OnnxNli(ModelFamily):
     def reserve(self, validation: NliGateConfig, config_dir: Path, settings, progress=None):
         """The reserve's NLI pairs (e.g. `builtin:nli` split `reserve`), checked as the gate's datasets are and scored
         as the gate scores its pairs: in batches of `validation.batch_size` pairs a request."""
-        from validation.extension import Reserve
-        from validation.nli.evaluate import NLI_REPORT, load_nli_dataset
-        from validation.nli.runner import run_pairs
+        from shiplift.validation.extension import Reserve
+        from shiplift.validation.nli.evaluate import NLI_REPORT, load_nli_dataset
+        from shiplift.validation.nli.runner import run_pairs
 
         datasets = [load_nli_dataset(ref.resolve(config_dir), name=f"reserve{i}", splits=ref.splits)
                     for i, ref in enumerate(validation.inconclusive.extend.datasets)]
@@ -350,8 +350,8 @@ class OnnxNli(ModelFamily):
         return {"macro_f1": metrics["nli"]["macro_f1"]["value"]}
 
     def invocation_bodies(self, validation: NliGateConfig, paths) -> list[bytes]:
-        from validation.nli.evaluate import load_nli_dataset
-        from validation.nli.runner import batches_of, pairs_body
+        from shiplift.validation.nli.evaluate import load_nli_dataset
+        from shiplift.validation.nli.runner import batches_of, pairs_body
 
         return [pairs_body(batch) for i, (path, splits) in enumerate(paths)
                 for batch in batches_of(load_nli_dataset(path, name=f"dataset{i}", splits=splits).pairs,
@@ -392,7 +392,7 @@ def onnx_memory(weights_bytes: int, *, max_batch: int, max_len: int, hidden: int
 def served_graph(image: EncoderImage, export: dict, parity: dict, probe: DatasetRef) -> dict:
     """What the manifest and the ledger say answered the gate: the engine, the graph file the image serves, how that
     graph was made, and the int8-vs-fp32 accuracy budget as the build judged it (on `probe`)."""
-    from tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE
+    from shiplift.tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE
 
     int8 = image.variant == "int8"
     quantization = export.get("quantization") or {}
@@ -422,8 +422,8 @@ def int8_budget_checks(info: dict) -> list[dict]:
 
 def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
     """Train the demo NLI head once per recipe (package version, data digest, epochs, seed); reuse it after."""
-    from tasks.artifacts.nli_train import train_nli
-    from validation.nli.pairs import load_nli
+    from shiplift.tasks.artifacts.nli_train import train_nli
+    from shiplift.validation.nli.pairs import load_nli
 
     installed = metadata.version(source.base_package)
     if installed != source.base_version:
@@ -451,11 +451,11 @@ def _trained(ctx, source: TrainedNliSource, cache: Path) -> tuple[Path, dict]:
 
 def training_recipe(source: TrainedNliSource, installed_version: str, data_sha256: str) -> dict:
     """Everything that decides the trained weights, including the trainer's own code."""
-    import tasks.artifacts.nli_train
+    from shiplift.tasks.artifacts import nli_train
 
     return {
         "base": [source.base_package, installed_version], "data": data_sha256,
-        "trainer": sha256_file(tasks.artifacts.nli_train.__file__),
+        "trainer": sha256_file(nli_train.__file__),
         "epochs": source.epochs, "seed": source.seed, "learning_rate": source.learning_rate,
         "batch_size": source.batch_size,
     }
@@ -476,9 +476,9 @@ def _serve(args) -> int:
 
 def _eval(args) -> int:
     """`shiplift eval nli`: score NLI pairs on any encoder endpoint, against a champion if given."""
-    from validation.evaluate import RunSettings
-    from validation.nli.evaluate import evaluate_nli, load_nli_dataset
-    from validation.thresholds import ChampionRule
+    from shiplift.validation.evaluate import RunSettings
+    from shiplift.validation.nli.evaluate import evaluate_nli, load_nli_dataset
+    from shiplift.validation.thresholds import ChampionRule
 
     datasets = [load_nli_dataset(Path(p), name=Path(p).stem, splits=args.split or None) for p in args.data]
     thresholds = evaluation_thresholds(args, NliThresholds, {

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from tasks.errors import ConfigError
-from tasks.families.base import ModelFamily, missing_steps
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.families.base import ModelFamily, missing_steps
 
-BUILTIN = ("tasks.families.gguf_decisions", "tasks.families.gguf_chat", "tasks.families.onnx_nli")
+BUILTIN = ("shiplift.tasks.families.gguf_decisions", "shiplift.tasks.families.gguf_chat",
+           "shiplift.tasks.families.onnx_nli")
 _families: dict[tuple[str, str], ModelFamily] = {}
 _builtin_keys: set[tuple[str, str]] = set()
 
@@ -38,7 +39,7 @@ def admit(family_class: type[ModelFamily]) -> ModelFamily:
     missing = missing_steps(family_class)
     if missing:
         raise ConfigError(f"model family {family_class.__name__} lacks {', '.join(missing)}",
-                          fix="define them (tasks.families.base.ModelFamily says what each one does)")
+                          fix="define them (shiplift.tasks.families.base.ModelFamily says what each one does)")
     return family_class()
 
 

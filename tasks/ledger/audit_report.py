@@ -17,12 +17,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tasks.atomic import write_text_atomic
-from tasks.ledger.checkpoints import verdict_lines
-from tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
-from tasks.ledger.records import StepRecord, as_result, is_promotion, promotion
-from tasks.ledger.stage_results import ValidateResult
-from tasks.ledger.views import (
+from shiplift.tasks.atomic import write_text_atomic
+from shiplift.tasks.ledger.checkpoints import verdict_lines
+from shiplift.tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
+from shiplift.tasks.ledger.records import StepRecord, as_result, is_promotion, promotion
+from shiplift.tasks.ledger.stage_results import ValidateResult
+from shiplift.tasks.ledger.views import (
     CHECK_COLUMNS,
     check_cells,
     cost_per_hour,
@@ -33,9 +33,9 @@ from tasks.ledger.views import (
     release_row,
     require_records,
 )
-from validation import charts
-from validation.gate_report import cost_rows, rule_text
-from validation.gates import RATIO, summary_line
+from shiplift.validation import charts
+from shiplift.validation.gate_report import cost_rows, rule_text
+from shiplift.validation.gates import RATIO, summary_line
 
 REPORT_FILE = "index.html"
 CSS = """

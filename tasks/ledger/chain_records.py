@@ -18,9 +18,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tasks.errors import BadInput
-from tasks.hashing import canonical_json, sha256_json
-from tasks.secret_keys import looks_secret
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import canonical_json, sha256_json
+from shiplift.tasks.secret_keys import looks_secret
 
 GENESIS_HASH = "0" * 64
 RECORD_FIELDS = (

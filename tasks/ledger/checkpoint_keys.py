@@ -16,8 +16,8 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tasks.errors import ConfigError, IntegrityError, NotFound
-from tasks.hashing import canonical_json
+from shiplift.tasks.errors import ConfigError, IntegrityError, NotFound
+from shiplift.tasks.hashing import canonical_json
 
 KEY_ENV = "SHIPLIFT_CHECKPOINT_KEY"
 DEFAULT_KEY = Path("~/.config/shiplift/ledger-ed25519.pem")

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from tasks.errors import BadInput
-from tasks.hashing import canonical_json
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import canonical_json
 
 WITNESS_ENV = "SHIPLIFT_CHECKPOINT_WITNESS"
 LOG_NAME = "ledger-checkpoints.jsonl"

@@ -33,10 +33,10 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.ledger import merkle
-from tasks.ledger.chain_records import content_hash
-from tasks.ledger.checkpoint_keys import (
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from shiplift.tasks.ledger import merkle
+from shiplift.tasks.ledger.chain_records import content_hash
+from shiplift.tasks.ledger.checkpoint_keys import (
     DEFAULT_KEY,
     KEY_ENV,
     PrivateKeySigner,
@@ -50,7 +50,7 @@ from tasks.ledger.checkpoint_keys import (
     public_pem,
     read_public_key,
 )
-from tasks.ledger.checkpoint_log import (
+from shiplift.tasks.ledger.checkpoint_log import (
     LOG_NAME,
     VERSION,
     WITNESS_ENV,
@@ -64,8 +64,8 @@ from tasks.ledger.checkpoint_log import (
     read_entry,
     serialise,
 )
-from tasks.ledger.events import CHECKPOINTED, LEDGER
-from tasks.ledger.inclusion_proofs import COVERS, PROOF_FIX, check_proof, proof_records
+from shiplift.tasks.ledger.events import CHECKPOINTED, LEDGER
+from shiplift.tasks.ledger.inclusion_proofs import COVERS, PROOF_FIX, check_proof, proof_records
 
 __all__ = [  # the public face: importers name these from tasks.ledger.checkpoints
     "COVERS", "DEFAULT_KEY", "KEY_ENV", "LOG_NAME", "PROOF_FIX", "VERSION", "WITNESS_ENV", "Checkpoint",

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 from sqlalchemy import exc as sa_exc
 
-from tasks.errors import ConfigError
+from shiplift.tasks.errors import ConfigError
 
 WRITE_LOCK_TIMEOUT_S = 30
 CONNECT_TIMEOUT_S = 10

@@ -10,11 +10,11 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from tasks.errors import BadInput
-from tasks.ledger import merkle
-from tasks.ledger.chain_records import RECORD_FIELDS, content_hash
-from tasks.ledger.checkpoint_keys import key_id_of
-from tasks.ledger.checkpoint_log import Checkpoint, parse_checkpoint
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.ledger import merkle
+from shiplift.tasks.ledger.chain_records import RECORD_FIELDS, content_hash
+from shiplift.tasks.ledger.checkpoint_keys import key_id_of
+from shiplift.tasks.ledger.checkpoint_log import Checkpoint, parse_checkpoint
 
 PROOF_FIX = "pass the file `shiplift ledger prove RELEASE --out FILE` wrote, unedited"
 

@@ -20,9 +20,9 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
-from tasks.errors import BadInput, LeaseHeld, LeaseLost
-from tasks.ledger.chain_records import require_text
-from tasks.ledger.timestamps import format_utc, parse_utc, utcnow
+from shiplift.tasks.errors import BadInput, LeaseHeld, LeaseLost
+from shiplift.tasks.ledger.chain_records import require_text
+from shiplift.tasks.ledger.timestamps import format_utc, parse_utc, utcnow
 
 MAX_LEASE_TTL_S = 7 * 24 * 3600
 

@@ -14,8 +14,8 @@ from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from tasks.ledger import events
-from tasks.ledger.stage_results import RESULTS, PromoteResult, StageResult
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.stage_results import RESULTS, PromoteResult, StageResult
 
 R = TypeVar("R", bound=StageResult)
 RECORD_ONLY_KEYS = ("config_hash", "release_id", "seconds")  # what a stage record adds around the result

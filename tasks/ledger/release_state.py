@@ -7,10 +7,10 @@ the history reads (`tasks.ledger.views`, the CLI's `status`, the audit report): 
 
 from __future__ import annotations
 
-from tasks.errors import NotFound
-from tasks.ledger import events
-from tasks.ledger.records import RECORD_ONLY_KEYS, Failure, Opened, Options, recorded_or_empty, stage_payload
-from tasks.ledger.stage_results import (
+from shiplift.tasks.errors import NotFound
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.records import RECORD_ONLY_KEYS, Failure, Opened, Options, recorded_or_empty, stage_payload
+from shiplift.tasks.ledger.stage_results import (
     BuildResult,
     DeployResult,
     ImageResult,

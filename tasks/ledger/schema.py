@@ -23,8 +23,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
-from tasks.errors import ConfigError
-from tasks.ledger.migrations import BASELINE_REVISION, baseline_tables
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.migrations import BASELINE_REVISION, baseline_tables
 
 SCRIPT_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "shiplift_ledger_version"

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.errors import NotFound
-from tasks.ledger.events import SUCCEEDED
+from shiplift.tasks.errors import NotFound
+from shiplift.tasks.ledger.events import SUCCEEDED
 
 
 class StageResult(BaseModel):

@@ -50,10 +50,10 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from tasks.atomic import write_text_atomic
-from tasks.errors import BadInput, IntegrityError, NotFound, NotReady, ShipliftError
-from tasks.hashing import canonical_json
-from tasks.ledger.chain_records import (
+from shiplift.tasks.atomic import write_text_atomic
+from shiplift.tasks.errors import BadInput, IntegrityError, NotFound, NotReady, ShipliftError
+from shiplift.tasks.hashing import canonical_json
+from shiplift.tasks.ledger.chain_records import (
     GENESIS_HASH,
     Record,
     VerifyResult,
@@ -64,7 +64,7 @@ from tasks.ledger.chain_records import (
     require_text,
     walk_chain,
 )
-from tasks.ledger.database import (
+from shiplift.tasks.ledger.database import (
     RESTORE_FIX,
     WRITE_LOCK_TIMEOUT_S,
     absent_wal_sidecars,
@@ -74,11 +74,11 @@ from tasks.ledger.database import (
     refused_as_read_only,
     wal_sidecars,
 )
-from tasks.ledger.events import SUCCEEDED
-from tasks.ledger.leases import Lease, LeaseBook
-from tasks.ledger.migrations import head_tables
-from tasks.ledger.schema import migrate, read_problem, revision_of
-from tasks.ledger.timestamps import as_utc_text, recorded_at
+from shiplift.tasks.ledger.events import SUCCEEDED
+from shiplift.tasks.ledger.leases import Lease, LeaseBook
+from shiplift.tasks.ledger.migrations import head_tables
+from shiplift.tasks.ledger.schema import migrate, read_problem, revision_of
+from shiplift.tasks.ledger.timestamps import as_utc_text, recorded_at
 
 PROMOTE_STAGE = "promote"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from tasks.errors import BadInput, ConfigError, IntegrityError
+from shiplift.tasks.errors import BadInput, ConfigError, IntegrityError
 
 MAX_CLOCK_SKEW_S = 5.0
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"

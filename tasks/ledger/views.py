@@ -13,9 +13,9 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from tasks.console import SHORTENED_MARK, flatten
-from tasks.errors import BadInput, NotFound
-from tasks.ledger.events import (
+from shiplift.tasks.console import SHORTENED_MARK, flatten
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.tasks.ledger.events import (
     APPROVAL,
     AWAITING_APPROVAL,
     BAKE,
@@ -33,7 +33,7 @@ from tasks.ledger.events import (
     VALIDATE,
     VERDICT,
 )
-from tasks.ledger.records import (
+from shiplift.tasks.ledger.records import (
     Approval,
     Failure,
     OnlineGateEvidence,
@@ -47,8 +47,8 @@ from tasks.ledger.records import (
     recorded,
     stage_payload,
 )
-from tasks.ledger.release_state import ReleaseState, release_summary
-from tasks.ledger.stage_results import (
+from shiplift.tasks.ledger.release_state import ReleaseState, release_summary
+from shiplift.tasks.ledger.stage_results import (
     BuildResult,
     ImageResult,
     PackageResult,
@@ -56,7 +56,7 @@ from tasks.ledger.stage_results import (
     ResolveResult,
     ValidateResult,
 )
-from tasks.ledger.timestamps import moment_text
+from shiplift.tasks.ledger.timestamps import moment_text
 
 
 def _states(records: list) -> list[ReleaseState]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tasks.orchestrators.task_token import decide_for_execution
-from tasks.pipeline.approval import decide, waiting_execution
-from tasks.pipeline.release import (
+from shiplift.tasks.orchestrators.task_token import decide_for_execution
+from shiplift.tasks.pipeline.approval import decide, waiting_execution
+from shiplift.tasks.pipeline.release import (
     Progress,
     holding_lease,
     in_policy,
@@ -21,7 +21,7 @@ from tasks.pipeline.release import (
     run_holder,
     run_stages,
 )
-from tasks.pipeline.table import APPROVAL_DECISION
+from shiplift.tasks.pipeline.table import APPROVAL_DECISION
 
 
 def answer_approval(release_id: str, *, approve: bool, reason: str, actor: str | None = None,

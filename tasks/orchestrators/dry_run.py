@@ -26,28 +26,34 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts.packaging import ARCHIVE_NAME, PackagedModel
-from tasks.backends.aws.base_images import docker_hub_note
-from tasks.backends.aws.checkpoint_store import S3CheckpointStore
-from tasks.backends.aws.hosting_requests import VARIANT, tags
-from tasks.backends.aws.published_images import resolve_request
-from tasks.backends.aws.recording_session import FreshAccount, Plan, Request, placeholder_hex, recording_session
-from tasks.backends.capacity import room
-from tasks.backends.interfaces import ComponentSpec, ModelRef
-from tasks.backends.placement import MemoryEstimate
-from tasks.backends.registry import checkpoint_parts, make_backends
-from tasks.families.base import AdoptedImageConfig, BuiltModel
-from tasks.hashing import sha256_file
-from tasks.ledger import events
-from tasks.ledger.checkpoints import CheckpointLog, PrivateKeySigner, checkpoint, load_private_key
-from tasks.ledger.records import stage_payload
-from tasks.ledger.stage_results import DeployResult
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import finish, open_loaded, release_id_for, run_stage
-from tasks.pipeline.stages.common import compute, production_component, production_endpoint
-from tasks.pipeline.table import STAGES
-from validation.evaluate import GateOutcome
-from validation.runner import Prediction
+from shiplift.tasks.artifacts.packaging import ARCHIVE_NAME, PackagedModel
+from shiplift.tasks.backends.aws.base_images import docker_hub_note
+from shiplift.tasks.backends.aws.checkpoint_store import S3CheckpointStore
+from shiplift.tasks.backends.aws.hosting_requests import VARIANT, tags
+from shiplift.tasks.backends.aws.published_images import resolve_request
+from shiplift.tasks.backends.aws.recording_session import (
+    FreshAccount,
+    Plan,
+    Request,
+    placeholder_hex,
+    recording_session,
+)
+from shiplift.tasks.backends.capacity import room
+from shiplift.tasks.backends.interfaces import ComponentSpec, ModelRef
+from shiplift.tasks.backends.placement import MemoryEstimate
+from shiplift.tasks.backends.registry import checkpoint_parts, make_backends
+from shiplift.tasks.families.base import AdoptedImageConfig, BuiltModel
+from shiplift.tasks.hashing import sha256_file
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.checkpoints import CheckpointLog, PrivateKeySigner, checkpoint, load_private_key
+from shiplift.tasks.ledger.records import stage_payload
+from shiplift.tasks.ledger.stage_results import DeployResult
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import finish, open_loaded, release_id_for, run_stage
+from shiplift.tasks.pipeline.stages.common import compute, production_component, production_endpoint
+from shiplift.tasks.pipeline.table import STAGES
+from shiplift.validation.evaluate import GateOutcome
+from shiplift.validation.runner import Prediction
 
 MEMORY_MB = 1024  # stands in for the memory one copy needs, which the build measures
 CALIBRATION_ANSWERS = 12  # made-up answers a temperature fit stands on (it wants at least 10)

@@ -26,14 +26,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks.config import ReleaseConfig
-from tasks.errors import BadInput, ConfigError, Conflict
-from tasks.ledger.events import STAGES
-from tasks.orchestrators.step_functions_defer import deferred_command
-from tasks.orchestrators.step_functions_deploy import definition_json, deploy_state_machine, verify_task_definition
-from tasks.orchestrators.step_functions_policies import approver_policy, state_machine_role_policy
-from tasks.orchestrators.step_functions_runner import RunnerSettings, load_runner_settings
-from tasks.orchestrators.step_functions_tasks import (
+from shiplift.tasks.config import ReleaseConfig
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict
+from shiplift.tasks.ledger.events import STAGES
+from shiplift.tasks.orchestrators.step_functions_defer import deferred_command
+from shiplift.tasks.orchestrators.step_functions_deploy import (
+    definition_json,
+    deploy_state_machine,
+    verify_task_definition,
+)
+from shiplift.tasks.orchestrators.step_functions_policies import approver_policy, state_machine_role_policy
+from shiplift.tasks.orchestrators.step_functions_runner import RunnerSettings, load_runner_settings
+from shiplift.tasks.orchestrators.step_functions_tasks import (
     approval_timed_out_command,
     approval_token_prefix,
     await_approval_command,
@@ -44,9 +48,14 @@ from tasks.orchestrators.step_functions_tasks import (
     stage_command,
     state_machine_name,
 )
-from tasks.orchestrators.task_token import HEARTBEAT_EVERY_S, HEARTBEAT_TIMEOUT, TOKEN_ENV, retryable_error_names
-from tasks.pipeline.release import release_id_for
-from tasks.pipeline.table import (
+from shiplift.tasks.orchestrators.task_token import (
+    HEARTBEAT_EVERY_S,
+    HEARTBEAT_TIMEOUT,
+    TOKEN_ENV,
+    retryable_error_names,
+)
+from shiplift.tasks.pipeline.release import release_id_for
+from shiplift.tasks.pipeline.table import (
     APPROVAL,
     APPROVAL_DECISION,
     APPROVAL_REQUEST,

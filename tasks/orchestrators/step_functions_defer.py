@@ -1,9 +1,8 @@
 """A deferred stage's two short Task commands in the state machine (the table's `defers`, docs/step-functions.md): the
 start, and one poll that publishes `{done, status, left_s}` to S3 for the Choice after it. They run in the pipeline
-image as `python -m tasks.orchestrators.step_functions_defer start|poll STAGE --release … --ledger-url … --holder …`
-and report their outcome with the task token, as `shiplift stage` does; the stage itself, once a poll said done, is an
-ordinary `shiplift stage` task that finds the work done and records its result.
-"""
+image as `python -m shiplift.tasks.orchestrators.step_functions_defer start|poll STAGE --release … --ledger-url …
+--holder …` and report their outcome with the task token, as `shiplift stage` does; the stage itself, once a poll said
+done, is an ordinary `shiplift stage` task that finds the work done and records its result."""
 
 from __future__ import annotations
 
@@ -11,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tasks.orchestrators.step_functions_tasks import publish_stage_result
-from tasks.orchestrators.task_token import reporting_to_step_functions
-from tasks.pipeline.deferred import poll_orchestrated, start_orchestrated
-from tasks.pipeline.table import STAGES
+from shiplift.tasks.orchestrators.step_functions_tasks import publish_stage_result
+from shiplift.tasks.orchestrators.task_token import reporting_to_step_functions
+from shiplift.tasks.pipeline.deferred import poll_orchestrated, start_orchestrated
+from shiplift.tasks.pipeline.table import STAGES
 
-MODULE = "tasks.orchestrators.step_functions_defer"
+MODULE = "shiplift.tasks.orchestrators.step_functions_defer"
 ACTIONS = ("start", "poll")
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import re
 
-from tasks.config import ReleaseConfig
-from tasks.errors import BadInput, ConfigError, Conflict, NotFound
-from tasks.hashing import canonical_json
-from tasks.orchestrators.step_functions_runner import RunnerSettings
-from tasks.orchestrators.step_functions_tasks import state_machine_name
-from tasks.orchestrators.task_token import CLIENT_TIMEOUTS
+from shiplift.tasks.config import ReleaseConfig
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, NotFound
+from shiplift.tasks.hashing import canonical_json
+from shiplift.tasks.orchestrators.step_functions_runner import RunnerSettings
+from shiplift.tasks.orchestrators.step_functions_tasks import state_machine_name
+from shiplift.tasks.orchestrators.task_token import CLIENT_TIMEOUTS
 
 MANAGED_TAGS = ("shiplift:model", "shiplift:managed")
 ROLE_ARN_PATTERN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from tasks.config import ReleaseConfig
-from tasks.errors import BadInput
-from tasks.orchestrators.step_functions_runner import RunnerSettings
-from tasks.orchestrators.step_functions_tasks import results_bucket
+from shiplift.tasks.config import ReleaseConfig
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.orchestrators.step_functions_runner import RunnerSettings
+from shiplift.tasks.orchestrators.step_functions_tasks import results_bucket
 
 
 def _partition(region: str) -> str:

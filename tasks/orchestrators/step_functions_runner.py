@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tasks.errors import ConfigError
-from tasks.yamlfile import read_yaml_file
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.yamlfile import read_yaml_file
 
 
 class RunnerSettings(BaseModel):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 
-from tasks.config import ReleaseConfig
-from tasks.errors import BadInput, ConfigError
-from tasks.hashing import canonical_json
-from tasks.ledger.events import STAGES
-from tasks.orchestrators.step_functions_runner import RunnerSettings
-from tasks.orchestrators.task_token import CLIENT_TIMEOUTS
+from shiplift.tasks.config import ReleaseConfig
+from shiplift.tasks.errors import BadInput, ConfigError
+from shiplift.tasks.hashing import canonical_json
+from shiplift.tasks.ledger.events import STAGES
+from shiplift.tasks.orchestrators.step_functions_runner import RunnerSettings
+from shiplift.tasks.orchestrators.task_token import CLIENT_TIMEOUTS
 
 MAX_STATE_MACHINE_NAME = 80
 

@@ -27,11 +27,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tasks.backends.aws.session import Aws, error_code
-from tasks.errors import ConfigError, Conflict, NotFound, ShipliftError, error_classes
-from tasks.ledger.records import Approval
-from tasks.ledger.release_state import release_summary
-from tasks.pipeline.approval import (
+from shiplift.tasks.backends.aws.session import Aws, error_code
+from shiplift.tasks.errors import ConfigError, Conflict, NotFound, ShipliftError, error_classes
+from shiplift.tasks.ledger.records import Approval
+from shiplift.tasks.ledger.release_state import release_summary
+from shiplift.tasks.pipeline.approval import (
     approval_state,
     decide,
     follow_registry,
@@ -39,8 +39,15 @@ from tasks.pipeline.approval import (
     request_for_execution,
     waiting_execution,
 )
-from tasks.pipeline.release import ensure_stage, holding_lease, print_progress, reopen_release, run_holder, run_stages
-from tasks.pipeline.table import LEASE, TEARDOWN
+from shiplift.tasks.pipeline.release import (
+    ensure_stage,
+    holding_lease,
+    print_progress,
+    reopen_release,
+    run_holder,
+    run_stages,
+)
+from shiplift.tasks.pipeline.table import LEASE, TEARDOWN
 
 TOKEN_ENV = "SHIPLIFT_SFN_TASK_TOKEN"
 ERROR_PREFIX = "Shiplift."

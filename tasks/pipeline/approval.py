@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasks.errors import Conflict, ShipliftError
-from tasks.ledger import events
-from tasks.ledger.records import Approval
-from tasks.ledger.release_state import awaiting
-from tasks.pipeline.release import ensure_stage_retrying
-from tasks.pipeline.table import TEARDOWN
+from shiplift.tasks.errors import Conflict, ShipliftError
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.records import Approval
+from shiplift.tasks.ledger.release_state import awaiting
+from shiplift.tasks.pipeline.release import ensure_stage_retrying
+from shiplift.tasks.pipeline.table import TEARDOWN
 
 
 @dataclass(frozen=True)

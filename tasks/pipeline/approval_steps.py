@@ -23,13 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import NotReady
-from tasks.ledger import events
-from tasks.ledger.records import Approval, entry_result
-from tasks.ledger.stage_results import ValidateResult
-from tasks.pipeline.approval import approval_state, awaits_person, decide, hold
-from tasks.pipeline.release import Progress, ensure_stage, print_progress, reopen_release, run_stages
-from tasks.pipeline.table import LEASE, TEARDOWN
+from shiplift.tasks.errors import NotReady
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.records import Approval, entry_result
+from shiplift.tasks.ledger.stage_results import ValidateResult
+from shiplift.tasks.pipeline.approval import approval_state, awaits_person, decide, hold
+from shiplift.tasks.pipeline.release import Progress, ensure_stage, print_progress, reopen_release, run_stages
+from shiplift.tasks.pipeline.table import LEASE, TEARDOWN
 
 DEPLOY_CANDIDATE = "deploy_candidate"
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.registry import (
+from shiplift.tasks.backends.registry import (
     checkpoint_parts,
     checkpoint_witness,
     default_state_dir,
@@ -21,11 +21,11 @@ from tasks.backends.registry import (
     make_backends,
     open_ledger,
 )
-from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
-from tasks.ledger.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
-from tasks.ledger.events import OPENED, RELEASE
-from tasks.ledger.records import Opened, is_promotion, promotion
+from shiplift.tasks.config import ReleaseConfig, load_release_config
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
+from shiplift.tasks.ledger.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
+from shiplift.tasks.ledger.events import OPENED, RELEASE
+from shiplift.tasks.ledger.records import Opened, is_promotion, promotion
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tasks.backends.interfaces import ComponentMetrics, LiveComponent, Metrics, RolloutStep
-from tasks.errors import NotFound
+from shiplift.tasks.backends.interfaces import ComponentMetrics, LiveComponent, Metrics, RolloutStep
+from shiplift.tasks.errors import NotFound
 
 
 def first_alarm(verdicts: dict[str, str | None]) -> str | None:

@@ -18,12 +18,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.interfaces import DeployPoll, Progress
-from tasks.errors import BadInput, Conflict, ShipliftError, StepTimedOut, Throttled
-from tasks.ledger import events
-from tasks.ledger.timestamps import parse_utc, utcnow
-from tasks.pipeline import table
-from tasks.pipeline.release import StageContext, ensure_stage, print_progress, reopen_release
+from shiplift.tasks.backends.interfaces import DeployPoll, Progress
+from shiplift.tasks.errors import BadInput, Conflict, ShipliftError, StepTimedOut, Throttled
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.timestamps import parse_utc, utcnow
+from shiplift.tasks.pipeline import table
+from shiplift.tasks.pipeline.release import StageContext, ensure_stage, print_progress, reopen_release
 
 
 def start_orchestrated(release_id: str, name: str, *, holder: str | None = None, ledger_url: str | None = None,

@@ -13,14 +13,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.config import BLUE_GREEN_REFUSED
-from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
-from tasks.ledger.events import PROMOTE, SUCCEEDED
-from tasks.ledger.records import entry_result, is_promotion
-from tasks.ledger.stage_results import ValidateResult
-from tasks.pipeline.approval import awaits_person, blocked_reason
-from tasks.pipeline.release import StageContext, finish, holding_lease, reopen_release, run_stage
-from tasks.pipeline.stages.promote import run as promote_run
+from shiplift.tasks.config import BLUE_GREEN_REFUSED
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, GateFailed, NotFound
+from shiplift.tasks.ledger.events import PROMOTE, SUCCEEDED
+from shiplift.tasks.ledger.records import entry_result, is_promotion
+from shiplift.tasks.ledger.stage_results import ValidateResult
+from shiplift.tasks.pipeline.approval import awaits_person, blocked_reason
+from shiplift.tasks.pipeline.release import StageContext, finish, holding_lease, reopen_release, run_stage
+from shiplift.tasks.pipeline.stages.promote import run as promote_run
 
 STRATEGIES = ("all_at_once", "canary", "linear")
 RELEASE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?-[0-9a-f]{12}$"

@@ -26,24 +26,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.artifacts.packaging import FOLDER_ARCHIVE, package_model_dir, safe_extract
-from tasks.backends.interfaces import ReleaseFacts
-from tasks.backends.registry import default_state_dir, make_backends, open_ledger
-from tasks.config import ReleaseConfig, load_release_config, require_named_files
-from tasks.errors import ConfigError, LeaseLost, ShipliftError
-from tasks.ledger import events
-from tasks.ledger.records import Opened, is_fleet_move, promotion, recorded
-from tasks.ledger.release_state import ReleaseState, release_summary
-from tasks.ledger.stage_results import RESULTS, KeptRef, PromoteResult, StageResult
-from tasks.pipeline import table
-from tasks.pipeline.stages.common import require_production_here
-from tasks.pipeline.table import TEARDOWN, check_timeouts, stage
-from tasks.processes import pid_running
+from shiplift.tasks.artifacts.packaging import FOLDER_ARCHIVE, package_model_dir, safe_extract
+from shiplift.tasks.backends.interfaces import ReleaseFacts
+from shiplift.tasks.backends.registry import default_state_dir, make_backends, open_ledger
+from shiplift.tasks.config import ReleaseConfig, load_release_config, require_named_files
+from shiplift.tasks.errors import ConfigError, LeaseLost, ShipliftError
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.records import Opened, is_fleet_move, promotion, recorded
+from shiplift.tasks.ledger.release_state import ReleaseState, release_summary
+from shiplift.tasks.ledger.stage_results import RESULTS, KeptRef, PromoteResult, StageResult
+from shiplift.tasks.pipeline import table
+from shiplift.tasks.pipeline.stages.common import require_production_here
+from shiplift.tasks.pipeline.table import TEARDOWN, check_timeouts, stage
+from shiplift.tasks.processes import pid_running
 
 if TYPE_CHECKING:  # the registry imports the backends' modules lazily; this is for checkers only
-    from tasks.backends.registry import Backends
-    from tasks.families.base import ModelFamily
-    from tasks.ledger.store import Lease
+    from shiplift.tasks.backends.registry import Backends
+    from shiplift.tasks.families.base import ModelFamily
+    from shiplift.tasks.ledger.store import Lease
 
 Progress = Callable[[str], None]
 

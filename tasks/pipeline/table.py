@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from tasks.backends.interfaces import DEPLOY_WAIT_S, SCALE_WAIT_S, TEARDOWN_WAIT_S
-from tasks.errors import BadInput, ConfigError, StepTimedOut, error_classes, is_retryable
-from tasks.ledger import events
+from shiplift.tasks.backends.interfaces import DEPLOY_WAIT_S, SCALE_WAIT_S, TEARDOWN_WAIT_S
+from shiplift.tasks.errors import BadInput, ConfigError, StepTimedOut, error_classes, is_retryable
+from shiplift.tasks.ledger import events
 
 Orchestrator = Literal["cli", "airflow", "step_functions"]
 # What a step does with the model's promotion lease: takes it (begin), holds it (renews it while it runs; promote
@@ -81,37 +81,39 @@ MAX_STEP_TIMEOUT_S = 24 * HOUR
 # SageMaker triggers poll every 30 s too.
 POLL_EVERY_S = 30
 STAGES: tuple[Step, ...] = (
-    Step(events.RESOLVE, "tasks.pipeline.stages.resolve:run", 2, 30 * MINUTE, "holds",
+    Step(events.RESOLVE, "shiplift.tasks.pipeline.stages.resolve:run", 2, 30 * MINUTE, "holds",
          "fetch the pinned source and prove it by sha256"),
-    Step(events.BUILD, "tasks.pipeline.stages.build:run", 2, HOUR, "holds",
+    Step(events.BUILD, "shiplift.tasks.pipeline.stages.build:run", 2, HOUR, "holds",
          "quantize or export the model, check it, fit a temperature"),
-    Step(events.PACKAGE, "tasks.pipeline.stages.package:run", 2, 30 * MINUTE, "holds",
+    Step(events.PACKAGE, "shiplift.tasks.pipeline.stages.package:run", 2, 30 * MINUTE, "holds",
          "write model.tar.gz and store it by content"),
-    Step(events.IMAGE, "tasks.pipeline.stages.image:run", 2, HOUR, "holds",
+    Step(events.IMAGE, "shiplift.tasks.pipeline.stages.image:run", 2, HOUR, "holds",
          "build or find the serving image and pin it by digest"),
-    Step(events.DEPLOY_CANDIDATE, "tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, "holds",
+    Step(events.DEPLOY_CANDIDATE, "shiplift.tasks.pipeline.stages.candidate:deploy", 2, 2 * HOUR, "holds",
          "serve the artifact on a candidate endpoint",
-         defers=Defer("tasks.pipeline.stages.candidate:start", "tasks.pipeline.stages.candidate:poll", POLL_EVERY_S)),
-    Step(events.VALIDATE, "tasks.pipeline.stages.validate:run", 1, 2 * HOUR, "holds",
+         defers=Defer("shiplift.tasks.pipeline.stages.candidate:start", "shiplift.tasks.pipeline.stages.candidate:poll",
+                      POLL_EVERY_S)),
+    Step(events.VALIDATE, "shiplift.tasks.pipeline.stages.validate:run", 1, 2 * HOUR, "holds",
          "gate the live candidate against the champion"),
-    Step(events.PROMOTE, "tasks.pipeline.stages.promote:run", 1, 2 * HOUR, "holds",
+    Step(events.PROMOTE, "shiplift.tasks.pipeline.stages.promote:run", 1, 2 * HOUR, "holds",
          "put a passed candidate on production, verify what serves",
-         waits="tasks.pipeline.approval:waits_before_promote"),
-    Step(events.TEARDOWN, "tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE, "holds",
+         waits="shiplift.tasks.pipeline.approval:waits_before_promote"),
+    Step(events.TEARDOWN, "shiplift.tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE,
+         "holds",
          "remove the candidate, whatever happened"),
 )
-BEGIN = Step("begin", "tasks.pipeline.release:begin_orchestrated", 1, 5 * MINUTE, "takes",
+BEGIN = Step("begin", "shiplift.tasks.pipeline.release:begin_orchestrated", 1, 5 * MINUTE, "takes",
              "validate the config, open the release in the ledger, take the model's lease")
-END = Step("end", "tasks.pipeline.release:end_orchestrated", 2, 5 * MINUTE, "gives back",
+END = Step("end", "shiplift.tasks.pipeline.release:end_orchestrated", 2, 5 * MINUTE, "gives back",
            "record the final status, give the lease back")
 # Where the config requires an approval, between validate and promote (docs/approval.md).
-APPROVAL_REQUEST = Step("approval_request", "tasks.pipeline.approval_steps:request_approval_orchestrated", 2,
+APPROVAL_REQUEST = Step("approval_request", "shiplift.tasks.pipeline.approval_steps:request_approval_orchestrated", 2,
                         TEARDOWN_WAIT_S + 15 * MINUTE, "releases",
                         "record the approval request once the gate passed, tear "
                         "the candidate down unless the config keeps it, give the lease back while a person decides")
 APPROVAL = Step("approval", "", 0, 0, "not held", "a person approves or rejects the release (or its deadline passes)",
                 person=True)
-APPROVAL_DECISION = Step("approval_decision", "tasks.pipeline.approval_steps:record_decision_orchestrated", 2,
+APPROVAL_DECISION = Step("approval_decision", "shiplift.tasks.pipeline.approval_steps:record_decision_orchestrated", 2,
                          5 * MINUTE,
                          "takes back", "record the decision (or the timeout) and take the lease back to go on")
 # Step Functions reads validate's published result itself (an SDK integration), to choose whether to promote.
@@ -119,17 +121,17 @@ READ_GATE = Step("read_gate", "", 3, MINUTE, "none", "read the gate decision val
                  runs_in=frozenset({"step_functions"}))
 # Triggered by a person (promote_release DAG, `shiplift rollback`): its release's config is not known when the DAG is
 # parsed, so it gets the longest a worker may be held.
-PROMOTE_RELEASE = Step("promote_release", "tasks.pipeline.promotion:promote", 1, MAX_STEP_TIMEOUT_S, "own",
+PROMOTE_RELEASE = Step("promote_release", "shiplift.tasks.pipeline.promotion:promote", 1, MAX_STEP_TIMEOUT_S, "own",
                        "promote a gated release with its own rollout, under the model's lease",
                        runs_in=frozenset({"airflow"}))
-ROLLBACK = Step("rollback", "tasks.pipeline.promotion:rollback", 1, MAX_STEP_TIMEOUT_S, "own",
+ROLLBACK = Step("rollback", "shiplift.tasks.pipeline.promotion:rollback", 1, MAX_STEP_TIMEOUT_S, "own",
                 "put an earlier promoted release back on production, under the model's lease",
                 runs_in=frozenset({"cli", "airflow"}))
-FLEET_MOVE = Step("fleet_move", "tasks.pipeline.fleet.move:move_fleet", 1, MAX_STEP_TIMEOUT_S, "own",
+FLEET_MOVE = Step("fleet_move", "shiplift.tasks.pipeline.fleet.move:move_fleet", 1, MAX_STEP_TIMEOUT_S, "own",
                   "a layout change: every model of a shared endpoint moved to the new layout's endpoint, each under "
                   "its lease; the old endpoint retired once callers switched (--retire-old)",
                   runs_in=frozenset({"cli"}))
-AUDIT = Step("audit", "tasks.pipeline.audit:audit", 1, 10 * MINUTE, "none",
+AUDIT = Step("audit", "shiplift.tasks.pipeline.audit:audit", 1, 10 * MINUTE, "none",
              "verify the ledger against its checkpoints, then what serves against the ledger",
              runs_in=frozenset({"airflow"}))
 STAGE_NAMES: tuple[str, ...] = tuple(step.name for step in STAGES)

@@ -21,15 +21,15 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from tasks.config import load_release_config, require_named_files
-from tasks.config_errors import format_validation_error
-from tasks.config_release import ReleaseConfig
-from tasks.config_types import NAME_PATTERN, DatasetRef, Strict
-from tasks.errors import ConfigError
-from tasks.hashing import sha256_json
-from tasks.pipeline.release import release_id_for
-from tasks.yamlfile import read_yaml_file
-from validation.sweep_rule import SelectionRule
+from shiplift.tasks.config import load_release_config, require_named_files
+from shiplift.tasks.config_errors import format_validation_error
+from shiplift.tasks.config_release import ReleaseConfig
+from shiplift.tasks.config_types import NAME_PATTERN, DatasetRef, Strict
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.hashing import sha256_json
+from shiplift.tasks.pipeline.release import release_id_for
+from shiplift.tasks.yamlfile import read_yaml_file
+from shiplift.validation.sweep_rule import SelectionRule
 
 AXES = ("source", "quantization", "placement")
 AXIS_FIELDS = {"source": "artifact.source", "placement": "placement"}  # quantization: the family's fields

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.backends.pricing import NOMINAL_REGION, HourlyCost, PriceTable, hourly_cost, serverless_cost, throughput_cost
-from tasks.config_release import ReleaseConfig
-from validation.sweep_rule import CandidateEvidence, champion_interval_key
+from shiplift.tasks.backends.pricing import (
+    NOMINAL_REGION,
+    HourlyCost,
+    PriceTable,
+    hourly_cost,
+    serverless_cost,
+    throughput_cost,
+)
+from shiplift.tasks.config_release import ReleaseConfig
+from shiplift.validation.sweep_rule import CandidateEvidence, champion_interval_key
 
 # the gate report's comparison rows (validation.gates.comparison_row) → the rule's metric names
 COMPARED = {"accuracy": "accuracy", "ece": "ece", "validity": "valid_rate", "p95_latency_ms": "p95_ms"}

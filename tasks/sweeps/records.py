@@ -8,10 +8,10 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.ledger import events
-from tasks.sweeps.config import SWEEP_ID_PREFIX, Sweep
-from validation.sweep_rule import CandidateEvidence, Pick, SelectionRule, Verdict, choose
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from shiplift.tasks.ledger import events
+from shiplift.tasks.sweeps.config import SWEEP_ID_PREFIX, Sweep
+from shiplift.validation.sweep_rule import CandidateEvidence, Pick, SelectionRule, Verdict, choose
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.errors import NotReady
-from tasks.sweeps.records import SweepRecords
-from validation.sweep_report import write_sweep_report
+from shiplift.tasks.errors import NotReady
+from shiplift.tasks.sweeps.records import SweepRecords
+from shiplift.validation.sweep_report import write_sweep_report
 
 
 def held_out_text(opened: dict) -> str:

@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.pricing import load_price_table
-from tasks.backends.registry import make_backends
-from tasks.console import number
-from tasks.errors import ConfigError, NotReady, ShipliftError
-from tasks.ledger import events
-from tasks.ledger.views import show
-from tasks.pipeline.release import (
+from shiplift.tasks.backends.pricing import load_price_table
+from shiplift.tasks.backends.registry import make_backends
+from shiplift.tasks.console import number
+from shiplift.tasks.errors import ConfigError, NotReady, ShipliftError
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.views import show
+from shiplift.tasks.pipeline.release import (
     Progress,
     _teardown_quietly,
     default_actor,
@@ -34,11 +34,11 @@ from tasks.pipeline.release import (
     print_progress,
     run_release,
 )
-from tasks.pipeline.table import STAGES_THROUGH_GATE, TEARDOWN
-from tasks.sweeps.config import Candidate, Sweep
-from tasks.sweeps.evidence import candidate_hourly, champion_evidence, evidence_of
-from tasks.sweeps.records import SweepRecords, open_sweep
-from validation.sweep_rule import choose
+from shiplift.tasks.pipeline.table import STAGES_THROUGH_GATE, TEARDOWN
+from shiplift.tasks.sweeps.config import Candidate, Sweep
+from shiplift.tasks.sweeps.evidence import candidate_hourly, champion_evidence, evidence_of
+from shiplift.tasks.sweeps.records import SweepRecords, open_sweep
+from shiplift.validation.sweep_rule import choose
 
 MAX_PARALLEL = 16
 

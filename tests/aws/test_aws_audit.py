@@ -19,16 +19,16 @@ import time
 
 import pytest
 
-from tasks.backends.aws.iam import COPY_DIMENSION, SCALING_CONDITION, VARIANT_DIMENSION, pipeline_policy
-from tasks.backends.aws.service_model import request_problems
-from tasks.backends.interfaces import RolloutPlan, ScaleToZeroPlan
-from tasks.cli.demo import shared_decisions
-from tasks.config import load_release_config
-from tasks.errors import ConfigError, DeployFailed, NotReady
+from shiplift.tasks.backends.aws.iam import COPY_DIMENSION, SCALING_CONDITION, VARIANT_DIMENSION, pipeline_policy
+from shiplift.tasks.backends.aws.service_model import request_problems
+from shiplift.tasks.backends.interfaces import RolloutPlan, ScaleToZeroPlan
+from shiplift.tasks.cli.demo import shared_decisions
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError, DeployFailed, NotReady
+from shiplift.validation.cold_start import FROM_ZERO_INSTANCES, first_answer, stop_for_cold_start
 from tests.aws.iam_reference import Evaluated, allowed, condition_keys
 from tests.aws.test_hosting_aws import MIG, QUIET, Hosted
 from tests.aws.test_scale_to_zero_aws import SCALE_TO_ZERO, placement
-from validation.cold_start import FROM_ZERO_INSTANCES, first_answer, stop_for_cold_start
 
 PLAN = ScaleToZeroPlan(max_copies=2, idle_s=300, invocations_per_copy=10.0)
 WAIT_S = 60.0  # every wait below ends by this deadline
@@ -114,7 +114,7 @@ def test_the_double_stops_the_instance_only_after_the_last_copy_and_starts_it_wi
 
 def test_a_scale_to_zero_candidate_starts_with_the_one_instance_its_copy_needs(aws_release, tiny_release, tmp_path):
     """Before: the candidate's component endpoint asked for production's placement.instance_count."""
-    from tasks.backends.aws.hosting import SageMakerHosting
+    from shiplift.tasks.backends.aws.hosting import SageMakerHosting
 
     config = load_release_config(aws_release.write_aws_config(
         tiny_release, tmp_path / "c", tmp_path / "s", placement=placement(aws_release, instance_count=3),
@@ -134,9 +134,9 @@ def test_a_rolling_update_always_sends_its_rollback_batch(configured, sent, aws_
     (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_InferenceComponentRollingUpdatePolicy.html): it is
     sent, rollout.rollback_batch or else 100 % stated, so the request says the rollback peak fleet plan counts
     (capacity.rollback_room). Before: left out unless rollout.rollback_batch was set."""
-    from tasks.backends.aws.hosting import SageMakerHosting
-    from tasks.backends.interfaces import ComponentSpec, ModelRef
-    from tasks.pipeline.stages.common import compute
+    from shiplift.tasks.backends.aws.hosting import SageMakerHosting
+    from shiplift.tasks.backends.interfaces import ComponentSpec, ModelRef
+    from shiplift.tasks.pipeline.stages.common import compute
 
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s"))
     sha, digest = "a" * 64, "sha256:" + "b" * 64
@@ -231,8 +231,8 @@ def test_an_endpoint_failed_during_its_deletion_is_deploy_failed_at_once(aws_rel
     """botocore's EndpointDeleted waiter fails on EndpointStatus Failed
     (botocore/data/sagemaker/2017-07-24/waiters-2.json); before, shiplift's retried it, polling a Failed endpoint until
     the delete's deadline and then calling it not ready."""
-    from tasks.backends.aws import hosting_cleanup
-    from tasks.backends.aws.hosting import SageMakerHosting
+    from shiplift.tasks.backends.aws import hosting_cleanup
+    from shiplift.tasks.backends.aws.hosting import SageMakerHosting
 
     monkeypatch.setattr(hosting_cleanup, "DELETE_WAIT_S", 1.0)  # the old retry would end in NotReady after it
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s"))

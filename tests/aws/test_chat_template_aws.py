@@ -14,15 +14,15 @@ import tarfile
 import pytest
 import yaml
 
-from images.common.chat_templates import inferred_template
-from tasks.artifacts.packaging import MANIFEST_NAME
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.errors import ConfigError
-from tasks.hashing import sha256_file
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import begin_orchestrated, reopen_release, run_orchestrated_stage
-from tasks.pipeline.stages.common import component_spec
+from shiplift.images.common.chat_templates import inferred_template
+from shiplift.tasks.artifacts.packaging import MANIFEST_NAME
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.hashing import sha256_file
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import begin_orchestrated, reopen_release, run_orchestrated_stage
+from shiplift.tasks.pipeline.stages.common import component_spec
 from tests.aws.test_dlc_chat_aws import CPU_TAG, DLC_ACCOUNT, QUIET, chat_release
 
 

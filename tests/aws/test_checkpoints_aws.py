@@ -18,13 +18,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
-from tasks.backends.aws.backend_config import AwsCheckpoints
-from tasks.backends.aws.checkpoint_store import S3CheckpointStore, SecretSigner, aws_checkpoint_parts
-from tasks.backends.aws.session import Aws
-from tasks.backends.registry import checkpoint_parts, make_backends
-from tasks.config import load_release_config
-from tasks.errors import ConfigError, IntegrityError
-from tasks.ledger.checkpoints import (
+from shiplift.tasks.backends.aws.backend_config import AwsCheckpoints
+from shiplift.tasks.backends.aws.checkpoint_store import S3CheckpointStore, SecretSigner, aws_checkpoint_parts
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.backends.registry import checkpoint_parts, make_backends
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError, IntegrityError
+from shiplift.tasks.ledger.checkpoints import (
     PrivateKeySigner,
     check_proof,
     checkpoint,
@@ -32,7 +32,7 @@ from tasks.ledger.checkpoints import (
     serialise,
     verify_with_checkpoints,
 )
-from tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.store import Ledger
 from tests.unit.conftest import Backend
 from tests.unit.test_checkpoints import _rewrite
 from tests.unit.test_ledger import _append
@@ -133,7 +133,7 @@ def test_an_aws_release_config_checkpoints_its_ledger_into_the_object_lock_bucke
 
 
 def test_the_cli_verifies_checkpoints_and_reports_from_an_aws_config(aws, aws_release, tiny_release, tmp_path, capsys):
-    from tasks.cli.main import main
+    from shiplift.tasks.cli.main import main
 
     _prepare(aws, secret=_pem(Ed25519PrivateKey.generate()))
     path = str(aws_release.write_aws_config(tiny_release, tmp_path / "cfg", tmp_path / "state",
@@ -299,8 +299,8 @@ def _secret_reads(aws_calls) -> int:
 
 def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_the_secret(
         aws, aws_release, tiny_release, tmp_path, capsys, aws_calls):
-    from tasks.cli.main import main
-    from tasks.pipeline.audit import audit
+    from shiplift.tasks.cli.main import main
+    from shiplift.tasks.pipeline.audit import audit
 
     private = Ed25519PrivateKey.generate()
     _prepare(aws, secret=_pem(private))
@@ -324,7 +324,7 @@ def test_with_a_public_key_verify_prove_check_proof_report_and_audit_never_read_
 
 def test_a_secret_whose_key_is_not_the_configured_public_key_is_refused_at_signing_writing_nothing(
         aws, aws_release, tiny_release, tmp_path, capsys):
-    from tasks.cli.main import main
+    from shiplift.tasks.cli.main import main
 
     swapped, configured = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     _prepare(aws, secret=_pem(swapped))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tasks.cli.main import main
-from tasks.pipeline.release import run_release
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.backends.aws.backend import aws_backends
-from tasks.backends.aws.iam import OPERATIONS, execution_role_policy, pipeline_policy, policies
-from tasks.cli.main import main
-from tasks.config import load_release_config
-from tasks.errors import ConfigError, IntegrityError, NotFound
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.orchestrators.dry_run import plan_release
-from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
+from shiplift.tasks.backends.aws.backend import aws_backends
+from shiplift.tasks.backends.aws.iam import OPERATIONS, execution_role_policy, pipeline_policy, policies
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError, IntegrityError, NotFound
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.orchestrators.dry_run import plan_release
+from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
 from tests.aws.iam_reference import Account, actions_for, allowed, evaluated, privilege, sse_kms
 from tests.aws.test_dry_run import assert_valid, dry_run, operations
 from tests.aws.test_iam import (

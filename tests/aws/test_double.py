@@ -18,9 +18,9 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import ParamValidator
 
-from tasks.artifacts.packaging import package_gguf, package_model_dir
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.backends.aws.service_model import service_model
+from shiplift.tasks.artifacts.packaging import package_gguf, package_model_dir
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.backends.aws.service_model import service_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"
@@ -52,7 +52,7 @@ def semif_archive(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def encoder_archive(tmp_path_factory) -> Path:
     """The tiny random NLI encoder (seed 0, fp32 ONNX) packaged as model.tar.gz, built once for the module."""
-    from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
+    from shiplift.tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 
     folder = tmp_path_factory.mktemp("encoder-model")
     model_dir = write_tiny_onnx_model_dir(folder / "model", seed=0, int8=False)
@@ -425,7 +425,7 @@ def test_endpoint_fails_when_its_image_is_not_in_ecr(aws):
 
 
 def test_endpoint_fails_with_the_log_tail_when_the_server_exits(aws, semif_archive, tmp_path):
-    from tasks.artifacts.packaging import package_model_dir
+    from shiplift.tasks.artifacts.packaging import package_model_dir
 
     image, _ = publish_image(aws, semif_archive)
     (tmp_path / "no-model").mkdir()

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from tasks.backends.aws.recording_session import FreshAccount, recording_session
-from tasks.backends.aws.service_model import request_problems
-from tasks.config import load_release_config
-from tasks.errors import BadInput
-from tasks.orchestrators.dry_run import Plan, plan_release
-from tasks.pipeline.table import STAGE_NAMES
+from shiplift.tasks.backends.aws.recording_session import FreshAccount, recording_session
+from shiplift.tasks.backends.aws.service_model import request_problems
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.orchestrators.dry_run import Plan, plan_release
+from shiplift.tasks.pipeline.table import STAGE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ROOT / "configs" / "releases"
@@ -47,7 +47,8 @@ def dry_run(config: str, *overrides: str, flags: tuple[str, ...] = ()) -> tuple[
     env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true",
                AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed_port()}")
     sets = [arg for override in overrides for arg in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", config, "--dry-run", *flags, *sets],
+    done = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "release", config, "--dry-run", *flags,
+                           *sets],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
@@ -158,7 +159,8 @@ def test_a_later_release_scores_the_champion_and_updates_production_where_its_co
 
 
 def test_with_champion_goes_only_with_dry_run():
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/qwen35-4b-semif.yaml",
+    done = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "release",
+                           "configs/releases/qwen35-4b-semif.yaml",
                            "--with-champion"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "only goes with --dry-run" in done.stderr and "Traceback" not in done.stderr
 
@@ -203,7 +205,8 @@ def test_a_later_release_reads_back_and_verifies_the_champion_s_checkpoint_befor
 
 
 def test_a_local_config_has_no_requests_to_print():
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/gemma-decision.yaml",
+    done = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "release",
+                           "configs/releases/gemma-decision.yaml",
                            "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "uses the local backend" in done.stderr and not done.stdout
 
@@ -253,7 +256,8 @@ def test_a_canary_prints_the_rolling_update_and_the_alarms_it_is_rolled_back_by(
 
 def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "release", "configs/releases/qwen35-4b-semif.yaml",
+    done = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "release",
+                           "configs/releases/qwen35-4b-semif.yaml",
                            "--dry-run",
                            "--set", "rollout.strategy=canary", "--set", "rollout.copies=4"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -282,7 +286,7 @@ def test_the_dry_run_runs_each_stage_function_of_the_stage_table_once_in_order(m
     """No copy of a stage: what the table names (`module:function`) is what runs, so a change to a stage is planned."""
     import importlib
 
-    from tasks.pipeline.table import STAGES
+    from shiplift.tasks.pipeline.table import STAGES
 
     ran = []
     for step in STAGES:
@@ -332,7 +336,7 @@ def test_every_answer_of_the_recording_account_fits_the_service_model(monkeypatc
     """Each success answer against botocore's output shape (required members, types; lengths, enums and patterns)."""
     from botocore.validate import ParamValidator
 
-    from tasks.backends.aws.service_model import _walk, service_model
+    from shiplift.tasks.backends.aws.service_model import _walk, service_model
 
     answers = []
     answer = FreshAccount.answer

@@ -11,11 +11,11 @@ import boto3
 import pytest
 from botocore.retries import standard
 
-from tasks.backends.aws.artifact_store import S3ArtifactStore
-from tasks.backends.aws.session import MAX_ATTEMPTS, Aws
-from tasks.backends.placement import MigPartitionPlacement, fit_problem
-from tasks.config import load_release_config
-from tasks.errors import (
+from shiplift.tasks.backends.aws.artifact_store import S3ArtifactStore
+from shiplift.tasks.backends.aws.session import MAX_ATTEMPTS, Aws
+from shiplift.tasks.backends.placement import MigPartitionPlacement, fit_problem
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import (
     CapacityError,
     ConfigError,
     Conflict,
@@ -23,10 +23,10 @@ from tasks.errors import (
     IntegrityError,
     Throttled,
 )
-from tasks.families.gguf_decisions import gguf_memory
-from tasks.ledger.store import Ledger
-from tasks.pipeline import table
-from tasks.pipeline.release import run_release
+from shiplift.tasks.families.gguf_decisions import gguf_memory
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline import table
+from shiplift.tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 OTHER_ACCOUNT = "210987654321"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import botocore.exceptions
 import pytest
 
-from tasks.config import load_release_config
-from tasks.pipeline.fleet.move import move_fleet
-from tasks.pipeline.release import run_release
-from tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.pipeline.fleet.move import move_fleet
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 
 QUIET = lambda message: None  # noqa: E731
 

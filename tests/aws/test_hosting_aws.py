@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from tasks.backends.aws import hosting_deploy
-from tasks.cli.demo import shared_decisions
-from tasks.config import load_release_config
-from tasks.errors import BadInput, Conflict, DeployFailed, NotReady
-from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
-from tasks.pipeline.stages.common import candidate_name, production_component, production_endpoint
+from shiplift.tasks.backends.aws import hosting_deploy
+from shiplift.tasks.cli.demo import shared_decisions
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import BadInput, Conflict, DeployFailed, NotReady
+from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
+from shiplift.tasks.pipeline.stages.common import candidate_name, production_component, production_endpoint
 
 QUIET = lambda message: None  # noqa: E731
 WAIT_S = 30.0
@@ -38,7 +38,7 @@ class Hosted:
     way the stages build them)."""
 
     def __init__(self, aws, aws_release, tiny_release, tmp_path, **changes):
-        from tasks.backends.registry import make_backends
+        from shiplift.tasks.backends.registry import make_backends
 
         aws_release.prepare_account(aws)
         self.config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "configs",
@@ -48,10 +48,10 @@ class Hosted:
         self.endpoint, self.component = production_endpoint(self.config), production_component(self.config)
 
     def spec(self, seed: int, *, copies: int = 1):
-        from tasks.artifacts.packaging import package_gguf
-        from tasks.artifacts.tiny_gguf import write_tiny_gguf
-        from tasks.backends.interfaces import ComponentSpec, ModelRef
-        from tasks.pipeline.stages.common import compute
+        from shiplift.tasks.artifacts.packaging import package_gguf
+        from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+        from shiplift.tasks.backends.interfaces import ComponentSpec, ModelRef
+        from shiplift.tasks.pipeline.stages.common import compute
 
         gguf = write_tiny_gguf(self.folder / f"seed{seed}" / "tiny.gguf", seed=seed)
         packaged = package_gguf(gguf, self.folder / f"seed{seed}" / "package", manifest={"seed": seed})
@@ -97,9 +97,9 @@ def test_a_retry_replaces_the_endpoint_an_earlier_attempt_left_failed(aws, aws_c
 
 def test_a_build_of_the_same_content_already_running_is_waited_for_not_started_again(aws, aws_calls, aws_release,
                                                                                      tiny_release, tmp_path):
-    from tasks.backends.aws.image_builder import image_tag, source_zip
-    from tasks.backends.image_source import pin_image_source
-    from tasks.backends.registry import make_backends
+    from shiplift.tasks.backends.aws.image_builder import image_tag, source_zip
+    from shiplift.tasks.backends.image_source import pin_image_source
+    from shiplift.tasks.backends.registry import make_backends
 
     aws_release.prepare_account(aws)
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state"))
@@ -136,7 +136,7 @@ def test_production_on_a_changed_placement_is_refused_not_ignored(aws, aws_relea
 
 
 def test_component_metrics_come_from_cloudwatch_over_a_whole_minute_window(aws, aws_release, tiny_release, tmp_path):
-    from tasks.backends.registry import make_backends
+    from shiplift.tasks.backends.registry import make_backends
 
     aws_release.prepare_account(aws)
     path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")
@@ -250,7 +250,7 @@ def test_a_rollout_waits_for_a_component_still_creating_before_it_updates_it(aws
                                                                             monkeypatch):
     """Not stated on API_UpdateInferenceComponent: that SageMaker refuses to update a component Creating or Updating
     (the issue reports it; the double refuses it, docs/aws-double.md); waiting first is right either way."""
-    from tasks.backends.interfaces import BakeAlarms, RolloutPlan
+    from shiplift.tasks.backends.interfaces import BakeAlarms, RolloutPlan
 
     hosted = Hosted(aws, aws_release, tiny_release, tmp_path)
     endpoint, component, placement = hosted.endpoint, hosted.component, hosted.config.placement

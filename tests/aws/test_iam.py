@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tasks.backends.aws.iam import (
+from shiplift.tasks.backends.aws.iam import (
     CHECKPOINT_OPERATIONS,
     OPERATIONS,
     Scope,
@@ -23,11 +23,11 @@ from tasks.backends.aws.iam import (
     pipeline_policy,
     policies,
 )
-from tasks.cli.main import main
-from tasks.config import load_release_config
-from tasks.errors import ConfigError
-from tasks.orchestrators.dry_run import plan_release
-from tasks.pipeline.release import run_release
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.orchestrators.dry_run import plan_release
+from shiplift.tasks.pipeline.release import run_release
 from tests.aws.iam_reference import (
     Account,
     Evaluated,

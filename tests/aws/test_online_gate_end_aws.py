@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.aws.hosting_requests import restore_request
-from tasks.backends.aws.service_model import request_problems
-from tasks.backends.interfaces import RolloutPlan
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.aws.hosting_requests import restore_request
+from shiplift.tasks.backends.aws.service_model import request_problems
+from shiplift.tasks.backends.interfaces import RolloutPlan
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import run_release
 from tests.aws.test_rollout_aws import QUIET, _alarms_left, _placement, _serving_model
 
 # one check only: its interval is longer than the whole update (two batches of a tiny model, a 1 s bake each), so the

@@ -25,12 +25,12 @@ from datetime import timedelta
 import boto3
 import pytest
 
-from tasks.backends.aws.model_registry import APPROVED, PENDING, REJECTED
-from tasks.ledger.events import APPROVAL, AWAITING_APPROVAL
-from tasks.ledger.store import Ledger
-from tasks.orchestrators.task_token import follow_registry_approval
-from tasks.pipeline import approval
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.aws.model_registry import APPROVED, PENDING, REJECTED
+from shiplift.tasks.ledger.events import APPROVAL, AWAITING_APPROVAL
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.orchestrators.task_token import follow_registry_approval
+from shiplift.tasks.pipeline import approval
+from shiplift.tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 GROUP = "shiplift-tiny-aws"

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.aws.model_registry import APPROVED, PENDING, REJECTED, SageMakerModelRegistry, View, release_view
-from tasks.backends.aws.session import Aws
-from tasks.errors import BadInput
-from tasks.ledger.store import Ledger, Record
-from tasks.pipeline.promotion import rollback
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.aws.model_registry import (
+    APPROVED,
+    PENDING,
+    REJECTED,
+    SageMakerModelRegistry,
+    View,
+    release_view,
+)
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.ledger.store import Ledger, Record
+from shiplift.tasks.pipeline.promotion import rollback
+from shiplift.tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 GROUP = "shiplift-tiny-aws"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import begin_orchestrated, release_id_for, run_orchestrated_stage, run_release
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import begin_orchestrated, release_id_for, run_orchestrated_stage, run_release
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = lambda message: None  # noqa: E731
@@ -95,8 +95,8 @@ def test_a_second_release_updates_the_production_component_and_is_gated_against_
     model = aws.client("sagemaker").describe_model(ModelName=live["Specification"]["ModelName"])
     assert second["artifact_sha256"] in model["PrimaryContainer"]["ModelDataUrl"]
 
-    from tasks.errors import Conflict
-    from tasks.pipeline.audit import audit
+    from shiplift.tasks.errors import Conflict
+    from shiplift.tasks.pipeline.audit import audit
 
     state_dir = str(tmp_path / "state")
     assert audit(state_dir)["models"]["tiny-aws"]["live"]["release_id"] == second["release_id"], \
@@ -143,8 +143,8 @@ def test_an_update_that_ends_in_service_on_the_old_spec_is_a_failed_promotion(aw
 
 
 def test_encoder_release_on_mig_partitions(aws, aws_release, tmp_path):
-    from tasks.artifacts.tiny_encoder import write_tiny_checkpoint
-    from tasks.hashing import sha256_tree
+    from shiplift.tasks.artifacts.tiny_encoder import write_tiny_checkpoint
+    from shiplift.tasks.hashing import sha256_tree
 
     aws.client("s3").create_bucket(Bucket=aws_release.BUCKET)
     aws.client("ecr").create_repository(repositoryName="shiplift/encoder", imageTagMutability="IMMUTABLE")
@@ -209,7 +209,8 @@ def test_killed_after_create_endpoint_then_rerun_finds_it_by_name(aws, aws_relea
     begun = begin_orchestrated(config, holder="test", progress=QUIET)
     for stage in ("resolve", "build", "package", "image"):
         run_orchestrated_stage(begun["release_id"], stage, ledger_url=begun["ledger_url"], progress=QUIET)
-    command = [sys.executable, "-m", "tasks.cli.main", "stage", "deploy_candidate", "--release", begun["release_id"],
+    command = [sys.executable, "-m", "shiplift.tasks.cli.main", "stage", "deploy_candidate", "--release",
+               begun["release_id"],
                "--ledger-url", begun["ledger_url"]]
     victim = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -239,8 +240,8 @@ def collapsed(calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def test_the_dry_run_sends_what_the_release_sends(aws, aws_calls, aws_release, tiny_release, tmp_path):
     """The dry run's STS, SageMaker, CodeBuild and ECR requests are the ones a real first release sends, in order
     (S3 differs only in single-part vs multipart uploads; InvokeEndpoint is counted apart)."""
-    from tasks.config import load_release_config
-    from tasks.orchestrators.dry_run import plan_release
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.orchestrators.dry_run import plan_release
 
     aws_release.prepare_account(aws)
     config_path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state")

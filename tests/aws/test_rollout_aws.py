@@ -9,9 +9,9 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
-from tasks.cli.demo import BackgroundTraffic, shared_decisions
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import run_release
+from shiplift.tasks.cli.demo import BackgroundTraffic, shared_decisions
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 CANARY = {"strategy": "canary", "copies": 2, "wait_interval_s": 2, "maximum_execution_timeout_s": 600,
@@ -140,8 +140,8 @@ def test_a_rolling_update_past_its_maximum_execution_time_is_reported_as_rolled_
 
 def test_a_pipeline_killed_mid_update_follows_that_update_on_rerun(aws, aws_release, tiny_release, tmp_path,
                                                                    monkeypatch):
-    from tasks.pipeline.bake import BakeWatch
-    from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
+    from shiplift.tasks.pipeline.bake import BakeWatch
+    from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
 
     aws_release.prepare_account(aws)
     config = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state",

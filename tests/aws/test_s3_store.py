@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from tasks.backends.aws import artifact_store as store_module
-from tasks.backends.aws.artifact_store import S3ArtifactStore
-from tasks.backends.aws.session import Aws
-from tasks.errors import NotReady
-from tasks.hashing import sha256_file
+from shiplift.tasks.backends.aws import artifact_store as store_module
+from shiplift.tasks.backends.aws.artifact_store import S3ArtifactStore
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.errors import NotReady
+from shiplift.tasks.hashing import sha256_file
 
 MIB = 1024 * 1024
 

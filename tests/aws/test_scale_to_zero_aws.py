@@ -13,17 +13,17 @@ import time
 
 import pytest
 
-from tasks.backends.aws.hosting import SageMakerHosting
-from tasks.backends.aws.hosting_requests import NO_CAPACITY_METRIC, scale_to_zero_names, scaling_resource_id
-from tasks.backends.aws.iam import COPY_DIMENSION, pipeline_policy
-from tasks.backends.aws.service_model import request_problems
-from tasks.backends.interfaces import ScaleToZeroPlan
-from tasks.cli.demo import shared_decisions
-from tasks.config import load_release_config
-from tasks.errors import BadInput, NotFound
+from shiplift.tasks.backends.aws.hosting import SageMakerHosting
+from shiplift.tasks.backends.aws.hosting_requests import NO_CAPACITY_METRIC, scale_to_zero_names, scaling_resource_id
+from shiplift.tasks.backends.aws.iam import COPY_DIMENSION, pipeline_policy
+from shiplift.tasks.backends.aws.service_model import request_problems
+from shiplift.tasks.backends.interfaces import ScaleToZeroPlan
+from shiplift.tasks.cli.demo import shared_decisions
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.validation.transport import NO_CAPACITY, post_with_retries, run_options
 from tests.aws.test_hosting_aws import QUIET, Hosted
 from tests.aws.test_iam import _parliament, denied_requests
-from validation.transport import NO_CAPACITY, post_with_retries, run_options
 
 PAGE = "https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html"
 AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
@@ -308,9 +308,9 @@ def test_the_dry_runs_account_answers_every_scale_to_zero_call_within_the_servic
     the recording account within the operation's output shape."""
     from botocore.validate import ParamValidator
 
-    from tasks.backends.aws.recording_session import FreshAccount, Plan, recording_session
-    from tasks.backends.aws.service_model import _walk, service_model
-    from tasks.backends.aws.session import Aws, AwsAccess
+    from shiplift.tasks.backends.aws.recording_session import FreshAccount, Plan, recording_session
+    from shiplift.tasks.backends.aws.service_model import _walk, service_model
+    from shiplift.tasks.backends.aws.session import Aws, AwsAccess
 
     config = load_release_config(aws_release.write_aws_config(tiny_release, tmp_path / "c", tmp_path / "s",
                                                               placement=placement(aws_release),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
 from tests.aws.test_rollout_aws import QUIET, _alarms_left
 from tests.aws.test_scale_to_zero_aws import SCALE_TO_ZERO, placement
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import pytest
 from botocore.validate import ParamValidator
 
-from tasks.backends.aws.service_model import service_model
-from tasks.backends.placement import SERVERLESS_IMAGE_MAX_BYTES
-from tasks.errors import ConfigError
-from tasks.pipeline.release import begin_orchestrated, reopen_release, run_orchestrated_stage
+from shiplift.tasks.backends.aws.service_model import service_model
+from shiplift.tasks.backends.placement import SERVERLESS_IMAGE_MAX_BYTES
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.pipeline.release import begin_orchestrated, reopen_release, run_orchestrated_stage
 
 QUIET = lambda message: None  # noqa: E731
 # a CPU image (serverless has no GPUs), one cold start (the only sure one on SageMaker), no copies
@@ -71,8 +71,8 @@ def test_a_serverless_image_over_10_gb_in_ecr_is_refused_at_the_image_stage(aws,
 
 
 def test_a_serverless_image_within_10_gb_in_ecr_passes_the_image_stage(aws, aws_release, tiny_release, tmp_path):
-    from tasks.backends.registry import make_backends
-    from tasks.config import load_release_config
+    from shiplift.tasks.backends.registry import make_backends
+    from shiplift.tasks.config import load_release_config
 
     aws_release.prepare_account(aws)
     # at the limit, 10 GiB compressed: not surely over "10 GB" (serverless-endpoints.html), so not refused here

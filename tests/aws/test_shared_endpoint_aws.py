@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from tasks.config import load_release_config
-from tasks.pipeline.promotion import rollback
-from tasks.pipeline.release import run_release
-from tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.pipeline.promotion import rollback
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 from tests.aws.test_rollout_aws import CANARY, runtime_traffic
 
 QUIET = lambda message: None  # noqa: E731

@@ -129,7 +129,7 @@ def _forget_queue(queue: str) -> None:
 
 
 def _stop_endpoints(state_dir: Path) -> None:
-    from tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
     if not (state_dir / "endpoints").is_dir():
         return

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.ledger.events import STAGES
-from tasks.ledger.store import Ledger
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.ledger.events import STAGES
+from shiplift.tasks.ledger.store import Ledger
 
 pytestmark = pytest.mark.celery
 
@@ -49,7 +49,7 @@ def ask(url: str) -> dict:
 
 def small_decision_set(folder: Path) -> Path:
     """The first N_TASKS test-split tasks of the project's decision set: a short validate stage."""
-    from tasks.project import BUILTIN_DATA_DIR
+    from shiplift.tasks.project import BUILTIN_DATA_DIR
 
     rows = [line for line in (BUILTIN_DATA_DIR / "decisions.jsonl").read_text().splitlines()
             if json.loads(line)["split"] == "test"][:N_TASKS]

@@ -41,7 +41,7 @@ class Conformance:
         return self.config.resource_prefix
 
     def gguf(self, seed: int) -> Path:
-        from tasks.artifacts.tiny_gguf import write_tiny_gguf
+        from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
 
         path = self.folder / "models" / f"seed{seed}" / f"tiny-seed{seed}.gguf"
         if not path.is_file():
@@ -52,7 +52,7 @@ class Conformance:
     def artifact(self, seed: int):
         """The tiny GGUF of `seed`, packaged and put in this backend's store (once per seed)."""
         if seed not in self._models:
-            from tasks.artifacts.packaging import package_gguf
+            from shiplift.tasks.artifacts.packaging import package_gguf
 
             packaged = package_gguf(self.gguf(seed), self.folder / "packages" / f"seed{seed}",
                                     manifest={"model": self.config.name, "kind": "gguf", "seed": seed})
@@ -67,8 +67,8 @@ class Conformance:
 
     def spec(self, seed: int, *, copies: int = 1, release_id: str | None = None):
         """A ComponentSpec the way `tasks.pipeline.stages.common.component_spec` builds one."""
-        from tasks.backends.interfaces import ComponentSpec, ModelRef
-        from tasks.pipeline.stages.common import compute
+        from shiplift.tasks.backends.interfaces import ComponentSpec, ModelRef
+        from shiplift.tasks.pipeline.stages.common import compute
 
         stored, image = self.artifact(seed), self.image()
         return ComponentSpec(image_uri=image.uri, artifact_uri=stored.uri, artifact_sha256=stored.sha256,
@@ -79,12 +79,12 @@ class Conformance:
 
     # -- names and deploys -------------------------------------------------------------------
     def candidate_name(self, spec) -> str:
-        from tasks.pipeline.stages.common import candidate_name
+        from shiplift.tasks.pipeline.stages.common import candidate_name
 
         return candidate_name(self.config, spec.artifact_sha256, spec.image_uri.rsplit("@", 1)[1])
 
     def production(self) -> tuple[str, str]:
-        from tasks.pipeline.stages.common import production_component, production_endpoint
+        from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 
         return production_endpoint(self.config), production_component(self.config)
 
@@ -122,8 +122,8 @@ class Conformance:
 @pytest.fixture(params=["local", "aws"])
 def backend(request, tiny_release, tmp_path):
     """A tiny release's backends (`make_backends`) on the local backend, or on the aws one against the AWS double."""
-    from tasks.backends.registry import make_backends
-    from tasks.config import load_release_config
+    from shiplift.tasks.backends.registry import make_backends
+    from shiplift.tasks.config import load_release_config
 
     kind = request.param
     state_dir = tmp_path / "state"

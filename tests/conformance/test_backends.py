@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from tasks.backends.interfaces import ImageRef, LiveComponent, StoredArtifact
-from tasks.errors import NotFound
-from tasks.hashing import sha256_file
+from shiplift.tasks.backends.interfaces import ImageRef, LiveComponent, StoredArtifact
+from shiplift.tasks.errors import NotFound
+from shiplift.tasks.hashing import sha256_file
 
 QUIET = lambda message: None  # noqa: E731
 DECISION = {"id": "q", "state": "The sky is blue.", "question": "Is the sky blue?",

@@ -354,7 +354,7 @@ def calibrated_temperature() -> float:
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's tiny random llama GGUF (seed 0, 2048-token context, no chat template)."""
-    from tasks.artifacts.tiny_gguf import write_tiny_gguf
+    from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
 
     return write_tiny_gguf(tmp_path_factory.mktemp("semif-model") / "tiny.gguf", seed=0)
 

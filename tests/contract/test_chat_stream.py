@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts.tiny_gguf import CHAT_TEMPLATES, write_tiny_gguf
-from tests.contract.conftest import REPO, ServerProcess, start_semif
+from shiplift.tasks.artifacts.tiny_gguf import CHAT_TEMPLATES, write_tiny_gguf
+from tests.contract.conftest import ServerProcess, start_semif
 from tests.contract.test_dlc_chat_contract import HELLO, dlc_env, start_dlc
 
 ENDPOINT = "chat-ep"
@@ -116,14 +115,15 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server):
 
 
 class RouterProcess:
-    """`python -m tasks.backends.local.router` on free ports, its state file read for the ports and the token."""
+    """`python -m shiplift.tasks.backends.local.router` on free ports, its state file read for the ports and the
+    token."""
 
     def __init__(self, folder: Path, invoke_timeout_s: float = 30):
         state_file = folder / "router.json"
-        self.proc = subprocess.Popen([sys.executable, "-m", "tasks.backends.local.router", "--name", ENDPOINT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "shiplift.tasks.backends.local.router", "--name", ENDPOINT,
                                       "--port", "0", "--state-file", str(state_file), "--invoke-timeout-s",
                                       str(invoke_timeout_s)],
-                                     env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
         while not state_file.exists():

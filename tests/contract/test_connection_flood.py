@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from images.common.sagemaker_http import HttpSettings, ModelServer, ModelService
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import NotReady
+from shiplift.images.common.sagemaker_http import HttpSettings, ModelServer, ModelService
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import NotReady
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fakes" / "fake_model_server.py"
@@ -194,9 +194,9 @@ def router(tmp: Path, *args: str) -> Iterator[dict[str, Any]]:
     """A router process with its default limits (plus `args`); yields its state file's content."""
     state_file = tmp / "router.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tasks.backends.local.router", "--name", "ep-flood", "--port", "0",
+        [sys.executable, "-m", "shiplift.tasks.backends.local.router", "--name", "ep-flood", "--port", "0",
          "--state-file", str(state_file), *args],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         _wait(lambda: state_file.exists() or proc.poll() is not None, 15, "the router wrote its state file")

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.artifacts.tiny_gguf import CHAT_TEMPLATES, write_tiny_gguf
+from shiplift.tasks.artifacts.tiny_gguf import CHAT_TEMPLATES, write_tiny_gguf
 from tests.contract.conftest import (
     REPO,
     Reply,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tasks.hashing import sha256_file
+from shiplift.tasks.hashing import sha256_file
 from tests.contract.conftest import invoke_until_overloaded
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def probs(result: dict) -> list[float]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random encoder directory (seed 0) with an int8 model next to the fp32 one."""
-    from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
+    from shiplift.tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 
     path = tmp_path_factory.mktemp("encoder-model") / "model"
     write_tiny_onnx_model_dir(path, seed=0)
@@ -520,7 +520,7 @@ def test_the_image_layout_serves_with_the_shared_module_beside_the_server(
 
 
 def test_dockerfile_pins_the_base_by_digest_and_runs_the_server_as_non_root():
-    from tasks.backends.image_source import dockerfile_base_images
+    from shiplift.tasks.backends.image_source import dockerfile_base_images
 
     dockerfile = IMAGE_DIR / "Dockerfile"
     text = dockerfile.read_text()

@@ -61,7 +61,7 @@ def _wait_listening(proc: subprocess.Popen, port_file: Path | None, log: Path) -
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory, tiny_env) -> Iterator[dict[str, Target]]:
-    from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
+    from shiplift.tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 
     tmp = tmp_path_factory.mktemp("hostile")
     limits = {"READ_DEADLINE_S": str(READ_DEADLINE_S), "MAX_CONNECTIONS": str(MAX_CONNECTIONS), "MAX_IN_FLIGHT": "1"}
@@ -86,10 +86,10 @@ def targets(tmp_path_factory, tiny_env) -> Iterator[dict[str, Target]]:
     state_file, router_log = tmp / "router.json", tmp / "router.log"
     with open(router_log, "wb") as log:
         router = subprocess.Popen(
-            [sys.executable, "-m", "tasks.backends.local.router", "--name", ROUTER_ENDPOINT, "--port", "0",
+            [sys.executable, "-m", "shiplift.tasks.backends.local.router", "--name", ROUTER_ENDPOINT, "--port", "0",
              "--state-file", str(state_file), "--read-deadline-s", str(READ_DEADLINE_S),
              "--max-connections", str(MAX_CONNECTIONS), "--max-in-flight", "1"],
-            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )
     router_port = _wait_listening(router, state_file, router_log)
     info = json.loads(state_file.read_text())

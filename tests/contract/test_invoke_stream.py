@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from botocore.eventstream import EventStreamBuffer
 
-from tasks.artifacts.packaging import package_gguf
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.backends.aws.invoke import RuntimeChannel
-from tasks.backends.aws.session import Aws
+from shiplift.tasks.artifacts.packaging import package_gguf
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.backends.aws.invoke import RuntimeChannel
+from shiplift.tasks.backends.aws.session import Aws
 from tests.aws.test_double import DECISION, _variant, create_endpoint, create_model, publish_image, wait_until_settled
 
 
@@ -91,7 +91,7 @@ def test_the_doubles_event_stream_is_what_botocore_decodes_and_a_break_is_a_mode
 
 def test_a_chat_endpoint_streams_server_sent_events_through_invoke_endpoint_with_response_stream(aws, tmp_path):
     """The DLC (its local stand-in) on the double, asked `stream: true`: the events arrive in several PayloadParts."""
-    from tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
+    from shiplift.tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
     from tests.aws.test_double import BUCKET, ROLE, ensure_bucket
 
     gguf = write_tiny_gguf(tmp_path / "chat.gguf", seed=0, chat_template=CHAT_TEMPLATES["turns"])

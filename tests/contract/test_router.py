@@ -68,12 +68,11 @@ class Fleet:
     def __init__(self, tmp: Path):
         self.procs: list[subprocess.Popen] = []
         state_file = tmp / "router.json"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.router = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "tasks.backends.local.router",
+                "shiplift.tasks.backends.local.router",
                 "--name",
                 ENDPOINT,
                 "--port",
@@ -83,7 +82,6 @@ class Fleet:
                 "--invoke-timeout-s",
                 str(INVOKE_TIMEOUT_S),
             ],
-            env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hashing import sha256_file
+from shiplift.tasks.hashing import sha256_file
 from tests.contract.conftest import invoke_until_overloaded
 
 STATE = {"cart": ["apple", "pear"], "budget": 12.5, "member": True}
@@ -459,7 +459,7 @@ def test_context_beyond_the_models_training_context_refuses_to_start(run_refusal
 
 
 def test_letters_that_are_not_single_tokens_refuse_to_start(run_refusal, clean_env, tmp_path):
-    from tasks.artifacts.tiny_gguf import write_tiny_gguf
+    from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
 
     model = write_tiny_gguf(tmp_path / "no-k.gguf", seed=0, letters_single_token=False)
     done = run_refusal(clean_env(SEMIF_GGUF_PATH=str(model), SEMIF_MAX_TOKENS="2048"))
@@ -502,7 +502,7 @@ def test_the_image_layout_serves_with_the_shared_module_beside_the_server(
 
 
 def test_dockerfile_pins_the_dlc_by_digest_and_runs_the_adapter_as_non_root():
-    from tasks.backends.image_source import dockerfile_base_images
+    from shiplift.tasks.backends.image_source import dockerfile_base_images
 
     dockerfile = IMAGE_DIR / "Dockerfile"
     text = dockerfile.read_text()

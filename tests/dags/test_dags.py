@@ -44,8 +44,9 @@ for path in sorted(folder.glob("*.py")):
     began = time.monotonic()
     namespace = runpy.run_path(str(path), run_name=path.stem)
     files[path.stem] = {"seconds": time.monotonic() - began, "dag_id": namespace["dag"].dag_id}
-loaded = [name for name in ("tasks.pipeline.release", "tasks.ledger.store", "tasks.backends.registry", "numpy",
-                            "validation.metrics", "validation.gates") if name in sys.modules]
+loaded = [name for name in ("shiplift.tasks.pipeline.release", "shiplift.tasks.ledger.store",
+                            "shiplift.tasks.backends.registry", "numpy", "shiplift.validation.metrics",
+                            "shiplift.validation.gates") if name in sys.modules]
 print(json.dumps({"files": files, "loaded": loaded}))
 """
 
@@ -96,8 +97,8 @@ def test_tags_owner_retries_timeouts_and_one_run_per_model(dagbag):
         assert retries[stage] >= 2, stage
         assert refresh.get_task(stage).retry_exponential_backoff > 0
         assert refresh.get_task(stage).retry_policy is not None
-    from tasks.config import load_release_config
-    from tasks.pipeline.table import STEPS, timeout_for
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.pipeline.table import STEPS, timeout_for
 
     assert retries == {name: STEPS[name].retries for name in retries}, "retries come from the one stage table"
     for path in RELEASE_CONFIGS:
@@ -171,7 +172,7 @@ def test_promotion_params_are_refused_with_the_reason(dagbag, conf, named):
 
 
 def test_the_dag_params_use_the_release_id_pattern_of_tasks(shiplift_dags):
-    from tasks.pipeline.promotion import RELEASE_ID_PATTERN
+    from shiplift.tasks.pipeline.promotion import RELEASE_ID_PATTERN
 
     assert shiplift_dags.RELEASE_ID_PATTERN == RELEASE_ID_PATTERN
 
@@ -189,12 +190,12 @@ def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_da
     (its state dir set through the DAG's `overrides` param); the promotion and audit DAGs run on it; a
     release whose validate stage raises fails the run, is torn down and gives the lease back; a release the
     gate rejects is a successful run with status rejected; an unknown conf key fails at begin."""
-    from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.config import load_release_config
-    from tasks.ledger.events import STAGES as ALL_STAGES
-    from tasks.ledger.release_state import ReleaseState
-    from tasks.ledger.store import Ledger
-    from tasks.pipeline.release import release_id_for
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.ledger.events import STAGES as ALL_STAGES
+    from shiplift.tasks.ledger.release_state import ReleaseState
+    from shiplift.tasks.ledger.store import Ledger
+    from shiplift.tasks.pipeline.release import release_id_for
 
     state_dir, unused = tmp_path / "state", tmp_path / "state-in-the-config-file"
     config = tiny_release.write_tiny_config(tmp_path / "configs", unused)

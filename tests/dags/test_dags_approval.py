@@ -87,8 +87,8 @@ def _sweep_when_due(ti_id: str, done: threading.Event, deadline: float) -> bool:
 
 def _lease_free(ledger_db: str, model: str) -> bool | str:
     """Whether another holder can take the model's promotion lease now (it is given back at once), else why not."""
-    from tasks.errors import LeaseHeld
-    from tasks.ledger.store import Ledger
+    from shiplift.tasks.errors import LeaseHeld
+    from shiplift.tasks.ledger.store import Ledger
 
     ledger = Ledger.for_sqlite(Path(ledger_db))
     try:
@@ -202,13 +202,13 @@ def test_refresh_and_promote_dags_wait_for_a_person_answering_through_airflows_h
     ledger names her and her comment); the opener's own approval is refused by four eyes (the decision task fails with
     the Conflict, nothing recorded) and the promote DAG then asks again and bob approves; bob rejects one (rejected,
     the champion serving on); one nobody answers times out through the scheduler's sweep (rejected, timed_out)."""
-    from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.config import load_release_config
-    from tasks.errors import Conflict
-    from tasks.ledger.release_state import ReleaseState
-    from tasks.ledger.store import Ledger
-    from tasks.pipeline.approval_steps import record_decision_orchestrated
-    from tasks.pipeline.release import release_id_for
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.errors import Conflict
+    from shiplift.tasks.ledger.release_state import ReleaseState
+    from shiplift.tasks.ledger.store import Ledger
+    from shiplift.tasks.pipeline.approval_steps import record_decision_orchestrated
+    from shiplift.tasks.pipeline.release import release_id_for
 
     state_dir = tmp_path / "state"
     config = tiny_release.write_tiny_config(tmp_path / "configs", tmp_path / "unused-state", name="tiny-approval",

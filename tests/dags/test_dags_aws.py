@@ -13,7 +13,7 @@ import os
 
 def test_refresh_dag_of_an_aws_config_takes_its_session_from_aws_default(aws_double, aws_release, tmp_path, airflow_env,
                                                                           run_dags, dags_for_configs, tiny_release):
-    from tasks.ledger.store import Ledger
+    from shiplift.tasks.ledger.store import Ledger
 
     double = aws_double
     double.reset()

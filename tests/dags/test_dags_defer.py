@@ -26,7 +26,7 @@ def refresh(shiplift_dags, tiny_release, tmp_path):
 
 
 def test_the_table_s_deferring_stage_is_a_deferrable_task_polled_at_the_table_s_interval(shiplift_dags, refresh):
-    from tasks.pipeline.table import STEPS
+    from shiplift.tasks.pipeline.table import STEPS
 
     deferring = {name for name, step in STEPS.items() if step.defers}
     assert deferring == {"deploy_candidate"}
@@ -52,7 +52,7 @@ def test_the_trigger_round_trips_through_its_classpath(shiplift_dags):
 def test_the_trigger_polls_until_done_and_reports_a_failure_with_its_class(shiplift_dags, monkeypatch):
     """run() polls off the event loop, sleeping every_s between polls; a failure the poll raised becomes a failed
     event with the error's class, problem and fix (the poll recorded it in the ledger)."""
-    from tasks.errors import CapacityError
+    from shiplift.tasks.errors import CapacityError
 
     answers = [{"done": False, "status": "endpoint Creating"}, {"done": True, "status": "endpoint InService"}]
     trigger = shiplift_dags.StagePollTrigger(release_id="r", stage="deploy_candidate", holder="h", every_s=0.01)
@@ -77,8 +77,8 @@ def test_execute_defers_at_once_and_execute_complete_raises_the_polled_failure_a
                                                                                                monkeypatch):
     from airflow.sdk.exceptions import TaskDeferred
 
-    import tasks.pipeline.deferred as deferred
-    from tasks.errors import CapacityError, DeployFailed, is_retryable
+    import shiplift.tasks.pipeline.deferred as deferred
+    from shiplift.tasks.errors import CapacityError, DeployFailed, is_retryable
 
     begun = {"release_id": "tiny-decision-000000000000", "ledger_url": "sqlite:////tmp/l.db", "state_dir": "/s",
              "status": "running"}
@@ -123,9 +123,9 @@ def test_a_refresh_run_defers_its_deploy_and_the_ledger_shows_start_then_result(
                                                                                  tiny_release):
     """dag.test() on the local backend: deploy_candidate defers once (the trigger runs inline), resumes, and the run
     promotes; the ledger has the deferred start's `started` record, then the stage's own run and its result."""
-    from tasks.config import load_release_config
-    from tasks.ledger.store import Ledger
-    from tasks.pipeline.release import release_id_for
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.ledger.store import Ledger
+    from shiplift.tasks.pipeline.release import release_id_for
 
     state_dir = tmp_path / "state"
     config = tiny_release.write_tiny_config(tmp_path / "configs", tmp_path / "unused")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,8 @@ def stop_endpoints_afterwards(tmp_path):
 
 
 def shiplift_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", *args], cwd=ROOT, capture_output=True,
+                          text=True,
                           timeout=timeout)
 
 
@@ -61,7 +62,8 @@ def serve():
 
     def start(image: str, *args: str, ready_timeout_s: float = 120) -> str:
         port = free_port()
-        process = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "serve", image, *args, "--port", str(port)],
+        process = subprocess.Popen([sys.executable, "-m", "shiplift.tasks.cli.main", "serve", image, *args, "--port",
+                                    str(port)],
                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         processes.append(process)
         url = f"http://127.0.0.1:{port}"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import run_release
 from tests.tiny_release import stop_endpoints, write_tiny_chat_config
 
 QUIET = lambda message: None  # noqa: E731
@@ -98,7 +98,8 @@ def test_eval_chat_scores_a_live_chat_endpoint_and_reports_what_the_readout_lost
     hosting = ProcessSupervisor(released["state_dir"])
     [endpoint] = [e for e in hosting.list_endpoints() if e["name"].endswith("-prod")]
     data = yaml.safe_load(released["config"].read_text())["validation"]["datasets"][0]["path"]
-    command = [sys.executable, "-m", "tasks.cli.main", "eval", "chat", "--endpoint", endpoint["url"], "--data", data,
+    command = [sys.executable, "-m", "shiplift.tasks.cli.main", "eval", "chat", "--endpoint", endpoint["url"],
+               "--data", data,
                "--out", str(tmp_path / "eval"), "--shots", "1", "--bootstrap", "100", "--min-validity", "0", "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]
@@ -116,7 +117,7 @@ def test_serve_chat_refuses_a_missing_model_file_without_a_traceback(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "serve", "chat", "--gguf",
+    done = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "serve", "chat", "--gguf",
                            str(tmp_path / "no.gguf")], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "does not exist" in done.stderr and "Traceback" not in done.stderr
 
@@ -126,9 +127,9 @@ def test_a_gguf_without_a_chat_template_is_refused_at_build_unless_the_config_na
     model never saw, so the build refuses it with the fix (and nothing is deployed)."""
     import yaml
 
-    from tasks.artifacts.tiny_gguf import write_tiny_gguf
-    from tasks.errors import ConfigError
-    from tasks.hashing import sha256_file
+    from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+    from shiplift.tasks.errors import ConfigError
+    from shiplift.tasks.hashing import sha256_file
 
     config = write_tiny_chat_config(tmp_path / "configs", tmp_path / "state", name="bare-chat")
     bare = write_tiny_gguf(tmp_path / "bare.gguf", seed=1)

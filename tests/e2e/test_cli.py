@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.ledger.store import Ledger
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 DECISIONS = ROOT / "validation" / "data" / "decisions.jsonl"
@@ -86,8 +86,8 @@ def test_ledger_commands_without_a_ledger_say_how_to_get_one(tmp_path, cli):
 
 
 def test_endpoints_list_and_stop(tmp_path, cli):
-    from tasks.backends.local.endpoint_state import ProcessSpec
-    from tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.backends.local.endpoint_state import ProcessSpec
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 
     hosting = ProcessSupervisor(tmp_path)
     hosting.ensure_endpoint("cli-test")
@@ -106,7 +106,7 @@ def test_endpoints_list_and_stop(tmp_path, cli):
 # ~18 s: make test-slow; make test serves and gates the encoder through a release (tests/e2e/test_release_local.py)
 @pytest.mark.slow
 def test_serve_encoder_and_eval_nli(tmp_path, serve, cli):
-    from tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
+    from shiplift.tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 
     model_dir = write_tiny_onnx_model_dir(tmp_path / "model", seed=0)
     url = serve("encoder", "--model-dir", str(model_dir), "--threads", "1", "--variant", "int8", ready_timeout_s=60)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.cli.demo import LiveTraffic
-from tasks.config import load_release_config
-from tasks.errors import CapacityError
-from tasks.ledger import events
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import run_release
-from tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.cli.demo import LiveTraffic
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import CapacityError
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 from tests.e2e.test_shared_endpoint import QUIET, copies
 
 PLACEMENT = {"kind": "instance_type", "instance_type": "ml.c7i.xlarge", "instance_count": 2, "endpoint": "fleet"}

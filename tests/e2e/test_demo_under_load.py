@@ -5,7 +5,7 @@ A fresh `make demo` on a 2-core machine with other processes running at low prio
 compared with the champion as a ratio measured alternately (what loads the machine loads both), and the absolute
 ceiling is an SLO set for a busy machine. This runs the whole story, not only the Gemma steps whose latency is
 compared, because every step is gated on latency (the encoder and the chat path on their SLO alone) and the canaries
-need the earlier steps' champion: `python -m tasks.cli.demo` as `make demo` runs it, with one `nice -n 19` busy
+need the earlier steps' champion: `python -m shiplift.tasks.cli.demo` as `make demo` runs it, with one `nice -n 19` busy
 loop per core beside it from start to end. About 25-40 minutes on 2 cores: `make test-slow`.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.cli.demo import EXPECTED, STEPS
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.cli.demo import EXPECTED, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 # demo.main: "{label}: {status} ({decision}); report …"
@@ -41,7 +41,8 @@ def test_the_demo_ends_as_designed_with_a_cpu_hog_on_every_core(tmp_path):
     state_dir = tmp_path / "demo"
     hogs = cpu_hogs(os.cpu_count() or 2)
     try:
-        result = subprocess.run([sys.executable, "-m", "tasks.cli.demo"], cwd=ROOT, capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.demo"], cwd=ROOT, capture_output=True,
+                                text=True,
                                 env={**os.environ, "SHIPLIFT_HOME": str(state_dir)}, timeout=5100)
         running = [hog.poll() is None for hog in hogs]
         busy_s = [sum(psutil.Process(hog.pid).cpu_times()[:2]) for hog in hogs]

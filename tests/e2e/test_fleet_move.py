@@ -20,19 +20,19 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.cli.demo import LiveTraffic
-from tasks.config import load_release_config
-from tasks.errors import ConfigError, Conflict, DeployFailed, LeaseHeld
-from tasks.ledger import events
-from tasks.ledger.store import Ledger
-from tasks.ledger.views import serving_status, timeline
-from tasks.pipeline.audit import audit
-from tasks.pipeline.fleet.move import move_fleet
-from tasks.pipeline.fleet.plan import plan_fleet
-from tasks.pipeline.promotion import rollback
-from tasks.pipeline.release import run_release
-from tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.cli.demo import LiveTraffic
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError, Conflict, DeployFailed, LeaseHeld
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.views import serving_status, timeline
+from shiplift.tasks.pipeline.audit import audit
+from shiplift.tasks.pipeline.fleet.move import move_fleet
+from shiplift.tasks.pipeline.fleet.plan import plan_fleet
+from shiplift.tasks.pipeline.promotion import rollback
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 from tests.e2e.conftest import shiplift_cli
 
 QUIET = lambda message: None  # noqa: E731
@@ -176,8 +176,8 @@ def test_a_move_cut_short_after_its_copies_started_or_after_the_old_endpoint_wen
     model's cost, also after a rollback to the moved release."""
     from dataclasses import replace
 
-    import validation.cold_start as cold_start
-    from tasks.backends.local.hosting import LoopbackHosting
+    import shiplift.validation.cold_start as cold_start
+    from shiplift.tasks.backends.local.hosting import LoopbackHosting
 
     prices = tmp_path / "prices.yaml"  # the shipped table has no CPU figure; 0.25 $/h is a test figure
     prices.write_text("version: 1\noffer: sagemaker-real-time-on-demand\ncurrency: USD\nunit: instance-hour\nprices: "

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.registry import make_backends
-from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import ConfigError
-from tasks.ledger.store import Ledger
-from tasks.pipeline.fleet.move import move_fleet
-from tasks.pipeline.fleet.plan import plan_fleet
-from tasks.pipeline.release import run_release
-from tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.backends.registry import make_backends
+from shiplift.tasks.config import ReleaseConfig, load_release_config
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.fleet.move import move_fleet
+from shiplift.tasks.pipeline.fleet.plan import plan_fleet
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 from tests.e2e.conftest import shiplift_cli
 
 QUIET = lambda message: None  # noqa: E731

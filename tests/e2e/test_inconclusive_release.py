@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.registry import open_ledger
-from tasks.console import EXIT_REJECTED
-from tasks.errors import GateFailed
-from tasks.hashing import sha256_file
-from tasks.ledger.events import AWAITING_APPROVAL
-from tasks.ledger.views import serving_status
-from tasks.pipeline.promotion import promote
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.registry import open_ledger
+from shiplift.tasks.console import EXIT_REJECTED
+from shiplift.tasks.errors import GateFailed
+from shiplift.tasks.hashing import sha256_file
+from shiplift.tasks.ledger.events import AWAITING_APPROVAL
+from shiplift.tasks.ledger.views import serving_status
+from shiplift.tasks.pipeline.promotion import promote
+from shiplift.tasks.pipeline.release import run_release
 from tests.conftest import load_by_path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import IntegrityError, LeaseHeld
-from tasks.ledger.events import STAGES
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import IntegrityError, LeaseHeld
+from shiplift.tasks.ledger.events import STAGES
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import run_release
 
 QUIET = lambda message: None  # noqa: E731
 
@@ -75,7 +75,13 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
     assert strict["stages"]["promote"] == "succeeded"  # ran, and recorded a skip
     assert production(state_dir, "tiny-decision")["spec"]["model_ref"]["release_id"] == second["release_id"]
     assert ledger.verify().ok
-    from tasks.ledger.checkpoints import CheckpointLog, SigningKey, default_key_path, log_path, verify_with_checkpoints
+    from shiplift.tasks.ledger.checkpoints import (
+        CheckpointLog,
+        SigningKey,
+        default_key_path,
+        log_path,
+        verify_with_checkpoints,
+    )
 
     log = CheckpointLog(log_path(state_dir))
     head = ledger.head()
@@ -88,7 +94,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
 
     served_now = ledger.served_at("tiny-decision", datetime.now(UTC))
     assert served_now.release_id == second["release_id"]
-    from tasks.ledger.views import diff
+    from shiplift.tasks.ledger.views import diff
 
     changed = diff(ledger, first["release_id"], second["release_id"])["changed"]
     assert "artifact_sha256" in changed and "config.calibration.fit_temperature" in changed
@@ -99,7 +105,7 @@ def test_release_promotes_then_gates_the_next_against_the_champion(release_confi
 
 
 def test_crash_in_validate_tears_down_and_resumes(release_config, tmp_path, monkeypatch):
-    from tasks.pipeline.stages import validate
+    from shiplift.tasks.pipeline.stages import validate
 
     state_dir = tmp_path / "state"
     real_run = validate.run
@@ -140,7 +146,7 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
     import subprocess
     import sys
 
-    from tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage
+    from shiplift.tasks.pipeline.release import begin_orchestrated, end_orchestrated, run_orchestrated_stage
 
     state_dir = tmp_path / "state"
     begun = begin_orchestrated(release_config(), holder="airflow:refresh/run-1", progress=QUIET)
@@ -151,7 +157,8 @@ def test_orchestrated_run_is_stage_by_stage_and_retries_do_not_duplicate(release
         if stage != "teardown_candidate":
             assert run_orchestrated_stage(begun["release_id"], stage, state_dir=begun["state_dir"],
                                           progress=QUIET) == first
-    cli = subprocess.run([sys.executable, "-m", "tasks.cli.main", "stage", "build", "--release", begun["release_id"],
+    cli = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "stage", "build", "--release",
+                          begun["release_id"],
                           "--state-dir", begun["state_dir"], "--json"], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and json.loads(cli.stdout)["gguf_sha256"]
     summary = end_orchestrated(begun["release_id"], holder="airflow:refresh/run-1", failed=False,
@@ -187,13 +194,13 @@ def test_a_stage_killed_midway_and_retried_does_not_duplicate(release_config, tm
     import sys
     import time
 
-    from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
+    from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
 
     begun = begin_orchestrated(release_config(), holder="test", progress=QUIET)
     state_dir, release_id = begun["state_dir"], begun["release_id"]
     for stage in ("resolve", "build", "package", "image"):
         run_orchestrated_stage(release_id, stage, state_dir=state_dir, progress=QUIET)
-    command = [sys.executable, "-m", "tasks.cli.main", "stage", "deploy_candidate", "--release", release_id,
+    command = [sys.executable, "-m", "shiplift.tasks.cli.main", "stage", "deploy_candidate", "--release", release_id,
                "--state-dir", state_dir]
     victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoints = Path(state_dir) / "endpoints"
@@ -229,7 +236,7 @@ def test_a_release_killed_during_validate_is_resumed_by_its_rerun_at_once(releas
     import time
 
     config = release_config()
-    command = [sys.executable, "-m", "tasks.cli.main", "release", str(config)]
+    command = [sys.executable, "-m", "shiplift.tasks.cli.main", "release", str(config)]
     victim = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     path, deadline, started = tmp_path / "state" / "ledger.db", time.monotonic() + 240, []
     while time.monotonic() < deadline and victim.poll() is None and not started:
@@ -259,8 +266,8 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
     """An ONNX encoder goes through the same stages: export + int8 + parity, encoder server, NLI gate."""
     import yaml
 
-    from tasks.artifacts.tiny_encoder import write_tiny_checkpoint
-    from tasks.hashing import sha256_tree
+    from shiplift.tasks.artifacts.tiny_encoder import write_tiny_checkpoint
+    from shiplift.tasks.hashing import sha256_tree
 
     checkpoint = write_tiny_checkpoint(tmp_path / "checkpoint", seed=0)
     tree = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/releases/minilm-nli.yaml").read_text())
@@ -275,7 +282,7 @@ def test_encoder_release_exports_checks_parity_and_serves_nli(tmp_path):
 
     summary = run_release(config, progress=QUIET)
     assert summary["status"] == "promoted", summary
-    from tasks.ledger.release_state import ReleaseState
+    from shiplift.tasks.ledger.release_state import ReleaseState
 
     state = ReleaseState.load(Ledger.for_sqlite(tmp_path / "state" / "ledger.db"), summary["release_id"])
     parity = state.result("build").model_extra["parity"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.cli.demo import LiveTraffic
-from tasks.ledger.store import Ledger
-from tasks.pipeline.promotion import rollback
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.cli.demo import LiveTraffic
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.promotion import rollback
+from shiplift.tasks.pipeline.release import run_release
 from tests.e2e.test_release_local import QUIET, production
 
 MODEL = "tiny-decision"
@@ -104,7 +104,7 @@ def test_a_first_release_that_fails_live_is_taken_out_of_service_and_recorded(re
     offline gate sends single decisions, so it passes). It starts its copies, production traffic reaches them during
     their bake, the error-rate alarm fires, and the component is deleted: the release ends rolled back with why, and
     nothing serves. Before issue 45 it went to production all at once, unbaked."""
-    from tasks.pipeline.bake import BakeWatch
+    from shiplift.tasks.pipeline.bake import BakeWatch
 
     state_dir, model = tmp_path / "state", "tiny-refuses"
     endpoint, component = f"shiplift-{model}-prod", f"shiplift-{model}"

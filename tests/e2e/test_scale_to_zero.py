@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local.hosting import LoopbackHosting
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.config import load_release_config
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import run_release
-from tasks.pipeline.stages.common import production_component, production_endpoint
-from validation.cold_start import CHECK_NAME, first_answer
-from validation.transport import HttpInvoker
+from shiplift.tasks.backends.local.hosting import LoopbackHosting
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.validation.cold_start import CHECK_NAME, first_answer
+from shiplift.validation.transport import HttpInvoker
 
 QUIET = lambda message: None  # noqa: E731
 

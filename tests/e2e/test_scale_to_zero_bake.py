@@ -5,9 +5,9 @@ put on every copy at once, unbaked, before.)"""
 
 from __future__ import annotations
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage, run_release
 
 QUIET = lambda message: None  # noqa: E731
 MODEL = "tiny-zero-canary"

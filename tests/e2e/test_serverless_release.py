@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.artifacts.tiny_encoder import write_tiny_checkpoint
-from tasks.backends.local.hosting import LoopbackHosting
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.hashing import sha256_tree
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import run_release
-from validation.cold_start import CHECK_NAME, first_answer
-from validation.transport import HttpInvoker
+from shiplift.tasks.artifacts.tiny_encoder import write_tiny_checkpoint
+from shiplift.tasks.backends.local.hosting import LoopbackHosting
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.hashing import sha256_tree
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.validation.cold_start import CHECK_NAME, first_answer
+from shiplift.validation.transport import HttpInvoker
 
 QUIET = lambda message: None  # noqa: E731
 ROOT = Path(__file__).resolve().parents[2]

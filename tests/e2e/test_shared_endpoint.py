@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.cli.demo import LiveTraffic
-from tasks.config import load_release_config
-from tasks.ledger.store import Ledger
-from tasks.ledger.views import show
-from tasks.pipeline.promotion import rollback
-from tasks.pipeline.release import run_release
-from tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.cli.demo import LiveTraffic
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.views import show
+from shiplift.tasks.pipeline.promotion import rollback
+from shiplift.tasks.pipeline.release import run_release
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 
 QUIET = lambda message: None  # noqa: E731
 CANARY = {"strategy": "canary", "copies": 2, "wait_interval_s": 1, "maximum_execution_timeout_s": 600,

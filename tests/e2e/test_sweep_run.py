@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.registry import open_ledger
-from tasks.cli.main import main
-from tasks.ledger import events
-from tasks.ledger.release_state import ReleaseState
-from tasks.sweeps.config import load_sweep
-from tasks.sweeps.records import SweepRecords, explanation
-from tasks.sweeps.run import run_sweep
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.backends.registry import open_ledger
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.sweeps.config import load_sweep
+from shiplift.tasks.sweeps.records import SweepRecords, explanation
+from shiplift.tasks.sweeps.run import run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEAPEST_FIRST = [{"metric": "usd_per_1m_decisions", "direction": "min"}, {"metric": "p95_ms", "direction": "min"}]
@@ -88,7 +88,7 @@ def test_a_sweep_picks_from_its_ledger_records_and_a_rerun_changes_nothing(tmp_p
 
 @pytest.mark.slow
 def test_a_sweep_against_a_champion_releases_its_pick_on_held_out_tasks(tmp_path, release_config, capsys):
-    from tasks.pipeline.release import run_release
+    from shiplift.tasks.pipeline.release import run_release
 
     base = release_config()
     champion = run_release(base, progress=quiet)

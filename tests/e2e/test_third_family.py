@@ -18,12 +18,12 @@ from typing import Literal
 import pytest
 import yaml
 
-from tasks.config import load_release_config
-from tasks.errors import ConfigError
-from tasks.families import registry
-from tasks.families.base import BuiltImageConfig, ModelFamily
-from tasks.families.gguf_decisions import GgufDecisions
-from tasks.hashing import sha256_file
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.families import registry
+from shiplift.tasks.families.base import BuiltImageConfig, ModelFamily
+from shiplift.tasks.families.gguf_decisions import GgufDecisions
+from shiplift.tasks.hashing import sha256_file
 from tests.e2e.third_family.family import ToyArtifact, ToyFamily, write_toy_model
 from tests.tiny_release import stop_endpoints, write_tiny_config
 
@@ -109,7 +109,7 @@ def test_a_family_class_missing_steps_is_refused_at_registration_naming_them():
 
     with pytest.raises(ConfigError, match=r"model family Half lacks manifest_fields, memory —") as refused:
         registry.register(Half)
-    assert "tasks.families.base.ModelFamily" in refused.value.fix
+    assert "shiplift.tasks.families.base.ModelFamily" in refused.value.fix
     assert all(family.artifact_kind != "half" for family in registry.families())
 
 
@@ -143,8 +143,8 @@ def test_a_family_claiming_a_capability_without_its_steps_is_refused():
 
 
 def test_a_toy_family_with_its_own_image_and_gate_is_released_end_to_end(tmp_path, toy):
-    from tasks.ledger.store import Ledger
-    from tasks.pipeline.release import reopen_release, run_release
+    from shiplift.tasks.ledger.store import Ledger
+    from shiplift.tasks.pipeline.release import reopen_release, run_release
 
     config_path = _toy_config(tmp_path)
     config = load_release_config(config_path)

@@ -48,7 +48,6 @@ import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -57,7 +56,6 @@ import time
 import urllib.request
 import uuid
 import zipfile
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -75,10 +73,11 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
-from tasks.artifacts.packaging import safe_extract
-from tasks.backends.aws.service_model import request_problems, service_model
-from tasks.backends.capacity import cpu_count
-from tasks.backends.placement import gpus_per_instance
+from shiplift.tasks.artifacts.packaging import safe_extract
+from shiplift.tasks.backends.aws.service_model import request_problems, service_model
+from shiplift.tasks.backends.capacity import cpu_count
+from shiplift.tasks.backends.local.event_stream import payload_events
+from shiplift.tasks.backends.placement import gpus_per_instance
 
 PERCENTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
 
@@ -2073,41 +2072,20 @@ def open_invocation(port: int, params: dict[str, Any]) -> tuple[http.client.HTTP
         raise
 
 
-def event_message(headers: dict[str, str], payload: bytes) -> bytes:
-    """One message of AWS's event-stream encoding (application/vnd.amazon.eventstream), which botocore decodes: the
-    prelude (total and headers length, its CRC32), string headers, the payload, the message's CRC32
-    (https://docs.aws.amazon.com/AmazonS3/latest/API/RESTSelectObjectAppendix.html)."""
-    encoded = b"".join(bytes([len(name)]) + name.encode() + b"\x07" + struct.pack(">H", len(value.encode()))
-                       + value.encode() for name, value in headers.items())
-    prelude = struct.pack(">II", 12 + len(encoded) + len(payload) + 4, len(encoded))
-    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + payload
-    return message + struct.pack(">I", zlib.crc32(message))
-
-
 def stream_events(response: http.client.HTTPResponse, done: Callable[[], None]) -> Iterator[bytes]:
     """InvokeEndpointWithResponseStream's body: each piece the container writes as a `PayloadPart` event as it
     comes; a read that fails or waits past INVOKE_TIMEOUT_S ends the stream with a `ModelStreamError` event (error
     codes StreamBroken and ModelInvocationTimeExceeded, as the API reference lists them:
     https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_runtime_InvokeEndpointWithResponseStream.html).
-    `done` runs once the stream ends, however it ends (the client may stop reading)."""
-    part = {":event-type": "PayloadPart", ":content-type": "application/octet-stream", ":message-type": "event"}
+    The framing is the local router's (`event_stream.payload_events`); both are decoded by botocore's own parser in
+    the tests, the oracle for the encoding. `done` runs once the stream ends, however it ends."""
+
+    def pieces() -> Iterator[bytes]:
+        while chunk := response.read1(1 << 16):
+            yield chunk
+
     try:
-        while True:
-            try:
-                chunk = response.read1(1 << 16)
-            except TimeoutError:
-                code, message = "ModelInvocationTimeExceeded", f"the model did not write within {INVOKE_TIMEOUT_S:g}s"
-            except (OSError, http.client.HTTPException) as exc:
-                code, message = "StreamBroken", f"the model's stream broke off ({exc})"
-            else:
-                if not chunk:
-                    return
-                yield event_message(part, chunk)
-                continue
-            yield event_message({":exception-type": "ModelStreamError", ":content-type": "application/json",
-                                 ":message-type": "exception"},
-                                json.dumps({"Message": message, "ErrorCode": code}).encode())
-            return
+        yield from payload_events(pieces(), INVOKE_TIMEOUT_S)
     finally:
         done()
 

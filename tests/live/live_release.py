@@ -25,11 +25,11 @@ from typing import Any
 import boto3
 import yaml
 
-from tasks.backends.aws.iam import codebuild_role_policy, execution_role_policy, pipeline_policy, trust_policy
-from tasks.backends.aws.session import ACCESS_DENIED, Aws
-from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import ConfigError, NotFound, ShipliftError
-from tasks.pipeline.release import print_progress, run_release
+from shiplift.tasks.backends.aws.iam import codebuild_role_policy, execution_role_policy, pipeline_policy, trust_policy
+from shiplift.tasks.backends.aws.session import ACCESS_DENIED, Aws
+from shiplift.tasks.config import ReleaseConfig, load_release_config
+from shiplift.tasks.errors import ConfigError, NotFound, ShipliftError
+from shiplift.tasks.pipeline.release import print_progress, run_release
 from tests.tiny_release import write_tiny_config
 
 MODEL_NAME = "tiny-live"
@@ -294,9 +294,9 @@ class LiveRelease:
     def check_second(self, first: dict, second: dict, pipeline) -> None:
         """The second release is a canary that promoted: the ledger verifies, the audit reads it back from SageMaker as
         what serves, and production answers with its model."""
-        from tasks.ledger.release_state import ReleaseState
-        from tasks.ledger.store import Ledger
-        from tasks.pipeline.audit import audit
+        from shiplift.tasks.ledger.release_state import ReleaseState
+        from shiplift.tasks.ledger.store import Ledger
+        from shiplift.tasks.pipeline.audit import audit
 
         check(second["status"] == "promoted", f"the second release ended {second['status']}, not promoted: {second}")
         check(second["rollout"]["strategy"] == "canary" and second["rollout"]["steps"] > 0,
@@ -352,7 +352,7 @@ class LiveRelease:
     def delete_hosted(self) -> list[str]:
         """Everything `shiplift cleanup --delete-all` deletes for the prefix, again while AWS is still busy with some
         of it (an endpoint still Creating), until the deadline."""
-        from tasks.backends.registry import make_backends
+        from shiplift.tasks.backends.registry import make_backends
 
         backends = make_backends(self.config, session=self.session)
         deadline = time.monotonic() + self.pace.cleanup_deadline_s

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.backends.aws.iam import Scope, pipeline_policy
-from tasks.backends.aws.service_model import operation_name
-from tasks.backends.aws.session import Aws
-from tasks.errors import ConfigError, ShipliftError
+from shiplift.tasks.backends.aws.iam import Scope, pipeline_policy
+from shiplift.tasks.backends.aws.service_model import operation_name
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.errors import ConfigError, ShipliftError
 from tests.aws.iam_reference import Account, actions_for, allowed, evaluated, sse_kms
 from tests.live.live_release import MODEL_NAME, ROLES, LiveRelease, Pace
 

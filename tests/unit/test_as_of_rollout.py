@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.backends.interfaces import RolloutStep
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.ledger.views import as_of, rollout_steps, serving_changes, timeline
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.interfaces import RolloutStep
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.views import as_of, rollout_steps, serving_changes, timeline
+from shiplift.tasks.pipeline.release import run_release
 
 MODEL = "tiny-decision"
 QUIET = lambda message: None  # noqa: E731
@@ -40,7 +40,7 @@ def _records(ledger: Ledger, release_id: str, stage: str, event: str) -> list:
 @pytest.fixture(scope="module")
 def canaries(tmp_path_factory, tiny_release):
     """A deployed whole; B rolled onto production by a canary; C's canary killed during its first bake, then resumed."""
-    from tasks.pipeline.bake import BakeWatch
+    from shiplift.tasks.pipeline.bake import BakeWatch
 
     root = tmp_path_factory.mktemp("as-of-rollout")
     state_dir = root / "state"
@@ -95,7 +95,7 @@ def test_each_traffic_step_is_recorded_when_it_happens(canaries):
 # test_a_rerun_appends_no_step_twice_and_numbers_sagemakers_checks_on below
 @pytest.mark.slow
 def test_as_of_between_two_batches_names_both_releases_with_their_copies(canaries, capsys):
-    from tasks.cli.main import main
+    from shiplift.tasks.cli.main import main
 
     ledger, a, b = canaries["ledger"], canaries["a"], canaries["b"]
     steps = _records(ledger, b, "traffic", "step")
@@ -178,7 +178,7 @@ class _Context:
 
 
 def _log(ctx: _Context):
-    from tasks.pipeline.stages.promote import TrafficLog
+    from shiplift.tasks.pipeline.stages.promote import TrafficLog
 
     return TrafficLog(ctx, endpoint="ep", component="c", strategy="canary", bake=SimpleNamespace(evidence={}),
                       describe=lambda: None)

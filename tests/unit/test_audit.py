@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import Conflict, IntegrityError, NotFound
-from tasks.ledger.store import Ledger
-from tasks.pipeline.audit import audit
-from tasks.pipeline.release import run_release
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import Conflict, IntegrityError, NotFound
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.audit import audit
+from shiplift.tasks.pipeline.release import run_release
 from tests.unit.conftest import Backend
 from tests.unit.test_checkpoints import _rewrite
 

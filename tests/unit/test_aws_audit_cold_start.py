@@ -3,8 +3,8 @@ labelled "copy restart" where it cannot (local); the gate report says which kind
 
 from __future__ import annotations
 
-from validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES, cold_start_kind, stop_for_cold_start
-from validation.gate_report import COLD_START_LABELS, _release_section
+from shiplift.validation.cold_start import COPY_RESTART, FROM_ZERO_INSTANCES, cold_start_kind, stop_for_cold_start
+from shiplift.validation.gate_report import COLD_START_LABELS, _release_section
 
 
 class CopiesOnly:

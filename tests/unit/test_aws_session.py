@@ -1,5 +1,5 @@
-"""tasks.backends.aws.session: botocore failures mapped onto domain errors, and the lazily built, bounded clients of
-`Aws`."""
+"""shiplift.tasks.backends.aws.session: botocore failures mapped onto domain errors, and the lazily built, bounded
+clients of `Aws`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from botocore import exceptions as bce
 from botocore.stub import Stubber
 
-from tasks.backends.aws.session import (
+from shiplift.tasks.backends.aws.session import (
     CONNECT_TIMEOUT_S,
     MAX_ATTEMPTS,
     READ_TIMEOUT_S,
@@ -16,7 +16,7 @@ from tasks.backends.aws.session import (
     AwsAccess,
     domain_error,
 )
-from tasks.errors import (
+from shiplift.tasks.errors import (
     BadInput,
     CapacityError,
     ConfigError,

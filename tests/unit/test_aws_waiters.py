@@ -1,4 +1,5 @@
-"""tasks.backends.aws.waiters.wait_for against a scripted `aws`: acceptors from waiters.json, deadlines, progress."""
+"""shiplift.tasks.backends.aws.waiters.wait_for against a scripted `aws`: acceptors from waiters.json, deadlines,
+progress."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import botocore
 import pytest
 
-from tasks.backends.aws.waiters import wait_for, waiter_models
-from tasks.errors import ConfigError, Conflict, NotFound, NotReady
+from shiplift.tasks.backends.aws.waiters import wait_for, waiter_models
+from shiplift.tasks.errors import ConfigError, Conflict, NotFound, NotReady
 
 BOTOCORE_WAITERS = next((Path(botocore.__file__).parent / "data" / "sagemaker").glob("*/waiters-2.json"))
 

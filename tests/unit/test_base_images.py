@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.aws.base_images import base_image, base_image_problem, docker_hub_note
+from shiplift.tasks.backends.aws.base_images import base_image, base_image_problem, docker_hub_note
 
 DIGEST = "@sha256:" + "ab" * 32
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bench import ledger as bench_ledger
-from tasks.hashing import canonical_json
+from shiplift.tasks.hashing import canonical_json
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRIMITIVES = {"tasks.errors", "tasks.hashing", "tasks.atomic"}  # what validation may use of tasks
+# what validation may use of tasks
+PRIMITIVES = {"shiplift.tasks.errors", "shiplift.tasks.hashing", "shiplift.tasks.atomic"}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -38,7 +39,7 @@ def test_tasks_and_validation_never_import_airflow():
 
 def test_validation_imports_only_the_primitives_of_tasks():
     hits = [f"{p.relative_to(ROOT)}:{line} {name}" for p in _sources("validation")
-            for line, name in _imports(p) if name.split(".")[0] == "tasks" and name not in PRIMITIVES]
+            for line, name in _imports(p) if name.startswith("shiplift.tasks.") and name not in PRIMITIVES]
     assert hits == [], "validation must not import the pipeline"
 
 
@@ -52,7 +53,7 @@ def test_nothing_edits_sys_path():
 def test_stages_see_backend_interfaces_only():
     hits = [f"{p.relative_to(ROOT)}:{line} {name}" for p in _sources("tasks/pipeline/stages") for line,
             name in _imports(p)
-            if name.startswith(("tasks.backends.local", "tasks.backends.aws", "boto3", "botocore"))]
+            if name.startswith(("shiplift.tasks.backends.local", "shiplift.tasks.backends.aws", "boto3", "botocore"))]
     assert hits == []
 
 
@@ -69,10 +70,11 @@ def test_family_names_are_spelled_only_by_the_families(literal):
 
 
 def test_loading_a_config_imports_no_evaluation_code_or_numpy():
-    probe = ("import sys\nfrom tasks.config import load_release_config\n"
+    probe = ("import sys\nfrom shiplift.tasks.config import load_release_config\n"
              "load_release_config('configs/releases/gemma-decision.yaml')\n"
-             "print(sorted(m for m in ('numpy', 'validation.metrics', 'validation.gates', 'validation.transport', "
-             "'tasks.ledger.store', 'tasks.pipeline.release') if m in sys.modules))")
+             "print(sorted(m for m in ('numpy', 'shiplift.validation.metrics', 'shiplift.validation.gates', "
+             "'shiplift.validation.transport', 'shiplift.tasks.ledger.store', 'shiplift.tasks.pipeline.release') "
+             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from tasks.errors import BadInput
-from validation.calibration import apply_temperature, fit_temperature
-from validation.metrics import expected_calibration_error
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.calibration import apply_temperature, fit_temperature
+from shiplift.validation.metrics import expected_calibration_error
 
 
 def synthetic(n, k, temperature, seed):

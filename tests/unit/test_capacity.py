@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.capacity import batch_problem, change_room, rollback_room, room_problem, slots, update_room
-from tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement
-from tasks.config import AllAtOnce, Canary, Linear, load_release_config
-from tasks.errors import ConfigError
+from shiplift.tasks.backends.capacity import batch_problem, change_room, rollback_room, room_problem, slots, update_room
+from shiplift.tasks.backends.placement import InstancePoolPlacement, MigPartitionPlacement
+from shiplift.tasks.config import AllAtOnce, Canary, Linear, load_release_config
+from shiplift.tasks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = ROOT / "configs" / "releases" / "qwen35-4b-semif.yaml"

@@ -12,10 +12,10 @@ import math
 
 import pytest
 
-from images.common.decision_prompt import user_text
-from validation.decisions.chat_readout import ChatReadout, chat_messages, readout_losses
-from validation.decisions.jevbench import JevTask
-from validation.transport import Malformed
+from shiplift.images.common.decision_prompt import user_text
+from shiplift.validation.decisions.chat_readout import ChatReadout, chat_messages, readout_losses
+from shiplift.validation.decisions.jevbench import JevTask
+from shiplift.validation.transport import Malformed
 
 SHA = "ab" * 32
 

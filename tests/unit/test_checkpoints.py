@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tasks.errors import ConfigError, IntegrityError, NotFound
-from tasks.ledger import merkle
-from tasks.ledger.checkpoints import CheckpointLog, SigningKey, check_proof, checkpoint, prove, verify_with_checkpoints
-from tasks.ledger.store import GENESIS_HASH, Ledger, content_hash
+from shiplift.tasks.errors import ConfigError, IntegrityError, NotFound
+from shiplift.tasks.ledger import merkle
+from shiplift.tasks.ledger.checkpoints import (
+    CheckpointLog,
+    SigningKey,
+    check_proof,
+    checkpoint,
+    prove,
+    verify_with_checkpoints,
+)
+from shiplift.tasks.ledger.store import GENESIS_HASH, Ledger, content_hash
 from tests.unit.conftest import Backend
 from tests.unit.test_ledger import _append
 
@@ -138,8 +145,8 @@ def test_refusals_sign_nothing(tmp_path, backend, ledger, log, key):
 
 
 def test_cli_verify_reports_the_checkpoint_and_fails_on_a_rewrite(tmp_path, capsys):
-    from tasks.cli.main import main
-    from tasks.console import EXIT_REJECTED
+    from shiplift.tasks.cli.main import main
+    from shiplift.tasks.console import EXIT_REJECTED
 
     state = tmp_path / "state"
     state.mkdir()
@@ -239,8 +246,8 @@ def test_deleting_the_newest_record_the_record_of_the_latest_checkpoint_fails_ve
 
 
 def test_cli_verify_fails_when_the_newest_record_of_a_checkpointed_ledger_is_deleted(tmp_path, capsys):
-    from tasks.cli.main import main
-    from tasks.console import EXIT_REJECTED
+    from shiplift.tasks.cli.main import main
+    from shiplift.tasks.console import EXIT_REJECTED
 
     state, keyfile = tmp_path / "state", str(tmp_path / "k" / "key.pem")
     with Ledger.for_sqlite(state / "ledger.db") as ledger:
@@ -264,8 +271,8 @@ def test_cli_verify_fails_when_the_newest_record_of_a_checkpointed_ledger_is_del
 def test_a_proof_cut_down_to_its_first_record_is_refused(tmp_path, capsys):
     """Issue 44: a proof states what it covers (the release, how many records and their seqs, the checkpoint's seq and
     head hash), so one cut down to its first record no longer checks as `"ok": true, "records": 1`."""
-    from tasks.cli.main import main
-    from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
+    from shiplift.tasks.cli.main import main
+    from shiplift.tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
 
     state, keyfile, proof = tmp_path / "state", str(tmp_path / "k" / "key.pem"), tmp_path / "proof.json"
     with Ledger.for_sqlite(state / "ledger.db") as ledger:

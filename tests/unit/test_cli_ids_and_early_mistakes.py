@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.main import Parser, build_parser, main
-from tasks.console import EXIT_BAD_INPUT, EXIT_ERROR, fit_cell
-from tasks.errors import BadInput
-from tasks.ledger.store import Ledger
+from shiplift.tasks.cli.main import Parser, build_parser, main
+from shiplift.tasks.console import EXIT_BAD_INPUT, EXIT_ERROR, fit_cell
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -100,7 +100,7 @@ def test_diff_and_approve_resolve_every_id_they_take(state, capsys, monkeypatch)
     assert code == 0, err
     assert (json.loads(out)["release_a"], json.loads(out)["release_b"]) == (A, B)
 
-    import tasks.orchestrators.approvals as approvals
+    import shiplift.tasks.orchestrators.approvals as approvals
 
     asked = {}
 
@@ -193,7 +193,8 @@ def test_an_unreadable_dataset_or_a_folder_is_refused(tmp_path, capsys, monkeypa
     data = tmp_path / "data.jsonl"
     data.write_text("{}\n")
     real_access = os.access  # root reads a file whatever its mode (CI runs as root): the permission answer is stubbed
-    monkeypatch.setattr("tasks.config.os.access", lambda path, mode: Path(path) != data and real_access(path, mode))
+    monkeypatch.setattr("shiplift.tasks.config.os.access", lambda path,
+                        mode: Path(path) != data and real_access(path, mode))
     code, _, err = cli(capsys, "config", "validate", str(GEMMA), "--set", f"validation.datasets=[{{path: {data}}}]")
     assert code == EXIT_BAD_INPUT and "not readable by this user" in err
     code, _, err = cli(capsys, "config", "validate", str(GEMMA), "--set", f"validation.datasets=[{{path: {tmp_path}}}]")

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.main import build_parser, main
-from tasks.config import did_you_mean, load_release_config
-from tasks.console import format_table
-from tasks.errors import ConfigError
-from tasks.ledger.store import Ledger
+from shiplift.tasks.cli.main import build_parser, main
+from shiplift.tasks.config import did_you_mean, load_release_config
+from shiplift.tasks.console import format_table
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -153,11 +153,11 @@ def test_no_file_names_the_old_url_flag_or_the_changed_flag():
 
 
 def test_the_missing_ledger_error_names_the_demos_state_dir(tmp_path, capsys, monkeypatch):
-    import tasks.project
+    import shiplift.tasks.project
 
     demo = tmp_path / "checkout" / ".shiplift" / "demo"
     Ledger.for_sqlite(demo / "ledger.db").close()
-    monkeypatch.setattr(tasks.project, "DEMO_STATE_DIR", demo)
+    monkeypatch.setattr(shiplift.tasks.project, "DEMO_STATE_DIR", demo)
     monkeypatch.setenv("SHIPLIFT_HOME", str(tmp_path / "home"))
     code, _, err = cli(capsys, "ledger", "history")
     assert code == 2 and f"no ledger at sqlite:///{tmp_path / 'home' / 'ledger.db'}" in err
@@ -169,7 +169,7 @@ def test_release_takes_state_dir_and_ledger_history_finds_the_release_there(tmp_
     """`shiplift release CONFIG --state-dir X` is `--set backend.state_dir=X`: the release's state and its ledger
     are under X, where `ledger history --state-dir X` and `status --state-dir X` look (the stages are not run here:
     opening the release is what writes the ledger)."""
-    import tasks.pipeline.release as release
+    import shiplift.tasks.pipeline.release as release
 
     seen = {}
 
@@ -195,7 +195,7 @@ def test_release_takes_state_dir_and_ledger_history_finds_the_release_there(tmp_
 
 def test_orchestrate_begin_takes_state_dir_as_the_configs_state_dir():
     args = build_parser().parse_args(["orchestrate", "begin", str(GEMMA), "--holder", "h", "--state-dir", "/srv/s"])
-    from tasks.cli.arguments import overrides_of
+    from shiplift.tasks.cli.arguments import overrides_of
 
     assert load_release_config(GEMMA, overrides=overrides_of(args)).backend.state_dir == "/srv/s"
 
@@ -455,7 +455,7 @@ def test_format_table_without_a_width_is_as_before_and_with_one_wraps_and_shorte
 
 
 def test_config_validate_prints_a_table_and_json_is_what_it_always_printed(capsys):
-    from tasks.pipeline.release import release_id_for
+    from shiplift.tasks.pipeline.release import release_id_for
 
     config = load_release_config(GEMMA)
     code, out, _ = cli(capsys, "config", "validate", str(GEMMA), "--json")
@@ -476,7 +476,7 @@ SUMMARY = {"release_id": "tiny-decision-aaaa", "model": MODEL, "status": "reject
 
 
 def test_release_prints_its_summary_as_a_table_and_json(capsys, monkeypatch):
-    import tasks.pipeline.release as release
+    import shiplift.tasks.pipeline.release as release
 
     monkeypatch.setattr(release, "run_release", lambda *a, **k: SUMMARY)
     code, out, _ = cli(capsys, "release", str(GEMMA), "--json")
@@ -487,7 +487,7 @@ def test_release_prints_its_summary_as_a_table_and_json(capsys, monkeypatch):
 
 
 def test_stage_prints_its_result_as_a_table_and_json(state, capsys, monkeypatch):
-    import tasks.pipeline.release as release
+    import shiplift.tasks.pipeline.release as release
 
     result = {"event": "succeeded", "decision": "pass", "metrics": {"accuracy": 0.3063063063063063}}
     monkeypatch.setattr(release, "run_orchestrated_stage", lambda *a, **k: result)
@@ -500,7 +500,7 @@ def test_stage_prints_its_result_as_a_table_and_json(state, capsys, monkeypatch)
 
 
 def test_eval_prints_its_summary_as_a_table_with_intervals_and_json(capsys):
-    from tasks.families.base import evaluation_exit
+    from shiplift.tasks.families.base import evaluation_exit
 
     summary = {"decision": "fail", "n": 111, "accuracy": {"value": 0.26126126, "ci": [0.18018, 0.34234], "n": 111},
                "paths": {"report_html": "/o/report.html"}}
@@ -608,7 +608,7 @@ def test_every_argument_of_every_command_has_help():
 
 
 def test_the_gates_progress_says_the_time_left():
-    from validation.evaluate import progress_counter, time_left
+    from shiplift.validation.evaluate import progress_counter, time_left
 
     said, now = [], [100.0]
     report = progress_counter(said.append, "candidate", clock=lambda: now[0])

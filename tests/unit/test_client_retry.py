@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from validation.transport import (
+from shiplift.validation.transport import (
     NO_CAPACITY,
     RetryPolicy,
     post_with_retries,
@@ -168,7 +168,7 @@ def test_an_endpoints_url_is_the_runtime_path_wherever_an_invoker_is_built():
     assert runtime_url("http://127.0.0.1:9000/endpoints/ep-a") and runtime_url("http://127.0.0.1:9000/endpoints/ep-a/")
     assert not runtime_url("http://127.0.0.1:9000") and not runtime_url("http://127.0.0.1:9000/")
     assert not runtime_url("http://127.0.0.1:9000/endpoints/ep-a/invocations")
-    from validation.evaluate import Target
+    from shiplift.validation.evaluate import Target
 
     assert Target.http("http://127.0.0.1:9000/endpoints/ep-a", "c").invoker.runtime is True
     assert Target.http("http://127.0.0.1:9000", "c").invoker.runtime is False

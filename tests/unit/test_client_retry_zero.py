@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.backends.interfaces import ScaleToZeroPlan
-from tasks.backends.local.hosting import process_spec
-from tasks.cli.main import main as shiplift
-from tasks.console import EXIT_ERROR
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.backends.interfaces import ScaleToZeroPlan
+from shiplift.tasks.backends.local.hosting import process_spec
+from shiplift.tasks.cli.main import main as shiplift
+from shiplift.tasks.console import EXIT_ERROR
+from shiplift.validation.runner import read_predictions
+from shiplift.validation.transport import NO_CAPACITY
 from tests.unit.test_local_hosting import _spec, _wait_for
 from tests.unit.test_scale_to_zero_local import _copies
 from tests.unit.test_serverless_local import _serverless
-from validation.runner import read_predictions
-from validation.transport import NO_CAPACITY
 
 DECISIONS = Path(__file__).resolve().parents[2] / "validation" / "data" / "decisions.jsonl"
 N_TASKS = 12

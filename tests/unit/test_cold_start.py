@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from validation.cold_start import CHECK_NAME, ColdStart, cold_start_check, first_answer, nearest_rank
-from validation.gates import with_release_checks
-from validation.transport import runtime_error_answer
+from shiplift.validation.cold_start import CHECK_NAME, ColdStart, cold_start_check, first_answer, nearest_rank
+from shiplift.validation.gates import with_release_checks
+from shiplift.validation.transport import runtime_error_answer
 
 NO_CAPACITY_TEXT = ("Inference Component c has no capacity to process this request. ApplicationAutoScaling may be "
                     "in-progress (if configured) or try to increase the capacity by invoking "

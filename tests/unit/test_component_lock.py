@@ -20,12 +20,12 @@ from contextlib import contextmanager
 
 import pytest
 
-from tasks.backends.interfaces import RolloutPlan, RolloutStep, ScaleToZeroPlan
-from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import Conflict
+from shiplift.tasks.backends.interfaces import RolloutPlan, RolloutStep, ScaleToZeroPlan
+from shiplift.tasks.backends.local.rollout import roll_out
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import Conflict
+from shiplift.validation.transport import NO_CAPACITY
 from tests.unit.test_local_hosting import _spec
-from validation.transport import NO_CAPACITY
 
 BOUND_S = 15.0  # far below a bake that only ends when released; a fake copy starts in well under a second
 ENDPOINT = "ep-shared"

@@ -11,13 +11,13 @@ import json
 
 import pytest
 
-from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef, RolloutPlan
-from tasks.backends.local.endpoint_state import ProcessSpec
-from tasks.backends.local.rollout import peak_copies, roll_out
-from tasks.backends.local.room import EndpointRoom, need_of, room_of
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
-from tasks.errors import CapacityError
+from shiplift.tasks.backends.interfaces import ComponentSpec, Compute, ModelRef, RolloutPlan
+from shiplift.tasks.backends.local.endpoint_state import ProcessSpec
+from shiplift.tasks.backends.local.rollout import peak_copies, roll_out
+from shiplift.tasks.backends.local.room import EndpointRoom, need_of, room_of
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
+from shiplift.tasks.errors import CapacityError
 from tests.unit.test_component_lock import ParkedBake, _invoke
 from tests.unit.test_local_hosting import _spec
 

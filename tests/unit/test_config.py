@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import load_release_config
-from tasks.config_types import DatasetRef
-from tasks.errors import ConfigError
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.config_types import DatasetRef
+from shiplift.tasks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -121,7 +121,7 @@ def test_extends_merges_the_parent_underneath(tmp_path):
 
 
 def test_encoder_demo_pins_the_shipped_nli_data():
-    from validation.nli.pairs import load_nli
+    from shiplift.validation.nli.pairs import load_nli
 
     config = load_release_config(ROOT / "configs" / "releases" / "minilm-nli.yaml", environ={})
     assert config.artifact.source.data_sha256 == load_nli(ROOT / "validation" / "data" / "nli.jsonl").sha256
@@ -250,8 +250,8 @@ def test_a_shared_endpoint_names_production_by_the_endpoint_and_its_layout_and_a
     a resource name is refused."""
     import hashlib
 
-    from tasks.errors import ConfigError
-    from tasks.pipeline.stages.common import production_component, production_endpoint
+    from shiplift.tasks.errors import ConfigError
+    from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 
     releases = ROOT / "configs" / "releases"
     plain = load_release_config(releases / "gemma-decision.yaml")

@@ -13,12 +13,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks.config import load_release_config
-from tasks.errors import ConfigError
-from tasks.families.gguf_decisions import SemifImage
-from tasks.families.onnx_nli import EncoderImage
-from tasks.secret_keys import looks_secret
-from tasks.yamlfile import MAX_DEPTH, MAX_EXPANDED_NODES, MAX_FILE_BYTES
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.families.gguf_decisions import SemifImage
+from shiplift.tasks.families.onnx_nli import EncoderImage
+from shiplift.tasks.secret_keys import looks_secret
+from shiplift.tasks.yamlfile import MAX_DEPTH, MAX_EXPANDED_NODES, MAX_FILE_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"

@@ -30,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
-OWN_PACKAGES = frozenset({"tasks", "validation", "images", "dags", "tests", "bench", "scripts"})
+OWN_PACKAGES = frozenset({"shiplift", "tasks", "validation", "images", "dags", "tests", "bench", "scripts"})
 # tree -> the pyproject groups installed wherever it runs ("dependencies" is the base list); longest prefix wins
 ENGINES = ("airflow", "encoders")  # the extras `make setup` installs beside dev and demo
 GROUPS_BY_TREE = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.cli.demo import EXPECTED, STEPS, departures
+from shiplift.tasks.cli.demo import EXPECTED, STEPS, departures
 
 
 def rows_ending(statuses: list[str]) -> list[tuple[str, dict]]:

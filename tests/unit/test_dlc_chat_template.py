@@ -78,7 +78,8 @@ def test_serve_chat_starts_on_the_demo_gemma_gguf_without_a_flag_and_answers_the
 
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "serve", "chat", "--gguf", str(gemma_gguf),
+        proc = subprocess.Popen([sys.executable, "-m", "shiplift.tasks.cli.main", "serve", "chat", "--gguf",
+                                 str(gemma_gguf),
                                  "--port", "0", "--threads", "2", "--ctx-size", "512"],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

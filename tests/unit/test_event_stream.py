@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from botocore.eventstream import ChecksumMismatch, EventStreamBuffer
 
-from tasks.backends.local.event_stream import MAX_PART_BYTES, message, payload_events
+from shiplift.tasks.backends.local.event_stream import MAX_PART_BYTES, message, payload_events
 
 
 def decoded(data: bytes) -> list:

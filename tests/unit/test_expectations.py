@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import BadInput
-from validation.decisions import decision_set
-from validation.decisions.jevbench import load_jevbench
-from validation.expectations import check_decision_dataset
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.decisions import decision_set
+from shiplift.validation.decisions.jevbench import load_jevbench
+from shiplift.validation.expectations import check_decision_dataset
 
 REPO = Path(decision_set.__file__).resolve().parents[2]
 DECISIONS = decision_set.DEFAULT_OUT
@@ -115,10 +115,10 @@ def test_suite_is_quiet_and_writes_no_files(tmp_path):
     tmp.mkdir()
     script = (
         "import logging; logging.basicConfig(level=logging.DEBUG)\n"
-        "from validation.expectations import check_decision_dataset\n"
+        "from shiplift.validation.expectations import check_decision_dataset\n"
         f"print(check_decision_dataset({records()!r}, name='x').passed)\n"
     )
-    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TMPDIR": str(tmp)}
     done = subprocess.run([sys.executable, "-c", script], cwd=work, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -16,18 +16,18 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tasks.config import load_release_config
-from tasks.errors import ConfigError
-from tasks.families.base import GateConfig
-from tasks.ledger.stage_results import ValidateResult
-from tasks.pipeline.approval import awaits_person
-from tasks.pipeline.approval_steps import approval_prompt
-from tasks.pipeline.stages import validate as validate_stage
-from validation.decisions.evaluate import DECISION_REPORT
-from validation.evaluate import GateOutcome, Target
-from validation.extension import Budget, Reserve, extend_champion_check
-from validation.gates import evaluate_gates
-from validation.thresholds import ChampionRule
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.families.base import GateConfig
+from shiplift.tasks.ledger.stage_results import ValidateResult
+from shiplift.tasks.pipeline.approval import awaits_person
+from shiplift.tasks.pipeline.approval_steps import approval_prompt
+from shiplift.tasks.pipeline.stages import validate as validate_stage
+from shiplift.validation.decisions.evaluate import DECISION_REPORT
+from shiplift.validation.evaluate import GateOutcome, Target
+from shiplift.validation.extension import Budget, Reserve, extend_champion_check
+from shiplift.validation.gates import evaluate_gates
+from shiplift.validation.thresholds import ChampionRule
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import ConfigError
-from tasks.extras import EXTRA_MODULES, install_command, needs_extra
-from tasks.ledger.store import Ledger
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.extras import EXTRA_MODULES, install_command, needs_extra
+from shiplift.tasks.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_EXTRA = frozenset().union(*EXTRA_MODULES.values())
@@ -46,7 +46,7 @@ class Uninstalled:
 
 sys.meta_path.insert(0, Uninstalled)
 sys.argv = ["shiplift", *sys.argv[2:]]
-runpy.run_module("tasks.cli.main", run_name="__main__", alter_sys=True)
+runpy.run_module("shiplift.tasks.cli.main", run_name="__main__", alter_sys=True)
 """
 
 

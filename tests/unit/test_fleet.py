@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.cli.fleet_commands import plan_rows
-from tasks.cli.main import main
-from tasks.console import EXIT_BAD_INPUT
-from tasks.errors import ConfigError
-from tasks.ledger.store import Ledger
-from tasks.pipeline.fleet.plan import plan_fleet
+from shiplift.tasks.cli.fleet_commands import plan_rows
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.console import EXIT_BAD_INPUT
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.fleet.plan import plan_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = sorted((ROOT / "configs" / "fleets" / "shared-h100").glob("*.yaml"))
@@ -172,7 +172,7 @@ def test_a_move_onto_an_overfull_layout_is_refused_with_its_arithmetic_before_an
     """`shiplift fleet move` runs under the policy table's fleet_move step and plans the new layout first: one that
     does not fit exits 2 naming the model whose update has no room, and creates neither the state dir nor a ledger
     (bad input changes nothing)."""
-    from tasks.pipeline import table
+    from shiplift.tasks.pipeline import table
 
     attempts, seen = table.attempts, []
 
@@ -207,7 +207,7 @@ def _moved(from_endpoint: str | None, to: str, release_id: str = "m-000000000000
 
 def test_a_retirement_counts_only_after_the_newest_move_away_so_a_layout_returned_to_is_retired_again():
     """L1 -> L2 -> L1 -> L2: the first retirement of L1 must not hide the second move away from it (docs/fleet.md)."""
-    from tasks.ledger.views import left_by_fleet, moves_not_retired
+    from shiplift.tasks.ledger.views import left_by_fleet, moves_not_retired
 
     retired = lambda endpoint: _record("fleet", "retired", endpoint=endpoint, replaced_by="x")  # noqa: E731
     history = [_record("promote", "succeeded", endpoint="p-l1"), _moved("p-l1", "p-l2"), retired("p-l1")]
@@ -230,8 +230,8 @@ def test_a_layout_id_leaves_out_unset_fields_and_is_the_sha256_of_the_canonical_
     so a placement field added later with no value does not rename running endpoints."""
     import hashlib
 
-    from tasks.config import load_release_config
-    from tasks.pipeline.fleet.layout import layout_id
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.pipeline.fleet.layout import layout_id
 
     config = load_release_config(ROOT / "configs" / "releases" / "gemma-decision.yaml",
                                  overrides=("placement.endpoint=demo-cpu",))

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-import tasks.config
-from tasks.cli.main import main
-from tasks.config import load_release_config
-from tasks.ledger import events
-from tasks.ledger.records import Retirement
-from tasks.ledger.store import Ledger
-from tasks.pipeline.fleet.plan import plan_snapshot
-from tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
-from tasks.pipeline.stages.common import production_component, production_endpoint
+import shiplift.tasks.config
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.records import Retirement
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.fleet.plan import plan_snapshot
+from shiplift.tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
 from tests.unit.test_fleet import CPU, build_payload, cpu_tenant
 
 OLD_ENDPOINT = "shiplift-cpu-0ld1a7e0"  # an earlier layout's endpoint the fleet moved away from
@@ -58,7 +58,7 @@ def reads(monkeypatch):
     """Counts, per file, the release configs parsed (each top-level read of a config file) and, per model, the ledger
     histories and promotions read, wherever a command asks for them."""
     counted: dict[str, Counter] = {"parsed": Counter(), "history": Counter(), "served_at": Counter()}
-    read_tree = tasks.config._read_tree
+    read_tree = shiplift.tasks.config._read_tree
 
     def parsed(path, chain):
         if not chain:
@@ -73,7 +73,7 @@ def reads(monkeypatch):
             return method(self, model, *args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(tasks.config, "_read_tree", parsed)
+    monkeypatch.setattr(shiplift.tasks.config, "_read_tree", parsed)
     monkeypatch.setattr(Ledger, "history", counting("history"))
     monkeypatch.setattr(Ledger, "served_at", counting("served_at"))
     return counted

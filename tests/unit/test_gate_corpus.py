@@ -15,9 +15,9 @@ import pytest
 
 from bench.gate_corpus import Spec, draw, load_base, temperature_for, truth
 from bench.gate_error_rates import CONFIGS, Setting, main, measure_cell
-from validation.gate_power import accuracy_sd, outcome_probabilities
-from validation.metrics import expected_calibration_error, score_predictions
-from validation.thresholds import ChampionRule
+from shiplift.validation.gate_power import accuracy_sd, outcome_probabilities
+from shiplift.validation.metrics import expected_calibration_error, score_predictions
+from shiplift.validation.thresholds import ChampionRule
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,8 @@ def test_the_tiny_base_is_the_tests_model_recorded_and_the_bench_runs_on_it(tmp_
     import gguf
 
     from bench.record_gate_outcomes import TINY_CONTEXT, TINY_SEED
-    from tasks.artifacts.tiny_gguf import write_tiny_gguf
-    from tasks.hashing import sha256_file
+    from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+    from shiplift.tasks.hashing import sha256_file
 
     tiny = load_base("tiny")
     recorded = write_tiny_gguf(tmp_path / "recorded.gguf", seed=TINY_SEED, n_ctx=TINY_CONTEXT)

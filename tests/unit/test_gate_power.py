@@ -8,10 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from validation.gate_power import accuracy_sd, narrowest_margin, outcome_probabilities, sd_from_interval, tasks_needed
-from validation.gates import _champion_check
-from validation.metrics import paired_bootstrap
-from validation.thresholds import ChampionRule
+from shiplift.validation.gate_power import (
+    accuracy_sd,
+    narrowest_margin,
+    outcome_probabilities,
+    sd_from_interval,
+    tasks_needed,
+)
+from shiplift.validation.gates import _champion_check
+from shiplift.validation.metrics import paired_bootstrap
+from shiplift.validation.thresholds import ChampionRule
 
 CANDIDATES = 300  # simulated candidates per row: a proportion's standard error is at most 0.029
 TOLERANCE = 0.07  # the normal approximation of a discrete, bootstrapped interval, plus that sampling error
@@ -101,9 +107,9 @@ def test_gate_power_explains_the_issues_table_which_fixes_the_observed_differenc
 def test_a_gate_report_carries_its_power_at_its_size_with_the_disagreement_it_saw():
     """The report of a gate with a champion states how likely an equal candidate was to pass at its size, counted on
     the two models' own answers (here 8 of 100 tasks answered differently), and its HTML shows it."""
-    from validation.decisions.evaluate import DECISION_REPORT
-    from validation.gate_report import render_html
-    from validation.gates import evaluate_gates
+    from shiplift.validation.decisions.evaluate import DECISION_REPORT
+    from shiplift.validation.gate_report import render_html
+    from shiplift.validation.gates import evaluate_gates
 
     def row(i: int, right: bool) -> dict:
         return {"id": f"t{i}", "dataset": "unit", "expected": "a", "option_ids": ["a", "b"],

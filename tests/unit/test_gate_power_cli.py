@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.main import main
-from validation.gate_power import measured_spread, plan_champion_checks
-from validation.thresholds import ChampionRule
+from shiplift.tasks.cli.main import main
+from shiplift.validation.gate_power import measured_spread, plan_champion_checks
+from shiplift.validation.thresholds import ChampionRule
 
 QWEN = "configs/releases/qwen35-4b-semif.yaml"
 GEMMA = "configs/releases/gemma-decision.yaml"
@@ -84,9 +84,9 @@ def prediction(ident: str, right: bool) -> dict:
 
 
 def test_gate_plan_counts_the_disagreement_on_a_recorded_gates_kept_predictions(capsys, tmp_path):
-    from tasks.backends.local.artifact_store import LocalArtifactStore
-    from tasks.ledger.events import SUCCEEDED, VALIDATE
-    from tasks.ledger.store import Ledger
+    from shiplift.tasks.backends.local.artifact_store import LocalArtifactStore
+    from shiplift.tasks.ledger.events import SUCCEEDED, VALIDATE
+    from shiplift.tasks.ledger.store import Ledger
 
     store = LocalArtifactStore(tmp_path / "artifacts")
     evidence = {}
@@ -113,8 +113,8 @@ def test_gate_plan_counts_the_disagreement_on_a_recorded_gates_kept_predictions(
 
 
 def test_a_read_only_artifact_read_refuses_a_corrupt_file_and_creates_nothing(tmp_path):
-    from tasks.backends.local.artifact_store import LocalArtifactStore
-    from tasks.errors import IntegrityError
+    from shiplift.tasks.backends.local.artifact_store import LocalArtifactStore
+    from shiplift.tasks.errors import IntegrityError
 
     source = tmp_path / "rows.jsonl"
     source.write_text('{"id": "t1"}\n')
@@ -133,8 +133,8 @@ def test_a_read_only_artifact_read_refuses_a_corrupt_file_and_creates_nothing(tm
 
 
 def test_release_start_warns_about_an_underpowered_margin(capsys, monkeypatch, tmp_path):
-    import tasks.pipeline.release as release
-    from tasks.errors import ShipliftError
+    import shiplift.tasks.pipeline.release as release
+    from shiplift.tasks.errors import ShipliftError
 
     def stop_here(*args, **kwargs):
         raise ShipliftError("stopped after the start")  # the warning is printed before the release runs

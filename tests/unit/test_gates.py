@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tasks.errors import BadInput, GateFailed
-from validation.gates import ChampionRule, DecisionThresholds, evaluate_gates
-from validation.metrics import decision_metrics
+from shiplift.tasks.errors import BadInput, GateFailed
+from shiplift.validation.gates import ChampionRule, DecisionThresholds, evaluate_gates
+from shiplift.validation.metrics import decision_metrics
 
 OPTIONS = ["a", "b", "c"]
 
@@ -108,7 +108,7 @@ def test_the_interval_bound_is_the_default_and_judges_the_conservative_end():
 
 
 def test_the_summary_names_every_check_that_did_not_pass_and_no_thresholds_is_not_a_gate():
-    from validation.gates import summary_line
+    from shiplift.validation.gates import summary_line
 
     preds = model_rows(100, 0.4, seed=2, latency=900.0)
     report = evaluate_gates(preds,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.artifacts.gguf import (
+from shiplift.tasks.artifacts.gguf import (
     QUANT_TYPES,
     build_gguf,
     check_letter_slots,
@@ -17,9 +17,9 @@ from tasks.artifacts.gguf import (
     quantize_gguf,
     resolve_source,
 )
-from tasks.artifacts.tiny_gguf import LETTERS, write_tiny_gguf
-from tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.tiny_gguf import LETTERS, write_tiny_gguf
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
+from shiplift.tasks.hashing import sha256_file
 
 
 def _files(folder: Path) -> list[str]:
@@ -84,7 +84,7 @@ def test_type_tables_match_gguf_and_llama_cpp() -> None:
     import llama_cpp
     import numpy as np
 
-    from tasks.artifacts.gguf_header import FILE_TYPES, _HeaderParser
+    from shiplift.tasks.artifacts.gguf_header import FILE_TYPES, _HeaderParser
 
     assert _HeaderParser._STRING == gguf.GGUFValueType.STRING
     assert _HeaderParser._ARRAY == gguf.GGUFValueType.ARRAY
@@ -255,7 +255,7 @@ def fake_gguf_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Simple
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(
         "from pathlib import Path\n"
-        "from tasks.artifacts.tiny_gguf import write_tiny_gguf\n"
+        "from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf\n"
         "MODEL_NAME = 'fake-tiny.gguf'\n"
         "CALLS = []\n"
         "def assemble(output_path=None, overwrite=False):\n"
@@ -408,7 +408,7 @@ def test_a_tiny_chat_model_carries_its_template_and_the_plain_one_stays_byte_ide
     import gguf
     from llama_cpp import Llama
 
-    from tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
+    from shiplift.tasks.artifacts.tiny_gguf import CHAT_TEMPLATES
 
     plain = write_tiny_gguf(tmp_path / "plain.gguf", seed=0)
     chat = write_tiny_gguf(tmp_path / "chat.gguf", seed=0, chat_template=CHAT_TEMPLATES["turns"])

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tasks.config import load_release_config, require_named_files
-from tasks.errors import ConfigError, NotFound
+from shiplift.tasks.config import load_release_config, require_named_files
+from shiplift.tasks.errors import ConfigError, NotFound
 
 
 def relative_config(tiny_release, tmp_path: Path, written: str) -> Path:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends import image_source as images
-from tasks.errors import ConfigError
+from shiplift.tasks.backends import image_source as images
+from shiplift.tasks.errors import ConfigError
 
 BASE = "python@sha256:" + "ab" * 32
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tasks.errors import BadInput, NotFound
-from tasks.hashing import sha256_bytes
-from validation.decisions import decision_set
-from validation.decisions.jevbench import dataset_sha256, load_jevbench
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.tasks.hashing import sha256_bytes
+from shiplift.validation.decisions import decision_set
+from shiplift.validation.decisions.jevbench import dataset_sha256, load_jevbench
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "jevbench"
 DECISIONS = decision_set.DEFAULT_OUT
@@ -150,7 +150,7 @@ def test_committed_decision_set_matches_regeneration():
 
 def test_cli_writes_identical_bytes(tmp_path):
     out = tmp_path / "d.jsonl"
-    subprocess.run([sys.executable, "-m", "validation.decisions.decision_set", "--out", str(out)], check=True,
+    subprocess.run([sys.executable, "-m", "shiplift.validation.decisions.decision_set", "--out", str(out)], check=True,
                    cwd=Path(decision_set.__file__).parents[2], capture_output=True)
     assert out.read_bytes() == DECISIONS.read_bytes()
 

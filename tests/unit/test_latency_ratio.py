@@ -13,15 +13,15 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
-from validation.datasets import DecisionDataset
-from validation.decisions.evaluate import DECISION_REPORT, evaluate_decisions
-from validation.decisions.jevbench import JevTask
-from validation.evaluate import RunSettings, Target
-from validation.gate_report import render_html
-from validation.gates import ChampionRule, DecisionThresholds, evaluate_gates, summary_line
-from validation.metrics import paired_latency_ratio
-from validation.nli.evaluate import NliDataset, NliThresholds, evaluate_nli
-from validation.nli.pairs import LABELS, NliPair
+from shiplift.validation.datasets import DecisionDataset
+from shiplift.validation.decisions.evaluate import DECISION_REPORT, evaluate_decisions
+from shiplift.validation.decisions.jevbench import JevTask
+from shiplift.validation.evaluate import RunSettings, Target
+from shiplift.validation.gate_report import render_html
+from shiplift.validation.gates import ChampionRule, DecisionThresholds, evaluate_gates, summary_line
+from shiplift.validation.metrics import paired_latency_ratio
+from shiplift.validation.nli.evaluate import NliDataset, NliThresholds, evaluate_nli
+from shiplift.validation.nli.pairs import LABELS, NliPair
 
 OPTIONS = ["a", "b", "c"]
 

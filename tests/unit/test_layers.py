@@ -16,8 +16,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("tasks", "validation", "dags", "bench")
-# "tasks.pipeline.fleet.move:move_fleet"
-LAZY_REFERENCE = re.compile(r"((?:tasks|validation|dags|bench)(?:\.\w+)+):\w+")
+# "shiplift.tasks.pipeline.fleet.move:move_fleet"
+LAZY_REFERENCE = re.compile(r"(?:shiplift\.)?((?:tasks|validation|dags|bench)(?:\.\w+)+):\w+")
+# Modules are named here by their folders (`tasks.ledger.store`); the code imports them as
+# `shiplift.tasks.ledger.store`.
+NAMESPACE = "shiplift."
 
 # Bottom first. A unit is a set of module prefixes; a module belongs to the unit with its longest matching prefix.
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
@@ -68,14 +71,14 @@ def imported_modules(module: str, source: str, *, references: bool = True) -> li
         if isinstance(node, ast.Call) and getattr(node.func, "attr",
                                                   getattr(node.func, "id", None)) == "import_module" \
                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-            found.append((node.lineno, node.args[0].value))
+            found.append((node.lineno, node.args[0].value.removeprefix(NAMESPACE)))
         elif references and isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and (reference := LAZY_REFERENCE.fullmatch(node.value)):
             found.append((node.lineno, reference.group(1)))
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, alias.name.removeprefix(NAMESPACE)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
+            base = (node.module or "").removeprefix(NAMESPACE)
             if node.level:
                 package = module.split(".")[: -node.level]
                 base = ".".join(package + ([node.module] if node.module else []))

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import load_release_config
-from tasks.errors import LeaseHeld, LeaseLost
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.pipeline import release, table
-from tasks.pipeline.release import StageContext, holding_lease, run_stage
-from tasks.pipeline.table import LeasePolicy
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import LeaseHeld, LeaseLost
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline import release, table
+from shiplift.tasks.pipeline.release import StageContext, holding_lease, run_stage
+from shiplift.tasks.pipeline.table import LeasePolicy
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
 OTHER_RELEASE = "gemma-decision-000000000000"
@@ -132,8 +132,8 @@ def test_a_run_that_lost_its_lease_does_not_start_promote_but_still_tears_down(c
 
 def test_the_promote_stage_checks_the_lease_before_it_touches_production(ctx, monkeypatch):
     """`tasks.pipeline.stages.promote.run` itself asks for the lease before any hosting call."""
-    from tasks.ledger.stage_results import BuildResult, ImageResult, Memory, PackageResult, ValidateResult
-    from tasks.pipeline.stages import promote
+    from shiplift.tasks.ledger.stage_results import BuildResult, ImageResult, Memory, PackageResult, ValidateResult
+    from shiplift.tasks.pipeline.stages import promote
 
     memory = Memory(weights_mb=256, context_mb=128, runtime_mb=128, context_label="KV cache", total_mb=512)
     results = {"validate": ValidateResult.model_construct(decision="pass"),  # only what promote reads first

@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tasks.errors import LeaseHeld
-from tasks.ledger.store import Lease, Ledger
-from tasks.pipeline import table
-from tasks.pipeline.release import stopped_holder
+from shiplift.tasks.errors import LeaseHeld
+from shiplift.tasks.ledger.store import Lease, Ledger
+from shiplift.tasks.pipeline import table
+from shiplift.tasks.pipeline.release import stopped_holder
 
 HOST = socket.gethostname()
 
@@ -88,7 +88,7 @@ def test_a_killed_process_not_yet_reaped_is_not_running():
     import signal
     import time
 
-    from tasks.processes import pid_running
+    from shiplift.tasks.processes import pid_running
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     assert pid_running(child.pid)

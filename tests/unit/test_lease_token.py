@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import load_release_config
-from tasks.errors import LeaseHeld, LeaseLost
-from tasks.ledger import events
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.pipeline import release
-from tasks.pipeline.release import StageContext, holding_lease, run_holder
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import LeaseHeld, LeaseLost
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline import release
+from shiplift.tasks.pipeline.release import StageContext, holding_lease, run_holder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "configs" / "releases" / "gemma-decision.yaml"
@@ -37,10 +37,10 @@ import os, socket, sys
 from pathlib import Path
 if os.environ.get("PRETEND_HOST"):
     socket.gethostname = lambda: os.environ["PRETEND_HOST"]
-from tasks.config import load_release_config
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.pipeline import release
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline import release
 
 class Backends:
     def __init__(self, ledger, state_dir):

@@ -25,10 +25,10 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady
-from tasks.hashing import sha256_json
-from tasks.ledger.store import GENESIS_HASH, Ledger
-from tasks.secret_keys import looks_secret
+from shiplift.tasks.errors import BadInput, ConfigError, IntegrityError, LeaseHeld, NotFound, NotReady
+from shiplift.tasks.hashing import sha256_json
+from shiplift.tasks.ledger.store import GENESIS_HASH, Ledger
+from shiplift.tasks.secret_keys import looks_secret
 from tests.unit.conftest import Backend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -169,7 +169,7 @@ def test_concurrent_thread_appends_keep_one_chain(backend: Backend, ledger: Ledg
 
 _PROCESS_WORKER = """
 import sys
-from tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.store import Ledger
 url, schema, name, count = sys.argv[1], sys.argv[2] or None, sys.argv[3], int(sys.argv[4])
 ledger = Ledger(url, schema=schema)
 for n in range(count):
@@ -180,11 +180,9 @@ ledger.close()
 
 
 def test_concurrent_process_appends_keep_one_chain(backend: Backend, ledger: Ledger) -> None:
-    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _PROCESS_WORKER, backend.url, backend.schema or "", f"p{i}", "15"],
-            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -449,7 +447,7 @@ def test_the_database_refuses_writes_through_a_read_only_ledger(backend: Backend
 
 
 def _cli_verify(url: str, capsys) -> tuple[int, str, str]:
-    from tasks.cli.main import main
+    from shiplift.tasks.cli.main import main
 
     code = main(["ledger", "verify", "--ledger-url", url])
     captured = capsys.readouterr()
@@ -524,7 +522,7 @@ def _pristine_ledger(tmp_path: Path) -> bytes:
 def test_a_new_sqlite_ledger_appears_with_its_tables_or_not_at_all(tmp_path, monkeypatch):
     """A reader polling for the file (`shiplift ledger history` while the first release starts) never opens one that
     exists without its schema: the schema is built in a staging file beside it, which is then linked into place."""
-    from tasks.ledger import store
+    from shiplift.tasks.ledger import store
 
     path = tmp_path / "ledger.db"
     (tmp_path / f".ledger.db.{os.getpid()}.new").write_bytes(b"left by a crashed run")  # never linked, replaced

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import sqlalchemy as sa
 
-import tasks.ledger.store
-from tasks.errors import ConfigError, LeaseHeld
-from tasks.ledger import schema as ledger_schema
-from tasks.ledger.schema import VERSION_TABLE, head_revision, schema_differences
-from tasks.ledger.store import Ledger, current_revision, upgrade
+import shiplift.tasks.ledger.store
+from shiplift.tasks.errors import ConfigError, LeaseHeld
+from shiplift.tasks.ledger import schema as ledger_schema
+from shiplift.tasks.ledger.schema import VERSION_TABLE, head_revision, schema_differences
+from shiplift.tasks.ledger.store import Ledger, current_revision, upgrade
 
 if TYPE_CHECKING:
     from tests.unit.conftest import Backend
@@ -111,7 +111,7 @@ def test_a_new_ledger_is_created_at_head_with_exactly_the_tables_the_code_uses(b
     assert {**created, "url": None} == {"url": None, "from": None, "to": "0002", "action": "created"}
     assert current_revision(backend.url, backend.schema) == "0002"
     with backend.engine.connect() as conn:
-        assert schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema) == []
+        assert schema_differences(conn, shiplift.tasks.ledger.store._tables(backend.schema), backend.schema) == []
         recorded = conn.exec_driver_sql(f"SELECT version_num FROM {_qualified(backend, VERSION_TABLE)}").all()
     assert recorded == [("0002",)], "the version must live in the ledger's own schema"
     assert upgrade(backend.url, backend.schema)["action"] == "current"
@@ -140,7 +140,7 @@ def test_a_0001_ledgers_lease_is_kept_through_0002_and_still_held_by_its_name(ba
     upgraded = upgrade(backend.url, backend.schema)
     assert (upgraded["from"], upgraded["to"], upgraded["action"]) == ("0001", "0002", "upgraded")
     with backend.engine.connect() as conn:
-        assert schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema) == []
+        assert schema_differences(conn, shiplift.tasks.ledger.store._tables(backend.schema), backend.schema) == []
     with backend.open() as ledger:
         with pytest.raises(LeaseHeld, match="'airflow:refresh/run-1' .*held by name; renewed 2026-12-06T10:00"):
             ledger.acquire_lease("gemma", "bob@ops-host/pid-1", "rel-1", 60, by_this_process=True)
@@ -202,7 +202,7 @@ def test_an_upgrade_through_a_new_revision_keeps_every_record_verifying(
         assert ledger.verify().ok and _append(ledger) == 4
         assert ledger.verify().n_records == 4
     with backend.engine.connect() as conn:
-        differences = schema_differences(conn, tasks.ledger.store._tables(backend.schema), backend.schema)
+        differences = schema_differences(conn, shiplift.tasks.ledger.store._tables(backend.schema), backend.schema)
     assert [d[0] for d in differences] == ["remove_column"] and differences[0][3].name == "note"
 
     monkeypatch.undo()  # this code again knows only 0001 and 0002; the database is at 0003
@@ -246,7 +246,7 @@ def test_a_read_only_ledger_names_the_revision_it_cannot_read(
 def test_cli_upgrade_stamps_an_old_ledger_and_refuses_one_that_is_not_there(tmp_path: Path, capsys) -> None:
     import json
 
-    from tasks.cli.main import main
+    from shiplift.tasks.cli.main import main
     from tests.unit.conftest import Backend
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"

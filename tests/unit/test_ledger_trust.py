@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.main import main
-from tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
-from tasks.ledger.events import CHECKPOINTED, LEDGER
-from tasks.ledger.store import Ledger
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.console import EXIT_BAD_INPUT, EXIT_REJECTED
+from shiplift.tasks.ledger.events import CHECKPOINTED, LEDGER
+from shiplift.tasks.ledger.store import Ledger
 from tests.unit.test_ledger import _append
 
 
@@ -256,10 +256,10 @@ def test_a_witness_copy_of_the_signed_heads_names_a_ledger_and_log_cut_back_toge
 def test_a_local_config_names_its_witness_and_a_witness_inside_the_state_dir_is_refused(tmp_path, monkeypatch):
     """`backend.checkpoint_witness` is what signing writes to and what `verify --config` checks against, with no
     environment variable; a folder inside the state dir would be cut back with the log, so the config is refused."""
-    from tasks.backends.registry import checkpoint_witness, sign_checkpoint
-    from tasks.config import load_release_config
-    from tasks.errors import ConfigError
-    from tasks.pipeline.audit import verify_ledger
+    from shiplift.tasks.backends.registry import checkpoint_witness, sign_checkpoint
+    from shiplift.tasks.config import load_release_config
+    from shiplift.tasks.errors import ConfigError
+    from shiplift.tasks.pipeline.audit import verify_ledger
 
     monkeypatch.delenv("SHIPLIFT_CHECKPOINT_WITNESS", raising=False)
     monkeypatch.setenv("SHIPLIFT_CHECKPOINT_KEY", str(tmp_path / "keys" / "ledger.pem"))
@@ -290,6 +290,6 @@ def test_the_ledgers_own_records_can_never_be_mistaken_for_a_models():
     """Views leave records of model LEDGER out of the releases: no release config may be named so."""
     import re
 
-    from tasks.config_types import NAME_PATTERN
+    from shiplift.tasks.config_types import NAME_PATTERN
 
     assert re.fullmatch(NAME_PATTERN, LEDGER) is None

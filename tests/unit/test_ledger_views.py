@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.registry import open_ledger
-from tasks.errors import NotFound
-from tasks.ledger.audit_report import write_report
-from tasks.ledger.views import as_of, diff, releases, show, timeline
-from tasks.pipeline.promotion import rollback
+from shiplift.tasks.backends.registry import open_ledger
+from shiplift.tasks.errors import NotFound
+from shiplift.tasks.ledger.audit_report import write_report
+from shiplift.tasks.ledger.views import as_of, diff, releases, show, timeline
+from shiplift.tasks.pipeline.promotion import rollback
 
 MODEL = "tiny-decision"
 REASON = "B answers slower in production (p95 > 2 s) <script>alert(1)</script>"
@@ -264,7 +264,7 @@ def test_report_renders_in_headless_chromium(history, tmp_path):
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    from tasks.cli.main import main
+    from shiplift.tasks.cli.main import main
 
     code = main(list(args))
     captured = capsys.readouterr()

@@ -6,7 +6,6 @@ Each runs on SQLite and on PostgreSQL (`backend` fixture: a fresh schema per tes
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import tasks.ledger.timestamps
-from tasks.errors import ConfigError
-from tasks.ledger.store import Ledger
-from tasks.ledger.timestamps import MAX_CLOCK_SKEW_S
+import shiplift.tasks.ledger.timestamps
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.timestamps import MAX_CLOCK_SKEW_S
 
 if TYPE_CHECKING:
     from tests.unit.conftest import Backend
@@ -34,7 +33,7 @@ WRITERS, RECORDS_EACH = 4, 10
 _WRITER = """
 import sys, time
 import sqlalchemy as sa
-from tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.store import Ledger
 
 url, schema, name, mode, count = sys.argv[1], sys.argv[2] or None, sys.argv[3], sys.argv[4], int(sys.argv[5])
 
@@ -66,10 +65,9 @@ def _append(ledger: Ledger, release_id: str, stage: str = "build", event: str = 
 
 
 def _writer(backend: Backend, name: str, mode: str = "append") -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.Popen(
         [sys.executable, "-c", _WRITER, backend.url, backend.schema or "", name, mode, str(RECORDS_EACH)],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
@@ -130,7 +128,7 @@ def test_a_writer_killed_inside_its_transaction_leaves_nothing_and_blocks_no_one
 
 
 def _clock(monkeypatch: pytest.MonkeyPatch, moment: datetime) -> None:
-    monkeypatch.setattr(tasks.ledger.timestamps, "utcnow", lambda: moment)
+    monkeypatch.setattr(shiplift.tasks.ledger.timestamps, "utcnow", lambda: moment)
 
 
 def test_a_clock_slightly_behind_records_the_newest_time_so_order_holds(

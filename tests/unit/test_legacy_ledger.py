@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ledger.release_state import RECORD_ONLY_KEYS, ReleaseState, release_summary
-from tasks.ledger.stage_results import RESULTS, BuildResult, PromoteResult, ValidateResult
-from tasks.ledger.store import Ledger
-from tasks.pipeline.release import ensure_stage, reopen_release
-from tasks.pipeline.table import STAGE_NAMES, TEARDOWN
+from shiplift.tasks.ledger.release_state import RECORD_ONLY_KEYS, ReleaseState, release_summary
+from shiplift.tasks.ledger.stage_results import RESULTS, BuildResult, PromoteResult, ValidateResult
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.release import ensure_stage, reopen_release
+from shiplift.tasks.pipeline.table import STAGE_NAMES, TEARDOWN
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "legacy-ledger-records.json"
 

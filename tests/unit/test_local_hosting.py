@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tasks.backends.local.endpoint_state import ProcessSpec
-from tasks.backends.local.process_table import OWNER_ENV
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import BadInput, CapacityError, NotFound, NotReady
+from shiplift.tasks.backends.local.endpoint_state import ProcessSpec
+from shiplift.tasks.backends.local.process_table import OWNER_ENV
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import BadInput, CapacityError, NotFound, NotReady
 from tests.unit.conftest import _dead, _pids
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_model_server.py"
@@ -409,7 +409,7 @@ def test_router_control_needs_the_token_and_returns_no_environment(hosting, tmp_
 
 
 def test_cli_lists_endpoint_health_as_a_table_and_a_closed_pipe_is_no_traceback(hosting, tmp_path, capsys):
-    from tasks.cli.main import main
+    from shiplift.tasks.cli.main import main
 
     hosting.ensure_endpoint("ep-cli")
     put = hosting.put_component("ep-cli", "semif", _spec(copies=2), ready_timeout_s=20)
@@ -429,7 +429,8 @@ def test_cli_lists_endpoint_health_as_a_table_and_a_closed_pipe_is_no_traceback(
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command writes a byte
     try:
-        done = subprocess.run([sys.executable, "-m", "tasks.cli.main", "endpoints", "list", "--json", "--state-dir",
+        done = subprocess.run([sys.executable, "-m", "shiplift.tasks.cli.main", "endpoints", "list", "--json",
+                               "--state-dir",
                                state_dir], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     finally:
         os.close(write_end)

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from tasks.errors import BadInput
-from validation.metrics import (
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.metrics import (
     NLL_CLIP,
     accuracy,
     bootstrap_ci,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import BadInput, NotFound
-from tasks.hashing import sha256_file
-from validation.nli.builtin_set import DEFAULT_OUT, build_records, render
-from validation.nli.expectations import check_nli_pairs
-from validation.nli.pairs import LABELS, NliPair, load_nli
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.tasks.hashing import sha256_file
+from shiplift.validation.nli.builtin_set import DEFAULT_OUT, build_records, render
+from shiplift.validation.nli.expectations import check_nli_pairs
+from shiplift.validation.nli.pairs import LABELS, NliPair, load_nli
 
 DATA = Path(__file__).resolve().parents[2] / "validation" / "data" / "nli.jsonl"
 

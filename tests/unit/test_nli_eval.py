@@ -8,19 +8,19 @@ import pytest
 from pydantic import ValidationError
 from sklearn.metrics import f1_score, recall_score
 
-from tasks.errors import BadInput
-from tests.unit.test_nli_runner import FakeEncoder, key
-from validation.evaluate import RunSettings, Target
-from validation.gates import ChampionRule
-from validation.nli.builtin_set import DEFAULT_OUT
-from validation.nli.evaluate import (
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.evaluate import RunSettings, Target
+from shiplift.validation.gates import ChampionRule
+from shiplift.validation.nli.builtin_set import DEFAULT_OUT
+from shiplift.validation.nli.evaluate import (
     NliThresholds,
     evaluate_nli,
     load_nli_dataset,
     nli_metrics,
 )
-from validation.nli.pairs import LABELS
-from validation.runner import read_predictions
+from shiplift.validation.nli.pairs import LABELS
+from shiplift.validation.runner import read_predictions
+from tests.unit.test_nli_runner import FakeEncoder, key
 
 SETTINGS = RunSettings(concurrency=2, timeout_s=10, deadline_s=60, n_bootstrap=200, seed=3)
 LOOSE = NliThresholds(min_accuracy=0.5, min_macro_f1=0.5, min_class_recall=0.4, max_ece=0.5)
@@ -113,7 +113,7 @@ def test_a_check_the_build_judged_is_decided_with_the_gate(fakes, test_split, tm
     """The int8 budget the build judged (tasks.artifacts.onnx_export.int8_budget_check) decides with the gate's own
     checks: no check of the gate fails here, so its failure alone fails the gate and is named; without thresholds it is
     left out."""
-    from tasks.artifacts.onnx_export import int8_budget_check
+    from shiplift.tasks.artifacts.onnx_export import int8_budget_check
 
     fake = fakes[0]
     answer_with_confusion(fake, test_split.pairs, wrong_every=10)

@@ -17,15 +17,15 @@ import pytest
 import yaml
 
 from bench.gate_error_rates import Extension, config_settings, judged_extension
-from tasks.artifacts.nli_train import _by_split
-from tasks.config import load_release_config
-from tasks.families.onnx_nli import OnnxNli
-from tasks.pipeline.stages import validate as validate_stage
+from shiplift.tasks.artifacts.nli_train import _by_split
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.families.onnx_nli import OnnxNli
+from shiplift.tasks.pipeline.stages import validate as validate_stage
+from shiplift.validation.evaluate import GateOutcome, RunSettings, Target
+from shiplift.validation.nli.builtin_set import DEFAULT_OUT
+from shiplift.validation.nli.evaluate import NLI_REPORT, evaluate_nli, load_nli_dataset
+from shiplift.validation.nli.pairs import LABELS, RESERVE_SPLIT, load_nli
 from tests.unit.test_nli_runner import FakeEncoder, key
-from validation.evaluate import GateOutcome, RunSettings, Target
-from validation.nli.builtin_set import DEFAULT_OUT
-from validation.nli.evaluate import NLI_REPORT, evaluate_nli, load_nli_dataset
-from validation.nli.pairs import LABELS, RESERVE_SPLIT, load_nli
 
 RELEASES = Path(__file__).resolve().parents[2] / "configs" / "releases"
 MINILM = RELEASES / "minilm-nli.yaml"

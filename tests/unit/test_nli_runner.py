@@ -12,11 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tasks.errors import BadInput
-from validation.nli.pairs import LABELS, NliPair
-from validation.nli.runner import run_pairs
-from validation.runner import read_predictions, write_predictions
-from validation.transport import IC_HEADER
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.nli.pairs import LABELS, NliPair
+from shiplift.validation.nli.runner import run_pairs
+from shiplift.validation.runner import read_predictions, write_predictions
+from shiplift.validation.transport import IC_HEADER
 
 
 def make_pairs(n: int) -> list[NliPair]:

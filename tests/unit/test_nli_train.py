@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts.nli_train import TRAINING_RECORD, main, train_nli
-from tasks.artifacts.onnx_export import check_checkpoint, export_onnx, parity_check, require_parity
-from tasks.artifacts.tiny_encoder import write_tiny_checkpoint
-from tasks.errors import BadInput, Conflict
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.nli_train import TRAINING_RECORD, main, train_nli
+from shiplift.tasks.artifacts.onnx_export import check_checkpoint, export_onnx, parity_check, require_parity
+from shiplift.tasks.artifacts.tiny_encoder import write_tiny_checkpoint
+from shiplift.tasks.errors import BadInput, Conflict
+from shiplift.tasks.hashing import sha256_file
 
 # A learnable toy task: the hypothesis ends with "yes" (entailment), "some" (neutral) or "no" (contradiction).
 CUE = {"entailment": "yes", "neutral": "some", "contradiction": "no"}

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts.tiny_gguf import write_tiny_gguf
-from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef, RolloutPlan, RolloutStep
-from tasks.backends.local.hosting import process_spec
-from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.hashing import sha256_file
-from validation.decisions.jevbench import load_jevbench
-from validation.gates import ChampionRule, DecisionThresholds
-from validation.online_gate import OnlineGate
-from validation.transport import HttpInvoker
+from shiplift.tasks.artifacts.tiny_gguf import write_tiny_gguf
+from shiplift.tasks.backends.interfaces import ComponentSpec, Compute, ModelRef, RolloutPlan, RolloutStep
+from shiplift.tasks.backends.local.hosting import process_spec
+from shiplift.tasks.backends.local.rollout import roll_out
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.hashing import sha256_file
+from shiplift.validation.decisions.jevbench import load_jevbench
+from shiplift.validation.gates import ChampionRule, DecisionThresholds
+from shiplift.validation.online_gate import OnlineGate
+from shiplift.validation.transport import HttpInvoker
 
 DECISIONS = Path(__file__).resolve().parents[2] / "validation" / "data" / "decisions.jsonl"
 N_TASKS = 24

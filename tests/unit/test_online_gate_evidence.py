@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from tasks.backends.interfaces import BakeAlarms, RolloutStep
-from tasks.pipeline.bake import BakeWatch
-from validation.decisions.jevbench import JevTask
-from validation.gates import ChampionRule, DecisionThresholds
-from validation.online_gate import OnlineGate
-from validation.runner import Prediction, echoed_serving_id
+from shiplift.tasks.backends.interfaces import BakeAlarms, RolloutStep
+from shiplift.tasks.pipeline.bake import BakeWatch
+from shiplift.validation.decisions.jevbench import JevTask
+from shiplift.validation.gates import ChampionRule, DecisionThresholds
+from shiplift.validation.online_gate import OnlineGate
+from shiplift.validation.runner import Prediction, echoed_serving_id
 
 N_TASKS = 24
 RULE = ChampionRule(min_samples=8, n_bootstrap=200, margin=1.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.artifacts.onnx_export import (
+from shiplift.tasks.artifacts.onnx_export import (
     EXPORT_RECORD,
     ID2LABEL,
     Int8Spec,
@@ -20,9 +20,9 @@ from tasks.artifacts.onnx_export import (
     parity_check,
     require_parity,
 )
-from tasks.artifacts.tiny_encoder import write_tiny_checkpoint, write_tiny_onnx_model_dir
-from tasks.errors import BadInput, Conflict, IntegrityError
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.tiny_encoder import write_tiny_checkpoint, write_tiny_onnx_model_dir
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError
+from shiplift.tasks.hashing import sha256_file
 
 PROBES = [
     ("A man is playing a guitar in the park.", "A man plays music."),
@@ -151,7 +151,7 @@ def test_export_is_deterministic_and_reused_but_never_overwritten(
 
 
 def test_failed_export_leaves_nothing_behind(checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
-    import tasks.artifacts.onnx_int8 as onnx_int8
+    import shiplift.tasks.artifacts.onnx_int8 as onnx_int8
 
     def broken(*_args):
         raise RuntimeError("disk full")
@@ -296,14 +296,14 @@ def test_int8_budget_check_against_hand_computed_values() -> None:
     assert gain["observed"] < 0 and gain["status"] == "pass" and "1.7 pt gained" in gain["reason"]
     assert int8_budget_check(0.5, 0.4, 10, 0.1)["status"] == "pass"  # exactly at the budget
     assert int8_budget_check(0.5, 0.0, 10, None)["status"] == "skipped"
-    from validation.gates import Check
+    from shiplift.validation.gates import Check
 
     Check(**check)  # the gate's own check shape
 
 
 def test_parity_records_accuracy_and_judges_the_int8_budget_on_labelled_probes(checkpoint: Path,
                                                                                model_dir: Path) -> None:
-    from validation.nli.pairs import load_nli
+    from shiplift.validation.nli.pairs import load_nli
 
     labelled = [p for p in load_nli(Path(__file__).resolve().parents[2] / "validation" / "data" / "nli.jsonl").pairs
                 if p.split == "calibration"][:16]

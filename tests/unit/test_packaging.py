@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tasks.artifacts.packaging as packaging
-from tasks.artifacts.packaging import MANIFEST_NAME, ExtractLimits, package_gguf, safe_extract
-from tasks.backends.local.artifact_store import LocalArtifactStore
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.hashing import sha256_file
+import shiplift.tasks.artifacts.packaging as packaging
+from shiplift.tasks.artifacts.packaging import MANIFEST_NAME, ExtractLimits, package_gguf, safe_extract
+from shiplift.tasks.backends.local.artifact_store import LocalArtifactStore
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from shiplift.tasks.hashing import sha256_file
 
 shutil_usage = namedtuple("usage", "total used free")
 MANIFEST = {"source": {"kind": "local", "sha256": "a" * 64}, "quantization": "Q4_K_M", "tools": {"gguf": "0.19.0"}}
@@ -262,7 +262,7 @@ def test_listed_files_in_subfolders_extract(tmp_path: Path) -> None:
 
 
 def test_model_folder_packages_deterministically_and_round_trips(tmp_path: Path) -> None:
-    from tasks.artifacts.packaging import package_model_dir
+    from shiplift.tasks.artifacts.packaging import package_model_dir
 
     folder = tmp_path / "encoder"
     folder.mkdir()
@@ -278,7 +278,7 @@ def test_model_folder_packages_deterministically_and_round_trips(tmp_path: Path)
 
 
 def test_model_folder_must_be_flat_and_hold_the_model(tmp_path: Path) -> None:
-    from tasks.artifacts.packaging import package_model_dir
+    from shiplift.tasks.artifacts.packaging import package_model_dir
 
     folder = tmp_path / "encoder"
     (folder / "sub").mkdir(parents=True)
@@ -377,7 +377,7 @@ def test_a_malformed_manifest_is_an_integrity_error(tmp_path: Path, manifest: st
 
 
 def test_an_archive_larger_than_the_free_disk_is_refused(tmp_path: Path, monkeypatch) -> None:
-    from tasks.errors import CapacityError
+    from shiplift.tasks.errors import CapacityError
 
     data = b"x" * 1000
     archive = _craft(tmp_path / "a.tar.gz", [_manifest({"w.bin": data}), _file("w.bin", data)])

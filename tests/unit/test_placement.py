@@ -1,4 +1,5 @@
-"""tasks.backends.placement: MIG layouts, GPU driver fitness and memory sizing, alone and through the release config."""
+"""shiplift.tasks.backends.placement: MIG layouts, GPU driver fitness and memory sizing, alone and through the
+release config."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.aws.service_model import service_model
-from tasks.backends.placement import (
+from shiplift.tasks.backends.aws.service_model import service_model
+from shiplift.tasks.backends.placement import (
     CPU_RUNTIME_OVERHEAD_MB,
     DEFAULT_DRIVERS,
     INFERENCE_AMI_DRIVERS,
@@ -22,9 +23,9 @@ from tasks.backends.placement import (
     layout_problem,
     partition_size,
 )
-from tasks.config import load_release_config
-from tasks.errors import ConfigError
-from tasks.families.gguf_decisions import gguf_memory
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.families.gguf_decisions import gguf_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMA = ROOT / "configs" / "releases" / "gemma-decision.yaml"

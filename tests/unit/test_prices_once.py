@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.pricing import DEFAULT_PRICES_PATH, dry_run_cost_lines, load_price_table, release_cost
-from tasks.config import load_release_config
-from tasks.pipeline.fleet.plan import plan_snapshot
-from tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
+from shiplift.tasks.backends.pricing import DEFAULT_PRICES_PATH, dry_run_cost_lines, load_price_table, release_cost
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.pipeline.fleet.plan import plan_snapshot
+from shiplift.tasks.pipeline.fleet.snapshot import load_fleet_configs, read_snapshot
 from tests.fakes.price_tables import price_table
 
 RELEASES = Path(__file__).resolve().parents[2] / "configs" / "releases"

@@ -15,10 +15,10 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from tasks.backends.aws import price_list
-from tasks.backends.pricing_table import load_price_table
-from tasks.cli.prices_commands import add_prices_commands
-from tasks.errors import BadInput, ConfigError
+from shiplift.tasks.backends.aws import price_list
+from shiplift.tasks.backends.pricing_table import load_price_table
+from shiplift.tasks.cli.prices_commands import add_prices_commands
+from shiplift.tasks.errors import BadInput, ConfigError
 from tests.fakes.price_tables import price_table
 
 RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "pricing-get-products.json").read_text())

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
-from tasks.backends.pricing import (
+from shiplift.tasks.backends.placement import InstancePoolPlacement, InstanceTypePlacement, MigPartitionPlacement
+from shiplift.tasks.backends.pricing import (
     DEFAULT_PRICES_PATH,
     PRICES_ENV,
     candidate_cost,
@@ -27,8 +27,8 @@ from tasks.backends.pricing import (
     release_cost,
     throughput_cost,
 )
-from tasks.config import load_release_config
-from tasks.errors import BadInput, ConfigError
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import BadInput, ConfigError
 from tests.fakes.price_tables import price_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -393,4 +393,5 @@ def test_pricing_imports_neither_validation_nor_the_pipeline():
     modules = [alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
                for alias in node.names]
     modules += [node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom) and node.module]
-    assert [m for m in modules if m.startswith(("validation", "tasks.pipeline", "boto3", "botocore"))] == []
+    heavy = ("shiplift.validation", "shiplift.tasks.pipeline", "boto3", "botocore")
+    assert [m for m in modules if m.startswith(heavy)] == []

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld, NotFound
-from tasks.ledger.release_state import ReleaseState
-from tasks.ledger.store import Ledger
-from tasks.pipeline.promotion import promote, rollback
-from tasks.pipeline.release import begin_orchestrated
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, GateFailed, LeaseHeld, NotFound
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.pipeline.promotion import promote, rollback
+from shiplift.tasks.pipeline.release import begin_orchestrated
 
 MODEL, PROD = "tiny-decision", "shiplift-tiny-decision-prod"
 QUIET = lambda message: None  # noqa: E731
@@ -100,8 +100,8 @@ def test_refusals_name_the_problem_and_change_nothing(releases):
 
 
 def test_cli_rollback_prints_what_serves_and_refuses_bad_input_without_a_traceback(releases, capsys):
-    from tasks.cli.main import main
-    from tasks.console import EXIT_ERROR
+    from shiplift.tasks.cli.main import main
+    from shiplift.tasks.console import EXIT_ERROR
 
     state_dir, a, b = releases["state_dir"], releases["a"], releases["b"]
     assert live_release(state_dir) == b

@@ -17,14 +17,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tasks.backends.pricing import PriceTable, candidate_cost, hourly_cost, mig_copy_share, throughput_cost
-from tasks.errors import BadInput
-from tasks.hashing import sha256_file
-from validation import charts
-from validation.decisions.evaluate import DECISION_REPORT
-from validation.gate_report import write_reports
-from validation.gates import NOT_GATED, ChampionRule, DecisionThresholds, evaluate_gates
-from validation.report_parts import ReportParts
+from shiplift.tasks.backends.pricing import PriceTable, candidate_cost, hourly_cost, mig_copy_share, throughput_cost
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import sha256_file
+from shiplift.validation import charts
+from shiplift.validation.decisions.evaluate import DECISION_REPORT
+from shiplift.validation.gate_report import write_reports
+from shiplift.validation.gates import NOT_GATED, ChampionRule, DecisionThresholds, evaluate_gates
+from shiplift.validation.report_parts import ReportParts
 
 OPTIONS = ["a", "b", "c"]
 HOSTILE = '<script>alert("x")</script>&"\'<img src=x onerror=alert(1)>'
@@ -403,11 +403,11 @@ def test_the_report_takes_a_familys_words_rows_and_sections_from_its_parts(tmp_p
 
 @pytest.fixture
 def nli_report(tmp_path):
+    from shiplift.validation.evaluate import RunSettings, Target
+    from shiplift.validation.nli.builtin_set import DEFAULT_OUT
+    from shiplift.validation.nli.evaluate import NliThresholds, evaluate_nli, load_nli_dataset
+    from shiplift.validation.nli.pairs import LABELS
     from tests.unit.test_nli_runner import FakeEncoder, key
-    from validation.evaluate import RunSettings, Target
-    from validation.nli.builtin_set import DEFAULT_OUT
-    from validation.nli.evaluate import NliThresholds, evaluate_nli, load_nli_dataset
-    from validation.nli.pairs import LABELS
 
     split = load_nli_dataset(DEFAULT_OUT, name="nli-test", splits=["test"])
     candidate, champion = FakeEncoder(), FakeEncoder()
@@ -430,8 +430,8 @@ def nli_report(tmp_path):
 def test_nli_report_has_its_family_rows_per_request_latency_and_the_confusion_matrix(nli_report):
     from sklearn.metrics import confusion_matrix
 
-    from validation.nli.pairs import LABELS
-    from validation.runner import read_predictions
+    from shiplift.validation.nli.pairs import LABELS
+    from shiplift.validation.runner import read_predictions
 
     result, split, folder = nli_report
     parser, text = parse(str(folder / "report.html"))
@@ -485,7 +485,7 @@ def record(seq, at, release, stage, event, payload):
 
 
 def test_copies_series_follow_the_traffic_records_so_a_canary_overlap_shows():
-    from tasks.ledger.audit_report import copies_series, rollout_window
+    from shiplift.tasks.ledger.audit_report import copies_series, rollout_window
 
     records = [
         record(1, "2026-12-03T10:00:00.000000Z", "a", "promote", "succeeded", {"copies": 2}),

@@ -151,9 +151,9 @@ MODEL = "demo-decision"
 def audit_page(tmp_path, monkeypatch):
     """A ledger written by hand: A promoted at once, B rolled out as a canary over A (two steps 20 s apart), C
     rejected by its gate against B, then a rollback from B to A; times from a fixed clock over three hours."""
-    import tasks.ledger.timestamps as timestamps
-    from tasks.ledger.audit_report import write_report
-    from tasks.ledger.store import Ledger
+    import shiplift.tasks.ledger.timestamps as timestamps
+    from shiplift.tasks.ledger.audit_report import write_report
+    from shiplift.tasks.ledger.store import Ledger
 
     clock = {"now": datetime(2026, 12, 3, 9, 0, tzinfo=UTC)}
     monkeypatch.setattr(timestamps, "utcnow", lambda: clock["now"])

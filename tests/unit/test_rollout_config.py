@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
-from tasks.config import BakeAlarms, load_release_config
-from tasks.errors import ConfigError, NotFound
-from tasks.pipeline.bake import BakeWatch, first_alarm, judge
+from shiplift.tasks.backends.interfaces import ComponentMetrics, RolloutPlan, RolloutStep
+from shiplift.tasks.config import BakeAlarms, load_release_config
+from shiplift.tasks.errors import ConfigError, NotFound
+from shiplift.tasks.pipeline.bake import BakeWatch, first_alarm, judge
 
 GEMMA = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
 STEP = RolloutStep(phase="rollout", batch=1, batches=2, old_copies=1, new_copies=1, old_spec_sha256="a" * 64,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.interfaces import RolloutPlan, RolloutStep
-from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import NotFound
+from shiplift.tasks.backends.interfaces import RolloutPlan, RolloutStep
+from shiplift.tasks.backends.local.rollout import roll_out
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import NotFound
 from tests.unit.conftest import _dead
 from tests.unit.test_local_hosting import _invoke, _spec
 
@@ -221,7 +221,7 @@ def test_a_copy_killed_during_a_canary_is_replaced_and_the_rollout_ends_whole(ho
 def _neutral(copies: int, version: str, **env: str):
     """A fake-copy spec that carries a neutral ComponentSpec, as the promote stage's specs do (metrics by spec need
     it)."""
-    from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
+    from shiplift.tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
 
     digest = "sha256:" + (version.encode().hex() * 64)[:64]
     neutral = ComponentSpec(image_uri=f"fake/semif@{digest}", artifact_uri=f"file:///fake/{version}",
@@ -240,10 +240,10 @@ def test_a_faulty_canary_is_rolled_back_by_its_bake_alarm_under_live_traffic(hos
     """The real bake (BakeWatch over the router's metrics of the new copies) with live traffic from a thread."""
     from types import SimpleNamespace
 
-    from tasks.backends.interfaces import BakeAlarms
-    from tasks.backends.local.hosting import LocalMetrics
-    from tasks.cli.demo import LiveTraffic
-    from tasks.pipeline.bake import BakeWatch
+    from shiplift.tasks.backends.interfaces import BakeAlarms
+    from shiplift.tasks.backends.local.hosting import LocalMetrics
+    from shiplift.tasks.cli.demo import LiveTraffic
+    from shiplift.tasks.pipeline.bake import BakeWatch
 
     endpoint = f"ep-fault-{'slow' if 'FAKE_DELAY_S' in env else '500'}"
     hosting.ensure_endpoint(endpoint)

@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tasks.errors import BadInput
-from validation.decisions.jevbench import JevTask
-from validation.runner import Prediction, read_predictions, run_decisions, write_predictions
-from validation.transport import IC_HEADER
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.decisions.jevbench import JevTask
+from shiplift.validation.runner import Prediction, read_predictions, run_decisions, write_predictions
+from shiplift.validation.transport import IC_HEADER
 
 
 def make_task(i: int) -> JevTask:

@@ -12,13 +12,13 @@ import urllib.request
 
 import pytest
 
-from tasks.backends.interfaces import ScaleToZeroPlan
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import BadInput, NotFound
+from shiplift.tasks.backends.interfaces import ScaleToZeroPlan
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.validation.cold_start import first_answer
+from shiplift.validation.transport import NO_CAPACITY, HttpInvoker
 from tests.unit.conftest import _dead
 from tests.unit.test_local_hosting import _router_ping, _spec, _wait_for
-from validation.cold_start import first_answer
-from validation.transport import NO_CAPACITY, HttpInvoker
 
 
 def _invoke_runtime(url: str, component: str) -> tuple[int, dict]:
@@ -88,7 +88,8 @@ def test_scale_sets_the_copies_now_and_healing_keeps_that_count(hosting):
 def test_a_scaler_that_lost_the_race_with_a_teardown_starts_nothing(tmp_path):
     state = tmp_path / "state"
     ProcessSupervisor(state)  # the folders only: the endpoint was deleted before the scaler ran
-    done = subprocess.run([sys.executable, "-m", "tasks.backends.local.scaler", "--state-dir", str(state), "ep-gone",
+    done = subprocess.run([sys.executable, "-m", "shiplift.tasks.backends.local.scaler", "--state-dir", str(state),
+                           "ep-gone",
                            "semif", "1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "does not exist" in done.stderr
     assert list((state / "endpoints").iterdir()) == [], "no endpoint state was created"

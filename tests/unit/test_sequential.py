@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from tasks.errors import BadInput
-from validation.sequential import extension_looks, sequential_champion_check
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.sequential import extension_looks, sequential_champion_check
 
 
 def paired_tasks(rng, n: int, disagreement: float, difference: float) -> np.ndarray:

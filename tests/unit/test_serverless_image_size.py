@@ -14,15 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.backends.interfaces import ImageRef
-from tasks.backends.placement import (
+from shiplift.tasks.backends.interfaces import ImageRef
+from shiplift.tasks.backends.placement import (
     SERVERLESS_IMAGE_MAX_BYTES,
     InstanceTypePlacement,
     ServerlessPlacement,
     image_size_problem,
 )
-from tasks.errors import ConfigError
-from tasks.pipeline.stages import image as image_stage
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.pipeline.stages import image as image_stage
 
 SERVERLESS = ServerlessPlacement(kind="serverless", memory_size_mb=2048, max_concurrency=2, cold_starts=1,
                                  max_cold_start_p95_s=60)
@@ -57,8 +57,8 @@ def test_an_instance_placement_is_not_held_to_the_serverless_limit():
 
 def test_a_local_image_has_no_size():
     """A local image is a server's source tree, not a container: no size to check."""
-    from tasks.backends.image_source import pin_image_source
-    from tasks.config import load_release_config
+    from shiplift.tasks.backends.image_source import pin_image_source
+    from shiplift.tasks.config import load_release_config
 
     config = load_release_config(Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml")
     assert pin_image_source(config.image.kind, config.image.base_image).size_bytes is None

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from tasks.backends.interfaces import ScaleToZeroPlan
-from tasks.backends.local.endpoint_state import ServerlessEmulation
-from tasks.backends.local.router_admin_payload import scaling_problem as _scaling_problem
-from tasks.backends.placement import MemoryEstimate, ServerlessPlacement, fit_problem
+from shiplift.tasks.backends.interfaces import ScaleToZeroPlan
+from shiplift.tasks.backends.local.endpoint_state import ServerlessEmulation
+from shiplift.tasks.backends.local.router_admin_payload import scaling_problem as _scaling_problem
+from shiplift.tasks.backends.placement import MemoryEstimate, ServerlessPlacement, fit_problem
+from shiplift.validation.transport import RUNTIME_RETRYABLE
 from tests.unit.conftest import _dead
 from tests.unit.test_local_hosting import _spec, _wait_for
 from tests.unit.test_scale_to_zero_local import _copies, _invoke_runtime
-from validation.transport import RUNTIME_RETRYABLE
 
 IDLE = ScaleToZeroPlan(max_copies=1, idle_s=1, invocations_per_copy=1)
 

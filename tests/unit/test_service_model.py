@@ -1,5 +1,5 @@
-"""tasks.backends.aws.service_model: every request is checked against the whole botocore model (lengths, counts,
-maximums, enums, Java patterns), not only what botocore's ParamValidator checks."""
+"""shiplift.tasks.backends.aws.service_model: every request is checked against the whole botocore model (lengths,
+counts, maximums, enums, Java patterns), not only what botocore's ParamValidator checks."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import copy
 import pytest
 from botocore.validate import ParamValidator
 
-from tasks.backends.aws.service_model import (
+from shiplift.tasks.backends.aws.service_model import (
     operation_name,
     request_problems,
     service_model,
     validate_request,
 )
-from tasks.errors import BadInput
+from shiplift.tasks.errors import BadInput
 
 POOLS = [{"InstanceType": "ml.g6e.xlarge", "Priority": 1}, {"InstanceType": "ml.g6.2xlarge", "Priority": 2},
          {"InstanceType": "ml.g5.2xlarge", "Priority": 3}]

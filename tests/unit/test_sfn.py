@@ -15,10 +15,10 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from tasks.config import load_release_config
-from tasks.errors import BadInput, ConfigError, Conflict, NotFound
-from tasks.ledger.events import STAGES
-from tasks.orchestrators.step_functions import (
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, NotFound
+from shiplift.tasks.ledger.events import STAGES
+from shiplift.tasks.orchestrators.step_functions import (
     ECS_RUN_TASK,
     FAILED_STATE,
     STATE_NAMES,
@@ -32,8 +32,8 @@ from tasks.orchestrators.step_functions import (
     state_machine_name,
     verify_task_definition,
 )
-from tasks.orchestrators.task_token import retryable_error_names
-from tasks.pipeline.release import release_id_for
+from shiplift.tasks.orchestrators.task_token import retryable_error_names
+from shiplift.tasks.pipeline.release import release_id_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ("qwen35-4b-semif.yaml", "gemma-decision.yaml")
@@ -575,8 +575,8 @@ def test_publish_stage_result_writes_the_envelope_the_choice_reads():
 
 
 def test_stage_commands_parse_with_the_cli():
-    from tasks.cli.main import build_parser
-    from tasks.orchestrators.step_functions import stage_command
+    from shiplift.tasks.cli.main import build_parser
+    from shiplift.tasks.orchestrators.step_functions import stage_command
 
     for stage in STAGES:
         args = build_parser().parse_args(stage_command(stage, "rel-1", PG, "stepfunctions:exec-1")[1:])
@@ -637,7 +637,7 @@ def test_state_machine_names_fit_80_characters():
 
 
 def test_role_policy_is_scoped_and_accepted_by_iam():
-    from tasks.orchestrators.step_functions import state_machine_role_policy
+    from shiplift.tasks.orchestrators.step_functions import state_machine_role_policy
 
     cfg = config("qwen35-4b-semif.yaml")
     policy = state_machine_role_policy(cfg, runner(result_bucket=None), account_id="123456789012", region=REGION)

@@ -32,13 +32,13 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from tasks.config import load_release_config
-from tasks.errors import Conflict, LeaseLost
-from tasks.ledger.events import APPROVAL, APPROVED, AWAITING_APPROVAL, REJECTED, TIMED_OUT
-from tasks.ledger.store import Ledger
-from tasks.orchestrators import task_token
-from tasks.orchestrators.approvals import answer_approval
-from tasks.orchestrators.step_functions import (
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import Conflict, LeaseLost
+from shiplift.tasks.ledger.events import APPROVAL, APPROVED, AWAITING_APPROVAL, REJECTED, TIMED_OUT
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.orchestrators import task_token
+from shiplift.tasks.orchestrators.approvals import answer_approval
+from shiplift.tasks.orchestrators.step_functions import (
     APPROVAL_STATE,
     APPROVAL_TIMED_OUT_STATE,
     ECS_RUN_TASK,
@@ -50,10 +50,10 @@ from tasks.orchestrators.step_functions import (
     definition_json,
     render_state_machine,
 )
-from tasks.orchestrators.task_token import TOKEN_ENV, approval_timed_out, await_approval, send_decision
-from tasks.pipeline.approval import TOKEN_RENEWED, token_reference, waiting_execution
-from tasks.pipeline.release import begin_orchestrated, end_orchestrated, release_id_for, run_orchestrated_stage
-from tasks.pipeline.table import LEASE, STAGES_THROUGH_GATE, timeouts_for
+from shiplift.tasks.orchestrators.task_token import TOKEN_ENV, approval_timed_out, await_approval, send_decision
+from shiplift.tasks.pipeline.approval import TOKEN_RENEWED, token_reference, waiting_execution
+from shiplift.tasks.pipeline.release import begin_orchestrated, end_orchestrated, release_id_for, run_orchestrated_stage
+from shiplift.tasks.pipeline.table import LEASE, STAGES_THROUGH_GATE, timeouts_for
 from tests.unit.test_sfn import entered, wait_for  # an execution's end and the states it entered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,7 +264,7 @@ def test_the_approval_tasks_validate_against_the_botocore_run_task_model():
 def test_the_approval_commands_parse_with_the_cli():
     """`shiplift orchestrate await-approval`, `approval-timed-out` and `begin --waits-for-approval` are wired in
     tasks/cli/main.py (tasks.orchestrators.task_token.await_approval / approval_timed_out)."""
-    from tasks.cli.main import build_parser
+    from shiplift.tasks.cli.main import build_parser
 
     states = render(shipped())["States"]
     parser = build_parser()
@@ -570,7 +570,7 @@ def test_a_new_execution_of_a_waiting_release_records_its_new_token(account, mon
 
 
 def _stubbed_aws():
-    from tasks.backends.aws.session import Aws
+    from shiplift.tasks.backends.aws.session import Aws
 
     client = boto3.client("stepfunctions", region_name=REGION)
     aws = Aws(region=REGION)
@@ -590,8 +590,8 @@ def test_a_token_step_functions_no_longer_waits_on_is_refused_by_name(code):
 
 
 def test_await_approval_reports_a_failure_with_its_token_and_needs_one(monkeypatch, tmp_path):
-    from tasks.errors import ConfigError, ShipliftError
-    from tasks.pipeline.release import reopen_release
+    from shiplift.tasks.errors import ConfigError, ShipliftError
+    from shiplift.tasks.pipeline.release import reopen_release
 
     client = boto3.client("stepfunctions", region_name=REGION)
     stub = Stubber(client)

@@ -8,7 +8,7 @@ import shlex
 import pytest
 from moto import mock_aws
 
-from tasks.cli.main import build_parser, main
+from shiplift.tasks.cli.main import build_parser, main
 
 QWEN = "configs/releases/qwen35-4b-semif.yaml"
 RUNNER = "configs/stepfunctions/runner-example.yaml"

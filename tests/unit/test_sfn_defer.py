@@ -1,6 +1,6 @@
 """A deferred stage on Step Functions (issue 48 item 5): deploy_candidate renders as a start task, then a loop of a
-short poll task, a read of its answer, a Choice and a Wait, instead of one task that sleeps; moto's interpreter runs
-the loop; and the two task commands (`python -m tasks.orchestrators.step_functions_defer start|poll`) run on a real
+short poll task, a read of its answer, a Choice and a Wait, instead of one task that sleeps; moto's interpreter runs the
+loop; and the two task commands (`python -m shiplift.tasks.orchestrators.step_functions_defer start|poll`) run on a real
 tiny local release, keeping the ledger as a stage run does."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from tasks.errors import Conflict, DeployFailed, StepTimedOut, Throttled
-from tasks.orchestrators.step_functions import (
+from shiplift.tasks.errors import Conflict, DeployFailed, StepTimedOut, Throttled
+from shiplift.tasks.orchestrators.step_functions import (
     DEFERRED_SUFFIXES,
     FAILED_STATE,
     POLL_TASK_S,
     STATE_NAMES,
     definition_json,
 )
-from tasks.orchestrators.step_functions_defer import MODULE, deferred_command, main, parser
-from tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, retryable_error_names
-from tasks.pipeline.release import release_id_for
-from tasks.pipeline.table import STEPS, timeout_for
+from shiplift.tasks.orchestrators.step_functions_defer import MODULE, deferred_command, main, parser
+from shiplift.tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, retryable_error_names
+from shiplift.tasks.pipeline.release import release_id_for
+from shiplift.tasks.pipeline.table import STEPS, timeout_for
 from tests.unit.test_sfn import (
     PARSER,
     REGION,
@@ -120,7 +120,7 @@ def test_moto_sends_a_failed_poll_and_an_answer_for_another_release_the_right_wa
 @pytest.fixture
 def imaged(tmp_path, tiny_release):
     """A tiny local release run through image, with its ledger in SQLite: what the start task finds."""
-    from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
+    from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
 
     state = tmp_path / "state"
     path = tiny_release.write_tiny_config(tmp_path / "configs", state,
@@ -135,18 +135,18 @@ def imaged(tmp_path, tiny_release):
 
 
 def _records(begun: dict) -> list[tuple[str, object]]:
-    from tasks.backends.registry import open_ledger
+    from shiplift.tasks.backends.registry import open_ledger
 
     return [(r.event, r.payload.get("deferred") or r.payload.get("error_type"))
             for r in open_ledger(ledger_url=begun["ledger_url"]).release(begun["release_id"]) if r.stage == STAGE]
 
 
 def test_start_and_poll_tasks_keep_the_ledger_as_a_stage_run_does(imaged, monkeypatch, capsys):
-    import tasks.pipeline.deferred as deferred
-    import tasks.pipeline.stages.candidate as candidate
-    from tasks.backends.interfaces import DeployPoll
-    from tasks.backends.local.supervisor import ProcessSupervisor
-    from tasks.pipeline.release import run_orchestrated_stage
+    import shiplift.tasks.pipeline.deferred as deferred
+    import shiplift.tasks.pipeline.stages.candidate as candidate
+    from shiplift.tasks.backends.interfaces import DeployPoll
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.pipeline.release import run_orchestrated_stage
 
     rid, url = imaged["release_id"], imaged["ledger_url"]
 
@@ -192,9 +192,9 @@ def test_start_and_poll_tasks_keep_the_ledger_as_a_stage_run_does(imaged, monkey
 
 
 def _config(begun: dict):
-    from tasks.backends.registry import open_ledger
-    from tasks.config import ReleaseConfig
-    from tasks.ledger.release_state import ReleaseState
+    from shiplift.tasks.backends.registry import open_ledger
+    from shiplift.tasks.config import ReleaseConfig
+    from shiplift.tasks.ledger.release_state import ReleaseState
 
     state = ReleaseState.load(open_ledger(ledger_url=begun["ledger_url"]), begun["release_id"])
     return ReleaseConfig.model_validate(state.opened["config"])
@@ -204,7 +204,7 @@ def _config(begun: dict):
 
 
 def _aws_imaged(aws, aws_release, tiny_release, tmp_path, **changes) -> dict:
-    from tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
+    from shiplift.tasks.pipeline.release import begin_orchestrated, run_orchestrated_stage
 
     aws_release.prepare_account(aws)
     path = aws_release.write_aws_config(tiny_release, tmp_path / "configs", tmp_path / "state", **changes)
@@ -217,7 +217,7 @@ def _aws_imaged(aws, aws_release, tiny_release, tmp_path, **changes) -> dict:
 
 
 def _deferred(begun: dict, action: str) -> dict:
-    import tasks.pipeline.deferred as deferred
+    import shiplift.tasks.pipeline.deferred as deferred
 
     call = deferred.start_orchestrated if action == "start" else deferred.poll_orchestrated
     return call(begun["release_id"], STAGE, holder="stepfunctions:exec-1", ledger_url=begun["ledger_url"],
@@ -235,7 +235,7 @@ def test_on_sagemaker_the_start_returns_before_in_service_and_the_polls_create_t
     """The start sends CreateEndpoint and returns (SageMaker answers Creating); each poll is one look (waiters.json's
     acceptors); on a component endpoint (a MIG candidate) the poll that finds the endpoint up creates the component.
     The stage then records its result without creating anything again."""
-    from tasks.pipeline.release import run_orchestrated_stage
+    from shiplift.tasks.pipeline.release import run_orchestrated_stage
     from tests.aws.test_hosting_aws import MIG
 
     begun = _aws_imaged(aws, aws_release, tiny_release, tmp_path, **({"placement": MIG} if placement == "mig" else {}))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import load_release_config
-from tasks.errors import (
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import (
     BadInput,
     CapacityError,
     ConfigError,
@@ -30,7 +30,7 @@ from tasks.errors import (
     error_classes,
     is_retryable,
 )
-from tasks.orchestrators.step_functions import (
+from shiplift.tasks.orchestrators.step_functions import (
     APPROVAL_STATE,
     APPROVAL_TIMED_OUT_STATE,
     ECS_INFRA_ERRORS,
@@ -38,9 +38,9 @@ from tasks.orchestrators.step_functions import (
     RunnerSettings,
     render_state_machine,
 )
-from tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, error_name, retryable_error_names
-from tasks.pipeline import table
-from tasks.pipeline.table import MAX_STEP_TIMEOUT_S, STEPS, check_timeouts, timeout_for, timeouts_for
+from shiplift.tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, error_name, retryable_error_names
+from shiplift.tasks.pipeline import table
+from shiplift.tasks.pipeline.table import MAX_STEP_TIMEOUT_S, STEPS, check_timeouts, timeout_for, timeouts_for
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = REPO / "configs" / "releases"
@@ -271,8 +271,8 @@ def test_a_config_whose_deadlines_exceed_the_orchestrator_is_refused_with_the_fi
 
 
 def test_begin_refuses_a_config_that_outgrew_the_orchestrator_before_anything_is_opened(tmp_path):
-    from tasks.ledger.store import Ledger
-    from tasks.pipeline.release import begin_orchestrated
+    from shiplift.tasks.ledger.store import Ledger
+    from shiplift.tasks.pipeline.release import begin_orchestrated
     from tests.tiny_release import write_tiny_config
 
     config = write_tiny_config(tmp_path / "configs", tmp_path / "state")
@@ -285,7 +285,7 @@ def test_begin_refuses_a_config_that_outgrew_the_orchestrator_before_anything_is
 
 
 def test_the_table_runs_the_ledger_s_stages_in_their_order_and_every_release_step_has_a_row():
-    from tasks.ledger import events
+    from shiplift.tasks.ledger import events
 
     assert table.STAGE_NAMES == events.STAGES
     assert set(table.RELEASE_STEPS) <= set(STEPS) and table.RELEASE_STEPS[0] == "begin"
@@ -294,8 +294,8 @@ def test_the_table_runs_the_ledger_s_stages_in_their_order_and_every_release_ste
 
 
 def test_validate_s_timeout_grows_by_the_cold_starts_of_a_config_that_scales_to_zero():
-    from tasks.backends.interfaces import SCALE_WAIT_S
-    from tasks.config import load_release_config
+    from shiplift.tasks.backends.interfaces import SCALE_WAIT_S
+    from shiplift.tasks.config import load_release_config
 
     gemma = Path(__file__).resolve().parents[2] / "configs" / "releases" / "gemma-decision.yaml"
     plain = load_release_config(gemma, environ={})

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.interfaces import ArtifactStore, StoredArtifact
-from tasks.backends.local.artifact_store import LocalArtifactStore
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from shiplift.tasks.backends.interfaces import ArtifactStore, StoredArtifact
+from shiplift.tasks.backends.local.artifact_store import LocalArtifactStore
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 
 
 @pytest.fixture

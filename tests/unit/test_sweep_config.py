@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.backends.pricing import load_price_table
-from tasks.cli.main import main
-from tasks.config import load_release_config
-from tasks.errors import ConfigError, Conflict
-from tasks.ledger.store import Ledger
-from tasks.sweeps.config import load_sweep
-from tasks.sweeps.records import SweepRecords, open_sweep
-from tasks.sweeps.run import check_cost, plan
+from shiplift.tasks.backends.pricing import load_price_table
+from shiplift.tasks.cli.main import main
+from shiplift.tasks.config import load_release_config
+from shiplift.tasks.errors import ConfigError, Conflict
+from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.sweeps.config import load_sweep
+from shiplift.tasks.sweeps.records import SweepRecords, open_sweep
+from shiplift.tasks.sweeps.run import check_cost, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE = {"constraints": [{"metric": "valid_rate", "at_least": 1.0}],
@@ -174,10 +174,10 @@ def test_the_run_loop_records_failures_picks_once_all_have_evidence_and_explain_
     """The loop's bookkeeping, with each candidate's evaluation stood in for (tests/e2e/test_sweep_run.py runs real
     ones): a failure is recorded and nothing is picked; a rerun evaluates only what lacks evidence, then picks; a
     picked record the rule does not give is what `sweep explain` reports (exit 3)."""
-    from tasks.errors import ShipliftError
-    from tasks.ledger import events
-    from tasks.sweeps import run as sweep_run
-    from validation.sweep_rule import CandidateEvidence
+    from shiplift.tasks.errors import ShipliftError
+    from shiplift.tasks.ledger import events
+    from shiplift.tasks.sweeps import run as sweep_run
+    from shiplift.validation.sweep_rule import CandidateEvidence
 
     sweep = load_sweep(write_sweep(tmp_path / "sweeps", base, axes={"quantization": ["Q8_0", "F16"]}))
     cost = {"Q8_0": 0.5, "F16": 0.9}  # $ per 1M decisions: Q8_0 is the cheaper

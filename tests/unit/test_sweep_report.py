@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from tasks.errors import BadInput
-from tasks.hashing import sha256_bytes, sha256_file
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import sha256_bytes, sha256_file
+from shiplift.validation.sweep_report import write_sweep_report
+from shiplift.validation.sweep_rule import CandidateEvidence, Pick, SelectionRule, choose
 from tests.unit.test_report import HOSTILE, StrictParser
-from validation.sweep_report import write_sweep_report
-from validation.sweep_rule import CandidateEvidence, Pick, SelectionRule, choose
 
 RULE = SelectionRule.model_validate({
     "constraints": [{"metric": "accuracy", "not_worse_than_champion_by": 0.02}, {"metric": "p95_ms", "at_most": 800}],

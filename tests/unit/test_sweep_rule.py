@@ -12,8 +12,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tasks.errors import BadInput
-from validation.sweep_rule import CandidateEvidence, Constraint, Objective, SelectionRule, choose
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.sweep_rule import CandidateEvidence, Constraint, Objective, SelectionRule, choose
 
 HIGHER_BETTER = {"accuracy", "valid_rate"}  # the test's own table of directions (every other metric: lower better)
 RULE = {

@@ -14,9 +14,9 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from tasks.errors import ConfigError, NotReady
-from tasks.orchestrators import task_token
-from tasks.orchestrators.task_token import MAX_CAUSE_CHARS, TOKEN_ENV, reporting_to_step_functions
+from shiplift.tasks.errors import ConfigError, NotReady
+from shiplift.tasks.orchestrators import task_token
+from shiplift.tasks.orchestrators.task_token import MAX_CAUSE_CHARS, TOKEN_ENV, reporting_to_step_functions
 
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAR" * 4
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.artifacts.tiny_gguf import LETTERS, MISSING_LETTER, write_tiny_gguf
-from tasks.errors import ConfigError
-from tasks.hashing import sha256_file
+from shiplift.tasks.artifacts.tiny_gguf import LETTERS, MISSING_LETTER, write_tiny_gguf
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.hashing import sha256_file
 
 
 def _llama(path: Path):
@@ -110,7 +110,7 @@ def test_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.
 def test_cli_writes_the_same_model_as_the_function(tmp_path: Path) -> None:
     out = tmp_path / "cli.gguf"
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.artifacts.tiny_gguf", str(out), "--seed", "3", "--dtype", "F16"],
+        [sys.executable, "-m", "shiplift.tasks.artifacts.tiny_gguf", str(out), "--seed", "3", "--dtype", "F16"],
         capture_output=True, text=True, timeout=120, check=True,
     )
     assert done.stdout.strip() == str(out)

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tasks.errors import BadInput
-from validation.transport import (
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.transport import (
     ERROR_BODY_CHARS,
     IC_HEADER,
     Exchange,

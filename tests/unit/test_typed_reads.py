@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tasks.ledger import records, stage_results
+from shiplift.tasks.ledger import records, stage_results
 
 ROOT = Path(__file__).resolve().parents[2]
 DECODERS = (stage_results, records)  # the modules that may read payloads by key: they decode them
@@ -93,8 +93,8 @@ def _payload_parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set
 def _imports_the_ledger(tree: ast.AST) -> bool:
     """Whether a module imports anything of `tasks.ledger`: one that does not (an HTTP server reading its request body
     as `payload`) holds no record's payload in a parameter."""
-    return any(isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tasks.ledger")
-               or isinstance(node, ast.Import) and any(a.name.startswith("tasks.ledger") for a in node.names)
+    return any(isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shiplift.tasks.ledger")
+               or isinstance(node, ast.Import) and any(a.name.startswith("shiplift.tasks.ledger") for a in node.names)
                for node in ast.walk(tree))
 
 
@@ -148,7 +148,7 @@ def test_no_reader_reads_a_payload_field_by_string_key():
 
 def test_the_scan_finds_reads_of_payloads_and_ignores_other_dicts():
     fields = payload_fields()
-    source = '''from tasks.ledger import events
+    source = '''from shiplift.tasks.ledger import events
 
 def http(body):
     payload = body.json()
@@ -166,5 +166,5 @@ def text(payload):
 '''
     found = [(9, "endpoint"), (9, "moved_from"), (11, "copies"), (11, "decision"), (12, "config"), (15, "phase")]
     assert string_key_reads(source, fields) == found
-    outside_the_ledger = source.replace("from tasks.ledger import events", "import json")
+    outside_the_ledger = source.replace("from shiplift.tasks.ledger import events", "import json")
     assert string_key_reads(outside_the_ledger, fields) == found[:-1], "a `payload` parameter there is not a record's"

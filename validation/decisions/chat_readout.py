@@ -16,9 +16,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from images.common.decision_prompt import LETTERS, PROMPT_VERSION, user_text
-from validation.decisions.jevbench import JevTask
-from validation.transport import Malformed, json_body
+from shiplift.images.common.decision_prompt import LETTERS, PROMPT_VERSION, user_text
+from shiplift.validation.decisions.jevbench import JevTask
+from shiplift.validation.transport import Malformed, json_body
 
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's bound, which llama-server also applies
 MODEL_FILE = re.compile(r"(?:^|/)([0-9a-f]{64})\.gguf$")  # the package names its GGUF by its sha256

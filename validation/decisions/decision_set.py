@@ -1,6 +1,6 @@
 """The project's own JevBench-format decision set, written deterministically from templates.
 
-Run `python -m validation.decisions.decision_set --out validation/data/decisions.jsonl`. Every task has
+Run `python -m shiplift.validation.decisions.decision_set --out validation/data/decisions.jsonl`. Every task has
 one answer a careful reader would agree with; slot values and option order come from an RNG
 seeded per task id, so regenerating gives identical bytes. About 40 % of each
 (family, expected label) stratum is the `calibration` split, the rest `test`.
@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from validation.decisions.jevbench import parse_task
+from shiplift.validation.decisions.jevbench import parse_task
 
 SEED = "shiplift-decisions-v1"
 CALIBRATION_SHARE = 0.4

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from validation.evaluate import (
+from shiplift.validation.evaluate import (
     DEFAULT_SETTINGS,
     TURN_PER_WORKER,
     RunSettings,
@@ -25,10 +25,10 @@ from validation.evaluate import (
     side_by_side,
     turns_of,
 )
-from validation.gate_report import write_reports
-from validation.gates import evaluate_gates, with_release_checks
-from validation.report_parts import ReportParts
-from validation.runner import SEMIF, run_decisions, write_predictions
+from shiplift.validation.gate_report import write_reports
+from shiplift.validation.gates import evaluate_gates, with_release_checks
+from shiplift.validation.report_parts import ReportParts
+from shiplift.validation.runner import SEMIF, run_decisions, write_predictions
 
 DECISION_REPORT = ReportParts(  # a decision gate's parts of its report (SemIf and the chat readout alike)
     item="task", items="tasks",

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError, model_validator
 
-from tasks.errors import BadInput, NotFound
-from tasks.hashing import sha256_file
-from validation.jsonl import jsonl_values
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.tasks.hashing import sha256_file
+from shiplift.validation.jsonl import jsonl_values
 
 QuestionType = Literal["noul", "choice", "score"]
 MIN_OPTIONS = 2

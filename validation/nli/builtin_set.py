@@ -12,7 +12,7 @@ read by no gate's first look and no training. Drawn last, they left the first 37
 calibration, test) byte-identical, so the demo model trains on what it trained on before.
 Templates and a fixed seed make the output byte-identical on every run:
 
-    python -m validation.nli.builtin_set [--out validation/data/nli.jsonl]
+    python -m shiplift.validation.nli.builtin_set [--out validation/data/nli.jsonl]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import date, timedelta
 from functools import partial
 from pathlib import Path
 
-from validation.nli.pairs import RESERVE_SPLIT
+from shiplift.validation.nli.pairs import RESERVE_SPLIT
 
 SEED = 20260401
 NEWLINE = b"\n"

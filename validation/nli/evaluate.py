@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.errors import BadInput
-from validation.datasets import CheckedDataset, keep_splits
-from validation.evaluate import (
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.datasets import CheckedDataset, keep_splits
+from shiplift.validation.evaluate import (
     DEFAULT_SETTINGS,
     TURN_PER_WORKER,
     RunSettings,
@@ -33,8 +33,8 @@ from validation.evaluate import (
     side_by_side,
     turns_of,
 )
-from validation.gate_report import write_reports
-from validation.gates import (
+from shiplift.validation.gate_report import write_reports
+from shiplift.validation.gates import (
     ChampionRule,
     Check,
     DecisionThresholds,
@@ -46,7 +46,7 @@ from validation.gates import (
     mark_gated,
     with_release_checks,
 )
-from validation.metrics import (
+from shiplift.validation.metrics import (
     bootstrap_ci,
     decision_metrics,
     latency_summary,
@@ -55,12 +55,12 @@ from validation.metrics import (
     per_class_recall,
     score_predictions,
 )
-from validation.nli.expectations import check_nli_pairs
-from validation.nli.pairs import LABELS, NliPair, load_nli
-from validation.nli.runner import NliRun, run_pairs
-from validation.report_parts import ReportParts
-from validation.runner import write_predictions
-from validation.thresholds import NliThresholds
+from shiplift.validation.nli.expectations import check_nli_pairs
+from shiplift.validation.nli.pairs import LABELS, NliPair, load_nli
+from shiplift.validation.nli.runner import NliRun, run_pairs
+from shiplift.validation.report_parts import ReportParts
+from shiplift.validation.runner import write_predictions
+from shiplift.validation.thresholds import NliThresholds
 
 INVALID = "invalid"  # the confusion matrix's column for rows with no valid answer
 LATENCY_NOTE = (

@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from validation.expectations import DatasetCheck, add_suite, shared_context, validate_rows
-from validation.nli.pairs import LABELS, NliPair
+from shiplift.validation.expectations import DatasetCheck, add_suite, shared_context, validate_rows
+from shiplift.validation.nli.pairs import LABELS, NliPair
 
 SUITE_NAME = "shiplift-nli-dataset"
 _COLUMNS = ("id", "label", "split", "premise", "hypothesis")

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.errors import BadInput, NotFound
-from tasks.hashing import sha256_file
-from validation.jsonl import jsonl_values
+from shiplift.tasks.errors import BadInput, NotFound
+from shiplift.tasks.hashing import sha256_file
+from shiplift.validation.jsonl import jsonl_values
 
 LABELS = ("entailment", "neutral", "contradiction")
 RESERVE_SPLIT = "reserve"  # held back for a gate's extension (validation.extension): no gate's first look, no training

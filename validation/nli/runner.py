@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Unpack
 
-from tasks.errors import BadInput
-from validation.nli.pairs import LABELS, NliPair
-from validation.runner import EMPTY_RESULT, Prediction
-from validation.transport import (
+from shiplift.tasks.errors import BadInput
+from shiplift.validation.nli.pairs import LABELS, NliPair
+from shiplift.validation.runner import EMPTY_RESULT, Prediction
+from shiplift.validation.transport import (
     Connection,
     Malformed,
     Options,

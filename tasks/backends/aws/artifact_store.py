@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tasks.backends.aws.session import write_raced
-from tasks.backends.interfaces import Progress, StoredArtifact
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound, NotReady
-from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, sha256_file, verified_bytes
+from shiplift.tasks.backends.aws.session import write_raced
+from shiplift.tasks.backends.interfaces import Progress, StoredArtifact
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError, NotFound, NotReady
+from shiplift.tasks.hashing import CHUNK_BYTES, check_name, check_sha256, sha256_file, verified_bytes
 
 SINGLE_PUT_MAX_BYTES = 64 * 1024 * 1024
 PART_BYTES = 64 * 1024 * 1024

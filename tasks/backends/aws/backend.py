@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.aws.artifact_store import S3ArtifactStore
-from tasks.backends.aws.checkpoint_store import aws_checkpoint_parts
-from tasks.backends.aws.cloudwatch import CloudWatchMetrics
-from tasks.backends.aws.hosting import SageMakerHosting
-from tasks.backends.aws.image_builder import CodeBuildImageBuilder
-from tasks.backends.aws.model_registry import SageMakerModelRegistry
-from tasks.backends.aws.session import Aws
-from tasks.errors import ConfigError, NotFound
+from shiplift.tasks.backends.aws.artifact_store import S3ArtifactStore
+from shiplift.tasks.backends.aws.checkpoint_store import aws_checkpoint_parts
+from shiplift.tasks.backends.aws.cloudwatch import CloudWatchMetrics
+from shiplift.tasks.backends.aws.hosting import SageMakerHosting
+from shiplift.tasks.backends.aws.image_builder import CodeBuildImageBuilder
+from shiplift.tasks.backends.aws.model_registry import SageMakerModelRegistry
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.errors import ConfigError, NotFound
 
 
 def aws_backends(config, *, state_dir: Path, session: Any = None) -> dict:

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from tasks.config_types import LedgerUrl, Strict
-from tasks.ledger.checkpoint_keys import load_public_key
+from shiplift.tasks.config_types import LedgerUrl, Strict
+from shiplift.tasks.ledger.checkpoint_keys import load_public_key
 
 # How long a cold start's measurement waits for an endpoint to give back its last instance once no component has a copy
 # (SageMakerHosting.wait_for_zero_instances). ManagedInstanceScaling's IDLE_RELEASE "releases instances that have no

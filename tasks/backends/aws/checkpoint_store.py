@@ -26,10 +26,10 @@ from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasks.backends.aws.artifact_store import b64_sha256
-from tasks.backends.aws.session import Aws, write_raced
-from tasks.errors import ConfigError, Conflict, IntegrityError, NotFound, NotReady
-from tasks.ledger.checkpoints import (
+from shiplift.tasks.backends.aws.artifact_store import b64_sha256
+from shiplift.tasks.backends.aws.session import Aws, write_raced
+from shiplift.tasks.errors import ConfigError, Conflict, IntegrityError, NotFound, NotReady
+from shiplift.tasks.ledger.checkpoints import (
     Checkpoint,
     Entry,
     PrivateKeySigner,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-from tasks.backends.aws.hosting_requests import component_dimensions
-from tasks.backends.interfaces import ComponentMetrics
-from tasks.errors import BadInput
+from shiplift.tasks.backends.aws.hosting_requests import component_dimensions
+from shiplift.tasks.backends.interfaces import ComponentMetrics
+from shiplift.tasks.errors import BadInput
 
 METRICS = {"invocations": ("Invocations", "Sum"), "errors_4xx": ("Invocation4XXErrors", "Sum"),
            "errors_5xx": ("Invocation5XXErrors", "Sum"), "model_errors": ("InvocationModelErrors", "Sum"),

@@ -13,7 +13,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from tasks.backends.aws.dry_run_answers import (
+from shiplift.tasks.backends.aws.dry_run_answers import (
     BUILT,
     COPIES,
     CREATED,
@@ -33,8 +33,8 @@ from tasks.backends.aws.dry_run_answers import (
     _uuid,
     placeholder_hex,
 )
-from tasks.backends.aws.service_model import service_model
-from tasks.backends.aws.session import partition
+from shiplift.tasks.backends.aws.service_model import service_model
+from shiplift.tasks.backends.aws.session import partition
 
 
 class FreshAccount:
@@ -117,7 +117,7 @@ class FreshAccount:
         handler = self.handlers.get((service, operation))
         if handler is None:
             raise NotImplementedError(f"the dry run's account does not model {service} {operation}: add it to "
-                                      "tasks.backends.aws.recording_session.FreshAccount")
+                                      "shiplift.tasks.backends.aws.recording_session.FreshAccount")
         try:
             result = handler(params)
         except Refusal as refused:

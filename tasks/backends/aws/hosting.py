@@ -39,16 +39,16 @@ reason), `hosting_scaling` (scale to zero, copies, zero instances), `hosting_cle
 
 from __future__ import annotations
 
-from tasks.backends.aws import hosting_requests
-from tasks.backends.aws.backend_config import AwsBackend
-from tasks.backends.aws.hosting_calls import SageMakerCalls
-from tasks.backends.aws.hosting_cleanup import Cleanup
-from tasks.backends.aws.hosting_deploy import Deployer
-from tasks.backends.aws.hosting_describe import describe_component, runtime_invoker
-from tasks.backends.aws.hosting_rollout import Rollout
-from tasks.backends.aws.hosting_scaling import Scaling
-from tasks.backends.aws.session import Aws
-from tasks.backends.interfaces import (
+from shiplift.tasks.backends.aws import hosting_requests
+from shiplift.tasks.backends.aws.backend_config import AwsBackend
+from shiplift.tasks.backends.aws.hosting_calls import SageMakerCalls
+from shiplift.tasks.backends.aws.hosting_cleanup import Cleanup
+from shiplift.tasks.backends.aws.hosting_deploy import Deployer
+from shiplift.tasks.backends.aws.hosting_describe import describe_component, runtime_invoker
+from shiplift.tasks.backends.aws.hosting_rollout import Rollout
+from shiplift.tasks.backends.aws.hosting_scaling import Scaling
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.backends.interfaces import (
     Bake,
     ComponentSpec,
     DeployPoll,

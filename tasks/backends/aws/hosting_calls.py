@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tasks.backends.aws.backend_config import AwsBackend
-from tasks.backends.aws.session import Aws
-from tasks.backends.aws.waiters import wait_for
-from tasks.backends.interfaces import DEPLOY_WAIT_S, TEARDOWN_WAIT_S, Progress
-from tasks.errors import NotFound
+from shiplift.tasks.backends.aws.backend_config import AwsBackend
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.backends.aws.waiters import wait_for
+from shiplift.tasks.backends.interfaces import DEPLOY_WAIT_S, TEARDOWN_WAIT_S, Progress
+from shiplift.tasks.errors import NotFound
 
 COMPONENT_WAIT_S = DEPLOY_WAIT_S // 2  # with the endpoint's (hosting_deploy.ENDPOINT_WAIT_S): the stage table's
 DELETE_WAIT_S = TEARDOWN_WAIT_S // 2  # a component, then the endpoint

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 
-from tasks.backends.aws.hosting_calls import DELETE_WAIT_S, SageMakerCalls, failure_reason
-from tasks.backends.aws.hosting_requests import ENDPOINT_TAG, name_base
-from tasks.backends.aws.hosting_scaling import Scaling
-from tasks.backends.aws.iam import MANAGED
-from tasks.backends.aws.waiters import wait_for
-from tasks.backends.interfaces import ManagedResource, Progress
-from tasks.errors import DeployFailed, NotFound
+from shiplift.tasks.backends.aws.hosting_calls import DELETE_WAIT_S, SageMakerCalls, failure_reason
+from shiplift.tasks.backends.aws.hosting_requests import ENDPOINT_TAG, name_base
+from shiplift.tasks.backends.aws.hosting_scaling import Scaling
+from shiplift.tasks.backends.aws.iam import MANAGED
+from shiplift.tasks.backends.aws.waiters import wait_for
+from shiplift.tasks.backends.interfaces import ManagedResource, Progress
+from shiplift.tasks.errors import DeployFailed, NotFound
 
 
 class Cleanup:

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import time
 
-from tasks.backends.aws.hosting_calls import COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies, failure_reason
-from tasks.backends.aws.hosting_cleanup import Cleanup
-from tasks.backends.aws.hosting_describe import describe_component
-from tasks.backends.aws.hosting_requests import (
+from shiplift.tasks.backends.aws.hosting_calls import (
+    COMPONENT_WAIT_S,
+    UNSETTLED,
+    SageMakerCalls,
+    current_copies,
+    failure_reason,
+)
+from shiplift.tasks.backends.aws.hosting_cleanup import Cleanup
+from shiplift.tasks.backends.aws.hosting_describe import describe_component
+from shiplift.tasks.backends.aws.hosting_requests import (
     VARIANT,
     component_request,
     endpoint_config_request,
@@ -18,10 +24,10 @@ from tasks.backends.aws.hosting_requests import (
     single_model,
     tags,
 )
-from tasks.backends.aws.service_model import request_applied
-from tasks.backends.aws.waiters import look, wait_for
-from tasks.backends.interfaces import DEPLOY_WAIT_S, ComponentSpec, DeployPoll, LiveComponent, Progress
-from tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
+from shiplift.tasks.backends.aws.service_model import request_applied
+from shiplift.tasks.backends.aws.waiters import look, wait_for
+from shiplift.tasks.backends.interfaces import DEPLOY_WAIT_S, ComponentSpec, DeployPoll, LiveComponent, Progress
+from shiplift.tasks.errors import CapacityError, Conflict, DeployFailed, IntegrityError, NotFound, NotReady
 
 ENDPOINT_WAIT_S = DEPLOY_WAIT_S // 2  # on top of the pool's provision timeout; with the component's: the stage table's
 # CreateEndpoint/UpdateEndpoint read a new endpoint config eventually consistently (API_CreateEndpoint): retried with

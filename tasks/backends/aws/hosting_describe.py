@@ -3,14 +3,14 @@ artifact, copies, failure) and the runtime invoker that reaches it."""
 
 from __future__ import annotations
 
-from images.common.sagemaker_http import SERVING_ID_ENV
-from tasks.backends.aws.artifact_store import artifact_sha256
-from tasks.backends.aws.hosting_calls import SageMakerCalls
-from tasks.backends.aws.hosting_requests import RELEASE_TAG, is_serverless
-from tasks.backends.aws.invoke import RuntimeInvoker
-from tasks.backends.interfaces import LiveComponent, ModelRef, PlacementObtained
-from tasks.backends.placement import gpus_per_instance
-from tasks.errors import NotFound
+from shiplift.images.common.sagemaker_http import SERVING_ID_ENV
+from shiplift.tasks.backends.aws.artifact_store import artifact_sha256
+from shiplift.tasks.backends.aws.hosting_calls import SageMakerCalls
+from shiplift.tasks.backends.aws.hosting_requests import RELEASE_TAG, is_serverless
+from shiplift.tasks.backends.aws.invoke import RuntimeInvoker
+from shiplift.tasks.backends.interfaces import LiveComponent, ModelRef, PlacementObtained
+from shiplift.tasks.backends.placement import gpus_per_instance
+from shiplift.tasks.errors import NotFound
 
 
 def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:

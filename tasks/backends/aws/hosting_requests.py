@@ -5,10 +5,10 @@ zero's target, policies and alarm."""
 
 from __future__ import annotations
 
-from images.common.sagemaker_http import SERVING_ID_ENV
-from tasks.backends.aws.iam import COPY_DIMENSION, GATE_NAMESPACE, MANAGED, SCALING_NAMESPACE
-from tasks.backends.interfaces import ComponentSpec, RolloutPlan, ScaleToZeroPlan
-from tasks.hashing import sha256_json
+from shiplift.images.common.sagemaker_http import SERVING_ID_ENV
+from shiplift.tasks.backends.aws.iam import COPY_DIMENSION, GATE_NAMESPACE, MANAGED, SCALING_NAMESPACE
+from shiplift.tasks.backends.interfaces import ComponentSpec, RolloutPlan, ScaleToZeroPlan
+from shiplift.tasks.hashing import sha256_json
 
 VARIANT = "AllTraffic"  # the capacity variant of inference-component endpoints
 ENDPOINT_TAG, RELEASE_TAG = "shiplift:endpoint", "shiplift:release"  # and iam's MANAGED

@@ -7,17 +7,31 @@ from __future__ import annotations
 
 import time
 
-from tasks.backends.aws.hosting_calls import COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies, failure_reason
-from tasks.backends.aws.hosting_deploy import Deployer
-from tasks.backends.aws.hosting_requests import (
+from shiplift.tasks.backends.aws.hosting_calls import (
+    COMPONENT_WAIT_S,
+    UNSETTLED,
+    SageMakerCalls,
+    current_copies,
+    failure_reason,
+)
+from shiplift.tasks.backends.aws.hosting_deploy import Deployer
+from shiplift.tasks.backends.aws.hosting_requests import (
     alarm_requests,
     gate_datum,
     model_request,
     restore_request,
     rolling_update_request,
 )
-from tasks.backends.interfaces import Bake, ComponentSpec, OnStep, Progress, RolloutPlan, RolloutResult, RolloutStep
-from tasks.errors import DeployFailed
+from shiplift.tasks.backends.interfaces import (
+    Bake,
+    ComponentSpec,
+    OnStep,
+    Progress,
+    RolloutPlan,
+    RolloutResult,
+    RolloutStep,
+)
+from shiplift.tasks.errors import DeployFailed
 
 
 def our_update(live: dict, alarms: list[str]) -> bool:

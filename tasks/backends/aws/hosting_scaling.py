@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import time
 
-from tasks.backends.aws.hosting_calls import COMPONENT_WAIT_S, UNSETTLED, SageMakerCalls, current_copies, failure_reason
-from tasks.backends.aws.hosting_requests import (
+from shiplift.tasks.backends.aws.hosting_calls import (
+    COMPONENT_WAIT_S,
+    UNSETTLED,
+    SageMakerCalls,
+    current_copies,
+    failure_reason,
+)
+from shiplift.tasks.backends.aws.hosting_requests import (
     NO_CAPACITY_METRIC,
     NO_CAPACITY_PERIOD_S,
     SCALE_OUT_COPIES,
@@ -17,10 +23,10 @@ from tasks.backends.aws.hosting_requests import (
     scale_to_zero_requests,
     scaling_resource_id,
 )
-from tasks.backends.aws.iam import COPY_DIMENSION, SCALING_NAMESPACE
-from tasks.backends.aws.service_model import request_applied
-from tasks.backends.interfaces import SCALE_WAIT_S, Progress, ScaleToZeroPlan
-from tasks.errors import BadInput, CapacityError, DeployFailed, NotFound, NotReady
+from shiplift.tasks.backends.aws.iam import COPY_DIMENSION, SCALING_NAMESPACE
+from shiplift.tasks.backends.aws.service_model import request_applied
+from shiplift.tasks.backends.interfaces import SCALE_WAIT_S, Progress, ScaleToZeroPlan
+from shiplift.tasks.errors import BadInput, CapacityError, DeployFailed, NotFound, NotReady
 
 
 def holds(live: dict, copies: int) -> bool:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.backends.aws.base_images import base_image
-from tasks.backends.aws.checkpoint_store import ARN_SUFFIX
-from tasks.backends.aws.published_images import repository_arn
-from tasks.backends.aws.session import partition
-from tasks.errors import ConfigError
-from tasks.families.base import AdoptedImageConfig
+from shiplift.tasks.backends.aws.base_images import base_image
+from shiplift.tasks.backends.aws.checkpoint_store import ARN_SUFFIX
+from shiplift.tasks.backends.aws.published_images import repository_arn
+from shiplift.tasks.backends.aws.session import partition
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.families.base import AdoptedImageConfig
 
 # operation -> (IAM action, resource kinds); kinds are resolved by `Scope.arns`. An action AWS authorizes on several
 # resource types (the Service Authorization Reference's "Resource types" column) names each: CreateEndpoint is checked

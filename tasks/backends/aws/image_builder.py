@@ -20,15 +20,15 @@ import re
 import time
 import zipfile
 
-from tasks.backends.aws.base_images import docker_hub_note
-from tasks.backends.aws.published_images import resolve_published
-from tasks.backends.aws.service_model import request_applied
-from tasks.backends.image_source import SHARED_DIRS, pin_image_source
-from tasks.backends.interfaces import ImageRef, Progress
-from tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
-from tasks.families.base import AdoptedImageConfig
-from tasks.hashing import sha256_bytes
-from tasks.project import IMAGES_DIR
+from shiplift.tasks.backends.aws.base_images import docker_hub_note
+from shiplift.tasks.backends.aws.published_images import resolve_published
+from shiplift.tasks.backends.aws.service_model import request_applied
+from shiplift.tasks.backends.image_source import SHARED_DIRS, pin_image_source
+from shiplift.tasks.backends.interfaces import ImageRef, Progress
+from shiplift.tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
+from shiplift.tasks.families.base import AdoptedImageConfig
+from shiplift.tasks.hashing import sha256_bytes
+from shiplift.tasks.project import IMAGES_DIR
 
 BUILD_IMAGE = "aws/codebuild/standard:7.0"
 COMPUTE_TYPE = "BUILD_GENERAL1_LARGE"

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from tasks.backends.aws.service_model import validate_request
-from tasks.backends.aws.session import error_code
-from validation.transport import runtime_error_answer
+from shiplift.tasks.backends.aws.service_model import validate_request
+from shiplift.tasks.backends.aws.session import error_code
+from shiplift.validation.transport import runtime_error_answer
 
 
 class RuntimeChannel:

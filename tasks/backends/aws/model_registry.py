@@ -47,15 +47,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.backends.aws.hosting_requests import tags
-from tasks.backends.aws.service_model import request_problems
-from tasks.backends.interfaces import ReleaseFacts
-from tasks.errors import BadInput, Conflict, NotFound
-from tasks.ledger.events import APPROVAL, AWAITING_APPROVAL, PROMOTE, ROLLED_BACK, SUCCEEDED, TIMED_OUT, VALIDATE
-from tasks.ledger.events import APPROVED as APPROVED_EVENT
-from tasks.ledger.events import REJECTED as REJECTED_EVENT
-from tasks.ledger.records import STAGE_OF, Approval, R, Stamp, is_promotion, promotion, stage_payload
-from tasks.ledger.stage_results import ImageResult, PackageResult, ValidateResult
+from shiplift.tasks.backends.aws.hosting_requests import tags
+from shiplift.tasks.backends.aws.service_model import request_problems
+from shiplift.tasks.backends.interfaces import ReleaseFacts
+from shiplift.tasks.errors import BadInput, Conflict, NotFound
+from shiplift.tasks.ledger.events import (
+    APPROVAL,
+    AWAITING_APPROVAL,
+    PROMOTE,
+    ROLLED_BACK,
+    SUCCEEDED,
+    TIMED_OUT,
+    VALIDATE,
+)
+from shiplift.tasks.ledger.events import APPROVED as APPROVED_EVENT
+from shiplift.tasks.ledger.events import REJECTED as REJECTED_EVENT
+from shiplift.tasks.ledger.records import STAGE_OF, Approval, R, Stamp, is_promotion, promotion, stage_payload
+from shiplift.tasks.ledger.stage_results import ImageResult, PackageResult, ValidateResult
 
 APPROVAL_RECORDS = frozenset((APPROVAL, event)
                              for event in (AWAITING_APPROVAL, APPROVED_EVENT, REJECTED_EVENT, TIMED_OUT))

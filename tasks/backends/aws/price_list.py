@@ -21,11 +21,11 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from tasks.atomic import write_text_atomic
-from tasks.backends.aws.session import Aws
-from tasks.backends.pricing_table import InstanceTypeName, Price, PriceTable, Region, price_dict
-from tasks.errors import BadInput, ConfigError
-from tasks.yamlfile import parse_yaml
+from shiplift.tasks.atomic import write_text_atomic
+from shiplift.tasks.backends.aws.session import Aws
+from shiplift.tasks.backends.pricing_table import InstanceTypeName, Price, PriceTable, Region, price_dict
+from shiplift.tasks.errors import BadInput, ConfigError
+from shiplift.tasks.yamlfile import parse_yaml
 
 PRICE_LIST_REGION = "us-east-1"  # the Price List API's endpoint, whichever region is priced
 SERVICE_CODE = "AmazonSageMaker"

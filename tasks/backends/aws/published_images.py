@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 
-from tasks.backends.aws.session import ACCESS_DENIED, error_code, partition
-from tasks.backends.interfaces import ImageRef, Progress
-from tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
+from shiplift.tasks.backends.aws.session import ACCESS_DENIED, error_code, partition
+from shiplift.tasks.backends.interfaces import ImageRef, Progress
+from shiplift.tasks.errors import ConfigError, IntegrityError, NotFound, NotReady
 
 # Every manifest type, so that ECR returns the manifest as stored (a list or index too) and its digest is the one
 # SageMaker pulls, not the digest of a manifest converted for the client.

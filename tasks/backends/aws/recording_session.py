@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tasks.backends.aws.dry_run_account import FreshAccount
-from tasks.backends.aws.dry_run_answers import placeholder_hex
-from tasks.backends.aws.service_model import validate_request
+from shiplift.tasks.backends.aws.dry_run_account import FreshAccount
+from shiplift.tasks.backends.aws.dry_run_answers import placeholder_hex
+from shiplift.tasks.backends.aws.service_model import validate_request
 
 __all__ = ["FreshAccount", "Plan", "Request", "placeholder_hex", "recording_session"]  # what the dry run imports here
 

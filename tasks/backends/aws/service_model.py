@@ -16,7 +16,7 @@ from typing import Any
 
 import regex
 
-from tasks.errors import BadInput
+from shiplift.tasks.errors import BadInput
 
 _JAVA_ONLY = (
     (r"\p{Alnum}", "A-Za-z0-9"),

@@ -20,8 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.backends.aws.service_model import operation_name, validate_request
-from tasks.errors import BadInput, CapacityError, ConfigError, Conflict, NotFound, NotReady, ShipliftError, Throttled
+from shiplift.tasks.backends.aws.service_model import operation_name, validate_request
+from shiplift.tasks.errors import (
+    BadInput,
+    CapacityError,
+    ConfigError,
+    Conflict,
+    NotFound,
+    NotReady,
+    ShipliftError,
+    Throttled,
+)
 
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60

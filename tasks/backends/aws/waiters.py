@@ -17,8 +17,8 @@ from pathlib import Path
 
 import jmespath
 
-from tasks.backends.interfaces import Progress
-from tasks.errors import NotReady, ShipliftError
+from shiplift.tasks.backends.interfaces import Progress
+from shiplift.tasks.errors import NotReady, ShipliftError
 
 
 @functools.lru_cache(maxsize=1)

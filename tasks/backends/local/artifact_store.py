@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from tasks.backends.interfaces import Progress, StoredArtifact
-from tasks.errors import BadInput, Conflict, IntegrityError, NotFound
-from tasks.hashing import CHUNK_BYTES, check_name, check_sha256, is_sha256, sha256_file, verified_bytes
+from shiplift.tasks.backends.interfaces import Progress, StoredArtifact
+from shiplift.tasks.errors import BadInput, Conflict, IntegrityError, NotFound
+from shiplift.tasks.hashing import CHUNK_BYTES, check_name, check_sha256, is_sha256, sha256_file, verified_bytes
 
 _TMP_PREFIX = ".tmp-"
 

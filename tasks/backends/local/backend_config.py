@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config_types import LedgerUrl, Strict
+from shiplift.tasks.config_types import LedgerUrl, Strict
 
 
 class LocalBackend(Strict):

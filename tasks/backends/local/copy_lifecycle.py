@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 
-from tasks.backends.local.endpoint_state import (
+from shiplift.tasks.backends.local.endpoint_state import (
     ComponentState,
     CopyRef,
     EndpointState,
@@ -26,10 +26,10 @@ from tasks.backends.local.endpoint_state import (
     record_in_flight,
     serving_env,
 )
-from tasks.backends.local.loopback_http import answers_ping, free_port, ping_status
-from tasks.backends.local.process_table import OWNER_ENV, POLL_S, log_tail, process_start_ticks, still_running
-from tasks.backends.local.supervised_router import SupervisedRouter
-from tasks.errors import BadInput, CapacityError, NotFound, NotReady
+from shiplift.tasks.backends.local.loopback_http import answers_ping, free_port, ping_status
+from shiplift.tasks.backends.local.process_table import OWNER_ENV, POLL_S, log_tail, process_start_ticks, still_running
+from shiplift.tasks.backends.local.supervised_router import SupervisedRouter
+from shiplift.tasks.errors import BadInput, CapacityError, NotFound, NotReady
 
 
 class CopyLifecycle(SupervisedRouter):

@@ -11,12 +11,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from images.common.sagemaker_http import SERVING_ID_ENV
-from tasks.backends.interfaces import ComponentSpec, ScaleToZeroPlan
-from tasks.backends.local.room import Claim, EndpointRoom, need_of
-from tasks.backends.local.router_model import name_problem
-from tasks.errors import BadInput
-from tasks.hashing import canonical_json, sha256_json
+from shiplift.images.common.sagemaker_http import SERVING_ID_ENV
+from shiplift.tasks.backends.interfaces import ComponentSpec, ScaleToZeroPlan
+from shiplift.tasks.backends.local.room import Claim, EndpointRoom, need_of
+from shiplift.tasks.backends.local.router_model import name_problem
+from shiplift.tasks.errors import BadInput
+from shiplift.tasks.hashing import canonical_json, sha256_json
 
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 MAX_COPIES = 64

@@ -23,10 +23,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from tasks.atomic import write_json_atomic
-from tasks.backends.local.endpoint_state import CopyRef, EndpointInfo, EndpointState, check_name, record_in_flight
-from tasks.backends.local.process_table import POLL_S, stop_processes
-from tasks.errors import Conflict, IntegrityError, NotFound
+from shiplift.tasks.atomic import write_json_atomic
+from shiplift.tasks.backends.local.endpoint_state import (
+    CopyRef,
+    EndpointInfo,
+    EndpointState,
+    check_name,
+    record_in_flight,
+)
+from shiplift.tasks.backends.local.process_table import POLL_S, stop_processes
+from shiplift.tasks.errors import Conflict, IntegrityError, NotFound
 
 
 class EndpointStore:

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tasks.artifacts.packaging import safe_extract
-from tasks.backends.image_source import server_command
-from tasks.backends.interfaces import (
+from shiplift.tasks.artifacts.packaging import safe_extract
+from shiplift.tasks.backends.image_source import server_command
+from shiplift.tasks.backends.interfaces import (
     Bake,
     ComponentMetrics,
     ComponentSpec,
@@ -34,15 +34,15 @@ from tasks.backends.interfaces import (
     RolloutStep,
     ScaleToZeroPlan,
 )
-from tasks.backends.local.endpoint_state import ProcessSpec, ServerlessEmulation
-from tasks.backends.local.process_image import local_image_kind
-from tasks.backends.local.rollout import roll_out
-from tasks.backends.local.room import room_of
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.backends.placement import SERVERLESS_STARTUP_S
-from tasks.errors import Conflict, DeployFailed, NotFound
-from tasks.families.registry import env_prefix
-from validation.transport import HttpInvoker
+from shiplift.tasks.backends.local.endpoint_state import ProcessSpec, ServerlessEmulation
+from shiplift.tasks.backends.local.process_image import local_image_kind
+from shiplift.tasks.backends.local.rollout import roll_out
+from shiplift.tasks.backends.local.room import room_of
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.backends.placement import SERVERLESS_STARTUP_S
+from shiplift.tasks.errors import Conflict, DeployFailed, NotFound
+from shiplift.tasks.families.registry import env_prefix
+from shiplift.validation.transport import HttpInvoker
 
 # How long a local serverless component keeps its copy after its last request. SageMaker does not document how long a
 # serverless endpoint keeps idle compute; this emulation gives it back after a minute.

@@ -8,8 +8,8 @@ import json
 import socket
 from typing import Any
 
-from images.common.sagemaker_http import answered_busy
-from tasks.hashing import canonical_json
+from shiplift.images.common.sagemaker_http import answered_busy
+from shiplift.tasks.hashing import canonical_json
 
 ADMIN_TIMEOUT_S = 5.0
 PING_TIMEOUT_S = 1.0

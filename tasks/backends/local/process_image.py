@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
-from tasks.backends.image_source import image_listing, pin_image_source
-from tasks.backends.interfaces import ImageRef, Progress
-from tasks.errors import BadInput, ConfigError
-from tasks.families.base import AdoptedImageConfig
-from tasks.hashing import sha256_json
-from tasks.project import IMAGES_DIR
+from shiplift.tasks.backends.image_source import image_listing, pin_image_source
+from shiplift.tasks.backends.interfaces import ImageRef, Progress
+from shiplift.tasks.errors import BadInput, ConfigError
+from shiplift.tasks.families.base import AdoptedImageConfig
+from shiplift.tasks.hashing import sha256_json
+from shiplift.tasks.project import IMAGES_DIR
 
 
 def adopt_local_image(image) -> ImageRef:

@@ -13,9 +13,9 @@ import signal
 import time
 from pathlib import Path
 
-from tasks.backends.local.endpoint_state import ProcessRef
-from tasks.errors import Conflict
-from tasks.processes import pid_running
+from shiplift.tasks.backends.local.endpoint_state import ProcessRef
+from shiplift.tasks.errors import Conflict
+from shiplift.tasks.processes import pid_running
 
 POLL_S = 0.05
 LOG_TAIL_BYTES = 4096

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tasks.backends.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
-from tasks.backends.local.endpoint_state import ComponentState, EndpointState, ProcessSpec, check_name
-from tasks.backends.local.supervisor import ProcessSupervisor
-from tasks.errors import BadInput, NotFound
+from shiplift.tasks.backends.interfaces import Bake, Progress, RolloutPlan, RolloutResult, RolloutStep
+from shiplift.tasks.backends.local.endpoint_state import ComponentState, EndpointState, ProcessSpec, check_name
+from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+from shiplift.tasks.errors import BadInput, NotFound
 
 
 def roll_out(

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.backends.capacity import cpu_count
-from tasks.backends.placement import gpus_per_instance
+from shiplift.tasks.backends.capacity import cpu_count
+from shiplift.tasks.backends.placement import gpus_per_instance
 
 
 class Need(NamedTuple):

@@ -1,6 +1,6 @@
 """The local endpoint process: the SageMaker runtime API in front of model-server copies.
 
-Run as `python -m tasks.backends.local.router --name NAME --port 0 --state-file FILE`. On its
+Run as `python -m shiplift.tasks.backends.local.router --name NAME --port 0 --state-file FILE`. On its
 invocation port it serves
 
 - `POST /endpoints/{EndpointName}/invocations` in the shape botocore's `sagemaker-runtime`
@@ -27,7 +27,7 @@ until its `/ping` answers 200 again; `/ping` of the router says so. A copy whose
 port never shows copy URLs (copies are named by their position in the component), and the
 control port reads no body before the token is checked and refuses the router's own ports as
 copies. A component registered with `scale_to_zero` (`{"idle_s": N}`) scales itself, as Application Auto Scaling
-does on SageMaker: idle for N seconds, the router runs `python -m tasks.backends.local.scaler` (with the
+does on SageMaker: idle for N seconds, the router runs `python -m shiplift.tasks.backends.local.scaler` (with the
 `--state-dir` the router was started with) to stop its copies; a request that finds no copy is answered
 SageMaker's no-capacity `ValidationError` (callers retry it; on the container route, `503 {"retryable": true}` as every
 refusal there that waiting cures), counted as a NoCapacityInvocationFailure, and starts
@@ -54,17 +54,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.atomic import write_json_atomic
-from tasks.backends.local.router_http import AdminHandler, Handler, RouterServer
-from tasks.backends.local.router_model import name_problem
-from tasks.backends.local.routing import HEALTH_INTERVAL_S, Router
+from shiplift.tasks.atomic import write_json_atomic
+from shiplift.tasks.backends.local.router_http import AdminHandler, Handler, RouterServer
+from shiplift.tasks.backends.local.router_model import name_problem
+from shiplift.tasks.backends.local.routing import HEALTH_INTERVAL_S, Router
 
 EXIT_PORT_TAKEN = 3  # the --port asked for is not free (the supervisor then lets the router pick one)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve one endpoint until POST /_shiplift/shutdown (control port) or SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m tasks.backends.local.router")
+    parser = argparse.ArgumentParser(prog="python -m shiplift.tasks.backends.local.router")
     parser.add_argument("--name", required=True)
     parser.add_argument("--port", type=int, required=True, help="0 picks a free port")
     parser.add_argument("--state-file", type=Path, required=True)

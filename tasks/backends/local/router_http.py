@@ -14,11 +14,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from images.common.sagemaker_http import BUSY_HEADER, HttpError, StrictHandler, StrictServer, parse_json_object
-from tasks.backends.local.event_stream import CONTENT_TYPE as EVENT_STREAM_CONTENT_TYPE
-from tasks.backends.local.event_stream import payload_events
-from tasks.backends.local.router_admin_payload import component_payload_problem
-from tasks.backends.local.router_model import (
+from shiplift.images.common.sagemaker_http import BUSY_HEADER, HttpError, StrictHandler, StrictServer, parse_json_object
+from shiplift.tasks.backends.local.event_stream import CONTENT_TYPE as EVENT_STREAM_CONTENT_TYPE
+from shiplift.tasks.backends.local.event_stream import payload_events
+from shiplift.tasks.backends.local.router_admin_payload import component_payload_problem
+from shiplift.tasks.backends.local.router_model import (
     COMPONENT_HEADER,
     CUSTOM_ATTRIBUTES_HEADER,
     Component,
@@ -26,8 +26,8 @@ from tasks.backends.local.router_model import (
     Upstream,
     name_problem,
 )
-from tasks.backends.local.router_scaling import NO_CAPACITY_MESSAGE
-from tasks.backends.local.routing import Router
+from shiplift.tasks.backends.local.router_scaling import NO_CAPACITY_MESSAGE
+from shiplift.tasks.backends.local.routing import Router
 
 ADMIN_PREFIX = "/_shiplift/"
 ADMIN_MAX_BODY_BYTES = 1 << 20

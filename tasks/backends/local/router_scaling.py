@@ -1,7 +1,7 @@
 """Scale to zero in the local router, as Application Auto Scaling does on SageMaker, and its emulation of a serverless
-endpoint: an idle component's copies are stopped by `python -m tasks.backends.local.scaler`; a request that finds no
-copy is refused as SageMaker's no-capacity error and starts one (or, serverless, waits up to `hold_s` for it), and a
-serverless component throttles requests beyond its `max_concurrency`."""
+endpoint: an idle component's copies are stopped by `python -m shiplift.tasks.backends.local.scaler`; a request that
+finds no copy is refused as SageMaker's no-capacity error and starts one (or, serverless, waits up to `hold_s` for
+it), and a serverless component throttles requests beyond its `max_concurrency`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from tasks.backends.local.router_metrics import ComponentMetrics
-from tasks.backends.local.router_model import Component, Rejected
+from shiplift.tasks.backends.local.router_metrics import ComponentMetrics
+from shiplift.tasks.backends.local.router_model import Component, Rejected
 
 # SageMaker's answer to an invocation of a component with no copy (scaled to zero), which its scale-out alarm counts
 # as NoCapacityInvocationFailures
@@ -47,7 +47,8 @@ class ScaleToZeroRouting:
                          f"cop{'y' if copies == 1 else 'ies'}\n")
         sys.stderr.flush()
         scaling.scaler = subprocess.Popen(
-            [sys.executable, "-m", "tasks.backends.local.scaler", "--state-dir", str(self.state_dir), self.name,
+            [sys.executable, "-m", "shiplift.tasks.backends.local.scaler", "--state-dir", str(self.state_dir),
+             self.name,
              component.name, str(copies)], stdin=subprocess.DEVNULL, start_new_session=True)
 
     def no_capacity(self, component: Component) -> bool:

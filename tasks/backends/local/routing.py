@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from images.common.sagemaker_http import answered_busy
-from tasks.backends.local.router_metrics import ComponentMetrics
-from tasks.backends.local.router_model import (
+from shiplift.images.common.sagemaker_http import answered_busy
+from shiplift.tasks.backends.local.router_metrics import ComponentMetrics
+from shiplift.tasks.backends.local.router_model import (
     COMPONENT_HEADER,
     CUSTOM_ATTRIBUTES_HEADER,
     Component,
@@ -26,7 +26,7 @@ from tasks.backends.local.router_model import (
     answer_pieces,
     parse_copy_url,
 )
-from tasks.backends.local.router_scaling import ScaleToZeroRouting
+from shiplift.tasks.backends.local.router_scaling import ScaleToZeroRouting
 
 PING_TIMEOUT_S = 2.0
 HEALTH_INTERVAL_S = 1.0

@@ -23,10 +23,16 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from tasks.backends.local.endpoint_state import EndpointState, RouterRef, check_name, merge_in_flight, router_copies
-from tasks.backends.local.endpoint_store import EndpointStore
-from tasks.backends.local.loopback_http import ADMIN_TIMEOUT_S, Busy, request_json
-from tasks.backends.local.process_table import (
+from shiplift.tasks.backends.local.endpoint_state import (
+    EndpointState,
+    RouterRef,
+    check_name,
+    merge_in_flight,
+    router_copies,
+)
+from shiplift.tasks.backends.local.endpoint_store import EndpointStore
+from shiplift.tasks.backends.local.loopback_http import ADMIN_TIMEOUT_S, Busy, request_json
+from shiplift.tasks.backends.local.process_table import (
     OWNER_ENV,
     POLL_S,
     log_tail,
@@ -35,9 +41,8 @@ from tasks.backends.local.process_table import (
     stop_processes,
     tagged_processes,
 )
-from tasks.backends.local.router import EXIT_PORT_TAKEN
-from tasks.errors import CapacityError, Conflict, NotReady
-from tasks.project import PROJECT_ROOT
+from shiplift.tasks.backends.local.router import EXIT_PORT_TAKEN
+from shiplift.tasks.errors import CapacityError, Conflict, NotReady
 
 
 class PortTaken(Exception):
@@ -168,13 +173,10 @@ class SupervisedRouter(EndpointStore):
         log = self.state_dir / "logs" / name / "router.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, OWNER_ENV: self._owner(name)}
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p
-        )
         command = [
             sys.executable,
             "-m",
-            "tasks.backends.local.router",
+            "shiplift.tasks.backends.local.router",
             "--name",
             name,
             "--port",

@@ -17,9 +17,9 @@ import contextlib
 import http.client
 from typing import Any
 
-from tasks.backends.interfaces import ComponentSpec, ScaleToZeroPlan
-from tasks.backends.local.copy_lifecycle import CopyLifecycle
-from tasks.backends.local.endpoint_state import (
+from shiplift.tasks.backends.interfaces import ComponentSpec, ScaleToZeroPlan
+from shiplift.tasks.backends.local.copy_lifecycle import CopyLifecycle
+from shiplift.tasks.backends.local.endpoint_state import (
     MAX_COPIES,
     ComponentInfo,
     ComponentState,
@@ -31,10 +31,10 @@ from tasks.backends.local.endpoint_state import (
     held_beside,
     record_in_flight,
 )
-from tasks.backends.local.loopback_http import PING_TIMEOUT_S, Busy, ping_status, request_json
-from tasks.backends.local.process_table import still_running, stop_processes
-from tasks.backends.local.room import Claim, EndpointRoom, need_of, room_problem
-from tasks.errors import BadInput, CapacityError, Conflict, NotFound, NotReady
+from shiplift.tasks.backends.local.loopback_http import PING_TIMEOUT_S, Busy, ping_status, request_json
+from shiplift.tasks.backends.local.process_table import still_running, stop_processes
+from shiplift.tasks.backends.local.room import Claim, EndpointRoom, need_of, room_problem
+from shiplift.tasks.errors import BadInput, CapacityError, Conflict, NotFound, NotReady
 
 
 def _endpoint_status(router_alive: bool, components: dict[str, dict[str, int]]) -> str:

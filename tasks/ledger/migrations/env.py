@@ -3,7 +3,7 @@ write transaction (so a failed migration leaves the database as it was)."""
 
 from alembic import context
 
-from tasks.ledger.schema import VERSION_TABLE
+from shiplift.tasks.ledger.schema import VERSION_TABLE
 
 context.configure(
     connection=context.config.attributes["connection"],

@@ -3,7 +3,7 @@ another endpoint, and both it and its components carry the layout's id (docs/fle
 
 from __future__ import annotations
 
-from tasks.hashing import sha256_json
+from shiplift.tasks.hashing import sha256_json
 
 
 def layout_id(placement) -> str:

@@ -26,16 +26,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.placement import MemoryEstimate, fit_problem, image_size_problem
-from tasks.backends.registry import make_backends
-from tasks.config import ReleaseConfig
-from tasks.errors import ConfigError, Conflict, DeployFailed
-from tasks.ledger import events
-from tasks.ledger.records import promotion
-from tasks.ledger.stage_results import PromoteResult
-from tasks.pipeline.fleet.plan import FleetPlan, plan_snapshot
-from tasks.pipeline.fleet.snapshot import FleetConfig, FleetSnapshot, backend_place, load_fleet_configs, read_snapshot
-from tasks.pipeline.release import (
+from shiplift.tasks.backends.placement import MemoryEstimate, fit_problem, image_size_problem
+from shiplift.tasks.backends.registry import make_backends
+from shiplift.tasks.config import ReleaseConfig
+from shiplift.tasks.errors import ConfigError, Conflict, DeployFailed
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.records import promotion
+from shiplift.tasks.ledger.stage_results import PromoteResult
+from shiplift.tasks.pipeline.fleet.plan import FleetPlan, plan_snapshot
+from shiplift.tasks.pipeline.fleet.snapshot import (
+    FleetConfig,
+    FleetSnapshot,
+    backend_place,
+    load_fleet_configs,
+    read_snapshot,
+)
+from shiplift.tasks.pipeline.release import (
     Progress,
     StageContext,
     holding_lease,
@@ -46,8 +52,13 @@ from tasks.pipeline.release import (
     run_holder,
     run_stage,
 )
-from tasks.pipeline.stages.common import component_spec, production_component, production_endpoint, require_served
-from validation import cold_start
+from shiplift.tasks.pipeline.stages.common import (
+    component_spec,
+    production_component,
+    production_endpoint,
+    require_served,
+)
+from shiplift.validation import cold_start
 
 
 @dataclass(frozen=True)

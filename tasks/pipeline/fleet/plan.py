@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.capacity import Slots, change_room, slots
-from tasks.backends.placement import partition_size
-from tasks.backends.pricing import (
+from shiplift.tasks.backends.capacity import Slots, change_room, slots
+from shiplift.tasks.backends.placement import partition_size
+from shiplift.tasks.backends.pricing import (
     NOMINAL_REGION,
     ComponentShare,
     HourlyCost,
@@ -32,10 +32,10 @@ from tasks.backends.pricing import (
     component_share,
     production_cost,
 )
-from tasks.config import ReleaseConfig
-from tasks.errors import ConfigError
-from tasks.pipeline.fleet.snapshot import FleetSnapshot, Serving, load_fleet_configs, read_snapshot
-from tasks.pipeline.stages.common import production_endpoint
+from shiplift.tasks.config import ReleaseConfig
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.pipeline.fleet.snapshot import FleetSnapshot, Serving, load_fleet_configs, read_snapshot
+from shiplift.tasks.pipeline.stages.common import production_endpoint
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tasks.backends.capacity import Slots, slots
-from tasks.backends.pricing import PriceTable, load_price_table
-from tasks.config import ReleaseConfig, load_release_config
-from tasks.errors import ConfigError, NotFound
-from tasks.ledger import events
-from tasks.ledger.records import Opened, is_promotion, promotion, stage_payload
-from tasks.ledger.stage_results import BuildResult
-from tasks.ledger.views import moves_not_retired
-from tasks.pipeline.release import latest_move, moved_config
+from shiplift.tasks.backends.capacity import Slots, slots
+from shiplift.tasks.backends.pricing import PriceTable, load_price_table
+from shiplift.tasks.config import ReleaseConfig, load_release_config
+from shiplift.tasks.errors import ConfigError, NotFound
+from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.records import Opened, is_promotion, promotion, stage_payload
+from shiplift.tasks.ledger.stage_results import BuildResult
+from shiplift.tasks.ledger.views import moves_not_retired
+from shiplift.tasks.pipeline.release import latest_move, moved_config
 
 
 @dataclass(frozen=True)

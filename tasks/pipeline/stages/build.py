@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.backends.placement import fit_problem
-from tasks.errors import ConfigError
-from tasks.ledger.stage_results import BuildResult
-from tasks.pipeline.stages.common import resource_name
-from validation.calibration import fit_temperature
+from shiplift.tasks.backends.placement import fit_problem
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.stage_results import BuildResult
+from shiplift.tasks.pipeline.stages.common import resource_name
+from shiplift.validation.calibration import fit_temperature
 
 
 def run(ctx) -> BuildResult:

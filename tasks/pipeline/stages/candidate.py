@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tasks.backends.interfaces import ComponentSpec, DeployPoll
-from tasks.ledger.events import KEPT, SKIPPED
-from tasks.ledger.stage_results import DeployResult, TeardownResult
-from tasks.pipeline.stages.common import candidate_endpoint, component_spec, model_ref, require_served
+from shiplift.tasks.backends.interfaces import ComponentSpec, DeployPoll
+from shiplift.tasks.ledger.events import KEPT, SKIPPED
+from shiplift.tasks.ledger.stage_results import DeployResult, TeardownResult
+from shiplift.tasks.pipeline.stages.common import candidate_endpoint, component_spec, model_ref, require_served
 
 
 def deploy(ctx) -> DeployResult:

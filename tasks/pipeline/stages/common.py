@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
-from tasks.errors import Conflict
-from tasks.hashing import sha256_json
-from tasks.ledger.events import FLEET, PROMOTE, RETIRED, SUCCEEDED
-from tasks.ledger.records import Retirement, promotion
-from tasks.ledger.views import left_by_fleet
-from tasks.pipeline.fleet.layout import layout_id
+from shiplift.tasks.backends.interfaces import ComponentSpec, Compute, ModelRef
+from shiplift.tasks.errors import Conflict
+from shiplift.tasks.hashing import sha256_json
+from shiplift.tasks.ledger.events import FLEET, PROMOTE, RETIRED, SUCCEEDED
+from shiplift.tasks.ledger.records import Retirement, promotion
+from shiplift.tasks.ledger.views import left_by_fleet
+from shiplift.tasks.pipeline.fleet.layout import layout_id
 
 
 def resource_name(config, role: str, *content: str) -> str:

@@ -11,9 +11,9 @@ refuses it at CreateEndpoint. An unknown size (local images, published images) i
 
 from __future__ import annotations
 
-from tasks.backends.placement import image_size_problem
-from tasks.errors import ConfigError
-from tasks.ledger.stage_results import ImageResult
+from shiplift.tasks.backends.placement import image_size_problem
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.ledger.stage_results import ImageResult
 
 
 def run(ctx) -> ImageResult:

@@ -7,7 +7,7 @@ import json
 import sys
 from importlib import metadata
 
-from tasks.ledger.stage_results import PackageResult
+from shiplift.tasks.ledger.stage_results import PackageResult
 
 
 def tool_versions(distributions: tuple[str, ...]) -> dict:

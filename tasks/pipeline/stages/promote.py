@@ -25,23 +25,23 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 
-from tasks.backends.interfaces import ComponentSpec, RolloutResult, RolloutStep, StepKind
-from tasks.errors import Conflict
-from tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
-from tasks.ledger.records import StepRecord, promotion
-from tasks.ledger.stage_results import PromoteResult
-from tasks.ledger.views import rollout_steps, step_key
-from tasks.pipeline.approval import awaits_person, blocked_reason
-from tasks.pipeline.bake import BakeWatch, live_summary
-from tasks.pipeline.release import latest_move, moved_config
-from tasks.pipeline.stages.common import (
+from shiplift.tasks.backends.interfaces import ComponentSpec, RolloutResult, RolloutStep, StepKind
+from shiplift.tasks.errors import Conflict
+from shiplift.tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
+from shiplift.tasks.ledger.records import StepRecord, promotion
+from shiplift.tasks.ledger.stage_results import PromoteResult
+from shiplift.tasks.ledger.views import rollout_steps, step_key
+from shiplift.tasks.pipeline.approval import awaits_person, blocked_reason
+from shiplift.tasks.pipeline.bake import BakeWatch, live_summary
+from shiplift.tasks.pipeline.release import latest_move, moved_config
+from shiplift.tasks.pipeline.stages.common import (
     component_spec,
     production_component,
     production_endpoint,
     require_production_here,
     require_served,
 )
-from validation.online_gate import OnlineGate
+from shiplift.validation.online_gate import OnlineGate
 
 RECORDED = ((TRAFFIC, STEP), (BAKE, VERDICT))
 

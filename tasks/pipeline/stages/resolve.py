@@ -5,7 +5,7 @@ How a source is fetched and proven is the model family's (`tasks.families`); thi
 
 from __future__ import annotations
 
-from tasks.ledger.stage_results import ResolveResult
+from shiplift.tasks.ledger.stage_results import ResolveResult
 
 
 def run(ctx) -> dict:

@@ -5,17 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.backends.pricing import release_cost
-from tasks.ledger.events import STARTED
-from tasks.ledger.stage_results import ValidateResult
-from tasks.ledger.views import config_changes, show
-from tasks.pipeline.stages.common import production_component, production_endpoint
-from validation.cold_start import cold_start_check, cold_start_kind, first_answer, stop_for_cold_start
-from validation.evaluate import GateOutcome, RunSettings, Target
-from validation.extension import Budget, extend_champion_check, extension_summary
-from validation.gate_power import paired_disagreement, plan_champion_checks
-from validation.gates import check_text, summary_line
-from validation.runner import read_predictions
+from shiplift.tasks.backends.pricing import release_cost
+from shiplift.tasks.ledger.events import STARTED
+from shiplift.tasks.ledger.stage_results import ValidateResult
+from shiplift.tasks.ledger.views import config_changes, show
+from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.validation.cold_start import cold_start_check, cold_start_kind, first_answer, stop_for_cold_start
+from shiplift.validation.evaluate import GateOutcome, RunSettings, Target
+from shiplift.validation.extension import Budget, extend_champion_check, extension_summary
+from shiplift.validation.gate_power import paired_disagreement, plan_champion_checks
+from shiplift.validation.gates import check_text, summary_line
+from shiplift.validation.runner import read_predictions
 
 
 def live_champion(ctx):

@@ -15,11 +15,11 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from tasks.artifacts.packaging import package_model_dir
-from tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, MemoryEstimate
-from tasks.config_types import Sha256
-from tasks.errors import IntegrityError
-from tasks.families.base import (
+from shiplift.tasks.artifacts.packaging import package_model_dir
+from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, MemoryEstimate
+from shiplift.tasks.config_types import Sha256
+from shiplift.tasks.errors import IntegrityError
+from shiplift.tasks.families.base import (
     ArtifactConfig,
     BuiltImageConfig,
     BuiltModel,
@@ -27,10 +27,10 @@ from tasks.families.base import (
     ModelFamily,
     recorded_fields,
 )
-from tasks.hashing import sha256_file
+from shiplift.tasks.hashing import sha256_file
+from shiplift.validation.evaluate import GateOutcome
+from shiplift.validation.thresholds import DecisionThresholds
 from tests.e2e.third_family.parity_gate.parity import body, evaluate_parity, load_numbers
-from validation.evaluate import GateOutcome
-from validation.thresholds import DecisionThresholds
 
 MODEL_FILE = "toy-model.json"  # what images/toy/server.py loads from TOY_MODEL_DIR
 

@@ -2,7 +2,7 @@
 
 from alembic import context, op
 
-from tasks.ledger.migrations import BASELINE_REVISION, baseline_tables
+from shiplift.tasks.ledger.migrations import BASELINE_REVISION, baseline_tables
 
 revision = BASELINE_REVISION
 down_revision = None

@@ -4,7 +4,7 @@ crashed run's lease is judged by those, never by parsing the holder's name."""
 import sqlalchemy as sa
 from alembic import context, op
 
-from tasks.ledger.migrations import BASELINE_REVISION, LEASE_HOLDER_REVISION, lease_holder_columns
+from shiplift.tasks.ledger.migrations import BASELINE_REVISION, LEASE_HOLDER_REVISION, lease_holder_columns
 
 revision = LEASE_HOLDER_REVISION
 down_revision = BASELINE_REVISION

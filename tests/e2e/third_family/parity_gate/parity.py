@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation.datasets import CheckedDataset
-from validation.gate_report import write_reports
-from validation.gates import evaluate_gates, with_release_checks
-from validation.report_parts import ReportParts
+from shiplift.validation.datasets import CheckedDataset
+from shiplift.validation.gate_report import write_reports
+from shiplift.validation.gates import evaluate_gates, with_release_checks
+from shiplift.validation.report_parts import ReportParts
 
 OPTIONS = ["even", "odd"]
 DATASET = Path(__file__).with_name("numbers.jsonl")
