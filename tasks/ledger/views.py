@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -179,17 +180,27 @@ def resolve_release(ledger, text: str) -> str:
     except NotFound:
         pass
     known = list(dict.fromkeys(record.release_id for record in of_releases(ledger.history())))
-    found = [release_id for release_id in known if release_id_matches(text, release_id)]
+    return one_match(text, known, release_id_matches, noun="release",
+                     ambiguous_fix="pass more of the id (the --json output carries every id in full)",
+                     missing_fix="list releases with `shiplift ledger history` (or pass --state-dir / --ledger-url "
+                                 "naming another ledger)")
+
+
+def one_match(text: str, known: list[str], matches: Callable[[str, str], bool], *, noun: str, ambiguous_fix: str,
+              missing_fix: str) -> str:
+    """The one id of `known` that `text` names (`matches(text, id)`; `text` itself when it is one of them): the
+    resolution every id argument shares, BadInput listing the candidates when several match, NotFound naming the
+    nearest ids when none does."""
+    found = [known_id for known_id in known if matches(text, known_id)]
+    if text in found:
+        return text
     if len(found) == 1:
         return found[0]
     if found:
-        raise BadInput(f"release id {text!r} is ambiguous: it matches {', '.join(found)}",
-                       fix="pass more of the id (the --json output carries every id in full)")
+        raise BadInput(f"{noun} id {text!r} is ambiguous: it matches {', '.join(found)}", fix=ambiguous_fix)
     nearest = difflib.get_close_matches(text, known, n=3, cutoff=0.4)
-    raise NotFound(f"no release in the ledger matches {text!r}"
-                   + (f"; the nearest: {', '.join(nearest)}" if nearest else ""),
-                   fix="list releases with `shiplift ledger history` (or pass --state-dir / --ledger-url naming "
-                       "another ledger)")
+    raise NotFound(f"no {noun} in the ledger matches {text!r}" + (f"; the nearest: {', '.join(nearest)}" if nearest
+                                                                   else ""), fix=missing_fix)
 
 
 def show(ledger, release_id: str) -> dict:

@@ -5,11 +5,11 @@ the pick (`shiplift sweep explain`)."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 
 from shiplift.tasks.errors import BadInput, Conflict, IntegrityError, NotFound
 from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.views import one_match
 from shiplift.tasks.sweeps.config import SWEEP_ID_PREFIX, Sweep
 from shiplift.validation.sweep_rule import CandidateEvidence, Pick, SelectionRule, Verdict, choose
 
@@ -139,18 +139,13 @@ def resolve_sweep(ledger, text: str) -> str:
     if not text.strip():
         raise BadInput("sweep id is empty", fix="pass a sweep id as `shiplift sweep run` printed it")
     known = list(dict.fromkeys(r.release_id for r in ledger.events(events.SWEEP, events.OPENED)))
-    found = [sweep_id for sweep_id in known if sweep_id == text or sweep_id.startswith(text)
-             or sweep_id.startswith(SWEEP_ID_PREFIX + text) or sweep_id.endswith(text)]
-    if text in found:
-        return text
-    if len(found) == 1:
-        return found[0]
-    if found:
-        raise BadInput(f"sweep id {text!r} is ambiguous: it matches {', '.join(found)}", fix="pass more of the id")
-    nearest = difflib.get_close_matches(text, known, n=3, cutoff=0.4)
-    raise NotFound(f"no sweep in the ledger matches {text!r}" + (f"; the nearest: {', '.join(nearest)}" if nearest
-                                                                  else ""),
-                   fix="pass --state-dir / --ledger-url naming the sweep's ledger")
+    return one_match(text, known, sweep_id_matches, noun="sweep", ambiguous_fix="pass more of the id",
+                     missing_fix="pass --state-dir / --ledger-url naming the sweep's ledger")
+
+
+def sweep_id_matches(text: str, sweep_id: str) -> bool:
+    """Whether `text` names `sweep_id`: the id, a prefix of it with or without `sweep-`, or a suffix."""
+    return sweep_id.startswith(text) or sweep_id.startswith(SWEEP_ID_PREFIX + text) or sweep_id.endswith(text)
 
 
 def explanation(records: SweepRecords) -> dict:
