@@ -12,18 +12,22 @@ orchestrator needs a counter of its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from shiplift.tasks.backends.interfaces import DeployPoll, Progress
-from shiplift.tasks.errors import BadInput, Conflict, ShipliftError, StepTimedOut, Throttled
+from shiplift.tasks.errors import BadInput, Conflict, StepTimedOut, Throttled
 from shiplift.tasks.ledger import events
 from shiplift.tasks.ledger.timestamps import parse_utc, utcnow
 from shiplift.tasks.pipeline import table
-from shiplift.tasks.pipeline.release import StageContext, ensure_stage, print_progress, reopen_release
+from shiplift.tasks.pipeline.release import (
+    StageContext,
+    ensure_stage,
+    failure_recorded,
+    print_progress,
+    reopen_release,
+)
 
 
 def start_orchestrated(release_id: str, name: str, *, holder: str | None = None, ledger_url: str | None = None,
@@ -37,7 +41,7 @@ def start_orchestrated(release_id: str, name: str, *, holder: str | None = None,
         return {"finished": ensure_stage(ctx, name).record()}
     ctx.say(f"{name}: started (deferred: polled every {step.defers.every_s}s, no worker held meanwhile)")
     ctx.record(name, events.STARTED, {"deferred": True})
-    with _failure_recorded(ctx, name):
+    with failure_recorded(ctx, name):
         ctx.require_lease()
         started = step.load(step.defers.start)(ctx)
     return {"started": started}
@@ -59,7 +63,7 @@ def poll_orchestrated(release_id: str, name: str, *, holder: str | None = None, 
                        fix="run the stage's start first (the orchestrator's deploy task does); a failed one is "
                            "started again by its retry")
     deadline = _started_at(ctx, name) + timedelta(seconds=table.timeout_for(name, ctx.config))
-    with _failure_recorded(ctx, name):
+    with failure_recorded(ctx, name):
         ctx.require_lease()
         try:
             polled: DeployPoll = step.load(step.defers.poll)(ctx)
@@ -90,14 +94,3 @@ def _started_at(ctx: StageContext, name: str) -> datetime:
     """When the stage's latest `started` record was appended (its deferred start)."""
     record = next(r for r in reversed(ctx.state.records) if (r.stage, r.event) == (name, events.STARTED))
     return parse_utc(record.recorded_at)
-
-
-@contextmanager
-def _failure_recorded(ctx: StageContext, name: str) -> Iterator[None]:
-    """Record the stage `failed` with the error that leaves the block (as `release.run_stage` does), and re-raise."""
-    try:
-        yield
-    except Exception as exc:
-        error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
-        ctx.record(name, events.FAILED, {"error": error, "error_type": type(exc).__name__})
-        raise

@@ -351,18 +351,24 @@ def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext]
     ctx.say(f"{name}: started")
     ctx.record(name, events.STARTED, extra)
     began = time.monotonic()
-    try:
-        with LeaseKeeper(ctx, required=name != TEARDOWN):
-            result = function(ctx)
-    except Exception as exc:
-        error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
-        ctx.record(name, events.FAILED, {**extra, "error": error, "error_type": type(exc).__name__})
-        raise
+    with failure_recorded(ctx, name, extra), LeaseKeeper(ctx, required=name != TEARDOWN):
+        result = function(ctx)
     seconds = round(time.monotonic() - began, 3)
     result = result if isinstance(result, StageResult) else RESULTS[name].model_validate(result)
     ctx.record(name, result.event, {**extra, **result.record(), "seconds": seconds})
     ctx.say(f"{name}: {result.event} in {seconds:.1f}s")
     return result
+
+
+@contextlib.contextmanager
+def failure_recorded(ctx: StageContext, name: str, extra: dict | None = None) -> Iterator[None]:
+    """Record the stage `failed` with the error that leaves the block (and `extra`), then re-raise it."""
+    try:
+        yield
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, ShipliftError) else repr(exc)
+        ctx.record(name, events.FAILED, {**(extra or {}), "error": error, "error_type": type(exc).__name__})
+        raise
 
 
 def ensure_stage(ctx: StageContext, name: str) -> StageResult:
