@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	@if [ "$$(cat $(VENV)/.llama-cmake-args 2>/dev/null)" != '$(LLAMA_CMAKE_ARGS)' ]; then \
 	  $(BIN)/python -m pip cache remove llama_cpp_python >/dev/null 2>&1; \
 	  $(BIN)/python -m pip uninstall -y -q llama-cpp-python 2>/dev/null; true; fi
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,airflow,encoders]'
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,airflow,encoders,openvino]'
 	@echo '$(LLAMA_CMAKE_ARGS)' > $(VENV)/.llama-cmake-args
 	@rm -f $(VENV)/.installed-*
 	@touch $@
@@ -36,7 +36,7 @@ setup: $(STAMP)
 # deletes this stamp with the others, so a reinstall is followed by this one again at the next make test-celery.
 $(CELERY_STAMP): $(STAMP)
 	@echo "installing the celery extra for make test-celery (apache-airflow-providers-celery, celery[redis], redis, asyncpg)"
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,airflow,encoders,celery]'
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/python -m pip install --progress-bar off -e '.[dev,demo,airflow,encoders,openvino,celery]'
 	@rm -f $(VENV)/.installed-celery-*
 	@touch $@
 

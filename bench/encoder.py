@@ -1,5 +1,6 @@
 """Encoder speed and accuracy, each engine in its own process: PyTorch eager fp32, ONNX Runtime fp32, ONNX Runtime
-int8 (the graph the ONNX family builds and serves) and any other int8 graph named on the command line.
+int8 (the graph the ONNX family builds and serves), OpenVINO fp32 and NNCF int8 (the IR `image.engine: openvino`
+converts from the same model.onnx and serves) and any other int8 graph named on the command line.
 
 Why processes: on a 2-core machine two engines in one process take each other's cores (their thread pools spin), so
 interleaving them request by request measures the contention, not the engines. Here every measurement is a fresh
@@ -14,7 +15,8 @@ concurrency 1 for p50/p95, samples per second at batch 8. Reported apart from it
 length, and batch 8 padded to the batch's longest pair (what the server does unless ENCODER_PAD_TO_MAX). Accuracy:
 each engine on the NLI test split, batches of 8 padded to their longest pair (as the gate sends them), with its
 agreement with PyTorch and a paired-bootstrap interval of the difference. The CPU's ISA (/proc/cpuinfo flags) is
-printed, because which int8 kernels ONNX Runtime runs (AVX2 u8s8, AVX-512 VNNI, AMX) decides the int8 ratio.
+printed, because which int8 kernels ONNX Runtime runs (AVX2 u8s8, AVX-512 VNNI, AMX) decides the int8 ratio; so are
+ONNX Runtime's execution providers, OpenVINO's CPU OPTIMIZATION_CAPABILITIES and the layers its int8 IR runs in int8.
 
 Model: the demo's MiniLM-L6 NLI checkpoint (trained once by configs/releases/minilm-nli.yaml's recipe, cached under
 .shiplift/bench/), exported as that config's artifact says.
@@ -44,6 +46,18 @@ import numpy as np
 
 from shiplift.tasks.artifacts.nli_train import train_nli
 from shiplift.tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE, Int8Spec, builtin_calibration, export_onnx
+from shiplift.tasks.artifacts.openvino_choice import CPU_FLAGS as ISA_FLAGS
+from shiplift.tasks.artifacts.openvino_choice import cpu_class
+from shiplift.tasks.artifacts.openvino_choice import parse_cpu_flags as parse_isa  # noqa: F401 (the bench's name)
+from shiplift.tasks.artifacts.openvino_ir import (
+    OV_FP32_FILE,
+    OV_INT8_FILE,
+    OpenVinoSession,
+    capabilities,
+    compile_config,
+    convert_openvino,
+    int8_layers,
+)
 from shiplift.tasks.config import load_release_config
 from shiplift.tasks.families.onnx_nli import int8_settings, training_recipe
 from shiplift.tasks.hashing import sha256_file, sha256_json
@@ -70,8 +84,6 @@ VARIANT_SPECS = {
 }
 # The served graphs with ONNX Runtime's denormal flushing off (ENCODER_KEEP_DENORMALS=true): what it is worth.
 DENORMAL_VARIANTS = {"ort_fp32_denormals": "ort_fp32", "ort_int8_denormals": "ort_int8"}
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8",
-             "amx_bf16")
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -125,16 +137,6 @@ def rotated(engines: Sequence[str], round_index: int) -> list[str]:
 # ---------------------------------------------------------------------------------------------- the machine
 
 
-def parse_isa(cpuinfo: str) -> dict[str, bool]:
-    """Which of ISA_FLAGS the first processor's `flags` line of /proc/cpuinfo lists."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags = set(value.split())
-            return {flag: flag in flags for flag in ISA_FLAGS}
-    return {flag: False for flag in ISA_FLAGS}
-
-
 def int8_kernel_class(isa: dict[str, bool]) -> str:
     """The int8 GEMM kernel class ONNX Runtime's MLAS picks on this ISA (best first), in words."""
     if isa.get("amx_tile") and isa.get("amx_int8"):
@@ -169,17 +171,12 @@ def amx_granted() -> bool | None:
 
 def machine() -> dict[str, Any]:
     """The CPU and its ISA, cores, load, versions: what a reader needs to know which kernels ran."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    model = next((line.partition(":")[2].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 platform.processor() or platform.machine())
-    isa = parse_isa(cpuinfo)
-    return {"cpu": model, "isa": isa, "int8_kernel": int8_kernel_class(isa), "amx_granted": amx_granted(),
+    cpu = cpu_class()
+    isa = cpu["flags"]
+    return {"cpu": cpu["model"], "isa": isa, "int8_kernel": int8_kernel_class(isa), "amx_granted": amx_granted(),
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-            "python": platform.python_version()}
+            "python": platform.python_version(), "openvino_capabilities": capabilities()}
 
 
 # ---------------------------------------------------------------------------------------------- model and inputs
@@ -201,17 +198,22 @@ def demo_checkpoint() -> Path:
 
 
 def exports(checkpoint: Path, variants: Sequence[str]) -> tuple[dict[str, dict], dict]:
-    """Export the checkpoint as minilm-nli.yaml's artifact says (fp32 + the int8 graph it ships), plus each named
-    variant's int8 graph; returns {engine: {"kind", "path"}} and the shipped export's quantization record."""
+    """Export the checkpoint as minilm-nli.yaml's artifact says (fp32 + the int8 graph it ships) and convert it to
+    OpenVINO IR (fp32 + NNCF int8 on the same calibration pairs), plus each named variant's int8 graph; returns
+    {engine: {"kind", "path"}} and the shipped export's quantization record."""
     artifact = load_release_config(CONFIG).artifact
     spec, calibration = int8_settings(artifact, CONFIG.parent)
     key = sha256_json([spec.to_dict(), calibration and calibration.describe()])[:8]
     shipped = CACHE / f"{checkpoint.name}-onnx-{key}"
     result = export_onnx(checkpoint, shipped, opset=artifact.opset, max_len=MAX_LEN, int8=True, quantization=spec,
                          calibration=calibration, threads=THREADS)
+    convert_openvino(shipped, int8=True, calibration=calibration, keep_fp32=artifact.quantization.keep_fp32,
+                     max_len=MAX_LEN, threads=THREADS)
     engines = {BASE: {"kind": "torch", "path": str(checkpoint)},
                "ort_fp32": {"kind": "ort", "path": str(shipped / FP32_FILE)},
-               "ort_int8": {"kind": "ort", "path": str(shipped / INT8_FILE)}}
+               "ort_int8": {"kind": "ort", "path": str(shipped / INT8_FILE)},
+               "ov_fp32": {"kind": "openvino", "path": str(shipped / OV_FP32_FILE)},
+               "ov_int8": {"kind": "openvino", "path": str(shipped / OV_INT8_FILE)}}
     for name in variants:
         if name in DENORMAL_VARIANTS:
             engines[name] = {**engines[DENORMAL_VARIANTS[name]], "keep_denormals": True}
@@ -278,6 +280,11 @@ class Engine:
                                   "torch_interop_threads": torch.get_num_interop_threads(),
                                   "attention": getattr(self.model.config, "_attn_implementation", None),
                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
+        elif kind == "openvino":
+            self.session = OpenVinoSession(Path(path), threads)
+            self.inputs = [i.name for i in self.session.get_inputs()]
+            self.settings.update({"openvino": capabilities(), "config": compile_config(threads),
+                                  "file": Path(path).name, "int8_layers": int8_layers(self.session.compiled)})
         else:
             import onnxruntime as ort
 
@@ -293,7 +300,8 @@ class Engine:
             self.inputs = [i.name for i in self.session.get_inputs()]
             self.settings.update({"onnxruntime": ort.__version__, "intra_op_num_threads": threads,
                                   "inter_op_num_threads": 1, "file": Path(path).name,
-                                  "denormals_as_zero": not keep_denormals})
+                                  "denormals_as_zero": not keep_denormals,
+                                  "providers": self.session.get_providers()})
 
     def logits(self, feeds: dict):
         if self.kind == "torch":
@@ -468,7 +476,12 @@ def table(report: dict[str, Any]) -> str:
                      f"{int8.get('per_channel')}, reduce_range {int8.get('reduce_range')}, calibration "
                      f"{(int8.get('calibration') or {}).get('source', 'none')}, kept fp32: "
                      f"{', '.join(int8.get('keep_fp32') or [])}; int8 kernels {int8.get('int8_kernels')}")
-    torch_settings = next((r["settings"] for r in report["rows"] if r["engine"] == BASE), {})
+    settings = {row["engine"]: row["settings"] for row in report["rows"]}
+    providers = next((s["providers"] for s in settings.values() if s.get("providers")), None)
+    lines.append(f"kernels: ONNX Runtime providers {providers}; OpenVINO CPU OPTIMIZATION_CAPABILITIES "
+                 f"{m.get('openvino_capabilities')}, layers ov_int8 runs in int8: "
+                 f"{settings.get('ov_int8', {}).get('int8_layers')}")
+    torch_settings = settings.get(BASE, {})
     lines.append(f"threads: torch {torch_settings.get('torch_threads')} (interop "
                  f"{torch_settings.get('torch_interop_threads')}, attention {torch_settings.get('attention')}, "
                  f"{torch_settings.get('cpu_capability')}), ONNX Runtime intra {report['threads']} / inter 1 "
@@ -482,13 +495,22 @@ def _load(m: dict) -> str:
 
 
 def summary(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """`make bench`'s result rows: ORT fp32 and the served int8 graph against PyTorch fp32."""
+    """`make bench`'s result rows: each engine's fp32 and int8 graph (ONNX Runtime, OpenVINO when measured) against
+    PyTorch fp32."""
     rows = {row["engine"]: row for row in report["rows"]}
     base, isa = rows[BASE], int8_kernel_class(report["machine"]["isa"])
+
+    def fp32_goal(r):
+        return r["ratio"]["median"] >= 1.3
+
+    def int8_goal(r):
+        return r["ratio"]["median"] >= 2 and base["accuracy"] - r["accuracy"] <= 0.01 + 1e-12
+
     out = []
-    for name, target, ok in (("ort_fp32", ">= 1.3", lambda r: r["ratio"]["median"] >= 1.3),
-                             ("ort_int8", ">= 2, -1 pt", lambda r: r["ratio"]["median"] >= 2
-                              and base["accuracy"] - r["accuracy"] <= 0.01 + 1e-12)):
+    for name, target, ok in (("ort_fp32", ">= 1.3", fp32_goal), ("ort_int8", ">= 2, -1 pt", int8_goal),
+                             ("ov_fp32", ">= 1.3", fp32_goal), ("ov_int8", ">= 2, -1 pt", int8_goal)):
+        if name not in rows:
+            continue
         row = rows[name]
         out.append({
             "name": f"{name} vs PyTorch fp32 (batch 8, seq 512, own processes)", "value": row["ratio"]["median"],

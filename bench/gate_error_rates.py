@@ -13,13 +13,15 @@ JevBench tasks for the decision configs, the NLI set's 75 reserve pairs for the 
 that does not extend is judged without (its extended column is its fixed one). Per check and candidate it
 prints the share of pass / inconclusive / fail at the fixed size and after the extension, the false-promotion rate
 (truly worse than the margin, promoted) or false-block rate (not worse, blocked or inconclusive), the mean tasks used,
-and `validation.gate_power`'s closed form for the fixed-size accuracy check beside it.
+and `validation.gate_power`'s exact P(pass) for the fixed-size accuracy check beside it.
 
-Speed: the paired bootstraps of the champion checks are computed for all candidates at once, from the same resamples
-`validation.metrics.paired_bootstrap` draws (its seeded index stream as a count matrix); the checks' statuses come from
-`validation.gates` itself. `--cross-check K` runs the real `validation.gates.evaluate_gates` on K candidates of every
-cell and counts any check whose status differs. The absolute checks (`validation.thresholds`) are not run: they judge
-the candidate alone, and the recorded base (Gemma-3-270M) is not the model every config ships.
+Speed: the accuracy check's interval (`validation.metrics.paired_score_interval`, the one the gate takes) depends on a
+candidate's discordant counts only, so it is computed once per distinct table; the ECE check's paired bootstraps are
+computed for all candidates at once, from the same resamples `validation.metrics.paired_bootstrap` draws (its seeded
+index stream as a count matrix); the checks' statuses come from `validation.gates` itself. `--cross-check K` runs
+the real `validation.gates.evaluate_gates` on K candidates of every cell and counts any check whose status differs.
+The absolute checks (`validation.thresholds`) are not run: they judge the candidate alone, and the recorded base
+(Gemma-3-270M) is not the model every config ships.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ from shiplift.tasks.cli.gate_commands import gate_tasks
 from shiplift.tasks.config import load_release_config
 from shiplift.tasks.console import print_table
 from shiplift.tasks.pipeline.stages.validate import run_settings
-from shiplift.validation.gate_power import accuracy_sd, outcome_probabilities
+from shiplift.validation.gate_power import score_outcomes
 from shiplift.validation.gates import Check, _champion_check, decide, evaluate_gates, ratio_check
-from shiplift.validation.metrics import N_BINS, bin_index, paired_latency_ratio
+from shiplift.validation.metrics import N_BINS, bin_index, paired_latency_ratio, paired_score_interval
 from shiplift.validation.sequential import extension_looks, sequential_champion_check
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,15 +160,20 @@ def _interval(samples: np.ndarray, confidence: float) -> np.ndarray:
     return np.percentile(samples, [tail, 100.0 - tail], axis=1).T
 
 
+@lru_cache(maxsize=65536)
+def score_interval(gained: int, lost: int, n: int, confidence: float) -> tuple[float, float]:
+    """`validation.metrics.paired_score_interval` of one table, kept: candidates share tables."""
+    low, high = paired_score_interval(gained, lost, n, confidence=confidence)
+    return low, high
+
+
 def paired_accuracy(draws: Draws, rule) -> list[dict]:
-    """Every candidate's `paired_accuracy_difference` (n, difference, ci) at once."""
-    cand, champ = draws.candidate_correct.astype(float), draws.champion_correct.astype(float)
+    """Every candidate's `paired_accuracy_difference` (n, difference, ci)."""
+    cand, champ = draws.candidate_correct.astype(bool), draws.champion_correct.astype(bool)
     n = cand.shape[1]
-    counts = resample_counts(n, rule.n_bootstrap, rule.seed)
-    samples = (cand @ counts.T) / n - (champ @ counts.T) / n
-    ci = _interval(samples, rule.confidence)
-    point = cand.mean(axis=1) - champ.mean(axis=1)
-    return [{"n": n, "difference": float(point[k]), "ci": [float(ci[k, 0]), float(ci[k, 1])]} for k in range(len(cand))]
+    gained, lost = (cand & ~champ).sum(axis=1).tolist(), (champ & ~cand).sum(axis=1).tolist()
+    return [{"n": n, "difference": (g - lost_k) / n, "ci": list(score_interval(g, lost_k, n, rule.confidence))}
+            for g, lost_k in zip(gained, lost, strict=True)]
 
 
 def ece_samples(confidence: np.ndarray, correct: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -279,13 +286,13 @@ def _shares(statuses: list[str]) -> str:
 
 
 def plan_pass(check: str, spec: Spec, n: int, rule) -> str:
-    """`validation.gate_power`'s closed-form P(pass) of the fixed-size accuracy check for this candidate."""
+    """`validation.gate_power`'s exact P(pass) of the fixed-size accuracy check for this candidate."""
     if check != "champion_accuracy":
         return ""
     if n < rule.min_samples:
         return "0.00"
-    odds = outcome_probabilities(n=n, margin=rule.margin, sd=accuracy_sd(spec.disagreement, spec.shortfall),
-                                 shortfall=spec.shortfall, confidence=rule.confidence)
+    odds = score_outcomes(n=n, margin=rule.margin, disagreement=spec.disagreement, shortfall=spec.shortfall,
+                          confidence=rule.confidence)
     return f"{odds['pass']:.2f}"
 
 
@@ -448,8 +455,8 @@ def print_report(summary: dict) -> None:
     print(f"gate error rates: {summary['candidates']} candidates per row, seed {summary['seed']}, base "
           f"{summary['base']}; extension {'on' if ext['on'] else 'off'} (each config's own"
           f"{'; all gates: ' + sizes if sizes else ''}); p/i/f = pass/inconclusive/fail; FP = false promotion (truly "
-          f"worse, passed), FB = false block (not worse, not passed); plan pass = validation.gate_power's closed "
-          f"form\n")
+          f"worse, passed), FB = false block (not worse, not passed); plan pass = validation.gate_power's exact "
+          f"P(pass)\n")
     for gate in summary["gates"]:
         print(gate["setting"])
         print_table(gate["rows"], COLUMNS)

@@ -84,3 +84,45 @@ def bench_tasks() -> tuple[list, str]:
     if all(f.is_file() for f in files):
         return [t for f in files for t in load_jevbench(f)][:120], "public JevBench (easy + original)"
     return load_jevbench(ROOT / "validation" / "data" / "decisions.jsonl")[:120], "the project's decision set"
+
+
+STATE_SENTENCES = (
+    "Order {n} was placed on March {d} for a pair of walking boots, size {s}, paid by card.",
+    "The customer wrote on day {d} that parcel {n} had not arrived and asked for a tracking link.",
+    "Support replied that carrier scan {n} showed the parcel in the regional depot on day {d}.",
+    "On day {d} the customer reported that the left boot of order {n} had a torn seam.",
+)
+
+
+def shared_state() -> str:
+    """A ~1,100-token customer-service state (44 sentences) that every shared-state section scores."""
+    lines = [STATE_SENTENCES[i % 4].format(n=4400 + i, d=1 + i % 28, s=38 + i % 8) for i in range(44)]
+    return " ".join(lines)
+
+
+def decisions(state: str) -> list[dict]:
+    """Eight SemIf decisions on `state`, each with its own options."""
+    questions = [
+        ("Is a delivery problem mentioned?", ["no", "yes"]),
+        ("Is a damaged item mentioned?", ["no", "yes"]),
+        ("What did the customer buy?", ["boots", "a laptop", "a sofa"]),
+        ("How was the order paid?", ["card", "cash", "voucher"]),
+        ("Who scanned the parcel?", ["the carrier", "the customer", "nobody"]),
+        ("Which boot was damaged?", ["left", "right", "neither"]),
+        ("Did support reply?", ["no", "yes"]),
+        ("How urgent is the case?", ["0", "1", "2", "3"]),
+    ]
+    return [
+        {"id": f"q{i}", "state": state, "question": q, "options": [{"id": o, "description": o} for o in options]}
+        for i, (q, options) in enumerate(questions)
+    ]
+
+
+def report(results: list[dict]) -> int:
+    """Print the measurements as one table (name, value, target, met, detail); 0 when every target was met, else 1."""
+    width = max(len(r["name"]) for r in results)
+    print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
+    for r in results:
+        print(f"{r['name'].ljust(width)}  {r['value']:>8.2f} {r['unit'][:1]:<1}  {r['target']:<8}  "
+              f"{'yes' if r['ok'] else 'NO ':<3}  {r['detail']}")
+    return 0 if all(r["ok"] for r in results) else 1

@@ -22,7 +22,10 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
 7. the ledger (bench/ledger.py): append and verify time at 10,000 vs 100,000 records on SQLite and
    PostgreSQL (target: linear), inclusion proofs of at most ceil(log2 n) hashes a record;
 8. the chat path (bench/chat_path.py): SemIf vs the DLC's chat path on the same model and 120 public tasks —
-   validity, accuracy, label agreement, ECE, p50/p95, each path's value and the ratio (a report, no target).
+   validity, accuracy, label agreement, ECE, p50/p95, each path's value and the ratio (a report, no target);
+9. the agent loop (bench/agent_loop.py): 8 requests on the shared state with a new question each, the adapter with
+   its prefix cache vs without, each in its own process, alternated (target: >= 0.9 of the token bound; cold vs warm
+   option probabilities within 1e-4).
 """
 
 from __future__ import annotations
@@ -37,42 +40,28 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.agent_loop import run as bench_agent_loop
 from bench.chat_path import run as bench_chat_path
 from bench.encoder import run as bench_encoder
-from bench.harness import ROOT, ROUNDS, SERVER, SERVER_ENV, THREADS, adapter, bench_tasks, gemma_path, log, post
+from bench.harness import (
+    ROOT,
+    ROUNDS,
+    SERVER,
+    SERVER_ENV,
+    THREADS,
+    adapter,
+    bench_tasks,
+    decisions,
+    gemma_path,
+    log,
+    post,
+    report,
+    shared_state,
+)
 from bench.ledger import run as bench_ledger
 from bench.router import run as bench_router
 from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
 from shiplift.validation.runner import run_decisions
-
-STATE_SENTENCES = (
-    "Order {n} was placed on March {d} for a pair of walking boots, size {s}, paid by card.",
-    "The customer wrote on day {d} that parcel {n} had not arrived and asked for a tracking link.",
-    "Support replied that carrier scan {n} showed the parcel in the regional depot on day {d}.",
-    "On day {d} the customer reported that the left boot of order {n} had a torn seam.",
-)
-
-
-def shared_state() -> str:
-    lines = [STATE_SENTENCES[i % 4].format(n=4400 + i, d=1 + i % 28, s=38 + i % 8) for i in range(44)]
-    return " ".join(lines)
-
-
-def decisions(state: str) -> list[dict]:
-    questions = [
-        ("Is a delivery problem mentioned?", ["no", "yes"]),
-        ("Is a damaged item mentioned?", ["no", "yes"]),
-        ("What did the customer buy?", ["boots", "a laptop", "a sofa"]),
-        ("How was the order paid?", ["card", "cash", "voucher"]),
-        ("Who scanned the parcel?", ["the carrier", "the customer", "nobody"]),
-        ("Which boot was damaged?", ["left", "right", "neither"]),
-        ("Did support reply?", ["no", "yes"]),
-        ("How urgent is the case?", ["0", "1", "2", "3"]),
-    ]
-    return [
-        {"id": f"q{i}", "state": state, "question": q, "options": [{"id": o, "description": o} for o in options]}
-        for i, (q, options) in enumerate(questions)
-    ]
 
 
 def bench_shared_state(url: str) -> dict:
@@ -213,12 +202,9 @@ def main() -> int:
     log("8/8 the chat path vs SemIf on the same model and tasks")
 
     results.extend(bench_chat_path())
-    width = max(len(r["name"]) for r in results)
-    print(f"\n{'measurement'.ljust(width)}  {'value':>10}  target    ok   detail")
-    for r in results:
-        print(f"{r['name'].ljust(width)}  {r['value']:>8.2f} {r['unit'][:1]:<1}  {r['target']:<8}  "
-              f"{'yes' if r['ok'] else 'NO ':<3}  {r['detail']}")
-    return 0 if all(r["ok"] for r in results) else 1
+    log("9/9 agent loop: 8 requests on one state with and without prefix reuse, each server in its own process")
+    results.extend(bench_agent_loop(gguf, decisions(shared_state())))
+    return report(results)
 
 
 if __name__ == "__main__":

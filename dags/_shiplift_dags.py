@@ -236,8 +236,13 @@ class DeferredStage(BaseOperator):
         super().__init__(task_id=stage, **kwargs)
         self.stage, self.begun, self.poll_every_s = stage, begun, poll_every_s
 
+    def _begun(self, context: Any) -> dict:
+        """begin's XCom: as rendered, or pulled here for a promote after the approval steps (which reads it itself:
+        Airflow wants every task right after a setup task to run on `all_success`)."""
+        return self.begun if self.begun is not None else context["ti"].xcom_pull(task_ids=BEGIN.name)
+
     def execute(self, context: Any) -> Any:
-        begun = self.begun
+        begun = self._begun(context)
         if begun["status"] in FINISHED:
             raise AirflowSkipException(f"release {begun['release_id']} is already {begun['status']}")
         from shiplift.tasks.pipeline.deferred import start_orchestrated
@@ -255,7 +260,7 @@ class DeferredStage(BaseOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         if event["status"] != "done":
             raise _polled_error(event)
-        return _run_stage(self.begun, self.stage)
+        return _run_stage(self._begun(context), self.stage)
 
 
 def _polled_error(event: dict[str, Any]) -> Exception:
@@ -278,17 +283,24 @@ def _stage(name: str, timeout_s: int, begun: Any) -> Any:
     return _stage_task(name, timeout_s)(begun)
 
 
-def _promote_after_approval_task(timeout_s: int):
+def _promote_after_approval(timeout_s: int) -> Any:
     """The promote stage of a DAG that may wait for an approval: it runs whether or not anybody was asked (the approval
     tasks skipped) and never after a failure (`none_failed_min_one_success` over validate and approval_decision). It
-    reads begin's XCom itself: Airflow wants every task right after a setup task to run on `all_success`."""
+    reads begin's XCom itself: Airflow wants every task right after a setup task to run on `all_success`. Deferrable
+    where the policy table defers promote, as `_stage` makes it."""
+    step, done = STEPS["promote"], "none_failed_min_one_success"
+    if step.defers is not None:
+        return DeferredStage(stage="promote", begun=None, poll_every_s=step.defers.every_s, trigger_rule=done,
+                             **_retry_args("promote", timeout_s),
+                             doc_md=f"Stage `promote`: {step.doc}, once approved where the config requires it; "
+                                    f"deferred: started, then polled every {step.defers.every_s}s with no worker held.")
 
-    @task(task_id="promote", **_retry_args("promote", timeout_s), trigger_rule="none_failed_min_one_success",
-          doc_md=f"Stage `promote`: {STEPS['promote'].doc}, once approved where the config requires it.")
+    @task(task_id="promote", **_retry_args("promote", timeout_s), trigger_rule=done,
+          doc_md=f"Stage `promote`: {step.doc}, once approved where the config requires it.")
     def run_stage() -> dict:
         return _run_stage(get_current_context()["ti"].xcom_pull(task_ids=BEGIN.name), "promote")
 
-    return run_stage
+    return run_stage()
 
 
 def _assignees(approvers: list[str]) -> list[dict[str, str]] | None:
@@ -443,7 +455,7 @@ def refresh_dag(config_file: str) -> DAG:
         stages = [_stage(name, timeouts[name], begun) for name in plain]
         if waits_for_approval:  # validate → approval_request → approval → approval_decision → promote
             waiting = _approval_operator(timeouts[APPROVAL.name])
-            promoted = _promote_after_approval_task(timeouts["promote"])()
+            promoted = _promote_after_approval(timeouts["promote"])
             stages[-1] >> promoted
             stages += [approval_request(begun), waiting, approval_decision(begun, waiting.output), promoted]
         chain(*stages)

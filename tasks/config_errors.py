@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from shiplift.tasks.config_release import ReleaseConfig
 from shiplift.tasks.config_types import URL_PASSWORD
+from shiplift.tasks.errors import ConfigError
 from shiplift.tasks.families.registry import artifact_models, family_of, image_models, validation_models
 
 PRIVATE_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)")
@@ -174,3 +175,14 @@ def format_validation_error(origin: str, exc: ValidationError, tree: Any,
                 fixes.append(f"remove {written}, or use one of the keys listed")
         lines.append(line)
     return f"{origin}: invalid release config\n" + "\n".join(lines), fixes
+
+
+def validate_file(model: type[BaseModel], tree: Any, origin: str, what: str) -> Any:
+    """`tree` (read from the file `origin`) as `model`; ConfigError with a line per problem at the path the user wrote
+    and the fixes `format_validation_error` names, calling the file `what` ("sweep config", "sizes file")."""
+    try:
+        return model.model_validate(tree)
+    except ValidationError as exc:
+        text, fixes = format_validation_error(origin, exc, tree)
+        raise ConfigError(text.replace("invalid release config", f"invalid {what}", 1),
+                          fix="; ".join(fixes) if fixes else "correct the fields listed above") from exc

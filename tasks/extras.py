@@ -16,6 +16,7 @@ from shiplift.tasks.errors import ConfigError
 EXTRA_MODULES: dict[str, frozenset[str]] = {
     "airflow": frozenset({"airflow", "pendulum"}),
     "encoders": frozenset({"torch", "transformers", "safetensors", "tokenizers", "onnx", "onnxruntime"}),
+    "openvino": frozenset({"openvino", "nncf"}),
 }
 
 

@@ -7,20 +7,26 @@ estimate ± z·se, so for a candidate truly worse by `shortfall` (≥ 0; 0 is an
 
     P(pass) = Φ((margin − shortfall)/se − z)        P(fail) = Φ((shortfall − margin)/se − z)
 
-and an equal candidate passes with probability `power` only when margin ≥ (z + z_power)·se. For accuracy the per-task
-difference d ∈ {−1, 0, 1}; with disagreement rate q and true difference δ its variance is q − δ² (a candidate worse
-by δ disagrees on at least |δ| of the tasks, so q is raised to |δ| where it is lower). Pure math: the CLI
+and an equal candidate passes with probability `power` only when margin ≥ (z + z_power)·se: the ECE check's model.
+The accuracy check's interval is Tango's score interval (`validation.metrics.paired_score_interval`), computed exactly
+instead: a candidate that disagrees with the champion on a share q of tasks and is worse by δ (q raised to δ where it
+is lower) gains a task with probability (q − δ)/2 and loses one with (q + δ)/2, and the check passes on a table
+(gained, lost) exactly when the score statistic at −margin is ≥ z (the interval's low end clears −margin; the
+statistic decreases in the difference), fails when it is ≤ −z; `score_outcomes` sums the tables' multinomial
+probabilities. Per-task SD (`accuracy_sd`, √(q − δ²)) still describes the spread. Pure math: the CLI
 (`shiplift gate plan`) reads the config and the ledger.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
-from shiplift.validation.metrics import score_predictions
+import numpy as np
+
+from shiplift.validation.metrics import score_predictions, tango_statistic, two_sided_z
 from shiplift.validation.thresholds import ChampionRule
 
 POWER = 0.80  # the chance an equally good candidate should have of passing
@@ -32,11 +38,6 @@ CANDIDATES = (("equal", 0.0), ("worse by the margin", 1.0), ("worse by twice the
 def z_of(probability: float) -> float:
     """The standard normal quantile of `probability`."""
     return NormalDist().inv_cdf(probability)
-
-
-def two_sided_z(confidence: float) -> float:
-    """The z of a two-sided interval at `confidence` (1.96 at 0.95)."""
-    return z_of(0.5 + confidence / 2.0)
 
 
 def accuracy_sd(disagreement: float, shortfall: float = 0.0) -> float:
@@ -58,6 +59,77 @@ def outcome_probabilities(*, n: int, margin: float, sd: float, shortfall: float,
     passed = normal.cdf((margin - shortfall) / se - z)
     failed = normal.cdf((shortfall - margin) / se - z)
     return {"pass": passed, "inconclusive": max(0.0, 1.0 - passed - failed), "fail": failed}
+
+
+def binomial_pmf(successes: np.ndarray, trials: np.ndarray, p: float, log_factorial: np.ndarray) -> np.ndarray:
+    """P(X = successes) for X ~ Binomial(trials, p), elementwise (0 outside 0..trials), from a table of log k! (numpy
+    alone: scipy would be imported, seconds on a busy machine, for every gate with a champion)."""
+    successes, trials = np.broadcast_arrays(np.asarray(successes), np.asarray(trials))
+    inside = (successes >= 0) & (successes <= trials)
+    k, m = np.where(inside, successes, 0), np.where(inside, trials, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # log 0 where p is 0 or 1: those terms count only when used
+        hits = np.where(k > 0, k * np.log(p), 0.0)
+        misses = np.where(m - k > 0, (m - k) * np.log1p(-p), 0.0)
+    log_pmf = log_factorial[m] - log_factorial[k] - log_factorial[m - k] + hits + misses
+    return np.where(inside, np.exp(log_pmf), 0.0)
+
+
+def score_outcomes(*, n: int, margin: float, disagreement: float, shortfall: float,
+                   confidence: float) -> dict[str, float]:
+    """P(pass), P(inconclusive), P(fail) of the accuracy check on `n` paired tasks, exactly, for a candidate worse by
+    `shortfall` that answers differently from the champion on a share `disagreement` of tasks (see the module's
+    docstring). The tables summed are those whose discordant count has probability above 1e-15."""
+    shortfall = min(max(shortfall, 0.0), 1.0)
+    q = min(max(disagreement, shortfall), 1.0)
+    log_factorial = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+    discordant = np.arange(n + 1)
+    weight = binomial_pmf(discordant, n, q, log_factorial)
+    discordant, weight = discordant[weight > 1e-15], weight[weight > 1e-15]
+    lost_share = (q + shortfall) / (2.0 * q) if q > 0 else 0.0
+    lost = np.arange(discordant.max() + 1)[None, :]
+    probability = weight[:, None] * binomial_pmf(lost, discordant[:, None], lost_share, log_factorial)
+    statistic = tango_statistic(np.maximum(discordant[:, None] - lost, 0), lost, n, -margin)
+    z = two_sided_z(confidence)
+    passed, failed = float(probability[statistic >= z].sum()), float(probability[statistic <= -z].sum())
+    return {"pass": passed, "inconclusive": max(0.0, 1.0 - passed - failed), "fail": failed}
+
+
+def _least(enough: Callable[[float], bool], low: float, high: float, *, steps: int = 40) -> float:
+    """The least x in [low, high] with `enough(x)`, by bisection (`enough` false at `low`, true at `high`, and
+    monotone between)."""
+    for _ in range(steps):
+        middle = (low + high) / 2.0
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
+
+
+def score_narrowest_margin(*, n: int, disagreement: float, confidence: float, power: float = POWER) -> float:
+    """The smallest accuracy margin an equally good candidate passes with probability `power` (`score_outcomes`;
+    its pass probability grows with the margin)."""
+    return _least(lambda margin: score_outcomes(n=n, margin=margin, disagreement=disagreement, shortfall=0.0,
+                                                confidence=confidence)["pass"] >= power, 0.0, 1.0)
+
+
+def score_tasks_needed(*, margin: float, disagreement: float, confidence: float,
+                       power: float | None = POWER) -> int | None:
+    """About the fewest paired tasks for an equally good candidate to pass the accuracy check at `margin` with
+    probability `power` (None: ½, the interval's low end about at −margin), by bisection on n (the exact probability
+    steps with the discrete tables, so a neighbouring n can differ by a little); None at margin 0, which no number of
+    tasks passes, or past a million tasks."""
+    if margin <= 0:
+        return None
+    target = 0.5 if power is None else power
+
+    def enough(n: float) -> bool:
+        return score_outcomes(n=math.ceil(n), margin=margin, disagreement=disagreement, shortfall=0.0,
+                              confidence=confidence)["pass"] >= target
+
+    high = 1
+    while not enough(high):
+        if high >= 1_000_000:
+            return None
+        high *= 2
+    return math.ceil(_least(enough, high / 2, high, steps=max(1, math.ceil(math.log2(high)) + 1)))
 
 
 def narrowest_margin(*, n: int, sd: float, confidence: float, power: float = POWER) -> float:
@@ -173,19 +245,26 @@ class CheckPlan:
 
 def plan_check(check: str, *, margin: float, n: int, rule: ChampionRule, spread: Spread) -> CheckPlan:
     """The power of one champion check of `rule` on `n` paired tasks (always inconclusive below min_samples)."""
+    q, confidence = spread.disagreement, rule.confidence  # q: accuracy, judged on Tango's score interval
     outcomes = []
     for label, times in CANDIDATES:
         shortfall = times * margin
-        sd = accuracy_sd(spread.disagreement, shortfall) if spread.disagreement is not None else spread.sd
         odds = ({"pass": 0.0, "inconclusive": 1.0, "fail": 0.0} if n < rule.min_samples else
-                outcome_probabilities(n=n, margin=margin, sd=sd, shortfall=shortfall, confidence=rule.confidence))
+                outcome_probabilities(n=n, margin=margin, sd=spread.sd, shortfall=shortfall, confidence=confidence)
+                if q is None else
+                score_outcomes(n=n, margin=margin, disagreement=q, shortfall=shortfall, confidence=confidence))
         outcomes.append({"candidate": label, "shortfall": shortfall, **odds})
+    if q is None:
+        narrowest = narrowest_margin(n=n, sd=spread.sd, confidence=confidence)
+        needed, for_interval = (tasks_needed(margin=margin, sd=spread.sd, confidence=confidence, power=power)
+                                for power in (POWER, None))
+    else:
+        narrowest = score_narrowest_margin(n=n, disagreement=q, confidence=confidence)
+        needed, for_interval = (score_tasks_needed(margin=margin, disagreement=q, confidence=confidence, power=power)
+                                for power in (POWER, None))
     return CheckPlan(
-        check=check, margin=margin, n=n, min_samples=rule.min_samples, confidence=rule.confidence, spread=spread,
-        narrowest_margin=narrowest_margin(n=n, sd=spread.sd, confidence=rule.confidence),
-        tasks_needed=tasks_needed(margin=margin, sd=spread.sd, confidence=rule.confidence),
-        tasks_for_interval=tasks_needed(margin=margin, sd=spread.sd, confidence=rule.confidence, power=None),
-        outcomes=outcomes)
+        check=check, margin=margin, n=n, min_samples=rule.min_samples, confidence=confidence, spread=spread,
+        narrowest_margin=narrowest, tasks_needed=needed, tasks_for_interval=for_interval, outcomes=outcomes)
 
 
 def plan_champion_checks(rule: ChampionRule, n: int, recorded: Iterable[Mapping] = (),

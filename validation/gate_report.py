@@ -286,21 +286,24 @@ def _power_section(plans: Sequence[Mapping[str, Any]]) -> str:
 
 def _extension_section(report: Mapping[str, Any]) -> str:
     """An inconclusive gate decided by extension (`validation.extension`): the first look's decision, then every look
-    of the confidence sequence; the decision and checks above are the final ones."""
+    of each check it judged again; the decision and checks above are the final ones."""
     extension = report.get("extension")
     if not extension:
         return ""
     first = report.get("first_look") or {}
-    rows = [[num(look["look"]), num(look["n"]), _ci(look.get("interval")), esc(look["method"]), esc(look["status"])]
+    rows = [[num(look["look"]), esc(look.get("check", "champion_accuracy")), num(look["n"]),
+             _ci(look.get("interval")), esc(look["method"]), esc(look["status"])]
             for look in extension.get("looks") or []]
     return (f"<h2>Extension</h2><p class=\"note\">The first look was {esc(first.get('decision'))}; the release "
             "chose to extend (<code>validation.inconclusive.choice: extend</code>), so "
-            f"{num(extension.get('reserve_tasks_scored'))} reserve tasks were scored on both models and the champion "
-            "accuracy check judged again by a confidence sequence (valid at every look). Stopped: "
+            f"{num(extension.get('reserve_tasks_scored'))} reserve tasks were scored on both models and each "
+            "inconclusive champion check judged again on all paired tasks so far, in a way valid at every look "
+            "(accuracy: a confidence sequence; the p95 ratio: Bonferroni over the planned looks). Stopped: "
             f"{esc(extension.get('stopped'))}. The decision above is the extension's; the candidate-against-champion "
             "table is the first look's.</p>"
-            + table_html(["look", "paired tasks", "interval (candidate − champion)", "method", "status"], rows,
-                     [str(r[-1]) for r in rows], css_class="extension"))
+            + table_html(["look", "check", "paired tasks (accuracy) or requests (ratio)",
+                          "interval (accuracy: candidate − champion; ratio: candidate / champion)", "method", "status"],
+                         rows, [str(r[-1]) for r in rows], css_class="extension"))
 
 
 def _latency_judgements(report: Mapping[str, Any], checks: Mapping[str, Mapping[str, Any]], confidence: float) -> str:

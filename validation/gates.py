@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from shiplift.tasks.errors import BadInput, GateFailed
 from shiplift.validation.gate_power import paired_disagreement, plan_champion_checks
 from shiplift.validation.metrics import (
+    PAIRED_ACCURACY_METHOD,
     decision_metrics,
     paired_accuracy_difference,
     paired_ece_difference,
@@ -41,6 +42,7 @@ RATIO = "paired ratio ci_high <= threshold"  # the comparator of champion_p95_ra
 CHAMPION_CHECKS = {"accuracy": "champion_accuracy", "ece": "champion_ece", "p95_latency_ms": "champion_p95_ratio"}
 Decision = Literal["pass", "fail", "inconclusive", "not_gated"]
 NOT_GATED = "no thresholds: not a gate"
+PERCENTILE = "percentile bootstrap"  # the interval of the ECE and p95-ratio champion checks
 
 
 class Check(BaseModel):
@@ -275,8 +277,9 @@ def evaluate_gates(
     requests the latency ratio pairs when one prediction is not one request (NLI: a batch of pairs is one request);
     None: the predictions. `decision_rule` is how every absolute check reads its evidence (`absolute_check`).
     `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` / `seed`), set the candidate's own
-    intervals; the paired champion comparison always uses the champion rule's own `n_bootstrap` / `seed`. The values
-    used are recorded in the report's `bootstrap` (`champion_comparison` for the rule's)."""
+    intervals; the paired champion comparison always uses the champion rule's own `n_bootstrap` / `seed` (its accuracy
+    check takes Tango's score interval at the rule's confidence instead: no resampling). The values used are recorded
+    in the report's `bootstrap` (`champion_comparison` for the rule's, `champion_methods`: each check's interval)."""
     _check_gate_args(champion_given=champion_preds is not None, champion_rule=champion_rule,
                      decision_rule=decision_rule, n_bootstrap=n_bootstrap, seed=seed)
     rule = champion_rule or ChampionRule()
@@ -318,7 +321,7 @@ def evaluate_gates(
     else:
         candidate = score_predictions(candidate_preds)
         incumbent = score_predictions(champion_preds)
-        accuracy_diff = paired_accuracy_difference(candidate, incumbent, **paired)
+        accuracy_diff = paired_accuracy_difference(candidate, incumbent, confidence=rule.confidence)
         ece_diff = paired_ece_difference(candidate, incumbent, **paired)
         checks.append(
             _champion_check(
@@ -361,7 +364,9 @@ def evaluate_gates(
         sample_sizes=sample_sizes,
         champion=champion,
         bootstrap={**boot, "method": "percentile", "candidate_metrics": metrics.get("bootstrap"),
-                   "champion_comparison": paired if champion_preds is not None else None},
+                   "champion_comparison": paired if champion_preds is not None else None,
+                   "champion_methods": {"champion_accuracy": PAIRED_ACCURACY_METHOD, "champion_ece": PERCENTILE,
+                                        "champion_p95_ratio": PERCENTILE} if champion_preds is not None else None},
     )
 
 

@@ -67,7 +67,7 @@ def _columns(evidence: Sequence[CandidateEvidence]) -> tuple[list[str], list[str
     return measured, paired
 
 
-def _candidates_table(pick: Pick, candidates: Sequence[CandidateEvidence], champion: CandidateEvidence | None) -> str:
+def candidates_table(pick: Pick, candidates: Sequence[CandidateEvidence], champion: CandidateEvidence | None) -> str:
     by_name = {c.name: c for c in candidates}
     rows_in = [(champion, "champion", "the serving model every paired interval compares against")] if champion else []
     rows_in += [(by_name[v.name], v.status, v.reason) for v in pick.verdicts]
@@ -190,7 +190,7 @@ def render_html(title: str, rule: SelectionRule, pick: Pick, candidates: Sequenc
         f'<div class="charts">{charts_html}</div>' if charts_html else
         '<p class="note">No candidate has accuracy with cost or p95 latency measured: nothing to draw.</p>',
         "<h2>Candidates</h2>",
-        _candidates_table(pick, candidates, champion),
+        candidates_table(pick, candidates, champion),
         "<h2>The rule, as written before the results</h2>",
         f'<p>sha256 <code id="rule-sha256">{esc(rule.sha256())}</code></p>',
         f"<pre>{esc(rule_yaml)}</pre>",

@@ -763,6 +763,8 @@ class ModelService(Generic[SettingsT, EngineT]):
     # because the server is stopping, else why the engine failed: then /ping turns 503 and the server
     # stops with EXIT_MODEL (for an engine in another process, which can die while this one runs).
     watch: Callable[[SettingsT, EngineT], str | None] | None = None
+    # Optional: `GET /metrics` answers this Prometheus text of the loaded engine (503 while it loads)
+    metrics: Callable[[SettingsT, EngineT], str] | None = None
 
 
 class ModelServer(StrictServer):
@@ -853,10 +855,21 @@ class ModelHandler(StrictHandler):
                 self._send(503, {"status": "loading"})
             else:
                 self._send(200, {"status": "ok"})
+        elif route == "/metrics" and self.server.service.metrics is not None:
+            self._send_metrics()
         elif route in self.server.service.post_routes:
             self.send_error_answer(HttpError(405, f"{route} accepts POST only", headers={"Allow": "POST"}))
         else:
             self.send_error_answer(HttpError(404, f"no route {route!r}; use GET /ping or {self._post_routes_text()}"))
+
+    def _send_metrics(self) -> None:
+        """GET /metrics: the service's Prometheus text once the model is loaded, 503 while it loads."""
+        engine = self.server.engine
+        if engine is None:
+            self._send(503, {"status": "loading"})
+            return
+        text = self.server.service.metrics(self.server.settings, engine)
+        self.send_bytes(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
 
     def _post_routes_text(self) -> str:
         return " or ".join(f"POST {route}" for route in self.server.service.post_routes)

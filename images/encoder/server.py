@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Encoder NLI server: scores (premise, hypothesis) pairs with an ONNX sequence classifier (DESIGN §6.3).
+"""Encoder NLI server: scores (premise, hypothesis) pairs with an ONNX sequence classifier (DESIGN §6.3), run by ONNX
+Runtime or, with ``ENCODER_ENGINE=openvino``, by OpenVINO on the IR converted from the same ``model.onnx``.
 
 This file is the container's entrypoint and, unchanged, the local backend's model server.
 It speaks the SageMaker container contract (``GET /ping``, ``POST /invocations``) through the
 shared ``images/common/sagemaker_http.py``, is configured only by ``ENCODER_*`` environment
-variables, and depends on the standard library, numpy, onnxruntime and tokenizers only (it must
+variables, and depends on the standard library, numpy, onnxruntime (or openvino) and tokenizers only (it must
 not import ``tasks``, ``validation``, transformers or torch).
 
 Model directory (the shared encoder contract): ``model.onnx`` (fp32) and optionally
-``model.int8.onnx``, ``tokenizer.json`` (+ tokenizer_config.json, special_tokens_map.json),
+``model.int8.onnx`` (OpenVINO: ``model.ov.xml`` / ``model.ov.int8.xml`` with their .bin and ``openvino.json``),
+``tokenizer.json`` (+ tokenizer_config.json, special_tokens_map.json),
 ``config.json`` with ``id2label`` {0: entailment, 1: neutral, 2: contradiction} and
 ``max_position_embeddings``, optional ``calibration.json`` {"temperature": T}, optional ``export.json`` (the
 exporter's record: which graph each file is; the answer's ``model.graph`` repeats how the served one was made,
@@ -34,6 +36,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy
@@ -70,6 +73,8 @@ from sagemaker_http import (  # noqa: E402 — needs sys.path above
 LABELS = ("entailment", "neutral", "contradiction")
 PAIR_KEYS = ("premise", "hypothesis")
 VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+ENGINE_FILES = {"onnxruntime": VARIANT_FILES, "openvino": {"fp32": "model.ov.xml", "int8": "model.ov.int8.xml"}}
+OV_ELEMENT_TYPES = {"i64": "tensor(int64)", "i32": "tensor(int32)", "f32": "tensor(float)"}  # as ONNX Runtime names
 DEVICE_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 TRUNCATION_POLICIES = ("refuse", "premise_first")
 GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -88,6 +93,7 @@ class Settings:
 
     model_dir: Path
     model_path: Path
+    engine: str
     variant: str
     device: str
     max_len: int
@@ -147,8 +153,12 @@ def _config_pad_token_id(config: dict[str, Any]) -> int | None:
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Validate the whole ENCODER_* environment and the model directory; raise StartupError on the first problem."""
     threads = env_int(env, "ENCODER_THREADS", available_cpus(), 1, 1024)
+    engine = env_choice(env, "ENCODER_ENGINE", "onnxruntime", tuple(ENGINE_FILES))
     variant = env_choice(env, "ENCODER_VARIANT", "fp32", tuple(VARIANT_FILES))
     device = env_choice(env, "ENCODER_DEVICE", "cpu", tuple(DEVICE_PROVIDERS))
+    if engine == "openvino" and device != "cpu":
+        raise StartupError(f"ENCODER_ENGINE=openvino runs on the CPU, not ENCODER_DEVICE={device}; set "
+                           "ENCODER_DEVICE=cpu or ENCODER_ENGINE=onnxruntime")
     truncation = env_choice(env, "ENCODER_TRUNCATION", "refuse", TRUNCATION_POLICIES)
     pad_to_max = env_bool(env, "ENCODER_PAD_TO_MAX")
     keep_denormals = env_bool(env, "ENCODER_KEEP_DENORMALS")
@@ -159,11 +169,14 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         raise StartupError(
             f"ENCODER_MODEL_DIR={str(model_dir)!r} is not a directory; set it to the extracted model.tar.gz"
         )
-    model_path = model_dir / VARIANT_FILES[variant]
+    model_path = model_dir / ENGINE_FILES[engine][variant]
     if not model_path.is_file():
         raise StartupError(
-            f"ENCODER_VARIANT={variant} needs {model_path.name}, which is not in ENCODER_MODEL_DIR={str(model_dir)!r}; "
-            + ("export the int8 model or set ENCODER_VARIANT=fp32" if variant == "int8" else "export the model there")
+            f"ENCODER_ENGINE={engine} ENCODER_VARIANT={variant} needs {model_path.name}, which is not in "
+            f"ENCODER_MODEL_DIR={str(model_dir)!r}; "
+            + ("build the release with image.engine: openvino (or auto), or set ENCODER_ENGINE=onnxruntime"
+               if engine == "openvino" else
+               "export the int8 model or set ENCODER_VARIANT=fp32" if variant == "int8" else "export the model there")
         )
     if not (model_dir / "tokenizer.json").is_file():
         raise StartupError(
@@ -182,6 +195,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     return Settings(
         model_dir=model_dir,
         model_path=model_path,
+        engine=engine,
         variant=variant,
         device=device,
         max_len=max_len,
@@ -200,9 +214,12 @@ GRAPH_FIELDS = ("method", "format", "per_channel", "reduce_range", "activation_r
                 "activation_type")
 
 
-def graph_record(model_dir: Path, variant: str) -> dict[str, Any] | None:
-    """How the served graph was made, from the exporter's export.json (None when the folder has none): the engine, the
-    precision and, for int8, the quantization method and its calibration data."""
+def graph_record(model_dir: Path, variant: str, engine: str = "onnxruntime") -> dict[str, Any] | None:
+    """How the served graph was made, from the exporter's export.json (OpenVINO: the converter's openvino.json; None
+    when the folder has none): the engine, the precision and, for int8, the quantization method and its calibration
+    data."""
+    if engine == "openvino":
+        return _openvino_record(model_dir, variant)
     path = model_dir / "export.json"
     if not path.is_file():
         return None
@@ -214,6 +231,53 @@ def graph_record(model_dir: Path, variant: str) -> dict[str, Any] | None:
         calibration = quantization.get("calibration")
         graph["calibration"] = calibration.get("source") if isinstance(calibration, dict) else None
     return graph
+
+
+def _openvino_record(model_dir: Path, variant: str) -> dict[str, Any] | None:
+    """graph_record for OpenVINO's IR, from openvino.json."""
+    path = model_dir / "openvino.json"
+    if not path.is_file():
+        return None
+    record = _read_json_object(path, "ship the openvino.json the converter wrote, or remove it")
+    graph: dict[str, Any] = {"engine": "openvino", "precision": variant, "converted_from": "model.onnx"}
+    int8 = record.get("int8") if variant == "int8" else None
+    if isinstance(int8, dict):
+        graph.update({key: int8.get(key) for key in ("method", "preset", "calibration")})
+    return graph
+
+
+class OpenVinoSession:
+    """An OpenVINO CPU model behind the calls the server makes of an ONNX Runtime session (inputs, outputs, run):
+    one stream of ENCODER_THREADS threads, fp32 inference precision (the CPU plugin would pick bf16 on AVX-512 BF16
+    and AMX CPUs), denormals flushed to zero unless ENCODER_KEEP_DENORMALS."""
+
+    def __init__(self, settings: Settings):
+        import openvino
+
+        config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(settings.threads),
+                  "INFERENCE_PRECISION_HINT": "f32",
+                  "CPU_DENORMALS_OPTIMIZATION": "NO" if settings.keep_denormals else "YES"}
+        self.compiled = openvino.Core().compile_model(str(settings.model_path), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+
+    @staticmethod
+    def _port(port: Any) -> Any:
+        shape = port.get_partial_shape()
+        return SimpleNamespace(
+            name=port.get_any_name(),
+            type=OV_ELEMENT_TYPES.get(port.get_element_type().get_type_name(), str(port.get_element_type())),
+            shape=[dim.get_length() if dim.is_static else None for dim in shape] if shape.rank.is_static else None,
+        )
+
+    def get_inputs(self) -> list[Any]:
+        return [self._port(port) for port in self.compiled.inputs]
+
+    def get_outputs(self) -> list[Any]:
+        return [self._port(port) for port in self.compiled.outputs]
+
+    def run(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
+        result = self.request.infer(feeds)
+        return [result[self.compiled.output(name)] for name in names]
 
 
 # --------------------------------------------------------------------------------------
@@ -274,10 +338,10 @@ class Encoded:
 
 
 class Engine:
-    """The tokenizer and the ONNX Runtime session; `run` is serialized by `lock`."""
+    """The tokenizer and the ONNX Runtime session (or OpenVINO's, behind the same calls); `run` is serialized by
+    `lock`."""
 
     def __init__(self, settings: Settings):
-        import onnxruntime
         from tokenizers import Tokenizer
 
         self.settings = settings
@@ -301,13 +365,7 @@ class Engine:
         self.special_tokens = sorted(
             {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content.strip()}
         )
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = settings.threads
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if not settings.keep_denormals:
-            options.add_session_config_entry("session.set_denormal_as_zero", "1")
-        self.session = self._session(options)
+        self.session = OpenVinoSession(settings) if settings.engine == "openvino" else self._session()
         self.input_names = self._check_graph()
         self.model_info = {
             "file": settings.model_path.name,
@@ -316,14 +374,21 @@ class Engine:
             "device": settings.device,
             "temperature": settings.temperature,
         }
-        graph = graph_record(settings.model_dir, settings.variant)
+        graph = graph_record(settings.model_dir, settings.variant, settings.engine)
         if graph is not None:
             self.model_info["graph"] = graph
 
-    def _session(self, options: Any) -> Any:
-        """An ONNX Runtime session on ENCODER_DEVICE; never a silent fallback from CUDA to the CPU."""
+    def _session(self) -> Any:
+        """An ONNX Runtime session on ENCODER_DEVICE (all graph optimizations, ENCODER_THREADS, denormals flushed to
+        zero unless kept); never a silent fallback from CUDA to the CPU."""
         import onnxruntime
 
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = self.settings.threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not self.settings.keep_denormals:
+            options.add_session_config_entry("session.set_denormal_as_zero", "1")
         provider = DEVICE_PROVIDERS[self.settings.device]
         available = onnxruntime.get_available_providers()
         if provider not in available:
@@ -499,9 +564,10 @@ def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
     """The start-up log line: which model file, variant, device and digest, and the serving limits."""
     info = engine.model_info
     graph = info.get("graph") or {}
-    how = f", {graph['method']} {graph.get('format')}" if graph.get("method") else ""
+    how = f", {graph['method']} {graph.get('format') or graph.get('preset')}" if graph.get("method") else ""
     return (
-        f"model {info['file']} ({info['variant']}{how} on {info['device']}, sha256 {info['sha256']}) loaded in "
+        f"model {info['file']} ({settings.engine} {info['variant']}{how} on {info['device']}, sha256 "
+        f"{info['sha256']}) loaded in "
         f"{seconds:.2f}s; max_len {settings.max_len}, denormals "
         f"{'kept' if settings.keep_denormals else 'flushed to zero'}, truncation {settings.truncation}, temperature "
         f"{settings.temperature}"

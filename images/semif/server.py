@@ -11,7 +11,8 @@ Readout: the options are shown to the model as letters A..P (ids are never shown
 runs one forward pass over the prompt with logits for the last position only, and the
 letter logits give ``probabilities = softmax(option_logits / T)``. No token is generated.
 Shared decisions prefill the common state prefix once and score each decision's suffix
-from that KV-cache state.
+from that KV-cache state; across requests a bounded prefix cache (prefix_cache.py) keeps evaluated
+prefixes, so a request whose state shares one restores it and evaluates only its new tokens.
 
 Exit codes: 0 clean stop, 2 bad configuration (environment, model path, calibration.json),
 3 the model could not be loaded or is unsuitable (e.g. a letter is not a single token).
@@ -19,6 +20,7 @@ Exit codes: 0 clean stop, 2 bad configuration (environment, model path, calibrat
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
@@ -32,12 +34,16 @@ from typing import Any
 
 import numpy as np
 
-# The image copies sagemaker_http.py and decision_prompt.py beside this file; a checkout keeps it in images/common.
+# The image copies sagemaker_http.py and decision_prompt.py beside this file; a checkout keeps them in images/common.
+# prefix_cache.py is beside it in both; a process that loads this file by path (bench, tests) has this folder to add.
 _HERE = Path(__file__).resolve().parent
 if not (_HERE / "sagemaker_http.py").is_file():
     sys.path.insert(0, str(_HERE.parent / "common"))
+if str(_HERE) not in sys.path:
+    sys.path.insert(0, str(_HERE))
 
 from decision_prompt import LETTERS, PROMPT_VERSION, canonical_json, prefix_text, suffix_text  # noqa: E402 — needs sys.path above
+from prefix_cache import PrefixCache  # noqa: E402 — needs sys.path above
 from sagemaker_http import (  # noqa: E402 — needs sys.path above
     EXIT_CONFIG,
     EXIT_MODEL,
@@ -64,6 +70,13 @@ DECISION_KEYS = ("id", "state", "question", "options")
 OPTION_KEYS = ("id", "description")
 CHAT_MARKER = "\ue000SEMIF-CONTENT\ue000"  # private-use text, split point of the chat template
 PLAIN_CUE = "\nAnswer:"  # without a chat template the next token is " A".." P"
+# llama.cpp's batch sizes (llama-cpp-python's defaults, stated so the determinism profile can name them): logits can
+# differ in the last bits between batch shapes, so they are part of what produced a release's numbers
+N_BATCH = N_UBATCH = 512
+# The prefix cache's default bounds: gemma-3-270m's state of a 1,114-token prefix is 11.3 MB, so 16 such states fit in
+# 256 MiB; a model whose single state is larger skips the cache (today's cost), never fails
+PREFIX_CACHE_BYTES = 256 << 20
+PREFIX_CACHE_ENTRIES = 16
 
 
 # --------------------------------------------------------------------------------------
@@ -82,6 +95,8 @@ class Settings:
     max_tokens: int
     max_request_tokens: int
     max_shared_decisions: int
+    prefix_cache_bytes: int  # 0: no prefix cache
+    prefix_cache_entries: int
     http: HttpSettings
     serving_id: str | None = None  # echoed in every result's `model` (SHIPLIFT_SERVING_ID)
 
@@ -116,6 +131,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     max_tokens = env_int(env, "SEMIF_MAX_TOKENS", 4096, 64, 1_048_576)
     max_request_tokens = env_int(env, "SEMIF_MAX_REQUEST_TOKENS", max_tokens, 1, max_tokens)
     max_shared = env_int(env, "SEMIF_MAX_SHARED_DECISIONS", 16, 1, 4096)
+    cache_bytes = env_int(env, "SEMIF_PREFIX_CACHE_BYTES", PREFIX_CACHE_BYTES, 0, 1 << 40)
+    cache_entries = env_int(env, "SEMIF_PREFIX_CACHE_ENTRIES", PREFIX_CACHE_ENTRIES, 0, 4096)
     http = read_http_settings(env, "SEMIF")
     model_path = _find_gguf(env)
     calibration_path = model_path.parent / "calibration.json"
@@ -130,6 +147,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         max_tokens=max_tokens,
         max_request_tokens=max_request_tokens,
         max_shared_decisions=max_shared,
+        prefix_cache_bytes=cache_bytes,
+        prefix_cache_entries=cache_entries,
         http=http,
         serving_id=read_serving_id(env),
     )
@@ -314,6 +333,8 @@ class Engine:
                 n_threads=settings.threads,
                 n_threads_batch=settings.threads,
                 n_gpu_layers=settings.n_gpu_layers,
+                n_batch=N_BATCH,
+                n_ubatch=N_UBATCH,
                 logits_all=False,  # logits for the last position only
                 swa_full=True,  # keep the whole prefix in sliding-window caches so it can be reused
                 verbose=False,
@@ -331,6 +352,16 @@ class Engine:
             )
         self.head, self.tail, self.letter_texts, self.prompt_format = self._prompt_frame()
         self.letter_ids = self._letter_ids()
+        self.profile = determinism_profile(settings)
+        self.tokens_evaluated = 0  # by llama.cpp since start-up (the prefix cache's saving shows against it)
+        # Off for sliding-window models (Gemma 3): in this build a restored 1,153-token Gemma state changed an option
+        # logit by 0.17 against a cold evaluation (states under ~800 tokens matched exactly), so reuse would change
+        # answers; llama.cpp's tracker has open reports of warm-cache logprob changes (ggml-org/llama.cpp#28368).
+        self.sliding_window = llama_cpp.llama_model_n_swa(self.llm.model) > 0
+        # reusing a state is worth it only when it holds some of the state, not just the prompt's fixed opening
+        self.cache = PrefixCache(0 if self.sliding_window else settings.prefix_cache_bytes,
+                                 settings.prefix_cache_entries,
+                                 min_shared=len(self.tokenize(self.head + prefix_text(""), add_bos=True)))
 
     # -- start-up checks ---------------------------------------------------------------
 
@@ -426,11 +457,61 @@ class Engine:
         """Decode `tokens` after the current position; returns seconds spent in llama.cpp."""
         start = time.perf_counter()
         self.llm.eval(tokens)
+        self.tokens_evaluated += len(tokens)
         return time.perf_counter() - start
+
+    def _memory(self) -> Any:
+        return self._llama_cpp.llama_get_memory(self.llm.ctx)
+
+    def _prefill(self, prefix: list[int]) -> tuple[float, int]:
+        """Bring the context to exactly `prefix`: restore the cached state sharing most of it, evaluate the rest, and
+        keep the result for later requests; (seconds, tokens reused from the cache)."""
+        start = time.perf_counter()
+        self.llm.reset()
+        reused = 0
+        if self.cache.enabled:
+            reused = self._restore(prefix)
+            self.cache.count(reused)
+        if reused < len(prefix):
+            self._eval(prefix[reused:])
+            if self.cache.enabled:
+                self._keep(prefix)
+        return time.perf_counter() - start, reused
+
+    def _restore(self, prefix: list[int]) -> int:
+        """Load the cached state sharing the longest prefix with `prefix`, cut to what they share; the tokens it
+        holds (0 when nothing is cached or the state cannot be loaded: the request then pays the whole prefix)."""
+        found = self.cache.lookup(prefix)
+        if found is None:
+            return 0
+        llama_cpp = self._llama_cpp
+        buffer = (ctypes.c_uint8 * len(found.state)).from_buffer_copy(found.state)
+        try:
+            if llama_cpp.llama_state_seq_set_data(self.llm.ctx, buffer, len(found.state), 0) != len(found.state):
+                raise RuntimeError("llama.cpp did not load the cached state")
+            self.llm.n_tokens = len(found.tokens)
+            if found.shared < len(found.tokens):
+                self._truncate_to(found.shared)
+        except RuntimeError:  # a state this context cannot take back: pay the prefix as if nothing was cached
+            llama_cpp.llama_memory_clear(self._memory(), True)
+            self.llm.reset()
+            return 0
+        self.llm.input_ids[: found.shared] = prefix[: found.shared]
+        return found.shared
+
+    def _keep(self, prefix: list[int]) -> None:
+        """Copy the state of exactly `prefix` into the cache, unless it is over the cache's byte bound."""
+        llama_cpp = self._llama_cpp
+        size = llama_cpp.llama_state_seq_get_size(self.llm.ctx, 0)
+        if not self.cache.admits(size) or self.cache.holds(prefix):
+            return
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.llm.ctx, buffer, size, 0)
+        self.cache.store(prefix, ctypes.string_at(buffer, written))
 
     def _truncate_to(self, n_tokens: int) -> None:
         """Drop every KV-cache cell after the first `n_tokens` positions (the shared prefix)."""
-        memory = self._llama_cpp.llama_get_memory(self.llm.ctx)
+        memory = self._memory()
         if not self._llama_cpp.llama_memory_seq_rm(memory, 0, n_tokens, -1):
             raise RuntimeError("this model's KV cache cannot drop a partial sequence; send decisions one by one")
         if self._llama_cpp.llama_memory_seq_pos_max(memory, 0) != n_tokens - 1:
@@ -460,9 +541,8 @@ class Engine:
     def score(self, decisions: list[Decision], prompts: list[Prompt], queue_s: float) -> tuple[list[dict], dict]:
         """Prefill the prefix once, then score each decision's suffix; returns results and timing."""
         start = time.perf_counter()
-        self.llm.reset()
         prefix = prompts[0].prefix
-        prefill_s = self._eval(prefix)
+        prefill_s, reused = self._prefill(prefix)
         forward_s = prefill_s
         results = []
         for index, (decision, prompt) in enumerate(zip(decisions, prompts, strict=True)):
@@ -494,8 +574,28 @@ class Engine:
             "forward_ms": to_ms(forward_s),
             "total_ms": to_ms(time.perf_counter() - start),
             "shared_prefix_tokens": len(prefix),
+            "reused_prefix_tokens": reused,
         }
         return results, timing
+
+
+def determinism_profile(settings: Settings) -> dict[str, Any]:
+    """What shapes this server's arithmetic besides the model: llama.cpp's build (version and the CPU features it
+    uses), threads, batch sizes, offload, context and the prefix cache; a release records it (the GGUF family's
+    `determinism_profile`), `/metrics` shows it as `semif_build_info`."""
+    import llama_cpp
+
+    return {
+        "llama_cpp_python": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+        "threads": settings.threads,
+        "n_batch": N_BATCH,
+        "n_ubatch": N_UBATCH,
+        "n_gpu_layers": settings.n_gpu_layers,
+        "n_ctx": settings.max_tokens,
+        "prefix_cache_bytes": settings.prefix_cache_bytes,
+        "prefix_cache_entries": settings.prefix_cache_entries,
+    }
 
 
 def _logsumexp(np: Any, values: Any) -> float:
@@ -511,10 +611,14 @@ def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
     """The start-up log line: which model, its digest, prompt format and temperature source."""
     calibration = settings.calibration_path
     source = f"from {calibration}" if calibration.exists() else "(no calibration.json)"
+    cache = engine.cache
+    reuse = (f"prefix cache {cache.max_bytes} bytes, {cache.max_entries} entries" if cache.enabled else
+             "prefix cache off" + (" (a sliding-window model: reuse would change its answers)"
+                                   if engine.sliding_window and settings.prefix_cache_bytes else ""))
     return (
         f"model {engine.model_info['file']} loaded in {seconds:.2f}s "
         f"(sha256 {engine.model_info['sha256']}, prompt format {engine.prompt_format}, "
-        f"temperature {settings.temperature} {source})"
+        f"temperature {settings.temperature} {source}; {reuse})"
     )
 
 
@@ -540,6 +644,41 @@ def answer(settings: Settings, engine: Engine, body: bytes, received: float) -> 
     return {"result": result}
 
 
+CACHE_METRICS = (  # (the cache's stats key, metric name, type, help)
+    ("bytes", "semif_prefix_cache_bytes", "gauge", "Bytes of evaluated states the prefix cache holds."),
+    ("max_bytes", "semif_prefix_cache_max_bytes", "gauge", "The prefix cache's byte bound (SEMIF_PREFIX_CACHE_BYTES)."),
+    ("entries", "semif_prefix_cache_entries", "gauge", "Evaluated states the prefix cache holds."),
+    ("max_entries", "semif_prefix_cache_max_entries", "gauge",
+     "The prefix cache's entry bound (SEMIF_PREFIX_CACHE_ENTRIES)."),
+    ("hits", "semif_prefix_cache_hits_total", "counter", "Requests that restored a cached prefix."),
+    ("misses", "semif_prefix_cache_misses_total", "counter", "Requests that found no cached prefix to reuse."),
+    ("tokens_saved", "semif_prefix_cache_tokens_saved_total", "counter",
+     "Prompt tokens restored from the cache instead of evaluated."),
+    ("evictions", "semif_prefix_cache_evictions_total", "counter", "States dropped to keep the cache within bounds."),
+    ("too_large", "semif_prefix_cache_too_large_total", "counter",
+     "States not cached because one alone exceeds the byte bound."),
+)
+
+
+def _label(value: Any) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics(settings: Settings, engine: Engine) -> str:
+    """`GET /metrics` in the Prometheus text format: the prefix cache, tokens evaluated, the determinism profile."""
+    stats = engine.cache.stats()
+    lines = []
+    for key, name, kind, text in CACHE_METRICS:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {stats[key]}"]
+    lines += ["# HELP semif_tokens_evaluated_total Prompt tokens llama.cpp evaluated since start-up.",
+              "# TYPE semif_tokens_evaluated_total counter", f"semif_tokens_evaluated_total {engine.tokens_evaluated}"]
+    labels = ",".join(f'{key}="{_label(value)}"' for key, value in engine.profile.items())
+    lines += ["# HELP semif_build_info What produced these numbers: llama.cpp build, threads, batch sizes, cache.",
+              "# TYPE semif_build_info gauge", f"semif_build_info{{{labels}}} 1"]
+    return "\n".join(lines) + "\n"
+
+
 SERVICE = ModelService(
     name="semif",
     prefix="SEMIF",
@@ -549,6 +688,7 @@ SERVICE = ModelService(
     load_engine=Engine,
     loaded=_loaded,
     answer=answer,
+    metrics=metrics,
 )
 
 

@@ -96,7 +96,7 @@ def _kept_fp32(model, spec: Int8Spec) -> list[str]:
     return [node.name for node in model.graph.node if any(part in node.name for part in spec.keep_fp32)]
 
 
-class _CalibrationReader:
+class CalibrationReader:
     """onnxruntime.quantization.CalibrationDataReader over tokenized pairs: batches of CALIBRATION_BATCH, each padded to
     its longest pair (as the server pads), truncated to max_len."""
 
@@ -141,7 +141,7 @@ def _quantize_static(fp32_path: Path, int8_path: Path, scratch: Path, spec: Int8
     shaped_path = scratch / "shaped.onnx"
     onnx.save(shaped, str(shaped_path))
     kept = _kept_fp32(shaped, spec)
-    reader = _CalibrationReader(AutoTokenizer.from_pretrained(tokenizer_dir), list(calibration.pairs), inputs, max_len)
+    reader = CalibrationReader(AutoTokenizer.from_pretrained(tokenizer_dir), list(calibration.pairs), inputs, max_len)
     quantize_static(
         str(shaped_path), str(int8_path), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
         per_channel=spec.per_channel, reduce_range=spec.reduce_range, activation_type=QuantType.QUInt8,

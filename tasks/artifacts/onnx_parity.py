@@ -4,7 +4,7 @@ accuracy loss against the fp32 graph (a budget, like the other limits); `require
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -156,10 +156,13 @@ def parity_check(
     max_len: int = 512,
     batch_size: int = 8,
     threads: int = 2,
+    files: tuple[str, str] = (FP32_FILE, INT8_FILE),
+    open_session: Callable[[Path, int], Any] = cpu_session,
 ) -> ParityReport:
     """Score probe pairs with the PyTorch checkpoint and each ONNX variant; record the differences. When every probe
     is labelled, each variant's accuracy too, and the int8 graph may lose at most `int8_max_accuracy_drop` of
-    accuracy against the fp32 graph (None: recorded, not judged)."""
+    accuracy against the fp32 graph (None: recorded, not judged). `files` (fp32, int8) and `open_session` check
+    another engine's graphs with the same limits (OpenVINO's IR: `openvino_ir.OpenVinoSession`)."""
     with needs_extra("encoders"):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -170,8 +173,8 @@ def parity_check(
     gold = None if labels is None else np.array(labels)
     info = check_checkpoint(checkpoint_dir)
     model_dir = Path(model_dir)
-    if not (model_dir / FP32_FILE).is_file():
-        raise BadInput(f"model directory {model_dir} has no {FP32_FILE}", fix="run export_onnx first")
+    if not (model_dir / files[0]).is_file():
+        raise BadInput(f"model directory {model_dir} has no {files[0]}", fix="run export_onnx first")
     shipped = AutoTokenizer.from_pretrained(str(model_dir))
     source = AutoTokenizer.from_pretrained(info.path)
     premises, hypotheses = [p for p, _ in pairs], [h for _, h in pairs]
@@ -183,10 +186,10 @@ def parity_check(
                 f"probe pair {index} is {len(ids)} tokens, over max_len {max_len}",
                 fix="use shorter probe pairs (parity never truncates)",
             )
-    variants = [("fp32", FP32_FILE, max_abs_logit_delta, min_label_agreement)]
-    if (model_dir / INT8_FILE).is_file():
-        variants.append(("int8", INT8_FILE, int8_max_abs_logit_delta, int8_min_label_agreement))
-    sessions = {name: cpu_session(model_dir / file, threads) for name, file, _, _ in variants}
+    variants = [("fp32", files[0], max_abs_logit_delta, min_label_agreement)]
+    if (model_dir / files[1]).is_file():
+        variants.append(("int8", files[1], int8_max_abs_logit_delta, int8_min_label_agreement))
+    sessions = {name: open_session(model_dir / file, threads) for name, file, _, _ in variants}
     model = AutoModelForSequenceClassification.from_pretrained(info.path).eval()
     reference, outputs = [], {name: [] for name in sessions}
     with torch.inference_mode():

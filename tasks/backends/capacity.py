@@ -4,7 +4,8 @@ One model, used by the config check, the recorded placement, the README's cost l
 - a GPU copy takes one whole accelerator (`NumberOfAcceleratorDevicesRequired: 1`), so an endpoint holds
   accelerators per instance × instances copies;
 - a MIG layout applies to every accelerator of every instance, so it holds layout × accelerators × instances
-  partitions, one copy each
+  partitions, one copy each, of the copy's own type: in a mixed layout (one mig-3g.40gb, two mig-1g.10gb…) a model's
+  copies count only the partitions of its `AcceleratorPartitionType`
   (https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-manage.html);
 - a CPU copy takes `image.threads` cores (`NumberOfCpuCoresRequired`) of one instance's vCPUs.
 Room: a first release creates its copies; an update with no `DeploymentConfig` provisions every new copy beside the old
@@ -19,9 +20,10 @@ instances that room may use are `instance_count`, or `ManagedInstanceScaling.Max
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
-from shiplift.tasks.backends.placement import gpus_per_instance
+from shiplift.tasks.backends.placement import gpus_per_instance, partition_size
 
 # vCPUs of an ml.<family>.<size> CPU instance by size: the sizes of Amazon EC2's general purpose, compute and memory
 # optimized families (https://docs.aws.amazon.com/ec2/latest/instancetypes/gp.html); "metal" sizes vary and are not
@@ -71,6 +73,17 @@ def slots(placement, image) -> Slots | None:
             if vcpus is not None:
                 known.append(Slots(vcpus // max(1, image.threads), f"{image.threads}-core slot", instance_type))
     return min(known, key=lambda found: found.per_instance) if len(known) == len(types) else None
+
+
+def layout_share(partition_type: str | None, layout: Sequence[str]) -> float:
+    """The share of each GPU that the partitions of `partition_type` hold in a MIG `layout`, by compute slices (3/7 for
+    the mig-3g.40gb of 3g + 2g + 1g + 1g): what a model's slots are worth of the bill; 1 for one profile repeated or no
+    layout. Compute slices, not memory: MIG caps a GPU at its compute slices, so they are what a partition takes from
+    the others (a mig-1g.20gb holds one slice and a fourth of the memory, and pays one slice's share)."""
+    if not layout:
+        return 1.0
+    own = sum(partition_size(profile)[0] for profile in layout if profile == partition_type)
+    return own / sum(partition_size(profile)[0] for profile in layout)
 
 
 def cpu_count(instance_type: str) -> int | None:
@@ -159,7 +172,9 @@ def _more(placement, found: Slots, needed: int, *, scaling: bool = False, copies
     instances = -(-needed // max(1, found.per_instance))
     smaller = " or use a rolling update with a smaller batch" if scaling and copies >= 2 else ""
     if placement.kind == "mig_partition":
-        return f"lay out more partitions per GPU (placement.partitions), or lower rollout.copies{smaller}"
+        where = (f"more {placement.partition_type} in placement.layout" if getattr(placement, "layout", None)
+                 else "placement.partitions")
+        return f"lay out more partitions per GPU ({where}), or lower rollout.copies{smaller}"
     if scaling:
         return (f"set placement.max_instance_count to {instances} (ManagedInstanceScaling adds instances for the "
                 f"update and removes them after), or placement.instance_count to {instances}{smaller}")

@@ -277,6 +277,8 @@ OnStep = Callable[[StepKind, RolloutStep], None]
 moved (local: a batch or a rollback batch is in rotation; aws: a check has seen the component), before its bake;
 `baked` once the bake has judged it (the step's `alarm` set to the alarm that fired, or None). Raising stops the
 rollout where it is (a rerun resumes it), except for a verdict that rolls back: the rollback goes on."""
+# told what a backend's update is about to replace (aws: the component's spec and copy count), before it is sent
+KeepReplaced = Callable[[dict[str, Any]], None]
 
 
 class ManagedResource(Frozen):
@@ -361,12 +363,32 @@ class Hosting(Protocol):
         ...
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement, plan: RolloutPlan,
-                 bake: Bake, *, progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
+                 bake: Bake, *, progress: Progress, on_step: OnStep | None = None, previous: dict | None = None,
+                 keep: KeepReplaced | None = None) -> RolloutResult:
         """Move the component to `spec` as `plan` says and roll back to the previous spec when an alarm fires. Local
         drives the batches and calls `bake` after each (an alarm it returns rolls back); aws sends SageMaker's rolling
         update with the plan's alarms and calls `bake` at every check while it runs. Each step is told to `on_step`
         as it happens (shifted, then baked), every step the result lists included. A component that does not exist
-        yet is deployed whole."""
+        yet is deployed whole. Where the backend's update outlives the process (aws), what it replaces is told to
+        `keep` before it is sent, and a run that follows an update it did not send is given it back as `previous`
+        (the ledger keeps it); local keeps the old copies itself and ignores both."""
+        ...
+
+    def start_roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement: Placement,
+                       plan: RolloutPlan, *, progress: Progress, keep: KeepReplaced) -> bool:
+        """`roll_out` without its wait (the promote stage's deferred start, docs/airflow.md): send an update the
+        backend carries on by itself (aws: SageMaker's rolling update, `keep` told what it replaces first) and return
+        whether one was sent. Nothing is sent where the component is absent, where this rollout's update is under way
+        or ended, where the spec serves already, or where the backend has no update that outlives the process (local
+        drives its batches inside `roll_out`); `roll_out` then does the rest. Idempotent; NotReady (retryable) while
+        the component changes for another cause."""
+        ...
+
+    def poll_roll_out(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, *,
+                      progress: Progress, on_step: OnStep | None = None) -> DeployPoll:
+        """One look at the update `start_roll_out` sent: while it runs, one check (its alarms' states and `bake`, the
+        online gate's round, told to `on_step`) and `in_service` False; once it has ended, or where none runs,
+        `in_service` True, and `roll_out` follows what it ended as (judges its last step, rolls back, or raises)."""
         ...
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:

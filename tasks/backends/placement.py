@@ -5,7 +5,8 @@ Three checks SageMaker would otherwise fail late, or never name:
 - **GPU fitness**: a GPU image needs an NVIDIA driver its CUDA runtime accepts. Each instance
   family has a default driver; `InferenceAmiVersion` pins a newer one. The llama.cpp CUDA-13 DLC
   needs ≥ 580 (only `al2023-ami-sagemaker-inference-gpu-4-1`), `mig-1g.10gb` on P4d needs ≥ R525.
-- **MIG layout**: a layout's compute slices and memory must fit one GPU of the family.
+- **MIG layout**: a layout's profiles must be placeable on one GPU of the family by NVIDIA's rules
+  (`tasks.backends.mig_profiles`).
 - **Sizing**: weights + KV cache + runtime must fit the memory of one partition (or one GPU), and
   the error says by how much they do not.
 The driver versions come from the botocore documentation of `InferenceAmiVersion` and the
@@ -20,6 +21,8 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from shiplift.tasks.backends.aws.service_model import service_model
+from shiplift.tasks.backends.mig_profiles import MIG_GPUS as MIG_GPUS  # re-exported: tasks.backends.pricing_instances
+from shiplift.tasks.backends.mig_profiles import layout_problem as profiles_problem
 from shiplift.tasks.config_types import NAME_PATTERN, Strict
 
 MIB = 1024**2
@@ -27,20 +30,6 @@ RUNTIME_OVERHEAD_MB = 1536  # CUDA context, llama.cpp / ONNX Runtime compute buf
 CPU_RUNTIME_OVERHEAD_MB = 512
 
 
-class MigGpu(NamedTuple):
-    """One GPU of an instance family that SageMaker partitions with MIG."""
-
-    name: str
-    memory_gb: int
-    compute_slices: int  # also the most partitions: a layout's `Ng` sum must fit them
-
-
-MIG_GPUS = {
-    "p4d": MigGpu("A100 40 GB", 40, 7),
-    "p5": MigGpu("H100 80 GB", 80, 7),
-    "g7": MigGpu("RTX PRO 4500 32 GB", 32, 2),
-    "g7e": MigGpu("RTX PRO 6000 96 GB", 96, 4),
-}
 INFERENCE_AMI_DRIVERS = {
     "al2-ami-sagemaker-inference-gpu-2": 535,
     "al2-ami-sagemaker-inference-gpu-2-1": 535,
@@ -96,17 +85,9 @@ def partition_size(partition_type: str) -> tuple[int, int]:
 
 
 def layout_problem(instance_type: str, partition_type: str, partitions: int) -> str | None:
-    """Why `partitions` × `partition_type` cannot be laid out on one GPU of `instance_type`, or None."""
-    gpu = MIG_GPUS.get(family(instance_type))
-    if gpu is None:
-        return (f"instance_type {instance_type}: SageMaker MIG partitions are known for "
-                f"{', '.join(f'ml.{f}.*' for f in MIG_GPUS)}; pick one of those families")
-    slices, memory = partition_size(partition_type)
-    if partitions * slices > gpu.compute_slices or partitions * memory > gpu.memory_gb:
-        return (f"{partitions} x {partition_type} needs {partitions * slices} compute slices and "
-                f"{partitions * memory} GB, but one {gpu.name} GPU of {instance_type} has "
-                f"{gpu.compute_slices} slices and {gpu.memory_gb} GB; use fewer or smaller partitions")
-    return None
+    """Why `partitions` x `partition_type` cannot be laid out on one GPU of `instance_type`, or None (NVIDIA's
+    placement rules: `tasks.backends.mig_profiles.layout_problem`)."""
+    return profiles_problem(instance_type, [partition_type] * partitions)
 
 
 def driver_problem(instance_type: str, ami_version: str | None, *, needs_driver: int, what: str,
@@ -270,13 +251,21 @@ class InstancePoolPlacement(InstanceCounts):
 
 
 class MigPartitionPlacement(SharedEndpoint):
-    """A layout of `partitions` x one MIG profile, which SageMaker applies to every GPU of the instance (the endpoint's
-    AcceleratorPartitionLayouts): the endpoint has partitions x GPUs partitions, one copy each."""
+    """A MIG layout, which SageMaker applies to every GPU of the instance (the endpoint's AcceleratorPartitionLayouts),
+    and this model's partition type in it: `partitions` x `partition_type`, or a mixed `layout` (a list of profiles per
+    GPU, e.g. one mig-3g.40gb, one mig-2g.20gb and two mig-1g.10gb) that names this model's type among the others'.
+    Each copy takes one partition of its own type, so the model has partitions x GPUs of them."""
 
     kind: Literal["mig_partition"]
     instance_type: InstanceType
-    partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")
-    partitions: int = Field(1, ge=1, le=7)
+    partition_type: str = Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb",
+                                description="this model's AcceleratorPartitionType: one of the layout's profiles")
+    partitions: int = Field(1, ge=1, le=7, description="partitions of partition_type per GPU; with a layout, its count "
+                            "there (set by the layout, so leave it out)")
+    layout: tuple[Annotated[str, Field(pattern=r"^mig-[0-9]+g\.[0-9]+gb")], ...] | None = Field(
+        None, min_length=1, max_length=7,
+        description="the shared endpoint's profiles on each GPU, the same list in every tenant's config (NVIDIA's "
+        "placement rules: tasks/backends/mig_profiles.py); unset: partitions x partition_type")
     inference_ami_version: str | None = None
     min_instance_count: Literal[0] | None = Field(
         None,
@@ -285,12 +274,47 @@ class MigPartitionPlacement(SharedEndpoint):
         "(https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html); "
         "unset: it keeps it")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _partitions_from_layout(cls, data):
+        """With a layout, `partitions` is the count of this model's type in it (given: it must agree)."""
+        if not isinstance(data, dict) or not data.get("layout") or not isinstance(data.get("partition_type"), str):
+            return data
+        layout, own = list(data["layout"]), data["partition_type"]
+        if own not in layout:
+            raise ValueError(f"placement.partition_type {own} is not in placement.layout {layout}; name this model's "
+                             "profile, one of the layout's")
+        given = data.get("partitions")
+        if given is not None and given != layout.count(own):
+            raise ValueError(f"placement.partitions is {given}, but placement.layout has {layout.count(own)} x {own}; "
+                             "leave placement.partitions out (the layout counts them)")
+        return {**data, "layout": tuple(layout), "partitions": layout.count(own)}
+
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        """The profiles SageMaker carves on each GPU: the layout, else `partitions` x `partition_type`."""
+        return self.layout or (self.partition_type,) * self.partitions
+
     @model_validator(mode="after")
     def _layout_fits_one_gpu(self) -> MigPartitionPlacement:
-        problem = layout_problem(self.instance_type, self.partition_type, self.partitions)
+        problem = profiles_problem(self.instance_type, self.profiles)
+        if problem:
+            raise ValueError(problem)
+        # the release config checks the driver for this model's own type; a layout carves the others' too
+        others = [p for p in dict.fromkeys(self.profiles) if p != self.partition_type]
+        problem = next(filter(None, (driver_problem(self.instance_type, self.inference_ami_version, needs_driver=0,
+                                                    what="the layout", partition_type=p) for p in others)), None)
         if problem:
             raise ValueError(problem)
         return self
+
+
+def endpoint_placement(placement) -> dict:
+    """The placement as its shared endpoint sees it (every tenant must give it alike): with a mixed MIG layout, the
+    tenant's own partition type and count are left out; unset fields too, so a placement without a layout keeps the
+    fields (and the endpoint name, `tasks.pipeline.fleet.layout`) it had before layouts existed."""
+    own = {"partition_type", "partitions"} if getattr(placement, "layout", None) is not None else set()
+    return placement.model_dump(mode="json", exclude={"endpoint"} | own, exclude_none=True)
 
 
 class InstanceTypePlacement(InstanceCounts):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shiplift.tasks.backends.capacity import Slots, slots
+from shiplift.tasks.backends.capacity import Slots, layout_share, slots
 from shiplift.tasks.backends.pricing_instances import (
     HourlyCost,
     _placement_types,
@@ -42,6 +42,7 @@ class ComponentShare:
     slots: Slots | None
     scales_to_zero: bool = False
     kept_on_by: tuple[str, ...] | None = ()  # the models on the endpoint that never scale to zero; None: not known here
+    weight: float = 1.0  # the share of the bill all its slots carry: < 1 in a mixed MIG layout
 
     @property
     def capacity(self) -> int | None:
@@ -49,7 +50,9 @@ class ComponentShare:
 
     @property
     def fraction(self) -> float | None:
-        return None if not self.capacity else self.copies / self.capacity
+        """Its copies over its slots, times what those slots are worth of the bill (a mixed MIG layout's profiles
+        pay by compute slices: `tasks.backends.capacity.layout_share`)."""
+        return None if not self.capacity else self.copies / self.capacity * self.weight
 
     @property
     def usd_per_hour(self) -> float | None:
@@ -73,8 +76,9 @@ class ComponentShare:
             text = (f"this model's share of {self.endpoint}: {self.copies} of "
                     f"{self.slots.describe(self.bill.instances)}; {self.bill.missing}")
         else:
+            worth = f", which carry {self.weight:.3g} of the bill by compute slices," if self.weight != 1 else ""
             text = (f"this model's share of {self.endpoint} ≈ {_usd(self.usd_per_hour)} $/h = {self.copies} of "
-                    f"{self.slots.describe(self.bill.instances)} "
+                    f"{self.slots.describe(self.bill.instances)}{worth} "
                     f"at {_usd(self.bill.usd_per_hour)} $/h for the endpoint")
         return text + self._idle()
 
@@ -106,7 +110,9 @@ def component_share(table: PriceTable, region: str, placement, image, copies: in
     """`copies` of `image`'s model on the shared endpoint `placement` names, as a share of its hourly bill; a model
     that `scales_to_zero` with `kept_on_by` the models beside it that never do (None: not known, as for one config)."""
     return ComponentShare(placement.endpoint, production_cost(table, region, placement), copies,
-                          slots(placement, image), scales_to_zero, kept_on_by if scales_to_zero else ())
+                          slots(placement, image), scales_to_zero, kept_on_by if scales_to_zero else (),
+                          layout_share(placement.partition_type, placement.profiles)
+                          if placement.kind == "mig_partition" else 1.0)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from shiplift.tasks.backends.capacity import layout_share
 from shiplift.tasks.backends.placement import MIG_GPUS, family, gpus_per_instance, partition_size
 from shiplift.tasks.backends.pricing_table import PROVENANCE_TEXT, Price, PriceTable, _usd, price_dict
 from shiplift.tasks.errors import BadInput
@@ -136,6 +137,7 @@ class CopyShare:
     gpus: int | None  # GPUs per instance (None where tasks.backends.placement does not know the type)
     price: Price | None
     missing: str | None = None
+    layout: tuple[str, ...] = ()  # a mixed layout's profiles per GPU; () for partitions_per_gpu x partition_type
 
     @property
     def copies_per_instance(self) -> int | None:
@@ -143,9 +145,13 @@ class CopyShare:
 
     @property
     def fraction(self) -> float | None:
-        """The share of the instance's bill one laid-out partition carries."""
+        """The share of the instance's bill one laid-out partition carries: 1 / (partitions x GPUs) for one profile
+        repeated; in a mixed layout its compute slices over the layout's, on each GPU (a mig-3g.40gb of
+        3g + 2g + 1g + 1g pays 3/7 of a GPU; `tasks.backends.capacity.layout_share` says why compute)."""
         copies = self.copies_per_instance
-        return None if not copies else 1 / copies
+        if not copies:
+            return None
+        return layout_share(self.partition_type, self.layout) / copies
 
     @property
     def usd_per_copy_hour(self) -> float | None:
@@ -164,6 +170,12 @@ class CopyShare:
         (7 partitions on each of 8 GPUs; …)`."""
         if self.usd_per_copy_hour is None:
             return f"a {self.partition_type} copy's share: {self.missing}"
+        if self.layout:
+            own, total = partition_size(self.partition_type)[0], sum(partition_size(p)[0] for p in self.layout)
+            return (f"a {self.partition_type} copy ≈ {_usd(self.usd_per_copy_hour)} $/h = {own}/{total} compute "
+                    f"slices of one of {self.gpus} GPU(s) of {self.instance_type} at {_usd(self.price.usd_per_hour)} "
+                    f"$/h (layout {' + '.join(self.layout)} per GPU; the instance is billed whole; {self.region}, "
+                    f"price as of {self.price.as_of.isoformat()} {PROVENANCE_TEXT[self.price.provenance]})")
         gpus = f"{self.gpus} GPUs" if self.gpus != 1 else "its GPU"
         return (f"a {self.partition_type} copy ≈ {_usd(self.usd_per_copy_hour)} $/h = 1/{self.copies_per_instance} of "
                 f"{self.instance_type} at {_usd(self.price.usd_per_hour)} $/h ({self.partitions_per_gpu} partitions on "
@@ -176,11 +188,12 @@ class CopyShare:
                 "partitions_per_gpu": self.partitions_per_gpu, "gpus": self.gpus,
                 "copies_per_instance": self.copies_per_instance, "fraction": self.fraction,
                 "compute_fraction": self.compute_fraction, "price": price_dict(self.price),
-                "usd_per_copy_hour": self.usd_per_copy_hour, "missing": self.missing, "text": self.describe()}
+                "usd_per_copy_hour": self.usd_per_copy_hour, "missing": self.missing, "text": self.describe(),
+                **({"layout": list(self.layout)} if self.layout else {})}
 
 
 def mig_copy_share(table: PriceTable, region: str, instance_type: str, partition_type: str,
-                   partitions: int) -> CopyShare:
+                   partitions: int, layout: tuple[str, ...] = ()) -> CopyShare:
     """One copy's share of a MIG instance: the layout (`partitions` x `partition_type`) is carved on every GPU, one copy
     a partition (`tasks.backends.capacity.slots`), so a copy carries 1 / (partitions x GPUs) of the instance's price."""
     if partitions < 1:
@@ -194,9 +207,11 @@ def mig_copy_share(table: PriceTable, region: str, instance_type: str, partition
     elif gpus is None:
         missing = (f"the GPUs of one {instance_type} are not in tasks/backends/placement.py's table, so its copies per "
                    "instance cannot be counted")
-    return CopyShare(region, instance_type, partition_type, partitions, gpus, price, missing)
+    mixed = layout if len(set(layout)) > 1 else ()  # one profile repeated: the 1 / copies share above
+    return CopyShare(region, instance_type, partition_type, partitions, gpus, price, missing, mixed)
 
 
 def mig_copy_share_of(table: PriceTable, region: str, placement) -> CopyShare:
     """`mig_copy_share` of a `mig_partition` placement."""
-    return mig_copy_share(table, region, placement.instance_type, placement.partition_type, placement.partitions)
+    return mig_copy_share(table, region, placement.instance_type, placement.partition_type, placement.partitions,
+                          placement.profiles)

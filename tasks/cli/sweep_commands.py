@@ -69,7 +69,7 @@ def print_sweep(result: dict) -> None:
 
 def cmd_explain(args) -> int:
     """The pick re-derived from the ledger alone, whether it agrees with the recorded one, and every verdict."""
-    from shiplift.tasks.sweeps.records import SweepRecords, explanation, resolve_sweep
+    from shiplift.tasks.ledger.sweep_records import SweepRecords, explanation, resolve_sweep
 
     ledger = ledger_for(args)
     found = explanation(SweepRecords.load(ledger, resolve_sweep(ledger, args.sweep)))
@@ -97,7 +97,7 @@ def _picked(pick: dict | None, absent: str) -> str:
 
 def cmd_report(args) -> int:
     """Write the sweep report (sweep-report.json, report.html) from the ledger's records."""
-    from shiplift.tasks.sweeps.records import SweepRecords, resolve_sweep
+    from shiplift.tasks.ledger.sweep_records import SweepRecords, resolve_sweep
     from shiplift.tasks.sweeps.report import write_report
 
     ledger = ledger_for(args)
@@ -116,14 +116,16 @@ def add_sweep_commands(sub) -> None:
 
     p = commands.add_parser("plan", help="list the candidates, their $/h and the rule's sha256; writes nothing")
     p.add_argument("config", help="a sweep config (configs/sweeps/*.yaml)")
-    p.add_argument("--parallel", type=int, default=1, help="candidates run at once, for the cost bound (default 1)")
+    p.add_argument("--parallel", type=int, help="candidates run at once, for the cost bound (default: the sweep's "
+                                                "`parallel`, 1 unless it sets one)")
     with_json(p)
     p.set_defaults(func=cmd_plan)
 
     p = commands.add_parser("run", help="evaluate every candidate on the sweep's tasks and pick by the rule "
                                         "(a rerun continues)")
     p.add_argument("config", help="a sweep config (configs/sweeps/*.yaml)")
-    p.add_argument("--parallel", type=int, default=1, help="candidates evaluated at once (default 1)")
+    p.add_argument("--parallel", type=int, help="candidates evaluated at once (default: the sweep's `parallel`, 1 "
+                                                "unless it sets one)")
     p.add_argument("--release-pick", action="store_true", dest="ship_pick",
                    help="then release the pick: the base config with the pick's values, gated on the base's own "
                         "datasets against the champion, approval and rollout as the base says")

@@ -226,6 +226,16 @@ class ModelFamily(ABC):
     def memory(self, ctx, built: BuiltModel) -> MemoryEstimate:
         """What one copy of the built model needs (weights, its working memory, runtime), for the placement checks."""
 
+    stated_shape: tuple[str, ...] = ()  # the artifact's shape figures `memory_of` needs when no build exists
+
+    def memory_of(self, size_bytes: int, shape: dict[str, Any], image) -> MemoryEstimate:
+        """What one copy needs, from the artifact's size and shape alone (`fleet pack` before any build)."""
+        raise unclaimed(self, "cannot estimate a copy's memory without a build", fix="build the model once")
+
+    def artifact_figures(self, artifact: ArtifactConfig, config_dir: Path) -> tuple[int, dict[str, Any], str] | None:
+        """The artifact's size, shape and where they were read, where its file is on this machine; else None."""
+        return None
+
     @abstractmethod
     def manifest_fields(self, built) -> dict[str, Any]:
         """What of its own build the model's manifest records beside the shared `model_sha256` and `info` (`built`: the

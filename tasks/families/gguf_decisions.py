@@ -13,8 +13,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from shiplift.tasks.artifacts.gguf_header import inspect_gguf
 from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
-from shiplift.tasks.config_types import Sha256, Strict
+from shiplift.tasks.config_types import Sha256, Strict, local_path
 from shiplift.tasks.errors import BadInput, ConfigError, IntegrityError
 from shiplift.tasks.families.base import (
     ArtifactConfig,
@@ -37,6 +38,7 @@ from shiplift.validation.evaluate import GateOutcome
 from shiplift.validation.thresholds import DecisionThresholds
 
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
+LLAMA_BATCH = 512  # the adapter's n_batch and n_ubatch (images/semif/server.py N_BATCH, N_UBATCH)
 
 
 class PathSource(Strict):
@@ -102,6 +104,10 @@ class SemifImage(BuiltImageConfig):
     max_shared_decisions: int = Field(16, ge=1, le=256)
     max_in_flight: int = Field(4, ge=1, le=1024)
     max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+    prefix_cache_bytes: int = Field(
+        256 << 20, ge=0, le=1 << 40,
+        description="host RAM for evaluated state prefixes reused across requests (SEMIF_PREFIX_CACHE_BYTES); 0: off")
+    prefix_cache_entries: int = Field(16, ge=0, le=4096, description="states the prefix cache holds at most")
 
     min_gpu_driver: ClassVar[int] = 580  # the llama.cpp CUDA-13 DLC does not start on older drivers
     gpu_fix: ClassVar[str] = "set image.n_gpu_layers (-1: all)"
@@ -121,6 +127,8 @@ class SemifImage(BuiltImageConfig):
             "SEMIF_MAX_SHARED_DECISIONS": str(self.max_shared_decisions),
             "SEMIF_MAX_IN_FLIGHT": str(self.max_in_flight),
             "SEMIF_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "SEMIF_PREFIX_CACHE_BYTES": str(self.prefix_cache_bytes),
+            "SEMIF_PREFIX_CACHE_ENTRIES": str(self.prefix_cache_entries),
         }
 
     @model_validator(mode="after")
@@ -196,12 +204,23 @@ class GgufDecisions(ModelFamily):
             link.symlink_to(built["path"])
         return BuiltModel(output=ctx.keep_file(Path(built["path"]), Path(built["path"]).name), model_dir=model_dir,
                           model_sha256=built["sha256"], info=built["info"], gguf_sha256=built["sha256"],
-                          quantized_from=built.get("quantized_from"), letter_tokens=built.get("letter_token_ids"))
+                          quantized_from=built.get("quantized_from"), letter_tokens=built.get("letter_token_ids"),
+                          **semif_profile(ctx.config.image))
 
     def memory(self, ctx, built: BuiltModel) -> MemoryEstimate:
-        image = ctx.config.image
-        return gguf_memory(built.output.size, built.info, context_tokens=self.context_tokens(image),
-                           on_gpu=image.on_gpu)
+        return self.memory_of(built.output.size, built.info, ctx.config.image)
+
+    stated_shape = ("block_count", "head_count_kv", "key_length")
+
+    def memory_of(self, size_bytes: int, shape: dict, image) -> MemoryEstimate:
+        return gguf_memory(size_bytes, shape, context_tokens=self.context_tokens(image), on_gpu=image.on_gpu)
+
+    def artifact_figures(self, artifact, config_dir: Path) -> tuple[int, dict, str] | None:
+        """A GGUF at a local path: its file's size and header (other sources are sized by their build)."""
+        if artifact.source.kind != "path":
+            return None
+        info = inspect_gguf(local_path(artifact.source.path, config_dir)).to_dict()
+        return info["size_bytes"], info, f"the GGUF file {artifact.source.path} and its header"
 
     def manifest_fields(self, built) -> dict:
         """The GGUF's own digest and, for a quantized build, the source it was quantized from."""
@@ -313,6 +332,31 @@ class GgufDecisions(ModelFamily):
                                  component_help="inference component name (X-Amzn-SageMaker-Inference-Component)")
         p.add_argument("--concurrency", type=int, default=2, help="requests in flight at once (default 2)")
         p.set_defaults(func=_eval)
+
+
+def determinism_profile(image: SemifImage) -> dict:
+    """What shapes the served numbers besides the model, as the adapter reports it (`semif_build_info` on /metrics):
+    llama.cpp's build here (version, the CPU features it uses) and the image's threads, batch sizes, offload, context
+    and prefix cache. The build records it, so `shiplift diff` shows when two releases' numbers came from different
+    arithmetic (an aws image builds llama-cpp-python itself: images/semif/Dockerfile pins its version)."""
+    import llama_cpp
+
+    return {
+        "llama_cpp_python": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+        "threads": image.threads,
+        "n_batch": LLAMA_BATCH,
+        "n_ubatch": LLAMA_BATCH,
+        "n_gpu_layers": image.n_gpu_layers,
+        "n_ctx": image.max_tokens,
+        "prefix_cache_bytes": image.prefix_cache_bytes,
+        "prefix_cache_entries": image.prefix_cache_entries,
+    }
+
+
+def semif_profile(image) -> dict:
+    """The build's `determinism` field where the SemIf adapter serves (the chat family's DLC image reports none)."""
+    return {"determinism": determinism_profile(image)} if isinstance(image, SemifImage) else {}
 
 
 def gguf_memory(size_bytes: int, info: dict, *, context_tokens: int, on_gpu: bool) -> MemoryEstimate:

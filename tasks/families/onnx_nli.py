@@ -5,8 +5,9 @@ Config: `artifact.kind: onnx` (a pinned checkpoint folder, a Hugging Face commit
 `image.kind: encoder`, `validation.kind: nli`. Build exports and optimizes the graph, adds the int8 graph
 (`artifact.quantization`: static QDQ calibrated on the calibration split by default), and checks parity against the
 PyTorch reference and the int8 graph's accuracy budget against the fp32 graph on the parity probes (the calibration
-split); a failure stops the release. The package is the exported folder; the manifest says which engine and which
-graph the image serves.
+split); a failure stops the release. With `image.engine: openvino` (or `auto`) the build also converts model.onnx to
+OpenVINO IR with an NNCF int8 copy, holds them to the same parity limits and int8 budget and (auto) times both engines
+to choose one. The package is the exported folder; the manifest says which engine and which graph the image serves.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer, model_validator
 
 from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
 from shiplift.tasks.config_types import DatasetRef, Sha256, Strict
@@ -129,20 +130,23 @@ class OnnxArtifact(ArtifactConfig):
 def int8_settings(artifact: OnnxArtifact, config_dir: Path):
     """(Int8Spec, CalibrationSet | None) for `artifact`, or (None, None) without int8: what build and the bench
     export."""
-    from shiplift.tasks.artifacts.onnx_export import Int8Spec, calibration_set
-    from shiplift.validation.nli.evaluate import load_nli_dataset
+    from shiplift.tasks.artifacts.onnx_export import Int8Spec
 
     if not artifact.int8:
         return None, None
     q = artifact.quantization
     spec = Int8Spec(method=q.method, per_channel=q.per_channel, reduce_range=q.reduce_range,
                     keep_fp32=tuple(q.keep_fp32))
-    if q.method != "static_qdq":
-        return spec, None
-    data = load_nli_dataset(q.calibration.resolve(config_dir), name="quantization-calibration",
-                            splits=q.calibration.splits)
-    source = f"{q.calibration.path}[{','.join(q.calibration.splits or ['all'])}]"
-    return spec, calibration_set(data.pairs, source, data.sha256)
+    return spec, calibration_pairs(q.calibration, config_dir) if q.method == "static_qdq" else None
+
+
+def calibration_pairs(ref: DatasetRef, config_dir: Path):
+    """The CalibrationSet int8 takes its activation ranges from (ONNX Runtime's static int8 and NNCF's alike)."""
+    from shiplift.tasks.artifacts.onnx_export import calibration_set
+    from shiplift.validation.nli.evaluate import load_nli_dataset
+
+    data = load_nli_dataset(ref.resolve(config_dir), name="quantization-calibration", splits=ref.splits)
+    return calibration_set(data.pairs, f"{ref.path}[{','.join(ref.splits or ['all'])}]", data.sha256)
 
 
 class EncoderImage(BuiltImageConfig):
@@ -150,6 +154,10 @@ class EncoderImage(BuiltImageConfig):
 
     kind: Literal["encoder"]
     variant: Literal["fp32", "int8"] = "fp32"
+    engine: Literal["onnxruntime", "openvino", "auto"] = Field(
+        "onnxruntime",
+        description="what runs the graph: ONNX Runtime, OpenVINO (IR converted from the same model.onnx, NNCF int8), "
+        "or auto: the build times both in separate processes on its CPU and serves the faster (recorded)")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda needs the GPU image (ORT_PACKAGE=onnxruntime-gpu)")
     max_len: int = Field(512, ge=16, le=8192)
     max_batch: int = Field(32, ge=1, le=4096)
@@ -164,10 +172,26 @@ class EncoderImage(BuiltImageConfig):
     def on_gpu(self) -> bool:
         return self.device == "cuda"
 
+    @model_validator(mode="after")
+    def _openvino_on_the_cpu(self) -> EncoderImage:
+        if self.engine != "onnxruntime" and self.device == "cuda":
+            raise ValueError(f"image.engine {self.engine} runs on the CPU and image.device is cuda; set image.engine: "
+                             "onnxruntime for a GPU image, or image.device: cpu")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _default_engine_unwritten(self, handler):
+        """An image that names no engine dumps (and hashes into a release id) as it did before the choice existed."""
+        data = handler(self)
+        if self.engine == "onnxruntime":
+            data.pop("engine", None)
+        return data
+
     def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
         """The server's ENCODER_* settings, as the container gets them (model dir, host and port are the image's
         defaults); `cpu_only` for scoring on a worker without a GPU (calibration)."""
         return {
+            **({"ENCODER_ENGINE": self.engine} if self.engine == "openvino" else {}),  # auto: the build's choice
             "ENCODER_VARIANT": self.variant,
             "ENCODER_DEVICE": "cpu" if cpu_only else self.device,
             "ENCODER_THREADS": str(self.threads),
@@ -246,7 +270,8 @@ class OnnxNli(ModelFamily):
         spec, calibration = int8_settings(artifact, ctx.config_dir)
         int8_sha = None if spec is None else sha256_json([spec.to_dict(), calibration and calibration.describe()])
         int8_key = "" if int8_sha is None else f"-int8-{int8_sha[:8]}"
-        build_name = f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{int8_key}"
+        ov_key = "" if ctx.config.image.engine == "onnxruntime" else "-openvino"  # its folder also holds the IR
+        build_name = f"{source.source_sha256[:16]}-onnx-opset{artifact.opset}-len{artifact.max_len}{int8_key}{ov_key}"
         out = ctx.backends.state_dir / "builds" / build_name
         how = "" if spec is None else f", + int8 ({spec.method}{', ' + calibration.source if calibration else ''})"
         ctx.say(f"build: exporting {checkpoint.name} to ONNX (opset {artifact.opset}{how})")
@@ -255,33 +280,38 @@ class OnnxNli(ModelFamily):
         rule = artifact.parity
         probe = load_nli_dataset(rule.probe.resolve(ctx.config_dir), name="parity-probe", splits=rule.probe.splits)
         ctx.say(f"build: parity against PyTorch on {len(probe.pairs)} probe pairs")
-        report = parity_check(
-            checkpoint, out, probe.pairs, max_abs_logit_delta=rule.max_abs_logit_delta,
-            min_label_agreement=rule.min_label_agreement, int8_max_abs_logit_delta=rule.int8_max_abs_logit_delta,
-            int8_min_label_agreement=rule.int8_min_label_agreement, int8_max_accuracy_drop=rule.int8_max_accuracy_drop,
-            max_len=artifact.max_len, threads=ctx.config.image.threads,
-        )
+        report = parity_check(checkpoint, out, probe.pairs, **parity_limits(artifact, ctx.config.image.threads))
         (ctx.stage_dir("build") / "parity.json").write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True))
         if report.int8_budget:
             ctx.say(f"build: int8 budget on the parity probes ({probe.name}): {report.int8_budget['status']}: "
                     f"{report.int8_budget['reason']}")
         require_parity(report)
+        engine, extra = "onnxruntime", {}
+        if ctx.config.image.engine != "onnxruntime":
+            engine, extra = _openvino_build(ctx, out, checkpoint, probe.pairs, calibration)
+        served_parity = extra["parity_openvino"] if engine == "openvino" else report.to_dict()
         return BuiltModel(
             output=ctx.keep_folder(out, main_file="model.onnx"), model_dir=out, model_sha256=sha256_tree(out),
             info={"file_type": "int8+fp32" if artifact.int8 else "fp32", "model_type": exported.model_type,
-                  **served_graph(ctx.config.image, exported.to_dict(), report.to_dict(), rule.probe)},
+                  **served_graph(ctx.config.image, exported.to_dict(), served_parity, rule.probe, engine=engine,
+                                 openvino=extra.get("openvino"))},
             export={k: v for k, v in exported.to_dict().items() if k != "model_dir"}, parity=report.to_dict(),
-            probe_sha256=probe.sha256)
+            probe_sha256=probe.sha256, **extra)
 
     def memory(self, ctx, built: BuiltModel) -> MemoryEstimate:
-        image = ctx.config.image
         shape = json.loads((built.model_dir / "config.json").read_text(encoding="utf-8"))
-        return onnx_memory(built.output.size, max_batch=image.max_batch, max_len=image.max_len,
-                           hidden=shape["hidden_size"], layers=shape["num_hidden_layers"], on_gpu=image.on_gpu)
+        return self.memory_of(built.output.size, shape, ctx.config.image)
+
+    stated_shape = ("hidden_size", "num_hidden_layers")
+
+    def memory_of(self, size_bytes: int, shape: dict, image) -> MemoryEstimate:
+        return onnx_memory(size_bytes, max_batch=image.max_batch, max_len=image.max_len, hidden=shape["hidden_size"],
+                           layers=shape["num_hidden_layers"], on_gpu=image.on_gpu)
 
     def manifest_fields(self, built) -> dict:
-        """The export's report: its graphs, files and how the int8 graph was made."""
-        return recorded_fields(built, ("export",))
+        """The export's report: its graphs, files and how the int8 graph was made; OpenVINO's IR and the engine
+        choice when the image runs OpenVINO or chose by timing."""
+        return recorded_fields(built, ("export", "openvino", "engine_choice"))
 
     def package(self, built_model: Path, out_dir: Path, manifest: dict, calibration: Path | None):
         """The exported folder plus calibration.json, staged with hard links (never edits the build output)."""
@@ -363,7 +393,9 @@ class OnnxNli(ModelFamily):
                        help="the exported model folder (model.onnx, tokenizer, config.json)")
         add_server_arguments(p)
         p.add_argument("--variant", choices=["fp32", "int8"], default="fp32",
-                       help="which ONNX file to serve (default fp32)")
+                       help="which graph to serve (default fp32)")
+        p.add_argument("--engine", choices=["onnxruntime", "openvino"], default="onnxruntime",
+                       help="what runs it: ONNX Runtime (model*.onnx) or OpenVINO (model.ov*.xml; default onnxruntime)")
         p.add_argument("--truncation", choices=["refuse", "premise_first"], default="refuse",
                        help="over-long pairs: refuse them, or cut the premise and report it")
         p.add_argument("--max-len", type=int, help="ENCODER_MAX_LEN (default 512)")
@@ -389,21 +421,74 @@ def onnx_memory(weights_bytes: int, *, max_batch: int, max_len: int, hidden: int
                           RUNTIME_OVERHEAD_MB if on_gpu else CPU_RUNTIME_OVERHEAD_MB, "activations")
 
 
-def served_graph(image: EncoderImage, export: dict, parity: dict, probe: DatasetRef) -> dict:
+def parity_limits(artifact: OnnxArtifact, threads: int) -> dict:
+    """parity_check's limits from `artifact.parity`: every engine's graphs are held to the same ones."""
+    rule = artifact.parity
+    return {"max_abs_logit_delta": rule.max_abs_logit_delta, "min_label_agreement": rule.min_label_agreement,
+            "int8_max_abs_logit_delta": rule.int8_max_abs_logit_delta,
+            "int8_min_label_agreement": rule.int8_min_label_agreement,
+            "int8_max_accuracy_drop": rule.int8_max_accuracy_drop, "max_len": artifact.max_len, "threads": threads}
+
+
+def _openvino_build(ctx, out: Path, checkpoint: Path, probes: list, calibration) -> tuple[str, dict]:
+    """OpenVINO's IR (fp32, and NNCF int8 on the calibration pairs ONNX Runtime's int8 uses) from the exported
+    model.onnx, held to the same parity limits and int8 budget on the same probes; with `image.engine: auto`, both
+    engines timed in their own processes. Returns the engine that serves and what the build records of it."""
+    from shiplift.tasks.artifacts.onnx_export import parity_check, require_parity
+    from shiplift.tasks.artifacts.openvino_choice import choose_engine
+    from shiplift.tasks.artifacts.openvino_ir import OV_FP32_FILE, OV_INT8_FILE, OpenVinoSession, convert_openvino
+
+    artifact, image = ctx.config.artifact, ctx.config.image
+    if artifact.int8 and calibration is None:  # dynamic ONNX int8 has none; NNCF always calibrates
+        calibration = calibration_pairs(artifact.quantization.calibration, ctx.config_dir)
+    how = f" + NNCF int8 ({calibration.source})" if artifact.int8 else ""
+    ctx.say(f"build: converting model.onnx to OpenVINO IR{how}")
+    record = convert_openvino(out, int8=artifact.int8, calibration=calibration if artifact.int8 else None,
+                              keep_fp32=artifact.quantization.keep_fp32, max_len=artifact.max_len,
+                              threads=image.threads)
+    report = parity_check(checkpoint, out, probes, **parity_limits(artifact, image.threads),
+                          files=(OV_FP32_FILE, OV_INT8_FILE), open_session=OpenVinoSession)
+    (ctx.stage_dir("build") / "parity.openvino.json").write_text(json.dumps(report.to_dict(), indent=2,
+                                                                            sort_keys=True))
+    if report.int8_budget:
+        ctx.say(f"build: OpenVINO int8 budget on the parity probes: {report.int8_budget['status']}: "
+                f"{report.int8_budget['reason']}")
+    require_parity(report)
+    extra = {"openvino": record, "parity_openvino": report.to_dict()}
+    if image.engine == "openvino":
+        return "openvino", extra
+    choice = choose_engine(out, image.variant, threads=image.threads, batch=min(8, image.max_batch),
+                           seq=min(artifact.max_len, 128))
+    medians = choice["median_samples_per_s"]
+    ctx.say(f"build: engine auto: {choice['winner']} serves the {image.variant} graph (median samples/s at batch "
+            f"{choice['batch']}, seq {choice['seq']}: onnxruntime {medians['onnxruntime']:.1f}, openvino "
+            f"{medians['openvino']:.1f})")
+    return choice["winner"], {**extra, "engine_choice": choice,
+                              "container_env": {"ENCODER_ENGINE": choice["winner"]}}
+
+
+def served_graph(image: EncoderImage, export: dict, parity: dict, probe: DatasetRef, *, engine: str = "onnxruntime",
+                 openvino: dict | None = None) -> dict:
     """What the manifest and the ledger say answered the gate: the engine, the graph file the image serves, how that
-    graph was made, and the int8-vs-fp32 accuracy budget as the build judged it (on `probe`)."""
+    graph was made, and the int8-vs-fp32 accuracy budget as the build judged it (on `probe`, for that engine)."""
     from shiplift.tasks.artifacts.onnx_export import FP32_FILE, INT8_FILE
+    from shiplift.tasks.artifacts.openvino_ir import OV_FILES
 
     int8 = image.variant == "int8"
     quantization = export.get("quantization") or {}
+    if engine == "openvino":
+        served = OV_FILES[image.variant]
+        graph = {"converted_from": FP32_FILE, **((openvino or {}).get("int8") or {} if int8 else {"precision": "fp32"})}
+        files = (openvino or {}).get("files", {})
+    else:
+        served, files = INT8_FILE if int8 else FP32_FILE, export["files"]
+        graph = {"optimizer": export["optimizer"], "fused_operators": export["fused_operators"],
+                 **({k: quantization.get(k) for k in ("method", "format", "per_channel", "reduce_range", "weight_type",
+                                                      "activation_type", "calibration", "keep_fp32", "nodes_kept_fp32",
+                                                      "int8_kernels")} if int8 else {"precision": "fp32"})}
     return {
-        "engine": "onnxruntime", "device": image.device, "served_variant": image.variant,
-        "served_file": INT8_FILE if int8 else FP32_FILE,
-        "served_sha256": export["files"].get(INT8_FILE if int8 else FP32_FILE),
-        "graph": {"optimizer": export["optimizer"], "fused_operators": export["fused_operators"],
-                  **({k: quantization.get(k) for k in ("method", "format", "per_channel", "reduce_range", "weight_type",
-                                                       "activation_type", "calibration", "keep_fp32", "nodes_kept_fp32",
-                                                       "int8_kernels")} if int8 else {"precision": "fp32"})},
+        "engine": engine, "device": image.device, "served_variant": image.variant,
+        "served_file": served, "served_sha256": files.get(served), "graph": graph,
         "int8_budget": None if not parity.get("int8_budget") else {
             **parity["int8_budget"], "dataset": {"path": probe.path, "splits": probe.splits}},
     }
@@ -468,7 +553,7 @@ def _serve(args) -> int:
         raise BadInput(f"model folder {model_dir} does not exist",
                        fix="pass --model-dir DIR holding model.onnx and tokenizer.json")
     env = {"ENCODER_MODEL_DIR": str(model_dir.resolve()), **server_env(args, FAMILY.env_prefix),
-           "ENCODER_VARIANT": args.variant, "ENCODER_TRUNCATION": args.truncation}
+           "ENCODER_VARIANT": args.variant, "ENCODER_ENGINE": args.engine, "ENCODER_TRUNCATION": args.truncation}
     env.update(optional_env(args, (("max_len", "ENCODER_MAX_LEN"), ("max_batch", "ENCODER_MAX_BATCH"),
                                    ("max_in_flight", "ENCODER_MAX_IN_FLIGHT"))))
     return exec_server("encoder", env)

@@ -4,7 +4,8 @@ Per model: a timeline of its releases, gate decisions, traffic steps, promotions
 kind, markers coloured by release); the copies serving per release over time, from the traffic records, so a rolling
 update's overlap of two releases shows; each release's gate evidence (checks with intervals and the rule each used,
 thresholds, dataset sha256s), its comparison with the champion (chart) and its cost as the gate priced it; rollbacks
-with their reasons; and, at the top, the verification result with the signed checkpoint it was checked against.
+with their reasons; its sweeps (the rule's sha256 recorded at opening, every candidate's evidence and verdict, the
+pick); and, at the top, the verification result with the signed checkpoint it was checked against.
 Charts are `validation.charts` (matplotlib SVG, inline, deterministic); styles are inline and nothing is fetched at
 view time, so the page can be archived with the evidence and opened offline (docs/reports.md).
 """
@@ -12,6 +13,7 @@ view time, so the page can be archived with the evidence and opened offline (doc
 from __future__ import annotations
 
 import html
+import json
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,9 +21,10 @@ from typing import Any
 
 from shiplift.tasks.atomic import write_text_atomic
 from shiplift.tasks.ledger.checkpoints import verdict_lines
-from shiplift.tasks.ledger.events import PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, TRAFFIC
+from shiplift.tasks.ledger.events import OPENED, PROMOTE, ROLLED_BACK, STEP, SUCCEEDED, SWEEP, TRAFFIC
 from shiplift.tasks.ledger.records import StepRecord, as_result, is_promotion, promotion
 from shiplift.tasks.ledger.stage_results import ValidateResult
+from shiplift.tasks.ledger.sweep_records import SweepRecords, held_out_text
 from shiplift.tasks.ledger.views import (
     CHECK_COLUMNS,
     check_cells,
@@ -36,6 +39,7 @@ from shiplift.tasks.ledger.views import (
 from shiplift.validation import charts
 from shiplift.validation.gate_report import cost_rows, rule_text
 from shiplift.validation.gates import RATIO, summary_line
+from shiplift.validation.sweep_report import candidates_table
 
 REPORT_FILE = "index.html"
 CSS = """
@@ -228,8 +232,49 @@ def _release_section(detail: dict, rollout: str = "") -> str:
     return "".join(parts)
 
 
-def _model_section(model: str, records: list) -> str:
-    """One model's part of the page, from its records alone (read once for the whole page)."""
+def _sweep_section(records) -> str:
+    """One sweep (`tasks.sweeps.records.SweepRecords`): its opening (the rule as hashed before any candidate ran, its
+    sha256), every candidate's evidence with its verdict, the pick and the frontier, the pick's own release, and the
+    tasks held out for that release's gate."""
+    opened, pick = records.opened, records.recorded_pick()
+    rows = [{"candidate": c["name"], "release_id": c["release_id"], "config_sha256": c["config_sha256"],
+             "evidence": "recorded" if c["name"] in records.evaluated else
+             f"failed: {records.failed[c['name']]['error']}" if c["name"] in records.failed else "none yet"}
+            for c in records.candidates]
+    picked = ("nothing: no candidate meets the rule" if pick and pick.picked is None else
+              pick.picked if pick else f"not yet ({len(records.pending())} candidates lack evidence)")
+    handed = records.handed_off
+    parts = [f'<details class="sweep" data-sweep="{_e(records.sweep_id)}" open><summary>{_e(records.sweep_id)}: '
+             f"picked {_e(picked)}</summary>",
+             f"<p>Opened {_e(records.opened_at)} by {_e(records.opened_by)}, before any candidate was evaluated, "
+             f'under rule sha256 <code class="rule-sha256">{_e(opened["rule_sha256"])}</code>; '
+             f"frontier: {_e(', '.join(pick.frontier) if pick else 'not yet')}; the pick's own release: "
+             f"{_e(handed['release_id'] if handed else 'not run')}.</p>",
+             f'<p class="note">Held out for the pick\'s own gate: {_e(held_out_text(opened))}.</p>',
+             _table(rows, ["candidate", "release_id", "evidence", "config_sha256"], css_class="sweep-candidates",
+                    hashes=("config_sha256",))]
+    if pick is not None:
+        parts.append(candidates_table(pick, records.evidence(), records.champion()))
+    parts.append(f'<pre class="rule">{_e(json.dumps(records.rule.canonical(), indent=1, sort_keys=True))}</pre>')
+    parts.append("</details>")
+    return "".join(parts)
+
+
+def _sweeps(ledger, model: str | None) -> dict[str, str]:
+    """Each model's sweeps as their sections, from the sweeps' own records."""
+    opened = [r for r in ledger.history(model) if (r.stage, r.event) == (SWEEP, OPENED)]
+    sections: dict[str, str] = defaultdict(str)
+    for record in opened:
+        sections[record.model] += _sweep_section(SweepRecords.load(ledger, record.release_id))
+    return sections
+
+
+def _model_section(model: str, records: list, sweeps: str = "") -> str:
+    """One model's part of the page, from its records alone (read once for the whole page), with its sweeps (only
+    those when the ledger holds no release of it)."""
+    if not records:
+        return (f'<section class="model" data-model="{_e(model)}"><h2>{_e(model)}</h2><p class="note">no release '
+                f"records</p><h3>Sweeps</h3>{sweeps}</section>")
     release_details = details(records)
     release_rows = [release_row(detail) for detail in release_details]
     model_events = events(records)
@@ -256,7 +301,7 @@ def _model_section(model: str, records: list) -> str:
     parts += [_release_section(detail, _rollout_chart(model, detail["release_id"], series,
                                                       rollout_window(records, detail["release_id"])))
               for detail in release_details]
-    parts.append("</section>")
+    parts += ["<h3>Sweeps</h3>", sweeps or '<p class="sweeps">none</p>', "</section>"]
     return "".join(parts)
 
 
@@ -276,9 +321,11 @@ def render(ledger, verification: dict, *, model: str | None = None) -> str:
     by_model: dict[str, list] = defaultdict(list)
     for record in records:
         by_model[record.model].append(record)
-    models = sorted(by_model)
+    sweeps = _sweeps(ledger, model)
+    models = sorted(set(by_model) | set(sweeps))
     generated = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = "".join(_model_section(name, by_model[name]) for name in models) or "<p>The ledger holds no records.</p>"
+    body = ("".join(_model_section(name, by_model[name], sweeps.get(name, "")) for name in models)
+            or "<p>The ledger holds no records.</p>")
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>shiplift audit report</title><style>{CSS}</style></head><body>"
             f"<h1>shiplift audit report</h1><p>Generated {generated} for "

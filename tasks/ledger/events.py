@@ -16,6 +16,7 @@ STAGES = (RESOLVE, BUILD, PACKAGE, IMAGE, DEPLOY_CANDIDATE, VALIDATE, PROMOTE, T
 RELEASE = "release"  # the release's own records: opened, options, and its final status
 TRAFFIC = "traffic"  # one record per traffic step of a rollout (event STEP), appended as the step happens
 BAKE = "bake"  # one record per bake verdict of a traffic step (event VERDICT), appended as the bake ends
+ROLLOUT = "rollout"  # what a backend's update of production replaces (event REPLACED), appended before it is sent
 
 # Events of a stage run.
 STARTED, SUCCEEDED, FAILED = "started", "succeeded", "failed"
@@ -24,6 +25,9 @@ DONE = (SUCCEEDED, SKIPPED, KEPT, ROLLED_BACK)  # a stage that ended with one of
 STEP = "step"  # a traffic step: copies moved (a batch, a rollback batch) or, where SageMaker drives them, a check seen
 # a bake's verdict on a traffic step: alarm states, the online gate's evidence, the alarm that fired
 VERDICT = "verdict"
+# what a backend's rolling update replaces (stage ROLLOUT), recorded before the update is sent: what is put back
+# when the update ends on a spec its last verdict refuses, also by a rerun that did not send it
+REPLACED = "replaced"
 
 # Events of the release stage.
 OPENED, OPTIONS = "opened", "options"

@@ -100,6 +100,8 @@ def release_detail(state: ReleaseState) -> dict:
         "config": opening.config,
         "source_sha256": resolve.source_sha256 if resolve else None,
         "model_sha256": build.model_sha256 if build else None,
+        # what shaped the served numbers besides the model (a GGUF build's llama.cpp, threads, batches, cache)
+        "determinism": (build.model_extra or {}).get("determinism") if build else None,
         "artifact_uri": package.artifact_uri if package else None,
         "image_digest": image.image_digest if image else None,
         "gate": gate_evidence(gate) if gate else None,
@@ -272,6 +274,7 @@ def _diff_fields(detail: dict) -> dict[str, Any]:
                                         "artifact_uri", "image_uri", "image_digest")
     }
     fields |= flatten(detail["placement"] or {}, "placement")
+    fields |= flatten(detail["determinism"] or {}, "determinism")
     fields["gate.decision"] = gate.get("decision")
     fields["gate.champion_release"] = gate.get("champion_release")
     fields |= flatten(gate.get("metrics") or {}, "metric")

@@ -101,26 +101,32 @@ def _intrinsic_literal(text: str) -> str:
     return f"'{text}'"
 
 
-def _command_array(argv: list[str], holder_marker: str) -> str:
-    """`States.Array(...)` of argv with the execution's lease holder read from `$.run.holder`."""
-    return "States.Array(" + ", ".join("$.run.holder" if a == holder_marker else _intrinsic_literal(a)
-                                       for a in argv) + ")"
+def _command_array(argv: list[str], paths: dict[str, str]) -> str:
+    """`States.Array(...)` of argv, each marker in `paths` read from its path of the state's input (the execution's
+    lease holder from `$.run.holder`, a Map iteration's candidate from `$.candidate`)."""
+    return "States.Array(" + ", ".join(paths[a] if a in paths else _intrinsic_literal(a) for a in argv) + ")"
+
+
+def _retry_rule(retries: int, errors: list[str]) -> list[dict]:
+    """A Retry rule for `errors`: `retries` attempts more with the table's backoff; none for no retries."""
+    if not retries:
+        return []
+    return [{"ErrorEquals": errors, "IntervalSeconds": int(BACKOFF.first_s), "BackoffRate": BACKOFF.factor,
+             "MaxAttempts": retries, "MaxDelaySeconds": int(BACKOFF.max_s), "JitterStrategy": "FULL"}]
 
 
 def _table_retry(step: str, errors: list[str]) -> list[dict]:
     """A Retry rule for `errors` with the step's retries and the table's backoff; none for a step never retried."""
-    if not STEPS[step].retries:
-        return []
-    return [{"ErrorEquals": errors, "IntervalSeconds": int(BACKOFF.first_s), "BackoffRate": BACKOFF.factor,
-             "MaxAttempts": STEPS[step].retries, "MaxDelaySeconds": int(BACKOFF.max_s), "JitterStrategy": "FULL"}]
+    return _retry_rule(STEPS[step].retries, errors)
 
 
-def _retry(step: str, *, heartbeats: bool = True) -> list[dict]:
+def _retry(step: str, *, heartbeats: bool = True, retries: int | None = None) -> list[dict]:
     """The container never ran: retried; the step's retryable errors, or a container that stopped heartbeating: the
-    table's retries with its backoff; anything else is not retried (the Catch tears down)."""
+    table's retries (or `retries`) with its backoff; anything else is not retried (the Catch tears down)."""
     infra = {"ErrorEquals": list(ECS_INFRA_ERRORS), "IntervalSeconds": 15, "BackoffRate": 2.0, "MaxAttempts": 5,
              "MaxDelaySeconds": 300, "JitterStrategy": "FULL"}
-    return [infra, *_table_retry(step, [*retryable_error_names(), *([HEARTBEAT_TIMEOUT] if heartbeats else [])])]
+    errors = [*retryable_error_names(), *([HEARTBEAT_TIMEOUT] if heartbeats else [])]
+    return [infra, *_retry_rule(STEPS[step].retries if retries is None else retries, errors)]
 
 
 def _catch(target: str, result_path: str = "$.error") -> list[dict]:
@@ -137,6 +143,8 @@ class _Renderer:
     """Builds the ASL document for one release and one runner."""
 
     HOLDER = "\0holder"  # placeholder in argv for the execution's holder (never a real argument)
+    CANDIDATE = "\0candidate"  # placeholder for a sweep's candidate, in a Map iteration
+    MARKERS = {HOLDER: ("$.run.holder", "<holder>"), CANDIDATE: ("$.candidate", "<candidate>")}
 
     def __init__(self, config: ReleaseConfig, runner: RunnerSettings, release_id: str, config_path: str):
         self.config, self.runner, self.release_id, self.config_path = config, runner, release_id, config_path
@@ -144,8 +152,8 @@ class _Renderer:
     def ecs_task(self, step: str, argv: list[str], *, timeout_s: int, next_state: str, catch: list[dict]) -> dict:
         runner = self.runner
         override: dict[str, Any] = {"Name": runner.container_name}
-        if self.HOLDER in argv:
-            override["Command.$"] = _command_array(argv, self.HOLDER)
+        if any(a in self.MARKERS for a in argv):
+            override["Command.$"] = _command_array(argv, {m: path for m, (path, _) in self.MARKERS.items()})
         else:
             override["Command"] = argv
         override["Environment"] = [
@@ -172,7 +180,7 @@ class _Renderer:
             parameters["NetworkConfiguration"] = {"AwsvpcConfiguration": vpc}
         return {
             "Type": "Task",
-            "Comment": " ".join(a if a != self.HOLDER else "<holder>" for a in argv),
+            "Comment": " ".join(self.MARKERS[a][1] if a in self.MARKERS else a for a in argv),
             "Resource": ECS_RUN_TASK,
             "Parameters": parameters,
             "ResultPath": None,  # the command's reported output carries nothing the next state needs
@@ -336,9 +344,12 @@ class _Renderer:
             states.update(self.approval_states(STATE_NAMES["promote"]))
         bake = self.bake_seconds()
         after_promote = "Bake" if bake else STATE_NAMES["teardown_candidate"]
-        states[STATE_NAMES["promote"]] = self.ecs_task(
-            "promote", stage_command("promote", rid, url, self.HOLDER), timeout_s=self.stage_timeout("promote"),
-            next_state=after_promote, catch=_catch("TeardownAfterFailure"))
+        if STEPS["promote"].defers is not None:  # the table's: a loop around a short poll while production updates
+            states.update(self.deferred_states("promote", after_promote))
+        else:
+            states[STATE_NAMES["promote"]] = self.ecs_task(
+                "promote", stage_command("promote", rid, url, self.HOLDER), timeout_s=self.stage_timeout("promote"),
+                next_state=after_promote, catch=_catch("TeardownAfterFailure"))
         if bake:
             states["Bake"] = {
                 "Type": "Wait",
@@ -384,6 +395,21 @@ def asked_rule(decision: str) -> dict:
                     {"Variable": outcome, "StringEquals": "asked"}], "Next": APPROVAL_STATE}
 
 
+def check_image_path(config_path: str, example: str) -> None:
+    """BadInput unless `config_path` is a relative .yaml path (inside the pipeline image, from the repository root)."""
+    if config_path.startswith("/") or ".." in config_path.split("/") or not config_path.endswith((".yaml", ".yml")):
+        raise BadInput(f"config_path {config_path!r} must be a relative .yaml path inside the pipeline image",
+                       fix=f"pass the path relative to the repository root, e.g. {example}")
+
+
+def require_shared_ledger(config: ReleaseConfig) -> None:
+    """ConfigError unless the config's ledger is one every task reaches (Step Functions tasks share nothing else)."""
+    if not config.backend.ledger_url:
+        raise ConfigError("Step Functions tasks share nothing but the ledger, and this config keeps it in a SQLite "
+                          "file under each task's own state dir",
+                          fix="set backend.ledger_url to a PostgreSQL URL every task reaches")
+
+
 def render_state_machine(config: ReleaseConfig, *, release_id: str | None = None, runner: RunnerSettings,
                          config_path: str) -> dict:
     """The release's stage graph as ASL (a dict): Tasks running `shiplift stage`, gate Choice, bake Wait, Retry/Catch,
@@ -392,15 +418,8 @@ def render_state_machine(config: ReleaseConfig, *, release_id: str | None = None
     `config_path` is the release config inside the pipeline image, relative to its working
     directory (the repository root), e.g. `configs/releases/qwen35-4b-semif.yaml`.
     """
-    if config_path.startswith("/") or ".." in config_path.split("/") or not config_path.endswith((".yaml", ".yml")):
-        raise BadInput(
-            f"config_path {config_path!r} must be a relative .yaml path inside the pipeline image",
-            fix="pass the path relative to the repository root, e.g. configs/releases/NAME.yaml",
-        )
-    if not config.backend.ledger_url:
-        raise ConfigError("Step Functions tasks share nothing but the ledger, and this config keeps it in a SQLite "
-                          "file under each task's own state dir",
-                          fix="set backend.ledger_url to a PostgreSQL URL every task reaches")
+    check_image_path(config_path, "configs/releases/NAME.yaml")
+    require_shared_ledger(config)
     expected = release_id_for(config)
     if release_id is not None and release_id != expected:
         raise Conflict(

@@ -1,5 +1,5 @@
-"""Audit (DESIGN §10, §11): verify the ledger chain against its signed checkpoints, then compare what each
-endpoint serves with the ledger.
+"""Audit (DESIGN §10, §11): verify the ledger chain against its signed checkpoints, re-derive every sweep's pick from
+its records, then compare what each endpoint serves with the ledger.
 
 For every model with a succeeded promotion, the newest one (what `Ledger.served_at` reports now)
 names the endpoint, the component and the model_ref (release id, artifact sha256, image digest)
@@ -24,8 +24,9 @@ from shiplift.tasks.backends.registry import (
 from shiplift.tasks.config import ReleaseConfig, load_release_config
 from shiplift.tasks.errors import BadInput, ConfigError, Conflict, IntegrityError, NotFound
 from shiplift.tasks.ledger.checkpoints import CheckpointLog, log_path, verify_with_checkpoints
-from shiplift.tasks.ledger.events import OPENED, RELEASE
+from shiplift.tasks.ledger.events import OPENED, RELEASE, SWEEP
 from shiplift.tasks.ledger.records import Opened, is_promotion, promotion
+from shiplift.tasks.ledger.sweep_records import SweepRecords, explanation
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -165,6 +166,7 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config
                 f"ledger chain is broken ({verified['n_records']} records): " + "; ".join(verified["problems"]),
                 fix="restore the ledger from a backup and investigate who changed it",
             )
+        sweeps = _sweeps(ledger)
         now = datetime.now(UTC)
         models = sorted({r.model for r in ledger.history() if is_promotion(r)})
         rows, drift = {}, []
@@ -178,4 +180,24 @@ def audit(state_dir: str | Path | None, *, ledger_url: str | None = None, config
                        fix="roll back or promote so that production matches the ledger, or find who changed the "
                            "endpoint")
     return {"ok": True, "checked_at": now.isoformat(), "n_records": verified["n_records"],
-            "head_hash": verified["head_hash"], "checked_against": verified["checked_against"], "models": rows}
+            "head_hash": verified["head_hash"], "checked_against": verified["checked_against"], "models": rows,
+            "sweeps": sweeps}
+
+
+def _sweeps(ledger) -> dict[str, dict]:
+    """Every sweep re-derived from its records (`shiplift sweep explain`): its rule's sha256, how many candidates have
+    evidence, the recorded pick. IntegrityError when a rule no longer hashes to the sha256 recorded at opening, or a
+    recorded pick is not the one its rule gives on its recorded evidence."""
+    found, wrong = {}, []
+    for sweep_id in dict.fromkeys(r.release_id for r in ledger.events(SWEEP, OPENED)):
+        explained = explanation(SweepRecords.load(ledger, sweep_id))
+        recorded, derived = explained["recorded_pick"], explained["derived_pick"]
+        found[sweep_id] = {"rule_sha256": explained["rule_sha256"], "evaluated": explained["evaluated"],
+                           "candidates": explained["candidates"], "picked": recorded["picked"] if recorded else None}
+        if recorded is not None and not explained["agrees"]:
+            wrong.append(f"sweep {sweep_id} recorded the pick {recorded['picked']!r}, but its rule gives "
+                         f"{derived['picked'] if derived else None!r} on its recorded evidence")
+    if wrong:
+        raise IntegrityError("; ".join(wrong), fix="run `shiplift sweep explain SWEEP` and `shiplift ledger verify`: "
+                                                    "a sweep's records were changed")
+    return found

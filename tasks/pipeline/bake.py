@@ -66,9 +66,11 @@ class BakeWatch:
     alarm (which rolls back) ends it. Where they do not (aws), the bake is the gate's round alone and SageMaker's
     alarms judge the metrics; a check mid-update records an undecided gate (its batches still bake), and the step
     once the update has ended (`update_ended`) gets no new round, only the extension its inconclusive choice allows,
-    then raises the gate's alarm if it has not passed. What the gate saw, and each alarm's state, is kept per step
-    (`evidence`, by `RolloutStep.key()`) for the verdict record the promote stage appends the moment the bake
-    returns."""
+    then raises the gate's alarm if it has not passed; where this watch replayed no round before (a rerun after a
+    crash between the update's end and its verdict, or the stage run after a deferred promote's polls, each of which
+    judged its own check), it replays one then, on every copy new, so the verdict rests on answers it saw. What the
+    gate saw, and each alarm's state, is kept per step (`evidence`, by `RolloutStep.key()`) for the verdict record the
+    promote stage appends the moment the bake returns."""
 
     def __init__(self, metrics: Metrics, endpoint: str, component: str, spec_sha256: str, rules, wait_s: float, *,
                  online_gate: Any = None, describe: Callable[[], LiveComponent | None] | None = None,
@@ -77,6 +79,7 @@ class BakeWatch:
         self.rules, self.wait_s, self.online_gate, self.describe = rules, wait_s, online_gate, describe
         self.sleep, self.clock = sleep, clock
         self.evidence: dict[tuple, dict[str, Any]] = {}
+        self.replayed = False  # whether this watch replayed the gate's canary set yet
 
     def _read(self) -> dict[str, str | None]:
         try:
@@ -93,10 +96,11 @@ class BakeWatch:
             evidence["live"] = live_summary(self.describe())
         verdicts: dict[str, str | None] = {}
         if self.online_gate is not None:
-            if update_ended(step):
+            if update_ended(step) and self.replayed:
                 self.online_gate.extend()  # the bake is over: only the release's inconclusive choice may add rounds
-            else:
-                self.online_gate.replay()
+            else:  # a batch's round; or the update's end seen by a run that watched none of its checks (a rerun after
+                self.online_gate.replay()  # a crash, a deferred promote's stage): the gate judges on a round of its own
+                self.replayed = True
             evidence["online_gate"] = self.online_gate.evidence()
             undecided = evidence["online_gate"].get("decision") == "inconclusive"
             # a batch's bake ends here (local), so an undecided gate blocks; a SageMaker check comes mid-update, while

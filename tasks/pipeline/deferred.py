@@ -1,6 +1,7 @@
-"""A deferred stage under an orchestrator (the table's `defers`): its start, then its polls, with no worker held
-between them; once a poll says in service, the orchestrator runs the stage itself (`run_orchestrated_stage`), which
-finds the work done and records its result.
+"""A deferred stage under an orchestrator (the table's `defers`: deploy_candidate, promote): its start, then its polls,
+with no worker held between them; once a poll says in service (promote: production's update has ended), the
+orchestrator runs the stage itself (`run_orchestrated_stage`), which finds the work done and records its result
+(promote: judges the update's last step and rolls back what its verdict refuses).
 
 Airflow's deferrable deploy task (dags/_shiplift_triggers.py) and the Step Functions Wait/Choice loop
 (tasks.orchestrators.step_functions_defer) call these two, so both keep the ledger the same way: the start records

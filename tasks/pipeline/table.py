@@ -45,7 +45,8 @@ class Defer:
     """A stage whose long wait holds no worker (docs/airflow.md, docs/step-functions.md): `start` ("module:attribute",
     given the stage context) begins the work and returns at once, `poll` looks once (a `DeployPoll`, its failure
     raised) and is asked every `every_s` seconds until it says in service; then the stage itself runs and finds the
-    work done. The CLI runs the stage whole (it waits inside)."""
+    work done (deploy_candidate: the endpoint; promote: production's update ended, its last step judged there). The
+    CLI runs the stage whole (it waits inside)."""
 
     start: str
     poll: str
@@ -97,7 +98,9 @@ STAGES: tuple[Step, ...] = (
          "gate the live candidate against the champion"),
     Step(events.PROMOTE, "shiplift.tasks.pipeline.stages.promote:run", 1, 2 * HOUR, "holds",
          "put a passed candidate on production, verify what serves",
-         waits="shiplift.tasks.pipeline.approval:waits_before_promote"),
+         waits="shiplift.tasks.pipeline.approval:waits_before_promote",
+         defers=Defer("shiplift.tasks.pipeline.stages.promote:start", "shiplift.tasks.pipeline.stages.promote:poll",
+                      POLL_EVERY_S)),
     Step(events.TEARDOWN, "shiplift.tasks.pipeline.stages.candidate:teardown", 3, TEARDOWN_WAIT_S + 15 * MINUTE,
          "holds",
          "remove the candidate, whatever happened"),

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from shiplift.tasks.config import load_release_config, require_named_files
-from shiplift.tasks.config_errors import format_validation_error
+from shiplift.tasks.config_errors import validate_file
 from shiplift.tasks.config_release import ReleaseConfig
 from shiplift.tasks.config_types import NAME_PATTERN, DatasetRef, Strict
 from shiplift.tasks.errors import ConfigError
 from shiplift.tasks.hashing import sha256_json
+from shiplift.tasks.ledger.sweep_records import SWEEP_ID_PREFIX
 from shiplift.tasks.pipeline.release import release_id_for
 from shiplift.tasks.yamlfile import read_yaml_file
 from shiplift.validation.sweep_rule import SelectionRule
@@ -34,7 +35,7 @@ from shiplift.validation.sweep_rule import SelectionRule
 AXES = ("source", "quantization", "placement")
 AXIS_FIELDS = {"source": "artifact.source", "placement": "placement"}  # quantization: the family's fields
 MAX_CANDIDATES = 64
-SWEEP_ID_PREFIX = "sweep-"
+MAX_PARALLEL = 16  # candidates evaluated at once, at most
 
 
 class CandidateChoice(Strict):
@@ -84,6 +85,8 @@ class SweepConfig(Strict):
     datasets: list[DatasetRef] = Field(min_length=1)
     rule: SelectionRule
     max_usd_per_hour: float = Field(gt=0, allow_inf_nan=False)
+    parallel: int = Field(1, ge=1, le=MAX_PARALLEL, description="candidates evaluated at once: `sweep run`'s default "
+                          "--parallel, the Airflow pool's slots, the Step Functions Map state's MaxConcurrency")
 
     @model_validator(mode="after")
     def _candidates_named_once(self) -> SweepConfig:
@@ -157,12 +160,7 @@ def read_sweep_config(path: Path) -> SweepConfig:
         raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}",
                           fix="see configs/sweeps/gemma-decision-quant.yaml")
     _refuse_unknown_keys(path, tree)
-    try:
-        return SweepConfig.model_validate(tree)
-    except ValidationError as exc:
-        text, fixes = format_validation_error(str(path), exc, tree)
-        raise ConfigError(text.replace("invalid release config", "invalid sweep config", 1),
-                          fix="; ".join(fixes) if fixes else "correct the fields listed above") from exc
+    return validate_file(SweepConfig, tree, str(path), "sweep config")
 
 
 def _refuse_unknown_keys(path: Path, tree: dict) -> None:

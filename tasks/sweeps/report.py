@@ -6,13 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from shiplift.tasks.errors import NotReady
-from shiplift.tasks.sweeps.records import SweepRecords
+from shiplift.tasks.ledger.sweep_records import SweepRecords, held_out_text
 from shiplift.validation.sweep_report import write_sweep_report
-
-
-def held_out_text(opened: dict) -> str:
-    """The base's gate datasets (what the pick's own gate reads), as the report names them."""
-    return "; ".join(f"{ref['path']} {ref.get('splits') or 'all splits'}" for ref in opened["held_out"])
 
 
 def write_report(records: SweepRecords, out_dir: Path) -> dict[str, str]:

@@ -24,6 +24,7 @@ from shiplift.tasks.backends.registry import make_backends
 from shiplift.tasks.console import number
 from shiplift.tasks.errors import ConfigError, NotReady, ShipliftError
 from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.sweep_records import SweepRecords
 from shiplift.tasks.ledger.views import show
 from shiplift.tasks.pipeline.release import (
     Progress,
@@ -35,18 +36,18 @@ from shiplift.tasks.pipeline.release import (
     run_release,
 )
 from shiplift.tasks.pipeline.table import STAGES_THROUGH_GATE, TEARDOWN
-from shiplift.tasks.sweeps.config import Candidate, Sweep
+from shiplift.tasks.sweeps.config import MAX_PARALLEL, Candidate, Sweep
 from shiplift.tasks.sweeps.evidence import candidate_hourly, champion_evidence, evidence_of
-from shiplift.tasks.sweeps.records import SweepRecords, open_sweep
+from shiplift.tasks.sweeps.records import open_sweep
 from shiplift.validation.sweep_rule import choose
 
-MAX_PARALLEL = 16
 
-
-def plan(sweep: Sweep, *, parallel: int = 1, table=None) -> dict[str, Any]:
+def plan(sweep: Sweep, *, parallel: int | None = None, table=None) -> dict[str, Any]:
     """What `sweep plan` shows and `sweep run` checks first: every candidate with its release id, config sha256 and
     $/h while it runs; the most the candidates cost per hour at once with `parallel` of them running (the `parallel`
-    dearest), against `max_usd_per_hour`; the rule and its sha256. Reads prices only; writes nothing."""
+    dearest; by default the sweep's own `parallel`), against `max_usd_per_hour`; the rule and its sha256. Reads prices
+    only; writes nothing."""
+    parallel = sweep.config.parallel if parallel is None else parallel
     if not 1 <= parallel <= MAX_PARALLEL:
         raise ConfigError(f"--parallel {parallel}: run 1 to {MAX_PARALLEL} candidates at once",
                           fix=f"pass --parallel between 1 and {MAX_PARALLEL}")
@@ -85,12 +86,13 @@ def check_cost(sweep: Sweep, planned: dict) -> None:
                           fix="lower --parallel, drop the dearest placements, or raise max_usd_per_hour")
 
 
-def run_sweep(sweep: Sweep, *, parallel: int = 1, actor: str | None = None,
+def run_sweep(sweep: Sweep, *, parallel: int | None = None, actor: str | None = None,
               progress: Progress = print_progress) -> dict[str, Any]:
-    """Open (or continue) the sweep, evaluate every candidate not yet evaluated, up to `parallel` at once, then record
-    the frontier and the pick. Returns the sweep's summary; ShipliftError naming the candidates that failed (each
-    recorded; a rerun retries them) before anything is picked."""
+    """Open (or continue) the sweep, evaluate every candidate not yet evaluated, up to `parallel` at once (by default
+    the sweep's own `parallel`), then record the frontier and the pick. Returns the sweep's summary; ShipliftError
+    naming the candidates that failed (each recorded; a rerun retries them) before anything is picked."""
     actor = actor or default_actor()
+    parallel = sweep.config.parallel if parallel is None else parallel
     table = load_price_table().once()
     planned = plan(sweep, parallel=parallel, table=table)
     check_cost(sweep, planned)
@@ -113,41 +115,52 @@ def run_sweep(sweep: Sweep, *, parallel: int = 1, actor: str | None = None,
 
 def _evaluate_all(sweep: Sweep, pending: list[Candidate], ledger, table, *, parallel: int, actor: str,
                   progress: Progress) -> dict[str, str]:
-    """Evaluate the pending candidates (in this thread when one at a time, so each stage keeps its deadline), record
-    each one's evidence or failure as it ends; returns candidate name → error of those that failed."""
+    """Evaluate the pending candidates (in this thread when one at a time, so each stage keeps its deadline), each one's
+    evidence or failure recorded as it ends; returns candidate name → error of those that failed."""
     failures: dict[str, str] = {}
 
-    def done(candidate: Candidate, outcome: dict | Exception) -> None:
-        if isinstance(outcome, Exception):
-            error = str(outcome) if isinstance(outcome, ShipliftError) else repr(outcome)
-            failures[candidate.name] = error
-            ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.FAILED,
-                          payload={"candidate": candidate.name, "release_id": candidate.release_id, "error": error,
-                                   "error_type": type(outcome).__name__}, actor=actor)
-            progress(f"sweep {sweep.sweep_id}: {candidate.name} failed: {error}")
-            return
-        ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.EVALUATED,
-                      payload=outcome, actor=actor)
-        metrics = outcome["evidence"]["metrics"]
-        progress(f"sweep {sweep.sweep_id}: {candidate.name} evaluated (accuracy {number(metrics.get('accuracy'))}, "
-                 f"p95 {number(metrics.get('p95_ms'))} ms, {number(metrics.get('usd_per_1m_decisions'))} $/1M "
-                 "decisions)")
-
-    def attempt(candidate: Candidate) -> dict | Exception:
+    def attempt(candidate: Candidate) -> None:
         try:
-            return evaluate_candidate(sweep, candidate, ledger, table, actor=actor, progress=progress)
+            evaluate_and_record(sweep, candidate, ledger, table, actor=actor, progress=progress)
         except Exception as exc:  # recorded as the candidate's failure; the others go on
-            return exc
+            failures[candidate.name] = failure_text(exc)
 
     if parallel == 1:
         for candidate in pending:
-            done(candidate, attempt(candidate))
+            attempt(candidate)
         return failures
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="sweep") as pool:
-        futures = {pool.submit(attempt, candidate): candidate for candidate in pending}
-        for future in as_completed(futures):
-            done(futures[future], future.result())
+        for future in as_completed([pool.submit(attempt, candidate) for candidate in pending]):
+            future.result()
     return failures
+
+
+def failure_text(exc: BaseException) -> str:
+    """A candidate's failure as its record and the sweep's error name it."""
+    return str(exc) if isinstance(exc, ShipliftError) else repr(exc)
+
+
+def evaluate_and_record(sweep: Sweep, candidate: Candidate, ledger, table, *, actor: str,
+                        progress: Progress) -> dict[str, Any]:
+    """Evaluate one candidate and record its evidence (`sweep/evaluated`), returning that payload; on a failure, record
+    it (`sweep/failed`: a rerun retries the candidate) and raise it again. What the CLI's pool and each orchestrated
+    candidate task run."""
+    try:
+        outcome = evaluate_candidate(sweep, candidate, ledger, table, actor=actor, progress=progress)
+    except Exception as exc:
+        error = failure_text(exc)
+        ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.FAILED,
+                      payload={"candidate": candidate.name, "release_id": candidate.release_id, "error": error,
+                               "error_type": type(exc).__name__}, actor=actor)
+        progress(f"sweep {sweep.sweep_id}: {candidate.name} failed: {error}")
+        raise
+    ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.EVALUATED,
+                  payload=outcome, actor=actor)
+    metrics = outcome["evidence"]["metrics"]
+    progress(f"sweep {sweep.sweep_id}: {candidate.name} evaluated (accuracy {number(metrics.get('accuracy'))}, "
+             f"p95 {number(metrics.get('p95_ms'))} ms, {number(metrics.get('usd_per_1m_decisions'))} $/1M "
+             "decisions)")
+    return outcome
 
 
 def evaluate_candidate(sweep: Sweep, candidate: Candidate, ledger, table, *, actor: str,

@@ -1,8 +1,9 @@
 """Contract tests of the encoder NLI server (DESIGN §6.3) against real server processes.
 
 Each server is `python images/encoder/server.py` on the project's tiny random ONNX encoder
-(`tasks.artifacts.tiny_encoder`, seed 0), configured only by ENCODER_* variables, on port 0 (the bound
-port is read from the server's log line).
+(`tasks.artifacts.tiny_encoder`, seed 0) and its OpenVINO IR (fp32 and NNCF int8, converted from the same model.onnx),
+configured only by ENCODER_* variables, on port 0 (the bound port is read from the server's log line). Every server
+fixture runs once per engine (ENCODER_ENGINE onnxruntime and openvino): the contract is the same for both.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,9 @@ PAIRS = [
     {"premise": "The cat sleeps on the red sofa.", "hypothesis": "A dog is barking."},
     {"premise": "Two children run in the park.", "hypothesis": "Kids are outside."},
 ]
+ENGINES = ("onnxruntime", "openvino")
+ENGINE_FILES = {"onnxruntime": {"fp32": "model.onnx", "int8": "model.int8.onnx"},
+                "openvino": {"fp32": "model.ov.xml", "int8": "model.ov.int8.xml"}}
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,13 +87,23 @@ def probs(result: dict) -> list[float]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random encoder directory (seed 0) with an int8 model next to the fp32 one."""
+    """The tiny random encoder directory (seed 0) with an int8 model next to the fp32 one, and both as OpenVINO IR."""
+    from shiplift.tasks.artifacts.onnx_export import builtin_calibration
+    from shiplift.tasks.artifacts.openvino_ir import convert_openvino
     from shiplift.tasks.artifacts.tiny_encoder import write_tiny_onnx_model_dir
 
     path = tmp_path_factory.mktemp("encoder-model") / "model"
     write_tiny_onnx_model_dir(path, seed=0)
-    assert (path / "model.onnx").is_file() and (path / "model.int8.onnx").is_file()
+    convert_openvino(path, int8=True, calibration=builtin_calibration(), keep_fp32=("pooler", "classifier"),
+                     threads=1)
+    assert all((path / name).is_file() for files in ENGINE_FILES.values() for name in files.values())
     return path
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request) -> str:
+    """The engine every server fixture of this module runs (the module's tests run once per engine)."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -114,35 +129,35 @@ def serve(tmp_path_factory, start_encoder_server) -> Callable[..., Iterator[Any]
 
 
 @pytest.fixture(scope="module")
-def encoder(serve, model_dir) -> Iterator[Any]:
+def encoder(serve, model_dir, engine) -> Iterator[Any]:
     """fp32, refuse policy; one request was sent to it while its model loaded."""
-    yield from serve("encoder", encoder_env(model_dir), probe={"pairs": PAIRS[:1]})
+    yield from serve("encoder", encoder_env(model_dir, ENCODER_ENGINE=engine), probe={"pairs": PAIRS[:1]})
 
 
 @pytest.fixture(scope="module")
-def encoder_limits(serve, model_dir) -> Iterator[Any]:
+def encoder_limits(serve, model_dir, engine) -> Iterator[Any]:
     """premise_first truncation and one request in flight."""
-    env = encoder_env(model_dir, ENCODER_TRUNCATION="premise_first", ENCODER_MAX_IN_FLIGHT="1")
+    env = encoder_env(model_dir, ENCODER_TRUNCATION="premise_first", ENCODER_MAX_IN_FLIGHT="1", ENCODER_ENGINE=engine)
     yield from serve("encoder-limits", env)
 
 
 @pytest.fixture(scope="module")
-def encoder_int8(serve, model_dir) -> Iterator[Any]:
-    yield from serve("encoder-int8", encoder_env(model_dir, ENCODER_VARIANT="int8"))
+def encoder_int8(serve, model_dir, engine) -> Iterator[Any]:
+    yield from serve("encoder-int8", encoder_env(model_dir, ENCODER_VARIANT="int8", ENCODER_ENGINE=engine))
 
 
 @pytest.fixture(scope="module")
-def encoder_padded(serve, model_dir) -> Iterator[Any]:
-    env = encoder_env(model_dir, ENCODER_MAX_LEN=str(PAD_LEN), ENCODER_PAD_TO_MAX="true")
+def encoder_padded(serve, model_dir, engine) -> Iterator[Any]:
+    env = encoder_env(model_dir, ENCODER_MAX_LEN=str(PAD_LEN), ENCODER_PAD_TO_MAX="true", ENCODER_ENGINE=engine)
     yield from serve("encoder-padded", env)
 
 
 @pytest.fixture(scope="module")
-def encoder_calibrated(serve, tmp_path_factory, model_dir) -> Iterator[Any]:
+def encoder_calibrated(serve, tmp_path_factory, model_dir, engine) -> Iterator[Any]:
     calibrated = tmp_path_factory.mktemp("encoder-calibrated-model") / "model"
     shutil.copytree(model_dir, calibrated)
     (calibrated / "calibration.json").write_text(json.dumps({"temperature": TEMPERATURE, "method": "nll"}))
-    yield from serve("encoder-calibrated", encoder_env(calibrated))
+    yield from serve("encoder-calibrated", encoder_env(calibrated, ENCODER_ENGINE=engine))
 
 
 def single_token_words(tokenizer, count: int) -> list[str]:
@@ -179,7 +194,7 @@ def test_unknown_paths_and_methods_get_json_errors(encoder):
 # valid batches
 
 
-def test_batch_results_follow_the_contract(encoder, model_dir):
+def test_batch_results_follow_the_contract(encoder, model_dir, engine):
     reply = encoder.client.invoke({"pairs": PAIRS})
     assert reply.status == 200, reply.body
     assert reply.headers["Content-Type"] == "application/json"
@@ -200,14 +215,31 @@ def test_batch_results_follow_the_contract(encoder, model_dir):
     assert timing["padded_len"] == max(r["input_tokens"] for r in results)  # padded to the longest pair
     assert timing["forward_ms"] > 0 and timing["total_ms"] >= timing["forward_ms"]
     export = json.loads((model_dir / "export.json").read_text())
+    served = ENGINE_FILES[engine]["fp32"]
     assert reply.body["model"] == {
-        "file": "model.onnx",
-        "sha256": sha256_file(model_dir / "model.onnx"),
+        "file": served,
+        "sha256": sha256_file(model_dir / served),
         "variant": "fp32",
         "device": "cpu",
         "temperature": 1.0,
-        "graph": {"engine": "onnxruntime", "precision": "fp32", "optimizer": export["optimizer"]},
+        "graph": {"engine": "onnxruntime", "precision": "fp32", "optimizer": export["optimizer"]}
+        if engine == "onnxruntime" else {"engine": "openvino", "precision": "fp32", "converted_from": "model.onnx"},
     }
+
+
+def test_both_engines_give_the_same_fp32_logits(serve, model_dir):
+    """OpenVINO's IR is converted from the same model.onnx: its fp32 logits are ONNX Runtime's, within 1e-4."""
+    servers = [serve(f"encoder-{name}", encoder_env(model_dir, ENCODER_ENGINE=name)) for name in ENGINES]
+    try:
+        ort, ov = (next(server).client.invoke({"pairs": PAIRS}).body for server in servers)
+        assert (ort["model"]["graph"]["engine"], ov["model"]["graph"]["engine"]) == ENGINES
+        assert len({tuple(r["logits"]) for r in ov["results"]}) == len(PAIRS)
+        for a, b in zip(ort["results"], ov["results"], strict=True):
+            assert_close(a["logits"], b["logits"], 1e-4)
+            assert a["label"] == b["label"]
+    finally:
+        for server in servers:
+            next(server, None)
 
 
 def test_batch_keeps_request_order_and_matches_single_pairs(encoder):
@@ -221,19 +253,24 @@ def test_batch_keeps_request_order_and_matches_single_pairs(encoder):
         assert_close(reversed_["logits"], single["logits"], 1e-4)
 
 
-def test_int8_variant_answers_with_its_own_model(encoder_int8, model_dir):
+def test_int8_variant_answers_with_its_own_model(encoder_int8, model_dir, engine):
     reply = encoder_int8.client.invoke({"pairs": PAIRS})
     assert reply.status == 200, reply.body
-    assert reply.body["model"]["file"] == "model.int8.onnx"
+    served = ENGINE_FILES[engine]["int8"]
+    assert reply.body["model"]["file"] == served
     assert reply.body["model"]["variant"] == "int8"
-    assert reply.body["model"]["sha256"] == sha256_file(model_dir / "model.int8.onnx")
-    # which graph answered: the exporter's default int8, static QDQ calibrated on the project's calibration split
-    assert reply.body["model"]["graph"] == {
+    assert reply.body["model"]["sha256"] == sha256_file(model_dir / served)
+    # which graph answered: the exporter's default int8, static QDQ calibrated on the project's calibration split, or
+    # NNCF's post-training int8 of the same model.onnx on the same split
+    assert reply.body["model"]["graph"] == ({
         "engine": "onnxruntime", "precision": "int8", "optimizer": "onnxruntime.transformers.optimizer(bert)",
         "method": "static_qdq", "format": "QDQ", "per_channel": True, "reduce_range": False,
         "activation_ranges": "static", "weight_type": "QInt8", "activation_type": "QUInt8",
         "calibration": "builtin:nli[calibration]",
-    }
+    } if engine == "onnxruntime" else {
+        "engine": "openvino", "precision": "int8", "converted_from": "model.onnx", "method": "nncf_ptq",
+        "preset": "mixed", "calibration": "builtin:nli[calibration]",
+    })
     for result in reply.body["results"]:
         assert abs(sum(probs(result)) - 1.0) < 1e-9
         assert_close(probs(result), softmax(result["logits"]), 1e-9)
@@ -457,6 +494,26 @@ def test_int8_without_its_file_refuses_to_start(run_encoder_refusal, model_dir, 
     assert "model.int8.onnx" in done.stderr and "ENCODER_VARIANT=fp32" in done.stderr
 
 
+def test_openvino_without_its_ir_or_on_cuda_refuses_to_start(run_encoder_refusal, model_dir, tmp_path):
+    copy = _model_copy(model_dir, tmp_path / "model")
+    (copy / "model.ov.xml").unlink()
+    done = run_encoder_refusal(encoder_env(copy, ENCODER_ENGINE="openvino"))
+    assert done.returncode == 2, done.stderr
+    assert "model.ov.xml" in done.stderr and "image.engine: openvino" in done.stderr, done.stderr
+    done = run_encoder_refusal(encoder_env(model_dir, ENCODER_ENGINE="openvino", ENCODER_DEVICE="cuda"))
+    assert done.returncode == 2 and "ENCODER_ENGINE=openvino runs on the CPU" in done.stderr, done.stderr
+    done = run_encoder_refusal(encoder_env(model_dir, ENCODER_ENGINE="tensorrt"))
+    assert done.returncode == 2 and "ENCODER_ENGINE" in done.stderr, done.stderr
+
+
+def test_unloadable_openvino_ir_exits_3(run_encoder_refusal, model_dir, tmp_path):
+    copy = _model_copy(model_dir, tmp_path / "model")
+    (copy / "model.ov.xml").write_text("<net>not an IR</net>")
+    done = run_encoder_refusal(encoder_env(copy, ENCODER_ENGINE="openvino"))
+    assert done.returncode == 3, done.stderr
+    assert "refusing to start: model load failed" in done.stderr
+
+
 BAD_MODEL_FILES = {
     "calibration zero": ("calibration.json", '{"temperature": 0}', "finite number > 0"),
     "calibration NaN": ("calibration.json", '{"temperature": NaN}', "calibration JSON"),
@@ -497,10 +554,11 @@ ECR_REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/encoder"
 FAKE_DIGEST = "sha256:" + "ab" * 32
 
 
-def test_server_imports_only_the_stdlib_numpy_onnxruntime_tokenizers_and_the_stdlib_shared_module(
+def test_server_imports_only_the_stdlib_numpy_the_engines_tokenizers_and_the_stdlib_shared_module(
     imports_outside_stdlib,
 ):
-    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "onnxruntime", "tokenizers", "sagemaker_http"}
+    assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "onnxruntime", "openvino", "tokenizers",
+                                                                 "sagemaker_http"}
     assert imports_outside_stdlib(COMMON_HTTP) == set()
 
 
@@ -527,6 +585,9 @@ def test_dockerfile_pins_the_base_by_digest_and_runs_the_server_as_non_root():
     assert dockerfile_base_images(dockerfile) == [PYTHON_BASE]
     for pin in ("ONNXRUNTIME_VERSION=1.32.0", "TOKENIZERS_VERSION=0.23.3", "NUMPY_VERSION=2.4.6"):
         assert f"ARG {pin}\n" in text
+    # the CPU image's OpenVINO is the one the build converted and tested the IR with (the [openvino] extra here)
+    assert f"ARG OPENVINO_VERSION={metadata.version('openvino')}\n" in text
+    assert f"ARG OPENVINO_TELEMETRY_VERSION={metadata.version('openvino-telemetry')}\n" in text
     assert "transformers==" not in text and "torch==" not in text
     users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")

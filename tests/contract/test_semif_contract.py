@@ -481,7 +481,8 @@ ECR_REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif"
 
 def test_server_imports_only_the_stdlib_numpy_llama_cpp_and_the_stdlib_shared_modules(imports_outside_stdlib):
     assert imports_outside_stdlib(IMAGE_DIR / "server.py") == {"numpy", "llama_cpp", "sagemaker_http",
-                                                               "decision_prompt"}
+                                                               "decision_prompt", "prefix_cache"}
+    assert imports_outside_stdlib(IMAGE_DIR / "prefix_cache.py") == {"numpy"}
     assert imports_outside_stdlib(COMMON_HTTP) == set()
     assert imports_outside_stdlib(COMMON_HTTP.with_name("decision_prompt.py")) == set()
 
@@ -513,8 +514,9 @@ def test_dockerfile_pins_the_dlc_by_digest_and_runs_the_adapter_as_non_root():
     assert users[-1] not in ("root", "0")
     assert "EXPOSE 8080\n" in text and "SEMIF_HOST=0.0.0.0" in text
     assert 'ENTRYPOINT ["/opt/semif/venv/bin/python", "/opt/semif/server.py"]' in text
-    assert "COPY semif/server.py common/sagemaker_http.py common/decision_prompt.py /opt/semif/\n" in text
-    assert "py_compile /opt/semif/server.py /opt/semif/sagemaker_http.py" in text
+    assert ("COPY semif/server.py semif/prefix_cache.py common/sagemaker_http.py common/decision_prompt.py "
+            "/opt/semif/\n") in text
+    assert "py_compile /opt/semif/server.py /opt/semif/prefix_cache.py /opt/semif/sagemaker_http.py" in text
 
 
 @pytest.mark.parametrize(

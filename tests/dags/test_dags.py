@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 RELEASE_CONFIGS = sorted((ROOT / "configs" / "releases").glob("*.yaml"))
 REFRESH_IDS = {"refresh_" + path.stem.replace("-", "_") for path in RELEASE_CONFIGS}
+SWEEP_IDS = {"sweep_" + path.stem.replace("-", "_") for path in (ROOT / "configs" / "sweeps").glob("*.yaml")}
 STAGES = ["resolve", "build", "package", "image", "deploy_candidate", "validate", "promote"]
 PARSE_BUDGET_S = 5.0
 PARSE_PROBE = r"""
@@ -53,7 +54,7 @@ print(json.dumps({"files": files, "loaded": loaded}))
 
 def test_every_dag_file_imports_and_dag_id_is_its_file_name(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dags) == REFRESH_IDS | {"promote_release", "audit_ledger"}
+    assert set(dagbag.dags) == REFRESH_IDS | SWEEP_IDS | {"promote_release", "audit_ledger"}
     for dag_id, dag in dagbag.dags.items():
         assert Path(dag.fileloc).stem == dag_id
     assert "_shiplift_dags.py" in (DAGS / ".airflowignore").read_text().split()
@@ -73,7 +74,7 @@ def test_dag_files_parse_fast_without_database_network_ledger_or_evaluation_code
                            timeout=120)
     assert probe.returncode == 0, probe.stderr[-3000:]
     report = json.loads(probe.stdout.strip().splitlines()[-1])
-    assert set(report["files"]) == REFRESH_IDS | {"promote_release", "audit_ledger"}
+    assert set(report["files"]) == REFRESH_IDS | SWEEP_IDS | {"promote_release", "audit_ledger"}
     for name, entry in report["files"].items():
         assert entry["dag_id"] == name
         assert entry["seconds"] < PARSE_BUDGET_S, f"{name} took {entry['seconds']:.2f}s to parse"

@@ -1,6 +1,6 @@
-"""Waits that hold no worker on Airflow (issue 48 item 5): deploy_candidate, which the policy table defers, starts the
-candidate on a worker, defers to `_shiplift_triggers.StagePollTrigger` (the triggerer polls), and records the stage on a
-worker once the poll says in service.
+"""Waits that hold no worker on Airflow (issue 48 item 5): deploy_candidate and promote, which the policy table defers,
+start the candidate (production's update) on a worker, defer to `_shiplift_triggers.StagePollTrigger` (the triggerer
+polls), and record the stage on a worker once the poll says in service (the update ended).
 
 `dag.test()` runs every task one at a time and a deferred task's trigger inline, so it proves the task defers and
 resumes, and the ledger it leaves, but it cannot show two runs sharing one worker slot (it has no slots). What makes the
@@ -29,7 +29,7 @@ def test_the_table_s_deferring_stage_is_a_deferrable_task_polled_at_the_table_s_
     from shiplift.tasks.pipeline.table import STEPS
 
     deferring = {name for name, step in STEPS.items() if step.defers}
-    assert deferring == {"deploy_candidate"}
+    assert deferring == {"deploy_candidate", "promote"}
     for task in refresh.tasks:
         is_deferred = isinstance(task, shiplift_dags.DeferredStage)
         assert is_deferred == (task.task_id in deferring), task.task_id
@@ -121,8 +121,9 @@ def test_a_pool_that_does_not_include_deferred_tasks_counts_a_deferred_deploy_in
 
 def test_a_refresh_run_defers_its_deploy_and_the_ledger_shows_start_then_result(tmp_path, run_dags, dags_for_configs,
                                                                                  tiny_release):
-    """dag.test() on the local backend: deploy_candidate defers once (the trigger runs inline), resumes, and the run
-    promotes; the ledger has the deferred start's `started` record, then the stage's own run and its result."""
+    """dag.test() on the local backend: deploy_candidate and promote each defer once (the trigger runs inline), resume,
+    and the run promotes; the ledger has each deferred start's `started` record, then the stage's own run and its
+    result."""
     from shiplift.tasks.config import load_release_config
     from shiplift.tasks.ledger.store import Ledger
     from shiplift.tasks.pipeline.release import release_id_for
@@ -137,12 +138,13 @@ def test_a_refresh_run_defers_its_deploy_and_the_ledger_shows_start_then_result(
         run = result["runs"][0]
         assert run["state"] == "success", output[-5000:]
         assert run["tasks"]["deploy_candidate"] == "success" and run["xcom"]["end"]["status"] == "promoted"
-        assert output.count("running trigger in line") == 1, "deploy_candidate, and only it, deferred"
-        assert "deploy_candidate: started (deferred: polled every 30s" in output
-        deploy = [r for r in Ledger.for_sqlite(state_dir / "ledger.db").release(release_id)
-                  if r.stage == "deploy_candidate"]
-        assert [(r.event, r.payload.get("deferred")) for r in deploy] == [
-            ("started", True), ("started", None), ("succeeded", None)]
-        assert run["xcom"]["deploy_candidate"]["endpoint"] == deploy[-1].payload["endpoint"]
+        assert output.count("running trigger in line") == 2, "deploy_candidate and promote, and only they, deferred"
+        for stage in ("deploy_candidate", "promote"):
+            assert f"{stage}: started (deferred: polled every 30s" in output
+            records = [r for r in Ledger.for_sqlite(state_dir / "ledger.db").release(release_id) if r.stage == stage]
+            assert [(r.event, r.payload.get("deferred")) for r in records] == [
+                ("started", True), ("started", None), ("succeeded", None)], stage
+            assert run["xcom"][stage]["endpoint"] == records[-1].payload["endpoint"]
+        assert run["tasks"]["promote"] == "success"
     finally:
         tiny_release.stop_endpoints(state_dir)

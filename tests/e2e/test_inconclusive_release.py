@@ -91,7 +91,7 @@ def test_an_inconclusive_gate_extended_on_reserve_tasks_passes_and_the_release_i
     looks = record["extension"]["looks"]
     assert [(look["n"], look["status"]) for look in looks] == [(32, "inconclusive"), (48, "inconclusive"),
                                                                (64, "inconclusive"), (80, "pass")]
-    assert looks[0]["method"].startswith("paired bootstrap") and looks[-1]["method"] == "betting confidence sequence"
+    assert looks[0]["method"].startswith("Tango score") and looks[-1]["method"] == "betting confidence sequence"
     assert looks[-1]["interval"][0] > -demo.MARGIN  # the sequence's interval at the stopping look clears the margin
     assert record["extension"]["reserve_tasks_scored"] == 48 and record["extension"]["stopped"] == "decided"
     final = next(c for c in result["checks"] if c["name"] == "champion_accuracy")

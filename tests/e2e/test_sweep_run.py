@@ -16,8 +16,8 @@ from shiplift.tasks.backends.registry import open_ledger
 from shiplift.tasks.cli.main import main
 from shiplift.tasks.ledger import events
 from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.sweep_records import SweepRecords, explanation
 from shiplift.tasks.sweeps.config import load_sweep
-from shiplift.tasks.sweeps.records import SweepRecords, explanation
 from shiplift.tasks.sweeps.run import run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -77,6 +77,8 @@ from shiplift.tasks.artifacts.packaging import safe_extract
 from shiplift.tasks.backends.aws.service_model import request_problems, service_model
 from shiplift.tasks.backends.capacity import cpu_count
 from shiplift.tasks.backends.local.event_stream import payload_events
+from shiplift.tasks.backends.mig_profiles import MIG_GPUS, gpu_for_instance
+from shiplift.tasks.backends.mig_profiles import layout_problem as mig_layout_problem
 from shiplift.tasks.backends.placement import gpus_per_instance
 
 PERCENTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
@@ -111,7 +113,6 @@ IMAGE_KINDS = {"semif": "SEMIF", "encoder": "ENCODER", "dlc-chat": "DLC_CHAT"}
 # The double's "instances" have no GPU: GPU images run on the CPU (the encoder server would refuse cuda without one).
 CPU_ONLY = {"semif": {"SEMIF_N_GPU_LAYERS": "0"}, "encoder": {"ENCODER_DEVICE": "cpu"},
             "dlc-chat": {"SM_LLAMA_CPP_N_GPU_LAYERS": "0"}}
-GPU_LIMITS = {"p4d": (7, 40), "p5": (7, 80), "g7": (2, 32), "g7e": (4, 96)}  # family -> one GPU's (compute slices, GB)
 MIG_PROFILE = re.compile(r"mig-(\d+)g\.(\d+)gb(?:[+-][a-z0-9.]+)*")
 RUNTIME_PATH = re.compile(r"/endpoints/([^/]+)/([a-z-]+)")
 ECR_IMAGE = re.compile(
@@ -937,6 +938,36 @@ def instance_resources(instance_type: str | None, unit: str, layout: list[str]) 
     return cpu_count(instance_type)
 
 
+def _check_layout_fits(name: str, instance_type: str, types: list[str]) -> None:
+    """Refuse, as SageMaker does, a layout that one GPU of `instance_type` cannot hold by NVIDIA's rules."""
+    gpu = gpu_for_instance(instance_type)
+    if gpu is None:
+        raise validation(f"Instance type {instance_type} does not support accelerator partitions; "
+                         f"use an instance of the families {sorted(MIG_GPUS)}.")
+    slices = memory = 0
+    for partition in types:
+        match = MIG_PROFILE.fullmatch(partition)
+        if match is None:
+            raise validation(f'Accelerator partition type "{partition}" is not a MIG profile such as mig-1g.10gb.')
+        slices, memory = slices + int(match.group(1)), memory + int(match.group(2))
+    # SageMaker refuses with a 400 a layout that does not fit one accelerator (stating what it provides and what was
+    # requested) and a type the instance's GPU lacks (listing the valid ones); NVIDIA's placement rules decide the
+    # fit: https://docs.aws.amazon.com/sagemaker/latest/dg/inference-components-accelerator-partitioning-troubleshoot.html
+    if slices > gpu.compute_slices or memory > gpu.memory_gb:
+        raise validation(f'The accelerator partition layout of production variant "{name}" ({", ".join(types)}) '
+                         f"needs {slices} compute slices and {memory} GB, but one GPU of {instance_type} has "
+                         f"{gpu.compute_slices} compute slices and {gpu.memory_gb} GB.")
+    invalid = sorted({partition for partition in types if gpu.profile(partition) is None})
+    if invalid:
+        raise validation(f'Accelerator partition type "{invalid[0]}" is not valid for instance type {instance_type}. '
+                         f"Valid types: {', '.join(p.name for p in gpu.profiles)}.")
+    if mig_layout_problem(instance_type, types):
+        raise validation(f'The accelerator partition layout of production variant "{name}" ({", ".join(types)}) '
+                         f"cannot be placed on one GPU of {instance_type}: it provides at most "
+                         f"{', '.join(f'{p.max_instances} x {p.name}' for p in gpu.profiles)}, on "
+                         f"{gpu.memory_slices} memory slices.")
+
+
 class SageMaker:
     """The SageMaker control plane and runtime: stores, validation, transitions, invocation."""
 
@@ -1247,23 +1278,7 @@ class SageMaker:
         types = layouts[0].get("AcceleratorPartitionTypes") or []
         if not types:
             raise validation(f'Production variant "{name}": the layout lists no AcceleratorPartitionTypes.')
-        instance_type = variant["InstanceType"]
-        family = instance_type.split(".")[1]
-        if family not in GPU_LIMITS:
-            raise validation(f"Instance type {instance_type} does not support accelerator partitions; "
-                             f"use an instance of the families {sorted(GPU_LIMITS)}.")
-        slices = memory = 0
-        for partition in types:
-            match = MIG_PROFILE.fullmatch(partition)
-            if match is None:
-                raise validation(f'Accelerator partition type "{partition}" is not a MIG profile such as mig-1g.10gb.')
-            slices, memory = slices + int(match.group(1)), memory + int(match.group(2))
-        max_slices, max_memory = GPU_LIMITS[family]
-        if slices > max_slices or memory > max_memory:
-            raise validation(f'The accelerator partition layout of production variant "{name}" ({", ".join(types)}) '
-                             'needs '
-                             f"{slices} compute slices and {memory} GB, but one GPU of {instance_type} has "
-                             f"{max_slices} compute slices and {max_memory} GB.")
+        _check_layout_fits(name, variant["InstanceType"], types)
 
     def create_endpoint_config(self, params: dict[str, Any]) -> dict[str, Any]:
         name = params["EndpointConfigName"]
@@ -1629,7 +1644,13 @@ class SageMaker:
                 stop_containers(outcome.copies)
                 component.status, component.failure_reason = "InService", None
             elif outcome.failure_reason or outcome.rolled_back:
-                component.status = "InService" if component.copies else "Failed"
+                # a rollback puts the old fleet back ("SageMaker AI provisions the entire capacity of the old endpoint
+                # fleet", RollbackMaximumBatchSize in API_InferenceComponentRollingUpdatePolicy.html): a component
+                # scaled to zero before its update is back at zero copies, InService as a scaled-in component is
+                # (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-zero-instances.html); AWS
+                # documents no Failed for it. Failed only where copies that served before the update are gone.
+                restored = component.copies or (rolling is not None and rolling.old_count == 0)
+                component.status = "InService" if restored else "Failed"
                 component.failure_reason = outcome.failure_reason
             else:
                 if rolling is None:

@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 OWN_PACKAGES = frozenset({"shiplift", "tasks", "validation", "images", "dags", "tests", "bench", "scripts"})
 # tree -> the pyproject groups installed wherever it runs ("dependencies" is the base list); longest prefix wins
-ENGINES = ("airflow", "encoders")  # the extras `make setup` installs beside dev and demo
+ENGINES = ("airflow", "encoders", "openvino")  # the extras `make setup` installs beside dev and demo
 GROUPS_BY_TREE = {
     **{tree: ("dependencies", "demo", *ENGINES) for tree in ("tasks", "validation")},
     **{tree: ("dependencies", "demo", "airflow") for tree in ("dags", "scripts")},
     "images": ("dependencies", "demo"),
-    "images/encoder": ("dependencies", "demo", "encoders"),
+    "images/encoder": ("dependencies", "demo", "encoders", "openvino"),
     "bench": ("dependencies", "dev", "demo", *ENGINES),
     "tests": ("dependencies", "dev", "demo", *ENGINES),
     "tests/celery": ("dependencies", "dev", "demo", "celery", *ENGINES),

@@ -1,6 +1,6 @@
 """validation.extension and the validate stage's choice for an inconclusive gate (`validation.inconclusive`).
 
-The gate's first look is the real paired bootstrap (validation.gates.evaluate_gates) on synthetic prediction rows; the
+The gate's first look is the real paired interval (validation.gates.evaluate_gates) on synthetic prediction rows; the
 reserve is scored by fake scorers whose answers are drawn per task with a seed (a known true accuracy difference),
 so each test knows what the extension must conclude. The config refusals go through the real config loader.
 """
@@ -27,6 +27,7 @@ from shiplift.validation.decisions.evaluate import DECISION_REPORT
 from shiplift.validation.evaluate import GateOutcome, Target
 from shiplift.validation.extension import Budget, Reserve, extend_champion_check
 from shiplift.validation.gates import evaluate_gates
+from shiplift.validation.metrics import paired_latency_ratio
 from shiplift.validation.thresholds import ChampionRule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,12 +48,12 @@ def without_a_choice(folder: Path) -> Path:
     return path
 
 
-def row(ident: str, right: bool) -> dict:
-    """A valid prediction row answering A (expected A when `right`, else expected B)."""
+def row(ident: str, right: bool, latency_ms: float = 10.0) -> dict:
+    """A valid prediction row answering A (expected A when `right`, else expected B), one request of `latency_ms`."""
     return {"id": ident, "dataset": "d", "expected": "A" if right else "B", "option_ids": ["A", "B"],
             "probabilities": [0.8, 0.2], "option_logits": None, "allowed_token_mass": 0.99, "temperature": 1.0,
-            "latency_ms": 10.0, "server_forward_ms": None, "server_total_ms": None, "attempts": 1, "retries_503": 0,
-            "error": None, "started_at": 0.0}
+            "latency_ms": latency_ms, "server_forward_ms": None, "server_total_ms": None, "attempts": 1,
+            "retries_503": 0, "error": None, "started_at": 0.0}
 
 
 class Truth:
@@ -74,11 +75,34 @@ class Truth:
         return self.known[ident]
 
 
-def first_gate(out_dir: Path, truth: Truth, n: int, rule: ChampionRule = RULE) -> GateOutcome:
+class Slowness:
+    """Per request, each side's latency in ms: log-normal around 100 ms with log-spread `spread` (a busy machine), the
+    candidate's scaled by `ratio` (so its true p95 over the champion's is `ratio`), drawn once per request, seeded."""
+
+    def __init__(self, *, ratio: float, spread: float, seed: int):
+        self.rng, self.ratio, self.spread, self.known = np.random.default_rng(seed), ratio, spread, {}
+
+    def __call__(self, ident: str) -> tuple[float, float]:
+        if ident not in self.known:
+            mine, theirs = 100.0 * np.exp(self.spread * self.rng.normal(size=2))
+            self.known[ident] = (self.ratio * float(mine), float(theirs))
+        return self.known[ident]
+
+
+def steady(ident: str) -> tuple[float, float]:
+    """Both sides 10 ms on every request: a latency ratio of exactly 1."""
+    return 10.0, 10.0
+
+
+def rows_of(ids, truth: Truth, slowness, side: int) -> list[dict]:
+    """One side's prediction rows (0: the candidate, 1: the champion) of `ids`."""
+    return [row(i, truth(i)[side], slowness(i)[side]) for i in ids]
+
+
+def first_gate(out_dir: Path, truth: Truth, n: int, rule: ChampionRule = RULE, slowness=steady) -> GateOutcome:
     """The gate's first look written as evaluate_decisions writes it (gate-report.json and the predictions files)."""
     ids = [f"gate-{i}" for i in range(n)]
-    candidate = [row(i, truth(i)[0]) for i in ids]
-    champion = [row(i, truth(i)[1]) for i in ids]
+    candidate, champion = rows_of(ids, truth, slowness, 0), rows_of(ids, truth, slowness, 1)
     report = evaluate_gates(candidate, thresholds=None, champion_preds=champion, champion_rule=rule).to_dict()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gate-report.json").write_text(json.dumps(report))
@@ -89,14 +113,13 @@ def first_gate(out_dir: Path, truth: Truth, n: int, rule: ChampionRule = RULE) -
                        datasets=[], gate_report_json=out_dir / "gate-report.json", report_html=out_dir / "report.html")
 
 
-def reserve_of(truth: Truth, size: int, calls: list | None = None) -> Reserve:
+def reserve_of(truth: Truth, size: int, calls: list | None = None, slowness=steady) -> Reserve:
     tasks = [SimpleNamespace(id=f"reserve-{i}") for i in range(size)]
 
     def score(target: Target, batch: list) -> list[dict]:
         if calls is not None:
             calls.append((target.label, len(batch)))
-        side = 0 if target.label == "candidate" else 1
-        return [row(task.id, truth(task.id)[side]) for task in batch]
+        return rows_of([task.id for task in batch], truth, slowness, 0 if target.label == "candidate" else 1)
 
     return Reserve(tasks=tasks, score=score, datasets=[{"name": "reserve0", "n": size}], parts=DECISION_REPORT)
 
@@ -104,15 +127,18 @@ def reserve_of(truth: Truth, size: int, calls: list | None = None) -> Reserve:
 CANDIDATE, CHAMPION = Target(None, "candidate"), Target(None, "champion")
 
 
-def inconclusive_seed(n: int, **truth) -> int:
-    """A seed whose first look of `n` tasks is inconclusive (found, not assumed)."""
+def inconclusive_seed(n: int, rule: ChampionRule = RULE, slowness: dict | None = None,
+                      inconclusive: set[str] | None = None, **truth) -> int:
+    """A seed whose first look of `n` tasks is inconclusive (found, not assumed): on exactly the checks named in
+    `inconclusive` when given; with latencies drawn by `Slowness(**slowness)` when given."""
     for seed in range(50):
         t = Truth(seed=seed, **truth)
-        answers = [t(f"gate-{i}") for i in range(n)]
-        report = evaluate_gates([row(f"gate-{i}", a[0]) for i, a in enumerate(answers)], thresholds=None,
-                                champion_preds=[row(f"gate-{i}", a[1]) for i, a in enumerate(answers)],
-                                champion_rule=RULE)
-        if report.decision == "inconclusive":
+        slow = steady if slowness is None else Slowness(seed=seed, **slowness)
+        ids = [f"gate-{i}" for i in range(n)]
+        report = evaluate_gates(rows_of(ids, t, slow, 0), thresholds=None, champion_preds=rows_of(ids, t, slow, 1),
+                                champion_rule=rule)
+        undecided = {check.name for check in report.checks if check.status == "inconclusive"}
+        if report.decision == "inconclusive" and inconclusive in (None, undecided):
             return seed
     raise AssertionError("no inconclusive first look in 50 seeds")
 
@@ -127,8 +153,10 @@ def test_an_equal_candidate_left_inconclusive_is_passed_by_the_extension(tmp_pat
                                      reserve=reserve_of(truth, 1500, calls),
                                      rule=RULE, budget=Budget(batch=50, max_tasks=1500, deadline_s=600))
     assert (evidence["status"], evidence["decision"], evidence["stopped"]) == ("pass", "pass", "decided")
-    assert evidence["looks"][0]["method"].startswith("paired bootstrap") and evidence["looks"][-1]["status"] == "pass"
-    assert evidence["n"] == 111 + evidence["reserve_tasks_scored"] and evidence["interval"][0] > -0.05
+    assert evidence["looks"][0]["method"].startswith("Tango score") and evidence["looks"][-1]["status"] == "pass"
+    assert evidence["n"] == 111 + evidence["reserve_tasks_scored"]
+    assert evidence["extended"]["champion_accuracy"]["ci"][0] > -0.05 and set(evidence["extended"]) == {
+        "champion_accuracy"}
     # alternating: the candidate answers first on odd looks, the champion on even ones
     assert [label for label, _ in calls[:4]] == ["candidate", "champion", "champion", "candidate"]
     written = json.loads((tmp_path / "extension.json").read_text())
@@ -156,7 +184,7 @@ def test_a_candidate_worse_than_the_margin_is_failed_by_the_extension(tmp_path):
                                      reserve=reserve_of(truth, 1000),
                                      rule=RULE, budget=Budget(batch=50, max_tasks=1000, deadline_s=600))
     assert (evidence["status"], evidence["decision"]) == ("fail", "fail")
-    assert evidence["interval"][1] < -0.05
+    assert evidence["extended"]["champion_accuracy"]["ci"][1] < -0.05
 
 
 def test_a_spent_budget_leaves_it_inconclusive(tmp_path):
@@ -215,6 +243,85 @@ def test_reserve_tasks_the_gate_already_read_are_refused(tmp_path):
                               rule=RULE, budget=Budget(batch=10, max_tasks=10, deadline_s=60))
 
 
+# --- the latency ratio, extended --------------------------------------------------------------------------------
+
+RATIO_RULE = RULE.model_copy(update={"max_p95_ratio": 2.0})
+FIVE_LOOKS = Budget(batch=300, max_tasks=1500, deadline_s=600)  # planned before the first look: 5, Bonferroni over 5
+
+
+def ratio_case(tmp_path: Path, *, ratio: float, disagreement: float, inconclusive: set[str]):
+    """A first look inconclusive on exactly `inconclusive`, candidate latencies `ratio` times the champion's on a busy
+    machine (log-spread 0.8), answers as equally good as the champion's at `disagreement`; and its reserve."""
+    slowness = {"ratio": ratio, "spread": 0.8}
+    seed = inconclusive_seed(111, RATIO_RULE, slowness, inconclusive, disagreement=disagreement, difference=0.0)
+    truth, slow = Truth(disagreement=disagreement, difference=0.0, seed=seed), Slowness(seed=seed, **slowness)
+    gate = first_gate(tmp_path, truth, 111, RATIO_RULE, slow)
+    assert {c["name"] for c in gate.checks if c["status"] == "inconclusive"} == inconclusive
+    return gate, reserve_of(truth, 1500, slowness=slow)
+
+
+def all_rows(out_dir: Path, side: str) -> list[dict]:
+    """The gate's and the extension's rows of one side, as written beside the report."""
+    prefix = "" if side == "candidate" else "champion-"
+    return [json.loads(line) for name in (f"{prefix}predictions.jsonl", f"{prefix}extension-predictions.jsonl")
+            for line in (out_dir / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("ratio, decided", [(1.3, "pass"), (3.0, "fail")])
+def test_an_inconclusive_latency_ratio_alone_is_decided_by_the_extension(tmp_path, ratio, decided):
+    _, reserve = ratio_case(tmp_path, ratio=ratio, disagreement=0.0, inconclusive={"champion_p95_ratio"})
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve,
+                                     rule=RATIO_RULE, budget=FIVE_LOOKS)
+    assert (evidence["status"], evidence["decision"], evidence["stopped"]) == (decided, decided, "decided")
+    assert set(evidence["extended"]) == {"champion_p95_ratio"} and evidence["planned_looks"][-1] == 111 + 1500
+    assert {look["check"] for look in evidence["looks"]} == {"champion_p95_ratio"}
+    assert evidence["looks"][-1]["method"] == "paired bootstrap of the p95 ratio, Bonferroni over 5 looks"
+    final = next(c for c in evidence["checks"] if c["name"] == "champion_p95_ratio")
+    assert final["status"] == decided and final["reason"].startswith(f"extended: look {len(evidence['looks']) - 1} "
+                                                                     "of 5, interval at 0.99 (Bonferroni")
+    low, high = final["ci"]
+    assert high <= 2.0 if decided == "pass" else low > 2.0
+    # judged on ALL paired requests so far (the gate's and the reserve's; each side's first, cold one left out) ...
+    candidate_rows, champion_rows = all_rows(tmp_path, "candidate"), all_rows(tmp_path, "champion")
+    assert final["n"] == 111 + evidence["reserve_tasks_scored"] - 1 == len(candidate_rows) - 1
+    # ... at the per-look confidence 0.99: wider than the plain 95 % interval of the same requests, around it
+    plain = paired_latency_ratio(candidate_rows, champion_rows, n_bootstrap=2000, seed=0, confidence=0.95)
+    assert low < plain["ci"][0] <= plain["ci"][1] < high and final["observed"] == pytest.approx(plain["ratio"])
+    accuracy = next(c for c in evidence["checks"] if c["name"] == "champion_accuracy")
+    assert accuracy["status"] == "pass" and accuracy["n"] == 111  # decided at the first look: not judged again
+    page = (tmp_path / "report.html").read_text()
+    assert f'id="decision">{decided}<' in page and page.count("Bonferroni over 5 looks") == len(evidence["looks"]) - 1
+
+
+def test_an_inconclusive_accuracy_and_ratio_are_both_judged_until_both_decide(tmp_path):
+    _, reserve = ratio_case(tmp_path, ratio=1.3, disagreement=0.15,
+                            inconclusive={"champion_accuracy", "champion_p95_ratio"})
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION, reserve=reserve,
+                                     rule=RATIO_RULE, budget=FIVE_LOOKS)
+    assert (evidence["decision"], evidence["stopped"]) == ("pass", "decided")
+    assert {name: check["status"] for name, check in evidence["extended"].items()} == {
+        "champion_accuracy": "pass", "champion_p95_ratio": "pass"}
+    by_check = {name: [look for look in evidence["looks"] if look["check"] == name] for name in evidence["extended"]}
+    last = max(look["look"] for look in evidence["looks"])
+    # the extension stopped at the look where the later of the two decided; the earlier was not judged after it
+    assert last == max(looks[-1]["look"] for looks in by_check.values())
+    assert all(look["status"] == "inconclusive" for looks in by_check.values() for look in looks[:-1])
+
+
+def test_a_ratio_still_inconclusive_when_the_reserve_runs_out_blocks(tmp_path):
+    truth = Truth(disagreement=0.0, difference=0.0, seed=0)
+    slowness = {"ratio": 2.0, "spread": 0.8}  # exactly at the threshold: no number of requests decides it
+    seed = inconclusive_seed(111, RATIO_RULE, slowness, {"champion_p95_ratio"}, disagreement=0.0, difference=0.0)
+    slow = Slowness(seed=seed, **slowness)
+    first_gate(tmp_path, truth, 111, RATIO_RULE, slow)
+    evidence = extend_champion_check(tmp_path, title="t", candidate=CANDIDATE, champion=CHAMPION,
+                                     reserve=reserve_of(truth, 200, slowness=slow), rule=RATIO_RULE,
+                                     budget=Budget(batch=100, max_tasks=1000, deadline_s=600))
+    assert (evidence["decision"], evidence["stopped"], evidence["reserve_tasks_scored"]) == ("inconclusive", "tasks",
+                                                                                             200)
+    assert [look["look"] for look in evidence["looks"]] == [0, 1, 2]
+
+
 # --- the config -------------------------------------------------------------------------------------------------
 
 def test_the_choice_defaults_to_block_and_leaves_the_config_hash_alone(tmp_path):
@@ -257,11 +364,15 @@ def test_the_decision_family_loads_its_reserve():
 
 # --- the validate stage's choice --------------------------------------------------------------------------------
 
-def stage_ctx(overrides: tuple[str, ...], truth: Truth, said: list):
+def stage_ctx(overrides: tuple[str, ...], truth: Truth, said: list, *, slowness=steady, items_per_request: int = 1):
+    """The validate stage's context for `follow_choice`: gemma-decision.yaml (margin 0.05, its max_p95_ratio 2) with
+    `overrides`, and a family whose reserve `reserve_of` scores and whose requests hold `items_per_request` items."""
     config = load_release_config(GEMMA,
                                  overrides=(*PLAIN, "validation.champion.margin=0.05",
                                             "validation.champion.n_bootstrap=500", *overrides), environ={})
-    family = SimpleNamespace(reserve=lambda validation, config_dir, settings, progress: reserve_of(truth, 1500))
+    family = SimpleNamespace(
+        reserve=lambda validation, config_dir, settings, progress: reserve_of(truth, 1500, slowness=slowness),
+        items_per_request=lambda validation: items_per_request)
     return SimpleNamespace(config=config, config_dir=GEMMA.parent, say=said.append, family=family, release_id="r-test")
 
 
@@ -288,6 +399,43 @@ def test_an_inconclusive_gate_follows_its_choice(tmp_path, choice):
         assert (decision, record["outcome"]) == ("pass", "extended: pass")
         assert record["extension"]["looks"][-1]["status"] == "pass" and (tmp_path / "extension.json").is_file()
         assert next(c for c in checks if c["name"] == "champion_accuracy")["status"] == "pass"
+
+
+FIVE_LOOKS_EXTEND = EXTEND.replace('"batch": 50', '"batch": 300')
+
+
+@pytest.mark.parametrize("items_per_request", [1, 8])
+def test_an_inconclusive_latency_ratio_alone_is_extended_where_a_row_is_a_request(tmp_path, items_per_request):
+    gate, reserve = ratio_case(tmp_path, ratio=1.3, disagreement=0.0, inconclusive={"champion_p95_ratio"})
+    assert gate.decision == "inconclusive"
+    said: list = []
+    ctx = stage_ctx(("validation.inconclusive.choice=extend", FIVE_LOOKS_EXTEND), Truth(disagreement=0.0,
+                    difference=0.0, seed=0), said, items_per_request=items_per_request)
+    ctx.family.reserve = lambda validation, config_dir, settings, progress: reserve
+    assert ctx.config.validation.champion.max_p95_ratio == RATIO_RULE.max_p95_ratio
+    decision, checks, record = validate_stage.follow_choice(ctx, gate, CANDIDATE, CHAMPION)
+    if items_per_request == 1:  # the old code blocked here: only an inconclusive champion_accuracy was extended
+        assert (decision, record["outcome"]) == ("pass", "extended: pass")
+        assert next(c for c in checks if c["name"] == "champion_p95_ratio")["status"] == "pass"
+        assert record["extension"]["looks"][-1]["check"] == "champion_p95_ratio"
+    else:  # a request holds a batch of items (NLI): the reserve's rows are not requests, so the ratio is not extended
+        assert (decision, record["outcome"], checks) == ("inconclusive", "blocked", gate.checks)
+        assert "inconclusive here: champion_p95_ratio" in record["why"] and not (tmp_path / "extension.json").exists()
+
+
+@pytest.mark.parametrize("undecided, choice, ratio_per_request, allowed", [
+    ({"champion_accuracy"}, "extend", True, True),
+    ({"champion_p95_ratio", "champion_ece"}, "extend", True, True),
+    ({"champion_accuracy", "champion_p95_ratio", "champion_ece"}, "ask", False, True),
+    ({"champion_ece"}, "extend", True, False),  # ECE alone: nothing judged sequentially, so it blocks
+    ({"champion_accuracy", "accuracy"}, "extend", True, False),  # an absolute check no extension can change
+    ({"champion_accuracy", "champion_p95_ratio"}, "extend", False, False),
+])
+def test_which_inconclusive_checks_an_escape_takes(undecided, choice, ratio_per_request, allowed):
+    why = validate_stage.escape_refused(choice, undecided, ratio_per_request=ratio_per_request)
+    assert (why is None) == allowed
+    if why:
+        assert why.endswith(f"inconclusive here: {', '.join(sorted(undecided))}")
 
 
 def test_a_decided_gate_records_no_choice(tmp_path):

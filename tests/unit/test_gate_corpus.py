@@ -15,7 +15,7 @@ import pytest
 
 from bench.gate_corpus import Spec, draw, load_base, temperature_for, truth
 from bench.gate_error_rates import CONFIGS, Setting, main, measure_cell
-from shiplift.validation.gate_power import accuracy_sd, outcome_probabilities
+from shiplift.validation.gate_power import score_outcomes
 from shiplift.validation.metrics import expected_calibration_error, score_predictions
 from shiplift.validation.thresholds import ChampionRule
 
@@ -79,21 +79,22 @@ def _rule(**kw):
 @pytest.mark.parametrize("spec", [Spec("equal 3%", disagreement=0.03), Spec("equal 8%", disagreement=0.08),
                                   Spec("equal 15%", disagreement=0.15),
                                   Spec("worse by the margin", disagreement=0.08, shortfall=0.05)])
-def test_fixed_size_rates_match_the_closed_form(base, spec):
-    """The bench's fixed-size accuracy check agrees with gate_power's P(pass) within sampling error (+ the normal
-    approximation's slack on 111 tasks)."""
+def test_fixed_size_rates_match_the_plan(base, spec):
+    """The bench's fixed-size accuracy check agrees with gate_power's exact P(pass) within sampling error (+ slack:
+    the corpus flips tasks of a finite recorded pool, the plan draws each task's outcome independently)."""
     candidates = 600
     setting = Setting(("t.yaml",), 111, _rule(), False, False)
     rows, _, _ = measure_cell(setting, base, spec, [0, 0, 0], candidates=candidates, extension=False, batch=20,
                               reserve=120, cross_check=0)
     measured = next(r for r in rows if r["check"] == "champion_accuracy")["fixed"]["pass"]
-    closed = outcome_probabilities(n=111, margin=0.05, sd=accuracy_sd(spec.disagreement, spec.shortfall),
-                                   shortfall=spec.shortfall, confidence=0.95)["pass"]
+    closed = score_outcomes(n=111, margin=0.05, disagreement=spec.disagreement, shortfall=spec.shortfall,
+                            confidence=0.95)["pass"]
     assert abs(measured - closed) <= 3 * math.sqrt(closed * (1 - closed) / candidates) + 0.05
 
 
 def test_fast_path_judges_as_evaluate_gates(base):
-    """Every check's status from the vectorized bootstraps equals the real gate's on the same rows."""
+    """Every check's status from the bench's fast path (score intervals per table, vectorized bootstraps) equals the
+    real gate's on the same rows."""
     setting = Setting(("t.yaml",), 111, _rule(also_ece_margin=0.05, max_p95_ratio=1.5), False, False)
     spec = Spec("flipped, skewed, slower", disagreement=0.08, temperature=0.7, latency_ratio=1.4)
     _, checked, mismatches = measure_cell(setting, base, spec, [1, 2, 3], candidates=2, extension=False, batch=20,

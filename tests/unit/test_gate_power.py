@@ -1,5 +1,6 @@
-"""The champion checks' power (`validation.gate_power`): the closed form against hand-computed values, and against a
-seeded simulation of the real gate (`validation.metrics.paired_bootstrap` and the rule in `validation.gates`)."""
+"""The champion checks' power (`validation.gate_power`): the normal closed form (the ECE check's) against
+hand-computed values, and the accuracy check's exact score-interval probabilities against a seeded simulation of the
+real gate (`validation.metrics.paired_score_interval` and the rule in `validation.gates`)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from shiplift.validation.gate_power import (
     accuracy_sd,
     narrowest_margin,
     outcome_probabilities,
+    score_narrowest_margin,
+    score_outcomes,
     sd_from_interval,
     tasks_needed,
 )
 from shiplift.validation.gates import _champion_check
-from shiplift.validation.metrics import paired_bootstrap
+from shiplift.validation.metrics import paired_score_interval
 from shiplift.validation.thresholds import ChampionRule
 
-CANDIDATES = 300  # simulated candidates per row: a proportion's standard error is at most 0.029
-TOLERANCE = 0.07  # the normal approximation of a discrete, bootstrapped interval, plus that sampling error
+CANDIDATES = 2000  # simulated candidates per row: a proportion's standard error is at most 0.011
+TOLERANCE = 0.035  # three of those: the exact probabilities leave only the simulation's sampling error
 
 
 def test_gate_power_closed_form_matches_hand_computed_values():
@@ -43,42 +46,37 @@ def test_gate_power_closed_form_matches_hand_computed_values():
     assert sd_from_interval([-half, half], 231, 0.95) == pytest.approx(math.sqrt(0.08), rel=1e-3)
 
 
-def _accuracy(outcomes: np.ndarray):
-    """The paired bootstrap's statistic for one side: its accuracy over a resample's task indices."""
-    return lambda idx: float(outcomes[idx].mean())
-
-
 def simulated_outcomes(*, n: int, margin: float, disagreement: float, difference: float, seed: int) -> dict[str, float]:
     """Share of pass / inconclusive / fail over seeded candidates whose per-task outcomes are drawn around the truth,
-    each judged by the real paired bootstrap and champion rule."""
+    each judged by the real paired score interval and champion rule."""
     rule = ChampionRule(margin=margin)
     disagreement = max(disagreement, abs(difference))
     better, worse = (disagreement + difference) / 2, (disagreement - difference) / 2
     rng = np.random.default_rng(seed)
     counts = {"pass": 0, "inconclusive": 0, "fail": 0}
+    intervals: dict[tuple[int, int], list[float]] = {}
     for _ in range(CANDIDATES):
         champion = (rng.random(n) < 0.775).astype(float)
         draw = rng.random(n)
         flips = np.where(draw < better, 1.0, np.where(draw < better + worse, -1.0, 0.0))
         champion[flips == 1.0], champion[flips == -1.0] = 0.0, 1.0  # a candidate right where the champion is wrong
         candidate = champion + flips
-        diff = paired_bootstrap(_accuracy(candidate), _accuracy(champion), n,
-                                n_bootstrap=rule.n_bootstrap, seed=rule.seed, confidence=rule.confidence)
+        gained, lost = int(np.sum(candidate > champion)), int(np.sum(candidate < champion))
+        if (gained, lost) not in intervals:  # the interval depends on the table only
+            intervals[gained, lost] = paired_score_interval(gained, lost, n, confidence=rule.confidence)
+        diff = {"n": n, "difference": (gained - lost) / n, "ci": intervals[gained, lost]}
         check = _champion_check("champion_accuracy", diff, margin=margin, min_samples=rule.min_samples,
                                 higher_is_better=True)
         counts[check.status] += 1
     return {status: count / CANDIDATES for status, count in counts.items()}
 
 
-SLOW = pytest.mark.slow  # ~9 s each: make test-slow; the 111-task cases stay in make test
-
-
 @pytest.mark.parametrize("n, margin, disagreement, times", [
-    pytest.param(231, 0.02, 0.08, 0, marks=SLOW), pytest.param(231, 0.02, 0.08, 2, marks=SLOW), (111, 0.05, 0.08, 0),
-    (111, 0.05, 0.08, 1), pytest.param(231, 0.02, 0.03, 0, marks=SLOW)])
-def test_gate_power_analytic_outcomes_agree_with_a_seeded_simulation(n, margin, disagreement, times):
-    spread_sd = accuracy_sd(disagreement, times * margin)
-    analytic = outcome_probabilities(n=n, margin=margin, sd=spread_sd, shortfall=times * margin, confidence=0.95)
+    (231, 0.02, 0.08, 0), (231, 0.02, 0.08, 2), (111, 0.05, 0.08, 0), (111, 0.05, 0.08, 1), (231, 0.02, 0.03, 0),
+    (111, 0.12, 0.12, 1)])
+def test_gate_power_exact_outcomes_agree_with_a_seeded_simulation(n, margin, disagreement, times):
+    analytic = score_outcomes(n=n, margin=margin, disagreement=disagreement, shortfall=times * margin,
+                              confidence=0.95)
     simulated = simulated_outcomes(n=n, margin=margin, disagreement=disagreement, difference=-times * margin, seed=n
                                    + times)
     for status in ("pass", "inconclusive", "fail"):
@@ -87,21 +85,22 @@ def test_gate_power_analytic_outcomes_agree_with_a_seeded_simulation(n, margin, 
 
 def test_gate_power_explains_the_issues_table_which_fixes_the_observed_difference_at_zero():
     # issue 45's table (n 231, margin 0.02, 8 % disagreement, difference 0: pass 0.00) drew bootstrap seeds around
-    # a set whose observed difference is exactly 0: then the interval's half-width 1.96·√(q/n) = 0.036 always
-    # exceeds the margin and the real rule never passes. The plan instead draws the tasks too (the set is a sample),
-    # so an equal candidate passes when it happens to score ≥ 0.016 better here: 0.19 (`simulated_outcomes`).
+    # a set whose observed difference is exactly 0: then the interval's half-width, about 1.96·√(q/n) = 0.036, always
+    # exceeds the margin and the real rule never passes (the score interval the gate takes now neither). The plan
+    # instead draws the tasks too (the set is a sample), so an equal candidate passes when it happens to score better
+    # by enough here: 0.17 (`simulated_outcomes`).
     champion = np.tile([1.0, 0.0], 116)[:231]
     candidate = champion.copy()
     swapped = np.flatnonzero(champion == 1.0)[:9].tolist() + np.flatnonzero(champion == 0.0)[:9].tolist()
     candidate[swapped] = 1.0 - candidate[swapped]  # 18 of 231 disagree (7.8 %), 9 each way
-    rule = ChampionRule(margin=0.02)
-    for seed in range(5):
-        diff = paired_bootstrap(lambda idx: float(candidate[idx].mean()), lambda idx: float(champion[idx].mean()), 231,
-                                n_bootstrap=rule.n_bootstrap, seed=seed, confidence=rule.confidence)
-        assert diff["difference"] == 0.0
-        check = _champion_check("champion_accuracy", diff, margin=0.02, min_samples=30, higher_is_better=True)
-        assert check.status == "inconclusive"
+    gained, lost = int(np.sum(candidate > champion)), int(np.sum(candidate < champion))
+    diff = {"n": 231, "difference": (gained - lost) / 231, "ci": paired_score_interval(gained, lost, 231)}
+    assert diff["difference"] == 0.0 and diff["ci"][0] < -0.02 < 0.02 < diff["ci"][1]
+    check = _champion_check("champion_accuracy", diff, margin=0.02, min_samples=30, higher_is_better=True)
+    assert check.status == "inconclusive"
     assert 1.96 * math.sqrt(18 / 231 / 231) > 0.02
+    equal = score_outcomes(n=231, margin=0.02, disagreement=0.08, shortfall=0.0, confidence=0.95)["pass"]
+    assert equal == pytest.approx(0.17, abs=0.01)
 
 
 def test_a_gate_report_carries_its_power_at_its_size_with_the_disagreement_it_saw():
@@ -123,8 +122,21 @@ def test_a_gate_report_carries_its_power_at_its_size_with_the_disagreement_it_sa
     report = evaluate_gates(candidate, thresholds=None, champion_preds=champion, champion_rule=rule).to_dict()
     accuracy, = report["champion"]["power"]
     assert accuracy["spread"]["disagreement"] == pytest.approx(0.08)
-    expected = outcome_probabilities(n=100, margin=0.05, sd=accuracy_sd(0.08), shortfall=0.0, confidence=0.95)["pass"]
+    expected = score_outcomes(n=100, margin=0.05, disagreement=0.08, shortfall=0.0, confidence=0.95)["pass"]
     assert accuracy["equal_passes"] == pytest.approx(expected)
-    assert accuracy["narrowest_margin"] == pytest.approx(narrowest_margin(n=100, sd=accuracy_sd(0.08), confidence=0.95))
+    assert accuracy["narrowest_margin"] == pytest.approx(score_narrowest_margin(n=100, disagreement=0.08,
+                                                                                confidence=0.95))
     html = render_html("t", report, candidate, DECISION_REPORT)
     assert "The gate's power at this size" in html and "8.0% of tasks answered differently" in html
+
+
+def test_the_binomial_probabilities_match_scipy():
+    from scipy.stats import binom
+
+    from shiplift.validation.gate_power import binomial_pmf
+
+    log_factorial = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, 301)))])
+    successes = np.arange(-2, 303)
+    for trials, p in ((300, 0.08), (300, 0.0), (300, 1.0), (17, 0.5), (0, 0.3)):
+        assert binomial_pmf(successes, trials, p, log_factorial) == pytest.approx(binom.pmf(successes, trials, p),
+                                                                                abs=1e-12)

@@ -10,13 +10,36 @@ from pathlib import Path
 import pytest
 
 from shiplift.tasks.cli.main import main
-from shiplift.validation.gate_power import measured_spread, plan_champion_checks
+from shiplift.validation.gate_power import (
+    measured_spread,
+    narrowest_margin,
+    plan_champion_checks,
+    score_narrowest_margin,
+    score_outcomes,
+    score_tasks_needed,
+)
 from shiplift.validation.thresholds import ChampionRule
 
 QWEN = "configs/releases/qwen35-4b-semif.yaml"
 GEMMA = "configs/releases/gemma-decision.yaml"
 NARROW_QWEN = ("--set", "validation.champion.margin=0.02")  # the margins the examples shipped with before the plan
 OLD_GEMMA = ("--set", "validation.champion.margin=0.05")
+
+
+def equal_passes(n: int, margin: float, disagreement: float = 0.08) -> str:
+    """An equal candidate's P(pass) as the plan prints it (`score_outcomes`, checked against a simulation of the real
+    gate in test_gate_power.py)."""
+    return f"{outcomes(n, margin, disagreement)['pass']:.2f}"
+
+
+def outcomes(n: int, margin: float, disagreement: float = 0.08) -> dict[str, float]:
+    return score_outcomes(n=n, margin=margin, disagreement=disagreement, shortfall=0.0, confidence=0.95)
+
+
+def power_fix(n: int, margin: float) -> str:
+    """The plan's "narrowest margin or tasks" at the 8 % prior, as its warning prints it."""
+    return (f"{score_narrowest_margin(n=n, disagreement=0.08, confidence=0.95):.3f} or "
+            f"{score_tasks_needed(margin=margin, disagreement=0.08, confidence=0.95)} tasks")
 
 
 def plan_json(capsys, config: str, ledger_url: str, *extra: str) -> dict:
@@ -31,11 +54,15 @@ def test_gate_plan_qwen_says_an_equal_candidate_cannot_pass(capsys, tmp_path):
     assert plan["tasks"] == 111 and plan["ledger"].startswith("no ledger read")
     assert accuracy["spread"]["source"] == "prior" and accuracy["spread"]["disagreement"] == 0.08
     assert accuracy["underpowered"] and accuracy["equal_passes"] < 0.15
-    # (1.96 + 0.8416)·√(0.08/111) = 0.0752; (2.8016·√0.08/0.02)² = 1569.8 tasks
-    assert accuracy["narrowest_margin"] == pytest.approx(2.8016 * math.sqrt(0.08 / 111), abs=1e-4)
-    assert accuracy["tasks_needed"] == 1570
+    # the score interval takes its variance under the hypothesis (−margin), wider than the Wald interval's at the
+    # estimate, so it needs a wider margin than the normal form's (1.96 + 0.8416)·√(0.08/111) = 0.0752 and more than
+    # its (2.8016·√0.08/0.02)² = 1570 tasks
+    assert accuracy["narrowest_margin"] == pytest.approx(score_narrowest_margin(n=111, disagreement=0.08,
+                                                                                confidence=0.95))
+    assert accuracy["narrowest_margin"] > narrowest_margin(n=111, sd=math.sqrt(0.08), confidence=0.95)
+    assert accuracy["tasks_needed"] == score_tasks_needed(margin=0.02, disagreement=0.08, confidence=0.95) > 1570
     worse = {o["candidate"]: o for o in accuracy["outcomes"]}["worse by the margin"]
-    assert worse["pass"] == pytest.approx(0.025, abs=1e-6)  # the false promotion the interval allows at the margin
+    assert 0.01 < worse["pass"] <= 0.025  # the false promotion the 95 % interval allows at the margin, at most
 
 
 def test_gate_plan_table_for_gemma_and_an_ece_check(capsys, tmp_path):
@@ -45,9 +72,11 @@ def test_gate_plan_table_for_gemma_and_an_ece_check(capsys, tmp_path):
     assert "111 paired tasks" in out and "the spread is the stated prior" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("champion_")]
     assert [row[0] for row in rows[:2]] == ["champion_accuracy", "champion_ece"]
-    assert ["champion_accuracy", "equal", "0", "0.46", "0.54", "0.00"] in rows
-    assert "warning: champion_accuracy: an equally good candidate passes with probability 0.46 at margin 0.05" in out
-    assert "0.075 or 252 tasks" in out
+    passes, odds = equal_passes(111, 0.05), outcomes(111, 0.05)
+    assert ["champion_accuracy", "equal", "0", passes, f"{odds['inconclusive']:.2f}", f"{odds['fail']:.2f}"] in rows
+    assert (f"warning: champion_accuracy: an equally good candidate passes with probability {passes} at margin 0.05"
+            in out)
+    assert power_fix(111, 0.05) in out
 
 
 def test_gate_plan_measures_the_spread_from_recorded_paired_intervals():
@@ -59,19 +88,20 @@ def test_gate_plan_measures_the_spread_from_recorded_paired_intervals():
     assert spread.disagreement == pytest.approx(0.03, rel=1e-3) and spread.source.startswith("ledger: 1 comparison")
     plan, = plan_champion_checks(ChampionRule(margin=0.02), 231, recorded)
     prior, = plan_champion_checks(ChampionRule(margin=0.02), 231)
-    # Φ(0.02/√(0.03/231) − 1.96) = 0.42 measured, against Φ(0.02/√(0.08/231) − 1.96) = 0.19 on the 8 % prior
-    assert plan.spread == spread and plan.equal_passes == pytest.approx(0.42, abs=0.01)
-    assert prior.equal_passes == pytest.approx(0.19, abs=0.01)
+    # less disagreement, a narrower interval: the measured 3 % passes an equal candidate more often than the 8 % prior
+    assert plan.spread == spread and f"{plan.equal_passes:.2f}" == equal_passes(231, 0.02, spread.disagreement)
+    assert f"{prior.equal_passes:.2f}" == equal_passes(231, 0.02) and plan.equal_passes > 1.5 * prior.equal_passes
 
 
 def test_config_validate_warns_about_an_underpowered_margin(capsys):
     assert main(["config", "validate", QWEN, "--json", *NARROW_QWEN]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["ok"] is True  # a warning, not a refusal
-    assert ("warning: champion_accuracy: an equally good candidate passes with probability 0.11 at margin 0.02"
-            in captured.err)
-    assert "0.075 or 1570 tasks" in captured.err and "widen validation.champion's margin or add tasks" in captured.err
-    assert main(["config", "validate", QWEN, "--json", "--set", "validation.champion.margin=0.08"]) == 0
+    assert (f"warning: champion_accuracy: an equally good candidate passes with probability {equal_passes(111, 0.02)} "
+            "at margin 0.02" in captured.err)
+    assert power_fix(111, 0.02) in captured.err and "widen validation.champion's margin or add tasks" in captured.err
+    # 0.08 passed the normal form's 80 % (narrowest 0.075); the score interval needs 0.086 on 111 tasks
+    assert main(["config", "validate", QWEN, "--json", "--set", "validation.champion.margin=0.09"]) == 0
     assert "warning" not in capsys.readouterr().err
 
 
@@ -142,5 +172,6 @@ def test_release_start_warns_about_an_underpowered_margin(capsys, monkeypatch, t
     monkeypatch.setattr(release, "run_release", stop_here)
     assert main(["release", GEMMA, "--state-dir", str(tmp_path), *OLD_GEMMA]) == 1
     err = capsys.readouterr().err
-    assert "warning: champion_accuracy: an equally good candidate passes with probability 0.46 at margin 0.05" in err
+    assert (f"warning: champion_accuracy: an equally good candidate passes with probability {equal_passes(111, 0.05)} "
+            "at margin 0.05" in err)
     assert err.index("warning") < err.index("stopped after the start")

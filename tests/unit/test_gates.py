@@ -270,6 +270,11 @@ def test_precomputed_metrics_are_used_as_given():
     assert report.metrics == metrics and report.metrics["bootstrap"]["n_bootstrap"] == 123
 
 
+def paired_ece_ci(report) -> list[float]:
+    """The paired bootstrap interval of ECE candidate − champion in a report's comparison."""
+    return next(row for row in report.champion["comparison"] if row["metric"] == "ece")["difference_ci"]
+
+
 def test_the_run_bootstrap_sets_the_candidates_intervals_and_the_rule_its_champion_comparison():
     """`validation.n_bootstrap`/`seed` (passed in) set the candidate's own intervals; the champion rule's own
     `n_bootstrap`/`seed` set the paired comparison, and both are recorded."""
@@ -284,10 +289,11 @@ def test_the_run_bootstrap_sets_the_candidates_intervals_and_the_rule_its_champi
     default = evaluate_gates(candidate, thresholds=LOOSE, champion_preds=champion, champion_rule=RULE)
     assert default.bootstrap["n_bootstrap"] == 300
     assert default.metrics["accuracy"]["ci"] != report.metrics["accuracy"]["ci"]
-    assert default.champion["accuracy"]["ci"] == report.champion["accuracy"]["ci"], "the comparison is the rule's"
+    assert paired_ece_ci(default) == paired_ece_ci(report), "the comparison is the rule's"
     reseeded = evaluate_gates(candidate, thresholds=LOOSE, champion_preds=champion,
                               champion_rule=RULE.model_copy(update={"seed": RULE.seed + 1}), n_bootstrap=150, seed=3)
-    assert reseeded.champion["accuracy"]["ci"] != report.champion["accuracy"]["ci"], "the rule's seed is honoured"
+    assert paired_ece_ci(reseeded) != paired_ece_ci(report), "the rule's seed is honoured"
+    assert reseeded.champion["accuracy"]["ci"] == report.champion["accuracy"]["ci"], "the score interval resamples none"
     assert reseeded.metrics["accuracy"]["ci"] == report.metrics["accuracy"]["ci"]
     assert evaluate_gates(candidate, thresholds=LOOSE).bootstrap["champion_comparison"] is None
     with pytest.raises(BadInput, match="n_bootstrap"):
@@ -297,13 +303,15 @@ def test_the_run_bootstrap_sets_the_candidates_intervals_and_the_rule_its_champi
 def test_to_dict_is_json_and_records_exact_thresholds():
     champion = model_rows(60, 0.8, seed=15)
     thresholds = DecisionThresholds(min_accuracy=0.61, max_ece=0.137, max_p95_latency_ms=250.5)
-    data = evaluate_gates(champion, thresholds=thresholds, champion_preds=champion, champion_rule=RULE).to_dict()
+    # the champion against itself: no task differs, so the score interval is ±z²/(60 + z²) = ±0.06, inside margin 0.1
+    rule = RULE.model_copy(update={"margin": 0.1})
+    data = evaluate_gates(champion, thresholds=thresholds, champion_preds=champion, champion_rule=rule).to_dict()
     assert json.loads(json.dumps(data, allow_nan=False)) == data
     assert data["thresholds"] == {
         "min_accuracy": 0.61, "max_ece": 0.137, "min_validity": 1.0, "max_p95_latency_ms": 250.5,
         "min_allowed_token_mass": None,
     }
-    assert data["champion_rule"]["margin"] == 0.02 and data["champion"]["present"] is True
+    assert data["champion_rule"]["margin"] == 0.1 and data["champion"]["present"] is True
     assert data["champion"]["accuracy"]["n"] == 60 and data["decision"] == "pass"
     fields = {"name", "status", "observed", "threshold", "comparator", "ci", "n", "passed"}
     assert all(fields <= set(check) for check in data["checks"])

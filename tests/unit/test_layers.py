@@ -29,7 +29,8 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"validation": ("validation",)},
     {"artifacts": ("tasks.artifacts",), "ledger": ("tasks.ledger",)},
     {"backend contracts": ("tasks.backends.__init__", "tasks.backends.interfaces", "tasks.backends.placement",
-                           "tasks.backends.capacity", "tasks.backends.pricing", "tasks.backends.pricing_table",
+                           "tasks.backends.capacity", "tasks.backends.mig_profiles", "tasks.backends.pricing",
+                           "tasks.backends.pricing_table",
                            "tasks.backends.pricing_instances", "tasks.backends.pricing_costs",
                            "tasks.backends.image_source",
                            "tasks.backends.local.backend_config", "tasks.backends.aws.backend_config",
@@ -40,7 +41,8 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"local backend": ("tasks.backends.local",), "aws backend": ("tasks.backends.aws",)},
     {"backend registry": ("tasks.backends.registry",)},
     {"pipeline": ("tasks.pipeline",)},
-    {"orchestrators": ("tasks.orchestrators",), "sweeps": ("tasks.sweeps",)},
+    {"sweeps": ("tasks.sweeps",)},  # a sweep runs releases; the orchestrators run sweeps
+    {"orchestrators": ("tasks.orchestrators",)},
     {"cli": ("tasks.cli",)},
     {"dags": ("dags",), "bench": ("bench",)},  # the Airflow wiring and the benchmarks: on top, apart from each other
 )

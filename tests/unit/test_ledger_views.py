@@ -94,6 +94,10 @@ def test_diff_puts_two_releases_side_by_side(history):
     assert accuracy["b"]["ci"] == check_b["ci"], "unrounded, with its interval"
     assert accuracy["delta"] == pytest.approx(accuracy["b"]["observed"] - accuracy["a"]["observed"])
     assert rows["gate.champion_release"]["b"] == a
+    profile = detail_a["determinism"]  # what produced the numbers (issue 50): the same llama.cpp and settings
+    assert profile["n_batch"] == 512 and profile["system_info"]
+    assert rows["determinism.threads"]["a"] == profile["threads"]
+    assert all(row["same"] for name, row in rows.items() if name.startswith("determinism."))
     n_config = len([key for key in rows if key.startswith("config.")])
     assert n_config == len([k for k in result["changed"]
                             if k.startswith("config.")]), "only differing config fields are listed"

@@ -296,15 +296,17 @@ def test_paired_difference_uses_shared_ids_regardless_of_order():
         wrong = next(o for o in options if o != r["expected"])
         r["probabilities"] = [0.98 if o == wrong else 0.01 for o in options]
     shuffled = champion[::-1]
-    a = paired_accuracy_difference(score_predictions(candidate), score_predictions(champion), n_bootstrap=300)
-    b = paired_accuracy_difference(score_predictions(candidate), score_predictions(shuffled), n_bootstrap=300)
+    a = paired_accuracy_difference(score_predictions(candidate), score_predictions(champion))
+    b = paired_accuracy_difference(score_predictions(candidate), score_predictions(shuffled))
     assert a == b and a["n"] == 50
     cand_acc = np.mean(score_predictions(candidate).correct)
     champ_acc = np.mean(score_predictions(champion[:50]).correct)
     assert a["difference"] == pytest.approx(cand_acc - champ_acc)
     assert a["ci"][0] <= a["difference"] <= a["ci"][1]
-    same = paired_accuracy_difference(score_predictions(champion), score_predictions(shuffled), n_bootstrap=100)
-    assert same["difference"] == 0.0 and same["ci"] == [0.0, 0.0]
+    same = paired_accuracy_difference(score_predictions(champion), score_predictions(shuffled))
+    # no task answered differently: the score interval is ±z²/(n + z²), not the bootstrap's [0, 0]
+    edge = 1.959964**2 / (80 + 1.959964**2)
+    assert same["difference"] == 0.0 and same["ci"] == pytest.approx([-edge, edge], abs=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ shape and input

@@ -34,6 +34,7 @@ from shiplift.tasks.orchestrators.step_functions import (
 )
 from shiplift.tasks.orchestrators.task_token import retryable_error_names
 from shiplift.tasks.pipeline.release import release_id_for
+from shiplift.tasks.pipeline.table import STAGES as TABLE_STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ("qwen35-4b-semif.yaml", "gemma-decision.yaml")
@@ -140,9 +141,17 @@ def wait_for(client, execution_arn: str, deadline_s: float = 20.0) -> dict:
     raise AssertionError(f"{execution_arn} still running after {deadline_s}s")
 
 
+# the stand-ins `answered` puts in a deferred stage's loop (its counter and canned answers): no state of the machine
+ANSWER_STUBS = ("Count", "Answer", "AnswerDone", "AnswerCreating")
+# the deferred promote's states an execution enters when its first poll answers done (`answered`)
+PROMOTE_LOOP = ["Promote", "PromotePoll", "PromoteReadPoll", "PromoteDone", "PromoteFinish"]
+
+
 def entered(client, execution_arn: str) -> list[str]:
+    """The states an execution entered, in order, less the stand-ins of `answered`."""
     events = client.get_execution_history(executionArn=execution_arn)["events"]
-    return [e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e]
+    return [e["stateEnteredEventDetails"]["name"] for e in events
+            if "stateEnteredEventDetails" in e and not e["stateEnteredEventDetails"]["name"].endswith(ANSWER_STUBS)]
 
 
 # --- validity: moto's ASL parser accepts it and an execution starts ---------------------------------
@@ -340,14 +349,14 @@ def test_bake_wait_follows_the_rollout():
     canary = render("gemma-decision.yaml",
                     ("rollout.strategy=canary", "rollout.copies=2", "rollout.wait_interval_s=420",
                                             "rollout.maximum_execution_timeout_s=9000"), post_promote_wait_s=30)
-    assert canary["States"]["Promote"]["Next"] == "Bake"
+    assert canary["States"]["PromoteFinish"]["Next"] == "Bake"
     assert canary["States"]["Bake"] == {**canary["States"]["Bake"], "Type": "Wait", "Seconds": 30,
                                         "Next": "TeardownCandidate"}
     assert canary["States"]["Promote"]["TimeoutSeconds"] > 9000, "promote's timeout covers the rollout's own deadline"
     all_at_once = render("gemma-decision.yaml", post_promote_wait_s=90)
     assert all_at_once["States"]["Bake"]["Seconds"] == 90
     no_wait = render("gemma-decision.yaml", post_promote_wait_s=0)
-    assert "Bake" not in no_wait["States"] and no_wait["States"]["Promote"]["Next"] == "TeardownCandidate"
+    assert "Bake" not in no_wait["States"] and no_wait["States"]["PromoteFinish"]["Next"] == "TeardownCandidate"
 
 
 def _stub_ecs(definition: dict, failing: tuple[str, ...] = ()) -> dict:
@@ -366,10 +375,15 @@ def _stub_ecs(definition: dict, failing: tuple[str, ...] = ()) -> dict:
     return definition
 
 
-def answered(definition: dict, release_id: str, *, done_at_poll: int = 1, stage: str = "deploy_candidate") -> dict:
+def answered(definition: dict, release_id: str, *, done_at_poll: int = 1, stage: str | None = None) -> dict:
     """The deferred stage's ReadPoll fed the poll task's answers (as `_with_envelope` feeds the gate's): polls before
     `done_at_poll` say still creating, that one says done. The start stub sets a counter each poll adds one to (with
-    `States.MathAdd`, which moto's interpreter runs), and the Wait is 1 s."""
+    `States.MathAdd`, which moto's interpreter runs), and the Wait is 1 s. `stage` None: every stage the table
+    defers (deploy_candidate, promote)."""
+    if stage is None:
+        for deferring in (step.name for step in TABLE_STAGES if step.defers):
+            answered(definition, release_id, done_at_poll=done_at_poll, stage=deferring)
+        return definition
     states, name = definition["States"], STATE_NAMES[stage]
     read, where = states[name + "ReadPoll"], f"$.polls.{stage}"
     states[name] = {"Type": "Pass", "Result": 0, "ResultPath": "$.polled", "Next": states[name]["Next"]}
@@ -433,12 +447,13 @@ def test_executions_route_on_the_decision_and_tear_down_on_failure():
     stages = ["Prepare", "Begin", "Resolve", "Build", "Package", "Image", "DeployCandidate", "DeployCandidatePoll",
               "DeployCandidateReadPoll", "DeployCandidateDone", "DeployCandidateFinish", "Validate",
               "ReadGateDecision", "GateDecision"]
-    assert routes["pass"] == stages + ["Promote", "Bake", "TeardownCandidate", "EndSucceeded", "Released"]
+    assert routes["pass"] == stages + [*PROMOTE_LOOP, "Bake", "TeardownCandidate", "EndSucceeded", "Released"]
     assert routes["fail"] == stages + ["TeardownCandidate", "EndSucceeded", "Released"]
     assert routes["stale"] == stages + ["GateResultInvalid", "TeardownAfterFailure", "EndFailed", FAILED_STATE]
     assert routes["build-fails"] == ["Prepare", "Begin", "Resolve", "Build", "TeardownAfterFailure", "EndFailed",
                                      FAILED_STATE]
-    assert routes["teardown-fails"] == stages + ["Promote", "Bake", "TeardownCandidate", "EndFailed", FAILED_STATE]
+    assert routes["teardown-fails"] == stages + [*PROMOTE_LOOP, "Bake", "TeardownCandidate", "EndFailed",
+                                                 FAILED_STATE]
 
 
 # --- the requests match the AWS service models ----------------------------------------------------

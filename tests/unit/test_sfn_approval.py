@@ -54,7 +54,7 @@ from shiplift.tasks.orchestrators.task_token import TOKEN_ENV, approval_timed_ou
 from shiplift.tasks.pipeline.approval import TOKEN_RENEWED, token_reference, waiting_execution
 from shiplift.tasks.pipeline.release import begin_orchestrated, end_orchestrated, release_id_for, run_orchestrated_stage
 from shiplift.tasks.pipeline.table import LEASE, STAGES_THROUGH_GATE, timeouts_for
-from tests.unit.test_sfn import entered, wait_for  # an execution's end and the states it entered
+from tests.unit.test_sfn import PROMOTE_LOOP, entered, wait_for  # an execution's end and the states it entered
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -237,7 +237,8 @@ def test_an_inconclusive_gate_the_release_asks_about_waits_for_the_approval_too(
             assert wait_for(sfn, execution)["status"] == "SUCCEEDED", case
             route = entered(sfn, execution)
             routes[case] = route[route.index("GateDecision") + 1:]
-    assert routes["asked"] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate", "EndSucceeded", "Released"]
+    assert routes["asked"] == [APPROVAL_STATE, *PROMOTE_LOOP, "Bake", "TeardownCandidate", "EndSucceeded",
+                               "Released"]
     for case in ("blocked", "unrecorded", "failed"):
         assert routes[case] == ["TeardownCandidate", "EndSucceeded", "Released"], case
 
@@ -437,7 +438,7 @@ def test_an_approval_is_sent_with_the_stored_token_and_the_execution_promotes(ac
     done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED" and json.loads(done["output"])["approval"]["decision"] == "approved"
     route = entered(sfn, execution)
-    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "Bake", "TeardownCandidate",
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, *PROMOTE_LOOP, "Bake", "TeardownCandidate",
                                                    "EndSucceeded", "Released"]
     assert holds(ledger, config.name, holder, rid), "the execution has its lease back for Promote"
 
@@ -468,8 +469,8 @@ def test_a_rejection_is_sent_as_a_decision_and_promote_skips(account, monkeypatc
     done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED", "a rejection is a decision, not a failure"
     route = entered(sfn, execution)
-    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, "Promote", "TeardownCandidate", "EndSucceeded",
-                                                   "Released"]
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, *PROMOTE_LOOP, "TeardownCandidate",
+                                                   "EndSucceeded", "Released"]
     summary = finish_like_the_execution(rid, url, holder)
     assert summary["status"] == "rejected" and summary["rollout"]["reason"] == "not approved: ECE too high for us"
     assert ledger.served_at(config.name, "2100-01-01T00:00:00Z") is None, "nothing reached production"
@@ -484,7 +485,7 @@ def test_a_timeout_records_timed_out_and_the_release_ends_rejected(account, monk
     done = wait_for(sfn, execution)
     assert done["status"] == "SUCCEEDED"
     route = entered(sfn, execution)
-    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, "Promote",
+    assert route[route.index(APPROVAL_STATE):] == [APPROVAL_STATE, APPROVAL_TIMED_OUT_STATE, *PROMOTE_LOOP,
                                                    "TeardownCandidate", "EndSucceeded", "Released"]
     events = sfn.get_execution_history(executionArn=execution)["events"]
     assert any(e["type"] == "TaskTimedOut" for e in events)

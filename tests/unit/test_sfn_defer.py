@@ -114,6 +114,31 @@ def test_moto_sends_a_failed_poll_and_an_answer_for_another_release_the_right_wa
     assert route[route.index(START):] == [START, POLL, READ, DONE, WAIT, "Released"]
 
 
+def test_promote_is_a_loop_too_whose_stage_run_comes_after_the_update_ended():
+    """The table defers promote: its start task sends production's update, the poll loop waits it out with no task
+    running, and the stage's own task (which judges the update's last step) goes on to the bake or teardown; moto
+    runs both loops, deploy_candidate's then promote's."""
+    promote = STATE_NAMES["promote"]
+    p_poll, p_read, p_done, p_wait, p_finish = (promote + suffix for suffix in DEFERRED_SUFFIXES)
+    definition, cfg = render(), config("gemma-decision.yaml")
+    states, rid = definition["States"], release_id_for(cfg)
+    assert command(states[promote])[:5] == ["python", "-m", MODULE, "start", "promote"]
+    assert command(states[p_poll])[:5] == ["python", "-m", MODULE, "poll", "promote"]
+    assert states[p_done]["Choices"][0]["Next"] == p_finish and states[p_wait]["Next"] == p_poll
+    assert states[p_wait]["Seconds"] == STEPS["promote"].defers.every_s
+    assert command(states[p_finish])[:3] == ["shiplift", "stage", "promote"]
+    assert states[p_finish]["Next"] in ("Bake", STATE_NAMES["teardown_candidate"])
+    assert states["GateDecision"]["Choices"][-1]["Next"] in (promote, "Approval"), "the gate leads to the start"
+    stubbed = _with_envelope(answered(_stub_ecs(definition), rid, done_at_poll=2),
+                             {"release_id": rid, "stage": "validate", "result": {"decision": "pass"}})
+    status, route = _run(stubbed)
+    assert status == "SUCCEEDED", route
+    route = [s for s in route if not s.startswith((promote + "Count", promote + "Answer"))]
+    assert route[route.index(promote):route.index(p_finish) + 1] == [
+        promote, p_poll, p_read, p_done, p_wait, p_poll, p_read, p_done, p_finish]
+    assert route[-1] == "Released"
+
+
 # --- the task commands on a real local release ------------------------------------------------------
 
 

@@ -15,8 +15,9 @@ from shiplift.tasks.cli.main import main
 from shiplift.tasks.config import load_release_config
 from shiplift.tasks.errors import ConfigError, Conflict
 from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.ledger.sweep_records import SweepRecords
 from shiplift.tasks.sweeps.config import load_sweep
-from shiplift.tasks.sweeps.records import SweepRecords, open_sweep
+from shiplift.tasks.sweeps.records import open_sweep
 from shiplift.tasks.sweeps.run import check_cost, plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -53,6 +53,7 @@ from shiplift.tasks.backends.interfaces import (
     ComponentSpec,
     DeployPoll,
     Invoker,
+    KeepReplaced,
     LiveComponent,
     ManagedResource,
     OnStep,
@@ -112,10 +113,21 @@ class SageMakerHosting:
         return self.deployer.poll(endpoint, component, spec, placement, role=role, progress=progress)
 
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
-                 progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
+                 progress: Progress, on_step: OnStep | None = None, previous: dict | None = None,
+                 keep: KeepReplaced | None = None) -> RolloutResult:
         """`Rollout.roll_out`: SageMaker's rolling update with the release's alarms, followed and baked."""
         return self.rollout.roll_out(endpoint, component, spec, placement, plan, bake, progress=progress,
-                                     on_step=on_step)
+                                     on_step=on_step, previous=previous, keep=keep)
+
+    def start_roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, *,
+                       progress: Progress, keep: KeepReplaced) -> bool:
+        """`Rollout.start`: the rolling update sent, not waited for."""
+        return self.rollout.start(endpoint, component, spec, plan, progress=progress, keep=keep)
+
+    def poll_roll_out(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, *,
+                      progress: Progress, on_step: OnStep | None = None) -> DeployPoll:
+        """`Rollout.poll`: one describe, and one check while the update runs."""
+        return self.rollout.poll(endpoint, component, spec, plan, bake, progress=progress, on_step=on_step)
 
     def describe(self, endpoint: str, component: str) -> LiveComponent | None:
         """`describe_component`: what serves, or None."""

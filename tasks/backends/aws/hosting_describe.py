@@ -13,9 +13,10 @@ from shiplift.tasks.backends.placement import gpus_per_instance
 from shiplift.tasks.errors import NotFound
 
 
-def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
+def obtained_placement(endpoint: dict, config: dict, own_partition: str | None = None) -> PlacementObtained:
     """What the endpoint got, read from its description and its config: the pool entry with instances,
-    the instance type, the MIG layout, or the serverless memory and concurrency."""
+    the instance type, the MIG layout (the partitions of `own_partition`, the component's type, in a mixed one), or
+    the serverless memory and concurrency."""
     variant = (endpoint.get("ProductionVariants") or [{}])[0]
     requested = (config.get("ProductionVariants") or [{}])[0]
     if is_serverless(config):
@@ -35,9 +36,11 @@ def obtained_placement(endpoint: dict, config: dict) -> PlacementObtained:
     if layout:
         instances = variant.get("CurrentInstanceCount", 0)  # the layout is carved on every GPU of every instance
         gpus = gpus_per_instance(requested["InstanceType"]) if requested.get("InstanceType") else None
-        return PlacementObtained(kind="mig_partition", requested=f"{len(layout)} x {layout[0]} per GPU",
+        shown = f"{len(layout)} x {layout[0]}" if len(set(layout)) == 1 else " + ".join(layout)  # mixed: each
+        return PlacementObtained(kind="mig_partition", requested=f"{shown} per GPU",
                                  instance_type=requested.get("InstanceType"), instance_count=instances,
-                                 partition_type=layout[0], partitions=len(layout) * (gpus or 1) * instances,
+                                 partition_type=own_partition or layout[0],
+                                 partitions=layout.count(own_partition or layout[0]) * (gpus or 1) * instances,
                                  ami_version=ami)
     return PlacementObtained(kind="instance_type", requested=requested.get("InstanceType", "unknown"),
                              instance_type=requested.get("InstanceType"),
@@ -80,7 +83,9 @@ def describe_component(calls: SageMakerCalls, endpoint: str, component: str) -> 
     release = (model or {}).get("tags", {}).get(RELEASE_TAG)
     sha = artifact_sha256(artifact_uri or "")
     ref = ModelRef(release_id=release, artifact_sha256=sha, image_digest=digest) if release and sha and digest else None
-    placement = obtained_placement(live_endpoint, config or {})
+    own = ((component_live or {}).get("Specification", {}).get("ComputeResourceRequirements", {})
+           .get("AcceleratorPartitionType"))
+    placement = obtained_placement(live_endpoint, config or {}, own)
     return LiveComponent(endpoint=endpoint, component=component, status=status, image_digest=digest,
                          artifact_uri=artifact_uri, artifact_sha256=sha, copies=copies,
                          environment={k: v for k, v in container.get("Environment", {}).items() if k != SERVING_ID_ENV},

@@ -131,7 +131,7 @@ def variant(placement, *, model_name: str | None, variant_name: str, on_gpu: boo
                                     for p in sorted(placement.pools, key=lambda p: p.priority)],
                      VariantInstanceProvisionTimeoutInSeconds=placement.provision_timeout_s)
     elif placement.kind == "mig_partition":
-        layout = {"AcceleratorPartitionTypes": [placement.partition_type] * placement.partitions}
+        layout = {"AcceleratorPartitionTypes": list(placement.profiles)}  # mixed, or one profile repeated
         built.update(InstanceType=placement.instance_type, InitialInstanceCount=1, AcceleratorPartitionLayouts=[layout])
     else:
         built.update(InstanceType=placement.instance_type, InitialInstanceCount=count)

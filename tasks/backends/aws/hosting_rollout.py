@@ -16,6 +16,7 @@ from shiplift.tasks.backends.aws.hosting_calls import (
 )
 from shiplift.tasks.backends.aws.hosting_deploy import Deployer
 from shiplift.tasks.backends.aws.hosting_requests import (
+    RESTORED_SPEC,
     alarm_requests,
     gate_datum,
     model_request,
@@ -25,13 +26,15 @@ from shiplift.tasks.backends.aws.hosting_requests import (
 from shiplift.tasks.backends.interfaces import (
     Bake,
     ComponentSpec,
+    DeployPoll,
+    KeepReplaced,
     OnStep,
     Progress,
     RolloutPlan,
     RolloutResult,
     RolloutStep,
 )
-from shiplift.tasks.errors import DeployFailed
+from shiplift.tasks.errors import DeployFailed, NotReady
 
 
 def our_update(live: dict, alarms: list[str]) -> bool:
@@ -74,11 +77,58 @@ def last_step(final: dict, steps: list[RolloutStep], fired: dict[str, str], plan
     return steps[-1].model_copy(update={"phase": "rollback", "alarm": rollback_reason(final, steps, fired, plan)})
 
 
-def previous_spec(live: dict, model_name: str) -> dict | None:
-    """The component's description before this rollout's update, where it still shows the spec the update replaces
-    (not `model_name`); None where it does not (a rerun that found the update already under way, and a description
-    that shows the new model)."""
-    return None if (live.get("Specification") or {}).get("ModelName") == model_name else live
+def replaced_spec(live: dict) -> dict:
+    """What an update is about to replace, read from the component's description before UpdateInferenceComponent is
+    sent: its model, compute, startup parameters and copy count (what `restore_request` puts back), as JSON for the
+    ledger. Read then, never from a description taken while the update runs: DescribeInferenceComponent documents
+    `Specification` only as "details about the resources that are deployed with this inference component" and
+    `LastDeploymentConfig` as "the deployment and rollback settings that you assigned"; neither says which spec it
+    shows mid-update, and no member returns the spec an update replaces
+    (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribeInferenceComponent.html, and the botocore
+    service model's DescribeInferenceComponentOutput). A rerun that follows an update already under way gets it back
+    from the ledger (`roll_out`'s `previous`)."""
+    described = live.get("Specification") or {}
+    return {"Specification": {key: described[key] for key in RESTORED_SPEC if key in described},
+            "RuntimeConfig": {"DesiredCopyCount": int((live.get("RuntimeConfig") or {}).get("DesiredCopyCount") or 0)}}
+
+
+class Checks:
+    """The checks one process makes of a rolling update while it runs: each reads the alarms' states, runs the bake
+    (the online gate replays there), publishes the gate's verdict for its alarm and tells the step as it is seen and
+    judged. `steps` lists them (numbered from 1 here: the promote stage's ledger log numbers them on), `fired` every
+    alarm seen in ALARM with its StateReason."""
+
+    def __init__(self, calls: SageMakerCalls, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake,
+                 alarms: list[str], progress: Progress, tell: OnStep):
+        self.calls, self.component, self.plan, self.bake, self.alarms = calls, component, plan, bake, alarms
+        self.progress, self.tell = progress, tell
+        self.spec_sha256, self.batches = spec.sha256(), len(plan.targets(spec.copies))
+        self.steps: list[RolloutStep] = []
+        self.fired: dict[str, str] = {}
+
+    def observed(self, answer: dict) -> RolloutStep:
+        """The component's copy count in this description and every alarm's state now."""
+        found = self.calls.call("cloudwatch", "DescribeAlarms", AlarmNames=self.alarms).get("MetricAlarms", [])
+        self.fired.update({a["AlarmName"]: a.get("StateReason", "") for a in found if a.get("StateValue") == "ALARM"})
+        return RolloutStep(phase="rollout", check=len(self.steps) + 1, batches=self.batches,
+                           new_spec_sha256=self.spec_sha256,
+                           copies=answer.get("RuntimeConfig", {}).get("CurrentCopyCount"),
+                           alarm_states={a["AlarmName"]: a.get("StateValue", "INSUFFICIENT_DATA") for a in found})
+
+    def check(self, answer: dict) -> None:
+        """One check of the update this description shows running."""
+        step = self.observed(answer)
+        self.tell("shifted", step)
+        alarm = self.bake(step)
+        if self.plan.online_gate:
+            self.calls.call("cloudwatch", "PutMetricData", **gate_datum(self.component, failed=alarm is not None))
+        self.steps.append(step.model_copy(update={"alarm": alarm}))
+        # after the gate's datum: SageMaker's alarm on it must not wait for the ledger
+        self.tell("baked", self.steps[-1])
+        in_alarm = [name for name, state in step.alarm_states.items() if state == "ALARM"]
+        self.progress(f"inference component {self.component}: check {len(self.steps)}: {step.copies} copies; "
+                      + (f"in ALARM: {', '.join(in_alarm)}" if in_alarm else "no alarm")
+                      + (f"; {alarm}" if alarm else ""))
 
 
 class Rollout:
@@ -87,8 +137,73 @@ class Rollout:
     def __init__(self, calls: SageMakerCalls, deployer: Deployer):
         self.calls, self.deployer = calls, deployer
 
+    def _prepared(self, endpoint: str, component: str, spec: ComponentSpec,
+                  plan: RolloutPlan) -> tuple[str, list[dict], list[str]]:
+        """The candidate's model (created unless it exists), the rollout's alarm requests and their names."""
+        model = model_request(component, spec, endpoint, role_arn=self.calls.backend.execution_role_arn)
+        self.deployer.ensure_model(model)
+        alarms = alarm_requests(endpoint, component, spec, plan)
+        return model["ModelName"], alarms, [alarm["AlarmName"] for alarm in alarms]
+
+    def _send(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan, live: dict, model_name: str,
+              alarms: list[dict], keep: KeepReplaced | None, progress: Progress) -> dict:
+        """Put the alarms, tell `keep` what the update replaces (before it is sent: a crash between the two leaves it
+        known), then send the rolling update; returns what it replaces."""
+        for alarm in alarms:
+            self.calls.call("cloudwatch", "PutMetricAlarm", **alarm)
+        if live.get("InferenceComponentStatus") == "Failed":
+            progress(f"inference component {component} is Failed ({failure_reason(live)}) with "
+                     f"{current_copies(live)} copies; updating it again (it is never deleted: its copies may "
+                     "still serve)")
+        names = [alarm["AlarmName"] for alarm in alarms]
+        progress(f"inference component {component}: rolling update to {model_name} in batches of "
+                 f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
+        replaced = replaced_spec(live)
+        if keep is not None:
+            keep(replaced)
+        self.calls.sm("UpdateInferenceComponent",
+                      **rolling_update_request(component, endpoint, spec, model_name, plan, names))
+        return replaced
+
+    def start(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan, *, progress: Progress,
+              keep: KeepReplaced) -> bool:
+        """`roll_out` without its wait (a deferred promote's start): send this rollout's update and return. Nothing is
+        sent where the component is absent (the stage deploys it whole), where this rollout's update is under way or
+        has ended (a retried start), or where the spec serves already; a component Creating or Updating for another
+        cause is NotReady (retryable: SageMaker refuses the update until it settles). Whether it sent one."""
+        live = self.calls.inference_component(endpoint, component)
+        if live is None:
+            return False
+        model_name, alarms, names = self._prepared(endpoint, component, spec, plan)
+        status, ours = live.get("InferenceComponentStatus"), our_update(live, names)
+        if ours and status in ("Updating", "InService"):
+            return False
+        if status in UNSETTLED:
+            raise NotReady(f"inference component {component} is {status} (not this rollout's update), and SageMaker "
+                           "updates it only once that ends", fix="the stage's retry starts it again once it settled")
+        if status == "InService" and runs(live, model_name, spec.copies):
+            return False
+        self._send(endpoint, component, spec, plan, live, model_name, alarms, keep, progress)
+        return True
+
+    def poll(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, *,
+             progress: Progress, on_step: OnStep | None = None) -> DeployPoll:
+        """One DescribeInferenceComponent of the update `start` sent: while it is Updating, one check (alarms, bake,
+        the gate's datum, told to `on_step`) and not done; else done, and `roll_out` (the stage run after the wait)
+        follows what it ended as: the last verdict, a rollback, or its failure raised."""
+        live = self.calls.inference_component(endpoint, component)
+        status = (live or {}).get("InferenceComponentStatus", "absent")
+        if status != "Updating":
+            return DeployPoll(in_service=True, status=f"inference component {component} {status}: no update runs")
+        names = [alarm["AlarmName"] for alarm in alarm_requests(endpoint, component, spec, plan)]
+        Checks(self.calls, component, spec, plan, bake, names, progress, on_step or (lambda kind, step: None)).check(
+            live)
+        return DeployPoll(in_service=False, status=f"inference component {component} Updating "
+                                                   f"({current_copies(live)} copies)")
+
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
-                 progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
+                 progress: Progress, on_step: OnStep | None = None, previous: dict | None = None,
+                 keep: KeepReplaced | None = None) -> RolloutResult:
         """SageMaker's rolling update: create the release's alarms, send UpdateInferenceComponent with the
         RollingUpdatePolicy and the alarms, and follow it, calling `bake` every `check_interval_s` (the online gate
         replays there and its verdict is published for its alarm). SageMaker ends a rolled-back update InService
@@ -102,17 +217,17 @@ class Rollout:
         (shifted) and judged (baked), and of the last observation, once the update has ended, as the step it is
         (rollout, or the rollback SageMaker made). With an online gate, an update that ended on the new spec is baked
         once more: a gate that has not passed then (SageMaker's alarms no longer roll back) puts the spec the update
-        replaced back (`_put_back`), so an undecided gate is never a silent pass."""
+        replaced back (`_put_back`), so an undecided gate is never a silent pass; that holds for this rollout's update
+        found ended by a rerun too (a crash between the update's end and the verdict), which is judged again, never
+        taken as unchanged. What the update replaces is told to `keep` before it is sent; a run that follows an update
+        it did not send puts back `previous` (what `keep` was told then, from the ledger)."""
         calls = self.calls
         tell = on_step or (lambda kind, step: None)
         live = calls.inference_component(endpoint, component)
         if live is None:
             self.deployer.deploy(endpoint, component, spec, placement, role="production", progress=progress)
             return RolloutResult(status="created")
-        model = model_request(component, spec, endpoint, role_arn=calls.backend.execution_role_arn)
-        self.deployer.ensure_model(model)
-        alarms = alarm_requests(endpoint, component, spec, plan)
-        names = [alarm["AlarmName"] for alarm in alarms]
+        model_name, alarms, names = self._prepared(endpoint, component, spec, plan)
         status, ours = live.get("InferenceComponentStatus"), our_update(live, names)
         if status in UNSETTLED and not (ours and status == "Updating"):
             progress(f"inference component {component} is {status} (not this rollout's update); waiting for it to end "
@@ -122,25 +237,18 @@ class Rollout:
                 self.deployer.deploy(endpoint, component, spec, placement, role="production", progress=progress)
                 return RolloutResult(status="created")
             status, ours = live.get("InferenceComponentStatus"), our_update(live, names)
-        if status == "InService" and runs(live, model["ModelName"], spec.copies):
+        if status == "InService" and runs(live, model_name, spec.copies) and not (ours and plan.online_gate):
             return RolloutResult(status="unchanged")
-        for alarm in alarms:
-            calls.call("cloudwatch", "PutMetricAlarm", **alarm)
         if ours and status in ("Updating", "InService"):
+            for alarm in alarms:  # a rerun's bake reads them; SageMaker may still watch them
+                calls.call("cloudwatch", "PutMetricAlarm", **alarm)
             progress(f"inference component {component}: this rollout's update (an earlier attempt's) is {status}; "
-                     "following it, not sending it again")
+                     "following it, not sending it again" + (", its last verdict judged again" if status == "InService"
+                                                             else ""))
         else:
-            if status == "Failed":
-                progress(f"inference component {component} is Failed ({failure_reason(live)}) with "
-                         f"{current_copies(live)} copies; updating it again (it is never deleted: its copies may "
-                         "still serve)")
-            progress(f"inference component {component}: rolling update to {model['ModelName']} in batches of "
-                     f"{plan.batch_copies}, {plan.wait_interval_s:g}s bake, alarms {', '.join(names)}")
-            calls.sm("UpdateInferenceComponent",
-                     **rolling_update_request(component, endpoint, spec, model["ModelName"], plan, names))
-        previous = previous_spec(live, model["ModelName"])
+            previous = self._send(endpoint, component, spec, plan, live, model_name, alarms, keep, progress)
         steps, final, fired = self._follow(component, spec, plan, bake, names, progress, tell)
-        steps[-1] = last_step(final, steps, fired, plan, model["ModelName"], spec.copies)
+        steps[-1] = last_step(final, steps, fired, plan, model_name, spec.copies)
         tell("shifted", steps[-1])
         calls.call("cloudwatch", "DeleteAlarms", AlarmNames=names)  # kept while an update may still need them
         if final.get("InferenceComponentStatus") == "Failed":
@@ -151,7 +259,7 @@ class Rollout:
                 fix="read the FailureReason and the container logs, fix the cause and rerun promote: it updates the "
                     "same component again (a Failed production component is never deleted)"
                     + ("" if serving else "; no copy serves now"))
-        if runs(final, model["ModelName"], spec.copies):
+        if runs(final, model_name, spec.copies):
             return self._last_word(component, previous, plan, bake, steps, progress, tell)
         reason = steps[-1].alarm
         progress(f"inference component {component}: rolled back: {reason}")
@@ -178,7 +286,8 @@ class Rollout:
         if previous is None:
             raise DeployFailed(
                 f"inference component {component}: SageMaker's update ended on the new model but {alarm}, and the spec "
-                "it replaced is not known here (this run followed an update an earlier attempt had started)",
+                "it replaced is not known here (this run followed an update an earlier attempt had started, and the "
+                "ledger holds no record of what it replaced)",
                 fix="roll production back with `shiplift rollback MODEL --to CHAMPION_RELEASE --reason ...`")
         request = restore_request(component, previous, plan)
         model_name, copies = request["Specification"]["ModelName"], request["RuntimeConfig"]["CopyCount"]
@@ -202,42 +311,21 @@ class Rollout:
 
     def _follow(self, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, alarms: list[str],
                 progress: Progress, tell: OnStep) -> tuple[list[RolloutStep], dict, dict[str, str]]:
-        """Poll the update until it ends; every check interval read the alarms' states and run the bake, telling each
-        check as it is seen and judged. Returns the steps (the last one, not told yet: the component and its alarms once
-        the update ended), the last description and every alarm seen in ALARM with its StateReason."""
-        calls = self.calls
-        steps: list[RolloutStep] = []
-        fired: dict[str, str] = {}
-        spec_sha256, batches = spec.sha256(), len(plan.targets(spec.copies))
+        """Poll the update until it ends; every check interval one `Checks.check`. Returns the steps (the last one, not
+        told yet: the component and its alarms once the update ended), the last description and every alarm seen in
+        ALARM with its StateReason."""
+        checks = Checks(self.calls, component, spec, plan, bake, alarms, progress, tell)
         next_check = 0.0
-
-        def observed(answer: dict) -> RolloutStep:
-            """The component's copy count in this description and every alarm's state now."""
-            found = calls.call("cloudwatch", "DescribeAlarms", AlarmNames=alarms).get("MetricAlarms", [])
-            fired.update({a["AlarmName"]: a.get("StateReason", "") for a in found if a.get("StateValue") == "ALARM"})
-            return RolloutStep(phase="rollout", check=len(steps) + 1, batches=batches, new_spec_sha256=spec_sha256,
-                               copies=answer.get("RuntimeConfig", {}).get("CurrentCopyCount"),
-                               alarm_states={a["AlarmName"]: a.get("StateValue", "INSUFFICIENT_DATA") for a in found})
 
         def check(answer: dict) -> None:
             nonlocal next_check
             if time.monotonic() < next_check:
                 return
             next_check = time.monotonic() + plan.alarms.check_interval_s
-            step = observed(answer)
-            tell("shifted", step)
-            alarm = bake(step)
-            if plan.online_gate:
-                calls.call("cloudwatch", "PutMetricData", **gate_datum(component, failed=alarm is not None))
-            steps.append(step.model_copy(update={"alarm": alarm}))
-            tell("baked", steps[-1])  # after the gate's datum: SageMaker's alarm on it must not wait for the ledger
-            in_alarm = [name for name, state in step.alarm_states.items() if state == "ALARM"]
-            progress(f"inference component {component}: check {len(steps)}: {step.copies} copies; "
-                     + (f"in ALARM: {', '.join(in_alarm)}" if in_alarm else "no alarm")
-                     + (f"; {alarm}" if alarm else ""))
+            checks.check(answer)
 
-        _, final = calls.wait(component, deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, progress=progress,
-                              on_poll=check)
+        _, final = self.calls.wait(component, deadline_s=plan.max_execution_s + COMPONENT_WAIT_S, progress=progress,
+                                   on_poll=check)
         final = final or {}
-        steps.append(observed(final))
-        return steps, final, fired
+        checks.steps.append(checks.observed(final))
+        return checks.steps, final, checks.fired

@@ -23,6 +23,7 @@ from shiplift.tasks.backends.interfaces import (
     ComponentMetrics,
     ComponentSpec,
     DeployPoll,
+    KeepReplaced,
     LiveComponent,
     ManagedResource,
     ModelRef,
@@ -145,9 +146,22 @@ class LoopbackHosting:
         if not warm and self.processes.scale(endpoint, component, 0):
             progress(f"{endpoint}/{component}: serverless, no compute until the first request")
 
+    def start_roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, *,
+                       progress: Progress, keep: KeepReplaced) -> bool:
+        """Nothing: the local rollout's batches and bakes are this process's own work (seconds per batch here), not an
+        update the machine carries on alone, so `roll_out` runs them when the deferred promote's stage runs."""
+        return False
+
+    def poll_roll_out(self, endpoint: str, component: str, spec: ComponentSpec, plan: RolloutPlan, bake: Bake, *,
+                      progress: Progress, on_step: OnStep | None = None) -> DeployPoll:
+        """Done at once: no update runs outside `roll_out` (`start_roll_out`)."""
+        return DeployPoll(in_service=True, status=f"{endpoint}/{component}: the local rollout runs in the stage")
+
     def roll_out(self, endpoint: str, component: str, spec: ComponentSpec, placement, plan: RolloutPlan, bake: Bake, *,
-                 progress: Progress, on_step: OnStep | None = None) -> RolloutResult:
-        """A real rolling update of the component's processes (`rollout.roll_out`); deployed whole when new.
+                 progress: Progress, on_step: OnStep | None = None, previous: dict | None = None,
+                 keep: KeepReplaced | None = None) -> RolloutResult:
+        """A real rolling update of the component's processes (`rollout.roll_out`); deployed whole when new. The old
+        copies are this process's to roll back to, so `previous` and `keep` (aws's) are not needed.
 
         The rollout bakes each batch right after it is in rotation, so `on_step` hears of a batch (shifted) as the
         bake starts and of its verdict (baked) as the bake ends, and of each rollback batch as it is in rotation. A

@@ -3,6 +3,7 @@ another endpoint, and both it and its components carry the layout's id (docs/fle
 
 from __future__ import annotations
 
+from shiplift.tasks.backends.placement import endpoint_placement
 from shiplift.tasks.hashing import sha256_json
 
 
@@ -11,4 +12,4 @@ def layout_id(placement) -> str:
     layout cannot change while it runs, so another layout is another endpoint, named by it (docs/fleet.md). Unset
     (null) fields are left out, so a placement field added later with no default value leaves the names of running
     endpoints as they are (one added with another default renames them)."""
-    return sha256_json(placement.model_dump(mode="json", exclude={"endpoint"}, exclude_none=True))[:8]
+    return sha256_json(endpoint_placement(placement))[:8]  # a mixed MIG layout: one id for all its tenants

@@ -56,6 +56,7 @@ class Tenant:
     share: ComponentShare
     serving: Serving | None = None
     differs: tuple[str, ...] = ()
+    partition_type: str | None = None  # its own MIG profile: in a mixed layout its copies take only those partitions
 
     @property
     def serves_on(self) -> str | None:
@@ -66,7 +67,8 @@ class Tenant:
         return {"model": self.model, "config": self.config, "copies": self.copies, "max_copies": self.most,
                 "update_peak": self.peak, "update": self.why, "threads": self.threads,
                 "memory_mb_per_copy": self.memory_mb, "share": self.share.as_dict(), "serves_on": self.serves_on,
-                "serving": self.serving.as_dict() if self.serving is not None else None, "differs": list(self.differs)}
+                "serving": self.serving.as_dict() if self.serving is not None else None, "differs": list(self.differs),
+                "partition_type": self.partition_type}
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,17 @@ class FleetPlan:
     def steady(self) -> int:
         return sum(tenant.copies for tenant in self.tenants)
 
+    def slots_of(self, tenant: Tenant) -> Slots:
+        """The slots `tenant`'s copies take: in a mixed MIG layout its own profile's partitions, else the endpoint's."""
+        return tenant.share.slots or self.slots
+
+    def mates(self, tenant: Tenant) -> tuple[Tenant, ...]:
+        """The models whose copies take the same slots as `tenant`'s (in a mixed MIG layout: the same profile)."""
+        return tuple(t for t in self.tenants if t.partition_type == tenant.partition_type)
+
     def others(self, tenant: Tenant) -> int:
-        """The copies every other model may hold (each grown to its most) beside `tenant`."""
-        return sum(other.most for other in self.tenants if other is not tenant)
+        """The copies every other model on its slots may hold (each grown to its most) beside `tenant`."""
+        return sum(other.most for other in self.mates(tenant) if other is not tenant)
 
     def peak(self, tenant: Tenant) -> int:
         """Copies on the endpoint at once while `tenant` updates (or its update rolls back), every other model serving
@@ -110,8 +120,9 @@ class FleetPlan:
 
     @property
     def headroom(self) -> int:
-        """Slots left when the largest update runs (negative: short by that many)."""
-        return self.slots.total(self.most) - max(self.peak(tenant) for tenant in self.tenants)
+        """Slots left when the largest update runs (negative: short by that many); in a mixed MIG layout the least
+        left of any profile's partitions."""
+        return min(self.slots_of(tenant).total(self.most) - self.peak(tenant) for tenant in self.tenants)
 
     @property
     def idle_usd_per_hour(self) -> float | None:
@@ -163,7 +174,7 @@ def plan_snapshot(snapshot: FleetSnapshot) -> FleetPlan:
                                 scales_to_zero=zero[config.name], kept_on_by=always_on)
         tenants.append(Tenant(config.name, fleet.path, copies, most, *change_room(config.rollout, most),
                               None if image.on_gpu else image.threads, snapshot.memory_mb(config.name), share,
-                              serving[config.name], differs))
+                              serving[config.name], differs, getattr(config.placement, "partition_type", None)))
     placement = first.placement
     instances = getattr(placement, "instance_count", 1)
     plan = FleetPlan(group=placement.endpoint, endpoint=endpoint,
@@ -215,26 +226,31 @@ def _counted(config: ReleaseConfig, serving: Serving | None, image, endpoint: st
 
 
 def _problems(plan: FleetPlan) -> tuple[str, ...]:
-    """Why the fleet does not fit, each with its arithmetic and the fix."""
+    """Why the fleet does not fit, each with its arithmetic and the fix: per slots the models share (in a mixed MIG
+    layout, per profile)."""
     problems = []
-    steady = " + ".join(f"{t.model} {t.copies}" for t in plan.tenants)
-    if plan.steady > plan.slots.total(plan.instances):
-        problems.append(f"the models' copies do not fit: {steady} = {plan.steady} copies, one {plan.slots.unit} each, "
-                        f"but {plan.slots.describe(plan.instances)}; fix: fewer copies, more instances "
-                        "(placement.instance_count) or, for MIG, more partitions per GPU, or another endpoint for some")
+    pools = {tenant.partition_type: plan.mates(tenant) for tenant in plan.tenants}
+    for pool in pools.values():
+        room, steady = plan.slots_of(pool[0]), sum(t.copies for t in pool)
+        if steady > room.total(plan.instances):
+            copies = " + ".join(f"{t.model} {t.copies}" for t in pool)
+            problems.append(f"the models' copies do not fit: {copies} = {steady} copies, one {room.unit} each, "
+                            f"but {room.describe(plan.instances)}; fix: fewer copies, more instances "
+                            "(placement.instance_count) or, for MIG, more partitions per GPU, or another endpoint for "
+                            "some")
     smaller = ("a rolling update with a smaller batch (and a small rollout.rollback_batch), fewer copies, or a lower "
                "scale_to_zero.max_copies")
     on_mig = plan.placement.get("kind") == "mig_partition"
     grow = (f"{smaller} (a MIG endpoint is one instance, its layout fixed)" if on_mig
             else f"{smaller}, or placement.max_instance_count (managed scaling adds instances for the update)")
     for tenant in plan.tenants:
-        if plan.peak(tenant) > plan.slots.total(plan.most):
+        if plan.peak(tenant) > plan.slots_of(tenant).total(plan.most):
             problems.append(f"{tenant.model}'s next update has no room: {tenant.why} ({tenant.peak} at once) beside "
                             f"the other models' {plan.others(tenant)} = {plan.peak(tenant)} copies, but the endpoint "
-                            f"grows to at most {plan.slots.describe(plan.most)}; fix: {grow}")
+                            f"grows to at most {plan.slots_of(tenant).describe(plan.most)}; fix: {grow}")
     if on_mig:
-        room_mb = partition_size(plan.placement["partition_type"])[1] * 1024
-        problems += [f"{t.model}'s copy needs {t.memory_mb} MB (its last build), more than a "
-                     f"{plan.placement['partition_type']} partition's {room_mb} MB; fix: a larger partition type"
-                     for t in plan.tenants if t.memory_mb is not None and t.memory_mb > room_mb]
+        problems += [f"{t.model}'s copy needs {t.memory_mb} MB (its last build), more than a {t.partition_type} "
+                     f"partition's {partition_size(t.partition_type)[1] * 1024} MB; fix: a larger partition type"
+                     for t in plan.tenants
+                     if t.memory_mb is not None and t.memory_mb > partition_size(t.partition_type)[1] * 1024]
     return tuple(problems)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shiplift.tasks.backends.capacity import Slots, slots
+from shiplift.tasks.backends.placement import endpoint_placement
 from shiplift.tasks.backends.pricing import PriceTable, load_price_table
 from shiplift.tasks.config import ReleaseConfig, load_release_config
 from shiplift.tasks.errors import ConfigError, NotFound
@@ -36,10 +37,12 @@ class FleetConfig:
         return self.config.name
 
 
-def load_fleet_configs(config_paths: list[str | Path], overrides: tuple[str, ...] = ()) -> tuple[FleetConfig, ...]:
+def load_fleet_configs(config_paths: list[str | Path], overrides: tuple[str, ...] = (), *,
+                       placed: bool = True) -> tuple[FleetConfig, ...]:
     """Every model's config, each file parsed once (with `overrides`); ConfigError, naming the configs, when there are
     none, they do not name one shared endpoint, name it with different placements, prefixes, backends or ledgers, list
-    a model twice, or count their copies in slots the capacity tables do not know or that differ."""
+    a model twice, or count their copies in slots the capacity tables do not know or that differ. Not `placed` (the
+    packer's input, whose placement it chooses): their placements may differ and are not counted."""
     if not config_paths:
         raise ConfigError("no release config to plan", fix="pass the configs of every model on the shared endpoint")
     configs = tuple(FleetConfig(str(path), load_release_config(path, overrides=overrides)) for path in config_paths)
@@ -50,7 +53,7 @@ def load_fleet_configs(config_paths: list[str | Path], overrides: tuple[str, ...
                           fix="set the same placement.endpoint in every config of the fleet")
     first = configs[0]
     for fleet in configs[1:]:
-        differs = _differences(first.config, fleet.config)
+        differs = [d for d in _differences(first.config, fleet.config) if placed or not d.startswith("placement.")]
         if differs:
             raise ConfigError(f"{fleet.path} places its model on {first.config.placement.endpoint} with other "
                               f"{', '.join(differs)} than {first.path}: a running endpoint's instances and layout "
@@ -61,12 +64,15 @@ def load_fleet_configs(config_paths: list[str | Path], overrides: tuple[str, ...
     if len(set(names)) != len(names):
         raise ConfigError(f"a model is listed twice: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}",
                           fix="pass each model's config once")
+    if not placed:
+        return configs
     found: list[Slots | None] = [slots(fleet.config.placement, fleet.config.image) for fleet in configs]
     if None in found:
         raise ConfigError(f"the copies one {first.config.placement} instance holds are not in "
                           "tasks/backends/capacity.py's tables",
                           fix="use an instance type the capacity tables know, or add it there with its source")
-    if len({(s.per_instance, s.unit) for s in found if s is not None}) != 1:
+    mixed = getattr(first.config.placement, "layout", None) is not None  # each tenant counts its own profile's slots
+    if not mixed and len({(s.per_instance, s.unit) for s in found if s is not None}) != 1:
         kinds = "; ".join(f"{fleet.name}: {s.per_instance} x {s.unit} an instance"
                           for fleet, s in zip(configs, found, strict=True) if s is not None)
         raise ConfigError(f"the models count their copies in different slots ({kinds}), "
@@ -78,7 +84,7 @@ def load_fleet_configs(config_paths: list[str | Path], overrides: tuple[str, ...
 def _differences(one: ReleaseConfig, other: ReleaseConfig) -> list[str]:
     """The placement fields (and the resource prefix, backend and ledger) two configs of one shared endpoint give
     differently."""
-    mine, theirs = one.placement.model_dump(mode="json"), other.placement.model_dump(mode="json")
+    mine, theirs = endpoint_placement(one.placement), endpoint_placement(other.placement)  # own MIG types apart
     fields = sorted(f"placement.{key}" for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key))
     return (fields + (["resource_prefix"] if one.resource_prefix != other.resource_prefix else [])
             + (["backend (kind, region)"] if backend_place(one) != backend_place(other) else [])

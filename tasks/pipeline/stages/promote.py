@@ -18,16 +18,33 @@ with the component's copies and alarm states), with the release it moves from an
 serving then; a verdict record (stage `bake`, event `verdict`) the moment its bake has judged it (each alarm's state,
 the online gate's evidence, the alarm that fired). The ledger stamps each record when it is appended, so `ledger as-of`
 at a moment between two batches sees both releases serving. The stage's own record lists every step with its verdict.
+
+Under an orchestrator the wait for production's update holds no worker (the table's `defers`, docs/airflow.md):
+`start` sends the update (what it replaces recorded first, `rollout`/`replaced`), `poll` looks once and, while it runs,
+makes one check of it, and `run`, once it has ended, follows it and judges its last step, as it does after a crash.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
+from typing import Any
 
-from shiplift.tasks.backends.interfaces import ComponentSpec, RolloutResult, RolloutStep, StepKind
+from shiplift.tasks.backends.interfaces import ComponentSpec, DeployPoll, RolloutResult, RolloutStep, StepKind
 from shiplift.tasks.errors import Conflict
-from shiplift.tasks.ledger.events import BAKE, DONE, PROMOTE, ROLLED_BACK, SKIPPED, STEP, SUCCEEDED, TRAFFIC, VERDICT
+from shiplift.tasks.ledger.events import (
+    BAKE,
+    DONE,
+    PROMOTE,
+    REPLACED,
+    ROLLED_BACK,
+    ROLLOUT,
+    SKIPPED,
+    STEP,
+    SUCCEEDED,
+    TRAFFIC,
+    VERDICT,
+)
 from shiplift.tasks.ledger.records import StepRecord, promotion
 from shiplift.tasks.ledger.stage_results import PromoteResult
 from shiplift.tasks.ledger.views import rollout_steps, step_key
@@ -176,36 +193,113 @@ def first_release(ctx, config, endpoint: str, component: str, spec: ComponentSpe
     return RolloutResult(status="withdrawn", reason=reason, steps=(baked, out)), log
 
 
-def run(ctx) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a promote puts where: the config (as a fleet move placed it), production's endpoint and component, the spec,
+    and the fleet move's promotion record (None without one)."""
+
+    config: Any
+    endpoint: str
+    component: str
+    spec: ComponentSpec
+    moved: Any
+
+
+def skip_reason(ctx) -> str | None:
+    """Why this promote changes nothing (a gate that did not pass and asks no person, a required approval not given),
+    or None."""
     validate = ctx.result("validate")
-    decision = validate.decision
     if not awaits_person(validate, ctx.config):  # a pass, or an inconclusive gate a person was asked to decide
-        ctx.say(f"promote: skipped, gate decision is {decision}; the champion keeps serving")
-        return PromoteResult(event=SKIPPED, reason=f"gate decision {decision}", decision=decision)
-    blocked = blocked_reason(ctx)  # Conflict while a required approval is still awaited
-    if blocked is not None:
-        ctx.say(f"promote: skipped, {blocked}; the champion keeps serving")
-        return PromoteResult(event=SKIPPED, reason=blocked, decision=decision)
+        return f"gate decision {validate.decision}"
+    return blocked_reason(ctx)  # Conflict while a required approval is still awaited
+
+
+def target(ctx) -> Target:
+    """Where the release goes: production of its config, or of the layout a fleet move put it on; Conflict when
+    production serves from another layout (`require_production_here`)."""
     move = latest_move(ctx.state.records)
     moved = promotion(move) if move is not None else None
     config = moved_config(ctx.config, moved.moved_to) if moved is not None else ctx.config  # where a fleet move put it
     # a promotion or rollback across a layout change would leave the old copies serving
     require_production_here(ctx.backends.ledger, config, ctx.release_id)
-    endpoint, component = production_endpoint(config), production_component(config)
+    return Target(config, production_endpoint(config), production_component(config),
+                  component_spec(ctx, config, copies=config.rollout.copies), moved)
+
+
+def replaced(ctx, at: Target):
+    """The ledger's keeper of what the backend's update replaces (`Hosting.roll_out`'s `keep`), and what this attempt
+    recorded of it before (its `previous`; None if nothing)."""
+    def keep(previous: dict) -> None:
+        ctx.record(ROLLOUT, REPLACED, {"endpoint": at.endpoint, "component": at.component, "previous": previous})
+
+    kept = [r for r in attempt_records(ctx.state.records) if (r.stage, r.event) == (ROLLOUT, REPLACED)]
+    return keep, (kept[-1].payload["previous"] if kept else None)
+
+
+def rolls(ctx, at: Target) -> bool:
+    """Whether this promote is a rolling update of a component that serves (canary or linear, no first release)."""
+    return (at.config.rollout.strategy != "all_at_once"
+            and ctx.backends.hosting.describe(at.endpoint, at.component) is not None
+            and not first_release_unbaked(ctx.state.records))
+
+
+def start(ctx) -> dict:
+    """The deferred promote's start (the table's `defers`): send production's update and return at once. A rolling
+    update is sent as the backend carries it on alone (`Hosting.start_roll_out`: SageMaker's, what it replaces kept in
+    the ledger first), all_at_once as a deploy's start (`Hosting.start_deploy`); a skipped promote and a first
+    release (deployed, then baked, by the stage itself) start nothing."""
+    if skip_reason(ctx) is not None:
+        return {"sent": False}
+    at, hosting = target(ctx), ctx.backends.hosting
+    rollout = at.config.rollout
+    if rollout.strategy == "all_at_once":
+        hosting.start_deploy(at.endpoint, at.component, at.spec, at.config.placement, role="production",
+                             progress=ctx.say)
+        return {"endpoint": at.endpoint, "component": at.component, "sent": True}
+    if not rolls(ctx, at):
+        return {"endpoint": at.endpoint, "component": at.component, "sent": False}
+    keep, _ = replaced(ctx, at)
+    sent = hosting.start_roll_out(at.endpoint, at.component, at.spec, at.config.placement, rollout.plan(),
+                                  progress=ctx.say, keep=keep)
+    return {"endpoint": at.endpoint, "component": at.component, "sent": sent}
+
+
+def poll(ctx) -> DeployPoll:
+    """The deferred promote's poll: one look at what `start` sent. A rolling update still running gets one check,
+    baked and recorded as the stage records its checks (`TrafficLog`); done once it has ended (the stage then
+    follows it: its last verdict, a rollback, a failure)."""
+    if skip_reason(ctx) is not None:
+        return DeployPoll(in_service=True, status="promote changes nothing: no wait")
+    at, hosting = target(ctx), ctx.backends.hosting
+    if at.config.rollout.strategy == "all_at_once":
+        return hosting.poll_deploy(at.endpoint, at.component, at.spec, at.config.placement, role="production",
+                                   progress=ctx.say)
+    bake, log = watch(ctx, at.config, at.endpoint, at.component, at.spec)
+    return hosting.poll_roll_out(at.endpoint, at.component, at.spec, at.config.rollout.plan(), bake,
+                                 progress=ctx.say, on_step=log)
+
+
+def run(ctx) -> dict:
+    skipped = skip_reason(ctx)
+    if skipped is not None:
+        ctx.say(f"promote: skipped, {skipped}; the champion keeps serving")
+        return PromoteResult(event=SKIPPED, reason=skipped, decision=ctx.result("validate").decision)
+    at = target(ctx)
+    config, endpoint, component, spec, moved = at.config, at.endpoint, at.component, at.spec, at.moved
     rollout, hosting = config.rollout, ctx.backends.hosting
-    spec = component_spec(ctx, config, copies=rollout.copies)
     ctx.say(f"promote: {rollout.strategy} to {endpoint}/{component}")
     steps: list[dict] = []
     ctx.require_lease()  # the last moment before production changes: a run that lost the model's lease stops here
     if rollout.strategy == "all_at_once":
         live = hosting.deploy(endpoint, component, spec, config.placement, role="production", progress=ctx.say)
     else:
-        if hosting.describe(endpoint, component) is None or first_release_unbaked(ctx.state.records):
+        if not rolls(ctx, at):
             outcome, log = first_release(ctx, config, endpoint, component, spec)
         else:
             bake, log = watch(ctx, config, endpoint, component, spec)
+            keep, previous = replaced(ctx, at)
             outcome = hosting.roll_out(endpoint, component, spec, config.placement, rollout.plan(), bake,
-                                       progress=ctx.say, on_step=log)
+                                       progress=ctx.say, on_step=log, previous=previous, keep=keep)
         log.catch_up(outcome.steps)
         steps = log.steps()
         live = hosting.describe(endpoint, component)

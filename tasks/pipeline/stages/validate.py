@@ -118,11 +118,26 @@ def asked_evidence(cfg, out_dir: Path, checks: list[dict]) -> dict:
                            f"on {plan.n} tasks" for plan in plans]}
 
 
+def escape_refused(choice: str, undecided: set[str], *, ratio_per_request: bool) -> str | None:
+    """Why `ask` or `extend` cannot take an inconclusive gate whose inconclusive checks are `undecided` (None: it can):
+    they must be champion checks (accuracy, ECE, the p95 ratio), one of them accuracy or the ratio (ECE alone has no
+    sequential judgement; it is judged again once, beside them). `extend` judges the ratio again on the reserve's rows
+    as requests, so only where one prediction is one request (`ratio_per_request`; an NLI batch is not)."""
+    allowed = {"champion_accuracy", "champion_ece", "champion_p95_ratio"}
+    if choice == "extend" and not ratio_per_request:
+        allowed.discard("champion_p95_ratio")
+    if undecided <= allowed and undecided & {"champion_accuracy", "champion_p95_ratio"}:
+        return None
+    return (f"{choice} applies to inconclusive {', '.join(sorted(allowed - {'champion_ece'}))} checks (and "
+            f"champion_ece beside them); inconclusive here: {', '.join(sorted(undecided))}")
+
+
 def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, list[dict], dict | None]:
     """An inconclusive gate follows the release's `validation.inconclusive.choice`: `block` stays inconclusive (it
     does not promote); `ask` stays inconclusive and promote waits for a person (`tasks.pipeline.approval`) with the
-    interval, the power and the evidence; `extend` scores reserve tasks when its champion_accuracy check is what is
-    inconclusive (`validation.extension`) and the decision becomes the extension's. Returns (decision, checks, the
+    interval, the power and the evidence; `extend` scores reserve tasks and judges the inconclusive champion accuracy
+    and latency-ratio checks again (`validation.extension`), and the decision becomes the extension's. Either applies
+    only when what is inconclusive is among the champion checks (`escape_refused`). Returns (decision, checks, the
     record of the choice: the first look and the outcome; None when the gate was not inconclusive)."""
     cfg = ctx.config.validation
     if gate.decision != "inconclusive":
@@ -134,15 +149,15 @@ def follow_choice(ctx, gate: GateOutcome, candidate, champion) -> tuple[str, lis
     if choice == "block":
         ctx.say("validate: inconclusive; validation.inconclusive.choice is block, so the champion keeps serving")
         return gate.decision, gate.checks, {**record, "outcome": "blocked"}
-    if "champion_accuracy" not in undecided or not undecided <= {"champion_accuracy", "champion_ece"}:
-        why = (f"{choice} applies to an inconclusive champion_accuracy check; "
-               f"inconclusive here: {', '.join(sorted(undecided))}")
+    why = escape_refused(choice, undecided, ratio_per_request=ctx.family.items_per_request(cfg) == 1)
+    if why:
         ctx.say(f"validate: {why}; blocked")
         return gate.decision, gate.checks, {**record, "outcome": "blocked", "why": why}
     if choice == "ask":
         asked = asked_evidence(cfg, out_dir, gate.checks)
-        ctx.say(f"validate: inconclusive (interval {asked['interval']} against -{cfg.champion.margin:g}); "
-                "validation.inconclusive.choice is ask: a person decides before promote")
+        shown = "; ".join(check_text(c) for c in gate.checks if c["status"] == "inconclusive")
+        ctx.say(f"validate: inconclusive ({shown}); validation.inconclusive.choice is ask: a person decides before "
+                "promote")
         return gate.decision, gate.checks, {**record, "outcome": "asked", **asked}
 
     extend = cfg.inconclusive.extend

@@ -1,0 +1,172 @@
+"""A sweep as an AWS Step Functions state machine (docs/sweeps.md): OpenSweep, then a Map state over the candidates
+(`MaxConcurrency`: the sweep's `parallel`, the number the cost bound was checked at), each iteration one ECS task that
+evaluates its candidate (and, when that task fails or dies, one that tears the candidate down), then PickCandidate.
+
+The tasks are the release machine's (`step_functions._Renderer.ecs_task`: the pipeline image on ECS, its token reported
+with `reporting_to_step_functions`, Retry from the errors' `retryable` and the table's backoff, Catch, heartbeats), and
+they run `python -m shiplift.tasks.orchestrators.step_functions_map open|evaluate|teardown|pick SWEEP …`, the calls of
+`shiplift.tasks.sweeps.orchestrated`, which are idempotent. The candidates are rendered into the definition (the Map
+reads them from the Prepare state's output) and OpenSweep refuses a sweep file whose candidates have changed since.
+A candidate that fails is recorded in the ledger and its iteration ends; the others go on, and PickCandidate then
+fails (SweepIncomplete) until a rerun has evidence for every candidate, as `shiplift sweep run` does. `render SWEEP
+--runner FILE` prints the machine's ASL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from shiplift.tasks.errors import ConfigError
+from shiplift.tasks.orchestrators.step_functions import (
+    _catch,
+    _fail,
+    _Renderer,
+    _retry,
+    _retry_rule,
+    check_image_path,
+    definition_json,
+    load_runner_settings,
+    require_shared_ledger,
+)
+from shiplift.tasks.orchestrators.step_functions_runner import RunnerSettings
+from shiplift.tasks.orchestrators.step_functions_tasks import MAX_STATE_MACHINE_NAME
+from shiplift.tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, reporting_to_step_functions
+from shiplift.tasks.pipeline.table import BEGIN, TEARDOWN
+from shiplift.tasks.sweeps import orchestrated
+from shiplift.tasks.sweeps.config import Sweep, load_sweep
+from shiplift.tasks.sweeps.policy import EVALUATE_RETRIES
+
+MODULE = "shiplift.tasks.orchestrators.step_functions_map"
+ACTIONS = ("open", "evaluate", "teardown", "pick", "render")
+MAP_STATE, EVALUATE_STATE, TEARDOWN_STATE = "EvaluateCandidates", "EvaluateCandidate", "TeardownCandidate"
+NOT_EVALUATED_STATE, EVALUATED_STATE = "CandidateNotEvaluated", "CandidateEvaluated"
+FAILED_STATE, INCOMPLETE_STATE = "SweepFailed", "SweepIncomplete"
+
+
+def sweep_machine_name(sweep: Sweep) -> str:
+    """`<resource_prefix>-<sweep name>-sweep`: one state machine per sweep, at most 80 characters."""
+    name = f"{sweep.base.resource_prefix}-{sweep.config.name}-sweep"
+    if len(name) > MAX_STATE_MACHINE_NAME:
+        raise ConfigError(f"state machine name {name!r} is {len(name)} characters, Step Functions allows "
+                          f"{MAX_STATE_MACHINE_NAME}", fix="shorten the sweep's name or the base's resource_prefix")
+    return name
+
+
+def sweep_command(action: str, sweep_path: str, holder: str, *extra: str) -> list[str]:
+    """argv of one of the sweep machine's tasks."""
+    return ["python", "-m", MODULE, action, sweep_path, "--holder", holder, *extra]
+
+
+def render_sweep_machine(sweep: Sweep, *, runner: RunnerSettings, sweep_path: str) -> dict:
+    """The sweep as ASL (a dict). `sweep_path` is the sweep file inside the pipeline image, relative to its working
+    directory (e.g. `configs/sweeps/gemma-decision-quant.yaml`); the base config's ledger must be one every task
+    reaches."""
+    check_image_path(sweep_path, "configs/sweeps/NAME.yaml")
+    require_shared_ledger(sweep.base)
+    sweep_machine_name(sweep)
+    render = _Renderer(sweep.base, runner, sweep.sweep_id, sweep_path)
+    holder, candidate = render.HOLDER, render.CANDIDATE
+    evaluate_s = orchestrated.evaluation_timeout_s(sweep)
+
+    opened = render.ecs_task(BEGIN.name, sweep_command("open", sweep_path, holder, "--sweep-id", sweep.sweep_id,
+                                                       "--allowed-timeout-s", str(evaluate_s)),
+                             timeout_s=render.stage_timeout(BEGIN.name), next_state=MAP_STATE,
+                             catch=_catch(FAILED_STATE))
+    evaluate = render.ecs_task(BEGIN.name, sweep_command("evaluate", sweep_path, holder, "--candidate", candidate),
+                               timeout_s=evaluate_s + runner.startup_allowance_s, next_state=EVALUATED_STATE,
+                               catch=_catch(TEARDOWN_STATE))
+    evaluate["Retry"] = _retry(BEGIN.name, retries=EVALUATE_RETRIES)
+    teardown = render.ecs_task(TEARDOWN, sweep_command("teardown", sweep_path, holder, "--candidate", candidate),
+                               timeout_s=render.stage_timeout(TEARDOWN), next_state=NOT_EVALUATED_STATE,
+                               catch=_catch(NOT_EVALUATED_STATE, "$.teardown_error"))
+    pick = render.ecs_task(BEGIN.name, sweep_command("pick", sweep_path, holder),
+                           timeout_s=render.stage_timeout(BEGIN.name), next_state="Swept",
+                           catch=_catch(INCOMPLETE_STATE))
+    # a container that never ran or died is tried again; NotReady (a candidate without evidence) is the answer
+    pick["Retry"] = [*_retry(BEGIN.name, retries=0), *_retry_rule(BEGIN.retries, [HEARTBEAT_TIMEOUT])]
+    iteration = {
+        "ProcessorConfig": {"Mode": "INLINE"},
+        "StartAt": EVALUATE_STATE,
+        "States": {
+            EVALUATE_STATE: evaluate,
+            EVALUATED_STATE: {"Type": "Succeed", "Comment": "evidence recorded, candidate torn down"},
+            TEARDOWN_STATE: teardown,
+            NOT_EVALUATED_STATE: {"Type": "Pass", "End": True,
+                                  "Comment": "the failure is in the ledger (sweep/failed) and the candidate torn down; "
+                                             "the other candidates go on, and PickCandidate waits for a rerun"},
+        },
+    }
+    states = {
+        "Prepare": {"Type": "Pass", "Comment": "the execution is the actor; the candidates as rendered",
+                    "Parameters": {"run": {"holder.$": "States.Format('stepfunctions:{}', $$.Execution.Id)",
+                                           "sweep_id": sweep.sweep_id},
+                                   "candidates": [c.name for c in sweep.candidates]},
+                    "Next": "OpenSweep"},
+        "OpenSweep": opened,
+        MAP_STATE: {"Type": "Map", "Comment": f"every candidate, at most {sweep.config.parallel} at once",
+                    "ItemsPath": "$.candidates",
+                    "ItemSelector": {"candidate.$": "$$.Map.Item.Value", "run.$": "$.run"},
+                    "MaxConcurrency": sweep.config.parallel, "ItemProcessor": iteration, "ResultPath": None,
+                    "Catch": _catch(FAILED_STATE), "Next": "PickCandidate"},
+        "PickCandidate": pick,
+        "Swept": {"Type": "Succeed"},
+        FAILED_STATE: _fail("Shiplift.SweepFailed", "the sweep could not open or run its candidates"),
+        INCOMPLETE_STATE: _fail("Shiplift.SweepIncomplete", "nothing picked: a candidate has no evidence (its failure "
+                                "is in the ledger); run the sweep again: candidates with evidence are not evaluated "
+                                "again"),
+    }
+    return {"Comment": f"shiplift sweep {sweep.sweep_id}: {len(sweep.candidates)} candidates of "
+                       f"{sweep.base.name}, {sweep.config.parallel} at once, then the pick (runner ECS "
+                       f"{runner.launch_type}, image {runner.pipeline_image})",
+            "StartAt": "Prepare", "States": states}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line `sweep_command` writes."""
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=ACTIONS, help="open the sweep, evaluate or tear down one candidate, pick; or "
+                                                   "render the state machine's ASL (JSON, on stdout)")
+    p.add_argument("sweep", help="the sweep file, relative to the image's working directory (render: to this one)")
+    p.add_argument("--holder", help="the execution (the ledger's actor); every action but render")
+    p.add_argument("--runner", help="render: the runner settings file (docs/step-functions.md)")
+    p.add_argument("--candidate", help="evaluate, teardown: the candidate's name")
+    p.add_argument("--sweep-id", help="open: the sweep the state machine was rendered for")
+    p.add_argument("--allowed-timeout-s", type=int, help="open: the evaluate task's TimeoutSeconds")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one step of the sweep, reporting to Step Functions when its task token is set."""
+    args = parser().parse_args(argv)
+    if args.action == "render":
+        if not args.runner:
+            parser().error("render needs --runner")
+        sweep = load_sweep(args.sweep)
+        print(definition_json(render_sweep_machine(sweep, runner=load_runner_settings(args.runner),
+                                                   sweep_path=args.sweep)))
+        return 0
+    if not args.holder:
+        parser().error(f"{args.action} needs --holder")
+    if args.action in ("evaluate", "teardown") and not args.candidate:
+        parser().error(f"{args.action} needs --candidate")
+
+    def run() -> dict:
+        if args.action == "open":
+            return orchestrated.open_orchestrated(args.sweep, actor=args.holder, sweep_id=args.sweep_id,
+                                                  allowed_timeout_s=args.allowed_timeout_s)
+        if args.action == "evaluate":
+            return orchestrated.evaluate_orchestrated(args.sweep, args.candidate, actor=args.holder)
+        if args.action == "teardown":
+            return orchestrated.teardown_orchestrated(args.sweep, args.candidate, actor=args.holder)
+        return orchestrated.pick_orchestrated(args.sweep, actor=args.holder)
+
+    result = reporting_to_step_functions(run)
+    print(f"{args.sweep} {args.action}: {json.dumps(result, default=str)[:2000]}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""A sweep's steps as an orchestrator runs them, one call each (Airflow's sweep DAG, the Step Functions sweep machine;
+docs/sweeps.md): open the sweep, evaluate one candidate, tear one candidate down after a crash, pick, release the pick.
+
+Each step loads the sweep file itself and finds everything else in the ledger, so any worker that reaches the ledger
+runs any step, and each is idempotent: the opening is found, not repeated (a changed rule refused); a candidate with
+evidence returns it without running again, and one cut short resumes at its first stage not done; the pick is recorded
+once. A candidate's step tears its endpoint down whether its evaluation succeeded or failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shiplift.tasks.backends.pricing import load_price_table
+from shiplift.tasks.backends.registry import make_backends
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, NotFound
+from shiplift.tasks.ledger.release_state import ReleaseState
+from shiplift.tasks.ledger.sweep_records import SweepRecords
+from shiplift.tasks.pipeline.release import Progress, ensure_stage_retrying, prepare_release, print_progress
+from shiplift.tasks.pipeline.table import MAX_STEP_TIMEOUT_S, TEARDOWN
+from shiplift.tasks.sweeps.config import Sweep, load_sweep
+from shiplift.tasks.sweeps.policy import candidate_timeout_s
+from shiplift.tasks.sweeps.records import open_sweep
+from shiplift.tasks.sweeps.run import check_cost, evaluate_and_record, plan, record_pick, release_pick
+
+
+def evaluation_timeout_s(sweep: Sweep) -> int:
+    """`candidate_timeout_s` of the sweep's slowest candidate; ConfigError when that exceeds MAX_STEP_TIMEOUT_S, the
+    most any orchestrator holds a worker for one step."""
+    slowest = max(sweep.candidates, key=lambda c: candidate_timeout_s(c.config))
+    seconds = candidate_timeout_s(slowest.config)
+    if seconds > MAX_STEP_TIMEOUT_S:
+        raise ConfigError(f"{sweep.path}: candidate {slowest.name} may need {seconds} s to evaluate, more than the "
+                          f"{MAX_STEP_TIMEOUT_S} s an orchestrator holds a worker for one step",
+                          fix="shorten the base's validation.deadline_s or placement.provision_timeout_s, or run the "
+                              "sweep from the CLI (`shiplift sweep run`)")
+    return seconds
+
+
+def open_orchestrated(sweep_path: str | Path, *, actor: str, sweep_id: str | None = None,
+                      allowed_timeout_s: int | None = None, progress: Progress = print_progress) -> dict[str, Any]:
+    """The first step: check the cost bound at the sweep's `parallel`, check that a candidate's evaluation fits the
+    orchestrator's timeout for it (`allowed_timeout_s`, what it was set up with), and open the sweep in the ledger (the
+    rule's sha256 first), or find it open under the same rule. `sweep_id`: the sweep the orchestrator was rendered for
+    (Conflict when the file now gives another). Returns the sweep's id and every candidate's name."""
+    sweep = load_sweep(sweep_path)
+    if sweep_id is not None and sweep.sweep_id != sweep_id:
+        raise Conflict(f"{sweep.path} now gives sweep {sweep.sweep_id}, not {sweep_id}, which this state machine was "
+                       "rendered for: its candidates changed", fix="render and deploy the sweep's state machine again")
+    needed = evaluation_timeout_s(sweep)
+    if allowed_timeout_s is not None and needed > allowed_timeout_s:
+        raise ConfigError(f"{sweep.path}: a candidate may need {needed} s, but the orchestrator's candidate task "
+                          f"allows {allowed_timeout_s} s",
+                          fix="re-parse the sweep DAG (or re-render the state machine) from this version of the sweep")
+    planned = plan(sweep, table=load_price_table().once())
+    check_cost(sweep, planned)
+    progress(f"sweep {sweep.sweep_id}: {len(sweep.candidates)} candidates, {planned['parallel']} at once ≈ "
+             f"{planned['usd_per_hour_at_once']:.4g} $/h (bound {sweep.config.max_usd_per_hour:g} $/h); rule sha256 "
+             f"{planned['rule_sha256']}")
+    records = open_sweep(make_backends(sweep.base).ledger, sweep, actor=actor)
+    return {"sweep_id": sweep.sweep_id, "candidates": [c.name for c in sweep.candidates],
+            "pending": records.pending(), "rule_sha256": records.opened["rule_sha256"]}
+
+
+def _opened(sweep_path: str | Path, candidate_name: str | None, *, actor: str):
+    """The sweep, the named candidate, the ledger and its records; NotFound before the sweep opened, Conflict when its
+    rule changed since, BadInput for a name the sweep does not have."""
+    sweep = load_sweep(sweep_path)
+    names = [c.name for c in sweep.candidates]
+    if candidate_name is not None and candidate_name not in names:
+        raise BadInput(f"{sweep.path} has no candidate {candidate_name!r}", fix=f"use one of {', '.join(names)}")
+    ledger = make_backends(sweep.base).ledger
+    if SweepRecords.read(ledger, sweep.sweep_id).opened is None:
+        raise NotFound(f"sweep {sweep.sweep_id} was never opened", fix="run the sweep's open step first")
+    records = open_sweep(ledger, sweep, actor=actor)  # opened already: checks the rule, appends nothing
+    return sweep, candidate_name and sweep.candidate(candidate_name), ledger, records
+
+
+def headline(payload: dict) -> dict[str, Any]:
+    """What a candidate's step returns (XCom, the task's report): its name, release and headline evidence."""
+    metrics = payload["evidence"]["metrics"]
+    return {"candidate": payload["candidate"], "release_id": payload["release_id"],
+            "gate_decision": payload.get("gate_decision"),
+            **{key: metrics.get(key) for key in ("accuracy", "valid_rate", "p95_ms", "usd_per_1m_decisions")}}
+
+
+def evaluate_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor: str,
+                          progress: Progress = print_progress) -> dict[str, Any]:
+    """One candidate's step: its evidence if the ledger has it (a retry or rerun runs nothing), else its release from
+    resolve through validate on the sweep's tasks, torn down, and its evidence (or failure, raised again) recorded."""
+    sweep, candidate, ledger, records = _opened(sweep_path, candidate_name, actor=actor)
+    if candidate.name in records.evaluated:
+        progress(f"sweep {sweep.sweep_id}: {candidate.name} already has evidence")
+        return headline(records.evaluated[candidate.name])
+    payload = evaluate_and_record(sweep, candidate, ledger, load_price_table().once(), actor=actor,
+                                  progress=progress)
+    return headline(payload)
+
+
+def teardown_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor: str,
+                          progress: Progress = print_progress) -> dict[str, Any]:
+    """Tear one candidate down after its step died before doing so itself (a worker lost, a timeout); idempotent."""
+    sweep, candidate, ledger, _ = _opened(sweep_path, candidate_name, actor=actor)
+    if ReleaseState(ledger, candidate.release_id).opened is None:
+        return {"candidate": candidate.name, "release_id": candidate.release_id, "teardown": "never opened"}
+    ctx = prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
+                          actor=actor, progress=progress)
+    return {"candidate": candidate.name, "release_id": candidate.release_id,
+            "teardown": ensure_stage_retrying(ctx, TEARDOWN).record()}
+
+
+def pick_orchestrated(sweep_path: str | Path, *, actor: str, progress: Progress = print_progress) -> dict[str, Any]:
+    """The pick, once every candidate has evidence (recorded once); NotReady naming the candidates without."""
+    sweep, _, ledger, _ = _opened(sweep_path, None, actor=actor)
+    return record_pick(ledger, sweep.sweep_id, actor=actor, progress=progress)
+
+
+def release_pick_orchestrated(sweep_path: str | Path, *, actor: str,
+                              progress: Progress = print_progress) -> dict[str, Any]:
+    """The pick's own release, as `sweep run --release-pick` runs it (gated on the base's held-out datasets)."""
+    sweep, _, ledger, _ = _opened(sweep_path, None, actor=actor)
+    released = release_pick(ledger, sweep.sweep_id, actor=actor, progress=progress)
+    return {key: released.get(key) for key in ("release_id", "model", "status", "decision")}

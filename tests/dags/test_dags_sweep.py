@@ -1,0 +1,118 @@
+"""The sweep DAG (issue 48 item 4): `open` records the rule's sha256 before any candidate runs, `evaluate` is mapped
+over the candidates `open` returns (dynamic task mapping) in the sweep's Airflow pool, at most `parallel` at once, and
+`pick` records the pick; every task is idempotent, so a second run records nothing. `dag.test()` runs the mapped tasks
+one after another (it has no slots), so what bounds them on a real Airflow is asserted on the DAG itself."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGS = ROOT / "dags"
+
+
+@pytest.fixture
+def sweep_path(tmp_path, tiny_release) -> Path:
+    """The e2e tests' tiny sweep (two quantizations of the tiny model), two at once, state in tmp_path/state."""
+    from tests.e2e.test_sweep_run import write_sweep
+
+    base = tiny_release.write_tiny_config(tmp_path / "configs", tmp_path / "state")
+    path = write_sweep(tmp_path / "sweeps", base, n_tasks=12, constraints=[{"metric": "valid_rate", "at_least": 1.0}])
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "parallel": 2}))
+    return path
+
+
+def sweep_folder(tmp_path: Path, sweep: Path) -> Path:
+    """A dags folder holding the shared wiring and one sweep DAG file of `sweep`, like dags/."""
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    for shared in ("_shiplift_dags.py", "_shiplift_triggers.py", "_shiplift_sweeps.py"):
+        (folder / shared).symlink_to(DAGS / shared)
+    (folder / ".airflowignore").write_text((DAGS / ".airflowignore").read_text())
+    (folder / "sweep_tiny_sweep.py").write_text(  # "airflow" and "dag" in it, or the DAG processor skips the file
+        f'"""Airflow sweep DAG of a test sweep."""\n\nfrom _shiplift_sweeps import sweep_dag\n\n'
+        f"dag = sweep_dag({str(sweep)!r})\n")
+    return folder
+
+
+def test_the_shipped_sweep_dag_maps_evaluate_over_the_candidates_in_its_pool(dagbag):
+    from shiplift.tasks.sweeps.config import read_sweep_config
+
+    config = read_sweep_config(ROOT / "configs" / "sweeps" / "gemma-decision-quant.yaml")
+    dag = dagbag.dags["sweep_gemma_decision_quant"]
+    evaluate = dag.get_task("evaluate")
+    assert evaluate.pool == f"shiplift-sweep-{config.name}" and evaluate.max_active_tis_per_dagrun == config.parallel
+    assert f"airflow pools set shiplift-sweep-{config.name} {config.parallel}" in dag.doc_md
+
+
+def test_the_sweep_dag_s_graph_pool_and_timeouts(shiplift_dags, sweep_path):
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    from shiplift.tasks.sweeps.config import load_sweep
+    from shiplift.tasks.sweeps.orchestrated import evaluation_timeout_s
+    from shiplift.tasks.sweeps.policy import EVALUATE_RETRIES
+
+    dag = importlib.import_module("_shiplift_sweeps").sweep_dag(str(sweep_path))
+    assert dag.dag_id == "sweep_tiny_sweep"
+    evaluate = dag.get_task("evaluate")
+    assert isinstance(evaluate, MappedOperator), "one task instance per candidate, made at run time"
+    assert (evaluate.pool, evaluate.pool_slots, evaluate.max_active_tis_per_dagrun) == ("shiplift-sweep-tiny-sweep",
+                                                                                        1, 2)
+    assert evaluate.execution_timeout == timedelta(seconds=evaluation_timeout_s(load_sweep(sweep_path)))
+    assert evaluate.retries == EVALUATE_RETRIES and evaluate.retry_policy is shiplift_dags.RETRY_POLICY
+    assert (evaluate.upstream_task_ids, evaluate.downstream_task_ids) == ({"open"}, {"pick"})
+    assert dag.get_task("release_pick").upstream_task_ids == {"pick"}
+
+
+def test_a_sweep_dag_run_evaluates_every_candidate_picks_and_a_second_run_records_nothing(
+        tmp_path, sweep_path, airflow_env, run_dags, tiny_release):
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.backends.registry import open_ledger
+    from shiplift.tasks.ledger import events
+    from shiplift.tasks.ledger.release_state import ReleaseState
+    from shiplift.tasks.ledger.sweep_records import SweepRecords, explanation
+    from shiplift.tasks.sweeps.config import load_sweep
+
+    pool = subprocess.run([sys.executable, "-m", "airflow", "pools", "set", "shiplift-sweep-tiny-sweep", "2",
+                           "tiny sweep"], env=airflow_env, capture_output=True, text=True, timeout=120)
+    assert pool.returncode == 0, pool.stdout[-2000:] + pool.stderr[-2000:]
+    sweep, state_dir = load_sweep(sweep_path), tmp_path / "state"
+    try:
+        folder = sweep_folder(tmp_path, sweep_path)
+        result, output = run_dags(folder, [{"dag_id": "sweep_tiny_sweep"}], timeout_s=540)
+        first = result["runs"][0]
+        assert result["import_errors"] == {}
+        assert first["state"] == "success", output[-5000:]
+        assert first["tasks"] == {"open": "success", "evaluate": "success", "pick": "success",
+                                  "release_pick": "skipped"}
+        assert first["xcom"]["open"] == [c.name for c in sweep.candidates]
+        ledger = open_ledger(state_dir=state_dir)
+        own = ledger.release(sweep.sweep_id)
+        assert [r.event for r in own] == [events.OPENED, events.EVALUATED, events.EVALUATED, events.PICKED]
+        assert all(r.actor.startswith("airflow:sweep_tiny_sweep/") for r in own)
+        records = SweepRecords.load(ledger, sweep.sweep_id)
+        assert first["xcom"]["pick"]["picked"] == records.recorded_pick().picked and explanation(records)["agrees"]
+        for candidate in sweep.candidates:
+            state = ReleaseState.load(ledger, candidate.release_id)
+            assert own[0].seq < state.records[0].seq, "opened before any candidate ran"
+            assert state.status == events.SWEPT
+            assert state.stage(events.DEPLOY_CANDIDATE)["status"] == "torn_down"
+        assert ProcessSupervisor(state_dir).list_endpoints() == [], "every candidate torn down"
+        head = ledger.head().seq
+        ledger.close()
+
+        again, output = run_dags(folder, [{"dag_id": "sweep_tiny_sweep"}], timeout_s=300)
+        assert again["runs"][0]["state"] == "success", output[-5000:]
+        assert again["runs"][0]["xcom"]["pick"] == first["xcom"]["pick"]
+        ledger = open_ledger(state_dir=state_dir)
+        assert ledger.head().seq == head, "a second run finds everything in the ledger and records nothing"
+        ledger.close()
+    finally:
+        tiny_release.stop_endpoints(state_dir)

@@ -1,0 +1,178 @@
+"""A sweep on Step Functions (issue 48 item 4): OpenSweep, a Map state over the candidates with the sweep's `parallel`
+as MaxConcurrency (each iteration one evaluate task, a teardown when it fails), then PickCandidate. moto's Step
+Functions interpreter parses the definition and runs it with the ECS tasks stubbed; the open task's command runs on a
+real tiny sweep and keeps the ledger as `shiplift sweep run` does."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from shiplift.tasks.backends.registry import open_ledger
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict
+from shiplift.tasks.ledger import events
+from shiplift.tasks.orchestrators.step_functions_map import (
+    EVALUATE_STATE,
+    INCOMPLETE_STATE,
+    MAP_STATE,
+    MODULE,
+    NOT_EVALUATED_STATE,
+    TEARDOWN_STATE,
+    main,
+    parser,
+    render_sweep_machine,
+    sweep_machine_name,
+)
+from shiplift.tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, retryable_error_names
+from shiplift.tasks.pipeline.table import BACKOFF
+from shiplift.tasks.sweeps.config import load_sweep
+from shiplift.tasks.sweeps.orchestrated import evaluation_timeout_s
+from shiplift.tasks.sweeps.policy import EVALUATE_RETRIES, candidate_timeout_s
+from tests.e2e.test_sweep_run import write_sweep
+from tests.unit.test_sfn import (
+    PG,
+    _stub_ecs,
+    aws_env,  # noqa: F401 (the fake credentials every moto test here needs)
+    runner,
+)
+from tests.unit.test_sfn_defer import _run
+
+SWEEP_PATH = "configs/sweeps/tiny-sweep.yaml"
+
+
+def tiny_sweep(tmp_path, tiny_release, *, parallel: int = 2, ledger_url: str | None = PG):
+    """The e2e tests' tiny sweep (two quantizations of the tiny model), run `parallel` at once; its base keeps its
+    ledger at `ledger_url`."""
+    changes = {"backend__ledger_url": ledger_url} if ledger_url else {}
+    base = tiny_release.write_tiny_config(tmp_path / "configs", tmp_path / "state", **changes)
+    path = write_sweep(tmp_path / "sweeps", base, n_tasks=12, constraints=[{"metric": "valid_rate", "at_least": 1.0}])
+    tree = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**tree, "parallel": parallel}))
+    return load_sweep(path)
+
+
+def command(state: dict) -> list[str]:
+    """A task's argv with its input-path arguments as <holder> and <candidate>."""
+    array = state["Parameters"]["Overrides"]["ContainerOverrides"][0]["Command.$"]
+    names = {"$.run.holder": "<holder>", "$.candidate": "<candidate>"}
+    found = re.findall(r"'([^']*)'|(\$\.run\.holder|\$\.candidate)", array[len("States.Array("):-1])
+    return [literal if literal else names[path] for literal, path in found]
+
+
+def test_the_map_runs_every_candidate_at_the_sweep_s_parallel_with_the_table_s_policy(tmp_path, tiny_release):
+    sweep = tiny_sweep(tmp_path, tiny_release, parallel=2)
+    definition = render_sweep_machine(sweep, runner=runner(), sweep_path=SWEEP_PATH)
+    states = definition["States"]
+    assert states["Prepare"]["Parameters"]["candidates"] == ["Q8_0", "F16"]
+    mapped = states[MAP_STATE]
+    assert (mapped["Type"], mapped["ItemsPath"], mapped["MaxConcurrency"]) == ("Map", "$.candidates", 2)
+    assert mapped["ItemSelector"] == {"candidate.$": "$$.Map.Item.Value", "run.$": "$.run"}
+    inner = mapped["ItemProcessor"]["States"]
+    assert mapped["ItemProcessor"]["StartAt"] == EVALUATE_STATE
+    evaluate = inner[EVALUATE_STATE]
+    assert command(evaluate) == ["python", "-m", MODULE, "evaluate", SWEEP_PATH, "--holder", "<holder>",
+                                 "--candidate", "<candidate>"]
+    assert command(inner[TEARDOWN_STATE])[3] == "teardown" and evaluate["Catch"][0]["Next"] == TEARDOWN_STATE
+    # a candidate's timeout: every stage through the gate and teardown, each with all its attempts, for the slowest
+    slowest = max(candidate_timeout_s(c.config) for c in sweep.candidates)
+    assert evaluate["TimeoutSeconds"] == slowest + runner().startup_allowance_s == evaluation_timeout_s(
+        sweep) + runner().startup_allowance_s
+    assert slowest == candidate_timeout_s(sweep.base)  # a quantization changes no stage's timeout
+    retried = evaluate["Retry"][-1]
+    assert set(retried["ErrorEquals"]) == {*retryable_error_names(), HEARTBEAT_TIMEOUT}
+    assert (retried["MaxAttempts"], retried["IntervalSeconds"]) == (EVALUATE_RETRIES, int(BACKOFF.first_s))
+    opened = command(states["OpenSweep"])
+    assert opened[3:6] == ["open", SWEEP_PATH, "--holder"] and opened[-4:] == [
+        "--sweep-id", sweep.sweep_id, "--allowed-timeout-s", str(evaluation_timeout_s(sweep))]
+    pick = states["PickCandidate"]
+    assert {e for rule in pick["Retry"] for e in rule["ErrorEquals"]}.isdisjoint(retryable_error_names()), \
+        "a candidate without evidence (NotReady) is the pick's answer, not retried"
+    assert pick["Catch"][0]["Next"] == INCOMPLETE_STATE
+    for argv in (command(states["OpenSweep"]), command(evaluate), command(pick)):
+        assert parser().parse_args(argv[3:]).sweep == SWEEP_PATH
+    assert sweep_machine_name(sweep) == "shiplift-tiny-sweep-sweep"
+
+
+def test_a_sweep_without_a_shared_ledger_or_with_an_absolute_path_is_refused(tmp_path, tiny_release):
+    sweep = tiny_sweep(tmp_path, tiny_release, ledger_url=None)
+    with pytest.raises(ConfigError, match="share nothing but the ledger"):
+        render_sweep_machine(sweep, runner=runner(), sweep_path=SWEEP_PATH)
+    with pytest.raises(BadInput, match="relative .yaml path"):
+        render_sweep_machine(sweep, runner=runner(), sweep_path="/abs/tiny-sweep.yaml")
+
+
+def _stub(definition: dict, failing: str | None = None) -> dict:
+    """The ECS tasks (moto cannot run them) as Pass states, inside the Map too; with `failing`, that candidate's
+    evaluate task fails (an S3 read of an absent key) and the other candidates' pass."""
+    definition = _stub_ecs(definition)
+    mapped = definition["States"][MAP_STATE]
+    mapped["ItemProcessor"] = _stub_ecs(mapped["ItemProcessor"])
+    if failing:
+        inner = mapped["ItemProcessor"]["States"]
+        passing = inner[EVALUATE_STATE]
+        inner[EVALUATE_STATE] = {"Type": "Choice", "Choices": [
+            {"Variable": "$.candidate", "StringEquals": failing, "Next": "EvaluateFails"}], "Default": "EvaluatePasses"}
+        inner["EvaluatePasses"] = passing
+        inner["EvaluateFails"] = {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject",
+                                  "Parameters": {"Bucket": "shiplift-results", "Key": "absent"},
+                                  "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error",
+                                             "Next": TEARDOWN_STATE}], "Next": passing["Next"]}
+    return definition
+
+
+def test_moto_runs_the_map_over_every_candidate_and_a_failed_one_is_torn_down_while_the_others_go_on(tmp_path,
+                                                                                                      tiny_release):
+    sweep = tiny_sweep(tmp_path, tiny_release, parallel=2)
+    definition = render_sweep_machine(sweep, runner=runner(), sweep_path=SWEEP_PATH)
+    status, route = _run(_stub(definition))
+    assert status == "SUCCEEDED", route
+    assert route.count(EVALUATE_STATE) == len(sweep.candidates) and TEARDOWN_STATE not in route
+    assert route[:3] == ["Prepare", "OpenSweep", MAP_STATE] and route[-2:] == ["PickCandidate", "Swept"]
+
+    status, route = _run(_stub(definition, failing="F16"))
+    assert status == "SUCCEEDED", route  # the stubbed pick passes; the real one fails until a rerun has evidence
+    assert route.count("EvaluateFails") == 1 and route.count("EvaluatePasses") == 1
+    assert route.count(TEARDOWN_STATE) == 1 and route.count(NOT_EVALUATED_STATE) == 1
+    assert route.index("PickCandidate") > max(i for i, name in enumerate(route) if name == NOT_EVALUATED_STATE)
+
+
+def test_the_open_task_opens_the_sweep_once_and_refuses_a_changed_sweep_or_a_short_timeout(tmp_path, tiny_release):
+    """The open command on a real tiny sweep (its ledger local): the rule's sha256 recorded once; a sweep file whose
+    candidates changed since the state machine was rendered, or whose candidates need longer than the evaluate task
+    allows, is refused before anything is recorded."""
+    sweep = tiny_sweep(tmp_path, tiny_release, ledger_url=None)
+    argv = ["open", str(sweep.path), "--holder", "stepfunctions:exec-1"]
+    with pytest.raises(Conflict, match="render and deploy"):
+        main([*argv, "--sweep-id", "sweep-tiny-sweep-000000000000"])
+    with pytest.raises(ConfigError, match="allows 1 s"):
+        main([*argv, "--sweep-id", sweep.sweep_id, "--allowed-timeout-s", "1"])
+    assert not (tmp_path / "state" / "ledger.db").exists(), "refused before the ledger was touched"
+    for _ in range(2):
+        assert main([*argv, "--sweep-id", sweep.sweep_id, "--allowed-timeout-s",
+                     str(evaluation_timeout_s(sweep))]) == 0
+    ledger = open_ledger(state_dir=tmp_path / "state")
+    own = ledger.release(sweep.sweep_id)
+    assert [(r.event, r.actor) for r in own] == [(events.OPENED, "stepfunctions:exec-1")]
+    assert own[0].payload["rule_sha256"] == sweep.config.rule.sha256()
+    with pytest.raises(BadInput, match="no candidate 'Q4_0'"):
+        main(["evaluate", str(sweep.path), "--holder", "h", "--candidate", "Q4_0"])
+    ledger.close()
+
+
+def test_render_prints_the_machine_from_a_sweep_file_and_runner_settings(tmp_path, tiny_release, capsys,
+                                                                           monkeypatch):
+    sweep = tiny_sweep(tmp_path, tiny_release)
+    settings = tmp_path / "runner.yaml"
+    settings.write_text(yaml.safe_dump(runner().model_dump(mode="json")))
+    monkeypatch.chdir(tmp_path)
+    relative = str(sweep.path.relative_to(tmp_path))
+    assert main(["render", relative, "--runner", str(settings)]) == 0
+    assert json.loads(capsys.readouterr().out) == render_sweep_machine(load_sweep(relative), runner=runner(),
+                                                                       sweep_path=relative)
+    with pytest.raises(SystemExit):
+        main(["render", relative])  # no runner settings
+    with pytest.raises(SystemExit):
+        main(["pick", relative])  # no holder
