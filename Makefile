@@ -53,7 +53,8 @@ demo: setup          ## set up, then run the local release story
 	$(BIN)/python -m shiplift.tasks.cli.demo
 
 test: setup lint browser  ## set up, then run the default test suite
-	$(BIN)/python -m pytest -m "not slow and not celery and not load and not live" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not celery and not load and not live and not own_process" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "own_process and not slow and not celery and not load and not live" $(PYTEST_ARGS)
 
 lint: setup          ## ruff with the rules in pyproject.toml: pyflakes, pycodestyle at 120 columns, import order and placement, bugbear, complexity 10
 	$(BIN)/ruff check tasks validation dags images bench scripts tests

@@ -77,11 +77,12 @@ def _opened(sweep_path: str | Path, candidate_name: str | None, *, actor: str):
     return sweep, candidate_name and sweep.candidate(candidate_name), ledger, records
 
 
-def headline(payload: dict) -> dict[str, Any]:
-    """What a candidate's step returns (XCom, the task's report): its name, release and headline evidence."""
-    metrics = payload["evidence"]["metrics"]
-    return {"candidate": payload["candidate"], "release_id": payload["release_id"],
-            "gate_decision": payload.get("gate_decision"),
+def headline(evaluated: dict) -> dict[str, Any]:
+    """What a candidate's step returns (XCom, the task's report): its name, release and headline evidence, from
+    its `evaluated` entry (`SweepRecords.evaluated`)."""
+    metrics = evaluated["evidence"]["metrics"]
+    return {"candidate": evaluated["candidate"], "release_id": evaluated["release_id"],
+            "gate_decision": evaluated.get("gate_decision"),
             **{key: metrics.get(key) for key in ("accuracy", "valid_rate", "p95_ms", "usd_per_1m_decisions")}}
 
 

@@ -29,6 +29,9 @@ from shiplift.tasks.artifacts.openvino_ir import (
 from shiplift.tasks.errors import IntegrityError
 from shiplift.tasks.hashing import sha256_file
 
+# OpenVINO inferring beside torch here left a process that a later SIGALRM crashed: make test runs this file apart
+pytestmark = pytest.mark.own_process
+
 ROOT = Path(__file__).resolve().parents[2]
 OV_FILES = (OV_FP32_FILE, OV_INT8_FILE)
 PROBES = [("A man is playing a guitar on the stage.", "A person plays music."),
