@@ -73,6 +73,15 @@ class ParityReport:
             },
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParityReport:
+        """The report `to_dict` wrote (e.g. by the OpenVINO build's child process)."""
+        variants = {name: VariantParity(**{k: v for k, v in fields.items() if k != "passed"})
+                    for name, fields in data["variants"].items()}
+        return cls(n=data["n"], tokenizer_match=data["tokenizer_match"], variants=variants,
+                   failures=list(data["failures"]), reference_accuracy=data["reference_accuracy"],
+                   int8_budget=data["int8_budget"])
+
 
 def normalized_pairs(probe_pairs: Iterable[Any]) -> list[tuple[str, str]]:
     """Normalise probes (objects or dicts with premise/hypothesis, or 2-tuples); refuse bad ones."""
@@ -95,7 +104,7 @@ def normalized_pairs(probe_pairs: Iterable[Any]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _labels(probe_pairs: Sequence[Any]) -> list[int] | None:
+def probe_labels(probe_pairs: Sequence[Any]) -> list[int] | None:
     """The probes' gold label indices when every probe carries a contract label, else None."""
     labels = []
     for probe in probe_pairs:
@@ -169,7 +178,7 @@ def parity_check(
 
     probe_pairs = list(probe_pairs)
     pairs = normalized_pairs(probe_pairs)
-    labels = _labels(probe_pairs)
+    labels = probe_labels(probe_pairs)
     gold = None if labels is None else np.array(labels)
     info = check_checkpoint(checkpoint_dir)
     model_dir = Path(model_dir)

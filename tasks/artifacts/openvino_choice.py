@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from shiplift.tasks.artifacts.onnx_contract import FP32_FILE, INT8_FILE
-from shiplift.tasks.artifacts.openvino_ir import OV_FILES, OpenVinoSession, capabilities
+from shiplift.tasks.artifacts.openvino_ir import OV_FILES, OpenVinoSession
 from shiplift.tasks.errors import IntegrityError
 from shiplift.tasks.extras import needs_extra
 
@@ -104,10 +104,11 @@ def _worker(spec: dict[str, Any], folder: Path) -> float:
     return float(json.loads(done.stdout.strip().splitlines()[-1])["samples_per_s"])
 
 
-def choose_engine(model_dir: str | Path, variant: str, *, threads: int, batch: int = 8, seq: int = 128,
-                  rounds: int = 3, iterations: int = 5) -> dict[str, Any]:
+def choose_engine(model_dir: str | Path, variant: str, *, threads: int, capabilities: list[str], batch: int = 8,
+                  seq: int = 128, rounds: int = 3, iterations: int = 5) -> dict[str, Any]:
     """Time both engines on `variant`'s graph, alternated (round r starts with engine r mod 2); the winner is the
-    higher median samples/s. Returns the record a build keeps: winner, per-round numbers, settings, CPU class."""
+    higher median samples/s. Returns the record a build keeps: winner, per-round numbers, settings, CPU class and
+    the CPU plugin's `capabilities` (as the conversion recorded them: this process never loads OpenVINO)."""
     model_dir = Path(model_dir)
     rates: dict[str, list[float]] = {engine: [] for engine in ENGINES}
     with tempfile.TemporaryDirectory(prefix="engine-choice-") as folder:
@@ -121,7 +122,7 @@ def choose_engine(model_dir: str | Path, variant: str, *, threads: int, batch: i
     return {"mode": "auto", "winner": winner, "variant": variant, "samples_per_s": rates,
             "median_samples_per_s": medians, "ratio_openvino_to_onnxruntime": medians["openvino"] /
             medians["onnxruntime"], "batch": batch, "seq": seq, "rounds": rounds, "iterations": iterations,
-            "threads": threads, "cpu": cpu_class(), "openvino_capabilities": capabilities()}
+            "threads": threads, "cpu": cpu_class(), "openvino_capabilities": capabilities}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -434,20 +434,20 @@ def _openvino_build(ctx, out: Path, checkpoint: Path, probes: list, calibration)
     """OpenVINO's IR (fp32, and NNCF int8 on the calibration pairs ONNX Runtime's int8 uses) from the exported
     model.onnx, held to the same parity limits and int8 budget on the same probes; with `image.engine: auto`, both
     engines timed in their own processes. Returns the engine that serves and what the build records of it."""
-    from shiplift.tasks.artifacts.onnx_export import parity_check, require_parity
+    from shiplift.tasks.artifacts.onnx_export import require_parity
+    from shiplift.tasks.artifacts.openvino_build import convert_and_check
     from shiplift.tasks.artifacts.openvino_choice import choose_engine
-    from shiplift.tasks.artifacts.openvino_ir import OV_FP32_FILE, OV_INT8_FILE, OpenVinoSession, convert_openvino
 
     artifact, image = ctx.config.artifact, ctx.config.image
     if artifact.int8 and calibration is None:  # dynamic ONNX int8 has none; NNCF always calibrates
         calibration = calibration_pairs(artifact.quantization.calibration, ctx.config_dir)
     how = f" + NNCF int8 ({calibration.source})" if artifact.int8 else ""
-    ctx.say(f"build: converting model.onnx to OpenVINO IR{how}")
-    record = convert_openvino(out, int8=artifact.int8, calibration=calibration if artifact.int8 else None,
-                              keep_fp32=artifact.quantization.keep_fp32, max_len=artifact.max_len,
-                              threads=image.threads)
-    report = parity_check(checkpoint, out, probes, **parity_limits(artifact, image.threads),
-                          files=(OV_FP32_FILE, OV_INT8_FILE), open_session=OpenVinoSession)
+    ctx.say(f"build: converting model.onnx to OpenVINO IR{how}, and its parity on {len(probes)} probe pairs "
+            "(in a process of its own)")
+    record, report = convert_and_check(out, int8=artifact.int8, calibration=calibration if artifact.int8 else None,
+                                       keep_fp32=artifact.quantization.keep_fp32, max_len=artifact.max_len,
+                                       threads=image.threads, checkpoint=checkpoint, probes=probes,
+                                       limits=parity_limits(artifact, image.threads))
     (ctx.stage_dir("build") / "parity.openvino.json").write_text(json.dumps(report.to_dict(), indent=2,
                                                                             sort_keys=True))
     if report.int8_budget:
@@ -458,7 +458,7 @@ def _openvino_build(ctx, out: Path, checkpoint: Path, probes: list, calibration)
     if image.engine == "openvino":
         return "openvino", extra
     choice = choose_engine(out, image.variant, threads=image.threads, batch=min(8, image.max_batch),
-                           seq=min(artifact.max_len, 128))
+                           seq=min(artifact.max_len, 128), capabilities=record["capabilities"])
     medians = choice["median_samples_per_s"]
     ctx.say(f"build: engine auto: {choice['winner']} serves the {image.variant} graph (median samples/s at batch "
             f"{choice['batch']}, seq {choice['seq']}: onnxruntime {medians['onnxruntime']:.1f}, openvino "

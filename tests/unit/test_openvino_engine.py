@@ -144,7 +144,9 @@ def test_parse_cpu_flags_by_hand() -> None:
 
 
 def test_auto_times_both_engines_in_their_own_processes_and_records_the_winner(model_dir: Path) -> None:
-    choice = choose_engine(model_dir, "int8", threads=1, batch=2, seq=16, rounds=2, iterations=2)
+    capabilities = json.loads((model_dir / OV_RECORD).read_text())["capabilities"]
+    choice = choose_engine(model_dir, "int8", threads=1, batch=2, seq=16, rounds=2, iterations=2,
+                           capabilities=capabilities)
     medians = choice["median_samples_per_s"]
     assert set(choice["samples_per_s"]) == set(ENGINES) and all(len(v) == 2 for v in choice["samples_per_s"].values())
     assert all(rate > 0 for rates in choice["samples_per_s"].values() for rate in rates)
@@ -152,6 +154,7 @@ def test_auto_times_both_engines_in_their_own_processes_and_records_the_winner(m
     assert choice["ratio_openvino_to_onnxruntime"] == pytest.approx(medians["openvino"] / medians["onnxruntime"])
     assert choice["cpu"] == cpu_class() and "avx2" in choice["cpu"]["flags"]
     assert (choice["batch"], choice["seq"], choice["variant"]) == (2, 16, "int8")
+    assert choice["openvino_capabilities"] == capabilities and "FP32" in capabilities
 
 
 def test_the_family_config_names_the_engine_and_gives_it_to_the_image() -> None:
