@@ -292,17 +292,19 @@ class AirflowApi:
         return "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
 
     def wait_run(self, dag_id: str, run_id: str, *, deadline_s: float, alive: Callable[[], None] | None = None) -> dict:
-        """Wait until a run reaches success or failed; fail after `deadline_s` with the task states so far."""
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            if alive is not None:
-                alive()
+        """Wait until a run reaches success or failed; fail after `deadline_s` with the task states so far. A poll
+        that times out is polled again until the deadline: on two busy cores the api-server's one worker can take
+        longer than a request's timeout to start a task instance, and answers nothing else meanwhile."""
+        def finished() -> dict | None:
             run = self.dag_run(dag_id, run_id)
-            if run["state"] in ("success", "failed"):
-                return run
-            time.sleep(1.0)
-        states = {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}
-        raise AirflowLocalError(f"run {run_id} of {dag_id} did not finish within {deadline_s:.0f}s; tasks: {states}")
+            return run if run["state"] in ("success", "failed") else None
+
+        try:
+            return wait_for(f"run {run_id} of {dag_id} finished", finished, deadline_s=deadline_s, interval_s=1.0,
+                            alive=alive)
+        except AirflowLocalError as exc:
+            states = {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}
+            raise AirflowLocalError(f"{exc}; tasks: {states}") from None
 
 
 def components_healthy(api: AirflowApi, components: tuple[str, ...]) -> bool:

@@ -1,12 +1,15 @@
 """A sweep as an AWS Step Functions state machine (docs/sweeps.md): OpenSweep, then a Map state over the candidates
 (`MaxConcurrency`: the sweep's `parallel`, the number the cost bound was checked at), each iteration one ECS task that
-evaluates its candidate (and, when that task fails or dies, one that tears the candidate down), then PickCandidate.
+evaluates its candidate (and, when that task fails or dies, one that tears the candidate down), then PickCandidate,
+and, when the execution's input says `{"release_pick": true}`, ReleasePick: the pick's own release in one task, as
+`shiplift sweep run --release-pick` and the Airflow sweep DAG's `release_pick` task run it.
 
 The tasks are the release machine's (`step_functions._Renderer.ecs_task`: the pipeline image on ECS, its token reported
 with `reporting_to_step_functions`, Retry from the errors' `retryable` and the table's backoff, Catch, heartbeats), and
-they run `python -m shiplift.tasks.orchestrators.step_functions_map open|evaluate|teardown|pick SWEEP …`, the calls of
-`shiplift.tasks.sweeps.orchestrated`, which are idempotent. The candidates are rendered into the definition (the Map
-reads them from the Prepare state's output) and OpenSweep refuses a sweep file whose candidates have changed since.
+they run `python -m shiplift.tasks.orchestrators.step_functions_map open|evaluate|teardown|pick|release-pick SWEEP …`,
+the calls of `shiplift.tasks.sweeps.orchestrated`, which are idempotent. The candidates are rendered into the
+definition (the Map reads them from the Prepare state's output) and OpenSweep refuses a sweep file whose candidates have
+changed since.
 A candidate that fails is recorded in the ledger and its iteration ends; the others go on, and PickCandidate then
 fails (SweepIncomplete) until a rerun has evidence for every candidate, as `shiplift sweep run` does. `render SWEEP
 --runner FILE` prints the machine's ASL.
@@ -34,16 +37,20 @@ from shiplift.tasks.orchestrators.step_functions import (
 from shiplift.tasks.orchestrators.step_functions_runner import RunnerSettings
 from shiplift.tasks.orchestrators.step_functions_tasks import MAX_STATE_MACHINE_NAME
 from shiplift.tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, reporting_to_step_functions
-from shiplift.tasks.pipeline.table import BEGIN, TEARDOWN
+from shiplift.tasks.pipeline.table import BEGIN, MAX_STEP_TIMEOUT_S, TEARDOWN
 from shiplift.tasks.sweeps import orchestrated
 from shiplift.tasks.sweeps.config import Sweep, load_sweep
 from shiplift.tasks.sweeps.policy import EVALUATE_RETRIES
 
 MODULE = "shiplift.tasks.orchestrators.step_functions_map"
-ACTIONS = ("open", "evaluate", "teardown", "pick", "render")
+ACTIONS = ("open", "evaluate", "teardown", "pick", "release-pick", "render")
 MAP_STATE, EVALUATE_STATE, TEARDOWN_STATE = "EvaluateCandidates", "EvaluateCandidate", "TeardownCandidate"
 NOT_EVALUATED_STATE, EVALUATED_STATE = "CandidateNotEvaluated", "CandidateEvaluated"
 FAILED_STATE, INCOMPLETE_STATE = "SweepFailed", "SweepIncomplete"
+CHECK_INPUT_STATE, INPUT_INVALID_STATE = "CheckInput", "InputInvalid"
+RELEASE_ASKED_STATE, RELEASE_STATE = "ReleasePickAsked", "ReleasePick"
+RELEASED_STATE, RELEASE_FAILED_STATE = "PickReleased", "PickReleaseFailed"
+RELEASE_PICK = "$.input.release_pick"  # the execution's input, as Prepare keeps it: {"release_pick": true} releases
 
 
 def sweep_machine_name(sweep: Sweep) -> str:
@@ -83,7 +90,7 @@ def render_sweep_machine(sweep: Sweep, *, runner: RunnerSettings, sweep_path: st
                                timeout_s=render.stage_timeout(TEARDOWN), next_state=NOT_EVALUATED_STATE,
                                catch=_catch(NOT_EVALUATED_STATE, "$.teardown_error"))
     pick = render.ecs_task(BEGIN.name, sweep_command("pick", sweep_path, holder),
-                           timeout_s=render.stage_timeout(BEGIN.name), next_state="Swept",
+                           timeout_s=render.stage_timeout(BEGIN.name), next_state=RELEASE_ASKED_STATE,
                            catch=_catch(INCOMPLETE_STATE))
     # a container that never ran or died is tried again; NotReady (a candidate without evidence) is the answer
     pick["Retry"] = [*_retry(BEGIN.name, retries=0), *_retry_rule(BEGIN.retries, [HEARTBEAT_TIMEOUT])]
@@ -100,11 +107,19 @@ def render_sweep_machine(sweep: Sweep, *, runner: RunnerSettings, sweep_path: st
         },
     }
     states = {
-        "Prepare": {"Type": "Pass", "Comment": "the execution is the actor; the candidates as rendered",
+        "Prepare": {"Type": "Pass", "Comment": "the execution is the actor; the candidates as rendered; its input kept",
                     "Parameters": {"run": {"holder.$": "States.Format('stepfunctions:{}', $$.Execution.Id)",
                                            "sweep_id": sweep.sweep_id},
-                                   "candidates": [c.name for c in sweep.candidates]},
-                    "Next": "OpenSweep"},
+                                   "candidates": [c.name for c in sweep.candidates], "input.$": "$"},
+                    "Next": CHECK_INPUT_STATE},
+        CHECK_INPUT_STATE: {"Type": "Choice", "Comment": "release_pick, where the input sets it, is true or false",
+                            "Choices": [{"And": [{"Variable": RELEASE_PICK, "IsPresent": True},
+                                                 {"Not": {"Variable": RELEASE_PICK, "IsBoolean": True}}],
+                                         "Next": INPUT_INVALID_STATE}],
+                            "Default": "OpenSweep"},
+        INPUT_INVALID_STATE: {"Type": "Fail", "Error": "Shiplift.InputInvalid",
+                              "Cause": 'the execution input\'s release_pick must be true or false (e.g. '
+                                       '{"release_pick": true}); nothing was run'},
         "OpenSweep": opened,
         MAP_STATE: {"Type": "Map", "Comment": f"every candidate, at most {sweep.config.parallel} at once",
                     "ItemsPath": "$.candidates",
@@ -112,6 +127,7 @@ def render_sweep_machine(sweep: Sweep, *, runner: RunnerSettings, sweep_path: st
                     "MaxConcurrency": sweep.config.parallel, "ItemProcessor": iteration, "ResultPath": None,
                     "Catch": _catch(FAILED_STATE), "Next": "PickCandidate"},
         "PickCandidate": pick,
+        **release_pick_states(render, sweep_path),
         "Swept": {"Type": "Succeed"},
         FAILED_STATE: _fail("Shiplift.SweepFailed", "the sweep could not open or run its candidates"),
         INCOMPLETE_STATE: _fail("Shiplift.SweepIncomplete", "nothing picked: a candidate has no evidence (its failure "
@@ -119,16 +135,45 @@ def render_sweep_machine(sweep: Sweep, *, runner: RunnerSettings, sweep_path: st
                                 "again"),
     }
     return {"Comment": f"shiplift sweep {sweep.sweep_id}: {len(sweep.candidates)} candidates of "
-                       f"{sweep.base.name}, {sweep.config.parallel} at once, then the pick (runner ECS "
+                       f"{sweep.base.name}, {sweep.config.parallel} at once, then the pick and, with input "
+                       f"{{\"release_pick\": true}}, its release (runner ECS "
                        f"{runner.launch_type}, image {runner.pipeline_image})",
             "StartAt": "Prepare", "States": states}
+
+
+def release_pick_states(render: _Renderer, sweep_path: str) -> dict[str, dict]:
+    """After the pick: the Choice on the execution's `release_pick` (absent: false), and ReleasePick, the pick's own
+    release in one ECS task as the Airflow sweep DAG's `release_pick` task runs it (`release_pick_orchestrated`: its
+    gate on the held-out tasks, an approval where the base requires one, which ends the task while a person decides,
+    its rollout). Which candidate is picked is known only then, so its release machine cannot be rendered now; the
+    task is bounded as Airflow's: MAX_STEP_TIMEOUT_S (plus the ECS start-up), beating its heartbeat while it runs.
+    Its stages retry inside it; the task itself is retried only when its container never ran."""
+    released = render.ecs_task(BEGIN.name, sweep_command("release-pick", sweep_path, render.HOLDER),
+                               timeout_s=MAX_STEP_TIMEOUT_S + render.runner.startup_allowance_s,
+                               next_state=RELEASED_STATE, catch=_catch(RELEASE_FAILED_STATE))
+    released["Retry"] = _retry(BEGIN.name, retries=0)
+    return {
+        RELEASE_ASKED_STATE: {"Type": "Choice", "Comment": "release the pick only when the input says release_pick: "
+                                                           "true",
+                              "Choices": [{"And": [{"Variable": RELEASE_PICK, "IsPresent": True},
+                                                   {"Variable": RELEASE_PICK, "BooleanEquals": True}],
+                                           "Next": RELEASE_STATE}],
+                              "Default": "Swept"},
+        RELEASE_STATE: released,
+        RELEASED_STATE: {"Type": "Succeed", "Comment": "the pick's release ran: promoted, rejected or waiting for an "
+                                                       "approval, as the ledger says (`shiplift ledger show`); nothing "
+                                                       "to release when no candidate met the rule"},
+        RELEASE_FAILED_STATE: _fail("Shiplift.PickReleaseFailed", "the pick's release failed; its candidate was torn "
+                                    "down and the failure recorded in its own release's records"),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line `sweep_command` writes."""
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=ACTIONS, help="open the sweep, evaluate or tear down one candidate, pick; or "
-                                                   "render the state machine's ASL (JSON, on stdout)")
+    p.add_argument("action", choices=ACTIONS, help="open the sweep, evaluate or tear down one candidate, pick, "
+                                                   "release the pick; or render the state machine's ASL (JSON, on "
+                                                   "stdout)")
     p.add_argument("sweep", help="the sweep file, relative to the image's working directory (render: to this one)")
     p.add_argument("--holder", help="the execution (the ledger's actor); every action but render")
     p.add_argument("--runner", help="render: the runner settings file (docs/step-functions.md)")
@@ -161,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return orchestrated.evaluate_orchestrated(args.sweep, args.candidate, actor=args.holder)
         if args.action == "teardown":
             return orchestrated.teardown_orchestrated(args.sweep, args.candidate, actor=args.holder)
+        if args.action == "release-pick":
+            return orchestrated.release_pick_orchestrated(args.sweep, actor=args.holder)
         return orchestrated.pick_orchestrated(args.sweep, actor=args.holder)
 
     result = reporting_to_step_functions(run)

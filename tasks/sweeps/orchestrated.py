@@ -4,7 +4,9 @@ docs/sweeps.md): open the sweep, evaluate one candidate, tear one candidate down
 Each step loads the sweep file itself and finds everything else in the ledger, so any worker that reaches the ledger
 runs any step, and each is idempotent: the opening is found, not repeated (a changed rule refused); a candidate with
 evidence returns it without running again, and one cut short resumes at its first stage not done; the pick is recorded
-once. A candidate's step tears its endpoint down whether its evaluation succeeded or failed.
+once. A candidate's step tears its endpoint down whether its evaluation succeeded or failed. A candidate's steps hold
+its lease by the run's name (`tasks.sweeps.records.holding_candidate`), so another run (a CLI run, another DAG run or
+execution) never evaluates or tears down the candidate meanwhile, while the run's other candidates go on in parallel.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from shiplift.tasks.pipeline.release import Progress, ensure_stage_retrying, pre
 from shiplift.tasks.pipeline.table import MAX_STEP_TIMEOUT_S, TEARDOWN
 from shiplift.tasks.sweeps.config import Sweep, load_sweep
 from shiplift.tasks.sweeps.policy import candidate_timeout_s
-from shiplift.tasks.sweeps.records import open_sweep
+from shiplift.tasks.sweeps.records import holding_candidate, open_sweep
 from shiplift.tasks.sweeps.run import check_cost, evaluate_and_record, plan, record_pick, release_pick
 
 
@@ -88,27 +90,33 @@ def headline(evaluated: dict) -> dict[str, Any]:
 
 def evaluate_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor: str,
                           progress: Progress = print_progress) -> dict[str, Any]:
-    """One candidate's step: its evidence if the ledger has it (a retry or rerun runs nothing), else its release from
-    resolve through validate on the sweep's tasks, torn down, and its evidence (or failure, raised again) recorded."""
+    """One candidate's step: its evidence if the ledger has it (a retry or rerun runs nothing), else, under the
+    candidate's lease held by the run's name `actor`, its release from resolve through validate on the sweep's tasks,
+    torn down, and its evidence (or failure, raised again) recorded. LeaseHeld at once when another run is evaluating
+    it: the step does not hold a worker to wait for that run."""
     sweep, candidate, ledger, records = _opened(sweep_path, candidate_name, actor=actor)
     if candidate.name in records.evaluated:
         progress(f"sweep {sweep.sweep_id}: {candidate.name} already has evidence")
         return headline(records.evaluated[candidate.name])
-    payload = evaluate_and_record(sweep, candidate, ledger, load_price_table().once(), actor=actor,
+    payload = evaluate_and_record(sweep, candidate, ledger, load_price_table().once(), actor=actor, holder=actor,
                                   progress=progress)
     return headline(payload)
 
 
 def teardown_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor: str,
                           progress: Progress = print_progress) -> dict[str, Any]:
-    """Tear one candidate down after its step died before doing so itself (a worker lost, a timeout); idempotent."""
+    """Tear one candidate down after its step died before doing so itself (a worker lost, a timeout); idempotent.
+    Under the candidate's lease, as its evaluation: LeaseHeld, and nothing torn down, while another run evaluates it
+    (that run tears it down itself)."""
     sweep, candidate, ledger, _ = _opened(sweep_path, candidate_name, actor=actor)
     if ReleaseState(ledger, candidate.release_id).opened is None:
         return {"candidate": candidate.name, "release_id": candidate.release_id, "teardown": "never opened"}
-    ctx = prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
-                          actor=actor, progress=progress)
-    return {"candidate": candidate.name, "release_id": candidate.release_id,
-            "teardown": ensure_stage_retrying(ctx, TEARDOWN).record()}
+    with holding_candidate(ledger, sweep, candidate, holder=actor, by_this_process=False, wait_s=0.0,
+                           progress=progress):
+        ctx = prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
+                              actor=actor, progress=progress)
+        return {"candidate": candidate.name, "release_id": candidate.release_id,
+                "teardown": ensure_stage_retrying(ctx, TEARDOWN).record()}
 
 
 def pick_orchestrated(sweep_path: str | Path, *, actor: str, progress: Progress = print_progress) -> dict[str, Any]:
@@ -119,7 +127,12 @@ def pick_orchestrated(sweep_path: str | Path, *, actor: str, progress: Progress 
 
 def release_pick_orchestrated(sweep_path: str | Path, *, actor: str,
                               progress: Progress = print_progress) -> dict[str, Any]:
-    """The pick's own release, as `sweep run --release-pick` runs it (gated on the base's held-out datasets)."""
-    sweep, _, ledger, _ = _opened(sweep_path, None, actor=actor)
+    """The pick's own release, as `sweep run --release-pick` runs it (gated on the base's held-out datasets); nothing
+    to release (release_id None, and why) when no candidate met the rule."""
+    sweep, _, ledger, records = _opened(sweep_path, None, actor=actor)
+    recorded = records.recorded_pick()
+    if recorded is not None and recorded.picked is None:
+        progress(f"sweep {sweep.sweep_id}: no candidate met the rule, so there is no pick to release")
+        return {"release_id": None, "skipped": "no candidate met the rule"}
     released = release_pick(ledger, sweep.sweep_id, actor=actor, progress=progress)
     return {key: released.get(key) for key in ("release_id", "model", "status", "decision")}

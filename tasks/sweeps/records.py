@@ -1,12 +1,21 @@
 """Opening a sweep in the ledger: the rule and the candidates recorded before any candidate is evaluated (reading the
-records back: `tasks.ledger.sweep_records`)."""
+records back: `tasks.ledger.sweep_records`); and each candidate's lease, so that two runs of a sweep (two `sweep run`s,
+or one beside an Airflow or Step Functions run) never evaluate the same candidate at once."""
 
 from __future__ import annotations
 
-from shiplift.tasks.errors import Conflict
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+from shiplift.tasks.errors import Conflict, LeaseHeld, LeaseLost
 from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.leases import Lease
 from shiplift.tasks.ledger.sweep_records import SweepRecords
-from shiplift.tasks.sweeps.config import Sweep
+from shiplift.tasks.pipeline.release import Progress, stopped_holder
+from shiplift.tasks.pipeline.table import LEASE
+from shiplift.tasks.sweeps.config import Candidate, Sweep
 
 
 def opening(sweep: Sweep) -> dict:
@@ -41,3 +50,76 @@ def open_sweep(ledger, sweep: Sweep, *, actor: str) -> SweepRecords:
                            "name: a changed rule is a new sweep")
     return found
 
+
+# A candidate's lease lasts three renewals: its holder renews it every LEASE.renew_every_s while it evaluates, so a
+# holder that crashed frees it within this long (and at once, on the same host, when its process is gone).
+CANDIDATE_LEASE_TTL_S = 3 * LEASE.renew_every_s
+# How often a run that waits for another run's candidate looks at its lease again.
+CANDIDATE_POLL_S = 30.0
+
+
+def candidate_lease_key(candidate: Candidate) -> str:
+    """The name a candidate's lease is kept under in the ledger's leases table: its release id, behind a prefix no
+    model's name can have (a `/`), so it never stands in the way of a model's promotion lease."""
+    return f"sweep-candidate/{candidate.release_id}"
+
+
+@contextlib.contextmanager
+def holding_candidate(ledger, sweep: Sweep, candidate: Candidate, *, holder: str, by_this_process: bool,
+                      wait_s: float, progress: Progress) -> Iterator[Lease]:
+    """Hold the candidate's lease (the promotion lease's table and rules, keyed by the candidate's release, not by
+    model: other candidates go on in parallel) while the block evaluates it, renewing it as it runs; leaving gives it
+    back. `by_this_process`: a CLI run's lease (its host and pid; a stopped run of it is taken over at once); else an
+    orchestrator's, held by `holder`'s name (a retry of the same run takes it again). Held by another run: look again
+    every CANDIDATE_POLL_S for up to `wait_s` seconds (a holder that crashed frees it within CANDIDATE_LEASE_TTL_S),
+    then LeaseHeld naming the holder. The block must re-read the ledger: the holder may have recorded the evidence."""
+    key, deadline, said = candidate_lease_key(candidate), time.monotonic() + wait_s, False
+    while True:
+        try:
+            lease = ledger.acquire_lease(key, holder, candidate.release_id, CANDIDATE_LEASE_TTL_S,
+                                         stopped=stopped_holder, by_this_process=by_this_process)
+            break
+        except LeaseHeld as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LeaseHeld(f"sweep {sweep.sweep_id}: candidate {candidate.name} is being evaluated by another "
+                                f"run, and a candidate is never evaluated twice at once ({exc.problem})",
+                                fix="let that run record the candidate's evidence, then run this step or `shiplift "
+                                    "sweep run` again (a candidate with evidence is not evaluated again); a run that "
+                                    f"crashed frees it within {CANDIDATE_LEASE_TTL_S / 60:.0f} min") from exc
+            if not said:
+                progress(f"sweep {sweep.sweep_id}: {candidate.name} is being evaluated by another run; waiting up to "
+                         f"{left:.0f} s for its evidence")
+                said = True
+            time.sleep(min(CANDIDATE_POLL_S, left))
+    if lease.taken_over is not None:
+        progress(f"sweep {sweep.sweep_id}: took {candidate.name} over from {lease.taken_over[0]!r}: "
+                 f"{lease.taken_over[1]}")
+    with lease, _renewing(ledger, lease, progress):
+        yield lease
+
+
+@contextlib.contextmanager
+def _renewing(ledger, lease: Lease, progress: Progress) -> Iterator[None]:
+    """Renew `lease` every LEASE.renew_every_s in a thread while the block runs (a failed renewal is said and tried
+    again; one that finds the lease lost stops renewing)."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(LEASE.renew_every_s):
+            try:
+                ledger.renew_lease(lease.model, lease.holder, lease.release_id, CANDIDATE_LEASE_TTL_S,
+                                   token=lease.token)
+            except LeaseLost as exc:
+                progress(f"WARNING {exc}")
+                return
+            except Exception as exc:  # a ledger hiccup: the next renewal is well inside the TTL
+                progress(f"WARNING candidate lease not renewed this time ({exc})")
+
+    renewer = threading.Thread(target=renew, name=f"lease-{lease.model}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()

@@ -7,9 +7,11 @@ under the policy table's retries and timeouts) from resolve through validate, th
 its evidence record, and the candidate release ends `swept`. A rerun continues: a candidate with evidence is not
 evaluated again, one cut short resumes at its first stage not done, and nothing is recorded twice. Candidates take no
 promotion lease (they never touch production), so `parallel` of them run at once, each in its own thread with its own
-backends (its servers are separate processes). Once every candidate has evidence, `choose` gives the frontier and the
-pick. The pick is then released as any config is (`release_pick`): the base config with the pick's axis values and
-the base's own gate datasets, so its gate against the champion runs on tasks no candidate was measured on.
+backends (its servers are separate processes); each takes its own candidate's lease instead, so two runs of one sweep
+never evaluate the same candidate at once (`tasks.sweeps.records.holding_candidate`). Once every candidate has
+evidence, `choose` gives the frontier and the pick. The pick is then released as any config is (`release_pick`): the
+base config with the pick's axis values and the base's own gate datasets, so its gate against the champion runs on
+tasks no candidate was measured on.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ from shiplift.tasks.pipeline.release import (
     ensure_stage_retrying,
     prepare_release,
     print_progress,
+    run_holder,
     run_release,
 )
 from shiplift.tasks.pipeline.table import STAGES_THROUGH_GATE, TEARDOWN
 from shiplift.tasks.sweeps.config import MAX_PARALLEL, Candidate, Sweep
 from shiplift.tasks.sweeps.evidence import candidate_hourly, champion_evidence, evidence_of
-from shiplift.tasks.sweeps.records import open_sweep
+from shiplift.tasks.sweeps.policy import candidate_timeout_s
+from shiplift.tasks.sweeps.records import CANDIDATE_LEASE_TTL_S, holding_candidate, open_sweep
 from shiplift.validation.sweep_rule import choose
 
 
@@ -140,22 +144,36 @@ def failure_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ShipliftError) else repr(exc)
 
 
-def evaluate_and_record(sweep: Sweep, candidate: Candidate, ledger, table, *, actor: str,
-                        progress: Progress) -> dict[str, Any]:
-    """Evaluate one candidate and record its evidence (`sweep/evaluated`), returning that payload; on a failure, record
-    it (`sweep/failed`: a rerun retries the candidate) and raise it again. What the CLI's pool and each orchestrated
-    candidate task run."""
-    try:
-        outcome = evaluate_candidate(sweep, candidate, ledger, table, actor=actor, progress=progress)
-    except Exception as exc:
-        error = failure_text(exc)
-        ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.FAILED,
-                      payload={"candidate": candidate.name, "release_id": candidate.release_id, "error": error,
-                               "error_type": type(exc).__name__}, actor=actor)
-        progress(f"sweep {sweep.sweep_id}: {candidate.name} failed: {error}")
-        raise
-    ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.EVALUATED,
-                  payload=outcome, actor=actor)
+def evaluate_and_record(sweep: Sweep, candidate: Candidate, ledger, table, *, actor: str, progress: Progress,
+                        holder: str | None = None, wait_s: float | None = None) -> dict[str, Any]:
+    """Evaluate one candidate under its lease (`holding_candidate`) and record its evidence (`sweep/evaluated`),
+    returning that payload; evidence another run recorded meanwhile is returned instead, and nothing runs. On a
+    failure, record it (`sweep/failed`: a rerun retries the candidate) and raise it again. What the CLI's pool and each
+    orchestrated candidate task run. `holder`: an orchestrator's run, holding the lease by name (a retry of that run
+    takes it again), which never waits for another run (its worker would wait); None: this CLI process, which waits
+    up to `wait_s` (by default one evaluation's bound, `candidate_timeout_s`) for another run holding the candidate.
+    LeaseHeld (recorded nowhere: the candidate did not fail) when the other run still holds it then."""
+    if wait_s is None:
+        wait_s = 0.0 if holder is not None else float(candidate_timeout_s(candidate.config))
+    with holding_candidate(ledger, sweep, candidate, holder=holder or run_holder(actor),
+                           by_this_process=holder is None, wait_s=wait_s, progress=progress) as lease:
+        recorded = SweepRecords.read(ledger, sweep.sweep_id).evaluated.get(candidate.name)
+        if recorded is not None:
+            progress(f"sweep {sweep.sweep_id}: {candidate.name} already has evidence (recorded by another run)")
+            return recorded
+        try:
+            outcome = evaluate_candidate(sweep, candidate, ledger, table, actor=actor, progress=progress)
+        except Exception as exc:
+            error = failure_text(exc)
+            ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.FAILED,
+                          payload={"candidate": candidate.name, "release_id": candidate.release_id, "error": error,
+                                   "error_type": type(exc).__name__}, actor=actor)
+            progress(f"sweep {sweep.sweep_id}: {candidate.name} failed: {error}")
+            raise
+        # LeaseLost when another run took the candidate over meanwhile (this one stopped renewing): it records its own
+        ledger.renew_lease(lease.model, lease.holder, lease.release_id, CANDIDATE_LEASE_TTL_S, token=lease.token)
+        ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.EVALUATED,
+                      payload=outcome, actor=actor)
     metrics = outcome["evidence"]["metrics"]
     progress(f"sweep {sweep.sweep_id}: {candidate.name} evaluated (accuracy {number(metrics.get('accuracy'))}, "
              f"p95 {number(metrics.get('p95_ms'))} ms, {number(metrics.get('usd_per_1m_decisions'))} $/1M "

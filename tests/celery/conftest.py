@@ -151,8 +151,16 @@ class CeleryAirflow:
 
 
 @pytest.fixture(scope="module")
-def celery_airflow(tmp_path_factory):
-    """Fresh database and private queue; api-server, scheduler, dag-processor, celery worker; all stopped after."""
+def celery_dags_folder() -> Path:
+    """The DAGs folder the deployment parses and its worker runs: this checkout's dags/. A test module overrides this
+    fixture to deploy DAGs of its own (tests/celery/test_celery_sweep.py, a sweep DAG of a tiny test sweep)."""
+    return ROOT / "dags"
+
+
+@pytest.fixture(scope="module")
+def celery_airflow(tmp_path_factory, celery_dags_folder):
+    """Fresh database and private queue; api-server, scheduler, dag-processor, celery worker (two slots: --concurrency
+    2, scripts/airflow_local.py); all stopped after."""
     _require_celery_extra()
     problems = [p for p in (_postgres_problem(), _redis_problem()) if p]
     if problems:
@@ -163,7 +171,7 @@ def celery_airflow(tmp_path_factory):
     state_dir.mkdir()
     queue = f"shiplift-test-{secrets.token_hex(4)}"
     database_url = f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{DATABASE}"
-    env = airflow_local.celery_env(home, port=airflow_local.free_port(), dags_folder=ROOT / "dags",
+    env = airflow_local.celery_env(home, port=airflow_local.free_port(), dags_folder=celery_dags_folder,
                                    shiplift_home=state_dir,
                                    database_url=database_url, broker_url=REDIS_URL, queue=queue)
     log_dir = home / "logs" / "components"

@@ -1,7 +1,8 @@
 """The sweep DAG (issue 48 item 4): `open` records the rule's sha256 before any candidate runs, `evaluate` is mapped
 over the candidates `open` returns (dynamic task mapping) in the sweep's Airflow pool, at most `parallel` at once, and
 `pick` records the pick; every task is idempotent, so a second run records nothing. `dag.test()` runs the mapped tasks
-one after another (it has no slots), so what bounds them on a real Airflow is asserted on the DAG itself."""
+one after another (it has no slots), so what bounds them on a real Airflow is asserted on the DAG itself; the slow test
+runs six candidates through it, and tests/celery/test_celery_sweep.py runs the same six on two Celery worker slots."""
 
 from __future__ import annotations
 
@@ -18,15 +19,36 @@ ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 
 
-@pytest.fixture
-def sweep_path(tmp_path, tiny_release) -> Path:
-    """The e2e tests' tiny sweep (two quantizations of the tiny model), two at once, state in tmp_path/state."""
+SWEEP_POOL = "shiplift-sweep-tiny-sweep"
+# three builds of the tiny model on two nominal placements: six candidates, more than the two slots they share
+SIX_CANDIDATES = {"axes": {"quantization": ["Q8_0", "F16", "Q4_0"],
+                           "placement": [{"kind": "instance_type", "instance_type": "ml.c7i.xlarge"},
+                                         {"kind": "instance_type", "instance_type": "ml.m5.large"}]},
+                  "candidates": "product"}
+
+
+def tiny_sweep(root: Path, tiny_release, **changes) -> Path:
+    """The e2e tests' tiny sweep (two quantizations of the tiny model, 12 tasks), two at once, with `changes` to its
+    top-level keys (SIX_CANDIDATES); state in root/state."""
     from tests.e2e.test_sweep_run import write_sweep
 
-    base = tiny_release.write_tiny_config(tmp_path / "configs", tmp_path / "state")
-    path = write_sweep(tmp_path / "sweeps", base, n_tasks=12, constraints=[{"metric": "valid_rate", "at_least": 1.0}])
-    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "parallel": 2}))
+    base = tiny_release.write_tiny_config(root / "configs", root / "state")
+    path = write_sweep(root / "sweeps", base, n_tasks=12, constraints=[{"metric": "valid_rate", "at_least": 1.0}])
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "parallel": 2, **changes}))
     return path
+
+
+@pytest.fixture
+def sweep_path(tmp_path, tiny_release) -> Path:
+    """The tiny sweep of two candidates, state in tmp_path/state."""
+    return tiny_sweep(tmp_path, tiny_release)
+
+
+def set_pool(airflow_env: dict[str, str], name: str, slots: int) -> None:
+    """Create (or resize) an Airflow pool with the CLI, as docs/airflow.md says to before a sweep's first run."""
+    pool = subprocess.run([sys.executable, "-m", "airflow", "pools", "set", name, str(slots), "tiny sweep"],
+                          env=airflow_env, capture_output=True, text=True, timeout=120)
+    assert pool.returncode == 0, pool.stdout[-2000:] + pool.stderr[-2000:]
 
 
 def sweep_folder(tmp_path: Path, sweep: Path) -> Path:
@@ -63,8 +85,7 @@ def test_the_sweep_dag_s_graph_pool_and_timeouts(shiplift_dags, sweep_path):
     assert dag.dag_id == "sweep_tiny_sweep"
     evaluate = dag.get_task("evaluate")
     assert isinstance(evaluate, MappedOperator), "one task instance per candidate, made at run time"
-    assert (evaluate.pool, evaluate.pool_slots, evaluate.max_active_tis_per_dagrun) == ("shiplift-sweep-tiny-sweep",
-                                                                                        1, 2)
+    assert (evaluate.pool, evaluate.pool_slots, evaluate.max_active_tis_per_dagrun) == (SWEEP_POOL, 1, 2)
     assert evaluate.execution_timeout == timedelta(seconds=evaluation_timeout_s(load_sweep(sweep_path)))
     assert evaluate.retries == EVALUATE_RETRIES and evaluate.retry_policy is shiplift_dags.RETRY_POLICY
     assert (evaluate.upstream_task_ids, evaluate.downstream_task_ids) == ({"open"}, {"pick"})
@@ -80,9 +101,7 @@ def test_a_sweep_dag_run_evaluates_every_candidate_picks_and_a_second_run_record
     from shiplift.tasks.ledger.sweep_records import SweepRecords, explanation
     from shiplift.tasks.sweeps.config import load_sweep
 
-    pool = subprocess.run([sys.executable, "-m", "airflow", "pools", "set", "shiplift-sweep-tiny-sweep", "2",
-                           "tiny sweep"], env=airflow_env, capture_output=True, text=True, timeout=120)
-    assert pool.returncode == 0, pool.stdout[-2000:] + pool.stderr[-2000:]
+    set_pool(airflow_env, SWEEP_POOL, 2)
     sweep, state_dir = load_sweep(sweep_path), tmp_path / "state"
     try:
         folder = sweep_folder(tmp_path, sweep_path)
@@ -114,5 +133,34 @@ def test_a_sweep_dag_run_evaluates_every_candidate_picks_and_a_second_run_record
         ledger = open_ledger(state_dir=state_dir)
         assert ledger.head().seq == head, "a second run finds everything in the ledger and records nothing"
         ledger.close()
+    finally:
+        tiny_release.stop_endpoints(state_dir)
+
+
+@pytest.mark.slow  # 133 to 182 s on two busy cores: the six candidates one after another
+def test_a_six_candidate_sweep_completes_under_dag_test(tmp_path, airflow_env, run_dags, tiny_release):
+    from shiplift.tasks.backends.local.supervisor import ProcessSupervisor
+    from shiplift.tasks.backends.registry import open_ledger
+    from shiplift.tasks.ledger import events
+    from shiplift.tasks.ledger.sweep_records import SweepRecords, explanation
+    from shiplift.tasks.sweeps.config import load_sweep
+
+    set_pool(airflow_env, SWEEP_POOL, 2)
+    path = tiny_sweep(tmp_path, tiny_release, **SIX_CANDIDATES)
+    sweep, state_dir = load_sweep(path), tmp_path / "state"
+    assert len(sweep.candidates) == 6
+    try:
+        result, output = run_dags(sweep_folder(tmp_path, path), [{"dag_id": "sweep_tiny_sweep"}], timeout_s=540)
+        run = result["runs"][0]
+        assert run["state"] == "success", output[-5000:]
+        assert run["xcom"]["open"] == [c.name for c in sweep.candidates]
+        ledger = open_ledger(state_dir=state_dir)
+        assert [r.event for r in ledger.release(sweep.sweep_id)] == [events.OPENED, *[events.EVALUATED] * 6,
+                                                                     events.PICKED]
+        records = SweepRecords.load(ledger, sweep.sweep_id)
+        assert set(records.evaluated) == {c.name for c in sweep.candidates}
+        assert run["xcom"]["pick"]["picked"] == records.recorded_pick().picked and explanation(records)["agrees"]
+        ledger.close()
+        assert ProcessSupervisor(state_dir).list_endpoints() == [], "every candidate torn down"
     finally:
         tiny_release.stop_endpoints(state_dir)

@@ -1,25 +1,35 @@
 """A sweep on Step Functions (issue 48 item 4): OpenSweep, a Map state over the candidates with the sweep's `parallel`
-as MaxConcurrency (each iteration one evaluate task, a teardown when it fails), then PickCandidate. moto's Step
-Functions interpreter parses the definition and runs it with the ECS tasks stubbed; the open task's command runs on a
-real tiny sweep and keeps the ledger as `shiplift sweep run` does."""
+as MaxConcurrency (each iteration one evaluate task, a teardown when it fails), then PickCandidate and, when the
+execution's input says `release_pick: true`, ReleasePick. moto's Step Functions interpreter parses the definition and
+runs it with the ECS tasks stubbed; the tasks' parameters validate against botocore's ECS model; the open task's command
+runs on a real tiny sweep and keeps the ledger as `shiplift sweep run` does."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import boto3
 import pytest
 import yaml
+from moto import mock_aws
 
 from shiplift.tasks.backends.registry import open_ledger
-from shiplift.tasks.errors import BadInput, ConfigError, Conflict
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, NotReady
 from shiplift.tasks.ledger import events
+from shiplift.tasks.orchestrators.step_functions import ECS_INFRA_ERRORS, ECS_RUN_TASK, definition_json
 from shiplift.tasks.orchestrators.step_functions_map import (
+    CHECK_INPUT_STATE,
     EVALUATE_STATE,
     INCOMPLETE_STATE,
+    INPUT_INVALID_STATE,
     MAP_STATE,
     MODULE,
     NOT_EVALUATED_STATE,
+    RELEASE_ASKED_STATE,
+    RELEASE_FAILED_STATE,
+    RELEASE_STATE,
+    RELEASED_STATE,
     TEARDOWN_STATE,
     main,
     parser,
@@ -27,16 +37,22 @@ from shiplift.tasks.orchestrators.step_functions_map import (
     sweep_machine_name,
 )
 from shiplift.tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, retryable_error_names
-from shiplift.tasks.pipeline.table import BACKOFF
+from shiplift.tasks.pipeline.table import BACKOFF, MAX_STEP_TIMEOUT_S
 from shiplift.tasks.sweeps.config import load_sweep
 from shiplift.tasks.sweeps.orchestrated import evaluation_timeout_s
 from shiplift.tasks.sweeps.policy import EVALUATE_RETRIES, candidate_timeout_s
 from tests.e2e.test_sweep_run import write_sweep
 from tests.unit.test_sfn import (
+    PARSER,
     PG,
+    REGION,
+    ROLE,
+    _camel,
     _stub_ecs,
     aws_env,  # noqa: F401 (the fake credentials every moto test here needs)
+    entered,
     runner,
+    wait_for,
 )
 from tests.unit.test_sfn_defer import _run
 
@@ -130,7 +146,8 @@ def test_moto_runs_the_map_over_every_candidate_and_a_failed_one_is_torn_down_wh
     status, route = _run(_stub(definition))
     assert status == "SUCCEEDED", route
     assert route.count(EVALUATE_STATE) == len(sweep.candidates) and TEARDOWN_STATE not in route
-    assert route[:3] == ["Prepare", "OpenSweep", MAP_STATE] and route[-2:] == ["PickCandidate", "Swept"]
+    assert route[:4] == ["Prepare", CHECK_INPUT_STATE, "OpenSweep", MAP_STATE]
+    assert route[-3:] == ["PickCandidate", RELEASE_ASKED_STATE, "Swept"]  # no input: the pick is not released
 
     status, route = _run(_stub(definition, failing="F16"))
     assert status == "SUCCEEDED", route  # the stubbed pick passes; the real one fails until a rerun has evidence
@@ -176,3 +193,80 @@ def test_render_prints_the_machine_from_a_sweep_file_and_runner_settings(tmp_pat
         main(["render", relative])  # no runner settings
     with pytest.raises(SystemExit):
         main(["pick", relative])  # no holder
+
+
+def ecs_tasks(definition: dict) -> dict[str, dict]:
+    """Every ECS task of the sweep machine, the Map's iteration's included."""
+    states = {**definition["States"], **definition["States"][MAP_STATE]["ItemProcessor"]["States"]}
+    return {name: state for name, state in states.items() if state.get("Resource") == ECS_RUN_TASK}
+
+
+def test_the_pick_is_released_by_one_task_only_when_the_input_asks(tmp_path, tiny_release):
+    """After PickCandidate, a Choice on the execution input's `release_pick` (absent: false); ReleasePick runs the
+    pick's release in one ECS task, bounded as Airflow's release_pick task is and beating its heartbeat; its container
+    is started again only when it never ran (a release cut short is the person's to look at, as on Airflow)."""
+    sweep = tiny_sweep(tmp_path, tiny_release)
+    states = render_sweep_machine(sweep, runner=runner(), sweep_path=SWEEP_PATH)["States"]
+    assert states["Prepare"]["Parameters"]["input.$"] == "$" and states["Prepare"]["Next"] == CHECK_INPUT_STATE
+    assert states[CHECK_INPUT_STATE]["Default"] == "OpenSweep"
+    assert states["PickCandidate"]["Next"] == RELEASE_ASKED_STATE
+    asked = states[RELEASE_ASKED_STATE]
+    assert asked["Type"] == "Choice" and asked["Default"] == "Swept"
+    assert asked["Choices"][0]["Next"] == RELEASE_STATE
+    released = states[RELEASE_STATE]
+    assert command(released) == ["python", "-m", MODULE, "release-pick", SWEEP_PATH, "--holder", "<holder>"]
+    assert parser().parse_args(command(released)[3:]).action == "release-pick"
+    assert released["TimeoutSeconds"] == MAX_STEP_TIMEOUT_S + runner().startup_allowance_s
+    assert 0 < released["HeartbeatSeconds"] < released["TimeoutSeconds"]
+    assert [rule["ErrorEquals"] for rule in released["Retry"]] == [list(ECS_INFRA_ERRORS)]
+    assert released["Next"] == RELEASED_STATE and states[RELEASED_STATE]["Type"] == "Succeed"
+    assert released["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error",
+                                  "Next": RELEASE_FAILED_STATE}]
+    assert states[RELEASE_FAILED_STATE]["Type"] == states[INPUT_INVALID_STATE]["Type"] == "Fail"
+
+
+def _execute(definition: dict, execution_input: dict | str) -> tuple[str, list[str]]:
+    """Run the (stubbed) definition in moto with this input: the execution's status and the states it entered."""
+    with mock_aws(config=PARSER):
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        arn = sfn.create_state_machine(name="sweep", definition=definition_json(definition),
+                                       roleArn=ROLE)["stateMachineArn"]
+        text = execution_input if isinstance(execution_input, str) else json.dumps(execution_input)
+        execution = sfn.start_execution(stateMachineArn=arn, input=text)["executionArn"]
+        return wait_for(sfn, execution, deadline_s=60)["status"], entered(sfn, execution)
+
+
+@pytest.mark.parametrize(("execution_input", "status", "ending"), [
+    ({"release_pick": True}, "SUCCEEDED", ["PickCandidate", RELEASE_ASKED_STATE, RELEASE_STATE, RELEASED_STATE]),
+    ({"release_pick": False}, "SUCCEEDED", ["PickCandidate", RELEASE_ASKED_STATE, "Swept"]),
+    ({"other": 1}, "SUCCEEDED", ["PickCandidate", RELEASE_ASKED_STATE, "Swept"]),
+    ({"release_pick": "yes"}, "FAILED", ["Prepare", CHECK_INPUT_STATE, INPUT_INVALID_STATE]),
+])
+def test_moto_releases_the_pick_only_when_the_input_says_release_pick_true(tmp_path, tiny_release, execution_input,
+                                                                           status, ending):
+    """Both ways of the Choice, and an input whose release_pick is no boolean, refused before anything runs."""
+    sweep = tiny_sweep(tmp_path, tiny_release)
+    found, route = _execute(_stub(render_sweep_machine(sweep, runner=runner(), sweep_path=SWEEP_PATH)),
+                            execution_input)
+    assert (found, route[-len(ending):]) == (status, ending), route
+    assert (RELEASE_STATE in route) == (execution_input.get("release_pick") is True)
+
+
+def test_the_sweep_machine_s_tasks_validate_against_the_botocore_ecs_model(tmp_path, tiny_release):
+    from botocore.session import get_session
+    from botocore.validate import validate_parameters
+
+    run_task = get_session().get_service_model("ecs").operation_model("RunTask").input_shape
+    sweep = tiny_sweep(tmp_path, tiny_release)
+    found = ecs_tasks(render_sweep_machine(sweep, runner=runner(), sweep_path=SWEEP_PATH))
+    assert set(found) == {"OpenSweep", EVALUATE_STATE, TEARDOWN_STATE, "PickCandidate", RELEASE_STATE}
+    for state in found.values():
+        validate_parameters(_camel(state["Parameters"]), run_task)
+
+
+def test_the_release_pick_task_runs_the_orchestrated_release_of_the_pick(tmp_path, tiny_release):
+    """The command ReleasePick runs calls `release_pick_orchestrated`: before the sweep picked it refuses (NotReady)."""
+    sweep = tiny_sweep(tmp_path, tiny_release, ledger_url=None)
+    main(["open", str(sweep.path), "--holder", "stepfunctions:exec-1"])
+    with pytest.raises(NotReady, match="has not picked yet"):
+        main(["release-pick", str(sweep.path), "--holder", "stepfunctions:exec-1"])
