@@ -32,6 +32,9 @@ class Target:
 
     invoker: Any  # tasks.backends.interfaces.Invoker
     label: str = ""
+    # a champion's recorded per-task results the gate may reuse (`validation.champion_reuse.ChampionOffer`); None:
+    # score it on every task
+    offer: Any = None
 
     @classmethod
     def http(cls, url: str, component: str | None = None, label: str = "") -> Target:
@@ -122,18 +125,27 @@ def turns_of(datasets: Sequence[Any], sides: Sequence[Side], size: int) -> list[
 
 def side_by_side(sides: Sequence[Side], turns: Sequence[Turn], score: Callable[[Target, Turn, dict], Any],
                  lost: Callable[[Any], bool], settings: RunSettings,
-                 notice: Callable[[str], None] | None = None) -> None:
+                 notice: Callable[[str], None] | None = None, *, first_only: frozenset[int] = frozenset()) -> None:
     """Score the turns on every side alternately: side A's turn, then B's on the same items, then B first on the next
     turn (A B B A ...), so that a candidate and its champion are measured in one window on one machine (what loads
     the machine loads both) and neither always runs right after the other. Each side keeps the gate's concurrency in
     its turn. `score(target, turn, requests)` runs one turn (`requests`: the runner's request settings, with the run's
     deadline and the side's retry deadline as much of them as is left, and progress counted over the whole run);
     `lost(outcome)`: that turn got no answer at all (the retry deadline then keeps counting from the side's last
-    answer, so an endpoint that never answers is given up once, not once a turn)."""
+    answer, so an endpoint that never answers is given up once, not once a turn). The turns numbered in `first_only`
+    are scored by the first side alone (a champion whose recorded results are reused answers only the others)."""
     start = time.monotonic()
-    total = sum(len(turn.items) for turn in turns)
+    totals = [sum(len(turn.items) for number, turn in enumerate(turns) if not rank or number not in first_only)
+              for rank in range(len(sides))]
+    paired = 0
     for number, turn in enumerate(turns):
-        for side in (sides if number % 2 == 0 else list(reversed(sides))):
+        order = list(zip(sides, totals, strict=True))
+        if number in first_only:
+            order = order[:1]
+        else:
+            order = order if paired % 2 == 0 else order[::-1]
+            paired += 1
+        for side, total in order:
             now = time.monotonic()
             retry = settings.retry_deadline_s
             if retry is not None:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from shiplift.tasks.atomic import write_json_atomic
 from shiplift.tasks.errors import BadInput, ConfigError
+from shiplift.validation.champion_reuse import CHAMPION_LATENCY
 from shiplift.validation.evaluate import Target
 from shiplift.validation.gate_report import rewrite_reports
 from shiplift.validation.gates import Check, _champion_check, decide, ratio_check
@@ -194,6 +195,9 @@ def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target,
     gate_rows = _read_rows(out_dir / "predictions.jsonl")  # the gate's own: the report's per-task table
     candidate_rows = list(gate_rows)
     champion_rows = _read_rows(out_dir / "champion-predictions.jsonl")
+    # the latency ratio pairs only requests timed in this window: a reused champion's live sample, not its recorded rows
+    sampled = out_dir / CHAMPION_LATENCY
+    champion_timed = _read_rows(sampled) if sampled.is_file() else list(champion_rows)
     diffs = differences(candidate_rows, champion_rows)
     overlap = sorted({str(task.id) for task in reserve.tasks} & {row["id"] for row in candidate_rows})
     if overlap:
@@ -224,11 +228,12 @@ def extend_champion_check(out_dir: Path, *, candidate: Target, champion: Target,
         _append_rows(out_dir / CHAMPION_ROWS, rows["champion"])
         candidate_rows += rows["candidate"]
         champion_rows += rows["champion"]
+        champion_timed += rows["champion"]
         scored += len(batch)
         diffs += differences(rows["candidate"], rows["champion"])  # the batch's pairs, after those before it
         looked.append(len(diffs))
         looks += _judge_again(judged, pending, rule, look=number, planned=len(planned), diffs=diffs, looked=looked,
-                              rows=(candidate_rows, champion_rows), say=say)
+                              rows=(candidate_rows, champion_timed), say=say)
         statuses = [judged[name]["status"] for name in pending]
         if "fail" in statuses or "inconclusive" not in statuses:
             stopped = "decided"

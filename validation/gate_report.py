@@ -252,7 +252,7 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
         f"{num(champion.get('errors'))} errors, {num(champion.get('retries_503'))} 503 retries. Each cell: the "
         "value and its 95% interval; candidate − champion is paired on the shared tasks where the metric is per "
         "task.</p>"
-    )
+    ) + _champion_evidence(champion.get("evidence"))
     confidence = (report.get("bootstrap") or {}).get("confidence") or 0.95
     return facts + table_html(
         ["metric", "candidate", "champion", "candidate − champion", "shared tasks", "better",
@@ -260,6 +260,20 @@ def _champion_section(report: Mapping[str, Any], parts: ReportParts) -> str:
         rows, classes, css_class="champion",
     ) + charts.champion_check(chart_rows, confidence=confidence) + _latency_judgements(report, checks, confidence) \
         + _power_section(champion.get("power") or [])
+
+
+def _champion_evidence(evidence: Mapping[str, Any] | None) -> str:
+    """Where the champion's per-task evidence came from (`validation.champion_reuse`): reused from an earlier gate's
+    file, or scored on every task and why; nothing for a gate that offered no reuse."""
+    if not evidence:
+        return ""
+    if evidence.get("reused"):
+        return (f"<p class=\"note\">Champion accuracy and calibration: {num(evidence.get('n'))} per-task results "
+                f"reused from release {esc(evidence.get('from_release'))} ({esc(evidence.get('file'))}), measured "
+                "there on the same datasets, serving identity and determinism profile; the champion answered "
+                f"{num(evidence.get('latency_sample'))} of the tasks live, alternated with the candidate, for the "
+                "latency ratio (the p95 cells and the ratio are those requests').</p>")
+    return f"<p class=\"note\">Champion scored on every task: {esc(evidence.get('why'))}.</p>"
 
 
 def _power_section(plans: Sequence[Mapping[str, Any]]) -> str:

@@ -28,11 +28,13 @@ from shiplift.validation.gate_power import paired_disagreement, plan_champion_ch
 from shiplift.validation.metrics import (
     PAIRED_ACCURACY_METHOD,
     decision_metrics,
+    latency_summary,
     paired_accuracy_difference,
     paired_ece_difference,
     paired_latency_ratio,
     paired_mean_difference,
     score_predictions,
+    throughput,
 )
 from shiplift.validation.thresholds import RULE_TEXT, ChampionRule, DecisionRule, DecisionThresholds
 
@@ -270,12 +272,15 @@ def evaluate_gates(
     seed: int | None = None,
     decision_rule: DecisionRule = "bound",
     latency_rows: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]] | None = None,
+    champion_timed: Sequence[Mapping[str, Any]] | None = None,
 ) -> GateReport:
     """Judge a candidate's predictions against absolute thresholds and, if given, the champion's.
 
     `thresholds` None (an ad-hoc evaluation) runs no absolute check. `latency_rows` (candidate's, champion's) are the
     requests the latency ratio pairs when one prediction is not one request (NLI: a batch of pairs is one request);
-    None: the predictions. `decision_rule` is how every absolute check reads its evidence (`absolute_check`).
+    None: the predictions. `champion_timed`: the champion's requests timed in this gate's window when `champion_preds`
+    were recorded by an earlier gate (`validation.champion_reuse`); the champion's latency and the ratio read them.
+    `decision_rule` is how every absolute check reads its evidence (`absolute_check`).
     `n_bootstrap` / `seed`, when given (the release's `validation.n_bootstrap` / `seed`), set the candidate's own
     intervals; the paired champion comparison always uses the champion rule's own `n_bootstrap` / `seed` (its accuracy
     check takes Tango's score interval at the rule's confidence instead: no resampling). The values used are recorded
@@ -330,7 +335,12 @@ def evaluate_gates(
             )
         )
         champion_metrics = decision_metrics(champion_preds, **boot)
-        latency_ratio = paired_latency_ratio(*(latency_rows or (candidate_preds, champion_preds)), **paired)
+        if champion_timed is not None:  # recorded rows: their latencies are another window's, so none is read
+            champion_metrics.update(latency_ms=latency_summary(champion_timed, **boot),
+                                    throughput=throughput(champion_timed))
+        latency_ratio = paired_latency_ratio(
+            *(latency_rows or (candidate_preds, champion_preds if champion_timed is None else champion_timed)),
+            **paired)
         if rule.max_p95_ratio is not None:
             checks.append(ratio_check(latency_ratio, max_ratio=rule.max_p95_ratio, min_samples=rule.min_samples))
         champion.update(

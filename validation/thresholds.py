@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 # How an absolute check reads its evidence: `bound` (the default, conservative) passes only when the whole bootstrap
 # interval clears the threshold (its lower end for a floor, its upper end for a ceiling); `point` compares the point
@@ -57,6 +57,29 @@ class ChampionRule(BaseModel):
     # candidate p95 latency / champion p95 latency, both measured alternately in one window on one machine, over the
     # requests both answered (a dimensionless ratio: 1.5 lets the candidate be 50 % slower at p95); None: not judged
     max_p95_ratio: float | None = Field(default=None, gt=1.0, le=100.0, allow_inf_nan=False)
+    # one evaluation per gate (`validation.champion_reuse`): `recorded` reuses the champion's per-task results an
+    # earlier gate measured on the same datasets, serving identity and determinism profile; `fresh` scores it again
+    reuse: Literal["recorded", "fresh"] = "recorded"
+    # how many of the gate's tasks a reused champion still answers live, alternated with the candidate: the latency
+    # ratio's requests (at least min_samples when max_p95_ratio is judged)
+    latency_sample: int = Field(default=30, ge=1)
+
+    @model_validator(mode="after")
+    def _sample_can_judge_the_ratio(self) -> ChampionRule:
+        if self.max_p95_ratio is not None and self.latency_sample < self.min_samples:
+            raise ValueError(f"validation.champion.latency_sample {self.latency_sample} is below min_samples "
+                             f"{self.min_samples}, so a gate that reuses the champion's results could never judge "
+                             f"max_p95_ratio; set latency_sample to at least {self.min_samples}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _reuse_defaults_unwritten(self, handler):
+        """A rule that leaves reuse at its defaults dumps (and hashes into a release id) as before reuse existed."""
+        data = handler(self)
+        for name in ("reuse", "latency_sample"):
+            if getattr(self, name) == type(self).model_fields[name].default:
+                data.pop(name, None)
+        return data
 
 
 class NliThresholds(_SomeThreshold):

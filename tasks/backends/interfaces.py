@@ -156,10 +156,18 @@ class LiveComponent(Frozen):
     model_ref: ModelRef | None = None
     failure_reason: str | None = None
 
+    def served_identity(self) -> dict[str, Any]:
+        """What serves here, in the fields of `ComponentSpec.served_identity`."""
+        return {"image_digest": self.image_digest, "artifact_uri": self.artifact_uri,
+                "artifact_sha256": self.artifact_sha256, "environment": dict(self.environment)}
+
+    def serving_id(self) -> str:
+        """What serves here as one id: `ComponentSpec.serving_id` of the spec it serves."""
+        return sha256_json(self.served_identity())
+
     def differences(self, spec: ComponentSpec) -> list[str]:
         """Each field where the live component is not `spec` ("InService on the old spec" shows here)."""
-        live = {"image_digest": self.image_digest, "artifact_uri": self.artifact_uri,
-                "artifact_sha256": self.artifact_sha256, "environment": dict(self.environment)}
+        live = self.served_identity()
         problems = [f"{key} is {live[key]!r}, expected {want!r}" for key, want in spec.served_identity().items()
                     if live[key] != want]
         if self.copies != spec.copies:

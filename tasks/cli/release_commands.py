@@ -49,7 +49,8 @@ def cmd_release(args) -> int:
     config = load_release_config(args.config, overrides=overrides_of(args))
     require_named_files(config, args.config)  # before the power warning, which a missing dataset would garble
     warn_if_underpowered(config, args.config)
-    summary = run_release(args.config, overrides=overrides_of(args), keep_candidate=args.keep_candidate or None)
+    summary = run_release(args.config, overrides=overrides_of(args), keep_candidate=args.keep_candidate or None,
+                          fresh_champion=args.fresh_champion)
     print_json(summary) if args.json else print_summary(summary)
     return release_exit(summary)
 
@@ -211,6 +212,9 @@ def add_release_commands(sub) -> None:
     p.add_argument("--with-champion", action="store_true",
                    help="with --dry-run: plan a later release, whose gate scores the serving champion and whose "
                         "promote updates production (showing how the update fits the endpoint)")
+    p.add_argument("--fresh-champion", action="store_true",
+                   help="the gate scores the champion on every task, reusing none of the per-task results earlier "
+                        "gates recorded of it (docs/reports.md, \"One evaluation per gate\")")
     with_json(p, "the release's summary")
     p.set_defaults(func=cmd_release)
 

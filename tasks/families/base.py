@@ -187,6 +187,9 @@ class ModelFamily(ABC):
     tool_distributions: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the artifact's manifest
     # whether a rollout can replay this family's tasks through the live component
     replays_online: ClassVar[bool] = False
+    # whether its gate reuses a champion's recorded per-task results (`validation.champion_reuse`; the gate reads the
+    # champion Target's offer) and so needs a `readout`; else it scores the champion on every task
+    reuses_champion_results: ClassVar[bool] = False
     temperature_scaling: ClassVar[bool] = True  # whether its server applies a fitted temperature (calibration.json)
     # the values a sweep's quantization axis may take (tasks.sweeps); empty: the family has no such axis
     sweep_quantizations: ClassVar[tuple[str | None, ...]] = ()
@@ -308,6 +311,7 @@ CAPABILITY_STEPS: dict[str, tuple[str, ...]] = {
     "temperature_scaling": ("calibration_predictions",),
     "validation_model.extendable": ("reserve",),
     "replays_online": ("readout", "online_gate"),
+    "reuses_champion_results": ("readout",),
     "sweep_quantizations": ("quantization_overrides",),
 }
 

@@ -159,6 +159,7 @@ class GgufDecisions(ModelFamily):
     env_prefix = "SEMIF"
     tool_distributions = ("llama-cpp-python", "gguf", "numpy")
     replays_online = True
+    reuses_champion_results = True
     sweep_quantizations = (None, *QUANT_TYPES)  # None: the source as it is
 
     def resolve(self, ctx, cache: Path) -> tuple[Path, str, dict]:

@@ -70,9 +70,11 @@ class Opened(Payload):
 
 
 class Options(Payload):
-    """`release/options`: how a run was asked to end (keep its candidate endpoint)."""
+    """`release/options`: how a run was asked to end (keep its candidate endpoint) and to gate (score the champion
+    afresh, not reusing its recorded per-task results)."""
 
     keep_candidate: bool | None = None
+    fresh_champion: bool | None = None
 
 
 class Failure(Payload):

@@ -74,10 +74,19 @@ class ReleaseState:
             return events.AWAITING_APPROVAL
         return "running" if any(r.stage != events.RELEASE for r in self.records) else "created"
 
+    def _options(self) -> list[Options]:
+        """The release's `release/options` records, oldest first."""
+        return [Options.of(r) for r in self.records if (r.stage, r.event) == (events.RELEASE, events.OPTIONS)]
+
     @property
     def keep_candidate(self) -> bool | None:
-        options = self._latest(events.RELEASE, (events.OPTIONS,))
-        return Options.of(options).keep_candidate if options else None
+        """The latest run's ask to keep (or not) the candidate endpoint; None: no run asked."""
+        return next((o.keep_candidate for o in reversed(self._options()) if o.keep_candidate is not None), None)
+
+    @property
+    def fresh_champion(self) -> bool:
+        """Whether a run of this release asked its gate to score the champion afresh (`--fresh-champion`)."""
+        return any(options.fresh_champion for options in self._options())
 
     def stage(self, name: str) -> dict:
         """`{"status": pending|started|failed|succeeded|torn_down, "result": …, "event": …}` of one stage."""

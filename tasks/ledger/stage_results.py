@@ -109,6 +109,11 @@ class ValidateResult(StageResult):
     # an inconclusive gate's validation.inconclusive choice and its outcome (blocked, asked with the interval and the
     # power, or extended with every look), and the first look's decision and checks; unset when the gate decided
     inconclusive: dict[str, Any] | None = None
+    # the per-task files this gate measured live (evidence names), each with the identity hash of the model that
+    # answered and each dataset's reuse key (`validation.champion_reuse`): what a later gate against that model reuses
+    measured: dict[str, dict[str, Any]] | None = None
+    # the champion's evidence: reused (from_release, file, n, latency_sample) or scored on every task (why)
+    champion_evidence: dict[str, Any] | None = None
 
     @property
     def asked(self) -> bool:

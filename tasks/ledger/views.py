@@ -78,11 +78,13 @@ def _promotions(state: ReleaseState) -> list:
 
 
 def gate_evidence(gate: ValidateResult) -> dict:
-    """A gate's evidence as a release's detail shows it: decision, metrics, thresholds, checks, datasets, champion,
-    the checks not passed, its cost and an inconclusive gate's choice."""
+    """A gate's evidence as a release's detail shows it: decision, metrics, thresholds, checks, datasets, champion
+    (and whether its per-task results were reused, from which release), the checks not passed, its cost and an
+    inconclusive gate's choice."""
     return {"decision": gate.decision, "metrics": gate.metrics, "thresholds": gate.thresholds, "checks": gate.checks,
-            "datasets": gate.datasets, "champion_release": gate.champion_release, "not_passed": gate.not_passed,
-            "cost": gate.cost, "inconclusive": gate.inconclusive}
+            "datasets": gate.datasets, "champion_release": gate.champion_release,
+            "champion_evidence": gate.champion_evidence, "not_passed": gate.not_passed, "cost": gate.cost,
+            "inconclusive": gate.inconclusive}
 
 
 def release_detail(state: ReleaseState) -> dict:

@@ -399,28 +399,36 @@ def run_release(
     *,
     overrides: tuple[str, ...] = (),
     keep_candidate: bool | None = None,
+    fresh_champion: bool = False,
     actor: str | None = None,
     progress: Progress = print_progress,
     session: Any = None,
 ) -> dict:
     """Run (or resume) every stage of a release under the model's promotion lease (`begin`, the stages, `end` each
-    under the table's policy)."""
+    under the table's policy); `fresh_champion`: its gate scores the champion on every task, reusing no recorded
+    results (`validation.champion_reuse`)."""
     ctx = table.attempts("begin", lambda: open_release(config_path, overrides=overrides, actor=actor, progress=progress,
                                                        session=session), timeout_s=table.BEGIN.timeout_s, say=progress)
     if ctx.state.status in events.FINISHED:
         ctx.say(f"already {ctx.state.status}; nothing to do")
         return release_summary(ctx.state)
-    return run_stages(ctx, keep_candidate=keep_candidate)
+    return run_stages(ctx, keep_candidate=keep_candidate, fresh_champion=fresh_champion)
 
 
-def run_stages(ctx: StageContext, *, keep_candidate: bool | None = None) -> dict:
+def run_stages(ctx: StageContext, *, keep_candidate: bool | None = None, fresh_champion: bool = False) -> dict:
     """Every stage not done yet, under the model's promotion lease, taken before anything is appended (the
-    `release/opened` record of a new release, a changed `keep_candidate`); a step whose `waits` (the table's: promote's
-    approval) holds the release stops it there until a person decides, the lease given back."""
+    `release/opened` record of a new release, a changed `keep_candidate`, a first ask for a fresh champion); a step
+    whose `waits` (the table's: promote's approval) holds the release stops it there until a person decides, the lease
+    given back."""
     with holding_lease(ctx, run_holder(ctx.actor)):
         ctx.record_opened()
+        asked = {}
         if keep_candidate is not None and keep_candidate != ctx.state.keep_candidate:
-            ctx.record(events.RELEASE, events.OPTIONS, {"keep_candidate": keep_candidate})
+            asked["keep_candidate"] = keep_candidate
+        if fresh_champion and not ctx.state.fresh_champion:
+            asked["fresh_champion"] = True
+        if asked:
+            ctx.record(events.RELEASE, events.OPTIONS, asked)
         try:
             for step in table.STAGES[:-1]:
                 if step.waits is not None and in_policy(ctx, table.APPROVAL_REQUEST.name,

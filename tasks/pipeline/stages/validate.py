@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 from shiplift.tasks.backends.pricing import release_cost
-from shiplift.tasks.ledger.events import STARTED
-from shiplift.tasks.ledger.stage_results import ValidateResult
+from shiplift.tasks.ledger.events import STARTED, SUCCEEDED, VALIDATE
+from shiplift.tasks.ledger.records import stage_payload
+from shiplift.tasks.ledger.stage_results import KeptRef, ValidateResult
 from shiplift.tasks.ledger.views import config_changes, show
-from shiplift.tasks.pipeline.stages.common import production_component, production_endpoint
+from shiplift.tasks.pipeline.stages.common import component_spec, production_component, production_endpoint
+from shiplift.validation.champion_reuse import ChampionOffer, Identity, Recorded
 from shiplift.validation.cold_start import cold_start_check, cold_start_kind, first_answer, stop_for_cold_start
 from shiplift.validation.evaluate import GateOutcome, RunSettings, Target
 from shiplift.validation.extension import Budget, extend_champion_check, extension_summary
@@ -19,18 +23,80 @@ from shiplift.validation.runner import read_predictions
 
 
 def live_champion(ctx):
-    """The production component and the release it serves, or (None, None) when nothing serves yet."""
+    """The production component and the release it serves, or (None, None) when nothing serves yet (or it serves this
+    release); its Target carries the offer of its recorded per-task results (`champion_offer`)."""
     hosting = ctx.backends.hosting
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     live = hosting.describe(endpoint, component)
     if live is None or live.model_ref is None or live.status != "InService":
         return None, None
+    ref = live.model_ref.model_dump()
+    if ref["release_id"] == ctx.release_id:
+        return None, None
     if live.copies == 0:  # scaled to zero while idle: woken first, so the gate scores it warm
         ctx.say(f"validate: the champion {endpoint}/{component} is scaled to zero; starting a copy to score it")
         hosting.set_copies(endpoint, component, 1, progress=ctx.say)
     invoker = hosting.invoker(endpoint, component, timeout_s=ctx.config.validation.request_timeout_s)
-    ref = live.model_ref.model_dump()
-    return Target(invoker, f"champion {ref['release_id']}"), ref
+    return Target(invoker, f"champion {ref['release_id']}", champion_offer(ctx, live, ref["release_id"])), ref
+
+
+def served_identity(ctx, serving_id: str, release_id: str) -> Identity | None:
+    """What fixes the answers of the model `serving_id` that release `release_id` built, asked through this family's
+    readout (`validation.champion_reuse.Identity`); None where the family's gate scores its champion afresh always."""
+    if not ctx.family.reuses_champion_results:
+        return None
+    built = ctx.result("build") if release_id == ctx.release_id else None
+    determinism = ((built.model_extra or {}).get("determinism") if built else
+                   show(ctx.backends.ledger, release_id)["determinism"])
+    return Identity(serving_id, determinism, ctx.family.readout(ctx.config.validation).name)
+
+
+def champion_offer(ctx, live, release_id: str) -> ChampionOffer | None:
+    """The live champion's identity and the per-task files gates recorded of it, newest first, unless this release
+    asked to score it afresh (`--fresh-champion`, or `validation.champion.reuse: fresh`)."""
+    identity = served_identity(ctx, live.serving_id(), release_id)
+    if identity is None:
+        return None
+    rule = ctx.config.validation.champion
+    fresh = ("--fresh-champion" if ctx.state.fresh_champion else
+             "validation.champion.reuse is fresh" if rule.reuse == "fresh" else None)
+    recorded = [] if fresh else recorded_results(ctx, identity.sha256())
+    return ChampionOffer(identity, recorded, rule.latency_sample, fresh=fresh)
+
+
+def recorded_results(ctx, identity: str) -> list[Recorded]:
+    """Every per-task file a gate in the ledger measured live on a model of `identity` (its validate record's
+    `measured`), newest first; each read from the artifact store only when a gate uses it."""
+    found = []
+    for record in reversed(ctx.backends.ledger.events(VALIDATE, SUCCEEDED)):
+        gate = stage_payload(record, ValidateResult)
+        for name, measured in (gate.measured or {}).items():
+            if measured["identity"] == identity and name in gate.evidence:
+                found.append(Recorded(record.release_id, name, measured["keys"],
+                                      functools.partial(kept_rows, ctx, gate.evidence[name])))
+    return found
+
+
+def kept_rows(ctx, ref: KeptRef) -> list[dict]:
+    """A kept predictions file's rows."""
+    return [p.to_dict() for p in read_predictions(ctx.local_ref(ref))]
+
+
+def measured_files(ctx, gate: GateOutcome, champion: Target | None) -> tuple[dict[str, dict], dict | None]:
+    """What the validate record keeps of the per-task files this gate measured live (`ValidateResult.measured`: the
+    candidate's always, the champion's when it was scored, not reused), and of the champion's evidence (the gate
+    report's: reused from which release, or why it was scored); ({}, None) for a family that reuses nothing."""
+    candidate = served_identity(ctx, component_spec(ctx, ctx.config, copies=1).serving_id(), ctx.release_id)
+    if candidate is None:
+        return {}, None
+    measured = {"predictions.jsonl": candidate.measured(gate.datasets)}
+    if champion is None or champion.offer is None:
+        return measured, None
+    report = json.loads(Path(gate.gate_report_json).read_text(encoding="utf-8"))
+    evidence = report["champion"].get("evidence")
+    if not evidence["reused"]:
+        measured["champion-predictions.jsonl"] = champion.offer.identity.measured(gate.datasets)
+    return measured, evidence
 
 
 def release_context(ctx, champion_ref: dict | None) -> dict:
@@ -176,8 +242,6 @@ def run(ctx) -> ValidateResult:
     candidate = Target(invoker, "candidate")
     cold = cold_starts(ctx, deployed, invoker)
     champion, champion_ref = live_champion(ctx)
-    if champion_ref and champion_ref.get("release_id") == ctx.release_id:
-        champion, champion_ref = None, None
     ctx.say(f"validate: champion {champion.label if champion else 'none'}")
     measured: dict = {}
 
@@ -207,6 +271,11 @@ def run(ctx) -> ValidateResult:
     ctx.say(f"validate: decision {summary_line(decision, checks)} (accuracy {shown['accuracy']}, "
             f"ECE {shown['ece']}; {metrics.get('n_valid', 'n/a')} of {metrics.get('n')} answers valid)")
     chosen = {} if inconclusive is None else {"inconclusive": inconclusive}
+    measured, champion_evidence = measured_files(ctx, gate, champion)
+    if measured:
+        chosen["measured"] = measured
+    if champion_evidence is not None:
+        chosen["champion_evidence"] = champion_evidence
     return ValidateResult(
         decision=decision, metrics=summary_metrics, checks=checks, **chosen,
         not_passed=[check_text(c) for c in checks if c["status"] not in ("pass", "skipped")],
