@@ -63,13 +63,17 @@ class GateOutcome(BaseModel):
     datasets: list[dict[str, Any]]
     gate_report_json: Path
     report_html: Path
+    # whether the champion's per-task results were reused, from which release, or why it was scored
+    # (`validation.champion_reuse.reused_rows`); None: no champion, or one the gate was offered nothing to reuse of
+    champion_evidence: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, report: dict[str, Any]) -> GateOutcome:
         """The outcome of a gate report as `evaluate_decisions` and `evaluate_nli` return it."""
         return cls(decision=report["decision"], checks=report["checks"], thresholds=report["thresholds"],
                    metrics=report["metrics"], datasets=report["datasets"],
-                   gate_report_json=report["paths"]["gate_report_json"], report_html=report["paths"]["report_html"])
+                   gate_report_json=report["paths"]["gate_report_json"], report_html=report["paths"]["report_html"],
+                   champion_evidence=(report.get("champion") or {}).get("evidence"))
 
 
 @dataclass(frozen=True)

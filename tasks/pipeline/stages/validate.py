@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -92,9 +91,8 @@ def measured_files(ctx, gate: GateOutcome, champion: Target | None) -> tuple[dic
     measured = {"predictions.jsonl": candidate.measured(gate.datasets)}
     if champion is None or champion.offer is None:
         return measured, None
-    report = json.loads(Path(gate.gate_report_json).read_text(encoding="utf-8"))
-    evidence = report["champion"].get("evidence")
-    if not evidence["reused"]:
+    evidence = gate.champion_evidence
+    if evidence is None or not evidence["reused"]:  # scored live on every task (a dry run's stand-in gate says none)
         measured["champion-predictions.jsonl"] = champion.offer.identity.measured(gate.datasets)
     return measured, evidence
 
