@@ -33,6 +33,7 @@ from shiplift.validation.sweep_rule import (
     SelectionRule,
     choose,
 )
+from shiplift.validation.sweep_speed import SCALED, SIDE_BY_SIDE, SpeedScale
 
 SWEEP_REPORT_NAME = "sweep-report.json"
 HTML_REPORT_NAME = "report.html"
@@ -157,6 +158,23 @@ def pareto_chart(pick: Pick, candidates: Sequence[CandidateEvidence], champion: 
                    8.0, 5.0, draw, key=pick.rule_sha256)
 
 
+def speed_section(scale: SpeedScale, measured: Sequence[CandidateEvidence],
+                  judged: Sequence[CandidateEvidence]) -> str:
+    """How the speeds were put on one scale (or why not), and each candidate's time-dependent metrics as measured
+    beside the values the rule judged, with its gate's load factor."""
+    note = f'<p class="note" id="speed">{esc(scale.note)}.</p>'
+    if scale.basis != SIDE_BY_SIDE:
+        return note
+    by_name = {e.name: e for e in judged}
+    shown = [m for m in SCALED if any(e.metrics.get(m) is not None for e in measured)]
+    rows = [[esc(e.name), num(scale.champion_p50_ms.get(e.name)), num(scale.loads.get(e.name)),
+             *(f"{num(e.metrics.get(m))} → {num(by_name[e.name].metrics.get(m))}" for m in shown)]
+            for e in measured]
+    headers = ["candidate", "champion median in its gate (ms)", "load factor",
+               *(f"{m} ({METRICS[m].unit}): measured → judged" for m in shown)]
+    return note + table_html(headers, rows, css_class="speed")
+
+
 def _held_out_text(held_out_split: str | None) -> str:
     if held_out_split:
         return (f"The pick's gate against the champion runs on tasks held out from this sweep "
@@ -168,11 +186,16 @@ def _held_out_text(held_out_split: str | None) -> str:
 
 
 def render_html(title: str, rule: SelectionRule, pick: Pick, candidates: Sequence[CandidateEvidence],
-                champion: CandidateEvidence | None, held_out_split: str | None) -> str:
-    """The self-contained HTML sweep report (the module doc lists its sections)."""
+                champion: CandidateEvidence | None, held_out_split: str | None, speed: SpeedScale | None = None,
+                measured: Sequence[CandidateEvidence] = ()) -> str:
+    """The self-contained HTML sweep report (the module doc lists its sections); `speed` and `measured` as
+    `write_sweep_report` takes them."""
+    common = speed is not None and speed.basis == SIDE_BY_SIDE
+    speed_html = speed_section(speed, measured, candidates) if speed is not None else ""
     head = (f'Picked: <span class="decision picked" id="pick">{esc(pick.picked)}</span>' if pick.picked else
             '<span class="decision violates" id="pick">no candidate meets the rule: nothing picked</span>')
-    charts_html = "".join(pareto_chart(pick, candidates, champion, x_metric=m, x_label=label, name=name, title=t)
+    charts_html = "".join(pareto_chart(pick, candidates, champion, x_metric=m, name=name, title=t,
+                                       x_label=label + (", side by side" if common else ""))
                           for m, label, name, t in CHART_AXES)
     axes = ", ".join(f"{m} ({d})" for m, d in rule.axes())
     rule_yaml = yaml.safe_dump(rule.canonical(), sort_keys=False, allow_unicode=True)
@@ -191,6 +214,7 @@ def render_html(title: str, rule: SelectionRule, pick: Pick, candidates: Sequenc
         '<p class="note">No candidate has accuracy with cost or p95 latency measured: nothing to draw.</p>',
         "<h2>Candidates</h2>",
         candidates_table(pick, candidates, champion),
+        *(["<h2>Speeds side by side</h2>", speed_html] if speed_html else []),
         "<h2>The rule, as written before the results</h2>",
         f'<p>sha256 <code id="rule-sha256">{esc(rule.sha256())}</code></p>',
         f"<pre>{esc(rule_yaml)}</pre>",
@@ -212,9 +236,12 @@ def _check_pick(rule: SelectionRule, pick: Pick, candidates: Sequence[CandidateE
 
 def write_sweep_report(out_dir: str | Path, rule: SelectionRule, pick: Pick, candidates: Sequence[CandidateEvidence],
                        champion: CandidateEvidence | None, *, title: str = "Sweep report",
-                       held_out_split: str | None = None) -> dict[str, str]:
+                       held_out_split: str | None = None, speed: SpeedScale | None = None,
+                       measured: Sequence[CandidateEvidence] | None = None) -> dict[str, str]:
     """Write sweep-report.json and report.html into `out_dir` (atomically) and return their paths and sha256s.
-    `held_out_split`: the tasks the pick's gate runs on, which the sweep did not measure (the report says so)."""
+    `candidates`: the evidence the rule judged; `measured` and `speed`: the same as the gates measured it and how
+    its speeds were put on one scale (`validation.sweep_speed`), shown beside it. `held_out_split`: the tasks the
+    pick's gate runs on, which the sweep did not measure (the report says so)."""
     _check_pick(rule, pick, candidates)
     report: dict[str, Any] = {
         "rule": rule.canonical(), "rule_sha256": rule.sha256(),
@@ -222,9 +249,12 @@ def write_sweep_report(out_dir: str | Path, rule: SelectionRule, pick: Pick, can
         "pick": pick.to_json(), "held_out_split": held_out_split,
         "candidates": [c.to_json() for c in sorted(candidates, key=lambda c: c.name)],
         "champion": champion.to_json() if champion else None,
+        "speed": speed.to_json() if speed else None,
+        "measured": [c.to_json() for c in sorted(measured, key=lambda c: c.name)] if measured is not None else None,
     }
     json_bytes = (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
-    html_bytes = render_html(title, rule, pick, candidates, champion, held_out_split).encode("utf-8")
+    html_bytes = render_html(title, rule, pick, candidates, champion, held_out_split, speed,
+                             measured or ()).encode("utf-8")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / SWEEP_REPORT_NAME, out / HTML_REPORT_NAME

@@ -62,7 +62,7 @@ def cmd_run(args) -> int:
 def print_sweep(result: dict) -> None:
     print_fields({"sweep_id": result["sweep_id"], "rule_sha256": result["rule_sha256"],
                   "picked": result["picked"] or "nothing: no candidate meets the rule",
-                  "frontier": ", ".join(result["frontier"] or [])})
+                  "frontier": ", ".join(result["frontier"] or []), "speeds": result["speed"]["note"]})
     print_table([{key: cell(value) for key, value in row.items()} for row in result["candidates"]], COLUMNS,
                 shrink=("reason",))
 
@@ -82,7 +82,7 @@ def cmd_explain(args) -> int:
                       "evaluated": f"{found['evaluated']} of {found['candidates']}",
                       "recorded pick": _picked(recorded, "none recorded yet"),
                       "re-derived pick": _picked(derived, "no evidence yet"),
-                      "agrees": "yes" if found["agrees"] else "NO"})
+                      "agrees": "yes" if found["agrees"] else "NO", "speeds": found["speed"]["note"]})
         print_table(found["verdicts"], ["name", "status", "reason"], shrink=("reason",))
         print("rule (as recorded when the sweep opened):")
         print_fields(found["rule"])

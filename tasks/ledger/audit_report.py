@@ -39,7 +39,7 @@ from shiplift.tasks.ledger.views import (
 from shiplift.validation import charts
 from shiplift.validation.gate_report import cost_rows, rule_text
 from shiplift.validation.gates import RATIO, summary_line
-from shiplift.validation.sweep_report import candidates_table
+from shiplift.validation.sweep_report import candidates_table, speed_section
 
 REPORT_FILE = "index.html"
 CSS = """
@@ -255,6 +255,7 @@ def _sweep_section(records) -> str:
                     hashes=("config_sha256",))]
     if pick is not None:
         parts.append(candidates_table(pick, records.evidence(), records.champion()))
+        parts.append(speed_section(records.speed_scale(), records.measured_evidence(), records.evidence()))
     parts.append(f'<pre class="rule">{_e(json.dumps(records.rule.canonical(), indent=1, sort_keys=True))}</pre>')
     parts.append("</details>")
     return "".join(parts)

@@ -8,11 +8,13 @@ whether a crashed run's lease may be taken over is judged from those (`acquire_l
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -181,3 +183,30 @@ def _held_by(lease: Lease, holder: str, release_id: str, token: str | None) -> b
     """Whether `lease` is the one `holder` took for `release_id`: a run's by its token, an orchestrator's by name."""
     owned = lease.token == token if token is not None else lease.pid is None
     return (lease.holder, lease.release_id) == (holder, release_id) and owned
+
+
+@contextlib.contextmanager
+def renewing(renew: Callable[[], object], *, every_s: float, say: Callable[[str], None],
+             name: str) -> Iterator[None]:
+    """Call `renew` every `every_s` seconds in a thread named `name` while the block runs, so a block longer than a
+    lease's TTL keeps it. A failed renewal is said and tried again at the next tick (well inside the TTL); one that
+    finds the lease lost (LeaseLost) is said and stops renewing: the holder learns it at its next own check."""
+    stop = threading.Event()
+
+    def keep_renewing() -> None:
+        while not stop.wait(every_s):
+            try:
+                renew()
+            except LeaseLost as exc:
+                say(f"WARNING {exc}")
+                return
+            except Exception as exc:  # a ledger hiccup: the next renewal is well inside the TTL
+                say(f"WARNING lease {name} not renewed this time ({exc}); trying again in {every_s:.0f}s")
+
+    renewer = threading.Thread(target=keep_renewing, name=name, daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()

@@ -11,6 +11,14 @@ from shiplift.tasks.errors import BadInput, IntegrityError, NotFound
 from shiplift.tasks.ledger import events
 from shiplift.tasks.ledger.views import one_match
 from shiplift.validation.sweep_rule import CandidateEvidence, Pick, SelectionRule, Verdict, choose
+from shiplift.validation.sweep_speed import (
+    AS_MEASURED,
+    SIDE_BY_SIDE,
+    GateWindow,
+    SpeedScale,
+    on_one_scale,
+    scaled_champion,
+)
 
 SWEEP_ID_PREFIX = "sweep-"  # a sweep's id: this, its name and its content's sha256 prefix (tasks.sweeps.config)
 
@@ -79,15 +87,38 @@ class SweepRecords:
         """The candidates as the opening recorded them (name, release id, config sha256, values, overrides)."""
         return self.opened["candidates"]
 
+    def measured_evidence(self) -> list[CandidateEvidence]:
+        """Every recorded candidate's evidence as its gate measured it, in the order the sweep lists them."""
+        return [CandidateEvidence.from_json(self.evaluated[name]["evidence"]) for name in self._evaluated_names()]
+
     def evidence(self) -> list[CandidateEvidence]:
-        """Every recorded candidate's evidence, in the order the sweep lists them."""
-        return [CandidateEvidence.from_json(self.evaluated[c["name"]]["evidence"]) for c in self.candidates
-                if c["name"] in self.evaluated]
+        """The evidence the rule judges: as measured, with the speeds on one scale where the sweep opened comparing
+        them side by side (`validation.sweep_speed`; a sweep opened before that judged them as measured)."""
+        return self._on_scale()[0]
+
+    def speed_scale(self) -> SpeedScale:
+        """How the speeds the rule judges were put on one scale (or why they are as measured)."""
+        return self._on_scale()[1]
+
+    def _evaluated_names(self) -> list[str]:
+        return [c["name"] for c in self.candidates if c["name"] in self.evaluated]
+
+    def _on_scale(self) -> tuple[list[CandidateEvidence], SpeedScale]:
+        measured = self.measured_evidence()
+        if self.opened.get("speed") != SIDE_BY_SIDE:
+            return measured, SpeedScale(AS_MEASURED, None, {e.name: 1.0 for e in measured}, {},
+                                        "speeds as measured: the sweep opened before speeds were compared side by "
+                                        "side")
+        return on_one_scale(measured, {name: GateWindow.of(self.evaluated[name]) for name in self._evaluated_names()})
 
     def champion(self) -> CandidateEvidence | None:
-        """The champion as the first evaluated candidate's gate measured it (None when none served)."""
-        seen = [self.evaluated[c["name"]].get("champion") for c in self.candidates if c["name"] in self.evaluated]
-        return next((CandidateEvidence.from_json(found) for found in seen if found), None)
+        """The champion as the first evaluated candidate's gate measured it (None when none served), on the scale
+        the candidates' speeds are on."""
+        first = next((name for name in self._evaluated_names() if self.evaluated[name].get("champion")), None)
+        if first is None:
+            return None
+        return scaled_champion(CandidateEvidence.from_json(self.evaluated[first]["champion"]),
+                               GateWindow.of(self.evaluated[first]), self.speed_scale())
 
     def recorded_pick(self) -> Pick | None:
         """The pick as its record holds it (None before the sweep picked)."""
@@ -136,4 +167,5 @@ def explanation(records: SweepRecords) -> dict:
             "recorded_pick": recorded.to_json() if recorded else None,
             "derived_pick": derived.to_json() if derived else None,
             "agrees": recorded is not None and derived is not None and derived == recorded,
+            "speed": records.speed_scale().to_json(),
             "verdicts": [v.to_json() for v in derived.verdicts] if derived else []}

@@ -19,7 +19,6 @@ import getpass
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from shiplift.tasks.backends.registry import default_state_dir, make_backends, o
 from shiplift.tasks.config import ReleaseConfig, load_release_config, require_named_files
 from shiplift.tasks.errors import ConfigError, LeaseLost, ShipliftError
 from shiplift.tasks.ledger import events
+from shiplift.tasks.ledger.leases import renewing
 from shiplift.tasks.ledger.records import Opened, is_fleet_move, promotion, recorded
 from shiplift.tasks.ledger.release_state import ReleaseState, release_summary
 from shiplift.tasks.ledger.stage_results import RESULTS, KeptRef, PromoteResult, StageResult
@@ -304,42 +304,21 @@ def holding_lease(ctx: StageContext, holder: str) -> Iterator[None]:
             ctx.lease_holder, ctx.lease_token = None, None
 
 
-class LeaseKeeper:
-    """Renews the run's lease every `LEASE.renew_every_s` while one stage runs, so a stage longer than the lease's TTL
+@contextlib.contextmanager
+def lease_kept(ctx: StageContext, *, required: bool) -> Iterator[None]:
+    """Renew the run's lease every `LEASE.renew_every_s` while one stage runs, so a stage longer than the lease's TTL
     never lets a second run take the model. Entering renews at once: a run that lost its lease stops before the stage
     (except teardown, which removes only this release's own candidate and must run whatever happened)."""
-
-    def __init__(self, ctx: StageContext, *, required: bool):
-        self.ctx, self.required = ctx, required
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew_until_stopped, name=f"lease-{ctx.release_id}", daemon=True)
-
-    def __enter__(self) -> LeaseKeeper:
-        try:
-            self.ctx.require_lease()
-        except LeaseLost as exc:
-            if self.required:
-                raise
-            self.ctx.say(f"WARNING {exc}; tearing down this release's own candidate anyway")
-            return self
-        self._thread.start()
-        return self
-
-    def _renew_until_stopped(self) -> None:
-        while not self._stop.wait(table.LEASE.renew_every_s):
-            try:
-                self.ctx.require_lease()
-            except LeaseLost as exc:  # promote renews again before production changes, and stops there
-                self.ctx.say(f"WARNING {exc}")
-                return
-            except Exception as exc:  # a ledger hiccup: the next renewal tries again, well inside the TTL
-                self.ctx.say(f"WARNING lease not renewed this time ({exc}); trying again in "
-                             f"{table.LEASE.renew_every_s:.0f}s")
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+    try:
+        ctx.require_lease()
+    except LeaseLost as exc:
+        if required:
+            raise
+        ctx.say(f"WARNING {exc}; tearing down this release's own candidate anyway")
+        yield
+        return
+    with renewing(ctx.require_lease, every_s=table.LEASE.renew_every_s, say=ctx.say, name=f"lease-{ctx.release_id}"):
+        yield
 
 
 def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext], StageResult | dict] | None = None,
@@ -351,7 +330,7 @@ def run_stage(ctx: StageContext, name: str, *, function: Callable[[StageContext]
     ctx.say(f"{name}: started")
     ctx.record(name, events.STARTED, extra)
     began = time.monotonic()
-    with failure_recorded(ctx, name, extra), LeaseKeeper(ctx, required=name != TEARDOWN):
+    with failure_recorded(ctx, name, extra), lease_kept(ctx, required=name != TEARDOWN):
         result = function(ctx)
     seconds = round(time.monotonic() - began, 3)
     result = result if isinstance(result, StageResult) else RESULTS[name].model_validate(result)

@@ -5,22 +5,23 @@ or one beside an Airflow or Step Functions run) never evaluate the same candidat
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 
-from shiplift.tasks.errors import Conflict, LeaseHeld, LeaseLost
+from shiplift.tasks.errors import Conflict, LeaseHeld
 from shiplift.tasks.ledger import events
-from shiplift.tasks.ledger.leases import Lease
+from shiplift.tasks.ledger.leases import Lease, renewing
 from shiplift.tasks.ledger.sweep_records import SweepRecords
 from shiplift.tasks.pipeline.release import Progress, stopped_holder
 from shiplift.tasks.pipeline.table import LEASE
 from shiplift.tasks.sweeps.config import Candidate, Sweep
+from shiplift.validation.sweep_speed import SIDE_BY_SIDE
 
 
 def opening(sweep: Sweep) -> dict:
     """The `sweep/opened` payload: the rule and its sha256, every candidate's config sha256 and how it is made from the
-    base, the tasks they are compared on and the bound on their cost."""
+    base, the tasks they are compared on, the bound on their cost, and that their speeds are judged side by side
+    (`validation.sweep_speed`: a sweep opened without `speed` judged them as measured, and its records still do)."""
     config = sweep.config
     return {"sweep_id": sweep.sweep_id, "name": config.name, "model": sweep.base.name,
             "sweep_path": str(sweep.path.resolve()),
@@ -29,6 +30,7 @@ def opening(sweep: Sweep) -> dict:
             "datasets": [ref.model_dump(mode="json", exclude_none=True) for ref in config.datasets],
             "held_out": [ref.model_dump(mode="json", exclude_none=True) for ref in sweep.base.validation.datasets],
             "max_usd_per_hour": config.max_usd_per_hour, "sweep_overrides": list(sweep.sweep_overrides),
+            "speed": SIDE_BY_SIDE,
             "candidates": [{"name": c.name, "release_id": c.release_id, "config_sha256": c.config_sha256,
                             "values": c.values, "overrides": list(c.overrides)} for c in sweep.candidates]}
 
@@ -99,27 +101,8 @@ def holding_candidate(ledger, sweep: Sweep, candidate: Candidate, *, holder: str
         yield lease
 
 
-@contextlib.contextmanager
-def _renewing(ledger, lease: Lease, progress: Progress) -> Iterator[None]:
-    """Renew `lease` every LEASE.renew_every_s in a thread while the block runs (a failed renewal is said and tried
-    again; one that finds the lease lost stops renewing)."""
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(LEASE.renew_every_s):
-            try:
-                ledger.renew_lease(lease.model, lease.holder, lease.release_id, CANDIDATE_LEASE_TTL_S,
-                                   token=lease.token)
-            except LeaseLost as exc:
-                progress(f"WARNING {exc}")
-                return
-            except Exception as exc:  # a ledger hiccup: the next renewal is well inside the TTL
-                progress(f"WARNING candidate lease not renewed this time ({exc})")
-
-    renewer = threading.Thread(target=renew, name=f"lease-{lease.model}", daemon=True)
-    renewer.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        renewer.join()
+def _renewing(ledger, lease: Lease, progress: Progress) -> contextlib.AbstractContextManager[None]:
+    """Renew the candidate's `lease` every LEASE.renew_every_s while the block runs (`leases.renewing`)."""
+    return renewing(lambda: ledger.renew_lease(lease.model, lease.holder, lease.release_id, CANDIDATE_LEASE_TTL_S,
+                                               token=lease.token),
+                    every_s=LEASE.renew_every_s, say=progress, name=f"lease-{lease.model}")

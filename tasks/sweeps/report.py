@@ -18,4 +18,5 @@ def write_report(records: SweepRecords, out_dir: Path) -> dict[str, str]:
                        "evidence", fix="run `shiplift sweep run CONFIG` until it picks")
     return write_sweep_report(out_dir, records.rule, pick, records.evidence(), records.champion(),
                               title=f"Sweep {records.opened['name']} ({records.sweep_id})",
-                              held_out_split=held_out_text(records.opened))
+                              held_out_split=held_out_text(records.opened), speed=records.speed_scale(),
+                              measured=records.measured_evidence())

@@ -230,13 +230,14 @@ def record_pick(ledger, sweep_id: str, *, actor: str, progress: Progress = print
 
 
 def summary(records: SweepRecords) -> dict[str, Any]:
-    """The sweep as `sweep run` prints it: the pick, the frontier, each candidate's verdict and headline evidence."""
+    """The sweep as `sweep run` prints it: the pick, the frontier, each candidate's verdict and the headline evidence
+    the rule judged (speeds on the sweep's scale, which `speed` names)."""
     recorded = records.recorded_pick()
     verdicts = {v.name: v for v in recorded.verdicts} if recorded else {}
+    judged = {evidence.name: evidence.metrics for evidence in records.evidence()}
     rows = []
     for candidate in records.candidates:
-        evaluated = records.evaluated.get(candidate["name"])
-        metrics = evaluated["evidence"]["metrics"] if evaluated else {}
+        metrics = judged.get(candidate["name"], {})
         verdict = verdicts.get(candidate["name"])
         rows.append({"name": candidate["name"], "release_id": candidate["release_id"],
                      "status": verdict.status if verdict else ("failed" if candidate["name"] in records.failed
@@ -247,7 +248,7 @@ def summary(records: SweepRecords) -> dict[str, Any]:
                      (records.failed.get(candidate["name"]) or {}).get("error")})
     return {"sweep_id": records.sweep_id, "rule_sha256": records.opened["rule_sha256"],
             "picked": recorded.picked if recorded else None, "frontier": recorded.frontier if recorded else None,
-            "candidates": rows, "handed_off": records.handed_off}
+            "candidates": rows, "speed": records.speed_scale().to_json(), "handed_off": records.handed_off}
 
 
 def release_pick(ledger, sweep_id: str, *, actor: str | None = None, keep_candidate: bool | None = None,

@@ -67,6 +67,7 @@ def test_a_sweep_picks_from_its_ledger_records_and_a_rerun_changes_nothing(tmp_p
 
     found = explanation(SweepRecords.load(ledger, sweep.sweep_id))
     assert found["agrees"] and found["derived_pick"]["picked"] == result["picked"]
+    assert found["speed"]["basis"] == "as_measured" and "no champion was timed beside" in found["speed"]["note"]
     assert {v["status"] for v in found["verdicts"]} <= {"picked", "frontier", "dominated"}
 
     head = ledger.head().seq
@@ -105,6 +106,9 @@ def test_a_sweep_against_a_champion_releases_its_pick_on_held_out_tasks(tmp_path
         assert payload["champion_release"] == champion["release_id"]
         assert "accuracy_vs_champion" in payload["evidence"]["intervals"]
     assert records.champion() is not None
+    scale = records.speed_scale()  # both gates timed the champion: speeds judged side by side
+    assert scale.basis == "side_by_side" and set(scale.loads) == set(records.evaluated)
+    assert sorted(scale.champion_p50_ms.values())[0] <= scale.reference_ms <= max(scale.champion_p50_ms.values())
     released = out["release"]
     assert records.handed_off["release_id"] == released["release_id"]
     picked = sweep.candidate(out["picked"])
