@@ -1,12 +1,16 @@
 """Wiring of shiplift's sweep DAGs, one per `configs/sweeps/*.yaml` (not a DAG file: `.airflowignore` lists it).
 
 A sweep DAG opens the sweep (its rule's sha256 into the ledger before any candidate runs), evaluates the candidates
-with dynamic task mapping (`evaluate.expand(candidate=...)` over the names `open` returns), picks once all have
-evidence, and, when the run's `release_pick` param is set, releases the pick. The work is in
-`shiplift.tasks.sweeps.orchestrated`; each task is one call into it, and each is idempotent (a retried candidate whose
-evidence is in the ledger returns it without running). At most the sweep's `parallel` candidates run at once: the
-mapped task runs in the Airflow pool `shiplift-sweep-<name>` (created with `parallel` slots, docs/airflow.md) and
-`max_active_tis_per_dagrun` is `parallel`, so the cost bound `open` checks holds whatever the pool's size.
+with dynamic task mapping (`evaluate` expanded over the names `open` returns), picks once all have evidence, and, when
+the run's `release_pick` param is set, releases the pick. The work is in `shiplift.tasks.sweeps.orchestrated`; each
+task calls into it, and each is idempotent (a retried candidate whose evidence is in the ledger returns it without
+running). A candidate's `evaluate` is deferrable (`CandidateEvaluation`): its stages before the one the policy table
+defers and that stage's start run on a worker, the task defers to `_shiplift_triggers.CandidatePollTrigger` while
+SageMaker brings the endpoint up (no worker slot held; each poll renews the candidate's lease), and it resumes on a
+worker for validate, teardown and the evidence. At most the sweep's `parallel` candidates run at once: the mapped task
+runs in the Airflow pool `shiplift-sweep-<name>`, created with `parallel` slots and `include_deferred` true
+(docs/airflow.md), so a candidate waiting for its endpoint keeps its pool slot (its endpoint costs while it waits) but
+no worker slot, and `max_active_tis_per_dagrun` is `parallel`.
 Parse time reads the sweep file and its base release config (the candidate task's timeout); nothing runs.
 """
 
@@ -18,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _shiplift_dags import OWNER, RETRY_POLICY, SHORT_TIMEOUT, START_DATE, _holder, _params
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from _shiplift_dags import OWNER, RETRY_POLICY, SHORT_TIMEOUT, START_DATE, _holder, _params, _polled_error
+from _shiplift_triggers import CandidatePollTrigger
+from airflow.sdk import DAG, BaseOperator, Param, dag, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-from shiplift.tasks.pipeline.table import BACKOFF, MAX_STEP_TIMEOUT_S
+from shiplift.tasks.pipeline.table import BACKOFF, MAX_STEP_TIMEOUT_S, STEPS
 
 MAX_PARALLEL = 16  # = shiplift.tasks.sweeps.config.MAX_PARALLEL (not imported, so parsing stays light)
 
@@ -71,6 +76,45 @@ def sweep_settings(sweep_path: Path) -> dict[str, Any]:
     return settings
 
 
+class CandidateEvaluation(BaseOperator):
+    """One candidate's evaluation whose wait for its endpoint holds no worker: `execute` runs the stages before the one
+    the policy table defers and starts that one (`start_candidate_orchestrated`, under the candidate's lease by the
+    run's name), then defers to `CandidatePollTrigger`; `execute_complete` runs the rest on a worker
+    (`finish_candidate_orchestrated`: the deferred stage recorded, validate, teardown, the evidence; or, after a failed
+    poll, the teardown and the failure). A candidate with evidence, or with nothing to wait for, never defers. The
+    deferral is bounded by the task's `execution_timeout`; the poll enforces the stage's own timeout."""
+
+    template_fields = ("candidate",)
+
+    def __init__(self, *, sweep_path: str, candidate: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sweep_path, self.candidate = sweep_path, candidate
+
+    def execute(self, context: Any) -> Any:
+        context["candidate"] = self.candidate  # the mapped task instance's label (map_index_template)
+        from shiplift.tasks.sweeps.orchestrated import start_candidate_orchestrated
+
+        started = start_candidate_orchestrated(self.sweep_path, self.candidate, actor=_holder())
+        if "evaluated" in started:
+            return started["evaluated"]
+        if started["stage"] is None:
+            return self._finish(None)
+        self.defer(trigger=CandidatePollTrigger(sweep_path=self.sweep_path, candidate=self.candidate,
+                                                release_id=started["release_id"], stage=started["stage"],
+                                                holder=_holder(), every_s=STEPS[started["stage"]].defers.every_s,
+                                                ledger_url=started["ledger_url"], state_dir=started["state_dir"]),
+                   method_name="execute_complete", timeout=self.execution_timeout)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        context["candidate"] = self.candidate
+        return self._finish(None if event["status"] == "done" else _polled_error(event))
+
+    def _finish(self, failure: Exception | None) -> dict:
+        from shiplift.tasks.sweeps.orchestrated import finish_candidate_orchestrated
+
+        return finish_candidate_orchestrated(self.sweep_path, self.candidate, actor=_holder(), failure=failure)
+
+
 def sweep_dag(sweep_file: str) -> DAG:
     """Build the sweep DAG of one sweep config: open, evaluate (mapped over the candidates, in the sweep's pool), pick,
     and release the pick when asked."""
@@ -95,10 +139,11 @@ def sweep_dag(sweep_file: str) -> DAG:
         doc_md=f"Sweep `{sweep_path}` (docs/sweeps.md): `open` records the rule's sha256 before any candidate runs; "
                f"`evaluate` runs once per candidate (dynamic task mapping), at most {parallel} at once, in the pool "
                f"`{pool}`, which must exist before a run: `airflow pools set {pool} {parallel} \"shiplift sweep "
-               f"{sweep_path.stem}\"` (or `POST /api/v2/pools` with name, slots, include_deferred false). A task in "
-               "a pool that does not exist is never scheduled. Each candidate is torn down once its evidence is "
-               "recorded; `pick` records the frontier and the pick once all have evidence; `release_pick` releases "
-               "it when the run's param asks.",
+               f"{sweep_path.stem}\" --include-deferred` (or `POST /api/v2/pools` with name, slots, include_deferred "
+               "true: a candidate waiting for its endpoint keeps its slot, its endpoint costing meanwhile, but holds "
+               "no worker). A task in a pool that does not exist is never scheduled. Each candidate is torn down once "
+               "its evidence is recorded; `pick` records the frontier and the pick once all have evidence; "
+               "`release_pick` releases it when the run's param asks.",
     )
     def sweep():
         @task(task_id="open", retries=1, retry_delay=timedelta(seconds=BACKOFF.first_s), retry_policy=RETRY_POLICY,
@@ -109,19 +154,6 @@ def sweep_dag(sweep_file: str) -> DAG:
             from shiplift.tasks.sweeps.orchestrated import open_orchestrated
 
             return open_orchestrated(sweep_path, actor=_holder(), allowed_timeout_s=evaluate_s)["candidates"]
-
-        @task(task_id="evaluate", pool=pool, pool_slots=1, max_active_tis_per_dagrun=parallel,
-              retries=EVALUATE_RETRIES, retry_delay=timedelta(seconds=BACKOFF.first_s),
-              retry_exponential_backoff=BACKOFF.factor, max_retry_delay=timedelta(seconds=BACKOFF.max_s),
-              retry_policy=RETRY_POLICY, execution_timeout=timedelta(seconds=evaluate_s),
-              map_index_template="{{ candidate }}")
-        def evaluate(candidate: str) -> dict:
-            """One candidate through the gate on the sweep's tasks, torn down, its evidence recorded (or its recorded
-            evidence, on a retry); the mapped task instance is labelled with the candidate's name."""
-            from shiplift.tasks.sweeps.orchestrated import evaluate_orchestrated
-
-            get_current_context()["candidate"] = candidate
-            return evaluate_orchestrated(sweep_path, candidate, actor=_holder())
 
         @task(task_id="pick", retries=1, retry_delay=timedelta(seconds=BACKOFF.first_s), retry_policy=RETRY_POLICY,
               execution_timeout=SHORT_TIMEOUT)
@@ -146,7 +178,16 @@ def sweep_dag(sweep_file: str) -> DAG:
 
             return release_pick_orchestrated(sweep_path, actor=_holder())
 
-        evaluated = evaluate.expand(candidate=open_sweep())
+        evaluated = CandidateEvaluation.partial(
+            task_id="evaluate", sweep_path=str(sweep_path), pool=pool, pool_slots=1,
+            max_active_tis_per_dagrun=parallel, retries=EVALUATE_RETRIES,
+            retry_delay=timedelta(seconds=BACKOFF.first_s), retry_exponential_backoff=BACKOFF.factor,
+            max_retry_delay=timedelta(seconds=BACKOFF.max_s), retry_policy=RETRY_POLICY,
+            execution_timeout=timedelta(seconds=evaluate_s), map_index_template="{{ candidate }}",
+            doc_md="One candidate through the gate on the sweep's tasks, torn down, its evidence recorded (or its "
+                   "recorded evidence, on a retry); the wait for its endpoint is deferred (no worker held). The mapped "
+                   "task instance is labelled with the candidate's name.",
+        ).expand(candidate=open_sweep())
         picked = pick()
         evaluated >> picked
         release_pick(picked)

@@ -1,10 +1,11 @@
 """The triggers of shiplift's deferrable tasks (not a DAG file: `.airflowignore` lists it).
 
 A stage the policy table defers (`tasks.pipeline.table.Step.defers`: deploy_candidate) runs its start on a worker,
-then defers to `StagePollTrigger`, which polls the stage from the triggerer (`tasks.pipeline.deferred.poll_orchestrated`
-in a thread, every `every_s` seconds) until it is done or has failed, so no worker slot is held while SageMaker brings
-an endpoint up; the task then resumes on a worker and records the stage (as the Amazon provider's deferrable
-SageMakerEndpointOperator and its SageMakerTrigger do with describe_endpoint).
+then defers to `StagePollTrigger` (a sweep's candidate: `CandidatePollTrigger`), which polls the stage from the
+triggerer (`tasks.pipeline.deferred.poll_orchestrated` in a thread, every `every_s` seconds) until it is done or has
+failed, so no worker slot is held while SageMaker brings an endpoint up; the task then resumes on a worker and records
+the stage (as the Amazon provider's deferrable SageMakerEndpointOperator and its SageMakerTrigger do with
+describe_endpoint).
 
 The triggerer imports a trigger by its classpath, `_shiplift_triggers.StagePollTrigger`, from its own import path, and
 Airflow 3 puts neither the DAG folder nor a DAG bundle there (only the config and plugins folders): the triggerer runs
@@ -61,3 +62,25 @@ class StagePollTrigger(BaseTrigger):
         return poll_orchestrated(self.release_id, self.stage, holder=self.holder, ledger_url=self.ledger_url,
                                  state_dir=self.state_dir, actor=self.holder, progress=self.log.info,
                                  session=aws_access)
+
+
+class CandidatePollTrigger(StagePollTrigger):
+    """`StagePollTrigger` for a sweep candidate's deferred stage: a candidate holds its own lease, not the model's
+    promotion lease, so each poll renews that one (`tasks.sweeps.orchestrated.poll_candidate_orchestrated`) and another
+    run never takes the candidate over mid-deploy."""
+
+    def __init__(self, *, sweep_path: str, candidate: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.sweep_path, self.candidate = sweep_path, candidate
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "sweep_path": self.sweep_path, "candidate": self.candidate}
+
+    def _poll(self) -> dict:
+        """One `poll_candidate_orchestrated` (blocking: run in a thread, off the triggerer's event loop)."""
+        from shiplift.tasks.sweeps.orchestrated import poll_candidate_orchestrated
+
+        return poll_candidate_orchestrated(self.sweep_path, self.candidate, self.stage, actor=self.holder,
+                                           ledger_url=self.ledger_url, state_dir=self.state_dir,
+                                           progress=self.log.info)

@@ -7,24 +7,55 @@ evidence returns it without running again, and one cut short resumes at its firs
 once. A candidate's step tears its endpoint down whether its evaluation succeeded or failed. A candidate's steps hold
 its lease by the run's name (`tasks.sweeps.records.holding_candidate`), so another run (a CLI run, another DAG run or
 execution) never evaluates or tears down the candidate meanwhile, while the run's other candidates go on in parallel.
+
+So that the wait for its endpoint holds no worker (Airflow's deferrable candidate task, the Step Functions machine's
+Wait/Choice loop), a candidate's step is two halves around it: `start_candidate_orchestrated` (the stages before the
+one the policy table defers, and that stage's start), `poll_candidate_orchestrated` from the triggerer or a short
+poll task, then `finish_candidate_orchestrated` (the rest, as `evaluate_orchestrated` runs it). The candidate's lease
+is held by the run's name across them, as a refresh run holds the model's promotion lease across its deferred deploy:
+kept past the first half for `LEASE.ttl_s`, renewed by every poll, and given back by the second half.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from shiplift.tasks.backends.pricing import load_price_table
 from shiplift.tasks.backends.registry import make_backends
-from shiplift.tasks.errors import BadInput, ConfigError, Conflict, NotFound
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, LeaseHeld, NotFound
+from shiplift.tasks.ledger import events
 from shiplift.tasks.ledger.release_state import ReleaseState
 from shiplift.tasks.ledger.sweep_records import SweepRecords
-from shiplift.tasks.pipeline.release import Progress, ensure_stage_retrying, prepare_release, print_progress
-from shiplift.tasks.pipeline.table import MAX_STEP_TIMEOUT_S, TEARDOWN
-from shiplift.tasks.sweeps.config import Sweep, load_sweep
+from shiplift.tasks.pipeline import table
+from shiplift.tasks.pipeline.deferred import poll_orchestrated, start_orchestrated
+from shiplift.tasks.pipeline.release import (
+    Progress,
+    ensure_stage_retrying,
+    prepare_release,
+    print_progress,
+    stopped_holder,
+)
+from shiplift.tasks.pipeline.table import MAX_STEP_TIMEOUT_S, STAGES_THROUGH_GATE, TEARDOWN
+from shiplift.tasks.sweeps.config import Candidate, Sweep, load_sweep
 from shiplift.tasks.sweeps.policy import candidate_timeout_s
-from shiplift.tasks.sweeps.records import holding_candidate, open_sweep
-from shiplift.tasks.sweeps.run import check_cost, evaluate_and_record, plan, record_pick, release_pick
+from shiplift.tasks.sweeps.records import (
+    CANDIDATE_LEASE_TTL_S,
+    candidate_lease_key,
+    holding_candidate,
+    open_sweep,
+    renewing_candidate,
+)
+from shiplift.tasks.sweeps.run import (
+    check_cost,
+    evaluate_and_record,
+    plan,
+    record_failure,
+    record_pick,
+    release_pick,
+)
 
 
 def evaluation_timeout_s(sweep: Sweep) -> int:
@@ -113,10 +144,111 @@ def teardown_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor:
         return {"candidate": candidate.name, "release_id": candidate.release_id, "teardown": "never opened"}
     with holding_candidate(ledger, sweep, candidate, holder=actor, by_this_process=False, wait_s=0.0,
                            progress=progress):
+        return {"candidate": candidate.name, "release_id": candidate.release_id,
+                "teardown": _torn_down(sweep, candidate, ledger, actor=actor, progress=progress)}
+
+
+def _torn_down(sweep: Sweep, candidate: Candidate, ledger, *, actor: str, progress: Progress) -> dict:
+    """The candidate's teardown stage, run (it is idempotent) by the caller holding its lease; its record."""
+    ctx = prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
+                          actor=actor, progress=progress)
+    return ensure_stage_retrying(ctx, TEARDOWN).record()
+
+
+def deferred_stage() -> str:
+    """The first of a candidate's stages that the policy table defers (`Step.defers`: deploy_candidate)."""
+    return next(name for name in STAGES_THROUGH_GATE if table.stage(name).defers is not None)
+
+
+def start_candidate_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor: str,
+                                 progress: Progress = print_progress) -> dict[str, Any]:
+    """A deferring orchestrator's first half of a candidate's step: `{"evaluated": headline}` when the ledger has its
+    evidence; else, under its lease by the run's name (kept past the step, `_kept_lease`), its stages before
+    `deferred_stage` and that stage's start, which returns at once: where to poll it, with `stage` None when there is
+    nothing to wait for (the stage already done, the candidate already swept). LeaseHeld at once when another run
+    holds the candidate; a failure tears the candidate down, is recorded, and gives the lease back."""
+    sweep, candidate, ledger, records = _opened(sweep_path, candidate_name, actor=actor)
+    if candidate.name in records.evaluated:
+        progress(f"sweep {sweep.sweep_id}: {candidate.name} already has evidence")
+        return {"evaluated": headline(records.evaluated[candidate.name])}
+    with _kept_lease(ledger, sweep, candidate, actor=actor, progress=progress):
         ctx = prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
                               actor=actor, progress=progress)
-        return {"candidate": candidate.name, "release_id": candidate.release_id,
-                "teardown": ensure_stage_retrying(ctx, TEARDOWN).record()}
+        ctx.record_opened()
+        where = {"candidate": candidate.name, "release_id": candidate.release_id,
+                 "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir), "stage": None}
+        if ctx.state.status == events.SWEPT:
+            return where
+        waited = deferred_stage()
+        for name in STAGES_THROUGH_GATE[:STAGES_THROUGH_GATE.index(waited)]:
+            ensure_stage_retrying(ctx, name)
+        started = start_orchestrated(candidate.release_id, waited, ledger_url=where["ledger_url"],
+                                     state_dir=where["state_dir"], actor=actor, progress=progress)
+        return {**where, "stage": None if "finished" in started else waited}
+
+
+def poll_candidate_orchestrated(sweep_path: str | Path, candidate_name: str, stage: str, *, actor: str,
+                                ledger_url: str | None, state_dir: str | None,
+                                progress: Progress = print_progress) -> dict[str, Any]:
+    """One poll of the candidate's started `stage` (`poll_orchestrated`: `{"done", "status", "left_s"}`), first renewing
+    its lease by the run's name for `LEASE.ttl_s`, so the wait keeps it as a refresh run's poll keeps the model's
+    promotion lease; LeaseLost (nothing recorded: the candidate is that run's now) when another run took it over. Done
+    at once, renewing nothing, for a candidate with evidence or swept already (a machine polls after every start)."""
+    sweep, candidate, ledger, records = _opened(sweep_path, candidate_name, actor=actor)
+    if candidate.name in records.evaluated or ReleaseState(ledger, candidate.release_id).status == events.SWEPT:
+        return {"done": True, "status": "nothing to wait for: already evaluated", "left_s": 0}
+    ledger.renew_lease(candidate_lease_key(candidate), actor, candidate.release_id, table.LEASE.ttl_s)
+    return poll_orchestrated(candidate.release_id, stage, ledger_url=ledger_url, state_dir=state_dir, actor=actor,
+                             progress=progress)
+
+
+def finish_candidate_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor: str,
+                                  failure: Exception | None = None,
+                                  progress: Progress = print_progress) -> dict[str, Any]:
+    """A deferring orchestrator's second half of a candidate's step, once its polls end: `evaluate_orchestrated` (the
+    deferred stage found done and recorded, then the rest, the teardown and the evidence; the lease given back). With
+    the `failure` a poll reported (on the release's record already), the candidate ends as a failed evaluation does:
+    torn down, its failure recorded for the sweep (a rerun retries it), the lease given back, the failure raised;
+    LeaseHeld instead, nothing torn down, when another run took the candidate over."""
+    if failure is None:
+        return evaluate_orchestrated(sweep_path, candidate_name, actor=actor, progress=progress)
+    sweep, candidate, ledger, _ = _opened(sweep_path, candidate_name, actor=actor)
+    with _kept_lease(ledger, sweep, candidate, actor=actor, progress=progress):
+        raise failure
+
+
+@contextlib.contextmanager
+def _kept_lease(ledger, sweep: Sweep, candidate: Candidate, *, actor: str, progress: Progress) -> Iterator[None]:
+    """Take the candidate's lease by the run's name (a retry of the run takes it again; LeaseHeld while another run
+    holds it) and renew it while the block runs. A block that ends well keeps it, renewed for `LEASE.ttl_s`, which
+    outlives the gap to the run's next step (as a refresh run's promotion lease does); one that fails tears the
+    candidate down, records the failure for the sweep and gives the lease back."""
+    try:
+        lease = ledger.acquire_lease(candidate_lease_key(candidate), actor, candidate.release_id,
+                                     CANDIDATE_LEASE_TTL_S, stopped=stopped_holder)
+    except LeaseHeld as exc:
+        raise LeaseHeld(f"sweep {sweep.sweep_id}: candidate {candidate.name} is being evaluated by another run "
+                        f"({exc.problem})", fix=exc.fix) from exc
+    try:
+        with renewing_candidate(ledger, lease, progress):
+            yield
+    except Exception as exc:
+        with lease:
+            _fail_candidate(sweep, candidate, ledger, exc, actor=actor, progress=progress)
+        raise
+    ledger.renew_lease(lease.model, actor, candidate.release_id, table.LEASE.ttl_s, token=lease.token)
+
+
+def _fail_candidate(sweep: Sweep, candidate: Candidate, ledger, exc: Exception, *, actor: str,
+                    progress: Progress) -> None:
+    """Tear a failed candidate down (its own failure is the one recorded, not a teardown's after it) and record that
+    failure for the sweep (`sweep/failed`: a rerun retries the candidate), as `evaluate_and_record` does."""
+    if ReleaseState(ledger, candidate.release_id).opened is not None:
+        try:
+            _torn_down(sweep, candidate, ledger, actor=actor, progress=progress)
+        except Exception as teardown_error:
+            progress(f"sweep {sweep.sweep_id}: {candidate.name}: teardown after failure also failed: {teardown_error}")
+    record_failure(sweep, candidate, ledger, exc, actor=actor, progress=progress)
 
 
 def pick_orchestrated(sweep_path: str | Path, *, actor: str, progress: Progress = print_progress) -> dict[str, Any]:

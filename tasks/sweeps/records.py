@@ -97,11 +97,11 @@ def holding_candidate(ledger, sweep: Sweep, candidate: Candidate, *, holder: str
     if lease.taken_over is not None:
         progress(f"sweep {sweep.sweep_id}: took {candidate.name} over from {lease.taken_over[0]!r}: "
                  f"{lease.taken_over[1]}")
-    with lease, _renewing(ledger, lease, progress):
+    with lease, renewing_candidate(ledger, lease, progress):
         yield lease
 
 
-def _renewing(ledger, lease: Lease, progress: Progress) -> contextlib.AbstractContextManager[None]:
+def renewing_candidate(ledger, lease: Lease, progress: Progress) -> contextlib.AbstractContextManager[None]:
     """Renew the candidate's `lease` every LEASE.renew_every_s while the block runs (`leases.renewing`)."""
     return renewing(lambda: ledger.renew_lease(lease.model, lease.holder, lease.release_id, CANDIDATE_LEASE_TTL_S,
                                                token=lease.token),

@@ -164,11 +164,7 @@ def evaluate_and_record(sweep: Sweep, candidate: Candidate, ledger, table, *, ac
         try:
             outcome = evaluate_candidate(sweep, candidate, ledger, table, actor=actor, progress=progress)
         except Exception as exc:
-            error = failure_text(exc)
-            ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.FAILED,
-                          payload={"candidate": candidate.name, "release_id": candidate.release_id, "error": error,
-                                   "error_type": type(exc).__name__}, actor=actor)
-            progress(f"sweep {sweep.sweep_id}: {candidate.name} failed: {error}")
+            record_failure(sweep, candidate, ledger, exc, actor=actor, progress=progress)
             raise
         # LeaseLost when another run took the candidate over meanwhile (this one stopped renewing): it records its own
         ledger.renew_lease(lease.model, lease.holder, lease.release_id, CANDIDATE_LEASE_TTL_S, token=lease.token)
@@ -179,6 +175,16 @@ def evaluate_and_record(sweep: Sweep, candidate: Candidate, ledger, table, *, ac
              f"p95 {number(metrics.get('p95_ms'))} ms, {number(metrics.get('usd_per_1m_decisions'))} $/1M "
              "decisions)")
     return outcome
+
+
+def record_failure(sweep: Sweep, candidate: Candidate, ledger, exc: BaseException, *, actor: str,
+                   progress: Progress) -> None:
+    """Record a candidate's failure for the sweep (`sweep/failed`: a rerun retries the candidate) and say it."""
+    error = failure_text(exc)
+    ledger.append(release_id=sweep.sweep_id, model=sweep.base.name, stage=events.SWEEP, event=events.FAILED,
+                  payload={"candidate": candidate.name, "release_id": candidate.release_id, "error": error,
+                           "error_type": type(exc).__name__}, actor=actor)
+    progress(f"sweep {sweep.sweep_id}: {candidate.name} failed: {error}")
 
 
 def evaluate_candidate(sweep: Sweep, candidate: Candidate, ledger, table, *, actor: str,

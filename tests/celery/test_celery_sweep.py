@@ -1,6 +1,7 @@
-"""A sweep of six candidates on Airflow's CeleryExecutor with two worker slots (issue 48): the sweep DAG's `evaluate`
-runs each candidate to the end inside its task (no wait that holds a worker slot while another task must run), so six
-candidates pass through a worker of concurrency 2 and a pool of 2 slots, at most two at once, and the run completes.
+"""A sweep of six candidates on Airflow's CeleryExecutor with two worker slots (issue 48 items 4 and 5): the sweep
+DAG's `evaluate` defers while its candidate's endpoint comes up (the triggerer polls; no worker slot held), so six
+candidates pass through a worker of concurrency 2 and a pool of 2 slots that counts deferred tasks (a waiting
+candidate's endpoint still costs), at most two at once, and the run completes.
 
 The sweep is the DAG tests' tiny one (tests/dags/test_dags_sweep.py) with three builds of the tiny model on two
 nominal placements; its DAG file lives in a test dags folder (the `celery_dags_folder` override), its state in a
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dags.test_dags_sweep import SIX_CANDIDATES, SWEEP_POOL, sweep_folder, tiny_sweep
+from tests.dags.test_dags_sweep import SIX_CANDIDATES, SWEEP_POOL, deferred_starts, sweep_folder, tiny_sweep
 
 pytestmark = pytest.mark.celery
 
@@ -82,7 +83,7 @@ def test_a_six_candidate_sweep_completes_on_two_celery_worker_slots(celery_airfl
              alive=supervisor.check_alive)
     assert api.import_errors() == []
     api.request("POST", "/api/v2/pools", {"name": SWEEP_POOL, "slots": SLOTS, "description": "six-candidate sweep",
-                                          "include_deferred": False})
+                                          "include_deferred": True})
     api.unpause(DAG_ID)
     began = time.monotonic()
     run_id = api.trigger(DAG_ID)
@@ -113,6 +114,7 @@ def test_a_six_candidate_sweep_completes_on_two_celery_worker_slots(celery_airfl
         assert all(r.actor.startswith(f"airflow:{DAG_ID}/") for r in own)
         records = SweepRecords.load(ledger, sweep.sweep_id)
         assert set(records.evaluated) == set(names)
+        assert deferred_starts(ledger, sweep) == names, "every candidate's deploy was started, then deferred"
         assert records.recorded_pick().picked in names and explanation(records)["agrees"]
         for candidate in sweep.candidates:
             state = ReleaseState.load(ledger, candidate.release_id)

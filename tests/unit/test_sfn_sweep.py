@@ -1,6 +1,7 @@
-"""A sweep on Step Functions (issue 48 item 4): OpenSweep, a Map state over the candidates with the sweep's `parallel`
-as MaxConcurrency (each iteration one evaluate task, a teardown when it fails), then PickCandidate and, when the
-execution's input says `release_pick: true`, ReleasePick. moto's Step Functions interpreter parses the definition and
+"""A sweep on Step Functions (issue 48 items 4 and 5): OpenSweep, a Map state over the candidates with the sweep's
+`parallel` as MaxConcurrency (each iteration a start task, a Wait/Choice loop around a short poll while the endpoint
+comes up, then the evaluate task; a teardown when one fails), then PickCandidate and, when the execution's input says
+`release_pick: true`, ReleasePick. moto's Step Functions interpreter parses the definition and
 runs it with the ECS tasks stubbed; the tasks' parameters validate against botocore's ECS model; the open task's command
 runs on a real tiny sweep and keeps the ledger as `shiplift sweep run` does."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import boto3
 import pytest
@@ -17,27 +19,33 @@ from moto import mock_aws
 from shiplift.tasks.backends.registry import open_ledger
 from shiplift.tasks.errors import BadInput, ConfigError, Conflict, NotReady
 from shiplift.tasks.ledger import events
-from shiplift.tasks.orchestrators.step_functions import ECS_INFRA_ERRORS, ECS_RUN_TASK, definition_json
+from shiplift.tasks.orchestrators.step_functions import ECS_INFRA_ERRORS, ECS_RUN_TASK, POLL_TASK_S, definition_json
 from shiplift.tasks.orchestrators.step_functions_map import (
     CHECK_INPUT_STATE,
+    DEPLOYED_STATE,
     EVALUATE_STATE,
     INCOMPLETE_STATE,
     INPUT_INVALID_STATE,
     MAP_STATE,
     MODULE,
     NOT_EVALUATED_STATE,
+    POLL_STATE,
+    READ_POLL_STATE,
     RELEASE_ASKED_STATE,
     RELEASE_FAILED_STATE,
     RELEASE_STATE,
     RELEASED_STATE,
+    START_STATE,
     TEARDOWN_STATE,
+    WAIT_STATE,
     main,
     parser,
+    poll_key,
     render_sweep_machine,
     sweep_machine_name,
 )
 from shiplift.tasks.orchestrators.task_token import HEARTBEAT_TIMEOUT, retryable_error_names
-from shiplift.tasks.pipeline.table import BACKOFF, MAX_STEP_TIMEOUT_S
+from shiplift.tasks.pipeline.table import BACKOFF, MAX_STEP_TIMEOUT_S, STEPS
 from shiplift.tasks.sweeps.config import load_sweep
 from shiplift.tasks.sweeps.orchestrated import evaluation_timeout_s
 from shiplift.tasks.sweeps.policy import EVALUATE_RETRIES, candidate_timeout_s
@@ -87,15 +95,33 @@ def test_the_map_runs_every_candidate_at_the_sweep_s_parallel_with_the_table_s_p
     assert (mapped["Type"], mapped["ItemsPath"], mapped["MaxConcurrency"]) == ("Map", "$.candidates", 2)
     assert mapped["ItemSelector"] == {"candidate.$": "$$.Map.Item.Value", "run.$": "$.run"}
     inner = mapped["ItemProcessor"]["States"]
-    assert mapped["ItemProcessor"]["StartAt"] == EVALUATE_STATE
+    assert mapped["ItemProcessor"]["StartAt"] == START_STATE
+    start, polled, read = inner[START_STATE], inner[POLL_STATE], inner[READ_POLL_STATE]
+    assert command(start) == ["python", "-m", MODULE, "start", SWEEP_PATH, "--holder", "<holder>",
+                              "--candidate", "<candidate>"]
+    assert (start["Next"], start["Catch"][0]["Next"]) == (POLL_STATE, TEARDOWN_STATE)
+    # the wait holds no container: a poll task of minutes, a Choice on its answer, a Wait of the table's interval
+    assert command(polled)[3:8] == ["poll", SWEEP_PATH, "--holder", "<holder>", "--candidate"]
+    assert polled["TimeoutSeconds"] == POLL_TASK_S + runner().startup_allowance_s
+    assert (polled["Next"], read["Next"], polled["Catch"][0]["Next"]) == (READ_POLL_STATE, DEPLOYED_STATE,
+                                                                          TEARDOWN_STATE)
+    published = command(polled)[command(polled).index("--result-prefix") + 1]
+    bucket, prefix = re.fullmatch(r"s3://([^/]+)/(.+)", published).groups()
+    template = re.fullmatch(r"States\.Format\('(.+)', \$\.candidate\)", read["Parameters"]["Key.$"])[1]
+    assert (read["Parameters"]["Bucket"], template.replace("{}", "Q8_0")) == (
+        bucket, poll_key(prefix, "Q8_0", "deploy_candidate")), "ReadCandidatePoll reads what the poll publishes"
+    deployed, wait = inner[DEPLOYED_STATE], inner[WAIT_STATE]
+    assert (deployed["Choices"][0]["Next"], deployed["Default"]) == (EVALUATE_STATE, WAIT_STATE)
+    assert (wait["Type"], wait["Seconds"], wait["Next"]) == ("Wait", STEPS["deploy_candidate"].defers.every_s,
+                                                             POLL_STATE)
     evaluate = inner[EVALUATE_STATE]
     assert command(evaluate) == ["python", "-m", MODULE, "evaluate", SWEEP_PATH, "--holder", "<holder>",
                                  "--candidate", "<candidate>"]
     assert command(inner[TEARDOWN_STATE])[3] == "teardown" and evaluate["Catch"][0]["Next"] == TEARDOWN_STATE
     # a candidate's timeout: every stage through the gate and teardown, each with all its attempts, for the slowest
     slowest = max(candidate_timeout_s(c.config) for c in sweep.candidates)
-    assert evaluate["TimeoutSeconds"] == slowest + runner().startup_allowance_s == evaluation_timeout_s(
-        sweep) + runner().startup_allowance_s
+    assert evaluate["TimeoutSeconds"] == start["TimeoutSeconds"] == slowest + runner().startup_allowance_s == \
+        evaluation_timeout_s(sweep) + runner().startup_allowance_s
     assert slowest == candidate_timeout_s(sweep.base)  # a quantization changes no stage's timeout
     retried = evaluate["Retry"][-1]
     assert set(retried["ErrorEquals"]) == {*retryable_error_names(), HEARTBEAT_TIMEOUT}
@@ -120,14 +146,31 @@ def test_a_sweep_without_a_shared_ledger_or_with_an_absolute_path_is_refused(tmp
         render_sweep_machine(sweep, runner=runner(), sweep_path="/abs/tiny-sweep.yaml")
 
 
-def _stub(definition: dict, failing: str | None = None) -> dict:
-    """The ECS tasks (moto cannot run them) as Pass states, inside the Map too; with `failing`, that candidate's
-    evaluate task fails (an S3 read of an absent key) and the other candidates' pass."""
+def _stub(definition: dict, failing: str | None = None, done_at_poll: int = 2) -> dict:
+    """The ECS tasks (moto cannot run them) as Pass states, inside the Map too, and ReadCandidatePoll fed the poll
+    task's answers: not done before poll `done_at_poll`, done then (a counter the start stub sets and each poll adds
+    one to, with `States.MathAdd`; the Wait is 1 s). With `failing`, that candidate's evaluate task fails (an S3 read
+    of an absent key) and the other candidates' pass."""
     definition = _stub_ecs(definition)
     mapped = definition["States"][MAP_STATE]
     mapped["ItemProcessor"] = _stub_ecs(mapped["ItemProcessor"])
+    inner = mapped["ItemProcessor"]["States"]
+    read = inner[READ_POLL_STATE]
+    inner[START_STATE] = {"Type": "Pass", "Result": 0, "ResultPath": "$.polled", "Next": inner[START_STATE]["Next"]}
+    inner[WAIT_STATE]["Seconds"] = 1
+
+    def answer(done: bool) -> dict:
+        return {"Type": "Pass", "Parameters": {"envelope": {"result": {"done": done, "candidate.$": "$.candidate"}}},
+                "ResultPath": read["ResultPath"], "Next": read["Next"]}
+
+    inner[READ_POLL_STATE] = {"Type": "Pass", "Parameters": {"n.$": "States.MathAdd($.polled, 1)"},
+                              "ResultPath": "$.counted", "Next": "Count"}
+    inner["Count"] = {"Type": "Pass", "InputPath": "$.counted.n", "ResultPath": "$.polled", "Next": "Answer"}
+    inner["Answer"] = {"Type": "Choice", "Choices": [
+        {"Variable": "$.polled", "NumericGreaterThanEquals": done_at_poll, "Next": "AnswerDone"}],
+        "Default": "AnswerCreating"}
+    inner["AnswerDone"], inner["AnswerCreating"] = answer(True), answer(False)
     if failing:
-        inner = mapped["ItemProcessor"]["States"]
         passing = inner[EVALUATE_STATE]
         inner[EVALUATE_STATE] = {"Type": "Choice", "Choices": [
             {"Variable": "$.candidate", "StringEquals": failing, "Next": "EvaluateFails"}], "Default": "EvaluatePasses"}
@@ -146,6 +189,8 @@ def test_moto_runs_the_map_over_every_candidate_and_a_failed_one_is_torn_down_wh
     status, route = _run(_stub(definition))
     assert status == "SUCCEEDED", route
     assert route.count(EVALUATE_STATE) == len(sweep.candidates) and TEARDOWN_STATE not in route
+    assert route.count(POLL_STATE) == 2 * len(sweep.candidates) and route.count(WAIT_STATE) == len(sweep.candidates), \
+        "each candidate polled, waited (no container held), polled again and was evaluated once deployed"
     assert route[:4] == ["Prepare", CHECK_INPUT_STATE, "OpenSweep", MAP_STATE]
     assert route[-3:] == ["PickCandidate", RELEASE_ASKED_STATE, "Swept"]  # no input: the pick is not released
 
@@ -177,6 +222,42 @@ def test_the_open_task_opens_the_sweep_once_and_refuses_a_changed_sweep_or_a_sho
     with pytest.raises(BadInput, match="no candidate 'Q4_0'"):
         main(["evaluate", str(sweep.path), "--holder", "h", "--candidate", "Q4_0"])
     ledger.close()
+
+
+def test_the_poll_task_publishes_what_the_choice_reads_and_is_done_at_once_once_evaluated(tmp_path, tiny_release,
+                                                                                         monkeypatch):
+    """A real tiny candidate started by the start command: each poll command publishes `{done, candidate, …}` where
+    ReadCandidatePoll reads it (moto's S3) until its endpoint is in service; after the evaluate command a poll is done
+    at once, renewing nothing (a machine polls after every start, a candidate with evidence too)."""
+    sweep = tiny_sweep(tmp_path, tiny_release, ledger_url=None)
+    monkeypatch.setenv("SHIPLIFT_HOME", str(tmp_path / "state"))  # as the ECS task's environment sets it
+    holder, candidate = "stepfunctions:exec-1", sweep.candidates[0]
+    steps = [str(sweep.path), "--holder", holder, "--candidate", candidate.name]
+    poll = ["poll", *steps, "--result-prefix", "s3://shiplift-results/sweep-polls"]
+    main(["open", str(sweep.path), "--holder", holder])
+    main(["start", *steps])
+    try:
+        with mock_aws():
+            s3 = boto3.client("s3", region_name=REGION)
+            s3.create_bucket(Bucket="shiplift-results")
+
+            def published() -> dict:
+                main(poll)
+                key = poll_key("sweep-polls", candidate.name, "deploy_candidate")
+                return json.loads(s3.get_object(Bucket="shiplift-results", Key=key)["Body"].read())
+
+            deadline = time.monotonic() + 120
+            while not (answer := published())["result"]["done"]:
+                assert time.monotonic() < deadline, "the tiny candidate's endpoint came up"
+                time.sleep(0.5)  # the Wait between polls, shortened
+            assert (answer["release_id"], answer["result"]["candidate"]) == (candidate.release_id, candidate.name)
+            main(["evaluate", *steps])
+            assert published()["result"]["status"].startswith("nothing to wait for")
+        ledger = open_ledger(state_dir=tmp_path / "state")
+        assert [r.event for r in ledger.release(sweep.sweep_id)] == [events.OPENED, events.EVALUATED]
+        ledger.close()
+    finally:
+        tiny_release.stop_endpoints(tmp_path / "state")
 
 
 def test_render_prints_the_machine_from_a_sweep_file_and_runner_settings(tmp_path, tiny_release, capsys,
@@ -259,7 +340,8 @@ def test_the_sweep_machine_s_tasks_validate_against_the_botocore_ecs_model(tmp_p
     run_task = get_session().get_service_model("ecs").operation_model("RunTask").input_shape
     sweep = tiny_sweep(tmp_path, tiny_release)
     found = ecs_tasks(render_sweep_machine(sweep, runner=runner(), sweep_path=SWEEP_PATH))
-    assert set(found) == {"OpenSweep", EVALUATE_STATE, TEARDOWN_STATE, "PickCandidate", RELEASE_STATE}
+    assert set(found) == {"OpenSweep", START_STATE, POLL_STATE, EVALUATE_STATE, TEARDOWN_STATE, "PickCandidate",
+                          RELEASE_STATE}
     for state in found.values():
         validate_parameters(_camel(state["Parameters"]), run_task)
 
