@@ -394,6 +394,14 @@ def _release_section(report: Mapping[str, Any]) -> str:
         starts = ", ".join("no answer" if s.get("error") else f"{s['seconds']:.2f} s" for s in cold["starts"])
         facts.append([COLD_START_LABELS[cold.get("kind", COPY_RESTART)],  # a record from before the kind: copy restarts
                       esc(f"{starts}; p95 {cold['p95_s']:.2f} s, bound {cold['max_p95_s']:g} s")])
+    cached = release.get("cache_check")
+    if cached:  # the candidate's answers cold and warm from its prefix cache (validation.cache_check)
+        worst = ("not measured" if cached["max_abs_difference"] is None else
+                 f"max |warm − cold| option probability {num(cached['max_abs_difference'], 3)}"
+                 + (f" (task {cached['worst_task']})" if cached["worst_task"] else ""))
+        facts.append(["prefix cache, cold vs warm",
+                      esc(f"cache {cached['cache']}; {cached['compared']} of {cached['sample']} tasks answered warm "
+                          f"from a cached prefix; {worst}; tolerance {cached['tolerance']:g}")])
     changes = release.get("config_changes") or []
     if release.get("champion_release") is None:
         changed = "<p>no champion release: nothing to compare the config with.</p>"

@@ -82,6 +82,18 @@ class ChampionRule(BaseModel):
         return data
 
 
+class CacheCheckRule(BaseModel):
+    """`validation.cache_check`: reuse must not change answers. A GGUF decision gate scores `sample` of its tasks cold
+    and then warm on the candidate's prefix cache and fails when an option probability moves by more than `tolerance`
+    (absolute; the check is validation/cache_check.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    sample: int = Field(default=20, ge=1, le=10_000, description="gate tasks scored cold and warm")
+    tolerance: float = Field(default=1e-4, ge=0.0, le=1.0, allow_inf_nan=False,
+                             description="largest |warm - cold| option probability allowed")
+
+
 class NliThresholds(_SomeThreshold):
     """Absolute thresholds for an NLI encoder; None switches a check off (the floors and ECE must be written out)."""
 

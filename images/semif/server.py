@@ -68,6 +68,9 @@ from sagemaker_http import (  # noqa: E402 — needs sys.path above
 MIN_OPTIONS, MAX_OPTIONS = 2, len(LETTERS)
 DECISION_KEYS = ("id", "state", "question", "options")
 OPTION_KEYS = ("id", "description")
+# the optional top-level key that asks for a request's prefix-cache report (the gate's cold-vs-warm check): `cold`
+# evaluates the whole prefix without restoring a cached state (and keeps it as usual), `warm` uses the cache as usual
+PREFIX_CACHE_KEY, PREFIX_CACHE_MODES = "prefix_cache", ("cold", "warm")
 CHAT_MARKER = "\ue000SEMIF-CONTENT\ue000"  # private-use text, split point of the chat template
 PLAIN_CUE = "\nAnswer:"  # without a chat template the next token is " A".." P"
 # llama.cpp's batch sizes (llama-cpp-python's defaults, stated so the determinism profile can name them): logits can
@@ -258,11 +261,13 @@ def _decision(raw: Any, field: str) -> Decision:
 
 
 def parse_decisions(payload: dict[str, Any], max_shared: int) -> tuple[list[Decision], bool]:
-    """Validate the top level: exactly one of decision / decisions. Returns (decisions, shared)."""
+    """Validate the top level: exactly one of decision / decisions (beside an optional `prefix_cache`, read by
+    `prefix_cache_mode`). Returns (decisions, shared)."""
     for key in payload:
-        if key not in ("decision", "decisions"):
-            raise bad(key, "unknown top-level key; send exactly one of 'decision' or 'decisions'")
-    if len(payload) != 1:
+        if key not in ("decision", "decisions", PREFIX_CACHE_KEY):
+            raise bad(key, f"unknown top-level key; send exactly one of 'decision' or 'decisions' (and optionally "
+                           f"'{PREFIX_CACHE_KEY}')")
+    if ("decision" in payload) == ("decisions" in payload):
         raise bad("body", "must contain exactly one of 'decision' or 'decisions'")
     if "decision" in payload:
         return [_decision(payload["decision"], "decision")], False
@@ -287,6 +292,16 @@ def parse_decisions(payload: dict[str, Any], max_shared: int) -> tuple[list[Deci
                 "(send different states as separate requests)",
             )
     return decisions, True
+
+
+def prefix_cache_mode(payload: dict[str, Any]) -> str | None:
+    """The request's `prefix_cache` ("cold" or "warm"), or None when it names none (no prefix-cache report)."""
+    if PREFIX_CACHE_KEY not in payload:
+        return None
+    mode = payload[PREFIX_CACHE_KEY]
+    if mode not in PREFIX_CACHE_MODES:
+        raise bad(PREFIX_CACHE_KEY, f"must be one of {list(PREFIX_CACHE_MODES)}, got {json.dumps(mode)}")
+    return mode
 
 
 # --------------------------------------------------------------------------------------
@@ -362,6 +377,10 @@ class Engine:
         self.cache = PrefixCache(0 if self.sliding_window else settings.prefix_cache_bytes,
                                  settings.prefix_cache_entries,
                                  min_shared=len(self.tokenize(self.head + prefix_text(""), add_bos=True)))
+        self.cache_off = (None if self.cache.enabled else
+                          "a sliding-window model: reuse would change its answers"
+                          if self.sliding_window and settings.prefix_cache_bytes and settings.prefix_cache_entries
+                          else "SEMIF_PREFIX_CACHE_BYTES or SEMIF_PREFIX_CACHE_ENTRIES is 0")  # why it keeps nothing
 
     # -- start-up checks ---------------------------------------------------------------
 
@@ -463,13 +482,13 @@ class Engine:
     def _memory(self) -> Any:
         return self._llama_cpp.llama_get_memory(self.llm.ctx)
 
-    def _prefill(self, prefix: list[int]) -> tuple[float, int]:
-        """Bring the context to exactly `prefix`: restore the cached state sharing most of it, evaluate the rest, and
-        keep the result for later requests; (seconds, tokens reused from the cache)."""
+    def _prefill(self, prefix: list[int], *, cold: bool = False) -> tuple[float, int]:
+        """Bring the context to exactly `prefix`: restore the cached state sharing most of it (unless `cold`), evaluate
+        the rest, and keep the result for later requests; (seconds, tokens reused from the cache)."""
         start = time.perf_counter()
         self.llm.reset()
         reused = 0
-        if self.cache.enabled:
+        if self.cache.enabled and not cold:
             reused = self._restore(prefix)
             self.cache.count(reused)
         if reused < len(prefix):
@@ -538,11 +557,13 @@ class Engine:
             "allowed_token_mass": mass,
         }
 
-    def score(self, decisions: list[Decision], prompts: list[Prompt], queue_s: float) -> tuple[list[dict], dict]:
-        """Prefill the prefix once, then score each decision's suffix; returns results and timing."""
+    def score(self, decisions: list[Decision], prompts: list[Prompt], queue_s: float, *,
+              cold: bool = False) -> tuple[list[dict], dict]:
+        """Prefill the prefix once (`cold`: evaluated whole, no cached state restored), then score each decision's
+        suffix; returns results and timing."""
         start = time.perf_counter()
         prefix = prompts[0].prefix
-        prefill_s, reused = self._prefill(prefix)
+        prefill_s, reused = self._prefill(prefix, cold=cold)
         forward_s = prefill_s
         results = []
         for index, (decision, prompt) in enumerate(zip(decisions, prompts, strict=True)):
@@ -613,8 +634,7 @@ def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
     source = f"from {calibration}" if calibration.exists() else "(no calibration.json)"
     cache = engine.cache
     reuse = (f"prefix cache {cache.max_bytes} bytes, {cache.max_entries} entries" if cache.enabled else
-             "prefix cache off" + (" (a sliding-window model: reuse would change its answers)"
-                                   if engine.sliding_window and settings.prefix_cache_bytes else ""))
+             f"prefix cache off ({engine.cache_off})")
     return (
         f"model {engine.model_info['file']} loaded in {seconds:.2f}s "
         f"(sha256 {engine.model_info['sha256']}, prompt format {engine.prompt_format}, "
@@ -623,25 +643,31 @@ def _loaded(settings: Settings, engine: Engine, seconds: float) -> str:
 
 
 def answer(settings: Settings, engine: Engine, body: bytes, received: float) -> dict[str, Any]:
-    """Score one POST /invocations body: {"result": ...} for a decision, {"results", "timing"} for shared ones."""
+    """Score one POST /invocations body: {"result": ...} for a decision, {"results", "timing"} for shared ones, and
+    {"prefix_cache": ...} beside them when the request names a `prefix_cache` mode."""
     # NaN parses here and is refused by field, naming where it stands
     payload = parse_json_object(body, parse_constant=float)
     decisions, shared = parse_decisions(payload, settings.max_shared_decisions)
+    mode = prefix_cache_mode(payload)
     prompts = engine.prompts(decisions)
     waited = time.perf_counter()
     with model_turn(engine.lock, settings.http):
-        results, timing = engine.score(decisions, prompts, time.perf_counter() - waited)
+        results, timing = engine.score(decisions, prompts, time.perf_counter() - waited, cold=mode == "cold")
     total_ms = to_ms(time.perf_counter() - received)
+    # asked for: whether the endpoint keeps prefixes (why not, when it does not) and what this request restored
+    report = {} if mode is None else {PREFIX_CACHE_KEY: {
+        "mode": mode, "enabled": engine.cache.enabled, "off": engine.cache_off,
+        "reused_prefix_tokens": timing["reused_prefix_tokens"], "shared_prefix_tokens": timing["shared_prefix_tokens"]}}
     if shared:
         timing["total_ms"] = total_ms
-        return {"results": results, "timing": timing}
+        return {"results": results, "timing": timing, **report}
     result = results[0]
     result["timings"].update(
         prefill_ms=timing["prefill_ms"],
         forward_ms=timing["forward_ms"],
         total_ms=total_ms,
     )
-    return {"result": result}
+    return {"result": result, **report}
 
 
 CACHE_METRICS = (  # (the cache's stats key, metric name, type, help)

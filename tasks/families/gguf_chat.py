@@ -188,6 +188,12 @@ class GgufChat(GgufDecisions):
     def calibration_predictions(self, ctx, invoker, path: Path, splits, settings) -> tuple[list, str]:
         raise ConfigError("a chat release fits no temperature", fix="leave calibration.fit_temperature false")
 
+    def gate_context(self, context, candidate, datasets: list, validation: ChatDecisionGateConfig, settings,
+                     progress):
+        """The gate's release context as it is: the DLC's chat server keeps no prefix cache of shiplift's to check
+        cold against warm."""
+        return context
+
     def readout(self, validation: ChatDecisionGateConfig):
         from shiplift.validation.decisions.chat_readout import ChatReadout
 

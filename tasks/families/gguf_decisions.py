@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from shiplift.tasks.artifacts.gguf_header import inspect_gguf
 from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
@@ -35,7 +35,7 @@ from shiplift.tasks.families.base import (
 )
 from shiplift.tasks.hashing import sha256_file
 from shiplift.validation.evaluate import GateOutcome
-from shiplift.validation.thresholds import DecisionThresholds
+from shiplift.validation.thresholds import CacheCheckRule, DecisionThresholds
 
 QUANT_TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 LLAMA_BATCH = 512  # the adapter's n_batch and n_ubatch (images/semif/server.py N_BATCH, N_UBATCH)
@@ -147,8 +147,18 @@ class DecisionGateConfig(GateConfig):
     kind: Literal["decisions"] = "decisions"
     concurrency: int = Field(2, ge=1, le=64)
     thresholds: DecisionThresholds
+    cache_check: CacheCheckRule = CacheCheckRule()
 
     extendable: ClassVar[bool] = True
+
+    @model_serializer(mode="wrap")
+    def _default_choice_unwritten(self, handler):
+        """As `GateConfig`'s, and a default cache check unwritten too: a config that names none dumps (and hashes into
+        a release id) as before the check existed."""
+        data = super()._default_choice_unwritten(handler)
+        if self.cache_check == CacheCheckRule():
+            data.pop("cache_check", None)
+        return data
 
 
 class GgufDecisions(ModelFamily):
@@ -259,7 +269,14 @@ class GgufDecisions(ModelFamily):
         return GateOutcome.of(evaluate_decisions(candidate, datasets, out_dir, thresholds=validation.thresholds,
                                   champion_rule=validation.champion, champion=champion,
                                   settings=replace(settings, readout=self.readout(validation)), progress=progress,
-                                  title=title, decision_rule=validation.decision_rule, context=context))
+                                  title=title, decision_rule=validation.decision_rule,
+                                  context=self.gate_context(context, candidate, datasets, validation, settings,
+                                                            progress)))
+
+    def gate_context(self, context, candidate, datasets: list, validation: DecisionGateConfig, settings, progress):
+        """The gate's release context with the adapter's cold-vs-warm prefix cache check judged in it
+        (`cache_checked`)."""
+        return cache_checked(context, candidate, datasets, validation.cache_check, settings, progress)
 
     def reserve(self, validation, config_dir: Path, settings, progress=None):
         """The reserve's JevBench-format tasks, scored through the family's readout (`readout`: SemIf's, or the chat
@@ -353,6 +370,26 @@ def determinism_profile(image: SemifImage) -> dict:
         "prefix_cache_bytes": image.prefix_cache_bytes,
         "prefix_cache_entries": image.prefix_cache_entries,
     }
+
+
+def cache_checked(context, candidate, datasets: list, rule: CacheCheckRule, settings, progress):
+    """The gate's `context` with the cold-vs-warm check (`validation.cache_check`) judged beside the gate's checks and
+    its evidence under `cache_check`; it is measured when the gate calls `context`, after the gate's own requests, so
+    the states it caches speed none of them up."""
+    say = progress or (lambda message: None)
+
+    def with_check(metrics: dict) -> dict:
+        from shiplift.validation.cache_check import cache_check, sample_tasks, score_cold_warm
+
+        release = context(metrics) if context else {}
+        tasks = sample_tasks([task for dataset in datasets for task in dataset.tasks], rule.sample)
+        say(f"candidate: prefix cache check: {len(tasks)} tasks cold, then warm")
+        check, evidence = cache_check(score_cold_warm(candidate.invoker, tasks, settings), rule.tolerance)
+        say(f"candidate: prefix cache check {check.status}: {check.reason}")
+        judged = {**check.model_dump(mode="json"), "passed": check.passed}
+        return {**release, "cache_check": evidence, "checks": [*release.get("checks", []), judged]}
+
+    return with_check
 
 
 def semif_profile(image) -> dict:
