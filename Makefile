@@ -12,10 +12,11 @@ STAMP  := $(VENV)/.installed-$(HASH)
 # The celery extra (Airflow's Celery provider, celery[redis], redis, asyncpg) is installed by make test-celery alone.
 CELERY_STAMP := $(VENV)/.installed-celery-$(HASH)
 PYTEST_ARGS ?=
-# make bench-gate BENCH_ARGS="--candidates 1000 --suggest": options of bench/gate_error_rates.py
+# make bench-gate BENCH_ARGS="--candidates 1000 --suggest": options of bench/gate_error_rates.py (bench-gate-wall:
+# of bench/gate_wall.py, e.g. BENCH_ARGS="--tiny --rounds 2")
 BENCH_ARGS ?=
 
-.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger bench-gate airflow clean stop
+.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger bench-gate bench-gate-wall airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -85,6 +86,9 @@ bench-ledger: setup  ## the ledger section of `make bench` alone (no model): app
 
 bench-gate: setup    ## the gate's error rates on seeded candidates with known truth (recorded outcomes, no model): false promotions, false blocks, tasks used
 	$(BIN)/python -m bench.gate_error_rates $(BENCH_ARGS)
+
+bench-gate-wall: setup  ## section 10 of `make bench` alone: the gate's wall time with the champion's recorded results reused vs scored afresh
+	$(BIN)/python -m bench.gate_wall $(BENCH_ARGS)
 
 stop:                ## stop every local endpoint this checkout started (default and demo state)
 	@for dir in .shiplift .shiplift/demo .shiplift/airflow; do \

@@ -25,7 +25,10 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
    validity, accuracy, label agreement, ECE, p50/p95, each path's value and the ratio (a report, no target);
 9. the agent loop (bench/agent_loop.py): 8 requests on the shared state with a new question each, the adapter with
    its prefix cache vs without, each in its own process, alternated (target: >= 0.9 of the token bound; cold vs warm
-   option probabilities within 1e-4).
+   option probabilities within 1e-4);
+10. the gate wall (bench/gate_wall.py): the demo release's gate with the champion's recorded per-task results reused vs
+   scored afresh (`--fresh-champion`), the same model as candidate, each release its own process, alternated (target:
+   reuse <= 0.55x of fresh), with the champion requests each made.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from pathlib import Path
 from bench.agent_loop import run as bench_agent_loop
 from bench.chat_path import run as bench_chat_path
 from bench.encoder import run as bench_encoder
+from bench.gate_wall import run as bench_gate_wall
 from bench.harness import (
     ROOT,
     ROUNDS,
@@ -182,28 +186,31 @@ def main() -> int:
     log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads")
     results = []
     with adapter(gguf) as url:
-        log("1/8 shared state vs single requests")
+        log("1/10 shared state vs single requests")
         results.append(bench_shared_state(url))
-        log("2/8 adapter overhead")
+        log("2/10 adapter overhead")
         results.append(bench_adapter_overhead(url, gguf))
-        log("3/8 runner overhead")
+        log("3/10 runner overhead")
         results.append(bench_runner_overhead(url))
-    log("4/8 orchestration overhead (two full demo releases)")
+    log("4/10 orchestration overhead (two full demo releases)")
     results.append(bench_dag_vs_cli())
-    log("5/8 encoder engines, each in its own process: PyTorch fp32 vs ONNX Runtime fp32 vs the served int8 graph")
+    log("5/10 encoder engines, each in its own process: PyTorch fp32 vs ONNX Runtime fp32 vs the served int8 graph")
 
     results.extend(bench_encoder())
-    log("6/8 router overhead and throughput during a rolling update")
+    log("6/10 router overhead and throughput during a rolling update")
 
     results.extend(bench_router(gguf))
-    log("7/8 the ledger: appends, verify, checkpoints and inclusion proofs at 10k and 100k records")
+    log("7/10 the ledger: appends, verify, checkpoints and inclusion proofs at 10k and 100k records")
 
     results.extend(bench_ledger())
-    log("8/8 the chat path vs SemIf on the same model and tasks")
+    log("8/10 the chat path vs SemIf on the same model and tasks")
 
     results.extend(bench_chat_path())
-    log("9/9 agent loop: 8 requests on one state with and without prefix reuse, each server in its own process")
+    log("9/10 agent loop: 8 requests on one state with and without prefix reuse, each server in its own process")
     results.extend(bench_agent_loop(gguf, decisions(shared_state())))
+    log("10/10 gate wall: the demo gate with the champion's recorded results reused vs scored afresh, each release in "
+        "its own process")
+    results.extend(bench_gate_wall())
     return report(results)
 
 
