@@ -3,12 +3,13 @@ production's copies go to zero; each model turns into the backend's plan (`tasks
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from shiplift.tasks.backends.interfaces import BakeAlarms, RolloutPlan, ScaleToZeroPlan
 from shiplift.tasks.config_types import Strict
+from shiplift.validation.thresholds import DefaultsUnwritten
 
 
 class AllAtOnce(Strict):
@@ -38,7 +39,7 @@ class CapacitySize(Strict):
         return min(total, self.value) if self.type == "COPY_COUNT" else max(1, total * self.value // 100)
 
 
-class OnlineGate(Strict):
+class OnlineGate(Strict, DefaultsUnwritten):
     """A labelled canary set replayed through the live component in every bake, judged on the candidate's own
     answers against the champion's under the release's thresholds and champion rule. A gate that has not decided at
     the end of a bake's replay follows validation.inconclusive.choice (extend: `extend_rounds` more; else it blocks)."""
@@ -52,14 +53,7 @@ class OnlineGate(Strict):
                                description="with validation.inconclusive.choice extend: the most extra "
                                "rounds one bake replays while the gate has not decided, before it blocks")
 
-    @model_serializer(mode="wrap")
-    def _default_extension_unwritten(self, handler):
-        """A gate that leaves `extend_rounds` at its default dumps (and hashes into a release id) as before it
-        existed."""
-        data = handler(self)
-        if self.extend_rounds == type(self).model_fields["extend_rounds"].default:
-            data.pop("extend_rounds", None)
-        return data
+    unwritten_defaults: ClassVar[tuple[str, ...]] = ("extend_rounds",)
 
 
 class RollingUpdate(Strict):

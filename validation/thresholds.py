@@ -1,11 +1,13 @@
 """The gate thresholds a release config names: absolute limits per model kind and the champion rule.
 
-Pydantic only (no numpy), so a config loads without the metrics code that applies them.
+Pydantic only (no numpy), so a config loads without the metrics code that applies them. `DefaultsUnwritten` lives
+here, not with the config base (`tasks.config_types`), because validation imports no config code of tasks: the config
+models of tasks import it from here.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -14,6 +16,22 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 # estimate alone. The champion comparison always uses the paired interval (`ChampionRule`).
 DecisionRule = Literal["bound", "point"]
 RULE_TEXT = {"bound": "interval bound", "point": "point estimate", "paired": "paired interval"}
+
+
+class DefaultsUnwritten(BaseModel):
+    """A config model whose fields named in `unwritten_defaults` (fields added after configs were released) are left
+    out of its dump while at their default, so a config that leaves them so dumps, and hashes into a release id, as
+    before they existed."""
+
+    unwritten_defaults: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _defaults_unwritten(self, handler):
+        data = handler(self)
+        for name in self.unwritten_defaults:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                data.pop(name, None)
+        return data
 
 
 class _SomeThreshold(BaseModel):
@@ -41,11 +59,12 @@ class DecisionThresholds(_SomeThreshold):
     min_allowed_token_mass: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 
 
-class ChampionRule(BaseModel):
+class ChampionRule(DefaultsUnwritten):
     """Candidate must not be worse than the champion by more than `margin` (and, when set, slower at p95 by more than
     `max_p95_ratio` times), on paired intervals."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    unwritten_defaults: ClassVar[tuple[str, ...]] = ("reuse", "latency_sample")  # added with champion reuse
 
     metric: Literal["accuracy"] = "accuracy"
     margin: float = Field(default=0.02, ge=0.0, le=1.0, allow_inf_nan=False)
@@ -71,15 +90,6 @@ class ChampionRule(BaseModel):
                              f"{self.min_samples}, so a gate that reuses the champion's results could never judge "
                              f"max_p95_ratio; set latency_sample to at least {self.min_samples}")
         return self
-
-    @model_serializer(mode="wrap")
-    def _reuse_defaults_unwritten(self, handler):
-        """A rule that leaves reuse at its defaults dumps (and hashes into a release id) as before reuse existed."""
-        data = handler(self)
-        for name in ("reuse", "latency_sample"):
-            if getattr(self, name) == type(self).model_fields[name].default:
-                data.pop(name, None)
-        return data
 
 
 class CacheCheckRule(BaseModel):

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shiplift.tasks.backends.image_source import server_command
 from shiplift.tasks.backends.placement import MemoryEstimate
@@ -26,7 +26,7 @@ from shiplift.tasks.errors import CapacityError, ConfigError
 from shiplift.tasks.ledger.stage_results import KeptRef
 from shiplift.validation.evaluate import GateOutcome, Target, lost_requests
 from shiplift.validation.retry_policy import DEFAULT_RETRY_DEADLINE_S
-from shiplift.validation.thresholds import ChampionRule, DecisionRule
+from shiplift.validation.thresholds import ChampionRule, DecisionRule, DefaultsUnwritten
 
 
 class ArtifactConfig(Strict):
@@ -112,12 +112,13 @@ class InconclusiveConfig(Strict):
         return self
 
 
-class GateConfig(Strict):
+class GateConfig(Strict, DefaultsUnwritten):
     """`validation`: the one shape every family's gate takes (datasets, request limits, bootstrap, champion rule,
     what an inconclusive check does); a family's subclass fixes its `kind` and its thresholds and adds what its runner
     needs."""
 
     extendable: ClassVar[bool] = False  # whether the family scores reserve tasks (`ModelFamily.reserve_scorer`)
+    unwritten_defaults: ClassVar[tuple[str, ...]] = ("inconclusive",)  # a gate naming no choice: as before it existed
 
     kind: str
     datasets: list[DatasetRef] = Field(min_length=1)
@@ -138,14 +139,6 @@ class GateConfig(Strict):
             raise ValueError(f"validation.inconclusive.choice extend scores reserve tasks, which {self.kind} gates "
                              "cannot yet; use choice ask (a person decides) or block")
         return self
-
-    @model_serializer(mode="wrap")
-    def _default_choice_unwritten(self, handler):
-        """A gate that names no choice dumps (and hashes into a release id) as it did before the choice existed."""
-        data = handler(self)
-        if self.inconclusive == InconclusiveConfig():
-            data.pop("inconclusive", None)
-        return data
 
     def dataset_paths(self, config_dir: Path) -> list[tuple[Path, list[str] | None]]:
         """Each dataset's file (resolved against the config's folder, or built in) and the splits it keeps."""

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from shiplift.tasks.artifacts.gguf_header import inspect_gguf
 from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
@@ -150,15 +150,7 @@ class DecisionGateConfig(GateConfig):
     cache_check: CacheCheckRule = CacheCheckRule()
 
     extendable: ClassVar[bool] = True
-
-    @model_serializer(mode="wrap")
-    def _default_choice_unwritten(self, handler):
-        """As `GateConfig`'s, and a default cache check unwritten too: a config that names none dumps (and hashes into
-        a release id) as before the check existed."""
-        data = super()._default_choice_unwritten(handler)
-        if self.cache_check == CacheCheckRule():
-            data.pop("cache_check", None)
-        return data
+    unwritten_defaults: ClassVar[tuple[str, ...]] = (*GateConfig.unwritten_defaults, "cache_check")  # as before it
 
 
 class GgufDecisions(ModelFamily):

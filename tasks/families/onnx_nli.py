@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from shiplift.tasks.backends.placement import CPU_RUNTIME_OVERHEAD_MB, MIB, RUNTIME_OVERHEAD_MB, MemoryEstimate
 from shiplift.tasks.config_types import DatasetRef, Sha256, Strict
@@ -42,7 +42,7 @@ from shiplift.tasks.families.base import (
 )
 from shiplift.tasks.hashing import sha256_file, sha256_json, sha256_tree
 from shiplift.validation.evaluate import GateOutcome
-from shiplift.validation.thresholds import NliThresholds
+from shiplift.validation.thresholds import DefaultsUnwritten, NliThresholds
 
 
 class CheckpointPathSource(Strict):
@@ -149,7 +149,7 @@ def calibration_pairs(ref: DatasetRef, config_dir: Path):
     return calibration_set(data.pairs, f"{ref.path}[{','.join(ref.splits or ['all'])}]", data.sha256)
 
 
-class EncoderImage(BuiltImageConfig):
+class EncoderImage(BuiltImageConfig, DefaultsUnwritten):
     """The encoder NLI server image: base pinned by digest, limits passed as ENCODER_* variables."""
 
     kind: Literal["encoder"]
@@ -167,6 +167,7 @@ class EncoderImage(BuiltImageConfig):
 
     min_gpu_driver: ClassVar[int] = 570  # the CUDA 12.8 runtime base without forward-compat libraries
     gpu_fix: ClassVar[str] = "set image.device: cuda"
+    unwritten_defaults: ClassVar[tuple[str, ...]] = ("engine",)  # an image naming no engine: as before the choice
 
     @property
     def on_gpu(self) -> bool:
@@ -178,14 +179,6 @@ class EncoderImage(BuiltImageConfig):
             raise ValueError(f"image.engine {self.engine} runs on the CPU and image.device is cuda; set image.engine: "
                              "onnxruntime for a GPU image, or image.device: cpu")
         return self
-
-    @model_serializer(mode="wrap")
-    def _default_engine_unwritten(self, handler):
-        """An image that names no engine dumps (and hashes into a release id) as it did before the choice existed."""
-        data = handler(self)
-        if self.engine == "onnxruntime":
-            data.pop("engine", None)
-        return data
 
     def container_env(self, *, cpu_only: bool = False) -> dict[str, str]:
         """The server's ENCODER_* settings, as the container gets them (model dir, host and port are the image's

@@ -5,6 +5,7 @@ explain`, the audit); `tasks.sweeps.records` writes the opening."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from shiplift.tasks.errors import BadInput, IntegrityError, NotFound
@@ -23,9 +24,10 @@ from shiplift.validation.sweep_speed import (
 SWEEP_ID_PREFIX = "sweep-"  # a sweep's id: this, its name and its content's sha256 prefix (tasks.sweeps.config)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SweepRecords:
-    """What the ledger holds of one sweep."""
+    """What the ledger holds of one sweep, as read at once (`read`): frozen, so what is derived from the records is
+    computed once per read (`_on_scale`)."""
 
     sweep_id: str
     opened: dict | None = None
@@ -39,27 +41,30 @@ class SweepRecords:
     @classmethod
     def read(cls, ledger, sweep_id: str) -> SweepRecords:
         """The sweep's records (none yet: an empty SweepRecords)."""
-        found = cls(sweep_id)
         try:
             records = ledger.release(sweep_id)
         except NotFound:
-            return found
+            return cls(sweep_id)
+        opened = opened_at = opened_by = picked = handed_off = None
+        evaluated: dict[str, dict] = {}
+        failed: dict[str, dict] = {}
         for record in records:
             if record.stage != events.SWEEP:
                 continue
             payload = record.payload
-            if record.event == events.OPENED and found.opened is None:
-                found.opened, found.opened_at, found.opened_by = payload, record.recorded_at, record.actor
+            if record.event == events.OPENED and opened is None:
+                opened, opened_at, opened_by = payload, record.recorded_at, record.actor
             elif record.event == events.EVALUATED:
-                found.evaluated.setdefault(payload["candidate"], payload)
-                found.failed.pop(payload["candidate"], None)
-            elif record.event == events.FAILED and payload["candidate"] not in found.evaluated:
-                found.failed[payload["candidate"]] = payload
+                evaluated.setdefault(payload["candidate"], payload)
+                failed.pop(payload["candidate"], None)
+            elif record.event == events.FAILED and payload["candidate"] not in evaluated:
+                failed[payload["candidate"]] = payload
             elif record.event == events.PICKED:
-                found.picked = payload
+                picked = payload
             elif record.event == events.HANDED_OFF:
-                found.handed_off = payload
-        return found
+                handed_off = payload
+        return cls(sweep_id, opened=opened, opened_at=opened_at, opened_by=opened_by, evaluated=evaluated,
+                   failed=failed, picked=picked, handed_off=handed_off)
 
     @classmethod
     def load(cls, ledger, sweep_id: str) -> SweepRecords:
@@ -94,16 +99,18 @@ class SweepRecords:
     def evidence(self) -> list[CandidateEvidence]:
         """The evidence the rule judges: as measured, with the speeds on one scale where the sweep opened comparing
         them side by side (`validation.sweep_speed`; a sweep opened before that judged them as measured)."""
-        return self._on_scale()[0]
+        return list(self._on_scale[0])
 
     def speed_scale(self) -> SpeedScale:
         """How the speeds the rule judges were put on one scale (or why they are as measured)."""
-        return self._on_scale()[1]
+        return self._on_scale[1]
 
     def _evaluated_names(self) -> list[str]:
         return [c["name"] for c in self.candidates if c["name"] in self.evaluated]
 
+    @functools.cached_property
     def _on_scale(self) -> tuple[list[CandidateEvidence], SpeedScale]:
+        """`evidence` and `speed_scale` at once, from every evaluated payload parsed once per read."""
         measured = self.measured_evidence()
         if self.opened.get("speed") != SIDE_BY_SIDE:
             return measured, SpeedScale(AS_MEASURED, None, {e.name: 1.0 for e in measured}, {},

@@ -25,7 +25,7 @@ from typing import Any
 
 from shiplift.tasks.backends.pricing import load_price_table
 from shiplift.tasks.backends.registry import make_backends
-from shiplift.tasks.errors import BadInput, ConfigError, Conflict, LeaseHeld, NotFound
+from shiplift.tasks.errors import BadInput, ConfigError, Conflict, NotFound
 from shiplift.tasks.ledger import events
 from shiplift.tasks.ledger.release_state import ReleaseState
 from shiplift.tasks.ledger.sweep_records import SweepRecords
@@ -33,21 +33,16 @@ from shiplift.tasks.pipeline import table
 from shiplift.tasks.pipeline.deferred import poll_orchestrated, start_orchestrated
 from shiplift.tasks.pipeline.release import (
     Progress,
+    StageContext,
+    _teardown_quietly,
     ensure_stage_retrying,
     prepare_release,
     print_progress,
-    stopped_holder,
 )
 from shiplift.tasks.pipeline.table import MAX_STEP_TIMEOUT_S, STAGES_THROUGH_GATE, TEARDOWN
 from shiplift.tasks.sweeps.config import Candidate, Sweep, load_sweep
 from shiplift.tasks.sweeps.policy import candidate_timeout_s
-from shiplift.tasks.sweeps.records import (
-    CANDIDATE_LEASE_TTL_S,
-    candidate_lease_key,
-    holding_candidate,
-    open_sweep,
-    renewing_candidate,
-)
+from shiplift.tasks.sweeps.records import candidate_lease_key, holding_candidate, open_sweep
 from shiplift.tasks.sweeps.run import (
     check_cost,
     evaluate_and_record,
@@ -150,9 +145,14 @@ def teardown_orchestrated(sweep_path: str | Path, candidate_name: str, *, actor:
 
 def _torn_down(sweep: Sweep, candidate: Candidate, ledger, *, actor: str, progress: Progress) -> dict:
     """The candidate's teardown stage, run (it is idempotent) by the caller holding its lease; its record."""
-    ctx = prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
-                          actor=actor, progress=progress)
-    return ensure_stage_retrying(ctx, TEARDOWN).record()
+    return ensure_stage_retrying(_candidate_context(sweep, candidate, ledger, actor=actor, progress=progress),
+                                 TEARDOWN).record()
+
+
+def _candidate_context(sweep: Sweep, candidate: Candidate, ledger, *, actor: str, progress: Progress) -> StageContext:
+    """The stage context of the candidate's release on its backends, over the sweep's `ledger`."""
+    return prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
+                           actor=actor, progress=progress)
 
 
 def deferred_stage() -> str:
@@ -172,8 +172,7 @@ def start_candidate_orchestrated(sweep_path: str | Path, candidate_name: str, *,
         progress(f"sweep {sweep.sweep_id}: {candidate.name} already has evidence")
         return {"evaluated": headline(records.evaluated[candidate.name])}
     with _kept_lease(ledger, sweep, candidate, actor=actor, progress=progress):
-        ctx = prepare_release(candidate.config, sweep.base_path, make_backends(candidate.config, ledger=ledger),
-                              actor=actor, progress=progress)
+        ctx = _candidate_context(sweep, candidate, ledger, actor=actor, progress=progress)
         ctx.record_opened()
         where = {"candidate": candidate.name, "release_id": candidate.release_id,
                  "ledger_url": ctx.backends.ledger_url, "state_dir": str(ctx.backends.state_dir), "stage": None}
@@ -219,35 +218,26 @@ def finish_candidate_orchestrated(sweep_path: str | Path, candidate_name: str, *
 
 @contextlib.contextmanager
 def _kept_lease(ledger, sweep: Sweep, candidate: Candidate, *, actor: str, progress: Progress) -> Iterator[None]:
-    """Take the candidate's lease by the run's name (a retry of the run takes it again; LeaseHeld while another run
-    holds it) and renew it while the block runs. A block that ends well keeps it, renewed for `LEASE.ttl_s`, which
-    outlives the gap to the run's next step (as a refresh run's promotion lease does); one that fails tears the
-    candidate down, records the failure for the sweep and gives the lease back."""
-    try:
-        lease = ledger.acquire_lease(candidate_lease_key(candidate), actor, candidate.release_id,
-                                     CANDIDATE_LEASE_TTL_S, stopped=stopped_holder)
-    except LeaseHeld as exc:
-        raise LeaseHeld(f"sweep {sweep.sweep_id}: candidate {candidate.name} is being evaluated by another run "
-                        f"({exc.problem})", fix=exc.fix) from exc
-    try:
-        with renewing_candidate(ledger, lease, progress):
+    """Hold the candidate's lease by the run's name (`holding_candidate`: a retry of the run takes it again; LeaseHeld
+    at once while another run holds it) while the block runs. A block that ends well keeps it, renewed for
+    `LEASE.ttl_s`, which outlives the gap to the run's next step (as a refresh run's promotion lease does); one that
+    fails tears the candidate down, records the failure for the sweep and gives the lease back."""
+    with holding_candidate(ledger, sweep, candidate, holder=actor, by_this_process=False, wait_s=0.0,
+                           progress=progress, kept_for_s=table.LEASE.ttl_s):
+        try:
             yield
-    except Exception as exc:
-        with lease:
+        except Exception as exc:
             _fail_candidate(sweep, candidate, ledger, exc, actor=actor, progress=progress)
-        raise
-    ledger.renew_lease(lease.model, actor, candidate.release_id, table.LEASE.ttl_s, token=lease.token)
+            raise
 
 
 def _fail_candidate(sweep: Sweep, candidate: Candidate, ledger, exc: Exception, *, actor: str,
                     progress: Progress) -> None:
-    """Tear a failed candidate down (its own failure is the one recorded, not a teardown's after it) and record that
-    failure for the sweep (`sweep/failed`: a rerun retries the candidate), as `evaluate_and_record` does."""
+    """Tear a failed candidate down (`_teardown_quietly`: its own failure is the one recorded, not a teardown's after
+    it) and record that failure for the sweep (`sweep/failed`: a rerun retries the candidate), as
+    `evaluate_and_record` does."""
     if ReleaseState(ledger, candidate.release_id).opened is not None:
-        try:
-            _torn_down(sweep, candidate, ledger, actor=actor, progress=progress)
-        except Exception as teardown_error:
-            progress(f"sweep {sweep.sweep_id}: {candidate.name}: teardown after failure also failed: {teardown_error}")
+        _teardown_quietly(_candidate_context(sweep, candidate, ledger, actor=actor, progress=progress))
     record_failure(sweep, candidate, ledger, exc, actor=actor, progress=progress)
 
 

@@ -68,13 +68,15 @@ def candidate_lease_key(candidate: Candidate) -> str:
 
 @contextlib.contextmanager
 def holding_candidate(ledger, sweep: Sweep, candidate: Candidate, *, holder: str, by_this_process: bool,
-                      wait_s: float, progress: Progress) -> Iterator[Lease]:
+                      wait_s: float, progress: Progress, kept_for_s: float | None = None) -> Iterator[Lease]:
     """Hold the candidate's lease (the promotion lease's table and rules, keyed by the candidate's release, not by
     model: other candidates go on in parallel) while the block evaluates it, renewing it as it runs; leaving gives it
-    back. `by_this_process`: a CLI run's lease (its host and pid; a stopped run of it is taken over at once); else an
-    orchestrator's, held by `holder`'s name (a retry of the same run takes it again). Held by another run: look again
-    every CANDIDATE_POLL_S for up to `wait_s` seconds (a holder that crashed frees it within CANDIDATE_LEASE_TTL_S),
-    then LeaseHeld naming the holder. The block must re-read the ledger: the holder may have recorded the evidence."""
+    back, unless `kept_for_s` is set and the block ended well: then the lease stays held, renewed for that long (an
+    orchestrator's step that leaves the candidate to the run's next step). `by_this_process`: a CLI run's lease (its
+    host and pid; a stopped run of it is taken over at once); else an orchestrator's, held by `holder`'s name (a retry
+    of the same run takes it again). Held by another run: look again every CANDIDATE_POLL_S for up to `wait_s` seconds
+    (a holder that crashed frees it within CANDIDATE_LEASE_TTL_S), then LeaseHeld naming the holder. The block must
+    re-read the ledger: the holder may have recorded the evidence."""
     key, deadline, said = candidate_lease_key(candidate), time.monotonic() + wait_s, False
     while True:
         try:
@@ -97,8 +99,13 @@ def holding_candidate(ledger, sweep: Sweep, candidate: Candidate, *, holder: str
     if lease.taken_over is not None:
         progress(f"sweep {sweep.sweep_id}: took {candidate.name} over from {lease.taken_over[0]!r}: "
                  f"{lease.taken_over[1]}")
-    with lease, renewing_candidate(ledger, lease, progress):
-        yield lease
+    with contextlib.ExitStack() as giving_back:
+        giving_back.enter_context(lease)
+        with renewing_candidate(ledger, lease, progress):
+            yield lease
+        if kept_for_s is not None:
+            ledger.renew_lease(lease.model, lease.holder, lease.release_id, kept_for_s, token=lease.token)
+            giving_back.pop_all()
 
 
 def renewing_candidate(ledger, lease: Lease, progress: Progress) -> contextlib.AbstractContextManager[None]:

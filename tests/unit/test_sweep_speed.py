@@ -5,6 +5,7 @@ values below are worked by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -87,6 +88,35 @@ def test_the_champion_is_drawn_at_the_reference_scale():
     _, scale = on_one_scale(candidates, windows)  # reference 200 ms, a's load 0.5
     champion = evidence("champion", 140.0, 7.0)
     assert scaled_champion(champion, windows["a"], scale).metrics["p95_ms"] == pytest.approx(280.0)
+
+
+def test_one_read_of_a_sweep_puts_its_speeds_on_one_scale_once(monkeypatch):
+    """What a summary, a report and `explain` ask of one read (the evidence, the scale, the champion) comes of one pass
+    over the evaluated payloads; the records are frozen, so that pass cannot go stale, and a caller's list is its
+    own."""
+    from shiplift.tasks.ledger import sweep_records
+
+    passes = []
+
+    def counted(*args):
+        passes.append(args)
+        return on_one_scale(*args)
+
+    monkeypatch.setattr(sweep_records, "on_one_scale", counted)
+    evaluated = {name: {"candidate": name, "evidence": evidence(name, p95, p95 / 100).to_json(),
+                        "champion": evidence("champ", champion_p95, 1.0).to_json(), "champion_release": "champ-1"}
+                 for name, p95, champion_p95 in (("a", 120.0, 200.0), ("b", 260.0, 400.0))}
+    records = SweepRecords("sweep-x", opened={"speed": SIDE_BY_SIDE, "candidates": [{"name": "a"}, {"name": "b"}]},
+                           evaluated=evaluated)
+
+    judged = records.evidence()
+    assert records.speed_scale().basis == SIDE_BY_SIDE and records.speed_scale().reference_ms == 150.0
+    assert records.champion().metrics["p50_ms"] == 150.0
+    judged.clear()
+    assert [e.name for e in records.evidence()] == ["a", "b"]
+    assert len(passes) == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        records.evaluated = {}
 
 
 @pytest.mark.parametrize(("windows", "problem"), [

@@ -22,8 +22,9 @@ from shiplift.validation.runner import read_predictions
 
 
 def live_champion(ctx):
-    """The production component and the release it serves, or (None, None) when nothing serves yet (or it serves this
-    release); its Target carries the offer of its recorded per-task results (`champion_offer`)."""
+    """The production component and the ledger's view of the release it serves (`views.show`, read once for its
+    build's determinism and its config), or (None, None) when nothing serves yet (or it serves this release); its
+    Target carries the offer of its recorded per-task results (`champion_offer`)."""
     hosting = ctx.backends.hosting
     endpoint, component = production_endpoint(ctx.config), production_component(ctx.config)
     live = hosting.describe(endpoint, component)
@@ -32,28 +33,26 @@ def live_champion(ctx):
     ref = live.model_ref.model_dump()
     if ref["release_id"] == ctx.release_id:
         return None, None
+    shown = show(ctx.backends.ledger, ref["release_id"])
     if live.copies == 0:  # scaled to zero while idle: woken first, so the gate scores it warm
         ctx.say(f"validate: the champion {endpoint}/{component} is scaled to zero; starting a copy to score it")
         hosting.set_copies(endpoint, component, 1, progress=ctx.say)
     invoker = hosting.invoker(endpoint, component, timeout_s=ctx.config.validation.request_timeout_s)
-    return Target(invoker, f"champion {ref['release_id']}", champion_offer(ctx, live, ref["release_id"])), ref
+    return Target(invoker, f"champion {ref['release_id']}", champion_offer(ctx, live, shown["determinism"])), shown
 
 
-def served_identity(ctx, serving_id: str, release_id: str) -> Identity | None:
-    """What fixes the answers of the model `serving_id` that release `release_id` built, asked through this family's
+def served_identity(ctx, serving_id: str, determinism: dict | None) -> Identity | None:
+    """What fixes the answers of the model `serving_id` whose build recorded `determinism`, asked through this family's
     readout (`validation.champion_reuse.Identity`); None where the family's gate scores its champion afresh always."""
     if not ctx.family.reuses_champion_results:
         return None
-    built = ctx.result("build") if release_id == ctx.release_id else None
-    determinism = ((built.model_extra or {}).get("determinism") if built else
-                   show(ctx.backends.ledger, release_id)["determinism"])
     return Identity(serving_id, determinism, ctx.family.readout(ctx.config.validation).name)
 
 
-def champion_offer(ctx, live, release_id: str) -> ChampionOffer | None:
-    """The live champion's identity and the per-task files gates recorded of it, newest first, unless this release
-    asked to score it afresh (`--fresh-champion`, or `validation.champion.reuse: fresh`)."""
-    identity = served_identity(ctx, live.serving_id(), release_id)
+def champion_offer(ctx, live, determinism: dict | None) -> ChampionOffer | None:
+    """The live champion's identity (its build's `determinism`) and the per-task files gates recorded of it, newest
+    first, unless this release asked to score it afresh (`--fresh-champion`, or `validation.champion.reuse: fresh`)."""
+    identity = served_identity(ctx, live.serving_id(), determinism)
     if identity is None:
         return None
     rule = ctx.config.validation.champion
@@ -85,7 +84,8 @@ def measured_files(ctx, gate: GateOutcome, champion: Target | None) -> tuple[dic
     """What the validate record keeps of the per-task files this gate measured live (`ValidateResult.measured`: the
     candidate's always, the champion's when it was scored, not reused), and of the champion's evidence (the gate
     report's: reused from which release, or why it was scored); ({}, None) for a family that reuses nothing."""
-    candidate = served_identity(ctx, component_spec(ctx, ctx.config, copies=1).serving_id(), ctx.release_id)
+    candidate = served_identity(ctx, component_spec(ctx, ctx.config, copies=1).serving_id(),
+                                (ctx.result("build").model_extra or {}).get("determinism"))
     if candidate is None:
         return {}, None
     measured = {"predictions.jsonl": candidate.measured(gate.datasets)}
@@ -97,14 +97,14 @@ def measured_files(ctx, gate: GateOutcome, champion: Target | None) -> tuple[dic
     return measured, evidence
 
 
-def release_context(ctx, champion_ref: dict | None) -> dict:
+def release_context(ctx, champion_shown: dict | None) -> dict:
     """What the gate report shows beside the measurements (`validation.evaluate.RELEASE_CONTEXT`, cost apart): the
-    config fields this release changed against the champion's release, and the temperature it serves with."""
-    champion_release = champion_ref.get("release_id") if champion_ref else None
-    champion_config = show(ctx.backends.ledger, champion_release)["config"] if champion_release else None
+    config fields this release changed against the champion's release (`champion_shown`, its ledger view), and the
+    temperature it serves with."""
     built = ctx.result("build")
-    return {"release_id": ctx.release_id, "champion_release": champion_release,
-            "config_changes": config_changes(champion_config, ctx.config.model_dump(mode="json")),
+    return {"release_id": ctx.release_id, "champion_release": champion_shown["release_id"] if champion_shown else None,
+            "config_changes": config_changes(champion_shown["config"] if champion_shown else None,
+                                             ctx.config.model_dump(mode="json")),
             "temperature": {"value": built.temperature, "fitted": ctx.config.calibration.fit_temperature}}
 
 
@@ -239,13 +239,13 @@ def run(ctx) -> ValidateResult:
                                            timeout_s=ctx.config.validation.request_timeout_s)
     candidate = Target(invoker, "candidate")
     cold = cold_starts(ctx, deployed, invoker)
-    champion, champion_ref = live_champion(ctx)
+    champion, champion_shown = live_champion(ctx)
     ctx.say(f"validate: champion {champion.label if champion else 'none'}")
     measured: dict = {}
 
     def context(metrics: dict) -> dict:
         measured["cost"] = gate_cost(ctx, metrics)
-        release = {**release_context(ctx, champion_ref), "cost": measured["cost"]}
+        release = {**release_context(ctx, champion_shown), "cost": measured["cost"]}
         if cold is not None:
             release.update(cold_start={k: v for k, v in cold.items() if k != "check"}, checks=[cold["check"]])
         return release
@@ -279,7 +279,7 @@ def run(ctx) -> ValidateResult:
         not_passed=[check_text(c) for c in checks if c["status"] not in ("pass", "skipped")],
         thresholds=gate.thresholds,
         datasets=[{k: d[k] for k in ("name", "path", "sha256", "n")} for d in gate.datasets],
-        champion_release=champion_ref.get("release_id") if champion_ref else None,
+        champion_release=champion_shown["release_id"] if champion_shown else None,
         report_json=str(gate.gate_report_json), report_html=str(gate.report_html), cost=measured.get("cost"),
         evidence={path.name: ctx.keep_file(path, path.name) for path in sorted(gate.gate_report_json.parent.glob("*"))
                   if path.is_file() and path.suffix in (".json", ".jsonl", ".html")},
