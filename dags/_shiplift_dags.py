@@ -394,6 +394,11 @@ def refresh_dag(config_file: str) -> DAG:
                 description="config overrides, like `shiplift release --set a.b=value` "
                             "(e.g. backend.state_dir=/srv/shiplift)",
             ),
+            "fresh_champion": Param(
+                False, type="boolean",
+                description="the gate scores the champion on every task, reusing none of the per-task results "
+                            "earlier gates recorded of it, like `shiplift release --fresh-champion`",
+            ),
         },
         doc_md=f"Release `{config_path}` stage by stage (DESIGN §4, §11). The gate rejecting the release is "
                "not a failure: the run succeeds and the release's status is `rejected`."
@@ -404,13 +409,13 @@ def refresh_dag(config_file: str) -> DAG:
         @task(task_id="begin", **_retry_args(BEGIN.name, timeouts[BEGIN.name]))
         def begin() -> dict:
             """Validate the config (a bad one, or one whose deadlines outgrow these tasks' timeouts, fails here with its
-            ConfigError), open the release, take the model's lease."""
-            from shiplift.tasks.pipeline.release import begin_orchestrated
+            ConfigError), open the release, take the model's lease, and record the run's `fresh_champion`."""
+            from shiplift.tasks.orchestrators.run_options import begin_with_options
 
-            overrides = tuple(_params()["overrides"])
-            return begin_orchestrated(str(config_path), holder=_holder(), allowed_timeouts=_allowed_timeouts(),
-                                      overrides=overrides, actor=_opener(), session=aws_access,
-                                      waits_for_approval=waits_for_approval)
+            params = _params()
+            return begin_with_options(str(config_path), holder=_holder(), allowed_timeouts=_allowed_timeouts(),
+                                      overrides=tuple(params["overrides"]), fresh_champion=params["fresh_champion"],
+                                      actor=_opener(), session=aws_access, waits_for_approval=waits_for_approval)
 
         @task(task_id=APPROVAL_REQUEST.name, **_retry_args(APPROVAL_REQUEST.name, timeouts[APPROVAL_REQUEST.name]))
         def approval_request(begun: dict) -> dict:

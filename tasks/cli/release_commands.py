@@ -22,6 +22,10 @@ from shiplift.tasks.errors import BadInput, ConfigError
 from shiplift.tasks.ledger.events import AWAITING_APPROVAL, PROMOTED
 from shiplift.tasks.pipeline.table import STAGE_NAMES
 
+# what --fresh-champion does to a gate, wherever a release is run (`run_release(fresh_champion=True)`)
+FRESH_CHAMPION = ("scores the champion on every task, reusing none of the per-task results earlier gates recorded of "
+                  "it (docs/reports.md, \"One evaluation per gate\")")
+
 
 def aws_config(args, what: str):
     """The aws release config a command needs; BadInput naming the backend otherwise."""
@@ -90,10 +94,11 @@ def release_dry_run(args) -> int:
 
     from shiplift.tasks.backends.pricing import dry_run_cost_lines
     from shiplift.tasks.cli.gate_commands import power_lines
-    from shiplift.tasks.orchestrators.dry_run import plan_release, update_fit
+    from shiplift.tasks.orchestrators.dry_run import champion_line, plan_release, update_fit
 
     config = aws_config(args, "--dry-run")
-    requests = plan_release(config, config_path=Path(args.config), with_champion=args.with_champion)
+    requests = plan_release(config, config_path=Path(args.config), with_champion=args.with_champion,
+                            fresh_champion=args.fresh_champion)
     for request in requests:
         print(json.dumps(request.to_json(), ensure_ascii=False))
     services = Counter(r.service for r in requests)
@@ -102,7 +107,9 @@ def release_dry_run(args) -> int:
           f"valid for the installed botocore service model; {with_placeholders} carry placeholders (listed per "
           "request); nothing was sent",
           file=sys.stderr)
-    for line in [*dry_run_cost_lines(config), *power_lines(config, Path(args.config).parent)]:
+    champion = champion_line(requests, config)
+    for line in [*dry_run_cost_lines(config), *power_lines(config, Path(args.config).parent),
+                 *([champion] if champion else [])]:
         print(line, file=sys.stderr)
     print(f"{'this' if args.with_champion else 'the next'} release's update of production: {update_fit(config)}",
           file=sys.stderr)
@@ -213,8 +220,8 @@ def add_release_commands(sub) -> None:
                    help="with --dry-run: plan a later release, whose gate scores the serving champion and whose "
                         "promote updates production (showing how the update fits the endpoint)")
     p.add_argument("--fresh-champion", action="store_true",
-                   help="the gate scores the champion on every task, reusing none of the per-task results earlier "
-                        "gates recorded of it (docs/reports.md, \"One evaluation per gate\")")
+                   help=f"the gate {FRESH_CHAMPION}; with --dry-run --with-champion, the plan sends the champion one "
+                        "request per task")
     with_json(p, "the release's summary")
     p.set_defaults(func=cmd_release)
 

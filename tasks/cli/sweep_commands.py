@@ -9,8 +9,9 @@ from pathlib import Path
 
 from shiplift.tasks.cli.arguments import with_json, with_ledger, with_state_dir
 from shiplift.tasks.cli.ledger_commands import ledger_for
-from shiplift.tasks.cli.release_commands import print_summary, release_exit
+from shiplift.tasks.cli.release_commands import FRESH_CHAMPION, print_summary, release_exit
 from shiplift.tasks.console import EXIT_REJECTED, cell, print_fields, print_json, print_table
+from shiplift.tasks.errors import ConfigError
 
 COLUMNS = ["name", "status", "accuracy", "ece", "p95_ms", "usd_per_hour", "usd_per_1m_decisions", "reason"]
 
@@ -42,12 +43,16 @@ def cmd_run(args) -> int:
     from shiplift.tasks.sweeps.config import load_sweep
     from shiplift.tasks.sweeps.run import release_pick, run_sweep
 
+    if args.fresh_champion and not args.ship_pick:
+        raise ConfigError("--fresh-champion is about the pick's release and only goes with --release-pick",
+                          fix=f"run `shiplift sweep run {args.config} --release-pick --fresh-champion`; the "
+                              "candidates' own gates follow the base config's validation.champion.reuse")
     sweep = load_sweep(args.config)
     result = run_sweep(sweep, parallel=args.parallel)
     released = None
     if args.ship_pick and result["picked"] is not None:
         released = release_pick(make_backends(sweep.base).ledger, sweep.sweep_id,
-                                keep_candidate=args.keep_candidate or None)
+                                keep_candidate=args.keep_candidate or None, fresh_champion=args.fresh_champion)
     if args.json:
         print_json({**result, "release": released})
     else:
@@ -130,6 +135,8 @@ def add_sweep_commands(sub) -> None:
                    help="then release the pick: the base config with the pick's values, gated on the base's own "
                         "datasets against the champion, approval and rollout as the base says")
     p.add_argument("--keep-candidate", action="store_true", help="keep the pick's release candidate endpoint")
+    p.add_argument("--fresh-champion", action="store_true",
+                   help=f"with --release-pick: the pick's gate {FRESH_CHAMPION}")
     with_json(p)
     p.set_defaults(func=cmd_run)
 

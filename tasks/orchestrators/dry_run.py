@@ -8,11 +8,12 @@ maximum lengths, enums and patterns included, recorded under its stage, and answ
 nothing of the release exists yet (with `with_champion`, one where production serves a champion an earlier release
 promoted). Its ledger is a scratch SQLite file. And what only a real release computes stands in, through the stage
 context's model family (`StandInFamily`): the source, the built model and model.tar.gz are files of the size that goes
-up in parts, one copy needs 1 GiB, the calibration scores are a dozen made-up answers, the gate sends every request body
-of the family's gate to the candidate (and the champion) and passes, and the online gate replays its canary requests
-and passes. Their values, and those only AWS or the release's end knows, are marked as placeholders on every request
-that carries one. Each wait shows as the describe it polls, once. No credentials are needed, nothing is sent, and
-nothing is left on disk.
+up in parts, one copy needs 1 GiB, the calibration scores are a dozen made-up answers, the gate sends the family's gate
+requests as its gate sends them (`planned_gate`: every one to the candidate, and to the champion every one or only its
+live latency sample, as the gate's reuse of the champion's recorded results decides) and passes, and the online gate
+replays its canary requests and passes. Their values, and those only AWS or the release's end knows, are marked as
+placeholders on every request that carries one. Each wait shows as the describe it polls, once. No credentials are
+needed, nothing is sent, and nothing is left on disk.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,12 @@ from shiplift.tasks.ledger.checkpoints import CheckpointLog, PrivateKeySigner, c
 from shiplift.tasks.ledger.records import stage_payload
 from shiplift.tasks.ledger.stage_results import DeployResult
 from shiplift.tasks.ledger.store import Ledger
+from shiplift.tasks.orchestrators.run_options import ask_fresh_champion
 from shiplift.tasks.pipeline.release import finish, open_loaded, release_id_for, run_stage
 from shiplift.tasks.pipeline.stages.common import compute, production_component, production_endpoint
 from shiplift.tasks.pipeline.table import STAGES
-from shiplift.validation.evaluate import GateOutcome
+from shiplift.validation.champion_reuse import latency_turns
+from shiplift.validation.evaluate import TURN_PER_WORKER, GateOutcome, Side, side_by_side, turns_of
 from shiplift.validation.runner import Prediction
 
 MEMORY_MB = 1024  # stands in for the memory one copy needs, which the build measures
@@ -68,10 +71,12 @@ def quiet(message: str) -> None:
     """A dry run's progress: said to nobody."""
 
 
-def plan_release(config, *, config_path: Path, with_champion: bool = False) -> list[Request]:
+def plan_release(config, *, config_path: Path, with_champion: bool = False,
+                 fresh_champion: bool = False) -> list[Request]:
     """The requests of a first release of `config` (an aws config, read from `config_path`) on an account where nothing
-    of it exists yet; with `with_champion`, of a later one: its gate also scores the serving champion and its promote
-    updates production."""
+    of it exists yet; with `with_champion`, of a later one: its gate also scores the serving champion (on every task
+    with `fresh_champion`, as `shiplift release --fresh-champion` asks; see `planned_gate`) and its promote updates
+    production."""
     release_id = release_id_for(config)
     plan = Plan()
     account = FreshAccount(config.backend, plan.stand_in, release_id=release_id)
@@ -86,6 +91,8 @@ def plan_release(config, *, config_path: Path, with_champion: bool = False) -> l
             if with_champion:
                 _champion(config, backends, plan, account, ledger, release_id, CheckpointLog(scratch / "witness"))
             ctx = open_loaded(config, Path(config_path), backends, actor="dry-run", progress=quiet, family=family)
+            if fresh_champion:
+                ask_fresh_champion(ctx)
             for step in STAGES:
                 plan.stage = step.name
                 run_stage(ctx, step.name)
@@ -194,13 +201,12 @@ class StandInFamily:
                    for i in range(CALIBRATION_ANSWERS)]
         return answers, placeholder_hex("calibration set", ctx.release_id)
 
-    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, context=None, **_: Any) -> GateOutcome:
-        """Every request body of the family's gate sent to the candidate and, on the same tasks, the champion; the
-        release's context asked for as the report asks for it; the evidence files written; a pass."""
-        for target in (candidate, *([champion] if champion else [])):
-            channel = target.invoker.open()
-            for body in self.family.invocation_bodies(validation, paths):
-                channel.post(body, validation.request_timeout_s)
+    def evaluate(self, candidate, champion, paths, out_dir: Path, *, validation, settings, context=None,
+                 **_: Any) -> GateOutcome:
+        """The family's gate requests, each dataset's, sent as its gate sends them (`planned_gate`); the release's
+        context asked for as the report asks for it; the evidence files written; a pass."""
+        planned_gate(self.plan, candidate, champion,
+                     [self.family.invocation_bodies(validation, [path]) for path in paths], settings)
         out_dir.mkdir(parents=True, exist_ok=True)
         written = {name: self._file(name, name, in_parts=False) for name in EVIDENCE}
         for name, path in written.items():
@@ -215,6 +221,64 @@ class StandInFamily:
         return StandInOnlineGate(invoker, self.family.invocation_bodies(
             validation, validation.dataset_paths(config_dir))[: gate.max_tasks],
             validation.request_timeout_s)
+
+
+@dataclass(frozen=True)
+class _Bodies:
+    """One dataset's request bodies, as the gate's turns cut a dataset (`validation.evaluate.turns_of`)."""
+
+    items: list[bytes]
+
+
+def planned_gate(plan: Plan, candidate, champion, bodies: list[list[bytes]], settings) -> None:
+    """Each dataset's request `bodies` sent as the family's gate sends them (`validation.evaluate.side_by_side`): in
+    turns, alternately to the candidate and the champion. A champion whose recorded per-task results the gate may reuse
+    (its offer neither absent nor fresh) answers only the turns of its live latency sample
+    (`validation.champion_reuse.latency_turns`, as `validation.decisions.evaluate.score_decisions` picks them): a dry
+    run does not read the ledger (its own is a scratch one), so it plans that case, and the note on each of the
+    champion's requests states the condition (`champion_note`)."""
+    sides = [Side(candidate, None), *([Side(champion, None)] if champion else [])]
+    turns = turns_of([_Bodies(items) for items in bodies], sides, TURN_PER_WORKER * settings.concurrency)
+    offer = champion.offer if champion else None
+    reused = offer is not None and not offer.fresh
+    live = latency_turns([len(t.items) for t in turns], offer.latency_sample) if reused else range(len(turns))
+    note = champion_note(offer, sum(len(turns[i].items) for i in live), sum(map(len, bodies)))
+    channels: dict[int, Any] = {}
+
+    def send(target, turn, requests: dict) -> None:
+        if id(target) not in channels:
+            channels[id(target)] = target.invoker.open()
+        sent = len(plan.requests)
+        for body in turn.items:
+            channels[id(target)].post(body, requests["timeout_s"])
+        for request in plan.requests[sent:] if target is champion else ():
+            if request.operation == "InvokeEndpoint":
+                request.note = note
+
+    side_by_side(sides, turns, send, lambda outcome: False, settings,
+                 first_only=frozenset(range(len(turns))) - frozenset(live))
+
+
+def champion_note(offer, sent: int, every: int) -> str:
+    """What the plan says of the champion's gate requests: `sent` of the `every` one per task, and why."""
+    if offer is None:
+        return f"the champion on every task ({every} requests): this family's gate reuses no recorded results"
+    if offer.fresh:
+        return f"the champion on every task ({every} requests): {offer.fresh}"
+    return (f"the champion's live latency sample, alternated with the candidate: {sent} of the gate's {every} "
+            f"requests (validation.champion.latency_sample: {offer.latency_sample}); the gate reuses the per-task "
+            "results an earlier gate recorded of this champion under the same identity (serving id, determinism "
+            "profile, readout, dataset sha256). A gate whose champion has none scores it on every task "
+            f"({every} requests), as --fresh-champion does; a dry run does not read the ledger, so it cannot tell "
+            "which")
+
+
+def champion_line(requests: list[Request], config) -> str | None:
+    """The printed line on the champion's gate requests of a plan (None: the plan has no champion): how many, and
+    their note (`champion_note`)."""
+    asked = [r for r in requests if (r.stage, r.operation) == ("validate", "InvokeEndpoint")
+             and r.params["EndpointName"] == production_endpoint(config)]
+    return f"the gate's champion requests: {len(asked)}, {asked[0].note}" if asked else None
 
 
 class StandInOnlineGate:
@@ -395,8 +459,6 @@ def annotations(config) -> dict[tuple[str, str], tuple[Note, dict[str, str]]]:
          "ListBuildsForProject"): ("a build of this tag still running (an earlier attempt) is waited for instead of "
                                             "started again", {}),
         ("deploy_candidate", "CreateInferenceComponent"): (None, MEASURED),
-        ("validate", "InvokeEndpoint"): (lambda params: "the champion, on the same tasks"
-                                         if params["EndpointName"] == production_endpoint(config) else None, {}),
         ("promote", "InvokeEndpoint"): ("the online gate's canary replay through production, after each batch", {}),
         ("promote", "CreateInferenceComponent"): (None, MEASURED),
         ("promote", "UpdateInferenceComponent"): (lambda params: (

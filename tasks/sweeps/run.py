@@ -258,10 +258,11 @@ def summary(records: SweepRecords) -> dict[str, Any]:
 
 
 def release_pick(ledger, sweep_id: str, *, actor: str | None = None, keep_candidate: bool | None = None,
-                 progress: Progress = print_progress) -> dict[str, Any]:
+                 fresh_champion: bool = False, progress: Progress = print_progress) -> dict[str, Any]:
     """Release the sweep's pick as any config is released (`run_release`: its gate against the champion on the base's
-    own datasets, which no candidate was measured on; approval where the base requires one; its rollout), and record
-    which release that is. NotReady before the sweep picked; ConfigError when it picked nothing."""
+    own datasets, which no candidate was measured on, and with `fresh_champion` the champion scored on every task;
+    approval where the base requires one; its rollout), and record which release that is. NotReady before the sweep
+    picked; ConfigError when it picked nothing."""
     actor = actor or default_actor()
     records = SweepRecords.load(ledger, sweep_id)
     pick = records.recorded_pick()
@@ -275,7 +276,7 @@ def release_pick(ledger, sweep_id: str, *, actor: str | None = None, keep_candid
     progress(f"sweep {sweep_id}: releasing the pick {pick.picked} ({base_path.name} with "
              f"{' '.join(chosen['overrides']) or 'no change'})")
     released = run_release(base_path, overrides=tuple(chosen["overrides"]), keep_candidate=keep_candidate,
-                           actor=actor, progress=progress)
+                           fresh_champion=fresh_champion, actor=actor, progress=progress)
     if records.handed_off is None or records.handed_off.get("release_id") != released["release_id"]:
         ledger.append(release_id=sweep_id, model=records.opened["model"], stage=events.SWEEP,
                       event=events.HANDED_OFF, payload={"candidate": pick.picked, "release_id": released["release_id"],

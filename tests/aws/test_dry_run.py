@@ -23,8 +23,11 @@ from shiplift.tasks.backends.aws.recording_session import FreshAccount, recordin
 from shiplift.tasks.backends.aws.service_model import request_problems
 from shiplift.tasks.config import load_release_config
 from shiplift.tasks.errors import BadInput
-from shiplift.tasks.orchestrators.dry_run import Plan, plan_release
+from shiplift.tasks.orchestrators.dry_run import Plan, champion_line, plan_release
+from shiplift.tasks.pipeline.stages.common import production_endpoint
 from shiplift.tasks.pipeline.table import STAGE_NAMES
+from shiplift.validation.champion_reuse import latency_turns
+from shiplift.validation.evaluate import TURN_PER_WORKER
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ROOT / "configs" / "releases"
@@ -130,7 +133,7 @@ def test_mdeberta_on_mig_partitions():
                                          for line in invocations), "90 pairs in batches of 16"
 
 
-# ~16 s: make test-slow; make test runs a second aws release against its champion (tests/aws/test_release_aws.py)
+# ~24 s: make test-slow; make test runs a second aws release against its champion (tests/aws/test_release_aws.py)
 @pytest.mark.slow
 def test_a_later_release_scores_the_champion_and_updates_production_where_its_copies_fit():
     first, _ = dry_run("configs/releases/qwen35-4b-semif.yaml")
@@ -138,8 +141,14 @@ def test_a_later_release_scores_the_champion_and_updates_production_where_its_co
     assert_valid(lines)
     invocations = [line["params"] for line in lines if line["operation"] == "InvokeEndpoint"]
     champion = [params for params in invocations if params["EndpointName"] == "shiplift-qwen35-4b-semif-prod"]
-    assert len(champion) == len(invocations) - len(champion) == 111, "the champion answers the same tasks"
+    assert len(champion) < len(invocations) - len(champion) == 111, "the champion answers its latency sample"
+    assert f"the gate's champion requests: {len(champion)}, the champion's live latency sample" in stderr
     assert all(params["InferenceComponentName"] == "shiplift-qwen35-4b-semif" for params in champion)
+    fresh, stderr_fresh = dry_run("configs/releases/qwen35-4b-semif.yaml", flags=("--with-champion",
+                                                                                   "--fresh-champion"))
+    assert len(fresh) == len(lines) - len(champion) + 111, "--fresh-champion: the champion answers every task"
+    assert "the gate's champion requests: 111, the champion on every task (111 requests): --fresh-champion" in \
+        stderr_fresh
     promote = [line for line in lines if line["stage"] == "promote"]
     ops = [line["operation"] for line in promote]
     assert "CreateEndpoint" not in ops and "CreateInferenceComponent" not in ops and "CreateEndpointConfig" not in ops
@@ -149,7 +158,7 @@ def test_a_later_release_scores_the_champion_and_updates_production_where_its_co
            "grows to 4 x ml.g6e.xlarge = 4 GPUs (ManagedInstanceScaling): fits")
     assert fit in update["note"] and f"this release's update of production: {fit}" in stderr
     assert [line["operation"] for line in first if line["stage"] == "promote"].count("CreateInferenceComponent") == 1
-    assert len(lines) == len(first) + 111 + 4 + 1 - 2 + 1, (
+    assert len(lines) == len(first) + len(champion) + 4 + 1 - 2 + 1, (
         "the champion's answers, its describe past the DescribeEndpoint a first release sends too (4 requests) and its "
         "channel's DescribeEndpoint, less production's CreateEndpointConfig and CreateEndpoint, and the registry view "
         "looking up the champion's version, which the promotion supersedes")
@@ -266,9 +275,47 @@ def test_a_canary_sagemaker_cannot_send_is_refused_with_the_reason():
     assert "Traceback" not in done.stderr
 
 
-def planned(name: str, *overrides: str, with_champion: bool = False):
+def planned(name: str, *overrides: str, with_champion: bool = False, fresh_champion: bool = False):
     config = load_release_config(RELEASES / name, overrides=overrides, environ={})
-    return plan_release(config, config_path=RELEASES / name, with_champion=with_champion)
+    return plan_release(config, config_path=RELEASES / name, with_champion=with_champion,
+                        fresh_champion=fresh_champion)
+
+
+def gate_requests(requests, production: str) -> tuple[list, list]:
+    """The gate's InvokeEndpoint requests: (the candidate's, the champion's), each in the order sent."""
+    sent = [r for r in requests if (r.stage, r.operation) == ("validate", "InvokeEndpoint")]
+    return ([r for r in sent if r.params["EndpointName"] != production],
+            [r for r in sent if r.params["EndpointName"] == production])
+
+
+def test_a_later_gate_sends_the_champion_its_latency_sample_and_every_task_only_when_asked_to_score_it_afresh():
+    """Reuse allowed (the default): the champion answers only the turns of its live latency sample, the turns the gate
+    picks (`latency_turns` over its turns of TURN_PER_WORKER x concurrency tasks), alternated with the candidate (A B,
+    then B A), each request and the printed line saying that a champion without recorded results is scored on every
+    task. `--fresh-champion`, or `validation.champion.reuse: fresh`, sends it every task."""
+    config = load_release_config(RELEASES / "qwen35-4b-semif.yaml", environ={})
+    production, size = production_endpoint(config), TURN_PER_WORKER * config.validation.concurrency
+    requests = planned("qwen35-4b-semif.yaml", with_champion=True)
+    candidate, champion = gate_requests(requests, production)
+    turns = [candidate[first:first + size] for first in range(0, len(candidate), size)]
+    sample = sorted(latency_turns([len(turn) for turn in turns], config.validation.champion.latency_sample))
+    assert len(candidate) == 111 and config.validation.champion.latency_sample <= len(champion) < len(candidate)
+    assert [r.params["Body"] for r in champion] == [r.params["Body"] for i in sample for r in turns[i]]
+    position = {id(r): n for n, r in enumerate(requests)}
+    champion_first = [position[id(champion[sum(len(turns[j]) for j in sample[:k])])] < position[id(turns[i][0])]
+                      for k, i in enumerate(sample)]
+    assert champion_first == [k % 2 == 1 for k in range(len(sample))], "A B, then B A, on the sampled turns"
+    assert {r.note for r in champion} == {champion[0].note} and "scores it on every task (111 requests)" in \
+        champion[0].note and not any(r.note for r in candidate)
+    assert champion_line(requests, config).startswith(f"the gate's champion requests: {len(champion)}, the champion's "
+                                                      "live latency sample")
+    for why, plan in (("--fresh-champion", planned("qwen35-4b-semif.yaml", with_champion=True, fresh_champion=True)),
+                      ("validation.champion.reuse is fresh",
+                       planned("qwen35-4b-semif.yaml", "validation.champion.reuse=fresh", with_champion=True))):
+        candidate, champion = gate_requests(plan, production)
+        assert [r.params["Body"] for r in champion] == [r.params["Body"] for r in candidate] and len(champion) == 111
+        assert champion[0].note == f"the champion on every task (111 requests): {why}"
+        assert champion_line(plan, config) == f"the gate's champion requests: 111, {champion[0].note}"
 
 
 def test_the_stages_are_run_in_the_order_of_the_stage_table():

@@ -184,6 +184,17 @@ def test_promotion_params_accept_a_rollback(dagbag):
     assert resolved["rollback_target"] == "gemma-decision-ba9876543210" and resolved["state_dir"] is None
 
 
+def test_refresh_params_take_fresh_champion_as_a_boolean_off_by_default(dagbag):
+    """The `fresh_champion` param is `shiplift release --fresh-champion` (tests/unit/test_fresh_champion_runs.py)."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    refresh = dagbag.dags["refresh_gemma_decision"]
+    assert _validate(refresh, {})["fresh_champion"] is False
+    assert _validate(refresh, {"fresh_champion": True})["fresh_champion"] is True
+    with pytest.raises(ParamValidationError, match="param fresh_champion"):
+        _validate(refresh, {"fresh_champion": "yes"})
+
+
 # ~75 s on 2 cores: make test-slow; make test runs a refresh DAG end to end in tests/dags/test_dags_aws.py
 @pytest.mark.slow
 def test_refresh_dag_end_to_end_and_a_bad_config_fails_at_begin(tmp_path, run_dags, dags_for_configs, tiny_release):
