@@ -4,7 +4,7 @@ A sample of the gate's tasks is scored twice on the candidate, one right after t
 `"prefix_cache": "cold"`: the whole prefix evaluated, no cached state restored, the state kept as usual), then warm
 (`"prefix_cache": "warm"`: the state the cold answer kept is restored). The check compares their option probabilities:
 the largest absolute difference must be at most `validation.cache_check.tolerance`. An endpoint that keeps no prefixes
-(a sliding-window model, or its cache turned off) gives no evidence either way, and the check says skipped and why;
+(its cache turned off) gives no evidence either way, and the check says skipped and why;
 it never passes without a warm answer that restored a cached state.
 """
 

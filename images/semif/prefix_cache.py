@@ -33,12 +33,17 @@ def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class PrefixCache:
-    """Evaluated states by token prefix, bounded by total state bytes and by entry count (either 0: off)."""
+    """Evaluated states by token prefix, bounded by total state bytes and by entry count (either 0: off).
 
-    def __init__(self, max_bytes: int, max_entries: int, *, min_shared: int = 1):
+    `exact_only`: reuse a state only for a request whose prefix is exactly its tokens (a sliding-window model's:
+    llama.cpp writes its state without the window's masked cells, so a kept state can be neither cut back to a
+    shorter prefix nor grown into a longer one in the KV layout a cold evaluation has; see server.py)."""
+
+    def __init__(self, max_bytes: int, max_entries: int, *, min_shared: int = 1, exact_only: bool = False):
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self.min_shared = min_shared  # a lookup reuses an entry only when it shares more than this many tokens
+        self.exact_only = exact_only
         self._entries: OrderedDict[bytes, tuple[np.ndarray, bytes]] = OrderedDict()  # key: the tokens' bytes
         self._lock = threading.Lock()
         self.bytes = 0
@@ -53,15 +58,19 @@ class PrefixCache:
         return self.max_bytes > 0 and self.max_entries > 0
 
     def lookup(self, tokens: Sequence[int]) -> Reuse | None:
-        """The entry sharing the longest prefix with `tokens` (more than `min_shared` of them), made the most recently
-        used; None when there is none."""
+        """The entry sharing the longest prefix with `tokens` (more than `min_shared` of them; with `exact_only`, the
+        entry of exactly `tokens`), made the most recently used; None when there is none."""
         wanted = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             best_key, best_shared = None, self.min_shared
-            for key, (held, _) in self._entries.items():
-                shared = shared_prefix(held, wanted)
-                if shared > best_shared:
-                    best_key, best_shared = key, shared
+            if self.exact_only:
+                if wanted.tobytes() in self._entries and len(wanted) > self.min_shared:
+                    best_key, best_shared = wanted.tobytes(), len(wanted)
+            else:
+                for key, (held, _) in self._entries.items():
+                    shared = shared_prefix(held, wanted)
+                    if shared > best_shared:
+                        best_key, best_shared = key, shared
             if best_key is None:
                 return None
             self._entries.move_to_end(best_key)
@@ -88,13 +97,14 @@ class PrefixCache:
             return True
 
     def store(self, tokens: Sequence[int], state: bytes) -> None:
-        """Keep `state` (the KV state of exactly `tokens`), dropping entries it makes redundant (those whose tokens
-        are a prefix of `tokens`: any request they serve, it serves as well) and then the least recently used until
-        both bounds hold (a state over the byte bound on its own goes as well: ask `admits` first)."""
+        """Keep `state` (the KV state of exactly `tokens`), dropping entries it makes redundant (unless `exact_only`,
+        those whose tokens are a prefix of `tokens`: any request they serve, it serves as well, cut back) and then
+        the least recently used until both bounds hold (a state over the byte bound on its own goes as well: ask
+        `admits` first)."""
         held = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             for key, (other, other_state) in list(self._entries.items()):
-                if len(other) <= len(held) and shared_prefix(other, held) == len(other):
+                if not self.exact_only and len(other) <= len(held) and shared_prefix(other, held) == len(other):
                     del self._entries[key]
                     self.bytes -= len(other_state)
             self._entries[held.tobytes()] = (held, state)

@@ -369,18 +369,19 @@ class Engine:
         self.letter_ids = self._letter_ids()
         self.profile = determinism_profile(settings)
         self.tokens_evaluated = 0  # by llama.cpp since start-up (the prefix cache's saving shows against it)
-        # Off for sliding-window models (Gemma 3): in this build a restored 1,153-token Gemma state changed an option
-        # logit by 0.17 against a cold evaluation (states under ~800 tokens matched exactly), so reuse would change
-        # answers; llama.cpp's tracker has open reports of warm-cache logprob changes (ggml-org/llama.cpp#28368).
+        # A sliding-window model (Gemma 3): llama.cpp writes a state without the window's masked cells, so a restored
+        # prefix lies in the KV cache in another layout than one just evaluated, and its suffix's option logits differed
+        # (by up to 0.40 on Gemma-3-270M's 1,114-token agent state; the model's logits move that much with any change
+        # of evaluation order). Every prefix such a model evaluates is therefore written and read back before its
+        # suffix (`_read_back`), so cached or not each suffix sees one layout and answers bit for bit alike; and its
+        # cache reuses a state only for exactly the same prefix (cut back, a state lacks the window's earlier cells;
+        # grown, its new tokens would be evaluated in another layout: 0.2 logits off).
         self.sliding_window = llama_cpp.llama_model_n_swa(self.llm.model) > 0
         # reusing a state is worth it only when it holds some of the state, not just the prompt's fixed opening
-        self.cache = PrefixCache(0 if self.sliding_window else settings.prefix_cache_bytes,
-                                 settings.prefix_cache_entries,
-                                 min_shared=len(self.tokenize(self.head + prefix_text(""), add_bos=True)))
-        self.cache_off = (None if self.cache.enabled else
-                          "a sliding-window model: reuse would change its answers"
-                          if self.sliding_window and settings.prefix_cache_bytes and settings.prefix_cache_entries
-                          else "SEMIF_PREFIX_CACHE_BYTES or SEMIF_PREFIX_CACHE_ENTRIES is 0")  # why it keeps nothing
+        self.cache = PrefixCache(settings.prefix_cache_bytes, settings.prefix_cache_entries,
+                                 min_shared=len(self.tokenize(self.head + prefix_text(""), add_bos=True)),
+                                 exact_only=self.sliding_window)
+        self.cache_off = None if self.cache.enabled else "SEMIF_PREFIX_CACHE_BYTES or SEMIF_PREFIX_CACHE_ENTRIES is 0"
 
     # -- start-up checks ---------------------------------------------------------------
 
@@ -493,8 +494,9 @@ class Engine:
             self.cache.count(reused)
         if reused < len(prefix):
             self._eval(prefix[reused:])
+            state = self._read_back() if self.sliding_window else None
             if self.cache.enabled:
-                self._keep(prefix)
+                self._keep(prefix, state)
         return time.perf_counter() - start, reused
 
     def _restore(self, prefix: list[int]) -> int:
@@ -518,15 +520,33 @@ class Engine:
         self.llm.input_ids[: found.shared] = prefix[: found.shared]
         return found.shared
 
-    def _keep(self, prefix: list[int]) -> None:
-        """Copy the state of exactly `prefix` into the cache, unless it is over the cache's byte bound."""
+    def _state(self) -> bytes:
+        """A copy of sequence 0's KV state as llama.cpp writes it."""
         llama_cpp = self._llama_cpp
         size = llama_cpp.llama_state_seq_get_size(self.llm.ctx, 0)
-        if not self.cache.admits(size) or self.cache.holds(prefix):
-            return
         buffer = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self.llm.ctx, buffer, size, 0)
-        self.cache.store(prefix, ctypes.string_at(buffer, written))
+        return ctypes.string_at(buffer, written)
+
+    def _read_back(self) -> bytes:
+        """Write the context's state and load it again, so that the KV cache holds it in the layout a restored state
+        has (a sliding-window model's masked cells dropped, the rest in position order); the state written."""
+        llama_cpp = self._llama_cpp
+        state, n_tokens = self._state(), self.llm.n_tokens
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        llama_cpp.llama_memory_clear(self._memory(), True)
+        if llama_cpp.llama_state_seq_set_data(self.llm.ctx, buffer, len(state), 0) != len(state):
+            raise RuntimeError("llama.cpp did not load back the state it wrote")
+        self.llm.n_tokens = n_tokens
+        return state
+
+    def _keep(self, prefix: list[int], state: bytes | None) -> None:
+        """Keep the state of exactly `prefix` (`state`, when already written) in the cache, unless it is over the
+        cache's byte bound."""
+        size = len(state) if state is not None else self._llama_cpp.llama_state_seq_get_size(self.llm.ctx, 0)
+        if not self.cache.admits(size) or self.cache.holds(prefix):
+            return
+        self.cache.store(prefix, state if state is not None else self._state())
 
     def _truncate_to(self, n_tokens: int) -> None:
         """Drop every KV-cache cell after the first `n_tokens` positions (the shared prefix)."""
@@ -616,6 +636,8 @@ def determinism_profile(settings: Settings) -> dict[str, Any]:
         "n_ctx": settings.max_tokens,
         "prefix_cache_bytes": settings.prefix_cache_bytes,
         "prefix_cache_entries": settings.prefix_cache_entries,
+        # a sliding-window model's prefix is written and read back before its suffix (one KV layout, cached or not)
+        "sliding_window_prefix": "read_back",
     }
 
 

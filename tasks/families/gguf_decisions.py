@@ -361,6 +361,8 @@ def determinism_profile(image: SemifImage) -> dict:
         "n_ctx": image.max_tokens,
         "prefix_cache_bytes": image.prefix_cache_bytes,
         "prefix_cache_entries": image.prefix_cache_entries,
+        # a sliding-window model's prefix is written and read back before its suffix (one KV layout, cached or not)
+        "sliding_window_prefix": "read_back",
     }
 
 

@@ -44,12 +44,12 @@ def test_identical_answers_pass_a_zero_tolerance_and_any_change_fails_it():
 
 
 def test_an_endpoint_without_a_prefix_cache_is_skipped_with_its_reason_never_passed():
-    off = ColdWarm("t1", Answer([0.5, 0.5], "a sliding-window model: reuse would change its answers", 0), None)
+    off = ColdWarm("t1", Answer([0.5, 0.5], "SEMIF_PREFIX_CACHE_BYTES or SEMIF_PREFIX_CACHE_ENTRIES is 0", 0), None)
     check, evidence = cache_check([off], 1e-4)
     assert check.status == "skipped" and check.observed is None and check.n == 0
-    assert check.reason == ("skipped: the endpoint keeps no prefix cache (a sliding-window model: reuse would change "
-                            "its answers)")
-    assert evidence["cache"].startswith("off: a sliding-window") and evidence["max_abs_difference"] is None
+    assert check.reason == ("skipped: the endpoint keeps no prefix cache (SEMIF_PREFIX_CACHE_BYTES or "
+                            "SEMIF_PREFIX_CACHE_ENTRIES is 0)")
+    assert evidence["cache"].startswith("off: SEMIF_PREFIX_CACHE_BYTES") and evidence["max_abs_difference"] is None
 
 
 def test_warm_answers_that_restored_nothing_are_no_evidence():

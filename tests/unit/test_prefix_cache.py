@@ -50,6 +50,22 @@ def test_the_entry_sharing_the_longest_prefix_wins_and_a_diverging_one_is_cut_to
     assert cache.lookup([1, 2, 9, 8]).state == state(1)
 
 
+def test_an_exact_only_cache_reuses_a_state_only_for_the_same_prefix_and_keeps_the_shorter_ones():
+    """A sliding-window model's cache (`exact_only`): a state is no use cut back (it lacks window positions) or grown
+    (the new tokens would be evaluated in another KV layout than cold), and a grown one does not replace it."""
+    cache = CACHE.PrefixCache(1000, 4, exact_only=True)
+    cache.store([1, 2, 3, 4, 7], state(2))
+    assert cache.lookup([1, 2, 3, 4, 5]) is None  # shares 4 of the entry's 5
+    assert cache.lookup([1, 2, 3, 4]) is None  # the entry runs past the request
+    assert cache.lookup([1, 2, 3, 4, 7, 8]) is None  # the request grows the entry
+    cache.store([1, 2, 3, 4], state(3))
+    found = cache.lookup([1, 2, 3, 4])
+    assert found.state == state(3) and found.shared == 4 and list(found.tokens) == [1, 2, 3, 4]
+    assert cache.lookup([1, 2, 3, 4, 7]).state == state(2)
+    assert cache.stats()["entries"] == 2 and cache.stats()["bytes"] == len(state(2)) + len(state(3))
+    assert CACHE.PrefixCache(1000, 4, min_shared=4, exact_only=True).lookup([1, 2, 3, 4]) is None
+
+
 def test_sharing_only_the_prompts_fixed_opening_is_a_miss():
     cache = CACHE.PrefixCache(1000, 4, min_shared=3)
     cache.store([1, 2, 3, 4, 5], state(1))
