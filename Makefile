@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed-$(HASH)
 CELERY_STAMP := $(VENV)/.installed-celery-$(HASH)
 PYTEST_ARGS ?=
 # make bench-gate BENCH_ARGS="--candidates 1000 --suggest": options of bench/gate_error_rates.py (bench-gate-wall:
-# of bench/gate_wall.py, e.g. BENCH_ARGS="--tiny --rounds 2")
+# of bench/gate_wall.py, e.g. BENCH_ARGS="--tiny --rounds 2"; bench: --sections 5,9,10)
 BENCH_ARGS ?=
 
 .PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger bench-gate bench-gate-wall airflow clean stop
@@ -75,8 +75,8 @@ test-aws-live: setup ## releases a tiny CPU canary into your AWS account and del
 airflow: setup       ## local Airflow (SQLite) with this checkout's DAGs on 127.0.0.1; prints the admin login; Ctrl-C stops
 	PYTHON=$(BIN)/python scripts/airflow_standalone.sh
 
-bench: setup         ## side-by-side speed ratios
-	$(BIN)/python -m bench.run
+bench: setup         ## side-by-side speed ratios; BENCH_ARGS="--sections 5,9,10" measures those sections alone, in one run
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 bench-chat: setup    ## the chat-path section of `make bench` alone: SemIf vs the DLC's chat path on the same model and tasks
 	$(BIN)/python -m bench.chat_path

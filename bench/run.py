@@ -13,9 +13,9 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
 4. orchestration overhead: the demo release (configs/releases/gemma-decision.yaml) as one
    refresh DAG run (`dag.test()` on SQLite) vs the same release through the CLI, each a fresh
    process with fresh state (target ≤ 1.5×);
-5. encoder engines (bench/encoder.py): PyTorch eager fp32 vs ONNX Runtime fp32 vs the served int8
-   graph at sequence length 512, each engine in its own process, alternated rounds, ratio per round
-   with its spread, the CPU's ISA printed (targets: ORT fp32 ≥ 1.3×, ORT int8 ≥ 2× PyTorch at
+5. encoder engines (bench/encoder.py): PyTorch eager fp32 vs ONNX Runtime fp32 and the served int8
+   graph vs OpenVINO fp32 and NNCF int8 at sequence length 512, each engine in its own process, alternated rounds,
+   ratio per round with its spread, the CPU's ISA printed (targets: ORT fp32 ≥ 1.3×, ORT int8 ≥ 2× PyTorch at
    batch 8 with at most 1 point accuracy loss; docs/encoder-speed.md has the roofline that bounds it);
 6. the router (bench/router.py): overhead per decision vs calling the copy directly (target ≤ 5 %
    at p50), and throughput during a rolling update vs steady state (target ≥ 0.8);
@@ -29,6 +29,8 @@ medians, because absolute times drift on shared machines. Uses the real demo mod
 10. the gate wall (bench/gate_wall.py): the demo release's gate with the champion's recorded per-task results reused vs
    scored afresh (`--fresh-champion`), the same model as candidate, each release its own process, alternated (target:
    reuse <= 0.55x of fresh), with the champion requests each made.
+
+`python -m bench.run --sections 5,9,10` (make bench BENCH_ARGS=...) measures only those sections, in one run.
 """
 
 from __future__ import annotations
@@ -181,38 +183,65 @@ def bench_dag_vs_cli() -> dict:
             "detail": f"DAG {dag_s:.1f}s (Airflow start-up and parse included) vs CLI {cli_s:.1f}s; state in {work}"}
 
 
-def main() -> int:
-    gguf = gemma_path()
-    log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads")
-    results = []
+def adapter_sections(gguf: Path) -> list[dict]:
+    """Sections 1-3, on one adapter process."""
     with adapter(gguf) as url:
-        log("1/10 shared state vs single requests")
-        results.append(bench_shared_state(url))
-        log("2/10 adapter overhead")
+        log("shared state vs single requests")
+        results = [bench_shared_state(url)]
+        log("adapter overhead")
         results.append(bench_adapter_overhead(url, gguf))
-        log("3/10 runner overhead")
+        log("runner overhead")
         results.append(bench_runner_overhead(url))
-    log("4/10 orchestration overhead (two full demo releases)")
-    results.append(bench_dag_vs_cli())
-    log("5/10 encoder engines, each in its own process: PyTorch fp32 vs ONNX Runtime fp32 vs the served int8 graph")
+    return results
 
-    results.extend(bench_encoder())
-    log("6/10 router overhead and throughput during a rolling update")
 
-    results.extend(bench_router(gguf))
-    log("7/10 the ledger: appends, verify, checkpoints and inclusion proofs at 10k and 100k records")
+# (first section number, last, what the log says, the measurement): every run measures in this order
+SECTIONS = (
+    (1, 3, "the adapter: shared state vs single requests, its overhead, the runner's overhead", adapter_sections),
+    (4, 4, "orchestration overhead (two full demo releases)", lambda gguf: [bench_dag_vs_cli()]),
+    (5, 5, "encoder engines, each in its own process: PyTorch, ONNX Runtime and OpenVINO, fp32 and int8",
+     lambda gguf: bench_encoder()),
+    (6, 6, "router overhead and throughput during a rolling update", bench_router),
+    (7, 7, "the ledger: appends, verify, checkpoints and inclusion proofs at 10k and 100k records",
+     lambda gguf: bench_ledger()),
+    (8, 8, "the chat path vs SemIf on the same model and tasks", lambda gguf: bench_chat_path()),
+    (9, 9, "agent loop: 8 requests on one state with and without prefix reuse, each server in its own process",
+     lambda gguf: bench_agent_loop(gguf, decisions(shared_state()))),
+    (10, 10, "gate wall: the demo gate with the champion's recorded results reused vs scored afresh, each release "
+     "in its own process", lambda gguf: bench_gate_wall()),
+)
 
-    results.extend(bench_ledger())
-    log("8/10 the chat path vs SemIf on the same model and tasks")
 
-    results.extend(bench_chat_path())
-    log("9/10 agent loop: 8 requests on one state with and without prefix reuse, each server in its own process")
-    results.extend(bench_agent_loop(gguf, decisions(shared_state())))
-    log("10/10 gate wall: the demo gate with the champion's recorded results reused vs scored afresh, each release in "
-        "its own process")
-    results.extend(bench_gate_wall())
+def chosen_sections(argv: list[str]) -> set[int]:
+    """The section numbers `--sections 5,9,10` names (every section without it); SystemExit naming the fix for any
+    other argument or number."""
+    every = {n for first, last, _, _ in SECTIONS for n in range(first, last + 1)}
+    if not argv:
+        return every
+    if len(argv) != 2 or argv[0] != "--sections":
+        raise SystemExit(f"bench.run: unexpected arguments {argv}; run it with no arguments (every section) or "
+                         f"--sections N[,N...] (sections 1-{max(every)}, e.g. --sections 5,9,10)")
+    try:
+        wanted = {int(part) for part in argv[1].split(",")}
+    except ValueError:
+        wanted = set()
+    if not wanted or not wanted <= every:
+        raise SystemExit(f"bench.run: --sections {argv[1]!r} is not a comma-separated list of sections 1-{max(every)}")
+    return wanted
+
+
+def main(argv: list[str]) -> int:
+    wanted = chosen_sections(argv)
+    gguf = gemma_path()
+    log(f"bench model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), {THREADS} threads; "
+        f"sections {','.join(map(str, sorted(wanted)))}")
+    results = []
+    for first, last, what, measure in SECTIONS:
+        if wanted & set(range(first, last + 1)):
+            log(f"{first if first == last else f'{first}-{last}'}/{SECTIONS[-1][1]} {what}")
+            results.extend(measure(gguf))
     return report(results)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
