@@ -135,7 +135,10 @@ def sweep_dag(sweep_file: str) -> DAG:
         default_args={"owner": OWNER, "retries": 0, "execution_timeout": SHORT_TIMEOUT},
         params={"release_pick": Param(False, type="boolean",
                                       description="then release the pick (the base config with the pick's values, "
-                                                  "gated on the base's own datasets), as `sweep run --release-pick`")},
+                                                  "gated on the base's own datasets), as `sweep run --release-pick`"),
+                "fresh_champion": Param(False, type="boolean",
+                                        description="with release_pick: the pick's gate scores the champion on every "
+                                                    "task, as `sweep run --release-pick --fresh-champion`")},
         doc_md=f"Sweep `{sweep_path}` (docs/sweeps.md): `open` records the rule's sha256 before any candidate runs; "
                f"`evaluate` runs once per candidate (dynamic task mapping), at most {parallel} at once, in the pool "
                f"`{pool}`, which must exist before a run: `airflow pools set {pool} {parallel} \"shiplift sweep "
@@ -176,7 +179,7 @@ def sweep_dag(sweep_file: str) -> DAG:
                 raise AirflowSkipException("no candidate met the rule: nothing to release")
             from shiplift.tasks.sweeps.orchestrated import release_pick_orchestrated
 
-            return release_pick_orchestrated(sweep_path, actor=_holder())
+            return release_pick_orchestrated(sweep_path, actor=_holder(), fresh_champion=_params()["fresh_champion"])
 
         evaluated = CandidateEvaluation.partial(
             task_id="evaluate", sweep_path=str(sweep_path), pool=pool, pool_slots=1,

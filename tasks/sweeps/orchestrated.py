@@ -247,14 +247,14 @@ def pick_orchestrated(sweep_path: str | Path, *, actor: str, progress: Progress 
     return record_pick(ledger, sweep.sweep_id, actor=actor, progress=progress)
 
 
-def release_pick_orchestrated(sweep_path: str | Path, *, actor: str,
+def release_pick_orchestrated(sweep_path: str | Path, *, actor: str, fresh_champion: bool = False,
                               progress: Progress = print_progress) -> dict[str, Any]:
-    """The pick's own release, as `sweep run --release-pick` runs it (gated on the base's held-out datasets); nothing
-    to release (release_id None, and why) when no candidate met the rule."""
+    """The pick's own release, as `sweep run --release-pick [--fresh-champion]` runs it (gated on the base's held-out
+    datasets); nothing to release (release_id None, and why) when no candidate met the rule."""
     sweep, _, ledger, records = _opened(sweep_path, None, actor=actor)
     recorded = records.recorded_pick()
     if recorded is not None and recorded.picked is None:
         progress(f"sweep {sweep.sweep_id}: no candidate met the rule, so there is no pick to release")
         return {"release_id": None, "skipped": "no candidate met the rule"}
-    released = release_pick(ledger, sweep.sweep_id, actor=actor, progress=progress)
+    released = release_pick(ledger, sweep.sweep_id, actor=actor, fresh_champion=fresh_champion, progress=progress)
     return {key: released.get(key) for key in ("release_id", "model", "status", "decision")}

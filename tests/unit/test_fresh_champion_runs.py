@@ -53,6 +53,17 @@ def test_sweep_run_hands_fresh_champion_to_the_pick_s_release(picked_sweep, caps
     assert [kwargs["fresh_champion"] for kwargs in asked] == [False, True]
 
 
+def test_the_sweep_dag_s_release_pick_hands_fresh_champion_to_the_pick_s_release(picked_sweep, capsys):
+    """`release_pick_orchestrated` (the sweep DAG's release_pick task, its `fresh_champion` param) passes it on."""
+    from shiplift.tasks.sweeps.orchestrated import release_pick_orchestrated
+
+    path, asked = picked_sweep
+    assert main(["sweep", "run", str(path), "--json"]) == 0  # evaluated and picked, nothing released
+    release_pick_orchestrated(path, actor="dag-run", progress=quiet)
+    release_pick_orchestrated(path, actor="dag-run", fresh_champion=True, progress=quiet)
+    assert [kwargs["fresh_champion"] for kwargs in asked] == [False, True]
+
+
 def test_sweep_run_refuses_fresh_champion_without_release_pick_before_anything_runs(picked_sweep, tmp_path, capsys):
     path, asked = picked_sweep
     assert main(["sweep", "run", str(path), "--fresh-champion"]) == 2
