@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # of bench/gate_wall.py, e.g. BENCH_ARGS="--tiny --rounds 2"; bench: --sections 5,9,10)
 BENCH_ARGS ?=
 
-.PHONY: setup browser demo test test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger bench-gate bench-gate-wall airflow clean stop
+.PHONY: setup browser demo test test-integration test-slow test-load test-celery test-aws-live lint bench bench-chat bench-ledger bench-gate bench-gate-wall airflow clean stop
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,9 +53,12 @@ browser: $(CHROMIUM)
 demo: setup          ## set up, then run the local release story
 	$(BIN)/python -m shiplift.tasks.cli.demo
 
-test: setup lint browser  ## set up, then run the default test suite
-	$(BIN)/python -m pytest -m "not slow and not celery and not load and not live and not own_process" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m "own_process and not slow and not celery and not load and not live" $(PYTEST_ARGS)
+test: setup lint browser  ## set up, then run the default test suite (under 20 minutes; the integration suites apart)
+	$(BIN)/python -m pytest -m "not integration and not slow and not celery and not load and not live and not own_process" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "own_process and not integration and not slow and not celery and not load and not live" $(PYTEST_ARGS)
+
+test-integration: setup  ## whole releases on the local backend and the AWS double, Airflow dag.test() runs (tests/e2e, tests/aws, tests/dags); .ci/run runs it after make test
+	$(BIN)/python -m pytest -m "integration and not slow and not celery and not load and not live and not own_process" $(PYTEST_ARGS)
 
 lint: setup          ## ruff with the rules in pyproject.toml: pyflakes, pycodestyle at 120 columns, import order and placement, bugbear, complexity 10
 	$(BIN)/ruff check tasks validation dags images bench scripts tests

@@ -9,6 +9,17 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+# Whole releases on the local backend and the AWS double, and Airflow's dag.test() runs: `make test-integration`
+# (which `.ci/run` runs after `make test`), so that `make test` stays under 20 minutes.
+INTEGRATION_SUITES = ("e2e", "aws", "dags")
+
+
+def pytest_collection_modifyitems(items):
+    """Mark every test of the integration suites `integration` (pyproject.toml's markers)."""
+    suites = {TESTS / name for name in INTEGRATION_SUITES}
+    for item in items:
+        if suites & set(Path(item.path).resolve().parents):
+            item.add_marker(pytest.mark.integration)
 
 
 def load_by_path(name: str, path: Path):
