@@ -505,16 +505,12 @@ class Engine:
         found = self.cache.lookup(prefix)
         if found is None:
             return 0
-        llama_cpp = self._llama_cpp
-        buffer = (ctypes.c_uint8 * len(found.state)).from_buffer_copy(found.state)
         try:
-            if llama_cpp.llama_state_seq_set_data(self.llm.ctx, buffer, len(found.state), 0) != len(found.state):
-                raise RuntimeError("llama.cpp did not load the cached state")
-            self.llm.n_tokens = len(found.tokens)
+            self._load_state(found.state, len(found.tokens), "the cached state")
             if found.shared < len(found.tokens):
                 self._truncate_to(found.shared)
         except RuntimeError:  # a state this context cannot take back: pay the prefix as if nothing was cached
-            llama_cpp.llama_memory_clear(self._memory(), True)
+            self._llama_cpp.llama_memory_clear(self._memory(), True)
             self.llm.reset()
             return 0
         self.llm.input_ids[: found.shared] = prefix[: found.shared]
@@ -531,14 +527,18 @@ class Engine:
     def _read_back(self) -> bytes:
         """Write the context's state and load it again, so that the KV cache holds it in the layout a restored state
         has (a sliding-window model's masked cells dropped, the rest in position order); the state written."""
-        llama_cpp = self._llama_cpp
         state, n_tokens = self._state(), self.llm.n_tokens
-        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        llama_cpp.llama_memory_clear(self._memory(), True)
-        if llama_cpp.llama_state_seq_set_data(self.llm.ctx, buffer, len(state), 0) != len(state):
-            raise RuntimeError("llama.cpp did not load back the state it wrote")
-        self.llm.n_tokens = n_tokens
+        self._llama_cpp.llama_memory_clear(self._memory(), True)
+        self._load_state(state, n_tokens, "back the state it wrote")
         return state
+
+    def _load_state(self, state: bytes, n_tokens: int, what: str) -> None:
+        """Load `state` (as `_state` wrote it, holding `n_tokens`) into sequence 0; RuntimeError naming `what` when
+        llama.cpp does not take all of it."""
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if self._llama_cpp.llama_state_seq_set_data(self.llm.ctx, buffer, len(state), 0) != len(state):
+            raise RuntimeError(f"llama.cpp did not load {what}")
+        self.llm.n_tokens = n_tokens
 
     def _keep(self, prefix: list[int], state: bytes | None) -> None:
         """Keep the state of exactly `prefix` (`state`, when already written) in the cache, unless it is over the
